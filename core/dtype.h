@@ -1,0 +1,45 @@
+// Element types and tensor types: names, sizes, byte counts. Pure functions,
+// callable from any thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+#include "tessel/v1/ir.pb.h"
+
+namespace tessel {
+
+using v1::DType;
+
+// Size of one element in bytes (pred is one byte); 0 for DTYPE_INVALID.
+int DTypeSize(DType t);
+// "f32", "bf16", "pred", ...
+absl::string_view DTypeName(DType t);
+absl::StatusOr<DType> ParseDType(absl::string_view name);
+
+bool IsFloat(DType t);     // f32 f64 f16 bf16
+bool IsInteger(DType t);   // s32 s64 u8
+bool IsSigned(DType t);    // floats, s32, s64
+inline bool IsPred(DType t) { return t == v1::PRED; }
+
+// "f32[2,3]"; a scalar is "f32[]".
+std::string TypeString(const v1::TensorType& t);
+std::string DimsString(const google::protobuf::RepeatedField<int64_t>& dims);
+
+// Elements and bytes of a type; INVALID_ARGUMENT on negative dimensions or
+// overflow of int64.
+absl::StatusOr<int64_t> NumElements(const v1::TensorType& t);
+absl::StatusOr<int64_t> ByteSize(const v1::TensorType& t);
+// For types already validated.
+int64_t NumElementsUnchecked(const v1::TensorType& t);
+int64_t ByteSizeUnchecked(const v1::TensorType& t);
+
+bool SameType(const v1::TensorType& a, const v1::TensorType& b);
+v1::TensorType MakeType(DType dtype, std::initializer_list<int64_t> dims);
+
+// Lower-case op name ("dot_general").
+std::string OpName(v1::Op op);
+
+}  // namespace tessel

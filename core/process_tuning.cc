@@ -1,0 +1,42 @@
+#include "core/process_tuning.h"
+
+#include <malloc.h>
+
+namespace tessel {
+
+void TuneAllocatorForStreaming() {
+  // 64 MiB: messages and chunk buffers come from the heap; only truly large
+  // allocations (device buffers use their own pool) are mapped.
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  mallopt(M_TOP_PAD, 16 << 20);
+}
+
+}  // namespace tessel
+
+#include <csignal>
+
+namespace tessel {
+namespace {
+sigset_t TerminationSet() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
+}  // namespace
+
+void BlockTerminationSignals() {
+  sigset_t set = TerminationSet();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+int WaitForTerminationSignal() {
+  sigset_t set = TerminationSet();
+  int sig = 0;
+  sigwait(&set, &sig);
+  return sig;
+}
+
+}  // namespace tessel

@@ -1,0 +1,200 @@
+#include "scheduler/compiler.h"
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "scheduler/fusion.h"
+#include "scheduler/validator.h"
+
+namespace tessel::scheduler {
+namespace {
+
+template <typename F>
+void ForEachRead(const v1::Instruction& ins, F&& f) {
+  if (ins.has_node()) {
+    for (const std::string& o : ins.node().operands()) f(o);
+  } else {
+    for (const std::string& o : ins.fusion().inputs()) f(o);
+  }
+}
+
+template <typename F>
+void ForEachWrite(const v1::Instruction& ins, F&& f) {
+  if (ins.has_node()) {
+    f(ins.node().name());
+  } else {
+    for (const std::string& o : ins.fusion().outputs()) f(o);
+  }
+}
+
+// Fills Instruction.release with the values each instruction reads last, and
+// returns the peak bytes live at once (parameters included).
+int64_t PlanBuffers(const TypedGraph& g, v1::Program& p) {
+  absl::flat_hash_map<std::string, int> last_read;
+  for (int i = 0; i < p.instructions_size(); ++i) {
+    ForEachRead(p.instructions(i), [&](const std::string& v) { last_read[v] = i; });
+  }
+  absl::flat_hash_set<std::string> keep(p.outputs().begin(), p.outputs().end());
+  for (const v1::Node& prm : p.parameters()) keep.insert(prm.name());
+  auto bytes_of = [&](const std::string& v) {
+    return ByteSizeUnchecked(g.graph.nodes(g.index_of.at(v)).type());
+  };
+  int64_t live = 0;
+  for (const v1::Node& prm : p.parameters()) live += ByteSizeUnchecked(prm.type());
+  int64_t peak = live;
+  for (int i = 0; i < p.instructions_size(); ++i) {
+    v1::Instruction& ins = *p.mutable_instructions(i);
+    ForEachWrite(ins, [&](const std::string& v) { live += bytes_of(v); });
+    peak = std::max(peak, live);
+    std::vector<std::string> released;
+    ForEachRead(ins, [&](const std::string& v) {
+      if (last_read[v] == i && !keep.contains(v)) released.push_back(v);
+    });
+    std::sort(released.begin(), released.end());
+    released.erase(std::unique(released.begin(), released.end()), released.end());
+    for (const std::string& v : released) {
+      live -= bytes_of(v);
+      ins.add_release(v);
+    }
+    // Values written but never read (and not outputs) die at once.
+    ForEachWrite(ins, [&](const std::string& v) {
+      if (!last_read.contains(v) && !keep.contains(v)) {
+        live -= bytes_of(v);
+        ins.add_release(v);
+      }
+    });
+  }
+  return peak;
+}
+
+uint64_t Fnv1a(absl::string_view s, uint64_t h) {
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+std::string NodeText(const v1::Node& n) {
+  std::string attrs;
+  switch (n.attrs_case()) {
+    case v1::Node::kParameter: attrs = absl::StrCat(n.parameter().index()); break;
+    case v1::Node::kConstant:
+      if (n.constant().has_fill()) {
+        attrs = n.constant().fill().value_case() == v1::Fill::kF
+                    ? absl::StrCat("fill=", n.constant().fill().f())
+                    : absl::StrCat("fill=", n.constant().fill().i());
+      } else if (n.constant().has_iota()) {
+        attrs = absl::StrCat("iota dim=", n.constant().iota().dimension());
+      } else {
+        attrs = "literal";
+      }
+      break;
+    case v1::Node::kCompare: attrs = v1::CompareDirection_Name(n.compare().direction()); break;
+    case v1::Node::kReduce:
+      attrs = absl::StrCat(v1::ReduceKind_Name(n.reduce().kind()), " dims=",
+                           DimsString(n.reduce().dims()));
+      break;
+    case v1::Node::kDotGeneral: {
+      const auto& d = n.dot_general();
+      attrs = absl::StrCat("batch=", DimsString(d.lhs_batch()), DimsString(d.rhs_batch()),
+                           " contracting=", DimsString(d.lhs_contracting()),
+                           DimsString(d.rhs_contracting()));
+      break;
+    }
+    case v1::Node::kTranspose: attrs = absl::StrCat("perm=", DimsString(n.transpose().permutation())); break;
+    case v1::Node::kBroadcastInDim:
+      attrs = absl::StrCat("dims=", DimsString(n.broadcast_in_dim().broadcast_dimensions()));
+      break;
+    default: break;
+  }
+  std::vector<std::string> ops;
+  for (const std::string& o : n.operands()) ops.push_back(absl::StrCat("%", o));
+  return absl::StrCat("%", n.name(), " = ", OpName(n.op()), "(", absl::StrJoin(ops, ", "), ")",
+                      attrs.empty() ? "" : absl::StrCat(" {", attrs, "}"), " : ",
+                      TypeString(n.type()));
+}
+
+}  // namespace
+
+std::string Fingerprint(const v1::Graph& graph) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream sos(&bytes);
+    google::protobuf::io::CodedOutputStream cos(&sos);
+    cos.SetSerializationDeterministic(true);
+    graph.SerializeToCodedStream(&cos);
+  }
+  uint64_t a = Fnv1a(bytes, 0xcbf29ce484222325ull);
+  uint64_t b = Fnv1a(bytes, 0x84222325cbf29ce4ull ^ bytes.size());
+  return absl::StrFormat("%016x%016x", a, b);
+}
+
+std::string PrintProgram(const v1::Program& p) {
+  std::string s = absl::StrCat("program ", p.executable_id(), "\n");
+  for (const v1::Node& prm : p.parameters()) absl::StrAppend(&s, "  ", NodeText(prm), "\n");
+  for (const v1::Instruction& ins : p.instructions()) {
+    if (ins.has_node()) {
+      absl::StrAppend(&s, "  ", NodeText(ins.node()), "\n");
+    } else {
+      const v1::Fusion& f = ins.fusion();
+      absl::StrAppend(&s, "  fusion(", absl::StrJoin(f.inputs(), ", "), ") -> (",
+                      absl::StrJoin(f.outputs(), ", "), ") {\n");
+      for (const v1::Node& n : f.nodes()) absl::StrAppend(&s, "    ", NodeText(n), "\n");
+      absl::StrAppend(&s, "  }\n");
+    }
+    if (ins.release_size() > 0) {
+      absl::StrAppend(&s, "    release ", absl::StrJoin(ins.release(), ", "), "\n");
+    }
+  }
+  absl::StrAppend(&s, "  outputs ", absl::StrJoin(p.outputs(), ", "), "\n");
+  return s;
+}
+
+absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph) {
+  TESSEL_ASSIGN_OR_RETURN(TypedGraph g, ValidateGraph(graph));
+  CompiledProgram c;
+  c.fingerprint = Fingerprint(graph);
+  v1::Program& p = c.program;
+  p.set_executable_id(c.fingerprint);
+  for (int pos : g.parameters) {
+    *p.add_parameters() = g.graph.nodes(pos);
+    c.parameter_types.push_back(g.graph.nodes(pos).type());
+  }
+  for (int pos : g.outputs) {
+    p.add_outputs(g.graph.nodes(pos).name());
+    *p.add_output_types() = g.graph.nodes(pos).type();
+    c.output_types.push_back(g.graph.nodes(pos).type());
+  }
+  for (v1::Instruction& ins : PlanFusions(g)) *p.add_instructions() = std::move(ins);
+  c.estimated_peak_bytes = PlanBuffers(g, p);
+
+  int fusions = 0;
+  for (const v1::Instruction& ins : p.instructions()) {
+    fusions += ins.has_fusion();
+    if (ins.has_node() && ins.node().op() == v1::CONSTANT && ins.node().constant().has_literal()) {
+      int64_t bytes = ByteSizeUnchecked(ins.node().type());
+      if (bytes > kLargeLiteralBytes) {
+        c.diagnostics.push_back(absl::StrCat(
+            "warning: literal constant '", ins.node().name(), "' (", TypeString(ins.node().type()),
+            ", ", bytes, " bytes) is shipped with the program to every device it runs on; "
+            "pass it as a parameter to place it once"));
+      }
+    }
+  }
+  c.diagnostics.push_back(absl::StrCat("note: ", graph.nodes_size(), " nodes -> ",
+                                       p.instructions_size(), " instructions (", fusions,
+                                       " fusions); estimated peak ", c.estimated_peak_bytes,
+                                       " bytes per device"));
+  c.plan_text = PrintProgram(p);
+  return c;
+}
+
+}  // namespace tessel::scheduler

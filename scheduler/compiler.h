@@ -1,0 +1,37 @@
+// Compiler: graph -> plan. Validates and types the graph, fuses elementwise
+// chains, plans buffer lifetimes, and renders the plan as text. A pure
+// library: no RPC, no threads; any thread may call.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tessel/v1/ir.pb.h"
+#include "tessel/v1/program.pb.h"
+
+namespace tessel::scheduler {
+
+struct CompiledProgram {
+  std::string fingerprint;  // 32 hex digits; identical graphs, identical ids
+  v1::Program program;
+  std::vector<v1::TensorType> parameter_types;
+  std::vector<v1::TensorType> output_types;
+  std::string plan_text;
+  std::vector<std::string> diagnostics;
+  int64_t estimated_peak_bytes = 0;
+};
+
+// Constants above this many bytes draw a diagnostic: they are shipped with
+// the program to every device.
+inline constexpr int64_t kLargeLiteralBytes = 1 << 20;
+
+absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph);
+
+// 128-bit fingerprint of a graph's deterministic serialization, as hex.
+std::string Fingerprint(const v1::Graph& graph);
+
+// Human-readable program listing, one instruction per line.
+std::string PrintProgram(const v1::Program& program);
+
+}  // namespace tessel::scheduler

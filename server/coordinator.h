@@ -1,0 +1,151 @@
+// Coordinator: the coordinator daemon's logic, free of RPC. It owns the
+// sessions, the array registry, the compile cache and the worker registry,
+// and turns client requests into worker requests. SessionService,
+// AdminService and RegistryService are thin gRPC shells over it.
+//
+// Thread-safety: every public method may be called from any thread; state is
+// guarded by one mutex, never held across a blocking call to a worker.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "scheduler/compiler.h"
+#include "server/worker_client.h"
+#include "spdlog/logger.h"
+#include "tessel/v1/admin.pb.h"
+#include "tessel/v1/session.pb.h"
+
+namespace tessel::server {
+
+class Coordinator {
+ public:
+  struct Options {
+    std::shared_ptr<spdlog::logger> logger;
+    absl::Duration heartbeat_interval = absl::Milliseconds(500);
+    // A worker silent this long is marked dead. Default: 4 heartbeats.
+    absl::Duration heartbeat_timeout = absl::Seconds(2);
+    // How to reach a worker; tests substitute fakes.
+    std::function<std::unique_ptr<WorkerClient>(const std::string& address)> connect = NewGrpcWorkerClient;
+  };
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(Options options);
+  ~Coordinator();
+
+  // Registry.
+  absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(const v1::RegisterWorkerRequest& req);
+  bool Heartbeat(const std::string& worker_id);
+
+  // Session.
+  v1::OpenSessionResponse OpenSession(const v1::OpenSessionRequest& req);
+  absl::StatusOr<v1::CloseSessionResponse> CloseSession(const v1::CloseSessionRequest& req);
+  absl::StatusOr<v1::CompileResponse> Compile(const v1::CompileRequest& req);
+  absl::StatusOr<v1::ExecuteResponse> Execute(const v1::ExecuteRequest& req);
+  absl::StatusOr<v1::AwaitResponse> Await(const v1::AwaitRequest& req);
+  absl::Status Delete(const v1::DeleteRequest& req);
+  absl::StatusOr<v1::ArrayInfoResponse> ArrayInfo(const v1::ArrayInfoRequest& req);
+  absl::StatusOr<v1::StatsResponse> Stats(const v1::StatsRequest& req);
+
+  // A Put in progress: data arrives in order, Finish makes the array READY.
+  // Destroying an unfinished PutSink abandons the put and frees its buffers.
+  class PutSink {
+   public:
+    virtual ~PutSink() = default;
+    virtual absl::Status Write(const std::string& bytes) = 0;
+    virtual absl::StatusOr<int64_t> Finish() = 0;
+  };
+  absl::StatusOr<std::unique_ptr<PutSink>> BeginPut(const v1::PutRequest::Header& header);
+
+  // A Fetch in progress, once the array is ready.
+  class FetchSource {
+   public:
+    virtual ~FetchSource() = default;
+    virtual const v1::TensorType& type() const = 0;
+    virtual bool Read(std::string* bytes) = 0;
+    virtual absl::Status Finish() = 0;
+  };
+  absl::StatusOr<std::unique_ptr<FetchSource>> BeginFetch(const v1::FetchRequest& req);
+
+  // Admin.
+  v1::GetClusterResponse GetCluster(const v1::GetClusterRequest& req);
+
+ private:
+  struct WorkerRecord {
+    std::string id;
+    std::string address;
+    std::vector<int> devices;  // global ids
+    absl::Time last_heartbeat;
+    bool alive = true;
+    std::shared_ptr<WorkerClient> client;
+    absl::flat_hash_set<std::string> loaded;  // executable ids
+  };
+  struct DeviceRecord {
+    std::string worker_id;
+    int local_index = 0;
+    uint64_t next_seq = 0;
+  };
+  struct ArrayRecord {
+    std::string session;
+    v1::TensorType type;
+    std::vector<int> devices;
+    v1::ArrayState state = v1::PENDING;
+    absl::Status error;
+    int pending = 0;  // device steps still running
+    int64_t producer = 0;
+  };
+  struct SessionRecord {
+    std::string client;
+    absl::flat_hash_set<uint64_t> arrays;
+    int64_t executions = 0;
+    int64_t bytes_h2d = 0;
+    int64_t bytes_d2h = 0;
+  };
+  struct ExecutableRecord {
+    scheduler::CompiledProgram compiled;
+  };
+  class PutSinkImpl;
+  class FetchSourceImpl;
+
+  explicit Coordinator(Options options);
+  void MonitorLoop();
+  absl::Status CheckSession(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The array, if `session` owns it; NOT_FOUND / PERMISSION_DENIED otherwise.
+  absl::StatusOr<ArrayRecord*> OwnedArray(const std::string& session, uint64_t handle)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::vector<int>> ResolvePlacement(const v1::Placement& p) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the arrays and queues frees on their devices, in step order.
+  void FreeArraysLocked(const std::vector<uint64_t>& handles) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnStepDone(std::vector<uint64_t> outputs, absl::Status s);
+  bool NotPending(const std::vector<uint64_t>& handles) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Blocks (releasing mu_) until none of `handles` is pending, or `timeout`.
+  bool AwaitNotPending(const std::vector<uint64_t>& handles, absl::Duration timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Options options_;
+  const std::shared_ptr<spdlog::logger> log_;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);
+  std::vector<DeviceRecord> devices_ ABSL_GUARDED_BY(mu_);  // by global id
+  absl::flat_hash_map<uint64_t, ArrayRecord> arrays_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, SessionRecord> sessions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, ExecutableRecord> executables_ ABSL_GUARDED_BY(mu_);
+  int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t next_execution_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t compiles_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t cache_hits_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t executions_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread monitor_;
+};
+
+}  // namespace tessel::server

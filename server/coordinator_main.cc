@@ -1,0 +1,76 @@
+// tessel-coordinator: accepts clients' graphs and arrays, drives the workers.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <fstream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "core/process_tuning.h"
+#include "server/coordinator.h"
+#include "server/services.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, host, "127.0.0.1", "Interface to listen on (0.0.0.0 for all).");
+ABSL_FLAG(int, port, 0, "Port for Session, Admin and Registry services; 0 picks a free one.");
+ABSL_FLAG(std::string, port_file, "", "If set, the chosen port is written to this file once serving.");
+ABSL_FLAG(int, heartbeat_ms, 500, "Interval at which workers are told to heartbeat.");
+ABSL_FLAG(int, heartbeat_timeout_ms, 2000, "A worker silent for this long is marked dead.");
+ABSL_FLAG(int, max_message_mb, 64, "Largest gRPC message accepted, in MiB; bulk data streams in chunks below it.");
+ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, error.");
+
+int main(int argc, char** argv) {
+  tessel::BlockTerminationSignals();
+  tessel::TuneAllocatorForStreaming();
+  absl::SetProgramUsageMessage(
+      "tessel-coordinator [--host=H] [--port=P]\n"
+      "Serves tessel.v1.Session (clients), tessel.v1.Registry (workers) and tessel.v1.Admin\n"
+      "(operators), plus grpc.health.v1.Health and server reflection.");
+  absl::ParseCommandLine(argc, argv);
+  auto log = spdlog::stdout_color_mt("coordinator");
+  log->set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+
+  tessel::server::Coordinator::Options options;
+  options.logger = log;
+  options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
+  options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  auto coordinator = tessel::server::Coordinator::Create(std::move(options));
+  if (!coordinator.ok()) {
+    log->error("{}", coordinator.status().ToString());
+    return 1;
+  }
+  tessel::server::SessionService session(coordinator->get());
+  tessel::server::AdminService admin(coordinator->get());
+  tessel::server::RegistryService registry(coordinator->get());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  const std::string host = absl::GetFlag(FLAGS_host);
+  builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)), grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&session);
+  builder.RegisterService(&admin);
+  builder.RegisterService(&registry);
+  const int max_msg = absl::GetFlag(FLAGS_max_message_mb) << 20;
+  builder.SetMaxReceiveMessageSize(max_msg);
+  builder.SetMaxSendMessageSize(max_msg);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    log->error("could not listen on {}:{}", host, absl::GetFlag(FLAGS_port));
+    return 1;
+  }
+  log->info("tessel-coordinator serving on {}:{}", host, port);
+  if (const std::string pf = absl::GetFlag(FLAGS_port_file); !pf.empty()) {
+    std::ofstream(pf + ".tmp") << port << "\n";
+    std::rename((pf + ".tmp").c_str(), pf.c_str());
+  }
+  int sig = tessel::WaitForTerminationSignal();
+  log->info("signal {}: shutting down", sig);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return 0;
+}

@@ -1,0 +1,50 @@
+// The coordinator's gRPC services: thin shells that unpack a request, call
+// the Coordinator, and pack the reply. No logic lives here.
+#pragma once
+
+#include "server/coordinator.h"
+#include "tessel/v1/admin.grpc.pb.h"
+#include "tessel/v1/session.grpc.pb.h"
+
+namespace tessel::server {
+
+class SessionService final : public v1::Session::Service {
+ public:
+  explicit SessionService(Coordinator* c) : c_(c) {}
+  grpc::Status GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*, v1::GetVersionResponse*) override;
+  grpc::Status OpenSession(grpc::ServerContext*, const v1::OpenSessionRequest*, v1::OpenSessionResponse*) override;
+  grpc::Status CloseSession(grpc::ServerContext*, const v1::CloseSessionRequest*, v1::CloseSessionResponse*) override;
+  grpc::Status Compile(grpc::ServerContext*, const v1::CompileRequest*, v1::CompileResponse*) override;
+  grpc::Status Put(grpc::ServerContext*, grpc::ServerReader<v1::PutRequest>*, v1::PutResponse*) override;
+  grpc::Status Execute(grpc::ServerContext*, const v1::ExecuteRequest*, v1::ExecuteResponse*) override;
+  grpc::Status Await(grpc::ServerContext*, const v1::AwaitRequest*, v1::AwaitResponse*) override;
+  grpc::Status Fetch(grpc::ServerContext*, const v1::FetchRequest*, grpc::ServerWriter<v1::FetchResponse>*) override;
+  grpc::Status Delete(grpc::ServerContext*, const v1::DeleteRequest*, v1::DeleteResponse*) override;
+  grpc::Status ArrayInfo(grpc::ServerContext*, const v1::ArrayInfoRequest*, v1::ArrayInfoResponse*) override;
+  grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest*, v1::StatsResponse*) override;
+
+ private:
+  Coordinator* const c_;
+};
+
+class AdminService final : public v1::Admin::Service {
+ public:
+  explicit AdminService(Coordinator* c) : c_(c) {}
+  grpc::Status GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*, v1::GetVersionResponse*) override;
+  grpc::Status GetCluster(grpc::ServerContext*, const v1::GetClusterRequest*, v1::GetClusterResponse*) override;
+
+ private:
+  Coordinator* const c_;
+};
+
+class RegistryService final : public v1::Registry::Service {
+ public:
+  explicit RegistryService(Coordinator* c) : c_(c) {}
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*, v1::RegisterWorkerResponse*) override;
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*, v1::HeartbeatResponse*) override;
+
+ private:
+  Coordinator* const c_;
+};
+
+}  // namespace tessel::server

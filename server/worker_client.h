@@ -1,0 +1,52 @@
+// WorkerClient: how the coordinator talks to one worker daemon. An interface
+// so the coordinator's logic can be tested against a fake; GrpcWorkerClient
+// is the real one. All methods are thread-safe. Callbacks run on gRPC's
+// threads and must not block.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "tessel/v1/worker.pb.h"
+
+namespace tessel::server {
+
+class WorkerClient {
+ public:
+  virtual ~WorkerClient() = default;
+  using Done = std::function<void(absl::Status)>;
+
+  virtual absl::Status LoadProgram(const v1::Program& program) = 0;
+  // Asynchronous: `done` runs when the worker has run the step.
+  virtual void Run(const v1::RunRequest& request, Done done) = 0;
+  virtual void Free(const v1::FreeRequest& request, Done done) = 0;
+
+  class PutStream {
+   public:
+    virtual ~PutStream() = default;
+    virtual absl::Status Write(const std::string& bytes) = 0;
+    virtual absl::Status Finish() = 0;
+  };
+  virtual absl::StatusOr<std::unique_ptr<PutStream>> BeginPut(const v1::PutShardRequest::Header& header) = 0;
+
+  class FetchStream {
+   public:
+    virtual ~FetchStream() = default;
+    // False at the end of the stream or on error; then call Finish.
+    virtual bool Read(std::string* bytes) = 0;
+    virtual absl::Status Finish() = 0;
+  };
+  virtual std::unique_ptr<FetchStream> BeginFetch(const v1::FetchShardRequest& request) = 0;
+
+  virtual absl::StatusOr<v1::WorkerStatsResponse> GetStats() = 0;
+
+  // Fails every call in flight (the worker was declared dead).
+  virtual void CancelAll() = 0;
+};
+
+// A WorkerClient over a gRPC channel to `address`.
+std::unique_ptr<WorkerClient> NewGrpcWorkerClient(const std::string& address);
+
+}  // namespace tessel::server

@@ -1,0 +1,39 @@
+// BufferStore: the arrays a worker holds, by (local device, handle). A handle
+// is chosen by the client and unique in the cluster. An entry holds either a
+// buffer or the error of the step that should have produced it, so errors
+// travel to every step that reads it. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "tessel/v1/ir.pb.h"
+#include "worker/device.h"
+
+namespace tessel::worker {
+
+struct StoredArray {
+  BufferPtr buffer;        // null when `error` is set
+  v1::TensorType type;
+  absl::Status error;
+};
+
+class BufferStore {
+ public:
+  // ALREADY_EXISTS if the handle is taken on that device.
+  absl::Status Insert(int device, uint64_t handle, StoredArray a);
+  // NOT_FOUND naming the handle and device.
+  absl::StatusOr<StoredArray> Get(int device, uint64_t handle) const;
+  // Returns whether it was there.
+  bool Erase(int device, uint64_t handle);
+  int64_t size() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::pair<int, uint64_t>, StoredArray> arrays_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tessel::worker

@@ -1,0 +1,116 @@
+#include "worker/cpu/allocator.h"
+
+#include <sys/mman.h>
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+
+namespace tessel::cpu {
+namespace {
+constexpr int64_t kHugePage = 2 << 20;
+constexpr int64_t kMapThreshold = 1 << 20;
+}  // namespace
+
+int64_t HostAllocator::RoundUp(int64_t bytes) {
+  if (bytes <= 0) return 64;
+  if (bytes >= kMapThreshold) return (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  // Below 1 MiB: powers of two from 64 bytes, then quarter steps.
+  int64_t p = 64;
+  while (p < bytes) p <<= 1;
+  int64_t q = p / 4;
+  if (p >= 1024 && p - q >= bytes) {
+    int64_t r = p - q;
+    while (r - q >= bytes) r -= q;
+    return r;
+  }
+  return p;
+}
+
+void* HostAllocator::MapBlock(int64_t size) {
+  if (size >= kMapThreshold) {
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    madvise(p, size, MADV_HUGEPAGE);
+    return p;
+  }
+  return std::aligned_alloc(64, size);
+}
+
+void HostAllocator::UnmapBlock(void* p, int64_t size) {
+  if (size >= kMapThreshold) {
+    munmap(p, size);
+  } else {
+    std::free(p);
+  }
+}
+
+HostAllocator::~HostAllocator() {
+  absl::MutexLock l(&mu_);
+  for (auto& [size, blocks] : cache_) {
+    for (void* p : blocks) UnmapBlock(p, size);
+  }
+}
+
+absl::StatusOr<void*> HostAllocator::Allocate(int64_t bytes) {
+  const int64_t size = RoundUp(bytes);
+  absl::MutexLock l(&mu_);
+  if (options_.limit_bytes > 0 && in_use_ + size > options_.limit_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "device ", options_.device_name, " out of memory: allocating ", bytes, " bytes with ",
+        in_use_, " of ", options_.limit_bytes, " bytes in use"));
+  }
+  void* p = nullptr;
+  auto it = cache_.find(size);
+  if (it != cache_.end() && !it->second.empty()) {
+    p = it->second.back();
+    it->second.pop_back();
+    cached_ -= size;
+  } else {
+    p = MapBlock(size);
+    if (p == nullptr) {
+      // Give the cache back to the OS and try once more.
+      for (auto& [s, blocks] : cache_) {
+        for (void* b : blocks) UnmapBlock(b, s);
+      }
+      cache_.clear();
+      cached_ = 0;
+      p = MapBlock(size);
+    }
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("device ", options_.device_name,
+                                                       " out of memory: allocating ", bytes,
+                                                       " bytes with ", in_use_, " bytes in use"));
+    }
+  }
+  in_use_ += size;
+  peak_ = std::max(peak_, in_use_);
+  ++buffers_;
+  return p;
+}
+
+void HostAllocator::Free(void* p, int64_t bytes) {
+  const int64_t size = RoundUp(bytes);
+  absl::MutexLock l(&mu_);
+  in_use_ -= size;
+  --buffers_;
+  if (cached_ + size <= options_.max_cached_bytes) {
+    cache_[size].push_back(p);
+    cached_ += size;
+  } else {
+    UnmapBlock(p, size);
+  }
+}
+
+worker::MemoryStats HostAllocator::stats() const {
+  absl::MutexLock l(&mu_);
+  worker::MemoryStats s;
+  s.bytes_in_use = in_use_;
+  s.peak_bytes_in_use = peak_;
+  s.num_buffers = buffers_;
+  s.bytes_cached = cached_;
+  s.bytes_limit = options_.limit_bytes;
+  return s;
+}
+
+}  // namespace tessel::cpu

@@ -1,0 +1,259 @@
+#include "worker/cpu/elementwise.h"
+
+#include <cstring>
+
+#include "worker/cpu/traits.h"
+
+namespace tessel::cpu {
+namespace {
+
+template <v1::DType D, typename F>
+void Map1(const void* in, void* out, int64_t n, F f) {
+  using T = Traits<D>;
+  auto* a = static_cast<const typename T::S*>(in);
+  auto* o = static_cast<typename T::S*>(out);
+  for (int64_t i = 0; i < n; ++i) o[i] = T::Store(f(T::Load(a[i])));
+}
+
+template <v1::DType D, typename F>
+void Map2(const void* in0, const void* in1, void* out, int64_t n, F f) {
+  using T = Traits<D>;
+  auto* a = static_cast<const typename T::S*>(in0);
+  auto* b = static_cast<const typename T::S*>(in1);
+  auto* o = static_cast<typename T::S*>(out);
+  for (int64_t i = 0; i < n; ++i) o[i] = T::Store(f(T::Load(a[i]), T::Load(b[i])));
+}
+
+template <typename C>
+using Unsigned = std::make_unsigned_t<C>;
+
+template <v1::DType D>
+void Unary(v1::Op op, const void* in, void* out, int64_t n) {
+  using C = typename Traits<D>::C;
+  if constexpr (kIsFloat<C>) {
+    switch (op) {
+      case v1::NEG: return Map1<D>(in, out, n, [](C x) { return -x; });
+      case v1::ABS: return Map1<D>(in, out, n, [](C x) { return std::abs(x); });
+      case v1::EXP: return Map1<D>(in, out, n, [](C x) { return std::exp(x); });
+      case v1::LOG: return Map1<D>(in, out, n, [](C x) { return std::log(x); });
+      case v1::LOG1P: return Map1<D>(in, out, n, [](C x) { return std::log1p(x); });
+      case v1::TANH: return Map1<D>(in, out, n, [](C x) { return std::tanh(x); });
+      case v1::LOGISTIC: return Map1<D>(in, out, n, [](C x) { return C(1) / (C(1) + std::exp(-x)); });
+      case v1::SQRT: return Map1<D>(in, out, n, [](C x) { return std::sqrt(x); });
+      case v1::RSQRT: return Map1<D>(in, out, n, [](C x) { return C(1) / std::sqrt(x); });
+      case v1::FLOOR: return Map1<D>(in, out, n, [](C x) { return std::floor(x); });
+      case v1::CEIL: return Map1<D>(in, out, n, [](C x) { return std::ceil(x); });
+      case v1::ROUND: return Map1<D>(in, out, n, [](C x) { return std::round(x); });
+      case v1::SIGN:
+        return Map1<D>(in, out, n, [](C x) { return x != x ? x : x > 0 ? C(1) : x < 0 ? C(-1) : x; });
+      default: return;
+    }
+  } else if constexpr (kIsInt<C>) {
+    switch (op) {
+      case v1::NEG: return Map1<D>(in, out, n, [](C x) { return C(Unsigned<C>(0) - Unsigned<C>(x)); });
+      case v1::ABS:
+        return Map1<D>(in, out, n, [](C x) { return x < 0 ? C(Unsigned<C>(0) - Unsigned<C>(x)) : x; });
+      case v1::SIGN: return Map1<D>(in, out, n, [](C x) { return C((x > 0) - (x < 0)); });
+      case v1::NOT: return Map1<D>(in, out, n, [](C x) { return C(~x); });
+      default: return;
+    }
+  } else {
+    if (op == v1::NOT) Map1<D>(in, out, n, [](C x) { return !x; });
+  }
+}
+
+// Integer power by squaring; a negative exponent gives 0 except for bases 1
+// and -1 (XLA's semantics).
+template <typename C>
+C IntPow(C base, C exp) {
+  if constexpr (std::is_signed_v<C>) {
+    if (exp < 0) return base == 1 ? C(1) : base == -1 ? ((exp & 1) ? C(-1) : C(1)) : C(0);
+  }
+  Unsigned<C> result = 1, b = Unsigned<C>(base);
+  Unsigned<C> e = Unsigned<C>(exp);
+  while (e) {
+    if (e & 1) result *= b;
+    b *= b;
+    e >>= 1;
+  }
+  return C(result);
+}
+
+template <v1::DType D>
+void Binary(v1::Op op, const void* a, const void* b, void* out, int64_t n) {
+  using C = typename Traits<D>::C;
+  if constexpr (kIsFloat<C>) {
+    switch (op) {
+      case v1::ADD: return Map2<D>(a, b, out, n, [](C x, C y) { return x + y; });
+      case v1::SUB: return Map2<D>(a, b, out, n, [](C x, C y) { return x - y; });
+      case v1::MUL: return Map2<D>(a, b, out, n, [](C x, C y) { return x * y; });
+      case v1::DIV: return Map2<D>(a, b, out, n, [](C x, C y) { return x / y; });
+      case v1::REM: return Map2<D>(a, b, out, n, [](C x, C y) { return std::fmod(x, y); });
+      case v1::POW: return Map2<D>(a, b, out, n, [](C x, C y) { return std::pow(x, y); });
+      case v1::MAX: return Map2<D>(a, b, out, n, [](C x, C y) { return Max(x, y); });
+      case v1::MIN: return Map2<D>(a, b, out, n, [](C x, C y) { return Min(x, y); });
+      default: return;
+    }
+  } else if constexpr (kIsInt<C>) {
+    using U = Unsigned<C>;
+    switch (op) {
+      case v1::ADD: return Map2<D>(a, b, out, n, [](C x, C y) { return C(U(x) + U(y)); });
+      case v1::SUB: return Map2<D>(a, b, out, n, [](C x, C y) { return C(U(x) - U(y)); });
+      case v1::MUL: return Map2<D>(a, b, out, n, [](C x, C y) { return C(U(x) * U(y)); });
+      // Division by zero gives -1 (all ones) and x % 0 gives x, as in XLA;
+      // MIN / -1 wraps instead of trapping.
+      case v1::DIV:
+        return Map2<D>(a, b, out, n, [](C x, C y) {
+          if (y == 0) return C(-1);
+          if constexpr (std::is_signed_v<C>) {
+            if (y == -1) return C(U(0) - U(x));
+          }
+          return C(x / y);
+        });
+      case v1::REM:
+        return Map2<D>(a, b, out, n, [](C x, C y) {
+          if (y == 0) return x;
+          if constexpr (std::is_signed_v<C>) {
+            if (y == -1) return C(0);
+          }
+          return C(x % y);
+        });
+      case v1::POW: return Map2<D>(a, b, out, n, [](C x, C y) { return IntPow(x, y); });
+      case v1::MAX: return Map2<D>(a, b, out, n, [](C x, C y) { return Max(x, y); });
+      case v1::MIN: return Map2<D>(a, b, out, n, [](C x, C y) { return Min(x, y); });
+      case v1::AND: return Map2<D>(a, b, out, n, [](C x, C y) { return C(x & y); });
+      case v1::OR: return Map2<D>(a, b, out, n, [](C x, C y) { return C(x | y); });
+      case v1::XOR: return Map2<D>(a, b, out, n, [](C x, C y) { return C(x ^ y); });
+      default: return;
+    }
+  } else {
+    switch (op) {
+      case v1::AND: return Map2<D>(a, b, out, n, [](C x, C y) { return x && y; });
+      case v1::OR: return Map2<D>(a, b, out, n, [](C x, C y) { return x || y; });
+      case v1::XOR: return Map2<D>(a, b, out, n, [](C x, C y) { return x != y; });
+      default: return;
+    }
+  }
+}
+
+template <v1::DType D, typename F>
+void CompareLoop(const void* a, const void* b, void* out, int64_t n, F f) {
+  using T = Traits<D>;
+  auto* x = static_cast<const typename T::S*>(a);
+  auto* y = static_cast<const typename T::S*>(b);
+  auto* o = static_cast<uint8_t*>(out);
+  for (int64_t i = 0; i < n; ++i) o[i] = f(T::Load(x[i]), T::Load(y[i]));
+}
+
+template <v1::DType D>
+void Compare(v1::CompareDirection dir, const void* a, const void* b, void* out, int64_t n) {
+  using C = typename Traits<D>::C;
+  switch (dir) {
+    case v1::EQ: return CompareLoop<D>(a, b, out, n, [](C x, C y) { return x == y; });
+    case v1::NE: return CompareLoop<D>(a, b, out, n, [](C x, C y) { return x != y; });
+    case v1::LT: return CompareLoop<D>(a, b, out, n, [](C x, C y) { return x < y; });
+    case v1::LE: return CompareLoop<D>(a, b, out, n, [](C x, C y) { return x <= y; });
+    case v1::GT: return CompareLoop<D>(a, b, out, n, [](C x, C y) { return x > y; });
+    case v1::GE: return CompareLoop<D>(a, b, out, n, [](C x, C y) { return x >= y; });
+    default: return;
+  }
+}
+
+template <v1::DType From, v1::DType To>
+void ConvertLoop(const void* in, void* out, int64_t n) {
+  using F = Traits<From>;
+  using T = Traits<To>;
+  auto* a = static_cast<const typename F::S*>(in);
+  auto* o = static_cast<typename T::S*>(out);
+  for (int64_t i = 0; i < n; ++i) {
+    o[i] = T::Store(ConvertValue<typename T::C>(F::Load(a[i])));
+  }
+}
+
+template <v1::DType From>
+void ConvertFrom(v1::DType to, const void* in, void* out, int64_t n) {
+  TESSEL_DISPATCH(to, To, ConvertLoop<From, To>(in, out, n));
+}
+
+}  // namespace
+
+void UnaryKernel(v1::Op op, v1::DType dt, const void* in, void* out, int64_t n) {
+  TESSEL_DISPATCH(dt, D, Unary<D>(op, in, out, n));
+}
+
+void BinaryKernel(v1::Op op, v1::DType dt, const void* a, const void* b, void* out, int64_t n) {
+  TESSEL_DISPATCH(dt, D, Binary<D>(op, a, b, out, n));
+}
+
+void CompareKernel(v1::CompareDirection dir, v1::DType dt, const void* a, const void* b,
+                   void* out, int64_t n) {
+  TESSEL_DISPATCH(dt, D, Compare<D>(dir, a, b, out, n));
+}
+
+void SelectKernel(v1::DType dt, const void* pred, const void* a, const void* b, void* out,
+                  int64_t n) {
+  auto* p = static_cast<const uint8_t*>(pred);
+  TESSEL_DISPATCH(dt, D, {
+    using S = typename Traits<D>::S;
+    auto* x = static_cast<const S*>(a);
+    auto* y = static_cast<const S*>(b);
+    auto* o = static_cast<S*>(out);
+    for (int64_t i = 0; i < n; ++i) o[i] = p[i] ? x[i] : y[i];
+  });
+}
+
+void ClampKernel(v1::DType dt, const void* lo, const void* x, const void* hi, void* out,
+                 int64_t n) {
+  TESSEL_DISPATCH(dt, D, {
+    using T = Traits<D>;
+    using S = typename T::S;
+    auto* l = static_cast<const S*>(lo);
+    auto* v = static_cast<const S*>(x);
+    auto* h = static_cast<const S*>(hi);
+    auto* o = static_cast<S*>(out);
+    for (int64_t i = 0; i < n; ++i) {
+      o[i] = T::Store(Min(Max(T::Load(v[i]), T::Load(l[i])), T::Load(h[i])));
+    }
+  });
+}
+
+void ConvertKernel(v1::DType from, v1::DType to, const void* in, void* out, int64_t n) {
+  TESSEL_DISPATCH(from, From, ConvertFrom<From>(to, in, out, n));
+}
+
+void FillKernel(v1::DType dt, const v1::Fill& value, void* out, int64_t n) {
+  TESSEL_DISPATCH(dt, D, {
+    using T = Traits<D>;
+    using C = typename T::C;
+    C c = value.value_case() == v1::Fill::kI ? ConvertValue<C>(value.i()) : ConvertValue<C>(value.f());
+    typename T::S s = T::Store(c);
+    auto* o = static_cast<typename T::S*>(out);
+    for (int64_t i = 0; i < n; ++i) o[i] = s;
+  });
+}
+
+void IotaKernel(v1::DType dt, const google::protobuf::RepeatedField<int64_t>& dims,
+                int64_t dimension, int64_t start, void* out, int64_t n) {
+  int64_t inner = 1;
+  for (int i = dimension + 1; i < dims.size(); ++i) inner *= dims[i];
+  const int64_t extent = dims[dimension];
+  TESSEL_DISPATCH(dt, D, {
+    using T = Traits<D>;
+    auto* o = static_cast<typename T::S*>(out);
+    for (int64_t i = 0; i < n; ++i) {
+      o[i] = T::Store(ConvertValue<typename T::C>(((start + i) / inner) % extent));
+    }
+  });
+}
+
+void SplatKernel(int esize, const void* src, void* out, int64_t n) {
+  auto* o = static_cast<char*>(out);
+  switch (esize) {
+    case 1: std::memset(out, *static_cast<const uint8_t*>(src), n); return;
+    case 2: { uint16_t v; std::memcpy(&v, src, 2); std::fill_n(reinterpret_cast<uint16_t*>(o), n, v); return; }
+    case 4: { uint32_t v; std::memcpy(&v, src, 4); std::fill_n(reinterpret_cast<uint32_t*>(o), n, v); return; }
+    case 8: { uint64_t v; std::memcpy(&v, src, 8); std::fill_n(reinterpret_cast<uint64_t*>(o), n, v); return; }
+  }
+}
+
+}  // namespace tessel::cpu

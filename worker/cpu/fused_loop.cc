@@ -1,0 +1,181 @@
+#include "worker/cpu/fused_loop.h"
+
+#include <cstring>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "core/dtype.h"
+#include "core/shape_inference.h"
+#include "worker/cpu/elementwise.h"
+
+namespace tessel::cpu {
+
+void MaterializeLiteral(const v1::Node& node, void* out) {
+  const v1::Literal& lit = node.constant().literal();
+  const int64_t n = NumElementsUnchecked(node.type());
+  if (!lit.data().empty()) {
+    std::memcpy(out, lit.data().data(), lit.data().size());
+  } else if (lit.f_size() > 0) {
+    ConvertKernel(v1::F64, node.type().dtype(), lit.f().data(), out, n);
+  } else if (lit.i_size() > 0) {
+    ConvertKernel(v1::S64, node.type().dtype(), lit.i().data(), out, n);
+  }
+}
+
+absl::StatusOr<FusedLoop> FusedLoop::Build(const v1::Fusion& fusion,
+                                           const std::vector<v1::TensorType>& input_types) {
+  FusedLoop f;
+  f.fusion_ = fusion;
+  absl::flat_hash_map<std::string, int> slot_of;
+  // The fusion's shape: that of its largest node.
+  for (const v1::Node& n : f.fusion_.nodes()) {
+    f.elements_ = std::max(f.elements_, NumElementsUnchecked(n.type()));
+  }
+  for (int i = 0; i < f.fusion_.inputs_size(); ++i) {
+    const v1::TensorType& t = input_types[i];
+    int slot = f.slots_.size();
+    f.slots_.push_back({SlotKind::kInput, t.dtype(), DTypeSize(t.dtype()), i});
+    if (NumElementsUnchecked(t) != f.elements_) {
+      // A one-element value (select predicate, clamp bound, broadcast source).
+      f.slots_[slot].kind = SlotKind::kConst;
+      f.slots_[slot].index = f.const_blocks_.size();
+      f.const_blocks_.emplace_back(kBlock * DTypeSize(t.dtype()));
+      f.splat_inputs_.push_back(slot);
+    }
+    slot_of[f.fusion_.inputs(i)] = slot;
+  }
+  absl::flat_hash_map<std::string, int> output_index;
+  for (int i = 0; i < f.fusion_.outputs_size(); ++i) output_index[f.fusion_.outputs(i)] = i;
+  f.output_types_.resize(f.fusion_.outputs_size());
+
+  for (const v1::Node& n : f.fusion_.nodes()) {
+    const v1::DType dt = n.type().dtype();
+    const int esize = DTypeSize(dt);
+    int slot = f.slots_.size();
+    auto out_it = output_index.find(n.name());
+    const bool is_scalar_const = n.op() == v1::CONSTANT && !n.constant().has_iota() &&
+                                 NumElementsUnchecked(n.type()) == 1;
+    if (is_scalar_const) {
+      // Evaluate once, splat into a constant block.
+      std::vector<char> one(esize);
+      if (n.constant().has_fill()) {
+        FillKernel(dt, n.constant().fill(), one.data(), 1);
+      } else {
+        MaterializeLiteral(n, one.data());
+      }
+      std::vector<char> block(kBlock * esize);
+      SplatKernel(esize, one.data(), block.data(), kBlock);
+      f.slots_.push_back({SlotKind::kConst, dt, esize, int(f.const_blocks_.size())});
+      f.const_blocks_.push_back(std::move(block));
+      if (out_it != output_index.end()) {
+        f.scalar_outputs_.emplace_back(slot, out_it->second);
+        f.output_types_[out_it->second] = n.type();
+      }
+      slot_of[n.name()] = slot;
+      continue;
+    }
+    if (n.op() != v1::CONSTANT && n.op() != v1::BROADCAST_IN_DIM && !IsElementwise(n.op())) {
+      return absl::InternalError(absl::StrCat("fusion holds non-elementwise node '", n.name(),
+                                              "' (", OpName(n.op()), ")"));
+    }
+    if (n.op() == v1::CONSTANT && n.constant().has_literal()) {
+      return absl::InternalError(absl::StrCat("fusion holds a non-scalar literal '", n.name(), "'"));
+    }
+    if (out_it != output_index.end()) {
+      f.slots_.push_back({SlotKind::kOutput, dt, esize, out_it->second});
+      f.output_types_[out_it->second] = n.type();
+    } else {
+      f.slots_.push_back({SlotKind::kTemp, dt, esize, f.num_temps_++});
+    }
+    Step step{&n, slot, {}};
+    for (const std::string& o : n.operands()) {
+      auto it = slot_of.find(o);
+      if (it == slot_of.end()) {
+        return absl::InternalError(absl::StrCat("fusion node '", n.name(), "' reads '", o,
+                                                "', which is neither an input nor an earlier node"));
+      }
+      step.args.push_back(it->second);
+    }
+    f.steps_.push_back(std::move(step));
+    slot_of[n.name()] = slot;
+  }
+  for (int i = 0; i < f.fusion_.outputs_size(); ++i) {
+    if (!slot_of.contains(f.fusion_.outputs(i))) {
+      return absl::InternalError(absl::StrCat("fusion output '", f.fusion_.outputs(i), "' is not a fusion node"));
+    }
+  }
+  return f;
+}
+
+void FusedLoop::Run(absl::Span<const void* const> inputs, absl::Span<void* const> outputs) const {
+  // Per-call scratch: temp blocks, and the splats of one-element inputs.
+  int64_t temp_bytes = 0;
+  std::vector<int64_t> temp_offset(num_temps_);
+  for (const Slot& s : slots_) {
+    if (s.kind == SlotKind::kTemp) {
+      temp_offset[s.index] = temp_bytes;
+      temp_bytes += kBlock * s.esize;
+    }
+  }
+  std::vector<char> temps(temp_bytes);
+  std::vector<std::vector<char>> splats(const_blocks_.size());
+  // Input slots come first, so an input's slot number is its index.
+  for (int slot : splat_inputs_) {
+    const Slot& s = slots_[slot];
+    splats[s.index].resize(kBlock * s.esize);
+    SplatKernel(s.esize, inputs[slot], splats[s.index].data(), kBlock);
+  }
+  for (const auto& [slot, out_index] : scalar_outputs_) {
+    std::memcpy(outputs[out_index], const_blocks_[slots_[slot].index].data(), slots_[slot].esize);
+  }
+  std::vector<void*> ptr(slots_.size());
+  for (int64_t start = 0; start < elements_; start += kBlock) {
+    const int64_t len = std::min(kBlock, elements_ - start);
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      const Slot& s = slots_[i];
+      switch (s.kind) {
+        case SlotKind::kInput:
+          ptr[i] = const_cast<char*>(static_cast<const char*>(inputs[s.index])) + start * s.esize;
+          break;
+        case SlotKind::kOutput:
+          ptr[i] = static_cast<char*>(outputs[s.index]) + start * s.esize;
+          break;
+        case SlotKind::kTemp: ptr[i] = temps.data() + temp_offset[s.index]; break;
+        case SlotKind::kConst:
+          ptr[i] = splats[s.index].empty() ? const_cast<char*>(const_blocks_[s.index].data())
+                                           : splats[s.index].data();
+          break;
+      }
+    }
+    for (const Step& st : steps_) {
+      const v1::Node& n = *st.node;
+      void* out = ptr[st.out];
+      const v1::DType dt = n.type().dtype();
+      auto arg = [&](int k) -> const void* { return ptr[st.args[k]]; };
+      switch (n.op()) {
+        case v1::CONSTANT:
+          if (n.constant().has_fill()) {
+            FillKernel(dt, n.constant().fill(), out, len);
+          } else {
+            IotaKernel(dt, n.type().dims(), n.constant().iota().dimension(), start, out, len);
+          }
+          break;
+        case v1::BROADCAST_IN_DIM: std::memcpy(out, arg(0), len * DTypeSize(dt)); break;
+        case v1::COMPARE:
+          CompareKernel(n.compare().direction(), slots_[st.args[0]].dtype, arg(0), arg(1), out, len);
+          break;
+        case v1::SELECT: SelectKernel(dt, arg(0), arg(1), arg(2), out, len); break;
+        case v1::CLAMP: ClampKernel(dt, arg(0), arg(1), arg(2), out, len); break;
+        case v1::CONVERT: ConvertKernel(slots_[st.args[0]].dtype, dt, arg(0), out, len); break;
+        default:
+          if (st.args.size() == 1) {
+            UnaryKernel(n.op(), dt, arg(0), out, len);
+          } else {
+            BinaryKernel(n.op(), dt, arg(0), arg(1), out, len);
+          }
+      }
+    }
+  }
+}
+
+}  // namespace tessel::cpu

@@ -1,0 +1,62 @@
+// FusedLoop: a fusion of elementwise nodes compiled for blockwise
+// evaluation. Each block of kBlock elements is carried through every node of
+// the chain while it is in cache, so the fusion reads its inputs and writes
+// its outputs once: one pass over memory, not one per op.
+//
+// Built once per loaded program; Run is const and may be called from any
+// thread (scratch lives on the caller's stack frame).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "tessel/v1/program.pb.h"
+
+namespace tessel::cpu {
+
+class FusedLoop {
+ public:
+  static constexpr int64_t kBlock = 2048;
+
+  // `input_types` are the types of fusion.inputs(), in order.
+  static absl::StatusOr<FusedLoop> Build(const v1::Fusion& fusion,
+                                         const std::vector<v1::TensorType>& input_types);
+
+  // `inputs` follow fusion.inputs(); `outputs` follow fusion.outputs() and
+  // must hold the output types' bytes.
+  void Run(absl::Span<const void* const> inputs, absl::Span<void* const> outputs) const;
+
+  const std::vector<v1::TensorType>& output_types() const { return output_types_; }
+
+ private:
+  enum class SlotKind { kInput, kOutput, kTemp, kConst };
+  struct Slot {
+    SlotKind kind;
+    v1::DType dtype;
+    int esize;
+    int index;  // input / output / temp index, or offset into const_blocks_
+  };
+  struct Step {
+    const v1::Node* node;
+    int out;               // slot
+    std::vector<int> args;  // slots
+  };
+
+  v1::Fusion fusion_;  // owns the nodes the steps point into
+  int64_t elements_ = 0;
+  std::vector<Slot> slots_;
+  std::vector<Step> steps_;
+  std::vector<v1::TensorType> output_types_;
+  std::vector<int> splat_inputs_;   // input slots holding one element, splatted per Run
+  std::vector<std::pair<int, int>> scalar_outputs_;  // (const slot, output index)
+  std::vector<std::vector<char>> const_blocks_;  // splatted scalar constants
+  int num_temps_ = 0;
+};
+
+// Writes a literal constant's elements (data, f or i) into `out`.
+void MaterializeLiteral(const v1::Node& node, void* out);
+
+}  // namespace tessel::cpu

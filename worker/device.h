@@ -1,0 +1,67 @@
+// The device seam: what a worker needs from a backend (CPU today, CUDA
+// later). Code above this interface never names an implementation.
+//
+// Ownership: buffers are shared_ptr so that several array handles (an output
+// that is a parameter, a reshape) can name the same immutable bytes; the last
+// owner returns the memory to its device's allocator. A Device outlives every
+// Buffer and Executable it creates.
+//
+// Threading: Allocate, the copies and memory_stats are thread-safe. An
+// Executable's Run is called by one thread at a time per device (the device's
+// step queue).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "tessel/v1/program.pb.h"
+
+namespace tessel::worker {
+
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  virtual int64_t size() const = 0;
+  // Device address of the first byte. Host-addressable only for CPU devices.
+  virtual void* opaque() const = 0;
+};
+
+using BufferPtr = std::shared_ptr<Buffer>;
+
+struct MemoryStats {
+  int64_t bytes_in_use = 0;
+  int64_t peak_bytes_in_use = 0;
+  int64_t num_buffers = 0;
+  int64_t bytes_cached = 0;
+  int64_t bytes_limit = 0;
+};
+
+// A program loaded onto one device.
+class Executable {
+ public:
+  virtual ~Executable() = default;
+  // Runs the program on `args` (one per parameter, types already checked)
+  // and returns one buffer per program output.
+  virtual absl::StatusOr<std::vector<BufferPtr>> Run(absl::Span<const BufferPtr> args) = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual std::string kind() const = 0;  // "cpu"
+  virtual int local_index() const = 0;
+  std::string name() const { return kind() + ":" + std::to_string(local_index()); }
+
+  // RESOURCE_EXHAUSTED naming the device and the bytes when over its limit.
+  virtual absl::StatusOr<BufferPtr> Allocate(int64_t bytes) = 0;
+  virtual absl::Status CopyFromHost(Buffer& dst, int64_t offset, const void* src, int64_t n) = 0;
+  virtual absl::Status CopyToHost(const Buffer& src, int64_t offset, void* dst, int64_t n) = 0;
+  virtual absl::StatusOr<std::unique_ptr<Executable>> Load(const v1::Program& program) = 0;
+  virtual MemoryStats memory_stats() const = 0;
+};
+
+}  // namespace tessel::worker

@@ -1,0 +1,155 @@
+// tessel-worker: owns devices, runs the coordinator's programs on them.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "core/process_tuning.h"
+#include "core/version.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+#include "tessel/v1/admin.grpc.pb.h"
+#include "worker/cpu/cpu_device.h"
+#include "worker/worker_runtime.h"
+#include "worker/worker_service.h"
+
+ABSL_FLAG(std::string, coordinator, "", "Address (host:port) of the tessel-coordinator to register with. Required.");
+ABSL_FLAG(std::string, host, "127.0.0.1", "Interface to listen on; also the host advertised to the coordinator.");
+ABSL_FLAG(int, port, 0, "Port to serve tessel.v1.Worker on; 0 picks a free one.");
+ABSL_FLAG(int, devices, 1, "Number of CPU devices this worker exposes.");
+ABSL_FLAG(int64_t, device_memory_bytes, 0,
+          "Memory limit per device in bytes; 0 means 80% of physical memory divided among the devices.");
+ABSL_FLAG(int, register_timeout_s, 30, "How long to keep trying to reach the coordinator at start-up.");
+ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, error.");
+
+namespace {
+
+struct Registration {
+  std::string worker_id;
+  int64_t heartbeat_ms = 500;
+};
+
+absl::StatusOr<Registration> Register(tessel::v1::Registry::Stub& stub, const std::string& address,
+                                      int devices, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  grpc::Status last;
+  while (absl::Now() < deadline) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    tessel::v1::RegisterWorkerRequest req;
+    req.set_address(address);
+    req.set_num_devices(devices);
+    req.set_device_kind("cpu");
+    req.set_protocol_version(tessel::kProtocolVersionMax);
+    tessel::v1::RegisterWorkerResponse resp;
+    last = stub.RegisterWorker(&ctx, req, &resp);
+    if (last.ok()) return Registration{resp.worker_id(), std::max<int64_t>(50, resp.heartbeat_interval_ms())};
+    if (last.error_code() != grpc::StatusCode::UNAVAILABLE &&
+        last.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return absl::UnavailableError(absl::StrCat("could not register with the coordinator: ", last.error_message()));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tessel::BlockTerminationSignals();
+  tessel::TuneAllocatorForStreaming();
+  absl::SetProgramUsageMessage(
+      "tessel-worker --coordinator=HOST:PORT [--devices=N] [--port=P]\n"
+      "Serves tessel.v1.Worker: owns N CPU devices, runs the programs the coordinator sends,\n"
+      "registers with the coordinator and heartbeats. Also serves grpc.health.v1.Health and reflection.");
+  absl::ParseCommandLine(argc, argv);
+  auto log = spdlog::stdout_color_mt("worker");
+  log->set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  const int num_devices = absl::GetFlag(FLAGS_devices);
+  if (coordinator.empty()) {
+    log->error("--coordinator is required");
+    return 2;
+  }
+  if (num_devices < 1 || num_devices > 256) {
+    log->error("--devices: expected 1..256, got {}", num_devices);
+    return 2;
+  }
+  int64_t limit = absl::GetFlag(FLAGS_device_memory_bytes);
+  if (limit <= 0) {
+    limit = int64_t(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE) / 10 * 8 / num_devices;
+  }
+  tessel::worker::WorkerRuntime::Options options;
+  for (int i = 0; i < num_devices; ++i) {
+    options.devices.push_back(std::make_unique<tessel::cpu::CpuDevice>(tessel::cpu::CpuDevice::Options{i, limit}));
+  }
+  options.logger = log;
+  auto runtime = tessel::worker::WorkerRuntime::Create(std::move(options));
+  if (!runtime.ok()) {
+    log->error("{}", runtime.status().ToString());
+    return 1;
+  }
+  tessel::worker::WorkerService service(runtime->get());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  const std::string host = absl::GetFlag(FLAGS_host);
+  builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)), grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetMaxSendMessageSize(64 << 20);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    log->error("could not listen on {}:{}", host, absl::GetFlag(FLAGS_port));
+    return 1;
+  }
+  const std::string address = absl::StrCat(host, ":", port);
+  log->info("serving tessel.v1.Worker on {} with {} cpu devices", address, num_devices);
+
+  auto channel = grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials());
+  auto registry = tessel::v1::Registry::NewStub(channel);
+  auto reg = Register(*registry, address, num_devices, absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s)));
+  if (!reg.ok()) {
+    log->error("{}", reg.status().ToString());
+    server->Shutdown();
+    return 1;
+  }
+  log->info("registered with {} as {}", coordinator, reg->worker_id);
+
+  std::atomic<bool> stop{false};
+  std::thread heartbeat([&] {
+    Registration r = *reg;
+    while (!stop) {
+      absl::SleepFor(absl::Milliseconds(r.heartbeat_ms));
+      if (stop) break;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(std::max<int64_t>(1000, r.heartbeat_ms)));
+      tessel::v1::HeartbeatRequest req;
+      req.set_worker_id(r.worker_id);
+      tessel::v1::HeartbeatResponse resp;
+      grpc::Status s = registry->Heartbeat(&ctx, req, &resp);
+      if (s.ok() && !resp.known()) {
+        log->warn("coordinator does not know worker {}; registering again", r.worker_id);
+        auto again = Register(*registry, address, num_devices, absl::Seconds(5));
+        if (again.ok()) r = *again;
+      } else if (!s.ok()) {
+        log->warn("heartbeat to {} failed: {}", coordinator, s.error_message());
+      }
+    }
+  });
+
+  int sig = tessel::WaitForTerminationSignal();
+  log->info("signal {}: shutting down", sig);
+  stop = true;
+  heartbeat.join();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return 0;
+}

@@ -1,0 +1,212 @@
+#include "worker/worker_runtime.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/dtype.h"
+#include "core/status.h"
+
+namespace tessel::worker {
+
+absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(Options options) {
+  if (options.devices.empty()) return absl::InvalidArgumentError("a worker needs at least one device");
+  if (!options.logger) return absl::InvalidArgumentError("WorkerRuntime needs a logger");
+  return std::unique_ptr<WorkerRuntime>(new WorkerRuntime(std::move(options)));
+}
+
+WorkerRuntime::WorkerRuntime(Options options)
+    : devices_(std::move(options.devices)), log_(std::move(options.logger)) {
+  for (auto& d : devices_) queues_.push_back(std::make_unique<StepQueue>(d->name()));
+}
+
+WorkerRuntime::~WorkerRuntime() { queues_.clear(); }
+
+absl::Status WorkerRuntime::CheckDevice(int device) const {
+  if (device < 0 || device >= int(devices_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("device ", device, " out of range: this worker has ",
+                                                   devices_.size(), " devices"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerRuntime::LoadProgram(const v1::Program& program) {
+  {
+    absl::MutexLock l(&mu_);
+    if (programs_.contains(program.executable_id())) return absl::OkStatus();
+  }
+  std::vector<std::unique_ptr<Executable>> loaded;
+  for (auto& d : devices_) {
+    auto exe = d->Load(program);
+    if (!exe.ok()) return Annotate(exe.status(), absl::StrCat("loading on ", d->name(), ": "));
+    loaded.push_back(std::move(*exe));
+  }
+  absl::MutexLock l(&mu_);
+  programs_.try_emplace(program.executable_id(), std::move(loaded));
+  program_protos_.try_emplace(program.executable_id(), program);
+  log_->info("loaded program {} ({} instructions)", program.executable_id(), program.instructions_size());
+  return absl::OkStatus();
+}
+
+absl::Status WorkerRuntime::RunStep(const v1::RunRequest& r) {
+  Executable* exe = nullptr;
+  const v1::Program* proto = nullptr;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = programs_.find(r.executable_id());
+    if (it == programs_.end()) {
+      return absl::FailedPreconditionError(absl::StrCat("program ", r.executable_id(), " is not loaded"));
+    }
+    exe = it->second[r.device()].get();
+    proto = &program_protos_.at(r.executable_id());
+  }
+  if (r.arguments_size() != proto->parameters_size() || r.outputs_size() != proto->outputs_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "execution ", r.execution_id(), ": program takes ", proto->parameters_size(), " arguments and gives ",
+        proto->outputs_size(), " outputs; got ", r.arguments_size(), " and ", r.outputs_size()));
+  }
+  std::vector<BufferPtr> args;
+  for (int i = 0; i < r.arguments_size(); ++i) {
+    auto a = store_.Get(r.device(), r.arguments(i));
+    if (!a.ok()) return Annotate(a.status(), absl::StrCat("argument ", i, ": "));
+    if (!a->error.ok()) return Annotate(a->error, absl::StrCat("argument ", i, " failed earlier: "));
+    const v1::TensorType& want = proto->parameters(i).type();
+    if (!SameType(a->type, want)) {
+      return absl::InvalidArgumentError(absl::StrCat("argument ", i, ": expected ", TypeString(want),
+                                                     ", got ", TypeString(a->type)));
+    }
+    args.push_back(std::move(a->buffer));
+  }
+  TESSEL_ASSIGN_OR_RETURN(std::vector<BufferPtr> outs, exe->Run(args));
+  for (int i = 0; i < r.outputs_size(); ++i) {
+    TESSEL_RETURN_IF_ERROR(
+        store_.Insert(r.device(), r.outputs(i), StoredArray{std::move(outs[i]), proto->output_types(i), {}}));
+  }
+  ++steps_run_;
+  return absl::OkStatus();
+}
+
+void WorkerRuntime::Run(const v1::RunRequest& request, Done done) {
+  if (auto s = CheckDevice(request.device()); !s.ok()) return done(s);
+  auto work = [this, request, done] {
+    absl::Status s = RunStep(request);
+    if (!s.ok()) {
+      log_->warn("execution {} on device {} failed: {}", request.execution_id(), request.device(),
+                 s.ToString());
+      // The outputs carry the error to whoever reads them.
+      for (uint64_t h : request.outputs()) {
+        store_.Erase(request.device(), h);
+        (void)store_.Insert(request.device(), h, StoredArray{nullptr, {}, s});
+      }
+    }
+    done(s);
+  };
+  queues_[request.device()]->Submit(request.seq(), std::move(work), [done, request] {
+    done(absl::InvalidArgumentError(absl::StrCat("step sequence number ", request.seq(),
+                                                 " was already used on device ", request.device())));
+  });
+}
+
+void WorkerRuntime::Free(const v1::FreeRequest& request, Done done) {
+  if (auto s = CheckDevice(request.device()); !s.ok()) return done(s);
+  auto work = [this, request, done] {
+    for (uint64_t h : request.buffers()) store_.Erase(request.device(), h);
+    done(absl::OkStatus());
+  };
+  queues_[request.device()]->Submit(request.seq(), std::move(work), [done, request] {
+    done(absl::InvalidArgumentError(absl::StrCat("free sequence number ", request.seq(),
+                                                 " was already used on device ", request.device())));
+  });
+}
+
+namespace {
+
+class PutWriterImpl final : public WorkerRuntime::PutWriter {
+ public:
+  PutWriterImpl(BufferStore* store, std::vector<std::pair<int, Device*>> devices,
+                std::vector<BufferPtr> buffers, uint64_t handle, v1::TensorType type, int64_t bytes)
+      : store_(store), devices_(std::move(devices)), buffers_(std::move(buffers)),
+        handle_(handle), type_(std::move(type)), bytes_(bytes) {}
+
+  absl::Status Write(const std::string& bytes) override {
+    if (written_ + int64_t(bytes.size()) > bytes_) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "put of array %#x (%s): expected %d bytes, got more (%d)", handle_, TypeString(type_),
+          bytes_, written_ + bytes.size()));
+    }
+    for (size_t i = 0; i < devices_.size(); ++i) {
+      TESSEL_RETURN_IF_ERROR(devices_[i].second->CopyFromHost(*buffers_[i], written_, bytes.data(), bytes.size()));
+    }
+    written_ += bytes.size();
+    return absl::OkStatus();
+  }
+
+  absl::Status Finish() override {
+    if (written_ != bytes_) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "put of array %#x (%s): expected %d bytes, got %d (truncated stream)", handle_,
+          TypeString(type_), bytes_, written_));
+    }
+    for (size_t i = 0; i < devices_.size(); ++i) {
+      absl::Status s = store_->Insert(devices_[i].first, handle_, StoredArray{buffers_[i], type_, {}});
+      if (!s.ok()) {
+        for (size_t j = 0; j < i; ++j) store_->Erase(devices_[j].first, handle_);
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  BufferStore* const store_;
+  const std::vector<std::pair<int, Device*>> devices_;
+  const std::vector<BufferPtr> buffers_;
+  const uint64_t handle_;
+  const v1::TensorType type_;
+  const int64_t bytes_;
+  int64_t written_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<WorkerRuntime::PutWriter>> WorkerRuntime::BeginPut(
+    const v1::PutShardRequest::Header& h) {
+  TESSEL_ASSIGN_OR_RETURN(int64_t bytes, ByteSize(h.type()));
+  if (h.devices().empty()) return absl::InvalidArgumentError("put names no device");
+  std::vector<std::pair<int, Device*>> devices;
+  std::vector<BufferPtr> buffers;
+  for (int d : h.devices()) {
+    TESSEL_RETURN_IF_ERROR(CheckDevice(d));
+    if (store_.Get(d, h.buffer()).ok()) {
+      return absl::AlreadyExistsError(absl::StrFormat("array %#x already exists on device %d", h.buffer(), d));
+    }
+    TESSEL_ASSIGN_OR_RETURN(BufferPtr b, devices_[d]->Allocate(bytes));
+    devices.emplace_back(d, devices_[d].get());
+    buffers.push_back(std::move(b));
+  }
+  return std::unique_ptr<PutWriter>(
+      new PutWriterImpl(&store_, std::move(devices), std::move(buffers), h.buffer(), h.type(), bytes));
+}
+
+absl::StatusOr<StoredArray> WorkerRuntime::GetForFetch(int device, uint64_t handle) const {
+  TESSEL_RETURN_IF_ERROR(CheckDevice(device));
+  TESSEL_ASSIGN_OR_RETURN(StoredArray a, store_.Get(device, handle));
+  if (!a.error.ok()) return a.error;
+  return a;
+}
+
+v1::WorkerStatsResponse WorkerRuntime::Stats() const {
+  v1::WorkerStatsResponse r;
+  for (const auto& d : devices_) {
+    MemoryStats m = d->memory_stats();
+    v1::DeviceMemoryStats* s = r.add_devices();
+    s->set_device(d->local_index());
+    s->set_bytes_in_use(m.bytes_in_use);
+    s->set_peak_bytes_in_use(m.peak_bytes_in_use);
+    s->set_num_buffers(m.num_buffers);
+    s->set_bytes_cached(m.bytes_cached);
+    s->set_bytes_limit(m.bytes_limit);
+  }
+  r.set_steps_run(steps_run_);
+  return r;
+}
+
+}  // namespace tessel::worker

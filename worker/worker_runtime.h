@@ -1,0 +1,77 @@
+// WorkerRuntime: everything a worker daemon does, without the RPC: its
+// devices, the arrays they hold, the programs loaded on them, and one
+// StepQueue per device that runs steps and frees in the coordinator's order.
+// The gRPC service is a thin shell over this class.
+//
+// Thread-safety: every public method may be called from any thread.
+// Completion callbacks run on a device's queue thread.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "spdlog/logger.h"
+#include "tessel/v1/worker.pb.h"
+#include "worker/buffer_store.h"
+#include "worker/device.h"
+#include "worker/step_queue.h"
+
+namespace tessel::worker {
+
+class WorkerRuntime {
+ public:
+  struct Options {
+    std::vector<std::unique_ptr<Device>> devices;
+    std::shared_ptr<spdlog::logger> logger;
+  };
+  static absl::StatusOr<std::unique_ptr<WorkerRuntime>> Create(Options options);
+  ~WorkerRuntime();
+
+  int num_devices() const { return devices_.size(); }
+  Device& device(int i) const { return *devices_[i]; }
+
+  // Loads on every device; loading an id already loaded is a no-op.
+  absl::Status LoadProgram(const v1::Program& program);
+
+  using Done = std::function<void(absl::Status)>;
+  // Queued by request.seq on request.device; `done` runs when the step has
+  // run (or failed: its outputs then hold the error).
+  void Run(const v1::RunRequest& request, Done done);
+  void Free(const v1::FreeRequest& request, Done done);
+
+  // A Put in progress: bytes arrive in order; Finish stores the array.
+  class PutWriter {
+   public:
+    virtual ~PutWriter() = default;
+    virtual absl::Status Write(const std::string& bytes) = 0;
+    virtual absl::Status Finish() = 0;
+  };
+  absl::StatusOr<std::unique_ptr<PutWriter>> BeginPut(const v1::PutShardRequest::Header& header);
+
+  // The array to stream back; its error if the step that made it failed.
+  absl::StatusOr<StoredArray> GetForFetch(int device, uint64_t handle) const;
+
+  v1::WorkerStatsResponse Stats() const;
+
+ private:
+  explicit WorkerRuntime(Options options);
+  absl::Status CheckDevice(int device) const;
+  absl::Status RunStep(const v1::RunRequest& request);
+
+  std::vector<std::unique_ptr<Device>> devices_;
+  const std::shared_ptr<spdlog::logger> log_;
+  BufferStore store_;
+  mutable absl::Mutex mu_;
+  // executable id -> one Executable per device
+  absl::flat_hash_map<std::string, std::vector<std::unique_ptr<Executable>>> programs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, v1::Program> program_protos_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> steps_run_{0};
+  std::vector<std::unique_ptr<StepQueue>> queues_;  // last: joined first
+};
+
+}  // namespace tessel::worker

@@ -1,0 +1,29 @@
+// WorkerService: tessel.v1.Worker over gRPC, a thin shell over
+// WorkerRuntime. Run and Free use the callback API so that a queued step
+// holds no thread while it waits its turn.
+#pragma once
+
+#include "tessel/v1/worker.grpc.pb.h"
+#include "worker/worker_runtime.h"
+
+namespace tessel::worker {
+
+class WorkerService final
+    : public v1::Worker::WithCallbackMethod_Run<v1::Worker::WithCallbackMethod_Free<v1::Worker::Service>> {
+ public:
+  explicit WorkerService(WorkerRuntime* runtime) : runtime_(runtime) {}
+
+  grpc::Status GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*, v1::GetVersionResponse*) override;
+  grpc::Status LoadProgram(grpc::ServerContext*, const v1::LoadProgramRequest*, v1::LoadProgramResponse*) override;
+  grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext*, const v1::RunRequest*, v1::RunResponse*) override;
+  grpc::ServerUnaryReactor* Free(grpc::CallbackServerContext*, const v1::FreeRequest*, v1::FreeResponse*) override;
+  grpc::Status PutShard(grpc::ServerContext*, grpc::ServerReader<v1::PutShardRequest>*, v1::PutShardResponse*) override;
+  grpc::Status FetchShard(grpc::ServerContext*, const v1::FetchShardRequest*,
+                          grpc::ServerWriter<v1::FetchShardResponse>*) override;
+  grpc::Status GetStats(grpc::ServerContext*, const v1::WorkerStatsRequest*, v1::WorkerStatsResponse*) override;
+
+ private:
+  WorkerRuntime* const runtime_;
+};
+
+}  // namespace tessel::worker
