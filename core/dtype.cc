@@ -6,7 +6,7 @@
 
 namespace tessel {
 
-int DTypeSize(DType t) {
+int DTypeSize(v1::DType t) {
   switch (t) {
     case v1::F32: return 4;
     case v1::F64: return 8;
@@ -20,7 +20,7 @@ int DTypeSize(DType t) {
   }
 }
 
-absl::string_view DTypeName(DType t) {
+absl::string_view DTypeName(v1::DType t) {
   switch (t) {
     case v1::F32: return "f32";
     case v1::F64: return "f64";
@@ -34,17 +34,17 @@ absl::string_view DTypeName(DType t) {
   }
 }
 
-absl::StatusOr<DType> ParseDType(absl::string_view name) {
-  for (DType t : {v1::F32, v1::F64, v1::F16, v1::BF16, v1::S32, v1::S64, v1::U8, v1::PRED}) {
+absl::StatusOr<v1::DType> ParseDType(absl::string_view name) {
+  for (v1::DType t : {v1::F32, v1::F64, v1::F16, v1::BF16, v1::S32, v1::S64, v1::U8, v1::PRED}) {
     if (DTypeName(t) == name) return t;
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown dtype '", name, "': expected one of f32, f64, f16, bf16, s32, s64, u8, pred"));
 }
 
-bool IsFloat(DType t) { return t == v1::F32 || t == v1::F64 || t == v1::F16 || t == v1::BF16; }
-bool IsInteger(DType t) { return t == v1::S32 || t == v1::S64 || t == v1::U8; }
-bool IsSigned(DType t) { return IsFloat(t) || t == v1::S32 || t == v1::S64; }
+bool IsFloat(v1::DType t) { return t == v1::F32 || t == v1::F64 || t == v1::F16 || t == v1::BF16; }
+bool IsInteger(v1::DType t) { return t == v1::S32 || t == v1::S64 || t == v1::U8; }
+bool IsSigned(v1::DType t) { return IsFloat(t) || t == v1::S32 || t == v1::S64; }
 
 std::string DimsString(const google::protobuf::RepeatedField<int64_t>& dims) {
   return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
@@ -102,7 +102,7 @@ bool SameType(const v1::TensorType& a, const v1::TensorType& b) {
   return true;
 }
 
-v1::TensorType MakeType(DType dtype, std::initializer_list<int64_t> dims) {
+v1::TensorType MakeType(v1::DType dtype, std::initializer_list<int64_t> dims) {
   v1::TensorType t;
   t.set_dtype(dtype);
   for (int64_t d : dims) t.add_dims(d);

@@ -11,18 +11,18 @@
 
 namespace tessel {
 
-using v1::DType;
+
 
 // Size of one element in bytes (pred is one byte); 0 for DTYPE_INVALID.
-int DTypeSize(DType t);
+int DTypeSize(v1::DType t);
 // "f32", "bf16", "pred", ...
-absl::string_view DTypeName(DType t);
-absl::StatusOr<DType> ParseDType(absl::string_view name);
+absl::string_view DTypeName(v1::DType t);
+absl::StatusOr<v1::DType> ParseDType(absl::string_view name);
 
-bool IsFloat(DType t);     // f32 f64 f16 bf16
-bool IsInteger(DType t);   // s32 s64 u8
-bool IsSigned(DType t);    // floats, s32, s64
-inline bool IsPred(DType t) { return t == v1::PRED; }
+bool IsFloat(v1::DType t);     // f32 f64 f16 bf16
+bool IsInteger(v1::DType t);   // s32 s64 u8
+bool IsSigned(v1::DType t);    // floats, s32, s64
+inline bool IsPred(v1::DType t) { return t == v1::PRED; }
 
 // "f32[2,3]"; a scalar is "f32[]".
 std::string TypeString(const v1::TensorType& t);
@@ -37,7 +37,7 @@ int64_t NumElementsUnchecked(const v1::TensorType& t);
 int64_t ByteSizeUnchecked(const v1::TensorType& t);
 
 bool SameType(const v1::TensorType& a, const v1::TensorType& b);
-v1::TensorType MakeType(DType dtype, std::initializer_list<int64_t> dims);
+v1::TensorType MakeType(v1::DType dtype, std::initializer_list<int64_t> dims);
 
 // Lower-case op name ("dot_general").
 std::string OpName(v1::Op op);

@@ -1,0 +1,275 @@
+// tessel: the command-line client. See `tessel --help`.
+#include <csignal>
+#include <iostream>
+#include <map>
+#include <set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/process_tuning.h"
+#include "tessel/graph.h"
+#include "tessel/local_cluster.h"
+#include "tessel/session.h"
+#include "tessel/types.h"
+
+namespace {
+
+constexpr char kUsage[] = R"(tessel: run array programs on a Tessel cluster.
+
+Usage:
+  tessel local --workers N --devices-per-worker D [--port P] [--verbose]
+      Start a coordinator on 127.0.0.1 and N worker processes with D CPU devices
+      each; print the coordinator's address; run until Ctrl-C or SIGTERM, then
+      stop every process started.
+  tessel status [--coordinator HOST:PORT]
+      Workers, their devices, heartbeat age and device memory.
+  tessel run GRAPH.textproto --input NAME=FILE.npy ... [--fetch NAME=OUT.npy ...]
+             [--device D | --replicated] [--coordinator HOST:PORT]
+      Compile and run a graph. Inputs are bound to parameters by name; only the
+      outputs named with --fetch come back to the host (the rest are freed).
+  tessel compile GRAPH.textproto [--coordinator HOST:PORT]
+      Compile a graph and print the plan and the diagnostics.
+  tessel stats [--coordinator HOST:PORT]
+      Cluster counters and per-device memory.
+
+The coordinator address comes from --coordinator, else $TESSEL_COORDINATOR.
+Arrays are .npy files; bf16 travels as uint16 ('<u2') bit patterns.
+)";
+
+struct Args {
+  std::string command;
+  std::vector<std::string> positional;
+  std::multimap<std::string, std::string> flags;
+
+  std::string Get(const std::string& k, const std::string& def = "") const {
+    auto it = flags.find(k);
+    return it == flags.end() ? def : it->second;
+  }
+  std::vector<std::string> All(const std::string& k) const {
+    std::vector<std::string> out;
+    for (auto [it, end] = flags.equal_range(k); it != end; ++it) out.push_back(it->second);
+    return out;
+  }
+};
+
+const std::set<std::string> kBoolFlags = {"verbose", "replicated", "help"};
+
+Args Parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string s = argv[i];
+    if (s.rfind("--", 0) == 0) {
+      std::string key = s.substr(2), value;
+      if (auto eq = key.find('='); eq != std::string::npos) {
+        value = key.substr(eq + 1);
+        key = key.substr(0, eq);
+      } else if (kBoolFlags.contains(key)) {
+        value = "true";
+      } else if (i + 1 < argc) {
+        value = argv[++i];
+      }
+      a.flags.emplace(key, value);
+    } else if (s == "-h") {
+      a.flags.emplace("help", "true");
+    } else if (a.command.empty()) {
+      a.command = s;
+    } else {
+      a.positional.push_back(s);
+    }
+  }
+  return a;
+}
+
+int Fail(const absl::Status& s) {
+  std::cerr << "tessel: " << s.message() << " [" << absl::StatusCodeToString(s.code()) << "]\n";
+  return 1;
+}
+
+absl::StatusOr<std::unique_ptr<tessel::Session>> Connect(const Args& a) {
+  auto addr = tessel::ResolveCoordinatorAddress(a.Get("coordinator"));
+  if (!addr.ok()) return addr.status();
+  tessel::ConnectOptions o;
+  o.client_name = "tessel-cli";
+  return tessel::Session::Connect(*addr, o);
+}
+
+std::string Bytes(int64_t b) {
+  if (b >= (int64_t{1} << 30)) return absl::StrFormat("%.2f GiB", b / double(1 << 30));
+  if (b >= (1 << 20)) return absl::StrFormat("%.2f MiB", b / double(1 << 20));
+  if (b >= (1 << 10)) return absl::StrFormat("%.1f KiB", b / 1024.0);
+  return absl::StrCat(b, " B");
+}
+
+int Local(const Args& a) {
+  int workers = 2, devices = 1, port = 0;
+  if (!absl::SimpleAtoi(a.Get("workers", "2"), &workers) ||
+      !absl::SimpleAtoi(a.Get("devices-per-worker", "1"), &devices) ||
+      !absl::SimpleAtoi(a.Get("port", "0"), &port)) {
+    return Fail(absl::InvalidArgumentError("--workers, --devices-per-worker and --port take integers"));
+  }
+  tessel::LocalCluster::Options o;
+  o.workers = workers;
+  o.devices_per_worker = devices;
+  o.port = port;
+  o.inherit_output = a.Get("verbose") == "true";
+  auto cluster = tessel::LocalCluster::Start(o);
+  if (!cluster.ok()) return Fail(cluster.status());
+  std::cout << (*cluster)->address() << std::endl;
+  std::cerr << "tessel local: coordinator on " << (*cluster)->address() << " with " << workers << " workers x "
+            << devices << " cpu devices; logs in " << (*cluster)->log_dir() << "\n"
+            << "  export TESSEL_COORDINATOR=" << (*cluster)->address() << "\n"
+            << "Ctrl-C stops the cluster." << std::endl;
+  int sig = tessel::WaitForTerminationSignal();
+  std::cerr << "tessel local: signal " << sig << ", stopping " << workers + 1 << " processes" << std::endl;
+  (*cluster)->Stop();
+  return 0;
+}
+
+void PrintCluster(const tessel::ClusterStatus& c) {
+  std::cout << absl::StrFormat("%-6s %-22s %-6s %-10s %s\n", "worker", "address", "state", "heartbeat", "devices");
+  for (const auto& w : c.workers) {
+    std::cout << absl::StrFormat("%-6s %-22s %-6s %-10s %s\n", w.id, w.address, w.alive ? "alive" : "dead",
+                                 absl::StrCat(w.ms_since_heartbeat, " ms ago"), absl::StrJoin(w.devices, ","));
+    for (const auto& m : w.memory) {
+      std::cout << absl::StrFormat("         device %-3d in use %-12s peak %-12s buffers %-6d cached %s\n", m.device,
+                                   Bytes(m.bytes_in_use), Bytes(m.peak_bytes_in_use), m.num_buffers,
+                                   Bytes(m.bytes_cached));
+    }
+  }
+  std::cout << absl::StrFormat("%d live devices, %d sessions, %d live arrays, %d compiles (%d cache hits), %d executions\n",
+                               c.num_devices(), c.sessions, c.live_arrays, c.compiles, c.compile_cache_hits,
+                               c.executions);
+}
+
+int Status(const Args& a) {
+  auto s = Connect(a);
+  if (!s.ok()) return Fail(s.status());
+  auto c = (*s)->Cluster(/*with_memory=*/true);
+  if (!c.ok()) return Fail(c.status());
+  PrintCluster(*c);
+  return 0;
+}
+
+absl::StatusOr<std::pair<std::string, std::string>> SplitBinding(const std::string& flag, const std::string& s) {
+  auto eq = s.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == s.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " '", s, "': expected NAME=FILE.npy"));
+  }
+  return std::make_pair(s.substr(0, eq), s.substr(eq + 1));
+}
+
+int Compile(const Args& a) {
+  if (a.positional.size() != 1) return Fail(absl::InvalidArgumentError("compile: expected one GRAPH.textproto"));
+  auto g = tessel::Graph::FromFile(a.positional[0]);
+  if (!g.ok()) return Fail(g.status());
+  auto s = Connect(a);
+  if (!s.ok()) return Fail(s.status());
+  auto exe = (*s)->Compile(*g);
+  if (!exe.ok()) return Fail(exe.status());
+  std::cout << exe->plan();
+  for (const std::string& d : exe->diagnostics()) std::cout << d << "\n";
+  std::cout << "executable " << exe->id() << (exe->cache_hit() ? " (cache hit)" : "") << "\n";
+  return 0;
+}
+
+int Run(const Args& a) {
+  if (a.positional.size() != 1) return Fail(absl::InvalidArgumentError("run: expected one GRAPH.textproto"));
+  auto g = tessel::Graph::FromFile(a.positional[0]);
+  if (!g.ok()) return Fail(g.status());
+  std::map<std::string, std::string> inputs, fetches;
+  for (const std::string& b : a.All("input")) {
+    auto kv = SplitBinding("input", b);
+    if (!kv.ok()) return Fail(kv.status());
+    inputs.insert(*kv);
+  }
+  for (const std::string& b : a.All("fetch")) {
+    auto kv = SplitBinding("fetch", b);
+    if (!kv.ok()) return Fail(kv.status());
+    fetches.insert(*kv);
+  }
+  tessel::Placement placement;
+  if (a.Get("replicated") == "true") {
+    placement = tessel::Placement::Replicated();
+  } else if (!absl::SimpleAtoi(a.Get("device", "0"), &placement.device)) {
+    return Fail(absl::InvalidArgumentError("--device takes an integer"));
+  }
+  const std::vector<std::string> params = g->parameter_names();
+  const std::vector<std::string> outputs = g->output_names();
+  for (const auto& [name, file] : inputs) {
+    if (std::find(params.begin(), params.end(), name) == params.end()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--input ", name, ": the graph has no parameter '", name,
+                                                          "' (parameters: ", absl::StrJoin(params, ", "), ")")));
+    }
+  }
+  for (const auto& [name, file] : fetches) {
+    if (std::find(outputs.begin(), outputs.end(), name) == outputs.end()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--fetch ", name, ": the graph has no output '", name,
+                                                          "' (outputs: ", absl::StrJoin(outputs, ", "), ")")));
+    }
+  }
+  auto s = Connect(a);
+  if (!s.ok()) return Fail(s.status());
+  tessel::Session& session = **s;
+  auto exe = session.Compile(*g);
+  if (!exe.ok()) return Fail(exe.status());
+  std::vector<tessel::Array> args;
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto it = inputs.find(params[i]);
+    if (it == inputs.end()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("parameter '", params[i], "' (",
+                                                          exe->parameter_types()[i].ToString(),
+                                                          ") has no --input ", params[i], "=FILE.npy")));
+    }
+    auto host = tessel::ReadNpy(it->second);
+    if (!host.ok()) return Fail(host.status());
+    if (!(host->type() == exe->parameter_types()[i])) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--input ", params[i], "=", it->second, ": expected ",
+                                                          exe->parameter_types()[i].ToString(), ", got ",
+                                                          host->type().ToString())));
+    }
+    auto arr = session.Put(*host, placement);
+    if (!arr.ok()) return Fail(arr.status());
+    args.push_back(*arr);
+  }
+  auto outs = session.Execute(*exe, args);
+  if (!outs.ok()) return Fail(outs.status());
+  if (auto st = session.Await(*outs); !st.ok()) return Fail(st);
+  int rc = 0;
+  std::vector<tessel::Array> unfetched;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    auto it = fetches.find(outputs[i]);
+    if (it == fetches.end()) {
+      unfetched.push_back((*outs)[i]);
+      continue;
+    }
+    auto host = session.Fetch((*outs)[i]);
+    if (!host.ok()) return Fail(host.status());
+    if (auto st = tessel::WriteNpy(it->second, *host); !st.ok()) return Fail(st);
+    std::cerr << outputs[i] << " " << host->type().ToString() << " -> " << it->second << "\n";
+  }
+  (void)session.Delete(unfetched);
+  return rc;
+}
+
+int Stats(const Args& a) { return Status(a); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tessel::BlockTerminationSignals();
+  tessel::TuneAllocatorForStreaming();
+  Args a = Parse(argc, argv);
+  if (a.command.empty() || a.command == "help" || a.Get("help") == "true") {
+    std::cout << kUsage;
+    return a.command.empty() && a.Get("help") != "true" ? 2 : 0;
+  }
+  if (a.command == "local") return Local(a);
+  if (a.command == "status") return Status(a);
+  if (a.command == "run") return Run(a);
+  if (a.command == "compile") return Compile(a);
+  if (a.command == "stats") return Stats(a);
+  std::cerr << "tessel: unknown command '" << a.command << "'\n\n" << kUsage;
+  return 2;
+}

@@ -1,0 +1,48 @@
+// LocalCluster: a coordinator and N workers started as real processes on
+// 127.0.0.1, for the demo, the CLI's `tessel local`, tests and benchmarks.
+// The destructor stops every process it started (SIGTERM, then SIGKILL).
+// Children also get SIGTERM if this process dies.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tessel {
+
+class LocalCluster {
+ public:
+  struct Options {
+    int workers = 2;
+    int devices_per_worker = 1;
+    int port = 0;              // coordinator port; 0 picks a free one
+    std::string binary_dir;    // Default: $TESSEL_BIN_DIR, else this executable's directory
+    std::string log_dir;       // Default: a fresh directory under /tmp
+    bool inherit_output = false;  // children log to this process's stdout/stderr
+    std::vector<std::string> worker_flags;  // extra flags for every worker
+    int heartbeat_timeout_ms = 2000;
+  };
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(Options options);
+  ~LocalCluster();
+
+  const std::string& address() const { return address_; }
+  const std::string& log_dir() const { return log_dir_; }
+  int num_workers() const { return worker_pids_.size(); }
+  // Sends `sig` to worker `i` (tests: SIGKILL to lose a worker).
+  absl::Status SignalWorker(int i, int sig);
+  // Stops everything now; idempotent.
+  void Stop();
+
+ private:
+  LocalCluster() = default;
+  std::string address_;
+  std::string log_dir_;
+  pid_t coordinator_pid_ = -1;
+  std::vector<pid_t> worker_pids_;
+};
+
+}  // namespace tessel

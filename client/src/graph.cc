@@ -1,0 +1,314 @@
+#include "tessel/graph.h"
+
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "client/src/convert_internal.h"
+#include "client/src/graph_internal.h"
+#include "core/dtype.h"
+#include "core/shape_inference.h"
+
+namespace tessel {
+
+absl::StatusOr<Graph> Graph::FromTextProto(const std::string& text) {
+  auto impl = std::make_shared<GraphImpl>();
+  struct Collector : google::protobuf::io::ErrorCollector {
+    std::string first;
+    void AddError(int line, int column, const std::string& message) override {
+      if (first.empty()) first = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
+    }
+  } errors;
+  google::protobuf::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text, &impl->proto)) {
+    return absl::InvalidArgumentError(absl::StrCat("graph text does not parse: ", errors.first));
+  }
+  return Graph(std::move(impl));
+}
+
+absl::StatusOr<Graph> Graph::FromFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open graph file '", path, "'"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto g = FromTextProto(ss.str());
+  if (!g.ok()) return absl::Status(g.status().code(), absl::StrCat(path, ": ", g.status().message()));
+  return g;
+}
+
+std::string Graph::ToTextProto() const {
+  std::string s;
+  google::protobuf::TextFormat::PrintToString(impl_->proto, &s);
+  return s;
+}
+
+const std::string& Graph::name() const { return impl_->proto.name(); }
+int Graph::num_nodes() const { return impl_->proto.nodes_size(); }
+
+std::vector<ArrayType> Graph::parameter_types() const {
+  std::vector<ArrayType> out;
+  for (const v1::Node& n : impl_->proto.nodes()) {
+    if (n.op() != v1::PARAMETER) continue;
+    size_t i = n.parameter().index();
+    if (i >= out.size()) out.resize(i + 1);
+    out[i] = FromProto(n.type());
+  }
+  return out;
+}
+
+std::vector<std::string> Graph::parameter_names() const {
+  std::vector<std::string> out;
+  for (const v1::Node& n : impl_->proto.nodes()) {
+    if (n.op() != v1::PARAMETER) continue;
+    size_t i = n.parameter().index();
+    if (i >= out.size()) out.resize(i + 1);
+    out[i] = n.name();
+  }
+  return out;
+}
+
+std::vector<std::string> Graph::output_names() const {
+  return std::vector<std::string>(impl_->proto.outputs().begin(), impl_->proto.outputs().end());
+}
+
+// ------------------------------------------------------------------ builder
+
+class GraphBuilder::Impl {
+ public:
+  explicit Impl(std::string name) { graph.set_name(std::move(name)); }
+
+  Value Add(v1::Node node, const std::vector<Value>& operands) {
+    if (!status.ok()) return Value();
+    std::vector<const v1::TensorType*> types;
+    for (size_t i = 0; i < operands.size(); ++i) {
+      const Value& v = operands[i];
+      if (!v.valid() || v.id_ >= graph.nodes_size() || graph.nodes(v.id_).name() != v.name()) {
+        status = absl::InvalidArgumentError(absl::StrCat("graph '", graph.name(), "': ", OpName(node.op()),
+                                                         ": operand ", i, " is not a value of this builder"));
+        return Value();
+      }
+      node.add_operands(v.name());
+      types.push_back(&graph.nodes(v.id_).type());
+    }
+    const int id = graph.nodes_size();
+    if (node.name().empty()) node.set_name(absl::StrCat(OpName(node.op()), "_", id));
+    auto t = InferType(node, types);
+    if (!t.ok()) {
+      status = absl::InvalidArgumentError(absl::StrCat("graph '", graph.name(), "': ", OpName(node.op()), " '",
+                                                       node.name(), "': ", t.status().message()));
+      return Value();
+    }
+    *node.mutable_type() = *t;
+    Value v;
+    v.id_ = id;
+    v.type_ = FromProto(*t);
+    v.name_ = node.name();
+    *graph.add_nodes() = std::move(node);
+    return v;
+  }
+
+  v1::Graph graph;
+  int num_parameters = 0;
+  absl::Status status;
+};
+
+namespace {
+v1::Node NodeOf(v1::Op op) {
+  v1::Node n;
+  n.set_op(op);
+  return n;
+}
+template <typename R>
+void Assign(R* field, const std::vector<int64_t>& v) {
+  for (int64_t x : v) field->Add(x);
+}
+}  // namespace
+
+GraphBuilder::GraphBuilder(std::string name) : impl_(std::make_unique<Impl>(std::move(name))) {}
+GraphBuilder::~GraphBuilder() = default;
+
+Value GraphBuilder::Parameter(ArrayType type, std::string name) {
+  v1::Node n = NodeOf(v1::PARAMETER);
+  n.set_name(name);
+  n.mutable_parameter()->set_index(impl_->num_parameters);
+  *n.mutable_type() = ToProto(type);
+  Value v = impl_->Add(std::move(n), {});
+  if (v.valid()) ++impl_->num_parameters;
+  return v;
+}
+
+Value GraphBuilder::Constant(const HostArray& literal) {
+  v1::Node n = NodeOf(v1::CONSTANT);
+  *n.mutable_type() = ToProto(literal.type());
+  n.mutable_constant()->mutable_literal()->set_data(literal.data(), literal.size_bytes());
+  return impl_->Add(std::move(n), {});
+}
+
+Value GraphBuilder::Fill(ArrayType type, double value) {
+  v1::Node n = NodeOf(v1::CONSTANT);
+  *n.mutable_type() = ToProto(type);
+  if (type.dtype == DType::kS64 || type.dtype == DType::kS32 || type.dtype == DType::kU8) {
+    n.mutable_constant()->mutable_fill()->set_i(static_cast<int64_t>(value));
+  } else {
+    n.mutable_constant()->mutable_fill()->set_f(value);
+  }
+  return impl_->Add(std::move(n), {});
+}
+
+Value GraphBuilder::Iota(ArrayType type, int64_t dimension) {
+  v1::Node n = NodeOf(v1::CONSTANT);
+  *n.mutable_type() = ToProto(type);
+  n.mutable_constant()->mutable_iota()->set_dimension(dimension);
+  return impl_->Add(std::move(n), {});
+}
+
+#define TESSEL_UNARY(Name, OP) \
+  Value GraphBuilder::Name(Value x) { return impl_->Add(NodeOf(v1::OP), {x}); }
+TESSEL_UNARY(Neg, NEG)
+TESSEL_UNARY(Abs, ABS)
+TESSEL_UNARY(Exp, EXP)
+TESSEL_UNARY(Log, LOG)
+TESSEL_UNARY(Log1p, LOG1P)
+TESSEL_UNARY(Tanh, TANH)
+TESSEL_UNARY(Logistic, LOGISTIC)
+TESSEL_UNARY(Sqrt, SQRT)
+TESSEL_UNARY(Rsqrt, RSQRT)
+TESSEL_UNARY(Floor, FLOOR)
+TESSEL_UNARY(Ceil, CEIL)
+TESSEL_UNARY(Round, ROUND)
+TESSEL_UNARY(Sign, SIGN)
+TESSEL_UNARY(Not, NOT)
+#undef TESSEL_UNARY
+
+#define TESSEL_BINARY(Name, OP) \
+  Value GraphBuilder::Name(Value a, Value b) { return impl_->Add(NodeOf(v1::OP), {a, b}); }
+TESSEL_BINARY(Add, ADD)
+TESSEL_BINARY(Sub, SUB)
+TESSEL_BINARY(Mul, MUL)
+TESSEL_BINARY(Div, DIV)
+TESSEL_BINARY(Rem, REM)
+TESSEL_BINARY(Pow, POW)
+TESSEL_BINARY(Max, MAX)
+TESSEL_BINARY(Min, MIN)
+TESSEL_BINARY(And, AND)
+TESSEL_BINARY(Or, OR)
+TESSEL_BINARY(Xor, XOR)
+#undef TESSEL_BINARY
+
+Value GraphBuilder::Compare(Value a, Value b, Comparison c) {
+  v1::Node n = NodeOf(v1::COMPARE);
+  n.mutable_compare()->set_direction(static_cast<v1::CompareDirection>(static_cast<int>(c) + 1));
+  return impl_->Add(std::move(n), {a, b});
+}
+
+Value GraphBuilder::Select(Value p, Value t, Value f) { return impl_->Add(NodeOf(v1::SELECT), {p, t, f}); }
+Value GraphBuilder::Clamp(Value lo, Value x, Value hi) { return impl_->Add(NodeOf(v1::CLAMP), {lo, x, hi}); }
+
+Value GraphBuilder::Convert(Value x, DType to) {
+  v1::Node n = NodeOf(v1::CONVERT);
+  n.mutable_convert()->set_dtype(ToProto(to));
+  return impl_->Add(std::move(n), {x});
+}
+
+Value GraphBuilder::BroadcastInDim(Value x, std::vector<int64_t> dims, std::vector<int64_t> bd) {
+  v1::Node n = NodeOf(v1::BROADCAST_IN_DIM);
+  Assign(n.mutable_broadcast_in_dim()->mutable_dims(), dims);
+  Assign(n.mutable_broadcast_in_dim()->mutable_broadcast_dimensions(), bd);
+  return impl_->Add(std::move(n), {x});
+}
+
+Value GraphBuilder::Broadcast(Value x, std::vector<int64_t> dims) {
+  if (x.valid() && !x.type().dims.empty()) x = Reshape(x, {});
+  return BroadcastInDim(x, std::move(dims), {});
+}
+
+Value GraphBuilder::Reshape(Value x, std::vector<int64_t> dims) {
+  v1::Node n = NodeOf(v1::RESHAPE);
+  Assign(n.mutable_reshape()->mutable_dims(), dims);
+  return impl_->Add(std::move(n), {x});
+}
+
+Value GraphBuilder::Transpose(Value x, std::vector<int64_t> perm) {
+  v1::Node n = NodeOf(v1::TRANSPOSE);
+  Assign(n.mutable_transpose()->mutable_permutation(), perm);
+  return impl_->Add(std::move(n), {x});
+}
+
+Value GraphBuilder::Slice(Value x, std::vector<int64_t> start, std::vector<int64_t> limit,
+                          std::vector<int64_t> strides) {
+  v1::Node n = NodeOf(v1::SLICE);
+  Assign(n.mutable_slice()->mutable_start(), start);
+  Assign(n.mutable_slice()->mutable_limit(), limit);
+  Assign(n.mutable_slice()->mutable_strides(), strides);
+  return impl_->Add(std::move(n), {x});
+}
+
+Value GraphBuilder::Concatenate(std::vector<Value> xs, int64_t dimension) {
+  v1::Node n = NodeOf(v1::CONCATENATE);
+  n.mutable_concatenate()->set_dimension(dimension);
+  return impl_->Add(std::move(n), xs);
+}
+
+Value GraphBuilder::Pad(Value x, Value pv, std::vector<int64_t> low, std::vector<int64_t> high,
+                        std::vector<int64_t> interior) {
+  v1::Node n = NodeOf(v1::PAD);
+  Assign(n.mutable_pad()->mutable_low(), low);
+  Assign(n.mutable_pad()->mutable_high(), high);
+  Assign(n.mutable_pad()->mutable_interior(), interior);
+  return impl_->Add(std::move(n), {x, pv});
+}
+
+Value GraphBuilder::DotGeneral(Value lhs, Value rhs, DotDims d) {
+  v1::Node n = NodeOf(v1::DOT_GENERAL);
+  auto* a = n.mutable_dot_general();
+  Assign(a->mutable_lhs_batch(), d.lhs_batch);
+  Assign(a->mutable_rhs_batch(), d.rhs_batch);
+  Assign(a->mutable_lhs_contracting(), d.lhs_contracting);
+  Assign(a->mutable_rhs_contracting(), d.rhs_contracting);
+  return impl_->Add(std::move(n), {lhs, rhs});
+}
+
+Value GraphBuilder::MatMul(Value lhs, Value rhs) { return DotGeneral(lhs, rhs, DotDims{{}, {}, {1}, {0}}); }
+
+Value GraphBuilder::Reduce(Value x, ReduceKind kind, std::vector<int64_t> dims) {
+  v1::Node n = NodeOf(v1::REDUCE);
+  n.mutable_reduce()->set_kind(static_cast<v1::ReduceKind>(static_cast<int>(kind) + 1));
+  Assign(n.mutable_reduce()->mutable_dims(), dims);
+  return impl_->Add(std::move(n), {x});
+}
+
+Value GraphBuilder::ArgMax(Value x, int64_t dimension, DType index_dtype) {
+  v1::Node n = NodeOf(v1::ARGMAX);
+  n.mutable_arg_reduce()->set_dimension(dimension);
+  n.mutable_arg_reduce()->set_index_dtype(ToProto(index_dtype));
+  return impl_->Add(std::move(n), {x});
+}
+
+Value GraphBuilder::ArgMin(Value x, int64_t dimension, DType index_dtype) {
+  v1::Node n = NodeOf(v1::ARGMIN);
+  n.mutable_arg_reduce()->set_dimension(dimension);
+  n.mutable_arg_reduce()->set_index_dtype(ToProto(index_dtype));
+  return impl_->Add(std::move(n), {x});
+}
+
+absl::Status GraphBuilder::status() const { return impl_->status; }
+
+absl::StatusOr<Graph> GraphBuilder::Build(const std::vector<Value>& outputs) {
+  if (!impl_->status.ok()) return impl_->status;
+  if (outputs.empty()) return absl::InvalidArgumentError(absl::StrCat("graph '", impl_->graph.name(), "' has no outputs"));
+  auto impl = std::make_shared<GraphImpl>();
+  impl->proto = impl_->graph;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!outputs[i].valid()) {
+      return absl::InvalidArgumentError(absl::StrCat("graph '", impl_->graph.name(), "': output ", i, " is not a value"));
+    }
+    impl->proto.add_outputs(outputs[i].name());
+  }
+  return Graph(std::move(impl));
+}
+
+}  // namespace tessel
