@@ -333,7 +333,8 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
     TESSEL_ASSIGN_OR_RETURN(v1::AwaitResponse done, Await(await));
     for (int i = 0; i < done.errors_size(); ++i) {
       if (!done.errors(i).empty()) {
-        return absl::AbortedError(StrCat("execution ", execution_id, " failed: ", done.errors(i)));
+        return absl::Status(static_cast<absl::StatusCode>(done.codes(i)),
+                            StrCat("execution ", execution_id, " failed: ", done.errors(i)));
       }
     }
   }
@@ -392,10 +393,12 @@ absl::StatusOr<v1::AwaitResponse> Coordinator::Await(const v1::AwaitRequest& req
     if (it == arrays_.end()) {
       resp.add_states(v1::DELETED);
       resp.add_errors(StrFormat("array %#x was deleted while awaited", h));
+      resp.add_codes(int(absl::StatusCode::kNotFound));
       continue;
     }
     resp.add_states(it->second.state);
     resp.add_errors(it->second.error.ok() ? "" : std::string(it->second.error.message()));
+    resp.add_codes(int(it->second.error.code()));
   }
   return resp;
 }

@@ -180,11 +180,9 @@ absl::Status Session::Await(absl::Span<const Array> arrays) {
   v1::AwaitResponse resp;
   if (auto s = impl_->session->Await(&ctx, req, &resp); !s.ok()) return FromGrpc(s);
   for (int i = 0; i < resp.errors_size(); ++i) {
-    if (resp.states(i) == v1::LOST) {
-      return absl::UnavailableError(resp.errors(i));
-    }
     if (!resp.errors(i).empty()) {
-      return absl::AbortedError(absl::StrFormat("array %#x: %s", arrays[i].handle(), resp.errors(i)));
+      auto code = static_cast<absl::StatusCode>(i < resp.codes_size() ? resp.codes(i) : int(absl::StatusCode::kUnknown));
+      return absl::Status(code, absl::StrFormat("array %#x: %s", arrays[i].handle(), resp.errors(i)));
     }
   }
   return absl::OkStatus();

@@ -1,0 +1,324 @@
+// tessel-bench: Tessel beside its baselines, in one run, as ratios.
+//
+//   exec_roundtrip  Execute of a 1-element add (wait for completion, no
+//                   fetch) vs two bare gRPC unary round trips (the
+//                   client->coordinator->worker floor). Goal <= 3x.
+//   fetch_256mib    Fetch of a 256 MiB array vs a bare gRPC server stream
+//                   of the same bytes in 1 MiB messages. Goal >= 0.5x.
+//   fused_chain     4-op elementwise chain over 2^26 f32 vs a plain copy
+//                   loop over the same bytes, in GB/s. Goal >= 0.6x.
+//   dot_2048        f32 2048^3 dot_general vs OpenBLAS sgemm called
+//                   directly, in GFLOP/s. Goal >= 0.9x.
+//
+// The baselines' gRPC server runs in a child process (this binary with
+// --serve-baseline), as the daemons do.
+#include <cblas.h>
+#include <grpcpp/grpcpp.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "core/process_tuning.h"
+#include "tessel/graph.h"
+#include "tessel/local_cluster.h"
+#include "tessel/session.h"
+#include "tessel/v1/worker.grpc.pb.h"
+
+extern char** environ;
+
+namespace {
+
+using tessel::ArrayType;
+using tessel::DType;
+using tessel::GraphBuilder;
+using tessel::HostArray;
+
+constexpr int64_t kFetchBytes = int64_t{256} << 20;
+
+// The baseline server: the cheapest unary handler and a stream of
+// preallocated bytes, on the same message types Tessel uses.
+class BaselineService final : public tessel::v1::Worker::Service {
+ public:
+  BaselineService() : bytes_(kFetchBytes, 'x') {}
+  grpc::Status GetVersion(grpc::ServerContext*, const tessel::v1::GetVersionRequest*,
+                          tessel::v1::GetVersionResponse* r) override {
+    r->set_version(1);
+    return grpc::Status::OK;
+  }
+  grpc::Status FetchShard(grpc::ServerContext*, const tessel::v1::FetchShardRequest* req,
+                          grpc::ServerWriter<tessel::v1::FetchShardResponse>* w) override {
+    tessel::v1::FetchShardResponse msg;
+    const int64_t chunk = 1 << 20;
+    for (int64_t off = 0; off < kFetchBytes; off += chunk) {
+      msg.mutable_data()->assign(bytes_.data() + off, chunk);
+      if (!w->Write(msg)) break;
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  std::string bytes_;
+};
+
+int ServeBaseline(const std::string& port_file) {
+  tessel::BlockTerminationSignals();
+  BaselineService service;
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&service);
+  auto server = b.BuildAndStart();
+  std::ofstream(port_file + ".tmp") << port << "\n";
+  std::rename((port_file + ".tmp").c_str(), port_file.c_str());
+  tessel::WaitForTerminationSignal();
+  server->Shutdown();
+  return 0;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <typename F>
+double TimeIt(int reps, F&& f) {  // median seconds per call
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    absl::Time s = absl::Now();
+    f();
+    t.push_back(absl::ToDoubleSeconds(absl::Now() - s));
+  }
+  return Median(t);
+}
+
+template <typename F>
+double TimePerCall(int reps, F&& f) {  // mean seconds over a tight loop
+  absl::Time s = absl::Now();
+  for (int i = 0; i < reps; ++i) f();
+  return absl::ToDoubleSeconds(absl::Now() - s) / reps;
+}
+
+struct Row {
+  std::string name, unit;
+  double value, baseline, goal;
+  bool higher_is_better;
+  std::string note;
+  double ratio() const { return value / baseline; }
+  bool met() const { return higher_is_better ? ratio() >= goal : ratio() <= goal; }
+};
+
+void Check(const absl::Status& s) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "tessel-bench: %s\n", s.ToString().c_str());
+    std::exit(1);
+  }
+}
+template <typename T>
+T Check(absl::StatusOr<T> v) {
+  Check(v.status());
+  return std::move(*v);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--serve-baseline=", 0) == 0) return ServeBaseline(a.substr(17));
+    if (a == "--json") json = true;
+    if (a == "--help" || a == "-h") {
+      std::printf("tessel-bench [--json]: runs Tessel beside its baselines on a local cluster and prints ratios.\n");
+      return 0;
+    }
+  }
+  tessel::TuneAllocatorForStreaming();
+
+  // Baseline server process.
+  char tmpl[] = "/tmp/tessel-bench-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const std::string port_file = dir + "/baseline.port";
+  std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::string arg = "--serve-baseline=" + port_file;
+  char* child_argv[] = {self.data(), arg.data(), nullptr};
+  pid_t baseline_pid;
+  if (posix_spawn(&baseline_pid, self.c_str(), nullptr, nullptr, child_argv, environ) != 0) {
+    std::fprintf(stderr, "tessel-bench: cannot start the baseline server\n");
+    return 1;
+  }
+  int bport = 0;
+  for (int i = 0; i < 1000 && bport == 0; ++i) {
+    std::ifstream in(port_file);
+    if (!(in >> bport)) bport = 0;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  grpc::ChannelArguments cargs;
+  cargs.SetMaxReceiveMessageSize(64 << 20);
+  auto bstub = tessel::v1::Worker::NewStub(
+      grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", bport), grpc::InsecureChannelCredentials(), cargs));
+
+  tessel::LocalCluster::Options opts;
+  opts.workers = 2;
+  opts.devices_per_worker = 1;
+  auto cluster = Check(tessel::LocalCluster::Start(opts));
+  auto session = Check(tessel::Session::Connect(cluster->address()));
+  std::vector<Row> rows;
+
+  // 1. Execute round trip vs two bare unary round trips.
+  {
+    GraphBuilder g("add1");
+    auto x = g.Parameter({DType::kF32, {1}}, "x");
+    auto exe = Check(session->Compile(Check(g.Build({g.Add(x, x)}))));
+    auto xa = Check(session->Put(HostArray::From<float>({1}, {1.f})));
+    auto bare = [&] {
+      grpc::ClientContext ctx;
+      tessel::v1::GetVersionResponse r;
+      Check(absl::Status(bstub->GetVersion(&ctx, tessel::v1::GetVersionRequest(), &r).ok()
+                             ? absl::OkStatus()
+                             : absl::UnavailableError("baseline unary failed")));
+    };
+    for (int i = 0; i < 200; ++i) bare();
+    // Time Execute alone: outputs are freed in batches, outside the count.
+    std::vector<tessel::Array> garbage;
+    double t_exec = TimePerCall(2000, [&] {
+      auto outs = Check(session->Execute(exe, {xa}, {tessel::Placement::Device(0), true}));
+      garbage.insert(garbage.end(), outs.begin(), outs.end());
+      if (garbage.size() >= 500) {
+        Check(session->Delete(garbage));
+        garbage.clear();
+      }
+    });
+    Check(session->Delete(garbage));
+    double t_bare = 2 * TimePerCall(2000, bare);
+    rows.push_back({"exec_roundtrip", "us", t_exec * 1e6, t_bare * 1e6, 3.0, false,
+                    "Execute(wait) of a 1-element add vs 2x bare gRPC unary round trip"});
+  }
+
+  // 2. Fetch 256 MiB vs a bare server stream.
+  {
+    HostArray big(ArrayType{DType::kF32, {kFetchBytes / 4}});
+    std::memset(big.mutable_data(), 1, big.size_bytes());
+    auto arr = Check(session->Put(big));
+    big = HostArray();
+    (void)Check(session->Fetch(arr));
+    double t_fetch = TimeIt(5, [&] { (void)Check(session->Fetch(arr)); });
+    std::string sink;
+    double t_bare = TimeIt(5, [&] {
+      grpc::ClientContext ctx;
+      tessel::v1::FetchShardRequest req;
+      auto reader = bstub->FetchShard(&ctx, req);
+      tessel::v1::FetchShardResponse msg;
+      HostArray out(ArrayType{DType::kU8, {kFetchBytes}});
+      int64_t off = 0;
+      while (reader->Read(&msg)) {
+        std::memcpy(out.mutable_data() + off, msg.data().data(), msg.data().size());
+        off += msg.data().size();
+      }
+      (void)reader->Finish();
+    });
+    Check(session->Delete({arr}));
+    rows.push_back({"fetch_256mib", "GB/s", kFetchBytes / t_fetch / 1e9, kFetchBytes / t_bare / 1e9, 0.5, true,
+                    "Fetch through the coordinator vs bare gRPC stream, 1 MiB messages"});
+  }
+
+  // 3. Fused 4-op chain over 2^26 f32 vs a copy loop.
+  {
+    const int64_t n = int64_t{1} << 26;
+    GraphBuilder g("chain4");
+    auto x = g.Parameter({DType::kF32, {n}}, "x");
+    auto c = [&](double v) { return g.Broadcast(g.Scalar(DType::kF32, v), {n}); };
+    auto y = g.Mul(g.Max(g.Add(g.Mul(x, c(1.5)), c(-0.25)), c(0.0)), c(0.5));
+    auto exe = Check(session->Compile(Check(g.Build({y}))));
+    HostArray hx(ArrayType{DType::kF32, {n}});
+    for (int64_t i = 0; i < n; ++i) hx.as_mutable<float>()[i] = float(i % 1000) * 1e-3f;
+    auto xa = Check(session->Put(hx));
+    auto run = [&] {
+      auto outs = Check(session->Execute(exe, {xa}, {tessel::Placement::Device(0), true}));
+      Check(session->Delete(outs));
+    };
+    run();
+    double t_chain = TimeIt(10, run);
+    std::vector<float> src(hx.as<float>().begin(), hx.as<float>().end()), dst(n);
+    auto copy = [&] {
+      const float* s = src.data();
+      float* d = dst.data();
+      for (int64_t i = 0; i < n; ++i) d[i] = s[i];
+      asm volatile("" : : "r"(d) : "memory");
+    };
+    copy();
+    double t_copy = TimeIt(10, copy);
+    const double bytes = 2.0 * n * 4;
+    Check(session->Delete({xa}));
+    rows.push_back({"fused_chain", "GB/s", bytes / t_chain / 1e9, bytes / t_copy / 1e9, 0.6, true,
+                    "mul-add-max-mul over 2^26 f32 (incl. Execute round trip) vs plain copy loop"});
+  }
+
+  // 4. dot 2048^3 vs sgemm.
+  {
+    const int64_t m = 2048;
+    GraphBuilder g("dot2048");
+    auto a = g.Parameter({DType::kF32, {m, m}}, "a");
+    auto b = g.Parameter({DType::kF32, {m, m}}, "b");
+    auto exe = Check(session->Compile(Check(g.Build({g.MatMul(a, b)}))));
+    HostArray ha(ArrayType{DType::kF32, {m, m}}), hb(ArrayType{DType::kF32, {m, m}});
+    for (int64_t i = 0; i < m * m; ++i) {
+      ha.as_mutable<float>()[i] = float(i % 17) * 0.01f;
+      hb.as_mutable<float>()[i] = float(i % 13) * 0.02f;
+    }
+    auto aa = Check(session->Put(ha));
+    auto ba = Check(session->Put(hb));
+    auto run = [&] {
+      auto outs = Check(session->Execute(exe, {aa, ba}, {tessel::Placement::Device(0), true}));
+      Check(session->Delete(outs));
+    };
+    run();
+    double t_dot = TimeIt(5, run);
+    std::vector<float> c(m * m);
+    auto direct = [&] {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m, 1.f, ha.as<float>().data(), m,
+                  hb.as<float>().data(), m, 0.f, c.data(), m);
+    };
+    direct();
+    double t_blas = TimeIt(5, direct);
+    const double flops = 2.0 * m * m * m;
+    const char* core = std::getenv("OPENBLAS_CORETYPE");
+    rows.push_back({"dot_2048", "GFLOP/s", flops / t_dot / 1e9, flops / t_blas / 1e9, 0.9, true,
+                    absl::StrCat("vs cblas_sgemm in-process, OPENBLAS_CORETYPE=", core ? core : "(unset)")});
+  }
+
+  cluster.reset();
+  kill(baseline_pid, SIGTERM);
+  waitpid(baseline_pid, nullptr, 0);
+  std::filesystem::remove_all(dir);
+
+  if (json) {
+    std::printf("{");
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      std::printf("%s\n  \"%s\": {\"value\": %.4g, \"baseline\": %.4g, \"ratio\": %.3f, \"goal\": \"%s%.2f\", "
+                  "\"unit\": \"%s\", \"met\": %s}",
+                  i ? "," : "", r.name.c_str(), r.value, r.baseline, r.ratio(), r.higher_is_better ? ">=" : "<=",
+                  r.goal, r.unit.c_str(), r.met() ? "true" : "false");
+    }
+    std::printf("\n}\n");
+  } else {
+    std::printf("%-16s %12s %12s %-8s %7s %8s  %s\n", "benchmark", "tessel", "baseline", "unit", "ratio", "goal",
+                "what");
+    for (const Row& r : rows) {
+      std::printf("%-16s %12.2f %12.2f %-8s %7.2f %3s%4.2f%s  %s\n", r.name.c_str(), r.value, r.baseline,
+                  r.unit.c_str(), r.ratio(), r.higher_is_better ? ">=" : "<=", r.goal, r.met() ? " " : "!",
+                  r.note.c_str());
+    }
+  }
+  return 0;
+}

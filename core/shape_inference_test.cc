@@ -1,0 +1,113 @@
+#include "core/shape_inference.h"
+
+#include <gtest/gtest.h>
+
+#include "core/dtype.h"
+
+namespace tessel {
+namespace {
+
+v1::Node Op(v1::Op op) {
+  v1::Node n;
+  n.set_name("n");
+  n.set_op(op);
+  return n;
+}
+
+TEST(ShapeInference, BinaryRequiresSameType) {
+  auto a = MakeType(v1::F32, {2, 3});
+  auto b = MakeType(v1::F32, {3, 2});
+  auto t = InferType(Op(v1::ADD), {&a, &a});
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(TypeString(*t), "f32[2,3]");
+  auto bad = InferType(Op(v1::ADD), {&a, &b});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("expected f32[2,3], got f32[3,2]"), absl::string_view::npos);
+}
+
+TEST(ShapeInference, ArityAndDtypeRules) {
+  auto a = MakeType(v1::S32, {4});
+  EXPECT_FALSE(InferType(Op(v1::ADD), {&a}).ok());
+  auto exp = InferType(Op(v1::EXP), {&a});
+  ASSERT_FALSE(exp.ok());
+  EXPECT_NE(exp.status().message().find("floating"), absl::string_view::npos);
+  auto p = MakeType(v1::PRED, {4});
+  EXPECT_TRUE(InferType(Op(v1::NOT), {&p}).ok());
+  EXPECT_FALSE(InferType(Op(v1::ADD), {&p, &p}).ok());
+}
+
+TEST(ShapeInference, DotGeneralBatchAndContracting) {
+  auto l = MakeType(v1::F32, {5, 2, 3});
+  auto r = MakeType(v1::F32, {5, 3, 7});
+  v1::Node n = Op(v1::DOT_GENERAL);
+  auto* d = n.mutable_dot_general();
+  d->add_lhs_batch(0);
+  d->add_rhs_batch(0);
+  d->add_lhs_contracting(2);
+  d->add_rhs_contracting(1);
+  auto t = InferType(n, {&l, &r});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(TypeString(*t), "f32[5,2,7]");
+  d->set_rhs_contracting(0, 2);
+  auto bad = InferType(n, {&l, &r});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("3 vs 7"), absl::string_view::npos) << bad.status();
+}
+
+TEST(ShapeInference, ReduceSliceTransposePad) {
+  auto x = MakeType(v1::F64, {4, 6});
+  v1::Node r = Op(v1::REDUCE);
+  r.mutable_reduce()->set_kind(v1::SUM);
+  r.mutable_reduce()->add_dims(1);
+  EXPECT_EQ(TypeString(*InferType(r, {&x})), "f64[4]");
+  r.mutable_reduce()->add_dims(1);
+  EXPECT_FALSE(InferType(r, {&x}).ok());  // dimension twice
+
+  v1::Node s = Op(v1::SLICE);
+  for (int64_t v : {0, 1}) s.mutable_slice()->add_start(v);
+  for (int64_t v : {4, 6}) s.mutable_slice()->add_limit(v);
+  for (int64_t v : {2, 2}) s.mutable_slice()->add_strides(v);
+  EXPECT_EQ(TypeString(*InferType(s, {&x})), "f64[2,3]");
+  s.mutable_slice()->set_limit(1, 7);
+  EXPECT_FALSE(InferType(s, {&x}).ok());
+
+  v1::Node t = Op(v1::TRANSPOSE);
+  t.mutable_transpose()->add_permutation(1);
+  t.mutable_transpose()->add_permutation(0);
+  EXPECT_EQ(TypeString(*InferType(t, {&x})), "f64[6,4]");
+
+  auto pv = MakeType(v1::F64, {});
+  v1::Node p = Op(v1::PAD);
+  for (int64_t v : {1, -1}) p.mutable_pad()->add_low(v);
+  for (int64_t v : {0, 2}) p.mutable_pad()->add_high(v);
+  for (int64_t v : {1, 0}) p.mutable_pad()->add_interior(v);
+  EXPECT_EQ(TypeString(*InferType(p, {&x, &pv})), "f64[8,7]");
+}
+
+TEST(ShapeInference, RejectsNegativeAndOverflowingDims) {
+  v1::Node n = Op(v1::PARAMETER);
+  n.mutable_parameter()->set_index(0);
+  *n.mutable_type() = MakeType(v1::F32, {2, -1});
+  auto t = InferType(n, {});
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("negative"), absl::string_view::npos);
+  *n.mutable_type() = MakeType(v1::F32, {int64_t{1} << 40, int64_t{1} << 40});
+  t = InferType(n, {});
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("overflow"), absl::string_view::npos);
+}
+
+TEST(ShapeInference, BroadcastInDim) {
+  auto x = MakeType(v1::F32, {3, 1});
+  v1::Node b = Op(v1::BROADCAST_IN_DIM);
+  for (int64_t v : {2, 3, 4}) b.mutable_broadcast_in_dim()->add_dims(v);
+  for (int64_t v : {1, 2}) b.mutable_broadcast_in_dim()->add_broadcast_dimensions(v);
+  EXPECT_EQ(TypeString(*InferType(b, {&x})), "f32[2,3,4]");
+  b.mutable_broadcast_in_dim()->set_broadcast_dimensions(0, 2);
+  b.mutable_broadcast_in_dim()->set_broadcast_dimensions(1, 1);
+  EXPECT_FALSE(InferType(b, {&x}).ok());
+}
+
+}  // namespace
+}  // namespace tessel

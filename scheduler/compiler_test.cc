@@ -1,0 +1,94 @@
+#include "scheduler/compiler.h"
+
+#include <google/protobuf/text_format.h>
+#include <gtest/gtest.h>
+
+namespace tessel::scheduler {
+namespace {
+
+v1::Graph Parse(const std::string& text) {
+  v1::Graph g;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &g));
+  return g;
+}
+
+constexpr char kChain[] = R"pb(
+  name: "chain"
+  nodes { name: "x" op: PARAMETER parameter { index: 0 } type { dtype: F32 dims: 8 } }
+  nodes { name: "two" op: CONSTANT constant { fill { f: 2 } } type { dtype: F32 } }
+  nodes { name: "twos" op: BROADCAST_IN_DIM operands: "two" broadcast_in_dim { dims: 8 } }
+  nodes { name: "a" op: MUL operands: ["x", "twos"] }
+  nodes { name: "b" op: TANH operands: "a" }
+  nodes { name: "c" op: MAX operands: ["b", "x"] }
+  nodes { name: "s" op: REDUCE operands: "c" reduce { kind: SUM dims: 0 } }
+  outputs: "s"
+  outputs: "b"
+)pb";
+
+TEST(Compiler, FusesElementwiseChainIntoOneInstruction) {
+  auto c = Compile(Parse(kChain));
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->program.instructions_size(), 2);
+  const v1::Fusion& f = c->program.instructions(0).fusion();
+  EXPECT_EQ(f.nodes_size(), 5);
+  ASSERT_EQ(f.inputs_size(), 1);
+  EXPECT_EQ(f.inputs(0), "x");
+  // b is a graph output and c feeds the reduce: both leave the fusion.
+  ASSERT_EQ(f.outputs_size(), 2);
+  EXPECT_EQ(f.outputs(0), "b");
+  EXPECT_EQ(f.outputs(1), "c");
+  EXPECT_EQ(c->program.instructions(1).node().op(), v1::REDUCE);
+  // c dies after the reduce reads it; b is an output and stays.
+  ASSERT_EQ(c->program.instructions(1).release_size(), 1);
+  EXPECT_EQ(c->program.instructions(1).release(0), "c");
+  EXPECT_EQ(c->output_types[0].dims_size(), 0);
+}
+
+TEST(Compiler, FingerprintIsStableAndDistinguishesGraphs) {
+  v1::Graph g = Parse(kChain);
+  EXPECT_EQ(Fingerprint(g), Fingerprint(Parse(kChain)));
+  g.mutable_nodes(1)->mutable_constant()->mutable_fill()->set_f(3);
+  EXPECT_NE(Fingerprint(g), Fingerprint(Parse(kChain)));
+}
+
+TEST(Compiler, ErrorsNameTheNodeAndOp) {
+  auto c = Compile(Parse(R"pb(
+    nodes { name: "x" op: PARAMETER parameter { index: 0 } type { dtype: F32 dims: 2 } }
+    nodes { name: "y" op: PARAMETER parameter { index: 1 } type { dtype: S32 dims: 2 } }
+    nodes { name: "z" op: ADD operands: ["x", "y"] }
+    outputs: "z")pb"));
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("node 'z'"), absl::string_view::npos) << c.status();
+  EXPECT_NE(c.status().message().find("add"), absl::string_view::npos);
+  EXPECT_NE(c.status().message().find("expected f32[2], got s32[2]"), absl::string_view::npos);
+}
+
+TEST(Compiler, RejectsCyclesDanglingOperandsAndBadParameters) {
+  auto cycle = Compile(Parse(R"pb(
+    nodes { name: "a" op: NEG operands: "b" }
+    nodes { name: "b" op: NEG operands: "a" }
+    outputs: "b")pb"));
+  ASSERT_FALSE(cycle.ok());
+  EXPECT_NE(cycle.status().message().find("not defined before"), absl::string_view::npos);
+  auto dangling = Compile(Parse(R"pb(
+    nodes { name: "x" op: PARAMETER parameter { index: 0 } type { dtype: F32 dims: 2 } }
+    nodes { name: "a" op: NEG operands: "nope" }
+    outputs: "a")pb"));
+  ASSERT_FALSE(dangling.ok());
+  EXPECT_NE(dangling.status().message().find("'nope'"), absl::string_view::npos);
+  auto params = Compile(Parse(R"pb(
+    nodes { name: "x" op: PARAMETER parameter { index: 1 } type { dtype: F32 dims: 2 } }
+    outputs: "x")pb"));
+  ASSERT_FALSE(params.ok());
+  EXPECT_NE(params.status().message().find("numbered 0..n-1"), absl::string_view::npos);
+  auto unknown = Compile(Parse(R"pb(
+    nodes { name: "x" op: PARAMETER parameter { index: 0 } type { dtype: F32 dims: 2 } }
+    nodes { name: "y" op: 7 operands: "x" }
+    outputs: "y")pb"));
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("unknown op"), absl::string_view::npos) << unknown.status();
+}
+
+}  // namespace
+}  // namespace tessel::scheduler

@@ -1,0 +1,286 @@
+// Integration tests: a real coordinator and real worker processes on
+// loopback, driven through the C++ SDK, the CLI and raw gRPC.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "tessel/graph.h"
+#include "tessel/local_cluster.h"
+#include "tessel/session.h"
+#include "tessel/v1/session.grpc.pb.h"
+
+namespace tessel {
+namespace {
+
+std::unique_ptr<LocalCluster> StartCluster(int workers, int devices, std::vector<std::string> worker_flags = {}) {
+  LocalCluster::Options o;
+  o.workers = workers;
+  o.devices_per_worker = devices;
+  o.worker_flags = std::move(worker_flags);
+  o.heartbeat_timeout_ms = 1500;
+  auto c = LocalCluster::Start(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { cluster_ = StartCluster(2, 2).release(); }
+  static void TearDownTestSuite() { delete cluster_; }
+  void SetUp() override {
+    ASSERT_NE(cluster_, nullptr);
+    auto s = Session::Connect(cluster_->address());
+    ASSERT_TRUE(s.ok()) << s.status();
+    session_ = std::move(*s);
+  }
+  static LocalCluster* cluster_;
+  std::unique_ptr<Session> session_;
+};
+LocalCluster* ClusterTest::cluster_ = nullptr;
+
+Graph AffineTanh(int64_t n) {
+  GraphBuilder g("affine_tanh");
+  Value x = g.Parameter({DType::kF32, {n}}, "x");
+  Value w = g.Parameter({DType::kF32, {n}}, "w");
+  Value y = g.Tanh(g.Add(g.Mul(x, w), g.Broadcast(g.Scalar(DType::kF32, 0.25), {n})));
+  Value s = g.Reduce(y, ReduceKind::kSum, {0});
+  return *g.Build({y, s});
+}
+
+TEST_F(ClusterTest, ComputesOnEveryDeviceAndOnlyFetchedBytesComeBack) {
+  const int64_t n = 10000;
+  Graph graph = AffineTanh(n);
+  auto exe = session_->Compile(graph);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  std::vector<float> x(n), w(n);
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::sin(i * 0.01f);
+    w[i] = 0.5f + (i % 7) * 0.1f;
+  }
+  for (int device = 0; device < 4; ++device) {
+    auto xa = session_->Put(HostArray::From<float>({n}, x), Placement::Device(device));
+    auto wa = session_->Put(HostArray::From<float>({n}, w), Placement::Device(device));
+    ASSERT_TRUE(xa.ok() && wa.ok());
+    auto outs = session_->Execute(*exe, {*xa, *wa}, {Placement::Device(device)});
+    ASSERT_TRUE(outs.ok()) << outs.status();
+    auto before = session_->Stats();
+    auto y = session_->Fetch((*outs)[0]);
+    ASSERT_TRUE(y.ok()) << y.status();
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      float want = std::tanh(x[i] * w[i] + 0.25f);
+      ASSERT_NEAR(y->as<float>()[i], want, 1e-6) << i;
+      sum += want;
+    }
+    auto after = session_->Stats();
+    EXPECT_EQ(after->bytes_device_to_host - before->bytes_device_to_host, n * 4);
+    auto s = session_->Fetch((*outs)[1]);
+    ASSERT_TRUE(s.ok());
+    EXPECT_NEAR(s->as<float>()[0], sum, 1e-2);
+    auto info = session_->Info((*outs)[0]);
+    ASSERT_TRUE(info.ok());
+    EXPECT_EQ(info->devices, std::vector<int>{device});
+    EXPECT_EQ(info->state, ArrayState::kReady);
+    ASSERT_TRUE(session_->Delete({*xa, *wa, (*outs)[0], (*outs)[1]}).ok());
+  }
+  auto again = session_->Compile(AffineTanh(n));
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->cache_hit());
+  EXPECT_EQ(again->id(), exe->id());
+}
+
+TEST_F(ClusterTest, ReplicatedExecutionRunsOnAllDevices) {
+  GraphBuilder g("double");
+  Value x = g.Parameter({DType::kS32, {3}}, "x");
+  Graph graph = *g.Build({g.Add(x, x)});
+  auto exe = session_->Compile(graph);
+  ASSERT_TRUE(exe.ok());
+  auto xa = session_->Put(HostArray::From<int32_t>({3}, {1, -2, 3}), Placement::Replicated());
+  ASSERT_TRUE(xa.ok()) << xa.status();
+  auto outs = session_->Execute(*exe, {*xa}, {Placement::Replicated(), /*wait=*/true});
+  ASSERT_TRUE(outs.ok()) << outs.status();
+  auto info = session_->Info((*outs)[0]);
+  EXPECT_EQ(info->devices, (std::vector<int>{0, 1, 2, 3}));
+  auto y = session_->Fetch((*outs)[0]);
+  ASSERT_TRUE(y.ok());
+  EXPECT_EQ(std::vector<int32_t>(y->as<int32_t>().begin(), y->as<int32_t>().end()), (std::vector<int32_t>{2, -4, 6}));
+}
+
+TEST_F(ClusterTest, BadRequestsGetClearErrorsAndTheClusterKeepsServing) {
+  GraphBuilder g("neg");
+  Value x = g.Parameter({DType::kF32, {4}}, "x");
+  auto exe = session_->Compile(*g.Build({g.Neg(x)}));
+  ASSERT_TRUE(exe.ok());
+  // Wrong dtype argument.
+  auto bad = session_->Put(HostArray::From<int32_t>({4}, {1, 2, 3, 4}));
+  ASSERT_TRUE(bad.ok());
+  auto r = session_->Execute(*exe, {*bad});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("argument 0 'x'"), absl::string_view::npos) << r.status();
+  EXPECT_NE(r.status().message().find("expected f32[4], got s32[4]"), absl::string_view::npos) << r.status();
+  // Argument on another device than the step.
+  auto good = session_->Put(HostArray::From<float>({4}, {1, 2, 3, 4}), Placement::Device(2));
+  r = session_->Execute(*exe, {*good}, {Placement::Device(0)});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("not on device 0"), absl::string_view::npos) << r.status();
+  // A device that does not exist.
+  r = session_->Execute(*exe, {*good}, {Placement::Device(17)});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("device 17 does not exist"), absl::string_view::npos) << r.status();
+  // Another session's array.
+  auto other = Session::Connect(cluster_->address());
+  ASSERT_TRUE(other.ok());
+  auto foreign = (*other)->Fetch(*good);
+  ASSERT_FALSE(foreign.ok());
+  EXPECT_EQ(foreign.status().code(), absl::StatusCode::kPermissionDenied);
+  // A deleted array.
+  ASSERT_TRUE(session_->Delete({*good}).ok());
+  auto gone = session_->Fetch(*good);
+  ASSERT_FALSE(gone.ok());
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound);
+  // Shape errors are caught while building.
+  GraphBuilder b("bad");
+  Value p = b.Parameter({DType::kF32, {2, 3}});
+  Value q = b.Parameter({DType::kF32, {3, 2}});
+  b.Add(p, q);
+  EXPECT_FALSE(b.status().ok());
+  EXPECT_NE(b.status().message().find("expected f32[2,3], got f32[3,2]"), absl::string_view::npos);
+  // Still serving.
+  auto ok = session_->Put(HostArray::From<float>({4}, {1, 2, 3, 4}));
+  auto outs = session_->Execute(*exe, {*ok});
+  ASSERT_TRUE(outs.ok());
+  auto y = session_->Fetch((*outs)[0]);
+  ASSERT_TRUE(y.ok());
+  EXPECT_EQ(y->as<float>()[3], -4.f);
+}
+
+TEST_F(ClusterTest, TruncatedAndOversizedPutStreamsAreRejected) {
+  auto channel = grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Session::NewStub(channel);
+  auto put = [&](int64_t send_bytes, int64_t chunk) {
+    grpc::ClientContext ctx;
+    v1::PutResponse resp;
+    auto w = stub->Put(&ctx, &resp);
+    v1::PutRequest msg;
+    msg.mutable_header()->set_session_id(session_->id());
+    msg.mutable_header()->set_handle(0xfeed + send_bytes);
+    msg.mutable_header()->mutable_type()->set_dtype(v1::U8);
+    msg.mutable_header()->mutable_type()->add_dims(1000);
+    w->Write(msg);
+    for (int64_t off = 0; off < send_bytes; off += chunk) {
+      msg.set_data(std::string(std::min(chunk, send_bytes - off), 'x'));
+      if (!w->Write(msg)) break;
+    }
+    w->WritesDone();
+    return w->Finish();
+  };
+  grpc::Status truncated = put(600, 100);
+  EXPECT_EQ(truncated.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(truncated.error_message().find("expected 1000 bytes, got 600"), std::string::npos) << truncated.error_message();
+  grpc::Status too_long = put(1200, 400);
+  EXPECT_EQ(too_long.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  grpc::Status oversized = put(100 << 20, 100 << 20);  // one 100 MiB message
+  EXPECT_EQ(oversized.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << oversized.error_message();
+  // Nothing is left half-loaded, and the cluster still serves.
+  auto stats = session_->Stats();
+  ASSERT_TRUE(stats.ok());
+  for (const auto& d : stats->devices) EXPECT_LT(d.bytes_in_use, 1 << 20);
+  EXPECT_TRUE(session_->Put(HostArray::From<float>({2}, {1, 2})).ok());
+}
+
+TEST_F(ClusterTest, ArraysOverTwoGibibytesRoundTrip) {
+  const int64_t n = (int64_t{2} << 30) + 4096 + 3;
+  HostArray a(ArrayType{DType::kU8, {n}});
+  uint8_t* p = a.mutable_data();
+  for (int64_t i = 0; i < n; ++i) p[i] = uint8_t(i * 2654435761u >> 24);
+  auto arr = session_->Put(a, Placement::Device(1));
+  ASSERT_TRUE(arr.ok()) << arr.status();
+  auto back = session_->Fetch(*arr);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->size_bytes(), n);
+  EXPECT_EQ(std::memcmp(back->data(), a.data(), n), 0);
+  ASSERT_TRUE(session_->Delete({*arr}).ok());
+}
+
+TEST_F(ClusterTest, CliStatusListsEveryWorker) {
+  std::string cmd = "TESSEL_COORDINATOR=" + cluster_->address() + " " + TESSEL_BIN_DIR + "/tessel status";
+  FILE* f = popen(cmd.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, f)) out += buf;
+  EXPECT_EQ(pclose(f), 0) << out;
+  EXPECT_NE(out.find("w0"), std::string::npos) << out;
+  EXPECT_NE(out.find("w1"), std::string::npos) << out;
+  EXPECT_NE(out.find("4 live devices"), std::string::npos) << out;
+}
+
+TEST(FailureTest, OutOfMemoryTravelsOnHandlesAsResourceExhausted) {
+  auto cluster = StartCluster(1, 1, {"--device_memory_bytes=4194304"});
+  ASSERT_NE(cluster, nullptr);
+  auto s = Session::Connect(cluster->address());
+  ASSERT_TRUE(s.ok());
+  GraphBuilder g("grow");
+  Value x = g.Parameter({DType::kF32, {1}}, "x");
+  Value big = g.BroadcastInDim(x, {4 << 20}, {0});  // 16 MiB
+  Value y = g.Reduce(big, ReduceKind::kSum, {0});
+  auto exe = (*s)->Compile(*g.Build({y}));
+  ASSERT_TRUE(exe.ok());
+  auto xa = (*s)->Put(HostArray::From<float>({1}, {1.f}));
+  auto outs = (*s)->Execute(*exe, {*xa});
+  ASSERT_TRUE(outs.ok());  // accepted; the failure surfaces on the handle
+  absl::Status st = (*s)->Await(*outs);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_NE(st.message().find("cpu:0"), absl::string_view::npos) << st;
+  auto f = (*s)->Fetch((*outs)[0]);
+  EXPECT_FALSE(f.ok());
+  // A step reading the failed array fails too, naming why.
+  GraphBuilder g2("use");
+  Value p = g2.Parameter({DType::kF32, {}}, "p");
+  auto exe2 = (*s)->Compile(*g2.Build({g2.Neg(p)}));
+  auto outs2 = (*s)->Execute(*exe2, {(*outs)[0]});
+  ASSERT_TRUE(outs2.ok());
+  absl::Status st2 = (*s)->Await(*outs2);
+  EXPECT_NE(st2.message().find("failed earlier"), absl::string_view::npos) << st2;
+  // The worker keeps serving.
+  auto small = (*s)->Execute(*exe2, {*(*s)->Put(HostArray::From<float>({}, {3.f}))});
+  ASSERT_TRUE(small.ok());
+  auto v = (*s)->Fetch((*small)[0]);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->as<float>()[0], -3.f);
+}
+
+TEST(FailureTest, LostWorkerMarksItsArraysLostAndTheRestServes) {
+  auto cluster = StartCluster(2, 1);
+  ASSERT_NE(cluster, nullptr);
+  auto s = Session::Connect(cluster->address());
+  ASSERT_TRUE(s.ok());
+  auto on1 = (*s)->Put(HostArray::From<float>({2}, {1, 2}), Placement::Device(1));
+  auto on0 = (*s)->Put(HostArray::From<float>({2}, {3, 4}), Placement::Device(0));
+  ASSERT_TRUE(on1.ok() && on0.ok());
+  ASSERT_TRUE(cluster->SignalWorker(1, SIGKILL).ok());
+  for (int i = 0; i < 100; ++i) {
+    auto c = (*s)->Cluster();
+    if (c.ok() && !c->workers[1].alive) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  auto c = (*s)->Cluster();
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->workers[1].alive);
+  auto lost = (*s)->Fetch(*on1);
+  ASSERT_FALSE(lost.ok());
+  EXPECT_EQ(lost.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(lost.status().message().find("stopped heartbeating"), absl::string_view::npos) << lost.status();
+  auto kept = (*s)->Fetch(*on0);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(kept->as<float>()[1], 4.f);
+}
+
+}  // namespace
+}  // namespace tessel

@@ -1,0 +1,174 @@
+// CPU kernels against naive loops written independently here.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "core/dtype.h"
+#include "worker/cpu/dot.h"
+#include "worker/cpu/fused_loop.h"
+#include "worker/cpu/layout.h"
+#include "worker/cpu/reduce.h"
+
+namespace tessel::cpu {
+namespace {
+
+std::vector<float> Random(int64_t n, int seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+TEST(Dot, GemmMatchesNaiveLoopForEveryOperandLayout) {
+  const int64_t m = 13, k = 7, n = 9;
+  // lhs stored [k, m] (transposed), rhs stored [n, k] (transposed), and plain.
+  for (bool lt : {false, true}) {
+    for (bool rt : {false, true}) {
+      auto l = Random(m * k, 1), r = Random(k * n, 2);
+      v1::TensorType ltype = lt ? MakeType(v1::F32, {k, m}) : MakeType(v1::F32, {m, k});
+      v1::TensorType rtype = rt ? MakeType(v1::F32, {n, k}) : MakeType(v1::F32, {k, n});
+      v1::DotGeneralAttrs a;
+      a.add_lhs_contracting(lt ? 0 : 1);
+      a.add_rhs_contracting(rt ? 1 : 0);
+      std::vector<float> out(m * n);
+      DotGeneral(ltype, l.data(), rtype, r.data(), a, MakeType(v1::F32, {m, n}), out.data());
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          double want = 0;
+          for (int64_t p = 0; p < k; ++p) {
+            want += double(lt ? l[p * m + i] : l[i * k + p]) * (rt ? r[j * k + p] : r[p * n + j]);
+          }
+          ASSERT_NEAR(out[i * n + j], want, 1e-5) << lt << rt << " at " << i << "," << j;
+        }
+      }
+    }
+  }
+}
+
+TEST(Dot, BatchedIntegerDotWraps) {
+  const int64_t b = 3, m = 2, k = 4, n = 2;
+  std::vector<int32_t> l(b * m * k), r(b * k * n);
+  for (size_t i = 0; i < l.size(); ++i) l[i] = int32_t(i) * 1000003;
+  for (size_t i = 0; i < r.size(); ++i) r[i] = int32_t(i) - 5;
+  v1::DotGeneralAttrs a;
+  a.add_lhs_batch(0);
+  a.add_rhs_batch(0);
+  a.add_lhs_contracting(2);
+  a.add_rhs_contracting(1);
+  std::vector<int32_t> out(b * m * n);
+  DotGeneral(MakeType(v1::S32, {b, m, k}), l.data(), MakeType(v1::S32, {b, k, n}), r.data(), a,
+             MakeType(v1::S32, {b, m, n}), out.data());
+  for (int64_t bi = 0; bi < b; ++bi) {
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        uint32_t want = 0;
+        for (int64_t p = 0; p < k; ++p) want += uint32_t(l[(bi * m + i) * k + p]) * uint32_t(r[(bi * k + p) * n + j]);
+        EXPECT_EQ(out[(bi * m + i) * n + j], int32_t(want));
+      }
+    }
+  }
+}
+
+TEST(Layout, TransposeAndPadMatchNaiveIndexing) {
+  const int64_t d0 = 3, d1 = 4, d2 = 5;
+  auto x = Random(d0 * d1 * d2, 3);
+  v1::TransposeAttrs t;
+  for (int64_t p : {2, 0, 1}) t.add_permutation(p);
+  std::vector<float> out(x.size());
+  Transpose(MakeType(v1::F32, {d0, d1, d2}), x.data(), t, MakeType(v1::F32, {d2, d0, d1}), out.data());
+  for (int64_t i = 0; i < d0; ++i)
+    for (int64_t j = 0; j < d1; ++j)
+      for (int64_t k = 0; k < d2; ++k) ASSERT_EQ(out[(k * d0 + i) * d1 + j], x[(i * d1 + j) * d2 + k]);
+
+  // pad [3,4] with low (1,-1), high (0,2), interior (1,0) -> [6,5]
+  v1::PadAttrs p;
+  for (int64_t v : {1, -1}) p.add_low(v);
+  for (int64_t v : {0, 2}) p.add_high(v);
+  for (int64_t v : {1, 0}) p.add_interior(v);
+  std::vector<float> in(12);
+  for (int i = 0; i < 12; ++i) in[i] = i + 1;
+  float pad = -7;
+  std::vector<float> po(30, 0);
+  Pad(MakeType(v1::F32, {3, 4}), in.data(), &pad, p, MakeType(v1::F32, {6, 5}), po.data());
+  for (int64_t r = 0; r < 6; ++r) {
+    for (int64_t c = 0; c < 5; ++c) {
+      float want = pad;
+      // out row r = 1 + 2*i ; out col c = -1 + j
+      if ((r - 1) >= 0 && (r - 1) % 2 == 0 && (r - 1) / 2 < 3 && c + 1 < 4) want = in[((r - 1) / 2) * 4 + (c + 1)];
+      EXPECT_EQ(po[r * 5 + c], want) << r << "," << c;
+    }
+  }
+}
+
+TEST(Reduce, SumOverLeadingAndTrailingDims) {
+  const int64_t a = 4, b = 3, c = 5;
+  auto x = Random(a * b * c, 4);
+  for (std::vector<int64_t> dims : std::vector<std::vector<int64_t>>{{0}, {2}, {0, 2}, {0, 1, 2}}) {
+    v1::ReduceAttrs r;
+    r.set_kind(v1::SUM);
+    std::vector<int64_t> kept;
+    for (int64_t d : dims) r.add_dims(d);
+    v1::TensorType out_t;
+    out_t.set_dtype(v1::F32);
+    std::vector<int64_t> full = {a, b, c};
+    for (int d = 0; d < 3; ++d) {
+      if (std::find(dims.begin(), dims.end(), d) == dims.end()) out_t.add_dims(full[d]);
+    }
+    std::vector<float> out(NumElementsUnchecked(out_t));
+    Reduce(MakeType(v1::F32, {a, b, c}), x.data(), r, out_t, out.data());
+    std::vector<double> want(out.size(), 0);
+    for (int64_t i = 0; i < a; ++i)
+      for (int64_t j = 0; j < b; ++j)
+        for (int64_t k = 0; k < c; ++k) {
+          int64_t idx[3] = {i, j, k}, o = 0;
+          for (int d = 0; d < 3; ++d) {
+            if (std::find(dims.begin(), dims.end(), d) == dims.end()) o = o * full[d] + idx[d];
+          }
+          want[o] += x[(i * b + j) * c + k];
+        }
+    for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], want[i], 1e-5);
+  }
+}
+
+TEST(FusedLoop, ChainAcrossManyBlocksEqualsStepByStep) {
+  const int64_t n = FusedLoop::kBlock * 3 + 17;
+  v1::Fusion f;
+  f.add_inputs("x");
+  auto node = [&](const char* name, v1::Op op, std::vector<std::string> operands) {
+    v1::Node* nd = f.add_nodes();
+    nd->set_name(name);
+    nd->set_op(op);
+    for (auto& o : operands) nd->add_operands(o);
+    *nd->mutable_type() = MakeType(v1::F32, {n});
+    return nd;
+  };
+  v1::Node* c = f.add_nodes();
+  c->set_name("half");
+  c->set_op(v1::CONSTANT);
+  c->mutable_constant()->mutable_fill()->set_f(0.5);
+  *c->mutable_type() = MakeType(v1::F32, {});
+  v1::Node* b = node("halves", v1::BROADCAST_IN_DIM, {"half"});
+  b->mutable_broadcast_in_dim()->add_dims(n);
+  node("m", v1::MUL, {"x", "halves"});
+  node("t", v1::TANH, {"m"});
+  v1::Node* io = node("i", v1::CONSTANT, {});
+  io->mutable_constant()->mutable_iota()->set_dimension(0);
+  node("y", v1::ADD, {"t", "i"});
+  f.add_outputs("y");
+  f.add_outputs("m");
+  auto loop = FusedLoop::Build(f, {MakeType(v1::F32, {n})});
+  ASSERT_TRUE(loop.ok()) << loop.status();
+  auto x = Random(n, 5);
+  std::vector<float> y(n), m(n);
+  std::vector<const void*> ins = {x.data()};
+  std::vector<void*> outs = {y.data(), m.data()};
+  loop->Run(ins, outs);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_FLOAT_EQ(m[i], x[i] * 0.5f);
+    ASSERT_FLOAT_EQ(y[i], std::tanh(x[i] * 0.5f) + float(i));
+  }
+}
+
+}  // namespace
+}  // namespace tessel::cpu
