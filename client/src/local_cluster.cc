@@ -114,6 +114,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
     absl::SleepFor(absl::Milliseconds(10));
   }
   cluster->address_ = absl::StrCat("127.0.0.1:", port);
+  // Workers start one at a time, each registering before the next starts, so
+  // worker i owns global devices [i*D, (i+1)*D).
+  auto admin = v1::Admin::NewStub(grpc::CreateChannel(cluster->address_, grpc::InsecureChannelCredentials()));
   for (int i = 0; i < options.workers; ++i) {
     std::vector<std::string> args = {"--coordinator=" + cluster->address_,
                                      absl::StrCat("--devices=", options.devices_per_worker)};
@@ -121,23 +124,26 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
     auto wpid = Spawn(bin + "/tessel-worker", args, log_for(absl::StrCat("worker", i)));
     if (!wpid.ok()) return wpid.status();
     cluster->worker_pids_.push_back(*wpid);
-  }
-  // Ready once every worker has registered.
-  auto admin = v1::Admin::NewStub(grpc::CreateChannel(cluster->address_, grpc::InsecureChannelCredentials()));
-  for (absl::Time deadline = absl::Now() + absl::Seconds(30);;) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    v1::GetClusterResponse resp;
-    int alive = 0;
-    if (admin->GetCluster(&ctx, v1::GetClusterRequest(), &resp).ok()) {
-      for (const auto& w : resp.workers()) alive += w.alive();
+    for (absl::Time deadline = absl::Now() + absl::Seconds(30);;) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      v1::GetClusterResponse resp;
+      int alive = 0;
+      if (admin->GetCluster(&ctx, v1::GetClusterRequest(), &resp).ok()) {
+        for (const auto& w : resp.workers()) alive += w.alive();
+      }
+      if (alive == i + 1) break;
+      if (waitpid(*wpid, nullptr, WNOHANG) == *wpid) {
+        cluster->worker_pids_.back() = -1;
+        return absl::InternalError(absl::StrCat("tessel-worker ", i, " exited at start-up; see ",
+                                                log_for(absl::StrCat("worker", i))));
+      }
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat("worker ", i, " did not register within 30 s; logs in ",
+                                                        cluster->log_dir_));
+      }
+      absl::SleepFor(absl::Milliseconds(5));
     }
-    if (alive == options.workers) break;
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(alive, " of ", options.workers,
-                                                      " workers registered within 30 s; logs in ", cluster->log_dir_));
-    }
-    absl::SleepFor(absl::Milliseconds(10));
   }
   return cluster;
 }

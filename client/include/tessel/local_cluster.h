@@ -1,7 +1,8 @@
 // LocalCluster: a coordinator and N workers started as real processes on
 // 127.0.0.1, for the demo, the CLI's `tessel local`, tests and benchmarks.
 // The destructor stops every process it started (SIGTERM, then SIGKILL).
-// Children also get SIGTERM if this process dies.
+// Children also get SIGTERM if this process dies. Workers register in order,
+// so worker i owns global devices [i*D, (i+1)*D).
 #pragma once
 
 #include <sys/types.h>
