@@ -233,7 +233,7 @@ int Run(const Args& a) {
     if (!arr.ok()) return Fail(arr.status());
     args.push_back(*arr);
   }
-  auto outs = session.Execute(*exe, args);
+  auto outs = session.Execute(*exe, args, {placement});
   if (!outs.ok()) return Fail(outs.status());
   if (auto st = session.Await(*outs); !st.ok()) return Fail(st);
   int rc = 0;
