@@ -88,6 +88,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
     char tmpl[] = "/tmp/tessel-local-XXXXXX";
     if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp failed");
     cluster->log_dir_ = tmpl;
+    cluster->owns_log_dir_ = true;
   }
   std::filesystem::create_directories(cluster->log_dir_);
   const std::string port_file = cluster->log_dir_ + "/coordinator.port";
@@ -169,6 +170,12 @@ void LocalCluster::Stop() {
   coordinator_pid_ = -1;
 }
 
-LocalCluster::~LocalCluster() { Stop(); }
+LocalCluster::~LocalCluster() {
+  Stop();
+  if (owns_log_dir_ && std::getenv("TESSEL_KEEP_LOGS") == nullptr) {
+    std::error_code ec;
+    std::filesystem::remove_all(log_dir_, ec);
+  }
+}
 
 }  // namespace tessel

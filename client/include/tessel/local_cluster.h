@@ -22,7 +22,8 @@ class LocalCluster {
     int devices_per_worker = 1;
     int port = 0;              // coordinator port; 0 picks a free one
     std::string binary_dir;    // Default: $TESSEL_BIN_DIR, else this executable's directory
-    std::string log_dir;       // Default: a fresh directory under /tmp
+    std::string log_dir;       // Default: a fresh directory under /tmp, removed at
+                               // destruction unless $TESSEL_KEEP_LOGS is set
     bool inherit_output = false;  // children log to this process's stdout/stderr
     std::vector<std::string> worker_flags;  // extra flags for every worker
     int heartbeat_timeout_ms = 2000;
@@ -42,6 +43,7 @@ class LocalCluster {
   LocalCluster() = default;
   std::string address_;
   std::string log_dir_;
+  bool owns_log_dir_ = false;
   pid_t coordinator_pid_ = -1;
   std::vector<pid_t> worker_pids_;
 };
