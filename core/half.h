@@ -2,8 +2,10 @@
 // conversions from float. Arithmetic happens in float; these types only store.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 namespace tessel {
 
@@ -65,5 +67,35 @@ inline f16 ToF16(float f) {
   uint32_t r = a + 0xfffu + ((a >> 13) & 1u);  // round mantissa to 10 bits
   return f16{uint16_t(sign | ((r - 0x38000000u) >> 13))};
 }
+
+// Rounding twice (to float, then to f16/bf16) can land on the wrong side of a
+// tie. Rounding to odd first keeps the information the second rounding needs:
+// with at least two spare bits (float has 24, f16 11, bf16 8), odd-then-nearest
+// equals one rounding to nearest of the exact value.
+inline float RoundToOddFloat(double d) {
+  float f = static_cast<float>(d);
+  if (!(std::fabs(d) < std::numeric_limits<double>::infinity()) || double(f) == d) return f;
+  // Truncate toward zero, then make the last bit sticky.
+  if (std::fabs(double(f)) > std::fabs(d)) f = std::nextafter(f, 0.0f);
+  return BitsFloat(FloatBits(f) | 1u);
+}
+
+// int64 -> double, rounded to odd (exact below 2^53).
+inline double RoundToOddDouble(int64_t v) {
+  const bool neg = v < 0;
+  uint64_t m = neg ? uint64_t(0) - uint64_t(v) : uint64_t(v);
+  if (m < (uint64_t{1} << 53)) return double(v);
+  int k = 0;
+  while ((m >> k) >= (uint64_t{1} << 53)) ++k;
+  const bool sticky = (m & ((uint64_t{1} << k) - 1)) != 0;
+  m = (m >> k) | uint64_t(sticky);
+  const double r = std::ldexp(double(m), k);
+  return neg ? -r : r;
+}
+
+inline f16 F16FromDouble(double d) { return ToF16(RoundToOddFloat(d)); }
+inline bf16 Bf16FromDouble(double d) { return ToBf16(RoundToOddFloat(d)); }
+inline f16 F16FromInt64(int64_t v) { return F16FromDouble(RoundToOddDouble(v)); }
+inline bf16 Bf16FromInt64(int64_t v) { return Bf16FromDouble(RoundToOddDouble(v)); }
 
 }  // namespace tessel

@@ -34,5 +34,26 @@ TEST(Half, Bf16RoundTripsAndRounds) {
   EXPECT_TRUE(std::isnan(ToFloat(ToBf16(NAN))));
 }
 
+// A value just above a tie must round up even though the nearest float is the
+// tie itself (double rounding would round it down to even).
+TEST(Half, WideSourcesRoundOnce) {
+  const double above_f16_tie = 1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40);
+  EXPECT_EQ(float(above_f16_tie), 1.0f + 1.0f / 2048);  // the float is the tie
+  EXPECT_EQ(ToFloat(F16FromDouble(above_f16_tie)), 1.0f + 1.0f / 1024);
+  EXPECT_EQ(ToFloat(F16FromDouble(1.0 + std::ldexp(1.0, -11))), 1.0f);  // exact tie -> even
+  const double above_bf16_tie = 1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -30);
+  EXPECT_EQ(ToFloat(Bf16FromDouble(above_bf16_tie)), 1.0f + 1.0f / 128);
+  const double below_bf16_tie = 1.0 + std::ldexp(1.0, -8) - std::ldexp(1.0, -30);
+  EXPECT_EQ(ToFloat(Bf16FromDouble(below_bf16_tie)), 1.0f);
+  // 2^60 * (1 + 2^-8) + 1: one above a bf16 tie, lost by an int64 -> double cast.
+  const int64_t big = (int64_t{1} << 60) + (int64_t{1} << 52) + 1;
+  EXPECT_EQ(double(ToFloat(Bf16FromInt64(big))), std::ldexp(1.0 + 1.0 / 128, 60));
+  EXPECT_EQ(double(ToFloat(Bf16FromInt64(-big))), -std::ldexp(1.0 + 1.0 / 128, 60));
+  EXPECT_EQ(ToFloat(F16FromInt64(2049)), 2048.0f);  // tie -> even
+  EXPECT_EQ(ToFloat(F16FromInt64(2051)), 2052.0f);
+  EXPECT_TRUE(std::isinf(ToFloat(F16FromDouble(1e300))));
+  EXPECT_TRUE(std::isnan(ToFloat(F16FromDouble(NAN))));
+}
+
 }  // namespace
 }  // namespace tessel

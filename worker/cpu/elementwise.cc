@@ -166,7 +166,7 @@ void ConvertLoop(const void* in, void* out, int64_t n) {
   auto* a = static_cast<const typename F::S*>(in);
   auto* o = static_cast<typename T::S*>(out);
   for (int64_t i = 0; i < n; ++i) {
-    o[i] = T::Store(ConvertValue<typename T::C>(F::Load(a[i])));
+    o[i] = StoreConverted<To>(F::Load(a[i]));
   }
 }
 
@@ -224,9 +224,7 @@ void ConvertKernel(v1::DType from, v1::DType to, const void* in, void* out, int6
 void FillKernel(v1::DType dt, const v1::Fill& value, void* out, int64_t n) {
   TESSEL_DISPATCH(dt, D, {
     using T = Traits<D>;
-    using C = typename T::C;
-    C c = value.value_case() == v1::Fill::kI ? ConvertValue<C>(value.i()) : ConvertValue<C>(value.f());
-    typename T::S s = T::Store(c);
+    typename T::S s = value.value_case() == v1::Fill::kI ? StoreConverted<D>(value.i()) : StoreConverted<D>(value.f());
     auto* o = static_cast<typename T::S*>(out);
     for (int64_t i = 0; i < n; ++i) o[i] = s;
   });
@@ -241,7 +239,7 @@ void IotaKernel(v1::DType dt, const google::protobuf::RepeatedField<int64_t>& di
     using T = Traits<D>;
     auto* o = static_cast<typename T::S*>(out);
     for (int64_t i = 0; i < n; ++i) {
-      o[i] = T::Store(ConvertValue<typename T::C>(((start + i) / inner) % extent));
+      o[i] = StoreConverted<D>(int64_t(((start + i) / inner) % extent));
     }
   });
 }

@@ -89,4 +89,19 @@ inline To ConvertValue(From x) {
   }
 }
 
+// Converts a compute value of any dtype into storage of dtype `To`, rounding
+// once: wide sources (f64, s32, s64) reach f16/bf16 without passing through a
+// rounded float.
+template <v1::DType To, typename From>
+inline typename Traits<To>::S StoreConverted(From x) {
+  constexpr bool kHalf = To == v1::F16 || To == v1::BF16;
+  if constexpr (kHalf && std::is_same_v<From, double>) {
+    if constexpr (To == v1::F16) return F16FromDouble(x); else return Bf16FromDouble(x);
+  } else if constexpr (kHalf && std::is_integral_v<From> && sizeof(From) >= 4) {
+    if constexpr (To == v1::F16) return F16FromInt64(x); else return Bf16FromInt64(x);
+  } else {
+    return Traits<To>::Store(ConvertValue<typename Traits<To>::C>(x));
+  }
+}
+
 }  // namespace tessel::cpu
