@@ -11,28 +11,11 @@
 #include "core/dtype.h"
 #include "core/status.h"
 #include "scheduler/fusion.h"
+#include "scheduler/program_walk.h"
 #include "scheduler/validator.h"
 
 namespace tessel::scheduler {
 namespace {
-
-template <typename F>
-void ForEachRead(const v1::Instruction& ins, F&& f) {
-  if (ins.has_node()) {
-    for (const std::string& o : ins.node().operands()) f(o);
-  } else {
-    for (const std::string& o : ins.fusion().inputs()) f(o);
-  }
-}
-
-template <typename F>
-void ForEachWrite(const v1::Instruction& ins, F&& f) {
-  if (ins.has_node()) {
-    f(ins.node().name());
-  } else {
-    for (const std::string& o : ins.fusion().outputs()) f(o);
-  }
-}
 
 // Fills Instruction.release with the values each instruction reads last, and
 // returns the peak bytes live at once (parameters included).
@@ -158,10 +141,31 @@ std::string PrintProgram(const v1::Program& p) {
   return s;
 }
 
-absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph) {
+std::string ExecutableKey(const v1::Graph& graph, const std::vector<int>& donated) {
+  std::string fp = Fingerprint(graph);
+  if (donated.empty()) return fp;
+  std::vector<int> sorted = donated;
+  std::sort(sorted.begin(), sorted.end());
+  const std::string key = absl::StrCat(fp, " donate ", absl::StrJoin(sorted, ","));
+  return absl::StrFormat("%016x%016x", Fnv1a(key, 0xcbf29ce484222325ull), Fnv1a(key, 0x84222325cbf29ce4ull));
+}
+
+absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOptions& options) {
   TESSEL_ASSIGN_OR_RETURN(TypedGraph g, ValidateGraph(graph));
   CompiledProgram c;
-  c.fingerprint = Fingerprint(graph);
+  {
+    absl::flat_hash_set<int> seen;
+    for (int d : options.donated_parameters) {
+      if (d < 0 || d >= int(g.parameters.size())) {
+        return absl::InvalidArgumentError(absl::StrCat("donated parameter ", d, " does not exist: the graph has ",
+                                                       g.parameters.size(), " parameters"));
+      }
+      if (!seen.insert(d).second) {
+        return absl::InvalidArgumentError(absl::StrCat("parameter ", d, " is declared donated twice"));
+      }
+    }
+  }
+  c.fingerprint = ExecutableKey(graph, options.donated_parameters);
   v1::Program& p = c.program;
   p.set_executable_id(c.fingerprint);
   for (int pos : g.parameters) {
@@ -194,7 +198,34 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph) {
                                        " fusions); estimated peak ", c.estimated_peak_bytes,
                                        " bytes per device"));
   c.plan_text = PrintProgram(p);
+
+  c.alias_candidates = FindAliasCandidates(p);
+  c.donated_parameters = options.donated_parameters;
+  c.declared_aliases = AssignAliases(p, c.alias_candidates, options.donated_parameters);
+  for (const AliasDecision& d : c.declared_aliases) {
+    const std::string& name = p.parameters(d.parameter).name();
+    if (d.output >= 0) {
+      absl::StrAppend(&c.plan_text, "  donate %", name, " -> output ", d.output, " '", p.outputs(d.output),
+                      "' (in place)\n");
+      continue;
+    }
+    absl::StrAppend(&c.plan_text, "  donate %", name, ": not reused: ", d.reason, "\n");
+    c.diagnostics.push_back(absl::StrCat("warning: donated parameter ", d.parameter, " '", name,
+                                         "' cannot give its buffer to any output: ", d.reason));
+  }
+  if (options.strict_donation) TESSEL_RETURN_IF_ERROR(CheckStrictDonation(c));
   return c;
+}
+
+absl::Status CheckStrictDonation(const CompiledProgram& c) {
+  for (const AliasDecision& d : c.declared_aliases) {
+    if (d.output >= 0) continue;
+    const v1::Node& prm = c.program.parameters(d.parameter);
+    return absl::InvalidArgumentError(absl::StrCat("strict donation: parameter ", d.parameter, " '", prm.name(),
+                                                   "' (", TypeString(prm.type()),
+                                                   ") cannot give its buffer to any output: ", d.reason));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tessel::scheduler

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "scheduler/donation.h"
 #include "tessel/v1/ir.pb.h"
 #include "tessel/v1/program.pb.h"
 
@@ -20,13 +21,30 @@ struct CompiledProgram {
   std::string plan_text;
   std::vector<std::string> diagnostics;
   int64_t estimated_peak_bytes = 0;
+  // Donation: the outputs each parameter may become in place, and the plan
+  // for the parameters the compile declared donated.
+  AliasCandidates alias_candidates;
+  std::vector<int> donated_parameters;
+  std::vector<AliasDecision> declared_aliases;
+};
+
+struct CompileOptions {
+  std::vector<int> donated_parameters;  // every execution donates these
+  bool strict_donation = false;         // an unaliasable donation is an error
 };
 
 // Constants above this many bytes draw a diagnostic: they are shipped with
 // the program to every device.
 inline constexpr int64_t kLargeLiteralBytes = 1 << 20;
 
-absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph);
+absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOptions& options = {});
+
+// INVALID_ARGUMENT naming the first declared donated parameter that cannot
+// give its buffer to any output, and why.
+absl::Status CheckStrictDonation(const CompiledProgram& compiled);
+
+// The cache key: the graph's fingerprint, plus the declared donations.
+std::string ExecutableKey(const v1::Graph& graph, const std::vector<int>& donated_parameters);
 
 // 128-bit fingerprint of a graph's deterministic serialization, as hex.
 std::string Fingerprint(const v1::Graph& graph);

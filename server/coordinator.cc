@@ -19,7 +19,47 @@ std::string RandomId(absl::string_view prefix) {
   static thread_local std::mt19937_64 rng(std::random_device{}());
   return StrFormat("%s%016x", prefix, rng());
 }
+
+// Bounded memory for what became of retired arrays.
+constexpr size_t kMaxTombstones = 1 << 16;
+
+const char* DirectionName(int dir) {
+  static const char* const kNames[] = {"host->device", "device->host", "device->device"};
+  return kNames[dir];
+}
+
+const char* LevelName(v1::TransferLevel l) {
+  switch (l) {
+    case v1::TRANSFER_LOG: return "log";
+    case v1::TRANSFER_DISALLOW: return "disallow";
+    case v1::TRANSFER_LOG_EXPLICIT: return "log_explicit";
+    case v1::TRANSFER_DISALLOW_EXPLICIT: return "disallow_explicit";
+    default: return "allow";
+  }
+}
+
+v1::TransferLevel LevelFor(const v1::TransferGuard& g, int dir) {
+  switch (dir) {
+    case 0: return g.host_to_device();
+    case 1: return g.device_to_host();
+    default: return g.device_to_device();
+  }
+}
+
+// "expected f32[4], got s32[4] (dtype differs)", for signature mismatches.
+std::string TypeDifference(const v1::TensorType& want, const v1::TensorType& got) {
+  return StrCat("expected ", TypeString(want), ", got ", TypeString(got), " (",
+                want.dtype() != got.dtype() ? "dtype" : "shape", " differs)");
+}
+
+std::string Ago(absl::Time when) {
+  return StrCat(absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", when, absl::UTCTimeZone()), " (",
+                absl::FormatDuration(absl::Trunc(absl::Now() - when, absl::Milliseconds(1))), " ago)");
+}
+
 }  // namespace
+
+int64_t Coordinator::ArrayRecord::bytes() const { return ByteSizeUnchecked(type) * int64_t(devices.size()); }
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(Options options) {
   if (!options.logger) return absl::InvalidArgumentError("Coordinator needs a logger");
@@ -114,9 +154,22 @@ v1::OpenSessionResponse Coordinator::OpenSession(const v1::OpenSessionRequest& r
   v1::OpenSessionResponse resp;
   resp.set_session_id(RandomId("s"));
   absl::MutexLock l(&mu_);
-  sessions_[resp.session_id()].client = req.client();
+  SessionRecord& s = sessions_[resp.session_id()];
+  s.client = req.client();
+  s.options = req.options();
   log_->info("session {} opened by '{}'", resp.session_id(), req.client());
   return resp;
+}
+
+absl::Status Coordinator::SetSessionOptions(const v1::SetSessionOptionsRequest& req) {
+  absl::MutexLock l(&mu_);
+  TESSEL_RETURN_IF_ERROR(CheckSession(req.session_id()));
+  if (req.options().memory_quota_bytes() < 0) {
+    return absl::InvalidArgumentError(StrCat("memory_quota_bytes: expected >= 0, got ",
+                                             req.options().memory_quota_bytes()));
+  }
+  sessions_[req.session_id()].options = req.options();
+  return absl::OkStatus();
 }
 
 absl::Status Coordinator::CheckSession(const std::string& id) const {
@@ -142,6 +195,19 @@ absl::StatusOr<v1::CloseSessionResponse> Coordinator::CloseSession(const v1::Clo
 absl::StatusOr<Coordinator::ArrayRecord*> Coordinator::OwnedArray(const std::string& session, uint64_t handle) {
   auto it = arrays_.find(handle);
   if (it == arrays_.end()) {
+    auto s = sessions_.find(session);
+    if (s != sessions_.end()) {
+      auto t = s->second.tombstones.find(handle);
+      if (t != s->second.tombstones.end()) {
+        const Tombstone& ts = t->second;
+        if (ts.state == v1::DONATED) {
+          return absl::FailedPreconditionError(StrFormat(
+              "array %#x was donated to execution %d ('%s') at %s; a donated array cannot be used again", handle,
+              ts.execution, ts.executable, Ago(ts.when)));
+        }
+        return absl::NotFoundError(StrFormat("array %#x was deleted at %s", handle, Ago(ts.when)));
+      }
+    }
     return absl::NotFoundError(StrFormat("array %#x does not exist (deleted, or never created)", handle));
   }
   if (it->second.session != session) {
@@ -171,36 +237,183 @@ absl::StatusOr<std::vector<int>> Coordinator::ResolvePlacement(const v1::Placeme
   return std::vector<int>{d};
 }
 
+Coordinator::ArrayRecord& Coordinator::AddArray(const std::string& session, uint64_t handle, ArrayRecord record) {
+  record.session = session;
+  SessionRecord& s = sessions_.at(session);
+  s.arrays.insert(handle);
+  s.live_bytes += record.bytes();
+  ArrayRecord& a = arrays_[handle];
+  a = std::move(record);
+  return a;
+}
+
+void Coordinator::RetireArray(uint64_t handle, Tombstone tombstone) {
+  auto it = arrays_.find(handle);
+  if (it == arrays_.end()) return;
+  auto s = sessions_.find(it->second.session);
+  if (s != sessions_.end()) {
+    SessionRecord& sr = s->second;
+    sr.arrays.erase(handle);
+    sr.live_bytes -= it->second.bytes();
+    if (sr.tombstones.insert_or_assign(handle, std::move(tombstone)).second) sr.tombstone_order.push_back(handle);
+    while (sr.tombstone_order.size() > kMaxTombstones) {
+      sr.tombstones.erase(sr.tombstone_order.front());
+      sr.tombstone_order.pop_front();
+    }
+  }
+  arrays_.erase(it);
+}
+
+absl::Status Coordinator::CheckQuota(const std::string& session, int64_t added, absl::string_view what) const {
+  const SessionRecord& s = sessions_.at(session);
+  const int64_t quota = s.options.memory_quota_bytes();
+  if (quota <= 0 || added <= 0 || s.live_bytes + added <= quota) return absl::OkStatus();
+  return absl::ResourceExhaustedError(StrFormat(
+      "session %s memory quota: %s needs %d more bytes; the session holds %d bytes in %d live arrays, quota %d",
+      session, what, added, s.live_bytes, s.arrays.size(), quota));
+}
+
+absl::Status Coordinator::GuardTransfer(const std::string& session, const v1::TransferGuard& call, Direction dir,
+                                        bool implicit, absl::string_view what, int64_t bytes) const {
+  const int d = static_cast<int>(dir);
+  v1::TransferLevel level = LevelFor(call, d);
+  const bool from_call = level != v1::TRANSFER_UNSET;
+  if (!from_call) level = LevelFor(sessions_.at(session).options.transfer_guard(), d);
+  const bool covers = implicit || level == v1::TRANSFER_LOG_EXPLICIT || level == v1::TRANSFER_DISALLOW_EXPLICIT;
+  if (!covers) return absl::OkStatus();
+  const std::string text = StrFormat("%s %s transfer of %s (%d bytes)", implicit ? "implicit" : "explicit",
+                                     DirectionName(d), what, bytes);
+  if (level == v1::TRANSFER_DISALLOW || level == v1::TRANSFER_DISALLOW_EXPLICIT) {
+    return absl::FailedPreconditionError(StrCat("transfer guard: ", text, " is disallowed (", LevelName(level),
+                                                " set by the ", from_call ? "call" : "session", ")"));
+  }
+  if (level == v1::TRANSFER_LOG || level == v1::TRANSFER_LOG_EXPLICIT) {
+    log_->warn("session {}: transfer guard: {}", session, text);
+  }
+  return absl::OkStatus();
+}
+
+void Coordinator::CountTransfer(const std::string& session, int device, Direction dir, int64_t bytes) {
+  auto s = sessions_.find(session);
+  if (s == sessions_.end()) return;
+  TransferCounts& total = s->second.transfers;
+  TransferCounts& dev = s->second.device_transfers[device];
+  switch (dir) {
+    case Direction::kHostToDevice: total.h2d += bytes, dev.h2d += bytes; break;
+    case Direction::kDeviceToHost: total.d2h += bytes, dev.d2h += bytes; break;
+    case Direction::kDeviceToDevice: total.d2d += bytes, dev.d2d += bytes; break;
+  }
+}
+
+std::string Coordinator::ExplainCacheMiss(const v1::Graph& graph, const std::vector<int>& donated) const {
+  const ExecutableRecord* nearest = nullptr;
+  std::vector<std::string> best;
+  int same_name = 0;
+  for (const auto& [id, e] : executables_) {
+    if (e.graph.name() != graph.name()) continue;
+    ++same_name;
+    std::vector<std::string> diffs;
+    // Parameters, by index.
+    absl::flat_hash_map<int, const v1::Node*> mine, theirs;
+    for (const v1::Node& n : graph.nodes()) {
+      if (n.op() == v1::PARAMETER) mine[n.parameter().index()] = &n;
+    }
+    for (const v1::Node& n : e.graph.nodes()) {
+      if (n.op() == v1::PARAMETER) theirs[n.parameter().index()] = &n;
+    }
+    for (const auto& [i, n] : mine) {
+      auto t = theirs.find(i);
+      if (t == theirs.end()) {
+        diffs.push_back(StrCat("parameter ", i, " '", n->name(), "' is new"));
+      } else if (!SameType(n->type(), t->second->type())) {
+        diffs.push_back(StrCat("parameter ", i, " '", n->name(), "': ", TypeString(n->type()), " here, ",
+                               TypeString(t->second->type()), " in the cached one (",
+                               n->type().dtype() != t->second->type().dtype() ? "dtype" : "shape", ")"));
+      }
+    }
+    if (theirs.size() > mine.size()) {
+      diffs.push_back(StrCat(theirs.size() - mine.size(), " fewer parameters than the cached one"));
+    }
+    std::vector<int> want = donated, had = e.compiled.donated_parameters;
+    std::sort(want.begin(), want.end());
+    std::sort(had.begin(), had.end());
+    if (want != had) {
+      diffs.push_back(StrCat("donated parameters [", absl::StrJoin(want, ","), "] here, [", absl::StrJoin(had, ","),
+                             "] in the cached one"));
+    }
+    if (graph.nodes_size() != e.graph.nodes_size()) {
+      diffs.push_back(StrCat(graph.nodes_size(), " nodes here, ", e.graph.nodes_size(), " in the cached one"));
+    } else {
+      for (int i = 0; i < graph.nodes_size(); ++i) {
+        const v1::Node& a = graph.nodes(i);
+        if (a.op() == v1::PARAMETER) continue;
+        if (a.SerializeAsString() != e.graph.nodes(i).SerializeAsString()) {
+          diffs.push_back(StrCat("node ", i, " '", a.name(), "' (", OpName(a.op()), ") differs"));
+          break;
+        }
+      }
+    }
+    if (graph.outputs_size() != e.graph.outputs_size()) {
+      diffs.push_back(StrCat(graph.outputs_size(), " outputs here, ", e.graph.outputs_size(), " in the cached one"));
+    }
+    if (nearest == nullptr || diffs.size() < best.size()) {
+      nearest = &e;
+      best = std::move(diffs);
+    }
+  }
+  if (nearest == nullptr) {
+    return StrCat("no executable of graph '", graph.name(), "' was compiled before (", executables_.size(),
+                  " executables in the cache)");
+  }
+  if (best.empty()) best.push_back("they differ only in attributes outside nodes and parameters");
+  return StrCat("nearest cached executable of graph '", graph.name(), "' (", nearest->compiled.fingerprint, ", one of ",
+                same_name, "): ", absl::StrJoin(best, "; "));
+}
+
 // ---------------------------------------------------------------- compile
 
 absl::StatusOr<v1::CompileResponse> Coordinator::Compile(const v1::CompileRequest& req) {
+  const std::vector<int> donated(req.donated_parameters().begin(), req.donated_parameters().end());
+  const std::string key = scheduler::ExecutableKey(req.graph(), donated);
+  v1::CompileResponse resp;
+  const scheduler::CompiledProgram* compiled = nullptr;
+  bool strict = req.strict_donation();
   {
     absl::MutexLock l(&mu_);
     TESSEL_RETURN_IF_ERROR(CheckSession(req.session_id()));
-  }
-  const std::string fp = scheduler::Fingerprint(req.graph());
-  v1::CompileResponse resp;
-  const scheduler::CompiledProgram* compiled = nullptr;
-  {
-    absl::MutexLock l(&mu_);
-    auto it = executables_.find(fp);
+    SessionRecord& s = sessions_.at(req.session_id());
+    strict |= s.options.strict_donation();
+    auto it = executables_.find(key);
     if (it != executables_.end()) {
       ++cache_hits_;
+      ++s.cache_hits;
       compiled = &it->second.compiled;
       resp.set_cache_hit(true);
+    } else {
+      ++s.cache_misses;
+      resp.set_cache_miss_reason(ExplainCacheMiss(req.graph(), donated));
+      if (s.options.forbid_compiles()) {
+        return absl::FailedPreconditionError(StrCat("session ", req.session_id(),
+                                                    " forbids new compiles, and graph '", req.graph().name(),
+                                                    "' is not in the compile cache: ", resp.cache_miss_reason()));
+      }
     }
   }
   if (compiled == nullptr) {
-    auto c = scheduler::Compile(req.graph());
+    auto c = scheduler::Compile(req.graph(), {.donated_parameters = donated, .strict_donation = strict});
     if (!c.ok()) {
       log_->info("session {}: compile of '{}' failed: {}", req.session_id(), req.graph().name(), c.status().ToString());
       return Annotate(c.status(), StrCat("graph '", req.graph().name(), "': "));
     }
     absl::MutexLock l(&mu_);
     ++compiles_;
-    auto [it, inserted] = executables_.try_emplace(fp, ExecutableRecord{std::move(*c)});
+    if (auto s = sessions_.find(req.session_id()); s != sessions_.end()) ++s->second.compiles;
+    auto [it, inserted] = executables_.try_emplace(key, ExecutableRecord{std::move(*c), req.graph()});
     compiled = &it->second.compiled;
-    log_->info("session {}: compiled '{}' as {}", req.session_id(), req.graph().name(), fp);
+    log_->info("session {}: compiled '{}' as {} ({})", req.session_id(), req.graph().name(), key,
+               resp.cache_miss_reason());
+  } else if (strict) {
+    TESSEL_RETURN_IF_ERROR(scheduler::CheckStrictDonation(*compiled));
   }
   // Records are never erased, so `compiled` stays valid without the lock.
   resp.set_executable_id(compiled->fingerprint);
@@ -209,6 +422,12 @@ absl::StatusOr<v1::CompileResponse> Coordinator::Compile(const v1::CompileReques
   resp.set_plan(compiled->plan_text);
   for (const auto& d : compiled->diagnostics) resp.add_diagnostics(d);
   resp.set_estimated_bytes(compiled->estimated_peak_bytes);
+  for (const scheduler::AliasDecision& d : compiled->declared_aliases) {
+    v1::Alias* a = resp.add_aliases();
+    a->set_parameter(d.parameter);
+    a->set_output(d.output);
+    a->set_reason(d.reason);
+  }
   return resp;
 }
 
@@ -224,34 +443,54 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
   std::vector<uint64_t> outputs(req.outputs().begin(), req.outputs().end());
   const v1::Program* program = nullptr;
   int64_t execution_id = 0;
+  v1::ExecuteResponse resp;
   {
     absl::MutexLock l(&mu_);
     TESSEL_RETURN_IF_ERROR(CheckSession(req.session_id()));
+    SessionRecord& session = sessions_.at(req.session_id());
     auto exe = executables_.find(req.executable_id());
     if (exe == executables_.end()) {
       return absl::NotFoundError(StrCat("executable '", req.executable_id(), "' was never compiled here"));
     }
     const scheduler::CompiledProgram& c = exe->second.compiled;
+    const std::string& exe_name = exe->second.graph.name();
     program = &c.program;
     TESSEL_ASSIGN_OR_RETURN(std::vector<int> devices, ResolvePlacement(req.placement()));
     if (req.arguments_size() != int(c.parameter_types.size())) {
-      return absl::InvalidArgumentError(StrCat("executable ", req.executable_id(), " takes ",
+      return absl::InvalidArgumentError(StrCat("executable '", exe_name, "' (", req.executable_id(), ") takes ",
                                                c.parameter_types.size(), " arguments, got ", req.arguments_size()));
     }
     if (req.outputs_size() != int(c.output_types.size())) {
-      return absl::InvalidArgumentError(StrCat("executable ", req.executable_id(), " has ", c.output_types.size(),
-                                               " outputs; the request names ", req.outputs_size(), " output handles"));
+      return absl::InvalidArgumentError(StrCat("executable '", exe_name, "' (", req.executable_id(), ") has ",
+                                               c.output_types.size(), " outputs; the request names ",
+                                               req.outputs_size(), " output handles"));
+    }
+    // The donation set: the executable's declared parameters and the call's.
+    std::vector<bool> donated(req.arguments_size(), false);
+    std::vector<int> donated_list;
+    for (int p : c.donated_parameters) donated[p] = true;
+    for (int i : req.donate()) {
+      if (i < 0 || i >= req.arguments_size()) {
+        return absl::InvalidArgumentError(StrCat("donate: argument ", i, " does not exist; executable '", exe_name,
+                                                 "' takes ", req.arguments_size(), " arguments"));
+      }
+      donated[i] = true;
+    }
+    for (int i = 0; i < req.arguments_size(); ++i) {
+      if (donated[i]) donated_list.push_back(i);
     }
     absl::Status upstream_error;
+    int64_t donated_bytes = 0;
     for (int i = 0; i < req.arguments_size(); ++i) {
       const std::string& pname = c.program.parameters(i).name();
       auto a = OwnedArray(req.session_id(), req.arguments(i));
       if (!a.ok()) return Annotate(a.status(), StrCat("argument ", i, " '", pname, "': "));
       const ArrayRecord& rec = **a;
       if (!SameType(rec.type, c.parameter_types[i])) {
-        return absl::InvalidArgumentError(StrFormat("argument %d '%s' (array %#x): expected %s, got %s", i, pname,
-                                                    req.arguments(i), TypeString(c.parameter_types[i]),
-                                                    TypeString(rec.type)));
+        return absl::InvalidArgumentError(StrFormat(
+            "argument %d '%s' (array %#x) does not match the signature of executable '%s': %s. An executable runs "
+            "only on the signature it was compiled for; compile the graph for this one",
+            i, pname, req.arguments(i), exe_name, TypeDifference(c.parameter_types[i], rec.type)));
       }
       if (rec.state == v1::LOST) return Annotate(rec.error, StrCat("argument ", i, " '", pname, "': "));
       if (rec.state == v1::ERROR && upstream_error.ok()) {
@@ -260,32 +499,96 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
       }
       for (int d : devices) {
         if (std::find(rec.devices.begin(), rec.devices.end(), d) == rec.devices.end()) {
+          const std::string what = StrFormat("argument %d '%s' (array %#x, %s) from device %s to device %d", i,
+                                             pname, req.arguments(i), TypeString(rec.type),
+                                             absl::StrJoin(rec.devices, ","), d);
+          TESSEL_RETURN_IF_ERROR(GuardTransfer(req.session_id(), req.transfer_guard(), Direction::kDeviceToDevice,
+                                               true, what, ByteSizeUnchecked(rec.type)));
           return absl::InvalidArgumentError(StrFormat(
               "argument %d '%s' (array %#x) is not on device %d, where the step runs (it is on %s); "
               "put it there or run the step where it lives",
               i, pname, req.arguments(i), d, absl::StrJoin(rec.devices, ",")));
         }
       }
+      if (donated[i]) {
+        for (int j = 0; j < req.arguments_size(); ++j) {
+          if (j != i && req.arguments(j) == req.arguments(i)) {
+            return absl::InvalidArgumentError(StrFormat(
+                "argument %d '%s' donates array %#x, which is also argument %d; an array cannot be donated and "
+                "read in the same call",
+                i, pname, req.arguments(i), j));
+          }
+        }
+        donated_bytes += rec.bytes();
+      }
+    }
+    std::vector<scheduler::AliasDecision> aliases =
+        scheduler::AssignAliases(c.program, c.alias_candidates, donated_list);
+    if (req.strict_donation() || session.options.strict_donation()) {
+      for (const scheduler::AliasDecision& d : aliases) {
+        if (d.output < 0) {
+          return absl::InvalidArgumentError(StrFormat(
+              "strict donation: argument %d '%s' (array %#x) cannot give its buffer to any output of '%s': %s",
+              d.parameter, c.program.parameters(d.parameter).name(), req.arguments(d.parameter), exe_name,
+              d.reason));
+        }
+      }
     }
     absl::flat_hash_set<uint64_t> seen;
+    int64_t output_bytes = 0;
     for (int i = 0; i < req.outputs_size(); ++i) {
       uint64_t h = req.outputs(i);
       if (h == 0) return absl::InvalidArgumentError(StrCat("output handle ", i, " is 0; handles must be nonzero"));
       if (!seen.insert(h).second || arrays_.contains(h)) {
         return absl::AlreadyExistsError(StrFormat("output handle %d (%#x) is already in use", i, h));
       }
+      output_bytes += ByteSizeUnchecked(c.output_types[i]) * int64_t(devices.size());
     }
+    TESSEL_RETURN_IF_ERROR(
+        CheckQuota(req.session_id(), output_bytes - donated_bytes, StrCat("execution of '", exe_name, "'")));
+
+    // Accepted: from here on nothing fails.
     execution_id = ++next_execution_;
+    resp.set_execution_id(execution_id);
     ++executions_;
-    SessionRecord& session = sessions_[req.session_id()];
     ++session.executions;
+    for (const scheduler::AliasDecision& d : aliases) {
+      v1::DonationReceipt* r = resp.add_donations();
+      r->set_argument(d.parameter);
+      r->set_handle(req.arguments(d.parameter));
+      r->set_reused(d.output >= 0);
+      r->set_output(d.output);
+      if (d.output >= 0) r->set_output_handle(req.outputs(d.output));
+      r->set_reason(d.reason);
+    }
+    // Donated arrays are gone from now on; copies on devices the step does
+    // not run on are freed in order after what reads them there.
+    const absl::Time now = absl::Now();
+    for (int i : donated_list) {
+      const uint64_t h = req.arguments(i);
+      for (int d : arrays_.at(h).devices) {
+        if (std::find(devices.begin(), devices.end(), d) != devices.end()) continue;
+        DeviceRecord& dev = devices_[d];
+        WorkerRecord& w = workers_.at(dev.worker_id);
+        if (!w.alive) continue;
+        v1::FreeRequest fr;
+        fr.set_device(dev.local_index);
+        fr.set_seq(dev.next_seq++);
+        fr.add_buffers(h);
+        auto log = log_;
+        w.client->Free(fr, [log, d](absl::Status s) {
+          if (!s.ok()) log->warn("free on device {} failed: {}", d, s.ToString());
+        });
+      }
+      session.donations += devices.size();
+      RetireArray(h, Tombstone{v1::DONATED, execution_id, exe_name, now});
+    }
     for (int i = 0; i < req.outputs_size(); ++i) {
-      ArrayRecord& a = arrays_[req.outputs(i)];
-      a.session = req.session_id();
+      ArrayRecord a;
       a.type = c.output_types[i];
       a.devices = devices;
       a.producer = execution_id;
-      session.arrays.insert(req.outputs(i));
+      a.producer_name = exe_name;
       if (!upstream_error.ok()) {
         a.state = v1::ERROR;
         a.error = upstream_error;
@@ -293,12 +596,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
         a.state = v1::PENDING;
         a.pending = devices.size();
       }
-    }
-    if (!upstream_error.ok()) {
-      if (req.wait()) return upstream_error;
-      v1::ExecuteResponse resp;
-      resp.set_execution_id(execution_id);
-      return resp;
+      AddArray(req.session_id(), req.outputs(i), std::move(a));
     }
     for (int d : devices) {
       DeviceRecord& dev = devices_[d];
@@ -311,9 +609,18 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
       *launch.run.mutable_arguments() = req.arguments();
       *launch.run.mutable_outputs() = req.outputs();
       launch.run.set_execution_id(execution_id);
+      for (int i : donated_list) launch.run.add_donated(i);
+      for (const scheduler::AliasDecision& al : aliases) {
+        if (al.output < 0) continue;
+        v1::RunAlias* ra = launch.run.add_aliases();
+        ra->set_argument(al.parameter);
+        ra->set_output(al.output);
+      }
       launches.push_back(std::move(launch));
     }
   }
+  // The step still runs when an argument failed upstream: it consumes the
+  // donated buffers and marks its outputs with the error on the workers.
   for (Launch& launch : launches) {
     if (launch.needs_load) {
       absl::Status s = launch.client->LoadProgram(*program);
@@ -322,10 +629,10 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
         log_->error("execution {}: loading {} failed: {}", execution_id, req.executable_id(), s.ToString());
       }
     }
-    launch.client->Run(launch.run, [this, outputs](absl::Status s) { OnStepDone(outputs, std::move(s)); });
+    launch.client->Run(launch.run, [this, session = req.session_id(), outputs](absl::StatusOr<v1::RunResponse> r) {
+      OnStepDone(session, outputs, std::move(r));
+    });
   }
-  v1::ExecuteResponse resp;
-  resp.set_execution_id(execution_id);
   if (req.wait()) {
     v1::AwaitRequest await;
     await.set_session_id(req.session_id());
@@ -341,18 +648,37 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
   return resp;
 }
 
-void Coordinator::OnStepDone(std::vector<uint64_t> outputs, absl::Status s) {
+void Coordinator::MarkRejectedOutputs(const v1::ExecuteRequest& req, const absl::Status& error) {
   absl::MutexLock l(&mu_);
+  if (!sessions_.contains(req.session_id())) return;
+  for (uint64_t h : req.outputs()) {
+    if (h == 0 || arrays_.contains(h)) continue;
+    ArrayRecord a;
+    a.state = v1::ERROR;
+    a.error = Annotate(error, "the execution that was to make this array was rejected: ");
+    a.producer_name = "rejected execution";
+    AddArray(req.session_id(), h, std::move(a));
+  }
+}
+
+void Coordinator::OnStepDone(const std::string& session, const std::vector<uint64_t>& outputs,
+                             absl::StatusOr<v1::RunResponse> result) {
+  absl::MutexLock l(&mu_);
+  if (result.ok()) {
+    auto s = sessions_.find(session);
+    if (s != sessions_.end()) s->second.donations_reused += result->reused_size();
+  }
   for (uint64_t h : outputs) {
     auto it = arrays_.find(h);
     if (it == arrays_.end()) continue;  // deleted meanwhile
     ArrayRecord& a = it->second;
     if (a.state != v1::PENDING) continue;
-    if (!s.ok()) {
+    if (!result.ok()) {
       a.state = v1::ERROR;
-      a.error = s;
+      a.error = result.status();
       a.pending = 0;
-      log_->warn("session {} execution {}: array {:#x} failed: {}", a.session, a.producer, h, s.ToString());
+      log_->warn("session {} execution {}: array {:#x} failed: {}", a.session, a.producer, h,
+                 result.status().ToString());
     } else if (--a.pending == 0) {
       a.state = v1::READY;
     }
@@ -408,13 +734,12 @@ absl::StatusOr<v1::AwaitResponse> Coordinator::Await(const v1::AwaitRequest& req
 void Coordinator::FreeArraysLocked(const std::vector<uint64_t>& handles) {
   // Group per device so each device gets one sequenced free.
   absl::flat_hash_map<int, v1::FreeRequest> frees;
+  const absl::Time now = absl::Now();
   for (uint64_t h : handles) {
     auto it = arrays_.find(h);
     if (it == arrays_.end()) continue;
     for (int d : it->second.devices) frees[d].add_buffers(h);
-    auto s = sessions_.find(it->second.session);
-    if (s != sessions_.end()) s->second.arrays.erase(h);
-    arrays_.erase(it);
+    RetireArray(h, Tombstone{v1::DELETED, 0, "", now});
   }
   for (auto& [d, req] : frees) {
     DeviceRecord& dev = devices_[d];
@@ -440,14 +765,26 @@ absl::Status Coordinator::Delete(const v1::DeleteRequest& req) {
 absl::StatusOr<v1::ArrayInfoResponse> Coordinator::ArrayInfo(const v1::ArrayInfoRequest& req) {
   absl::MutexLock l(&mu_);
   TESSEL_RETURN_IF_ERROR(CheckSession(req.session_id()));
-  TESSEL_ASSIGN_OR_RETURN(ArrayRecord * a, OwnedArray(req.session_id(), req.handle()));
   v1::ArrayInfoResponse resp;
+  auto a_or = OwnedArray(req.session_id(), req.handle());
+  if (!a_or.ok()) {
+    // A retired array still answers what became of it.
+    const SessionRecord& s = sessions_.at(req.session_id());
+    auto t = s.tombstones.find(req.handle());
+    if (t == s.tombstones.end()) return a_or.status();
+    resp.set_state(t->second.state);
+    resp.set_error(std::string(a_or.status().message()));
+    resp.set_producer_execution(t->second.execution);
+    return resp;
+  }
+  ArrayRecord* a = *a_or;
   *resp.mutable_type() = a->type;
   resp.set_state(a->state);
   for (int d : a->devices) resp.add_devices(d);
   resp.set_bytes_per_device(ByteSizeUnchecked(a->type));
   if (!a->error.ok()) resp.set_error(std::string(a->error.message()));
   resp.set_producer_execution(a->producer);
+  resp.set_producer(a->producer_name);
   return resp;
 }
 
@@ -459,17 +796,48 @@ absl::StatusOr<v1::StatsResponse> Coordinator::Stats(const v1::StatsRequest& req
     TESSEL_RETURN_IF_ERROR(CheckSession(req.session_id()));
     const SessionRecord& s = sessions_.at(req.session_id());
     resp.set_live_arrays(s.arrays.size());
-    int64_t bytes = 0;
-    for (uint64_t h : s.arrays) {
-      const ArrayRecord& a = arrays_.at(h);
-      bytes += ByteSizeUnchecked(a.type) * a.devices.size();
-    }
-    resp.set_live_bytes(bytes);
+    resp.set_live_bytes(s.live_bytes);
     resp.set_compiles(compiles_);
     resp.set_compile_cache_hits(cache_hits_);
     resp.set_executions(s.executions);
-    resp.set_bytes_host_to_device(s.bytes_h2d);
-    resp.set_bytes_device_to_host(s.bytes_d2h);
+    resp.set_bytes_host_to_device(s.transfers.h2d);
+    resp.set_bytes_device_to_host(s.transfers.d2h);
+    resp.set_bytes_device_to_device(s.transfers.d2d);
+    std::vector<int> devs;
+    for (const auto& [d, t] : s.device_transfers) devs.push_back(d);
+    std::sort(devs.begin(), devs.end());
+    for (int d : devs) {
+      const TransferCounts& t = s.device_transfers.at(d);
+      v1::TransferCounters* out = resp.add_device_transfers();
+      out->set_device(d);
+      out->set_host_to_device(t.h2d);
+      out->set_device_to_host(t.d2h);
+      out->set_device_to_device(t.d2d);
+    }
+    resp.set_compile_cache_misses(s.cache_misses);
+    resp.set_session_compiles(s.compiles);
+    resp.set_session_cache_hits(s.cache_hits);
+    resp.set_donations(s.donations);
+    resp.set_donations_reused(s.donations_reused);
+    resp.set_memory_quota_bytes(s.options.memory_quota_bytes());
+    if (req.with_arrays()) {
+      std::vector<uint64_t> handles(s.arrays.begin(), s.arrays.end());
+      std::sort(handles.begin(), handles.end(), [&](uint64_t x, uint64_t y) {
+        const ArrayRecord &a = arrays_.at(x), &b = arrays_.at(y);
+        return std::tie(a.producer, x) < std::tie(b.producer, y);
+      });
+      for (uint64_t h : handles) {
+        const ArrayRecord& a = arrays_.at(h);
+        v1::LiveArray* la = resp.add_arrays();
+        la->set_handle(h);
+        *la->mutable_type() = a.type;
+        la->set_state(a.state);
+        la->set_bytes(a.bytes());
+        for (int d : a.devices) la->add_devices(d);
+        la->set_producer_execution(a.producer);
+        la->set_producer(a.producer_name);
+      }
+    }
     for (const auto& [id, w] : workers_) {
       if (w.alive) live.emplace_back(w.devices, w.client);
     }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -47,8 +48,12 @@ class Coordinator {
   // Session.
   v1::OpenSessionResponse OpenSession(const v1::OpenSessionRequest& req);
   absl::StatusOr<v1::CloseSessionResponse> CloseSession(const v1::CloseSessionRequest& req);
+  absl::Status SetSessionOptions(const v1::SetSessionOptionsRequest& req);
   absl::StatusOr<v1::CompileResponse> Compile(const v1::CompileRequest& req);
   absl::StatusOr<v1::ExecuteResponse> Execute(const v1::ExecuteRequest& req);
+  // After a pipelined Execute was rejected: its free output handles take the
+  // error, so that it surfaces where the client waits on or fetches them.
+  void MarkRejectedOutputs(const v1::ExecuteRequest& req, const absl::Status& error);
   absl::StatusOr<v1::AwaitResponse> Await(const v1::AwaitRequest& req);
   absl::Status Delete(const v1::DeleteRequest& req);
   absl::StatusOr<v1::ArrayInfoResponse> ArrayInfo(const v1::ArrayInfoRequest& req);
@@ -100,16 +105,36 @@ class Coordinator {
     absl::Status error;
     int pending = 0;  // device steps still running
     int64_t producer = 0;
+    std::string producer_name;  // the executable's graph name, or "put"
+    int64_t bytes() const;      // over all its devices
   };
+  // What became of an array that is gone: donated or deleted, when, where.
+  struct Tombstone {
+    v1::ArrayState state = v1::DELETED;
+    int64_t execution = 0;
+    std::string executable;
+    absl::Time when;
+  };
+  struct TransferCounts {
+    int64_t h2d = 0, d2h = 0, d2d = 0;
+  };
+  enum class Direction { kHostToDevice, kDeviceToHost, kDeviceToDevice };
   struct SessionRecord {
     std::string client;
+    v1::SessionOptions options;
     absl::flat_hash_set<uint64_t> arrays;
+    int64_t live_bytes = 0;
     int64_t executions = 0;
-    int64_t bytes_h2d = 0;
-    int64_t bytes_d2h = 0;
+    TransferCounts transfers;
+    absl::flat_hash_map<int, TransferCounts> device_transfers;
+    int64_t compiles = 0, cache_hits = 0, cache_misses = 0;
+    int64_t donations = 0, donations_reused = 0;
+    absl::flat_hash_map<uint64_t, Tombstone> tombstones;
+    std::deque<uint64_t> tombstone_order;  // oldest first; bounded
   };
   struct ExecutableRecord {
     scheduler::CompiledProgram compiled;
+    v1::Graph graph;  // to explain later cache misses
   };
   class PutSinkImpl;
   class FetchSourceImpl;
@@ -122,9 +147,28 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::vector<int>> ResolvePlacement(const v1::Placement& p) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Registers a new array in its session (quota already checked).
+  ArrayRecord& AddArray(const std::string& session, uint64_t handle, ArrayRecord record)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes an array from the registry and its session, leaving a tombstone.
+  void RetireArray(uint64_t handle, Tombstone tombstone) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED when `added` more bytes would exceed the session's quota.
+  absl::Status CheckQuota(const std::string& session, int64_t added, absl::string_view what) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies the transfer guard (the call's override, else the session's);
+  // logs or fails as the level says. Counting is separate (CountTransfer).
+  absl::Status GuardTransfer(const std::string& session, const v1::TransferGuard& call, Direction dir,
+                             bool implicit, absl::string_view what, int64_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CountTransfer(const std::string& session, int device, Direction dir, int64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What differs between `graph` and the nearest cached executable.
+  std::string ExplainCacheMiss(const v1::Graph& graph, const std::vector<int>& donated) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the arrays and queues frees on their devices, in step order.
   void FreeArraysLocked(const std::vector<uint64_t>& handles) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnStepDone(std::vector<uint64_t> outputs, absl::Status s);
+  void OnStepDone(const std::string& session, const std::vector<uint64_t>& outputs,
+                  absl::StatusOr<v1::RunResponse> result);
   bool NotPending(const std::vector<uint64_t>& handles) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Blocks (releasing mu_) until none of `handles` is pending, or `timeout`.
   bool AwaitNotPending(const std::vector<uint64_t>& handles, absl::Duration timeout)

@@ -2,6 +2,7 @@
 // are relayed chunk by chunk; nothing holds a whole array in the coordinator.
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "core/dtype.h"
 #include "core/status.h"
 #include "server/coordinator.h"
@@ -13,10 +14,9 @@ using absl::StrFormat;
 
 class Coordinator::PutSinkImpl final : public Coordinator::PutSink {
  public:
-  PutSinkImpl(Coordinator* c, uint64_t handle, std::string session, int64_t bytes, int copies,
+  PutSinkImpl(Coordinator* c, uint64_t handle, std::string session, int64_t bytes,
               std::vector<std::unique_ptr<WorkerClient::PutStream>> streams)
-      : c_(c), handle_(handle), session_(std::move(session)), bytes_(bytes), copies_(copies),
-        streams_(std::move(streams)) {}
+      : c_(c), handle_(handle), session_(std::move(session)), bytes_(bytes), streams_(std::move(streams)) {}
 
   ~PutSinkImpl() override {
     if (finished_) return;
@@ -51,9 +51,10 @@ class Coordinator::PutSinkImpl final : public Coordinator::PutSink {
     }
     absl::MutexLock l(&c_->mu_);
     auto it = c_->arrays_.find(handle_);
-    if (it != c_->arrays_.end() && it->second.state == v1::PENDING) it->second.state = v1::READY;
-    auto s = c_->sessions_.find(session_);
-    if (s != c_->sessions_.end()) s->second.bytes_h2d += bytes_ * copies_;
+    if (it != c_->arrays_.end() && it->second.state == v1::PENDING) {
+      it->second.state = v1::READY;
+      for (int d : it->second.devices) c_->CountTransfer(session_, d, Direction::kHostToDevice, bytes_);
+    }
     return bytes_;
   }
 
@@ -67,7 +68,6 @@ class Coordinator::PutSinkImpl final : public Coordinator::PutSink {
   const uint64_t handle_;
   const std::string session_;
   const int64_t bytes_;
-  const int copies_;
   std::vector<std::unique_ptr<WorkerClient::PutStream>> streams_;
   int64_t received_ = 0;
   bool finished_ = false;
@@ -76,7 +76,6 @@ class Coordinator::PutSinkImpl final : public Coordinator::PutSink {
 absl::StatusOr<std::unique_ptr<Coordinator::PutSink>> Coordinator::BeginPut(const v1::PutRequest::Header& h) {
   std::vector<std::pair<std::shared_ptr<WorkerClient>, v1::PutShardRequest::Header>> targets;
   int64_t bytes = 0;
-  int copies = 0;
   {
     absl::MutexLock l(&mu_);
     TESSEL_RETURN_IF_ERROR(CheckSession(h.session_id()));
@@ -88,7 +87,12 @@ absl::StatusOr<std::unique_ptr<Coordinator::PutSink>> Coordinator::BeginPut(cons
     if (!size.ok()) return Annotate(size.status(), StrFormat("put of array %#x: ", h.handle()));
     bytes = *size;
     TESSEL_ASSIGN_OR_RETURN(std::vector<int> devices, ResolvePlacement(h.placement()));
-    copies = devices.size();
+    const std::string what = StrFormat("array %#x (%s) to device%s %s", h.handle(), TypeString(h.type()),
+                                       devices.size() > 1 ? "s" : "", absl::StrJoin(devices, ","));
+    TESSEL_RETURN_IF_ERROR(GuardTransfer(h.session_id(), h.transfer_guard(), Direction::kHostToDevice, h.implicit(),
+                                         what, bytes * int64_t(devices.size())));
+    TESSEL_RETURN_IF_ERROR(CheckQuota(h.session_id(), bytes * int64_t(devices.size()),
+                                      StrFormat("put of array %#x (%s)", h.handle(), TypeString(h.type()))));
     absl::flat_hash_map<std::string, int> target_of;  // worker id -> index in targets
     for (int d : devices) {
       const DeviceRecord& dev = devices_[d];
@@ -101,12 +105,12 @@ absl::StatusOr<std::unique_ptr<Coordinator::PutSink>> Coordinator::BeginPut(cons
       }
       targets[it->second].second.add_devices(dev.local_index);
     }
-    ArrayRecord& a = arrays_[h.handle()];
-    a.session = h.session_id();
+    ArrayRecord a;
     a.type = h.type();
     a.devices = devices;
     a.state = v1::PENDING;
-    sessions_[h.session_id()].arrays.insert(h.handle());
+    a.producer_name = "put";
+    AddArray(h.session_id(), h.handle(), std::move(a));
   }
   std::vector<std::unique_ptr<WorkerClient::PutStream>> streams;
   for (auto& [client, wh] : targets) {
@@ -120,14 +124,14 @@ absl::StatusOr<std::unique_ptr<Coordinator::PutSink>> Coordinator::BeginPut(cons
     streams.push_back(std::move(*s));
   }
   return std::unique_ptr<PutSink>(
-      new PutSinkImpl(this, h.handle(), h.session_id(), bytes, copies, std::move(streams)));
+      new PutSinkImpl(this, h.handle(), h.session_id(), bytes, std::move(streams)));
 }
 
 class Coordinator::FetchSourceImpl final : public Coordinator::FetchSource {
  public:
-  FetchSourceImpl(Coordinator* c, std::string session, uint64_t handle, v1::TensorType type,
+  FetchSourceImpl(Coordinator* c, std::string session, uint64_t handle, int device, v1::TensorType type,
                   std::unique_ptr<WorkerClient::FetchStream> stream)
-      : c_(c), session_(std::move(session)), handle_(handle), type_(std::move(type)),
+      : c_(c), session_(std::move(session)), handle_(handle), device_(device), type_(std::move(type)),
         expected_(ByteSizeUnchecked(type_)), stream_(std::move(stream)) {}
 
   const v1::TensorType& type() const override { return type_; }
@@ -145,8 +149,7 @@ class Coordinator::FetchSourceImpl final : public Coordinator::FetchSource {
                                            handle_, expected_, received_));
     }
     absl::MutexLock l(&c_->mu_);
-    auto s = c_->sessions_.find(session_);
-    if (s != c_->sessions_.end()) s->second.bytes_d2h += received_;
+    c_->CountTransfer(session_, device_, Direction::kDeviceToHost, received_);
     return absl::OkStatus();
   }
 
@@ -154,6 +157,7 @@ class Coordinator::FetchSourceImpl final : public Coordinator::FetchSource {
   Coordinator* const c_;
   const std::string session_;
   const uint64_t handle_;
+  const int device_;
   const v1::TensorType type_;
   const int64_t expected_;
   std::unique_ptr<WorkerClient::FetchStream> stream_;
@@ -164,10 +168,17 @@ absl::StatusOr<std::unique_ptr<Coordinator::FetchSource>> Coordinator::BeginFetc
   std::shared_ptr<WorkerClient> client;
   v1::FetchShardRequest fr;
   v1::TensorType type;
+  int device = -1;
   {
     absl::MutexLock l(&mu_);
     TESSEL_RETURN_IF_ERROR(CheckSession(req.session_id()));
-    TESSEL_RETURN_IF_ERROR(OwnedArray(req.session_id(), req.handle()).status());
+    {
+      TESSEL_ASSIGN_OR_RETURN(ArrayRecord * a, OwnedArray(req.session_id(), req.handle()));
+      TESSEL_RETURN_IF_ERROR(GuardTransfer(req.session_id(), req.transfer_guard(), Direction::kDeviceToHost,
+                                           req.implicit(), StrFormat("array %#x (%s)", req.handle(),
+                                                                     TypeString(a->type)),
+                                           ByteSizeUnchecked(a->type)));
+    }
     std::vector<uint64_t> handles{req.handle()};
     AwaitNotPending(handles, absl::InfiniteDuration());
     TESSEL_ASSIGN_OR_RETURN(ArrayRecord * a, OwnedArray(req.session_id(), req.handle()));
@@ -178,6 +189,7 @@ absl::StatusOr<std::unique_ptr<Coordinator::FetchSource>> Coordinator::BeginFetc
       const WorkerRecord& w = workers_.at(devices_[d].worker_id);
       if (!w.alive) continue;
       client = w.client;
+      device = d;
       fr.set_device(devices_[d].local_index);
       break;
     }
@@ -186,7 +198,7 @@ absl::StatusOr<std::unique_ptr<Coordinator::FetchSource>> Coordinator::BeginFetc
     type = a->type;
   }
   return std::unique_ptr<FetchSource>(
-      new FetchSourceImpl(this, req.session_id(), req.handle(), type, client->BeginFetch(fr)));
+      new FetchSourceImpl(this, req.session_id(), req.handle(), device, type, client->BeginFetch(fr)));
 }
 
 }  // namespace tessel::server

@@ -27,14 +27,19 @@ class GrpcWorkerClient final : public WorkerClient {
     return Annotated(stub_->LoadProgram(&ctx, req, &resp));
   }
 
-  void Run(const v1::RunRequest& request, Done done) override {
-    Async<v1::RunRequest, v1::RunResponse>(request, std::move(done), [this](auto* ctx, auto* req, auto* resp, auto cb) {
+  void Run(const v1::RunRequest& request, RunDone done) override {
+    auto on_done = [done = std::move(done)](absl::Status s, v1::RunResponse* resp) {
+      if (s.ok()) return done(std::move(*resp));
+      done(s);
+    };
+    Async<v1::RunRequest, v1::RunResponse>(request, std::move(on_done), [this](auto* ctx, auto* req, auto* resp, auto cb) {
       stub_->async()->Run(ctx, req, resp, std::move(cb));
     });
   }
 
   void Free(const v1::FreeRequest& request, Done done) override {
-    Async<v1::FreeRequest, v1::FreeResponse>(request, std::move(done), [this](auto* ctx, auto* req, auto* resp, auto cb) {
+    auto on_done = [done = std::move(done)](absl::Status s, v1::FreeResponse*) { done(s); };
+    Async<v1::FreeRequest, v1::FreeResponse>(request, std::move(on_done), [this](auto* ctx, auto* req, auto* resp, auto cb) {
       stub_->async()->Free(ctx, req, resp, std::move(cb));
     });
   }
@@ -118,7 +123,7 @@ class GrpcWorkerClient final : public WorkerClient {
   }
 
   template <typename Req, typename Resp, typename Call>
-  void Async(const Req& request, Done done, Call call) {
+  void Async(const Req& request, std::function<void(absl::Status, Resp*)> done, Call call) {
     struct State {
       grpc::ClientContext ctx;
       Req req;
@@ -136,8 +141,8 @@ class GrpcWorkerClient final : public WorkerClient {
         in_flight_.erase(&st->ctx);
       }
       absl::Status status = Annotated(s);
+      done(status, &st->resp);
       delete st;
-      done(status);
     });
   }
 

@@ -59,6 +59,29 @@ grpc::Status SessionService::Put(grpc::ServerContext*, grpc::ServerReader<v1::Pu
   resp->set_bytes(*bytes);
   return grpc::Status::OK;
 }
+grpc::Status SessionService::SetSessionOptions(grpc::ServerContext*, const v1::SetSessionOptionsRequest* req,
+                                               v1::SetSessionOptionsResponse*) {
+  return ToGrpc(c_->SetSessionOptions(*req));
+}
+grpc::Status SessionService::Dispatch(grpc::ServerContext*,
+                                      grpc::ServerReaderWriter<v1::DispatchReply, v1::ExecuteRequest>* stream) {
+  v1::ExecuteRequest req;
+  v1::DispatchReply reply;
+  while (stream->Read(&req)) {
+    req.set_wait(false);
+    auto r = c_->Execute(req);
+    reply.Clear();
+    if (r.ok()) {
+      *reply.mutable_response() = std::move(*r);
+    } else {
+      reply.set_code(static_cast<int>(r.status().code()));
+      reply.set_error(std::string(r.status().message()));
+      c_->MarkRejectedOutputs(req, r.status());
+    }
+    if (!stream->Write(reply)) break;
+  }
+  return grpc::Status::OK;
+}
 grpc::Status SessionService::Execute(grpc::ServerContext*, const v1::ExecuteRequest* req, v1::ExecuteResponse* resp) {
   return Reply(c_->Execute(*req), resp);
 }

@@ -16,6 +16,10 @@ class SessionService final : public v1::Session::Service {
   grpc::Status CloseSession(grpc::ServerContext*, const v1::CloseSessionRequest*, v1::CloseSessionResponse*) override;
   grpc::Status Compile(grpc::ServerContext*, const v1::CompileRequest*, v1::CompileResponse*) override;
   grpc::Status Put(grpc::ServerContext*, grpc::ServerReader<v1::PutRequest>*, v1::PutResponse*) override;
+  grpc::Status SetSessionOptions(grpc::ServerContext*, const v1::SetSessionOptionsRequest* req,
+                                 v1::SetSessionOptionsResponse* resp) override;
+  grpc::Status Dispatch(grpc::ServerContext*,
+                        grpc::ServerReaderWriter<v1::DispatchReply, v1::ExecuteRequest>* stream) override;
   grpc::Status Execute(grpc::ServerContext*, const v1::ExecuteRequest*, v1::ExecuteResponse*) override;
   grpc::Status Await(grpc::ServerContext*, const v1::AwaitRequest*, v1::AwaitResponse*) override;
   grpc::Status Fetch(grpc::ServerContext*, const v1::FetchRequest*, grpc::ServerWriter<v1::FetchResponse>*) override;

@@ -17,10 +17,11 @@ class WorkerClient {
  public:
   virtual ~WorkerClient() = default;
   using Done = std::function<void(absl::Status)>;
+  using RunDone = std::function<void(absl::StatusOr<v1::RunResponse>)>;
 
   virtual absl::Status LoadProgram(const v1::Program& program) = 0;
   // Asynchronous: `done` runs when the worker has run the step.
-  virtual void Run(const v1::RunRequest& request, Done done) = 0;
+  virtual void Run(const v1::RunRequest& request, RunDone done) = 0;
   virtual void Free(const v1::FreeRequest& request, Done done) = 0;
 
   class PutStream {

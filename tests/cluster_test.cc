@@ -118,18 +118,24 @@ TEST_F(ClusterTest, BadRequestsGetClearErrorsAndTheClusterKeepsServing) {
   // Wrong dtype argument.
   auto bad = session_->Put(HostArray::From<int32_t>({4}, {1, 2, 3, 4}));
   ASSERT_TRUE(bad.ok());
+  // Pipelined: the rejection travels on the output handles.
   auto r = session_->Execute(*exe, {*bad});
+  ASSERT_TRUE(r.ok());
+  absl::Status waited = session_->Await(*r);
+  EXPECT_EQ(waited.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(waited.message().find("argument 0 'x'"), absl::string_view::npos) << waited;
+  EXPECT_NE(waited.message().find("expected f32[4], got s32[4] (dtype differs)"), absl::string_view::npos) << waited;
+  // Waiting for the reply returns it directly.
+  r = session_->Execute(*exe, {*bad}, {.wait = true});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("argument 0 'x'"), absl::string_view::npos) << r.status();
-  EXPECT_NE(r.status().message().find("expected f32[4], got s32[4]"), absl::string_view::npos) << r.status();
   // Argument on another device than the step.
   auto good = session_->Put(HostArray::From<float>({4}, {1, 2, 3, 4}), Placement::Device(2));
-  r = session_->Execute(*exe, {*good}, {Placement::Device(0)});
+  r = session_->Execute(*exe, {*good}, {Placement::Device(0), /*wait=*/true});
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("not on device 0"), absl::string_view::npos) << r.status();
   // A device that does not exist.
-  r = session_->Execute(*exe, {*good}, {Placement::Device(17)});
+  r = session_->Execute(*exe, {*good}, {Placement::Device(17), /*wait=*/true});
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("device 17 does not exist"), absl::string_view::npos) << r.status();
   // Another session's array.

@@ -45,8 +45,12 @@ class Executable {
  public:
   virtual ~Executable() = default;
   // Runs the program on `args` (one per parameter, types already checked)
-  // and returns one buffer per program output.
-  virtual absl::StatusOr<std::vector<BufferPtr>> Run(absl::Span<const BufferPtr> args) = 0;
+  // and returns one buffer per program output. `into` is empty or has one
+  // entry per output: where set, a buffer nothing else holds (a donated
+  // argument's) that the output is written into instead of a new one; the
+  // plan guarantees no later read of it sees the overwrite.
+  virtual absl::StatusOr<std::vector<BufferPtr>> Run(absl::Span<const BufferPtr> args,
+                                                     absl::Span<const BufferPtr> into) = 0;
 };
 
 class Device {

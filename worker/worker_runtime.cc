@@ -46,7 +46,7 @@ absl::Status WorkerRuntime::LoadProgram(const v1::Program& program) {
   return absl::OkStatus();
 }
 
-absl::Status WorkerRuntime::RunStep(const v1::RunRequest& r) {
+absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r) {
   Executable* exe = nullptr;
   const v1::Program* proto = nullptr;
   {
@@ -63,32 +63,86 @@ absl::Status WorkerRuntime::RunStep(const v1::RunRequest& r) {
         "execution ", r.execution_id(), ": program takes ", proto->parameters_size(), " arguments and gives ",
         proto->outputs_size(), " outputs; got ", r.arguments_size(), " and ", r.outputs_size()));
   }
+  std::vector<bool> donated(r.arguments_size(), false);
+  for (int i : r.donated()) {
+    if (i < 0 || i >= r.arguments_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("execution ", r.execution_id(), ": donated argument ", i,
+                                                     " out of range"));
+    }
+    donated[i] = true;
+  }
+  // Donated arrays are consumed whether or not the step succeeds.
+  auto consume = [&] {
+    for (int i = 0; i < r.arguments_size(); ++i) {
+      if (donated[i]) store_.Erase(r.device(), r.arguments(i));
+    }
+  };
   std::vector<BufferPtr> args;
   for (int i = 0; i < r.arguments_size(); ++i) {
     auto a = store_.Get(r.device(), r.arguments(i));
-    if (!a.ok()) return Annotate(a.status(), absl::StrCat("argument ", i, ": "));
-    if (!a->error.ok()) return Annotate(a->error, absl::StrCat("argument ", i, " failed earlier: "));
+    if (!a.ok()) {
+      consume();
+      return Annotate(a.status(), absl::StrCat("argument ", i, ": "));
+    }
+    if (!a->error.ok()) {
+      consume();
+      return Annotate(a->error, absl::StrCat("argument ", i, " failed earlier: "));
+    }
     const v1::TensorType& want = proto->parameters(i).type();
     if (!SameType(a->type, want)) {
+      consume();
       return absl::InvalidArgumentError(absl::StrCat("argument ", i, ": expected ", TypeString(want),
                                                      ", got ", TypeString(a->type)));
     }
     args.push_back(std::move(a->buffer));
   }
-  TESSEL_ASSIGN_OR_RETURN(std::vector<BufferPtr> outs, exe->Run(args));
+  consume();
+  // A donated buffer may become an output's only if nothing but this step
+  // holds it: no other handle (a pass-through or reshape shared it) and no
+  // fetch in flight. Once out of the store, nobody can take a new reference.
+  std::vector<BufferPtr> into(r.outputs_size());
+  std::vector<std::pair<int, const Buffer*>> offered;  // argument, buffer
+  for (const v1::RunAlias& al : r.aliases()) {
+    if (al.argument() < 0 || al.argument() >= r.arguments_size() || !donated[al.argument()] || al.output() < 0 ||
+        al.output() >= r.outputs_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("execution ", r.execution_id(), ": alias of argument ",
+                                                     al.argument(), " to output ", al.output(), " is out of range"));
+    }
+    if (args[al.argument()].use_count() == 1 && !into[al.output()]) {
+      into[al.output()] = args[al.argument()];
+      offered.emplace_back(al.argument(), args[al.argument()].get());
+    }
+  }
+  // Pass-throughs keep their buffer whatever holds it.
+  for (const v1::RunAlias& al : r.aliases()) {
+    if (!into[al.output()]) offered.emplace_back(al.argument(), args[al.argument()].get());
+  }
+  TESSEL_ASSIGN_OR_RETURN(std::vector<BufferPtr> outs, exe->Run(args, into));
+  into.clear();
+  args.clear();
+  v1::RunResponse resp;
+  for (const v1::RunAlias& al : r.aliases()) {
+    for (const auto& [arg, buf] : offered) {
+      if (arg == al.argument() && outs[al.output()].get() == buf) {
+        resp.add_reused(arg);
+        break;
+      }
+    }
+  }
   for (int i = 0; i < r.outputs_size(); ++i) {
     TESSEL_RETURN_IF_ERROR(
         store_.Insert(r.device(), r.outputs(i), StoredArray{std::move(outs[i]), proto->output_types(i), {}}));
   }
   ++steps_run_;
-  return absl::OkStatus();
+  return resp;
 }
 
-void WorkerRuntime::Run(const v1::RunRequest& request, Done done) {
+void WorkerRuntime::Run(const v1::RunRequest& request, RunDone done) {
   if (auto s = CheckDevice(request.device()); !s.ok()) return done(s);
   auto work = [this, request, done] {
-    absl::Status s = RunStep(request);
-    if (!s.ok()) {
+    absl::StatusOr<v1::RunResponse> result = RunStep(request);
+    if (!result.ok()) {
+      const absl::Status& s = result.status();
       log_->warn("execution {} on device {} failed: {}", request.execution_id(), request.device(),
                  s.ToString());
       // The outputs carry the error to whoever reads them.
@@ -97,7 +151,7 @@ void WorkerRuntime::Run(const v1::RunRequest& request, Done done) {
         (void)store_.Insert(request.device(), h, StoredArray{nullptr, {}, s});
       }
     }
-    done(s);
+    done(std::move(result));
   };
   queues_[request.device()]->Submit(request.seq(), std::move(work), [done, request] {
     done(absl::InvalidArgumentError(absl::StrCat("step sequence number ", request.seq(),

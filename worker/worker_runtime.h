@@ -39,9 +39,13 @@ class WorkerRuntime {
   absl::Status LoadProgram(const v1::Program& program);
 
   using Done = std::function<void(absl::Status)>;
+  using RunDone = std::function<void(absl::StatusOr<v1::RunResponse>)>;
   // Queued by request.seq on request.device; `done` runs when the step has
-  // run (or failed: its outputs then hold the error).
-  void Run(const v1::RunRequest& request, Done done);
+  // run (or failed: its outputs then hold the error). Donated arguments
+  // leave the device's store when the step starts; an aliased one whose
+  // buffer nothing else holds becomes its output's buffer, and the reply
+  // lists it.
+  void Run(const v1::RunRequest& request, RunDone done);
   void Free(const v1::FreeRequest& request, Done done);
 
   // A Put in progress: bytes arrive in order; Finish stores the array.
@@ -61,7 +65,7 @@ class WorkerRuntime {
  private:
   explicit WorkerRuntime(Options options);
   absl::Status CheckDevice(int device) const;
-  absl::Status RunStep(const v1::RunRequest& request);
+  absl::StatusOr<v1::RunResponse> RunStep(const v1::RunRequest& request);
 
   std::vector<std::unique_ptr<Device>> devices_;
   const std::shared_ptr<spdlog::logger> log_;

@@ -22,9 +22,12 @@ grpc::Status WorkerService::LoadProgram(grpc::ServerContext*, const v1::LoadProg
 }
 
 grpc::ServerUnaryReactor* WorkerService::Run(grpc::CallbackServerContext* ctx, const v1::RunRequest* req,
-                                             v1::RunResponse*) {
+                                             v1::RunResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  runtime_->Run(*req, [reactor](absl::Status s) { reactor->Finish(ToGrpc(s)); });
+  runtime_->Run(*req, [reactor, resp](absl::StatusOr<v1::RunResponse> r) {
+    if (r.ok()) *resp = std::move(*r);
+    reactor->Finish(ToGrpc(r.status()));
+  });
   return reactor;
 }
 

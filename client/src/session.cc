@@ -4,13 +4,17 @@
 
 #include <cstdlib>
 #include <random>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "client/src/convert_internal.h"
 #include "client/src/graph_internal.h"
 #include "core/rpc_status.h"
+#include "core/status.h"
 #include "core/version.h"
 #include "tessel/v1/admin.grpc.pb.h"
 #include "tessel/v1/session.grpc.pb.h"
@@ -29,11 +33,140 @@ absl::StatusOr<std::string> ResolveCoordinatorAddress(const std::string& flag_va
   return absl::InvalidArgumentError("no coordinator address: pass --coordinator=HOST:PORT or set TESSEL_COORDINATOR");
 }
 
+namespace {
+
+v1::TransferLevel ToProto(TransferLevel l) { return static_cast<v1::TransferLevel>(static_cast<int>(l)); }
+
+v1::TransferGuard ToProto(const TransferGuard& g) {
+  v1::TransferGuard out;
+  out.set_host_to_device(ToProto(g.host_to_device));
+  out.set_device_to_host(ToProto(g.device_to_host));
+  out.set_device_to_device(ToProto(g.device_to_device));
+  return out;
+}
+
+v1::SessionOptions ToProto(const SessionOptions& o) {
+  v1::SessionOptions out;
+  *out.mutable_transfer_guard() = ToProto(o.transfer_guard);
+  out.set_strict_donation(o.strict_donation);
+  out.set_forbid_compiles(o.forbid_compiles);
+  out.set_memory_quota_bytes(o.memory_quota_bytes);
+  return out;
+}
+
+ArrayState FromProto(v1::ArrayState s) { return static_cast<ArrayState>(static_cast<int>(s) - 1); }
+
+DonationReceipt FromProto(const v1::DonationReceipt& r) {
+  return DonationReceipt{r.argument(), r.handle(), r.reused(), r.output(), r.output_handle(), r.reason()};
+}
+
+}  // namespace
+
+// The pipelined Execute stream: one per session, opened on first use. Calls
+// are written in order and answered in order by a reader thread; unary calls
+// that name handles first wait until every call sent has been answered, so
+// they never overtake the Execute that makes their arrays.
+class Dispatcher {
+ public:
+  explicit Dispatcher(v1::Session::Stub* stub) {
+    stream_ = stub->Dispatch(&ctx_);
+    reader_ = std::thread([this] { ReadLoop(); });
+  }
+
+  ~Dispatcher() {
+    {
+      absl::MutexLock w(&write_mu_);
+      stream_->WritesDone();
+    }
+    reader_.join();
+  }
+
+  // Sends `req`; returns its sequence number. With `want_reply`, the reply
+  // is kept for Reply().
+  absl::StatusOr<int64_t> Send(const v1::ExecuteRequest& req, bool want_reply) {
+    absl::MutexLock w(&write_mu_);
+    int64_t seq;
+    {
+      absl::MutexLock l(&mu_);
+      if (!broken_.ok()) return broken_;
+      seq = sent_++;
+      if (want_reply) wanted_[seq];
+    }
+    if (!stream_->Write(req)) {
+      absl::MutexLock l(&mu_);
+      mu_.Await(absl::Condition(&done_reading_));
+      return broken_.ok() ? absl::UnavailableError("the execute stream to the coordinator closed") : broken_;
+    }
+    return seq;
+  }
+
+  absl::StatusOr<v1::DispatchReply> Reply(int64_t seq) {
+    absl::MutexLock l(&mu_);
+    auto answered = [this, seq] { return acked_ > seq || done_reading_; };
+    mu_.Await(absl::Condition(&answered));
+    auto it = wanted_.find(seq);
+    if (acked_ <= seq || it == wanted_.end()) return broken_.ok() ? absl::UnavailableError("no reply") : broken_;
+    v1::DispatchReply r = std::move(it->second);
+    wanted_.erase(it);
+    return r;
+  }
+
+  // Waits until every call sent has been answered.
+  absl::Status Flush() {
+    absl::MutexLock l(&mu_);
+    auto drained = [this] { return acked_ == sent_ || done_reading_; };
+    mu_.Await(absl::Condition(&drained));
+    return acked_ == sent_ ? absl::OkStatus() : broken_;
+  }
+
+ private:
+  void ReadLoop() {
+    v1::DispatchReply reply;
+    while (stream_->Read(&reply)) {
+      absl::MutexLock l(&mu_);
+      auto it = wanted_.find(acked_);
+      if (it != wanted_.end()) it->second = reply;
+      ++acked_;
+    }
+    grpc::Status s = stream_->Finish();
+    absl::MutexLock l(&mu_);
+    broken_ = s.ok() ? absl::UnavailableError("the execute stream to the coordinator closed") : FromGrpc(s);
+    done_reading_ = true;
+  }
+
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::ExecuteRequest, v1::DispatchReply>> stream_;
+  absl::Mutex write_mu_;  // held across a Write: one writer at a time, in sequence order
+  absl::Mutex mu_;
+  int64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t acked_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<int64_t, v1::DispatchReply> wanted_ ABSL_GUARDED_BY(mu_);
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  bool done_reading_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread reader_;
+};
+
 class Session::Impl {
  public:
   Impl(std::shared_ptr<grpc::Channel> channel, ConnectOptions options)
       : options(std::move(options)), session(v1::Session::NewStub(channel)), admin(v1::Admin::NewStub(channel)),
         rng(std::random_device{}()) {}
+
+  Dispatcher& dispatcher() {
+    absl::MutexLock l(&mu);
+    if (!dispatch) dispatch = std::make_unique<Dispatcher>(session.get());
+    return *dispatch;
+  }
+
+  // Before a unary call that names arrays: let every pipelined call land.
+  absl::Status Flush() {
+    Dispatcher* d;
+    {
+      absl::MutexLock l(&mu);
+      d = dispatch.get();
+    }
+    return d == nullptr ? absl::OkStatus() : d->Flush();
+  }
 
   uint64_t NewHandle() {
     absl::MutexLock l(&mu);
@@ -51,11 +184,17 @@ class Session::Impl {
   int version = 0;
   absl::Mutex mu;
   std::mt19937_64 rng ABSL_GUARDED_BY(mu);
+  std::unique_ptr<Dispatcher> dispatch ABSL_GUARDED_BY(mu);
+  SessionOptions session_options;
 };
 
 Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Session::~Session() {
+  {
+    absl::MutexLock l(&impl_->mu);
+    impl_->dispatch.reset();
+  }
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   v1::CloseSessionRequest req;
@@ -88,6 +227,8 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Connect(const std::string& add
   grpc::ClientContext ctx;
   v1::OpenSessionRequest req;
   req.set_client(impl->options.client_name);
+  *req.mutable_options() = ToProto(impl->options.session);
+  impl->session_options = impl->options.session;
   v1::OpenSessionResponse resp;
   if (auto s = impl->session->OpenSession(&ctx, req, &resp); !s.ok()) return FromGrpc(s);
   impl->id = resp.session_id();
@@ -97,15 +238,36 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Connect(const std::string& add
 const std::string& Session::id() const { return impl_->id; }
 int Session::protocol_version() const { return impl_->version; }
 
-absl::StatusOr<Executable> Session::Compile(const Graph& graph) {
+const SessionOptions& Session::options() const { return impl_->session_options; }
+
+absl::Status Session::SetOptions(const SessionOptions& options) {
+  grpc::ClientContext ctx;
+  v1::SetSessionOptionsRequest req;
+  req.set_session_id(impl_->id);
+  *req.mutable_options() = ToProto(options);
+  v1::SetSessionOptionsResponse resp;
+  if (auto s = impl_->session->SetSessionOptions(&ctx, req, &resp); !s.ok()) return FromGrpc(s);
+  impl_->session_options = options;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Executable> Session::Compile(const Graph& graph, const CompileOptions& options) {
   grpc::ClientContext ctx;
   v1::CompileRequest req;
   req.set_session_id(impl_->id);
   *req.mutable_graph() = graph.impl().proto;
+  for (int p : options.donate) req.add_donated_parameters(p);
+  req.set_strict_donation(options.strict_donation);
   v1::CompileResponse resp;
   if (auto s = impl_->session->Compile(&ctx, req, &resp); !s.ok()) return FromGrpc(s);
   Executable e;
   e.id_ = resp.executable_id();
+  e.name_ = req.graph().name();
+  e.donated_ = options.donate;
+  for (const v1::Alias& a : resp.aliases()) {
+    e.aliases_.push_back(DonationReceipt{a.parameter(), 0, a.output() >= 0, a.output(), 0, a.reason()});
+  }
+  e.cache_miss_reason_ = resp.cache_miss_reason();
   e.cache_hit_ = resp.cache_hit();
   for (const auto& t : resp.parameter_types()) e.parameter_types_.push_back(FromProto(t));
   for (const auto& t : resp.output_types()) e.output_types_.push_back(FromProto(t));
@@ -127,7 +289,7 @@ v1::Placement ToProto(const Placement& p) {
 }
 }  // namespace
 
-absl::StatusOr<Array> Session::Put(const HostArray& array, Placement placement) {
+absl::StatusOr<Array> Session::Put(const HostArray& array, Placement placement, const TransferOptions& transfer) {
   if (array.size_bytes() != array.type().bytes()) {
     return absl::InvalidArgumentError(absl::StrCat("put: host array of type ", array.type().ToString(), " holds ",
                                                    array.size_bytes(), " bytes, expected ", array.type().bytes()));
@@ -142,6 +304,8 @@ absl::StatusOr<Array> Session::Put(const HostArray& array, Placement placement) 
   h->set_handle(handle);
   *h->mutable_type() = tessel::ToProto(array.type());
   *h->mutable_placement() = ToProto(placement);
+  h->set_implicit(transfer.implicit);
+  if (transfer.transfer_guard) *h->mutable_transfer_guard() = ToProto(*transfer.transfer_guard);
   bool ok = writer->Write(msg);
   const int64_t chunk = impl_->options.chunk_bytes;
   for (int64_t off = 0; ok && off < array.size_bytes(); off += chunk) {
@@ -155,7 +319,6 @@ absl::StatusOr<Array> Session::Put(const HostArray& array, Placement placement) 
 
 absl::StatusOr<std::vector<Array>> Session::Execute(const Executable& exe, absl::Span<const Array> args,
                                                     ExecuteOptions options) {
-  grpc::ClientContext ctx;
   v1::ExecuteRequest req;
   req.set_session_id(impl_->id);
   req.set_executable_id(exe.id());
@@ -166,13 +329,31 @@ absl::StatusOr<std::vector<Array>> Session::Execute(const Executable& exe, absl:
     req.add_outputs(outs.back().handle());
   }
   *req.mutable_placement() = ToProto(options.placement);
-  req.set_wait(options.wait);
-  v1::ExecuteResponse resp;
-  if (auto s = impl_->session->Execute(&ctx, req, &resp); !s.ok()) return FromGrpc(s);
+  for (int i : options.donate) req.add_donate(i);
+  req.set_strict_donation(options.strict_donation);
+  if (options.transfer_guard) *req.mutable_transfer_guard() = ToProto(*options.transfer_guard);
+  const bool want_reply = options.wait || options.receipt != nullptr;
+  Dispatcher& d = impl_->dispatcher();
+  TESSEL_ASSIGN_OR_RETURN(int64_t seq, d.Send(req, want_reply));
+  if (!want_reply) return outs;
+  TESSEL_ASSIGN_OR_RETURN(v1::DispatchReply reply, d.Reply(seq));
+  if (reply.code() != 0) return absl::Status(static_cast<absl::StatusCode>(reply.code()), reply.error());
+  if (options.receipt != nullptr) {
+    options.receipt->execution_id = reply.response().execution_id();
+    options.receipt->donations.clear();
+    for (const auto& r : reply.response().donations()) options.receipt->donations.push_back(FromProto(r));
+  }
+  if (options.wait) {
+    if (auto s = Await(outs); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("execution ", reply.response().execution_id(), " failed: ",
+                                                 s.message()));
+    }
+  }
   return outs;
 }
 
 absl::Status Session::Await(absl::Span<const Array> arrays) {
+  TESSEL_RETURN_IF_ERROR(impl_->Flush());
   grpc::ClientContext ctx;
   v1::AwaitRequest req;
   req.set_session_id(impl_->id);
@@ -188,11 +369,14 @@ absl::Status Session::Await(absl::Span<const Array> arrays) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<HostArray> Session::Fetch(const Array& array) {
+absl::StatusOr<HostArray> Session::Fetch(const Array& array, const TransferOptions& transfer) {
+  TESSEL_RETURN_IF_ERROR(impl_->Flush());
   grpc::ClientContext ctx;
   v1::FetchRequest req;
   req.set_session_id(impl_->id);
   req.set_handle(array.handle());
+  req.set_implicit(transfer.implicit);
+  if (transfer.transfer_guard) *req.mutable_transfer_guard() = ToProto(*transfer.transfer_guard);
   auto reader = impl_->session->Fetch(&ctx, req);
   v1::FetchResponse msg;
   HostArray out;
@@ -221,6 +405,7 @@ absl::StatusOr<HostArray> Session::Fetch(const Array& array) {
 }
 
 absl::Status Session::Delete(absl::Span<const Array> arrays) {
+  TESSEL_RETURN_IF_ERROR(impl_->Flush());
   grpc::ClientContext ctx;
   v1::DeleteRequest req;
   req.set_session_id(impl_->id);
@@ -230,6 +415,7 @@ absl::Status Session::Delete(absl::Span<const Array> arrays) {
 }
 
 absl::StatusOr<ArrayInfo> Session::Info(const Array& array) {
+  TESSEL_RETURN_IF_ERROR(impl_->Flush());
   grpc::ClientContext ctx;
   v1::ArrayInfoRequest req;
   req.set_session_id(impl_->id);
@@ -238,30 +424,97 @@ absl::StatusOr<ArrayInfo> Session::Info(const Array& array) {
   if (auto s = impl_->session->ArrayInfo(&ctx, req, &resp); !s.ok()) return FromGrpc(s);
   ArrayInfo info;
   info.type = FromProto(resp.type());
-  info.state = static_cast<ArrayState>(static_cast<int>(resp.state()) - 1);
+  info.state = FromProto(resp.state());
   info.devices.assign(resp.devices().begin(), resp.devices().end());
   info.bytes_per_device = resp.bytes_per_device();
   info.error = resp.error();
+  info.producer_execution = resp.producer_execution();
+  info.producer = resp.producer();
   return info;
 }
 
 namespace {
 DeviceMemory FromProto(const v1::DeviceMemoryStats& m) {
-  return DeviceMemory{m.device(), m.bytes_in_use(), m.peak_bytes_in_use(), m.num_buffers(), m.bytes_cached(),
-                      m.bytes_limit()};
+  return DeviceMemory{m.device(),      m.bytes_in_use(), m.peak_bytes_in_use(),   m.num_buffers(),
+                      m.bytes_cached(), m.bytes_limit(),  m.largest_free_block()};
 }
 }  // namespace
 
-absl::StatusOr<SessionStats> Session::Stats() {
+absl::StatusOr<SessionStats> Session::Stats(bool with_arrays) {
+  TESSEL_RETURN_IF_ERROR(impl_->Flush());
   grpc::ClientContext ctx;
   v1::StatsRequest req;
   req.set_session_id(impl_->id);
+  req.set_with_arrays(with_arrays);
   v1::StatsResponse resp;
   if (auto s = impl_->session->Stats(&ctx, req, &resp); !s.ok()) return FromGrpc(s);
-  SessionStats st{resp.live_arrays(), resp.live_bytes(), resp.compiles(), resp.compile_cache_hits(),
-                  resp.executions(), resp.bytes_host_to_device(), resp.bytes_device_to_host(), {}};
+  SessionStats st;
+  st.live_arrays = resp.live_arrays();
+  st.live_bytes = resp.live_bytes();
+  st.compiles = resp.compiles();
+  st.compile_cache_hits = resp.compile_cache_hits();
+  st.executions = resp.executions();
+  st.bytes_host_to_device = resp.bytes_host_to_device();
+  st.bytes_device_to_host = resp.bytes_device_to_host();
+  st.bytes_device_to_device = resp.bytes_device_to_device();
   for (const auto& m : resp.devices()) st.devices.push_back(FromProto(m));
+  for (const auto& t : resp.device_transfers()) {
+    st.device_transfers.push_back(
+        DeviceTransfers{t.device(), t.host_to_device(), t.device_to_host(), t.device_to_device()});
+  }
+  st.session_cache_hits = resp.session_cache_hits();
+  st.session_cache_misses = resp.compile_cache_misses();
+  st.session_compiles = resp.session_compiles();
+  st.donations = resp.donations();
+  st.donations_reused = resp.donations_reused();
+  st.memory_quota_bytes = resp.memory_quota_bytes();
+  for (const auto& a : resp.arrays()) {
+    st.arrays.push_back(LiveArray{a.handle(), tessel::FromProto(a.type()), FromProto(a.state()), a.bytes(),
+                                  std::vector<int>(a.devices().begin(), a.devices().end()), a.producer_execution(),
+                                  a.producer()});
+  }
   return st;
+}
+
+absl::StatusOr<MemoryCheck> MemoryCheck::Begin(Session& session) {
+  TESSEL_ASSIGN_OR_RETURN(SessionStats before, session.Stats(/*with_arrays=*/true));
+  return MemoryCheck(&session, std::move(before));
+}
+
+absl::Status MemoryCheck::Verify() const {
+  TESSEL_ASSIGN_OR_RETURN(SessionStats now, session_->Stats(/*with_arrays=*/true));
+  std::vector<std::string> grew;
+  absl::flat_hash_map<uint64_t, bool> had;
+  for (const LiveArray& a : before_.arrays) had[a.handle] = true;
+  std::vector<std::string> fresh;
+  int64_t fresh_bytes = 0;
+  for (const LiveArray& a : now.arrays) {
+    if (had.contains(a.handle)) continue;
+    fresh_bytes += a.bytes;
+    if (fresh.size() < 8) {
+      fresh.push_back(absl::StrFormat("%#x %s (%d bytes, made by %s%s)", a.handle, a.type.ToString(), a.bytes,
+                                      a.producer.empty() ? "?" : a.producer,
+                                      a.producer_execution ? absl::StrCat(" in execution ", a.producer_execution)
+                                                           : std::string()));
+    }
+  }
+  if (now.live_arrays > before_.live_arrays || now.live_bytes > before_.live_bytes) {
+    grew.push_back(absl::StrFormat("session: %d live arrays (%d bytes) -> %d (%d bytes); new: %s%s",
+                                   before_.live_arrays, before_.live_bytes, now.live_arrays, now.live_bytes,
+                                   absl::StrJoin(fresh, ", "),
+                                   now.live_arrays - before_.live_arrays > int64_t(fresh.size()) ? ", ..." : ""));
+  }
+  for (const DeviceMemory& m : now.devices) {
+    for (const DeviceMemory& b : before_.devices) {
+      if (b.device != m.device) continue;
+      if (m.bytes_in_use > b.bytes_in_use || m.num_buffers > b.num_buffers) {
+        grew.push_back(absl::StrFormat("device %d: %d bytes in %d buffers -> %d bytes in %d buffers", m.device,
+                                       b.bytes_in_use, b.num_buffers, m.bytes_in_use, m.num_buffers));
+      }
+    }
+  }
+  if (grew.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("memory grew: ", absl::StrJoin(grew, "; ")));
 }
 
 absl::StatusOr<ClusterStatus> Session::Cluster(bool with_memory) {

@@ -85,21 +85,34 @@ absl::StatusOr<std::unique_ptr<worker::Executable>> CpuExecutable::Load(const v1
     }
     exe->instrs_.push_back(std::move(in));
   }
+  // A reshape's value is its operand's buffer.
+  absl::flat_hash_map<std::string, std::string> reshaped_from;
+  for (const v1::Instruction& ins : p.instructions()) {
+    if (ins.has_node() && ins.node().op() == v1::RESHAPE) reshaped_from[ins.node().name()] = ins.node().operands(0);
+  }
   for (const std::string& o : p.outputs()) {
     TESSEL_ASSIGN_OR_RETURN(int slot, lookup(o));
     exe->output_slots_.push_back(slot);
+    std::string root = o;
+    for (auto it = reshaped_from.find(root); it != reshaped_from.end(); it = reshaped_from.find(root)) root = it->second;
+    exe->output_buffer_slots_.push_back(slot_of.at(root));
   }
   return std::unique_ptr<worker::Executable>(std::move(exe));
 }
 
-absl::Status CpuExecutable::Execute(const Instr& in, std::vector<BufferPtr>& values) {
-  auto alloc = [&](const v1::TensorType& t) { return device_->Allocate(ByteSizeUnchecked(t)); };
+absl::Status CpuExecutable::Execute(const Instr& in, std::vector<BufferPtr>& values,
+                                    const std::vector<BufferPtr>& preset) {
+  auto alloc_slot = [&](int slot, const v1::TensorType& t) -> absl::StatusOr<BufferPtr> {
+    const int64_t bytes = ByteSizeUnchecked(t);
+    if (preset[slot] && preset[slot]->size() >= bytes) return preset[slot];
+    return device_->Allocate(bytes);
+  };
   if (in.fusion) {
     std::vector<const void*> ins;
     for (int a : in.args) ins.push_back(values[a]->opaque());
     std::vector<void*> outs;
     for (size_t i = 0; i < in.results.size(); ++i) {
-      TESSEL_ASSIGN_OR_RETURN(BufferPtr b, alloc(in.fusion->output_types()[i]));
+      TESSEL_ASSIGN_OR_RETURN(BufferPtr b, alloc_slot(in.results[i], in.fusion->output_types()[i]));
       outs.push_back(b->opaque());
       values[in.results[i]] = std::move(b);
     }
@@ -117,7 +130,7 @@ absl::Status CpuExecutable::Execute(const Instr& in, std::vector<BufferPtr>& val
     result = in.literal;
     return absl::OkStatus();
   }
-  TESSEL_ASSIGN_OR_RETURN(result, alloc(t));
+  TESSEL_ASSIGN_OR_RETURN(result, alloc_slot(in.results[0], t));
   void* out = result->opaque();
   auto arg = [&](int k) -> const void* { return values[in.args[k]]->opaque(); };
   auto arg_type = [&](int k) -> const v1::TensorType& { return *in.arg_types[k]; };
@@ -152,15 +165,20 @@ absl::Status CpuExecutable::Execute(const Instr& in, std::vector<BufferPtr>& val
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<BufferPtr>> CpuExecutable::Run(absl::Span<const BufferPtr> args) {
+absl::StatusOr<std::vector<BufferPtr>> CpuExecutable::Run(absl::Span<const BufferPtr> args,
+                                                          absl::Span<const BufferPtr> into) {
   if (args.size() != param_slots_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("program ", program_.executable_id(), ": expected ",
                                                    param_slots_.size(), " arguments, got ", args.size()));
   }
   std::vector<BufferPtr> values(num_slots_);
   for (size_t i = 0; i < args.size(); ++i) values[param_slots_[i]] = args[i];
+  std::vector<BufferPtr> preset(num_slots_);
+  for (size_t i = 0; i < into.size() && i < output_buffer_slots_.size(); ++i) {
+    if (into[i]) preset[output_buffer_slots_[i]] = into[i];
+  }
   for (const Instr& in : instrs_) {
-    TESSEL_RETURN_IF_ERROR(Execute(in, values));
+    TESSEL_RETURN_IF_ERROR(Execute(in, values, preset));
     for (int r : in.release) values[r].reset();
   }
   std::vector<BufferPtr> outs;

@@ -17,7 +17,8 @@ class CpuExecutable final : public worker::Executable {
  public:
   static absl::StatusOr<std::unique_ptr<worker::Executable>> Load(const v1::Program& program,
                                                                   worker::Device* device);
-  absl::StatusOr<std::vector<worker::BufferPtr>> Run(absl::Span<const worker::BufferPtr> args) override;
+  absl::StatusOr<std::vector<worker::BufferPtr>> Run(absl::Span<const worker::BufferPtr> args,
+                                                     absl::Span<const worker::BufferPtr> into) override;
 
  private:
   struct Instr {
@@ -29,13 +30,16 @@ class CpuExecutable final : public worker::Executable {
     std::vector<int> release;
     worker::BufferPtr literal;          // materialized literal constant
   };
-  absl::Status Execute(const Instr& in, std::vector<worker::BufferPtr>& values);
+  // `preset[slot]`, where set, is the buffer that slot's value is written into.
+  absl::Status Execute(const Instr& in, std::vector<worker::BufferPtr>& values,
+                       const std::vector<worker::BufferPtr>& preset);
 
   v1::Program program_;  // owns the nodes instructions point into
   worker::Device* device_ = nullptr;
   int num_slots_ = 0;
   std::vector<int> param_slots_;
   std::vector<int> output_slots_;
+  std::vector<int> output_buffer_slots_;  // the slot whose buffer each output is (reshapes followed)
   std::vector<Instr> instrs_;
 };
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,42 @@ struct Placement {
   static Placement Replicated() { return {0, true}; }
 };
 
+// Transfer guard levels, per direction (as in JAX's transfer guard).
+// Implicit transfers are those not asked for by name: host values passed as
+// arguments, arguments moved between devices, fetches marked implicit.
+// kAllow and kLog let them happen (kLog also logs on the coordinator);
+// kDisallow fails them; the *Explicit levels also cover Put and Fetch.
+enum class TransferLevel { kUnset, kAllow, kLog, kDisallow, kLogExplicit, kDisallowExplicit };
+
+struct TransferGuard {
+  TransferLevel host_to_device = TransferLevel::kUnset;
+  TransferLevel device_to_host = TransferLevel::kUnset;
+  TransferLevel device_to_device = TransferLevel::kUnset;
+  static TransferGuard All(TransferLevel l) { return {l, l, l}; }
+};
+
+struct SessionOptions {
+  TransferGuard transfer_guard;    // Default: allow everything
+  bool strict_donation = false;    // a donation that cannot reuse its buffer is an error
+  bool forbid_compiles = false;    // Compile answers from the cache only
+  int64_t memory_quota_bytes = 0;  // live array bytes over all devices; 0: none
+};
+
+// Where a donated parameter's buffer goes (Compile's plan, or a receipt).
+struct DonationReceipt {
+  int argument = 0;
+  uint64_t handle = 0;        // the donated array (receipts only)
+  bool reused = false;        // its buffer becomes `output`, in place
+  int output = -1;
+  uint64_t output_handle = 0;
+  std::string reason;         // why not, when not reused
+};
+
+struct CompileOptions {
+  std::vector<int> donate;       // parameters every execution donates
+  bool strict_donation = false;  // or the session's option
+};
+
 class Executable {
  public:
   const std::string& id() const { return id_; }
@@ -35,11 +72,19 @@ class Executable {
   const std::string& plan() const { return plan_; }
   const std::vector<std::string>& diagnostics() const { return diagnostics_; }
   int64_t estimated_bytes() const { return estimated_bytes_; }
+  const std::vector<int>& donated_parameters() const { return donated_; }
+  const std::vector<DonationReceipt>& aliases() const { return aliases_; }
+  // On a miss: what differs from the nearest executable in the cache.
+  const std::string& cache_miss_reason() const { return cache_miss_reason_; }
+  const std::string& name() const { return name_; }
 
  private:
   friend class Session;
-  std::string id_;
+  std::string id_, name_;
   bool cache_hit_ = false;
+  std::vector<int> donated_;
+  std::vector<DonationReceipt> aliases_;
+  std::string cache_miss_reason_;
   std::vector<ArrayType> parameter_types_, output_types_;
   std::string plan_;
   std::vector<std::string> diagnostics_;
@@ -60,30 +105,70 @@ class Array {
   ArrayType type_;
 };
 
-enum class ArrayState { kPending, kReady, kDeleted, kLost, kError };
+enum class ArrayState { kPending, kReady, kDeleted, kLost, kError, kDonated };
 
 struct ArrayInfo {
   ArrayType type;
   ArrayState state = ArrayState::kPending;
   std::vector<int> devices;
   int64_t bytes_per_device = 0;
-  std::string error;
+  std::string error;            // or, once donated or deleted, what became of it
+  int64_t producer_execution = 0;
+  std::string producer;         // the executable's graph name, or "put"
+};
+
+struct ExecuteReceipt {
+  int64_t execution_id = 0;
+  std::vector<DonationReceipt> donations;  // one per donated argument
 };
 
 struct ExecuteOptions {
-  Placement placement;  // Default: device 0
-  bool wait = false;    // return once the step has completed
+  Placement placement;   // Default: device 0
+  bool wait = false;     // return once the step has completed
+  std::vector<int> donate;  // arguments donated by this call (beside the executable's)
+  bool strict_donation = false;
+  std::optional<TransferGuard> transfer_guard;  // overrides the session's for this call
+  // When set, Execute waits for the coordinator to accept the call (one round
+  // trip) and fills in the receipt. Otherwise calls are pipelined.
+  ExecuteReceipt* receipt = nullptr;
+};
+
+struct TransferOptions {
+  bool implicit = false;  // not asked for by name (e.g. printing an array)
+  std::optional<TransferGuard> transfer_guard;  // overrides the session's for this call
 };
 
 struct DeviceMemory {
   int device = 0;
   int64_t bytes_in_use = 0, peak_bytes_in_use = 0, num_buffers = 0, bytes_cached = 0, bytes_limit = 0;
+  int64_t largest_free_block = 0;
+};
+
+struct DeviceTransfers {
+  int device = 0;
+  int64_t host_to_device = 0, device_to_host = 0, device_to_device = 0;
+};
+
+struct LiveArray {
+  uint64_t handle = 0;
+  ArrayType type;
+  ArrayState state = ArrayState::kPending;
+  int64_t bytes = 0;  // over all its devices
+  std::vector<int> devices;
+  int64_t producer_execution = 0;
+  std::string producer;
 };
 
 struct SessionStats {
   int64_t live_arrays = 0, live_bytes = 0, compiles = 0, compile_cache_hits = 0, executions = 0;
-  int64_t bytes_host_to_device = 0, bytes_device_to_host = 0;
+  int64_t bytes_host_to_device = 0, bytes_device_to_host = 0, bytes_device_to_device = 0;
   std::vector<DeviceMemory> devices;
+  std::vector<DeviceTransfers> device_transfers;  // this session's
+  // This session's compile requests: hits, misses, and misses compiled.
+  int64_t session_cache_hits = 0, session_cache_misses = 0, session_compiles = 0;
+  int64_t donations = 0, donations_reused = 0;  // per device a step ran on
+  int64_t memory_quota_bytes = 0;
+  std::vector<LiveArray> arrays;  // Stats(true) only
 };
 
 struct WorkerStatus {
@@ -102,6 +187,7 @@ struct ClusterStatus {
 
 struct ConnectOptions {
   std::string client_name = "tessel-sdk";
+  SessionOptions session;
   int64_t chunk_bytes = 1 << 20;  // Default: 1 MiB per streamed message
   int connect_timeout_ms = 10000;
 };
@@ -116,24 +202,48 @@ class Session {
   const std::string& id() const;
   int protocol_version() const;
 
-  absl::StatusOr<Executable> Compile(const Graph& graph);
-  absl::StatusOr<Array> Put(const HostArray& array, Placement placement = {});
-  // Returns at once with the output handles (unless options.wait); errors
-  // of the step surface when an output is awaited or fetched.
+  const SessionOptions& options() const;
+  absl::Status SetOptions(const SessionOptions& options);
+
+  absl::StatusOr<Executable> Compile(const Graph& graph, const CompileOptions& options = {});
+  absl::StatusOr<Array> Put(const HostArray& array, Placement placement = {}, const TransferOptions& transfer = {});
+  // Returns at once with the output handles (unless options.wait or
+  // options.receipt): calls are pipelined over one stream and accepted in
+  // order. Errors of the call or of the step surface when an output is
+  // awaited or fetched. Donated arguments are invalid once the call is sent.
   absl::StatusOr<std::vector<Array>> Execute(const Executable& exe, absl::Span<const Array> args,
                                              ExecuteOptions options = {});
   // OK once every array is ready; the first array's error otherwise.
   absl::Status Await(absl::Span<const Array> arrays);
-  absl::StatusOr<HostArray> Fetch(const Array& array);
+  absl::StatusOr<HostArray> Fetch(const Array& array, const TransferOptions& transfer = {});
   absl::Status Delete(absl::Span<const Array> arrays);
   absl::StatusOr<ArrayInfo> Info(const Array& array);
-  absl::StatusOr<SessionStats> Stats();
+  absl::StatusOr<SessionStats> Stats(bool with_arrays = false);
   absl::StatusOr<ClusterStatus> Cluster(bool with_memory = false);
 
  private:
   class Impl;
   explicit Session(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+};
+
+// Asserts that a block of steps leaves memory as it found it:
+//   auto check = MemoryCheck::Begin(session);
+//   ... steps ...
+//   absl::Status s = check->Verify();
+// Verify is FAILED_PRECONDITION naming what grew: the session's new live
+// arrays (with the execution that made them) and, per device, the bytes in
+// use and the buffer count. Device figures are the whole device's: other
+// sessions' allocations count too.
+class MemoryCheck {
+ public:
+  static absl::StatusOr<MemoryCheck> Begin(Session& session);
+  absl::Status Verify() const;
+
+ private:
+  MemoryCheck(Session* s, SessionStats before) : session_(s), before_(std::move(before)) {}
+  Session* session_;
+  SessionStats before_;
 };
 
 // Reads the coordinator address from `flag_value`, else $TESSEL_COORDINATOR.

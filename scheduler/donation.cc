@@ -1,0 +1,164 @@
+#include "scheduler/donation.h"
+
+#include <algorithm>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/dtype.h"
+#include "core/shape_inference.h"
+#include "scheduler/program_walk.h"
+
+namespace tessel::scheduler {
+namespace {
+
+struct Writer {
+  int instruction = -1;  // -1: a parameter
+  int fusion_node = 0;   // index of the writing node inside a fusion
+  bool literal = false;  // a literal constant: shared across runs, never written
+};
+
+std::string Describe(const v1::Program& p, int k) {
+  const v1::Instruction& ins = p.instructions(k);
+  if (ins.has_node()) return absl::StrCat("instruction ", k, " (", OpName(ins.node().op()), " '", ins.node().name(), "')");
+  return absl::StrCat("instruction ", k, " (fusion -> ", absl::StrJoin(ins.fusion().outputs(), ", "), ")");
+}
+
+}  // namespace
+
+AliasCandidates FindAliasCandidates(const v1::Program& p) {
+  // The buffer each value lives in: reshapes share their operand's.
+  absl::flat_hash_map<std::string, std::string> root;
+  absl::flat_hash_map<std::string, Writer> writer;
+  absl::flat_hash_map<std::string, const v1::TensorType*> type_of;
+  for (const v1::Node& prm : p.parameters()) {
+    root[prm.name()] = prm.name();
+    writer[prm.name()] = Writer{};
+    type_of[prm.name()] = &prm.type();
+  }
+  auto root_of = [&](const std::string& v) {
+    auto it = root.find(v);
+    return it == root.end() ? v : it->second;
+  };
+  // For each instruction: the buffers it reads, and for fusions the last
+  // fusion node reading each buffer.
+  std::vector<absl::flat_hash_map<std::string, int>> reads(p.instructions_size());
+  for (int k = 0; k < p.instructions_size(); ++k) {
+    const v1::Instruction& ins = p.instructions(k);
+    if (ins.has_node()) {
+      const v1::Node& n = ins.node();
+      for (const std::string& o : n.operands()) reads[k][root_of(o)] = 0;
+      root[n.name()] = n.op() == v1::RESHAPE ? root_of(n.operands(0)) : n.name();
+      writer[n.name()] = Writer{k, 0, n.op() == v1::CONSTANT && n.constant().has_literal()};
+      type_of[n.name()] = &n.type();
+    } else {
+      const v1::Fusion& f = ins.fusion();
+      absl::flat_hash_map<std::string, std::string> input_root;
+      for (const std::string& i : f.inputs()) input_root[i] = root_of(i);
+      for (int j = 0; j < f.nodes_size(); ++j) {
+        const v1::Node& n = f.nodes(j);
+        for (const std::string& o : n.operands()) {
+          auto it = input_root.find(o);
+          if (it != input_root.end()) reads[k][it->second] = j;  // nodes in order: the last wins
+        }
+        root[n.name()] = n.name();
+        writer[n.name()] = Writer{k, j, false};
+        type_of[n.name()] = &n.type();
+      }
+    }
+  }
+  AliasCandidates c;
+  c.outputs.resize(p.parameters_size());
+  c.why_not.resize(p.parameters_size());
+  for (const std::string& o : p.outputs()) c.buffer_of_output.push_back(root_of(o));
+  for (int pi = 0; pi < p.parameters_size(); ++pi) {
+    const v1::Node& prm = p.parameters(pi);
+    std::vector<std::string> why;
+    int same_type = 0;
+    for (int oi = 0; oi < p.outputs_size(); ++oi) {
+      if (!SameType(p.output_types(oi), prm.type())) continue;
+      ++same_type;
+      const std::string& buf = c.buffer_of_output[oi];
+      const std::string out_desc = absl::StrCat("output ", oi, " '", p.outputs(oi), "'");
+      if (buf == prm.name()) {
+        c.outputs[pi].push_back(oi);  // the parameter itself, passed through
+        continue;
+      }
+      const Writer& w = writer.at(buf);
+      if (w.instruction < 0) {
+        why.push_back(absl::StrCat(out_desc, " is parameter '", buf, "' passed through"));
+        continue;
+      }
+      if (w.literal) {
+        why.push_back(absl::StrCat(out_desc, " is a literal constant"));
+        continue;
+      }
+      int later_reader = -1;
+      for (int k = w.instruction + 1; k < p.instructions_size() && later_reader < 0; ++k) {
+        if (reads[k].contains(prm.name())) later_reader = k;
+      }
+      if (later_reader >= 0) {
+        why.push_back(absl::StrCat(out_desc, " is written by ", Describe(p, w.instruction), " while '", prm.name(),
+                                   "' is still read by ", Describe(p, later_reader)));
+        continue;
+      }
+      auto r = reads[w.instruction].find(prm.name());
+      if (r != reads[w.instruction].end()) {
+        const v1::Instruction& ins = p.instructions(w.instruction);
+        const bool elementwise = ins.has_fusion() || IsElementwise(ins.node().op());
+        if (!elementwise || r->second > w.fusion_node) {
+          why.push_back(absl::StrCat(out_desc, " is computed by ", Describe(p, w.instruction), ", which reads '",
+                                     prm.name(), "' ", elementwise ? "after writing it" : "other than elementwise"));
+          continue;
+        }
+      }
+      c.outputs[pi].push_back(oi);
+    }
+    if (same_type == 0) {
+      std::vector<std::string> types;
+      for (const auto& t : p.output_types()) types.push_back(TypeString(t));
+      c.why_not[pi] = absl::StrCat("no output has its type ", TypeString(prm.type()), " (outputs: ",
+                                   absl::StrJoin(types, ", "), ")");
+    } else if (!why.empty()) {
+      c.why_not[pi] = absl::StrJoin(why, "; ");
+    }
+  }
+  return c;
+}
+
+std::vector<AliasDecision> AssignAliases(const v1::Program& p, const AliasCandidates& c,
+                                         const std::vector<int>& donated) {
+  std::vector<AliasDecision> out;
+  absl::flat_hash_set<std::string> taken;
+  for (int pi : donated) {
+    AliasDecision d;
+    d.parameter = pi;
+    if (pi < 0 || pi >= int(c.outputs.size())) {
+      d.reason = absl::StrCat("parameter ", pi, " does not exist");
+      out.push_back(d);
+      continue;
+    }
+    bool blocked_by_taken = false;
+    for (int oi : c.outputs[pi]) {
+      if (taken.insert(c.buffer_of_output[oi]).second) {
+        d.output = oi;
+        break;
+      }
+      blocked_by_taken = true;
+    }
+    if (d.output < 0) {
+      const std::string& name = p.parameters(pi).name();
+      if (blocked_by_taken) {
+        d.reason = absl::StrCat("every output that '", name, "' could become already takes another donated buffer");
+        if (!c.why_not[pi].empty()) absl::StrAppend(&d.reason, "; ", c.why_not[pi]);
+      } else {
+        d.reason = c.why_not[pi].empty() ? "no output can take its buffer" : c.why_not[pi];
+      }
+    }
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+}  // namespace tessel::scheduler
