@@ -17,6 +17,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -182,7 +183,8 @@ class Coordinator {
   std::vector<DeviceRecord> devices_ ABSL_GUARDED_BY(mu_);  // by global id
   absl::flat_hash_map<uint64_t, ArrayRecord> arrays_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, SessionRecord> sessions_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, ExecutableRecord> executables_ ABSL_GUARDED_BY(mu_);
+  // Node-based: Compile and Execute keep pointers to records after unlocking.
+  absl::node_hash_map<std::string, ExecutableRecord> executables_ ABSL_GUARDED_BY(mu_);
   int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_execution_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t compiles_ ABSL_GUARDED_BY(mu_) = 0;

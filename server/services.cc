@@ -68,6 +68,7 @@ grpc::Status SessionService::Dispatch(grpc::ServerContext*,
   v1::ExecuteRequest req;
   v1::DispatchReply reply;
   while (stream->Read(&req)) {
+    const bool client_reads_reply = req.wait();
     req.set_wait(false);
     auto r = c_->Execute(req);
     reply.Clear();
@@ -76,7 +77,7 @@ grpc::Status SessionService::Dispatch(grpc::ServerContext*,
     } else {
       reply.set_code(static_cast<int>(r.status().code()));
       reply.set_error(std::string(r.status().message()));
-      c_->MarkRejectedOutputs(req, r.status());
+      if (!client_reads_reply) c_->MarkRejectedOutputs(req, r.status());
     }
     if (!stream->Write(reply)) break;
   }

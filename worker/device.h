@@ -38,6 +38,7 @@ struct MemoryStats {
   int64_t num_buffers = 0;
   int64_t bytes_cached = 0;
   int64_t bytes_limit = 0;
+  int64_t largest_free_block = 0;  // largest cached block, reusable without a new mapping
 };
 
 // A program loaded onto one device.

@@ -258,6 +258,7 @@ v1::WorkerStatsResponse WorkerRuntime::Stats() const {
     s->set_num_buffers(m.num_buffers);
     s->set_bytes_cached(m.bytes_cached);
     s->set_bytes_limit(m.bytes_limit);
+    s->set_largest_free_block(m.largest_free_block);
   }
   r.set_steps_run(steps_run_);
   return r;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "spdlog/logger.h"
@@ -73,7 +74,8 @@ class WorkerRuntime {
   mutable absl::Mutex mu_;
   // executable id -> one Executable per device
   absl::flat_hash_map<std::string, std::vector<std::unique_ptr<Executable>>> programs_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, v1::Program> program_protos_ ABSL_GUARDED_BY(mu_);
+  // Node-based: RunStep keeps a pointer while another program loads.
+  absl::node_hash_map<std::string, v1::Program> program_protos_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> steps_run_{0};
   std::vector<std::unique_ptr<StepQueue>> queues_;  // last: joined first
 };

@@ -32,7 +32,8 @@ Usage:
   tessel compile GRAPH.textproto [--coordinator HOST:PORT]
       Compile a graph and print the plan and the diagnostics.
   tessel stats [--coordinator HOST:PORT]
-      Cluster counters and per-device memory.
+      Cluster counters and per-device memory: bytes in use, peak, buffers,
+      cached bytes, the largest cached block and the limit.
 
 The coordinator address comes from --coordinator, else $TESSEL_COORDINATOR.
 Arrays are .npy files; bf16 travels as uint16 ('<u2') bit patterns.
@@ -133,9 +134,10 @@ void PrintCluster(const tessel::ClusterStatus& c) {
     std::cout << absl::StrFormat("%-6s %-22s %-6s %-10s %s\n", w.id, w.address, w.alive ? "alive" : "dead",
                                  absl::StrCat(w.ms_since_heartbeat, " ms ago"), absl::StrJoin(w.devices, ","));
     for (const auto& m : w.memory) {
-      std::cout << absl::StrFormat("         device %-3d in use %-12s peak %-12s buffers %-6d cached %s\n", m.device,
-                                   Bytes(m.bytes_in_use), Bytes(m.peak_bytes_in_use), m.num_buffers,
-                                   Bytes(m.bytes_cached));
+      std::cout << absl::StrFormat(
+          "         device %-3d in use %-12s peak %-12s buffers %-6d cached %-12s largest free %-12s limit %s\n",
+          m.device, Bytes(m.bytes_in_use), Bytes(m.peak_bytes_in_use), m.num_buffers, Bytes(m.bytes_cached),
+          Bytes(m.largest_free_block), m.bytes_limit ? Bytes(m.bytes_limit) : "none");
     }
   }
   std::cout << absl::StrFormat("%d live devices, %d sessions, %d live arrays, %d compiles (%d cache hits), %d executions\n",
@@ -170,7 +172,9 @@ int Compile(const Args& a) {
   if (!exe.ok()) return Fail(exe.status());
   std::cout << exe->plan();
   for (const std::string& d : exe->diagnostics()) std::cout << d << "\n";
-  std::cout << "executable " << exe->id() << (exe->cache_hit() ? " (cache hit)" : "") << "\n";
+  std::cout << "executable " << exe->id()
+            << (exe->cache_hit() ? " (cache hit)" : absl::StrCat(" (compiled: ", exe->cache_miss_reason(), ")"))
+            << "\n";
   return 0;
 }
 

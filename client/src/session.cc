@@ -333,6 +333,7 @@ absl::StatusOr<std::vector<Array>> Session::Execute(const Executable& exe, absl:
   req.set_strict_donation(options.strict_donation);
   if (options.transfer_guard) *req.mutable_transfer_guard() = ToProto(*options.transfer_guard);
   const bool want_reply = options.wait || options.receipt != nullptr;
+  req.set_wait(want_reply);  // on the stream: "I read the reply"
   Dispatcher& d = impl_->dispatcher();
   TESSEL_ASSIGN_OR_RETURN(int64_t seq, d.Send(req, want_reply));
   if (!want_reply) return outs;

@@ -110,6 +110,9 @@ worker::MemoryStats HostAllocator::stats() const {
   s.num_buffers = buffers_;
   s.bytes_cached = cached_;
   s.bytes_limit = options_.limit_bytes;
+  for (const auto& [size, blocks] : cache_) {
+    if (!blocks.empty()) s.largest_free_block = std::max(s.largest_free_block, size);
+  }
   return s;
 }
 

@@ -14,6 +14,7 @@ TEST(HostAllocator, ReusesFreedBlocksAndTracksStats) {
   a.Free(*p, 3 << 20);
   EXPECT_EQ(a.stats().bytes_in_use, 0);
   EXPECT_GT(a.stats().bytes_cached, 0);
+  EXPECT_EQ(a.stats().largest_free_block, HostAllocator::RoundUp(3 << 20));
   auto q = a.Allocate((3 << 20) - 100);  // same size class
   ASSERT_TRUE(q.ok());
   EXPECT_EQ(*q, *p);
