@@ -296,6 +296,73 @@ int main(int argc, char** argv) {
                     absl::StrCat("vs cblas_sgemm in-process, OPENBLAS_CORETYPE=", core ? core : "(unset)")});
   }
 
+  // 5. The seed loop (state = f1(state); state = f2(state), state donated,
+  //    every transfer disallowed) with a tiny state on both workers,
+  //    pipelined: steps per second vs bare unary round trips per second.
+  // 6. The same loop with a 256 MiB state on one device: its peak memory vs
+  //    one state.
+  {
+    auto step = [&](const std::string& name, int64_t n, bool second) {
+      GraphBuilder g(name);
+      auto s = g.Parameter({DType::kF32, {n}}, "state");
+      auto c = g.Parameter({DType::kS32, {}}, "count");
+      auto one = g.Broadcast(g.Scalar(DType::kF32, 1.0), {n});
+      auto out = second ? g.Add(g.Tanh(s), one) : g.Add(g.Mul(s, g.Broadcast(g.Scalar(DType::kF32, 0.5), {n})), one);
+      auto count = second ? g.Add(c, g.Scalar(DType::kS32, 1)) : c;
+      return Check(session->Compile(Check(g.Build({out, count})), {.donate = {0, 1}, .strict_donation = true}));
+    };
+    auto loop = [&](int64_t n, tessel::Placement where, int pairs) {
+      auto f1 = step("f1", n, false), f2 = step("f2", n, true);
+      HostArray init(ArrayType{DType::kF32, {n}});
+      std::memset(init.mutable_data(), 0, init.size_bytes());
+      std::vector<tessel::Array> state{Check(session->Put(init, where)),
+                                       Check(session->Put(HostArray::From<int32_t>({}, {0}), where))};
+      Check(session->Await(state));
+      tessel::SessionOptions guarded;
+      guarded.transfer_guard = tessel::TransferGuard::All(tessel::TransferLevel::kDisallow);
+      guarded.forbid_compiles = true;
+      Check(session->SetOptions(guarded));
+      const tessel::ExecuteOptions opts{.placement = where};
+      auto run = [&](int k) {
+        for (int i = 0; i < k; ++i) {
+          auto a = Check(session->Execute(f1, state, opts));
+          state = Check(session->Execute(f2, a, opts));
+        }
+        Check(session->Await(state));
+      };
+      run(pairs / 10 + 1);  // warm: programs loaded, buffers cached
+      const absl::Time start = absl::Now();
+      run(pairs);
+      const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+      Check(session->Delete(state));
+      Check(session->SetOptions({}));
+      return seconds;
+    };
+    auto bare = [&] {
+      grpc::ClientContext ctx;
+      tessel::v1::GetVersionResponse r;
+      if (!bstub->GetVersion(&ctx, tessel::v1::GetVersionRequest(), &r).ok()) Check(absl::UnavailableError("bare"));
+    };
+    const int pairs = 2000;
+    const double t_one = loop(16, tessel::Placement::Device(0), pairs);
+    const double t_both = loop(16, tessel::Placement::Replicated(), pairs);
+    const double t_unary = TimePerCall(2000, bare);
+    rows.push_back({"seed_loop_steps", "steps/s", 2.0 * pairs / t_one, 1.0 / t_unary, 1.0, true,
+                    "f1/f2 donated, guard disallow, 16-float state, one device, pipelined, vs unary calls/s"});
+    rows.push_back({"seed_loop_2w", "steps/s", 2.0 * pairs / t_both, 1.0 / t_unary, 1.0, true,
+                    "the same loop replicated on both workers (each step runs on 2 devices)"});
+
+    const int64_t n = int64_t{1} << 26;  // 256 MiB
+    const int device = 1;                // untouched by the benchmarks above: its peak is this loop's
+    (void)loop(n, tessel::Placement::Device(device), 10);
+    int64_t peak = 0;
+    for (const auto& d : Check(session->Stats()).devices) {
+      if (d.device == device) peak = d.peak_bytes_in_use;
+    }
+    rows.push_back({"loop_peak_256mib", "MiB", peak / 1048576.0, n * 4 / 1048576.0, 1.1, false,
+                    "peak device memory during the 256 MiB donated loop vs one state"});
+  }
+
   cluster.reset();
   kill(baseline_pid, SIGTERM);
   waitpid(baseline_pid, nullptr, 0);

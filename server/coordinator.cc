@@ -1,5 +1,6 @@
 #include "server/coordinator.h"
 
+#include <optional>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -438,8 +439,10 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
     std::shared_ptr<WorkerClient> client;
     v1::RunRequest run;
     bool needs_load;
+    std::optional<v1::FreeRequest> free_after;  // the moved copies, once the step ran
   };
   std::vector<Launch> launches;
+  std::vector<Move> moves;
   std::vector<uint64_t> outputs(req.outputs().begin(), req.outputs().end());
   const v1::Program* program = nullptr;
   int64_t execution_id = 0;
@@ -504,10 +507,15 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
                                              absl::StrJoin(rec.devices, ","), d);
           TESSEL_RETURN_IF_ERROR(GuardTransfer(req.session_id(), req.transfer_guard(), Direction::kDeviceToDevice,
                                                true, what, ByteSizeUnchecked(rec.type)));
-          return absl::InvalidArgumentError(StrFormat(
-              "argument %d '%s' (array %#x) is not on device %d, where the step runs (it is on %s); "
-              "put it there or run the step where it lives",
-              i, pname, req.arguments(i), d, absl::StrJoin(rec.devices, ",")));
+          if (donated[i]) {
+            return absl::InvalidArgumentError(StrFormat(
+                "argument %d '%s' (array %#x) is donated but lives on device %s, not on device %d where the step "
+                "runs; a donated buffer cannot change devices",
+                i, pname, req.arguments(i), absl::StrJoin(rec.devices, ","), d));
+          }
+          TESSEL_ASSIGN_OR_RETURN(Move m, PlanMove(rec, req.arguments(i), d));
+          m.argument = i;
+          moves.push_back(std::move(m));
         }
       }
       if (donated[i]) {
@@ -607,6 +615,12 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
       launch.run.set_seq(dev.next_seq++);
       launch.run.set_executable_id(req.executable_id());
       *launch.run.mutable_arguments() = req.arguments();
+      for (const Move& m : moves) {
+        if (m.to_device != d) continue;
+        launch.run.set_arguments(m.argument, m.temp_handle);
+        if (!launch.free_after) launch.free_after.emplace().set_device(dev.local_index);
+        launch.free_after->add_buffers(m.temp_handle);
+      }
       *launch.run.mutable_outputs() = req.outputs();
       launch.run.set_execution_id(execution_id);
       for (int i : donated_list) launch.run.add_donated(i);
@@ -616,8 +630,15 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
         ra->set_argument(al.parameter);
         ra->set_output(al.output);
       }
+      if (launch.free_after) launch.free_after->set_seq(dev.next_seq++);
       launches.push_back(std::move(launch));
     }
+  }
+  // Implicit moves (the guard allowed them) land before the step is sent;
+  // the step reads the moved copies, freed right after it on their device.
+  for (const Move& m : moves) {
+    absl::Status s = RunMove(req.session_id(), m);
+    if (!s.ok()) log_->warn("execution {}: {}", execution_id, s.ToString());
   }
   // The step still runs when an argument failed upstream: it consumes the
   // donated buffers and marks its outputs with the error on the workers.
@@ -632,6 +653,11 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
     launch.client->Run(launch.run, [this, session = req.session_id(), outputs](absl::StatusOr<v1::RunResponse> r) {
       OnStepDone(session, outputs, std::move(r));
     });
+    if (launch.free_after) {
+      launch.client->Free(*launch.free_after, [log = log_](absl::Status s) {
+        if (!s.ok()) log->warn("free of moved arguments failed: {}", s.ToString());
+      });
+    }
   }
   if (req.wait()) {
     v1::AwaitRequest await;
@@ -646,6 +672,64 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
     }
   }
   return resp;
+}
+
+absl::StatusOr<Coordinator::Move> Coordinator::PlanMove(const ArrayRecord& rec, uint64_t handle, int to_device) {
+  Move m;
+  m.handle = handle;
+  m.type = rec.type;
+  m.to_device = to_device;
+  for (int d : rec.devices) {
+    const WorkerRecord& w = workers_.at(devices_[d].worker_id);
+    if (!w.alive) continue;
+    m.from_device = d;
+    m.from = w.client;
+    m.from_local = devices_[d].local_index;
+    break;
+  }
+  if (!m.from) return absl::UnavailableError(StrFormat("array %#x: no live device holds it", handle));
+  const DeviceRecord& dest = devices_[to_device];
+  m.to = workers_.at(dest.worker_id).client;
+  m.to_local = dest.local_index;
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  do {
+    m.temp_handle = rng();
+  } while (m.temp_handle == 0 || arrays_.contains(m.temp_handle));
+  return m;
+}
+
+absl::Status Coordinator::RunMove(const std::string& session, const Move& m) {
+  {
+    absl::MutexLock l(&mu_);
+    std::vector<uint64_t> handles{m.handle};
+    AwaitNotPending(handles, absl::InfiniteDuration());
+  }
+  v1::PutShardRequest::Header h;
+  h.set_buffer(m.temp_handle);
+  *h.mutable_type() = m.type;
+  h.add_devices(m.to_local);
+  TESSEL_ASSIGN_OR_RETURN(auto put, m.to->BeginPut(h));
+  v1::FetchShardRequest fr;
+  fr.set_device(m.from_local);
+  fr.set_buffer(m.handle);
+  auto fetch = m.from->BeginFetch(fr);
+  std::string chunk;
+  int64_t moved = 0;
+  absl::Status s;
+  while (s.ok() && fetch->Read(&chunk)) {
+    moved += chunk.size();
+    s = put->Write(chunk);
+  }
+  absl::Status fs = fetch->Finish();
+  absl::Status ps = put->Finish();
+  if (s.ok()) s = fs.ok() ? ps : fs;
+  if (!s.ok()) {
+    return Annotate(s, StrFormat("moving array %#x from device %d to device %d: ", m.handle, m.from_device,
+                                 m.to_device));
+  }
+  absl::MutexLock l(&mu_);
+  CountTransfer(session, m.to_device, Direction::kDeviceToDevice, moved);
+  return absl::OkStatus();
 }
 
 void Coordinator::MarkRejectedOutputs(const v1::ExecuteRequest& req, const absl::Status& error) {

@@ -163,6 +163,18 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountTransfer(const std::string& session, int device, Direction dir, int64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An implicit device->device copy of an argument, for one step.
+  struct Move {
+    int argument = 0;
+    uint64_t handle = 0, temp_handle = 0;
+    v1::TensorType type;
+    int from_device = -1, to_device = -1, from_local = 0, to_local = 0;
+    std::shared_ptr<WorkerClient> from, to;
+  };
+  absl::StatusOr<Move> PlanMove(const ArrayRecord& rec, uint64_t handle, int to_device)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for the source to be ready, then relays it into the temporary handle.
+  absl::Status RunMove(const std::string& session, const Move& m) ABSL_LOCKS_EXCLUDED(mu_);
   // What differs between `graph` and the nearest cached executable.
   std::string ExplainCacheMiss(const v1::Graph& graph, const std::vector<int>& donated) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

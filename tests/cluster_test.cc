@@ -129,11 +129,23 @@ TEST_F(ClusterTest, BadRequestsGetClearErrorsAndTheClusterKeepsServing) {
   r = session_->Execute(*exe, {*bad}, {.wait = true});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  // Argument on another device than the step.
+  // Argument on another device (another worker) than the step: the guard
+  // allows the implicit move by default, and counts it.
   auto good = session_->Put(HostArray::From<float>({4}, {1, 2, 3, 4}), Placement::Device(2));
   r = session_->Execute(*exe, {*good}, {Placement::Device(0), /*wait=*/true});
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto moved = session_->Fetch((*r)[0]);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(moved->as<float>()[1], -2.f);
+  auto counted = session_->Stats();
+  EXPECT_EQ(counted->bytes_device_to_device, 16);
+  auto still = session_->Info(*good);
+  EXPECT_EQ(still->devices, std::vector<int>{2});  // the move was for that step only
+  // A donated argument cannot change devices.
+  r = session_->Execute(*exe, {*good}, {Placement::Device(0), /*wait=*/true, {0}});
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("not on device 0"), absl::string_view::npos) << r.status();
+  EXPECT_NE(r.status().message().find("a donated buffer cannot change devices"), absl::string_view::npos)
+      << r.status();
   // A device that does not exist.
   r = session_->Execute(*exe, {*good}, {Placement::Device(17), /*wait=*/true});
   ASSERT_FALSE(r.ok());
