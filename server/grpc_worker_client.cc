@@ -1,6 +1,8 @@
 #include <grpcpp/grpcpp.h>
 
-#include "absl/container/flat_hash_set.h"
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "core/rpc_status.h"
@@ -9,6 +11,78 @@
 
 namespace tessel::server {
 namespace {
+
+using StepDone = std::function<void(absl::Status, v1::RunResponse*)>;
+
+// Runs and frees over one Steps stream to a worker. Results come back by
+// (device, seq) on a reader thread; when the stream ends, every step still
+// waiting fails with UNAVAILABLE.
+class StepStream {
+ public:
+  StepStream(v1::Worker::Stub* stub, std::string address) : address_(std::move(address)) {
+    stream_ = stub->Steps(&ctx_);
+    reader_ = std::thread([this] { ReadLoop(); });
+  }
+  ~StepStream() {
+    {
+      absl::MutexLock w(&write_mu_);
+      stream_->WritesDone();
+    }
+    ctx_.TryCancel();
+    reader_.join();
+  }
+
+  // False when the stream has ended (`done` is then not called).
+  bool Send(const v1::StepRequest& req, int device, uint64_t seq, StepDone done) {
+    {
+      absl::MutexLock l(&mu_);
+      if (ended_) return false;
+      waiting_[{device, seq}] = std::move(done);
+    }
+    absl::MutexLock w(&write_mu_);
+    (void)stream_->Write(req);  // on failure the reader fails what waits
+    return true;
+  }
+
+  void Cancel() { ctx_.TryCancel(); }
+
+ private:
+  void ReadLoop() {
+    v1::StepResults batch;
+    while (stream_->Read(&batch)) {
+      for (v1::StepResult& r : *batch.mutable_results()) {
+        StepDone done;
+        {
+          absl::MutexLock l(&mu_);
+          auto it = waiting_.find(std::make_pair(r.device(), r.seq()));
+          if (it == waiting_.end()) continue;
+          done = std::move(it->second);
+          waiting_.erase(it);
+        }
+        done(absl::Status(static_cast<absl::StatusCode>(r.code()), r.error()), r.mutable_run());
+      }
+    }
+    grpc::Status s = stream_->Finish();
+    absl::flat_hash_map<std::pair<int, uint64_t>, StepDone> orphans;
+    {
+      absl::MutexLock l(&mu_);
+      ended_ = true;
+      orphans.swap(waiting_);
+    }
+    const absl::Status why = absl::UnavailableError(absl::StrCat(
+        "worker ", address_, " unavailable: step stream ended", s.ok() ? "" : ": ", s.error_message()));
+    for (auto& [key, done] : orphans) done(why, nullptr);
+  }
+
+  const std::string address_;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResults>> stream_;
+  absl::Mutex write_mu_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::pair<int, uint64_t>, StepDone> waiting_ ABSL_GUARDED_BY(mu_);
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread reader_;  // last: joined before the rest goes
+};
 
 class GrpcWorkerClient final : public WorkerClient {
  public:
@@ -28,20 +102,18 @@ class GrpcWorkerClient final : public WorkerClient {
   }
 
   void Run(const v1::RunRequest& request, RunDone done) override {
-    auto on_done = [done = std::move(done)](absl::Status s, v1::RunResponse* resp) {
+    v1::StepRequest req;
+    *req.mutable_run() = request;
+    SendStep(req, request.device(), request.seq(), [done = std::move(done)](absl::Status s, v1::RunResponse* resp) {
       if (s.ok()) return done(std::move(*resp));
       done(s);
-    };
-    Async<v1::RunRequest, v1::RunResponse>(request, std::move(on_done), [this](auto* ctx, auto* req, auto* resp, auto cb) {
-      stub_->async()->Run(ctx, req, resp, std::move(cb));
     });
   }
 
   void Free(const v1::FreeRequest& request, Done done) override {
-    auto on_done = [done = std::move(done)](absl::Status s, v1::FreeResponse*) { done(s); };
-    Async<v1::FreeRequest, v1::FreeResponse>(request, std::move(on_done), [this](auto* ctx, auto* req, auto* resp, auto cb) {
-      stub_->async()->Free(ctx, req, resp, std::move(cb));
-    });
+    v1::StepRequest req;
+    *req.mutable_free() = request;
+    SendStep(req, request.device(), request.seq(), [done = std::move(done)](absl::Status s, v1::RunResponse*) { done(s); });
   }
 
   absl::StatusOr<std::unique_ptr<PutStream>> BeginPut(const v1::PutShardRequest::Header& header) override {
@@ -73,10 +145,25 @@ class GrpcWorkerClient final : public WorkerClient {
 
   void CancelAll() override {
     absl::MutexLock l(&mu_);
-    for (grpc::ClientContext* c : in_flight_) c->TryCancel();
+    if (steps_) steps_->Cancel();
   }
 
  private:
+  // Sends on the current step stream, opening a new one if it ended.
+  void SendStep(const v1::StepRequest& req, int device, uint64_t seq, StepDone done) {
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      std::shared_ptr<StepStream> stream;
+      {
+        absl::MutexLock l(&mu_);
+        if (!steps_ || attempt > 0) steps_ = std::make_shared<StepStream>(stub_.get(), address_);
+        stream = steps_;
+      }
+      if (stream->Send(req, device, seq, done)) return;
+    }
+    done(absl::UnavailableError(absl::StrCat("worker ", address_, " unavailable: cannot open a step stream")),
+         nullptr);
+  }
+
   struct GrpcPutStream final : PutStream {
     explicit GrpcPutStream(GrpcWorkerClient* c) : client(c) {}
     absl::Status Write(const std::string& bytes) override {
@@ -122,34 +209,10 @@ class GrpcWorkerClient final : public WorkerClient {
     return FromGrpc(s);
   }
 
-  template <typename Req, typename Resp, typename Call>
-  void Async(const Req& request, std::function<void(absl::Status, Resp*)> done, Call call) {
-    struct State {
-      grpc::ClientContext ctx;
-      Req req;
-      Resp resp;
-    };
-    auto* st = new State;
-    st->req = request;
-    {
-      absl::MutexLock l(&mu_);
-      in_flight_.insert(&st->ctx);
-    }
-    call(&st->ctx, &st->req, &st->resp, [this, st, done = std::move(done)](grpc::Status s) {
-      {
-        absl::MutexLock l(&mu_);
-        in_flight_.erase(&st->ctx);
-      }
-      absl::Status status = Annotated(s);
-      done(status, &st->resp);
-      delete st;
-    });
-  }
-
   const std::string address_;
   std::unique_ptr<v1::Worker::Stub> stub_;
   absl::Mutex mu_;
-  absl::flat_hash_set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<StepStream> steps_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

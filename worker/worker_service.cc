@@ -1,6 +1,7 @@
 #include "worker/worker_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "core/dtype.h"
 #include "core/rpc_status.h"
 #include "core/version.h"
@@ -36,6 +37,119 @@ grpc::ServerUnaryReactor* WorkerService::Free(grpc::CallbackServerContext* ctx, 
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   runtime_->Free(*req, [reactor](absl::Status s) { reactor->Finish(ToGrpc(s)); });
   return reactor;
+}
+
+namespace {
+
+// One Steps stream: reads requests and queues them on the runtime; writes
+// results as steps complete, batching those that complete while a write is
+// in flight. Finishes once the client is done sending and every step has
+// answered, so no completion outlives the reactor.
+class StepsReactor final : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResults> {
+ public:
+  explicit StepsReactor(WorkerRuntime* runtime) : runtime_(runtime) { StartRead(&request_); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      absl::MutexLock l(&mu_);
+      reading_done_ = true;
+      MaybeFinishLocked();
+      return;
+    }
+    {
+      absl::MutexLock l(&mu_);
+      ++in_flight_;
+    }
+    if (request_.has_run()) {
+      const int device = request_.run().device();
+      const uint64_t seq = request_.run().seq();
+      runtime_->Run(request_.run(), [this, device, seq](absl::StatusOr<v1::RunResponse> r) {
+        v1::StepResult res;
+        res.set_device(device);
+        res.set_seq(seq);
+        if (r.ok()) {
+          *res.mutable_run() = std::move(*r);
+        } else {
+          res.set_code(static_cast<int>(r.status().code()));
+          res.set_error(std::string(r.status().message()));
+        }
+        Complete(std::move(res));
+      });
+    } else {
+      const int device = request_.free().device();
+      const uint64_t seq = request_.free().seq();
+      runtime_->Free(request_.free(), [this, device, seq](absl::Status s) {
+        v1::StepResult res;
+        res.set_device(device);
+        res.set_seq(seq);
+        res.set_code(static_cast<int>(s.code()));
+        res.set_error(std::string(s.message()));
+        Complete(std::move(res));
+      });
+    }
+    StartRead(&request_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock l(&mu_);
+    in_flight_ -= writing_.results_size();
+    writing_.Clear();
+    if (ok && pending_.results_size() > 0) {
+      StartWriteLocked();
+    } else {
+      if (!ok) {  // the client is gone: drop what is queued
+        in_flight_ -= pending_.results_size();
+        pending_.Clear();
+        broken_ = true;
+      }
+      write_busy_ = false;
+      MaybeFinishLocked();
+    }
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void Complete(v1::StepResult res) {
+    absl::MutexLock l(&mu_);
+    if (broken_) {
+      --in_flight_;
+      MaybeFinishLocked();
+      return;
+    }
+    *pending_.add_results() = std::move(res);
+    if (!write_busy_) StartWriteLocked();
+  }
+
+  void StartWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    write_busy_ = true;
+    writing_.Swap(&pending_);
+    StartWrite(&writing_);
+  }
+
+  void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (reading_done_ && in_flight_ == 0 && !write_busy_ && !finished_) {
+      finished_ = true;
+      Finish(grpc::Status::OK);
+    }
+  }
+
+  WorkerRuntime* const runtime_;
+  v1::StepRequest request_;  // only touched by the read chain
+  absl::Mutex mu_;
+  v1::StepResults pending_ ABSL_GUARDED_BY(mu_);
+  v1::StepResults writing_ ABSL_GUARDED_BY(mu_);
+  int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // requests read, results not yet written
+  bool reading_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool write_busy_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+grpc::ServerBidiReactor<v1::StepRequest, v1::StepResults>* WorkerService::Steps(grpc::CallbackServerContext*) {
+  return new StepsReactor(runtime_);
 }
 
 grpc::Status WorkerService::PutShard(grpc::ServerContext*, grpc::ServerReader<v1::PutShardRequest>* reader,

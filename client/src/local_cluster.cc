@@ -162,12 +162,14 @@ absl::Status LocalCluster::SignalWorker(int i, int sig) {
 }
 
 void LocalCluster::Stop() {
+  // The coordinator first: it closes its step streams to the workers, which
+  // then shut down without waiting on them.
+  StopProcess(coordinator_pid_);
+  coordinator_pid_ = -1;
   for (pid_t& p : worker_pids_) {
     StopProcess(p);
     p = -1;
   }
-  StopProcess(coordinator_pid_);
-  coordinator_pid_ = -1;
 }
 
 LocalCluster::~LocalCluster() {
