@@ -133,12 +133,15 @@ T Check(absl::StatusOr<T> v) {
 
 int main(int argc, char** argv) {
   bool json = false;
+  std::string only;  // run the benchmarks whose name contains this
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    if (a.rfind("--only=", 0) == 0) only = a.substr(7);
     if (a.rfind("--serve-baseline=", 0) == 0) return ServeBaseline(a.substr(17));
     if (a == "--json") json = true;
     if (a == "--help" || a == "-h") {
-      std::printf("tessel-bench [--json]: runs Tessel beside its baselines on a local cluster and prints ratios.\n");
+      std::printf("tessel-bench [--json] [--only=SUBSTR]: runs Tessel beside its baselines on a local cluster and\n"
+                  "prints ratios. --only runs the benchmarks whose name contains SUBSTR.\n");
       return 0;
     }
   }
@@ -173,9 +176,10 @@ int main(int argc, char** argv) {
   auto cluster = Check(tessel::LocalCluster::Start(opts));
   auto session = Check(tessel::Session::Connect(cluster->address()));
   std::vector<Row> rows;
+  auto want = [&](const char* name) { return only.empty() || std::string(name).find(only) != std::string::npos; };
 
   // 1. Execute round trip vs two bare unary round trips.
-  {
+  if (want("exec_roundtrip")) {
     GraphBuilder g("add1");
     auto x = g.Parameter({DType::kF32, {1}}, "x");
     auto exe = Check(session->Compile(Check(g.Build({g.Add(x, x)}))));
@@ -205,7 +209,7 @@ int main(int argc, char** argv) {
   }
 
   // 2. Fetch 256 MiB vs a bare server stream.
-  {
+  if (want("fetch_256mib")) {
     HostArray big(ArrayType{DType::kF32, {kFetchBytes / 4}});
     std::memset(big.mutable_data(), 1, big.size_bytes());
     auto arr = Check(session->Put(big));
@@ -232,7 +236,7 @@ int main(int argc, char** argv) {
   }
 
   // 3. Fused 4-op chain over 2^26 f32 vs a copy loop.
-  {
+  if (want("fused_chain")) {
     const int64_t n = int64_t{1} << 26;
     GraphBuilder g("chain4");
     auto x = g.Parameter({DType::kF32, {n}}, "x");
@@ -264,7 +268,7 @@ int main(int argc, char** argv) {
   }
 
   // 4. dot 2048^3 vs sgemm.
-  {
+  if (want("dot_2048")) {
     const int64_t m = 2048;
     GraphBuilder g("dot2048");
     auto a = g.Parameter({DType::kF32, {m, m}}, "a");
@@ -301,7 +305,7 @@ int main(int argc, char** argv) {
   //    pipelined: steps per second vs bare unary round trips per second.
   // 6. The same loop with a 256 MiB state on one device: its peak memory vs
   //    one state.
-  {
+  if (want("seed_loop_steps") || want("seed_loop_2w") || want("loop_peak_256mib")) {
     auto step = [&](const std::string& name, int64_t n, bool second) {
       GraphBuilder g(name);
       auto s = g.Parameter({DType::kF32, {n}}, "state");
@@ -344,6 +348,7 @@ int main(int argc, char** argv) {
       if (!bstub->GetVersion(&ctx, tessel::v1::GetVersionRequest(), &r).ok()) Check(absl::UnavailableError("bare"));
     };
     const int pairs = 2000;
+    if (want("seed_loop_steps") || want("seed_loop_2w")) {
     const double t_one = loop(16, tessel::Placement::Device(0), pairs);
     const double t_both = loop(16, tessel::Placement::Replicated(), pairs);
     const double t_unary = TimePerCall(2000, bare);
@@ -351,7 +356,9 @@ int main(int argc, char** argv) {
                     "f1/f2 donated, guard disallow, 16-float state, one device, pipelined, vs unary calls/s"});
     rows.push_back({"seed_loop_2w", "steps/s", 2.0 * pairs / t_both, 1.0 / t_unary, 1.0, true,
                     "the same loop replicated on both workers (each step runs on 2 devices)"});
+    }
 
+    if (want("loop_peak_256mib")) {
     const int64_t n = int64_t{1} << 26;  // 256 MiB
     const int device = 1;                // untouched by the benchmarks above: its peak is this loop's
     (void)loop(n, tessel::Placement::Device(device), 10);
@@ -361,6 +368,7 @@ int main(int argc, char** argv) {
     }
     rows.push_back({"loop_peak_256mib", "MiB", peak / 1048576.0, n * 4 / 1048576.0, 1.1, false,
                     "peak device memory during the 256 MiB donated loop vs one state"});
+    }
   }
 
   cluster.reset();

@@ -14,39 +14,55 @@ namespace {
 
 using StepDone = std::function<void(absl::Status, v1::RunResponse*)>;
 
-// Runs and frees over one Steps stream to a worker. Results come back by
-// (device, seq) on a reader thread; when the stream ends, every step still
-// waiting fails with UNAVAILABLE.
+// Runs and frees over one Steps stream to a worker. Send queues and never
+// blocks; a writer thread sends what has queued as one batch. Results come
+// back by (device, seq) on a reader thread; when the stream ends, every step
+// still waiting fails with UNAVAILABLE.
 class StepStream {
  public:
   StepStream(v1::Worker::Stub* stub, std::string address) : address_(std::move(address)) {
     stream_ = stub->Steps(&ctx_);
+    writer_ = std::thread([this] { WriteLoop(); });
     reader_ = std::thread([this] { ReadLoop(); });
   }
   ~StepStream() {
     {
-      absl::MutexLock w(&write_mu_);
-      stream_->WritesDone();
+      absl::MutexLock l(&mu_);
+      closing_ = true;
     }
+    writer_.join();
     ctx_.TryCancel();
     reader_.join();
   }
 
   // False when the stream has ended (`done` is then not called).
-  bool Send(const v1::StepRequest& req, int device, uint64_t seq, StepDone done) {
-    {
-      absl::MutexLock l(&mu_);
-      if (ended_) return false;
-      waiting_[{device, seq}] = std::move(done);
-    }
-    absl::MutexLock w(&write_mu_);
-    (void)stream_->Write(req);  // on failure the reader fails what waits
+  bool Send(v1::StepRequest req, int device, uint64_t seq, StepDone done) {
+    absl::MutexLock l(&mu_);
+    if (ended_) return false;
+    waiting_[{device, seq}] = std::move(done);
+    *queue_.add_steps() = std::move(req);
     return true;
   }
 
   void Cancel() { ctx_.TryCancel(); }
 
  private:
+  void WriteLoop() {
+    v1::StepBatch batch;
+    while (true) {
+      {
+        absl::MutexLock l(&mu_);
+        auto ready = [this] { return queue_.steps_size() > 0 || closing_ || ended_; };
+        mu_.Await(absl::Condition(&ready));
+        if (queue_.steps_size() == 0 || ended_) break;
+        batch.Clear();
+        batch.Swap(&queue_);
+      }
+      if (!stream_->Write(batch)) break;  // the reader fails what waits
+    }
+    stream_->WritesDone();
+  }
+
   void ReadLoop() {
     v1::StepResults batch;
     while (stream_->Read(&batch)) {
@@ -76,11 +92,13 @@ class StepStream {
 
   const std::string address_;
   grpc::ClientContext ctx_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResults>> stream_;
-  absl::Mutex write_mu_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::StepBatch, v1::StepResults>> stream_;
   absl::Mutex mu_;
+  v1::StepBatch queue_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::pair<int, uint64_t>, StepDone> waiting_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread writer_;
   std::thread reader_;  // last: joined before the rest goes
 };
 

@@ -64,22 +64,25 @@ grpc::Status SessionService::SetSessionOptions(grpc::ServerContext*, const v1::S
   return ToGrpc(c_->SetSessionOptions(*req));
 }
 grpc::Status SessionService::Dispatch(grpc::ServerContext*,
-                                      grpc::ServerReaderWriter<v1::DispatchReply, v1::ExecuteRequest>* stream) {
-  v1::ExecuteRequest req;
-  v1::DispatchReply reply;
-  while (stream->Read(&req)) {
-    const bool client_reads_reply = req.wait();
-    req.set_wait(false);
-    auto r = c_->Execute(req);
-    reply.Clear();
-    if (r.ok()) {
-      *reply.mutable_response() = std::move(*r);
-    } else {
-      reply.set_code(static_cast<int>(r.status().code()));
-      reply.set_error(std::string(r.status().message()));
-      if (!client_reads_reply) c_->MarkRejectedOutputs(req, r.status());
+                                      grpc::ServerReaderWriter<v1::DispatchReplies, v1::DispatchBatch>* stream) {
+  v1::DispatchBatch batch;
+  v1::DispatchReplies replies;
+  while (stream->Read(&batch)) {
+    replies.Clear();
+    for (v1::ExecuteRequest& req : *batch.mutable_calls()) {
+      const bool client_reads_reply = req.wait();
+      req.set_wait(false);
+      auto r = c_->Execute(req);
+      v1::DispatchReply* reply = replies.add_replies();
+      if (r.ok()) {
+        *reply->mutable_response() = std::move(*r);
+      } else {
+        reply->set_code(static_cast<int>(r.status().code()));
+        reply->set_error(std::string(r.status().message()));
+        if (!client_reads_reply) c_->MarkRejectedOutputs(req, r.status());
+      }
     }
-    if (!stream->Write(reply)) break;
+    if (!stream->Write(replies)) break;
   }
   return grpc::Status::OK;
 }

@@ -19,7 +19,7 @@ class SessionService final : public v1::Session::Service {
   grpc::Status SetSessionOptions(grpc::ServerContext*, const v1::SetSessionOptionsRequest* req,
                                  v1::SetSessionOptionsResponse* resp) override;
   grpc::Status Dispatch(grpc::ServerContext*,
-                        grpc::ServerReaderWriter<v1::DispatchReply, v1::ExecuteRequest>* stream) override;
+                        grpc::ServerReaderWriter<v1::DispatchReplies, v1::DispatchBatch>* stream) override;
   grpc::Status Execute(grpc::ServerContext*, const v1::ExecuteRequest*, v1::ExecuteResponse*) override;
   grpc::Status Await(grpc::ServerContext*, const v1::AwaitRequest*, v1::AwaitResponse*) override;
   grpc::Status Fetch(grpc::ServerContext*, const v1::FetchRequest*, grpc::ServerWriter<v1::FetchResponse>*) override;

@@ -45,9 +45,9 @@ namespace {
 // results as steps complete, batching those that complete while a write is
 // in flight. Finishes once the client is done sending and every step has
 // answered, so no completion outlives the reactor.
-class StepsReactor final : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResults> {
+class StepsReactor final : public grpc::ServerBidiReactor<v1::StepBatch, v1::StepResults> {
  public:
-  explicit StepsReactor(WorkerRuntime* runtime) : runtime_(runtime) { StartRead(&request_); }
+  explicit StepsReactor(WorkerRuntime* runtime) : runtime_(runtime) { StartRead(&batch_); }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
@@ -58,12 +58,17 @@ class StepsReactor final : public grpc::ServerBidiReactor<v1::StepRequest, v1::S
     }
     {
       absl::MutexLock l(&mu_);
-      ++in_flight_;
+      in_flight_ += batch_.steps_size();
     }
-    if (request_.has_run()) {
-      const int device = request_.run().device();
-      const uint64_t seq = request_.run().seq();
-      runtime_->Run(request_.run(), [this, device, seq](absl::StatusOr<v1::RunResponse> r) {
+    for (const v1::StepRequest& step : batch_.steps()) Submit(step);
+    StartRead(&batch_);
+  }
+
+  void Submit(const v1::StepRequest& request) {
+    if (request.has_run()) {
+      const int device = request.run().device();
+      const uint64_t seq = request.run().seq();
+      runtime_->Run(request.run(), [this, device, seq](absl::StatusOr<v1::RunResponse> r) {
         v1::StepResult res;
         res.set_device(device);
         res.set_seq(seq);
@@ -76,9 +81,9 @@ class StepsReactor final : public grpc::ServerBidiReactor<v1::StepRequest, v1::S
         Complete(std::move(res));
       });
     } else {
-      const int device = request_.free().device();
-      const uint64_t seq = request_.free().seq();
-      runtime_->Free(request_.free(), [this, device, seq](absl::Status s) {
+      const int device = request.free().device();
+      const uint64_t seq = request.free().seq();
+      runtime_->Free(request.free(), [this, device, seq](absl::Status s) {
         v1::StepResult res;
         res.set_device(device);
         res.set_seq(seq);
@@ -87,7 +92,6 @@ class StepsReactor final : public grpc::ServerBidiReactor<v1::StepRequest, v1::S
         Complete(std::move(res));
       });
     }
-    StartRead(&request_);
   }
 
   void OnWriteDone(bool ok) override {
@@ -135,7 +139,7 @@ class StepsReactor final : public grpc::ServerBidiReactor<v1::StepRequest, v1::S
   }
 
   WorkerRuntime* const runtime_;
-  v1::StepRequest request_;  // only touched by the read chain
+  v1::StepBatch batch_;  // only touched by the read chain
   absl::Mutex mu_;
   v1::StepResults pending_ ABSL_GUARDED_BY(mu_);
   v1::StepResults writing_ ABSL_GUARDED_BY(mu_);
@@ -148,7 +152,7 @@ class StepsReactor final : public grpc::ServerBidiReactor<v1::StepRequest, v1::S
 
 }  // namespace
 
-grpc::ServerBidiReactor<v1::StepRequest, v1::StepResults>* WorkerService::Steps(grpc::CallbackServerContext*) {
+grpc::ServerBidiReactor<v1::StepBatch, v1::StepResults>* WorkerService::Steps(grpc::CallbackServerContext*) {
   return new StepsReactor(runtime_);
 }
 

@@ -18,7 +18,7 @@ class WorkerService final
   grpc::Status LoadProgram(grpc::ServerContext*, const v1::LoadProgramRequest*, v1::LoadProgramResponse*) override;
   grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext*, const v1::RunRequest*, v1::RunResponse*) override;
   grpc::ServerUnaryReactor* Free(grpc::CallbackServerContext*, const v1::FreeRequest*, v1::FreeResponse*) override;
-  grpc::ServerBidiReactor<v1::StepRequest, v1::StepResults>* Steps(grpc::CallbackServerContext*) override;
+  grpc::ServerBidiReactor<v1::StepBatch, v1::StepResults>* Steps(grpc::CallbackServerContext*) override;
   grpc::Status PutShard(grpc::ServerContext*, grpc::ServerReader<v1::PutShardRequest>*, v1::PutShardResponse*) override;
   grpc::Status FetchShard(grpc::ServerContext*, const v1::FetchShardRequest*,
                           grpc::ServerWriter<v1::FetchShardResponse>*) override;

@@ -63,40 +63,36 @@ DonationReceipt FromProto(const v1::DonationReceipt& r) {
 }  // namespace
 
 // The pipelined Execute stream: one per session, opened on first use. Calls
-// are written in order and answered in order by a reader thread; unary calls
-// that name handles first wait until every call sent has been answered, so
-// they never overtake the Execute that makes their arrays.
+// queue in order; a writer thread sends whatever has queued as one batch, so
+// a host loop that outpaces the wire coalesces its calls. Replies come back
+// in order on a reader thread. Unary calls that name handles first wait until
+// every call queued has been answered, so they never overtake the Execute
+// that makes their arrays.
 class Dispatcher {
  public:
   explicit Dispatcher(v1::Session::Stub* stub) {
     stream_ = stub->Dispatch(&ctx_);
+    writer_ = std::thread([this] { WriteLoop(); });
     reader_ = std::thread([this] { ReadLoop(); });
   }
 
   ~Dispatcher() {
     {
-      absl::MutexLock w(&write_mu_);
-      stream_->WritesDone();
+      absl::MutexLock l(&mu_);
+      closing_ = true;
     }
+    writer_.join();
     reader_.join();
   }
 
-  // Sends `req`; returns its sequence number. With `want_reply`, the reply
+  // Queues `req`; returns its sequence number. With `want_reply`, the reply
   // is kept for Reply().
-  absl::StatusOr<int64_t> Send(const v1::ExecuteRequest& req, bool want_reply) {
-    absl::MutexLock w(&write_mu_);
-    int64_t seq;
-    {
-      absl::MutexLock l(&mu_);
-      if (!broken_.ok()) return broken_;
-      seq = sent_++;
-      if (want_reply) wanted_[seq];
-    }
-    if (!stream_->Write(req)) {
-      absl::MutexLock l(&mu_);
-      mu_.Await(absl::Condition(&done_reading_));
-      return broken_.ok() ? absl::UnavailableError("the execute stream to the coordinator closed") : broken_;
-    }
+  absl::StatusOr<int64_t> Send(v1::ExecuteRequest req, bool want_reply) {
+    absl::MutexLock l(&mu_);
+    if (!broken_.ok()) return broken_;
+    const int64_t seq = sent_++;
+    if (want_reply) wanted_[seq];
+    *queue_.add_calls() = std::move(req);
     return seq;
   }
 
@@ -111,7 +107,7 @@ class Dispatcher {
     return r;
   }
 
-  // Waits until every call sent has been answered.
+  // Waits until every call queued has been answered.
   absl::Status Flush() {
     absl::MutexLock l(&mu_);
     auto drained = [this] { return acked_ == sent_ || done_reading_; };
@@ -120,13 +116,31 @@ class Dispatcher {
   }
 
  private:
+  void WriteLoop() {
+    v1::DispatchBatch batch;
+    while (true) {
+      {
+        absl::MutexLock l(&mu_);
+        auto ready = [this] { return queue_.calls_size() > 0 || closing_ || done_reading_; };
+        mu_.Await(absl::Condition(&ready));
+        if (queue_.calls_size() == 0) break;  // closing, or the stream ended
+        batch.Clear();
+        batch.Swap(&queue_);
+      }
+      if (!stream_->Write(batch)) break;  // the reader records why
+    }
+    stream_->WritesDone();
+  }
+
   void ReadLoop() {
-    v1::DispatchReply reply;
-    while (stream_->Read(&reply)) {
+    v1::DispatchReplies replies;
+    while (stream_->Read(&replies)) {
       absl::MutexLock l(&mu_);
-      auto it = wanted_.find(acked_);
-      if (it != wanted_.end()) it->second = reply;
-      ++acked_;
+      for (v1::DispatchReply& r : *replies.mutable_replies()) {
+        auto it = wanted_.find(acked_);
+        if (it != wanted_.end()) it->second = std::move(r);
+        ++acked_;
+      }
     }
     grpc::Status s = stream_->Finish();
     absl::MutexLock l(&mu_);
@@ -135,14 +149,16 @@ class Dispatcher {
   }
 
   grpc::ClientContext ctx_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::ExecuteRequest, v1::DispatchReply>> stream_;
-  absl::Mutex write_mu_;  // held across a Write: one writer at a time, in sequence order
+  std::unique_ptr<grpc::ClientReaderWriter<v1::DispatchBatch, v1::DispatchReplies>> stream_;
   absl::Mutex mu_;
+  v1::DispatchBatch queue_ ABSL_GUARDED_BY(mu_);
   int64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t acked_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<int64_t, v1::DispatchReply> wanted_ ABSL_GUARDED_BY(mu_);
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
   bool done_reading_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread writer_;
   std::thread reader_;
 };
 
@@ -335,7 +351,7 @@ absl::StatusOr<std::vector<Array>> Session::Execute(const Executable& exe, absl:
   const bool want_reply = options.wait || options.receipt != nullptr;
   req.set_wait(want_reply);  // on the stream: "I read the reply"
   Dispatcher& d = impl_->dispatcher();
-  TESSEL_ASSIGN_OR_RETURN(int64_t seq, d.Send(req, want_reply));
+  TESSEL_ASSIGN_OR_RETURN(int64_t seq, d.Send(std::move(req), want_reply));
   if (!want_reply) return outs;
   TESSEL_ASSIGN_OR_RETURN(v1::DispatchReply reply, d.Reply(seq));
   if (reply.code() != 0) return absl::Status(static_cast<absl::StatusCode>(reply.code()), reply.error());
