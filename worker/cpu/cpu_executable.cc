@@ -1,5 +1,8 @@
 #include "worker/cpu/cpu_executable.h"
 
+#include <algorithm>
+#include <thread>
+
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "core/dtype.h"
@@ -13,6 +16,14 @@
 namespace tessel::cpu {
 
 using worker::BufferPtr;
+
+namespace {
+// Threads a large elementwise loop may use: the machine's cores.
+int KernelThreads() {
+  static const int n = std::max(1u, std::thread::hardware_concurrency());
+  return n;
+}
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<worker::Executable>> CpuExecutable::Load(const v1::Program& program,
                                                                         worker::Device* device) {
@@ -116,7 +127,7 @@ absl::Status CpuExecutable::Execute(const Instr& in, std::vector<BufferPtr>& val
       outs.push_back(b->opaque());
       values[in.results[i]] = std::move(b);
     }
-    in.fusion->Run(ins, outs);
+    in.fusion->Run(ins, outs, KernelThreads());
     return absl::OkStatus();
   }
   const v1::Node& n = *in.node;

@@ -1,5 +1,8 @@
 #include "worker/cpu/fused_loop.h"
 
+#include <algorithm>
+#include <thread>
+
 #include <cstring>
 
 #include "absl/container/flat_hash_map.h"
@@ -107,17 +110,8 @@ absl::StatusOr<FusedLoop> FusedLoop::Build(const v1::Fusion& fusion,
   return f;
 }
 
-void FusedLoop::Run(absl::Span<const void* const> inputs, absl::Span<void* const> outputs) const {
-  // Per-call scratch: temp blocks, and the splats of one-element inputs.
-  int64_t temp_bytes = 0;
-  std::vector<int64_t> temp_offset(num_temps_);
-  for (const Slot& s : slots_) {
-    if (s.kind == SlotKind::kTemp) {
-      temp_offset[s.index] = temp_bytes;
-      temp_bytes += kBlock * s.esize;
-    }
-  }
-  std::vector<char> temps(temp_bytes);
+void FusedLoop::Run(absl::Span<const void* const> inputs, absl::Span<void* const> outputs, int threads) const {
+  // Per-call scratch shared by every thread: the splats of one-element inputs.
   std::vector<std::vector<char>> splats(const_blocks_.size());
   // Input slots come first, so an input's slot number is its index.
   for (int slot : splat_inputs_) {
@@ -128,8 +122,31 @@ void FusedLoop::Run(absl::Span<const void* const> inputs, absl::Span<void* const
   for (const auto& [slot, out_index] : scalar_outputs_) {
     std::memcpy(outputs[out_index], const_blocks_[slots_[slot].index].data(), slots_[slot].esize);
   }
+  const int64_t blocks = (elements_ + kBlock - 1) / kBlock;
+  const int n = elements_ >= kParallelElements ? int(std::min<int64_t>(std::max(threads, 1), blocks)) : 1;
+  if (n <= 1) return RunBlocks(inputs, outputs, splats, 0, blocks);
+  std::vector<std::thread> helpers;
+  for (int t = 1; t < n; ++t) {
+    helpers.emplace_back([&, t] { RunBlocks(inputs, outputs, splats, blocks * t / n, blocks * (t + 1) / n); });
+  }
+  RunBlocks(inputs, outputs, splats, 0, blocks / n);
+  for (std::thread& h : helpers) h.join();
+}
+
+void FusedLoop::RunBlocks(absl::Span<const void* const> inputs, absl::Span<void* const> outputs,
+                          const std::vector<std::vector<char>>& splats, int64_t begin, int64_t end) const {
+  // Per-thread scratch: temp blocks.
+  int64_t temp_bytes = 0;
+  std::vector<int64_t> temp_offset(num_temps_);
+  for (const Slot& s : slots_) {
+    if (s.kind == SlotKind::kTemp) {
+      temp_offset[s.index] = temp_bytes;
+      temp_bytes += kBlock * s.esize;
+    }
+  }
+  std::vector<char> temps(temp_bytes);
   std::vector<void*> ptr(slots_.size());
-  for (int64_t start = 0; start < elements_; start += kBlock) {
+  for (int64_t start = begin * kBlock; start < std::min(end * kBlock, elements_); start += kBlock) {
     const int64_t len = std::min(kBlock, elements_ - start);
     for (size_t i = 0; i < slots_.size(); ++i) {
       const Slot& s = slots_[i];
@@ -143,7 +160,7 @@ void FusedLoop::Run(absl::Span<const void* const> inputs, absl::Span<void* const
         case SlotKind::kTemp: ptr[i] = temps.data() + temp_offset[s.index]; break;
         case SlotKind::kConst:
           ptr[i] = splats[s.index].empty() ? const_cast<char*>(const_blocks_[s.index].data())
-                                           : splats[s.index].data();
+                                           : const_cast<char*>(splats[s.index].data());
           break;
       }
     }

@@ -27,12 +27,18 @@ class FusedLoop {
 
   // `inputs` follow fusion.inputs(); `outputs` follow fusion.outputs() and
   // must hold the output types' bytes.
-  void Run(absl::Span<const void* const> inputs, absl::Span<void* const> outputs) const;
+  // Loops of at least kParallelElements split their blocks over up to
+  // `threads` threads (each block is independent, so in-place outputs stay
+  // safe: an element is read and written by the same thread).
+  void Run(absl::Span<const void* const> inputs, absl::Span<void* const> outputs, int threads = 1) const;
+  static constexpr int64_t kParallelElements = int64_t{1} << 20;
 
   const std::vector<v1::TensorType>& output_types() const { return output_types_; }
 
  private:
   enum class SlotKind { kInput, kOutput, kTemp, kConst };
+  void RunBlocks(absl::Span<const void* const> inputs, absl::Span<void* const> outputs,
+                 const std::vector<std::vector<char>>& splats, int64_t begin, int64_t end) const;
   struct Slot {
     SlotKind kind;
     v1::DType dtype;

@@ -131,8 +131,10 @@ TEST(Reduce, SumOverLeadingAndTrailingDims) {
   }
 }
 
-TEST(FusedLoop, ChainAcrossManyBlocksEqualsStepByStep) {
-  const int64_t n = FusedLoop::kBlock * 3 + 17;
+// Small loops run on one thread; large ones split their blocks over threads
+// (3 here, an uneven split, with a ragged last block). Both equal the
+// step-by-step reference, iota included (it depends on the block offset).
+void CheckChain(int64_t n, int threads) {
   v1::Fusion f;
   f.add_inputs("x");
   auto node = [&](const char* name, v1::Op op, std::vector<std::string> operands) {
@@ -159,15 +161,22 @@ TEST(FusedLoop, ChainAcrossManyBlocksEqualsStepByStep) {
   f.add_outputs("m");
   auto loop = FusedLoop::Build(f, {MakeType(v1::F32, {n})});
   ASSERT_TRUE(loop.ok()) << loop.status();
+  if (!loop.ok()) return;
   auto x = Random(n, 5);
   std::vector<float> y(n), m(n);
   std::vector<const void*> ins = {x.data()};
   std::vector<void*> outs = {y.data(), m.data()};
-  loop->Run(ins, outs);
+  loop->Run(ins, outs, threads);
   for (int64_t i = 0; i < n; ++i) {
     ASSERT_FLOAT_EQ(m[i], x[i] * 0.5f);
     ASSERT_FLOAT_EQ(y[i], std::tanh(x[i] * 0.5f) + float(i));
   }
+}
+
+TEST(FusedLoop, ChainAcrossManyBlocksEqualsStepByStep) { CheckChain(FusedLoop::kBlock * 3 + 17, 1); }
+
+TEST(FusedLoop, LargeLoopsSplitOverThreadsEqualStepByStep) {
+  CheckChain(FusedLoop::kParallelElements + FusedLoop::kBlock * 5 + 3, 3);
 }
 
 }  // namespace
