@@ -1,0 +1,41 @@
+"""Tessel's Python SDK: numpy-like tracing onto a cluster, remote arrays, and
+the contracts (transfer guard, donation receipts, no recompiles, no memory
+growth) as Python you can assert on.
+
+    import tessel
+    import tessel.numpy as tnp
+
+    with tessel.local_cluster(workers=2, devices_per_worker=2):
+        @tessel.jit(donate_argnums=0)
+        def step(state, x):
+            return state * 0.9 + tnp.tanh(x)
+
+        state = tessel.device_put(np.zeros(1024, np.float32))
+        with tessel.transfer_guard("disallow"):
+            for _ in range(100):
+                state = step(state, state)
+        print(state.fetch())
+
+Threads: a session may be used from several threads; the transfer guard set
+by `transfer_guard` is per thread.
+"""
+from tessel import errors, numpy
+from tessel._api import (Compiled, Device, ReplicatedSharding, SingleDeviceSharding, assert_no_memory_growth,
+                         compile, device_put, devices, forbid_compiles, memory_stats, session_options, stats)
+from tessel._array import Array, install as _install_array_ops
+from tessel._cluster import LocalCluster, connect, local_cluster
+from tessel._context import transfer_guard
+from tessel._jit import jit
+from tessel.errors import (DonatedArrayError, FailedPreconditionError, InvalidArgumentError, NotFoundError,
+                           OutOfMemoryError, RecompileError, TesselError, TransferGuardError, WorkerLostError)
+
+_install_array_ops(numpy)
+
+__version__ = "0.1.0"
+__all__ = [
+    "Array", "Compiled", "Device", "LocalCluster", "ReplicatedSharding", "SingleDeviceSharding",
+    "assert_no_memory_growth", "compile", "connect", "device_put", "devices", "errors", "forbid_compiles", "jit",
+    "local_cluster", "memory_stats", "numpy", "session_options", "stats", "transfer_guard",
+    "DonatedArrayError", "FailedPreconditionError", "InvalidArgumentError", "NotFoundError", "OutOfMemoryError",
+    "RecompileError", "TesselError", "TransferGuardError", "WorkerLostError",
+]

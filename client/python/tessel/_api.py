@@ -1,0 +1,233 @@
+"""Devices and placements, device_put, the plan of a compile, and the
+contracts as Python: memory stats, no memory growth, no new compiles."""
+import contextlib
+import dataclasses
+import gc
+
+import numpy as np
+
+from tessel import _context, _dtypes, errors
+from tessel._array import Array, progress_bar
+from tessel.v1 import session_pb2
+
+# ---------------------------------------------------------------- placements
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """One device of the cluster, by global id."""
+    id: int
+    kind: str = "cpu"
+    worker: str = ""
+    local_index: int = 0
+
+    def __repr__(self):
+        return f"Device({self.id}, {self.kind}, worker {self.worker})"
+
+
+@dataclasses.dataclass(frozen=True)
+class SingleDeviceSharding:
+    """The whole array on one device."""
+    device: int
+
+    def placement(self):
+        return session_pb2.Placement(device=self.device)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicatedSharding:
+    """A full copy of the array on every live device."""
+
+    def placement(self):
+        return session_pb2.Placement(replicated=True)
+
+
+def to_placement(where):
+    """None (device 0), a device id, a Device, or a sharding -> Placement."""
+    if where is None:
+        return session_pb2.Placement(device=0)
+    if isinstance(where, (SingleDeviceSharding, ReplicatedSharding)):
+        return where.placement()
+    if isinstance(where, Device):
+        return session_pb2.Placement(device=where.id)
+    if isinstance(where, (int, np.integer)) and not isinstance(where, bool):
+        return session_pb2.Placement(device=int(where))
+    raise TypeError(f"placement: expected a device id, a tessel.Device, SingleDeviceSharding or ReplicatedSharding, "
+                    f"got {type(where).__name__}")
+
+
+def devices(session=None):
+    """The cluster's live devices, in global id order."""
+    s = session or _context.session()
+    out = []
+    for w in s.cluster().workers:
+        if w.alive:
+            out += [Device(d.id, d.kind, w.worker_id, d.local_index) for d in w.devices]
+    return sorted(out, key=lambda d: d.id)
+
+
+def device_put(x, device=None):
+    """Explicit host->device transfer of `x` (a numpy array or a Python
+    scalar) to `device` (a device id, a tessel.Device, SingleDeviceSharding or
+    ReplicatedSharding; default device 0). An Array already placed there is
+    returned as it is."""
+    s = _context.session()
+    placement = to_placement(device)
+    if isinstance(x, Array):
+        if x._placement == placement:
+            return x
+        raise errors.InvalidArgumentError(
+            f"device_put of array {x.handle:#x}: it is on {x.sharding}, asked for {placement_text(placement)}; "
+            "moving an array between devices happens when a step that runs there reads it", "INVALID_ARGUMENT")
+    a = np.asarray(x)
+    handle = s.put(a, placement, implicit=False, guard=_context.guard(),
+                   progress=progress_bar(f"put {_dtypes.type_string(a.shape, a.dtype)}"))
+    return Array(s, handle, a.shape, a.dtype, placement)
+
+
+def placement_text(p):
+    return "every device (replicated)" if p.WhichOneof("kind") == "replicated" else f"device {p.device}"
+
+
+# ---------------------------------------------------------------- plans
+
+
+class Compiled:
+    """What Compile answered: the executable, its per-device plan and the
+    coordinator's diagnostics."""
+
+    def __init__(self, response):
+        self._r = response
+        self.executable_id = response.executable_id
+        self.cache_hit = response.cache_hit
+        self.cache_miss_reason = response.cache_miss_reason
+        self.diagnostics = list(response.diagnostics)
+        self.estimated_bytes = response.estimated_bytes
+        self.aliases = [{"parameter": a.parameter, "output": a.output, "reason": a.reason} for a in response.aliases]
+        self.input_types = [_type_text(t) for t in response.parameter_types]
+        self.output_types = [_type_text(t) for t in response.output_types]
+
+    def as_text(self):
+        """The per-device program, as the coordinator prints it."""
+        return self._r.plan
+
+    def __repr__(self):
+        return f"Compiled({self.executable_id}, {', '.join(self.input_types)} -> {', '.join(self.output_types)})"
+
+
+def _type_text(t):
+    from tessel.v1 import ir_pb2
+    return f"{ir_pb2.DType.Name(t.dtype).lower()}[{','.join(str(d) for d in t.dims)}]"
+
+
+def compile(fn, *args, **kwargs):
+    """Compiles `fn` (a function or a tessel.jit) for these arguments (arrays,
+    numpy arrays, or anything with .shape and .dtype) and returns the plan."""
+    from tessel._jit import Jitted
+    j = fn if isinstance(fn, Jitted) else Jitted(fn)
+    return j.lower(*args, **kwargs)
+
+
+# ---------------------------------------------------------------- stats
+
+
+def stats(session=None):
+    """The session's counters (compiles, cache hits, executions, bytes moved
+    per direction, donations reused) as a dict."""
+    s = session or _context.session()
+    r = s.stats()
+    return {
+        "live_arrays": r.live_arrays, "live_bytes": r.live_bytes,
+        "compiles": r.session_compiles, "cache_hits": r.session_cache_hits,
+        "cache_misses": r.compile_cache_misses, "executions": r.executions,
+        "bytes_host_to_device": r.bytes_host_to_device, "bytes_device_to_host": r.bytes_device_to_host,
+        "bytes_device_to_device": r.bytes_device_to_device,
+        "donations": r.donations, "donations_reused": r.donations_reused,
+    }
+
+
+def _device_stats(m):
+    return {"bytes_in_use": m.bytes_in_use, "peak_bytes_in_use": m.peak_bytes_in_use, "num_buffers": m.num_buffers,
+            "bytes_cached": m.bytes_cached, "bytes_limit": m.bytes_limit, "largest_free_block": m.largest_free_block}
+
+
+def memory_stats(session=None):
+    """Memory now: the session's live arrays and bytes, and per device (by
+    global id) bytes in use, peak, buffers, cached bytes, limit."""
+    s = session or _context.session()
+    r = s.stats()
+    return {"live_arrays": r.live_arrays, "live_bytes": r.live_bytes,
+            "devices": {m.device: _device_stats(m) for m in r.devices}}
+
+
+def _settled_stats(s):
+    """Stats once every step the session queued has run and every array the
+    program dropped has been deleted."""
+    gc.collect()
+    s.collect(force=True)
+    r = s.stats(with_arrays=True)
+    pending = [a.handle for a in r.arrays if a.state == session_pb2.PENDING]
+    if pending:
+        s.await_(pending, raise_errors=False)
+        r = s.stats(with_arrays=True)
+    return r
+
+
+@contextlib.contextmanager
+def assert_no_memory_growth(session=None):
+    """Fails (FailedPreconditionError) if the block leaves more live arrays,
+    live bytes, or device bytes/buffers than it found, naming what grew and
+    which execution made each new array. Device figures are the whole
+    device's: other sessions' allocations count too."""
+    s = session or _context.session()
+    before = _settled_stats(s)
+    yield
+    now = _settled_stats(s)
+    grew = []
+    if now.live_arrays > before.live_arrays or now.live_bytes > before.live_bytes:
+        had = {a.handle for a in before.arrays}
+        fresh = [a for a in now.arrays if a.handle not in had]
+        names = ", ".join(f"{a.handle:#x} {_type_text(a.type)} ({a.bytes} bytes, made by {a.producer or '?'}"
+                          f"{f' in execution {a.producer_execution}' if a.producer_execution else ''})"
+                          for a in fresh[:8])
+        grew.append(f"session: {before.live_arrays} live arrays ({before.live_bytes} bytes) -> {now.live_arrays} "
+                    f"({now.live_bytes} bytes); new: {names}{', ...' if len(fresh) > 8 else ''}")
+    old = {m.device: m for m in before.devices}
+    for m in now.devices:
+        b = old.get(m.device)
+        if b is not None and (m.bytes_in_use > b.bytes_in_use or m.num_buffers > b.num_buffers):
+            grew.append(f"device {m.device}: {b.bytes_in_use} bytes in {b.num_buffers} buffers -> "
+                        f"{m.bytes_in_use} bytes in {m.num_buffers} buffers")
+    if grew:
+        raise errors.FailedPreconditionError("memory grew: " + "; ".join(grew), "FAILED_PRECONDITION")
+
+
+# ---------------------------------------------------------------- options
+
+
+@contextlib.contextmanager
+def session_options(session=None, **changes):
+    """Sets session options for the block and restores them after:
+    forbid_compiles, strict_donation (bools), memory_quota_bytes (int)."""
+    s = session or _context.session()
+    old = session_pb2.SessionOptions()
+    old.CopyFrom(s.options)
+    new = session_pb2.SessionOptions()
+    new.CopyFrom(old)
+    for k, v in changes.items():
+        if k not in ("forbid_compiles", "strict_donation", "memory_quota_bytes"):
+            raise TypeError(f"session_options: unknown option {k!r}; expected forbid_compiles, strict_donation "
+                            "or memory_quota_bytes")
+        setattr(new, k, v)
+    s.set_options(new)
+    try:
+        yield
+    finally:
+        if not s.closed:
+            s.set_options(old)
+
+
+def forbid_compiles(session=None):
+    """Inside the block a cache miss is a RecompileError saying what changed,
+    never a silent compile."""
+    return session_options(session, forbid_compiles=True)

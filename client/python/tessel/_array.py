@@ -1,0 +1,129 @@
+"""tessel.Array: a handle to an array that lives on the devices."""
+import sys
+
+import numpy as np
+
+from tessel import _context, _dtypes
+from tessel.v1 import session_pb2
+
+_PROGRESS_MIN_BYTES = 64 << 20
+
+
+def progress_bar(label):
+    """A progress callback drawing on stderr when it is a terminal, else None."""
+    if not sys.stderr.isatty():
+        return None
+
+    def draw(done, total):
+        if total < _PROGRESS_MIN_BYTES:
+            return
+        width = 30
+        filled = width * done // max(total, 1)
+        sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] "
+                         f"{done / 2**20:.0f}/{total / 2**20:.0f} MiB")
+        if done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+    return draw
+
+
+class Array:
+    """An array on the devices. Reading its values (np.asarray, float, repr)
+    is a device->host transfer and obeys the transfer guard; fetch() is the
+    explicit one."""
+
+    __array_priority__ = 1000
+
+    def __init__(self, session, handle, shape, dtype, placement):
+        self._session = session
+        self.handle = handle
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self._placement = placement  # session_pb2.Placement: where it was put or computed
+        self._deleted = None  # None, or why: "deleted" / "donated to execution N"
+
+    ndim = property(lambda self: len(self.shape))
+    size = property(lambda self: int(np.prod(self.shape, dtype=np.int64)))
+    nbytes = property(lambda self: self.size * self.dtype.itemsize)
+
+    @property
+    def sharding(self):
+        """Where the array lives: SingleDeviceSharding or ReplicatedSharding."""
+        from tessel._api import ReplicatedSharding, SingleDeviceSharding
+        if self._placement.WhichOneof("kind") == "replicated":
+            return ReplicatedSharding()
+        return SingleDeviceSharding(self._placement.device)
+
+    def devices(self):
+        """The global ids of the devices holding a copy (asks the coordinator)."""
+        return tuple(self._info().devices)
+
+    def _info(self):
+        return self._session.info(self.handle)
+
+    def is_deleted(self):
+        if self._deleted is not None:
+            return True
+        state = self._info().state
+        return state in (session_pb2.DELETED, session_pb2.DONATED)
+
+    def block_until_ready(self):
+        self._session.await_([self.handle])
+        return self
+
+    def fetch(self):
+        """Explicit device->host transfer: the values as a numpy array."""
+        return self._session.fetch(self.handle, implicit=False, guard=_context.guard(),
+                                   progress=progress_bar(f"fetch {self.handle:#x}"))
+
+    def _implicit_fetch(self):
+        return self._session.fetch(self.handle, implicit=True, guard=_context.guard())
+
+    def __array__(self, dtype=None, copy=None):
+        a = self._implicit_fetch()
+        return a.astype(dtype) if dtype is not None else a
+
+    def _scalar(self, what):
+        if self.size != 1:
+            raise TypeError(f"{what} of an array of shape {self.shape}: only one-element arrays convert")
+        return self._implicit_fetch().reshape(())[()]
+
+    def __float__(self):
+        return float(self._scalar("float()"))
+
+    def __int__(self):
+        return int(self._scalar("int()"))
+
+    def __bool__(self):
+        return bool(self._scalar("bool()"))
+
+    def __repr__(self):
+        return f"tessel.Array({np.array2string(self._implicit_fetch(), separator=', ')}, dtype={self.dtype.name})"
+
+    def __str__(self):
+        return str(self._implicit_fetch())
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d array")
+        return self.shape[0]
+
+    def delete(self):
+        if self._deleted is None:
+            self._deleted = "deleted"
+            self._session.delete([self.handle])
+
+    def _mark_donated(self):
+        self._deleted = "donated"
+
+    def __del__(self):
+        try:
+            if self._deleted is None and not self._session.closed:
+                self._session.drop(self.handle)
+        except Exception:
+            pass
+
+
+def install(tnp):
+    from tessel._trace import install_operators
+    install_operators(Array, tnp)

@@ -1,0 +1,39 @@
+"""numpy dtypes <-> tessel.v1.DType."""
+import numpy as np
+
+from tessel.v1 import ir_pb2
+
+_TO_PROTO = {
+    np.dtype(np.float32): ir_pb2.F32,
+    np.dtype(np.float64): ir_pb2.F64,
+    np.dtype(np.float16): ir_pb2.F16,
+    np.dtype(np.int32): ir_pb2.S32,
+    np.dtype(np.int64): ir_pb2.S64,
+    np.dtype(np.uint8): ir_pb2.U8,
+    np.dtype(np.bool_): ir_pb2.PRED,
+}
+_FROM_PROTO = {v: k for k, v in _TO_PROTO.items()}
+SUPPORTED = tuple(_TO_PROTO)
+
+
+def to_proto(dtype):
+    d = np.dtype(dtype)
+    if d not in _TO_PROTO:
+        raise TypeError(f"dtype {d} is not supported; expected one of {', '.join(str(s) for s in SUPPORTED)}")
+    return _TO_PROTO[d]
+
+
+def from_proto(dt):
+    if dt == ir_pb2.BF16:
+        raise TypeError("bf16 arrays have no numpy dtype; this SDK does not handle them yet")
+    return _FROM_PROTO[dt]
+
+
+def tensor_type(shape, dtype):
+    t = ir_pb2.TensorType(dtype=to_proto(dtype))
+    t.dims.extend(int(d) for d in shape)
+    return t
+
+
+def type_string(shape, dtype):
+    return f"{np.dtype(dtype).name}[{','.join(str(d) for d in shape)}]"

@@ -1,0 +1,273 @@
+"""@tessel.jit: trace once per signature, compile, execute pipelined."""
+import functools
+import inspect
+
+import numpy as np
+
+from tessel import _context, _dtypes, errors
+from tessel._array import Array
+from tessel._trace import Builder, Tracer
+from tessel.v1 import session_pb2
+
+# ---------------------------------------------------------------- pytrees
+
+
+def flatten(tree, path="", leaves=None, paths=None):
+    """Leaves and a structure key of tuples, lists, dicts and None."""
+    if leaves is None:
+        leaves, paths = [], []
+    if isinstance(tree, (tuple, list)):
+        kids = [flatten(x, f"{path}[{i}]", leaves, paths)[2] for i, x in enumerate(tree)]
+        return leaves, paths, (type(tree).__name__, tuple(kids))
+    if isinstance(tree, dict):
+        keys = sorted(tree)
+        kids = [flatten(tree[k], f"{path}[{k!r}]", leaves, paths)[2] for k in keys]
+        return leaves, paths, ("dict", tuple(keys), tuple(kids))
+    if tree is None:
+        return leaves, paths, ("none",)
+    leaves.append(tree)
+    paths.append(path)
+    return leaves, paths, ("leaf",)
+
+
+def unflatten(structure, leaves):
+    it = iter(leaves)
+
+    def build(s):
+        kind = s[0]
+        if kind == "leaf":
+            return next(it)
+        if kind == "none":
+            return None
+        if kind == "dict":
+            return {k: build(c) for k, c in zip(s[1], s[2])}
+        items = [build(c) for c in s[1]]
+        return tuple(items) if kind == "tuple" else items
+    return build(structure)
+
+
+# ---------------------------------------------------------------- jit
+
+
+def _leaf_signature(x):
+    """(shape, dtype name, weakly typed) of an argument leaf: an Array, a
+    numpy array or scalar, anything with .shape and .dtype, or a Python
+    scalar (weakly typed, like jax's)."""
+    if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
+        return ((), np.result_type(x).name, True)
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return (tuple(int(d) for d in x.shape), np.dtype(x.dtype).name, False)
+    a = np.asarray(x)
+    return (a.shape, a.dtype.name, False)
+
+
+def _describe(sig):
+    shape, dtype, weak = sig
+    return _dtypes.type_string(shape, dtype) + (" (weak)" if weak else "")
+
+
+class Jitted:
+    def __init__(self, fn, donate_argnums=(), donate_argnames=(), static_argnums=(), device=None,
+                 replicated=False):
+        self.fn = fn
+        functools.update_wrapper(self, fn)
+        params = [n for n, p in inspect.signature(fn).parameters.items()
+                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        donate = set(donate_argnums if isinstance(donate_argnums, (tuple, list)) else (donate_argnums,))
+        for name in (donate_argnames if isinstance(donate_argnames, (tuple, list)) else (donate_argnames,)):
+            if name not in params:
+                raise ValueError(f"donate_argnames: {fn.__name__} has no argument {name!r}")
+            donate.add(params.index(name))
+        self._params = params
+        self._donate = donate
+        self._static = set(static_argnums if isinstance(static_argnums, (tuple, list)) else (static_argnums,))
+        # Where the steps run: as asked, else where the first array argument lives, else device 0.
+        self._placement = None
+        if replicated:
+            self._placement = session_pb2.Placement(replicated=True)
+        elif device is not None:
+            from tessel._api import to_placement
+            self._placement = to_placement(device)
+        self._cache = {}  # signature -> (executable response, output structure)
+        self._last_key = None
+        self._last_seq = None
+        self.compiles = 0
+
+    def _bind(self, args, kwargs):
+        if kwargs:
+            bound = inspect.signature(self.fn).bind(*args, **kwargs)
+            args = tuple(bound.args) + tuple(bound.kwargs.values())
+        return args
+
+    def _key(self, args):
+        dyn, statics = [], []
+        for i, a in enumerate(args):
+            (statics if i in self._static else dyn).append((i, a))
+        leaves, paths, structures = [], [], []
+        donated_leaves = []
+        for i, a in dyn:
+            ls, ps, st = flatten(a, self._params[i] if i < len(self._params) else f"arg{i}")
+            donated_leaves += [i in self._donate] * len(ls)
+            leaves += ls
+            paths += ps
+            structures.append((i, st))
+        sig = tuple(_leaf_signature(x) for x in leaves)
+        key = (tuple(structures), sig, tuple(donated_leaves), tuple((i, repr(a)) for i, a in statics))
+        return key, leaves, paths, donated_leaves
+
+    def explain_miss(self, key, paths):
+        """What changed since the nearest signature this function was compiled for."""
+        if not self._cache:
+            return "first call"
+        best = None
+        for old in self._cache:
+            if old[0] != key[0]:
+                continue
+            diffs = [f"argument {p}: {_describe(b)} -> {_describe(a)}"
+                     for p, a, b in zip(paths, key[1], old[1]) if a != b]
+            if old[2] != key[2]:
+                diffs.append("donated arguments changed")
+            if old[3] != key[3]:
+                diffs.append(f"static arguments {dict(old[3])} -> {dict(key[3])}")
+            if best is None or len(diffs) < len(best):
+                best = diffs
+        if best is None:
+            return "the structure of the arguments (pytree) changed"
+        return "; ".join(best) or "no difference found"
+
+    def _trace(self, args, leaves, paths, donated_leaves):
+        builder = Builder(self.fn.__name__)
+        with builder:
+            tracers = []
+            for i, (x, p) in enumerate(zip(leaves, paths)):
+                shape, dtype, weak = _leaf_signature(x)
+                tracers.append(builder.parameter(i, shape, dtype, p, weak))
+            it = iter(tracers)
+            rebuilt = []
+            for i, a in enumerate(args):
+                if i in self._static:
+                    rebuilt.append(a)
+                else:
+                    ls, _, st = flatten(a)
+                    rebuilt.append(unflatten(st, [next(it) for _ in ls]))
+            out = self.fn(*rebuilt)
+            outs, _, out_structure = flatten(out)
+            out_tracers = []
+            for o in outs:
+                if not isinstance(o, Tracer):
+                    from tessel import numpy as tnp
+                    o = tnp.asarray_in_trace(o)
+                out_tracers.append(o)
+            builder.graph.outputs.extend(o._name for o in out_tracers)
+        return builder.graph, out_structure, out_tracers
+
+    def lower(self, *args, **kwargs):
+        """Compiles for these arguments (values, or anything with .shape and
+        .dtype) and returns the plan: tessel.Compiled."""
+        from tessel._api import Compiled
+        return Compiled(self._compiled(self._bind(args, kwargs))[0][0])
+
+    def _compiled(self, args):
+        key, leaves, paths, donated_leaves = self._key(args)
+        entry = self._cache.get(key)
+        if entry is None:
+            why = self.explain_miss(key, paths)
+            graph, structure, out_tracers = self._trace(args, leaves, paths, donated_leaves)
+            donated = [i for i, d in enumerate(donated_leaves) if d]
+            session = _context.session()
+            try:
+                exe = session.compile(graph, donated)
+            except errors.RecompileError as e:
+                raise errors.RecompileError(f"{self.fn.__name__}: {why}. {e}", e.code) from None
+            self.compiles += 1
+            self.last_miss = why
+            entry = (exe, structure, [(t.shape, t.dtype) for t in out_tracers])
+            self._cache[key] = entry
+        return entry, leaves, donated_leaves
+
+    def __call__(self, *args, **kwargs):
+        args = self._bind(args, kwargs)
+        (exe, structure, out_types), leaves, donated_leaves = self._compiled(args)
+        session = _context.session()
+        guard = _context.guard()
+        placement = self._placement or next((x._placement for x in leaves if isinstance(x, Array)),
+                                            _DEFAULT_PLACEMENT)
+        req = session_pb2.ExecuteRequest(executable_id=exe.executable_id, placement=placement,
+                                         transfer_guard=_guard(guard))
+        donated_arrays = []
+        for i, (x, donate) in enumerate(zip(leaves, donated_leaves)):
+            if isinstance(x, Array):
+                if x._deleted is not None:
+                    pass  # the coordinator names the array and what became of it
+                req.arguments.append(x.handle)
+                if donate:
+                    donated_arrays.append(x)
+            else:
+                # A host value passed as an argument: an implicit host->device transfer.
+                h = session.put(np.asarray(x, dtype=_leaf_signature(x)[1]), placement, implicit=True,
+                                guard=guard)
+                req.arguments.append(h)
+                if not donate:
+                    session.drop(h)
+        outs = []
+        for shape, dtype in out_types:
+            h = session.new_handle()
+            req.outputs.append(h)
+            outs.append(Array(session, h, shape, dtype, placement))
+        if self._last_seq is not None:
+            session.dispatcher().forget(self._last_seq)
+        self._last_seq = session.execute(req, want_reply=True)
+        for a in donated_arrays:
+            a._mark_donated()
+        session.collect()
+        return unflatten(structure, outs)
+
+    def donation_receipts(self):
+        """For the last call: per donated argument, whether its buffer was
+        reused and for which output (waits for the coordinator's reply)."""
+        if self._last_seq is None:
+            return []
+        resp = _context.session().reply(self._last_seq)
+        self._last_seq = None
+        return [{"argument": r.argument, "handle": r.handle, "reused": r.reused, "output": r.output,
+                 "reason": r.reason} for r in resp.donations]
+
+
+_DEFAULT_PLACEMENT = session_pb2.Placement(device=0)
+
+
+def _guard(g):
+    from tessel._session import guard_proto
+    return guard_proto(g)
+
+
+def jit(fn=None, *, donate_argnums=(), donate_argnames=(), static_argnums=(), device=None, replicated=False):
+    """Traces `fn` over numpy-like ops once per signature and runs it on the
+    devices. Arguments may be tessel.Arrays or host values (numpy arrays,
+    scalars: an implicit host->device transfer). Results are tessel.Arrays."""
+    if fn is None:
+        return functools.partial(jit, donate_argnums=donate_argnums, donate_argnames=donate_argnames,
+                                 static_argnums=static_argnums, device=device, replicated=replicated)
+    return Jitted(fn, donate_argnums, donate_argnames, static_argnums, device, replicated)
+
+
+_eager = {}
+
+
+def eager_call(fn, args, kwargs):
+    """An op called outside a trace: compiled as a one-op jit over its array
+    arguments (Python values and other arguments stay static)."""
+    dyn = [i for i, a in enumerate(args) if isinstance(a, (Array, np.ndarray))
+           or (isinstance(a, (list, tuple)) and a and all(isinstance(x, (Array, np.ndarray)) for x in a))]
+    static = tuple((i, repr(a)) for i, a in enumerate(args) if i not in dyn)
+    key = (fn.__qualname__, static, tuple(sorted(kwargs.items())), tuple(dyn))
+    j = _eager.get(key)
+    if j is None:
+        def op(*dyn_args):
+            full = list(args)
+            for i, a in zip(dyn, dyn_args):
+                full[i] = a
+            return fn(*full, **kwargs)
+        op.__name__ = fn.__name__
+        j = _eager[key] = Jitted(op)
+    return j(*[args[i] for i in dyn])

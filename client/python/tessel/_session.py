@@ -1,0 +1,288 @@
+"""The connection to a coordinator: one tessel.v1 session over gRPC.
+
+Execute calls are pipelined: they queue, and the stream's request iterator
+hands gRPC everything queued as one batch. Unary calls that name arrays first
+wait until every queued call has been answered (flush), so they never
+overtake the call that makes their arrays.
+"""
+import os
+import random
+import sys
+import threading
+
+import grpc
+import numpy as np
+
+from tessel import _dtypes, errors
+from tessel.v1 import admin_pb2, admin_pb2_grpc, common_pb2, session_pb2, session_pb2_grpc
+
+PROTOCOL_VERSION = 1
+CHUNK = 1 << 20
+_LEVELS = {
+    None: session_pb2.TRANSFER_UNSET, "allow": session_pb2.TRANSFER_ALLOW, "log": session_pb2.TRANSFER_LOG,
+    "disallow": session_pb2.TRANSFER_DISALLOW, "log_explicit": session_pb2.TRANSFER_LOG_EXPLICIT,
+    "disallow_explicit": session_pb2.TRANSFER_DISALLOW_EXPLICIT,
+}
+
+
+def guard_proto(guard):
+    """{'host_to_device': 'disallow', ...} -> TransferGuard."""
+    g = session_pb2.TransferGuard()
+    for direction, level in (guard or {}).items():
+        if level not in _LEVELS:
+            raise ValueError(f"transfer guard level {level!r}: expected one of {', '.join(k for k in _LEVELS if k)}")
+        setattr(g, direction, _LEVELS[level])
+    return g
+
+
+def _rpc(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except grpc.RpcError as e:
+        raise errors.from_rpc_error(e) from None
+
+
+class _Dispatcher:
+    def __init__(self, stub):
+        self._cv = threading.Condition()
+        self._queue = []
+        self._sent = 0
+        self._acked = 0
+        self._wanted = {}
+        self._closing = False
+        self._error = None
+        self._done = False
+        self._call = stub.Dispatch(self._requests())
+        self._reader = threading.Thread(target=self._read, name="tessel-dispatch", daemon=True)
+        self._reader.start()
+
+    def _requests(self):
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._queue or self._closing or self._done)
+                if not self._queue:
+                    return
+                batch = session_pb2.DispatchBatch(calls=self._queue)
+                self._queue = []
+            yield batch
+
+    def _read(self):
+        try:
+            for replies in self._call:
+                with self._cv:
+                    for r in replies.replies:
+                        if self._acked in self._wanted:
+                            self._wanted[self._acked] = r
+                        self._acked += 1
+                    self._cv.notify_all()
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.CANCELLED or not self._closing:
+                self._error = errors.from_rpc_error(e)
+        finally:
+            with self._cv:
+                self._done = True
+                if self._error is None and not self._closing:
+                    self._error = errors.WorkerLostError("the execute stream to the coordinator closed", "UNAVAILABLE")
+                self._cv.notify_all()
+
+    def send(self, request, want_reply):
+        with self._cv:
+            if self._error is not None:
+                raise self._error
+            seq = self._sent
+            self._sent += 1
+            if want_reply:
+                self._wanted[seq] = None
+            self._queue.append(request)
+            self._cv.notify_all()
+            return seq
+
+    def reply(self, seq):
+        with self._cv:
+            self._cv.wait_for(lambda: self._acked > seq or self._done)
+            if self._acked <= seq:
+                raise self._error
+            return self._wanted.pop(seq)
+
+    def forget(self, seq):
+        with self._cv:
+            if self._acked > seq:
+                self._wanted.pop(seq, None)
+            elif seq in self._wanted:
+                self._wanted[seq] = None  # still wanted until it arrives; dropped then by the next forget
+
+    def flush(self):
+        with self._cv:
+            self._cv.wait_for(lambda: self._acked == self._sent or self._done)
+            if self._acked != self._sent:
+                raise self._error
+
+    def close(self):
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        self._reader.join(timeout=10)
+
+
+class Session:
+    def __init__(self, address, client="tessel-python", timeout=10.0):
+        self.address = address
+        opts = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+        self._channel = grpc.insecure_channel(address, options=opts)
+        self._stub = session_pb2_grpc.SessionStub(self._channel)
+        self._admin = admin_pb2_grpc.AdminStub(self._channel)
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise errors.WorkerLostError(f"cannot reach the coordinator at {address} within {timeout} s",
+                                         "UNAVAILABLE") from None
+        v = _rpc(self._stub.GetVersion, common_pb2.GetVersionRequest(min_version=PROTOCOL_VERSION,
+                                                                      max_version=PROTOCOL_VERSION))
+        self.protocol_version = v.version
+        self.options = session_pb2.SessionOptions()
+        self.id = _rpc(self._stub.OpenSession, session_pb2.OpenSessionRequest(client=client)).session_id
+        self._rng = random.Random()
+        self._lock = threading.Lock()
+        self._dispatcher = None
+        self._garbage = []  # handles dropped by the garbage collector, deleted in batches
+        self.closed = False
+
+    def new_handle(self):
+        with self._lock:
+            h = 0
+            while h == 0:
+                h = self._rng.getrandbits(64)
+            return h
+
+    def dispatcher(self):
+        with self._lock:
+            if self._dispatcher is None:
+                self._dispatcher = _Dispatcher(self._stub)
+            return self._dispatcher
+
+    def flush(self):
+        d = self._dispatcher
+        if d is not None:
+            d.flush()
+
+    def close(self):
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if self._dispatcher is not None:
+                self._dispatcher.close()
+            self._stub.CloseSession(session_pb2.CloseSessionRequest(session_id=self.id), timeout=5)
+        except Exception:  # the coordinator may already be gone
+            pass
+        self._channel.close()
+
+    # ------------------------------------------------------------ options
+
+    def set_options(self, options):
+        _rpc(self._stub.SetSessionOptions, session_pb2.SetSessionOptionsRequest(session_id=self.id, options=options))
+        self.options = options
+
+    # ------------------------------------------------------------ calls
+
+    def compile(self, graph, donated=(), strict=False):
+        req = session_pb2.CompileRequest(session_id=self.id, graph=graph, strict_donation=strict)
+        req.donated_parameters.extend(donated)
+        return _rpc(self._stub.Compile, req)
+
+    def put(self, array, placement, implicit=False, guard=None, progress=None):
+        array = np.require(array, requirements="C")  # keeps 0-d arrays 0-d
+        handle = self.new_handle()
+        header = session_pb2.PutRequest.Header(session_id=self.id, handle=handle,
+                                               type=_dtypes.tensor_type(array.shape, array.dtype),
+                                               placement=placement, implicit=implicit,
+                                               transfer_guard=guard_proto(guard))
+        data = memoryview(array.reshape(-1).view(np.uint8)) if array.size else memoryview(b"")
+
+        def messages():
+            yield session_pb2.PutRequest(header=header)
+            for off in range(0, len(data), CHUNK):
+                yield session_pb2.PutRequest(data=bytes(data[off:off + CHUNK]))
+                if progress:
+                    progress(min(off + CHUNK, len(data)), len(data))
+        _rpc(self._stub.Put, messages())
+        return handle
+
+    def execute(self, request, want_reply):
+        """Queues an Execute. A rejected call's error lands on its output
+        handles (so it surfaces when they are awaited or fetched); with
+        `want_reply` the reply (donation receipts) is also kept for reply()."""
+        request.session_id = self.id
+        request.wait = False
+        return self.dispatcher().send(request, want_reply)
+
+    def reply(self, seq):
+        r = self.dispatcher().reply(seq)
+        if r.code:
+            raise errors.from_status_int(r.code, r.error)
+        return r.response
+
+    def await_(self, handles, raise_errors=True):
+        self.flush()
+        resp = _rpc(self._stub.Await, session_pb2.AwaitRequest(session_id=self.id, handles=handles))
+        for h, err, code in zip(handles, resp.errors, resp.codes):
+            if err and raise_errors:
+                raise errors.from_status_int(code, f"array {h:#x}: {err}")
+        return resp
+
+    def fetch(self, handle, implicit=False, guard=None, progress=None):
+        self.flush()
+        req = session_pb2.FetchRequest(session_id=self.id, handle=handle, implicit=implicit,
+                                       transfer_guard=guard_proto(guard))
+        out, offset, total = None, 0, 0
+        try:
+            for msg in self._stub.Fetch(req):
+                if out is None:
+                    dtype = _dtypes.from_proto(msg.type.dtype)
+                    out = np.empty(tuple(msg.type.dims), dtype)
+                    flat = out.reshape(-1).view(np.uint8)
+                    total = flat.size
+                n = len(msg.data)
+                if offset + n > total:
+                    raise errors.TesselError(f"fetch of array {handle:#x}: more bytes than its type holds", "DATA_LOSS")
+                flat[offset:offset + n] = np.frombuffer(msg.data, np.uint8)
+                offset += n
+                if progress:
+                    progress(offset, total)
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from None
+        if out is None or offset != total:
+            raise errors.TesselError(f"fetch of array {handle:#x}: expected {total} bytes, got {offset}", "DATA_LOSS")
+        return out
+
+    def delete(self, handles):
+        if not handles:
+            return
+        self.flush()
+        _rpc(self._stub.Delete, session_pb2.DeleteRequest(session_id=self.id, handles=handles))
+
+    def drop(self, handle):
+        """From a finalizer: delete later, in a batch."""
+        with self._lock:
+            self._garbage.append(handle)
+
+    def collect(self, force=False):
+        with self._lock:
+            if not self._garbage or (len(self._garbage) < 256 and not force):
+                return
+            handles, self._garbage = self._garbage, []
+        try:
+            self.delete(handles)
+        except errors.NotFoundError:
+            pass
+
+    def info(self, handle):
+        self.flush()
+        return _rpc(self._stub.ArrayInfo, session_pb2.ArrayInfoRequest(session_id=self.id, handle=handle))
+
+    def cluster(self, with_memory=False):
+        return _rpc(self._admin.GetCluster, admin_pb2.GetClusterRequest(with_memory=with_memory))
+
+    def stats(self, with_arrays=False):
+        self.flush()
+        return _rpc(self._stub.Stats, session_pb2.StatsRequest(session_id=self.id, with_arrays=with_arrays))

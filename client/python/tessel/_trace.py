@@ -1,0 +1,161 @@
+"""Tracing: a Python function over Tracers becomes a tessel.v1.Graph.
+
+A Tracer stands for a value of the graph being built: it has a static shape
+and dtype, and every numpy-like operation on it appends nodes. Python scalars
+are weakly typed (numpy 2 / NEP 50): they take the dtype of the array they
+meet; so do Tracers made from Python scalar arguments.
+"""
+import threading
+
+import numpy as np
+
+from tessel import _dtypes
+from tessel.v1 import ir_pb2
+
+_state = threading.local()
+
+
+def current_builder():
+    stack = getattr(_state, "stack", None)
+    return stack[-1] if stack else None
+
+
+class Builder:
+    def __init__(self, name):
+        self.graph = ir_pb2.Graph(name=name)
+        self._count = 0
+
+    def __enter__(self):
+        if not hasattr(_state, "stack"):
+            _state.stack = []
+        _state.stack.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _state.stack.pop()
+
+    def node(self, op, operands, shape, dtype, weak=False, set_attrs=None, with_type=False, name=None):
+        n = self.graph.nodes.add()
+        # Inner values are numbered; parameters take their argument's path
+        # ("state", "params['w']"), which never reads as a number.
+        n.name = name or str(self._count)
+        self._count += 1
+        n.op = op
+        for o in operands:
+            if o._builder is not self:
+                raise ValueError("a traced value from another function was used here (closed over a tracer?)")
+            n.operands.append(o._name)
+        if with_type:
+            n.type.CopyFrom(_dtypes.tensor_type(shape, dtype))
+        if set_attrs is not None:
+            set_attrs(n)
+        return Tracer(self, n.name, tuple(int(d) for d in shape), np.dtype(dtype), weak)
+
+    def parameter(self, index, shape, dtype, name, weak=False):
+        def attrs(n):
+            n.parameter.index = index
+        return self.node(ir_pb2.PARAMETER, [], shape, dtype, weak, attrs, with_type=True, name=name)
+
+    def fill(self, value, shape, dtype):
+        dtype = np.dtype(dtype)
+
+        def attrs(n):
+            if dtype.kind == "f":
+                n.constant.fill.f = float(value)
+            else:
+                n.constant.fill.i = int(value)
+        return self.node(ir_pb2.CONSTANT, [], shape, dtype, False, attrs, with_type=True)
+
+    def iota(self, shape, dtype, dimension):
+        def attrs(n):
+            n.constant.iota.dimension = dimension
+        return self.node(ir_pb2.CONSTANT, [], shape, dtype, False, attrs, with_type=True)
+
+    def literal(self, array):
+        array = np.ascontiguousarray(array)
+        _dtypes.to_proto(array.dtype)
+
+        def attrs(n):
+            n.constant.literal.data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+        return self.node(ir_pb2.CONSTANT, [], array.shape, array.dtype, False, attrs, with_type=True)
+
+
+class Tracer:
+    """A value of the graph being traced (inside @tessel.jit)."""
+
+    __array_priority__ = 1000
+
+    def __init__(self, builder, name, shape, dtype, weak=False):
+        self._builder = builder
+        self._name = name
+        self.shape = shape
+        self.dtype = dtype
+        self.weak = weak
+
+    ndim = property(lambda self: len(self.shape))
+    size = property(lambda self: int(np.prod(self.shape, dtype=np.int64)))
+
+    def __repr__(self):
+        return f"Tracer({_dtypes.type_string(self.shape, self.dtype)})"
+
+    def _concrete(self, what):
+        raise TypeError(f"{what} of a traced value ({self!r}): its value is not known while tracing; "
+                        "compute it inside the graph, or return it and fetch it")
+
+    def __bool__(self):
+        self._concrete("bool()")
+
+    def __float__(self):
+        self._concrete("float()")
+
+    def __int__(self):
+        self._concrete("int()")
+
+    def __index__(self):
+        self._concrete("use as an index")
+
+    def __array__(self, *args, **kwargs):
+        self._concrete("conversion to a numpy array")
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d traced value")
+        return self.shape[0]
+
+    def __iter__(self):
+        if not self.shape:
+            raise TypeError("iteration over a 0-d traced value")
+        return (self[i] for i in range(self.shape[0]))
+
+
+def install_operators(cls, tnp):
+    """Arithmetic, comparison and indexing operators of `cls`, through `tnp`."""
+    binary = {
+        "add": tnp.add, "sub": tnp.subtract, "mul": tnp.multiply, "truediv": tnp.divide,
+        "floordiv": tnp.floor_divide, "mod": tnp.remainder, "pow": tnp.power, "matmul": tnp.matmul,
+        "and": tnp.bitwise_and, "or": tnp.bitwise_or, "xor": tnp.bitwise_xor,
+    }
+    for name, fn in binary.items():
+        setattr(cls, f"__{name}__", lambda a, b, fn=fn: fn(a, b))
+        setattr(cls, f"__r{name}__", lambda a, b, fn=fn: fn(b, a))
+    for name, fn in {"lt": tnp.less, "le": tnp.less_equal, "gt": tnp.greater, "ge": tnp.greater_equal,
+                     "eq": tnp.equal, "ne": tnp.not_equal}.items():
+        setattr(cls, f"__{name}__", lambda a, b, fn=fn: fn(a, b))
+    cls.__hash__ = object.__hash__
+    cls.__neg__ = lambda a: tnp.negative(a)
+    cls.__pos__ = lambda a: a
+    cls.__abs__ = lambda a: tnp.abs(a)
+    cls.__invert__ = lambda a: tnp.invert(a)
+    cls.__getitem__ = lambda a, idx: tnp._getitem(a, idx)
+    cls.astype = lambda a, dtype: tnp.astype(a, dtype)
+    cls.reshape = lambda a, *shape: tnp.reshape(a, shape[0] if len(shape) == 1 and not isinstance(shape[0], int)
+                                                else shape)
+    cls.transpose = lambda a, *axes: tnp.transpose(a, axes if axes else None)
+    cls.T = property(lambda a: tnp.transpose(a))
+    cls.sum = lambda a, axis=None, keepdims=False, dtype=None: tnp.sum(a, axis, keepdims=keepdims, dtype=dtype)
+    cls.mean = lambda a, axis=None, keepdims=False: tnp.mean(a, axis, keepdims=keepdims)
+    cls.max = lambda a, axis=None, keepdims=False: tnp.max(a, axis, keepdims=keepdims)
+    cls.min = lambda a, axis=None, keepdims=False: tnp.min(a, axis, keepdims=keepdims)
+    cls.prod = lambda a, axis=None, keepdims=False: tnp.prod(a, axis, keepdims=keepdims)
+    cls.argmax = lambda a, axis=None: tnp.argmax(a, axis)
+    cls.argmin = lambda a, axis=None: tnp.argmin(a, axis)

@@ -1,0 +1,617 @@
+"""tessel.numpy: the op namespace, after jax.numpy names and numpy semantics.
+
+Inside @tessel.jit these functions trace into the graph. Called on
+tessel.Arrays (or numpy arrays) outside a trace, they run at once on the
+devices, compiled like a one-op jit.
+"""
+import builtins
+import functools
+
+import numpy as _np
+
+from tessel import _dtypes
+from tessel._trace import Tracer, current_builder, install_operators
+from tessel.v1 import ir_pb2
+
+float32, float64, float16 = _np.float32, _np.float64, _np.float16
+int32, int64, uint8, bool_ = _np.int32, _np.int64, _np.uint8, _np.bool_
+dtype = _np.dtype
+
+
+def _op(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if current_builder() is None:
+            from tessel._jit import eager_call
+            return eager_call(fn, args, kwargs)
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+def _b():
+    return current_builder()
+
+
+def _is_pyscalar(x):
+    return isinstance(x, (bool, int, float)) and not isinstance(x, _np.generic)
+
+
+def _weak_value(x):
+    """A Python value standing for a weakly typed operand, for np.result_type."""
+    if _is_pyscalar(x):
+        return x
+    if x.dtype == _np.bool_:
+        return True
+    return 1 if x.dtype.kind in "iu" else 1.0
+
+
+def _result_dtype(*xs):
+    strong, weak = [], []
+    for x in xs:
+        if isinstance(x, Tracer):
+            (weak if x.weak else strong).append(x if x.weak else x.dtype)
+        elif _is_pyscalar(x):
+            weak.append(x)
+        else:
+            strong.append(_np.asarray(x).dtype)
+    d = _np.result_type(*strong, *[_weak_value(w) for w in weak])
+    if d == _np.dtype(_np.uint64) or d == _np.dtype(_np.int16) or d == _np.dtype(_np.int8):
+        d = _np.dtype(_np.int64)
+    _dtypes.to_proto(d)
+    return d
+
+
+def _tracer(x):
+    if isinstance(x, Tracer):
+        return x
+    if _is_pyscalar(x):
+        d = _result_dtype(x)
+        t = _b().fill(x, (), d)
+        t.weak = True
+        return t
+    return _b().literal(_np.asarray(x))
+
+
+def _convert(t, d):
+    d = _np.dtype(d)
+    if t.dtype == d:
+        return t
+
+    def attrs(n):
+        n.convert.dtype = _dtypes.to_proto(d)
+    return _b().node(ir_pb2.CONVERT, [t], t.shape, d, set_attrs=attrs)
+
+
+def _broadcast(t, shape):
+    shape = tuple(shape)
+    if t.shape == shape:
+        return t
+    offset = len(shape) - len(t.shape)
+
+    def attrs(n):
+        n.broadcast_in_dim.dims.extend(shape)
+        n.broadcast_in_dim.broadcast_dimensions.extend(range(offset, len(shape)))
+    return _b().node(ir_pb2.BROADCAST_IN_DIM, [t], shape, t.dtype, set_attrs=attrs)
+
+
+def _operand(x, d, shape):
+    """`x` as a Tracer of dtype `d` broadcast to `shape`. Scalars are generated
+    on the device at their full shape, never shipped."""
+    if _is_pyscalar(x):
+        return _b().fill(x, shape, d)
+    return _broadcast(_convert(_tracer(x), d), shape)
+
+
+def _shape(x):
+    if isinstance(x, Tracer):
+        return x.shape
+    return _np.shape(x)
+
+
+def _elementwise(op, xs, d=None, out_dtype=None, set_attrs=None):
+    d = _np.dtype(d) if d is not None else _result_dtype(*xs)
+    shape = _np.broadcast_shapes(*[_shape(x) for x in xs])
+    ops = [_operand(x, d, shape) for x in xs]
+    return _b().node(op, ops, shape, out_dtype or d, set_attrs=set_attrs)
+
+
+def _float_dtype(*xs):
+    d = _result_dtype(*xs)
+    return d if d.kind == "f" else _np.dtype(_np.float64)
+
+
+# ---------------------------------------------------------------- elementwise
+
+def _binary(op, float_only=False):
+    @_op
+    def f(x1, x2):
+        d = _float_dtype(x1, x2) if float_only else None
+        return _elementwise(op, [x1, x2], d)
+    return f
+
+
+add = _binary(ir_pb2.ADD)
+subtract = _binary(ir_pb2.SUB)
+multiply = _binary(ir_pb2.MUL)
+maximum = _binary(ir_pb2.MAX)
+minimum = _binary(ir_pb2.MIN)
+power = _binary(ir_pb2.POW)
+bitwise_and = _binary(ir_pb2.AND)
+bitwise_or = _binary(ir_pb2.OR)
+bitwise_xor = _binary(ir_pb2.XOR)
+logical_and, logical_or, logical_xor = bitwise_and, bitwise_or, bitwise_xor
+
+
+@_op
+def divide(x1, x2):
+    """True division: integers divide as float64 (numpy)."""
+    return _elementwise(ir_pb2.DIV, [x1, x2], _float_dtype(x1, x2))
+
+
+true_divide = divide
+
+
+@_op
+def floor_divide(x1, x2):
+    d = _result_dtype(x1, x2)
+    if d.kind == "f":
+        return floor(_elementwise(ir_pb2.DIV, [x1, x2], d))
+    q = _elementwise(ir_pb2.DIV, [x1, x2], d)
+    r = _elementwise(ir_pb2.REM, [x1, x2], d)
+    # Truncation rounds toward zero; floor needs one less when the signs differ.
+    fix = logical_and(not_equal(r, 0), not_equal(less(r, 0), less(_operand(x2, d, r.shape), 0)))
+    return where(fix, subtract(q, 1), q)
+
+
+@_op
+def remainder(x1, x2):
+    """numpy's remainder: the result has the sign of the divisor."""
+    d = _result_dtype(x1, x2)
+    r = _elementwise(ir_pb2.REM, [x1, x2], d)
+    b = _operand(x2, d, r.shape)
+    fix = logical_and(not_equal(r, 0), not_equal(less(r, 0), less(b, 0)))
+    return where(fix, add(r, b), r)
+
+
+mod = remainder
+
+
+def _compare(direction):
+    @_op
+    def f(x1, x2):
+        def attrs(n):
+            n.compare.direction = direction
+        return _elementwise(ir_pb2.COMPARE, [x1, x2], out_dtype=_np.dtype(_np.bool_), set_attrs=attrs)
+    return f
+
+
+equal = _compare(ir_pb2.EQ)
+not_equal = _compare(ir_pb2.NE)
+less = _compare(ir_pb2.LT)
+less_equal = _compare(ir_pb2.LE)
+greater = _compare(ir_pb2.GT)
+greater_equal = _compare(ir_pb2.GE)
+
+
+def _unary(op, float_only=False, identity_on_ints=False):
+    @_op
+    def f(x):
+        t = _tracer(x)
+        if t.dtype.kind != "f":
+            if identity_on_ints:
+                return t
+            if float_only:
+                # numpy's loops: the smallest float that holds the integer type
+                # (bool and uint8 -> float16, int32 and int64 -> float64).
+                t = _convert(t, _np.result_type(t.dtype, _np.float16))
+        return _b().node(op, [t], t.shape, t.dtype)
+    return f
+
+
+negative = _unary(ir_pb2.NEG)
+abs = absolute = _unary(ir_pb2.ABS)
+sign = _unary(ir_pb2.SIGN)
+exp = _unary(ir_pb2.EXP, True)
+log = _unary(ir_pb2.LOG, True)
+log1p = _unary(ir_pb2.LOG1P, True)
+tanh = _unary(ir_pb2.TANH, True)
+sqrt = _unary(ir_pb2.SQRT, True)
+rsqrt = _unary(ir_pb2.RSQRT, True)
+floor = _unary(ir_pb2.FLOOR, identity_on_ints=True)
+ceil = _unary(ir_pb2.CEIL, identity_on_ints=True)
+logistic = sigmoid = _unary(ir_pb2.LOGISTIC, True)
+
+
+@_op
+def invert(x):
+    t = _tracer(x)
+    return _b().node(ir_pb2.NOT, [t], t.shape, t.dtype)
+
+
+logical_not = bitwise_not = invert
+
+
+@_op
+def square(x):
+    return multiply(x, x)
+
+
+@_op
+def where(condition, x, y):
+    d = _result_dtype(x, y)
+    shape = _np.broadcast_shapes(_shape(condition), _shape(x), _shape(y))
+    c = _operand(condition, _np.bool_, shape)
+    return _b().node(ir_pb2.SELECT, [c, _operand(x, d, shape), _operand(y, d, shape)], shape, d)
+
+
+@_op
+def clip(a, a_min, a_max):
+    d = _result_dtype(a, a_min, a_max)
+    shape = _np.broadcast_shapes(_shape(a), _shape(a_min), _shape(a_max))
+    return _b().node(ir_pb2.CLAMP, [_operand(a_min, d, shape), _operand(a, d, shape), _operand(a_max, d, shape)],
+                     shape, d)
+
+
+@_op
+def astype(x, dtype):
+    return _convert(_tracer(x), dtype)
+
+
+# ---------------------------------------------------------------- reductions
+
+def _axes(axis, ndim):
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    out = []
+    for a in axes:
+        if not -ndim <= a < ndim:
+            raise ValueError(f"axis {a} is out of bounds for an array of dimension {ndim}")
+        out.append(a % ndim)
+    return tuple(sorted(set(out)))
+
+
+def _reduce(kind, x, axis, keepdims, d=None):
+    t = _tracer(x)
+    if d is not None:
+        t = _convert(t, d)
+    axes = _axes(axis, t.ndim)
+    shape = tuple(s for i, s in enumerate(t.shape) if i not in axes)
+
+    def attrs(n):
+        n.reduce.kind = kind
+        n.reduce.dims.extend(axes)
+    out = _b().node(ir_pb2.REDUCE, [t], shape, t.dtype, set_attrs=attrs)
+    if keepdims:
+        out = reshape(out, tuple(1 if i in axes else s for i, s in enumerate(t.shape)))
+    return out
+
+
+def _sum_dtype(t, dtype):
+    if dtype is not None:
+        return _np.dtype(dtype)
+    return _np.dtype(_np.int64) if t.dtype.kind in "bu" or t.dtype == _np.int32 else t.dtype
+
+
+@_op
+def sum(a, axis=None, dtype=None, keepdims=False):
+    t = _tracer(a)
+    return _reduce(ir_pb2.SUM, t, axis, keepdims, _sum_dtype(t, dtype))
+
+
+@_op
+def prod(a, axis=None, dtype=None, keepdims=False):
+    t = _tracer(a)
+    return _reduce(ir_pb2.PROD, t, axis, keepdims, _sum_dtype(t, dtype))
+
+
+def _extremum(kind, a, axis, keepdims):
+    t = _tracer(a)
+    if t.dtype == _np.bool_:  # the IR reduces numbers; bools go through u8 and back
+        return _convert(_reduce(kind, _convert(t, _np.uint8), axis, keepdims), _np.bool_)
+    return _reduce(kind, t, axis, keepdims)
+
+
+@_op
+def max(a, axis=None, keepdims=False):
+    return _extremum(ir_pb2.REDUCE_MAX, a, axis, keepdims)
+
+
+@_op
+def min(a, axis=None, keepdims=False):
+    return _extremum(ir_pb2.REDUCE_MIN, a, axis, keepdims)
+
+
+@_op
+def any(a, axis=None, keepdims=False):
+    return max(not_equal(a, 0), axis, keepdims)
+
+
+@_op
+def all(a, axis=None, keepdims=False):
+    return min(not_equal(a, 0), axis, keepdims)
+
+
+amax, amin = max, min
+
+
+@_op
+def mean(a, axis=None, keepdims=False):
+    t = _tracer(a)
+    d = t.dtype if t.dtype.kind == "f" else _np.dtype(_np.float64)
+    axes = _axes(axis, t.ndim)
+    count = int(_np.prod([t.shape[i] for i in axes], dtype=_np.int64))
+    return divide(_reduce(ir_pb2.SUM, t, axis, keepdims, d), float(count))
+
+
+def _argreduce(op, a, axis):
+    t = _tracer(a)
+    if axis is None:
+        t = reshape(t, (t.size,))
+        axis = 0
+    axis = _axes(axis, t.ndim)[0]
+    shape = tuple(s for i, s in enumerate(t.shape) if i != axis)
+
+    def attrs(n):
+        n.arg_reduce.dimension = axis
+        n.arg_reduce.index_dtype = ir_pb2.S64
+    return _b().node(op, [t], shape, _np.int64, set_attrs=attrs)
+
+
+@_op
+def argmax(a, axis=None):
+    return _argreduce(ir_pb2.ARGMAX, a, axis)
+
+
+@_op
+def argmin(a, axis=None):
+    return _argreduce(ir_pb2.ARGMIN, a, axis)
+
+
+# ---------------------------------------------------------------- layout
+
+@_op
+def reshape(a, newshape):
+    t = _tracer(a)
+    newshape = (newshape,) if isinstance(newshape, int) else tuple(int(s) for s in newshape)
+    if newshape.count(-1) > 1:
+        raise ValueError("reshape: only one dimension may be -1")
+    if -1 in newshape:
+        known = int(_np.prod([s for s in newshape if s != -1], dtype=_np.int64))
+        if known == 0 or t.size % known:
+            raise ValueError(f"cannot reshape {t!r} into {newshape}")
+        newshape = tuple(t.size // known if s == -1 else s for s in newshape)
+    if int(_np.prod(newshape, dtype=_np.int64)) != t.size:
+        raise ValueError(f"cannot reshape {t!r} ({t.size} elements) into shape {newshape}")
+    if newshape == t.shape:
+        return t
+
+    def attrs(n):
+        n.reshape.dims.extend(newshape)
+    return _b().node(ir_pb2.RESHAPE, [t], newshape, t.dtype, set_attrs=attrs)
+
+
+@_op
+def transpose(a, axes=None):
+    t = _tracer(a)
+    perm = tuple(reversed(range(t.ndim))) if axes is None else tuple(a % t.ndim for a in axes)
+    if sorted(perm) != list(range(t.ndim)):
+        raise ValueError(f"transpose: axes {axes} are not a permutation of {t.ndim} dimensions")
+    if perm == tuple(range(t.ndim)):
+        return t
+
+    def attrs(n):
+        n.transpose.permutation.extend(perm)
+    return _b().node(ir_pb2.TRANSPOSE, [t], tuple(t.shape[p] for p in perm), t.dtype, set_attrs=attrs)
+
+
+@_op
+def broadcast_to(array, shape):
+    t = _tracer(array)
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    if _np.broadcast_shapes(t.shape, shape) != shape:
+        raise ValueError(f"cannot broadcast {t!r} to shape {shape}")
+    return _broadcast(t, shape)
+
+
+@_op
+def expand_dims(a, axis):
+    t = _tracer(a)
+    shape = list(t.shape)
+    shape.insert(axis % (t.ndim + 1), 1)
+    return reshape(t, tuple(shape))
+
+
+@_op
+def concatenate(arrays, axis=0):
+    d = _result_dtype(*arrays)
+    ts = [_convert(_tracer(x), d) for x in arrays]
+    axis = axis % ts[0].ndim
+    shape = list(ts[0].shape)
+    shape[axis] = builtins.sum(t.shape[axis] for t in ts)
+
+    def attrs(n):
+        n.concatenate.dimension = axis
+    return _b().node(ir_pb2.CONCATENATE, ts, shape, d, set_attrs=attrs)
+
+
+@_op
+def stack(arrays, axis=0):
+    return concatenate([expand_dims(a, axis) for a in arrays], axis)
+
+
+@_op
+def pad(array, pad_width, constant_values=0):
+    t = _tracer(array)
+    widths = _np.broadcast_to(_np.asarray(pad_width, dtype=_np.int64), (t.ndim, 2))
+    value = _operand(constant_values, t.dtype, ())
+    shape = tuple(int(s + lo + hi) for s, (lo, hi) in zip(t.shape, widths))
+
+    def attrs(n):
+        n.pad.low.extend(int(w) for w in widths[:, 0])
+        n.pad.high.extend(int(w) for w in widths[:, 1])
+    return _b().node(ir_pb2.PAD, [t, value], shape, t.dtype, set_attrs=attrs)
+
+
+@_op
+def _getitem(a, idx):
+    t = _tracer(a)
+    if not isinstance(idx, tuple):
+        idx = (idx,)
+    if builtins.sum(1 for i in idx if i is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis")
+    if Ellipsis in idx:
+        k = idx.index(Ellipsis)
+        idx = idx[:k] + (slice(None),) * (t.ndim - len(idx) + 1) + idx[k + 1:]
+    if len(idx) > t.ndim:
+        raise IndexError(f"too many indices for {t!r}")
+    idx = idx + (slice(None),) * (t.ndim - len(idx))
+    start, limit, strides, keep = [], [], [], []
+    for d, (i, size) in enumerate(zip(idx, t.shape)):
+        if isinstance(i, slice):
+            lo, hi, step = i.indices(size)
+            if step <= 0:
+                raise IndexError("only positive slice steps are supported")
+            hi = builtins.max(hi, lo)
+            start.append(lo), limit.append(hi), strides.append(step)
+            keep.append(len(range(lo, hi, step)))
+        elif isinstance(i, (int, _np.integer)):
+            i = int(i)
+            if not -size <= i < size:
+                raise IndexError(f"index {i} is out of bounds for axis {d} with size {size}")
+            i %= size
+            start.append(i), limit.append(i + 1), strides.append(1)
+        else:
+            raise IndexError(f"only integers, slices and ... index traced values (got {type(i).__name__})")
+    full = tuple(len(range(s, l, st)) for s, l, st in zip(start, limit, strides))
+    out = t
+    if full != t.shape:
+        def attrs(n):
+            n.slice.start.extend(start)
+            n.slice.limit.extend(limit)
+            n.slice.strides.extend(strides)
+        out = _b().node(ir_pb2.SLICE, [t], full, t.dtype, set_attrs=attrs)
+    return reshape(out, tuple(keep)) if tuple(keep) != full else out
+
+
+# ---------------------------------------------------------------- dot
+
+def _dot_general(lhs, rhs, lb, rb, lc, rc):
+    d = _result_dtype(lhs, rhs)
+    l, r = _convert(_tracer(lhs), d), _convert(_tracer(rhs), d)
+    for a, b in zip(lc, rc):
+        if l.shape[a] != r.shape[b]:
+            raise ValueError(f"dot: contracting dimensions differ: {l!r} dim {a} vs {r!r} dim {b}")
+    shape = ([l.shape[i] for i in lb] + [s for i, s in enumerate(l.shape) if i not in lb and i not in lc] +
+             [s for i, s in enumerate(r.shape) if i not in rb and i not in rc])
+
+    def attrs(n):
+        g = n.dot_general
+        g.lhs_batch.extend(lb), g.rhs_batch.extend(rb)
+        g.lhs_contracting.extend(lc), g.rhs_contracting.extend(rc)
+    return _b().node(ir_pb2.DOT_GENERAL, [l, r], shape, d, set_attrs=attrs)
+
+
+@_op
+def matmul(x1, x2):
+    a, b = _tracer(x1), _tracer(x2)
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError("matmul: operands must have at least one dimension")
+    if a.ndim == 1 or b.ndim == 1 or (a.ndim == 2 and b.ndim == 2):
+        return _dot_general(a, b, [], [], [a.ndim - 1], [0 if b.ndim == 1 else b.ndim - 2])
+    if b.ndim == 2:
+        return _dot_general(a, b, [], [], [a.ndim - 1], [0])
+    batch = _np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a = _broadcast(a, batch + a.shape[-2:])
+    b = _broadcast(b, batch + b.shape[-2:])
+    nb = len(batch)
+    return _dot_general(a, b, list(range(nb)), list(range(nb)), [nb + 1], [nb])
+
+
+@_op
+def dot(a, b):
+    ta, tb = _tracer(a), _tracer(b)
+    if ta.ndim == 0 or tb.ndim == 0:
+        return multiply(ta, tb)
+    if ta.ndim > 2 or tb.ndim > 2:
+        raise NotImplementedError("dot of arrays above 2-D: use matmul or einsum")
+    return matmul(ta, tb)
+
+
+@_op
+def einsum(subscripts, *operands):
+    """einsum for one or two operands, without repeated letters in one operand."""
+    spec = subscripts.replace(" ", "")
+    if "->" in spec:
+        ins, out = spec.split("->")
+    else:
+        ins = spec
+        letters = ins.replace(",", "")
+        out = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    ins = ins.split(",")
+    if len(ins) != len(operands) or not 1 <= len(ins) <= 2 or "." in spec:
+        raise NotImplementedError(f"einsum '{subscripts}': one or two operands, no ellipsis")
+    ts = [_tracer(o) for o in operands]
+    for s, t in zip(ins, ts):
+        if len(s) != t.ndim or len(set(s)) != len(s):
+            raise ValueError(f"einsum '{subscripts}': '{s}' does not fit {t!r}")
+    if len(ts) == 1:
+        (s,), (t,) = ins, ts
+        summed = [i for i, c in enumerate(s) if c not in out]
+        r = sum(t, tuple(summed)) if summed else t
+        rest = [c for c in s if c in out]
+        return transpose(r, [rest.index(c) for c in out])
+    (ls, rs), (l, r) = ins, ts
+    batch = [c for c in ls if c in rs and c in out]
+    contract = [c for c in ls if c in rs and c not in out]
+    # Letters in one operand only and not in the output are summed first.
+    lonly = [i for i, c in enumerate(ls) if c not in rs and c not in out]
+    ronly = [i for i, c in enumerate(rs) if c not in ls and c not in out]
+    if lonly:
+        l, ls = sum(l, tuple(lonly)), "".join(c for i, c in enumerate(ls) if i not in lonly)
+    if ronly:
+        r, rs = sum(r, tuple(ronly)), "".join(c for i, c in enumerate(rs) if i not in ronly)
+    res = _dot_general(l, r, [ls.index(c) for c in batch], [rs.index(c) for c in batch],
+                       [ls.index(c) for c in contract], [rs.index(c) for c in contract])
+    order = batch + [c for c in ls if c not in batch and c not in contract] + \
+        [c for c in rs if c not in batch and c not in contract]
+    return transpose(res, [order.index(c) for c in out])
+
+
+# ---------------------------------------------------------------- creation
+
+@_op
+def zeros(shape, dtype=float64):
+    return full(shape, 0, dtype)
+
+
+@_op
+def ones(shape, dtype=float64):
+    return full(shape, 1, dtype)
+
+
+@_op
+def full(shape, fill_value, dtype=None):
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    d = _np.dtype(dtype) if dtype is not None else _result_dtype(fill_value)
+    return _operand(fill_value, d, shape)
+
+
+@_op
+def zeros_like(a, dtype=None):
+    t = _tracer(a)
+    return full(t.shape, 0, dtype or t.dtype)
+
+
+@_op
+def ones_like(a, dtype=None):
+    t = _tracer(a)
+    return full(t.shape, 1, dtype or t.dtype)
+
+
+@_op
+def arange(n, dtype=int64):
+    return _b().iota((int(n),), dtype, 0)
+
+
+install_operators(Tracer, __import__(__name__, fromlist=["_"]))
