@@ -195,10 +195,10 @@ class Jitted:
         req = session_pb2.ExecuteRequest(executable_id=exe.executable_id, placement=placement,
                                          transfer_guard=_guard(guard))
         donated_arrays = []
+        stale = False  # an argument this process knows was donated or deleted
         for i, (x, donate) in enumerate(zip(leaves, donated_leaves)):
             if isinstance(x, Array):
-                if x._deleted is not None:
-                    pass  # the coordinator names the array and what became of it
+                stale = stale or x._deleted is not None
                 req.arguments.append(x.handle)
                 if donate:
                     donated_arrays.append(x)
@@ -217,6 +217,11 @@ class Jitted:
         if self._last_seq is not None:
             session.dispatcher().forget(self._last_seq)
         self._last_seq = session.execute(req, want_reply=True)
+        if stale:
+            # Raise here, with the coordinator's account of what became of
+            # the array, rather than later on the outputs.
+            seq, self._last_seq = self._last_seq, None
+            session.reply(seq)
         for a in donated_arrays:
             a._mark_donated()
         session.collect()

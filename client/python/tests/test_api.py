@@ -1,0 +1,222 @@
+"""Remote arrays, jit (pytrees, caching, static arguments, plans), memory
+stats, errors as exception classes, and the progress bar."""
+import io
+import time
+
+import numpy as np
+import pytest
+
+import tessel
+import tessel.numpy as tnp
+from tessel import _array
+
+# ---------------------------------------------------------------- arrays
+
+
+def test_device_put_and_array_properties(session):
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    a = tessel.device_put(x, 3)
+    assert (a.shape, a.dtype, a.ndim, a.size, a.nbytes) == ((3, 4), np.float32, 2, 12, 48)
+    assert a.sharding == tessel.SingleDeviceSharding(3) and a.devices() == (3,)
+    assert len(a) == 3 and not a.is_deleted()
+    assert a.block_until_ready() is a
+    np.testing.assert_array_equal(a.fetch(), x)
+    np.testing.assert_array_equal(np.asarray(a), x)
+    assert "tessel.Array([[ 0.,  1.,  2.,  3.]" in repr(a)
+    r = tessel.device_put(x, tessel.ReplicatedSharding())
+    assert r.devices() == (0, 1, 2, 3)
+    d = tessel.devices()[1]
+    assert tessel.device_put(x, d).devices() == (1,)
+    assert tessel.device_put(a, 3) is a
+    with pytest.raises(tessel.InvalidArgumentError, match="is on SingleDeviceSharding"):
+        tessel.device_put(a, 0)
+
+
+def test_scalars_convert_like_numpy(session):
+    s = tessel.device_put(np.float32(2.5))
+    assert s.shape == () and float(s) == 2.5 and int(s) == 2 and bool(s)
+    with pytest.raises(TypeError, match="only one-element arrays convert"):
+        float(tessel.device_put(np.ones(3)))
+
+
+def test_delete_and_is_deleted(session):
+    a = tessel.device_put(np.ones(4, np.float32))
+    a.delete()
+    assert a.is_deleted()
+    with pytest.raises(tessel.NotFoundError):
+        a.fetch()
+
+
+def test_steps_run_where_their_arguments_live(session):
+    f = tessel.jit(lambda x: x * 2)
+    assert f(tessel.device_put(np.ones(2), 2)).devices() == (2,)
+    g = tessel.jit(lambda x: x * 2, device=1)
+    y = g(np.ones(2))  # a host value goes to the step's device
+    assert y.devices() == (1,)
+    np.testing.assert_array_equal(y.fetch(), [2.0, 2.0])
+
+
+def test_arrays_dropped_by_python_are_freed(session):
+    f = tessel.jit(lambda x: x + 1)
+    x = tessel.device_put(np.zeros(256, np.float32))
+    with tessel.assert_no_memory_growth():
+        for _ in range(300):
+            y = f(x)
+            del y
+    assert tessel.memory_stats()["live_arrays"] == 1
+
+
+def test_memory_stats(session):
+    before = tessel.memory_stats()
+    a = tessel.device_put(np.zeros(1 << 16, np.float32), 2)
+    a.block_until_ready()
+    now = tessel.memory_stats()
+    assert now["live_arrays"] == before["live_arrays"] + 1
+    assert now["live_bytes"] == before["live_bytes"] + (1 << 18)
+    assert now["devices"][2]["bytes_in_use"] >= before["devices"][2]["bytes_in_use"] + (1 << 18)
+    assert set(now["devices"]) == {0, 1, 2, 3}
+    assert now["devices"][2]["peak_bytes_in_use"] >= now["devices"][2]["bytes_in_use"]
+
+
+# ---------------------------------------------------------------- jit
+
+def test_pytrees_in_and_out(session):
+    @tessel.jit
+    def f(params, xs):
+        w, b = params["w"], params["b"]
+        return {"y": [x @ w + b for x in xs], "n": None, "t": (w.sum(), b)}
+
+    w, b = np.eye(3, dtype=np.float32), np.ones(3, np.float32)
+    xs = [np.full((2, 3), i, np.float32) for i in range(2)]
+    out = f({"w": w, "b": b}, xs)
+    assert set(out) == {"y", "n", "t"} and out["n"] is None and isinstance(out["t"], tuple)
+    for i, y in enumerate(out["y"]):
+        np.testing.assert_array_equal(y.fetch(), xs[i] @ w + b)
+    assert float(out["t"][0]) == 3.0
+
+
+def test_compiles_once_per_signature_and_explains_a_miss(session):
+    f = tessel.jit(lambda x, y: x * y)
+    f(np.ones(4, np.float32), 2.0)
+    f(np.zeros(4, np.float32), 3.0)  # same signature: a hit
+    assert f.compiles == 1
+    f(np.ones(5, np.float32), 2.0)
+    assert f.compiles == 2 and f.last_miss == "argument x: float32[4] -> float32[5]"
+    f(np.ones(4, np.int32), 2.0)
+    assert f.last_miss == "argument x: float32[4] -> int32[4]"
+    assert tessel.stats()["compiles"] == 3
+
+
+def test_static_arguments(session):
+    f = tessel.jit(lambda x, n: x * n if n > 1 else -x, static_argnums=1)
+    np.testing.assert_array_equal(f(np.ones(2), 3).fetch(), [3.0, 3.0])
+    np.testing.assert_array_equal(f(np.ones(2), 1).fetch(), [-1.0, -1.0])
+    assert f.compiles == 2 and "static arguments" in f.last_miss
+
+
+def test_donate_argnames(session):
+    f = tessel.jit(lambda state, x: state + x, donate_argnames="state")
+    s = tessel.device_put(np.zeros(8, np.float32))
+    s2 = f(s, np.ones(8, np.float32))
+    assert s.is_deleted() and f.donation_receipts()[0]["reused"]
+    np.testing.assert_array_equal(s2.fetch(), np.ones(8))
+    with pytest.raises(ValueError, match="has no argument 'nope'"):
+        tessel.jit(lambda a: a, donate_argnames="nope")
+
+
+def test_compile_shows_the_plan(session):
+    c = tessel.compile(lambda x: tnp.exp(x) * 2 + 1, np.zeros((4, 4), np.float32))
+    text = c.as_text()
+    assert "fusion" in text and "exp" in text and "%x = parameter()" in text, text
+    assert c.input_types == ["f32[4,4]"] and c.output_types == ["f32[4,4]"]
+    assert c.estimated_bytes > 0
+
+
+def test_tracing_errors_are_python_errors(session):
+    with pytest.raises(TypeError, match="its value is not known while tracing"):
+        tessel.jit(lambda x: x * 2 if x > 0 else x)(np.ones(2))
+    with pytest.raises(ValueError, match="cannot reshape"):
+        tessel.jit(lambda x: x.reshape(3, 3))(np.ones(4))
+    with pytest.raises(TypeError, match="dtype complex128 is not supported"):
+        tessel.jit(lambda x: x)(np.ones(2, np.complex128))
+
+
+# ---------------------------------------------------------------- errors
+
+def test_server_errors_are_exception_classes_with_its_message(session):
+    with pytest.raises(tessel.InvalidArgumentError, match="device 99"):
+        tessel.device_put(np.ones(2), 99).block_until_ready()
+    with tessel.session_options(memory_quota_bytes=1024):
+        with pytest.raises(tessel.OutOfMemoryError, match="quota"):
+            tessel.device_put(np.ones(4096, np.float32))
+    with pytest.raises(TypeError, match="unknown option 'nope'"):
+        with tessel.session_options(nope=1):
+            pass
+    with pytest.raises(ValueError, match="transfer guard level 'never'"):
+        with tessel.transfer_guard("never"):
+            tessel.device_put(np.ones(2))
+    for cls in (tessel.InvalidArgumentError, tessel.DonatedArrayError, tessel.TransferGuardError,
+                tessel.OutOfMemoryError, tessel.WorkerLostError, tessel.RecompileError):
+        assert issubclass(cls, tessel.TesselError)
+
+
+def test_out_of_device_memory_is_an_error_and_the_cluster_keeps_serving():
+    with tessel.local_cluster(workers=1, devices_per_worker=1,
+                              worker_flags=["--device_memory_bytes=1048576"]) as c:
+        f = tessel.jit(lambda x: tnp.concatenate([x, x, x, x]))
+        x = tessel.device_put(np.ones(1 << 17, np.float32))  # 512 KiB of the 1 MiB
+        with pytest.raises(tessel.OutOfMemoryError, match="device cpu:0 out of memory: allocating 2097152 bytes"):
+            f(x).fetch()
+        np.testing.assert_array_equal((x[:4] + 1).fetch(), [2, 2, 2, 2])
+        assert c.session is not None
+
+
+def test_a_lost_worker_fails_its_arrays_and_the_rest_keeps_serving():
+    with tessel.local_cluster(workers=2, devices_per_worker=1, heartbeat_timeout_ms=500) as c:
+        on_w1 = tessel.device_put(np.ones(4, np.float32), 1)
+        on_w0 = tessel.device_put(np.ones(4, np.float32), 0)
+        on_w1.block_until_ready()
+        c.kill_worker(1)
+        with pytest.raises(tessel.WorkerLostError, match="stopped heartbeating|unavailable|dead"):
+            for _ in range(100):  # until the coordinator notices
+                (on_w1 * 2).fetch()
+        np.testing.assert_array_equal((on_w0 * 2).fetch(), [2, 2, 2, 2])
+        deadline = time.monotonic() + 10  # the heartbeat timeout marks the worker dead
+        while [d.id for d in tessel.devices()] != [0] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [d.id for d in tessel.devices()] == [0]
+
+
+# ---------------------------------------------------------------- clusters and progress
+
+def test_local_cluster_stops_its_processes_also_on_an_exception():
+    with pytest.raises(RuntimeError, match="boom"):
+        with tessel.local_cluster(workers=1) as c:
+            pids = list(c._procs)
+            raise RuntimeError("boom")
+    assert all(p.poll() is not None for p in pids)
+    with pytest.raises(RuntimeError, match="no Tessel session"):
+        tessel.device_put(np.ones(1))
+
+
+def test_connect_needs_an_address(monkeypatch):
+    monkeypatch.delenv("TESSEL_COORDINATOR", raising=False)
+    with pytest.raises(ValueError, match="TESSEL_COORDINATOR"):
+        tessel.connect()
+    with pytest.raises(tessel.WorkerLostError, match="cannot reach the coordinator"):
+        tessel.connect("127.0.0.1:1", timeout=0.2)
+
+
+def test_progress_bar_draws_on_a_terminal(session, monkeypatch):
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    err = Tty()
+    monkeypatch.setattr("sys.stderr", err)
+    monkeypatch.setattr(_array, "_PROGRESS_MIN_BYTES", 1 << 20)
+    x = np.zeros(3 << 18, np.float32)  # 3 MiB: three chunks
+    a = tessel.device_put(x)
+    np.testing.assert_array_equal(a.fetch(), x)
+    text = err.getvalue()
+    assert "put float32[786432] [" in text and "fetch" in text and "3/3 MiB" in text, text
