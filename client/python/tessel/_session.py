@@ -5,9 +5,8 @@ hands gRPC everything queued as one batch. Unary calls that name arrays first
 wait until every queued call has been answered (flush), so they never
 overtake the call that makes their arrays.
 """
-import os
+import ctypes
 import random
-import sys
 import threading
 
 import grpc
@@ -33,6 +32,27 @@ def guard_proto(guard):
             raise ValueError(f"transfer guard level {level!r}: expected one of {', '.join(k for k in _LEVELS if k)}")
         setattr(g, direction, _LEVELS[level])
     return g
+
+
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+_tuned = []
+
+
+def _tune_allocator():
+    """As every Tessel binary does at start-up (core/process_tuning.h): glibc
+    maps and unmaps each block of 128 KiB or more, so every 1 MiB message of
+    a Put or Fetch stream would be a fresh mapping. Raising the thresholds
+    keeps them in the heap. Once per process; a no-op off glibc."""
+    if _tuned:
+        return
+    _tuned.append(True)
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, 64 << 20)
+        libc.mallopt(_M_TRIM_THRESHOLD, 256 << 20)
+        libc.mallopt(_M_TOP_PAD, 16 << 20)
+    except (OSError, AttributeError):
+        pass
 
 
 def _rpc(fn, *args, **kwargs):
@@ -126,6 +146,7 @@ class _Dispatcher:
 
 class Session:
     def __init__(self, address, client="tessel-python", timeout=10.0):
+        _tune_allocator()
         self.address = address
         opts = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
         self._channel = grpc.insecure_channel(address, options=opts)
@@ -242,10 +263,11 @@ class Session:
                     out = np.empty(tuple(msg.type.dims), dtype)
                     flat = out.reshape(-1).view(np.uint8)
                     total = flat.size
-                n = len(msg.data)
+                data = msg.data  # each read of the field is a fresh copy: read it once
+                n = len(data)
                 if offset + n > total:
                     raise errors.TesselError(f"fetch of array {handle:#x}: more bytes than its type holds", "DATA_LOSS")
-                flat[offset:offset + n] = np.frombuffer(msg.data, np.uint8)
+                flat[offset:offset + n] = np.frombuffer(data, np.uint8)
                 offset += n
                 if progress:
                     progress(offset, total)

@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""The Python SDK beside its baselines, in one run, as ratios.
+
+  py_seed_loop   the seed loop (state = f1(state); state = f2(state)) through
+                 @tessel.jit: 16-float state donated, transfer guard
+                 disallow, compiles forbidden, one device; steps/s vs bare
+                 grpcio unary round trips/s to the same coordinator from
+                 this process (what one un-pipelined call costs). Goal >= 1x.
+  py_fetch_64mib fetch of a 64 MiB array into numpy vs a bare grpcio stream
+                 of the same Fetch messages drained without copying. Goal
+                 >= 0.8x.
+
+    TESSEL_BIN_DIR=build/bin python3 bench/python_bench.py [--json]
+"""
+import json
+import os
+import pathlib
+import sys
+import time
+
+import numpy as np
+
+import tessel
+import tessel.numpy as tnp
+from tessel.v1 import common_pb2, session_pb2
+
+STEPS = 20000
+FETCH_BYTES = 64 << 20
+
+
+def best_of(fn, repeats=3):
+    return min(fn() for _ in range(repeats))
+
+
+def seed_loop(session):
+    f1 = tessel.jit(lambda s: s * 0.5 + 1.0, donate_argnums=0)
+    f2 = tessel.jit(lambda s: s - 0.25, donate_argnums=0)
+    state = tessel.device_put(np.zeros(16, np.float32))
+    state = f2(f1(state))
+    state.block_until_ready()
+
+    def run():
+        nonlocal state
+        t = time.perf_counter()
+        with tessel.transfer_guard("disallow"), tessel.forbid_compiles():
+            for _ in range(STEPS // 2):
+                state = f2(f1(state))
+            state.block_until_ready()
+        return time.perf_counter() - t
+    t_loop = best_of(run)
+
+    def unary():
+        req = common_pb2.GetVersionRequest(min_version=1, max_version=1)
+        n = 2000
+        t = time.perf_counter()
+        for _ in range(n):
+            session._stub.GetVersion(req)
+        return (time.perf_counter() - t) / n
+    t_unary = best_of(unary)
+    return STEPS / t_loop, 1 / t_unary
+
+
+def fetch(session):
+    a = tessel.device_put(np.ones(FETCH_BYTES // 4, np.float32))
+    a.block_until_ready()
+
+    def ours():
+        t = time.perf_counter()
+        out = a.fetch()
+        dt = time.perf_counter() - t
+        assert out.nbytes == FETCH_BYTES
+        return dt
+
+    def bare():
+        req = session_pb2.FetchRequest(session_id=session.id, handle=a.handle)
+        t = time.perf_counter()
+        n = sum(len(m.data) for m in session._stub.Fetch(req))
+        dt = time.perf_counter() - t
+        assert n == FETCH_BYTES
+        return dt
+    t_bare, t_ours = float("inf"), float("inf")
+    for _ in range(4):  # interleaved, so drift hits both alike
+        t_bare = min(t_bare, bare())
+        t_ours = min(t_ours, ours())
+    return FETCH_BYTES / t_ours / 1e9, FETCH_BYTES / t_bare / 1e9
+
+
+def main():
+    if not os.environ.get("TESSEL_BIN_DIR"):
+        os.environ["TESSEL_BIN_DIR"] = str(pathlib.Path(__file__).resolve().parents[1] / "build" / "bin")
+    rows = []
+    with tessel.local_cluster(workers=2, devices_per_worker=1) as c:
+        ours, base = seed_loop(c.session)
+        rows.append(("py_seed_loop", "steps/s", ours, base, ">= 1x", ours / base >= 1))
+        ours, base = fetch(c.session)
+        rows.append(("py_fetch_64mib", "GB/s", ours, base, ">= 0.8x", ours / base >= 0.8))
+    if "--json" in sys.argv:
+        print(json.dumps([{"name": n, "unit": u, "tessel": o, "baseline": b, "ratio": o / b, "goal": g, "met": m}
+                          for n, u, o, b, g, m in rows], indent=1))
+        return
+    print(f"{'benchmark':<16} {'tessel':>12} {'baseline':>12} {'unit':<8} {'ratio':>7}  goal")
+    for n, u, o, b, g, m in rows:
+        print(f"{n:<16} {o:>12,.2f} {b:>12,.2f} {u:<8} {o / b:>6.2f}x  {g} {'met' if m else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()
