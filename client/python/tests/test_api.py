@@ -1,6 +1,8 @@
 """Remote arrays, jit (pytrees, caching, static arguments, plans), memory
 stats, errors as exception classes, and the progress bar."""
 import io
+import pathlib
+import re
 import time
 
 import numpy as np
@@ -220,3 +222,11 @@ def test_progress_bar_draws_on_a_terminal(session, monkeypatch):
     np.testing.assert_array_equal(a.fetch(), x)
     text = err.getvalue()
     assert "put float32[786432] [" in text and "fetch" in text and "3/3 MiB" in text, text
+
+
+def test_the_readme_example_runs(capsys):
+    readme = (pathlib.Path(__file__).resolve().parents[3] / "README.md").read_text()
+    code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "donate %state['w'] -> output 1" in out and "'reused': True" in out and " 2000" in out, out

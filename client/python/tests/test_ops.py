@@ -61,7 +61,8 @@ def check(fn, *args, rtol=None, exact_dtype=True, atol=0.0):
 
 
 @pytest.fixture(autouse=True)
-def _cluster(cluster):
+def _session(cluster):
+    tessel._context.set_default_session(cluster.session)
     yield
 
 
