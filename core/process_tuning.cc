@@ -14,6 +14,9 @@ void TuneAllocatorForStreaming() {
 
 }  // namespace tessel
 
+#include <sys/prctl.h>
+#include <unistd.h>
+
 #include <csignal>
 
 namespace tessel {
@@ -37,6 +40,11 @@ int WaitForTerminationSignal() {
   int sig = 0;
   sigwait(&set, &sig);
   return sig;
+}
+
+bool StopWithParent(int expected_parent) {
+  if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) return false;
+  return getppid() == expected_parent;
 }
 
 }  // namespace tessel

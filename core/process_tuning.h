@@ -20,4 +20,10 @@ namespace tessel {
 void BlockTerminationSignals();
 int WaitForTerminationSignal();
 
+// Has the kernel send this process SIGTERM when its parent dies, so a daemon
+// started by a client library (the Python SDK's local_cluster) stops with
+// the program that started it, however that program ends. False if the
+// parent is no longer `expected_parent` (it died before the call).
+bool StopWithParent(int expected_parent);
+
 }  // namespace tessel

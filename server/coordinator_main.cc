@@ -22,6 +22,8 @@ ABSL_FLAG(int, heartbeat_ms, 500, "Interval at which workers are told to heartbe
 ABSL_FLAG(int, heartbeat_timeout_ms, 2000, "A worker silent for this long is marked dead.");
 ABSL_FLAG(int, max_message_mb, 64, "Largest gRPC message accepted, in MiB; bulk data streams in chunks below it.");
 ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, error.");
+ABSL_FLAG(int, parent_pid, 0,
+          "If set, stop (as on SIGTERM) when this parent process exits; for clients that start daemons.");
 
 int main(int argc, char** argv) {
   tessel::BlockTerminationSignals();
@@ -33,6 +35,10 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   auto log = spdlog::stdout_color_mt("coordinator");
   log->set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+  if (const int parent = absl::GetFlag(FLAGS_parent_pid); parent > 0 && !tessel::StopWithParent(parent)) {
+    log->error("--parent_pid={}: that process has already exited", parent);
+    return 1;
+  }
 
   tessel::server::Coordinator::Options options;
   options.logger = log;

@@ -28,6 +28,8 @@ ABSL_FLAG(int64_t, device_memory_bytes, 0,
           "Memory limit per device in bytes; 0 means 80% of physical memory divided among the devices.");
 ABSL_FLAG(int, register_timeout_s, 30, "How long to keep trying to reach the coordinator at start-up.");
 ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, error.");
+ABSL_FLAG(int, parent_pid, 0,
+          "If set, stop (as on SIGTERM) when this parent process exits; for clients that start daemons.");
 
 namespace {
 
@@ -72,6 +74,10 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   auto log = spdlog::stdout_color_mt("worker");
   log->set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+  if (const int parent = absl::GetFlag(FLAGS_parent_pid); parent > 0 && !tessel::StopWithParent(parent)) {
+    log->error("--parent_pid={}: that process has already exited", parent);
+    return 1;
+  }
   const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
   const int num_devices = absl::GetFlag(FLAGS_devices);
   if (coordinator.empty()) {

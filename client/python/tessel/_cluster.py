@@ -4,11 +4,15 @@
 on 127.0.0.1 (ports chosen free), the same way the C++ LocalCluster does:
 workers start one at a time and register in order, so worker i owns global
 devices [i*D, (i+1)*D). The processes stop when the cluster is closed, when
-the `with` block exits (also on an exception), at interpreter exit, and - via
-PR_SET_PDEATHSIG - when this process dies without cleaning up.
+the `with` block exits (also on an exception), at interpreter exit, and -
+through the daemons' --parent_pid (PR_SET_PDEATHSIG) - when this process dies
+without cleaning up. The kernel ties that to the thread that started them:
+start a cluster from a thread that outlives it.
+
+No Python code runs between fork and exec (no preexec_fn): grpcio's fork
+handlers would run there and abort the child.
 """
 import atexit
-import ctypes
 import os
 import shutil
 import signal
@@ -22,9 +26,6 @@ import grpc
 from tessel import _context, errors
 from tessel._session import Session
 from tessel.v1 import admin_pb2, admin_pb2_grpc
-
-_PR_SET_PDEATHSIG = 1
-
 
 def connect(address=None, *, timeout=10.0, make_default=True):
     """Opens a session on the coordinator at `address` (default:
@@ -57,13 +58,6 @@ def find_binary(name, bin_dir=None):
     return path
 
 
-def _die_with_parent():
-    # Runs in the child between fork and exec: SIGTERM when the parent dies.
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    os.setpgid(0, 0)  # Ctrl-C reaches this process, which stops the daemons in order
-
-
 class LocalCluster:
     """A coordinator and `workers` workers with `devices_per_worker` CPU
     devices each, as real processes on loopback. Use as a context manager;
@@ -94,8 +88,10 @@ class LocalCluster:
     def _spawn(self, binary, args, log_name):
         log = open(os.path.join(self.log_dir, log_name + ".log"), "ab")
         try:
-            p = subprocess.Popen([binary] + args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                 preexec_fn=_die_with_parent, close_fds=True)
+            # A session of their own: Ctrl-C reaches this process only, which
+            # then stops the daemons in order.
+            p = subprocess.Popen([binary] + args + [f"--parent_pid={os.getpid()}"], stdin=subprocess.DEVNULL,
+                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
         finally:
             log.close()
         self._procs.append(p)

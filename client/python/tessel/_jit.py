@@ -1,11 +1,13 @@
 """@tessel.jit: trace once per signature, compile, execute pipelined."""
 import functools
 import inspect
+import weakref
 
 import numpy as np
 
 from tessel import _context, _dtypes, errors
 from tessel._array import Array
+from tessel._session import guard_proto
 from tessel._trace import Builder, Tracer
 from tessel.v1 import session_pb2
 
@@ -88,8 +90,9 @@ class Jitted:
         elif device is not None:
             from tessel._api import to_placement
             self._placement = to_placement(device)
-        self._cache = {}  # signature -> (executable response, output structure)
-        self._last_key = None
+        # Per session (executables live in a coordinator): signature ->
+        # (compile response, output structure, output types).
+        self._cache = weakref.WeakKeyDictionary()
         self._last_seq = None
         self.compiles = 0
 
@@ -115,12 +118,12 @@ class Jitted:
         key = (tuple(structures), sig, tuple(donated_leaves), tuple((i, repr(a)) for i, a in statics))
         return key, leaves, paths, donated_leaves
 
-    def explain_miss(self, key, paths):
+    def explain_miss(self, cache, key, paths):
         """What changed since the nearest signature this function was compiled for."""
-        if not self._cache:
+        if not cache:
             return "first call"
         best = None
-        for old in self._cache:
+        for old in cache:
             if old[0] != key[0]:
                 continue
             diffs = [f"argument {p}: {_describe(b)} -> {_describe(a)}"
@@ -169,12 +172,13 @@ class Jitted:
 
     def _compiled(self, args):
         key, leaves, paths, donated_leaves = self._key(args)
-        entry = self._cache.get(key)
+        session = _context.session()
+        cache = self._cache.setdefault(session, {})
+        entry = cache.get(key)
         if entry is None:
-            why = self.explain_miss(key, paths)
+            why = self.explain_miss(cache, key, paths)
             graph, structure, out_tracers = self._trace(args, leaves, paths, donated_leaves)
             donated = [i for i, d in enumerate(donated_leaves) if d]
-            session = _context.session()
             try:
                 exe = session.compile(graph, donated)
             except errors.RecompileError as e:
@@ -182,7 +186,7 @@ class Jitted:
             self.compiles += 1
             self.last_miss = why
             entry = (exe, structure, [(t.shape, t.dtype) for t in out_tracers])
-            self._cache[key] = entry
+            cache[key] = entry
         return entry, leaves, donated_leaves
 
     def __call__(self, *args, **kwargs):
@@ -193,7 +197,7 @@ class Jitted:
         placement = self._placement or next((x._placement for x in leaves if isinstance(x, Array)),
                                             _DEFAULT_PLACEMENT)
         req = session_pb2.ExecuteRequest(executable_id=exe.executable_id, placement=placement,
-                                         transfer_guard=_guard(guard))
+                                         transfer_guard=guard_proto(guard))
         donated_arrays = []
         stale = False  # an argument this process knows was donated or deleted
         for i, (x, donate) in enumerate(zip(leaves, donated_leaves)):
@@ -239,11 +243,6 @@ class Jitted:
 
 
 _DEFAULT_PLACEMENT = session_pb2.Placement(device=0)
-
-
-def _guard(g):
-    from tessel._session import guard_proto
-    return guard_proto(g)
 
 
 def jit(fn=None, *, donate_argnums=(), donate_argnames=(), static_argnums=(), device=None, replicated=False):

@@ -3,6 +3,8 @@ stats, errors as exception classes, and the progress bar."""
 import io
 import pathlib
 import re
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -230,3 +232,39 @@ def test_the_readme_example_runs(capsys):
     exec(compile(code, "README.md", "exec"), {})
     out = capsys.readouterr().out
     assert "donate %state['w'] -> output 1" in out and "'reused': True" in out and " 2000" in out, out
+
+
+def test_a_jitted_function_compiles_again_on_another_cluster(session):
+    f = tessel.jit(lambda x: x * 3)
+    np.testing.assert_array_equal(f(np.ones(2, np.float32)).fetch(), [3, 3])
+    with tessel.local_cluster(workers=1):
+        np.testing.assert_array_equal(f(np.ones(2, np.float32)).fetch(), [3, 3])
+        np.testing.assert_array_equal((tessel.device_put(np.ones(2)) * 2).fetch(), [2, 2])
+    tessel._context.set_default_session(session)
+    np.testing.assert_array_equal(f(np.ones(2, np.float32)).fetch(), [3, 3])
+    assert f.compiles == 2
+
+
+def test_local_cluster_daemons_stop_when_the_program_is_killed(tmp_path):
+    script = tmp_path / "victim.py"
+    script.write_text(
+        "import os, signal, tessel\n"
+        "c = tessel.local_cluster(workers=2)\n"
+        "print(' '.join(str(p.pid) for p in c._procs), flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60).stdout
+    pids = [int(p) for p in out.split()]
+    assert len(pids) == 3, out
+    deadline = time.monotonic() + 10
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in pids if _running(p)]
+        time.sleep(0.05)
+    assert not alive, f"daemons still running after their parent was killed: {alive}"
+
+
+def _running(pid):
+    try:  # a zombie (state Z) has exited; init reaps it
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
