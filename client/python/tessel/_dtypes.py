@@ -1,4 +1,5 @@
-"""numpy dtypes <-> tessel.v1.DType."""
+"""numpy dtypes <-> tessel.v1.DType. bfloat16 is ml_dtypes' (the numpy
+extension dtype JAX uses) when that package is installed."""
 import numpy as np
 
 from tessel.v1 import ir_pb2
@@ -12,8 +13,20 @@ _TO_PROTO = {
     np.dtype(np.uint8): ir_pb2.U8,
     np.dtype(np.bool_): ir_pb2.PRED,
 }
+try:
+    import ml_dtypes
+    BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+    _TO_PROTO[BFLOAT16] = ir_pb2.BF16
+except ImportError:  # bf16 arrays then have no numpy dtype to live in
+    BFLOAT16 = None
 _FROM_PROTO = {v: k for k, v in _TO_PROTO.items()}
 SUPPORTED = tuple(_TO_PROTO)
+
+
+def is_float(dtype):
+    """True for floating dtypes, bfloat16 included (its numpy kind is 'V')."""
+    d = np.dtype(dtype)
+    return d.kind == "f" or d == BFLOAT16
 
 
 def to_proto(dtype):
@@ -24,8 +37,8 @@ def to_proto(dtype):
 
 
 def from_proto(dt):
-    if dt == ir_pb2.BF16:
-        raise TypeError("bf16 arrays have no numpy dtype; this SDK does not handle them yet")
+    if dt == ir_pb2.BF16 and BFLOAT16 is None:
+        raise TypeError("a bf16 array needs the ml_dtypes package for its numpy dtype (pip install ml_dtypes)")
     return _FROM_PROTO[dt]
 
 

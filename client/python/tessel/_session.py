@@ -296,7 +296,13 @@ class Session:
         try:
             self.delete(handles)
         except errors.NotFoundError:
-            pass
+            # Delete is all or nothing: one handle the coordinator no longer
+            # knows must not keep the rest alive.
+            for h in handles:
+                try:
+                    self.delete([h])
+                except errors.NotFoundError:
+                    pass
 
     def info(self, handle):
         self.flush()

@@ -60,7 +60,7 @@ class Builder:
         dtype = np.dtype(dtype)
 
         def attrs(n):
-            if dtype.kind == "f":
+            if _dtypes.is_float(dtype):
                 n.constant.fill.f = float(value)
             else:
                 n.constant.fill.i = int(value)

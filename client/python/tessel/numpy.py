@@ -14,6 +14,7 @@ from tessel._trace import Tracer, current_builder, install_operators
 from tessel.v1 import ir_pb2
 
 float32, float64, float16 = _np.float32, _np.float64, _np.float16
+bfloat16 = _dtypes.BFLOAT16.type if _dtypes.BFLOAT16 is not None else None
 int32, int64, uint8, bool_ = _np.int32, _np.int64, _np.uint8, _np.bool_
 dtype = _np.dtype
 
@@ -54,7 +55,15 @@ def _result_dtype(*xs):
             weak.append(x)
         else:
             strong.append(_np.asarray(x).dtype)
+    # numpy has no promotion rules for bfloat16: it promotes as float16 does
+    # (a Python float keeps it bf16; bf16 with f16 is f32, as in JAX).
+    bf16 = _dtypes.BFLOAT16 is not None and _dtypes.BFLOAT16 in strong
+    if bf16:
+        has_f16 = _np.dtype(_np.float16) in strong
+        strong = [_np.dtype(_np.float16) if s == _dtypes.BFLOAT16 else s for s in strong]
     d = _np.result_type(*strong, *[_weak_value(w) for w in weak])
+    if bf16 and d == _np.dtype(_np.float16):
+        d = _np.dtype(_np.float32) if has_f16 else _dtypes.BFLOAT16
     if d == _np.dtype(_np.uint64) or d == _np.dtype(_np.int16) or d == _np.dtype(_np.int8):
         d = _np.dtype(_np.int64)
     _dtypes.to_proto(d)
@@ -117,16 +126,15 @@ def _elementwise(op, xs, d=None, out_dtype=None, set_attrs=None):
 
 def _float_dtype(*xs):
     d = _result_dtype(*xs)
-    return d if d.kind == "f" else _np.dtype(_np.float64)
+    return d if _dtypes.is_float(d) else _np.dtype(_np.float64)
 
 
 # ---------------------------------------------------------------- elementwise
 
-def _binary(op, float_only=False):
+def _binary(op):
     @_op
     def f(x1, x2):
-        d = _float_dtype(x1, x2) if float_only else None
-        return _elementwise(op, [x1, x2], d)
+        return _elementwise(op, [x1, x2])
     return f
 
 
@@ -154,13 +162,12 @@ true_divide = divide
 @_op
 def floor_divide(x1, x2):
     d = _result_dtype(x1, x2)
-    if d.kind == "f":
+    if _dtypes.is_float(d):
         return floor(_elementwise(ir_pb2.DIV, [x1, x2], d))
     q = _elementwise(ir_pb2.DIV, [x1, x2], d)
     r = _elementwise(ir_pb2.REM, [x1, x2], d)
-    # Truncation rounds toward zero; floor needs one less when the signs differ.
-    fix = logical_and(not_equal(r, 0), not_equal(less(r, 0), less(_operand(x2, d, r.shape), 0)))
-    return where(fix, subtract(q, 1), q)
+    # Truncation rounds toward zero; floor is one less where the signs differ.
+    return where(_remainder_off_sign(r, _operand(x2, d, r.shape)), subtract(q, 1), q)
 
 
 @_op
@@ -169,11 +176,15 @@ def remainder(x1, x2):
     d = _result_dtype(x1, x2)
     r = _elementwise(ir_pb2.REM, [x1, x2], d)
     b = _operand(x2, d, r.shape)
-    fix = logical_and(not_equal(r, 0), not_equal(less(r, 0), less(b, 0)))
-    return where(fix, add(r, b), r)
+    return where(_remainder_off_sign(r, b), add(r, b), r)
 
 
 mod = remainder
+
+
+def _remainder_off_sign(r, b):
+    """Where the truncated remainder r is nonzero and its sign is not b's."""
+    return logical_and(not_equal(r, 0), not_equal(less(r, 0), less(b, 0)))
 
 
 def _compare(direction):
@@ -197,7 +208,7 @@ def _unary(op, float_only=False, identity_on_ints=False):
     @_op
     def f(x):
         t = _tracer(x)
-        if t.dtype.kind != "f":
+        if not _dtypes.is_float(t.dtype):
             if identity_on_ints:
                 return t
             if float_only:
@@ -338,7 +349,7 @@ amax, amin = max, min
 @_op
 def mean(a, axis=None, keepdims=False):
     t = _tracer(a)
-    d = t.dtype if t.dtype.kind == "f" else _np.dtype(_np.float64)
+    d = t.dtype if _dtypes.is_float(t.dtype) else _np.dtype(_np.float64)
     axes = _axes(axis, t.ndim)
     count = int(_np.prod([t.shape[i] for i in axes], dtype=_np.int64))
     return divide(_reduce(ir_pb2.SUM, t, axis, keepdims, d), float(count))

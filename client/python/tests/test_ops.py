@@ -3,6 +3,7 @@ written over a namespace `m`, traced with m=tessel.numpy and run on the
 cluster, and called with m=numpy on the host as the reference. Results must
 have numpy's shape and dtype and its values (exact for integers and bools,
 within a few ulps for floats)."""
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -341,3 +342,56 @@ def test_ops_on_arrays_outside_a_trace_run_on_the_devices():
     np.testing.assert_allclose(tnp.exp(a).fetch(), np.exp(x), rtol=1e-6)
     np.testing.assert_allclose(a[1:, 0].fetch(), x[1:, 0])
     np.testing.assert_allclose((a @ a.T).fetch(), x @ x.T, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- bfloat16 (ml_dtypes)
+
+BF16 = ml_dtypes.bfloat16
+
+
+def bf16_sample(shape, **kw):
+    return sample("float32", shape, **kw).astype(BF16)
+
+
+def check_bf16(fn, *args, rtol=1e-2):
+    """bf16 results against numpy on ml_dtypes' bfloat16, which, like the
+    CPU backend, computes each op in float32 and rounds to bf16."""
+    want = fn(np, *args)
+    got = tessel.jit(lambda *a: fn(tnp, *a))(*args).fetch()
+    assert got.dtype == want.dtype == np.dtype(BF16), (got.dtype, want.dtype)
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=rtol, atol=rtol)
+
+
+@pytest.mark.parametrize("op", ["add", "subtract", "multiply", "maximum"])
+def test_bf16_arithmetic(op):
+    check_bf16(lambda m, x, y: ARITH[op](m, x, y) * 2 + 1, bf16_sample((4, 8)), bf16_sample((8,)))
+
+
+@pytest.mark.parametrize("op", ["exp", "tanh", "sqrt", "log", "abs", "floor"])
+def test_bf16_unary(op):
+    fn, kw = UNARY[op]
+    check_bf16(fn, bf16_sample((33,), **kw))
+
+
+def test_bf16_reductions_layout_and_casts():
+    x = bf16_sample((6, 5))
+    check_bf16(lambda m, a: m.sum(a, axis=0), x, rtol=3e-2)
+    check_bf16(lambda m, a: m.max(a, axis=1), x)
+    check_bf16(lambda m, a: m.concatenate([a.T, a.T], axis=1)[1:3], x)
+    check_bf16(lambda m, a: m.where(a > 0, a, BF16(0.5)), x)
+    f32 = sample("float32", (9,))
+    check_bf16(lambda m, a: a.astype(BF16), f32, rtol=0)  # one rounding, as ml_dtypes does
+    got = tessel.jit(lambda a: a.astype(tnp.float32) + tnp.ones(9, tnp.float16))(f32.astype(BF16)).fetch()
+    assert got.dtype == np.float32
+
+
+def test_bf16_promotes_like_jax():
+    b, h = bf16_sample((3,)), sample("float16", (3,))
+    assert tessel.jit(lambda x: x * 2.5)(b).dtype == np.dtype(BF16)  # a Python float keeps bf16
+    assert tessel.jit(lambda x, y: x + y)(b, h).dtype == np.float32
+    assert tessel.jit(lambda x, y: x + y)(b, sample("float32", (3,))).dtype == np.float32
+
+
+def test_bf16_round_trips_through_put_and_fetch():
+    x = bf16_sample((5, 7))
+    np.testing.assert_array_equal(tessel.device_put(x, 1).fetch().view(np.uint16), x.view(np.uint16))
