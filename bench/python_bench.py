@@ -21,7 +21,6 @@ import time
 import numpy as np
 
 import tessel
-import tessel.numpy as tnp
 from tessel.v1 import common_pb2, session_pb2
 
 STEPS = 20000

@@ -8,7 +8,7 @@ import numpy as np
 
 from tessel import _context, _dtypes, errors
 from tessel._array import Array, progress_bar
-from tessel.v1 import session_pb2
+from tessel.v1 import ir_pb2, session_pb2
 
 # ---------------------------------------------------------------- placements
 
@@ -116,7 +116,6 @@ class Compiled:
 
 
 def _type_text(t):
-    from tessel.v1 import ir_pb2
     return f"{ir_pb2.DType.Name(t.dtype).lower()}[{','.join(str(d) for d in t.dims)}]"
 
 

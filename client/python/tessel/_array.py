@@ -3,7 +3,7 @@ import sys
 
 import numpy as np
 
-from tessel import _context, _dtypes
+from tessel import _context
 from tessel.v1 import session_pb2
 
 _PROGRESS_MIN_BYTES = 64 << 20
