@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/dtype.h"
+#include "core/sharding.h"
 #include "core/status.h"
 #include "scheduler/fusion.h"
 #include "scheduler/program_walk.h"
@@ -76,6 +77,9 @@ std::string NodeText(const v1::Node& n) {
                     : absl::StrCat("fill=", n.constant().fill().i());
       } else if (n.constant().has_iota()) {
         attrs = absl::StrCat("iota dim=", n.constant().iota().dimension());
+        if (n.constant().iota().sharded_axes_size() > 0) {
+          absl::StrAppend(&attrs, " split over ", absl::StrJoin(n.constant().iota().sharded_axes(), ","));
+        }
       } else {
         attrs = "literal";
       }
@@ -90,6 +94,20 @@ std::string NodeText(const v1::Node& n) {
       attrs = absl::StrCat("batch=", DimsString(d.lhs_batch()), DimsString(d.rhs_batch()),
                            " contracting=", DimsString(d.lhs_contracting()),
                            DimsString(d.rhs_contracting()));
+      break;
+    }
+    case v1::Node::kCollective: {
+      const v1::CollectiveAttrs& c = n.collective();
+      attrs = absl::StrCat("axes=", absl::StrJoin(c.axes(), ","));
+      if (n.op() == v1::ALL_REDUCE || n.op() == v1::REDUCE_SCATTER) {
+        absl::StrAppend(&attrs, " ", v1::ReduceKind_Name(c.kind()));
+      }
+      if (n.op() == v1::ALL_GATHER || n.op() == v1::REDUCE_SCATTER || n.op() == v1::ALL_TO_ALL ||
+          n.op() == v1::SHARD_SLICE) {
+        absl::StrAppend(&attrs, " dim=", c.dimension());
+      }
+      if (n.op() == v1::ALL_TO_ALL) absl::StrAppend(&attrs, " concat=", c.concat_dimension());
+      if (n.op() == v1::COLLECTIVE_PERMUTE) absl::StrAppend(&attrs, " pairs=", absl::StrJoin(c.source_target_pairs(), ","));
       break;
     }
     case v1::Node::kTranspose: attrs = absl::StrCat("perm=", DimsString(n.transpose().permutation())); break;
@@ -141,18 +159,47 @@ std::string PrintProgram(const v1::Program& p) {
   return s;
 }
 
-std::string ExecutableKey(const v1::Graph& graph, const std::vector<int>& donated) {
+std::string ExecutableKey(const v1::Graph& graph, const CompileOptions& options) {
   std::string fp = Fingerprint(graph);
-  if (donated.empty()) return fp;
+  const std::vector<int>& donated = options.donated_parameters;
+  if (donated.empty() && options.mesh.axis_names_size() == 0) return fp;
   std::vector<int> sorted = donated;
   std::sort(sorted.begin(), sorted.end());
-  const std::string key = absl::StrCat(fp, " donate ", absl::StrJoin(sorted, ","));
+  std::string key = absl::StrCat(fp, " donate ", absl::StrJoin(sorted, ","));
+  if (options.mesh.axis_names_size() > 0) {
+    absl::StrAppend(&key, " mesh ", MeshString(options.mesh), " in");
+    for (const v1::Sharding& s : options.parameter_shardings) absl::StrAppend(&key, " ", ShardingString(s));
+    absl::StrAppend(&key, " out");
+    for (const v1::Sharding& s : options.output_shardings) {
+      absl::StrAppend(&key, " ", s.unspecified() ? "auto" : ShardingString(s));
+    }
+  }
   return absl::StrFormat("%016x%016x", Fnv1a(key, 0xcbf29ce484222325ull), Fnv1a(key, 0x84222325cbf29ce4ull));
 }
 
-absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOptions& options) {
-  TESSEL_ASSIGN_OR_RETURN(TypedGraph g, ValidateGraph(graph));
+absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOptions& given) {
+  TESSEL_ASSIGN_OR_RETURN(TypedGraph client, ValidateGraph(graph));
+  CompileOptions options = given;
   CompiledProgram c;
+  v1::Graph lowered;
+  if (options.mesh.axis_names_size() > 0) {
+    TESSEL_ASSIGN_OR_RETURN(options.mesh, NormalizeMesh(options.mesh));
+    TESSEL_ASSIGN_OR_RETURN(PartitionedGraph pg, Partition(client, {options.mesh, options.parameter_shardings,
+                                                                    options.output_shardings}));
+    lowered = std::move(pg.local);
+    c.mesh = options.mesh;
+    c.parameter_shardings = std::move(pg.parameter_shardings);
+    c.output_shardings = std::move(pg.output_shardings);
+    c.collectives = std::move(pg.collectives);
+    for (std::string& d : pg.diagnostics) c.diagnostics.push_back(std::move(d));
+  } else {
+    TESSEL_ASSIGN_OR_RETURN(lowered, LowerUnpartitioned(client));
+  }
+  for (int pos : client.parameters) c.global_parameter_types.push_back(client.graph.nodes(pos).type());
+  for (int pos : client.outputs) c.global_output_types.push_back(client.graph.nodes(pos).type());
+  auto validated = ValidateGraph(lowered, {.manual_mesh = c.partitioned() ? &c.mesh : nullptr, .partitioned = true});
+  if (!validated.ok()) return Annotate(validated.status(), "internal: the partitioned graph does not check: ");
+  TypedGraph g = std::move(*validated);
   {
     absl::flat_hash_set<int> seen;
     for (int d : options.donated_parameters) {
@@ -165,9 +212,10 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOpt
       }
     }
   }
-  c.fingerprint = ExecutableKey(graph, options.donated_parameters);
+  c.fingerprint = ExecutableKey(graph, options);
   v1::Program& p = c.program;
   p.set_executable_id(c.fingerprint);
+  if (c.partitioned()) *p.mutable_mesh() = c.mesh;
   for (int pos : g.parameters) {
     *p.add_parameters() = g.graph.nodes(pos);
     c.parameter_types.push_back(g.graph.nodes(pos).type());
@@ -197,7 +245,30 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOpt
                                        p.instructions_size(), " instructions (", fusions,
                                        " fusions); estimated peak ", c.estimated_peak_bytes,
                                        " bytes per device"));
-  c.plan_text = PrintProgram(p);
+  c.plan_text.clear();
+  if (c.partitioned()) {
+    absl::StrAppend(&c.plan_text, "mesh ", MeshString(c.mesh), ": every device runs the program below on its blocks\n");
+    for (size_t i = 0; i < c.parameter_shardings.size(); ++i) {
+      absl::StrAppend(&c.plan_text, "  parameter ", i, " '", p.parameters(i).name(), "' ",
+                      TypeString(c.global_parameter_types[i]), " ", ShardingString(c.parameter_shardings[i]),
+                      " -> blocks of ", TypeString(p.parameters(i).type()), "\n");
+    }
+    for (size_t i = 0; i < c.output_shardings.size(); ++i) {
+      absl::StrAppend(&c.plan_text, "  output ", i, " ", TypeString(c.global_output_types[i]), " ",
+                      ShardingString(c.output_shardings[i]), " -> blocks of ", TypeString(p.output_types(i)), "\n");
+    }
+    int64_t total = 0;
+    for (const PlannedCollective& pc : c.collectives) total += pc.bytes_per_device;
+    absl::StrAppend(&c.plan_text, "collectives: ", c.collectives.size(), ", ", total, " bytes received per device\n");
+    for (const PlannedCollective& pc : c.collectives) {
+      absl::StrAppend(&c.plan_text, "  %", pc.value, " = ", OpName(pc.op), " over ", absl::StrJoin(pc.axes, ","), ", ",
+                      pc.bytes_per_device, " bytes per device: ", pc.reason, "\n");
+    }
+    c.diagnostics.push_back(absl::StrCat("note: partitioned over ", MeshString(c.mesh), " with ",
+                                         c.collectives.size(), " collectives (", total,
+                                         " bytes received per device)"));
+  }
+  absl::StrAppend(&c.plan_text, PrintProgram(p));
 
   c.alias_candidates = FindAliasCandidates(p);
   c.donated_parameters = options.donated_parameters;

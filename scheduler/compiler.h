@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "scheduler/donation.h"
+#include "scheduler/partitioner.h"
 #include "tessel/v1/ir.pb.h"
 #include "tessel/v1/program.pb.h"
 
@@ -26,11 +27,24 @@ struct CompiledProgram {
   AliasCandidates alias_candidates;
   std::vector<int> donated_parameters;
   std::vector<AliasDecision> declared_aliases;
+  // Partitioned programs: the mesh (no axes: not partitioned), the layouts
+  // every execution takes and gives, and the collectives with their reasons.
+  v1::Mesh mesh;
+  std::vector<v1::Sharding> parameter_shardings;
+  std::vector<v1::Sharding> output_shardings;
+  std::vector<v1::TensorType> global_parameter_types;  // whole arrays
+  std::vector<v1::TensorType> global_output_types;
+  std::vector<PlannedCollective> collectives;
+  bool partitioned() const { return mesh.axis_names_size() > 0; }
 };
 
 struct CompileOptions {
   std::vector<int> donated_parameters;  // every execution donates these
   bool strict_donation = false;         // an unaliasable donation is an error
+  // Partitioned compile when the mesh has axes (see PartitionOptions).
+  v1::Mesh mesh;
+  std::vector<v1::Sharding> parameter_shardings;
+  std::vector<v1::Sharding> output_shardings;
 };
 
 // Constants above this many bytes draw a diagnostic: they are shipped with
@@ -43,8 +57,9 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOpt
 // give its buffer to any output, and why.
 absl::Status CheckStrictDonation(const CompiledProgram& compiled);
 
-// The cache key: the graph's fingerprint, plus the declared donations.
-std::string ExecutableKey(const v1::Graph& graph, const std::vector<int>& donated_parameters);
+// The cache key: the graph's fingerprint, plus the declared donations, the
+// mesh and the shardings.
+std::string ExecutableKey(const v1::Graph& graph, const CompileOptions& options);
 
 // 128-bit fingerprint of a graph's deterministic serialization, as hex.
 std::string Fingerprint(const v1::Graph& graph);

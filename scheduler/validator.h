@@ -19,10 +19,25 @@ struct TypedGraph {
   std::vector<int> outputs;                        // node positions, in result order
 };
 
+struct ValidateOptions {
+  // Set when validating the body of a manual region: collectives are
+  // allowed and typed over this mesh. Default: none (a collective is an
+  // error: outside manual regions the partitioner inserts them).
+  const v1::Mesh* manual_mesh = nullptr;
+  // A partitioned (per-device) graph: shard_slice is allowed too.
+  bool partitioned = false;
+};
+
 // INVALID_ARGUMENT naming the node, the op, the expected and the actual on
 // the first problem: unknown op, wrong arity, type mismatch, bad dimensions,
 // duplicate or empty names, a dangling operand or one defined later (a
-// cycle), parameters not numbered 0..n-1, outputs that name nothing.
-absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph);
+// cycle), parameters not numbered 0..n-1, outputs that name nothing, a
+// collective outside a manual region, a custom kernel whose decomposition
+// does not fit its operands. Manual region bodies are checked by the
+// partitioner, which knows the mesh.
+absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateOptions& options = {});
+
+// True for the ops only a manual region may hold explicitly.
+bool IsCollective(v1::Op op);
 
 }  // namespace tessel::scheduler

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/dtype.h"
+#include "core/sharding.h"
 #include "core/status.h"
 #include "core/version.h"
 
@@ -60,7 +61,18 @@ std::string Ago(absl::Time when) {
 
 }  // namespace
 
-int64_t Coordinator::ArrayRecord::bytes() const { return ByteSizeUnchecked(type) * int64_t(devices.size()); }
+int64_t Coordinator::ArrayRecord::device_bytes() const { return ByteSizeUnchecked(sharded ? block_type : type); }
+int64_t Coordinator::ArrayRecord::bytes() const { return device_bytes() * int64_t(devices.size()); }
+
+absl::Status Coordinator::CheckAlive(const std::vector<int>& devices) const {
+  for (int d : devices) {
+    const WorkerRecord& w = workers_.at(devices_[d].worker_id);
+    if (!w.alive) {
+      return absl::UnavailableError(StrCat("device ", d, " is on worker ", w.id, " (", w.address, "), which is dead"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(Options options) {
   if (!options.logger) return absl::InvalidArgumentError("Coordinator needs a logger");
@@ -375,7 +387,20 @@ std::string Coordinator::ExplainCacheMiss(const v1::Graph& graph, const std::vec
 
 absl::StatusOr<v1::CompileResponse> Coordinator::Compile(const v1::CompileRequest& req) {
   const std::vector<int> donated(req.donated_parameters().begin(), req.donated_parameters().end());
-  const std::string key = scheduler::ExecutableKey(req.graph(), donated);
+  scheduler::CompileOptions options{.donated_parameters = donated};
+  if (req.has_mesh()) {
+    {
+      absl::MutexLock l(&mu_);
+      auto mesh = NormalizeMesh(req.mesh(), devices_.size());
+      if (!mesh.ok()) return Annotate(mesh.status(), StrCat("graph '", req.graph().name(), "': "));
+      options.mesh = std::move(*mesh);
+    }
+    options.parameter_shardings.assign(req.parameter_shardings().begin(), req.parameter_shardings().end());
+    options.output_shardings.assign(req.output_shardings().begin(), req.output_shardings().end());
+  } else if (req.parameter_shardings_size() > 0 || req.output_shardings_size() > 0) {
+    return absl::InvalidArgumentError(StrCat("graph '", req.graph().name(), "': shardings need a mesh"));
+  }
+  const std::string key = scheduler::ExecutableKey(req.graph(), options);
   v1::CompileResponse resp;
   const scheduler::CompiledProgram* compiled = nullptr;
   bool strict = req.strict_donation();
@@ -401,7 +426,8 @@ absl::StatusOr<v1::CompileResponse> Coordinator::Compile(const v1::CompileReques
     }
   }
   if (compiled == nullptr) {
-    auto c = scheduler::Compile(req.graph(), {.donated_parameters = donated, .strict_donation = strict});
+    options.strict_donation = strict;
+    auto c = scheduler::Compile(req.graph(), options);
     if (!c.ok()) {
       log_->info("session {}: compile of '{}' failed: {}", req.session_id(), req.graph().name(), c.status().ToString());
       return Annotate(c.status(), StrCat("graph '", req.graph().name(), "': "));
@@ -418,8 +444,21 @@ absl::StatusOr<v1::CompileResponse> Coordinator::Compile(const v1::CompileReques
   }
   // Records are never erased, so `compiled` stays valid without the lock.
   resp.set_executable_id(compiled->fingerprint);
-  for (const auto& t : compiled->parameter_types) *resp.add_parameter_types() = t;
-  for (const auto& t : compiled->output_types) *resp.add_output_types() = t;
+  for (const auto& t : compiled->global_parameter_types) *resp.add_parameter_types() = t;
+  for (const auto& t : compiled->global_output_types) *resp.add_output_types() = t;
+  if (compiled->partitioned()) {
+    *resp.mutable_mesh() = compiled->mesh;
+    for (const auto& sh : compiled->parameter_shardings) *resp.add_parameter_shardings() = sh;
+    for (const auto& sh : compiled->output_shardings) *resp.add_output_shardings() = sh;
+    for (const scheduler::PlannedCollective& pc : compiled->collectives) {
+      v1::CollectiveInfo* ci = resp.add_collectives();
+      ci->set_value(pc.value);
+      ci->set_op(OpName(pc.op));
+      for (const std::string& a : pc.axes) ci->add_axes(a);
+      ci->set_bytes_per_device(pc.bytes_per_device);
+      ci->set_reason(pc.reason);
+    }
+  }
   resp.set_plan(compiled->plan_text);
   for (const auto& d : compiled->diagnostics) resp.add_diagnostics(d);
   resp.set_estimated_bytes(compiled->estimated_peak_bytes);
@@ -445,6 +484,8 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
   std::vector<Move> moves;
   std::vector<uint64_t> outputs(req.outputs().begin(), req.outputs().end());
   const v1::Program* program = nullptr;
+  std::shared_ptr<v1::Program> loaded_program;  // partitioned: the program with its workers' addresses
+  bool partitioned = false;
   int64_t execution_id = 0;
   v1::ExecuteResponse resp;
   {
@@ -458,7 +499,14 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
     const scheduler::CompiledProgram& c = exe->second.compiled;
     const std::string& exe_name = exe->second.graph.name();
     program = &c.program;
-    TESSEL_ASSIGN_OR_RETURN(std::vector<int> devices, ResolvePlacement(req.placement()));
+    partitioned = c.partitioned();
+    std::vector<int> devices;
+    if (partitioned) {
+      devices.assign(c.mesh.devices().begin(), c.mesh.devices().end());
+      TESSEL_RETURN_IF_ERROR(CheckAlive(devices));
+    } else {
+      TESSEL_ASSIGN_OR_RETURN(devices, ResolvePlacement(req.placement()));
+    }
     if (req.arguments_size() != int(c.parameter_types.size())) {
       return absl::InvalidArgumentError(StrCat("executable '", exe_name, "' (", req.executable_id(), ") takes ",
                                                c.parameter_types.size(), " arguments, got ", req.arguments_size()));
@@ -489,11 +537,28 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
       auto a = OwnedArray(req.session_id(), req.arguments(i));
       if (!a.ok()) return Annotate(a.status(), StrCat("argument ", i, " '", pname, "': "));
       const ArrayRecord& rec = **a;
-      if (!SameType(rec.type, c.parameter_types[i])) {
+      if (!SameType(rec.type, c.global_parameter_types[i])) {
         return absl::InvalidArgumentError(StrFormat(
             "argument %d '%s' (array %#x) does not match the signature of executable '%s': %s. An executable runs "
             "only on the signature it was compiled for; compile the graph for this one",
-            i, pname, req.arguments(i), exe_name, TypeDifference(c.parameter_types[i], rec.type)));
+            i, pname, req.arguments(i), exe_name, TypeDifference(c.global_parameter_types[i], rec.type)));
+      }
+      if (partitioned || rec.sharded) {
+        // Blocks are never moved implicitly: the layout must be the one compiled for.
+        const v1::Sharding want = partitioned ? c.parameter_shardings[i] : Replicated(rec.type.dims_size());
+        const bool same_mesh = !partitioned || !rec.sharded || SameMesh(rec.mesh, c.mesh);
+        bool ok = same_mesh && (rec.sharded ? SameSharding(rec.sharding, want) : IsReplicated(want));
+        for (int d : devices) ok &= std::find(rec.devices.begin(), rec.devices.end(), d) != rec.devices.end();
+        if (!ok) {
+          const std::string have = rec.sharded ? StrCat(ShardingString(rec.sharding), " on mesh ", MeshString(rec.mesh))
+                                               : StrCat("whole on device ", absl::StrJoin(rec.devices, ","));
+          const std::string need = partitioned ? StrCat(ShardingString(want), " on mesh ", MeshString(c.mesh))
+                                               : StrCat("whole on device ", absl::StrJoin(devices, ","));
+          return absl::InvalidArgumentError(StrFormat(
+              "argument %d '%s' (array %#x, %s) is laid out %s; executable '%s' takes it %s. Blocks are not moved "
+              "implicitly: put the array with that sharding, or compile for its layout",
+              i, pname, req.arguments(i), TypeString(rec.type), have, exe_name, need));
+        }
       }
       if (rec.state == v1::LOST) return Annotate(rec.error, StrCat("argument ", i, " '", pname, "': "));
       if (rec.state == v1::ERROR && upstream_error.ok()) {
@@ -550,7 +615,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
       if (!seen.insert(h).second || arrays_.contains(h)) {
         return absl::AlreadyExistsError(StrFormat("output handle %d (%#x) is already in use", i, h));
       }
-      output_bytes += ByteSizeUnchecked(c.output_types[i]) * int64_t(devices.size());
+      output_bytes += ByteSizeUnchecked(c.output_types[i]) * int64_t(devices.size());  // per-device types
     }
     TESSEL_RETURN_IF_ERROR(
         CheckQuota(req.session_id(), output_bytes - donated_bytes, StrCat("execution of '", exe_name, "'")));
@@ -593,8 +658,14 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
     }
     for (int i = 0; i < req.outputs_size(); ++i) {
       ArrayRecord a;
-      a.type = c.output_types[i];
+      a.type = c.global_output_types[i];
       a.devices = devices;
+      if (partitioned) {
+        a.sharded = true;
+        a.mesh = c.mesh;
+        a.sharding = c.output_shardings[i];
+        a.block_type = c.output_types[i];
+      }
       a.producer = execution_id;
       a.producer_name = exe_name;
       if (!upstream_error.ok()) {
@@ -606,12 +677,19 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
       }
       AddArray(req.session_id(), req.outputs(i), std::move(a));
     }
-    for (int d : devices) {
+    for (size_t pos = 0; pos < devices.size(); ++pos) {
+      const int d = devices[pos];
       DeviceRecord& dev = devices_[d];
       WorkerRecord& w = workers_.at(dev.worker_id);
       Launch launch{w.client, {}, !w.loaded.contains(req.executable_id())};
       w.loaded.insert(req.executable_id());
+      if (partitioned && launch.needs_load && !loaded_program) {
+        // Workers find their peers for collectives by address.
+        loaded_program = std::make_shared<v1::Program>(c.program);
+        for (int md : c.mesh.devices()) loaded_program->add_device_workers(workers_.at(devices_[md].worker_id).address);
+      }
       launch.run.set_device(dev.local_index);
+      launch.run.set_mesh_position(pos);
       launch.run.set_seq(dev.next_seq++);
       launch.run.set_executable_id(req.executable_id());
       *launch.run.mutable_arguments() = req.arguments();
@@ -644,7 +722,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
   // donated buffers and marks its outputs with the error on the workers.
   for (Launch& launch : launches) {
     if (launch.needs_load) {
-      absl::Status s = launch.client->LoadProgram(*program);
+      absl::Status s = launch.client->LoadProgram(loaded_program ? *loaded_program : *program);
       if (!s.ok()) {
         // The sequence number must still be consumed; the step fails on the worker.
         log_->error("execution {}: loading {} failed: {}", execution_id, req.executable_id(), s.ToString());
@@ -865,7 +943,12 @@ absl::StatusOr<v1::ArrayInfoResponse> Coordinator::ArrayInfo(const v1::ArrayInfo
   *resp.mutable_type() = a->type;
   resp.set_state(a->state);
   for (int d : a->devices) resp.add_devices(d);
-  resp.set_bytes_per_device(ByteSizeUnchecked(a->type));
+  resp.set_bytes_per_device(a->device_bytes());
+  for (size_t i = 0; i < a->devices.size(); ++i) resp.add_device_bytes(a->device_bytes());
+  if (a->sharded) {
+    *resp.mutable_sharding()->mutable_mesh() = a->mesh;
+    *resp.mutable_sharding()->mutable_sharding() = a->sharding;
+  }
   if (!a->error.ok()) resp.set_error(std::string(a->error.message()));
   resp.set_producer_execution(a->producer);
   resp.set_producer(a->producer_name);

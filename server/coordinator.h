@@ -107,7 +107,14 @@ class Coordinator {
     int pending = 0;  // device steps still running
     int64_t producer = 0;
     std::string producer_name;  // the executable's graph name, or "put"
-    int64_t bytes() const;      // over all its devices
+    // Sharded: `devices` are the mesh's, in mesh order, each holding a block
+    // of `block_type`. Otherwise each device holds the whole `type`.
+    bool sharded = false;
+    v1::Mesh mesh;
+    v1::Sharding sharding;
+    v1::TensorType block_type;
+    int64_t device_bytes() const;  // on each of its devices
+    int64_t bytes() const;         // over all its devices
   };
   // What became of an array that is gone: donated or deleted, when, where.
   struct Tombstone {
@@ -148,6 +155,8 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::vector<int>> ResolvePlacement(const v1::Placement& p) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // UNAVAILABLE naming the first device of `devices` on a dead worker.
+  absl::Status CheckAlive(const std::vector<int>& devices) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Registers a new array in its session (quota already checked).
   ArrayRecord& AddArray(const std::string& session, uint64_t handle, ArrayRecord record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

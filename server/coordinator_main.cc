@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/process_tuning.h"
 #include "server/coordinator.h"
+#include "server/kv_store.h"
 #include "server/services.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -51,7 +52,8 @@ int main(int argc, char** argv) {
   }
   tessel::server::SessionService session(coordinator->get());
   tessel::server::AdminService admin(coordinator->get());
-  tessel::server::RegistryService registry(coordinator->get());
+  tessel::server::KvStore kv_store;  // the workers' rendezvous for collectives
+  tessel::server::RegistryService registry(coordinator->get(), &kv_store);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

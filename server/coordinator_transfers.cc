@@ -3,8 +3,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include <optional>
+
 #include "core/dtype.h"
+#include "core/sharding.h"
 #include "core/status.h"
+#include "server/block_layout.h"
 #include "server/coordinator.h"
 
 namespace tessel::server {
@@ -12,15 +16,29 @@ namespace tessel::server {
 using absl::StrCat;
 using absl::StrFormat;
 
+namespace {
+// Bytes routed to one block before they are sent on.
+constexpr size_t kBlockChunk = 1 << 20;
+}  // namespace
+
+// Routes the array's bytes run by run to the streams of the block each run
+// belongs to; a whole (unsharded) array passes straight through.
 class Coordinator::PutSinkImpl final : public Coordinator::PutSink {
  public:
-  PutSinkImpl(Coordinator* c, uint64_t handle, std::string session, int64_t bytes,
-              std::vector<std::unique_ptr<WorkerClient::PutStream>> streams)
-      : c_(c), handle_(handle), session_(std::move(session)), bytes_(bytes), streams_(std::move(streams)) {}
+  struct Block {
+    std::vector<std::unique_ptr<WorkerClient::PutStream>> streams;  // one per worker holding a copy
+    std::string pending;
+  };
+  PutSinkImpl(Coordinator* c, uint64_t handle, std::string session, int64_t bytes, BlockLayout layout,
+              std::vector<Block> blocks, std::vector<int> devices, int64_t device_bytes)
+      : c_(c), handle_(handle), session_(std::move(session)), bytes_(bytes), layout_(std::move(layout)),
+        blocks_(std::move(blocks)), devices_(std::move(devices)), device_bytes_(device_bytes) {}
 
   ~PutSinkImpl() override {
     if (finished_) return;
-    for (auto& s : streams_) (void)s->Finish();
+    for (Block& b : blocks_) {
+      for (auto& s : b.streams) (void)s->Finish();
+    }
     Abandon();
   }
 
@@ -30,7 +48,23 @@ class Coordinator::PutSinkImpl final : public Coordinator::PutSink {
                                                   bytes_, received_ + bytes.size()));
     }
     received_ += bytes.size();
-    for (auto& s : streams_) TESSEL_RETURN_IF_ERROR(s->Write(bytes));
+    if (blocks_.size() == 1) {
+      for (auto& s : blocks_[0].streams) TESSEL_RETURN_IF_ERROR(s->Write(bytes));
+      return absl::OkStatus();
+    }
+    size_t off = 0;
+    while (off < bytes.size()) {
+      Block& b = blocks_[layout_.BlockOfRun(run_)];
+      const size_t take = std::min<size_t>(layout_.run_bytes() - run_off_, bytes.size() - off);
+      b.pending.append(bytes, off, take);
+      off += take;
+      run_off_ += take;
+      if (run_off_ == layout_.run_bytes()) {
+        run_off_ = 0;
+        ++run_;
+      }
+      if (b.pending.size() >= kBlockChunk) TESSEL_RETURN_IF_ERROR(Flush(b));
+    }
     return absl::OkStatus();
   }
 
@@ -41,9 +75,12 @@ class Coordinator::PutSinkImpl final : public Coordinator::PutSink {
       status = absl::InvalidArgumentError(StrFormat(
           "put of array %#x: expected %d bytes, got %d (truncated stream)", handle_, bytes_, received_));
     }
-    for (auto& s : streams_) {
-      absl::Status fs = s->Finish();
-      if (status.ok() && !fs.ok()) status = fs;
+    for (Block& b : blocks_) {
+      if (status.ok()) status = Flush(b);
+      for (auto& s : b.streams) {
+        absl::Status fs = s->Finish();
+        if (status.ok() && !fs.ok()) status = fs;
+      }
     }
     if (!status.ok()) {
       Abandon();
@@ -53,12 +90,19 @@ class Coordinator::PutSinkImpl final : public Coordinator::PutSink {
     auto it = c_->arrays_.find(handle_);
     if (it != c_->arrays_.end() && it->second.state == v1::PENDING) {
       it->second.state = v1::READY;
-      for (int d : it->second.devices) c_->CountTransfer(session_, d, Direction::kHostToDevice, bytes_);
+      for (int d : devices_) c_->CountTransfer(session_, d, Direction::kHostToDevice, device_bytes_);
     }
     return bytes_;
   }
 
  private:
+  absl::Status Flush(Block& b) {
+    if (b.pending.empty()) return absl::OkStatus();
+    for (auto& s : b.streams) TESSEL_RETURN_IF_ERROR(s->Write(b.pending));
+    b.pending.clear();
+    return absl::OkStatus();
+  }
+
   void Abandon() {
     absl::MutexLock l(&c_->mu_);
     c_->FreeArraysLocked({handle_});
@@ -68,14 +112,21 @@ class Coordinator::PutSinkImpl final : public Coordinator::PutSink {
   const uint64_t handle_;
   const std::string session_;
   const int64_t bytes_;
-  std::vector<std::unique_ptr<WorkerClient::PutStream>> streams_;
+  const BlockLayout layout_;
+  std::vector<Block> blocks_;
+  const std::vector<int> devices_;
+  const int64_t device_bytes_;
   int64_t received_ = 0;
+  int64_t run_ = 0, run_off_ = 0;
   bool finished_ = false;
 };
 
 absl::StatusOr<std::unique_ptr<Coordinator::PutSink>> Coordinator::BeginPut(const v1::PutRequest::Header& h) {
-  std::vector<std::pair<std::shared_ptr<WorkerClient>, v1::PutShardRequest::Header>> targets;
-  int64_t bytes = 0;
+  // Per block: (worker client, header) for each worker holding a copy.
+  std::vector<std::vector<std::pair<std::shared_ptr<WorkerClient>, v1::PutShardRequest::Header>>> targets;
+  std::optional<BlockLayout> layout;
+  std::vector<int> devices;
+  int64_t bytes = 0, device_bytes = 0;
   {
     absl::MutexLock l(&mu_);
     TESSEL_RETURN_IF_ERROR(CheckSession(h.session_id()));
@@ -86,70 +137,138 @@ absl::StatusOr<std::unique_ptr<Coordinator::PutSink>> Coordinator::BeginPut(cons
     auto size = ByteSize(h.type());
     if (!size.ok()) return Annotate(size.status(), StrFormat("put of array %#x: ", h.handle()));
     bytes = *size;
-    TESSEL_ASSIGN_OR_RETURN(std::vector<int> devices, ResolvePlacement(h.placement()));
+    ArrayRecord a;
+    a.type = h.type();
+    a.state = v1::PENDING;
+    a.producer_name = "put";
+    v1::TensorType block_type = h.type();
+    if (h.placement().has_sharded()) {
+      const std::string what = StrFormat("put of array %#x", h.handle());
+      TESSEL_ASSIGN_OR_RETURN(v1::Mesh mesh, NormalizeMesh(h.placement().sharded().mesh(), devices_.size()));
+      const v1::Sharding sh = NormalizeSharding(h.placement().sharded().sharding(), h.type().dims_size());
+      TESSEL_RETURN_IF_ERROR(ValidateSharding(sh, mesh, h.type(), what));
+      if (IsPartial(sh)) {
+        return absl::InvalidArgumentError(StrCat(what, ": sharding ", ShardingString(sh),
+                                                 " is partial; a put holds complete values"));
+      }
+      devices.assign(mesh.devices().begin(), mesh.devices().end());
+      TESSEL_RETURN_IF_ERROR(CheckAlive(devices));
+      layout.emplace(h.type(), sh, mesh);
+      block_type = LocalType(h.type(), sh, mesh);
+      a.sharded = true;
+      a.mesh = std::move(mesh);
+      a.sharding = sh;
+      a.block_type = block_type;
+    } else {
+      TESSEL_ASSIGN_OR_RETURN(devices, ResolvePlacement(h.placement()));
+      layout = BlockLayout::Whole(h.type(), devices.size());
+    }
+    device_bytes = ByteSizeUnchecked(block_type);
     const std::string what = StrFormat("array %#x (%s) to device%s %s", h.handle(), TypeString(h.type()),
                                        devices.size() > 1 ? "s" : "", absl::StrJoin(devices, ","));
     TESSEL_RETURN_IF_ERROR(GuardTransfer(h.session_id(), h.transfer_guard(), Direction::kHostToDevice, h.implicit(),
-                                         what, bytes * int64_t(devices.size())));
-    TESSEL_RETURN_IF_ERROR(CheckQuota(h.session_id(), bytes * int64_t(devices.size()),
+                                         what, device_bytes * int64_t(devices.size())));
+    TESSEL_RETURN_IF_ERROR(CheckQuota(h.session_id(), device_bytes * int64_t(devices.size()),
                                       StrFormat("put of array %#x (%s)", h.handle(), TypeString(h.type()))));
-    absl::flat_hash_map<std::string, int> target_of;  // worker id -> index in targets
-    for (int d : devices) {
-      const DeviceRecord& dev = devices_[d];
-      auto [it, fresh] = target_of.try_emplace(dev.worker_id, targets.size());
-      if (fresh) {
-        v1::PutShardRequest::Header wh;
-        wh.set_buffer(h.handle());
-        *wh.mutable_type() = h.type();
-        targets.emplace_back(workers_.at(dev.worker_id).client, std::move(wh));
+    targets.resize(layout->num_blocks());
+    for (int b = 0; b < layout->num_blocks(); ++b) {
+      absl::flat_hash_map<std::string, int> target_of;  // worker id -> index in targets[b]
+      for (int pos : layout->positions(b)) {
+        const DeviceRecord& dev = devices_[devices[pos]];
+        auto [it, fresh] = target_of.try_emplace(dev.worker_id, targets[b].size());
+        if (fresh) {
+          v1::PutShardRequest::Header wh;
+          wh.set_buffer(h.handle());
+          *wh.mutable_type() = block_type;
+          targets[b].emplace_back(workers_.at(dev.worker_id).client, std::move(wh));
+        }
+        targets[b][it->second].second.add_devices(dev.local_index);
       }
-      targets[it->second].second.add_devices(dev.local_index);
     }
-    ArrayRecord a;
-    a.type = h.type();
     a.devices = devices;
-    a.state = v1::PENDING;
-    a.producer_name = "put";
     AddArray(h.session_id(), h.handle(), std::move(a));
   }
-  std::vector<std::unique_ptr<WorkerClient::PutStream>> streams;
-  for (auto& [client, wh] : targets) {
-    auto s = client->BeginPut(wh);
-    if (!s.ok()) {
-      for (auto& open : streams) (void)open->Finish();
-      absl::MutexLock l(&mu_);
-      FreeArraysLocked({h.handle()});
-      return s.status();
+  std::vector<PutSinkImpl::Block> blocks(targets.size());
+  for (size_t b = 0; b < targets.size(); ++b) {
+    for (auto& [client, wh] : targets[b]) {
+      auto s = client->BeginPut(wh);
+      if (!s.ok()) {
+        for (auto& blk : blocks) {
+          for (auto& open : blk.streams) (void)open->Finish();
+        }
+        absl::MutexLock l(&mu_);
+        FreeArraysLocked({h.handle()});
+        return s.status();
+      }
+      blocks[b].streams.push_back(std::move(*s));
     }
-    streams.push_back(std::move(*s));
   }
-  return std::unique_ptr<PutSink>(
-      new PutSinkImpl(this, h.handle(), h.session_id(), bytes, std::move(streams)));
+  return std::unique_ptr<PutSink>(new PutSinkImpl(this, h.handle(), h.session_id(), bytes, std::move(*layout),
+                                                  std::move(blocks), std::move(devices), device_bytes));
 }
 
+// Reads one copy of every block and interleaves their runs into the
+// array's row-major bytes; a whole array passes straight through.
 class Coordinator::FetchSourceImpl final : public Coordinator::FetchSource {
  public:
-  FetchSourceImpl(Coordinator* c, std::string session, uint64_t handle, int device, v1::TensorType type,
-                  std::unique_ptr<WorkerClient::FetchStream> stream)
-      : c_(c), session_(std::move(session)), handle_(handle), device_(device), type_(std::move(type)),
-        expected_(ByteSizeUnchecked(type_)), stream_(std::move(stream)) {}
+  struct Block {
+    int device = -1;  // global id it is read from
+    std::unique_ptr<WorkerClient::FetchStream> stream;
+    std::string buffer;
+    size_t consumed = 0;
+    int64_t received = 0;
+  };
+  FetchSourceImpl(Coordinator* c, std::string session, uint64_t handle, v1::TensorType type, BlockLayout layout,
+                  std::vector<Block> blocks, int64_t block_bytes)
+      : c_(c), session_(std::move(session)), handle_(handle), type_(std::move(type)),
+        expected_(ByteSizeUnchecked(type_)), layout_(std::move(layout)), blocks_(std::move(blocks)),
+        block_bytes_(block_bytes) {}
 
   const v1::TensorType& type() const override { return type_; }
 
   bool Read(std::string* bytes) override {
-    if (!stream_->Read(bytes)) return false;
-    received_ += bytes->size();
-    return true;
+    if (blocks_.size() == 1) {
+      if (!blocks_[0].stream->Read(bytes)) return false;
+      blocks_[0].received += bytes->size();
+      produced_ += bytes->size();
+      return true;
+    }
+    bytes->clear();
+    while (produced_ < expected_ && bytes->size() < kBlockChunk) {
+      Block& b = blocks_[layout_.BlockOfRun(run_)];
+      if (b.consumed == b.buffer.size()) {
+        b.consumed = 0;
+        if (!b.stream->Read(&b.buffer)) {
+          b.buffer.clear();
+          short_block_ = true;
+          break;
+        }
+        b.received += b.buffer.size();
+      }
+      const size_t take = std::min<size_t>({layout_.run_bytes() - size_t(run_off_), b.buffer.size() - b.consumed,
+                                            kBlockChunk - bytes->size()});
+      bytes->append(b.buffer, b.consumed, take);
+      b.consumed += take;
+      run_off_ += take;
+      produced_ += take;
+      if (run_off_ == layout_.run_bytes()) {
+        run_off_ = 0;
+        ++run_;
+      }
+    }
+    return !bytes->empty();
   }
 
   absl::Status Finish() override {
-    TESSEL_RETURN_IF_ERROR(stream_->Finish());
-    if (received_ != expected_) {
-      return absl::DataLossError(StrFormat("fetch of array %#x: expected %d bytes from the worker, got %d",
-                                           handle_, expected_, received_));
+    for (Block& b : blocks_) TESSEL_RETURN_IF_ERROR(b.stream->Finish());
+    for (const Block& b : blocks_) {
+      if (b.received != block_bytes_ || short_block_) {
+        return absl::DataLossError(StrFormat("fetch of array %#x: expected %d bytes from device %d, got %d",
+                                             handle_, block_bytes_, b.device, b.received));
+      }
     }
     absl::MutexLock l(&c_->mu_);
-    c_->CountTransfer(session_, device_, Direction::kDeviceToHost, received_);
+    for (const Block& b : blocks_) c_->CountTransfer(session_, b.device, Direction::kDeviceToHost, b.received);
     return absl::OkStatus();
   }
 
@@ -157,23 +276,32 @@ class Coordinator::FetchSourceImpl final : public Coordinator::FetchSource {
   Coordinator* const c_;
   const std::string session_;
   const uint64_t handle_;
-  const int device_;
   const v1::TensorType type_;
   const int64_t expected_;
-  std::unique_ptr<WorkerClient::FetchStream> stream_;
-  int64_t received_ = 0;
+  const BlockLayout layout_;
+  std::vector<Block> blocks_;
+  const int64_t block_bytes_;
+  int64_t produced_ = 0, run_ = 0, run_off_ = 0;
+  bool short_block_ = false;
 };
 
 absl::StatusOr<std::unique_ptr<Coordinator::FetchSource>> Coordinator::BeginFetch(const v1::FetchRequest& req) {
-  std::shared_ptr<WorkerClient> client;
-  v1::FetchShardRequest fr;
+  std::vector<std::pair<std::shared_ptr<WorkerClient>, v1::FetchShardRequest>> reads;
+  std::vector<FetchSourceImpl::Block> blocks;
+  std::optional<BlockLayout> layout;
   v1::TensorType type;
-  int device = -1;
+  int64_t block_bytes = 0;
   {
     absl::MutexLock l(&mu_);
     TESSEL_RETURN_IF_ERROR(CheckSession(req.session_id()));
     {
       TESSEL_ASSIGN_OR_RETURN(ArrayRecord * a, OwnedArray(req.session_id(), req.handle()));
+      if (a->sharded && IsPartial(a->sharding)) {
+        return absl::FailedPreconditionError(StrFormat(
+            "fetch of array %#x (%s): it is laid out %s, an unreduced partial result; a fetch returns complete "
+            "values, so reduce it first (an executable whose output sharding is not partial)",
+            req.handle(), TypeString(a->type), ShardingString(a->sharding)));
+      }
       TESSEL_RETURN_IF_ERROR(GuardTransfer(req.session_id(), req.transfer_guard(), Direction::kDeviceToHost,
                                            req.implicit(), StrFormat("array %#x (%s)", req.handle(),
                                                                      TypeString(a->type)),
@@ -185,20 +313,32 @@ absl::StatusOr<std::unique_ptr<Coordinator::FetchSource>> Coordinator::BeginFetc
     if (a->state == v1::ERROR || a->state == v1::LOST) {
       return Annotate(a->error, StrFormat("fetch of array %#x: ", req.handle()));
     }
-    for (int d : a->devices) {
-      const WorkerRecord& w = workers_.at(devices_[d].worker_id);
-      if (!w.alive) continue;
-      client = w.client;
-      device = d;
-      fr.set_device(devices_[d].local_index);
-      break;
+    layout = a->sharded ? BlockLayout(a->type, a->sharding, a->mesh) : BlockLayout::Whole(a->type, a->devices.size());
+    block_bytes = a->device_bytes();
+    for (int b = 0; b < layout->num_blocks(); ++b) {
+      FetchSourceImpl::Block blk;
+      for (int pos : layout->positions(b)) {
+        const int d = a->devices[pos];
+        const WorkerRecord& w = workers_.at(devices_[d].worker_id);
+        if (!w.alive) continue;
+        v1::FetchShardRequest fr;
+        fr.set_device(devices_[d].local_index);
+        fr.set_buffer(req.handle());
+        reads.emplace_back(w.client, std::move(fr));
+        blk.device = d;
+        break;
+      }
+      if (blk.device < 0) {
+        return absl::UnavailableError(StrFormat("fetch of array %#x: no live device holds block %d of it",
+                                                req.handle(), b));
+      }
+      blocks.push_back(std::move(blk));
     }
-    if (!client) return absl::UnavailableError(StrFormat("fetch of array %#x: no live device holds it", req.handle()));
-    fr.set_buffer(req.handle());
     type = a->type;
   }
-  return std::unique_ptr<FetchSource>(
-      new FetchSourceImpl(this, req.session_id(), req.handle(), device, type, client->BeginFetch(fr)));
+  for (size_t b = 0; b < blocks.size(); ++b) blocks[b].stream = reads[b].first->BeginFetch(reads[b].second);
+  return std::unique_ptr<FetchSource>(new FetchSourceImpl(this, req.session_id(), req.handle(), type,
+                                                          std::move(*layout), std::move(blocks), block_bytes));
 }
 
 }  // namespace tessel::server

@@ -1,6 +1,9 @@
 #include "server/services.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "core/rpc_status.h"
 #include "core/version.h"
 
@@ -148,6 +151,20 @@ grpc::Status RegistryService::RegisterWorker(grpc::ServerContext*, const v1::Reg
 grpc::Status RegistryService::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
                                         v1::HeartbeatResponse* resp) {
   resp->set_known(c_->Heartbeat(req->worker_id()));
+  return grpc::Status::OK;
+}
+grpc::Status RegistryService::KvSet(grpc::ServerContext*, const v1::KvSetRequest* req, v1::KvSetResponse*) {
+  return ToGrpc(kv_->Set(req->key(), req->value()));
+}
+grpc::Status RegistryService::KvGet(grpc::ServerContext* ctx, const v1::KvGetRequest* req, v1::KvGetResponse* resp) {
+  // A waiting KvGet holds a server thread: bound the wait by a cap and by the
+  // caller's own deadline.
+  constexpr absl::Duration kMaxWait = absl::Minutes(10);
+  absl::Duration wait = std::min(absl::Milliseconds(req->timeout_ms()), kMaxWait);
+  wait = std::min(wait, absl::FromChrono(ctx->deadline()) - absl::Now());
+  auto value = kv_->Get(req->key(), wait);
+  if (!value.ok()) return ToGrpc(value.status());
+  resp->set_value(std::move(*value));
   return grpc::Status::OK;
 }
 

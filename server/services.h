@@ -3,6 +3,7 @@
 #pragma once
 
 #include "server/coordinator.h"
+#include "server/kv_store.h"
 #include "tessel/v1/admin.grpc.pb.h"
 #include "tessel/v1/session.grpc.pb.h"
 
@@ -41,14 +42,19 @@ class AdminService final : public v1::Admin::Service {
   Coordinator* const c_;
 };
 
+// `kv` serves KvSet/KvGet; both pointers are borrowed and must outlive the
+// service.
 class RegistryService final : public v1::Registry::Service {
  public:
-  explicit RegistryService(Coordinator* c) : c_(c) {}
+  RegistryService(Coordinator* c, KvStore* kv) : c_(c), kv_(kv) {}
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*, v1::RegisterWorkerResponse*) override;
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*, v1::HeartbeatResponse*) override;
+  grpc::Status KvSet(grpc::ServerContext*, const v1::KvSetRequest*, v1::KvSetResponse*) override;
+  grpc::Status KvGet(grpc::ServerContext*, const v1::KvGetRequest*, v1::KvGetResponse*) override;
 
  private:
   Coordinator* const c_;
+  KvStore* const kv_;
 };
 
 }  // namespace tessel::server

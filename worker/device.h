@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "tessel/v1/program.pb.h"
+#include "worker/communicator.h"
 
 namespace tessel::worker {
 
@@ -41,6 +42,13 @@ struct MemoryStats {
   int64_t largest_free_block = 0;  // largest cached block, reusable without a new mapping
 };
 
+// Where a step runs: for partitioned programs, the device's position in the
+// program's mesh and the worker's collectives.
+struct StepContext {
+  int mesh_position = 0;
+  CommunicatorRegistry* collectives = nullptr;  // null: a collective fails, saying so
+};
+
 // A program loaded onto one device.
 class Executable {
  public:
@@ -51,7 +59,8 @@ class Executable {
   // argument's) that the output is written into instead of a new one; the
   // plan guarantees no later read of it sees the overwrite.
   virtual absl::StatusOr<std::vector<BufferPtr>> Run(absl::Span<const BufferPtr> args,
-                                                     absl::Span<const BufferPtr> into) = 0;
+                                                     absl::Span<const BufferPtr> into,
+                                                     const StepContext& ctx) = 0;
 };
 
 class Device {

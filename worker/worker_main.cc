@@ -16,7 +16,9 @@
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 #include "tessel/v1/admin.grpc.pb.h"
+#include "worker/collectives.h"
 #include "worker/cpu/cpu_device.h"
+#include "worker/kv_store_client.h"
 #include "worker/worker_runtime.h"
 #include "worker/worker_service.h"
 
@@ -28,6 +30,8 @@ ABSL_FLAG(int64_t, device_memory_bytes, 0,
           "Memory limit per device in bytes; 0 means 80% of physical memory divided among the devices.");
 ABSL_FLAG(int, register_timeout_s, 30, "How long to keep trying to reach the coordinator at start-up.");
 ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, error.");
+ABSL_FLAG(int, collective_timeout_s, 60,
+          "How long a collective waits for the rest of its group (and the rendezvous for its peers).");
 ABSL_FLAG(int, parent_pid, 0,
           "If set, stop (as on SIGTERM) when this parent process exits; for clients that start daemons.");
 
@@ -121,7 +125,20 @@ int main(int argc, char** argv) {
   log->info("serving tessel.v1.Worker on {} with {} cpu devices", address, num_devices);
 
   auto channel = grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials());
-  auto registry = tessel::v1::Registry::NewStub(channel);
+  std::shared_ptr<tessel::v1::Registry::Stub> registry = tessel::v1::Registry::NewStub(channel);
+  {
+    // Collectives: groups meet through the coordinator's key-value store.
+    const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_collective_timeout_s));
+    auto store = std::make_shared<tessel::worker::KvStoreClient>(
+        registry, tessel::worker::KvStoreClient::Options{.timeout = timeout});
+    auto collectives = tessel::worker::NewCommunicatorRegistry(
+        {.self = address, .store = store, .hostname = host, .timeout = timeout, .logger = log});
+    if (!collectives.ok()) {
+      log->error("{}", collectives.status().ToString());
+      return 1;
+    }
+    (*runtime)->SetCollectives(std::move(*collectives));
+  }
   auto reg = Register(*registry, address, num_devices, absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s)));
   if (!reg.ok()) {
     log->error("{}", reg.status().ToString());

@@ -14,7 +14,7 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(Options opt
 }
 
 WorkerRuntime::WorkerRuntime(Options options)
-    : devices_(std::move(options.devices)), log_(std::move(options.logger)) {
+    : devices_(std::move(options.devices)), log_(std::move(options.logger)), collectives_(std::move(options.collectives)) {
   for (auto& d : devices_) queues_.push_back(std::make_unique<StepQueue>(d->name()));
 }
 
@@ -49,8 +49,10 @@ absl::Status WorkerRuntime::LoadProgram(const v1::Program& program) {
 absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r) {
   Executable* exe = nullptr;
   const v1::Program* proto = nullptr;
+  std::shared_ptr<CommunicatorRegistry> collectives;
   {
     absl::MutexLock l(&mu_);
+    collectives = collectives_;
     auto it = programs_.find(r.executable_id());
     if (it == programs_.end()) {
       return absl::FailedPreconditionError(absl::StrCat("program ", r.executable_id(), " is not loaded"));
@@ -117,7 +119,12 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r) 
   for (const v1::RunAlias& al : r.aliases()) {
     if (!into[al.output()]) offered.emplace_back(al.argument(), args[al.argument()].get());
   }
-  TESSEL_ASSIGN_OR_RETURN(std::vector<BufferPtr> outs, exe->Run(args, into));
+  worker::StepContext ctx{.mesh_position = r.mesh_position(), .collectives = collectives.get()};
+  if (proto->has_mesh() && (r.mesh_position() < 0 || r.mesh_position() >= proto->mesh().devices_size())) {
+    return absl::InvalidArgumentError(absl::StrCat("execution ", r.execution_id(), ": mesh position ",
+                                                   r.mesh_position(), " out of range"));
+  }
+  TESSEL_ASSIGN_OR_RETURN(std::vector<BufferPtr> outs, exe->Run(args, into, ctx));
   into.clear();
   args.clear();
   v1::RunResponse resp;
@@ -245,6 +252,11 @@ absl::StatusOr<StoredArray> WorkerRuntime::GetForFetch(int device, uint64_t hand
   TESSEL_ASSIGN_OR_RETURN(StoredArray a, store_.Get(device, handle));
   if (!a.error.ok()) return a.error;
   return a;
+}
+
+void WorkerRuntime::SetCollectives(std::shared_ptr<CommunicatorRegistry> collectives) {
+  absl::MutexLock l(&mu_);
+  collectives_ = std::move(collectives);
 }
 
 v1::WorkerStatsResponse WorkerRuntime::Stats() const {

@@ -19,6 +19,7 @@
 #include "spdlog/logger.h"
 #include "tessel/v1/worker.pb.h"
 #include "worker/buffer_store.h"
+#include "worker/communicator.h"
 #include "worker/device.h"
 #include "worker/step_queue.h"
 
@@ -29,6 +30,9 @@ class WorkerRuntime {
   struct Options {
     std::vector<std::unique_ptr<Device>> devices;
     std::shared_ptr<spdlog::logger> logger;
+    // Groups for the programs' collectives. Default: none (a program with a
+    // collective then fails to run, saying so).
+    std::shared_ptr<CommunicatorRegistry> collectives;
   };
   static absl::StatusOr<std::unique_ptr<WorkerRuntime>> Create(Options options);
   ~WorkerRuntime();
@@ -63,6 +67,10 @@ class WorkerRuntime {
 
   v1::WorkerStatsResponse Stats() const;
 
+  // Installs the collectives after construction (a worker knows its own
+  // address only once it serves); replaces Options::collectives.
+  void SetCollectives(std::shared_ptr<CommunicatorRegistry> collectives);
+
  private:
   explicit WorkerRuntime(Options options);
   absl::Status CheckDevice(int device) const;
@@ -76,6 +84,7 @@ class WorkerRuntime {
   absl::flat_hash_map<std::string, std::vector<std::unique_ptr<Executable>>> programs_ ABSL_GUARDED_BY(mu_);
   // Node-based: RunStep keeps a pointer while another program loads.
   absl::node_hash_map<std::string, v1::Program> program_protos_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<CommunicatorRegistry> collectives_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> steps_run_{0};
   std::vector<std::unique_ptr<StepQueue>> queues_;  // last: joined first
 };

@@ -12,6 +12,7 @@
 #include "worker/cpu/elementwise.h"
 #include "worker/cpu/layout.h"
 #include "worker/cpu/reduce.h"
+#include "worker/cpu/spmd_ops.h"
 
 namespace tessel::cpu {
 
@@ -112,7 +113,7 @@ absl::StatusOr<std::unique_ptr<worker::Executable>> CpuExecutable::Load(const v1
 }
 
 absl::Status CpuExecutable::Execute(const Instr& in, std::vector<BufferPtr>& values,
-                                    const std::vector<BufferPtr>& preset) {
+                                    const std::vector<BufferPtr>& preset, const worker::StepContext& ctx) {
   auto alloc_slot = [&](int slot, const v1::TensorType& t) -> absl::StatusOr<BufferPtr> {
     const int64_t bytes = ByteSizeUnchecked(t);
     if (preset[slot] && preset[slot]->size() >= bytes) return preset[slot];
@@ -149,6 +150,8 @@ absl::Status CpuExecutable::Execute(const Instr& in, std::vector<BufferPtr>& val
     case v1::CONSTANT:
       if (n.constant().has_fill()) {
         FillKernel(t.dtype(), n.constant().fill(), out, NumElementsUnchecked(t));
+      } else if (n.constant().iota().sharded_axes_size() > 0) {
+        TESSEL_RETURN_IF_ERROR(SplitIota(n, program_, out, ctx));
       } else {
         IotaKernel(t.dtype(), t.dims(), n.constant().iota().dimension(), 0, out, NumElementsUnchecked(t));
       }
@@ -169,6 +172,15 @@ absl::Status CpuExecutable::Execute(const Instr& in, std::vector<BufferPtr>& val
     case v1::REDUCE: Reduce(arg_type(0), arg(0), n.reduce(), t, out); break;
     case v1::ARGMAX:
     case v1::ARGMIN: ArgReduce(n.op() == v1::ARGMAX, arg_type(0), arg(0), n.arg_reduce(), t, out); break;
+    case v1::ALL_REDUCE:
+    case v1::ALL_GATHER:
+    case v1::REDUCE_SCATTER:
+    case v1::ALL_TO_ALL:
+    case v1::COLLECTIVE_PERMUTE:
+    case v1::SHARD_SLICE:
+      TESSEL_RETURN_IF_ERROR(RunSpmdOp(n, program_, arg_type(0), arg(0), out, ctx));
+      break;
+    case v1::AXIS_INDEX: TESSEL_RETURN_IF_ERROR(RunSpmdOp(n, program_, t, nullptr, out, ctx)); break;
     default:
       return absl::UnimplementedError(absl::StrCat("cpu device: op ", OpName(n.op()),
                                                    " of node '", n.name(), "' is not supported"));
@@ -177,7 +189,8 @@ absl::Status CpuExecutable::Execute(const Instr& in, std::vector<BufferPtr>& val
 }
 
 absl::StatusOr<std::vector<BufferPtr>> CpuExecutable::Run(absl::Span<const BufferPtr> args,
-                                                          absl::Span<const BufferPtr> into) {
+                                                          absl::Span<const BufferPtr> into,
+                                                          const worker::StepContext& ctx) {
   if (args.size() != param_slots_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("program ", program_.executable_id(), ": expected ",
                                                    param_slots_.size(), " arguments, got ", args.size()));
@@ -189,7 +202,7 @@ absl::StatusOr<std::vector<BufferPtr>> CpuExecutable::Run(absl::Span<const Buffe
     if (into[i]) preset[output_buffer_slots_[i]] = into[i];
   }
   for (const Instr& in : instrs_) {
-    TESSEL_RETURN_IF_ERROR(Execute(in, values, preset));
+    TESSEL_RETURN_IF_ERROR(Execute(in, values, preset, ctx));
     for (int r : in.release) values[r].reset();
   }
   std::vector<BufferPtr> outs;

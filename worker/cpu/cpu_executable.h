@@ -18,7 +18,8 @@ class CpuExecutable final : public worker::Executable {
   static absl::StatusOr<std::unique_ptr<worker::Executable>> Load(const v1::Program& program,
                                                                   worker::Device* device);
   absl::StatusOr<std::vector<worker::BufferPtr>> Run(absl::Span<const worker::BufferPtr> args,
-                                                     absl::Span<const worker::BufferPtr> into) override;
+                                                     absl::Span<const worker::BufferPtr> into,
+                                                     const worker::StepContext& ctx) override;
 
  private:
   struct Instr {
@@ -32,7 +33,7 @@ class CpuExecutable final : public worker::Executable {
   };
   // `preset[slot]`, where set, is the buffer that slot's value is written into.
   absl::Status Execute(const Instr& in, std::vector<worker::BufferPtr>& values,
-                       const std::vector<worker::BufferPtr>& preset);
+                       const std::vector<worker::BufferPtr>& preset, const worker::StepContext& ctx);
 
   v1::Program program_;  // owns the nodes instructions point into
   worker::Device* device_ = nullptr;

@@ -44,15 +44,19 @@ class ReplicatedSharding:
 
 def to_placement(where):
     """None (device 0), a device id, a Device, or a sharding -> Placement."""
+    from tessel._sharding import NamedSharding
     if where is None:
         return session_pb2.Placement(device=0)
+    if isinstance(where, NamedSharding):
+        return where.placement()
     if isinstance(where, (SingleDeviceSharding, ReplicatedSharding)):
         return where.placement()
     if isinstance(where, Device):
         return session_pb2.Placement(device=where.id)
     if isinstance(where, (int, np.integer)) and not isinstance(where, bool):
         return session_pb2.Placement(device=int(where))
-    raise TypeError(f"placement: expected a device id, a tessel.Device, SingleDeviceSharding or ReplicatedSharding, "
+    raise TypeError(f"placement: expected a device id, a tessel.Device, NamedSharding, SingleDeviceSharding or "
+                    "ReplicatedSharding, "
                     f"got {type(where).__name__}")
 
 
@@ -86,7 +90,11 @@ def device_put(x, device=None):
 
 
 def placement_text(p):
-    return "every device (replicated)" if p.WhichOneof("kind") == "replicated" else f"device {p.device}"
+    kind = p.WhichOneof("kind")
+    if kind == "sharded":
+        from tessel._sharding import NamedSharding
+        return repr(NamedSharding.from_placement(p))
+    return "every device (replicated)" if kind == "replicated" else f"device {p.device}"
 
 
 # ---------------------------------------------------------------- plans
@@ -106,6 +114,9 @@ class Compiled:
         self.aliases = [{"parameter": a.parameter, "output": a.output, "reason": a.reason} for a in response.aliases]
         self.input_types = [_type_text(t) for t in response.parameter_types]
         self.output_types = [_type_text(t) for t in response.output_types]
+        # Partitioned: the collectives inserted, each with its reason.
+        self.collectives = [{"value": c.value, "op": c.op, "axes": tuple(c.axes), "bytes_per_device": c.bytes_per_device,
+                             "reason": c.reason} for c in response.collectives]
 
     def as_text(self):
         """The per-device program, as the coordinator prints it."""

@@ -48,9 +48,13 @@ class Array:
 
     @property
     def sharding(self):
-        """Where the array lives: SingleDeviceSharding or ReplicatedSharding."""
+        """Where the array lives: NamedSharding, SingleDeviceSharding or ReplicatedSharding."""
         from tessel._api import ReplicatedSharding, SingleDeviceSharding
-        if self._placement.WhichOneof("kind") == "replicated":
+        from tessel._sharding import NamedSharding
+        kind = self._placement.WhichOneof("kind")
+        if kind == "sharded":
+            return NamedSharding.from_placement(self._placement)
+        if kind == "replicated":
             return ReplicatedSharding()
         return SingleDeviceSharding(self._placement.device)
 

@@ -9,7 +9,7 @@ from tessel import _context, _dtypes, errors
 from tessel._array import Array
 from tessel._session import guard_proto
 from tessel._trace import Builder, Tracer
-from tessel.v1 import session_pb2
+from tessel.v1 import ir_pb2, session_pb2
 
 # ---------------------------------------------------------------- pytrees
 
@@ -70,8 +70,10 @@ def _describe(sig):
 
 class Jitted:
     def __init__(self, fn, donate_argnums=(), donate_argnames=(), static_argnums=(), device=None,
-                 replicated=False):
+                 replicated=False, in_shardings=None, out_shardings=None):
         self.fn = fn
+        self._in_shardings = in_shardings
+        self._out_shardings = out_shardings
         functools.update_wrapper(self, fn)
         params = [n for n, p in inspect.signature(fn).parameters.items()
                   if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
@@ -108,15 +110,62 @@ class Jitted:
             (statics if i in self._static else dyn).append((i, a))
         leaves, paths, structures = [], [], []
         donated_leaves = []
+        self._leaf_args = []
         for i, a in dyn:
             ls, ps, st = flatten(a, self._params[i] if i < len(self._params) else f"arg{i}")
             donated_leaves += [i in self._donate] * len(ls)
+            self._leaf_args += [i] * len(ls)
             leaves += ls
             paths += ps
             structures.append((i, st))
         sig = tuple(_leaf_signature(x) for x in leaves)
-        key = (tuple(structures), sig, tuple(donated_leaves), tuple((i, repr(a)) for i, a in statics))
+        layouts = tuple(x.sharding if isinstance(x, Array) and x._placement.WhichOneof("kind") == "sharded" else None
+                        for x in leaves)
+        key = (tuple(structures), sig, tuple(donated_leaves), tuple((i, repr(a)) for i, a in statics), layouts)
         return key, leaves, paths, donated_leaves
+
+    def _layout(self, leaves):
+        """The mesh and each parameter's spec, when this call is partitioned:
+        from in_shardings/out_shardings, else from sharded array arguments."""
+        from tessel._sharding import NamedSharding, P
+        given = self._in_shardings
+        named = [s for s in (given if isinstance(given, (list, tuple)) and not isinstance(given, P) else [given])
+                 if isinstance(s, NamedSharding)]
+        outs = self._out_shardings
+        named += [s for s in (outs if isinstance(outs, (list, tuple)) and not isinstance(outs, P) else [outs])
+                  if isinstance(s, NamedSharding)]
+        named += [x.sharding for x in leaves
+                  if isinstance(x, Array) and x._placement.WhichOneof("kind") == "sharded"]
+        if not named:
+            return None, None
+        mesh = named[0].mesh
+        specs = []
+        for x, arg in zip(leaves, self._leaf_args):
+            s = given
+            if isinstance(given, (list, tuple)) and not isinstance(given, P):
+                s = given[arg] if arg < len(given) else None
+            if s is None and isinstance(x, Array) and x._placement.WhichOneof("kind") == "sharded":
+                s = x.sharding
+            spec = s.spec if isinstance(s, NamedSharding) else s if isinstance(s, P) else P()
+            specs.append(spec)
+        return mesh, specs
+
+    def _out_specs(self, n):
+        from tessel._sharding import NamedSharding, P
+        outs = self._out_shardings
+        if isinstance(outs, (list, tuple)) and not isinstance(outs, P):
+            if len(outs) != n:
+                raise ValueError(f"{self.fn.__name__}: {n} outputs, {len(outs)} out_shardings")
+            items = outs
+        else:
+            items = [outs] * n
+        specs = []
+        for s in items:
+            if s is None:
+                specs.append(ir_pb2.Sharding(unspecified=True))
+            else:
+                specs.append((s.spec if isinstance(s, NamedSharding) else s).proto())
+        return specs
 
     def explain_miss(self, cache, key, paths):
         """What changed since the nearest signature this function was compiled for."""
@@ -179,19 +228,32 @@ class Jitted:
             why = self.explain_miss(cache, key, paths)
             graph, structure, out_tracers = self._trace(args, leaves, paths, donated_leaves)
             donated = [i for i, d in enumerate(donated_leaves) if d]
+            mesh, specs = self._layout(leaves)
             try:
-                exe = session.compile(graph, donated)
+                if mesh is None:
+                    exe = session.compile(graph, donated)
+                else:
+                    exe = session.compile(graph, donated, mesh=mesh.proto(), in_shardings=[s.proto() for s in specs],
+                                          out_shardings=self._out_specs(len(out_tracers)))
             except errors.RecompileError as e:
                 raise errors.RecompileError(f"{self.fn.__name__}: {why}. {e}", e.code) from None
             self.compiles += 1
             self.last_miss = why
-            entry = (exe, structure, [(t.shape, t.dtype) for t in out_tracers])
+            placements = [None] * len(out_tracers)
+            if exe.HasField("mesh"):
+                placements = [session_pb2.Placement(sharded=session_pb2.MeshSharding(mesh=exe.mesh, sharding=s))
+                              for s in exe.output_shardings]
+                in_placements = [session_pb2.Placement(sharded=session_pb2.MeshSharding(mesh=exe.mesh, sharding=s))
+                                 for s in exe.parameter_shardings]
+            else:
+                in_placements = None
+            entry = (exe, structure, [(t.shape, t.dtype, p) for t, p in zip(out_tracers, placements)], in_placements)
             cache[key] = entry
         return entry, leaves, donated_leaves
 
     def __call__(self, *args, **kwargs):
         args = self._bind(args, kwargs)
-        (exe, structure, out_types), leaves, donated_leaves = self._compiled(args)
+        (exe, structure, out_types, in_placements), leaves, donated_leaves = self._compiled(args)
         session = _context.session()
         guard = _context.guard()
         placement = self._placement or next((x._placement for x in leaves if isinstance(x, Array)),
@@ -208,16 +270,16 @@ class Jitted:
                     donated_arrays.append(x)
             else:
                 # A host value passed as an argument: an implicit host->device transfer.
-                h = session.put(np.asarray(x, dtype=_leaf_signature(x)[1]), placement, implicit=True,
-                                guard=guard)
+                h = session.put(np.asarray(x, dtype=_leaf_signature(x)[1]),
+                                in_placements[i] if in_placements else placement, implicit=True, guard=guard)
                 req.arguments.append(h)
                 if not donate:
                     session.drop(h)
         outs = []
-        for shape, dtype in out_types:
+        for shape, dtype, out_placement in out_types:
             h = session.new_handle()
             req.outputs.append(h)
-            outs.append(Array(session, h, shape, dtype, placement))
+            outs.append(Array(session, h, shape, dtype, out_placement or placement))
         if self._last_seq is not None:
             session.dispatcher().forget(self._last_seq)
         self._last_seq = session.execute(req, want_reply=True)
@@ -245,14 +307,23 @@ class Jitted:
 _DEFAULT_PLACEMENT = session_pb2.Placement(device=0)
 
 
-def jit(fn=None, *, donate_argnums=(), donate_argnames=(), static_argnums=(), device=None, replicated=False):
+def jit(fn=None, *, donate_argnums=(), donate_argnames=(), static_argnums=(), device=None, replicated=False,
+        in_shardings=None, out_shardings=None):
     """Traces `fn` over numpy-like ops once per signature and runs it on the
     devices. Arguments may be tessel.Arrays or host values (numpy arrays,
-    scalars: an implicit host->device transfer). Results are tessel.Arrays."""
+    scalars: an implicit host->device transfer). Results are tessel.Arrays.
+
+    Partitioned over a mesh when an argument is a sharded Array or the
+    shardings name a NamedSharding: `in_shardings` (one for all, or one per
+    argument; default: each sharded argument's own layout, else replicated)
+    and `out_shardings` (one for all, or one per output; default: what
+    propagation gives, completed)."""
     if fn is None:
         return functools.partial(jit, donate_argnums=donate_argnums, donate_argnames=donate_argnames,
-                                 static_argnums=static_argnums, device=device, replicated=replicated)
-    return Jitted(fn, donate_argnums, donate_argnames, static_argnums, device, replicated)
+                                 static_argnums=static_argnums, device=device, replicated=replicated,
+                                 in_shardings=in_shardings, out_shardings=out_shardings)
+    return Jitted(fn, donate_argnums, donate_argnames, static_argnums, device, replicated, in_shardings,
+                  out_shardings)
 
 
 _eager = {}

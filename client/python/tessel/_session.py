@@ -206,9 +206,13 @@ class Session:
 
     # ------------------------------------------------------------ calls
 
-    def compile(self, graph, donated=(), strict=False):
+    def compile(self, graph, donated=(), strict=False, mesh=None, in_shardings=(), out_shardings=()):
         req = session_pb2.CompileRequest(session_id=self.id, graph=graph, strict_donation=strict)
         req.donated_parameters.extend(donated)
+        if mesh is not None:
+            req.mesh.CopyFrom(mesh)
+            req.parameter_shardings.extend(in_shardings)
+            req.output_shardings.extend(out_shardings)
         return _rpc(self._stub.Compile, req)
 
     def put(self, array, placement, implicit=False, guard=None, progress=None):

@@ -81,6 +81,9 @@ def _tracer(x):
     return _b().literal(_np.asarray(x))
 
 
+asarray_in_trace = _tracer  # a Python or numpy value returned from a traced function
+
+
 def _convert(t, d):
     d = _np.dtype(d)
     if t.dtype == d:

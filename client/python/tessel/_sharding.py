@@ -1,0 +1,283 @@
+"""Meshes and shardings (as in jax.sharding), and the partitioned pieces of
+a traced function: sharding constraints, shard_map with its collectives,
+and custom kernels with their replication rules."""
+import dataclasses
+
+import numpy as np
+
+from tessel import _dtypes
+from tessel._trace import Builder, Tracer, current_builder
+from tessel.v1 import ir_pb2, session_pb2
+
+
+class Mesh:
+    """Named axes over the cluster's devices, row-major: Mesh({"data": 2,
+    "model": 2}) or Mesh((("data", 2), ("model", 2)), devices=[0, 1, 2, 3])."""
+
+    def __init__(self, axes, devices=None):
+        items = list(axes.items()) if isinstance(axes, dict) else [tuple(a) for a in axes]
+        self.axis_names = tuple(str(n) for n, _ in items)
+        self.axis_sizes = tuple(int(s) for _, s in items)
+        n = int(np.prod(self.axis_sizes))
+        self.devices = tuple(int(d) for d in devices) if devices is not None else tuple(range(n))
+
+    @property
+    def shape(self):
+        return dict(zip(self.axis_names, self.axis_sizes))
+
+    @property
+    def size(self):
+        return len(self.devices)
+
+    def proto(self):
+        return ir_pb2.Mesh(axis_names=self.axis_names, axis_sizes=self.axis_sizes, devices=self.devices)
+
+    @classmethod
+    def from_proto(cls, m):
+        return cls(list(zip(m.axis_names, m.axis_sizes)), devices=list(m.devices))
+
+    def _key(self):
+        return (self.axis_names, self.axis_sizes, self.devices)
+
+    def __eq__(self, other):
+        return isinstance(other, Mesh) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def __repr__(self):
+        return f"Mesh({self.shape}, devices={list(self.devices)})"
+
+
+class P(tuple):
+    """A PartitionSpec: per dimension, None, a mesh axis, or a tuple of axes
+    (major first). `unreduced` names axes over which the value is an
+    unreduced partial sum."""
+
+    def __new__(cls, *dims, unreduced=()):
+        self = super().__new__(cls, dims)
+        self.unreduced = tuple(unreduced)
+        return self
+
+    def proto(self):
+        s = ir_pb2.Sharding()
+        for d in self:
+            axes = () if d is None else (d,) if isinstance(d, str) else tuple(d)
+            s.dims.add().axes.extend(axes)
+        s.partial.extend(self.unreduced)
+        return s
+
+    @classmethod
+    def from_proto(cls, s):
+        dims = []
+        for d in s.dims:
+            dims.append(None if not d.axes else d.axes[0] if len(d.axes) == 1 else tuple(d.axes))
+        while dims and dims[-1] is None:
+            dims.pop()
+        return cls(*dims, unreduced=tuple(s.partial))
+
+    def _canonical(self):
+        dims = list(self)
+        while dims and dims[-1] is None:
+            dims.pop()
+        return (tuple(dims), tuple(sorted(self.unreduced)))
+
+    def __eq__(self, other):
+        return isinstance(other, P) and self._canonical() == other._canonical()
+
+    def __hash__(self):
+        return hash(self._canonical())
+
+    def __repr__(self):
+        inner = ", ".join(repr(d) for d in self)
+        return f"P({inner}{', unreduced=' + repr(self.unreduced) if self.unreduced else ''})"
+
+
+@dataclasses.dataclass(frozen=True)
+class NamedSharding:
+    """An array laid out over `mesh` as `spec` says."""
+    mesh: Mesh
+    spec: P
+
+    def placement(self):
+        return session_pb2.Placement(sharded=session_pb2.MeshSharding(mesh=self.mesh.proto(), sharding=self.spec.proto()))
+
+    @classmethod
+    def from_placement(cls, p):
+        return cls(Mesh.from_proto(p.sharded.mesh), P.from_proto(p.sharded.sharding))
+
+    def shard_shape(self, shape):
+        out = list(shape)
+        for i, d in enumerate(self.spec):
+            axes = () if d is None else (d,) if isinstance(d, str) else tuple(d)
+            for a in axes:
+                out[i] //= self.mesh.shape[a]
+        return tuple(out)
+
+
+# ---------------------------------------------------------------- in traces
+
+
+def with_sharding_constraint(x, sharding):
+    """Inside a partitioned @tessel.jit: `x` takes `sharding` (a NamedSharding
+    or a P on the function's mesh) from here on; the partitioner inserts what
+    that needs, with the reason."""
+    b = _builder(x, "with_sharding_constraint")
+    spec = sharding.spec if isinstance(sharding, NamedSharding) else sharding
+
+    def attrs(n):
+        n.sharding.sharding.CopyFrom(spec.proto())
+    return b.node(ir_pb2.SHARDING_CONSTRAINT, [x], x.shape, x.dtype, False, attrs)
+
+
+def _builder(x, what):
+    b = current_builder()
+    if b is None or not isinstance(x, Tracer):
+        raise TypeError(f"{what} works on traced values, inside @tessel.jit")
+    return b
+
+
+def shard_map(f, mesh, in_specs, out_specs):
+    """Per-shard semantics (as jax's shard_map): `f` runs on each device's
+    blocks under `in_specs` and returns its block of the result under
+    `out_specs`, calling collectives (psum, all_gather, ...) explicitly.
+    Partitioned tracing tracks the axes each value varies over: returning a
+    value that varies over an axis `out_specs` replicates it over is an
+    error, unless `out_specs` marks that axis unreduced."""
+    def wrapped(*args):
+        specs = in_specs if isinstance(in_specs, (list, tuple)) and not isinstance(in_specs, P) else (in_specs,)
+        if len(specs) != len(args):
+            raise ValueError(f"shard_map of {getattr(f, '__name__', 'f')}: {len(args)} arguments, "
+                             f"{len(specs)} in_specs")
+        outer = _builder(args[0], "shard_map")
+        body = Builder(getattr(f, "__name__", "body"))
+        body._mesh = mesh
+        with body:
+            params = []
+            for i, (a, spec) in enumerate(zip(args, specs)):
+                shape = NamedSharding(mesh, spec).shard_shape(a.shape)
+                params.append(body.parameter(i, shape, a.dtype, f"x{i}"))
+            out = f(*params)
+            if not isinstance(out, Tracer):
+                from tessel import numpy as tnp
+                out = tnp.asarray_in_trace(out)
+            body.graph.outputs.append(out._name)
+        full = list(out.shape)
+        for i, d in enumerate(out_specs):
+            axes = () if d is None else (d,) if isinstance(d, str) else tuple(d)
+            for a in axes:
+                full[i] *= mesh.shape[a]
+
+        def attrs(n):
+            m = n.manual_region
+            m.body.CopyFrom(body.graph)
+            for s in specs:
+                m.in_specs.add().CopyFrom(s.proto())
+            m.out_spec.CopyFrom(out_specs.proto())
+        return outer.node(ir_pb2.MANUAL_REGION, list(args), full, out.dtype, False, attrs, with_type=True)
+    return wrapped
+
+
+def _axes(axis_name):
+    return (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
+
+
+def _collective(op, x, axis_name, shape, **fields):
+    b = _builder(x, ir_pb2.Op.Name(op).lower())
+
+    def attrs(n):
+        n.collective.axes.extend(_axes(axis_name))
+        for k, v in fields.items():
+            if isinstance(v, (list, tuple)):
+                getattr(n.collective, k).extend(v)
+            else:
+                setattr(n.collective, k, v)
+    return b.node(op, [x], shape, x.dtype, False, attrs)
+
+
+def _group_size(x, axis_name):
+    mesh = getattr(x._builder, "_mesh", None)
+    if mesh is None:
+        raise TypeError("collectives are explicit only inside shard_map")
+    return int(np.prod([mesh.shape[a] for a in _axes(axis_name)]))
+
+
+def psum(x, axis_name):
+    return _collective(ir_pb2.ALL_REDUCE, x, axis_name, x.shape, kind=ir_pb2.SUM)
+
+
+def pmax(x, axis_name):
+    return _collective(ir_pb2.ALL_REDUCE, x, axis_name, x.shape, kind=ir_pb2.REDUCE_MAX)
+
+
+def pmin(x, axis_name):
+    return _collective(ir_pb2.ALL_REDUCE, x, axis_name, x.shape, kind=ir_pb2.REDUCE_MIN)
+
+
+def all_gather(x, axis_name, axis=0):
+    """Concatenates the blocks of the group along `axis` (tiled)."""
+    shape = list(x.shape)
+    shape[axis] *= _group_size(x, axis_name)
+    return _collective(ir_pb2.ALL_GATHER, x, axis_name, shape, dimension=axis)
+
+
+def psum_scatter(x, axis_name, scatter_dimension=0):
+    shape = list(x.shape)
+    shape[scatter_dimension] //= _group_size(x, axis_name)
+    return _collective(ir_pb2.REDUCE_SCATTER, x, axis_name, shape, dimension=scatter_dimension, kind=ir_pb2.SUM)
+
+
+def all_to_all(x, axis_name, split_axis, concat_axis):
+    k = _group_size(x, axis_name)
+    shape = list(x.shape)
+    shape[split_axis] //= k
+    shape[concat_axis] *= k
+    return _collective(ir_pb2.ALL_TO_ALL, x, axis_name, shape, dimension=split_axis, concat_dimension=concat_axis)
+
+
+def ppermute(x, axis_name, perm):
+    flat = [int(v) for pair in perm for v in pair]
+    return _collective(ir_pb2.COLLECTIVE_PERMUTE, x, axis_name, x.shape, source_target_pairs=flat)
+
+
+def axis_index(axis_name):
+    b = current_builder()
+    if b is None or getattr(b, "_mesh", None) is None:
+        raise TypeError("axis_index works inside shard_map")
+
+    def attrs(n):
+        n.collective.axes.extend(_axes(axis_name))
+    return b.node(ir_pb2.AXIS_INDEX, [], (), np.int32, False, attrs)
+
+
+def custom_kernel(name, decomposition, cuda_source="", replication="union"):
+    """An op carrying user code: `cuda_source` (entry point `name`) for the
+    CUDA backend, and `decomposition`, a function of the operands in
+    tessel.numpy ops, that runs everywhere else. `replication` says which mesh
+    axes its result varies over, given its operands': "union", ("follow", i)
+    or an explicit collection of axis names."""
+    def call(*args):
+        b = _builder(args[0], f"custom kernel {name!r}")
+        inner = Builder(name)
+        with inner:
+            params = [inner.parameter(i, a.shape, a.dtype, f"x{i}") for i, a in enumerate(args)]
+            out = decomposition(*params)
+            inner.graph.outputs.append(out._name)
+
+        def attrs(n):
+            k = n.custom_kernel
+            k.name = name
+            k.cuda_source = cuda_source
+            k.decomposition.CopyFrom(inner.graph)
+            if replication == "union":
+                k.replication.kind = ir_pb2.ReplicationRule.UNION
+            elif isinstance(replication, tuple) and len(replication) == 2 and replication[0] == "follow":
+                k.replication.kind = ir_pb2.ReplicationRule.FOLLOW
+                k.replication.operand = int(replication[1])
+            else:
+                k.replication.kind = ir_pb2.ReplicationRule.EXPLICIT
+                k.replication.axes.extend(sorted(replication))
+        return b.node(ir_pb2.CUSTOM_KERNEL, list(args), out.shape, out.dtype, False, attrs)
+    return call
+
+

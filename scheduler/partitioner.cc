@@ -1,0 +1,899 @@
+#include "scheduler/partitioner.h"
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/dtype.h"
+#include "core/shape_inference.h"
+#include "core/sharding.h"
+#include "core/status.h"
+
+namespace tessel::scheduler {
+namespace {
+
+using absl::InvalidArgumentError;
+using absl::StrCat;
+using Axes = std::vector<std::string>;
+
+Axes DimAxes(const v1::Sharding& s, int d) { return {s.dims(d).axes().begin(), s.dims(d).axes().end()}; }
+void SetDimAxes(v1::Sharding& s, int d, const Axes& a) {
+  s.mutable_dims(d)->clear_axes();
+  for (const std::string& x : a) s.mutable_dims(d)->add_axes(x);
+}
+v1::Sharding Complete(v1::Sharding s) {
+  s.clear_partial();
+  return s;
+}
+Axes PartialAxes(const v1::Sharding& s) { return {s.partial().begin(), s.partial().end()}; }
+std::string AxesText(const Axes& a) { return absl::StrJoin(a, ", "); }
+
+std::string CollectiveName(v1::Op op, v1::ReduceKind kind) {
+  if (op == v1::ALL_REDUCE || op == v1::REDUCE_SCATTER) {
+    const char* k = kind == v1::REDUCE_MAX ? "max" : kind == v1::REDUCE_MIN ? "min" : kind == v1::PROD ? "prod" : "sum";
+    return StrCat(OpName(op), "(", k, ")");
+  }
+  return OpName(op);
+}
+
+bool IsLinearUnary(const v1::Node& n, const v1::TensorType& operand) {
+  if (n.op() == v1::NEG) return true;
+  return n.op() == v1::CONVERT && IsFloat(operand.dtype()) && IsFloat(n.convert().dtype());
+}
+
+class Partitioner {
+ public:
+  Partitioner(const TypedGraph& g, const PartitionOptions& o) : g_(g), o_(o), mesh_(o.mesh) {}
+
+  absl::StatusOr<PartitionedGraph> Run() {
+    out_.local.set_name(g_.graph.name());
+    const int np = g_.parameters.size();
+    if (!o_.parameter_shardings.empty() && int(o_.parameter_shardings.size()) != np) {
+      return InvalidArgumentError(StrCat("graph has ", np, " parameters; ", o_.parameter_shardings.size(),
+                                         " parameter shardings given"));
+    }
+    if (!o_.output_shardings.empty() && int(o_.output_shardings.size()) != g_.graph.outputs_size()) {
+      return InvalidArgumentError(StrCat("graph has ", g_.graph.outputs_size(), " outputs; ",
+                                         o_.output_shardings.size(), " output shardings given"));
+    }
+    out_.parameter_shardings.resize(np);
+    for (int i = 0; i < np; ++i) {
+      const v1::Node& p = g_.graph.nodes(g_.parameters[i]);
+      const v1::Sharding s = o_.parameter_shardings.empty() ? Replicated(p.type().dims_size())
+                                                     : NormalizeSharding(o_.parameter_shardings[i], p.type().dims_size());
+      TESSEL_RETURN_IF_ERROR(ValidateSharding(s, mesh_, p.type(), StrCat("parameter ", i, " '", p.name(), "'")));
+      out_.parameter_shardings[i] = s;
+    }
+    absl::flat_hash_map<std::string, std::string> bind;
+    TESSEL_RETURN_IF_ERROR(ProcessGraph(g_.graph, "", bind, /*top=*/true));
+    for (int i = 0; i < g_.graph.outputs_size(); ++i) {
+      const std::string& name = g_.graph.outputs(i);
+      const Value& v = values_.at(name);
+      v1::Sharding want;
+      const std::string label = StrCat("output ", i, " '", name, "'");
+      if (!o_.output_shardings.empty() && !o_.output_shardings[i].unspecified()) {
+        want = NormalizeSharding(o_.output_shardings[i], v.global.dims_size());
+        TESSEL_RETURN_IF_ERROR(ValidateSharding(want, mesh_, v.global, label));
+      } else {
+        want = v.generated ? Replicated(v.global.dims_size()) : Complete(v.s);
+      }
+      TESSEL_ASSIGN_OR_RETURN(std::string local, Reshard(name, want, StrCat(label, " wants ", ShardingString(want))));
+      out_.local.add_outputs(local);
+      out_.output_shardings.push_back(want);
+    }
+    return std::move(out_);
+  }
+
+ private:
+  struct Value {
+    std::string local;       // per-device graph name (empty while generated and not materialized)
+    v1::Sharding s;          // normalized; meaningless while generated
+    v1::TensorType global;
+    bool generated = false;  // regenerated per block on demand
+    const v1::Node* node = nullptr;  // the defining node (generated values)
+    std::string prefix;              // its graph's name prefix
+  };
+
+  std::string Fresh(const std::string& base) {
+    std::string name = base;
+    for (int k = 1; !used_names_.insert(name).second; ++k) name = StrCat(base, ".", k);
+    return name;
+  }
+
+  // Appends a node with its per-device type inferred from its operands.
+  absl::StatusOr<std::string> Emit(v1::Node n) {
+    std::vector<const v1::TensorType*> types;
+    for (const std::string& o : n.operands()) types.push_back(&local_types_.at(o));
+    if (n.op() != v1::PARAMETER && n.op() != v1::CONSTANT && !IsCollective(n.op()) && n.op() != v1::SHARD_SLICE) {
+      n.clear_type();
+      auto t = InferType(n, types);
+      if (!t.ok()) return Annotate(t.status(), StrCat("partitioned node '", n.name(), "': "));
+      *n.mutable_type() = *t;
+    }
+    local_types_[n.name()] = n.type();
+    *out_.local.add_nodes() = n;
+    return n.name();
+  }
+
+  absl::StatusOr<std::string> EmitCollective(v1::Op op, const std::string& input, const std::string& base,
+                                             const Axes& axes, int64_t dim, int64_t concat_dim, v1::ReduceKind kind,
+                                             const std::string& reason) {
+    v1::Node n;
+    n.set_name(Fresh(StrCat(base, ".", OpName(op))));
+    n.set_op(op);
+    n.add_operands(input);
+    v1::CollectiveAttrs& c = *n.mutable_collective();
+    for (const std::string& a : axes) c.add_axes(a);
+    c.set_kind(kind);
+    c.set_dimension(dim);
+    c.set_concat_dimension(concat_dim);
+    c.set_reason(reason);
+    v1::TensorType t = local_types_.at(input);
+    const int64_t k = AxesSize(mesh_, axes);
+    const int64_t in_bytes = ByteSizeUnchecked(t);
+    int64_t received = 0;
+    switch (op) {
+      case v1::ALL_REDUCE: received = 2 * (k - 1) * in_bytes / k; break;
+      case v1::ALL_GATHER:
+        t.set_dims(dim, t.dims(dim) * k);
+        received = (k - 1) * in_bytes;
+        break;
+      case v1::REDUCE_SCATTER:
+        t.set_dims(dim, t.dims(dim) / k);
+        received = (k - 1) * ByteSizeUnchecked(t);
+        break;
+      case v1::ALL_TO_ALL:
+        t.set_dims(dim, t.dims(dim) / k);
+        t.set_dims(concat_dim, t.dims(concat_dim) * k);
+        received = (k - 1) * in_bytes / k;
+        break;
+      case v1::SHARD_SLICE: t.set_dims(dim, t.dims(dim) / k); break;
+      default: break;
+    }
+    *n.mutable_type() = t;
+    TESSEL_ASSIGN_OR_RETURN(std::string name, Emit(std::move(n)));
+    if (op != v1::SHARD_SLICE) out_.collectives.push_back({name, op, axes, received, reason});
+    return name;
+  }
+
+  // The value `name` laid out as `want` (normalized, same rank): itself, or
+  // what the fewest collectives make of it.
+  absl::StatusOr<std::string> Reshard(const std::string& name, const v1::Sharding& want, const std::string& why) {
+    Value& v = values_.at(name);
+    if (v.generated) return Regenerate(name, want);
+    if (SameSharding(v.s, want)) return v.local;
+    const std::string key = StrCat(name, "|", ShardingString(want));
+    if (auto it = reshard_cache_.find(key); it != reshard_cache_.end()) return it->second;
+    const std::string what = StrCat("'", name, "' ", TypeString(v.global), " ", ShardingString(v.s), " -> ",
+                                    ShardingString(want));
+    std::string cur = v.local;
+    v1::Sharding s = v.s;
+    // 1. Partial sums: kept where `want` keeps them; resolved by
+    //    reduce_scatter into a dimension `want` splits, else all_reduce.
+    if (IsPartial(s)) {
+      Axes resolve;
+      for (const std::string& a : s.partial()) {
+        const bool kept = std::find(want.partial().begin(), want.partial().end(), a) != want.partial().end() &&
+                          want.partial_kind() == s.partial_kind();
+        if (!kept) resolve.push_back(a);
+      }
+      for (int d = 0; d < want.dims_size() && !resolve.empty(); ++d) {
+        const Axes target = DimAxes(want, d);
+        if (target.empty() || !DimAxes(s, d).empty()) continue;
+        bool all = true;
+        for (const std::string& a : target) all &= std::find(resolve.begin(), resolve.end(), a) != resolve.end();
+        if (!all) continue;
+        TESSEL_ASSIGN_OR_RETURN(
+            cur, EmitCollective(v1::REDUCE_SCATTER, cur, name, target, d, 0, s.partial_kind(),
+                                StrCat(why, ": ", what, ": the partial result over ", AxesText(target),
+                                       " is reduced straight into the split of dimension ", d)));
+        SetDimAxes(s, d, target);
+        for (const std::string& a : target) resolve.erase(std::find(resolve.begin(), resolve.end(), a));
+      }
+      if (!resolve.empty()) {
+        TESSEL_ASSIGN_OR_RETURN(cur, EmitCollective(v1::ALL_REDUCE, cur, name, resolve, 0, 0, s.partial_kind(),
+                                                    StrCat(why, ": ", what, ": the partial result over ",
+                                                           AxesText(resolve), " must be complete")));
+      }
+      v1::Sharding kept = s;
+      kept.clear_partial();
+      for (const std::string& a : s.partial()) {
+        if (std::find(resolve.begin(), resolve.end(), a) == resolve.end() &&
+            std::find(want.partial().begin(), want.partial().end(), a) != want.partial().end()) {
+          kept.add_partial(a);
+        }
+      }
+      s = kept;
+    }
+    for (const std::string& a : want.partial()) {
+      if (std::find(s.partial().begin(), s.partial().end(), a) == s.partial().end()) {
+        return InvalidArgumentError(StrCat(why, ": ", what, ": a complete value cannot be made a partial sum over '",
+                                           a, "'"));
+      }
+    }
+    // 2. Dimensions split differently: all_to_all where an axis moves
+    //    between two dimensions, all_gather otherwise.
+    auto is_prefix = [](const Axes& a, const Axes& b) {
+      return a.size() <= b.size() && std::equal(a.begin(), a.end(), b.begin());
+    };
+    for (int d = 0; d < s.dims_size(); ++d) {
+      const Axes have = DimAxes(s, d), target = DimAxes(want, d);
+      if (have.empty() || is_prefix(have, target)) continue;
+      int to = -1;
+      if (target.empty()) {
+        for (int e = 0; e < s.dims_size(); ++e) {
+          if (e != d && DimAxes(s, e).empty() && DimAxes(want, e) == have &&
+              local_types_.at(cur).dims(e) % AxesSize(mesh_, have) == 0) {
+            to = e;
+          }
+        }
+      }
+      if (to >= 0) {
+        TESSEL_ASSIGN_OR_RETURN(cur, EmitCollective(v1::ALL_TO_ALL, cur, name, have, to, d, v1::REDUCE_INVALID,
+                                                    StrCat(why, ": ", what, ": the split over ", AxesText(have),
+                                                           " moves from dimension ", d, " to ", to)));
+        SetDimAxes(s, to, have);
+      } else {
+        TESSEL_ASSIGN_OR_RETURN(cur, EmitCollective(v1::ALL_GATHER, cur, name, have, d, 0, v1::REDUCE_INVALID,
+                                                    StrCat(why, ": ", what, ": dimension ", d, " split over ",
+                                                           AxesText(have), " is needed whole")));
+      }
+      SetDimAxes(s, d, {});
+    }
+    // 3. Dimensions `want` splits further: each device keeps its block.
+    for (int d = 0; d < s.dims_size(); ++d) {
+      const Axes have = DimAxes(s, d), target = DimAxes(want, d);
+      if (have == target) continue;
+      const Axes extra(target.begin() + have.size(), target.end());
+      TESSEL_ASSIGN_OR_RETURN(cur, EmitCollective(v1::SHARD_SLICE, cur, name, extra, d, 0, v1::REDUCE_INVALID,
+                                                  StrCat(why, ": ", what)));
+      SetDimAxes(s, d, target);
+    }
+    reshard_cache_[key] = cur;
+    return cur;
+  }
+
+  // A generated value produced directly in the layout `want`.
+  absl::StatusOr<std::string> Regenerate(const std::string& name, v1::Sharding want) {
+    Value& v = values_.at(name);
+    want.clear_partial();
+    const std::string key = StrCat(name, "|", ShardingString(want));
+    if (auto it = reshard_cache_.find(key); it != reshard_cache_.end()) return it->second;
+    const v1::Node& src = *v.node;
+    v1::Node n = src;
+    n.set_name(Fresh(StrCat(v.prefix, src.name())));
+    n.clear_operands();
+    const v1::TensorType local = LocalType(v.global, want, mesh_);
+    if (src.op() == v1::CONSTANT) {
+      *n.mutable_type() = local;
+      if (src.constant().has_iota()) {
+        const int64_t d = src.constant().iota().dimension();
+        for (const std::string& a : want.dims(d).axes()) n.mutable_constant()->mutable_iota()->add_sharded_axes(a);
+      }
+    } else {
+      for (const std::string& o : src.operands()) {
+        const std::string full = StrCat(v.prefix, o);
+        const Value& ov = values_.at(full);
+        TESSEL_ASSIGN_OR_RETURN(std::string lo,
+                                Reshard(full, ov.global.dims_size() == 0 ? Replicated(0) : want, "generated"));
+        n.add_operands(lo);
+      }
+      if (src.op() == v1::BROADCAST_IN_DIM) {
+        n.mutable_broadcast_in_dim()->clear_dims();
+        for (int64_t x : local.dims()) n.mutable_broadcast_in_dim()->add_dims(x);
+      }
+    }
+    TESSEL_ASSIGN_OR_RETURN(std::string out, Emit(std::move(n)));
+    reshard_cache_[key] = out;
+    return out;
+  }
+
+  bool IsGeneratedNode(const v1::Node& n, const std::string& prefix) const {
+    if (n.op() == v1::CONSTANT) return n.constant().has_fill() || n.constant().has_iota();
+    if (n.op() != v1::BROADCAST_IN_DIM && !IsElementwise(n.op())) return false;
+    bool any = false;
+    for (const std::string& o : n.operands()) {
+      const Value& v = values_.at(StrCat(prefix, o));
+      if (v.generated) {
+        any = true;
+      } else if (v.global.dims_size() != 0 || !IsReplicated(v.s)) {
+        return false;
+      }
+    }
+    if (n.op() == v1::BROADCAST_IN_DIM) return values_.at(StrCat(prefix, n.operands(0))).global.dims_size() == 0;
+    return any;
+  }
+
+  // Processes `graph`'s nodes; names are `prefix` + node name; `bind` maps
+  // parameter names to values already defined (inlined graphs).
+  absl::Status ProcessGraph(const v1::Graph& graph, const std::string& prefix,
+                            const absl::flat_hash_map<std::string, std::string>& bind, bool top) {
+    for (const v1::Node& n : graph.nodes()) {
+      const std::string name = StrCat(prefix, n.name());
+      if (n.op() == v1::PARAMETER && !top) {
+        values_[name] = values_.at(bind.at(n.name()));
+        continue;
+      }
+      TESSEL_RETURN_IF_ERROR(Annotate(ProcessNode(n, prefix, name, top),
+                                      StrCat("node '", name, "' (", OpName(n.op()), "): ")));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ProcessNode(const v1::Node& n, const std::string& prefix, const std::string& name, bool top) {
+    Value v;
+    v.global = n.type();
+    v.node = &n;
+    v.prefix = prefix;
+    const int rank = n.type().dims_size();
+    if (n.op() == v1::PARAMETER) {
+      v1::Node p = n;
+      v.s = out_.parameter_shardings[n.parameter().index()];
+      *p.mutable_type() = LocalType(n.type(), v.s, mesh_);
+      p.set_name(Fresh(name));
+      TESSEL_ASSIGN_OR_RETURN(v.local, Emit(p));
+      values_[name] = v;
+      return absl::OkStatus();
+    }
+    if (IsGeneratedNode(n, prefix)) {
+      v.generated = true;
+      values_[name] = v;
+      return absl::OkStatus();
+    }
+    auto operand = [&](int i) -> Value& { return values_.at(StrCat(prefix, n.operands(i))); };
+    const std::string why = StrCat(OpName(n.op()), " '", name, "'");
+    switch (n.op()) {
+      case v1::SHARDING_CONSTRAINT: {
+        v1::Sharding want = NormalizeSharding(n.sharding().sharding(), rank);
+        TESSEL_RETURN_IF_ERROR(ValidateSharding(want, mesh_, n.type(), StrCat("sharding constraint '", name, "'")));
+        TESSEL_ASSIGN_OR_RETURN(v.local, Reshard(StrCat(prefix, n.operands(0)), want,
+                                                 StrCat("sharding constraint '", name, "'")));
+        v.s = want;
+        values_[name] = v;
+        return absl::OkStatus();
+      }
+      case v1::CUSTOM_KERNEL: {
+        absl::flat_hash_map<std::string, std::string> inner;
+        TESSEL_ASSIGN_OR_RETURN(TypedGraph d, ValidateGraph(n.custom_kernel().decomposition()));
+        for (size_t i = 0; i < d.parameters.size(); ++i) {
+          const v1::Node& p = d.graph.nodes(d.parameters[i]);
+          inner[p.name()] = StrCat(prefix, n.operands(p.parameter().index()));
+        }
+        decompositions_.push_back(std::make_unique<v1::Graph>(std::move(d.graph)));
+        const v1::Graph& body = *decompositions_.back();
+        TESSEL_RETURN_IF_ERROR(ProcessGraph(body, StrCat(name, "/"), inner, false));
+        values_[name] = values_.at(StrCat(name, "/", body.outputs(0)));
+        return absl::OkStatus();
+      }
+      case v1::MANUAL_REGION: return ProcessRegion(n, prefix, name);
+      default: break;
+    }
+    // Decide the layout each operand must take and the result's.
+    std::vector<v1::Sharding> want(n.operands_size());
+    v1::Sharding result = Replicated(rank);
+    const auto& op_type = [&](int i) -> const v1::TensorType& { return operand(i).global; };
+    auto current = [&](int i) {
+      const Value& o = operand(i);
+      return o.generated ? Replicated(o.global.dims_size()) : o.s;
+    };
+    if (IsElementwise(n.op())) {
+      int best = -1, best_split = -1;
+      for (int i = 0; i < n.operands_size(); ++i) {
+        if (operand(i).generated) continue;
+        int split = 0;
+        const v1::Sharding cur = current(i);
+        for (const auto& d : cur.dims()) split += d.axes_size() > 0;
+        if (split > best_split) best = i, best_split = split;
+      }
+      v1::Sharding t = best >= 0 ? Complete(current(best)) : Replicated(rank);
+      std::optional<v1::Sharding> partial;
+      auto all_partial_same = [&] {
+        for (int i = 0; i < n.operands_size(); ++i) {
+          if (operand(i).generated || !IsPartial(current(i)) || current(i).partial_kind() != v1::SUM) return false;
+          if (PartialAxes(current(i)) != PartialAxes(current(0))) return false;
+        }
+        return true;
+      };
+      if ((n.op() == v1::ADD || n.op() == v1::SUB) && all_partial_same()) {
+        partial = current(0);
+      } else if (n.operands_size() == 1 && IsLinearUnary(n, op_type(0)) && IsPartial(current(0)) &&
+                 current(0).partial_kind() == v1::SUM) {
+        partial = current(0);
+      } else if ((n.op() == v1::MUL || n.op() == v1::DIV) && !operand(0).generated && IsPartial(current(0)) &&
+                 current(0).partial_kind() == v1::SUM && !IsPartial(current(1))) {
+        partial = current(0);
+      } else if (n.op() == v1::MUL && !operand(1).generated && IsPartial(current(1)) &&
+                 current(1).partial_kind() == v1::SUM && !IsPartial(current(0))) {
+        partial = current(1);
+      }
+      if (partial) {
+        for (const std::string& a : partial->partial()) t.add_partial(a);
+      }
+      for (int i = 0; i < n.operands_size(); ++i) {
+        want[i] = t;
+        if (IsPartial(t) && !IsPartial(current(i))) want[i] = Complete(t);
+        if (op_type(i).dims_size() != rank) want[i] = Replicated(op_type(i).dims_size());  // clamp's scalar bounds
+      }
+      result = t;
+    } else {
+      switch (n.op()) {
+        case v1::CONSTANT: break;  // a literal: shipped whole
+        case v1::BROADCAST_IN_DIM: {
+          want[0] = current(0);
+          const auto& bd = n.broadcast_in_dim().broadcast_dimensions();
+          for (int i = 0; i < bd.size(); ++i) {
+            if (op_type(0).dims(i) == n.type().dims(bd[i])) {
+              SetDimAxes(result, bd[i], DimAxes(want[0], i));
+            } else {
+              SetDimAxes(want[0], i, {});
+            }
+          }
+          *result.mutable_partial() = want[0].partial();
+          result.set_partial_kind(want[0].partial_kind());
+          break;
+        }
+        case v1::TRANSPOSE: {
+          want[0] = current(0);
+          const auto& perm = n.transpose().permutation();
+          for (int j = 0; j < perm.size(); ++j) SetDimAxes(result, j, DimAxes(want[0], perm[j]));
+          *result.mutable_partial() = want[0].partial();
+          result.set_partial_kind(want[0].partial_kind());
+          break;
+        }
+        case v1::RESHAPE: ReshapeRule(op_type(0), n.type(), current(0), want[0], result); break;
+        case v1::SLICE: {
+          want[0] = current(0);
+          const v1::SliceAttrs& sl = n.slice();
+          for (int d = 0; d < rank; ++d) {
+            const bool full = sl.start(d) == 0 && sl.limit(d) == op_type(0).dims(d) &&
+                              (sl.strides_size() == 0 || sl.strides(d) == 1);
+            if (!full) SetDimAxes(want[0], d, {});
+          }
+          result = want[0];
+          break;
+        }
+        case v1::CONCATENATE: {
+          int first = 0;
+          for (int i = 0; i < n.operands_size(); ++i) {
+            if (!operand(i).generated) {
+              first = i;
+              break;
+            }
+          }
+          v1::Sharding t = Complete(current(first));
+          SetDimAxes(t, n.concatenate().dimension(), {});
+          for (auto& w : want) w = t;
+          result = t;
+          break;
+        }
+        case v1::PAD: {
+          v1::Sharding t = Complete(current(0));
+          const v1::PadAttrs& p = n.pad();
+          for (int d = 0; d < rank; ++d) {
+            if (p.low(d) != 0 || p.high(d) != 0 || (p.interior_size() > 0 && p.interior(d) != 0)) SetDimAxes(t, d, {});
+          }
+          want[0] = t;
+          want[1] = Replicated(0);
+          result = t;
+          break;
+        }
+        case v1::REDUCE: {
+          const v1::ReduceKind kind = n.reduce().kind();
+          want[0] = current(0);
+          if (IsPartial(want[0]) && !(kind == v1::SUM && want[0].partial_kind() == v1::SUM)) want[0] = Complete(want[0]);
+          absl::flat_hash_set<int64_t> reduced(n.reduce().dims().begin(), n.reduce().dims().end());
+          Axes partial = PartialAxes(want[0]);
+          int j = 0;
+          for (int d = 0; d < op_type(0).dims_size(); ++d) {
+            if (reduced.contains(d)) {
+              for (const std::string& a : DimAxes(want[0], d)) partial.push_back(a);
+            } else {
+              SetDimAxes(result, j++, DimAxes(want[0], d));
+            }
+          }
+          for (const std::string& a : partial) result.add_partial(a);
+          result.set_partial_kind(partial.empty() ? v1::SUM : kind);
+          break;
+        }
+        case v1::ARGMAX:
+        case v1::ARGMIN: {
+          want[0] = Complete(current(0));
+          const int64_t ad = n.arg_reduce().dimension();
+          SetDimAxes(want[0], ad, {});
+          int j = 0;
+          for (int d = 0; d < op_type(0).dims_size(); ++d) {
+            if (d != ad) SetDimAxes(result, j++, DimAxes(want[0], d));
+          }
+          break;
+        }
+        case v1::DOT_GENERAL: DotRule(n, current(0), current(1), operand(0).generated, operand(1).generated,
+                                      want[0], want[1], result); break;
+        default:
+          return absl::UnimplementedError(StrCat("the partitioner has no rule for ", OpName(n.op())));
+      }
+    }
+    v1::Node local = n;
+    local.set_name(Fresh(name));
+    local.clear_operands();
+    for (int i = 0; i < n.operands_size(); ++i) {
+      TESSEL_ASSIGN_OR_RETURN(std::string lo, Reshard(StrCat(prefix, n.operands(i)), want[i], why));
+      local.add_operands(lo);
+    }
+    const v1::TensorType lt = LocalType(n.type(), result, mesh_);
+    if (n.op() == v1::CONSTANT) {
+      *local.mutable_type() = lt;
+    } else if (n.op() == v1::BROADCAST_IN_DIM) {
+      local.mutable_broadcast_in_dim()->clear_dims();
+      for (int64_t x : lt.dims()) local.mutable_broadcast_in_dim()->add_dims(x);
+    } else if (n.op() == v1::RESHAPE) {
+      local.mutable_reshape()->clear_dims();
+      for (int64_t x : lt.dims()) local.mutable_reshape()->add_dims(x);
+    } else if (n.op() == v1::SLICE) {
+      for (int d = 0; d < rank; ++d) {
+        if (!result.dims(d).axes().empty()) local.mutable_slice()->set_limit(d, lt.dims(d));
+      }
+    }
+    TESSEL_ASSIGN_OR_RETURN(v.local, Emit(std::move(local)));
+    v.s = result;
+    values_[name] = v;
+    return absl::OkStatus();
+  }
+
+  void ReshapeRule(const v1::TensorType& in, const v1::TensorType& out, v1::Sharding s, v1::Sharding& want,
+                   v1::Sharding& result) {
+    // A split dimension keeps its split when it stays the major part of a
+    // result dimension: same extent, merged with unsplit minor dimensions,
+    // or split into a major piece its axes still divide.
+    std::vector<int64_t> in_prefix(in.dims_size() + 1, 1), out_prefix(out.dims_size() + 1, 1);
+    for (int i = 0; i < in.dims_size(); ++i) in_prefix[i + 1] = in_prefix[i] * in.dims(i);
+    for (int i = 0; i < out.dims_size(); ++i) out_prefix[i + 1] = out_prefix[i] * out.dims(i);
+    want = s;
+    for (int d = 0; d < in.dims_size(); ++d) {
+      const Axes a = DimAxes(s, d);
+      if (a.empty()) continue;
+      int r = -1;
+      for (int j = 0; j < out.dims_size(); ++j) {
+        if (out_prefix[j] == in_prefix[d] && out.dims(j) > 1) r = j;
+      }
+      bool ok = r >= 0;
+      if (ok && out.dims(r) > in.dims(d)) {
+        // Merged with the following input dimensions: they must be unsplit.
+        int64_t p = in.dims(d);
+        for (int e = d + 1; e < in.dims_size() && p < out.dims(r); ++e) {
+          ok &= DimAxes(s, e).empty();
+          p *= in.dims(e);
+        }
+        ok &= p == out.dims(r);
+      } else if (ok && out.dims(r) < in.dims(d)) {
+        ok = in.dims(d) % out.dims(r) == 0 && out.dims(r) % AxesSize(mesh_, a) == 0;
+      }
+      if (ok) {
+        SetDimAxes(result, r, a);
+      } else {
+        SetDimAxes(want, d, {});
+      }
+    }
+    *result.mutable_partial() = want.partial();
+    result.set_partial_kind(want.partial_kind());
+  }
+
+  void DotRule(const v1::Node& n, v1::Sharding l, v1::Sharding r, bool l_gen, bool r_gen, v1::Sharding& wl,
+               v1::Sharding& wr, v1::Sharding& result) {
+    const v1::DotGeneralAttrs& dg = n.dot_general();
+    if (IsPartial(l) && IsPartial(r)) r = Complete(r);
+    if (IsPartial(l) && l.partial_kind() != v1::SUM) l = Complete(l);
+    if (IsPartial(r) && r.partial_kind() != v1::SUM) r = Complete(r);
+    wl = Replicated(l.dims_size());
+    wr = Replicated(r.dims_size());
+    absl::flat_hash_set<std::string> used;
+    Axes partial = IsPartial(l) ? PartialAxes(l) : PartialAxes(r);
+    for (const std::string& a : partial) used.insert(a);
+    auto free_of = [&](const Axes& a) {
+      for (const std::string& x : a) {
+        if (used.contains(x)) return false;
+      }
+      return true;
+    };
+    auto take = [&](const Axes& a) { used.insert(a.begin(), a.end()); };
+    auto pick = [&](const Axes& first, const Axes& second) -> Axes {
+      if (!first.empty() && free_of(first)) return first;
+      if (!second.empty() && free_of(second)) return second;
+      return {};
+    };
+    std::vector<Axes> batch;
+    for (int k = 0; k < dg.lhs_batch_size(); ++k) {
+      Axes a = pick(l_gen ? Axes{} : DimAxes(l, dg.lhs_batch(k)), r_gen ? Axes{} : DimAxes(r, dg.rhs_batch(k)));
+      take(a);
+      SetDimAxes(wl, dg.lhs_batch(k), a);
+      SetDimAxes(wr, dg.rhs_batch(k), a);
+      batch.push_back(a);
+    }
+    absl::flat_hash_set<int64_t> lspecial(dg.lhs_batch().begin(), dg.lhs_batch().end());
+    lspecial.insert(dg.lhs_contracting().begin(), dg.lhs_contracting().end());
+    absl::flat_hash_set<int64_t> rspecial(dg.rhs_batch().begin(), dg.rhs_batch().end());
+    rspecial.insert(dg.rhs_contracting().begin(), dg.rhs_contracting().end());
+    std::vector<Axes> lfree, rfree;
+    for (int d = 0; d < l.dims_size(); ++d) {
+      if (lspecial.contains(d)) continue;
+      Axes a = l_gen ? Axes{} : DimAxes(l, d);
+      if (!free_of(a)) a.clear();
+      take(a);
+      SetDimAxes(wl, d, a);
+      lfree.push_back(a);
+    }
+    for (int k = 0; k < dg.lhs_contracting_size(); ++k) {
+      Axes a = pick(l_gen ? Axes{} : DimAxes(l, dg.lhs_contracting(k)),
+                    r_gen ? Axes{} : DimAxes(r, dg.rhs_contracting(k)));
+      take(a);
+      SetDimAxes(wl, dg.lhs_contracting(k), a);
+      SetDimAxes(wr, dg.rhs_contracting(k), a);
+      partial.insert(partial.end(), a.begin(), a.end());
+    }
+    for (int d = 0; d < r.dims_size(); ++d) {
+      if (rspecial.contains(d)) continue;
+      Axes a = r_gen ? Axes{} : DimAxes(r, d);
+      if (!free_of(a)) a.clear();
+      take(a);
+      SetDimAxes(wr, d, a);
+      rfree.push_back(a);
+    }
+    if (IsPartial(l)) *wl.mutable_partial() = l.partial();
+    if (IsPartial(r)) *wr.mutable_partial() = r.partial();
+    int j = 0;
+    for (const Axes& a : batch) SetDimAxes(result, j++, a);
+    for (const Axes& a : lfree) SetDimAxes(result, j++, a);
+    for (const Axes& a : rfree) SetDimAxes(result, j++, a);
+    for (const std::string& a : partial) result.add_partial(a);
+    result.set_partial_kind(v1::SUM);
+  }
+
+  // ---------------------------------------------------------------- manual regions
+
+  struct Varying {
+    absl::flat_hash_map<std::string, std::string> why;  // axis -> what made the value vary over it
+  };
+
+  absl::Status ProcessRegion(const v1::Node& n, const std::string& prefix, const std::string& name) {
+    const v1::ManualRegionAttrs& m = n.manual_region();
+    const std::string label = StrCat("manual region '", name, "'");
+    std::vector<std::string> inputs;
+    std::vector<Varying> input_varying;
+    absl::flat_hash_map<std::string, std::string> bind;    // body parameter -> local value
+    absl::flat_hash_map<std::string, Varying> varying;     // body value (prefixed) -> axes
+    for (int i = 0; i < n.operands_size(); ++i) {
+      const Value& ov = values_.at(StrCat(prefix, n.operands(i)));
+      v1::Sharding spec = NormalizeSharding(m.in_specs(i), ov.global.dims_size());
+      TESSEL_RETURN_IF_ERROR(ValidateSharding(spec, mesh_, ov.global, StrCat(label, " in_spec ", i)));
+      if (IsPartial(spec)) {
+        return InvalidArgumentError(StrCat(label, " in_spec ", i, " ", ShardingString(spec),
+                                           ": inputs are complete values"));
+      }
+      TESSEL_ASSIGN_OR_RETURN(std::string lo, Reshard(StrCat(prefix, n.operands(i)), spec,
+                                                      StrCat(label, " in_spec ", i, " ", ShardingString(spec))));
+      inputs.push_back(lo);
+      Varying vr;
+      for (const auto& d : spec.dims()) {
+        for (const std::string& a : d.axes()) {
+          vr.why[a] = StrCat("operand ", i, " '", n.operands(i), "' is split over it by in_spec ", ShardingString(spec));
+        }
+      }
+      input_varying.push_back(std::move(vr));
+    }
+    auto body = ValidateGraph(m.body(), {.manual_mesh = &mesh_});
+    if (!body.ok()) return Annotate(body.status(), StrCat(label, " body: "));
+    if (body->parameters.size() != inputs.size()) {
+      return InvalidArgumentError(StrCat(label, ": body takes ", body->parameters.size(), " parameters; the region has ",
+                                         inputs.size(), " operands"));
+    }
+    const std::string bprefix = StrCat(name, "/");
+    for (size_t i = 0; i < body->parameters.size(); ++i) {
+      const v1::Node& p = body->graph.nodes(body->parameters[i]);
+      const int idx = p.parameter().index();
+      const v1::TensorType& have = local_types_.at(inputs[idx]);
+      if (!SameType(have, p.type())) {
+        return InvalidArgumentError(StrCat(label, " body parameter ", idx, " '", p.name(), "': its block under in_spec ",
+                                           ShardingString(m.in_specs(idx)), " is ", TypeString(have), ", the body declares ",
+                                           TypeString(p.type())));
+      }
+      bind[p.name()] = inputs[idx];
+      varying[StrCat(bprefix, p.name())] = input_varying[idx];
+    }
+    regions_.push_back(std::make_unique<v1::Graph>(body->graph));
+    TESSEL_ASSIGN_OR_RETURN(std::string out, EmitManual(*regions_.back(), bprefix, bind, varying, label));
+    const std::string out_name = StrCat(bprefix, regions_.back()->outputs(0));
+    // The out_spec may replicate the result only over axes it does not vary over.
+    v1::Sharding spec = NormalizeSharding(m.out_spec(), n.type().dims_size());
+    TESSEL_RETURN_IF_ERROR(ValidateSharding(spec, mesh_, n.type(), StrCat(label, " out_spec")));
+    absl::flat_hash_set<std::string> covered(spec.partial().begin(), spec.partial().end());
+    for (const auto& d : spec.dims()) covered.insert(d.axes().begin(), d.axes().end());
+    for (const std::string& axis : mesh_.axis_names()) {
+      auto it = varying[out_name].why.find(axis);
+      if (it == varying[out_name].why.end() || covered.contains(axis)) continue;
+      return InvalidArgumentError(StrCat(
+          label, ": output '", regions_.back()->outputs(0), "' varies over mesh axis '", axis, "' (", it->second,
+          "), but out_spec ", ShardingString(spec), " replicates it over '", axis,
+          "'. Reduce it in the body (psum), split a dimension over '", axis, "', or mark '", axis,
+          "' partial in out_spec to leave it as a partial sum; nothing is inserted silently"));
+    }
+    const v1::TensorType want_local = LocalType(n.type(), spec, mesh_);
+    if (!SameType(want_local, local_types_.at(out))) {
+      return InvalidArgumentError(StrCat(label, ": the result ", TypeString(n.type()), " under out_spec ",
+                                         ShardingString(spec), " has blocks of ", TypeString(want_local),
+                                         "; the body gives ", TypeString(local_types_.at(out))));
+    }
+    Value v;
+    v.global = n.type();
+    v.local = out;
+    v.s = spec;
+    values_[name] = v;
+    return absl::OkStatus();
+  }
+
+  // Emits a body (per-device shapes) as written; returns its output's local name.
+  absl::StatusOr<std::string> EmitManual(const v1::Graph& body, const std::string& bprefix,
+                                         const absl::flat_hash_map<std::string, std::string>& bind,
+                                         absl::flat_hash_map<std::string, Varying>& varying, const std::string& label) {
+    absl::flat_hash_map<std::string, std::string> local;  // body name -> local name
+    for (const v1::Node& bn : body.nodes()) {
+      const std::string full = StrCat(bprefix, bn.name());
+      if (bn.op() == v1::PARAMETER) {
+        local[bn.name()] = bind.at(bn.name());
+        continue;
+      }
+      Varying vr;
+      for (const std::string& o : bn.operands()) {
+        for (const auto& [a, why] : varying[StrCat(bprefix, o)].why) vr.why.emplace(a, why);
+      }
+      const auto& axes = bn.collective().axes();
+      switch (bn.op()) {
+        case v1::MANUAL_REGION:
+        case v1::SHARDING_CONSTRAINT:
+          return InvalidArgumentError(StrCat(label, ": node '", bn.name(), "' (", OpName(bn.op()),
+                                             ") cannot appear inside a manual region"));
+        case v1::ALL_REDUCE:
+        case v1::ALL_GATHER:
+          for (const std::string& a : axes) vr.why.erase(a);
+          break;
+        case v1::REDUCE_SCATTER:
+        case v1::ALL_TO_ALL:
+        case v1::COLLECTIVE_PERMUTE:
+        case v1::AXIS_INDEX:
+          for (const std::string& a : axes) vr.why.emplace(a, StrCat(OpName(bn.op()), " '", bn.name(), "' over it"));
+          break;
+        case v1::CUSTOM_KERNEL: {
+          const v1::CustomKernelAttrs& k = bn.custom_kernel();
+          const v1::ReplicationRule& rule = k.replication();
+          if (rule.kind() == v1::ReplicationRule::FOLLOW) {
+            vr = varying[StrCat(bprefix, bn.operands(rule.operand()))];
+          } else if (rule.kind() == v1::ReplicationRule::EXPLICIT) {
+            vr = Varying{};
+            for (const std::string& a : rule.axes()) {
+              if (AxisIndex(mesh_, a) < 0) {
+                return InvalidArgumentError(StrCat(label, ": custom kernel '", k.name(), "' replication rule names ",
+                                                   "unknown mesh axis '", a, "'"));
+              }
+              vr.why[a] = StrCat("custom kernel '", k.name(), "' declares its result varying over it");
+            }
+          }
+          TESSEL_ASSIGN_OR_RETURN(TypedGraph d, ValidateGraph(k.decomposition()));
+          absl::flat_hash_map<std::string, std::string> inner;
+          absl::flat_hash_map<std::string, Varying> inner_varying;
+          for (size_t i = 0; i < d.parameters.size(); ++i) {
+            const v1::Node& p = d.graph.nodes(d.parameters[i]);
+            inner[p.name()] = local.at(bn.operands(p.parameter().index()));
+          }
+          decompositions_.push_back(std::make_unique<v1::Graph>(std::move(d.graph)));
+          TESSEL_ASSIGN_OR_RETURN(std::string r, EmitManual(*decompositions_.back(), StrCat(full, "/"), inner,
+                                                            inner_varying, label));
+          local[bn.name()] = r;
+          varying[full] = std::move(vr);
+          continue;
+        }
+        default: break;
+      }
+      v1::Node ln = bn;
+      ln.set_name(Fresh(full));
+      ln.clear_operands();
+      for (const std::string& o : bn.operands()) ln.add_operands(local.at(o));
+      if (IsCollective(bn.op())) {
+        ln.mutable_collective()->set_reason(StrCat("explicit in ", label));
+        if (bn.op() == v1::ALL_REDUCE && ln.collective().kind() == v1::REDUCE_INVALID) {
+          ln.mutable_collective()->set_kind(v1::SUM);
+        }
+        if (bn.op() == v1::REDUCE_SCATTER && ln.collective().kind() == v1::REDUCE_INVALID) {
+          ln.mutable_collective()->set_kind(v1::SUM);
+        }
+      }
+      TESSEL_ASSIGN_OR_RETURN(std::string emitted, Emit(ln));
+      if (IsCollective(bn.op()) && bn.op() != v1::AXIS_INDEX) {
+        const Axes ax(axes.begin(), axes.end());
+        const int64_t k = AxesSize(mesh_, ax);
+        const int64_t in_bytes = ByteSizeUnchecked(local_types_.at(ln.operands(0)));
+        const int64_t out_bytes = ByteSizeUnchecked(local_types_.at(emitted));
+        int64_t received = 0;
+        switch (bn.op()) {
+          case v1::ALL_REDUCE: received = 2 * (k - 1) * in_bytes / k; break;
+          case v1::ALL_GATHER: received = (k - 1) * in_bytes; break;
+          case v1::REDUCE_SCATTER: received = (k - 1) * out_bytes; break;
+          case v1::ALL_TO_ALL: received = (k - 1) * in_bytes / k; break;
+          default: received = in_bytes; break;
+        }
+        out_.collectives.push_back({emitted, bn.op(), ax, received, StrCat("explicit in ", label)});
+      }
+      local[bn.name()] = emitted;
+      varying[full] = std::move(vr);
+    }
+    return local.at(body.outputs(0));
+  }
+
+  const TypedGraph& g_;
+  const PartitionOptions& o_;
+  const v1::Mesh& mesh_;
+  PartitionedGraph out_;
+  absl::flat_hash_map<std::string, Value> values_;
+  absl::flat_hash_map<std::string, v1::TensorType> local_types_;
+  absl::flat_hash_map<std::string, std::string> reshard_cache_;
+  absl::flat_hash_set<std::string> used_names_;
+  std::vector<std::unique_ptr<v1::Graph>> decompositions_, regions_;  // nodes referenced by values_
+};
+
+}  // namespace
+
+absl::StatusOr<PartitionedGraph> Partition(const TypedGraph& g, const PartitionOptions& options) {
+  return Partitioner(g, options).Run();
+}
+
+absl::StatusOr<v1::Graph> LowerUnpartitioned(const TypedGraph& g) {
+  v1::Graph out;
+  out.set_name(g.graph.name());
+  absl::flat_hash_map<std::string, std::string> rename;
+  // Inlines `graph` with names under `prefix`; parameters bound through `bind`.
+  std::function<absl::Status(const v1::Graph&, const std::string&, const absl::flat_hash_map<std::string, std::string>&,
+                             bool)>
+      inline_graph = [&](const v1::Graph& graph, const std::string& prefix,
+                         const absl::flat_hash_map<std::string, std::string>& bind, bool top) -> absl::Status {
+    for (const v1::Node& n : graph.nodes()) {
+      const std::string name = StrCat(prefix, n.name());
+      if (n.op() == v1::PARAMETER && !top) {
+        rename[name] = bind.at(n.name());
+        continue;
+      }
+      if (n.op() == v1::MANUAL_REGION) {
+        return InvalidArgumentError(StrCat("node '", name, "' (manual_region): a manual region needs a mesh; compile "
+                                           "with one"));
+      }
+      if (n.op() == v1::SHARDING_CONSTRAINT) {
+        rename[name] = rename.at(StrCat(prefix, n.operands(0)));
+        continue;
+      }
+      if (n.op() == v1::CUSTOM_KERNEL) {
+        TESSEL_ASSIGN_OR_RETURN(TypedGraph d, ValidateGraph(n.custom_kernel().decomposition()));
+        absl::flat_hash_map<std::string, std::string> inner;
+        for (size_t i = 0; i < d.parameters.size(); ++i) {
+          const v1::Node& p = d.graph.nodes(d.parameters[i]);
+          inner[p.name()] = rename.at(StrCat(prefix, n.operands(p.parameter().index())));
+        }
+        TESSEL_RETURN_IF_ERROR(inline_graph(d.graph, StrCat(name, "/"), inner, false));
+        rename[name] = rename.at(StrCat(name, "/", d.graph.outputs(0)));
+        continue;
+      }
+      v1::Node c = n;
+      c.set_name(name);
+      c.clear_operands();
+      for (const std::string& o : n.operands()) c.add_operands(rename.at(StrCat(prefix, o)));
+      rename[name] = name;
+      *out.add_nodes() = std::move(c);
+    }
+    return absl::OkStatus();
+  };
+  TESSEL_RETURN_IF_ERROR(inline_graph(g.graph, "", {}, true));
+  for (const std::string& o : g.graph.outputs()) out.add_outputs(rename.at(o));
+  return out;
+}
+
+}  // namespace tessel::scheduler

@@ -1,0 +1,502 @@
+// Collectives across simulated workers: one CommunicatorRegistry per
+// "worker" (self = "w0", "w1", ...), all meeting through one in-process
+// gloo::rendezvous::HashStore, each rank on its own thread.
+#include "worker/collectives.h"
+
+#include <gloo/rendezvous/hash_store.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "core/dtype.h"
+#include "core/half.h"
+
+namespace tessel::worker {
+namespace {
+
+using Bytes = std::vector<char>;
+
+const v1::DType kDTypes[] = {v1::F32, v1::F64, v1::F16, v1::BF16, v1::S32, v1::S64, v1::U8, v1::PRED};
+const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMax, ReduceOp::kMin};
+
+bool IsFloatType(v1::DType t) { return t == v1::F32 || t == v1::F64 || t == v1::F16 || t == v1::BF16; }
+
+double LoadFloat(v1::DType t, const Bytes& b, int64_t i) {
+  switch (t) {
+    case v1::F32: return reinterpret_cast<const float*>(b.data())[i];
+    case v1::F64: return reinterpret_cast<const double*>(b.data())[i];
+    case v1::F16: return ToFloat(reinterpret_cast<const f16*>(b.data())[i]);
+    case v1::BF16: return ToFloat(reinterpret_cast<const bf16*>(b.data())[i]);
+    default: ADD_FAILURE() << "not a float type"; return 0;
+  }
+}
+void StoreFloat(v1::DType t, Bytes& b, int64_t i, double v) {
+  switch (t) {
+    case v1::F32: reinterpret_cast<float*>(b.data())[i] = float(v); break;
+    case v1::F64: reinterpret_cast<double*>(b.data())[i] = v; break;
+    case v1::F16: reinterpret_cast<f16*>(b.data())[i] = F16FromDouble(v); break;
+    case v1::BF16: reinterpret_cast<bf16*>(b.data())[i] = Bf16FromDouble(v); break;
+    default: ADD_FAILURE() << "not a float type";
+  }
+}
+// Integers and pred as two's complement in 64 bits; storing wraps.
+uint64_t LoadInt(v1::DType t, const Bytes& b, int64_t i) {
+  switch (t) {
+    case v1::S32: return uint64_t(int64_t(reinterpret_cast<const int32_t*>(b.data())[i]));
+    case v1::S64: return uint64_t(reinterpret_cast<const int64_t*>(b.data())[i]);
+    case v1::U8:
+    case v1::PRED: return reinterpret_cast<const uint8_t*>(b.data())[i];
+    default: ADD_FAILURE() << "not an integer type"; return 0;
+  }
+}
+void StoreInt(v1::DType t, Bytes& b, int64_t i, uint64_t v) {
+  switch (t) {
+    case v1::S32: reinterpret_cast<int32_t*>(b.data())[i] = int32_t(uint32_t(v)); break;
+    case v1::S64: reinterpret_cast<int64_t*>(b.data())[i] = int64_t(v); break;
+    case v1::U8:
+    case v1::PRED: reinterpret_cast<uint8_t*>(b.data())[i] = uint8_t(v); break;
+    default: ADD_FAILURE() << "not an integer type";
+  }
+}
+
+// Seeded inputs in ranges where the reference stays exact or well bounded.
+Bytes MakeInput(v1::DType t, ReduceOp op, int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Bytes b(n * DTypeSize(t));
+  for (int64_t i = 0; i < n; ++i) {
+    if (t == v1::PRED) {
+      StoreInt(t, b, i, rng() % 4 == 0 ? 0 : 1);  // mostly true, so `and` is not always false
+    } else if (IsFloatType(t)) {
+      const double u = std::uniform_real_distribution<double>(0, 1)(rng);
+      StoreFloat(t, b, i, op == ReduceOp::kProd ? 0.5 + u : 2 * u - 1);
+    } else if (op == ReduceOp::kProd) {
+      StoreInt(t, b, i, t == v1::U8 ? rng() % 4 : uint64_t(int64_t(rng() % 7) - 3));
+    } else {
+      StoreInt(t, b, i, t == v1::U8 ? rng() % 256 : uint64_t(int64_t(rng() % 2001) - 1000));
+    }
+  }
+  return b;
+}
+
+// The reduction of `inputs` (one per rank), elementwise, into `out`.
+Bytes ReferenceReduce(v1::DType t, ReduceOp op, const std::vector<Bytes>& inputs, int64_t n) {
+  Bytes out(n * DTypeSize(t));
+  for (int64_t i = 0; i < n; ++i) {
+    if (t == v1::PRED) {
+      const bool any = op == ReduceOp::kSum || op == ReduceOp::kMax;
+      bool acc = !any;
+      for (const Bytes& in : inputs) acc = any ? (acc || LoadInt(t, in, i)) : (acc && LoadInt(t, in, i));
+      StoreInt(t, out, i, acc);
+    } else if (IsFloatType(t)) {
+      double acc = LoadFloat(t, inputs[0], i);
+      for (size_t r = 1; r < inputs.size(); ++r) {
+        const double v = LoadFloat(t, inputs[r], i);
+        switch (op) {
+          case ReduceOp::kSum: acc += v; break;
+          case ReduceOp::kProd: acc *= v; break;
+          case ReduceOp::kMax: acc = std::max(acc, v); break;
+          case ReduceOp::kMin: acc = std::min(acc, v); break;
+        }
+      }
+      StoreFloat(t, out, i, acc);
+    } else {
+      const bool is_signed = t != v1::U8;
+      uint64_t acc = LoadInt(t, inputs[0], i);
+      for (size_t r = 1; r < inputs.size(); ++r) {
+        const uint64_t v = LoadInt(t, inputs[r], i);
+        switch (op) {
+          case ReduceOp::kSum: acc += v; break;
+          case ReduceOp::kProd: acc *= v; break;
+          case ReduceOp::kMax: acc = is_signed ? uint64_t(std::max(int64_t(acc), int64_t(v))) : std::max(acc, v); break;
+          case ReduceOp::kMin: acc = is_signed ? uint64_t(std::min(int64_t(acc), int64_t(v))) : std::min(acc, v); break;
+        }
+      }
+      StoreInt(t, out, i, acc);
+    }
+  }
+  return out;
+}
+
+// Exact for integers, pred, max and min; float sums and products within a
+// few roundings of the dtype per rank.
+void ExpectReduced(v1::DType t, ReduceOp op, const std::vector<Bytes>& inputs, const Bytes& got, const Bytes& want,
+                   const std::string& what) {
+  const int64_t n = want.size() / DTypeSize(t);
+  if (!IsFloatType(t) || op == ReduceOp::kMax || op == ReduceOp::kMin) {
+    ASSERT_EQ(got, want) << what;
+    return;
+  }
+  const double eps = t == v1::F64 ? std::ldexp(1.0, -50)
+                     : t == v1::F32 ? std::ldexp(1.0, -21)
+                     : t == v1::F16 ? std::ldexp(1.0, -9)
+                                    : std::ldexp(1.0, -6);
+  for (int64_t i = 0; i < n; ++i) {
+    double scale = 0;
+    for (const Bytes& in : inputs) scale += std::fabs(LoadFloat(t, in, i));
+    if (op == ReduceOp::kProd) scale = std::fabs(LoadFloat(t, want, i));
+    const double tol = eps * inputs.size() * scale + 1e-300;
+    ASSERT_NEAR(LoadFloat(t, got, i), LoadFloat(t, want, i), tol) << what << " element " << i;
+  }
+}
+
+// Registries for the distinct workers of `rank_workers`, sharing one store.
+class SimulatedWorkers {
+ public:
+  explicit SimulatedWorkers(const std::vector<std::string>& rank_workers,
+                            absl::Duration timeout = absl::Seconds(30))
+      : store_(std::make_shared<gloo::rendezvous::HashStore>()) {
+    for (const std::string& w : rank_workers) {
+      if (registries_.count(w)) continue;
+      CollectivesOptions options;
+      options.self = w;
+      options.store = store_;
+      options.timeout = timeout;
+      auto r = NewCommunicatorRegistry(std::move(options));
+      EXPECT_TRUE(r.ok()) << r.status();
+      if (r.ok()) registries_[w] = std::move(*r);
+    }
+  }
+
+  CommunicatorRegistry& registry(const std::string& worker) { return *registries_.at(worker); }
+  void Kill(const std::string& worker) { registries_.erase(worker); }
+
+  // Runs body(rank, communicator) for every rank of `spec` in `ranks` (all by
+  // default), each on its own thread, and returns their statuses by rank.
+  std::vector<absl::Status> Run(const GroupSpec& spec, const std::function<absl::Status(int, Communicator*)>& body,
+                                std::set<int> ranks = {}) {
+    const int size = spec.rank_workers.size();
+    if (ranks.empty()) {
+      for (int r = 0; r < size; ++r) ranks.insert(r);
+    }
+    std::vector<absl::Status> statuses(size, absl::OkStatus());
+    std::vector<std::thread> threads;
+    for (int r : ranks) {
+      threads.emplace_back([&, r] {
+        auto comm = registry(spec.rank_workers[r]).Get(spec);
+        statuses[r] = comm.ok() ? body(r, *comm) : comm.status();
+      });
+    }
+    for (auto& t : threads) t.join();
+    return statuses;
+  }
+
+ private:
+  std::shared_ptr<gloo::rendezvous::HashStore> store_;
+  std::map<std::string, std::unique_ptr<CommunicatorRegistry>> registries_;
+};
+
+void ExpectAllOk(const std::vector<absl::Status>& statuses) {
+  for (size_t r = 0; r < statuses.size(); ++r) EXPECT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
+}
+
+struct Layout {
+  std::string name;
+  std::vector<std::string> rank_workers;
+};
+
+class CollectivesLayoutTest : public ::testing::TestWithParam<Layout> {
+ protected:
+  GroupSpec Spec(const std::string& what) const {
+    return GroupSpec{absl::StrCat(GetParam().name, "/", what), GetParam().rank_workers};
+  }
+  int size() const { return GetParam().rank_workers.size(); }
+};
+
+uint64_t Seed(int test_case, int rank) { return uint64_t(test_case) * 1000 + rank; }
+
+TEST_P(CollectivesLayoutTest, AllReduceEveryDTypeAndOp) {
+  SimulatedWorkers workers(GetParam().rank_workers);
+  struct Case {
+    v1::DType dtype;
+    ReduceOp op;
+    int64_t count;
+  };
+  std::vector<Case> cases;
+  for (v1::DType t : kDTypes) {
+    for (ReduceOp op : kOps) cases.push_back({t, op, 37});
+  }
+  cases.push_back({v1::F32, ReduceOp::kSum, 300'000});  // several Gloo segments
+  cases.push_back({v1::BF16, ReduceOp::kMax, 1});
+  std::vector<std::vector<Bytes>> results(cases.size(), std::vector<Bytes>(size()));
+  ExpectAllOk(workers.Run(Spec("allreduce"), [&](int rank, Communicator* comm) -> absl::Status {
+    for (size_t c = 0; c < cases.size(); ++c) {
+      Bytes data = MakeInput(cases[c].dtype, cases[c].op, cases[c].count, Seed(c, rank));
+      absl::Status s = comm->AllReduce(rank, data.data(), cases[c].count, cases[c].dtype, cases[c].op);
+      if (!s.ok()) return s;
+      results[c][rank] = std::move(data);
+    }
+    return absl::OkStatus();
+  }));
+  for (size_t c = 0; c < cases.size(); ++c) {
+    std::vector<Bytes> inputs;
+    for (int r = 0; r < size(); ++r) inputs.push_back(MakeInput(cases[c].dtype, cases[c].op, cases[c].count, Seed(c, r)));
+    const Bytes want = ReferenceReduce(cases[c].dtype, cases[c].op, inputs, cases[c].count);
+    for (int r = 0; r < size(); ++r) {
+      ExpectReduced(cases[c].dtype, cases[c].op, inputs, results[c][r], want,
+                    absl::StrCat(DTypeName(cases[c].dtype), " op ", int(cases[c].op), " rank ", r));
+    }
+    // Every rank holds the same bits.
+    for (int r = 1; r < size(); ++r) EXPECT_EQ(results[c][r], results[c][0]) << DTypeName(cases[c].dtype);
+  }
+}
+
+TEST_P(CollectivesLayoutTest, ReduceScatterEveryDTypeAndOp) {
+  SimulatedWorkers workers(GetParam().rank_workers);
+  const int64_t count = 13;
+  std::vector<std::pair<v1::DType, ReduceOp>> cases;
+  for (v1::DType t : kDTypes) {
+    for (ReduceOp op : kOps) cases.push_back({t, op});
+  }
+  std::vector<std::vector<Bytes>> results(cases.size(), std::vector<Bytes>(size()));
+  ExpectAllOk(workers.Run(Spec("reduce_scatter"), [&](int rank, Communicator* comm) -> absl::Status {
+    for (size_t c = 0; c < cases.size(); ++c) {
+      const auto [t, op] = cases[c];
+      const Bytes in = MakeInput(t, op, count * size(), Seed(c, rank));
+      Bytes out(count * DTypeSize(t));
+      absl::Status s = comm->ReduceScatter(rank, in.data(), out.data(), count, t, op);
+      if (!s.ok()) return s;
+      results[c][rank] = std::move(out);
+    }
+    return absl::OkStatus();
+  }));
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const auto [t, op] = cases[c];
+    std::vector<Bytes> inputs;
+    for (int r = 0; r < size(); ++r) inputs.push_back(MakeInput(t, op, count * size(), Seed(c, r)));
+    const Bytes full = ReferenceReduce(t, op, inputs, count * size());
+    const int esize = DTypeSize(t);
+    for (int r = 0; r < size(); ++r) {
+      const Bytes want(full.begin() + r * count * esize, full.begin() + (r + 1) * count * esize);
+      std::vector<Bytes> block_inputs;
+      for (const Bytes& in : inputs) block_inputs.emplace_back(in.begin() + r * count * esize, in.begin() + (r + 1) * count * esize);
+      ExpectReduced(t, op, block_inputs, results[c][r], want, absl::StrCat(DTypeName(t), " op ", int(op), " rank ", r));
+    }
+  }
+}
+
+TEST_P(CollectivesLayoutTest, AllGatherEveryDType) {
+  SimulatedWorkers workers(GetParam().rank_workers);
+  const int64_t count = 11;
+  std::vector<std::vector<Bytes>> results(std::size(kDTypes), std::vector<Bytes>(size()));
+  ExpectAllOk(workers.Run(Spec("allgather"), [&](int rank, Communicator* comm) -> absl::Status {
+    for (size_t c = 0; c < std::size(kDTypes); ++c) {
+      const Bytes in = MakeInput(kDTypes[c], ReduceOp::kSum, count, Seed(c, rank));
+      Bytes out(count * size() * DTypeSize(kDTypes[c]));
+      absl::Status s = comm->AllGather(rank, in.data(), out.data(), count, kDTypes[c]);
+      if (!s.ok()) return s;
+      results[c][rank] = std::move(out);
+    }
+    return absl::OkStatus();
+  }));
+  for (size_t c = 0; c < std::size(kDTypes); ++c) {
+    Bytes want;
+    for (int r = 0; r < size(); ++r) {
+      const Bytes in = MakeInput(kDTypes[c], ReduceOp::kSum, count, Seed(c, r));
+      want.insert(want.end(), in.begin(), in.end());
+    }
+    for (int r = 0; r < size(); ++r) EXPECT_EQ(results[c][r], want) << DTypeName(kDTypes[c]) << " rank " << r;
+  }
+}
+
+TEST_P(CollectivesLayoutTest, AllToAllEveryDType) {
+  SimulatedWorkers workers(GetParam().rank_workers);
+  const int64_t count = 7;
+  std::vector<std::vector<Bytes>> results(std::size(kDTypes), std::vector<Bytes>(size()));
+  ExpectAllOk(workers.Run(Spec("alltoall"), [&](int rank, Communicator* comm) -> absl::Status {
+    for (size_t c = 0; c < std::size(kDTypes); ++c) {
+      const Bytes in = MakeInput(kDTypes[c], ReduceOp::kSum, count * size(), Seed(c, rank));
+      Bytes out(in.size());
+      absl::Status s = comm->AllToAll(rank, in.data(), out.data(), count, kDTypes[c]);
+      if (!s.ok()) return s;
+      results[c][rank] = std::move(out);
+    }
+    return absl::OkStatus();
+  }));
+  for (size_t c = 0; c < std::size(kDTypes); ++c) {
+    const size_t block = count * DTypeSize(kDTypes[c]);
+    std::vector<Bytes> inputs;
+    for (int r = 0; r < size(); ++r) inputs.push_back(MakeInput(kDTypes[c], ReduceOp::kSum, count * size(), Seed(c, r)));
+    for (int i = 0; i < size(); ++i) {
+      Bytes want;  // block j of rank i's output is block i of rank j's input
+      for (int j = 0; j < size(); ++j) want.insert(want.end(), inputs[j].begin() + i * block, inputs[j].begin() + (i + 1) * block);
+      EXPECT_EQ(results[c][i], want) << DTypeName(kDTypes[c]) << " rank " << i;
+    }
+  }
+}
+
+TEST_P(CollectivesLayoutTest, PermuteEveryDType) {
+  SimulatedWorkers workers(GetParam().rank_workers);
+  const int64_t count = 9;
+  const int n = size();
+  std::vector<std::vector<std::pair<int, int>>> pair_sets(3);
+  for (int r = 0; r < n; ++r) pair_sets[0].push_back({r, (r + 1) % n});  // shift
+  for (int r = 0; r < n; ++r) pair_sets[1].push_back({r, n - 1 - r});    // reverse
+  pair_sets[2] = {{n - 1, 0}};                                            // the rest get zeros
+  struct Case {
+    v1::DType dtype;
+    int pairs;
+  };
+  std::vector<Case> cases;
+  for (v1::DType t : kDTypes) {
+    for (int p = 0; p < 3; ++p) cases.push_back({t, p});
+  }
+  std::vector<std::vector<Bytes>> results(cases.size(), std::vector<Bytes>(n));
+  ExpectAllOk(workers.Run(Spec("permute"), [&](int rank, Communicator* comm) -> absl::Status {
+    for (size_t c = 0; c < cases.size(); ++c) {
+      const Bytes in = MakeInput(cases[c].dtype, ReduceOp::kSum, count, Seed(c, rank));
+      Bytes out(in.size(), char(0x5a));
+      absl::Status s = comm->Permute(rank, in.data(), out.data(), count, cases[c].dtype, pair_sets[cases[c].pairs]);
+      if (!s.ok()) return s;
+      results[c][rank] = std::move(out);
+    }
+    return absl::OkStatus();
+  }));
+  for (size_t c = 0; c < cases.size(); ++c) {
+    for (int t = 0; t < n; ++t) {
+      Bytes want(count * DTypeSize(cases[c].dtype), 0);
+      for (const auto& [s, target] : pair_sets[cases[c].pairs]) {
+        if (target == t) want = MakeInput(cases[c].dtype, ReduceOp::kSum, count, Seed(c, s));
+      }
+      EXPECT_EQ(results[c][t], want) << DTypeName(cases[c].dtype) << " pairs " << cases[c].pairs << " rank " << t;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Collectives, CollectivesLayoutTest,
+    ::testing::Values(Layout{"one_worker", {"w0", "w0", "w0", "w0"}}, Layout{"blocked", {"w0", "w0", "w1", "w1"}},
+                      Layout{"interleaved", {"w0", "w1", "w0", "w1"}}, Layout{"one_each", {"w0", "w1"}},
+                      Layout{"uneven", {"w0", "w1", "w1", "w2"}}),
+    [](const ::testing::TestParamInfo<Layout>& info) { return info.param.name; });
+
+TEST(Collectives, GetKeepsOneCommunicatorPerGroup) {
+  SimulatedWorkers workers({"w0"});
+  const GroupSpec spec{"g", {"w0", "w0", "w0"}};
+  std::vector<Communicator*> got(8);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] {
+      auto c = workers.registry("w0").Get(spec);
+      got[i] = c.ok() ? *c : nullptr;
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_NE(got[0], nullptr);
+  for (Communicator* c : got) EXPECT_EQ(c, got[0]);
+  EXPECT_EQ(got[0]->size(), 3);
+  EXPECT_EQ(got[0]->local_ranks(), (std::vector<int>{0, 1, 2}));
+
+  auto other = workers.registry("w0").Get(GroupSpec{"g", {"w0", "w0"}});
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Collectives, GetRejectsAGroupThisWorkerHasNoRankIn) {
+  SimulatedWorkers workers({"w0"});
+  auto c = workers.registry("w0").Get(GroupSpec{"mesh/7", {"w1", "w2"}});
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  for (const char* part : {"mesh/7", "w0", "w1, w2"}) {
+    EXPECT_NE(c.status().message().find(part), absl::string_view::npos) << c.status();
+  }
+}
+
+TEST(Collectives, LocalRanksOfOneWorkerSeeOnlyTheirOwnGroup) {
+  SimulatedWorkers workers({"w0", "w1"});
+  auto c = workers.registry("w1").Get(GroupSpec{"g", {"w0", "w1", "w0", "w1"}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ((*c)->local_ranks(), (std::vector<int>{1, 3}));
+  float x = 1;
+  absl::Status wrong_rank = (*c)->AllReduce(0, &x, 1, v1::F32, ReduceOp::kSum);
+  EXPECT_EQ(wrong_rank.code(), absl::StatusCode::kInvalidArgument) << wrong_rank;
+}
+
+TEST(Collectives, MissingLocalRankIsDeadlineExceeded) {
+  SimulatedWorkers workers({"w0"}, absl::Seconds(1));
+  const GroupSpec spec{"lonely", {"w0", "w0", "w0"}};
+  const absl::Time start = absl::Now();
+  auto statuses = workers.Run(spec, [](int rank, Communicator* comm) {
+    float x = 1;
+    return comm->AllReduce(rank, &x, 1, v1::F32, ReduceOp::kSum);
+  }, {0, 1});
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  for (int r : {0, 1}) {
+    ASSERT_EQ(statuses[r].code(), absl::StatusCode::kDeadlineExceeded) << statuses[r];
+    EXPECT_NE(statuses[r].message().find("'lonely'"), absl::string_view::npos) << statuses[r];
+    EXPECT_NE(statuses[r].message().find("[2]"), absl::string_view::npos) << statuses[r];
+  }
+  // The group is broken: the late rank gets the same error at once.
+  auto late = workers.Run(spec, [](int rank, Communicator* comm) {
+    float x = 1;
+    return comm->AllReduce(rank, &x, 1, v1::F32, ReduceOp::kSum);
+  }, {2});
+  EXPECT_EQ(late[2].code(), absl::StatusCode::kDeadlineExceeded) << late[2];
+}
+
+TEST(Collectives, MissingWorkerIsDeadlineExceeded) {
+  SimulatedWorkers workers({"w0", "w1"}, absl::Seconds(1));
+  const GroupSpec spec{"across", {"w0", "w1"}};
+  const absl::Time start = absl::Now();
+  auto statuses = workers.Run(spec, [](int rank, Communicator* comm) {
+    float x = 1;
+    return comm->AllReduce(rank, &x, 1, v1::F32, ReduceOp::kSum);
+  }, {0});
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  ASSERT_EQ(statuses[0].code(), absl::StatusCode::kDeadlineExceeded) << statuses[0];
+  EXPECT_NE(statuses[0].message().find("'across'"), absl::string_view::npos) << statuses[0];
+  EXPECT_NE(statuses[0].message().find("AllReduce"), absl::string_view::npos) << statuses[0];
+}
+
+TEST(Collectives, WorkerMissingAfterConnectingIsDeadlineExceeded) {
+  SimulatedWorkers workers({"w0", "w1"}, absl::Seconds(1));
+  const GroupSpec spec{"across", {"w0", "w1"}};
+  auto body = [](int rank, Communicator* comm) {
+    std::vector<float> x(1000, 1);
+    return comm->AllReduce(rank, x.data(), x.size(), v1::F32, ReduceOp::kSum);
+  };
+  ExpectAllOk(workers.Run(spec, body));
+  const absl::Time start = absl::Now();
+  auto statuses = workers.Run(spec, body, {0});
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  ASSERT_EQ(statuses[0].code(), absl::StatusCode::kDeadlineExceeded) << statuses[0];
+  EXPECT_NE(statuses[0].message().find("'across'"), absl::string_view::npos) << statuses[0];
+  // Broken for good.
+  EXPECT_EQ(workers.Run(spec, body, {0})[0].code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(Collectives, WorkerGoneIsUnavailable) {
+  SimulatedWorkers workers({"w0", "w1"}, absl::Seconds(10));
+  const GroupSpec spec{"across", {"w0", "w1"}};
+  auto body = [](int rank, Communicator* comm) {
+    std::vector<float> x(1000, 1);
+    return comm->AllReduce(rank, x.data(), x.size(), v1::F32, ReduceOp::kSum);
+  };
+  ExpectAllOk(workers.Run(spec, body));
+  workers.Kill("w1");  // closes its connections
+  const absl::Time start = absl::Now();
+  auto statuses = workers.Run(spec, body, {0});
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(statuses[0].code(), absl::StatusCode::kUnavailable) << statuses[0];
+  EXPECT_NE(statuses[0].message().find("'across'"), absl::string_view::npos) << statuses[0];
+}
+
+TEST(Collectives, LocalRanksCallingDifferentCollectivesIsAnError) {
+  SimulatedWorkers workers({"w0"}, absl::Seconds(5));
+  auto statuses = workers.Run(GroupSpec{"mixed", {"w0", "w0"}}, [](int rank, Communicator* comm) {
+    float x[2] = {1, 2};
+    return rank == 0 ? comm->AllReduce(rank, x, 2, v1::F32, ReduceOp::kSum)
+                     : comm->AllReduce(rank, x, 2, v1::F32, ReduceOp::kMax);
+  });
+  for (const absl::Status& s : statuses) EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+}
+
+}  // namespace
+}  // namespace tessel::worker
