@@ -3,7 +3,9 @@
 // gloo::rendezvous::HashStore, each rank on its own thread.
 #include "worker/collectives.h"
 
+#include <gloo/common/error.h>
 #include <gloo/rendezvous/hash_store.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,6 +22,10 @@
 #include "absl/time/clock.h"
 #include "core/dtype.h"
 #include "core/half.h"
+#include "core/rpc_status.h"
+#include "server/kv_store.h"
+#include "tessel/v1/admin.grpc.pb.h"
+#include "worker/kv_store_client.h"
 
 namespace tessel::worker {
 namespace {
@@ -153,8 +159,9 @@ void ExpectReduced(v1::DType t, ReduceOp op, const std::vector<Bytes>& inputs, c
 class SimulatedWorkers {
  public:
   explicit SimulatedWorkers(const std::vector<std::string>& rank_workers,
-                            absl::Duration timeout = absl::Seconds(30))
-      : store_(std::make_shared<gloo::rendezvous::HashStore>()) {
+                            absl::Duration timeout = absl::Seconds(30),
+                            std::shared_ptr<gloo::rendezvous::Store> store = nullptr)
+      : store_(store != nullptr ? std::move(store) : std::make_shared<gloo::rendezvous::HashStore>()) {
     for (const std::string& w : rank_workers) {
       if (registries_.count(w)) continue;
       CollectivesOptions options;
@@ -191,7 +198,7 @@ class SimulatedWorkers {
   }
 
  private:
-  std::shared_ptr<gloo::rendezvous::HashStore> store_;
+  std::shared_ptr<gloo::rendezvous::Store> store_;
   std::map<std::string, std::unique_ptr<CommunicatorRegistry>> registries_;
 };
 
@@ -496,6 +503,94 @@ TEST(Collectives, LocalRanksCallingDifferentCollectivesIsAnError) {
                      : comm->AllReduce(rank, x, 2, v1::F32, ReduceOp::kMax);
   });
   for (const absl::Status& s : statuses) EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+}
+
+// The coordinator's end of the rendezvous: KvSet and KvGet over a KvStore,
+// as server::RegistryService serves them, on a port-0 server.
+class KvOnlyRegistry final : public v1::Registry::Service {
+ public:
+  grpc::Status KvSet(grpc::ServerContext*, const v1::KvSetRequest* req, v1::KvSetResponse*) override {
+    return ToGrpc(kv_.Set(req->key(), req->value()));
+  }
+  grpc::Status KvGet(grpc::ServerContext*, const v1::KvGetRequest* req, v1::KvGetResponse* resp) override {
+    auto v = kv_.Get(req->key(), absl::Milliseconds(req->timeout_ms()));
+    if (!v.ok()) return ToGrpc(v.status());
+    resp->set_value(*v);
+    return grpc::Status::OK;
+  }
+
+ private:
+  server::KvStore kv_;
+};
+
+class CollectivesKvStoreClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(port, 0);
+    auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+    stub_ = v1::Registry::NewStub(channel);
+  }
+  void TearDown() override { server_->Shutdown(); }
+
+  std::shared_ptr<KvStoreClient> Client(absl::Duration timeout) {
+    return std::make_shared<KvStoreClient>(stub_, KvStoreClient::Options{.timeout = timeout});
+  }
+
+  KvOnlyRegistry service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<v1::Registry::StubInterface> stub_;
+};
+
+TEST_F(CollectivesKvStoreClientTest, SetGetAndWait) {
+  auto store = Client(absl::Seconds(5));
+  store->set("k", {'a', '\0', 'b'});
+  EXPECT_EQ(store->get("k"), (std::vector<char>{'a', '\0', 'b'}));
+  std::thread later([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    store->set("later", {'x'});
+  });
+  store->wait({"k", "later"}, std::chrono::seconds(5));
+  later.join();
+  EXPECT_EQ(store->get("later"), std::vector<char>{'x'});
+}
+
+TEST_F(CollectivesKvStoreClientTest, MissingKeyThrowsNamingTheKey) {
+  auto store = Client(absl::Milliseconds(200));
+  try {
+    store->get("group/7/1");
+    FAIL() << "no exception";
+  } catch (const gloo::IoException& e) {
+    EXPECT_NE(std::string(e.what()).find("'group/7/1'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("DEADLINE_EXCEEDED"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(store->wait({"group/7/1"}, std::chrono::milliseconds(100)), gloo::IoException);
+  EXPECT_THROW(store->set(std::string(2000, 'k'), {'v'}), gloo::IoException);
+}
+
+TEST_F(CollectivesKvStoreClientTest, WorkersMeetThroughTheCoordinatorStore) {
+  SimulatedWorkers workers({"w0", "w1"}, absl::Seconds(10), Client(absl::Seconds(10)));
+  ExpectAllOk(workers.Run(GroupSpec{"kv", {"w0", "w1", "w0"}}, [](int rank, Communicator* comm) {
+    std::vector<int32_t> x(100, rank + 1);
+    absl::Status s = comm->AllReduce(rank, x.data(), x.size(), v1::S32, ReduceOp::kSum);
+    if (s.ok() && x != std::vector<int32_t>(100, 6)) s = absl::InternalError("wrong sum");
+    return s;
+  }));
+}
+
+TEST_F(CollectivesKvStoreClientTest, MissingWorkerTimesOutThroughTheCoordinatorStore) {
+  SimulatedWorkers workers({"w0", "w1"}, absl::Seconds(1), Client(absl::Seconds(1)));
+  const absl::Time start = absl::Now();
+  auto statuses = workers.Run(GroupSpec{"kv", {"w0", "w1"}}, [](int rank, Communicator* comm) {
+    float x = 1;
+    return comm->AllReduce(rank, &x, 1, v1::F32, ReduceOp::kSum);
+  }, {0});
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(statuses[0].code(), absl::StatusCode::kDeadlineExceeded) << statuses[0];
 }
 
 }  // namespace

@@ -1,0 +1,77 @@
+// tessel-gloo-bench: the baseline for Tessel's all_reduce. Two processes on
+// loopback call Gloo directly (gloo::allreduce, ring, f32 sum, the caller's
+// buffer), as Tessel's workers do. Prints one line per size:
+//   gloo_allreduce bytes=N seconds=S busbw_gbps=B
+// bench/sharding_bench.py runs it beside the same all_reduce through Tessel.
+#include <gloo/allreduce.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/transport/tcp/device.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace {
+
+double Run(int rank, const std::string& dir, size_t bytes, int iters) {
+  gloo::transport::tcp::attr attr;
+  attr.hostname = "127.0.0.1";
+  auto dev = gloo::transport::tcp::CreateDevice(attr);
+  gloo::rendezvous::FileStore store(dir);
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, 2);
+  ctx->connectFullMesh(store, dev);
+  std::vector<float> data(bytes / sizeof(float), 1.0f);
+  std::vector<double> times;
+  for (int i = 0; i < iters + 1; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    gloo::AllreduceOptions opts(ctx);
+    opts.setOutput(data.data(), data.size());
+    opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+    opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+    opts.setTag(i);
+    gloo::allreduce(opts);
+    if (i > 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<size_t> sizes;
+  int iters = 10;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--iters=", 0) == 0) {
+      iters = std::atoi(a.c_str() + 8);
+    } else {
+      sizes.push_back(std::strtoull(a.c_str(), nullptr, 10));
+    }
+  }
+  if (sizes.empty()) sizes = {1 << 20, 16 << 20, 256 << 20};
+  for (size_t bytes : sizes) {
+    char tmpl[] = "/tmp/tessel-gloo-bench-XXXXXX";
+    const std::string dir = mkdtemp(tmpl);
+    const pid_t child = fork();
+    if (child == 0) {
+      Run(1, dir, bytes, iters);
+      _exit(0);
+    }
+    const double s = Run(0, dir, bytes, iters);
+    int status = 0;
+    waitpid(child, &status, 0);
+    std::printf("gloo_allreduce bytes=%zu seconds=%.6f busbw_gbps=%.3f\n", bytes, s, bytes / s / 1e9);
+    std::fflush(stdout);
+    std::string rm = "rm -rf " + dir;
+    (void)std::system(rm.c_str());
+  }
+  return 0;
+}
