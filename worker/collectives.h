@@ -10,7 +10,10 @@
 // and then every local rank copies its own result out. A group held entirely
 // by this process never touches Gloo. The Gloo context is connected on the
 // group's first collective, through the rendezvous store, under keys
-// prefixed by GroupSpec::key.
+// prefixed by GroupSpec::key; the store never forgets them, so a key names
+// one group for the life of the store. Each cross-worker collective uses
+// the next Gloo tag of its group, so a worker may start one while a peer is
+// still finishing the previous one.
 //
 // Failures: a Gloo error (peer gone, IO, timeout) or a local rank missing
 // the barrier breaks the group: the call that saw it and every later call of

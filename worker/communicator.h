@@ -11,6 +11,7 @@
 // group's timeout (DEADLINE_EXCEEDED), never a hang.
 //
 // Layouts: `count` is elements per rank-block; blocks are rank-major.
+// Apart from AllReduce (in place), `in` and `out` must not overlap.
 #pragma once
 
 #include <cstdint>
