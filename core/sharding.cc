@@ -123,12 +123,7 @@ bool IsReplicated(const v1::Sharding& s) {
 }
 
 int64_t AxesSize(const v1::Mesh& mesh, const google::protobuf::RepeatedPtrField<std::string>& axes) {
-  int64_t n = 1;
-  for (const std::string& a : axes) {
-    int i = AxisIndex(mesh, a);
-    if (i >= 0) n *= mesh.axis_sizes(i);
-  }
-  return n;
+  return AxesSize(mesh, std::vector<std::string>(axes.begin(), axes.end()));
 }
 
 int64_t AxesSize(const v1::Mesh& mesh, const std::vector<std::string>& axes) {

@@ -135,30 +135,37 @@ class Partitioner {
     c.set_reason(reason);
     v1::TensorType t = local_types_.at(input);
     const int64_t k = AxesSize(mesh_, axes);
-    const int64_t in_bytes = ByteSizeUnchecked(t);
-    int64_t received = 0;
     switch (op) {
-      case v1::ALL_REDUCE: received = 2 * (k - 1) * in_bytes / k; break;
-      case v1::ALL_GATHER:
-        t.set_dims(dim, t.dims(dim) * k);
-        received = (k - 1) * in_bytes;
-        break;
+      case v1::ALL_GATHER: t.set_dims(dim, t.dims(dim) * k); break;
       case v1::REDUCE_SCATTER:
-        t.set_dims(dim, t.dims(dim) / k);
-        received = (k - 1) * ByteSizeUnchecked(t);
-        break;
+      case v1::SHARD_SLICE: t.set_dims(dim, t.dims(dim) / k); break;
       case v1::ALL_TO_ALL:
         t.set_dims(dim, t.dims(dim) / k);
         t.set_dims(concat_dim, t.dims(concat_dim) * k);
-        received = (k - 1) * in_bytes / k;
         break;
-      case v1::SHARD_SLICE: t.set_dims(dim, t.dims(dim) / k); break;
       default: break;
     }
     *n.mutable_type() = t;
     TESSEL_ASSIGN_OR_RETURN(std::string name, Emit(std::move(n)));
-    if (op != v1::SHARD_SLICE) out_.collectives.push_back({name, op, axes, received, reason});
+    if (op != v1::SHARD_SLICE) Record(name, op, input, axes, reason);
     return name;
+  }
+
+  // Lists a collective of the per-device graph with the bytes each device
+  // receives under ring algorithms.
+  void Record(const std::string& name, v1::Op op, const std::string& input, const Axes& axes,
+              const std::string& reason) {
+    const int64_t k = AxesSize(mesh_, axes);
+    const int64_t in = ByteSizeUnchecked(local_types_.at(input)), out = ByteSizeUnchecked(local_types_.at(name));
+    int64_t received = in;  // collective_permute: one block
+    switch (op) {
+      case v1::ALL_REDUCE: received = 2 * (k - 1) * in / k; break;
+      case v1::ALL_GATHER: received = (k - 1) * in; break;
+      case v1::REDUCE_SCATTER: received = (k - 1) * out; break;
+      case v1::ALL_TO_ALL: received = (k - 1) * in / k; break;
+      default: break;
+    }
+    out_.collectives.push_back({name, op, axes, received, reason});
   }
 
   // The value `name` laid out as `want` (normalized, same rank): itself, or
@@ -617,15 +624,21 @@ class Partitioner {
     lspecial.insert(dg.lhs_contracting().begin(), dg.lhs_contracting().end());
     absl::flat_hash_set<int64_t> rspecial(dg.rhs_batch().begin(), dg.rhs_batch().end());
     rspecial.insert(dg.rhs_contracting().begin(), dg.rhs_contracting().end());
-    std::vector<Axes> lfree, rfree;
-    for (int d = 0; d < l.dims_size(); ++d) {
-      if (lspecial.contains(d)) continue;
-      Axes a = l_gen ? Axes{} : DimAxes(l, d);
-      if (!free_of(a)) a.clear();
-      take(a);
-      SetDimAxes(wl, d, a);
-      lfree.push_back(a);
-    }
+    // Free (non-batch, non-contracting) dimensions keep their split unless its axes are taken.
+    auto keep_free = [&](const v1::Sharding& s, bool gen, const absl::flat_hash_set<int64_t>& special,
+                         v1::Sharding& w) {
+      std::vector<Axes> free;
+      for (int d = 0; d < s.dims_size(); ++d) {
+        if (special.contains(d)) continue;
+        Axes a = gen ? Axes{} : DimAxes(s, d);
+        if (!free_of(a)) a.clear();
+        take(a);
+        SetDimAxes(w, d, a);
+        free.push_back(a);
+      }
+      return free;
+    };
+    const std::vector<Axes> lfree = keep_free(l, l_gen, lspecial, wl);
     for (int k = 0; k < dg.lhs_contracting_size(); ++k) {
       Axes a = pick(l_gen ? Axes{} : DimAxes(l, dg.lhs_contracting(k)),
                     r_gen ? Axes{} : DimAxes(r, dg.rhs_contracting(k)));
@@ -634,14 +647,7 @@ class Partitioner {
       SetDimAxes(wr, dg.rhs_contracting(k), a);
       partial.insert(partial.end(), a.begin(), a.end());
     }
-    for (int d = 0; d < r.dims_size(); ++d) {
-      if (rspecial.contains(d)) continue;
-      Axes a = r_gen ? Axes{} : DimAxes(r, d);
-      if (!free_of(a)) a.clear();
-      take(a);
-      SetDimAxes(wr, d, a);
-      rfree.push_back(a);
-    }
+    const std::vector<Axes> rfree = keep_free(r, r_gen, rspecial, wr);
     if (IsPartial(l)) *wl.mutable_partial() = l.partial();
     if (IsPartial(r)) *wr.mutable_partial() = r.partial();
     int j = 0;
@@ -811,19 +817,7 @@ class Partitioner {
       }
       TESSEL_ASSIGN_OR_RETURN(std::string emitted, Emit(ln));
       if (IsCollective(bn.op()) && bn.op() != v1::AXIS_INDEX) {
-        const Axes ax(axes.begin(), axes.end());
-        const int64_t k = AxesSize(mesh_, ax);
-        const int64_t in_bytes = ByteSizeUnchecked(local_types_.at(ln.operands(0)));
-        const int64_t out_bytes = ByteSizeUnchecked(local_types_.at(emitted));
-        int64_t received = 0;
-        switch (bn.op()) {
-          case v1::ALL_REDUCE: received = 2 * (k - 1) * in_bytes / k; break;
-          case v1::ALL_GATHER: received = (k - 1) * in_bytes; break;
-          case v1::REDUCE_SCATTER: received = (k - 1) * out_bytes; break;
-          case v1::ALL_TO_ALL: received = (k - 1) * in_bytes / k; break;
-          default: received = in_bytes; break;
-        }
-        out_.collectives.push_back({emitted, bn.op(), ax, received, StrCat("explicit in ", label)});
+        Record(emitted, bn.op(), ln.operands(0), Axes(axes.begin(), axes.end()), StrCat("explicit in ", label));
       }
       local[bn.name()] = emitted;
       varying[full] = std::move(vr);
