@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/process_tuning.h"
+#include "core/status.h"
 #include "tessel/graph.h"
 #include "tessel/local_cluster.h"
 #include "tessel/session.h"
@@ -16,7 +17,7 @@
 
 namespace {
 
-constexpr char kUsage[] = R"(tessel: run array programs on a Tessel cluster.
+constexpr char kUsage[] = R"usage(tessel: run array programs on a Tessel cluster.
 
 Usage:
   tessel local --workers N --devices-per-worker D [--port P] [--verbose]
@@ -26,18 +27,29 @@ Usage:
   tessel status [--coordinator HOST:PORT]
       Workers, their devices, heartbeat age and device memory.
   tessel run GRAPH.textproto --input NAME=FILE.npy ... [--fetch NAME=OUT.npy ...]
-             [--device D | --replicated] [--coordinator HOST:PORT]
+             [--device D | --replicated | --mesh AXES [--shard ...]] [--coordinator HOST:PORT]
       Compile and run a graph. Inputs are bound to parameters by name; only the
       outputs named with --fetch come back to the host (the rest are freed).
-  tessel compile GRAPH.textproto [--coordinator HOST:PORT]
-      Compile a graph and print the plan and the diagnostics.
+      With --mesh, each input is put as blocks over the mesh's devices.
+  tessel compile GRAPH.textproto [--mesh AXES [--shard NAME=SPEC ...] [--out-shard NAME=SPEC ...]]
+                 [--coordinator HOST:PORT]
+      Compile a graph and print the plan and the diagnostics. With --mesh the
+      graph is partitioned: the plan is the per-device program, and every
+      collective it needs is listed with its bytes and the reason for it.
+
+Partitioning flags:
+  --mesh data=2,model=2          mesh axes over the cluster's devices 0..n-1
+  --shard x="P('data', None)"    a parameter's sharding (default: replicated)
+  --out-shard y="P(None, 'model')"  an output's sharding (default: chosen by
+                                 propagation); P(..., unreduced=(model,)) keeps
+                                 partial sums over `model`
   tessel stats [--coordinator HOST:PORT]
       Cluster counters and per-device memory: bytes in use, peak, buffers,
       cached bytes, the largest cached block and the limit.
 
 The coordinator address comes from --coordinator, else $TESSEL_COORDINATOR.
 Arrays are .npy files; bf16 travels as uint16 ('<u2') bit patterns.
-)";
+)usage";
 
 struct Args {
   std::string command;
@@ -162,13 +174,50 @@ absl::StatusOr<std::pair<std::string, std::string>> SplitBinding(const std::stri
   return std::make_pair(s.substr(0, eq), s.substr(eq + 1));
 }
 
+// --mesh, --shard and --out-shard as compile options (none: unpartitioned).
+absl::StatusOr<tessel::CompileOptions> PartitionOptions(const Args& a, const tessel::Graph& g) {
+  tessel::CompileOptions o;
+  const std::string mesh = a.Get("mesh");
+  if (mesh.empty()) {
+    if (!a.All("shard").empty() || !a.All("out-shard").empty()) {
+      return absl::InvalidArgumentError("--shard and --out-shard need --mesh");
+    }
+    return o;
+  }
+  TESSEL_ASSIGN_OR_RETURN(o.mesh, tessel::Mesh::Parse(mesh));
+  // Binds NAME=SPEC flags to positions in `names`.
+  auto bind = [](const std::string& flag, const std::vector<std::string>& flags, const std::vector<std::string>& names,
+                 const tessel::Sharding& fill, std::vector<tessel::Sharding>& out) -> absl::Status {
+    if (flags.empty()) return absl::OkStatus();
+    out.assign(names.size(), fill);
+    for (const std::string& b : flags) {
+      auto eq = b.find('=');
+      const std::string name = b.substr(0, eq);
+      auto it = std::find(names.begin(), names.end(), name);
+      if (eq == std::string::npos || it == names.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("--", flag, " '", b, "': expected NAME=SPEC with NAME one of ",
+                                                       absl::StrJoin(names, ", ")));
+      }
+      TESSEL_ASSIGN_OR_RETURN(out[it - names.begin()], tessel::Sharding::Parse(b.substr(eq + 1)));
+    }
+    return absl::OkStatus();
+  };
+  TESSEL_RETURN_IF_ERROR(bind("shard", a.All("shard"), g.parameter_names(), tessel::Sharding::Replicated(),
+                              o.parameter_shardings));
+  TESSEL_RETURN_IF_ERROR(bind("out-shard", a.All("out-shard"), g.output_names(), tessel::Sharding::Unspecified(),
+                              o.output_shardings));
+  return o;
+}
+
 int Compile(const Args& a) {
   if (a.positional.size() != 1) return Fail(absl::InvalidArgumentError("compile: expected one GRAPH.textproto"));
   auto g = tessel::Graph::FromFile(a.positional[0]);
   if (!g.ok()) return Fail(g.status());
+  auto options = PartitionOptions(a, *g);
+  if (!options.ok()) return Fail(options.status());
   auto s = Connect(a);
   if (!s.ok()) return Fail(s.status());
-  auto exe = (*s)->Compile(*g);
+  auto exe = (*s)->Compile(*g, *options);
   if (!exe.ok()) return Fail(exe.status());
   std::cout << exe->plan();
   for (const std::string& d : exe->diagnostics()) std::cout << d << "\n";
@@ -213,10 +262,12 @@ int Run(const Args& a) {
                                                           "' (outputs: ", absl::StrJoin(outputs, ", "), ")")));
     }
   }
+  auto options = PartitionOptions(a, *g);
+  if (!options.ok()) return Fail(options.status());
   auto s = Connect(a);
   if (!s.ok()) return Fail(s.status());
   tessel::Session& session = **s;
-  auto exe = session.Compile(*g);
+  auto exe = session.Compile(*g, *options);
   if (!exe.ok()) return Fail(exe.status());
   std::vector<tessel::Array> args;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -233,7 +284,9 @@ int Run(const Args& a) {
                                                           exe->parameter_types()[i].ToString(), ", got ",
                                                           host->type().ToString())));
     }
-    auto arr = session.Put(*host, placement);
+    auto arr = session.Put(*host, exe->partitioned() ? tessel::Placement::Sharded(*exe->mesh(),
+                                                                                exe->parameter_shardings()[i])
+                                                      : placement);
     if (!arr.ok()) return Fail(arr.status());
     args.push_back(*arr);
   }

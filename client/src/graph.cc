@@ -4,6 +4,7 @@
 #include <google/protobuf/text_format.h>
 
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +12,7 @@
 #include "client/src/graph_internal.h"
 #include "core/dtype.h"
 #include "core/shape_inference.h"
+#include "core/status.h"
 
 namespace tessel {
 
@@ -81,7 +83,9 @@ class GraphBuilder::Impl {
  public:
   explicit Impl(std::string name) { graph.set_name(std::move(name)); }
 
-  Value Add(v1::Node node, const std::vector<Value>& operands) {
+  // Adds `node`, typed by the shared shape rules, or as `declared` when set
+  // (the partitioned ops, whose types the builder works out itself).
+  Value Add(v1::Node node, const std::vector<Value>& operands, const v1::TensorType* declared = nullptr) {
     if (!status.ok()) return Value();
     std::vector<const v1::TensorType*> types;
     for (size_t i = 0; i < operands.size(); ++i) {
@@ -96,7 +100,7 @@ class GraphBuilder::Impl {
     }
     const int id = graph.nodes_size();
     if (node.name().empty()) node.set_name(absl::StrCat(OpName(node.op()), "_", id));
-    auto t = InferType(node, types);
+    auto t = declared != nullptr ? absl::StatusOr<v1::TensorType>(*declared) : InferType(node, types);
     if (!t.ok()) {
       status = absl::InvalidArgumentError(absl::StrCat("graph '", graph.name(), "': ", OpName(node.op()), " '",
                                                        node.name(), "': ", t.status().message()));
@@ -111,9 +115,53 @@ class GraphBuilder::Impl {
     return v;
   }
 
+  Value Fail(absl::string_view what, absl::string_view why) {
+    if (status.ok()) status = absl::InvalidArgumentError(absl::StrCat("graph '", graph.name(), "': ", what, ": ", why));
+    return Value();
+  }
+
+  // The number of devices in a collective's group over `axes`, or 0 after
+  // recording the error.
+  int64_t GroupSize(absl::string_view what, const std::vector<std::string>& axes) {
+    if (!status.ok()) return 0;
+    if (!mesh) {
+      Fail(what, "collectives are explicit only inside a manual region's body");
+      return 0;
+    }
+    if (axes.empty()) {
+      Fail(what, "names no mesh axis");
+      return 0;
+    }
+    for (const std::string& a : axes) {
+      if (mesh->axis_size(a) == 0) {
+        Fail(what, absl::StrCat("unknown mesh axis '", a, "'; the mesh is ", mesh->ToString()));
+        return 0;
+      }
+    }
+    return mesh->axes_size(axes);
+  }
+
+  // A collective over `axes` whose result is `x`'s type with `dims` applied.
+  Value Collective(v1::Op op, Value x, const std::vector<std::string>& axes,
+                   const std::function<absl::Status(v1::CollectiveAttrs&, std::vector<int64_t>&, int64_t)>& shape) {
+    const std::string what = OpName(op);
+    const int64_t k = GroupSize(what, axes);
+    if (k == 0) return Value();
+    if (!x.valid()) return Fail(what, "operand 0 is not a value of this builder");
+    v1::Node n;
+    n.set_op(op);
+    v1::CollectiveAttrs& c = *n.mutable_collective();
+    for (const std::string& a : axes) c.add_axes(a);
+    ArrayType t = x.type();
+    if (absl::Status st = shape(c, t.dims, k); !st.ok()) return Fail(what, st.message());
+    v1::TensorType declared = ToProto(t);
+    return Add(std::move(n), {x}, &declared);
+  }
+
   v1::Graph graph;
   int num_parameters = 0;
   absl::Status status;
+  std::optional<Mesh> mesh;  // set in a manual region's body
 };
 
 namespace {
@@ -293,6 +341,152 @@ Value GraphBuilder::ArgMin(Value x, int64_t dimension, DType index_dtype) {
   n.mutable_arg_reduce()->set_dimension(dimension);
   n.mutable_arg_reduce()->set_index_dtype(ToProto(index_dtype));
   return impl_->Add(std::move(n), {x});
+}
+
+// ---------------------------------------------------------- partitioned ops
+
+Value GraphBuilder::ShardingConstraint(Value x, const Sharding& sharding) {
+  v1::Node n = NodeOf(v1::SHARDING_CONSTRAINT);
+  *n.mutable_sharding()->mutable_sharding() = ToProto(sharding);
+  const v1::TensorType declared = ToProto(x.type());
+  return impl_->Add(std::move(n), {x}, &declared);
+}
+
+namespace {
+absl::Status CheckDimension(const std::vector<int64_t>& dims, int64_t d, absl::string_view what) {
+  if (d < 0 || d >= int64_t(dims.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " ", d, " out of range for rank ", dims.size()));
+  }
+  return absl::OkStatus();
+}
+absl::Status SplitDimension(std::vector<int64_t>& dims, int64_t d, int64_t k, absl::string_view what) {
+  TESSEL_RETURN_IF_ERROR(CheckDimension(dims, d, what));
+  if (dims[d] % k != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " ", d, " of size ", dims[d], " does not split evenly over ",
+                                                   k, " devices"));
+  }
+  dims[d] /= k;
+  return absl::OkStatus();
+}
+}  // namespace
+
+Value GraphBuilder::ManualRegion(const Mesh& mesh, std::vector<Value> operands, std::vector<Sharding> in_specs,
+                                 Sharding out_spec, const Body& body, std::string name) {
+  if (!impl_->status.ok()) return Value();
+  const std::string what = absl::StrCat("manual region '", name.empty() ? "(unnamed)" : name, "'");
+  if (in_specs.size() != operands.size()) {
+    return impl_->Fail(what, absl::StrCat(operands.size(), " operands but ", in_specs.size(), " in_specs"));
+  }
+  GraphBuilder inner(name.empty() ? "region" : name);
+  inner.impl_->mesh = mesh;
+  std::vector<Value> blocks;
+  for (size_t i = 0; i < operands.size(); ++i) {
+    if (!operands[i].valid()) return impl_->Fail(what, absl::StrCat("operand ", i, " is not a value of this builder"));
+    ArrayType t = operands[i].type();
+    t.dims = in_specs[i].BlockDims(mesh, t.dims);
+    blocks.push_back(inner.Parameter(t, absl::StrCat("x", i)));
+  }
+  const Value out = body(inner, blocks);
+  absl::StatusOr<Graph> g = inner.Build({out});
+  if (!g.ok()) return impl_->Fail(what, g.status().message());
+  ArrayType global = out.type();
+  for (size_t d = 0; d < out_spec.dims.size() && d < global.dims.size(); ++d) {
+    global.dims[d] *= mesh.axes_size(out_spec.dims[d]);
+  }
+  v1::Node n = NodeOf(v1::MANUAL_REGION);
+  n.set_name(name);
+  v1::ManualRegionAttrs& m = *n.mutable_manual_region();
+  *m.mutable_body() = g->impl().proto;
+  for (const Sharding& s : in_specs) *m.add_in_specs() = ToProto(s);
+  *m.mutable_out_spec() = ToProto(out_spec);
+  const v1::TensorType declared = ToProto(global);
+  return impl_->Add(std::move(n), operands, &declared);
+}
+
+Value GraphBuilder::AllReduce(Value x, std::vector<std::string> axes, ReduceKind kind) {
+  return impl_->Collective(v1::ALL_REDUCE, x, axes, [&](v1::CollectiveAttrs& c, std::vector<int64_t>&, int64_t) {
+    c.set_kind(ToProto(kind));
+    return absl::OkStatus();
+  });
+}
+
+Value GraphBuilder::AllGather(Value x, std::vector<std::string> axes, int64_t dimension) {
+  return impl_->Collective(v1::ALL_GATHER, x, axes, [&](v1::CollectiveAttrs& c, std::vector<int64_t>& dims, int64_t k) {
+    c.set_dimension(dimension);
+    TESSEL_RETURN_IF_ERROR(CheckDimension(dims, dimension, "dimension"));
+    dims[dimension] *= k;
+    return absl::OkStatus();
+  });
+}
+
+Value GraphBuilder::ReduceScatter(Value x, std::vector<std::string> axes, int64_t dimension, ReduceKind kind) {
+  return impl_->Collective(v1::REDUCE_SCATTER, x, axes,
+                           [&](v1::CollectiveAttrs& c, std::vector<int64_t>& dims, int64_t k) {
+                             c.set_dimension(dimension);
+                             c.set_kind(ToProto(kind));
+                             return SplitDimension(dims, dimension, k, "dimension");
+                           });
+}
+
+Value GraphBuilder::AllToAll(Value x, std::vector<std::string> axes, int64_t split_dimension, int64_t concat_dimension) {
+  return impl_->Collective(v1::ALL_TO_ALL, x, axes, [&](v1::CollectiveAttrs& c, std::vector<int64_t>& dims, int64_t k) {
+    c.set_dimension(split_dimension);
+    c.set_concat_dimension(concat_dimension);
+    TESSEL_RETURN_IF_ERROR(SplitDimension(dims, split_dimension, k, "split dimension"));
+    TESSEL_RETURN_IF_ERROR(CheckDimension(dims, concat_dimension, "concat dimension"));
+    dims[concat_dimension] *= k;
+    return absl::OkStatus();
+  });
+}
+
+Value GraphBuilder::CollectivePermute(Value x, std::vector<std::string> axes,
+                                      std::vector<std::pair<int64_t, int64_t>> pairs) {
+  return impl_->Collective(v1::COLLECTIVE_PERMUTE, x, axes,
+                           [&](v1::CollectiveAttrs& c, std::vector<int64_t>&, int64_t k) {
+                             for (auto [src, dst] : pairs) {
+                               if (src < 0 || src >= k || dst < 0 || dst >= k) {
+                                 return absl::InvalidArgumentError(absl::StrCat(
+                                     "pair (", src, ", ", dst, ") out of range: the group has ", k, " devices"));
+                               }
+                               c.add_source_target_pairs(src);
+                               c.add_source_target_pairs(dst);
+                             }
+                             return absl::OkStatus();
+                           });
+}
+
+Value GraphBuilder::AxisIndex(std::vector<std::string> axes) {
+  if (impl_->GroupSize("axis_index", axes) == 0) return Value();
+  v1::Node n = NodeOf(v1::AXIS_INDEX);
+  for (const std::string& a : axes) n.mutable_collective()->add_axes(a);
+  const v1::TensorType declared = ToProto(ArrayType{DType::kS32, {}});
+  return impl_->Add(std::move(n), {}, &declared);
+}
+
+Value GraphBuilder::CustomKernel(std::string name, std::vector<Value> operands, const Body& decomposition,
+                                 ReplicationRule replication, std::string cuda_source) {
+  if (!impl_->status.ok()) return Value();
+  const std::string what = absl::StrCat("custom kernel '", name, "'");
+  GraphBuilder inner(name);
+  std::vector<Value> params;
+  for (size_t i = 0; i < operands.size(); ++i) {
+    if (!operands[i].valid()) return impl_->Fail(what, absl::StrCat("operand ", i, " is not a value of this builder"));
+    params.push_back(inner.Parameter(operands[i].type(), absl::StrCat("x", i)));
+  }
+  const Value out = decomposition(inner, params);
+  absl::StatusOr<Graph> g = inner.Build({out});
+  if (!g.ok()) return impl_->Fail(what, g.status().message());
+  v1::Node n = NodeOf(v1::CUSTOM_KERNEL);
+  v1::CustomKernelAttrs& k = *n.mutable_custom_kernel();
+  k.set_name(name);
+  k.set_cuda_source(cuda_source);
+  *k.mutable_decomposition() = g->impl().proto;
+  v1::ReplicationRule& r = *k.mutable_replication();
+  r.set_kind(static_cast<v1::ReplicationRule::Kind>(static_cast<int>(replication.kind)));
+  r.set_operand(replication.operand);
+  for (const std::string& a : replication.axes) r.add_axes(a);
+  const v1::TensorType declared = ToProto(out.type());
+  return impl_->Add(std::move(n), operands, &declared);
 }
 
 absl::Status GraphBuilder::status() const { return impl_->status; }

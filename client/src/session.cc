@@ -274,6 +274,14 @@ absl::StatusOr<Executable> Session::Compile(const Graph& graph, const CompileOpt
   *req.mutable_graph() = graph.impl().proto;
   for (int p : options.donate) req.add_donated_parameters(p);
   req.set_strict_donation(options.strict_donation);
+  if (options.mesh) {
+    *req.mutable_mesh() = ToProto(*options.mesh);
+    for (const Sharding& sh : options.parameter_shardings) *req.add_parameter_shardings() = ToProto(sh);
+    for (const Sharding& sh : options.output_shardings) *req.add_output_shardings() = ToProto(sh);
+  } else if (!options.parameter_shardings.empty() || !options.output_shardings.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("compile of '", graph.name(),
+                                                   "': shardings were given without a mesh"));
+  }
   v1::CompileResponse resp;
   if (auto s = impl_->session->Compile(&ctx, req, &resp); !s.ok()) return FromGrpc(s);
   Executable e;
@@ -290,13 +298,25 @@ absl::StatusOr<Executable> Session::Compile(const Graph& graph, const CompileOpt
   e.plan_ = resp.plan();
   e.diagnostics_.assign(resp.diagnostics().begin(), resp.diagnostics().end());
   e.estimated_bytes_ = resp.estimated_bytes();
+  if (resp.has_mesh()) {
+    e.mesh_ = FromProto(resp.mesh());
+    for (const auto& sh : resp.parameter_shardings()) e.parameter_shardings_.push_back(FromProto(sh));
+    for (const auto& sh : resp.output_shardings()) e.output_shardings_.push_back(FromProto(sh));
+    for (const v1::CollectiveInfo& c : resp.collectives()) {
+      e.collectives_.push_back(PlannedCollective{c.value(), c.op(), {c.axes().begin(), c.axes().end()},
+                                                 c.bytes_per_device(), c.reason()});
+    }
+  }
   return e;
 }
 
 namespace {
 v1::Placement ToProto(const Placement& p) {
   v1::Placement out;
-  if (p.replicated) {
+  if (p.sharded) {
+    *out.mutable_sharded()->mutable_mesh() = ToProto(p.sharded->mesh);
+    *out.mutable_sharded()->mutable_sharding() = ToProto(p.sharded->spec);
+  } else if (p.replicated) {
     out.set_replicated(true);
   } else {
     out.set_device(p.device);
@@ -444,6 +464,10 @@ absl::StatusOr<ArrayInfo> Session::Info(const Array& array) {
   info.state = FromProto(resp.state());
   info.devices.assign(resp.devices().begin(), resp.devices().end());
   info.bytes_per_device = resp.bytes_per_device();
+  info.device_bytes.assign(resp.device_bytes().begin(), resp.device_bytes().end());
+  if (resp.has_sharding()) {
+    info.sharding = NamedSharding{FromProto(resp.sharding().mesh()), FromProto(resp.sharding().sharding())};
+  }
   info.error = resp.error();
   info.producer_execution = resp.producer_execution();
   info.producer = resp.producer();

@@ -4,11 +4,13 @@
 // returns it. A builder is used by one thread at a time.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "tessel/sharding.h"
 #include "tessel/types.h"
 
 namespace tessel {
@@ -50,12 +52,21 @@ class Value {
 };
 
 enum class Comparison { kEq, kNe, kLt, kLe, kGt, kGe };
-enum class ReduceKind { kSum, kProd, kMax, kMin };
 
 struct DotDims {
   std::vector<int64_t> lhs_batch, rhs_batch, lhs_contracting, rhs_contracting;
 };
 
+// Which mesh axes a custom kernel's result varies over, given its operands'.
+struct ReplicationRule {
+  enum class Kind { kUnion, kFollow, kExplicit };
+  Kind kind = Kind::kUnion;
+  int operand = 0;                // kFollow
+  std::vector<std::string> axes;  // kExplicit
+  static ReplicationRule Union() { return {}; }
+  static ReplicationRule Follow(int operand) { return {Kind::kFollow, operand, {}}; }
+  static ReplicationRule Explicit(std::vector<std::string> axes) { return {Kind::kExplicit, 0, std::move(axes)}; }
+};
 class GraphBuilder {
  public:
   explicit GraphBuilder(std::string name);
@@ -99,6 +110,40 @@ class GraphBuilder {
   Value Reduce(Value x, ReduceKind kind, std::vector<int64_t> dims);
   Value ArgMax(Value x, int64_t dimension, DType index_dtype = DType::kS32);
   Value ArgMin(Value x, int64_t dimension, DType index_dtype = DType::kS32);
+
+  // ---- Partitioned programs (compiled with a mesh; see tessel/sharding.h).
+
+  // `x` takes `sharding` from here on; the partitioner inserts what that
+  // needs, with its reason.
+  Value ShardingConstraint(Value x, const Sharding& sharding);
+
+  // Builds a program from per-device pieces: the blocks it is given and the
+  // values it returns are one device's.
+  using Body = std::function<Value(GraphBuilder& body, const std::vector<Value>& operands)>;
+
+  // shard_map: `body` runs on every device of `mesh` on its blocks of
+  // `operands` (laid out by `in_specs`) and returns its block of the result,
+  // laid out by `out_spec`. Inside it, collectives are explicit. A result
+  // that varies over an axis `out_spec` replicates it over is a compile
+  // error, unless `out_spec` marks that axis unreduced.
+  Value ManualRegion(const Mesh& mesh, std::vector<Value> operands, std::vector<Sharding> in_specs,
+                     Sharding out_spec, const Body& body, std::string name = "");
+
+  // Collectives over the devices that differ only along `axes`; only inside
+  // a manual region's body.
+  Value AllReduce(Value x, std::vector<std::string> axes, ReduceKind kind = ReduceKind::kSum);
+  Value AllGather(Value x, std::vector<std::string> axes, int64_t dimension);  // tiled
+  Value ReduceScatter(Value x, std::vector<std::string> axes, int64_t dimension, ReduceKind kind = ReduceKind::kSum);
+  Value AllToAll(Value x, std::vector<std::string> axes, int64_t split_dimension, int64_t concat_dimension);
+  // (source, target) indices along `axes`.
+  Value CollectivePermute(Value x, std::vector<std::string> axes,
+                          std::vector<std::pair<int64_t, int64_t>> source_target_pairs);
+  Value AxisIndex(std::vector<std::string> axes);  // s32 scalar
+
+  // An op carrying user code: `cuda_source` (entry point `name`) for the CUDA
+  // backend, and `decomposition` in Tessel ops, which runs everywhere else.
+  Value CustomKernel(std::string name, std::vector<Value> operands, const Body& decomposition,
+                     ReplicationRule replication = {}, std::string cuda_source = "");
 
   // OK, or the first error (naming the op, the expected and the actual).
   absl::Status status() const;

@@ -14,17 +14,23 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "tessel/graph.h"
+#include "tessel/sharding.h"
 #include "tessel/types.h"
 
 namespace tessel {
 
-// Where arrays live and steps run: one device by global id, or a full copy
-// on every live device.
+// Where arrays live and steps run: one device by global id, a full copy on
+// every live device, or blocks over a mesh's devices (Put only; a
+// partitioned executable runs on its own mesh).
 struct Placement {
   int device = 0;
   bool replicated = false;
-  static Placement Device(int d) { return {d, false}; }
-  static Placement Replicated() { return {0, true}; }
+  std::optional<NamedSharding> sharded;
+  static Placement Device(int d) { return {d, false, std::nullopt}; }
+  static Placement Replicated() { return {0, true, std::nullopt}; }
+  static Placement Sharded(Mesh mesh, Sharding spec) {
+    return {0, false, NamedSharding{std::move(mesh), std::move(spec)}};
+  }
 };
 
 // Transfer guard levels, per direction (as in JAX's transfer guard).
@@ -61,6 +67,20 @@ struct DonationReceipt {
 struct CompileOptions {
   std::vector<int> donate;       // parameters every execution donates
   bool strict_donation = false;  // or the session's option
+  // Partitioned compile: the graph is partitioned over `mesh`. Each
+  // parameter has a sharding (none listed: all replicated); each output may
+  // have one (none listed, or Sharding::Unspecified(): propagation chooses).
+  std::optional<Mesh> mesh;
+  std::vector<Sharding> parameter_shardings, output_shardings;
+};
+
+// A collective in a partitioned plan, and why it is there.
+struct PlannedCollective {
+  std::string value;  // the plan value it produces
+  std::string op;     // "all_reduce", "all_gather", ...
+  std::vector<std::string> axes;
+  int64_t bytes_per_device = 0;  // received by each device
+  std::string reason;
 };
 
 class Executable {
@@ -77,10 +97,20 @@ class Executable {
   // On a miss: what differs from the nearest executable in the cache.
   const std::string& cache_miss_reason() const { return cache_miss_reason_; }
   const std::string& name() const { return name_; }
+  // Partitioned executables: the mesh, the layouts every execution takes and
+  // gives, and every collective of the plan (explicit ones included).
+  bool partitioned() const { return mesh_.has_value(); }
+  const std::optional<Mesh>& mesh() const { return mesh_; }
+  const std::vector<Sharding>& parameter_shardings() const { return parameter_shardings_; }
+  const std::vector<Sharding>& output_shardings() const { return output_shardings_; }
+  const std::vector<PlannedCollective>& collectives() const { return collectives_; }
 
  private:
   friend class Session;
   std::string id_, name_;
+  std::optional<Mesh> mesh_;
+  std::vector<Sharding> parameter_shardings_, output_shardings_;
+  std::vector<PlannedCollective> collectives_;
   bool cache_hit_ = false;
   std::vector<int> donated_;
   std::vector<DonationReceipt> aliases_;
@@ -111,7 +141,9 @@ struct ArrayInfo {
   ArrayType type;
   ArrayState state = ArrayState::kPending;
   std::vector<int> devices;
-  int64_t bytes_per_device = 0;
+  int64_t bytes_per_device = 0;  // the largest block
+  std::vector<int64_t> device_bytes;      // bytes on each of `devices`
+  std::optional<NamedSharding> sharding;  // set for a sharded array
   std::string error;            // or, once donated or deleted, what became of it
   int64_t producer_execution = 0;
   std::string producer;         // the executable's graph name, or "put"

@@ -1,0 +1,317 @@
+// The C++ SDK's partitioned API on a real cluster: 2 worker processes with 2
+// CPU devices each, mesh {data: 2, model: 2}. Results are checked against
+// naive loops; plans are checked by counting their collectives.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "tessel/graph.h"
+#include "tessel/local_cluster.h"
+#include "tessel/session.h"
+
+namespace tessel {
+namespace {
+
+TEST(ShardingText, ParsesWhatItPrints) {
+  for (const std::string text : {"P('data', None)", "P(None, 'model')", "P(('data', 'model'),)", "P()",
+                                 "P('data',) partial(sum: model)", "P(None, None) partial(max: data, model)"}) {
+    auto s = Sharding::Parse(text);
+    ASSERT_TRUE(s.ok()) << text << ": " << s.status();
+    auto again = Sharding::Parse(s->ToString());
+    ASSERT_TRUE(again.ok()) << s->ToString();
+    EXPECT_EQ(*s, *again) << text << " vs " << s->ToString();
+  }
+  auto s = Sharding::Parse("P(data, (a, b), unreduced=(model,))");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->dims, (std::vector<std::vector<std::string>>{{"data"}, {"a", "b"}}));
+  EXPECT_EQ(s->partial, std::vector<std::string>{"model"});
+  EXPECT_EQ(Sharding::Split({"data", ""}).ToString(), "P('data', None)");
+  EXPECT_EQ(Sharding::Split({"", "model"}).Unreduced({"data"}).ToString(), "P(None, 'model') partial(sum: data)");
+  for (const std::string bad : {"Q('data')", "P('data'", "P(('data'),", "P('a') partial(avg: b)", "P('a') extra"}) {
+    auto r = Sharding::Parse(bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find(bad), std::string::npos) << r.status();
+  }
+  auto m = Mesh::Parse("data=2, model=3");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->size(), 6);
+  EXPECT_EQ(m->ToString(), "{data: 2, model: 3}");
+  EXPECT_EQ(Mesh::Parse("data=0").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Mesh::Parse("data").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+class ShardingTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    LocalCluster::Options o;
+    o.workers = 2;
+    o.devices_per_worker = 2;
+    auto c = LocalCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = c->release();
+  }
+  static void TearDownTestSuite() { delete cluster_; }
+  void SetUp() override {
+    ASSERT_NE(cluster_, nullptr);
+    auto s = Session::Connect(cluster_->address());
+    ASSERT_TRUE(s.ok()) << s.status();
+    session_ = std::move(*s);
+  }
+  static HostArray Random(std::vector<int64_t> dims, int seed) {
+    HostArray a(ArrayType{DType::kF32, std::move(dims)});
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> n;
+    for (float& v : a.as_mutable<float>()) v = n(rng);
+    return a;
+  }
+  static LocalCluster* cluster_;
+  std::unique_ptr<Session> session_;
+  const Mesh mesh_{{{"data", 2}, {"model", 2}}};
+};
+LocalCluster* ShardingTest::cluster_ = nullptr;
+
+TEST_F(ShardingTest, PutSendsEachDeviceItsBlockAndFetchReassembles) {
+  HostArray x = Random({8, 6}, 1);
+  const Sharding rows = Sharding::Split({"data", ""});
+  auto before = session_->Stats();
+  auto a = session_->Put(x, Placement::Sharded(mesh_, rows));
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto after = session_->Stats();
+  // Two row blocks, each copied over `model`: 4 blocks of 24 floats.
+  EXPECT_EQ(after->bytes_host_to_device - before->bytes_host_to_device, 4 * 24 * 4);
+  auto info = session_->Info(*a);
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_TRUE(info->sharding.has_value());
+  EXPECT_EQ(info->sharding->spec, rows);
+  EXPECT_EQ(info->sharding->mesh.size(), 4);
+  EXPECT_EQ(info->devices, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(info->device_bytes, (std::vector<int64_t>{96, 96, 96, 96}));
+  auto back = session_->Fetch(*a);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->bytes(), x.bytes());
+}
+
+TEST_F(ShardingTest, ContractionOverASplitDimensionIsOneAllReduceWithItsReason) {
+  // h = tanh(x @ w) with the contraction split over `model`.
+  GraphBuilder g("dense");
+  Value x = g.Parameter({DType::kF32, {8, 4}}, "x");
+  Value w = g.Parameter({DType::kF32, {4, 6}}, "w");
+  Value h = g.Tanh(g.MatMul(x, w));
+  auto graph = g.Build({h});
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  CompileOptions o;
+  o.mesh = mesh_;
+  o.parameter_shardings = {Sharding::Split({"data", "model"}), Sharding::Split({"model", ""})};
+  auto exe = session_->Compile(*graph, o);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  ASSERT_TRUE(exe->partitioned());
+  ASSERT_EQ(exe->collectives().size(), 1u) << exe->plan();
+  const PlannedCollective& c = exe->collectives()[0];
+  EXPECT_EQ(c.op, "all_reduce");
+  EXPECT_EQ(c.axes, std::vector<std::string>{"model"});
+  EXPECT_EQ(c.bytes_per_device, 4 * 6 * 4);  // this device's [4,6] block
+  EXPECT_NE(c.reason.find("partial"), std::string::npos) << c.reason;
+  EXPECT_EQ(exe->output_shardings()[0], Sharding::Split({"data", ""}));
+
+  HostArray hx = Random({8, 4}, 2), hw = Random({4, 6}, 3);
+  auto ax = session_->Put(hx, Placement::Sharded(mesh_, o.parameter_shardings[0]));
+  auto aw = session_->Put(hw, Placement::Sharded(mesh_, o.parameter_shardings[1]));
+  ASSERT_TRUE(ax.ok() && aw.ok());
+  auto outs = session_->Execute(*exe, {*ax, *aw});
+  ASSERT_TRUE(outs.ok()) << outs.status();
+  auto got = session_->Fetch((*outs)[0]);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (int i = 0; i < 8; ++i) {
+    for (int j = 0; j < 6; ++j) {
+      double acc = 0;
+      for (int k = 0; k < 4; ++k) acc += double(hx.as<float>()[i * 4 + k]) * hw.as<float>()[k * 6 + j];
+      EXPECT_NEAR(got->as<float>()[i * 6 + j], std::tanh(acc), 1e-5) << i << "," << j;
+    }
+  }
+
+  // Wanting the result split over `model` too turns it into a reduce_scatter;
+  // leaving it unreduced needs nothing.
+  o.output_shardings = {Sharding::Split({"data", "model"})};
+  GraphBuilder g2("dense_linear");
+  Value x2 = g2.Parameter({DType::kF32, {8, 4}}, "x");
+  Value w2 = g2.Parameter({DType::kF32, {4, 6}}, "w");
+  auto linear = g2.Build({g2.MatMul(x2, w2)});
+  ASSERT_TRUE(linear.ok());
+  auto scattered = session_->Compile(*linear, o);
+  ASSERT_TRUE(scattered.ok()) << scattered.status();
+  ASSERT_EQ(scattered->collectives().size(), 1u) << scattered->plan();
+  EXPECT_EQ(scattered->collectives()[0].op, "reduce_scatter");
+  o.output_shardings = {Sharding::Split({"data", ""}).Unreduced({"model"})};
+  auto partial = session_->Compile(*linear, o);
+  ASSERT_TRUE(partial.ok()) << partial.status();
+  EXPECT_TRUE(partial->collectives().empty()) << partial->plan();
+}
+
+TEST_F(ShardingTest, ManualRegionCollectivesMatchNaiveReferences) {
+  // Each device's [2,3] block of x: psum over data, all_gather over model
+  // along dimension 1, plus the device's index along data.
+  GraphBuilder g("region");
+  Value x = g.Parameter({DType::kF32, {4, 6}}, "x");
+  const Sharding both = Sharding::Split({"data", "model"});
+  Value y = g.ManualRegion(mesh_, {x}, {both}, Sharding::Replicated(),
+                           [](GraphBuilder& b, const std::vector<Value>& in) {
+                             Value s = b.AllReduce(in[0], {"data"});
+                             Value gathered = b.AllGather(s, {"model"}, 1);
+                             Value idx = b.Convert(b.AxisIndex({"data"}), DType::kF32);
+                             Value gathered_all = b.AllGather(b.Add(gathered, b.Broadcast(idx, {2, 6})), {"data"}, 0);
+                             return gathered_all;
+                           });
+  auto graph = g.Build({y});
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  ASSERT_EQ(y.type().dims, (std::vector<int64_t>{4, 6}));
+  CompileOptions o;
+  o.mesh = mesh_;
+  o.parameter_shardings = {both};
+  auto exe = session_->Compile(*graph, o);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  EXPECT_EQ(exe->collectives().size(), 3u) << exe->plan();
+  HostArray hx = Random({4, 6}, 4);
+  auto ax = session_->Put(hx, Placement::Sharded(mesh_, both));
+  ASSERT_TRUE(ax.ok()) << ax.status();
+  auto outs = session_->Execute(*exe, {*ax});
+  ASSERT_TRUE(outs.ok()) << outs.status();
+  auto got = session_->Fetch((*outs)[0]);
+  ASSERT_TRUE(got.ok()) << got.status();
+  // Row block r of the result is data index r's: x[r-block rows summed over
+  // the two data blocks] + r.
+  const auto xs = hx.as<float>();
+  for (int r = 0; r < 2; ++r) {
+    for (int i = 0; i < 2; ++i) {
+      for (int j = 0; j < 6; ++j) {
+        const float want = xs[i * 6 + j] + xs[(2 + i) * 6 + j] + r;
+        EXPECT_NEAR(got->as<float>()[(r * 2 + i) * 6 + j], want, 1e-5) << r << "," << i << "," << j;
+      }
+    }
+  }
+}
+
+TEST_F(ShardingTest, CustomKernelRuleDecidesWhetherAnAllReduceIsNeeded) {
+  // Seed 002's shape: a copy kernel inside a region over {data, model} with
+  // in and out spec P('data', None).
+  auto build = [&](ReplicationRule rule, Sharding out_spec) {
+    GraphBuilder g("copy_kernel");
+    Value x = g.Parameter({DType::kF32, {8, 4}}, "x");
+    const Sharding rows = Sharding::Split({"data", ""});
+    Value y = g.ManualRegion(mesh_, {x}, {rows}, out_spec, [&](GraphBuilder& b, const std::vector<Value>& in) {
+      return b.CustomKernel("copy", {in[0]}, [](GraphBuilder& k, const std::vector<Value>& a) { return k.Neg(k.Neg(a[0])); },
+                            rule, "extern \"C\" __global__ void copy() {}");
+    });
+    return g.Build({y});
+  };
+  CompileOptions o;
+  o.mesh = mesh_;
+  o.parameter_shardings = {Sharding::Split({"data", ""})};
+  auto follow = build(ReplicationRule::Follow(0), Sharding::Split({"data", ""}));
+  ASSERT_TRUE(follow.ok()) << follow.status();
+  auto exe = session_->Compile(*follow, o);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  EXPECT_TRUE(exe->collectives().empty()) << exe->plan();
+
+  auto varying = build(ReplicationRule::Explicit({"data", "model"}), Sharding::Split({"data", ""}));
+  ASSERT_TRUE(varying.ok()) << varying.status();
+  auto bad = session_->Compile(*varying, o);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("model"), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("copy"), std::string::npos) << bad.status();
+
+  auto unreduced = build(ReplicationRule::Explicit({"data", "model"}), Sharding::Split({"data", ""}).Unreduced({"model"}));
+  ASSERT_TRUE(unreduced.ok());
+  o.output_shardings = {Sharding::Split({"data", ""})};
+  auto one = session_->Compile(*unreduced, o);
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_EQ(one->collectives().size(), 1u) << one->plan();
+  EXPECT_EQ(one->collectives()[0].axes, std::vector<std::string>{"model"});
+}
+
+TEST_F(ShardingTest, BadInputIsAClearErrorAndTheClusterKeepsServing) {
+  GraphBuilder outside("outside");
+  Value x = outside.Parameter({DType::kF32, {4}}, "x");
+  outside.AllReduce(x, {"data"});
+  EXPECT_NE(outside.status().message().find("only inside a manual region"), std::string::npos) << outside.status();
+
+  GraphBuilder g("neg");
+  Value p = g.Parameter({DType::kF32, {6, 4}}, "p");
+  auto graph = g.Build({g.Neg(p)});
+  ASSERT_TRUE(graph.ok());
+  CompileOptions o;
+  o.parameter_shardings = {Sharding::Split({"data"})};
+  EXPECT_NE(session_->Compile(*graph, o).status().message().find("without a mesh"), std::string::npos);
+  o.mesh = mesh_;
+  o.parameter_shardings = {Sharding::Split({"data", "data"})};
+  auto twice = session_->Compile(*graph, o);
+  EXPECT_NE(twice.status().message().find("used twice"), std::string::npos) << twice.status();
+  auto uneven = session_->Put(Random({6, 3}, 5), Placement::Sharded(mesh_, Sharding::Split({"", "model"})));
+  EXPECT_EQ(uneven.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(uneven.status().message().find("does not split evenly"), std::string::npos) << uneven.status();
+  // An argument laid out differently from the compiled layout is refused, not moved.
+  o.parameter_shardings = {Sharding::Split({"data", ""})};
+  auto exe = session_->Compile(*graph, o);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  auto cols = session_->Put(Random({6, 4}, 6), Placement::Sharded(mesh_, Sharding::Split({"", "model"})));
+  ASSERT_TRUE(cols.ok()) << cols.status();
+  auto outs = session_->Execute(*exe, {*cols}, {.wait = true});
+  EXPECT_EQ(outs.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(outs.status().message().find("P(None, 'model')"), std::string::npos) << outs.status();
+  auto st = session_->Stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->live_arrays, 1);  // `cols`; nothing half-made
+  auto rows = session_->Put(Random({6, 4}, 7), Placement::Sharded(mesh_, Sharding::Split({"data", ""})));
+  ASSERT_TRUE(rows.ok());
+  auto good = session_->Execute(*exe, {*rows}, {.wait = true});
+  EXPECT_TRUE(good.ok()) << good.status();
+}
+
+std::string RunCommand(const std::string& cmd, int* rc) {
+  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
+  std::string out;
+  if (f == nullptr) return out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, f)) out += buf;
+  *rc = pclose(f);
+  return out;
+}
+
+TEST_F(ShardingTest, CliCompilesAndRunsPartitioned) {
+  const std::string graph = std::string(TESSEL_SOURCE_DIR) + "/examples/graphs/dense.textproto";
+  const std::string tessel = "TESSEL_COORDINATOR=" + cluster_->address() + " " + TESSEL_BIN_DIR + "/tessel";
+  const std::string flags = " --mesh data=2,model=2 --shard x=\"P('data', 'model')\" --shard w=\"P('model', None)\"";
+  int rc = -1;
+  std::string out = RunCommand(tessel + " compile " + graph + flags, &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("collectives: 2, 100 bytes received per device"), std::string::npos) << out;
+  EXPECT_NE(out.find("all_reduce over model"), std::string::npos) << out;
+  EXPECT_NE(out.find("the partial result over model must be complete"), std::string::npos) << out;
+
+  const std::string dir = ::testing::TempDir();
+  HostArray hx = Random({8, 4}, 8), hw = Random({4, 6}, 9);
+  ASSERT_TRUE(WriteNpy(dir + "/x.npy", hx).ok());
+  ASSERT_TRUE(WriteNpy(dir + "/w.npy", hw).ok());
+  out = RunCommand(tessel + " run " + graph + flags + " --input x=" + dir + "/x.npy --input w=" + dir +
+                       "/w.npy --fetch s=" + dir + "/s.npy",
+                   &rc);
+  ASSERT_EQ(rc, 0) << out;
+  auto s = ReadNpy(dir + "/s.npy");
+  ASSERT_TRUE(s.ok()) << s.status();
+  double want = 0;
+  for (int i = 0; i < 8; ++i) {
+    for (int j = 0; j < 6; ++j) {
+      double acc = 0;
+      for (int k = 0; k < 4; ++k) acc += double(hx.as<float>()[i * 4 + k]) * hw.as<float>()[k * 6 + j];
+      want += std::tanh(acc);
+    }
+  }
+  EXPECT_NEAR(s->as<float>()[0], want, 1e-4);
+
+  out = RunCommand(tessel + " compile " + graph + " --mesh data=2,model=2 --shard x=\"P('data', 'modl')\"", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("unknown mesh axis 'modl'"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace tessel
