@@ -2,7 +2,7 @@
 // loopback call Gloo directly (gloo::allreduce, ring, f32 sum, the caller's
 // buffer), as Tessel's workers do. Prints one line per size:
 //   gloo_allreduce bytes=N seconds=S busbw_gbps=B
-// bench/sharding_bench.py runs it beside the same all_reduce through Tessel.
+// tessel-bench runs it beside the same all_reduce through Tessel, in alternating rounds.
 #include <gloo/allreduce.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
@@ -29,7 +29,9 @@ double Run(int rank, const std::string& dir, size_t bytes, int iters) {
   ctx->connectFullMesh(store, dev);
   std::vector<float> data(bytes / sizeof(float), 1.0f);
   std::vector<double> times;
-  for (int i = 0; i < iters + 1; ++i) {
+  // Warm-up calls (connections past slow start, buffers faulted in) are not timed.
+  constexpr int kWarm = 5;
+  for (int i = 0; i < iters + kWarm; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     gloo::AllreduceOptions opts(ctx);
     opts.setOutput(data.data(), data.size());
@@ -37,7 +39,7 @@ double Run(int rank, const std::string& dir, size_t bytes, int iters) {
     opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
     opts.setTag(i);
     gloo::allreduce(opts);
-    if (i > 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (i >= kWarm) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];

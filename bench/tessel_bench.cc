@@ -9,6 +9,15 @@
 //                   loop over the same bytes, in GB/s. Goal >= 0.6x.
 //   dot_2048        f32 2048^3 dot_general vs OpenBLAS sgemm called
 //                   directly, in GFLOP/s. Goal >= 0.9x.
+//   seed_loop_*, loop_peak_256mib  the seed loop, donated and guarded.
+//   all_reduce_{1,16,256}mib  psum of an f32 block per device in a manual
+//                   region over {x: 2}, one device on each of 2 worker
+//                   processes, donated, steps pipelined as a training loop
+//                   issues them; bus bandwidth vs Gloo's ring allreduce
+//                   called directly by 2 processes (tessel-gloo-bench).
+//                   Goal >= 0.9x.
+//   sharded_sum     tanh(x) * 2 + 1 summed over 2^26 f32: x split over 2
+//                   workers vs whole on 1, in GB/s of x read.
 //
 // The baselines' gRPC server runs in a child process (this binary with
 // --serve-baseline), as the daemons do.
@@ -27,6 +36,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "core/process_tuning.h"
 #include "tessel/graph.h"
@@ -369,6 +379,96 @@ int main(int argc, char** argv) {
     rows.push_back({"loop_peak_256mib", "MiB", peak / 1048576.0, n * 4 / 1048576.0, 1.1, false,
                     "peak device memory during the 256 MiB donated loop vs one state"});
     }
+  }
+
+  // 7. all_reduce through Tessel vs Gloo called directly.
+  const tessel::Mesh pair({{"x", 2}});
+  const tessel::Sharding split = tessel::Sharding::Split({"x"});
+  std::vector<int64_t> reduce_sizes;
+  for (int64_t mib : {1, 16, 256}) {
+    if (want(absl::StrCat("all_reduce_", mib, "mib").c_str())) reduce_sizes.push_back(mib << 20);
+  }
+  // This machine's loopback bandwidth swings between runs (2x at 1 MiB), so
+  // the two alternate: rounds of K back-to-back Gloo allreduces (a fresh
+  // tessel-gloo-bench pair, median per call) and K pipelined Tessel steps
+  // (mean per step); each side's figure is its median round.
+  auto gloo_once = [&](int64_t bytes, int iters) {
+    const std::string cmd = std::filesystem::path(self).parent_path().string() + "/tessel-gloo-bench --iters=" +
+                            std::to_string(iters) + " " + std::to_string(bytes);
+    FILE* f = popen(cmd.c_str(), "r");
+    char line[256];
+    double secs = 0;
+    while (f != nullptr && std::fgets(line, sizeof line, f)) {
+      long long b = 0;
+      double t = 0;
+      if (std::sscanf(line, "gloo_allreduce bytes=%lld seconds=%lf", &b, &t) == 2 && b == bytes) secs = t;
+    }
+    if (f == nullptr || pclose(f) != 0 || secs <= 0) Check(absl::InternalError(absl::StrCat("failed: ", cmd)));
+    return secs;
+  };
+  for (int64_t bytes : reduce_sizes) {
+    const int64_t n = bytes / 4;  // per device
+    // The state is generated on each device for its own block: nothing is uploaded.
+    GraphBuilder init("ones");
+    auto init_exe = Check(session->Compile(Check(init.Build({init.Fill({DType::kF32, {2 * n}}, 1.0)})),
+                                           {.mesh = pair, .output_shardings = {split}}));
+    GraphBuilder g("psum");
+    auto a = g.Parameter({DType::kF32, {2 * n}}, "a");
+    auto r = g.ManualRegion(pair, {a}, {split}, split, [](GraphBuilder& b, const std::vector<tessel::Value>& in) {
+      return b.AllReduce(in[0], {"x"});
+    });
+    auto exe = Check(session->Compile(Check(g.Build({r})),
+                                      {.donate = {0}, .strict_donation = true, .mesh = pair,
+                                       .parameter_shardings = {split}, .output_shardings = {split}}));
+    if (exe.collectives().size() != 1) Check(absl::InternalError("psum plan: expected one collective"));
+    std::vector<tessel::Array> state = Check(session->Execute(init_exe, {}));
+    auto run = [&](int k) {
+      for (int i = 0; i < k; ++i) state = Check(session->Execute(exe, state));
+      Check(session->Await(state));
+    };
+    const int k = bytes >= (int64_t{256} << 20) ? 4 : bytes >= (int64_t{16} << 20) ? 16 : 64;
+    run(2);  // warm: programs loaded, the group connected
+    std::vector<double> t_tessel, t_gloo;
+    for (int round = 0; round < 5; ++round) {
+      t_gloo.push_back(gloo_once(bytes, k));
+      const absl::Time start = absl::Now();
+      run(k);
+      t_tessel.push_back(absl::ToDoubleSeconds(absl::Now() - start) / k);
+    }
+    Check(session->Delete(state));
+    // Two ranks: the ring's bus bandwidth equals bytes / time.
+    rows.push_back({absl::StrCat("all_reduce_", bytes >> 20, "mib"), "GB/s", bytes / Median(t_tessel) / 1e9,
+                    bytes / Median(t_gloo) / 1e9, 0.9, true,
+                    "psum over 2 workers, donated, pipelined, vs gloo::allreduce ring by 2 processes"});
+  }
+
+  // 8. Sharded elementwise + sum over 2^26 f32: 2 workers vs 1.
+  if (want("sharded_sum")) {
+    const int64_t n = int64_t{1} << 26;
+    GraphBuilder g("tanh_sum");
+    auto x = g.Parameter({DType::kF32, {n}}, "x");
+    auto y = g.Add(g.Mul(g.Tanh(x), g.Broadcast(g.Scalar(DType::kF32, 2.0), {n})),
+                   g.Broadcast(g.Scalar(DType::kF32, 1.0), {n}));
+    auto graph = Check(g.Build({g.Reduce(y, tessel::ReduceKind::kSum, {0})}));
+    auto one = Check(session->Compile(graph));
+    auto two = Check(session->Compile(graph, {.mesh = pair, .parameter_shardings = {split}}));
+    HostArray hx(ArrayType{DType::kF32, {n}});
+    for (int64_t i = 0; i < n; ++i) hx.as_mutable<float>()[i] = float(i % 1000) * 1e-3f - 0.5f;
+    auto on_one = Check(session->Put(hx, tessel::Placement::Device(0)));
+    auto on_two = Check(session->Put(hx, tessel::Placement::Sharded(pair, split)));
+    hx = HostArray();
+    auto time = [&](const tessel::Executable& exe, const tessel::Array& arg) {
+      auto run = [&] {
+        auto outs = Check(session->Execute(exe, {arg}, {.wait = true}));
+        Check(session->Delete(outs));
+      };
+      run();
+      return TimeIt(7, run);
+    };
+    const double t_one = time(one, on_one), t_two = time(two, on_two);
+    Check(session->Delete({on_one, on_two}));
+    rows.push_back({"sharded_sum", "GB/s", n * 4 / t_two / 1e9, n * 4 / t_one / 1e9, 1.0, true,
+                    "tanh*2+1 summed over 2^26 f32 split over 2 workers vs whole on 1 (one all_reduce of 4 B)"});
   }
 
   cluster.reset();

@@ -106,7 +106,10 @@ AliasCandidates FindAliasCandidates(const v1::Program& p) {
       auto r = reads[w.instruction].find(prm.name());
       if (r != reads[w.instruction].end()) {
         const v1::Instruction& ins = p.instructions(w.instruction);
-        const bool elementwise = ins.has_fusion() || IsElementwise(ins.node().op());
+        // An all_reduce reads each element before it writes it, so it runs in
+        // place (the worker skips its copy in -> out then).
+        const bool elementwise =
+            ins.has_fusion() || IsElementwise(ins.node().op()) || ins.node().op() == v1::ALL_REDUCE;
         if (!elementwise || r->second > w.fusion_node) {
           why.push_back(absl::StrCat(out_desc, " is computed by ", Describe(p, w.instruction), ", which reads '",
                                      prm.name(), "' ", elementwise ? "after writing it" : "other than elementwise"));

@@ -191,6 +191,41 @@ TEST_F(ShardingTest, ManualRegionCollectivesMatchNaiveReferences) {
   }
 }
 
+TEST_F(ShardingTest, DonatedAllReduceRunsInPlace) {
+  const Mesh pair({{"data", 2}, {"model", 2}});
+  const Sharding rows = Sharding::Split({"data", "model"});
+  GraphBuilder g("psum");
+  Value a = g.Parameter({DType::kF32, {4, 6}}, "a");
+  Value r = g.ManualRegion(pair, {a}, {rows}, rows, [](GraphBuilder& b, const std::vector<Value>& in) {
+    return b.AllReduce(in[0], {"data"});
+  });
+  auto graph = g.Build({r});
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  auto exe = session_->Compile(*graph, {.donate = {0}, .strict_donation = true, .mesh = pair,
+                                        .parameter_shardings = {rows}, .output_shardings = {rows}});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  HostArray hx = Random({4, 6}, 10);
+  auto x = session_->Put(hx, Placement::Sharded(pair, rows));
+  ASSERT_TRUE(x.ok());
+  ExecuteReceipt receipt;
+  auto outs = session_->Execute(*exe, {*x}, {.receipt = &receipt});
+  ASSERT_TRUE(outs.ok()) << outs.status();
+  ASSERT_EQ(receipt.donations.size(), 1u);
+  EXPECT_TRUE(receipt.donations[0].reused) << receipt.donations[0].reason;
+  auto got = session_->Fetch((*outs)[0]);
+  ASSERT_TRUE(got.ok()) << got.status();
+  const auto xs = hx.as<float>();
+  for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 6; ++j) {
+      // Rows i and i +- 2 lie in the two `data` blocks: both hold their sum.
+      EXPECT_NEAR(got->as<float>()[i * 6 + j], xs[(i % 2) * 6 + j] + xs[(i % 2 + 2) * 6 + j], 1e-5) << i << "," << j;
+    }
+  }
+  auto info = session_->Info(*x);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->state, ArrayState::kDonated);
+}
+
 TEST_F(ShardingTest, CustomKernelRuleDecidesWhetherAnAllReduceIsNeeded) {
   // Seed 002's shape: a copy kernel inside a region over {data, model} with
   // in and out spec P('data', None).
