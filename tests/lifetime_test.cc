@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 
 #include "tessel/graph.h"
+#include "tests/cluster_fixture.h"
 #include "tessel/local_cluster.h"
 #include "tessel/session.h"
 
@@ -30,32 +31,14 @@ Graph StepGraph(const std::string& name, bool second) {
   return *g.Build({g.Add(g.Tanh(s), one), g.Add(c, g.Scalar(DType::kS32, 1))});
 }
 
-class LifetimeTest : public ::testing::Test {
+class LifetimeTest : public ClusterFixture<2, 1> {
  protected:
-  static void SetUpTestSuite() {
-    LocalCluster::Options o;
-    o.workers = 2;
-    o.devices_per_worker = 1;
-    auto c = LocalCluster::Start(o);
-    ASSERT_TRUE(c.ok()) << c.status();
-    cluster_ = c->release();
-  }
-  static void TearDownTestSuite() { delete cluster_; }
-  void SetUp() override {
-    ASSERT_NE(cluster_, nullptr);
-    auto s = Session::Connect(cluster_->address());
-    ASSERT_TRUE(s.ok()) << s.status();
-    session_ = std::move(*s);
-  }
   std::vector<float> Initial() {
     std::vector<float> v(kN);
     for (int64_t i = 0; i < kN; ++i) v[i] = std::sin(0.01f * i) * 3;
     return v;
   }
-  static LocalCluster* cluster_;
-  std::unique_ptr<Session> session_;
 };
-LocalCluster* LifetimeTest::cluster_ = nullptr;
 
 // The seed loop: 1,000 pairs of steps, state donated every step, every
 // transfer direction disallowed, compiles forbidden after the first two.

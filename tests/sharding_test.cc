@@ -7,6 +7,7 @@
 #include <random>
 
 #include "tessel/graph.h"
+#include "tests/cluster_fixture.h"
 #include "tessel/local_cluster.h"
 #include "tessel/session.h"
 
@@ -41,23 +42,8 @@ TEST(ShardingText, ParsesWhatItPrints) {
   EXPECT_EQ(Mesh::Parse("data").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-class ShardingTest : public ::testing::Test {
+class ShardingTest : public ClusterFixture<2, 2> {
  protected:
-  static void SetUpTestSuite() {
-    LocalCluster::Options o;
-    o.workers = 2;
-    o.devices_per_worker = 2;
-    auto c = LocalCluster::Start(o);
-    ASSERT_TRUE(c.ok()) << c.status();
-    cluster_ = c->release();
-  }
-  static void TearDownTestSuite() { delete cluster_; }
-  void SetUp() override {
-    ASSERT_NE(cluster_, nullptr);
-    auto s = Session::Connect(cluster_->address());
-    ASSERT_TRUE(s.ok()) << s.status();
-    session_ = std::move(*s);
-  }
   static HostArray Random(std::vector<int64_t> dims, int seed) {
     HostArray a(ArrayType{DType::kF32, std::move(dims)});
     std::mt19937 rng(seed);
@@ -65,11 +51,8 @@ class ShardingTest : public ::testing::Test {
     for (float& v : a.as_mutable<float>()) v = n(rng);
     return a;
   }
-  static LocalCluster* cluster_;
-  std::unique_ptr<Session> session_;
   const Mesh mesh_{{{"data", 2}, {"model", 2}}};
 };
-LocalCluster* ShardingTest::cluster_ = nullptr;
 
 TEST_F(ShardingTest, PutSendsEachDeviceItsBlockAndFetchReassembles) {
   HostArray x = Random({8, 6}, 1);
