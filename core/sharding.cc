@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/dtype.h"
+#include "core/status.h"
 
 namespace tessel {
 
@@ -243,6 +244,87 @@ std::vector<int> GroupPositions(const v1::Mesh& mesh, int pos, const std::vector
   std::vector<int> out;
   for (const auto& [idx, p] : members) out.push_back(p);
   return out;
+}
+
+// ---------------------------------------------------------------- collectives
+
+namespace {
+absl::Status CheckAxes(const v1::Node& n, const v1::Mesh& mesh) {
+  const auto& axes = n.collective().axes();
+  if (axes.empty()) return absl::InvalidArgumentError("names no mesh axis");
+  absl::flat_hash_set<std::string> seen;
+  for (const std::string& a : axes) {
+    if (AxisIndex(mesh, a) < 0) {
+      return absl::InvalidArgumentError(StrCat("unknown mesh axis '", a, "'; the mesh is ", MeshString(mesh)));
+    }
+    if (!seen.insert(a).second) return absl::InvalidArgumentError(StrCat("mesh axis '", a, "' is named twice"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDim(const v1::TensorType& t, int64_t d, absl::string_view what) {
+  if (d < 0 || d >= t.dims_size()) {
+    return absl::InvalidArgumentError(StrCat(what, " ", d, " out of range for ", TypeString(t)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::TensorType> InferCollectiveType(const v1::Node& n, absl::Span<const v1::TensorType* const> ops,
+                                                   const v1::Mesh& mesh) {
+  const int want = n.op() == v1::AXIS_INDEX ? 0 : 1;
+  if (int(ops.size()) != want) {
+    return absl::InvalidArgumentError(StrCat("expected ", want, " operands, got ", ops.size()));
+  }
+  if (n.attrs_case() != v1::Node::kCollective) return absl::InvalidArgumentError("missing attributes 'collective'");
+  TESSEL_RETURN_IF_ERROR(CheckAxes(n, mesh));
+  const v1::CollectiveAttrs& c = n.collective();
+  const int64_t size = AxesSize(mesh, c.axes());
+  if (n.op() == v1::AXIS_INDEX) return MakeType(v1::S32, {});
+  v1::TensorType t = *ops[0];
+  switch (n.op()) {
+    case v1::ALL_REDUCE:
+    case v1::COLLECTIVE_PERMUTE:
+      break;
+    case v1::ALL_GATHER:
+      TESSEL_RETURN_IF_ERROR(CheckDim(t, c.dimension(), "dimension"));
+      t.set_dims(c.dimension(), t.dims(c.dimension()) * size);
+      break;
+    case v1::REDUCE_SCATTER:
+    case v1::ALL_TO_ALL:
+    case v1::SHARD_SLICE:
+      TESSEL_RETURN_IF_ERROR(CheckDim(t, c.dimension(), "dimension"));
+      if (t.dims(c.dimension()) % size != 0) {
+        return absl::InvalidArgumentError(StrCat("dimension ", c.dimension(), " of ", TypeString(t),
+                                                     " does not split evenly over ", size, " devices"));
+      }
+      t.set_dims(c.dimension(), t.dims(c.dimension()) / size);
+      if (n.op() == v1::ALL_TO_ALL) {
+        TESSEL_RETURN_IF_ERROR(CheckDim(t, c.concat_dimension(), "concat_dimension"));
+        t.set_dims(c.concat_dimension(), t.dims(c.concat_dimension()) * size);
+      }
+      break;
+    default:
+      return absl::InvalidArgumentError("not a collective");
+  }
+  if (n.op() == v1::COLLECTIVE_PERMUTE) {
+    if (c.source_target_pairs_size() % 2 != 0) {
+      return absl::InvalidArgumentError("source_target_pairs: expected (source, target) pairs, got an odd count");
+    }
+    absl::flat_hash_set<int64_t> sources, targets;
+    for (int i = 0; i < c.source_target_pairs_size(); i += 2) {
+      const int64_t src = c.source_target_pairs(i), dst = c.source_target_pairs(i + 1);
+      if (src < 0 || src >= size || dst < 0 || dst >= size) {
+        return absl::InvalidArgumentError(StrCat("pair (", src, ", ", dst, ") out of range: the group has ", size,
+                                                 " devices"));
+      }
+      if (!sources.insert(src).second || !targets.insert(dst).second) {
+        return absl::InvalidArgumentError(StrCat("pair (", src, ", ", dst, "): each device sends and receives at most once"));
+      }
+    }
+  }
+  return t;
 }
 
 }  // namespace tessel

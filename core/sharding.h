@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "tessel/v1/ir.pb.h"
 
 namespace tessel {
@@ -58,5 +59,12 @@ std::vector<int64_t> BlockIndex(const v1::Sharding& s, const v1::Mesh& mesh, int
 // The positions that differ from `pos` only along `axes`, ordered by their
 // index along `axes`: the group of a collective over `axes`.
 std::vector<int> GroupPositions(const v1::Mesh& mesh, int pos, const std::vector<std::string>& axes);
+
+// Types a collective (ALL_REDUCE .. AXIS_INDEX, and SHARD_SLICE) on per-device
+// blocks over `mesh`: its axes must be known and distinct, its dimensions in
+// range, and a split even. INVALID_ARGUMENT saying which, otherwise.
+absl::StatusOr<v1::TensorType> InferCollectiveType(const v1::Node& node,
+                                                   absl::Span<const v1::TensorType* const> operands,
+                                                   const v1::Mesh& mesh);
 
 }  // namespace tessel

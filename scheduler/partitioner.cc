@@ -33,14 +33,6 @@ v1::Sharding Complete(v1::Sharding s) {
 Axes PartialAxes(const v1::Sharding& s) { return {s.partial().begin(), s.partial().end()}; }
 std::string AxesText(const Axes& a) { return absl::StrJoin(a, ", "); }
 
-std::string CollectiveName(v1::Op op, v1::ReduceKind kind) {
-  if (op == v1::ALL_REDUCE || op == v1::REDUCE_SCATTER) {
-    const char* k = kind == v1::REDUCE_MAX ? "max" : kind == v1::REDUCE_MIN ? "min" : kind == v1::PROD ? "prod" : "sum";
-    return StrCat(OpName(op), "(", k, ")");
-  }
-  return OpName(op);
-}
-
 bool IsLinearUnary(const v1::Node& n, const v1::TensorType& operand) {
   if (n.op() == v1::NEG) return true;
   return n.op() == v1::CONVERT && IsFloat(operand.dtype()) && IsFloat(n.convert().dtype());

@@ -18,82 +18,6 @@ std::string NodeLabel(const v1::Node& n, int pos) {
   std::string op = v1::Op_IsValid(n.op()) ? OpName(n.op()) : StrCat("op ", int(n.op()));
   return StrCat("node '", n.name(), "' (#", pos, ", ", op, "): ");
 }
-absl::Status CheckAxes(const v1::Node& n, const v1::Mesh& mesh) {
-  const auto& axes = n.collective().axes();
-  if (axes.empty()) return InvalidArgumentError("names no mesh axis");
-  absl::flat_hash_set<std::string> seen;
-  for (const std::string& a : axes) {
-    if (AxisIndex(mesh, a) < 0) {
-      return InvalidArgumentError(StrCat("unknown mesh axis '", a, "'; the mesh is ", MeshString(mesh)));
-    }
-    if (!seen.insert(a).second) return InvalidArgumentError(StrCat("mesh axis '", a, "' is named twice"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckDim(const v1::TensorType& t, int64_t d, absl::string_view what) {
-  if (d < 0 || d >= t.dims_size()) {
-    return InvalidArgumentError(StrCat(what, " ", d, " out of range for ", TypeString(t)));
-  }
-  return absl::OkStatus();
-}
-
-// Types a collective of a manual region body (per-device shapes).
-absl::StatusOr<v1::TensorType> InferCollective(const v1::Node& n, absl::Span<const v1::TensorType* const> ops,
-                                               const v1::Mesh& mesh) {
-  const int want = n.op() == v1::AXIS_INDEX ? 0 : 1;
-  if (int(ops.size()) != want) {
-    return InvalidArgumentError(StrCat("expected ", want, " operands, got ", ops.size()));
-  }
-  if (n.attrs_case() != v1::Node::kCollective) return InvalidArgumentError("missing attributes 'collective'");
-  TESSEL_RETURN_IF_ERROR(CheckAxes(n, mesh));
-  const v1::CollectiveAttrs& c = n.collective();
-  const int64_t size = AxesSize(mesh, c.axes());
-  if (n.op() == v1::AXIS_INDEX) return MakeType(v1::S32, {});
-  v1::TensorType t = *ops[0];
-  switch (n.op()) {
-    case v1::ALL_REDUCE:
-    case v1::COLLECTIVE_PERMUTE:
-      break;
-    case v1::ALL_GATHER:
-      TESSEL_RETURN_IF_ERROR(CheckDim(t, c.dimension(), "dimension"));
-      t.set_dims(c.dimension(), t.dims(c.dimension()) * size);
-      break;
-    case v1::REDUCE_SCATTER:
-    case v1::ALL_TO_ALL:
-      TESSEL_RETURN_IF_ERROR(CheckDim(t, c.dimension(), "dimension"));
-      if (t.dims(c.dimension()) % size != 0) {
-        return InvalidArgumentError(StrCat("dimension ", c.dimension(), " of ", TypeString(t),
-                                           " does not split evenly over ", size, " devices"));
-      }
-      t.set_dims(c.dimension(), t.dims(c.dimension()) / size);
-      if (n.op() == v1::ALL_TO_ALL) {
-        TESSEL_RETURN_IF_ERROR(CheckDim(t, c.concat_dimension(), "concat_dimension"));
-        t.set_dims(c.concat_dimension(), t.dims(c.concat_dimension()) * size);
-      }
-      break;
-    default:
-      return InvalidArgumentError("not a collective");
-  }
-  if (n.op() == v1::COLLECTIVE_PERMUTE) {
-    if (c.source_target_pairs_size() % 2 != 0) {
-      return InvalidArgumentError("source_target_pairs: expected (source, target) pairs, got an odd count");
-    }
-    absl::flat_hash_set<int64_t> sources, targets;
-    for (int i = 0; i < c.source_target_pairs_size(); i += 2) {
-      const int64_t src = c.source_target_pairs(i), dst = c.source_target_pairs(i + 1);
-      if (src < 0 || src >= size || dst < 0 || dst >= size) {
-        return InvalidArgumentError(StrCat("pair (", src, ", ", dst, ") out of range: the group has ", size,
-                                           " devices"));
-      }
-      if (!sources.insert(src).second || !targets.insert(dst).second) {
-        return InvalidArgumentError(StrCat("pair (", src, ", ", dst, "): each device sends and receives at most once"));
-      }
-    }
-  }
-  return t;
-}
-
 // Types the ops the partitioner resolves: constraints, regions, kernels.
 absl::StatusOr<v1::TensorType> InferStructured(const v1::Node& n, absl::Span<const v1::TensorType* const> ops) {
   switch (n.op()) {
@@ -183,29 +107,15 @@ absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateO
     }
     absl::StatusOr<v1::TensorType> type;
     if (n.op() == v1::SHARD_SLICE) {
-      if (!options.partitioned || options.manual_mesh == nullptr || operand_types.size() != 1 ||
-          n.attrs_case() != v1::Node::kCollective) {
-        type = InvalidArgumentError("shard_slice is emitted by the partitioner only");
-      } else if (absl::Status st = CheckAxes(n, *options.manual_mesh); !st.ok()) {
-        type = st;
-      } else if (absl::Status st = CheckDim(*operand_types[0], n.collective().dimension(), "dimension"); !st.ok()) {
-        type = st;
-      } else {
-        v1::TensorType t = *operand_types[0];
-        const int64_t d = n.collective().dimension(), k = AxesSize(*options.manual_mesh, n.collective().axes());
-        if (t.dims(d) % k != 0) {
-          type = InvalidArgumentError(StrCat("dimension ", d, " of ", TypeString(t), " does not split over ", k));
-        } else {
-          t.set_dims(d, t.dims(d) / k);
-          type = t;
-        }
-      }
+      type = options.partitioned && options.manual_mesh != nullptr
+                 ? InferCollectiveType(n, operand_types, *options.manual_mesh)
+                 : InvalidArgumentError("shard_slice is emitted by the partitioner only");
     } else if (IsCollective(n.op())) {
       type = options.manual_mesh == nullptr
                  ? InvalidArgumentError(StrCat("collective outside a manual region: ", OpName(n.op()),
                                                " is explicit only inside a manual region (shard_map); elsewhere "
                                                "the partitioner inserts the collectives a sharding needs"))
-                 : InferCollective(n, operand_types, *options.manual_mesh);
+                 : InferCollectiveType(n, operand_types, *options.manual_mesh);
     } else if (n.op() == v1::SHARDING_CONSTRAINT || n.op() == v1::MANUAL_REGION || n.op() == v1::CUSTOM_KERNEL) {
       type = InferStructured(n, operand_types);
     } else {

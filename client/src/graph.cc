@@ -12,6 +12,7 @@
 #include "client/src/graph_internal.h"
 #include "core/dtype.h"
 #include "core/shape_inference.h"
+#include "core/sharding.h"
 #include "core/status.h"
 
 namespace tessel {
@@ -120,42 +121,28 @@ class GraphBuilder::Impl {
     return Value();
   }
 
-  // The number of devices in a collective's group over `axes`, or 0 after
-  // recording the error.
-  int64_t GroupSize(absl::string_view what, const std::vector<std::string>& axes) {
-    if (!status.ok()) return 0;
-    if (!mesh) {
-      Fail(what, "collectives are explicit only inside a manual region's body");
-      return 0;
-    }
-    if (axes.empty()) {
-      Fail(what, "names no mesh axis");
-      return 0;
-    }
-    for (const std::string& a : axes) {
-      if (mesh->axis_size(a) == 0) {
-        Fail(what, absl::StrCat("unknown mesh axis '", a, "'; the mesh is ", mesh->ToString()));
-        return 0;
-      }
-    }
-    return mesh->axes_size(axes);
-  }
-
-  // A collective over `axes` whose result is `x`'s type with `dims` applied.
-  Value Collective(v1::Op op, Value x, const std::vector<std::string>& axes,
-                   const std::function<absl::Status(v1::CollectiveAttrs&, std::vector<int64_t>&, int64_t)>& shape) {
+  // A collective over `axes`, typed by the coordinator's rules for
+  // per-device blocks; `attrs` fills in the rest of its attributes.
+  Value Collective(v1::Op op, std::vector<Value> operands, const std::vector<std::string>& axes,
+                   const std::function<void(v1::CollectiveAttrs&)>& attrs) {
     const std::string what = OpName(op);
-    const int64_t k = GroupSize(what, axes);
-    if (k == 0) return Value();
-    if (!x.valid()) return Fail(what, "operand 0 is not a value of this builder");
+    if (!status.ok()) return Value();
+    if (!mesh) return Fail(what, "collectives are explicit only inside a manual region's body");
     v1::Node n;
     n.set_op(op);
     v1::CollectiveAttrs& c = *n.mutable_collective();
     for (const std::string& a : axes) c.add_axes(a);
-    ArrayType t = x.type();
-    if (absl::Status st = shape(c, t.dims, k); !st.ok()) return Fail(what, st.message());
-    v1::TensorType declared = ToProto(t);
-    return Add(std::move(n), {x}, &declared);
+    attrs(c);
+    std::vector<v1::TensorType> types;
+    for (size_t i = 0; i < operands.size(); ++i) {
+      if (!operands[i].valid()) return Fail(what, absl::StrCat("operand ", i, " is not a value of this builder"));
+      types.push_back(ToProto(operands[i].type()));
+    }
+    std::vector<const v1::TensorType*> ptrs;
+    for (const v1::TensorType& t : types) ptrs.push_back(&t);
+    absl::StatusOr<v1::TensorType> declared = InferCollectiveType(n, ptrs, ToProto(*mesh));
+    if (!declared.ok()) return Fail(what, declared.status().message());
+    return Add(std::move(n), operands, &*declared);
   }
 
   v1::Graph graph;
@@ -352,24 +339,6 @@ Value GraphBuilder::ShardingConstraint(Value x, const Sharding& sharding) {
   return impl_->Add(std::move(n), {x}, &declared);
 }
 
-namespace {
-absl::Status CheckDimension(const std::vector<int64_t>& dims, int64_t d, absl::string_view what) {
-  if (d < 0 || d >= int64_t(dims.size())) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " ", d, " out of range for rank ", dims.size()));
-  }
-  return absl::OkStatus();
-}
-absl::Status SplitDimension(std::vector<int64_t>& dims, int64_t d, int64_t k, absl::string_view what) {
-  TESSEL_RETURN_IF_ERROR(CheckDimension(dims, d, what));
-  if (dims[d] % k != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " ", d, " of size ", dims[d], " does not split evenly over ",
-                                                   k, " devices"));
-  }
-  dims[d] /= k;
-  return absl::OkStatus();
-}
-}  // namespace
-
 Value GraphBuilder::ManualRegion(const Mesh& mesh, std::vector<Value> operands, std::vector<Sharding> in_specs,
                                  Sharding out_spec, const Body& body, std::string name) {
   if (!impl_->status.ok()) return Value();
@@ -404,63 +373,39 @@ Value GraphBuilder::ManualRegion(const Mesh& mesh, std::vector<Value> operands, 
 }
 
 Value GraphBuilder::AllReduce(Value x, std::vector<std::string> axes, ReduceKind kind) {
-  return impl_->Collective(v1::ALL_REDUCE, x, axes, [&](v1::CollectiveAttrs& c, std::vector<int64_t>&, int64_t) {
-    c.set_kind(ToProto(kind));
-    return absl::OkStatus();
-  });
+  return impl_->Collective(v1::ALL_REDUCE, {x}, axes, [&](v1::CollectiveAttrs& c) { c.set_kind(ToProto(kind)); });
 }
 
 Value GraphBuilder::AllGather(Value x, std::vector<std::string> axes, int64_t dimension) {
-  return impl_->Collective(v1::ALL_GATHER, x, axes, [&](v1::CollectiveAttrs& c, std::vector<int64_t>& dims, int64_t k) {
-    c.set_dimension(dimension);
-    TESSEL_RETURN_IF_ERROR(CheckDimension(dims, dimension, "dimension"));
-    dims[dimension] *= k;
-    return absl::OkStatus();
-  });
+  return impl_->Collective(v1::ALL_GATHER, {x}, axes, [&](v1::CollectiveAttrs& c) { c.set_dimension(dimension); });
 }
 
 Value GraphBuilder::ReduceScatter(Value x, std::vector<std::string> axes, int64_t dimension, ReduceKind kind) {
-  return impl_->Collective(v1::REDUCE_SCATTER, x, axes,
-                           [&](v1::CollectiveAttrs& c, std::vector<int64_t>& dims, int64_t k) {
-                             c.set_dimension(dimension);
-                             c.set_kind(ToProto(kind));
-                             return SplitDimension(dims, dimension, k, "dimension");
-                           });
+  return impl_->Collective(v1::REDUCE_SCATTER, {x}, axes, [&](v1::CollectiveAttrs& c) {
+    c.set_dimension(dimension);
+    c.set_kind(ToProto(kind));
+  });
 }
 
 Value GraphBuilder::AllToAll(Value x, std::vector<std::string> axes, int64_t split_dimension, int64_t concat_dimension) {
-  return impl_->Collective(v1::ALL_TO_ALL, x, axes, [&](v1::CollectiveAttrs& c, std::vector<int64_t>& dims, int64_t k) {
+  return impl_->Collective(v1::ALL_TO_ALL, {x}, axes, [&](v1::CollectiveAttrs& c) {
     c.set_dimension(split_dimension);
     c.set_concat_dimension(concat_dimension);
-    TESSEL_RETURN_IF_ERROR(SplitDimension(dims, split_dimension, k, "split dimension"));
-    TESSEL_RETURN_IF_ERROR(CheckDimension(dims, concat_dimension, "concat dimension"));
-    dims[concat_dimension] *= k;
-    return absl::OkStatus();
   });
 }
 
 Value GraphBuilder::CollectivePermute(Value x, std::vector<std::string> axes,
                                       std::vector<std::pair<int64_t, int64_t>> pairs) {
-  return impl_->Collective(v1::COLLECTIVE_PERMUTE, x, axes,
-                           [&](v1::CollectiveAttrs& c, std::vector<int64_t>&, int64_t k) {
-                             for (auto [src, dst] : pairs) {
-                               if (src < 0 || src >= k || dst < 0 || dst >= k) {
-                                 return absl::InvalidArgumentError(absl::StrCat(
-                                     "pair (", src, ", ", dst, ") out of range: the group has ", k, " devices"));
-                               }
-                               c.add_source_target_pairs(src);
-                               c.add_source_target_pairs(dst);
-                             }
-                             return absl::OkStatus();
-                           });
+  return impl_->Collective(v1::COLLECTIVE_PERMUTE, {x}, axes, [&](v1::CollectiveAttrs& c) {
+    for (auto [src, dst] : pairs) {
+      c.add_source_target_pairs(src);
+      c.add_source_target_pairs(dst);
+    }
+  });
 }
 
 Value GraphBuilder::AxisIndex(std::vector<std::string> axes) {
-  if (impl_->GroupSize("axis_index", axes) == 0) return Value();
-  v1::Node n = NodeOf(v1::AXIS_INDEX);
-  for (const std::string& a : axes) n.mutable_collective()->add_axes(a);
-  const v1::TensorType declared = ToProto(ArrayType{DType::kS32, {}});
-  return impl_->Add(std::move(n), {}, &declared);
+  return impl_->Collective(v1::AXIS_INDEX, {}, axes, [](v1::CollectiveAttrs&) {});
 }
 
 Value GraphBuilder::CustomKernel(std::string name, std::vector<Value> operands, const Body& decomposition,
