@@ -916,6 +916,16 @@ void Coordinator::FreeArraysLocked(const std::vector<uint64_t>& handles) {
   }
 }
 
+v1::WorkerStatsRequest Coordinator::StatsRequestLocked(const WorkerRecord& w) const {
+  v1::WorkerStatsRequest req;
+  for (int d : w.devices) {
+    const DeviceRecord& dev = devices_.at(d);
+    while (req.sequenced_size() <= dev.local_index) req.add_sequenced(0);
+    req.set_sequenced(dev.local_index, dev.next_seq);
+  }
+  return req;
+}
+
 absl::Status Coordinator::Delete(const v1::DeleteRequest& req) {
   absl::MutexLock l(&mu_);
   TESSEL_RETURN_IF_ERROR(CheckSession(req.session_id()));
@@ -956,7 +966,12 @@ absl::StatusOr<v1::ArrayInfoResponse> Coordinator::ArrayInfo(const v1::ArrayInfo
 }
 
 absl::StatusOr<v1::StatsResponse> Coordinator::Stats(const v1::StatsRequest& req) {
-  std::vector<std::pair<std::vector<int>, std::shared_ptr<WorkerClient>>> live;
+  struct Live {
+    std::vector<int> devices;
+    std::shared_ptr<WorkerClient> client;
+    v1::WorkerStatsRequest request;
+  };
+  std::vector<Live> live;
   v1::StatsResponse resp;
   {
     absl::MutexLock l(&mu_);
@@ -1006,11 +1021,11 @@ absl::StatusOr<v1::StatsResponse> Coordinator::Stats(const v1::StatsRequest& req
       }
     }
     for (const auto& [id, w] : workers_) {
-      if (w.alive) live.emplace_back(w.devices, w.client);
+      if (w.alive) live.push_back({w.devices, w.client, StatsRequestLocked(w)});
     }
   }
-  for (auto& [devices, client] : live) {
-    auto st = client->GetStats();
+  for (auto& [devices, client, request] : live) {
+    auto st = client->GetStats(request);
     if (!st.ok()) continue;
     for (const v1::DeviceMemoryStats& m : st->devices()) {
       v1::DeviceMemoryStats* out = resp.add_devices();
@@ -1025,7 +1040,12 @@ absl::StatusOr<v1::StatsResponse> Coordinator::Stats(const v1::StatsRequest& req
 
 v1::GetClusterResponse Coordinator::GetCluster(const v1::GetClusterRequest& req) {
   v1::GetClusterResponse resp;
-  std::vector<std::pair<int, std::shared_ptr<WorkerClient>>> live;  // index in resp.workers
+  struct Live {
+    int index;  // in resp.workers
+    std::shared_ptr<WorkerClient> client;
+    v1::WorkerStatsRequest request;
+  };
+  std::vector<Live> live;
   {
     absl::MutexLock l(&mu_);
     std::vector<const WorkerRecord*> ordered;
@@ -1046,7 +1066,7 @@ v1::GetClusterResponse Coordinator::GetCluster(const v1::GetClusterRequest& req)
         di->set_local_index(devices_[d].local_index);
         di->set_worker_id(w->id);
       }
-      if (req.with_memory() && w->alive) live.emplace_back(resp.workers_size() - 1, w->client);
+      if (req.with_memory() && w->alive) live.push_back({resp.workers_size() - 1, w->client, StatsRequestLocked(*w)});
     }
     resp.set_sessions(sessions_.size());
     resp.set_live_arrays(arrays_.size());
@@ -1054,8 +1074,8 @@ v1::GetClusterResponse Coordinator::GetCluster(const v1::GetClusterRequest& req)
     resp.set_compile_cache_hits(cache_hits_);
     resp.set_executions(executions_);
   }
-  for (auto& [idx, client] : live) {
-    auto st = client->GetStats();
+  for (auto& [idx, client, request] : live) {
+    auto st = client->GetStats(request);
     if (!st.ok()) continue;
     v1::WorkerInfo* info = resp.mutable_workers(idx);
     for (const v1::DeviceMemoryStats& m : st->devices()) {

@@ -189,6 +189,9 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the arrays and queues frees on their devices, in step order.
   void FreeArraysLocked(const std::vector<uint64_t>& handles) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks a worker for figures that include every step and free sequenced on
+  // its devices so far.
+  v1::WorkerStatsRequest StatsRequestLocked(const WorkerRecord& w) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnStepDone(const std::string& session, const std::vector<uint64_t>& outputs,
                   absl::StatusOr<v1::RunResponse> result);
   bool NotPending(const std::vector<uint64_t>& handles) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

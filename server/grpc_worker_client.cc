@@ -152,11 +152,11 @@ class GrpcWorkerClient final : public WorkerClient {
     return s;
   }
 
-  absl::StatusOr<v1::WorkerStatsResponse> GetStats() override {
+  absl::StatusOr<v1::WorkerStatsResponse> GetStats(const v1::WorkerStatsRequest& request) override {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     v1::WorkerStatsResponse resp;
-    auto s = Annotated(stub_->GetStats(&ctx, v1::WorkerStatsRequest(), &resp));
+    auto s = Annotated(stub_->GetStats(&ctx, request, &resp));
     if (!s.ok()) return s;
     return resp;
   }

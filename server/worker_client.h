@@ -41,7 +41,8 @@ class WorkerClient {
   };
   virtual std::unique_ptr<FetchStream> BeginFetch(const v1::FetchShardRequest& request) = 0;
 
-  virtual absl::StatusOr<v1::WorkerStatsResponse> GetStats() = 0;
+  // `request.sequenced`: see WorkerStatsRequest.
+  virtual absl::StatusOr<v1::WorkerStatsResponse> GetStats(const v1::WorkerStatsRequest& request) = 0;
 
   // Fails every call in flight (the worker was declared dead).
   virtual void CancelAll() = 0;

@@ -28,6 +28,12 @@ uint64_t StepQueue::completed() const {
   return next_;
 }
 
+bool StepQueue::AwaitCompleted(uint64_t n, absl::Duration timeout) const {
+  absl::MutexLock l(&mu_);
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return next_ >= n || stop_; };
+  return mu_.AwaitWithTimeout(absl::Condition(&done), timeout) && next_ >= n;
+}
+
 bool StepQueue::Runnable() const {
   return stop_ || (!pending_.empty() && pending_.begin()->first == next_);
 }

@@ -26,6 +26,8 @@ class StepQueue {
   // A duplicate or already-run `seq` runs `rejected` instead, at once.
   void Submit(uint64_t seq, std::function<void()> work, std::function<void()> rejected);
   uint64_t completed() const;
+  // Waits until completed() >= n; false after `timeout` (or once stopping).
+  bool AwaitCompleted(uint64_t n, absl::Duration timeout) const;
 
  private:
   void Loop();

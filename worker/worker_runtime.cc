@@ -259,7 +259,11 @@ void WorkerRuntime::SetCollectives(std::shared_ptr<CommunicatorRegistry> collect
   collectives_ = std::move(collectives);
 }
 
-v1::WorkerStatsResponse WorkerRuntime::Stats() const {
+v1::WorkerStatsResponse WorkerRuntime::Stats(absl::Span<const uint64_t> sequenced, absl::Duration wait) const {
+  const absl::Time deadline = absl::Now() + wait;
+  for (size_t d = 0; d < sequenced.size() && d < queues_.size(); ++d) {
+    queues_[d]->AwaitCompleted(sequenced[d], std::max(deadline - absl::Now(), absl::ZeroDuration()));
+  }
   v1::WorkerStatsResponse r;
   for (const auto& d : devices_) {
     MemoryStats m = d->memory_stats();

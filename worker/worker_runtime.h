@@ -65,7 +65,10 @@ class WorkerRuntime {
   // The array to stream back; its error if the step that made it failed.
   absl::StatusOr<StoredArray> GetForFetch(int device, uint64_t handle) const;
 
-  v1::WorkerStatsResponse Stats() const;
+  // Memory and step figures, once each device has run `sequenced[d]`
+  // sequenced operations (waiting at most `wait`; then as they stand).
+  v1::WorkerStatsResponse Stats(absl::Span<const uint64_t> sequenced = {},
+                                absl::Duration wait = absl::Seconds(2)) const;
 
   // Installs the collectives after construction (a worker knows its own
   // address only once it serves); replaces Options::collectives.

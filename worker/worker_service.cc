@@ -194,9 +194,9 @@ grpc::Status WorkerService::FetchShard(grpc::ServerContext* ctx, const v1::Fetch
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::GetStats(grpc::ServerContext*, const v1::WorkerStatsRequest*,
+grpc::Status WorkerService::GetStats(grpc::ServerContext*, const v1::WorkerStatsRequest* req,
                                      v1::WorkerStatsResponse* resp) {
-  *resp = runtime_->Stats();
+  *resp = runtime_->Stats(req->sequenced());
   return grpc::Status::OK;
 }
 
