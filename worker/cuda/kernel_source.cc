@@ -1,0 +1,713 @@
+#include "worker/cuda/kernel_source.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/dtype.h"
+#include "worker/cpu/elementwise.h"
+#include "worker/cpu/fused_loop.h"
+
+namespace tessel::cuda {
+namespace {
+
+using absl::StrCat;
+
+// Valid CUDA C++ (NVRTC defines __CUDACC__) and valid host C++.
+constexpr char kPrelude[] = R"(// Tessel generated kernels
+typedef long long i64;
+typedef unsigned long long u64;
+typedef int i32;
+typedef unsigned u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+#ifdef __CUDACC__
+#define TD static __device__ __forceinline__
+#define TESSEL_KERNEL extern "C" __global__ void
+TD u32 f2u(float f) { return __float_as_uint(f); }
+TD float u2f(u32 u) { return __uint_as_float(u); }
+TD double u2d(u64 u) { return __longlong_as_double((i64)u); }
+TD i64 tid() { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }
+TD i64 nthreads() { return (i64)blockDim.x * gridDim.x; }
+#else
+#include <math.h>
+#include <string.h>
+#define TD static inline
+#define TESSEL_KERNEL extern "C" void
+TD u32 f2u(float f) { u32 u; memcpy(&u, &f, 4); return u; }
+TD float u2f(u32 u) { float f; memcpy(&f, &u, 4); return f; }
+TD double u2d(u64 u) { double d; memcpy(&d, &u, 8); return d; }
+TD i64 tid() { return 0; }
+TD i64 nthreads() { return 1; }
+#endif
+struct TesselParams { void* p[64]; i64 s[4]; };
+#define TESSEL_LOOP(n) for (i64 i = tid(); i < (i64)(n); i += nthreads())
+
+TD float ld_bf16(u16 h) { return u2f((u32)h << 16); }
+TD u16 st_bf16(float f) {
+  u32 u = f2u(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (u16)(u >> 16);
+}
+TD float ld_f16(u16 h) {
+  u32 sign = (u32)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0x1f) return u2f(sign | 0x7f800000u | (m << 13));
+  if (e == 0) {
+    if (m == 0) return u2f(sign);
+    float v = (float)m * 5.9604644775390625e-8f;
+    return sign ? -v : v;
+  }
+  return u2f(sign | ((e + 112) << 23) | (m << 13));
+}
+TD u16 st_f16(float f) {
+  u32 u = f2u(f);
+  u16 sign = (u16)((u >> 16) & 0x8000u);
+  u32 a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return (u16)(sign | 0x7e00u);
+  if (a >= 0x477ff000u) return (u16)(sign | 0x7c00u);
+  if (a < 0x38800000u) {
+    float v = u2f(a) * 16777216.0f;
+    u32 m = (u32)v;
+    float frac = v - (float)m;
+    if (frac > 0.5f || (frac == 0.5f && (m & 1u))) ++m;
+    return (u16)(sign | m);
+  }
+  u32 r = a + 0xfffu + ((a >> 13) & 1u);
+  return (u16)(sign | ((r - 0x38000000u) >> 13));
+}
+// Round to odd first, so that the later rounding to f16/bf16 is one rounding of the exact value.
+TD float odd_f(double d) {
+  float f = (float)d;
+  if (!(d - d == 0.0) || (double)f == d) return f;
+  if (fabs((double)f) > fabs(d)) f = nextafterf(f, 0.0f);
+  return u2f(f2u(f) | 1u);
+}
+TD double odd_d(i64 v) {
+  bool neg = v < 0;
+  u64 m = neg ? (u64)0 - (u64)v : (u64)v;
+  if (m < (1ull << 53)) return (double)v;
+  int k = 0;
+  while ((m >> k) >= (1ull << 53)) ++k;
+  bool sticky = (m & ((1ull << k) - 1)) != 0;
+  m = (m >> k) | (u64)sticky;
+  double r = ldexp((double)m, k);
+  return neg ? -r : r;
+}
+template <typename T> TD T maxp(T a, T b) { return (a != a || a > b) ? a : b; }
+template <typename T> TD T minp(T a, T b) { return (a != a || a < b) ? a : b; }
+template <typename T, typename F> TD T sat(F x, T lo, T hi) {
+  if (x != x) return (T)0;
+  if (x <= (F)lo) return lo;
+  if (x >= (F)hi) return hi;
+  return (T)x;
+}
+template <typename C, typename U> TD C ipow(C b, C e) {
+  if (e < (C)0) return b == (C)1 ? (C)1 : b == (C)-1 ? ((e & 1) ? (C)-1 : (C)1) : (C)0;
+  U r = 1, x = (U)b, k = (U)e;
+  while (k) {
+    if (k & 1) r *= x;
+    x *= x;
+    k >>= 1;
+  }
+  return (C)r;
+}
+)";
+
+// --- dtypes -----------------------------------------------------------------
+
+bool IsHalf(v1::DType dt) { return dt == v1::F16 || dt == v1::BF16; }
+bool IsIntDt(v1::DType dt) { return dt == v1::S32 || dt == v1::S64 || dt == v1::U8; }
+
+std::string Storage(v1::DType dt) {
+  switch (dt) {
+    case v1::F32: return "float";
+    case v1::F64: return "double";
+    case v1::F16:
+    case v1::BF16: return "u16";
+    case v1::S32: return "i32";
+    case v1::S64: return "i64";
+    default: return "u8";  // u8, pred
+  }
+}
+
+std::string Compute(v1::DType dt) {
+  switch (dt) {
+    case v1::F32:
+    case v1::F16:
+    case v1::BF16: return "float";
+    case v1::F64: return "double";
+    case v1::S32: return "i32";
+    case v1::S64: return "i64";
+    case v1::PRED: return "bool";
+    default: return "u8";
+  }
+}
+
+std::string UnsignedOf(v1::DType dt) { return dt == v1::S32 ? "u32" : dt == v1::S64 ? "u64" : "u8"; }
+
+// Raw bytes of one element, for data movement.
+std::string Bits(int esize) {
+  switch (esize) {
+    case 1: return "u8";
+    case 2: return "u16";
+    case 4: return "u32";
+    default: return "u64";
+  }
+}
+
+std::string HalfName(v1::DType dt) { return dt == v1::F16 ? "f16" : "bf16"; }
+
+std::string Load(v1::DType dt, const std::string& e) {
+  if (IsHalf(dt)) return StrCat("ld_", HalfName(dt), "(", e, ")");
+  if (dt == v1::PRED) return StrCat("(", e, " != 0)");
+  return e;
+}
+
+std::string Store(v1::DType dt, const std::string& e) {
+  if (IsHalf(dt)) return StrCat("st_", HalfName(dt), "(", e, ")");
+  return StrCat("(", Storage(dt), ")(", e, ")");
+}
+
+// A computed value as its storage would hold it (f16/bf16 round after every op).
+std::string Round(v1::DType dt, const std::string& e) { return IsHalf(dt) ? Load(dt, Store(dt, e)) : e; }
+
+// A float math function for the compute type: expf for float, exp for double.
+std::string Fn(v1::DType dt, const std::string& name) { return dt == v1::F64 ? name : StrCat(name, "f"); }
+
+std::string IntLimits(v1::DType to) {
+  switch (to) {
+    case v1::S32: return "(i32)(-2147483647 - 1), (i32)2147483647";
+    case v1::S64: return "(i64)(-9223372036854775807ll - 1), (i64)9223372036854775807ll";
+    default: return "(u8)0, (u8)255";
+  }
+}
+
+// A compute value of `from` as a compute value of `to`, rounding as the CPU backend does.
+std::string Convert(v1::DType from, v1::DType to, const std::string& e) {
+  if (IsHalf(to)) {
+    std::string f;
+    if (from == v1::F64) f = StrCat("odd_f(", e, ")");
+    else if (from == v1::S32 || from == v1::S64) f = StrCat("odd_f(odd_d((i64)(", e, ")))");
+    else f = StrCat("(float)(", e, ")");
+    return Round(to, f);
+  }
+  if (to == v1::PRED) return StrCat("((", e, ") != 0)");
+  if (IsFloat(from) && IsIntDt(to)) {
+    return StrCat("sat<", Compute(to), ", ", Compute(from), ">(", e, ", ", IntLimits(to), ")");
+  }
+  return StrCat("(", Compute(to), ")(", e, ")");
+}
+
+// One element of storage bytes as a compute-typed literal.
+std::string Literal(v1::DType dt, const void* bytes) {
+  uint64_t v = 0;
+  std::memcpy(&v, bytes, DTypeSize(dt));
+  switch (dt) {
+    case v1::F32: return absl::StrFormat("u2f(0x%08xu)", uint32_t(v));
+    case v1::F64: return absl::StrFormat("u2d(0x%016xull)", v);
+    case v1::F16:
+    case v1::BF16: return Load(dt, absl::StrFormat("(u16)0x%04x", uint16_t(v)));
+    case v1::S32: return absl::StrFormat("(i32)0x%08xu", uint32_t(v));
+    case v1::S64: return absl::StrFormat("(i64)0x%016xull", v);
+    case v1::PRED: return v ? "true" : "false";
+    default: return absl::StrFormat("(u8)%u", unsigned(v & 0xff));
+  }
+}
+
+// --- elementwise expressions --------------------------------------------------
+
+absl::StatusOr<std::string> Unary(v1::Op op, v1::DType dt, const std::string& x) {
+  const std::string c = Compute(dt);
+  if (IsFloat(dt)) {
+    switch (op) {
+      case v1::NEG: return StrCat("-", x);
+      case v1::ABS: return StrCat(Fn(dt, "fabs"), "(", x, ")");
+      case v1::EXP: return StrCat(Fn(dt, "exp"), "(", x, ")");
+      case v1::LOG: return StrCat(Fn(dt, "log"), "(", x, ")");
+      case v1::LOG1P: return StrCat(Fn(dt, "log1p"), "(", x, ")");
+      case v1::TANH: return StrCat(Fn(dt, "tanh"), "(", x, ")");
+      case v1::LOGISTIC: return StrCat("(", c, ")1 / ((", c, ")1 + ", Fn(dt, "exp"), "(-", x, "))");
+      case v1::SQRT: return StrCat(Fn(dt, "sqrt"), "(", x, ")");
+      case v1::RSQRT: return StrCat("(", c, ")1 / ", Fn(dt, "sqrt"), "(", x, ")");
+      case v1::FLOOR: return StrCat(Fn(dt, "floor"), "(", x, ")");
+      case v1::CEIL: return StrCat(Fn(dt, "ceil"), "(", x, ")");
+      case v1::ROUND: return StrCat(Fn(dt, "round"), "(", x, ")");
+      case v1::SIGN:
+        return absl::StrFormat("(%s != %s ? %s : %s > 0 ? (%s)1 : %s < 0 ? (%s)-1 : %s)", x, x, x, x, c, x, c, x);
+      default: break;
+    }
+  } else if (IsIntDt(dt)) {
+    const std::string u = UnsignedOf(dt);
+    switch (op) {
+      case v1::NEG: return absl::StrFormat("(%s)((%s)0 - (%s)%s)", c, u, u, x);
+      case v1::ABS: return absl::StrFormat("(%s < 0 ? (%s)((%s)0 - (%s)%s) : %s)", x, c, u, u, x, x);
+      case v1::SIGN: return absl::StrFormat("(%s)((%s > 0) - (%s < 0))", c, x, x);
+      case v1::NOT: return absl::StrFormat("(%s)~%s", c, x);
+      default: break;
+    }
+  } else if (op == v1::NOT) {
+    return StrCat("!", x);
+  }
+  return absl::UnimplementedError(StrCat("cuda codegen: ", OpName(op), " on ", DTypeName(dt)));
+}
+
+absl::StatusOr<std::string> Binary(v1::Op op, v1::DType dt, const std::string& x, const std::string& y) {
+  const std::string c = Compute(dt);
+  if (IsFloat(dt)) {
+    switch (op) {
+      case v1::ADD: return StrCat(x, " + ", y);
+      case v1::SUB: return StrCat(x, " - ", y);
+      case v1::MUL: return StrCat(x, " * ", y);
+      case v1::DIV: return StrCat(x, " / ", y);
+      case v1::REM: return StrCat(Fn(dt, "fmod"), "(", x, ", ", y, ")");
+      case v1::POW: return StrCat(Fn(dt, "pow"), "(", x, ", ", y, ")");
+      case v1::MAX: return StrCat("maxp(", x, ", ", y, ")");
+      case v1::MIN: return StrCat("minp(", x, ", ", y, ")");
+      default: break;
+    }
+  } else if (IsIntDt(dt)) {
+    const std::string u = UnsignedOf(dt);
+    const bool is_signed = dt != v1::U8;
+    auto wrap = [&](const char* sym) { return absl::StrFormat("(%s)((%s)%s %s (%s)%s)", c, u, x, sym, u, y); };
+    switch (op) {
+      case v1::ADD: return wrap("+");
+      case v1::SUB: return wrap("-");
+      case v1::MUL: return wrap("*");
+      // x / 0 is -1 and x % 0 is x, as in XLA; MIN / -1 wraps.
+      case v1::DIV:
+        return is_signed ? absl::StrFormat("(%s == 0 ? (%s)-1 : %s == -1 ? (%s)((%s)0 - (%s)%s) : (%s)(%s / %s))", y, c,
+                                           y, c, u, u, x, c, x, y)
+                         : absl::StrFormat("(%s == 0 ? (%s)-1 : (%s)(%s / %s))", y, c, c, x, y);
+      case v1::REM:
+        return is_signed ? absl::StrFormat("(%s == 0 ? %s : %s == -1 ? (%s)0 : (%s)(%s %% %s))", y, x, y, c, c, x, y)
+                         : absl::StrFormat("(%s == 0 ? %s : (%s)(%s %% %s))", y, x, c, x, y);
+      case v1::POW: return StrCat("ipow<", c, ", ", u, ">(", x, ", ", y, ")");
+      case v1::MAX: return StrCat("maxp(", x, ", ", y, ")");
+      case v1::MIN: return StrCat("minp(", x, ", ", y, ")");
+      case v1::AND: return StrCat("(", c, ")(", x, " & ", y, ")");
+      case v1::OR: return StrCat("(", c, ")(", x, " | ", y, ")");
+      case v1::XOR: return StrCat("(", c, ")(", x, " ^ ", y, ")");
+      default: break;
+    }
+  } else {
+    switch (op) {
+      case v1::AND: return StrCat(x, " && ", y);
+      case v1::OR: return StrCat(x, " || ", y);
+      case v1::XOR: return StrCat(x, " != ", y);
+      default: break;
+    }
+  }
+  return absl::UnimplementedError(StrCat("cuda codegen: ", OpName(op), " on ", DTypeName(dt)));
+}
+
+absl::StatusOr<std::string> CompareSymbol(v1::CompareDirection d) {
+  switch (d) {
+    case v1::EQ: return "==";
+    case v1::NE: return "!=";
+    case v1::LT: return "<";
+    case v1::LE: return "<=";
+    case v1::GT: return ">";
+    case v1::GE: return ">=";
+    default: return absl::InvalidArgumentError("cuda codegen: invalid compare direction");
+  }
+}
+
+// --- index arithmetic -----------------------------------------------------------
+
+std::vector<int64_t> Strides(const google::protobuf::RepeatedField<int64_t>& dims) {
+  std::vector<int64_t> s(dims.size(), 1);
+  for (int i = dims.size() - 2; i >= 0; --i) s[i] = s[i + 1] * dims[i + 1];
+  return s;
+}
+
+// "const i64 <pfx>d = ...;" for every dimension d of `dims`, from linear index `lin`.
+std::string Coords(const google::protobuf::RepeatedField<int64_t>& dims, const std::string& lin, const std::string& pfx) {
+  std::string out = StrCat("    i64 t_", pfx, " = ", lin, ";\n");
+  for (int d = dims.size() - 1; d >= 0; --d) {
+    absl::StrAppend(&out, "    const i64 ", pfx, d, " = t_", pfx, " % ", dims[d], "; t_", pfx, " /= ", dims[d], ";\n");
+  }
+  return out;
+}
+
+std::string Kernel(const std::string& decls, const std::string& loop_extent, const std::string& body) {
+  return StrCat("{\n", decls, "  TESSEL_LOOP(", loop_extent, ") {\n", body, "  }\n}\n");
+}
+
+std::string PtrDecl(const std::string& type, const std::string& name, int index, bool is_const) {
+  return absl::StrFormat("  %s%s* %s = (%s%s*)a.p[%d];\n", is_const ? "const " : "", type, name,
+                         is_const ? "const " : "", type, index);
+}
+
+}  // namespace
+
+const std::string& KernelPrelude() {
+  static const std::string* prelude = new std::string(kPrelude);
+  return *prelude;
+}
+
+std::string ModuleSource::Add(const std::string& body) {
+  for (size_t i = 0; i < bodies_.size(); ++i) {
+    if (bodies_[i] == body) return StrCat("k", i);
+  }
+  bodies_.push_back(body);
+  return StrCat("k", bodies_.size() - 1);
+}
+
+std::string ModuleSource::source() const {
+  std::string out = KernelPrelude();
+  for (size_t i = 0; i < bodies_.size(); ++i) absl::StrAppend(&out, "\nTESSEL_KERNEL k", i, "(TesselParams a) ", bodies_[i]);
+  return out;
+}
+
+absl::StatusOr<KernelLaunch> ModuleSource::AddFusion(const v1::Fusion& fusion,
+                                                     const std::vector<v1::TensorType>& input_types) {
+  if (fusion.inputs_size() + fusion.outputs_size() > kMaxKernelPointers) {
+    return absl::UnimplementedError(StrCat("cuda codegen: a fusion of ", fusion.inputs_size(), " inputs and ",
+                                           fusion.outputs_size(), " outputs exceeds ", kMaxKernelPointers,
+                                           " kernel arguments"));
+  }
+  int64_t elements = 0;
+  for (const v1::Node& n : fusion.nodes()) elements = std::max(elements, NumElementsUnchecked(n.type()));
+  absl::flat_hash_map<std::string, std::string> var;   // value -> compute-typed variable
+  absl::flat_hash_map<std::string, v1::DType> dtype;
+  std::string decls, body;
+  for (int i = 0; i < fusion.inputs_size(); ++i) {
+    const v1::DType dt = input_types[i].dtype();
+    const std::string p = StrCat("in", i), v = StrCat("x", i);
+    decls += PtrDecl(Storage(dt), p, i, true);
+    if (NumElementsUnchecked(input_types[i]) != elements) {
+      absl::StrAppend(&decls, "  const ", Compute(dt), " ", v, " = ", Load(dt, p + "[0]"), ";\n");
+    } else {
+      absl::StrAppend(&body, "    const ", Compute(dt), " ", v, " = ", Load(dt, p + "[i]"), ";\n");
+    }
+    var[fusion.inputs(i)] = v;
+    dtype[fusion.inputs(i)] = dt;
+  }
+  for (int k = 0; k < fusion.nodes_size(); ++k) {
+    const v1::Node& n = fusion.nodes(k);
+    const v1::DType dt = n.type().dtype();
+    const std::string v = StrCat("v", k);
+    std::vector<std::string> args;
+    for (const std::string& o : n.operands()) {
+      auto it = var.find(o);
+      if (it == var.end()) {
+        return absl::InternalError(StrCat("fusion node '", n.name(), "' reads '", o,
+                                          "', which is neither an input nor an earlier node"));
+      }
+      args.push_back(it->second);
+    }
+    std::string expr;
+    bool hoist = false;
+    switch (n.op()) {
+      case v1::CONSTANT: {
+        const v1::ConstantAttrs& c = n.constant();
+        if (c.has_iota()) {
+          int64_t inner = 1;
+          for (int d = c.iota().dimension() + 1; d < n.type().dims_size(); ++d) inner *= n.type().dims(d);
+          expr = Convert(v1::S64, dt, absl::StrFormat("(i / %dll) %% %dll + a.s[0]", inner,
+                                                      n.type().dims(c.iota().dimension())));
+        } else if (c.has_fill() || NumElementsUnchecked(n.type()) == 1) {
+          char one[8] = {};
+          if (c.has_fill()) {
+            cpu::FillKernel(dt, c.fill(), one, 1);
+          } else {
+            cpu::MaterializeLiteral(n, one);
+          }
+          expr = Literal(dt, one);
+          hoist = true;
+        } else {
+          return absl::InternalError(StrCat("fusion holds a non-scalar literal '", n.name(), "'"));
+        }
+        break;
+      }
+      case v1::BROADCAST_IN_DIM: expr = args[0]; break;
+      case v1::COMPARE: {
+        auto sym = CompareSymbol(n.compare().direction());
+        if (!sym.ok()) return sym.status();
+        expr = StrCat(args[0], " ", *sym, " ", args[1]);
+        break;
+      }
+      case v1::SELECT: expr = StrCat(args[0], " ? ", args[1], " : ", args[2]); break;
+      case v1::CLAMP: expr = StrCat("minp(maxp(", args[1], ", ", args[0], "), ", args[2], ")"); break;
+      case v1::CONVERT: expr = Convert(dtype[n.operands(0)], dt, args[0]); break;
+      default: {
+        absl::StatusOr<std::string> e = args.size() == 1 ? Unary(n.op(), dt, args[0])
+                                      : args.size() == 2 ? Binary(n.op(), dt, args[0], args[1])
+                                                         : absl::InternalError(StrCat("fusion holds non-elementwise node '", n.name(), "' (", OpName(n.op()), ")"));
+        if (!e.ok()) return e.status();
+        expr = Round(dt, *e);
+      }
+    }
+    absl::StrAppend(hoist ? &decls : &body, hoist ? "  const " : "    const ", Compute(dt), " ", v, " = ", expr, ";\n");
+    var[n.name()] = v;
+    dtype[n.name()] = dt;
+  }
+  // Outputs the size of the fusion are written per element; one-element ones once.
+  absl::flat_hash_map<std::string, int64_t> node_elements;
+  for (const v1::Node& n : fusion.nodes()) node_elements[n.name()] = NumElementsUnchecked(n.type());
+  std::string once;
+  for (int j = 0; j < fusion.outputs_size(); ++j) {
+    const std::string& o = fusion.outputs(j);
+    if (!node_elements.contains(o)) {
+      return absl::InternalError(StrCat("fusion output '", o, "' is not a fusion node"));
+    }
+    const v1::DType dt = dtype[o];
+    const std::string p = StrCat("out", j);
+    decls += PtrDecl(Storage(dt), p, fusion.inputs_size() + j, false);
+    if (node_elements[o] == elements) {
+      absl::StrAppend(&body, "    ", p, "[i] = ", Store(dt, var[o]), ";\n");
+    } else {
+      absl::StrAppend(&once, "  if (tid() == 0) ", p, "[0] = ", Store(dt, var[o]), ";\n");
+    }
+  }
+  std::string k = Kernel(decls + once, StrCat(elements), body);
+  return KernelLaunch{Add(k), elements};
+}
+
+absl::StatusOr<KernelLaunch> ModuleSource::AddLayout(const v1::Node& n,
+                                                     const std::vector<v1::TensorType>& operand_types) {
+  const v1::TensorType& t = n.type();
+  const int64_t elements = NumElementsUnchecked(t);
+  const std::string e = Bits(DTypeSize(t.dtype()));
+  std::string decls, body = Coords(t.dims(), "i", "c");
+  const int nin = n.op() == v1::CONCATENATE ? int(operand_types.size()) : 1;
+  for (int k = 0; k < nin; ++k) decls += PtrDecl(e, StrCat("in", k), k, true);
+  if (n.op() == v1::PAD) decls += PtrDecl(e, "padv", 1, true);
+  decls += PtrDecl(e, "out", n.op() == v1::PAD ? 2 : nin, false);
+  const v1::TensorType& in = operand_types[0];
+  const std::vector<int64_t> is = Strides(in.dims());
+  std::string src = "0";
+  switch (n.op()) {
+    case v1::BROADCAST_IN_DIM: {
+      const auto& bd = n.broadcast_in_dim().broadcast_dimensions();
+      for (int k = 0; k < in.dims_size(); ++k) {
+        if (in.dims(k) != 1) absl::StrAppend(&src, " + c", bd[k], " * ", is[k]);
+      }
+      break;
+    }
+    case v1::TRANSPOSE: {
+      const auto& perm = n.transpose().permutation();
+      for (int j = 0; j < perm.size(); ++j) absl::StrAppend(&src, " + c", j, " * ", is[perm[j]]);
+      break;
+    }
+    case v1::SLICE: {
+      const v1::SliceAttrs& s = n.slice();
+      for (int d = 0; d < in.dims_size(); ++d) {
+        const int64_t stride = s.strides().empty() ? 1 : s.strides(d);
+        absl::StrAppend(&src, " + (", s.start(d), " + c", d, " * ", stride, ") * ", is[d]);
+      }
+      break;
+    }
+    case v1::PAD: {
+      const v1::PadAttrs& p = n.pad();
+      std::string cond = "false";
+      for (int d = 0; d < in.dims_size(); ++d) {
+        const int64_t step = 1 + (p.interior().empty() ? 0 : p.interior(d));
+        absl::StrAppend(&body, "    const i64 q", d, " = c", d, " - (", p.low(d), ");\n");
+        absl::StrAppend(&cond, " || q", d, " < 0 || q", d, " % ", step, " != 0 || q", d, " / ", step, " >= ",
+                        in.dims(d));
+        absl::StrAppend(&src, " + q", d, " / ", step, " * ", is[d]);
+      }
+      absl::StrAppend(&body, "    out[i] = (", cond, ") ? padv[0] : in0[", src, "];\n");
+      return KernelLaunch{Add(Kernel(decls, StrCat(elements), body)), elements};
+    }
+    case v1::CONCATENATE: {
+      const int64_t dim = n.concatenate().dimension();
+      int64_t offset = 0;
+      for (int k = 0; k < nin; ++k) {
+        const std::vector<int64_t> ks = Strides(operand_types[k].dims());
+        std::string ksrc = "0";
+        for (int d = 0; d < t.dims_size(); ++d) {
+          absl::StrAppend(&ksrc, " + ", d == dim ? absl::StrFormat("(c%d - %d)", d, offset) : StrCat("c", d), " * ",
+                          ks[d]);
+        }
+        const int64_t end = offset + operand_types[k].dims(dim);
+        absl::StrAppend(&body, k == 0 ? "    " : "    else ", k + 1 < nin ? absl::StrFormat("if (c%d < %d) ", dim, end) : "",
+                        "out[i] = in", k, "[", ksrc, "];\n");
+        offset = end;
+      }
+      return KernelLaunch{Add(Kernel(decls, StrCat(elements), body)), elements};
+    }
+    default:
+      return absl::UnimplementedError(StrCat("cuda codegen: ", OpName(n.op()), " is not a layout op"));
+  }
+  absl::StrAppend(&body, "    out[i] = in0[", src, "];\n");
+  return KernelLaunch{Add(Kernel(decls, StrCat(elements), body)), elements};
+}
+
+absl::StatusOr<ReducePlan> ModuleSource::AddReduce(const v1::Node& n, const v1::TensorType& in) {
+  const v1::DType dt = in.dtype();
+  const v1::ReduceKind kind = n.reduce().kind();
+  if (dt == v1::PRED) return absl::UnimplementedError("cuda codegen: reduce of pred");
+  const int rank = in.dims_size();
+  std::vector<bool> reduced(rank, false);
+  for (int64_t d : n.reduce().dims()) reduced[d] = true;
+  int64_t outs = 1, extent = 1;
+  google::protobuf::RepeatedField<int64_t> kept_dims, red_dims;
+  std::vector<int64_t> kept_strides, red_strides;
+  const std::vector<int64_t> is = Strides(in.dims());
+  for (int d = 0; d < rank; ++d) {
+    if (reduced[d]) {
+      extent *= in.dims(d);
+      red_dims.Add(in.dims(d));
+      red_strides.push_back(is[d]);
+    } else {
+      outs *= in.dims(d);
+      kept_dims.Add(in.dims(d));
+      kept_strides.push_back(is[d]);
+    }
+  }
+  // Accumulators: floats in their compute type, integer sums and products in
+  // 64-bit unsigned (modular, so truncating at the end equals wrapping).
+  const bool int_arith = IsIntDt(dt) && (kind == v1::SUM || kind == v1::PROD);
+  const std::string acc = int_arith ? "u64" : Compute(dt);
+  std::string ident;
+  switch (kind) {
+    case v1::SUM: ident = StrCat("(", acc, ")0"); break;
+    case v1::PROD: ident = StrCat("(", acc, ")1"); break;
+    case v1::REDUCE_MAX:
+    case v1::REDUCE_MIN: {
+      const bool mx = kind == v1::REDUCE_MAX;
+      if (dt == v1::F64) ident = mx ? "-u2d(0x7ff0000000000000ull)" : "u2d(0x7ff0000000000000ull)";
+      else if (IsFloat(dt)) ident = mx ? "-u2f(0x7f800000u)" : "u2f(0x7f800000u)";
+      else {
+        const std::string lim = IntLimits(dt);
+        ident = mx ? lim.substr(0, lim.find(',')) : lim.substr(lim.find(',') + 2);
+      }
+      break;
+    }
+    default: return absl::InvalidArgumentError(StrCat("cuda codegen: reduce '", n.name(), "' has no kind"));
+  }
+  auto combine = [&](const std::string& x) {
+    switch (kind) {
+      case v1::SUM: return StrCat("acc + (", acc, ")(", x, ")");
+      case v1::PROD: return StrCat("acc * (", acc, ")(", x, ")");
+      case v1::REDUCE_MAX: return StrCat("maxp(acc, (", acc, ")(", x, "))");
+      default: return StrCat("minp(acc, (", acc, ")(", x, "))");
+    }
+  };
+  // Chunks per output of the first pass: enough threads to fill a GPU, at
+  // least 32 elements per thread; later passes fold up to 256 chunks each.
+  constexpr int64_t kThreads = int64_t{1} << 18;
+  std::vector<int64_t> chunks = {1};
+  if (outs > 0 && outs < kThreads / 4 && extent > 32) {
+    chunks[0] = std::max<int64_t>(1, std::min((kThreads + outs - 1) / outs, (extent + 31) / 32));
+  }
+  while (chunks.back() > 1) chunks.push_back((chunks.back() + 255) / 256);
+  if (chunks.size() > 1) chunks.back() = 1;
+
+  ReducePlan plan;
+  plan.accumulator_bytes = int_arith ? 8 : (dt == v1::F64 ? 8 : IsFloat(dt) ? 4 : DTypeSize(dt));
+  const bool leading = [&] {  // reduced dimensions lead: columns
+    int d = 0;
+    while (d < rank && reduced[d]) ++d;
+    for (int e = d; e < rank; ++e) if (reduced[e]) return false;
+    return d > 0 && d < rank;
+  }();
+  const bool trailing = [&] {
+    int d = rank;
+    while (d > 0 && reduced[d - 1]) --d;
+    for (int e = 0; e < d; ++e) if (reduced[e]) return false;
+    return true;
+  }();
+  for (size_t pass = 0; pass < chunks.size(); ++pass) {
+    const bool first = pass == 0, last = pass + 1 == chunks.size();
+    const int64_t c = chunks[pass];
+    const int64_t r_extent = first ? extent : chunks[pass - 1];
+    std::string decls = PtrDecl(first ? Storage(dt) : acc, "in", 0, true);
+    decls += PtrDecl(last ? Storage(dt) : acc, "out", 1, false);
+    std::string body;
+    std::string src;
+    if (first && leading) {
+      absl::StrAppend(&body, "    const i64 o = i % ", outs, ", c = i / ", outs, ";\n");
+      src = StrCat("r * ", outs, " + o");
+    } else {
+      absl::StrAppend(&body, "    const i64 o = i / ", c, ", c = i % ", c, ";\n");
+      if (!first || trailing) {
+        src = StrCat("o * ", r_extent, " + r");
+      } else {
+        body += Coords(kept_dims, "o", "k");
+        std::string base = "0";
+        for (size_t k = 0; k < kept_strides.size(); ++k) absl::StrAppend(&base, " + k", k, " * ", kept_strides[k]);
+        absl::StrAppend(&body, "    const i64 base = ", base, ";\n");
+        src = "base";
+        for (size_t k = 0; k < red_strides.size(); ++k) absl::StrAppend(&src, " + j", k, " * ", red_strides[k]);
+      }
+    }
+    absl::StrAppend(&body, "    ", acc, " acc = ", ident, ";\n    for (i64 r = c; r < ", r_extent, "; r += ", c,
+                    ") {\n");
+    if (first && !leading && !trailing) body += Coords(red_dims, "r", "j");
+    absl::StrAppend(&body, "      acc = ", combine(first ? Load(dt, StrCat("in[", src, "]")) : StrCat("in[", src, "]")),
+                    ";\n    }\n");
+    if (last) {
+      absl::StrAppend(&body, "    out[o] = ", Store(dt, StrCat("(", Compute(dt), ")acc")), ";\n");
+    } else {
+      absl::StrAppend(&body, "    out[o * ", c, " + c] = acc;\n");
+      plan.partial_elements.push_back(outs * c);
+    }
+    plan.passes.push_back(KernelLaunch{Add(Kernel(decls, StrCat(outs * c), body)), outs * c});
+  }
+  return plan;
+}
+
+absl::StatusOr<KernelLaunch> ModuleSource::AddArgReduce(const v1::Node& n, const v1::TensorType& in) {
+  const v1::DType dt = in.dtype();
+  if (dt == v1::PRED) return absl::UnimplementedError("cuda codegen: argmax/argmin of pred");
+  const int64_t dim = n.arg_reduce().dimension();
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < dim; ++d) outer *= in.dims(d);
+  for (int d = dim + 1; d < in.dims_size(); ++d) inner *= in.dims(d);
+  const int64_t extent = in.dims(dim);
+  const std::string c = Compute(dt), idx = Storage(n.type().dtype());
+  const std::string cmp = n.op() == v1::ARGMAX ? ">" : "<";
+  std::string decls = PtrDecl(Storage(dt), "in", 0, true) + PtrDecl(idx, "out", 1, false);
+  std::string take = IsFloat(dt) ? StrCat("best == best && (v != v || v ", cmp, " best)") : StrCat("v ", cmp, " best");
+  std::string body = absl::StrFormat(
+      "    const i64 base = i / %d * %d + i %% %d;\n"
+      "    %s best = %s;\n    %s idx = 0;\n"
+      "    for (i64 e = 1; e < %d; ++e) {\n"
+      "      const %s v = %s;\n"
+      "      if (%s) { best = v; idx = (%s)e; }\n    }\n"
+      "    out[i] = idx;\n",
+      inner, extent * inner, inner, c, Load(dt, "in[base]"), idx, extent, c,
+      Load(dt, StrCat("in[base + e * ", inner, "]")), take, idx);
+  const int64_t elements = extent == 0 ? 0 : outer * inner;
+  return KernelLaunch{Add(Kernel(decls, StrCat(elements), body)), elements};
+}
+
+absl::StatusOr<KernelLaunch> ModuleSource::AddShardSlice(const v1::Node& n, const v1::TensorType& in,
+                                                         int64_t blocks) {
+  const int64_t dim = n.collective().dimension();
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < dim; ++d) outer *= in.dims(d);
+  for (int d = dim + 1; d < in.dims_size(); ++d) inner *= in.dims(d);
+  const int64_t piece = in.dims(dim) / blocks * inner;
+  const std::string e = Bits(DTypeSize(in.dtype()));
+  std::string decls = PtrDecl(e, "in", 0, true) + PtrDecl(e, "out", 1, false);
+  std::string body = absl::StrFormat("    out[i] = in[(i / %d * %d + a.s[0]) * %d + i %% %d];\n", piece, blocks, piece,
+                                     piece);
+  return KernelLaunch{Add(Kernel(decls, StrCat(outer * piece), body)), outer * piece};
+}
+
+KernelLaunch ModuleSource::AddSwapMajor(v1::DType dt, int64_t outer, int64_t k, int64_t piece, bool to_rank_major) {
+  const std::string e = Bits(DTypeSize(dt));
+  std::string decls = PtrDecl(e, "in", 0, true) + PtrDecl(e, "out", 1, false);
+  // Output element i = (major, minor, j); its source swaps major and minor.
+  const int64_t major = to_rank_major ? k : outer, minor = to_rank_major ? outer : k;
+  std::string body = absl::StrFormat(
+      "    const i64 j = i %% %d, mi = i / %d %% %d, ma = i / %d / %d;\n"
+      "    out[i] = in[(mi * %d + ma) * %d + j];\n",
+      piece, piece, minor, piece, minor, major, piece);
+  const int64_t elements = outer * k * piece;
+  return KernelLaunch{Add(Kernel(decls, StrCat(elements), body)), elements};
+}
+
+KernelLaunch ModuleSource::AddScalarS32() {
+  return KernelLaunch{Add(Kernel(PtrDecl("i32", "out", 0, false), "1", "    out[i] = (i32)a.s[0];\n")), 1};
+}
+
+}  // namespace tessel::cuda
