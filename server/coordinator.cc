@@ -104,6 +104,10 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(const v1:
                                              req.num_devices()));
   }
   if (req.address().empty()) return absl::InvalidArgumentError("worker registered without an address");
+  if (req.device_kinds_size() != 0 && req.device_kinds_size() != req.num_devices()) {
+    return absl::InvalidArgumentError(StrCat("worker at ", req.address(), ": ", req.device_kinds_size(),
+                                             " device kinds for ", req.num_devices(), " devices"));
+  }
   std::shared_ptr<WorkerClient> client = options_.connect(req.address());
   absl::MutexLock l(&mu_);
   WorkerRecord w;
@@ -114,9 +118,13 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(const v1:
   for (int i = 0; i < req.num_devices(); ++i) {
     w.devices.push_back(devices_.size());
     devices_.push_back(DeviceRecord{w.id, i, 0});
+    devices_.back().kind = req.device_kinds_size() > 0 ? req.device_kinds(i)
+                           : req.device_kind().empty() ? "cpu" : req.device_kind();
   }
-  log_->info("worker {} registered from {} with {} {} devices (global ids {}..{})", w.id, w.address,
-             req.num_devices(), req.device_kind(), w.devices.front(), w.devices.back());
+  std::string kinds;
+  for (int d : w.devices) absl::StrAppend(&kinds, kinds.empty() ? "" : ",", devices_[d].kind);
+  log_->info("worker {} registered from {} with {} devices [{}] (global ids {}..{})", w.id, w.address,
+             req.num_devices(), kinds, w.devices.front(), w.devices.back());
   v1::RegisterWorkerResponse resp;
   resp.set_worker_id(w.id);
   resp.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
@@ -1062,7 +1070,7 @@ v1::GetClusterResponse Coordinator::GetCluster(const v1::GetClusterRequest& req)
       for (int d : w->devices) {
         v1::DeviceInfo* di = info->add_devices();
         di->set_id(d);
-        di->set_kind("cpu");
+        di->set_kind(devices_[d].kind);
         di->set_local_index(devices_[d].local_index);
         di->set_worker_id(w->id);
       }

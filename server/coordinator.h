@@ -97,6 +97,7 @@ class Coordinator {
     std::string worker_id;
     int local_index = 0;
     uint64_t next_seq = 0;
+    std::string kind = "cpu";
   };
   struct ArrayRecord {
     std::string session;

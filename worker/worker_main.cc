@@ -11,6 +11,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/process_tuning.h"
 #include "core/version.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -18,6 +19,9 @@
 #include "tessel/v1/admin.grpc.pb.h"
 #include "worker/collectives.h"
 #include "worker/cpu/cpu_device.h"
+#ifdef TESSEL_HAVE_CUDA
+#include "worker/cuda/cuda_device.h"
+#endif
 #include "worker/kv_store_client.h"
 #include "worker/worker_runtime.h"
 #include "worker/worker_service.h"
@@ -26,6 +30,11 @@ ABSL_FLAG(std::string, coordinator, "", "Address (host:port) of the tessel-coord
 ABSL_FLAG(std::string, host, "127.0.0.1", "Interface to listen on; also the host advertised to the coordinator.");
 ABSL_FLAG(int, port, 0, "Port to serve tessel.v1.Worker on; 0 picks a free one.");
 ABSL_FLAG(int, devices, 1, "Number of CPU devices this worker exposes.");
+ABSL_FLAG(std::string, device_kind, "cpu",
+          "Which devices to expose: cpu (--devices of them), cuda (every GPU the CUDA runtime sees; "
+          "CUDA_VISIBLE_DEVICES narrows it), or both (CPU devices first, then GPUs).");
+ABSL_FLAG(std::string, kernel_cache_dir, "",
+          "Where compiled CUDA kernels are cached on disk; default $TESSEL_KERNEL_CACHE, else ~/.cache/tessel/kernels.");
 ABSL_FLAG(int64_t, device_memory_bytes, 0,
           "Memory limit per device in bytes; 0 means 80% of physical memory divided among the devices.");
 ABSL_FLAG(int, register_timeout_s, 30, "How long to keep trying to reach the coordinator at start-up.");
@@ -42,8 +51,53 @@ struct Registration {
   int64_t heartbeat_ms = 500;
 };
 
+// The devices --device_kind asks for. A kind that names GPUs finds none on
+// a machine without them (or in a build without the CUDA backend): with
+// "both" that leaves the CPU devices, with "cuda" it is an error.
+absl::StatusOr<std::vector<std::unique_ptr<tessel::worker::Device>>> MakeDevices(const std::string& kind, int num_cpu,
+                                                                               spdlog::logger& log) {
+  if (kind != "cpu" && kind != "cuda" && kind != "both") {
+    return absl::InvalidArgumentError(absl::StrCat("--device_kind: expected cpu, cuda or both, got '", kind, "'"));
+  }
+  std::vector<std::unique_ptr<tessel::worker::Device>> devices;
+  if (kind != "cuda") {
+    const int64_t limit = absl::GetFlag(FLAGS_device_memory_bytes) > 0
+                              ? absl::GetFlag(FLAGS_device_memory_bytes)
+                              : int64_t(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE) / 10 * 8 / num_cpu;
+    for (int i = 0; i < num_cpu; ++i) {
+      devices.push_back(std::make_unique<tessel::cpu::CpuDevice>(tessel::cpu::CpuDevice::Options{i, limit}));
+    }
+  }
+  if (kind == "cpu") return devices;
+  int found = 0;
+  std::string why = "this worker was built without the CUDA backend";
+#ifdef TESSEL_HAVE_CUDA
+  const tessel::cuda::CudaProbe probe = tessel::cuda::ProbeCuda();
+  found = probe.count;
+  why = probe.reason;
+  std::string cache = absl::GetFlag(FLAGS_kernel_cache_dir);
+  if (cache.empty()) cache = tessel::cuda::KernelCompiler::DefaultCacheDir();
+  for (int g = 0; g < probe.count; ++g) {
+    tessel::cuda::CudaDevice::Options o;
+    o.local_index = int(devices.size());
+    o.ordinal = g;
+    o.memory_limit_bytes = kind == "cuda" ? absl::GetFlag(FLAGS_device_memory_bytes) : 0;
+    o.kernel_cache_dir = cache;
+    auto d = tessel::cuda::CudaDevice::Create(o);
+    if (!d.ok()) return d.status();
+    log.info("cuda:{} is GPU {} ({}), kernels cached in {}", o.local_index, g, (*d)->arch(), cache.empty() ? "memory" : cache);
+    devices.push_back(std::move(*d));
+  }
+#endif
+  if (found == 0) {
+    if (kind == "cuda") return absl::FailedPreconditionError(absl::StrCat("--device_kind=cuda: no CUDA devices (", why, ")"));
+    log.info("no CUDA devices ({}); serving CPU devices only", why);
+  }
+  return devices;
+}
+
 absl::StatusOr<Registration> Register(tessel::v1::Registry::Stub& stub, const std::string& address,
-                                      int devices, absl::Duration timeout) {
+                                      const std::vector<std::string>& kinds, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   grpc::Status last;
   while (absl::Now() < deadline) {
@@ -51,8 +105,9 @@ absl::StatusOr<Registration> Register(tessel::v1::Registry::Stub& stub, const st
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
     tessel::v1::RegisterWorkerRequest req;
     req.set_address(address);
-    req.set_num_devices(devices);
-    req.set_device_kind("cpu");
+    req.set_num_devices(int(kinds.size()));
+    for (const std::string& k : kinds) req.add_device_kinds(k);
+    req.set_device_kind(kinds.empty() ? "cpu" : kinds.front());
     req.set_protocol_version(tessel::kProtocolVersionMax);
     tessel::v1::RegisterWorkerResponse resp;
     last = stub.RegisterWorker(&ctx, req, &resp);
@@ -72,8 +127,8 @@ int main(int argc, char** argv) {
   tessel::BlockTerminationSignals();
   tessel::TuneAllocatorForStreaming();
   absl::SetProgramUsageMessage(
-      "tessel-worker --coordinator=HOST:PORT [--devices=N] [--port=P]\n"
-      "Serves tessel.v1.Worker: owns N CPU devices, runs the programs the coordinator sends,\n"
+      "tessel-worker --coordinator=HOST:PORT [--devices=N] [--device_kind=cpu|cuda|both] [--port=P]\n"
+      "Serves tessel.v1.Worker: owns N CPU devices and/or the machine's GPUs, runs the programs the coordinator sends,\n"
       "registers with the coordinator and heartbeats. Also serves grpc.health.v1.Health and reflection.");
   absl::ParseCommandLine(argc, argv);
   auto log = spdlog::stdout_color_mt("worker");
@@ -92,14 +147,17 @@ int main(int argc, char** argv) {
     log->error("--devices: expected 1..256, got {}", num_devices);
     return 2;
   }
-  int64_t limit = absl::GetFlag(FLAGS_device_memory_bytes);
-  if (limit <= 0) {
-    limit = int64_t(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE) / 10 * 8 / num_devices;
-  }
   tessel::worker::WorkerRuntime::Options options;
-  for (int i = 0; i < num_devices; ++i) {
-    options.devices.push_back(std::make_unique<tessel::cpu::CpuDevice>(tessel::cpu::CpuDevice::Options{i, limit}));
+  {
+    auto devices = MakeDevices(absl::GetFlag(FLAGS_device_kind), num_devices, *log);
+    if (!devices.ok()) {
+      log->error("{}", devices.status().ToString());
+      return 1;
+    }
+    options.devices = std::move(*devices);
   }
+  std::vector<std::string> kinds;
+  for (const auto& d : options.devices) kinds.push_back(d->kind());
   options.logger = log;
   auto runtime = tessel::worker::WorkerRuntime::Create(std::move(options));
   if (!runtime.ok()) {
@@ -122,7 +180,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::string address = absl::StrCat(host, ":", port);
-  log->info("serving tessel.v1.Worker on {} with {} cpu devices", address, num_devices);
+  log->info("serving tessel.v1.Worker on {} with devices [{}]", address, absl::StrJoin(kinds, ","));
 
   auto channel = grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials());
   std::shared_ptr<tessel::v1::Registry::Stub> registry = tessel::v1::Registry::NewStub(channel);
@@ -139,7 +197,7 @@ int main(int argc, char** argv) {
     }
     (*runtime)->SetCollectives(std::move(*collectives));
   }
-  auto reg = Register(*registry, address, num_devices, absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s)));
+  auto reg = Register(*registry, address, kinds, absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s)));
   if (!reg.ok()) {
     log->error("{}", reg.status().ToString());
     server->Shutdown();
@@ -161,7 +219,7 @@ int main(int argc, char** argv) {
       grpc::Status s = registry->Heartbeat(&ctx, req, &resp);
       if (s.ok() && !resp.known()) {
         log->warn("coordinator does not know worker {}; registering again", r.worker_id);
-        auto again = Register(*registry, address, num_devices, absl::Seconds(5));
+        auto again = Register(*registry, address, kinds, absl::Seconds(5));
         if (again.ok()) r = *again;
       } else if (!s.ok()) {
         log->warn("heartbeat to {} failed: {}", coordinator, s.error_message());

@@ -10,14 +10,14 @@ namespace {
 
 class CpuBuffer final : public worker::Buffer {
  public:
-  CpuBuffer(std::shared_ptr<HostAllocator> alloc, void* data, int64_t size)
+  CpuBuffer(std::shared_ptr<worker::CachingAllocator> alloc, void* data, int64_t size)
       : alloc_(std::move(alloc)), data_(data), size_(size) {}
   ~CpuBuffer() override { alloc_->Free(data_, size_); }
   int64_t size() const override { return size_; }
   void* opaque() const override { return data_; }
 
  private:
-  const std::shared_ptr<HostAllocator> alloc_;
+  const std::shared_ptr<worker::CachingAllocator> alloc_;
   void* const data_;
   const int64_t size_;
 };
@@ -34,8 +34,9 @@ absl::Status CheckRange(const worker::Buffer& b, int64_t offset, int64_t n) {
 
 CpuDevice::CpuDevice(Options options)
     : options_(options),
-      allocator_(std::make_shared<HostAllocator>(HostAllocator::Options{
-          absl::StrCat("cpu:", options.local_index), options.memory_limit_bytes})) {}
+      allocator_(std::make_shared<worker::CachingAllocator>(
+          worker::CachingAllocator::Options{absl::StrCat("cpu:", options.local_index), options.memory_limit_bytes},
+          std::make_unique<worker::HostMemory>())) {}
 
 absl::StatusOr<worker::BufferPtr> CpuDevice::Allocate(int64_t bytes) {
   auto p = allocator_->Allocate(bytes);

@@ -1,11 +1,11 @@
 // CpuDevice: a Device whose memory is host memory from a caching
-// HostAllocator and whose kernels run on the calling thread. A worker may
+// CachingAllocator over host memory and whose kernels run on the calling thread. A worker may
 // expose several, so meshes can be exercised on one machine.
 #pragma once
 
 #include <memory>
 
-#include "worker/cpu/allocator.h"
+#include "worker/caching_allocator.h"
 #include "worker/device.h"
 
 namespace tessel::cpu {
@@ -29,7 +29,7 @@ class CpuDevice final : public worker::Device {
  private:
   const Options options_;
   // shared so that buffers outliving a device still free into a live allocator
-  std::shared_ptr<HostAllocator> allocator_;
+  std::shared_ptr<worker::CachingAllocator> allocator_;
 };
 
 }  // namespace tessel::cpu

@@ -1,7 +1,8 @@
 // CpuExecutable: a Program prepared for a CpuDevice: values numbered into
-// slots, fusions built into FusedLoops, literal constants materialized once.
-// Run allocates results from the device and releases intermediates after
-// their last reader, as the plan says. One Run at a time per instance.
+// slots (SlotProgram), fusions built into FusedLoops, literal constants
+// materialized once. Run allocates results from the device and releases
+// intermediates after their last reader, as the plan says. One Run at a time
+// per instance.
 #pragma once
 
 #include <memory>
@@ -10,6 +11,7 @@
 
 #include "worker/cpu/fused_loop.h"
 #include "worker/device.h"
+#include "worker/slot_program.h"
 
 namespace tessel::cpu {
 
@@ -22,26 +24,18 @@ class CpuExecutable final : public worker::Executable {
                                                      const worker::StepContext& ctx) override;
 
  private:
-  struct Instr {
-    const v1::Node* node = nullptr;     // a single node, or
-    std::optional<FusedLoop> fusion;    // a fusion
-    std::vector<int> args;              // operand slots (fusion: its inputs)
-    std::vector<int> results;           // result slots (fusion: its outputs)
-    std::vector<const v1::TensorType*> arg_types;
-    std::vector<int> release;
-    worker::BufferPtr literal;          // materialized literal constant
+  explicit CpuExecutable(worker::SlotProgram slots) : slots_(std::move(slots)) {}
+  // Per instruction of slots_: its built fusion, or its materialized literal.
+  struct Prepared {
+    std::optional<FusedLoop> fusion;
+    worker::BufferPtr literal;
   };
-  // `preset[slot]`, where set, is the buffer that slot's value is written into.
-  absl::Status Execute(const Instr& in, std::vector<worker::BufferPtr>& values,
-                       const std::vector<worker::BufferPtr>& preset, const worker::StepContext& ctx);
+  absl::Status Execute(int i, std::vector<worker::BufferPtr>& values, const std::vector<worker::BufferPtr>& preset,
+                       const worker::StepContext& ctx);
 
-  v1::Program program_;  // owns the nodes instructions point into
+  worker::SlotProgram slots_;
   worker::Device* device_ = nullptr;
-  int num_slots_ = 0;
-  std::vector<int> param_slots_;
-  std::vector<int> output_slots_;
-  std::vector<int> output_buffer_slots_;  // the slot whose buffer each output is (reshapes followed)
-  std::vector<Instr> instrs_;
+  std::vector<Prepared> prepared_;
 };
 
 }  // namespace tessel::cpu

@@ -10,18 +10,10 @@
 #include "worker/cpu/traits.h"
 
 namespace tessel::cpu {
-namespace {
 
-// An operand seen as [batch, rows, cols] after permuting its dimensions.
-struct Canon {
-  std::vector<int64_t> perm;  // batch dims, then row dims, then col dims
-  int64_t batch = 1, rows = 1, cols = 1;
-};
-
-// lhs: rows = free dims, cols = contracting. rhs: rows = contracting, cols = free.
-Canon Canonicalize(const v1::TensorType& t, const google::protobuf::RepeatedField<int64_t>& batch,
+DotOperandLayout CanonicalizeDotOperand(const v1::TensorType& t, const google::protobuf::RepeatedField<int64_t>& batch,
                    const google::protobuf::RepeatedField<int64_t>& contracting, bool free_first) {
-  Canon c;
+  DotOperandLayout c;
   std::vector<int64_t> free;
   for (int64_t i = 0; i < t.dims_size(); ++i) {
     if (std::find(batch.begin(), batch.end(), i) == batch.end() &&
@@ -45,18 +37,19 @@ Canon Canonicalize(const v1::TensorType& t, const google::protobuf::RepeatedFiel
   return c;
 }
 
-bool IsIdentity(const std::vector<int64_t>& p) {
+bool IsIdentityPermutation(const std::vector<int64_t>& p) {
   for (size_t i = 0; i < p.size(); ++i) {
     if (p[i] != int64_t(i)) return false;
   }
   return true;
 }
 
+namespace {
 // Returns a pointer to the operand laid out as perm says, copying into
 // `scratch` only if needed.
 const void* Materialize(const v1::TensorType& t, const void* data, const std::vector<int64_t>& perm,
                         std::vector<char>& scratch) {
-  if (IsIdentity(perm)) return data;
+  if (IsIdentityPermutation(perm)) return data;
   v1::TransposeAttrs ta;
   v1::TensorType out;
   out.set_dtype(t.dtype());
@@ -68,15 +61,16 @@ const void* Materialize(const v1::TensorType& t, const void* data, const std::ve
   Transpose(t, data, ta, out, scratch.data());
   return scratch.data();
 }
+}  // namespace
 
-// Whether the operand is [batch, cols, rows] in memory: GEMM can read it
-// transposed without a copy.
-bool IsTransposedLayout(const Canon& c, size_t nbatch, size_t nrow_dims) {
+bool IsTransposedLayout(const DotOperandLayout& c, size_t nbatch, size_t nrow_dims) {
   std::vector<int64_t> swapped(c.perm.begin(), c.perm.begin() + nbatch);
   swapped.insert(swapped.end(), c.perm.begin() + nbatch + nrow_dims, c.perm.end());
   swapped.insert(swapped.end(), c.perm.begin() + nbatch, c.perm.begin() + nbatch + nrow_dims);
-  return IsIdentity(swapped);
+  return IsIdentityPermutation(swapped);
 }
+
+namespace {
 
 template <v1::DType D>
 void NaiveGemm(int64_t batch, int64_t m, int64_t n, int64_t k, const void* a_v, const void* b_v,
@@ -106,8 +100,8 @@ void NaiveGemm(int64_t batch, int64_t m, int64_t n, int64_t k, const void* a_v, 
 void DotGeneral(const v1::TensorType& lt, const void* lhs, const v1::TensorType& rt,
                 const void* rhs, const v1::DotGeneralAttrs& a, const v1::TensorType& out_type,
                 void* out) {
-  Canon l = Canonicalize(lt, a.lhs_batch(), a.lhs_contracting(), /*free_first=*/true);
-  Canon r = Canonicalize(rt, a.rhs_batch(), a.rhs_contracting(), /*free_first=*/false);
+  DotOperandLayout l = CanonicalizeDotOperand(lt, a.lhs_batch(), a.lhs_contracting(), /*free_first=*/true);
+  DotOperandLayout r = CanonicalizeDotOperand(rt, a.rhs_batch(), a.rhs_contracting(), /*free_first=*/false);
   const int64_t batch = l.batch, m = l.rows, k = l.cols, n = r.cols;
   const v1::DType dt = lt.dtype();
   const int esize = DTypeSize(dt);
@@ -121,8 +115,8 @@ void DotGeneral(const v1::TensorType& lt, const void* lhs, const v1::TensorType&
     const size_t nb = a.lhs_batch_size();
     const size_t l_free_dims = lt.dims_size() - nb - a.lhs_contracting_size();
     const size_t r_con_dims = a.rhs_contracting_size();
-    bool lt_trans = !IsIdentity(l.perm) && IsTransposedLayout(l, nb, l_free_dims);
-    bool rt_trans = !IsIdentity(r.perm) && IsTransposedLayout(r, nb, r_con_dims);
+    bool lt_trans = !IsIdentityPermutation(l.perm) && IsTransposedLayout(l, nb, l_free_dims);
+    bool rt_trans = !IsIdentityPermutation(r.perm) && IsTransposedLayout(r, nb, r_con_dims);
     const char* lp = static_cast<const char*>(lt_trans ? lhs : Materialize(lt, lhs, l.perm, lscratch));
     const char* rp = static_cast<const char*>(rt_trans ? rhs : Materialize(rt, rhs, r.perm, rscratch));
     const auto ta = lt_trans ? CblasTrans : CblasNoTrans;

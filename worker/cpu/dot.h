@@ -4,9 +4,26 @@
 // (f16/bf16 accumulate in f32, integers wrap). Stateless; any thread.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "tessel/v1/ir.pb.h"
 
 namespace tessel::cpu {
+
+// An operand of dot_general seen as [batch, rows, cols] after permuting its
+// dimensions (also how the CUDA backend plans its GEMMs).
+struct DotOperandLayout {
+  std::vector<int64_t> perm;  // batch dims, then row dims, then col dims
+  int64_t batch = 1, rows = 1, cols = 1;
+};
+// lhs (free_first): rows = free dims, cols = contracting. rhs: rows = contracting, cols = free.
+DotOperandLayout CanonicalizeDotOperand(const v1::TensorType& t, const google::protobuf::RepeatedField<int64_t>& batch,
+                                        const google::protobuf::RepeatedField<int64_t>& contracting, bool free_first);
+bool IsIdentityPermutation(const std::vector<int64_t>& p);
+// Whether the operand is [batch, cols, rows] in memory: GEMM can read it
+// transposed without a copy.
+bool IsTransposedLayout(const DotOperandLayout& c, size_t nbatch, size_t nrow_dims);
 
 void DotGeneral(const v1::TensorType& lhs_type, const void* lhs, const v1::TensorType& rhs_type,
                 const void* rhs, const v1::DotGeneralAttrs& a, const v1::TensorType& out_type,

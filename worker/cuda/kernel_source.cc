@@ -706,6 +706,20 @@ KernelLaunch ModuleSource::AddSwapMajor(v1::DType dt, int64_t outer, int64_t k, 
   return KernelLaunch{Add(Kernel(decls, StrCat(elements), body)), elements};
 }
 
+KernelLaunch ModuleSource::AddGemm(v1::DType dt, int64_t batch, int64_t m, int64_t n, int64_t k) {
+  const std::string st = Storage(dt), acc = IsFloat(dt) ? Compute(dt) : "u64";
+  std::string decls = PtrDecl(st, "l", 0, true) + PtrDecl(st, "r", 1, true) + PtrDecl(st, "out", 2, false);
+  std::string body = absl::StrFormat(
+      "    const i64 b = i / %d, row = i / %d %% %d, col = i %% %d;\n"
+      "    %s acc = 0;\n"
+      "    for (i64 p = 0; p < %d; ++p) acc += (%s)%s * (%s)%s;\n"
+      "    out[i] = %s;\n",
+      m * n, n, m, n, acc, k, acc, Load(dt, StrCat("l[(b * ", m, " + row) * ", k, " + p]")), acc,
+      Load(dt, StrCat("r[(b * ", k, " + p) * ", n, " + col]")), Store(dt, StrCat("(", Compute(dt), ")acc")));
+  const int64_t elements = batch * m * n;
+  return KernelLaunch{Add(Kernel(decls, StrCat(elements), body)), elements};
+}
+
 KernelLaunch ModuleSource::AddScalarS32() {
   return KernelLaunch{Add(Kernel(PtrDecl("i32", "out", 0, false), "1", "    out[i] = (i32)a.s[0];\n")), 1};
 }

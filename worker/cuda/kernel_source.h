@@ -79,6 +79,9 @@ class ModuleSource {
   // [outer, k, piece] <-> [k, outer, piece] for collectives whose dimension
   // is not the leading one: p[0] in, p[1] out; piece counted in elements.
   KernelLaunch AddSwapMajor(v1::DType dtype, int64_t outer, int64_t k, int64_t piece, bool to_rank_major);
+  // Batched [batch, m, k] x [batch, k, n] for dtypes cuBLASLt does not
+  // multiply (integers wrap, as on the CPU): p[0] lhs, p[1] rhs, p[2] out.
+  KernelLaunch AddGemm(v1::DType dtype, int64_t batch, int64_t m, int64_t n, int64_t k);
   // One s32 from s[0] (axis_index): p[0] the result.
   KernelLaunch AddScalarS32();
 

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/dtype.h"
+#include "worker/cpu/dot.h"
 #include "worker/cpu/elementwise.h"
 #include "worker/cpu/fused_loop.h"
 #include "worker/cpu/layout.h"
@@ -490,6 +491,22 @@ TEST(KernelSource, ShardSliceAndSwapMajorMoveTheRightBlocks) {
             if (to_rank_major) dst[b] = src[a]; else dst[a] = src[b];
           }
     });
+  }
+}
+
+TEST(KernelSource, IntegerGemmWrapsLikeTheCpuBackend) {
+  for (v1::DType dt : {v1::S32, v1::S64, v1::U8}) {
+    const int64_t b = 2, m = 5, k = 7, n = 3;
+    const v1::TensorType lt = MakeType(dt, {b, m, k}), rt = MakeType(dt, {b, k, n}), ot = MakeType(dt, {b, m, n});
+    v1::DotGeneralAttrs a;
+    a.add_lhs_batch(0);
+    a.add_rhs_batch(0);
+    a.add_lhs_contracting(2);
+    a.add_rhs_contracting(1);
+    ModuleSource m_src;
+    KernelLaunch l = m_src.AddGemm(dt, b, m, n, k);
+    SCOPED_TRACE(DTypeName(dt));
+    CheckKernel(m_src, l, {lt, rt}, ot, [&](auto ins, void* out) { cpu::DotGeneral(lt, ins[0], rt, ins[1], a, ot, out); });
   }
 }
 

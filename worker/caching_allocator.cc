@@ -1,4 +1,4 @@
-#include "worker/cpu/allocator.h"
+#include "worker/caching_allocator.h"
 
 #include <sys/mman.h>
 
@@ -6,13 +6,13 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace tessel::cpu {
+namespace tessel::worker {
 namespace {
 constexpr int64_t kHugePage = 2 << 20;
 constexpr int64_t kMapThreshold = 1 << 20;
 }  // namespace
 
-int64_t HostAllocator::RoundUp(int64_t bytes) {
+int64_t CachingAllocator::RoundUp(int64_t bytes) {
   if (bytes <= 0) return 64;
   if (bytes >= kMapThreshold) return (bytes + kHugePage - 1) / kHugePage * kHugePage;
   // Below 1 MiB: powers of two from 64 bytes, then quarter steps.
@@ -27,7 +27,7 @@ int64_t HostAllocator::RoundUp(int64_t bytes) {
   return p;
 }
 
-void* HostAllocator::MapBlock(int64_t size) {
+void* HostMemory::Map(int64_t size) {
   if (size >= kMapThreshold) {
     void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return nullptr;
@@ -37,7 +37,7 @@ void* HostAllocator::MapBlock(int64_t size) {
   return std::aligned_alloc(64, size);
 }
 
-void HostAllocator::UnmapBlock(void* p, int64_t size) {
+void HostMemory::Unmap(void* p, int64_t size) {
   if (size >= kMapThreshold) {
     munmap(p, size);
   } else {
@@ -45,14 +45,14 @@ void HostAllocator::UnmapBlock(void* p, int64_t size) {
   }
 }
 
-HostAllocator::~HostAllocator() {
+CachingAllocator::~CachingAllocator() {
   absl::MutexLock l(&mu_);
   for (auto& [size, blocks] : cache_) {
-    for (void* p : blocks) UnmapBlock(p, size);
+    for (void* p : blocks) source_->Unmap(p, size);
   }
 }
 
-absl::StatusOr<void*> HostAllocator::Allocate(int64_t bytes) {
+absl::StatusOr<void*> CachingAllocator::Allocate(int64_t bytes) {
   const int64_t size = RoundUp(bytes);
   absl::MutexLock l(&mu_);
   if (options_.limit_bytes > 0 && in_use_ + size > options_.limit_bytes) {
@@ -67,15 +67,15 @@ absl::StatusOr<void*> HostAllocator::Allocate(int64_t bytes) {
     it->second.pop_back();
     cached_ -= size;
   } else {
-    p = MapBlock(size);
+    p = source_->Map(size);
     if (p == nullptr) {
       // Give the cache back to the OS and try once more.
       for (auto& [s, blocks] : cache_) {
-        for (void* b : blocks) UnmapBlock(b, s);
+        for (void* b : blocks) source_->Unmap(b, s);
       }
       cache_.clear();
       cached_ = 0;
-      p = MapBlock(size);
+      p = source_->Map(size);
     }
     if (p == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat("device ", options_.device_name,
@@ -89,7 +89,7 @@ absl::StatusOr<void*> HostAllocator::Allocate(int64_t bytes) {
   return p;
 }
 
-void HostAllocator::Free(void* p, int64_t bytes) {
+void CachingAllocator::Free(void* p, int64_t bytes) {
   const int64_t size = RoundUp(bytes);
   absl::MutexLock l(&mu_);
   in_use_ -= size;
@@ -98,13 +98,13 @@ void HostAllocator::Free(void* p, int64_t bytes) {
     cache_[size].push_back(p);
     cached_ += size;
   } else {
-    UnmapBlock(p, size);
+    source_->Unmap(p, size);
   }
 }
 
-worker::MemoryStats HostAllocator::stats() const {
+MemoryStats CachingAllocator::stats() const {
   absl::MutexLock l(&mu_);
-  worker::MemoryStats s;
+  MemoryStats s;
   s.bytes_in_use = in_use_;
   s.peak_bytes_in_use = peak_;
   s.num_buffers = buffers_;
@@ -116,4 +116,4 @@ worker::MemoryStats HostAllocator::stats() const {
   return s;
 }
 
-}  // namespace tessel::cpu
+}  // namespace tessel::worker
