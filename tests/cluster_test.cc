@@ -51,6 +51,23 @@ Graph AffineTanh(int64_t n) {
   return *g.Build({y, s});
 }
 
+TEST(ClusterDevices, WorkersRegisterEachDeviceKindAndFindNoGpusWhereThereAreNone) {
+  // Asking for both kinds gives the CPU devices, plus every GPU the CUDA runtime sees.
+  auto cluster = StartCluster(1, 2, {"--device_kind=both"});
+  ASSERT_NE(cluster, nullptr);
+  auto s = Session::Connect(cluster->address());
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto st = (*s)->Cluster();
+  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_EQ(st->workers.size(), 1u);
+  const std::vector<std::string>& kinds = st->workers[0].device_kinds;
+  ASSERT_GE(kinds.size(), 2u);
+  EXPECT_EQ(kinds[0], "cpu");
+  EXPECT_EQ(kinds[1], "cpu");
+  for (size_t i = 2; i < kinds.size(); ++i) EXPECT_EQ(kinds[i], "cuda");
+  EXPECT_EQ(int(kinds.size()), st->num_devices());
+}
+
 TEST_F(ClusterTest, ComputesOnEveryDeviceAndOnlyFetchedBytesComeBack) {
   const int64_t n = 10000;
   Graph graph = AffineTanh(n);

@@ -567,7 +567,10 @@ absl::StatusOr<ClusterStatus> Session::Cluster(bool with_memory) {
   ClusterStatus c;
   for (const v1::WorkerInfo& w : resp.workers()) {
     WorkerStatus ws{w.worker_id(), w.address(), w.alive(), w.ms_since_heartbeat(), {}, {}};
-    for (const auto& d : w.devices()) ws.devices.push_back(d.id());
+    for (const auto& d : w.devices()) {
+      ws.devices.push_back(d.id());
+      ws.device_kinds.push_back(d.kind());
+    }
     for (const auto& m : w.memory()) ws.memory.push_back(FromProto(m));
     c.workers.push_back(std::move(ws));
   }

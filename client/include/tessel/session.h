@@ -208,6 +208,7 @@ struct WorkerStatus {
   bool alive = false;
   int64_t ms_since_heartbeat = 0;
   std::vector<int> devices;        // global ids
+  std::vector<std::string> device_kinds;  // "cpu" or "cuda", per device
   std::vector<DeviceMemory> memory;  // when asked for
 };
 
