@@ -116,4 +116,36 @@ MemoryStats CachingAllocator::stats() const {
   return s;
 }
 
+namespace {
+
+class AllocatedBuffer final : public Buffer {
+ public:
+  AllocatedBuffer(std::shared_ptr<CachingAllocator> alloc, void* data, int64_t size)
+      : alloc_(std::move(alloc)), data_(data), size_(size) {}
+  ~AllocatedBuffer() override { alloc_->Free(data_, size_); }
+  int64_t size() const override { return size_; }
+  void* opaque() const override { return data_; }
+
+ private:
+  const std::shared_ptr<CachingAllocator> alloc_;
+  void* const data_;
+  const int64_t size_;
+};
+
+}  // namespace
+
+absl::StatusOr<BufferPtr> AllocateBuffer(const std::shared_ptr<CachingAllocator>& allocator, int64_t bytes) {
+  auto p = allocator->Allocate(bytes);
+  if (!p.ok()) return p.status();
+  return std::make_shared<AllocatedBuffer>(allocator, *p, bytes);
+}
+
+absl::Status CheckCopyRange(const Buffer& b, int64_t offset, int64_t n) {
+  if (offset < 0 || n < 0 || offset + n > b.size()) {
+    return absl::OutOfRangeError(absl::StrCat("copy of ", n, " bytes at offset ", offset, " exceeds buffer of ",
+                                              b.size(), " bytes"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace tessel::worker

@@ -70,4 +70,11 @@ class CachingAllocator {
   int64_t cached_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// Device memory from a CachingAllocator: the block goes back to the
+// allocator when the last owner lets go (the allocator outlives it).
+absl::StatusOr<BufferPtr> AllocateBuffer(const std::shared_ptr<CachingAllocator>& allocator, int64_t bytes);
+
+// OUT_OF_RANGE unless bytes [offset, offset + n) lie within `b`.
+absl::Status CheckCopyRange(const Buffer& b, int64_t offset, int64_t n);
+
 }  // namespace tessel::worker

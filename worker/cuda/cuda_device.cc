@@ -33,28 +33,6 @@ class CudaMemory final : public worker::MemorySource {
   const int ordinal_;
 };
 
-class CudaBuffer final : public worker::Buffer {
- public:
-  CudaBuffer(std::shared_ptr<worker::CachingAllocator> alloc, void* data, int64_t size)
-      : alloc_(std::move(alloc)), data_(data), size_(size) {}
-  ~CudaBuffer() override { alloc_->Free(data_, size_); }
-  int64_t size() const override { return size_; }
-  void* opaque() const override { return data_; }
-
- private:
-  const std::shared_ptr<worker::CachingAllocator> alloc_;
-  void* const data_;
-  const int64_t size_;
-};
-
-absl::Status CheckRange(const worker::Buffer& b, int64_t offset, int64_t n) {
-  if (offset < 0 || n < 0 || offset + n > b.size()) {
-    return absl::OutOfRangeError(
-        StrCat("copy of ", n, " bytes at offset ", offset, " exceeds buffer of ", b.size(), " bytes"));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::Status CudaStatus(cudaError_t e, const char* what) {
@@ -127,9 +105,7 @@ absl::Status CudaDevice::Synchronize() const {
 }
 
 absl::StatusOr<worker::BufferPtr> CudaDevice::Allocate(int64_t bytes) {
-  auto p = allocator_->Allocate(bytes);
-  if (!p.ok()) return p.status();
-  return std::make_shared<CudaBuffer>(allocator_, *p, bytes);
+  return worker::AllocateBuffer(allocator_, bytes);
 }
 
 absl::Status CudaDevice::Copy(void* dev, const void* host_src, void* host_dst, int64_t n) {
@@ -167,13 +143,13 @@ absl::Status CudaDevice::Copy(void* dev, const void* host_src, void* host_dst, i
 }
 
 absl::Status CudaDevice::CopyFromHost(worker::Buffer& dst, int64_t offset, const void* src, int64_t n) {
-  TESSEL_RETURN_IF_ERROR(CheckRange(dst, offset, n));
+  TESSEL_RETURN_IF_ERROR(worker::CheckCopyRange(dst, offset, n));
   if (n == 0) return absl::OkStatus();
   return Copy(static_cast<char*>(dst.opaque()) + offset, src, nullptr, n);
 }
 
 absl::Status CudaDevice::CopyToHost(const worker::Buffer& src, int64_t offset, void* dst, int64_t n) {
-  TESSEL_RETURN_IF_ERROR(CheckRange(src, offset, n));
+  TESSEL_RETURN_IF_ERROR(worker::CheckCopyRange(src, offset, n));
   if (n == 0) return absl::OkStatus();
   return Copy(static_cast<char*>(src.opaque()) + offset, nullptr, dst, n);
 }
