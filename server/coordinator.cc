@@ -117,9 +117,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(const v1:
   w.client = std::move(client);
   for (int i = 0; i < req.num_devices(); ++i) {
     w.devices.push_back(devices_.size());
-    devices_.push_back(DeviceRecord{w.id, i, 0});
-    devices_.back().kind = req.device_kinds_size() > 0 ? req.device_kinds(i)
-                           : req.device_kind().empty() ? "cpu" : req.device_kind();
+    const std::string& kind = req.device_kinds_size() > 0 ? req.device_kinds(i) : req.device_kind();
+    devices_.push_back(DeviceRecord{w.id, i, 0, kind.empty() ? "cpu" : kind});
   }
   std::string kinds;
   for (int d : w.devices) absl::StrAppend(&kinds, kinds.empty() ? "" : ",", devices_[d].kind);

@@ -36,7 +36,8 @@ ABSL_FLAG(std::string, device_kind, "cpu",
 ABSL_FLAG(std::string, kernel_cache_dir, "",
           "Where compiled CUDA kernels are cached on disk; default $TESSEL_KERNEL_CACHE, else ~/.cache/tessel/kernels.");
 ABSL_FLAG(int64_t, device_memory_bytes, 0,
-          "Memory limit per device in bytes; 0 means 80% of physical memory divided among the devices.");
+          "Memory limit per device in bytes; 0 means 80% of physical memory divided among the CPU devices "
+          "and 90% of each GPU's free memory. With --device_kind=both it limits the CPU devices only.");
 ABSL_FLAG(int, register_timeout_s, 30, "How long to keep trying to reach the coordinator at start-up.");
 ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, error.");
 ABSL_FLAG(int, collective_timeout_s, 60,

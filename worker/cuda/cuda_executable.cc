@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/dtype.h"
 #include "core/sharding.h"
@@ -149,9 +148,8 @@ absl::Status CudaExecutable::Prepare() {
                  "cudaLibraryLoadData"));
   for (int i = 0; i < module.num_kernels(); ++i) {
     cudaKernel_t k = nullptr;
-    const std::string name = StrCat("k", i);
-    TESSEL_RETURN_IF_ERROR(CudaStatus(cudaLibraryGetKernel(&k, library_, name.c_str()), "cudaLibraryGetKernel"));
-    kernels_.emplace_back(name, k);
+    TESSEL_RETURN_IF_ERROR(CudaStatus(cudaLibraryGetKernel(&k, library_, KernelName(i).c_str()), "cudaLibraryGetKernel"));
+    kernels_.push_back(k);
   }
   return absl::OkStatus();
 }
@@ -240,14 +238,13 @@ absl::Status CudaExecutable::PlanDot(const worker::SlotProgram::Instr& in, Modul
 
 absl::Status CudaExecutable::Launch(const KernelLaunch& l, const KernelParams& params) {
   if (l.elements <= 0) return absl::OkStatus();
-  int index = 0;
-  if (!absl::SimpleAtoi(absl::string_view(l.kernel).substr(1), &index) || index < 0 || index >= int(kernels_.size())) {
-    return absl::InternalError(StrCat("cuda device: no kernel named ", l.kernel));
+  if (l.index < 0 || l.index >= int(kernels_.size())) {
+    return absl::InternalError(StrCat("cuda device: no kernel ", l.kernel));
   }
   const int64_t blocks = std::min<int64_t>((l.elements + kThreadsPerBlock - 1) / kThreadsPerBlock,
                                            int64_t(device_->multiprocessors()) * 16);
   void* args[] = {const_cast<KernelParams*>(&params)};
-  return CudaStatus(cudaLaunchKernel(reinterpret_cast<const void*>(kernels_[index].second),
+  return CudaStatus(cudaLaunchKernel(reinterpret_cast<const void*>(kernels_[l.index]),
                                      dim3(unsigned(std::max<int64_t>(blocks, 1))), dim3(kThreadsPerBlock), args, 0,
                                      device_->stream()),
                     "cudaLaunchKernel");

@@ -66,7 +66,7 @@ class CudaExecutable final : public worker::Executable {
   CudaDevice* device_;
   std::vector<Prepared> prepared_;
   cudaLibrary_t library_ = nullptr;
-  std::vector<std::pair<std::string, cudaKernel_t>> kernels_;  // by name
+  std::vector<cudaKernel_t> kernels_;  // by index in the module
   cublasLtHandle_t blas_ = nullptr;
   worker::BufferPtr workspace_;
 };

@@ -1,6 +1,8 @@
 #include "worker/cuda/kernel_source.h"
 
 #include <algorithm>
+#include <cstring>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -178,11 +180,12 @@ std::string Round(v1::DType dt, const std::string& e) { return IsHalf(dt) ? Load
 // A float math function for the compute type: expf for float, exp for double.
 std::string Fn(v1::DType dt, const std::string& name) { return dt == v1::F64 ? name : StrCat(name, "f"); }
 
-std::string IntLimits(v1::DType to) {
-  switch (to) {
-    case v1::S32: return "(i32)(-2147483647 - 1), (i32)2147483647";
-    case v1::S64: return "(i64)(-9223372036854775807ll - 1), (i64)9223372036854775807ll";
-    default: return "(u8)0, (u8)255";
+// The lowest and highest value of an integer dtype, as literals.
+std::pair<std::string, std::string> IntRange(v1::DType dt) {
+  switch (dt) {
+    case v1::S32: return {"(i32)(-2147483647 - 1)", "(i32)2147483647"};
+    case v1::S64: return {"(i64)(-9223372036854775807ll - 1)", "(i64)9223372036854775807ll"};
+    default: return {"(u8)0", "(u8)255"};
   }
 }
 
@@ -197,7 +200,8 @@ std::string Convert(v1::DType from, v1::DType to, const std::string& e) {
   }
   if (to == v1::PRED) return StrCat("((", e, ") != 0)");
   if (IsFloat(from) && IsIntDt(to)) {
-    return StrCat("sat<", Compute(to), ", ", Compute(from), ">(", e, ", ", IntLimits(to), ")");
+    const auto [lo, hi] = IntRange(to);
+    return StrCat("sat<", Compute(to), ", ", Compute(from), ">(", e, ", ", lo, ", ", hi, ")");
   }
   return StrCat("(", Compute(to), ")(", e, ")");
 }
@@ -349,17 +353,20 @@ const std::string& KernelPrelude() {
   return *prelude;
 }
 
-std::string ModuleSource::Add(const std::string& body) {
-  for (size_t i = 0; i < bodies_.size(); ++i) {
-    if (bodies_[i] == body) return StrCat("k", i);
-  }
-  bodies_.push_back(body);
-  return StrCat("k", bodies_.size() - 1);
+std::string KernelName(int index) { return StrCat("k", index); }
+
+KernelLaunch ModuleSource::Add(const std::string& body, int64_t elements) {
+  int index = 0;
+  while (index < int(bodies_.size()) && bodies_[index] != body) ++index;
+  if (index == int(bodies_.size())) bodies_.push_back(body);
+  return KernelLaunch{KernelName(index), index, elements};
 }
 
 std::string ModuleSource::source() const {
   std::string out = KernelPrelude();
-  for (size_t i = 0; i < bodies_.size(); ++i) absl::StrAppend(&out, "\nTESSEL_KERNEL k", i, "(TesselParams a) ", bodies_[i]);
+  for (size_t i = 0; i < bodies_.size(); ++i) {
+    absl::StrAppend(&out, "\nTESSEL_KERNEL ", KernelName(int(i)), "(TesselParams a) ", bodies_[i]);
+  }
   return out;
 }
 
@@ -464,8 +471,7 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddFusion(const v1::Fusion& fusion,
       absl::StrAppend(&once, "  if (tid() == 0) ", p, "[0] = ", Store(dt, var[o]), ";\n");
     }
   }
-  std::string k = Kernel(decls + once, StrCat(elements), body);
-  return KernelLaunch{Add(k), elements};
+  return Add(Kernel(decls + once, StrCat(elements), body), elements);
 }
 
 absl::StatusOr<KernelLaunch> ModuleSource::AddLayout(const v1::Node& n,
@@ -513,7 +519,7 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddLayout(const v1::Node& n,
         absl::StrAppend(&src, " + q", d, " / ", step, " * ", is[d]);
       }
       absl::StrAppend(&body, "    out[i] = (", cond, ") ? padv[0] : in0[", src, "];\n");
-      return KernelLaunch{Add(Kernel(decls, StrCat(elements), body)), elements};
+      return Add(Kernel(decls, StrCat(elements), body), elements);
     }
     case v1::CONCATENATE: {
       const int64_t dim = n.concatenate().dimension();
@@ -530,13 +536,13 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddLayout(const v1::Node& n,
                         "out[i] = in", k, "[", ksrc, "];\n");
         offset = end;
       }
-      return KernelLaunch{Add(Kernel(decls, StrCat(elements), body)), elements};
+      return Add(Kernel(decls, StrCat(elements), body), elements);
     }
     default:
       return absl::UnimplementedError(StrCat("cuda codegen: ", OpName(n.op()), " is not a layout op"));
   }
   absl::StrAppend(&body, "    out[i] = in0[", src, "];\n");
-  return KernelLaunch{Add(Kernel(decls, StrCat(elements), body)), elements};
+  return Add(Kernel(decls, StrCat(elements), body), elements);
 }
 
 absl::StatusOr<ReducePlan> ModuleSource::AddReduce(const v1::Node& n, const v1::TensorType& in) {
@@ -574,10 +580,7 @@ absl::StatusOr<ReducePlan> ModuleSource::AddReduce(const v1::Node& n, const v1::
       const bool mx = kind == v1::REDUCE_MAX;
       if (dt == v1::F64) ident = mx ? "-u2d(0x7ff0000000000000ull)" : "u2d(0x7ff0000000000000ull)";
       else if (IsFloat(dt)) ident = mx ? "-u2f(0x7f800000u)" : "u2f(0x7f800000u)";
-      else {
-        const std::string lim = IntLimits(dt);
-        ident = mx ? lim.substr(0, lim.find(',')) : lim.substr(lim.find(',') + 2);
-      }
+      else ident = mx ? IntRange(dt).first : IntRange(dt).second;
       break;
     }
     default: return absl::InvalidArgumentError(StrCat("cuda codegen: reduce '", n.name(), "' has no kind"));
@@ -649,7 +652,7 @@ absl::StatusOr<ReducePlan> ModuleSource::AddReduce(const v1::Node& n, const v1::
       absl::StrAppend(&body, "    out[o * ", c, " + c] = acc;\n");
       plan.partial_elements.push_back(outs * c);
     }
-    plan.passes.push_back(KernelLaunch{Add(Kernel(decls, StrCat(outs * c), body)), outs * c});
+    plan.passes.push_back(Add(Kernel(decls, StrCat(outs * c), body), outs * c));
   }
   return plan;
 }
@@ -676,7 +679,7 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddArgReduce(const v1::Node& n, const
       inner, extent * inner, inner, c, Load(dt, "in[base]"), idx, extent, c,
       Load(dt, StrCat("in[base + e * ", inner, "]")), take, idx);
   const int64_t elements = extent == 0 ? 0 : outer * inner;
-  return KernelLaunch{Add(Kernel(decls, StrCat(elements), body)), elements};
+  return Add(Kernel(decls, StrCat(elements), body), elements);
 }
 
 absl::StatusOr<KernelLaunch> ModuleSource::AddShardSlice(const v1::Node& n, const v1::TensorType& in,
@@ -690,7 +693,7 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddShardSlice(const v1::Node& n, cons
   std::string decls = PtrDecl(e, "in", 0, true) + PtrDecl(e, "out", 1, false);
   std::string body = absl::StrFormat("    out[i] = in[(i / %d * %d + a.s[0]) * %d + i %% %d];\n", piece, blocks, piece,
                                      piece);
-  return KernelLaunch{Add(Kernel(decls, StrCat(outer * piece), body)), outer * piece};
+  return Add(Kernel(decls, StrCat(outer * piece), body), outer * piece);
 }
 
 KernelLaunch ModuleSource::AddSwapMajor(v1::DType dt, int64_t outer, int64_t k, int64_t piece, bool to_rank_major) {
@@ -703,7 +706,7 @@ KernelLaunch ModuleSource::AddSwapMajor(v1::DType dt, int64_t outer, int64_t k, 
       "    out[i] = in[(mi * %d + ma) * %d + j];\n",
       piece, piece, minor, piece, minor, major, piece);
   const int64_t elements = outer * k * piece;
-  return KernelLaunch{Add(Kernel(decls, StrCat(elements), body)), elements};
+  return Add(Kernel(decls, StrCat(elements), body), elements);
 }
 
 KernelLaunch ModuleSource::AddGemm(v1::DType dt, int64_t batch, int64_t m, int64_t n, int64_t k) {
@@ -717,11 +720,11 @@ KernelLaunch ModuleSource::AddGemm(v1::DType dt, int64_t batch, int64_t m, int64
       m * n, n, m, n, acc, k, acc, Load(dt, StrCat("l[(b * ", m, " + row) * ", k, " + p]")), acc,
       Load(dt, StrCat("r[(b * ", k, " + p) * ", n, " + col]")), Store(dt, StrCat("(", Compute(dt), ")acc")));
   const int64_t elements = batch * m * n;
-  return KernelLaunch{Add(Kernel(decls, StrCat(elements), body)), elements};
+  return Add(Kernel(decls, StrCat(elements), body), elements);
 }
 
 KernelLaunch ModuleSource::AddScalarS32() {
-  return KernelLaunch{Add(Kernel(PtrDecl("i32", "out", 0, false), "1", "    out[i] = (i32)a.s[0];\n")), 1};
+  return Add(Kernel(PtrDecl("i32", "out", 0, false), "1", "    out[i] = (i32)a.s[0];\n"), 1);
 }
 
 }  // namespace tessel::cuda

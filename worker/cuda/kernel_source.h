@@ -41,9 +41,12 @@ struct KernelParams {
 // One kernel launch of an op: which kernel, over how many work items, and
 // which of the op's buffers go where in KernelParams.
 struct KernelLaunch {
-  std::string kernel;    // entry point in the module
+  std::string kernel;    // entry point in the module: KernelName(index)
+  int index = 0;         // the kernel's position in the module
   int64_t elements = 0;  // work items of the grid-stride loop (0: nothing to launch)
 };
+// Entry point of a module's kernel `index`: "k<index>".
+std::string KernelName(int index);
 
 // A reduction runs as passes: the first reads the input and writes
 // `partial_elements[0]` accumulators (or the output, if it is the only
@@ -90,8 +93,8 @@ class ModuleSource {
   int num_kernels() const { return int(bodies_.size()); }
 
  private:
-  std::string Add(const std::string& body);
-  std::vector<std::string> bodies_;  // full definitions, kernel i named "k<i>"
+  KernelLaunch Add(const std::string& body, int64_t elements);
+  std::vector<std::string> bodies_;  // kernel i's body, its entry point KernelName(i)
 };
 
 // The shared definitions every module starts with (types, f16/bf16
