@@ -25,10 +25,18 @@
 
 namespace tessel {
 
-// Prepends context to an error ("node 'y' (add): " + message), keeping its code.
+// Payload on a status from a collective that broke its group (a peer lost, a
+// timeout across workers, workers out of step): later calls on that group
+// fail at once, and the steps after it must meet in a group of a new epoch.
+inline constexpr char kGroupBrokenPayload[] = "tessel.dev/group_broken";
+
+// Prepends context to an error ("node 'y' (add): " + message), keeping its
+// code and payloads.
 inline absl::Status Annotate(const absl::Status& s, absl::string_view prefix) {
   if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
+  absl::Status out(s.code(), absl::StrCat(prefix, s.message()));
+  s.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+  return out;
 }
 
 }  // namespace tessel

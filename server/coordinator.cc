@@ -81,7 +81,14 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(Options options
 }
 
 Coordinator::Coordinator(Options options)
-    : options_(std::move(options)), log_(options_.logger), monitor_([this] { MonitorLoop(); }) {}
+    : options_(std::move(options)),
+      log_(options_.logger),
+      incarnation_(std::random_device{}() | uint64_t(std::random_device{}()) << 32),
+      monitor_([this] { MonitorLoop(); }) {}
+
+std::string Coordinator::CollectiveEpochLocked() const {
+  return StrFormat("%016x.%d", incarnation_, collective_epoch_);
+}
 
 Coordinator::~Coordinator() {
   {
@@ -486,6 +493,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
     v1::RunRequest run;
     bool needs_load;
     std::optional<v1::FreeRequest> free_after;  // the moved copies, once the step ran
+    int device = 0;                             // global id
   };
   std::vector<Launch> launches;
   std::vector<Move> moves;
@@ -494,6 +502,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
   std::shared_ptr<v1::Program> loaded_program;  // partitioned: the program with its workers' addresses
   bool partitioned = false;
   int64_t execution_id = 0;
+  int64_t epoch = 0;
   v1::ExecuteResponse resp;
   {
     absl::MutexLock l(&mu_);
@@ -629,6 +638,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
 
     // Accepted: from here on nothing fails.
     execution_id = ++next_execution_;
+    epoch = collective_epoch_;
     resp.set_execution_id(execution_id);
     ++executions_;
     ++session.executions;
@@ -689,6 +699,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
       DeviceRecord& dev = devices_[d];
       WorkerRecord& w = workers_.at(dev.worker_id);
       Launch launch{w.client, {}, !w.loaded.contains(req.executable_id())};
+      launch.device = d;
       w.loaded.insert(req.executable_id());
       if (partitioned && launch.needs_load && !loaded_program) {
         // Workers find their peers for collectives by address.
@@ -708,6 +719,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
       }
       *launch.run.mutable_outputs() = req.outputs();
       launch.run.set_execution_id(execution_id);
+      if (partitioned) launch.run.set_collective_epoch(CollectiveEpochLocked());
       for (int i : donated_list) launch.run.add_donated(i);
       for (const scheduler::AliasDecision& al : aliases) {
         if (al.output < 0) continue;
@@ -731,12 +743,20 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
     if (launch.needs_load) {
       absl::Status s = launch.client->LoadProgram(loaded_program ? *loaded_program : *program);
       if (!s.ok()) {
-        // The sequence number must still be consumed; the step fails on the worker.
+        // The sequence number must still be consumed; the step fails on the
+        // worker. The next step tries the load again.
         log_->error("execution {}: loading {} failed: {}", execution_id, req.executable_id(), s.ToString());
+        absl::MutexLock l(&mu_);
+        for (auto& [id, w] : workers_) {
+          if (w.client == launch.client) w.loaded.erase(req.executable_id());
+        }
       }
     }
-    launch.client->Run(launch.run, [this, session = req.session_id(), outputs](absl::StatusOr<v1::RunResponse> r) {
-      OnStepDone(session, outputs, std::move(r));
+    launch.client->Run(launch.run, [this, session = req.session_id(), outputs, epoch, execution_id,
+                                    device = launch.device](absl::StatusOr<v1::RunResponse> r) {
+      // Workers speak of their local devices; users know the global ids.
+      if (!r.ok()) r = Annotate(r.status(), StrCat("execution ", execution_id, " on device ", device, ": "));
+      OnStepDone(session, outputs, epoch, std::move(r));
     });
     if (launch.free_after) {
       launch.client->Free(*launch.free_after, [log = log_](absl::Status s) {
@@ -830,9 +850,14 @@ void Coordinator::MarkRejectedOutputs(const v1::ExecuteRequest& req, const absl:
   }
 }
 
-void Coordinator::OnStepDone(const std::string& session, const std::vector<uint64_t>& outputs,
+void Coordinator::OnStepDone(const std::string& session, const std::vector<uint64_t>& outputs, int64_t epoch,
                              absl::StatusOr<v1::RunResponse> result) {
   absl::MutexLock l(&mu_);
+  if (!result.ok() && result.status().GetPayload(kGroupBrokenPayload).has_value() && epoch == collective_epoch_) {
+    ++collective_epoch_;
+    log_->warn("a collective group broke ({}); steps from now on meet in groups of epoch {}",
+               result.status().ToString(), CollectiveEpochLocked());
+  }
   if (result.ok()) {
     auto s = sessions_.find(session);
     if (s != sessions_.end()) s->second.donations_reused += result->reused_size();

@@ -193,8 +193,10 @@ class Coordinator {
   // Asks a worker for figures that include every step and free sequenced on
   // its devices so far.
   v1::WorkerStatsRequest StatsRequestLocked(const WorkerRecord& w) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnStepDone(const std::string& session, const std::vector<uint64_t>& outputs,
+  // `epoch`: the collective epoch the step ran under.
+  void OnStepDone(const std::string& session, const std::vector<uint64_t>& outputs, int64_t epoch,
                   absl::StatusOr<v1::RunResponse> result);
+  std::string CollectiveEpochLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool NotPending(const std::vector<uint64_t>& handles) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Blocks (releasing mu_) until none of `handles` is pending, or `timeout`.
   bool AwaitNotPending(const std::vector<uint64_t>& handles, absl::Duration timeout)
@@ -202,6 +204,8 @@ class Coordinator {
 
   const Options options_;
   const std::shared_ptr<spdlog::logger> log_;
+  // Random per start: collective groups of an earlier coordinator are never reused.
+  const uint64_t incarnation_;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);
@@ -212,6 +216,9 @@ class Coordinator {
   absl::node_hash_map<std::string, ExecutableRecord> executables_ ABSL_GUARDED_BY(mu_);
   int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_execution_ ABSL_GUARDED_BY(mu_) = 0;
+  // Bumped when a step reports a broken collective group; steps sent after
+  // that meet in fresh groups (RunRequest.collective_epoch).
+  int64_t collective_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t compiles_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t cache_hits_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t executions_ ABSL_GUARDED_BY(mu_) = 0;

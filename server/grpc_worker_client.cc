@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "core/rpc_status.h"
+#include "core/status.h"
 #include "server/worker_client.h"
 #include "tessel/v1/worker.grpc.pb.h"
 
@@ -75,7 +76,9 @@ class StepStream {
           done = std::move(it->second);
           waiting_.erase(it);
         }
-        done(absl::Status(static_cast<absl::StatusCode>(r.code()), r.error()), r.mutable_run());
+        absl::Status status(static_cast<absl::StatusCode>(r.code()), r.error());
+        if (r.group_broken()) status.SetPayload(kGroupBrokenPayload, absl::Cord("1"));
+        done(std::move(status), r.mutable_run());
       }
     }
     grpc::Status s = stream_->Finish();

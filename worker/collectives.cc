@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <type_traits>
 #include <utility>
@@ -27,6 +28,7 @@
 #include "absl/time/clock.h"
 #include "core/dtype.h"
 #include "core/half.h"
+#include "core/status.h"
 #include "spdlog/sinks/null_sink.h"
 
 namespace tessel::worker {
@@ -166,9 +168,10 @@ void WithElementType(int element_size, F&& f) {
   }
 }
 
-// Slot prefix for Permute's point-to-point messages; Gloo's own collectives
-// use prefixes 0x01..0x08.
+// Slot prefixes for Permute's point-to-point messages and for the headers
+// exchanged before each round; Gloo's own collectives use prefixes 0x01..0x08.
 constexpr uint8_t kPermuteSlotPrefix = 0x54;
+constexpr uint8_t kHeaderSlotPrefix = 0x55;
 constexpr size_t kMaxPermutePairs = size_t{1} << 24;  // fits below the tag in a slot
 
 // ---- Gloo plumbing shared by the groups of one registry -------------------
@@ -214,6 +217,7 @@ absl::Status CatchGloo(absl::string_view context, F&& f) {
 struct GroupLayout {
   std::string key;
   std::vector<std::string> rank_workers;
+  std::vector<int> rank_devices;             // empty, or one cluster-wide device id per rank
   std::vector<std::string> workers;          // distinct, by first appearance
   int self_worker = -1;                      // index into `workers`
   std::vector<int> worker_of_rank;           // rank -> index into `workers`
@@ -234,6 +238,7 @@ absl::StatusOr<GroupLayout> MakeLayout(const GroupSpec& spec, const std::string&
   GroupLayout l;
   l.key = spec.key;
   l.rank_workers = spec.rank_workers;
+  if (spec.rank_devices.size() == spec.rank_workers.size()) l.rank_devices = spec.rank_devices;
   if (spec.key.empty()) return absl::InvalidArgumentError("collective group: empty key");
   if (spec.rank_workers.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("collective group '", spec.key, "': no ranks"));
@@ -271,45 +276,48 @@ absl::StatusOr<GroupLayout> MakeLayout(const GroupSpec& spec, const std::string&
 }
 
 // See collectives.h for the algorithm. Thread-safety: each local rank calls
-// from its own thread; the round state is guarded by mu_; the Gloo context,
-// tags and scratch buffers belong to whichever thread runs the current round
-// (rounds never overlap, as every local rank takes part in each).
+// from its own thread; rounds are keyed by CollectiveId and guarded by mu_;
+// the Gloo context, tags and scratch buffers belong to whichever thread runs
+// the current round (rounds of one group never run at once: each needs every
+// local rank, and a rank is in one call at a time).
 class GroupCommunicator final : public Communicator {
  public:
   GroupCommunicator(GroupLayout layout, std::shared_ptr<const GlooEndpoint> gloo, absl::Duration timeout,
                     std::shared_ptr<spdlog::logger> log)
-      : l_(std::move(layout)),
-        endpoint_(std::move(gloo)),
-        timeout_(timeout),
-        log_(std::move(log)),
-        slots_(l_.num_local()) {}
+      : l_(std::move(layout)), endpoint_(std::move(gloo)), timeout_(timeout), log_(std::move(log)) {}
 
   const std::vector<std::string>& rank_workers() const { return l_.rank_workers; }
 
   int size() const override { return l_.size(); }
   const std::vector<int>& local_ranks() const override { return l_.local_ranks; }
 
-  absl::Status AllReduce(int rank, void* data, int64_t count, v1::DType dtype, ReduceOp op) override {
-    return Collective(rank, Call{Kind::kAllReduce, count, dtype, op, nullptr}, data, data);
+  absl::Status AllReduce(int rank, const CollectiveId& id, void* data, int64_t count, v1::DType dtype,
+                         ReduceOp op) override {
+    return Collective(rank, id, Call{Kind::kAllReduce, count, dtype, op, nullptr}, data, data, nullptr);
   }
-  absl::Status AllGather(int rank, const void* in, void* out, int64_t count, v1::DType dtype) override {
-    return Collective(rank, Call{Kind::kAllGather, count, dtype, ReduceOp::kSum, nullptr}, in, out);
+  absl::Status AllGather(int rank, const CollectiveId& id, const void* in, void* out, int64_t count,
+                         v1::DType dtype) override {
+    return Collective(rank, id, Call{Kind::kAllGather, count, dtype, ReduceOp::kSum, nullptr}, in, out, nullptr);
   }
-  absl::Status ReduceScatter(int rank, const void* in, void* out, int64_t count, v1::DType dtype,
-                             ReduceOp op) override {
-    return Collective(rank, Call{Kind::kReduceScatter, count, dtype, op, nullptr}, in, out);
+  absl::Status ReduceScatter(int rank, const CollectiveId& id, const void* in, void* out, int64_t count,
+                             v1::DType dtype, ReduceOp op) override {
+    return Collective(rank, id, Call{Kind::kReduceScatter, count, dtype, op, nullptr}, in, out, nullptr);
   }
-  absl::Status AllToAll(int rank, const void* in, void* out, int64_t count, v1::DType dtype) override {
-    return Collective(rank, Call{Kind::kAllToAll, count, dtype, ReduceOp::kSum, nullptr}, in, out);
+  absl::Status AllToAll(int rank, const CollectiveId& id, const void* in, void* out, int64_t count,
+                        v1::DType dtype) override {
+    return Collective(rank, id, Call{Kind::kAllToAll, count, dtype, ReduceOp::kSum, nullptr}, in, out, nullptr);
   }
-  absl::Status Permute(int rank, const void* in, void* out, int64_t count, v1::DType dtype,
+  absl::Status Permute(int rank, const CollectiveId& id, const void* in, void* out, int64_t count, v1::DType dtype,
                        const std::vector<std::pair<int, int>>& pairs) override {
-    return Collective(rank, Call{Kind::kPermute, count, dtype, ReduceOp::kSum, &pairs}, in, out);
+    return Collective(rank, id, Call{Kind::kPermute, count, dtype, ReduceOp::kSum, &pairs}, in, out, nullptr);
+  }
+  absl::Status Abandon(int rank, const CollectiveId& id, const absl::Status& cause) override {
+    const absl::Status why = cause.ok() ? absl::UnknownError("(no cause given)") : cause;
+    return Collective(rank, id, Call{Kind::kAbandoned, 0, v1::F32, ReduceOp::kSum, nullptr}, nullptr, nullptr, &why);
   }
 
  private:
-  enum class Kind { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kPermute };
-  enum class Phase { kGathering, kRunning, kCopying };
+  enum class Kind : uint32_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kPermute, kAbandoned };
 
   struct Call {
     Kind kind;
@@ -323,6 +331,20 @@ class GroupCommunicator final : public Communicator {
     void* out = nullptr;
     bool arrived = false;
   };
+  // One collective of one step, as the local ranks meet for it.
+  struct Round {
+    explicit Round(int n) : slots(n) {}
+    std::vector<Slot> slots;  // by local index; read without mu_ by the runner and CopyOut
+    Call call{};              // the first contributing rank's call
+    bool has_call = false;
+    int arrived = 0;
+    int departed = 0;
+    bool running = false;     // every local rank arrived; the last runs the round
+    bool done = false;        // `result` is final
+    absl::Status local_failure;  // a local rank abandoned it, or the local ranks disagree
+    absl::Status result;
+    const char* copy_src = nullptr;  // set by the runner for CopyOut (published by mu_)
+  };
 
   static const char* KindName(Kind k) {
     switch (k) {
@@ -331,17 +353,27 @@ class GroupCommunicator final : public Communicator {
       case Kind::kReduceScatter: return "ReduceScatter";
       case Kind::kAllToAll: return "AllToAll";
       case Kind::kPermute: return "Permute";
+      case Kind::kAbandoned: return "(abandoned)";
     }
     return "?";
   }
   static bool Reduces(Kind k) { return k == Kind::kAllReduce || k == Kind::kReduceScatter; }
 
   std::string Describe(const Call& c) const {
-    std::string s = absl::StrCat("group '", l_.key, "' ", KindName(c.kind), "(", DTypeName(c.dtype), "[", c.count,
-                                 "]");
+    std::string s = absl::StrCat("group '", l_.key, "' ", KindName(c.kind));
+    if (c.kind == Kind::kAbandoned) return s;
+    absl::StrAppend(&s, "(", DTypeName(c.dtype), "[", c.count, "]");
     if (Reduces(c.kind)) absl::StrAppend(&s, ", ", ReduceOpName(c.op));
     if (c.kind == Kind::kPermute) absl::StrAppend(&s, ", ", c.pairs->size(), " pairs");
     return s + ")";
+  }
+  // "device 3" when the group knows its devices, else "rank 1".
+  std::string RankName(int rank) const {
+    if (rank >= 0 && rank < int(l_.rank_devices.size())) return absl::StrCat("device ", l_.rank_devices[rank]);
+    return absl::StrCat("rank ", rank);
+  }
+  std::string RankNames(const std::vector<int>& ranks) const {
+    return absl::StrJoin(ranks, ", ", [&](std::string* out, int r) { out->append(RankName(r)); });
   }
 
   static bool SameCall(const Call& a, const Call& b) {
@@ -357,6 +389,7 @@ class GroupCommunicator final : public Communicator {
                                                      l_.workers[l_.self_worker], "' (local ranks: [",
                                                      absl::StrJoin(l_.local_ranks, ", "), "])"));
     }
+    if (call.kind == Kind::kAbandoned) return absl::OkStatus();
     const int esize = DTypeSize(call.dtype);
     if (esize == 0) return absl::InvalidArgumentError(absl::StrCat(Describe(call), ": invalid dtype"));
     if (call.count < 0) return absl::InvalidArgumentError(absl::StrCat(Describe(call), ": negative count"));
@@ -388,99 +421,263 @@ class GroupCommunicator final : public Communicator {
     return absl::OkStatus();
   }
 
-  // The in-memory meeting of the local ranks; see collectives.h.
-  absl::Status Collective(int rank, const Call& call, const void* in, void* out) {
+  static absl::Status Broken(absl::Status s) {
+    s.SetPayload(kGroupBrokenPayload, absl::Cord("1"));
+    return s;
+  }
+
+  // Remembers the result of a round some local rank never reached, for
+  // when it arrives late (bounded: a rank that late gets a timeout of its own).
+  void RememberEnded(const CollectiveId& id, const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ended_.emplace_back(id, s);
+    if (ended_.size() > kRememberedRounds) ended_.pop_front();
+  }
+  static constexpr size_t kRememberedRounds = 256;
+
+  // The in-memory meeting of the local ranks under `id`; see collectives.h.
+  absl::Status Collective(int rank, const CollectiveId& id, const Call& call, const void* in, void* out,
+                          const absl::Status* abandon) {
     if (absl::Status s = Validate(rank, call, in, out); !s.ok()) return s;
-    // Every rank passes the same count, so all skip an empty collective alike
-    // (and the Gloo tags stay in step).
-    if (call.count == 0) return absl::OkStatus();
     const int li = l_.local_index[rank];
     const int n = l_.num_local();
+    const std::string what = absl::StrCat(id.ToString(), ": ");
 
     absl::MutexLock lock(&mu_);
-    if (!broken_.ok()) return broken_;
-    if (slots_[li].arrived) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(Describe(call), ": rank ", rank, " called while its previous call is in progress"));
+    if (!broken_.ok()) return Annotate(broken_, what);
+    for (const auto& [ended_id, status] : ended_) {
+      if (ended_id == id) return status;
     }
-    if (arrived_ == 0) {
-      call_ = call;
-    } else if (!SameCall(call_, call)) {
-      broken_ = absl::InvalidArgumentError(absl::StrCat("local ranks disagree: rank ", rank, " called ",
-                                                        Describe(call), " while others called ", Describe(call_)));
-      log_->error("{}", broken_.ToString());
-      return broken_;
+    auto [it, created] = rounds_.try_emplace(id, nullptr);
+    if (created) it->second = std::make_shared<Round>(n);
+    const std::shared_ptr<Round> round = it->second;  // keeps it alive for this call
+    Round& r = *round;
+    if (r.slots[li].arrived) {
+      return absl::FailedPreconditionError(absl::StrCat(what, Describe(call), ": ", RankName(rank),
+                                                        " arrived twice"));
     }
-    slots_[li] = Slot{in, out, true};
-    ++arrived_;
-    const uint64_t round = round_;
+    r.slots[li] = Slot{in, out, true};
+    if (abandon != nullptr) {
+      if (r.local_failure.ok()) {
+        r.local_failure = absl::AbortedError(absl::StrCat(RankName(rank), " did not reach this collective: its step failed: ",
+                                                          abandon->ToString()));
+      }
+    } else if (!r.has_call) {
+      r.call = call;
+      r.has_call = true;
+    } else if (!SameCall(r.call, call) && r.local_failure.ok()) {
+      r.local_failure = absl::InvalidArgumentError(absl::StrCat("local ranks disagree: ", RankName(rank), " called ",
+                                                                Describe(call), " while others called ",
+                                                                Describe(r.call)));
+    }
+    ++r.arrived;
 
-    if (arrived_ < n) {
-      auto started = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return round_ != round || phase_ != Phase::kGathering || !broken_.ok();
-      };
+    if (r.arrived < n) {
+      auto started = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return r.running || r.done; };
       if (!mu_.AwaitWithTimeout(absl::Condition(&started), timeout_)) {
         std::vector<int> missing;
         for (int i = 0; i < n; ++i) {
-          if (!slots_[i].arrived) missing.push_back(l_.local_ranks[i]);
+          if (!r.slots[i].arrived) missing.push_back(l_.local_ranks[i]);
         }
-        broken_ = absl::DeadlineExceededError(absl::StrCat(
-            Describe(call), ": local ranks [", absl::StrJoin(missing, ", "), "] did not arrive within ",
+        r.result = absl::DeadlineExceededError(absl::StrCat(
+            what, Describe(r.has_call ? r.call : call), ": ", RankNames(missing), " did not arrive within ",
             absl::FormatDuration(timeout_)));
-        log_->error("{}", broken_.ToString());
-        return broken_;
+        r.done = true;
+        RememberEnded(id, r.result);
+        log_->error("{}", r.result.ToString());
       }
-      if (phase_ == Phase::kGathering) return broken_;  // another rank gave up waiting
-      auto finished = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return phase_ == Phase::kCopying; };
+      auto finished = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return r.done; };
       mu_.Await(absl::Condition(&finished));
     } else {
-      phase_ = Phase::kRunning;
-      const Call c = call_;
+      r.running = true;
       mu_.Unlock();
-      absl::Status s = RunRound(c);
+      absl::Status s = RunRound(id, r);
       mu_.Lock();
-      round_status_ = s;
       if (!s.ok()) {
-        broken_ = s;
-        log_->error("{}", s.ToString());
+        s = Annotate(s, what);
+        if (s.GetPayload(kGroupBrokenPayload).has_value()) {
+          broken_ = s;
+          log_->error("{}", s.ToString());
+        }
       }
-      phase_ = Phase::kCopying;
+      r.result = s;
+      r.done = true;
     }
 
-    const absl::Status result = round_status_;
-    if (result.ok()) {
-      const Call c = call_;
+    const absl::Status result = r.result;
+    if (result.ok() && abandon == nullptr) {
+      const Call c = r.call;
       mu_.Unlock();
-      CopyOut(c, li);
+      CopyOut(r, c, li);
       mu_.Lock();
     }
     // Leave together: results are read from other ranks' buffers until then.
-    if (++departed_ == n) {
-      arrived_ = departed_ = 0;
-      for (Slot& slot : slots_) slot = Slot{};
-      phase_ = Phase::kGathering;
-      ++round_;
-    } else {
-      auto next = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return round_ != round; };
-      mu_.Await(absl::Condition(&next));
+    ++r.departed;
+    if (r.departed == r.arrived) {
+      if (auto found = rounds_.find(id); found != rounds_.end() && found->second == round) rounds_.erase(found);
+    } else if (r.running) {
+      auto all_left = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return r.departed == r.arrived; };
+      mu_.Await(absl::Condition(&all_left));
     }
     return result;
   }
 
   // ---- The round, run by the last local rank to arrive ----------------------
 
-  absl::Status RunRound(const Call& c) {
+  absl::Status RunRound(const CollectiveId& id, Round& r) {
+    const Call c = r.has_call ? r.call : Call{Kind::kAbandoned, 0, v1::F32, ReduceOp::kSum, nullptr};
+    absl::Status s = RunRoundUnchecked(id, r, c);
+    if (!s.ok() && l_.num_workers() > 1 && s.code() != absl::StatusCode::kAborted &&
+        s.code() != absl::StatusCode::kInvalidArgument) {
+      // A Gloo operation failed part way, or the workers are out of step:
+      // what the peers hold is unknown. Close the connections (so peers
+      // still in this round fail at once) and refuse later calls.
+      s = Broken(std::move(s));
+      gloo_.reset();
+      prefix_store_.reset();
+    }
+    return s;
+  }
+
+  absl::Status RunRoundUnchecked(const CollectiveId& id, Round& r, const Call& c) {
     if (l_.num_workers() > 1) {
       if (absl::Status s = ConnectGloo(c); !s.ok()) return s;
+      TESSEL_RETURN_IF_ERROR(ExchangeHeaders(id, r, c));
+    } else if (!r.local_failure.ok()) {
+      return r.local_failure;
     }
+    if (c.count == 0) return absl::OkStatus();
     switch (c.kind) {
-      case Kind::kAllReduce: return RunAllReduce(c);
-      case Kind::kAllGather: return RunAllGather(c);
-      case Kind::kReduceScatter: return RunReduceScatter(c);
-      case Kind::kAllToAll: return RunAllToAll(c);
-      case Kind::kPermute: return RunPermute(c);
+      case Kind::kAllReduce: return RunAllReduce(r, c);
+      case Kind::kAllGather: return RunAllGather(r, c);
+      case Kind::kReduceScatter: return RunReduceScatter(r, c);
+      case Kind::kAllToAll: return RunAllToAll(r, c);
+      case Kind::kPermute: return RunPermute(r, c);
+      case Kind::kAbandoned: break;
     }
     return absl::InternalError("unknown collective");
+  }
+
+  // What one worker says of a round before any data moves: which collective
+  // it is at, with which arguments, and whether its ranks can take part.
+  struct WireHeader {
+    uint64_t magic;
+    int64_t execution;
+    int32_t op;
+    uint32_t kind;
+    int64_t count;
+    int32_t dtype;
+    int32_t reduce_op;
+    uint64_t pairs_hash;
+    int32_t code;  // 0: every local rank is ready; else why one is not
+    int32_t message_len;
+    char message[200];
+  };
+  static constexpr uint64_t kHeaderMagic = 0x54534c4852444831;  // "TSLHRDH1"
+
+  static uint64_t PairsHash(const Call& c) {
+    if (c.kind != Kind::kPermute) return 0;
+    uint64_t h = 1469598103934665603ull;
+    for (const auto& [s, t] : *c.pairs) h = (h ^ uint64_t(uint32_t(s)) << 32 ^ uint32_t(t)) * 1099511628211ull;
+    return h;
+  }
+
+  static WireHeader MakeHeader(const CollectiveId& id, const Call& c, const absl::Status& failure) {
+    WireHeader h{};
+    h.magic = kHeaderMagic;
+    h.execution = id.execution;
+    h.op = id.op;
+    h.kind = uint32_t(c.kind);
+    h.count = c.count;
+    h.dtype = c.dtype;
+    h.reduce_op = int32_t(c.op);
+    h.pairs_hash = PairsHash(c);
+    h.code = int32_t(failure.code());
+    const std::string m(failure.message().substr(0, sizeof(h.message)));
+    h.message_len = m.size();
+    std::memcpy(h.message, m.data(), m.size());
+    return h;
+  }
+
+  std::string WorkerDevices(int w) const {
+    std::vector<int> ranks = l_.worker_ranks[w];
+    return absl::StrCat("worker '", l_.workers[w], "' (", RankNames(ranks), ")");
+  }
+
+  // Every worker tells every other worker its header. Then each worker
+  // decides alike: a worker out of step breaks the group; a rank that
+  // abandoned the round, or arguments that differ, fail it on every worker
+  // with no data moved.
+  absl::Status ExchangeHeaders(const CollectiveId& id, const Round& r, const Call& c) {
+    const int nw = l_.num_workers(), self = l_.self_worker;
+    WireHeader mine = MakeHeader(id, c, r.local_failure);
+    std::vector<WireHeader> theirs(nw);
+    const uint64_t slot = uint64_t(gloo::Slot::build(kHeaderSlotPrefix, next_tag_++));
+    std::vector<int> missing;
+    absl::Status first_error;
+    absl::Status setup = CatchGloo(absl::StrCat(Describe(c), ": exchanging headers"), [&] {
+      auto send = gloo_->createUnboundBuffer(&mine, sizeof(mine));
+      std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recvs(nw);
+      for (int w = 0; w < nw; ++w) {
+        if (w == self) continue;
+        recvs[w] = gloo_->createUnboundBuffer(&theirs[w], sizeof(WireHeader));
+        recvs[w]->recv(w, slot);
+        send->send(w, slot);
+      }
+      const auto deadline = std::chrono::steady_clock::now() + GlooTimeout();
+      auto remaining = [&] {
+        return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                          deadline - std::chrono::steady_clock::now()));
+      };
+      for (int w = 0; w < nw; ++w) {
+        if (w == self) continue;
+        absl::Status s = CatchGloo(absl::StrCat(Describe(c), ": ", WorkerDevices(w)), [&] {
+          if (!recvs[w]->waitRecv(remaining())) throw gloo::IoException("receive aborted");
+        });
+        if (!s.ok()) {
+          missing.push_back(w);
+          if (first_error.ok()) first_error = s;
+        }
+      }
+      for (int w = 0; w < nw - 1 && missing.empty(); ++w) {
+        absl::Status s = CatchGloo("sending the header", [&] {
+          if (!send->waitSend(remaining())) throw gloo::IoException("send aborted");
+        });
+        if (!s.ok() && first_error.ok()) first_error = s;
+      }
+    });
+    if (!setup.ok()) return setup;
+    if (!missing.empty()) {
+      const std::string who = absl::StrJoin(missing, ", ", [&](std::string* out, int w) { out->append(WorkerDevices(w)); });
+      return absl::Status(first_error.code(), absl::StrCat("no word from ", who, " within ",
+                                                           absl::FormatDuration(timeout_), ": ", first_error.message()));
+    }
+    for (int w = 0; w < nw; ++w) {
+      if (w == self) continue;
+      const WireHeader& h = theirs[w];
+      if (h.magic != kHeaderMagic || h.execution != id.execution || h.op != id.op) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            Describe(c), ": workers out of step: ", WorkerDevices(w), " is at execution ", h.execution, ", op ", h.op,
+            "; the group must start over"));
+      }
+    }
+    // Every worker sees the same headers, so every worker returns the same error.
+    for (int w = 0; w < nw; ++w) {
+      const WireHeader& h = w == self ? mine : theirs[w];
+      if (h.code != 0) {
+        return absl::AbortedError(std::string(h.message, std::min<size_t>(h.message_len, sizeof(h.message))));
+      }
+    }
+    for (int w = 0; w < nw; ++w) {
+      const WireHeader& h = theirs[w];
+      if (w == self) continue;
+      if (h.kind != mine.kind || h.count != mine.count || h.dtype != mine.dtype ||
+          (Reduces(c.kind) && h.reduce_op != mine.reduce_op) || h.pairs_hash != mine.pairs_hash) {
+        return absl::InvalidArgumentError(absl::StrCat(Describe(c), ": ", WorkerDevices(w), " called ",
+                                                       KindName(Kind(h.kind)), "(", DTypeName(v1::DType(h.dtype)), "[",
+                                                       h.count, "]) for the same collective"));
+      }
+    }
+    return absl::OkStatus();
   }
 
   std::chrono::milliseconds GlooTimeout() const { return absl::ToChronoMilliseconds(timeout_); }
@@ -535,14 +732,14 @@ class GroupCommunicator final : public Communicator {
   // Local reduce into local rank 0's buffer, Gloo across workers on that
   // buffer, then the other local ranks copy it (CopyOut). With one local
   // rank this is Gloo's allreduce on the caller's buffer and nothing else.
-  absl::Status RunAllReduce(const Call& c) {
+  absl::Status RunAllReduce(Round& r, const Call& c) {
     const ReduceFn reduce = GetReduceFn(c.dtype, c.op);
-    void* acc = slots_[0].out;
-    for (int i = 1; i < l_.num_local(); ++i) reduce(acc, acc, slots_[i].out, c.count);
+    void* acc = r.slots[0].out;
+    for (int i = 1; i < l_.num_local(); ++i) reduce(acc, acc, r.slots[i].out, c.count);
     if (l_.num_workers() > 1) {
       if (absl::Status s = GlooAllReduce(c, acc); !s.ok()) return s;
     }
-    copy_src_ = static_cast<const char*>(acc);
+    r.copy_src = static_cast<const char*>(acc);
     return absl::OkStatus();
   }
 
@@ -550,12 +747,12 @@ class GroupCommunicator final : public Communicator {
   // order), which is rank order when every worker's ranks are contiguous and
   // the workers come in order: then local rank 0's output is the gather
   // buffer, else scratch is, and each local rank reorders from it.
-  absl::Status RunAllGather(const Call& c) {
+  absl::Status RunAllGather(Round& r, const Call& c) {
     const size_t block = size_t(c.count) * DTypeSize(c.dtype);
-    char* dst = l_.worker_major ? static_cast<char*>(slots_[0].out) : Scratch(0, block * l_.size());
+    char* dst = l_.worker_major ? static_cast<char*>(r.slots[0].out) : Scratch(0, block * l_.size());
     for (int i = 0; i < l_.num_local(); ++i) {
       char* to = dst + size_t(l_.grouped_pos[l_.local_ranks[i]]) * block;
-      if (to != slots_[i].in) std::memcpy(to, slots_[i].in, block);
+      if (to != r.slots[i].in) std::memcpy(to, r.slots[i].in, block);
     }
     if (l_.num_workers() > 1) {
       std::vector<size_t> elements;
@@ -570,7 +767,7 @@ class GroupCommunicator final : public Communicator {
       });
       if (!s.ok()) return s;
     }
-    copy_src_ = dst;
+    r.copy_src = dst;
     return absl::OkStatus();
   }
 
@@ -579,19 +776,19 @@ class GroupCommunicator final : public Communicator {
   // and each rank takes its block. That moves size() times the bytes of a
   // ring reduce-scatter over the network; simple, and correct for uneven
   // worker sizes.
-  absl::Status RunReduceScatter(const Call& c) {
+  absl::Status RunReduceScatter(Round& r, const Call& c) {
     if (l_.num_workers() == 1) return absl::OkStatus();
     const ReduceFn reduce = GetReduceFn(c.dtype, c.op);
     const size_t total = size_t(c.count) * l_.size();
     char* acc = Scratch(0, total * DTypeSize(c.dtype));
     if (l_.num_local() == 1) {
-      std::memcpy(acc, slots_[0].in, total * DTypeSize(c.dtype));
+      std::memcpy(acc, r.slots[0].in, total * DTypeSize(c.dtype));
     } else {
-      reduce(acc, slots_[0].in, slots_[1].in, total);
-      for (int i = 2; i < l_.num_local(); ++i) reduce(acc, acc, slots_[i].in, total);
+      reduce(acc, r.slots[0].in, r.slots[1].in, total);
+      for (int i = 2; i < l_.num_local(); ++i) reduce(acc, acc, r.slots[i].in, total);
     }
     if (absl::Status s = GlooAllReduce(c, acc); !s.ok()) return s;
-    copy_src_ = acc;
+    r.copy_src = acc;
     return absl::OkStatus();
   }
 
@@ -599,13 +796,13 @@ class GroupCommunicator final : public Communicator {
   // are packed by destination worker (for each local source rank, for each
   // destination rank of that worker), exchanged with Gloo's alltoallv, and
   // unpacked into the local ranks' outputs in the same order.
-  absl::Status RunAllToAll(const Call& c) {
+  absl::Status RunAllToAll(Round& r, const Call& c) {
     const size_t block = size_t(c.count) * DTypeSize(c.dtype);
     const int n = l_.num_local();
     for (int s = 0; s < n; ++s) {
       for (int t = 0; t < n; ++t) {
-        std::memcpy(static_cast<char*>(slots_[t].out) + size_t(l_.local_ranks[s]) * block,
-                    static_cast<const char*>(slots_[s].in) + size_t(l_.local_ranks[t]) * block, block);
+        std::memcpy(static_cast<char*>(r.slots[t].out) + size_t(l_.local_ranks[s]) * block,
+                    static_cast<const char*>(r.slots[s].in) + size_t(l_.local_ranks[t]) * block, block);
       }
     }
     if (l_.num_workers() == 1) return absl::OkStatus();
@@ -625,7 +822,7 @@ class GroupCommunicator final : public Communicator {
       if (w == l_.self_worker) continue;
       for (int s = 0; s < n; ++s) {
         for (int t : l_.worker_ranks[w]) {
-          std::memcpy(p, static_cast<const char*>(slots_[s].in) + size_t(t) * block, block);
+          std::memcpy(p, static_cast<const char*>(r.slots[s].in) + size_t(t) * block, block);
           p += block;
         }
       }
@@ -648,7 +845,7 @@ class GroupCommunicator final : public Communicator {
       if (w == l_.self_worker) continue;
       for (int s : l_.worker_ranks[w]) {
         for (int t = 0; t < n; ++t) {
-          std::memcpy(static_cast<char*>(slots_[t].out) + size_t(s) * block, q, block);
+          std::memcpy(static_cast<char*>(r.slots[t].out) + size_t(s) * block, q, block);
           q += block;
         }
       }
@@ -659,7 +856,7 @@ class GroupCommunicator final : public Communicator {
   // Pairs within this worker are copies; pairs across workers are one Gloo
   // message each, straight from the source's `in` to the target's `out`,
   // on a slot made of this round's tag and the pair's index.
-  absl::Status RunPermute(const Call& c) {
+  absl::Status RunPermute(Round& r, const Call& c) {
     const size_t bytes = size_t(c.count) * DTypeSize(c.dtype);
     const int n = l_.num_local();
     std::vector<bool> targeted(n);
@@ -667,7 +864,7 @@ class GroupCommunicator final : public Communicator {
       if (l_.local_index[t] >= 0) targeted[l_.local_index[t]] = true;
     }
     for (int i = 0; i < n; ++i) {
-      if (!targeted[i]) std::memset(slots_[i].out, 0, bytes);
+      if (!targeted[i]) std::memset(r.slots[i].out, 0, bytes);
     }
     const bool remote = l_.num_workers() > 1;
     const uint32_t tag = remote ? next_tag_++ : 0;
@@ -678,12 +875,12 @@ class GroupCommunicator final : public Communicator {
         const auto [s, t] = (*c.pairs)[p];
         const int ls = l_.local_index[s], lt = l_.local_index[t];
         if (ls >= 0 && lt >= 0) {
-          std::memmove(slots_[lt].out, slots_[ls].in, bytes);
+          std::memmove(r.slots[lt].out, r.slots[ls].in, bytes);
         } else if (ls >= 0) {
-          sends.push_back(gloo_->createUnboundBuffer(const_cast<void*>(slots_[ls].in), bytes));
+          sends.push_back(gloo_->createUnboundBuffer(const_cast<void*>(r.slots[ls].in), bytes));
           sends.back()->send(l_.worker_of_rank[t], base + p);
         } else if (lt >= 0) {
-          recvs.push_back(gloo_->createUnboundBuffer(slots_[lt].out, bytes));
+          recvs.push_back(gloo_->createUnboundBuffer(r.slots[lt].out, bytes));
           recvs.back()->recv(l_.worker_of_rank[s], base + p);
         }
       }
@@ -698,32 +895,32 @@ class GroupCommunicator final : public Communicator {
 
   // ---- Each local rank takes its result, in parallel ------------------------
 
-  void CopyOut(const Call& c, int li) {
+  void CopyOut(Round& r, const Call& c, int li) {
     const int esize = DTypeSize(c.dtype);
     const size_t block = size_t(c.count) * esize;
     const int rank = l_.local_ranks[li];
     switch (c.kind) {
       case Kind::kAllReduce:
-        if (slots_[li].out != copy_src_) std::memcpy(slots_[li].out, copy_src_, block);
+        if (r.slots[li].out != r.copy_src) std::memcpy(r.slots[li].out, r.copy_src, block);
         break;
       case Kind::kAllGather: {
-        char* out = static_cast<char*>(slots_[li].out);
+        char* out = static_cast<char*>(r.slots[li].out);
         if (l_.worker_major) {
-          if (out != copy_src_) std::memcpy(out, copy_src_, block * l_.size());
+          if (out != r.copy_src) std::memcpy(out, r.copy_src, block * l_.size());
         } else {
-          for (int r = 0; r < l_.size(); ++r) {
-            std::memcpy(out + size_t(r) * block, copy_src_ + size_t(l_.grouped_pos[r]) * block, block);
+          for (int k = 0; k < l_.size(); ++k) {
+            std::memcpy(out + size_t(k) * block, r.copy_src + size_t(l_.grouped_pos[k]) * block, block);
           }
         }
         break;
       }
       case Kind::kReduceScatter: {
-        void* out = slots_[li].out;
+        void* out = r.slots[li].out;
         if (l_.num_workers() > 1) {
-          std::memcpy(out, copy_src_ + size_t(rank) * block, block);
+          std::memcpy(out, r.copy_src + size_t(rank) * block, block);
           break;
         }
-        auto block_of = [&](int i) { return static_cast<const char*>(slots_[i].in) + size_t(rank) * block; };
+        auto block_of = [&](int i) { return static_cast<const char*>(r.slots[i].in) + size_t(rank) * block; };
         if (l_.num_local() == 1) {
           std::memcpy(out, block_of(0), block);
           break;
@@ -735,6 +932,7 @@ class GroupCommunicator final : public Communicator {
       }
       case Kind::kAllToAll:
       case Kind::kPermute:
+      case Kind::kAbandoned:
         break;  // the round wrote every output
     }
   }
@@ -745,15 +943,8 @@ class GroupCommunicator final : public Communicator {
   const std::shared_ptr<spdlog::logger> log_;
 
   absl::Mutex mu_;
-  Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kGathering;
-  uint64_t round_ ABSL_GUARDED_BY(mu_) = 0;
-  int arrived_ ABSL_GUARDED_BY(mu_) = 0;
-  int departed_ ABSL_GUARDED_BY(mu_) = 0;
-  // By local index. Written at arrival; read without the lock by the round's
-  // runner and by CopyOut until every rank has left the round.
-  std::vector<Slot> slots_;
-  Call call_ ABSL_GUARDED_BY(mu_) = {};
-  absl::Status round_status_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<CollectiveId, std::shared_ptr<Round>> rounds_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<CollectiveId, absl::Status>> ended_ ABSL_GUARDED_BY(mu_);
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
 
   // Owned by the thread running the current round.
@@ -762,8 +953,6 @@ class GroupCommunicator final : public Communicator {
   uint32_t next_tag_ = 0;
   std::unique_ptr<char[]> scratch_[2];
   size_t scratch_bytes_[2] = {0, 0};
-  // Set by the round's runner for CopyOut (published by mu_).
-  const char* copy_src_ = nullptr;
 };
 
 // ---- The registry -----------------------------------------------------------

@@ -2,23 +2,31 @@
 // memory between the devices of this process and through Gloo over TCP
 // between worker processes.
 //
-// Algorithm (hierarchical): the local ranks of a group arrive at an
-// in-memory barrier; the last to arrive runs the round: it combines the
-// local contributions, exchanges the combined buffer with the other workers
-// through one Gloo context per group (ranks of that context are the group's
-// distinct workers in order of first appearance in GroupSpec::rank_workers),
-// and then every local rank copies its own result out. A group held entirely
-// by this process never touches Gloo. The Gloo context is connected on the
-// group's first collective, through the rendezvous store, under keys
-// prefixed by GroupSpec::key; the store never forgets them, so a key names
-// one group for the life of the store. Each cross-worker collective uses
-// the next Gloo tag of its group, so a worker may start one while a peer is
-// still finishing the previous one.
+// Algorithm (hierarchical): the local ranks of a group meet in memory under
+// the collective's CollectiveId; the last to arrive runs the round. Across
+// workers it first exchanges a small header with every other worker of the
+// group (the id, the call's arguments, and whether a local rank abandoned
+// it), so every worker decides alike whether the round runs; then it
+// combines the local contributions, exchanges the combined buffer with the
+// other workers through one Gloo context per group (ranks of that context
+// are the group's distinct workers in order of first appearance in
+// GroupSpec::rank_workers), and every local rank copies its own result out.
+// A group held entirely by this process never touches Gloo. The Gloo context
+// is connected on the group's first collective, through the rendezvous
+// store, under keys prefixed by GroupSpec::key; the store never forgets
+// them, so a key (which carries the group's epoch) names one group for the
+// life of the store.
 //
-// Failures: a Gloo error (peer gone, IO, timeout) or a local rank missing
-// the barrier breaks the group: the call that saw it and every later call of
-// that group return the same status (UNAVAILABLE, DEADLINE_EXCEEDED, ...).
-// Use a new group key to start over.
+// Failures: a rank that abandons a collective (Abandon) fails that round on
+// every rank with ABORTED, naming its device and the cause; the group goes
+// on. Local ranks that disagree on the call fail the round (INVALID_ARGUMENT).
+// A local rank missing the meeting fails it after the timeout
+// (DEADLINE_EXCEEDED, naming the missing devices); the rank that comes late
+// gets the same error. Across workers, a Gloo error (peer gone, IO,
+// timeout) or a peer at another collective breaks the group: that call and
+// every later one return the error, marked with kGroupBrokenPayload, and the
+// connections close so the peers fail at once too. The next steps use a
+// group of a new epoch (a new key).
 //
 // Ownership and threads: the registry owns its communicators; a
 // Communicator* stays valid as long as the registry. Get may be called from

@@ -219,6 +219,8 @@ class CollectivesLayoutTest : public ::testing::TestWithParam<Layout> {
   int size() const { return GetParam().rank_workers.size(); }
 };
 
+const CollectiveId kId{1, 0};
+
 uint64_t Seed(int test_case, int rank) { return uint64_t(test_case) * 1000 + rank; }
 
 TEST_P(CollectivesLayoutTest, AllReduceEveryDTypeAndOp) {
@@ -238,7 +240,7 @@ TEST_P(CollectivesLayoutTest, AllReduceEveryDTypeAndOp) {
   ExpectAllOk(workers.Run(Spec("allreduce"), [&](int rank, Communicator* comm) -> absl::Status {
     for (size_t c = 0; c < cases.size(); ++c) {
       Bytes data = MakeInput(cases[c].dtype, cases[c].op, cases[c].count, Seed(c, rank));
-      absl::Status s = comm->AllReduce(rank, data.data(), cases[c].count, cases[c].dtype, cases[c].op);
+      absl::Status s = comm->AllReduce(rank, CollectiveId{1, int(c)}, data.data(), cases[c].count, cases[c].dtype, cases[c].op);
       if (!s.ok()) return s;
       results[c][rank] = std::move(data);
     }
@@ -270,7 +272,7 @@ TEST_P(CollectivesLayoutTest, ReduceScatterEveryDTypeAndOp) {
       const auto [t, op] = cases[c];
       const Bytes in = MakeInput(t, op, count * size(), Seed(c, rank));
       Bytes out(count * DTypeSize(t));
-      absl::Status s = comm->ReduceScatter(rank, in.data(), out.data(), count, t, op);
+      absl::Status s = comm->ReduceScatter(rank, CollectiveId{1, int(c)}, in.data(), out.data(), count, t, op);
       if (!s.ok()) return s;
       results[c][rank] = std::move(out);
     }
@@ -299,7 +301,7 @@ TEST_P(CollectivesLayoutTest, AllGatherEveryDType) {
     for (size_t c = 0; c < std::size(kDTypes); ++c) {
       const Bytes in = MakeInput(kDTypes[c], ReduceOp::kSum, count, Seed(c, rank));
       Bytes out(count * size() * DTypeSize(kDTypes[c]));
-      absl::Status s = comm->AllGather(rank, in.data(), out.data(), count, kDTypes[c]);
+      absl::Status s = comm->AllGather(rank, CollectiveId{1, int(c)}, in.data(), out.data(), count, kDTypes[c]);
       if (!s.ok()) return s;
       results[c][rank] = std::move(out);
     }
@@ -323,7 +325,7 @@ TEST_P(CollectivesLayoutTest, AllToAllEveryDType) {
     for (size_t c = 0; c < std::size(kDTypes); ++c) {
       const Bytes in = MakeInput(kDTypes[c], ReduceOp::kSum, count * size(), Seed(c, rank));
       Bytes out(in.size());
-      absl::Status s = comm->AllToAll(rank, in.data(), out.data(), count, kDTypes[c]);
+      absl::Status s = comm->AllToAll(rank, CollectiveId{1, int(c)}, in.data(), out.data(), count, kDTypes[c]);
       if (!s.ok()) return s;
       results[c][rank] = std::move(out);
     }
@@ -362,7 +364,7 @@ TEST_P(CollectivesLayoutTest, PermuteEveryDType) {
     for (size_t c = 0; c < cases.size(); ++c) {
       const Bytes in = MakeInput(cases[c].dtype, ReduceOp::kSum, count, Seed(c, rank));
       Bytes out(in.size(), char(0x5a));
-      absl::Status s = comm->Permute(rank, in.data(), out.data(), count, cases[c].dtype, pair_sets[cases[c].pairs]);
+      absl::Status s = comm->Permute(rank, CollectiveId{1, int(c)}, in.data(), out.data(), count, cases[c].dtype, pair_sets[cases[c].pairs]);
       if (!s.ok()) return s;
       results[c][rank] = std::move(out);
     }
@@ -422,30 +424,39 @@ TEST(Collectives, LocalRanksOfOneWorkerSeeOnlyTheirOwnGroup) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ((*c)->local_ranks(), (std::vector<int>{1, 3}));
   float x = 1;
-  absl::Status wrong_rank = (*c)->AllReduce(0, &x, 1, v1::F32, ReduceOp::kSum);
+  absl::Status wrong_rank = (*c)->AllReduce(0, kId, &x, 1, v1::F32, ReduceOp::kSum);
   EXPECT_EQ(wrong_rank.code(), absl::StatusCode::kInvalidArgument) << wrong_rank;
 }
 
 TEST(Collectives, MissingLocalRankIsDeadlineExceeded) {
   SimulatedWorkers workers({"w0"}, absl::Seconds(1));
-  const GroupSpec spec{"lonely", {"w0", "w0", "w0"}};
+  const GroupSpec spec{"lonely", {"w0", "w0", "w0"}, {10, 11, 12}};
   const absl::Time start = absl::Now();
   auto statuses = workers.Run(spec, [](int rank, Communicator* comm) {
     float x = 1;
-    return comm->AllReduce(rank, &x, 1, v1::F32, ReduceOp::kSum);
+    return comm->AllReduce(rank, kId, &x, 1, v1::F32, ReduceOp::kSum);
   }, {0, 1});
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   for (int r : {0, 1}) {
     ASSERT_EQ(statuses[r].code(), absl::StatusCode::kDeadlineExceeded) << statuses[r];
     EXPECT_NE(statuses[r].message().find("'lonely'"), absl::string_view::npos) << statuses[r];
-    EXPECT_NE(statuses[r].message().find("[2]"), absl::string_view::npos) << statuses[r];
+    // Names the device that stalled, not the ones that waited.
+    EXPECT_NE(statuses[r].message().find("device 12 did not arrive"), absl::string_view::npos) << statuses[r];
+    EXPECT_NE(statuses[r].message().find("execution 1, op 0"), absl::string_view::npos) << statuses[r];
   }
-  // The group is broken: the late rank gets the same error at once.
+  // The late rank gets the same error at once, never another step's data.
   auto late = workers.Run(spec, [](int rank, Communicator* comm) {
     float x = 1;
-    return comm->AllReduce(rank, &x, 1, v1::F32, ReduceOp::kSum);
+    return comm->AllReduce(rank, kId, &x, 1, v1::F32, ReduceOp::kSum);
   }, {2});
   EXPECT_EQ(late[2].code(), absl::StatusCode::kDeadlineExceeded) << late[2];
+  // The group itself is fine: the next collective meets.
+  std::vector<float> sums(3);
+  ExpectAllOk(workers.Run(spec, [&](int rank, Communicator* comm) {
+    sums[rank] = rank + 1;
+    return comm->AllReduce(rank, CollectiveId{2, 0}, &sums[rank], 1, v1::F32, ReduceOp::kSum);
+  }));
+  EXPECT_EQ(sums, (std::vector<float>{6, 6, 6}));
 }
 
 TEST(Collectives, MissingWorkerIsDeadlineExceeded) {
@@ -454,7 +465,7 @@ TEST(Collectives, MissingWorkerIsDeadlineExceeded) {
   const absl::Time start = absl::Now();
   auto statuses = workers.Run(spec, [](int rank, Communicator* comm) {
     float x = 1;
-    return comm->AllReduce(rank, &x, 1, v1::F32, ReduceOp::kSum);
+    return comm->AllReduce(rank, kId, &x, 1, v1::F32, ReduceOp::kSum);
   }, {0});
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   ASSERT_EQ(statuses[0].code(), absl::StatusCode::kDeadlineExceeded) << statuses[0];
@@ -464,19 +475,27 @@ TEST(Collectives, MissingWorkerIsDeadlineExceeded) {
 
 TEST(Collectives, WorkerMissingAfterConnectingIsDeadlineExceeded) {
   SimulatedWorkers workers({"w0", "w1"}, absl::Seconds(1));
-  const GroupSpec spec{"across", {"w0", "w1"}};
-  auto body = [](int rank, Communicator* comm) {
+  const GroupSpec spec{"across", {"w0", "w1"}, {4, 7}};
+  int64_t execution = 1;
+  auto body = [&](int rank, Communicator* comm) {
     std::vector<float> x(1000, 1);
-    return comm->AllReduce(rank, x.data(), x.size(), v1::F32, ReduceOp::kSum);
+    return comm->AllReduce(rank, CollectiveId{execution, 0}, x.data(), x.size(), v1::F32, ReduceOp::kSum);
   };
   ExpectAllOk(workers.Run(spec, body));
+  ++execution;
   const absl::Time start = absl::Now();
   auto statuses = workers.Run(spec, body, {0});
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   ASSERT_EQ(statuses[0].code(), absl::StatusCode::kDeadlineExceeded) << statuses[0];
   EXPECT_NE(statuses[0].message().find("'across'"), absl::string_view::npos) << statuses[0];
-  // Broken for good.
+  // Names the worker and the device that did not come.
+  EXPECT_NE(statuses[0].message().find("worker 'w1' (device 7)"), absl::string_view::npos) << statuses[0];
+  EXPECT_TRUE(statuses[0].GetPayload(kGroupBrokenPayload).has_value()) << statuses[0];
+  // That group is broken for good; a group of the next epoch meets again.
+  ++execution;
   EXPECT_EQ(workers.Run(spec, body, {0})[0].code(), absl::StatusCode::kDeadlineExceeded);
+  ++execution;
+  ExpectAllOk(workers.Run(GroupSpec{"across@1", {"w0", "w1"}, {4, 7}}, body));
 }
 
 TEST(Collectives, WorkerGoneIsUnavailable) {
@@ -484,7 +503,7 @@ TEST(Collectives, WorkerGoneIsUnavailable) {
   const GroupSpec spec{"across", {"w0", "w1"}};
   auto body = [](int rank, Communicator* comm) {
     std::vector<float> x(1000, 1);
-    return comm->AllReduce(rank, x.data(), x.size(), v1::F32, ReduceOp::kSum);
+    return comm->AllReduce(rank, kId, x.data(), x.size(), v1::F32, ReduceOp::kSum);
   };
   ExpectAllOk(workers.Run(spec, body));
   workers.Kill("w1");  // closes its connections
@@ -499,10 +518,108 @@ TEST(Collectives, LocalRanksCallingDifferentCollectivesIsAnError) {
   SimulatedWorkers workers({"w0"}, absl::Seconds(5));
   auto statuses = workers.Run(GroupSpec{"mixed", {"w0", "w0"}}, [](int rank, Communicator* comm) {
     float x[2] = {1, 2};
-    return rank == 0 ? comm->AllReduce(rank, x, 2, v1::F32, ReduceOp::kSum)
-                     : comm->AllReduce(rank, x, 2, v1::F32, ReduceOp::kMax);
+    return rank == 0 ? comm->AllReduce(rank, kId, x, 2, v1::F32, ReduceOp::kSum)
+                     : comm->AllReduce(rank, kId, x, 2, v1::F32, ReduceOp::kMax);
   });
   for (const absl::Status& s : statuses) EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+}
+
+// ---- Identity: ranks meet only under the same CollectiveId ------------------
+
+// The seen failure: one worker, two devices, one all_reduce per step. Step B
+// fails on device 0 before its collective, and steps C..F follow pipelined.
+// Device 1's collective of B must fail (naming the execution, the op and
+// device 0), and C..F must pair with C..F, not with each other's neighbours.
+void ExpectFailedStepNeverPoisonsTheNextOnes(const std::vector<std::string>& rank_workers, int failing_rank) {
+  SimulatedWorkers workers(rank_workers, absl::Seconds(10));
+  std::vector<int> devices;
+  for (size_t r = 0; r < rank_workers.size(); ++r) devices.push_back(int(r) + 20);
+  const GroupSpec spec{"steps", rank_workers, devices};
+  const int size = rank_workers.size();
+  constexpr int kSteps = 6;  // A..F; B (1) fails on `failing_rank`
+  std::vector<std::vector<absl::Status>> status(size, std::vector<absl::Status>(kSteps));
+  std::vector<std::vector<float>> value(size, std::vector<float>(kSteps));
+  const absl::Time start = absl::Now();
+  workers.Run(spec, [&](int rank, Communicator* comm) {
+    for (int step = 0; step < kSteps; ++step) {
+      const CollectiveId id{100 + step, 3};
+      value[rank][step] = float(11 * (step + 1) + rank);
+      if (step == 1 && rank == failing_rank) {
+        status[rank][step] = comm->Abandon(rank, id, absl::ResourceExhaustedError("device 20: out of memory"));
+      } else {
+        status[rank][step] = comm->AllReduce(rank, id, &value[rank][step], 1, v1::F32, ReduceOp::kSum);
+      }
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "a peer waited for the abandoned collective";
+  for (int rank = 0; rank < size; ++rank) {
+    if (rank != failing_rank) {
+      const absl::Status& b = status[rank][1];
+      EXPECT_EQ(b.code(), absl::StatusCode::kAborted) << b;
+      EXPECT_NE(b.message().find("execution 101, op 3"), absl::string_view::npos) << b;
+      EXPECT_NE(b.message().find(absl::StrCat("device ", 20 + failing_rank)), absl::string_view::npos) << b;
+      EXPECT_NE(b.message().find("out of memory"), absl::string_view::npos) << b;
+    }
+    for (int step : {0, 2, 3, 4, 5}) {
+      ASSERT_TRUE(status[rank][step].ok()) << "rank " << rank << " step " << step << ": " << status[rank][step];
+      float want = 0;
+      for (int r = 0; r < size; ++r) want += float(11 * (step + 1) + r);
+      EXPECT_EQ(value[rank][step], want) << "rank " << rank << " step " << step;
+    }
+  }
+}
+
+TEST(CollectiveIdentity, FailedStepNeverPoisonsTheNextOnesInMemory) {
+  ExpectFailedStepNeverPoisonsTheNextOnes({"w0", "w0"}, 0);
+}
+
+TEST(CollectiveIdentity, FailedStepNeverPoisonsTheNextOnesAcrossWorkers) {
+  ExpectFailedStepNeverPoisonsTheNextOnes({"w0", "w1"}, 0);
+}
+
+TEST(CollectiveIdentity, FailedStepNeverPoisonsTheNextOnesMixed) {
+  ExpectFailedStepNeverPoisonsTheNextOnes({"w0", "w1", "w0", "w1"}, 2);
+}
+
+TEST(CollectiveIdentity, DifferentStepsNeverPair) {
+  SimulatedWorkers workers({"w0"}, absl::Milliseconds(500));
+  const GroupSpec spec{"apart", {"w0", "w0"}, {0, 1}};
+  float x[2] = {1, 2};
+  auto statuses = workers.Run(spec, [&](int rank, Communicator* comm) {
+    return comm->AllReduce(rank, CollectiveId{rank == 0 ? 5 : 6, 0}, &x[rank], 1, v1::F32, ReduceOp::kSum);
+  });
+  for (const absl::Status& s : statuses) EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_EQ(x[0], 1);
+  EXPECT_EQ(x[1], 2);
+}
+
+TEST(CollectiveIdentity, WorkersAtDifferentStepsBreakTheGroupInsteadOfPairing) {
+  SimulatedWorkers workers({"w0", "w1"}, absl::Seconds(5));
+  const GroupSpec spec{"skew", {"w0", "w1"}, {0, 1}};
+  float x[2] = {1, 2};
+  auto statuses = workers.Run(spec, [&](int rank, Communicator* comm) {
+    return comm->AllReduce(rank, CollectiveId{rank == 0 ? 5 : 6, 0}, &x[rank], 1, v1::F32, ReduceOp::kSum);
+  });
+  for (const absl::Status& s : statuses) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find("out of step"), absl::string_view::npos) << s;
+    EXPECT_TRUE(s.GetPayload(kGroupBrokenPayload).has_value()) << s;
+  }
+  EXPECT_EQ(x[0], 1);
+  EXPECT_EQ(x[1], 2);
+}
+
+TEST(CollectiveIdentity, AbandonedCollectiveAcrossWorkersMovesNoData) {
+  SimulatedWorkers workers({"w0", "w1"}, absl::Seconds(5));
+  const GroupSpec spec{"abandon", {"w0", "w1"}, {0, 1}};
+  std::vector<float> x = {3, 4};
+  auto statuses = workers.Run(spec, [&](int rank, Communicator* comm) {
+    if (rank == 1) return comm->Abandon(rank, CollectiveId{9, 2}, absl::InvalidArgumentError("bad argument"));
+    return comm->AllGather(rank, CollectiveId{9, 2}, &x[0], &x[1], 1, v1::F32);
+  });
+  EXPECT_EQ(statuses[0].code(), absl::StatusCode::kAborted) << statuses[0];
+  EXPECT_EQ(x[1], 4);  // untouched
 }
 
 // The coordinator's end of the rendezvous: KvSet and KvGet over a KvStore,
@@ -576,7 +693,7 @@ TEST_F(CollectivesKvStoreClientTest, WorkersMeetThroughTheCoordinatorStore) {
   SimulatedWorkers workers({"w0", "w1"}, absl::Seconds(10), Client(absl::Seconds(10)));
   ExpectAllOk(workers.Run(GroupSpec{"kv", {"w0", "w1", "w0"}}, [](int rank, Communicator* comm) {
     std::vector<int32_t> x(100, rank + 1);
-    absl::Status s = comm->AllReduce(rank, x.data(), x.size(), v1::S32, ReduceOp::kSum);
+    absl::Status s = comm->AllReduce(rank, kId, x.data(), x.size(), v1::S32, ReduceOp::kSum);
     if (s.ok() && x != std::vector<int32_t>(100, 6)) s = absl::InternalError("wrong sum");
     return s;
   }));
@@ -587,7 +704,7 @@ TEST_F(CollectivesKvStoreClientTest, MissingWorkerTimesOutThroughTheCoordinatorS
   const absl::Time start = absl::Now();
   auto statuses = workers.Run(GroupSpec{"kv", {"w0", "w1"}}, [](int rank, Communicator* comm) {
     float x = 1;
-    return comm->AllReduce(rank, &x, 1, v1::F32, ReduceOp::kSum);
+    return comm->AllReduce(rank, kId, &x, 1, v1::F32, ReduceOp::kSum);
   }, {0});
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_EQ(statuses[0].code(), absl::StatusCode::kDeadlineExceeded) << statuses[0];

@@ -43,10 +43,16 @@ struct MemoryStats {
 };
 
 // Where a step runs: for partitioned programs, the device's position in the
-// program's mesh and the worker's collectives.
+// program's mesh and the worker's collectives, and the step's identity.
 struct StepContext {
   int mesh_position = 0;
   CommunicatorRegistry* collectives = nullptr;  // null: a collective fails, saying so
+  int64_t execution_id = 0;                     // with the op index, names each collective
+  std::string collective_epoch;                 // scopes the groups' keys
+  // Where set, the backend records the instruction index of each collective
+  // as it starts one, so a failed step can abandon the rest
+  // (AbandonCollectives in worker/collective_group.h).
+  int* last_collective = nullptr;
 };
 
 // A program loaded onto one device.

@@ -4,6 +4,7 @@
 #include "absl/strings/str_format.h"
 #include "core/dtype.h"
 #include "core/status.h"
+#include "worker/collective_group.h"
 
 namespace tessel::worker {
 
@@ -46,7 +47,7 @@ absl::Status WorkerRuntime::LoadProgram(const v1::Program& program) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r) {
+absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r, int* last_collective) {
   Executable* exe = nullptr;
   const v1::Program* proto = nullptr;
   std::shared_ptr<CommunicatorRegistry> collectives;
@@ -119,7 +120,11 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r) 
   for (const v1::RunAlias& al : r.aliases()) {
     if (!into[al.output()]) offered.emplace_back(al.argument(), args[al.argument()].get());
   }
-  worker::StepContext ctx{.mesh_position = r.mesh_position(), .collectives = collectives.get()};
+  worker::StepContext ctx{.mesh_position = r.mesh_position(),
+                          .collectives = collectives.get(),
+                          .execution_id = r.execution_id(),
+                          .collective_epoch = r.collective_epoch(),
+                          .last_collective = last_collective};
   if (proto->has_mesh() && (r.mesh_position() < 0 || r.mesh_position() >= proto->mesh().devices_size())) {
     return absl::InvalidArgumentError(absl::StrCat("execution ", r.execution_id(), ": mesh position ",
                                                    r.mesh_position(), " out of range"));
@@ -147,11 +152,13 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r) 
 void WorkerRuntime::Run(const v1::RunRequest& request, RunDone done) {
   if (auto s = CheckDevice(request.device()); !s.ok()) return done(s);
   auto work = [this, request, done] {
-    absl::StatusOr<v1::RunResponse> result = RunStep(request);
+    int last_collective = -1;
+    absl::StatusOr<v1::RunResponse> result = RunStep(request, &last_collective);
     if (!result.ok()) {
       const absl::Status& s = result.status();
       log_->warn("execution {} on device {} failed: {}", request.execution_id(), request.device(),
                  s.ToString());
+      AbandonRest(request, last_collective, s);
       // The outputs carry the error to whoever reads them.
       for (uint64_t h : request.outputs()) {
         store_.Erase(request.device(), h);
@@ -164,6 +171,25 @@ void WorkerRuntime::Run(const v1::RunRequest& request, RunDone done) {
     done(absl::InvalidArgumentError(absl::StrCat("step sequence number ", request.seq(),
                                                  " was already used on device ", request.device())));
   });
+}
+
+void WorkerRuntime::AbandonRest(const v1::RunRequest& r, int last_collective, const absl::Status& cause) {
+  std::shared_ptr<CommunicatorRegistry> collectives;
+  const v1::Program* proto = nullptr;
+  {
+    absl::MutexLock l(&mu_);
+    collectives = collectives_;
+    auto it = program_protos_.find(r.executable_id());
+    if (it != program_protos_.end()) proto = &it->second;
+  }
+  if (proto == nullptr || collectives == nullptr || !proto->has_mesh()) return;
+  if (r.mesh_position() < 0 || r.mesh_position() >= proto->mesh().devices_size()) return;
+  const worker::StepContext ctx{.mesh_position = r.mesh_position(),
+                                .collectives = collectives.get(),
+                                .execution_id = r.execution_id(),
+                                .collective_epoch = r.collective_epoch(),
+                                .last_collective = &last_collective};
+  AbandonCollectives(*proto, ctx, Annotate(cause, absl::StrCat("device ", proto->mesh().devices(r.mesh_position()), ": ")));
 }
 
 void WorkerRuntime::Free(const v1::FreeRequest& request, Done done) {

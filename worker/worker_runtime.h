@@ -77,7 +77,10 @@ class WorkerRuntime {
  private:
   explicit WorkerRuntime(Options options);
   absl::Status CheckDevice(int device) const;
-  absl::StatusOr<v1::RunResponse> RunStep(const v1::RunRequest& request);
+  // `last_collective`: the instruction index of the last collective the step started.
+  absl::StatusOr<v1::RunResponse> RunStep(const v1::RunRequest& request, int* last_collective);
+  // After a failed step: lets the peers of every collective it did not reach know.
+  void AbandonRest(const v1::RunRequest& request, int last_collective, const absl::Status& cause);
 
   std::vector<std::unique_ptr<Device>> devices_;
   const std::shared_ptr<spdlog::logger> log_;

@@ -77,6 +77,7 @@ class StepsReactor final : public grpc::ServerBidiReactor<v1::StepBatch, v1::Ste
         } else {
           res.set_code(static_cast<int>(r.status().code()));
           res.set_error(std::string(r.status().message()));
+          res.set_group_broken(r.status().GetPayload(kGroupBrokenPayload).has_value());
         }
         Complete(std::move(res));
       });

@@ -115,9 +115,9 @@ absl::Status CpuExecutable::Execute(int i, std::vector<BufferPtr>& values, const
     case v1::ALL_TO_ALL:
     case v1::COLLECTIVE_PERMUTE:
     case v1::SHARD_SLICE:
-      TESSEL_RETURN_IF_ERROR(RunSpmdOp(n, slots_.program(), arg_type(0), arg(0), out, ctx));
+      TESSEL_RETURN_IF_ERROR(RunSpmdOp(n, i, slots_.program(), arg_type(0), arg(0), out, ctx));
       break;
-    case v1::AXIS_INDEX: TESSEL_RETURN_IF_ERROR(RunSpmdOp(n, slots_.program(), t, nullptr, out, ctx)); break;
+    case v1::AXIS_INDEX: TESSEL_RETURN_IF_ERROR(RunSpmdOp(n, i, slots_.program(), t, nullptr, out, ctx)); break;
     default:
       return absl::UnimplementedError(absl::StrCat("cpu device: op ", OpName(n.op()),
                                                    " of node '", n.name(), "' is not supported"));

@@ -8,13 +8,13 @@
 #include "core/dtype.h"
 #include "core/sharding.h"
 #include "core/status.h"
+#include "worker/collective_group.h"
 #include "worker/cpu/elementwise.h"
 
 namespace tessel::cpu {
 namespace {
 
 using absl::StrCat;
-using worker::Communicator;
 using worker::ReduceOp;
 
 ReduceOp OpOf(v1::ReduceKind k) {
@@ -53,43 +53,10 @@ void SwapMajor(const char* in, char* out, int64_t outer, int64_t k, int64_t piec
   }
 }
 
-struct Group {
-  Communicator* comm = nullptr;
-  int rank = 0;
-  int size = 1;
-};
-
-absl::StatusOr<Group> FindGroup(const v1::Program& p, const google::protobuf::RepeatedPtrField<std::string>& axes,
-                                const worker::StepContext& ctx, absl::string_view what) {
-  const std::vector<std::string> ax(axes.begin(), axes.end());
-  const std::vector<int> members = GroupPositions(p.mesh(), ctx.mesh_position, ax);
-  Group g;
-  g.size = members.size();
-  for (size_t i = 0; i < members.size(); ++i) {
-    if (members[i] == ctx.mesh_position) g.rank = i;
-  }
-  if (g.size == 1) return g;
-  if (ctx.collectives == nullptr) {
-    return absl::FailedPreconditionError(StrCat(what, ": this worker has no collectives configured"));
-  }
-  if (p.device_workers_size() != p.mesh().devices_size()) {
-    return absl::FailedPreconditionError(StrCat(what, ": the program does not say which worker holds each device"));
-  }
-  worker::GroupSpec spec;
-  std::vector<int> ids;
-  for (int m : members) {
-    ids.push_back(p.mesh().devices(m));
-    spec.rank_workers.push_back(p.device_workers(m));
-  }
-  spec.key = StrCat("devices:", absl::StrJoin(ids, ","));
-  TESSEL_ASSIGN_OR_RETURN(g.comm, ctx.collectives->Get(spec));
-  return g;
-}
-
 }  // namespace
 
-absl::Status RunSpmdOp(const v1::Node& n, const v1::Program& p, const v1::TensorType& in_type, const void* in_v,
-                       void* out_v, const worker::StepContext& ctx) {
+absl::Status RunSpmdOp(const v1::Node& n, int op_index, const v1::Program& p, const v1::TensorType& in_type,
+                       const void* in_v, void* out_v, const worker::StepContext& ctx) {
   const v1::CollectiveAttrs& c = n.collective();
   const std::string what = StrCat(OpName(n.op()), " '", n.name(), "' over ", absl::StrJoin(c.axes(), ","));
   const char* in = static_cast<const char*>(in_v);
@@ -108,7 +75,9 @@ absl::Status RunSpmdOp(const v1::Node& n, const v1::Program& p, const v1::Tensor
     for (int64_t o = 0; o < s.outer; ++o) std::memcpy(out + o * piece, in + (o * k + idx) * piece, piece);
     return absl::OkStatus();
   }
-  TESSEL_ASSIGN_OR_RETURN(Group g, FindGroup(p, c.axes(), ctx, what));
+  if (ctx.last_collective != nullptr) *ctx.last_collective = op_index;
+  TESSEL_ASSIGN_OR_RETURN(worker::ResolvedGroup g, worker::ResolveGroup(p, n, ctx, what));
+  const worker::CollectiveId id = worker::IdOf(ctx, op_index);
   const int64_t in_bytes = ByteSizeUnchecked(in_type), out_bytes = ByteSizeUnchecked(n.type());
   const int64_t esize = DTypeSize(dt);
   if (g.size == 1) {
@@ -120,16 +89,16 @@ absl::Status RunSpmdOp(const v1::Node& n, const v1::Program& p, const v1::Tensor
   switch (n.op()) {
     case v1::ALL_REDUCE:
       if (out != in) std::memcpy(out, in, in_bytes);
-      st = g.comm->AllReduce(g.rank, out, in_bytes / esize, dt, OpOf(c.kind()));
+      st = g.comm->AllReduce(g.rank, id, out, in_bytes / esize, dt, OpOf(c.kind()));
       break;
     case v1::ALL_GATHER: {
       const Split s = SplitAt(in_type, c.dimension());
       if (s.outer == 1) {
-        st = g.comm->AllGather(g.rank, in, out, in_bytes / esize, dt);
+        st = g.comm->AllGather(g.rank, id, in, out, in_bytes / esize, dt);
         break;
       }
       std::vector<char> tmp(out_bytes);
-      st = g.comm->AllGather(g.rank, in, tmp.data(), in_bytes / esize, dt);
+      st = g.comm->AllGather(g.rank, id, in, tmp.data(), in_bytes / esize, dt);
       if (st.ok()) SwapMajor(tmp.data(), out, s.outer, g.size, s.extent * s.slab, /*to_rank_major=*/false);
       break;
     }
@@ -137,12 +106,12 @@ absl::Status RunSpmdOp(const v1::Node& n, const v1::Program& p, const v1::Tensor
       const Split s = SplitAt(in_type, c.dimension());
       const int64_t piece = s.extent / g.size * s.slab;
       if (s.outer == 1) {
-        st = g.comm->ReduceScatter(g.rank, in, out, out_bytes / esize, dt, OpOf(c.kind()));
+        st = g.comm->ReduceScatter(g.rank, id, in, out, out_bytes / esize, dt, OpOf(c.kind()));
         break;
       }
       std::vector<char> tmp(in_bytes);
       SwapMajor(in, tmp.data(), s.outer, g.size, piece, /*to_rank_major=*/true);
-      st = g.comm->ReduceScatter(g.rank, tmp.data(), out, out_bytes / esize, dt, OpOf(c.kind()));
+      st = g.comm->ReduceScatter(g.rank, id, tmp.data(), out, out_bytes / esize, dt, OpOf(c.kind()));
       break;
     }
     case v1::ALL_TO_ALL: {
@@ -150,7 +119,7 @@ absl::Status RunSpmdOp(const v1::Node& n, const v1::Program& p, const v1::Tensor
       const int64_t piece = s.extent / g.size * s.slab;
       std::vector<char> send(in_bytes), recv(in_bytes);
       SwapMajor(in, send.data(), s.outer, g.size, piece, /*to_rank_major=*/true);
-      st = g.comm->AllToAll(g.rank, send.data(), recv.data(), in_bytes / g.size / esize, dt);
+      st = g.comm->AllToAll(g.rank, id, send.data(), recv.data(), in_bytes / g.size / esize, dt);
       if (!st.ok()) break;
       // Block i (from rank i) takes position i along the concat dimension.
       v1::TensorType block = in_type;
@@ -164,7 +133,7 @@ absl::Status RunSpmdOp(const v1::Node& n, const v1::Program& p, const v1::Tensor
       for (int i = 0; i + 1 < c.source_target_pairs_size(); i += 2) {
         pairs.emplace_back(int(c.source_target_pairs(i)), int(c.source_target_pairs(i + 1)));
       }
-      st = g.comm->Permute(g.rank, in, out, in_bytes / esize, dt, pairs);
+      st = g.comm->Permute(g.rank, id, in, out, in_bytes / esize, dt, pairs);
       break;
     }
     default:

@@ -377,6 +377,7 @@ absl::Status CudaExecutable::Execute(int i, std::vector<BufferPtr>& values, cons
     case v1::REDUCE_SCATTER:
     case v1::ALL_TO_ALL:
     case v1::COLLECTIVE_PERMUTE:
+      if (ctx.last_collective != nullptr) *ctx.last_collective = i;  // a failure abandons only the later ones
       TESSEL_RETURN_IF_ERROR(RunCollective(n, in.arg_types[0], params.p[0], params.p[1], ctx));
       break;
     default:  // layout ops, arg reductions
