@@ -177,8 +177,39 @@ std::string ExecutableKey(const v1::Graph& graph, const CompileOptions& options)
   return absl::StrFormat("%016x%016x", Fnv1a(key, 0xcbf29ce484222325ull), Fnv1a(key, 0x84222325cbf29ce4ull));
 }
 
+// Drops the nodes no output depends on (parameters stay: they are the
+// signature), in manual region bodies too, so nothing is computed, and no
+// collective planned, for a value nobody reads. Returns whether it dropped any.
+static bool DropDeadNodes(v1::Graph& g) {
+  absl::flat_hash_set<std::string> needed(g.outputs().begin(), g.outputs().end());
+  std::vector<bool> keep(g.nodes_size());
+  bool dropped = false;
+  for (int i = g.nodes_size() - 1; i >= 0; --i) {
+    v1::Node& n = *g.mutable_nodes(i);
+    keep[i] = n.op() == v1::PARAMETER || needed.contains(n.name());
+    if (!keep[i]) {
+      dropped = true;
+      continue;
+    }
+    for (const std::string& o : n.operands()) needed.insert(o);
+    if (n.has_manual_region()) dropped |= DropDeadNodes(*n.mutable_manual_region()->mutable_body());
+  }
+  if (!dropped) return false;
+  google::protobuf::RepeatedPtrField<v1::Node> live;
+  for (int i = 0; i < g.nodes_size(); ++i) {
+    if (keep[i]) *live.Add() = std::move(*g.mutable_nodes(i));
+  }
+  g.mutable_nodes()->Swap(&live);
+  return true;
+}
+
 absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOptions& given) {
   TESSEL_ASSIGN_OR_RETURN(TypedGraph client, ValidateGraph(graph));
+  if (DropDeadNodes(client.graph)) {
+    auto pruned = ValidateGraph(client.graph);
+    if (!pruned.ok()) return Annotate(pruned.status(), "internal: the graph without its dead nodes does not check: ");
+    client = std::move(*pruned);
+  }
   CompileOptions options = given;
   CompiledProgram c;
   v1::Graph lowered;

@@ -75,6 +75,12 @@ AliasCandidates FindAliasCandidates(const v1::Program& p) {
   for (int pi = 0; pi < p.parameters_size(); ++pi) {
     const v1::Node& prm = p.parameters(pi);
     std::vector<std::string> why;
+    // An output that is the parameter itself, or a view of it, returns its
+    // bytes: no other output may be written into them.
+    int returned_as = -1;
+    for (int oi = 0; oi < p.outputs_size() && returned_as < 0; ++oi) {
+      if (c.buffer_of_output[oi] == prm.name()) returned_as = oi;
+    }
     int same_type = 0;
     for (int oi = 0; oi < p.outputs_size(); ++oi) {
       if (!SameType(p.output_types(oi), prm.type())) continue;
@@ -83,6 +89,12 @@ AliasCandidates FindAliasCandidates(const v1::Program& p) {
       const std::string out_desc = absl::StrCat("output ", oi, " '", p.outputs(oi), "'");
       if (buf == prm.name()) {
         c.outputs[pi].push_back(oi);  // the parameter itself, passed through
+        continue;
+      }
+      if (returned_as >= 0) {
+        why.push_back(absl::StrCat(out_desc, " cannot be written into '", prm.name(), "': output ", returned_as, " '",
+                                   p.outputs(returned_as), "' returns '", prm.name(), "'",
+                                   p.outputs(returned_as) == prm.name() ? "" : " (a view of it)", " unchanged"));
         continue;
       }
       const Writer& w = writer.at(buf);

@@ -41,6 +41,36 @@ TEST(Donation, ElementwiseUpdateReusesTheStateInPlace) {
   EXPECT_TRUE(plain->declared_aliases.empty());
 }
 
+TEST(Donation, AParameterReturnedUnchangedIsNeverWrittenInPlace) {
+  // (x + 1, x) and (x.reshape(3, 1), x * 10) with x donated: the first
+  // output must not be written into the bytes the other returns.
+  constexpr char kReturned[] = R"pb(
+    name: "returned"
+    nodes { name: "x" op: PARAMETER parameter { index: 0 } type { dtype: F32 dims: 3 } }
+    nodes { name: "one" op: CONSTANT constant { fill { f: 1 } } type { dtype: F32 dims: 3 } }
+    nodes { name: "y" op: ADD operands: ["x", "one"] }
+    outputs: "y"
+    outputs: "x"
+  )pb";
+  auto c = Compile(Parse(kReturned), {.donated_parameters = {0}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->declared_aliases.size(), 1u);
+  EXPECT_EQ(c->declared_aliases[0].output, 1);  // the pass-through keeps its buffer
+  constexpr char kView[] = R"pb(
+    name: "view"
+    nodes { name: "x" op: PARAMETER parameter { index: 0 } type { dtype: F32 dims: 3 } }
+    nodes { name: "ten" op: CONSTANT constant { fill { f: 10 } } type { dtype: F32 dims: 3 } }
+    nodes { name: "v" op: RESHAPE operands: "x" reshape { dims: [3, 1] } }
+    nodes { name: "y" op: MUL operands: ["x", "ten"] }
+    outputs: "v"
+    outputs: "y"
+  )pb";
+  auto v = Compile(Parse(kView), {.donated_parameters = {0}});
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->declared_aliases[0].output, -1);
+  EXPECT_THAT(v->declared_aliases[0].reason, HasSubstr("output 0 'v' returns 'x' (a view of it) unchanged"));
+}
+
 TEST(Donation, ReadAfterTheOutputIsWrittenBlocksReuse) {
   // b = tanh(x*2) is written before c = max(b, x) reads x in the same fusion.
   constexpr char kLateRead[] = R"pb(

@@ -115,6 +115,8 @@ class Partitioner {
   absl::StatusOr<std::string> EmitCollective(v1::Op op, const std::string& input, const std::string& base,
                                              const Axes& axes, int64_t dim, int64_t concat_dim, v1::ReduceKind kind,
                                              const std::string& reason) {
+    // Over axes of size 1 every collective is the identity: none is needed.
+    if (AxesSize(mesh_, axes) == 1) return input;
     v1::Node n;
     n.set_name(Fresh(StrCat(base, ".", OpName(op))));
     n.set_op(op);

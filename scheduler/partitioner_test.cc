@@ -70,6 +70,33 @@ TEST(Partitioner, MatmulWithSplitBatchAndColumnsNeedsNoCollective) {
   EXPECT_EQ(TypeString(c->global_output_types[0]), "f32[8,6]");
 }
 
+TEST(Partitioner, NoCollectiveIsPlannedForAValueNoOutputUses) {
+  // unused = x @ x.T over a split contraction; the program returns x + 1.
+  constexpr char kDead[] = R"pb(
+    name: "dead"
+    nodes { name: "x" op: PARAMETER parameter { index: 0 } type { dtype: F32 dims: [8, 8] } }
+    nodes { name: "unused" op: DOT_GENERAL operands: ["x", "x"] dot_general { lhs_contracting: 1 rhs_contracting: 1 } }
+    nodes { name: "one" op: CONSTANT constant { fill { f: 1 } } type { dtype: F32 dims: [8, 8] } }
+    nodes { name: "y" op: ADD operands: ["x", "one"] }
+    outputs: "y"
+  )pb";
+  auto c = Compile(Parse<v1::Graph>(kDead), Options({P({{"data"}, {"model"}})}, {P({{"data"}, {"model"}})}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->collectives.empty()) << c->plan_text;
+  EXPECT_THAT(c->plan_text, ::testing::Not(HasSubstr("unused"))) << c->plan_text;
+}
+
+TEST(Partitioner, NoCollectiveIsPlannedOverAnAxisOfSizeOne) {
+  CompileOptions o;
+  o.mesh = Parse<v1::Mesh>(R"pb(axis_names: ["a", "b"] axis_sizes: [4, 1])pb");
+  o.parameter_shardings = {P({{"b"}, {}}), P({{}, {"b"}})};
+  o.output_shardings = {P({{}, {}})};
+  // x split over b (size 1) needed whole, and a contraction split over b.
+  auto c = Compile(Parse<v1::Graph>(kMatmul), o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->collectives.empty()) << c->plan_text;
+}
+
 TEST(Partitioner, SplitContractionIsResolvedByAllReduceWhenTheOutputIsWhole) {
   auto c = Compile(Parse<v1::Graph>(kMatmul), Options({P({{}, {"model"}}), P({{"model"}, {}})}));
   ASSERT_TRUE(c.ok()) << c.status();
