@@ -1,6 +1,9 @@
 #include "scheduler/compiler.h"
 
 #include <google/protobuf/io/coded_stream.h>
+
+#include <algorithm>
+#include <tuple>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
 #include "absl/container/flat_hash_map.h"
@@ -203,6 +206,54 @@ static bool DropDeadNodes(v1::Graph& g) {
   return true;
 }
 
+// Moves each instruction that reads a parameter as early as its other
+// operands allow, keeping the order otherwise. A parameter's last reader
+// then tends to come before the elementwise update that could be written
+// into its donated buffer, whatever order the outputs were listed in:
+// `(w * 2, sum(w))` reuses `w` as `(sum(w), w * 2)` does.
+static void HoistParameterReaders(v1::Program& p) {
+  // Each instruction gets a slot: one that reads no parameter stays at (its
+  // index, 0); one that reads a parameter goes just after its latest
+  // producer: (that producer's base, its depth + 1), and among those at one
+  // place, fusions (the in-place writers) last. Sorting by slot keeps every
+  // producer before its readers.
+  struct Slot {
+    int base, depth;
+    bool fusion;
+    int index;
+    bool operator<(const Slot& o) const {
+      return std::tie(base, depth, fusion, index) < std::tie(o.base, o.depth, o.fusion, o.index);
+    }
+  };
+  absl::flat_hash_set<std::string> params;
+  for (const v1::Node& prm : p.parameters()) params.insert(prm.name());
+  absl::flat_hash_map<std::string, int> producer;
+  std::vector<Slot> slots;
+  for (int i = 0; i < p.instructions_size(); ++i) {
+    const v1::Instruction& ins = p.instructions(i);
+    bool reads_param = false;
+    Slot after{-1, 0, ins.has_fusion(), i};
+    ForEachRead(ins, [&](const std::string& v) {
+      if (params.contains(v)) {
+        reads_param = true;
+      } else if (auto it = producer.find(v); it != producer.end()) {
+        const Slot& s = slots[it->second];
+        if (s.base > after.base || (s.base == after.base && s.depth >= after.depth)) after.base = s.base, after.depth = s.depth + 1;
+      }
+    });
+    slots.push_back(reads_param ? after : Slot{i, 0, false, i});
+    ForEachWrite(ins, [&](const std::string& v) { producer[v] = i; });
+  }
+  std::vector<Slot> order = slots;
+  std::sort(order.begin(), order.end());
+  bool moved = false;
+  for (int i = 0; i < int(order.size()); ++i) moved |= order[i].index != i;
+  if (!moved) return;
+  google::protobuf::RepeatedPtrField<v1::Instruction> sorted;
+  for (const Slot& s : order) *sorted.Add() = std::move(*p.mutable_instructions(s.index));
+  p.mutable_instructions()->Swap(&sorted);
+}
+
 absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOptions& given) {
   TESSEL_ASSIGN_OR_RETURN(TypedGraph client, ValidateGraph(graph));
   if (DropDeadNodes(client.graph)) {
@@ -257,6 +308,7 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOpt
     c.output_types.push_back(g.graph.nodes(pos).type());
   }
   for (v1::Instruction& ins : PlanFusions(g)) *p.add_instructions() = std::move(ins);
+  HoistParameterReaders(p);
   c.estimated_peak_bytes = PlanBuffers(g, p);
 
   int fusions = 0;

@@ -71,6 +71,24 @@ TEST(Donation, AParameterReturnedUnchangedIsNeverWrittenInPlace) {
   EXPECT_THAT(v->declared_aliases[0].reason, HasSubstr("output 0 'v' returns 'x' (a view of it) unchanged"));
 }
 
+TEST(Donation, ReuseDoesNotDependOnTheOrderOfOutputs) {
+  // (w * 2, sum(w)) reuses w as (sum(w), w * 2) does: the sum reads w first.
+  for (const bool sum_first : {false, true}) {
+    const std::string nodes = R"pb(
+      name: "order"
+      nodes { name: "w" op: PARAMETER parameter { index: 0 } type { dtype: F32 dims: 8 } }
+      nodes { name: "two" op: CONSTANT constant { fill { f: 2 } } type { dtype: F32 dims: 8 } }
+    )pb";
+    const std::string mul = R"pb(nodes { name: "m" op: MUL operands: ["w", "two"] })pb";
+    const std::string sum = R"pb(nodes { name: "s" op: REDUCE operands: "w" reduce { kind: SUM dims: 0 } })pb";
+    const std::string outs = sum_first ? R"pb(outputs: ["s", "m"])pb" : R"pb(outputs: ["m", "s"])pb";
+    auto c = Compile(Parse(nodes + (sum_first ? sum + mul : mul + sum) + outs), {.donated_parameters = {0}});
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->declared_aliases[0].output, sum_first ? 1 : 0) << c->declared_aliases[0].reason << "\n"
+                                                               << c->plan_text;
+  }
+}
+
 TEST(Donation, ReadAfterTheOutputIsWrittenBlocksReuse) {
   // b = tanh(x*2) is written before c = max(b, x) reads x in the same fusion.
   constexpr char kLateRead[] = R"pb(
@@ -111,12 +129,19 @@ TEST(Donation, DotReadingTheParameterAndLaterReadsBlockReuse) {
   ASSERT_TRUE(c.ok()) << c.status();
   // x: y reads it through the dot (not elementwise); z and t are fine.
   EXPECT_EQ(c->declared_aliases[0].output, 1);
-  // w: read until the transpose, which reads it other than elementwise.
+  // w: the dot and the transpose read it before the fusion writes z, so z
+  // could take its buffer, but x took z first; y and t are written while w
+  // is still read.
   EXPECT_EQ(c->declared_aliases[1].output, -1);
+  EXPECT_THAT(c->declared_aliases[1].reason, HasSubstr("already takes another donated buffer"));
   EXPECT_THAT(c->declared_aliases[1].reason,
-              HasSubstr("output 1 'z' is written by instruction 1 (fusion -> z) while 'w' is still read by "
-                        "instruction 2 (transpose 't')"));
+              HasSubstr("output 2 't' is written by instruction 1 (transpose 't') while 'w' is still read by "
+                        "instruction 2 (fusion -> z)"));
   EXPECT_THAT(c->alias_candidates.why_not[0], HasSubstr("other than elementwise"));
+  // Donating w alone, it becomes z.
+  auto w_only = Compile(Parse(kDot), {.donated_parameters = {1}});
+  ASSERT_TRUE(w_only.ok()) << w_only.status();
+  EXPECT_EQ(w_only->declared_aliases[0].output, 1) << w_only->declared_aliases[0].reason;
 }
 
 TEST(Donation, OneBufferPerOutput) {
