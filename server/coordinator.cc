@@ -17,10 +17,12 @@ using absl::StrCat;
 using absl::StrFormat;
 
 namespace {
-std::string RandomId(absl::string_view prefix) {
+uint64_t RandomU64() {
   static thread_local std::mt19937_64 rng(std::random_device{}());
-  return StrFormat("%s%016x", prefix, rng());
+  return rng();
 }
+
+std::string RandomId(absl::string_view prefix) { return StrFormat("%s%016x", prefix, RandomU64()); }
 
 // Bounded memory for what became of retired arrays.
 constexpr size_t kMaxTombstones = 1 << 16;
@@ -83,7 +85,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(Options options
 Coordinator::Coordinator(Options options)
     : options_(std::move(options)),
       log_(options_.logger),
-      incarnation_(std::random_device{}() | uint64_t(std::random_device{}()) << 32),
+      incarnation_(RandomU64()),
       monitor_([this] { MonitorLoop(); }) {}
 
 std::string Coordinator::CollectiveEpochLocked() const {
@@ -119,13 +121,15 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(const v1:
   absl::MutexLock l(&mu_);
   WorkerRecord w;
   w.id = StrCat("w", next_worker_++);
+  uint64_t queue_epoch = 0;
+  while (queue_epoch == 0) queue_epoch = RandomU64();
   w.address = req.address();
   w.last_heartbeat = absl::Now();
   w.client = std::move(client);
   for (int i = 0; i < req.num_devices(); ++i) {
     w.devices.push_back(devices_.size());
     const std::string& kind = req.device_kinds_size() > 0 ? req.device_kinds(i) : req.device_kind();
-    devices_.push_back(DeviceRecord{w.id, i, 0, kind.empty() ? "cpu" : kind});
+    devices_.push_back(DeviceRecord{w.id, i, 0, kind.empty() ? "cpu" : kind, queue_epoch});
   }
   std::string kinds;
   for (int d : w.devices) absl::StrAppend(&kinds, kinds.empty() ? "" : ",", devices_[d].kind);
@@ -134,6 +138,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(const v1:
   v1::RegisterWorkerResponse resp;
   resp.set_worker_id(w.id);
   resp.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+  resp.set_queue_epoch(queue_epoch);
   workers_.emplace(w.id, std::move(w));
   return resp;
 }
@@ -664,6 +669,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
         v1::FreeRequest fr;
         fr.set_device(dev.local_index);
         fr.set_seq(dev.next_seq++);
+        fr.set_queue_epoch(dev.queue_epoch);
         fr.add_buffers(h);
         auto log = log_;
         w.client->Free(fr, [log, d](absl::Status s) {
@@ -709,6 +715,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
       launch.run.set_device(dev.local_index);
       launch.run.set_mesh_position(pos);
       launch.run.set_seq(dev.next_seq++);
+      launch.run.set_queue_epoch(dev.queue_epoch);
       launch.run.set_executable_id(req.executable_id());
       *launch.run.mutable_arguments() = req.arguments();
       for (const Move& m : moves) {
@@ -727,7 +734,10 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
         ra->set_argument(al.parameter);
         ra->set_output(al.output);
       }
-      if (launch.free_after) launch.free_after->set_seq(dev.next_seq++);
+      if (launch.free_after) {
+        launch.free_after->set_seq(dev.next_seq++);
+        launch.free_after->set_queue_epoch(dev.queue_epoch);
+      }
       launches.push_back(std::move(launch));
     }
   }
@@ -941,6 +951,7 @@ void Coordinator::FreeArraysLocked(const std::vector<uint64_t>& handles) {
     if (!w.alive) continue;
     req.set_device(dev.local_index);
     req.set_seq(dev.next_seq++);
+    req.set_queue_epoch(dev.queue_epoch);
     auto log = log_;
     w.client->Free(req, [log, d](absl::Status s) {
       if (!s.ok()) log->warn("free on device {} failed: {}", d, s.ToString());

@@ -98,6 +98,7 @@ class Coordinator {
     int local_index = 0;
     uint64_t next_seq = 0;
     std::string kind = "cpu";
+    uint64_t queue_epoch = 0;  // of the worker's registration; sent with every step and free
   };
   struct ArrayRecord {
     std::string session;

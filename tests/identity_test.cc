@@ -8,7 +8,10 @@
 // cause, never a wrong value marked ready.
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <vector>
+
+#include "absl/time/clock.h"
 
 #include "tessel/graph.h"
 #include "tessel/local_cluster.h"
@@ -30,11 +33,13 @@ struct Cluster {
   std::unique_ptr<Session> session;
 };
 
-Cluster Start(int workers, int devices_per_worker) {
+Cluster Start(int workers, int devices_per_worker, int collective_timeout_s = 20, int heartbeat_timeout_ms = 2000) {
   LocalCluster::Options o;
   o.workers = workers;
   o.devices_per_worker = devices_per_worker;
-  o.worker_flags = {"--device_memory_bytes=" + std::to_string(kDeviceBytes), "--collective_timeout_s=20"};
+  o.heartbeat_timeout_ms = heartbeat_timeout_ms;
+  o.worker_flags = {"--device_memory_bytes=" + std::to_string(kDeviceBytes),
+                    "--collective_timeout_s=" + std::to_string(collective_timeout_s)};
   auto c = LocalCluster::Start(o);
   EXPECT_TRUE(c.ok()) << c.status();
   if (!c.ok()) return {};
@@ -118,6 +123,93 @@ void ExpectFailedStepNeverPoisonsTheNextOnes(int workers, int devices_per_worker
   auto again = session.Fetch(outs[0]);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->as<float>()[0], 2 * (1 + 10));
+}
+
+// A worker paused past the collective timeout: its peer's all_reduce fails
+// naming the device that stalled, and once it resumes the group recovers
+// (a new epoch), where it used to stay broken for the life of the process.
+TEST(Identity, ACollectiveTimeoutNamesTheStalledDeviceAndTheGroupRecovers) {
+  Cluster c = Start(2, 1, /*collective_timeout_s=*/1, /*heartbeat_timeout_ms=*/30000);
+  ASSERT_NE(c.session, nullptr);
+  Session& session = *c.session;
+  const Mesh mesh({{"d", 2}});
+  const Sharding rows = Sharding::Split({"d", ""});
+  GraphBuilder g("psum");
+  Value x = g.Parameter({DType::kF32, {2, 4}}, "x");
+  Value r = g.ManualRegion(mesh, {x}, {rows}, rows, [](GraphBuilder& b, const std::vector<Value>& in) {
+    return b.AllReduce(in[0], {"d"});
+  });
+  auto graph = g.Build({r});
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  auto exe = session.Compile(*graph, {.mesh = mesh, .parameter_shardings = {rows}, .output_shardings = {rows}});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  HostArray hx(ArrayType{DType::kF32, {2, 4}});
+  for (int i = 0; i < 8; ++i) hx.as_mutable<float>()[i] = i;
+  auto a = session.Put(hx, Placement::Sharded(mesh, rows));
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto step = [&]() -> absl::StatusOr<HostArray> {
+    auto o = session.Execute(*exe, {*a});
+    if (!o.ok()) return o.status();
+    return session.Fetch((*o)[0]);
+  };
+  ASSERT_TRUE(step().ok());
+  ASSERT_TRUE(c.cluster->SignalWorker(1, SIGSTOP).ok());
+  auto stalled = step();
+  ASSERT_TRUE(c.cluster->SignalWorker(1, SIGCONT).ok());
+  ASSERT_FALSE(stalled.ok());
+  EXPECT_EQ(stalled.status().code(), absl::StatusCode::kDeadlineExceeded) << stalled.status();
+  EXPECT_NE(stalled.status().message().find("(device 1)"), std::string::npos) << stalled.status();
+  for (int k = 0; k < 3; ++k) {
+    auto got = step();
+    ASSERT_TRUE(got.ok()) << "step " << k << " after the peer resumed: " << got.status();
+    EXPECT_EQ(got->as<float>()[1], 1 + 5);
+  }
+}
+
+// A worker paused past the heartbeat timeout is marked dead; when it comes
+// back it registers again and its devices take new ids. Steps on them run
+// from a fresh numbering, where every one used to be refused.
+TEST(Identity, AWorkerThatRegistersAgainRunsStepsFromAFreshQueue) {
+  Cluster c = Start(1, 1, 20, /*heartbeat_timeout_ms=*/1000);
+  ASSERT_NE(c.session, nullptr);
+  Session& session = *c.session;
+  GraphBuilder g("inc");
+  Value x = g.Parameter({DType::kF32, {4}}, "x");
+  auto graph = g.Build({g.Add(x, g.Broadcast(g.Scalar(DType::kF32, 1), {4}))});
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  auto exe = session.Compile(*graph);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  HostArray hx(ArrayType{DType::kF32, {4}});
+  auto run_on = [&](int device, int steps) -> absl::Status {
+    auto a = session.Put(hx, Placement::Device(device));
+    if (!a.ok()) return a.status();
+    Array cur = *a;
+    for (int i = 0; i < steps; ++i) {
+      auto o = session.Execute(*exe, {cur}, {.placement = Placement::Device(device)});
+      if (!o.ok()) return o.status();
+      cur = (*o)[0];
+    }
+    auto got = session.Fetch(cur);
+    if (!got.ok()) return got.status();
+    if (got->as<float>()[0] != steps) return absl::InternalError("wrong value");
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE(run_on(0, 5).ok());
+  ASSERT_TRUE(c.cluster->SignalWorker(0, SIGSTOP).ok());
+  absl::SleepFor(absl::Seconds(2.5));  // the process is stopped: only wall time makes it miss heartbeats
+  ASSERT_TRUE(c.cluster->SignalWorker(0, SIGCONT).ok());
+  int device = -1;
+  for (int i = 0; i < 100 && device < 0; ++i) {
+    auto cs = session.Cluster();
+    ASSERT_TRUE(cs.ok()) << cs.status();
+    for (const WorkerStatus& w : cs->workers) {
+      if (w.alive && !w.devices.empty() && w.devices[0] != 0) device = w.devices[0];
+    }
+    if (device < 0) absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_GE(device, 0) << "the worker never registered again";
+  absl::Status s = run_on(device, 5);
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 TEST(Identity, FailedStepNeverPoisonsTheNextOnesWithinAWorker) { ExpectFailedStepNeverPoisonsTheNextOnes(1, 2); }

@@ -1,5 +1,7 @@
 #include "worker/step_queue.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace tessel::worker {
 
 StepQueue::StepQueue(std::string name) : name_(std::move(name)), thread_([this] { Loop(); }) {}
@@ -12,15 +14,55 @@ StepQueue::~StepQueue() {
   thread_.join();
 }
 
-void StepQueue::Submit(uint64_t seq, std::function<void()> work, std::function<void()> rejected) {
+std::map<uint64_t, StepQueue::Item> StepQueue::SwitchEpoch(uint64_t epoch) {
+  left_.insert(epoch_);
+  epoch_ = epoch;
+  next_ = 0;
+  std::map<uint64_t, Item> dropped;
+  dropped.swap(pending_);
+  return dropped;
+}
+
+void StepQueue::Submit(uint64_t epoch, uint64_t seq, std::function<void()> work, Rejected rejected) {
+  std::map<uint64_t, Item> dropped;
+  absl::Status refused;
   {
     absl::MutexLock l(&mu_);
-    if (seq >= next_ && !pending_.contains(seq)) {
-      pending_.emplace(seq, std::move(work));
-      return;
+    if (epoch != epoch_) {
+      if (left_.contains(epoch)) {
+        refused = absl::FailedPreconditionError(absl::StrCat(
+            name_, ": step ", seq, " belongs to an earlier registration of this worker (queue epoch ", epoch,
+            "); it has since registered again (epoch ", epoch_, "), and the steps of before are void"));
+      } else {
+        dropped = SwitchEpoch(epoch);
+      }
+    }
+    if (refused.ok()) {
+      if (seq >= next_ && !pending_.contains(seq)) {
+        pending_.emplace(seq, Item{std::move(work), rejected});
+        rejected = nullptr;
+      } else {
+        refused = absl::InvalidArgumentError(
+            absl::StrCat(name_, ": step sequence number ", seq, " was already used (queue epoch ", epoch_, ")"));
+      }
     }
   }
-  rejected();
+  const absl::Status gone = absl::UnavailableError(
+      absl::StrCat(name_, ": the worker registered again before this step ran; its queue started over"));
+  for (auto& [s, item] : dropped) item.rejected(gone);
+  if (rejected) rejected(refused);
+}
+
+void StepQueue::StartEpoch(uint64_t epoch) {
+  std::map<uint64_t, Item> dropped;
+  {
+    absl::MutexLock l(&mu_);
+    if (epoch == epoch_ || left_.contains(epoch)) return;
+    dropped = SwitchEpoch(epoch);
+  }
+  const absl::Status gone = absl::UnavailableError(
+      absl::StrCat(name_, ": the worker registered again before this step ran; its queue started over"));
+  for (auto& [s, item] : dropped) item.rejected(gone);
 }
 
 uint64_t StepQueue::completed() const {
@@ -41,16 +83,18 @@ bool StepQueue::Runnable() const {
 void StepQueue::Loop() {
   while (true) {
     std::function<void()> work;
+    uint64_t epoch;
     {
       absl::MutexLock l(&mu_);
       mu_.Await(absl::Condition(this, &StepQueue::Runnable));
       if (stop_) return;
-      work = std::move(pending_.begin()->second);
+      work = std::move(pending_.begin()->second.work);
       pending_.erase(pending_.begin());
+      epoch = epoch_;
     }
     work();
     absl::MutexLock l(&mu_);
-    ++next_;
+    if (epoch_ == epoch) ++next_;  // a new epoch started while it ran: numbering is already at 0
   }
 }
 

@@ -1,8 +1,11 @@
 // StepQueue: one thread per device that runs work items in sequence-number
 // order (0, 1, 2, ...), whatever order they are submitted in. The
 // coordinator numbers the steps and frees of each device, so concurrent RPCs
-// cannot reorder a device's program. Submit is thread-safe; the destructor
-// drops items that never became runnable and joins the thread.
+// cannot reorder a device's program. Numbering lives in an epoch (one per
+// registration of the worker): an item of a new epoch refuses what waits
+// from the old one and starts again at 0; an item of an epoch the queue has
+// left is refused. Submit is thread-safe; the destructor drops items that
+// never became runnable and joins the thread.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +14,8 @@
 #include <string>
 #include <thread>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 
 namespace tessel::worker {
@@ -22,20 +27,36 @@ class StepQueue {
   StepQueue(const StepQueue&) = delete;
   StepQueue& operator=(const StepQueue&) = delete;
 
-  // `work` runs on the queue's thread once every lower sequence number has.
-  // A duplicate or already-run `seq` runs `rejected` instead, at once.
-  void Submit(uint64_t seq, std::function<void()> work, std::function<void()> rejected);
+  using Rejected = std::function<void(absl::Status)>;
+  // `work` runs on the queue's thread once every lower sequence number of
+  // `epoch` has. A duplicate or already-run `seq`, or an epoch left behind,
+  // runs `rejected` instead, at once, with the reason; so do the items
+  // waiting in an epoch a new one replaces.
+  void Submit(uint64_t epoch, uint64_t seq, std::function<void()> work, Rejected rejected);
+  void Submit(uint64_t seq, std::function<void()> work, Rejected rejected) {
+    Submit(0, seq, std::move(work), std::move(rejected));
+  }
+  // Moves to `epoch` now (as its first item would), unless already there or it was left.
+  void StartEpoch(uint64_t epoch);
   uint64_t completed() const;
   // Waits until completed() >= n; false after `timeout` (or once stopping).
   bool AwaitCompleted(uint64_t n, absl::Duration timeout) const;
 
  private:
+  struct Item {
+    std::function<void()> work;
+    Rejected rejected;
+  };
   void Loop();
   bool Runnable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Switches to `epoch`; returns the items of the old one, to refuse outside the lock.
+  std::map<uint64_t, Item> SwitchEpoch(uint64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string name_;
   mutable absl::Mutex mu_;
-  std::map<uint64_t, std::function<void()>> pending_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Item> pending_ ABSL_GUARDED_BY(mu_);
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_set<uint64_t> left_ ABSL_GUARDED_BY(mu_);  // epochs this queue has left
   uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;

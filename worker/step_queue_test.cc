@@ -19,7 +19,7 @@ TEST(StepQueue, RunsInSequenceOrderWhateverTheSubmissionOrder) {
       absl::MutexLock l(&mu);
       order.push_back(seq);
       if (order.size() == 4) done.Notify();
-    }, [] { FAIL() << "rejected"; });
+    }, [](absl::Status) { FAIL() << "rejected"; });
   }
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3}));
@@ -28,11 +28,48 @@ TEST(StepQueue, RunsInSequenceOrderWhateverTheSubmissionOrder) {
 TEST(StepQueue, RejectsReusedSequenceNumbers) {
   StepQueue q("test");
   absl::Notification ran, rejected;
-  q.Submit(0, [&] { ran.Notify(); }, [] {});
+  q.Submit(0, [&] { ran.Notify(); }, [](absl::Status) {});
   ASSERT_TRUE(ran.WaitForNotificationWithTimeout(absl::Seconds(10)));
   while (q.completed() < 1) absl::SleepFor(absl::Milliseconds(1));
-  q.Submit(0, [] { FAIL() << "ran twice"; }, [&] { rejected.Notify(); });
+  absl::Status why;
+  q.Submit(0, [] { FAIL() << "ran twice"; }, [&](absl::Status s) {
+    why = s;
+    rejected.Notify();
+  });
   EXPECT_TRUE(rejected.HasBeenNotified());
+  EXPECT_NE(why.message().find("step sequence number 0 was already used"), absl::string_view::npos) << why;
+}
+
+// A worker that registers again starts numbering at 0 in a new epoch: what
+// waited from the old registration is refused, and so is anything of it
+// that arrives later; the new epoch's steps run from 0.
+TEST(StepQueue, ANewEpochStartsNumberingAgainAndVoidsTheOldOne) {
+  StepQueue q("cpu:0");
+  absl::Notification first;
+  q.Submit(7, 0, [&] { first.Notify(); }, [](absl::Status s) { FAIL() << s; });
+  ASSERT_TRUE(first.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  while (q.completed() < 1) absl::SleepFor(absl::Milliseconds(1));
+  // Step 2 of epoch 7 waits for step 1, which never comes.
+  absl::Status waiting;
+  absl::Notification refused;
+  q.Submit(7, 2, [] { FAIL() << "ran after its epoch ended"; }, [&](absl::Status s) {
+    waiting = s;
+    refused.Notify();
+  });
+  absl::Notification ran;
+  q.Submit(9, 0, [&] { ran.Notify(); }, [](absl::Status s) { FAIL() << s; });
+  ASSERT_TRUE(ran.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(refused.HasBeenNotified());
+  EXPECT_EQ(waiting.code(), absl::StatusCode::kUnavailable) << waiting;
+  absl::Status late;
+  q.Submit(7, 1, [] { FAIL() << "ran after its epoch ended"; }, [&](absl::Status s) { late = s; });
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
+  EXPECT_NE(late.message().find("earlier registration"), absl::string_view::npos) << late;
+  // StartEpoch to the current epoch changes nothing.
+  q.StartEpoch(9);
+  absl::Notification next;
+  q.Submit(9, 1, [&] { next.Notify(); }, [](absl::Status s) { FAIL() << s; });
+  EXPECT_TRUE(next.WaitForNotificationWithTimeout(absl::Seconds(10)));
 }
 
 }  // namespace

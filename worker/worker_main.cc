@@ -50,6 +50,7 @@ namespace {
 struct Registration {
   std::string worker_id;
   int64_t heartbeat_ms = 500;
+  uint64_t queue_epoch = 0;
 };
 
 // The devices --device_kind asks for. A kind that names GPUs finds none on
@@ -112,7 +113,9 @@ absl::StatusOr<Registration> Register(tessel::v1::Registry::Stub& stub, const st
     req.set_protocol_version(tessel::kProtocolVersionMax);
     tessel::v1::RegisterWorkerResponse resp;
     last = stub.RegisterWorker(&ctx, req, &resp);
-    if (last.ok()) return Registration{resp.worker_id(), std::max<int64_t>(50, resp.heartbeat_interval_ms())};
+    if (last.ok()) {
+      return Registration{resp.worker_id(), std::max<int64_t>(50, resp.heartbeat_interval_ms()), resp.queue_epoch()};
+    }
     if (last.error_code() != grpc::StatusCode::UNAVAILABLE &&
         last.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
       break;
@@ -205,6 +208,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   log->info("registered with {} as {}", coordinator, reg->worker_id);
+  (*runtime)->StartQueueEpoch(reg->queue_epoch);
 
   std::atomic<bool> stop{false};
   std::thread heartbeat([&] {
@@ -221,7 +225,11 @@ int main(int argc, char** argv) {
       if (s.ok() && !resp.known()) {
         log->warn("coordinator does not know worker {}; registering again", r.worker_id);
         auto again = Register(*registry, address, kinds, absl::Seconds(5));
-        if (again.ok()) r = *again;
+        if (again.ok()) {
+          r = *again;
+          (*runtime)->StartQueueEpoch(r.queue_epoch);
+          log->info("registered again as {}", r.worker_id);
+        }
       } else if (!s.ok()) {
         log->warn("heartbeat to {} failed: {}", coordinator, s.error_message());
       }

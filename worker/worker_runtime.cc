@@ -167,10 +167,12 @@ void WorkerRuntime::Run(const v1::RunRequest& request, RunDone done) {
     }
     done(std::move(result));
   };
-  queues_[request.device()]->Submit(request.seq(), std::move(work), [done, request] {
-    done(absl::InvalidArgumentError(absl::StrCat("step sequence number ", request.seq(),
-                                                 " was already used on device ", request.device())));
-  });
+  queues_[request.device()]->Submit(request.queue_epoch(), request.seq(), std::move(work),
+                                    [this, done, request](absl::Status why) {
+                                      // Peers waiting in its collectives learn at once.
+                                      AbandonRest(request, -1, why);
+                                      done(std::move(why));
+                                    });
 }
 
 void WorkerRuntime::AbandonRest(const v1::RunRequest& r, int last_collective, const absl::Status& cause) {
@@ -198,10 +200,8 @@ void WorkerRuntime::Free(const v1::FreeRequest& request, Done done) {
     for (uint64_t h : request.buffers()) store_.Erase(request.device(), h);
     done(absl::OkStatus());
   };
-  queues_[request.device()]->Submit(request.seq(), std::move(work), [done, request] {
-    done(absl::InvalidArgumentError(absl::StrCat("free sequence number ", request.seq(),
-                                                 " was already used on device ", request.device())));
-  });
+  queues_[request.device()]->Submit(request.queue_epoch(), request.seq(), std::move(work),
+                                    [done](absl::Status why) { done(std::move(why)); });
 }
 
 namespace {
@@ -278,6 +278,10 @@ absl::StatusOr<StoredArray> WorkerRuntime::GetForFetch(int device, uint64_t hand
   TESSEL_ASSIGN_OR_RETURN(StoredArray a, store_.Get(device, handle));
   if (!a.error.ok()) return a.error;
   return a;
+}
+
+void WorkerRuntime::StartQueueEpoch(uint64_t epoch) {
+  for (auto& q : queues_) q->StartEpoch(epoch);
 }
 
 void WorkerRuntime::SetCollectives(std::shared_ptr<CommunicatorRegistry> collectives) {

@@ -70,6 +70,10 @@ class WorkerRuntime {
   v1::WorkerStatsResponse Stats(absl::Span<const uint64_t> sequenced = {},
                                 absl::Duration wait = absl::Seconds(2)) const;
 
+  // Every device's queue moves to `epoch` (the worker registered again):
+  // steps still waiting from before are refused.
+  void StartQueueEpoch(uint64_t epoch);
+
   // Installs the collectives after construction (a worker knows its own
   // address only once it serves); replaces Options::collectives.
   void SetCollectives(std::shared_ptr<CommunicatorRegistry> collectives);
