@@ -898,13 +898,8 @@ bool Coordinator::NotPending(const std::vector<uint64_t>& handles) const {
 }
 
 bool Coordinator::AwaitNotPending(const std::vector<uint64_t>& handles, absl::Duration timeout) {
-  struct Check {
-    const Coordinator* c;
-    const std::vector<uint64_t>* handles;
-  } check{this, &handles};
-  absl::Condition cond(
-      +[](Check* k) { return k->c->NotPending(*k->handles); }, &check);
-  return mu_.AwaitWithTimeout(cond, timeout);
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return NotPending(handles); };
+  return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
 }
 
 absl::StatusOr<v1::AwaitResponse> Coordinator::Await(const v1::AwaitRequest& req) {
@@ -1047,7 +1042,7 @@ absl::StatusOr<v1::StatsResponse> Coordinator::Stats(const v1::StatsRequest& req
     resp.set_memory_quota_bytes(s.options.memory_quota_bytes());
     if (req.with_arrays()) {
       std::vector<uint64_t> handles(s.arrays.begin(), s.arrays.end());
-      std::sort(handles.begin(), handles.end(), [&](uint64_t x, uint64_t y) {
+      std::sort(handles.begin(), handles.end(), [&](uint64_t x, uint64_t y) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         const ArrayRecord &a = arrays_.at(x), &b = arrays_.at(y);
         return std::tie(a.producer, x) < std::tie(b.producer, y);
       });

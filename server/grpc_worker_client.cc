@@ -53,7 +53,7 @@ class StepStream {
     while (true) {
       {
         absl::MutexLock l(&mu_);
-        auto ready = [this] { return queue_.steps_size() > 0 || closing_ || ended_; };
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.steps_size() > 0 || closing_ || ended_; };
         mu_.Await(absl::Condition(&ready));
         if (queue_.steps_size() == 0 || ended_) break;
         batch.Clear();

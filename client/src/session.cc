@@ -98,7 +98,7 @@ class Dispatcher {
 
   absl::StatusOr<v1::DispatchReply> Reply(int64_t seq) {
     absl::MutexLock l(&mu_);
-    auto answered = [this, seq] { return acked_ > seq || done_reading_; };
+    auto answered = [this, seq]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return acked_ > seq || done_reading_; };
     mu_.Await(absl::Condition(&answered));
     auto it = wanted_.find(seq);
     if (acked_ <= seq || it == wanted_.end()) return broken_.ok() ? absl::UnavailableError("no reply") : broken_;
@@ -110,7 +110,7 @@ class Dispatcher {
   // Waits until every call queued has been answered.
   absl::Status Flush() {
     absl::MutexLock l(&mu_);
-    auto drained = [this] { return acked_ == sent_ || done_reading_; };
+    auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return acked_ == sent_ || done_reading_; };
     mu_.Await(absl::Condition(&drained));
     return acked_ == sent_ ? absl::OkStatus() : broken_;
   }
@@ -121,7 +121,7 @@ class Dispatcher {
     while (true) {
       {
         absl::MutexLock l(&mu_);
-        auto ready = [this] { return queue_.calls_size() > 0 || closing_ || done_reading_; };
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.calls_size() > 0 || closing_ || done_reading_; };
         mu_.Await(absl::Condition(&ready));
         if (queue_.calls_size() == 0) break;  // closing, or the stream ended
         batch.Clear();
