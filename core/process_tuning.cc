@@ -33,6 +33,10 @@ sigset_t TerminationSet() {
 void BlockTerminationSignals() {
   sigset_t set = TerminationSet();
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // A peer that closed its end makes a write fail with EPIPE, which every
+  // caller handles; the default SIGPIPE would kill the daemon instead (Gloo
+  // writes to its pairs without MSG_NOSIGNAL).
+  signal(SIGPIPE, SIG_IGN);
 }
 
 int WaitForTerminationSignal() {

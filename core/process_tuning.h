@@ -15,7 +15,8 @@ void TuneAllocatorForStreaming();
 namespace tessel {
 
 // Blocks SIGINT and SIGTERM in the calling thread and every thread it
-// starts afterwards; call first in main(). Then WaitForTerminationSignal()
+// starts afterwards, and ignores SIGPIPE (a peer gone is an error, not the
+// end of the daemon); call first in main(). Then WaitForTerminationSignal()
 // returns the signal number once one arrives.
 void BlockTerminationSignals();
 int WaitForTerminationSignal();

@@ -98,6 +98,54 @@ Coordinator::~Coordinator() {
     stop_ = true;
   }
   monitor_.join();
+  // The worker clients go first: tearing down their step streams fails the
+  // steps in flight, whose callbacks use the maps destroyed after them.
+  std::vector<std::shared_ptr<WorkerClient>> clients;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto& [id, w] : workers_) clients.push_back(std::move(w.client));
+  }
+  for (auto& c : clients) c->CancelAll();
+  clients.clear();
+}
+
+void Coordinator::RestartQueues(const std::string& worker_id) {
+  absl::MutexLock l(&mu_);
+  auto it = workers_.find(worker_id);
+  // Shutting down, the clients are gone first: their streams' last callbacks land here.
+  if (stop_ || it == workers_.end() || !it->second.alive || it->second.client == nullptr) return;
+  uint64_t epoch = 0;
+  while (epoch == 0) epoch = RandomU64();
+  for (int d : it->second.devices) {
+    devices_[d].queue_epoch = epoch;
+    devices_[d].next_seq = 0;
+  }
+  // The monitor opens the new epoch on the worker (OpenersLocked) unless a
+  // step does first: not from here, on the transport's thread, where a
+  // worker that keeps failing would make each failure send the next.
+  it->second.open_queues = true;
+  log_->warn("worker {} ({}): steps were lost in transit; its devices' queues start over (epoch {:#x})", worker_id,
+             it->second.address, epoch);
+}
+
+std::vector<Coordinator::PendingFree> Coordinator::OpenersLocked() {
+  std::vector<PendingFree> openers;
+  for (auto& [id, w] : workers_) {
+    if (!w.open_queues || !w.alive || w.client == nullptr) continue;
+    w.open_queues = false;
+    for (int d : w.devices) {
+      DeviceRecord& dev = devices_[d];
+      if (dev.next_seq > 0) continue;  // a step of the new epoch went already
+      // An empty free opens the new epoch: what waits on the worker behind
+      // the lost steps fails now, not at the next step.
+      v1::FreeRequest open;
+      open.set_device(dev.local_index);
+      open.set_seq(dev.next_seq++);
+      open.set_queue_epoch(dev.queue_epoch);
+      openers.push_back(PendingFree{w.client, std::move(open), d});
+    }
+  }
+  return openers;
 }
 
 // ---------------------------------------------------------------- workers
@@ -121,6 +169,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(const v1:
   absl::MutexLock l(&mu_);
   WorkerRecord w;
   w.id = StrCat("w", next_worker_++);
+  client->SetStepsLostCallback([this, id = w.id] { RestartQueues(id); });
   uint64_t queue_epoch = 0;
   while (queue_epoch == 0) queue_epoch = RandomU64();
   w.address = req.address();
@@ -157,10 +206,11 @@ void Coordinator::MonitorLoop() {
     mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.heartbeat_interval);
     if (stop_) break;
     const absl::Time now = absl::Now();
+    std::vector<std::shared_ptr<WorkerClient>> to_cancel;
     for (auto& [id, w] : workers_) {
       if (!w.alive || now - w.last_heartbeat < options_.heartbeat_timeout) continue;
       w.alive = false;
-      w.client->CancelAll();
+      to_cancel.push_back(w.client);
       int lost = 0;
       absl::flat_hash_set<int> devs(w.devices.begin(), w.devices.end());
       for (auto& [h, a] : arrays_) {
@@ -176,6 +226,15 @@ void Coordinator::MonitorLoop() {
       }
       log_->warn("worker {} ({}) missed heartbeats for {}; marked dead, {} arrays lost", id, w.address,
                  absl::FormatDuration(now - w.last_heartbeat), lost);
+    }
+    std::vector<PendingFree> openers = OpenersLocked();
+    if (!to_cancel.empty() || !openers.empty()) {
+      // Cancelling fails the calls in flight, whose callbacks take mu_.
+      mu_.Unlock();
+      for (auto& c : to_cancel) c->CancelAll();
+      to_cancel.clear();
+      SendFrees(std::move(openers));
+      mu_.Lock();
     }
   }
 }
@@ -212,15 +271,19 @@ absl::Status Coordinator::CheckSession(const std::string& id) const {
 }
 
 absl::StatusOr<v1::CloseSessionResponse> Coordinator::CloseSession(const v1::CloseSessionRequest& req) {
-  absl::MutexLock l(&mu_);
-  TESSEL_RETURN_IF_ERROR(CheckSession(req.session_id()));
-  SessionRecord& s = sessions_[req.session_id()];
-  std::vector<uint64_t> handles(s.arrays.begin(), s.arrays.end());
-  FreeArraysLocked(handles);
-  sessions_.erase(req.session_id());
-  log_->info("session {} closed; {} arrays freed", req.session_id(), handles.size());
   v1::CloseSessionResponse resp;
-  resp.set_arrays_freed(handles.size());
+  std::vector<PendingFree> frees;
+  {
+    absl::MutexLock l(&mu_);
+    TESSEL_RETURN_IF_ERROR(CheckSession(req.session_id()));
+    SessionRecord& s = sessions_[req.session_id()];
+    std::vector<uint64_t> handles(s.arrays.begin(), s.arrays.end());
+    frees = FreeArraysLocked(handles);
+    sessions_.erase(req.session_id());
+    log_->info("session {} closed; {} arrays freed", req.session_id(), handles.size());
+    resp.set_arrays_freed(handles.size());
+  }
+  SendFrees(std::move(frees));
   return resp;
 }
 
@@ -501,6 +564,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
     int device = 0;                             // global id
   };
   std::vector<Launch> launches;
+  std::vector<PendingFree> early_frees;  // donated copies on devices the step does not run on
   std::vector<Move> moves;
   std::vector<uint64_t> outputs(req.outputs().begin(), req.outputs().end());
   const v1::Program* program = nullptr;
@@ -671,10 +735,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
         fr.set_seq(dev.next_seq++);
         fr.set_queue_epoch(dev.queue_epoch);
         fr.add_buffers(h);
-        auto log = log_;
-        w.client->Free(fr, [log, d](absl::Status s) {
-          if (!s.ok()) log->warn("free on device {} failed: {}", d, s.ToString());
-        });
+        early_frees.push_back(PendingFree{w.client, std::move(fr), d});
       }
       session.donations += devices.size();
       RetireArray(h, Tombstone{v1::DONATED, execution_id, exe_name, now});
@@ -741,6 +802,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
       launches.push_back(std::move(launch));
     }
   }
+  SendFrees(std::move(early_frees));
   // Implicit moves (the guard allowed them) land before the step is sent;
   // the step reads the moved copies, freed right after it on their device.
   for (const Move& m : moves) {
@@ -930,7 +992,7 @@ absl::StatusOr<v1::AwaitResponse> Coordinator::Await(const v1::AwaitRequest& req
 
 // ---------------------------------------------------------------- delete / info
 
-void Coordinator::FreeArraysLocked(const std::vector<uint64_t>& handles) {
+std::vector<Coordinator::PendingFree> Coordinator::FreeArraysLocked(const std::vector<uint64_t>& handles) {
   // Group per device so each device gets one sequenced free.
   absl::flat_hash_map<int, v1::FreeRequest> frees;
   const absl::Time now = absl::Now();
@@ -940,6 +1002,7 @@ void Coordinator::FreeArraysLocked(const std::vector<uint64_t>& handles) {
     for (int d : it->second.devices) frees[d].add_buffers(h);
     RetireArray(h, Tombstone{v1::DELETED, 0, "", now});
   }
+  std::vector<PendingFree> out;
   for (auto& [d, req] : frees) {
     DeviceRecord& dev = devices_[d];
     WorkerRecord& w = workers_.at(dev.worker_id);
@@ -947,8 +1010,14 @@ void Coordinator::FreeArraysLocked(const std::vector<uint64_t>& handles) {
     req.set_device(dev.local_index);
     req.set_seq(dev.next_seq++);
     req.set_queue_epoch(dev.queue_epoch);
-    auto log = log_;
-    w.client->Free(req, [log, d](absl::Status s) {
+    out.push_back(PendingFree{w.client, std::move(req), d});
+  }
+  return out;
+}
+
+void Coordinator::SendFrees(std::vector<PendingFree> frees) {
+  for (PendingFree& f : frees) {
+    f.client->Free(f.request, [log = log_, d = f.device](absl::Status s) {
       if (!s.ok()) log->warn("free on device {} failed: {}", d, s.ToString());
     });
   }
@@ -965,10 +1034,14 @@ v1::WorkerStatsRequest Coordinator::StatsRequestLocked(const WorkerRecord& w) co
 }
 
 absl::Status Coordinator::Delete(const v1::DeleteRequest& req) {
-  absl::MutexLock l(&mu_);
-  TESSEL_RETURN_IF_ERROR(CheckSession(req.session_id()));
-  for (uint64_t h : req.handles()) TESSEL_RETURN_IF_ERROR(OwnedArray(req.session_id(), h).status());
-  FreeArraysLocked(std::vector<uint64_t>(req.handles().begin(), req.handles().end()));
+  std::vector<PendingFree> frees;
+  {
+    absl::MutexLock l(&mu_);
+    TESSEL_RETURN_IF_ERROR(CheckSession(req.session_id()));
+    for (uint64_t h : req.handles()) TESSEL_RETURN_IF_ERROR(OwnedArray(req.session_id(), h).status());
+    frees = FreeArraysLocked(std::vector<uint64_t>(req.handles().begin(), req.handles().end()));
+  }
+  SendFrees(std::move(frees));
   return absl::OkStatus();
 }
 

@@ -37,7 +37,7 @@ class Coordinator {
     // A worker silent this long is marked dead. Default: 4 heartbeats.
     absl::Duration heartbeat_timeout = absl::Seconds(2);
     // How to reach a worker; tests substitute fakes.
-    std::function<std::unique_ptr<WorkerClient>(const std::string& address)> connect = NewGrpcWorkerClient;
+    std::function<std::shared_ptr<WorkerClient>(const std::string& address)> connect = NewGrpcWorkerClient;
   };
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(Options options);
   ~Coordinator();
@@ -92,6 +92,7 @@ class Coordinator {
     bool alive = true;
     std::shared_ptr<WorkerClient> client;
     absl::flat_hash_set<std::string> loaded;  // executable ids
+    bool open_queues = false;                 // a new queue epoch awaits its first message
   };
   struct DeviceRecord {
     std::string worker_id;
@@ -190,7 +191,18 @@ class Coordinator {
   std::string ExplainCacheMiss(const v1::Graph& graph, const std::vector<int>& donated) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the arrays and queues frees on their devices, in step order.
-  void FreeArraysLocked(const std::vector<uint64_t>& handles) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A sequenced free to send once mu_ is released: no RPC, callback or
+  // stream teardown happens under mu_ (a step stream's teardown runs
+  // callbacks that take it).
+  struct PendingFree {
+    std::shared_ptr<WorkerClient> client;
+    v1::FreeRequest request;
+    int device = 0;  // global id
+  };
+  // Retires `handles` and returns the frees to send (SendFrees).
+  [[nodiscard]] std::vector<PendingFree> FreeArraysLocked(const std::vector<uint64_t>& handles)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SendFrees(std::vector<PendingFree> frees) ABSL_LOCKS_EXCLUDED(mu_);
   // Asks a worker for figures that include every step and free sequenced on
   // its devices so far.
   v1::WorkerStatsRequest StatsRequestLocked(const WorkerRecord& w) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -198,6 +210,11 @@ class Coordinator {
   void OnStepDone(const std::string& session, const std::vector<uint64_t>& outputs, int64_t epoch,
                   absl::StatusOr<v1::RunResponse> result);
   std::string CollectiveEpochLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Steps to `worker_id` were lost in transit: its devices' numbering starts
+  // over in a new queue epoch, so the worker never waits on a gap.
+  void RestartQueues(const std::string& worker_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Empty frees that open the new queue epochs RestartQueues began.
+  std::vector<PendingFree> OpenersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool NotPending(const std::vector<uint64_t>& handles) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Blocks (releasing mu_) until none of `handles` is pending, or `timeout`.
   bool AwaitNotPending(const std::vector<uint64_t>& handles, absl::Duration timeout)

@@ -10,6 +10,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "core/process_tuning.h"
+#include "server/fault_injection.h"
 #include "server/coordinator.h"
 #include "server/kv_store.h"
 #include "server/services.h"
@@ -23,6 +24,9 @@ ABSL_FLAG(int, heartbeat_ms, 500, "Interval at which workers are told to heartbe
 ABSL_FLAG(int, heartbeat_timeout_ms, 2000, "A worker silent for this long is marked dead.");
 ABSL_FLAG(int, max_message_mb, 64, "Largest gRPC message accepted, in MiB; bulk data streams in chunks below it.");
 ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, error.");
+ABSL_FLAG(std::string, inject_faults, "",
+          "For tests only: misbehave on the way to every worker, e.g. drop_step=0.01,delay_step=0.05,seed=7 "
+          "(see server/fault_injection.h). Default: none.");
 ABSL_FLAG(int, parent_pid, 0,
           "If set, stop (as on SIGTERM) when this parent process exits; for clients that start daemons.");
 
@@ -45,6 +49,17 @@ int main(int argc, char** argv) {
   options.logger = log;
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
   options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  if (const std::string spec = absl::GetFlag(FLAGS_inject_faults); !spec.empty()) {
+    auto plan = tessel::server::FaultPlan::Parse(spec);
+    if (!plan.ok()) {
+      log->error("--inject_faults: {}", plan.status().ToString());
+      return 2;
+    }
+    log->warn("injecting faults on the way to every worker: {}", spec);
+    options.connect = [plan = *plan](const std::string& address) {
+      return tessel::server::WithFaults(tessel::server::NewGrpcWorkerClient(address), plan, address);
+    };
+  }
   auto coordinator = tessel::server::Coordinator::Create(std::move(options));
   if (!coordinator.ok()) {
     log->error("{}", coordinator.status().ToString());

@@ -104,8 +104,12 @@ class Coordinator::PutSinkImpl final : public Coordinator::PutSink {
   }
 
   void Abandon() {
-    absl::MutexLock l(&c_->mu_);
-    c_->FreeArraysLocked({handle_});
+    std::vector<PendingFree> frees;
+    {
+      absl::MutexLock l(&c_->mu_);
+      frees = c_->FreeArraysLocked({handle_});
+    }
+    c_->SendFrees(std::move(frees));
   }
 
   Coordinator* const c_;
@@ -196,8 +200,12 @@ absl::StatusOr<std::unique_ptr<Coordinator::PutSink>> Coordinator::BeginPut(cons
         for (auto& blk : blocks) {
           for (auto& open : blk.streams) (void)open->Finish();
         }
-        absl::MutexLock l(&mu_);
-        FreeArraysLocked({h.handle()});
+        std::vector<PendingFree> frees;
+        {
+          absl::MutexLock l(&mu_);
+          frees = FreeArraysLocked({h.handle()});
+        }
+        SendFrees(std::move(frees));
         return s.status();
       }
       blocks[b].streams.push_back(std::move(*s));

@@ -1,8 +1,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include <thread>
+#include <tuple>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "core/rpc_status.h"
@@ -14,6 +16,9 @@ namespace tessel::server {
 namespace {
 
 using StepDone = std::function<void(absl::Status, v1::RunResponse*)>;
+// Which step a result answers: (device, queue epoch, seq). Numbering starts
+// over in each epoch, so the seq alone names two steps.
+using StepKey = std::tuple<int, uint64_t, uint64_t>;
 
 // Runs and frees over one Steps stream to a worker. Send queues and never
 // blocks; a writer thread sends what has queued as one batch. Results come
@@ -21,7 +26,8 @@ using StepDone = std::function<void(absl::Status, v1::RunResponse*)>;
 // still waiting fails with UNAVAILABLE.
 class StepStream {
  public:
-  StepStream(v1::Worker::Stub* stub, std::string address) : address_(std::move(address)) {
+  StepStream(v1::Worker::Stub* stub, std::string address, std::function<void()> on_lost)
+      : address_(std::move(address)), on_lost_(std::move(on_lost)) {
     stream_ = stub->Steps(&ctx_);
     writer_ = std::thread([this] { WriteLoop(); });
     reader_ = std::thread([this] { ReadLoop(); });
@@ -33,14 +39,28 @@ class StepStream {
     }
     writer_.join();
     ctx_.TryCancel();
-    reader_.join();
+    // The last owner may be a callback running on the reader thread itself
+    // (a step's completion that sends the next one on a fresh stream).
+    if (std::this_thread::get_id() == reader_.get_id()) {
+      reader_.detach();
+    } else {
+      reader_.join();
+    }
   }
 
   // False when the stream has ended (`done` is then not called).
-  bool Send(v1::StepRequest req, int device, uint64_t seq, StepDone done) {
+  bool Send(v1::StepRequest req, const StepKey& key, StepDone done) {
     absl::MutexLock l(&mu_);
     if (ended_) return false;
-    waiting_[{device, seq}] = std::move(done);
+    if (!waiting_.try_emplace(key, done).second) {
+      // The coordinator never numbers two steps alike; answering one with
+      // the other's result would be worse than failing it.
+      done(absl::InternalError(absl::StrCat("worker ", address_, ": a step for device ", std::get<0>(key),
+                                            ", queue epoch ", std::get<1>(key), ", seq ", std::get<2>(key),
+                                            " is already in flight")),
+           nullptr);
+      return true;
+    }
     *queue_.add_steps() = std::move(req);
     return true;
   }
@@ -71,7 +91,7 @@ class StepStream {
         StepDone done;
         {
           absl::MutexLock l(&mu_);
-          auto it = waiting_.find(std::make_pair(r.device(), r.seq()));
+          auto it = waiting_.find(StepKey{r.device(), r.queue_epoch(), r.seq()});
           if (it == waiting_.end()) continue;
           done = std::move(it->second);
           waiting_.erase(it);
@@ -82,7 +102,7 @@ class StepStream {
       }
     }
     grpc::Status s = stream_->Finish();
-    absl::flat_hash_map<std::pair<int, uint64_t>, StepDone> orphans;
+    absl::flat_hash_map<StepKey, StepDone> orphans;
     {
       absl::MutexLock l(&mu_);
       ended_ = true;
@@ -90,15 +110,21 @@ class StepStream {
     }
     const absl::Status why = absl::UnavailableError(absl::StrCat(
         "worker ", address_, " unavailable: step stream ended", s.ok() ? "" : ": ", s.error_message()));
+    // The callbacks may drop the last reference to this stream (its
+    // destructor then detaches this thread): nothing of `this` is touched
+    // after the first one runs.
+    const std::function<void()> on_lost = orphans.empty() ? nullptr : on_lost_;
     for (auto& [key, done] : orphans) done(why, nullptr);
+    if (on_lost) on_lost();
   }
 
   const std::string address_;
+  const std::function<void()> on_lost_;
   grpc::ClientContext ctx_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::StepBatch, v1::StepResults>> stream_;
   absl::Mutex mu_;
   v1::StepBatch queue_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::pair<int, uint64_t>, StepDone> waiting_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<StepKey, StepDone> waiting_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   std::thread writer_;
@@ -116,6 +142,10 @@ class GrpcWorkerClient final : public WorkerClient {
 
   absl::Status LoadProgram(const v1::Program& program) override {
     grpc::ClientContext ctx;
+    // Bounded, and cancelled at once if the worker is declared dead.
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(kLoadDeadlineSeconds));
+    CallGuard guard(this, &ctx);
+    if (!guard.ok()) return Dead();
     v1::LoadProgramRequest req;
     *req.mutable_program() = program;
     v1::LoadProgramResponse resp;
@@ -125,7 +155,8 @@ class GrpcWorkerClient final : public WorkerClient {
   void Run(const v1::RunRequest& request, RunDone done) override {
     v1::StepRequest req;
     *req.mutable_run() = request;
-    SendStep(req, request.device(), request.seq(), [done = std::move(done)](absl::Status s, v1::RunResponse* resp) {
+    SendStep(req, StepKey{request.device(), request.queue_epoch(), request.seq()},
+             [done = std::move(done)](absl::Status s, v1::RunResponse* resp) {
       if (s.ok()) return done(std::move(*resp));
       done(s);
     });
@@ -134,11 +165,13 @@ class GrpcWorkerClient final : public WorkerClient {
   void Free(const v1::FreeRequest& request, Done done) override {
     v1::StepRequest req;
     *req.mutable_free() = request;
-    SendStep(req, request.device(), request.seq(), [done = std::move(done)](absl::Status s, v1::RunResponse*) { done(s); });
+    SendStep(req, StepKey{request.device(), request.queue_epoch(), request.seq()},
+             [done = std::move(done)](absl::Status s, v1::RunResponse*) { done(s); });
   }
 
   absl::StatusOr<std::unique_ptr<PutStream>> BeginPut(const v1::PutShardRequest::Header& header) override {
     auto s = std::make_unique<GrpcPutStream>(this);
+    if (!s->guard.ok()) return Dead();
     s->writer = stub_->PutShard(&s->ctx, &s->resp);
     v1::PutShardRequest msg;
     *msg.mutable_header() = header;
@@ -151,6 +184,7 @@ class GrpcWorkerClient final : public WorkerClient {
 
   std::unique_ptr<FetchStream> BeginFetch(const v1::FetchShardRequest& request) override {
     auto s = std::make_unique<GrpcFetchStream>(this);
+    if (!s->guard.ok()) s->ctx.TryCancel();  // its Read fails at once; Finish says the worker is gone
     s->reader = stub_->FetchShard(&s->ctx, request);
     return s;
   }
@@ -164,29 +198,68 @@ class GrpcWorkerClient final : public WorkerClient {
     return resp;
   }
 
+  void SetStepsLostCallback(std::function<void()> on_lost) override {
+    absl::MutexLock l(&mu_);
+    on_lost_ = std::move(on_lost);
+  }
+
   void CancelAll() override {
     absl::MutexLock l(&mu_);
+    dead_ = true;
     if (steps_) steps_->Cancel();
+    for (grpc::ClientContext* ctx : calls_) ctx->TryCancel();
   }
 
  private:
   // Sends on the current step stream, opening a new one if it ended.
-  void SendStep(const v1::StepRequest& req, int device, uint64_t seq, StepDone done) {
+  void SendStep(const v1::StepRequest& req, const StepKey& key, StepDone done) {
     for (int attempt = 0; attempt < 2; ++attempt) {
-      std::shared_ptr<StepStream> stream;
+      std::shared_ptr<StepStream> stream, ended;  // `ended` is torn down outside the lock
       {
         absl::MutexLock l(&mu_);
-        if (!steps_ || attempt > 0) steps_ = std::make_shared<StepStream>(stub_.get(), address_);
+        if (dead_) break;
+        if (!steps_ || attempt > 0) {
+          ended = std::move(steps_);
+          steps_ = std::make_shared<StepStream>(stub_.get(), address_, on_lost_);
+        }
         stream = steps_;
       }
-      if (stream->Send(req, device, seq, done)) return;
+      ended.reset();
+      if (stream->Send(req, key, done)) return;
     }
     done(absl::UnavailableError(absl::StrCat("worker ", address_, " unavailable: cannot open a step stream")),
          nullptr);
   }
 
+  static constexpr int kLoadDeadlineSeconds = 120;
+
+  absl::Status Dead() const {
+    return absl::UnavailableError(absl::StrCat("worker ", address_, " was declared dead; its calls are cancelled"));
+  }
+
+  // Registers a call in flight, so CancelAll can cancel it: every worker RPC
+  // ends when the worker is declared dead, however long it would have run.
+  class CallGuard {
+   public:
+    CallGuard(GrpcWorkerClient* c, grpc::ClientContext* ctx) : c_(c), ctx_(ctx) {
+      absl::MutexLock l(&c_->mu_);
+      ok_ = !c_->dead_;
+      if (ok_) c_->calls_.insert(ctx_);
+    }
+    ~CallGuard() {
+      absl::MutexLock l(&c_->mu_);
+      c_->calls_.erase(ctx_);
+    }
+    bool ok() const { return ok_; }
+
+   private:
+    GrpcWorkerClient* const c_;
+    grpc::ClientContext* const ctx_;
+    bool ok_ = false;
+  };
+
   struct GrpcPutStream final : PutStream {
-    explicit GrpcPutStream(GrpcWorkerClient* c) : client(c) {}
+    explicit GrpcPutStream(GrpcWorkerClient* c) : client(c), guard(c, &ctx) {}
     absl::Status Write(const std::string& bytes) override {
       msg.set_data(bytes);
       if (!writer->Write(msg)) return Finish();
@@ -201,6 +274,7 @@ class GrpcWorkerClient final : public WorkerClient {
     }
     GrpcWorkerClient* client;
     grpc::ClientContext ctx;
+    CallGuard guard;
     v1::PutShardResponse resp;
     v1::PutShardRequest msg;
     std::unique_ptr<grpc::ClientWriter<v1::PutShardRequest>> writer;
@@ -209,15 +283,19 @@ class GrpcWorkerClient final : public WorkerClient {
   };
 
   struct GrpcFetchStream final : FetchStream {
-    explicit GrpcFetchStream(GrpcWorkerClient* c) : client(c) {}
+    explicit GrpcFetchStream(GrpcWorkerClient* c) : client(c), guard(c, &ctx) {}
     bool Read(std::string* bytes) override {
       if (!reader->Read(&msg)) return false;
       bytes->swap(*msg.mutable_data());
       return true;
     }
-    absl::Status Finish() override { return client->Annotated(reader->Finish()); }
+    absl::Status Finish() override {
+      if (!guard.ok()) return client->Dead();
+      return client->Annotated(reader->Finish());
+    }
     GrpcWorkerClient* client;
     grpc::ClientContext ctx;
+    CallGuard guard;
     v1::FetchShardResponse msg;
     std::unique_ptr<grpc::ClientReader<v1::FetchShardResponse>> reader;
   };
@@ -234,6 +312,9 @@ class GrpcWorkerClient final : public WorkerClient {
   std::unique_ptr<v1::Worker::Stub> stub_;
   absl::Mutex mu_;
   std::shared_ptr<StepStream> steps_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);  // in flight
+  bool dead_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void()> on_lost_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -44,8 +44,15 @@ class WorkerClient {
   // `request.sequenced`: see WorkerStatsRequest.
   virtual absl::StatusOr<v1::WorkerStatsResponse> GetStats(const v1::WorkerStatsRequest& request) = 0;
 
-  // Fails every call in flight (the worker was declared dead).
+  // Fails every call in flight, and every later one (the worker was
+  // declared dead).
   virtual void CancelAll() = 0;
+
+  // `on_lost` runs (on a client thread, never under a lock of the client's)
+  // when steps were lost in transit: the worker may have missed some, so
+  // the sequence numbers of its devices must start over in a new queue
+  // epoch. Default: never called.
+  virtual void SetStepsLostCallback(std::function<void()> on_lost) {}
 };
 
 // A WorkerClient over a gRPC channel to `address`.

@@ -443,7 +443,12 @@ class GroupCommunicator final : public Communicator {
     const std::string what = absl::StrCat(id.ToString(), ": ");
 
     absl::MutexLock lock(&mu_);
-    if (!broken_.ok()) return Annotate(broken_, what);
+    if (!broken_.ok()) {
+      absl::Status s(broken_.code(), absl::StrCat(what, "group '", l_.key, "' broke at an earlier collective (",
+                                                  broken_.message(), ")"));
+      s.SetPayload(kGroupBrokenPayload, absl::Cord("1"));
+      return s;
+    }
     for (const auto& [ended_id, status] : ended_) {
       if (ended_id == id) return status;
     }
@@ -534,9 +539,17 @@ class GroupCommunicator final : public Communicator {
       s = Broken(std::move(s));
       gloo_.reset();
       prefix_store_.reset();
+      // Peers not yet connected learn at once rather than wait for us; the
+      // steps after this one meet in a group of a new epoch. Without this,
+      // a late peer stuck connecting to a group we left would keep missing
+      // the next epoch's window, and the next, as we would its.
+      (void)CatchGloo("", [&] { endpoint_->store->set(AbandonedKey(), {'1'}); });
     }
     return s;
   }
+
+  std::string AbandonedKey() const { return l_.key + "/abandoned"; }
+  static constexpr int kConnectTimeoutFactor = 3;
 
   absl::Status RunRoundUnchecked(const CollectiveId& id, Round& r, const Call& c) {
     if (l_.num_workers() > 1) {
@@ -546,15 +559,24 @@ class GroupCommunicator final : public Communicator {
       return r.local_failure;
     }
     if (c.count == 0) return absl::OkStatus();
+    absl::Status s = absl::InternalError("unknown collective");
     switch (c.kind) {
-      case Kind::kAllReduce: return RunAllReduce(r, c);
-      case Kind::kAllGather: return RunAllGather(r, c);
-      case Kind::kReduceScatter: return RunReduceScatter(r, c);
-      case Kind::kAllToAll: return RunAllToAll(r, c);
-      case Kind::kPermute: return RunPermute(r, c);
+      case Kind::kAllReduce: s = RunAllReduce(r, c); break;
+      case Kind::kAllGather: s = RunAllGather(r, c); break;
+      case Kind::kReduceScatter: s = RunReduceScatter(r, c); break;
+      case Kind::kAllToAll: s = RunAllToAll(r, c); break;
+      case Kind::kPermute: s = RunPermute(r, c); break;
       case Kind::kAbandoned: break;
     }
-    return absl::InternalError("unknown collective");
+    if (!s.ok() && l_.num_workers() > 1) {
+      std::vector<std::string> others;
+      for (int w = 0; w < l_.num_workers(); ++w) {
+        if (w != l_.self_worker) others.push_back(WorkerDevices(w));
+      }
+      return Annotate(s, absl::StrCat("exchanging data with ", absl::StrJoin(others, ", "),
+                                      " (a peer stalled or went away mid-exchange): "));
+    }
+    return s;
   }
 
   // What one worker says of a round before any data moves: which collective
@@ -689,8 +711,22 @@ class GroupCommunicator final : public Communicator {
                                                         absl::StrJoin(l_.workers, ", "),
                                                         "] but this worker has no rendezvous store"));
     }
+    // A worker that gave up on this group (its epoch) said so in the store:
+    // connecting now would wait out the timeout for a peer that has left.
+    bool abandoned = false;
+    (void)CatchGloo("", [&] {
+      endpoint_->store->wait({AbandonedKey()}, std::chrono::milliseconds(1));
+      abandoned = true;
+    });
+    if (abandoned) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          Describe(c), ": a peer gave up on this group before this worker joined it; the group starts over"));
+    }
     auto context = std::make_shared<gloo::rendezvous::Context>(l_.self_worker, l_.num_workers());
-    context->setTimeout(GlooTimeout());
+    // Joining waits longer than a collective: after a failure the peers
+    // reach a group's new epoch only once they have drained the steps that
+    // failed before it.
+    context->setTimeout(GlooTimeout() * kConnectTimeoutFactor);
     prefix_store_ = std::make_unique<gloo::rendezvous::PrefixStore>(l_.key, *endpoint_->store);
     auto device = endpoint_->device;
     const absl::Time start = absl::Now();

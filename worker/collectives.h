@@ -57,8 +57,9 @@ struct CollectivesOptions {
   std::shared_ptr<gloo::rendezvous::Store> store;
   // Interface the Gloo TCP device listens on and advertises. Default: 127.0.0.1.
   std::string hostname = "127.0.0.1";
-  // Bound on each wait: local ranks at the barrier, connecting to the other
-  // workers, and each Gloo operation. Default: 30 s.
+  // Bound on each wait: local ranks at the barrier and each exchange with
+  // the other workers; connecting a group to them may take three times as
+  // long. Default: 30 s.
   absl::Duration timeout = absl::Seconds(30);
   // Default: none (nothing is logged).
   std::shared_ptr<spdlog::logger> logger;

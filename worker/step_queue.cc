@@ -31,8 +31,8 @@ void StepQueue::Submit(uint64_t epoch, uint64_t seq, std::function<void()> work,
     if (epoch != epoch_) {
       if (left_.contains(epoch)) {
         refused = absl::FailedPreconditionError(absl::StrCat(
-            name_, ": step ", seq, " belongs to an earlier registration of this worker (queue epoch ", epoch,
-            "); it has since registered again (epoch ", epoch_, "), and the steps of before are void"));
+            name_, ": step ", seq, " belongs to queue epoch ", epoch, ", which the queue has left for epoch ", epoch_,
+            " (the worker registered again, or steps were lost in transit): it started over in a new epoch"));
       } else {
         dropped = SwitchEpoch(epoch);
       }
@@ -47,8 +47,9 @@ void StepQueue::Submit(uint64_t epoch, uint64_t seq, std::function<void()> work,
       }
     }
   }
-  const absl::Status gone = absl::UnavailableError(
-      absl::StrCat(name_, ": the worker registered again before this step ran; its queue started over"));
+  const absl::Status gone = absl::UnavailableError(absl::StrCat(
+      name_, ": the queue started over in a new epoch (the worker registered again, or steps were lost in transit) "
+      "before this step ran"));
   for (auto& [s, item] : dropped) item.rejected(gone);
   if (rejected) rejected(refused);
 }
@@ -60,8 +61,8 @@ void StepQueue::StartEpoch(uint64_t epoch) {
     if (epoch == epoch_ || left_.contains(epoch)) return;
     dropped = SwitchEpoch(epoch);
   }
-  const absl::Status gone = absl::UnavailableError(
-      absl::StrCat(name_, ": the worker registered again before this step ran; its queue started over"));
+  const absl::Status gone = absl::UnavailableError(absl::StrCat(
+      name_, ": the queue started over in a new epoch (the worker registered again) before this step ran"));
   for (auto& [s, item] : dropped) item.rejected(gone);
 }
 

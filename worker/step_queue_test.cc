@@ -64,7 +64,7 @@ TEST(StepQueue, ANewEpochStartsNumberingAgainAndVoidsTheOldOne) {
   absl::Status late;
   q.Submit(7, 1, [] { FAIL() << "ran after its epoch ended"; }, [&](absl::Status s) { late = s; });
   EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
-  EXPECT_NE(late.message().find("earlier registration"), absl::string_view::npos) << late;
+  EXPECT_NE(late.message().find("which the queue has left"), absl::string_view::npos) << late;
   // StartEpoch to the current epoch changes nothing.
   q.StartEpoch(9);
   absl::Notification next;

@@ -201,7 +201,14 @@ void WorkerRuntime::Free(const v1::FreeRequest& request, Done done) {
     done(absl::OkStatus());
   };
   queues_[request.device()]->Submit(request.queue_epoch(), request.seq(), std::move(work),
-                                    [done](absl::Status why) { done(std::move(why)); });
+                                    [this, done, request](absl::Status why) {
+                                      // Out of its epoch (not a reused number), the free still
+                                      // happens: the coordinator has let go of those arrays.
+                                      if (!absl::IsInvalidArgument(why)) {
+                                        for (uint64_t h : request.buffers()) store_.Erase(request.device(), h);
+                                      }
+                                      done(std::move(why));
+                                    });
 }
 
 namespace {

@@ -67,11 +67,12 @@ class StepsReactor final : public grpc::ServerBidiReactor<v1::StepBatch, v1::Ste
   void Submit(const v1::StepRequest& request) {
     if (request.has_run()) {
       const int device = request.run().device();
-      const uint64_t seq = request.run().seq();
-      runtime_->Run(request.run(), [this, device, seq](absl::StatusOr<v1::RunResponse> r) {
+      const uint64_t seq = request.run().seq(), epoch = request.run().queue_epoch();
+      runtime_->Run(request.run(), [this, device, seq, epoch](absl::StatusOr<v1::RunResponse> r) {
         v1::StepResult res;
         res.set_device(device);
         res.set_seq(seq);
+        res.set_queue_epoch(epoch);
         if (r.ok()) {
           *res.mutable_run() = std::move(*r);
         } else {
@@ -83,11 +84,12 @@ class StepsReactor final : public grpc::ServerBidiReactor<v1::StepBatch, v1::Ste
       });
     } else {
       const int device = request.free().device();
-      const uint64_t seq = request.free().seq();
-      runtime_->Free(request.free(), [this, device, seq](absl::Status s) {
+      const uint64_t seq = request.free().seq(), epoch = request.free().queue_epoch();
+      runtime_->Free(request.free(), [this, device, seq, epoch](absl::Status s) {
         v1::StepResult res;
         res.set_device(device);
         res.set_seq(seq);
+        res.set_queue_epoch(epoch);
         res.set_code(static_cast<int>(s.code()));
         res.set_error(std::string(s.message()));
         Complete(std::move(res));

@@ -96,10 +96,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
   auto log_for = [&](const std::string& name) {
     return options.inherit_output ? std::string() : cluster->log_dir_ + "/" + name + ".log";
   };
-  auto cpid = Spawn(bin + "/tessel-coordinator",
-                    {absl::StrCat("--port=", options.port), "--port_file=" + port_file,
-                     absl::StrCat("--heartbeat_timeout_ms=", options.heartbeat_timeout_ms)},
-                    log_for("coordinator"));
+  std::vector<std::string> coordinator_args = {absl::StrCat("--port=", options.port), "--port_file=" + port_file,
+                                               absl::StrCat("--heartbeat_timeout_ms=", options.heartbeat_timeout_ms)};
+  coordinator_args.insert(coordinator_args.end(), options.coordinator_flags.begin(), options.coordinator_flags.end());
+  auto cpid = Spawn(bin + "/tessel-coordinator", coordinator_args, log_for("coordinator"));
   if (!cpid.ok()) return cpid.status();
   cluster->coordinator_pid_ = *cpid;
   int port = 0;

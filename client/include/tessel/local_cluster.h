@@ -26,6 +26,7 @@ class LocalCluster {
                                // destruction unless $TESSEL_KEEP_LOGS is set
     bool inherit_output = false;  // children log to this process's stdout/stderr
     std::vector<std::string> worker_flags;  // extra flags for every worker
+    std::vector<std::string> coordinator_flags;  // extra flags for the coordinator
     int heartbeat_timeout_ms = 2000;
   };
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(Options options);
