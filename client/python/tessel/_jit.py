@@ -335,7 +335,9 @@ def eager_call(fn, args, kwargs):
     dyn = [i for i, a in enumerate(args) if isinstance(a, (Array, np.ndarray))
            or (isinstance(a, (list, tuple)) and a and all(isinstance(x, (Array, np.ndarray)) for x in a))]
     static = tuple((i, repr(a)) for i, a in enumerate(args) if i not in dyn)
-    key = (fn.__qualname__, static, tuple(sorted(kwargs.items())), tuple(dyn))
+    # Keyed by the function itself: every binary, unary and comparison op is
+    # a closure of one factory, so they share a __qualname__.
+    key = (fn, static, tuple(sorted(kwargs.items())), tuple(dyn))
     j = _eager.get(key)
     if j is None:
         def op(*dyn_args):

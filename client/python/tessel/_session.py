@@ -215,7 +215,14 @@ class Session:
             req.output_shardings.extend(out_shardings)
         return _rpc(self._stub.Compile, req)
 
+    def _collect_for_quota(self):
+        """Arrays Python dropped count against a quota until deleted: with a
+        quota set, they go before anything judged against it."""
+        if self.options.memory_quota_bytes and self._garbage:
+            self.collect(force=True)
+
     def put(self, array, placement, implicit=False, guard=None, progress=None):
+        self._collect_for_quota()
         array = np.require(array, requirements="C")  # keeps 0-d arrays 0-d
         handle = self.new_handle()
         header = session_pb2.PutRequest.Header(session_id=self.id, handle=handle,
@@ -237,6 +244,7 @@ class Session:
         """Queues an Execute. A rejected call's error lands on its output
         handles (so it surfaces when they are awaited or fetched); with
         `want_reply` the reply (donation receipts) is also kept for reply()."""
+        self._collect_for_quota()
         request.session_id = self.id
         request.wait = False
         return self.dispatcher().send(request, want_reply)
@@ -316,5 +324,6 @@ class Session:
         return _rpc(self._admin.GetCluster, admin_pb2.GetClusterRequest(with_memory=with_memory))
 
     def stats(self, with_arrays=False):
+        self.collect(force=True)  # what the program holds, not what Python has yet to hand back
         self.flush()
         return _rpc(self._stub.Stats, session_pb2.StatsRequest(session_id=self.id, with_arrays=with_arrays))

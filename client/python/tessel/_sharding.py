@@ -85,6 +85,9 @@ class P(tuple):
     def __eq__(self, other):
         return isinstance(other, P) and self._canonical() == other._canonical()
 
+    def __ne__(self, other):
+        return not self == other
+
     def __hash__(self):
         return hash(self._canonical())
 

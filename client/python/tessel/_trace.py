@@ -62,6 +62,8 @@ class Builder:
         def attrs(n):
             if _dtypes.is_float(dtype):
                 n.constant.fill.f = float(value)
+            elif dtype == np.bool_:
+                n.constant.fill.i = int(bool(value))  # numpy: full(3, 0.5, bool) is all True
             else:
                 n.constant.fill.i = int(value)
         return self.node(ir_pb2.CONSTANT, [], shape, dtype, False, attrs, with_type=True)
@@ -72,7 +74,7 @@ class Builder:
         return self.node(ir_pb2.CONSTANT, [], shape, dtype, False, attrs, with_type=True)
 
     def literal(self, array):
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array, order="C")  # keeps 0-d values 0-d (ascontiguousarray makes them 1-d)
         _dtypes.to_proto(array.dtype)
 
         def attrs(n):

@@ -120,8 +120,23 @@ def _shape(x):
     return _np.shape(x)
 
 
+def _out_of_range(x, d):
+    """Whether Python int `x` cannot be held by integer dtype `d` (NEP 50)."""
+    if not (isinstance(x, int) and not isinstance(x, bool)) or _np.dtype(d).kind not in "iu":
+        return False
+    info = _np.iinfo(d)
+    return not info.min <= x <= info.max
+
+
+def _check_in_range(xs, d):
+    for x in xs:
+        if _out_of_range(x, d):
+            raise OverflowError(f"Python integer {x} out of bounds for {_np.dtype(d).name}")
+
+
 def _elementwise(op, xs, d=None, out_dtype=None, set_attrs=None):
     d = _np.dtype(d) if d is not None else _result_dtype(*xs)
+    _check_in_range(xs, d)
     shape = _np.broadcast_shapes(*[_shape(x) for x in xs])
     ops = [_operand(x, d, shape) for x in xs]
     return _b().node(op, ops, shape, out_dtype or d, set_attrs=set_attrs)
@@ -150,7 +165,26 @@ power = _binary(ir_pb2.POW)
 bitwise_and = _binary(ir_pb2.AND)
 bitwise_or = _binary(ir_pb2.OR)
 bitwise_xor = _binary(ir_pb2.XOR)
-logical_and, logical_or, logical_xor = bitwise_and, bitwise_or, bitwise_xor
+
+
+def _truth(x):
+    """x != 0 as bool (NaN is true, as in numpy)."""
+    if _is_pyscalar(x):
+        return bool(x)
+    t = _tracer(x)
+    return t if t.dtype == _np.bool_ else not_equal(t, 0)
+
+
+def _logical(op):
+    @_op
+    def f(x1, x2):
+        return _elementwise(op, [_truth(x1), _truth(x2)], _np.bool_)
+    return f
+
+
+logical_and = _logical(ir_pb2.AND)
+logical_or = _logical(ir_pb2.OR)
+logical_xor = _logical(ir_pb2.XOR)
 
 
 @_op
@@ -190,12 +224,31 @@ def _remainder_off_sign(r, b):
     return logical_and(not_equal(r, 0), not_equal(less(r, 0), less(b, 0)))
 
 
+# For `array OP k` with k above (+1) or below (-1) every value of the array's
+# integer type: the answer, whatever the array holds.
+_DECIDED = {
+    ir_pb2.EQ: (False, False), ir_pb2.NE: (True, True),
+    ir_pb2.LT: (True, False), ir_pb2.LE: (True, False),
+    ir_pb2.GT: (False, True), ir_pb2.GE: (False, True),
+}
+_SWAPPED = {ir_pb2.LT: ir_pb2.GT, ir_pb2.LE: ir_pb2.GE, ir_pb2.GT: ir_pb2.LT, ir_pb2.GE: ir_pb2.LE,
+            ir_pb2.EQ: ir_pb2.EQ, ir_pb2.NE: ir_pb2.NE}
+
+
 def _compare(direction):
     @_op
     def f(x1, x2):
+        d = _result_dtype(x1, x2)
+        shape = _np.broadcast_shapes(_shape(x1), _shape(x2))
+        # NEP 50: a Python int the array's type cannot hold is compared exactly.
+        for k, other, dirn in ((x2, x1, direction), (x1, x2, _SWAPPED[direction])):
+            if _out_of_range(k, d):
+                above = k > _np.iinfo(d).max
+                return _b().fill(_DECIDED[dirn][0 if above else 1], shape, _np.bool_)
+
         def attrs(n):
             n.compare.direction = direction
-        return _elementwise(ir_pb2.COMPARE, [x1, x2], out_dtype=_np.dtype(_np.bool_), set_attrs=attrs)
+        return _elementwise(ir_pb2.COMPARE, [x1, x2], d, out_dtype=_np.dtype(_np.bool_), set_attrs=attrs)
     return f
 
 
@@ -222,9 +275,33 @@ def _unary(op, float_only=False, identity_on_ints=False):
     return f
 
 
-negative = _unary(ir_pb2.NEG)
-abs = absolute = _unary(ir_pb2.ABS)
-sign = _unary(ir_pb2.SIGN)
+_neg, _abs, _sign = _unary(ir_pb2.NEG), _unary(ir_pb2.ABS), _unary(ir_pb2.SIGN)
+
+
+def _unsigned(x):
+    t = _tracer(x)
+    return t.dtype.kind == "u", t
+
+
+@_op
+def negative(x):
+    u, t = _unsigned(x)
+    return subtract(_np.zeros((), t.dtype), t) if u else _neg(t)  # numpy wraps: -uint8(1) is 255
+
+
+@_op
+def abs(x):
+    u, t = _unsigned(x)
+    return t if u else _abs(t)
+
+
+absolute = abs
+
+
+@_op
+def sign(x):
+    u, t = _unsigned(x)
+    return _convert(not_equal(t, 0), t.dtype) if u else _sign(t)
 exp = _unary(ir_pb2.EXP, True)
 log = _unary(ir_pb2.LOG, True)
 log1p = _unary(ir_pb2.LOG1P, True)
@@ -242,7 +319,13 @@ def invert(x):
     return _b().node(ir_pb2.NOT, [t], t.shape, t.dtype)
 
 
-logical_not = bitwise_not = invert
+bitwise_not = invert
+
+
+@_op
+def logical_not(x):
+    t = _tracer(x)
+    return invert(t) if t.dtype == _np.bool_ else equal(t, 0)
 
 
 @_op
@@ -261,6 +344,13 @@ def where(condition, x, y):
 @_op
 def clip(a, a_min, a_max):
     d = _result_dtype(a, a_min, a_max)
+    if d.kind in "iu":
+        # As numpy: bounds past the type's range clip nothing on that side.
+        info = _np.iinfo(d)
+        if _out_of_range(a_min, d):
+            a_min = info.min if a_min < info.min else info.max
+        if _out_of_range(a_max, d):
+            a_max = info.max if a_max > info.max else info.min
     shape = _np.broadcast_shapes(_shape(a), _shape(a_min), _shape(a_max))
     return _b().node(ir_pb2.CLAMP, [_operand(a_min, d, shape), _operand(a, d, shape), _operand(a_max, d, shape)],
                      shape, d)
