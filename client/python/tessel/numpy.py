@@ -200,7 +200,18 @@ true_divide = divide
 def floor_divide(x1, x2):
     d = _result_dtype(x1, x2)
     if _dtypes.is_float(d):
-        return floor(_elementwise(ir_pb2.DIV, [x1, x2], d))
+        # numpy's divmod: floor((a - fmod(a, b)) / b), corrected, so that
+        # 1.0 // 0.1 is 9 (floor(1.0 / 0.1) is 10) and inf // 0.5 is nan.
+        shape = _np.broadcast_shapes(_shape(x1), _shape(x2))
+        a, b = _operand(x1, d, shape), _operand(x2, d, shape)
+        mod = _elementwise(ir_pb2.REM, [a, b], d)
+        div = divide(subtract(a, mod), b)
+        div = where(_remainder_off_sign(mod, b), subtract(div, 1), div)
+        fl = floor(div)
+        fl = where(greater(subtract(div, fl), 0.5), add(fl, 1), fl)
+        q = divide(a, b)
+        fl = where(equal(div, 0), multiply(q, 0), fl)  # a zero with the sign of a / b
+        return where(equal(b, 0), q, fl)
     q = _elementwise(ir_pb2.DIV, [x1, x2], d)
     r = _elementwise(ir_pb2.REM, [x1, x2], d)
     # Truncation rounds toward zero; floor is one less where the signs differ.
@@ -659,12 +670,16 @@ def einsum(subscripts, *operands):
     for s, t in zip(ins, ts):
         if len(s) != t.ndim or len(set(s)) != len(s):
             raise ValueError(f"einsum '{subscripts}': '{s}' does not fit {t!r}")
+    # numpy's einsum keeps the operands' type (integer sums wrap in it; bool
+    # sums are a logical or), where sum() would widen: accumulate wide, then
+    # convert, which gives the same bits.
+    d = _result_dtype(*ts)
     if len(ts) == 1:
         (s,), (t,) = ins, ts
         summed = [i for i, c in enumerate(s) if c not in out]
         r = sum(t, tuple(summed)) if summed else t
         rest = [c for c in s if c in out]
-        return transpose(r, [rest.index(c) for c in out])
+        return _convert(transpose(r, [rest.index(c) for c in out]), d)
     (ls, rs), (l, r) = ins, ts
     batch = [c for c in ls if c in rs and c in out]
     contract = [c for c in ls if c in rs and c not in out]
@@ -679,7 +694,7 @@ def einsum(subscripts, *operands):
                        [ls.index(c) for c in contract], [rs.index(c) for c in contract])
     order = batch + [c for c in ls if c not in batch and c not in contract] + \
         [c for c in rs if c not in batch and c not in contract]
-    return transpose(res, [order.index(c) for c in out])
+    return _convert(transpose(res, [order.index(c) for c in out]), d)
 
 
 # ---------------------------------------------------------------- creation

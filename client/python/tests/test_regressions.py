@@ -104,3 +104,23 @@ def test_dropped_arrays_do_not_count_against_the_quota(session):
             x = y
             gc.collect()
         np.testing.assert_array_equal(x.fetch()[:3], [8, 8, 8])
+
+
+def test_float_floor_divide_follows_numpy(session):
+    a = np.array([1.0, np.inf, -7.5, 7.5, 0.0, -0.0, 5.0, 3.0], np.float64)
+    b = np.array([0.1, 0.5, 2.0, -2.0, 3.0, 3.0, 0.0, np.inf], np.float64)
+    got = tessel.jit(lambda a, b: a // b)(tessel.device_put(a), tessel.device_put(b)).fetch()
+    with np.errstate(all="ignore"):
+        want = a // b
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+def test_einsum_keeps_the_operand_dtype(session):
+    x = np.array([[1, 2], [3, 4]], np.int32)
+    for spec, ops in (("ij->j", (x,)), ("ij,jk->ik", (x, x)), ("i->", (np.array([True, False, True]),)),
+                      ("ij->", (np.array([[200, 100]], np.uint8),))):
+        got = tnp.einsum(spec, *[tessel.device_put(o) for o in ops])
+        want = np.einsum(spec, *ops)
+        assert got.dtype == want.dtype, spec
+        np.testing.assert_array_equal(got.fetch(), want)
