@@ -231,8 +231,9 @@ mod = remainder
 
 
 def _remainder_off_sign(r, b):
-    """Where the truncated remainder r is nonzero and its sign is not b's."""
-    return logical_and(not_equal(r, 0), not_equal(less(r, 0), less(b, 0)))
+    """Where the truncated remainder r is nonzero and its sign is not b's (b
+    nonzero: integer x // 0 stays XLA's -1 for every x, as documented)."""
+    return logical_and(logical_and(not_equal(r, 0), not_equal(b, 0)), not_equal(less(r, 0), less(b, 0)))
 
 
 # For `array OP k` with k above (+1) or below (-1) every value of the array's

@@ -3,7 +3,11 @@ Tessel in every mode and compared with numpy, and with JAX on CPU where
 numpy and XLA part ways. A failure prints the program as source, shrunk.
 
 Modes: under jit; eagerly (each op a one-op jit on tessel.Arrays); under jit
-with every argument donated; under jit replicated on every device. Programs
+with every argument donated; under jit replicated on every device; sharded
+over a random valid sharding on {a:4}, {a:2,b:2} or {a:4,b:1}, with a random
+out_sharding checked against the result's .sharding. The plans of sharded
+programs must hold no collective over an axis of size 1, and a value no
+output uses must add no collective. Programs
 mix broadcasting Python scalars (NEP 50, out-of-range ints included),
 comparisons, logical ops, where, clip, reductions and reshapes, over
 float32/float64/int32/int64/uint8, rank 0 to 2, size-0 dimensions and edge
@@ -22,6 +26,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E
 
 import tessel  # noqa: E402
 import tessel.numpy as tnp  # noqa: E402
+from tessel import Mesh, NamedSharding, P  # noqa: E402
 
 SOAK = bool(os.environ.get("TESSEL_SOAK"))
 EXAMPLES = 2000 if SOAK else 60
@@ -90,6 +95,32 @@ def bool_exprs(values):
     return st.recursive(base, extend, max_leaves=4)
 
 
+MESHES = [{"a": 4}, {"a": 2, "b": 2}, {"a": 4, "b": 1}]
+
+
+def specs(mesh, shape):
+    """A random valid PartitionSpec for `shape` on `mesh`: each axis at most
+    once, only where the dimension divides."""
+    @st.composite
+    def spec(draw):
+        dims = [[] for _ in shape]
+        for axis in draw(st.permutations(list(mesh))):
+            if not shape or not draw(st.booleans()):
+                continue
+            d = draw(st.integers(0, len(shape) - 1))
+            size = int(np.prod([mesh[x] for x in dims[d]] + [mesh[axis]]))
+            if shape[d] % size == 0:
+                dims[d].append(axis)
+        return P(*[None if not d else d[0] if len(d) == 1 else tuple(d) for d in dims])
+    return spec()
+
+
+@st.composite
+def layouts(draw, shape, out_shape):
+    mesh = draw(st.sampled_from(MESHES))
+    return mesh, draw(specs(mesh, shape)), draw(specs(mesh, shape)), draw(specs(mesh, out_shape))
+
+
 @st.composite
 def programs(draw):
     dtype = draw(st.sampled_from(DTYPES))
@@ -106,7 +137,13 @@ def programs(draw):
     src = top.format(body)
     a = draw(arrays(dtype, shape))
     b = draw(arrays(dtype, shape))
-    return src, a, b
+    with np.errstate(all="ignore"):
+        try:
+            out_shape = np.shape(_numpy(src, a, b))
+        except (OverflowError, TypeError):
+            out_shape = ()
+    layout = draw(layouts(shape, out_shape))
+    return src, a, b, layout
 
 
 def _numpy(src, a, b):
@@ -123,7 +160,13 @@ def _documented(want, got):
     return want
 
 
-def _check(got, want, what):
+# Signed zeros out of max, min and clip: numpy's depend on the order of the
+# arguments (maximum(-0.0, 0.0) is 0.0, maximum(0.0, -0.0) is -0.0); XLA,
+# JAX and Tessel give +0.0 for both.
+_ZERO_SIGN_FREE = ("maximum", "minimum", "clip", "xp.max(")
+
+
+def _check(got, want, what, src=""):
     got = np.asarray(got)
     want = _documented(np.asarray(want), got)
     assert got.shape == want.shape, f"{what}: shape {got.shape}, numpy {want.shape}"
@@ -131,20 +174,39 @@ def _check(got, want, what):
     if want.dtype.kind == "f":
         np.testing.assert_allclose(got, want, rtol=2e-6 if want.dtype == np.float32 else 1e-12, atol=0,
                                    equal_nan=True, err_msg=what)
-        # -0.0 and +0.0 differ in sign only; numpy and XLA agree on it for these ops
-        np.testing.assert_array_equal(np.signbit(got[got == 0]), np.signbit(want[got == 0]), err_msg=what)
+        if not any(op in src for op in _ZERO_SIGN_FREE):
+            np.testing.assert_array_equal(np.signbit(got[got == 0]), np.signbit(want[got == 0]), err_msg=what)
     else:
         np.testing.assert_array_equal(got, want, err_msg=what)
 
 
-def _modes(src, a, b):
+def _modes(src, a, b, layout):
     def f(a, b):
         return eval(src, {"xp": tnp}, {"a": a, "b": b})  # noqa: S307
+    mesh_shape, spec_a, spec_b, spec_out = layout
+    mesh = Mesh(mesh_shape)
+
+    def sharded():
+        g = tessel.jit(f, out_shardings=NamedSharding(mesh, spec_out))
+        xa = tessel.device_put(a, NamedSharding(mesh, spec_a))
+        xb = tessel.device_put(b, NamedSharding(mesh, spec_b))
+        plan = g.lower(xa, xb)
+        for c in plan.collectives:
+            assert any(mesh_shape[ax] > 1 for ax in c["axes"]), f"collective over a size-1 axis: {c}"
+        # A value no output uses adds no collective.
+        dead = tessel.jit(lambda a, b: (f(a, b), tnp.sum(a * b) + tnp.sum(tnp.transpose(b)))[0],
+                          out_shardings=NamedSharding(mesh, spec_out))
+        extra = [c for c in dead.lower(xa, xb).collectives if c not in plan.collectives]
+        assert not extra, f"collectives for a dead value: {extra}"
+        out = g(xa, xb)
+        assert out.sharding == NamedSharding(mesh, spec_out), f"{out.sharding} != {spec_out} on {mesh_shape}"
+        return out
     yield "jit", lambda: tessel.jit(f)(tessel.device_put(a), tessel.device_put(b))
     yield "eager", lambda: f(tessel.device_put(a), tessel.device_put(b))
     yield "donated", lambda: tessel.jit(f, donate_argnums=(0, 1))(tessel.device_put(a), tessel.device_put(b))
     yield "replicated", lambda: tessel.jit(f, replicated=True)(tessel.device_put(a, tessel.ReplicatedSharding()),
                                                                tessel.device_put(b, tessel.ReplicatedSharding()))
+    yield f"sharded a={spec_a} b={spec_b} -> {spec_out} on {mesh_shape}", sharded
 
 
 @settings(max_examples=EXAMPLES, derandomize=not SOAK, deadline=None, print_blob=True,
@@ -152,20 +214,20 @@ def _modes(src, a, b):
                                  HealthCheck.function_scoped_fixture])
 @given(programs())
 def test_programs_match_numpy_in_every_mode(session, program):
-    src, a, b = program
+    src, a, b, layout = program
     try:
         want = _numpy(src, a, b)
         numpy_error = None
     except (OverflowError, TypeError) as e:
         want, numpy_error = None, e
-    for mode, run in _modes(src, a, b):
+    for mode, run in _modes(src, a, b, layout):
         what = f"program `{src}` with a={a!r}, b={b!r} ({mode})"
         if numpy_error is not None:
             with pytest.raises(type(numpy_error)):
                 run()
             continue
         got = run()
-        _check(got.fetch() if hasattr(got, "fetch") else got, want, what)
+        _check(got.fetch() if hasattr(got, "fetch") else got, want, what, src)
 
 
 def test_integer_division_and_nan_follow_xla_where_numpy_differs(session):

@@ -124,3 +124,11 @@ def test_einsum_keeps_the_operand_dtype(session):
         want = np.einsum(spec, *ops)
         assert got.dtype == want.dtype, spec
         np.testing.assert_array_equal(got.fetch(), want)
+
+
+def test_integer_division_by_zero_is_as_documented_for_every_sign(session):
+    x = np.array([7, -7, 0], np.int32)
+    z = tessel.device_put(np.zeros(3, np.int32))
+    a = tessel.device_put(x)
+    np.testing.assert_array_equal((a // z).fetch(), [-1, -1, -1])  # README: x // 0 is -1
+    np.testing.assert_array_equal((a % z).fetch(), x)               # README: x % 0 is x
