@@ -26,6 +26,7 @@ from tessel._array import Array, install as _install_array_ops
 from tessel._cluster import LocalCluster, connect, local_cluster
 from tessel._context import transfer_guard
 from tessel._jit import jit
+from tessel._session import tune_allocator
 from tessel._sharding import (Mesh, NamedSharding, P, all_gather, all_to_all, axis_index, custom_kernel, pmax, pmin,
                               ppermute, psum, psum_scatter, shard_map, with_sharding_constraint)
 from tessel.errors import (DonatedArrayError, FailedPreconditionError, InvalidArgumentError, NotFoundError,
@@ -39,7 +40,7 @@ __all__ = [
     "SingleDeviceSharding", "all_gather", "all_to_all", "axis_index", "custom_kernel", "pmax", "pmin", "ppermute",
     "psum", "psum_scatter", "shard_map", "with_sharding_constraint",
     "assert_no_memory_growth", "compile", "connect", "device_put", "devices", "errors", "forbid_compiles", "jit",
-    "local_cluster", "memory_stats", "numpy", "session_options", "stats", "transfer_guard",
+    "local_cluster", "memory_stats", "numpy", "session_options", "stats", "transfer_guard", "tune_allocator",
     "DonatedArrayError", "FailedPreconditionError", "InvalidArgumentError", "NotFoundError", "OutOfMemoryError",
     "RecompileError", "TesselError", "TransferGuardError", "WorkerLostError",
 ]

@@ -1,63 +1,16 @@
 """Devices and placements, device_put, the plan of a compile, and the
 contracts as Python: memory stats, no memory growth, no new compiles."""
 import contextlib
-import dataclasses
 import gc
 
 import numpy as np
 
 from tessel import _context, _dtypes, errors
 from tessel._array import Array, progress_bar
+from tessel._sharding import Device, ReplicatedSharding, SingleDeviceSharding, to_placement  # noqa: F401 (re-exported)
 from tessel.v1 import ir_pb2, session_pb2
 
 # ---------------------------------------------------------------- placements
-
-
-@dataclasses.dataclass(frozen=True)
-class Device:
-    """One device of the cluster, by global id."""
-    id: int
-    kind: str = "cpu"
-    worker: str = ""
-    local_index: int = 0
-
-    def __repr__(self):
-        return f"Device({self.id}, {self.kind}, worker {self.worker})"
-
-
-@dataclasses.dataclass(frozen=True)
-class SingleDeviceSharding:
-    """The whole array on one device."""
-    device: int
-
-    def placement(self):
-        return session_pb2.Placement(device=self.device)
-
-
-@dataclasses.dataclass(frozen=True)
-class ReplicatedSharding:
-    """A full copy of the array on every live device."""
-
-    def placement(self):
-        return session_pb2.Placement(replicated=True)
-
-
-def to_placement(where):
-    """None (device 0), a device id, a Device, or a sharding -> Placement."""
-    from tessel._sharding import NamedSharding
-    if where is None:
-        return session_pb2.Placement(device=0)
-    if isinstance(where, NamedSharding):
-        return where.placement()
-    if isinstance(where, (SingleDeviceSharding, ReplicatedSharding)):
-        return where.placement()
-    if isinstance(where, Device):
-        return session_pb2.Placement(device=where.id)
-    if isinstance(where, (int, np.integer)) and not isinstance(where, bool):
-        return session_pb2.Placement(device=int(where))
-    raise TypeError(f"placement: expected a device id, a tessel.Device, NamedSharding, SingleDeviceSharding or "
-                    "ReplicatedSharding, "
-                    f"got {type(where).__name__}")
 
 
 def devices(session=None):

@@ -49,7 +49,7 @@ class Array:
     @property
     def sharding(self):
         """Where the array lives: NamedSharding, SingleDeviceSharding or ReplicatedSharding."""
-        from tessel._api import ReplicatedSharding, SingleDeviceSharding
+        from tessel._sharding import ReplicatedSharding, SingleDeviceSharding
         from tessel._sharding import NamedSharding
         kind = self._placement.WhichOneof("kind")
         if kind == "sharded":

@@ -6,6 +6,7 @@ import weakref
 import numpy as np
 
 from tessel import _context, _dtypes, errors
+from tessel import numpy as _tnp
 from tessel._array import Array
 from tessel._session import guard_proto
 from tessel._trace import Builder, Tracer
@@ -90,7 +91,7 @@ class Jitted:
         if replicated:
             self._placement = session_pb2.Placement(replicated=True)
         elif device is not None:
-            from tessel._api import to_placement
+            from tessel._sharding import to_placement
             self._placement = to_placement(device)
         # Per session (executables live in a coordinator): signature ->
         # (compile response, output structure, output types).
@@ -348,3 +349,6 @@ def eager_call(fn, args, kwargs):
         op.__name__ = fn.__name__
         j = _eager[key] = Jitted(op)
     return j(*[args[i] for i in dyn])
+
+
+_tnp.register_eager(eager_call)

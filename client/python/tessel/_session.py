@@ -6,6 +6,7 @@ wait until every queued call has been answered (flush), so they never
 overtake the call that makes their arrays.
 """
 import ctypes
+import os
 import random
 import threading
 
@@ -38,11 +39,14 @@ _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
 _tuned = []
 
 
-def _tune_allocator():
-    """As every Tessel binary does at start-up (core/process_tuning.h): glibc
-    maps and unmaps each block of 128 KiB or more, so every 1 MiB message of
-    a Put or Fetch stream would be a fresh mapping. Raising the thresholds
-    keeps them in the heap. Once per process; a no-op off glibc."""
+def tune_allocator():
+    """Raises glibc's mmap and trim thresholds for this whole process, as every
+    Tessel binary does at start-up (core/process_tuning.h): glibc maps and
+    unmaps each block of 128 KiB or more, so every 1 MiB message of a Put or
+    Fetch stream is a fresh mapping, and streaming runs 2-4x slower. It changes
+    the allocator of the user's process, so it is opt-in: call it, or set
+    TESSEL_TUNE_MALLOC=1 before the first session. Once per process; a no-op
+    off glibc."""
     if _tuned:
         return
     _tuned.append(True)
@@ -146,7 +150,8 @@ class _Dispatcher:
 
 class Session:
     def __init__(self, address, client="tessel-python", timeout=10.0):
-        _tune_allocator()
+        if os.environ.get("TESSEL_TUNE_MALLOC") == "1":
+            tune_allocator()
         self.address = address
         opts = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
         self._channel = grpc.insecure_channel(address, options=opts)

@@ -284,3 +284,49 @@ def custom_kernel(name, decomposition, cuda_source="", replication="union"):
     return call
 
 
+# ---------------------------------------------------------------- placements
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """One device of the cluster, by global id."""
+    id: int
+    kind: str = "cpu"
+    worker: str = ""
+    local_index: int = 0
+
+    def __repr__(self):
+        return f"Device({self.id}, {self.kind}, worker {self.worker})"
+
+
+@dataclasses.dataclass(frozen=True)
+class SingleDeviceSharding:
+    """The whole array on one device."""
+    device: int
+
+    def placement(self):
+        return session_pb2.Placement(device=self.device)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicatedSharding:
+    """A full copy of the array on every live device."""
+
+    def placement(self):
+        return session_pb2.Placement(replicated=True)
+
+
+def to_placement(where):
+    """None (device 0), a device id, a Device, or a sharding -> Placement."""
+    if where is None:
+        return session_pb2.Placement(device=0)
+    if isinstance(where, NamedSharding):
+        return where.placement()
+    if isinstance(where, (SingleDeviceSharding, ReplicatedSharding)):
+        return where.placement()
+    if isinstance(where, Device):
+        return session_pb2.Placement(device=where.id)
+    if isinstance(where, (int, np.integer)) and not isinstance(where, bool):
+        return session_pb2.Placement(device=int(where))
+    raise TypeError(f"placement: expected a device id, a tessel.Device, NamedSharding, SingleDeviceSharding or "
+                    "ReplicatedSharding, "
+                    f"got {type(where).__name__}")

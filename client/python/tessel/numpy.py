@@ -19,12 +19,25 @@ int32, int64, uint8, bool_ = _np.int32, _np.int64, _np.uint8, _np.bool_
 dtype = _np.dtype
 
 
+# How an op runs outside a trace: registered by tessel._jit (which depends on
+# this module, not the other way round).
+_eager_call = None
+
+
+def register_eager(call):
+    """Installs `call(fn, args, kwargs)`, which runs op `fn` at once on
+    tessel.Arrays; tessel._jit registers its one-op jit here."""
+    global _eager_call
+    _eager_call = call
+
+
 def _op(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         if current_builder() is None:
-            from tessel._jit import eager_call
-            return eager_call(fn, args, kwargs)
+            if _eager_call is None:
+                raise RuntimeError(f"tessel.numpy.{fn.__name__} outside a trace needs tessel imported")
+            return _eager_call(fn, args, kwargs)
         return fn(*args, **kwargs)
     return wrapper
 
