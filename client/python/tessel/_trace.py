@@ -62,10 +62,11 @@ class Builder:
         def attrs(n):
             if _dtypes.is_float(dtype):
                 n.constant.fill.f = float(value)
-            elif dtype == np.bool_:
-                n.constant.fill.i = int(bool(value))  # numpy: full(3, 0.5, bool) is all True
             else:
-                n.constant.fill.i = int(value)
+                # numpy's cast, whatever the value: full(3, 0.5, bool) is all
+                # True, and a NaN or 1e30 fill of an int32 is what numpy makes of it.
+                with np.errstate(invalid="ignore", over="ignore"):
+                    n.constant.fill.i = int(np.array(value).astype(dtype))
         return self.node(ir_pb2.CONSTANT, [], shape, dtype, False, attrs, with_type=True)
 
     def iota(self, shape, dtype, dimension):

@@ -573,6 +573,12 @@ def stack(arrays, axis=0):
 def pad(array, pad_width, constant_values=0):
     t = _tracer(array)
     widths = _np.broadcast_to(_np.asarray(pad_width, dtype=_np.int64), (t.ndim, 2))
+    if _is_pyscalar(constant_values) or isinstance(constant_values, _np.generic):
+        # As numpy, which stores the value into the array's type: NaN or an
+        # infinity into an int is an error, not some integer.
+        held = _np.empty((), t.dtype)
+        held[()] = constant_values
+        constant_values = held.item() if _dtypes.is_float(t.dtype) else int(held)
     value = _operand(constant_values, t.dtype, ())
     shape = tuple(int(s + lo + hi) for s, (lo, hi) in zip(t.shape, widths))
 

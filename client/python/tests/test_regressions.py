@@ -87,6 +87,19 @@ def test_numpy_scalars_and_0d_constants_keep_their_shape(session):
 def test_fills_of_other_types_follow_numpy(session):
     np.testing.assert_array_equal(tessel.jit(lambda: tnp.full(3, 0.5, dtype=bool))().fetch(),
                                   np.full(3, 0.5, dtype=bool))
+    f = np.array([1.0, 2.0], np.float32)
+    i = np.array([1, 2], np.int32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for x in (f, i):
+            for v in (np.nan, -np.inf, 1e30, 0.5):
+                try:
+                    want = np.pad(x, 1, constant_values=v)
+                except (ValueError, OverflowError) as e:
+                    with pytest.raises(type(e)):
+                        tnp.pad(tessel.device_put(x), 1, constant_values=v)
+                    continue
+                got = tnp.pad(tessel.device_put(x), 1, constant_values=v).fetch()
+                np.testing.assert_array_equal(got, want, err_msg=f"{x.dtype} {v}")
 
 
 def test_partition_spec_equality_is_consistent():
