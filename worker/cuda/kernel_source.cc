@@ -596,11 +596,22 @@ absl::StatusOr<ReducePlan> ModuleSource::AddReduce(const v1::Node& n, const v1::
   // Chunks per output of the first pass: enough threads to fill a GPU, at
   // least 32 elements per thread; later passes fold up to 256 chunks each.
   constexpr int64_t kThreads = int64_t{1} << 18;
+  // Float sums are pairwise, as numpy's and the CPU backend's: each thread
+  // of the first pass sums a run of at most 128 in 8 interleaved lanes, and
+  // the passes after halve the partials, so the rounding error grows as
+  // O(log n) ulps whatever the number of outputs.
+  const bool pairwise = kind == v1::SUM && IsFloat(dt);
+  constexpr int64_t kRun = 128;
   std::vector<int64_t> chunks = {1};
-  if (outs > 0 && outs < kThreads / 4 && extent > 32) {
-    chunks[0] = std::max<int64_t>(1, std::min((kThreads + outs - 1) / outs, (extent + 31) / 32));
+  if (pairwise) {
+    if (outs > 0 && extent > kRun) chunks[0] = (extent + kRun - 1) / kRun;
+    while (chunks.back() > 1) chunks.push_back((chunks.back() + 1) / 2);
+  } else {
+    if (outs > 0 && outs < kThreads / 4 && extent > 32) {
+      chunks[0] = std::max<int64_t>(1, std::min((kThreads + outs - 1) / outs, (extent + 31) / 32));
+    }
+    while (chunks.back() > 1) chunks.push_back((chunks.back() + 255) / 256);
   }
-  while (chunks.back() > 1) chunks.push_back((chunks.back() + 255) / 256);
   if (chunks.size() > 1) chunks.back() = 1;
 
   ReducePlan plan;
@@ -641,11 +652,20 @@ absl::StatusOr<ReducePlan> ModuleSource::AddReduce(const v1::Node& n, const v1::
         for (size_t k = 0; k < red_strides.size(); ++k) absl::StrAppend(&src, " + j", k, " * ", red_strides[k]);
       }
     }
-    absl::StrAppend(&body, "    ", acc, " acc = ", ident, ";\n    for (i64 r = c; r < ", r_extent, "; r += ", c,
-                    ") {\n");
-    if (first && !leading && !trailing) body += Coords(red_dims, "r", "j");
-    absl::StrAppend(&body, "      acc = ", combine(first ? Load(dt, StrCat("in[", src, "]")) : StrCat("in[", src, "]")),
-                    ";\n    }\n");
+    const std::string x = first ? Load(dt, StrCat("in[", src, "]")) : StrCat("in[", src, "]");
+    if (pairwise && first) {
+      absl::StrAppend(&body, "    ", acc, " lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};\n    i64 lk = 0;\n",
+                      "    for (i64 r = c; r < ", r_extent, "; r += ", c, ", ++lk) {\n");
+      if (!leading && !trailing) body += Coords(red_dims, "r", "j");
+      absl::StrAppend(&body, "      lane[lk & 7] = lane[lk & 7] + (", acc, ")(", x, ");\n    }\n",
+                      "    ", acc, " acc = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ",
+                      "((lane[4] + lane[5]) + (lane[6] + lane[7]));\n");
+    } else {
+      absl::StrAppend(&body, "    ", acc, " acc = ", ident, ";\n    for (i64 r = c; r < ", r_extent, "; r += ", c,
+                      ") {\n");
+      if (first && !leading && !trailing) body += Coords(red_dims, "r", "j");
+      absl::StrAppend(&body, "      acc = ", combine(x), ";\n    }\n");
+    }
     if (last) {
       absl::StrAppend(&body, "    out[o] = ", Store(dt, StrCat("(", Compute(dt), ")acc")), ";\n");
     } else {

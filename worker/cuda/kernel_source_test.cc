@@ -444,6 +444,54 @@ TEST(KernelSource, FloatSumsAccumulateInChunks) {
   EXPECT_NEAR(sum, double(1.92f) * n, double(1.92f) * n * 1e-5);
 }
 
+TEST(KernelSource, FloatSumsArePairwiseWhateverTheNumberOfOutputs) {
+  // Every output's rounding error, against a double-precision sum of the
+  // same floats, stays within twice the CPU backend's (pairwise, as numpy's)
+  // plus two ulps: rows, columns, one long row, and more outputs than the
+  // GPU has threads to split them over.
+  struct Case {
+    std::vector<int64_t> dims;
+    int64_t reduce;
+  };
+  for (const Case& c : std::vector<Case>{{{1 << 20}, 0}, {{300, 5000}, 1}, {{5000, 300}, 0}, {{66000, 64}, 1},
+                                         {{3, 100}, 1}}) {
+    v1::TensorType in, out;
+    in.set_dtype(v1::F32);
+    out.set_dtype(v1::F32);
+    for (size_t d = 0; d < c.dims.size(); ++d) {
+      in.add_dims(c.dims[d]);
+      if (int64_t(d) != c.reduce) out.add_dims(c.dims[d]);
+    }
+    v1::Node r = MakeNode("r", v1::REDUCE, out, {"a"});
+    r.mutable_reduce()->set_kind(v1::SUM);
+    r.mutable_reduce()->add_dims(c.reduce);
+    SCOPED_TRACE(TypeString(in));
+    ModuleSource m;
+    auto plan = m.AddReduce(r, in);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const int64_t n = NumElementsUnchecked(in), outs = NumElementsUnchecked(out);
+    std::vector<float> x(n);
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> u(0.f, 1.f);
+    for (float& v : x) v = u(rng);
+    std::vector<char> data(n * 4);
+    std::memcpy(data.data(), x.data(), n * 4);
+    std::vector<char> got = RunReduce(m, *plan, data, outs * 4);
+    std::vector<float> cpu(outs);
+    cpu::Reduce(in, x.data(), r.reduce(), out, cpu.data());
+    const int64_t extent = c.dims[c.reduce], stride = c.reduce == 0 ? outs : 1, step = c.reduce == 0 ? 1 : extent;
+    for (int64_t o = 0; o < outs; ++o) {
+      double ref = 0;
+      for (int64_t e = 0; e < extent; ++e) ref += x[o * step + e * stride];
+      float g;
+      std::memcpy(&g, got.data() + o * 4, 4);
+      const double ulp = std::nextafter(float(ref), INFINITY) - float(ref);
+      ASSERT_LE(std::fabs(g - ref), 2 * std::fabs(cpu[o] - ref) + 2 * ulp) << "output " << o << ": " << g << " vs "
+                                                                              << ref << " (cpu " << cpu[o] << ")";
+    }
+  }
+}
+
 TEST(KernelSource, ArgReductionsMatchTheCpuBackend) {
   for (v1::DType dt : {v1::F32, v1::BF16, v1::S64, v1::U8}) {
     for (v1::Op op : {v1::ARGMAX, v1::ARGMIN}) {
