@@ -242,8 +242,11 @@ class Jitted:
             self.last_miss = why
             placements = [None] * len(out_tracers)
             if exe.HasField("mesh"):
-                placements = [session_pb2.Placement(sharded=session_pb2.MeshSharding(mesh=exe.mesh, sharding=s))
-                              for s in exe.output_shardings]
+                # An output reports the sharding out_shardings asked for, as
+                # written (as jax's do); else the one the coordinator chose.
+                asked = self._out_specs(len(out_tracers))
+                placements = [session_pb2.Placement(sharded=session_pb2.MeshSharding(
+                    mesh=exe.mesh, sharding=s if a.unspecified else a)) for s, a in zip(exe.output_shardings, asked)]
                 in_placements = [session_pb2.Placement(sharded=session_pb2.MeshSharding(mesh=exe.mesh, sharding=s))
                                  for s in exe.parameter_shardings]
             else:

@@ -72,18 +72,22 @@ class P(tuple):
         dims = []
         for d in s.dims:
             dims.append(None if not d.axes else d.axes[0] if len(d.axes) == 1 else tuple(d.axes))
-        while dims and dims[-1] is None:
-            dims.pop()
         return cls(*dims, unreduced=tuple(s.partial))
 
     def _canonical(self):
-        dims = list(self)
+        """What the spec means: trailing Nones dropped, one-axis tuples as the axis."""
+        dims = [d[0] if isinstance(d, tuple) and len(d) == 1 else d for d in self]
         while dims and dims[-1] is None:
             dims.pop()
         return (tuple(dims), tuple(sorted(self.unreduced)))
 
     def __eq__(self, other):
-        return isinstance(other, P) and self._canonical() == other._canonical()
+        # As jax.sharding.PartitionSpec: specs are equal as written, so P('a')
+        # and P('a', None) differ though they lay an array out alike (that is
+        # NamedSharding.is_equivalent_to). The hash is the meaning's, which
+        # equal specs share.
+        return isinstance(other, P) and tuple(self) == tuple(other) and \
+            sorted(self.unreduced) == sorted(other.unreduced)
 
     def __ne__(self, other):
         return not self == other
@@ -108,6 +112,12 @@ class NamedSharding:
     @classmethod
     def from_placement(cls, p):
         return cls(Mesh.from_proto(p.sharded.mesh), P.from_proto(p.sharded.sharding))
+
+    def is_equivalent_to(self, other, ndim=None):
+        """Whether `other` lays an array out the same way (as jax's): the same
+        mesh, and specs that differ at most in trailing Nones."""
+        return isinstance(other, NamedSharding) and self.mesh == other.mesh and \
+            self.spec._canonical() == other.spec._canonical()
 
     def shard_shape(self, shape):
         out = list(shape)

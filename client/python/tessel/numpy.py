@@ -162,9 +162,19 @@ def _float_dtype(*xs):
 
 # ---------------------------------------------------------------- elementwise
 
+# numpy's loops on two bools: add and maximum are a logical or, multiply and
+# minimum a logical and; subtract is an error.
+_ON_BOOLS = {ir_pb2.ADD: ir_pb2.OR, ir_pb2.MAX: ir_pb2.OR, ir_pb2.MUL: ir_pb2.AND, ir_pb2.MIN: ir_pb2.AND}
+
+
 def _binary(op):
     @_op
     def f(x1, x2):
+        if _result_dtype(x1, x2) == _np.bool_:
+            if op == ir_pb2.SUB:
+                raise TypeError("numpy boolean subtract, the `-` operator, is not supported; "
+                                "use the bitwise_xor, the `^` operator, or the logical_xor function instead")
+            return _elementwise(_ON_BOOLS.get(op, op), [x1, x2])
         return _elementwise(op, [x1, x2])
     return f
 
@@ -237,7 +247,11 @@ def remainder(x1, x2):
     d = _result_dtype(x1, x2)
     r = _elementwise(ir_pb2.REM, [x1, x2], d)
     b = _operand(x2, d, r.shape)
-    return where(_remainder_off_sign(r, b), add(r, b), r)
+    r = where(_remainder_off_sign(r, b), add(r, b), r)
+    if _dtypes.is_float(d):
+        # A zero remainder takes the divisor's sign too (fmod gives the dividend's).
+        r = where(equal(r, 0), where(less(b, 0), _np.array(-0.0, d), _np.array(0.0, d)), r)
+    return r
 
 
 mod = remainder
@@ -303,21 +317,24 @@ def _unary(op, float_only=False, identity_on_ints=False):
 _neg, _abs, _sign = _unary(ir_pb2.NEG), _unary(ir_pb2.ABS), _unary(ir_pb2.SIGN)
 
 
-def _unsigned(x):
+def _unsigned(x, what):
     t = _tracer(x)
-    return t.dtype.kind == "u", t
+    if t.dtype == _np.bool_ and what:
+        raise TypeError(f"numpy boolean {what} is not supported (numpy's ufunc has no bool loop); "
+                        "use logical_not or ~ on bools")
+    return t.dtype.kind in "ub", t
 
 
 @_op
 def negative(x):
-    u, t = _unsigned(x)
+    u, t = _unsigned(x, "negative")
     return subtract(_np.zeros((), t.dtype), t) if u else _neg(t)  # numpy wraps: -uint8(1) is 255
 
 
 @_op
 def abs(x):
-    u, t = _unsigned(x)
-    return t if u else _abs(t)
+    u, t = _unsigned(x, None)
+    return t if u else _abs(t)  # abs of a bool is the bool, as in numpy
 
 
 absolute = abs
@@ -325,8 +342,15 @@ absolute = abs
 
 @_op
 def sign(x):
-    u, t = _unsigned(x)
-    return _convert(not_equal(t, 0), t.dtype) if u else _sign(t)
+    u, t = _unsigned(x, "sign")
+    if u:
+        return _convert(not_equal(t, 0), t.dtype)
+    if _dtypes.is_float(t.dtype):
+        # numpy's sign of -0.0 is +0.0 (XLA's keeps the zero's sign).
+        return where(equal(t, 0), _np.array(0, t.dtype), _sign(t))
+    return _sign(t)
+
+
 exp = _unary(ir_pb2.EXP, True)
 log = _unary(ir_pb2.LOG, True)
 log1p = _unary(ir_pb2.LOG1P, True)
@@ -368,16 +392,22 @@ def where(condition, x, y):
 
 @_op
 def clip(a, a_min, a_max):
-    d = _result_dtype(a, a_min, a_max)
-    if d.kind in "iu":
-        # As numpy: bounds past the type's range clip nothing on that side.
-        info = _np.iinfo(d)
-        if _out_of_range(a_min, d):
-            a_min = info.min if a_min < info.min else info.max
-        if _out_of_range(a_max, d):
-            a_max = info.max if a_max > info.max else info.min
-    shape = _np.broadcast_shapes(_shape(a), _shape(a_min), _shape(a_max))
-    return _b().node(ir_pb2.CLAMP, [_operand(a_min, d, shape), _operand(a, d, shape), _operand(a_max, d, shape)],
+    t = _tracer(a)
+    if t.dtype.kind in "iu":
+        # As numpy: a Python int bound past the array's range on its own side
+        # clips nothing; one past the other side is an OverflowError (NEP 50).
+        info = _np.iinfo(t.dtype)
+        if type(a_min) is int and a_min <= info.min:
+            a_min = None
+        if type(a_max) is int and a_max >= info.max:
+            a_max = None
+    d = _result_dtype(*[x for x in (t, a_min, a_max) if x is not None])
+    _check_in_range([a_min, a_max], d)
+    low, high = (_np.iinfo(d).min, _np.iinfo(d).max) if d.kind in "iu" else (-_np.inf, _np.inf)
+    a_min = low if a_min is None else a_min
+    a_max = high if a_max is None else a_max
+    shape = _np.broadcast_shapes(t.shape, _shape(a_min), _shape(a_max))
+    return _b().node(ir_pb2.CLAMP, [_operand(a_min, d, shape), _operand(t, d, shape), _operand(a_max, d, shape)],
                      shape, d)
 
 
@@ -434,8 +464,18 @@ def prod(a, axis=None, dtype=None, keepdims=False):
     return _reduce(ir_pb2.PROD, t, axis, keepdims, _sum_dtype(t, dtype))
 
 
-def _extremum(kind, a, axis, keepdims):
+def _check_nonempty(t, axis, message):
+    """numpy (and jax.numpy) refuse a max, min, argmax or argmin over no
+    elements: there is no answer to give, where XLA would give the identity
+    (-inf for a max)."""
+    if 0 in [t.shape[i] for i in _axes(axis, t.ndim)]:
+        raise ValueError(message)
+
+
+def _extremum(kind, a, axis, keepdims, name=None):
     t = _tracer(a)
+    if name is not None:
+        _check_nonempty(t, axis, f"zero-size array to reduction operation {name} which has no identity")
     if t.dtype == _np.bool_:  # the IR reduces numbers; bools go through u8 and back
         return _convert(_reduce(kind, _convert(t, _np.uint8), axis, keepdims), _np.bool_)
     return _reduce(kind, t, axis, keepdims)
@@ -443,22 +483,22 @@ def _extremum(kind, a, axis, keepdims):
 
 @_op
 def max(a, axis=None, keepdims=False):
-    return _extremum(ir_pb2.REDUCE_MAX, a, axis, keepdims)
+    return _extremum(ir_pb2.REDUCE_MAX, a, axis, keepdims, "maximum")
 
 
 @_op
 def min(a, axis=None, keepdims=False):
-    return _extremum(ir_pb2.REDUCE_MIN, a, axis, keepdims)
+    return _extremum(ir_pb2.REDUCE_MIN, a, axis, keepdims, "minimum")
 
 
 @_op
 def any(a, axis=None, keepdims=False):
-    return max(not_equal(a, 0), axis, keepdims)
+    return _extremum(ir_pb2.REDUCE_MAX, not_equal(a, 0), axis, keepdims)  # False over no elements
 
 
 @_op
 def all(a, axis=None, keepdims=False):
-    return min(not_equal(a, 0), axis, keepdims)
+    return _extremum(ir_pb2.REDUCE_MIN, not_equal(a, 0), axis, keepdims)  # True over no elements
 
 
 amax, amin = max, min
@@ -475,6 +515,9 @@ def mean(a, axis=None, keepdims=False):
 
 def _argreduce(op, a, axis):
     t = _tracer(a)
+    _check_nonempty(t, axis, f"attempt to get {'argmax' if op == ir_pb2.ARGMAX else 'argmin'} of an empty sequence")
+    if t.dtype == _np.bool_:  # the IR compares numbers: bools go through u8
+        t = _convert(t, _np.uint8)
     if axis is None:
         t = reshape(t, (t.size,))
         axis = 0
@@ -574,11 +617,12 @@ def pad(array, pad_width, constant_values=0):
     t = _tracer(array)
     widths = _np.broadcast_to(_np.asarray(pad_width, dtype=_np.int64), (t.ndim, 2))
     if _is_pyscalar(constant_values) or isinstance(constant_values, _np.generic):
-        # As numpy, which stores the value into the array's type: NaN or an
-        # infinity into an int is an error, not some integer.
-        held = _np.empty((), t.dtype)
-        held[()] = constant_values
-        constant_values = held.item() if _dtypes.is_float(t.dtype) else int(held)
+        # What numpy's pad stores: the value as a numpy scalar assigned into a
+        # slice of the array's type (so NaN into an int32 raises, into a uint8
+        # is 0; 300 into a uint8 wraps to 44).
+        held = _np.zeros((1,), t.dtype)
+        held[0:1] = _np.array(constant_values).ravel()[0]
+        constant_values = held[0].item() if _dtypes.is_float(t.dtype) else int(held[0])
     value = _operand(constant_values, t.dtype, ())
     shape = tuple(int(s + lo + hi) for s, (lo, hi) in zip(t.shape, widths))
 
@@ -633,6 +677,10 @@ def _getitem(a, idx):
 
 def _dot_general(lhs, rhs, lb, rb, lc, rc):
     d = _result_dtype(lhs, rhs)
+    if d == _np.bool_:
+        # numpy: a logical or of ands; the IR's dot multiplies numbers.
+        return not_equal(_dot_general(_convert(_tracer(lhs), _np.int32), _convert(_tracer(rhs), _np.int32),
+                                      lb, rb, lc, rc), 0)
     l, r = _convert(_tracer(lhs), d), _convert(_tracer(rhs), d)
     for a, b in zip(lc, rc):
         if l.shape[a] != r.shape[b]:
