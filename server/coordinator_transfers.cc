@@ -86,11 +86,8 @@ class Coordinator::PutSinkImpl final : public Coordinator::PutSink {
       Abandon();
       return status;
     }
-    absl::MutexLock l(&c_->mu_);
-    auto it = c_->arrays_.find(handle_);
-    if (it != c_->arrays_.end() && it->second.state == v1::PENDING) {
-      it->second.state = v1::READY;
-      for (int d : devices_) c_->CountTransfer(session_, d, Direction::kHostToDevice, device_bytes_);
+    if (c_->arrays_.MarkReady(handle_)) {
+      for (int d : devices_) c_->arrays_.CountTransfer(session_, d, Direction::kHostToDevice, device_bytes_);
     }
     return bytes_;
   }
@@ -106,7 +103,7 @@ class Coordinator::PutSinkImpl final : public Coordinator::PutSink {
   void Abandon() {
     std::vector<PendingFree> frees;
     {
-      absl::MutexLock l(&c_->mu_);
+      absl::MutexLock l(&c_->arrays_.mu());
       frees = c_->FreeArraysLocked({handle_});
     }
     c_->SendFrees(std::move(frees));
@@ -132,10 +129,10 @@ absl::StatusOr<std::unique_ptr<Coordinator::PutSink>> Coordinator::BeginPut(cons
   std::vector<int> devices;
   int64_t bytes = 0, device_bytes = 0;
   {
-    absl::MutexLock l(&mu_);
-    TESSEL_RETURN_IF_ERROR(CheckSession(h.session_id()));
+    absl::MutexLock l(&arrays_.mu());
+    TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(h.session_id()));
     if (h.handle() == 0) return absl::InvalidArgumentError("put: handle 0 is reserved; handles must be nonzero");
-    if (arrays_.contains(h.handle())) {
+    if (arrays_.ContainsLocked(h.handle())) {
       return absl::AlreadyExistsError(StrFormat("put: handle %#x is already in use", h.handle()));
     }
     auto size = ByteSize(h.type());
@@ -148,7 +145,7 @@ absl::StatusOr<std::unique_ptr<Coordinator::PutSink>> Coordinator::BeginPut(cons
     v1::TensorType block_type = h.type();
     if (h.placement().has_sharded()) {
       const std::string what = StrFormat("put of array %#x", h.handle());
-      TESSEL_ASSIGN_OR_RETURN(v1::Mesh mesh, NormalizeMesh(h.placement().sharded().mesh(), devices_.size()));
+      TESSEL_ASSIGN_OR_RETURN(v1::Mesh mesh, NormalizeMesh(h.placement().sharded().mesh(), workers_.num_devices()));
       const v1::Sharding sh = NormalizeSharding(h.placement().sharded().sharding(), h.type().dims_size());
       TESSEL_RETURN_IF_ERROR(ValidateSharding(sh, mesh, h.type(), what));
       if (IsPartial(sh)) {
@@ -156,7 +153,7 @@ absl::StatusOr<std::unique_ptr<Coordinator::PutSink>> Coordinator::BeginPut(cons
                                                  " is partial; a put holds complete values"));
       }
       devices.assign(mesh.devices().begin(), mesh.devices().end());
-      TESSEL_RETURN_IF_ERROR(CheckAlive(devices));
+      TESSEL_RETURN_IF_ERROR(workers_.CheckAlive(devices));
       layout.emplace(h.type(), sh, mesh);
       block_type = LocalType(h.type(), sh, mesh);
       a.sharded = true;
@@ -164,33 +161,36 @@ absl::StatusOr<std::unique_ptr<Coordinator::PutSink>> Coordinator::BeginPut(cons
       a.sharding = sh;
       a.block_type = block_type;
     } else {
-      TESSEL_ASSIGN_OR_RETURN(devices, ResolvePlacement(h.placement()));
+      TESSEL_ASSIGN_OR_RETURN(devices, workers_.ResolvePlacement(h.placement()));
       layout = BlockLayout::Whole(h.type(), devices.size());
     }
     device_bytes = ByteSizeUnchecked(block_type);
     const std::string what = StrFormat("array %#x (%s) to device%s %s", h.handle(), TypeString(h.type()),
                                        devices.size() > 1 ? "s" : "", absl::StrJoin(devices, ","));
-    TESSEL_RETURN_IF_ERROR(GuardTransfer(h.session_id(), h.transfer_guard(), Direction::kHostToDevice, h.implicit(),
-                                         what, device_bytes * int64_t(devices.size())));
-    TESSEL_RETURN_IF_ERROR(CheckQuota(h.session_id(), device_bytes * int64_t(devices.size()),
-                                      StrFormat("put of array %#x (%s)", h.handle(), TypeString(h.type()))));
+    TESSEL_RETURN_IF_ERROR(GuardTransferLocked(h.session_id(), h.transfer_guard(), Direction::kHostToDevice,
+                                               h.implicit(), what, device_bytes * int64_t(devices.size())));
+    TESSEL_RETURN_IF_ERROR(arrays_.CheckQuotaLocked(h.session_id(), device_bytes * int64_t(devices.size()),
+                                                    StrFormat("put of array %#x (%s)", h.handle(),
+                                                              TypeString(h.type()))));
+    const std::vector<DeviceRoute> routes = workers_.Routes();
     targets.resize(layout->num_blocks());
     for (int b = 0; b < layout->num_blocks(); ++b) {
       absl::flat_hash_map<std::string, int> target_of;  // worker id -> index in targets[b]
       for (int pos : layout->positions(b)) {
-        const DeviceRecord& dev = devices_[devices[pos]];
+        const DeviceRoute& dev = routes.at(devices[pos]);
+        if (dev.client == nullptr) return absl::UnavailableError(StrCat("device ", dev.device, " is shutting down"));
         auto [it, fresh] = target_of.try_emplace(dev.worker_id, targets[b].size());
         if (fresh) {
           v1::PutShardRequest::Header wh;
           wh.set_buffer(h.handle());
           *wh.mutable_type() = block_type;
-          targets[b].emplace_back(workers_.at(dev.worker_id).client, std::move(wh));
+          targets[b].emplace_back(dev.client, std::move(wh));
         }
         targets[b][it->second].second.add_devices(dev.local_index);
       }
     }
     a.devices = devices;
-    AddArray(h.session_id(), h.handle(), std::move(a));
+    arrays_.AddLocked(h.session_id(), h.handle(), std::move(a));
   }
   std::vector<PutSinkImpl::Block> blocks(targets.size());
   for (size_t b = 0; b < targets.size(); ++b) {
@@ -202,7 +202,7 @@ absl::StatusOr<std::unique_ptr<Coordinator::PutSink>> Coordinator::BeginPut(cons
         }
         std::vector<PendingFree> frees;
         {
-          absl::MutexLock l(&mu_);
+          absl::MutexLock l(&arrays_.mu());
           frees = FreeArraysLocked({h.handle()});
         }
         SendFrees(std::move(frees));
@@ -275,8 +275,7 @@ class Coordinator::FetchSourceImpl final : public Coordinator::FetchSource {
                                              handle_, block_bytes_, b.device, b.received));
       }
     }
-    absl::MutexLock l(&c_->mu_);
-    for (const Block& b : blocks_) c_->CountTransfer(session_, b.device, Direction::kDeviceToHost, b.received);
+    for (const Block& b : blocks_) c_->arrays_.CountTransfer(session_, b.device, Direction::kDeviceToHost, b.received);
     return absl::OkStatus();
   }
 
@@ -300,24 +299,24 @@ absl::StatusOr<std::unique_ptr<Coordinator::FetchSource>> Coordinator::BeginFetc
   v1::TensorType type;
   int64_t block_bytes = 0;
   {
-    absl::MutexLock l(&mu_);
-    TESSEL_RETURN_IF_ERROR(CheckSession(req.session_id()));
+    absl::MutexLock l(&arrays_.mu());
+    TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
     {
-      TESSEL_ASSIGN_OR_RETURN(ArrayRecord * a, OwnedArray(req.session_id(), req.handle()));
+      TESSEL_ASSIGN_OR_RETURN(ArrayRecord * a, arrays_.OwnedLocked(req.session_id(), req.handle()));
       if (a->sharded && IsPartial(a->sharding)) {
         return absl::FailedPreconditionError(StrFormat(
             "fetch of array %#x (%s): it is laid out %s, an unreduced partial result; a fetch returns complete "
             "values, so reduce it first (an executable whose output sharding is not partial)",
             req.handle(), TypeString(a->type), ShardingString(a->sharding)));
       }
-      TESSEL_RETURN_IF_ERROR(GuardTransfer(req.session_id(), req.transfer_guard(), Direction::kDeviceToHost,
-                                           req.implicit(), StrFormat("array %#x (%s)", req.handle(),
-                                                                     TypeString(a->type)),
-                                           ByteSizeUnchecked(a->type)));
+      TESSEL_RETURN_IF_ERROR(GuardTransferLocked(req.session_id(), req.transfer_guard(), Direction::kDeviceToHost,
+                                                 req.implicit(),
+                                                 StrFormat("array %#x (%s)", req.handle(), TypeString(a->type)),
+                                                 ByteSizeUnchecked(a->type)));
     }
-    std::vector<uint64_t> handles{req.handle()};
-    AwaitNotPending(handles, absl::InfiniteDuration());
-    TESSEL_ASSIGN_OR_RETURN(ArrayRecord * a, OwnedArray(req.session_id(), req.handle()));
+    arrays_.AwaitNotPendingLocked({req.handle()}, absl::InfiniteDuration());
+    TESSEL_ASSIGN_OR_RETURN(ArrayRecord * a, arrays_.OwnedLocked(req.session_id(), req.handle()));
+    const std::vector<DeviceRoute> routes = workers_.Routes();
     if (a->state == v1::ERROR || a->state == v1::LOST) {
       return Annotate(a->error, StrFormat("fetch of array %#x: ", req.handle()));
     }
@@ -327,10 +326,10 @@ absl::StatusOr<std::unique_ptr<Coordinator::FetchSource>> Coordinator::BeginFetc
       FetchSourceImpl::Block blk;
       for (int pos : layout->positions(b)) {
         const int d = a->devices[pos];
-        const WorkerRecord& w = workers_.at(devices_[d].worker_id);
-        if (!w.alive) continue;
+        const DeviceRoute& w = routes.at(d);
+        if (!w.alive || w.client == nullptr) continue;
         v1::FetchShardRequest fr;
-        fr.set_device(devices_[d].local_index);
+        fr.set_device(w.local_index);
         fr.set_buffer(req.handle());
         reads.emplace_back(w.client, std::move(fr));
         blk.device = d;

@@ -235,6 +235,7 @@ void IotaKernel(v1::DType dt, const google::protobuf::RepeatedField<int64_t>& di
   int64_t inner = 1;
   for (int i = dimension + 1; i < dims.size(); ++i) inner *= dims[i];
   const int64_t extent = dims[dimension];
+  if (extent <= 0 || inner <= 0) return;  // an empty shape has no element to write
   TESSEL_DISPATCH(dt, D, {
     using T = Traits<D>;
     auto* o = static_cast<typename T::S*>(out);

@@ -30,10 +30,18 @@ absl::StatusOr<FusedLoop> FusedLoop::Build(const v1::Fusion& fusion,
   FusedLoop f;
   f.fusion_ = fusion;
   absl::flat_hash_map<std::string, int> slot_of;
-  // The fusion's shape: that of its largest node.
+  // The fusion's shape: that of its nodes other than scalar constants (which
+  // are splatted). Not the largest: a size-0 run with a scalar constant in
+  // it has no elements, and a loop over the scalar's one would index an
+  // empty shape.
+  bool shaped = false;
   for (const v1::Node& n : f.fusion_.nodes()) {
-    f.elements_ = std::max(f.elements_, NumElementsUnchecked(n.type()));
+    const bool scalar_const = n.op() == v1::CONSTANT && !n.constant().has_iota() && n.type().dims_size() == 0;
+    if (scalar_const) continue;
+    f.elements_ = shaped ? std::max(f.elements_, NumElementsUnchecked(n.type())) : NumElementsUnchecked(n.type());
+    shaped = true;
   }
+  if (!shaped) f.elements_ = 1;
   for (int i = 0; i < f.fusion_.inputs_size(); ++i) {
     const v1::TensorType& t = input_types[i];
     int slot = f.slots_.size();

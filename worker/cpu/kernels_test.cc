@@ -196,6 +196,11 @@ void CheckChain(int64_t n, int threads) {
 
 TEST(FusedLoop, ChainAcrossManyBlocksEqualsStepByStep) { CheckChain(FusedLoop::kBlock * 3 + 17, 1); }
 
+// A size-0 run with a scalar constant in it (numpy's `3 + arange(0)`) has
+// no elements: the loop must not run over the scalar's one (an iota over an
+// empty dimension divided by zero and killed the worker).
+TEST(FusedLoop, ASizeZeroRunWithAScalarConstantWritesNothing) { CheckChain(0, 1); }
+
 TEST(FusedLoop, LargeLoopsSplitOverThreadsEqualStepByStep) {
   CheckChain(FusedLoop::kParallelElements + FusedLoop::kBlock * 5 + 3, 3);
 }

@@ -72,8 +72,6 @@ def test_donation_does_not_depend_on_the_order_of_outputs(session):
         assert got == [6.0, 12.0]
 
 
-@pytest.mark.xfail(strict=True, reason="needs the C++ fix: IotaKernel divides by a zero extent when a size-0 "
-                                       "arange meets a broadcast 0-d value in a fused loop (the worker dies of SIGFPE)")
 def test_a_size0_arange_met_by_a_broadcast_scalar_does_not_kill_the_worker():
     """Found by the differential harness: `np.array(3) + tnp.arange(0)` (or
     `arange(0) != np.uint8(0)`) kills the worker with SIGFPE. Its own

@@ -1,0 +1,215 @@
+#include "server/array_registry.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/dtype.h"
+
+namespace tessel::server {
+
+using absl::StrCat;
+using absl::StrFormat;
+
+namespace {
+std::string Ago(absl::Time when) {
+  return StrCat(absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", when, absl::UTCTimeZone()), " (",
+                absl::FormatDuration(absl::Trunc(absl::Now() - when, absl::Milliseconds(1))), " ago)");
+}
+}  // namespace
+
+int64_t ArrayRecord::device_bytes() const { return ByteSizeUnchecked(sharded ? block_type : type); }
+int64_t ArrayRecord::bytes() const { return device_bytes() * int64_t(devices.size()); }
+
+void ArrayRegistry::OpenSession(const std::string& id, const std::string& client,
+                                const v1::SessionOptions& options) {
+  absl::MutexLock l(&mu_);
+  SessionRecord& s = sessions_[id];
+  s.client = client;
+  s.options = options;
+}
+
+absl::Status ArrayRegistry::CheckSessionLocked(const std::string& id) const {
+  if (!sessions_.contains(id)) {
+    return absl::NotFoundError(StrCat("session '", id, "' does not exist (closed, or never opened)"));
+  }
+  return absl::OkStatus();
+}
+
+SessionRecord& ArrayRegistry::SessionLocked(const std::string& id) { return sessions_.at(id); }
+
+SessionRecord* ArrayRegistry::FindSessionLocked(const std::string& id) {
+  auto it = sessions_.find(id);
+  return it == sessions_.end() ? nullptr : &it->second;
+}
+
+void ArrayRegistry::EraseSessionLocked(const std::string& id) { sessions_.erase(id); }
+
+int64_t ArrayRegistry::num_sessions() const {
+  absl::MutexLock l(&mu_);
+  return sessions_.size();
+}
+
+int64_t ArrayRegistry::num_arrays() const {
+  absl::MutexLock l(&mu_);
+  return arrays_.size();
+}
+
+const Tombstone* ArrayRegistry::FindTombstoneLocked(const std::string& session, uint64_t handle) const {
+  auto s = sessions_.find(session);
+  if (s == sessions_.end()) return nullptr;
+  auto t = s->second.tombstones.find(handle);
+  return t == s->second.tombstones.end() ? nullptr : &t->second;
+}
+
+absl::StatusOr<ArrayRecord*> ArrayRegistry::OwnedLocked(const std::string& session, uint64_t handle) {
+  auto it = arrays_.find(handle);
+  if (it == arrays_.end()) {
+    if (const Tombstone* ts = FindTombstoneLocked(session, handle)) {
+      if (ts->state == v1::DONATED) {
+        return absl::FailedPreconditionError(StrFormat(
+            "array %#x was donated to execution %d ('%s') at %s; a donated array cannot be used again", handle,
+            ts->execution, ts->executable, Ago(ts->when)));
+      }
+      return absl::NotFoundError(StrFormat("array %#x was deleted at %s", handle, Ago(ts->when)));
+    }
+    return absl::NotFoundError(StrFormat("array %#x does not exist (deleted, or never created)", handle));
+  }
+  if (it->second.session != session) {
+    return absl::PermissionDeniedError(StrFormat("array %#x belongs to another session", handle));
+  }
+  return &it->second;
+}
+
+ArrayRecord* ArrayRegistry::FindLocked(uint64_t handle) {
+  auto it = arrays_.find(handle);
+  return it == arrays_.end() ? nullptr : &it->second;
+}
+
+bool ArrayRegistry::ContainsLocked(uint64_t handle) const { return arrays_.contains(handle); }
+
+ArrayRecord& ArrayRegistry::AddLocked(const std::string& session, uint64_t handle, ArrayRecord record) {
+  record.session = session;
+  SessionRecord& s = sessions_.at(session);
+  s.arrays.insert(handle);
+  s.live_bytes += record.bytes();
+  ArrayRecord& a = arrays_[handle];
+  a = std::move(record);
+  return a;
+}
+
+void ArrayRegistry::RetireLocked(uint64_t handle, Tombstone tombstone) {
+  auto it = arrays_.find(handle);
+  if (it == arrays_.end()) return;
+  if (SessionRecord* sr = FindSessionLocked(it->second.session)) {
+    sr->arrays.erase(handle);
+    sr->live_bytes -= it->second.bytes();
+    if (sr->tombstones.insert_or_assign(handle, std::move(tombstone)).second) sr->tombstone_order.push_back(handle);
+    while (sr->tombstone_order.size() > kMaxTombstones) {
+      sr->tombstones.erase(sr->tombstone_order.front());
+      sr->tombstone_order.pop_front();
+    }
+  }
+  arrays_.erase(it);
+}
+
+absl::flat_hash_map<int, v1::FreeRequest> ArrayRegistry::RetireDeletedLocked(const std::vector<uint64_t>& handles) {
+  absl::flat_hash_map<int, v1::FreeRequest> frees;
+  const absl::Time now = absl::Now();
+  for (uint64_t h : handles) {
+    auto it = arrays_.find(h);
+    if (it == arrays_.end()) continue;
+    for (int d : it->second.devices) frees[d].add_buffers(h);
+    RetireLocked(h, Tombstone{v1::DELETED, 0, "", now});
+  }
+  return frees;
+}
+
+absl::Status ArrayRegistry::CheckQuotaLocked(const std::string& session, int64_t added,
+                                             absl::string_view what) const {
+  const SessionRecord& s = sessions_.at(session);
+  const int64_t quota = s.options.memory_quota_bytes();
+  if (quota <= 0 || added <= 0 || s.live_bytes + added <= quota) return absl::OkStatus();
+  return absl::ResourceExhaustedError(StrFormat(
+      "session %s memory quota: %s needs %d more bytes; the session holds %d bytes in %d live arrays, quota %d",
+      session, what, added, s.live_bytes, s.arrays.size(), quota));
+}
+
+void ArrayRegistry::CountTransfer(const std::string& session, int device, Direction dir, int64_t bytes) {
+  absl::MutexLock l(&mu_);
+  CountTransferLocked(session, device, dir, bytes);
+}
+
+void ArrayRegistry::CountTransferLocked(const std::string& session, int device, Direction dir, int64_t bytes) {
+  SessionRecord* s = FindSessionLocked(session);
+  if (s == nullptr) return;
+  TransferCounts& total = s->transfers;
+  TransferCounts& dev = s->device_transfers[device];
+  switch (dir) {
+    case Direction::kHostToDevice: total.h2d += bytes, dev.h2d += bytes; break;
+    case Direction::kDeviceToHost: total.d2h += bytes, dev.d2h += bytes; break;
+    case Direction::kDeviceToDevice: total.d2d += bytes, dev.d2d += bytes; break;
+  }
+}
+
+std::vector<uint64_t> ArrayRegistry::StepDone(const std::string& session, const std::vector<uint64_t>& outputs,
+                                              const absl::Status& result, int reused_donations) {
+  absl::MutexLock l(&mu_);
+  if (result.ok()) {
+    if (SessionRecord* s = FindSessionLocked(session)) s->donations_reused += reused_donations;
+  }
+  std::vector<uint64_t> failed;
+  for (uint64_t h : outputs) {
+    auto it = arrays_.find(h);
+    if (it == arrays_.end()) continue;  // deleted meanwhile
+    ArrayRecord& a = it->second;
+    if (a.state != v1::PENDING) continue;
+    if (!result.ok()) {
+      a.state = v1::ERROR;
+      a.error = result;
+      a.pending = 0;
+      failed.push_back(h);
+    } else if (--a.pending == 0) {
+      a.state = v1::READY;
+    }
+  }
+  return failed;
+}
+
+bool ArrayRegistry::MarkReady(uint64_t handle) {
+  absl::MutexLock l(&mu_);
+  auto it = arrays_.find(handle);
+  if (it == arrays_.end() || it->second.state != v1::PENDING) return false;
+  it->second.state = v1::READY;
+  return true;
+}
+
+int ArrayRegistry::LoseOn(const std::vector<int>& devices, const absl::Status& error) {
+  absl::flat_hash_set<int> devs(devices.begin(), devices.end());
+  absl::MutexLock l(&mu_);
+  int lost = 0;
+  for (auto& [h, a] : arrays_) {
+    bool touches = false;
+    for (int d : a.devices) touches |= devs.contains(d);
+    if (touches && a.state != v1::ERROR) {
+      a.state = v1::LOST;
+      a.error = absl::Status(error.code(), StrFormat("array %#x %s", h, error.message()));
+      a.pending = 0;
+      ++lost;
+    }
+  }
+  return lost;
+}
+
+bool ArrayRegistry::NotPendingLocked(const std::vector<uint64_t>& handles) const {
+  for (uint64_t h : handles) {
+    auto it = arrays_.find(h);
+    if (it != arrays_.end() && it->second.state == v1::PENDING) return false;
+  }
+  return true;
+}
+
+bool ArrayRegistry::AwaitNotPendingLocked(const std::vector<uint64_t>& handles, absl::Duration timeout) {
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return NotPendingLocked(handles); };
+  return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
+}
+
+}  // namespace tessel::server

@@ -1,0 +1,142 @@
+// ArrayRegistry: sessions and the arrays they own: each array's type,
+// devices, layout, state and error; what became of retired arrays
+// (tombstones: donated to which execution, or deleted, and when); quotas and
+// the per-session counters.
+//
+// Thread-safety: its own lock. Simple queries lock it themselves; compound
+// changes (an Execute that checks its arguments, retires the donated ones
+// and registers its outputs as one step) hold `mu()` and call the *Locked
+// methods. Lock order: this lock first, then WorkerRegistry's (sequence
+// numbers are handed out under it); CompileCache's is never taken under it.
+// No RPC, callback or client destruction happens under it.
+#pragma once
+
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "tessel/v1/session.pb.h"
+#include "tessel/v1/worker.pb.h"
+
+namespace tessel::server {
+
+struct ArrayRecord {
+  std::string session;
+  v1::TensorType type;
+  std::vector<int> devices;  // global ids
+  v1::ArrayState state = v1::PENDING;
+  absl::Status error;
+  int pending = 0;  // device steps still running
+  int64_t producer = 0;
+  std::string producer_name;  // the executable's graph name, or "put"
+  // Sharded: `devices` are the mesh's, in mesh order, each holding a block
+  // of `block_type`. Otherwise each device holds the whole `type`.
+  bool sharded = false;
+  v1::Mesh mesh;
+  v1::Sharding sharding;
+  v1::TensorType block_type;
+  int64_t device_bytes() const;  // on each of its devices
+  int64_t bytes() const;         // over all its devices
+};
+
+// What became of an array that is gone: donated or deleted, when, where.
+struct Tombstone {
+  v1::ArrayState state = v1::DELETED;
+  int64_t execution = 0;
+  std::string executable;
+  absl::Time when;
+};
+
+struct TransferCounts {
+  int64_t h2d = 0, d2h = 0, d2d = 0;
+};
+enum class Direction { kHostToDevice, kDeviceToHost, kDeviceToDevice };
+
+struct SessionRecord {
+  std::string client;
+  v1::SessionOptions options;
+  absl::flat_hash_set<uint64_t> arrays;
+  int64_t live_bytes = 0;
+  int64_t executions = 0;
+  TransferCounts transfers;
+  absl::flat_hash_map<int, TransferCounts> device_transfers;
+  int64_t compiles = 0, cache_hits = 0, cache_misses = 0;
+  int64_t donations = 0, donations_reused = 0;
+  absl::flat_hash_map<uint64_t, Tombstone> tombstones;
+  std::deque<uint64_t> tombstone_order;  // oldest first; bounded
+};
+
+class ArrayRegistry {
+ public:
+  // At most this many tombstones per session; the oldest go first.
+  static constexpr size_t kMaxTombstones = 1 << 16;
+
+  absl::Mutex& mu() const ABSL_LOCK_RETURNED(mu_) { return mu_; }
+
+  void OpenSession(const std::string& id, const std::string& client, const v1::SessionOptions& options);
+  // NOT_FOUND naming a session that is closed or was never opened.
+  absl::Status CheckSessionLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The session's record (CheckSessionLocked first).
+  SessionRecord& SessionLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Null when the session is gone.
+  SessionRecord* FindSessionLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the session (its arrays retired first).
+  void EraseSessionLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t num_sessions() const;
+  int64_t num_arrays() const;
+
+  // The array, if `session` owns it. A retired one answers what became of
+  // it: FAILED_PRECONDITION naming the execution it was donated to, or
+  // NOT_FOUND saying when it was deleted; PERMISSION_DENIED for another
+  // session's array.
+  absl::StatusOr<ArrayRecord*> OwnedLocked(const std::string& session, uint64_t handle)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ArrayRecord* FindLocked(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ContainsLocked(uint64_t handle) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const Tombstone* FindTombstoneLocked(const std::string& session, uint64_t handle) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Registers a new array in its session (quota already checked).
+  ArrayRecord& AddLocked(const std::string& session, uint64_t handle, ArrayRecord record)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes an array from the registry and its session, leaving a tombstone.
+  void RetireLocked(uint64_t handle, Tombstone tombstone) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Retires `handles` as deleted; returns, by device, the buffers to free there.
+  absl::flat_hash_map<int, v1::FreeRequest> RetireDeletedLocked(const std::vector<uint64_t>& handles)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // RESOURCE_EXHAUSTED when `added` more bytes would exceed the session's quota.
+  absl::Status CheckQuotaLocked(const std::string& session, int64_t added, absl::string_view what) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CountTransfer(const std::string& session, int device, Direction dir, int64_t bytes);
+  void CountTransferLocked(const std::string& session, int device, Direction dir, int64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // One device's step that makes `outputs` ended: on success an output
+  // becomes READY when its last device reports; on failure every PENDING
+  // output takes the error. Returns the outputs that failed by this report.
+  std::vector<uint64_t> StepDone(const std::string& session, const std::vector<uint64_t>& outputs,
+                                 const absl::Status& result, int reused_donations);
+  // A put's data all arrived: PENDING becomes READY.
+  bool MarkReady(uint64_t handle);
+  // Every array on one of `devices` that has not failed becomes LOST with
+  // `error`; returns how many.
+  int LoseOn(const std::vector<int>& devices, const absl::Status& error);
+
+  bool NotPendingLocked(const std::vector<uint64_t>& handles) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Blocks (releasing the lock) until none of `handles` is pending, or `timeout`.
+  bool AwaitNotPendingLocked(const std::vector<uint64_t>& handles, absl::Duration timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, ArrayRecord> arrays_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, SessionRecord> sessions_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tessel::server

@@ -1,0 +1,133 @@
+#include "server/compile_cache.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/dtype.h"
+
+namespace tessel::server {
+
+using absl::StrCat;
+
+std::shared_ptr<const CachedExecutable> CompileCache::Lookup(const std::string& key) {
+  absl::MutexLock l(&mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return nullptr;
+  ++hits_;
+  return it->second;
+}
+
+std::shared_ptr<const CachedExecutable> CompileCache::Find(const std::string& key) const {
+  absl::MutexLock l(&mu_);
+  auto it = entries_.find(key);
+  return it == entries_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<const CachedExecutable> CompileCache::Insert(const std::string& key,
+                                                             scheduler::CompiledProgram compiled, v1::Graph graph) {
+  auto entry = std::make_shared<const CachedExecutable>(CachedExecutable{std::move(compiled), std::move(graph)});
+  absl::MutexLock l(&mu_);
+  ++compiles_;
+  return entries_.try_emplace(key, std::move(entry)).first->second;
+}
+
+int64_t CompileCache::compiles() const {
+  absl::MutexLock l(&mu_);
+  return compiles_;
+}
+
+int64_t CompileCache::hits() const {
+  absl::MutexLock l(&mu_);
+  return hits_;
+}
+
+int64_t CompileCache::size() const {
+  absl::MutexLock l(&mu_);
+  return entries_.size();
+}
+
+namespace {
+
+// The differences between `graph` and one cached executable, most telling first.
+std::vector<std::string> Differences(const v1::Graph& graph, const std::vector<int>& donated,
+                                     const CachedExecutable& e) {
+  std::vector<std::string> diffs;
+  absl::flat_hash_map<int, const v1::Node*> mine, theirs;
+  for (const v1::Node& n : graph.nodes()) {
+    if (n.op() == v1::PARAMETER) mine[n.parameter().index()] = &n;
+  }
+  for (const v1::Node& n : e.graph.nodes()) {
+    if (n.op() == v1::PARAMETER) theirs[n.parameter().index()] = &n;
+  }
+  std::vector<int> indices;
+  for (const auto& [i, n] : mine) indices.push_back(i);
+  std::sort(indices.begin(), indices.end());
+  for (int i : indices) {
+    const v1::Node* n = mine.at(i);
+    auto t = theirs.find(i);
+    if (t == theirs.end()) {
+      diffs.push_back(StrCat("parameter ", i, " '", n->name(), "' is new"));
+    } else if (!SameType(n->type(), t->second->type())) {
+      diffs.push_back(StrCat("parameter ", i, " '", n->name(), "': ", TypeString(n->type()), " here, ",
+                             TypeString(t->second->type()), " in the cached one (",
+                             n->type().dtype() != t->second->type().dtype() ? "dtype" : "shape", ")"));
+    }
+  }
+  if (theirs.size() > mine.size()) {
+    diffs.push_back(StrCat(theirs.size() - mine.size(), " fewer parameters than the cached one"));
+  }
+  std::vector<int> want = donated, had = e.compiled.donated_parameters;
+  std::sort(want.begin(), want.end());
+  std::sort(had.begin(), had.end());
+  if (want != had) {
+    diffs.push_back(StrCat("donated parameters [", absl::StrJoin(want, ","), "] here, [", absl::StrJoin(had, ","),
+                           "] in the cached one"));
+  }
+  if (graph.nodes_size() != e.graph.nodes_size()) {
+    diffs.push_back(StrCat(graph.nodes_size(), " nodes here, ", e.graph.nodes_size(), " in the cached one"));
+  } else {
+    for (int i = 0; i < graph.nodes_size(); ++i) {
+      const v1::Node& a = graph.nodes(i);
+      if (a.op() == v1::PARAMETER) continue;
+      if (a.SerializeAsString() != e.graph.nodes(i).SerializeAsString()) {
+        diffs.push_back(StrCat("node ", i, " '", a.name(), "' (", OpName(a.op()), ") differs"));
+        break;
+      }
+    }
+  }
+  if (graph.outputs_size() != e.graph.outputs_size()) {
+    diffs.push_back(StrCat(graph.outputs_size(), " outputs here, ", e.graph.outputs_size(), " in the cached one"));
+  }
+  return diffs;
+}
+
+}  // namespace
+
+std::string CompileCache::ExplainMiss(const v1::Graph& graph, const std::vector<int>& donated) const {
+  absl::MutexLock l(&mu_);
+  const CachedExecutable* nearest = nullptr;
+  std::vector<std::string> best;
+  int same_name = 0;
+  for (const auto& [key, e] : entries_) {
+    if (e->graph.name() != graph.name()) continue;
+    ++same_name;
+    std::vector<std::string> diffs = Differences(graph, donated, *e);
+    // Fewest differences wins; ties go to the earlier fingerprint, so the
+    // explanation does not depend on the map's order.
+    if (nearest == nullptr || diffs.size() < best.size() ||
+        (diffs.size() == best.size() && e->compiled.fingerprint < nearest->compiled.fingerprint)) {
+      nearest = e.get();
+      best = std::move(diffs);
+    }
+  }
+  if (nearest == nullptr) {
+    return StrCat("no executable of graph '", graph.name(), "' was compiled before (", entries_.size(),
+                  " executables in the cache)");
+  }
+  if (best.empty()) best.push_back("they differ only in attributes outside nodes and parameters");
+  return StrCat("nearest cached executable of graph '", graph.name(), "' (", nearest->compiled.fingerprint,
+                ", one of ", same_name, "): ", absl::StrJoin(best, "; "));
+}
+
+}  // namespace tessel::server

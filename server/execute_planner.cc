@@ -1,0 +1,221 @@
+#include "server/execute_planner.h"
+
+#include <algorithm>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/dtype.h"
+#include "core/sharding.h"
+#include "core/status.h"
+
+namespace tessel::server {
+
+using absl::StrCat;
+using absl::StrFormat;
+
+namespace {
+
+// "expected f32[4], got s32[4] (dtype differs)", for signature mismatches.
+std::string TypeDifference(const v1::TensorType& want, const v1::TensorType& got) {
+  return StrCat("expected ", TypeString(want), ", got ", TypeString(got), " (",
+                want.dtype() != got.dtype() ? "dtype" : "shape", " differs)");
+}
+
+bool Holds(const ArrayRecord& rec, int device) {
+  return std::find(rec.devices.begin(), rec.devices.end(), device) != rec.devices.end();
+}
+
+}  // namespace
+
+absl::StatusOr<ExecutePlan> PlanExecute(const ExecuteInput& in) {
+  const v1::ExecuteRequest& req = *in.request;
+  const scheduler::CompiledProgram& c = in.executable->compiled;
+  const std::string& exe_name = in.executable->graph.name();
+  const bool partitioned = c.partitioned();
+  ExecutePlan plan;
+  if (partitioned) {
+    plan.devices.assign(c.mesh.devices().begin(), c.mesh.devices().end());
+    for (int d : plan.devices) {
+      if (d < 0 || d >= int(in.routes.size())) {
+        return absl::UnavailableError(StrCat("executable '", exe_name, "' runs on device ", d,
+                                             ", which the cluster does not have (devices 0..",
+                                             int(in.routes.size()) - 1, ")"));
+      }
+      const DeviceRoute& r = in.routes[d];
+      if (!r.alive) {
+        return absl::UnavailableError(
+            StrCat("device ", d, " is on worker ", r.worker_id, " (", r.address, "), which is dead"));
+      }
+    }
+  } else {
+    plan.devices = in.placement;
+  }
+  if (req.arguments_size() != int(c.parameter_types.size())) {
+    return absl::InvalidArgumentError(StrCat("executable '", exe_name, "' (", req.executable_id(), ") takes ",
+                                             c.parameter_types.size(), " arguments, got ", req.arguments_size()));
+  }
+  if (int(in.arguments.size()) != req.arguments_size()) {
+    return absl::InternalError(StrCat("PlanExecute: ", in.arguments.size(), " argument records for ",
+                                      req.arguments_size(), " arguments"));
+  }
+  if (req.outputs_size() != int(c.output_types.size())) {
+    return absl::InvalidArgumentError(StrCat("executable '", exe_name, "' (", req.executable_id(), ") has ",
+                                             c.output_types.size(), " outputs; the request names ",
+                                             req.outputs_size(), " output handles"));
+  }
+  // The donation set: the executable's declared parameters and the call's.
+  std::vector<bool> donated(req.arguments_size(), false);
+  for (int p : c.donated_parameters) donated[p] = true;
+  for (int i : req.donate()) {
+    if (i < 0 || i >= req.arguments_size()) {
+      return absl::InvalidArgumentError(StrCat("donate: argument ", i, " does not exist; executable '", exe_name,
+                                               "' takes ", req.arguments_size(), " arguments"));
+    }
+    donated[i] = true;
+  }
+  for (int i = 0; i < req.arguments_size(); ++i) {
+    if (donated[i]) plan.donated.push_back(i);
+  }
+  for (int i = 0; i < req.arguments_size(); ++i) {
+    const std::string& pname = c.program.parameters(i).name();
+    const ArrayRecord& rec = *in.arguments[i];
+    const uint64_t handle = req.arguments(i);
+    if (!SameType(rec.type, c.global_parameter_types[i])) {
+      return absl::InvalidArgumentError(StrFormat(
+          "argument %d '%s' (array %#x) does not match the signature of executable '%s': %s. An executable runs "
+          "only on the signature it was compiled for; compile the graph for this one",
+          i, pname, handle, exe_name, TypeDifference(c.global_parameter_types[i], rec.type)));
+    }
+    if (partitioned || rec.sharded) {
+      // Blocks are never moved implicitly: the layout must be the one compiled for.
+      const v1::Sharding want = partitioned ? c.parameter_shardings[i] : Replicated(rec.type.dims_size());
+      const bool same_mesh = !partitioned || !rec.sharded || SameMesh(rec.mesh, c.mesh);
+      bool ok = same_mesh && (rec.sharded ? SameSharding(rec.sharding, want) : IsReplicated(want));
+      for (int d : plan.devices) ok &= Holds(rec, d);
+      if (!ok) {
+        const std::string have = rec.sharded ? StrCat(ShardingString(rec.sharding), " on mesh ", MeshString(rec.mesh))
+                                             : StrCat("whole on device ", absl::StrJoin(rec.devices, ","));
+        const std::string need = partitioned ? StrCat(ShardingString(want), " on mesh ", MeshString(c.mesh))
+                                             : StrCat("whole on device ", absl::StrJoin(plan.devices, ","));
+        return absl::InvalidArgumentError(StrFormat(
+            "argument %d '%s' (array %#x, %s) is laid out %s; executable '%s' takes it %s. Blocks are not moved "
+            "implicitly: put the array with that sharding, or compile for its layout",
+            i, pname, handle, TypeString(rec.type), have, exe_name, need));
+      }
+    }
+    if (rec.state == v1::LOST) return Annotate(rec.error, StrCat("argument ", i, " '", pname, "': "));
+    if (rec.state == v1::ERROR && plan.upstream_error.ok()) {
+      plan.upstream_error =
+          Annotate(rec.error, StrFormat("argument %d '%s' (array %#x) failed earlier: ", i, pname, handle));
+    }
+    for (int d : plan.devices) {
+      if (Holds(rec, d)) continue;
+      if (donated[i]) {
+        return absl::InvalidArgumentError(StrFormat(
+            "argument %d '%s' (array %#x) is donated but lives on device %s, not on device %d where the step "
+            "runs; a donated buffer cannot change devices",
+            i, pname, handle, absl::StrJoin(rec.devices, ","), d));
+      }
+      PlannedMove m;
+      m.argument = i;
+      m.handle = handle;
+      m.type = rec.type;
+      m.to_device = d;
+      for (int from : rec.devices) {
+        if (from >= 0 && from < int(in.routes.size()) && in.routes[from].alive) {
+          m.from_device = from;
+          break;
+        }
+      }
+      if (m.from_device < 0) {
+        return absl::UnavailableError(
+            StrFormat("argument %d '%s': array %#x: no live device holds it", i, pname, handle));
+      }
+      m.temp_handle = in.fresh_handle();
+      m.what = StrFormat("argument %d '%s' (array %#x, %s) from device %s to device %d", i, pname, handle,
+                         TypeString(rec.type), absl::StrJoin(rec.devices, ","), d);
+      plan.moves.push_back(std::move(m));
+    }
+    if (donated[i]) {
+      for (int j = 0; j < req.arguments_size(); ++j) {
+        if (j != i && req.arguments(j) == handle) {
+          return absl::InvalidArgumentError(StrFormat(
+              "argument %d '%s' donates array %#x, which is also argument %d; an array cannot be donated and "
+              "read in the same call",
+              i, pname, handle, j));
+        }
+      }
+      plan.donated_bytes += rec.bytes();
+    }
+  }
+  plan.aliases = scheduler::AssignAliases(c.program, c.alias_candidates, plan.donated);
+  if (in.strict_donation) {
+    for (const scheduler::AliasDecision& d : plan.aliases) {
+      if (d.output < 0) {
+        return absl::InvalidArgumentError(StrFormat(
+            "strict donation: argument %d '%s' (array %#x) cannot give its buffer to any output of '%s': %s",
+            d.parameter, c.program.parameters(d.parameter).name(), req.arguments(d.parameter), exe_name,
+            d.reason));
+      }
+    }
+  }
+  absl::flat_hash_set<uint64_t> seen;
+  for (int i = 0; i < req.outputs_size(); ++i) {
+    const uint64_t h = req.outputs(i);
+    if (h == 0) return absl::InvalidArgumentError(StrCat("output handle ", i, " is 0; handles must be nonzero"));
+    if (!seen.insert(h).second || in.handle_in_use(h)) {
+      return absl::AlreadyExistsError(StrFormat("output handle %d (%#x) is already in use", i, h));
+    }
+    plan.output_bytes += ByteSizeUnchecked(c.output_types[i]) * int64_t(plan.devices.size());  // per-device types
+  }
+
+  for (int i = 0; i < req.outputs_size(); ++i) {
+    ArrayRecord a;
+    a.type = c.global_output_types[i];
+    a.devices = plan.devices;
+    if (partitioned) {
+      a.sharded = true;
+      a.mesh = c.mesh;
+      a.sharding = c.output_shardings[i];
+      a.block_type = c.output_types[i];
+    }
+    a.producer_name = exe_name;
+    if (!plan.upstream_error.ok()) {
+      a.state = v1::ERROR;
+      a.error = plan.upstream_error;
+    } else {
+      a.state = v1::PENDING;
+      a.pending = plan.devices.size();
+    }
+    plan.outputs.push_back(std::move(a));
+  }
+  for (size_t pos = 0; pos < plan.devices.size(); ++pos) {
+    const int d = plan.devices[pos];
+    PlannedStep step;
+    step.device = d;
+    v1::RunRequest& run = step.run;
+    run.set_mesh_position(pos);
+    run.set_executable_id(req.executable_id());
+    *run.mutable_arguments() = req.arguments();
+    for (const PlannedMove& m : plan.moves) {
+      if (m.to_device != d) continue;
+      run.set_arguments(m.argument, m.temp_handle);
+      if (!step.free_after) step.free_after.emplace();
+      step.free_after->add_buffers(m.temp_handle);
+    }
+    *run.mutable_outputs() = req.outputs();
+    for (int i : plan.donated) run.add_donated(i);
+    for (const scheduler::AliasDecision& al : plan.aliases) {
+      if (al.output < 0) continue;
+      v1::RunAlias* ra = run.add_aliases();
+      ra->set_argument(al.parameter);
+      ra->set_output(al.output);
+    }
+    plan.steps.push_back(std::move(step));
+  }
+  return plan;
+}
+
+}  // namespace tessel::server

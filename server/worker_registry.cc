@@ -1,0 +1,261 @@
+#include "server/worker_registry.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "core/version.h"
+
+namespace tessel::server {
+
+using absl::StrCat;
+
+absl::Status WorkerRegistry::Validate(const v1::RegisterWorkerRequest& req) {
+  if (req.protocol_version() < kProtocolVersionMin || req.protocol_version() > kProtocolVersionMax) {
+    return absl::FailedPreconditionError(StrCat("worker at ", req.address(), " speaks protocol ",
+                                                req.protocol_version(), "; coordinator speaks [",
+                                                kProtocolVersionMin, ", ", kProtocolVersionMax, "]"));
+  }
+  if (req.num_devices() < 1 || req.num_devices() > 1024) {
+    return absl::InvalidArgumentError(StrCat("worker at ", req.address(), ": num_devices expected 1..1024, got ",
+                                             req.num_devices()));
+  }
+  if (req.address().empty()) return absl::InvalidArgumentError("worker registered without an address");
+  if (req.device_kinds_size() != 0 && req.device_kinds_size() != req.num_devices()) {
+    return absl::InvalidArgumentError(StrCat("worker at ", req.address(), ": ", req.device_kinds_size(),
+                                             " device kinds for ", req.num_devices(), " devices"));
+  }
+  return absl::OkStatus();
+}
+
+v1::RegisterWorkerResponse WorkerRegistry::Register(const v1::RegisterWorkerRequest& req,
+                                                    std::shared_ptr<WorkerClient> client,
+                                                    absl::Duration heartbeat_interval, uint64_t queue_epoch) {
+  absl::MutexLock l(&mu_);
+  WorkerRecord w;
+  w.id = StrCat("w", next_worker_++);
+  w.address = req.address();
+  w.last_heartbeat = absl::Now();
+  w.client = std::move(client);
+  for (int i = 0; i < req.num_devices(); ++i) {
+    w.devices.push_back(devices_.size());
+    const std::string& kind = req.device_kinds_size() > 0 ? req.device_kinds(i) : req.device_kind();
+    devices_.push_back(DeviceRecord{w.id, i, 0, kind.empty() ? "cpu" : kind, queue_epoch});
+  }
+  std::string kinds;
+  for (int d : w.devices) absl::StrAppend(&kinds, kinds.empty() ? "" : ",", devices_[d].kind);
+  log_->info("worker {} registered from {} with {} devices [{}] (global ids {}..{})", w.id, w.address,
+             req.num_devices(), kinds, w.devices.front(), w.devices.back());
+  v1::RegisterWorkerResponse resp;
+  resp.set_worker_id(w.id);
+  resp.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(heartbeat_interval));
+  resp.set_queue_epoch(queue_epoch);
+  workers_.emplace(w.id, std::move(w));
+  return resp;
+}
+
+bool WorkerRegistry::Heartbeat(const std::string& worker_id, absl::Time now) {
+  absl::MutexLock l(&mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || !it->second.alive) return false;
+  it->second.last_heartbeat = now;
+  return true;
+}
+
+std::vector<WorkerRegistry::Expired> WorkerRegistry::ExpireSilent(absl::Time now, absl::Duration timeout) {
+  std::vector<Expired> out;
+  absl::MutexLock l(&mu_);
+  for (auto& [id, w] : workers_) {
+    if (!w.alive || now - w.last_heartbeat < timeout) continue;
+    w.alive = false;
+    out.push_back(Expired{id, w.address, w.devices, w.client, now - w.last_heartbeat});
+  }
+  return out;
+}
+
+bool WorkerRegistry::RestartQueues(const std::string& worker_id, uint64_t new_epoch) {
+  absl::MutexLock l(&mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || !it->second.alive || it->second.client == nullptr) return false;
+  for (int d : it->second.devices) {
+    devices_[d].queue_epoch = new_epoch;
+    devices_[d].next_seq = 0;
+  }
+  it->second.open_queues = true;
+  log_->warn("worker {} ({}): steps were lost in transit; its devices' queues start over (epoch {:#x})", worker_id,
+             it->second.address, new_epoch);
+  return true;
+}
+
+std::vector<PendingFree> WorkerRegistry::TakeOpeners() {
+  std::vector<PendingFree> openers;
+  absl::MutexLock l(&mu_);
+  for (auto& [id, w] : workers_) {
+    if (!w.open_queues || !w.alive || w.client == nullptr) continue;
+    w.open_queues = false;
+    for (int d : w.devices) {
+      DeviceRecord& dev = devices_[d];
+      if (dev.next_seq > 0) continue;  // a step of the new epoch went already
+      v1::FreeRequest open;
+      open.set_device(dev.local_index);
+      open.set_seq(dev.next_seq++);
+      open.set_queue_epoch(dev.queue_epoch);
+      openers.push_back(PendingFree{w.client, std::move(open), d});
+    }
+  }
+  return openers;
+}
+
+int WorkerRegistry::num_devices() const {
+  absl::MutexLock l(&mu_);
+  return devices_.size();
+}
+
+absl::Status WorkerRegistry::DeadLocked(int device) const {
+  const WorkerRecord& w = workers_.at(devices_[device].worker_id);
+  if (w.alive) return absl::OkStatus();
+  return absl::UnavailableError(StrCat("device ", device, " is on worker ", w.id, " (", w.address, "), which is dead"));
+}
+
+absl::Status WorkerRegistry::CheckAlive(const std::vector<int>& devices) const {
+  absl::MutexLock l(&mu_);
+  for (int d : devices) {
+    if (d < 0 || d >= int(devices_.size())) {
+      return absl::InvalidArgumentError(StrCat("device ", d, " does not exist: the cluster has devices 0..",
+                                               int(devices_.size()) - 1));
+    }
+    if (absl::Status s = DeadLocked(d); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int>> WorkerRegistry::ResolvePlacement(const v1::Placement& p) const {
+  absl::MutexLock l(&mu_);
+  std::vector<int> out;
+  if (p.kind_case() == v1::Placement::kReplicated && p.replicated()) {
+    for (int d = 0; d < int(devices_.size()); ++d) {
+      if (workers_.at(devices_[d].worker_id).alive) out.push_back(d);
+    }
+    if (out.empty()) return absl::UnavailableError("no live devices in the cluster");
+    return out;
+  }
+  const int d = p.device();
+  if (d < 0 || d >= int(devices_.size())) {
+    return absl::InvalidArgumentError(StrCat("device ", d, " does not exist: the cluster has devices 0..",
+                                             int(devices_.size()) - 1));
+  }
+  if (absl::Status s = DeadLocked(d); !s.ok()) return s;
+  return std::vector<int>{d};
+}
+
+std::vector<DeviceRoute> WorkerRegistry::Routes() const {
+  absl::MutexLock l(&mu_);
+  std::vector<DeviceRoute> out;
+  out.reserve(devices_.size());
+  for (int d = 0; d < int(devices_.size()); ++d) {
+    const WorkerRecord& w = workers_.at(devices_[d].worker_id);
+    out.push_back(DeviceRoute{d, devices_[d].local_index, w.id, w.address, w.alive, w.client});
+  }
+  return out;
+}
+
+std::vector<QueueSlot> WorkerRegistry::Reserve(const std::vector<int>& devices, const std::vector<int>& counts) {
+  absl::MutexLock l(&mu_);
+  std::vector<QueueSlot> out;
+  out.reserve(devices.size());
+  for (size_t i = 0; i < devices.size(); ++i) {
+    DeviceRecord& dev = devices_.at(devices[i]);
+    WorkerRecord& w = workers_.at(dev.worker_id);
+    QueueSlot slot;
+    slot.local_index = dev.local_index;
+    slot.queue_epoch = dev.queue_epoch;
+    if (w.alive && w.client) {
+      slot.client = w.client;
+      slot.first_seq = dev.next_seq;
+      dev.next_seq += counts[i];
+    }
+    out.push_back(std::move(slot));
+  }
+  return out;
+}
+
+std::vector<PendingFree> WorkerRegistry::SequenceFrees(absl::flat_hash_map<int, v1::FreeRequest> frees) {
+  std::vector<int> devices;
+  for (const auto& [d, r] : frees) devices.push_back(d);
+  std::sort(devices.begin(), devices.end());
+  std::vector<QueueSlot> slots = Reserve(devices, std::vector<int>(devices.size(), 1));
+  std::vector<PendingFree> out;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    if (!slots[i].client) continue;
+    v1::FreeRequest& req = frees[devices[i]];
+    req.set_device(slots[i].local_index);
+    req.set_seq(slots[i].first_seq);
+    req.set_queue_epoch(slots[i].queue_epoch);
+    out.push_back(PendingFree{std::move(slots[i].client), std::move(req), devices[i]});
+  }
+  return out;
+}
+
+bool WorkerRegistry::NeedsLoad(int device, const std::string& executable) {
+  absl::MutexLock l(&mu_);
+  return workers_.at(devices_.at(device).worker_id).loaded.insert(executable).second;
+}
+
+void WorkerRegistry::ForgetLoaded(const WorkerClient* client, const std::string& executable) {
+  absl::MutexLock l(&mu_);
+  for (auto& [id, w] : workers_) {
+    if (w.client.get() == client) w.loaded.erase(executable);
+  }
+}
+
+v1::WorkerStatsRequest WorkerRegistry::StatsRequestLocked(const WorkerRecord& w) const {
+  v1::WorkerStatsRequest req;
+  for (int d : w.devices) {
+    const DeviceRecord& dev = devices_.at(d);
+    while (req.sequenced_size() <= dev.local_index) req.add_sequenced(0);
+    req.set_sequenced(dev.local_index, dev.next_seq);
+  }
+  return req;
+}
+
+std::vector<StatsTarget> WorkerRegistry::LiveStatsTargets() const {
+  absl::MutexLock l(&mu_);
+  std::vector<StatsTarget> out;
+  for (const auto& [id, w] : workers_) {
+    if (w.alive && w.client) out.push_back(StatsTarget{id, w.devices, w.client, StatsRequestLocked(w)});
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.devices[0] < b.devices[0]; });
+  return out;
+}
+
+void WorkerRegistry::Describe(absl::Time now, v1::GetClusterResponse* resp) const {
+  absl::MutexLock l(&mu_);
+  std::vector<const WorkerRecord*> ordered;
+  for (const auto& [id, w] : workers_) ordered.push_back(&w);
+  std::sort(ordered.begin(), ordered.end(), [](auto* a, auto* b) { return a->devices.front() < b->devices.front(); });
+  for (const WorkerRecord* w : ordered) {
+    v1::WorkerInfo* info = resp->add_workers();
+    info->set_worker_id(w->id);
+    info->set_address(w->address);
+    info->set_alive(w->alive);
+    info->set_ms_since_heartbeat(absl::ToInt64Milliseconds(now - w->last_heartbeat));
+    for (int d : w->devices) {
+      v1::DeviceInfo* di = info->add_devices();
+      di->set_id(d);
+      di->set_kind(devices_[d].kind);
+      di->set_local_index(devices_[d].local_index);
+      di->set_worker_id(w->id);
+    }
+  }
+}
+
+std::vector<std::shared_ptr<WorkerClient>> WorkerRegistry::TakeClients() {
+  absl::MutexLock l(&mu_);
+  std::vector<std::shared_ptr<WorkerClient>> out;
+  for (auto& [id, w] : workers_) {
+    if (w.client) out.push_back(std::move(w.client));
+    w.client = nullptr;
+  }
+  return out;
+}
+
+}  // namespace tessel::server
