@@ -781,6 +781,7 @@ def ones(shape, dtype=float64):
 def full(shape, fill_value, dtype=None):
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     d = _np.dtype(dtype) if dtype is not None else _result_dtype(fill_value)
+    _check_in_range([fill_value], d)  # numpy 2: full(3, 300, uint8) is an OverflowError
     return _operand(fill_value, d, shape)
 
 
