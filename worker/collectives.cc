@@ -554,10 +554,49 @@ class GroupCommunicator final : public Communicator {
   absl::Status RunRoundUnchecked(const CollectiveId& id, Round& r, const Call& c) {
     if (l_.num_workers() > 1) {
       if (absl::Status s = ConnectGloo(c); !s.ok()) return s;
-      TESSEL_RETURN_IF_ERROR(ExchangeHeaders(id, r, c));
+      HeaderExchange x;
+      TESSEL_RETURN_IF_ERROR(PostHeaders(id, r, c, x));
+      if (Overlaps(c, r.local_failure)) {
+        // An all_reduce this worker can take part in moves its data while
+        // the headers travel, and is judged once they are in: a verdict
+        // against it fails the round, and what moved into this step's own
+        // output buffers is never read. A worker that cannot take part joins
+        // with a dummy block (below), so no peer waits out a timeout.
+        absl::Status data = RunData(r, c);
+        absl::Status heard = AwaitHeaders(c, x);
+        TESSEL_RETURN_IF_ERROR(data);  // a Gloo operation failed part way: the group breaks
+        TESSEL_RETURN_IF_ERROR(heard);
+        return JudgeHeaders(id, c, x);
+      }
+      TESSEL_RETURN_IF_ERROR(AwaitHeaders(c, x));
+      if (const WireHeader* peer = FirstOverlapping(x)) {
+        // A peer went ahead with an all_reduce; this worker's ranks cannot
+        // take part (one abandoned the round, or they called something
+        // else). Join with zeros, then give the verdict every worker gives.
+        const Call dummy{Kind::kAllReduce, peer->count, v1::DType(peer->dtype), ReduceOp(peer->reduce_op), nullptr};
+        const size_t bytes = size_t(dummy.count) * DTypeSize(dummy.dtype);
+        char* zeros = Scratch(0, bytes);
+        std::memset(zeros, 0, bytes);
+        TESSEL_RETURN_IF_ERROR(GlooAllReduce(dummy, zeros));
+        absl::Status verdict = JudgeHeaders(id, c, x);
+        if (verdict.ok()) verdict = absl::InternalError(absl::StrCat(Describe(c), ": joined a peer's all_reduce"));
+        return verdict;
+      }
+      TESSEL_RETURN_IF_ERROR(JudgeHeaders(id, c, x));
     } else if (!r.local_failure.ok()) {
       return r.local_failure;
     }
+    return RunData(r, c);
+  }
+
+  // Whether this worker moves data before the headers are in: an all_reduce
+  // (the most frequent collective, and the one whose latency the header
+  // round trip would double at small sizes) that every local rank called.
+  static bool Overlaps(const Call& c, const absl::Status& local_failure) {
+    return c.kind == Kind::kAllReduce && c.count > 0 && local_failure.ok();
+  }
+
+  absl::Status RunData(Round& r, const Call& c) {
     if (c.count == 0) return absl::OkStatus();
     absl::Status s = absl::InternalError("unknown collective");
     switch (c.kind) {
@@ -596,6 +635,15 @@ class GroupCommunicator final : public Communicator {
   };
   static constexpr uint64_t kHeaderMagic = 0x54534c4852444831;  // "TSLHRDH1"
 
+  // Headers in flight: ours being sent, theirs being received. Not movable
+  // once posted: Gloo holds pointers into it.
+  struct HeaderExchange {
+    WireHeader mine{};
+    std::vector<WireHeader> theirs;
+    std::unique_ptr<gloo::transport::UnboundBuffer> send;
+    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recvs;
+  };
+
   static uint64_t PairsHash(const Call& c) {
     if (c.kind != Kind::kPermute) return 0;
     uint64_t h = 1469598103934665603ull;
@@ -625,57 +673,67 @@ class GroupCommunicator final : public Communicator {
     return absl::StrCat("worker '", l_.workers[w], "' (", RankNames(ranks), ")");
   }
 
-  // Every worker tells every other worker its header. Then each worker
-  // decides alike: a worker out of step breaks the group; a rank that
-  // abandoned the round, or arguments that differ, fail it on every worker
-  // with no data moved.
-  absl::Status ExchangeHeaders(const CollectiveId& id, const Round& r, const Call& c) {
+  // Every worker tells every other worker its header (PostHeaders, then
+  // AwaitHeaders). Then each worker decides alike (JudgeHeaders): a worker
+  // out of step breaks the group; a rank that abandoned the round, or
+  // arguments that differ, fail it on every worker. Only an all_reduce moves
+  // data before the verdict (Overlaps).
+  absl::Status PostHeaders(const CollectiveId& id, const Round& r, const Call& c, HeaderExchange& x) {
     const int nw = l_.num_workers(), self = l_.self_worker;
-    WireHeader mine = MakeHeader(id, c, r.local_failure);
-    std::vector<WireHeader> theirs(nw);
+    x.mine = MakeHeader(id, c, r.local_failure);
+    x.theirs.assign(nw, WireHeader{});
+    x.recvs.resize(nw);
     const uint64_t slot = uint64_t(gloo::Slot::build(kHeaderSlotPrefix, next_tag_++));
-    std::vector<int> missing;
-    absl::Status first_error;
-    absl::Status setup = CatchGloo(absl::StrCat(Describe(c), ": exchanging headers"), [&] {
-      auto send = gloo_->createUnboundBuffer(&mine, sizeof(mine));
-      std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recvs(nw);
+    return CatchGloo(absl::StrCat(Describe(c), ": exchanging headers"), [&] {
+      x.send = gloo_->createUnboundBuffer(&x.mine, sizeof(WireHeader));
       for (int w = 0; w < nw; ++w) {
         if (w == self) continue;
-        recvs[w] = gloo_->createUnboundBuffer(&theirs[w], sizeof(WireHeader));
-        recvs[w]->recv(w, slot);
-        send->send(w, slot);
-      }
-      const auto deadline = std::chrono::steady_clock::now() + GlooTimeout();
-      auto remaining = [&] {
-        return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                          deadline - std::chrono::steady_clock::now()));
-      };
-      for (int w = 0; w < nw; ++w) {
-        if (w == self) continue;
-        absl::Status s = CatchGloo(absl::StrCat(Describe(c), ": ", WorkerDevices(w)), [&] {
-          if (!recvs[w]->waitRecv(remaining())) throw gloo::IoException("receive aborted");
-        });
-        if (!s.ok()) {
-          missing.push_back(w);
-          if (first_error.ok()) first_error = s;
-        }
-      }
-      for (int w = 0; w < nw - 1 && missing.empty(); ++w) {
-        absl::Status s = CatchGloo("sending the header", [&] {
-          if (!send->waitSend(remaining())) throw gloo::IoException("send aborted");
-        });
-        if (!s.ok() && first_error.ok()) first_error = s;
+        x.recvs[w] = gloo_->createUnboundBuffer(&x.theirs[w], sizeof(WireHeader));
+        x.recvs[w]->recv(w, slot);
+        x.send->send(w, slot);
       }
     });
-    if (!setup.ok()) return setup;
+  }
+
+  absl::Status AwaitHeaders(const Call& c, HeaderExchange& x) {
+    const int nw = l_.num_workers(), self = l_.self_worker;
+    std::vector<int> missing;
+    absl::Status first_error;
+    const auto deadline = std::chrono::steady_clock::now() + GlooTimeout();
+    auto remaining = [&] {
+      return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                        deadline - std::chrono::steady_clock::now()));
+    };
+    for (int w = 0; w < nw; ++w) {
+      if (w == self) continue;
+      absl::Status s = CatchGloo(absl::StrCat(Describe(c), ": ", WorkerDevices(w)), [&] {
+        if (!x.recvs[w]->waitRecv(remaining())) throw gloo::IoException("receive aborted");
+      });
+      if (!s.ok()) {
+        missing.push_back(w);
+        if (first_error.ok()) first_error = s;
+      }
+    }
+    for (int w = 0; w < nw - 1 && missing.empty(); ++w) {
+      absl::Status s = CatchGloo("sending the header", [&] {
+        if (!x.send->waitSend(remaining())) throw gloo::IoException("send aborted");
+      });
+      if (!s.ok() && first_error.ok()) first_error = s;
+    }
     if (!missing.empty()) {
       const std::string who = absl::StrJoin(missing, ", ", [&](std::string* out, int w) { out->append(WorkerDevices(w)); });
       return absl::Status(first_error.code(), absl::StrCat("no word from ", who, " within ",
                                                            absl::FormatDuration(timeout_), ": ", first_error.message()));
     }
+    return first_error;
+  }
+
+  absl::Status JudgeHeaders(const CollectiveId& id, const Call& c, const HeaderExchange& x) const {
+    const int nw = l_.num_workers(), self = l_.self_worker;
+    const WireHeader& mine = x.mine;
     for (int w = 0; w < nw; ++w) {
       if (w == self) continue;
-      const WireHeader& h = theirs[w];
+      const WireHeader& h = x.theirs[w];
       if (h.magic != kHeaderMagic || h.execution != id.execution || h.op != id.op) {
         return absl::FailedPreconditionError(absl::StrCat(
             Describe(c), ": workers out of step: ", WorkerDevices(w), " is at execution ", h.execution, ", op ", h.op,
@@ -684,13 +742,13 @@ class GroupCommunicator final : public Communicator {
     }
     // Every worker sees the same headers, so every worker returns the same error.
     for (int w = 0; w < nw; ++w) {
-      const WireHeader& h = w == self ? mine : theirs[w];
+      const WireHeader& h = w == self ? mine : x.theirs[w];
       if (h.code != 0) {
         return absl::AbortedError(std::string(h.message, std::min<size_t>(h.message_len, sizeof(h.message))));
       }
     }
     for (int w = 0; w < nw; ++w) {
-      const WireHeader& h = theirs[w];
+      const WireHeader& h = x.theirs[w];
       if (w == self) continue;
       if (h.kind != mine.kind || h.count != mine.count || h.dtype != mine.dtype ||
           (Reduces(c.kind) && h.reduce_op != mine.reduce_op) || h.pairs_hash != mine.pairs_hash) {
@@ -700,6 +758,16 @@ class GroupCommunicator final : public Communicator {
       }
     }
     return absl::OkStatus();
+  }
+
+  // A peer's header saying it went ahead with an all_reduce (Overlaps), or null.
+  const WireHeader* FirstOverlapping(const HeaderExchange& x) const {
+    for (int w = 0; w < l_.num_workers(); ++w) {
+      if (w == l_.self_worker) continue;
+      const WireHeader& h = x.theirs[w];
+      if (h.magic == kHeaderMagic && Kind(h.kind) == Kind::kAllReduce && h.code == 0 && h.count > 0) return &h;
+    }
+    return nullptr;
   }
 
   std::chrono::milliseconds GlooTimeout() const { return absl::ToChronoMilliseconds(timeout_); }

@@ -606,8 +606,58 @@ TEST(CollectiveIdentity, WorkersAtDifferentStepsBreakTheGroupInsteadOfPairing) {
     EXPECT_NE(s.message().find("out of step"), absl::string_view::npos) << s;
     EXPECT_TRUE(s.GetPayload(kGroupBrokenPayload).has_value()) << s;
   }
-  EXPECT_EQ(x[0], 1);
-  EXPECT_EQ(x[1], 2);
+  // An all_reduce moves its data while the headers travel: what landed in
+  // the failed steps' own buffers is never read (the steps fail).
+}
+
+TEST(CollectiveIdentity, AWorkerCallingSomethingElseFailsTheRoundOnBothAndTheGroupGoesOn) {
+  // Worker w0 goes ahead with its all_reduce before the headers are in;
+  // w1, at an all_gather under the same id, joins it with a dummy block, so
+  // neither waits out the timeout, and both give the same verdict.
+  SimulatedWorkers workers({"w0", "w1"}, absl::Seconds(20));
+  const GroupSpec spec{"mixed", {"w0", "w1"}, {0, 1}};
+  std::vector<float> x = {1, 2}, gathered(2, -1);
+  const absl::Time start = absl::Now();
+  auto statuses = workers.Run(spec, [&](int rank, Communicator* comm) {
+    if (rank == 0) return comm->AllReduce(rank, CollectiveId{3, 1}, &x[0], 1, v1::F32, ReduceOp::kSum);
+    return comm->AllGather(rank, CollectiveId{3, 1}, &x[1], gathered.data(), 1, v1::F32);
+  });
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  for (const absl::Status& s : statuses) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("for the same collective"), absl::string_view::npos) << s;
+    EXPECT_FALSE(s.GetPayload(kGroupBrokenPayload).has_value()) << s;
+  }
+  EXPECT_EQ(gathered[0], -1);  // the all_gather moved nothing into its output
+  // The group goes on: the next collective pairs and sums.
+  std::vector<float> y = {10, 32};
+  statuses = workers.Run(spec, [&](int rank, Communicator* comm) {
+    return comm->AllReduce(rank, CollectiveId{4, 0}, &y[rank], 1, v1::F32, ReduceOp::kSum);
+  });
+  for (const absl::Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(y[0], 42);
+  EXPECT_EQ(y[1], 42);
+}
+
+TEST(CollectiveIdentity, AnAbandonedAllReduceAcrossWorkersFailsPromptlyAndTheNextPairs) {
+  SimulatedWorkers workers({"w0", "w1"}, absl::Seconds(20));
+  const GroupSpec spec{"abandon_ar", {"w0", "w1"}, {0, 1}};
+  std::vector<float> x(1024, 1.0f);
+  const absl::Time start = absl::Now();
+  auto statuses = workers.Run(spec, [&](int rank, Communicator* comm) {
+    if (rank == 1) return comm->Abandon(rank, CollectiveId{7, 0}, absl::ResourceExhaustedError("out of memory"));
+    return comm->AllReduce(rank, CollectiveId{7, 0}, x.data(), x.size(), v1::F32, ReduceOp::kSum);
+  });
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_EQ(statuses[0].code(), absl::StatusCode::kAborted) << statuses[0];
+  EXPECT_NE(statuses[0].message().find("out of memory"), absl::string_view::npos) << statuses[0];
+  std::vector<std::vector<float>> y = {{1, 2}, {30, 40}};
+  statuses = workers.Run(spec, [&](int rank, Communicator* comm) {
+    return comm->AllReduce(rank, CollectiveId{8, 0}, y[rank].data(), 2, v1::F32, ReduceOp::kSum);
+  });
+  for (const absl::Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(y[0], (std::vector<float>{31, 42}));
+  EXPECT_EQ(y[1], (std::vector<float>{31, 42}));
 }
 
 TEST(CollectiveIdentity, AbandonedCollectiveAcrossWorkersMovesNoData) {
