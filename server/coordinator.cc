@@ -315,11 +315,12 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
     absl::MutexLock l(&arrays_.mu());
     TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
     SessionRecord& session = arrays_.SessionLocked(req.session_id());
+    routes = workers_.Routes();
     ExecuteInput in;
     in.request = &req;
     in.executable = exe.get();
     if (!c.partitioned()) {
-      TESSEL_ASSIGN_OR_RETURN(in.placement, workers_.ResolvePlacement(req.placement()));
+      TESSEL_ASSIGN_OR_RETURN(in.placement, ResolvePlacement(routes, req.placement()));
     }
     if (req.arguments_size() == int(c.parameter_types.size())) {
       for (int i = 0; i < req.arguments_size(); ++i) {
@@ -330,8 +331,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
         in.arguments.push_back(*a);
       }
     }  // else PlanExecute names the arity mismatch
-    routes = workers_.Routes();
-    in.routes = routes;
+    in.routes = &routes;
     in.strict_donation = req.strict_donation() || session.options.strict_donation();
     in.handle_in_use = [&](uint64_t h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu()) {
       return arrays_.ContainsLocked(h);
@@ -377,7 +377,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
       session.donations += plan.devices.size();
       arrays_.RetireLocked(h, Tombstone{v1::DONATED, execution_id, exe_name, now});
     }
-    early_frees = workers_.SequenceFrees(std::move(donated_elsewhere));
+    if (!donated_elsewhere.empty()) early_frees = workers_.SequenceFrees(std::move(donated_elsewhere));
     for (int i = 0; i < req.outputs_size(); ++i) {
       plan.outputs[i].producer = execution_id;
       arrays_.AddLocked(req.session_id(), req.outputs(i), std::move(plan.outputs[i]));
@@ -386,13 +386,13 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
     // once: no other step interleaves with this one on any of its devices.
     std::vector<int> counts;
     for (const PlannedStep& st : plan.steps) counts.push_back(st.free_after ? 2 : 1);
-    std::vector<QueueSlot> slots = workers_.Reserve(plan.devices, counts);
+    std::vector<QueueSlot> slots = workers_.Reserve(plan.devices, counts, &req.executable_id());
     for (size_t pos = 0; pos < plan.steps.size(); ++pos) {
       PlannedStep& st = plan.steps[pos];
       QueueSlot& slot = slots[pos];
       Launch launch;
       launch.client = std::move(slot.client);  // null: its worker died since the plan was made
-      launch.needs_load = launch.client != nullptr && workers_.NeedsLoad(st.device, req.executable_id());
+      launch.needs_load = slot.needs_load;
       if (c.partitioned() && launch.needs_load && !loaded_program) {
         // Workers find their peers for collectives by address.
         loaded_program = std::make_shared<v1::Program>(c.program);

@@ -181,10 +181,14 @@ TEST(WorkerRegistry, LoadsAreRememberedPerWorkerUntilOneFails) {
   WorkerRegistry reg(NullLogger());
   auto fake = std::make_shared<FakeWorkerClient>("a:1");
   reg.Register(Registration("a:1", 2), fake, absl::Seconds(1), 1);
-  EXPECT_TRUE(reg.NeedsLoad(0, "e1"));
-  EXPECT_FALSE(reg.NeedsLoad(1, "e1"));  // same worker
+  const std::string e1 = "e1";
+  auto slots = reg.Reserve({0, 1}, {1, 1}, &e1);
+  EXPECT_TRUE(slots[0].needs_load);
+  EXPECT_FALSE(slots[1].needs_load);  // same worker
+  EXPECT_FALSE(reg.Reserve({1}, {1}, &e1)[0].needs_load);
+  EXPECT_FALSE(reg.Reserve({1}, {1})[0].needs_load);  // no executable named
   reg.ForgetLoaded(fake.get(), "e1");
-  EXPECT_TRUE(reg.NeedsLoad(1, "e1"));
+  EXPECT_TRUE(reg.Reserve({1}, {1}, &e1)[0].needs_load);
 }
 
 // ------------------------------------------------------------ ArrayRegistry
@@ -371,7 +375,7 @@ class PlannerTest : public ::testing::Test {
     in.placement = std::move(placement);
     in.arguments = {&x_, &y_};
     in.arguments.resize(req_.arguments_size(), &x_);
-    in.routes = routes_;
+    in.routes = &routes_;
     in.strict_donation = strict_;
     in.handle_in_use = [this](uint64_t h) { return h == in_use_; };
     in.fresh_handle = [this] { return ++next_handle_; };

@@ -34,16 +34,17 @@ absl::StatusOr<ExecutePlan> PlanExecute(const ExecuteInput& in) {
   const scheduler::CompiledProgram& c = in.executable->compiled;
   const std::string& exe_name = in.executable->graph.name();
   const bool partitioned = c.partitioned();
+  const std::vector<DeviceRoute>& routes = *in.routes;
   ExecutePlan plan;
   if (partitioned) {
     plan.devices.assign(c.mesh.devices().begin(), c.mesh.devices().end());
     for (int d : plan.devices) {
-      if (d < 0 || d >= int(in.routes.size())) {
+      if (d < 0 || d >= int(routes.size())) {
         return absl::UnavailableError(StrCat("executable '", exe_name, "' runs on device ", d,
                                              ", which the cluster does not have (devices 0..",
-                                             int(in.routes.size()) - 1, ")"));
+                                             int(routes.size()) - 1, ")"));
       }
-      const DeviceRoute& r = in.routes[d];
+      const DeviceRoute& r = routes[d];
       if (!r.alive) {
         return absl::UnavailableError(
             StrCat("device ", d, " is on worker ", r.worker_id, " (", r.address, "), which is dead"));
@@ -124,7 +125,7 @@ absl::StatusOr<ExecutePlan> PlanExecute(const ExecuteInput& in) {
       m.type = rec.type;
       m.to_device = d;
       for (int from : rec.devices) {
-        if (from >= 0 && from < int(in.routes.size()) && in.routes[from].alive) {
+        if (from >= 0 && from < int(routes.size()) && routes[from].alive) {
           m.from_device = from;
           break;
         }

@@ -59,7 +59,7 @@ struct ExecuteInput {
   std::vector<int> placement;
   // The argument arrays, by index, owned by the request's session.
   std::vector<const ArrayRecord*> arguments;
-  std::vector<DeviceRoute> routes;  // by global id
+  const std::vector<DeviceRoute>* routes = nullptr;  // by global id
   bool strict_donation = false;     // the call's or the session's
   // True for a handle already in use (an output handle must be new).
   std::function<bool(uint64_t)> handle_in_use;

@@ -128,23 +128,30 @@ absl::Status WorkerRegistry::CheckAlive(const std::vector<int>& devices) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int>> WorkerRegistry::ResolvePlacement(const v1::Placement& p) const {
-  absl::MutexLock l(&mu_);
+absl::StatusOr<std::vector<int>> ResolvePlacement(const std::vector<DeviceRoute>& routes, const v1::Placement& p) {
   std::vector<int> out;
   if (p.kind_case() == v1::Placement::kReplicated && p.replicated()) {
-    for (int d = 0; d < int(devices_.size()); ++d) {
-      if (workers_.at(devices_[d].worker_id).alive) out.push_back(d);
+    for (const DeviceRoute& r : routes) {
+      if (r.alive) out.push_back(r.device);
     }
     if (out.empty()) return absl::UnavailableError("no live devices in the cluster");
     return out;
   }
   const int d = p.device();
-  if (d < 0 || d >= int(devices_.size())) {
+  if (d < 0 || d >= int(routes.size())) {
     return absl::InvalidArgumentError(StrCat("device ", d, " does not exist: the cluster has devices 0..",
-                                             int(devices_.size()) - 1));
+                                             int(routes.size()) - 1));
   }
-  if (absl::Status s = DeadLocked(d); !s.ok()) return s;
+  const DeviceRoute& r = routes[d];
+  if (!r.alive) {
+    return absl::UnavailableError(
+        StrCat("device ", d, " is on worker ", r.worker_id, " (", r.address, "), which is dead"));
+  }
   return std::vector<int>{d};
+}
+
+absl::StatusOr<std::vector<int>> WorkerRegistry::ResolvePlacement(const v1::Placement& p) const {
+  return server::ResolvePlacement(Routes(), p);
 }
 
 std::vector<DeviceRoute> WorkerRegistry::Routes() const {
@@ -158,7 +165,8 @@ std::vector<DeviceRoute> WorkerRegistry::Routes() const {
   return out;
 }
 
-std::vector<QueueSlot> WorkerRegistry::Reserve(const std::vector<int>& devices, const std::vector<int>& counts) {
+std::vector<QueueSlot> WorkerRegistry::Reserve(const std::vector<int>& devices, const std::vector<int>& counts,
+                                               const std::string* executable) {
   absl::MutexLock l(&mu_);
   std::vector<QueueSlot> out;
   out.reserve(devices.size());
@@ -172,6 +180,7 @@ std::vector<QueueSlot> WorkerRegistry::Reserve(const std::vector<int>& devices, 
       slot.client = w.client;
       slot.first_seq = dev.next_seq;
       dev.next_seq += counts[i];
+      if (executable != nullptr) slot.needs_load = w.loaded.insert(*executable).second;
     }
     out.push_back(std::move(slot));
   }
@@ -193,11 +202,6 @@ std::vector<PendingFree> WorkerRegistry::SequenceFrees(absl::flat_hash_map<int, 
     out.push_back(PendingFree{std::move(slots[i].client), std::move(req), devices[i]});
   }
   return out;
-}
-
-bool WorkerRegistry::NeedsLoad(int device, const std::string& executable) {
-  absl::MutexLock l(&mu_);
-  return workers_.at(devices_.at(device).worker_id).loaded.insert(executable).second;
 }
 
 void WorkerRegistry::ForgetLoaded(const WorkerClient* client, const std::string& executable) {

@@ -48,6 +48,7 @@ struct QueueSlot {
   int local_index = 0;
   uint64_t first_seq = 0;  // this and the next `count - 1`
   uint64_t queue_epoch = 0;
+  bool needs_load = false;  // the executable Reserve was given goes to this worker for the first time
 };
 
 // Which worker's devices to ask for memory figures, with the request that
@@ -58,6 +59,9 @@ struct StatsTarget {
   std::shared_ptr<WorkerClient> client;
   v1::WorkerStatsRequest request;
 };
+
+// ResolvePlacement over a snapshot of the routes (WorkerRegistry::Routes).
+absl::StatusOr<std::vector<int>> ResolvePlacement(const std::vector<DeviceRoute>& routes, const v1::Placement& p);
 
 class WorkerRegistry {
  public:
@@ -102,14 +106,14 @@ class WorkerRegistry {
   // Reserves `counts[i]` consecutive sequence numbers on `devices[i]`, all
   // together: no other reservation interleaves with this one on any of
   // them. A dead device's slot has no client.
-  std::vector<QueueSlot> Reserve(const std::vector<int>& devices, const std::vector<int>& counts);
+  // With `executable`, each slot also says whether its worker must load it
+  // first (marked loaded from then on; ForgetLoaded if the load fails).
+  std::vector<QueueSlot> Reserve(const std::vector<int>& devices, const std::vector<int>& counts,
+                                 const std::string* executable = nullptr);
   // Sequences `frees` (by global device; device and seq are filled in) and
   // drops those for dead workers.
   std::vector<PendingFree> SequenceFrees(absl::flat_hash_map<int, v1::FreeRequest> frees);
 
-  // True the first time `executable` goes to `device`'s worker (marked
-  // loaded from then on).
-  bool NeedsLoad(int device, const std::string& executable);
   // A load failed: the next step loads again.
   void ForgetLoaded(const WorkerClient* client, const std::string& executable);
 
