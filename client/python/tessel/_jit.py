@@ -9,7 +9,7 @@ from tessel import _context, _dtypes, errors
 from tessel import numpy as _tnp
 from tessel._array import Array
 from tessel._session import guard_proto
-from tessel._trace import Builder, Tracer
+from tessel._trace import placement_requests, Builder, Tracer
 from tessel.v1 import ir_pb2, session_pb2
 
 # ---------------------------------------------------------------- pytrees
@@ -130,16 +130,19 @@ class Jitted:
         from in_shardings/out_shardings, else from sharded array arguments."""
         from tessel._sharding import NamedSharding, P
         given = self._in_shardings
-        named = [s for s in (given if isinstance(given, (list, tuple)) and not isinstance(given, P) else [given])
-                 if isinstance(s, NamedSharding)]
-        outs = self._out_shardings
-        named += [s for s in (outs if isinstance(outs, (list, tuple)) and not isinstance(outs, P) else [outs])
-                  if isinstance(s, NamedSharding)]
-        named += [x.sharding for x in leaves
+
+        def as_list(v):
+            return list(v) if isinstance(v, (list, tuple)) and not isinstance(v, P) else [v]
+        wants = [("in_shardings", s.mesh) for s in as_list(given) if isinstance(s, NamedSharding)]
+        wants += [("out_shardings", s.mesh) for s in as_list(self._out_shardings) if isinstance(s, NamedSharding)]
+        wants += [(f"argument {arg} '{self._params[arg] if arg < len(self._params) else f'arg{arg}'}' "
+                   f"({x.sharding.spec!r})", x.sharding.mesh)
+                  for x, arg in zip(leaves, self._leaf_args)
                   if isinstance(x, Array) and x._placement.WhichOneof("kind") == "sharded"]
-        if not named:
+        wants += list(getattr(self, "_requests", ()))
+        mesh = self._one_mesh(wants)
+        if mesh is None:
             return None, None
-        mesh = named[0].mesh
         specs = []
         for x, arg in zip(leaves, self._leaf_args):
             s = given
@@ -150,6 +153,32 @@ class Jitted:
             spec = s.spec if isinstance(s, NamedSharding) else s if isinstance(s, P) else P()
             specs.append(spec)
         return mesh, specs
+
+    def _one_mesh(self, wants):
+        """The one mesh every placement request names, or None when none
+        names one; an error naming two that disagree, and one for an
+        explicit device=/replicated= beside a mesh (as JAX's "incompatible
+        devices"): a request is honoured or refused, never ignored."""
+        name = getattr(self.fn, "__name__", "f")
+        first = next(((what, m) for what, m in wants if m is not None), None)
+        for what, m in wants:
+            if m is not None and m != first[1]:
+                raise ValueError(f"jit of {name}: incompatible placements: {first[0]} is on {first[1]!r}, "
+                                 f"but {what} is on {m!r}; one jitted computation runs on one mesh")
+        if first is None:
+            bare = next((what for what, m in wants if m is None), None)
+            if bare is not None:
+                raise ValueError(f"jit of {name}: {bare} names no mesh, and the computation is not partitioned "
+                                 "(no sharded argument, in_shardings or out_shardings); give a NamedSharding")
+            return None
+        if self._placement is not None:
+            asked = ("replicated=True" if self._placement.WhichOneof("kind") == "replicated"
+                     else f"device={self._placement.device}")
+            raise ValueError(f"jit of {name}: incompatible placements: jit({asked}) asks for "
+                             f"{'every device' if asked.startswith('replicated') else f'device {self._placement.device}'}"
+                             f", but {first[0]} is on {first[1]!r}; drop {asked.split('=')[0]}= or "
+                             "device_put the array where the step should run")
+        return first[1]
 
     def _out_specs(self, n):
         from tessel._sharding import NamedSharding, P
@@ -190,7 +219,7 @@ class Jitted:
 
     def _trace(self, args, leaves, paths, donated_leaves):
         builder = Builder(self.fn.__name__)
-        with builder:
+        with builder, placement_requests() as requests:
             tracers = []
             for i, (x, p) in enumerate(zip(leaves, paths)):
                 shape, dtype, weak = _leaf_signature(x)
@@ -212,6 +241,7 @@ class Jitted:
                     o = tnp.asarray_in_trace(o)
                 out_tracers.append(o)
             builder.graph.outputs.extend(o._name for o in out_tracers)
+        self._requests = requests
         return builder.graph, out_structure, out_tracers
 
     def lower(self, *args, **kwargs):

@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 
 from tessel import _dtypes
-from tessel._trace import Builder, Tracer, current_builder
+from tessel._trace import request_placement, Builder, Tracer, current_builder
 from tessel.v1 import ir_pb2, session_pb2
 
 
@@ -137,6 +137,8 @@ def with_sharding_constraint(x, sharding):
     that needs, with the reason."""
     b = _builder(x, "with_sharding_constraint")
     spec = sharding.spec if isinstance(sharding, NamedSharding) else sharding
+    request_placement(f"with_sharding_constraint({spec!r})",
+                      sharding.mesh if isinstance(sharding, NamedSharding) else None)
 
     def attrs(n):
         n.sharding.sharding.CopyFrom(spec.proto())
@@ -163,6 +165,7 @@ def shard_map(f, mesh, in_specs, out_specs):
             raise ValueError(f"shard_map of {getattr(f, '__name__', 'f')}: {len(args)} arguments, "
                              f"{len(specs)} in_specs")
         outer = _builder(args[0], "shard_map")
+        request_placement(f"shard_map of {getattr(f, '__name__', 'f')}", mesh)
         body = Builder(getattr(f, "__name__", "body"))
         body._mesh = mesh
         with body:

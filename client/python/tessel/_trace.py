@@ -20,6 +20,29 @@ def current_builder():
     return stack[-1] if stack else None
 
 
+class placement_requests:
+    """Collects, while a jitted function is traced, where its body asks to
+    run: (what, mesh) for each with_sharding_constraint and shard_map (mesh
+    None for a bare PartitionSpec). The jit checks them against its own
+    placement, so that no request is silently ignored."""
+
+    def __enter__(self):
+        if not hasattr(_state, "requests"):
+            _state.requests = []
+        self.items = []
+        _state.requests.append(self.items)
+        return self.items
+
+    def __exit__(self, *exc):
+        _state.requests.pop()
+
+
+def request_placement(what, mesh):
+    stack = getattr(_state, "requests", None)
+    if stack:
+        stack[-1].append((what, mesh))
+
+
 class Builder:
     def __init__(self, name):
         self.graph = ir_pb2.Graph(name=name)
