@@ -40,6 +40,7 @@ const char* const kCauses[] = {
     "Broken pipe",
     "out of step",                   // workers at different collectives: the group starts over
     "broke at an earlier collective",  // queued behind a step that broke its group
+    "cannot run its collectives",    // sent before its group broke; the worker moved to a later epoch
     "connecting to workers",         // a peer did not join a group's new epoch in time
     "gave up on this group",         // ... and said so
     "must start over",

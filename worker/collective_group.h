@@ -20,7 +20,7 @@ namespace tessel::worker {
 bool IsCollective(v1::Op op);
 
 struct ResolvedGroup {
-  Communicator* comm = nullptr;  // null for a group of one
+  std::shared_ptr<Communicator> comm;  // null for a group of one
   int rank = 0;
   int size = 1;
 };

@@ -22,6 +22,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -1066,7 +1067,7 @@ class Registry final : public CommunicatorRegistry {
   Registry(CollectivesOptions options, std::shared_ptr<const GlooEndpoint> endpoint)
       : options_(std::move(options)), endpoint_(std::move(endpoint)) {}
 
-  absl::StatusOr<Communicator*> Get(const GroupSpec& spec) override {
+  absl::StatusOr<std::shared_ptr<Communicator>> Get(const GroupSpec& spec) override {
     absl::MutexLock l(&mu_);
     if (auto it = groups_.find(spec.key); it != groups_.end()) {
       if (it->second->rank_workers() != spec.rank_workers) {
@@ -1075,7 +1076,19 @@ class Registry final : public CommunicatorRegistry {
             absl::StrJoin(it->second->rank_workers(), ", "), "], asked for again with [",
             absl::StrJoin(spec.rank_workers, ", "), "]"));
       }
-      return it->second.get();
+      return it->second;
+    }
+    const EpochKey ek = ParseEpochKey(spec.key);
+    if (ek.valid) {
+      auto cur = current_.find(ek.devices);
+      if (cur != current_.end()) {
+        const EpochKey& now = cur->second;
+        if (now.incarnation == ek.incarnation && ek.epoch < now.epoch) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "collective group '", spec.key, "': its epoch ", ek.epoch, " is over (this worker meets in epoch ",
+              now.epoch, " now); a step sent before a group broke cannot run its collectives"));
+        }
+      }
     }
     auto layout = MakeLayout(spec, options_.self);
     if (!layout.ok()) return layout.status();
@@ -1084,18 +1097,57 @@ class Registry final : public CommunicatorRegistry {
                                                         absl::StrJoin(layout->workers, ", "),
                                                         "] but this worker has no rendezvous store"));
     }
-    auto group = std::make_unique<GroupCommunicator>(std::move(*layout), endpoint_, options_.timeout,
+    auto group = std::make_shared<GroupCommunicator>(std::move(*layout), endpoint_, options_.timeout,
                                                      options_.logger);
-    Communicator* result = group.get();
-    groups_.emplace(spec.key, std::move(group));
-    return result;
+    if (ek.valid) {
+      // Earlier epochs of these devices (and other coordinators') are over.
+      for (auto it = groups_.begin(); it != groups_.end();) {
+        const EpochKey old = ParseEpochKey(it->first);
+        if (old.valid && old.devices == ek.devices) {
+          options_.logger->info("collective group '{}' dropped: superseded by '{}'", it->first, spec.key);
+          groups_.erase(it++);
+        } else {
+          ++it;
+        }
+      }
+      current_[ek.devices] = ek;
+    }
+    groups_.emplace(spec.key, group);
+    return std::shared_ptr<Communicator>(std::move(group));
+  }
+
+  int num_groups() const override {
+    absl::MutexLock l(&mu_);
+    return groups_.size();
+  }
+
+ private:
+  // "<devices>@<incarnation>.<epoch>"; other keys (tests') are not epoch keys.
+  struct EpochKey {
+    bool valid = false;
+    std::string devices, incarnation;
+    int64_t epoch = 0;
+  };
+  static EpochKey ParseEpochKey(const std::string& key) {
+    EpochKey k;
+    const size_t at = key.rfind('@');
+    if (at == std::string::npos) return k;
+    const size_t dot = key.rfind('.');
+    if (dot == std::string::npos || dot < at) return k;
+    if (!absl::SimpleAtoi(absl::string_view(key).substr(dot + 1), &k.epoch)) return k;
+    k.devices = key.substr(0, at);
+    k.incarnation = key.substr(at + 1, dot - at - 1);
+    k.valid = true;
+    return k;
   }
 
  private:
   const CollectivesOptions options_;
   const std::shared_ptr<const GlooEndpoint> endpoint_;  // null: no store
-  absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::unique_ptr<GroupCommunicator>> groups_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<GroupCommunicator>> groups_ ABSL_GUARDED_BY(mu_);
+  // The newest epoch key seen for each set of devices.
+  absl::flat_hash_map<std::string, EpochKey> current_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

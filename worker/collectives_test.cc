@@ -190,7 +190,7 @@ class SimulatedWorkers {
     for (int r : ranks) {
       threads.emplace_back([&, r] {
         auto comm = registry(spec.rank_workers[r]).Get(spec);
-        statuses[r] = comm.ok() ? body(r, *comm) : comm.status();
+        statuses[r] = comm.ok() ? body(r, comm->get()) : comm.status();
       });
     }
     for (auto& t : threads) t.join();
@@ -396,7 +396,7 @@ TEST(Collectives, GetKeepsOneCommunicatorPerGroup) {
   for (int i = 0; i < 8; ++i) {
     threads.emplace_back([&, i] {
       auto c = workers.registry("w0").Get(spec);
-      got[i] = c.ok() ? *c : nullptr;
+      got[i] = c.ok() ? c->get() : nullptr;
     });
   }
   for (auto& t : threads) t.join();
@@ -758,6 +758,49 @@ TEST_F(CollectivesKvStoreClientTest, MissingWorkerTimesOutThroughTheCoordinatorS
   }, {0});
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_EQ(statuses[0].code(), absl::StatusCode::kDeadlineExceeded) << statuses[0];
+}
+
+}  // namespace
+}  // namespace tessel::worker
+
+namespace tessel::worker {
+namespace {
+
+TEST(CollectiveIdentity, ANewEpochDropsTheOldGroupAndRefusesItsStragglers) {
+  SimulatedWorkers workers({"w0"});
+  CommunicatorRegistry& reg = workers.registry("w0");
+  const GroupSpec old_spec{"devices:0,1@00ab.0", {"w0", "w0"}, {0, 1}};
+  const GroupSpec new_spec{"devices:0,1@00ab.1", {"w0", "w0"}, {0, 1}};
+  const GroupSpec other{"devices:2,3@00ab.0", {"w0", "w0"}, {2, 3}};
+  auto held = reg.Get(old_spec);
+  ASSERT_TRUE(held.ok()) << held.status();
+  ASSERT_TRUE(reg.Get(other).ok());
+  std::weak_ptr<Communicator> old_group = *held;
+  EXPECT_EQ(reg.num_groups(), 2);
+  ASSERT_TRUE(reg.Get(new_spec).ok());
+  EXPECT_EQ(reg.num_groups(), 2);  // the old epoch of devices 0,1 went; devices 2,3 stay
+  // A step still holding the old group keeps it usable until it lets go.
+  float x[2] = {1, 2};
+  absl::Status statuses[2];
+  std::thread ranks[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks[rank] = std::thread([&, rank] {
+      statuses[rank] = (*held)->AllReduce(rank, CollectiveId{1, 0}, &x[rank], 1, v1::F32, ReduceOp::kSum);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (const absl::Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(x[0], 3);
+  held->reset();
+  EXPECT_TRUE(old_group.expired());
+  // A straggler of the old epoch is refused, not given a rebuilt group.
+  auto stale = reg.Get(old_spec);
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(stale.status().message().find("epoch 0 is over (this worker meets in epoch 1 now)"),
+            std::string::npos) << stale.status();
+  // Another coordinator's groups supersede this one's.
+  ASSERT_TRUE(reg.Get(GroupSpec{"devices:0,1@77cd.0", {"w0", "w0"}, {0, 1}}).ok());
+  EXPECT_EQ(reg.num_groups(), 2);
 }
 
 }  // namespace

@@ -89,12 +89,20 @@ struct GroupSpec {
 };
 
 
-// Communicators of one worker process, created on first use and kept.
+// Communicators of one worker process, created on first use and kept while
+// their epoch is current. A key "<devices>@<incarnation>.<epoch>" (as
+// ResolveGroup makes them) supersedes the groups of the same devices under
+// an earlier epoch of that coordinator incarnation, or under another
+// incarnation: those are dropped (a caller still holding one keeps it alive
+// until it lets go), and asking for one again is FAILED_PRECONDITION naming
+// both epochs, so a stale step never rebuilds a group the cluster has left.
 // Thread-safe: local ranks of a new group may ask for it at the same time.
 class CommunicatorRegistry {
  public:
   virtual ~CommunicatorRegistry() = default;
-  virtual absl::StatusOr<Communicator*> Get(const GroupSpec& spec) = 0;
+  virtual absl::StatusOr<std::shared_ptr<Communicator>> Get(const GroupSpec& spec) = 0;
+  // Groups held, for tests and stats.
+  virtual int num_groups() const = 0;
 };
 
 }  // namespace tessel::worker
