@@ -10,16 +10,56 @@ from tessel._trace import request_placement, Builder, Tracer, current_builder
 from tessel.v1 import ir_pb2, session_pb2
 
 
+def _is_device_array(x):
+    if isinstance(x, np.ndarray):
+        return True
+    if isinstance(x, (list, tuple)) and x and not isinstance(x, dict):
+        flat = np.asarray(x, dtype=object).reshape(-1)
+        return all(isinstance(d, (int, np.integer, Device)) and not isinstance(d, bool) for d in flat)
+    return False
+
+
 class Mesh:
     """Named axes over the cluster's devices, row-major: Mesh({"data": 2,
-    "model": 2}) or Mesh((("data", 2), ("model", 2)), devices=[0, 1, 2, 3])."""
+    "model": 2}) or Mesh((("data", 2), ("model", 2)), devices=[0, 1, 2, 3]),
+    or as jax.sharding.Mesh: Mesh(np.array([[0, 1], [2, 3]]), ("data",
+    "model")), an array of device ids (or tessel.Devices) shaped like the
+    mesh."""
 
     def __init__(self, axes, devices=None):
-        items = list(axes.items()) if isinstance(axes, dict) else [tuple(a) for a in axes]
+        if _is_device_array(axes):
+            # jax.sharding.Mesh(devices, axis_names)
+            grid = np.vectorize(lambda d: d.id if isinstance(d, Device) else d, otypes=[object])(
+                np.asarray(axes, dtype=object))
+            names = (devices,) if isinstance(devices, str) else tuple(devices or ())
+            if len(names) != grid.ndim:
+                raise ValueError(f"Mesh: a device array of shape {grid.shape} needs {grid.ndim} axis names, "
+                                 f"got {names!r}")
+            items = list(zip(names, grid.shape))
+            devices = [int(d) for d in grid.reshape(-1)]
+        elif isinstance(axes, dict):
+            items = list(axes.items())
+        else:
+            try:
+                items = [tuple(a) for a in axes]
+            except TypeError:
+                raise TypeError(f"Mesh: expected {{name: size}}, ((name, size), ...) or an array of devices "
+                                f"with axis names, got {axes!r}") from None
+        if any(len(a) != 2 for a in items):
+            raise TypeError(f"Mesh: each axis is (name, size), got {items!r}")
         self.axis_names = tuple(str(n) for n, _ in items)
         self.axis_sizes = tuple(int(s) for _, s in items)
+        if len(set(self.axis_names)) != len(self.axis_names):
+            raise ValueError(f"Mesh: axis names must differ, got {self.axis_names!r}")
+        if any(s < 1 for s in self.axis_sizes):
+            raise ValueError(f"Mesh: axis sizes must be at least 1, got {self.shape}")
         n = int(np.prod(self.axis_sizes))
         self.devices = tuple(int(d) for d in devices) if devices is not None else tuple(range(n))
+        if len(self.devices) != n:
+            raise ValueError(f"Mesh: axes {self.shape} hold {n} devices, got {len(self.devices)}: "
+                             f"{list(self.devices)}")
+        if len(set(self.devices)) != n:
+            raise ValueError(f"Mesh: a device appears twice in {list(self.devices)}")
 
     @property
     def shape(self):

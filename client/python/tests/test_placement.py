@@ -66,3 +66,26 @@ def test_the_same_mesh_everywhere_still_runs(on_a):
     f = tessel.jit(lambda v: tessel.with_sharding_constraint(v * 2, NamedSharding(A, P())),
                    out_shardings=NamedSharding(A, P("x")))
     np.testing.assert_array_equal(f(on_a).fetch(), np.arange(8, dtype=np.float32) * 2)
+
+
+def test_a_mesh_is_written_as_jax_writes_it_or_refused_clearly():
+    assert Mesh(np.array([[0, 1], [2, 3]]), ("data", "model")) == Mesh({"data": 2, "model": 2})
+    assert Mesh(np.array([2, 3]), ("x",)) == B
+    assert Mesh([2, 3], "x") == B
+    with pytest.raises(ValueError, match=r"shape \(2,\) needs 1 axis names"):
+        Mesh(np.array([0, 1]), ("x", "y"))
+    with pytest.raises(ValueError, match=r"hold 2 devices, got 3"):
+        Mesh({"x": 2}, devices=[0, 1, 2])
+    with pytest.raises(ValueError, match="appears twice"):
+        Mesh({"x": 2}, devices=[1, 1])
+    with pytest.raises(ValueError, match="axis names must differ"):
+        Mesh((("x", 2), ("x", 2)))
+    with pytest.raises(TypeError, match="expected"):
+        Mesh(5)
+
+
+def test_a_jax_style_mesh_of_the_clusters_devices_runs(session):
+    mesh = Mesh(np.array(tessel.devices()).reshape(2, 2), ("data", "model"))
+    x = tessel.device_put(np.arange(16, dtype=np.float32).reshape(4, 4), NamedSharding(mesh, P("data", "model")))
+    np.testing.assert_array_equal(tessel.jit(lambda v: v.sum(axis=0))(x).fetch(),
+                                  np.arange(16, dtype=np.float32).reshape(4, 4).sum(axis=0))
