@@ -39,7 +39,7 @@ void StepQueue::Submit(uint64_t epoch, uint64_t seq, std::function<void()> work,
     }
     if (refused.ok()) {
       if (seq >= next_ && !pending_.contains(seq)) {
-        pending_.emplace(seq, Item{std::move(work), rejected});
+        pending_.emplace(seq, Item{std::move(work), std::move(rejected)});
         rejected = nullptr;
       } else {
         refused = absl::InvalidArgumentError(
@@ -47,10 +47,12 @@ void StepQueue::Submit(uint64_t epoch, uint64_t seq, std::function<void()> work,
       }
     }
   }
-  const absl::Status gone = absl::UnavailableError(absl::StrCat(
-      name_, ": the queue started over in a new epoch (the worker registered again, or steps were lost in transit) "
-      "before this step ran"));
-  for (auto& [s, item] : dropped) item.rejected(gone);
+  if (!dropped.empty()) {
+    const absl::Status gone = absl::UnavailableError(absl::StrCat(
+        name_, ": the queue started over in a new epoch (the worker registered again, or steps were lost in "
+        "transit) before this step ran"));
+    for (auto& [s, item] : dropped) item.rejected(gone);
+  }
   if (rejected) rejected(refused);
 }
 
