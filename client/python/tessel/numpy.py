@@ -201,6 +201,10 @@ def _truth(x):
 def _logical(op):
     @_op
     def f(x1, x2):
+        # numpy's logical loops take a Python int as a C long, whatever the
+        # other operand's dtype: past int64 it is an OverflowError.
+        if not (_is_pyscalar(x1) and _is_pyscalar(x2)):
+            _check_in_range([x1, x2], _np.int64)
         return _elementwise(op, [_truth(x1), _truth(x2)], _np.bool_)
     return f
 

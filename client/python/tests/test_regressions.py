@@ -217,3 +217,19 @@ def test_max_and_argmax_over_no_elements_raise_as_in_numpy(session):
             f()
     assert tnp.max(e, axis=1).shape == (0,)
     assert not bool(tnp.any(e).fetch()) and bool(tnp.all(e).fetch())
+
+
+def test_logical_ops_take_a_python_int_as_a_c_long(session):
+    """Found by the differential soak (seed 944772552): numpy's logical
+    loops convert a Python int to a C long whatever the other operand's
+    dtype, so logical_and(2**63, x) is an OverflowError for every x, while
+    300 with a uint8 array is fine."""
+    for x in (np.array(0, np.int64), np.array([1, 0], np.uint8), np.array(0.5, np.float32)):
+        with pytest.raises(OverflowError):
+            np.logical_and(2**63, x)
+        with pytest.raises(OverflowError):
+            tessel.jit(lambda a: tnp.logical_and(2**63, a))(x)
+        with pytest.raises(OverflowError):
+            tessel.jit(lambda a: tnp.logical_or(a, -2**63 - 1))(x)
+        np.testing.assert_array_equal(tessel.jit(lambda a: tnp.logical_xor(300, a))(x).fetch(),
+                                      np.logical_xor(300, x))
