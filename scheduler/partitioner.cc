@@ -405,13 +405,10 @@ class Partitioner {
       } else if (n.operands_size() == 1 && IsLinearUnary(n, op_type(0)) && IsPartial(current(0)) &&
                  current(0).partial_kind() == v1::SUM) {
         partial = current(0);
-      } else if ((n.op() == v1::MUL || n.op() == v1::DIV) && !operand(0).generated && IsPartial(current(0)) &&
-                 current(0).partial_kind() == v1::SUM && !IsPartial(current(1))) {
-        partial = current(0);
-      } else if (n.op() == v1::MUL && !operand(1).generated && IsPartial(current(1)) &&
-                 current(1).partial_kind() == v1::SUM && !IsPartial(current(0))) {
-        partial = current(1);
       }
+      // Not through MUL or DIV: sum_d(x_d * y) is (sum_d x_d) * y only for a
+      // finite y (a device whose x_d is 0 meets an infinite y with NaN,
+      // where the complete sum would give an infinity).
       if (partial) {
         for (const std::string& a : partial->partial()) t.add_partial(a);
       }
@@ -586,9 +583,12 @@ class Partitioner {
   void DotRule(const v1::Node& n, v1::Sharding l, v1::Sharding r, bool l_gen, bool r_gen, v1::Sharding& wl,
                v1::Sharding& wr, v1::Sharding& result) {
     const v1::DotGeneralAttrs& dg = n.dot_general();
-    if (IsPartial(l) && IsPartial(r)) r = Complete(r);
-    if (IsPartial(l) && l.partial_kind() != v1::SUM) l = Complete(l);
-    if (IsPartial(r) && r.partial_kind() != v1::SUM) r = Complete(r);
+    // A partial operand is completed first: a dot of each device's partial
+    // sum is the dot of the sum only where the other operand is finite (0
+    // times an infinity is NaN on a device whose part is 0). A dot may still
+    // produce a partial sum, over a split contracting dimension.
+    if (IsPartial(l)) l = Complete(l);
+    if (IsPartial(r)) r = Complete(r);
     wl = Replicated(l.dims_size());
     wr = Replicated(r.dims_size());
     absl::flat_hash_set<std::string> used;

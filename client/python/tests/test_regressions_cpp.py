@@ -81,3 +81,23 @@ def test_a_size0_arange_met_by_a_broadcast_scalar_does_not_kill_the_worker():
         assert got[0].fetch().shape == (0,) and got[1].fetch().shape == (0,)
         # The worker is still there for the next step.
         np.testing.assert_array_equal(tessel.jit(lambda: tnp.arange(3) + 1)().fetch(), [1, 2, 3])
+
+
+def test_a_partial_sum_is_completed_before_it_meets_a_product(session):
+    """Found by the differential soak (seed 380073276): a sum over a split
+    dimension stayed a per-device partial sum through a matmul (and a
+    multiply) and was all-reduced after. Where the other operand holds an
+    infinity, a device whose part is 0 makes 0 * inf = NaN, where the
+    complete sum gives an infinity."""
+    mesh = Mesh({"a": 4})
+    a = np.zeros((4, 4, 4), np.float32)
+    a[3, 3, :3] = 0.1
+    x = tessel.device_put(a, NamedSharding(mesh, P("a", None, None)))
+    inf = np.float32(np.inf)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        want_dot = np.sum(a, axis=0) @ (1 / np.sign(a))
+        want_mul = np.sum(a, axis=0) * inf
+    got_dot = tessel.jit(lambda v: tnp.sum(v, axis=0) @ (1 / tnp.sign(v)))(x).fetch()
+    got_mul = tessel.jit(lambda v: tnp.sum(v, axis=0) * inf)(x).fetch()
+    np.testing.assert_array_equal(got_dot, want_dot)
+    np.testing.assert_array_equal(got_mul, want_mul)
