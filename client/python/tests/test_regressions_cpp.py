@@ -101,3 +101,13 @@ def test_a_partial_sum_is_completed_before_it_meets_a_product(session):
     got_mul = tessel.jit(lambda v: tnp.sum(v, axis=0) * inf)(x).fetch()
     np.testing.assert_array_equal(got_dot, want_dot)
     np.testing.assert_array_equal(got_mul, want_mul)
+
+
+def test_a_partial_sum_is_completed_before_it_is_converted(session):
+    """Parts of 70000 and -10000 sum to 60000, which float16 holds; converted
+    on each device first, the first part is already inf."""
+    mesh = Mesh({"a": 2}, devices=[0, 1])
+    a = np.array([[70000.0], [-10000.0]], np.float32)
+    x = tessel.device_put(a, NamedSharding(mesh, P("a", None)))
+    got = tessel.jit(lambda v: tnp.sum(v, axis=0).astype(np.float16))(x).fetch()
+    np.testing.assert_array_equal(got, np.sum(a, axis=0).astype(np.float16))
