@@ -41,6 +41,11 @@ SessionRecord* ArrayRegistry::FindSessionLocked(const std::string& id) {
   return it == sessions_.end() ? nullptr : &it->second;
 }
 
+const SessionRecord* ArrayRegistry::FindSessionLocked(const std::string& id) const {
+  auto it = sessions_.find(id);
+  return it == sessions_.end() ? nullptr : &it->second;
+}
+
 void ArrayRegistry::EraseSessionLocked(const std::string& id) { sessions_.erase(id); }
 
 int64_t ArrayRegistry::num_sessions() const {

@@ -85,6 +85,7 @@ class ArrayRegistry {
   SessionRecord& SessionLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Null when the session is gone.
   SessionRecord* FindSessionLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const SessionRecord* FindSessionLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets the session (its arrays retired first).
   void EraseSessionLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t num_sessions() const;

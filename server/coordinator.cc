@@ -183,7 +183,7 @@ absl::Status Coordinator::GuardTransferLocked(const std::string& session, const 
   v1::TransferLevel level = LevelFor(call, d);
   const bool from_call = level != v1::TRANSFER_UNSET;
   if (!from_call) {
-    const SessionRecord* s = const_cast<ArrayRegistry&>(arrays_).FindSessionLocked(session);
+    const SessionRecord* s = arrays_.FindSessionLocked(session);
     if (s != nullptr) level = LevelFor(s->options.transfer_guard(), d);
   }
   const bool covers = implicit || level == v1::TRANSFER_LOG_EXPLICIT || level == v1::TRANSFER_DISALLOW_EXPLICIT;
