@@ -430,17 +430,20 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
                                                ": its worker died before the step was sent")));
       continue;
     }
+    absl::Status load;
     if (launch.needs_load) {
-      absl::Status s = launch.client->LoadProgram(loaded_program ? *loaded_program : c.program);
-      if (!s.ok()) {
-        // The sequence number must still be consumed; the step fails on the
-        // worker. The next step tries the load again.
-        log_->error("execution {}: loading {} failed: {}", execution_id, req.executable_id(), s.ToString());
+      load = launch.client->LoadProgram(loaded_program ? *loaded_program : c.program);
+      if (!load.ok()) {
+        // The sequence number must still be consumed: the step is sent and
+        // fails on the worker, and its outputs carry the load's error rather
+        // than the worker's "not loaded". The next step tries the load again.
+        log_->error("execution {}: loading {} failed: {}", execution_id, req.executable_id(), load.ToString());
         workers_.ForgetLoaded(launch.client.get(), req.executable_id());
       }
     }
-    launch.client->Run(launch.step.run, [this, session = req.session_id(), outputs, epoch, execution_id,
-                                         device](absl::StatusOr<v1::RunResponse> r) {
+    launch.client->Run(launch.step.run, [this, session = req.session_id(), outputs, epoch, execution_id, device,
+                                         load = std::move(load)](absl::StatusOr<v1::RunResponse> r) {
+      if (!load.ok()) r = load;
       // Workers speak of their local devices; users know the global ids.
       if (!r.ok()) r = Annotate(r.status(), StrCat("execution ", execution_id, " on device ", device, ": "));
       OnStepDone(session, outputs, epoch, std::move(r));

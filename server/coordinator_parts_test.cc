@@ -609,6 +609,29 @@ TEST_F(CoordinatorTest, AFailedStepFailsItsOutputsNamingTheGlobalDevice) {
   EXPECT_THAT(done->errors(0), HasSubstr("on device 1: out of memory"));
 }
 
+TEST_F(CoordinatorTest, AFailedLoadFailsTheStepWithTheLoadsErrorAndIsTriedAgain) {
+  Start(1, 1);
+  const std::string exe = CompileIota(false);
+  fake(0).set_load_error(absl::UnimplementedError("loading on cuda:0: op FOO is not supported"));
+  ASSERT_TRUE(Execute(exe, 0x10).ok());
+  ASSERT_EQ(fake(0).runs().size(), 1u);  // the sequence number is consumed all the same
+  fake(0).CompleteRun(0, absl::FailedPreconditionError("program is not loaded"));
+  v1::AwaitRequest await;
+  await.set_session_id(session_);
+  await.add_handles(0x10);
+  auto done = c_->Await(await);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->states(0), v1::ERROR);
+  EXPECT_EQ(done->codes(0), int(absl::StatusCode::kUnimplemented));
+  EXPECT_THAT(done->errors(0), HasSubstr("on device 0: loading on cuda:0: op FOO is not supported"));
+  // The next step loads again, and runs once the load succeeds.
+  fake(0).set_load_error(absl::OkStatus());
+  ASSERT_TRUE(Execute(exe, 0x11).ok());
+  EXPECT_EQ(fake(0).loads(), 2u);
+  fake(0).CompleteRun(1, v1::RunResponse());
+  EXPECT_EQ(State(0x11), v1::READY);
+}
+
 TEST_F(CoordinatorTest, ABrokenGroupMovesLaterStepsToANewEpoch) {
   Start(1, 2);
   const std::string exe = CompileIota(true);

@@ -20,10 +20,11 @@ namespace {
 constexpr char kUsage[] = R"usage(tessel: run array programs on a Tessel cluster.
 
 Usage:
-  tessel local --workers N --devices-per-worker D [--port P] [--verbose]
+  tessel local --workers N --devices-per-worker D [--device-kind cpu|cuda|both] [--port P] [--verbose]
       Start a coordinator on 127.0.0.1 and N worker processes with D CPU devices
-      each; print the coordinator's address; run until Ctrl-C or SIGTERM, then
-      stop every process started.
+      each (--device-kind cuda: every GPU the worker sees; both: the CPU devices,
+      then the GPUs); print the coordinator's address; run until Ctrl-C or
+      SIGTERM, then stop every process started.
   tessel status [--coordinator HOST:PORT]
       Workers, their devices, heartbeat age and device memory.
   tessel run GRAPH.textproto --input NAME=FILE.npy ... [--fetch NAME=OUT.npy ...]
@@ -127,11 +128,16 @@ int Local(const Args& a) {
   o.devices_per_worker = devices;
   o.port = port;
   o.inherit_output = a.Get("verbose") == "true";
+  const std::string kind = a.Get("device-kind", "cpu");
+  if (kind != "cpu" && kind != "cuda" && kind != "both") {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--device-kind: expected cpu, cuda or both, got '", kind, "'")));
+  }
+  o.worker_flags.push_back("--device_kind=" + kind);
   auto cluster = tessel::LocalCluster::Start(o);
   if (!cluster.ok()) return Fail(cluster.status());
   std::cout << (*cluster)->address() << std::endl;
   std::cerr << "tessel local: coordinator on " << (*cluster)->address() << " with " << workers << " workers x "
-            << devices << " cpu devices; logs in " << (*cluster)->log_dir() << "\n"
+            << devices << " " << kind << " devices; logs in " << (*cluster)->log_dir() << "\n"
             << "  export TESSEL_COORDINATOR=" << (*cluster)->address() << "\n"
             << "Ctrl-C stops the cluster." << std::endl;
   int sig = tessel::WaitForTerminationSignal();

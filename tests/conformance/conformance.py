@@ -4,9 +4,12 @@ per case, run through `tessel run` on a real local cluster (2 workers x 2 CPU
 devices) and checked against an independent numpy reference.
 
 Usage:
-  conformance.py --bin BUILD/bin [--filter SUBSTR] [--keep DIR] [--verbose]
+  conformance.py --bin BUILD/bin [--device-kind cpu|cuda] [--filter SUBSTR] [--keep DIR] [--verbose]
 
   --bin DIR       folder holding tessel, tessel-coordinator and tessel-worker
+  --device-kind K the devices the workers serve (default: $TESSEL_DEVICE_KIND,
+                  else cpu). With cuda each worker serves every GPU it sees;
+                  the cases go round robin over however many devices there are
   --filter SUBSTR run only the cases whose name contains SUBSTR (the negative
                   cases run when their name, "NEGATIVE/...", matches)
   --keep DIR      write graphs, inputs and outputs under DIR and keep them
@@ -15,7 +18,7 @@ Usage:
 
 Each case is one graph: PARAMETER nodes p0, p1, ... (bound with --input), the
 op under test, and one output named "out" (fetched with --fetch). Cases go to
-devices 0..3 round robin so both worker processes serve them.
+the devices round robin (0..3 on CPU) so both worker processes serve them.
 
 Numerics of the reference:
   * f32/f64 results are computed in float64 from the exact inputs and rounded
@@ -1215,13 +1218,21 @@ def run_negative(tessel, env, workdir, name, text, command, needles, verbose=Fal
     return None
 
 
-def start_cluster(tessel, workdir):
+def start_cluster(tessel, workdir, device_kind):
     log = open(os.path.join(workdir, "tessel-local.log"), "w")
-    p = subprocess.Popen([tessel, "local", "--workers", "2", "--devices-per-worker", "2"],
+    p = subprocess.Popen([tessel, "local", "--workers", "2", "--devices-per-worker", "2", "--device-kind", device_kind],
                          stdout=subprocess.PIPE, stderr=log, text=True)
     ready, _, _ = select.select([p.stdout], [], [], 60)
     addr = p.stdout.readline().strip() if ready else ""
     return p, log, addr
+
+
+def count_devices(tessel, env):
+    """The cluster's devices, from `tessel status` (one row per worker; the
+    last column lists its global device ids)."""
+    r = subprocess.run([tessel, "status"], env=env, capture_output=True, text=True, timeout=30)
+    rows = [line.split() for line in r.stdout.splitlines()]
+    return sum(len(row[-1].split(",")) for row in rows if len(row) >= 5 and row[2] == "alive")
 
 
 def stop_cluster(p, log):
@@ -1238,6 +1249,8 @@ def stop_cluster(p, log):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", required=True, help="folder with tessel, tessel-coordinator, tessel-worker")
+    ap.add_argument("--device-kind", default=os.environ.get("TESSEL_DEVICE_KIND", "cpu"), choices=["cpu", "cuda"],
+                    help="the devices the workers serve (default: $TESSEL_DEVICE_KIND, else cpu)")
     ap.add_argument("--filter", default="", help="run only cases whose name contains this")
     ap.add_argument("--keep", default=None, help="keep graphs, inputs and outputs in this folder")
     ap.add_argument("--verbose", "-v", action="store_true", help="print passing cases too")
@@ -1257,18 +1270,22 @@ def main():
     cluster, log, addr = None, None, ""
     n = failed = 0
     try:
-        cluster, log, addr = start_cluster(tessel, workdir)
+        cluster, log, addr = start_cluster(tessel, workdir, args.device_kind)
         if not addr:
             print("conformance: could not start a local cluster (see %s)" % os.path.join(workdir, "tessel-local.log"))
             return 2
         env = dict(os.environ, TESSEL_COORDINATOR=addr, TESSEL_BIN_DIR=os.path.abspath(args.bin))
         runner = Runner(tessel, env, workdir)
+        devices = count_devices(tessel, env)
+        if devices == 0:
+            print("conformance: the local cluster has no live devices (see %s)" % os.path.join(workdir, "tessel-local.log"))
+            return 2
         rng = np.random.default_rng(20240611)
         first_ok = None
         for case in all_cases(rng):  # generate all, so the seed sequence is filter-independent
             if args.filter not in case.name:
                 continue
-            device = n % 4
+            device = n % devices
             err = runner.run_case(case, n, device)
             n += 1
             if err:
@@ -1295,7 +1312,7 @@ def main():
             # The daemons keep serving after rejected graphs.
             if first_ok is None:
                 first_ok = next(c for c in all_cases(np.random.default_rng(1)) if c.name == "ADD/f32")
-            for device in range(4):
+            for device in range(devices):
                 err = runner.run_case(first_ok, n, device)
                 n += 1
                 if err:

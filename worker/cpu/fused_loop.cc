@@ -25,23 +25,21 @@ void MaterializeLiteral(const v1::Node& node, void* out) {
   }
 }
 
+int64_t FusionElements(const v1::Fusion& fusion) {
+  int64_t elements = 1;
+  for (const v1::Node& n : fusion.nodes()) {
+    const int64_t e = NumElementsUnchecked(n.type());
+    if (e != 1) elements = elements == 1 ? e : std::max(elements, e);
+  }
+  return elements;
+}
+
 absl::StatusOr<FusedLoop> FusedLoop::Build(const v1::Fusion& fusion,
                                            const std::vector<v1::TensorType>& input_types) {
   FusedLoop f;
   f.fusion_ = fusion;
   absl::flat_hash_map<std::string, int> slot_of;
-  // The fusion's shape: that of its nodes other than scalar constants (which
-  // are splatted). Not the largest: a size-0 run with a scalar constant in
-  // it has no elements, and a loop over the scalar's one would index an
-  // empty shape.
-  bool shaped = false;
-  for (const v1::Node& n : f.fusion_.nodes()) {
-    const bool scalar_const = n.op() == v1::CONSTANT && !n.constant().has_iota() && n.type().dims_size() == 0;
-    if (scalar_const) continue;
-    f.elements_ = shaped ? std::max(f.elements_, NumElementsUnchecked(n.type())) : NumElementsUnchecked(n.type());
-    shaped = true;
-  }
-  if (!shaped) f.elements_ = 1;
+  f.elements_ = FusionElements(f.fusion_);
   for (int i = 0; i < f.fusion_.inputs_size(); ++i) {
     const v1::TensorType& t = input_types[i];
     int slot = f.slots_.size();

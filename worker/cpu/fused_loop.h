@@ -17,6 +17,13 @@
 
 namespace tessel::cpu {
 
+// The number of elements a fusion loops over: that of its nodes of other
+// than one element (one-element values are splatted), 1 when it has none.
+// Not the largest: a size-0 run with a scalar in it has no elements, and a
+// loop over the scalar's one would index an empty shape. Every backend's
+// fused kernels use this rule.
+int64_t FusionElements(const v1::Fusion& fusion);
+
 class FusedLoop {
  public:
   static constexpr int64_t kBlock = 2048;

@@ -5,7 +5,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -377,10 +379,13 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddFusion(const v1::Fusion& fusion,
                                            fusion.outputs_size(), " outputs exceeds ", kMaxKernelPointers,
                                            " kernel arguments"));
   }
-  int64_t elements = 0;
-  for (const v1::Node& n : fusion.nodes()) elements = std::max(elements, NumElementsUnchecked(n.type()));
+  const int64_t elements = cpu::FusionElements(fusion);
   absl::flat_hash_map<std::string, std::string> var;   // value -> compute-typed variable
   absl::flat_hash_map<std::string, v1::DType> dtype;
+  // Values that are the same for every element (one-element inputs, scalar
+  // constants, and what is computed from them alone) are computed once,
+  // before the loop: a one-element output may be one of them.
+  absl::flat_hash_set<std::string> uniform;
   std::string decls, body;
   for (int i = 0; i < fusion.inputs_size(); ++i) {
     const v1::DType dt = input_types[i].dtype();
@@ -388,6 +393,7 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddFusion(const v1::Fusion& fusion,
     decls += PtrDecl(Storage(dt), p, i, true);
     if (NumElementsUnchecked(input_types[i]) != elements) {
       absl::StrAppend(&decls, "  const ", Compute(dt), " ", v, " = ", Load(dt, p + "[0]"), ";\n");
+      uniform.insert(fusion.inputs(i));
     } else {
       absl::StrAppend(&body, "    const ", Compute(dt), " ", v, " = ", Load(dt, p + "[i]"), ";\n");
     }
@@ -449,6 +455,10 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddFusion(const v1::Fusion& fusion,
         expr = Round(dt, *e);
       }
     }
+    if (!hoist && !n.constant().has_iota() && n.operands_size() > 0) {
+      hoist = absl::c_all_of(n.operands(), [&](const std::string& o) { return uniform.contains(o); });
+    }
+    if (hoist) uniform.insert(n.name());
     absl::StrAppend(hoist ? &decls : &body, hoist ? "  const " : "    const ", Compute(dt), " ", v, " = ", expr, ";\n");
     var[n.name()] = v;
     dtype[n.name()] = dt;
@@ -468,10 +478,15 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddFusion(const v1::Fusion& fusion,
     if (node_elements[o] == elements) {
       absl::StrAppend(&body, "    ", p, "[i] = ", Store(dt, var[o]), ";\n");
     } else {
+      if (!uniform.contains(o)) {
+        return absl::InternalError(StrCat("fusion output '", o, "' has ", node_elements[o], " elements, the fusion ",
+                                          elements, ", and it varies by element"));
+      }
       absl::StrAppend(&once, "  if (tid() == 0) ", p, "[0] = ", Store(dt, var[o]), ";\n");
     }
   }
-  return Add(Kernel(decls + once, StrCat(elements), body), elements);
+  // A size-0 fusion still writes its one-element outputs: one thread runs.
+  return Add(Kernel(decls + once, StrCat(elements), body), once.empty() ? elements : std::max<int64_t>(elements, 1));
 }
 
 absl::StatusOr<KernelLaunch> ModuleSource::AddLayout(const v1::Node& n,

@@ -280,6 +280,35 @@ TEST(KernelSource, FusedChainWithSplatsConstantsAndIotaMatchesTheCpuBackend) {
   EXPECT_EQ(batch.Check(), 4);
 }
 
+// Size-0 fusions: a scalar constant in them does not make them one element,
+// and a one-element output (a scalar constant read elsewhere) is still
+// written.
+TEST(KernelSource, EmptyFusionsMatchTheCpuBackend) {
+  FusionBatch batch;
+  for (int64_t n : {0, 5}) {
+    const v1::TensorType t = MakeType(v1::F32, {n});
+    v1::Fusion f;
+    f.add_inputs("x");  // bool, converted
+    f.add_inputs("s");  // one element, splatted
+    v1::Node zero = MakeNode("zero", v1::CONSTANT, MakeType(v1::F32, {}), {});
+    zero.mutable_constant()->mutable_fill()->set_f(0.5);
+    *f.add_nodes() = zero;
+    v1::Node zero_b = MakeNode("zero_b", v1::BROADCAST_IN_DIM, t, {"zero"});
+    zero_b.mutable_broadcast_in_dim()->add_dims(n);
+    *f.add_nodes() = zero_b;
+    *f.add_nodes() = MakeNode("xf", v1::CONVERT, t, {"x"});
+    *f.add_nodes() = MakeNode("sum", v1::ADD, t, {"zero_b", "xf"});
+    v1::Node s_b = MakeNode("s_b", v1::BROADCAST_IN_DIM, t, {"s"});
+    s_b.mutable_broadcast_in_dim()->add_dims(n);
+    *f.add_nodes() = s_b;
+    *f.add_nodes() = MakeNode("y", v1::MUL, t, {"sum", "s_b"});
+    f.add_outputs("y");
+    f.add_outputs("zero");
+    batch.Add(f, {MakeType(v1::PRED, {n}), MakeType(v1::F32, {})}, absl::StrCat("size ", n));
+  }
+  EXPECT_EQ(batch.Check(), 2);
+}
+
 // Runs a single-kernel op on random operands and compares with `cpu_reference`.
 template <typename Ref>
 void CheckKernel(ModuleSource& module, const KernelLaunch& launch, const std::vector<v1::TensorType>& in_types,

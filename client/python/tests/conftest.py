@@ -1,5 +1,9 @@
-"""One local cluster (2 workers x 2 CPU devices, real daemons on loopback)
-for the whole suite; tests that break a cluster start their own."""
+"""One local cluster (2 workers x 2 devices, real daemons on loopback) for
+the whole suite; tests that break a cluster start their own.
+
+TESSEL_DEVICE_KIND=cuda runs the suites against GPUs: each worker then
+serves every GPU the CUDA runtime sees (two workers on a one-GPU host share
+it, as two processes would)."""
 import os
 import pathlib
 
@@ -12,9 +16,21 @@ if not os.environ.get("TESSEL_BIN_DIR") and (_BUILD_BIN / "tessel-worker").exist
     os.environ["TESSEL_BIN_DIR"] = str(_BUILD_BIN)
 
 
+DEVICE_KIND = os.environ.get("TESSEL_DEVICE_KIND", "cpu")
+if DEVICE_KIND not in ("cpu", "cuda"):
+    raise ValueError(f"TESSEL_DEVICE_KIND: expected cpu or cuda, got {DEVICE_KIND!r}")
+
+
+def suite_cluster():
+    """The suites' cluster shape on the device kind under test."""
+    if DEVICE_KIND == "cpu":
+        return tessel.local_cluster(workers=2, devices_per_worker=2)
+    return tessel.local_cluster(workers=2, devices_per_worker=1, worker_flags=[f"--device_kind={DEVICE_KIND}"])
+
+
 @pytest.fixture(scope="session")
 def cluster():
-    with tessel.local_cluster(workers=2, devices_per_worker=2) as c:
+    with suite_cluster() as c:
         yield c
 
 

@@ -1,0 +1,291 @@
+// tessel-gpu-bench: the CUDA backend beside the libraries it stands on, on
+// one GPU, in one run, as ratios.
+//
+//   elementwise_1gib  mul-add-max-mul over 2^28 f32, the array donated and
+//                     updated in place, 50 steps pipelined as a loop issues
+//                     them; GB/s counting bytes read and written, vs
+//                     cudaMemcpyAsync device to device of the same bytes.
+//                     Goal >= 0.8x.
+//   dot_bf16_8192     bf16 8192^3 dot_general (f32 accumulation), 20 steps
+//                     pipelined, vs cublasLtMatmul called directly with the
+//                     heuristic's first algorithm and the same workspace;
+//                     TFLOP/s. Goal >= 0.95x.
+//
+// Tessel's time runs from the first Execute until a one-element fetch of
+// the last result returns (the fetch is queued behind every step), so it
+// includes every Execute's round trip through the coordinator. The
+// baselines run in this process on the same GPU, timed with CUDA events.
+//
+//   tessel-gpu-bench [--json] [--only=SUBSTR]
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/process_tuning.h"
+#include "tessel/graph.h"
+#include "tessel/local_cluster.h"
+#include "tessel/session.h"
+
+namespace {
+
+using tessel::ArrayType;
+using tessel::DType;
+using tessel::GraphBuilder;
+using tessel::HostArray;
+
+struct Row {
+  std::string name, unit;
+  double value, baseline, goal;
+  std::string note;
+  double ratio() const { return value / baseline; }
+  bool met() const { return ratio() >= goal; }
+};
+
+void Check(const absl::Status& s) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "tessel-gpu-bench: %s\n", s.ToString().c_str());
+    std::exit(1);
+  }
+}
+template <typename T>
+T Check(absl::StatusOr<T> v) {
+  Check(v.status());
+  return std::move(*v);
+}
+void Cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "tessel-gpu-bench: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+void Lt(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "tessel-gpu-bench: %s: cublas status %d\n", what, int(s));
+    std::exit(1);
+  }
+}
+
+// Seconds per call of `f` queued on `stream`, over `reps` calls, by CUDA events.
+template <typename F>
+double EventTime(cudaStream_t stream, int reps, F&& f) {
+  cudaEvent_t start, stop;
+  Cuda(cudaEventCreate(&start), "cudaEventCreate");
+  Cuda(cudaEventCreate(&stop), "cudaEventCreate");
+  f();  // warm-up
+  Cuda(cudaEventRecord(start, stream), "cudaEventRecord");
+  for (int i = 0; i < reps; ++i) f();
+  Cuda(cudaEventRecord(stop, stream), "cudaEventRecord");
+  Cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
+  float ms = 0;
+  Cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms / 1e3 / reps;
+}
+
+// One element of `x` (the first), fetched: returns once every step queued
+// before it on the device has run.
+class Sync {
+ public:
+  Sync(tessel::Session& s, ArrayType type) : s_(s) {
+    GraphBuilder g("first");
+    auto x = g.Parameter(type, "x");
+    std::vector<int64_t> start(type.dims.size(), 0), limit(type.dims.size(), 1);
+    exe_ = Check(s.Compile(Check(g.Build({g.Slice(x, start, limit)}))));
+  }
+  void operator()(const tessel::Array& x) {
+    auto one = Check(s_.Execute(exe_, {x}));
+    Check(s_.Fetch(one[0]).status());
+    Check(s_.Delete(one));
+  }
+
+ private:
+  tessel::Session& s_;
+  tessel::Executable exe_;
+};
+
+uint16_t Bf16(float f) {  // round to nearest even
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return uint16_t((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool json = false;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--only=", 0) == 0) only = a.substr(7);
+    if (a == "--json") json = true;
+    if (a == "--help" || a == "-h") {
+      std::printf("tessel-gpu-bench [--json] [--only=SUBSTR]: the CUDA backend beside cudaMemcpy and cuBLASLt on\n"
+                  "GPU 0, as ratios. Needs a GPU.\n");
+      return 0;
+    }
+  }
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) {
+    std::fprintf(stderr, "tessel-gpu-bench: no CUDA device (%s)\n", cudaGetErrorString(cudaGetLastError()));
+    return 2;
+  }
+  tessel::TuneAllocatorForStreaming();
+  tessel::LocalCluster::Options opts;
+  opts.workers = 1;
+  opts.worker_flags = {"--device_kind=cuda"};
+  auto cluster = Check(tessel::LocalCluster::Start(opts));
+  auto session = Check(tessel::Session::Connect(cluster->address()));
+  std::vector<Row> rows;
+  auto want = [&](const char* name) { return only.empty() || std::string(name).find(only) != std::string::npos; };
+  Cuda(cudaSetDevice(0), "cudaSetDevice");
+  cudaStream_t stream;
+  Cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+
+  if (want("elementwise_1gib")) {
+    const int64_t n = int64_t{1} << 28;
+    const int steps = 50;
+    ArrayType t{DType::kF32, {n}};
+    GraphBuilder init("init");
+    auto x0 = init.Mul(init.Convert(init.Iota(ArrayType{DType::kS32, {n}}, 0), DType::kF32),
+                       init.Broadcast(init.Scalar(DType::kF32, 1e-9), {n}));
+    auto make = Check(session->Compile(Check(init.Build({x0}))));
+    GraphBuilder g("chain4");
+    auto x = g.Parameter(t, "x");
+    auto c = [&](double v) { return g.Broadcast(g.Scalar(DType::kF32, v), {n}); };
+    auto y = g.Mul(g.Max(g.Add(g.Mul(x, c(1.5)), c(-0.25)), c(0.0)), c(0.5));
+    auto exe = Check(session->Compile(Check(g.Build({y})), {.donate = {0}, .strict_donation = true}));
+    Sync sync(*session, t);
+    auto xa = Check(session->Execute(make, {}));
+    xa = Check(session->Execute(exe, xa));  // warm-up: load and compile
+    sync(xa[0]);
+    const absl::Time start = absl::Now();
+    for (int i = 0; i < steps; ++i) xa = Check(session->Execute(exe, xa));
+    sync(xa[0]);
+    const double t_tessel = absl::ToDoubleSeconds(absl::Now() - start) / steps;
+    Check(session->Delete(xa));
+
+    void *src, *dst;
+    Cuda(cudaMalloc(&src, n * 4), "cudaMalloc");
+    Cuda(cudaMalloc(&dst, n * 4), "cudaMalloc");
+    const double t_copy = EventTime(stream, steps, [&] {
+      Cuda(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
+    });
+    cudaFree(src);
+    cudaFree(dst);
+    const double bytes = 2.0 * n * 4;
+    rows.push_back({"elementwise_1gib", "GB/s", bytes / t_tessel / 1e9, bytes / t_copy / 1e9, 0.8,
+                    "mul-add-max-mul over 2^28 f32 in place, 50 steps pipelined, vs cudaMemcpyAsync D2D"});
+  }
+
+  if (want("dot_bf16_8192")) {
+    const int64_t m = 8192;
+    const int steps = 20;
+    std::vector<uint16_t> ha(m * m), hb(m * m);
+    for (int64_t i = 0; i < m * m; ++i) {
+      ha[i] = Bf16(std::sin(float(i % 9973) * 0.37f));
+      hb[i] = Bf16(std::cos(float(i % 7919) * 0.11f));
+    }
+    ArrayType t{DType::kBF16, {m, m}};
+    auto bytes_of = [](const std::vector<uint16_t>& v) {
+      return std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(v.data()),
+                                  reinterpret_cast<const uint8_t*>(v.data()) + v.size() * 2);
+    };
+    auto aa = Check(session->Put(HostArray(t, bytes_of(ha))));
+    auto ba = Check(session->Put(HostArray(t, bytes_of(hb))));
+    GraphBuilder g("dot_bf16");
+    auto a = g.Parameter(t, "a");
+    auto b = g.Parameter(t, "b");
+    auto exe = Check(session->Compile(Check(g.Build({g.MatMul(a, b)}))));
+    Sync sync(*session, t);
+    auto warm = Check(session->Execute(exe, {aa, ba}));
+    sync(warm[0]);
+    Check(session->Delete(warm));
+    const absl::Time start = absl::Now();
+    std::vector<tessel::Array> last;
+    for (int i = 0; i < steps; ++i) {
+      if (!last.empty()) Check(session->Delete(last));
+      last = Check(session->Execute(exe, {aa, ba}));
+    }
+    sync(last[0]);
+    const double t_tessel = absl::ToDoubleSeconds(absl::Now() - start) / steps;
+    Check(session->Delete(last));
+    Check(session->Delete({aa, ba}));
+
+    // cuBLASLt directly: row-major C = A B is column-major C^T = B^T A^T.
+    void *da, *db, *dc, *ws;
+    const size_t bytes = size_t(m) * m * 2, ws_bytes = size_t{32} << 20;
+    Cuda(cudaMalloc(&da, bytes), "cudaMalloc");
+    Cuda(cudaMalloc(&db, bytes), "cudaMalloc");
+    Cuda(cudaMalloc(&dc, bytes), "cudaMalloc");
+    Cuda(cudaMalloc(&ws, ws_bytes), "cudaMalloc");
+    Cuda(cudaMemcpy(da, ha.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    Cuda(cudaMemcpy(db, hb.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    cublasLtHandle_t lt;
+    Lt(cublasLtCreate(&lt), "cublasLtCreate");
+    cublasLtMatmulDesc_t desc;
+    Lt(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    cublasLtMatrixLayout_t la, lb, lc;
+    Lt(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, m, m, m), "layout");
+    Lt(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, m, m, m), "layout");
+    Lt(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, m, m, m), "layout");
+    cublasLtMatmulPreference_t pref;
+    Lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    Lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                            sizeof(ws_bytes)),
+       "preference");
+    cublasLtMatmulHeuristicResult_t heuristic;
+    int found = 0;
+    Lt(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 1, &heuristic, &found), "heuristic");
+    if (found == 0) {
+      std::fprintf(stderr, "tessel-gpu-bench: cuBLASLt has no algorithm for a bf16 8192^3 product\n");
+      return 1;
+    }
+    const float alpha = 1, beta = 0;
+    const double t_lt = EventTime(stream, steps, [&] {
+      Lt(cublasLtMatmul(lt, desc, &alpha, db, lb, da, la, &beta, dc, lc, dc, lc, &heuristic.algo, ws, ws_bytes,
+                        stream),
+         "cublasLtMatmul");
+    });
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatmulDescDestroy(desc);
+    cublasLtDestroy(lt);
+    for (void* p : {da, db, dc, ws}) cudaFree(p);
+    const double flops = 2.0 * m * m * m;
+    rows.push_back({"dot_bf16_8192", "TFLOP/s", flops / t_tessel / 1e12, flops / t_lt / 1e12, 0.95,
+                    "bf16 8192^3, f32 accumulation, 20 steps pipelined, vs cublasLtMatmul directly"});
+  }
+  cudaStreamDestroy(stream);
+  cluster.reset();
+
+  if (json) {
+    std::printf("{");
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      std::printf("%s\n  \"%s\": {\"value\": %.4g, \"baseline\": %.4g, \"ratio\": %.3f, \"goal\": \">=%.2f\", "
+                  "\"unit\": \"%s\", \"met\": %s}",
+                  i ? "," : "", r.name.c_str(), r.value, r.baseline, r.ratio(), r.goal, r.unit.c_str(),
+                  r.met() ? "true" : "false");
+    }
+    std::printf("\n}\n");
+  } else {
+    std::printf("%-18s %12s %12s %-8s %7s %8s  %s\n", "benchmark", "tessel", "baseline", "unit", "ratio", "goal",
+                "what");
+    for (const Row& r : rows) {
+      std::printf("%-18s %12.2f %12.2f %-8s %7.2f >=%4.2f%s  %s\n", r.name.c_str(), r.value, r.baseline,
+                  r.unit.c_str(), r.ratio(), r.goal, r.met() ? " " : "!", r.note.c_str());
+    }
+  }
+  return 0;
+}
