@@ -206,6 +206,48 @@ static bool DropDeadNodes(v1::Graph& g) {
   return true;
 }
 
+// Reads a transposed operand of a dot_general in place: dot(transpose(a),
+// b) becomes dot(a, b) with a's dimension numbers, when that keeps the
+// product's layout (the operand's free dimensions stay in order; batch and
+// contracting dimensions are listed, so any order serves). The transpose
+// then runs only where something else reads it; both backends read a
+// contracting dimension wherever it lies (BLAS and cuBLASLt transpose
+// flags). Returns whether it rewrote any dot.
+static bool FoldTransposesIntoDots(v1::Graph& g) {
+  absl::flat_hash_map<std::string, int> index_of;
+  for (int i = 0; i < g.nodes_size(); ++i) index_of[g.nodes(i).name()] = i;
+  bool folded = false;
+  for (v1::Node& n : *g.mutable_nodes()) {
+    if (n.op() != v1::DOT_GENERAL) continue;
+    for (int side = 0; side < 2; ++side) {
+      auto it = index_of.find(n.operands(side));
+      if (it == index_of.end()) continue;
+      const v1::Node& t = g.nodes(it->second);
+      if (t.op() != v1::TRANSPOSE) continue;
+      const auto& perm = t.transpose().permutation();
+      v1::DotGeneralAttrs* d = n.mutable_dot_general();
+      auto* batch = side == 0 ? d->mutable_lhs_batch() : d->mutable_rhs_batch();
+      auto* contracting = side == 0 ? d->mutable_lhs_contracting() : d->mutable_rhs_contracting();
+      std::vector<bool> listed(perm.size(), false);
+      for (int64_t k : *batch) listed[k] = true;
+      for (int64_t k : *contracting) listed[k] = true;
+      int64_t last = -1;
+      bool in_order = true;
+      for (int k = 0; k < perm.size(); ++k) {
+        if (listed[k]) continue;
+        in_order &= perm[k] > last;
+        last = perm[k];
+      }
+      if (!in_order) continue;
+      for (int64_t& k : *batch) k = perm[k];
+      for (int64_t& k : *contracting) k = perm[k];
+      n.set_operands(side, t.operands(0));
+      folded = true;
+    }
+  }
+  return folded;
+}
+
 // Moves each instruction that reads a parameter as early as its other
 // operands allow, keeping the order otherwise. A parameter's last reader
 // then tends to come before the elementwise update that could be written
@@ -277,6 +319,7 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOpt
   } else {
     TESSEL_ASSIGN_OR_RETURN(lowered, LowerUnpartitioned(client));
   }
+  if (FoldTransposesIntoDots(lowered)) DropDeadNodes(lowered);
   for (int pos : client.parameters) c.global_parameter_types.push_back(client.graph.nodes(pos).type());
   for (int pos : client.outputs) c.global_output_types.push_back(client.graph.nodes(pos).type());
   auto validated = ValidateGraph(lowered, {.manual_mesh = c.partitioned() ? &c.mesh : nullptr, .partitioned = true});

@@ -3,6 +3,8 @@
 #include <google/protobuf/text_format.h>
 #include <gtest/gtest.h>
 
+#include "absl/container/flat_hash_map.h"
+
 namespace tessel::scheduler {
 namespace {
 
@@ -42,6 +44,45 @@ TEST(Compiler, FusesElementwiseChainIntoOneInstruction) {
   ASSERT_EQ(c->program.instructions(1).release_size(), 1);
   EXPECT_EQ(c->program.instructions(1).release(0), "c");
   EXPECT_EQ(c->output_types[0].dims_size(), 0);
+}
+
+// dot(transpose(a), b) reads a in place, with a's dimension numbers, where
+// that keeps the product's layout; a transpose something else reads stays.
+TEST(Compiler, TransposedDotOperandsAreReadInPlace) {
+  auto c = Compile(Parse(R"pb(
+    name: "folds"
+    nodes { name: "a" op: PARAMETER parameter { index: 0 } type { dtype: F32 dims: [ 4, 3 ] } }
+    nodes { name: "b" op: PARAMETER parameter { index: 1 } type { dtype: F32 dims: [ 4, 5 ] } }
+    nodes { name: "c" op: PARAMETER parameter { index: 2 } type { dtype: F32 dims: [ 2, 5, 4 ] } }
+    nodes { name: "d" op: PARAMETER parameter { index: 3 } type { dtype: F32 dims: [ 2, 5, 6 ] } }
+    nodes { name: "at" op: TRANSPOSE operands: "a" transpose { permutation: [ 1, 0 ] } }
+    nodes { name: "p" op: DOT_GENERAL operands: [ "at", "b" ] dot_general { lhs_contracting: 1 rhs_contracting: 0 } }
+    nodes { name: "ct" op: TRANSPOSE operands: "c" transpose { permutation: [ 0, 2, 1 ] } }
+    nodes { name: "q" op: DOT_GENERAL operands: [ "ct", "d" ]
+            dot_general { lhs_batch: 0 rhs_batch: 0 lhs_contracting: 2 rhs_contracting: 1 } }
+    nodes { name: "cs" op: TRANSPOSE operands: "c" transpose { permutation: [ 2, 1, 0 ] } }
+    nodes { name: "r" op: DOT_GENERAL operands: [ "cs", "cs" ]
+            dot_general { lhs_contracting: 1 rhs_contracting: 1 } }
+    outputs: [ "p", "q", "r", "at" ]
+  )pb"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::flat_hash_map<std::string, const v1::Node*> nodes;
+  for (const v1::Instruction& i : c->program.instructions()) {
+    if (i.has_node()) nodes[i.node().name()] = &i.node();
+  }
+  ASSERT_TRUE(nodes.contains("p") && nodes.contains("q") && nodes.contains("r"));
+  EXPECT_EQ(nodes["p"]->operands(0), "a");
+  EXPECT_EQ(nodes["p"]->dot_general().lhs_contracting(0), 0);
+  EXPECT_EQ(nodes["q"]->operands(0), "c");
+  EXPECT_EQ(nodes["q"]->dot_general().lhs_batch(0), 0);
+  EXPECT_EQ(nodes["q"]->dot_general().lhs_contracting(0), 1);
+  EXPECT_FALSE(nodes.contains("ct"));  // read by nothing else: gone
+  // The free dimensions of cs (0 and 2, from c's 2 and 0) would swap: kept.
+  EXPECT_EQ(nodes["r"]->operands(0), "cs");
+  EXPECT_TRUE(nodes.contains("cs"));
+  EXPECT_TRUE(nodes.contains("at"));  // an output too
+  EXPECT_EQ(c->output_types[0].dims(0), 3);
+  EXPECT_EQ(c->output_types[1].dims(1), 4);
 }
 
 TEST(Compiler, FingerprintIsStableAndDistinguishesGraphs) {

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -82,6 +83,16 @@ class Device {
   virtual absl::Status CopyToHost(const Buffer& src, int64_t offset, void* dst, int64_t n) = 0;
   virtual absl::StatusOr<std::unique_ptr<Executable>> Load(const v1::Program& program) = 0;
   virtual MemoryStats memory_stats() const = 0;
+
+  // Whether a step's work may still be running when its Run returns (a GPU
+  // stream: Run queues kernels). Such a device's steps are reported
+  // complete only once Fence's wait for them has returned, so READY means
+  // computed, and an error the kernels hit fails their own step.
+  virtual bool asynchronous() const { return false; }
+  // A wait for everything queued on the device so far; called on the step's
+  // thread right after Run, waited on elsewhere. Only asynchronous devices
+  // are asked.
+  virtual std::function<absl::Status()> Fence() { return [] { return absl::OkStatus(); }; }
 };
 
 }  // namespace tessel::worker

@@ -101,4 +101,34 @@ void StepQueue::Loop() {
   }
 }
 
+CompletionQueue::CompletionQueue(std::string name) : name_(std::move(name)), thread_([this] { Loop(); }) {}
+
+CompletionQueue::~CompletionQueue() {
+  {
+    absl::MutexLock l(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+void CompletionQueue::Push(std::function<void()> f) {
+  absl::MutexLock l(&mu_);
+  pending_.push_back(std::move(f));
+}
+
+void CompletionQueue::Loop() {
+  while (true) {
+    std::function<void()> f;
+    {
+      absl::MutexLock l(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !pending_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (pending_.empty()) return;  // stopping, and nothing left
+      f = std::move(pending_.front());
+      pending_.pop_front();
+    }
+    f();
+  }
+}
+
 }  // namespace tessel::worker

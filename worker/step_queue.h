@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <string>
@@ -58,6 +59,31 @@ class StepQueue {
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_set<uint64_t> left_ ABSL_GUARDED_BY(mu_);  // epochs this queue has left
   uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+// CompletionQueue: one thread that runs closures in the order they were
+// pushed. A device whose work finishes after its step returns (a GPU
+// stream) hands each step's report here, behind a wait for that work, so
+// the device's step thread goes on queueing the next step meanwhile and
+// the reports leave in step order. The destructor runs what is pending,
+// then joins.
+class CompletionQueue {
+ public:
+  explicit CompletionQueue(std::string name);
+  ~CompletionQueue();
+  CompletionQueue(const CompletionQueue&) = delete;
+  CompletionQueue& operator=(const CompletionQueue&) = delete;
+
+  void Push(std::function<void()> f);
+
+ private:
+  void Loop();
+
+  const std::string name_;
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> pending_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

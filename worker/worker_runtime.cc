@@ -16,10 +16,16 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(Options opt
 
 WorkerRuntime::WorkerRuntime(Options options)
     : devices_(std::move(options.devices)), log_(std::move(options.logger)), collectives_(std::move(options.collectives)) {
-  for (auto& d : devices_) queues_.push_back(std::make_unique<StepQueue>(d->name()));
+  for (auto& d : devices_) {
+    completions_.push_back(d->asynchronous() ? std::make_unique<CompletionQueue>(d->name() + " completions") : nullptr);
+    queues_.push_back(std::make_unique<StepQueue>(d->name()));
+  }
 }
 
-WorkerRuntime::~WorkerRuntime() { queues_.clear(); }
+WorkerRuntime::~WorkerRuntime() {
+  queues_.clear();
+  completions_.clear();
+}
 
 absl::Status WorkerRuntime::CheckDevice(int device) const {
   if (device < 0 || device >= int(devices_.size())) {
@@ -151,21 +157,35 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r, 
 
 void WorkerRuntime::Run(const v1::RunRequest& request, RunDone done) {
   if (auto s = CheckDevice(request.device()); !s.ok()) return done(s);
-  auto work = [this, request, done] {
+  auto fail = [this, request](const absl::Status& s, int last_collective) {
+    log_->warn("execution {} on device {} failed: {}", request.execution_id(), request.device(), s.ToString());
+    AbandonRest(request, last_collective, s);
+    // The outputs carry the error to whoever reads them.
+    for (uint64_t h : request.outputs()) {
+      store_.Erase(request.device(), h);
+      (void)store_.Insert(request.device(), h, StoredArray{nullptr, {}, s});
+    }
+  };
+  auto work = [this, request, done, fail] {
     int last_collective = -1;
     absl::StatusOr<v1::RunResponse> result = RunStep(request, &last_collective);
-    if (!result.ok()) {
-      const absl::Status& s = result.status();
-      log_->warn("execution {} on device {} failed: {}", request.execution_id(), request.device(),
-                 s.ToString());
-      AbandonRest(request, last_collective, s);
-      // The outputs carry the error to whoever reads them.
-      for (uint64_t h : request.outputs()) {
-        store_.Erase(request.device(), h);
-        (void)store_.Insert(request.device(), h, StoredArray{nullptr, {}, s});
+    if (!result.ok()) fail(result.status(), last_collective);
+    CompletionQueue* completions = completions_[request.device()].get();
+    if (completions == nullptr) return done(std::move(result));
+    // The step's kernels may still be running: it is reported once they
+    // have finished, and fails if they did. Reports stay in step order.
+    std::function<absl::Status()> wait =
+        result.ok() ? devices_[request.device()]->Fence() : [] { return absl::OkStatus(); };
+    completions->Push([request, done, fail, wait = std::move(wait), result = std::move(result)]() mutable {
+      absl::Status s = wait();
+      if (!s.ok()) {
+        s = absl::Status(s.code(), absl::StrCat("execution ", request.execution_id(), ": its kernels failed: ",
+                                                s.message()));
+        fail(s, -1);
+        result = s;
       }
-    }
-    done(std::move(result));
+      done(std::move(result));
+    });
   };
   queues_[request.device()]->Submit(request.queue_epoch(), request.seq(), std::move(work),
                                     [this, done, request](absl::Status why) {

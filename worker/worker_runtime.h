@@ -96,6 +96,9 @@ class WorkerRuntime {
   absl::node_hash_map<std::string, v1::Program> program_protos_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<CommunicatorRegistry> collectives_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> steps_run_{0};
+  // Per asynchronous device (else null): its steps' reports, each behind a
+  // wait for the step's work. Joined after the step queues that feed them.
+  std::vector<std::unique_ptr<CompletionQueue>> completions_;
   std::vector<std::unique_ptr<StepQueue>> queues_;  // last: joined first
 };
 

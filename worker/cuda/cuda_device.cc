@@ -99,6 +99,25 @@ CudaDevice::~CudaDevice() {
 
 absl::Status CudaDevice::Activate() const { return CudaStatus(cudaSetDevice(options_.ordinal), "cudaSetDevice"); }
 
+std::function<absl::Status()> CudaDevice::Fence() {
+  cudaEvent_t e = nullptr;
+  absl::Status s = Activate();
+  if (s.ok()) {
+    s = CudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync), "cudaEventCreate");
+  }
+  if (s.ok()) {
+    s = CudaStatus(cudaEventRecord(e, stream_), "cudaEventRecord");
+    if (!s.ok()) cudaEventDestroy(e);
+  }
+  if (!s.ok()) return [s] { return s; };
+  return [this, e] {
+    absl::Status done = Activate();
+    if (done.ok()) done = CudaStatus(cudaEventSynchronize(e), "cudaEventSynchronize");
+    cudaEventDestroy(e);
+    return done;
+  };
+}
+
 absl::Status CudaDevice::Synchronize() const {
   TESSEL_RETURN_IF_ERROR(Activate());
   return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");

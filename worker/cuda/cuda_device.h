@@ -58,6 +58,9 @@ class CudaDevice final : public worker::Device {
   absl::Status CopyToHost(const worker::Buffer& src, int64_t offset, void* dst, int64_t n) override;
   absl::StatusOr<std::unique_ptr<worker::Executable>> Load(const v1::Program& program) override;
   worker::MemoryStats memory_stats() const override { return allocator_->stats(); }
+  bool asynchronous() const override { return true; }
+  // An event recorded on the stream; the wait blocks (without spinning) until it has passed.
+  std::function<absl::Status()> Fence() override;
 
   // For executables: the stream, the compiler, the device's properties.
   cudaStream_t stream() const { return stream_; }

@@ -49,6 +49,16 @@ TD i64 nthreads() { return 1; }
 #endif
 struct TesselParams { void* p[64]; i64 s[4]; };
 #define TESSEL_LOOP(n) for (i64 i = tid(); i < (i64)(n); i += nthreads())
+// Fused elementwise loops take TESSEL_UNROLL elements per thread and pass:
+// every input element is loaded before any output is stored, so the loads
+// of one pass are in flight together (outputs may alias inputs: a donated
+// buffer is updated in place).
+#define TESSEL_UNROLL 4
+#define TESSEL_UNROLLED(n, ...)                                    \
+  _Pragma("unroll") for (int u = 0; u < TESSEL_UNROLL; ++u) {        \
+    const i64 i = base + u * nthreads();                           \
+    if (i < (i64)(n)) { __VA_ARGS__ }                              \
+  }
 
 TD float ld_bf16(u16 h) { return u2f((u32)h << 16); }
 TD u16 st_bf16(float f) {
@@ -386,7 +396,9 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddFusion(const v1::Fusion& fusion,
   // constants, and what is computed from them alone) are computed once,
   // before the loop: a one-element output may be one of them.
   absl::flat_hash_set<std::string> uniform;
-  std::string decls, body;
+  // Per-element inputs are loaded into `staged` (one register array each)
+  // by the first pass of an unrolled iteration, and read from it by `body`.
+  std::string decls, staged, loads, body;
   for (int i = 0; i < fusion.inputs_size(); ++i) {
     const v1::DType dt = input_types[i].dtype();
     const std::string p = StrCat("in", i), v = StrCat("x", i);
@@ -395,7 +407,9 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddFusion(const v1::Fusion& fusion,
       absl::StrAppend(&decls, "  const ", Compute(dt), " ", v, " = ", Load(dt, p + "[0]"), ";\n");
       uniform.insert(fusion.inputs(i));
     } else {
-      absl::StrAppend(&body, "    const ", Compute(dt), " ", v, " = ", Load(dt, p + "[i]"), ";\n");
+      absl::StrAppend(&staged, "    ", Compute(dt), " ", v, "_[TESSEL_UNROLL];\n");
+      absl::StrAppend(&loads, " ", v, "_[u] = ", Load(dt, p + "[i]"), ";");
+      absl::StrAppend(&body, "    const ", Compute(dt), " ", v, " = ", v, "_[u];\n");
     }
     var[fusion.inputs(i)] = v;
     dtype[fusion.inputs(i)] = dt;
@@ -486,7 +500,11 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddFusion(const v1::Fusion& fusion,
     }
   }
   // A size-0 fusion still writes its one-element outputs: one thread runs.
-  return Add(Kernel(decls + once, StrCat(elements), body), once.empty() ? elements : std::max<int64_t>(elements, 1));
+  const std::string n = StrCat(elements);
+  const std::string kernel =
+      StrCat("{\n", decls, once, "  for (i64 base = tid(); base < (i64)(", n, "); base += TESSEL_UNROLL * nthreads()) {\n",
+             staged, "    TESSEL_UNROLLED(", n, ",", loads, ")\n    TESSEL_UNROLLED(", n, ",\n", body, "    )\n  }\n}\n");
+  return Add(kernel, once.empty() ? elements : std::max<int64_t>(elements, 1));
 }
 
 absl::StatusOr<KernelLaunch> ModuleSource::AddLayout(const v1::Node& n,

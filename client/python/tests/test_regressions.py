@@ -233,3 +233,25 @@ def test_logical_ops_take_a_python_int_as_a_c_long(session):
             tessel.jit(lambda a: tnp.logical_or(a, -2**63 - 1))(x)
         np.testing.assert_array_equal(tessel.jit(lambda a: tnp.logical_xor(300, a))(x).fetch(),
                                       np.logical_xor(300, x))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+def test_products_of_transposed_operands_match_numpy(session, dtype):
+    """The compiler reads a transposed dot operand in place (its dimension
+    numbers change instead); every layout of operand must still give numpy's
+    product, also where the fold does not apply or the transpose is read
+    elsewhere too."""
+    rng = np.random.default_rng(3)
+    a = rng.integers(-3, 4, (4, 3)).astype(dtype)
+    b = rng.integers(-3, 4, (4, 5)).astype(dtype)
+    c = rng.integers(-3, 4, (2, 5, 4)).astype(dtype)
+    d = rng.integers(-3, 4, (2, 5, 6)).astype(dtype)
+
+    def f(xp, a, b, c, d):
+        return (a.T @ b, b.T @ a, xp.matmul(xp.transpose(c, (0, 2, 1)), d),
+                xp.matmul(xp.transpose(d, (0, 2, 1)), c), xp.transpose(c, (2, 1, 0)).reshape(4, 10).T @ a,
+                a.T, (a.T @ a.T.T) + a.T.sum())
+    got = tessel.jit(lambda *xs: f(tnp, *xs))(a, b, c, d)
+    for i, (g, w) in enumerate(zip(got, f(np, a, b, c, d))):
+        assert g.shape == w.shape, f"output {i}: shape {g.shape} != numpy's {w.shape}"
+        np.testing.assert_array_equal(g.fetch(), w, err_msg=f"output {i}")

@@ -1,0 +1,136 @@
+// The worker runtime's step reports on a device whose work finishes after
+// Run returns (a GPU stream): a step is reported only once its work has,
+// the device's next steps are queued meanwhile, reports leave in step order,
+// and work that fails after Run returned fails its own step and outputs.
+#include "worker/worker_runtime.h"
+
+#include <google/protobuf/text_format.h>
+#include <gtest/gtest.h>
+
+#include <deque>
+
+#include "absl/synchronization/notification.h"
+#include "spdlog/sinks/null_sink.h"
+#include "worker/cpu/cpu_device.h"
+
+namespace tessel::worker {
+namespace {
+
+// A CPU device whose steps "finish" when the test opens their gate.
+class GatedDevice final : public Device {
+ public:
+  std::string kind() const override { return "gated"; }
+  int local_index() const override { return 0; }
+  absl::StatusOr<BufferPtr> Allocate(int64_t bytes) override { return cpu_.Allocate(bytes); }
+  absl::Status CopyFromHost(Buffer& dst, int64_t offset, const void* src, int64_t n) override {
+    return cpu_.CopyFromHost(dst, offset, src, n);
+  }
+  absl::Status CopyToHost(const Buffer& src, int64_t offset, void* dst, int64_t n) override {
+    return cpu_.CopyToHost(src, offset, dst, n);
+  }
+  absl::StatusOr<std::unique_ptr<Executable>> Load(const v1::Program& p) override { return cpu_.Load(p); }
+  MemoryStats memory_stats() const override { return cpu_.memory_stats(); }
+  bool asynchronous() const override { return true; }
+  std::function<absl::Status()> Fence() override {
+    auto gate = std::make_shared<Gate>();
+    absl::MutexLock l(&mu_);
+    gates_.push_back(gate);
+    return [gate] {
+      gate->open.WaitForNotification();
+      return gate->status;
+    };
+  }
+
+  // Waits until `n` fences were asked for (n steps ran their Run).
+  bool AwaitFences(size_t n) {
+    absl::MutexLock l(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return gates_.size() >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+  }
+  void Open(size_t i, absl::Status s) {
+    std::shared_ptr<Gate> g;
+    {
+      absl::MutexLock l(&mu_);
+      g = gates_.at(i);
+    }
+    g->status = std::move(s);
+    g->open.Notify();
+  }
+
+ private:
+  struct Gate {
+    absl::Notification open;
+    absl::Status status;
+  };
+  cpu::CpuDevice cpu_{cpu::CpuDevice::Options{}};
+  absl::Mutex mu_;
+  std::deque<std::shared_ptr<Gate>> gates_ ABSL_GUARDED_BY(mu_);
+};
+
+constexpr char kProgram[] = R"pb(
+  executable_id: "twos"
+  instructions { node { name: "c" op: CONSTANT type { dtype: F32 dims: 4 } constant { fill { f: 2 } } } }
+  outputs: "c"
+  output_types { dtype: F32 dims: 4 }
+)pb";
+
+struct Report {
+  absl::Notification done;
+  absl::StatusOr<v1::RunResponse> result;
+};
+
+TEST(WorkerRuntime, AStepOnAnAsynchronousDeviceIsReportedOnceItsWorkHasFinished) {
+  auto device = std::make_unique<GatedDevice>();
+  GatedDevice* gated = device.get();
+  WorkerRuntime::Options options;
+  options.devices.push_back(std::move(device));
+  options.logger = std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::null_sink_mt>());
+  auto runtime = WorkerRuntime::Create(std::move(options));
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+  v1::Program p;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(kProgram, &p));
+  ASSERT_TRUE((*runtime)->LoadProgram(p).ok());
+
+  Report reports[2];
+  for (int i = 0; i < 2; ++i) {
+    v1::RunRequest r;
+    r.set_executable_id("twos");
+    r.set_seq(i);
+    r.set_execution_id(100 + i);
+    r.add_outputs(i + 1);
+    Report* rep = &reports[i];
+    (*runtime)->Run(r, [rep](absl::StatusOr<v1::RunResponse> result) {
+      rep->result = std::move(result);
+      rep->done.Notify();
+    });
+  }
+  // Both steps ran their Run (the second did not wait for the first's work)...
+  ASSERT_TRUE(gated->AwaitFences(2));
+  // ...and neither is reported while its work is running; the second's
+  // finishing first does not report it ahead of the first.
+  gated->Open(1, absl::OkStatus());
+  EXPECT_FALSE(reports[0].done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+  EXPECT_FALSE(reports[1].done.HasBeenNotified());
+  // The first step's work fails after its Run returned: the step fails, and
+  // so do its outputs; the second is reported as it finished.
+  gated->Open(0, absl::InternalError("an illegal memory access was encountered"));
+  ASSERT_TRUE(reports[0].done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(reports[1].done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_FALSE(reports[0].result.ok());
+  EXPECT_EQ(reports[0].result.status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(reports[0].result.status().message().find("execution 100: its kernels failed: an illegal memory"),
+            std::string::npos)
+      << reports[0].result.status();
+  EXPECT_TRUE(reports[1].result.ok()) << reports[1].result.status();
+  auto first = (*runtime)->GetForFetch(0, 1);
+  ASSERT_FALSE(first.ok());
+  EXPECT_NE(first.status().message().find("illegal memory access"), std::string::npos) << first.status();
+  auto second = (*runtime)->GetForFetch(0, 2);
+  ASSERT_TRUE(second.ok()) << second.status();
+  float host[4];
+  ASSERT_TRUE(gated->CopyToHost(*second->buffer, 0, host, sizeof(host)).ok());
+  for (float v : host) EXPECT_EQ(v, 2.0f);
+}
+
+}  // namespace
+}  // namespace tessel::worker
