@@ -27,8 +27,8 @@ if [ -z "${TESSEL_BIN_DIR:-}" ]; then
   export TESSEL_BIN_DIR=$root/build/bin
 fi
 bin=$TESSEL_BIN_DIR
-if [ ! -x "$bin/cuda_device_test" ] || [ ! -x "$bin/tessel-gpu-bench" ]; then
-  echo "gpu-check: $bin has no CUDA backend (cuda_device_test, tessel-gpu-bench): CMake did not find the CUDA" \
+if [ ! -x "$bin/cuda_device_test" ] || [ ! -x "$bin/tessel-gpu-bench" ] || [ ! -f "$bin/libtessel_cuda.so" ]; then
+  echo "gpu-check: $bin has no CUDA backend (libtessel_cuda.so, cuda_device_test, tessel-gpu-bench): CMake did not find the CUDA" \
        "toolkit with NVRTC, cuBLASLt and NCCL; see 'Tessel CUDA backend' in the cmake output" >&2
   exit 2
 fi

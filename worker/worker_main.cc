@@ -20,9 +20,7 @@
 #include "tessel/v1/admin.grpc.pb.h"
 #include "worker/collectives.h"
 #include "worker/cpu/cpu_device.h"
-#ifdef TESSEL_HAVE_CUDA
-#include "worker/cuda/cuda_device.h"
-#endif
+#include "worker/cuda/plugin.h"
 #include "worker/kv_store_client.h"
 #include "worker/worker_runtime.h"
 #include "worker/worker_service.h"
@@ -36,6 +34,9 @@ ABSL_FLAG(std::string, device_kind, "cpu",
           "CUDA_VISIBLE_DEVICES narrows it), or both (CPU devices first, then GPUs).");
 ABSL_FLAG(std::string, kernel_cache_dir, "",
           "Where compiled CUDA kernels are cached on disk; default $TESSEL_KERNEL_CACHE, else ~/.cache/tessel/kernels.");
+ABSL_FLAG(std::string, cuda_plugin, "",
+          "The CUDA backend (libtessel_cuda.so) that --device_kind=cuda|both loads; default: beside this binary, "
+          "else the dynamic loader's search path.");
 ABSL_FLAG(int64_t, device_memory_bytes, 0,
           "Memory limit per device in bytes; 0 means 80% of physical memory divided among the CPU devices "
           "and 90% of each GPU's free memory. With --device_kind=both it limits the CPU devices only.");
@@ -55,8 +56,9 @@ struct Registration {
 };
 
 // The devices --device_kind asks for. A kind that names GPUs finds none on
-// a machine without them (or in a build without the CUDA backend): with
-// "both" that leaves the CPU devices, with "cuda" it is an error.
+// a machine without them, or without the CUDA libraries the plugin needs,
+// or in a build without the plugin: with "both" that leaves the CPU
+// devices, with "cuda" it is an error saying why.
 absl::StatusOr<std::vector<std::unique_ptr<tessel::worker::Device>>> MakeDevices(const std::string& kind, int num_cpu,
                                                                                spdlog::logger& log) {
   if (kind != "cpu" && kind != "cuda" && kind != "both") {
@@ -73,25 +75,28 @@ absl::StatusOr<std::vector<std::unique_ptr<tessel::worker::Device>>> MakeDevices
   }
   if (kind == "cpu") return devices;
   int found = 0;
-  std::string why = "this worker was built without the CUDA backend";
-#ifdef TESSEL_HAVE_CUDA
-  const tessel::cuda::CudaProbe probe = tessel::cuda::ProbeCuda();
-  found = probe.count;
-  why = probe.reason;
-  std::string cache = absl::GetFlag(FLAGS_kernel_cache_dir);
-  if (cache.empty()) cache = tessel::cuda::KernelCompiler::DefaultCacheDir();
-  for (int g = 0; g < probe.count; ++g) {
-    tessel::cuda::CudaDevice::Options o;
-    o.local_index = int(devices.size());
-    o.ordinal = g;
-    o.memory_limit_bytes = kind == "cuda" ? absl::GetFlag(FLAGS_device_memory_bytes) : 0;
-    o.kernel_cache_dir = cache;
-    auto d = tessel::cuda::CudaDevice::Create(o);
-    if (!d.ok()) return d.status();
-    log.info("cuda:{} is GPU {} ({}), kernels cached in {}", o.local_index, g, (*d)->arch(), cache.empty() ? "memory" : cache);
-    devices.push_back(std::move(*d));
+  std::string why;
+  auto plugin = tessel::cuda::LoadPlugin(absl::GetFlag(FLAGS_cuda_plugin));
+  if (!plugin.ok()) {
+    why = std::string(plugin.status().message());
+  } else {
+    const tessel::cuda::PluginApi& cuda = **plugin;
+    found = cuda.probe(&why);
+    std::string cache = absl::GetFlag(FLAGS_kernel_cache_dir);
+    if (cache.empty()) cache = cuda.default_kernel_cache_dir();
+    for (int g = 0; g < found; ++g) {
+      tessel::cuda::PluginDeviceOptions o;
+      o.local_index = int(devices.size());
+      o.ordinal = g;
+      o.memory_limit_bytes = kind == "cuda" ? absl::GetFlag(FLAGS_device_memory_bytes) : 0;
+      o.kernel_cache_dir = cache;
+      std::string arch;
+      auto d = cuda.create_device(o, &arch);
+      if (!d.ok()) return d.status();
+      log.info("cuda:{} is GPU {} ({}), kernels cached in {}", o.local_index, g, arch, cache.empty() ? "memory" : cache);
+      devices.push_back(std::move(*d));
+    }
   }
-#endif
   if (found == 0) {
     if (kind == "cuda") return absl::FailedPreconditionError(absl::StrCat("--device_kind=cuda: no CUDA devices (", why, ")"));
     log.info("no CUDA devices ({}); serving CPU devices only", why);

@@ -1,0 +1,35 @@
+// The plugin's entry point: the CUDA devices behind the PluginApi.
+#include "worker/cuda/plugin.h"
+
+#include "worker/cuda/cuda_device.h"
+#include "worker/cuda/kernel_compiler.h"
+
+namespace tessel::cuda {
+namespace {
+
+int Probe(std::string* reason) {
+  const CudaProbe p = ProbeCuda();
+  if (reason != nullptr) *reason = p.reason;
+  return p.count;
+}
+
+std::string DefaultKernelCacheDir() { return KernelCompiler::DefaultCacheDir(); }
+
+absl::StatusOr<std::unique_ptr<worker::Device>> CreateDevice(const PluginDeviceOptions& o, std::string* arch) {
+  auto d = CudaDevice::Create({.local_index = o.local_index,
+                               .ordinal = o.ordinal,
+                               .memory_limit_bytes = o.memory_limit_bytes,
+                               .kernel_cache_dir = o.kernel_cache_dir});
+  if (!d.ok()) return d.status();
+  if (arch != nullptr) *arch = (*d)->arch();
+  return std::unique_ptr<worker::Device>(std::move(*d));
+}
+
+}  // namespace
+}  // namespace tessel::cuda
+
+extern "C" __attribute__((visibility("default"))) const tessel::cuda::PluginApi* tessel_cuda_plugin() {
+  static const tessel::cuda::PluginApi api{tessel::cuda::kPluginAbi, &tessel::cuda::Probe,
+                                           &tessel::cuda::DefaultKernelCacheDir, &tessel::cuda::CreateDevice};
+  return &api;
+}
