@@ -9,6 +9,11 @@
   py_fetch_64mib fetch of a 64 MiB array into numpy vs a bare grpcio stream
                  of the same Fetch messages drained without copying. Goal
                  >= 0.8x.
+  py_mlp_step    an MLP SGD step (512x512 -> 1024 -> 1, f32, relu, mean
+                 squared error, the gradients written out by hand): one
+                 function traced by tessel.jit (weights donated, one device)
+                 and by jax.jit on this machine's CPU; steps/s, rounds of
+                 each alternated, best round. Goal >= 1x. Needs jax.
 
     TESSEL_BIN_DIR=build/bin python3 bench/python_bench.py [--json]
 """
@@ -21,6 +26,7 @@ import time
 import numpy as np
 
 import tessel
+import tessel.numpy as tnp
 
 tessel.tune_allocator()  # as the daemons do: the streams below measure gRPC, not page faults
 from tessel.v1 import common_pb2, session_pb2
@@ -86,6 +92,52 @@ def fetch(session):
     return FETCH_BYTES / t_ours / 1e9, FETCH_BYTES / t_bare / 1e9
 
 
+MLP_BATCH, MLP_IN, MLP_HIDDEN, MLP_OUT = 512, 512, 1024, 1
+MLP_STEPS = 200
+
+
+def mlp_step(xp, w1, w2, x, t):
+    pre = x @ w1
+    h = xp.maximum(pre, 0.0)
+    err = h @ w2 - t
+    loss = xp.mean(err * err)
+    dy = err * (2.0 / err.size)
+    dh = xp.where(pre > 0, dy @ w2.T, 0.0)
+    return w1 - 0.01 * (x.T @ dh), w2 - 0.01 * (h.T @ dy), loss
+
+
+def mlp(session):
+    import jax
+    import jax.numpy as jnp
+    rng = np.random.default_rng(0)
+    arrays = [(rng.standard_normal(s) * scale).astype(np.float32) for s, scale in
+              (((MLP_IN, MLP_HIDDEN), MLP_IN ** -0.5), ((MLP_HIDDEN, MLP_OUT), MLP_HIDDEN ** -0.5),
+               ((MLP_BATCH, MLP_IN), 1.0), ((MLP_BATCH, MLP_OUT), 1.0))]
+    ours = tessel.jit(lambda *a: mlp_step(tnp, *a), donate_argnums=(0, 1))
+    theirs = jax.jit(lambda *a: mlp_step(jnp, *a), donate_argnums=(0, 1))
+    cpu = jax.devices("cpu")[0]
+
+    def run(f, put, sync):
+        w1, w2, x, t = (put(a) for a in arrays)
+        w1, w2, loss = f(w1, w2, x, t)  # compile and warm up
+        sync(loss)
+        start = time.perf_counter()
+        for _ in range(MLP_STEPS):
+            w1, w2, loss = f(w1, w2, x, t)
+        last = sync(loss)
+        return time.perf_counter() - start, last
+
+    t_ours = t_jax = float("inf")
+    for _ in range(3):  # alternated, so drift hits both alike
+        dt, loss_ours = run(ours, tessel.device_put, lambda v: float(v.fetch()))
+        t_ours = min(t_ours, dt)
+        dt, loss_jax = run(theirs, lambda a: jax.device_put(a, cpu), lambda v: float(v))
+        t_jax = min(t_jax, dt)
+    if abs(loss_ours - loss_jax) > 1e-4 * max(1.0, abs(loss_jax)):
+        raise AssertionError(f"py_mlp_step: Tessel's loss after {MLP_STEPS} steps is {loss_ours}, JAX's {loss_jax}")
+    return MLP_STEPS / t_ours, MLP_STEPS / t_jax
+
+
 def main():
     if not os.environ.get("TESSEL_BIN_DIR"):
         os.environ["TESSEL_BIN_DIR"] = str(pathlib.Path(__file__).resolve().parents[1] / "build" / "bin")
@@ -95,6 +147,8 @@ def main():
         rows.append(("py_seed_loop", "steps/s", ours, base, ">= 1x", ours / base >= 1))
         ours, base = fetch(c.session)
         rows.append(("py_fetch_64mib", "GB/s", ours, base, ">= 0.8x", ours / base >= 0.8))
+        ours, base = mlp(c.session)
+        rows.append(("py_mlp_step", "steps/s", ours, base, ">= 1x", ours / base >= 1))
     if "--json" in sys.argv:
         print(json.dumps([{"name": n, "unit": u, "tessel": o, "baseline": b, "ratio": o / b, "goal": g, "met": m}
                           for n, u, o, b, g, m in rows], indent=1))
