@@ -122,6 +122,17 @@ AliasCandidates FindAliasCandidates(const v1::Program& p) {
         // place (the worker skips its copy in -> out then).
         const bool elementwise =
             ins.has_fusion() || IsElementwise(ins.node().op()) || ins.node().op() == v1::ALL_REDUCE;
+        // A scalar constant a fusion returns is written once, before the
+        // fusion's loop reads anything (on every backend): into a buffer
+        // the loop reads, it would overwrite what the loop has yet to read.
+        if (ins.has_fusion()) {
+          const v1::Node& wn = ins.fusion().nodes(w.fusion_node);
+          if (wn.op() == v1::CONSTANT && !wn.constant().has_iota() && wn.type().dims_size() == 0) {
+            why.push_back(absl::StrCat(out_desc, " is a constant that ", Describe(p, w.instruction),
+                                       " writes before it reads '", prm.name(), "'"));
+            continue;
+          }
+        }
         if (!elementwise || r->second > w.fusion_node) {
           why.push_back(absl::StrCat(out_desc, " is computed by ", Describe(p, w.instruction), ", which reads '",
                                      prm.name(), "' ", elementwise ? "after writing it" : "other than elementwise"));

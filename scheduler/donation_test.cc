@@ -112,6 +112,28 @@ TEST(Donation, ReadAfterTheOutputIsWrittenBlocksReuse) {
   EXPECT_THAT(strict.status().message(), HasSubstr("parameter 0 'x' (f32[8])"));
 }
 
+TEST(Donation, AScalarConstantAFusionReturnsIsNotWrittenIntoWhatItReads) {
+  // (0 / x, zeros_like(x)) for a u8 scalar x: the zero is written before the
+  // division reads x, so it may not take x's buffer (it did, and 0 / 0 gave NaN).
+  constexpr char kZeros[] = R"pb(
+    name: "zeros_like"
+    nodes { name: "x" op: PARAMETER parameter { index: 0 } type { dtype: U8 } }
+    nodes { name: "z" op: CONSTANT constant { fill { f: 0 } } type { dtype: F64 } }
+    nodes { name: "xf" op: CONVERT operands: "x" convert { dtype: F64 } }
+    nodes { name: "q" op: DIV operands: ["z", "xf"] }
+    nodes { name: "zero" op: CONSTANT constant { fill { f: 0 } } type { dtype: U8 } }
+    outputs: "q"
+    outputs: "zero"
+  )pb";
+  auto c = Compile(Parse(kZeros), {.donated_parameters = {0}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->program.instructions_size(), 1);
+  ASSERT_TRUE(c->program.instructions(0).has_fusion());
+  EXPECT_EQ(c->declared_aliases[0].output, -1);
+  EXPECT_THAT(c->declared_aliases[0].reason, HasSubstr("output 1 'zero' is a constant that"));
+  EXPECT_THAT(c->declared_aliases[0].reason, HasSubstr("writes before it reads 'x'"));
+}
+
 TEST(Donation, DotReadingTheParameterAndLaterReadsBlockReuse) {
   constexpr char kDot[] = R"pb(
     name: "dot"

@@ -371,7 +371,8 @@ def eager_call(fn, args, kwargs):
     static = tuple((i, repr(a)) for i, a in enumerate(args) if i not in dyn)
     # Keyed by the function itself: every binary, unary and comparison op is
     # a closure of one factory, so they share a __qualname__.
-    key = (fn, static, tuple(sorted(kwargs.items())), tuple(dyn))
+    # Keyword values by repr too: lists (tensordot's axes) are not hashable.
+    key = (fn, static, tuple(sorted((k, repr(v)) for k, v in kwargs.items())), tuple(dyn))
     j = _eager.get(key)
     if j is None:
         def op(*dyn_args):

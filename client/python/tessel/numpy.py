@@ -806,4 +806,162 @@ def arange(n, dtype=int64):
     return _b().iota((int(n),), dtype, 0)
 
 
+# ---------------------------------------------------------------- more layout, as numpy composes it
+
+def _axis_list(axis, ndim, what):
+    axes = (axis,) if isinstance(axis, (int, _np.integer)) else tuple(axis)
+    out = []
+    for a in axes:
+        if not -ndim <= a < ndim:
+            raise _np.exceptions.AxisError(f"{what}: axis {a} is out of bounds for an array of dimension {ndim}")
+        out.append(int(a) % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{what}: repeated axis in {axis}")
+    return out
+
+
+@_op
+def squeeze(a, axis=None):
+    t = _tracer(a)
+    if axis is None:
+        drop = [i for i, s in enumerate(t.shape) if s == 1]
+    else:
+        drop = _axis_list(axis, t.ndim, "squeeze")
+        for i in drop:
+            if t.shape[i] != 1:
+                raise ValueError(f"cannot select an axis to squeeze out which has size not equal to one "
+                                 f"(axis {i} of {t!r})")
+    return reshape(t, tuple(s for i, s in enumerate(t.shape) if i not in drop))
+
+
+@_op
+def ravel(a):
+    return reshape(a, (-1,))
+
+
+@_op
+def swapaxes(a, axis1, axis2):
+    t = _tracer(a)
+    i, j = _axis_list(axis1, t.ndim, "swapaxes") + _axis_list(axis2, t.ndim, "swapaxes")
+    perm = list(range(t.ndim))
+    perm[i], perm[j] = perm[j], perm[i]
+    return transpose(t, perm)
+
+
+@_op
+def moveaxis(a, source, destination):
+    t = _tracer(a)
+    src = _axis_list(source, t.ndim, "moveaxis")
+    dst = _axis_list(destination, t.ndim, "moveaxis")
+    if len(src) != len(dst):
+        raise ValueError("moveaxis: `source` and `destination` arguments must have the same number of elements")
+    order = [i for i in range(t.ndim) if i not in src]
+    for d, s in sorted(zip(dst, src)):
+        order.insert(d, s)
+    return transpose(t, order)
+
+
+@_op
+def outer(a, b):
+    return multiply(reshape(a, (-1, 1)), reshape(b, (1, -1)))
+
+
+@_op
+def tensordot(a, b, axes=2):
+    ta, tb = _tracer(a), _tracer(b)
+    if isinstance(axes, (int, _np.integer)):
+        if not 0 <= axes <= builtins.min(ta.ndim, tb.ndim):
+            raise ValueError(f"tensordot: axes={axes} does not fit {ta!r} and {tb!r}")
+        axes_a, axes_b = list(range(ta.ndim - axes, ta.ndim)), list(range(axes))
+    else:
+        axes_a, axes_b = axes
+        axes_a = _axis_list(axes_a, ta.ndim, "tensordot")
+        axes_b = _axis_list(axes_b, tb.ndim, "tensordot")
+    if len(axes_a) != len(axes_b) or builtins.any(ta.shape[i] != tb.shape[j] for i, j in zip(axes_a, axes_b)):
+        raise ValueError(f"tensordot: shape-mismatch for sum over axes {axes_a} of {ta!r} and {axes_b} of {tb!r}")
+    letters = iter("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    sa = [next(letters) for _ in range(ta.ndim)]
+    sb = [next(letters) for _ in range(tb.ndim)]
+    for i, j in zip(axes_a, axes_b):
+        sb[j] = sa[i]
+    out = [c for i, c in enumerate(sa) if i not in axes_a] + [c for j, c in enumerate(sb) if j not in axes_b]
+    return einsum(f"{''.join(sa)},{''.join(sb)}->{''.join(out)}", ta, tb)
+
+
+@_op
+def tri(N, M=None, k=0, dtype=float64):
+    M = N if M is None else M
+    rows = _b().iota((int(N), int(M)), _np.dtype(int64), 0)
+    cols = _b().iota((int(N), int(M)), _np.dtype(int64), 1)
+    return astype(greater_equal(add(rows, int(k)), cols), dtype)
+
+
+@_op
+def tril(m, k=0):
+    t = _tracer(m)
+    mask = tri(*t.shape[-2:], k=k, dtype=bool)
+    return where(mask, t, zeros((), t.dtype))
+
+
+@_op
+def triu(m, k=0):
+    t = _tracer(m)
+    mask = tri(*t.shape[-2:], k=k - 1, dtype=bool)
+    return where(mask, zeros((), t.dtype), t)
+
+
+@_op
+def eye(N, M=None, k=0, dtype=float64):
+    M = N if M is None else M
+    rows = _b().iota((int(N), int(M)), _np.dtype(int64), 0)
+    cols = _b().iota((int(N), int(M)), _np.dtype(int64), 1)
+    return astype(equal(add(rows, int(k)), cols), dtype)
+
+
+# ---------------------------------------------------------------- float classification
+
+@_op
+def isnan(x):
+    t = _tracer(x)
+    if not _dtypes.is_float(t.dtype):
+        return full(t.shape, False, bool)
+    return not_equal(t, t)
+
+
+@_op
+def isinf(x):
+    t = _tracer(x)
+    if not _dtypes.is_float(t.dtype):
+        return full(t.shape, False, bool)
+    return equal(abs(t), _np.inf)
+
+
+@_op
+def isfinite(x):
+    t = _tracer(x)
+    if not _dtypes.is_float(t.dtype):
+        return full(t.shape, True, bool)
+    return logical_not(logical_or(isnan(t), isinf(t)))
+
+
+# ---------------------------------------------------------------- statistics
+
+@_op
+def var(a, axis=None, dtype=None, ddof=0, keepdims=False):
+    """numpy's var: the mean of squared deviations from the mean (in float64
+    for integer input), divided by N - ddof."""
+    t = _tracer(a)
+    d = _np.dtype(dtype) if dtype is not None else (t.dtype if _dtypes.is_float(t.dtype) else _np.dtype(float64))
+    x = astype(t, d)
+    axes = tuple(range(t.ndim)) if axis is None else tuple(_axis_list(axis, t.ndim, "var"))
+    n = int(_np.prod([t.shape[i] for i in axes], dtype=_np.int64))
+    dev = subtract(x, divide(sum(x, axes, keepdims=True), d.type(n)))
+    return divide(sum(multiply(dev, dev), axes, keepdims=keepdims), d.type(builtins.max(n - ddof, 0)))
+
+
+@_op
+def std(a, axis=None, dtype=None, ddof=0, keepdims=False):
+    return sqrt(var(a, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims))
+
+
 install_operators(Tracer, __import__(__name__, fromlist=["_"]))

@@ -255,3 +255,14 @@ def test_products_of_transposed_operands_match_numpy(session, dtype):
     for i, (g, w) in enumerate(zip(got, f(np, a, b, c, d))):
         assert g.shape == w.shape, f"output {i}: shape {g.shape} != numpy's {w.shape}"
         np.testing.assert_array_equal(g.fetch(), w, err_msg=f"output {i}")
+
+
+def test_a_constant_output_never_takes_a_donated_buffer_the_step_still_reads(session):
+    """(0 / a, zeros_like(a)) with `a` donated: the zero output was written
+    into a's buffer before the division read a, and 0 / 0 gave NaN (found by
+    the differential harness, seed 15, donated mode)."""
+    a = np.array(1, np.uint8)
+    f = tessel.jit(lambda a: (tnp.sign(tnp.divide(0, a)), tnp.zeros_like(a)), donate_argnums=0)
+    q, z = f(tessel.device_put(a))
+    np.testing.assert_array_equal(q.fetch(), np.sign(np.divide(0, a)))
+    np.testing.assert_array_equal(z.fetch(), np.zeros_like(a))

@@ -471,6 +471,25 @@ class Oracle:
     broadcast_to = _plain(np.broadcast_to)
     expand_dims = _plain(np.expand_dims)
 
+    squeeze = _plain(np.squeeze)
+    ravel = _plain(np.ravel)
+    swapaxes = _plain(np.swapaxes)
+    moveaxis = _plain(np.moveaxis)
+    isnan = _plain(np.isnan)
+    isinf = _plain(np.isinf)
+    isfinite = _plain(np.isfinite)
+
+    def outer(self, a, b):
+        return self.multiply(self.reshape(a, (-1, 1)), self.reshape(b, (1, -1)))
+
+    def tril(self, m, k=0):
+        raw = np.asarray(_raw(m))
+        return self.where(np.tri(*raw.shape[-2:], k=k, dtype=bool), m, self.zeros((), raw.dtype))
+
+    def triu(self, m, k=0):
+        raw = np.asarray(_raw(m))
+        return self.where(np.tri(*raw.shape[-2:], k=k - 1, dtype=bool), self.zeros((), raw.dtype), m)
+
     @_elementwise_op
     def _getitem(self, a, idx):
         return np.asarray(_raw(a))[idx]

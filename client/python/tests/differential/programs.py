@@ -590,6 +590,41 @@ def op_einsum(b):
     b.add(f"xp.einsum({spec!r}, {', '.join(v.name for v in ops)})", ops, inexact=True)
 
 
+def op_layout_more(b):
+    """The layout and classification ops numpy composes: squeeze, ravel,
+    swapaxes, moveaxis, tril/triu, outer, isnan/isinf/isfinite."""
+    kind = b.draw(st.sampled_from(["squeeze", "ravel", "swapaxes", "moveaxis", "tril", "triu", "outer",
+                                   "isnan", "isinf", "isfinite"]))
+    if kind == "squeeze":
+        x = b.pick(lambda v: 1 in v.shape)
+        ones = [i for i, s in enumerate(x.shape) if s == 1]
+        if b.draw(st.booleans()):
+            b.add(f"xp.squeeze({x.name})", [x])
+        else:
+            b.add(f"xp.squeeze({x.name}, axis={b.draw(st.sampled_from(ones)) - x.ndim})", [x])
+    elif kind == "ravel":
+        x = b.pick()
+        b.add(f"xp.ravel({x.name})", [x])
+    elif kind == "swapaxes":
+        x = b.pick(lambda v: v.ndim >= 2)
+        i, j = b.draw(st.integers(-x.ndim, x.ndim - 1)), b.draw(st.integers(-x.ndim, x.ndim - 1))
+        b.add(f"xp.swapaxes({x.name}, {i}, {j})", [x])
+    elif kind == "moveaxis":
+        x = b.pick(lambda v: v.ndim >= 2)
+        b.add(f"xp.moveaxis({x.name}, {b.draw(st.integers(0, x.ndim - 1))}, {b.draw(st.integers(-x.ndim, -1))})",
+              [x])
+    elif kind in ("tril", "triu"):
+        x = b.pick(lambda v: v.ndim >= 2)
+        b.add(f"xp.{kind}({x.name}, {b.draw(st.integers(-2, 2))})", [x])
+    elif kind == "outer":
+        x = b.pick(lambda v: 0 < v.value.size <= 16)
+        y = b.pick(lambda v: 0 < v.value.size <= 16)
+        b.add(f"xp.outer({x.name}, {y.name})", [x, y])
+    else:
+        x = b.pick()
+        b.add(f"xp.{kind}({x.name})", [x])
+
+
 def op_create(b):
     x = b.pick()
     kind = b.draw(st.sampled_from(["zeros_like", "ones_like", "full", "zeros", "arange"]))
@@ -612,7 +647,8 @@ def op_create(b):
 
 OPS = [(op_binary, 14), (op_unary, 10), (op_compare, 7), (op_where, 4), (op_clip, 3), (op_astype, 5),
        (op_reduce, 8), (op_reshape, 4), (op_transpose, 3), (op_broadcast, 3), (op_slice, 4),
-       (op_concatenate, 2), (op_stack, 2), (op_pad, 2), (op_matmul, 3), (op_einsum, 3), (op_create, 2)]
+       (op_concatenate, 2), (op_stack, 2), (op_pad, 2), (op_matmul, 3), (op_einsum, 3), (op_create, 2),
+       (op_layout_more, 3)]
 _OP_TABLE = [f for f, w in OPS for _ in range(w)]
 
 

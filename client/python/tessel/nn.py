@@ -1,0 +1,51 @@
+"""tessel.nn: the neural-network helpers of jax.nn, composed from
+tessel.numpy (so they trace under @tessel.jit and run eagerly on
+tessel.Arrays alike), with jax.nn's formulas and defaults."""
+import math
+
+import numpy as _np
+
+from tessel import numpy as tnp
+
+
+def relu(x):
+    return tnp.maximum(x, 0)
+
+
+def sigmoid(x):
+    return tnp.sigmoid(x)
+
+
+def silu(x):
+    return tnp.multiply(x, tnp.sigmoid(x))
+
+
+swish = silu
+
+
+def gelu(x, approximate=True):
+    """jax.nn.gelu's tanh approximation; the exact form needs erf, which
+    Tessel does not have yet."""
+    if not approximate:
+        raise NotImplementedError("tessel.nn.gelu(approximate=False) needs erf, which tessel.numpy does not have "
+                                  "yet; use approximate=True (jax.nn.gelu's default)")
+    cube = tnp.multiply(tnp.multiply(x, x), x)
+    inner = tnp.multiply(math.sqrt(2 / math.pi), tnp.add(x, tnp.multiply(0.044715, cube)))
+    return tnp.multiply(x, tnp.multiply(0.5, tnp.add(1.0, tnp.tanh(inner))))
+
+
+def softmax(x, axis=-1):
+    unnormalized = tnp.exp(tnp.subtract(x, tnp.max(x, axis=axis, keepdims=True)))
+    return tnp.divide(unnormalized, tnp.sum(unnormalized, axis=axis, keepdims=True))
+
+
+def log_softmax(x, axis=-1):
+    shifted = tnp.subtract(x, tnp.max(x, axis=axis, keepdims=True))
+    return tnp.subtract(shifted, tnp.log(tnp.sum(tnp.exp(shifted), axis=axis, keepdims=True)))
+
+
+def one_hot(x, num_classes, *, dtype=_np.float32, axis=-1):
+    """x[..., None] == arange(num_classes), as `dtype`, the new axis at
+    `axis`. Indices outside [0, num_classes) give all zeros, as in JAX."""
+    hot = tnp.astype(tnp.equal(tnp.expand_dims(x, -1), tnp.arange(int(num_classes))), dtype)
+    return hot if axis == -1 else tnp.moveaxis(hot, -1, axis)
