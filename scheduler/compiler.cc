@@ -30,7 +30,12 @@ int64_t PlanBuffers(const TypedGraph& g, v1::Program& p) {
   }
   absl::flat_hash_set<std::string> keep(p.outputs().begin(), p.outputs().end());
   for (const v1::Node& prm : p.parameters()) keep.insert(prm.name());
+  absl::flat_hash_map<std::string, const v1::TensorType*> result_type;  // control flow's results
+  for (const v1::Instruction& ins : p.instructions()) {
+    for (int k = 0; k < ins.results_size(); ++k) result_type[ins.results(k)] = &ins.node().results(k);
+  }
   auto bytes_of = [&](const std::string& v) {
+    if (auto it = result_type.find(v); it != result_type.end()) return ByteSizeUnchecked(*it->second);
     return ByteSizeUnchecked(g.graph.nodes(g.index_of.at(v)).type());
   };
   int64_t live = 0;
@@ -113,6 +118,17 @@ std::string NodeText(const v1::Node& n) {
       if (n.op() == v1::COLLECTIVE_PERMUTE) absl::StrAppend(&attrs, " pairs=", absl::StrJoin(c.source_target_pairs(), ","));
       break;
     }
+    case v1::Node::kControl: {
+      const v1::ControlFlowAttrs& c = n.control();
+      if (n.op() == v1::WHILE) attrs = absl::StrCat("cond=", c.cond(), " body=", c.body());
+      if (n.op() == v1::SCAN) {
+        attrs = absl::StrCat("body=", c.body(), " length=", c.length(), " carries=", c.num_carry(),
+                             c.reverse() ? " reverse" : "");
+      }
+      if (n.op() == v1::CONDITIONAL) attrs = absl::StrCat("branches=", absl::StrJoin(c.branches(), ","));
+      break;
+    }
+    case v1::Node::kTupleElement: attrs = absl::StrCat("index=", n.tuple_element().index()); break;
     case v1::Node::kTranspose: attrs = absl::StrCat("perm=", DimsString(n.transpose().permutation())); break;
     case v1::Node::kBroadcastInDim:
       attrs = absl::StrCat("dims=", DimsString(n.broadcast_in_dim().broadcast_dimensions()));
@@ -121,9 +137,44 @@ std::string NodeText(const v1::Node& n) {
   }
   std::vector<std::string> ops;
   for (const std::string& o : n.operands()) ops.push_back(absl::StrCat("%", o));
+  std::string type = TypeString(n.type());
+  if (n.results_size() > 0) {
+    std::vector<std::string> ts;
+    for (const v1::TensorType& t : n.results()) ts.push_back(TypeString(t));
+    type = absl::StrCat("(", absl::StrJoin(ts, ", "), ")");
+  }
   return absl::StrCat("%", n.name(), " = ", OpName(n.op()), "(", absl::StrJoin(ops, ", "), ")",
-                      attrs.empty() ? "" : absl::StrCat(" {", attrs, "}"), " : ",
-                      TypeString(n.type()));
+                      attrs.empty() ? "" : absl::StrCat(" {", attrs, "}"), " : ", type);
+}
+
+void PrintInstructions(const v1::Program& p, const std::string& indent, std::string& s) {
+  for (const v1::Node& prm : p.parameters()) absl::StrAppend(&s, indent, NodeText(prm), "\n");
+  for (const v1::Instruction& ins : p.instructions()) {
+    if (ins.has_node()) {
+      std::string text = NodeText(ins.node());
+      if (ins.results_size() > 0) {
+        std::vector<std::string> rs;
+        for (const std::string& r : ins.results()) rs.push_back(absl::StrCat("%", r));
+        text = absl::StrCat("(", absl::StrJoin(rs, ", "), ") = ", text.substr(text.find(" = ") + 3));
+      }
+      absl::StrAppend(&s, indent, text, "\n");
+    } else {
+      const v1::Fusion& f = ins.fusion();
+      absl::StrAppend(&s, indent, "fusion(", absl::StrJoin(f.inputs(), ", "), ") -> (",
+                      absl::StrJoin(f.outputs(), ", "), ") {\n");
+      for (const v1::Node& n : f.nodes()) absl::StrAppend(&s, indent, "  ", NodeText(n), "\n");
+      absl::StrAppend(&s, indent, "}\n");
+    }
+    if (ins.release_size() > 0) {
+      absl::StrAppend(&s, indent, "  release ", absl::StrJoin(ins.release(), ", "), "\n");
+    }
+  }
+  absl::StrAppend(&s, indent, "outputs ", absl::StrJoin(p.outputs(), ", "), "\n");
+  for (int i = 0; i < p.parameter_aliases_size(); ++i) {
+    if (p.parameter_aliases(i) < 0) continue;
+    absl::StrAppend(&s, indent, "carry %", p.parameters(i).name(), " -> output ", p.parameter_aliases(i), " '",
+                    p.outputs(p.parameter_aliases(i)), "' (in place)\n");
+  }
 }
 
 }  // namespace
@@ -143,22 +194,12 @@ std::string Fingerprint(const v1::Graph& graph) {
 
 std::string PrintProgram(const v1::Program& p) {
   std::string s = absl::StrCat("program ", p.executable_id(), "\n");
-  for (const v1::Node& prm : p.parameters()) absl::StrAppend(&s, "  ", NodeText(prm), "\n");
-  for (const v1::Instruction& ins : p.instructions()) {
-    if (ins.has_node()) {
-      absl::StrAppend(&s, "  ", NodeText(ins.node()), "\n");
-    } else {
-      const v1::Fusion& f = ins.fusion();
-      absl::StrAppend(&s, "  fusion(", absl::StrJoin(f.inputs(), ", "), ") -> (",
-                      absl::StrJoin(f.outputs(), ", "), ") {\n");
-      for (const v1::Node& n : f.nodes()) absl::StrAppend(&s, "    ", NodeText(n), "\n");
-      absl::StrAppend(&s, "  }\n");
-    }
-    if (ins.release_size() > 0) {
-      absl::StrAppend(&s, "    release ", absl::StrJoin(ins.release(), ", "), "\n");
-    }
+  PrintInstructions(p, "  ", s);
+  for (const v1::Program& f : p.functions()) {
+    absl::StrAppend(&s, "  function ", f.executable_id(), " {\n");
+    PrintInstructions(f, "    ", s);
+    absl::StrAppend(&s, "  }\n");
   }
-  absl::StrAppend(&s, "  outputs ", absl::StrJoin(p.outputs(), ", "), "\n");
   return s;
 }
 
@@ -197,6 +238,7 @@ static bool DropDeadNodes(v1::Graph& g) {
     for (const std::string& o : n.operands()) needed.insert(o);
     if (n.has_manual_region()) dropped |= DropDeadNodes(*n.mutable_manual_region()->mutable_body());
   }
+  for (v1::Graph& f : *g.mutable_functions()) dropped |= DropDeadNodes(f);
   if (!dropped) return false;
   google::protobuf::RepeatedPtrField<v1::Node> live;
   for (int i = 0; i < g.nodes_size(); ++i) {
@@ -205,6 +247,36 @@ static bool DropDeadNodes(v1::Graph& g) {
   g.mutable_nodes()->Swap(&live);
   return true;
 }
+
+// Makes each result of a control-flow node read through one tuple_element
+// node (the first), so that every result has one name in the plan.
+static void DedupeTupleElements(v1::Graph& g) {
+  absl::flat_hash_map<std::string, std::string> first, rename;  // "node#k" -> name; dup -> first
+  google::protobuf::RepeatedPtrField<v1::Node> kept;
+  for (v1::Node& n : *g.mutable_nodes()) {
+    for (std::string& o : *n.mutable_operands()) {
+      if (auto it = rename.find(o); it != rename.end()) o = it->second;
+    }
+    if (n.op() == v1::TUPLE_ELEMENT) {
+      auto [it, fresh] = first.emplace(absl::StrCat(n.operands(0), "#", n.tuple_element().index()), n.name());
+      if (!fresh) {
+        rename[n.name()] = it->second;
+        continue;
+      }
+    }
+    *kept.Add() = std::move(n);
+  }
+  g.mutable_nodes()->Swap(&kept);
+  for (std::string& o : *g.mutable_outputs()) {
+    if (auto it = rename.find(o); it != rename.end()) o = it->second;
+  }
+}
+
+// The plan of one validated graph (the program, or a function): its
+// parameters, instructions (fusions planned, each control-flow node with its
+// tuple_element readers as one instruction of several results), outputs and
+// release lists. Returns the estimated peak bytes.
+static int64_t BuildPlan(const TypedGraph& g, v1::Program& p);
 
 // Reads a transposed operand of a dot_general in place: dot(transpose(a),
 // b) becomes dot(a, b) with a's dimension numbers, when that keeps the
@@ -296,6 +368,108 @@ static void HoistParameterReaders(v1::Program& p) {
   p.mutable_instructions()->Swap(&sorted);
 }
 
+static int64_t BuildPlan(const TypedGraph& g, v1::Program& p) {
+  for (int pos : g.parameters) *p.add_parameters() = g.graph.nodes(pos);
+  for (int pos : g.outputs) {
+    p.add_outputs(g.graph.nodes(pos).name());
+    *p.add_output_types() = g.graph.nodes(pos).type();
+  }
+  std::vector<v1::Instruction> planned = PlanFusions(g);
+  // Control flow: its tuple_element readers become its result names.
+  absl::flat_hash_map<std::string, std::vector<std::string>> results;
+  for (const v1::Instruction& ins : planned) {
+    if (!ins.has_node() || ins.node().op() != v1::TUPLE_ELEMENT) continue;
+    const v1::Node& n = ins.node();
+    const v1::Node& cf = g.graph.nodes(g.index_of.at(n.operands(0)));
+    std::vector<std::string>& names = results[cf.name()];
+    if (names.empty()) {
+      for (int k = 0; k < cf.results_size(); ++k) names.push_back(absl::StrCat(cf.name(), "#", k));
+    }
+    names[n.tuple_element().index()] = n.name();
+  }
+  for (v1::Instruction& ins : planned) {
+    if (ins.has_node() && ins.node().op() == v1::TUPLE_ELEMENT) continue;
+    if (ins.has_node() && IsControlFlow(ins.node().op())) {
+      std::vector<std::string>& names = results[ins.node().name()];
+      for (int k = int(names.size()); k < ins.node().results_size(); ++k) {
+        names.push_back(absl::StrCat(ins.node().name(), "#", k));
+      }
+      for (const std::string& r : names) ins.add_results(r);
+    }
+    *p.add_instructions() = std::move(ins);
+  }
+  HoistParameterReaders(p);
+  return PlanBuffers(g, p);
+}
+
+// Each parameter of a function, the output it may be written into: its own
+// position where it can (a loop carry updated in place), else the first
+// free candidate.
+static void PlanParameterAliases(v1::Program& f) {
+  const AliasCandidates c = FindAliasCandidates(f);
+  std::vector<int> alias(f.parameters_size(), -1);
+  absl::flat_hash_set<std::string> taken;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int i = 0; i < f.parameters_size(); ++i) {
+      if (alias[i] >= 0) continue;
+      for (int o : c.outputs[i]) {
+        if ((pass == 0 && o != i) || c.buffer_of_output[o] == f.parameters(i).name()) continue;
+        if (taken.insert(c.buffer_of_output[o]).second) {
+          alias[i] = o;
+          break;
+        }
+      }
+    }
+  }
+  for (int a : alias) f.add_parameter_aliases(a);
+}
+
+// Lowers and plans every function of `lowered` into p.functions.
+static absl::Status CompileFunctions(const v1::Graph& lowered, const ValidateOptions& base, v1::Program& p,
+                                     int64_t& peak) {
+  FunctionTable table(lowered);
+  for (const v1::Graph& fn : lowered.functions()) {
+    ValidateOptions o = base;
+    o.functions = &table;
+    auto typed = ValidateGraph(fn, o);
+    if (!typed.ok()) return Annotate(typed.status(), absl::StrCat("internal: function '", fn.name(), "' does not check: "));
+    v1::Program& f = *p.add_functions();
+    f.set_executable_id(fn.name());
+    peak += BuildPlan(*typed, f);
+    PlanParameterAliases(f);
+  }
+  return absl::OkStatus();
+}
+
+// Lowers each function of `client` (custom kernels inlined, constraints
+// dropped) into out.functions, dead nodes dropped and tuple reads deduped.
+// Collectives in functions (called from shard_map) are listed in the plan.
+static absl::Status LowerFunctions(const TypedGraph& client, CompiledProgram& c, v1::Graph& out) {
+  FunctionTable table(client.graph);
+  for (const v1::Graph& fn : client.graph.functions()) {
+    auto typed = ValidateGraph(fn, {.manual_mesh = c.partitioned() ? &c.mesh : nullptr, .functions = &table});
+    if (!typed.ok()) return Annotate(typed.status(), absl::StrCat("function '", fn.name(), "': "));
+    TESSEL_ASSIGN_OR_RETURN(v1::Graph lowered, LowerUnpartitioned(*typed));
+    lowered.set_name(fn.name());
+    absl::flat_hash_map<std::string, const v1::TensorType*> type_of;
+    for (v1::Node& n : *lowered.mutable_nodes()) {
+      type_of[n.name()] = &n.type();
+      if (!IsCollective(n.op()) || n.op() == v1::AXIS_INDEX) continue;
+      v1::CollectiveAttrs& col = *n.mutable_collective();
+      if ((n.op() == v1::ALL_REDUCE || n.op() == v1::REDUCE_SCATTER) && col.kind() == v1::REDUCE_INVALID) {
+        col.set_kind(v1::SUM);
+      }
+      col.set_reason(absl::StrCat("explicit in function '", fn.name(), "', each time it runs"));
+      c.collectives.push_back(PlanCollective(c.mesh, n.name(), n.op(), {col.axes().begin(), col.axes().end()},
+                                             *type_of.at(n.operands(0)), n.type(), col.reason()));
+    }
+    if (FoldTransposesIntoDots(lowered)) DropDeadNodes(lowered);
+    DedupeTupleElements(lowered);
+    *out.add_functions() = std::move(lowered);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOptions& given) {
   TESSEL_ASSIGN_OR_RETURN(TypedGraph client, ValidateGraph(graph));
   if (DropDeadNodes(client.graph)) {
@@ -320,6 +494,10 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOpt
     TESSEL_ASSIGN_OR_RETURN(lowered, LowerUnpartitioned(client));
   }
   if (FoldTransposesIntoDots(lowered)) DropDeadNodes(lowered);
+  DedupeTupleElements(lowered);
+  if (client.graph.functions_size() > 0) {
+    TESSEL_RETURN_IF_ERROR(LowerFunctions(client, c, lowered));
+  }
   for (int pos : client.parameters) c.global_parameter_types.push_back(client.graph.nodes(pos).type());
   for (int pos : client.outputs) c.global_output_types.push_back(client.graph.nodes(pos).type());
   auto validated = ValidateGraph(lowered, {.manual_mesh = c.partitioned() ? &c.mesh : nullptr, .partitioned = true});
@@ -341,18 +519,12 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOpt
   v1::Program& p = c.program;
   p.set_executable_id(c.fingerprint);
   if (c.partitioned()) *p.mutable_mesh() = c.mesh;
-  for (int pos : g.parameters) {
-    *p.add_parameters() = g.graph.nodes(pos);
-    c.parameter_types.push_back(g.graph.nodes(pos).type());
-  }
-  for (int pos : g.outputs) {
-    p.add_outputs(g.graph.nodes(pos).name());
-    *p.add_output_types() = g.graph.nodes(pos).type();
-    c.output_types.push_back(g.graph.nodes(pos).type());
-  }
-  for (v1::Instruction& ins : PlanFusions(g)) *p.add_instructions() = std::move(ins);
-  HoistParameterReaders(p);
-  c.estimated_peak_bytes = PlanBuffers(g, p);
+  for (int pos : g.parameters) c.parameter_types.push_back(g.graph.nodes(pos).type());
+  for (int pos : g.outputs) c.output_types.push_back(g.graph.nodes(pos).type());
+  c.estimated_peak_bytes = BuildPlan(g, p);
+  // A function's values live while it runs: counted on top (an upper bound).
+  TESSEL_RETURN_IF_ERROR(CompileFunctions(
+      lowered, {.manual_mesh = c.partitioned() ? &c.mesh : nullptr, .partitioned = true}, p, c.estimated_peak_bytes));
 
   int fusions = 0;
   for (const v1::Instruction& ins : p.instructions()) {

@@ -25,6 +25,25 @@ std::string Describe(const v1::Program& p, int k) {
   return absl::StrCat("instruction ", k, " (fusion -> ", absl::StrJoin(ins.fusion().outputs(), ", "), ")");
 }
 
+// Empty when result `j` of the loop `n` may be written into the buffer of
+// parameter `prm` (its carry j), else why not.
+template <typename RootOf>
+std::string LoopCarryInPlace(const v1::Program& p, const v1::Node& n, int j, const std::string& prm,
+                             const RootOf& root_of) {
+  const int carries = n.op() == v1::WHILE ? n.operands_size() : n.op() == v1::SCAN ? n.control().num_carry() : 0;
+  if (j >= carries) return absl::StrCat("result ", j, " is not a loop carry");
+  if (root_of(n.operands(j)) != prm) return absl::StrCat("its carry ", j, " starts from another value");
+  for (int i = 0; i < n.operands_size(); ++i) {
+    if (i != j && root_of(n.operands(i)) == prm) return absl::StrCat("operand ", i, " reads '", prm, "' too");
+  }
+  for (const v1::Program& f : p.functions()) {
+    if (f.executable_id() != n.control().body()) continue;
+    if (j < f.parameter_aliases_size() && f.parameter_aliases(j) == j) return "";
+    return absl::StrCat("its body '", f.executable_id(), "' cannot write carry ", j, " in place");
+  }
+  return absl::StrCat("its body '", n.control().body(), "' is not compiled");
+}
+
 }  // namespace
 
 AliasCandidates FindAliasCandidates(const v1::Program& p) {
@@ -49,6 +68,14 @@ AliasCandidates FindAliasCandidates(const v1::Program& p) {
     if (ins.has_node()) {
       const v1::Node& n = ins.node();
       for (const std::string& o : n.operands()) reads[k][root_of(o)] = 0;
+      if (ins.results_size() > 0) {  // control flow
+        for (int j = 0; j < ins.results_size(); ++j) {
+          root[ins.results(j)] = ins.results(j);
+          writer[ins.results(j)] = Writer{k, j, false};
+          type_of[ins.results(j)] = &n.results(j);
+        }
+        continue;
+      }
       root[n.name()] = n.op() == v1::RESHAPE ? root_of(n.operands(0)) : n.name();
       writer[n.name()] = Writer{k, 0, n.op() == v1::CONSTANT && n.constant().has_literal()};
       type_of[n.name()] = &n.type();
@@ -118,6 +145,17 @@ AliasCandidates FindAliasCandidates(const v1::Program& p) {
       auto r = reads[w.instruction].find(prm.name());
       if (r != reads[w.instruction].end()) {
         const v1::Instruction& ins = p.instructions(w.instruction);
+        if (ins.results_size() > 0) {
+          // A loop updates carry j in place when its body writes parameter
+          // j into result j and nothing else of the loop reads the buffer.
+          const std::string why_loop = LoopCarryInPlace(p, ins.node(), w.fusion_node, prm.name(), root_of);
+          if (!why_loop.empty()) {
+            why.push_back(absl::StrCat(out_desc, " is computed by ", Describe(p, w.instruction), ": ", why_loop));
+            continue;
+          }
+          c.outputs[pi].push_back(oi);
+          continue;
+        }
         // An all_reduce reads each element before it writes it, so it runs in
         // place (the worker skips its copy in -> out then).
         const bool elementwise =

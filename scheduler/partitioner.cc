@@ -42,6 +42,26 @@ bool IsLinearUnary(const v1::Node& n, const v1::TensorType& operand) {
   return n.op() == v1::NEG;
 }
 
+}  // namespace
+
+PlannedCollective PlanCollective(const v1::Mesh& mesh, const std::string& value, v1::Op op,
+                                 const std::vector<std::string>& axes, const v1::TensorType& in_type,
+                                 const v1::TensorType& out_type, const std::string& reason) {
+  const int64_t k = AxesSize(mesh, axes);
+  const int64_t in = ByteSizeUnchecked(in_type), out = ByteSizeUnchecked(out_type);
+  int64_t received = in;  // collective_permute: one block
+  switch (op) {
+    case v1::ALL_REDUCE: received = 2 * (k - 1) * in / k; break;
+    case v1::ALL_GATHER: received = (k - 1) * in; break;
+    case v1::REDUCE_SCATTER: received = (k - 1) * out; break;
+    case v1::ALL_TO_ALL: received = (k - 1) * in / k; break;
+    default: break;
+  }
+  return {value, op, axes, received, reason};
+}
+
+namespace {
+
 class Partitioner {
  public:
   Partitioner(const TypedGraph& g, const PartitionOptions& o) : g_(g), o_(o), mesh_(o.mesh) {}
@@ -105,7 +125,8 @@ class Partitioner {
   absl::StatusOr<std::string> Emit(v1::Node n) {
     std::vector<const v1::TensorType*> types;
     for (const std::string& o : n.operands()) types.push_back(&local_types_.at(o));
-    if (n.op() != v1::PARAMETER && n.op() != v1::CONSTANT && !IsCollective(n.op()) && n.op() != v1::SHARD_SLICE) {
+    if (n.op() != v1::PARAMETER && n.op() != v1::CONSTANT && !IsCollective(n.op()) && n.op() != v1::SHARD_SLICE &&
+        !IsControlFlow(n.op()) && n.op() != v1::TUPLE_ELEMENT) {
       n.clear_type();
       auto t = InferType(n, types);
       if (!t.ok()) return Annotate(t.status(), StrCat("partitioned node '", n.name(), "': "));
@@ -153,17 +174,8 @@ class Partitioner {
   // receives under ring algorithms.
   void Record(const std::string& name, v1::Op op, const std::string& input, const Axes& axes,
               const std::string& reason) {
-    const int64_t k = AxesSize(mesh_, axes);
-    const int64_t in = ByteSizeUnchecked(local_types_.at(input)), out = ByteSizeUnchecked(local_types_.at(name));
-    int64_t received = in;  // collective_permute: one block
-    switch (op) {
-      case v1::ALL_REDUCE: received = 2 * (k - 1) * in / k; break;
-      case v1::ALL_GATHER: received = (k - 1) * in; break;
-      case v1::REDUCE_SCATTER: received = (k - 1) * out; break;
-      case v1::ALL_TO_ALL: received = (k - 1) * in / k; break;
-      default: break;
-    }
-    out_.collectives.push_back({name, op, axes, received, reason});
+    out_.collectives.push_back(
+        PlanCollective(mesh_, name, op, axes, local_types_.at(input), local_types_.at(name), reason));
   }
 
   // The value `name` laid out as `want` (normalized, same rank): itself, or
@@ -376,6 +388,34 @@ class Partitioner {
         return absl::OkStatus();
       }
       case v1::MANUAL_REGION: return ProcessRegion(n, prefix, name);
+      case v1::WHILE:
+      case v1::CONDITIONAL:
+      case v1::SCAN: {
+        // Outside shard_map, control flow runs its functions on whole
+        // values: its operands are gathered, its results replicated.
+        v1::Node ln = n;
+        ln.set_name(Fresh(name));
+        ln.clear_operands();
+        for (int i = 0; i < n.operands_size(); ++i) {
+          const Value& o = operand(i);
+          TESSEL_ASSIGN_OR_RETURN(
+              std::string lo, Reshard(StrCat(prefix, n.operands(i)), Replicated(o.global.dims_size()),
+                                      StrCat(why, " runs its functions on whole values (operand ", i, ")")));
+          ln.add_operands(lo);
+        }
+        TESSEL_ASSIGN_OR_RETURN(v.local, Emit(std::move(ln)));
+        values_[name] = v;
+        return absl::OkStatus();
+      }
+      case v1::TUPLE_ELEMENT: {
+        v1::Node ln = n;
+        ln.set_name(Fresh(name));
+        ln.set_operands(0, operand(0).local);
+        TESSEL_ASSIGN_OR_RETURN(v.local, Emit(std::move(ln)));
+        v.s = Replicated(rank);
+        values_[name] = v;
+        return absl::OkStatus();
+      }
       default: break;
     }
     // Decide the layout each operand must take and the result's.
@@ -738,6 +778,146 @@ class Partitioner {
     return absl::OkStatus();
   }
 
+  // The axes each result of `fn` varies over, given its parameters'.
+  absl::StatusOr<std::vector<Varying>> FunctionVarying(const std::string& fn, const std::vector<Varying>& params,
+                                                       const std::string& label) {
+    const v1::Graph* f = nullptr;
+    for (const v1::Graph& c : g_.graph.functions()) {
+      if (c.name() == fn) f = &c;
+    }
+    if (f == nullptr) return InvalidArgumentError(StrCat(label, ": function '", fn, "' is not defined"));
+    absl::flat_hash_map<std::string, Varying> vary;
+    for (const v1::Node& n : f->nodes()) {
+      Varying vr;
+      if (n.op() == v1::PARAMETER) {
+        vary[n.name()] = params.at(n.parameter().index());
+        continue;
+      }
+      if (n.op() == v1::TUPLE_ELEMENT) {
+        vary[n.name()] = vary[StrCat(n.operands(0), "#", n.tuple_element().index())];
+        continue;
+      }
+      std::vector<Varying> ops;
+      for (const std::string& o : n.operands()) ops.push_back(vary[o]);
+      if (IsControlFlow(n.op())) {
+        TESSEL_ASSIGN_OR_RETURN(std::vector<Varying> results, ControlFlowVarying(n, ops, label));
+        for (size_t k = 0; k < results.size(); ++k) vary[StrCat(n.name(), "#", k)] = std::move(results[k]);
+        continue;
+      }
+      for (const Varying& o : ops) {
+        for (const auto& [a, why] : o.why) vr.why.emplace(a, why);
+      }
+      const auto& axes = n.collective().axes();
+      switch (n.op()) {
+        case v1::ALL_REDUCE:
+        case v1::ALL_GATHER:
+          for (const std::string& a : axes) vr.why.erase(a);
+          break;
+        case v1::REDUCE_SCATTER:
+        case v1::ALL_TO_ALL:
+        case v1::COLLECTIVE_PERMUTE:
+        case v1::AXIS_INDEX:
+          for (const std::string& a : axes) vr.why.emplace(a, StrCat(OpName(n.op()), " '", n.name(), "' over it"));
+          break;
+        case v1::CUSTOM_KERNEL: {
+          const v1::ReplicationRule& rule = n.custom_kernel().replication();
+          if (rule.kind() == v1::ReplicationRule::FOLLOW) vr = ops.at(rule.operand());
+          if (rule.kind() == v1::ReplicationRule::EXPLICIT) {
+            vr = Varying{};
+            for (const std::string& a : rule.axes()) {
+              vr.why[a] = StrCat("custom kernel '", n.custom_kernel().name(), "' declares its result varying over it");
+            }
+          }
+          break;
+        }
+        default: break;
+      }
+      vary[n.name()] = std::move(vr);
+    }
+    std::vector<Varying> out;
+    for (const std::string& o : f->outputs()) out.push_back(vary[o]);
+    return out;
+  }
+
+  // Whether `fn`, or a function it runs, holds a collective.
+  bool CallsCollectives(const std::string& fn) {
+    for (const v1::Graph& c : g_.graph.functions()) {
+      if (c.name() != fn) continue;
+      for (const v1::Node& n : c.nodes()) {
+        if (IsCollective(n.op()) && n.op() != v1::AXIS_INDEX) return true;
+        for (const std::string& inner : CalledFunctions(n)) {
+          if (CallsCollectives(inner)) return true;
+        }
+      }
+    }
+    return false;
+  }
+
+  // The axes each result of a control-flow node varies over. A loop's carry
+  // varies over what its start or any iteration makes it vary over (a fixed
+  // point); a loop whose condition varies is an error naming the axis, and
+  // so is a conditional whose index varies where a branch communicates:
+  // the devices of a group would part ways.
+  absl::StatusOr<std::vector<Varying>> ControlFlowVarying(const v1::Node& n, const std::vector<Varying>& ops,
+                                                          const std::string& label) {
+    const v1::ControlFlowAttrs& c = n.control();
+    const std::string what = StrCat(OpName(n.op()), " '", n.name(), "'");
+    auto merge = [](Varying& into, const Varying& from) {
+      bool changed = false;
+      for (const auto& [a, why] : from.why) changed |= into.why.emplace(a, why).second;
+      return changed;
+    };
+    if (n.op() == v1::CONDITIONAL) {
+      const Varying& index = ops[0];
+      if (!index.why.empty()) {
+        for (const std::string& b : c.branches()) {
+          if (!CallsCollectives(b)) continue;
+          const auto& [axis, why] = *index.why.begin();
+          return InvalidArgumentError(StrCat(
+              label, ": ", what, ": its index varies over mesh axis '", axis, "' (", why, "), and branch '", b,
+              "' runs a collective: devices of one group could take different branches. Make the index uniform "
+              "with a collective over '", axis, "' (pmax, psum) first"));
+        }
+      }
+      std::vector<Varying> results;
+      const std::vector<Varying> args(ops.begin() + 1, ops.end());
+      for (const std::string& b : c.branches()) {
+        TESSEL_ASSIGN_OR_RETURN(std::vector<Varying> r, FunctionVarying(b, args, label));
+        results.resize(r.size());
+        for (size_t k = 0; k < r.size(); ++k) {
+          merge(results[k], r[k]);
+          for (const auto& [a, why] : index.why) {
+            results[k].why.emplace(a, StrCat("the index of ", what, " varies over it"));
+          }
+        }
+      }
+      return results;
+    }
+    const int carries = n.op() == v1::WHILE ? n.operands_size() : c.num_carry();
+    std::vector<Varying> carry(ops.begin(), ops.begin() + carries);
+    std::vector<Varying> ys;
+    for (bool changed = true; changed;) {
+      changed = false;
+      std::vector<Varying> params = carry;
+      params.insert(params.end(), ops.begin() + carries, ops.end());
+      TESSEL_ASSIGN_OR_RETURN(std::vector<Varying> out, FunctionVarying(c.body(), params, label));
+      for (int k = 0; k < carries; ++k) changed |= merge(carry[k], out[k]);
+      ys.assign(out.begin() + carries, out.end());
+    }
+    if (n.op() == v1::WHILE) {
+      TESSEL_ASSIGN_OR_RETURN(std::vector<Varying> pred, FunctionVarying(c.cond(), carry, label));
+      if (!pred[0].why.empty()) {
+        const auto& [axis, why] = *pred[0].why.begin();
+        return InvalidArgumentError(StrCat(
+            label, ": ", what, ": its condition '", c.cond(), "' varies over mesh axis '", axis, "' (", why,
+            "): every device of the mesh must stop at the same iteration. Make the predicate uniform with a ",
+            "collective over '", axis, "' (psum, pmax or all_gather) before comparing"));
+      }
+    }
+    carry.insert(carry.end(), ys.begin(), ys.end());
+    return carry;
+  }
+
   // Emits a body (per-device shapes) as written; returns its output's local name.
   absl::StatusOr<std::string> EmitManual(const v1::Graph& body, const std::string& bprefix,
                                          const absl::flat_hash_map<std::string, std::string>& bind,
@@ -754,6 +934,15 @@ class Partitioner {
         for (const auto& [a, why] : varying[StrCat(bprefix, o)].why) vr.why.emplace(a, why);
       }
       const auto& axes = bn.collective().axes();
+      if (IsControlFlow(bn.op())) {
+        std::vector<Varying> ops;
+        for (const std::string& o : bn.operands()) ops.push_back(varying[StrCat(bprefix, o)]);
+        TESSEL_ASSIGN_OR_RETURN(std::vector<Varying> results, ControlFlowVarying(bn, ops, label));
+        for (size_t k = 0; k < results.size(); ++k) varying[StrCat(full, "#", k)] = std::move(results[k]);
+      }
+      if (bn.op() == v1::TUPLE_ELEMENT) {
+        vr = varying[StrCat(bprefix, bn.operands(0), "#", bn.tuple_element().index())];
+      }
       switch (bn.op()) {
         case v1::MANUAL_REGION:
         case v1::SHARDING_CONSTRAINT:

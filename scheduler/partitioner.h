@@ -38,6 +38,12 @@ struct PlannedCollective {
   std::string reason;
 };
 
+// A collective of the per-device graph (input and output block types) with
+// the bytes each device receives under ring algorithms.
+PlannedCollective PlanCollective(const v1::Mesh& mesh, const std::string& value, v1::Op op,
+                                 const std::vector<std::string>& axes, const v1::TensorType& in_type,
+                                 const v1::TensorType& out_type, const std::string& reason);
+
 struct PartitionedGraph {
   v1::Graph local;  // per-device shapes; types set on every node
   std::vector<v1::Sharding> parameter_shardings;  // normalized

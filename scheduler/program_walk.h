@@ -1,5 +1,6 @@
 // Visitors over a plan's instructions: the values an instruction reads and
-// the values it writes (a fusion's outputs; a node's own value).
+// the values it writes (a fusion's outputs; a control-flow node's results; a
+// node's own value).
 #pragma once
 
 #include <string>
@@ -19,7 +20,9 @@ void ForEachRead(const v1::Instruction& ins, F&& f) {
 
 template <typename F>
 void ForEachWrite(const v1::Instruction& ins, F&& f) {
-  if (ins.has_node()) {
+  if (ins.results_size() > 0) {
+    for (const std::string& r : ins.results()) f(r);
+  } else if (ins.has_node()) {
     f(ins.node().name());
   } else {
     for (const std::string& o : ins.fusion().outputs()) f(o);

@@ -1,5 +1,8 @@
 #include "scheduler/validator.h"
 
+#include <algorithm>
+#include <optional>
+
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -75,13 +78,179 @@ absl::StatusOr<v1::TensorType> InferStructured(const v1::Node& n, absl::Span<con
   }
 }
 
+std::string TypesString(absl::Span<const v1::TensorType> ts) {
+  std::vector<std::string> parts;
+  for (const v1::TensorType& t : ts) parts.push_back(TypeString(t));
+  return StrCat("(", absl::StrJoin(parts, ", "), ")");
+}
+
+// Checks that `fn`'s list `got` (its parameters or results) is `want`,
+// naming the function, the position and both types.
+absl::Status CheckTypes(const std::string& what, const std::string& fn, absl::Span<const v1::TensorType> got,
+                        absl::Span<const v1::TensorType> want, const std::string& want_what) {
+  if (got.size() != want.size()) {
+    return InvalidArgumentError(StrCat("function '", fn, "' has ", got.size(), " ", what, " ", TypesString(got),
+                                       "; expected ", want.size(), " (", want_what, ") ", TypesString(want)));
+  }
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!SameType(got[i], want[i])) {
+      return InvalidArgumentError(StrCat("function '", fn, "' ", what.substr(0, what.size() - 1), " ", i, " is ",
+                                         TypeString(got[i]), "; expected ", TypeString(want[i]), " (", want_what,
+                                         " ", i, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::TensorType>> InferControlFlow(const v1::Node& n,
+                                                             absl::Span<const v1::TensorType* const> ops,
+                                                             FunctionTable& table, const ValidateOptions& o) {
+  if (n.attrs_case() != v1::Node::kControl) return InvalidArgumentError("missing attributes 'control'");
+  const v1::ControlFlowAttrs& c = n.control();
+  std::vector<v1::TensorType> operands;
+  for (const v1::TensorType* t : ops) operands.push_back(*t);
+  auto signature = [&](const std::string& fn, absl::string_view role) -> absl::StatusOr<const FunctionSignature*> {
+    if (fn.empty()) return InvalidArgumentError(StrCat("names no ", role, " function"));
+    return table.Signature(fn, o);
+  };
+  const v1::TensorType pred = [] {
+    v1::TensorType t;
+    t.set_dtype(v1::PRED);
+    return t;
+  }();
+  switch (n.op()) {
+    case v1::WHILE: {
+      TESSEL_ASSIGN_OR_RETURN(const FunctionSignature* cond, signature(c.cond(), "cond"));
+      TESSEL_ASSIGN_OR_RETURN(const FunctionSignature* body, signature(c.body(), "body"));
+      TESSEL_RETURN_IF_ERROR(CheckTypes("parameters", c.cond(), cond->parameters, operands, "the carries"));
+      TESSEL_RETURN_IF_ERROR(CheckTypes("results", c.cond(), cond->results, {pred}, "the loop predicate"));
+      TESSEL_RETURN_IF_ERROR(CheckTypes("parameters", c.body(), body->parameters, operands, "the carries"));
+      TESSEL_RETURN_IF_ERROR(CheckTypes("results", c.body(), body->results, operands,
+                                        "the carries: a body may not change a carried type"));
+      return operands;
+    }
+    case v1::CONDITIONAL: {
+      if (ops.empty()) return InvalidArgumentError("expected an index operand, got none");
+      const v1::TensorType& index = operands[0];
+      if (index.dims_size() != 0 || (index.dtype() != v1::S32 && index.dtype() != v1::PRED)) {
+        return InvalidArgumentError(StrCat("the index (operand 0) must be s32[] or pred[], got ", TypeString(index)));
+      }
+      if (c.branches_size() == 0) return InvalidArgumentError("has no branches");
+      if (index.dtype() == v1::PRED && c.branches_size() != 2) {
+        return InvalidArgumentError(StrCat("a pred[] index selects between 2 branches; got ", c.branches_size()));
+      }
+      std::vector<v1::TensorType> args(operands.begin() + 1, operands.end());
+      std::vector<v1::TensorType> results;
+      for (int b = 0; b < c.branches_size(); ++b) {
+        TESSEL_ASSIGN_OR_RETURN(const FunctionSignature* f, signature(c.branches(b), "branch"));
+        TESSEL_RETURN_IF_ERROR(CheckTypes("parameters", c.branches(b), f->parameters, args, "the operands after the index"));
+        if (b == 0) {
+          results = f->results;
+        } else {
+          TESSEL_RETURN_IF_ERROR(CheckTypes("results", c.branches(b), f->results, results,
+                                            StrCat("branch 0 '", c.branches(0), "' results")));
+        }
+      }
+      return results;
+    }
+    case v1::SCAN: {
+      if (c.num_carry() < 0 || c.num_carry() > int(ops.size())) {
+        return InvalidArgumentError(StrCat("num_carry ", c.num_carry(), " out of range: it has ", ops.size(), " operands"));
+      }
+      if (c.length() < 0) return InvalidArgumentError(StrCat("length must be >= 0, got ", c.length()));
+      TESSEL_ASSIGN_OR_RETURN(const FunctionSignature* body, signature(c.body(), "body"));
+      std::vector<v1::TensorType> params(operands.begin(), operands.begin() + c.num_carry());
+      for (size_t i = c.num_carry(); i < operands.size(); ++i) {
+        const v1::TensorType& x = operands[i];
+        if (x.dims_size() == 0 || x.dims(0) != c.length()) {
+          return InvalidArgumentError(StrCat("scanned operand ", i, " is ", TypeString(x),
+                                             "; expected a leading dimension of the length, ", c.length()));
+        }
+        v1::TensorType slice = x;
+        slice.mutable_dims()->erase(slice.mutable_dims()->begin());
+        params.push_back(slice);
+      }
+      TESSEL_RETURN_IF_ERROR(CheckTypes("parameters", c.body(), body->parameters, params,
+                                        "the carries, then one slice of each scanned operand"));
+      const std::vector<v1::TensorType> carries(operands.begin(), operands.begin() + c.num_carry());
+      if (int(body->results.size()) < c.num_carry()) {
+        return InvalidArgumentError(StrCat("function '", c.body(), "' has ", body->results.size(),
+                                           " results; expected at least the ", c.num_carry(), " carries"));
+      }
+      const std::vector<v1::TensorType> new_carries(body->results.begin(), body->results.begin() + c.num_carry());
+      TESSEL_RETURN_IF_ERROR(CheckTypes("results", c.body(), new_carries, carries,
+                                        "the carries: a body may not change a carried type"));
+      std::vector<v1::TensorType> results = carries;
+      for (size_t i = c.num_carry(); i < body->results.size(); ++i) {
+        v1::TensorType y = body->results[i];
+        y.mutable_dims()->Add(0);
+        std::rotate(y.mutable_dims()->begin(), y.mutable_dims()->end() - 1, y.mutable_dims()->end());
+        y.set_dims(0, c.length());
+        TESSEL_RETURN_IF_ERROR(ValidateType(y));
+        results.push_back(y);
+      }
+      return results;
+    }
+    default:
+      return InvalidArgumentError("not a control-flow op");
+  }
+}
+
 }  // namespace
+
+bool IsControlFlow(v1::Op op) { return op == v1::WHILE || op == v1::CONDITIONAL || op == v1::SCAN; }
+
+std::vector<std::string> CalledFunctions(const v1::Node& n) {
+  if (!n.has_control()) return {};
+  const v1::ControlFlowAttrs& c = n.control();
+  switch (n.op()) {
+    case v1::WHILE: return {c.cond(), c.body()};
+    case v1::SCAN: return {c.body()};
+    case v1::CONDITIONAL: return {c.branches().begin(), c.branches().end()};
+    default: return {};
+  }
+}
+
+FunctionTable::FunctionTable(const v1::Graph& top) {
+  for (const v1::Graph& f : top.functions()) graphs.emplace(f.name(), &f);
+}
+
+absl::StatusOr<const FunctionSignature*> FunctionTable::Signature(const std::string& name,
+                                                                  const ValidateOptions& options) {
+  const std::string key = options.manual_mesh != nullptr ? StrCat(name, "|manual") : name;
+  if (auto it = signatures.find(key); it != signatures.end()) return &it->second;
+  auto g = graphs.find(name);
+  if (g == graphs.end()) {
+    std::vector<std::string> known;
+    for (const auto& [n, _] : graphs) known.push_back(StrCat("'", n, "'"));
+    std::sort(known.begin(), known.end());
+    return InvalidArgumentError(StrCat("function '", name, "' is not defined (the graph's functions: ",
+                                       known.empty() ? "none" : absl::StrJoin(known, ", "), ")"));
+  }
+  if (std::find(active.begin(), active.end(), name) != active.end()) {
+    return InvalidArgumentError(StrCat("function '", name, "' calls itself (through ", absl::StrJoin(active, " -> "),
+                                       "); recursion is not supported"));
+  }
+  active.push_back(name);
+  ValidateOptions inner = options;
+  inner.functions = this;
+  auto typed = ValidateGraph(*g->second, inner);
+  active.pop_back();
+  if (!typed.ok()) return Annotate(typed.status(), StrCat("function '", name, "': "));
+  FunctionSignature sig;
+  for (int p : typed->parameters) sig.parameters.push_back(typed->graph.nodes(p).type());
+  for (int o : typed->outputs) sig.results.push_back(typed->graph.nodes(o).type());
+  return &signatures.emplace(key, std::move(sig)).first->second;
+}
 
 bool IsCollective(v1::Op op) { return op >= v1::ALL_REDUCE && op <= v1::AXIS_INDEX; }
 
 absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateOptions& options) {
   TypedGraph tg;
   tg.graph = graph;
+  std::optional<FunctionTable> own_table;
+  FunctionTable* table = options.functions;
+  if (table == nullptr) table = &own_table.emplace(tg.graph);
   if (graph.nodes_size() == 0) return InvalidArgumentError("graph has no nodes");
   if (graph.outputs_size() == 0) return InvalidArgumentError("graph has no outputs");
   std::vector<const v1::Node*> params;
@@ -103,10 +272,44 @@ absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateO
             label, "operand ", i, " '", n.operands(i), "' is not defined before this node ",
             "(nodes must be in topological order; a cycle or a dangling reference)"));
       }
-      operand_types.push_back(&tg.graph.nodes(it->second).type());
+      const v1::Node& def = tg.graph.nodes(it->second);
+      if (IsControlFlow(def.op()) != (n.op() == v1::TUPLE_ELEMENT)) {
+        return InvalidArgumentError(
+            n.op() == v1::TUPLE_ELEMENT
+                ? StrCat(label, "operand '", def.name(), "' (", OpName(def.op()), ") has a single result; ",
+                         "tuple_element reads the results of while, conditional and scan")
+                : StrCat(label, "operand ", i, " '", def.name(), "' (", OpName(def.op()), ") has ",
+                         def.results_size(), " results; read one with tuple_element"));
+      }
+      operand_types.push_back(&def.type());
     }
     absl::StatusOr<v1::TensorType> type;
-    if (n.op() == v1::SHARD_SLICE) {
+    if (IsControlFlow(n.op())) {
+      auto results = InferControlFlow(n, operand_types, *table, options);
+      if (!results.ok()) return Annotate(results.status(), label);
+      if (n.results_size() > 0) {
+        const std::vector<v1::TensorType> declared(n.results().begin(), n.results().end());
+        auto given = CheckTypes("results", StrCat(OpName(n.op()), " '", n.name(), "'"), declared, *results,
+                                "the inferred results");
+        if (!given.ok()) return Annotate(given, StrCat(label, "declared results: "));
+      }
+      n.clear_results();
+      for (const v1::TensorType& t : *results) *n.add_results() = t;
+      n.clear_type();
+      continue;
+    }
+    if (n.results_size() > 0) {
+      return InvalidArgumentError(StrCat(label, "only while, conditional and scan have several results"));
+    }
+    if (n.op() == v1::TUPLE_ELEMENT) {
+      const v1::Node& def = tg.graph.nodes(tg.index_of.at(n.operands(0)));
+      const int k = n.has_tuple_element() ? n.tuple_element().index() : -1;
+      if (n.operands_size() != 1 || k < 0 || k >= def.results_size()) {
+        return InvalidArgumentError(StrCat(label, "reads result ", k, " of '", def.name(), "', which has ",
+                                           def.results_size(), " results"));
+      }
+      type = def.results(k);
+    } else if (n.op() == v1::SHARD_SLICE) {
       type = options.partitioned && options.manual_mesh != nullptr
                  ? InferCollectiveType(n, operand_types, *options.manual_mesh)
                  : InvalidArgumentError("shard_slice is emitted by the partitioner only");
@@ -144,6 +347,10 @@ absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateO
     auto it = tg.index_of.find(graph.outputs(i));
     if (it == tg.index_of.end()) {
       return InvalidArgumentError(StrCat("output ", i, " '", graph.outputs(i), "' names no node"));
+    }
+    if (IsControlFlow(tg.graph.nodes(it->second).op())) {
+      return InvalidArgumentError(StrCat("output ", i, " '", graph.outputs(i), "' has several results; output ",
+                                         "each through tuple_element"));
     }
     tg.outputs.push_back(it->second);
   }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/status/statusor.h"
 #include "tessel/v1/ir.pb.h"
 
@@ -19,6 +20,8 @@ struct TypedGraph {
   std::vector<int> outputs;                        // node positions, in result order
 };
 
+struct FunctionTable;
+
 struct ValidateOptions {
   // Set when validating the body of a manual region: collectives are
   // allowed and typed over this mesh. Default: none (a collective is an
@@ -26,7 +29,32 @@ struct ValidateOptions {
   const v1::Mesh* manual_mesh = nullptr;
   // A partitioned (per-device) graph: shard_slice is allowed too.
   bool partitioned = false;
+  // The functions control-flow nodes may name. Default: the validated
+  // graph's own `functions` (a top-level graph).
+  FunctionTable* functions = nullptr;
 };
+
+// A function's signature, once validated.
+struct FunctionSignature {
+  std::vector<v1::TensorType> parameters, results;
+};
+
+// The functions of a top-level graph by name, with the signatures of those
+// validated so far. Not thread-safe; one per validation.
+struct FunctionTable {
+  explicit FunctionTable(const v1::Graph& top);
+  // The validated signature of `name`; `options` as at the call site.
+  absl::StatusOr<const FunctionSignature*> Signature(const std::string& name, const ValidateOptions& options);
+
+  absl::flat_hash_map<std::string, const v1::Graph*> graphs;
+  absl::node_hash_map<std::string, FunctionSignature> signatures;  // key: name, "|manual" inside manual regions (stable pointers)
+  std::vector<std::string> active;                                 // being validated (recursion is an error)
+};
+
+// True for WHILE, CONDITIONAL and SCAN.
+bool IsControlFlow(v1::Op op);
+// The functions a control-flow node runs, in the order of its attrs.
+std::vector<std::string> CalledFunctions(const v1::Node& n);
 
 // INVALID_ARGUMENT naming the node, the op, the expected and the actual on
 // the first problem: unknown op, wrong arity, type mismatch, bad dimensions,

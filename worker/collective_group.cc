@@ -47,7 +47,9 @@ absl::StatusOr<ResolvedGroup> ResolveGroup(const v1::Program& p, const v1::Node&
   return g;
 }
 
-CollectiveId IdOf(const StepContext& ctx, int op_index) { return CollectiveId{ctx.execution_id, op_index}; }
+CollectiveId IdOf(const StepContext& ctx, int op_index) {
+  return CollectiveId{ctx.execution_id, op_index, ctx.scope};
+}
 
 void AbandonCollectives(const v1::Program& program, const StepContext& ctx, const absl::Status& cause) {
   if (!program.has_mesh()) return;

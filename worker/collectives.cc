@@ -626,6 +626,7 @@ class GroupCommunicator final : public Communicator {
     int64_t execution;
     int32_t op;
     uint32_t kind;
+    uint64_t scope;
     int64_t count;
     int32_t dtype;
     int32_t reduce_op;
@@ -657,6 +658,7 @@ class GroupCommunicator final : public Communicator {
     h.magic = kHeaderMagic;
     h.execution = id.execution;
     h.op = id.op;
+    h.scope = id.scope;
     h.kind = uint32_t(c.kind);
     h.count = c.count;
     h.dtype = c.dtype;
@@ -735,9 +737,10 @@ class GroupCommunicator final : public Communicator {
     for (int w = 0; w < nw; ++w) {
       if (w == self) continue;
       const WireHeader& h = x.theirs[w];
-      if (h.magic != kHeaderMagic || h.execution != id.execution || h.op != id.op) {
+      if (h.magic != kHeaderMagic || h.execution != id.execution || h.op != id.op || h.scope != id.scope) {
         return absl::FailedPreconditionError(absl::StrCat(
             Describe(c), ": workers out of step: ", WorkerDevices(w), " is at execution ", h.execution, ", op ", h.op,
+            h.scope == 0 ? "" : absl::StrCat(", scope ", h.scope), "; this device is at ", id.ToString(),
             "; the group must start over"));
       }
     }

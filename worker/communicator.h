@@ -42,13 +42,17 @@ enum class ReduceOp { kSum, kProd, kMax, kMin };
 struct CollectiveId {
   int64_t execution = 0;  // the coordinator's execution id
   int32_t op = 0;         // the collective's instruction index in its program
+  uint64_t scope = 0;     // 0, or the function call and loop iteration it runs in
 
   friend bool operator==(const CollectiveId&, const CollectiveId&) = default;
   template <typename H>
   friend H AbslHashValue(H h, const CollectiveId& id) {
-    return H::combine(std::move(h), id.execution, id.op);
+    return H::combine(std::move(h), id.execution, id.op, id.scope);
   }
-  std::string ToString() const { return "execution " + std::to_string(execution) + ", op " + std::to_string(op); }
+  std::string ToString() const {
+    return "execution " + std::to_string(execution) + ", op " + std::to_string(op) +
+           (scope == 0 ? "" : ", scope " + std::to_string(scope));
+  }
 };
 
 class Communicator {

@@ -12,6 +12,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -30,33 +31,59 @@ class SlotProgram {
     std::vector<int> results;            // result slots (fusion: its outputs)
     std::vector<v1::TensorType> arg_types, result_types;
     std::vector<int> release;
+    // Control flow (a WHILE, CONDITIONAL or SCAN node): the functions it
+    // runs, as indices into functions(): (cond, body), (body) or branches.
+    std::vector<int> calls;
+  };
+
+  // The program (function 0) and the functions its control flow runs; each
+  // has its own slots, and its instructions are instrs()[begin, end).
+  struct Function {
+    std::string name;
+    int begin = 0, end = 0;
+    int num_slots = 0;
+    std::vector<int> param_slots, output_slots;
+    std::vector<int> output_buffer_slots;  // the slot whose buffer each output is (reshapes followed)
+    std::vector<v1::TensorType> param_types, output_types;
+    std::vector<int> parameter_aliases;    // per parameter: the output it may be written into, or -1
   };
 
   static absl::StatusOr<SlotProgram> Build(const v1::Program& program);
 
   const v1::Program& program() const { return *program_; }
+  // Every instruction of the program and of its functions: a backend
+  // prepares each once, by this index.
   const std::vector<Instr>& instrs() const { return instrs_; }
-  int num_slots() const { return num_slots_; }
+  const std::vector<Function>& functions() const { return functions_; }
 
   // Runs instruction `i`: reads `values` at its args and stores its results
   // there. `preset[slot]`, where set, is the buffer a result must be written
   // into (a donated argument's), if it is large enough.
+  // `scope` is 0 in the program; inside a function it names the call and
+  // the iteration, so a collective there has an identity per iteration.
   using ExecuteFn = std::function<absl::Status(int i, std::vector<BufferPtr>& values,
-                                               const std::vector<BufferPtr>& preset)>;
+                                               const std::vector<BufferPtr>& preset, uint64_t scope)>;
+  // Runs the program on `device`, control flow included: loops and
+  // branches run here, reading their predicates and indices with
+  // Device::CopyToHost and moving scan slices with Device::CopyWithin.
   absl::StatusOr<std::vector<BufferPtr>> Run(absl::Span<const BufferPtr> args, absl::Span<const BufferPtr> into,
-                                             const ExecuteFn& execute) const;
+                                             Device& device, const ExecuteFn& execute) const;
 
   // The buffer for result slot `slot` of `bytes`: the preset one if it fits, else a new one.
   static absl::StatusOr<BufferPtr> ResultBuffer(Device& device, const std::vector<BufferPtr>& preset, int slot,
                                                 int64_t bytes);
 
  private:
+  absl::Status AddFunction(const v1::Program& p, const std::vector<std::string>& names);
+  absl::StatusOr<std::vector<BufferPtr>> RunFunction(int f, absl::Span<const BufferPtr> args,
+                                                     absl::Span<const BufferPtr> into, Device& device,
+                                                     const ExecuteFn& execute, uint64_t scope) const;
+  absl::Status RunControlFlow(int i, std::vector<BufferPtr>& values, const std::vector<BufferPtr>& preset,
+                              Device& device, const ExecuteFn& execute, uint64_t scope) const;
+
   std::unique_ptr<v1::Program> program_;                 // owns the nodes instructions point into
   std::vector<std::unique_ptr<v1::Fusion>> lone_nodes_;  // one-node fusions of lone elementwise nodes
-  int num_slots_ = 0;
-  std::vector<int> param_slots_;
-  std::vector<int> output_slots_;
-  std::vector<int> output_buffer_slots_;  // the slot whose buffer each output is (reshapes followed)
+  std::vector<Function> functions_;
   std::vector<Instr> instrs_;
 };
 

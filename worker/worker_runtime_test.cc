@@ -28,6 +28,9 @@ class GatedDevice final : public Device {
   absl::Status CopyToHost(const Buffer& src, int64_t offset, void* dst, int64_t n) override {
     return cpu_.CopyToHost(src, offset, dst, n);
   }
+  absl::Status CopyWithin(const Buffer& src, int64_t so, Buffer& dst, int64_t d, int64_t n) override {
+    return cpu_.CopyWithin(src, so, dst, d, n);
+  }
   absl::StatusOr<std::unique_ptr<Executable>> Load(const v1::Program& p) override { return cpu_.Load(p); }
   MemoryStats memory_stats() const override { return cpu_.memory_stats(); }
   bool asynchronous() const override { return true; }

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
 #include "worker/cpu/cpu_executable.h"
 
 namespace tessel::cpu {
@@ -26,6 +27,14 @@ absl::Status CpuDevice::CopyFromHost(worker::Buffer& dst, int64_t offset, const 
 absl::Status CpuDevice::CopyToHost(const worker::Buffer& src, int64_t offset, void* dst, int64_t n) {
   if (auto s = worker::CheckCopyRange(src, offset, n); !s.ok()) return s;
   std::memcpy(dst, static_cast<const char*>(src.opaque()) + offset, n);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::CopyWithin(const worker::Buffer& src, int64_t src_offset, worker::Buffer& dst,
+                                   int64_t dst_offset, int64_t n) {
+  TESSEL_RETURN_IF_ERROR(worker::CheckCopyRange(src, src_offset, n));
+  TESSEL_RETURN_IF_ERROR(worker::CheckCopyRange(dst, dst_offset, n));
+  if (n > 0) std::memcpy(static_cast<char*>(dst.opaque()) + dst_offset, static_cast<const char*>(src.opaque()) + src_offset, n);
   return absl::OkStatus();
 }
 

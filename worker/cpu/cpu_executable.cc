@@ -128,9 +128,13 @@ absl::Status CpuExecutable::Execute(int i, std::vector<BufferPtr>& values, const
 absl::StatusOr<std::vector<BufferPtr>> CpuExecutable::Run(absl::Span<const BufferPtr> args,
                                                           absl::Span<const BufferPtr> into,
                                                           const worker::StepContext& ctx) {
-  return slots_.Run(args, into, [&](int i, std::vector<BufferPtr>& values, const std::vector<BufferPtr>& preset) {
-    return Execute(i, values, preset, ctx);
-  });
+  return slots_.Run(args, into, *device_,
+                    [&](int i, std::vector<BufferPtr>& values, const std::vector<BufferPtr>& preset, uint64_t scope) {
+                      if (scope == ctx.scope) return Execute(i, values, preset, ctx);
+                      worker::StepContext inner = ctx;
+                      inner.scope = scope;
+                      return Execute(i, values, preset, inner);
+                    });
 }
 
 }  // namespace tessel::cpu

@@ -173,6 +173,18 @@ absl::Status CudaDevice::CopyToHost(const worker::Buffer& src, int64_t offset, v
   return Copy(static_cast<char*>(src.opaque()) + offset, nullptr, dst, n);
 }
 
+absl::Status CudaDevice::CopyWithin(const worker::Buffer& src, int64_t src_offset, worker::Buffer& dst,
+                                    int64_t dst_offset, int64_t n) {
+  TESSEL_RETURN_IF_ERROR(worker::CheckCopyRange(src, src_offset, n));
+  TESSEL_RETURN_IF_ERROR(worker::CheckCopyRange(dst, dst_offset, n));
+  if (n == 0) return absl::OkStatus();
+  TESSEL_RETURN_IF_ERROR(Activate());
+  return CudaStatus(cudaMemcpyAsync(static_cast<char*>(dst.opaque()) + dst_offset,
+                                    static_cast<const char*>(src.opaque()) + src_offset, n, cudaMemcpyDeviceToDevice,
+                                    stream_),
+                    "cudaMemcpyAsync (device to device)");
+}
+
 absl::StatusOr<std::unique_ptr<worker::Executable>> CudaDevice::Load(const v1::Program& program) {
   TESSEL_RETURN_IF_ERROR(Activate());
   return CudaExecutable::Load(program, this);

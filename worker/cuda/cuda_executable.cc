@@ -135,6 +135,9 @@ absl::Status CudaExecutable::Prepare() {
       case v1::REDUCE_SCATTER:
       case v1::ALL_TO_ALL:
       case v1::COLLECTIVE_PERMUTE: break;
+      case v1::WHILE:
+      case v1::CONDITIONAL:
+      case v1::SCAN: break;  // SlotProgram::Run drives it from the host; its functions' kernels are prepared here too
       default:
         return absl::UnimplementedError(
             StrCat("cuda device: op ", OpName(n.op()), " of node '", n.name(), "' is not supported"));
@@ -390,9 +393,13 @@ absl::StatusOr<std::vector<BufferPtr>> CudaExecutable::Run(absl::Span<const Buff
                                                            absl::Span<const BufferPtr> into,
                                                            const worker::StepContext& ctx) {
   TESSEL_RETURN_IF_ERROR(device_->Activate());
-  return slots_.Run(args, into, [&](int i, std::vector<BufferPtr>& values, const std::vector<BufferPtr>& preset) {
-    return Execute(i, values, preset, ctx);
-  });
+  return slots_.Run(args, into, *device_,
+                    [&](int i, std::vector<BufferPtr>& values, const std::vector<BufferPtr>& preset, uint64_t scope) {
+                      if (scope == ctx.scope) return Execute(i, values, preset, ctx);
+                      worker::StepContext inner = ctx;
+                      inner.scope = scope;
+                      return Execute(i, values, preset, inner);
+                    });
 }
 
 }  // namespace tessel::cuda

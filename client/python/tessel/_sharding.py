@@ -206,7 +206,7 @@ def shard_map(f, mesh, in_specs, out_specs):
                              f"{len(specs)} in_specs")
         outer = _builder(args[0], "shard_map")
         request_placement(f"shard_map of {getattr(f, '__name__', 'f')}", mesh)
-        body = Builder(getattr(f, "__name__", "body"))
+        body = Builder(getattr(f, "__name__", "body"), root=outer)
         body._mesh = mesh
         with body:
             params = []

@@ -44,9 +44,24 @@ def request_placement(what, mesh):
 
 
 class Builder:
-    def __init__(self, name):
+    def __init__(self, name, root=None):
         self.graph = ir_pb2.Graph(name=name)
         self._count = 0
+        # The builder whose graph holds the functions control flow runs (the
+        # jitted function's): functions traced anywhere inside are listed there.
+        self.root = root.root if root is not None else self
+        self._functions = 0
+
+    def new_function_name(self, kind):
+        self.root._functions += 1
+        return f"{kind}{self.root._functions}"
+
+    def capture(self, tracer):
+        """`tracer` as a value of this graph: itself, or (in a function of
+        control flow) a parameter bound to it outside."""
+        if tracer._builder is self:
+            return tracer
+        raise ValueError("a traced value from another function was used here (closed over a tracer?)")
 
     def __enter__(self):
         if not hasattr(_state, "stack"):
@@ -58,6 +73,7 @@ class Builder:
         _state.stack.pop()
 
     def node(self, op, operands, shape, dtype, weak=False, set_attrs=None, with_type=False, name=None):
+        operands = [self.capture(o) for o in operands]  # before the node: a capture adds a parameter
         n = self.graph.nodes.add()
         # Inner values are numbered; parameters take their argument's path
         # ("state", "params['w']"), which never reads as a number.
@@ -65,8 +81,6 @@ class Builder:
         self._count += 1
         n.op = op
         for o in operands:
-            if o._builder is not self:
-                raise ValueError("a traced value from another function was used here (closed over a tracer?)")
             n.operands.append(o._name)
         if with_type:
             n.type.CopyFrom(_dtypes.tensor_type(shape, dtype))
@@ -104,6 +118,44 @@ class Builder:
         def attrs(n):
             n.constant.literal.data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
         return self.node(ir_pb2.CONSTANT, [], array.shape, array.dtype, False, attrs, with_type=True)
+
+
+class FunctionBuilder(Builder):
+    """Traces a function that control flow runs (a loop body, a branch).
+    Values it reads from enclosing functions become its parameters after
+    the declared ones (`captures`), as jax's closure conversion does; the
+    caller passes them in."""
+
+    def __init__(self, kind, parent):
+        super().__init__(parent.new_function_name(kind), parent)
+        self.parent = parent
+        self._mesh = getattr(parent, "_mesh", None)
+        self.num_declared = 0
+        self.captures = []  # (value in the parent's graph, this graph's parameter)
+        self._captured = {}
+
+    def parameter(self, index, shape, dtype, name, weak=False):
+        self.num_declared = max(self.num_declared, index + 1)
+        return super().parameter(index, shape, dtype, name, weak)
+
+    def capture(self, tracer):
+        if tracer._builder is self:
+            return tracer
+        outer = self.parent.capture(tracer)
+        key = outer._name
+        if key not in self._captured:
+            index = 1_000_000 + len(self.captures)  # renumbered by the caller (set_capture_index)
+            p = Builder.parameter(self, index, outer.shape, outer.dtype, f"capture{len(self.captures)}", outer.weak)
+            self._captured[key] = p
+            self.captures.append((outer, p))
+        return self._captured[key]
+
+    def set_parameter_index(self, param, index):
+        for n in self.graph.nodes:
+            if n.name == param._name:
+                n.parameter.index = index
+                return
+        raise AssertionError(f"no parameter {param._name}")
 
 
 class Tracer:

@@ -1,0 +1,169 @@
+"""tessel.lax against jax.lax on CPU (jax from PyPI) and numpy loops: loops
+and branches run on the workers as one compiled program."""
+import numpy as np
+import pytest
+
+import tessel
+import tessel.numpy as tnp
+from tessel import lax
+
+jax = pytest.importorskip("jax")
+jax.config.update("jax_platforms", "cpu")
+jax.config.update("jax_enable_x64", True)
+jnp = jax.numpy
+
+
+def close(a, b, rtol=1e-6, atol=1e-6):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=atol)
+
+
+def fetch(tree):
+    return jax.tree_util.tree_map(lambda a: a.fetch() if hasattr(a, "fetch") else np.asarray(a), tree)
+
+
+def both(fn, *args):
+    """fn traced with tessel.lax (through tessel.jit) and with jax.lax (jax.jit)."""
+    ours = fetch(tessel.jit(lambda *a: fn(lax, tnp, *a))(*args))
+    theirs = jax.jit(lambda *a: fn(jax.lax, jnp, *a))(*args)
+    return ours, jax.tree_util.tree_map(np.asarray, theirs)
+
+
+def test_while_loop_over_a_pytree_with_a_closure(session):
+    x = np.linspace(-1, 1, 12).astype(np.float32).reshape(3, 4)
+
+    def fn(L, np_, x):
+        def body(c):
+            return {"i": c["i"] + 1, "v": np_.tanh(c["v"] * 1.5 + x), "s": c["s"] + c["v"].sum()}
+        return L.while_loop(lambda c: c["i"] < 7, body, {"i": np.int32(0), "v": x, "s": np.float32(0)})
+    ours, theirs = both(fn, x)
+    assert int(ours["i"]) == 7
+    close(ours["v"], theirs["v"], rtol=1e-5)
+    close(ours["s"], theirs["s"], rtol=1e-5)
+
+
+def test_zero_trip_loops_return_their_start(session):
+    x = np.arange(5, dtype=np.float32)
+
+    def fn(L, np_, x):
+        w = L.while_loop(lambda c: c[0] > 100.0, lambda c: (c[0] * 2, c[1] + 1), (x.sum() * 0 + 1.0, np.int32(3)))
+        f = L.fori_loop(4, 2, lambda i, v: v * 10, x)
+        s, ys = L.scan(lambda c, _: (c + 1, c * 2), x, None, length=0)
+        return w, f, s, ys
+    ours, theirs = both(fn, x)
+    close(ours[0][0], 1.0)
+    assert int(ours[0][1]) == 3
+    close(ours[1], x)
+    close(ours[2], x)
+    assert ours[3].shape == (0, 5) == theirs[3].shape
+
+
+def test_nested_loops_match_jax(session):
+    x = np.arange(6, dtype=np.float32) / 6
+
+    def fn(L, np_, x):
+        def outer(i, acc):
+            def inner(j, a):
+                return a * 0.5 + (i * 10 + j).astype(np.float32) + x
+            return L.fori_loop(0, i + 1, inner, acc)  # a traced trip count: a while loop inside
+        return L.fori_loop(0, 4, outer, np_.zeros_like(x))
+    ours, theirs = both(fn, x)
+    close(ours, theirs, rtol=1e-6)
+
+
+def test_scan_with_stacked_outputs_forward_and_reverse(session):
+    xs = np.random.default_rng(0).standard_normal((9, 3)).astype(np.float32)
+    w = np.random.default_rng(1).standard_normal((3, 3)).astype(np.float32)
+
+    for reverse in (False, True):
+        def fn(L, np_, xs, w):
+            def step(h, x):
+                h = np_.tanh(h @ w + x)
+                return h, (h.sum(), h * 2)
+            return L.scan(step, np_.zeros((3,), np.float32), xs, reverse=reverse)
+        ours, theirs = both(fn, xs, w)
+        close(ours[0], theirs[0], rtol=1e-5, atol=1e-6)
+        close(ours[1][0], theirs[1][0], rtol=1e-5, atol=1e-5)
+        close(ours[1][1], theirs[1][1], rtol=1e-5, atol=1e-6)
+        assert ours[1][1].shape == (9, 3)
+
+
+def test_cond_and_switch_pick_branches_of_different_costs(session):
+    x = np.arange(1, 9, dtype=np.float32).reshape(2, 4)
+    for p in (True, False):
+        def fn(L, np_, x, p):
+            cheap = lambda x: x + 1
+            dear = lambda x: np_.exp(np_.tanh(x @ x.T)).sum() * x
+            return L.cond(p, dear, cheap, x)
+        ours, theirs = both(fn, x, np.bool_(p))
+        close(ours, theirs, rtol=1e-5)
+    branches = [lambda a, b: a + b, lambda a, b: a * b, lambda a, b: a - b]
+    for k in (-3, 0, 1, 2, 7):  # out of range clamps, as jax's switch does
+        def fn(L, np_, k, x):
+            return L.switch(k, branches, x, np_.float32(2) * x)
+        ours, theirs = both(fn, np.int32(k), x)
+        close(ours, theirs)
+
+
+def test_while_in_an_eager_call_and_on_arrays(session):
+    x = tessel.device_put(np.arange(4, dtype=np.float32))
+    i, v = lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2), (np.int32(0), x))
+    assert int(i.fetch()) == 3
+    close(v.fetch(), np.arange(4) * 8)
+
+
+def test_a_loop_moves_no_bytes_until_the_fetch(session):
+    """Under transfer_guard('disallow') a device-side loop runs: the
+    predicate is never shipped to the client."""
+    x = tessel.device_put(np.ones(16, np.float32))
+
+    @tessel.jit
+    def run(x):
+        return lax.while_loop(lambda c: c[1].sum() < 1000.0, lambda c: (c[0] + 1, c[1] * 2), (np.int32(0), x))
+    before = tessel.stats()
+    with tessel.transfer_guard("disallow"):
+        n, v = run(x)
+        n2, v2 = run(v)
+    after = tessel.stats()
+    assert int(n.fetch()) == 6 and int(n2.fetch()) == 0
+    close(v2.fetch(), np.full(16, 64.0))
+    for k in ("bytes_device_to_host", "bytes_host_to_device", "bytes_device_to_device"):
+        assert after[k] == before[k], (k, before[k], after[k])
+
+
+def test_sgd_as_fori_loop_matches_host_dispatched_steps_bit_for_bit(session):
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((64, 8)).astype(np.float32)
+    y = (X @ rng.standard_normal(8)).astype(np.float32)
+
+    def step(w):
+        err = X @ w - y
+        return w - 0.01 * (X.T @ err) / 64
+
+    w0 = np.zeros(8, np.float32)
+    one = tessel.jit(step, donate_argnums=0)
+    w = tessel.device_put(w0)
+    for _ in range(100):
+        w = one(w)
+    host = w.fetch()
+
+    loop = tessel.jit(lambda w: lax.fori_loop(0, 100, lambda i, w: step(w), w), donate_argnums=0)
+    device = loop(tessel.device_put(w0)).fetch()
+    np.testing.assert_array_equal(device, host)
+    plan = loop.lower(w0)
+    assert "= scan(" in plan.as_text(), plan.as_text()
+    # The donated weights are the loop's carry, updated in place every step.
+    assert plan.aliases == [{"parameter": 0, "output": 0, "reason": ""}], (plan.aliases, plan.as_text())
+    before = tessel.stats()["donations_reused"]
+    loop(tessel.device_put(w0))
+    assert tessel.stats()["donations_reused"] == before + 1
+
+
+def test_carry_type_errors_name_the_carry(session):
+    x = np.zeros(3, np.float32)
+    with pytest.raises(TypeError, match=r"result\[1\] is float32\[4\]; expected float32\[3\]"):
+        tessel.jit(lambda x: lax.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, tnp.zeros(4, np.float32)),
+                                            (0, x)))(x)
+    with pytest.raises(TypeError, match="boolean scalar"):
+        tessel.jit(lambda x: lax.while_loop(lambda c: c, lambda c: c, x))(x)
+    with pytest.raises(TypeError, match=r"branch 1"):
+        tessel.jit(lambda x: lax.cond(x.sum() > 0, lambda v: v, lambda v: v.astype(np.int32), x))(x)
