@@ -64,7 +64,7 @@ namespace {
 
 class Partitioner {
  public:
-  Partitioner(const TypedGraph& g, const PartitionOptions& o) : g_(g), o_(o), mesh_(o.mesh) {}
+  Partitioner(const TypedGraph& g, const PartitionOptions& o) : g_(g), o_(o), mesh_(o.mesh), functions_(g.graph) {}
 
   absl::StatusOr<PartitionedGraph> Run() {
     out_.local.set_name(g_.graph.name());
@@ -728,7 +728,7 @@ class Partitioner {
       }
       input_varying.push_back(std::move(vr));
     }
-    auto body = ValidateGraph(m.body(), {.manual_mesh = &mesh_});
+    auto body = ValidateGraph(m.body(), {.manual_mesh = &mesh_, .functions = &functions_});
     if (!body.ok()) return Annotate(body.status(), StrCat(label, " body: "));
     if (body->parameters.size() != inputs.size()) {
       return InvalidArgumentError(StrCat(label, ": body takes ", body->parameters.size(), " parameters; the region has ",
@@ -1015,6 +1015,7 @@ class Partitioner {
   const TypedGraph& g_;
   const PartitionOptions& o_;
   const v1::Mesh& mesh_;
+  FunctionTable functions_;  // the graph's, for control flow in manual regions
   PartitionedGraph out_;
   absl::flat_hash_map<std::string, Value> values_;
   absl::flat_hash_map<std::string, v1::TensorType> local_types_;

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/src/convert_internal.h"
 #include "client/src/graph_internal.h"
 #include "core/dtype.h"
@@ -115,6 +116,13 @@ class GraphBuilder::Impl {
     *graph.add_nodes() = std::move(node);
     return v;
   }
+
+  using Function = GraphBuilder::Function;
+  absl::StatusOr<std::vector<ArrayType>> AddFunction(const std::string& fn_name, const std::vector<ArrayType>& types,
+                                                     const Function& fn, const std::vector<ArrayType>* want,
+                                                     const std::string& want_what);
+  std::vector<Value> ControlNode(v1::Node n, const std::vector<Value>& operands,
+                                 const std::vector<ArrayType>& results);
 
   Value Fail(absl::string_view what, absl::string_view why) {
     if (status.ok()) status = absl::InvalidArgumentError(absl::StrCat("graph '", graph.name(), "': ", what, ": ", why));
@@ -435,6 +443,175 @@ Value GraphBuilder::CustomKernel(std::string name, std::vector<Value> operands, 
 }
 
 absl::Status GraphBuilder::status() const { return impl_->status; }
+
+namespace {
+std::string TypesText(const std::vector<Value>& vs) {
+  std::vector<std::string> parts;
+  for (const Value& v : vs) parts.push_back(TypeString(ToProto(v.type())));
+  return absl::StrCat("(", absl::StrJoin(parts, ", "), ")");
+}
+}  // namespace
+
+// Builds function `fn` of this graph over parameters of `types`; checks its
+// results against `want` where given. Returns the results' types.
+absl::StatusOr<std::vector<ArrayType>> GraphBuilder::Impl::AddFunction(const std::string& fn_name,
+                                                                 const std::vector<ArrayType>& types,
+                                                                 const Function& fn,
+                                                                 const std::vector<ArrayType>* want,
+                                                                 const std::string& want_what) {
+  GraphBuilder inner(fn_name);
+  inner.impl_->mesh = mesh;
+  std::vector<Value> params;
+  for (size_t i = 0; i < types.size(); ++i) params.push_back(inner.Parameter(types[i], absl::StrCat("p", i)));
+  const std::vector<Value> out = fn(inner, params);
+  absl::StatusOr<Graph> g = inner.Build(out);
+  if (!g.ok()) return g.status();
+  std::vector<ArrayType> got;
+  for (const Value& v : out) got.push_back(v.type());
+  if (want != nullptr) {
+    bool same = got.size() == want->size();
+    for (size_t i = 0; same && i < got.size(); ++i) same = got[i] == (*want)[i];
+    if (!same) {
+      std::vector<Value> wanted;
+      for (const ArrayType& t : *want) {
+        Value v;
+        v.type_ = t;
+        wanted.push_back(v);
+      }
+      return absl::InvalidArgumentError(absl::StrCat("function '", fn_name, "' returns ", TypesText(out), "; expected ",
+                                                     want_what, " ", TypesText(wanted)));
+    }
+  }
+  v1::Graph proto = g->impl().proto;
+  for (v1::Graph& nested : *proto.mutable_functions()) *graph.add_functions() = std::move(nested);
+  proto.clear_functions();
+  *graph.add_functions() = std::move(proto);
+  return got;
+}
+
+std::vector<Value> GraphBuilder::Impl::ControlNode(v1::Node n, const std::vector<Value>& operands,
+                                             const std::vector<ArrayType>& results) {
+  for (size_t i = 0; i < operands.size(); ++i) {
+    const Value& v = operands[i];
+    if (!v.valid() || v.id_ >= graph.nodes_size() || graph.nodes(v.id_).name() != v.name()) {
+      Fail(absl::StrCat(OpName(n.op()), " '", n.name(), "'"),
+                  absl::StrCat("operand ", i, " is not a value of this builder"));
+      return {};
+    }
+    n.add_operands(v.name());
+  }
+  for (const ArrayType& t : results) *n.add_results() = ToProto(t);
+  Value node;
+  node.id_ = graph.nodes_size();
+  node.name_ = n.name();
+  *graph.add_nodes() = n;
+  std::vector<Value> out;
+  for (size_t k = 0; k < results.size(); ++k) {
+    v1::Node r = NodeOf(v1::TUPLE_ELEMENT);
+    r.mutable_tuple_element()->set_index(int(k));
+    const v1::TensorType declared = ToProto(results[k]);
+    out.push_back(Add(std::move(r), {node}, &declared));
+  }
+  return out;
+}
+
+std::vector<Value> GraphBuilder::While(std::vector<Value> init, const Function& cond, const Function& body) {
+  if (!impl_->status.ok()) return {};
+  const int id = impl_->graph.nodes_size();
+  const std::string name = absl::StrCat("while_", id);
+  const std::string what = absl::StrCat("while '", name, "'");
+  std::vector<ArrayType> types;
+  for (const Value& v : init) {
+    if (!v.valid()) return impl_->Fail(what, "a carry is not a value"), std::vector<Value>{};
+    types.push_back(v.type());
+  }
+  const std::vector<ArrayType> pred = {ArrayType{DType::kPred, {}}};
+  const std::string prefix = absl::StrCat(impl_->graph.name(), "/", name);
+  auto c = impl_->AddFunction(prefix + "/cond", types, cond, &pred, "the loop predicate");
+  if (!c.ok()) return impl_->Fail(what, c.status().message()), std::vector<Value>{};
+  auto b = impl_->AddFunction(prefix + "/body", types, body, &types, "the carries");
+  if (!b.ok()) return impl_->Fail(what, b.status().message()), std::vector<Value>{};
+  v1::Node n = NodeOf(v1::WHILE);
+  n.set_name(name);
+  n.mutable_control()->set_cond(prefix + "/cond");
+  n.mutable_control()->set_body(prefix + "/body");
+  return impl_->ControlNode(std::move(n), init, types);
+}
+
+std::vector<Value> GraphBuilder::Cond(Value index, std::vector<Value> operands, const std::vector<Function>& branches) {
+  if (!impl_->status.ok()) return {};
+  const std::string name = absl::StrCat("conditional_", impl_->graph.nodes_size());
+  const std::string what = absl::StrCat("conditional '", name, "'");
+  if (branches.empty()) return impl_->Fail(what, "no branches"), std::vector<Value>{};
+  std::vector<ArrayType> types;
+  for (const Value& v : operands) {
+    if (!v.valid()) return impl_->Fail(what, "an operand is not a value"), std::vector<Value>{};
+    types.push_back(v.type());
+  }
+  const std::string prefix = absl::StrCat(impl_->graph.name(), "/", name);
+  v1::Node n = NodeOf(v1::CONDITIONAL);
+  n.set_name(name);
+  std::vector<ArrayType> results;
+  for (size_t k = 0; k < branches.size(); ++k) {
+    const std::string fn = absl::StrCat(prefix, "/branch", k);
+    auto r = impl_->AddFunction(fn, types, branches[k], k == 0 ? nullptr : &results, "branch 0's results");
+    if (!r.ok()) return impl_->Fail(what, r.status().message()), std::vector<Value>{};
+    if (k == 0) results = *r;
+    n.mutable_control()->add_branches(fn);
+  }
+  std::vector<Value> all = {index};
+  all.insert(all.end(), operands.begin(), operands.end());
+  return impl_->ControlNode(std::move(n), all, results);
+}
+
+std::vector<Value> GraphBuilder::Scan(std::vector<Value> init, std::vector<Value> xs, int64_t length,
+                                      const Function& body, bool reverse) {
+  if (!impl_->status.ok()) return {};
+  const std::string name = absl::StrCat("scan_", impl_->graph.nodes_size());
+  const std::string what = absl::StrCat("scan '", name, "'");
+  std::vector<ArrayType> carries, params;
+  for (const Value& v : init) {
+    if (!v.valid()) return impl_->Fail(what, "a carry is not a value"), std::vector<Value>{};
+    carries.push_back(v.type());
+  }
+  params = carries;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    if (!xs[i].valid()) return impl_->Fail(what, "a scanned operand is not a value"), std::vector<Value>{};
+    ArrayType t = xs[i].type();
+    if (t.dims.empty() || t.dims[0] != length) {
+      return impl_->Fail(what, absl::StrCat("scanned operand ", i, " is ", TypeString(ToProto(t)),
+                                            "; expected a leading dimension of the length, ", length)),
+             std::vector<Value>{};
+    }
+    t.dims.erase(t.dims.begin());
+    params.push_back(t);
+  }
+  const std::string fn = absl::StrCat(impl_->graph.name(), "/", name, "/body");
+  auto r = impl_->AddFunction(fn, params, body, nullptr, "");
+  if (!r.ok()) return impl_->Fail(what, r.status().message()), std::vector<Value>{};
+  bool same = r->size() >= carries.size();
+  for (size_t i = 0; same && i < carries.size(); ++i) same = (*r)[i] == carries[i];
+  if (!same) {
+    return impl_->Fail(what, absl::StrCat("function '", fn, "' must return the carries ", TypesText(init),
+                                          " first, each with its type")),
+           std::vector<Value>{};
+  }
+  std::vector<ArrayType> results = carries;
+  for (size_t i = carries.size(); i < r->size(); ++i) {
+    ArrayType y = (*r)[i];
+    y.dims.insert(y.dims.begin(), length);
+    results.push_back(y);
+  }
+  v1::Node n = NodeOf(v1::SCAN);
+  n.set_name(name);
+  n.mutable_control()->set_body(fn);
+  n.mutable_control()->set_length(length);
+  n.mutable_control()->set_num_carry(int(init.size()));
+  n.mutable_control()->set_reverse(reverse);
+  std::vector<Value> all = init;
+  all.insert(all.end(), xs.begin(), xs.end());
+  return impl_->ControlNode(std::move(n), all, results);
+}
 
 absl::StatusOr<Graph> GraphBuilder::Build(const std::vector<Value>& outputs) {
   if (!impl_->status.ok()) return impl_->status;

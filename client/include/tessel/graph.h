@@ -145,6 +145,25 @@ class GraphBuilder {
   Value CustomKernel(std::string name, std::vector<Value> operands, const Body& decomposition,
                      ReplicationRule replication = {}, std::string cuda_source = "");
 
+  // ---- Control flow: loops and branches that run on the device. Each
+  // function is built by a lambda on a builder of its own, from the
+  // parameters it is given; values of the enclosing graph are not visible
+  // there (pass them as operands or carries).
+  using Function = std::function<std::vector<Value>(GraphBuilder& fn, const std::vector<Value>& params)>;
+
+  // While cond(carry) (a pred[] scalar) holds, carry = body(carry), each
+  // carry keeping its type. Returns the final carry.
+  std::vector<Value> While(std::vector<Value> init, const Function& cond, const Function& body);
+  // branches[index](operands...): `index` s32[] (out of range runs the last
+  // branch, as XLA does) or pred[] (false: branch 0, true: branch 1). Every
+  // branch returns the same types.
+  std::vector<Value> Cond(Value index, std::vector<Value> operands, const std::vector<Function>& branches);
+  // jax.lax.scan: body(carry..., one slice of each xs...) -> (carry...,
+  // one slice of each y...), `length` times over dimension 0 of `xs` (last
+  // to first when `reverse`). Returns the final carry, then each y stacked.
+  std::vector<Value> Scan(std::vector<Value> init, std::vector<Value> xs, int64_t length, const Function& body,
+                          bool reverse = false);
+
   // OK, or the first error (naming the op, the expected and the actual).
   absl::Status status() const;
   absl::StatusOr<Graph> Build(const std::vector<Value>& outputs);

@@ -167,3 +167,74 @@ def test_carry_type_errors_name_the_carry(session):
         tessel.jit(lambda x: lax.while_loop(lambda c: c, lambda c: c, x))(x)
     with pytest.raises(TypeError, match=r"branch 1"):
         tessel.jit(lambda x: lax.cond(x.sum() > 0, lambda v: v, lambda v: v.astype(np.int32), x))(x)
+
+
+# ---------------------------------------------------------------- inside shard_map
+
+def _es_step(theta):
+    """Seed 001's evolution-strategies pattern, per device: perturb, score,
+    all_gather one scalar per device, stop once the best score is good
+    enough (a condition every device computes alike)."""
+    def cond(c):
+        i, best, _ = c
+        return (best < 10.0) & (i < 50)
+
+    def body(c):
+        i, _, th = c
+        th = th * 1.5 + 0.25
+        scores = tessel.all_gather(th.sum().reshape(1), "data")  # f32[4], the same on every device
+        return i + 1, scores.max(), th
+    i, best, th = lax.while_loop(cond, body, (np.int32(0), np.float32(-np.inf), theta))
+    return th * 1.0 + (i + 0 * best).astype(np.float32)
+
+
+def test_seed_001_evolution_strategies_loop_runs_in_shard_map_with_no_transfers(session):
+    mesh = tessel.Mesh({"data": 4})
+    P = tessel.P
+    theta = np.arange(8, dtype=np.float32) / 10
+    step = tessel.jit(tessel.shard_map(_es_step, mesh, P("data"), P("data")))
+    x = tessel.device_put(theta, tessel.NamedSharding(mesh, P("data")))
+    plan = step.lower(x)
+    assert any(c["op"] == "all_gather" and "each time it runs" in c["reason"] for c in plan.collectives), \
+        plan.collectives
+    before = tessel.stats()
+    with tessel.transfer_guard("disallow"):
+        y = step(x)
+        y.block_until_ready()
+    after = tessel.stats()
+    for k in ("bytes_device_to_host", "bytes_host_to_device", "bytes_device_to_device"):
+        assert after[k] == before[k], (k, before[k], after[k])
+    # numpy: the same loop over the four blocks at once.
+    blocks, i, best = theta.reshape(4, 2).copy(), 0, -np.inf
+    while best < 10.0 and i < 50:
+        blocks = blocks * np.float32(1.5) + np.float32(0.25)
+        best, i = blocks.sum(axis=1).max(), i + 1
+    np.testing.assert_allclose(y.fetch(), (blocks + i).reshape(-1), rtol=1e-6)
+
+
+def test_a_loop_condition_that_varies_over_an_axis_is_an_error_naming_it(session):
+    mesh = tessel.Mesh({"data": 4})
+    P = tessel.P
+
+    def bad(theta):
+        return lax.while_loop(lambda th: th.sum() < 10.0, lambda th: th * 2 + 1, theta)
+    x = tessel.device_put(np.ones(8, np.float32), tessel.NamedSharding(mesh, P("data")))
+    with pytest.raises(tessel.InvalidArgumentError, match=r"varies over mesh axis 'data'.*uniform with a collective"):
+        tessel.jit(tessel.shard_map(bad, mesh, P("data"), P("data")))(x)
+
+    def fixed(theta):  # made uniform with a collective: fine
+        return lax.while_loop(lambda th: tessel.psum(th.sum(), "data") < 100.0, lambda th: th * 2 + 1, theta)
+    y = tessel.jit(tessel.shard_map(fixed, mesh, P("data"), P("data")))(x).fetch()
+    ref = np.ones(8, np.float32)
+    while ref.sum() < 100:
+        ref = ref * 2 + 1
+    np.testing.assert_array_equal(y, ref)
+
+
+def test_a_loop_outside_shard_map_on_split_arrays_runs_on_whole_values(session):
+    mesh = tessel.Mesh({"data": 4})
+    P = tessel.P
+    x = tessel.device_put(np.arange(8, dtype=np.float32), tessel.NamedSharding(mesh, P("data")))
+    f = tessel.jit(lambda x: lax.fori_loop(0, 3, lambda i, v: v * 2 + i.astype(np.float32), x))
+    np.testing.assert_array_equal(f(x).fetch(), ((np.arange(8) * 2 + 0) * 2 + 1) * 2 + 2)
+    assert any("runs its functions on whole values" in c["reason"] for c in f.lower(x).collectives)

@@ -1,0 +1,185 @@
+// Control flow through the C++ SDK and the CLI against real daemons:
+// GraphBuilder's While, Cond and Scan, checked against the same loops run
+// here in plain C++.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "tessel/graph.h"
+#include "tessel/local_cluster.h"
+#include "tessel/session.h"
+
+namespace tessel {
+namespace {
+
+class ControlFlowTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    LocalCluster::Options o;
+    o.workers = 1;
+    o.devices_per_worker = 1;
+    auto c = LocalCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = c->release();
+  }
+  static void TearDownTestSuite() { delete cluster_; }
+  void SetUp() override {
+    ASSERT_NE(cluster_, nullptr);
+    auto s = Session::Connect(cluster_->address());
+    ASSERT_TRUE(s.ok()) << s.status();
+    session_ = std::move(*s);
+  }
+  std::vector<HostArray> Run(const Graph& g, const std::vector<HostArray>& inputs) {
+    auto exe = session_->Compile(g);
+    EXPECT_TRUE(exe.ok()) << exe.status();
+    if (!exe.ok()) return {};
+    std::vector<Array> args;
+    for (const HostArray& h : inputs) args.push_back(*session_->Put(h, Placement::Device(0)));
+    auto outs = session_->Execute(*exe, args, {Placement::Device(0)});
+    EXPECT_TRUE(outs.ok()) << outs.status();
+    if (!outs.ok()) return {};
+    std::vector<HostArray> got;
+    for (const Array& o : *outs) got.push_back(*session_->Fetch(o));
+    return got;
+  }
+  static LocalCluster* cluster_;
+  std::unique_ptr<Session> session_;
+};
+LocalCluster* ControlFlowTest::cluster_ = nullptr;
+
+TEST_F(ControlFlowTest, WhileWithARunTimeTripCountMatchesTheSameLoopInCpp) {
+  GraphBuilder g("newton");
+  Value a = g.Parameter({DType::kF32, {3}}, "a");
+  Value n = g.Parameter({DType::kS32, {}}, "n");
+  std::vector<Value> out = g.While(
+      {g.Scalar(DType::kS32, 0), n, a, a},
+      [](GraphBuilder& f, const std::vector<Value>& c) { return std::vector<Value>{f.Compare(c[0], c[1], Comparison::kLt)}; },
+      [](GraphBuilder& f, const std::vector<Value>& c) {
+        Value x = f.Mul(f.Add(c[3], f.Div(c[2], c[3])), f.Broadcast(f.Scalar(DType::kF32, 0.5), {3}));
+        return std::vector<Value>{f.Add(c[0], f.Scalar(DType::kS32, 1)), c[1], c[2], x};
+      });
+  auto graph = g.Build({out[0], out[3]});
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  const std::vector<float> av = {2.0f, 9.0f, 1e4f};
+  for (int trips : {0, 1, 3, 25}) {
+    auto got = Run(*graph, {HostArray::From<float>({3}, av), HostArray::From<int32_t>({}, {trips})});
+    ASSERT_EQ(got.size(), 2u);
+    EXPECT_EQ(got[0].as<int32_t>()[0], trips);
+    for (int k = 0; k < 3; ++k) {
+      float x = av[k];
+      for (int i = 0; i < trips; ++i) x = (x + av[k] / x) * 0.5f;
+      EXPECT_EQ(got[1].as<float>()[k], x) << "trips " << trips << " element " << k;
+      if (trips == 25) EXPECT_NEAR(x, std::sqrt(av[k]), 1e-3f * std::sqrt(av[k]));
+    }
+  }
+}
+
+TEST_F(ControlFlowTest, ScanStacksOutputsForwardAndReverse) {
+  for (bool reverse : {false, true}) {
+    GraphBuilder g("cumsum");
+    Value xs = g.Parameter({DType::kF32, {5, 2}}, "xs");
+    std::vector<Value> out = g.Scan(
+        {g.Broadcast(g.Scalar(DType::kF32, 0), {2})}, {xs}, 5,
+        [](GraphBuilder& f, const std::vector<Value>& p) {
+          Value c = f.Add(f.Mul(p[0], f.Broadcast(f.Scalar(DType::kF32, 0.5), {2})), p[1]);
+          return std::vector<Value>{c, f.Reduce(c, ReduceKind::kSum, {0})};
+        },
+        reverse);
+    auto graph = g.Build(out);
+    ASSERT_TRUE(graph.ok()) << graph.status();
+    std::vector<float> x(10);
+    for (int i = 0; i < 10; ++i) x[i] = float(i * i % 7) - 2.5f;
+    auto got = Run(*graph, {HostArray::From<float>({5, 2}, x)});
+    ASSERT_EQ(got.size(), 2u);
+    ASSERT_EQ(got[1].type().dims, (std::vector<int64_t>{5}));
+    float c[2] = {0, 0};
+    for (int s = 0; s < 5; ++s) {
+      const int t = reverse ? 4 - s : s;
+      for (int j = 0; j < 2; ++j) c[j] = c[j] * 0.5f + x[t * 2 + j];
+      EXPECT_EQ(got[1].as<float>()[t], c[0] + c[1]) << "step " << t;
+    }
+    EXPECT_EQ(got[0].as<float>()[0], c[0]);
+    EXPECT_EQ(got[0].as<float>()[1], c[1]);
+  }
+}
+
+TEST_F(ControlFlowTest, CondRunsOneBranchAndAnIndexOutOfRangeRunsTheLast) {
+  GraphBuilder g("switch");
+  Value k = g.Parameter({DType::kS32, {}}, "k");
+  Value x = g.Parameter({DType::kF32, {2}}, "x");
+  std::vector<GraphBuilder::Function> branches = {
+      [](GraphBuilder& f, const std::vector<Value>& p) { return std::vector<Value>{f.Neg(p[0])}; },
+      [](GraphBuilder& f, const std::vector<Value>& p) { return std::vector<Value>{f.Exp(p[0])}; },
+      [](GraphBuilder& f, const std::vector<Value>& p) { return std::vector<Value>{f.Add(p[0], p[0])}; },
+  };
+  auto graph = g.Build(g.Cond(k, {x}, branches));
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  const std::vector<float> xv = {1.5f, -2.0f};
+  for (int index : {0, 1, 2, 3, -1}) {
+    auto got = Run(*graph, {HostArray::From<int32_t>({}, {index}), HostArray::From<float>({2}, xv)});
+    ASSERT_EQ(got.size(), 1u);
+    const int b = index < 0 || index > 2 ? 2 : index;  // XLA: out of range runs the last branch
+    for (int i = 0; i < 2; ++i) {
+      const float want = b == 0 ? -xv[i] : b == 1 ? std::exp(xv[i]) : xv[i] + xv[i];
+      EXPECT_FLOAT_EQ(got[0].as<float>()[i], want) << "index " << index;
+    }
+  }
+}
+
+TEST(ControlFlowBuilder, ABodyThatChangesACarriedTypeFailsWhereItIsBuilt) {
+  GraphBuilder g("bad");
+  Value x = g.Parameter({DType::kF32, {2}}, "x");
+  std::vector<Value> out = g.While(
+      {x},
+      [](GraphBuilder& f, const std::vector<Value>& c) {
+        return std::vector<Value>{
+            f.Compare(f.Reduce(c[0], ReduceKind::kSum, {0}), f.Scalar(DType::kF32, 0), Comparison::kLt)};
+      },
+      [](GraphBuilder& f, const std::vector<Value>& c) { return std::vector<Value>{f.Convert(c[0], DType::kF64)}; });
+  EXPECT_TRUE(out.empty());
+  auto built = g.Build({x});
+  ASSERT_FALSE(built.ok());
+  EXPECT_NE(built.status().message().find("returns (f64[2]); expected the carries (f32[2])"), std::string::npos)
+      << built.status();
+  // The compare in cond gives pred[2], not a scalar predicate.
+  GraphBuilder h("bad_pred");
+  Value y = h.Parameter({DType::kF32, {2}}, "y");
+  h.While({y}, [](GraphBuilder& f, const std::vector<Value>& c) { return std::vector<Value>{f.Compare(c[0], c[0], Comparison::kLt)}; },
+          [](GraphBuilder&, const std::vector<Value>& c) { return c; });
+  EXPECT_NE(h.status().message().find("expected the loop predicate (pred[])"), std::string::npos) << h.status();
+}
+
+std::string RunCommand(const std::string& cmd, int* rc) {
+  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
+  std::string out;
+  if (f == nullptr) return out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, f)) out += buf;
+  *rc = pclose(f);
+  return out;
+}
+
+TEST_F(ControlFlowTest, CliRunsATextprotoWithFunctions) {
+  const std::string graph = std::string(TESSEL_SOURCE_DIR) + "/examples/graphs/newton_sqrt.textproto";
+  const std::string tessel = "TESSEL_COORDINATOR=" + cluster_->address() + " " + TESSEL_BIN_DIR + "/tessel";
+  int rc = -1;
+  std::string out = RunCommand(tessel + " compile " + graph, &rc);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("= while(%zero, %n, %a, %a) {cond=more body=step}"), std::string::npos) << out;
+  EXPECT_NE(out.find("function step {"), std::string::npos) << out;
+  const std::string dir = ::testing::TempDir();
+  ASSERT_TRUE(WriteNpy(dir + "/a.npy", HostArray::From<float>({4}, {1, 2, 16, 1e6})).ok());
+  ASSERT_TRUE(WriteNpy(dir + "/n.npy", HostArray::From<int32_t>({}, {30})).ok());
+  out = RunCommand(tessel + " run " + graph + " --input a=" + dir + "/a.npy --input n=" + dir +
+                       "/n.npy --fetch x=" + dir + "/x.npy --device 0",
+                   &rc);
+  ASSERT_EQ(rc, 0) << out;
+  auto x = ReadNpy(dir + "/x.npy");
+  ASSERT_TRUE(x.ok()) << x.status();
+  const float want[4] = {1.0f, std::sqrt(2.0f), 4.0f, 1000.0f};
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(x->as<float>()[i], want[i], 1e-5f * want[i]);
+}
+
+}  // namespace
+}  // namespace tessel
