@@ -14,6 +14,10 @@
                  function traced by tessel.jit (weights donated, one device)
                  and by jax.jit on this machine's CPU; steps/s, rounds of
                  each alternated, best round. Goal >= 1x. Needs jax.
+  py_while_tiny  a 10,000-iteration tessel.lax.while_loop with a 1-element
+                 body, run on the device, vs jax.lax.while_loop under
+                 jax.jit on this machine's CPU; microseconds per iteration,
+                 best of 3 alternated rounds. Goal <= 2x. Needs jax.
 
     TESSEL_BIN_DIR=build/bin python3 bench/python_bench.py [--json]
 """
@@ -138,6 +142,45 @@ def mlp(session):
     return MLP_STEPS / t_ours, MLP_STEPS / t_jax
 
 
+WHILE_ITERS = 10000
+
+
+def while_tiny(session):
+    import jax
+    import jax.numpy as jnp
+    from tessel import lax
+
+    def loop(L, xp, x):
+        return L.while_loop(lambda c: c[0] < WHILE_ITERS, lambda c: (c[0] + 1, c[1] * 0.5 + 1.0),
+                            (xp.int32(0), x))[1]
+    ours = tessel.jit(lambda x: loop(lax, np, x))
+    theirs = jax.jit(lambda x: loop(jax.lax, jnp, x))
+    x_ours = tessel.device_put(np.zeros(1, np.float32))
+    x_jax = jax.device_put(np.zeros(1, np.float32), jax.devices("cpu")[0])
+    ours(x_ours).fetch()
+    theirs(x_jax).block_until_ready()
+
+    def time_ours():
+        t = time.perf_counter()
+        r = ours(x_ours)
+        r.block_until_ready()
+        return time.perf_counter() - t, float(r.fetch()[0])
+
+    def time_jax():
+        t = time.perf_counter()
+        r = theirs(x_jax).block_until_ready()
+        return time.perf_counter() - t, float(r[0])
+    t_ours = t_jax = float("inf")
+    for _ in range(3):
+        dt, v_ours = time_ours()
+        t_ours = min(t_ours, dt)
+        dt, v_jax = time_jax()
+        t_jax = min(t_jax, dt)
+    if v_ours != v_jax:
+        raise AssertionError(f"py_while_tiny: Tessel's loop gave {v_ours}, JAX's {v_jax}")
+    return t_ours / WHILE_ITERS * 1e6, t_jax / WHILE_ITERS * 1e6
+
+
 def main():
     if not os.environ.get("TESSEL_BIN_DIR"):
         os.environ["TESSEL_BIN_DIR"] = str(pathlib.Path(__file__).resolve().parents[1] / "build" / "bin")
@@ -149,6 +192,8 @@ def main():
         rows.append(("py_fetch_64mib", "GB/s", ours, base, ">= 0.8x", ours / base >= 0.8))
         ours, base = mlp(c.session)
         rows.append(("py_mlp_step", "steps/s", ours, base, ">= 1x", ours / base >= 1))
+        ours, base = while_tiny(c.session)
+        rows.append(("py_while_tiny", "us/iter", ours, base, "<= 2x", ours / base <= 2))
     if "--json" in sys.argv:
         print(json.dumps([{"name": n, "unit": u, "tessel": o, "baseline": b, "ratio": o / b, "goal": g, "met": m}
                           for n, u, o, b, g, m in rows], indent=1))

@@ -18,6 +18,10 @@
 //                   Goal >= 0.9x.
 //   sharded_sum     tanh(x) * 2 + 1 summed over 2^26 f32: x split over 2
 //                   workers vs whole on 1, in GB/s of x read.
+//   while_tiny      per-iteration cost of a 10,000-iteration while loop with
+//                   a 1-element body, run on the device, vs the same step
+//                   dispatched from the client (donated, pipelined). Goal
+//                   <= 0.05x (1/20).
 //
 // The baselines' gRPC server runs in a child process (this binary with
 // --serve-baseline), as the daemons do.
@@ -52,6 +56,7 @@ using tessel::ArrayType;
 using tessel::DType;
 using tessel::GraphBuilder;
 using tessel::HostArray;
+using tessel::Value;
 
 constexpr int64_t kFetchBytes = int64_t{256} << 20;
 
@@ -475,6 +480,58 @@ int main(int argc, char** argv) {
     Check(session->Delete({on_one, on_two}));
     rows.push_back({"sharded_sum", "GB/s", n * 4 / t_two / 1e9, n * 4 / t_one / 1e9, 1.0, true,
                     "tanh*2+1 summed over 2^26 f32 split over 2 workers vs whole on 1 (one all_reduce of 4 B)"});
+  }
+
+  // while_tiny: a 10,000-iteration loop with a 1-element body run on the
+  // device, per iteration, vs the same step dispatched from here (donated,
+  // pipelined, waited for at the end).
+  if (want("while_tiny")) {
+    const int kIters = 10000;
+    GraphBuilder g("while_tiny");
+    auto x = g.Parameter({DType::kF32, {1}}, "x");
+    auto out = g.While(
+        {g.Scalar(DType::kS32, 0), x},
+        [&](GraphBuilder& f, const std::vector<Value>& c) {
+          return std::vector<Value>{f.Compare(c[0], f.Scalar(DType::kS32, kIters), tessel::Comparison::kLt)};
+        },
+        [](GraphBuilder& f, const std::vector<Value>& c) {
+          auto v = f.Add(f.Mul(c[1], f.Broadcast(f.Scalar(DType::kF32, 0.5), {1})), f.Broadcast(f.Scalar(DType::kF32, 1), {1}));
+          return std::vector<Value>{f.Add(c[0], f.Scalar(DType::kS32, 1)), v};
+        });
+    auto loop = Check(session->Compile(Check(g.Build({out[1]}))));
+    GraphBuilder h("step_tiny");
+    auto y = h.Parameter({DType::kF32, {1}}, "y");
+    auto step = Check(session->Compile(
+        Check(h.Build({h.Add(h.Mul(y, h.Broadcast(h.Scalar(DType::kF32, 0.5), {1})), h.Broadcast(h.Scalar(DType::kF32, 1), {1}))})),
+        {.donate = {0}, .strict_donation = true}));
+    auto x0 = Check(session->Put(HostArray::From<float>({1}, {0.f}), tessel::Placement::Device(0)));
+    const tessel::ExecuteOptions on0{.placement = tessel::Placement::Device(0)};
+    auto device_loop = [&] {
+      auto r = Check(session->Execute(loop, {x0}, on0));
+      Check(session->Await(r));
+      Check(session->Delete(r));
+    };
+    auto host_loop = [&](int n) {
+      std::vector<tessel::Array> v{Check(session->Put(HostArray::From<float>({1}, {0.f}), tessel::Placement::Device(0)))};
+      for (int i = 0; i < n; ++i) v = Check(session->Execute(step, v, on0));
+      Check(session->Await(v));
+      Check(session->Delete(v));
+    };
+    device_loop();
+    host_loop(100);
+    std::vector<double> t_dev, t_host;
+    for (int round = 0; round < 5; ++round) {
+      absl::Time t = absl::Now();
+      device_loop();
+      t_dev.push_back(absl::ToDoubleSeconds(absl::Now() - t) / kIters);
+      t = absl::Now();
+      host_loop(kIters / 5);
+      t_host.push_back(absl::ToDoubleSeconds(absl::Now() - t) / (kIters / 5));
+    }
+    Check(session->Delete({x0}));
+    rows.push_back({"while_tiny", "us/iter", Median(t_dev) * 1e6, Median(t_host) * 1e6, 0.05, false,
+                    "10k-iteration on-device while, 1-element body, vs the step dispatched from the client "
+                    "(donated, pipelined); python_bench's py_while_tiny compares jax.lax.while_loop"});
   }
 
   cluster.reset();

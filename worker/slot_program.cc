@@ -171,35 +171,48 @@ absl::StatusOr<BufferPtr> SlotProgram::ResultBuffer(Device& device, const std::v
 absl::StatusOr<std::vector<BufferPtr>> SlotProgram::Run(absl::Span<const BufferPtr> args,
                                                         absl::Span<const BufferPtr> into, Device& device,
                                                         const ExecuteFn& execute) const {
-  return RunFunction(0, args, into, device, execute, 0);
+  Frame frame;
+  std::vector<BufferPtr> outs, copy(args.begin(), args.end());
+  TESSEL_RETURN_IF_ERROR(RunFunction(0, absl::MakeSpan(copy), true, into, device, execute, 0, frame, outs));
+  return outs;
 }
 
-absl::StatusOr<std::vector<BufferPtr>> SlotProgram::RunFunction(int f, absl::Span<const BufferPtr> args,
-                                                                absl::Span<const BufferPtr> into, Device& device,
-                                                                const ExecuteFn& execute, uint64_t scope) const {
+absl::Status SlotProgram::RunFunction(int f, absl::Span<BufferPtr> args, bool consume,
+                                      absl::Span<const BufferPtr> into, Device& device, const ExecuteFn& execute, uint64_t scope, Frame& frame,
+                                      std::vector<BufferPtr>& outs) const {
   const Function& fn = functions_[f];
   if (args.size() != fn.param_slots.size()) {
     return absl::InvalidArgumentError(absl::StrCat("program ", f == 0 ? program_->executable_id() : fn.name,
                                                    ": expected ", fn.param_slots.size(), " arguments, got ",
                                                    args.size()));
   }
-  std::vector<BufferPtr> values(fn.num_slots);
-  for (size_t i = 0; i < args.size(); ++i) values[fn.param_slots[i]] = args[i];
-  std::vector<BufferPtr> preset(fn.num_slots);
+  std::vector<BufferPtr>& values = frame.values;
+  std::vector<BufferPtr>& preset = frame.preset;
+  values.assign(fn.num_slots, nullptr);
+  preset.assign(fn.num_slots, nullptr);
+  auto clear = [&] {
+    std::fill(values.begin(), values.end(), nullptr);
+    std::fill(preset.begin(), preset.end(), nullptr);
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    values[fn.param_slots[i]] = consume ? std::move(args[i]) : args[i];
+  }
   for (size_t i = 0; i < into.size() && i < fn.output_buffer_slots.size(); ++i) {
     if (into[i]) preset[fn.output_buffer_slots[i]] = into[i];
   }
   for (int i = fn.begin; i < fn.end; ++i) {
-    if (instrs_[i].calls.empty()) {
-      TESSEL_RETURN_IF_ERROR(execute(i, values, preset, scope));
-    } else {
-      TESSEL_RETURN_IF_ERROR(RunControlFlow(i, values, preset, device, execute, scope));
+    absl::Status s = instrs_[i].calls.empty() ? execute(i, values, preset, scope)
+                                              : RunControlFlow(i, values, preset, device, execute, scope);
+    if (!s.ok()) {
+      clear();
+      return s;
     }
     for (int r : instrs_[i].release) values[r].reset();
   }
-  std::vector<BufferPtr> outs;
+  outs.clear();
   for (int s : fn.output_slots) outs.push_back(values[s]);
-  return outs;
+  clear();
+  return absl::OkStatus();
 }
 
 absl::Status SlotProgram::RunControlFlow(int i, std::vector<BufferPtr>& values, const std::vector<BufferPtr>& preset,
@@ -223,15 +236,18 @@ absl::Status SlotProgram::RunControlFlow(int i, std::vector<BufferPtr>& values, 
     for (size_t k = 0; k < in.results.size(); ++k) values[in.results[k]] = std::move(results[k]);
   };
 
+  Frame frame;
+  std::vector<BufferPtr> outs;
   if (n.op() == v1::CONDITIONAL) {
     TESSEL_ASSIGN_OR_RETURN(int64_t index, read_scalar(operands[0], in.arg_types[0].dtype()));
     // Out of range runs the last branch, as XLA does.
     const int nb = int(in.calls.size());
     const int b = index < 0 || index >= nb ? nb - 1 : int(index);
     std::vector<BufferPtr> args(operands.begin() + 1, operands.end());
-    auto r = RunFunction(in.calls[b], args, {}, device, execute, ScopeOf(scope, i, 2 + b, 0));
-    if (!r.ok()) return Annotate(r.status(), absl::StrCat(what, " branch ", b, ": "));
-    finish(std::move(*r));
+    absl::Status s = RunFunction(in.calls[b], absl::MakeSpan(args), true, {}, device, execute,
+                                 ScopeOf(scope, i, 2 + b, 0), frame, outs);
+    if (!s.ok()) return Annotate(s, absl::StrCat(what, " branch ", b, ": "));
+    finish(std::move(outs));
     return absl::OkStatus();
   }
 
@@ -245,7 +261,7 @@ absl::Status SlotProgram::RunControlFlow(int i, std::vector<BufferPtr>& values, 
   // plan gave this result.
   std::vector<bool> own(carries, false);
   for (int k = 0; k < carries; ++k) own[k] = preset[in.results[k]] && preset[in.results[k]] == carry[k];
-  operands.resize(carries);  // the xs stay in `values`
+  operands.clear();  // the xs stay in `values`
   std::vector<BufferPtr> stacked;  // scan: the ys
   int64_t length = 0;
   if (scan) {
@@ -256,17 +272,19 @@ absl::Status SlotProgram::RunControlFlow(int i, std::vector<BufferPtr>& values, 
       stacked.push_back(std::move(b));
     }
   }
-  std::vector<BufferPtr> into(bf.output_slots.size());
+  std::vector<BufferPtr> into(bf.output_slots.size()), args, pred;
   for (int64_t it = 0;; ++it) {
     if (scan) {
       if (it == length) break;
     } else {
-      auto pred = RunFunction(in.calls[0], carry, {}, device, execute, ScopeOf(scope, i, 0, it));
-      if (!pred.ok()) return Annotate(pred.status(), absl::StrCat(what, " condition, iteration ", it, ": "));
-      TESSEL_ASSIGN_OR_RETURN(int64_t holds, read_scalar((*pred)[0], v1::PRED));
+      // The last predicate's buffer, read and held only here, takes the next.
+      absl::Status s = RunFunction(in.calls[0], absl::MakeSpan(carry), false, pred, device, execute,
+                                   ScopeOf(scope, i, 0, it), frame, pred);
+      if (!s.ok()) return Annotate(s, absl::StrCat(what, " condition, iteration ", it, ": "));
+      TESSEL_ASSIGN_OR_RETURN(int64_t holds, read_scalar(pred[0], v1::PRED));
       if (!holds) break;
     }
-    std::vector<BufferPtr> args = carry;
+    args.swap(carry);
     const int64_t step = scan && n.control().reverse() ? length - 1 - it : it;
     for (size_t x = carries; x < in.args.size(); ++x) {
       const v1::TensorType& t = in.arg_types[x];
@@ -279,20 +297,20 @@ absl::Status SlotProgram::RunControlFlow(int i, std::vector<BufferPtr>& values, 
     for (int k = 0; k < carries; ++k) {
       const int o = bf.parameter_aliases[k];
       if (o < 0) continue;
-      // Held only by `carry` and `args`: nobody else sees the overwrite.
-      if (own[k] || carry[k].use_count() == 2) into[o] = carry[k];
+      // Held only by `args`: nobody else sees the overwrite.
+      if (own[k] || args[k].use_count() == 1) into[o] = args[k];
     }
-    carry.clear();
-    auto r = RunFunction(body, args, into, device, execute, ScopeOf(scope, i, 1, it));
-    if (!r.ok()) return Annotate(r.status(), absl::StrCat(what, " body, iteration ", it, ": "));
+    absl::Status s = RunFunction(body, absl::MakeSpan(args), true, into, device, execute, ScopeOf(scope, i, 1, it),
+                                 frame, outs);
+    if (!s.ok()) return Annotate(s, absl::StrCat(what, " body, iteration ", it, ": "));
     args.clear();
-    for (int k = 0; k < carries; ++k) own[k] = own[k] && bf.parameter_aliases[k] == k && (*r)[k] == into[k];
-    for (size_t y = carries; y < r->size(); ++y) {
+    for (int k = 0; k < carries; ++k) own[k] = own[k] && bf.parameter_aliases[k] == k && outs[k] == into[k];
+    for (size_t y = carries; y < outs.size(); ++y) {
       const int64_t bytes = ByteSizeUnchecked(bf.output_types[y]);
-      TESSEL_RETURN_IF_ERROR(device.CopyWithin(*(*r)[y], 0, *stacked[y - carries], step * bytes, bytes));
+      TESSEL_RETURN_IF_ERROR(device.CopyWithin(*outs[y], 0, *stacked[y - carries], step * bytes, bytes));
     }
-    r->resize(carries);
-    carry = std::move(*r);
+    outs.resize(carries);
+    carry.swap(outs);
   }
   carry.insert(carry.end(), stacked.begin(), stacked.end());
   finish(std::move(carry));

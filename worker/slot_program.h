@@ -74,10 +74,17 @@ class SlotProgram {
                                                 int64_t bytes);
 
  private:
+  // A function's values while it runs; kept across a loop's iterations so
+  // that an iteration allocates no bookkeeping.
+  struct Frame {
+    std::vector<BufferPtr> values, preset;
+  };
   absl::Status AddFunction(const v1::Program& p, const std::vector<std::string>& names);
-  absl::StatusOr<std::vector<BufferPtr>> RunFunction(int f, absl::Span<const BufferPtr> args,
-                                                     absl::Span<const BufferPtr> into, Device& device,
-                                                     const ExecuteFn& execute, uint64_t scope) const;
+  // Runs function `f` on `args` (moved from when `consume`); its outputs
+  // go to `outs`. `frame` is left empty.
+  absl::Status RunFunction(int f, absl::Span<BufferPtr> args, bool consume, absl::Span<const BufferPtr> into,
+                           Device& device, const ExecuteFn& execute, uint64_t scope, Frame& frame,
+                           std::vector<BufferPtr>& outs) const;
   absl::Status RunControlFlow(int i, std::vector<BufferPtr>& values, const std::vector<BufferPtr>& preset,
                               Device& device, const ExecuteFn& execute, uint64_t scope) const;
 

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "core/dtype.h"
 #include "core/shape_inference.h"
@@ -53,9 +54,9 @@ absl::Status CpuExecutable::Execute(int i, std::vector<BufferPtr>& values, const
     return worker::SlotProgram::ResultBuffer(*device_, preset, slot, ByteSizeUnchecked(t));
   };
   if (prep.fusion) {
-    std::vector<const void*> ins;
+    absl::InlinedVector<const void*, 8> ins;
     for (int a : in.args) ins.push_back(values[a]->opaque());
-    std::vector<void*> outs;
+    absl::InlinedVector<void*, 4> outs;
     for (size_t k = 0; k < in.results.size(); ++k) {
       TESSEL_ASSIGN_OR_RETURN(BufferPtr b, alloc_slot(in.results[k], in.result_types[k]));
       outs.push_back(b->opaque());
@@ -128,10 +129,9 @@ absl::Status CpuExecutable::Execute(int i, std::vector<BufferPtr>& values, const
 absl::StatusOr<std::vector<BufferPtr>> CpuExecutable::Run(absl::Span<const BufferPtr> args,
                                                           absl::Span<const BufferPtr> into,
                                                           const worker::StepContext& ctx) {
+  worker::StepContext inner = ctx;  // with the scope of the instruction running (SlotProgram::Run)
   return slots_.Run(args, into, *device_,
                     [&](int i, std::vector<BufferPtr>& values, const std::vector<BufferPtr>& preset, uint64_t scope) {
-                      if (scope == ctx.scope) return Execute(i, values, preset, ctx);
-                      worker::StepContext inner = ctx;
                       inner.scope = scope;
                       return Execute(i, values, preset, inner);
                     });

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "core/dtype.h"
 #include "core/shape_inference.h"
@@ -118,12 +119,15 @@ absl::StatusOr<FusedLoop> FusedLoop::Build(const v1::Fusion& fusion,
 
 void FusedLoop::Run(absl::Span<const void* const> inputs, absl::Span<void* const> outputs, int threads) const {
   // Per-call scratch shared by every thread: the splats of one-element inputs.
-  std::vector<std::vector<char>> splats(const_blocks_.size());
+  // A block never holds more than the loop's elements (a small loop, a
+  // small block: a one-element loop body in a device-side loop splats one).
+  const int64_t block = std::min(kBlock, std::max<int64_t>(elements_, 1));
+  absl::InlinedVector<std::vector<char>, 4> splats(const_blocks_.size());
   // Input slots come first, so an input's slot number is its index.
   for (int slot : splat_inputs_) {
     const Slot& s = slots_[slot];
-    splats[s.index].resize(kBlock * s.esize);
-    SplatKernel(s.esize, inputs[slot], splats[s.index].data(), kBlock);
+    splats[s.index].resize(block * s.esize);
+    SplatKernel(s.esize, inputs[slot], splats[s.index].data(), block);
   }
   for (const auto& [slot, out_index] : scalar_outputs_) {
     std::memcpy(outputs[out_index], const_blocks_[slots_[slot].index].data(), slots_[slot].esize);
@@ -140,18 +144,21 @@ void FusedLoop::Run(absl::Span<const void* const> inputs, absl::Span<void* const
 }
 
 void FusedLoop::RunBlocks(absl::Span<const void* const> inputs, absl::Span<void* const> outputs,
-                          const std::vector<std::vector<char>>& splats, int64_t begin, int64_t end) const {
+                          absl::Span<const std::vector<char>> splats, int64_t begin, int64_t end) const {
   // Per-thread scratch: temp blocks.
   int64_t temp_bytes = 0;
-  std::vector<int64_t> temp_offset(num_temps_);
+  absl::InlinedVector<int64_t, 16> temp_offset(num_temps_);
   for (const Slot& s : slots_) {
     if (s.kind == SlotKind::kTemp) {
       temp_offset[s.index] = temp_bytes;
-      temp_bytes += kBlock * s.esize;
+      temp_bytes += (std::min(kBlock, elements_) * s.esize + 63) / 64 * 64;  // each aligned
     }
   }
-  std::vector<char> temps(temp_bytes);
-  std::vector<void*> ptr(slots_.size());
+  // Written before read: no need to clear. Small loops keep them on the stack.
+  alignas(64) char small[1024];
+  std::unique_ptr<char[]> big(temp_bytes > int64_t(sizeof(small)) ? new char[temp_bytes] : nullptr);
+  char* temps = big ? big.get() : small;
+  absl::InlinedVector<void*, 16> ptr(slots_.size());
   for (int64_t start = begin * kBlock; start < std::min(end * kBlock, elements_); start += kBlock) {
     const int64_t len = std::min(kBlock, elements_ - start);
     for (size_t i = 0; i < slots_.size(); ++i) {
@@ -163,7 +170,7 @@ void FusedLoop::RunBlocks(absl::Span<const void* const> inputs, absl::Span<void*
         case SlotKind::kOutput:
           ptr[i] = static_cast<char*>(outputs[s.index]) + start * s.esize;
           break;
-        case SlotKind::kTemp: ptr[i] = temps.data() + temp_offset[s.index]; break;
+        case SlotKind::kTemp: ptr[i] = temps + temp_offset[s.index]; break;
         case SlotKind::kConst:
           ptr[i] = splats[s.index].empty() ? const_cast<char*>(const_blocks_[s.index].data())
                                            : const_cast<char*>(splats[s.index].data());

@@ -45,7 +45,7 @@ class FusedLoop {
  private:
   enum class SlotKind { kInput, kOutput, kTemp, kConst };
   void RunBlocks(absl::Span<const void* const> inputs, absl::Span<void* const> outputs,
-                 const std::vector<std::vector<char>>& splats, int64_t begin, int64_t end) const;
+                 absl::Span<const std::vector<char>> splats, int64_t begin, int64_t end) const;
   struct Slot {
     SlotKind kind;
     v1::DType dtype;

@@ -393,10 +393,9 @@ absl::StatusOr<std::vector<BufferPtr>> CudaExecutable::Run(absl::Span<const Buff
                                                            absl::Span<const BufferPtr> into,
                                                            const worker::StepContext& ctx) {
   TESSEL_RETURN_IF_ERROR(device_->Activate());
+  worker::StepContext inner = ctx;  // with the scope of the instruction running (SlotProgram::Run)
   return slots_.Run(args, into, *device_,
                     [&](int i, std::vector<BufferPtr>& values, const std::vector<BufferPtr>& preset, uint64_t scope) {
-                      if (scope == ctx.scope) return Execute(i, values, preset, ctx);
-                      worker::StepContext inner = ctx;
                       inner.scope = scope;
                       return Execute(i, values, preset, inner);
                     });
