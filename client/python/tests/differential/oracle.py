@@ -217,6 +217,10 @@ class Oracle:
     def wrap_inputs(self, arrays):
         return [Value(self, a) for a in arrays]
 
+    @property
+    def lax(self):
+        return OracleLax(self)
+
     def _wrap(self, r):
         if isinstance(r, (list, tuple)):
             return type(r)(self._wrap(x) for x in r)
@@ -576,6 +580,40 @@ class Oracle:
         return np.arange(n, dtype=dtype)
 
     del _binary, _integer_division, _unary, _float_unary, _plain, _extremum, _contraction
+
+
+class OracleLax:
+    """jax.lax's control flow as plain Python loops over an oracle's values:
+    the reference a device-side loop is checked against. Every iteration's
+    ops run through the oracle, so their error bounds add up as Tessel's."""
+
+    def __init__(self, ns):
+        self.ns = ns
+
+    def _leaf(self, x):
+        return x if isinstance(x, Value) else Value(self.ns, np.asarray(x))
+
+    def fori_loop(self, lower, upper, body, init):
+        val = init
+        for i in range(lower, upper):
+            val = body(Value(self.ns, np.int32(i)), val)
+        return val
+
+    def while_loop(self, cond, body, init):
+        val = init
+        while bool(np.asarray(_raw(cond(val)))):
+            val = body(val)
+        return val
+
+    def scan(self, f, init, xs):
+        carry, ys = init, []
+        for i in range(xs.shape[0]):
+            carry, y = f(carry, xs[i])
+            ys.append(y)
+        return carry, self.ns.stack(ys)
+
+    def cond(self, pred, true_fun, false_fun, *operands):
+        return (true_fun if bool(np.asarray(_raw(pred))) else false_fun)(*operands)
 
 
 # ---------------------------------------------------------------- runs

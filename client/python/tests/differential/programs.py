@@ -99,7 +99,7 @@ class Program:
 
     def function(self, xp, steps=None, outputs=None):
         """The program as a Python function over namespace `xp`."""
-        env = {"np": np, "ml_dtypes": oracle.ml_dtypes, "xp": xp}
+        env = {"np": np, "ml_dtypes": oracle.ml_dtypes, "xp": xp, "lax": lax_of(xp)}
         exec(self.source(steps, outputs), env)  # noqa: S102 - the program is ours
         return env["program"]
 
@@ -122,6 +122,15 @@ class Program:
         ins = "\n".join(f"{n} = {render_array(a)}" for n, a in self.inputs)
         tail = f"\n# every mode must raise {self.error.__name__}" if self.error else ""
         return f"\n{self.source()}\n{ins}{tail}\n"
+
+
+def lax_of(xp):
+    """The control flow that goes with namespace `xp`: an oracle's own
+    loops, or tessel.lax for tessel.numpy."""
+    if hasattr(xp, "lax"):
+        return xp.lax
+    from tessel import lax
+    return lax
 
 
 def _mentions(expr, name):
@@ -278,7 +287,7 @@ class Builder:
             raise _Reject
         def run(ns, alt):
             env = {v.name: oracle.Value(ns, v.alt if alt else v.value) for v in self.pool}
-            env.update({"xp": ns, "np": np, "ml_dtypes": oracle.ml_dtypes})
+            env.update({"xp": ns, "np": np, "ml_dtypes": oracle.ml_dtypes, "lax": ns.lax})
             with np.errstate(all="ignore"):
                 return np.asarray(oracle._raw(eval(expr, env)))  # noqa: S307 - the program is ours
         try:
@@ -625,6 +634,49 @@ def op_layout_more(b):
         b.add(f"xp.{kind}({x.name})", [x])
 
 
+# Loop bodies over carry {c} (and {y}, a value of the program; {i}, the
+# iteration): each keeps the carry's shape and dtype.
+LOOP_BODIES = ["({c} * 0.5 + {y}).astype({c}.dtype)", "xp.tanh({c} + {y}).astype({c}.dtype)",
+               "xp.where({c} > {y}, {c} - {y}, {c} * 2).astype({c}.dtype)", "({c} + {y} * {i}).astype({c}.dtype)"]
+
+
+def op_control(b):
+    """tessel.lax on the device against the same loop run by the oracle:
+    fori_loop (a scan of known length), while_loop, scan with stacked
+    outputs, cond. Bodies read another value of the program (a closure)."""
+    kind = b.draw(st.sampled_from(["fori", "while", "scan", "cond"]))
+    if kind == "scan":
+        x = b.pick(lambda v: v.dtype != BOOL and v.ndim >= 1 and 0 < v.shape[0] <= 6 and v.value.size > 0)
+        which = b.draw(st.sampled_from([0, 1]))
+        b.add(f"lax.scan(lambda k, r: ((k + r).astype(k.dtype), k * r), xp.zeros_like({x.name}[0]), {x.name})"
+              f"[{which}]", [x], inexact=True)
+        return
+    x = b.pick(lambda v: v.dtype != BOOL and 0 < v.value.size)
+    if kind == "cond":
+        b.add(f"lax.cond(xp.sum({x.name}) > 0, lambda u: (u + 1).astype(u.dtype), lambda u: u * 2, {x.name})", [x],
+              discontinuous=True)
+        return
+    y = b.pick(lambda v: v.dtype != BOOL and _fits(v.shape, x.shape))
+    template = b.draw(st.sampled_from(LOOP_BODIES))
+    trips = b.draw(st.integers(0, 4))
+    discontinuous = "where" in template
+    if kind == "fori":
+        body = template.format(c="k", y=y.name, i="i")
+        b.add(f"lax.fori_loop(0, {trips}, lambda i, k: {body}, {x.name})", [x, y], inexact=True,
+              discontinuous=discontinuous)
+    else:
+        body = template.format(c="s[1]", y=y.name, i="s[0]")
+        b.add(f"lax.while_loop(lambda s: s[0] < {trips}, lambda s: (s[0] + 1, {body}), (np.int32(0), {x.name}))[1]",
+              [x, y], inexact=True, discontinuous=discontinuous)
+
+
+def _fits(small, big):
+    try:
+        return np.broadcast_shapes(small, big) == tuple(big)
+    except ValueError:
+        return False
+
+
 def op_create(b):
     x = b.pick()
     kind = b.draw(st.sampled_from(["zeros_like", "ones_like", "full", "zeros", "arange"]))
@@ -648,7 +700,7 @@ def op_create(b):
 OPS = [(op_binary, 14), (op_unary, 10), (op_compare, 7), (op_where, 4), (op_clip, 3), (op_astype, 5),
        (op_reduce, 8), (op_reshape, 4), (op_transpose, 3), (op_broadcast, 3), (op_slice, 4),
        (op_concatenate, 2), (op_stack, 2), (op_pad, 2), (op_matmul, 3), (op_einsum, 3), (op_create, 2),
-       (op_layout_more, 3)]
+       (op_layout_more, 3), (op_control, 2)]
 _OP_TABLE = [f for f, w in OPS for _ in range(w)]
 
 
