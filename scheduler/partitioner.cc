@@ -390,29 +390,15 @@ class Partitioner {
       case v1::MANUAL_REGION: return ProcessRegion(n, prefix, name);
       case v1::WHILE:
       case v1::CONDITIONAL:
-      case v1::SCAN: {
-        // Outside shard_map, control flow runs its functions on whole
-        // values: its operands are gathered, its results replicated.
-        v1::Node ln = n;
-        ln.set_name(Fresh(name));
-        ln.clear_operands();
-        for (int i = 0; i < n.operands_size(); ++i) {
-          const Value& o = operand(i);
-          TESSEL_ASSIGN_OR_RETURN(
-              std::string lo, Reshard(StrCat(prefix, n.operands(i)), Replicated(o.global.dims_size()),
-                                      StrCat(why, " runs its functions on whole values (operand ", i, ")")));
-          ln.add_operands(lo);
-        }
-        TESSEL_ASSIGN_OR_RETURN(v.local, Emit(std::move(ln)));
-        values_[name] = v;
-        return absl::OkStatus();
-      }
+      case v1::SCAN: return ProcessControl(n, prefix, name);
       case v1::TUPLE_ELEMENT: {
+        const int k = n.tuple_element().index();
+        v.s = control_results_.at(StrCat(prefix, n.operands(0)))[k];
         v1::Node ln = n;
         ln.set_name(Fresh(name));
         ln.set_operands(0, operand(0).local);
+        *ln.mutable_type() = LocalType(n.type(), v.s, mesh_);
         TESSEL_ASSIGN_OR_RETURN(v.local, Emit(std::move(ln)));
-        v.s = Replicated(rank);
         values_[name] = v;
         return absl::OkStatus();
       }
@@ -694,6 +680,173 @@ class Partitioner {
     for (const Axes& a : rfree) SetDimAxes(result, j++, a);
     for (const std::string& a : partial) result.add_partial(a);
     result.set_partial_kind(v1::SUM);
+  }
+
+  // ---------------------------------------------------------------- control flow
+
+  // A loop's carries keep the layout they start with (the fixed point is
+  // declared, not searched for): the body is partitioned with its
+  // parameters and results in that layout, and what it computes is
+  // resharded to it, with that reason. Scanned operands are unsplit along
+  // the scanned dimension; a conditional's index is replicated; branches
+  // give branch 0's layouts. Each function is partitioned for the layouts
+  // it is called with (named fn@hash).
+  absl::Status ProcessControl(const v1::Node& n, const std::string& prefix, const std::string& name) {
+    const v1::ControlFlowAttrs& c = n.control();
+    const std::string what = StrCat(OpName(n.op()), " '", name, "'");
+    const int nc = n.op() == v1::WHILE ? n.operands_size() : n.op() == v1::SCAN ? c.num_carry() : 0;
+    std::vector<v1::Sharding> in(n.operands_size());
+    v1::Node ln = n;
+    ln.set_name(Fresh(name));
+    ln.clear_operands();
+    ln.clear_results();
+    ln.mutable_control()->clear_branches();
+    for (int i = 0; i < n.operands_size(); ++i) {
+      const Value& o = values_.at(StrCat(prefix, n.operands(i)));
+      const int rank = o.global.dims_size();
+      v1::Sharding s = o.generated ? Replicated(rank) : Complete(o.s);
+      if (n.op() == v1::CONDITIONAL && i == 0) s = Replicated(0);
+      if (n.op() == v1::SCAN && i >= nc && rank > 0) SetDimAxes(s, 0, {});
+      in[i] = s;
+    }
+    // A carry that starts from a generated value (zeros, iota) may start in
+    // any layout at no cost: it takes the one the body gives it, found by
+    // partitioning the body once with those carries left to it.
+    if (nc > 0) {
+      std::vector<v1::Sharding> params(in.begin(), in.begin() + nc), outs = params;
+      bool any = false;
+      for (int i = 0; i < nc; ++i) {
+        if (!values_.at(StrCat(prefix, n.operands(i))).generated) continue;
+        outs[i].set_unspecified(true);
+        any = true;
+      }
+      for (int i = nc; i < n.operands_size(); ++i) {
+        v1::Sharding s = in[i];
+        s.mutable_dims()->erase(s.mutable_dims()->begin());
+        params.push_back(s);
+      }
+      for (int y = nc; y < n.results_size(); ++y) outs.emplace_back().set_unspecified(true);
+      if (any) {
+        TESSEL_ASSIGN_OR_RETURN(std::vector<v1::Sharding> found, ProbeFunction(c.body(), params, outs, what));
+        for (int i = 0; i < nc; ++i) {
+          if (outs[i].unspecified() && !IsPartial(found[i])) in[i] = found[i];
+        }
+      }
+    }
+    for (int i = 0; i < n.operands_size(); ++i) {
+      TESSEL_ASSIGN_OR_RETURN(std::string lo, Reshard(StrCat(prefix, n.operands(i)), in[i],
+                                                      StrCat(what, " takes operand ", i, " as ",
+                                                             ShardingString(in[i]))));
+      ln.add_operands(lo);
+    }
+    std::vector<v1::Sharding> results;
+    if (n.op() == v1::CONDITIONAL) {
+      const std::vector<v1::Sharding> args(in.begin() + 1, in.end());
+      std::vector<v1::Sharding> outs;
+      for (int b = 0; b < c.branches_size(); ++b) {
+        TESSEL_ASSIGN_OR_RETURN(auto f, PartitionFunction(c.branches(b), args, outs, what));
+        ln.mutable_control()->add_branches(f.first);
+        if (b == 0) outs = f.second;
+      }
+      results = outs;
+    } else {
+      const std::vector<v1::Sharding> carries(in.begin(), in.begin() + nc);
+      std::vector<v1::Sharding> params = carries;
+      for (int i = nc; i < n.operands_size(); ++i) {  // a scanned operand's slice
+        v1::Sharding s = in[i];
+        s.mutable_dims()->erase(s.mutable_dims()->begin());
+        params.push_back(s);
+      }
+      if (n.op() == v1::WHILE) {
+        TESSEL_ASSIGN_OR_RETURN(auto cond, PartitionFunction(c.cond(), carries, {Replicated(0)}, what));
+        ln.mutable_control()->set_cond(cond.first);
+      }
+      std::vector<v1::Sharding> outs = carries;
+      const int ys = n.results_size() - nc;
+      for (int y = 0; y < ys; ++y) {
+        v1::Sharding any;
+        any.set_unspecified(true);
+        outs.push_back(any);
+      }
+      TESSEL_ASSIGN_OR_RETURN(auto body, PartitionFunction(c.body(), params, outs, what));
+      ln.mutable_control()->set_body(body.first);
+      results = carries;
+      for (int y = nc; y < int(body.second.size()); ++y) {
+        v1::Sharding s;
+        s.add_dims();  // the stacked dimension: unsplit
+        for (const auto& d : body.second[y].dims()) *s.add_dims() = d;
+        results.push_back(s);
+      }
+    }
+    for (int k = 0; k < n.results_size(); ++k) *ln.add_results() = LocalType(n.results(k), results[k], mesh_);
+    Value v;
+    v.node = &n;
+    v.prefix = prefix;
+    TESSEL_ASSIGN_OR_RETURN(v.local, Emit(std::move(ln)));
+    values_[name] = v;
+    control_results_[name] = std::move(results);
+    return absl::OkStatus();
+  }
+
+  // The layouts `fn`'s results take for parameters laid out as `params`
+  // (nothing recorded).
+  absl::StatusOr<std::vector<v1::Sharding>> ProbeFunction(const std::string& fn,
+                                                          const std::vector<v1::Sharding>& params,
+                                                          const std::vector<v1::Sharding>& outs,
+                                                          const std::string& what) {
+    for (const v1::Graph& g : g_.graph.functions()) {
+      if (g.name() != fn) continue;
+      v1::Graph graph = g;
+      *graph.mutable_functions() = g_.graph.functions();
+      auto typed = ValidateGraph(graph);
+      if (!typed.ok()) return Annotate(typed.status(), StrCat(what, ": function '", fn, "': "));
+      auto part = Partition(*typed, {mesh_, params, outs});
+      if (!part.ok()) return Annotate(part.status(), StrCat(what, ": function '", fn, "': "));
+      return std::move(part->output_shardings);
+    }
+    return InvalidArgumentError(StrCat(what, ": function '", fn, "' is not defined"));
+  }
+
+  // Function `fn` partitioned for parameters laid out as `params` and
+  // results as `outs` (empty or an entry unspecified: its choice). Returns
+  // the per-device function's name and its results' layouts.
+  absl::StatusOr<std::pair<std::string, std::vector<v1::Sharding>>> PartitionFunction(
+      const std::string& fn, const std::vector<v1::Sharding>& params, const std::vector<v1::Sharding>& outs,
+      const std::string& what) {
+    const v1::Graph* f = nullptr;
+    for (const v1::Graph& g : g_.graph.functions()) {
+      if (g.name() == fn) f = &g;
+    }
+    if (f == nullptr) return InvalidArgumentError(StrCat(what, ": function '", fn, "' is not defined"));
+    v1::Graph graph = *f;
+    *graph.mutable_functions() = g_.graph.functions();  // for the loops inside it
+    auto typed = ValidateGraph(graph);
+    if (!typed.ok()) return Annotate(typed.status(), StrCat(what, ": function '", fn, "': "));
+    std::string key = StrCat(fn, " in");
+    for (const v1::Sharding& s : params) absl::StrAppend(&key, " ", ShardingString(s));
+    absl::StrAppend(&key, " out");
+    for (const v1::Sharding& s : outs) absl::StrAppend(&key, " ", s.unspecified() ? "auto" : ShardingString(s));
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (unsigned char ch : key) h = (h ^ ch) * 0x100000001b3ull;
+    const std::string local_name = StrCat(fn, "@", absl::Hex(h & 0xffffffffull, absl::kZeroPad8));
+    auto part = Partition(*typed, {mesh_, params, outs});
+    if (!part.ok()) return Annotate(part.status(), StrCat(what, ": function '", fn, "': "));
+    for (PlannedCollective& pc : part->collectives) {
+      pc.reason = StrCat("in function '", fn, "' (each time it runs): ", pc.reason);
+      out_.collectives.push_back(std::move(pc));
+    }
+    for (std::string& d : part->diagnostics) out_.diagnostics.push_back(std::move(d));
+    auto add = [&](v1::Graph g) {
+      for (const v1::Graph& have : out_.local.functions()) {
+        if (have.name() == g.name()) return;
+      }
+      *out_.local.add_functions() = std::move(g);
+    };
+    for (v1::Graph& nested : *part->local.mutable_functions()) add(std::move(nested));
+    part->local.clear_functions();
+    part->local.set_name(local_name);
+    add(std::move(part->local));
+    return std::make_pair(local_name, std::move(part->output_shardings));
   }
 
   // ---------------------------------------------------------------- manual regions
@@ -1018,6 +1171,7 @@ class Partitioner {
   FunctionTable functions_;  // the graph's, for control flow in manual regions
   PartitionedGraph out_;
   absl::flat_hash_map<std::string, Value> values_;
+  absl::flat_hash_map<std::string, std::vector<v1::Sharding>> control_results_;  // a control node's results' layouts
   absl::flat_hash_map<std::string, v1::TensorType> local_types_;
   absl::flat_hash_map<std::string, std::string> reshard_cache_;
   absl::flat_hash_set<std::string> used_names_;

@@ -250,10 +250,40 @@ def test_a_loop_condition_that_varies_over_an_axis_is_an_error_naming_it(session
 
 
 @needs_collectives
-def test_a_loop_outside_shard_map_on_split_arrays_runs_on_whole_values(session):
-    mesh = tessel.Mesh({"data": _data_size()})
+def test_loops_on_split_arrays_keep_their_carries_split(session):
+    """Outside shard_map a carry keeps the layout it starts with: an
+    elementwise body needs no collective, a predicate over a split value is
+    made whole by one all_reduce per iteration (with its reason), and the
+    result stays split."""
+    n = _data_size()
+    mesh = tessel.Mesh({"data": n})
     P = tessel.P
-    x = tessel.device_put(np.arange(8, dtype=np.float32), tessel.NamedSharding(mesh, P("data")))
+    x = tessel.device_put(np.arange(4 * n, dtype=np.float32), tessel.NamedSharding(mesh, P("data")))
     f = tessel.jit(lambda x: lax.fori_loop(0, 3, lambda i, v: v * 2 + i.astype(np.float32), x))
-    np.testing.assert_array_equal(f(x).fetch(), ((np.arange(8) * 2 + 0) * 2 + 1) * 2 + 2)
-    assert any("runs its functions on whole values" in c["reason"] for c in f.lower(x).collectives)
+    np.testing.assert_array_equal(f(x).fetch(), ((np.arange(4 * n) * 2 + 0) * 2 + 1) * 2 + 2)
+    assert f.lower(x).collectives == [], f.lower(x).collectives
+    assert f(x).sharding == tessel.NamedSharding(mesh, P("data"))
+
+    g = tessel.jit(lambda x: lax.while_loop(lambda v: v.sum() < 1000.0, lambda v: v * 2 + 1, x))
+    plan = g.lower(x)
+    reduces = [c for c in plan.collectives if c["op"] == "all_reduce"]
+    assert len(reduces) == 1 and "each time it runs" in reduces[0]["reason"], plan.collectives
+    ref = np.arange(4 * n, dtype=np.float32)
+    while ref.sum() < 1000:
+        ref = ref * 2 + 1
+    y = g(x)
+    np.testing.assert_array_equal(y.fetch(), ref)
+    assert y.sharding == tessel.NamedSharding(mesh, P("data"))
+
+    # scan over the rows of a matrix split by columns: each device scans its columns.
+    xs = np.arange(3 * 2 * n, dtype=np.float32).reshape(3, 2 * n)
+    h = tessel.jit(lambda xs: lax.scan(lambda c, r: (c + r, c * r), tnp.zeros((2 * n,), np.float32), xs))
+    xa = tessel.device_put(xs, tessel.NamedSharding(mesh, P(None, "data")))
+    carry, ys = h(xa)
+    assert h.lower(xa).collectives == [], h.lower(xa).collectives
+    c, want = np.zeros(2 * n, np.float32), []
+    for r in xs:
+        c, y_ = c + r, c * r
+        want.append(y_)
+    np.testing.assert_array_equal(carry.fetch(), c)
+    np.testing.assert_array_equal(ys.fetch(), np.stack(want))
