@@ -14,6 +14,7 @@
 #include "core/dtype.h"
 #include "core/sharding.h"
 #include "core/status.h"
+#include "scheduler/autodiff.h"
 #include "scheduler/fusion.h"
 #include "scheduler/program_walk.h"
 #include "scheduler/validator.h"
@@ -472,6 +473,12 @@ static absl::Status LowerFunctions(const TypedGraph& client, CompiledProgram& c,
 
 absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOptions& given) {
   TESSEL_ASSIGN_OR_RETURN(TypedGraph client, ValidateGraph(graph));
+  if (HasAutodiff(client.graph)) {
+    TESSEL_ASSIGN_OR_RETURN(v1::Graph expanded, ExpandAutodiff(client));
+    auto typed = ValidateGraph(expanded);
+    if (!typed.ok()) return Annotate(typed.status(), "internal: the graph with its gradients expanded does not check: ");
+    client = std::move(*typed);
+  }
   if (DropDeadNodes(client.graph)) {
     auto pruned = ValidateGraph(client.graph);
     if (!pruned.ok()) return Annotate(pruned.status(), "internal: the graph without its dead nodes does not check: ");

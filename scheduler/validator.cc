@@ -196,9 +196,42 @@ absl::StatusOr<std::vector<v1::TensorType>> InferControlFlow(const v1::Node& n,
   }
 }
 
+absl::StatusOr<std::vector<v1::TensorType>> InferVjp(const v1::Node& n, absl::Span<const v1::TensorType* const> ops,
+                                                     FunctionTable& table, const ValidateOptions& o) {
+  if (n.attrs_case() != v1::Node::kGrad) return InvalidArgumentError("missing attributes 'grad'");
+  const v1::GradAttrs& g = n.grad();
+  if (g.function().empty()) return InvalidArgumentError("names no function to differentiate");
+  TESSEL_ASSIGN_OR_RETURN(const FunctionSignature* f, table.Signature(g.function(), o));
+  const size_t np = f->parameters.size(), nr = f->results.size();
+  std::vector<v1::TensorType> want = f->parameters;
+  want.insert(want.end(), f->results.begin(), f->results.end());
+  std::vector<v1::TensorType> got;
+  for (const v1::TensorType* t : ops) got.push_back(*t);
+  if (got.size() != want.size()) {
+    return InvalidArgumentError(StrCat("vjp of '", g.function(), "' takes its ", np, " arguments and a cotangent for each of its ",
+                                       nr, " results: ", want.size(), " operands ", TypesString(want), "; got ",
+                                       got.size(), " ", TypesString(got)));
+  }
+  TESSEL_RETURN_IF_ERROR(CheckTypes("parameters", g.function(), got, want, "the vjp's operands: arguments, then cotangents"));
+  std::vector<v1::TensorType> results = f->results;
+  for (int p : g.wrt()) {
+    if (p < 0 || p >= int(np)) {
+      return InvalidArgumentError(StrCat("vjp of '", g.function(), "' with respect to parameter ", p, ": it has ", np));
+    }
+    const v1::DType d = f->parameters[p].dtype();
+    if (d != v1::F32 && d != v1::F64 && d != v1::F16 && d != v1::BF16) {
+      return InvalidArgumentError(StrCat("vjp of '", g.function(), "' with respect to parameter ", p, ": gradients need a ",
+                                         "floating-point input, got ", TypeString(f->parameters[p]), " (as jax.grad)"));
+    }
+    results.push_back(f->parameters[p]);
+  }
+  return results;
+}
+
 }  // namespace
 
 bool IsControlFlow(v1::Op op) { return op == v1::WHILE || op == v1::CONDITIONAL || op == v1::SCAN; }
+bool IsMultiResult(v1::Op op) { return IsControlFlow(op) || op == v1::VJP; }
 
 std::vector<std::string> CalledFunctions(const v1::Node& n) {
   if (!n.has_control()) return {};
@@ -273,7 +306,7 @@ absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateO
             "(nodes must be in topological order; a cycle or a dangling reference)"));
       }
       const v1::Node& def = tg.graph.nodes(it->second);
-      if (IsControlFlow(def.op()) != (n.op() == v1::TUPLE_ELEMENT)) {
+      if (IsMultiResult(def.op()) != (n.op() == v1::TUPLE_ELEMENT)) {
         return InvalidArgumentError(
             n.op() == v1::TUPLE_ELEMENT
                 ? StrCat(label, "operand '", def.name(), "' (", OpName(def.op()), ") has a single result; ",
@@ -284,8 +317,9 @@ absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateO
       operand_types.push_back(&def.type());
     }
     absl::StatusOr<v1::TensorType> type;
-    if (IsControlFlow(n.op())) {
-      auto results = InferControlFlow(n, operand_types, *table, options);
+    if (IsMultiResult(n.op())) {
+      auto results = n.op() == v1::VJP ? InferVjp(n, operand_types, *table, options)
+                                       : InferControlFlow(n, operand_types, *table, options);
       if (!results.ok()) return Annotate(results.status(), label);
       if (n.results_size() > 0) {
         const std::vector<v1::TensorType> declared(n.results().begin(), n.results().end());
@@ -348,7 +382,7 @@ absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateO
     if (it == tg.index_of.end()) {
       return InvalidArgumentError(StrCat("output ", i, " '", graph.outputs(i), "' names no node"));
     }
-    if (IsControlFlow(tg.graph.nodes(it->second).op())) {
+    if (IsMultiResult(tg.graph.nodes(it->second).op())) {
       return InvalidArgumentError(StrCat("output ", i, " '", graph.outputs(i), "' has several results; output ",
                                          "each through tuple_element"));
     }

@@ -53,6 +53,9 @@ struct FunctionTable {
 
 // True for WHILE, CONDITIONAL and SCAN.
 bool IsControlFlow(v1::Op op);
+// True for the ops of several results (read with TUPLE_ELEMENT): control
+// flow and VJP.
+bool IsMultiResult(v1::Op op);
 // The functions a control-flow node runs, in the order of its attrs.
 std::vector<std::string> CalledFunctions(const v1::Node& n);
 

@@ -1,0 +1,146 @@
+"""Reverse-mode autodiff: tessel.grad, value_and_grad and vjp.
+
+Each traces the function once into a function of the graph and emits a VJP
+node; the coordinator expands it into the forward pass and its transpose
+(scheduler/autodiff.cc), so every SDK gets the same gradients. Outside a
+trace each call runs as a one-off jitted program.
+"""
+import numpy as np
+
+from tessel import numpy as tnp
+from tessel import lax as _lax
+from tessel._jit import flatten, jit, unflatten
+from tessel._trace import Tracer, current_builder
+from tessel.v1 import ir_pb2
+
+__all__ = ["grad", "value_and_grad", "vjp"]
+
+_FLOATS = {np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)}
+
+
+def _is_float(dtype):
+    d = np.dtype(dtype)
+    return d in _FLOATS or d.name == "bfloat16"
+
+
+def _emit_vjp(parent, fun, leaves, paths, structure, cotangent_of, wrt):
+    """Traces `fun` over `leaves` (rebuilt into `structure`) as a function of
+    `parent`'s graph and emits its VJP: returns (the function's result leaves,
+    their structure, the cotangents of the leaves in `wrt`)."""
+    ops = _lax._operands(leaves)
+    specs = [_lax._spec(x) for x in ops]
+    b, out, out_paths, out_structure = _lax._trace(parent, "grad_fn", fun, specs, paths,
+                                                   lambda ps: unflatten(structure, ps))
+    captured, (caps,) = _lax._bind_captures([b], len(ops))
+    _lax._finish(b, out)
+    cts = cotangent_of(out, out_structure)
+
+    def attrs(node):
+        node.grad.function = b.graph.name
+        node.grad.wrt.extend(wrt)
+    result_specs = [_lax._spec(x) for x in out] + [specs[i] for i in wrt]
+    results = _lax._control_node(parent, ir_pb2.VJP, ops + captured + cts, attrs, result_specs)
+    return results[:len(out)], out_structure, results[len(out):]
+
+
+def _positions(args, argnums):
+    """Leaves of `args`, their paths, the structure, and per argnum the leaf
+    indices it covers."""
+    leaves, paths, spans = [], [], []
+    structures = []
+    for k, a in enumerate(args):
+        ls, ps, st = flatten(a, f"[{k}]")
+        spans.append(range(len(leaves), len(leaves) + len(ls)))
+        leaves += ls
+        paths += ps
+        structures.append(st)
+    return leaves, paths, ("tuple", tuple(structures)), spans
+
+
+def value_and_grad(fun, argnums=0, has_aux=False):
+    """jax.value_and_grad: (fun(*args), the gradient of its scalar result
+    with respect to the arguments in `argnums`) -- ((value, aux), grads)
+    with `has_aux`."""
+    single = isinstance(argnums, int)
+    nums = (argnums,) if single else tuple(argnums)
+
+    def wrapped(*args):
+        leaves, paths, structure, spans = _positions(args, nums)
+        if current_builder() is None and not any(isinstance(x, Tracer) for x in leaves):
+            return jit(wrapped)(*args)
+        for k in nums:
+            if k >= len(args):
+                raise TypeError(f"value_and_grad of {getattr(fun, '__name__', 'f')}: argnums {k} but "
+                                f"{len(args)} arguments")
+        wrt = [i for k in nums for i in spans[k]]
+        for i in wrt:
+            x = leaves[i]
+            dtype = x.dtype if hasattr(x, "dtype") else np.result_type(x)
+            if not _is_float(dtype):
+                raise TypeError(f"grad requires real-valued (floating-point) inputs; argument leaf {paths[i]} is "
+                                f"{np.dtype(dtype).name}")
+
+        def cotangents(out, out_structure):
+            value = out[0]
+            if value.shape != () or not _is_float(value.dtype):
+                raise TypeError("grad of a function whose result is not a real scalar: got "
+                                f"{_lax._describe(value.shape, value.dtype)}" +
+                                (" (with has_aux the function returns (value, aux))" if has_aux else ""))
+            return [tnp.ones((), value.dtype)] + [tnp.zeros(x.shape, x.dtype) for x in out[1:]]
+
+        def call(*rebuilt):
+            out = fun(*rebuilt)
+            if has_aux:
+                if not isinstance(out, (tuple, list)) or len(out) != 2:
+                    raise TypeError("value_and_grad with has_aux: the function must return (value, aux)")
+                return out
+            return out
+
+        out, out_structure, grads = _emit_vjp(current_builder(), lambda *a: call(*a), leaves, paths,
+                                              ("tuple", structure[1]), cotangents, wrt)
+        value = unflatten(out_structure, out)
+        per_arg = []
+        it = iter(grads)
+        for k in nums:
+            per_arg.append(unflatten(structure[1][k], [next(it) for _ in spans[k]]))
+        g = per_arg[0] if single else tuple(per_arg)
+        return value, g
+    return wrapped
+
+
+def grad(fun, argnums=0, has_aux=False):
+    """jax.grad: the gradient of fun's scalar result with respect to the
+    arguments in `argnums` ((grads, aux) with `has_aux`)."""
+    vg = value_and_grad(fun, argnums, has_aux)
+
+    def wrapped(*args):
+        value, g = vg(*args)
+        return (g, value[1]) if has_aux else g
+    return wrapped
+
+
+def vjp(fun, *primals):
+    """jax.vjp: (fun(*primals), vjp_fn) where vjp_fn(cotangent) gives one
+    cotangent per primal. Inside a trace."""
+    if current_builder() is None:
+        raise TypeError("tessel.vjp works inside a traced function (tessel.jit); use grad or value_and_grad "
+                        "for a one-off call")
+    out = fun(*primals)
+    leaves, paths, structure, spans = _positions(primals, range(len(primals)))
+    for i, x in enumerate(leaves):
+        dtype = x.dtype if hasattr(x, "dtype") else np.result_type(x)
+        if not _is_float(dtype):
+            raise TypeError(f"vjp requires floating-point primals; leaf {paths[i]} is {np.dtype(dtype).name}")
+
+    def vjp_fn(cotangent):
+        ct_leaves = flatten(cotangent)[0]
+
+        def cotangents(outs, out_structure):
+            if len(ct_leaves) != len(outs):
+                raise TypeError(f"vjp_fn: {len(ct_leaves)} cotangent leaves for {len(outs)} results")
+            return [tnp.astype(_lax._operands([c])[0], o.dtype) for c, o in zip(ct_leaves, outs)]
+        _, _, grads = _emit_vjp(current_builder(), fun, leaves, paths, structure, cotangents,
+                                list(range(len(leaves))))
+        it = iter(grads)
+        return tuple(unflatten(structure[1][k], [next(it) for _ in spans[k]]) for k in range(len(primals)))
+    return out, vjp_fn

@@ -1,0 +1,149 @@
+"""tessel.grad / value_and_grad / vjp against jax.grad on CPU (jax from
+PyPI) and central finite differences in float64."""
+import numpy as np
+import pytest
+
+import tessel
+import tessel.nn as tnn
+import tessel.numpy as tnp
+from tessel import lax
+
+jax = pytest.importorskip("jax")
+jax.config.update("jax_platforms", "cpu")
+jax.config.update("jax_enable_x64", True)
+jnp = jax.numpy
+
+RNG = np.random.default_rng(7)
+
+
+def rand(*shape, lo=-1.0, hi=1.0):
+    return RNG.uniform(lo, hi, shape).astype(np.float64)
+
+
+def check_grad(f, *args, argnums=0, rtol=1e-9, atol=1e-10):
+    """tessel.grad of f(tnp, ...) against jax.grad of f(jnp, ...)."""
+    ours = tessel.jit(tessel.grad(lambda *a: f(tnp, *a), argnums=argnums))(*args)
+    theirs = jax.grad(lambda *a: f(jnp, *a), argnums=argnums)(*args)
+    ours = ours if isinstance(ours, tuple) else (ours,)
+    theirs = theirs if isinstance(theirs, tuple) else (theirs,)
+    for o, t in zip(ours, theirs):
+        np.testing.assert_allclose(o.fetch(), np.asarray(t), rtol=rtol, atol=atol)
+
+
+UNARY = {
+    "exp": lambda xp, x: xp.exp(x), "log": lambda xp, x: xp.log(xp.abs(x) + 0.5), "log1p": lambda xp, x: xp.log1p(x * x),
+    "tanh": lambda xp, x: xp.tanh(x), "sigmoid": lambda xp, x: 1 / (1 + xp.exp(-x)),
+    "sqrt": lambda xp, x: xp.sqrt(x * x + 1), "abs": lambda xp, x: xp.abs(x), "neg": lambda xp, x: -x,
+    "square": lambda xp, x: x * x, "reciprocal": lambda xp, x: 1 / (x + 3), "power": lambda xp, x: (x + 2) ** 1.7,
+    "power_y": lambda xp, x: 1.3 ** x, "maximum": lambda xp, x: xp.maximum(x, 0.1), "minimum": lambda xp, x: xp.minimum(x, -0.2),
+    "where": lambda xp, x: xp.where(x > 0, x * 3, x * x), "clip": lambda xp, x: xp.clip(x, -0.5, 0.5),
+    "floor": lambda xp, x: xp.floor(x * 3) * x, "remainder": lambda xp, x: xp.remainder(x * 5, 0.7),
+    "astype": lambda xp, x: (x.astype(xp.float32) * 2).astype(xp.float64),
+}
+
+
+@pytest.mark.parametrize("name", list(UNARY))
+def test_elementwise_gradients_match_jax(session, name):
+    x, w = rand(3, 4), rand(3, 4)
+    f = UNARY[name]
+    check_grad(lambda xp, x, w: (f(xp, x) * w).sum(), x, w, rtol=1e-6 if name == "astype" else 1e-9)
+
+
+LAYOUT = {
+    "reshape": lambda xp, x: x.reshape(6, 2), "transpose": lambda xp, x: x.T, "slice": lambda xp, x: x[1:, ::2],
+    "pad": lambda xp, x: xp.pad(x, ((1, 2), (0, 1))), "concat": lambda xp, x: xp.concatenate([x, x * 2], axis=1),
+    "broadcast": lambda xp, x: xp.broadcast_to(x[:, :1], (3, 4)) + x.sum(axis=0),
+    "sum": lambda xp, x: x.sum(axis=1, keepdims=True) * x, "mean": lambda xp, x: x.mean(axis=0),
+    "max": lambda xp, x: x.max(axis=1), "min": lambda xp, x: x.min(), "prod": lambda xp, x: (x + 2).prod(axis=0),
+    "var": lambda xp, x: xp.var(x, axis=1), "matmul": lambda xp, x: x @ x.T,
+    "einsum": lambda xp, x: xp.einsum("ij,kj->ik", x, x * x), "tensordot": lambda xp, x: xp.tensordot(x, x, axes=([1], [1])),
+    "softmax": lambda xp, x: (tnn if xp is tnp else jax.nn).softmax(x, axis=-1),
+    "log_softmax": lambda xp, x: (tnn if xp is tnp else jax.nn).log_softmax(x, axis=0),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYOUT))
+def test_structural_gradients_match_jax(session, name):
+    x = rand(3, 4)
+    f = LAYOUT[name]
+    check_grad(lambda xp, x: (f(xp, x) ** 2).sum(), x)
+
+
+def test_batched_dot_general_gradients_match_jax(session):
+    a, b = rand(2, 3, 4), rand(2, 4, 5)
+    check_grad(lambda xp, a, b: xp.tanh(xp.einsum("bij,bjk->bik", a, b)).sum(), a, b, argnums=(0, 1))
+
+
+def test_mlp_loss_gradients_match_finite_differences(session):
+    x, t = rand(8, 5), rand(8, 1)
+    w1, w2 = rand(5, 6), rand(6, 1)
+
+    def loss(xp, w1, w2):
+        h = xp.maximum(x @ w1, 0.0)
+        return ((h @ w2 - t) ** 2).mean()
+    g1, g2 = tessel.jit(tessel.grad(lambda a, b: loss(tnp, a, b), argnums=(0, 1)))(w1, w2)
+    eps = 1e-6
+    for g, w, k in ((g1.fetch(), w1, 0), (g2.fetch(), w2, 1)):
+        fd = np.zeros_like(w)
+        for idx in np.ndindex(w.shape):
+            hi, lo = w.copy(), w.copy()
+            hi[idx] += eps
+            lo[idx] -= eps
+            args_hi = (hi, w2) if k == 0 else (w1, hi)
+            args_lo = (lo, w2) if k == 0 else (w1, lo)
+            fd[idx] = (loss(np, *args_hi) - loss(np, *args_lo)) / (2 * eps)
+        np.testing.assert_allclose(g, fd, rtol=1e-5, atol=1e-8)
+
+
+def test_value_and_grad_over_pytrees_with_aux_and_argnums(session):
+    params = {"w": rand(4, 3), "b": rand(3)}
+    x = rand(5, 4)
+
+    def loss(xp, p, x):
+        y = xp.tanh(x @ p["w"] + p["b"])
+        return (y * y).sum(), y.mean()
+    (v, aux), g = tessel.jit(tessel.value_and_grad(lambda p, x: loss(tnp, p, x), has_aux=True))(params, x)
+    (jv, jaux), jg = jax.value_and_grad(lambda p, x: loss(jnp, p, x), has_aux=True)(params, x)
+    np.testing.assert_allclose(float(v.fetch()), float(jv), rtol=1e-12)
+    np.testing.assert_allclose(float(aux.fetch()), float(jaux), rtol=1e-12)
+    for k in ("w", "b"):
+        np.testing.assert_allclose(g[k].fetch(), np.asarray(jg[k]), rtol=1e-9)
+    # Eagerly, on arrays, and with respect to the second argument.
+    gx = tessel.grad(lambda p, x: loss(tnp, p, x)[0], argnums=1)(params, tessel.device_put(x))
+    np.testing.assert_allclose(gx.fetch(), np.asarray(jax.grad(lambda p, x: loss(jnp, p, x)[0], argnums=1)(params, x)),
+                               rtol=1e-9)
+
+
+def test_vjp_inside_jit(session):
+    x, ct = rand(3, 4), rand(4, 3)
+
+    @tessel.jit
+    def f(x, ct):
+        y, back = tessel.vjp(lambda a: tnp.sin(a).T if hasattr(tnp, "sin") else tnp.tanh(a).T, x)
+        return y, back(ct)[0]
+    y, dx = f(x, ct)
+    jy, jback = jax.vjp(lambda a: (jnp.sin(a).T if hasattr(tnp, "sin") else jnp.tanh(a).T), x)
+    np.testing.assert_allclose(y.fetch(), np.asarray(jy), rtol=1e-12)
+    np.testing.assert_allclose(dx.fetch(), np.asarray(jback(ct)[0]), rtol=1e-9)
+
+
+def test_sgd_with_autodiff_gradients_in_a_device_loop_matches_jax(session):
+    X, y = rand(32, 4), rand(32)
+
+    def loss(xp, w):
+        return ((X @ w - y) ** 2).mean()
+
+    def train(xp, g, L, w):
+        return L.fori_loop(0, 20, lambda i, w: w - 0.1 * g(lambda w: loss(xp, w))(w), w)
+    ours = tessel.jit(lambda w: train(tnp, tessel.grad, lax, w))(np.zeros(4)).fetch()
+    theirs = np.asarray(jax.jit(lambda w: train(jnp, jax.grad, jax.lax, w))(np.zeros(4)))
+    np.testing.assert_allclose(ours, theirs, rtol=1e-12)
+
+
+def test_gradient_errors_say_what_is_wrong(session):
+    with pytest.raises(TypeError, match="not a real scalar"):
+        tessel.jit(tessel.grad(lambda x: x * 2))(rand(3))
+    with pytest.raises(TypeError, match="floating-point"):
+        tessel.jit(tessel.grad(lambda x: (x * 2).sum()))(np.arange(3))
+    with pytest.raises(tessel.InvalidArgumentError, match="reverse mode needs a trip count known at compile time"):
+        tessel.jit(tessel.grad(lambda x: lax.while_loop(lambda v: v < 10.0, lambda v: v * 2, x)))(np.float64(1.5))

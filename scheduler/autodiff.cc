@@ -1,0 +1,615 @@
+#include "scheduler/autodiff.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "core/dtype.h"
+#include "core/shape_inference.h"
+#include "core/status.h"
+
+namespace tessel::scheduler {
+namespace {
+
+using absl::StrCat;
+
+bool IsFloat(v1::DType d) { return d == v1::F32 || d == v1::F64 || d == v1::F16 || d == v1::BF16; }
+
+std::vector<int64_t> Dims(const v1::TensorType& t) { return {t.dims().begin(), t.dims().end()}; }
+
+// Appends typed nodes to a graph. The first error sticks (status()); after
+// it every call returns an empty name.
+class Emitter {
+ public:
+  Emitter(v1::Graph& out, absl::flat_hash_set<std::string>& used) : out_(out), used_(used) {}
+
+  absl::Status status() const { return status_; }
+  const v1::TensorType& type(const std::string& v) const { return types_.at(v); }
+  void Declare(const std::string& name, const v1::TensorType& t) { types_[name] = t; }
+
+  std::string Fresh(const std::string& base) {
+    std::string name = base;
+    for (int k = 1; !used_.insert(name).second; ++k) name = StrCat(base, ".", k);
+    return name;
+  }
+
+  // Appends `n` (named after `base`), typed from its operands.
+  std::string Emit(v1::Node n, const std::string& base) {
+    if (!status_.ok()) return "";
+    n.set_name(Fresh(base));
+    if (n.op() != v1::CONSTANT) {
+      std::vector<const v1::TensorType*> ops;
+      for (const std::string& o : n.operands()) {
+        auto it = types_.find(o);
+        if (it == types_.end()) {
+          status_ = absl::InternalError(StrCat("vjp: ", OpName(n.op()), " reads '", o, "', which has no type"));
+          return "";
+        }
+        ops.push_back(&it->second);
+      }
+      n.clear_type();
+      auto t = InferType(n, ops);
+      if (!t.ok()) {
+        status_ = Annotate(t.status(), StrCat("internal: vjp node '", n.name(), "' (", OpName(n.op()), "): "));
+        return "";
+      }
+      *n.mutable_type() = *t;
+    }
+    types_[n.name()] = n.type();
+    const std::string name = n.name();
+    *out_.add_nodes() = std::move(n);
+    return name;
+  }
+
+  v1::Node Op(v1::Op op, std::initializer_list<std::string> operands) {
+    v1::Node n;
+    n.set_op(op);
+    for (const std::string& o : operands) n.add_operands(o);
+    return n;
+  }
+  std::string Unary(v1::Op op, const std::string& a) { return Emit(Op(op, {a}), base_); }
+  std::string Binary(v1::Op op, const std::string& a, const std::string& b) { return Emit(Op(op, {a, b}), base_); }
+  std::string Compare(v1::CompareDirection d, const std::string& a, const std::string& b) {
+    v1::Node n = Op(v1::COMPARE, {a, b});
+    n.mutable_compare()->set_direction(d);
+    return Emit(std::move(n), base_);
+  }
+  std::string Select(const std::string& p, const std::string& a, const std::string& b) {
+    return Emit(Op(v1::SELECT, {p, a, b}), base_);
+  }
+  std::string Convert(const std::string& a, v1::DType d) {
+    if (status_.ok() && type(a).dtype() == d) return a;
+    v1::Node n = Op(v1::CONVERT, {a});
+    n.mutable_convert()->set_dtype(d);
+    return Emit(std::move(n), base_);
+  }
+  // Every element `v`, of type `t`.
+  std::string Fill(const v1::TensorType& t, double v) {
+    v1::Node n = Op(v1::CONSTANT, {});
+    *n.mutable_type() = t;
+    n.mutable_constant()->mutable_fill()->set_f(v);
+    return Emit(std::move(n), base_);
+  }
+  std::string Like(const std::string& a, double v) { return status_.ok() ? Fill(type(a), v) : ""; }
+  std::string Broadcast(const std::string& a, const std::vector<int64_t>& dims, const std::vector<int64_t>& bdims) {
+    v1::Node n = Op(v1::BROADCAST_IN_DIM, {a});
+    n.mutable_broadcast_in_dim();
+    for (int64_t d : dims) n.mutable_broadcast_in_dim()->add_dims(d);
+    for (int64_t d : bdims) n.mutable_broadcast_in_dim()->add_broadcast_dimensions(d);
+    return Emit(std::move(n), base_);
+  }
+  std::string Reduce(const std::string& a, v1::ReduceKind k, const std::vector<int64_t>& dims) {
+    if (dims.empty()) return a;
+    v1::Node n = Op(v1::REDUCE, {a});
+    n.mutable_reduce()->set_kind(k);
+    for (int64_t d : dims) n.mutable_reduce()->add_dims(d);
+    return Emit(std::move(n), base_);
+  }
+  std::string SumAll(const std::string& a) {
+    if (!status_.ok()) return "";
+    std::vector<int64_t> all(type(a).dims_size());
+    std::iota(all.begin(), all.end(), 0);
+    return Reduce(a, v1::SUM, all);
+  }
+  std::string Reshape(const std::string& a, const std::vector<int64_t>& dims) {
+    if (status_.ok() && Dims(type(a)) == dims) return a;
+    v1::Node n = Op(v1::RESHAPE, {a});
+    n.mutable_reshape();
+    for (int64_t d : dims) n.mutable_reshape()->add_dims(d);
+    return Emit(std::move(n), base_);
+  }
+  std::string Transpose(const std::string& a, const std::vector<int64_t>& perm) {
+    bool identity = true;
+    for (size_t i = 0; i < perm.size(); ++i) identity &= perm[i] == int64_t(i);
+    if (identity) return a;
+    v1::Node n = Op(v1::TRANSPOSE, {a});
+    for (int64_t p : perm) n.mutable_transpose()->add_permutation(p);
+    return Emit(std::move(n), base_);
+  }
+  std::string Slice(const std::string& a, const std::vector<int64_t>& start, const std::vector<int64_t>& limit,
+                    const std::vector<int64_t>& strides) {
+    v1::Node n = Op(v1::SLICE, {a});
+    n.mutable_slice();
+    for (size_t i = 0; i < start.size(); ++i) {
+      n.mutable_slice()->add_start(start[i]);
+      n.mutable_slice()->add_limit(limit[i]);
+      n.mutable_slice()->add_strides(strides[i]);
+    }
+    return Emit(std::move(n), base_);
+  }
+  std::string Pad(const std::string& a, const std::string& value, const std::vector<int64_t>& low,
+                  const std::vector<int64_t>& high, const std::vector<int64_t>& interior) {
+    v1::Node n = Op(v1::PAD, {a, value});
+    n.mutable_pad();
+    for (size_t i = 0; i < low.size(); ++i) {
+      n.mutable_pad()->add_low(low[i]);
+      n.mutable_pad()->add_high(high[i]);
+      n.mutable_pad()->add_interior(interior[i]);
+    }
+    return Emit(std::move(n), base_);
+  }
+  std::string Dot(const std::string& a, const std::string& b, const std::vector<int64_t>& ab,
+                  const std::vector<int64_t>& bb, const std::vector<int64_t>& ac, const std::vector<int64_t>& bc) {
+    v1::Node n = Op(v1::DOT_GENERAL, {a, b});
+    v1::DotGeneralAttrs& d = *n.mutable_dot_general();
+    for (int64_t x : ab) d.add_lhs_batch(x);
+    for (int64_t x : bb) d.add_rhs_batch(x);
+    for (int64_t x : ac) d.add_lhs_contracting(x);
+    for (int64_t x : bc) d.add_rhs_contracting(x);
+    return Emit(std::move(n), base_);
+  }
+
+  void set_base(std::string b) { base_ = std::move(b); }
+  void Fail(absl::Status s) {
+    if (status_.ok()) status_ = std::move(s);
+  }
+
+ private:
+  v1::Graph& out_;
+  absl::flat_hash_set<std::string>& used_;
+  absl::flat_hash_map<std::string, v1::TensorType> types_;
+  absl::Status status_;
+  std::string base_;
+};
+
+// The free dimensions of a dot operand (neither batch nor contracting), in order.
+std::vector<int64_t> FreeDims(int rank, const google::protobuf::RepeatedField<int64_t>& batch,
+                              const google::protobuf::RepeatedField<int64_t>& contracting) {
+  std::vector<int64_t> free;
+  for (int d = 0; d < rank; ++d) {
+    if (std::find(batch.begin(), batch.end(), d) == batch.end() &&
+        std::find(contracting.begin(), contracting.end(), d) == contracting.end()) {
+      free.push_back(d);
+    }
+  }
+  return free;
+}
+
+// One VJP node's expansion into `e`.
+class Vjp {
+ public:
+  Vjp(Emitter& e, const v1::Node& node, const TypedGraph& f, std::vector<std::string> args,
+      std::vector<std::string> cotangents)
+      : e_(e), node_(node), f_(f), args_(std::move(args)), cts_(std::move(cotangents)) {}
+
+  // The names of the node's results: F's results, then the cotangents of `wrt`.
+  absl::StatusOr<std::vector<std::string>> Run() {
+    const std::string prefix = StrCat(node_.name(), "/");
+    const std::string fn = node_.grad().function();
+    // Forward: F's nodes, inlined.
+    e_.set_base(prefix + "fwd");
+    for (const v1::Node& n : f_.graph.nodes()) {
+      if (n.op() == v1::PARAMETER) {
+        fwd_[n.name()] = args_[n.parameter().index()];
+        continue;
+      }
+      if (n.op() == v1::VJP) {
+        return absl::UnimplementedError(StrCat("vjp of '", fn, "': node '", n.name(), "' is itself a vjp (a gradient ",
+                                               "of a gradient), which is not supported yet"));
+      }
+      v1::Node c = n;
+      c.clear_operands();
+      for (const std::string& o : n.operands()) c.add_operands(fwd_.at(o));
+      const std::string name = e_.Fresh(StrCat(prefix, n.name()));
+      c.set_name(name);
+      e_.Declare(name, n.type());
+      fwd_[n.name()] = name;
+      pending_.push_back(std::move(c));
+    }
+    // Only values that depend on a parameter in `wrt` take a cotangent.
+    for (int p : node_.grad().wrt()) active_.insert(f_.graph.nodes(f_.parameters[p]).name());
+    for (const v1::Node& n : f_.graph.nodes()) {
+      for (const std::string& o : n.operands()) {
+        if (active_.contains(o)) active_.insert(n.name());
+      }
+    }
+    // Backward: the cotangents, from F's results back to its parameters.
+    for (int j = 0; j < f_.graph.outputs_size(); ++j) Accumulate(f_.graph.outputs(j), cts_[j]);
+    e_.set_base(prefix + "bwd");
+    for (int i = f_.graph.nodes_size() - 1; i >= 0; --i) {
+      const v1::Node& n = f_.graph.nodes(i);
+      auto it = ct_.find(n.name());
+      if (it == ct_.end() || n.op() == v1::PARAMETER) continue;
+      const std::string ct = it->second;  // a copy: the map grows under Transpose
+      TESSEL_RETURN_IF_ERROR(Transpose(n, ct));
+      TESSEL_RETURN_IF_ERROR(e_.status());
+    }
+    std::vector<std::string> results;
+    for (const std::string& o : f_.graph.outputs()) results.push_back(fwd_.at(o));
+    for (int p : node_.grad().wrt()) {
+      const v1::Node& prm = f_.graph.nodes(f_.parameters[p]);
+      auto it = ct_.find(prm.name());
+      results.push_back(it != ct_.end() ? it->second : e_.Fill(prm.type(), 0.0));
+    }
+    TESSEL_RETURN_IF_ERROR(e_.status());
+    return results;
+  }
+
+  // The forward nodes, to be emitted before the backward ones (they are
+  // collected first so that a node's name is known to the backward pass).
+  std::vector<v1::Node>& forward() { return pending_; }
+
+ private:
+  const v1::TensorType& TypeOf(const std::string& f_name) const {
+    return f_.graph.nodes(f_.index_of.at(f_name)).type();
+  }
+  // Adds `ct` to the cotangent of F's value `v` (floats only).
+  void Accumulate(const std::string& v, const std::string& ct) {
+    if (ct.empty() || !active_.contains(v) || !IsFloat(TypeOf(v).dtype())) return;
+    auto [it, fresh] = ct_.emplace(v, ct);
+    if (!fresh) it->second = e_.Binary(v1::ADD, it->second, ct);
+  }
+
+  absl::Status Transpose(const v1::Node& n, const std::string& ct) {
+    auto a = [&](int k) { return fwd_.at(n.operands(k)); };
+    const std::string out = fwd_.at(n.name());
+    auto into = [&](int k, const std::string& v) { Accumulate(n.operands(k), v); };
+    auto one = [&] { return e_.Like(ct, 1.0); };
+    switch (n.op()) {
+      case v1::CONSTANT:
+      case v1::SIGN:
+      case v1::FLOOR:
+      case v1::CEIL:
+      case v1::ROUND:
+      case v1::ARGMAX:
+      case v1::ARGMIN:
+      case v1::COMPARE:
+        return absl::OkStatus();  // constant, or piecewise constant: no cotangent flows
+      case v1::ADD: into(0, ct); into(1, ct); return absl::OkStatus();
+      case v1::SUB: into(0, ct); into(1, e_.Unary(v1::NEG, ct)); return absl::OkStatus();
+      case v1::MUL:
+        into(0, e_.Binary(v1::MUL, ct, a(1)));
+        into(1, e_.Binary(v1::MUL, ct, a(0)));
+        return absl::OkStatus();
+      case v1::DIV:
+        into(0, e_.Binary(v1::DIV, ct, a(1)));
+        into(1, e_.Unary(v1::NEG, e_.Binary(v1::DIV, e_.Binary(v1::MUL, ct, out), a(1))));
+        return absl::OkStatus();
+      case v1::NEG: into(0, e_.Unary(v1::NEG, ct)); return absl::OkStatus();
+      case v1::ABS: into(0, e_.Binary(v1::MUL, ct, e_.Unary(v1::SIGN, a(0)))); return absl::OkStatus();
+      case v1::EXP: into(0, e_.Binary(v1::MUL, ct, out)); return absl::OkStatus();
+      case v1::LOG: into(0, e_.Binary(v1::DIV, ct, a(0))); return absl::OkStatus();
+      case v1::LOG1P: into(0, e_.Binary(v1::DIV, ct, e_.Binary(v1::ADD, a(0), one()))); return absl::OkStatus();
+      case v1::TANH:
+        into(0, e_.Binary(v1::MUL, ct, e_.Binary(v1::SUB, one(), e_.Binary(v1::MUL, out, out))));
+        return absl::OkStatus();
+      case v1::LOGISTIC:
+        into(0, e_.Binary(v1::MUL, ct, e_.Binary(v1::MUL, out, e_.Binary(v1::SUB, one(), out))));
+        return absl::OkStatus();
+      case v1::SQRT:
+        into(0, e_.Binary(v1::DIV, e_.Binary(v1::MUL, ct, e_.Like(ct, 0.5)), out));
+        return absl::OkStatus();
+      case v1::RSQRT:  // d x^-1/2 = -x^-1/2 / (2x)
+        into(0, e_.Binary(v1::MUL, ct, e_.Binary(v1::DIV, e_.Binary(v1::MUL, out, e_.Like(ct, -0.5)), a(0))));
+        return absl::OkStatus();
+      case v1::POW: {
+        // As JAX: d/dx is 0 where y is 0; d/dy is 0 where x is 0.
+        const std::string zero = e_.Like(ct, 0.0);
+        const std::string dx = e_.Binary(v1::MUL, a(1), e_.Binary(v1::POW, a(0), e_.Binary(v1::SUB, a(1), one())));
+        into(0, e_.Binary(v1::MUL, ct, e_.Select(e_.Compare(v1::EQ, a(1), zero), zero, dx)));
+        const std::string safe_x = e_.Select(e_.Compare(v1::EQ, a(0), zero), one(), a(0));
+        into(1, e_.Binary(v1::MUL, ct, e_.Binary(v1::MUL, out, e_.Unary(v1::LOG, safe_x))));
+        return absl::OkStatus();
+      }
+      case v1::MAX:
+      case v1::MIN: {
+        // As JAX: the operand equal to the result takes the cotangent; a tie splits it.
+        const std::string zero = e_.Like(ct, 0.0), half = e_.Like(ct, 0.5);
+        auto share = [&](const std::string& x, const std::string& other) {
+          return e_.Select(e_.Compare(v1::EQ, x, out),
+                           e_.Select(e_.Compare(v1::EQ, other, out), half, one()), zero);
+        };
+        into(0, e_.Binary(v1::MUL, ct, share(a(0), a(1))));
+        into(1, e_.Binary(v1::MUL, ct, share(a(1), a(0))));
+        return absl::OkStatus();
+      }
+      case v1::REM: {  // x - y * trunc(x / y)
+        into(0, ct);
+        const std::string q = e_.Binary(v1::DIV, a(0), a(1));
+        const std::string trunc = e_.Binary(v1::MUL, e_.Unary(v1::SIGN, q), e_.Unary(v1::FLOOR, e_.Unary(v1::ABS, q)));
+        into(1, e_.Unary(v1::NEG, e_.Binary(v1::MUL, ct, trunc)));
+        return absl::OkStatus();
+      }
+      case v1::SELECT: {
+        const std::string zero = e_.Like(ct, 0.0);
+        into(1, e_.Select(a(0), ct, zero));
+        into(2, e_.Select(a(0), zero, ct));
+        return absl::OkStatus();
+      }
+      case v1::CLAMP: {  // (lo, x, hi), as JAX: x inside (lo, hi) takes it
+        const std::string x = a(1);
+        auto like_x = [&](int k) {
+          const v1::TensorType& t = e_.type(a(k));
+          return t.dims_size() == e_.type(x).dims_size() ? a(k) : e_.Broadcast(a(k), Dims(e_.type(x)), {});
+        };
+        const std::string lo = like_x(0), hi = like_x(2), zero = e_.Like(ct, 0.0);
+        const std::string inside = e_.Binary(v1::AND, e_.Compare(v1::GT, x, lo), e_.Compare(v1::LT, x, hi));
+        into(1, e_.Select(inside, ct, zero));
+        auto bound = [&](int k, const std::string& mask) {
+          const std::string g = e_.Select(mask, ct, zero);
+          into(k, e_.type(a(k)).dims_size() == e_.type(x).dims_size() ? g : e_.SumAll(g));
+        };
+        bound(0, e_.Binary(v1::AND, e_.Compare(v1::GT, lo, x), e_.Compare(v1::LT, lo, hi)));
+        bound(2, e_.Compare(v1::LT, hi, x));
+        return absl::OkStatus();
+      }
+      case v1::CONVERT:
+        if (IsFloat(TypeOf(n.operands(0)).dtype())) into(0, e_.Convert(ct, TypeOf(n.operands(0)).dtype()));
+        return absl::OkStatus();
+      case v1::SHARDING_CONSTRAINT: into(0, ct); return absl::OkStatus();
+      case v1::RESHAPE: into(0, e_.Reshape(ct, Dims(TypeOf(n.operands(0))))); return absl::OkStatus();
+      case v1::TRANSPOSE: {
+        const auto& perm = n.transpose().permutation();
+        std::vector<int64_t> inverse(perm.size());
+        for (int i = 0; i < perm.size(); ++i) inverse[perm[i]] = i;
+        into(0, e_.Transpose(ct, inverse));
+        return absl::OkStatus();
+      }
+      case v1::BROADCAST_IN_DIM: {
+        const std::vector<int64_t> in = Dims(TypeOf(n.operands(0))), res = Dims(n.type());
+        const auto& bd = n.broadcast_in_dim().broadcast_dimensions();
+        std::vector<int64_t> sum;
+        for (int d = 0; d < int(res.size()); ++d) {
+          const auto it = std::find(bd.begin(), bd.end(), d);
+          if (it == bd.end() || (in[it - bd.begin()] == 1 && res[d] != 1)) sum.push_back(d);
+        }
+        into(0, e_.Reshape(e_.Reduce(ct, v1::SUM, sum), in));
+        return absl::OkStatus();
+      }
+      case v1::REDUCE: {
+        const std::vector<int64_t> in = Dims(TypeOf(n.operands(0)));
+        const auto& rd = n.reduce().dims();
+        std::vector<int64_t> kept;
+        for (int d = 0; d < int(in.size()); ++d) {
+          if (std::find(rd.begin(), rd.end(), d) == rd.end()) kept.push_back(d);
+        }
+        const std::string spread = e_.Broadcast(ct, in, kept);
+        switch (n.reduce().kind()) {
+          case v1::SUM: into(0, spread); break;
+          case v1::PROD:  // out / x: not defined where x is 0
+            into(0, e_.Binary(v1::DIV, e_.Binary(v1::MUL, spread, e_.Broadcast(out, in, kept)), a(0)));
+            break;
+          default: {  // max, min: the elements equal to the result share it (as JAX)
+            const std::string hit = e_.Convert(e_.Compare(v1::EQ, a(0), e_.Broadcast(out, in, kept)),
+                                               TypeOf(n.operands(0)).dtype());
+            const std::vector<int64_t> rdims(rd.begin(), rd.end());
+            const std::string count = e_.Reduce(hit, v1::SUM, rdims);
+            into(0, e_.Binary(v1::MUL, e_.Broadcast(e_.Binary(v1::DIV, ct, count), in, kept), hit));
+          }
+        }
+        return absl::OkStatus();
+      }
+      case v1::SLICE: {
+        const std::vector<int64_t> in = Dims(TypeOf(n.operands(0))), res = Dims(n.type());
+        const v1::SliceAttrs& s = n.slice();
+        std::vector<int64_t> low(in.size()), high(in.size()), interior(in.size());
+        for (size_t d = 0; d < in.size(); ++d) {
+          const int64_t stride = d < size_t(s.strides_size()) && s.strides(d) > 0 ? s.strides(d) : 1;
+          low[d] = s.start(d);
+          interior[d] = res[d] > 0 ? stride - 1 : 0;
+          const int64_t covered = res[d] > 0 ? s.start(d) + (res[d] - 1) * stride + 1 : s.start(d);
+          high[d] = in[d] - covered;
+        }
+        const v1::TensorType scalar = [&] {
+          v1::TensorType t;
+          t.set_dtype(e_.type(ct).dtype());
+          return t;
+        }();
+        into(0, e_.Pad(ct, e_.Fill(scalar, 0.0), low, high, interior));
+        return absl::OkStatus();
+      }
+      case v1::PAD: {
+        const std::vector<int64_t> in = Dims(TypeOf(n.operands(0)));
+        const v1::PadAttrs& p = n.pad();
+        std::vector<int64_t> start(in.size()), limit(in.size()), strides(in.size());
+        for (size_t d = 0; d < in.size(); ++d) {
+          const int64_t interior = d < size_t(p.interior_size()) ? p.interior(d) : 0;
+          if (p.low(d) < 0 || p.high(d) < 0) {
+            return absl::UnimplementedError(StrCat("vjp of '", node_.grad().function(), "': pad '", n.name(),
+                                                   "' has negative padding, which has no transposition rule yet"));
+          }
+          start[d] = p.low(d);
+          strides[d] = interior + 1;
+          limit[d] = in[d] == 0 ? start[d] : p.low(d) + (in[d] - 1) * (interior + 1) + 1;
+        }
+        const std::string inner = e_.Slice(ct, start, limit, strides);
+        into(0, inner);
+        into(1, e_.Binary(v1::SUB, e_.SumAll(ct), e_.SumAll(inner)));
+        return absl::OkStatus();
+      }
+      case v1::CONCATENATE: {
+        const std::vector<int64_t> res = Dims(n.type());
+        const int64_t dim = n.concatenate().dimension();
+        int64_t offset = 0;
+        for (int k = 0; k < n.operands_size(); ++k) {
+          const std::vector<int64_t> in = Dims(TypeOf(n.operands(k)));
+          std::vector<int64_t> start(res.size(), 0), limit = res, strides(res.size(), 1);
+          start[dim] = offset;
+          limit[dim] = offset + in[dim];
+          offset += in[dim];
+          into(k, e_.Slice(ct, start, limit, strides));
+        }
+        return absl::OkStatus();
+      }
+      case v1::DOT_GENERAL: return TransposeDot(n, ct);
+      default:
+        break;
+    }
+    const std::string where = StrCat("vjp of '", node_.grad().function(), "': node '", n.name(), "' (", OpName(n.op()), ")");
+    if (n.op() == v1::TUPLE_ELEMENT) {
+      const v1::Node& src = f_.graph.nodes(f_.index_of.at(n.operands(0)));
+      if (src.op() == v1::WHILE) {
+        return absl::InvalidArgumentError(StrCat(
+            where, " reads while loop '", src.name(), "': reverse mode needs a trip count known at compile time, ",
+            "as in JAX; write the loop as scan or as fori_loop with Python int bounds"));
+      }
+      return absl::UnimplementedError(StrCat(where, " reads ", OpName(src.op()), " '", src.name(),
+                                             "', which reverse mode does not differentiate yet"));
+    }
+    return absl::UnimplementedError(StrCat(where, ": reverse mode has no transposition rule for it yet"));
+  }
+
+  // out[B, Fl, Fr] = lhs[B, Fl, C] . rhs[B, C, Fr] (dimensions in any order).
+  absl::Status TransposeDot(const v1::Node& n, const std::string& ct) {
+    const v1::DotGeneralAttrs& d = n.dot_general();
+    const v1::TensorType& lt = TypeOf(n.operands(0));
+    const v1::TensorType& rt = TypeOf(n.operands(1));
+    const std::vector<int64_t> lfree = FreeDims(lt.dims_size(), d.lhs_batch(), d.lhs_contracting());
+    const std::vector<int64_t> rfree = FreeDims(rt.dims_size(), d.rhs_batch(), d.rhs_contracting());
+    const int64_t nb = d.lhs_batch_size();
+    std::vector<int64_t> ct_batch(nb), ct_lfree(lfree.size()), ct_rfree(rfree.size());
+    std::iota(ct_batch.begin(), ct_batch.end(), 0);
+    std::iota(ct_lfree.begin(), ct_lfree.end(), nb);
+    std::iota(ct_rfree.begin(), ct_rfree.end(), nb + int64_t(lfree.size()));
+    const std::string lhs = fwd_.at(n.operands(0)), rhs = fwd_.at(n.operands(1));
+    // d lhs = ct . rhs over Fr: [B, Fl, rhs's contracting dims in rhs order].
+    auto side = [&](const std::string& other, const google::protobuf::RepeatedField<int64_t>& other_batch,
+                    const std::vector<int64_t>& other_free, const std::vector<int64_t>& ct_other_free,
+                    const std::vector<int64_t>& ct_mine_free, const google::protobuf::RepeatedField<int64_t>& my_batch,
+                    const google::protobuf::RepeatedField<int64_t>& my_contracting,
+                    const google::protobuf::RepeatedField<int64_t>& other_contracting,
+                    const std::vector<int64_t>& my_free, int my_rank, v1::DType my_dtype) {
+      const std::string g = e_.Dot(ct, other, ct_batch, {other_batch.begin(), other_batch.end()}, ct_other_free,
+                                   other_free);
+      // g's dimensions: batch (my_batch order), my free dims, then the
+      // other's contracting dims in increasing order of the other's index.
+      std::vector<int64_t> order(other_contracting.begin(), other_contracting.end());
+      std::vector<int> by_other(order.size());
+      std::iota(by_other.begin(), by_other.end(), 0);
+      std::sort(by_other.begin(), by_other.end(), [&](int x, int y) { return order[x] < order[y]; });
+      std::vector<int64_t> perm(my_rank);  // perm[my dim] = g's dim
+      for (int i = 0; i < my_batch.size(); ++i) perm[my_batch[i]] = i;
+      for (size_t i = 0; i < my_free.size(); ++i) perm[my_free[i]] = nb + int64_t(i);
+      for (size_t k = 0; k < by_other.size(); ++k) {
+        perm[my_contracting[by_other[k]]] = nb + int64_t(my_free.size()) + int64_t(k);
+      }
+      (void)ct_mine_free;
+      return e_.Convert(e_.Transpose(g, perm), my_dtype);
+    };
+    if (IsFloat(lt.dtype()) && active_.contains(n.operands(0))) {
+      Accumulate(n.operands(0), side(rhs, d.rhs_batch(), rfree, ct_rfree, ct_lfree, d.lhs_batch(), d.lhs_contracting(),
+                                     d.rhs_contracting(), lfree, lt.dims_size(), lt.dtype()));
+    }
+    if (IsFloat(rt.dtype()) && active_.contains(n.operands(1))) {
+      Accumulate(n.operands(1), side(lhs, d.lhs_batch(), lfree, ct_lfree, ct_rfree, d.rhs_batch(), d.rhs_contracting(),
+                                     d.lhs_contracting(), rfree, rt.dims_size(), rt.dtype()));
+    }
+    return absl::OkStatus();
+  }
+
+  Emitter& e_;
+  const v1::Node& node_;
+  const TypedGraph& f_;
+  std::vector<std::string> args_, cts_;
+  absl::flat_hash_map<std::string, std::string> fwd_;  // F's value -> its name in the output
+  absl::flat_hash_map<std::string, std::string> ct_;   // F's value -> its cotangent's name
+  absl::flat_hash_set<std::string> active_;            // F's values that depend on a parameter in wrt
+  std::vector<v1::Node> pending_;
+};
+
+}  // namespace
+
+bool HasAutodiff(const v1::Graph& g) {
+  for (const v1::Node& n : g.nodes()) {
+    if (n.op() == v1::VJP) return true;
+  }
+  for (const v1::Graph& f : g.functions()) {
+    if (HasAutodiff(f)) return true;
+  }
+  return false;
+}
+
+// `g`'s own VJP nodes expanded (not those of its functions).
+static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g) {
+  v1::Graph out;
+  out.set_name(g.graph.name());
+  *out.mutable_functions() = g.graph.functions();
+  absl::flat_hash_set<std::string> used;
+  for (const v1::Node& n : g.graph.nodes()) used.insert(n.name());
+  absl::flat_hash_map<std::string, std::string> rename;
+  absl::flat_hash_map<std::string, std::vector<std::string>> vjp_results;
+  FunctionTable table(g.graph);
+  auto renamed = [&](const std::string& v) {
+    auto it = rename.find(v);
+    return it == rename.end() ? v : it->second;
+  };
+  for (const v1::Node& n : g.graph.nodes()) {
+    if (n.op() == v1::TUPLE_ELEMENT) {
+      auto it = vjp_results.find(n.operands(0));
+      if (it != vjp_results.end()) {
+        rename[n.name()] = it->second.at(n.tuple_element().index());
+        continue;
+      }
+    }
+    if (n.op() != v1::VJP) {
+      v1::Node c = n;
+      for (std::string& o : *c.mutable_operands()) o = renamed(o);
+      *out.add_nodes() = std::move(c);
+      continue;
+    }
+    const auto* fg = table.graphs.contains(n.grad().function()) ? table.graphs.at(n.grad().function()) : nullptr;
+    if (fg == nullptr) return absl::InvalidArgumentError(StrCat("vjp '", n.name(), "': function '", n.grad().function(), "' is not defined"));
+    v1::Graph with_functions = *fg;
+    *with_functions.mutable_functions() = g.graph.functions();
+    TESSEL_ASSIGN_OR_RETURN(TypedGraph f, ValidateGraph(with_functions));
+    const int np = int(f.parameters.size());
+    std::vector<std::string> args, cts;
+    for (int i = 0; i < n.operands_size(); ++i) (i < np ? args : cts).push_back(renamed(n.operands(i)));
+    // Forward nodes first, then the backward pass (emitted as it is built).
+    v1::Graph backward;
+    Emitter eb(backward, used);
+    for (const v1::Node& m : out.nodes()) eb.Declare(m.name(), m.type());
+    Vjp vjp(eb, n, f, args, cts);
+    auto results = vjp.Run();
+    if (!results.ok()) return Annotate(results.status(), StrCat("node '", n.name(), "' (vjp): "));
+    for (v1::Node& m : vjp.forward()) *out.add_nodes() = std::move(m);
+    for (v1::Node& m : *backward.mutable_nodes()) *out.add_nodes() = std::move(m);
+    vjp_results[n.name()] = std::move(*results);
+  }
+  for (const std::string& o : g.graph.outputs()) out.add_outputs(renamed(o));
+  return out;
+}
+
+absl::StatusOr<v1::Graph> ExpandAutodiff(const TypedGraph& g) {
+  // Gradients inside functions (a grad in a loop body) first, each with the
+  // graph's functions beside it.
+  google::protobuf::RepeatedPtrField<v1::Graph> functions = g.graph.functions();
+  for (v1::Graph& f : functions) {
+    if (!HasAutodiff(f)) continue;
+    v1::Graph with_functions = f;
+    *with_functions.mutable_functions() = g.graph.functions();
+    auto typed = ValidateGraph(with_functions);
+    if (!typed.ok()) return Annotate(typed.status(), StrCat("function '", f.name(), "': "));
+    auto expanded = ExpandNodes(*typed);
+    if (!expanded.ok()) return Annotate(expanded.status(), StrCat("function '", f.name(), "': "));
+    f = std::move(*expanded);
+    f.clear_functions();
+  }
+  TESSEL_ASSIGN_OR_RETURN(v1::Graph out, ExpandNodes(g));
+  *out.mutable_functions() = std::move(functions);
+  return out;
+}
+
+}  // namespace tessel::scheduler

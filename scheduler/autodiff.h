@@ -1,0 +1,24 @@
+// Autodiff as a graph-to-graph transformation: every VJP node of a graph
+// becomes the forward nodes of its function followed by the backward pass
+// that transposes them, before partitioning, so that every SDK and the CLI
+// get gradients from this one implementation. Pure; any thread.
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "scheduler/validator.h"
+#include "tessel/v1/ir.pb.h"
+
+namespace tessel::scheduler {
+
+// The graph with each VJP node expanded (and the TUPLE_ELEMENT nodes that
+// read it renamed to the values it gives); unchanged when it has none.
+// `g` must be validated. INVALID_ARGUMENT or UNIMPLEMENTED naming the node,
+// its op and the function where a cotangent meets an op without a
+// transposition rule (a while loop: reverse mode needs a trip count known
+// at compile time, as in JAX).
+absl::StatusOr<v1::Graph> ExpandAutodiff(const TypedGraph& g);
+
+// Whether `g` (or a function of it) holds a VJP node.
+bool HasAutodiff(const v1::Graph& g);
+
+}  // namespace tessel::scheduler
