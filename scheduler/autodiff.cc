@@ -93,6 +93,37 @@ class Emitter {
     return Emit(std::move(n), base_);
   }
   std::string Like(const std::string& a, double v) { return status_.ok() ? Fill(type(a), v) : ""; }
+  // Zeros of any dtype.
+  std::string Zeros(const v1::TensorType& t) {
+    v1::Node n = Op(v1::CONSTANT, {});
+    *n.mutable_type() = t;
+    if (IsFloat(t.dtype())) {
+      n.mutable_constant()->mutable_fill()->set_f(0);
+    } else {
+      n.mutable_constant()->mutable_fill()->set_i(0);
+    }
+    return Emit(std::move(n), base_);
+  }
+  // Result k of multi-result node `v`, of type `t`.
+  std::string Element(const std::string& v, int k, const v1::TensorType& t) {
+    if (!status_.ok()) return "";
+    v1::Node n = Op(v1::TUPLE_ELEMENT, {v});
+    n.mutable_tuple_element()->set_index(k);
+    n.set_name(Fresh(StrCat(v, "#", k)));
+    *n.mutable_type() = t;
+    types_[n.name()] = t;
+    const std::string name = n.name();
+    *out_.add_nodes() = std::move(n);
+    return name;
+  }
+  // A multi-result node, appended as given (its `results` set).
+  std::string Multi(v1::Node n, const std::string& base) {
+    if (!status_.ok()) return "";
+    n.set_name(Fresh(base));
+    const std::string name = n.name();
+    *out_.add_nodes() = std::move(n);
+    return name;
+  }
   std::string Broadcast(const std::string& a, const std::vector<int64_t>& dims, const std::vector<int64_t>& bdims) {
     v1::Node n = Op(v1::BROADCAST_IN_DIM, {a});
     n.mutable_broadcast_in_dim();
@@ -190,14 +221,20 @@ std::vector<int64_t> FreeDims(int rank, const google::protobuf::RepeatedField<in
 // One VJP node's expansion into `e`.
 class Vjp {
  public:
+  // New functions (a loop's backward body) go to `functions`.
   Vjp(Emitter& e, const v1::Node& node, const TypedGraph& f, std::vector<std::string> args,
-      std::vector<std::string> cotangents)
-      : e_(e), node_(node), f_(f), args_(std::move(args)), cts_(std::move(cotangents)) {}
+      std::vector<std::string> cotangents, google::protobuf::RepeatedPtrField<v1::Graph>* functions)
+      : e_(e), node_(node), f_(f), args_(std::move(args)), cts_(std::move(cotangents)), functions_(functions) {}
 
   // The names of the node's results: F's results, then the cotangents of `wrt`.
   absl::StatusOr<std::vector<std::string>> Run() {
     const std::string prefix = StrCat(node_.name(), "/");
     const std::string fn = node_.grad().function();
+    // Only values that depend on a parameter in `wrt` take a cotangent.
+    for (int p : node_.grad().wrt()) active_.insert(f_.graph.nodes(f_.parameters[p]).name());
+    for (const v1::Node& n : f_.graph.nodes()) {
+      if (Active(n)) active_.insert(n.name());
+    }
     // Forward: F's nodes, inlined.
     e_.set_base(prefix + "fwd");
     for (const v1::Node& n : f_.graph.nodes()) {
@@ -212,24 +249,27 @@ class Vjp {
       v1::Node c = n;
       c.clear_operands();
       for (const std::string& o : n.operands()) c.add_operands(fwd_.at(o));
+      if (n.op() == v1::SCAN && Active(n)) TESSEL_RETURN_IF_ERROR(KeepResiduals(c));
       const std::string name = e_.Fresh(StrCat(prefix, n.name()));
       c.set_name(name);
       e_.Declare(name, n.type());
       fwd_[n.name()] = name;
       pending_.push_back(std::move(c));
     }
-    // Only values that depend on a parameter in `wrt` take a cotangent.
-    for (int p : node_.grad().wrt()) active_.insert(f_.graph.nodes(f_.parameters[p]).name());
-    for (const v1::Node& n : f_.graph.nodes()) {
-      for (const std::string& o : n.operands()) {
-        if (active_.contains(o)) active_.insert(n.name());
-      }
-    }
+
     // Backward: the cotangents, from F's results back to its parameters.
     for (int j = 0; j < f_.graph.outputs_size(); ++j) Accumulate(f_.graph.outputs(j), cts_[j]);
     e_.set_base(prefix + "bwd");
     for (int i = f_.graph.nodes_size() - 1; i >= 0; --i) {
       const v1::Node& n = f_.graph.nodes(i);
+      if (n.op() == v1::SCAN || n.op() == v1::CONDITIONAL) {
+        if (auto r = result_ct_.find(n.name()); r != result_ct_.end()) {
+          const std::vector<std::string> cts = r->second;
+          TESSEL_RETURN_IF_ERROR(n.op() == v1::SCAN ? TransposeScan(n, cts) : TransposeConditional(n, cts));
+          TESSEL_RETURN_IF_ERROR(e_.status());
+        }
+        continue;
+      }
       auto it = ct_.find(n.name());
       if (it == ct_.end() || n.op() == v1::PARAMETER) continue;
       const std::string ct = it->second;  // a copy: the map grows under Transpose
@@ -460,6 +500,13 @@ class Vjp {
     const std::string where = StrCat("vjp of '", node_.grad().function(), "': node '", n.name(), "' (", OpName(n.op()), ")");
     if (n.op() == v1::TUPLE_ELEMENT) {
       const v1::Node& src = f_.graph.nodes(f_.index_of.at(n.operands(0)));
+      if (src.op() == v1::SCAN || src.op() == v1::CONDITIONAL) {
+        std::vector<std::string>& cts = result_ct_[src.name()];
+        cts.resize(src.results_size());
+        std::string& slot = cts[n.tuple_element().index()];
+        slot = slot.empty() ? ct : e_.Binary(v1::ADD, slot, ct);
+        return absl::OkStatus();
+      }
       if (src.op() == v1::WHILE) {
         return absl::InvalidArgumentError(StrCat(
             where, " reads while loop '", src.name(), "': reverse mode needs a trip count known at compile time, ",
@@ -469,6 +516,224 @@ class Vjp {
                                              "', which reverse mode does not differentiate yet"));
     }
     return absl::UnimplementedError(StrCat(where, ": reverse mode has no transposition rule for it yet"));
+  }
+
+  bool Active(const v1::Node& n) const {
+    if (active_.contains(n.name())) return true;
+    for (const std::string& o : n.operands()) {
+      if (active_.contains(o)) return true;
+    }
+    return false;
+  }
+
+  const v1::Graph& Function(const std::string& name) const {
+    for (const v1::Graph& g : *functions_) {
+      if (g.name() == name) return g;
+    }
+    return f_.graph;  // not reached: validated
+  }
+  std::string AddFunction(v1::Graph g) {
+    g.set_name(e_.Fresh(g.name()));
+    const std::string name = g.name();
+    *functions_->Add() = std::move(g);
+    return name;
+  }
+  static v1::Node Parameter(const std::string& name, int index, const v1::TensorType& t) {
+    v1::Node p;
+    p.set_name(name);
+    p.set_op(v1::PARAMETER);
+    p.mutable_parameter()->set_index(index);
+    *p.mutable_type() = t;
+    return p;
+  }
+  static v1::TensorType Stacked(const v1::TensorType& t, int64_t length) {
+    v1::TensorType s = t;
+    s.mutable_dims()->Add(0);
+    std::rotate(s.mutable_dims()->begin(), s.mutable_dims()->end() - 1, s.mutable_dims()->end());
+    s.set_dims(0, length);
+    return s;
+  }
+
+  // The forward scan also stacks the carry each iteration starts from (the
+  // residuals its backward pass recomputes each iteration from): its body
+  // returns its carry parameters as extra ys.
+  absl::Status KeepResiduals(v1::Node& scan) {
+    const v1::ControlFlowAttrs& c = scan.control();
+    v1::Graph body = Function(c.body());
+    const int nc = c.num_carry();
+    std::vector<std::string> params(nc);
+    for (const v1::Node& p : body.nodes()) {
+      if (p.op() == v1::PARAMETER && p.parameter().index() < nc) params[p.parameter().index()] = p.name();
+    }
+    for (const std::string& p : params) body.add_outputs(p);
+    body.set_name(StrCat(c.body(), ".residuals"));
+    scan.mutable_control()->set_body(AddFunction(std::move(body)));
+    for (int k = 0; k < nc; ++k) *scan.add_results() = Stacked(scan.results(k), c.length());
+    return absl::OkStatus();
+  }
+
+  // The backward pass of a scan is a scan the other way over the residuals:
+  // each iteration is the VJP of the body at the carry that iteration
+  // started from (recomputed, not stored), carrying the carries' cotangents
+  // and stacking the scanned operands'.
+  absl::Status TransposeScan(const v1::Node& n, const std::vector<std::string>& result_cts) {
+    const v1::ControlFlowAttrs& c = n.control();
+    const int nc = c.num_carry(), nx = n.operands_size() - nc, ny = n.results_size() - nc;
+    const int64_t length = c.length();
+    const std::string fwd = fwd_.at(n.name());
+    const v1::Graph& body = Function(c.body());
+    auto slice_type = [&](const v1::TensorType& t) {
+      v1::TensorType s = t;
+      s.mutable_dims()->erase(s.mutable_dims()->begin());
+      return s;
+    };
+    // Operands of the backward scan: carry cotangents, then residuals, xs, ys' cotangents.
+    std::vector<std::string> ops;
+    std::vector<v1::TensorType> carry_t(nc), x_t(nx), y_t(ny);
+    for (int k = 0; k < nc; ++k) carry_t[k] = n.results(k);
+    for (int j = 0; j < nx; ++j) x_t[j] = slice_type(TypeOf(n.operands(nc + j)));
+    for (int m = 0; m < ny; ++m) y_t[m] = slice_type(n.results(nc + m));
+    auto ct_or_zero = [&](int k) {
+      const std::string& ct = k < int(result_cts.size()) ? result_cts[k] : std::string();
+      return ct.empty() ? e_.Zeros(n.results(k)) : ct;
+    };
+    for (int k = 0; k < nc; ++k) ops.push_back(ct_or_zero(k));
+    for (int k = 0; k < nc; ++k) ops.push_back(e_.Element(fwd, nc + ny + k, Stacked(carry_t[k], length)));
+    for (int j = 0; j < nx; ++j) ops.push_back(fwd_.at(n.operands(nc + j)));
+    for (int m = 0; m < ny; ++m) ops.push_back(ct_or_zero(nc + m));
+    // Its body: (ct_c, c, x, ct_y) -> (ct_c', ct_x) through the body's VJP.
+    v1::Graph bb;
+    bb.set_name(StrCat(c.body(), ".backward"));
+    std::vector<std::string> ct_c, cs, xs, cty;
+    int index = 0;
+    for (int k = 0; k < nc; ++k) ct_c.push_back(Add(bb, Parameter(StrCat("ct_c", k), index++, carry_t[k])));
+    for (int k = 0; k < nc; ++k) cs.push_back(Add(bb, Parameter(StrCat("c", k), index++, carry_t[k])));
+    for (int j = 0; j < nx; ++j) xs.push_back(Add(bb, Parameter(StrCat("x", j), index++, x_t[j])));
+    for (int m = 0; m < ny; ++m) cty.push_back(Add(bb, Parameter(StrCat("ct_y", m), index++, y_t[m])));
+    v1::Node v;
+    v.set_name("vjp");
+    v.set_op(v1::VJP);
+    v.mutable_grad()->set_function(c.body());
+    for (const auto* group : {&cs, &xs, &ct_c, &cty}) {
+      for (const std::string& o : *group) v.add_operands(o);
+    }
+    std::vector<int> position(nc + nx, -1);  // body parameter -> its result in v
+    int r = nc + ny;
+    for (int k = 0; k < nc + nx; ++k) {
+      const v1::TensorType& t = k < nc ? carry_t[k] : x_t[k - nc];
+      if (!IsFloat(t.dtype())) continue;
+      v.mutable_grad()->add_wrt(k);
+      position[k] = r++;
+    }
+    std::vector<v1::TensorType> results;
+    for (int k = 0; k < nc; ++k) results.push_back(carry_t[k]);
+    for (int m = 0; m < ny; ++m) results.push_back(y_t[m]);
+    for (int k = 0; k < nc + nx; ++k) {
+      if (position[k] >= 0) results.push_back(k < nc ? carry_t[k] : x_t[k - nc]);
+    }
+    for (const v1::TensorType& t : results) *v.add_results() = t;
+    *bb.add_nodes() = v;
+    for (int k = 0; k < nc + nx; ++k) {
+      const v1::TensorType& t = k < nc ? carry_t[k] : x_t[k - nc];
+      if (position[k] >= 0) {
+        v1::Node te;
+        te.set_name(StrCat("d", k));
+        te.set_op(v1::TUPLE_ELEMENT);
+        te.add_operands("vjp");
+        te.mutable_tuple_element()->set_index(position[k]);
+        *te.mutable_type() = t;
+        bb.add_outputs(Add(bb, te));
+      } else if (k < nc) {
+        bb.add_outputs(ct_c[k]);  // not differentiable: its zero cotangent passes through
+      } else {
+        v1::Node z;
+        z.set_name(StrCat("d", k));
+        z.set_op(v1::CONSTANT);
+        *z.mutable_type() = t;
+        z.mutable_constant()->mutable_fill()->set_i(0);
+        bb.add_outputs(Add(bb, z));
+      }
+    }
+    (void)body;
+    v1::Node back;
+    back.set_op(v1::SCAN);
+    for (const std::string& o : ops) back.add_operands(o);
+    back.mutable_control()->set_body(AddFunction(std::move(bb)));
+    back.mutable_control()->set_length(length);
+    back.mutable_control()->set_num_carry(nc);
+    back.mutable_control()->set_reverse(!c.reverse());
+    for (int k = 0; k < nc; ++k) *back.add_results() = carry_t[k];
+    for (int j = 0; j < nx; ++j) *back.add_results() = TypeOf(n.operands(nc + j));
+    const std::string b = e_.Multi(std::move(back), StrCat(fwd, ".backward"));
+    for (int k = 0; k < nc + nx; ++k) {
+      const v1::TensorType& t = k < nc ? carry_t[k] : TypeOf(n.operands(k));
+      if (IsFloat(t.dtype())) Accumulate(n.operands(k), e_.Element(b, k, t));
+    }
+    return absl::OkStatus();
+  }
+
+  // A conditional's backward pass is a conditional on the same index over
+  // the VJPs of its branches.
+  absl::Status TransposeConditional(const v1::Node& n, const std::vector<std::string>& result_cts) {
+    const v1::ControlFlowAttrs& c = n.control();
+    const int no = n.operands_size() - 1, nr = n.results_size();
+    v1::Node back;
+    back.set_op(v1::CONDITIONAL);
+    back.add_operands(fwd_.at(n.operands(0)));
+    for (int i = 0; i < no; ++i) back.add_operands(fwd_.at(n.operands(1 + i)));
+    for (int k = 0; k < nr; ++k) {
+      const std::string& ct = k < int(result_cts.size()) ? result_cts[k] : std::string();
+      back.add_operands(ct.empty() ? e_.Zeros(n.results(k)) : ct);
+    }
+    for (const std::string& branch : c.branches()) {
+      v1::Graph bb;
+      bb.set_name(StrCat(branch, ".backward"));
+      v1::Node v;
+      v.set_name("vjp");
+      v.set_op(v1::VJP);
+      v.mutable_grad()->set_function(branch);
+      for (int i = 0; i < no + nr; ++i) {
+        const v1::TensorType& t = i < no ? TypeOf(n.operands(1 + i)) : n.results(i - no);
+        v.add_operands(Add(bb, Parameter(StrCat("p", i), i, t)));
+      }
+      std::vector<int> position(no, -1);
+      for (const v1::TensorType& t : n.results()) *v.add_results() = t;
+      int r = nr;
+      for (int i = 0; i < no; ++i) {
+        if (!IsFloat(TypeOf(n.operands(1 + i)).dtype())) continue;
+        v.mutable_grad()->add_wrt(i);
+        *v.add_results() = TypeOf(n.operands(1 + i));
+        position[i] = r++;
+      }
+      *bb.add_nodes() = v;
+      for (int i = 0; i < no; ++i) {
+        v1::Node o;
+        o.set_name(StrCat("d", i));
+        *o.mutable_type() = TypeOf(n.operands(1 + i));
+        if (position[i] >= 0) {
+          o.set_op(v1::TUPLE_ELEMENT);
+          o.add_operands("vjp");
+          o.mutable_tuple_element()->set_index(position[i]);
+        } else {
+          o.set_op(v1::CONSTANT);
+          o.mutable_constant()->mutable_fill()->set_i(0);
+        }
+        bb.add_outputs(Add(bb, o));
+      }
+      back.mutable_control()->add_branches(AddFunction(std::move(bb)));
+    }
+    for (int i = 0; i < no; ++i) *back.add_results() = TypeOf(n.operands(1 + i));
+    const std::string b = e_.Multi(std::move(back), StrCat(fwd_.at(n.name()), ".backward"));
+    for (int i = 0; i < no; ++i) {
+      if (IsFloat(TypeOf(n.operands(1 + i)).dtype())) Accumulate(n.operands(1 + i), e_.Element(b, i, TypeOf(n.operands(1 + i))));
+    }
+    return absl::OkStatus();
+  }
+
+  static std::string Add(v1::Graph& g, v1::Node n) {
+    const std::string name = n.name();
+    *g.add_nodes() = std::move(n);
+    return name;
   }
 
   // out[B, Fl, Fr] = lhs[B, Fl, C] . rhs[B, C, Fr] (dimensions in any order).
@@ -526,6 +791,8 @@ class Vjp {
   absl::flat_hash_map<std::string, std::string> fwd_;  // F's value -> its name in the output
   absl::flat_hash_map<std::string, std::string> ct_;   // F's value -> its cotangent's name
   absl::flat_hash_set<std::string> active_;            // F's values that depend on a parameter in wrt
+  absl::flat_hash_map<std::string, std::vector<std::string>> result_ct_;  // a scan's or conditional's results' cotangents
+  google::protobuf::RepeatedPtrField<v1::Graph>* functions_;
   std::vector<v1::Node> pending_;
 };
 
@@ -581,7 +848,7 @@ static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g) {
     v1::Graph backward;
     Emitter eb(backward, used);
     for (const v1::Node& m : out.nodes()) eb.Declare(m.name(), m.type());
-    Vjp vjp(eb, n, f, args, cts);
+    Vjp vjp(eb, n, f, args, cts, out.mutable_functions());
     auto results = vjp.Run();
     if (!results.ok()) return Annotate(results.status(), StrCat("node '", n.name(), "' (vjp): "));
     for (v1::Node& m : vjp.forward()) *out.add_nodes() = std::move(m);
@@ -592,11 +859,15 @@ static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g) {
   return out;
 }
 
-absl::StatusOr<v1::Graph> ExpandAutodiff(const TypedGraph& g) {
-  // Gradients inside functions (a grad in a loop body) first, each with the
-  // graph's functions beside it.
+// One round: the VJPs of the functions, then of the graph's own nodes.
+// Expanding a loop's VJP adds functions that hold VJPs (its backward body):
+// the next round expands those.
+static absl::StatusOr<v1::Graph> ExpandRound(const TypedGraph& g) {
   google::protobuf::RepeatedPtrField<v1::Graph> functions = g.graph.functions();
-  for (v1::Graph& f : functions) {
+  const int original = functions.size();
+  std::vector<v1::Graph> added;
+  for (int i = 0; i < original; ++i) {
+    v1::Graph& f = functions[i];
     if (!HasAutodiff(f)) continue;
     v1::Graph with_functions = f;
     *with_functions.mutable_functions() = g.graph.functions();
@@ -604,11 +875,25 @@ absl::StatusOr<v1::Graph> ExpandAutodiff(const TypedGraph& g) {
     if (!typed.ok()) return Annotate(typed.status(), StrCat("function '", f.name(), "': "));
     auto expanded = ExpandNodes(*typed);
     if (!expanded.ok()) return Annotate(expanded.status(), StrCat("function '", f.name(), "': "));
+    for (int k = original; k < expanded->functions_size(); ++k) added.push_back(expanded->functions(k));
     f = std::move(*expanded);
     f.clear_functions();
   }
   TESSEL_ASSIGN_OR_RETURN(v1::Graph out, ExpandNodes(g));
+  for (int k = original; k < out.functions_size(); ++k) added.push_back(out.functions(k));
   *out.mutable_functions() = std::move(functions);
+  for (v1::Graph& f : added) *out.add_functions() = std::move(f);
+  return out;
+}
+
+absl::StatusOr<v1::Graph> ExpandAutodiff(const TypedGraph& g) {
+  TESSEL_ASSIGN_OR_RETURN(v1::Graph out, ExpandRound(g));
+  for (int round = 1; HasAutodiff(out); ++round) {
+    if (round > 32) return absl::InternalError("autodiff: gradients still unexpanded after 32 rounds");
+    auto typed = ValidateGraph(out);
+    if (!typed.ok()) return Annotate(typed.status(), "internal: a graph with its gradients expanded does not check: ");
+    TESSEL_ASSIGN_OR_RETURN(out, ExpandRound(*typed));
+  }
   return out;
 }
 
