@@ -1,5 +1,7 @@
 """tessel.grad / value_and_grad / vjp against jax.grad on CPU (jax from
 PyPI) and central finite differences in float64."""
+import os
+
 import numpy as np
 import pytest
 
@@ -177,3 +179,59 @@ def test_gradients_through_scan_fori_loop_and_cond_match_jax(session):
     rev = lambda xp, L, w: L.scan(lambda c, x: (c * w + x, c), xp.zeros(3), xs, reverse=True)[1].sum()  # noqa: E731
     np.testing.assert_allclose(tessel.jit(tessel.grad(lambda w: rev(tnp, lax, w)))(w0).fetch(),
                                np.asarray(jax.grad(lambda w: rev(jnp, jax.lax, w))(w0)), rtol=1e-9)
+
+
+# ---------------------------------------------------------------- random programs
+
+from hypothesis import given, settings, HealthCheck, strategies as st  # noqa: E402
+
+# Differentiable steps over values of one shape (3, 4): (name, fn(xp, a, b)).
+STEPS = [
+    ("add", lambda xp, a, b: a + b), ("sub", lambda xp, a, b: a - b), ("mul", lambda xp, a, b: a * b),
+    ("div", lambda xp, a, b: a / (b * b + 1)), ("tanh", lambda xp, a, b: xp.tanh(a)),
+    ("exp", lambda xp, a, b: xp.exp(xp.tanh(a))), ("log", lambda xp, a, b: xp.log(a * a + 1)),
+    ("sqrt", lambda xp, a, b: xp.sqrt(a * a + 0.5)), ("max", lambda xp, a, b: xp.maximum(a, b)),
+    ("min", lambda xp, a, b: xp.minimum(a, b * 0.5)), ("where", lambda xp, a, b: xp.where(a > b, a * b, a - b)),
+    ("abs", lambda xp, a, b: xp.abs(a) * b), ("clip", lambda xp, a, b: xp.clip(a, -0.3, 0.6)),
+    ("rowsum", lambda xp, a, b: a.sum(axis=1, keepdims=True) * b), ("colmax", lambda xp, a, b: a.max(axis=0) + b),
+    ("mean", lambda xp, a, b: a - a.mean()), ("matmul", lambda xp, a, b: (a @ b.T) @ a * 0.3),
+    ("transpose", lambda xp, a, b: (b.T @ a * 0.2)[:3]),
+    ("flip_rows", lambda xp, a, b: xp.concatenate([a[2:], a[:2]], axis=0) * b),
+    ("strided", lambda xp, a, b: xp.pad(a[:, ::2], ((0, 0), (0, 2))) + b),
+    ("reshape", lambda xp, a, b: a.reshape(4, 3).T * b), ("pow", lambda xp, a, b: (a * a + 1) ** 1.5),
+]
+
+
+@st.composite
+def grad_programs(draw):
+    n_in = draw(st.integers(1, 3))
+    steps = []
+    for k in range(draw(st.integers(1, 8))):
+        name = draw(st.sampled_from([s[0] for s in STEPS]))
+        i, j = draw(st.integers(0, n_in + k - 1)), draw(st.integers(0, n_in + k - 1))
+        steps.append((name, i, j))
+    seed = draw(st.integers(0, 2**31))
+    return n_in, steps, seed
+
+
+def _run_program(xp, steps, inputs, weights):
+    table = dict(STEPS)
+    vals = list(inputs)
+    for name, i, j in steps:
+        vals.append(table[name](xp, vals[i], vals[j]))
+    return (vals[-1] * weights).sum()
+
+
+@settings(max_examples=int(os.environ.get("TESSEL_GRAD_PROGRAMS", "60")), deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(grad_programs())
+def test_random_programs_have_jaxs_gradients(session, program):
+    n_in, steps, seed = program
+    rng = np.random.default_rng(seed)
+    inputs = [rng.uniform(-1, 1, (3, 4)) for _ in range(n_in)]
+    weights = rng.uniform(-1, 1, (3, 4))
+    argnums = tuple(range(n_in))
+    ours = tessel.jit(tessel.grad(lambda *a: _run_program(tnp, steps, a, weights), argnums=argnums))(*inputs)
+    theirs = jax.grad(lambda *a: _run_program(jnp, steps, a, weights), argnums=argnums)(*inputs)
+    for k, (o, t) in enumerate(zip(ours, theirs)):
+        np.testing.assert_allclose(o.fetch(), np.asarray(t), rtol=1e-8, atol=1e-10,
+                                   err_msg=f"input {k} of {steps} (seed {seed})")
