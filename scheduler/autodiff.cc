@@ -302,8 +302,21 @@ class Vjp {
     if (!fresh) it->second = e_.Binary(v1::ADD, it->second, ct);
   }
 
+  // F's value `v` for the backward pass: a generated constant (fill, iota)
+  // is generated again there rather than kept from the forward pass, so it
+  // costs no buffer.
+  std::string Forward(const std::string& v) {
+    const v1::Node& def = f_.graph.nodes(f_.index_of.at(v));
+    if (def.op() == v1::CONSTANT && !def.constant().has_literal()) {
+      auto [it, fresh] = regenerated_.emplace(v, "");
+      if (fresh) it->second = e_.Emit(def, StrCat(fwd_.at(v), ".again"));
+      return it->second;
+    }
+    return fwd_.at(v);
+  }
+
   absl::Status Transpose(const v1::Node& n, const std::string& ct) {
-    auto a = [&](int k) { return fwd_.at(n.operands(k)); };
+    auto a = [&](int k) { return Forward(n.operands(k)); };
     const std::string out = fwd_.at(n.name());
     auto into = [&](int k, const std::string& v) { Accumulate(n.operands(k), v); };
     auto one = [&] { return e_.Like(ct, 1.0); };
@@ -748,39 +761,40 @@ class Vjp {
     std::iota(ct_batch.begin(), ct_batch.end(), 0);
     std::iota(ct_lfree.begin(), ct_lfree.end(), nb);
     std::iota(ct_rfree.begin(), ct_rfree.end(), nb + int64_t(lfree.size()));
-    const std::string lhs = fwd_.at(n.operands(0)), rhs = fwd_.at(n.operands(1));
-    // d lhs = ct . rhs over Fr: [B, Fl, rhs's contracting dims in rhs order].
-    auto side = [&](const std::string& other, const google::protobuf::RepeatedField<int64_t>& other_batch,
-                    const std::vector<int64_t>& other_free, const std::vector<int64_t>& ct_other_free,
-                    const std::vector<int64_t>& ct_mine_free, const google::protobuf::RepeatedField<int64_t>& my_batch,
-                    const google::protobuf::RepeatedField<int64_t>& my_contracting,
-                    const google::protobuf::RepeatedField<int64_t>& other_contracting,
-                    const std::vector<int64_t>& my_free, int my_rank, v1::DType my_dtype) {
-      const std::string g = e_.Dot(ct, other, ct_batch, {other_batch.begin(), other_batch.end()}, ct_other_free,
-                                   other_free);
-      // g's dimensions: batch (my_batch order), my free dims, then the
-      // other's contracting dims in increasing order of the other's index.
-      std::vector<int64_t> order(other_contracting.begin(), other_contracting.end());
-      std::vector<int> by_other(order.size());
+    const std::string lhs = Forward(n.operands(0)), rhs = Forward(n.operands(1));
+    // Each operand's cotangent is a dot of the other operand with ct over
+    // the other's free dimensions, with the operands in the order that
+    // gives the usual layouts without a transpose: d lhs[M,K] = ct[M,N] .
+    // rhs[K,N]^T, d rhs[K,N] = lhs[M,K]^T . ct[M,N].
+    auto grad_of = [&](bool of_lhs) {
+      const std::string& other = of_lhs ? rhs : lhs;
+      const auto& other_batch = of_lhs ? d.rhs_batch() : d.lhs_batch();
+      const auto& other_contracting = of_lhs ? d.rhs_contracting() : d.lhs_contracting();
+      const std::vector<int64_t>& other_free = of_lhs ? rfree : lfree;
+      const std::vector<int64_t>& ct_other_free = of_lhs ? ct_rfree : ct_lfree;
+      const auto& my_batch = of_lhs ? d.lhs_batch() : d.rhs_batch();
+      const auto& my_contracting = of_lhs ? d.lhs_contracting() : d.rhs_contracting();
+      const std::vector<int64_t>& my_free = of_lhs ? lfree : rfree;
+      const v1::TensorType& mine = of_lhs ? lt : rt;
+      const std::vector<int64_t> ob(other_batch.begin(), other_batch.end());
+      // g: [batch, then (lhs side) my free dims and the other's contracting
+      // dims, or (rhs side) the other's contracting dims and my free dims];
+      // the other's contracting dims in increasing order of its index.
+      const std::string g = of_lhs ? e_.Dot(ct, other, ct_batch, ob, ct_other_free, other_free)
+                                   : e_.Dot(other, ct, ob, ct_batch, other_free, ct_other_free);
+      std::vector<int> by_other(other_contracting.size());
       std::iota(by_other.begin(), by_other.end(), 0);
-      std::sort(by_other.begin(), by_other.end(), [&](int x, int y) { return order[x] < order[y]; });
-      std::vector<int64_t> perm(my_rank);  // perm[my dim] = g's dim
+      std::sort(by_other.begin(), by_other.end(),
+                [&](int x, int y) { return other_contracting[x] < other_contracting[y]; });
+      const int64_t nfree = int64_t(my_free.size()), ncon = int64_t(by_other.size());
+      std::vector<int64_t> perm(mine.dims_size());  // perm[my dim] = g's dim
       for (int i = 0; i < my_batch.size(); ++i) perm[my_batch[i]] = i;
-      for (size_t i = 0; i < my_free.size(); ++i) perm[my_free[i]] = nb + int64_t(i);
-      for (size_t k = 0; k < by_other.size(); ++k) {
-        perm[my_contracting[by_other[k]]] = nb + int64_t(my_free.size()) + int64_t(k);
-      }
-      (void)ct_mine_free;
-      return e_.Convert(e_.Transpose(g, perm), my_dtype);
+      for (int64_t i = 0; i < nfree; ++i) perm[my_free[i]] = nb + (of_lhs ? i : ncon + i);
+      for (int64_t k = 0; k < ncon; ++k) perm[my_contracting[by_other[k]]] = nb + (of_lhs ? nfree + k : k);
+      return e_.Convert(e_.Transpose(g, perm), mine.dtype());
     };
-    if (IsFloat(lt.dtype()) && active_.contains(n.operands(0))) {
-      Accumulate(n.operands(0), side(rhs, d.rhs_batch(), rfree, ct_rfree, ct_lfree, d.lhs_batch(), d.lhs_contracting(),
-                                     d.rhs_contracting(), lfree, lt.dims_size(), lt.dtype()));
-    }
-    if (IsFloat(rt.dtype()) && active_.contains(n.operands(1))) {
-      Accumulate(n.operands(1), side(lhs, d.lhs_batch(), lfree, ct_lfree, ct_rfree, d.rhs_batch(), d.rhs_contracting(),
-                                     d.lhs_contracting(), rfree, rt.dims_size(), rt.dtype()));
-    }
+    if (IsFloat(lt.dtype()) && active_.contains(n.operands(0))) Accumulate(n.operands(0), grad_of(true));
+    if (IsFloat(rt.dtype()) && active_.contains(n.operands(1))) Accumulate(n.operands(1), grad_of(false));
     return absl::OkStatus();
   }
 
@@ -791,6 +805,7 @@ class Vjp {
   absl::flat_hash_map<std::string, std::string> fwd_;  // F's value -> its name in the output
   absl::flat_hash_map<std::string, std::string> ct_;   // F's value -> its cotangent's name
   absl::flat_hash_set<std::string> active_;            // F's values that depend on a parameter in wrt
+  absl::flat_hash_map<std::string, std::string> regenerated_;  // F's generated constants, made again
   absl::flat_hash_map<std::string, std::vector<std::string>> result_ct_;  // a scan's or conditional's results' cotangents
   google::protobuf::RepeatedPtrField<v1::Graph>* functions_;
   std::vector<v1::Node> pending_;
