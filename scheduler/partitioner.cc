@@ -931,6 +931,26 @@ class Partitioner {
     return absl::OkStatus();
   }
 
+  // A collective's effect on the axes its operand varies over: a psum or
+  // all_gather makes the value uniform over its axes; the others make it
+  // vary over theirs.
+  static void CollectiveVarying(const v1::Node& n, Varying& vr) {
+    const auto& axes = n.collective().axes();
+    switch (n.op()) {
+      case v1::ALL_REDUCE:
+      case v1::ALL_GATHER:
+        for (const std::string& a : axes) vr.why.erase(a);
+        break;
+      case v1::REDUCE_SCATTER:
+      case v1::ALL_TO_ALL:
+      case v1::COLLECTIVE_PERMUTE:
+      case v1::AXIS_INDEX:
+        for (const std::string& a : axes) vr.why.emplace(a, StrCat(OpName(n.op()), " '", n.name(), "' over it"));
+        break;
+      default: break;
+    }
+  }
+
   // The axes each result of `fn` varies over, given its parameters'.
   absl::StatusOr<std::vector<Varying>> FunctionVarying(const std::string& fn, const std::vector<Varying>& params,
                                                        const std::string& label) {
@@ -960,18 +980,8 @@ class Partitioner {
       for (const Varying& o : ops) {
         for (const auto& [a, why] : o.why) vr.why.emplace(a, why);
       }
-      const auto& axes = n.collective().axes();
+      CollectiveVarying(n, vr);
       switch (n.op()) {
-        case v1::ALL_REDUCE:
-        case v1::ALL_GATHER:
-          for (const std::string& a : axes) vr.why.erase(a);
-          break;
-        case v1::REDUCE_SCATTER:
-        case v1::ALL_TO_ALL:
-        case v1::COLLECTIVE_PERMUTE:
-        case v1::AXIS_INDEX:
-          for (const std::string& a : axes) vr.why.emplace(a, StrCat(OpName(n.op()), " '", n.name(), "' over it"));
-          break;
         case v1::CUSTOM_KERNEL: {
           const v1::ReplicationRule& rule = n.custom_kernel().replication();
           if (rule.kind() == v1::ReplicationRule::FOLLOW) vr = ops.at(rule.operand());
@@ -1103,13 +1113,11 @@ class Partitioner {
                                              ") cannot appear inside a manual region"));
         case v1::ALL_REDUCE:
         case v1::ALL_GATHER:
-          for (const std::string& a : axes) vr.why.erase(a);
-          break;
         case v1::REDUCE_SCATTER:
         case v1::ALL_TO_ALL:
         case v1::COLLECTIVE_PERMUTE:
         case v1::AXIS_INDEX:
-          for (const std::string& a : axes) vr.why.emplace(a, StrCat(OpName(bn.op()), " '", bn.name(), "' over it"));
+          CollectiveVarying(bn, vr);
           break;
         case v1::CUSTOM_KERNEL: {
           const v1::CustomKernelAttrs& k = bn.custom_kernel();
