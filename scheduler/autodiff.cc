@@ -116,6 +116,15 @@ class Emitter {
     *out_.add_nodes() = std::move(n);
     return name;
   }
+  // `n` appended as given (types set), under a fresh name after `base`.
+  std::string Copy(v1::Node n, const std::string& base) {
+    if (!status_.ok()) return "";
+    n.set_name(Fresh(base));
+    types_[n.name()] = n.type();
+    const std::string name = n.name();
+    *out_.add_nodes() = std::move(n);
+    return name;
+  }
   // A multi-result node, appended as given (its `results` set).
   std::string Multi(v1::Node n, const std::string& base) {
     if (!status_.ok()) return "";
@@ -811,11 +820,349 @@ class Vjp {
   std::vector<v1::Node> pending_;
 };
 
+// One JVP node's expansion into `e`: each node of the function, then its
+// tangent, in one forward pass.
+class Jvp {
+ public:
+  Jvp(Emitter& e, const v1::Node& node, const TypedGraph& f, std::vector<std::string> args,
+      std::vector<std::string> tangents, google::protobuf::RepeatedPtrField<v1::Graph>* functions)
+      : e_(e), node_(node), f_(f), args_(std::move(args)), functions_(functions) {
+    for (int k = 0; k < node.grad().wrt_size(); ++k) {
+      in_tangent_[node.grad().wrt(k)] = tangents[k];
+    }
+  }
+
+  absl::StatusOr<std::vector<std::string>> Run() {
+    const std::string prefix = StrCat(node_.name(), "/");
+    e_.set_base(prefix + "tangent");
+    for (const v1::Node& n : f_.graph.nodes()) {
+      if (n.op() == v1::PARAMETER) {
+        fwd_[n.name()] = args_[n.parameter().index()];
+        if (auto it = in_tangent_.find(n.parameter().index()); it != in_tangent_.end()) tan_[n.name()] = it->second;
+        continue;
+      }
+      if (n.op() == v1::VJP || n.op() == v1::JVP) {
+        return absl::UnimplementedError(StrCat("jvp of '", node_.grad().function(), "': node '", n.name(),
+                                               "' is itself a derivative, which is not supported yet"));
+      }
+      v1::Node c = n;
+      c.clear_operands();
+      for (const std::string& o : n.operands()) c.add_operands(fwd_.at(o));
+      fwd_[n.name()] = e_.Copy(std::move(c), prefix + n.name());
+      bool any = false;
+      for (const std::string& o : n.operands()) any |= tan_.contains(o);
+      if (n.op() == v1::TUPLE_ELEMENT) {
+        auto it = result_tan_.find(n.operands(0));
+        if (it != result_tan_.end() && !it->second[n.tuple_element().index()].empty()) {
+          tan_[n.name()] = it->second[n.tuple_element().index()];
+        }
+        continue;
+      }
+      if (!any) continue;
+      if (n.op() == v1::WHILE || n.op() == v1::SCAN) {
+        TESSEL_RETURN_IF_ERROR(TangentLoop(n));
+      } else if (IsMultiResult(n.op())) {
+        return absl::UnimplementedError(StrCat("jvp of '", node_.grad().function(), "': node '", n.name(), "' (",
+                                               OpName(n.op()), ") has no forward-mode rule yet"));
+      } else if (IsFloat(n.type().dtype())) {
+        TESSEL_ASSIGN_OR_RETURN(std::string t, Tangent(n));
+        if (!t.empty()) tan_[n.name()] = t;
+      }
+      TESSEL_RETURN_IF_ERROR(e_.status());
+    }
+    std::vector<std::string> results, tangents;
+    for (const std::string& o : f_.graph.outputs()) {
+      results.push_back(fwd_.at(o));
+      auto it = tan_.find(o);
+      tangents.push_back(it != tan_.end() ? it->second : e_.Zeros(TypeOf(o)));
+    }
+    results.insert(results.end(), tangents.begin(), tangents.end());
+    TESSEL_RETURN_IF_ERROR(e_.status());
+    return results;
+  }
+
+ private:
+  const v1::TensorType& TypeOf(const std::string& v) const { return f_.graph.nodes(f_.index_of.at(v)).type(); }
+  std::string T(const v1::Node& n, int k) {  // operand k's tangent, or ""
+    auto it = tan_.find(n.operands(k));
+    return it == tan_.end() ? "" : it->second;
+  }
+  std::string TZ(const v1::Node& n, int k) {  // operand k's tangent, or zeros
+    const std::string t = T(n, k);
+    return t.empty() ? e_.Zeros(TypeOf(n.operands(k))) : t;
+  }
+  std::string Sum(const std::string& a, const std::string& b) {
+    if (a.empty()) return b;
+    if (b.empty()) return a;
+    return e_.Binary(v1::ADD, a, b);
+  }
+  std::string Scale(const std::string& t, const std::string& by) { return t.empty() ? "" : e_.Binary(v1::MUL, t, by); }
+  // The same op applied to the tangents in place of the operands.
+  std::string Same(const v1::Node& n, const std::vector<std::string>& operands) {
+    v1::Node c = n;
+    c.clear_operands();
+    for (const std::string& o : operands) c.add_operands(o);
+    return e_.Emit(std::move(c), StrCat(fwd_.at(n.name()), ".tangent"));
+  }
+
+  absl::StatusOr<std::string> Tangent(const v1::Node& n) {
+    auto a = [&](int k) { return fwd_.at(n.operands(k)); };
+    const std::string out = fwd_.at(n.name());
+    const std::string ta = n.operands_size() > 0 ? T(n, 0) : "", tb = n.operands_size() > 1 ? T(n, 1) : "";
+    auto one = [&] { return e_.Like(out, 1.0); };
+    switch (n.op()) {
+      case v1::SIGN: case v1::FLOOR: case v1::CEIL: case v1::ROUND: case v1::CONSTANT:
+        return std::string();
+      case v1::ADD: return Sum(ta, tb);
+      case v1::SUB: return tb.empty() ? ta : Sum(ta, e_.Unary(v1::NEG, tb));
+      case v1::MUL: return Sum(Scale(ta, a(1)), Scale(tb, a(0)));
+      case v1::DIV:
+        return Sum(ta.empty() ? "" : e_.Binary(v1::DIV, ta, a(1)),
+                   tb.empty() ? "" : e_.Unary(v1::NEG, e_.Binary(v1::DIV, e_.Binary(v1::MUL, tb, out), a(1))));
+      case v1::NEG: return e_.Unary(v1::NEG, ta);
+      case v1::ABS: return Scale(ta, e_.Unary(v1::SIGN, a(0)));
+      case v1::EXP: return Scale(ta, out);
+      case v1::LOG: return e_.Binary(v1::DIV, ta, a(0));
+      case v1::LOG1P: return e_.Binary(v1::DIV, ta, e_.Binary(v1::ADD, a(0), one()));
+      case v1::TANH: return Scale(ta, e_.Binary(v1::SUB, one(), e_.Binary(v1::MUL, out, out)));
+      case v1::LOGISTIC: return Scale(ta, e_.Binary(v1::MUL, out, e_.Binary(v1::SUB, one(), out)));
+      case v1::SQRT: return e_.Binary(v1::DIV, e_.Binary(v1::MUL, ta, e_.Like(out, 0.5)), out);
+      case v1::RSQRT: return Scale(ta, e_.Binary(v1::DIV, e_.Binary(v1::MUL, out, e_.Like(out, -0.5)), a(0)));
+      case v1::POW: {
+        const std::string zero = e_.Like(out, 0.0);
+        std::string r;
+        if (!ta.empty()) {
+          const std::string dx = e_.Binary(v1::MUL, a(1), e_.Binary(v1::POW, a(0), e_.Binary(v1::SUB, a(1), one())));
+          r = Scale(ta, e_.Select(e_.Compare(v1::EQ, a(1), zero), zero, dx));
+        }
+        if (!tb.empty()) {
+          const std::string safe_x = e_.Select(e_.Compare(v1::EQ, a(0), zero), one(), a(0));
+          r = Sum(r, Scale(tb, e_.Binary(v1::MUL, out, e_.Unary(v1::LOG, safe_x))));
+        }
+        return r;
+      }
+      case v1::MAX:
+      case v1::MIN: {
+        const std::string zero = e_.Like(out, 0.0), half = e_.Like(out, 0.5);
+        auto share = [&](const std::string& x, const std::string& other) {
+          return e_.Select(e_.Compare(v1::EQ, x, out), e_.Select(e_.Compare(v1::EQ, other, out), half, one()), zero);
+        };
+        return Sum(ta.empty() ? "" : Scale(ta, share(a(0), a(1))), tb.empty() ? "" : Scale(tb, share(a(1), a(0))));
+      }
+      case v1::REM: {
+        if (tb.empty()) return ta;
+        const std::string q = e_.Binary(v1::DIV, a(0), a(1));
+        const std::string trunc = e_.Binary(v1::MUL, e_.Unary(v1::SIGN, q), e_.Unary(v1::FLOOR, e_.Unary(v1::ABS, q)));
+        return Sum(ta, e_.Unary(v1::NEG, e_.Binary(v1::MUL, tb, trunc)));
+      }
+      case v1::SELECT: {
+        if (T(n, 1).empty() && T(n, 2).empty()) return std::string();
+        return e_.Select(a(0), TZ(n, 1), TZ(n, 2));
+      }
+      case v1::CLAMP: {
+        const std::string x = a(1), zero = e_.Like(out, 0.0);
+        auto like_x = [&](const std::string& v) {
+          return e_.type(v).dims_size() == e_.type(x).dims_size() ? v : e_.Broadcast(v, Dims(e_.type(x)), {});
+        };
+        const std::string lo = like_x(a(0)), hi = like_x(a(2));
+        std::string r;
+        if (!T(n, 1).empty()) {
+          r = e_.Select(e_.Binary(v1::AND, e_.Compare(v1::GT, x, lo), e_.Compare(v1::LT, x, hi)), T(n, 1), zero);
+        }
+        if (!T(n, 0).empty()) {
+          r = Sum(r, e_.Select(e_.Binary(v1::AND, e_.Compare(v1::GT, lo, x), e_.Compare(v1::LT, lo, hi)),
+                               like_x(T(n, 0)), zero));
+        }
+        if (!T(n, 2).empty()) r = Sum(r, e_.Select(e_.Compare(v1::LT, hi, x), like_x(T(n, 2)), zero));
+        return r;
+      }
+      case v1::CONVERT: return IsFloat(TypeOf(n.operands(0)).dtype()) ? Same(n, {ta}) : std::string();
+      case v1::SHARDING_CONSTRAINT:
+      case v1::RESHAPE:
+      case v1::TRANSPOSE:
+      case v1::BROADCAST_IN_DIM:
+      case v1::SLICE: return Same(n, {ta});
+      case v1::PAD: {
+        const v1::TensorType& pv = TypeOf(n.operands(1));
+        return Same(n, {TZ(n, 0), tb.empty() ? e_.Zeros(pv) : tb});
+      }
+      case v1::CONCATENATE: {
+        std::vector<std::string> ts;
+        for (int k = 0; k < n.operands_size(); ++k) ts.push_back(TZ(n, k));
+        return Same(n, ts);
+      }
+      case v1::DOT_GENERAL: return Sum(ta.empty() ? "" : Same(n, {ta, a(1)}), tb.empty() ? "" : Same(n, {a(0), tb}));
+      case v1::REDUCE: {
+        const std::vector<int64_t> in = Dims(TypeOf(n.operands(0)));
+        const auto& rd = n.reduce().dims();
+        const std::vector<int64_t> rdims(rd.begin(), rd.end());
+        std::vector<int64_t> kept;
+        for (int d = 0; d < int(in.size()); ++d) {
+          if (std::find(rd.begin(), rd.end(), d) == rd.end()) kept.push_back(d);
+        }
+        switch (n.reduce().kind()) {
+          case v1::SUM: return Same(n, {ta});
+          case v1::PROD:
+            return e_.Reduce(e_.Binary(v1::DIV, e_.Binary(v1::MUL, ta, e_.Broadcast(out, in, kept)), a(0)), v1::SUM,
+                             rdims);
+          default: {
+            const std::string hit = e_.Convert(e_.Compare(v1::EQ, a(0), e_.Broadcast(out, in, kept)),
+                                               TypeOf(n.operands(0)).dtype());
+            return e_.Binary(v1::DIV, e_.Reduce(e_.Binary(v1::MUL, ta, hit), v1::SUM, rdims),
+                             e_.Reduce(hit, v1::SUM, rdims));
+          }
+        }
+      }
+      default:
+        return absl::UnimplementedError(StrCat("jvp of '", node_.grad().function(), "': node '", n.name(), "' (",
+                                               OpName(n.op()), ") has no forward-mode rule yet"));
+    }
+  }
+
+  // A loop's tangent: the same loop over (carries, their tangents), whose
+  // body is the JVP of the loop body (and whose condition ignores the
+  // tangents); a scan also scans the tangents of its scanned operands and
+  // stacks those of its ys.
+  absl::Status TangentLoop(const v1::Node& n) {
+    const bool scan = n.op() == v1::SCAN;
+    const v1::ControlFlowAttrs& c = n.control();
+    const int nc = scan ? c.num_carry() : n.operands_size(), nx = n.operands_size() - nc;
+    const int ny = n.results_size() - nc;
+    auto slice_type = [](v1::TensorType t) {
+      t.mutable_dims()->erase(t.mutable_dims()->begin());
+      return t;
+    };
+    std::vector<int> fc, fx;  // the float carries and scanned operands: those with tangents
+    for (int k = 0; k < nc; ++k) {
+      if (IsFloat(TypeOf(n.operands(k)).dtype())) fc.push_back(k);
+    }
+    for (int j = 0; j < nx; ++j) {
+      if (IsFloat(TypeOf(n.operands(nc + j)).dtype())) fx.push_back(j);
+    }
+    const v1::Graph* body = nullptr;
+    const v1::Graph* cond = nullptr;
+    for (const v1::Graph& g : *functions_) {
+      if (g.name() == c.body()) body = &g;
+      if (!scan && g.name() == c.cond()) cond = &g;
+    }
+    // body'(c, tc, x, tx) -> (c', tc', y, ty) through the body's JVP.
+    v1::Graph bb;
+    bb.set_name(StrCat(c.body(), ".tangent"));
+    std::vector<std::string> cs, tcs, xs, txs;
+    int index = 0;
+    auto param = [&](const std::string& name, const v1::TensorType& t) {
+      v1::Node p;
+      p.set_name(name);
+      p.set_op(v1::PARAMETER);
+      p.mutable_parameter()->set_index(index++);
+      *p.mutable_type() = t;
+      *bb.add_nodes() = p;
+      return name;
+    };
+    for (int k = 0; k < nc; ++k) cs.push_back(param(StrCat("c", k), TypeOf(n.operands(k))));
+    for (int k : fc) tcs.push_back(param(StrCat("tc", k), TypeOf(n.operands(k))));
+    for (int j = 0; j < nx; ++j) xs.push_back(param(StrCat("x", j), slice_type(TypeOf(n.operands(nc + j)))));
+    for (int j : fx) txs.push_back(param(StrCat("tx", j), slice_type(TypeOf(n.operands(nc + j)))));
+    v1::Node v;
+    v.set_name("jvp");
+    v.set_op(v1::JVP);
+    v.mutable_grad()->set_function(c.body());
+    for (const std::string& o : cs) v.add_operands(o);
+    for (const std::string& o : xs) v.add_operands(o);
+    for (int k : fc) v.mutable_grad()->add_wrt(k);
+    for (int j : fx) v.mutable_grad()->add_wrt(nc + j);
+    for (const std::string& o : tcs) v.add_operands(o);
+    for (const std::string& o : txs) v.add_operands(o);
+    const int nr = nc + ny;
+    std::vector<v1::TensorType> body_results;
+    for (int k = 0; k < nr; ++k) body_results.push_back(k < nc ? TypeOf(n.operands(k)) : slice_type(n.results(k)));
+    for (int r = 0; r < 2; ++r) {
+      for (const v1::TensorType& t : body_results) *v.add_results() = t;
+    }
+    *bb.add_nodes() = v;
+    auto element = [&](int k, const v1::TensorType& t) {
+      v1::Node te;
+      te.set_name(StrCat("r", k));
+      te.set_op(v1::TUPLE_ELEMENT);
+      te.add_operands("jvp");
+      te.mutable_tuple_element()->set_index(k);
+      *te.mutable_type() = t;
+      *bb.add_nodes() = te;
+      bb.add_outputs(te.name());
+    };
+    std::vector<int> fy;
+    for (int m = 0; m < ny; ++m) {
+      if (IsFloat(n.results(nc + m).dtype())) fy.push_back(m);
+    }
+    for (int k = 0; k < nc; ++k) element(k, body_results[k]);                // c'
+    for (int k : fc) element(nr + k, body_results[k]);                         // tc'
+    for (int m = 0; m < ny; ++m) element(nc + m, body_results[nc + m]);        // y
+    for (int m : fy) element(nr + nc + m, body_results[nc + m]);               // ty
+    (void)body;
+    v1::Node loop = n;
+    loop.clear_operands();
+    loop.clear_results();
+    for (int k = 0; k < nc; ++k) loop.add_operands(fwd_.at(n.operands(k)));
+    for (int k : fc) loop.add_operands(TZ(n, k));
+    for (int j = 0; j < nx; ++j) loop.add_operands(fwd_.at(n.operands(nc + j)));
+    for (int j : fx) loop.add_operands(TZ(n, nc + j));
+    const std::string bname = AddFunction(std::move(bb));
+    loop.mutable_control()->set_body(bname);
+    if (scan) {
+      loop.mutable_control()->set_num_carry(nc + int(fc.size()));
+    } else {
+      // cond'(c, tc) = cond(c): the same function with the tangents as unused parameters.
+      v1::Graph cc = *cond;
+      cc.set_name(StrCat(c.cond(), ".tangent"));
+      for (size_t i = 0; i < fc.size(); ++i) {
+        v1::Node p;
+        p.set_name(StrCat("tangent", i, ".unused"));
+        p.set_op(v1::PARAMETER);
+        p.mutable_parameter()->set_index(nc + int(i));
+        *p.mutable_type() = TypeOf(n.operands(fc[i]));
+        *cc.add_nodes() = p;
+      }
+      loop.mutable_control()->set_cond(AddFunction(std::move(cc)));
+    }
+    for (int k = 0; k < nc; ++k) *loop.add_results() = n.results(k);
+    for (int k : fc) *loop.add_results() = n.results(k);
+    for (int m = 0; m < ny; ++m) *loop.add_results() = n.results(nc + m);
+    for (int m : fy) *loop.add_results() = n.results(nc + m);
+    // The tangent loop computes the primal results again: its own results
+    // replace the forward loop's (which is left unread).
+    const std::string l = e_.Multi(std::move(loop), StrCat(fwd_.at(n.name()), ".tangent"));
+    std::vector<std::string>& rt = result_tan_[n.name()];
+    rt.assign(n.results_size(), "");
+    int r = nc;
+    for (int k : fc) rt[k] = e_.Element(l, r++, n.results(k));
+    r += ny;
+    for (int m : fy) rt[nc + m] = e_.Element(l, r++, n.results(nc + m));
+    return absl::OkStatus();
+  }
+
+  std::string AddFunction(v1::Graph g) {
+    g.set_name(e_.Fresh(g.name()));
+    const std::string name = g.name();
+    *functions_->Add() = std::move(g);
+    return name;
+  }
+
+  Emitter& e_;
+  const v1::Node& node_;
+  const TypedGraph& f_;
+  std::vector<std::string> args_;
+  google::protobuf::RepeatedPtrField<v1::Graph>* functions_;
+  absl::flat_hash_map<int, std::string> in_tangent_;     // parameter index -> its tangent
+  absl::flat_hash_map<std::string, std::string> fwd_;    // F's value -> its name in the output
+  absl::flat_hash_map<std::string, std::string> tan_;    // F's value -> its tangent's name
+  absl::flat_hash_map<std::string, std::vector<std::string>> result_tan_;  // a loop's results' tangents
+};
+
 }  // namespace
 
 bool HasAutodiff(const v1::Graph& g) {
   for (const v1::Node& n : g.nodes()) {
-    if (n.op() == v1::VJP) return true;
+    if (n.op() == v1::VJP || n.op() == v1::JVP) return true;
   }
   for (const v1::Graph& f : g.functions()) {
     if (HasAutodiff(f)) return true;
@@ -844,6 +1191,25 @@ static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g) {
         rename[n.name()] = it->second.at(n.tuple_element().index());
         continue;
       }
+    }
+    if (n.op() == v1::JVP) {
+      const v1::Graph* fg = table.graphs.contains(n.grad().function()) ? table.graphs.at(n.grad().function()) : nullptr;
+      if (fg == nullptr) {
+        return absl::InvalidArgumentError(StrCat("jvp '", n.name(), "': function '", n.grad().function(), "' is not defined"));
+      }
+      v1::Graph with_functions = *fg;
+      *with_functions.mutable_functions() = g.graph.functions();
+      TESSEL_ASSIGN_OR_RETURN(TypedGraph f, ValidateGraph(with_functions));
+      const int np = int(f.parameters.size());
+      std::vector<std::string> args, tangents;
+      for (int i = 0; i < n.operands_size(); ++i) (i < np ? args : tangents).push_back(renamed(n.operands(i)));
+      Emitter e(out, used);
+      for (const v1::Node& m : out.nodes()) e.Declare(m.name(), m.type());
+      Jvp jvp(e, n, f, args, tangents, out.mutable_functions());
+      auto results = jvp.Run();
+      if (!results.ok()) return Annotate(results.status(), StrCat("node '", n.name(), "' (jvp): "));
+      vjp_results[n.name()] = std::move(*results);
+      continue;
     }
     if (n.op() != v1::VJP) {
       v1::Node c = n;

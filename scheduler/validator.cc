@@ -228,10 +228,43 @@ absl::StatusOr<std::vector<v1::TensorType>> InferVjp(const v1::Node& n, absl::Sp
   return results;
 }
 
+absl::StatusOr<std::vector<v1::TensorType>> InferJvp(const v1::Node& n, absl::Span<const v1::TensorType* const> ops,
+                                                     FunctionTable& table, const ValidateOptions& o) {
+  if (n.attrs_case() != v1::Node::kGrad) return InvalidArgumentError("missing attributes 'grad'");
+  const v1::GradAttrs& g = n.grad();
+  if (g.function().empty()) return InvalidArgumentError("names no function to differentiate");
+  TESSEL_ASSIGN_OR_RETURN(const FunctionSignature* f, table.Signature(g.function(), o));
+  std::vector<v1::TensorType> want = f->parameters;
+  for (int p : g.wrt()) {
+    if (p < 0 || p >= int(f->parameters.size())) {
+      return InvalidArgumentError(StrCat("jvp of '", g.function(), "' with respect to parameter ", p, ": it has ",
+                                         f->parameters.size()));
+    }
+    const v1::DType d = f->parameters[p].dtype();
+    if (d != v1::F32 && d != v1::F64 && d != v1::F16 && d != v1::BF16) {
+      return InvalidArgumentError(StrCat("jvp of '", g.function(), "' with respect to parameter ", p, ": tangents need a ",
+                                         "floating-point input, got ", TypeString(f->parameters[p])));
+    }
+    want.push_back(f->parameters[p]);
+  }
+  std::vector<v1::TensorType> got;
+  for (const v1::TensorType* t : ops) got.push_back(*t);
+  if (got.size() != want.size()) {
+    return InvalidArgumentError(StrCat("jvp of '", g.function(), "' takes its ", f->parameters.size(),
+                                       " arguments and a tangent for each of the ", g.wrt_size(), " in wrt: ",
+                                       want.size(), " operands ", TypesString(want), "; got ", got.size(), " ",
+                                       TypesString(got)));
+  }
+  TESSEL_RETURN_IF_ERROR(CheckTypes("parameters", g.function(), got, want, "the jvp's operands: arguments, then tangents"));
+  std::vector<v1::TensorType> results = f->results;
+  results.insert(results.end(), f->results.begin(), f->results.end());
+  return results;
+}
+
 }  // namespace
 
 bool IsControlFlow(v1::Op op) { return op == v1::WHILE || op == v1::CONDITIONAL || op == v1::SCAN; }
-bool IsMultiResult(v1::Op op) { return IsControlFlow(op) || op == v1::VJP; }
+bool IsMultiResult(v1::Op op) { return IsControlFlow(op) || op == v1::VJP || op == v1::JVP; }
 
 std::vector<std::string> CalledFunctions(const v1::Node& n) {
   if (!n.has_control()) return {};
@@ -318,8 +351,9 @@ absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateO
     }
     absl::StatusOr<v1::TensorType> type;
     if (IsMultiResult(n.op())) {
-      auto results = n.op() == v1::VJP ? InferVjp(n, operand_types, *table, options)
-                                       : InferControlFlow(n, operand_types, *table, options);
+      auto results = n.op() == v1::VJP   ? InferVjp(n, operand_types, *table, options)
+                     : n.op() == v1::JVP ? InferJvp(n, operand_types, *table, options)
+                                         : InferControlFlow(n, operand_types, *table, options);
       if (!results.ok()) return Annotate(results.status(), label);
       if (n.results_size() > 0) {
         const std::vector<v1::TensorType> declared(n.results().begin(), n.results().end());

@@ -1,4 +1,4 @@
-"""Reverse-mode autodiff: tessel.grad, value_and_grad and vjp.
+"""Autodiff: tessel.grad, value_and_grad and vjp (reverse mode), jvp (forward).
 
 Each traces the function once into a function of the graph and emits a VJP
 node; the coordinator expands it into the forward pass and its transpose
@@ -13,7 +13,7 @@ from tessel._jit import flatten, jit, unflatten
 from tessel._trace import Tracer, current_builder
 from tessel.v1 import ir_pb2
 
-__all__ = ["grad", "value_and_grad", "vjp"]
+__all__ = ["grad", "jvp", "value_and_grad", "vjp"]
 
 _FLOATS = {np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)}
 
@@ -144,3 +144,32 @@ def vjp(fun, *primals):
         it = iter(grads)
         return tuple(unflatten(structure[1][k], [next(it) for _ in spans[k]]) for k in range(len(primals)))
     return out, vjp_fn
+
+
+def jvp(fun, primals, tangents):
+    """jax.jvp: (fun(*primals), the directional derivative of fun at primals
+    along tangents), forward mode; differentiates through while_loop too."""
+    primals, tangents = tuple(primals), tuple(tangents)
+    leaves, paths, structure, _ = _positions(primals, ())
+    t_leaves, _, t_structure, _ = _positions(tangents, ())
+    if t_structure != structure:
+        raise TypeError(f"jvp: tangents have structure {t_structure}; primals {structure}")
+    if current_builder() is None and not any(isinstance(x, Tracer) for x in leaves + t_leaves):
+        return jit(lambda p, t: jvp(fun, p, t))(primals, tangents)
+    parent = current_builder()
+    ops = _lax._operands(leaves)
+    specs = [_lax._spec(x) for x in ops]
+    wrt = [i for i, x in enumerate(ops) if _is_float(x.dtype)]
+    b, out, _, out_structure = _lax._trace(parent, "jvp_fn", fun, specs, paths,
+                                           lambda ps: unflatten(structure, ps))
+    captured, _ = _lax._bind_captures([b], len(ops))
+    _lax._finish(b, out)
+    tans = [tnp.astype(_lax._operands([t_leaves[i]])[0], ops[i].dtype) for i in wrt]
+
+    def attrs(node):
+        node.grad.function = b.graph.name
+        node.grad.wrt.extend(wrt)
+    result_specs = [_lax._spec(x) for x in out] * 2
+    results = _lax._control_node(parent, ir_pb2.JVP, ops + captured + tans, attrs, result_specs)
+    n = len(out)
+    return unflatten(out_structure, results[:n]), unflatten(out_structure, results[n:])

@@ -235,3 +235,46 @@ def test_random_programs_have_jaxs_gradients(session, program):
     for k, (o, t) in enumerate(zip(ours, theirs)):
         np.testing.assert_allclose(o.fetch(), np.asarray(t), rtol=1e-8, atol=1e-10,
                                    err_msg=f"input {k} of {steps} (seed {seed})")
+
+
+# ---------------------------------------------------------------- forward mode
+
+def test_jvp_matches_jax_through_ops_scans_and_while_loops(session):
+    x, t, w = rand(3, 4), rand(3, 4), rand(4, 3)
+
+    def plain(xp, L, x):
+        return xp.tanh(x @ w).sum(axis=0) * xp.maximum(x, 0.1).max() + (x ** 2).mean()
+
+    def scanned(xp, L, x):
+        return L.scan(lambda c, r: (xp.tanh(c * r + 1), c * 2), xp.ones(4), x)
+
+    def looped(xp, L, x):  # a while loop: forward mode differentiates it (reverse mode cannot)
+        return L.while_loop(lambda c: c[0] < 5, lambda c: (c[0] + 1, xp.tanh(c[1] * 1.3) + 0.1), (0, x))[1]
+
+    for f in (plain, scanned, looped):
+        out, tan = tessel.jit(lambda x, t: tessel.jvp(lambda v: f(tnp, lax, v), (x,), (t,)))(x, t)
+        jout, jtan = jax.jvp(lambda v: f(jnp, jax.lax, v), (x,), (t,))
+        for o, j in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(jout)):
+            np.testing.assert_allclose(o.fetch(), np.asarray(j), rtol=1e-12, err_msg=f.__name__)
+        for o, j in zip(jax.tree_util.tree_leaves(tan), jax.tree_util.tree_leaves(jtan)):
+            np.testing.assert_allclose(o.fetch(), np.asarray(j), rtol=1e-9, atol=1e-12, err_msg=f.__name__)
+    # Eagerly, too.
+    out, tan = tessel.jvp(lambda v: plain(tnp, lax, v), (tessel.device_put(x),), (t,))
+    np.testing.assert_allclose(tan.fetch(), np.asarray(jax.jvp(lambda v: plain(jnp, jax.lax, v), (x,), (t,))[1]),
+                               rtol=1e-9)
+
+
+@settings(max_examples=int(os.environ.get("TESSEL_GRAD_PROGRAMS", "60")) // 2, deadline=None,
+          suppress_health_check=list(HealthCheck), derandomize=True)
+@given(grad_programs())
+def test_random_programs_have_jaxs_jvps(session, program):
+    n_in, steps, seed = program
+    rng = np.random.default_rng(seed)
+    inputs = [rng.uniform(-1, 1, (3, 4)) for _ in range(n_in)]
+    tangents = [rng.uniform(-1, 1, (3, 4)) for _ in range(n_in)]
+    weights = rng.uniform(-1, 1, (3, 4))
+    _, ours = tessel.jit(lambda p, t: tessel.jvp(lambda *a: _run_program(tnp, steps, a, weights), p, t))(
+        tuple(inputs), tuple(tangents))
+    _, theirs = jax.jvp(lambda *a: _run_program(jnp, steps, a, weights), tuple(inputs), tuple(tangents))
+    np.testing.assert_allclose(float(ours.fetch()), float(theirs), rtol=1e-8, atol=1e-10,
+                               err_msg=f"{steps} (seed {seed})")
