@@ -55,6 +55,7 @@ TEST(Autodiff, VjpExpandsIntoForwardAndTransposedNodes) {
   auto c = Compile(Parse(kGrad));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(TypeString(c->output_types[1]), "f32[4,3]");
+  EXPECT_NE(c->plan_text.find("-- backward pass of vjp 'g' --"), std::string::npos) << c->plan_text;
 }
 
 std::string ErrorOf(const std::string& text) {

@@ -148,9 +148,24 @@ std::string NodeText(const v1::Node& n) {
                       attrs.empty() ? "" : absl::StrCat(" {", attrs, "}"), " : ", type);
 }
 
+// The vjp whose backward pass value `v` belongs to ("g" for "g/bwd.3"), or "".
+std::string BackwardOf(const std::string& v) {
+  const size_t at = v.find("/bwd");
+  return at == std::string::npos ? "" : v.substr(0, at);
+}
+
 void PrintInstructions(const v1::Program& p, const std::string& indent, std::string& s) {
   for (const v1::Node& prm : p.parameters()) absl::StrAppend(&s, indent, NodeText(prm), "\n");
+  absl::flat_hash_set<std::string> backward_begun;
   for (const v1::Instruction& ins : p.instructions()) {
+    // Where a gradient's backward pass begins (the autodiff expansion names
+    // its values vjp/bwd...).
+    ForEachWrite(ins, [&](const std::string& v) {
+      const std::string vjp = BackwardOf(v);
+      if (!vjp.empty() && backward_begun.insert(vjp).second) {
+        absl::StrAppend(&s, indent, "-- backward pass of vjp '", vjp, "' --\n");
+      }
+    });
     if (ins.has_node()) {
       std::string text = NodeText(ins.node());
       if (ins.results_size() > 0) {

@@ -278,3 +278,25 @@ def test_random_programs_have_jaxs_jvps(session, program):
     _, theirs = jax.jvp(lambda *a: _run_program(jnp, steps, a, weights), tuple(inputs), tuple(tangents))
     np.testing.assert_allclose(float(ours.fetch()), float(theirs), rtol=1e-8, atol=1e-10,
                                err_msg=f"{steps} (seed {seed})")
+
+
+@pytest.mark.skipif(os.environ.get("TESSEL_DEVICE_KIND", "cpu") != "cpu",
+                    reason="collectives on cuda devices need NCCL communicators (not built)")
+def test_data_parallel_gradients_of_a_split_batch(session):
+    """grad under jit with the batch split over the mesh: the partitioner
+    turns each weight gradient's partial sums into one all_reduce, with its
+    reason, and the values are JAX's."""
+    n = 4 if len(tessel.devices()) >= 4 else 2
+    mesh = tessel.Mesh({"data": n})
+    P = tessel.P
+    x, t, w = rand(4 * n, 5), rand(4 * n, 1), rand(5, 1)
+
+    def loss(xp, w, x, t):
+        return ((xp.tanh(x @ w) - t) ** 2).mean()
+    f = tessel.jit(tessel.grad(lambda w, x, t: loss(tnp, w, x, t)))
+    args = (tessel.device_put(w, tessel.NamedSharding(mesh, P())),
+            tessel.device_put(x, tessel.NamedSharding(mesh, P("data"))),
+            tessel.device_put(t, tessel.NamedSharding(mesh, P("data"))))
+    np.testing.assert_allclose(f(*args).fetch(), np.asarray(jax.grad(lambda w: loss(jnp, w, x, t))(w)), rtol=1e-9)
+    reduces = [c for c in f.lower(*args).collectives if c["op"] == "all_reduce"]
+    assert len(reduces) >= 1 and all(c["reason"] for c in reduces), f.lower(*args).collectives
