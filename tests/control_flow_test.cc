@@ -70,7 +70,9 @@ TEST_F(ControlFlowTest, WhileWithARunTimeTripCountMatchesTheSameLoopInCpp) {
       float x = av[k];
       for (int i = 0; i < trips; ++i) x = (x + av[k] / x) * 0.5f;
       EXPECT_EQ(got[1].as<float>()[k], x) << "trips " << trips << " element " << k;
-      if (trips == 25) EXPECT_NEAR(x, std::sqrt(av[k]), 1e-3f * std::sqrt(av[k]));
+      if (trips == 25) {
+        EXPECT_NEAR(x, std::sqrt(av[k]), 1e-3f * std::sqrt(av[k]));
+      }
     }
   }
 }
