@@ -259,6 +259,12 @@ class Vjp {
       c.clear_operands();
       for (const std::string& o : n.operands()) c.add_operands(fwd_.at(o));
       if (n.op() == v1::SCAN && Active(n)) TESSEL_RETURN_IF_ERROR(KeepResiduals(c));
+      if (n.op() == v1::CUSTOM_VJP) {
+        // The user's forward function (results, then residuals) where it is
+        // differentiated, else the function itself; run as a call.
+        const std::string fn = Active(n) ? n.custom_vjp().fwd() : n.custom_vjp().function();
+        TESSEL_ASSIGN_OR_RETURN(c, CallNode(n.name(), c, fn, prefix));
+      }
       const std::string name = e_.Fresh(StrCat(prefix, n.name()));
       c.set_name(name);
       e_.Declare(name, n.type());
@@ -271,10 +277,12 @@ class Vjp {
     e_.set_base(prefix + "bwd");
     for (int i = f_.graph.nodes_size() - 1; i >= 0; --i) {
       const v1::Node& n = f_.graph.nodes(i);
-      if (n.op() == v1::SCAN || n.op() == v1::CONDITIONAL) {
+      if (n.op() == v1::SCAN || n.op() == v1::CONDITIONAL || n.op() == v1::CUSTOM_VJP) {
         if (auto r = result_ct_.find(n.name()); r != result_ct_.end()) {
           const std::vector<std::string> cts = r->second;
-          TESSEL_RETURN_IF_ERROR(n.op() == v1::SCAN ? TransposeScan(n, cts) : TransposeConditional(n, cts));
+          TESSEL_RETURN_IF_ERROR(n.op() == v1::SCAN          ? TransposeScan(n, cts)
+                                 : n.op() == v1::CONDITIONAL ? TransposeConditional(n, cts)
+                                                             : TransposeCustom(n, cts));
           TESSEL_RETURN_IF_ERROR(e_.status());
         }
         continue;
@@ -522,7 +530,7 @@ class Vjp {
     const std::string where = StrCat("vjp of '", node_.grad().function(), "': node '", n.name(), "' (", OpName(n.op()), ")");
     if (n.op() == v1::TUPLE_ELEMENT) {
       const v1::Node& src = f_.graph.nodes(f_.index_of.at(n.operands(0)));
-      if (src.op() == v1::SCAN || src.op() == v1::CONDITIONAL) {
+      if (src.op() == v1::SCAN || src.op() == v1::CONDITIONAL || src.op() == v1::CUSTOM_VJP) {
         std::vector<std::string>& cts = result_ct_[src.name()];
         cts.resize(src.results_size());
         std::string& slot = cts[n.tuple_element().index()];
@@ -694,6 +702,65 @@ class Vjp {
     return absl::OkStatus();
   }
 
+  // `n` (a CUSTOM_VJP with operands already renamed) as a call of `fn`: a
+  // one-branch conditional on a constant index, whose index node is queued
+  // ahead of it.
+  absl::StatusOr<v1::Node> CallNode(const std::string& base, const v1::Node& n, const std::string& fn,
+                                    const std::string& prefix) {
+    v1::Node index;
+    index.set_op(v1::CONSTANT);
+    index.set_name(e_.Fresh(StrCat(prefix, base, ".index")));
+    index.mutable_type()->set_dtype(v1::S32);
+    index.mutable_constant()->mutable_fill()->set_i(0);
+    e_.Declare(index.name(), index.type());
+    v1::Node call;
+    call.set_op(v1::CONDITIONAL);
+    call.add_operands(index.name());
+    for (const std::string& o : n.operands()) call.add_operands(o);
+    call.mutable_control()->add_branches(fn);
+    TESSEL_ASSIGN_OR_RETURN(std::vector<v1::TensorType> results, ResultsOf(fn));
+    for (const v1::TensorType& t : results) *call.add_results() = t;
+    pending_.push_back(std::move(index));
+    return call;
+  }
+
+  absl::StatusOr<std::vector<v1::TensorType>> ResultsOf(const std::string& fn) {
+    v1::Graph g = Function(fn);
+    *g.mutable_functions() = *functions_;
+    TESSEL_ASSIGN_OR_RETURN(TypedGraph t, ValidateGraph(g));
+    std::vector<v1::TensorType> out;
+    for (int o : t.outputs) out.push_back(t.graph.nodes(o).type());
+    return out;
+  }
+
+  // A custom_vjp's backward pass: the user's `bwd` on the residuals the
+  // forward call kept and the results' cotangents.
+  absl::Status TransposeCustom(const v1::Node& n, const std::vector<std::string>& result_cts) {
+    const v1::CustomVjpAttrs& c = n.custom_vjp();
+    const std::string fwd = fwd_.at(n.name());
+    TESSEL_ASSIGN_OR_RETURN(std::vector<v1::TensorType> fwd_results, ResultsOf(c.fwd()));
+    const int m = n.results_size();
+    v1::Node call;
+    call.set_op(v1::CONDITIONAL);
+    call.add_operands(e_.Zeros([] {
+      v1::TensorType t;
+      t.set_dtype(v1::S32);
+      return t;
+    }()));
+    for (size_t r = m; r < fwd_results.size(); ++r) call.add_operands(e_.Element(fwd, int(r), fwd_results[r]));
+    for (int k = 0; k < m; ++k) {
+      const std::string& ct = k < int(result_cts.size()) ? result_cts[k] : std::string();
+      call.add_operands(ct.empty() ? e_.Zeros(n.results(k)) : ct);
+    }
+    call.mutable_control()->add_branches(c.bwd());
+    for (int i = 0; i < n.operands_size(); ++i) *call.add_results() = TypeOf(n.operands(i));
+    const std::string b = e_.Multi(std::move(call), StrCat(fwd, ".backward"));
+    for (int i = 0; i < n.operands_size(); ++i) {
+      if (IsFloat(TypeOf(n.operands(i)).dtype())) Accumulate(n.operands(i), e_.Element(b, i, TypeOf(n.operands(i))));
+    }
+    return absl::OkStatus();
+  }
+
   // A conditional's backward pass is a conditional on the same index over
   // the VJPs of its branches.
   absl::Status TransposeConditional(const v1::Node& n, const std::vector<std::string>& result_cts) {
@@ -859,6 +926,11 @@ class Jvp {
         continue;
       }
       if (!any) continue;
+      if (n.op() == v1::CUSTOM_VJP) {
+        return absl::InvalidArgumentError(StrCat("jvp of '", node_.grad().function(), "': node '", n.name(),
+                                                 "' has a custom VJP, which forward mode cannot use (as JAX: ",
+                                                 "define a custom_jvp, or differentiate in reverse mode)"));
+      }
       if (n.op() == v1::WHILE || n.op() == v1::SCAN) {
         TESSEL_RETURN_IF_ERROR(TangentLoop(n));
       } else if (IsMultiResult(n.op())) {
@@ -1162,7 +1234,7 @@ class Jvp {
 
 bool HasAutodiff(const v1::Graph& g) {
   for (const v1::Node& n : g.nodes()) {
-    if (n.op() == v1::VJP || n.op() == v1::JVP) return true;
+    if (n.op() == v1::VJP || n.op() == v1::JVP || n.op() == v1::CUSTOM_VJP) return true;
   }
   for (const v1::Graph& f : g.functions()) {
     if (HasAutodiff(f)) return true;
@@ -1209,6 +1281,23 @@ static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g) {
       auto results = jvp.Run();
       if (!results.ok()) return Annotate(results.status(), StrCat("node '", n.name(), "' (jvp): "));
       vjp_results[n.name()] = std::move(*results);
+      continue;
+    }
+    if (n.op() == v1::CUSTOM_VJP) {  // not differentiated here: a call of its function
+      v1::Node index;
+      index.set_op(v1::CONSTANT);
+      index.set_name(StrCat(n.name(), ".index"));
+      for (int k = 1; !used.insert(index.name()).second; ++k) index.set_name(StrCat(n.name(), ".index.", k));
+      index.mutable_type()->set_dtype(v1::S32);
+      index.mutable_constant()->mutable_fill()->set_i(0);
+      v1::Node call = n;
+      call.set_op(v1::CONDITIONAL);
+      call.clear_operands();
+      call.add_operands(index.name());
+      for (const std::string& o : n.operands()) call.add_operands(renamed(o));
+      call.mutable_control()->add_branches(n.custom_vjp().function());
+      *out.add_nodes() = std::move(index);
+      *out.add_nodes() = std::move(call);
       continue;
     }
     if (n.op() != v1::VJP) {

@@ -261,10 +261,38 @@ absl::StatusOr<std::vector<v1::TensorType>> InferJvp(const v1::Node& n, absl::Sp
   return results;
 }
 
+absl::StatusOr<std::vector<v1::TensorType>> InferCustomVjp(const v1::Node& n,
+                                                           absl::Span<const v1::TensorType* const> ops,
+                                                           FunctionTable& table, const ValidateOptions& o) {
+  if (n.attrs_case() != v1::Node::kCustomVjp) return InvalidArgumentError("missing attributes 'custom_vjp'");
+  const v1::CustomVjpAttrs& c = n.custom_vjp();
+  std::vector<v1::TensorType> args;
+  for (const v1::TensorType* t : ops) args.push_back(*t);
+  TESSEL_ASSIGN_OR_RETURN(const FunctionSignature* f, table.Signature(c.function(), o));
+  TESSEL_ASSIGN_OR_RETURN(const FunctionSignature* fwd, table.Signature(c.fwd(), o));
+  TESSEL_ASSIGN_OR_RETURN(const FunctionSignature* bwd, table.Signature(c.bwd(), o));
+  TESSEL_RETURN_IF_ERROR(CheckTypes("parameters", c.function(), f->parameters, args, "the operands"));
+  TESSEL_RETURN_IF_ERROR(CheckTypes("parameters", c.fwd(), fwd->parameters, args, "the operands"));
+  if (fwd->results.size() < f->results.size()) {
+    return InvalidArgumentError(StrCat("function '", c.fwd(), "' returns ", fwd->results.size(), " results; expected ",
+                                       "the ", f->results.size(), " of '", c.function(), "', then residuals"));
+  }
+  const std::vector<v1::TensorType> first(fwd->results.begin(), fwd->results.begin() + f->results.size());
+  TESSEL_RETURN_IF_ERROR(CheckTypes("results", c.fwd(), first, f->results, StrCat("the results of '", c.function(), "'")));
+  std::vector<v1::TensorType> bwd_params(fwd->results.begin() + f->results.size(), fwd->results.end());
+  bwd_params.insert(bwd_params.end(), f->results.begin(), f->results.end());
+  TESSEL_RETURN_IF_ERROR(CheckTypes("parameters", c.bwd(), bwd->parameters, bwd_params,
+                                    "the residuals, then a cotangent per result"));
+  TESSEL_RETURN_IF_ERROR(CheckTypes("results", c.bwd(), bwd->results, args, "a cotangent per operand"));
+  return f->results;
+}
+
 }  // namespace
 
 bool IsControlFlow(v1::Op op) { return op == v1::WHILE || op == v1::CONDITIONAL || op == v1::SCAN; }
-bool IsMultiResult(v1::Op op) { return IsControlFlow(op) || op == v1::VJP || op == v1::JVP; }
+bool IsMultiResult(v1::Op op) {
+  return IsControlFlow(op) || op == v1::VJP || op == v1::JVP || op == v1::CUSTOM_VJP;
+}
 
 std::vector<std::string> CalledFunctions(const v1::Node& n) {
   if (!n.has_control()) return {};
@@ -353,6 +381,7 @@ absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateO
     if (IsMultiResult(n.op())) {
       auto results = n.op() == v1::VJP   ? InferVjp(n, operand_types, *table, options)
                      : n.op() == v1::JVP ? InferJvp(n, operand_types, *table, options)
+                     : n.op() == v1::CUSTOM_VJP ? InferCustomVjp(n, operand_types, *table, options)
                                          : InferControlFlow(n, operand_types, *table, options);
       if (!results.ok()) return Annotate(results.status(), label);
       if (n.results_size() > 0) {

@@ -152,6 +152,40 @@ TEST(ControlFlowBuilder, ABodyThatChangesACarriedTypeFailsWhereItIsBuilt) {
   EXPECT_NE(h.status().message().find("expected the loop predicate (pred[])"), std::string::npos) << h.status();
 }
 
+TEST_F(ControlFlowTest, GradientsAndTangentsFromTheBuilderMatchTheSameInCpp) {
+  // f(w, x) = sum_i tanh((x w)_i): df/dw_j = sum_i (1 - tanh^2((x w)_i)) x_ij.
+  GraphBuilder g("grad");
+  Value w = g.Parameter({DType::kF64, {3}}, "w");
+  Value x = g.Parameter({DType::kF64, {4, 3}}, "x");
+  Value tw = g.Parameter({DType::kF64, {3}}, "tw");
+  GraphBuilder::Function f = [](GraphBuilder& b, const std::vector<Value>& p) {
+    Value y = b.DotGeneral(p[1], p[0], {.lhs_contracting = {1}, .rhs_contracting = {0}});
+    return std::vector<Value>{b.Reduce(b.Tanh(y), ReduceKind::kSum, {0})};
+  };
+  std::vector<Value> vg = g.ValueAndGrad(f, {w, x}, {0});
+  std::vector<Value> jv = g.Jvp(f, {w, x}, {tw}, {0});
+  auto graph = g.Build({vg[0], vg[1], jv[1]});
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  const std::vector<double> wv = {0.3, -0.2, 0.5}, tv = {1.0, 0.5, -2.0};
+  std::vector<double> xv(12);
+  for (int i = 0; i < 12; ++i) xv[i] = std::sin(i * 0.7);
+  auto got = Run(*graph, {HostArray::From<double>({3}, wv), HostArray::From<double>({4, 3}, xv),
+                          HostArray::From<double>({3}, tv)});
+  ASSERT_EQ(got.size(), 3u);
+  double value = 0, tangent = 0, grad[3] = {0, 0, 0};
+  for (int i = 0; i < 4; ++i) {
+    double y = 0, ty = 0;
+    for (int j = 0; j < 3; ++j) y += xv[i * 3 + j] * wv[j], ty += xv[i * 3 + j] * tv[j];
+    const double t = std::tanh(y);
+    value += t;
+    tangent += (1 - t * t) * ty;
+    for (int j = 0; j < 3; ++j) grad[j] += (1 - t * t) * xv[i * 3 + j];
+  }
+  EXPECT_NEAR(got[0].as<double>()[0], value, 1e-12);
+  for (int j = 0; j < 3; ++j) EXPECT_NEAR(got[1].as<double>()[j], grad[j], 1e-12) << j;
+  EXPECT_NEAR(got[2].as<double>()[0], tangent, 1e-12);
+}
+
 std::string RunCommand(const std::string& cmd, int* rc) {
   FILE* f = popen((cmd + " 2>&1").c_str(), "r");
   std::string out;

@@ -613,6 +613,84 @@ std::vector<Value> GraphBuilder::Scan(std::vector<Value> init, std::vector<Value
   return impl_->ControlNode(std::move(n), all, results);
 }
 
+namespace {
+// The types `f` returns for parameters of `types`, by building it on a scratch builder.
+absl::StatusOr<std::vector<ArrayType>> ResultTypes(const GraphBuilder::Function& f, const std::vector<ArrayType>& types) {
+  GraphBuilder scratch("scratch");
+  std::vector<Value> params;
+  for (size_t i = 0; i < types.size(); ++i) params.push_back(scratch.Parameter(types[i]));
+  const std::vector<Value> out = f(scratch, params);
+  TESSEL_RETURN_IF_ERROR(scratch.status());
+  std::vector<ArrayType> got;
+  for (const Value& v : out) got.push_back(v.type());
+  return got;
+}
+}  // namespace
+
+std::vector<Value> GraphBuilder::Vjp(const Function& f, std::vector<Value> args, std::vector<Value> cotangents,
+                                     std::vector<int> wrt) {
+  if (!impl_->status.ok()) return {};
+  const std::string name = absl::StrCat("vjp_", impl_->graph.nodes_size());
+  const std::string what = absl::StrCat("vjp '", name, "'");
+  std::vector<ArrayType> types;
+  for (const Value& v : args) {
+    if (!v.valid()) return impl_->Fail(what, "an argument is not a value"), std::vector<Value>{};
+    types.push_back(v.type());
+  }
+  auto r = impl_->AddFunction(absl::StrCat(impl_->graph.name(), "/", name, "/f"), types, f, nullptr, "");
+  if (!r.ok()) return impl_->Fail(what, r.status().message()), std::vector<Value>{};
+  v1::Node n = NodeOf(v1::VJP);
+  n.set_name(name);
+  n.mutable_grad()->set_function(absl::StrCat(impl_->graph.name(), "/", name, "/f"));
+  std::vector<ArrayType> results = *r;
+  for (int p : wrt) {
+    if (p < 0 || p >= int(types.size())) {
+      return impl_->Fail(what, absl::StrCat("wrt ", p, " is not an argument (", types.size(), " arguments)")),
+             std::vector<Value>{};
+    }
+    n.mutable_grad()->add_wrt(p);
+    results.push_back(types[p]);
+  }
+  std::vector<Value> all = args;
+  all.insert(all.end(), cotangents.begin(), cotangents.end());
+  return impl_->ControlNode(std::move(n), all, results);
+}
+
+std::vector<Value> GraphBuilder::ValueAndGrad(const Function& f, std::vector<Value> args, std::vector<int> wrt) {
+  if (!impl_->status.ok()) return {};
+  std::vector<ArrayType> types;
+  for (const Value& v : args) types.push_back(v.type());
+  auto r = ResultTypes(f, types);
+  if (!r.ok()) return impl_->Fail("value_and_grad", r.status().message()), std::vector<Value>{};
+  if (r->size() != 1 || !r->at(0).dims.empty()) {
+    return impl_->Fail("value_and_grad", "the function must return one scalar"), std::vector<Value>{};
+  }
+  return Vjp(f, std::move(args), {Fill(r->at(0), 1.0)}, std::move(wrt));
+}
+
+std::vector<Value> GraphBuilder::Jvp(const Function& f, std::vector<Value> args, std::vector<Value> tangents,
+                                     std::vector<int> wrt) {
+  if (!impl_->status.ok()) return {};
+  const std::string name = absl::StrCat("jvp_", impl_->graph.nodes_size());
+  const std::string what = absl::StrCat("jvp '", name, "'");
+  std::vector<ArrayType> types;
+  for (const Value& v : args) {
+    if (!v.valid()) return impl_->Fail(what, "an argument is not a value"), std::vector<Value>{};
+    types.push_back(v.type());
+  }
+  auto r = impl_->AddFunction(absl::StrCat(impl_->graph.name(), "/", name, "/f"), types, f, nullptr, "");
+  if (!r.ok()) return impl_->Fail(what, r.status().message()), std::vector<Value>{};
+  v1::Node n = NodeOf(v1::JVP);
+  n.set_name(name);
+  n.mutable_grad()->set_function(absl::StrCat(impl_->graph.name(), "/", name, "/f"));
+  for (int p : wrt) n.mutable_grad()->add_wrt(p);
+  std::vector<ArrayType> results = *r;
+  results.insert(results.end(), r->begin(), r->end());
+  std::vector<Value> all = args;
+  all.insert(all.end(), tangents.begin(), tangents.end());
+  return impl_->ControlNode(std::move(n), all, results);
+}
+
 absl::StatusOr<Graph> GraphBuilder::Build(const std::vector<Value>& outputs) {
   if (!impl_->status.ok()) return impl_->status;
   if (outputs.empty()) return absl::InvalidArgumentError(absl::StrCat("graph '", impl_->graph.name(), "' has no outputs"));

@@ -164,6 +164,21 @@ class GraphBuilder {
   std::vector<Value> Scan(std::vector<Value> init, std::vector<Value> xs, int64_t length, const Function& body,
                           bool reverse = false);
 
+  // ---- Derivatives (expanded by the compiler into the forward pass and
+  // its transpose; see the README's "Gradients").
+
+  // Reverse mode: f(args) and the cotangents of the parameters in `wrt`
+  // (indices into args, floating-point) given one cotangent per result of f.
+  // Returns f's results, then one cotangent per `wrt` entry.
+  std::vector<Value> Vjp(const Function& f, std::vector<Value> args, std::vector<Value> cotangents,
+                         std::vector<int> wrt);
+  // The gradient of f's scalar result: {f(args), d f / d args[wrt[0]], ...}.
+  std::vector<Value> ValueAndGrad(const Function& f, std::vector<Value> args, std::vector<int> wrt);
+  // Forward mode: f(args), then each result's tangent, given a tangent for
+  // each parameter in `wrt`.
+  std::vector<Value> Jvp(const Function& f, std::vector<Value> args, std::vector<Value> tangents,
+                         std::vector<int> wrt);
+
   // OK, or the first error (naming the op, the expected and the actual).
   absl::Status status() const;
   absl::StatusOr<Graph> Build(const std::vector<Value>& outputs);

@@ -13,7 +13,7 @@ from tessel._jit import flatten, jit, unflatten
 from tessel._trace import Tracer, current_builder
 from tessel.v1 import ir_pb2
 
-__all__ = ["grad", "jvp", "value_and_grad", "vjp"]
+__all__ = ["custom_vjp", "grad", "jvp", "value_and_grad", "vjp"]
 
 _FLOATS = {np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)}
 
@@ -173,3 +173,69 @@ def jvp(fun, primals, tangents):
     results = _lax._control_node(parent, ir_pb2.JVP, ops + captured + tans, attrs, result_specs)
     n = len(out)
     return unflatten(out_structure, results[:n]), unflatten(out_structure, results[n:])
+
+
+class custom_vjp:
+    """jax.custom_vjp: `fun` with a reverse-mode rule of your own.
+
+        f = tessel.custom_vjp(fun)
+        f.defvjp(fwd, bwd)   # fwd(*args) -> (out, residuals); bwd(residuals, ct) -> one ct per argument
+
+    Outside a gradient f runs `fun`; under grad/value_and_grad/vjp the
+    backward pass runs `bwd` on what `fwd` kept. The three functions take
+    the arguments explicitly: they may not close over traced values."""
+
+    def __init__(self, fun):
+        self.fun, self.fwd, self.bwd = fun, None, None
+        self.__name__ = getattr(fun, "__name__", "custom_vjp")
+
+    def defvjp(self, fwd, bwd):
+        self.fwd, self.bwd = fwd, bwd
+        return self
+
+    def __call__(self, *args):
+        if self.fwd is None:
+            raise TypeError(f"custom_vjp {self.__name__}: call defvjp(fwd, bwd) first")
+        leaves, paths, structure, _ = _positions(args, ())
+        if current_builder() is None and not any(isinstance(x, Tracer) for x in leaves):
+            return jit(self)(*args)
+        parent = current_builder()
+        ops = _lax._operands(leaves)
+        specs = [_lax._spec(x) for x in ops]
+        rebuild = lambda ps: unflatten(structure, ps)  # noqa: E731
+
+        def closed(b, what):
+            if b.captures:
+                raise TypeError(f"custom_vjp {self.__name__}: {what} closes over traced values; pass them as "
+                                "arguments")
+        fb, out, _, out_structure = _lax._trace(parent, "custom_fun", self.fun, specs, paths, rebuild)
+        closed(fb, "the function")
+        _lax._finish(fb, out)
+        wb, wout, _, wstructure = _lax._trace(parent, "custom_fwd", self.fwd, specs, paths, rebuild)
+        closed(wb, "fwd")
+        if wstructure[0] not in ("tuple", "list") or len(wstructure[1]) != 2 or wstructure[1][0] != out_structure:
+            raise TypeError(f"custom_vjp {self.__name__}: fwd must return (the function's result, residuals)")
+        n = len(out)
+        wout = _lax._match(wb, wout[:n], [""] * n, [_lax._spec(x) for x in out], f"custom_vjp {self.__name__} fwd") \
+            + wout[n:]
+        _lax._finish(wb, wout)
+        res_structure = wstructure[1][1]
+        res_specs = [_lax._spec(x) for x in wout[n:]]
+        nr = len(res_specs)
+        out_specs = [(s, d, False) for s, d, _ in (_lax._spec(x) for x in out)]
+        bb, bout, bpaths, bstructure = _lax._trace(
+            parent, "custom_bwd", lambda *ls: self.bwd(unflatten(res_structure, ls[:nr]), unflatten(out_structure, ls[nr:])),
+            res_specs + out_specs, [""] * (nr + n), lambda ps: ps)
+        closed(bb, "bwd")
+        if len(bout) != len(ops):
+            raise TypeError(f"custom_vjp {self.__name__}: bwd returned {len(bout)} cotangents for {len(ops)} "
+                            "argument leaves")
+        bout = _lax._match(bb, bout, bpaths, specs, f"custom_vjp {self.__name__} bwd")
+        _lax._finish(bb, bout)
+
+        def attrs(node):
+            node.custom_vjp.function = fb.graph.name
+            node.custom_vjp.fwd = wb.graph.name
+            node.custom_vjp.bwd = bb.graph.name
+        results = _lax._control_node(parent, ir_pb2.CUSTOM_VJP, ops, attrs, [_lax._spec(x) for x in out])
+        return unflatten(out_structure, results)

@@ -300,3 +300,25 @@ def test_data_parallel_gradients_of_a_split_batch(session):
     np.testing.assert_allclose(f(*args).fetch(), np.asarray(jax.grad(lambda w: loss(jnp, w, x, t))(w)), rtol=1e-9)
     reduces = [c for c in f.lower(*args).collectives if c["op"] == "all_reduce"]
     assert len(reduces) >= 1 and all(c["reason"] for c in reduces), f.lower(*args).collectives
+
+
+def test_custom_vjp_uses_the_users_rule_as_jax_does(session):
+    def make(lib, xp):
+        f = lib.custom_vjp(lambda x, s: xp.tanh(x) * s)
+        # The rule keeps tanh(x) and doubles the true gradient wrt x: a wrong
+        # rule on purpose, so that the result shows which one ran.
+        f.defvjp(lambda x, s: (xp.tanh(x) * s, (xp.tanh(x), s)),
+                 lambda res, ct: (2 * ct * res[1] * (1 - res[0] * res[0]), (ct * res[0]).sum(axis=0)))
+        return f
+    ours_f, theirs_f = make(tessel, tnp), make(jax, jnp)
+    x, s = rand(3, 4), rand(4)
+    loss = lambda f, xp: lambda x, s: (f(x, s) ** 2).sum()  # noqa: E731
+    ours = tessel.jit(tessel.grad(loss(ours_f, tnp), argnums=(0, 1)))(x, s)
+    theirs = jax.grad(loss(theirs_f, jnp), argnums=(0, 1))(x, s)
+    for o, t in zip(ours, theirs):
+        np.testing.assert_allclose(o.fetch(), np.asarray(t), rtol=1e-12)
+    # Outside a gradient it is the function, eagerly too.
+    np.testing.assert_allclose(tessel.jit(ours_f)(x, s).fetch(), np.tanh(x) * s, rtol=1e-12)
+    np.testing.assert_allclose(ours_f(tessel.device_put(x), s).fetch(), np.tanh(x) * s, rtol=1e-12)
+    with pytest.raises(tessel.InvalidArgumentError, match="custom VJP, which forward mode cannot use"):
+        tessel.jit(lambda x: tessel.jvp(lambda v: ours_f(v, s), (x,), (x,)))(x)
