@@ -123,6 +123,11 @@ class GraphBuilder::Impl {
                                                      const std::string& want_what);
   std::vector<Value> ControlNode(v1::Node n, const std::vector<Value>& operands,
                                  const std::vector<ArrayType>& results);
+  std::vector<Value> Derivative(
+      v1::Op op, const Function& f, const std::vector<Value>& args, const std::vector<Value>& extra,
+      const std::vector<int>& wrt,
+      const std::function<std::vector<ArrayType>(const std::vector<ArrayType>& results,
+                                                 const std::vector<ArrayType>& args)>& more);
 
   Value Fail(absl::string_view what, absl::string_view why) {
     if (status.ok()) status = absl::InvalidArgumentError(absl::StrCat("graph '", graph.name(), "': ", what, ": ", why));
@@ -627,33 +632,49 @@ absl::StatusOr<std::vector<ArrayType>> ResultTypes(const GraphBuilder::Function&
 }
 }  // namespace
 
-std::vector<Value> GraphBuilder::Vjp(const Function& f, std::vector<Value> args, std::vector<Value> cotangents,
-                                     std::vector<int> wrt) {
-  if (!impl_->status.ok()) return {};
-  const std::string name = absl::StrCat("vjp_", impl_->graph.nodes_size());
-  const std::string what = absl::StrCat("vjp '", name, "'");
+// A VJP or JVP node of f at `args` with `extra` operands (cotangents or
+// tangents) after them; the results are f's, then those `more` gives from
+// f's result and argument types.
+std::vector<Value> GraphBuilder::Impl::Derivative(
+    v1::Op op, const Function& f, const std::vector<Value>& args, const std::vector<Value>& extra,
+    const std::vector<int>& wrt,
+    const std::function<std::vector<ArrayType>(const std::vector<ArrayType>& results, const std::vector<ArrayType>& args)>&
+        more) {
+  if (!status.ok()) return {};
+  const std::string name = absl::StrCat(OpName(op), "_", graph.nodes_size());
+  const std::string what = absl::StrCat(OpName(op), " '", name, "'");
   std::vector<ArrayType> types;
   for (const Value& v : args) {
-    if (!v.valid()) return impl_->Fail(what, "an argument is not a value"), std::vector<Value>{};
+    if (!v.valid()) return Fail(what, "an argument is not a value"), std::vector<Value>{};
     types.push_back(v.type());
   }
-  auto r = impl_->AddFunction(absl::StrCat(impl_->graph.name(), "/", name, "/f"), types, f, nullptr, "");
-  if (!r.ok()) return impl_->Fail(what, r.status().message()), std::vector<Value>{};
-  v1::Node n = NodeOf(v1::VJP);
-  n.set_name(name);
-  n.mutable_grad()->set_function(absl::StrCat(impl_->graph.name(), "/", name, "/f"));
-  std::vector<ArrayType> results = *r;
   for (int p : wrt) {
     if (p < 0 || p >= int(types.size())) {
-      return impl_->Fail(what, absl::StrCat("wrt ", p, " is not an argument (", types.size(), " arguments)")),
+      return Fail(what, absl::StrCat("wrt ", p, " is not an argument (", types.size(), " arguments)")),
              std::vector<Value>{};
     }
-    n.mutable_grad()->add_wrt(p);
-    results.push_back(types[p]);
   }
+  const std::string fn = absl::StrCat(graph.name(), "/", name, "/f");
+  auto r = AddFunction(fn, types, f, nullptr, "");
+  if (!r.ok()) return Fail(what, r.status().message()), std::vector<Value>{};
+  v1::Node n = NodeOf(op);
+  n.set_name(name);
+  n.mutable_grad()->set_function(fn);
+  for (int p : wrt) n.mutable_grad()->add_wrt(p);
+  std::vector<ArrayType> results = *r;
+  for (const ArrayType& t : more(*r, types)) results.push_back(t);
   std::vector<Value> all = args;
-  all.insert(all.end(), cotangents.begin(), cotangents.end());
-  return impl_->ControlNode(std::move(n), all, results);
+  all.insert(all.end(), extra.begin(), extra.end());
+  return ControlNode(std::move(n), all, results);
+}
+
+std::vector<Value> GraphBuilder::Vjp(const Function& f, std::vector<Value> args, std::vector<Value> cotangents,
+                                     std::vector<int> wrt) {
+  return impl_->Derivative(v1::VJP, f, args, cotangents, wrt, [&](const auto&, const std::vector<ArrayType>& types) {
+    std::vector<ArrayType> cts;
+    for (int p : wrt) cts.push_back(types[p]);
+    return cts;
+  });
 }
 
 std::vector<Value> GraphBuilder::ValueAndGrad(const Function& f, std::vector<Value> args, std::vector<int> wrt) {
@@ -670,25 +691,8 @@ std::vector<Value> GraphBuilder::ValueAndGrad(const Function& f, std::vector<Val
 
 std::vector<Value> GraphBuilder::Jvp(const Function& f, std::vector<Value> args, std::vector<Value> tangents,
                                      std::vector<int> wrt) {
-  if (!impl_->status.ok()) return {};
-  const std::string name = absl::StrCat("jvp_", impl_->graph.nodes_size());
-  const std::string what = absl::StrCat("jvp '", name, "'");
-  std::vector<ArrayType> types;
-  for (const Value& v : args) {
-    if (!v.valid()) return impl_->Fail(what, "an argument is not a value"), std::vector<Value>{};
-    types.push_back(v.type());
-  }
-  auto r = impl_->AddFunction(absl::StrCat(impl_->graph.name(), "/", name, "/f"), types, f, nullptr, "");
-  if (!r.ok()) return impl_->Fail(what, r.status().message()), std::vector<Value>{};
-  v1::Node n = NodeOf(v1::JVP);
-  n.set_name(name);
-  n.mutable_grad()->set_function(absl::StrCat(impl_->graph.name(), "/", name, "/f"));
-  for (int p : wrt) n.mutable_grad()->add_wrt(p);
-  std::vector<ArrayType> results = *r;
-  results.insert(results.end(), r->begin(), r->end());
-  std::vector<Value> all = args;
-  all.insert(all.end(), tangents.begin(), tangents.end());
-  return impl_->ControlNode(std::move(n), all, results);
+  return impl_->Derivative(v1::JVP, f, args, tangents, wrt,
+                    [](const std::vector<ArrayType>& results, const auto&) { return results; });
 }
 
 absl::StatusOr<Graph> GraphBuilder::Build(const std::vector<Value>& outputs) {
