@@ -611,7 +611,6 @@ class Vjp {
     const int nc = c.num_carry(), nx = n.operands_size() - nc, ny = n.results_size() - nc;
     const int64_t length = c.length();
     const std::string fwd = fwd_.at(n.name());
-    const v1::Graph& body = Function(c.body());
     auto slice_type = [&](const v1::TensorType& t) {
       v1::TensorType s = t;
       s.mutable_dims()->erase(s.mutable_dims()->begin());
@@ -684,7 +683,6 @@ class Vjp {
         bb.add_outputs(Add(bb, z));
       }
     }
-    (void)body;
     v1::Node back;
     back.set_op(v1::SCAN);
     for (const std::string& o : ops) back.add_operands(o);
@@ -1111,10 +1109,8 @@ class Jvp {
     for (int j = 0; j < nx; ++j) {
       if (IsFloat(TypeOf(n.operands(nc + j)).dtype())) fx.push_back(j);
     }
-    const v1::Graph* body = nullptr;
     const v1::Graph* cond = nullptr;
     for (const v1::Graph& g : *functions_) {
-      if (g.name() == c.body()) body = &g;
       if (!scan && g.name() == c.cond()) cond = &g;
     }
     // body'(c, tc, x, tx) -> (c', tc', y, ty) through the body's JVP.
@@ -1170,7 +1166,6 @@ class Jvp {
     for (int k : fc) element(nr + k, body_results[k]);                         // tc'
     for (int m = 0; m < ny; ++m) element(nc + m, body_results[nc + m]);        // y
     for (int m : fy) element(nr + nc + m, body_results[nc + m]);               // ty
-    (void)body;
     v1::Node loop = n;
     loop.clear_operands();
     loop.clear_results();

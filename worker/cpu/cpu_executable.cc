@@ -1,6 +1,7 @@
 #include "worker/cpu/cpu_executable.h"
 
 #include <algorithm>
+#include <optional>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
@@ -129,11 +130,15 @@ absl::Status CpuExecutable::Execute(int i, std::vector<BufferPtr>& values, const
 absl::StatusOr<std::vector<BufferPtr>> CpuExecutable::Run(absl::Span<const BufferPtr> args,
                                                           absl::Span<const BufferPtr> into,
                                                           const worker::StepContext& ctx) {
-  worker::StepContext inner = ctx;  // with the scope of the instruction running (SlotProgram::Run)
+  // Inside a function the context takes the call's scope; copied once, and
+  // only by a program that runs functions.
+  std::optional<worker::StepContext> inner;
   return slots_.Run(args, into, *device_,
                     [&](int i, std::vector<BufferPtr>& values, const std::vector<BufferPtr>& preset, uint64_t scope) {
-                      inner.scope = scope;
-                      return Execute(i, values, preset, inner);
+                      if (scope == ctx.scope) return Execute(i, values, preset, ctx);
+                      if (!inner) inner.emplace(ctx);
+                      inner->scope = scope;
+                      return Execute(i, values, preset, *inner);
                     });
 }
 

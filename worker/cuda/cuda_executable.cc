@@ -1,6 +1,7 @@
 #include "worker/cuda/cuda_executable.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "core/dtype.h"
@@ -393,11 +394,15 @@ absl::StatusOr<std::vector<BufferPtr>> CudaExecutable::Run(absl::Span<const Buff
                                                            absl::Span<const BufferPtr> into,
                                                            const worker::StepContext& ctx) {
   TESSEL_RETURN_IF_ERROR(device_->Activate());
-  worker::StepContext inner = ctx;  // with the scope of the instruction running (SlotProgram::Run)
+  // Inside a function the context takes the call's scope; copied once, and
+  // only by a program that runs functions.
+  std::optional<worker::StepContext> inner;
   return slots_.Run(args, into, *device_,
                     [&](int i, std::vector<BufferPtr>& values, const std::vector<BufferPtr>& preset, uint64_t scope) {
-                      inner.scope = scope;
-                      return Execute(i, values, preset, inner);
+                      if (scope == ctx.scope) return Execute(i, values, preset, ctx);
+                      if (!inner) inner.emplace(ctx);
+                      inner->scope = scope;
+                      return Execute(i, values, preset, *inner);
                     });
 }
 
