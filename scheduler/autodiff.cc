@@ -1,14 +1,18 @@
 #include "scheduler/autodiff.h"
 
 #include <algorithm>
+#include <functional>
 #include <numeric>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/dtype.h"
 #include "core/shape_inference.h"
+#include "core/sharding.h"
 #include "core/status.h"
+#include "scheduler/varying.h"
 
 namespace tessel::scheduler {
 namespace {
@@ -58,9 +62,7 @@ class Emitter {
       *n.mutable_type() = *t;
     }
     types_[n.name()] = n.type();
-    const std::string name = n.name();
-    *out_.add_nodes() = std::move(n);
-    return name;
+    return Append(std::move(n));
   }
 
   v1::Node Op(v1::Op op, std::initializer_list<std::string> operands) {
@@ -112,26 +114,20 @@ class Emitter {
     n.set_name(Fresh(StrCat(v, "#", k)));
     *n.mutable_type() = t;
     types_[n.name()] = t;
-    const std::string name = n.name();
-    *out_.add_nodes() = std::move(n);
-    return name;
+    return Append(std::move(n));
   }
   // `n` appended as given (types set), under a fresh name after `base`.
   std::string Copy(v1::Node n, const std::string& base) {
     if (!status_.ok()) return "";
     n.set_name(Fresh(base));
     types_[n.name()] = n.type();
-    const std::string name = n.name();
-    *out_.add_nodes() = std::move(n);
-    return name;
+    return Append(std::move(n));
   }
   // A multi-result node, appended as given (its `results` set).
   std::string Multi(v1::Node n, const std::string& base) {
     if (!status_.ok()) return "";
     n.set_name(Fresh(base));
-    const std::string name = n.name();
-    *out_.add_nodes() = std::move(n);
-    return name;
+    return Append(std::move(n));
   }
   std::string Broadcast(const std::string& a, const std::vector<int64_t>& dims, const std::vector<int64_t>& bdims) {
     v1::Node n = Op(v1::BROADCAST_IN_DIM, {a});
@@ -206,7 +202,17 @@ class Emitter {
     if (status_.ok()) status_ = std::move(s);
   }
 
+  // Called with every node appended (varying-axis tracking in manual regions).
+  std::function<void(const v1::Node&)> on_emit;
+
  private:
+  std::string Append(v1::Node n) {
+    if (on_emit) on_emit(n);
+    const std::string name = n.name();
+    *out_.add_nodes() = std::move(n);
+    return name;
+  }
+
   v1::Graph& out_;
   absl::flat_hash_set<std::string>& used_;
   absl::flat_hash_map<std::string, v1::TensorType> types_;
@@ -227,13 +233,57 @@ std::vector<int64_t> FreeDims(int rank, const google::protobuf::RepeatedField<in
   return free;
 }
 
+// The backward body of a manual region under construction: the mesh axes
+// every value it holds varies over (forward values, recomputed there, and
+// cotangents alike), tracked as nodes are appended.
+struct RegionContext {
+  RegionContext(const v1::Mesh& m, const google::protobuf::RepeatedPtrField<v1::Graph>& functions, std::string l)
+      : mesh(m), analysis(m, functions), label(std::move(l)) {}
+
+  void Track(const v1::Node& n) {
+    if (!status.ok() || n.op() == v1::PARAMETER) return;
+    if (n.op() == v1::TUPLE_ELEMENT) {
+      Varying v = Of(StrCat(n.operands(0), "#", n.tuple_element().index()));
+      vary[n.name()] = std::move(v);
+      return;
+    }
+    std::vector<Varying> ops;
+    for (const std::string& o : n.operands()) ops.push_back(Of(o));
+    auto r = analysis.Of(n, ops, label);
+    if (!r.ok()) {
+      status = r.status();
+      return;
+    }
+    if (IsMultiResult(n)) {
+      for (size_t k = 0; k < r->size(); ++k) vary[StrCat(n.name(), "#", k)] = std::move((*r)[k]);
+    } else {
+      vary[n.name()] = std::move(r->at(0));
+    }
+  }
+  int64_t Size(const std::string& axis) const { return mesh.axis_sizes(AxisIndex(mesh, axis)); }
+  // A copy: references into `vary` do not survive an insertion.
+  Varying Of(const std::string& v) const {
+    auto it = vary.find(v);
+    return it == vary.end() ? Varying{} : it->second;
+  }
+
+  const v1::Mesh& mesh;
+  VaryingAnalysis analysis;
+  std::string label;
+  absl::flat_hash_map<std::string, Varying> vary;
+  absl::Status status;
+};
+
 // One VJP node's expansion into `e`.
 class Vjp {
  public:
-  // New functions (a loop's backward body) go to `functions`.
+  // New functions (a loop's backward body) go to `functions`. `mesh`: what
+  // manual regions run over; `region`: set when `f` is a region's body.
   Vjp(Emitter& e, const v1::Node& node, const TypedGraph& f, std::vector<std::string> args,
-      std::vector<std::string> cotangents, google::protobuf::RepeatedPtrField<v1::Graph>* functions)
-      : e_(e), node_(node), f_(f), args_(std::move(args)), cts_(std::move(cotangents)), functions_(functions) {}
+      std::vector<std::string> cotangents, google::protobuf::RepeatedPtrField<v1::Graph>* functions,
+      const v1::Mesh& mesh, RegionContext* region = nullptr)
+      : e_(e), node_(node), f_(f), args_(std::move(args)), cts_(std::move(cotangents)), functions_(functions),
+        mesh_(mesh), region_(region) {}
 
   // The names of the node's results: F's results, then the cotangents of `wrt`.
   absl::StatusOr<std::vector<std::string>> Run() {
@@ -269,6 +319,7 @@ class Vjp {
       c.set_name(name);
       e_.Declare(name, n.type());
       fwd_[n.name()] = name;
+      if (region_ != nullptr) region_->Track(c);
       pending_.push_back(std::move(c));
     }
 
@@ -289,18 +340,22 @@ class Vjp {
       }
       auto it = ct_.find(n.name());
       if (it == ct_.end() || n.op() == v1::PARAMETER) continue;
-      const std::string ct = it->second;  // a copy: the map grows under Transpose
+      // A copy (the map grows under Transpose); an all_gather's transpose
+      // sums its cotangent itself (a reduce_scatter where it can).
+      const std::string ct = n.op() == v1::ALL_GATHER ? it->second : Settle(n.name(), it->second);
       TESSEL_RETURN_IF_ERROR(Transpose(n, ct));
       TESSEL_RETURN_IF_ERROR(e_.status());
+      if (region_ != nullptr) TESSEL_RETURN_IF_ERROR(region_->status);
     }
     std::vector<std::string> results;
     for (const std::string& o : f_.graph.outputs()) results.push_back(fwd_.at(o));
     for (int p : node_.grad().wrt()) {
       const v1::Node& prm = f_.graph.nodes(f_.parameters[p]);
       auto it = ct_.find(prm.name());
-      results.push_back(it != ct_.end() ? it->second : e_.Fill(prm.type(), 0.0));
+      results.push_back(it != ct_.end() ? Settle(prm.name(), it->second) : e_.Fill(prm.type(), 0.0));
     }
     TESSEL_RETURN_IF_ERROR(e_.status());
+    if (region_ != nullptr) TESSEL_RETURN_IF_ERROR(region_->status);
     return results;
   }
 
@@ -524,6 +579,18 @@ class Vjp {
         return absl::OkStatus();
       }
       case v1::DOT_GENERAL: return TransposeDot(n, ct);
+      case v1::MANUAL_REGION: return TransposeRegion(n, ct);
+      case v1::AXIS_INDEX: return absl::OkStatus();
+      case v1::ALL_REDUCE:
+      case v1::ALL_GATHER:
+      case v1::REDUCE_SCATTER:
+      case v1::ALL_TO_ALL:
+      case v1::COLLECTIVE_PERMUTE: return TransposeCollective(n, ct);
+      case v1::CUSTOM_KERNEL:
+        return absl::UnimplementedError(StrCat(
+            "vjp of '", node_.grad().function(), "': custom kernel '", n.custom_kernel().name(), "' (node '", n.name(),
+            "') has no derivative of its own: wrap its call in custom_vjp, whose backward function may call a ",
+            "backward kernel with its own replication rule"));
       default:
         break;
     }
@@ -546,6 +613,229 @@ class Vjp {
                                              "', which reverse mode does not differentiate yet"));
     }
     return absl::UnimplementedError(StrCat(where, ": reverse mode has no transposition rule for it yet"));
+  }
+
+  // ------------------------------------------------------------ manual regions
+
+  // The mesh axes, in mesh order, that `ct` varies over and F's value `v`
+  // does not.
+  std::vector<std::string> Excess(const std::string& v, const std::string& ct) {
+    std::vector<std::string> out;
+    const Varying want = region_->Of(fwd_.at(v)), have = region_->Of(ct);
+    for (const std::string& a : mesh_.axis_names()) {
+      if (have.Over(a) && !want.Over(a)) out.push_back(a);
+    }
+    return out;
+  }
+
+  // A collective over `axes` on `x`, typed for this mesh.
+  std::string Collective(v1::Op op, const std::string& x, const std::vector<std::string>& axes,
+                         const std::string& reason, int64_t dimension = 0, int64_t concat = 0,
+                         const std::vector<int64_t>& pairs = {}) {
+    if (!e_.status().ok()) return "";
+    v1::Node n = e_.Op(op, {x});
+    v1::CollectiveAttrs& c = *n.mutable_collective();
+    for (const std::string& a : axes) c.add_axes(a);
+    if (op == v1::ALL_REDUCE || op == v1::REDUCE_SCATTER) c.set_kind(v1::SUM);
+    c.set_dimension(dimension);
+    c.set_concat_dimension(concat);
+    for (int64_t p : pairs) c.add_source_target_pairs(p);
+    c.set_reason(reason);
+    auto t = InferCollectiveType(n, {&e_.type(x)}, mesh_);
+    if (!t.ok()) {
+      e_.Fail(Annotate(t.status(), StrCat("internal: reverse-mode ", OpName(op), ": ")));
+      return "";
+    }
+    *n.mutable_type() = *t;
+    return e_.Copy(std::move(n), StrCat(x, ".", OpName(op)));
+  }
+
+  // The cotangent of F's value `v`: in a region's body, what its uses
+  // contribute summed over the devices of each axis those contributions
+  // vary over and `v` does not (the transpose of the implicit broadcast of
+  // a replicated value; pbroadcast's transpose is psum).
+  std::string Settle(const std::string& v, const std::string& ct) {
+    if (region_ == nullptr || ct.empty()) return ct;
+    const std::vector<std::string> extra = Excess(v, ct);
+    if (extra.empty()) return ct;
+    const std::string why = region_->Of(ct).Reason(extra[0]);
+    return Collective(v1::ALL_REDUCE, ct, extra,
+                      StrCat("reverse mode: '", v, "' is the same on every device over ", absl::StrJoin(extra, ", "),
+                             " and the cotangents its uses contribute vary over it (", why, "): their sum"));
+  }
+
+  absl::Status TransposeCollective(const v1::Node& n, const std::string& ct) {
+    const std::string where = StrCat("vjp of '", node_.grad().function(), "': ", OpName(n.op()), " '", n.name(), "'");
+    if (region_ == nullptr) {
+      return absl::UnimplementedError(StrCat(where, ": reverse mode transposes the collectives of a manual region's ",
+                                             "body; inside a loop or a conditional there it does not yet"));
+    }
+    const v1::CollectiveAttrs& c = n.collective();
+    const std::vector<std::string> axes(c.axes().begin(), c.axes().end());
+    const std::string x = n.operands(0);
+    const std::string reason = StrCat("reverse mode: transpose of ", OpName(n.op()), " '", n.name(), "'");
+    // Over the axes of the group its operand does not vary over, a psum
+    // (or psum_scatter) added copies of one value: the cotangent counts them.
+    int64_t copies = 1;
+    for (const std::string& a : axes) {
+      if (!region_->Of(fwd_.at(x)).Over(a)) copies *= region_->Size(a);
+    }
+    auto counted = [&](const std::string& v) {
+      return copies == 1 ? v : e_.Binary(v1::MUL, v, e_.Like(v, double(copies)));
+    };
+    switch (n.op()) {
+      case v1::ALL_REDUCE:
+        if (c.kind() != v1::SUM && c.kind() != v1::REDUCE_INVALID) {
+          return absl::InvalidArgumentError(
+              StrCat(where, ": only psum is linear; pmax, pmin and pprod have no transpose in reverse mode"));
+        }
+        Accumulate(x, counted(ct));  // pbroadcast: free, the cotangent is the same on every device of the group
+        return absl::OkStatus();
+      case v1::REDUCE_SCATTER:
+        Accumulate(x, counted(Collective(v1::ALL_GATHER, ct, axes, reason, c.dimension())));
+        return absl::OkStatus();
+      case v1::ALL_TO_ALL:
+        Accumulate(x, Collective(v1::ALL_TO_ALL, ct, axes, reason, c.concat_dimension(), c.dimension()));
+        return absl::OkStatus();
+      case v1::COLLECTIVE_PERMUTE: {
+        std::vector<int64_t> inverse;
+        for (int i = 0; i + 1 < c.source_target_pairs_size(); i += 2) {
+          inverse.push_back(c.source_target_pairs(i + 1));
+          inverse.push_back(c.source_target_pairs(i));
+        }
+        Accumulate(x, Collective(v1::COLLECTIVE_PERMUTE, ct, axes, reason, 0, 0, inverse));
+        return absl::OkStatus();
+      }
+      case v1::ALL_GATHER: {
+        // Where the cotangent must be summed over every axis of the group,
+        // the sum and this device's block are one reduce_scatter.
+        std::vector<std::string> extra = Excess(n.name(), ct);
+        const bool whole = std::all_of(axes.begin(), axes.end(), [&](const std::string& a) {
+          return std::find(extra.begin(), extra.end(), a) != extra.end();
+        });
+        if (!whole) {
+          Accumulate(x, Collective(v1::SHARD_SLICE, Settle(n.name(), ct), axes, reason, c.dimension()));
+          return absl::OkStatus();
+        }
+        std::string v = Collective(v1::REDUCE_SCATTER, ct, axes, reason, c.dimension());
+        std::erase_if(extra, [&](const std::string& a) { return std::find(axes.begin(), axes.end(), a) != axes.end(); });
+        if (!extra.empty()) v = Collective(v1::ALL_REDUCE, v, extra, StrCat(reason, ": the rest of its sum"));
+        Accumulate(x, v);
+        return absl::OkStatus();
+      }
+      default: return absl::InternalError(StrCat(where, ": not a collective"));
+    }
+  }
+
+  // A manual region's backward pass is a manual region over the same mesh:
+  // each device runs its body's VJP on its blocks (the body's forward
+  // values recomputed there) and the cotangent's block of the region's
+  // result, and gives the cotangent's block of each floating-point operand
+  // under the operand's in_spec.
+  absl::Status TransposeRegion(const v1::Node& n, const std::string& ct) {
+    const std::string label = StrCat("manual region '", n.name(), "'");
+    const std::string where = StrCat("vjp of '", node_.grad().function(), "': ", label);
+    if (mesh_.axis_names_size() == 0) {
+      return absl::InvalidArgumentError(StrCat(where, ": a manual region needs a mesh; compile with one"));
+    }
+    const v1::ManualRegionAttrs& m = n.manual_region();
+    if (m.out_specs_size() > 0) {
+      return absl::UnimplementedError(StrCat(where, " has several results; reverse mode takes regions of one"));
+    }
+    v1::Graph with_functions = m.body();
+    *with_functions.mutable_functions() = *functions_;
+    auto typed = ValidateGraph(with_functions, {.manual_mesh = &mesh_});
+    if (!typed.ok()) return Annotate(typed.status(), StrCat(where, " body: "));
+    const TypedGraph& body = *typed;
+    const int np = int(body.parameters.size());
+    RegionContext ctx(mesh_, *functions_, label);
+    v1::Sharding ct_spec = m.out_spec();
+    ct_spec.clear_partial();  // the cotangent of a partial sum is the same for every part
+    // The backward body: (blocks of the operands, block of the cotangent).
+    v1::Graph bb;
+    bb.set_name(StrCat(n.name(), ".backward"));
+    absl::flat_hash_set<std::string> used;
+    Emitter eb(bb, used);
+    eb.on_emit = [&ctx](const v1::Node& x) { ctx.Track(x); };
+    eb.set_base("ct");
+    std::vector<std::string> args;
+    std::vector<Varying> param_vary;
+    for (int i = 0; i < np; ++i) {
+      const v1::TensorType& t = body.graph.nodes(body.parameters[i]).type();
+      param_vary.push_back(SpecVarying(m.in_specs(i), StrCat("operand ", i, " '", n.operands(i),
+                                                             "' of the region is split over it")));
+      args.push_back(eb.Copy(Parameter("x", i, t), StrCat("x", i)));
+      ctx.vary[args.back()] = param_vary.back();
+    }
+    const v1::TensorType& out_t = body.graph.nodes(body.outputs[0]).type();
+    std::string entry = eb.Copy(Parameter("ct", np, out_t), "ct");
+    ctx.vary[entry] = SpecVarying(ct_spec, "the region's result is split over it");
+    // Where the result may vary (a kernel with no replication rule) over an
+    // axis its out_spec replicates it over, the devices of that axis each
+    // take an equal share of the cotangent, and their contributions are
+    // summed where the operands are replicated (shard_map with
+    // check_rep=False does the same).
+    TESSEL_ASSIGN_OR_RETURN(auto forward_vary, ctx.analysis.OfGraph(body.graph, param_vary, label));
+    const Varying& result_vary = forward_vary[body.graph.outputs(0)];
+    absl::flat_hash_set<std::string> covered(m.out_spec().partial().begin(), m.out_spec().partial().end());
+    for (const auto& d : m.out_spec().dims()) covered.insert(d.axes().begin(), d.axes().end());
+    int64_t shares = 1;
+    Varying uncertain;
+    for (const std::string& a : mesh_.axis_names()) {
+      if (covered.contains(a) || !result_vary.maybe.contains(a)) continue;
+      shares *= ctx.Size(a);
+      uncertain.maybe[a] = result_vary.maybe.at(a);
+    }
+    if (shares > 1) {
+      entry = eb.Binary(v1::MUL, entry, eb.Like(entry, 1.0 / double(shares)));
+      ctx.vary[entry].Merge(uncertain);
+    }
+    // The body's VJP with respect to its floating-point parameters.
+    v1::Node grad;
+    grad.set_name(n.name());
+    grad.set_op(v1::VJP);
+    grad.mutable_grad()->set_function(StrCat(node_.grad().function(), "' in manual region '", n.name()));
+    std::vector<int> wrt;
+    for (int i = 0; i < np; ++i) {
+      // Only operands that depend on what is differentiated take a cotangent.
+      if (IsFloat(body.graph.nodes(body.parameters[i]).type().dtype()) && active_.contains(n.operands(i))) {
+        grad.mutable_grad()->add_wrt(i);
+        wrt.push_back(i);
+      }
+    }
+    v1::Graph backward;
+    Emitter ebb(backward, used);
+    ebb.on_emit = eb.on_emit;
+    for (int i = 0; i < np; ++i) ebb.Declare(args[i], eb.type(args[i]));
+    ebb.Declare(entry, eb.type(entry));
+    Vjp inner(ebb, grad, body, args, {entry}, functions_, mesh_, &ctx);
+    auto results = inner.Run();
+    TESSEL_RETURN_IF_ERROR(eb.status());
+    if (!results.ok()) return results.status();
+    for (v1::Node& x : inner.forward()) *bb.add_nodes() = std::move(x);
+    for (v1::Node& x : *backward.mutable_nodes()) *bb.add_nodes() = std::move(x);
+    for (size_t j = 0; j < wrt.size(); ++j) bb.add_outputs((*results)[1 + j]);
+    if (wrt.empty()) return absl::OkStatus();
+    // The region that runs it.
+    v1::Node back;
+    back.set_op(v1::MANUAL_REGION);
+    v1::ManualRegionAttrs& bm = *back.mutable_manual_region();
+    for (int i = 0; i < np; ++i) {
+      back.add_operands(Forward(n.operands(i)));
+      *bm.add_in_specs() = m.in_specs(i);
+    }
+    back.add_operands(ct);
+    *bm.add_in_specs() = ct_spec;
+    for (int i : wrt) {
+      *bm.add_out_specs() = m.in_specs(i);
+      *back.add_results() = TypeOf(n.operands(i));
+    }
+    *bm.mutable_body() = std::move(bb);
+    const std::string b = e_.Multi(std::move(back), StrCat(fwd_.at(n.name()), ".backward"));
+    for (size_t j = 0; j < wrt.size(); ++j) {
+      Accumulate(n.operands(wrt[j]), e_.Element(b, int(j), TypeOf(n.operands(wrt[j]))));
+    }
+    return absl::OkStatus();
   }
 
   bool Active(const v1::Node& n) const {
@@ -882,6 +1172,8 @@ class Vjp {
   absl::flat_hash_map<std::string, std::string> regenerated_;  // F's generated constants, made again
   absl::flat_hash_map<std::string, std::vector<std::string>> result_ct_;  // a scan's or conditional's results' cotangents
   google::protobuf::RepeatedPtrField<v1::Graph>* functions_;
+  const v1::Mesh& mesh_;
+  RegionContext* region_;
   std::vector<v1::Node> pending_;
 };
 
@@ -931,7 +1223,7 @@ class Jvp {
       }
       if (n.op() == v1::WHILE || n.op() == v1::SCAN) {
         TESSEL_RETURN_IF_ERROR(TangentLoop(n));
-      } else if (IsMultiResult(n.op())) {
+      } else if (IsMultiResult(n)) {
         return absl::UnimplementedError(StrCat("jvp of '", node_.grad().function(), "': node '", n.name(), "' (",
                                                OpName(n.op()), ") has no forward-mode rule yet"));
       } else if (IsFloat(n.type().dtype())) {
@@ -1230,6 +1522,7 @@ class Jvp {
 bool HasAutodiff(const v1::Graph& g) {
   for (const v1::Node& n : g.nodes()) {
     if (n.op() == v1::VJP || n.op() == v1::JVP || n.op() == v1::CUSTOM_VJP) return true;
+    if (n.op() == v1::MANUAL_REGION && HasAutodiff(n.manual_region().body())) return true;
   }
   for (const v1::Graph& f : g.functions()) {
     if (HasAutodiff(f)) return true;
@@ -1237,8 +1530,45 @@ bool HasAutodiff(const v1::Graph& g) {
   return false;
 }
 
+// A manual region's body with each custom_vjp called as its function (it is
+// differentiated, if at all, where the region is). A derivative taken
+// inside the body is an error: it needs the body's varying axes.
+static absl::StatusOr<v1::Graph> RegionBodyCalls(const v1::Node& region) {
+  const v1::Graph& body = region.manual_region().body();
+  v1::Graph out = body;
+  out.clear_nodes();
+  absl::flat_hash_set<std::string> used;
+  for (const v1::Node& n : body.nodes()) used.insert(n.name());
+  for (const v1::Node& n : body.nodes()) {
+    if (n.op() == v1::VJP || n.op() == v1::JVP) {
+      return absl::UnimplementedError(StrCat("manual region '", region.name(), "': node '", n.name(), "' (",
+                                             OpName(n.op()), ") takes a derivative inside the region's body, which ",
+                                             "is not supported yet; differentiate the function that calls the region"));
+    }
+    if (n.op() != v1::CUSTOM_VJP) {
+      *out.add_nodes() = n;
+      continue;
+    }
+    v1::Node index;
+    index.set_op(v1::CONSTANT);
+    index.set_name(StrCat(n.name(), ".index"));
+    for (int k = 1; !used.insert(index.name()).second; ++k) index.set_name(StrCat(n.name(), ".index.", k));
+    index.mutable_type()->set_dtype(v1::S32);
+    index.mutable_constant()->mutable_fill()->set_i(0);
+    v1::Node call = n;
+    call.set_op(v1::CONDITIONAL);
+    call.clear_operands();
+    call.add_operands(index.name());
+    for (const std::string& o : n.operands()) call.add_operands(o);
+    call.mutable_control()->add_branches(n.custom_vjp().function());
+    *out.add_nodes() = std::move(index);
+    *out.add_nodes() = std::move(call);
+  }
+  return out;
+}
+
 // `g`'s own VJP nodes expanded (not those of its functions).
-static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g) {
+static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g, const v1::Mesh& mesh) {
   v1::Graph out;
   out.set_name(g.graph.name());
   *out.mutable_functions() = g.graph.functions();
@@ -1298,6 +1628,9 @@ static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g) {
     if (n.op() != v1::VJP) {
       v1::Node c = n;
       for (std::string& o : *c.mutable_operands()) o = renamed(o);
+      if (n.op() == v1::MANUAL_REGION && HasAutodiff(n.manual_region().body())) {
+        TESSEL_ASSIGN_OR_RETURN(*c.mutable_manual_region()->mutable_body(), RegionBodyCalls(n));
+      }
       *out.add_nodes() = std::move(c);
       continue;
     }
@@ -1313,7 +1646,7 @@ static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g) {
     v1::Graph backward;
     Emitter eb(backward, used);
     for (const v1::Node& m : out.nodes()) eb.Declare(m.name(), m.type());
-    Vjp vjp(eb, n, f, args, cts, out.mutable_functions());
+    Vjp vjp(eb, n, f, args, cts, out.mutable_functions(), mesh);
     auto results = vjp.Run();
     if (!results.ok()) return Annotate(results.status(), StrCat("node '", n.name(), "' (vjp): "));
     for (v1::Node& m : vjp.forward()) *out.add_nodes() = std::move(m);
@@ -1327,7 +1660,7 @@ static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g) {
 // One round: the VJPs of the functions, then of the graph's own nodes.
 // Expanding a loop's VJP adds functions that hold VJPs (its backward body):
 // the next round expands those.
-static absl::StatusOr<v1::Graph> ExpandRound(const TypedGraph& g) {
+static absl::StatusOr<v1::Graph> ExpandRound(const TypedGraph& g, const v1::Mesh& mesh) {
   google::protobuf::RepeatedPtrField<v1::Graph> functions = g.graph.functions();
   const int original = functions.size();
   std::vector<v1::Graph> added;
@@ -1338,27 +1671,49 @@ static absl::StatusOr<v1::Graph> ExpandRound(const TypedGraph& g) {
     *with_functions.mutable_functions() = g.graph.functions();
     auto typed = ValidateGraph(with_functions);
     if (!typed.ok()) return Annotate(typed.status(), StrCat("function '", f.name(), "': "));
-    auto expanded = ExpandNodes(*typed);
+    auto expanded = ExpandNodes(*typed, mesh);
     if (!expanded.ok()) return Annotate(expanded.status(), StrCat("function '", f.name(), "': "));
     for (int k = original; k < expanded->functions_size(); ++k) added.push_back(expanded->functions(k));
     f = std::move(*expanded);
     f.clear_functions();
   }
-  TESSEL_ASSIGN_OR_RETURN(v1::Graph out, ExpandNodes(g));
+  TESSEL_ASSIGN_OR_RETURN(v1::Graph out, ExpandNodes(g, mesh));
   for (int k = original; k < out.functions_size(); ++k) added.push_back(out.functions(k));
   *out.mutable_functions() = std::move(functions);
   for (v1::Graph& f : added) *out.add_functions() = std::move(f);
   return out;
 }
 
-absl::StatusOr<v1::Graph> ExpandAutodiff(const TypedGraph& g) {
-  TESSEL_ASSIGN_OR_RETURN(v1::Graph out, ExpandRound(g));
+// The functions `g`'s nodes (and its regions' bodies) run, and those they run.
+static void Reachable(const v1::Graph& g, const FunctionTable& table, absl::flat_hash_set<std::string>& seen) {
+  for (const v1::Node& n : g.nodes()) {
+    if (n.op() == v1::MANUAL_REGION) Reachable(n.manual_region().body(), table, seen);
+    for (const std::string& f : CalledFunctions(n)) {
+      if (!seen.insert(f).second) continue;
+      if (auto it = table.graphs.find(f); it != table.graphs.end()) Reachable(*it->second, table, seen);
+    }
+  }
+}
+
+absl::StatusOr<v1::Graph> ExpandAutodiff(const TypedGraph& g, const v1::Mesh& mesh) {
+  TESSEL_ASSIGN_OR_RETURN(v1::Graph out, ExpandRound(g, mesh));
   for (int round = 1; HasAutodiff(out); ++round) {
     if (round > 32) return absl::InternalError("autodiff: gradients still unexpanded after 32 rounds");
     auto typed = ValidateGraph(out);
     if (!typed.ok()) return Annotate(typed.status(), "internal: a graph with its gradients expanded does not check: ");
-    TESSEL_ASSIGN_OR_RETURN(out, ExpandRound(*typed));
+    TESSEL_ASSIGN_OR_RETURN(out, ExpandRound(*typed, mesh));
   }
+  // The differentiated functions are inlined now: keep only those still run.
+  absl::flat_hash_set<std::string> seen;
+  {
+    const FunctionTable table(out);
+    Reachable(out, table, seen);
+  }
+  google::protobuf::RepeatedPtrField<v1::Graph> kept;
+  for (v1::Graph& f : *out.mutable_functions()) {
+    if (seen.contains(f.name())) *kept.Add() = std::move(f);
+  }
+  *out.mutable_functions() = std::move(kept);
   return out;
 }
 

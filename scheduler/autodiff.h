@@ -16,9 +16,18 @@ namespace tessel::scheduler {
 // its op and the function where a cotangent meets an op without a
 // transposition rule (a while loop: reverse mode needs a trip count known
 // at compile time, as in JAX).
-absl::StatusOr<v1::Graph> ExpandAutodiff(const TypedGraph& g);
+// `mesh` (normalized; no axes when the program is not partitioned) is what
+// manual regions run over: their backward passes are manual regions too,
+// whose collectives transpose as shard_map's do (psum <-> pbroadcast,
+// all_gather <-> psum_scatter, ppermute <-> its inverse, all_to_all <-> its
+// reverse), and whose cotangents are summed over the devices of an axis
+// exactly where the value they belong to is replicated over it and the
+// uses of it vary (varying-axis tracking, see varying.h). Each such sum is
+// an all_reduce with its reason.
+absl::StatusOr<v1::Graph> ExpandAutodiff(const TypedGraph& g, const v1::Mesh& mesh = {});
 
-// Whether `g` (or a function of it) holds a VJP node.
+// Whether `g` (or a function of it, or a manual region's body) holds a VJP,
+// JVP or CUSTOM_VJP node.
 bool HasAutodiff(const v1::Graph& g);
 
 }  // namespace tessel::scheduler

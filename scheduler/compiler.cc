@@ -266,6 +266,39 @@ static bool DropDeadNodes(v1::Graph& g) {
 
 // Makes each result of a control-flow node read through one tuple_element
 // node (the first), so that every result has one name in the plan.
+// A node equal to an earlier one (op, operands after renaming, attributes
+// and type) is that node. Reverse mode recomputes a manual region's forward
+// values in its backward region; where both run, each is computed once.
+// Collectives keep their own instructions (each is a rendezvous), and so do
+// nodes of several results.
+static bool EliminateCommonSubexpressions(v1::Graph& g) {
+  absl::flat_hash_map<std::string, std::string> rename, first;
+  google::protobuf::RepeatedPtrField<v1::Node> kept;
+  bool changed = false;
+  for (v1::Node& n : *g.mutable_nodes()) {
+    for (std::string& o : *n.mutable_operands()) {
+      if (auto it = rename.find(o); it != rename.end()) o = it->second;
+    }
+    if (n.op() != v1::PARAMETER && !IsCollective(n.op()) && !IsMultiResult(n) && n.op() != v1::TUPLE_ELEMENT) {
+      v1::Node key = n;
+      key.clear_name();
+      auto [it, fresh] = first.emplace(key.SerializeAsString(), n.name());
+      if (!fresh) {
+        rename[n.name()] = it->second;
+        changed = true;
+        continue;
+      }
+    }
+    *kept.Add() = std::move(n);
+  }
+  *g.mutable_nodes() = std::move(kept);
+  if (!changed) return false;
+  for (std::string& o : *g.mutable_outputs()) {
+    if (auto it = rename.find(o); it != rename.end()) o = it->second;
+  }
+  return true;
+}
+
 static void DedupeTupleElements(v1::Graph& g) {
   absl::flat_hash_map<std::string, std::string> first, rename;  // "node#k" -> name; dup -> first
   google::protobuf::RepeatedPtrField<v1::Node> kept;
@@ -488,8 +521,12 @@ static absl::Status LowerFunctions(const TypedGraph& client, CompiledProgram& c,
 
 absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOptions& given) {
   TESSEL_ASSIGN_OR_RETURN(TypedGraph client, ValidateGraph(graph));
+  CompileOptions options = given;
+  if (options.mesh.axis_names_size() > 0) {
+    TESSEL_ASSIGN_OR_RETURN(options.mesh, NormalizeMesh(options.mesh));
+  }
   if (HasAutodiff(client.graph)) {
-    TESSEL_ASSIGN_OR_RETURN(v1::Graph expanded, ExpandAutodiff(client));
+    TESSEL_ASSIGN_OR_RETURN(v1::Graph expanded, ExpandAutodiff(client, options.mesh));
     auto typed = ValidateGraph(expanded);
     if (!typed.ok()) return Annotate(typed.status(), "internal: the graph with its gradients expanded does not check: ");
     client = std::move(*typed);
@@ -499,11 +536,9 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOpt
     if (!pruned.ok()) return Annotate(pruned.status(), "internal: the graph without its dead nodes does not check: ");
     client = std::move(*pruned);
   }
-  CompileOptions options = given;
   CompiledProgram c;
   v1::Graph lowered;
   if (options.mesh.axis_names_size() > 0) {
-    TESSEL_ASSIGN_OR_RETURN(options.mesh, NormalizeMesh(options.mesh));
     TESSEL_ASSIGN_OR_RETURN(PartitionedGraph pg, Partition(client, {options.mesh, options.parameter_shardings,
                                                                     options.output_shardings}));
     lowered = std::move(pg.local);
@@ -515,6 +550,7 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOpt
   } else {
     TESSEL_ASSIGN_OR_RETURN(lowered, LowerUnpartitioned(client));
   }
+  EliminateCommonSubexpressions(lowered);
   if (FoldTransposesIntoDots(lowered)) DropDeadNodes(lowered);
   DedupeTupleElements(lowered);
   if (client.graph.functions_size() > 0) {

@@ -13,6 +13,7 @@
 #include "core/shape_inference.h"
 #include "core/sharding.h"
 #include "core/status.h"
+#include "scheduler/varying.h"
 
 namespace tessel::scheduler {
 namespace {
@@ -64,7 +65,8 @@ namespace {
 
 class Partitioner {
  public:
-  Partitioner(const TypedGraph& g, const PartitionOptions& o) : g_(g), o_(o), mesh_(o.mesh), functions_(g.graph) {}
+  Partitioner(const TypedGraph& g, const PartitionOptions& o) : g_(g), o_(o), mesh_(o.mesh), functions_(g.graph),
+        analysis_(o.mesh, g.graph.functions()) {}
 
   absl::StatusOr<PartitionedGraph> Run() {
     out_.local.set_name(g_.graph.name());
@@ -393,6 +395,10 @@ class Partitioner {
       case v1::SCAN: return ProcessControl(n, prefix, name);
       case v1::TUPLE_ELEMENT: {
         const int k = n.tuple_element().index();
+        if (auto region = values_.find(StrCat(prefix, n.operands(0), "#", k)); region != values_.end()) {
+          values_[name] = region->second;  // a result of a manual region
+          return absl::OkStatus();
+        }
         v.s = control_results_.at(StrCat(prefix, n.operands(0)))[k];
         v1::Node ln = n;
         ln.set_name(Fresh(name));
@@ -851,10 +857,6 @@ class Partitioner {
 
   // ---------------------------------------------------------------- manual regions
 
-  struct Varying {
-    absl::flat_hash_map<std::string, std::string> why;  // axis -> what made the value vary over it
-  };
-
   absl::Status ProcessRegion(const v1::Node& n, const std::string& prefix, const std::string& name) {
     const v1::ManualRegionAttrs& m = n.manual_region();
     const std::string label = StrCat("manual region '", name, "'");
@@ -873,13 +875,8 @@ class Partitioner {
       TESSEL_ASSIGN_OR_RETURN(std::string lo, Reshard(StrCat(prefix, n.operands(i)), spec,
                                                       StrCat(label, " in_spec ", i, " ", ShardingString(spec))));
       inputs.push_back(lo);
-      Varying vr;
-      for (const auto& d : spec.dims()) {
-        for (const std::string& a : d.axes()) {
-          vr.why[a] = StrCat("operand ", i, " '", n.operands(i), "' is split over it by in_spec ", ShardingString(spec));
-        }
-      }
-      input_varying.push_back(std::move(vr));
+      input_varying.push_back(SpecVarying(
+          spec, StrCat("operand ", i, " '", n.operands(i), "' is split over it by in_spec ", ShardingString(spec))));
     }
     auto body = ValidateGraph(m.body(), {.manual_mesh = &mesh_, .functions = &functions_});
     if (!body.ok()) return Annotate(body.status(), StrCat(label, " body: "));
@@ -901,190 +898,49 @@ class Partitioner {
       varying[StrCat(bprefix, p.name())] = input_varying[idx];
     }
     regions_.push_back(std::make_unique<v1::Graph>(body->graph));
-    TESSEL_ASSIGN_OR_RETURN(std::string out, EmitManual(*regions_.back(), bprefix, bind, varying, label));
-    const std::string out_name = StrCat(bprefix, regions_.back()->outputs(0));
-    // The out_spec may replicate the result only over axes it does not vary over.
-    v1::Sharding spec = NormalizeSharding(m.out_spec(), n.type().dims_size());
-    TESSEL_RETURN_IF_ERROR(ValidateSharding(spec, mesh_, n.type(), StrCat(label, " out_spec")));
-    absl::flat_hash_set<std::string> covered(spec.partial().begin(), spec.partial().end());
-    for (const auto& d : spec.dims()) covered.insert(d.axes().begin(), d.axes().end());
-    for (const std::string& axis : mesh_.axis_names()) {
-      auto it = varying[out_name].why.find(axis);
-      if (it == varying[out_name].why.end() || covered.contains(axis)) continue;
-      return InvalidArgumentError(StrCat(
-          label, ": output '", regions_.back()->outputs(0), "' varies over mesh axis '", axis, "' (", it->second,
-          "), but out_spec ", ShardingString(spec), " replicates it over '", axis,
-          "'. Reduce it in the body (psum), split a dimension over '", axis, "', or mark '", axis,
-          "' partial in out_spec to leave it as a partial sum; nothing is inserted silently"));
+    const v1::Graph& b = *regions_.back();
+    TESSEL_ASSIGN_OR_RETURN(std::vector<std::string> outs, EmitManual(b, bprefix, bind, varying, label));
+    const bool multi = m.out_specs_size() > 0;
+    for (int k = 0; k < b.outputs_size(); ++k) {
+      const v1::TensorType& global = multi ? n.results(k) : n.type();
+      const std::string what = multi ? StrCat(label, " out_specs ", k) : StrCat(label, " out_spec");
+      // The out_spec may replicate a result only over axes it does not vary
+      // over (or may, through a kernel with no rule: trusted, as
+      // shard_map's check_rep=False).
+      v1::Sharding spec = NormalizeSharding(multi ? m.out_specs(k) : m.out_spec(), global.dims_size());
+      TESSEL_RETURN_IF_ERROR(ValidateSharding(spec, mesh_, global, what));
+      absl::flat_hash_set<std::string> covered(spec.partial().begin(), spec.partial().end());
+      for (const auto& d : spec.dims()) covered.insert(d.axes().begin(), d.axes().end());
+      const Varying& out_varying = varying[StrCat(bprefix, b.outputs(k))];
+      for (const std::string& axis : mesh_.axis_names()) {
+        auto it = out_varying.why.find(axis);
+        if (it == out_varying.why.end() || covered.contains(axis)) continue;
+        return InvalidArgumentError(StrCat(
+            label, ": output '", b.outputs(k), "' varies over mesh axis '", axis, "' (", it->second, "), but ",
+            multi ? StrCat("out_specs ", k) : std::string("out_spec"), " ", ShardingString(spec),
+            " replicates it over '", axis, "'. Reduce it in the body (psum), split a dimension over '", axis,
+            "', or mark '", axis, "' partial in out_spec to leave it as a partial sum; nothing is inserted silently"));
+      }
+      const v1::TensorType want_local = LocalType(global, spec, mesh_);
+      if (!SameType(want_local, local_types_.at(outs[k]))) {
+        return InvalidArgumentError(StrCat(label, ": the result ", TypeString(global), " under ", what, " ",
+                                           ShardingString(spec), " has blocks of ", TypeString(want_local),
+                                           "; the body gives ", TypeString(local_types_.at(outs[k]))));
+      }
+      Value v;
+      v.global = global;
+      v.local = outs[k];
+      v.s = spec;
+      values_[multi ? StrCat(name, "#", k) : name] = v;
     }
-    const v1::TensorType want_local = LocalType(n.type(), spec, mesh_);
-    if (!SameType(want_local, local_types_.at(out))) {
-      return InvalidArgumentError(StrCat(label, ": the result ", TypeString(n.type()), " under out_spec ",
-                                         ShardingString(spec), " has blocks of ", TypeString(want_local),
-                                         "; the body gives ", TypeString(local_types_.at(out))));
-    }
-    Value v;
-    v.global = n.type();
-    v.local = out;
-    v.s = spec;
-    values_[name] = v;
     return absl::OkStatus();
   }
 
-  // A collective's effect on the axes its operand varies over: a psum or
-  // all_gather makes the value uniform over its axes; the others make it
-  // vary over theirs.
-  static void CollectiveVarying(const v1::Node& n, Varying& vr) {
-    const auto& axes = n.collective().axes();
-    switch (n.op()) {
-      case v1::ALL_REDUCE:
-      case v1::ALL_GATHER:
-        for (const std::string& a : axes) vr.why.erase(a);
-        break;
-      case v1::REDUCE_SCATTER:
-      case v1::ALL_TO_ALL:
-      case v1::COLLECTIVE_PERMUTE:
-      case v1::AXIS_INDEX:
-        for (const std::string& a : axes) vr.why.emplace(a, StrCat(OpName(n.op()), " '", n.name(), "' over it"));
-        break;
-      default: break;
-    }
-  }
-
-  // The axes each result of `fn` varies over, given its parameters'.
-  absl::StatusOr<std::vector<Varying>> FunctionVarying(const std::string& fn, const std::vector<Varying>& params,
-                                                       const std::string& label) {
-    const v1::Graph* f = nullptr;
-    for (const v1::Graph& c : g_.graph.functions()) {
-      if (c.name() == fn) f = &c;
-    }
-    if (f == nullptr) return InvalidArgumentError(StrCat(label, ": function '", fn, "' is not defined"));
-    absl::flat_hash_map<std::string, Varying> vary;
-    for (const v1::Node& n : f->nodes()) {
-      Varying vr;
-      if (n.op() == v1::PARAMETER) {
-        vary[n.name()] = params.at(n.parameter().index());
-        continue;
-      }
-      if (n.op() == v1::TUPLE_ELEMENT) {
-        vary[n.name()] = vary[StrCat(n.operands(0), "#", n.tuple_element().index())];
-        continue;
-      }
-      std::vector<Varying> ops;
-      for (const std::string& o : n.operands()) ops.push_back(vary[o]);
-      if (IsControlFlow(n.op())) {
-        TESSEL_ASSIGN_OR_RETURN(std::vector<Varying> results, ControlFlowVarying(n, ops, label));
-        for (size_t k = 0; k < results.size(); ++k) vary[StrCat(n.name(), "#", k)] = std::move(results[k]);
-        continue;
-      }
-      for (const Varying& o : ops) {
-        for (const auto& [a, why] : o.why) vr.why.emplace(a, why);
-      }
-      CollectiveVarying(n, vr);
-      switch (n.op()) {
-        case v1::CUSTOM_KERNEL: {
-          const v1::ReplicationRule& rule = n.custom_kernel().replication();
-          if (rule.kind() == v1::ReplicationRule::FOLLOW) vr = ops.at(rule.operand());
-          if (rule.kind() == v1::ReplicationRule::EXPLICIT) {
-            vr = Varying{};
-            for (const std::string& a : rule.axes()) {
-              vr.why[a] = StrCat("custom kernel '", n.custom_kernel().name(), "' declares its result varying over it");
-            }
-          }
-          break;
-        }
-        default: break;
-      }
-      vary[n.name()] = std::move(vr);
-    }
-    std::vector<Varying> out;
-    for (const std::string& o : f->outputs()) out.push_back(vary[o]);
-    return out;
-  }
-
-  // Whether `fn`, or a function it runs, holds a collective.
-  bool CallsCollectives(const std::string& fn) {
-    for (const v1::Graph& c : g_.graph.functions()) {
-      if (c.name() != fn) continue;
-      for (const v1::Node& n : c.nodes()) {
-        if (IsCollective(n.op()) && n.op() != v1::AXIS_INDEX) return true;
-        for (const std::string& inner : CalledFunctions(n)) {
-          if (CallsCollectives(inner)) return true;
-        }
-      }
-    }
-    return false;
-  }
-
-  // The axes each result of a control-flow node varies over. A loop's carry
-  // varies over what its start or any iteration makes it vary over (a fixed
-  // point); a loop whose condition varies is an error naming the axis, and
-  // so is a conditional whose index varies where a branch communicates:
-  // the devices of a group would part ways.
-  absl::StatusOr<std::vector<Varying>> ControlFlowVarying(const v1::Node& n, const std::vector<Varying>& ops,
-                                                          const std::string& label) {
-    const v1::ControlFlowAttrs& c = n.control();
-    const std::string what = StrCat(OpName(n.op()), " '", n.name(), "'");
-    auto merge = [](Varying& into, const Varying& from) {
-      bool changed = false;
-      for (const auto& [a, why] : from.why) changed |= into.why.emplace(a, why).second;
-      return changed;
-    };
-    if (n.op() == v1::CONDITIONAL) {
-      const Varying& index = ops[0];
-      if (!index.why.empty()) {
-        for (const std::string& b : c.branches()) {
-          if (!CallsCollectives(b)) continue;
-          const auto& [axis, why] = *index.why.begin();
-          return InvalidArgumentError(StrCat(
-              label, ": ", what, ": its index varies over mesh axis '", axis, "' (", why, "), and branch '", b,
-              "' runs a collective: devices of one group could take different branches. Make the index uniform "
-              "with a collective over '", axis, "' (pmax, psum) first"));
-        }
-      }
-      std::vector<Varying> results;
-      const std::vector<Varying> args(ops.begin() + 1, ops.end());
-      for (const std::string& b : c.branches()) {
-        TESSEL_ASSIGN_OR_RETURN(std::vector<Varying> r, FunctionVarying(b, args, label));
-        results.resize(r.size());
-        for (size_t k = 0; k < r.size(); ++k) {
-          merge(results[k], r[k]);
-          for (const auto& [a, why] : index.why) {
-            results[k].why.emplace(a, StrCat("the index of ", what, " varies over it"));
-          }
-        }
-      }
-      return results;
-    }
-    const int carries = n.op() == v1::WHILE ? n.operands_size() : c.num_carry();
-    std::vector<Varying> carry(ops.begin(), ops.begin() + carries);
-    std::vector<Varying> ys;
-    for (bool changed = true; changed;) {
-      changed = false;
-      std::vector<Varying> params = carry;
-      params.insert(params.end(), ops.begin() + carries, ops.end());
-      TESSEL_ASSIGN_OR_RETURN(std::vector<Varying> out, FunctionVarying(c.body(), params, label));
-      for (int k = 0; k < carries; ++k) changed |= merge(carry[k], out[k]);
-      ys.assign(out.begin() + carries, out.end());
-    }
-    if (n.op() == v1::WHILE) {
-      TESSEL_ASSIGN_OR_RETURN(std::vector<Varying> pred, FunctionVarying(c.cond(), carry, label));
-      if (!pred[0].why.empty()) {
-        const auto& [axis, why] = *pred[0].why.begin();
-        return InvalidArgumentError(StrCat(
-            label, ": ", what, ": its condition '", c.cond(), "' varies over mesh axis '", axis, "' (", why,
-            "): every device of the mesh must stop at the same iteration. Make the predicate uniform with a ",
-            "collective over '", axis, "' (psum, pmax or all_gather) before comparing"));
-      }
-    }
-    carry.insert(carry.end(), ys.begin(), ys.end());
-    return carry;
-  }
-
-  // Emits a body (per-device shapes) as written; returns its output's local name.
-  absl::StatusOr<std::string> EmitManual(const v1::Graph& body, const std::string& bprefix,
-                                         const absl::flat_hash_map<std::string, std::string>& bind,
-                                         absl::flat_hash_map<std::string, Varying>& varying, const std::string& label) {
+  // Emits a body (per-device shapes) as written; returns its outputs' local names.
+  absl::StatusOr<std::vector<std::string>> EmitManual(const v1::Graph& body, const std::string& bprefix,
+                                                      const absl::flat_hash_map<std::string, std::string>& bind,
+                                                      absl::flat_hash_map<std::string, Varying>& varying,
+                                                      const std::string& label) {
     absl::flat_hash_map<std::string, std::string> local;  // body name -> local name
     for (const v1::Node& bn : body.nodes()) {
       const std::string full = StrCat(bprefix, bn.name());
@@ -1092,91 +948,68 @@ class Partitioner {
         local[bn.name()] = bind.at(bn.name());
         continue;
       }
+      if (bn.op() == v1::MANUAL_REGION || bn.op() == v1::SHARDING_CONSTRAINT) {
+        return InvalidArgumentError(StrCat(label, ": node '", bn.name(), "' (", OpName(bn.op()),
+                                           ") cannot appear inside a manual region"));
+      }
       Varying vr;
-      for (const std::string& o : bn.operands()) {
-        for (const auto& [a, why] : varying[StrCat(bprefix, o)].why) vr.why.emplace(a, why);
-      }
-      const auto& axes = bn.collective().axes();
-      if (IsControlFlow(bn.op())) {
-        std::vector<Varying> ops;
-        for (const std::string& o : bn.operands()) ops.push_back(varying[StrCat(bprefix, o)]);
-        TESSEL_ASSIGN_OR_RETURN(std::vector<Varying> results, ControlFlowVarying(bn, ops, label));
-        for (size_t k = 0; k < results.size(); ++k) varying[StrCat(full, "#", k)] = std::move(results[k]);
-      }
       if (bn.op() == v1::TUPLE_ELEMENT) {
         vr = varying[StrCat(bprefix, bn.operands(0), "#", bn.tuple_element().index())];
-      }
-      switch (bn.op()) {
-        case v1::MANUAL_REGION:
-        case v1::SHARDING_CONSTRAINT:
-          return InvalidArgumentError(StrCat(label, ": node '", bn.name(), "' (", OpName(bn.op()),
-                                             ") cannot appear inside a manual region"));
-        case v1::ALL_REDUCE:
-        case v1::ALL_GATHER:
-        case v1::REDUCE_SCATTER:
-        case v1::ALL_TO_ALL:
-        case v1::COLLECTIVE_PERMUTE:
-        case v1::AXIS_INDEX:
-          CollectiveVarying(bn, vr);
-          break;
-        case v1::CUSTOM_KERNEL: {
-          const v1::CustomKernelAttrs& k = bn.custom_kernel();
-          const v1::ReplicationRule& rule = k.replication();
-          if (rule.kind() == v1::ReplicationRule::FOLLOW) {
-            vr = varying[StrCat(bprefix, bn.operands(rule.operand()))];
-          } else if (rule.kind() == v1::ReplicationRule::EXPLICIT) {
-            vr = Varying{};
-            for (const std::string& a : rule.axes()) {
-              if (AxisIndex(mesh_, a) < 0) {
-                return InvalidArgumentError(StrCat(label, ": custom kernel '", k.name(), "' replication rule names ",
-                                                   "unknown mesh axis '", a, "'"));
-              }
-              vr.why[a] = StrCat("custom kernel '", k.name(), "' declares its result varying over it");
-            }
-          }
-          TESSEL_ASSIGN_OR_RETURN(TypedGraph d, ValidateGraph(k.decomposition()));
-          absl::flat_hash_map<std::string, std::string> inner;
-          absl::flat_hash_map<std::string, Varying> inner_varying;
-          for (size_t i = 0; i < d.parameters.size(); ++i) {
-            const v1::Node& p = d.graph.nodes(d.parameters[i]);
-            inner[p.name()] = local.at(bn.operands(p.parameter().index()));
-          }
-          decompositions_.push_back(std::make_unique<v1::Graph>(std::move(d.graph)));
-          TESSEL_ASSIGN_OR_RETURN(std::string r, EmitManual(*decompositions_.back(), StrCat(full, "/"), inner,
-                                                            inner_varying, label));
-          local[bn.name()] = r;
-          varying[full] = std::move(vr);
-          continue;
+      } else {
+        std::vector<Varying> ops;
+        for (const std::string& o : bn.operands()) ops.push_back(varying[StrCat(bprefix, o)]);
+        TESSEL_ASSIGN_OR_RETURN(std::vector<Varying> results, analysis_.Of(bn, ops, label));
+        if (IsMultiResult(bn)) {
+          for (size_t k = 0; k < results.size(); ++k) varying[StrCat(full, "#", k)] = std::move(results[k]);
+        } else {
+          vr = std::move(results.at(0));
         }
-        default: break;
+      }
+      if (bn.op() == v1::CUSTOM_KERNEL) {
+        TESSEL_ASSIGN_OR_RETURN(TypedGraph d, ValidateGraph(bn.custom_kernel().decomposition()));
+        absl::flat_hash_map<std::string, std::string> inner;
+        absl::flat_hash_map<std::string, Varying> inner_varying;
+        for (size_t i = 0; i < d.parameters.size(); ++i) {
+          const v1::Node& p = d.graph.nodes(d.parameters[i]);
+          inner[p.name()] = local.at(bn.operands(p.parameter().index()));
+        }
+        decompositions_.push_back(std::make_unique<v1::Graph>(std::move(d.graph)));
+        TESSEL_ASSIGN_OR_RETURN(std::vector<std::string> r, EmitManual(*decompositions_.back(), StrCat(full, "/"), inner,
+                                                                       inner_varying, label));
+        local[bn.name()] = r.at(0);
+        varying[full] = std::move(vr);
+        continue;
       }
       v1::Node ln = bn;
       ln.set_name(Fresh(full));
       ln.clear_operands();
       for (const std::string& o : bn.operands()) ln.add_operands(local.at(o));
       if (IsCollective(bn.op())) {
-        ln.mutable_collective()->set_reason(StrCat("explicit in ", label));
-        if (bn.op() == v1::ALL_REDUCE && ln.collective().kind() == v1::REDUCE_INVALID) {
-          ln.mutable_collective()->set_kind(v1::SUM);
-        }
-        if (bn.op() == v1::REDUCE_SCATTER && ln.collective().kind() == v1::REDUCE_INVALID) {
+        const std::string& why = bn.collective().reason();
+        ln.mutable_collective()->set_reason(why.empty() ? StrCat("explicit in ", label) : StrCat(why, " (in ", label, ")"));
+        if ((bn.op() == v1::ALL_REDUCE || bn.op() == v1::REDUCE_SCATTER) &&
+            ln.collective().kind() == v1::REDUCE_INVALID) {
           ln.mutable_collective()->set_kind(v1::SUM);
         }
       }
       TESSEL_ASSIGN_OR_RETURN(std::string emitted, Emit(ln));
       if (IsCollective(bn.op()) && bn.op() != v1::AXIS_INDEX) {
-        Record(emitted, bn.op(), ln.operands(0), Axes(axes.begin(), axes.end()), StrCat("explicit in ", label));
+        const auto& axes = bn.collective().axes();
+        Record(emitted, bn.op(), ln.operands(0), Axes(axes.begin(), axes.end()), ln.collective().reason());
       }
       local[bn.name()] = emitted;
       varying[full] = std::move(vr);
     }
-    return local.at(body.outputs(0));
+    std::vector<std::string> outs;
+    for (const std::string& o : body.outputs()) outs.push_back(local.at(o));
+    return outs;
   }
 
   const TypedGraph& g_;
   const PartitionOptions& o_;
   const v1::Mesh& mesh_;
   FunctionTable functions_;  // the graph's, for control flow in manual regions
+  VaryingAnalysis analysis_;
   PartitionedGraph out_;
   absl::flat_hash_map<std::string, Value> values_;
   absl::flat_hash_map<std::string, std::vector<v1::Sharding>> control_results_;  // a control node's results' layouts

@@ -35,7 +35,8 @@ absl::StatusOr<v1::TensorType> InferStructured(const v1::Node& n, absl::Span<con
         return InvalidArgumentError(StrCat("has ", ops.size(), " operands but ", m.in_specs_size(), " in_specs"));
       }
       if (m.body().outputs_size() != 1) {
-        return InvalidArgumentError(StrCat("body must have exactly 1 output, has ", m.body().outputs_size()));
+        return InvalidArgumentError(StrCat("body must have exactly 1 output, has ", m.body().outputs_size(),
+                                           " (a region of several results gives out_specs)"));
       }
       if (n.type().dtype() == v1::DTYPE_INVALID) {
         return InvalidArgumentError("needs its declared (global) result type");
@@ -100,6 +101,27 @@ absl::Status CheckTypes(const std::string& what, const std::string& fn, absl::Sp
     }
   }
   return absl::OkStatus();
+}
+
+// A manual region of several results: one per body output, their global
+// types declared in Node.results.
+absl::StatusOr<std::vector<v1::TensorType>> InferRegionResults(const v1::Node& n,
+                                                               absl::Span<const v1::TensorType* const> ops) {
+  const v1::ManualRegionAttrs& m = n.manual_region();
+  if (m.in_specs_size() != int(ops.size())) {
+    return InvalidArgumentError(StrCat("has ", ops.size(), " operands but ", m.in_specs_size(), " in_specs"));
+  }
+  if (m.body().outputs_size() != m.out_specs_size() || n.results_size() != m.out_specs_size()) {
+    return InvalidArgumentError(StrCat("has ", m.out_specs_size(), " out_specs, ", n.results_size(),
+                                       " declared (global) results and a body of ", m.body().outputs_size(),
+                                       " outputs; expected the same number of each"));
+  }
+  std::vector<v1::TensorType> out;
+  for (const v1::TensorType& t : n.results()) {
+    TESSEL_RETURN_IF_ERROR(ValidateType(t));
+    out.push_back(t);
+  }
+  return out;
 }
 
 absl::StatusOr<std::vector<v1::TensorType>> InferControlFlow(const v1::Node& n,
@@ -293,6 +315,9 @@ bool IsControlFlow(v1::Op op) { return op == v1::WHILE || op == v1::CONDITIONAL 
 bool IsMultiResult(v1::Op op) {
   return IsControlFlow(op) || op == v1::VJP || op == v1::JVP || op == v1::CUSTOM_VJP;
 }
+bool IsMultiResult(const v1::Node& n) {
+  return IsMultiResult(n.op()) || (n.op() == v1::MANUAL_REGION && n.manual_region().out_specs_size() > 0);
+}
 
 std::vector<std::string> CalledFunctions(const v1::Node& n) {
   if (!n.has_control()) return {};
@@ -367,19 +392,20 @@ absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateO
             "(nodes must be in topological order; a cycle or a dangling reference)"));
       }
       const v1::Node& def = tg.graph.nodes(it->second);
-      if (IsMultiResult(def.op()) != (n.op() == v1::TUPLE_ELEMENT)) {
+      if (IsMultiResult(def) != (n.op() == v1::TUPLE_ELEMENT)) {
         return InvalidArgumentError(
             n.op() == v1::TUPLE_ELEMENT
                 ? StrCat(label, "operand '", def.name(), "' (", OpName(def.op()), ") has a single result; ",
-                         "tuple_element reads the results of while, conditional and scan")
+                         "tuple_element reads the results of while, conditional, scan, vjp, jvp, custom_vjp and regions with out_specs")
                 : StrCat(label, "operand ", i, " '", def.name(), "' (", OpName(def.op()), ") has ",
                          def.results_size(), " results; read one with tuple_element"));
       }
       operand_types.push_back(&def.type());
     }
     absl::StatusOr<v1::TensorType> type;
-    if (IsMultiResult(n.op())) {
-      auto results = n.op() == v1::VJP   ? InferVjp(n, operand_types, *table, options)
+    if (IsMultiResult(n)) {
+      auto results = n.op() == v1::MANUAL_REGION ? InferRegionResults(n, operand_types)
+                     : n.op() == v1::VJP   ? InferVjp(n, operand_types, *table, options)
                      : n.op() == v1::JVP ? InferJvp(n, operand_types, *table, options)
                      : n.op() == v1::CUSTOM_VJP ? InferCustomVjp(n, operand_types, *table, options)
                                          : InferControlFlow(n, operand_types, *table, options);
@@ -396,7 +422,7 @@ absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateO
       continue;
     }
     if (n.results_size() > 0) {
-      return InvalidArgumentError(StrCat(label, "only while, conditional and scan have several results"));
+      return InvalidArgumentError(StrCat(label, "only while, conditional, scan, vjp, jvp, custom_vjp and regions with out_specs have several results"));
     }
     if (n.op() == v1::TUPLE_ELEMENT) {
       const v1::Node& def = tg.graph.nodes(tg.index_of.at(n.operands(0)));
@@ -407,9 +433,10 @@ absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateO
       }
       type = def.results(k);
     } else if (n.op() == v1::SHARD_SLICE) {
-      type = options.partitioned && options.manual_mesh != nullptr
+      type = options.manual_mesh != nullptr
                  ? InferCollectiveType(n, operand_types, *options.manual_mesh)
-                 : InvalidArgumentError("shard_slice is emitted by the partitioner only");
+                 : InvalidArgumentError("shard_slice takes a device's block: it is emitted by the partitioner, and by "
+                                        "reverse mode inside manual regions");
     } else if (IsCollective(n.op())) {
       type = options.manual_mesh == nullptr
                  ? InvalidArgumentError(StrCat("collective outside a manual region: ", OpName(n.op()),
@@ -445,7 +472,7 @@ absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateO
     if (it == tg.index_of.end()) {
       return InvalidArgumentError(StrCat("output ", i, " '", graph.outputs(i), "' names no node"));
     }
-    if (IsMultiResult(tg.graph.nodes(it->second).op())) {
+    if (IsMultiResult(tg.graph.nodes(it->second))) {
       return InvalidArgumentError(StrCat("output ", i, " '", graph.outputs(i), "' has several results; output ",
                                          "each through tuple_element"));
     }

@@ -56,6 +56,8 @@ bool IsControlFlow(v1::Op op);
 // True for the ops of several results (read with TUPLE_ELEMENT): control
 // flow and VJP.
 bool IsMultiResult(v1::Op op);
+// IsMultiResult(n.op()), or a manual region with `out_specs`.
+bool IsMultiResult(const v1::Node& n);
 // The functions a control-flow node runs, in the order of its attrs.
 std::vector<std::string> CalledFunctions(const v1::Node& n);
 

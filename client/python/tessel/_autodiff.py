@@ -188,6 +188,7 @@ class custom_vjp:
     def __init__(self, fun):
         self.fun, self.fwd, self.bwd = fun, None, None
         self.__name__ = getattr(fun, "__name__", "custom_vjp")
+        self._in_rule = 0  # > 0 while fwd or bwd is traced
 
     def defvjp(self, fwd, bwd):
         self.fwd, self.bwd = fwd, bwd
@@ -196,6 +197,10 @@ class custom_vjp:
     def __call__(self, *args):
         if self.fwd is None:
             raise TypeError(f"custom_vjp {self.__name__}: call defvjp(fwd, bwd) first")
+        if self._in_rule:
+            # fwd or bwd calling the function itself (as jax.custom_vjp
+            # allows): there it is the plain function.
+            return self.fun(*args)
         leaves, paths, structure, _ = _positions(args, ())
         if current_builder() is None and not any(isinstance(x, Tracer) for x in leaves):
             return jit(self)(*args)
@@ -211,7 +216,11 @@ class custom_vjp:
         fb, out, _, out_structure = _lax._trace(parent, "custom_fun", self.fun, specs, paths, rebuild)
         closed(fb, "the function")
         _lax._finish(fb, out)
-        wb, wout, _, wstructure = _lax._trace(parent, "custom_fwd", self.fwd, specs, paths, rebuild)
+        self._in_rule += 1
+        try:
+            wb, wout, _, wstructure = _lax._trace(parent, "custom_fwd", self.fwd, specs, paths, rebuild)
+        finally:
+            self._in_rule -= 1
         closed(wb, "fwd")
         if wstructure[0] not in ("tuple", "list") or len(wstructure[1]) != 2 or wstructure[1][0] != out_structure:
             raise TypeError(f"custom_vjp {self.__name__}: fwd must return (the function's result, residuals)")
@@ -223,9 +232,14 @@ class custom_vjp:
         res_specs = [_lax._spec(x) for x in wout[n:]]
         nr = len(res_specs)
         out_specs = [(s, d, False) for s, d, _ in (_lax._spec(x) for x in out)]
-        bb, bout, bpaths, bstructure = _lax._trace(
-            parent, "custom_bwd", lambda *ls: self.bwd(unflatten(res_structure, ls[:nr]), unflatten(out_structure, ls[nr:])),
-            res_specs + out_specs, [""] * (nr + n), lambda ps: ps)
+        self._in_rule += 1
+        try:
+            bb, bout, bpaths, bstructure = _lax._trace(
+                parent, "custom_bwd",
+                lambda *ls: self.bwd(unflatten(res_structure, ls[:nr]), unflatten(out_structure, ls[nr:])),
+                res_specs + out_specs, [""] * (nr + n), lambda ps: ps)
+        finally:
+            self._in_rule -= 1
         closed(bb, "bwd")
         if len(bout) != len(ops):
             raise TypeError(f"custom_vjp {self.__name__}: bwd returned {len(bout)} cotangents for {len(ops)} "

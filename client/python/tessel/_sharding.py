@@ -310,8 +310,10 @@ def custom_kernel(name, decomposition, cuda_source="", replication="union"):
     """An op carrying user code: `cuda_source` (entry point `name`) for the
     CUDA backend, and `decomposition`, a function of the operands in
     tessel.numpy ops, that runs everywhere else. `replication` says which mesh
-    axes its result varies over, given its operands': "union", ("follow", i)
-    or an explicit collection of axis names."""
+    axes its result varies over, given its operands': "union", ("follow", i),
+    an explicit collection of axis names, or None: nothing declared, so the
+    result may vary over every axis (an out_spec that replicates it is
+    trusted, and reverse mode sums its cotangents over those axes)."""
     def call(*args):
         b = _builder(args[0], f"custom kernel {name!r}")
         inner = Builder(name)
@@ -325,7 +327,9 @@ def custom_kernel(name, decomposition, cuda_source="", replication="union"):
             k.name = name
             k.cuda_source = cuda_source
             k.decomposition.CopyFrom(inner.graph)
-            if replication == "union":
+            if replication is None:
+                k.replication.kind = ir_pb2.ReplicationRule.UNKNOWN
+            elif replication == "union":
                 k.replication.kind = ir_pb2.ReplicationRule.UNION
             elif isinstance(replication, tuple) and len(replication) == 2 and replication[0] == "follow":
                 k.replication.kind = ir_pb2.ReplicationRule.FOLLOW

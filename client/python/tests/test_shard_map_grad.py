@@ -1,0 +1,198 @@
+"""Reverse mode through shard_map on the suite's cluster (2 workers x 2
+devices, mesh {data: 2, model: 2}): the backward pass of a manual region is
+a manual region; its collectives transpose as JAX's shard_map does after
+JEP 17111, and varying-axis tracking decides where a cotangent is summed.
+
+Oracles: jax.grad of the same computation written without shard_map (the
+global program a shard_map program stands for), and numpy. Plans are read
+for the collectives each backward pass costs, with their reasons."""
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tessel
+import tessel.numpy as tnp
+from tessel import Mesh, NamedSharding, P
+
+jax.config.update("jax_enable_x64", True)
+
+MESH = Mesh({"data": 2, "model": 2})
+COPY_SOURCE = ('extern "C" __global__ void copy(const __nv_bfloat16* a, __nv_bfloat16* b, long n) '
+               '{ long i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) b[i] = a[i]; }')
+
+
+def all_reduces(plan):
+    return [c for c in plan.collectives if c["op"] == "all_reduce"]
+
+
+def put(x, spec):
+    return tessel.device_put(x, NamedSharding(MESH, spec))
+
+
+# ------------------------------------------------------------------ seed 002
+
+
+def seed_002(replication):
+    """Seed 002 as its user wrote it, in Tessel terms: grad of the sum of a
+    copy kernel under custom_vjp inside shard_map, bf16 [4, 128] split over
+    data on the {data: 2, model: 2} mesh (mp = 2)."""
+    copy_kernel = tessel.custom_kernel("copy", lambda a: a + 0, cuda_source=COPY_SOURCE, replication=replication)
+
+    @tessel.custom_vjp
+    def simple_func(inputs):
+        return copy_kernel(inputs)
+
+    simple_func.defvjp(lambda x: (simple_func(x), (x,)), lambda _, out_grad: (simple_func(out_grad),))
+
+    func = tessel.shard_map(simple_func, MESH, in_specs=P("data", None), out_specs=P("data", None))
+
+    def grad_func(x):
+        return tnp.sum(func(x))
+
+    inputs = jax.random.normal(jax.random.PRNGKey(0), (4, 128), dtype=jnp.bfloat16)
+    xs = put(np.asarray(inputs), P("data", None))
+    f = tessel.jit(tessel.grad(grad_func), out_shardings=NamedSharding(MESH, P("data", None)))
+    plan = f.lower(xs)
+    grad = f(xs).fetch()
+    assert grad.dtype == ml_dtypes.bfloat16
+    # jax.grad of the global program: d sum(x) / dx.
+    want = jax.grad(lambda x: jnp.sum(x))(inputs)
+    np.testing.assert_array_equal(grad.astype(np.float32), np.asarray(want, np.float32))
+    return plan
+
+
+def test_seed_002_with_the_replication_rule_plans_no_all_reduce_forward_or_backward(session):
+    plan = seed_002(("follow", 0))
+    assert all_reduces(plan) == [], plan.as_text()
+    assert "-- backward pass of vjp" in plan.as_text()
+
+
+def test_seed_002_without_a_rule_plans_the_defensive_all_reduce_naming_the_kernel(session):
+    plan = seed_002(None)
+    reduces = all_reduces(plan)
+    assert len(reduces) == 1, plan.as_text()
+    assert reduces[0]["axes"] == ("model",)
+    assert "custom kernel 'copy' has no replication rule" in reduces[0]["reason"], reduces[0]["reason"]
+
+
+# ----------------------------------------------- data-parallel MLP training
+
+def mlp_params(rng):
+    return [rng.standard_normal((8, 16)) * 0.3, rng.standard_normal(16) * 0.1,
+            rng.standard_normal((16, 4)) * 0.3, rng.standard_normal(4) * 0.1]
+
+
+def mlp_loss_global(params, x, y, np_=jnp):
+    w1, b1, w2, b2 = params
+    h = np_.tanh(x @ w1 + b1)
+    return np_.sum((h @ w2 + b2 - y) ** 2) / x.shape[0]
+
+
+def test_data_parallel_mlp_backward_has_one_all_reduce_per_gradient(session):
+    rng = np.random.default_rng(1)
+    params = mlp_params(rng)
+    x, y = rng.standard_normal((16, 8)), rng.standard_normal((16, 4))
+    n = x.shape[0]
+
+    def local_loss(w1, b1, w2, b2, xb, yb):
+        h = tnp.tanh(xb @ w1 + b1)
+        return tessel.psum(tnp.sum((h @ w2 + b2 - yb) ** 2), "data") / n
+
+    def loss(params, x, y):
+        return tessel.shard_map(local_loss, MESH, in_specs=(P(), P(), P(), P(), P("data"), P("data")),
+                                out_specs=P())(*params, x, y)
+
+    step = tessel.jit(tessel.value_and_grad(loss))
+    args = ([put(p, P()) for p in params], put(x, P("data")), put(y, P("data")))
+    plan = step.lower(*args)
+    value, grads = step(*args)
+    want_value, want_grads = jax.value_and_grad(mlp_loss_global)([jnp.asarray(p) for p in params], x, y)
+    np.testing.assert_allclose(float(value.fetch()), float(want_value), rtol=1e-10)
+    for g, w in zip(grads, want_grads):
+        np.testing.assert_allclose(g.fetch(), np.asarray(w), rtol=1e-9, atol=1e-12)
+    # The loss's own psum in the forward pass; one all_reduce per weight
+    # gradient over data in the backward, each saying why; nothing on the
+    # replicated cotangent of the loss.
+    reduces = all_reduces(plan)
+    backward = [c for c in reduces if "reverse mode" in c["reason"]]
+    assert len(backward) == 4, plan.as_text()
+    assert all(c["axes"] == ("data",) for c in backward)
+    assert len(reduces) == 5, plan.as_text()
+    # grad alone: the forward's psum is dead.
+    assert len(all_reduces(tessel.jit(tessel.grad(loss)).lower(*args))) == 4
+
+
+# ----------------------------------- each collective's transpose vs jax.grad
+
+def check_grads(f_tessel, f_global, args, specs, out_spec=P()):
+    """grad of sum(c * shard_map(f_tessel)(args)) vs jax.grad of the global program."""
+    region = tessel.shard_map(f_tessel, MESH, in_specs=tuple(specs), out_specs=out_spec)
+    out_shape = jax.eval_shape(f_global, *args).shape
+    c = np.random.default_rng(7).standard_normal(out_shape)
+    argnums = tuple(range(len(args)))
+    g = tessel.jit(tessel.grad(lambda *a: tnp.sum(region(*a) * c), argnums=argnums))
+    placed = [put(a, s) for a, s in zip(args, specs)]
+    plan = g.lower(*placed)
+    got = g(*placed)
+    want = jax.grad(lambda *a: jnp.sum(f_global(*a) * c), argnums=argnums)(*args)
+    for k, (a, b) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(a.fetch(), np.asarray(b), rtol=1e-10, atol=1e-12, err_msg=f"argument {k}")
+    return plan
+
+
+def test_all_gather_transposes_to_a_slice_of_the_replicated_cotangent(session):
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal((8, 4)), rng.standard_normal((8, 4))
+    plan = check_grads(lambda xb, wr: tessel.all_gather(tnp.tanh(xb), "data") * wr,
+                       lambda x, w: jnp.tanh(x) * w, [x, w], [P("data"), P()])
+    # the cotangent of the gathered value is already the same everywhere:
+    # no collective for it; w's cotangent is the same too.
+    assert all_reduces(plan) == [] and not [c for c in plan.collectives if c["op"] == "reduce_scatter"], plan.as_text()
+
+
+def test_all_gather_of_a_value_used_per_device_transposes_to_one_reduce_scatter(session):
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((8, 4)), rng.standard_normal((16, 4))
+    # Each data shard multiplies the whole gathered x by its own block of w:
+    # the gathered value's cotangent differs per device and is summed and
+    # split in one reduce_scatter.
+    plan = check_grads(lambda xb, wb: tessel.all_gather(xb, "data") * wb,
+                       lambda x, w: jnp.concatenate([x * w[:8], x * w[8:]]), [x, w], [P("data"), P("data")],
+                       out_spec=P("data"))
+    ops = [c["op"] for c in plan.collectives if "reverse mode" in c["reason"]]
+    assert ops == ["reduce_scatter"], plan.as_text()
+
+
+def test_psum_scatter_of_a_replicated_value_counts_its_copies(session):
+    rng = np.random.default_rng(4)
+    x, w = rng.standard_normal((8, 4)), rng.standard_normal((8, 4))
+    # x is the same on both data devices: psum_scatter sums two copies.
+    check_grads(lambda xr, wb: tessel.psum_scatter(xr * xr, "data") * wb,
+                lambda x, w: 2 * x * x * w, [x, w], [P(), P("data")], out_spec=P("data"))
+
+
+def test_psum_of_a_replicated_value_counts_its_copies(session):
+    x = np.random.default_rng(5).standard_normal((4, 4))
+    check_grads(lambda xr: tessel.psum(tnp.tanh(xr), "data"), lambda x: 2 * jnp.tanh(x), [x], [P()])
+
+
+def test_ppermute_transposes_to_its_inverse(session):
+    x = np.random.default_rng(6).standard_normal((8, 4))
+    check_grads(lambda xb: tessel.ppermute(xb * xb, "data", [(0, 1), (1, 0)]),
+                lambda x: jnp.concatenate([x[4:] ** 2, x[:4] ** 2]), [x], [P("data")], out_spec=P("data"))
+
+
+def test_all_to_all_transposes_to_its_reverse(session):
+    x = np.random.default_rng(8).standard_normal((4, 8))
+    # Rows split over data, then columns: the same global array.
+    check_grads(lambda xb: tnp.tanh(tessel.all_to_all(xb, "data", 1, 0)),
+                lambda x: jnp.tanh(x), [x], [P("data", None)], out_spec=P(None, "data"))
+
+
+def test_reverse_mode_through_pmax_is_an_error_saying_why(session):
+    x = put(np.ones((4, 4)), P("data"))
+    region = tessel.shard_map(lambda xb: tessel.pmax(xb, "data"), MESH, in_specs=P("data"), out_specs=P())
+    with pytest.raises(tessel.InvalidArgumentError, match="only psum is linear"):
+        tessel.jit(tessel.grad(lambda a: tnp.sum(region(a)))).lower(x)
