@@ -3,7 +3,9 @@
 //   1. on one device;
 //   2. data-parallel: the batch split over {data: 2}, one device per worker;
 //   3. model-parallel: the hidden layer split over {model: 2}.
-// Forward and backward pass are one graph; the weights stay on the devices
+// Forward and backward pass are one graph, the gradients taken by the
+// compiler (GraphBuilder::ValueAndGrad; a fourth run steps with them written
+// out by hand, and must agree); the weights stay on the devices
 // between steps and only the loss comes back. The partitioned plans are
 // printed with every collective and the reason for it, and the three runs
 // must reach the same loss. At the end the trained weights are evaluated on
@@ -16,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/process_tuning.h"
+#include "examples/mlp_model.h"
 #include "tessel/graph.h"
 #include "tessel/local_cluster.h"
 #include "tessel/session.h"
@@ -38,62 +41,10 @@ constexpr int64_t kBatch = 512, kIn = 16, kHidden = 64;
 constexpr int kSteps = 400, kReportEvery = 40;
 constexpr float kLearningRate = 0.1f;
 
-using tessel::ArrayType;
-using tessel::DType;
-using tessel::GraphBuilder;
 using tessel::HostArray;
-using tessel::Value;
 
-ArrayType F32(std::vector<int64_t> dims) { return ArrayType{DType::kF32, std::move(dims)}; }
-
-struct Mlp {
-  Value w1, b1, w2, b2;
-};
-
-// pred = tanh(x @ w1 + b1) @ w2 + b2; returns pred and the hidden activation.
-std::pair<Value, Value> Forward(GraphBuilder& g, Value x, const Mlp& m, int64_t batch) {
-  Value h = g.Tanh(g.Add(g.MatMul(x, m.w1), g.BroadcastInDim(m.b1, {batch, kHidden}, {1})));
-  Value pred = g.Add(g.MatMul(h, m.w2), g.BroadcastInDim(m.b2, {batch, 1}, {1}));
-  return {pred, h};
-}
-
-Mlp Parameters(GraphBuilder& g) {
-  return Mlp{g.Parameter(F32({kIn, kHidden}), "w1"), g.Parameter(F32({kHidden}), "b1"),
-             g.Parameter(F32({kHidden, 1}), "w2"), g.Parameter(F32({1}), "b2")};
-}
-
-// One SGD step on mean squared error: (w1, b1, w2, b2, x, y) -> (loss, w1', b1', w2', b2').
-absl::StatusOr<tessel::Graph> TrainStep() {
-  GraphBuilder g("mlp_train_step");
-  Mlp m = Parameters(g);
-  Value x = g.Parameter(F32({kBatch, kIn}), "x");
-  Value y = g.Parameter(F32({kBatch, 1}), "y");
-  auto [pred, h] = Forward(g, x, m, kBatch);
-  Value err = g.Sub(pred, y);
-  Value loss = g.Div(g.Reduce(g.Mul(err, err), tessel::ReduceKind::kSum, {0, 1}), g.Scalar(DType::kF32, kBatch));
-  // Backward.
-  Value dpred = g.Mul(err, g.Broadcast(g.Scalar(DType::kF32, 2.0 / kBatch), {kBatch, 1}));
-  Value dw2 = g.DotGeneral(h, dpred, {{}, {}, {0}, {0}});
-  Value db2 = g.Reduce(dpred, tessel::ReduceKind::kSum, {0});
-  Value dh = g.DotGeneral(dpred, m.w2, {{}, {}, {1}, {1}});
-  Value one = g.Broadcast(g.Scalar(DType::kF32, 1.0), {kBatch, kHidden});
-  Value dh_pre = g.Mul(dh, g.Sub(one, g.Mul(h, h)));
-  Value dw1 = g.DotGeneral(x, dh_pre, {{}, {}, {0}, {0}});
-  Value db1 = g.Reduce(dh_pre, tessel::ReduceKind::kSum, {0});
-  auto sgd = [&](Value w, Value dw) {
-    return g.Sub(w, g.Mul(dw, g.Broadcast(g.Scalar(DType::kF32, kLearningRate), dw.type().dims)));
-  };
-  return g.Build({loss, sgd(m.w1, dw1), sgd(m.b1, db1), sgd(m.w2, dw2), sgd(m.b2, db2)});
-}
-
-absl::StatusOr<tessel::Graph> EvalLoss() {
-  GraphBuilder g("mlp_eval");
-  Mlp m = Parameters(g);
-  Value x = g.Parameter(F32({kBatch, kIn}), "x");
-  Value y = g.Parameter(F32({kBatch, 1}), "y");
-  Value err = g.Sub(Forward(g, x, m, kBatch).first, y);
-  return g.Build({g.Div(g.Reduce(g.Mul(err, err), tessel::ReduceKind::kSum, {0, 1}), g.Scalar(DType::kF32, kBatch))});
-}
+const tessel::mlp::Shape kShape{.batch = kBatch, .in = kIn, .hidden = kHidden, .out = 1, .learning_rate = kLearningRate};
+tessel::ArrayType F32(std::vector<int64_t> dims) { return tessel::mlp::F32(std::move(dims)); }
 
 // A fixed random "teacher" function the student learns: y = sin(x . u) + 0.5 * (x . v)^2 / kIn.
 void MakeData(std::mt19937& rng, HostArray& x, HostArray& y) {
@@ -201,7 +152,9 @@ absl::Status Main() {
   std::printf("local cluster: coordinator %s, 2 worker processes (logs in %s)\n", cluster->address().c_str(),
               cluster->log_dir().c_str());
   TESSEL_DEMO_ASSIGN(auto session, tessel::Session::Connect(cluster->address()));
-  TESSEL_DEMO_ASSIGN(tessel::Graph train_graph, TrainStep());
+  TESSEL_DEMO_ASSIGN(tessel::Graph train_graph, tessel::mlp::TrainStep(kShape));
+  TESSEL_DEMO_ASSIGN(tessel::Graph by_hand_graph, tessel::mlp::HandWrittenTrainStep(kShape));
+  TESSEL_DEMO_ASSIGN(tessel::Executable by_hand, session->Compile(by_hand_graph));
   TESSEL_DEMO_ASSIGN(tessel::Executable train, session->Compile(train_graph));
   std::printf("compiled %s: %d nodes; plan on one device:\n%s", train_graph.name().c_str(), train_graph.num_nodes(),
               train.plan().c_str());
@@ -246,7 +199,7 @@ absl::Status Main() {
               (long long)kBatch, (long long)kIn, (long long)kHidden, kLearningRate, kSteps, Variance(hy));
   std::vector<Run> runs;
   for (auto [exe, name] : {std::pair{&train, "one device"}, std::pair{&train_dp, "data-parallel"},
-                           std::pair{&train_mp, "model-parallel"}}) {
+                           std::pair{&train_mp, "model-parallel"}, std::pair{&by_hand, "by hand"}}) {
     TESSEL_DEMO_ASSIGN(Run r, Train(*session, *exe, name, start, hx, hy));
     runs.push_back(std::move(r));
   }
@@ -270,7 +223,7 @@ absl::Status Main() {
   for (size_t i = 1; i < runs.size(); ++i) TESSEL_DEMO_RETURN_IF_ERROR(session->Delete(runs[i].params));
 
   // Held-out evaluation on the other worker's device.
-  TESSEL_DEMO_ASSIGN(tessel::Graph eval_graph, EvalLoss());
+  TESSEL_DEMO_ASSIGN(tessel::Graph eval_graph, tessel::mlp::EvalLoss(kShape));
   TESSEL_DEMO_ASSIGN(tessel::Executable eval, session->Compile(eval_graph));
   HostArray tx, ty;
   MakeData(rng, tx, ty);
@@ -307,7 +260,8 @@ absl::Status Main() {
     return absl::InternalError(absl::StrFormat("training did not converge: loss %.4f", loss));
   }
   if (!(worst < 1e-3f)) {
-    return absl::InternalError(absl::StrFormat("the partitioned runs' loss differs from one device's by %.2e", worst));
+    return absl::InternalError(absl::StrFormat(
+        "the partitioned or hand-differentiated runs' loss differs from one device's by %.2e", worst));
   }
   return absl::OkStatus();
 }
