@@ -205,6 +205,14 @@ class Emitter {
   // Called with every node appended (varying-axis tracking in manual regions).
   std::function<void(const v1::Node&)> on_emit;
 
+  absl::flat_hash_set<std::string>& used() { return used_; }
+  // `n` appended under its own (fresh) name: a node another emitter built.
+  void Adopt(v1::Node n) {
+    if (!status_.ok()) return;
+    if (!IsMultiResult(n)) types_[n.name()] = n.type();
+    Append(std::move(n));
+  }
+
  private:
   std::string Append(v1::Node n) {
     if (on_emit) on_emit(n);
@@ -315,6 +323,9 @@ class Vjp {
         const std::string fn = Active(n) ? n.custom_vjp().fwd() : n.custom_vjp().function();
         TESSEL_ASSIGN_OR_RETURN(c, CallNode(n.name(), c, fn, prefix));
       }
+      if (n.op() == v1::CUSTOM_JVP) {
+        TESSEL_ASSIGN_OR_RETURN(c, CallNode(n.name(), c, n.custom_jvp().function(), prefix));
+      }
       const std::string name = e_.Fresh(StrCat(prefix, n.name()));
       c.set_name(name);
       e_.Declare(name, n.type());
@@ -328,12 +339,13 @@ class Vjp {
     e_.set_base(prefix + "bwd");
     for (int i = f_.graph.nodes_size() - 1; i >= 0; --i) {
       const v1::Node& n = f_.graph.nodes(i);
-      if (n.op() == v1::SCAN || n.op() == v1::CONDITIONAL || n.op() == v1::CUSTOM_VJP) {
+      if (n.op() == v1::SCAN || n.op() == v1::CONDITIONAL || n.op() == v1::CUSTOM_VJP || n.op() == v1::CUSTOM_JVP) {
         if (auto r = result_ct_.find(n.name()); r != result_ct_.end()) {
           const std::vector<std::string> cts = r->second;
           TESSEL_RETURN_IF_ERROR(n.op() == v1::SCAN          ? TransposeScan(n, cts)
                                  : n.op() == v1::CONDITIONAL ? TransposeConditional(n, cts)
-                                                             : TransposeCustom(n, cts));
+                                 : n.op() == v1::CUSTOM_VJP  ? TransposeCustom(n, cts)
+                                                             : TransposeCustomJvp(n, cts));
           TESSEL_RETURN_IF_ERROR(e_.status());
         }
         continue;
@@ -597,7 +609,8 @@ class Vjp {
     const std::string where = StrCat("vjp of '", node_.grad().function(), "': node '", n.name(), "' (", OpName(n.op()), ")");
     if (n.op() == v1::TUPLE_ELEMENT) {
       const v1::Node& src = f_.graph.nodes(f_.index_of.at(n.operands(0)));
-      if (src.op() == v1::SCAN || src.op() == v1::CONDITIONAL || src.op() == v1::CUSTOM_VJP) {
+      if (src.op() == v1::SCAN || src.op() == v1::CONDITIONAL || src.op() == v1::CUSTOM_VJP ||
+          src.op() == v1::CUSTOM_JVP) {
         std::vector<std::string>& cts = result_ct_[src.name()];
         cts.resize(src.results_size());
         std::string& slot = cts[n.tuple_element().index()];
@@ -1049,6 +1062,47 @@ class Vjp {
     return absl::OkStatus();
   }
 
+  // A custom_jvp's backward pass: the transpose of its rule's tangent part
+  // (linear in the tangents) at the operands, built by a VJP of that part
+  // with respect to the tangents, expanded here.
+  absl::Status TransposeCustomJvp(const v1::Node& n, const std::vector<std::string>& result_cts) {
+    const v1::CustomJvpAttrs& c = n.custom_jvp();
+    const int np = n.operands_size(), m = n.results_size();
+    v1::Graph part = Function(c.jvp());
+    google::protobuf::RepeatedPtrField<std::string> tangent_outputs(part.outputs().begin() + m, part.outputs().end());
+    *part.mutable_outputs() = std::move(tangent_outputs);
+    *part.mutable_functions() = *functions_;
+    auto typed = ValidateGraph(part, {.manual_mesh = region_ != nullptr ? &mesh_ : nullptr});
+    if (!typed.ok()) return Annotate(typed.status(), StrCat("custom_jvp rule '", c.jvp(), "': "));
+    v1::Node grad;
+    grad.set_name(StrCat(fwd_.at(n.name()), ".transpose"));
+    grad.set_op(v1::VJP);
+    grad.mutable_grad()->set_function(c.jvp());
+    std::vector<std::string> args, cts;
+    for (int i = 0; i < np; ++i) args.push_back(Forward(n.operands(i)));
+    for (int i = 0; i < np; ++i) {
+      const v1::TensorType& t = TypeOf(n.operands(i));
+      args.push_back(e_.Zeros(t));
+      if (IsFloat(t.dtype()) && active_.contains(n.operands(i))) grad.mutable_grad()->add_wrt(np + i);
+    }
+    for (int k = 0; k < m; ++k) {
+      const std::string& ct = k < int(result_cts.size()) ? result_cts[k] : std::string();
+      cts.push_back(ct.empty() ? e_.Zeros(n.results(k)) : ct);
+    }
+    TESSEL_RETURN_IF_ERROR(e_.status());
+    v1::Graph backward;
+    Emitter inner_e(backward, e_.used());
+    inner_e.on_emit = e_.on_emit;
+    for (const std::string& v : args) inner_e.Declare(v, e_.type(v));
+    for (const std::string& v : cts) inner_e.Declare(v, e_.type(v));
+    Vjp inner(inner_e, grad, *typed, args, cts, functions_, mesh_, region_);
+    TESSEL_ASSIGN_OR_RETURN(std::vector<std::string> results, inner.Run());
+    for (v1::Node& x : inner.forward()) e_.Adopt(std::move(x));
+    for (v1::Node& x : *backward.mutable_nodes()) e_.Adopt(std::move(x));
+    for (int j = 0; j < grad.grad().wrt_size(); ++j) Accumulate(n.operands(grad.grad().wrt(j) - np), results[m + j]);
+    return absl::OkStatus();
+  }
+
   // A conditional's backward pass is a conditional on the same index over
   // the VJPs of its branches.
   absl::Status TransposeConditional(const v1::Node& n, const std::vector<std::string>& result_cts) {
@@ -1182,8 +1236,9 @@ class Vjp {
 class Jvp {
  public:
   Jvp(Emitter& e, const v1::Node& node, const TypedGraph& f, std::vector<std::string> args,
-      std::vector<std::string> tangents, google::protobuf::RepeatedPtrField<v1::Graph>* functions)
-      : e_(e), node_(node), f_(f), args_(std::move(args)), functions_(functions) {
+      std::vector<std::string> tangents, google::protobuf::RepeatedPtrField<v1::Graph>* functions,
+      const v1::Mesh& mesh)
+      : e_(e), node_(node), f_(f), args_(std::move(args)), functions_(functions), mesh_(mesh) {
     for (int k = 0; k < node.grad().wrt_size(); ++k) {
       in_tangent_[node.grad().wrt(k)] = tangents[k];
     }
@@ -1223,6 +1278,8 @@ class Jvp {
       }
       if (n.op() == v1::WHILE || n.op() == v1::SCAN) {
         TESSEL_RETURN_IF_ERROR(TangentLoop(n));
+      } else if (n.op() == v1::CUSTOM_JVP) {
+        TESSEL_RETURN_IF_ERROR(TangentCustom(n));
       } else if (IsMultiResult(n)) {
         return absl::UnimplementedError(StrCat("jvp of '", node_.grad().function(), "': node '", n.name(), "' (",
                                                OpName(n.op()), ") has no forward-mode rule yet"));
@@ -1375,10 +1432,107 @@ class Jvp {
           }
         }
       }
-      default:
-        return absl::UnimplementedError(StrCat("jvp of '", node_.grad().function(), "': node '", n.name(), "' (",
-                                               OpName(n.op()), ") has no forward-mode rule yet"));
+      case v1::MANUAL_REGION: return TangentRegion(n);
+      case v1::ALL_REDUCE:
+        if (n.collective().kind() != v1::SUM && n.collective().kind() != v1::REDUCE_INVALID) break;
+        [[fallthrough]];
+      case v1::ALL_GATHER:
+      case v1::REDUCE_SCATTER:
+      case v1::ALL_TO_ALL:
+      case v1::COLLECTIVE_PERMUTE: {  // linear: the same collective of the tangent
+        v1::Node c = n;
+        c.clear_operands();
+        c.add_operands(ta);
+        return e_.Copy(std::move(c), StrCat(out, ".tangent"));
+      }
+      default: break;
     }
+    return absl::UnimplementedError(StrCat("jvp of '", node_.grad().function(), "': node '", n.name(), "' (",
+                                           OpName(n.op()), ") has no forward-mode rule yet"));
+  }
+
+  // A custom_jvp's tangents: its rule, run as a call on the operands and
+  // their tangents (zeros where none flows).
+  absl::Status TangentCustom(const v1::Node& n) {
+    const int m = n.results_size();
+    v1::Node call;
+    call.set_op(v1::CONDITIONAL);
+    call.add_operands(e_.Zeros([] {
+      v1::TensorType t;
+      t.set_dtype(v1::S32);
+      return t;
+    }()));
+    for (const std::string& o : n.operands()) call.add_operands(fwd_.at(o));
+    for (int k = 0; k < n.operands_size(); ++k) call.add_operands(TZ(n, k));
+    call.mutable_control()->add_branches(n.custom_jvp().jvp());
+    for (int r = 0; r < 2; ++r) {
+      for (const v1::TensorType& t : n.results()) *call.add_results() = t;
+    }
+    const std::string b = e_.Multi(std::move(call), StrCat(fwd_.at(n.name()), ".jvp"));
+    std::vector<std::string>& tans = result_tan_[n.name()];
+    tans.assign(m, "");
+    for (int k = 0; k < m; ++k) {
+      if (IsFloat(n.results(k).dtype())) tans[k] = e_.Element(b, m + k, n.results(k));
+    }
+    return e_.status();
+  }
+
+  // A manual region's tangent is a manual region over the same mesh running
+  // its body's JVP on the blocks of the operands and of their tangents.
+  absl::StatusOr<std::string> TangentRegion(const v1::Node& n) {
+    const std::string where = StrCat("jvp of '", node_.grad().function(), "': manual region '", n.name(), "'");
+    if (mesh_.axis_names_size() == 0) {
+      return absl::InvalidArgumentError(StrCat(where, ": a manual region needs a mesh; compile with one"));
+    }
+    const v1::ManualRegionAttrs& m = n.manual_region();
+    if (m.out_specs_size() > 0) {
+      return absl::UnimplementedError(StrCat(where, " has several results; forward mode takes regions of one"));
+    }
+    v1::Graph with_functions = m.body();
+    *with_functions.mutable_functions() = *functions_;
+    auto body = ValidateGraph(with_functions, {.manual_mesh = &mesh_});
+    if (!body.ok()) return Annotate(body.status(), StrCat(where, " body: "));
+    const int np = int(body->parameters.size());
+    v1::Graph bb;
+    bb.set_name(StrCat(n.name(), ".tangent"));
+    absl::flat_hash_set<std::string> used;
+    Emitter eb(bb, used);
+    v1::Node region;
+    region.set_op(v1::MANUAL_REGION);
+    v1::ManualRegionAttrs& rm = *region.mutable_manual_region();
+    std::vector<std::string> args, tangents;
+    v1::Node jvp;
+    jvp.set_name(n.name());
+    jvp.set_op(v1::JVP);
+    jvp.mutable_grad()->set_function(StrCat(node_.grad().function(), "' in manual region '", n.name()));
+    for (int i = 0; i < np; ++i) {
+      const v1::TensorType& t = body->graph.nodes(body->parameters[i]).type();
+      args.push_back(eb.Copy(Parameter(i, t), StrCat("x", i)));
+      region.add_operands(fwd_.at(n.operands(i)));
+      *rm.add_in_specs() = m.in_specs(i);
+    }
+    for (int i = 0; i < np; ++i) {
+      const std::string t = T(n, i);
+      if (t.empty()) continue;
+      jvp.mutable_grad()->add_wrt(i);
+      tangents.push_back(eb.Copy(Parameter(region.operands_size(), eb.type(args[i])), StrCat("t", i)));
+      region.add_operands(t);
+      *rm.add_in_specs() = m.in_specs(i);
+    }
+    Jvp inner(eb, jvp, *body, args, tangents, functions_, mesh_);
+    TESSEL_ASSIGN_OR_RETURN(std::vector<std::string> results, inner.Run());
+    bb.add_outputs(results.at(1));
+    *rm.mutable_out_spec() = m.out_spec();
+    *rm.mutable_body() = std::move(bb);
+    *region.mutable_type() = n.type();
+    return e_.Copy(std::move(region), StrCat(fwd_.at(n.name()), ".tangent"));
+  }
+  static v1::Node Parameter(int index, const v1::TensorType& t) {
+    v1::Node p;
+    p.set_op(v1::PARAMETER);
+    p.mutable_parameter()->set_index(index);
+    *p.mutable_type() = t;
+    return p;
   }
 
   // A loop's tangent: the same loop over (carries, their tangents), whose
@@ -1511,6 +1665,7 @@ class Jvp {
   const TypedGraph& f_;
   std::vector<std::string> args_;
   google::protobuf::RepeatedPtrField<v1::Graph>* functions_;
+  const v1::Mesh& mesh_;
   absl::flat_hash_map<int, std::string> in_tangent_;     // parameter index -> its tangent
   absl::flat_hash_map<std::string, std::string> fwd_;    // F's value -> its name in the output
   absl::flat_hash_map<std::string, std::string> tan_;    // F's value -> its tangent's name
@@ -1521,13 +1676,18 @@ class Jvp {
 
 bool HasAutodiff(const v1::Graph& g) {
   for (const v1::Node& n : g.nodes()) {
-    if (n.op() == v1::VJP || n.op() == v1::JVP || n.op() == v1::CUSTOM_VJP) return true;
+    if (n.op() == v1::VJP || n.op() == v1::JVP || n.op() == v1::CUSTOM_VJP || n.op() == v1::CUSTOM_JVP) return true;
     if (n.op() == v1::MANUAL_REGION && HasAutodiff(n.manual_region().body())) return true;
   }
   for (const v1::Graph& f : g.functions()) {
     if (HasAutodiff(f)) return true;
   }
   return false;
+}
+
+// The function a CUSTOM_VJP or CUSTOM_JVP node computes.
+static std::string CustomFunction(const v1::Node& n) {
+  return n.op() == v1::CUSTOM_VJP ? n.custom_vjp().function() : n.custom_jvp().function();
 }
 
 // A manual region's body with each custom_vjp called as its function (it is
@@ -1545,7 +1705,7 @@ static absl::StatusOr<v1::Graph> RegionBodyCalls(const v1::Node& region) {
                                              OpName(n.op()), ") takes a derivative inside the region's body, which ",
                                              "is not supported yet; differentiate the function that calls the region"));
     }
-    if (n.op() != v1::CUSTOM_VJP) {
+    if (n.op() != v1::CUSTOM_VJP && n.op() != v1::CUSTOM_JVP) {
       *out.add_nodes() = n;
       continue;
     }
@@ -1560,7 +1720,7 @@ static absl::StatusOr<v1::Graph> RegionBodyCalls(const v1::Node& region) {
     call.clear_operands();
     call.add_operands(index.name());
     for (const std::string& o : n.operands()) call.add_operands(o);
-    call.mutable_control()->add_branches(n.custom_vjp().function());
+    call.mutable_control()->add_branches(CustomFunction(n));
     *out.add_nodes() = std::move(index);
     *out.add_nodes() = std::move(call);
   }
@@ -1602,13 +1762,13 @@ static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g, const v1::Mesh
       for (int i = 0; i < n.operands_size(); ++i) (i < np ? args : tangents).push_back(renamed(n.operands(i)));
       Emitter e(out, used);
       for (const v1::Node& m : out.nodes()) e.Declare(m.name(), m.type());
-      Jvp jvp(e, n, f, args, tangents, out.mutable_functions());
+      Jvp jvp(e, n, f, args, tangents, out.mutable_functions(), mesh);
       auto results = jvp.Run();
       if (!results.ok()) return Annotate(results.status(), StrCat("node '", n.name(), "' (jvp): "));
       vjp_results[n.name()] = std::move(*results);
       continue;
     }
-    if (n.op() == v1::CUSTOM_VJP) {  // not differentiated here: a call of its function
+    if (n.op() == v1::CUSTOM_VJP || n.op() == v1::CUSTOM_JVP) {  // not differentiated here: a call of its function
       v1::Node index;
       index.set_op(v1::CONSTANT);
       index.set_name(StrCat(n.name(), ".index"));
@@ -1620,7 +1780,7 @@ static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g, const v1::Mesh
       call.clear_operands();
       call.add_operands(index.name());
       for (const std::string& o : n.operands()) call.add_operands(renamed(o));
-      call.mutable_control()->add_branches(n.custom_vjp().function());
+      call.mutable_control()->add_branches(CustomFunction(n));
       *out.add_nodes() = std::move(index);
       *out.add_nodes() = std::move(call);
       continue;

@@ -309,11 +309,32 @@ absl::StatusOr<std::vector<v1::TensorType>> InferCustomVjp(const v1::Node& n,
   return f->results;
 }
 
+absl::StatusOr<std::vector<v1::TensorType>> InferCustomJvp(const v1::Node& n,
+                                                           absl::Span<const v1::TensorType* const> ops,
+                                                           FunctionTable& table, const ValidateOptions& o) {
+  if (n.attrs_case() != v1::Node::kCustomJvp) return InvalidArgumentError("missing attributes 'custom_jvp'");
+  const v1::CustomJvpAttrs& c = n.custom_jvp();
+  std::vector<v1::TensorType> args;
+  for (const v1::TensorType* t : ops) args.push_back(*t);
+  TESSEL_ASSIGN_OR_RETURN(const FunctionSignature* f, table.Signature(c.function(), o));
+  TESSEL_ASSIGN_OR_RETURN(const FunctionSignature* jvp, table.Signature(c.jvp(), o));
+  TESSEL_RETURN_IF_ERROR(CheckTypes("parameters", c.function(), f->parameters, args, "the operands"));
+  std::vector<v1::TensorType> twice = args;
+  twice.insert(twice.end(), args.begin(), args.end());
+  TESSEL_RETURN_IF_ERROR(CheckTypes("parameters", c.jvp(), jvp->parameters, twice,
+                                    "the operands, then a tangent per operand"));
+  std::vector<v1::TensorType> results = f->results;
+  results.insert(results.end(), f->results.begin(), f->results.end());
+  TESSEL_RETURN_IF_ERROR(CheckTypes("results", c.jvp(), jvp->results, results,
+                                    StrCat("the results of '", c.function(), "', then a tangent per result")));
+  return f->results;
+}
+
 }  // namespace
 
 bool IsControlFlow(v1::Op op) { return op == v1::WHILE || op == v1::CONDITIONAL || op == v1::SCAN; }
 bool IsMultiResult(v1::Op op) {
-  return IsControlFlow(op) || op == v1::VJP || op == v1::JVP || op == v1::CUSTOM_VJP;
+  return IsControlFlow(op) || op == v1::VJP || op == v1::JVP || op == v1::CUSTOM_VJP || op == v1::CUSTOM_JVP;
 }
 bool IsMultiResult(const v1::Node& n) {
   return IsMultiResult(n.op()) || (n.op() == v1::MANUAL_REGION && n.manual_region().out_specs_size() > 0);
@@ -396,7 +417,7 @@ absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateO
         return InvalidArgumentError(
             n.op() == v1::TUPLE_ELEMENT
                 ? StrCat(label, "operand '", def.name(), "' (", OpName(def.op()), ") has a single result; ",
-                         "tuple_element reads the results of while, conditional, scan, vjp, jvp, custom_vjp and regions with out_specs")
+                         "tuple_element reads the results of while, conditional, scan, vjp, jvp, custom_vjp, custom_jvp and regions with out_specs")
                 : StrCat(label, "operand ", i, " '", def.name(), "' (", OpName(def.op()), ") has ",
                          def.results_size(), " results; read one with tuple_element"));
       }
@@ -408,6 +429,7 @@ absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateO
                      : n.op() == v1::VJP   ? InferVjp(n, operand_types, *table, options)
                      : n.op() == v1::JVP ? InferJvp(n, operand_types, *table, options)
                      : n.op() == v1::CUSTOM_VJP ? InferCustomVjp(n, operand_types, *table, options)
+                     : n.op() == v1::CUSTOM_JVP ? InferCustomJvp(n, operand_types, *table, options)
                                          : InferControlFlow(n, operand_types, *table, options);
       if (!results.ok()) return Annotate(results.status(), label);
       if (n.results_size() > 0) {
@@ -422,7 +444,7 @@ absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateO
       continue;
     }
     if (n.results_size() > 0) {
-      return InvalidArgumentError(StrCat(label, "only while, conditional, scan, vjp, jvp, custom_vjp and regions with out_specs have several results"));
+      return InvalidArgumentError(StrCat(label, "only while, conditional, scan, vjp, jvp, custom_vjp, custom_jvp and regions with out_specs have several results"));
     }
     if (n.op() == v1::TUPLE_ELEMENT) {
       const v1::Node& def = tg.graph.nodes(tg.index_of.at(n.operands(0)));

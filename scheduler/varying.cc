@@ -44,9 +44,9 @@ VaryingAnalysis::VaryingAnalysis(const v1::Mesh& mesh, const google::protobuf::R
 absl::StatusOr<std::vector<Varying>> VaryingAnalysis::Of(const v1::Node& n, const std::vector<Varying>& ops,
                                                          const std::string& label) {
   if (IsControlFlow(n.op())) return OfControlFlow(n, ops, label);
-  if (n.op() == v1::CUSTOM_VJP) {
+  if (n.op() == v1::CUSTOM_VJP || n.op() == v1::CUSTOM_JVP) {
     std::vector<Varying> args(ops.begin(), ops.end());
-    return OfFunction(n.custom_vjp().function(), args, label);
+    return OfFunction(n.op() == v1::CUSTOM_VJP ? n.custom_vjp().function() : n.custom_jvp().function(), args, label);
   }
   Varying vr;
   for (const Varying& o : ops) vr.Merge(o);

@@ -186,6 +186,58 @@ TEST_F(ControlFlowTest, GradientsAndTangentsFromTheBuilderMatchTheSameInCpp) {
   EXPECT_NEAR(got[2].as<double>()[0], tangent, 1e-12);
 }
 
+TEST_F(ControlFlowTest, CustomRulesFromTheBuilderReplaceTheDerivativesTheyDefine) {
+  // t(x) = tanh(x) elementwise; its rules scale the true derivative on
+  // purpose (2x in the VJP, 3x in the JVP), so the result shows which ran.
+  GraphBuilder g("custom");
+  Value x = g.Parameter({DType::kF64, {4}}, "x");
+  Value tx = g.Parameter({DType::kF64, {4}}, "tx");
+  auto tanh = [](GraphBuilder& b, const std::vector<Value>& p) { return std::vector<Value>{b.Tanh(p[0])}; };
+  auto dtanh = [](GraphBuilder& b, Value y, Value scale) {  // scale * (1 - y^2)
+    return b.Mul(b.Broadcast(scale, {4}), b.Sub(b.Broadcast(b.Scalar(DType::kF64, 1.0), {4}), b.Mul(y, y)));
+  };
+  GraphBuilder::Function by_vjp = [&](GraphBuilder& b, const std::vector<Value>& p) {
+    auto fwd = [](GraphBuilder& f, const std::vector<Value>& q) {
+      Value y = f.Tanh(q[0]);
+      return std::vector<Value>{y, y};
+    };
+    auto bwd = [&](GraphBuilder& f, const std::vector<Value>& q) {
+      return std::vector<Value>{f.Mul(q[1], dtanh(f, q[0], f.Scalar(DType::kF64, 2.0)))};
+    };
+    return std::vector<Value>{b.Reduce(b.CustomVjp(tanh, fwd, bwd, {p[0]})[0], ReduceKind::kSum, {0})};
+  };
+  GraphBuilder::Function by_jvp = [&](GraphBuilder& b, const std::vector<Value>& p) {
+    auto rule = [&](GraphBuilder& f, const std::vector<Value>& q) {
+      Value y = f.Tanh(q[0]);
+      return std::vector<Value>{y, f.Mul(q[1], dtanh(f, y, f.Scalar(DType::kF64, 3.0)))};
+    };
+    return std::vector<Value>{b.Reduce(b.CustomJvp(tanh, rule, {p[0]})[0], ReduceKind::kSum, {0})};
+  };
+  std::vector<Value> vjp = g.ValueAndGrad(by_vjp, {x}, {0});
+  std::vector<Value> jvp_grad = g.ValueAndGrad(by_jvp, {x}, {0});
+  std::vector<Value> jvp = g.Jvp(by_jvp, {x}, {tx}, {0});
+  auto graph = g.Build({vjp[0], vjp[1], jvp_grad[1], jvp[1]});
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  const std::vector<double> xv = {-1.0, -0.25, 0.5, 2.0}, tv = {1.0, -2.0, 0.5, 3.0};
+  auto got = Run(*graph, {HostArray::From<double>({4}, xv), HostArray::From<double>({4}, tv)});
+  ASSERT_EQ(got.size(), 4u);
+  double value = 0, tangent = 0;
+  for (int i = 0; i < 4; ++i) {
+    const double y = std::tanh(xv[i]), d = 1 - y * y;
+    value += y;
+    tangent += 3 * d * tv[i];
+    EXPECT_NEAR(got[1].as<double>()[i], 2 * d, 1e-12) << i;  // the VJP rule
+    EXPECT_NEAR(got[2].as<double>()[i], 3 * d, 1e-12) << i;  // the JVP rule, transposed
+  }
+  EXPECT_NEAR(got[0].as<double>()[0], value, 1e-12);
+  EXPECT_NEAR(got[3].as<double>()[0], tangent, 1e-12);
+  // A rule of the wrong type fails where it is built, naming it.
+  GraphBuilder h("bad");
+  Value z = h.Parameter({DType::kF64, {4}}, "z");
+  h.CustomJvp(tanh, [](GraphBuilder& f, const std::vector<Value>& q) { return std::vector<Value>{q[0]}; }, {z});
+  EXPECT_NE(h.status().message().find("custom_jvp"), std::string::npos) << h.status();
+}
+
 std::string RunCommand(const std::string& cmd, int* rc) {
   FILE* f = popen((cmd + " 2>&1").c_str(), "r");
   std::string out;

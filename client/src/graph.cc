@@ -3,6 +3,7 @@
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
 
+#include <algorithm>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -693,6 +694,59 @@ std::vector<Value> GraphBuilder::Jvp(const Function& f, std::vector<Value> args,
                                      std::vector<int> wrt) {
   return impl_->Derivative(v1::JVP, f, args, tangents, wrt,
                     [](const std::vector<ArrayType>& results, const auto&) { return results; });
+}
+
+std::vector<Value> GraphBuilder::CustomVjp(const Function& f, const Function& fwd, const Function& bwd,
+                                           std::vector<Value> args) {
+  if (!impl_->status.ok()) return {};
+  const std::string name = absl::StrCat("custom_vjp_", impl_->graph.nodes_size());
+  const std::string what = absl::StrCat("custom_vjp '", name, "'"), prefix = absl::StrCat(impl_->graph.name(), "/", name);
+  std::vector<ArrayType> types;
+  for (const Value& v : args) {
+    if (!v.valid()) return impl_->Fail(what, "an argument is not a value"), std::vector<Value>{};
+    types.push_back(v.type());
+  }
+  auto results = impl_->AddFunction(prefix + "/f", types, f, nullptr, "");
+  if (!results.ok()) return impl_->Fail(what, results.status().message()), std::vector<Value>{};
+  auto kept = impl_->AddFunction(prefix + "/fwd", types, fwd, nullptr, "");
+  if (!kept.ok()) return impl_->Fail(what, kept.status().message()), std::vector<Value>{};
+  if (kept->size() < results->size() || !std::equal(results->begin(), results->end(), kept->begin())) {
+    return impl_->Fail(what, absl::StrCat("fwd must return f's results ", results->size(), " first, then residuals")),
+           std::vector<Value>{};
+  }
+  std::vector<ArrayType> bwd_params(kept->begin() + results->size(), kept->end());
+  bwd_params.insert(bwd_params.end(), results->begin(), results->end());
+  auto cts = impl_->AddFunction(prefix + "/bwd", bwd_params, bwd, &types, "a cotangent per argument");
+  if (!cts.ok()) return impl_->Fail(what, cts.status().message()), std::vector<Value>{};
+  v1::Node n = NodeOf(v1::CUSTOM_VJP);
+  n.set_name(name);
+  n.mutable_custom_vjp()->set_function(prefix + "/f");
+  n.mutable_custom_vjp()->set_fwd(prefix + "/fwd");
+  n.mutable_custom_vjp()->set_bwd(prefix + "/bwd");
+  return impl_->ControlNode(std::move(n), args, *results);
+}
+
+std::vector<Value> GraphBuilder::CustomJvp(const Function& f, const Function& jvp, std::vector<Value> args) {
+  if (!impl_->status.ok()) return {};
+  const std::string name = absl::StrCat("custom_jvp_", impl_->graph.nodes_size());
+  const std::string what = absl::StrCat("custom_jvp '", name, "'"), prefix = absl::StrCat(impl_->graph.name(), "/", name);
+  std::vector<ArrayType> types;
+  for (const Value& v : args) {
+    if (!v.valid()) return impl_->Fail(what, "an argument is not a value"), std::vector<Value>{};
+    types.push_back(v.type());
+  }
+  auto results = impl_->AddFunction(prefix + "/f", types, f, nullptr, "");
+  if (!results.ok()) return impl_->Fail(what, results.status().message()), std::vector<Value>{};
+  std::vector<ArrayType> twice = types, both = *results;
+  twice.insert(twice.end(), types.begin(), types.end());
+  both.insert(both.end(), results->begin(), results->end());
+  auto rule = impl_->AddFunction(prefix + "/jvp", twice, jvp, &both, "f's results, then a tangent per result");
+  if (!rule.ok()) return impl_->Fail(what, rule.status().message()), std::vector<Value>{};
+  v1::Node n = NodeOf(v1::CUSTOM_JVP);
+  n.set_name(name);
+  n.mutable_custom_jvp()->set_function(prefix + "/f");
+  n.mutable_custom_jvp()->set_jvp(prefix + "/jvp");
+  return impl_->ControlNode(std::move(n), args, *results);
 }
 
 absl::StatusOr<Graph> GraphBuilder::Build(const std::vector<Value>& outputs) {

@@ -179,6 +179,16 @@ class GraphBuilder {
   std::vector<Value> Jvp(const Function& f, std::vector<Value> args, std::vector<Value> tangents,
                          std::vector<int> wrt);
 
+  // f(args) with a reverse-mode rule of one's own (jax.custom_vjp): under
+  // Vjp the backward pass runs `bwd` (residuals, then a cotangent per
+  // result -> a cotangent per argument) on what `fwd` (args -> f's results,
+  // then residuals) kept, instead of transposing f.
+  std::vector<Value> CustomVjp(const Function& f, const Function& fwd, const Function& bwd, std::vector<Value> args);
+  // f(args) with derivatives from `jvp` (args, then a tangent per argument
+  // -> f's results, then a tangent per result; linear in the tangents), in
+  // forward mode as written and in reverse mode transposed (jax.custom_jvp).
+  std::vector<Value> CustomJvp(const Function& f, const Function& jvp, std::vector<Value> args);
+
   // OK, or the first error (naming the op, the expected and the actual).
   absl::Status status() const;
   absl::StatusOr<Graph> Build(const std::vector<Value>& outputs);

@@ -13,7 +13,7 @@ from tessel._jit import flatten, jit, unflatten
 from tessel._trace import Tracer, current_builder
 from tessel.v1 import ir_pb2
 
-__all__ = ["custom_vjp", "grad", "jvp", "value_and_grad", "vjp"]
+__all__ = ["custom_jvp", "custom_vjp", "grad", "jvp", "value_and_grad", "vjp"]
 
 _FLOATS = {np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)}
 
@@ -253,3 +253,73 @@ class custom_vjp:
             node.custom_vjp.bwd = bb.graph.name
         results = _lax._control_node(parent, ir_pb2.CUSTOM_VJP, ops, attrs, [_lax._spec(x) for x in out])
         return unflatten(out_structure, results)
+
+
+class custom_jvp:
+    """jax.custom_jvp: `fun` with a forward-mode rule of your own.
+
+        f = tessel.custom_jvp(fun)
+
+        @f.defjvp
+        def f_jvp(primals, tangents):   # -> (f(*primals), tangent of the result)
+            ...
+
+    Outside a derivative f runs `fun`. Forward mode runs the rule; reverse
+    mode transposes the rule's tangent part, which must be linear in the
+    tangents (as JAX requires). The rule may call f itself; the functions
+    may not close over traced values."""
+
+    def __init__(self, fun):
+        self.fun, self.rule = fun, None
+        self.__name__ = getattr(fun, "__name__", "custom_jvp")
+        self._in_rule = 0
+
+    def defjvp(self, rule):
+        self.rule = rule
+        return rule
+
+    def __call__(self, *args):
+        if self.rule is None:
+            raise TypeError(f"custom_jvp {self.__name__}: call defjvp(rule) first")
+        if self._in_rule:
+            return self.fun(*args)
+        leaves, paths, structure, _ = _positions(args, ())
+        if current_builder() is None and not any(isinstance(x, Tracer) for x in leaves):
+            return jit(self)(*args)
+        parent = current_builder()
+        ops = _lax._operands(leaves)
+        specs = [_lax._spec(x) for x in ops]
+        n_in = len(ops)
+
+        def closed(b, what):
+            if b.captures:
+                raise TypeError(f"custom_jvp {self.__name__}: {what} closes over traced values; pass them as "
+                                "arguments")
+        fb, out, out_paths, out_structure = _lax._trace(parent, "custom_fun", self.fun, specs, paths,
+                                                        lambda ps: unflatten(structure, ps))
+        closed(fb, "the function")
+        _lax._finish(fb, out)
+        out_specs = [_lax._spec(x) for x in out]
+        self._in_rule += 1
+        try:
+            rb, rout, _, rstructure = _lax._trace(
+                parent, "custom_jvp_rule",
+                lambda *ls: self.rule(tuple(unflatten(structure, ls[:n_in])), tuple(unflatten(structure, ls[n_in:]))),
+                specs + specs, [f"primals{p}" for p in paths] + [f"tangents{p}" for p in paths], lambda ps: ps)
+        finally:
+            self._in_rule -= 1
+        closed(rb, "the rule")
+        if rstructure[0] not in ("tuple", "list") or len(rstructure[1]) != 2 or \
+                rstructure[1][0] != out_structure or rstructure[1][1] != out_structure:
+            raise TypeError(f"custom_jvp {self.__name__}: the rule must return (the function's result, its "
+                            "tangent), each shaped as the function's result")
+        n = len(out)
+        rout = _lax._match(rb, rout, out_paths + out_paths, out_specs + out_specs,
+                           f"custom_jvp {self.__name__} rule")
+        _lax._finish(rb, rout)
+
+        def attrs(node):
+            node.custom_jvp.function = fb.graph.name
+            node.custom_jvp.jvp = rb.graph.name
+        results = _lax._control_node(parent, ir_pb2.CUSTOM_JVP, ops, attrs, out_specs)
+        return unflatten(out_structure, results[:n])

@@ -322,3 +322,38 @@ def test_custom_vjp_uses_the_users_rule_as_jax_does(session):
     np.testing.assert_allclose(ours_f(tessel.device_put(x), s).fetch(), np.tanh(x) * s, rtol=1e-12)
     with pytest.raises(tessel.InvalidArgumentError, match="custom VJP, which forward mode cannot use"):
         tessel.jit(lambda x: tessel.jvp(lambda v: ours_f(v, s), (x,), (x,)))(x)
+
+
+def test_custom_jvp_uses_the_users_rule_in_both_modes_as_jax_does(session):
+    def make(lib, xp):
+        f = lib.custom_jvp(lambda x, s: xp.tanh(x) * s)
+
+        # Triples the true tangent through x: a wrong rule on purpose, so that
+        # the result shows which one ran. It calls f itself, as JAX allows.
+        @f.defjvp
+        def rule(primals, tangents):
+            x, s = primals
+            tx, ts = tangents
+            return f(x, s), 3 * tx * s * (1 - xp.tanh(x) ** 2) + xp.tanh(x) * ts
+        return f
+    ours_f, theirs_f = make(tessel, tnp), make(jax, jnp)
+    x, s = rand(3, 4), rand(4)
+    tx, ts = rand(3, 4), rand(4)
+    loss = lambda f, xp: lambda x, s: (f(x, s) ** 3).sum()  # noqa: E731
+    ours = tessel.jit(tessel.grad(loss(ours_f, tnp), argnums=(0, 1)))(x, s)
+    theirs = jax.grad(loss(theirs_f, jnp), argnums=(0, 1))(x, s)
+    for o, t in zip(ours, theirs):
+        np.testing.assert_allclose(o.fetch(), np.asarray(t), rtol=1e-12)
+    out, tangent = tessel.jit(lambda x, s, tx, ts: tessel.jvp(loss(ours_f, tnp), (x, s), (tx, ts)))(x, s, tx, ts)
+    want_out, want_tangent = jax.jvp(loss(theirs_f, jnp), (x, s), (tx, ts))
+    np.testing.assert_allclose(float(out.fetch()), float(want_out), rtol=1e-12)
+    np.testing.assert_allclose(float(tangent.fetch()), float(want_tangent), rtol=1e-12)
+    # Outside a derivative it is the function.
+    np.testing.assert_allclose(tessel.jit(ours_f)(x, s).fetch(), np.tanh(x) * s, rtol=1e-12)
+
+
+def test_custom_jvp_rule_of_the_wrong_shape_is_a_clear_error(session):
+    f = tessel.custom_jvp(lambda x: tnp.tanh(x))
+    f.defjvp(lambda primals, tangents: (f(*primals), tnp.sum(tangents[0])))
+    with pytest.raises(TypeError, match="custom_jvp <lambda> rule: result.* is float64\\[\\]; expected float64\\[3,4\\]"):
+        tessel.jit(tessel.grad(lambda x: tnp.sum(f(x))))(rand(3, 4))
