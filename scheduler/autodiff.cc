@@ -339,10 +339,12 @@ class Vjp {
     e_.set_base(prefix + "bwd");
     for (int i = f_.graph.nodes_size() - 1; i >= 0; --i) {
       const v1::Node& n = f_.graph.nodes(i);
-      if (n.op() == v1::SCAN || n.op() == v1::CONDITIONAL || n.op() == v1::CUSTOM_VJP || n.op() == v1::CUSTOM_JVP) {
+      if (n.op() == v1::SCAN || n.op() == v1::CONDITIONAL || n.op() == v1::CUSTOM_VJP || n.op() == v1::CUSTOM_JVP ||
+          (n.op() == v1::MANUAL_REGION && IsMultiResult(n))) {
         if (auto r = result_ct_.find(n.name()); r != result_ct_.end()) {
           const std::vector<std::string> cts = r->second;
-          TESSEL_RETURN_IF_ERROR(n.op() == v1::SCAN          ? TransposeScan(n, cts)
+          TESSEL_RETURN_IF_ERROR(n.op() == v1::MANUAL_REGION ? TransposeRegion(n, cts)
+                                 : n.op() == v1::SCAN        ? TransposeScan(n, cts)
                                  : n.op() == v1::CONDITIONAL ? TransposeConditional(n, cts)
                                  : n.op() == v1::CUSTOM_VJP  ? TransposeCustom(n, cts)
                                                              : TransposeCustomJvp(n, cts));
@@ -591,7 +593,7 @@ class Vjp {
         return absl::OkStatus();
       }
       case v1::DOT_GENERAL: return TransposeDot(n, ct);
-      case v1::MANUAL_REGION: return TransposeRegion(n, ct);
+      case v1::MANUAL_REGION: return TransposeRegion(n, {ct});
       case v1::AXIS_INDEX: return absl::OkStatus();
       case v1::ALL_REDUCE:
       case v1::ALL_GATHER:
@@ -610,7 +612,7 @@ class Vjp {
     if (n.op() == v1::TUPLE_ELEMENT) {
       const v1::Node& src = f_.graph.nodes(f_.index_of.at(n.operands(0)));
       if (src.op() == v1::SCAN || src.op() == v1::CONDITIONAL || src.op() == v1::CUSTOM_VJP ||
-          src.op() == v1::CUSTOM_JVP) {
+          src.op() == v1::CUSTOM_JVP || src.op() == v1::MANUAL_REGION) {
         std::vector<std::string>& cts = result_ct_[src.name()];
         cts.resize(src.results_size());
         std::string& slot = cts[n.tuple_element().index()];
@@ -745,26 +747,22 @@ class Vjp {
   // values recomputed there) and the cotangent's block of the region's
   // result, and gives the cotangent's block of each floating-point operand
   // under the operand's in_spec.
-  absl::Status TransposeRegion(const v1::Node& n, const std::string& ct) {
+  absl::Status TransposeRegion(const v1::Node& n, const std::vector<std::string>& result_cts) {
     const std::string label = StrCat("manual region '", n.name(), "'");
     const std::string where = StrCat("vjp of '", node_.grad().function(), "': ", label);
     if (mesh_.axis_names_size() == 0) {
       return absl::InvalidArgumentError(StrCat(where, ": a manual region needs a mesh; compile with one"));
     }
     const v1::ManualRegionAttrs& m = n.manual_region();
-    if (m.out_specs_size() > 0) {
-      return absl::UnimplementedError(StrCat(where, " has several results; reverse mode takes regions of one"));
-    }
+    const bool multi = m.out_specs_size() > 0;
     v1::Graph with_functions = m.body();
     *with_functions.mutable_functions() = *functions_;
     auto typed = ValidateGraph(with_functions, {.manual_mesh = &mesh_});
     if (!typed.ok()) return Annotate(typed.status(), StrCat(where, " body: "));
     const TypedGraph& body = *typed;
-    const int np = int(body.parameters.size());
+    const int np = int(body.parameters.size()), nr = body.graph.outputs_size();
     RegionContext ctx(mesh_, *functions_, label);
-    v1::Sharding ct_spec = m.out_spec();
-    ct_spec.clear_partial();  // the cotangent of a partial sum is the same for every part
-    // The backward body: (blocks of the operands, block of the cotangent).
+    // The backward body: (blocks of the operands, a block of each result's cotangent).
     v1::Graph bb;
     bb.set_name(StrCat(n.name(), ".backward"));
     absl::flat_hash_set<std::string> used;
@@ -780,28 +778,40 @@ class Vjp {
       args.push_back(eb.Copy(Parameter("x", i, t), StrCat("x", i)));
       ctx.vary[args.back()] = param_vary.back();
     }
-    const v1::TensorType& out_t = body.graph.nodes(body.outputs[0]).type();
-    std::string entry = eb.Copy(Parameter("ct", np, out_t), "ct");
-    ctx.vary[entry] = SpecVarying(ct_spec, "the region's result is split over it");
-    // Where the result may vary (a kernel with no replication rule) over an
-    // axis its out_spec replicates it over, the devices of that axis each
-    // take an equal share of the cotangent, and their contributions are
-    // summed where the operands are replicated (shard_map with
-    // check_rep=False does the same).
     TESSEL_ASSIGN_OR_RETURN(auto forward_vary, ctx.analysis.OfGraph(body.graph, param_vary, label));
-    const Varying& result_vary = forward_vary[body.graph.outputs(0)];
-    absl::flat_hash_set<std::string> covered(m.out_spec().partial().begin(), m.out_spec().partial().end());
-    for (const auto& d : m.out_spec().dims()) covered.insert(d.axes().begin(), d.axes().end());
-    int64_t shares = 1;
-    Varying uncertain;
-    for (const std::string& a : mesh_.axis_names()) {
-      if (covered.contains(a) || !result_vary.maybe.contains(a)) continue;
-      shares *= ctx.Size(a);
-      uncertain.maybe[a] = result_vary.maybe.at(a);
-    }
-    if (shares > 1) {
-      entry = eb.Binary(v1::MUL, entry, eb.Like(entry, 1.0 / double(shares)));
-      ctx.vary[entry].Merge(uncertain);
+    std::vector<v1::Sharding> ct_specs;
+    std::vector<std::string> entries, outer_cts;
+    for (int k = 0; k < nr; ++k) {
+      const v1::Sharding& out_spec = multi ? m.out_specs(k) : m.out_spec();
+      v1::Sharding ct_spec = out_spec;
+      ct_spec.clear_partial();  // the cotangent of a partial sum is the same for every part
+      ct_specs.push_back(ct_spec);
+      const v1::TensorType& global = multi ? n.results(k) : n.type();
+      const std::string& ct = k < int(result_cts.size()) ? result_cts[k] : std::string();
+      outer_cts.push_back(ct.empty() ? e_.Zeros(global) : ct);
+      const v1::TensorType& out_t = body.graph.nodes(body.outputs[k]).type();
+      std::string entry = eb.Copy(Parameter("ct", np + k, out_t), StrCat("ct", k));
+      ctx.vary[entry] = SpecVarying(ct_spec, "the region's result is split over it");
+      // Where the result may vary (a kernel with no replication rule) over
+      // an axis its out_spec replicates it over, the devices of that axis
+      // each take an equal share of the cotangent, and their contributions
+      // are summed where the operands are replicated (shard_map with
+      // check_rep=False does the same).
+      const Varying result_vary = forward_vary[body.graph.outputs(k)];
+      absl::flat_hash_set<std::string> covered(out_spec.partial().begin(), out_spec.partial().end());
+      for (const auto& d : out_spec.dims()) covered.insert(d.axes().begin(), d.axes().end());
+      int64_t shares = 1;
+      Varying uncertain;
+      for (const std::string& a : mesh_.axis_names()) {
+        if (covered.contains(a) || !result_vary.maybe.contains(a)) continue;
+        shares *= ctx.Size(a);
+        uncertain.maybe[a] = result_vary.maybe.at(a);
+      }
+      if (shares > 1) {
+        entry = eb.Binary(v1::MUL, entry, eb.Like(entry, 1.0 / double(shares)));
+        ctx.vary[entry].Merge(uncertain);
+      }
+      entries.push_back(entry);
     }
     // The body's VJP with respect to its floating-point parameters.
     v1::Node grad;
@@ -820,14 +830,14 @@ class Vjp {
     Emitter ebb(backward, used);
     ebb.on_emit = eb.on_emit;
     for (int i = 0; i < np; ++i) ebb.Declare(args[i], eb.type(args[i]));
-    ebb.Declare(entry, eb.type(entry));
-    Vjp inner(ebb, grad, body, args, {entry}, functions_, mesh_, &ctx);
+    for (const std::string& entry : entries) ebb.Declare(entry, eb.type(entry));
+    Vjp inner(ebb, grad, body, args, entries, functions_, mesh_, &ctx);
     auto results = inner.Run();
     TESSEL_RETURN_IF_ERROR(eb.status());
     if (!results.ok()) return results.status();
     for (v1::Node& x : inner.forward()) *bb.add_nodes() = std::move(x);
     for (v1::Node& x : *backward.mutable_nodes()) *bb.add_nodes() = std::move(x);
-    for (size_t j = 0; j < wrt.size(); ++j) bb.add_outputs((*results)[1 + j]);
+    for (size_t j = 0; j < wrt.size(); ++j) bb.add_outputs((*results)[nr + j]);
     if (wrt.empty()) return absl::OkStatus();
     // The region that runs it.
     v1::Node back;
@@ -837,8 +847,10 @@ class Vjp {
       back.add_operands(Forward(n.operands(i)));
       *bm.add_in_specs() = m.in_specs(i);
     }
-    back.add_operands(ct);
-    *bm.add_in_specs() = ct_spec;
+    for (int k = 0; k < nr; ++k) {
+      back.add_operands(outer_cts[k]);
+      *bm.add_in_specs() = ct_specs[k];
+    }
     for (int i : wrt) {
       *bm.add_out_specs() = m.in_specs(i);
       *back.add_results() = TypeOf(n.operands(i));
@@ -1280,6 +1292,8 @@ class Jvp {
         TESSEL_RETURN_IF_ERROR(TangentLoop(n));
       } else if (n.op() == v1::CUSTOM_JVP) {
         TESSEL_RETURN_IF_ERROR(TangentCustom(n));
+      } else if (n.op() == v1::MANUAL_REGION && IsMultiResult(n)) {
+        TESSEL_ASSIGN_OR_RETURN(result_tan_[n.name()], TangentRegion(n));
       } else if (IsMultiResult(n)) {
         return absl::UnimplementedError(StrCat("jvp of '", node_.grad().function(), "': node '", n.name(), "' (",
                                                OpName(n.op()), ") has no forward-mode rule yet"));
@@ -1432,7 +1446,10 @@ class Jvp {
           }
         }
       }
-      case v1::MANUAL_REGION: return TangentRegion(n);
+      case v1::MANUAL_REGION: {
+        TESSEL_ASSIGN_OR_RETURN(std::vector<std::string> t, TangentRegion(n));
+        return t.at(0);
+      }
       case v1::ALL_REDUCE:
         if (n.collective().kind() != v1::SUM && n.collective().kind() != v1::REDUCE_INVALID) break;
         [[fallthrough]];
@@ -1477,22 +1494,21 @@ class Jvp {
     return e_.status();
   }
 
-  // A manual region's tangent is a manual region over the same mesh running
-  // its body's JVP on the blocks of the operands and of their tangents.
-  absl::StatusOr<std::string> TangentRegion(const v1::Node& n) {
+  // A manual region's tangents come from a manual region over the same mesh
+  // running its body's JVP on the blocks of the operands and of their
+  // tangents; one per result, under the result's out_spec.
+  absl::StatusOr<std::vector<std::string>> TangentRegion(const v1::Node& n) {
     const std::string where = StrCat("jvp of '", node_.grad().function(), "': manual region '", n.name(), "'");
     if (mesh_.axis_names_size() == 0) {
       return absl::InvalidArgumentError(StrCat(where, ": a manual region needs a mesh; compile with one"));
     }
     const v1::ManualRegionAttrs& m = n.manual_region();
-    if (m.out_specs_size() > 0) {
-      return absl::UnimplementedError(StrCat(where, " has several results; forward mode takes regions of one"));
-    }
+    const bool multi = m.out_specs_size() > 0;
     v1::Graph with_functions = m.body();
     *with_functions.mutable_functions() = *functions_;
     auto body = ValidateGraph(with_functions, {.manual_mesh = &mesh_});
     if (!body.ok()) return Annotate(body.status(), StrCat(where, " body: "));
-    const int np = int(body->parameters.size());
+    const int np = int(body->parameters.size()), nr = body->graph.outputs_size();
     v1::Graph bb;
     bb.set_name(StrCat(n.name(), ".tangent"));
     absl::flat_hash_set<std::string> used;
@@ -1521,11 +1537,20 @@ class Jvp {
     }
     Jvp inner(eb, jvp, *body, args, tangents, functions_, mesh_);
     TESSEL_ASSIGN_OR_RETURN(std::vector<std::string> results, inner.Run());
-    bb.add_outputs(results.at(1));
-    *rm.mutable_out_spec() = m.out_spec();
+    for (int k = 0; k < nr; ++k) bb.add_outputs(results.at(nr + k));
     *rm.mutable_body() = std::move(bb);
-    *region.mutable_type() = n.type();
-    return e_.Copy(std::move(region), StrCat(fwd_.at(n.name()), ".tangent"));
+    const std::string base = StrCat(fwd_.at(n.name()), ".tangent");
+    if (!multi) {
+      *rm.mutable_out_spec() = m.out_spec();
+      *region.mutable_type() = n.type();
+      return std::vector<std::string>{e_.Copy(std::move(region), base)};
+    }
+    *rm.mutable_out_specs() = m.out_specs();
+    *region.mutable_results() = n.results();
+    const std::string r = e_.Multi(std::move(region), base);
+    std::vector<std::string> out;
+    for (int k = 0; k < nr; ++k) out.push_back(IsFloat(n.results(k).dtype()) ? e_.Element(r, k, n.results(k)) : "");
+    return out;
   }
   static v1::Node Parameter(int index, const v1::TensorType& t) {
     v1::Node p;

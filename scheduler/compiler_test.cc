@@ -133,3 +133,27 @@ TEST(Compiler, RejectsCyclesDanglingOperandsAndBadParameters) {
 
 }  // namespace
 }  // namespace tessel::scheduler
+
+namespace tessel::scheduler {
+namespace {
+
+TEST(Compiler, IdenticalNodesAreComputedOnce) {
+  auto c = Compile(Parse(R"pb(
+    name: "twice"
+    nodes { name: "x" op: PARAMETER parameter { index: 0 } type { dtype: F32 dims: [4, 4] } }
+    nodes { name: "a" op: DOT_GENERAL operands: ["x", "x"] dot_general { lhs_contracting: 1 rhs_contracting: 0 } }
+    nodes { name: "b" op: DOT_GENERAL operands: ["x", "x"] dot_general { lhs_contracting: 1 rhs_contracting: 0 } }
+    nodes { name: "c" op: DOT_GENERAL operands: ["x", "x"] dot_general { lhs_contracting: 0 rhs_contracting: 0 } }
+    nodes { name: "s" op: ADD operands: ["a", "b"] }
+    nodes { name: "t" op: ADD operands: ["s", "c"] }
+    outputs: ["t", "b"])pb"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  int dots = 0;
+  for (const v1::Instruction& ins : c->program.instructions()) {
+    dots += ins.has_node() && ins.node().op() == v1::DOT_GENERAL;
+  }
+  EXPECT_EQ(dots, 2) << c->plan_text;  // a and b are one; c contracts other dimensions
+}
+
+}  // namespace
+}  // namespace tessel::scheduler

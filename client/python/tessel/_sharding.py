@@ -196,16 +196,20 @@ def shard_map(f, mesh, in_specs, out_specs):
     """Per-shard semantics (as jax's shard_map): `f` runs on each device's
     blocks under `in_specs` and returns its block of the result under
     `out_specs`, calling collectives (psum, all_gather, ...) explicitly.
-    Partitioned tracing tracks the axes each value varies over: returning a
-    value that varies over an axis `out_specs` replicates it over is an
-    error, unless `out_specs` marks that axis unreduced."""
+    `f` may return a pytree of arrays: `out_specs` is then one P for every
+    leaf, or a sequence of one P per leaf. Partitioned tracing tracks the
+    axes each value varies over: returning a value that varies over an axis
+    `out_specs` replicates it over is an error, unless `out_specs` marks
+    that axis unreduced."""
+    from tessel._jit import flatten, unflatten
+
     def wrapped(*args):
         specs = in_specs if isinstance(in_specs, (list, tuple)) and not isinstance(in_specs, P) else (in_specs,)
+        name = getattr(f, "__name__", "f")
         if len(specs) != len(args):
-            raise ValueError(f"shard_map of {getattr(f, '__name__', 'f')}: {len(args)} arguments, "
-                             f"{len(specs)} in_specs")
+            raise ValueError(f"shard_map of {name}: {len(args)} arguments, {len(specs)} in_specs")
         outer = _builder(args[0], "shard_map")
-        request_placement(f"shard_map of {getattr(f, '__name__', 'f')}", mesh)
+        request_placement(f"shard_map of {name}", mesh)
         body = Builder(getattr(f, "__name__", "body"), root=outer)
         body._mesh = mesh
         with body:
@@ -213,24 +217,45 @@ def shard_map(f, mesh, in_specs, out_specs):
             for i, (a, spec) in enumerate(zip(args, specs)):
                 shape = NamedSharding(mesh, spec).shard_shape(a.shape)
                 params.append(body.parameter(i, shape, a.dtype, f"x{i}"))
-            out = f(*params)
-            if not isinstance(out, Tracer):
-                from tessel import numpy as tnp
-                out = tnp.asarray_in_trace(out)
-            body.graph.outputs.append(out._name)
-        full = list(out.shape)
-        for i, d in enumerate(out_specs):
-            axes = () if d is None else (d,) if isinstance(d, str) else tuple(d)
-            for a in axes:
-                full[i] *= mesh.shape[a]
+            leaves, _, structure = flatten(f(*params))
+            from tessel import numpy as tnp
+            leaves = [x if isinstance(x, Tracer) else tnp.asarray_in_trace(x) for x in leaves]
+            body.graph.outputs.extend(x._name for x in leaves)
+        if isinstance(out_specs, P):
+            outs = [out_specs] * len(leaves)
+        else:
+            outs = list(out_specs)
+            if len(outs) != len(leaves):
+                raise ValueError(f"shard_map of {name}: it returns {len(leaves)} arrays; {len(outs)} out_specs")
 
-        def attrs(n):
-            m = n.manual_region
+        def global_shape(leaf, spec):
+            full = list(leaf.shape)
+            for i, d in enumerate(spec):
+                for a in (() if d is None else (d,) if isinstance(d, str) else tuple(d)):
+                    full[i] *= mesh.shape[a]
+            return full
+
+        def common(m):
             m.body.CopyFrom(body.graph)
             for s in specs:
                 m.in_specs.add().CopyFrom(s.proto())
-            m.out_spec.CopyFrom(out_specs.proto())
-        return outer.node(ir_pb2.MANUAL_REGION, list(args), full, out.dtype, False, attrs, with_type=True)
+        if len(leaves) == 1 and isinstance(out_specs, P) and structure == flatten(leaves[0])[2]:
+            def attrs(n):
+                common(n.manual_region)
+                n.manual_region.out_spec.CopyFrom(out_specs.proto())
+            return outer.node(ir_pb2.MANUAL_REGION, list(args), global_shape(leaves[0], out_specs), leaves[0].dtype,
+                              False, attrs, with_type=True)
+        shapes = [global_shape(x, s) for x, s in zip(leaves, outs)]
+
+        def attrs(n):
+            common(n.manual_region)
+            for s, x, shape in zip(outs, leaves, shapes):
+                n.manual_region.out_specs.add().CopyFrom(s.proto())
+                n.results.add().CopyFrom(_dtypes.tensor_type(shape, x.dtype))
+        from tessel import lax as _lax
+        results = _lax._control_node(outer, ir_pb2.MANUAL_REGION, list(args), attrs,
+                                     [(tuple(shape), x.dtype, False) for x, shape in zip(leaves, shapes)])
+        return unflatten(structure, results)
     return wrapped
 
 

@@ -11,6 +11,11 @@ import pytest
 
 import tessel
 
+# JAX on CPU is an oracle; four host devices let its own shard_map stand
+# beside Tessel's (set before anything imports jax).
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
+
 _BUILD_BIN = pathlib.Path(__file__).resolve().parents[3] / "build" / "bin"
 if not os.environ.get("TESSEL_BIN_DIR") and (_BUILD_BIN / "tessel-worker").exists():
     os.environ["TESSEL_BIN_DIR"] = str(_BUILD_BIN)

@@ -225,3 +225,98 @@ def test_jvp_through_shard_map_with_collectives_matches_jax(session):
     want_out, want_tangent = jax.jvp(f_global, (x, w), (tx, tw))
     np.testing.assert_allclose(out.fetch(), np.asarray(want_out), rtol=1e-10)
     np.testing.assert_allclose(tangent.fetch(), np.asarray(want_tangent), rtol=1e-10)
+
+
+# ------------------------------------------------------ several results
+
+def test_a_region_of_several_results_runs_and_differentiates_both_ways(session):
+    rng = np.random.default_rng(10)
+    x, w = rng.standard_normal((8, 4)), rng.standard_normal((4, 4))
+    tx, tw = rng.standard_normal((8, 4)), rng.standard_normal((4, 4))
+
+    def body(xb, wr):
+        h = tnp.tanh(xb @ wr)
+        return tessel.psum(tnp.sum(h, axis=0), "data"), {"h": h * xb}
+
+    region = tessel.shard_map(body, MESH, in_specs=(P("data"), P()), out_specs=(P(), P("data")))
+
+    def loss(x, w):
+        s, d = region(x, w)
+        return tnp.sum(s * s) + tnp.sum(d["h"] ** 2)
+
+    def loss_global(x, w):
+        h = jnp.tanh(x @ w)
+        return jnp.sum(jnp.sum(h, axis=0) ** 2) + jnp.sum((h * x) ** 2)
+
+    args = (put(x, P("data")), put(w, P()))
+    s, d = tessel.jit(region)(*args)
+    np.testing.assert_allclose(s.fetch(), np.tanh(x @ w).sum(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(d["h"].fetch(), np.tanh(x @ w) * x, rtol=1e-12)
+    value, grads = tessel.jit(tessel.value_and_grad(loss, argnums=(0, 1)))(*args)
+    want_value, want_grads = jax.value_and_grad(loss_global, argnums=(0, 1))(x, w)
+    np.testing.assert_allclose(float(value.fetch()), float(want_value), rtol=1e-12)
+    for g, want in zip(grads, want_grads):
+        np.testing.assert_allclose(g.fetch(), np.asarray(want), rtol=1e-10, atol=1e-12)
+    _, tangent = tessel.jit(lambda *a: tessel.jvp(loss, a[:2], a[2:]))(*args, put(tx, P("data")), put(tw, P()))
+    np.testing.assert_allclose(float(tangent.fetch()), float(jax.jvp(loss_global, (x, w), (tx, tw))[1]), rtol=1e-10)
+
+
+# --------------------------------- random programs vs JAX's own shard_map
+
+STEPS = {
+    "tanh": (lambda h, w, v, L: L.np.tanh(h)),
+    "matmul_w": (lambda h, w, v, L: h @ w),
+    "mul_v": (lambda h, w, v, L: h * v),
+    "psum_model": (lambda h, w, v, L: L.psum(h, "model")),
+    "psum_data": (lambda h, w, v, L: L.psum(h, "data") * 0.5),
+    "ppermute_data": (lambda h, w, v, L: L.ppermute(h, "data", [(0, 1), (1, 0)])),
+    "gather_scatter": (lambda h, w, v, L: L.psum_scatter(L.all_gather(h, "data", 0), "data", 0)),
+    "all_to_all": (lambda h, w, v, L: L.all_to_all(L.all_to_all(h, "data", 1, 0) * 1.5, "data", 0, 1)),
+    "gathered_slice": (lambda h, w, v, L: L.all_gather(h, "model", 0)[:4] * 2),
+    "by_model_index": (lambda h, w, v, L: h * (L.axis_index("model") + 1.0)),
+}
+
+
+class _Tessel:
+    np = tnp
+    psum, ppermute, psum_scatter, all_gather = (staticmethod(tessel.psum), staticmethod(tessel.ppermute),
+                                                staticmethod(tessel.psum_scatter), staticmethod(tessel.all_gather))
+    all_to_all = staticmethod(tessel.all_to_all)
+    axis_index = staticmethod(lambda a: tnp.astype(tessel.axis_index(a), tnp.float64))
+
+
+class _Jax:
+    np = jnp
+    psum = staticmethod(jax.lax.psum)
+    ppermute = staticmethod(lambda h, a, perm: jax.lax.ppermute(h, a, perm))
+    psum_scatter = staticmethod(lambda h, a, d: jax.lax.psum_scatter(h, a, scatter_dimension=d, tiled=True))
+    all_gather = staticmethod(lambda h, a, d: jax.lax.all_gather(h, a, axis=d, tiled=True))
+    all_to_all = staticmethod(lambda h, a, s, c: jax.lax.all_to_all(h, a, s, c, tiled=True))
+    axis_index = staticmethod(lambda a: jax.lax.axis_index(a).astype(jnp.float64))
+
+
+def random_body(steps, L):
+    def body(xb, w, v):
+        h = xb
+        for s in steps:
+            h = STEPS[s](h, w, v, L)
+        return L.psum(L.psum(L.np.sum(h * h), "data"), "model")
+    return body
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_region_programs_differentiate_as_jax_shard_map(session, seed):
+    rng = np.random.default_rng(100 + seed)
+    steps = list(rng.choice(sorted(STEPS), size=int(rng.integers(2, 6))))
+    x, w, v = rng.standard_normal((8, 4)) * 0.5, rng.standard_normal((4, 4)) * 0.5, rng.standard_normal(4)
+    specs = (P("data"), P(), P())
+    ours = tessel.shard_map(random_body(steps, _Tessel), MESH, in_specs=specs, out_specs=P())
+    got = tessel.jit(tessel.value_and_grad(lambda *a: ours(*a), argnums=(0, 1, 2)))(
+        *[put(a, s) for a, s in zip((x, w, v), specs)])
+    jmesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "model"))
+    JP = jax.sharding.PartitionSpec
+    theirs = jax.shard_map(random_body(steps, _Jax), mesh=jmesh, in_specs=(JP("data"), JP(), JP()), out_specs=JP())
+    want = jax.value_and_grad(theirs, argnums=(0, 1, 2))(x, w, v)
+    np.testing.assert_allclose(float(got[0].fetch()), float(want[0]), rtol=1e-10, err_msg=str(steps))
+    for k, (g, t) in enumerate(zip(got[1], want[1])):
+        np.testing.assert_allclose(g.fetch(), np.asarray(t), rtol=1e-9, atol=1e-12, err_msg=f"{steps} argument {k}")
