@@ -1752,7 +1752,26 @@ static absl::StatusOr<v1::Graph> RegionBodyCalls(const v1::Node& region) {
   return out;
 }
 
-// `g`'s own VJP nodes expanded (not those of its functions).
+// Whether `g` takes a derivative (a VJP or JVP node), itself or through a
+// function it runs: one to expand before `g` can be differentiated.
+static bool HasDerivative(const v1::Graph& g, const FunctionTable& table, absl::flat_hash_set<std::string>& seen) {
+  for (const v1::Node& n : g.nodes()) {
+    if (n.op() == v1::VJP || n.op() == v1::JVP) return true;
+    if (n.op() == v1::MANUAL_REGION && HasDerivative(n.manual_region().body(), table, seen)) return true;
+    std::vector<std::string> called = CalledFunctions(n);
+    if (n.op() == v1::CUSTOM_VJP) called = {n.custom_vjp().function(), n.custom_vjp().fwd(), n.custom_vjp().bwd()};
+    if (n.op() == v1::CUSTOM_JVP) called = {n.custom_jvp().function(), n.custom_jvp().jvp()};
+    for (const std::string& f : called) {
+      if (!seen.insert(f).second) continue;
+      auto it = table.graphs.find(f);
+      if (it != table.graphs.end() && HasDerivative(*it->second, table, seen)) return true;
+    }
+  }
+  return false;
+}
+
+// `g`'s own VJP nodes expanded (not those of its functions). A derivative of
+// a function that itself takes one waits for a later round.
 static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g, const v1::Mesh& mesh) {
   v1::Graph out;
   out.set_name(g.graph.name());
@@ -1771,6 +1790,16 @@ static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g, const v1::Mesh
       auto it = vjp_results.find(n.operands(0));
       if (it != vjp_results.end()) {
         rename[n.name()] = it->second.at(n.tuple_element().index());
+        continue;
+      }
+    }
+    if (n.op() == v1::VJP || n.op() == v1::JVP) {
+      auto it = table.graphs.find(n.grad().function());
+      absl::flat_hash_set<std::string> seen;
+      if (it != table.graphs.end() && HasDerivative(*it->second, table, seen)) {
+        v1::Node c = n;  // its function's own derivatives first
+        for (std::string& o : *c.mutable_operands()) o = renamed(o);
+        *out.add_nodes() = std::move(c);
         continue;
       }
     }
@@ -1848,7 +1877,6 @@ static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g, const v1::Mesh
 static absl::StatusOr<v1::Graph> ExpandRound(const TypedGraph& g, const v1::Mesh& mesh) {
   google::protobuf::RepeatedPtrField<v1::Graph> functions = g.graph.functions();
   const int original = functions.size();
-  std::vector<v1::Graph> added;
   for (int i = 0; i < original; ++i) {
     v1::Graph& f = functions[i];
     if (!HasAutodiff(f)) continue;
@@ -1858,15 +1886,17 @@ static absl::StatusOr<v1::Graph> ExpandRound(const TypedGraph& g, const v1::Mesh
     if (!typed.ok()) return Annotate(typed.status(), StrCat("function '", f.name(), "': "));
     auto expanded = ExpandNodes(*typed, mesh);
     if (!expanded.ok()) return Annotate(expanded.status(), StrCat("function '", f.name(), "': "));
-    for (int k = original; k < expanded->functions_size(); ++k) added.push_back(expanded->functions(k));
+    for (int k = original; k < expanded->functions_size(); ++k) *functions.Add() = expanded->functions(k);
     f = std::move(*expanded);
     f.clear_functions();
   }
-  TESSEL_ASSIGN_OR_RETURN(v1::Graph out, ExpandNodes(g, mesh));
-  for (int k = original; k < out.functions_size(); ++k) added.push_back(out.functions(k));
-  *out.mutable_functions() = std::move(functions);
-  for (v1::Graph& f : added) *out.add_functions() = std::move(f);
-  return out;
+  // The graph's own nodes see the functions as this round left them (a
+  // gradient of a gradient differentiates the inner one's expansion).
+  v1::Graph top = g.graph;
+  *top.mutable_functions() = std::move(functions);
+  auto typed = ValidateGraph(top);
+  if (!typed.ok()) return Annotate(typed.status(), "internal: a graph with its functions' gradients expanded: ");
+  return ExpandNodes(*typed, mesh);
 }
 
 // The functions `g`'s nodes (and its regions' bodies) run, and those they run.

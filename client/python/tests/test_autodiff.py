@@ -357,3 +357,33 @@ def test_custom_jvp_rule_of_the_wrong_shape_is_a_clear_error(session):
     f.defjvp(lambda primals, tangents: (f(*primals), tnp.sum(tangents[0])))
     with pytest.raises(TypeError, match="custom_jvp <lambda> rule: result.* is float64\\[\\]; expected float64\\[3,4\\]"):
         tessel.jit(tessel.grad(lambda x: tnp.sum(f(x))))(rand(3, 4))
+
+
+def test_gradients_of_gradients_and_hessian_vector_products_match_jax(session):
+    w, x, v = rand(4), rand(3, 4), rand(4)
+
+    def loss(xp):
+        return lambda w, x: xp.sum(xp.tanh(x @ w) ** 2) + xp.sum(w * w * w)
+
+    # d/dw of (grad . v): the Hessian times v, reverse over reverse.
+    def hvp_rr(lib, xp):
+        return lib.grad(lambda w, x: xp.sum(lib.grad(loss(xp))(w, x) * v))
+    ours = tessel.jit(hvp_rr(tessel, tnp))(w, x)
+    theirs = hvp_rr(jax, jnp)(w, x)
+    np.testing.assert_allclose(ours.fetch(), np.asarray(theirs), rtol=1e-10)
+    # forward over reverse
+    ours = tessel.jit(lambda w, x: tessel.jvp(lambda u: tessel.grad(loss(tnp))(u, x), (w,), (v,))[1])(w, x)
+    theirs = jax.jvp(lambda u: jax.grad(loss(jnp))(u, x), (w,), (v,))[1]
+    np.testing.assert_allclose(ours.fetch(), np.asarray(theirs), rtol=1e-10)
+    # third derivative of a scalar function, and through a scan
+    f3 = lambda lib, xp: lib.grad(lib.grad(lib.grad(lambda s: xp.tanh(s) * s)))  # noqa: E731
+    np.testing.assert_allclose(float(tessel.jit(f3(tessel, tnp))(0.3).fetch()), float(f3(jax, jnp)(0.3)), rtol=1e-10)
+
+    def scanned(lib_lax, xp):
+        def f(w):
+            c, _ = lib_lax.scan(lambda c, xi: (xp.tanh(c * w + xi), None), w * 0.0, np.array([0.1, -0.2, 0.3]))
+            return c
+        return f
+    gg = lambda lib, lib_lax, xp: lib.grad(lib.grad(scanned(lib_lax, xp)))  # noqa: E731
+    np.testing.assert_allclose(float(tessel.jit(gg(tessel, lax, tnp))(0.7).fetch()),
+                               float(gg(jax, jax.lax, jnp)(0.7)), rtol=1e-10)
