@@ -1715,23 +1715,26 @@ static std::string CustomFunction(const v1::Node& n) {
   return n.op() == v1::CUSTOM_VJP ? n.custom_vjp().function() : n.custom_jvp().function();
 }
 
-// A manual region's body with each custom_vjp called as its function (it is
-// differentiated, if at all, where the region is). A derivative taken
-// inside the body is an error: it needs the body's varying axes.
-static absl::StatusOr<v1::Graph> RegionBodyCalls(const v1::Node& region) {
-  const v1::Graph& body = region.manual_region().body();
-  v1::Graph out = body;
-  out.clear_nodes();
+// Once nothing is left to differentiate: each custom_vjp and custom_jvp in
+// `g` (and in its manual regions' bodies) becomes a call of its function.
+// A derivative still there was taken inside a region's body: an error (it
+// needs the body's varying axes).
+static absl::Status LowerCustomRules(v1::Graph& g, const std::string& where) {
+  google::protobuf::RepeatedPtrField<v1::Node> nodes;
   absl::flat_hash_set<std::string> used;
-  for (const v1::Node& n : body.nodes()) used.insert(n.name());
-  for (const v1::Node& n : body.nodes()) {
+  for (const v1::Node& n : g.nodes()) used.insert(n.name());
+  for (v1::Node& n : *g.mutable_nodes()) {
     if (n.op() == v1::VJP || n.op() == v1::JVP) {
-      return absl::UnimplementedError(StrCat("manual region '", region.name(), "': node '", n.name(), "' (",
-                                             OpName(n.op()), ") takes a derivative inside the region's body, which ",
-                                             "is not supported yet; differentiate the function that calls the region"));
+      return absl::UnimplementedError(StrCat(where, "node '", n.name(), "' (", OpName(n.op()),
+                                             ") takes a derivative inside a manual region's body, which is not ",
+                                             "supported yet; differentiate the function that calls the region"));
+    }
+    if (n.op() == v1::MANUAL_REGION) {
+      TESSEL_RETURN_IF_ERROR(LowerCustomRules(*n.mutable_manual_region()->mutable_body(),
+                                              StrCat(where, "manual region '", n.name(), "': ")));
     }
     if (n.op() != v1::CUSTOM_VJP && n.op() != v1::CUSTOM_JVP) {
-      *out.add_nodes() = n;
+      *nodes.Add() = std::move(n);
       continue;
     }
     v1::Node index;
@@ -1746,10 +1749,19 @@ static absl::StatusOr<v1::Graph> RegionBodyCalls(const v1::Node& region) {
     call.add_operands(index.name());
     for (const std::string& o : n.operands()) call.add_operands(o);
     call.mutable_control()->add_branches(CustomFunction(n));
-    *out.add_nodes() = std::move(index);
-    *out.add_nodes() = std::move(call);
+    *nodes.Add() = std::move(index);
+    *nodes.Add() = std::move(call);
   }
-  return out;
+  *g.mutable_nodes() = std::move(nodes);
+  return absl::OkStatus();
+}
+
+// Whether `g`'s own nodes take a derivative.
+static bool HasDerivativeNodes(const v1::Graph& g) {
+  for (const v1::Node& n : g.nodes()) {
+    if (n.op() == v1::VJP || n.op() == v1::JVP) return true;
+  }
+  return false;
 }
 
 // Whether `g` takes a derivative (a VJP or JVP node), itself or through a
@@ -1757,7 +1769,6 @@ static absl::StatusOr<v1::Graph> RegionBodyCalls(const v1::Node& region) {
 static bool HasDerivative(const v1::Graph& g, const FunctionTable& table, absl::flat_hash_set<std::string>& seen) {
   for (const v1::Node& n : g.nodes()) {
     if (n.op() == v1::VJP || n.op() == v1::JVP) return true;
-    if (n.op() == v1::MANUAL_REGION && HasDerivative(n.manual_region().body(), table, seen)) return true;
     std::vector<std::string> called = CalledFunctions(n);
     if (n.op() == v1::CUSTOM_VJP) called = {n.custom_vjp().function(), n.custom_vjp().fwd(), n.custom_vjp().bwd()};
     if (n.op() == v1::CUSTOM_JVP) called = {n.custom_jvp().function(), n.custom_jvp().jvp()};
@@ -1822,29 +1833,9 @@ static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g, const v1::Mesh
       vjp_results[n.name()] = std::move(*results);
       continue;
     }
-    if (n.op() == v1::CUSTOM_VJP || n.op() == v1::CUSTOM_JVP) {  // not differentiated here: a call of its function
-      v1::Node index;
-      index.set_op(v1::CONSTANT);
-      index.set_name(StrCat(n.name(), ".index"));
-      for (int k = 1; !used.insert(index.name()).second; ++k) index.set_name(StrCat(n.name(), ".index.", k));
-      index.mutable_type()->set_dtype(v1::S32);
-      index.mutable_constant()->mutable_fill()->set_i(0);
-      v1::Node call = n;
-      call.set_op(v1::CONDITIONAL);
-      call.clear_operands();
-      call.add_operands(index.name());
-      for (const std::string& o : n.operands()) call.add_operands(renamed(o));
-      call.mutable_control()->add_branches(CustomFunction(n));
-      *out.add_nodes() = std::move(index);
-      *out.add_nodes() = std::move(call);
-      continue;
-    }
     if (n.op() != v1::VJP) {
       v1::Node c = n;
       for (std::string& o : *c.mutable_operands()) o = renamed(o);
-      if (n.op() == v1::MANUAL_REGION && HasAutodiff(n.manual_region().body())) {
-        TESSEL_ASSIGN_OR_RETURN(*c.mutable_manual_region()->mutable_body(), RegionBodyCalls(n));
-      }
       *out.add_nodes() = std::move(c);
       continue;
     }
@@ -1879,7 +1870,7 @@ static absl::StatusOr<v1::Graph> ExpandRound(const TypedGraph& g, const v1::Mesh
   const int original = functions.size();
   for (int i = 0; i < original; ++i) {
     v1::Graph& f = functions[i];
-    if (!HasAutodiff(f)) continue;
+    if (!HasDerivativeNodes(f)) continue;
     v1::Graph with_functions = f;
     *with_functions.mutable_functions() = g.graph.functions();
     auto typed = ValidateGraph(with_functions);
@@ -1911,12 +1902,24 @@ static void Reachable(const v1::Graph& g, const FunctionTable& table, absl::flat
 }
 
 absl::StatusOr<v1::Graph> ExpandAutodiff(const TypedGraph& g, const v1::Mesh& mesh) {
-  TESSEL_ASSIGN_OR_RETURN(v1::Graph out, ExpandRound(g, mesh));
-  for (int round = 1; HasAutodiff(out); ++round) {
-    if (round > 32) return absl::InternalError("autodiff: gradients still unexpanded after 32 rounds");
+  auto pending = [](const v1::Graph& x) {
+    if (HasDerivativeNodes(x)) return true;
+    for (const v1::Graph& f : x.functions()) {
+      if (HasDerivativeNodes(f)) return true;
+    }
+    return false;
+  };
+  v1::Graph out = g.graph;
+  for (int round = 0; pending(out); ++round) {
+    if (round >= 32) return absl::InternalError("autodiff: gradients still unexpanded after 32 rounds");
     auto typed = ValidateGraph(out);
     if (!typed.ok()) return Annotate(typed.status(), "internal: a graph with its gradients expanded does not check: ");
     TESSEL_ASSIGN_OR_RETURN(out, ExpandRound(*typed, mesh));
+  }
+  // Custom rules no derivative used are calls of their functions.
+  TESSEL_RETURN_IF_ERROR(LowerCustomRules(out, ""));
+  for (v1::Graph& f : *out.mutable_functions()) {
+    TESSEL_RETURN_IF_ERROR(LowerCustomRules(f, StrCat("function '", f.name(), "': ")));
   }
   // The differentiated functions are inlined now: keep only those still run.
   absl::flat_hash_set<std::string> seen;

@@ -387,3 +387,16 @@ def test_gradients_of_gradients_and_hessian_vector_products_match_jax(session):
     gg = lambda lib, lib_lax, xp: lib.grad(lib.grad(scanned(lib_lax, xp)))  # noqa: E731
     np.testing.assert_allclose(float(tessel.jit(gg(tessel, lax, tnp))(0.7).fetch()),
                                float(gg(jax, jax.lax, jnp)(0.7)), rtol=1e-10)
+
+
+def test_custom_rules_hold_inside_a_gradient_of_a_gradient(session):
+    # The inner gradient uses the custom rule; the outer one differentiates
+    # that rule's backward function (as JAX does), not the plain function.
+    def make(lib, xp):
+        f = lib.custom_vjp(lambda x: xp.tanh(x))
+        f.defvjp(lambda x: (xp.tanh(x), (x,)), lambda res, ct: (3 * ct * res[0] * res[0],))
+        return f
+    ours_f, theirs_f = make(tessel, tnp), make(jax, jnp)
+    gg = lambda lib, f: lib.grad(lib.grad(lambda s: f(s) * s))  # noqa: E731
+    np.testing.assert_allclose(float(tessel.jit(gg(tessel, ours_f))(0.4).fetch()), float(gg(jax, theirs_f)(0.4)),
+                               rtol=1e-10)
