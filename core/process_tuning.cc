@@ -1,5 +1,7 @@
 #include "core/process_tuning.h"
 
+#include <systemd/sd-daemon.h>
+
 #include <malloc.h>
 
 namespace tessel {
@@ -50,5 +52,16 @@ bool StopWithParent(int expected_parent) {
   if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) return false;
   return getppid() == expected_parent;
 }
+
+}  // namespace tessel
+
+namespace tessel {
+
+void NotifyReady(const std::string& status) {
+  const std::string message = "READY=1\nSTATUS=" + status;
+  sd_notify(0, message.c_str());
+}
+
+void NotifyStopping() { sd_notify(0, "STOPPING=1"); }
 
 }  // namespace tessel

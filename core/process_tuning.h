@@ -1,6 +1,8 @@
 // Process-wide settings that every Tessel binary applies at start-up.
 #pragma once
 
+#include <string>
+
 namespace tessel {
 
 // glibc maps and unmaps every malloc block >= 128 KiB by default, and trims
@@ -26,5 +28,15 @@ int WaitForTerminationSignal();
 // the program that started it, however that program ends. False if the
 // parent is no longer `expected_parent` (it died before the call).
 bool StopWithParent(int expected_parent);
+
+}  // namespace tessel
+
+namespace tessel {
+
+// Tells the service manager (systemd, Type=notify) that the daemon is
+// ready, with a one-line status; then, at shutdown, that it is stopping.
+// No-ops outside a service manager (no $NOTIFY_SOCKET).
+void NotifyReady(const std::string& status);
+void NotifyStopping();
 
 }  // namespace tessel

@@ -97,8 +97,10 @@ int main(int argc, char** argv) {
     std::ofstream(pf + ".tmp") << port << "\n";
     std::rename((pf + ".tmp").c_str(), pf.c_str());
   }
+  tessel::NotifyReady(absl::StrCat("serving on ", host, ":", port));
   int sig = tessel::WaitForTerminationSignal();
   log->info("signal {}: shutting down", sig);
+  tessel::NotifyStopping();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;
 }

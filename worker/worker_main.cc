@@ -218,6 +218,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   log->info("registered with {} as {}", coordinator, reg->worker_id);
+  tessel::NotifyReady(absl::StrCat("serving ", address, ", registered with ", coordinator, " as ", reg->worker_id));
   (*runtime)->StartQueueEpoch(reg->queue_epoch);
 
   std::atomic<bool> stop{false};
@@ -247,6 +248,7 @@ int main(int argc, char** argv) {
   });
 
   int sig = tessel::WaitForTerminationSignal();
+  tessel::NotifyStopping();
   log->info("signal {}: shutting down", sig);
   stop = true;
   heartbeat.join();

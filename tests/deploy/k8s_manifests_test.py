@@ -1,0 +1,107 @@
+"""The Kubernetes manifests (deploy/k8s): the base and the GPU overlay
+(its patch merged as kustomize merges it: containers by name, maps key by
+key) validated with kubernetes-validate against a recent Kubernetes, and
+the properties an operator relies on checked one by one."""
+import copy
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+import yaml
+
+K8S = pathlib.Path(__file__).resolve().parents[2] / "deploy" / "k8s"
+VERSION = "1.33.0"
+
+
+def load(path):
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def merge(base, patch):
+    """A strategic merge patch: maps merge key by key; lists of named maps
+    merge by name; other values replace."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for k, v in patch.items():
+            out[k] = merge(base[k], v) if k in base else copy.deepcopy(v)
+        return out
+    if isinstance(base, list) and isinstance(patch, list) and all(isinstance(x, dict) and "name" in x
+                                                                 for x in base + patch):
+        out = [copy.deepcopy(x) for x in base]
+        for p in patch:
+            hit = [i for i, x in enumerate(out) if x["name"] == p["name"]]
+            if hit:
+                out[hit[0]] = merge(out[hit[0]], p)
+            else:
+                out.append(copy.deepcopy(p))
+        return out
+    return copy.deepcopy(patch)
+
+
+def overlay(docs, patches):
+    out = []
+    for d in docs:
+        for p in patches:
+            if (p["kind"], p["metadata"]["name"]) == (d["kind"], d["metadata"]["name"]):
+                d = merge(d, p)
+        out.append(d)
+    return out
+
+
+def validate(docs, what):
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        yaml.safe_dump_all(docs, f)
+        f.flush()
+        r = subprocess.run([sys.executable, "-m", "kubernetes_validate", "--strict", "-k", VERSION, f.name],
+                           capture_output=True, text=True)
+    assert r.returncode == 0, f"{what}: kubernetes-validate failed:\n{r.stdout}{r.stderr}"
+
+
+def check(docs, what):
+    by_kind = {}
+    for d in docs:
+        by_kind.setdefault(d["kind"], []).append(d)
+    workloads = by_kind.get("Deployment", []) + by_kind.get("StatefulSet", [])
+    assert len(workloads) == 2, what
+    for w in workloads:
+        name = f"{what}: {w['kind']} {w['metadata']['name']}"
+        pod = w["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        assert pod.get("automountServiceAccountToken") is False, name
+        for c in pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"], name
+            assert sc["capabilities"]["drop"] == ["ALL"], name
+            assert c["resources"]["requests"]["memory"] == c["resources"]["limits"]["memory"] or \
+                c["resources"]["limits"]["memory"], name
+            assert "grpc" in c["livenessProbe"] and "grpc" in c["readinessProbe"], name
+        labels = w["spec"]["selector"]["matchLabels"]
+        assert any(p["spec"]["selector"]["matchLabels"] == labels for p in by_kind["PodDisruptionBudget"]), \
+            f"{name}: no PodDisruptionBudget selects it"
+    for s in by_kind["StatefulSet"]:
+        svc = [v for v in by_kind["Service"] if v["metadata"]["name"] == s["spec"]["serviceName"]]
+        assert svc and svc[0]["spec"].get("clusterIP") == "None", \
+            f"{what}: StatefulSet {s['metadata']['name']} names no headless Service '{s['spec']['serviceName']}'"
+
+
+def main():
+    base = load(K8S / "base" / "coordinator.yaml") + load(K8S / "base" / "worker.yaml")
+    kustomization = yaml.safe_load((K8S / "base" / "kustomization.yaml").read_text())
+    assert sorted(kustomization["resources"]) == ["coordinator.yaml", "worker.yaml"]
+    validate(base, "base")
+    check(base, "base")
+    gpu_k = yaml.safe_load((K8S / "overlays" / "gpu" / "kustomization.yaml").read_text())
+    patches = [d for p in gpu_k["patches"] for d in load(K8S / "overlays" / "gpu" / p["path"])]
+    gpu = overlay(base, patches)
+    validate(gpu, "gpu overlay")
+    check(gpu, "gpu overlay")
+    worker = [d for d in gpu if d["kind"] == "StatefulSet"][0]["spec"]["template"]["spec"]["containers"][0]
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert "--device_kind=cuda" in worker["command"][-1]
+    assert worker["securityContext"]["readOnlyRootFilesystem"]  # kept from the base
+    print(f"deploy/k8s: base and gpu overlay valid for Kubernetes {VERSION}; checks passed")
+
+
+if __name__ == "__main__":
+    main()
