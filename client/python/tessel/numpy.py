@@ -643,6 +643,26 @@ def _getitem(a, idx):
         idx = (idx,)
     if builtins.sum(1 for i in idx if i is Ellipsis) > 1:
         raise IndexError("an index can only have a single ellipsis")
+    if builtins.any(i is None for i in idx):
+        # np.newaxis: index without them, then insert a dimension of 1 where
+        # each stood among the result's dimensions (an integer drops one).
+        inner = tuple(i for i in idx if i is not None)
+        if Ellipsis in inner:
+            k = inner.index(Ellipsis)
+            n_full = t.ndim - len(inner) + 1
+            expanded = []
+            for i in idx:
+                expanded += [slice(None)] * n_full if i is Ellipsis else [i]
+            idx = tuple(expanded)
+            inner = tuple(i for i in idx if i is not None)
+        out = _getitem(t, inner)
+        shape, dims = [], iter(out.shape)
+        for i in idx + (slice(None),) * (t.ndim - len(inner)):
+            if i is None:
+                shape.append(1)
+            elif not isinstance(i, (int, _np.integer)):
+                shape.append(next(dims))
+        return reshape(out, tuple(shape))
     if Ellipsis in idx:
         k = idx.index(Ellipsis)
         idx = idx[:k] + (slice(None),) * (t.ndim - len(idx) + 1) + idx[k + 1:]
@@ -665,7 +685,7 @@ def _getitem(a, idx):
             i %= size
             start.append(i), limit.append(i + 1), strides.append(1)
         else:
-            raise IndexError(f"only integers, slices and ... index traced values (got {type(i).__name__})")
+            raise IndexError(f"only integers, slices, None and ... index traced values (got {type(i).__name__})")
     full = tuple(len(range(s, l, st)) for s, l, st in zip(start, limit, strides))
     out = t
     if full != t.shape:

@@ -20,6 +20,12 @@ LAYOUT = {
     "tril_batched_neg_k": lambda m, x: m.tril(x.reshape(3, 2, 2), -1),
     "tril_1d": lambda m, x: m.tril(x.reshape(-1)[:4]),
     "outer": lambda m, x: m.outer(x[0, :, 0, 0], x.reshape(-1)[:5]),
+    # np.newaxis, with slices, integers and an ellipsis around it
+    "newaxis_middle": lambda m, x: x[:, None],
+    "newaxis_first": lambda m, x: x[None],
+    "newaxis_int": lambda m, x: x[None, 0, ..., 1:3, None],
+    "newaxis_ellipsis": lambda m, x: x[..., None, 2],
+    "newaxis_many": lambda m, x: x[None, None, ::2, None],
 }
 
 

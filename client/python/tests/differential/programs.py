@@ -509,6 +509,8 @@ def op_slice(b):
         parts.pop()
     if parts and b.draw(st.integers(0, 4)) == 0:
         parts = ["..."] + parts[1:]
+    for _ in range(b.draw(st.sampled_from([0, 0, 0, 1, 2]))):  # np.newaxis
+        parts.insert(b.draw(st.integers(0, len(parts))), "None")
     idx = ", ".join(parts) if parts else "..."
     b.add(f"{x.name}[{idx}]", [x])
 
