@@ -241,6 +241,21 @@ std::vector<int64_t> FreeDims(int rank, const google::protobuf::RepeatedField<in
   return free;
 }
 
+// A manual region's body, typed over the mesh (with the graph's functions),
+// for its derivative; `where` names the derivative in errors.
+absl::StatusOr<TypedGraph> RegionBody(const v1::Node& n, const v1::Mesh& mesh,
+                                      const google::protobuf::RepeatedPtrField<v1::Graph>& functions,
+                                      const std::string& where) {
+  if (mesh.axis_names_size() == 0) {
+    return absl::InvalidArgumentError(StrCat(where, ": a manual region needs a mesh; compile with one"));
+  }
+  v1::Graph with_functions = n.manual_region().body();
+  *with_functions.mutable_functions() = functions;
+  auto typed = ValidateGraph(with_functions, {.manual_mesh = &mesh});
+  if (!typed.ok()) return Annotate(typed.status(), StrCat(where, " body: "));
+  return typed;
+}
+
 // The backward body of a manual region under construction: the mesh axes
 // every value it holds varies over (forward values, recomputed there, and
 // cotangents alike), tracked as nodes are appended.
@@ -750,16 +765,9 @@ class Vjp {
   absl::Status TransposeRegion(const v1::Node& n, const std::vector<std::string>& result_cts) {
     const std::string label = StrCat("manual region '", n.name(), "'");
     const std::string where = StrCat("vjp of '", node_.grad().function(), "': ", label);
-    if (mesh_.axis_names_size() == 0) {
-      return absl::InvalidArgumentError(StrCat(where, ": a manual region needs a mesh; compile with one"));
-    }
     const v1::ManualRegionAttrs& m = n.manual_region();
     const bool multi = m.out_specs_size() > 0;
-    v1::Graph with_functions = m.body();
-    *with_functions.mutable_functions() = *functions_;
-    auto typed = ValidateGraph(with_functions, {.manual_mesh = &mesh_});
-    if (!typed.ok()) return Annotate(typed.status(), StrCat(where, " body: "));
-    const TypedGraph& body = *typed;
+    TESSEL_ASSIGN_OR_RETURN(const TypedGraph body, RegionBody(n, mesh_, *functions_, where));
     const int np = int(body.parameters.size()), nr = body.graph.outputs_size();
     RegionContext ctx(mesh_, *functions_, label);
     // The backward body: (blocks of the operands, a block of each result's cotangent).
@@ -1499,15 +1507,10 @@ class Jvp {
   // tangents; one per result, under the result's out_spec.
   absl::StatusOr<std::vector<std::string>> TangentRegion(const v1::Node& n) {
     const std::string where = StrCat("jvp of '", node_.grad().function(), "': manual region '", n.name(), "'");
-    if (mesh_.axis_names_size() == 0) {
-      return absl::InvalidArgumentError(StrCat(where, ": a manual region needs a mesh; compile with one"));
-    }
     const v1::ManualRegionAttrs& m = n.manual_region();
     const bool multi = m.out_specs_size() > 0;
-    v1::Graph with_functions = m.body();
-    *with_functions.mutable_functions() = *functions_;
-    auto body = ValidateGraph(with_functions, {.manual_mesh = &mesh_});
-    if (!body.ok()) return Annotate(body.status(), StrCat(where, " body: "));
+    auto body = RegionBody(n, mesh_, *functions_, where);
+    if (!body.ok()) return body.status();
     const int np = int(body->parameters.size()), nr = body->graph.outputs_size();
     v1::Graph bb;
     bb.set_name(StrCat(n.name(), ".tangent"));

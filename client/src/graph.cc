@@ -130,6 +130,16 @@ class GraphBuilder::Impl {
       const std::function<std::vector<ArrayType>(const std::vector<ArrayType>& results,
                                                  const std::vector<ArrayType>& args)>& more);
 
+  // The types of `args` into `types`; false (and the builder failed) where
+  // one is not a value.
+  bool ArgTypes(const std::vector<Value>& args, absl::string_view what, std::vector<ArrayType>& types) {
+    for (const Value& v : args) {
+      if (!v.valid()) return Fail(what, "an argument is not a value"), false;
+      types.push_back(v.type());
+    }
+    return true;
+  }
+
   Value Fail(absl::string_view what, absl::string_view why) {
     if (status.ok()) status = absl::InvalidArgumentError(absl::StrCat("graph '", graph.name(), "': ", what, ": ", why));
     return Value();
@@ -645,10 +655,7 @@ std::vector<Value> GraphBuilder::Impl::Derivative(
   const std::string name = absl::StrCat(OpName(op), "_", graph.nodes_size());
   const std::string what = absl::StrCat(OpName(op), " '", name, "'");
   std::vector<ArrayType> types;
-  for (const Value& v : args) {
-    if (!v.valid()) return Fail(what, "an argument is not a value"), std::vector<Value>{};
-    types.push_back(v.type());
-  }
+  if (!ArgTypes(args, what, types)) return {};
   for (int p : wrt) {
     if (p < 0 || p >= int(types.size())) {
       return Fail(what, absl::StrCat("wrt ", p, " is not an argument (", types.size(), " arguments)")),
@@ -702,10 +709,7 @@ std::vector<Value> GraphBuilder::CustomVjp(const Function& f, const Function& fw
   const std::string name = absl::StrCat("custom_vjp_", impl_->graph.nodes_size());
   const std::string what = absl::StrCat("custom_vjp '", name, "'"), prefix = absl::StrCat(impl_->graph.name(), "/", name);
   std::vector<ArrayType> types;
-  for (const Value& v : args) {
-    if (!v.valid()) return impl_->Fail(what, "an argument is not a value"), std::vector<Value>{};
-    types.push_back(v.type());
-  }
+  if (!impl_->ArgTypes(args, what, types)) return {};
   auto results = impl_->AddFunction(prefix + "/f", types, f, nullptr, "");
   if (!results.ok()) return impl_->Fail(what, results.status().message()), std::vector<Value>{};
   auto kept = impl_->AddFunction(prefix + "/fwd", types, fwd, nullptr, "");
@@ -731,10 +735,7 @@ std::vector<Value> GraphBuilder::CustomJvp(const Function& f, const Function& jv
   const std::string name = absl::StrCat("custom_jvp_", impl_->graph.nodes_size());
   const std::string what = absl::StrCat("custom_jvp '", name, "'"), prefix = absl::StrCat(impl_->graph.name(), "/", name);
   std::vector<ArrayType> types;
-  for (const Value& v : args) {
-    if (!v.valid()) return impl_->Fail(what, "an argument is not a value"), std::vector<Value>{};
-    types.push_back(v.type());
-  }
+  if (!impl_->ArgTypes(args, what, types)) return {};
   auto results = impl_->AddFunction(prefix + "/f", types, f, nullptr, "");
   if (!results.ok()) return impl_->Fail(what, results.status().message()), std::vector<Value>{};
   std::vector<ArrayType> twice = types, both = *results;
