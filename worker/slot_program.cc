@@ -201,7 +201,8 @@ absl::Status SlotProgram::RunFunction(int f, absl::Span<BufferPtr> args, bool co
     if (into[i]) preset[fn.output_buffer_slots[i]] = into[i];
   }
   for (int i = fn.begin; i < fn.end; ++i) {
-    absl::Status s = instrs_[i].calls.empty() ? execute(i, values, preset, scope)
+    absl::Status s = instrs_[i].calls.empty() || instrs_[i].run_by_backend
+                         ? execute(i, values, preset, scope)
                                               : RunControlFlow(i, values, preset, device, execute, scope);
     if (!s.ok()) {
       clear();

@@ -34,6 +34,9 @@ class SlotProgram {
     // Control flow (a WHILE, CONDITIONAL or SCAN node): the functions it
     // runs, as indices into functions(): (cond, body), (body) or branches.
     std::vector<int> calls;
+    // Set by a backend that runs this control-flow instruction itself:
+    // Run then hands it to ExecuteFn like any other instruction.
+    bool run_by_backend = false;
   };
 
   // The program (function 0) and the functions its control flow runs; each
@@ -55,6 +58,9 @@ class SlotProgram {
   // prepares each once, by this index.
   const std::vector<Instr>& instrs() const { return instrs_; }
   const std::vector<Function>& functions() const { return functions_; }
+  // Marks control-flow instruction `i` as run by the backend's ExecuteFn
+  // (a loop it compiles whole); called while preparing, before any Run.
+  void SetRunByBackend(int i) { instrs_[i].run_by_backend = true; }
 
   // Runs instruction `i`: reads `values` at its args and stores its results
   // there. `preset[slot]`, where set, is the buffer a result must be written

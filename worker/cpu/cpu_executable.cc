@@ -44,6 +44,13 @@ absl::StatusOr<std::unique_ptr<worker::Executable>> CpuExecutable::Load(const v1
     }
     exe->prepared_.push_back(std::move(prep));
   }
+  std::vector<const FusedLoop*> fusions;
+  for (const Prepared& p : exe->prepared_) fusions.push_back(p.fusion ? &*p.fusion : nullptr);
+  for (size_t i = 0; i < exe->prepared_.size(); ++i) {
+    if (exe->slots_.instrs()[i].calls.empty()) continue;
+    exe->prepared_[i].loop = DeviceLoop::Build(exe->slots_, int(i), fusions);
+    if (exe->prepared_[i].loop) exe->slots_.SetRunByBackend(int(i));
+  }
   return std::unique_ptr<worker::Executable>(std::move(exe));
 }
 
@@ -54,6 +61,7 @@ absl::Status CpuExecutable::Execute(int i, std::vector<BufferPtr>& values, const
   auto alloc_slot = [&](int slot, const v1::TensorType& t) {
     return worker::SlotProgram::ResultBuffer(*device_, preset, slot, ByteSizeUnchecked(t));
   };
+  if (prep.loop) return prep.loop->Run(values, preset, *device_);
   if (prep.fusion) {
     absl::InlinedVector<const void*, 8> ins;
     for (int a : in.args) ins.push_back(values[a]->opaque());

@@ -1,6 +1,6 @@
 // CpuExecutable: a Program prepared for a CpuDevice: values numbered into
 // slots (SlotProgram), fusions built into FusedLoops, literal constants
-// materialized once. Run allocates results from the device and releases
+// materialized once, loops of fusions built into DeviceLoops. Run allocates results from the device and releases
 // intermediates after their last reader, as the plan says. One Run at a time
 // per instance.
 #pragma once
@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "worker/cpu/device_loop.h"
 #include "worker/cpu/fused_loop.h"
 #include "worker/device.h"
 #include "worker/slot_program.h"
@@ -29,6 +30,7 @@ class CpuExecutable final : public worker::Executable {
   struct Prepared {
     std::optional<FusedLoop> fusion;
     worker::BufferPtr literal;
+    std::optional<DeviceLoop> loop;  // a loop of fusions, run whole (device_loop.h)
   };
   absl::Status Execute(int i, std::vector<worker::BufferPtr>& values, const std::vector<worker::BufferPtr>& preset,
                        const worker::StepContext& ctx);

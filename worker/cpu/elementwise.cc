@@ -1,6 +1,8 @@
 #include "worker/cpu/elementwise.h"
 
+#include <array>
 #include <cstring>
+#include <utility>
 
 #include "worker/cpu/traits.h"
 
@@ -28,7 +30,7 @@ template <typename C>
 using Unsigned = std::make_unsigned_t<C>;
 
 template <v1::DType D>
-void Unary(v1::Op op, const void* in, void* out, int64_t n) {
+[[gnu::always_inline]] inline void Unary(v1::Op op, const void* in, void* out, int64_t n) {
   using C = typename Traits<D>::C;
   if constexpr (kIsFloat<C>) {
     switch (op) {
@@ -80,7 +82,7 @@ C IntPow(C base, C exp) {
 }
 
 template <v1::DType D>
-void Binary(v1::Op op, const void* a, const void* b, void* out, int64_t n) {
+[[gnu::always_inline]] inline void Binary(v1::Op op, const void* a, const void* b, void* out, int64_t n) {
   using C = typename Traits<D>::C;
   if constexpr (kIsFloat<C>) {
     switch (op) {
@@ -146,7 +148,7 @@ void CompareLoop(const void* a, const void* b, void* out, int64_t n, F f) {
 }
 
 template <v1::DType D>
-void Compare(v1::CompareDirection dir, const void* a, const void* b, void* out, int64_t n) {
+[[gnu::always_inline]] inline void Compare(v1::CompareDirection dir, const void* a, const void* b, void* out, int64_t n) {
   using C = typename Traits<D>::C;
   switch (dir) {
     case v1::EQ: return CompareLoop<D>(a, b, out, n, [](C x, C y) { return x == y; });
@@ -175,7 +177,61 @@ void ConvertFrom(v1::DType to, const void* in, void* out, int64_t n) {
   TESSEL_DISPATCH(to, To, ConvertLoop<From, To>(in, out, n));
 }
 
+// One instantiation per (dtype, op): the op is a constant, so the inlined
+// switch folds away and each entry is a bare loop.
+template <v1::DType D, int O>
+void UnaryAt(const void* in, void* out, int64_t n) { Unary<D>(v1::Op(O), in, out, n); }
+template <v1::DType D, int O>
+void BinaryAt(const void* a, const void* b, void* out, int64_t n) { Binary<D>(v1::Op(O), a, b, out, n); }
+template <v1::DType D, int O>
+void CompareAt(const void* a, const void* b, void* out, int64_t n) {
+  Compare<D>(v1::CompareDirection(O), a, b, out, n);
+}
+
+template <v1::DType D, int... I>
+constexpr std::array<UnaryFn, sizeof...(I)> UnaryTable(std::integer_sequence<int, I...>) {
+  return {&UnaryAt<D, v1::NEG + I>...};
+}
+template <v1::DType D, int... I>
+constexpr std::array<BinaryFn, sizeof...(I)> BinaryTable(std::integer_sequence<int, I...>) {
+  return {&BinaryAt<D, v1::ADD + I>...};
+}
+template <v1::DType D, int... I>
+constexpr std::array<BinaryFn, sizeof...(I)> CompareTable(std::integer_sequence<int, I...>) {
+  return {&CompareAt<D, v1::EQ + I>...};
+}
+
 }  // namespace
+
+UnaryFn UnaryKernelFor(v1::Op op, v1::DType dt) {
+  if (op < v1::NEG || op > v1::NOT) return nullptr;
+  UnaryFn f = nullptr;
+  TESSEL_DISPATCH(dt, D, {
+    static constexpr auto table = UnaryTable<D>(std::make_integer_sequence<int, v1::NOT - v1::NEG + 1>());
+    f = table[op - v1::NEG];
+  });
+  return f;
+}
+
+BinaryFn BinaryKernelFor(v1::Op op, v1::DType dt) {
+  if (op < v1::ADD || op > v1::XOR) return nullptr;
+  BinaryFn f = nullptr;
+  TESSEL_DISPATCH(dt, D, {
+    static constexpr auto table = BinaryTable<D>(std::make_integer_sequence<int, v1::XOR - v1::ADD + 1>());
+    f = table[op - v1::ADD];
+  });
+  return f;
+}
+
+BinaryFn CompareKernelFor(v1::CompareDirection dir, v1::DType dt) {
+  if (dir < v1::EQ || dir > v1::GE) return nullptr;
+  BinaryFn f = nullptr;
+  TESSEL_DISPATCH(dt, D, {
+    static constexpr auto table = CompareTable<D>(std::make_integer_sequence<int, v1::GE - v1::EQ + 1>());
+    f = table[dir - v1::EQ];
+  });
+  return f;
+}
 
 void UnaryKernel(v1::Op op, v1::DType dt, const void* in, void* out, int64_t n) {
   TESSEL_DISPATCH(dt, D, Unary<D>(op, in, out, n));

@@ -11,6 +11,15 @@
 namespace tessel::cpu {
 
 void UnaryKernel(v1::Op op, v1::DType dt, const void* in, void* out, int64_t n);
+// The same kernels with the op and dtype resolved once, at build time: a
+// fused loop calls these per block without switching on either. nullptr for
+// an op outside the range (the caller keeps the switching form).
+using UnaryFn = void (*)(const void* in, void* out, int64_t n);
+using BinaryFn = void (*)(const void* a, const void* b, void* out, int64_t n);
+UnaryFn UnaryKernelFor(v1::Op op, v1::DType dt);
+BinaryFn BinaryKernelFor(v1::Op op, v1::DType dt);
+BinaryFn CompareKernelFor(v1::CompareDirection dir, v1::DType dt);
+
 void BinaryKernel(v1::Op op, v1::DType dt, const void* a, const void* b, void* out, int64_t n);
 void CompareKernel(v1::CompareDirection dir, v1::DType dt, const void* a, const void* b,
                    void* out, int64_t n);

@@ -58,6 +58,11 @@ absl::StatusOr<FusedLoop> FusedLoop::Build(const v1::Fusion& fusion,
   for (int i = 0; i < f.fusion_.outputs_size(); ++i) output_index[f.fusion_.outputs(i)] = i;
   f.output_types_.resize(f.fusion_.outputs_size());
 
+  // The dtype of a value the fusion has seen (an input or an earlier node).
+  auto input_dtype = [&](const std::string& name) {
+    auto it = slot_of.find(name);
+    return it == slot_of.end() ? v1::DTYPE_INVALID : f.slots_[it->second].dtype;
+  };
   for (const v1::Node& n : f.fusion_.nodes()) {
     const v1::DType dt = n.type().dtype();
     const int esize = DTypeSize(dt);
@@ -98,6 +103,12 @@ absl::StatusOr<FusedLoop> FusedLoop::Build(const v1::Fusion& fusion,
       f.slots_.push_back({SlotKind::kTemp, dt, esize, f.num_temps_++});
     }
     Step step{&n, slot, {}};
+    if (n.op() == v1::COMPARE) {
+      step.binary = CompareKernelFor(n.compare().direction(), input_dtype(n.operands(0)));
+    } else if (IsElementwise(n.op()) && n.op() != v1::SELECT && n.op() != v1::CLAMP && n.op() != v1::CONVERT) {
+      if (n.operands_size() == 1) step.unary = UnaryKernelFor(n.op(), dt);
+      if (n.operands_size() == 2) step.binary = BinaryKernelFor(n.op(), dt);
+    }
     for (const std::string& o : n.operands()) {
       auto it = slot_of.find(o);
       if (it == slot_of.end()) {
@@ -112,6 +123,13 @@ absl::StatusOr<FusedLoop> FusedLoop::Build(const v1::Fusion& fusion,
   for (int i = 0; i < f.fusion_.outputs_size(); ++i) {
     if (!slot_of.contains(f.fusion_.outputs(i))) {
       return absl::InternalError(absl::StrCat("fusion output '", f.fusion_.outputs(i), "' is not a fusion node"));
+    }
+  }
+  f.temp_offset_.assign(f.num_temps_, 0);
+  for (const Slot& s : f.slots_) {
+    if (s.kind == SlotKind::kTemp) {
+      f.temp_offset_[s.index] = f.temp_bytes_;
+      f.temp_bytes_ += (std::min(kBlock, f.elements_) * s.esize + 63) / 64 * 64;
     }
   }
   return f;
@@ -145,18 +163,10 @@ void FusedLoop::Run(absl::Span<const void* const> inputs, absl::Span<void* const
 
 void FusedLoop::RunBlocks(absl::Span<const void* const> inputs, absl::Span<void* const> outputs,
                           absl::Span<const std::vector<char>> splats, int64_t begin, int64_t end) const {
-  // Per-thread scratch: temp blocks.
-  int64_t temp_bytes = 0;
-  absl::InlinedVector<int64_t, 16> temp_offset(num_temps_);
-  for (const Slot& s : slots_) {
-    if (s.kind == SlotKind::kTemp) {
-      temp_offset[s.index] = temp_bytes;
-      temp_bytes += (std::min(kBlock, elements_) * s.esize + 63) / 64 * 64;  // each aligned
-    }
-  }
-  // Written before read: no need to clear. Small loops keep them on the stack.
+  // Per-thread scratch: temp blocks, written before read (no need to
+  // clear). Small loops keep them on the stack.
   alignas(64) char small[1024];
-  std::unique_ptr<char[]> big(temp_bytes > int64_t(sizeof(small)) ? new char[temp_bytes] : nullptr);
+  std::unique_ptr<char[]> big(temp_bytes_ > int64_t(sizeof(small)) ? new char[temp_bytes_] : nullptr);
   char* temps = big ? big.get() : small;
   absl::InlinedVector<void*, 16> ptr(slots_.size());
   for (int64_t start = begin * kBlock; start < std::min(end * kBlock, elements_); start += kBlock) {
@@ -170,42 +180,136 @@ void FusedLoop::RunBlocks(absl::Span<const void* const> inputs, absl::Span<void*
         case SlotKind::kOutput:
           ptr[i] = static_cast<char*>(outputs[s.index]) + start * s.esize;
           break;
-        case SlotKind::kTemp: ptr[i] = temps + temp_offset[s.index]; break;
+        case SlotKind::kTemp: ptr[i] = temps + temp_offset_[s.index]; break;
         case SlotKind::kConst:
           ptr[i] = splats[s.index].empty() ? const_cast<char*>(const_blocks_[s.index].data())
                                            : const_cast<char*>(splats[s.index].data());
           break;
       }
     }
-    for (const Step& st : steps_) {
-      const v1::Node& n = *st.node;
-      void* out = ptr[st.out];
-      const v1::DType dt = n.type().dtype();
-      auto arg = [&](int k) -> const void* { return ptr[st.args[k]]; };
-      switch (n.op()) {
-        case v1::CONSTANT:
-          if (n.constant().has_fill()) {
-            FillKernel(dt, n.constant().fill(), out, len);
-          } else {
-            IotaKernel(dt, n.type().dims(), n.constant().iota().dimension(), start, out, len);
-          }
-          break;
-        case v1::BROADCAST_IN_DIM: std::memcpy(out, arg(0), len * DTypeSize(dt)); break;
-        case v1::COMPARE:
-          CompareKernel(n.compare().direction(), slots_[st.args[0]].dtype, arg(0), arg(1), out, len);
-          break;
-        case v1::SELECT: SelectKernel(dt, arg(0), arg(1), arg(2), out, len); break;
-        case v1::CLAMP: ClampKernel(dt, arg(0), arg(1), arg(2), out, len); break;
-        case v1::CONVERT: ConvertKernel(slots_[st.args[0]].dtype, dt, arg(0), out, len); break;
-        default:
-          if (st.args.size() == 1) {
-            UnaryKernel(n.op(), dt, arg(0), out, len);
-          } else {
-            BinaryKernel(n.op(), dt, arg(0), arg(1), out, len);
-          }
-      }
+    RunSteps(ptr.data(), start, len);
+  }
+}
+
+void FusedLoop::RunSteps(void* const* ptr, int64_t start, int64_t len) const {
+  for (const Step& st : steps_) RunStep(st, ptr, start, len);
+}
+
+void FusedLoop::RunStep(const Step& st, void* const* ptr, int64_t start, int64_t len) const {
+  {
+    void* out = ptr[st.out];
+    if (st.binary != nullptr) {
+      st.binary(ptr[st.args[0]], ptr[st.args[1]], out, len);
+      return;
+    }
+    if (st.unary != nullptr) {
+      st.unary(ptr[st.args[0]], out, len);
+      return;
+    }
+    const v1::Node& n = *st.node;
+    const v1::DType dt = n.type().dtype();
+    auto arg = [&](int k) -> const void* { return ptr[st.args[k]]; };
+    switch (n.op()) {
+      case v1::CONSTANT:
+        if (n.constant().has_fill()) {
+          FillKernel(dt, n.constant().fill(), out, len);
+        } else {
+          IotaKernel(dt, n.type().dims(), n.constant().iota().dimension(), start, out, len);
+        }
+        break;
+      case v1::BROADCAST_IN_DIM: std::memcpy(out, arg(0), len * DTypeSize(dt)); break;
+      case v1::COMPARE:
+        CompareKernel(n.compare().direction(), slots_[st.args[0]].dtype, arg(0), arg(1), out, len);
+        break;
+      case v1::SELECT: SelectKernel(dt, arg(0), arg(1), arg(2), out, len); break;
+      case v1::CLAMP: ClampKernel(dt, arg(0), arg(1), arg(2), out, len); break;
+      case v1::CONVERT: ConvertKernel(slots_[st.args[0]].dtype, dt, arg(0), out, len); break;
+      default:
+        if (st.args.size() == 1) {
+          UnaryKernel(n.op(), dt, arg(0), out, len);
+        } else {
+          BinaryKernel(n.op(), dt, arg(0), arg(1), out, len);
+        }
     }
   }
 }
 
+absl::StatusOr<BoundFusion> FusedLoop::Bind(absl::Span<const void* const> inputs,
+                                            absl::Span<void* const> outputs) const {
+  if (elements_ > kBlock) {
+    return absl::InvalidArgumentError(absl::StrCat("a fusion of ", elements_, " elements runs blockwise; only ",
+                                                   kBlock, " or fewer bind"));
+  }
+  BoundFusion b;
+  b.loop_ = this;
+  b.len_ = elements_;
+  const int64_t block = std::max<int64_t>(elements_, 1);
+  int64_t splat_bytes = 0;
+  for (int slot : splat_inputs_) splat_bytes += (block * slots_[slot].esize + 63) / 64 * 64;
+  b.scratch_.reset(new char[temp_bytes_ + splat_bytes + 64]);
+  char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(b.scratch_.get()) + 63) / 64 * 64);
+  b.ptr_.resize(slots_.size());
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& sl = slots_[i];
+    switch (sl.kind) {
+      case SlotKind::kInput: b.ptr_[i] = const_cast<void*>(inputs[sl.index]); break;
+      case SlotKind::kOutput: b.ptr_[i] = outputs[sl.index]; break;
+      case SlotKind::kTemp: b.ptr_[i] = base + temp_offset_[sl.index]; break;
+      case SlotKind::kConst: b.ptr_[i] = const_cast<char*>(const_blocks_[sl.index].data()); break;
+    }
+  }
+  char* splat = base + temp_bytes_;
+  for (int slot : splat_inputs_) {
+    b.splats_.push_back({slot, inputs[slot], slots_[slot].esize});
+    b.ptr_[slot] = splat;
+    splat += (block * slots_[slot].esize + 63) / 64 * 64;
+  }
+  for (const auto& [slot, out_index] : scalar_outputs_) {
+    b.scalar_outputs_.push_back({outputs[out_index], const_blocks_[slots_[slot].index].data(), slots_[slot].esize});
+  }
+  // Constants (fills and iotas) land in buffers only they write: once here.
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    const Step& st = steps_[i];
+    if (st.node->op() == v1::CONSTANT) {
+      RunStep(st, b.ptr_.data(), 0, elements_);
+    } else {
+      b.calls_.push_back({st.unary, st.binary, nullptr, nullptr, nullptr, &st});
+    }
+  }
+  b.Resolve();
+  return b;
+}
+
+void BoundFusion::Resolve() {
+  for (Call& c : calls_) {
+    c.out = ptr_[c.step->out];
+    if (c.unary != nullptr || c.binary != nullptr) c.a = ptr_[c.step->args[0]];
+    if (c.binary != nullptr) c.b = ptr_[c.step->args[1]];
+  }
+}
+
+void BoundFusion::SetInput(int i, const void* p) {
+  for (Splat& s : splats_) {
+    if (s.slot == i) {
+      s.src = p;
+      return;
+    }
+  }
+  ptr_[i] = const_cast<void*>(p);  // input slots come first: slot i is input i
+  Resolve();
+}
+
+void BoundFusion::Run() const {
+  for (const Splat& s : splats_) SplatKernel(s.esize, s.src, ptr_[s.slot], std::max<int64_t>(len_, 1));
+  for (const ScalarOutput& o : scalar_outputs_) std::memcpy(o.dst, o.src, o.esize);
+  for (const Call& c : calls_) {
+    if (c.binary != nullptr) {
+      c.binary(c.a, c.b, c.out, len_);
+    } else if (c.unary != nullptr) {
+      c.unary(c.a, c.out, len_);
+    } else {
+      loop_->RunStep(*c.step, ptr_.data(), 0, len_);
+    }
+  }
+}
 }  // namespace tessel::cpu

@@ -8,12 +8,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "tessel/v1/program.pb.h"
+#include "worker/cpu/elementwise.h"
 
 namespace tessel::cpu {
 
@@ -23,6 +25,8 @@ namespace tessel::cpu {
 // loop over the scalar's one would index an empty shape. Every backend's
 // fused kernels use this rule.
 int64_t FusionElements(const v1::Fusion& fusion);
+
+class BoundFusion;
 
 class FusedLoop {
  public:
@@ -41,9 +45,22 @@ class FusedLoop {
   static constexpr int64_t kParallelElements = int64_t{1} << 20;
 
   const std::vector<v1::TensorType>& output_types() const { return output_types_; }
+  int64_t elements() const { return elements_; }
+
+  // The fusion bound to fixed buffers, for a caller that runs it many
+  // times on the same addresses (a device-side loop). Only fusions of at
+  // most kBlock elements (one block) bind. The BoundFusion refers to this
+  // FusedLoop, which must outlive it.
+  absl::StatusOr<BoundFusion> Bind(absl::Span<const void* const> inputs, absl::Span<void* const> outputs) const;
 
  private:
+  friend class BoundFusion;
   enum class SlotKind { kInput, kOutput, kTemp, kConst };
+  struct Step;
+  // Runs every step (or one) on the block at `start` of `len` elements,
+  // with `ptr[slot]` pointing at each slot's block.
+  void RunSteps(void* const* ptr, int64_t start, int64_t len) const;
+  void RunStep(const Step& st, void* const* ptr, int64_t start, int64_t len) const;
   void RunBlocks(absl::Span<const void* const> inputs, absl::Span<void* const> outputs,
                  absl::Span<const std::vector<char>> splats, int64_t begin, int64_t end) const;
   struct Slot {
@@ -56,6 +73,10 @@ class FusedLoop {
     const v1::Node* node;
     int out;               // slot
     std::vector<int> args;  // slots
+    // The kernel, resolved at build for unary, binary and compare nodes;
+    // the others switch on the node per block.
+    UnaryFn unary = nullptr;
+    BinaryFn binary = nullptr;
   };
 
   v1::Fusion fusion_;  // owns the nodes the steps point into
@@ -67,6 +88,47 @@ class FusedLoop {
   std::vector<std::pair<int, int>> scalar_outputs_;  // (const slot, output index)
   std::vector<std::vector<char>> const_blocks_;  // splatted scalar constants
   int num_temps_ = 0;
+  std::vector<int64_t> temp_offset_;  // per temp: its offset in a thread's scratch, 64-byte aligned
+  int64_t temp_bytes_ = 0;
+};
+
+// A FusedLoop bound to fixed buffers: its block's pointers resolved and its
+// constants written once, so a run is the splat of one-element inputs and
+// the kernels. Owns its temporaries; one Run at a time.
+class BoundFusion {
+ public:
+  void Run() const;
+  // Re-points input `i` (a loop reading the next slice).
+  void SetInput(int i, const void* p);
+
+ private:
+  friend class FusedLoop;
+  struct Splat {
+    int slot;
+    const void* src;
+    int esize;
+  };
+  struct ScalarOutput {
+    void* dst;
+    const void* src;
+    int esize;
+  };
+  // A step with its kernel's operands resolved; others go through RunStep.
+  struct Call {
+    UnaryFn unary;
+    BinaryFn binary;
+    const void *a, *b;
+    void* out;
+    const FusedLoop::Step* step;
+  };
+  void Resolve();  // the calls' addresses from ptr_
+  const FusedLoop* loop_ = nullptr;
+  int64_t len_ = 0;
+  std::vector<void*> ptr_;
+  std::unique_ptr<char[]> scratch_;  // temps, then splat blocks
+  std::vector<Splat> splats_;
+  std::vector<ScalarOutput> scalar_outputs_;
+  std::vector<Call> calls_;
 };
 
 // Writes a literal constant's elements (data, f or i) into `out`.

@@ -205,5 +205,59 @@ TEST(FusedLoop, LargeLoopsSplitOverThreadsEqualStepByStep) {
   CheckChain(FusedLoop::kParallelElements + FusedLoop::kBlock * 5 + 3, 3);
 }
 
+// A fusion bound to fixed buffers (a device-side loop's form): constants
+// written once at bind, a one-element input splatted on every run from
+// wherever it now points, inputs re-pointed between runs.
+TEST(FusedLoop, ABoundFusionRereadsItsInputsEveryRunAndFollowsRePointing) {
+  const int64_t n = 37;
+  v1::Fusion f;
+  f.add_inputs("x");
+  f.add_inputs("s");
+  auto node = [&](const char* name, v1::Op op, std::vector<std::string> operands) {
+    v1::Node* nd = f.add_nodes();
+    nd->set_name(name);
+    nd->set_op(op);
+    for (auto& o : operands) nd->add_operands(o);
+    *nd->mutable_type() = MakeType(v1::F32, {n});
+    return nd;
+  };
+  node("sb", v1::BROADCAST_IN_DIM, {"s"})->mutable_broadcast_in_dim()->add_dims(n);
+  node("m", v1::MUL, {"x", "sb"});
+  node("i", v1::CONSTANT, {})->mutable_constant()->mutable_iota()->set_dimension(0);
+  node("y", v1::SUB, {"m", "i"});
+  f.add_outputs("y");
+  f.add_outputs("m");
+  auto loop = FusedLoop::Build(f, {MakeType(v1::F32, {n}), MakeType(v1::F32, {})});
+  ASSERT_TRUE(loop.ok()) << loop.status();
+  auto x1 = Random(n, 7), x2 = Random(n, 8);
+  float s1 = 3, s2 = -0.25f;
+  std::vector<float> y(n), m(n);
+  auto bound = loop->Bind({x1.data(), &s1}, {y.data(), m.data()});
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  auto check = [&](const std::vector<float>& x, float s) {
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_FLOAT_EQ(m[i], x[i] * s) << i;
+      ASSERT_FLOAT_EQ(y[i], x[i] * s - float(i)) << i;
+    }
+  };
+  bound->Run();
+  check(x1, s1);
+  s1 = 5;  // the same address, a new value
+  x1[3] = 100;
+  bound->Run();
+  check(x1, s1);
+  bound->SetInput(0, x2.data());
+  bound->SetInput(1, &s2);
+  bound->Run();
+  check(x2, s2);
+
+  v1::Fusion big = f;
+  for (v1::Node& nd : *big.mutable_nodes()) *nd.mutable_type() = MakeType(v1::F32, {FusedLoop::kBlock + 1});
+  big.mutable_nodes(0)->mutable_broadcast_in_dim()->set_dims(0, FusedLoop::kBlock + 1);
+  auto large = FusedLoop::Build(big, {MakeType(v1::F32, {FusedLoop::kBlock + 1}), MakeType(v1::F32, {})});
+  ASSERT_TRUE(large.ok()) << large.status();
+  EXPECT_FALSE(large->Bind({x1.data(), &s1}, {y.data(), m.data()}).ok()) << "more than one block must not bind";
+}
+
 }  // namespace
 }  // namespace tessel::cpu
