@@ -10,6 +10,7 @@
 #include "core/dtype.h"
 #include "core/shape_inference.h"
 #include "core/status.h"
+#include "spdlog/spdlog.h"
 #include "worker/cpu/dot.h"
 #include "worker/cpu/elementwise.h"
 #include "worker/cpu/layout.h"
@@ -48,8 +49,20 @@ absl::StatusOr<std::unique_ptr<worker::Executable>> CpuExecutable::Load(const v1
   for (const Prepared& p : exe->prepared_) fusions.push_back(p.fusion ? &*p.fusion : nullptr);
   for (size_t i = 0; i < exe->prepared_.size(); ++i) {
     if (exe->slots_.instrs()[i].calls.empty()) continue;
-    exe->prepared_[i].loop = DeviceLoop::Build(exe->slots_, int(i), fusions);
-    if (exe->prepared_[i].loop) exe->slots_.SetRunByBackend(int(i));
+    Prepared& prep = exe->prepared_[i];
+    std::string why;
+    prep.native = NativeLoop::Build(exe->slots_, int(i), &why);
+    if (!prep.native) prep.loop = DeviceLoop::Build(exe->slots_, int(i), fusions);
+    if (prep.native || prep.loop) exe->slots_.SetRunByBackend(int(i));
+    if (auto log = spdlog::get("worker")) {
+      const v1::Node& n = *exe->slots_.instrs()[i].node;
+      if (prep.native) {
+        log->info("{} '{}' of program {} runs as native code", OpName(n.op()), n.name(), program.executable_id());
+      } else {
+        log->info("{} '{}' of program {} is interpreted ({}): {}", OpName(n.op()), n.name(), program.executable_id(),
+                  prep.loop ? "bound fusions" : "instruction by instruction", why);
+      }
+    }
   }
   return std::unique_ptr<worker::Executable>(std::move(exe));
 }
@@ -61,6 +74,7 @@ absl::Status CpuExecutable::Execute(int i, std::vector<BufferPtr>& values, const
   auto alloc_slot = [&](int slot, const v1::TensorType& t) {
     return worker::SlotProgram::ResultBuffer(*device_, preset, slot, ByteSizeUnchecked(t));
   };
+  if (prep.native) return prep.native->Run(values, preset, *device_);
   if (prep.loop) return prep.loop->Run(values, preset, *device_);
   if (prep.fusion) {
     absl::InlinedVector<const void*, 8> ins;

@@ -11,6 +11,7 @@
 
 #include "worker/cpu/device_loop.h"
 #include "worker/cpu/fused_loop.h"
+#include "worker/cpu/native_loop.h"
 #include "worker/device.h"
 #include "worker/slot_program.h"
 
@@ -30,7 +31,9 @@ class CpuExecutable final : public worker::Executable {
   struct Prepared {
     std::optional<FusedLoop> fusion;
     worker::BufferPtr literal;
-    std::optional<DeviceLoop> loop;  // a loop of fusions, run whole (device_loop.h)
+    // A loop of fusions, run whole: compiled (native_loop.h), else bound (device_loop.h).
+    std::optional<NativeLoop> native;
+    std::optional<DeviceLoop> loop;
   };
   absl::Status Execute(int i, std::vector<worker::BufferPtr>& values, const std::vector<worker::BufferPtr>& preset,
                        const worker::StepContext& ctx);

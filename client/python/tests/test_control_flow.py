@@ -155,6 +155,98 @@ def test_elementwise_loops_match_jax_whatever_their_carries_do(session):
     np.testing.assert_array_equal(out, ref)
 
 
+def _float_step(xp, c):
+    y = (xp.exp(xp.tanh(c) * 0.5) - xp.log1p(xp.abs(c)) + xp.sqrt(xp.abs(c)) * xp.sign(c)
+         + xp.floor(c * 3) / xp.ceil(c + 5) + xp.maximum(c, -0.5) * xp.minimum(c, 0.25)
+         + xp.power(xp.abs(c) + 1, 0.3) + xp.where(c > 0.1, c, -c) + xp.clip(c, -0.75, 0.75)
+         + xp.remainder(c * 7, 0.9) + (c * 1000).astype(np.int32).astype(c.dtype) / 997)
+    return xp.tanh(y)
+
+
+def _int_step(xp, c):
+    a = c * 1103515245 + 12345
+    return ((a // 7) ^ (a % 13) ^ xp.maximum(a, -5) ^ xp.minimum(a, 5) ^ xp.abs(a)
+            ^ xp.sign(a) ^ -a ^ xp.power(c % 5, 3) ^ (a & 0x5555) ^ (a | 3) ^ xp.invert(a)
+            ^ (a.astype(np.float32) * 0.001).astype(c.dtype))
+
+
+def _u8_step(xp, c):
+    a = c * 3 + 7
+    return (a // 5) ^ (a % 7) ^ xp.maximum(a, 9) ^ xp.minimum(a, 200) ^ xp.invert(a) ^ (a & 0x55) ^ (a | 1)
+
+
+def _bool_step(xp, c):
+    m = xp.arange(6) % 3 == 0
+    return xp.logical_xor(xp.logical_not(c), xp.logical_and(c, m) | (m & ~c))
+
+
+_STEPS = [(_float_step, np.float32), (_float_step, np.float64), (_int_step, np.int32), (_int_step, np.int64),
+          (_u8_step, np.uint8), (_bool_step, np.bool_)]
+
+
+def _run_steps(starts):
+    out = []
+    for (step, dt), x in zip(_STEPS, starts):
+        out.append(tessel.jit(lambda x, step=step: lax.fori_loop(0, 20, lambda i, c: step(tnp, c), x))(x).fetch())
+    # a while over mixed carries and a scan reading slices
+    w = tessel.jit(lambda x: lax.while_loop(lambda c: c[0] < 9, lambda c: (c[0] + 2, _float_step(tnp, c[1]),
+                                                                               c[2] ^ (c[0] * 3)),
+                                            (np.int32(0), x, np.int64(5))))(starts[0])
+    out.extend(v.fetch() for v in w)
+    sc = tessel.jit(lambda xs: lax.scan(lambda c, x: (_float_step(tnp, c + x), c * x), xs[0], xs, reverse=True))
+    out.extend(v.fetch() for v in sc(starts[1].reshape(1, -1) * np.arange(1, 6).reshape(5, 1)))
+    return out
+
+
+def test_compiled_loops_give_the_interpreters_bits_for_every_op_and_dtype(session, cluster):
+    """The CPU worker compiles elementwise loops to native code
+    (worker/cpu/native_loop.h). The same loops, over every dtype it compiles
+    and every op it emits, run on a worker that interprets them
+    (TESSEL_NATIVE_LOOPS=0) and on one where the C compiler cannot be found:
+    bit for bit the same results, and numpy's (to rounding for floats,
+    exactly for integers and booleans)."""
+    rng = np.random.default_rng(11)
+    starts = [rng.uniform(-1, 1, 6).astype(np.float32), rng.uniform(-1, 1, 6).astype(np.float64),
+              rng.integers(-10**6, 10**6, 6).astype(np.int32), rng.integers(-10**12, 10**12, 6).astype(np.int64),
+              rng.integers(0, 256, 6).astype(np.uint8), rng.integers(0, 2, 6).astype(np.bool_)]
+    native = _run_steps(starts)
+    logs = "".join(open(os.path.join(cluster.log_dir, f)).read() for f in os.listdir(cluster.log_dir)
+                   if f.startswith("worker"))
+    assert "runs as native code" in logs
+
+    for env, why in ((("TESSEL_NATIVE_LOOPS", "0"), "TESSEL_NATIVE_LOOPS=0"),
+                     (("CC", "/nonexistent/cc"), "cannot run the C compiler '/nonexistent/cc'")):
+        old = os.environ.get(env[0])
+        os.environ[env[0]] = env[1]
+        try:
+            with tessel.local_cluster(workers=1, devices_per_worker=1) as c:
+                interpreted = _run_steps(starts)
+                logs = "".join(open(os.path.join(c.log_dir, f)).read() for f in os.listdir(c.log_dir))
+        finally:
+            if old is None:
+                del os.environ[env[0]]
+            else:
+                os.environ[env[0]] = old
+        tessel._context.set_default_session(session)
+        assert "runs as native code" not in logs and why in logs, logs[-2000:]
+        assert len(native) == len(interpreted) == 11
+        for k, (a, b) in enumerate(zip(native, interpreted)):
+            assert a.dtype == b.dtype and a.shape == b.shape, k
+            np.testing.assert_array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8),
+                                          err_msg=f"result {k} ({why})")
+
+    for (step, dt), x, got in zip(_STEPS, starts, native):
+        want = x.copy()
+        with np.errstate(over="ignore"):
+            for _ in range(20):
+                want = step(np, want)
+        assert got.dtype == want.dtype == dt
+        if np.issubdtype(dt, np.floating):
+            np.testing.assert_allclose(got, want, rtol=1e-4 if dt == np.float32 else 1e-10)
+        else:
+            np.testing.assert_array_equal(got, want)
+
+
 def test_a_loop_moves_no_bytes_until_the_fetch(session):
     """Under transfer_guard('disallow') a device-side loop runs: the
     predicate is never shipped to the client."""

@@ -639,7 +639,8 @@ def op_layout_more(b):
 # Loop bodies over carry {c} (and {y}, a value of the program; {i}, the
 # iteration): each keeps the carry's shape and dtype.
 LOOP_BODIES = ["({c} * 0.5 + {y}).astype({c}.dtype)", "xp.tanh({c} + {y}).astype({c}.dtype)",
-               "xp.where({c} > {y}, {c} - {y}, {c} * 2).astype({c}.dtype)", "({c} + {y} * {i}).astype({c}.dtype)"]
+               "xp.where({c} > {y}, {c} - {y}, {c} * 2).astype({c}.dtype)", "({c} + {y} * {i}).astype({c}.dtype)",
+               "(xp.maximum({c}, {y}) - xp.minimum({c}, {y}) * 2 + xp.abs({c})).astype({c}.dtype)"]
 
 
 def op_control(b):
