@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <string>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -133,6 +134,37 @@ absl::StatusOr<Registration> Register(tessel::v1::Registry::Stub& stub, const st
 
 }  // namespace
 
+namespace {
+
+// The instructions the CPU kernels were built to use (TESSEL_ISA) that this
+// CPU lacks, as a list for the error; empty when it has them all.
+std::string MissingKernelInstructions() {
+  std::string missing;
+#if defined(__x86_64__)
+  const std::string isa = TESSEL_KERNEL_ISA;
+  __builtin_cpu_init();
+  auto need = [&](bool has, const char* name) {
+    if (!has) missing += missing.empty() ? name : std::string(", ") + name;
+  };
+  if (isa == "x86-64-v2" || isa == "x86-64-v3" || isa == "x86-64-v4") {
+    need(__builtin_cpu_supports("sse4.2"), "sse4.2");
+    need(__builtin_cpu_supports("popcnt"), "popcnt");
+  }
+  if (isa == "x86-64-v3" || isa == "x86-64-v4") {
+    need(__builtin_cpu_supports("avx2"), "avx2");
+    need(__builtin_cpu_supports("fma"), "fma");
+    need(__builtin_cpu_supports("bmi2"), "bmi2");
+  }
+  if (isa == "x86-64-v4") {
+    need(__builtin_cpu_supports("avx512f"), "avx512f");
+    need(__builtin_cpu_supports("avx512bw"), "avx512bw");
+  }
+#endif
+  return missing;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   // Lock order is fixed by design (written where the locks are declared)
   // and the unit tests run with Abseil's runtime deadlock detection on; the
@@ -147,6 +179,11 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   auto log = spdlog::stdout_color_mt("worker");
   log->set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+  if (const std::string missing = MissingKernelInstructions(); !missing.empty()) {
+    log->error("this tessel-worker's CPU kernels were built for {} and this CPU lacks {}: rebuild with "
+               "-DTESSEL_ISA=x86-64-v2 (or -DTESSEL_NATIVE=ON on this machine)", TESSEL_KERNEL_ISA, missing);
+    return 2;
+  }
   if (const int parent = absl::GetFlag(FLAGS_parent_pid); parent > 0 && !tessel::StopWithParent(parent)) {
     log->error("--parent_pid={}: that process has already exited", parent);
     return 1;
