@@ -1,6 +1,7 @@
 // Process-wide settings that every Tessel binary applies at start-up.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace tessel {
@@ -38,5 +39,21 @@ namespace tessel {
 // No-ops outside a service manager (no $NOTIFY_SOCKET).
 void NotifyReady(const std::string& status);
 void NotifyStopping();
+
+}  // namespace tessel
+
+namespace tessel {
+
+// The memory this process may use: physical memory, capped by the memory
+// limit of its cgroup and every ancestor (cgroup v2 `memory.max`, or v1
+// `memory.limit_in_bytes`), as a container runtime or a systemd unit's
+// MemoryMax= sets it. `source` says where the figure came from.
+// `cgroup_root` and `proc_self_cgroup` are there for tests.
+struct MemoryBudget {
+  int64_t bytes = 0;
+  std::string source;
+};
+MemoryBudget ProcessMemoryBudget(const std::string& cgroup_root = "/sys/fs/cgroup",
+                                 const std::string& proc_self_cgroup = "/proc/self/cgroup");
 
 }  // namespace tessel

@@ -39,7 +39,8 @@ ABSL_FLAG(std::string, cuda_plugin, "",
           "The CUDA backend (libtessel_cuda.so) that --device_kind=cuda|both loads; default: beside this binary, "
           "else the dynamic loader's search path.");
 ABSL_FLAG(int64_t, device_memory_bytes, 0,
-          "Memory limit per device in bytes; 0 means 80% of physical memory divided among the CPU devices "
+          "Memory limit per device in bytes; 0 means 80% of the memory this process may use (its cgroup's limit, else "
+          "physical memory) divided among the CPU devices, which together may not exceed it, "
           "and 90% of each GPU's free memory. With --device_kind=both it limits the CPU devices only.");
 ABSL_FLAG(int, register_timeout_s, 30, "How long to keep trying to reach the coordinator at start-up.");
 ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, error.");
@@ -67,9 +68,18 @@ absl::StatusOr<std::vector<std::unique_ptr<tessel::worker::Device>>> MakeDevices
   }
   std::vector<std::unique_ptr<tessel::worker::Device>> devices;
   if (kind != "cuda") {
-    const int64_t limit = absl::GetFlag(FLAGS_device_memory_bytes) > 0
-                              ? absl::GetFlag(FLAGS_device_memory_bytes)
-                              : int64_t(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE) / 10 * 8 / num_cpu;
+    // The CPU devices together stay within what this process may use: a
+    // container's or a unit's memory limit, else physical memory.
+    const tessel::MemoryBudget budget = tessel::ProcessMemoryBudget();
+    int64_t limit = absl::GetFlag(FLAGS_device_memory_bytes);
+    if (limit > 0 && limit > budget.bytes / num_cpu) {
+      return absl::InvalidArgumentError(absl::StrCat("--device_memory_bytes=", limit, " for ", num_cpu, " CPU devices (",
+                                                     limit * num_cpu, " bytes in all) exceeds the ", budget.bytes,
+                                                     " bytes this process may use (", budget.source, ")"));
+    }
+    if (limit <= 0) limit = budget.bytes / 10 * 8 / num_cpu;
+    log.info("CPU devices: {} of {} bytes each ({} bytes available, from {})", num_cpu, limit, budget.bytes,
+             budget.source);
     for (int i = 0; i < num_cpu; ++i) {
       devices.push_back(std::make_unique<tessel::cpu::CpuDevice>(tessel::cpu::CpuDevice::Options{i, limit}));
     }
