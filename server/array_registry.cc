@@ -25,13 +25,25 @@ void ArrayRegistry::OpenSession(const std::string& id, const std::string& client
   SessionRecord& s = sessions_[id];
   s.client = client;
   s.options = options;
+  s.opened = s.last_seen = absl::Now();
 }
 
 absl::Status ArrayRegistry::CheckSessionLocked(const std::string& id) const {
-  if (!sessions_.contains(id)) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) {
+    if (auto e = ended_.find(id); e != ended_.end()) return absl::NotFoundError(StrCat("session '", id, "' ", e->second));
     return absl::NotFoundError(StrCat("session '", id, "' does not exist (closed, or never opened)"));
   }
+  it->second.last_seen = absl::Now();
   return absl::OkStatus();
+}
+
+std::vector<std::string> ArrayRegistry::IdleSessionsLocked(absl::Time now, absl::Duration lease) const {
+  std::vector<std::string> idle;
+  for (const auto& [id, s] : sessions_) {
+    if (now - s.last_seen >= lease) idle.push_back(id);
+  }
+  return idle;
 }
 
 SessionRecord& ArrayRegistry::SessionLocked(const std::string& id) { return sessions_.at(id); }
@@ -46,7 +58,16 @@ const SessionRecord* ArrayRegistry::FindSessionLocked(const std::string& id) con
   return it == sessions_.end() ? nullptr : &it->second;
 }
 
-void ArrayRegistry::EraseSessionLocked(const std::string& id) { sessions_.erase(id); }
+void ArrayRegistry::EraseSessionLocked(const std::string& id, const std::string& why) {
+  sessions_.erase(id);
+  if (why.empty() || ended_.contains(id)) return;
+  ended_[id] = why;
+  ended_order_.push_back(id);
+  while (ended_order_.size() > kMaxEnded) {
+    ended_.erase(ended_order_.front());
+    ended_order_.pop_front();
+  }
+}
 
 int64_t ArrayRegistry::num_sessions() const {
   absl::MutexLock l(&mu_);

@@ -69,6 +69,10 @@ struct SessionRecord {
   int64_t donations = 0, donations_reused = 0;
   absl::flat_hash_map<uint64_t, Tombstone> tombstones;
   std::deque<uint64_t> tombstone_order;  // oldest first; bounded
+  absl::Time opened;
+  // The last call that named the session (its lease runs from here).
+  // Renewed by CheckSessionLocked, which is const to its callers.
+  mutable absl::Time last_seen;
 };
 
 class ArrayRegistry {
@@ -86,8 +90,18 @@ class ArrayRegistry {
   // Null when the session is gone.
   SessionRecord* FindSessionLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const SessionRecord* FindSessionLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Forgets the session (its arrays retired first).
-  void EraseSessionLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the session (its arrays retired first). A non-empty `why`
+  // ("expired: …", "was closed by an operator: …") is what later calls
+  // naming it are told.
+  void EraseSessionLocked(const std::string& id, const std::string& why = "") ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sessions no call has named for `lease` or longer at `now`.
+  std::vector<std::string> IdleSessionsLocked(absl::Time now, absl::Duration lease) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every open session, for Admin.ListSessions.
+  template <typename F>
+  void ForEachSessionLocked(F f) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& [id, s] : sessions_) f(id, s);
+  }
   int64_t num_sessions() const;
   int64_t num_arrays() const;
 
@@ -138,6 +152,11 @@ class ArrayRegistry {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, ArrayRecord> arrays_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, SessionRecord> sessions_ ABSL_GUARDED_BY(mu_);
+  // Why recently ended sessions ended, for the calls that still name them;
+  // the oldest are forgotten past kMaxEnded.
+  static constexpr size_t kMaxEnded = 4096;
+  absl::flat_hash_map<std::string, std::string> ended_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> ended_order_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessel::server

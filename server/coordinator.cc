@@ -134,6 +134,26 @@ void Coordinator::MonitorLoop() {
     }
     expired.clear();
     SendFrees(workers_.TakeOpeners());
+    if (options_.session_lease > absl::ZeroDuration()) {
+      std::vector<std::string> idle;
+      {
+        absl::MutexLock a(&arrays_.mu());
+        idle = arrays_.IdleSessionsLocked(absl::Now(), options_.session_lease);
+      }
+      for (const std::string& id : idle) {
+        // A call may have renewed it since: EndSession checks again only
+        // that it exists, so look at the clock once more under the lock.
+        bool still_idle = false;
+        {
+          absl::MutexLock a(&arrays_.mu());
+          const SessionRecord* s = arrays_.FindSessionLocked(id);
+          still_idle = s != nullptr && absl::Now() - s->last_seen >= options_.session_lease;
+        }
+        if (!still_idle) continue;
+        (void)EndSession(id, StrCat("expired: no call or keep-alive from its client for ",
+                                    absl::FormatDuration(options_.session_lease), " (the session lease)"));
+      }
+    }
     mu_.Lock();
   }
 }
@@ -143,6 +163,7 @@ void Coordinator::MonitorLoop() {
 v1::OpenSessionResponse Coordinator::OpenSession(const v1::OpenSessionRequest& req) {
   v1::OpenSessionResponse resp;
   resp.set_session_id(RandomId("s"));
+  resp.set_lease_ms(absl::ToInt64Milliseconds(options_.session_lease));
   arrays_.OpenSession(resp.session_id(), req.client(), req.options());
   log_->info("session {} opened by '{}'", resp.session_id(), req.client());
   return resp;
@@ -159,20 +180,66 @@ absl::Status Coordinator::SetSessionOptions(const v1::SetSessionOptionsRequest& 
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::CloseSessionResponse> Coordinator::CloseSession(const v1::CloseSessionRequest& req) {
-  v1::CloseSessionResponse resp;
+absl::StatusOr<int64_t> Coordinator::EndSession(const std::string& id, const std::string& why) {
   std::vector<PendingFree> frees;
+  int64_t freed = 0;
   {
     absl::MutexLock l(&arrays_.mu());
-    TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
-    SessionRecord& s = arrays_.SessionLocked(req.session_id());
+    TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(id));
+    SessionRecord& s = arrays_.SessionLocked(id);
     std::vector<uint64_t> handles(s.arrays.begin(), s.arrays.end());
+    const int64_t bytes = s.live_bytes;
     frees = FreeArraysLocked(handles);
-    arrays_.EraseSessionLocked(req.session_id());
-    log_->info("session {} closed; {} arrays freed", req.session_id(), handles.size());
-    resp.set_arrays_freed(handles.size());
+    arrays_.EraseSessionLocked(id, why);
+    freed = handles.size();
+    log_->info("session {} {}; {} arrays ({} bytes) freed", id, why.empty() ? "closed" : why, freed, bytes);
   }
   SendFrees(std::move(frees));
+  return freed;
+}
+
+absl::StatusOr<v1::CloseSessionResponse> Coordinator::CloseSession(const v1::CloseSessionRequest& req) {
+  v1::CloseSessionResponse resp;
+  TESSEL_ASSIGN_OR_RETURN(int64_t freed, EndSession(req.session_id(), ""));
+  resp.set_arrays_freed(freed);
+  return resp;
+}
+
+absl::StatusOr<v1::KeepAliveResponse> Coordinator::KeepAlive(const v1::KeepAliveRequest& req) {
+  absl::MutexLock l(&arrays_.mu());
+  TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));  // renews the lease
+  v1::KeepAliveResponse resp;
+  resp.set_lease_ms(absl::ToInt64Milliseconds(options_.session_lease));
+  return resp;
+}
+
+v1::ListSessionsResponse Coordinator::ListSessions() {
+  v1::ListSessionsResponse resp;
+  const absl::Time now = absl::Now();
+  const int64_t lease_ms = absl::ToInt64Milliseconds(options_.session_lease);
+  absl::MutexLock l(&arrays_.mu());
+  arrays_.ForEachSessionLocked([&](const std::string& id, const SessionRecord& s) {
+    v1::SessionInfo* info = resp.add_sessions();
+    info->set_session_id(id);
+    info->set_client(s.client);
+    info->set_arrays(s.arrays.size());
+    info->set_live_bytes(s.live_bytes);
+    info->set_executions(s.executions);
+    info->set_age_ms(absl::ToInt64Milliseconds(now - s.opened));
+    info->set_idle_ms(absl::ToInt64Milliseconds(now - s.last_seen));
+    info->set_lease_ms(lease_ms);
+  });
+  std::sort(resp.mutable_sessions()->begin(), resp.mutable_sessions()->end(),
+            [](const v1::SessionInfo& a, const v1::SessionInfo& b) { return a.age_ms() > b.age_ms(); });
+  return resp;
+}
+
+absl::StatusOr<v1::AdminCloseSessionResponse> Coordinator::AdminCloseSession(const v1::AdminCloseSessionRequest& req) {
+  const std::string why = StrCat("was closed by an operator (Admin.CloseSession)",
+                                 req.reason().empty() ? "" : StrCat(": ", req.reason().substr(0, 512)));
+  TESSEL_ASSIGN_OR_RETURN(int64_t freed, EndSession(req.session_id(), why));
+  v1::AdminCloseSessionResponse resp;
+  resp.set_arrays_freed(freed);
   return resp;
 }
 

@@ -39,6 +39,9 @@ class Coordinator {
     absl::Duration heartbeat_interval = absl::Milliseconds(500);
     // A worker silent this long is marked dead. Default: 4 heartbeats.
     absl::Duration heartbeat_timeout = absl::Seconds(2);
+    // A session no call has named for this long ends, its arrays freed.
+    // Zero: sessions end only when closed.
+    absl::Duration session_lease = absl::Seconds(60);
     // How to reach a worker; tests substitute fakes.
     std::function<std::shared_ptr<WorkerClient>(const std::string& address)> connect = NewGrpcWorkerClient;
   };
@@ -52,6 +55,7 @@ class Coordinator {
   // Session.
   v1::OpenSessionResponse OpenSession(const v1::OpenSessionRequest& req);
   absl::StatusOr<v1::CloseSessionResponse> CloseSession(const v1::CloseSessionRequest& req);
+  absl::StatusOr<v1::KeepAliveResponse> KeepAlive(const v1::KeepAliveRequest& req);
   absl::Status SetSessionOptions(const v1::SetSessionOptionsRequest& req);
   absl::StatusOr<v1::CompileResponse> Compile(const v1::CompileRequest& req);
   absl::StatusOr<v1::ExecuteResponse> Execute(const v1::ExecuteRequest& req);
@@ -85,6 +89,8 @@ class Coordinator {
 
   // Admin.
   v1::GetClusterResponse GetCluster(const v1::GetClusterRequest& req);
+  v1::ListSessionsResponse ListSessions();
+  absl::StatusOr<v1::AdminCloseSessionResponse> AdminCloseSession(const v1::AdminCloseSessionRequest& req);
 
  private:
   class PutSinkImpl;
@@ -102,6 +108,10 @@ class Coordinator {
   [[nodiscard]] std::vector<PendingFree> FreeArraysLocked(const std::vector<uint64_t>& handles)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu());
   void SendFrees(std::vector<PendingFree> frees);
+  // Ends session `id`: frees its arrays (sent to the workers) and forgets
+  // it; later calls naming it are told `why` (empty: closed by its client).
+  // Returns the number of arrays freed.
+  absl::StatusOr<int64_t> EndSession(const std::string& id, const std::string& why);
   // Waits for the source to be ready, then relays it into the temporary handle.
   absl::Status RunMove(const std::string& session, const PlannedMove& m, const DeviceRoute& from,
                        const DeviceRoute& to) ABSL_LOCKS_EXCLUDED(arrays_.mu());

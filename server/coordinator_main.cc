@@ -23,6 +23,9 @@ ABSL_FLAG(int, port, 0, "Port for Session, Admin and Registry services; 0 picks 
 ABSL_FLAG(std::string, port_file, "", "If set, the chosen port is written to this file once serving.");
 ABSL_FLAG(int, heartbeat_ms, 500, "Interval at which workers are told to heartbeat.");
 ABSL_FLAG(int, heartbeat_timeout_ms, 2000, "A worker silent for this long is marked dead.");
+ABSL_FLAG(int, session_lease_s, 60,
+          "A session whose client has made no call and sent no keep-alive for this long ends and its arrays are "
+          "freed (the SDKs keep their sessions alive in the background). 0: sessions end only when closed.");
 ABSL_FLAG(int, max_message_mb, 64, "Largest gRPC message accepted, in MiB; bulk data streams in chunks below it.");
 ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, error.");
 ABSL_FLAG(std::string, inject_faults, "",
@@ -54,6 +57,11 @@ int main(int argc, char** argv) {
   options.logger = log;
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
   options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  if (absl::GetFlag(FLAGS_session_lease_s) < 0) {
+    log->error("--session_lease_s: expected >= 0, got {}", absl::GetFlag(FLAGS_session_lease_s));
+    return 2;
+  }
+  options.session_lease = absl::Seconds(absl::GetFlag(FLAGS_session_lease_s));
   if (const std::string spec = absl::GetFlag(FLAGS_inject_faults); !spec.empty()) {
     auto plan = tessel::server::FaultPlan::Parse(spec);
     if (!plan.ok()) {

@@ -40,6 +40,10 @@ grpc::Status SessionService::CloseSession(grpc::ServerContext*, const v1::CloseS
                                           v1::CloseSessionResponse* resp) {
   return Reply(c_->CloseSession(*req), resp);
 }
+grpc::Status SessionService::KeepAlive(grpc::ServerContext*, const v1::KeepAliveRequest* req,
+                                       v1::KeepAliveResponse* resp) {
+  return Reply(c_->KeepAlive(*req), resp);
+}
 grpc::Status SessionService::Compile(grpc::ServerContext*, const v1::CompileRequest* req, v1::CompileResponse* resp) {
   return Reply(c_->Compile(*req), resp);
 }
@@ -142,6 +146,15 @@ grpc::Status AdminService::GetCluster(grpc::ServerContext*, const v1::GetCluster
                                       v1::GetClusterResponse* resp) {
   *resp = c_->GetCluster(*req);
   return grpc::Status::OK;
+}
+grpc::Status AdminService::ListSessions(grpc::ServerContext*, const v1::ListSessionsRequest*,
+                                        v1::ListSessionsResponse* resp) {
+  *resp = c_->ListSessions();
+  return grpc::Status::OK;
+}
+grpc::Status AdminService::CloseSession(grpc::ServerContext*, const v1::AdminCloseSessionRequest* req,
+                                        v1::AdminCloseSessionResponse* resp) {
+  return Reply(c_->AdminCloseSession(*req), resp);
 }
 
 grpc::Status RegistryService::RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* req,

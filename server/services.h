@@ -15,6 +15,7 @@ class SessionService final : public v1::Session::Service {
   grpc::Status GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*, v1::GetVersionResponse*) override;
   grpc::Status OpenSession(grpc::ServerContext*, const v1::OpenSessionRequest*, v1::OpenSessionResponse*) override;
   grpc::Status CloseSession(grpc::ServerContext*, const v1::CloseSessionRequest*, v1::CloseSessionResponse*) override;
+  grpc::Status KeepAlive(grpc::ServerContext*, const v1::KeepAliveRequest*, v1::KeepAliveResponse*) override;
   grpc::Status Compile(grpc::ServerContext*, const v1::CompileRequest*, v1::CompileResponse*) override;
   grpc::Status Put(grpc::ServerContext*, grpc::ServerReader<v1::PutRequest>*, v1::PutResponse*) override;
   grpc::Status SetSessionOptions(grpc::ServerContext*, const v1::SetSessionOptionsRequest* req,
@@ -37,6 +38,9 @@ class AdminService final : public v1::Admin::Service {
   explicit AdminService(Coordinator* c) : c_(c) {}
   grpc::Status GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*, v1::GetVersionResponse*) override;
   grpc::Status GetCluster(grpc::ServerContext*, const v1::GetClusterRequest*, v1::GetClusterResponse*) override;
+  grpc::Status ListSessions(grpc::ServerContext*, const v1::ListSessionsRequest*, v1::ListSessionsResponse*) override;
+  grpc::Status CloseSession(grpc::ServerContext*, const v1::AdminCloseSessionRequest*,
+                            v1::AdminCloseSessionResponse*) override;
 
  private:
   Coordinator* const c_;

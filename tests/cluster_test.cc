@@ -291,6 +291,43 @@ TEST(FailureTest, OutOfMemoryTravelsOnHandlesAsResourceExhausted) {
   EXPECT_EQ(v->as<float>()[0], -3.f);
 }
 
+// The C++ SDK renews its session's lease in the background: idle for four
+// leases, a session keeps its arrays. A session that stops renewing (its
+// client gone: here a raw OpenSession with no keep-alive) ends, and a call
+// naming it afterwards says it expired.
+TEST(SessionLease, TheSdkKeepsAnIdleSessionAliveAndAnAbandonedOneExpires) {
+  LocalCluster::Options o;
+  o.workers = 1;
+  o.coordinator_flags = {"--session_lease_s=1"};
+  auto cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto s = Session::Connect((*cluster)->address());
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto kept = (*s)->Put(HostArray::From<float>({3}, {1, 2, 3}));
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  absl::SleepFor(absl::Seconds(4));
+  auto back = (*s)->Fetch(*kept);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->as<float>()[2], 3.f);
+
+  auto channel = grpc::CreateChannel((*cluster)->address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Session::NewStub(channel);
+  grpc::ClientContext open_ctx;
+  v1::OpenSessionRequest open;
+  v1::OpenSessionResponse opened;
+  ASSERT_TRUE(stub->OpenSession(&open_ctx, open, &opened).ok());
+  EXPECT_EQ(opened.lease_ms(), 1000);
+  absl::SleepFor(absl::Seconds(3));
+  grpc::ClientContext ctx;
+  v1::KeepAliveRequest req;
+  req.set_session_id(opened.session_id());
+  v1::KeepAliveResponse resp;
+  const grpc::Status late = stub->KeepAlive(&ctx, req, &resp);
+  EXPECT_EQ(late.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_NE(late.error_message().find("expired: no call or keep-alive from its client for 1s"), std::string::npos)
+      << late.error_message();
+}
+
 TEST(FailureTest, LostWorkerMarksItsArraysLostAndTheRestServes) {
   auto cluster = StartCluster(2, 1);
   ASSERT_NE(cluster, nullptr);

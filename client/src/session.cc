@@ -193,6 +193,35 @@ class Session::Impl {
     return h;
   }
 
+  // Renews the session's lease every third of it until Stop (the
+  // coordinator ends sessions whose client has gone quiet).
+  void StartKeepAlive(absl::Duration lease) {
+    if (lease <= absl::ZeroDuration()) return;
+    keepalive = std::thread([this, every = std::max(lease / 3, absl::Milliseconds(20))] {
+      absl::MutexLock l(&keepalive_mu);
+      while (!keepalive_stop) {
+        if (keepalive_mu.AwaitWithTimeout(absl::Condition(&keepalive_stop), every)) break;
+        keepalive_mu.Unlock();
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(std::max(every, absl::Seconds(1))));
+        v1::KeepAliveRequest req;
+        req.set_session_id(id);
+        v1::KeepAliveResponse resp;
+        const grpc::Status s = session->KeepAlive(&ctx, req, &resp);
+        keepalive_mu.Lock();
+        // An ended session stays ended: its calls say why; stop renewing.
+        if (s.error_code() == grpc::StatusCode::NOT_FOUND) break;
+      }
+    });
+  }
+  void StopKeepAlive() {
+    {
+      absl::MutexLock l(&keepalive_mu);
+      keepalive_stop = true;
+    }
+    if (keepalive.joinable()) keepalive.join();
+  }
+
   ConnectOptions options;
   std::unique_ptr<v1::Session::Stub> session;
   std::unique_ptr<v1::Admin::Stub> admin;
@@ -202,11 +231,15 @@ class Session::Impl {
   std::mt19937_64 rng ABSL_GUARDED_BY(mu);
   std::unique_ptr<Dispatcher> dispatch ABSL_GUARDED_BY(mu);
   SessionOptions session_options;
+  absl::Mutex keepalive_mu;
+  bool keepalive_stop ABSL_GUARDED_BY(keepalive_mu) = false;
+  std::thread keepalive;
 };
 
 Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Session::~Session() {
+  impl_->StopKeepAlive();
   {
     absl::MutexLock l(&impl_->mu);
     impl_->dispatch.reset();
@@ -248,6 +281,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Connect(const std::string& add
   v1::OpenSessionResponse resp;
   if (auto s = impl->session->OpenSession(&ctx, req, &resp); !s.ok()) return FromGrpc(s);
   impl->id = resp.session_id();
+  impl->StartKeepAlive(absl::Milliseconds(resp.lease_ms()));
   return std::unique_ptr<Session>(new Session(std::move(impl)));
 }
 

@@ -64,7 +64,7 @@ class LocalCluster:
     `close()` is idempotent."""
 
     def __init__(self, workers=2, devices_per_worker=1, *, bin_dir=None, log_dir=None, connect=True,
-                 heartbeat_timeout_ms=2000, worker_flags=()):
+                 heartbeat_timeout_ms=2000, worker_flags=(), coordinator_flags=()):
         if workers < 1 or devices_per_worker < 1:
             raise ValueError(f"local_cluster: expected >= 1 workers and devices per worker, "
                              f"got {workers} and {devices_per_worker}")
@@ -78,7 +78,8 @@ class LocalCluster:
                                            self._owns_log_dir)
         atexit.register(self._finalizer)
         try:
-            self._start(workers, devices_per_worker, bin_dir, heartbeat_timeout_ms, list(worker_flags))
+            self._start(workers, devices_per_worker, bin_dir, heartbeat_timeout_ms, list(worker_flags),
+                        list(coordinator_flags))
             if connect:
                 self.session = _connect(self.address)
         except BaseException:
@@ -97,14 +98,15 @@ class LocalCluster:
         self._procs.append(p)
         return p
 
-    def _start(self, workers, devices, bin_dir, heartbeat_timeout_ms, worker_flags):
+    def _start(self, workers, devices, bin_dir, heartbeat_timeout_ms, worker_flags, coordinator_flags):
         coordinator = find_binary("tessel-coordinator", bin_dir)
         worker = find_binary("tessel-worker", bin_dir)
         port_file = os.path.join(self.log_dir, "coordinator.port")
         if os.path.exists(port_file):
             os.remove(port_file)
         c = self._spawn(coordinator, ["--port=0", f"--port_file={port_file}",
-                                      f"--heartbeat_timeout_ms={heartbeat_timeout_ms}"], "coordinator")
+                                      f"--heartbeat_timeout_ms={heartbeat_timeout_ms}"] + coordinator_flags,
+                        "coordinator")
         port = _wait_for(lambda: _read_port(port_file), 15, c, "tessel-coordinator", self.log_dir)
         self.address = f"127.0.0.1:{port}"
         channel = grpc.insecure_channel(self.address)

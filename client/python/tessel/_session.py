@@ -148,6 +148,18 @@ class _Dispatcher:
         self._reader.join(timeout=10)
 
 
+def _keep_alive(stub, session_id, every, stop):
+    every = max(every, 0.02)
+    while not stop.wait(every):
+        try:
+            stub.KeepAlive(session_pb2.KeepAliveRequest(session_id=session_id), timeout=max(every, 1.0))
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                return  # the session ended; its calls say why
+        except ValueError:
+            return  # the channel was closed
+
+
 class Session:
     def __init__(self, address, client="tessel-python", timeout=10.0):
         if os.environ.get("TESSEL_TUNE_MALLOC") == "1":
@@ -166,7 +178,15 @@ class Session:
                                                                       max_version=PROTOCOL_VERSION))
         self.protocol_version = v.version
         self.options = session_pb2.SessionOptions()
-        self.id = _rpc(self._stub.OpenSession, session_pb2.OpenSessionRequest(client=client)).session_id
+        opened = _rpc(self._stub.OpenSession, session_pb2.OpenSessionRequest(client=client))
+        self.id = opened.session_id
+        # The coordinator ends a session whose client goes quiet for its
+        # lease; a background thread renews it every third of that.
+        self._stop_keepalive = threading.Event()
+        if opened.lease_ms > 0:
+            threading.Thread(target=_keep_alive, args=(self._stub, self.id, opened.lease_ms / 3000,
+                                                       self._stop_keepalive),
+                             name="tessel-keepalive", daemon=True).start()
         self._rng = random.Random()
         self._lock = threading.Lock()
         self._dispatcher = None
@@ -195,6 +215,7 @@ class Session:
         if self.closed:
             return
         self.closed = True
+        self._stop_keepalive.set()
         try:
             if self._dispatcher is not None:
                 self._dispatcher.close()

@@ -164,6 +164,84 @@ def test_server_errors_are_exception_classes_with_its_message(session):
         assert issubclass(cls, tessel.TesselError)
 
 
+def _sessions(address):
+    import grpc
+    from tessel.v1 import admin_pb2, admin_pb2_grpc
+    with grpc.insecure_channel(address) as ch:
+        return list(admin_pb2_grpc.AdminStub(ch).ListSessions(admin_pb2.ListSessionsRequest(), timeout=5).sessions)
+
+
+def _device_bytes_in_use(address):
+    import grpc
+    from tessel.v1 import admin_pb2, admin_pb2_grpc
+    with grpc.insecure_channel(address) as ch:
+        resp = admin_pb2_grpc.AdminStub(ch).GetCluster(admin_pb2.GetClusterRequest(with_memory=True), timeout=5)
+    return sum(m.bytes_in_use for w in resp.workers for m in w.memory)
+
+
+def test_a_killed_clients_session_expires_and_its_memory_is_freed():
+    """A client SIGKILLed while holding 16 MiB: the session's lease (1 s
+    here) runs out, the coordinator frees its arrays on the workers and
+    forgets it, and Admin.ListSessions no longer shows it. A live client
+    idle for several leases keeps its session (the SDK renews it)."""
+    import subprocess
+    import sys
+    import textwrap
+    with tessel.local_cluster(workers=1, devices_per_worker=1, coordinator_flags=["--session_lease_s=1"]) as c:
+        kept = tessel.device_put(np.arange(4, dtype=np.float32))
+        kept.block_until_ready()
+        holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+            import sys, time, numpy as np, tessel
+            s = tessel.connect({c.address!r})
+            x = tessel.device_put(np.ones(1 << 22, np.float32))
+            x.block_until_ready()
+            print(s.id, flush=True)
+            time.sleep(600)
+            """)], stdout=subprocess.PIPE, text=True)
+        try:
+            sid = holder.stdout.readline().strip()
+            info = {s.session_id: s for s in _sessions(c.address)}
+            assert sid in info, (sid, info)
+            assert info[sid].arrays == 1 and info[sid].live_bytes == 16 << 20 and info[sid].lease_ms == 1000
+            assert info[sid].client == "tessel-python"
+            assert _device_bytes_in_use(c.address) >= 16 << 20
+        finally:
+            holder.kill()
+            holder.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and sid in {s.session_id for s in _sessions(c.address)}:
+            time.sleep(0.1)
+        assert sid not in {s.session_id for s in _sessions(c.address)}, "the killed client's session outlived its lease"
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and _device_bytes_in_use(c.address) >= 16 << 20:
+            time.sleep(0.1)
+        assert _device_bytes_in_use(c.address) < 16 << 20, "the expired session's 16 MiB is still held"
+        time.sleep(3)  # three leases idle: this process's session is renewed in the background
+        np.testing.assert_array_equal(kept.fetch(), np.arange(4, dtype=np.float32))
+        assert c.session.id in {s.session_id for s in _sessions(c.address)}
+
+
+def test_an_operator_closes_a_session_and_its_client_is_told_why():
+    import grpc
+    from tessel.v1 import admin_pb2, admin_pb2_grpc
+    with tessel.local_cluster(workers=1, devices_per_worker=1) as c:
+        x = tessel.device_put(np.ones(1024, np.float32))
+        x.block_until_ready()
+        mine = [s for s in _sessions(c.address) if s.session_id == c.session.id]
+        assert len(mine) == 1 and mine[0].arrays == 1 and mine[0].live_bytes == 4096 and mine[0].lease_ms == 60000
+        with grpc.insecure_channel(c.address) as ch:
+            resp = admin_pb2_grpc.AdminStub(ch).CloseSession(
+                admin_pb2.AdminCloseSessionRequest(session_id=c.session.id, reason="maintenance"), timeout=5)
+        assert resp.arrays_freed == 1
+        with pytest.raises(tessel.TesselError, match="was closed by an operator \\(Admin.CloseSession\\): maintenance"):
+            x.fetch()
+        with grpc.insecure_channel(c.address) as ch:
+            with pytest.raises(grpc.RpcError) as e:
+                admin_pb2_grpc.AdminStub(ch).CloseSession(admin_pb2.AdminCloseSessionRequest(session_id="s-nope"),
+                                                          timeout=5)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND and "s-nope" in e.value.details()
+
+
 def test_out_of_device_memory_is_an_error_and_the_cluster_keeps_serving():
     with tessel.local_cluster(workers=1, devices_per_worker=1,
                               worker_flags=["--device_memory_bytes=1048576"]) as c:
