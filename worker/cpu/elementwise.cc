@@ -188,49 +188,41 @@ void CompareAt(const void* a, const void* b, void* out, int64_t n) {
   Compare<D>(v1::CompareDirection(O), a, b, out, n);
 }
 
-template <v1::DType D, int... I>
-constexpr std::array<UnaryFn, sizeof...(I)> UnaryTable(std::integer_sequence<int, I...>) {
-  return {&UnaryAt<D, v1::NEG + I>...};
+// The entry for `key` in [First, Last] of dtype `dt`'s table, built once
+// per dtype from `Entry::template At<D, K>`; nullptr outside the range.
+template <typename Fn, int First, int Last, typename Entry>
+Fn KernelFor(int key, v1::DType dt) {
+  if (key < First || key > Last) return nullptr;
+  Fn f = nullptr;
+  TESSEL_DISPATCH(dt, D, {
+    static constexpr auto table = []<int... I>(std::integer_sequence<int, I...>) {
+      return std::array<Fn, sizeof...(I)>{&Entry::template At<D, First + I>...};
+    }(std::make_integer_sequence<int, Last - First + 1>());
+    f = table[key - First];
+  });
+  return f;
 }
-template <v1::DType D, int... I>
-constexpr std::array<BinaryFn, sizeof...(I)> BinaryTable(std::integer_sequence<int, I...>) {
-  return {&BinaryAt<D, v1::ADD + I>...};
-}
-template <v1::DType D, int... I>
-constexpr std::array<BinaryFn, sizeof...(I)> CompareTable(std::integer_sequence<int, I...>) {
-  return {&CompareAt<D, v1::EQ + I>...};
-}
+struct UnaryEntry {
+  template <v1::DType D, int O>
+  static void At(const void* in, void* out, int64_t n) { UnaryAt<D, O>(in, out, n); }
+};
+struct BinaryEntry {
+  template <v1::DType D, int O>
+  static void At(const void* a, const void* b, void* out, int64_t n) { BinaryAt<D, O>(a, b, out, n); }
+};
+struct CompareEntry {
+  template <v1::DType D, int O>
+  static void At(const void* a, const void* b, void* out, int64_t n) { CompareAt<D, O>(a, b, out, n); }
+};
 
 }  // namespace
 
-UnaryFn UnaryKernelFor(v1::Op op, v1::DType dt) {
-  if (op < v1::NEG || op > v1::NOT) return nullptr;
-  UnaryFn f = nullptr;
-  TESSEL_DISPATCH(dt, D, {
-    static constexpr auto table = UnaryTable<D>(std::make_integer_sequence<int, v1::NOT - v1::NEG + 1>());
-    f = table[op - v1::NEG];
-  });
-  return f;
-}
+UnaryFn UnaryKernelFor(v1::Op op, v1::DType dt) { return KernelFor<UnaryFn, v1::NEG, v1::NOT, UnaryEntry>(op, dt); }
 
-BinaryFn BinaryKernelFor(v1::Op op, v1::DType dt) {
-  if (op < v1::ADD || op > v1::XOR) return nullptr;
-  BinaryFn f = nullptr;
-  TESSEL_DISPATCH(dt, D, {
-    static constexpr auto table = BinaryTable<D>(std::make_integer_sequence<int, v1::XOR - v1::ADD + 1>());
-    f = table[op - v1::ADD];
-  });
-  return f;
-}
+BinaryFn BinaryKernelFor(v1::Op op, v1::DType dt) { return KernelFor<BinaryFn, v1::ADD, v1::XOR, BinaryEntry>(op, dt); }
 
 BinaryFn CompareKernelFor(v1::CompareDirection dir, v1::DType dt) {
-  if (dir < v1::EQ || dir > v1::GE) return nullptr;
-  BinaryFn f = nullptr;
-  TESSEL_DISPATCH(dt, D, {
-    static constexpr auto table = CompareTable<D>(std::make_integer_sequence<int, v1::GE - v1::EQ + 1>());
-    f = table[dir - v1::EQ];
-  });
-  return f;
+  return KernelFor<BinaryFn, v1::EQ, v1::GE, CompareEntry>(dir, dt);
 }
 
 void UnaryKernel(v1::Op op, v1::DType dt, const void* in, void* out, int64_t n) {

@@ -155,16 +155,21 @@ TEST(Reduce, SumOverLeadingAndTrailingDims) {
 // Small loops run on one thread; large ones split their blocks over threads
 // (3 here, an uneven split, with a ragged last block). Both equal the
 // step-by-step reference, iota included (it depends on the block offset).
+// Appends an f32[n] node to `f`.
+v1::Node* AddNode(v1::Fusion& f, int64_t n, const char* name, v1::Op op, std::vector<std::string> operands) {
+  v1::Node* nd = f.add_nodes();
+  nd->set_name(name);
+  nd->set_op(op);
+  for (auto& o : operands) nd->add_operands(o);
+  *nd->mutable_type() = MakeType(v1::F32, {n});
+  return nd;
+}
+
 void CheckChain(int64_t n, int threads) {
   v1::Fusion f;
   f.add_inputs("x");
   auto node = [&](const char* name, v1::Op op, std::vector<std::string> operands) {
-    v1::Node* nd = f.add_nodes();
-    nd->set_name(name);
-    nd->set_op(op);
-    for (auto& o : operands) nd->add_operands(o);
-    *nd->mutable_type() = MakeType(v1::F32, {n});
-    return nd;
+    return AddNode(f, n, name, op, std::move(operands));
   };
   v1::Node* c = f.add_nodes();
   c->set_name("half");
@@ -214,12 +219,7 @@ TEST(FusedLoop, ABoundFusionRereadsItsInputsEveryRunAndFollowsRePointing) {
   f.add_inputs("x");
   f.add_inputs("s");
   auto node = [&](const char* name, v1::Op op, std::vector<std::string> operands) {
-    v1::Node* nd = f.add_nodes();
-    nd->set_name(name);
-    nd->set_op(op);
-    for (auto& o : operands) nd->add_operands(o);
-    *nd->mutable_type() = MakeType(v1::F32, {n});
-    return nd;
+    return AddNode(f, n, name, op, std::move(operands));
   };
   node("sb", v1::BROADCAST_IN_DIM, {"s"})->mutable_broadcast_in_dim()->add_dims(n);
   node("m", v1::MUL, {"x", "sb"});
