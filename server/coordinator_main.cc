@@ -100,6 +100,10 @@ int main(int argc, char** argv) {
     log->error("could not listen on {}:{}", host, absl::GetFlag(FLAGS_port));
     return 1;
   }
+  // The whole server ("") is SERVING from here; each service by name too.
+  for (const char* name : {"tessel.v1.Session", "tessel.v1.Admin", "tessel.v1.Registry"}) {
+    server->GetHealthCheckService()->SetServingStatus(name, true);
+  }
   log->info("tessel-coordinator serving on {}:{}", host, port);
   if (const std::string pf = absl::GetFlag(FLAGS_port_file); !pf.empty()) {
     std::ofstream(pf + ".tmp") << port << "\n";
@@ -109,6 +113,7 @@ int main(int argc, char** argv) {
   int sig = tessel::WaitForTerminationSignal();
   log->info("signal {}: shutting down", sig);
   tessel::NotifyStopping();
+  server->GetHealthCheckService()->Shutdown();  // every status NOT_SERVING while draining
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;
 }

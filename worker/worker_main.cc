@@ -265,6 +265,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   log->info("registered with {} as {}", coordinator, reg->worker_id);
+  // tessel.v1.Worker is SERVING once registered (the whole server, "", from
+  // the start).
+  server->GetHealthCheckService()->SetServingStatus("tessel.v1.Worker", true);
   tessel::NotifyReady(absl::StrCat("serving ", address, ", registered with ", coordinator, " as ", reg->worker_id));
   (*runtime)->StartQueueEpoch(reg->queue_epoch);
 
@@ -296,6 +299,7 @@ int main(int argc, char** argv) {
 
   int sig = tessel::WaitForTerminationSignal();
   tessel::NotifyStopping();
+  server->GetHealthCheckService()->Shutdown();  // every status NOT_SERVING while draining
   log->info("signal {}: shutting down", sig);
   stop = true;
   heartbeat.join();

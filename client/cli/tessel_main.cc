@@ -1,5 +1,9 @@
 // tessel: the command-line client. See `tessel --help`.
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <set>
@@ -10,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "core/process_tuning.h"
 #include "core/status.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "tessel/graph.h"
 #include "tessel/local_cluster.h"
 #include "tessel/session.h"
@@ -47,6 +52,10 @@ Partitioning flags:
   tessel stats [--coordinator HOST:PORT]
       Cluster counters and per-device memory: bytes in use, peak, buffers,
       cached bytes, the largest cached block and the limit.
+  tessel health [--address HOST:PORT] [--service NAME] [--timeout S]
+      Ask a daemon (coordinator or worker; default: the coordinator) its
+      grpc.health.v1 status; exit 0 when SERVING, 1 otherwise or without an
+      answer within S seconds (default 3). A probe for containers and scripts.
 
 The coordinator address comes from --coordinator, else $TESSEL_COORDINATOR.
 Arrays are .npy files; bf16 travels as uint16 ('<u2') bit patterns.
@@ -318,6 +327,44 @@ int Run(const Args& a) {
 
 int Stats(const Args& a) { return Status(a); }
 
+int Health(const Args& a) {
+  double timeout_s = 3;
+  if (!absl::SimpleAtod(a.Get("timeout", "3"), &timeout_s) || !(timeout_s > 0)) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--timeout: expected a positive number of seconds, got '", a.Get("timeout"), "'")));
+  }
+  std::string address = a.Get("address");
+  if (address.empty()) {
+    auto resolved = tessel::ResolveCoordinatorAddress(a.Get("coordinator"));
+    if (!resolved.ok()) return Fail(resolved.status());
+    address = *resolved;
+  }
+  auto stub = grpc::health::v1::Health::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                       std::chrono::duration<double>(timeout_s)));
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(a.Get("service"));
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::Status st = stub->Check(&ctx, request, &response);
+  std::string what = request.service().empty() ? address : absl::StrCat(address, " (service '", request.service(), "')");
+  if (st.error_code() == grpc::StatusCode::NOT_FOUND) {
+    std::cerr << "tessel health: " << address << " has no status for the service '" << request.service()
+              << "' (it reports the whole server under '' and each of its services by full name)\n";
+    return 1;
+  }
+  if (!st.ok()) {
+    std::cerr << "tessel health: no answer from " << what << " within " << timeout_s << " s: " << st.error_message()
+              << " [" << absl::StatusCodeToString(static_cast<absl::StatusCode>(st.error_code())) << "]\n";
+    return 1;
+  }
+  const std::string& status = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
+  (response.status() == grpc::health::v1::HealthCheckResponse::SERVING ? std::cout : std::cerr)
+      << what << ": " << status << "\n";
+  return response.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -333,6 +380,7 @@ int main(int argc, char** argv) {
   if (a.command == "run") return Run(a);
   if (a.command == "compile") return Compile(a);
   if (a.command == "stats") return Stats(a);
+  if (a.command == "health") return Health(a);
   std::cerr << "tessel: unknown command '" << a.command << "'\n\n" << kUsage;
   return 2;
 }

@@ -54,7 +54,7 @@ pids+=($!)
 ip netns exec "$id-w1" "$build/bin/tessel-worker" --coordinator="$coord:$port" --host="$w1" >"$logs/w1.log" 2>&1 &
 pids+=($!)
 status=0
-ip netns exec "$id-c" env PYTHONPATH="$here/../../client/python${PYTHONPATH:+:$PYTHONPATH}" python3 \
+ip netns exec "$id-c" env PYTHONPATH="$here/../../client/python${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" \
   "$here/multihost_client.py" "$coord:$port" "$w0" "$w1" \
   "ip -n $hub link set h${id}w1 down" "ip -n $hub link set h${id}w1 up" || status=$?
 if [[ $status != 0 ]]; then

@@ -17,6 +17,8 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
+import sysconfig
 import tempfile
 import time
 import weakref
@@ -43,7 +45,8 @@ _connect = connect
 
 
 def find_binary(name, bin_dir=None):
-    """`name` in `bin_dir`, else $TESSEL_BIN_DIR, else on $PATH."""
+    """`name` in `bin_dir`, else in $TESSEL_BIN_DIR, else beside this Python
+    (where the wheel installs the daemons), else on $PATH."""
     for d in (bin_dir, os.environ.get("TESSEL_BIN_DIR")):
         if d:
             path = os.path.join(d, name)
@@ -51,10 +54,15 @@ def find_binary(name, bin_dir=None):
                 return path
             raise FileNotFoundError(f"cannot execute {path!r}: build Tessel (scripts/setup.sh) or point "
                                     "TESSEL_BIN_DIR at the folder holding its binaries")
+    for d in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):
+        path = os.path.join(d, name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
     path = shutil.which(name)
     if path is None:
-        raise FileNotFoundError(f"{name} is not on $PATH; set TESSEL_BIN_DIR to the folder holding the Tessel "
-                                "binaries (build/bin after scripts/setup.sh)")
+        raise FileNotFoundError(f"{name} is neither beside {sys.executable} nor on $PATH: install the tessel wheel "
+                                "(pip install . from the Tessel tree), or set TESSEL_BIN_DIR to the folder holding "
+                                "the Tessel binaries (build/bin after scripts/setup.sh)")
     return path
 
 

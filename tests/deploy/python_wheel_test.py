@@ -1,0 +1,134 @@
+"""The wheel as a new user meets it.
+
+  python_wheel_test.py build BUILD_DIR   `pip wheel .` of this tree into BUILD_DIR/wheelhouse
+                                         (incremental: scikit-build-core keeps build/wheel)
+  python_wheel_test.py fresh BUILD_DIR   a new virtual environment, `pip install` of that wheel
+                                         and nothing else (its dependencies at their newest), then
+                                         the README's Python example
+  python_wheel_test.py floor BUILD_DIR   the same at the oldest dependencies the wheel declares,
+                                         plus the SDK's API and op suites against its daemons
+
+The example runs from an empty folder with no TESSEL_* variables, no
+PYTHONPATH and the environment's bin/ off $PATH: the daemons it starts must be
+the wheel's, found beside the interpreter. Its printed weights are checked
+against the same loop in numpy.
+"""
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import venv
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+# The oldest releases the wheel declares (pyproject.toml's dependencies).
+FLOOR = ["grpcio==1.51.1", "protobuf==4.21.1", "numpy==1.24.0", "ml_dtypes==0.3.0"]
+
+
+def run(cmd, **kw):
+    print("+", " ".join(map(str, cmd)), flush=True)
+    done = subprocess.run(list(map(str, cmd)), **kw)
+    if done.returncode != 0:
+        sys.exit(f"exit status {done.returncode}: {' '.join(map(str, cmd))}\n{done.stdout or ''}{done.stderr or ''}")
+    return done
+
+
+def the_wheel(build):
+    wheels = sorted((build / "wheelhouse").glob("tessel-*.whl"))
+    if len(wheels) != 1:
+        sys.exit(f"expected one tessel wheel in {build / 'wheelhouse'}, found {[w.name for w in wheels]}")
+    return wheels[0]
+
+
+def build_wheel(build):
+    house = build / "wheelhouse"
+    shutil.rmtree(house, ignore_errors=True)
+    run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w", house, ROOT])
+    wheel = the_wheel(build)
+    import zipfile
+    names = zipfile.ZipFile(wheel).namelist()
+    for need in ("tessel/__init__.py", "tessel/v1/session_pb2.py", "tessel/v1/session_pb2_grpc.py"):
+        assert need in names, f"{wheel.name} lacks {need}"
+    for cmd in ("tessel", "tessel-coordinator", "tessel-worker"):
+        assert any(n.endswith(f".data/scripts/{cmd}") for n in names), f"{wheel.name} lacks the command {cmd}"
+    print(f"{wheel.name}: {wheel.stat().st_size} bytes, the SDK with its stubs and the three commands")
+
+
+def new_env(build, name, packages):
+    env_dir = build / "pyenvs" / name
+    shutil.rmtree(env_dir, ignore_errors=True)
+    venv.create(env_dir, with_pip=True)
+    py = env_dir / "bin" / "python"
+    run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", *packages])
+    return env_dir, py
+
+
+def readme_example():
+    text = (ROOT / "README.md").read_text()
+    python = text[text.index("\n## Python\n"):]
+    return re.search(r"```python\n(.*?)```", python, re.S).group(1)
+
+
+def clean_environment(env_dir):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("TESSEL_") and k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if p and pathlib.Path(p).resolve() != (env_dir / "bin").resolve()
+                                  and not (pathlib.Path(p) / "tessel-worker").exists())
+    return env
+
+
+def check_example(env_dir, py):
+    work = env_dir / "work"
+    work.mkdir()
+    (work / "example.py").write_text(readme_example())
+    out = run([py, "example.py"], cwd=work, env=clean_environment(env_dir), capture_output=True, text=True,
+              timeout=300).stdout
+    print(out[-1500:])
+    # The same loop in numpy: w <- w - 0.1 * mean_rows(tanh(x @ w)), 1000 times.
+    w = np.eye(4, dtype=np.float32)
+    x = np.ones((8, 4), np.float32)
+    for _ in range(1000):
+        w = w - np.float32(0.1) * np.tanh(x @ w).mean(axis=0)
+    printed = out[out.rindex("[["):]
+    got = np.array([float(v) for v in re.findall(r"[-+]?\d*\.\d+(?:[eE][-+]?\d+)?|[-+]?\d+", printed)[:16]],
+                   np.float32).reshape(4, 4)
+    np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-5)
+    # Both arguments donated on every step: 2 x 1000 buffers reused in place.
+    receipts = next(line for line in out.splitlines() if "'reused'" in line)
+    assert "'reused': False" not in receipts and receipts.rstrip().endswith("] 2000"), receipts
+    print("README example: weights match numpy's loop; 2000 donations reused")
+
+
+def main():
+    mode, build = sys.argv[1], pathlib.Path(sys.argv[2]).resolve()
+    if mode == "build":
+        build_wheel(build)
+        return
+    wheel = the_wheel(build)
+    if mode == "fresh":
+        env_dir, py = new_env(build, "fresh", [wheel])
+        for cmd in (["tessel-coordinator", "--version"], ["tessel-worker", "--version"], ["tessel", "help"]):
+            run([env_dir / "bin" / cmd[0], *cmd[1:]], capture_output=True)
+        check_example(env_dir, py)
+    elif mode == "floor":
+        env_dir, py = new_env(build, "floor", ["--only-binary", ":all:", *FLOOR, "pytest"])
+        run([py, "-m", "pip", "install", "-q", "--no-deps", wheel])
+        versions = run([py, "-c", "import grpc, google.protobuf as p, numpy, ml_dtypes; "
+                        "print(grpc.__version__, p.__version__, numpy.__version__, ml_dtypes.__version__)"],
+                       capture_output=True, text=True).stdout.split()
+        assert versions == [f.split("==")[1] for f in FLOOR], f"expected {FLOOR}, the environment has {versions}"
+        check_example(env_dir, py)
+        env = dict(clean_environment(env_dir), TESSEL_BIN_DIR=str(env_dir / "bin"))
+        run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", ROOT / "client/python/tests/test_api.py",
+             ROOT / "client/python/tests/test_ops.py"], cwd=env_dir, env=env)
+    else:
+        sys.exit(f"mode: expected build, fresh or floor, got {mode!r}")
+
+
+if __name__ == "__main__":
+    main()
