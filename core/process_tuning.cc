@@ -2,6 +2,10 @@
 
 #include <systemd/sd-daemon.h>
 
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "core/version.h"
+
 #include <malloc.h>
 
 namespace tessel {
@@ -139,6 +143,18 @@ MemoryBudget ProcessMemoryBudget(const std::string& cgroup_root, const std::stri
     }
   }
   return b;
+}
+
+}  // namespace tessel
+
+namespace tessel {
+
+void SetDaemonFlagsUsage(const std::string& main_file) {
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = [main_file](absl::string_view path) { return absl::StrContains(path, main_file); };
+  config.contains_helpshort_flags = config.contains_help_flags;
+  config.version_string = [] { return absl::StrCat("Tessel ", kTesselVersion, "\n"); };
+  absl::SetFlagsUsageConfig(config);
 }
 
 }  // namespace tessel

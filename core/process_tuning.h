@@ -40,6 +40,11 @@ namespace tessel {
 void NotifyReady(const std::string& status);
 void NotifyStopping();
 
+// --help lists the flags defined in the daemon's own source file (whose
+// name contains `main_file`, e.g. "coordinator_main"), not only flags of files
+// named after the program; --version prints Tessel's version.
+void SetDaemonFlagsUsage(const std::string& main_file);
+
 }  // namespace tessel
 
 namespace tessel {

@@ -4,12 +4,13 @@
 #include <grpcpp/support/status.h>
 
 #include "absl/status/status.h"
+#include "core/status.h"
 
 namespace tessel {
 
 inline grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), BoundedMessage(s.message()));
 }
 
 inline absl::Status FromGrpc(const grpc::Status& s) {

@@ -32,6 +32,13 @@ absl::Status ArrayRegistry::CheckSessionLocked(const std::string& id) const {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) {
     if (auto e = ended_.find(id); e != ended_.end()) return absl::NotFoundError(StrCat("session '", id, "' ", e->second));
+    if (const size_t dot = id.rfind('.'); !incarnation_.empty() && dot != std::string::npos &&
+                                          absl::string_view(id).substr(dot + 1) != incarnation_) {
+      return absl::UnavailableError(StrCat("the coordinator restarted at ",
+                                           absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", started_, absl::UTCTimeZone()),
+                                           "; session '", id, "' was opened under its previous incarnation ",
+                                           id.substr(dot + 1), ", and its arrays were lost"));
+    }
     return absl::NotFoundError(StrCat("session '", id, "' does not exist (closed, or never opened)"));
   }
   it->second.last_seen = absl::Now();

@@ -82,8 +82,15 @@ class ArrayRegistry {
 
   absl::Mutex& mu() const ABSL_LOCK_RETURNED(mu_) { return mu_; }
 
+  // `incarnation`: the coordinator's (hex), which its session ids end in
+  // (".<incarnation>"); `started`: when it started. A session id of another
+  // incarnation is then answered UNAVAILABLE: the coordinator restarted.
+  explicit ArrayRegistry(std::string incarnation = "", absl::Time started = absl::InfinitePast())
+      : incarnation_(std::move(incarnation)), started_(started) {}
+
   void OpenSession(const std::string& id, const std::string& client, const v1::SessionOptions& options);
-  // NOT_FOUND naming a session that is closed or was never opened.
+  // NOT_FOUND naming a session that is closed or was never opened;
+  // UNAVAILABLE for a session of an earlier coordinator incarnation.
   absl::Status CheckSessionLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The session's record (CheckSessionLocked first).
   SessionRecord& SessionLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -149,6 +156,8 @@ class ArrayRegistry {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
  private:
+  const std::string incarnation_;
+  const absl::Time started_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, ArrayRecord> arrays_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, SessionRecord> sessions_ ABSL_GUARDED_BY(mu_);

@@ -27,7 +27,6 @@ uint64_t RandomNonzero() {
   return v;
 }
 
-std::string RandomId(absl::string_view prefix) { return StrFormat("%s%016x", prefix, RandomU64()); }
 
 const char* DirectionName(int dir) {
   static const char* const kNames[] = {"host->device", "device->host", "device->device"};
@@ -64,7 +63,8 @@ Coordinator::Coordinator(Options options)
     : options_(std::move(options)),
       log_(options_.logger),
       incarnation_(RandomU64()),
-      workers_(log_),
+      workers_(log_, StrFormat(".%016x", incarnation_)),
+      arrays_(StrFormat("%016x", incarnation_), absl::Now()),
       monitor_([this] { MonitorLoop(); }) {}
 
 std::string Coordinator::CollectiveEpoch(int64_t epoch) const { return StrFormat("%016x.%d", incarnation_, epoch); }
@@ -109,6 +109,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(const v1:
   });
   v1::RegisterWorkerResponse resp =
       workers_.Register(req, std::move(client), options_.heartbeat_interval, RandomNonzero());
+  resp.set_coordinator_incarnation(StrFormat("%016x", incarnation_));
   absl::MutexLock l(id_mu.get());
   *id = resp.worker_id();
   return resp;
@@ -162,7 +163,7 @@ void Coordinator::MonitorLoop() {
 
 v1::OpenSessionResponse Coordinator::OpenSession(const v1::OpenSessionRequest& req) {
   v1::OpenSessionResponse resp;
-  resp.set_session_id(RandomId("s"));
+  resp.set_session_id(StrFormat("s%016x.%016x", RandomU64(), incarnation_));
   resp.set_lease_ms(absl::ToInt64Milliseconds(options_.session_lease));
   arrays_.OpenSession(resp.session_id(), req.client(), req.options());
   log_->info("session {} opened by '{}'", resp.session_id(), req.client());
@@ -664,7 +665,7 @@ absl::StatusOr<v1::ArrayInfoResponse> Coordinator::ArrayInfo(const v1::ArrayInfo
     const Tombstone* t = arrays_.FindTombstoneLocked(req.session_id(), req.handle());
     if (t == nullptr) return a_or.status();
     resp.set_state(t->state);
-    resp.set_error(std::string(a_or.status().message()));
+    resp.set_error(BoundedMessage(a_or.status().message()));
     resp.set_producer_execution(t->execution);
     return resp;
   }
@@ -678,7 +679,7 @@ absl::StatusOr<v1::ArrayInfoResponse> Coordinator::ArrayInfo(const v1::ArrayInfo
     *resp.mutable_sharding()->mutable_mesh() = a->mesh;
     *resp.mutable_sharding()->mutable_sharding() = a->sharding;
   }
-  if (!a->error.ok()) resp.set_error(std::string(a->error.message()));
+  if (!a->error.ok()) resp.set_error(BoundedMessage(a->error.message()));
   resp.set_producer_execution(a->producer);
   resp.set_producer(a->producer_name);
   return resp;

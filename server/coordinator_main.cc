@@ -45,6 +45,7 @@ int main(int argc, char** argv) {
       "tessel-coordinator [--host=H] [--port=P]\n"
       "Serves tessel.v1.Session (clients), tessel.v1.Registry (workers) and tessel.v1.Admin\n"
       "(operators), plus grpc.health.v1.Health and server reflection.");
+  tessel::SetDaemonFlagsUsage("coordinator_main");
   absl::ParseCommandLine(argc, argv);
   auto log = spdlog::stdout_color_mt("coordinator");
   log->set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));

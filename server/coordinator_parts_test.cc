@@ -462,7 +462,8 @@ TEST_F(PlannerTest, UpstreamErrorsAndLostArguments) {
   auto plan = Plan();
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->outputs[0].state, v1::ERROR);
-  EXPECT_THAT(plan->outputs[0].error.message(), HasSubstr("argument 1 'y' (array 0x2) failed earlier: boom"));
+  EXPECT_THAT(plan->outputs[0].error.message(),
+              HasSubstr("argument 1 'y' (array 0x2) failed earlier; dependent step 1 to fail from this cause: boom"));
   EXPECT_EQ(plan->steps.size(), 1u);  // it still runs, to consume donated buffers
   y_.state = v1::LOST;
   y_.error = absl::UnavailableError("array 0x2 was on worker w0");
@@ -752,4 +753,13 @@ TEST_F(CoordinatorTest, ASilentWorkerIsDeclaredDeadAndItsArraysLost) {
 }
 
 }  // namespace
+TEST(Version, ABareRequestAsksWhatTheServerSpeaksAndDisjointRangesAreNamed) {
+  EXPECT_EQ(*NegotiateVersion(0, 0), kProtocolVersionMax);
+  EXPECT_EQ(*NegotiateVersion(kProtocolVersionMin, kProtocolVersionMax + 5), kProtocolVersionMax);
+  auto too_new = NegotiateVersion(kProtocolVersionMax + 1, kProtocolVersionMax + 2);
+  ASSERT_FALSE(too_new.ok());
+  EXPECT_EQ(too_new.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(too_new.status().message().find("server speaks ["), std::string::npos) << too_new.status();
+}
+
 }  // namespace tessel::server

@@ -108,8 +108,7 @@ absl::StatusOr<ExecutePlan> PlanExecute(const ExecuteInput& in) {
     }
     if (rec.state == v1::LOST) return Annotate(rec.error, StrCat("argument ", i, " '", pname, "': "));
     if (rec.state == v1::ERROR && plan.upstream_error.ok()) {
-      plan.upstream_error =
-          Annotate(rec.error, StrFormat("argument %d '%s' (array %#x) failed earlier: ", i, pname, handle));
+      plan.upstream_error = DependentError(rec.error, StrFormat("argument %d '%s' (array %#x)", i, pname, handle));
     }
     for (int d : plan.devices) {
       if (Holds(rec, d)) continue;

@@ -85,7 +85,7 @@ grpc::Status SessionService::Dispatch(grpc::ServerContext*,
         *reply->mutable_response() = std::move(*r);
       } else {
         reply->set_code(static_cast<int>(r.status().code()));
-        reply->set_error(std::string(r.status().message()));
+        reply->set_error(BoundedMessage(r.status().message()));
         if (!client_reads_reply) c_->MarkRejectedOutputs(req, r.status());
       }
     }

@@ -32,7 +32,7 @@ v1::RegisterWorkerResponse WorkerRegistry::Register(const v1::RegisterWorkerRequ
                                                     absl::Duration heartbeat_interval, uint64_t queue_epoch) {
   absl::MutexLock l(&mu_);
   WorkerRecord w;
-  w.id = StrCat("w", next_worker_++);
+  w.id = StrCat("w", next_worker_++, id_suffix_);
   w.address = req.address();
   w.last_heartbeat = absl::Now();
   w.client = std::move(client);

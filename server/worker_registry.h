@@ -65,7 +65,11 @@ absl::StatusOr<std::vector<int>> ResolvePlacement(const std::vector<DeviceRoute>
 
 class WorkerRegistry {
  public:
-  explicit WorkerRegistry(std::shared_ptr<spdlog::logger> log) : log_(std::move(log)) {}
+  // Worker ids are "w<n><id_suffix>": the coordinator passes its incarnation,
+  // so an id is never reused by a restarted coordinator (a worker still
+  // heartbeating under an old id is told it is unknown, and registers again).
+  explicit WorkerRegistry(std::shared_ptr<spdlog::logger> log, std::string id_suffix = "")
+      : log_(std::move(log)), id_suffix_(std::move(id_suffix)) {}
 
   // INVALID_ARGUMENT / FAILED_PRECONDITION naming the worker's address and
   // what is wrong with its registration.
@@ -147,6 +151,8 @@ class WorkerRegistry {
   absl::Status DeadLocked(int device) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::shared_ptr<spdlog::logger> log_;
+
+  const std::string id_suffix_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);
   std::vector<DeviceRecord> devices_ ABSL_GUARDED_BY(mu_);  // by global id

@@ -2,7 +2,11 @@
 // loopback, driven through the C++ SDK, the CLI and raw gRPC.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -49,6 +53,27 @@ Graph AffineTanh(int64_t n) {
   Value y = g.Tanh(g.Add(g.Mul(x, w), g.Broadcast(g.Scalar(DType::kF32, 0.25), {n})));
   Value s = g.Reduce(y, ReduceKind::kSum, {0});
   return *g.Build({y, s});
+}
+
+TEST(Connect, ARefusedPortFailsAtOnceNamingTheAddress) {
+  // A port nobody listens on: bound, then closed.
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  close(fd);
+  const std::string address = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto s = Session::Connect(address, {.connect_timeout_ms = 10000});
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(s.status().message().find("no coordinator at " + address), std::string::npos) << s.status();
+  EXPECT_LT(seconds, 1.0);
 }
 
 TEST(ClusterDevices, WorkersRegisterEachDeviceKindAndFindNoGpusWhereThereAreNone) {
@@ -255,16 +280,19 @@ TEST_F(ClusterTest, CliStatusListsEveryWorker) {
   EXPECT_NE(out.find("4 live devices"), std::string::npos) << out;
 }
 
+// sum(broadcast(x)) through 16 MiB: out of memory on the 4 MiB devices below.
+Graph SixteenMiBStep() {
+  GraphBuilder g("grow");
+  Value x = g.Parameter({DType::kF32, {1}}, "x");
+  return *g.Build({g.Reduce(g.BroadcastInDim(x, {4 << 20}, {0}), ReduceKind::kSum, {0})});
+}
+
 TEST(FailureTest, OutOfMemoryTravelsOnHandlesAsResourceExhausted) {
   auto cluster = StartCluster(1, 1, {"--device_memory_bytes=4194304"});
   ASSERT_NE(cluster, nullptr);
   auto s = Session::Connect(cluster->address());
   ASSERT_TRUE(s.ok());
-  GraphBuilder g("grow");
-  Value x = g.Parameter({DType::kF32, {1}}, "x");
-  Value big = g.BroadcastInDim(x, {4 << 20}, {0});  // 16 MiB
-  Value y = g.Reduce(big, ReduceKind::kSum, {0});
-  auto exe = (*s)->Compile(*g.Build({y}));
+  auto exe = (*s)->Compile(SixteenMiBStep());
   ASSERT_TRUE(exe.ok());
   auto xa = (*s)->Put(HostArray::From<float>({1}, {1.f}));
   auto outs = (*s)->Execute(*exe, {*xa});
@@ -289,6 +317,50 @@ TEST(FailureTest, OutOfMemoryTravelsOnHandlesAsResourceExhausted) {
   auto v = (*s)->Fetch((*small)[0]);
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(v->as<float>()[0], -3.f);
+}
+
+// A failure spreads to every step that reads its result, but each of those
+// errors quotes the root cause once, with a count: after 5,000 dependent
+// steps the message is still short and still names the original failure
+// (it used to grow by a prefix per step, past gRPC's metadata limit).
+TEST(FailureTest, DependentErrorsQuoteTheRootCauseOnceWithACount) {
+  auto cluster = StartCluster(1, 1, {"--device_memory_bytes=4194304"});
+  ASSERT_NE(cluster, nullptr);
+  auto s = Session::Connect(cluster->address());
+  ASSERT_TRUE(s.ok());
+  auto grow = (*s)->Compile(SixteenMiBStep());
+  ASSERT_TRUE(grow.ok());
+  GraphBuilder g2("use");
+  Value p = g2.Parameter({DType::kF32, {}}, "p");
+  auto use = (*s)->Compile(*g2.Build({g2.Neg(p)}));
+  ASSERT_TRUE(use.ok());
+  auto first = (*s)->Execute(*grow, {*(*s)->Put(HostArray::From<float>({1}, {1.f}))});
+  ASSERT_TRUE(first.ok());
+  Array prev = (*first)[0];
+  for (int i = 0; i < 5000; ++i) {
+    auto o = (*s)->Execute(*use, {prev});
+    ASSERT_TRUE(o.ok()) << i << ": " << o.status();
+    prev = (*o)[0];
+  }
+  absl::Status last = (*s)->Await({prev});
+  ASSERT_FALSE(last.ok());
+  EXPECT_EQ(last.code(), absl::StatusCode::kResourceExhausted) << last;
+  EXPECT_LT(last.message().size(), 1024u) << last.message().substr(0, 2048);
+  // The count: the step's place in the chain. The worker (for steps sent
+  // before the coordinator learned of the failure) and the coordinator (for
+  // the rest) each count their part of the chain, quoting the cause the same way.
+  int64_t steps = 0;
+  const std::string m(last.message());
+  const size_t at = m.find("dependent step ");
+  ASSERT_NE(at, std::string::npos) << m;
+  steps = std::stoll(m.substr(at + 15));
+  EXPECT_GE(steps, 1) << m;
+  EXPECT_LE(steps, 5000) << m;
+  // The root cause, quoted once.
+  size_t quoted = 0;
+  for (size_t i = m.find("out of memory"); i != std::string::npos; i = m.find("out of memory", i + 1)) ++quoted;
+  EXPECT_EQ(quoted, 1u) << m;
+  EXPECT_NE(m.find("device cpu:0 out of memory"), std::string::npos) << m;
 }
 
 // The C++ SDK renews its session's lease in the background: idle for four

@@ -27,6 +27,17 @@ bool BufferStore::Erase(int device, uint64_t handle) {
   return arrays_.erase(std::make_pair(device, handle)) > 0;
 }
 
+std::pair<int64_t, int64_t> BufferStore::Clear() {
+  absl::flat_hash_map<std::pair<int, uint64_t>, StoredArray> gone;
+  {
+    absl::MutexLock l(&mu_);
+    gone.swap(arrays_);
+  }
+  int64_t bytes = 0;
+  for (const auto& [key, a] : gone) bytes += a.buffer ? a.buffer->size() : 0;
+  return {static_cast<int64_t>(gone.size()), bytes};  // the buffers go back to their devices here
+}
+
 int64_t BufferStore::size() const {
   absl::MutexLock l(&mu_);
   return arrays_.size();

@@ -30,6 +30,8 @@ class BufferStore {
   // Returns whether it was there.
   bool Erase(int device, uint64_t handle);
   int64_t size() const;
+  // Drops every array; returns how many and their bytes.
+  std::pair<int64_t, int64_t> Clear();
 
  private:
   mutable absl::Mutex mu_;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -55,6 +56,7 @@ struct Registration {
   std::string worker_id;
   int64_t heartbeat_ms = 500;
   uint64_t queue_epoch = 0;
+  std::string coordinator_incarnation;
 };
 
 // The devices --device_kind asks for. A kind that names GPUs finds none on
@@ -131,7 +133,8 @@ absl::StatusOr<Registration> Register(tessel::v1::Registry::Stub& stub, const st
     tessel::v1::RegisterWorkerResponse resp;
     last = stub.RegisterWorker(&ctx, req, &resp);
     if (last.ok()) {
-      return Registration{resp.worker_id(), std::max<int64_t>(50, resp.heartbeat_interval_ms()), resp.queue_epoch()};
+      return Registration{resp.worker_id(), std::max<int64_t>(50, resp.heartbeat_interval_ms()), resp.queue_epoch(),
+                          resp.coordinator_incarnation()};
     }
     if (last.error_code() != grpc::StatusCode::UNAVAILABLE &&
         last.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
@@ -186,6 +189,7 @@ int main(int argc, char** argv) {
       "tessel-worker --coordinator=HOST:PORT [--devices=N] [--device_kind=cpu|cuda|both] [--port=P]\n"
       "Serves tessel.v1.Worker: owns N CPU devices and/or the machine's GPUs, runs the programs the coordinator sends,\n"
       "registers with the coordinator and heartbeats. Also serves grpc.health.v1.Health and reflection.");
+  tessel::SetDaemonFlagsUsage("worker_main");
   absl::ParseCommandLine(argc, argv);
   auto log = spdlog::stdout_color_mt("worker");
   log->set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
@@ -271,9 +275,37 @@ int main(int argc, char** argv) {
   tessel::NotifyReady(absl::StrCat("serving ", address, ", registered with ", coordinator, " as ", reg->worker_id));
   (*runtime)->StartQueueEpoch(reg->queue_epoch);
 
+  // Without a coordinator the worker can run nothing new: tessel.v1.Worker
+  // reports NOT_SERVING from the first failed heartbeat until the coordinator
+  // answers again. The loss and the recovery are logged once each, with a
+  // reminder every 30 s in between (each failure at debug level).
+  auto* health = server->GetHealthCheckService();
   std::atomic<bool> stop{false};
   std::thread heartbeat([&] {
     Registration r = *reg;
+    std::optional<absl::Time> lost_since;
+    absl::Time reminded;
+    auto lost = [&](const std::string& why) {
+      const absl::Time now = absl::Now();
+      if (!lost_since) {
+        lost_since = reminded = now;
+        health->SetServingStatus("tessel.v1.Worker", false);
+        log->warn("lost the coordinator at {}: {}; NOT_SERVING until it answers", coordinator, why);
+      } else if (now - reminded >= absl::Seconds(30)) {
+        reminded = now;
+        log->warn("still no coordinator at {} after {:.0f} s: {}", coordinator,
+                  absl::ToDoubleSeconds(now - *lost_since), why);
+      } else {
+        log->debug("heartbeat to {} failed: {}", coordinator, why);
+      }
+    };
+    auto found = [&] {
+      if (!lost_since) return;
+      log->info("the coordinator at {} answers again after {:.1f} s; SERVING", coordinator,
+                absl::ToDoubleSeconds(absl::Now() - *lost_since));
+      lost_since.reset();
+      health->SetServingStatus("tessel.v1.Worker", true);
+    };
     while (!stop) {
       absl::SleepFor(absl::Milliseconds(r.heartbeat_ms));
       if (stop) break;
@@ -287,12 +319,22 @@ int main(int argc, char** argv) {
         log->warn("coordinator does not know worker {}; registering again", r.worker_id);
         auto again = Register(*registry, address, kinds, absl::Seconds(5));
         if (again.ok()) {
+          if (again->coordinator_incarnation != r.coordinator_incarnation) {
+            auto [arrays, bytes] = (*runtime)->ForgetAllArrays();
+            log->warn("the coordinator restarted (incarnation {} -> {}): dropped the old one's {} arrays ({} bytes)",
+                      r.coordinator_incarnation, again->coordinator_incarnation, arrays, bytes);
+          }
           r = *again;
           (*runtime)->StartQueueEpoch(r.queue_epoch);
           log->info("registered again as {}", r.worker_id);
+          found();
+        } else {
+          lost(std::string(again.status().message()));
         }
-      } else if (!s.ok()) {
-        log->warn("heartbeat to {} failed: {}", coordinator, s.error_message());
+      } else if (s.ok()) {
+        found();
+      } else {
+        lost(s.error_message());
       }
     }
   });

@@ -95,7 +95,7 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r, 
     }
     if (!a->error.ok()) {
       consume();
-      return Annotate(a->error, absl::StrCat("argument ", i, " failed earlier: "));
+      return DependentError(a->error, absl::StrCat("argument ", i));
     }
     const v1::TensorType& want = proto->parameters(i).type();
     if (!SameType(a->type, want)) {

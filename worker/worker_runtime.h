@@ -73,6 +73,9 @@ class WorkerRuntime {
   // Every device's queue moves to `epoch` (the worker registered again):
   // steps still waiting from before are refused.
   void StartQueueEpoch(uint64_t epoch);
+  // A new coordinator: every stored array belonged to the old one, which
+  // alone could name them. Drops them all; returns how many and their bytes.
+  std::pair<int64_t, int64_t> ForgetAllArrays() { return store_.Clear(); }
 
   // Installs the collectives after construction (a worker knows its own
   // address only once it serves); replaces Options::collectives.

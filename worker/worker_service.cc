@@ -77,7 +77,7 @@ class StepsReactor final : public grpc::ServerBidiReactor<v1::StepBatch, v1::Ste
           *res.mutable_run() = std::move(*r);
         } else {
           res.set_code(static_cast<int>(r.status().code()));
-          res.set_error(std::string(r.status().message()));
+          res.set_error(BoundedMessage(r.status().message()));
           res.set_group_broken(r.status().GetPayload(kGroupBrokenPayload).has_value());
         }
         Complete(std::move(res));
@@ -91,7 +91,7 @@ class StepsReactor final : public grpc::ServerBidiReactor<v1::StepBatch, v1::Ste
         res.set_seq(seq);
         res.set_queue_epoch(epoch);
         res.set_code(static_cast<int>(s.code()));
-        res.set_error(std::string(s.message()));
+        res.set_error(BoundedMessage(s.message()));
         Complete(std::move(res));
       });
     }

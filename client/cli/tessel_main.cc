@@ -14,7 +14,9 @@
 #include "absl/strings/str_join.h"
 #include "core/process_tuning.h"
 #include "core/status.h"
+#include "google/protobuf/util/json_util.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "tessel/v1/admin.grpc.pb.h"
 #include "tessel/graph.h"
 #include "tessel/local_cluster.h"
 #include "tessel/session.h"
@@ -30,8 +32,9 @@ Usage:
       each (--device-kind cuda: every GPU the worker sees; both: the CPU devices,
       then the GPUs); print the coordinator's address; run until Ctrl-C or
       SIGTERM, then stop every process started.
-  tessel status [--coordinator HOST:PORT]
-      Workers, their devices, heartbeat age and device memory.
+  tessel status [--coordinator HOST:PORT] [--json]
+      Workers, their devices, heartbeat age and device memory. --json prints
+      Admin.GetCluster's answer in protobuf's JSON mapping.
   tessel run GRAPH.textproto --input NAME=FILE.npy ... [--fetch NAME=OUT.npy ...]
              [--device D | --replicated | --mesh AXES [--shard ...]] [--coordinator HOST:PORT]
       Compile and run a graph. Inputs are bound to parameters by name; only the
@@ -77,7 +80,7 @@ struct Args {
   }
 };
 
-const std::set<std::string> kBoolFlags = {"verbose", "replicated", "help"};
+const std::set<std::string> kBoolFlags = {"verbose", "replicated", "help", "json"};
 
 Args Parse(int argc, char** argv) {
   Args a;
@@ -103,6 +106,37 @@ Args Parse(int argc, char** argv) {
     }
   }
   return a;
+}
+
+// The flags and the number of operands (the graph) each command takes; any
+// other flag is refused rather than ignored.
+struct CommandSpec {
+  std::set<std::string> flags;
+  size_t operands = 0;
+};
+const std::map<std::string, CommandSpec> kCommands = {
+    {"local", {{"workers", "devices-per-worker", "device-kind", "port", "verbose"}}},
+    {"status", {{"coordinator", "json"}}},
+    {"stats", {{"coordinator"}}},
+    {"run", {{"input", "fetch", "device", "replicated", "mesh", "shard", "out-shard", "coordinator"}, 1}},
+    {"compile", {{"mesh", "shard", "out-shard", "coordinator"}, 1}},
+    {"health", {{"address", "service", "timeout", "coordinator"}}},
+};
+
+// Empty when `a` fits its command; else what is wrong, naming the flag.
+std::string CheckArgs(const Args& a, const CommandSpec& spec) {
+  for (const auto& [key, value] : a.flags) {
+    if (key == "help" || spec.flags.contains(key)) continue;
+    std::vector<std::string> known;
+    for (const auto& f : spec.flags) known.push_back("--" + f);
+    return absl::StrCat("unknown flag --", key, "; '", a.command, "' takes ",
+                        known.empty() ? "no flags" : absl::StrJoin(known, ", "));
+  }
+  if (a.positional.size() != spec.operands) {
+    return absl::StrCat("expected ", spec.operands == 0 ? "no operand" : "one graph file", ", got ",
+                        a.positional.size(), a.positional.empty() ? "" : ": " + absl::StrJoin(a.positional, " "));
+  }
+  return "";
 }
 
 int Fail(const absl::Status& s) {
@@ -172,7 +206,34 @@ void PrintCluster(const tessel::ClusterStatus& c) {
                                c.executions);
 }
 
+// `tessel status --json`: Admin.GetCluster's answer (with device memory) in
+// protobuf's JSON mapping, so its schema is the API's (proto/tessel/v1/admin.proto).
+int StatusJson(const Args& a) {
+  auto addr = tessel::ResolveCoordinatorAddress(a.Get("coordinator"));
+  if (!addr.ok()) return Fail(addr.status());
+  auto admin = tessel::v1::Admin::NewStub(grpc::CreateChannel(*addr, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  tessel::v1::GetClusterRequest req;
+  req.set_with_memory(true);
+  tessel::v1::GetClusterResponse resp;
+  if (grpc::Status st = admin->GetCluster(&ctx, req, &resp); !st.ok()) {
+    return Fail(absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                             absl::StrCat("no coordinator at ", *addr, ": ", st.error_message())));
+  }
+  google::protobuf::util::JsonPrintOptions o;
+  o.add_whitespace = true;
+  o.always_print_primitive_fields = true;
+  std::string json;
+  if (auto st = google::protobuf::util::MessageToJsonString(resp, &json, o); !st.ok()) {
+    return Fail(absl::InternalError(absl::StrCat("cluster status as JSON: ", st.ToString())));
+  }
+  std::cout << json;
+  return 0;
+}
+
 int Status(const Args& a) {
+  if (a.Get("json") == "true") return StatusJson(a);
   auto s = Connect(a);
   if (!s.ok()) return Fail(s.status());
   auto c = (*s)->Cluster(/*with_memory=*/true);
@@ -374,6 +435,12 @@ int main(int argc, char** argv) {
   if (a.command.empty() || a.command == "help" || a.Get("help") == "true") {
     std::cout << kUsage;
     return a.command.empty() && a.Get("help") != "true" ? 2 : 0;
+  }
+  if (auto spec = kCommands.find(a.command); spec != kCommands.end()) {
+    if (std::string wrong = CheckArgs(a, spec->second); !wrong.empty()) {
+      std::cerr << "tessel " << a.command << ": " << wrong << " (tessel help lists each command's flags)\n";
+      return 2;
+    }
   }
   if (a.command == "local") return Local(a);
   if (a.command == "status") return Status(a);

@@ -262,13 +262,21 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Connect(const std::string& add
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout));
-    ctx.set_wait_for_ready(true);
+    // Fail fast: a refused port answers at once; the deadline bounds an
+    // address that does not answer at all.
+    ctx.set_wait_for_ready(false);
     v1::GetVersionRequest req;
     req.set_min_version(kProtocolVersionMin);
     req.set_max_version(kProtocolVersionMax);
     v1::GetVersionResponse resp;
     grpc::Status s = impl->session->GetVersion(&ctx, req, &resp);
     if (!s.ok()) {
+      if (s.error_code() == grpc::StatusCode::UNAVAILABLE || s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+        return absl::UnavailableError(absl::StrCat(
+            "no coordinator at ", address, ": ",
+            s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? absl::StrCat("no answer within ", timeout, " ms")
+                                                                  : s.error_message()));
+      }
       return absl::Status(FromGrpc(s).code(), absl::StrCat("connecting to coordinator ", address, ": ", s.error_message()));
     }
     impl->version = resp.version();

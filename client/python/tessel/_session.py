@@ -169,13 +169,19 @@ class Session:
         self._channel = grpc.insecure_channel(address, options=opts)
         self._stub = session_pb2_grpc.SessionStub(self._channel)
         self._admin = admin_pb2_grpc.AdminStub(self._channel)
+        # Fail fast: a refused port answers at once (no retrying until the
+        # timeout); the timeout bounds an address that does not answer at all.
         try:
-            grpc.channel_ready_future(self._channel).result(timeout=timeout)
-        except grpc.FutureTimeoutError:
-            raise errors.WorkerLostError(f"cannot reach the coordinator at {address} within {timeout} s",
-                                         "UNAVAILABLE") from None
-        v = _rpc(self._stub.GetVersion, common_pb2.GetVersionRequest(min_version=PROTOCOL_VERSION,
-                                                                      max_version=PROTOCOL_VERSION))
+            v = self._stub.GetVersion(common_pb2.GetVersionRequest(min_version=PROTOCOL_VERSION,
+                                                                   max_version=PROTOCOL_VERSION),
+                                      timeout=timeout, wait_for_ready=False)
+        except grpc.RpcError as e:
+            self._channel.close()
+            if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                why = "no answer within %g s" % timeout if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED \
+                    else e.details()
+                raise errors.WorkerLostError(f"no coordinator at {address}: {why}", e.code().name) from None
+            raise errors.from_rpc_error(e) from None
         self.protocol_version = v.version
         self.options = session_pb2.SessionOptions()
         opened = _rpc(self._stub.OpenSession, session_pb2.OpenSessionRequest(client=client))

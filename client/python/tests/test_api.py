@@ -3,6 +3,7 @@ stats, errors as exception classes, and the progress bar."""
 import io
 import pathlib
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -285,8 +286,18 @@ def test_connect_needs_an_address(monkeypatch):
     monkeypatch.delenv("TESSEL_COORDINATOR", raising=False)
     with pytest.raises(ValueError, match="TESSEL_COORDINATOR"):
         tessel.connect()
-    with pytest.raises(tessel.WorkerLostError, match="cannot reach the coordinator"):
+    with pytest.raises(tessel.WorkerLostError, match="no coordinator at 127.0.0.1:1"):
         tessel.connect("127.0.0.1:1", timeout=0.2)
+
+
+def test_connecting_to_a_refused_port_fails_fast():
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(tessel.WorkerLostError, match=f"no coordinator at 127.0.0.1:{port}"):
+        tessel.connect(f"127.0.0.1:{port}", timeout=10)
+    assert time.monotonic() - t0 < 1.0
 
 
 def test_progress_bar_draws_on_a_terminal(session, monkeypatch):

@@ -1,0 +1,182 @@
+"""The daemons and the CLI as an operator meets them: health by service name
+(a worker without its coordinator is NOT_SERVING, and says so once), each
+daemon's --help and --version, and the CLI refusing flags it does not know.
+Real processes on loopback; health is asked through `tessel health` (the
+gRPC health service's Check)."""
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import types
+
+import pytest
+
+from tessel._cluster import find_binary
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def health(address, service=""):
+    p = subprocess.run([find_binary("tessel"), "health", "--address", address, "--service", service,
+                        "--timeout", "2"], capture_output=True, text=True)
+    return p.returncode, (p.stdout + p.stderr).strip()
+
+
+def wait_for(address, service, rc, seconds=15):
+    deadline = time.monotonic() + seconds
+    while True:
+        got = health(address, service)
+        if got[0] == rc or time.monotonic() > deadline:
+            return got
+        time.sleep(0.1)
+
+
+def start_coordinator(port, tmp_path, log):
+    port_file = tmp_path / f"port-{time.monotonic_ns()}"
+    p = subprocess.Popen([find_binary("tessel-coordinator"), f"--port={port}", f"--port_file={port_file}",
+                          "--heartbeat_timeout_ms=1000"], stdout=log, stderr=subprocess.STDOUT)
+    for _ in range(100):
+        if port_file.exists():
+            return p
+        time.sleep(0.05)
+    p.kill()
+    raise AssertionError("the coordinator did not start")
+
+
+@contextlib.contextmanager
+def coordinator_and_worker(tmp_path):
+    """A coordinator and one worker on free ports; `restart()` SIGKILLs the
+    coordinator and starts another on the same port. Both stop at exit."""
+    cport, wport = free_port(), free_port()
+    worker_log = tmp_path / "worker.log"
+    with open(tmp_path / "coordinator.log", "ab") as clog, open(worker_log, "wb") as wlog:
+        procs = [start_coordinator(cport, tmp_path, clog)]
+        procs.append(subprocess.Popen([find_binary("tessel-worker"), f"--coordinator=127.0.0.1:{cport}",
+                                       f"--port={wport}"], stdout=wlog, stderr=subprocess.STDOUT))
+
+        def kill_coordinator():
+            procs[0].send_signal(signal.SIGKILL)
+            procs[0].wait()
+
+        def start_again():
+            procs[0] = start_coordinator(cport, tmp_path, clog)
+
+        try:
+            yield types.SimpleNamespace(coordinator=f"127.0.0.1:{cport}", worker=f"127.0.0.1:{wport}",
+                                        worker_log=worker_log, kill_coordinator=kill_coordinator,
+                                        start_again=start_again)
+        finally:
+            for p in procs:
+                p.send_signal(signal.SIGTERM)
+            for p in procs:
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+
+def test_a_worker_without_its_coordinator_is_not_serving_and_says_so_once(tmp_path):
+    with coordinator_and_worker(tmp_path) as c:
+        address = c.worker
+        assert wait_for(address, "tessel.v1.Worker", 0) == (0, f"{address} (service 'tessel.v1.Worker'): SERVING")
+        assert wait_for(c.coordinator, "tessel.v1.Session", 0)[0] == 0
+
+        c.kill_coordinator()
+        rc, out = wait_for(address, "tessel.v1.Worker", 1)
+        assert (rc, out) == (1, f"{address} (service 'tessel.v1.Worker'): NOT_SERVING")
+        assert health(address)[0] == 0  # the process itself still answers
+        time.sleep(2)  # several heartbeats fail meanwhile
+        log = c.worker_log.read_text()
+        assert log.count("lost the coordinator at") == 1, log
+        assert "heartbeat to" not in log, log  # each failure at debug level, not a warning
+
+        c.start_again()
+        assert wait_for(address, "tessel.v1.Worker", 0)[0] == 0
+        assert "answers again" in c.worker_log.read_text()
+
+
+@pytest.mark.parametrize("daemon, own_flags", [
+    ("tessel-coordinator", ["--session_lease_s", "--port_file", "--heartbeat_timeout_ms"]),
+    ("tessel-worker", ["--coordinator", "--devices", "--device_memory_bytes"]),
+])
+def test_each_daemon_lists_its_own_flags(daemon, own_flags):
+    p = subprocess.run([find_binary(daemon), "--help"], capture_output=True, text=True)
+    text = p.stdout + p.stderr
+    assert "No flags matched" not in text
+    for flag in own_flags:
+        assert flag in text, f"{daemon} --help lacks {flag}"
+    v = subprocess.run([find_binary(daemon), "--version"], capture_output=True, text=True)
+    assert v.returncode == 0 and v.stdout.strip() == "Tessel 0.1.0", v.stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "g.textproto", "--devcie", "3"], "tessel run: unknown flag --devcie; 'run' takes --coordinator, "
+                                              "--device, --fetch, --input, --mesh, --out-shard, --replicated, --shard"),
+    (["stats", "--json"], "tessel stats: unknown flag --json; 'stats' takes --coordinator"),
+    (["compile"], "tessel compile: expected one graph file, got 0"),
+    (["health", "extra"], "tessel health: expected no operand, got 1: extra"),
+])
+def test_the_cli_refuses_what_it_does_not_know(argv, message):
+    env = dict(os.environ, TESSEL_COORDINATOR="127.0.0.1:1")
+    p = subprocess.run([find_binary("tessel"), *argv], capture_output=True, text=True, env=env)
+    assert p.returncode == 2
+    assert message in p.stderr, p.stderr
+
+
+def test_a_restarted_coordinator_is_named_and_its_predecessors_arrays_are_freed(tmp_path):
+    import numpy as np
+    import tessel
+
+    with coordinator_and_worker(tmp_path) as c:
+        assert wait_for(c.worker, "tessel.v1.Worker", 0)[0] == 0
+        tessel.connect(c.coordinator)
+        x = tessel.device_put(np.arange(1024, dtype=np.float32))
+        x.block_until_ready()
+        first = re.search(r"registered with \S+ as (\S+)", c.worker_log.read_text()).group(1)
+
+        c.kill_coordinator()
+        c.start_again()
+        deadline = time.monotonic() + 15
+        while "registered again as" not in c.worker_log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert wait_for(c.worker, "tessel.v1.Worker", 0)[0] == 0
+        log = c.worker_log.read_text()
+        again = re.search(r"registered again as (\S+)", log).group(1)
+        assert again != first and again.split(".")[0] == "w0", (first, again)  # a new id, never the old one
+        assert "dropped the old one's 1 arrays (4096 bytes)" in log, log
+
+        # The old session's next call says what happened, instead of a bare transport error.
+        with pytest.raises(tessel.WorkerLostError, match=r"the coordinator restarted at \S+Z; session '\S+' was "
+                                                         r"opened under its previous incarnation \w+, and its "
+                                                         r"arrays were lost"):
+            x.fetch()
+        # The new coordinator serves: a new session computes.
+        fresh = tessel.connect(c.coordinator)  # the default session from here
+        y = tessel.device_put(np.ones(3, np.float32))
+        np.testing.assert_array_equal(y.fetch(), np.ones(3, np.float32))
+        fresh.close()
+
+
+def test_status_as_json_is_the_admin_api(cluster):
+    import json
+    p = subprocess.run([find_binary("tessel"), "status", "--json", "--coordinator", cluster.address],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    status = json.loads(p.stdout)
+    workers = status["workers"]
+    assert len(workers) == 2 and all(w["alive"] for w in workers), workers
+    devices = [d["id"] for w in workers for d in w["devices"]]
+    assert sorted(devices) == [0, 1, 2, 3], workers
+    # The table's figures, from the same call.
+    table = subprocess.run([find_binary("tessel"), "status", "--coordinator", cluster.address],
+                           capture_output=True, text=True).stdout
+    assert f"{len(devices)} live devices" in table
+    for w in workers:
+        assert w["workerId"] in table and w["address"] in table
