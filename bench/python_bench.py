@@ -28,7 +28,7 @@
                  and wait included, beside JAX's: what the fixed cost is. No
                  goal here (the dispatch figures are tessel-bench's).
 
-    TESSEL_BIN_DIR=build/bin python3 bench/python_bench.py [--json]
+    .venv/bin/python bench/python_bench.py [--json]      (after scripts/setup.sh)
 """
 import json
 import os

@@ -10,7 +10,7 @@ explicit loss fetches, with new compiles forbidden and memory growth checked.
 The trained model is then scored on held-out data on the other worker, and
 the result is checked against the same training run in numpy.
 
-    TESSEL_BIN_DIR=build/bin python3 examples/python/mlp.py
+    .venv/bin/python examples/python/mlp.py      (after scripts/setup.sh)
 """
 import os
 import pathlib
