@@ -34,8 +34,8 @@ namespace tessel {
 inline constexpr char kGroupBrokenPayload[] = "tessel.dev/group_broken";
 
 // Error messages travel in gRPC trailing metadata, which peers refuse past
-// 16 KiB, and into logs: messages longer than this keep their head and tail and say how
-// much was cut.
+// 16 KiB, and into logs: messages longer than this keep their head and tail
+// and say how much was cut.
 inline constexpr size_t kMaxStatusMessageBytes = 4096;
 
 inline std::string BoundedMessage(absl::string_view m) {

@@ -27,7 +27,6 @@ uint64_t RandomNonzero() {
   return v;
 }
 
-
 const char* DirectionName(int dir) {
   static const char* const kNames[] = {"host->device", "device->host", "device->device"};
   return kNames[dir];
@@ -62,12 +61,12 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(Options options
 Coordinator::Coordinator(Options options)
     : options_(std::move(options)),
       log_(options_.logger),
-      incarnation_(RandomU64()),
-      workers_(log_, StrFormat(".%016x", incarnation_)),
-      arrays_(StrFormat("%016x", incarnation_), absl::Now()),
+      incarnation_(StrFormat("%016x", RandomU64())),
+      workers_(log_, StrCat(".", incarnation_)),
+      arrays_(incarnation_, absl::Now()),
       monitor_([this] { MonitorLoop(); }) {}
 
-std::string Coordinator::CollectiveEpoch(int64_t epoch) const { return StrFormat("%016x.%d", incarnation_, epoch); }
+std::string Coordinator::CollectiveEpoch(int64_t epoch) const { return StrCat(incarnation_, ".", epoch); }
 
 Coordinator::~Coordinator() {
   {
@@ -109,7 +108,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(const v1:
   });
   v1::RegisterWorkerResponse resp =
       workers_.Register(req, std::move(client), options_.heartbeat_interval, RandomNonzero());
-  resp.set_coordinator_incarnation(StrFormat("%016x", incarnation_));
+  resp.set_coordinator_incarnation(incarnation_);
   absl::MutexLock l(id_mu.get());
   *id = resp.worker_id();
   return resp;
@@ -163,7 +162,7 @@ void Coordinator::MonitorLoop() {
 
 v1::OpenSessionResponse Coordinator::OpenSession(const v1::OpenSessionRequest& req) {
   v1::OpenSessionResponse resp;
-  resp.set_session_id(StrFormat("s%016x.%016x", RandomU64(), incarnation_));
+  resp.set_session_id(StrFormat("s%016x.%s", RandomU64(), incarnation_));
   resp.set_lease_ms(absl::ToInt64Milliseconds(options_.session_lease));
   arrays_.OpenSession(resp.session_id(), req.client(), req.options());
   log_->info("session {} opened by '{}'", resp.session_id(), req.client());

@@ -129,8 +129,9 @@ class Coordinator {
   // leaves. None is held across an RPC, a callback or a client's destruction.
   const Options options_;
   const std::shared_ptr<spdlog::logger> log_;
-  // Random per start: collective groups of an earlier coordinator are never reused.
-  const uint64_t incarnation_;
+  // Random per start (16 hex digits): collective groups, worker ids and
+  // session ids carry it, so none of an earlier coordinator is reused.
+  const std::string incarnation_;
   WorkerRegistry workers_;
   ArrayRegistry arrays_;
   CompileCache cache_;
