@@ -151,7 +151,10 @@ namespace tessel {
 
 void SetDaemonFlagsUsage(const std::string& main_file) {
   absl::FlagsUsageConfig config;
-  config.contains_help_flags = [main_file](absl::string_view path) { return absl::StrContains(path, main_file); };
+  // The daemon's own flags and the transport-security ones they share.
+  config.contains_help_flags = [main_file](absl::string_view path) {
+    return absl::StrContains(path, main_file) || absl::StrContains(path, "core/security");
+  };
   config.contains_helpshort_flags = config.contains_help_flags;
   config.version_string = [] { return absl::StrCat("Tessel ", kTesselVersion, "\n"); };
   absl::SetFlagsUsageConfig(config);

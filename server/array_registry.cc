@@ -19,13 +19,24 @@ std::string Ago(absl::Time when) {
 int64_t ArrayRecord::device_bytes() const { return ByteSizeUnchecked(sharded ? block_type : type); }
 int64_t ArrayRecord::bytes() const { return device_bytes() * int64_t(devices.size()); }
 
-void ArrayRegistry::OpenSession(const std::string& id, const std::string& client,
-                                const v1::SessionOptions& options) {
+absl::Status ArrayRegistry::OpenSession(const std::string& id, const std::string& client,
+                                        const v1::SessionOptions& options, const std::string& tenant,
+                                        TenantLimits limits) {
   absl::MutexLock l(&mu_);
+  TenantUsage& t = tenants_[tenant];
+  t.limits = limits;
+  if (limits.max_sessions > 0 && t.sessions >= limits.max_sessions) {
+    return absl::ResourceExhaustedError(StrCat("tenant ", tenant, " already has ", t.sessions,
+                                               " open sessions, its limit (max_sessions=", limits.max_sessions,
+                                               "); close one first"));
+  }
+  ++t.sessions;
   SessionRecord& s = sessions_[id];
   s.client = client;
+  s.tenant = tenant;
   s.options = options;
   s.opened = s.last_seen = absl::Now();
+  return absl::OkStatus();
 }
 
 absl::Status ArrayRegistry::CheckSessionLocked(const std::string& id) const {
@@ -66,7 +77,12 @@ const SessionRecord* ArrayRegistry::FindSessionLocked(const std::string& id) con
 }
 
 void ArrayRegistry::EraseSessionLocked(const std::string& id, const std::string& why) {
-  sessions_.erase(id);
+  if (auto it = sessions_.find(id); it != sessions_.end()) {
+    TenantUsage& t = tenants_[it->second.tenant];
+    --t.sessions;
+    t.live_bytes -= it->second.live_bytes;  // what is left (normally nothing: the arrays go first)
+    sessions_.erase(it);
+  }
   if (why.empty() || ended_.contains(id)) return;
   ended_[id] = why;
   ended_order_.push_back(id);
@@ -124,6 +140,7 @@ ArrayRecord& ArrayRegistry::AddLocked(const std::string& session, uint64_t handl
   SessionRecord& s = sessions_.at(session);
   s.arrays.insert(handle);
   s.live_bytes += record.bytes();
+  tenants_[s.tenant].live_bytes += record.bytes();
   ArrayRecord& a = arrays_[handle];
   a = std::move(record);
   return a;
@@ -135,6 +152,7 @@ void ArrayRegistry::RetireLocked(uint64_t handle, Tombstone tombstone) {
   if (SessionRecord* sr = FindSessionLocked(it->second.session)) {
     sr->arrays.erase(handle);
     sr->live_bytes -= it->second.bytes();
+    tenants_[sr->tenant].live_bytes -= it->second.bytes();
     if (sr->tombstones.insert_or_assign(handle, std::move(tombstone)).second) sr->tombstone_order.push_back(handle);
     while (sr->tombstone_order.size() > kMaxTombstones) {
       sr->tombstones.erase(sr->tombstone_order.front());
@@ -159,11 +177,23 @@ absl::flat_hash_map<int, v1::FreeRequest> ArrayRegistry::RetireDeletedLocked(con
 absl::Status ArrayRegistry::CheckQuotaLocked(const std::string& session, int64_t added,
                                              absl::string_view what) const {
   const SessionRecord& s = sessions_.at(session);
+  if (added <= 0) return absl::OkStatus();
   const int64_t quota = s.options.memory_quota_bytes();
-  if (quota <= 0 || added <= 0 || s.live_bytes + added <= quota) return absl::OkStatus();
-  return absl::ResourceExhaustedError(StrFormat(
-      "session %s memory quota: %s needs %d more bytes; the session holds %d bytes in %d live arrays, quota %d",
-      session, what, added, s.live_bytes, s.arrays.size(), quota));
+  if (quota > 0 && s.live_bytes + added > quota) {
+    return absl::ResourceExhaustedError(StrFormat(
+        "session %s memory quota: %s needs %d more bytes; the session holds %d bytes in %d live arrays, quota %d",
+        session, what, added, s.live_bytes, s.arrays.size(), quota));
+  }
+  auto t = tenants_.find(s.tenant);
+  if (t != tenants_.end() && t->second.limits.memory_quota_bytes > 0 &&
+      t->second.live_bytes + added > t->second.limits.memory_quota_bytes) {
+    return absl::ResourceExhaustedError(StrFormat(
+        "tenant %s memory quota (set by the operator): %s in session %s needs %d more bytes; the tenant's %d "
+        "sessions hold %d bytes, quota %d",
+        s.tenant, what, session, added, t->second.sessions, t->second.live_bytes,
+        t->second.limits.memory_quota_bytes));
+  }
+  return absl::OkStatus();
 }
 
 void ArrayRegistry::CountTransfer(const std::string& session, int device, Direction dir, int64_t bytes) {

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/tenants.h"
 #include "tessel/v1/session.pb.h"
 #include "tessel/v1/worker.pb.h"
 
@@ -59,6 +60,7 @@ enum class Direction { kHostToDevice, kDeviceToHost, kDeviceToDevice };
 
 struct SessionRecord {
   std::string client;
+  std::string tenant = std::string(Tenants::kDefaultTenant);
   v1::SessionOptions options;
   absl::flat_hash_set<uint64_t> arrays;
   int64_t live_bytes = 0;
@@ -88,7 +90,11 @@ class ArrayRegistry {
   explicit ArrayRegistry(std::string incarnation = "", absl::Time started = absl::InfinitePast())
       : incarnation_(std::move(incarnation)), started_(started) {}
 
-  void OpenSession(const std::string& id, const std::string& client, const v1::SessionOptions& options);
+  // RESOURCE_EXHAUSTED when the tenant already has `limits.max_sessions`
+  // open sessions.
+  absl::Status OpenSession(const std::string& id, const std::string& client, const v1::SessionOptions& options,
+                           const std::string& tenant = std::string(Tenants::kDefaultTenant),
+                           TenantLimits limits = {});
   // NOT_FOUND naming a session that is closed or was never opened;
   // UNAVAILABLE for a session of an earlier coordinator incarnation.
   absl::Status CheckSessionLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -132,7 +138,8 @@ class ArrayRegistry {
   absl::flat_hash_map<int, v1::FreeRequest> RetireDeletedLocked(const std::vector<uint64_t>& handles)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // RESOURCE_EXHAUSTED when `added` more bytes would exceed the session's quota.
+  // RESOURCE_EXHAUSTED when `added` more bytes would exceed the session's
+  // own quota or its tenant's (set by the operator).
   absl::Status CheckQuotaLocked(const std::string& session, int64_t added, absl::string_view what) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountTransfer(const std::string& session, int device, Direction dir, int64_t bytes);
@@ -161,6 +168,12 @@ class ArrayRegistry {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, ArrayRecord> arrays_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, SessionRecord> sessions_ ABSL_GUARDED_BY(mu_);
+  struct TenantUsage {
+    TenantLimits limits;
+    int64_t live_bytes = 0;
+    int64_t sessions = 0;
+  };
+  absl::flat_hash_map<std::string, TenantUsage> tenants_ ABSL_GUARDED_BY(mu_);
   // Why recently ended sessions ended, for the calls that still name them;
   // the oldest are forgotten past kMaxEnded.
   static constexpr size_t kMaxEnded = 4096;

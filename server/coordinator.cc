@@ -5,7 +5,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "core/dtype.h"
 #include "core/sharding.h"
 #include "core/status.h"
@@ -94,7 +97,7 @@ void Coordinator::RestartQueues(const std::string& worker_id) {
 
 absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(const v1::RegisterWorkerRequest& req) {
   TESSEL_RETURN_IF_ERROR(WorkerRegistry::Validate(req));
-  std::shared_ptr<WorkerClient> client = options_.connect(req.address());
+  std::shared_ptr<WorkerClient> client = options_.connect(req.address(), req.worker_secret());
   // The id is known once registered; the callback looks it up then.
   auto id = std::make_shared<std::string>();
   auto id_mu = std::make_shared<absl::Mutex>();
@@ -114,7 +117,32 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(const v1:
   return resp;
 }
 
-bool Coordinator::Heartbeat(const std::string& worker_id) { return workers_.Heartbeat(worker_id, absl::Now()); }
+absl::StatusOr<bool> Coordinator::Heartbeat(const std::string& worker_id, const std::string& secret) {
+  return workers_.Heartbeat(worker_id, secret, absl::Now());
+}
+
+absl::Status Coordinator::CheckKvCaller(const std::string& worker_id, const std::string& secret,
+                                        absl::string_view key) const {
+  // "devices:<global ids>@<epoch>/<Gloo's key>", as the workers' groups
+  // scope their keys.
+  std::vector<int> devices;
+  absl::string_view rest = key;
+  bool parsed = absl::ConsumePrefix(&rest, "devices:");
+  const size_t at = rest.find('@');
+  parsed = parsed && at != absl::string_view::npos && rest.find('/', at) != absl::string_view::npos;
+  if (parsed) {
+    for (absl::string_view d : absl::StrSplit(rest.substr(0, at), ',')) {
+      int id = 0;
+      if (!absl::SimpleAtoi(d, &id)) parsed = false;
+      devices.push_back(id);
+    }
+  }
+  if (!parsed) {
+    return absl::PermissionDeniedError(StrCat("rendezvous key '", key.substr(0, 64),
+                                              "': expected devices:<global ids>@<epoch>/<key>"));
+  }
+  return workers_.CheckMember(worker_id, secret, devices);
+}
 
 void Coordinator::MonitorLoop() {
   absl::MutexLock l(&mu_);
@@ -160,13 +188,25 @@ void Coordinator::MonitorLoop() {
 
 // ---------------------------------------------------------------- sessions
 
-v1::OpenSessionResponse Coordinator::OpenSession(const v1::OpenSessionRequest& req) {
+absl::StatusOr<v1::OpenSessionResponse> Coordinator::OpenSession(const v1::OpenSessionRequest& req,
+                                                                  const std::string& tenant) {
   v1::OpenSessionResponse resp;
   resp.set_session_id(StrFormat("s%016x.%s", RandomU64(), incarnation_));
   resp.set_lease_ms(absl::ToInt64Milliseconds(options_.session_lease));
-  arrays_.OpenSession(resp.session_id(), req.client(), req.options());
-  log_->info("session {} opened by '{}'", resp.session_id(), req.client());
+  TESSEL_RETURN_IF_ERROR(
+      arrays_.OpenSession(resp.session_id(), req.client(), req.options(), tenant, options_.tenants.LimitsOf(tenant)));
+  log_->info("session {} opened by '{}' (tenant {})", resp.session_id(), req.client(), tenant);
   return resp;
+}
+
+absl::Status Coordinator::CheckTenant(const std::string& session, const std::string& tenant) const {
+  absl::MutexLock l(&arrays_.mu());
+  TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(session));
+  const SessionRecord* s = arrays_.FindSessionLocked(session);
+  if (s->tenant != tenant) {
+    return absl::PermissionDeniedError(StrCat("session ", session, " belongs to another tenant"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Coordinator::SetSessionOptions(const v1::SetSessionOptionsRequest& req) {
@@ -222,6 +262,7 @@ v1::ListSessionsResponse Coordinator::ListSessions() {
     v1::SessionInfo* info = resp.add_sessions();
     info->set_session_id(id);
     info->set_client(s.client);
+    info->set_tenant(s.tenant);
     info->set_arrays(s.arrays.size());
     info->set_live_bytes(s.live_bytes);
     info->set_executions(s.executions);

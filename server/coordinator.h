@@ -42,18 +42,33 @@ class Coordinator {
     // A session no call has named for this long ends, its arrays freed.
     // Zero: sessions end only when closed.
     absl::Duration session_lease = absl::Seconds(60);
-    // How to reach a worker; tests substitute fakes.
-    std::function<std::shared_ptr<WorkerClient>(const std::string& address)> connect = NewGrpcWorkerClient;
+    // How to reach a worker, presenting its secret; tests substitute fakes.
+    std::function<std::shared_ptr<WorkerClient>(const std::string& address, const std::string& secret)> connect =
+        [](const std::string& address, const std::string& secret) { return NewGrpcWorkerClient(address, secret); };
+    // Who may call, and the operator's bounds on each tenant.
+    Tenants tenants;
   };
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(Options options);
   ~Coordinator();
 
   // Registry.
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(const v1::RegisterWorkerRequest& req);
-  bool Heartbeat(const std::string& worker_id);
+  // False for an unknown or dead worker; PERMISSION_DENIED when
+  // `secret` is not the one the worker registered with.
+  absl::StatusOr<bool> Heartbeat(const std::string& worker_id, const std::string& secret);
+  // OK when `worker_id` is a live worker registered with `secret` and holds
+  // one of the devices of the group `key` belongs to
+  // ("devices:<global ids>@<epoch>/..."); PERMISSION_DENIED otherwise.
+  absl::Status CheckKvCaller(const std::string& worker_id, const std::string& secret, absl::string_view key) const;
 
   // Session.
-  v1::OpenSessionResponse OpenSession(const v1::OpenSessionRequest& req);
+  // RESOURCE_EXHAUSTED when the tenant has its maximum of sessions open.
+  absl::StatusOr<v1::OpenSessionResponse> OpenSession(const v1::OpenSessionRequest& req,
+                                                      const std::string& tenant = std::string(Tenants::kDefaultTenant));
+  // PERMISSION_DENIED unless `session` belongs to `tenant` (NOT_FOUND /
+  // UNAVAILABLE as CheckSession for a session that is gone).
+  absl::Status CheckTenant(const std::string& session, const std::string& tenant) const;
+  const Tenants& tenants() const { return options_.tenants; }
   absl::StatusOr<v1::CloseSessionResponse> CloseSession(const v1::CloseSessionRequest& req);
   absl::StatusOr<v1::KeepAliveResponse> KeepAlive(const v1::KeepAliveRequest& req);
   absl::Status SetSessionOptions(const v1::SetSessionOptionsRequest& req);

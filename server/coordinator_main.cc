@@ -11,6 +11,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "core/process_tuning.h"
+#include "core/security.h"
 #include "server/fault_injection.h"
 #include "server/coordinator.h"
 #include "server/kv_store.h"
@@ -31,6 +32,17 @@ ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, 
 ABSL_FLAG(std::string, inject_faults, "",
           "For tests only: misbehave on the way to every worker, e.g. drop_step=0.01,delay_step=0.05,seed=7 "
           "(see server/fault_injection.h). Default: none.");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "Client tokens: one 'TOKEN TENANT [admin] [memory_quota=BYTES] [max_sessions=N]' per line (see "
+          "server/tenants.h). Set: Session calls need a token and see only their tenant's sessions; Admin calls "
+          "need an admin token. Unset: every caller is tenant 'default' (loopback only, unless --insecure).");
+ABSL_FLAG(std::string, join_token_file, "",
+          "File whose first line is the cluster's join token: workers present it to register, heartbeat and meet. "
+          "Unset: any caller may register a worker (loopback only, unless --insecure).");
+ABSL_FLAG(int64_t, tenant_memory_quota_mb, 0,
+          "Memory quota of a tenant whose tokens-file lines give none, over all its sessions, in MiB; 0: none.");
+ABSL_FLAG(int64_t, max_sessions_per_tenant, 0,
+          "Open sessions a tenant may hold at once when its tokens-file lines give no max_sessions; 0: no bound.");
 ABSL_FLAG(int, parent_pid, 0,
           "If set, stop (as on SIGTERM) when this parent process exits; for clients that start daemons.");
 
@@ -54,8 +66,52 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  const tessel::TlsFiles tls = tessel::TlsFilesFromFlags();
+  const std::string host = absl::GetFlag(FLAGS_host);
+  const bool insecure = tessel::InsecureFromFlags();
+  if (auto s = tessel::CheckTlsFiles(tls, /*server=*/true); !s.ok()) {
+    log->error("{}", std::string(s.message()));
+    return 2;
+  }
+  if (auto s = tessel::CheckListenSecurity("tessel-coordinator", host, tls, insecure); !s.ok()) {
+    log->error("{}", std::string(s.message()));
+    return 2;
+  }
+  std::string join_token;
+  if (const std::string f = absl::GetFlag(FLAGS_join_token_file); !f.empty()) {
+    auto t = tessel::ReadSecretFile("join_token_file", f);
+    if (!t.ok()) {
+      log->error("{}", std::string(t.status().message()));
+      return 2;
+    }
+    join_token = *t;
+  }
   tessel::server::Coordinator::Options options;
   options.logger = log;
+  const tessel::server::TenantLimits defaults{absl::GetFlag(FLAGS_tenant_memory_quota_mb) << 20,
+                                              absl::GetFlag(FLAGS_max_sessions_per_tenant)};
+  if (defaults.memory_quota_bytes < 0 || defaults.max_sessions < 0) {
+    log->error("--tenant_memory_quota_mb and --max_sessions_per_tenant: expected >= 0");
+    return 2;
+  }
+  options.tenants = tessel::server::Tenants(defaults);
+  if (const std::string f = absl::GetFlag(FLAGS_auth_tokens_file); !f.empty()) {
+    auto t = tessel::server::Tenants::FromFile(f, defaults);
+    if (!t.ok()) {
+      log->error("{}", std::string(t.status().message()));
+      return 2;
+    }
+    options.tenants = std::move(*t);
+    log->info("clients authenticate: {} tenants in {}", options.tenants.num_tenants(), f);
+  }
+  if (!tessel::IsLoopbackHost(host)) {
+    if (!tls.enabled()) log->warn("--insecure: serving plaintext on {}; anyone on the network can read and change it", host);
+    if (join_token.empty()) log->warn("no --join_token_file: anyone who reaches {} can register a worker", host);
+    if (!options.tenants.authenticating()) {
+      log->warn("no --auth_tokens_file: anyone who reaches {} can open sessions and call Admin", host);
+    }
+  }
+  auto worker_creds = tessel::ChannelCredentials(tls);
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
   options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   if (absl::GetFlag(FLAGS_session_lease_s) < 0) {
@@ -70,8 +126,13 @@ int main(int argc, char** argv) {
       return 2;
     }
     log->warn("injecting faults on the way to every worker: {}", spec);
-    options.connect = [plan = *plan](const std::string& address) {
-      return tessel::server::WithFaults(tessel::server::NewGrpcWorkerClient(address), plan, address);
+    options.connect = [plan = *plan, worker_creds](const std::string& address, const std::string& secret) {
+      return tessel::server::WithFaults(tessel::server::NewGrpcWorkerClient(address, secret, worker_creds), plan,
+                                        address);
+    };
+  } else {
+    options.connect = [worker_creds](const std::string& address, const std::string& secret) {
+      return tessel::server::NewGrpcWorkerClient(address, secret, worker_creds);
     };
   }
   auto coordinator = tessel::server::Coordinator::Create(std::move(options));
@@ -82,14 +143,15 @@ int main(int argc, char** argv) {
   tessel::server::SessionService session(coordinator->get());
   tessel::server::AdminService admin(coordinator->get());
   tessel::server::KvStore kv_store;  // the workers' rendezvous for collectives
-  tessel::server::RegistryService registry(coordinator->get(), &kv_store);
+  tessel::server::RegistryService registry(coordinator->get(), &kv_store, join_token);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  const std::string host = absl::GetFlag(FLAGS_host);
-  builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)), grpc::InsecureServerCredentials(), &port);
+  // Clients need no certificate; workers present theirs (verified by the CA).
+  builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)),
+                           tessel::ServerCredentials(tls, /*require_client_cert=*/false), &port);
   builder.RegisterService(&session);
   builder.RegisterService(&admin);
   builder.RegisterService(&registry);
@@ -105,7 +167,7 @@ int main(int argc, char** argv) {
   for (const char* name : {"tessel.v1.Session", "tessel.v1.Admin", "tessel.v1.Registry"}) {
     server->GetHealthCheckService()->SetServingStatus(name, true);
   }
-  log->info("tessel-coordinator serving on {}:{}", host, port);
+  log->info("tessel-coordinator serving on {}:{} ({})", host, port, tls.enabled() ? "TLS" : "plaintext");
   if (const std::string pf = absl::GetFlag(FLAGS_port_file); !pf.empty()) {
     std::ofstream(pf + ".tmp") << port << "\n";
     std::rename((pf + ".tmp").c_str(), pf.c_str());

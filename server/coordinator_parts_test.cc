@@ -35,6 +35,7 @@ v1::RegisterWorkerRequest Registration(const std::string& address, int devices) 
   r.set_address(address);
   r.set_num_devices(devices);
   r.set_protocol_version(kProtocolVersionMax);
+  r.set_worker_secret("secret-of-" + address + "-0123456789");
   return r;
 }
 
@@ -150,12 +151,15 @@ TEST(WorkerRegistry, SilentWorkersDieAndSayWhere) {
   auto a = reg.Register(Registration("a:1", 1), std::make_shared<FakeWorkerClient>("a:1"), absl::Seconds(1), 1);
   auto b = reg.Register(Registration("b:1", 1), std::make_shared<FakeWorkerClient>("b:1"), absl::Seconds(1), 2);
   const absl::Time now = absl::Now();
-  EXPECT_TRUE(reg.Heartbeat(b.worker_id(), now + absl::Seconds(10)));
+  EXPECT_TRUE(*reg.Heartbeat(b.worker_id(), "secret-of-b:1-0123456789", now + absl::Seconds(10)));
+  // Only the worker's own secret keeps it alive.
+  EXPECT_EQ(reg.Heartbeat(a.worker_id(), "secret-of-b:1-0123456789", now + absl::Seconds(10)).status().code(),
+            absl::StatusCode::kPermissionDenied);
   auto expired = reg.ExpireSilent(now + absl::Seconds(11), absl::Seconds(5));
   ASSERT_EQ(expired.size(), 1u);
   EXPECT_EQ(expired[0].id, a.worker_id());
   EXPECT_EQ(expired[0].devices, std::vector<int>{0});
-  EXPECT_FALSE(reg.Heartbeat(a.worker_id(), now));  // must register again
+  EXPECT_FALSE(*reg.Heartbeat(a.worker_id(), "secret-of-a:1-0123456789", now));  // must register again
   absl::Status s = reg.CheckAlive({1, 0});
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(s.message(), HasSubstr("device 0 is on worker " + a.worker_id() + " (a:1), which is dead"));
@@ -205,8 +209,8 @@ ArrayRecord Array(std::vector<int> devices, int pending) {
 
 TEST(ArrayRegistry, RetiredArraysSayWhatBecameOfThem) {
   ArrayRegistry reg;
-  reg.OpenSession("s1", "test", {});
-  reg.OpenSession("s2", "test", {});
+  ASSERT_TRUE(reg.OpenSession("s1", "test", {}).ok());
+  ASSERT_TRUE(reg.OpenSession("s2", "test", {}).ok());
   absl::MutexLock l(&reg.mu());
   reg.AddLocked("s1", 0x10, Array({0}, 1));
   reg.AddLocked("s1", 0x11, Array({0}, 1));
@@ -229,7 +233,7 @@ TEST(ArrayRegistry, RetiredArraysSayWhatBecameOfThem) {
 
 TEST(ArrayRegistry, TombstonesAreBounded) {
   ArrayRegistry reg;
-  reg.OpenSession("s", "test", {});
+  ASSERT_TRUE(reg.OpenSession("s", "test", {}).ok());
   absl::MutexLock l(&reg.mu());
   const uint64_t n = ArrayRegistry::kMaxTombstones + 10;
   for (uint64_t h = 1; h <= n; ++h) {
@@ -245,7 +249,7 @@ TEST(ArrayRegistry, QuotaNamesTheSessionAndWhatItHolds) {
   ArrayRegistry reg;
   v1::SessionOptions o;
   o.set_memory_quota_bytes(40);
-  reg.OpenSession("s", "test", o);
+  ASSERT_TRUE(reg.OpenSession("s", "test", o).ok());
   absl::MutexLock l(&reg.mu());
   reg.AddLocked("s", 1, Array({0}, 0));
   EXPECT_TRUE(reg.CheckQuotaLocked("s", 24, "x").ok());
@@ -257,7 +261,7 @@ TEST(ArrayRegistry, QuotaNamesTheSessionAndWhatItHolds) {
 
 TEST(ArrayRegistry, AnArrayIsReadyWhenEveryDeviceReportedAndAFailureSticks) {
   ArrayRegistry reg;
-  reg.OpenSession("s", "test", {});
+  ASSERT_TRUE(reg.OpenSession("s", "test", {}).ok());
   {
     absl::MutexLock l(&reg.mu());
     reg.AddLocked("s", 1, Array({0, 1}, 2));
@@ -281,7 +285,7 @@ TEST(ArrayRegistry, AnArrayIsReadyWhenEveryDeviceReportedAndAFailureSticks) {
 
 TEST(ArrayRegistry, AwaitWakesWhenAnotherThreadFinishesTheStep) {
   ArrayRegistry reg;
-  reg.OpenSession("s", "test", {});
+  ASSERT_TRUE(reg.OpenSession("s", "test", {}).ok());
   {
     absl::MutexLock l(&reg.mu());
     reg.AddLocked("s", 1, Array({0}, 1));
@@ -301,7 +305,7 @@ TEST(ArrayRegistry, AwaitWakesWhenAnotherThreadFinishesTheStep) {
 
 TEST(ArrayRegistry, ArraysOnADeadWorkerAreLostNotFailedOnesAgain) {
   ArrayRegistry reg;
-  reg.OpenSession("s", "test", {});
+  ASSERT_TRUE(reg.OpenSession("s", "test", {}).ok());
   {
     absl::MutexLock l(&reg.mu());
     reg.AddLocked("s", 1, Array({0, 1}, 2));
@@ -510,7 +514,7 @@ class CoordinatorTest : public ::testing::Test {
     o.logger = NullLogger();
     o.heartbeat_interval = absl::Milliseconds(20);
     o.heartbeat_timeout = absl::Seconds(600);
-    o.connect = [this](const std::string& address) {
+    o.connect = [this](const std::string& address, const std::string&) {
       auto f = std::make_shared<FakeWorkerClient>(address);
       absl::MutexLock l(&mu_);
       fakes_.push_back(f);
@@ -529,7 +533,7 @@ class CoordinatorTest : public ::testing::Test {
     }
     v1::OpenSessionRequest open;
     open.set_client("test");
-    session_ = c_->OpenSession(open).session_id();
+    session_ = c_->OpenSession(open)->session_id();
   }
   FakeWorkerClient& fake(int i) {
     absl::MutexLock l(&mu_);
@@ -738,7 +742,7 @@ TEST_F(CoordinatorTest, ASilentWorkerIsDeclaredDeadAndItsArraysLost) {
   ASSERT_TRUE(Execute(exe, 0x10, 0).ok());
   // Worker 1 keeps heartbeating; worker 0 falls silent.
   for (int i = 0; i < 100 && !fake(0).cancelled(); ++i) {
-    c_->Heartbeat(worker_ids_[1]);
+    ASSERT_TRUE(c_->Heartbeat(worker_ids_[1], "secret-of-10.0.0.2:7000-0123456789").ok());
     absl::SleepFor(absl::Milliseconds(20));
   }
   ASSERT_TRUE(fake(0).cancelled());

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "core/rpc_status.h"
+#include "core/security.h"
 #include "core/status.h"
 #include "server/worker_client.h"
 #include "tessel/v1/worker.grpc.pb.h"
@@ -133,11 +134,14 @@ class StepStream {
 
 class GrpcWorkerClient final : public WorkerClient {
  public:
-  explicit GrpcWorkerClient(const std::string& address) : address_(address) {
+  GrpcWorkerClient(const std::string& address, const std::string& secret,
+                   std::shared_ptr<grpc::ChannelCredentials> creds)
+      : address_(address) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
     args.SetMaxSendMessageSize(64 << 20);
-    stub_ = v1::Worker::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    if (creds == nullptr) creds = grpc::InsecureChannelCredentials();
+    stub_ = v1::Worker::NewStub(CreateChannelWithToken(address, std::move(creds), args, secret));
   }
 
   absl::Status LoadProgram(const v1::Program& program) override {
@@ -319,8 +323,9 @@ class GrpcWorkerClient final : public WorkerClient {
 
 }  // namespace
 
-std::unique_ptr<WorkerClient> NewGrpcWorkerClient(const std::string& address) {
-  return std::make_unique<GrpcWorkerClient>(address);
+std::unique_ptr<WorkerClient> NewGrpcWorkerClient(const std::string& address, const std::string& secret,
+                                                  std::shared_ptr<grpc::ChannelCredentials> creds) {
+  return std::make_unique<GrpcWorkerClient>(address, secret, std::move(creds));
 }
 
 }  // namespace tessel::server

@@ -30,7 +30,7 @@ absl::Status KvStore::CheckKey(absl::string_view key) const {
   return absl::OkStatus();
 }
 
-absl::Status KvStore::Set(absl::string_view key, std::string value) {
+absl::Status KvStore::Set(absl::string_view key, std::string value, const std::string& writer) {
   if (absl::Status s = CheckKey(key); !s.ok()) return s;
   if (int64_t(value.size()) > limits_.max_value_bytes) {
     return absl::InvalidArgumentError(absl::StrFormat("kv store: value for key %s is %d bytes, the limit is %d",
@@ -38,8 +38,25 @@ absl::Status KvStore::Set(absl::string_view key, std::string value) {
   }
   absl::MutexLock l(&mu_);
   auto it = values_.find(key);
-  const int64_t old_bytes = it == values_.end() ? 0 : int64_t(it->first.size() + it->second.size());
+  if (it != values_.end() && it->second.writer != writer) {
+    return absl::PermissionDeniedError(
+        absl::StrFormat("kv store: key %s was set by another writer and is not %s's to replace", Quoted(key),
+                        writer.empty() ? "an anonymous caller" : writer));
+  }
+  const int64_t old_bytes = it == values_.end() ? 0 : int64_t(it->first.size() + it->second.value.size());
   const int64_t new_bytes = int64_t(key.size() + value.size());
+  const absl::string_view group = key.substr(0, key.find('/'));
+  GroupUsage& g = groups_[group];
+  if (it == values_.end() && g.keys >= limits_.max_group_keys) {
+    return absl::ResourceExhaustedError(absl::StrFormat("kv store: cannot add key %s: its group %s holds the "
+                                                        "limit of %d keys", Quoted(key), Quoted(group),
+                                                        limits_.max_group_keys));
+  }
+  if (g.bytes - old_bytes + new_bytes > limits_.max_group_bytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "kv store: cannot set key %s (%d bytes): its group %s holds %d of its %d bytes", Quoted(key), new_bytes,
+        Quoted(group), g.bytes, limits_.max_group_bytes));
+  }
   if (it == values_.end() && int64_t(values_.size()) >= limits_.max_keys) {
     return absl::InvalidArgumentError(
         absl::StrFormat("kv store: cannot add key %s: the store holds the limit of %d keys", Quoted(key),
@@ -51,10 +68,12 @@ absl::Status KvStore::Set(absl::string_view key, std::string value) {
         total_bytes_, limits_.max_total_bytes));
   }
   total_bytes_ += new_bytes - old_bytes;
+  g.bytes += new_bytes - old_bytes;
   if (it == values_.end()) {
-    values_.emplace(std::string(key), std::move(value));
+    ++g.keys;
+    values_.emplace(std::string(key), Entry{std::move(value), writer});
   } else {
-    it->second = std::move(value);
+    it->second.value = std::move(value);
   }
   return absl::OkStatus();
 }
@@ -69,7 +88,7 @@ absl::StatusOr<std::string> KvStore::Get(absl::string_view key, absl::Duration t
     return absl::DeadlineExceededError(
         absl::StrCat("kv store: key ", Quoted(key), " was not set within ", absl::FormatDuration(timeout)));
   }
-  return values_.find(key)->second;
+  return values_.find(key)->second.value;
 }
 
 int64_t KvStore::num_keys() const {

@@ -30,6 +30,10 @@ class KvStore {
     int64_t max_keys = 100'000;
     // Keys and values together. Default: 256 MiB.
     int64_t max_total_bytes = int64_t{256} << 20;
+    // Per group: the keys sharing a prefix up to the first '/' (the whole
+    // key without one). Defaults: 4,096 keys, 16 MiB.
+    int64_t max_group_keys = 4096;
+    int64_t max_group_bytes = int64_t{16} << 20;
   };
 
   explicit KvStore(Limits limits);
@@ -37,8 +41,10 @@ class KvStore {
 
   // Sets `key` (replacing an earlier value) and wakes its waiters.
   // INVALID_ARGUMENT for an empty or too long key, a too large value, or a
-  // store that is full.
-  absl::Status Set(absl::string_view key, std::string value);
+  // store that is full; RESOURCE_EXHAUSTED for a group at its limits;
+  // PERMISSION_DENIED when another `writer` set the key first (an empty
+  // writer may replace only keys set by an empty writer).
+  absl::Status Set(absl::string_view key, std::string value, const std::string& writer = "");
 
   // The value of `key`, waiting up to `timeout` for it to be set (a zero or
   // negative timeout looks once). DEADLINE_EXCEEDED naming the key when it
@@ -52,7 +58,14 @@ class KvStore {
 
   const Limits limits_;
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
+  struct Entry {
+    std::string value, writer;
+  };
+  struct GroupUsage {
+    int64_t keys = 0, bytes = 0;
+  };
+  absl::flat_hash_map<std::string, Entry> values_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, GroupUsage> groups_ ABSL_GUARDED_BY(mu_);
   int64_t total_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/rpc_status.h"
+#include "core/security.h"
 #include "core/version.h"
 
 namespace tessel::server {
@@ -27,32 +28,61 @@ grpc::Status Version(const v1::GetVersionRequest* req, v1::GetVersionResponse* r
 
 }  // namespace
 
+grpc::Status SessionService::Authorize(const grpc::ServerContext* ctx, const std::string& session) const {
+  const Tenants& tenants = c_->tenants();
+  if (!tenants.authenticating()) return grpc::Status::OK;
+  auto who = tenants.Authenticate(BearerToken(*ctx));
+  if (!who.ok()) return ToGrpc(who.status());
+  return ToGrpc(c_->CheckTenant(session, who->tenant));
+}
+
+grpc::Status AdminService::Authorize(const grpc::ServerContext* ctx) const {
+  auto who = c_->tenants().Authenticate(BearerToken(*ctx));
+  if (!who.ok()) return ToGrpc(who.status());
+  if (!who->admin) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        "tessel.v1.Admin: tenant " + who->tenant + "'s token is not an admin token");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::CheckJoinToken(const grpc::ServerContext* ctx) const {
+  if (join_token_.empty() || SecretEquals(BearerToken(*ctx), join_token_)) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                      "tessel.v1.Registry: workers join with the cluster's join token (--join_token_file)");
+}
+
 grpc::Status SessionService::GetVersion(grpc::ServerContext*, const v1::GetVersionRequest* req,
                                         v1::GetVersionResponse* resp) {
   return Version(req, resp);
 }
-grpc::Status SessionService::OpenSession(grpc::ServerContext*, const v1::OpenSessionRequest* req,
+grpc::Status SessionService::OpenSession(grpc::ServerContext* ctx, const v1::OpenSessionRequest* req,
                                          v1::OpenSessionResponse* resp) {
-  *resp = c_->OpenSession(*req);
-  return grpc::Status::OK;
+  auto who = c_->tenants().Authenticate(BearerToken(*ctx));
+  if (!who.ok()) return ToGrpc(who.status());
+  return Reply(c_->OpenSession(*req, who->tenant), resp);
 }
-grpc::Status SessionService::CloseSession(grpc::ServerContext*, const v1::CloseSessionRequest* req,
+grpc::Status SessionService::CloseSession(grpc::ServerContext* ctx, const v1::CloseSessionRequest* req,
                                           v1::CloseSessionResponse* resp) {
+  if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
   return Reply(c_->CloseSession(*req), resp);
 }
-grpc::Status SessionService::KeepAlive(grpc::ServerContext*, const v1::KeepAliveRequest* req,
+grpc::Status SessionService::KeepAlive(grpc::ServerContext* ctx, const v1::KeepAliveRequest* req,
                                        v1::KeepAliveResponse* resp) {
+  if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
   return Reply(c_->KeepAlive(*req), resp);
 }
-grpc::Status SessionService::Compile(grpc::ServerContext*, const v1::CompileRequest* req, v1::CompileResponse* resp) {
+grpc::Status SessionService::Compile(grpc::ServerContext* ctx, const v1::CompileRequest* req, v1::CompileResponse* resp) {
+  if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
   return Reply(c_->Compile(*req), resp);
 }
-grpc::Status SessionService::Put(grpc::ServerContext*, grpc::ServerReader<v1::PutRequest>* reader,
+grpc::Status SessionService::Put(grpc::ServerContext* ctx, grpc::ServerReader<v1::PutRequest>* reader,
                                  v1::PutResponse* resp) {
   v1::PutRequest msg;
   if (!reader->Read(&msg) || !msg.has_header()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Put: the first message must be a header");
   }
+  if (grpc::Status a = Authorize(ctx, msg.header().session_id()); !a.ok()) return a;
   auto sink = c_->BeginPut(msg.header());
   if (!sink.ok()) return ToGrpc(sink.status());
   while (reader->Read(&msg)) {
@@ -66,41 +96,52 @@ grpc::Status SessionService::Put(grpc::ServerContext*, grpc::ServerReader<v1::Pu
   resp->set_bytes(*bytes);
   return grpc::Status::OK;
 }
-grpc::Status SessionService::SetSessionOptions(grpc::ServerContext*, const v1::SetSessionOptionsRequest* req,
+grpc::Status SessionService::SetSessionOptions(grpc::ServerContext* ctx, const v1::SetSessionOptionsRequest* req,
                                                v1::SetSessionOptionsResponse*) {
+  if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
   return ToGrpc(c_->SetSessionOptions(*req));
 }
-grpc::Status SessionService::Dispatch(grpc::ServerContext*,
+grpc::Status SessionService::Dispatch(grpc::ServerContext* ctx,
                                       grpc::ServerReaderWriter<v1::DispatchReplies, v1::DispatchBatch>* stream) {
   v1::DispatchBatch batch;
   v1::DispatchReplies replies;
+  std::string authorized;  // the session last checked on this stream
   while (stream->Read(&batch)) {
     replies.Clear();
     for (v1::ExecuteRequest& req : *batch.mutable_calls()) {
       const bool client_reads_reply = req.wait();
       req.set_wait(false);
-      auto r = c_->Execute(req);
+      absl::Status denied;
+      if (req.session_id() != authorized) {
+        denied = FromGrpc(Authorize(ctx, req.session_id()));
+        if (denied.ok()) authorized = req.session_id();
+      }
+      auto r = denied.ok() ? c_->Execute(req) : absl::StatusOr<v1::ExecuteResponse>(denied);
       v1::DispatchReply* reply = replies.add_replies();
       if (r.ok()) {
         *reply->mutable_response() = std::move(*r);
       } else {
         reply->set_code(static_cast<int>(r.status().code()));
         reply->set_error(BoundedMessage(r.status().message()));
-        if (!client_reads_reply) c_->MarkRejectedOutputs(req, r.status());
+        // A refused caller's handles are not its own to mark.
+        if (!client_reads_reply && denied.ok()) c_->MarkRejectedOutputs(req, r.status());
       }
     }
     if (!stream->Write(replies)) break;
   }
   return grpc::Status::OK;
 }
-grpc::Status SessionService::Execute(grpc::ServerContext*, const v1::ExecuteRequest* req, v1::ExecuteResponse* resp) {
+grpc::Status SessionService::Execute(grpc::ServerContext* ctx, const v1::ExecuteRequest* req, v1::ExecuteResponse* resp) {
+  if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
   return Reply(c_->Execute(*req), resp);
 }
-grpc::Status SessionService::Await(grpc::ServerContext*, const v1::AwaitRequest* req, v1::AwaitResponse* resp) {
+grpc::Status SessionService::Await(grpc::ServerContext* ctx, const v1::AwaitRequest* req, v1::AwaitResponse* resp) {
+  if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
   return Reply(c_->Await(*req), resp);
 }
 grpc::Status SessionService::Fetch(grpc::ServerContext* ctx, const v1::FetchRequest* req,
                                    grpc::ServerWriter<v1::FetchResponse>* writer) {
+  if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
   auto src = c_->BeginFetch(*req);
   if (!src.ok()) return ToGrpc(src.status());
   v1::FetchResponse msg;
@@ -127,14 +168,17 @@ grpc::Status SessionService::Fetch(grpc::ServerContext* ctx, const v1::FetchRequ
   }
   return grpc::Status::OK;
 }
-grpc::Status SessionService::Delete(grpc::ServerContext*, const v1::DeleteRequest* req, v1::DeleteResponse*) {
+grpc::Status SessionService::Delete(grpc::ServerContext* ctx, const v1::DeleteRequest* req, v1::DeleteResponse*) {
+  if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
   return ToGrpc(c_->Delete(*req));
 }
-grpc::Status SessionService::ArrayInfo(grpc::ServerContext*, const v1::ArrayInfoRequest* req,
+grpc::Status SessionService::ArrayInfo(grpc::ServerContext* ctx, const v1::ArrayInfoRequest* req,
                                        v1::ArrayInfoResponse* resp) {
+  if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
   return Reply(c_->ArrayInfo(*req), resp);
 }
-grpc::Status SessionService::Stats(grpc::ServerContext*, const v1::StatsRequest* req, v1::StatsResponse* resp) {
+grpc::Status SessionService::Stats(grpc::ServerContext* ctx, const v1::StatsRequest* req, v1::StatsResponse* resp) {
+  if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
   return Reply(c_->Stats(*req), resp);
 }
 
@@ -142,34 +186,45 @@ grpc::Status AdminService::GetVersion(grpc::ServerContext*, const v1::GetVersion
                                       v1::GetVersionResponse* resp) {
   return Version(req, resp);
 }
-grpc::Status AdminService::GetCluster(grpc::ServerContext*, const v1::GetClusterRequest* req,
+grpc::Status AdminService::GetCluster(grpc::ServerContext* ctx, const v1::GetClusterRequest* req,
                                       v1::GetClusterResponse* resp) {
+  if (grpc::Status a = Authorize(ctx); !a.ok()) return a;
   *resp = c_->GetCluster(*req);
   return grpc::Status::OK;
 }
-grpc::Status AdminService::ListSessions(grpc::ServerContext*, const v1::ListSessionsRequest*,
+grpc::Status AdminService::ListSessions(grpc::ServerContext* ctx, const v1::ListSessionsRequest*,
                                         v1::ListSessionsResponse* resp) {
+  if (grpc::Status a = Authorize(ctx); !a.ok()) return a;
   *resp = c_->ListSessions();
   return grpc::Status::OK;
 }
-grpc::Status AdminService::CloseSession(grpc::ServerContext*, const v1::AdminCloseSessionRequest* req,
+grpc::Status AdminService::CloseSession(grpc::ServerContext* ctx, const v1::AdminCloseSessionRequest* req,
                                         v1::AdminCloseSessionResponse* resp) {
+  if (grpc::Status a = Authorize(ctx); !a.ok()) return a;
   return Reply(c_->AdminCloseSession(*req), resp);
 }
 
-grpc::Status RegistryService::RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* req,
+grpc::Status RegistryService::RegisterWorker(grpc::ServerContext* ctx, const v1::RegisterWorkerRequest* req,
                                              v1::RegisterWorkerResponse* resp) {
+  if (grpc::Status a = CheckJoinToken(ctx); !a.ok()) return a;
   return Reply(c_->RegisterWorker(*req), resp);
 }
-grpc::Status RegistryService::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
+grpc::Status RegistryService::Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
                                         v1::HeartbeatResponse* resp) {
-  resp->set_known(c_->Heartbeat(req->worker_id()));
+  if (grpc::Status a = CheckJoinToken(ctx); !a.ok()) return a;
+  auto known = c_->Heartbeat(req->worker_id(), req->worker_secret());
+  if (!known.ok()) return ToGrpc(known.status());
+  resp->set_known(*known);
   return grpc::Status::OK;
 }
-grpc::Status RegistryService::KvSet(grpc::ServerContext*, const v1::KvSetRequest* req, v1::KvSetResponse*) {
-  return ToGrpc(kv_->Set(req->key(), req->value()));
+grpc::Status RegistryService::KvSet(grpc::ServerContext* ctx, const v1::KvSetRequest* req, v1::KvSetResponse*) {
+  if (grpc::Status a = CheckJoinToken(ctx); !a.ok()) return a;
+  if (auto s = c_->CheckKvCaller(req->worker_id(), req->worker_secret(), req->key()); !s.ok()) return ToGrpc(s);
+  return ToGrpc(kv_->Set(req->key(), req->value(), req->worker_id()));
 }
 grpc::Status RegistryService::KvGet(grpc::ServerContext* ctx, const v1::KvGetRequest* req, v1::KvGetResponse* resp) {
+  if (grpc::Status a = CheckJoinToken(ctx); !a.ok()) return a;
+  if (auto s = c_->CheckKvCaller(req->worker_id(), req->worker_secret(), req->key()); !s.ok()) return ToGrpc(s);
   // A waiting KvGet holds a server thread: bound the wait by a cap and by the
   // caller's own deadline.
   constexpr absl::Duration kMaxWait = absl::Minutes(10);

@@ -1,5 +1,11 @@
-// The coordinator's gRPC services: thin shells that unpack a request, call
-// the Coordinator, and pack the reply. No logic lives here.
+// The coordinator's gRPC services: thin shells that check the caller, unpack
+// a request, call the Coordinator, and pack the reply.
+//
+// Callers: Session calls present a client token (bearer metadata) when the
+// coordinator has an --auth_tokens_file, and may name only their tenant's
+// sessions (PERMISSION_DENIED otherwise); Admin calls need an admin token;
+// Registry calls present the cluster's join token when one is set, and
+// heartbeats and rendezvous calls the worker's own id and secret.
 #pragma once
 
 #include "server/coordinator.h"
@@ -30,6 +36,9 @@ class SessionService final : public v1::Session::Service {
   grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest*, v1::StatsResponse*) override;
 
  private:
+  // UNAUTHENTICATED without a known token; PERMISSION_DENIED when `session`
+  // is another tenant's. OK at once without authentication.
+  grpc::Status Authorize(const grpc::ServerContext* ctx, const std::string& session) const;
   Coordinator* const c_;
 };
 
@@ -43,22 +52,26 @@ class AdminService final : public v1::Admin::Service {
                             v1::AdminCloseSessionResponse*) override;
 
  private:
+  grpc::Status Authorize(const grpc::ServerContext* ctx) const;
   Coordinator* const c_;
 };
 
 // `kv` serves KvSet/KvGet; both pointers are borrowed and must outlive the
-// service.
+// service. An empty `join_token` lets any caller register (loopback only).
 class RegistryService final : public v1::Registry::Service {
  public:
-  RegistryService(Coordinator* c, KvStore* kv) : c_(c), kv_(kv) {}
+  RegistryService(Coordinator* c, KvStore* kv, std::string join_token = "")
+      : c_(c), kv_(kv), join_token_(std::move(join_token)) {}
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*, v1::RegisterWorkerResponse*) override;
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*, v1::HeartbeatResponse*) override;
   grpc::Status KvSet(grpc::ServerContext*, const v1::KvSetRequest*, v1::KvSetResponse*) override;
   grpc::Status KvGet(grpc::ServerContext*, const v1::KvGetRequest*, v1::KvGetResponse*) override;
 
  private:
+  grpc::Status CheckJoinToken(const grpc::ServerContext* ctx) const;
   Coordinator* const c_;
   KvStore* const kv_;
+  const std::string join_token_;
 };
 
 }  // namespace tessel::server

@@ -4,6 +4,8 @@
 // threads and must not block.
 #pragma once
 
+#include <grpcpp/security/credentials.h>
+
 #include <functional>
 #include <memory>
 #include <string>
@@ -55,7 +57,9 @@ class WorkerClient {
   virtual void SetStepsLostCallback(std::function<void()> on_lost) {}
 };
 
-// A WorkerClient over a gRPC channel to `address`.
-std::unique_ptr<WorkerClient> NewGrpcWorkerClient(const std::string& address);
+// A WorkerClient over a gRPC channel to `address` (plaintext when `creds`
+// is null), presenting the worker's `secret` on every call.
+std::unique_ptr<WorkerClient> NewGrpcWorkerClient(const std::string& address, const std::string& secret,
+                                                  std::shared_ptr<grpc::ChannelCredentials> creds = nullptr);
 
 }  // namespace tessel::server

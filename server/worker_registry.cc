@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "core/security.h"
 #include "core/version.h"
 
 namespace tessel::server {
@@ -20,6 +21,10 @@ absl::Status WorkerRegistry::Validate(const v1::RegisterWorkerRequest& req) {
                                              req.num_devices()));
   }
   if (req.address().empty()) return absl::InvalidArgumentError("worker registered without an address");
+  if (req.worker_secret().size() < 16) {
+    return absl::InvalidArgumentError(StrCat("worker at ", req.address(), ": worker_secret expected at least 16 "
+                                             "characters, got ", req.worker_secret().size()));
+  }
   if (req.device_kinds_size() != 0 && req.device_kinds_size() != req.num_devices()) {
     return absl::InvalidArgumentError(StrCat("worker at ", req.address(), ": ", req.device_kinds_size(),
                                              " device kinds for ", req.num_devices(), " devices"));
@@ -34,6 +39,7 @@ v1::RegisterWorkerResponse WorkerRegistry::Register(const v1::RegisterWorkerRequ
   WorkerRecord w;
   w.id = StrCat("w", next_worker_++, id_suffix_);
   w.address = req.address();
+  w.secret = req.worker_secret();
   w.last_heartbeat = absl::Now();
   w.client = std::move(client);
   for (int i = 0; i < req.num_devices(); ++i) {
@@ -53,12 +59,32 @@ v1::RegisterWorkerResponse WorkerRegistry::Register(const v1::RegisterWorkerRequ
   return resp;
 }
 
-bool WorkerRegistry::Heartbeat(const std::string& worker_id, absl::Time now) {
+absl::StatusOr<bool> WorkerRegistry::Heartbeat(const std::string& worker_id, const std::string& secret,
+                                                absl::Time now) {
   absl::MutexLock l(&mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || !it->second.alive) return false;
+  if (!SecretEquals(it->second.secret, secret)) {
+    return absl::PermissionDeniedError(StrCat("heartbeat for worker ", worker_id, " without the secret it "
+                                              "registered with"));
+  }
   it->second.last_heartbeat = now;
   return true;
+}
+
+absl::Status WorkerRegistry::CheckMember(const std::string& worker_id, const std::string& secret,
+                                         const std::vector<int>& devices) const {
+  absl::MutexLock l(&mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || !it->second.alive || !SecretEquals(it->second.secret, secret)) {
+    return absl::PermissionDeniedError(StrCat("'", worker_id, "' is not a live worker registered with that secret"));
+  }
+  for (int d : devices) {
+    if (std::find(it->second.devices.begin(), it->second.devices.end(), d) != it->second.devices.end()) {
+      return absl::OkStatus();
+    }
+  }
+  return absl::PermissionDeniedError(StrCat("worker ", worker_id, " holds none of the group's devices"));
 }
 
 std::vector<WorkerRegistry::Expired> WorkerRegistry::ExpireSilent(absl::Time now, absl::Duration timeout) {

@@ -78,8 +78,13 @@ class WorkerRegistry {
   // next global ids and start in `queue_epoch` (nonzero, new).
   v1::RegisterWorkerResponse Register(const v1::RegisterWorkerRequest& req, std::shared_ptr<WorkerClient> client,
                                       absl::Duration heartbeat_interval, uint64_t queue_epoch);
-  // False for an unknown or dead worker (it must register again).
-  bool Heartbeat(const std::string& worker_id, absl::Time now);
+  // False for an unknown or dead worker (it must register again);
+  // PERMISSION_DENIED when `secret` is not the one it registered with.
+  absl::StatusOr<bool> Heartbeat(const std::string& worker_id, const std::string& secret, absl::Time now);
+  // OK when `worker_id` is live, registered with `secret`, and holds one of
+  // `devices` (global ids); PERMISSION_DENIED saying which is not so.
+  absl::Status CheckMember(const std::string& worker_id, const std::string& secret,
+                           const std::vector<int>& devices) const;
 
   struct Expired {
     std::string id, address;
@@ -133,6 +138,7 @@ class WorkerRegistry {
   struct WorkerRecord {
     std::string id;
     std::string address;
+    std::string secret;        // RegisterWorkerRequest.worker_secret
     std::vector<int> devices;  // global ids
     absl::Time last_heartbeat;
     bool alive = true;

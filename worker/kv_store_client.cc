@@ -36,6 +36,8 @@ void KvStoreClient::set(const std::string& key, const std::vector<char>& data) {
   v1::KvSetRequest req;
   req.set_key(key);
   req.set_value(data.data(), data.size());
+  req.set_worker_id(WorkerId());
+  req.set_worker_secret(options_.worker_secret);
   v1::KvSetResponse resp;
   const absl::Status s = FromGrpc(stub_->KvSet(&ctx, req, &resp));
   if (!s.ok()) {
@@ -51,6 +53,8 @@ std::string KvStoreClient::Get(const std::string& key, absl::Duration timeout) {
   v1::KvGetRequest req;
   req.set_key(key);
   req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  req.set_worker_id(WorkerId());
+  req.set_worker_secret(options_.worker_secret);
   v1::KvGetResponse resp;
   const absl::Status s = FromGrpc(stub_->KvGet(&ctx, req, &resp));
   if (!s.ok()) {
@@ -58,6 +62,16 @@ std::string KvStoreClient::Get(const std::string& key, absl::Duration timeout) {
                                          s.ToString()));
   }
   return std::move(*resp.mutable_value());
+}
+
+void KvStoreClient::SetWorkerId(std::string id) {
+  absl::MutexLock l(&mu_);
+  worker_id_ = std::move(id);
+}
+
+std::string KvStoreClient::WorkerId() const {
+  absl::MutexLock l(&mu_);
+  return worker_id_;
 }
 
 std::vector<char> KvStoreClient::get(const std::string& key) {

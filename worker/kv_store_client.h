@@ -16,6 +16,7 @@
 
 #include <gloo/rendezvous/store.h>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "tessel/v1/admin.grpc.pb.h"
 
@@ -29,6 +30,9 @@ class KvStoreClient final : public gloo::rendezvous::Store {
     absl::Duration timeout = absl::Seconds(30);
     // Deadline of one KvSet. Default: 10 s.
     absl::Duration set_timeout = absl::Seconds(10);
+    // Presented with every call: only a registered worker may meet its
+    // groups' peers.
+    std::string worker_secret;
   };
 
   KvStoreClient(std::shared_ptr<v1::Registry::StubInterface> stub, Options options);
@@ -40,11 +44,17 @@ class KvStoreClient final : public gloo::rendezvous::Store {
   // A zero timeout (gloo::kNoTimeout) means Options::timeout.
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
 
+  // The id the coordinator gave this worker (again at each registration).
+  void SetWorkerId(std::string id);
+
  private:
+  std::string WorkerId() const;
   std::string Get(const std::string& key, absl::Duration timeout);
 
   const std::shared_ptr<v1::Registry::StubInterface> stub_;
   const Options options_;
+  mutable absl::Mutex mu_;
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessel::worker

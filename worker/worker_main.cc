@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/process_tuning.h"
+#include "core/security.h"
 #include "core/version.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -47,6 +48,8 @@ ABSL_FLAG(int, register_timeout_s, 30, "How long to keep trying to reach the coo
 ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, error.");
 ABSL_FLAG(int, collective_timeout_s, 60,
           "How long a collective waits for the rest of its group (and the rendezvous for its peers).");
+ABSL_FLAG(std::string, join_token_file, "",
+          "File whose first line is the cluster's join token (the coordinator's --join_token_file).");
 ABSL_FLAG(int, parent_pid, 0,
           "If set, stop (as on SIGTERM) when this parent process exits; for clients that start daemons.");
 
@@ -118,7 +121,8 @@ absl::StatusOr<std::vector<std::unique_ptr<tessel::worker::Device>>> MakeDevices
 }
 
 absl::StatusOr<Registration> Register(tessel::v1::Registry::Stub& stub, const std::string& address,
-                                      const std::vector<std::string>& kinds, absl::Duration timeout) {
+                                      const std::string& secret, const std::vector<std::string>& kinds,
+                                      absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   grpc::Status last;
   while (absl::Now() < deadline) {
@@ -130,6 +134,7 @@ absl::StatusOr<Registration> Register(tessel::v1::Registry::Stub& stub, const st
     for (const std::string& k : kinds) req.add_device_kinds(k);
     req.set_device_kind(kinds.empty() ? "cpu" : kinds.front());
     req.set_protocol_version(tessel::kProtocolVersionMax);
+    req.set_worker_secret(secret);
     tessel::v1::RegisterWorkerResponse resp;
     last = stub.RegisterWorker(&ctx, req, &resp);
     if (last.ok()) {
@@ -229,13 +234,39 @@ int main(int argc, char** argv) {
     log->error("{}", runtime.status().ToString());
     return 1;
   }
-  tessel::worker::WorkerService service(runtime->get());
+  const tessel::TlsFiles tls = tessel::TlsFilesFromFlags();
+  const std::string host = absl::GetFlag(FLAGS_host);
+  if (auto s = tessel::CheckTlsFiles(tls, /*server=*/true); !s.ok()) {
+    log->error("{}", std::string(s.message()));
+    return 2;
+  }
+  if (auto s = tessel::CheckListenSecurity("tessel-worker", host, tls, tessel::InsecureFromFlags()); !s.ok()) {
+    log->error("{}", std::string(s.message()));
+    return 2;
+  }
+  if (!tls.enabled() && !tessel::IsLoopbackHost(host)) {
+    log->warn("--insecure: serving plaintext on {}; anyone on the network can read and change it", host);
+  }
+  std::string join_token;
+  if (const std::string f = absl::GetFlag(FLAGS_join_token_file); !f.empty()) {
+    auto t = tessel::ReadSecretFile("join_token_file", f);
+    if (!t.ok()) {
+      log->error("{}", std::string(t.status().message()));
+      return 2;
+    }
+    join_token = *t;
+  }
+  // Drawn anew at each start and given only to the coordinator: the key to
+  // this worker's service.
+  const std::string secret = tessel::RandomSecret();
+  tessel::worker::WorkerService service(runtime->get(), secret);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  const std::string host = absl::GetFlag(FLAGS_host);
-  builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)), grpc::InsecureServerCredentials(), &port);
+  // Only the cluster's daemons (certificates signed by the CA) may connect.
+  builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)),
+                           tessel::ServerCredentials(tls, /*require_client_cert=*/true), &port);
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.SetMaxSendMessageSize(64 << 20);
@@ -247,13 +278,15 @@ int main(int argc, char** argv) {
   const std::string address = absl::StrCat(host, ":", port);
   log->info("serving tessel.v1.Worker on {} with devices [{}]", address, absl::StrJoin(kinds, ","));
 
-  auto channel = grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials());
+  auto channel =
+      tessel::CreateChannelWithToken(coordinator, tessel::ChannelCredentials(tls), grpc::ChannelArguments(), join_token);
   std::shared_ptr<tessel::v1::Registry::Stub> registry = tessel::v1::Registry::NewStub(channel);
+  std::shared_ptr<tessel::worker::KvStoreClient> store;
   {
     // Collectives: groups meet through the coordinator's key-value store.
     const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_collective_timeout_s));
-    auto store = std::make_shared<tessel::worker::KvStoreClient>(
-        registry, tessel::worker::KvStoreClient::Options{.timeout = timeout});
+    store = std::make_shared<tessel::worker::KvStoreClient>(
+        registry, tessel::worker::KvStoreClient::Options{.timeout = timeout, .worker_secret = secret});
     auto collectives = tessel::worker::NewCommunicatorRegistry(
         {.self = address, .store = store, .hostname = host, .timeout = timeout, .logger = log});
     if (!collectives.ok()) {
@@ -262,13 +295,14 @@ int main(int argc, char** argv) {
     }
     (*runtime)->SetCollectives(std::move(*collectives));
   }
-  auto reg = Register(*registry, address, kinds, absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s)));
+  auto reg = Register(*registry, address, secret, kinds, absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s)));
   if (!reg.ok()) {
     log->error("{}", reg.status().ToString());
     server->Shutdown();
     return 1;
   }
   log->info("registered with {} as {}", coordinator, reg->worker_id);
+  store->SetWorkerId(reg->worker_id);
   // tessel.v1.Worker is SERVING once registered (the whole server, "", from
   // the start).
   server->GetHealthCheckService()->SetServingStatus("tessel.v1.Worker", true);
@@ -313,11 +347,12 @@ int main(int argc, char** argv) {
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(std::max<int64_t>(1000, r.heartbeat_ms)));
       tessel::v1::HeartbeatRequest req;
       req.set_worker_id(r.worker_id);
+      req.set_worker_secret(secret);
       tessel::v1::HeartbeatResponse resp;
       grpc::Status s = registry->Heartbeat(&ctx, req, &resp);
       if (s.ok() && !resp.known()) {
         log->warn("coordinator does not know worker {}; registering again", r.worker_id);
-        auto again = Register(*registry, address, kinds, absl::Seconds(5));
+        auto again = Register(*registry, address, secret, kinds, absl::Seconds(5));
         if (again.ok()) {
           if (again->coordinator_incarnation != r.coordinator_incarnation) {
             auto [arrays, bytes] = (*runtime)->ForgetAllArrays();
@@ -325,6 +360,7 @@ int main(int argc, char** argv) {
                       r.coordinator_incarnation, again->coordinator_incarnation, arrays, bytes);
           }
           r = *again;
+          store->SetWorkerId(r.worker_id);
           (*runtime)->StartQueueEpoch(r.queue_epoch);
           log->info("registered again as {}", r.worker_id);
           found();

@@ -4,6 +4,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/dtype.h"
 #include "core/rpc_status.h"
+#include "core/security.h"
 #include "core/version.h"
 
 namespace tessel::worker {
@@ -17,14 +18,25 @@ grpc::Status WorkerService::GetVersion(grpc::ServerContext*, const v1::GetVersio
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::LoadProgram(grpc::ServerContext*, const v1::LoadProgramRequest* req,
+grpc::Status WorkerService::CheckCaller(const grpc::ServerContextBase& ctx) const {
+  if (SecretEquals(BearerToken(ctx), secret_)) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                      "tessel.v1.Worker: only the coordinator this worker registered with may call it");
+}
+
+grpc::Status WorkerService::LoadProgram(grpc::ServerContext* ctx, const v1::LoadProgramRequest* req,
                                         v1::LoadProgramResponse*) {
+  if (grpc::Status a = CheckCaller(*ctx); !a.ok()) return a;
   return ToGrpc(runtime_->LoadProgram(req->program()));
 }
 
 grpc::ServerUnaryReactor* WorkerService::Run(grpc::CallbackServerContext* ctx, const v1::RunRequest* req,
                                              v1::RunResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (grpc::Status a = CheckCaller(*ctx); !a.ok()) {
+    reactor->Finish(a);
+    return reactor;
+  }
   runtime_->Run(*req, [reactor, resp](absl::StatusOr<v1::RunResponse> r) {
     if (r.ok()) *resp = std::move(*r);
     reactor->Finish(ToGrpc(r.status()));
@@ -35,6 +47,10 @@ grpc::ServerUnaryReactor* WorkerService::Run(grpc::CallbackServerContext* ctx, c
 grpc::ServerUnaryReactor* WorkerService::Free(grpc::CallbackServerContext* ctx, const v1::FreeRequest* req,
                                               v1::FreeResponse*) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (grpc::Status a = CheckCaller(*ctx); !a.ok()) {
+    reactor->Finish(a);
+    return reactor;
+  }
   runtime_->Free(*req, [reactor](absl::Status s) { reactor->Finish(ToGrpc(s)); });
   return reactor;
 }
@@ -153,14 +169,23 @@ class StepsReactor final : public grpc::ServerBidiReactor<v1::StepBatch, v1::Ste
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// A Steps stream refused before it reads anything.
+class RefusedSteps final : public grpc::ServerBidiReactor<v1::StepBatch, v1::StepResults> {
+ public:
+  explicit RefusedSteps(const grpc::Status& why) { Finish(why); }
+  void OnDone() override { delete this; }
+};
+
 }  // namespace
 
-grpc::ServerBidiReactor<v1::StepBatch, v1::StepResults>* WorkerService::Steps(grpc::CallbackServerContext*) {
+grpc::ServerBidiReactor<v1::StepBatch, v1::StepResults>* WorkerService::Steps(grpc::CallbackServerContext* ctx) {
+  if (grpc::Status a = CheckCaller(*ctx); !a.ok()) return new RefusedSteps(a);
   return new StepsReactor(runtime_);
 }
 
-grpc::Status WorkerService::PutShard(grpc::ServerContext*, grpc::ServerReader<v1::PutShardRequest>* reader,
+grpc::Status WorkerService::PutShard(grpc::ServerContext* ctx, grpc::ServerReader<v1::PutShardRequest>* reader,
                                      v1::PutShardResponse*) {
+  if (grpc::Status a = CheckCaller(*ctx); !a.ok()) return a;
   v1::PutShardRequest msg;
   if (!reader->Read(&msg) || !msg.has_header()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "PutShard: the first message must be a header");
@@ -178,6 +203,7 @@ grpc::Status WorkerService::PutShard(grpc::ServerContext*, grpc::ServerReader<v1
 
 grpc::Status WorkerService::FetchShard(grpc::ServerContext* ctx, const v1::FetchShardRequest* req,
                                        grpc::ServerWriter<v1::FetchShardResponse>* writer) {
+  if (grpc::Status a = CheckCaller(*ctx); !a.ok()) return a;
   auto a = runtime_->GetForFetch(req->device(), req->buffer());
   if (!a.ok()) return ToGrpc(a.status());
   const int64_t chunk = req->chunk_bytes() > 0 ? std::min<int64_t>(req->chunk_bytes(), 16 << 20) : (1 << 20);
@@ -197,8 +223,9 @@ grpc::Status WorkerService::FetchShard(grpc::ServerContext* ctx, const v1::Fetch
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::GetStats(grpc::ServerContext*, const v1::WorkerStatsRequest* req,
+grpc::Status WorkerService::GetStats(grpc::ServerContext* ctx, const v1::WorkerStatsRequest* req,
                                      v1::WorkerStatsResponse* resp) {
+  if (grpc::Status a = CheckCaller(*ctx); !a.ok()) return a;
   *resp = runtime_->Stats(req->sequenced());
   return grpc::Status::OK;
 }

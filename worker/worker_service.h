@@ -1,6 +1,10 @@
 // WorkerService: tessel.v1.Worker over gRPC, a thin shell over
 // WorkerRuntime. Run and Free use the callback API so that a queued step
 // holds no thread while it waits its turn.
+//
+// Only the coordinator may call: every call but GetVersion must present the
+// worker's secret (bearer metadata), which the worker gave the coordinator
+// alone when it registered; others are refused UNAUTHENTICATED.
 #pragma once
 
 #include "tessel/v1/worker.grpc.pb.h"
@@ -12,7 +16,7 @@ class WorkerService final
     : public v1::Worker::WithCallbackMethod_Run<
           v1::Worker::WithCallbackMethod_Free<v1::Worker::WithCallbackMethod_Steps<v1::Worker::Service>>> {
  public:
-  explicit WorkerService(WorkerRuntime* runtime) : runtime_(runtime) {}
+  WorkerService(WorkerRuntime* runtime, std::string secret) : runtime_(runtime), secret_(std::move(secret)) {}
 
   grpc::Status GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*, v1::GetVersionResponse*) override;
   grpc::Status LoadProgram(grpc::ServerContext*, const v1::LoadProgramRequest*, v1::LoadProgramResponse*) override;
@@ -25,7 +29,9 @@ class WorkerService final
   grpc::Status GetStats(grpc::ServerContext*, const v1::WorkerStatsRequest*, v1::WorkerStatsResponse*) override;
 
  private:
+  grpc::Status CheckCaller(const grpc::ServerContextBase& ctx) const;
   WorkerRuntime* const runtime_;
+  const std::string secret_;
 };
 
 }  // namespace tessel::worker

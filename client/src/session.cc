@@ -14,6 +14,7 @@
 #include "client/src/convert_internal.h"
 #include "client/src/graph_internal.h"
 #include "core/rpc_status.h"
+#include "core/security.h"
 #include "core/status.h"
 #include "core/version.h"
 #include "tessel/v1/admin.grpc.pb.h"
@@ -256,7 +257,15 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Connect(const std::string& add
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
-  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  auto from_env = [](std::string& field, const char* var) {
+    if (const char* v = std::getenv(var); field.empty() && v != nullptr) field = v;
+  };
+  from_env(options.token, "TESSEL_TOKEN");
+  from_env(options.tls_ca_file, "TESSEL_TLS_CA");
+  const TlsFiles tls{options.tls_cert_file, options.tls_key_file, options.tls_ca_file};
+  if (absl::Status s = CheckTlsFiles(tls, /*server=*/false); !s.ok()) return s;
+  if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  auto channel = CreateChannelWithToken(address, ChannelCredentials(tls), args, options.token);
   const int timeout = options.connect_timeout_ms;
   auto impl = std::make_unique<Impl>(channel, std::move(options));
   {

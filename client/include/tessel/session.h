@@ -223,6 +223,14 @@ struct ConnectOptions {
   SessionOptions session;
   int64_t chunk_bytes = 1 << 20;  // Default: 1 MiB per streamed message
   int connect_timeout_ms = 10000;
+  // Bearer token for a coordinator with --auth_tokens_file; empty: the
+  // environment's $TESSEL_TOKEN, if set.
+  std::string token;
+  // TLS: a CA bundle (PEM file) verifying the coordinator turns TLS on;
+  // empty: the environment's $TESSEL_TLS_CA, if set. A client certificate
+  // and key are optional. `tls_server_name` overrides the name checked
+  // against the coordinator's certificate (default: the address's host).
+  std::string tls_ca_file, tls_cert_file, tls_key_file, tls_server_name;
 };
 
 class Session {

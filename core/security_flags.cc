@@ -1,0 +1,26 @@
+// The daemons' transport-security flags (only the daemons link this file:
+// the SDK takes the same settings as ConnectOptions).
+#include "absl/flags/flag.h"
+#include "core/security.h"
+
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate (chain) this daemon presents, as a server and to the other daemons. With --tls_key "
+          "and --tls_ca: TLS on every port, mutual between the daemons. Reloaded when the file changes.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert. Reloaded when the file changes.");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA bundle that verifies the other daemons' certificates (and is handed to no one else).");
+ABSL_FLAG(int, tls_reload_s, 10, "How often the TLS files are checked for changes, in seconds.");
+ABSL_FLAG(bool, insecure, false,
+          "Allow plaintext (no TLS) on a non-loopback --host. Anyone who reaches the port can then read and "
+          "change what it carries; use only on a network you trust.");
+
+namespace tessel {
+
+TlsFiles TlsFilesFromFlags() {
+  return TlsFiles{absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca),
+                  std::max(1, absl::GetFlag(FLAGS_tls_reload_s))};
+}
+
+bool InsecureFromFlags() { return absl::GetFlag(FLAGS_insecure); }
+
+}  // namespace tessel
