@@ -43,6 +43,9 @@ ABSL_FLAG(int64_t, tenant_memory_quota_mb, 0,
           "Memory quota of a tenant whose tokens-file lines give none, over all its sessions, in MiB; 0: none.");
 ABSL_FLAG(int64_t, max_sessions_per_tenant, 0,
           "Open sessions a tenant may hold at once when its tokens-file lines give no max_sessions; 0: no bound.");
+ABSL_FLAG(std::string, tls_worker_name, "",
+          "With TLS: the name the workers' certificates must carry (e.g. tessel-worker), checked instead of the "
+          "host each worker advertises; for workers whose addresses are not in their certificates (pod IPs).");
 ABSL_FLAG(int, parent_pid, 0,
           "If set, stop (as on SIGTERM) when this parent process exits; for clients that start daemons.");
 
@@ -112,6 +115,7 @@ int main(int argc, char** argv) {
     }
   }
   auto worker_creds = tessel::ChannelCredentials(tls);
+  const std::string worker_name = absl::GetFlag(FLAGS_tls_worker_name);
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
   options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   if (absl::GetFlag(FLAGS_session_lease_s) < 0) {
@@ -126,13 +130,13 @@ int main(int argc, char** argv) {
       return 2;
     }
     log->warn("injecting faults on the way to every worker: {}", spec);
-    options.connect = [plan = *plan, worker_creds](const std::string& address, const std::string& secret) {
-      return tessel::server::WithFaults(tessel::server::NewGrpcWorkerClient(address, secret, worker_creds), plan,
+    options.connect = [plan = *plan, worker_creds, worker_name](const std::string& address, const std::string& secret) {
+      return tessel::server::WithFaults(tessel::server::NewGrpcWorkerClient(address, secret, worker_creds, worker_name), plan,
                                         address);
     };
   } else {
-    options.connect = [worker_creds](const std::string& address, const std::string& secret) {
-      return tessel::server::NewGrpcWorkerClient(address, secret, worker_creds);
+    options.connect = [worker_creds, worker_name](const std::string& address, const std::string& secret) {
+      return tessel::server::NewGrpcWorkerClient(address, secret, worker_creds, worker_name);
     };
   }
   auto coordinator = tessel::server::Coordinator::Create(std::move(options));

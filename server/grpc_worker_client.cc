@@ -135,9 +135,10 @@ class StepStream {
 class GrpcWorkerClient final : public WorkerClient {
  public:
   GrpcWorkerClient(const std::string& address, const std::string& secret,
-                   std::shared_ptr<grpc::ChannelCredentials> creds)
+                   std::shared_ptr<grpc::ChannelCredentials> creds, const std::string& tls_name)
       : address_(address) {
     grpc::ChannelArguments args;
+    if (!tls_name.empty()) args.SetSslTargetNameOverride(tls_name);
     args.SetMaxReceiveMessageSize(64 << 20);
     args.SetMaxSendMessageSize(64 << 20);
     if (creds == nullptr) creds = grpc::InsecureChannelCredentials();
@@ -324,8 +325,9 @@ class GrpcWorkerClient final : public WorkerClient {
 }  // namespace
 
 std::unique_ptr<WorkerClient> NewGrpcWorkerClient(const std::string& address, const std::string& secret,
-                                                  std::shared_ptr<grpc::ChannelCredentials> creds) {
-  return std::make_unique<GrpcWorkerClient>(address, secret, std::move(creds));
+                                                  std::shared_ptr<grpc::ChannelCredentials> creds,
+                                                  const std::string& tls_name) {
+  return std::make_unique<GrpcWorkerClient>(address, secret, std::move(creds), tls_name);
 }
 
 }  // namespace tessel::server

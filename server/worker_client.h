@@ -58,8 +58,10 @@ class WorkerClient {
 };
 
 // A WorkerClient over a gRPC channel to `address` (plaintext when `creds`
-// is null), presenting the worker's `secret` on every call.
+// is null), presenting the worker's `secret` on every call. With TLS,
+// `tls_name` (when set) is the name checked in the worker's certificate.
 std::unique_ptr<WorkerClient> NewGrpcWorkerClient(const std::string& address, const std::string& secret,
-                                                  std::shared_ptr<grpc::ChannelCredentials> creds = nullptr);
+                                                  std::shared_ptr<grpc::ChannelCredentials> creds = nullptr,
+                                                  const std::string& tls_name = "");
 
 }  // namespace tessel::server

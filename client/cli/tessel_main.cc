@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/process_tuning.h"
+#include "core/security.h"
 #include "core/status.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -55,11 +56,15 @@ Partitioning flags:
       Cluster counters and per-device memory: bytes in use, peak, buffers,
       cached bytes, the largest cached block and the limit.
   tessel health [--address HOST:PORT] [--service NAME] [--timeout S]
+                [--tls-ca CA.pem [--tls-cert C.pem --tls-key K.pem] [--tls-server-name NAME]]
       Ask a daemon (coordinator or worker; default: the coordinator) its
       grpc.health.v1 status; exit 0 when SERVING, 1 otherwise or without an
       answer within S seconds (default 3). A probe for containers and scripts.
 
 The coordinator address comes from --coordinator, else $TESSEL_COORDINATOR.
+A secured cluster: --token TOKEN (else $TESSEL_TOKEN) is the client's bearer
+token; --tls-ca CA.pem (else $TESSEL_TLS_CA) turns TLS on and verifies the
+daemon's certificate.
 Arrays are .npy files; bf16 travels as uint16 ('<u2') bit patterns.
 )usage";
 
@@ -115,11 +120,12 @@ struct CommandSpec {
 };
 const std::map<std::string, CommandSpec> kCommands = {
     {"local", {{"workers", "devices-per-worker", "device-kind", "port", "verbose"}}},
-    {"status", {{"coordinator", "json"}}},
-    {"stats", {{"coordinator"}}},
-    {"run", {{"input", "fetch", "device", "replicated", "mesh", "shard", "out-shard", "coordinator"}, 1}},
-    {"compile", {{"mesh", "shard", "out-shard", "coordinator"}, 1}},
-    {"health", {{"address", "service", "timeout", "coordinator"}}},
+    {"status", {{"coordinator", "json", "token", "tls-ca"}}},
+    {"stats", {{"coordinator", "token", "tls-ca"}}},
+    {"run", {{"input", "fetch", "device", "replicated", "mesh", "shard", "out-shard", "coordinator", "token", "tls-ca"},
+             1}},
+    {"compile", {{"mesh", "shard", "out-shard", "coordinator", "token", "tls-ca"}, 1}},
+    {"health", {{"address", "service", "timeout", "coordinator", "tls-ca", "tls-cert", "tls-key", "tls-server-name"}}},
 };
 
 // Empty when `a` fits its command; else what is wrong, naming the flag.
@@ -148,7 +154,27 @@ absl::StatusOr<std::unique_ptr<tessel::Session>> Connect(const Args& a) {
   if (!addr.ok()) return addr.status();
   tessel::ConnectOptions o;
   o.client_name = "tessel-cli";
+  o.token = a.Get("token");
+  o.tls_ca_file = a.Get("tls-ca");
   return tessel::Session::Connect(*addr, o);
+}
+
+// A channel with the CLI's --token and --tls-ca (else $TESSEL_TOKEN and
+// $TESSEL_TLS_CA), for the calls made without a session.
+std::shared_ptr<grpc::Channel> Channel(const Args& a, const std::string& address) {
+  auto flag_or_env = [&](const char* flag, const char* var) {
+    std::string v = a.Get(flag);
+    if (const char* e = std::getenv(var); v.empty() && e != nullptr) v = e;
+    return v;
+  };
+  tessel::TlsFiles tls;
+  tls.ca = flag_or_env("tls-ca", "TESSEL_TLS_CA");
+  tls.cert = a.Get("tls-cert");
+  tls.key = a.Get("tls-key");
+  grpc::ChannelArguments args;
+  if (const std::string name = a.Get("tls-server-name"); !name.empty()) args.SetSslTargetNameOverride(name);
+  return tessel::CreateChannelWithToken(address, tessel::ChannelCredentials(tls), args,
+                                        flag_or_env("token", "TESSEL_TOKEN"));
 }
 
 std::string Bytes(int64_t b) {
@@ -210,7 +236,7 @@ void PrintCluster(const tessel::ClusterStatus& c) {
 int StatusJson(const Args& a) {
   auto addr = tessel::ResolveCoordinatorAddress(a.Get("coordinator"));
   if (!addr.ok()) return Fail(addr.status());
-  auto admin = tessel::v1::Admin::NewStub(grpc::CreateChannel(*addr, grpc::InsecureChannelCredentials()));
+  auto admin = tessel::v1::Admin::NewStub(Channel(a, *addr));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   tessel::v1::GetClusterRequest req;
@@ -399,7 +425,7 @@ int Health(const Args& a) {
     if (!resolved.ok()) return Fail(resolved.status());
     address = *resolved;
   }
-  auto stub = grpc::health::v1::Health::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = grpc::health::v1::Health::NewStub(Channel(a, address));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() +
                    std::chrono::duration_cast<std::chrono::system_clock::duration>(

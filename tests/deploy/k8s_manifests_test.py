@@ -75,10 +75,18 @@ def check(docs, what):
             assert sc["capabilities"]["drop"] == ["ALL"], name
             assert c["resources"]["requests"]["memory"] == c["resources"]["limits"]["memory"] or \
                 c["resources"]["limits"]["memory"], name
-            assert "grpc" in c["livenessProbe"] and "grpc" in c["readinessProbe"], name
+            # Secured: TLS and tokens from mounted Secrets, probed over TLS.
+            command = " ".join(c["command"])
+            for flag in ("--tls_cert=", "--tls_key=", "--tls_ca=", "--join_token_file="):
+                assert flag in command, f"{name}: {flag} missing from its command"
+            for probe in (c["livenessProbe"], c["readinessProbe"]):
+                assert probe["exec"]["command"][:2] == ["tessel", "health"], name
+                assert any(a.startswith("--tls-ca=") for a in probe["exec"]["command"]), name
         labels = w["spec"]["selector"]["matchLabels"]
         assert any(p["spec"]["selector"]["matchLabels"] == labels for p in by_kind["PodDisruptionBudget"]), \
             f"{name}: no PodDisruptionBudget selects it"
+    assert any(p["spec"]["podSelector"]["matchLabels"].get("app.kubernetes.io/component") == "worker"
+               for p in by_kind["NetworkPolicy"]), f"{what}: no NetworkPolicy confines the workers' ports"
     for s in by_kind["StatefulSet"]:
         svc = [v for v in by_kind["Service"] if v["metadata"]["name"] == s["spec"]["serviceName"]]
         assert svc and svc[0]["spec"].get("clusterIP") == "None", \

@@ -10,6 +10,10 @@ namespace: Tessel across three network namespaces as across machines.
    with an error naming it, worker 0 keeps serving.
 4. RESTORE_CMD brings the link back: worker 1 registers again and the split
    program runs again.
+
+The cluster is secured as an operator would run it across machines: TLS on
+every port, mutual between the daemons; the client's token and CA come from
+$TESSEL_TOKEN and $TESSEL_TLS_CA.
 """
 import subprocess
 import sys
@@ -20,10 +24,17 @@ import numpy as np
 
 import tessel
 from tessel import Mesh, P
+from tessel._session import make_channel
 from tessel.v1 import admin_pb2, admin_pb2_grpc
 
 coordinator, host0, host1, cut, restore = sys.argv[1:6]
-admin = admin_pb2_grpc.AdminStub(grpc.insecure_channel(coordinator))
+admin = admin_pb2_grpc.AdminStub(make_channel(coordinator))
+# Plaintext is not served across the namespaces.
+try:
+    admin_pb2_grpc.AdminStub(grpc.insecure_channel(coordinator)).GetCluster(admin_pb2.GetClusterRequest(), timeout=5)
+    sys.exit("a plaintext client reached the coordinator across the network")
+except grpc.RpcError as e:
+    assert e.code() == grpc.StatusCode.UNAVAILABLE, e
 
 
 def alive():

@@ -4,8 +4,10 @@
 # bridge (in a fourth namespace) over veth pairs. The workers advertise
 # their namespace addresses and collectives go over the veth links; taking
 # worker 1's link down simulates a partition (tests/deploy/multihost_client.py
-# says what is checked). Every namespace and address is this test's own and
-# is removed at exit.
+# says what is checked). The cluster runs secured: every daemon has a
+# certificate for its namespace address from a CA made here, clients present
+# a token and workers the join token. Every namespace and address is this
+# test's own and is removed at exit.
 # Usage: multihost_netns_test.sh BUILD_DIR. Exits 77 (skipped) where
 # namespaces cannot be created.
 set -euo pipefail
@@ -44,17 +46,39 @@ for node in c w0 w1; do
   n=$((n + 1))
 done
 coord=$net.1 w0=$net.2 w1=$net.3
+pki=$logs/pki
+mkdir -p "$pki"
+ssl() { openssl "$@" >/dev/null 2>&1; }
+ssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -subj /CN=tessel-ca \
+  -keyout "$pki/ca.key" -out "$pki/ca.pem"
+for node in c:$coord w0:$w0 w1:$w1; do
+  name=${node%%:*} ip=${node#*:}
+  printf 'subjectAltName=IP:%s\nextendedKeyUsage=serverAuth,clientAuth\n' "$ip" >"$pki/$name.ext"
+  ssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=$name" \
+    -keyout "$pki/$name.key" -out "$pki/$name.csr"
+  ssl x509 -req -in "$pki/$name.csr" -CA "$pki/ca.pem" -CAkey "$pki/ca.key" -CAcreateserial -days 2 \
+    -extfile "$pki/$name.ext" -out "$pki/$name.pem"
+done
+echo "client-token-7d1e ops admin" >"$pki/tokens"
+echo "join-token-52aa" >"$pki/join"
+tls() { echo "--tls_cert=$pki/$1.pem --tls_key=$pki/$1.key --tls_ca=$pki/ca.pem"; }
+# shellcheck disable=SC2046
 ip netns exec "$id-c" "$build/bin/tessel-coordinator" --host="$coord" --port=0 --port_file="$logs/port" \
-  --heartbeat_timeout_ms=1500 >"$logs/coordinator.log" 2>&1 &
+  --heartbeat_timeout_ms=1500 $(tls c) --auth_tokens_file="$pki/tokens" --join_token_file="$pki/join" \
+  >"$logs/coordinator.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do [[ -s "$logs/port" ]] && break; sleep 0.1; done
 port=$(cat "$logs/port")
-ip netns exec "$id-w0" "$build/bin/tessel-worker" --coordinator="$coord:$port" --host="$w0" >"$logs/w0.log" 2>&1 &
+# shellcheck disable=SC2046
+ip netns exec "$id-w0" "$build/bin/tessel-worker" --coordinator="$coord:$port" --host="$w0" $(tls w0) \
+  --join_token_file="$pki/join" >"$logs/w0.log" 2>&1 &
 pids+=($!)
-ip netns exec "$id-w1" "$build/bin/tessel-worker" --coordinator="$coord:$port" --host="$w1" >"$logs/w1.log" 2>&1 &
+# shellcheck disable=SC2046
+ip netns exec "$id-w1" "$build/bin/tessel-worker" --coordinator="$coord:$port" --host="$w1" $(tls w1) \
+  --join_token_file="$pki/join" >"$logs/w1.log" 2>&1 &
 pids+=($!)
 status=0
-ip netns exec "$id-c" env PYTHONPATH="$here/../../client/python${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" \
+ip netns exec "$id-c" env TESSEL_TOKEN=client-token-7d1e TESSEL_TLS_CA="$pki/ca.pem" PYTHONPATH="$here/../../client/python${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" \
   "$here/multihost_client.py" "$coord:$port" "$w0" "$w1" \
   "ip -n $hub link set h${id}w1 down" "ip -n $hub link set h${id}w1 up" || status=$?
 if [[ $status != 0 ]]; then

@@ -26,16 +26,24 @@ import weakref
 import grpc
 
 from tessel import _context, errors
-from tessel._session import Session
+from tessel._session import Session, make_channel
 from tessel.v1 import admin_pb2, admin_pb2_grpc
 
-def connect(address=None, *, timeout=10.0, make_default=True):
+def connect(address=None, *, timeout=10.0, make_default=True, token=None, tls_ca=None, tls_cert=None,
+            tls_key=None, tls_server_name=None):
     """Opens a session on the coordinator at `address` (default:
-    $TESSEL_COORDINATOR). It becomes the default session unless told not to."""
+    $TESSEL_COORDINATOR). It becomes the default session unless told not to.
+
+    A secured coordinator: `token` (default $TESSEL_TOKEN) is the client's
+    bearer token; `tls_ca` (default $TESSEL_TLS_CA), a PEM file, turns TLS on
+    and verifies the coordinator; `tls_cert`/`tls_key` present a client
+    certificate; `tls_server_name` overrides the name checked against the
+    coordinator's certificate."""
     address = address or os.environ.get("TESSEL_COORDINATOR")
     if not address:
         raise ValueError("tessel.connect: no address given and $TESSEL_COORDINATOR is not set")
-    s = Session(address, timeout=timeout)
+    s = Session(address, timeout=timeout, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+                tls_server_name=tls_server_name)
     if make_default:
         _context.set_default_session(s)
     return s
@@ -72,7 +80,10 @@ class LocalCluster:
     `close()` is idempotent."""
 
     def __init__(self, workers=2, devices_per_worker=1, *, bin_dir=None, log_dir=None, connect=True,
-                 heartbeat_timeout_ms=2000, worker_flags=(), coordinator_flags=()):
+                 heartbeat_timeout_ms=2000, worker_flags=(), coordinator_flags=(), client=None):
+        """`client`: keyword arguments of `tessel.connect` (token, tls_ca, ...)
+        for this cluster's own calls, for a cluster started with security
+        flags."""
         if workers < 1 or devices_per_worker < 1:
             raise ValueError(f"local_cluster: expected >= 1 workers and devices per worker, "
                              f"got {workers} and {devices_per_worker}")
@@ -82,6 +93,7 @@ class LocalCluster:
         self._owns_log_dir = log_dir is None
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="tessel-local-")
         os.makedirs(self.log_dir, exist_ok=True)
+        self.client = dict(client or {})
         self._finalizer = weakref.finalize(self, _stop_all, self._procs, self.log_dir,
                                            self._owns_log_dir)
         atexit.register(self._finalizer)
@@ -89,7 +101,7 @@ class LocalCluster:
             self._start(workers, devices_per_worker, bin_dir, heartbeat_timeout_ms, list(worker_flags),
                         list(coordinator_flags))
             if connect:
-                self.session = _connect(self.address)
+                self.session = _connect(self.address, **self.client)
         except BaseException:
             self.close()
             raise
@@ -117,7 +129,7 @@ class LocalCluster:
                         "coordinator")
         port = _wait_for(lambda: _read_port(port_file), 15, c, "tessel-coordinator", self.log_dir)
         self.address = f"127.0.0.1:{port}"
-        channel = grpc.insecure_channel(self.address)
+        channel = make_channel(self.address, **self.client)
         admin = admin_pb2_grpc.AdminStub(channel)
         try:
             for i in range(workers):
