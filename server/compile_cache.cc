@@ -10,26 +10,70 @@ namespace tessel::server {
 
 using absl::StrCat;
 
+void CompileCache::TouchLocked(Entry& e) { lru_.splice(lru_.begin(), lru_, e.lru); }
+
 std::shared_ptr<const CachedExecutable> CompileCache::Lookup(const std::string& key) {
   absl::MutexLock l(&mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) return nullptr;
   ++hits_;
-  return it->second;
+  TouchLocked(it->second);
+  return it->second.exe;
 }
 
-std::shared_ptr<const CachedExecutable> CompileCache::Find(const std::string& key) const {
+std::shared_ptr<const CachedExecutable> CompileCache::Find(const std::string& key) {
   absl::MutexLock l(&mu_);
   auto it = entries_.find(key);
-  return it == entries_.end() ? nullptr : it->second;
+  if (it == entries_.end()) return nullptr;
+  TouchLocked(it->second);
+  return it->second.exe;
+}
+
+bool CompileCache::WasEvicted(const std::string& key) const {
+  absl::MutexLock l(&mu_);
+  return evicted_.contains(key);
 }
 
 std::shared_ptr<const CachedExecutable> CompileCache::Insert(const std::string& key,
                                                              scheduler::CompiledProgram compiled, v1::Graph graph) {
-  auto entry = std::make_shared<const CachedExecutable>(CachedExecutable{std::move(compiled), std::move(graph)});
+  const int64_t bytes = int64_t(compiled.program.ByteSizeLong() + graph.ByteSizeLong() + compiled.plan_text.size());
+  auto exe = std::make_shared<const CachedExecutable>(CachedExecutable{std::move(compiled), std::move(graph)});
+  std::vector<std::shared_ptr<const CachedExecutable>> dropped;  // released once unlocked
   absl::MutexLock l(&mu_);
   ++compiles_;
-  return entries_.try_emplace(key, std::move(entry)).first->second;
+  if (auto it = entries_.find(key); it != entries_.end()) {
+    TouchLocked(it->second);
+    return it->second.exe;
+  }
+  lru_.push_front(key);
+  entries_.emplace(key, Entry{exe, bytes, lru_.begin()});
+  bytes_ += bytes;
+  evicted_.erase(key);
+  while (bytes_ > max_bytes_ && lru_.size() > 1) {
+    const std::string victim = lru_.back();
+    lru_.pop_back();
+    auto v = entries_.find(victim);
+    bytes_ -= v->second.bytes;
+    dropped.push_back(std::move(v->second.exe));
+    entries_.erase(v);
+    ++evictions_;
+    if (evicted_.insert(victim).second) evicted_order_.push_back(victim);
+    while (evicted_order_.size() > 4096) {
+      evicted_.erase(evicted_order_.front());
+      evicted_order_.pop_front();
+    }
+  }
+  return exe;
+}
+
+int64_t CompileCache::bytes() const {
+  absl::MutexLock l(&mu_);
+  return bytes_;
+}
+
+int64_t CompileCache::evictions() const {
+  absl::MutexLock l(&mu_);
+  return evictions_;
 }
 
 int64_t CompileCache::compiles() const {
@@ -109,7 +153,8 @@ std::string CompileCache::ExplainMiss(const v1::Graph& graph, const std::vector<
   const CachedExecutable* nearest = nullptr;
   std::vector<std::string> best;
   int same_name = 0;
-  for (const auto& [key, e] : entries_) {
+  for (const auto& [key, entry] : entries_) {
+    const CachedExecutable* e = entry.exe.get();
     if (e->graph.name() != graph.name()) continue;
     ++same_name;
     std::vector<std::string> diffs = Differences(graph, donated, *e);
@@ -117,7 +162,7 @@ std::string CompileCache::ExplainMiss(const v1::Graph& graph, const std::vector<
     // explanation does not depend on the map's order.
     if (nearest == nullptr || diffs.size() < best.size() ||
         (diffs.size() == best.size() && e->compiled.fingerprint < nearest->compiled.fingerprint)) {
-      nearest = e.get();
+      nearest = e;
       best = std::move(diffs);
     }
   }

@@ -67,6 +67,7 @@ Coordinator::Coordinator(Options options)
       incarnation_(StrFormat("%016x", RandomU64())),
       workers_(log_, StrCat(".", incarnation_)),
       arrays_(incarnation_, absl::Now()),
+      cache_(options_.compile_cache_bytes),
       monitor_([this] { MonitorLoop(); }) {}
 
 std::string Coordinator::CollectiveEpoch(int64_t epoch) const { return StrCat(incarnation_, ".", epoch); }
@@ -404,6 +405,11 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
   };
   std::shared_ptr<const CachedExecutable> exe = cache_.Find(req.executable_id());
   if (exe == nullptr) {
+    if (cache_.WasEvicted(req.executable_id())) {
+      return absl::NotFoundError(StrCat("executable '", req.executable_id(), "' was evicted from the compile cache "
+                                        "(least recently used, over its ", cache_.max_bytes() >> 20,
+                                        " MiB): compile it again"));
+    }
     return absl::NotFoundError(StrCat("executable '", req.executable_id(), "' was never compiled here"));
   }
   const scheduler::CompiledProgram& c = exe->compiled;
@@ -802,6 +808,8 @@ v1::GetClusterResponse Coordinator::GetCluster(const v1::GetClusterRequest& req)
   resp.set_live_arrays(arrays_.num_arrays());
   resp.set_compiles(cache_.compiles());
   resp.set_compile_cache_hits(cache_.hits());
+  resp.set_compile_cache_bytes(cache_.bytes());
+  resp.set_compile_cache_evictions(cache_.evictions());
   resp.set_executions(next_execution_.load());
   if (!req.with_memory()) return resp;
   for (StatsTarget& t : workers_.LiveStatsTargets()) {

@@ -47,6 +47,8 @@ class Coordinator {
         [](const std::string& address, const std::string& secret) { return NewGrpcWorkerClient(address, secret); };
     // Who may call, and the operator's bounds on each tenant.
     Tenants tenants;
+    // The compile cache's bound; the least recently used executables go.
+    int64_t compile_cache_bytes = int64_t{1} << 30;
   };
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(Options options);
   ~Coordinator();

@@ -46,6 +46,9 @@ ABSL_FLAG(int64_t, max_sessions_per_tenant, 0,
 ABSL_FLAG(std::string, tls_worker_name, "",
           "With TLS: the name the workers' certificates must carry (e.g. tessel-worker), checked instead of the "
           "host each worker advertises; for workers whose addresses are not in their certificates (pod IPs).");
+ABSL_FLAG(int64_t, compile_cache_mb, 1024,
+          "Bound of the compile cache in MiB (programs, graphs and plans); the least recently used executables "
+          "are evicted past it (running one again then says to compile it again).");
 ABSL_FLAG(int, parent_pid, 0,
           "If set, stop (as on SIGTERM) when this parent process exits; for clients that start daemons.");
 
@@ -98,6 +101,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.tenants = tessel::server::Tenants(defaults);
+  if (absl::GetFlag(FLAGS_compile_cache_mb) < 1) {
+    log->error("--compile_cache_mb: expected >= 1, got {}", absl::GetFlag(FLAGS_compile_cache_mb));
+    return 2;
+  }
+  options.compile_cache_bytes = absl::GetFlag(FLAGS_compile_cache_mb) << 20;
   if (const std::string f = absl::GetFlag(FLAGS_auth_tokens_file); !f.empty()) {
     auto t = tessel::server::Tenants::FromFile(f, defaults);
     if (!t.ok()) {

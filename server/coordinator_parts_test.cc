@@ -352,6 +352,38 @@ TEST(CompileCache, CountsHitsAndExplainsMisses) {
   EXPECT_THAT(cache.ExplainMiss(op, {}), HasSubstr("node 2 'z' (sub) differs"));
 }
 
+TEST(CompileCache, EvictsTheLeastRecentlyUsedPastItsBytes) {
+  const v1::Graph g = Parse(kAdd);
+  auto c = scheduler::Compile(g, {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  CompileCache probe;
+  probe.Insert("k", *c, g);
+  const int64_t one = probe.bytes();
+  ASSERT_GT(one, 0);
+  // Room for two entries, not three.
+  CompileCache cache(2 * one + one / 2);
+  auto held = cache.Insert("k1", *c, g);
+  cache.Insert("k2", *c, g);
+  ASSERT_NE(cache.Lookup("k1"), nullptr);  // k1 is now the most recently used
+  cache.Insert("k3", *c, g);
+  EXPECT_EQ(cache.size(), 2);
+  EXPECT_EQ(cache.bytes(), 2 * one);
+  EXPECT_EQ(cache.evictions(), 1);
+  EXPECT_EQ(cache.Find("k2"), nullptr);
+  EXPECT_TRUE(cache.WasEvicted("k2"));
+  EXPECT_NE(cache.Find("k1"), nullptr);
+  EXPECT_NE(cache.Find("k3"), nullptr);
+  EXPECT_FALSE(cache.WasEvicted("k1"));
+  // An entry larger than the whole bound still stays while it is the newest.
+  CompileCache tiny(1);
+  tiny.Insert("a", *c, g);
+  EXPECT_EQ(tiny.size(), 1);
+  tiny.Insert("b", *c, g);
+  EXPECT_EQ(tiny.size(), 1);
+  EXPECT_NE(tiny.Find("b"), nullptr);
+  EXPECT_EQ(held->graph.name(), "add");  // a held entry outlives its eviction
+}
+
 // ----------------------------------------------------------- ExecutePlanner
 
 class PlannerTest : public ::testing::Test {
