@@ -36,6 +36,16 @@ TlsFiles TlsFilesFromFlags();
 // The daemons' --insecure.
 bool InsecureFromFlags();
 
+// What a daemon serves and joins with.
+struct DaemonSecurity {
+  TlsFiles tls;
+  std::string join_token;  // empty: none
+};
+// The daemon's --tls_* and --join_token_file, checked (CheckTlsFiles, and
+// CheckListenSecurity against `host` and --insecure); the error names the
+// flag and what is wrong.
+absl::StatusOr<DaemonSecurity> DaemonSecurityFromFlags(absl::string_view daemon, absl::string_view host);
+
 // INVALID_ARGUMENT naming the flag when a file is missing or unreadable, or
 // when a server has a certificate without its key (or the reverse).
 absl::Status CheckTlsFiles(const TlsFiles& tls, bool server);

@@ -10,6 +10,10 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert. Reloaded whe
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM CA bundle that verifies the other daemons' certificates (and is handed to no one else).");
 ABSL_FLAG(int, tls_reload_s, 10, "How often the TLS files are checked for changes, in seconds.");
+ABSL_FLAG(std::string, join_token_file, "",
+          "File whose first line is the cluster's join token: the coordinator asks it of workers (to register, "
+          "heartbeat and meet), a worker presents it. Unset on the coordinator: any caller may register a worker "
+          "(loopback only, unless --insecure).");
 ABSL_FLAG(bool, insecure, false,
           "Allow plaintext (no TLS) on a non-loopback --host. Anyone who reaches the port can then read and "
           "change what it carries; use only on a network you trust.");
@@ -22,5 +26,18 @@ TlsFiles TlsFilesFromFlags() {
 }
 
 bool InsecureFromFlags() { return absl::GetFlag(FLAGS_insecure); }
+
+absl::StatusOr<DaemonSecurity> DaemonSecurityFromFlags(absl::string_view daemon, absl::string_view host) {
+  DaemonSecurity out;
+  out.tls = TlsFilesFromFlags();
+  if (absl::Status s = CheckTlsFiles(out.tls, /*server=*/true); !s.ok()) return s;
+  if (absl::Status s = CheckListenSecurity(daemon, host, out.tls, InsecureFromFlags()); !s.ok()) return s;
+  if (const std::string f = absl::GetFlag(FLAGS_join_token_file); !f.empty()) {
+    auto t = ReadSecretFile("join_token_file", f);
+    if (!t.ok()) return t.status();
+    out.join_token = *t;
+  }
+  return out;
+}
 
 }  // namespace tessel

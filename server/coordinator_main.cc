@@ -36,9 +36,6 @@ ABSL_FLAG(std::string, auth_tokens_file, "",
           "Client tokens: one 'TOKEN TENANT [admin] [memory_quota=BYTES] [max_sessions=N]' per line (see "
           "server/tenants.h). Set: Session calls need a token and see only their tenant's sessions; Admin calls "
           "need an admin token. Unset: every caller is tenant 'default' (loopback only, unless --insecure).");
-ABSL_FLAG(std::string, join_token_file, "",
-          "File whose first line is the cluster's join token: workers present it to register, heartbeat and meet. "
-          "Unset: any caller may register a worker (loopback only, unless --insecure).");
 ABSL_FLAG(int64_t, tenant_memory_quota_mb, 0,
           "Memory quota of a tenant whose tokens-file lines give none, over all its sessions, in MiB; 0: none.");
 ABSL_FLAG(int64_t, max_sessions_per_tenant, 0,
@@ -72,26 +69,14 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  const tessel::TlsFiles tls = tessel::TlsFilesFromFlags();
   const std::string host = absl::GetFlag(FLAGS_host);
-  const bool insecure = tessel::InsecureFromFlags();
-  if (auto s = tessel::CheckTlsFiles(tls, /*server=*/true); !s.ok()) {
-    log->error("{}", std::string(s.message()));
+  auto security = tessel::DaemonSecurityFromFlags("tessel-coordinator", host);
+  if (!security.ok()) {
+    log->error("{}", std::string(security.status().message()));
     return 2;
   }
-  if (auto s = tessel::CheckListenSecurity("tessel-coordinator", host, tls, insecure); !s.ok()) {
-    log->error("{}", std::string(s.message()));
-    return 2;
-  }
-  std::string join_token;
-  if (const std::string f = absl::GetFlag(FLAGS_join_token_file); !f.empty()) {
-    auto t = tessel::ReadSecretFile("join_token_file", f);
-    if (!t.ok()) {
-      log->error("{}", std::string(t.status().message()));
-      return 2;
-    }
-    join_token = *t;
-  }
+  const tessel::TlsFiles& tls = security->tls;
+  const std::string& join_token = security->join_token;
   tessel::server::Coordinator::Options options;
   options.logger = log;
   const tessel::server::TenantLimits defaults{absl::GetFlag(FLAGS_tenant_memory_quota_mb) << 20,

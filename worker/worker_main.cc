@@ -48,8 +48,6 @@ ABSL_FLAG(int, register_timeout_s, 30, "How long to keep trying to reach the coo
 ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, error.");
 ABSL_FLAG(int, collective_timeout_s, 60,
           "How long a collective waits for the rest of its group (and the rendezvous for its peers).");
-ABSL_FLAG(std::string, join_token_file, "",
-          "File whose first line is the cluster's join token (the coordinator's --join_token_file).");
 ABSL_FLAG(int, parent_pid, 0,
           "If set, stop (as on SIGTERM) when this parent process exits; for clients that start daemons.");
 
@@ -234,27 +232,16 @@ int main(int argc, char** argv) {
     log->error("{}", runtime.status().ToString());
     return 1;
   }
-  const tessel::TlsFiles tls = tessel::TlsFilesFromFlags();
   const std::string host = absl::GetFlag(FLAGS_host);
-  if (auto s = tessel::CheckTlsFiles(tls, /*server=*/true); !s.ok()) {
-    log->error("{}", std::string(s.message()));
+  auto security = tessel::DaemonSecurityFromFlags("tessel-worker", host);
+  if (!security.ok()) {
+    log->error("{}", std::string(security.status().message()));
     return 2;
   }
-  if (auto s = tessel::CheckListenSecurity("tessel-worker", host, tls, tessel::InsecureFromFlags()); !s.ok()) {
-    log->error("{}", std::string(s.message()));
-    return 2;
-  }
+  const tessel::TlsFiles& tls = security->tls;
+  const std::string& join_token = security->join_token;
   if (!tls.enabled() && !tessel::IsLoopbackHost(host)) {
     log->warn("--insecure: serving plaintext on {}; anyone on the network can read and change it", host);
-  }
-  std::string join_token;
-  if (const std::string f = absl::GetFlag(FLAGS_join_token_file); !f.empty()) {
-    auto t = tessel::ReadSecretFile("join_token_file", f);
-    if (!t.ok()) {
-      log->error("{}", std::string(t.status().message()));
-      return 2;
-    }
-    join_token = *t;
   }
   // Drawn anew at each start and given only to the coordinator: the key to
   // this worker's service.

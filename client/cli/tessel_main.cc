@@ -243,8 +243,11 @@ int StatusJson(const Args& a) {
   req.set_with_memory(true);
   tessel::v1::GetClusterResponse resp;
   if (grpc::Status st = admin->GetCluster(&ctx, req, &resp); !st.ok()) {
+    const bool unreachable = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                             st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
     return Fail(absl::Status(static_cast<absl::StatusCode>(st.error_code()),
-                             absl::StrCat("no coordinator at ", *addr, ": ", st.error_message())));
+                             absl::StrCat(unreachable ? "no coordinator at " : "coordinator ", *addr, ": ",
+                                          st.error_message())));
   }
   google::protobuf::util::JsonPrintOptions o;
   o.add_whitespace = true;
