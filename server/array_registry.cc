@@ -201,7 +201,17 @@ void ArrayRegistry::CountTransfer(const std::string& session, int device, Direct
   CountTransferLocked(session, device, dir, bytes);
 }
 
+TransferCounts ArrayRegistry::total_transfers() const {
+  absl::MutexLock l(&mu_);
+  return total_transfers_;
+}
+
 void ArrayRegistry::CountTransferLocked(const std::string& session, int device, Direction dir, int64_t bytes) {
+  switch (dir) {
+    case Direction::kHostToDevice: total_transfers_.h2d += bytes; break;
+    case Direction::kDeviceToHost: total_transfers_.d2h += bytes; break;
+    case Direction::kDeviceToDevice: total_transfers_.d2d += bytes; break;
+  }
   SessionRecord* s = FindSessionLocked(session);
   if (s == nullptr) return;
   TransferCounts& total = s->transfers;

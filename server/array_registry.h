@@ -143,6 +143,8 @@ class ArrayRegistry {
   absl::Status CheckQuotaLocked(const std::string& session, int64_t added, absl::string_view what) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountTransfer(const std::string& session, int device, Direction dir, int64_t bytes);
+  // Every session's transfers since the coordinator started.
+  TransferCounts total_transfers() const;
   void CountTransferLocked(const std::string& session, int device, Direction dir, int64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -174,6 +176,7 @@ class ArrayRegistry {
     int64_t sessions = 0;
   };
   absl::flat_hash_map<std::string, TenantUsage> tenants_ ABSL_GUARDED_BY(mu_);
+  TransferCounts total_transfers_ ABSL_GUARDED_BY(mu_);
   // Why recently ended sessions ended, for the calls that still name them;
   // the oldest are forgotten past kMaxEnded.
   static constexpr size_t kMaxEnded = 4096;

@@ -556,8 +556,9 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
       }
     }
     launch.client->Run(launch.step.run, [this, session = req.session_id(), outputs, epoch, execution_id, device,
-                                         load = std::move(load)](absl::StatusOr<v1::RunResponse> r) {
+                                         load = std::move(load), sent = absl::Now()](absl::StatusOr<v1::RunResponse> r) {
       if (!load.ok()) r = load;
+      if (options_.on_step_done) options_.on_step_done(device, absl::Now() - sent, r.ok());
       // Workers speak of their local devices; users know the global ids.
       if (!r.ok()) r = Annotate(r.status(), StrCat("execution ", execution_id, " on device ", device, ": "));
       OnStepDone(session, outputs, epoch, std::move(r));

@@ -49,6 +49,10 @@ class Coordinator {
     Tenants tenants;
     // The compile cache's bound; the least recently used executables go.
     int64_t compile_cache_bytes = int64_t{1} << 30;
+    // Called as each device step completes (on a client thread, no lock
+    // held): its global device, the time since it was sent, and whether it
+    // succeeded. Default: none.
+    std::function<void(int device, absl::Duration latency, bool ok)> on_step_done;
   };
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(Options options);
   ~Coordinator();
@@ -107,6 +111,8 @@ class Coordinator {
   // Admin.
   v1::GetClusterResponse GetCluster(const v1::GetClusterRequest& req);
   v1::ListSessionsResponse ListSessions();
+  // Bytes moved since start, over every session.
+  TransferCounts total_transfers() const { return arrays_.total_transfers(); }
   absl::StatusOr<v1::AdminCloseSessionResponse> AdminCloseSession(const v1::AdminCloseSessionRequest& req);
 
  private:

@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "core/metrics.h"
 #include "core/process_tuning.h"
 #include "core/security.h"
 #include "server/fault_injection.h"
@@ -46,8 +47,65 @@ ABSL_FLAG(std::string, tls_worker_name, "",
 ABSL_FLAG(int64_t, compile_cache_mb, 1024,
           "Bound of the compile cache in MiB (programs, graphs and plans); the least recently used executables "
           "are evicted past it (running one again then says to compile it again).");
+ABSL_FLAG(std::string, metrics_address, "",
+          "Serve Prometheus metrics (text format, plaintext HTTP, /metrics) on host:port (port 0 picks a free "
+          "one, written to --metrics_port_file). Empty: no endpoint.");
+ABSL_FLAG(std::string, metrics_port_file, "", "If set, the metrics endpoint's port is written here once serving.");
 ABSL_FLAG(int, parent_pid, 0,
           "If set, stop (as on SIGTERM) when this parent process exits; for clients that start daemons.");
+
+namespace {
+
+void WritePortFile(const std::string& path, int port) {
+  if (path.empty()) return;
+  std::ofstream(path + ".tmp") << port << "\n";
+  std::rename((path + ".tmp").c_str(), path.c_str());
+}
+
+// The figures Admin.GetCluster and ListSessions report, read at each scrape.
+void AddCoordinatorMetrics(tessel::server::Coordinator* c, tessel::MetricsEndpoint& metrics) {
+  metrics.AddCollector([c] {
+    using tessel::CounterFamily;
+    using tessel::GaugeFamily;
+    const tessel::v1::GetClusterResponse cluster = c->GetCluster(tessel::v1::GetClusterRequest());
+    int64_t alive = 0, dead = 0;
+    for (const auto& w : cluster.workers()) ++(w.alive() ? alive : dead);
+    std::map<std::string, std::pair<double, double>> tenants;  // sessions, bytes
+    const tessel::v1::ListSessionsResponse listed = c->ListSessions();
+    for (const auto& s : listed.sessions()) {
+      auto& t = tenants[s.tenant()];
+      t.first += 1;
+      t.second += s.live_bytes();
+    }
+    tessel::Samples sessions, bytes;
+    for (const auto& [tenant, t] : tenants) {
+      sessions.push_back({{{"tenant", tenant}}, t.first});
+      bytes.push_back({{{"tenant", tenant}}, t.second});
+    }
+    const tessel::server::TransferCounts moved = c->total_transfers();
+    return std::vector<prometheus::MetricFamily>{
+        GaugeFamily("tessel_sessions", "Open sessions, by tenant", sessions),
+        GaugeFamily("tessel_session_bytes", "Bytes of live arrays, by tenant", bytes),
+        GaugeFamily("tessel_live_arrays", "Live arrays over all sessions", {{{}, double(cluster.live_arrays())}}),
+        GaugeFamily("tessel_workers", "Workers by state", {{{{"state", "alive"}}, double(alive)},
+                                                              {{{"state", "dead"}}, double(dead)}}),
+        CounterFamily("tessel_executions_total", "Executions accepted", {{{}, double(cluster.executions())}}),
+        CounterFamily("tessel_compiles_total", "Graphs compiled", {{{}, double(cluster.compiles())}}),
+        CounterFamily("tessel_compile_cache_hits_total", "Compiles answered from the cache",
+                      {{{}, double(cluster.compile_cache_hits())}}),
+        GaugeFamily("tessel_compile_cache_bytes", "Bytes held by cached executables",
+                    {{{}, double(cluster.compile_cache_bytes())}}),
+        CounterFamily("tessel_compile_cache_evictions_total", "Executables evicted (least recently used)",
+                      {{{}, double(cluster.compile_cache_evictions())}}),
+        CounterFamily("tessel_transfer_bytes_total", "Bytes moved, by direction",
+                      {{{{"direction", "host_to_device"}}, double(moved.h2d)},
+                       {{{"direction", "device_to_host"}}, double(moved.d2h)},
+                       {{{"direction", "device_to_device"}}, double(moved.d2d)}}),
+    };
+  });
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   // Lock order is fixed by design (written where the locks are declared)
@@ -132,10 +190,31 @@ int main(int argc, char** argv) {
       return tessel::server::NewGrpcWorkerClient(address, secret, worker_creds, worker_name);
     };
   }
+  std::unique_ptr<tessel::MetricsEndpoint> metrics;
+  std::unique_ptr<tessel::StepMetrics> step_metrics;
+  if (const std::string address = absl::GetFlag(FLAGS_metrics_address); !address.empty()) {
+    auto m = tessel::MetricsEndpoint::Start(address);
+    if (!m.ok()) {
+      log->error("--metrics_address: {}", std::string(m.status().message()));
+      return 2;
+    }
+    metrics = std::move(*m);
+    step_metrics = std::make_unique<tessel::StepMetrics>(metrics->registry(), "tessel",
+                                                         "from the coordinator sending it to its worker's answer");
+    options.on_step_done = [sm = step_metrics.get()](int device, absl::Duration latency, bool ok) {
+      sm->Observe(device, latency, ok);
+    };
+  }
   auto coordinator = tessel::server::Coordinator::Create(std::move(options));
   if (!coordinator.ok()) {
     log->error("{}", coordinator.status().ToString());
     return 1;
+  }
+  if (metrics != nullptr) {
+    AddCoordinatorMetrics(coordinator->get(), *metrics);
+    log->info("metrics on http://{}:{}/metrics", absl::GetFlag(FLAGS_metrics_address).substr(
+                  0, absl::GetFlag(FLAGS_metrics_address).rfind(':')), metrics->port());
+    WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), metrics->port());
   }
   tessel::server::SessionService session(coordinator->get());
   tessel::server::AdminService admin(coordinator->get());
@@ -165,10 +244,7 @@ int main(int argc, char** argv) {
     server->GetHealthCheckService()->SetServingStatus(name, true);
   }
   log->info("tessel-coordinator serving on {}:{} ({})", host, port, tls.enabled() ? "TLS" : "plaintext");
-  if (const std::string pf = absl::GetFlag(FLAGS_port_file); !pf.empty()) {
-    std::ofstream(pf + ".tmp") << port << "\n";
-    std::rename((pf + ".tmp").c_str(), pf.c_str());
-  }
+  WritePortFile(absl::GetFlag(FLAGS_port_file), port);
   tessel::NotifyReady(absl::StrCat("serving on ", host, ":", port));
   int sig = tessel::WaitForTerminationSignal();
   log->info("signal {}: shutting down", sig);

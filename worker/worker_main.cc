@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <fstream>
+#include <map>
 #include <optional>
 #include <string>
 #include <thread>
@@ -15,6 +17,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/metrics.h"
 #include "core/process_tuning.h"
 #include "core/security.h"
 #include "core/version.h"
@@ -48,6 +51,10 @@ ABSL_FLAG(int, register_timeout_s, 30, "How long to keep trying to reach the coo
 ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, error.");
 ABSL_FLAG(int, collective_timeout_s, 60,
           "How long a collective waits for the rest of its group (and the rendezvous for its peers).");
+ABSL_FLAG(std::string, metrics_address, "",
+          "Serve Prometheus metrics (text format, plaintext HTTP, /metrics) on host:port (port 0 picks a free "
+          "one, written to --metrics_port_file). Empty: no endpoint.");
+ABSL_FLAG(std::string, metrics_port_file, "", "If set, the metrics endpoint's port is written here once serving.");
 ABSL_FLAG(int, parent_pid, 0,
           "If set, stop (as on SIGTERM) when this parent process exits; for clients that start daemons.");
 
@@ -152,6 +159,30 @@ absl::StatusOr<Registration> Register(tessel::v1::Registry::Stub& stub, const st
 
 namespace {
 
+// Device memory and steps as GetStats reports them, read at each scrape.
+void AddWorkerMetrics(tessel::worker::WorkerRuntime* runtime, tessel::MetricsEndpoint& metrics) {
+  metrics.AddCollector([runtime] {
+    const tessel::v1::WorkerStatsResponse stats = runtime->Stats({}, absl::ZeroDuration());
+    tessel::Samples in_use, peak, buffers, cached, limit;
+    for (const auto& d : stats.devices()) {
+      const std::map<std::string, std::string> labels{{"device", std::to_string(d.device())}};
+      in_use.push_back({labels, double(d.bytes_in_use())});
+      peak.push_back({labels, double(d.peak_bytes_in_use())});
+      buffers.push_back({labels, double(d.num_buffers())});
+      cached.push_back({labels, double(d.bytes_cached())});
+      limit.push_back({labels, double(d.bytes_limit())});
+    }
+    return std::vector<prometheus::MetricFamily>{
+        tessel::GaugeFamily("tessel_worker_device_bytes_in_use", "Bytes held by live buffers, by local device", in_use),
+        tessel::GaugeFamily("tessel_worker_device_peak_bytes", "Peak bytes in use, by local device", peak),
+        tessel::GaugeFamily("tessel_worker_device_buffers", "Live buffers, by local device", buffers),
+        tessel::GaugeFamily("tessel_worker_device_bytes_cached", "Freed bytes kept for reuse, by local device", cached),
+        tessel::GaugeFamily("tessel_worker_device_bytes_limit", "Device memory limit (0: none)", limit),
+        tessel::CounterFamily("tessel_worker_steps_total", "Steps run on this worker", {{{}, double(stats.steps_run())}}),
+    };
+  });
+}
+
 // The instructions the CPU kernels were built to use (TESSEL_ISA) that this
 // CPU lacks, as a list for the error; empty when it has them all.
 std::string MissingKernelInstructions() {
@@ -246,7 +277,25 @@ int main(int argc, char** argv) {
   // Drawn anew at each start and given only to the coordinator: the key to
   // this worker's service.
   const std::string secret = tessel::RandomSecret();
-  tessel::worker::WorkerService service(runtime->get(), secret);
+  std::unique_ptr<tessel::MetricsEndpoint> metrics;
+  std::unique_ptr<tessel::StepMetrics> step_metrics;
+  if (const std::string maddr = absl::GetFlag(FLAGS_metrics_address); !maddr.empty()) {
+    auto m = tessel::MetricsEndpoint::Start(maddr);
+    if (!m.ok()) {
+      log->error("--metrics_address: {}", std::string(m.status().message()));
+      return 2;
+    }
+    metrics = std::move(*m);
+    step_metrics = std::make_unique<tessel::StepMetrics>(metrics->registry(), "tessel_worker",
+                                                         "from its arrival on the worker to its answer");
+    AddWorkerMetrics(runtime->get(), *metrics);
+    log->info("metrics on port {} (/metrics)", metrics->port());
+    if (const std::string pf = absl::GetFlag(FLAGS_metrics_port_file); !pf.empty()) {
+      std::ofstream(pf + ".tmp") << metrics->port() << "\n";
+      std::rename((pf + ".tmp").c_str(), pf.c_str());
+    }
+  }
+  tessel::worker::WorkerService service(runtime->get(), secret, step_metrics.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

@@ -63,7 +63,9 @@ namespace {
 // answered, so no completion outlives the reactor.
 class StepsReactor final : public grpc::ServerBidiReactor<v1::StepBatch, v1::StepResults> {
  public:
-  explicit StepsReactor(WorkerRuntime* runtime) : runtime_(runtime) { StartRead(&batch_); }
+  StepsReactor(WorkerRuntime* runtime, StepMetrics* steps) : runtime_(runtime), steps_(steps) {
+    StartRead(&batch_);
+  }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
@@ -84,7 +86,8 @@ class StepsReactor final : public grpc::ServerBidiReactor<v1::StepBatch, v1::Ste
     if (request.has_run()) {
       const int device = request.run().device();
       const uint64_t seq = request.run().seq(), epoch = request.run().queue_epoch();
-      runtime_->Run(request.run(), [this, device, seq, epoch](absl::StatusOr<v1::RunResponse> r) {
+      runtime_->Run(request.run(), [this, device, seq, epoch, arrived = absl::Now()](absl::StatusOr<v1::RunResponse> r) {
+        if (steps_ != nullptr) steps_->Observe(device, absl::Now() - arrived, r.ok());
         v1::StepResult res;
         res.set_device(device);
         res.set_seq(seq);
@@ -158,6 +161,7 @@ class StepsReactor final : public grpc::ServerBidiReactor<v1::StepBatch, v1::Ste
   }
 
   WorkerRuntime* const runtime_;
+  StepMetrics* const steps_;
   v1::StepBatch batch_;  // only touched by the read chain
   absl::Mutex mu_;
   v1::StepResults pending_ ABSL_GUARDED_BY(mu_);
@@ -180,7 +184,7 @@ class RefusedSteps final : public grpc::ServerBidiReactor<v1::StepBatch, v1::Ste
 
 grpc::ServerBidiReactor<v1::StepBatch, v1::StepResults>* WorkerService::Steps(grpc::CallbackServerContext* ctx) {
   if (grpc::Status a = CheckCaller(*ctx); !a.ok()) return new RefusedSteps(a);
-  return new StepsReactor(runtime_);
+  return new StepsReactor(runtime_, steps_);
 }
 
 grpc::Status WorkerService::PutShard(grpc::ServerContext* ctx, grpc::ServerReader<v1::PutShardRequest>* reader,

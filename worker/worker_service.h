@@ -7,6 +7,7 @@
 // alone when it registered; others are refused UNAUTHENTICATED.
 #pragma once
 
+#include "core/metrics.h"
 #include "tessel/v1/worker.grpc.pb.h"
 #include "worker/worker_runtime.h"
 
@@ -16,7 +17,10 @@ class WorkerService final
     : public v1::Worker::WithCallbackMethod_Run<
           v1::Worker::WithCallbackMethod_Free<v1::Worker::WithCallbackMethod_Steps<v1::Worker::Service>>> {
  public:
-  WorkerService(WorkerRuntime* runtime, std::string secret) : runtime_(runtime), secret_(std::move(secret)) {}
+  // `steps` (optional, borrowed) records each step's latency from its
+  // arrival to its answer.
+  WorkerService(WorkerRuntime* runtime, std::string secret, StepMetrics* steps = nullptr)
+      : runtime_(runtime), secret_(std::move(secret)), steps_(steps) {}
 
   grpc::Status GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*, v1::GetVersionResponse*) override;
   grpc::Status LoadProgram(grpc::ServerContext*, const v1::LoadProgramRequest*, v1::LoadProgramResponse*) override;
@@ -32,6 +36,7 @@ class WorkerService final
   grpc::Status CheckCaller(const grpc::ServerContextBase& ctx) const;
   WorkerRuntime* const runtime_;
   const std::string secret_;
+  StepMetrics* const steps_;
 };
 
 }  // namespace tessel::worker

@@ -1,0 +1,116 @@
+#include "core/metrics.h"
+
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+
+namespace tessel {
+
+class MetricsEndpoint::Collectors final : public prometheus::Collectable {
+ public:
+  void Add(Collector c) {
+    absl::MutexLock l(&mu_);
+    collectors_.push_back(std::move(c));
+  }
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<Collector> collectors;
+    {
+      absl::MutexLock l(&mu_);
+      collectors = collectors_;
+    }
+    std::vector<prometheus::MetricFamily> out;
+    for (const Collector& c : collectors) {
+      std::vector<prometheus::MetricFamily> f = c();
+      out.insert(out.end(), std::make_move_iterator(f.begin()), std::make_move_iterator(f.end()));
+    }
+    return out;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<Collector> collectors_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const std::string& address) {
+  std::unique_ptr<MetricsEndpoint> m(new MetricsEndpoint());
+  m->registry_ = std::make_shared<prometheus::Registry>();
+  m->collectors_ = std::make_shared<Collectors>();
+  try {
+    m->exposer_ = std::make_unique<prometheus::Exposer>(address, 2);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("metrics endpoint: cannot listen on ", address, ": ", e.what()));
+  }
+  m->exposer_->RegisterCollectable(m->registry_);
+  m->exposer_->RegisterCollectable(m->collectors_);
+  return m;
+}
+
+MetricsEndpoint::~MetricsEndpoint() = default;
+
+int MetricsEndpoint::port() const {
+  std::vector<int> ports = exposer_->GetListeningPorts();
+  return ports.empty() ? 0 : ports.front();
+}
+
+void MetricsEndpoint::AddCollector(Collector collect) { collectors_->Add(std::move(collect)); }
+
+namespace {
+
+prometheus::MetricFamily Family(const std::string& name, const std::string& help, prometheus::MetricType type,
+                                const Samples& samples) {
+  prometheus::MetricFamily f;
+  f.name = name;
+  f.help = help;
+  f.type = type;
+  for (const auto& [labels, value] : samples) {
+    prometheus::ClientMetric m;
+    for (const auto& [k, v] : labels) m.label.push_back({k, v});
+    if (type == prometheus::MetricType::Counter) {
+      m.counter.value = value;
+    } else {
+      m.gauge.value = value;
+    }
+    f.metric.push_back(std::move(m));
+  }
+  return f;
+}
+
+}  // namespace
+
+prometheus::MetricFamily GaugeFamily(const std::string& name, const std::string& help, const Samples& samples) {
+  return Family(name, help, prometheus::MetricType::Gauge, samples);
+}
+
+prometheus::MetricFamily CounterFamily(const std::string& name, const std::string& help, const Samples& samples) {
+  return Family(name, help, prometheus::MetricType::Counter, samples);
+}
+
+StepMetrics::StepMetrics(prometheus::Registry& registry, const std::string& prefix, const std::string& what)
+    : latency_(prometheus::BuildHistogram()
+                   .Name(prefix + "_step_seconds")
+                   .Help(absl::StrCat("Step latency by device: ", what))
+                   .Register(registry)),
+      errors_(prometheus::BuildCounter()
+                  .Name(prefix + "_step_errors_total")
+                  .Help("Steps that failed, by device")
+                  .Register(registry)) {}
+
+void StepMetrics::Observe(int device, absl::Duration latency, bool ok) {
+  Device* d;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = devices_.find(device);
+    if (it == devices_.end()) {
+      const std::map<std::string, std::string> labels{{"device", std::to_string(device)}};
+      // 50 µs .. ~26 s, doubling.
+      prometheus::Histogram::BucketBoundaries bounds;
+      for (double b = 50e-6; b < 30; b *= 2) bounds.push_back(b);
+      it = devices_.emplace(device, Device{&latency_.Add(labels, bounds), &errors_.Add(labels)}).first;
+    }
+    d = &it->second;
+  }
+  d->latency->Observe(absl::ToDoubleSeconds(latency));
+  if (!ok) d->errors->Increment();
+}
+
+}  // namespace tessel

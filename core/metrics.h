@@ -1,0 +1,80 @@
+// The daemons' Prometheus endpoint (--metrics_address): the text exposition
+// format over HTTP at /metrics, served by prometheus-cpp's pull exposer.
+//
+// Two kinds of figures: those the daemon already keeps (sessions, arrays,
+// device memory, the compile cache) are read at each scrape by collectors,
+// so a scrape and an Admin call agree; those only an event can give (step
+// latency, errors) are recorded as they happen, in StepMetrics.
+//
+// The endpoint is plaintext HTTP without authentication: bind it where only
+// the scraper reaches (its own interface, or a network you trust).
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <prometheus/collectable.h>
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/family.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace tessel {
+
+class MetricsEndpoint {
+ public:
+  using Collector = std::function<std::vector<prometheus::MetricFamily>()>;
+
+  // Serves `address` ("host:port"; port 0 picks a free one).
+  // UNAVAILABLE naming the address when it cannot listen there.
+  static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(const std::string& address);
+  ~MetricsEndpoint();
+
+  int port() const;
+  // Where event figures are registered.
+  prometheus::Registry& registry() { return *registry_; }
+  // Figures computed at each scrape.
+  void AddCollector(Collector collect);
+
+ private:
+  class Collectors;
+  MetricsEndpoint() = default;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<Collectors> collectors_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+};
+
+// One family of gauges or counters, a sample per label set.
+using Samples = std::vector<std::pair<std::map<std::string, std::string>, double>>;
+prometheus::MetricFamily GaugeFamily(const std::string& name, const std::string& help, const Samples& samples);
+prometheus::MetricFamily CounterFamily(const std::string& name, const std::string& help, const Samples& samples);
+
+// Steps as they complete, by device: a latency histogram
+// (<prefix>_step_seconds) and an error counter (<prefix>_step_errors_total).
+class StepMetrics {
+ public:
+  StepMetrics(prometheus::Registry& registry, const std::string& prefix, const std::string& what);
+  void Observe(int device, absl::Duration latency, bool ok);
+
+ private:
+  struct Device {
+    prometheus::Histogram* latency;
+    prometheus::Counter* errors;
+  };
+  prometheus::Family<prometheus::Histogram>& latency_;
+  prometheus::Family<prometheus::Counter>& errors_;
+  absl::Mutex mu_;
+  std::map<int, Device> devices_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tessel
