@@ -22,6 +22,12 @@
 //                   a 1-element body, run on the device, vs the same step
 //                   dispatched from the client (donated, pipelined). Goal
 //                   <= 0.05x (1/20).
+//   exec_roundtrip_tls, fetch_256mib_tls  the same calls on a secured cluster
+//                   (TLS on every port, mutual between the daemons; a client
+//                   token) vs the plaintext cluster. Goals <= 1.1x, >= 0.5x.
+//   load_8x2000_tls 8 clients, each its own session and thread, 2,000
+//                   Execute(wait) steps each, on the secured cluster vs the
+//                   plaintext one, in steps/s. Goal >= 0.9x.
 //   mlp_grad_step   one SGD step of a 2-layer MLP (batch 2048, 128 -> 256 ->
 //                   8) with its gradients from GraphBuilder::ValueAndGrad vs
 //                   the same step with its backward pass written by hand,
@@ -42,6 +48,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -150,6 +157,59 @@ T Check(absl::StatusOr<T> v) {
   return std::move(*v);
 }
 
+// Seconds per Execute(wait) of a 1-element add, over `steps` calls; the
+// outputs are freed in batches, outside the count.
+double ExecSeconds(tessel::Session& session, int steps) {
+  GraphBuilder g("add1");
+  auto x = g.Parameter({DType::kF32, {1}}, "x");
+  auto exe = Check(session.Compile(Check(g.Build({g.Add(x, x)}))));
+  auto xa = Check(session.Put(HostArray::From<float>({1}, {1.f})));
+  std::vector<tessel::Array> garbage;
+  auto step = [&] {
+    auto outs = Check(session.Execute(exe, {xa}, {tessel::Placement::Device(0), true}));
+    garbage.insert(garbage.end(), outs.begin(), outs.end());
+    if (garbage.size() >= 500) {
+      Check(session.Delete(garbage));
+      garbage.clear();
+    }
+  };
+  for (int i = 0; i < 100; ++i) step();
+  const double t = TimePerCall(steps, step);
+  Check(session.Delete(garbage));
+  Check(session.Delete({xa}));
+  return t;
+}
+
+// Steps per second of `clients` sessions, each on its own thread running
+// `steps` Execute(wait) calls, all at once.
+double LoadStepsPerSecond(const std::string& address, const tessel::ConnectOptions& connect, int clients,
+                          int steps) {
+  std::vector<std::unique_ptr<tessel::Session>> sessions;
+  for (int i = 0; i < clients; ++i) sessions.push_back(Check(tessel::Session::Connect(address, connect)));
+  std::vector<std::thread> threads;
+  const absl::Time start = absl::Now();
+  for (auto& s : sessions) threads.emplace_back([&s, steps] { ExecSeconds(*s, steps); });
+  for (auto& t : threads) t.join();
+  return double(clients) * steps / absl::ToDoubleSeconds(absl::Now() - start);
+}
+
+// A throwaway CA, one certificate for 127.0.0.1 signed by it (the openssl
+// command), a client token and a join token, under `d`. False when openssl
+// fails.
+bool MakeTestPki(const std::string& d) {
+  std::filesystem::create_directories(d);
+  std::ofstream(d + "/ext") << "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n";
+  std::ofstream(d + "/tokens") << "bench-token bench admin\n";
+  std::ofstream(d + "/join") << "bench-join-token\n";
+  auto run = [&](const std::string& cmd) {
+    return std::system(("cd " + d + " && openssl " + cmd + " >/dev/null 2>&1").c_str()) == 0;
+  };
+  const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  return run("req -x509 " + ec + " -days 1 -subj /CN=tessel-bench-ca -keyout ca.key -out ca.pem") &&
+         run("req " + ec + " -subj /CN=tessel-bench -keyout d.key -out d.csr") &&
+         run("x509 -req -in d.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -extfile ext -out d.pem");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -201,10 +261,6 @@ int main(int argc, char** argv) {
 
   // 1. Execute round trip vs two bare unary round trips.
   if (want("exec_roundtrip")) {
-    GraphBuilder g("add1");
-    auto x = g.Parameter({DType::kF32, {1}}, "x");
-    auto exe = Check(session->Compile(Check(g.Build({g.Add(x, x)}))));
-    auto xa = Check(session->Put(HostArray::From<float>({1}, {1.f})));
     auto bare = [&] {
       grpc::ClientContext ctx;
       tessel::v1::GetVersionResponse r;
@@ -213,17 +269,7 @@ int main(int argc, char** argv) {
                              : absl::UnavailableError("baseline unary failed")));
     };
     for (int i = 0; i < 200; ++i) bare();
-    // Time Execute alone: outputs are freed in batches, outside the count.
-    std::vector<tessel::Array> garbage;
-    double t_exec = TimePerCall(2000, [&] {
-      auto outs = Check(session->Execute(exe, {xa}, {tessel::Placement::Device(0), true}));
-      garbage.insert(garbage.end(), outs.begin(), outs.end());
-      if (garbage.size() >= 500) {
-        Check(session->Delete(garbage));
-        garbage.clear();
-      }
-    });
-    Check(session->Delete(garbage));
+    double t_exec = ExecSeconds(*session, 2000);
     double t_bare = 2 * TimePerCall(2000, bare);
     rows.push_back({"exec_roundtrip", "us", t_exec * 1e6, t_bare * 1e6, 3.0, false,
                     "Execute(wait) of a 1-element add vs 2x bare gRPC unary round trip"});
@@ -582,6 +628,58 @@ int main(int argc, char** argv) {
     Check(session->Delete({x, y}));
     rows.push_back({"mlp_grad_step", "ms/step", Median(t_grad) * 1e3, Median(t_hand) * 1e3, 1.1, false,
                     "SGD step of a 2048x128->256->8 MLP, gradients from ValueAndGrad vs written by hand"});
+  }
+
+  // 10. A secured cluster beside the plaintext one.
+  if (want("exec_roundtrip_tls") || want("fetch_256mib_tls") || want("load_8x2000_tls")) {
+    const std::string pki = dir + "/pki";
+    if (!MakeTestPki(pki)) {
+      std::fprintf(stderr, "tessel-bench: the openssl command could not make test certificates; TLS rows skipped\n");
+    } else {
+      const std::vector<std::string> tls = {"--tls_cert=" + pki + "/d.pem", "--tls_key=" + pki + "/d.key",
+                                            "--tls_ca=" + pki + "/ca.pem", "--join_token_file=" + pki + "/join"};
+      tessel::LocalCluster::Options sopts = opts;
+      sopts.coordinator_flags = tls;
+      sopts.coordinator_flags.push_back("--auth_tokens_file=" + pki + "/tokens");
+      sopts.worker_flags = tls;
+      sopts.token = "bench-token";
+      sopts.tls_ca_file = pki + "/ca.pem";
+      auto secured = Check(tessel::LocalCluster::Start(sopts));
+      tessel::ConnectOptions sconnect;
+      sconnect.token = "bench-token";
+      sconnect.tls_ca_file = pki + "/ca.pem";
+      auto ssession = Check(tessel::Session::Connect(secured->address(), sconnect));
+      if (want("exec_roundtrip_tls")) {
+        const double t_plain = ExecSeconds(*session, 2000), t_tls = ExecSeconds(*ssession, 2000);
+        rows.push_back({"exec_roundtrip_tls", "us", t_tls * 1e6, t_plain * 1e6, 1.1, false,
+                        "Execute(wait) of a 1-element add: TLS + token vs plaintext"});
+      }
+      if (want("fetch_256mib_tls")) {
+        HostArray big(ArrayType{DType::kF32, {kFetchBytes / 4}});
+        std::memset(big.mutable_data(), 1, big.size_bytes());
+        auto plain = Check(session->Put(big));
+        auto sec = Check(ssession->Put(big));
+        big = HostArray();
+        const double t_plain = TimeIt(3, [&] { (void)Check(session->Fetch(plain)); });
+        const double t_tls = TimeIt(3, [&] { (void)Check(ssession->Fetch(sec)); });
+        Check(session->Delete({plain}));
+        Check(ssession->Delete({sec}));
+        rows.push_back({"fetch_256mib_tls", "GB/s", kFetchBytes / t_tls / 1e9, kFetchBytes / t_plain / 1e9, 0.5, true,
+                        "Fetch of 256 MiB through the coordinator: TLS vs plaintext"});
+      }
+      if (want("load_8x2000_tls")) {
+        // Alternating rounds, the median of each side: the machine's noise
+        // falls on both.
+        std::vector<double> plain_runs, sec_runs;
+        for (int round = 0; round < 3; ++round) {
+          plain_runs.push_back(LoadStepsPerSecond(cluster->address(), tessel::ConnectOptions(), 8, 2000));
+          sec_runs.push_back(LoadStepsPerSecond(secured->address(), sconnect, 8, 2000));
+        }
+        const double plain = Median(plain_runs), sec = Median(sec_runs);
+        rows.push_back({"load_8x2000_tls", "steps/s", sec, plain, 0.9, true,
+                        "8 clients x 2,000 Execute(wait) steps: TLS + token vs plaintext"});
+      }
+    }
   }
 
   cluster.reset();

@@ -28,12 +28,26 @@ grpc::Status Version(const v1::GetVersionRequest* req, v1::GetVersionResponse* r
 
 }  // namespace
 
-grpc::Status SessionService::Authorize(const grpc::ServerContext* ctx, const std::string& session) const {
+grpc::Status SessionService::Authorize(const grpc::ServerContext* ctx, const std::string& session) {
   const Tenants& tenants = c_->tenants();
   if (!tenants.authenticating()) return grpc::Status::OK;
   auto who = tenants.Authenticate(BearerToken(*ctx));
   if (!who.ok()) return ToGrpc(who.status());
-  return ToGrpc(c_->CheckTenant(session, who->tenant));
+  {
+    absl::ReaderMutexLock l(&tenants_mu_);
+    if (auto it = tenant_of_.find(session); it != tenant_of_.end()) {
+      if (it->second == who->tenant) return grpc::Status::OK;
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                          absl::StrCat("session ", session, " belongs to another tenant"));
+    }
+  }
+  // Not seen yet: the coordinator says whose it is (or that it is gone).
+  if (absl::Status s = c_->CheckTenant(session, who->tenant); !s.ok()) return ToGrpc(s);
+  absl::MutexLock l(&tenants_mu_);
+  constexpr size_t kMaxRemembered = 1 << 16;
+  if (tenant_of_.size() >= kMaxRemembered) tenant_of_.clear();
+  tenant_of_.emplace(session, who->tenant);
+  return grpc::Status::OK;
 }
 
 grpc::Status AdminService::Authorize(const grpc::ServerContext* ctx) const {

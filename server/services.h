@@ -8,6 +8,8 @@
 // heartbeats and rendezvous calls the worker's own id and secret.
 #pragma once
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "server/coordinator.h"
 #include "server/kv_store.h"
 #include "tessel/v1/admin.grpc.pb.h"
@@ -38,8 +40,12 @@ class SessionService final : public v1::Session::Service {
  private:
   // UNAUTHENTICATED without a known token; PERMISSION_DENIED when `session`
   // is another tenant's. OK at once without authentication.
-  grpc::Status Authorize(const grpc::ServerContext* ctx, const std::string& session) const;
+  grpc::Status Authorize(const grpc::ServerContext* ctx, const std::string& session);
   Coordinator* const c_;
+  // The tenant of each session already checked (a session id is never
+  // reused, so its tenant never changes); bounded, cleared when full.
+  absl::Mutex tenants_mu_;
+  absl::flat_hash_map<std::string, std::string> tenant_of_ ABSL_GUARDED_BY(tenants_mu_);
 };
 
 class AdminService final : public v1::Admin::Service {

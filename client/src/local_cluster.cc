@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/security.h"
 #include "tessel/v1/admin.grpc.pb.h"
 
 namespace tessel {
@@ -117,7 +118,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
   cluster->address_ = absl::StrCat("127.0.0.1:", port);
   // Workers start one at a time, each registering before the next starts, so
   // worker i owns global devices [i*D, (i+1)*D).
-  auto admin = v1::Admin::NewStub(grpc::CreateChannel(cluster->address_, grpc::InsecureChannelCredentials()));
+  TlsFiles tls;
+  tls.ca = options.tls_ca_file;
+  auto admin = v1::Admin::NewStub(
+      CreateChannelWithToken(cluster->address_, ChannelCredentials(tls), grpc::ChannelArguments(), options.token));
   for (int i = 0; i < options.workers; ++i) {
     std::vector<std::string> args = {"--coordinator=" + cluster->address_,
                                      absl::StrCat("--devices=", options.devices_per_worker)};

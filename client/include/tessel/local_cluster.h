@@ -28,6 +28,9 @@ class LocalCluster {
     std::vector<std::string> worker_flags;  // extra flags for every worker
     std::vector<std::string> coordinator_flags;  // extra flags for the coordinator
     int heartbeat_timeout_ms = 2000;
+    // For a cluster started with security flags: the admin token and CA the
+    // cluster's own calls (waiting for workers) present.
+    std::string token, tls_ca_file;
   };
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(Options options);
   ~LocalCluster();
