@@ -337,6 +337,7 @@ absl::StatusOr<v1::CompileResponse> Coordinator::Compile(const v1::CompileReques
   std::shared_ptr<const CachedExecutable> entry = cache_.Lookup(key);
   if (entry != nullptr) {
     resp.set_cache_hit(true);
+    log_->debug("session {}: compile of '{}' hit the cache ({})", req.session_id(), req.graph().name(), key);
   } else {
     resp.set_cache_miss_reason(cache_.ExplainMiss(req.graph(), donated));
   }
@@ -533,6 +534,13 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
   for (const PlannedMove& m : moves) {
     absl::Status s = RunMove(req.session_id(), m, routes[m.from_device], routes[m.to_device]);
     if (!s.ok()) log_->warn("execution {}: {}", execution_id, s.ToString());
+  }
+  if (log_->should_log(spdlog::level::debug)) {
+    std::vector<int> on;
+    for (const Launch& l : launches) on.push_back(l.step.device);
+    log_->debug("session {}: execution {} of '{}' ({}) on devices [{}], {} arguments, {} outputs, {} moves",
+                req.session_id(), execution_id, exe_name, req.executable_id(), absl::StrJoin(on, ","),
+                req.arguments_size(), outputs.size(), moves.size());
   }
   // The step still runs when an argument failed upstream: it consumes the
   // donated buffers and marks its outputs with the error on the workers.

@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "core/logging.h"
 #include "core/metrics.h"
 #include "core/process_tuning.h"
 #include "core/security.h"
@@ -30,6 +31,7 @@ ABSL_FLAG(int, session_lease_s, 60,
           "freed (the SDKs keep their sessions alive in the background). 0: sessions end only when closed.");
 ABSL_FLAG(int, max_message_mb, 64, "Largest gRPC message accepted, in MiB; bulk data streams in chunks below it.");
 ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, error.");
+ABSL_FLAG(std::string, log_format, "text", "Log format: text, or json (one object per line: time, level, logger, thread, message).");
 ABSL_FLAG(std::string, inject_faults, "",
           "For tests only: misbehave on the way to every worker, e.g. drop_step=0.01,delay_step=0.05,seed=7 "
           "(see server/fault_injection.h). Default: none.");
@@ -120,8 +122,12 @@ int main(int argc, char** argv) {
       "(operators), plus grpc.health.v1.Health and server reflection.");
   tessel::SetDaemonFlagsUsage("coordinator_main");
   absl::ParseCommandLine(argc, argv);
-  auto log = spdlog::stdout_color_mt("coordinator");
-  log->set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+  auto made = tessel::MakeDaemonLogger("coordinator", absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_log_format));
+  if (!made.ok()) {
+    std::fprintf(stderr, "tessel-coordinator: %s\n", std::string(made.status().message()).c_str());
+    return 2;
+  }
+  std::shared_ptr<spdlog::logger> log = *made;
   if (const int parent = absl::GetFlag(FLAGS_parent_pid); parent > 0 && !tessel::StopWithParent(parent)) {
     log->error("--parent_pid={}: that process has already exited", parent);
     return 1;

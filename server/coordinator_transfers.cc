@@ -123,6 +123,10 @@ class Coordinator::PutSinkImpl final : public Coordinator::PutSink {
 };
 
 absl::StatusOr<std::unique_ptr<Coordinator::PutSink>> Coordinator::BeginPut(const v1::PutRequest::Header& h) {
+  if (log_->should_log(spdlog::level::debug)) {
+    log_->debug("session {}: put of array {:#x}, {}, onto {}", h.session_id(), h.handle(), h.type().ShortDebugString(),
+                h.placement().ShortDebugString());
+  }
   // Per block: (worker client, header) for each worker holding a copy.
   std::vector<std::vector<std::pair<std::shared_ptr<WorkerClient>, v1::PutShardRequest::Header>>> targets;
   std::optional<BlockLayout> layout;
@@ -293,6 +297,7 @@ class Coordinator::FetchSourceImpl final : public Coordinator::FetchSource {
 };
 
 absl::StatusOr<std::unique_ptr<Coordinator::FetchSource>> Coordinator::BeginFetch(const v1::FetchRequest& req) {
+  log_->debug("session {}: fetch of array {:#x}", req.session_id(), req.handle());
   std::vector<std::pair<std::shared_ptr<WorkerClient>, v1::FetchShardRequest>> reads;
   std::vector<FetchSourceImpl::Block> blocks;
   std::optional<BlockLayout> layout;

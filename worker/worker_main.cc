@@ -17,6 +17,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/logging.h"
 #include "core/metrics.h"
 #include "core/process_tuning.h"
 #include "core/security.h"
@@ -49,6 +50,7 @@ ABSL_FLAG(int64_t, device_memory_bytes, 0,
           "and 90% of each GPU's free memory. With --device_kind=both it limits the CPU devices only.");
 ABSL_FLAG(int, register_timeout_s, 30, "How long to keep trying to reach the coordinator at start-up.");
 ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, error.");
+ABSL_FLAG(std::string, log_format, "text", "Log format: text, or json (one object per line: time, level, logger, thread, message).");
 ABSL_FLAG(int, collective_timeout_s, 60,
           "How long a collective waits for the rest of its group (and the rendezvous for its peers).");
 ABSL_FLAG(std::string, metrics_address, "",
@@ -225,8 +227,12 @@ int main(int argc, char** argv) {
       "registers with the coordinator and heartbeats. Also serves grpc.health.v1.Health and reflection.");
   tessel::SetDaemonFlagsUsage("worker_main");
   absl::ParseCommandLine(argc, argv);
-  auto log = spdlog::stdout_color_mt("worker");
-  log->set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+  auto made = tessel::MakeDaemonLogger("worker", absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_log_format));
+  if (!made.ok()) {
+    std::fprintf(stderr, "tessel-worker: %s\n", std::string(made.status().message()).c_str());
+    return 2;
+  }
+  std::shared_ptr<spdlog::logger> log = *made;
   if (const std::string missing = MissingKernelInstructions(); !missing.empty()) {
     log->error("this tessel-worker's CPU kernels were built for {} and this CPU lacks {}: rebuild with "
                "-DTESSEL_ISA=x86-64-v2 (or -DTESSEL_NATIVE=ON on this machine)", TESSEL_KERNEL_ISA, missing);

@@ -180,3 +180,32 @@ def test_status_as_json_is_the_admin_api(cluster):
     assert f"{len(devices)} live devices" in table
     for w in workers:
         assert w["workerId"] in table and w["address"] in table
+
+
+def test_json_logs_with_debug_say_what_ran(tmp_path):
+    """--log_format=json writes one JSON object per line; --log_level=debug
+    adds each execution (coordinator) and each step (worker)."""
+    import json
+
+    import numpy as np
+
+    import tessel
+    from tessel import _context
+    previous = _context.default_session_or_none()
+    flags = ["--log_format=json", "--log_level=debug"]
+    with tessel.LocalCluster(1, 1, log_dir=str(tmp_path), coordinator_flags=flags, worker_flags=flags) as c:
+        _context.set_default_session(c.session)
+        x = np.arange(8, dtype=np.float32)
+        np.testing.assert_array_equal(tessel.jit(lambda v: v + 1)(tessel.device_put(x)).fetch(), x + 1)
+    _context.set_default_session(previous)
+    for name, wanted in (("coordinator", "execution 1 of"), ("worker0", "step 0 (execution 1")):
+        records = [json.loads(line) for line in (tmp_path / f"{name}.log").read_text().splitlines()]
+        assert all(set(r) == {"time", "level", "logger", "thread", "message"} for r in records), records[:3]
+        assert any(r["level"] == "debug" and wanted in r["message"] for r in records), (name, records)
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", records[0]["time"])
+
+
+def test_unknown_log_format_is_refused():
+    p = subprocess.run([find_binary("tessel-coordinator"), "--log_format=xml"], capture_output=True, text=True,
+                       timeout=30)
+    assert p.returncode == 2 and "--log_format: expected text or json, got 'xml'" in p.stderr
