@@ -98,6 +98,12 @@ void Coordinator::RestartQueues(const std::string& worker_id) {
 
 absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(const v1::RegisterWorkerRequest& req) {
   TESSEL_RETURN_IF_ERROR(WorkerRegistry::Validate(req));
+  for (const WorkerRegistry::Expired& old : workers_.Supersede(req, absl::Now())) {
+    const std::string name = req.worker_name().empty() ? req.address() : req.worker_name();
+    LoseWorker(old, old.name == name ? StrCat("restarted (", name, " registered again, incarnation ",
+                                              req.worker_incarnation(), ", from ", req.address(), ")")
+                                     : StrCat("was replaced at its address by worker ", name));
+  }
   std::shared_ptr<WorkerClient> client = options_.connect(req.address(), req.worker_secret());
   // The id is known once registered; the callback looks it up then.
   auto id = std::make_shared<std::string>();
@@ -145,6 +151,14 @@ absl::Status Coordinator::CheckKvCaller(const std::string& worker_id, const std:
   return workers_.CheckMember(worker_id, secret, devices);
 }
 
+void Coordinator::LoseWorker(const WorkerRegistry::Expired& w, const std::string& why) {
+  const int lost =
+      arrays_.LoseOn(w.devices, absl::UnavailableError(StrFormat("was on worker %s (%s), which %s", w.id, w.address, why)));
+  log_->warn("worker {} ({}) {}; marked dead, {} arrays lost", w.id, w.address, why, lost);
+  // Cancelling fails the calls in flight, whose callbacks take the registries' locks.
+  if (w.client != nullptr) w.client->CancelAll();
+}
+
 void Coordinator::MonitorLoop() {
   absl::MutexLock l(&mu_);
   while (!stop_) {
@@ -153,13 +167,7 @@ void Coordinator::MonitorLoop() {
     mu_.Unlock();
     std::vector<WorkerRegistry::Expired> expired = workers_.ExpireSilent(absl::Now(), options_.heartbeat_timeout);
     for (const WorkerRegistry::Expired& w : expired) {
-      const int lost = arrays_.LoseOn(
-          w.devices, absl::UnavailableError(StrFormat("was on worker %s (%s), which stopped heartbeating", w.id,
-                                                      w.address)));
-      log_->warn("worker {} ({}) missed heartbeats for {}; marked dead, {} arrays lost", w.id, w.address,
-                 absl::FormatDuration(w.silent), lost);
-      // Cancelling fails the calls in flight, whose callbacks take the registries' locks.
-      w.client->CancelAll();
+      LoseWorker(w, StrCat("stopped heartbeating (silent for ", absl::FormatDuration(w.silent), ")"));
     }
     expired.clear();
     SendFrees(workers_.TakeOpeners());

@@ -121,6 +121,9 @@ class Coordinator {
 
   explicit Coordinator(Options options);
   void MonitorLoop();
+  // `w` is dead (`why`, the rest of "was on worker W (ADDRESS), which ..."):
+  // its arrays are lost and its calls in flight cancelled.
+  void LoseWorker(const WorkerRegistry::Expired& w, const std::string& why);
   // Applies the transfer guard (the call's override, else the session's);
   // logs or fails as the level says. Counting is separate (CountTransfer).
   absl::Status GuardTransferLocked(const std::string& session, const v1::TransferGuard& call, Direction dir,

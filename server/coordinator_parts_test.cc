@@ -146,6 +146,33 @@ TEST(WorkerRegistry, RestartedQueuesStartOverAndAreOpenedOnce) {
   EXPECT_EQ(reg.Reserve({0}, {1})[0].first_seq, 1u);
 }
 
+TEST(WorkerRegistry, ARestartedOrDisplacedWorkerSupersedesTheOldRecord) {
+  WorkerRegistry reg(NullLogger());
+  auto named = [](const std::string& address, const std::string& name, const std::string& incarnation) {
+    auto r = Registration(address, 1);
+    r.set_worker_name(name);
+    r.set_worker_incarnation(incarnation);
+    return r;
+  };
+  auto a = reg.Register(named("h:1", "node-a", "i1"), std::make_shared<FakeWorkerClient>("h:1"), absl::Seconds(1), 1);
+  auto b = reg.Register(named("h:2", "node-b", "j1"), std::make_shared<FakeWorkerClient>("h:2"), absl::Seconds(1), 2);
+  const absl::Time now = absl::Now();
+  // The same incarnation registering again (after the coordinator forgot
+  // it) replaces nobody.
+  EXPECT_TRUE(reg.Supersede(named("h:1", "node-a", "i1"), now).empty());
+  // node-a restarted, on another port: its old record dies, node-b stays.
+  auto gone = reg.Supersede(named("h:9", "node-a", "i2"), now);
+  ASSERT_EQ(gone.size(), 1u);
+  EXPECT_EQ(gone[0].id, a.worker_id());
+  EXPECT_EQ(gone[0].name, "node-a");
+  EXPECT_EQ(reg.CheckAlive({0}).code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(reg.CheckAlive({1}).ok());
+  // Another name at node-b's address displaces it.
+  gone = reg.Supersede(named("h:2", "node-c", "k1"), now);
+  ASSERT_EQ(gone.size(), 1u);
+  EXPECT_EQ(gone[0].id, b.worker_id());
+}
+
 TEST(WorkerRegistry, SilentWorkersDieAndSayWhere) {
   WorkerRegistry reg(NullLogger());
   auto a = reg.Register(Registration("a:1", 1), std::make_shared<FakeWorkerClient>("a:1"), absl::Seconds(1), 1);

@@ -40,6 +40,8 @@ v1::RegisterWorkerResponse WorkerRegistry::Register(const v1::RegisterWorkerRequ
   w.id = StrCat("w", next_worker_++, id_suffix_);
   w.address = req.address();
   w.secret = req.worker_secret();
+  w.name = req.worker_name().empty() ? req.address() : req.worker_name();
+  w.incarnation = req.worker_incarnation();
   w.last_heartbeat = absl::Now();
   w.client = std::move(client);
   for (int i = 0; i < req.num_devices(); ++i) {
@@ -49,8 +51,9 @@ v1::RegisterWorkerResponse WorkerRegistry::Register(const v1::RegisterWorkerRequ
   }
   std::string kinds;
   for (int d : w.devices) absl::StrAppend(&kinds, kinds.empty() ? "" : ",", devices_[d].kind);
-  log_->info("worker {} registered from {} with {} devices [{}] (global ids {}..{})", w.id, w.address,
-             req.num_devices(), kinds, w.devices.front(), w.devices.back());
+  log_->info("worker {} ({}, incarnation {}) registered from {} with {} devices [{}] (global ids {}..{})", w.id,
+             w.name, w.incarnation.empty() ? "-" : w.incarnation, w.address, req.num_devices(), kinds,
+             w.devices.front(), w.devices.back());
   v1::RegisterWorkerResponse resp;
   resp.set_worker_id(w.id);
   resp.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(heartbeat_interval));
@@ -94,6 +97,22 @@ std::vector<WorkerRegistry::Expired> WorkerRegistry::ExpireSilent(absl::Time now
     if (!w.alive || now - w.last_heartbeat < timeout) continue;
     w.alive = false;
     out.push_back(Expired{id, w.address, w.devices, w.client, now - w.last_heartbeat});
+  }
+  return out;
+}
+
+std::vector<WorkerRegistry::Expired> WorkerRegistry::Supersede(const v1::RegisterWorkerRequest& req,
+                                                               absl::Time now) {
+  const std::string name = req.worker_name().empty() ? req.address() : req.worker_name();
+  std::vector<Expired> out;
+  absl::MutexLock l(&mu_);
+  for (auto& [id, w] : workers_) {
+    if (!w.alive) continue;
+    const bool restarted = w.name == name && w.incarnation != req.worker_incarnation();
+    const bool moved_in = w.address == req.address() && w.name != name;
+    if (!restarted && !moved_in) continue;
+    w.alive = false;
+    out.push_back(Expired{id, w.address, w.devices, w.client, now - w.last_heartbeat, w.name});
   }
   return out;
 }
@@ -266,6 +285,8 @@ void WorkerRegistry::Describe(absl::Time now, v1::GetClusterResponse* resp) cons
     v1::WorkerInfo* info = resp->add_workers();
     info->set_worker_id(w->id);
     info->set_address(w->address);
+    info->set_name(w->name);
+    info->set_incarnation(w->incarnation);
     info->set_alive(w->alive);
     info->set_ms_since_heartbeat(absl::ToInt64Milliseconds(now - w->last_heartbeat));
     for (int d : w->devices) {

@@ -91,9 +91,14 @@ class WorkerRegistry {
     std::vector<int> devices;
     std::shared_ptr<WorkerClient> client;
     absl::Duration silent;
+    std::string name;
   };
   // Marks dead every live worker silent for `timeout` or longer.
   std::vector<Expired> ExpireSilent(absl::Time now, absl::Duration timeout);
+  // A worker registering as `req` replaces these live ones, now marked dead:
+  // those of its name with another incarnation (it restarted), and those at
+  // its address under another name (the address is its now).
+  std::vector<Expired> Supersede(const v1::RegisterWorkerRequest& req, absl::Time now);
 
   // Steps to `worker_id` were lost in transit: its devices' numbering starts
   // over at 0 in a new queue epoch, to be opened by TakeOpeners (or by the
@@ -139,6 +144,7 @@ class WorkerRegistry {
     std::string id;
     std::string address;
     std::string secret;        // RegisterWorkerRequest.worker_secret
+    std::string name, incarnation;
     std::vector<int> devices;  // global ids
     absl::Time last_heartbeat;
     bool alive = true;

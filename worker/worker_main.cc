@@ -57,6 +57,9 @@ ABSL_FLAG(std::string, metrics_address, "",
           "Serve Prometheus metrics (text format, plaintext HTTP, /metrics) on host:port (port 0 picks a free "
           "one, written to --metrics_port_file). Empty: no endpoint.");
 ABSL_FLAG(std::string, metrics_port_file, "", "If set, the metrics endpoint's port is written here once serving.");
+ABSL_FLAG(std::string, worker_id, "",
+          "This worker's persistent identity, kept across restarts (default: the host name and the port). A "
+          "worker that registers again under it with a new incarnation replaces the old at once.");
 ABSL_FLAG(int, parent_pid, 0,
           "If set, stop (as on SIGTERM) when this parent process exits; for clients that start daemons.");
 
@@ -127,21 +130,27 @@ absl::StatusOr<std::vector<std::unique_ptr<tessel::worker::Device>>> MakeDevices
   return devices;
 }
 
-absl::StatusOr<Registration> Register(tessel::v1::Registry::Stub& stub, const std::string& address,
-                                      const std::string& secret, const std::vector<std::string>& kinds,
-                                      absl::Duration timeout) {
+// Who this worker is to the coordinator, for every registration.
+struct Identity {
+  std::string address, secret, name, incarnation;
+};
+
+absl::StatusOr<Registration> Register(tessel::v1::Registry::Stub& stub, const Identity& me,
+                                      const std::vector<std::string>& kinds, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   grpc::Status last;
   while (absl::Now() < deadline) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
     tessel::v1::RegisterWorkerRequest req;
-    req.set_address(address);
+    req.set_address(me.address);
+    req.set_worker_name(me.name);
+    req.set_worker_incarnation(me.incarnation);
     req.set_num_devices(int(kinds.size()));
     for (const std::string& k : kinds) req.add_device_kinds(k);
     req.set_device_kind(kinds.empty() ? "cpu" : kinds.front());
     req.set_protocol_version(tessel::kProtocolVersionMax);
-    req.set_worker_secret(secret);
+    req.set_worker_secret(me.secret);
     tessel::v1::RegisterWorkerResponse resp;
     last = stub.RegisterWorker(&ctx, req, &resp);
     if (last.ok()) {
@@ -337,7 +346,14 @@ int main(int argc, char** argv) {
     }
     (*runtime)->SetCollectives(std::move(*collectives));
   }
-  auto reg = Register(*registry, address, secret, kinds, absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s)));
+  Identity me{address, secret, absl::GetFlag(FLAGS_worker_id), tessel::RandomSecret().substr(0, 16)};
+  if (me.name.empty()) {
+    char hostname[256] = {};
+    gethostname(hostname, sizeof hostname - 1);
+    me.name = absl::StrCat(hostname, ":", port);
+  }
+  log->info("worker {} (incarnation {})", me.name, me.incarnation);
+  auto reg = Register(*registry, me, kinds, absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s)));
   if (!reg.ok()) {
     log->error("{}", reg.status().ToString());
     server->Shutdown();
@@ -394,7 +410,7 @@ int main(int argc, char** argv) {
       grpc::Status s = registry->Heartbeat(&ctx, req, &resp);
       if (s.ok() && !resp.known()) {
         log->warn("coordinator does not know worker {}; registering again", r.worker_id);
-        auto again = Register(*registry, address, secret, kinds, absl::Seconds(5));
+        auto again = Register(*registry, me, kinds, absl::Seconds(5));
         if (again.ok()) {
           if (again->coordinator_incarnation != r.coordinator_incarnation) {
             auto [arrays, bytes] = (*runtime)->ForgetAllArrays();

@@ -209,3 +209,45 @@ def test_unknown_log_format_is_refused():
     p = subprocess.run([find_binary("tessel-coordinator"), "--log_format=xml"], capture_output=True, text=True,
                        timeout=30)
     assert p.returncode == 2 and "--log_format: expected text or json, got 'xml'" in p.stderr
+
+
+def test_a_restarted_worker_replaces_its_old_self_at_once(tmp_path):
+    """Same --worker_id, new process: the coordinator marks the old
+    incarnation dead when the new one registers (not a heartbeat timeout
+    later), its arrays are lost naming the restart, and the new one serves."""
+    import numpy as np
+
+    import tessel
+    from tessel import _context, errors
+    previous = _context.default_session_or_none()
+    with tessel.LocalCluster(1, 1, log_dir=str(tmp_path), heartbeat_timeout_ms=60_000,
+                             worker_flags=["--worker_id=node-a"]) as c:
+        _context.set_default_session(c.session)
+        old = c.session.cluster().workers[0]
+        assert old.name == "node-a" and len(old.incarnation) == 16
+        kept = tessel.device_put(np.arange(4, dtype=np.float32))
+        c.kill_worker(0)
+        again = subprocess.Popen([find_binary("tessel-worker"), f"--coordinator={c.address}", "--worker_id=node-a",
+                                  f"--parent_pid={os.getpid()}"], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                workers = c.session.cluster().workers
+                if any(w.alive and w.incarnation != old.incarnation for w in workers):
+                    break
+                time.sleep(0.05)
+            by_id = {w.worker_id: w for w in c.session.cluster().workers}
+            assert not by_id[old.worker_id].alive
+            new = [w for w in by_id.values() if w.alive]
+            assert len(new) == 1 and new[0].name == "node-a" and new[0].incarnation != old.incarnation
+            with pytest.raises(errors.TesselError, match="restarted \\(node-a registered again"):
+                kept.fetch()
+            x = np.arange(6, dtype=np.float32)
+            devices = [d.id for d in new[0].devices]
+            got = tessel.jit(lambda v: v * 2)(tessel.device_put(x, devices[0])).fetch()
+            np.testing.assert_array_equal(got, x * 2)
+        finally:
+            again.terminate()
+            again.wait(10)
+    _context.set_default_session(previous)
