@@ -805,7 +805,26 @@ class GroupCommunicator final : public Communicator {
     absl::Status s = CatchGloo(
         absl::StrCat(Describe(c), ": connecting to workers [", absl::StrJoin(l_.workers, ", "), "]"),
         [&] { context->connectFullMesh(*prefix_store_, device); });
-    if (!s.ok()) return s;
+    if (!s.ok()) {
+      // Name the workers that never published their endpoint (Gloo's key
+      // "rank_<worker>"), not just the group.
+      std::vector<int> absent;
+      for (int w = 0; w < l_.num_workers(); ++w) {
+        if (w == l_.self_worker) continue;
+        bool present = false;
+        (void)CatchGloo("", [&] {
+          prefix_store_->wait({absl::StrCat("rank_", w)}, std::chrono::milliseconds(1));
+          present = true;
+        });
+        if (!present) absent.push_back(w);
+      }
+      if (!absent.empty()) {
+        const std::string who =
+            absl::StrJoin(absent, ", ", [&](std::string* out, int w) { out->append(WorkerDevices(w)); });
+        return Annotate(s, absl::StrCat(who, " never joined the group: "));
+      }
+      return s;
+    }
     gloo_ = std::move(context);
     log_->debug("group '{}': connected to {} workers as worker {} in {}", l_.key, l_.num_workers(), l_.self_worker,
                 absl::FormatDuration(absl::Now() - start));

@@ -461,7 +461,7 @@ TEST(Collectives, MissingLocalRankIsDeadlineExceeded) {
 
 TEST(Collectives, MissingWorkerIsDeadlineExceeded) {
   SimulatedWorkers workers({"w0", "w1"}, absl::Seconds(1));
-  const GroupSpec spec{"across", {"w0", "w1"}};
+  const GroupSpec spec{"across", {"w0", "w1"}, {4, 7}};
   const absl::Time start = absl::Now();
   auto statuses = workers.Run(spec, [](int rank, Communicator* comm) {
     float x = 1;
@@ -471,6 +471,9 @@ TEST(Collectives, MissingWorkerIsDeadlineExceeded) {
   ASSERT_EQ(statuses[0].code(), absl::StatusCode::kDeadlineExceeded) << statuses[0];
   EXPECT_NE(statuses[0].message().find("'across'"), absl::string_view::npos) << statuses[0];
   EXPECT_NE(statuses[0].message().find("AllReduce"), absl::string_view::npos) << statuses[0];
+  // The worker and device that never came, not just the group.
+  EXPECT_NE(statuses[0].message().find("worker 'w1' (device 7) never joined the group"), absl::string_view::npos)
+      << statuses[0];
 }
 
 TEST(Collectives, WorkerMissingAfterConnectingIsDeadlineExceeded) {
