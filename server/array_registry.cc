@@ -1,5 +1,7 @@
 #include "server/array_registry.h"
 
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/dtype.h"
@@ -270,6 +272,24 @@ int ArrayRegistry::LoseOn(const std::vector<int>& devices, const absl::Status& e
     }
   }
   return lost;
+}
+
+ArrayRegistry::Held ArrayRegistry::HeldOn(const std::vector<int>& devices) const {
+  absl::flat_hash_set<int> devs(devices.begin(), devices.end());
+  std::set<std::string> sessions;
+  Held held;
+  absl::MutexLock l(&mu_);
+  for (const auto& [h, a] : arrays_) {
+    bool touches = false;
+    for (int d : a.devices) touches |= devs.contains(d);
+    if (!touches || a.state == v1::LOST) continue;
+    ++held.arrays;
+    held.bytes += a.bytes();
+    held.pending += a.state == v1::PENDING;
+    sessions.insert(a.session);
+  }
+  held.sessions.assign(sessions.begin(), sessions.end());
+  return held;
 }
 
 bool ArrayRegistry::NotPendingLocked(const std::vector<uint64_t>& handles) const {

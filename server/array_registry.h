@@ -143,6 +143,12 @@ class ArrayRegistry {
   absl::Status CheckQuotaLocked(const std::string& session, int64_t added, absl::string_view what) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountTransfer(const std::string& session, int device, Direction dir, int64_t bytes);
+  // The live arrays with a buffer on any of `devices`.
+  struct Held {
+    int64_t arrays = 0, bytes = 0, pending = 0;
+    std::vector<std::string> sessions;  // sorted, each once
+  };
+  Held HeldOn(const std::vector<int>& devices) const;
   // Every session's transfers since the coordinator started.
   TransferCounts total_transfers() const;
   void CountTransferLocked(const std::string& session, int device, Direction dir, int64_t bytes)

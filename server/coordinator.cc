@@ -159,6 +159,54 @@ void Coordinator::LoseWorker(const WorkerRegistry::Expired& w, const std::string
   if (w.client != nullptr) w.client->CancelAll();
 }
 
+void Coordinator::StepSent(int device) {
+  absl::MutexLock l(&steps_mu_);
+  ++device_steps_[device].sent;
+}
+
+void Coordinator::StepAnswered(int device, absl::Duration latency, bool ok) {
+  absl::MutexLock l(&steps_mu_);
+  DeviceSteps& d = device_steps_[device];
+  ++d.done;
+  d.errors += !ok;
+  d.total_ms += absl::ToDoubleMilliseconds(latency);
+}
+
+int64_t Coordinator::StepsInFlight(const std::vector<int>& devices) const {
+  absl::MutexLock l(&steps_mu_);
+  int64_t n = 0;
+  for (int d : devices) {
+    if (auto it = device_steps_.find(d); it != device_steps_.end()) n += it->second.sent - it->second.done;
+  }
+  return n;
+}
+
+absl::Status Coordinator::CordonWorker(const v1::CordonWorkerRequest& req) {
+  return workers_.SetCordoned(req.worker_id(), !req.uncordon()).status();
+}
+
+absl::StatusOr<v1::DrainWorkerResponse> Coordinator::DrainWorker(const v1::DrainWorkerRequest& req) {
+  TESSEL_ASSIGN_OR_RETURN(std::vector<int> devices, workers_.SetCordoned(req.worker_id(), true));
+  const absl::Time deadline =
+      absl::Now() + (req.timeout_ms() > 0 ? absl::Milliseconds(req.timeout_ms()) : absl::Seconds(60));
+  ArrayRegistry::Held held = arrays_.HeldOn(devices);
+  bool idle = false;
+  while (true) {
+    idle = held.pending == 0 && StepsInFlight(devices) == 0;
+    if (idle || absl::Now() >= deadline) break;
+    absl::SleepFor(absl::Milliseconds(20));
+    held = arrays_.HeldOn(devices);
+  }
+  v1::DrainWorkerResponse resp;
+  resp.set_idle(idle);
+  resp.set_arrays(held.arrays);
+  resp.set_bytes(held.bytes);
+  for (const std::string& s : held.sessions) resp.add_sessions(s);
+  log_->warn("worker {} drained: {}, {} arrays ({} bytes) of {} sessions still on it", req.worker_id(),
+             idle ? "idle" : "steps still running", held.arrays, held.bytes, held.sessions.size());
+  return resp;
+}
+
 void Coordinator::MonitorLoop() {
   absl::MutexLock l(&mu_);
   while (!stop_) {
@@ -571,10 +619,13 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
         workers_.ForgetLoaded(launch.client.get(), req.executable_id());
       }
     }
+    StepSent(device);
     launch.client->Run(launch.step.run, [this, session = req.session_id(), outputs, epoch, execution_id, device,
                                          load = std::move(load), sent = absl::Now()](absl::StatusOr<v1::RunResponse> r) {
       if (!load.ok()) r = load;
-      if (options_.on_step_done) options_.on_step_done(device, absl::Now() - sent, r.ok());
+      const absl::Duration latency = absl::Now() - sent;
+      StepAnswered(device, latency, r.ok());
+      if (options_.on_step_done) options_.on_step_done(device, latency, r.ok());
       // Workers speak of their local devices; users know the global ids.
       if (!r.ok()) r = Annotate(r.status(), StrCat("execution ", execution_id, " on device ", device, ": "));
       OnStepDone(session, outputs, epoch, std::move(r));
@@ -821,6 +872,20 @@ absl::StatusOr<v1::StatsResponse> Coordinator::Stats(const v1::StatsRequest& req
 v1::GetClusterResponse Coordinator::GetCluster(const v1::GetClusterRequest& req) {
   v1::GetClusterResponse resp;
   workers_.Describe(absl::Now(), &resp);
+  {
+    absl::MutexLock l(&steps_mu_);
+    for (v1::WorkerInfo& w : *resp.mutable_workers()) {
+      for (v1::DeviceInfo& d : *w.mutable_devices()) {
+        auto it = device_steps_.find(d.id());
+        if (it == device_steps_.end()) continue;
+        const DeviceSteps& s = it->second;
+        d.set_queue_depth(s.sent - s.done);
+        d.set_steps(s.done);
+        d.set_step_errors(s.errors);
+        d.set_mean_step_ms(s.done > 0 ? s.total_ms / s.done : 0);
+      }
+    }
+  }
   resp.set_sessions(arrays_.num_sessions());
   resp.set_live_arrays(arrays_.num_arrays());
   resp.set_compiles(cache_.compiles());

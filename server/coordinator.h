@@ -114,6 +114,8 @@ class Coordinator {
   // Bytes moved since start, over every session.
   TransferCounts total_transfers() const { return arrays_.total_transfers(); }
   absl::StatusOr<v1::AdminCloseSessionResponse> AdminCloseSession(const v1::AdminCloseSessionRequest& req);
+  absl::Status CordonWorker(const v1::CordonWorkerRequest& req);
+  absl::StatusOr<v1::DrainWorkerResponse> DrainWorker(const v1::DrainWorkerRequest& req);
 
  private:
   class PutSinkImpl;
@@ -121,6 +123,14 @@ class Coordinator {
 
   explicit Coordinator(Options options);
   void MonitorLoop();
+  // Steps sent to a device and answered, for Admin.
+  struct DeviceSteps {
+    int64_t sent = 0, done = 0, errors = 0;
+    double total_ms = 0;
+  };
+  void StepSent(int device);
+  void StepAnswered(int device, absl::Duration latency, bool ok);
+  int64_t StepsInFlight(const std::vector<int>& devices) const;
   // `w` is dead (`why`, the rest of "was on worker W (ADDRESS), which ..."):
   // its arrays are lost and its calls in flight cancelled.
   void LoseWorker(const WorkerRegistry::Expired& w, const std::string& why);
@@ -161,6 +171,8 @@ class Coordinator {
   WorkerRegistry workers_;
   ArrayRegistry arrays_;
   CompileCache cache_;
+  mutable absl::Mutex steps_mu_;  // a leaf: nothing is called under it
+  absl::flat_hash_map<int, DeviceSteps> device_steps_ ABSL_GUARDED_BY(steps_mu_);
   std::atomic<int64_t> next_execution_{0};
   // Bumped when a step reports a broken collective group; steps sent after
   // that meet in fresh groups (RunRequest.collective_epoch).

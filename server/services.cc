@@ -218,6 +218,17 @@ grpc::Status AdminService::CloseSession(grpc::ServerContext* ctx, const v1::Admi
   return Reply(c_->AdminCloseSession(*req), resp);
 }
 
+grpc::Status AdminService::CordonWorker(grpc::ServerContext* ctx, const v1::CordonWorkerRequest* req,
+                                        v1::CordonWorkerResponse*) {
+  if (grpc::Status a = Authorize(ctx); !a.ok()) return a;
+  return ToGrpc(c_->CordonWorker(*req));
+}
+grpc::Status AdminService::DrainWorker(grpc::ServerContext* ctx, const v1::DrainWorkerRequest* req,
+                                       v1::DrainWorkerResponse* resp) {
+  if (grpc::Status a = Authorize(ctx); !a.ok()) return a;
+  return Reply(c_->DrainWorker(*req), resp);
+}
+
 grpc::Status RegistryService::RegisterWorker(grpc::ServerContext* ctx, const v1::RegisterWorkerRequest* req,
                                              v1::RegisterWorkerResponse* resp) {
   if (grpc::Status a = CheckJoinToken(ctx); !a.ok()) return a;

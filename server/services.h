@@ -56,6 +56,8 @@ class AdminService final : public v1::Admin::Service {
   grpc::Status ListSessions(grpc::ServerContext*, const v1::ListSessionsRequest*, v1::ListSessionsResponse*) override;
   grpc::Status CloseSession(grpc::ServerContext*, const v1::AdminCloseSessionRequest*,
                             v1::AdminCloseSessionResponse*) override;
+  grpc::Status CordonWorker(grpc::ServerContext*, const v1::CordonWorkerRequest*, v1::CordonWorkerResponse*) override;
+  grpc::Status DrainWorker(grpc::ServerContext*, const v1::DrainWorkerRequest*, v1::DrainWorkerResponse*) override;
 
  private:
   grpc::Status Authorize(const grpc::ServerContext* ctx) const;

@@ -117,6 +117,19 @@ std::vector<WorkerRegistry::Expired> WorkerRegistry::Supersede(const v1::Registe
   return out;
 }
 
+absl::StatusOr<std::vector<int>> WorkerRegistry::SetCordoned(const std::string& worker_id, bool cordoned) {
+  absl::MutexLock l(&mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) {
+    return absl::NotFoundError(StrCat("no worker '", worker_id, "' (Admin.GetCluster lists them)"));
+  }
+  if (it->second.cordoned != cordoned) {
+    log_->warn("worker {} ({}) {}", worker_id, it->second.address, cordoned ? "cordoned" : "uncordoned");
+  }
+  it->second.cordoned = cordoned;
+  return it->second.devices;
+}
+
 bool WorkerRegistry::RestartQueues(const std::string& worker_id, uint64_t new_epoch) {
   absl::MutexLock l(&mu_);
   auto it = workers_.find(worker_id);
@@ -177,9 +190,9 @@ absl::StatusOr<std::vector<int>> ResolvePlacement(const std::vector<DeviceRoute>
   std::vector<int> out;
   if (p.kind_case() == v1::Placement::kReplicated && p.replicated()) {
     for (const DeviceRoute& r : routes) {
-      if (r.alive) out.push_back(r.device);
+      if (r.alive && !r.cordoned) out.push_back(r.device);
     }
-    if (out.empty()) return absl::UnavailableError("no live devices in the cluster");
+    if (out.empty()) return absl::UnavailableError("no live, uncordoned devices in the cluster");
     return out;
   }
   const int d = p.device();
@@ -191,6 +204,10 @@ absl::StatusOr<std::vector<int>> ResolvePlacement(const std::vector<DeviceRoute>
   if (!r.alive) {
     return absl::UnavailableError(
         StrCat("device ", d, " is on worker ", r.worker_id, " (", r.address, "), which is dead"));
+  }
+  if (r.cordoned) {
+    return absl::FailedPreconditionError(StrCat("device ", d, " is on worker ", r.worker_id, " (", r.address,
+                                                "), which an operator cordoned: it takes no new arrays or steps"));
   }
   return std::vector<int>{d};
 }
@@ -205,7 +222,7 @@ std::vector<DeviceRoute> WorkerRegistry::Routes() const {
   out.reserve(devices_.size());
   for (int d = 0; d < int(devices_.size()); ++d) {
     const WorkerRecord& w = workers_.at(devices_[d].worker_id);
-    out.push_back(DeviceRoute{d, devices_[d].local_index, w.id, w.address, w.alive, w.client});
+    out.push_back(DeviceRoute{d, devices_[d].local_index, w.id, w.address, w.alive, w.client, w.cordoned});
   }
   return out;
 }
@@ -287,6 +304,7 @@ void WorkerRegistry::Describe(absl::Time now, v1::GetClusterResponse* resp) cons
     info->set_address(w->address);
     info->set_name(w->name);
     info->set_incarnation(w->incarnation);
+    info->set_cordoned(w->cordoned);
     info->set_alive(w->alive);
     info->set_ms_since_heartbeat(absl::ToInt64Milliseconds(now - w->last_heartbeat));
     for (int d : w->devices) {

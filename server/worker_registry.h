@@ -40,6 +40,7 @@ struct DeviceRoute {
   std::string worker_id, address;
   bool alive = false;
   std::shared_ptr<WorkerClient> client;
+  bool cordoned = false;
 };
 
 // Sequence numbers reserved on one device for one step's messages.
@@ -100,6 +101,10 @@ class WorkerRegistry {
   // its address under another name (the address is its now).
   std::vector<Expired> Supersede(const v1::RegisterWorkerRequest& req, absl::Time now);
 
+  // Cordons (or lifts the cordon of) `worker_id`; returns its devices.
+  // NOT_FOUND naming an unknown worker.
+  absl::StatusOr<std::vector<int>> SetCordoned(const std::string& worker_id, bool cordoned);
+
   // Steps to `worker_id` were lost in transit: its devices' numbering starts
   // over at 0 in a new queue epoch, to be opened by TakeOpeners (or by the
   // next step). False when the worker is unknown, dead or closed.
@@ -147,6 +152,7 @@ class WorkerRegistry {
     std::string name, incarnation;
     std::vector<int> devices;  // global ids
     absl::Time last_heartbeat;
+    bool cordoned = false;
     bool alive = true;
     std::shared_ptr<WorkerClient> client;
     absl::flat_hash_set<std::string> loaded;  // executable ids

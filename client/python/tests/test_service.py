@@ -251,3 +251,41 @@ def test_a_restarted_worker_replaces_its_old_self_at_once(tmp_path):
             again.terminate()
             again.wait(10)
     _context.set_default_session(previous)
+
+
+def test_admin_cordons_and_drains_a_worker_and_counts_steps_per_device():
+    import numpy as np
+
+    import tessel
+    from tessel import _context, errors
+    from tessel.v1 import admin_pb2
+    previous = _context.default_session_or_none()
+    with tessel.LocalCluster(2, 1) as c:
+        _context.set_default_session(c.session)
+        admin = c.session._admin
+        x = np.arange(16, dtype=np.float32)
+        a = tessel.device_put(x, 0)
+        f = tessel.jit(lambda v: v + 1)
+        for _ in range(5):
+            a = f(a)
+        np.testing.assert_array_equal(a.fetch(), x + 5)
+        dev0 = c.session.cluster().workers[0].devices[0]
+        assert dev0.steps >= 5 and dev0.queue_depth == 0 and dev0.step_errors == 0 and dev0.mean_step_ms > 0
+
+        held = tessel.device_put(x, 1)
+        w1 = c.session.cluster().workers[1]
+        admin.CordonWorker(admin_pb2.CordonWorkerRequest(worker_id=w1.worker_id), timeout=10)
+        assert c.session.cluster().workers[1].cordoned
+        with pytest.raises(errors.TesselError, match="cordoned") as e:
+            tessel.device_put(x, 1)
+        assert e.value.code == "FAILED_PRECONDITION"
+        np.testing.assert_array_equal(held.fetch(), x)  # what it holds stays readable
+        drained = admin.DrainWorker(admin_pb2.DrainWorkerRequest(worker_id=w1.worker_id, timeout_ms=5000),
+                                    timeout=10)
+        assert drained.idle and drained.arrays == 1 and drained.bytes == x.nbytes
+        assert list(drained.sessions) == [c.session.id]
+        admin.CordonWorker(admin_pb2.CordonWorkerRequest(worker_id=w1.worker_id, uncordon=True), timeout=10)
+        np.testing.assert_array_equal(tessel.device_put(x, 1).fetch(), x)
+        with pytest.raises(Exception, match="no worker 'w9'"):
+            admin.CordonWorker(admin_pb2.CordonWorkerRequest(worker_id="w9"), timeout=10)
+    _context.set_default_session(previous)
