@@ -13,6 +13,7 @@
 #include "core/logging.h"
 #include "core/metrics.h"
 #include "core/process_tuning.h"
+#include "core/reflection_v1.h"
 #include "core/security.h"
 #include "server/fault_injection.h"
 #include "server/coordinator.h"
@@ -229,6 +230,7 @@ int main(int argc, char** argv) {
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  tessel::ReflectionV1Service reflection_v1({"tessel.v1.Session", "tessel.v1.Admin", "tessel.v1.Registry"});
   grpc::ServerBuilder builder;
   int port = 0;
   // Clients need no certificate; workers present theirs (verified by the CA).
@@ -237,6 +239,7 @@ int main(int argc, char** argv) {
   builder.RegisterService(&session);
   builder.RegisterService(&admin);
   builder.RegisterService(&registry);
+  builder.RegisterService(&reflection_v1);
   const int max_msg = absl::GetFlag(FLAGS_max_message_mb) << 20;
   builder.SetMaxReceiveMessageSize(max_msg);
   builder.SetMaxSendMessageSize(max_msg);

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -15,6 +16,10 @@
 #include "tessel/graph.h"
 #include "tessel/local_cluster.h"
 #include "tessel/session.h"
+#include <google/protobuf/descriptor.pb.h>
+
+#include "grpc/reflection/v1/reflection.grpc.pb.h"
+#include "tessel/v1/admin.grpc.pb.h"
 #include "tessel/v1/session.grpc.pb.h"
 
 namespace tessel {
@@ -217,6 +222,62 @@ TEST_F(ClusterTest, BadRequestsGetClearErrorsAndTheClusterKeepsServing) {
   auto y = session_->Fetch((*outs)[0]);
   ASSERT_TRUE(y.ok());
   EXPECT_EQ(y->as<float>()[3], -4.f);
+}
+
+// Reflection v1 (what newer grpcurl speaks) on both daemons: the services
+// are listed, and each, the health service included, is described by its
+// file with the files it imports.
+TEST_F(ClusterTest, ReflectionV1ListsAndDescribesEveryService) {
+  namespace rv1 = grpc::reflection::v1;
+  auto ask = [](const std::string& address, const rv1::ServerReflectionRequest& req) {
+    auto stub = rv1::ServerReflection::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto stream = stub->ServerReflectionInfo(&ctx);
+    EXPECT_TRUE(stream->Write(req));
+    stream->WritesDone();
+    rv1::ServerReflectionResponse resp;
+    EXPECT_TRUE(stream->Read(&resp));
+    EXPECT_TRUE(stream->Finish().ok());
+    return resp;
+  };
+  auto files_of = [](const rv1::ServerReflectionResponse& resp) {
+    std::vector<std::string> names;
+    for (const std::string& bytes : resp.file_descriptor_response().file_descriptor_proto()) {
+      google::protobuf::FileDescriptorProto f;
+      EXPECT_TRUE(f.ParseFromString(bytes));
+      names.push_back(f.name());
+    }
+    return names;
+  };
+  auto admin = v1::Admin::NewStub(grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext cctx;
+  v1::GetClusterResponse cluster;
+  ASSERT_TRUE(admin->GetCluster(&cctx, v1::GetClusterRequest(), &cluster).ok());
+  for (const auto& [address, own] : {std::pair{cluster_->address(), "tessel.v1.Session"},
+                                     {cluster.workers(0).address(), "tessel.v1.Worker"}}) {
+    rv1::ServerReflectionRequest list;
+    list.set_list_services("");
+    std::vector<std::string> services;
+    const rv1::ServerReflectionResponse listed = ask(address, list);
+    for (const auto& s : listed.list_services_response().service()) services.push_back(s.name());
+    EXPECT_NE(std::find(services.begin(), services.end(), own), services.end()) << address;
+    EXPECT_NE(std::find(services.begin(), services.end(), "grpc.health.v1.Health"), services.end()) << address;
+
+    rv1::ServerReflectionRequest health;
+    health.set_file_containing_symbol("grpc.health.v1.Health");
+    EXPECT_EQ(files_of(ask(address, health)), std::vector<std::string>{"grpc/health/v1/health.proto"}) << address;
+    rv1::ServerReflectionRequest mine;
+    mine.set_file_containing_symbol(own);
+    const std::vector<std::string> files = files_of(ask(address, mine));
+    ASSERT_FALSE(files.empty());
+    EXPECT_NE(std::find(files.begin(), files.end(), "tessel/v1/common.proto"), files.end());  // an import
+    rv1::ServerReflectionRequest unknown;
+    unknown.set_file_containing_symbol("tessel.v1.NoSuchThing");
+    const auto err = ask(address, unknown);
+    EXPECT_EQ(err.error_response().error_code(), int(grpc::StatusCode::NOT_FOUND));
+    EXPECT_NE(err.error_response().error_message().find("tessel.v1.NoSuchThing"), std::string::npos);
+  }
 }
 
 TEST_F(ClusterTest, TruncatedAndOversizedPutStreamsAreRejected) {

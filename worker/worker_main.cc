@@ -20,6 +20,7 @@
 #include "core/logging.h"
 #include "core/metrics.h"
 #include "core/process_tuning.h"
+#include "core/reflection_v1.h"
 #include "core/security.h"
 #include "core/version.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -313,12 +314,14 @@ int main(int argc, char** argv) {
   tessel::worker::WorkerService service(runtime->get(), secret, step_metrics.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  tessel::ReflectionV1Service reflection_v1({"tessel.v1.Worker"});
   grpc::ServerBuilder builder;
   int port = 0;
   // Only the cluster's daemons (certificates signed by the CA) may connect.
   builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)),
                            tessel::ServerCredentials(tls, /*require_client_cert=*/true), &port);
   builder.RegisterService(&service);
+  builder.RegisterService(&reflection_v1);
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.SetMaxSendMessageSize(64 << 20);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
