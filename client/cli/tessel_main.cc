@@ -1,16 +1,20 @@
 // tessel: the command-line client. See `tessel --help`.
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <iostream>
 #include <map>
 #include <set>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "core/process_tuning.h"
 #include "core/security.h"
 #include "core/status.h"
@@ -55,6 +59,10 @@ Partitioning flags:
   tessel stats [--coordinator HOST:PORT]
       Cluster counters and per-device memory: bytes in use, peak, buffers,
       cached bytes, the largest cached block and the limit.
+  tessel top [--interval S] [--iterations N] [--coordinator HOST:PORT]
+      A live view of each device: steps per second, queue depth, errors,
+      mean step latency, memory in use and peak; refreshed every S seconds
+      (default 1), N times (default: until interrupted).
   tessel health [--address HOST:PORT] [--service NAME] [--timeout S]
                 [--tls-ca CA.pem [--tls-cert C.pem --tls-key K.pem] [--tls-server-name NAME]]
       Ask a daemon (coordinator or worker; default: the coordinator) its
@@ -126,6 +134,7 @@ const std::map<std::string, CommandSpec> kCommands = {
              1}},
     {"compile", {{"mesh", "shard", "out-shard", "coordinator", "token", "tls-ca"}, 1}},
     {"health", {{"address", "service", "timeout", "coordinator", "tls-ca", "tls-cert", "tls-key", "tls-server-name"}}},
+    {"top", {{"coordinator", "interval", "iterations", "token", "tls-ca"}}},
 };
 
 // Empty when `a` fits its command; else what is wrong, naming the flag.
@@ -231,11 +240,10 @@ void PrintCluster(const tessel::ClusterStatus& c) {
                                c.executions);
 }
 
-// `tessel status --json`: Admin.GetCluster's answer (with device memory) in
-// protobuf's JSON mapping, so its schema is the API's (proto/tessel/v1/admin.proto).
-int StatusJson(const Args& a) {
+// Admin.GetCluster (with device memory) over the CLI's channel.
+absl::StatusOr<tessel::v1::GetClusterResponse> GetCluster(const Args& a) {
   auto addr = tessel::ResolveCoordinatorAddress(a.Get("coordinator"));
-  if (!addr.ok()) return Fail(addr.status());
+  if (!addr.ok()) return addr.status();
   auto admin = tessel::v1::Admin::NewStub(Channel(a, *addr));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -245,10 +253,19 @@ int StatusJson(const Args& a) {
   if (grpc::Status st = admin->GetCluster(&ctx, req, &resp); !st.ok()) {
     const bool unreachable = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
                              st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-    return Fail(absl::Status(static_cast<absl::StatusCode>(st.error_code()),
-                             absl::StrCat(unreachable ? "no coordinator at " : "coordinator ", *addr, ": ",
-                                          st.error_message())));
+    return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                        absl::StrCat(unreachable ? "no coordinator at " : "coordinator ", *addr, ": ",
+                                     st.error_message()));
   }
+  return resp;
+}
+
+// `tessel status --json`: Admin.GetCluster's answer (with device memory) in
+// protobuf's JSON mapping, so its schema is the API's (proto/tessel/v1/admin.proto).
+int StatusJson(const Args& a) {
+  auto got = GetCluster(a);
+  if (!got.ok()) return Fail(got.status());
+  const tessel::v1::GetClusterResponse& resp = *got;
   google::protobuf::util::JsonPrintOptions o;
   o.add_whitespace = true;
   o.always_print_primitive_fields = true;
@@ -416,6 +433,60 @@ int Run(const Args& a) {
 
 int Stats(const Args& a) { return Status(a); }
 
+// `tessel top`: each device's steps per second (between two looks),
+// queue depth, errors, mean step latency and memory, refreshed every
+// --interval seconds; on a terminal the screen is redrawn in place.
+int Top(const Args& a) {
+  double interval = 1;
+  int64_t iterations = 0;  // 0: until interrupted
+  if (!absl::SimpleAtod(a.Get("interval", "1"), &interval) || !(interval > 0)) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--interval: expected a positive number of seconds, got '", a.Get("interval"), "'")));
+  }
+  if (!absl::SimpleAtoi(a.Get("iterations", "0"), &iterations) || iterations < 0) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--iterations: expected a count >= 0, got '", a.Get("iterations"), "'")));
+  }
+  const bool tty = isatty(STDOUT_FILENO);
+  absl::flat_hash_map<int, int64_t> last_steps;
+  absl::Time last = absl::Now();
+  for (int64_t i = 0; iterations == 0 || i < iterations; ++i) {
+    if (i > 0) absl::SleepFor(absl::Seconds(interval));
+    auto got = GetCluster(a);
+    if (!got.ok()) return Fail(got.status());
+    const absl::Time now = absl::Now();
+    const double secs = std::max(1e-6, absl::ToDoubleSeconds(now - last));
+    absl::flat_hash_map<int, const tessel::v1::DeviceMemoryStats*> memory;
+    for (const auto& w : got->workers()) {
+      for (const auto& m : w.memory()) memory[m.device()] = &m;
+    }
+    std::string out = tty ? "\x1b[H\x1b[2J" : "";
+    absl::StrAppendFormat(&out, "%d sessions, %d live arrays, %d executions, compile cache %s (%d evicted)\n",
+                          got->sessions(), got->live_arrays(), got->executions(), Bytes(got->compile_cache_bytes()),
+                          got->compile_cache_evictions());
+    absl::StrAppendFormat(&out, "%-6s %-16s %-6s %9s %6s %7s %9s %12s %12s\n", "device", "worker", "state", "steps/s",
+                          "queue", "errors", "mean ms", "in use", "peak");
+    for (const auto& w : got->workers()) {
+      const std::string state = !w.alive() ? "dead" : w.cordoned() ? "cordon" : "alive";
+      for (const auto& d : w.devices()) {
+        const auto prev = last_steps.find(d.id());
+        const std::string rate = i == 0 || prev == last_steps.end()
+                                     ? "-"
+                                     : absl::StrFormat("%.1f", (d.steps() - prev->second) / secs);
+        last_steps[d.id()] = d.steps();
+        const auto m = memory.find(d.id());
+        absl::StrAppendFormat(&out, "%-6d %-16s %-6s %9s %6d %7d %9.3f %12s %12s\n", d.id(), w.worker_id(), state,
+                              rate, d.queue_depth(), d.step_errors(), d.mean_step_ms(),
+                              m == memory.end() ? "-" : Bytes(m->second->bytes_in_use()),
+                              m == memory.end() ? "-" : Bytes(m->second->peak_bytes_in_use()));
+      }
+    }
+    std::cout << out << std::flush;
+    last = now;
+  }
+  return 0;
+}
+
 int Health(const Args& a) {
   double timeout_s = 3;
   if (!absl::SimpleAtod(a.Get("timeout", "3"), &timeout_s) || !(timeout_s > 0)) {
@@ -476,6 +547,7 @@ int main(int argc, char** argv) {
   if (a.command == "compile") return Compile(a);
   if (a.command == "stats") return Stats(a);
   if (a.command == "health") return Health(a);
+  if (a.command == "top") return Top(a);
   std::cerr << "tessel: unknown command '" << a.command << "'\n\n" << kUsage;
   return 2;
 }

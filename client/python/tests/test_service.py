@@ -289,3 +289,32 @@ def test_admin_cordons_and_drains_a_worker_and_counts_steps_per_device():
         with pytest.raises(Exception, match="no worker 'w9'"):
             admin.CordonWorker(admin_pb2.CordonWorkerRequest(worker_id="w9"), timeout=10)
     _context.set_default_session(previous)
+
+
+def test_tessel_top_shows_each_devices_rate_queue_and_memory():
+    import numpy as np
+
+    import tessel
+    from tessel import _context
+    previous = _context.default_session_or_none()
+    with tessel.LocalCluster(1, 2) as c:
+        _context.set_default_session(c.session)
+        a = tessel.device_put(np.ones(1000, np.float32), 1)
+        f = tessel.jit(lambda v: v * 1.0001)
+        for _ in range(20):
+            a = f(a)
+        a.fetch()
+        p = subprocess.run([find_binary("tessel"), "top", "--coordinator", c.address, "--interval", "0.2",
+                            "--iterations", "2"], capture_output=True, text=True, timeout=30)
+        assert p.returncode == 0, p.stderr
+        lines = p.stdout.splitlines()
+        header = [i for i, line in enumerate(lines) if line.startswith("device")]
+        assert len(header) == 2  # two looks
+        rows = {int(l.split()[0]): l.split() for l in lines[header[1] + 1:]}
+        assert set(rows) == {0, 1}
+        assert rows[1][2] == "alive" and rows[1][3] == "0.0"  # idle now: no steps between the looks
+        assert int(rows[1][5]) == 0  # no errors
+        bad = subprocess.run([find_binary("tessel"), "top", "--coordinator", c.address, "--interval", "0"],
+                             capture_output=True, text=True, timeout=30)
+        assert bad.returncode != 0 and "--interval: expected a positive number" in bad.stderr
+    _context.set_default_session(previous)
