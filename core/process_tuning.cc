@@ -149,6 +149,12 @@ MemoryBudget ProcessMemoryBudget(const std::string& cgroup_root, const std::stri
 
 namespace tessel {
 
+void WritePortFile(const std::string& path, int port) {
+  if (path.empty()) return;
+  std::ofstream(path + ".tmp") << port << "\n";
+  std::rename((path + ".tmp").c_str(), path.c_str());
+}
+
 void SetDaemonFlagsUsage(const std::string& main_file) {
   absl::FlagsUsageConfig config;
   // The daemon's own flags and the transport-security ones they share.

@@ -45,6 +45,10 @@ void NotifyStopping();
 // named after the program; --version prints Tessel's version.
 void SetDaemonFlagsUsage(const std::string& main_file);
 
+// Writes `port` to `path` (nothing when empty) through a rename, so a reader
+// polling for the file never sees it half written.
+void WritePortFile(const std::string& path, int port);
+
 }  // namespace tessel
 
 namespace tessel {

@@ -31,11 +31,6 @@ struct TlsFiles {
   bool enabled() const { return !cert.empty() || !key.empty() || !ca.empty(); }
 };
 
-// The daemons' --tls_cert, --tls_key, --tls_ca and --tls_reload_s.
-TlsFiles TlsFilesFromFlags();
-// The daemons' --insecure.
-bool InsecureFromFlags();
-
 // What a daemon serves and joins with.
 struct DaemonSecurity {
   TlsFiles tls;

@@ -1,5 +1,7 @@
 // The daemons' transport-security flags (only the daemons link this file:
 // the SDK takes the same settings as ConnectOptions).
+#include <algorithm>
+
 #include "absl/flags/flag.h"
 #include "core/security.h"
 
@@ -19,6 +21,7 @@ ABSL_FLAG(bool, insecure, false,
           "change what it carries; use only on a network you trust.");
 
 namespace tessel {
+namespace {
 
 TlsFiles TlsFilesFromFlags() {
   return TlsFiles{absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca),
@@ -26,6 +29,8 @@ TlsFiles TlsFilesFromFlags() {
 }
 
 bool InsecureFromFlags() { return absl::GetFlag(FLAGS_insecure); }
+
+}  // namespace
 
 absl::StatusOr<DaemonSecurity> DaemonSecurityFromFlags(absl::string_view daemon, absl::string_view host) {
   DaemonSecurity out;

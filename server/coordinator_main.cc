@@ -3,7 +3,6 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
-#include <fstream>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -58,12 +57,6 @@ ABSL_FLAG(int, parent_pid, 0,
           "If set, stop (as on SIGTERM) when this parent process exits; for clients that start daemons.");
 
 namespace {
-
-void WritePortFile(const std::string& path, int port) {
-  if (path.empty()) return;
-  std::ofstream(path + ".tmp") << port << "\n";
-  std::rename((path + ".tmp").c_str(), path.c_str());
-}
 
 // The figures Admin.GetCluster and ListSessions report, read at each scrape.
 void AddCoordinatorMetrics(tessel::server::Coordinator* c, tessel::MetricsEndpoint& metrics) {
@@ -221,7 +214,7 @@ int main(int argc, char** argv) {
     AddCoordinatorMetrics(coordinator->get(), *metrics);
     log->info("metrics on http://{}:{}/metrics", absl::GetFlag(FLAGS_metrics_address).substr(
                   0, absl::GetFlag(FLAGS_metrics_address).rfind(':')), metrics->port());
-    WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), metrics->port());
+    tessel::WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), metrics->port());
   }
   tessel::server::SessionService session(coordinator->get());
   tessel::server::AdminService admin(coordinator->get());
@@ -253,7 +246,7 @@ int main(int argc, char** argv) {
     server->GetHealthCheckService()->SetServingStatus(name, true);
   }
   log->info("tessel-coordinator serving on {}:{} ({})", host, port, tls.enabled() ? "TLS" : "plaintext");
-  WritePortFile(absl::GetFlag(FLAGS_port_file), port);
+  tessel::WritePortFile(absl::GetFlag(FLAGS_port_file), port);
   tessel::NotifyReady(absl::StrCat("serving on ", host, ":", port));
   int sig = tessel::WaitForTerminationSignal();
   log->info("signal {}: shutting down", sig);

@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <string>
@@ -306,10 +305,7 @@ int main(int argc, char** argv) {
                                                          "from its arrival on the worker to its answer");
     AddWorkerMetrics(runtime->get(), *metrics);
     log->info("metrics on port {} (/metrics)", metrics->port());
-    if (const std::string pf = absl::GetFlag(FLAGS_metrics_port_file); !pf.empty()) {
-      std::ofstream(pf + ".tmp") << metrics->port() << "\n";
-      std::rename((pf + ".tmp").c_str(), pf.c_str());
-    }
+    tessel::WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), metrics->port());
   }
   tessel::worker::WorkerService service(runtime->get(), secret, step_metrics.get());
   grpc::EnableDefaultHealthCheckService(true);
