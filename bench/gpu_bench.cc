@@ -139,6 +139,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   tessel::TuneAllocatorForStreaming();
+  tessel::SkipMutexCycleDetection();
   tessel::LocalCluster::Options opts;
   opts.workers = 1;
   opts.worker_flags = {"--device_kind=cuda"};

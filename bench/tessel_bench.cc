@@ -28,6 +28,9 @@
 //   load_8x2000_tls 8 clients, each its own session and thread, 2,000
 //                   Execute(wait) steps each, on the secured cluster vs the
 //                   plaintext one, in steps/s. Goal >= 0.9x.
+//   grpc_load_tls   the transport's own cost under that load: 8 threads,
+//                   2,000 pairs of bare unary calls each (a step's two
+//                   hops), mutual TLS vs plaintext, to the baseline server.
 //   mlp_grad_step   one SGD step of a 2-layer MLP (batch 2048, 128 -> 256 ->
 //                   8) with its gradients from GraphBuilder::ValueAndGrad vs
 //                   the same step with its backward pass written by hand,
@@ -55,6 +58,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "core/process_tuning.h"
+#include "core/security.h"
 #include "examples/mlp_model.h"
 #include "tessel/graph.h"
 #include "tessel/local_cluster.h"
@@ -98,12 +102,20 @@ class BaselineService final : public tessel::v1::Worker::Service {
   std::string bytes_;
 };
 
-int ServeBaseline(const std::string& port_file) {
+// The bench's throwaway certificates under `pki` (MakeTestPki): the same
+// files the secured cluster's daemons use.
+tessel::TlsFiles BenchTls(const std::string& pki) { return {pki + "/d.pem", pki + "/d.key", pki + "/ca.pem"}; }
+
+// Serves BaselineService until SIGTERM; over mutual TLS, as a worker's port
+// is, when `pki` names the bench's certificates.
+int ServeBaseline(const std::string& port_file, const std::string& pki) {
   tessel::BlockTerminationSignals();
   BaselineService service;
   grpc::ServerBuilder b;
   int port = 0;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.AddListeningPort("127.0.0.1:0",
+                     pki.empty() ? grpc::InsecureServerCredentials() : tessel::ServerCredentials(BenchTls(pki), true),
+                     &port);
   b.RegisterService(&service);
   auto server = b.BuildAndStart();
   std::ofstream(port_file + ".tmp") << port << "\n";
@@ -111,6 +123,26 @@ int ServeBaseline(const std::string& port_file) {
   tessel::WaitForTerminationSignal();
   server->Shutdown();
   return 0;
+}
+
+// Starts this binary as a baseline server (TLS with `pki`); its port, or 0
+// after saying why not.
+int StartBaseline(const std::string& port_file, const std::string& pki, pid_t* pid) {
+  std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::string arg = "--serve-baseline=" + port_file, tls_arg = "--baseline-tls=" + pki;
+  char* child_argv[] = {self.data(), arg.data(), pki.empty() ? nullptr : tls_arg.data(), nullptr};
+  if (posix_spawn(pid, self.c_str(), nullptr, nullptr, child_argv, environ) != 0) {
+    std::fprintf(stderr, "tessel-bench: cannot start the baseline server\n");
+    return 0;
+  }
+  int port = 0;
+  for (int i = 0; i < 1000 && port == 0; ++i) {
+    std::ifstream in(port_file);
+    if (!(in >> port)) port = 0;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  if (port == 0) std::fprintf(stderr, "tessel-bench: the baseline server did not start\n");
+  return port;
 }
 
 double Median(std::vector<double> v) {
@@ -193,6 +225,30 @@ double LoadStepsPerSecond(const std::string& address, const tessel::ConnectOptio
   return double(clients) * steps / absl::ToDoubleSeconds(absl::Now() - start);
 }
 
+// Pairs of bare unary calls per second (the two hops of a step, with no work
+// between) of `clients` threads, each with its own channel, `pairs` each,
+// all at once, to the baseline server at `port`.
+double BarePairsPerSecond(int port, const std::shared_ptr<grpc::ChannelCredentials>& creds, int clients,
+                          int pairs) {
+  std::vector<std::unique_ptr<tessel::v1::Worker::Stub>> stubs;
+  for (int i = 0; i < clients; ++i) {
+    stubs.push_back(tessel::v1::Worker::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), creds)));
+  }
+  auto run = [&stubs](int i, int n) {
+    for (int k = 0; k < 2 * n; ++k) {
+      grpc::ClientContext ctx;
+      tessel::v1::GetVersionResponse r;
+      if (!stubs[i]->GetVersion(&ctx, tessel::v1::GetVersionRequest(), &r).ok()) Check(absl::UnavailableError("bare"));
+    }
+  };
+  for (int i = 0; i < clients; ++i) run(i, 50);  // connected and warm
+  std::vector<std::thread> threads;
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < clients; ++i) threads.emplace_back(run, i, pairs);
+  for (auto& t : threads) t.join();
+  return double(clients) * pairs / absl::ToDoubleSeconds(absl::Now() - start);
+}
+
 // A throwaway CA, one certificate for 127.0.0.1 signed by it (the openssl
 // command), a client token and a join token, under `d`. False when openssl
 // fails.
@@ -215,10 +271,12 @@ bool MakeTestPki(const std::string& d) {
 int main(int argc, char** argv) {
   bool json = false;
   std::string only;  // run the benchmarks whose name contains this
+  std::string serve_baseline, baseline_tls;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--only=", 0) == 0) only = a.substr(7);
-    if (a.rfind("--serve-baseline=", 0) == 0) return ServeBaseline(a.substr(17));
+    if (a.rfind("--serve-baseline=", 0) == 0) serve_baseline = a.substr(17);
+    if (a.rfind("--baseline-tls=", 0) == 0) baseline_tls = a.substr(15);
     if (a == "--json") json = true;
     if (a == "--help" || a == "-h") {
       std::printf("tessel-bench [--json] [--only=SUBSTR]: runs Tessel beside its baselines on a local cluster and\n"
@@ -226,26 +284,17 @@ int main(int argc, char** argv) {
       return 0;
     }
   }
+  if (!serve_baseline.empty()) return ServeBaseline(serve_baseline, baseline_tls);
   tessel::TuneAllocatorForStreaming();
+  tessel::SkipMutexCycleDetection();
 
   // Baseline server process.
   char tmpl[] = "/tmp/tessel-bench-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
-  const std::string port_file = dir + "/baseline.port";
-  std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  std::string arg = "--serve-baseline=" + port_file;
-  char* child_argv[] = {self.data(), arg.data(), nullptr};
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   pid_t baseline_pid;
-  if (posix_spawn(&baseline_pid, self.c_str(), nullptr, nullptr, child_argv, environ) != 0) {
-    std::fprintf(stderr, "tessel-bench: cannot start the baseline server\n");
-    return 1;
-  }
-  int bport = 0;
-  for (int i = 0; i < 1000 && bport == 0; ++i) {
-    std::ifstream in(port_file);
-    if (!(in >> bport)) bport = 0;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  const int bport = StartBaseline(dir + "/baseline.port", "", &baseline_pid);
+  if (bport == 0) return 1;
   grpc::ChannelArguments cargs;
   cargs.SetMaxReceiveMessageSize(64 << 20);
   auto bstub = tessel::v1::Worker::NewStub(
@@ -631,7 +680,7 @@ int main(int argc, char** argv) {
   }
 
   // 10. A secured cluster beside the plaintext one.
-  if (want("exec_roundtrip_tls") || want("fetch_256mib_tls") || want("load_8x2000_tls")) {
+  if (want("exec_roundtrip_tls") || want("fetch_256mib_tls") || want("load_8x2000_tls") || want("grpc_load_tls")) {
     const std::string pki = dir + "/pki";
     if (!MakeTestPki(pki)) {
       std::fprintf(stderr, "tessel-bench: the openssl command could not make test certificates; TLS rows skipped\n");
@@ -678,6 +727,26 @@ int main(int argc, char** argv) {
         const double plain = Median(plain_runs), sec = Median(sec_runs);
         rows.push_back({"load_8x2000_tls", "steps/s", sec, plain, 0.9, true,
                         "8 clients x 2,000 Execute(wait) steps: TLS + token vs plaintext"});
+      }
+      if (want("grpc_load_tls")) {
+        // The transport's own ratio under the same load: what TLS costs gRPC
+        // here before Tessel does anything.
+        pid_t tls_pid;
+        const int tls_port = StartBaseline(dir + "/baseline-tls.port", pki, &tls_pid);
+        if (tls_port != 0) {
+          tessel::TlsFiles client_tls = BenchTls(pki);
+          const auto plain_creds = grpc::InsecureChannelCredentials();
+          const auto tls_creds = tessel::ChannelCredentials(client_tls);
+          std::vector<double> plain_runs, sec_runs;
+          for (int round = 0; round < 3; ++round) {
+            plain_runs.push_back(BarePairsPerSecond(bport, plain_creds, 8, 2000));
+            sec_runs.push_back(BarePairsPerSecond(tls_port, tls_creds, 8, 2000));
+          }
+          kill(tls_pid, SIGTERM);
+          waitpid(tls_pid, nullptr, 0);
+          rows.push_back({"grpc_load_tls", "pairs/s", Median(sec_runs), Median(plain_runs), 0.9, true,
+                          "8 threads x 2,000 pairs of bare gRPC unary calls: mutual TLS vs plaintext"});
+        }
       }
     }
   }

@@ -4,6 +4,7 @@
 
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
 #include "core/version.h"
 
 #include <malloc.h>
@@ -17,6 +18,8 @@ void TuneAllocatorForStreaming() {
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
   mallopt(M_TOP_PAD, 16 << 20);
 }
+
+void SkipMutexCycleDetection() { absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore); }
 
 }  // namespace tessel
 

@@ -13,6 +13,14 @@ namespace tessel {
 // Safe to call more than once; call before starting gRPC.
 void TuneAllocatorForStreaming();
 
+// Abseil's Mutex records every acquisition in a process-wide lock graph to
+// find lock-order cycles unless Abseil was built with NDEBUG, and Debian's is
+// not: each lock pays for the bookkeeping. Lock order is fixed by design
+// (written where the locks are declared), the clang thread-safety build
+// checks it statically, and the unit tests run with the detection on; the
+// binaries (daemons, CLI, bench, demo) skip it.
+void SkipMutexCycleDetection();
+
 }  // namespace tessel
 
 namespace tessel {

@@ -270,6 +270,7 @@ absl::Status Main() {
 
 int main() {
   tessel::TuneAllocatorForStreaming();
+  tessel::SkipMutexCycleDetection();
   absl::Status s = Main();
   if (!s.ok()) {
     std::fprintf(stderr, "mlp_demo: %s\n", s.ToString().c_str());

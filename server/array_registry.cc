@@ -21,6 +21,11 @@ std::string Ago(absl::Time when) {
 int64_t ArrayRecord::device_bytes() const { return ByteSizeUnchecked(sharded ? block_type : type); }
 int64_t ArrayRecord::bytes() const { return device_bytes() * int64_t(devices.size()); }
 
+void ArrayRegistry::SetTenantLimits(const std::function<TenantLimits(const std::string&)>& limits_of) {
+  absl::MutexLock l(&mu_);
+  for (auto& [tenant, usage] : tenants_) usage.limits = limits_of(tenant);
+}
+
 absl::Status ArrayRegistry::OpenSession(const std::string& id, const std::string& client,
                                         const v1::SessionOptions& options, const std::string& tenant,
                                         TenantLimits limits) {

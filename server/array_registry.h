@@ -95,6 +95,10 @@ class ArrayRegistry {
   absl::Status OpenSession(const std::string& id, const std::string& client, const v1::SessionOptions& options,
                            const std::string& tenant = std::string(Tenants::kDefaultTenant),
                            TenantLimits limits = {});
+  // Every tenant this registry knows gets `limits_of(tenant)`: quotas are
+  // checked against them from the next allocation, session counts from the
+  // next OpenSession (sessions already open stay open).
+  void SetTenantLimits(const std::function<TenantLimits(const std::string&)>& limits_of);
   // NOT_FOUND naming a session that is closed or was never opened;
   // UNAVAILABLE for a session of an earlier coordinator incarnation.
   absl::Status CheckSessionLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

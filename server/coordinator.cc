@@ -68,7 +68,22 @@ Coordinator::Coordinator(Options options)
       workers_(log_, StrCat(".", incarnation_)),
       arrays_(incarnation_, absl::Now()),
       cache_(options_.compile_cache_bytes),
+      tenants_(std::make_shared<const Tenants>(options_.tenants)),
       monitor_([this] { MonitorLoop(); }) {}
+
+std::shared_ptr<const Tenants> Coordinator::tenants() const {
+  absl::ReaderMutexLock l(&tenants_mu_);
+  return tenants_;
+}
+
+void Coordinator::ReplaceTenants(Tenants tenants) {
+  auto next = std::make_shared<const Tenants>(std::move(tenants));
+  {
+    absl::MutexLock l(&tenants_mu_);
+    tenants_ = next;
+  }
+  arrays_.SetTenantLimits([&next](const std::string& tenant) { return next->LimitsOf(tenant); });
+}
 
 std::string Coordinator::CollectiveEpoch(int64_t epoch) const { return StrCat(incarnation_, ".", epoch); }
 
@@ -251,7 +266,7 @@ absl::StatusOr<v1::OpenSessionResponse> Coordinator::OpenSession(const v1::OpenS
   resp.set_session_id(StrFormat("s%016x.%s", RandomU64(), incarnation_));
   resp.set_lease_ms(absl::ToInt64Milliseconds(options_.session_lease));
   TESSEL_RETURN_IF_ERROR(
-      arrays_.OpenSession(resp.session_id(), req.client(), req.options(), tenant, options_.tenants.LimitsOf(tenant)));
+      arrays_.OpenSession(resp.session_id(), req.client(), req.options(), tenant, tenants()->LimitsOf(tenant)));
   log_->info("session {} opened by '{}' (tenant {})", resp.session_id(), req.client(), tenant);
   return resp;
 }

@@ -74,7 +74,13 @@ class Coordinator {
   // PERMISSION_DENIED unless `session` belongs to `tenant` (NOT_FOUND /
   // UNAVAILABLE as CheckSession for a session that is gone).
   absl::Status CheckTenant(const std::string& session, const std::string& tenant) const;
-  const Tenants& tenants() const { return options_.tenants; }
+  // Who may call now: Options::tenants until ReplaceTenants.
+  std::shared_ptr<const Tenants> tenants() const;
+  // The operator's reloaded tokens file: calls from here on are checked
+  // against `tenants`, and every tenant's limits are the new ones at once
+  // (open sessions included). A tenant whose tokens are gone is refused
+  // from its next call; its sessions end when their leases do.
+  void ReplaceTenants(Tenants tenants);
   absl::StatusOr<v1::CloseSessionResponse> CloseSession(const v1::CloseSessionRequest& req);
   absl::StatusOr<v1::KeepAliveResponse> KeepAlive(const v1::KeepAliveRequest& req);
   absl::Status SetSessionOptions(const v1::SetSessionOptionsRequest& req);
@@ -161,8 +167,8 @@ class Coordinator {
   // over in a new queue epoch, so the worker never waits on a gap.
   void RestartQueues(const std::string& worker_id);
 
-  // Lock order: arrays_'s lock, then workers_'s; cache_'s and mu_ are
-  // leaves. None is held across an RPC, a callback or a client's destruction.
+  // Lock order: arrays_'s lock, then workers_'s; cache_'s, tenants_mu_ and
+  // mu_ are leaves. None is held across an RPC, a callback or a client's destruction.
   const Options options_;
   const std::shared_ptr<spdlog::logger> log_;
   // Random per start (16 hex digits): collective groups, worker ids and
@@ -171,6 +177,8 @@ class Coordinator {
   WorkerRegistry workers_;
   ArrayRegistry arrays_;
   CompileCache cache_;
+  mutable absl::Mutex tenants_mu_;  // a leaf: only the pointer is swapped under it
+  std::shared_ptr<const Tenants> tenants_ ABSL_GUARDED_BY(tenants_mu_);
   mutable absl::Mutex steps_mu_;  // a leaf: nothing is called under it
   absl::flat_hash_map<int, DeviceSteps> device_steps_ ABSL_GUARDED_BY(steps_mu_);
   std::atomic<int64_t> next_execution_{0};

@@ -6,7 +6,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
@@ -39,6 +38,9 @@ ABSL_FLAG(std::string, auth_tokens_file, "",
           "Client tokens: one 'TOKEN TENANT [admin] [memory_quota=BYTES] [max_sessions=N]' per line (see "
           "server/tenants.h). Set: Session calls need a token and see only their tenant's sessions; Admin calls "
           "need an admin token. Unset: every caller is tenant 'default' (loopback only, unless --insecure).");
+ABSL_FLAG(int, auth_reload_s, 10,
+          "How often --auth_tokens_file is checked for changes, in seconds; a changed file applies at once (tokens, "
+          "tenants and limits; a file that no longer parses is logged and the previous one kept). 0: never.");
 ABSL_FLAG(int64_t, tenant_memory_quota_mb, 0,
           "Memory quota of a tenant whose tokens-file lines give none, over all its sessions, in MiB; 0: none.");
 ABSL_FLAG(int64_t, max_sessions_per_tenant, 0,
@@ -104,12 +106,9 @@ void AddCoordinatorMetrics(tessel::server::Coordinator* c, tessel::MetricsEndpoi
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Lock order is fixed by design (written where the locks are declared)
-  // and the unit tests run with Abseil's runtime deadlock detection on; the
-  // daemon skips its bookkeeping on every lock.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   tessel::BlockTerminationSignals();
   tessel::TuneAllocatorForStreaming();
+  tessel::SkipMutexCycleDetection();
   absl::SetProgramUsageMessage(
       "tessel-coordinator [--host=H] [--port=P]\n"
       "Serves tessel.v1.Session (clients), tessel.v1.Registry (workers) and tessel.v1.Admin\n"
@@ -149,6 +148,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.compile_cache_bytes = absl::GetFlag(FLAGS_compile_cache_mb) << 20;
+  if (absl::GetFlag(FLAGS_auth_reload_s) < 0) {
+    log->error("--auth_reload_s: expected >= 0, got {}", absl::GetFlag(FLAGS_auth_reload_s));
+    return 2;
+  }
   if (const std::string f = absl::GetFlag(FLAGS_auth_tokens_file); !f.empty()) {
     auto t = tessel::server::Tenants::FromFile(f, defaults);
     if (!t.ok()) {
@@ -215,6 +218,20 @@ int main(int argc, char** argv) {
     log->info("metrics on http://{}:{}/metrics", absl::GetFlag(FLAGS_metrics_address).substr(
                   0, absl::GetFlag(FLAGS_metrics_address).rfind(':')), metrics->port());
     tessel::WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), metrics->port());
+  }
+  std::unique_ptr<tessel::server::TokensFileWatcher> tokens_watcher;
+  if (const std::string f = absl::GetFlag(FLAGS_auth_tokens_file);
+      !f.empty() && absl::GetFlag(FLAGS_auth_reload_s) > 0) {
+    tessel::server::Coordinator* c = coordinator->get();
+    tokens_watcher = std::make_unique<tessel::server::TokensFileWatcher>(
+        f, defaults, absl::Seconds(absl::GetFlag(FLAGS_auth_reload_s)),
+        [c, log, f](tessel::server::Tenants t) {
+          log->info("--auth_tokens_file {} changed: {} tenants now", f, t.num_tenants());
+          c->ReplaceTenants(std::move(t));
+        },
+        [log](const absl::Status& s) {
+          log->error("{}; the previous tokens stay in force", std::string(s.message()));
+        });
   }
   tessel::server::SessionService session(coordinator->get());
   tessel::server::AdminService admin(coordinator->get());

@@ -5,6 +5,8 @@
 #include <google/protobuf/text_format.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -17,6 +19,7 @@
 #include "server/coordinator.h"
 #include "server/execute_planner.h"
 #include "server/fake_worker_client.h"
+#include "server/tenants.h"
 #include "server/worker_registry.h"
 #include "spdlog/sinks/null_sink.h"
 #include "spdlog/spdlog.h"
@@ -816,6 +819,75 @@ TEST_F(CoordinatorTest, ASilentWorkerIsDeclaredDeadAndItsArraysLost) {
 }
 
 }  // namespace
+// The operator's tokens file, replaced while the coordinator runs: the next
+// call is checked against it, and a tenant's new limits bind at once.
+TEST_F(CoordinatorTest, ReplacedTenantsAnswerTheNextCallAndTheirLimitsBindAtOnce) {
+  auto first = Tenants::Parse("a-token a max_sessions=1\n", "tokens", {});
+  ASSERT_TRUE(first.ok()) << first.status();
+  options_.tenants = *first;
+  Start(1, 1);
+  v1::OpenSessionRequest open;
+  open.set_client("test");
+  ASSERT_TRUE(c_->OpenSession(open, "a").ok());
+  EXPECT_EQ(c_->OpenSession(open, "a").status().code(), absl::StatusCode::kResourceExhausted);
+  c_->ReplaceTenants(*Tenants::Parse("a-token a max_sessions=2\nb-token b\n", "tokens", {}));
+  EXPECT_TRUE(c_->OpenSession(open, "a").ok());
+  EXPECT_EQ(c_->OpenSession(open, "a").status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(c_->tenants()->Authenticate("b-token")->tenant, "b");
+  c_->ReplaceTenants(*Tenants::Parse("b-token b\n", "tokens", {}));
+  EXPECT_EQ(c_->tenants()->Authenticate("a-token").status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_TRUE(c_->tenants()->Authenticate("b-token").ok());
+}
+
+TEST(TokensFileWatcher, AppliesAChangedFileAndKeepsThePreviousOneWhenTheNewOneIsBad) {
+  const std::string path = ::testing::TempDir() + "/tokens-watch";
+  auto write = [&path](const std::string& text) {
+    const std::string tmp = path + ".tmp";
+    std::ofstream(tmp) << text;
+    std::rename(tmp.c_str(), path.c_str());  // a new inode, as a Secret's update
+  };
+  write("a-token a\n");
+  absl::Mutex mu;
+  std::vector<std::string> applied, errors;
+  TokensFileWatcher w(
+      path, {}, absl::Milliseconds(10),
+      [&](Tenants t) {
+        absl::MutexLock l(&mu);
+        applied.push_back(t.Authenticate("b-token").ok() ? "b" : "?");
+      },
+      [&](const absl::Status& s) {
+        absl::MutexLock l(&mu);
+        errors.push_back(std::string(s.message()));
+      });
+  absl::SleepFor(absl::Milliseconds(50));
+  {
+    absl::MutexLock l(&mu);
+    EXPECT_TRUE(applied.empty());  // unchanged since start-up
+  }
+  write("b-token b\n");
+  auto until = [&](auto done) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    absl::MutexLock l(&mu);
+    while (!done() && absl::Now() < deadline) {
+      mu.Unlock();
+      absl::SleepFor(absl::Milliseconds(5));
+      mu.Lock();
+    }
+  };
+  until([&] { return !applied.empty(); });
+  {
+    absl::MutexLock l(&mu);
+    EXPECT_EQ(applied, std::vector<std::string>{"b"});
+  }
+  write("b-token b memory_quota=lots\n");
+  until([&] { return !errors.empty(); });
+  absl::MutexLock l(&mu);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_THAT(errors[0], HasSubstr("tokens-watch"));
+  EXPECT_THAT(errors[0], HasSubstr("memory_quota"));
+  EXPECT_EQ(applied.size(), 1u);
+}
+
 TEST(Version, ABareRequestAsksWhatTheServerSpeaksAndDisjointRangesAreNamed) {
   EXPECT_EQ(*NegotiateVersion(0, 0), kProtocolVersionMax);
   EXPECT_EQ(*NegotiateVersion(kProtocolVersionMin, kProtocolVersionMax + 5), kProtocolVersionMax);

@@ -29,9 +29,9 @@ grpc::Status Version(const v1::GetVersionRequest* req, v1::GetVersionResponse* r
 }  // namespace
 
 grpc::Status SessionService::Authorize(const grpc::ServerContext* ctx, const std::string& session) {
-  const Tenants& tenants = c_->tenants();
-  if (!tenants.authenticating()) return grpc::Status::OK;
-  auto who = tenants.Authenticate(BearerToken(*ctx));
+  const std::shared_ptr<const Tenants> tenants = c_->tenants();
+  if (!tenants->authenticating()) return grpc::Status::OK;
+  auto who = tenants->Authenticate(BearerToken(*ctx));
   if (!who.ok()) return ToGrpc(who.status());
   {
     absl::ReaderMutexLock l(&tenants_mu_);
@@ -51,7 +51,7 @@ grpc::Status SessionService::Authorize(const grpc::ServerContext* ctx, const std
 }
 
 grpc::Status AdminService::Authorize(const grpc::ServerContext* ctx) const {
-  auto who = c_->tenants().Authenticate(BearerToken(*ctx));
+  auto who = c_->tenants()->Authenticate(BearerToken(*ctx));
   if (!who.ok()) return ToGrpc(who.status());
   if (!who->admin) {
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
@@ -72,7 +72,7 @@ grpc::Status SessionService::GetVersion(grpc::ServerContext*, const v1::GetVersi
 }
 grpc::Status SessionService::OpenSession(grpc::ServerContext* ctx, const v1::OpenSessionRequest* req,
                                          v1::OpenSessionResponse* resp) {
-  auto who = c_->tenants().Authenticate(BearerToken(*ctx));
+  auto who = c_->tenants()->Authenticate(BearerToken(*ctx));
   if (!who.ok()) return ToGrpc(who.status());
   return Reply(c_->OpenSession(*req, who->tenant), resp);
 }
@@ -122,8 +122,9 @@ grpc::Status SessionService::Dispatch(grpc::ServerContext* ctx,
   std::string authorized;  // the session last checked on this stream
   while (stream->Read(&batch)) {
     replies.Clear();
+    std::vector<int> awaited;  // replies that wait for their outputs, once the batch is dispatched
     for (v1::ExecuteRequest& req : *batch.mutable_calls()) {
-      const bool client_reads_reply = req.wait();
+      const bool client_reads_reply = req.wait() || req.await_outputs();
       req.set_wait(false);
       absl::Status denied;
       if (req.session_id() != authorized) {
@@ -134,11 +135,26 @@ grpc::Status SessionService::Dispatch(grpc::ServerContext* ctx,
       v1::DispatchReply* reply = replies.add_replies();
       if (r.ok()) {
         *reply->mutable_response() = std::move(*r);
+        if (req.await_outputs()) awaited.push_back(replies.replies_size() - 1);
       } else {
         reply->set_code(static_cast<int>(r.status().code()));
         reply->set_error(BoundedMessage(r.status().message()));
         // A refused caller's handles are not its own to mark.
         if (!client_reads_reply && denied.ok()) c_->MarkRejectedOutputs(req, r.status());
+      }
+    }
+    for (int i : awaited) {
+      const v1::ExecuteRequest& req = batch.calls(i);
+      v1::AwaitRequest await;
+      await.set_session_id(req.session_id());
+      *await.mutable_handles() = req.outputs();
+      v1::DispatchReply* reply = replies.mutable_replies(i);
+      auto done = c_->Await(await);
+      if (done.ok()) {
+        *reply->mutable_outputs() = std::move(*done);
+      } else {
+        reply->set_code(static_cast<int>(done.status().code()));
+        reply->set_error(BoundedMessage(done.status().message()));
       }
     }
     if (!stream->Write(replies)) break;

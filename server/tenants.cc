@@ -1,7 +1,10 @@
 #include "server/tenants.h"
 
+#include <sys/stat.h>
+
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -108,6 +111,45 @@ absl::StatusOr<Principal> Tenants::Authenticate(absl::string_view token) const {
 TenantLimits Tenants::LimitsOf(const std::string& tenant) const {
   auto it = limits_.find(tenant);
   return it == limits_.end() ? defaults_ : it->second;
+}
+
+namespace {
+// What says a file changed: modification time, size and inode.
+std::tuple<int64_t, int64_t, int64_t, int64_t> FileStamp(const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return {-1, -1, -1, -1};
+  return {st.st_mtim.tv_sec, st.st_mtim.tv_nsec, st.st_size, static_cast<int64_t>(st.st_ino)};
+}
+}  // namespace
+
+TokensFileWatcher::TokensFileWatcher(std::string path, TenantLimits defaults, absl::Duration every,
+                                     std::function<void(Tenants)> apply,
+                                     std::function<void(const absl::Status&)> on_error)
+    : path_(std::move(path)),
+      defaults_(defaults),
+      every_(every),
+      apply_(std::move(apply)),
+      on_error_(std::move(on_error)),
+      thread_([this] { Loop(); }) {}
+
+TokensFileWatcher::~TokensFileWatcher() {
+  stop_.Notify();
+  thread_.join();
+}
+
+void TokensFileWatcher::Loop() {
+  auto seen = FileStamp(path_);  // the file as it was read at start-up
+  while (!stop_.WaitForNotificationWithTimeout(every_)) {
+    const auto now = FileStamp(path_);
+    if (now == seen) continue;
+    seen = now;
+    auto tenants = Tenants::FromFile(path_, defaults_);
+    if (tenants.ok()) {
+      apply_(std::move(*tenants));
+    } else {
+      on_error_(tenants.status());
+    }
+  }
 }
 
 }  // namespace tessel::server

@@ -18,11 +18,15 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <thread>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 
 namespace tessel::server {
 
@@ -57,6 +61,30 @@ class Tenants {
   TenantLimits defaults_;
   absl::flat_hash_map<std::string, Principal> tokens_;
   absl::flat_hash_map<std::string, TenantLimits> limits_;
+};
+
+// Rereads a tokens file whenever it changes (its modification time, size or
+// inode: an editor's save and a Kubernetes Secret's symlink swap both count),
+// checking every `every`, and hands the new tenants to `apply`. A file that
+// no longer parses changes nothing: `on_error` hears why, and the tenants in
+// force stay until a good file replaces it. Stops when destroyed.
+class TokensFileWatcher {
+ public:
+  TokensFileWatcher(std::string path, TenantLimits defaults, absl::Duration every,
+                    std::function<void(Tenants)> apply, std::function<void(const absl::Status&)> on_error);
+  ~TokensFileWatcher();
+  TokensFileWatcher(const TokensFileWatcher&) = delete;
+  TokensFileWatcher& operator=(const TokensFileWatcher&) = delete;
+
+ private:
+  void Loop();
+  const std::string path_;
+  const TenantLimits defaults_;
+  const absl::Duration every_;
+  const std::function<void(Tenants)> apply_;
+  const std::function<void(const absl::Status&)> on_error_;
+  absl::Notification stop_;
+  std::thread thread_;
 };
 
 }  // namespace tessel::server

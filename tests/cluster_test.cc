@@ -1,5 +1,6 @@
 // Integration tests: a real coordinator and real worker processes on
 // loopback, driven through the C++ SDK, the CLI and raw gRPC.
+#include <cstring>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <arpa/inet.h>
@@ -314,6 +315,76 @@ TEST_F(ClusterTest, TruncatedAndOversizedPutStreamsAreRejected) {
   EXPECT_TRUE(session_->Put(HostArray::From<float>({2}, {1, 2})).ok());
 }
 
+// A call that waits is answered once, on the Dispatch stream, when its
+// outputs are done: the reply carries their states; a later pipelined call
+// in the same batch is still dispatched, and its reply does not wait.
+TEST_F(ClusterTest, AWaitingDispatchCallIsAnsweredWhenItsOutputsAreDone) {
+  GraphBuilder g("neg");
+  Value x = g.Parameter({DType::kF32, {4}}, "x");
+  auto exe = session_->Compile(*g.Build({g.Neg(x)}));
+  ASSERT_TRUE(exe.ok());
+  auto xa = session_->Put(HostArray::From<float>({4}, {1, 2, 3, 4}));
+  ASSERT_TRUE(xa.ok());
+  auto bad = session_->Put(HostArray::From<int32_t>({4}, {1, 2, 3, 4}));
+  ASSERT_TRUE(bad.ok());
+  auto stub = v1::Session::NewStub(grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  auto stream = stub->Dispatch(&ctx);
+  auto call = [&](const Array& arg, uint64_t out, bool await) {
+    v1::ExecuteRequest r;
+    r.set_session_id(session_->id());
+    r.set_executable_id(exe->id());
+    r.add_arguments(arg.handle());
+    r.add_outputs(out);
+    r.set_wait(await);
+    r.set_await_outputs(await);
+    return r;
+  };
+  v1::DispatchBatch batch;
+  *batch.add_calls() = call(*xa, 0xa1, true);
+  *batch.add_calls() = call(*xa, 0xa2, false);
+  ASSERT_TRUE(stream->Write(batch));
+  v1::DispatchReplies replies;
+  ASSERT_TRUE(stream->Read(&replies));
+  ASSERT_EQ(replies.replies_size(), 2);
+  EXPECT_EQ(replies.replies(0).code(), 0) << replies.replies(0).error();
+  ASSERT_TRUE(replies.replies(0).has_outputs());
+  ASSERT_EQ(replies.replies(0).outputs().states_size(), 1);
+  EXPECT_EQ(replies.replies(0).outputs().states(0), v1::READY);
+  EXPECT_FALSE(replies.replies(1).has_outputs());
+  // A step that fails at run time: the state and the error come back.
+  batch.Clear();
+  *batch.add_calls() = call(*bad, 0xa3, true);
+  ASSERT_TRUE(stream->Write(batch));
+  ASSERT_TRUE(stream->Read(&replies));
+  ASSERT_EQ(replies.replies_size(), 1);
+  const v1::DispatchReply& failed = replies.replies(0);
+  if (failed.code() == 0) {  // accepted, then failed on the device
+    ASSERT_EQ(failed.outputs().states_size(), 1);
+    EXPECT_EQ(failed.outputs().states(0), v1::ERROR);
+    EXPECT_NE(failed.outputs().errors(0).find("expected f32[4], got s32[4]"), std::string::npos);
+  } else {  // refused when dispatched
+    EXPECT_EQ(failed.code(), int(grpc::StatusCode::INVALID_ARGUMENT)) << failed.error();
+  }
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  // The outputs are the session's arrays, with the right values.
+  for (uint64_t h : {0xa1, 0xa2}) {
+    grpc::ClientContext fctx;
+    v1::FetchRequest freq;
+    freq.set_session_id(session_->id());
+    freq.set_handle(h);
+    auto reader = stub->Fetch(&fctx, freq);
+    std::string bytes;
+    for (v1::FetchResponse msg; reader->Read(&msg);) bytes += msg.data();
+    ASSERT_TRUE(reader->Finish().ok()) << h;
+    ASSERT_EQ(bytes.size(), 16u);
+    float last;
+    std::memcpy(&last, bytes.data() + 12, 4);
+    EXPECT_EQ(last, -4.f) << h;
+  }
+}
+
 TEST_F(ClusterTest, ArraysOverTwoGibibytesRoundTrip) {
   const int64_t n = (int64_t{2} << 30) + 4096 + 3;
   HostArray a(ArrayType{DType::kU8, {n}});
@@ -372,6 +443,13 @@ TEST(FailureTest, OutOfMemoryTravelsOnHandlesAsResourceExhausted) {
   ASSERT_TRUE(outs2.ok());
   absl::Status st2 = (*s)->Await(*outs2);
   EXPECT_NE(st2.message().find("failed earlier"), absl::string_view::npos) << st2;
+  // Waiting in the call: the failure comes back from Execute itself, with
+  // its code and the array it fell on.
+  auto waited = (*s)->Execute(*exe, {*xa}, {.wait = true});
+  ASSERT_FALSE(waited.ok());
+  EXPECT_EQ(waited.status().code(), absl::StatusCode::kResourceExhausted) << waited.status();
+  EXPECT_NE(waited.status().message().find("failed: array 0x"), absl::string_view::npos) << waited.status();
+  EXPECT_NE(waited.status().message().find("cpu:0"), absl::string_view::npos) << waited.status();
   // The worker keeps serving.
   auto small = (*s)->Execute(*exe2, {*(*s)->Put(HostArray::From<float>({}, {3.f}))});
   ASSERT_TRUE(small.ok());

@@ -12,7 +12,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -224,12 +223,9 @@ std::string MissingKernelInstructions() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Lock order is fixed by design (written where the locks are declared)
-  // and the unit tests run with Abseil's runtime deadlock detection on; the
-  // daemon skips its bookkeeping on every lock.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   tessel::BlockTerminationSignals();
   tessel::TuneAllocatorForStreaming();
+  tessel::SkipMutexCycleDetection();
   absl::SetProgramUsageMessage(
       "tessel-worker --coordinator=HOST:PORT [--devices=N] [--device_kind=cpu|cuda|both] [--port=P]\n"
       "Serves tessel.v1.Worker: owns N CPU devices and/or the machine's GPUs, runs the programs the coordinator sends,\n"

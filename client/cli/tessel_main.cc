@@ -530,6 +530,7 @@ int Health(const Args& a) {
 int main(int argc, char** argv) {
   tessel::BlockTerminationSignals();
   tessel::TuneAllocatorForStreaming();
+  tessel::SkipMutexCycleDetection();
   Args a = Parse(argc, argv);
   if (a.command.empty() || a.command == "help" || a.Get("help") == "true") {
     std::cout << kUsage;

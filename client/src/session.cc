@@ -374,6 +374,18 @@ v1::Placement ToProto(const Placement& p) {
   }
   return out;
 }
+
+// The first failed array of an Await's answer, named by its handle; OK when
+// none failed.
+absl::Status FirstAwaitError(absl::Span<const Array> arrays, const v1::AwaitResponse& resp) {
+  for (int i = 0; i < resp.errors_size() && i < static_cast<int>(arrays.size()); ++i) {
+    if (!resp.errors(i).empty()) {
+      auto code = static_cast<absl::StatusCode>(i < resp.codes_size() ? resp.codes(i) : int(absl::StatusCode::kUnknown));
+      return absl::Status(code, absl::StrFormat("array %#x: %s", arrays[i].handle(), resp.errors(i)));
+    }
+  }
+  return absl::OkStatus();
+}
 }  // namespace
 
 absl::StatusOr<Array> Session::Put(const HostArray& array, Placement placement, const TransferOptions& transfer) {
@@ -421,6 +433,7 @@ absl::StatusOr<std::vector<Array>> Session::Execute(const Executable& exe, absl:
   if (options.transfer_guard) *req.mutable_transfer_guard() = ToProto(*options.transfer_guard);
   const bool want_reply = options.wait || options.receipt != nullptr;
   req.set_wait(want_reply);  // on the stream: "I read the reply"
+  req.set_await_outputs(options.wait);  // and it comes once the outputs are done
   Dispatcher& d = impl_->dispatcher();
   TESSEL_ASSIGN_OR_RETURN(int64_t seq, d.Send(std::move(req), want_reply));
   if (!want_reply) return outs;
@@ -432,7 +445,9 @@ absl::StatusOr<std::vector<Array>> Session::Execute(const Executable& exe, absl:
     for (const auto& r : reply.response().donations()) options.receipt->donations.push_back(FromProto(r));
   }
   if (options.wait) {
-    if (auto s = Await(outs); !s.ok()) {
+    // A coordinator that predates await_outputs answers without them.
+    absl::Status s = reply.has_outputs() ? FirstAwaitError(outs, reply.outputs()) : Await(outs);
+    if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("execution ", reply.response().execution_id(), " failed: ",
                                                  s.message()));
     }
@@ -448,13 +463,7 @@ absl::Status Session::Await(absl::Span<const Array> arrays) {
   for (const Array& a : arrays) req.add_handles(a.handle());
   v1::AwaitResponse resp;
   if (auto s = impl_->session->Await(&ctx, req, &resp); !s.ok()) return FromGrpc(s);
-  for (int i = 0; i < resp.errors_size(); ++i) {
-    if (!resp.errors(i).empty()) {
-      auto code = static_cast<absl::StatusCode>(i < resp.codes_size() ? resp.codes(i) : int(absl::StatusCode::kUnknown));
-      return absl::Status(code, absl::StrFormat("array %#x: %s", arrays[i].handle(), resp.errors(i)));
-    }
-  }
-  return absl::OkStatus();
+  return FirstAwaitError(arrays, resp);
 }
 
 absl::StatusOr<HostArray> Session::Fetch(const Array& array, const TransferOptions& transfer) {

@@ -306,3 +306,56 @@ def test_certificates_are_reloaded_when_their_files_change(pki, tmp_path):
     finally:
         p.terminate()
         p.wait(10)
+
+
+def test_tokens_file_changes_apply_without_a_restart(tmp_path):
+    """An operator revokes one token and issues another by rewriting the
+    tokens file: the revoked token is refused from then on, the new one works,
+    and a file that no longer parses leaves the tokens in force."""
+    tokens = str(tmp_path / "tokens")
+
+    def write(text):
+        with open(tokens + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(tokens + ".tmp", tokens)
+
+    write("alice-token alice\n")
+    port = free_port()
+    log = open(tmp_path / "coordinator.log", "w")
+    p = subprocess.Popen([find_binary("tessel-coordinator"), f"--port={port}", f"--auth_tokens_file={tokens}",
+                          "--auth_reload_s=1"], stdout=log, stderr=subprocess.STDOUT)
+    address = f"127.0.0.1:{port}"
+
+    def open_code(token):
+        session, _, _ = stubs(address, token=token)
+        try:
+            session.OpenSession(session_pb2.OpenSessionRequest(client="x"), timeout=10)
+            return grpc.StatusCode.OK
+        except grpc.RpcError as e:
+            return e.code()
+
+    def eventually(token, code):
+        deadline = time.monotonic() + 15
+        while open_code(token) != code and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return open_code(token)
+
+    try:
+        assert eventually("alice-token", grpc.StatusCode.OK) == grpc.StatusCode.OK
+        assert open_code("carol-token") == grpc.StatusCode.UNAUTHENTICATED
+        write("carol-token carol\n")
+        assert eventually("alice-token", grpc.StatusCode.UNAUTHENTICATED) == grpc.StatusCode.UNAUTHENTICATED
+        assert open_code("carol-token") == grpc.StatusCode.OK
+        write("carol-token carol max_sessions=many\n")
+        deadline = time.monotonic() + 15
+        while "previous tokens stay in force" not in open(tmp_path / "coordinator.log").read() \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        text = open(tmp_path / "coordinator.log").read()
+        assert "previous tokens stay in force" in text and "max_sessions" in text, text
+        assert open_code("carol-token") == grpc.StatusCode.OK
+        assert p.poll() is None  # still serving
+    finally:
+        p.terminate()
+        p.wait(10)
+        log.close()
