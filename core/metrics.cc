@@ -31,7 +31,8 @@ class MetricsEndpoint::Collectors final : public prometheus::Collectable {
   std::vector<Collector> collectors_ ABSL_GUARDED_BY(mu_);
 };
 
-absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const std::string& address) {
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const std::string& address,
+                                                                         const BasicAuth& auth) {
   std::unique_ptr<MetricsEndpoint> m(new MetricsEndpoint());
   m->registry_ = std::make_shared<prometheus::Registry>();
   m->collectors_ = std::make_shared<Collectors>();
@@ -39,6 +40,14 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const st
     m->exposer_ = std::make_unique<prometheus::Exposer>(address, 2);
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("metrics endpoint: cannot listen on ", address, ": ", e.what()));
+  }
+  if (!auth.user.empty() || !auth.password.empty()) {
+    m->exposer_->RegisterAuth(
+        [user = auth.user, password = auth.password](const std::string& u, const std::string& p) {
+          const bool user_ok = SecretEquals(u, user), password_ok = SecretEquals(p, password);
+          return user_ok && password_ok;
+        },
+        "tessel");
   }
   m->exposer_->RegisterCollectable(m->registry_);
   m->exposer_->RegisterCollectable(m->collectors_);

@@ -6,8 +6,12 @@
 // so a scrape and an Admin call agree; those only an event can give (step
 // latency, errors) are recorded as they happen, in StepMetrics.
 //
-// The endpoint is plaintext HTTP without authentication: bind it where only
-// the scraper reaches (its own interface, or a network you trust).
+// Plaintext HTTP, behind HTTP basic auth when given a user and password
+// (Prometheus's `basic_auth`). Not HTTPS: Debian's civetweb, under
+// prometheus-cpp's exposer, crashes on its first HTTPS request with OpenSSL
+// 3 (it calls a null function pointer). So, like a plaintext gRPC port, the
+// endpoint binds loopback unless --insecure says the network is trusted; a
+// TLS-terminating proxy in front carries it across an untrusted one.
 //
 // Thread-safety: every method may be called from any thread.
 #pragma once
@@ -26,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/security.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -35,9 +40,13 @@ class MetricsEndpoint {
  public:
   using Collector = std::function<std::vector<prometheus::MetricFamily>()>;
 
+  struct BasicAuth {
+    std::string user, password;  // both empty: no authentication
+  };
   // Serves `address` ("host:port"; port 0 picks a free one).
   // UNAVAILABLE naming the address when it cannot listen there.
-  static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(const std::string& address);
+  static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(const std::string& address,
+                                                                const BasicAuth& auth = {});
   ~MetricsEndpoint();
 
   int port() const;
@@ -53,6 +62,15 @@ class MetricsEndpoint {
   std::shared_ptr<Collectors> collectors_;
   std::unique_ptr<prometheus::Exposer> exposer_;
 };
+
+// The daemons' --metrics_address, --metrics_port_file and
+// --metrics_auth_file (a file whose first line is USER:PASSWORD): the
+// endpoint they ask for, its port written to --metrics_port_file; nullptr
+// when --metrics_address is empty. FAILED_PRECONDITION for an address off
+// loopback without --insecure (`daemon_security.insecure`); the error names
+// the flag.
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpointFromFlags(absl::string_view daemon,
+                                                                         const DaemonSecurity& daemon_security);
 
 // One family of gauges or counters, a sample per label set.
 using Samples = std::vector<std::pair<std::map<std::string, std::string>, double>>;

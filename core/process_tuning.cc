@@ -160,9 +160,11 @@ void WritePortFile(const std::string& path, int port) {
 
 void SetDaemonFlagsUsage(const std::string& main_file) {
   absl::FlagsUsageConfig config;
-  // The daemon's own flags and the transport-security ones they share.
+  // The daemon's own flags and the transport-security and metrics ones they
+  // share.
   config.contains_help_flags = [main_file](absl::string_view path) {
-    return absl::StrContains(path, main_file) || absl::StrContains(path, "core/security");
+    return absl::StrContains(path, main_file) || absl::StrContains(path, "core/security") ||
+           absl::StrContains(path, "core/metrics");
   };
   config.contains_helpshort_flags = config.contains_help_flags;
   config.version_string = [] { return absl::StrCat("Tessel ", kTesselVersion, "\n"); };

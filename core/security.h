@@ -35,6 +35,7 @@ struct TlsFiles {
 struct DaemonSecurity {
   TlsFiles tls;
   std::string join_token;  // empty: none
+  bool insecure = false;   // --insecure: plaintext allowed off loopback
 };
 // The daemon's --tls_* and --join_token_file, checked (CheckTlsFiles, and
 // CheckListenSecurity against `host` and --insecure); the error names the

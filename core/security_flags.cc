@@ -35,6 +35,7 @@ bool InsecureFromFlags() { return absl::GetFlag(FLAGS_insecure); }
 absl::StatusOr<DaemonSecurity> DaemonSecurityFromFlags(absl::string_view daemon, absl::string_view host) {
   DaemonSecurity out;
   out.tls = TlsFilesFromFlags();
+  out.insecure = InsecureFromFlags();
   if (absl::Status s = CheckTlsFiles(out.tls, /*server=*/true); !s.ok()) return s;
   if (absl::Status s = CheckListenSecurity(daemon, host, out.tls, InsecureFromFlags()); !s.ok()) return s;
   if (const std::string f = absl::GetFlag(FLAGS_join_token_file); !f.empty()) {

@@ -51,10 +51,6 @@ ABSL_FLAG(std::string, tls_worker_name, "",
 ABSL_FLAG(int64_t, compile_cache_mb, 1024,
           "Bound of the compile cache in MiB (programs, graphs and plans); the least recently used executables "
           "are evicted past it (running one again then says to compile it again).");
-ABSL_FLAG(std::string, metrics_address, "",
-          "Serve Prometheus metrics (text format, plaintext HTTP, /metrics) on host:port (port 0 picks a free "
-          "one, written to --metrics_port_file). Empty: no endpoint.");
-ABSL_FLAG(std::string, metrics_port_file, "", "If set, the metrics endpoint's port is written here once serving.");
 ABSL_FLAG(int, parent_pid, 0,
           "If set, stop (as on SIGTERM) when this parent process exits; for clients that start daemons.");
 
@@ -193,15 +189,14 @@ int main(int argc, char** argv) {
       return tessel::server::NewGrpcWorkerClient(address, secret, worker_creds, worker_name);
     };
   }
-  std::unique_ptr<tessel::MetricsEndpoint> metrics;
+  auto metrics_or = tessel::MetricsEndpointFromFlags("tessel-coordinator", *security);
+  if (!metrics_or.ok()) {
+    log->error("{}", std::string(metrics_or.status().message()));
+    return 2;
+  }
+  std::unique_ptr<tessel::MetricsEndpoint> metrics = std::move(*metrics_or);
   std::unique_ptr<tessel::StepMetrics> step_metrics;
-  if (const std::string address = absl::GetFlag(FLAGS_metrics_address); !address.empty()) {
-    auto m = tessel::MetricsEndpoint::Start(address);
-    if (!m.ok()) {
-      log->error("--metrics_address: {}", std::string(m.status().message()));
-      return 2;
-    }
-    metrics = std::move(*m);
+  if (metrics != nullptr) {
     step_metrics = std::make_unique<tessel::StepMetrics>(metrics->registry(), "tessel",
                                                          "from the coordinator sending it to its worker's answer");
     options.on_step_done = [sm = step_metrics.get()](int device, absl::Duration latency, bool ok) {
@@ -215,9 +210,7 @@ int main(int argc, char** argv) {
   }
   if (metrics != nullptr) {
     AddCoordinatorMetrics(coordinator->get(), *metrics);
-    log->info("metrics on http://{}:{}/metrics", absl::GetFlag(FLAGS_metrics_address).substr(
-                  0, absl::GetFlag(FLAGS_metrics_address).rfind(':')), metrics->port());
-    tessel::WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), metrics->port());
+    log->info("metrics on port {} (/metrics)", metrics->port());
   }
   std::unique_ptr<tessel::server::TokensFileWatcher> tokens_watcher;
   if (const std::string f = absl::GetFlag(FLAGS_auth_tokens_file);

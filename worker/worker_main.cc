@@ -52,10 +52,6 @@ ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, 
 ABSL_FLAG(std::string, log_format, "text", "Log format: text, or json (one object per line: time, level, logger, thread, message).");
 ABSL_FLAG(int, collective_timeout_s, 60,
           "How long a collective waits for the rest of its group (and the rendezvous for its peers).");
-ABSL_FLAG(std::string, metrics_address, "",
-          "Serve Prometheus metrics (text format, plaintext HTTP, /metrics) on host:port (port 0 picks a free "
-          "one, written to --metrics_port_file). Empty: no endpoint.");
-ABSL_FLAG(std::string, metrics_port_file, "", "If set, the metrics endpoint's port is written here once serving.");
 ABSL_FLAG(std::string, worker_id, "",
           "This worker's persistent identity, kept across restarts (default: the host name and the port). A "
           "worker that registers again under it with a new incarnation replaces the old at once.");
@@ -288,20 +284,18 @@ int main(int argc, char** argv) {
   // Drawn anew at each start and given only to the coordinator: the key to
   // this worker's service.
   const std::string secret = tessel::RandomSecret();
-  std::unique_ptr<tessel::MetricsEndpoint> metrics;
+  auto metrics_or = tessel::MetricsEndpointFromFlags("tessel-worker", *security);
+  if (!metrics_or.ok()) {
+    log->error("{}", std::string(metrics_or.status().message()));
+    return 2;
+  }
+  std::unique_ptr<tessel::MetricsEndpoint> metrics = std::move(*metrics_or);
   std::unique_ptr<tessel::StepMetrics> step_metrics;
-  if (const std::string maddr = absl::GetFlag(FLAGS_metrics_address); !maddr.empty()) {
-    auto m = tessel::MetricsEndpoint::Start(maddr);
-    if (!m.ok()) {
-      log->error("--metrics_address: {}", std::string(m.status().message()));
-      return 2;
-    }
-    metrics = std::move(*m);
+  if (metrics != nullptr) {
     step_metrics = std::make_unique<tessel::StepMetrics>(metrics->registry(), "tessel_worker",
                                                          "from its arrival on the worker to its answer");
     AddWorkerMetrics(runtime->get(), *metrics);
     log->info("metrics on port {} (/metrics)", metrics->port());
-    tessel::WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), metrics->port());
   }
   tessel::worker::WorkerService service(runtime->get(), secret, step_metrics.get());
   grpc::EnableDefaultHealthCheckService(true);

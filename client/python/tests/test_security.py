@@ -359,3 +359,49 @@ def test_tokens_file_changes_apply_without_a_restart(tmp_path):
         p.terminate()
         p.wait(10)
         log.close()
+
+
+def test_metrics_endpoint_asks_for_basic_auth_and_stays_on_loopback(pki, tmp_path):
+    """--metrics_auth_file makes a scrape present basic auth; the endpoint is
+    plaintext HTTP, so off loopback it needs --insecure even when the
+    daemon's own port has TLS."""
+    import base64
+    import urllib.error
+    import urllib.request
+    auth = tmp_path / "metrics-auth"
+    auth.write_text("prometheus:s3cr3t-scrape\n")
+    port_file = tmp_path / "metrics.port"
+    p = subprocess.Popen([find_binary("tessel-coordinator"), "--port=0", *tls_flags(pki),
+                          "--metrics_address=127.0.0.1:0", f"--metrics_port_file={port_file}",
+                          f"--metrics_auth_file={auth}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 15
+        while not port_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        port = int(port_file.read_text())
+
+        def get(credentials=None):
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics")
+            if credentials:
+                req.add_header("Authorization", "Basic " + base64.b64encode(credentials.encode()).decode())
+            return urllib.request.urlopen(req, timeout=10).read().decode()
+
+        assert "tessel_sessions" in get("prometheus:s3cr3t-scrape")
+        for wrong in (None, "prometheus:guess", "someone:s3cr3t-scrape"):
+            with pytest.raises(urllib.error.HTTPError) as e:
+                get(wrong)
+            assert e.value.code == 401
+        assert p.poll() is None
+    finally:
+        p.terminate()
+        p.wait(10)
+    for flags in ([], tls_flags(pki)):
+        r = subprocess.run([find_binary("tessel-coordinator"), "--port=0", *flags, "--metrics_address=0.0.0.0:0"],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2
+        assert "--metrics_address=0.0.0.0:0 is not a loopback address" in r.stdout + r.stderr
+    bad = tmp_path / "bad-auth"
+    bad.write_text("no-colon-here\n")
+    r = subprocess.run([find_binary("tessel-coordinator"), "--port=0", "--metrics_address=127.0.0.1:0",
+                        f"--metrics_auth_file={bad}"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "expected USER:PASSWORD" in r.stdout + r.stderr

@@ -103,8 +103,10 @@ def test_a_worker_without_its_coordinator_is_not_serving_and_says_so_once(tmp_pa
 
 
 @pytest.mark.parametrize("daemon, own_flags", [
-    ("tessel-coordinator", ["--session_lease_s", "--port_file", "--heartbeat_timeout_ms"]),
-    ("tessel-worker", ["--coordinator", "--devices", "--device_memory_bytes"]),
+    ("tessel-coordinator", ["--session_lease_s", "--port_file", "--heartbeat_timeout_ms", "--auth_reload_s",
+                            "--tls_cert", "--metrics_address", "--metrics_auth_file"]),
+    ("tessel-worker", ["--coordinator", "--devices", "--device_memory_bytes", "--tls_cert", "--metrics_address",
+                       "--metrics_auth_file"]),
 ])
 def test_each_daemon_lists_its_own_flags(daemon, own_flags):
     p = subprocess.run([find_binary(daemon), "--help"], capture_output=True, text=True)
