@@ -87,6 +87,7 @@ Admits BinaryAdmits(v1::Op op) {
     case v1::AND:
     case v1::OR:
     case v1::XOR: return Admits::kIntOrPred;
+    case v1::ATAN2: return Admits::kFloat;
     default: return Admits::kNumeric;
   }
 }
@@ -295,13 +296,15 @@ absl::StatusOr<TensorType> InferUnchecked(const v1::Node& n,
     }
     case v1::NEG: case v1::ABS: case v1::EXP: case v1::LOG: case v1::LOG1P: case v1::TANH:
     case v1::LOGISTIC: case v1::SQRT: case v1::RSQRT: case v1::FLOOR: case v1::CEIL:
-    case v1::ROUND: case v1::SIGN: case v1::NOT: {
+    case v1::ROUND: case v1::SIGN: case v1::NOT: case v1::SIN: case v1::COS: case v1::TAN: case v1::ASIN:
+    case v1::ACOS: case v1::ATAN: case v1::SINH: case v1::COSH: case v1::ASINH: case v1::ACOSH: case v1::ATANH:
+    case v1::EXPM1: case v1::ERF: {
       TESSEL_RETURN_IF_ERROR(CheckArity(n, ops.size(), 1));
       TESSEL_RETURN_IF_ERROR(CheckDType("operand", UnaryAdmits(op), *ops[0]));
       return *ops[0];
     }
     case v1::ADD: case v1::SUB: case v1::MUL: case v1::DIV: case v1::REM: case v1::POW:
-    case v1::MAX: case v1::MIN: case v1::AND: case v1::OR: case v1::XOR: {
+    case v1::MAX: case v1::MIN: case v1::AND: case v1::OR: case v1::XOR: case v1::ATAN2: {
       TESSEL_RETURN_IF_ERROR(CheckArity(n, ops.size(), 2));
       if (!SameType(*ops[0], *ops[1])) {
         return InvalidArgumentError(StrCat("operands must have the same type: expected ",
@@ -479,7 +482,7 @@ absl::Status ValidateType(const v1::TensorType& t) {
 }
 
 bool IsElementwise(v1::Op op) {
-  return (op >= v1::NEG && op <= v1::NOT) || (op >= v1::ADD && op <= v1::XOR) ||
+  return (op >= v1::NEG && op <= v1::ERF) || (op >= v1::ADD && op <= v1::ATAN2) ||
          op == v1::COMPARE || op == v1::SELECT || op == v1::CLAMP || op == v1::CONVERT;
 }
 

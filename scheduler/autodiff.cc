@@ -259,6 +259,40 @@ absl::StatusOr<TypedGraph> RegionBody(const v1::Node& n, const v1::Mesh& mesh,
 // The backward body of a manual region under construction: the mesh axes
 // every value it holds varies over (forward values, recomputed there, and
 // cotangents alike), tracked as nodes are appended.
+// The trigonometric, hyperbolic and special unary ops ElementaryDerivative
+// knows.
+bool ElementaryDerivativeOp(v1::Op op) { return op >= v1::SIN && op <= v1::ERF; }
+
+// d op(x)/dx of an ElementaryDerivativeOp, as nodes of `e` (x the operand,
+// y = op(x)); empty for every other op.
+std::string ElementaryDerivative(Emitter& e, v1::Op op, const std::string& x, const std::string& y) {
+  auto one = [&] { return e.Like(x, 1.0); };
+  auto sq = [&](const std::string& v) { return e.Binary(v1::MUL, v, v); };
+  switch (op) {
+    case v1::SIN: return e.Unary(v1::COS, x);
+    case v1::COS: return e.Unary(v1::NEG, e.Unary(v1::SIN, x));
+    case v1::TAN: return e.Binary(v1::ADD, one(), sq(y));
+    case v1::ASIN: return e.Unary(v1::RSQRT, e.Binary(v1::SUB, one(), sq(x)));
+    case v1::ACOS: return e.Unary(v1::NEG, e.Unary(v1::RSQRT, e.Binary(v1::SUB, one(), sq(x))));
+    case v1::ATAN: return e.Binary(v1::DIV, one(), e.Binary(v1::ADD, one(), sq(x)));
+    case v1::SINH: return e.Unary(v1::COSH, x);
+    case v1::COSH: return e.Unary(v1::SINH, x);
+    case v1::ASINH: return e.Unary(v1::RSQRT, e.Binary(v1::ADD, sq(x), one()));
+    case v1::ACOSH: return e.Unary(v1::RSQRT, e.Binary(v1::SUB, sq(x), one()));
+    case v1::ATANH: return e.Binary(v1::DIV, one(), e.Binary(v1::SUB, one(), sq(x)));
+    case v1::EXPM1: return e.Binary(v1::ADD, y, one());
+    case v1::ERF:  // 2/sqrt(pi) exp(-x^2)
+      return e.Binary(v1::MUL, e.Like(x, 1.1283791670955126), e.Unary(v1::EXP, e.Unary(v1::NEG, sq(x))));
+    default: return "";
+  }
+}
+
+// d atan2(y, x) = (x dy - y dx) / (x^2 + y^2): the factors of dy and dx.
+std::pair<std::string, std::string> Atan2Derivatives(Emitter& e, const std::string& y, const std::string& x) {
+  const std::string r2 = e.Binary(v1::ADD, e.Binary(v1::MUL, x, x), e.Binary(v1::MUL, y, y));
+  return {e.Binary(v1::DIV, x, r2), e.Unary(v1::NEG, e.Binary(v1::DIV, y, r2))};
+}
+
 struct RegionContext {
   RegionContext(const v1::Mesh& m, const google::protobuf::RepeatedPtrField<v1::Graph>& functions, std::string l)
       : mesh(m), analysis(m, functions), label(std::move(l)) {}
@@ -421,6 +455,16 @@ class Vjp {
     const std::string out = fwd_.at(n.name());
     auto into = [&](int k, const std::string& v) { Accumulate(n.operands(k), v); };
     auto one = [&] { return e_.Like(ct, 1.0); };
+    if (n.operands_size() == 1 && ElementaryDerivativeOp(n.op())) {
+      into(0, e_.Binary(v1::MUL, ct, ElementaryDerivative(e_, n.op(), a(0), out)));
+      return absl::OkStatus();
+    }
+    if (n.op() == v1::ATAN2) {
+      auto [dy, dx] = Atan2Derivatives(e_, a(0), a(1));
+      into(0, e_.Binary(v1::MUL, ct, dy));
+      into(1, e_.Binary(v1::MUL, ct, dx));
+      return absl::OkStatus();
+    }
     switch (n.op()) {
       case v1::CONSTANT:
       case v1::SIGN:
@@ -1351,6 +1395,13 @@ class Jvp {
     const std::string out = fwd_.at(n.name());
     const std::string ta = n.operands_size() > 0 ? T(n, 0) : "", tb = n.operands_size() > 1 ? T(n, 1) : "";
     auto one = [&] { return e_.Like(out, 1.0); };
+    if (n.operands_size() == 1 && ElementaryDerivativeOp(n.op())) {
+      return ta.empty() ? std::string() : Scale(ta, ElementaryDerivative(e_, n.op(), a(0), out));
+    }
+    if (n.op() == v1::ATAN2) {
+      auto [dy, dx] = Atan2Derivatives(e_, a(0), a(1));
+      return Sum(Scale(ta, dy), Scale(tb, dx));
+    }
     switch (n.op()) {
       case v1::SIGN: case v1::FLOOR: case v1::CEIL: case v1::ROUND: case v1::CONSTANT:
         return std::string();

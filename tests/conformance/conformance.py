@@ -42,6 +42,7 @@ Prints one line per failing case and a summary "N cases, M failed"; exits 1 if
 any case failed.
 """
 import argparse
+import math
 import os
 import select
 import shutil
@@ -354,6 +355,19 @@ UNARY = {  # op: (admitted dtypes, input generator, float64 reference, exact?)
     "SIGN": (SIGNED, _with_zeros, sign_ref, True),
     "NOT": (INT_OR_PRED, lambda rng, dt, shape: rand_any(rng, dt, shape),
             lambda x: np.logical_not(x) if x.dtype == np.bool_ else np.invert(x), True),
+    "SIN": (FLOATS, _pos(-3, 3), np.sin, False),
+    "COS": (FLOATS, _pos(-3, 3), np.cos, False),
+    "TAN": (FLOATS, _pos(-1.2, 1.2), np.tan, False),
+    "ASIN": (FLOATS, _pos(-0.99, 0.99), np.arcsin, False),
+    "ACOS": (FLOATS, _pos(-0.99, 0.99), np.arccos, False),
+    "ATAN": (FLOATS, _pos(-10, 10), np.arctan, False),
+    "SINH": (FLOATS, _pos(-3, 3), np.sinh, False),
+    "COSH": (FLOATS, _pos(-3, 3), np.cosh, False),
+    "ASINH": (FLOATS, _pos(-10, 10), np.arcsinh, False),
+    "ACOSH": (FLOATS, _pos(1.01, 10), np.arccosh, False),
+    "ATANH": (FLOATS, _pos(-0.95, 0.95), np.arctanh, False),
+    "EXPM1": (FLOATS, _pos(-3, 3), np.expm1, False),
+    "ERF": (FLOATS, _pos(-3, 3), np.vectorize(math.erf, otypes=[np.float64]), False),
 }
 
 
@@ -438,6 +452,7 @@ BINARY = {  # op: (dtypes, float64 reference, int reference (wraps), exact?)
     "AND": (INT_OR_PRED, None, np.bitwise_and, True),
     "OR": (INT_OR_PRED, None, np.bitwise_or, True),
     "XOR": (INT_OR_PRED, None, np.bitwise_xor, True),
+    "ATAN2": (FLOATS, np.arctan2, None, False),
 }
 
 

@@ -48,6 +48,19 @@ template <v1::DType D>
       case v1::ROUND: return Map1<D>(in, out, n, [](C x) { return std::round(x); });
       case v1::SIGN:
         return Map1<D>(in, out, n, [](C x) { return x != x ? x : x > 0 ? C(1) : x < 0 ? C(-1) : x; });
+      case v1::SIN: return Map1<D>(in, out, n, [](C x) { return std::sin(x); });
+      case v1::COS: return Map1<D>(in, out, n, [](C x) { return std::cos(x); });
+      case v1::TAN: return Map1<D>(in, out, n, [](C x) { return std::tan(x); });
+      case v1::ASIN: return Map1<D>(in, out, n, [](C x) { return std::asin(x); });
+      case v1::ACOS: return Map1<D>(in, out, n, [](C x) { return std::acos(x); });
+      case v1::ATAN: return Map1<D>(in, out, n, [](C x) { return std::atan(x); });
+      case v1::SINH: return Map1<D>(in, out, n, [](C x) { return std::sinh(x); });
+      case v1::COSH: return Map1<D>(in, out, n, [](C x) { return std::cosh(x); });
+      case v1::ASINH: return Map1<D>(in, out, n, [](C x) { return std::asinh(x); });
+      case v1::ACOSH: return Map1<D>(in, out, n, [](C x) { return std::acosh(x); });
+      case v1::ATANH: return Map1<D>(in, out, n, [](C x) { return std::atanh(x); });
+      case v1::EXPM1: return Map1<D>(in, out, n, [](C x) { return std::expm1(x); });
+      case v1::ERF: return Map1<D>(in, out, n, [](C x) { return std::erf(x); });
       default: return;
     }
   } else if constexpr (kIsInt<C>) {
@@ -94,6 +107,7 @@ template <v1::DType D>
       case v1::POW: return Map2<D>(a, b, out, n, [](C x, C y) { return std::pow(x, y); });
       case v1::MAX: return Map2<D>(a, b, out, n, [](C x, C y) { return Max(x, y); });
       case v1::MIN: return Map2<D>(a, b, out, n, [](C x, C y) { return Min(x, y); });
+      case v1::ATAN2: return Map2<D>(a, b, out, n, [](C x, C y) { return std::atan2(x, y); });
       default: return;
     }
   } else if constexpr (kIsInt<C>) {

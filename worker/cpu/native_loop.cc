@@ -147,6 +147,19 @@ std::string Expr(const v1::Node& n, const std::vector<std::string>& a, const std
       case v1::FLOOR: return fn("floor");
       case v1::CEIL: return fn("ceil");
       case v1::ROUND: return fn("round");
+      case v1::SIN: return fn("sin");
+      case v1::COS: return fn("cos");
+      case v1::TAN: return fn("tan");
+      case v1::ASIN: return fn("asin");
+      case v1::ACOS: return fn("acos");
+      case v1::ATAN: return fn("atan");
+      case v1::SINH: return fn("sinh");
+      case v1::COSH: return fn("cosh");
+      case v1::ASINH: return fn("asinh");
+      case v1::ACOSH: return fn("acosh");
+      case v1::ATANH: return fn("atanh");
+      case v1::EXPM1: return fn("expm1");
+      case v1::ERF: return fn("erf");
       case v1::SIGN:
         return absl::StrCat("(", a[0], " != ", a[0], " ? ", a[0], " : ", a[0], " > 0 ? ", one, " : ", a[0],
                             " < 0 ? (", t, ")-1 : ", a[0], ")");
@@ -156,6 +169,7 @@ std::string Expr(const v1::Node& n, const std::vector<std::string>& a, const std
       case v1::DIV: return absl::StrCat("(", a[0], " / ", a[1], ")");
       case v1::REM: return absl::StrCat("fmod", f32 ? "f" : "", "(", a[0], ", ", a[1], ")");
       case v1::POW: return absl::StrCat("pow", f32 ? "f" : "", "(", a[0], ", ", a[1], ")");
+      case v1::ATAN2: return absl::StrCat("atan2", f32 ? "f" : "", "(", a[0], ", ", a[1], ")");
       case v1::MAX: return absl::StrCat("max", Suffix(dt), "(", a[0], ", ", a[1], ")");
       case v1::MIN: return absl::StrCat("min", Suffix(dt), "(", a[0], ", ", a[1], ")");
       default: return "";

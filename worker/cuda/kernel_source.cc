@@ -252,6 +252,19 @@ absl::StatusOr<std::string> Unary(v1::Op op, v1::DType dt, const std::string& x)
       case v1::FLOOR: return StrCat(Fn(dt, "floor"), "(", x, ")");
       case v1::CEIL: return StrCat(Fn(dt, "ceil"), "(", x, ")");
       case v1::ROUND: return StrCat(Fn(dt, "round"), "(", x, ")");
+      case v1::SIN: return StrCat(Fn(dt, "sin"), "(", x, ")");
+      case v1::COS: return StrCat(Fn(dt, "cos"), "(", x, ")");
+      case v1::TAN: return StrCat(Fn(dt, "tan"), "(", x, ")");
+      case v1::ASIN: return StrCat(Fn(dt, "asin"), "(", x, ")");
+      case v1::ACOS: return StrCat(Fn(dt, "acos"), "(", x, ")");
+      case v1::ATAN: return StrCat(Fn(dt, "atan"), "(", x, ")");
+      case v1::SINH: return StrCat(Fn(dt, "sinh"), "(", x, ")");
+      case v1::COSH: return StrCat(Fn(dt, "cosh"), "(", x, ")");
+      case v1::ASINH: return StrCat(Fn(dt, "asinh"), "(", x, ")");
+      case v1::ACOSH: return StrCat(Fn(dt, "acosh"), "(", x, ")");
+      case v1::ATANH: return StrCat(Fn(dt, "atanh"), "(", x, ")");
+      case v1::EXPM1: return StrCat(Fn(dt, "expm1"), "(", x, ")");
+      case v1::ERF: return StrCat(Fn(dt, "erf"), "(", x, ")");
       case v1::SIGN:
         return absl::StrFormat("(%s != %s ? %s : %s > 0 ? (%s)1 : %s < 0 ? (%s)-1 : %s)", x, x, x, x, c, x, c, x);
       default: break;
@@ -281,6 +294,7 @@ absl::StatusOr<std::string> Binary(v1::Op op, v1::DType dt, const std::string& x
       case v1::DIV: return StrCat(x, " / ", y);
       case v1::REM: return StrCat(Fn(dt, "fmod"), "(", x, ", ", y, ")");
       case v1::POW: return StrCat(Fn(dt, "pow"), "(", x, ", ", y, ")");
+      case v1::ATAN2: return StrCat(Fn(dt, "atan2"), "(", x, ", ", y, ")");
       case v1::MAX: return StrCat("maxp(", x, ", ", y, ")");
       case v1::MIN: return StrCat("minp(", x, ", ", y, ")");
       default: break;

@@ -209,8 +209,9 @@ TEST(KernelSource, EveryElementwiseOpMatchesTheCpuBackendBitForBit) {
     std::vector<v1::Op> unary, binary;
     if (IsFloat(dt)) {
       unary = {v1::NEG, v1::ABS, v1::EXP, v1::LOG, v1::LOG1P, v1::TANH, v1::LOGISTIC, v1::SQRT, v1::RSQRT,
-               v1::FLOOR, v1::CEIL, v1::ROUND, v1::SIGN};
-      binary = {v1::ADD, v1::SUB, v1::MUL, v1::DIV, v1::REM, v1::POW, v1::MAX, v1::MIN};
+               v1::FLOOR, v1::CEIL, v1::ROUND, v1::SIGN, v1::SIN, v1::COS, v1::TAN, v1::ASIN, v1::ACOS,
+               v1::ATAN, v1::SINH, v1::COSH, v1::ASINH, v1::ACOSH, v1::ATANH, v1::EXPM1, v1::ERF};
+      binary = {v1::ADD, v1::SUB, v1::MUL, v1::DIV, v1::REM, v1::POW, v1::MAX, v1::MIN, v1::ATAN2};
     } else if (dt == v1::PRED) {
       unary = {v1::NOT};
       binary = {v1::AND, v1::OR, v1::XOR};

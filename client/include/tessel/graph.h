@@ -85,11 +85,15 @@ class GraphBuilder {
   Value Log1p(Value x); Value Tanh(Value x); Value Logistic(Value x); Value Sqrt(Value x);
   Value Rsqrt(Value x); Value Floor(Value x); Value Ceil(Value x); Value Round(Value x);
   Value Sign(Value x); Value Not(Value x);
+  Value Sin(Value x); Value Cos(Value x); Value Tan(Value x); Value Asin(Value x); Value Acos(Value x);
+  Value Atan(Value x); Value Sinh(Value x); Value Cosh(Value x); Value Asinh(Value x); Value Acosh(Value x);
+  Value Atanh(Value x); Value Expm1(Value x); Value Erf(Value x);
 
   Value Add(Value a, Value b); Value Sub(Value a, Value b); Value Mul(Value a, Value b);
   Value Div(Value a, Value b); Value Rem(Value a, Value b); Value Pow(Value a, Value b);
   Value Max(Value a, Value b); Value Min(Value a, Value b); Value And(Value a, Value b);
   Value Or(Value a, Value b); Value Xor(Value a, Value b);
+  Value Atan2(Value y, Value x);  // numpy.arctan2(y, x)
 
   Value Compare(Value a, Value b, Comparison c);
   Value Select(Value pred, Value on_true, Value on_false);

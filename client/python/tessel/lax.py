@@ -21,7 +21,9 @@ from tessel._jit import flatten, jit, unflatten
 from tessel._trace import Builder, FunctionBuilder, Tracer, current_builder
 from tessel.v1 import ir_pb2
 
-__all__ = ["cond", "fori_loop", "scan", "switch", "while_loop"]
+__all__ = ["cond", "erf", "fori_loop", "scan", "switch", "while_loop"]
+
+erf = tnp._erf  # jax.lax.erf: the error function, elementwise, on the device
 
 
 def _in_trace(leaves):

@@ -24,11 +24,10 @@ swish = silu
 
 
 def gelu(x, approximate=True):
-    """jax.nn.gelu's tanh approximation; the exact form needs erf, which
-    Tessel does not have yet."""
+    """jax.nn.gelu: the tanh approximation by default, or exactly
+    x * (1 + erf(x / sqrt(2))) / 2."""
     if not approximate:
-        raise NotImplementedError("tessel.nn.gelu(approximate=False) needs erf, which tessel.numpy does not have "
-                                  "yet; use approximate=True (jax.nn.gelu's default)")
+        return tnp.multiply(tnp.multiply(x, 0.5), tnp.add(1.0, tnp._erf(tnp.multiply(x, 1 / math.sqrt(2)))))
     cube = tnp.multiply(tnp.multiply(x, x), x)
     inner = tnp.multiply(math.sqrt(2 / math.pi), tnp.add(x, tnp.multiply(0.044715, cube)))
     return tnp.multiply(x, tnp.multiply(0.5, tnp.add(1.0, tnp.tanh(inner))))

@@ -364,6 +364,43 @@ rsqrt = _unary(ir_pb2.RSQRT, True)
 floor = _unary(ir_pb2.FLOOR, identity_on_ints=True)
 ceil = _unary(ir_pb2.CEIL, identity_on_ints=True)
 logistic = sigmoid = _unary(ir_pb2.LOGISTIC, True)
+sin = _unary(ir_pb2.SIN, True)
+cos = _unary(ir_pb2.COS, True)
+tan = _unary(ir_pb2.TAN, True)
+arcsin = asin = _unary(ir_pb2.ASIN, True)
+arccos = acos = _unary(ir_pb2.ACOS, True)
+arctan = atan = _unary(ir_pb2.ATAN, True)
+sinh = _unary(ir_pb2.SINH, True)
+cosh = _unary(ir_pb2.COSH, True)
+arcsinh = asinh = _unary(ir_pb2.ASINH, True)
+arccosh = acosh = _unary(ir_pb2.ACOSH, True)
+arctanh = atanh = _unary(ir_pb2.ATANH, True)
+expm1 = _unary(ir_pb2.EXPM1, True)
+_erf = _unary(ir_pb2.ERF, True)  # tessel.lax.erf (jax.lax.erf); numpy has none
+
+
+@_op
+def arctan2(x1, x2):
+    """numpy.arctan2(x1, x2): the angle of the point (x2, x1)."""
+    d = _result_dtype(x1, x2)
+    if not _dtypes.is_float(d):
+        d = _np.result_type(d, _np.float16)
+    return _elementwise(ir_pb2.ATAN2, [x1, x2], d)
+
+
+atan2 = arctan2
+
+
+@_op
+def log2(x):
+    t = log(x)  # as jax.numpy: log(x) / log(2)
+    return divide(t, _np.array(_np.log(2), t.dtype))
+
+
+@_op
+def log10(x):
+    t = log(x)
+    return divide(t, _np.array(_np.log(10), t.dtype))
 
 
 @_op

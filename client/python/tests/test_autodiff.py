@@ -41,7 +41,29 @@ UNARY = {
     "where": lambda xp, x: xp.where(x > 0, x * 3, x * x), "clip": lambda xp, x: xp.clip(x, -0.5, 0.5),
     "floor": lambda xp, x: xp.floor(x * 3) * x, "remainder": lambda xp, x: xp.remainder(x * 5, 0.7),
     "astype": lambda xp, x: (x.astype(xp.float32) * 2).astype(xp.float64),
+    "sin": lambda xp, x: xp.sin(x * 3), "cos": lambda xp, x: xp.cos(x * 3), "tan": lambda xp, x: xp.tan(x),
+    "arcsin": lambda xp, x: xp.arcsin(x * 0.9), "arccos": lambda xp, x: xp.arccos(x * 0.9),
+    "arctan": lambda xp, x: xp.arctan(x * 2), "sinh": lambda xp, x: xp.sinh(x * 2),
+    "cosh": lambda xp, x: xp.cosh(x * 2), "arcsinh": lambda xp, x: xp.arcsinh(x * 3),
+    "arccosh": lambda xp, x: xp.arccosh(x * x + 1.5), "arctanh": lambda xp, x: xp.arctanh(x * 0.9),
+    "expm1": lambda xp, x: xp.expm1(x), "log2": lambda xp, x: xp.log2(x * x + 0.5),
+    "arctan2": lambda xp, x: xp.arctan2(x, x * x + 0.3),
+    "erf": lambda xp, x: (lax.erf if xp is tnp else jax.lax.erf)(x * 2),
 }
+
+# The same functions in forward mode (jax.jvp), where a rule exists apart
+# from the reverse one.
+FORWARD = ["sin", "cos", "tan", "arcsin", "arccos", "arctan", "sinh", "cosh", "arcsinh", "arccosh", "arctanh",
+           "expm1", "arctan2", "erf"]
+
+
+@pytest.mark.parametrize("name", FORWARD)
+def test_elementwise_tangents_match_jax(session, name):
+    x, t = rand(3, 4), rand(3, 4)
+    f = UNARY[name]
+    _, tan = tessel.jit(lambda x, t: tessel.jvp(lambda v: f(tnp, v), (x,), (t,)))(x, t)
+    _, jtan = jax.jvp(lambda v: f(jnp, v), (x,), (t,))
+    np.testing.assert_allclose(tan.fetch(), np.asarray(jtan), rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("name", list(UNARY))

@@ -133,6 +133,21 @@ UNARY = {
     "sqrt": (lambda m, x: m.sqrt(x), {"positive": True}),
     "floor": (lambda m, x: m.floor(x), {}),
     "ceil": (lambda m, x: m.ceil(x), {}),
+    "sin": (lambda m, x: m.sin(x), {}),
+    "cos": (lambda m, x: m.cos(x), {}),
+    "tan": (lambda m, x: m.tan(x), {"low": -1.2, "high": 1.2}),
+    "arcsin": (lambda m, x: m.arcsin(x), {"low": -0.99, "high": 0.99}),
+    "arccos": (lambda m, x: m.arccos(x), {"low": -0.99, "high": 0.99}),
+    "arctan": (lambda m, x: m.arctan(x), {}),
+    "sinh": (lambda m, x: m.sinh(x), {}),
+    "cosh": (lambda m, x: m.cosh(x), {}),
+    "arcsinh": (lambda m, x: m.arcsinh(x), {}),
+    "arccosh": (lambda m, x: m.arccosh(x + 2), {"positive": True}),
+    "arctanh": (lambda m, x: m.arctanh(x), {"low": -0.95, "high": 0.95}),
+    "expm1": (lambda m, x: m.expm1(x), {"high": 3}),
+    "log2": (lambda m, x: m.log2(x), {"positive": True}),
+    "log10": (lambda m, x: m.log10(x), {"positive": True}),
+    "arctan2": (lambda m, x: m.arctan2(x, 0.5 - x * x * 0.25), {}),
 }
 
 

@@ -355,6 +355,13 @@ class Oracle:
     log = _unary(np.log, inexact=True)
     log1p = _unary(np.log1p, inexact=True)
     tanh = _unary(np.tanh, inexact=True)
+    sin = _unary(np.sin, inexact=True)
+    cos = _unary(np.cos, inexact=True)
+    arctan = _unary(np.arctan, inexact=True)
+    sinh = _unary(np.sinh, inexact=True)
+    cosh = _unary(np.cosh, inexact=True)
+    arcsinh = _unary(np.arcsinh, inexact=True)
+    expm1 = _unary(np.expm1, inexact=True)
 
     def _float_unary(formula):
         """Functions numpy lacks, computed in float64 and rounded once; ints

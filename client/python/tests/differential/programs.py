@@ -328,6 +328,9 @@ UNARY = {
     "tanh": (True, False, None), "sqrt": (False, False, None), "rsqrt": (True, False, None),
     "sigmoid": (True, False, None), "floor": (False, True, None), "ceil": (False, True, None),
     "square": (False, False, None), "logical_not": (False, True, None), "invert": (False, True, "~{}"),
+    "sin": (True, False, None), "cos": (True, False, None), "arctan": (True, False, None),
+    "sinh": (True, False, None), "cosh": (True, False, None), "arcsinh": (True, False, None),
+    "expm1": (True, False, None),
 }
 BINARY = {
     "add": (False, False, "+"), "subtract": (False, False, "-"), "multiply": (False, False, "*"),
