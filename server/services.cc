@@ -120,8 +120,14 @@ grpc::Status SessionService::Dispatch(grpc::ServerContext* ctx,
   v1::DispatchBatch batch;
   v1::DispatchReplies replies;
   std::string authorized;  // the session last checked on this stream
+  std::shared_ptr<const Tenants> checked_against;  // and the tokens it was checked against
   while (stream->Read(&batch)) {
     replies.Clear();
+    // A reloaded tokens file (a revoked token) applies to open streams too.
+    if (std::shared_ptr<const Tenants> now = c_->tenants(); now != checked_against) {
+      checked_against = std::move(now);
+      authorized.clear();
+    }
     std::vector<int> awaited;  // replies that wait for their outputs, once the batch is dispatched
     for (v1::ExecuteRequest& req : *batch.mutable_calls()) {
       const bool client_reads_reply = req.wait() || req.await_outputs();

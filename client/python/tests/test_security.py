@@ -6,6 +6,7 @@ daemons on loopback; certificates made with the openssl command; every
 attack is a real gRPC call that must be refused with the stated code, after
 which the cluster still computes what numpy computes."""
 import os
+import queue
 import subprocess
 import time
 
@@ -343,9 +344,23 @@ def test_tokens_file_changes_apply_without_a_restart(tmp_path):
     try:
         assert eventually("alice-token", grpc.StatusCode.OK) == grpc.StatusCode.OK
         assert open_code("carol-token") == grpc.StatusCode.UNAUTHENTICATED
+        # A Dispatch stream alice opened before the change.
+        alice, _, _ = stubs(address, token="alice-token")
+        sid = alice.OpenSession(session_pb2.OpenSessionRequest(client="x"), timeout=10).session_id
+        batches = queue.Queue()
+        replies = alice.Dispatch(iter(batches.get, None))
+
+        def dispatch_code():
+            batches.put(session_pb2.DispatchBatch(calls=[session_pb2.ExecuteRequest(
+                session_id=sid, executable_id="no-such-executable", outputs=[7], wait=True)]))
+            return next(replies).replies[0].code
+
+        assert dispatch_code() == grpc.StatusCode.NOT_FOUND.value[0]  # alice may call; the executable is unknown
         write("carol-token carol\n")
         assert eventually("alice-token", grpc.StatusCode.UNAUTHENTICATED) == grpc.StatusCode.UNAUTHENTICATED
         assert open_code("carol-token") == grpc.StatusCode.OK
+        assert dispatch_code() == grpc.StatusCode.UNAUTHENTICATED.value[0]  # the open stream too
+        batches.put(None)
         write("carol-token carol max_sessions=many\n")
         deadline = time.monotonic() + 15
         while "previous tokens stay in force" not in open(tmp_path / "coordinator.log").read() \
