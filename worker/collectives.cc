@@ -578,7 +578,7 @@ class GroupCommunicator final : public Communicator {
         const size_t bytes = size_t(dummy.count) * DTypeSize(dummy.dtype);
         char* zeros = Scratch(0, bytes);
         std::memset(zeros, 0, bytes);
-        TESSEL_RETURN_IF_ERROR(GlooAllReduce(dummy, zeros));
+        TESSEL_RETURN_IF_ERROR(MidExchange(GlooAllReduce(dummy, zeros)));
         absl::Status verdict = JudgeHeaders(id, c, x);
         if (verdict.ok()) verdict = absl::InternalError(absl::StrCat(Describe(c), ": joined a peer's all_reduce"));
         return verdict;
@@ -608,15 +608,18 @@ class GroupCommunicator final : public Communicator {
       case Kind::kPermute: s = RunPermute(r, c); break;
       case Kind::kAbandoned: break;
     }
-    if (!s.ok() && l_.num_workers() > 1) {
-      std::vector<std::string> others;
-      for (int w = 0; w < l_.num_workers(); ++w) {
-        if (w != l_.self_worker) others.push_back(WorkerDevices(w));
-      }
-      return Annotate(s, absl::StrCat("exchanging data with ", absl::StrJoin(others, ", "),
-                                      " (a peer stalled or went away mid-exchange): "));
+    return MidExchange(std::move(s));
+  }
+
+  // Names the peers of a data exchange that failed part way.
+  absl::Status MidExchange(absl::Status s) const {
+    if (s.ok() || l_.num_workers() == 1) return s;
+    std::vector<std::string> others;
+    for (int w = 0; w < l_.num_workers(); ++w) {
+      if (w != l_.self_worker) others.push_back(WorkerDevices(w));
     }
-    return s;
+    return Annotate(s, absl::StrCat("exchanging data with ", absl::StrJoin(others, ", "),
+                                    " (a peer stalled or went away mid-exchange): "));
   }
 
   // What one worker says of a round before any data moves: which collective
