@@ -400,6 +400,12 @@ absl::StatusOr<TensorType> InferUnchecked(const v1::Node& n,
       TESSEL_RETURN_IF_ERROR(CheckArity(n, ops.size(), 1));
       TESSEL_RETURN_IF_ERROR(attrs_needed(v1::Node::kSlice, "slice"));
       return InferSlice(n, *ops[0]);
+    case v1::REVERSE:
+      TESSEL_RETURN_IF_ERROR(CheckArity(n, ops.size(), 1));
+      TESSEL_RETURN_IF_ERROR(attrs_needed(v1::Node::kReverse, "reverse"));
+      TESSEL_RETURN_IF_ERROR(
+          CheckUniqueDims("reverse dimension", ToVec(n.reverse().dimensions()), ops[0]->dims_size()));
+      return *ops[0];
     case v1::CONCATENATE: {
       if (ops.empty()) return InvalidArgumentError("expected at least 1 operand, got 0");
       TESSEL_RETURN_IF_ERROR(attrs_needed(v1::Node::kConcatenate, "concatenate"));

@@ -83,6 +83,20 @@ TEST(ShapeInference, ReduceSliceTransposePad) {
   for (int64_t v : {0, 2}) p.mutable_pad()->add_high(v);
   for (int64_t v : {1, 0}) p.mutable_pad()->add_interior(v);
   EXPECT_EQ(TypeString(*InferType(p, {&x, &pv})), "f64[8,7]");
+
+  v1::Node rev = Op(v1::REVERSE);
+  EXPECT_FALSE(InferType(rev, {&x}).ok());  // no attrs
+  rev.mutable_reverse()->add_dimensions(1);
+  EXPECT_EQ(TypeString(*InferType(rev, {&x})), "f64[4,6]");
+  rev.mutable_reverse()->add_dimensions(1);
+  auto twice = InferType(rev, {&x});
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("names dimension 1 twice"), absl::string_view::npos) << twice.status();
+  rev.mutable_reverse()->set_dimensions(1, 2);
+  auto out_of_range = InferType(rev, {&x});
+  ASSERT_FALSE(out_of_range.ok());
+  EXPECT_NE(out_of_range.status().message().find("reverse dimension"), absl::string_view::npos)
+      << out_of_range.status();
 }
 
 TEST(ShapeInference, RejectsNegativeAndOverflowingDims) {

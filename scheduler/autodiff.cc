@@ -175,6 +175,11 @@ class Emitter {
     }
     return Emit(std::move(n), base_);
   }
+  std::string Reverse(const std::string& a, const google::protobuf::RepeatedField<int64_t>& dims) {
+    v1::Node n = Op(v1::REVERSE, {a});
+    *n.mutable_reverse()->mutable_dimensions() = dims;
+    return Emit(std::move(n), base_);
+  }
   std::string Pad(const std::string& a, const std::string& value, const std::vector<int64_t>& low,
                   const std::vector<int64_t>& high, const std::vector<int64_t>& interior) {
     v1::Node n = Op(v1::PAD, {a, value});
@@ -565,6 +570,7 @@ class Vjp {
         into(0, e_.Transpose(ct, inverse));
         return absl::OkStatus();
       }
+      case v1::REVERSE: into(0, e_.Reverse(ct, n.reverse().dimensions())); return absl::OkStatus();
       case v1::BROADCAST_IN_DIM: {
         const std::vector<int64_t> in = Dims(TypeOf(n.operands(0))), res = Dims(n.type());
         const auto& bd = n.broadcast_in_dim().broadcast_dimensions();
@@ -1473,7 +1479,8 @@ class Jvp {
       case v1::RESHAPE:
       case v1::TRANSPOSE:
       case v1::BROADCAST_IN_DIM:
-      case v1::SLICE: return Same(n, {ta});
+      case v1::SLICE:
+      case v1::REVERSE: return Same(n, {ta});
       case v1::PAD: {
         const v1::TensorType& pv = TypeOf(n.operands(1));
         return Same(n, {TZ(n, 0), tb.empty() ? e_.Zeros(pv) : tb});

@@ -141,7 +141,7 @@ class Partitioner {
 
   absl::StatusOr<std::string> EmitCollective(v1::Op op, const std::string& input, const std::string& base,
                                              const Axes& axes, int64_t dim, int64_t concat_dim, v1::ReduceKind kind,
-                                             const std::string& reason) {
+                                             const std::string& reason, const std::vector<int64_t>& pairs = {}) {
     // Over axes of size 1 every collective is the identity: none is needed.
     if (AxesSize(mesh_, axes) == 1) return input;
     v1::Node n;
@@ -154,6 +154,7 @@ class Partitioner {
     c.set_dimension(dim);
     c.set_concat_dimension(concat_dim);
     c.set_reason(reason);
+    for (int64_t p : pairs) c.add_source_target_pairs(p);
     v1::TensorType t = local_types_.at(input);
     const int64_t k = AxesSize(mesh_, axes);
     switch (op) {
@@ -491,6 +492,10 @@ class Partitioner {
           result = want[0];
           break;
         }
+        case v1::REVERSE:  // linear: a partial sum stays partial
+          want[0] = current(0);
+          result = want[0];
+          break;
         case v1::CONCATENATE: {
           int first = 0;
           for (int i = 0; i < n.operands_size(); ++i) {
@@ -573,6 +578,28 @@ class Partitioner {
       }
     }
     TESSEL_ASSIGN_OR_RETURN(v.local, Emit(std::move(local)));
+    if (n.op() == v1::REVERSE) {
+      // Each device reversed its own block; along a split dimension the
+      // blocks are then mirrored: block i belongs where block k-1-i is.
+      // Mirroring every axis coordinate mirrors the flat index over all of
+      // them, so one permute serves every reversed dimension.
+      Axes axes;
+      std::vector<int64_t> split;
+      for (int64_t d : n.reverse().dimensions()) {
+        const Axes da = DimAxes(result, d);
+        if (!da.empty()) split.push_back(d);
+        axes.insert(axes.end(), da.begin(), da.end());
+      }
+      const int64_t k = AxesSize(mesh_, axes);
+      std::vector<int64_t> pairs;
+      for (int64_t i = 0; i < k; ++i) pairs.insert(pairs.end(), {i, k - 1 - i});
+      TESSEL_ASSIGN_OR_RETURN(
+          v.local, EmitCollective(v1::COLLECTIVE_PERMUTE, v.local, name, axes, 0, 0, v1::REDUCE_INVALID,
+                                  StrCat("reverse '", name, "': dimension", split.size() > 1 ? "s " : " ",
+                                         absl::StrJoin(split, ", "), " split over ", AxesText(axes),
+                                         ", so each reversed block moves to the mirrored device"),
+                                  pairs));
+    }
     v.s = result;
     values_[name] = v;
     return absl::OkStatus();

@@ -320,6 +320,12 @@ Value GraphBuilder::Slice(Value x, std::vector<int64_t> start, std::vector<int64
   return impl_->Add(std::move(n), {x});
 }
 
+Value GraphBuilder::Reverse(Value x, std::vector<int64_t> dimensions) {
+  v1::Node n = NodeOf(v1::REVERSE);
+  Assign(n.mutable_reverse()->mutable_dimensions(), dimensions);
+  return impl_->Add(std::move(n), {x});
+}
+
 Value GraphBuilder::Concatenate(std::vector<Value> xs, int64_t dimension) {
   v1::Node n = NodeOf(v1::CONCATENATE);
   n.mutable_concatenate()->set_dimension(dimension);

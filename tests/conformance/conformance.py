@@ -701,6 +701,13 @@ def layout_cases(rng):
             idx = tuple(slice(s, l, (strides or [1] * len(shape))[i]) for i, (s, l) in enumerate(zip(start, limit)))
             c.out("SLICE", [p], "slice { %s }" % attrs, dt=dt, want=x[idx])
             yield c
+        for tag, shape, dims in (("one", (5, 3), (0,)), ("both", (4, 6), (1, 0)), ("3d_outer", (2, 3, 4), (0, 2)),
+                                 ("none", (3, 2), ()), ("unit", (1, 4), (0,))):
+            c = Case("REVERSE.%s/%s" % (tag, dt), "REVERSE", dt)
+            x = rand_any(rng, dt, shape)
+            c.out("REVERSE", [c.param(dt, x)], "reverse { %s }" % ints_text("dimensions", dims), dt=dt,
+                  want=np.flip(x, dims) if dims else x)
+            yield c
         for tag, shapes, dim in (("2ops_dim0", [(2, 3), (3, 3)], 0), ("3ops_dim1", [(2, 3, 4), (2, 1, 4), (2, 2, 4)], 1),
                                  ("3ops_last", [(3, 2), (3, 1), (3, 4)], 1)):
             c = Case("CONCATENATE.%s/%s" % (tag, dt), "CONCATENATE", dt)
@@ -1055,6 +1062,10 @@ def edge_cases(rng):
         c = Case("EMPTY.SLICE/%s" % dt, "SLICE", dt)
         x = rand_any(rng, dt, (3, 4))
         c.out("SLICE", [c.param(dt, x)], "slice { start: [1, 2] limit: [3, 2] }", dt=dt, want=x[1:3, 2:2])
+        yield c
+        c = Case("EMPTY.REVERSE/%s" % dt, "REVERSE", dt)
+        x = rand_any(rng, dt, (3, 0))
+        c.out("REVERSE", [c.param(dt, x)], "reverse { dimensions: [0, 1] }", dt=dt, want=x)
         yield c
     # Arrays larger than one 1 MiB transfer chunk and many fusion blocks.
     n = 700001

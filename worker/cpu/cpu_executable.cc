@@ -126,6 +126,7 @@ absl::Status CpuExecutable::Execute(int i, std::vector<BufferPtr>& values, const
       Concatenate(types, ins, n.concatenate().dimension(), t, out);
       break;
     }
+    case v1::REVERSE: Reverse(t, arg(0), n.reverse(), out); break;
     case v1::PAD: Pad(arg_type(0), arg(0), arg(1), n.pad(), t, out); break;
     case v1::DOT_GENERAL:
       DotGeneral(arg_type(0), arg(0), arg_type(1), arg(1), n.dot_general(), t, out);

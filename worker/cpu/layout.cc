@@ -95,6 +95,20 @@ void Slice(const v1::TensorType& in_type, const void* in, const v1::SliceAttrs& 
               RowMajorStrides(out_type.dims()));
 }
 
+void Reverse(const v1::TensorType& type, const void* in, const v1::ReverseAttrs& a, void* out) {
+  const int esize = DTypeSize(type.dtype());
+  const std::vector<int64_t> strides = RowMajorStrides(type.dims());
+  std::vector<int64_t> src_strides = strides;
+  int64_t base = 0;  // the source element of the first result element
+  for (int64_t d : a.dimensions()) {
+    if (type.dims(d) == 0) return;
+    src_strides[d] = -strides[d];
+    base += (type.dims(d) - 1) * strides[d];
+  }
+  CopyStrided(esize, std::vector<int64_t>(type.dims().begin(), type.dims().end()),
+              static_cast<const char*>(in) + base * esize, src_strides, static_cast<char*>(out), strides);
+}
+
 void BroadcastInDim(const v1::TensorType& in_type, const void* in,
                     const v1::BroadcastInDimAttrs& a, const v1::TensorType& out_type, void* out) {
   std::vector<int64_t> in_strides = RowMajorStrides(in_type.dims());

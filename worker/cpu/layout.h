@@ -21,6 +21,8 @@ std::vector<int64_t> RowMajorStrides(const google::protobuf::RepeatedField<int64
 
 void Transpose(const v1::TensorType& in_type, const void* in, const v1::TransposeAttrs& a,
                const v1::TensorType& out_type, void* out);
+// Reverses the order of elements along a.dimensions(); the result has `type` too.
+void Reverse(const v1::TensorType& type, const void* in, const v1::ReverseAttrs& a, void* out);
 void Slice(const v1::TensorType& in_type, const void* in, const v1::SliceAttrs& a,
            const v1::TensorType& out_type, void* out);
 void BroadcastInDim(const v1::TensorType& in_type, const void* in,

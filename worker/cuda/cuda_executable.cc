@@ -106,6 +106,7 @@ absl::Status CudaExecutable::Prepare() {
       case v1::BROADCAST_IN_DIM:
       case v1::TRANSPOSE:
       case v1::SLICE:
+      case v1::REVERSE:
       case v1::CONCATENATE:
       case v1::PAD: {
         TESSEL_ASSIGN_OR_RETURN(KernelLaunch l, module.AddLayout(n, in.arg_types));

@@ -555,6 +555,18 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddLayout(const v1::Node& n,
       }
       break;
     }
+    case v1::REVERSE: {
+      std::vector<bool> reversed(in.dims_size(), false);
+      for (int64_t d : n.reverse().dimensions()) reversed[d] = true;
+      for (int d = 0; d < in.dims_size(); ++d) {
+        if (reversed[d]) {
+          absl::StrAppend(&src, " + (", in.dims(d) - 1, " - c", d, ") * ", is[d]);
+        } else {
+          absl::StrAppend(&src, " + c", d, " * ", is[d]);
+        }
+      }
+      break;
+    }
     case v1::PAD: {
       const v1::PadAttrs& p = n.pad();
       std::string cond = "false";

@@ -68,7 +68,7 @@ class ModuleSource {
   // the iota is split over the mesh).
   absl::StatusOr<KernelLaunch> AddFusion(const v1::Fusion& fusion,
                                          const std::vector<v1::TensorType>& input_types);
-  // BROADCAST_IN_DIM, TRANSPOSE, SLICE, CONCATENATE, PAD: p[0..operands) the
+  // BROADCAST_IN_DIM, TRANSPOSE, SLICE, REVERSE, CONCATENATE, PAD: p[0..operands) the
   // operands (PAD: operand, padding value), p[operands] the result.
   absl::StatusOr<KernelLaunch> AddLayout(const v1::Node& node,
                                          const std::vector<v1::TensorType>& operand_types);

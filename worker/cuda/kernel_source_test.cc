@@ -355,6 +355,14 @@ TEST(KernelSource, LayoutOpsMatchTheCpuBackend) {
     CheckKernel(m, *l, {in}, n.type(), [&](auto ins, void* out) { cpu::Slice(in, ins[0], n.slice(), n.type(), out); });
   }
   {
+    v1::Node n = MakeNode("r", v1::REVERSE, in, {"a"});
+    for (int64_t d : {0, 2}) n.mutable_reverse()->add_dimensions(d);
+    ModuleSource m;
+    auto l = m.AddLayout(n, {in});
+    ASSERT_TRUE(l.ok()) << l.status();
+    CheckKernel(m, *l, {in}, n.type(), [&](auto ins, void* out) { cpu::Reverse(in, ins[0], n.reverse(), out); });
+  }
+  {
     const v1::TensorType row = MakeType(v1::F32, {1, 6});
     v1::Node n = MakeNode("b", v1::BROADCAST_IN_DIM, MakeType(v1::F32, {3, 5, 6}), {"a"});
     for (int64_t v : {3, 5, 6}) n.mutable_broadcast_in_dim()->add_dims(v);

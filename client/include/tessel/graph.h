@@ -105,6 +105,8 @@ class GraphBuilder {
   Value Reshape(Value x, std::vector<int64_t> dims);
   Value Transpose(Value x, std::vector<int64_t> permutation);
   Value Slice(Value x, std::vector<int64_t> start, std::vector<int64_t> limit, std::vector<int64_t> strides = {});
+  // x with the order of its elements reversed along each of `dimensions`.
+  Value Reverse(Value x, std::vector<int64_t> dimensions);
   Value Concatenate(std::vector<Value> xs, int64_t dimension);
   Value Pad(Value x, Value padding_value, std::vector<int64_t> low, std::vector<int64_t> high,
             std::vector<int64_t> interior = {});

@@ -48,3 +48,14 @@ def one_hot(x, num_classes, *, dtype=_np.float32, axis=-1):
     `axis`. Indices outside [0, num_classes) give all zeros, as in JAX."""
     hot = tnp.astype(tnp.equal(tnp.expand_dims(x, -1), tnp.arange(int(num_classes))), dtype)
     return hot if axis == -1 else tnp.moveaxis(hot, -1, axis)
+
+
+def logsumexp(a, axis=None, keepdims=False):
+    """jax.nn.logsumexp: log(sum(exp(a))) computed from the shifted values
+    a - max(a), so large arguments do not overflow; an all -inf slice gives
+    -inf and an inf gives inf, as in JAX."""
+    peak = tnp.max(a, axis=axis, keepdims=True)
+    peak = tnp.where(tnp.isfinite(peak), peak, tnp.zeros((), peak.dtype))
+    total = tnp.sum(tnp.exp(tnp.subtract(a, peak)), axis=axis, keepdims=True)
+    out = tnp.add(tnp.log(total), peak)
+    return out if keepdims else tnp.squeeze(out, axis=axis) if axis is not None else tnp.reshape(out, ())

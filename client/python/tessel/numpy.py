@@ -706,15 +706,19 @@ def _getitem(a, idx):
     if len(idx) > t.ndim:
         raise IndexError(f"too many indices for {t!r}")
     idx = idx + (slice(None),) * (t.ndim - len(idx))
-    start, limit, strides, keep = [], [], [], []
+    start, limit, strides, keep, reversed_dims = [], [], [], [], []
     for d, (i, size) in enumerate(zip(idx, t.shape)):
         if isinstance(i, slice):
             lo, hi, step = i.indices(size)
-            if step <= 0:
-                raise IndexError("only positive slice steps are supported")
-            hi = builtins.max(hi, lo)
-            start.append(lo), limit.append(hi), strides.append(step)
-            keep.append(len(range(lo, hi, step)))
+            count = len(range(lo, hi, step))
+            if step < 0:
+                # A negative step reads the reversed dimension forwards:
+                # element lo is element size-1-lo of the reversal.
+                reversed_dims.append(d)
+                lo, step = size - 1 - lo, -step
+            lo = lo if count else 0
+            start.append(lo), limit.append(lo + (count - 1) * step + 1 if count else lo), strides.append(step)
+            keep.append(count)
         elif isinstance(i, (int, _np.integer)):
             i = int(i)
             if not -size <= i < size:
@@ -724,14 +728,36 @@ def _getitem(a, idx):
         else:
             raise IndexError(f"only integers, slices, None and ... index traced values (got {type(i).__name__})")
     full = tuple(len(range(s, l, st)) for s, l, st in zip(start, limit, strides))
-    out = t
+    out = _reverse(t, reversed_dims)
     if full != t.shape:
         def attrs(n):
             n.slice.start.extend(start)
             n.slice.limit.extend(limit)
             n.slice.strides.extend(strides)
-        out = _b().node(ir_pb2.SLICE, [t], full, t.dtype, set_attrs=attrs)
+        out = _b().node(ir_pb2.SLICE, [out], full, t.dtype, set_attrs=attrs)
     return reshape(out, tuple(keep)) if tuple(keep) != full else out
+
+
+def _reverse(t, dims):
+    if not dims:
+        return t
+    return _b().node(ir_pb2.REVERSE, [t], t.shape, t.dtype, set_attrs=lambda n: n.reverse.dimensions.extend(dims))
+
+
+@_op
+def flip(m, axis=None):
+    t = _tracer(m)
+    return _reverse(t, list(range(t.ndim)) if axis is None else _axis_list(axis, t.ndim, "flip"))
+
+
+@_op
+def fliplr(m):
+    return flip(m, 1)
+
+
+@_op
+def flipud(m):
+    return flip(m, 0)
 
 
 # ---------------------------------------------------------------- dot
@@ -859,8 +885,24 @@ def ones_like(a, dtype=None):
 
 
 @_op
-def arange(n, dtype=int64):
-    return _b().iota((int(n),), dtype, 0)
+def arange(start, stop=None, step=None, dtype=None):
+    """numpy.arange: start + i * step for i below ceil((stop - start) / step);
+    integers unless an argument is a float."""
+    if stop is None:
+        start, stop = 0, start
+    step = 1 if step is None else step
+    if step == 0:
+        raise ZeroDivisionError("arange: step of zero")
+    n = builtins.max(int(_np.ceil((stop - start) / step)), 0)
+    d = _np.dtype(dtype) if dtype is not None else _np.result_type(start, stop, step)
+    if d.kind == "i":
+        d = _np.dtype(int64) if dtype is None else d
+    if start == 0 and step == 1:
+        return _b().iota((n,), d, 0)
+    work = _np.dtype(float64) if d.kind == "f" or builtins.any(isinstance(v, float) for v in (start, step)) \
+        else _np.dtype(int64)
+    i = _b().iota((n,), work, 0)
+    return astype(add(multiply(i, work.type(step)), work.type(start)), d)
 
 
 # ---------------------------------------------------------------- more layout, as numpy composes it
@@ -1019,6 +1061,342 @@ def var(a, axis=None, dtype=None, ddof=0, keepdims=False):
 @_op
 def std(a, axis=None, dtype=None, ddof=0, keepdims=False):
     return sqrt(var(a, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims))
+
+
+# ---------------------------------------------------------------- rounding, as numpy defines it
+
+def _round_half_even(t):
+    """numpy.rint: ties to the even neighbour. x - floor(x) is exact in
+    floating point, so the tie test is exact too."""
+    f = floor(t)
+    diff = subtract(t, f)
+    up = add(f, t.dtype.type(1))
+    f_even = equal(remainder(f, t.dtype.type(2)), t.dtype.type(0))
+    r = where(greater(diff, t.dtype.type(0.5)), up, where(less(diff, t.dtype.type(0.5)), f, where(f_even, f, up)))
+    # A result of zero keeps the argument's sign, as rint's does (-0.4 -> -0.0).
+    return where(equal(r, t.dtype.type(0)), multiply(t, t.dtype.type(0)), r)
+
+
+@_op
+def round(a, decimals=0):
+    """numpy.round: to `decimals` places, ties to even; numpy's scaling by
+    10**decimals (so round(2.675, 2) is 2.67, as in numpy)."""
+    t = _tracer(a)
+    decimals = int(decimals)
+    if t.dtype == _np.bool_:
+        return _convert(t, _np.float16)  # numpy's loop for bool is float16's
+    if not _dtypes.is_float(t.dtype):
+        if decimals >= 0:
+            return t
+        f = 10 ** -decimals
+        q = floor_divide(t, f)
+        r2 = multiply(subtract(t, multiply(q, f)), 2)
+        q_odd = not_equal(remainder(q, 2), 0)
+        up = logical_or(greater(r2, f), logical_and(equal(r2, f), q_odd))
+        return multiply(where(up, add(q, 1), q), f)
+    if decimals == 0:
+        return _round_half_even(t)
+    if decimals > 0:
+        f = t.dtype.type(10.0 ** decimals)
+        return divide(_round_half_even(multiply(t, f)), f)
+    f = t.dtype.type(10.0 ** -decimals)
+    return multiply(_round_half_even(divide(t, f)), f)
+
+
+around = round
+
+
+@_op
+def rint(x):
+    t = _tracer(x)
+    if not _dtypes.is_float(t.dtype):
+        t = _convert(t, _np.result_type(t.dtype, _np.float16))
+    return _round_half_even(t)
+
+
+@_op
+def trunc(x):
+    t = _tracer(x)
+    if not _dtypes.is_float(t.dtype):
+        return t
+    return where(less(t, t.dtype.type(0)), ceil(t), floor(t))
+
+
+fix = trunc
+
+
+@_op
+def reciprocal(x):
+    t = _tracer(x)
+    if _dtypes.is_float(t.dtype):
+        return divide(t.dtype.type(1), t)
+    if t.dtype == _np.bool_:
+        raise TypeError("numpy.reciprocal has no loop for bool")
+    # numpy's integer loop is C's 1 / x: 1 and -1 are their own reciprocals,
+    # every other nonzero value truncates to 0 (and 1 / 0 is undefined).
+    return where(equal(abs(t), 1), t, zeros((), t.dtype))
+
+
+@_op
+def nan_to_num(x, copy=True, nan=0.0, posinf=None, neginf=None):
+    t = _tracer(x)
+    if not _dtypes.is_float(t.dtype):
+        return t
+    info = _np.finfo(t.dtype)
+    big = info.max if posinf is None else posinf
+    small = info.min if neginf is None else neginf
+    out = where(isnan(t), t.dtype.type(nan), t)
+    out = where(equal(t, t.dtype.type(_np.inf)), t.dtype.type(big), out)
+    return where(equal(t, t.dtype.type(-_np.inf)), t.dtype.type(small), out)
+
+
+@_op
+def logaddexp(x1, x2):
+    """numpy.logaddexp: log(exp(x1) + exp(x2)) without overflow, as numpy's
+    loop computes it: equal arguments give x + log 2 (so inf stays inf)."""
+    d = _result_dtype(x1, x2)
+    if not _dtypes.is_float(d):
+        d = _np.result_type(d, _np.float16)
+    shape = _np.broadcast_shapes(_shape(x1), _shape(x2))
+    a, b = _operand(x1, d, shape), _operand(x2, d, shape)
+    diff = subtract(a, b)
+    r = add(maximum(a, b), log1p(exp(negative(abs(diff)))))
+    r = where(isnan(diff), add(a, b), r)
+    return where(equal(a, b), add(a, d.type(_np.log(2))), r)
+
+
+# ---------------------------------------------------------------- NaN-ignoring reductions
+
+def _nan_filled(a, value):
+    t = _tracer(a)
+    if not _dtypes.is_float(t.dtype):
+        return t, None
+    nans = isnan(t)
+    return where(nans, t.dtype.type(value), t), nans
+
+
+@_op
+def nansum(a, axis=None, dtype=None, keepdims=False):
+    t, _ = _nan_filled(a, 0)
+    return sum(t, axis=axis, dtype=dtype, keepdims=keepdims)
+
+
+@_op
+def nanprod(a, axis=None, dtype=None, keepdims=False):
+    t, _ = _nan_filled(a, 1)
+    return prod(t, axis=axis, dtype=dtype, keepdims=keepdims)
+
+
+@_op
+def nanmean(a, axis=None, keepdims=False):
+    """The mean of the non-NaN elements; NaN where there are none (numpy
+    warns there, and gives NaN)."""
+    t, nans = _nan_filled(a, 0)
+    if nans is None:
+        return mean(t, axis=axis, keepdims=keepdims)
+    count = sum(logical_not(nans), axis=axis, keepdims=keepdims)
+    return divide(sum(t, axis=axis, keepdims=keepdims), astype(count, t.dtype))
+
+
+def _nan_extremum(fn, fill, a, axis, keepdims):
+    t, nans = _nan_filled(a, fill)
+    if nans is None:
+        return fn(t, axis=axis, keepdims=keepdims)
+    out = fn(t, axis=axis, keepdims=keepdims)
+    return where(all(nans, axis=axis, keepdims=keepdims), t.dtype.type(_np.nan), out)
+
+
+@_op
+def nanmax(a, axis=None, keepdims=False):
+    return _nan_extremum(max, -_np.inf, a, axis, keepdims)
+
+
+@_op
+def nanmin(a, axis=None, keepdims=False):
+    return _nan_extremum(min, _np.inf, a, axis, keepdims)
+
+
+# ---------------------------------------------------------------- cumulative
+
+def _cumulative(combine, identity, a, axis, d, name):
+    """An inclusive scan along one axis in log2(n) steps: each step combines
+    every element with the one 2**k before it (Hillis and Steele). Floating
+    sums associate differently from numpy's running sum, within rounding."""
+    t = _tracer(a)
+    if axis is None:
+        t, axis = ravel(t), 0
+    ax = _axis_list(axis, t.ndim, name)[0]
+    t = astype(t, d)
+    n = t.shape[ax]
+    k = 1
+    while k < n:
+        widths = [(0, 0)] * t.ndim
+        widths[ax] = (k, 0)
+        head = (slice(None),) * ax + (slice(0, n),)
+        t = combine(t, pad(t, widths, constant_values=identity)[head])
+        k *= 2
+    return t
+
+
+@_op
+def cumsum(a, axis=None, dtype=None):
+    t = _tracer(a)
+    return _cumulative(add, 0, t, axis, _sum_dtype(t, dtype), "cumsum")
+
+
+@_op
+def cumprod(a, axis=None, dtype=None):
+    t = _tracer(a)
+    return _cumulative(multiply, 1, t, axis, _sum_dtype(t, dtype), "cumprod")
+
+
+cumulative_sum, cumulative_prod = cumsum, cumprod
+
+
+# ---------------------------------------------------------------- layout by composition
+
+@_op
+def roll(a, shift, axis=None):
+    t = _tracer(a)
+    if axis is None:
+        return reshape(roll(ravel(t), shift, 0), t.shape)
+    shifts = (shift,) if isinstance(shift, (int, _np.integer)) else tuple(shift)
+    axes = (axis,) if isinstance(axis, (int, _np.integer)) else tuple(axis)
+    if len(shifts) == 1 and len(axes) > 1:
+        shifts = shifts * len(axes)
+    if len(axes) == 1 and len(shifts) > 1:
+        axes = axes * len(shifts)
+    if len(shifts) != len(axes):
+        raise ValueError("roll: 'shift' and 'axis' should be scalars or 1D sequences of the same length")
+    out = t
+    for s_, ax in zip(shifts, axes):
+        ax = _axis_list(ax, t.ndim, "roll")[0]
+        n = t.shape[ax]
+        if n == 0 or int(s_) % n == 0:
+            continue
+        k = int(s_) % n
+        lead = (slice(None),) * ax
+        out = concatenate([out[lead + (slice(n - k, n),)], out[lead + (slice(0, n - k),)]], axis=ax)
+    return out
+
+
+@_op
+def tile(A, reps):
+    t = _tracer(A)
+    reps = (int(reps),) if isinstance(reps, (int, _np.integer)) else tuple(int(r) for r in reps)
+    if builtins.any(r < 0 for r in reps):
+        raise ValueError(f"tile: negative repetitions in {reps}")
+    ndim = builtins.max(t.ndim, len(reps))
+    reps = (1,) * (ndim - len(reps)) + reps
+    t = reshape(t, (1,) * (ndim - t.ndim) + t.shape)
+    spread = []
+    for r, s_ in zip(reps, t.shape):
+        spread += [r, s_]
+    pairs = reshape(t, tuple(x for s_ in t.shape for x in (1, s_)))
+    return reshape(broadcast_to(pairs, tuple(spread)), tuple(r * s_ for r, s_ in zip(reps, t.shape)))
+
+
+@_op
+def repeat(a, repeats, axis=None):
+    t = _tracer(a)
+    if axis is None:
+        t, axis = ravel(t), 0
+    ax = _axis_list(axis, t.ndim, "repeat")[0]
+    n = t.shape[ax]
+    counts = _np.asarray(repeats)
+    if counts.dtype.kind not in "iu":
+        raise TypeError(f"repeat: repeats must be integers, got {counts.dtype}")
+    if counts.ndim == 0 or counts.size == 1:
+        r = int(counts.reshape(-1)[0])
+        if r < 0:
+            raise ValueError(f"repeat: negative repetitions ({r})")
+        spread = t.shape[:ax + 1] + (r,) + t.shape[ax + 1:]
+        column = reshape(t, t.shape[:ax + 1] + (1,) + t.shape[ax + 1:])
+        return reshape(broadcast_to(column, spread), t.shape[:ax] + (n * r,) + t.shape[ax + 1:])
+    if counts.shape != (n,):
+        raise ValueError(f"repeat: {counts.size} repeat counts for axis {ax} of size {n}")
+    if (counts < 0).any():
+        raise ValueError("repeat: negative repetitions")
+    lead = (slice(None),) * ax
+    pieces = [repeat(t[lead + (slice(i, i + 1),)], int(c), ax) for i, c in enumerate(counts) if c > 0]
+    if not pieces:
+        return t[lead + (slice(0, 0),)]
+    return pieces[0] if len(pieces) == 1 else concatenate(pieces, axis=ax)
+
+
+def _split_points(n, indices_or_sections, even, name):
+    if isinstance(indices_or_sections, (int, _np.integer)):
+        k = int(indices_or_sections)
+        if k <= 0:
+            raise ValueError(f"{name}: number sections must be larger than 0")
+        if even and n % k:
+            raise ValueError("array split does not result in an equal division")
+        base, extra = divmod(n, k)
+        sizes = [base + 1] * extra + [base] * (k - extra)
+        return list(_np.cumsum([0] + sizes))
+    points = [int(i) for i in indices_or_sections]
+    return [0] + points + [n]
+
+
+def _split(ary, indices_or_sections, axis, even, name):
+    t = _tracer(ary)
+    ax = _axis_list(axis, t.ndim, name)[0]
+    n = t.shape[ax]
+    bounds = _split_points(n, indices_or_sections, even, name)
+    lead = (slice(None),) * ax
+    out = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        lo, hi = builtins.min(builtins.max(lo, 0) if lo >= 0 else builtins.max(lo + n, 0), n), \
+            builtins.min(builtins.max(hi, 0) if hi >= 0 else builtins.max(hi + n, 0), n)
+        out.append(t[lead + (slice(lo, builtins.max(lo, hi)),)])
+    return out
+
+
+@_op
+def split(ary, indices_or_sections, axis=0):
+    return _split(ary, indices_or_sections, axis, True, "split")
+
+
+@_op
+def array_split(ary, indices_or_sections, axis=0):
+    return _split(ary, indices_or_sections, axis, False, "array_split")
+
+
+# ---------------------------------------------------------------- creation
+
+@_op
+def linspace(start, stop, num=50, endpoint=True, retstep=False, dtype=None, axis=0):
+    """numpy.linspace for scalar ends: start + i * step, the last element
+    `stop` exactly when `endpoint`; an integer dtype floors, as numpy does."""
+    num = int(num)
+    if num < 0:
+        raise ValueError(f"linspace: number of samples, {num}, must be non-negative")
+    if not (_np.ndim(start) == 0 and _np.ndim(stop) == 0):
+        raise NotImplementedError("linspace: array-valued start and stop are not supported yet; pass scalars")
+    start, stop = float(start), float(stop)
+    div = (num - 1) if endpoint else num
+    step = (stop - start) / div if div > 0 else _np.nan
+    i = _b().iota((num,), _np.dtype(float64), 0)
+    if div > 0 and step == 0:
+        y = add(multiply(divide(i, float(div)), stop - start), start)
+    else:
+        y = add(multiply(i, step if div > 0 else 0.0), start)
+    if endpoint and num > 1:
+        y = where(equal(i, float(num - 1)), stop, y)
+    out_dtype = _np.dtype(float64) if dtype is None else _np.dtype(dtype)
+    if out_dtype.kind in "iu":
+        y = floor(y)
+    y = astype(y, out_dtype)
+    return (y, step) if retstep else y
+
+
+@_op
+def asarray(a, dtype=None):
+    t = _tracer(a)
+    return t if dtype is None or _np.dtype(dtype) == t.dtype else astype(t, dtype)
+
+
+array = asarray
 
 
 install_operators(Tracer, __import__(__name__, fromlist=["_"]))

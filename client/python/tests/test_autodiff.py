@@ -83,7 +83,24 @@ LAYOUT = {
     "einsum": lambda xp, x: xp.einsum("ij,kj->ik", x, x * x), "tensordot": lambda xp, x: xp.tensordot(x, x, axes=([1], [1])),
     "softmax": lambda xp, x: (tnn if xp is tnp else jax.nn).softmax(x, axis=-1),
     "log_softmax": lambda xp, x: (tnn if xp is tnp else jax.nn).log_softmax(x, axis=0),
+    "flip": lambda xp, x: xp.flip(x, 1) * x, "negative_step": lambda xp, x: x[::-1, 3:0:-2],
+    "roll": lambda xp, x: xp.roll(x, 1, axis=1) * x, "cumsum": lambda xp, x: xp.cumsum(x, axis=1) * x,
+    "cumprod": lambda xp, x: xp.cumprod(x + 2, axis=0), "tile": lambda xp, x: xp.tile(x, (2, 1)),
+    "repeat": lambda xp, x: xp.repeat(x, 2, axis=0), "logaddexp": lambda xp, x: xp.logaddexp(x, x * x),
+    "logsumexp": lambda xp, x: (tnn if xp is tnp else jax.nn).logsumexp(x * 3, axis=1),
+    "trunc": lambda xp, x: xp.trunc(x * 3) * x, "nansum": lambda xp, x: xp.nansum(x * x, axis=0),
 }
+
+FORWARD_LAYOUT = ["flip", "negative_step", "cumsum", "logsumexp"]
+
+
+@pytest.mark.parametrize("name", FORWARD_LAYOUT)
+def test_structural_tangents_match_jax(session, name):
+    x, t = rand(3, 4), rand(3, 4)
+    f = LAYOUT[name]
+    _, tan = tessel.jit(lambda x, t: tessel.jvp(lambda v: f(tnp, v), (x,), (t,)))(x, t)
+    _, jtan = jax.jvp(lambda v: f(jnp, v), (x,), (t,))
+    np.testing.assert_allclose(tan.fetch(), np.asarray(jtan), rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("name", list(LAYOUT))

@@ -362,6 +362,8 @@ class Oracle:
     cosh = _unary(np.cosh, inexact=True)
     arcsinh = _unary(np.arcsinh, inexact=True)
     expm1 = _unary(np.expm1, inexact=True)
+    trunc = _unary(np.trunc)
+    rint = _unary(np.rint)
 
     def _float_unary(formula):
         """Functions numpy lacks, computed in float64 and rounded once; ints
@@ -445,6 +447,17 @@ class Oracle:
         bound = bound / n
         return self._inexact(r, ULPS_REDUCTION * finfo(r.dtype).eps * bound)
 
+    @_elementwise_op
+    def cumsum(self, a, axis=None, dtype=None):
+        x = np.asarray(_raw(a))
+        r = np.asarray(np.cumsum(x, axis=axis, dtype=self._sum_dtype(x, dtype)))
+        if is_float(r.dtype):
+            # Each prefix is a sum in some order: bounded by its |terms|.
+            bound = np.cumsum(_finite_abs(x), axis=axis)
+            self._check_order_free(bound, r.dtype)
+            r = self._inexact(r, ULPS_REDUCTION * finfo(r.dtype).eps * bound)
+        return r
+
     def _plain(npfn):
         @_elementwise_op
         def f(self, a, *args, **kwargs):
@@ -482,6 +495,8 @@ class Oracle:
     broadcast_to = _plain(np.broadcast_to)
     expand_dims = _plain(np.expand_dims)
 
+    flip = _plain(np.flip)
+    roll = _plain(np.roll)
     squeeze = _plain(np.squeeze)
     ravel = _plain(np.ravel)
     swapaxes = _plain(np.swapaxes)

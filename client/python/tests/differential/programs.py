@@ -330,7 +330,7 @@ UNARY = {
     "square": (False, False, None), "logical_not": (False, True, None), "invert": (False, True, "~{}"),
     "sin": (True, False, None), "cos": (True, False, None), "arctan": (True, False, None),
     "sinh": (True, False, None), "cosh": (True, False, None), "arcsinh": (True, False, None),
-    "expm1": (True, False, None),
+    "expm1": (True, False, None), "trunc": (False, True, None), "rint": (False, True, None),
 }
 BINARY = {
     "add": (False, False, "+"), "subtract": (False, False, "-"), "multiply": (False, False, "*"),
@@ -495,7 +495,7 @@ def op_slice(b):
     x = b.pick(lambda v: v.ndim >= 1)
     parts = []
     for s in x.shape:
-        kind = b.draw(st.sampled_from(["all", "range", "step", "int", "neg"]))
+        kind = b.draw(st.sampled_from(["all", "range", "step", "int", "neg", "reverse"]))
         if kind == "int" and s:
             parts.append(str(b.draw(st.integers(-s, s - 1))))
         elif kind == "range":
@@ -506,6 +506,10 @@ def op_slice(b):
             parts.append(f"::{b.draw(st.integers(1, 3))}")
         elif kind == "neg" and s:
             parts.append(f"-{b.draw(st.integers(1, s))}:")
+        elif kind == "reverse":  # a negative step, from anywhere to anywhere
+            hi = b.draw(st.sampled_from(["", str(b.draw(st.integers(-s - 1, s)))]))
+            lo = b.draw(st.sampled_from(["", str(b.draw(st.integers(-s - 1, s)))]))
+            parts.append(f"{hi}:{lo}:-{b.draw(st.integers(1, 3))}")
         else:
             parts.append(":")
     while parts and parts[-1] == ":" and b.draw(st.booleans()):
@@ -703,10 +707,23 @@ def op_create(b):
         b.add(f"xp.arange({b.draw(st.integers(1 if SIZE0_ARANGE_CRASHES_WORKER else 0, 8))})", [])
 
 
+def op_sequence(b):
+    """Ops along one axis: flip, roll and cumsum."""
+    kind = b.draw(st.sampled_from(["flip", "roll", "cumsum"]))
+    x = b.pick(lambda v: v.ndim >= 1)
+    axis = b.draw(st.sampled_from([None] + list(range(-x.ndim, x.ndim))))
+    if kind == "flip":
+        b.add(f"xp.flip({x.name}, {axis!r})", [x])
+    elif kind == "roll":
+        b.add(f"xp.roll({x.name}, {b.draw(st.integers(-5, 5))}, {axis!r})", [x])
+    else:
+        b.add(f"xp.cumsum({x.name}, {axis!r})", [x], inexact=True)
+
+
 OPS = [(op_binary, 14), (op_unary, 10), (op_compare, 7), (op_where, 4), (op_clip, 3), (op_astype, 5),
        (op_reduce, 8), (op_reshape, 4), (op_transpose, 3), (op_broadcast, 3), (op_slice, 4),
        (op_concatenate, 2), (op_stack, 2), (op_pad, 2), (op_matmul, 3), (op_einsum, 3), (op_create, 2),
-       (op_layout_more, 3), (op_control, 2)]
+       (op_layout_more, 3), (op_control, 2), (op_sequence, 3)]
 _OP_TABLE = [f for f, w in OPS for _ in range(w)]
 
 
