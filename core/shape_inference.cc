@@ -476,6 +476,24 @@ absl::StatusOr<TensorType> InferUnchecked(const v1::Node& n,
       }
       return Make(it, out);
     }
+    case v1::SORT: {
+      if (ops.empty()) return InvalidArgumentError("sort: expected at least 1 operand (the keys), got 0");
+      TESSEL_RETURN_IF_ERROR(attrs_needed(v1::Node::kSort, "sort"));
+      const v1::SortAttrs& a = n.sort();
+      TESSEL_RETURN_IF_ERROR(CheckDimIndex("sort dimension", a.dimension(), ops[0]->dims_size()));
+      for (size_t i = 1; i < ops.size(); ++i) {
+        if (!std::equal(ops[i]->dims().begin(), ops[i]->dims().end(), ops[0]->dims().begin(),
+                        ops[0]->dims().end())) {
+          return InvalidArgumentError(StrCat("sort operand ", i, ": expected the keys' dimensions ",
+                                             Dims(ToVec(ops[0]->dims())), ", got ", TypeString(*ops[i])));
+        }
+      }
+      if (a.result_operand() < 0 || size_t(a.result_operand()) >= ops.size()) {
+        return InvalidArgumentError(StrCat("sort result_operand: expected 0 to ", ops.size() - 1, ", got ",
+                                           a.result_operand()));
+      }
+      return *ops[a.result_operand()];
+    }
     default:
       return InvalidArgumentError(StrCat("unknown op ", int(op)));
   }

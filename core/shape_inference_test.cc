@@ -99,6 +99,28 @@ TEST(ShapeInference, ReduceSliceTransposePad) {
       << out_of_range.status();
 }
 
+TEST(ShapeInference, SortTakesTheMovedOperandsTypeAndChecksItsOperands) {
+  auto keys = MakeType(v1::F32, {4, 6});
+  auto idx = MakeType(v1::S64, {4, 6});
+  auto other = MakeType(v1::S64, {6, 4});
+  v1::Node s = Op(v1::SORT);
+  s.mutable_sort()->set_dimension(1);
+  EXPECT_EQ(TypeString(*InferType(s, {&keys})), "f32[4,6]");
+  s.mutable_sort()->set_result_operand(1);
+  EXPECT_EQ(TypeString(*InferType(s, {&keys, &idx})), "s64[4,6]");
+  auto mismatched = InferType(s, {&keys, &other});
+  ASSERT_FALSE(mismatched.ok());
+  EXPECT_NE(mismatched.status().message().find("expected the keys' dimensions [4,6], got s64[6,4]"),
+            absl::string_view::npos)
+      << mismatched.status();
+  auto no_operand = InferType(s, {&keys});
+  ASSERT_FALSE(no_operand.ok());
+  EXPECT_NE(no_operand.status().message().find("result_operand: expected 0 to 0, got 1"), absl::string_view::npos)
+      << no_operand.status();
+  s.mutable_sort()->set_dimension(2);
+  EXPECT_FALSE(InferType(s, {&keys, &idx}).ok());
+}
+
 TEST(ShapeInference, RejectsNegativeAndOverflowingDims) {
   v1::Node n = Op(v1::PARAMETER);
   n.mutable_parameter()->set_index(0);

@@ -106,6 +106,21 @@ class Emitter {
     }
     return Emit(std::move(n), base_);
   }
+  // Positions 0, 1, ... along `dim`, as s64, in the dimensions of `t`.
+  std::string Iota(const v1::TensorType& t, int64_t dim) {
+    v1::Node n = Op(v1::CONSTANT, {});
+    n.mutable_type()->set_dtype(v1::S64);
+    *n.mutable_type()->mutable_dims() = t.dims();
+    n.mutable_constant()->mutable_iota()->set_dimension(dim);
+    return Emit(std::move(n), base_);
+  }
+  // SORT with `attrs`' order, moving `moved` by the order of `keys`.
+  std::string SortBy(const std::string& keys, const std::string& moved, const v1::SortAttrs& attrs) {
+    v1::Node n = Op(v1::SORT, {keys, moved});
+    *n.mutable_sort() = attrs;
+    n.mutable_sort()->set_result_operand(1);
+    return Emit(std::move(n), base_);
+  }
   // Result k of multi-result node `v`, of type `t`.
   std::string Element(const std::string& v, int k, const v1::TensorType& t) {
     if (!status_.ok()) return "";
@@ -571,6 +586,19 @@ class Vjp {
         return absl::OkStatus();
       }
       case v1::REVERSE: into(0, e_.Reverse(ct, n.reverse().dimensions())); return absl::OkStatus();
+      case v1::SORT: {
+        // The result is operand r moved by a permutation of each row; its
+        // cotangent goes back by the inverse permutation, which is itself a
+        // sort: of the cotangent, by where each element came from.
+        const int r = n.sort().result_operand();
+        if (!IsFloat(TypeOf(n.operands(r)).dtype())) return absl::OkStatus();
+        const v1::TensorType& kt = TypeOf(n.operands(0));
+        const std::string from = e_.SortBy(a(0), e_.Iota(kt, n.sort().dimension()), n.sort());
+        v1::SortAttrs back;
+        back.set_dimension(n.sort().dimension());
+        into(r, e_.SortBy(from, ct, back));
+        return absl::OkStatus();
+      }
       case v1::BROADCAST_IN_DIM: {
         const std::vector<int64_t> in = Dims(TypeOf(n.operands(0))), res = Dims(n.type());
         const auto& bd = n.broadcast_in_dim().broadcast_dimensions();
@@ -1481,6 +1509,11 @@ class Jvp {
       case v1::BROADCAST_IN_DIM:
       case v1::SLICE:
       case v1::REVERSE: return Same(n, {ta});
+      case v1::SORT: {  // the order is piecewise constant in the keys: only the moved values' tangents move
+        const int r = n.sort().result_operand();
+        const std::string tr = T(n, r);
+        return tr.empty() ? std::string() : e_.SortBy(a(0), tr, n.sort());
+      }
       case v1::PAD: {
         const v1::TensorType& pv = TypeOf(n.operands(1));
         return Same(n, {TZ(n, 0), tb.empty() ? e_.Zeros(pv) : tb});

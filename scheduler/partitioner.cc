@@ -492,6 +492,28 @@ class Partitioner {
           result = want[0];
           break;
         }
+        case v1::SORT: {
+          // Each row must be whole on one device. A split of the sorted
+          // dimension moves (all_to_all) to a dimension that is whole and
+          // divides, where there is one; else it is gathered.
+          const int64_t sd = n.sort().dimension();
+          v1::Sharding t = Complete(current(0));
+          const Axes moved = DimAxes(t, sd);
+          SetDimAxes(t, sd, {});
+          if (!moved.empty()) {
+            const int64_t k = AxesSize(mesh_, moved);
+            for (int e = 0; e < rank; ++e) {
+              if (e != sd && DimAxes(t, e).empty() && op_type(0).dims(e) % k == 0 &&
+                  op_type(0).dims(e) >= k) {
+                SetDimAxes(t, e, moved);
+                break;
+              }
+            }
+          }
+          for (auto& w : want) w = t;
+          result = t;
+          break;
+        }
         case v1::REVERSE:  // linear: a partial sum stays partial
           want[0] = current(0);
           result = want[0];

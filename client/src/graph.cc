@@ -326,6 +326,14 @@ Value GraphBuilder::Reverse(Value x, std::vector<int64_t> dimensions) {
   return impl_->Add(std::move(n), {x});
 }
 
+Value GraphBuilder::Sort(std::vector<Value> operands, int64_t dimension, bool descending, int result_operand) {
+  v1::Node n = NodeOf(v1::SORT);
+  n.mutable_sort()->set_dimension(dimension);
+  n.mutable_sort()->set_descending(descending);
+  n.mutable_sort()->set_result_operand(result_operand);
+  return impl_->Add(std::move(n), operands);
+}
+
 Value GraphBuilder::Concatenate(std::vector<Value> xs, int64_t dimension) {
   v1::Node n = NodeOf(v1::CONCATENATE);
   n.mutable_concatenate()->set_dimension(dimension);

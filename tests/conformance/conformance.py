@@ -708,6 +708,29 @@ def layout_cases(rng):
             c.out("REVERSE", [c.param(dt, x)], "reverse { %s }" % ints_text("dimensions", dims), dt=dt,
                   want=np.flip(x, dims) if dims else x)
             yield c
+        for tag, shape, dim, desc in (("rows", (4, 7), 1, False), ("cols_desc", (6, 3), 0, True),
+                                      ("3d_mid", (2, 5, 3), 1, False)):
+            c = Case("SORT.%s/%s" % (tag, dt), "SORT", dt)
+            x = rand_any(rng, dt, shape)
+            if x.dtype.kind == "f" and x.size > 3:
+                x.flat[1], x.flat[2] = np.nan, -np.inf
+            idx = np.argsort(x, axis=dim, kind="stable")
+            if desc:  # largest first, NaN first, equal keys in their order: NaN-ness, then -x (stable)
+                wide = x.astype(np.float64)
+                nan = np.isnan(wide)
+                rank = np.argsort(np.argsort(-np.where(nan, 0, wide), axis=dim, kind="stable"), axis=dim,
+                                  kind="stable")
+                idx = np.argsort(np.where(nan, -1, rank), axis=dim, kind="stable")
+            pk = c.param(dt, x)
+            attrs = "sort { dimension: %d descending: %s result_operand: %%d }" % (dim, "true" if desc else "false")
+            pos = np.broadcast_to(np.arange(shape[dim]).reshape([-1 if d == dim else 1 for d in range(len(shape))]),
+                                  shape).astype(np.int32)
+            c.out("SORT", [pk], attrs % 0, dt=dt, want=np.take_along_axis(x, idx, axis=dim))
+            yield c
+            c = Case("SORT.%s.indices/%s" % (tag, dt), "SORT", dt)
+            c.out("SORT", [c.param(dt, x), c.param("s32", pos)], attrs % 1, dt="s32",
+                  want=np.take_along_axis(pos, idx, axis=dim))
+            yield c
         for tag, shapes, dim in (("2ops_dim0", [(2, 3), (3, 3)], 0), ("3ops_dim1", [(2, 3, 4), (2, 1, 4), (2, 2, 4)], 1),
                                  ("3ops_last", [(3, 2), (3, 1), (3, 4)], 1)):
             c = Case("CONCATENATE.%s/%s" % (tag, dt), "CONCATENATE", dt)

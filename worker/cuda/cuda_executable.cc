@@ -118,6 +118,12 @@ absl::Status CudaExecutable::Prepare() {
         prep.reduce = std::move(r);
         break;
       }
+      case v1::SORT: {
+        TESSEL_ASSIGN_OR_RETURN(KernelLaunch l,
+                                module.AddSort(n, in.arg_types[0], in.arg_types[n.sort().result_operand()]));
+        prep.kernels.push_back(l);
+        break;
+      }
       case v1::ARGMAX:
       case v1::ARGMIN: {
         TESSEL_ASSIGN_OR_RETURN(KernelLaunch l, module.AddArgReduce(n, in.arg_types[0]));
@@ -385,6 +391,14 @@ absl::Status CudaExecutable::Execute(int i, std::vector<BufferPtr>& values, cons
       if (ctx.last_collective != nullptr) *ctx.last_collective = i;  // a failure abandons only the later ones
       TESSEL_RETURN_IF_ERROR(RunCollective(n, in.arg_types[0], params.p[0], params.p[1], ctx));
       break;
+    case v1::SORT: {  // keys, the operand it moves, the result
+      KernelParams p;
+      p.p[0] = params.p[0];
+      p.p[1] = params.p[n.sort().result_operand()];
+      p.p[2] = params.p[in.args.size()];
+      TESSEL_RETURN_IF_ERROR(Launch(prep.kernels[0], p));
+      break;
+    }
     default:  // layout ops, arg reductions
       TESSEL_RETURN_IF_ERROR(Launch(prep.kernels[0], params));
   }

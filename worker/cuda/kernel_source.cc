@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/dtype.h"
@@ -758,6 +759,44 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddArgReduce(const v1::Node& n, const
       inner, extent * inner, inner, c, Load(dt, "in[base]"), idx, extent, c,
       Load(dt, StrCat("in[base + e * ", inner, "]")), take, idx);
   const int64_t elements = extent == 0 ? 0 : outer * inner;
+  return Add(Kernel(decls, StrCat(elements), body), elements);
+}
+
+absl::StatusOr<KernelLaunch> ModuleSource::AddSort(const v1::Node& n, const v1::TensorType& keys,
+                                                   const v1::TensorType& moved) {
+  const v1::DType dt = keys.dtype();
+  const int64_t dim = n.sort().dimension();
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < dim; ++d) outer *= keys.dims(d);
+  for (int d = dim + 1; d < keys.dims_size(); ++d) inner *= keys.dims(d);
+  const int64_t extent = keys.dims(dim);
+  const std::string c = Compute(dt), e = Bits(DTypeSize(moved.dtype()));
+  // before(a, b): a sorts ahead of b (NaN last ascending, first descending).
+  std::string before;
+  const bool desc = n.sort().descending();
+  if (IsFloat(dt)) {
+    before = desc ? "(a > b || (a != a && b == b))" : "(a < b || (a == a && b != b))";
+  } else {
+    before = desc ? "(a > b)" : "(a < b)";
+  }
+  auto before_of = [&](const std::string& a, const std::string& b) {
+    return absl::StrReplaceAll(before, {{"a", a}, {"b", b}});
+  };
+  // Each element's place is the count of keys that go ahead of it: those
+  // before it, and the equal ones at lower positions (a stable sort).
+  std::string decls = PtrDecl(Storage(dt), "keys", 0, true) + PtrDecl(e, "src", 1, true) + PtrDecl(e, "out", 2, false);
+  std::string body = absl::StrFormat(
+      "    const i64 j = i %% %d, pos = i / %d %% %d, base = i / %d * %d + j;\n"
+      "    const %s v = %s;\n"
+      "    i64 rank = 0;\n"
+      "    for (i64 f = 0; f < %d; ++f) {\n"
+      "      const %s w = %s;\n"
+      "      if (%s || (f < pos && !%s)) ++rank;\n    }\n"
+      "    out[base + rank * %d] = src[base + pos * %d];\n",
+      inner, inner, extent, extent * inner, extent * inner, c, Load(dt, StrCat("keys[base + pos * ", inner, "]")),
+      extent, c, Load(dt, StrCat("keys[base + f * ", inner, "]")), before_of("w", "v"), before_of("v", "w"), inner,
+      inner);
+  const int64_t elements = outer * extent * inner;
   return Add(Kernel(decls, StrCat(elements), body), elements);
 }
 

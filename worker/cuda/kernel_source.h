@@ -76,6 +76,11 @@ class ModuleSource {
   absl::StatusOr<ReducePlan> AddReduce(const v1::Node& node, const v1::TensorType& operand_type);
   // ARGMAX / ARGMIN: p[0] operand, p[1] indices.
   absl::StatusOr<KernelLaunch> AddArgReduce(const v1::Node& node, const v1::TensorType& operand_type);
+  // SORT: p[0] the keys, p[1] the operand moved (result_operand; p[0]
+  // again when it is the keys), p[2] the result. One thread per element
+  // counts the keys ahead of it: quadratic in the sorted extent.
+  absl::StatusOr<KernelLaunch> AddSort(const v1::Node& node, const v1::TensorType& keys,
+                                       const v1::TensorType& moved);
   // SHARD_SLICE: p[0] operand, p[1] this device's block; s[0] the block index.
   absl::StatusOr<KernelLaunch> AddShardSlice(const v1::Node& node, const v1::TensorType& operand_type,
                                              int64_t blocks);

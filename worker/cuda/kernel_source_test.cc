@@ -22,6 +22,7 @@
 #include "worker/cpu/fused_loop.h"
 #include "worker/cpu/layout.h"
 #include "worker/cpu/reduce.h"
+#include "worker/cpu/sort.h"
 #ifdef TESSEL_HAVE_CUDA
 #include "worker/cuda/kernel_compiler.h"
 #endif
@@ -542,6 +543,29 @@ TEST(KernelSource, ArgReductionsMatchTheCpuBackend) {
       SCOPED_TRACE(absl::StrCat(OpName(op), " ", DTypeName(dt)));
       CheckKernel(m, *l, {in}, n.type(),
                   [&](auto ins, void* out) { cpu::ArgReduce(op == v1::ARGMAX, in, ins[0], n.arg_reduce(), n.type(), out); });
+    }
+  }
+}
+
+TEST(KernelSource, SortMatchesTheCpuBackend) {
+  // Keys with NaNs, infinities and ties (small s32 values, pred); the moved
+  // operand of another dtype, so a wrong order or an unstable tie shows.
+  for (v1::DType dt : {v1::F32, v1::F64, v1::BF16, v1::F16, v1::S32, v1::S64, v1::U8, v1::PRED}) {
+    for (bool descending : {false, true}) {
+      for (int64_t dim : {0, 1}) {
+        const v1::TensorType keys = MakeType(dt, {9, 14});
+        const v1::TensorType moved = MakeType(v1::S32, {9, 14});
+        v1::Node n = MakeNode("s", v1::SORT, moved, {"k", "v"});
+        n.mutable_sort()->set_dimension(dim);
+        n.mutable_sort()->set_descending(descending);
+        n.mutable_sort()->set_result_operand(1);
+        ModuleSource m;
+        auto l = m.AddSort(n, keys, moved);
+        ASSERT_TRUE(l.ok()) << l.status();
+        SCOPED_TRACE(absl::StrCat("sort ", DTypeName(dt), descending ? " descending" : "", " along ", dim));
+        CheckKernel(m, *l, {keys, moved}, moved,
+                    [&](auto ins, void* out) { cpu::Sort(keys, ins[0], moved, ins[1], n.sort(), out); });
+      }
     }
   }
 }

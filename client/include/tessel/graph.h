@@ -107,6 +107,10 @@ class GraphBuilder {
   Value Slice(Value x, std::vector<int64_t> start, std::vector<int64_t> limit, std::vector<int64_t> strides = {});
   // x with the order of its elements reversed along each of `dimensions`.
   Value Reverse(Value x, std::vector<int64_t> dimensions);
+  // operands[result_operand] reordered along `dimension` by a stable sort
+  // of operands[0] (ascending, NaN last; descending: NaN first). All
+  // operands share their dimensions.
+  Value Sort(std::vector<Value> operands, int64_t dimension, bool descending = false, int result_operand = 0);
   Value Concatenate(std::vector<Value> xs, int64_t dimension);
   Value Pad(Value x, Value padding_value, std::vector<int64_t> low, std::vector<int64_t> high,
             std::vector<int64_t> interior = {});

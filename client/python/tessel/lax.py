@@ -21,9 +21,24 @@ from tessel._jit import flatten, jit, unflatten
 from tessel._trace import Builder, FunctionBuilder, Tracer, current_builder
 from tessel.v1 import ir_pb2
 
-__all__ = ["cond", "erf", "fori_loop", "scan", "switch", "while_loop"]
+__all__ = ["cond", "erf", "fori_loop", "scan", "switch", "top_k", "while_loop"]
 
 erf = tnp._erf  # jax.lax.erf: the error function, elementwise, on the device
+
+
+def top_k(operand, k):
+    """jax.lax.top_k: the k largest entries along the last axis, largest
+    first, and their int32 indices; equal entries in index order, NaN
+    above every number (as XLA)."""
+    k = int(k)
+    shape = np.shape(operand)
+    if not shape:
+        raise ValueError("top_k: the operand needs at least one dimension")
+    if not 0 <= k <= shape[-1]:
+        raise ValueError(f"top_k: k={k} is out of range for a last dimension of {shape[-1]}")
+    order = tnp.argsort(operand, axis=-1, descending=True)[..., :k]
+    values = tnp.sort(operand, axis=-1, descending=True)[..., :k]
+    return values, tnp.astype(order, np.int32)
 
 
 def _in_trace(leaves):

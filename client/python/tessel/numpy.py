@@ -1399,4 +1399,47 @@ def asarray(a, dtype=None):
 array = asarray
 
 
+# ---------------------------------------------------------------- sorting
+
+def _sort_node(keys, moved, axis, descending):
+    """SORT: `moved` (or the keys themselves) reordered along `axis` by a
+    stable sort of the keys, NaN last (descending: first)."""
+    ops = [keys] if moved is None else [keys, moved]
+
+    def attrs(n):
+        n.sort.dimension = axis
+        n.sort.descending = bool(descending)
+        n.sort.result_operand = len(ops) - 1
+    return _b().node(ir_pb2.SORT, ops, ops[-1].shape, ops[-1].dtype, set_attrs=attrs)
+
+
+def _sort_axis(t, axis, name):
+    if axis is None:
+        return ravel(t), 0
+    if t.ndim == 0:
+        raise _np.exceptions.AxisError(f"{name}: axis {axis} is out of bounds for array of dimension 0")
+    return t, _axis_list(axis, t.ndim, name)[0]
+
+
+@_op
+def sort(a, axis=-1, kind=None, order=None, *, stable=True, descending=False):
+    """numpy.sort, always stable: NaN sorts last, -0.0 and 0.0 are equal
+    (they keep their order, as numpy's stable sort). `descending` (as
+    jax.numpy) orders the largest first, NaN first, equal keys still in
+    their order."""
+    if order is not None:
+        raise NotImplementedError("sort: `order` (structured arrays) is not supported")
+    t, ax = _sort_axis(_tracer(a), axis, "sort")
+    return _sort_node(t, None, ax, descending)
+
+
+@_op
+def argsort(a, axis=-1, kind=None, order=None, *, stable=True, descending=False):
+    """numpy.argsort (as kind='stable'): int64 indices."""
+    if order is not None:
+        raise NotImplementedError("argsort: `order` (structured arrays) is not supported")
+    t, ax = _sort_axis(_tracer(a), axis, "argsort")
+    return _sort_node(t, _b().iota(t.shape, _np.dtype(int64), ax), ax, descending)
+
+
 install_operators(Tracer, __import__(__name__, fromlist=["_"]))

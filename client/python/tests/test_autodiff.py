@@ -89,9 +89,11 @@ LAYOUT = {
     "repeat": lambda xp, x: xp.repeat(x, 2, axis=0), "logaddexp": lambda xp, x: xp.logaddexp(x, x * x),
     "logsumexp": lambda xp, x: (tnn if xp is tnp else jax.nn).logsumexp(x * 3, axis=1),
     "trunc": lambda xp, x: xp.trunc(x * 3) * x, "nansum": lambda xp, x: xp.nansum(x * x, axis=0),
+    "sort": lambda xp, x: xp.sort(x, axis=1) * xp.arange(4.0), "sort_axis0": lambda xp, x: xp.sort(x * x, axis=0)[:2],
+    "top_k": lambda xp, x: (tessel.lax if xp is tnp else jax.lax).top_k(x, 2)[0],
 }
 
-FORWARD_LAYOUT = ["flip", "negative_step", "cumsum", "logsumexp"]
+FORWARD_LAYOUT = ["flip", "negative_step", "cumsum", "logsumexp", "sort", "sort_axis0", "top_k"]
 
 
 @pytest.mark.parametrize("name", FORWARD_LAYOUT)

@@ -8,7 +8,8 @@ Programs are 5 to 30 steps over every op and dtype tessel.numpy has
 broadcasting and Python and numpy scalars (NEP 50, out-of-range ints
 included), the unary functions, where, clip, astype, reductions over axes
 with keepdims, reshape, transpose, broadcast_to, expand_dims, slicing
-(negative steps too), flip, roll, cumsum, concatenate, stack, pad, matmul, dot, einsum and the constructors, over
+(negative steps too), flip, roll, cumsum, sort, argsort, concatenate,
+stack, pad, matmul, dot, einsum and the constructors, over
 bool, uint8, int32, int64, float16, bfloat16, float32 and float64, rank 0 to
 3 with size-0 and size-1 dimensions and edge values (NaN, +-inf, -0.0,
 subnormals, the largest floats, integer extremes). A program returns its

@@ -323,3 +323,63 @@ def test_eager_compositions_on_arrays(session):
     parts = tnp.split(a, 2, axis=1)
     for got, want in zip(parts, np.split(x, 2, axis=1)):
         np.testing.assert_array_equal(got.fetch(), want)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32", "int64", "uint8", "bool"])
+def test_sort_and_argsort_match_numpys_stable_sort(session, dtype):
+    x = sample(dtype, (5, 9), low=-3, high=3)  # small integers: many ties
+    if np.dtype(dtype).kind == "f":
+        x[0, :5] = [np.nan, -0.0, 0.0, np.inf, -np.inf]
+        x[3, 2] = np.nan
+    for kw in [{}, {"axis": 0}, {"axis": None}, {"axis": -1}]:
+        check(lambda m, x: m.sort(x, **kw) if m is tnp else np.sort(x, kind="stable", **kw), x)
+        check(lambda m, x: m.argsort(x, **kw) if m is tnp else np.argsort(x, kind="stable", **kw), x)
+    # descending: the largest first, NaN first, equal keys in their order
+    # (numpy has no descending sort: the stable sort of the negated ranks).
+    if np.dtype(dtype).kind == "f":
+        ranks = np.argsort(np.argsort(np.where(np.isnan(x), -np.inf, -x), axis=1, kind="stable"), axis=1)
+        want_idx = np.argsort(np.where(np.isnan(x), -1, ranks), axis=1, kind="stable")
+    else:
+        want_idx = np.argsort(-x.astype(np.int64), axis=1, kind="stable")
+    got_idx = tessel.jit(lambda v: tnp.argsort(v, axis=1, descending=True))(x).fetch()
+    np.testing.assert_array_equal(got_idx, want_idx)
+    got = tessel.jit(lambda v: tnp.sort(v, axis=1, descending=True))(x).fetch()
+    np.testing.assert_array_equal(got, np.take_along_axis(x, want_idx, axis=1))
+
+
+def test_top_k_matches_jax(session):
+    lax = pytest.importorskip("jax.lax")
+    x = sample("float32", (4, 10), low=-3, high=3).round()
+    x[1, 4] = np.nan
+    for k in (1, 3, 10):
+        want_v, want_i = lax.top_k(x, k)
+        got_v, got_i = tessel.jit(lambda v: tessel.lax.top_k(v, k))(x)
+        np.testing.assert_array_equal(got_v.fetch(), np.asarray(want_v))
+        np.testing.assert_array_equal(got_i.fetch(), np.asarray(want_i))
+        assert got_i.dtype == np.asarray(want_i).dtype
+    with pytest.raises(ValueError, match="out of range"):
+        tessel.lax.top_k(x, 11)
+
+
+def test_sort_of_a_split_dimension_is_an_all_to_all_and_a_local_sort(session):
+    """Rows split over the mesh: the split moves to another dimension
+    (all_to_all), each device sorts whole rows, and nothing is gathered.
+    With no other dimension to take the split, the rows are gathered, and
+    the plan says why."""
+    from tessel import Mesh, NamedSharding, P
+    mesh = Mesh({"data": 4})
+    x = sample("float32", (8, 12))
+    a = tessel.device_put(x, NamedSharding(mesh, P(None, "data")))
+    f = tessel.jit(lambda v: tnp.sort(v, axis=1))
+    plan = f.lower(a)
+    assert [c["op"] for c in plan.collectives] == ["all_to_all"], plan.as_text()
+    assert "sort" in plan.collectives[0]["reason"], plan.collectives
+    np.testing.assert_array_equal(f(a).fetch(), np.sort(x, axis=1))
+    g = tessel.jit(lambda v: tnp.argsort(v, axis=1))
+    np.testing.assert_array_equal(g(a).fetch(), np.argsort(x, axis=1, kind="stable"))
+    v = sample("float32", (12,))
+    b = tessel.device_put(v, NamedSharding(mesh, P("data")))
+    h = tessel.jit(lambda v: tnp.sort(v))
+    assert [c["op"] for c in h.lower(b).collectives] == ["all_gather"], h.lower(b).as_text()
+    np.testing.assert_array_equal(h(b).fetch(), np.sort(v))
+    np.testing.assert_array_equal(tnp.sort(tessel.device_put(x), axis=0).fetch(), np.sort(x, axis=0))

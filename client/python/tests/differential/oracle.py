@@ -495,6 +495,14 @@ class Oracle:
     broadcast_to = _plain(np.broadcast_to)
     expand_dims = _plain(np.expand_dims)
 
+    @_elementwise_op
+    def sort(self, a, axis=-1):
+        return np.sort(_raw(a), axis=axis, kind="stable")
+
+    @_elementwise_op
+    def argsort(self, a, axis=-1):
+        return np.argsort(_raw(a), axis=axis, kind="stable")
+
     flip = _plain(np.flip)
     roll = _plain(np.roll)
     squeeze = _plain(np.squeeze)

@@ -708,16 +708,18 @@ def op_create(b):
 
 
 def op_sequence(b):
-    """Ops along one axis: flip, roll and cumsum."""
-    kind = b.draw(st.sampled_from(["flip", "roll", "cumsum"]))
+    """Ops along one axis: flip, roll, cumsum, sort and argsort."""
+    kind = b.draw(st.sampled_from(["flip", "roll", "cumsum", "sort", "argsort"]))
     x = b.pick(lambda v: v.ndim >= 1)
     axis = b.draw(st.sampled_from([None] + list(range(-x.ndim, x.ndim))))
     if kind == "flip":
         b.add(f"xp.flip({x.name}, {axis!r})", [x])
     elif kind == "roll":
         b.add(f"xp.roll({x.name}, {b.draw(st.integers(-5, 5))}, {axis!r})", [x])
-    else:
+    elif kind == "cumsum":
         b.add(f"xp.cumsum({x.name}, {axis!r})", [x], inexact=True)
+    else:  # a tiny change of a key can reorder
+        b.add(f"xp.{kind}({x.name}, {axis!r})", [x], discontinuous=True)
 
 
 OPS = [(op_binary, 14), (op_unary, 10), (op_compare, 7), (op_where, 4), (op_clip, 3), (op_astype, 5),
