@@ -22,6 +22,7 @@ by `transfer_guard` is per thread.
 from tessel import errors, numpy
 from tessel import lax  # control flow on the device
 from tessel import nn  # after numpy, which it composes
+from tessel import random  # counter-based random numbers, as jax.random
 from tessel._autodiff import custom_jvp, custom_vjp, grad, jvp, value_and_grad, vjp
 from tessel._api import (Compiled, Device, ReplicatedSharding, SingleDeviceSharding, assert_no_memory_growth,
                          compile, device_put, devices, forbid_compiles, memory_stats, session_options, stats)
@@ -43,7 +44,7 @@ __all__ = [
     "SingleDeviceSharding", "all_gather", "all_to_all", "axis_index", "custom_kernel", "pmax", "pmin", "ppermute",
     "psum", "psum_scatter", "shard_map", "with_sharding_constraint",
     "assert_no_memory_growth", "compile", "connect", "device_put", "devices", "errors", "forbid_compiles", "jit",
-    "custom_jvp", "custom_vjp", "grad", "jvp", "lax", "local_cluster", "memory_stats", "nn", "numpy", "session_options", "stats", "transfer_guard", "tune_allocator", "value_and_grad", "vjp",
+    "custom_jvp", "custom_vjp", "grad", "jvp", "lax", "local_cluster", "memory_stats", "nn", "numpy", "random", "session_options", "stats", "transfer_guard", "tune_allocator", "value_and_grad", "vjp",
     "DonatedArrayError", "FailedPreconditionError", "InvalidArgumentError", "NotFoundError", "OutOfMemoryError",
     "RecompileError", "TesselError", "TransferGuardError", "WorkerLostError",
 ]

@@ -225,6 +225,8 @@ def install_operators(cls, tnp):
     cls.__abs__ = lambda a: tnp.abs(a)
     cls.__invert__ = lambda a: tnp.invert(a)
     cls.__getitem__ = lambda a, idx: tnp._getitem(a, idx)
+    cls.at = property(lambda a: tnp._IndexUpdateHelper(a))
+    cls.clip = lambda a, min=None, max=None: tnp.clip(a, min, max)
     cls.astype = lambda a, dtype: tnp.astype(a, dtype)
     cls.reshape = lambda a, *shape: tnp.reshape(a, shape[0] if len(shape) == 1 and not isinstance(shape[0], int)
                                                 else shape)

@@ -432,7 +432,7 @@ def where(condition, x, y):
 
 
 @_op
-def clip(a, a_min, a_max):
+def clip(a, a_min=None, a_max=None):
     t = _tracer(a)
     if t.dtype.kind in "iu":
         # As numpy: a Python int bound past the array's range on its own side
@@ -700,6 +700,23 @@ def _getitem(a, idx):
             elif not isinstance(i, (int, _np.integer)):
                 shape.append(next(dims))
         return reshape(out, tuple(shape))
+    reversed_dims, start, limit, strides, keep = _basic_index(t, idx)
+    full = tuple(len(range(s, l, st)) for s, l, st in zip(start, limit, strides))
+    out = _reverse(t, reversed_dims)
+    if full != t.shape:
+        def attrs(n):
+            n.slice.start.extend(start)
+            n.slice.limit.extend(limit)
+            n.slice.strides.extend(strides)
+        out = _b().node(ir_pb2.SLICE, [out], full, t.dtype, set_attrs=attrs)
+    return reshape(out, tuple(keep)) if tuple(keep) != full else out
+
+
+def _basic_index(t, idx):
+    """Integers, slices and one ellipsis (no None) as the region they
+    select: the dimensions read reversed (negative steps), then per
+    dimension start, limit and stride in the reversed array, and the
+    result's shape (integers drop their dimension)."""
     if Ellipsis in idx:
         k = idx.index(Ellipsis)
         idx = idx[:k] + (slice(None),) * (t.ndim - len(idx) + 1) + idx[k + 1:]
@@ -719,7 +736,7 @@ def _getitem(a, idx):
             lo = lo if count else 0
             start.append(lo), limit.append(lo + (count - 1) * step + 1 if count else lo), strides.append(step)
             keep.append(count)
-        elif isinstance(i, (int, _np.integer)):
+        elif isinstance(i, (int, _np.integer)) and not isinstance(i, (bool, _np.bool_)):
             i = int(i)
             if not -size <= i < size:
                 raise IndexError(f"index {i} is out of bounds for axis {d} with size {size}")
@@ -727,15 +744,7 @@ def _getitem(a, idx):
             start.append(i), limit.append(i + 1), strides.append(1)
         else:
             raise IndexError(f"only integers, slices, None and ... index traced values (got {type(i).__name__})")
-    full = tuple(len(range(s, l, st)) for s, l, st in zip(start, limit, strides))
-    out = _reverse(t, reversed_dims)
-    if full != t.shape:
-        def attrs(n):
-            n.slice.start.extend(start)
-            n.slice.limit.extend(limit)
-            n.slice.strides.extend(strides)
-        out = _b().node(ir_pb2.SLICE, [out], full, t.dtype, set_attrs=attrs)
-    return reshape(out, tuple(keep)) if tuple(keep) != full else out
+    return reversed_dims, start, limit, strides, keep
 
 
 def _reverse(t, dims):
@@ -808,39 +817,52 @@ def dot(a, b):
     return matmul(ta, tb)
 
 
-@_op
-def einsum(subscripts, *operands):
-    """einsum for one or two operands, without repeated letters in one operand."""
+def _einsum_parse(subscripts, ts):
+    """Subscripts with each ellipsis spelled out as letters of its own
+    (numpy's right-aligned, broadcast dimensions), and the output's."""
     spec = subscripts.replace(" ", "")
-    if "->" in spec:
-        ins, out = spec.split("->")
-    else:
-        ins = spec
-        letters = ins.replace(",", "")
-        out = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    ins, out = spec.split("->") if "->" in spec else (spec, None)
     ins = ins.split(",")
-    if len(ins) != len(operands) or not 1 <= len(ins) <= 2 or "." in spec:
-        raise NotImplementedError(f"einsum '{subscripts}': one or two operands, no ellipsis")
-    ts = [_tracer(o) for o in operands]
-    for s, t in zip(ins, ts):
-        if len(s) != t.ndim or len(set(s)) != len(s):
-            raise ValueError(f"einsum '{subscripts}': '{s}' does not fit {t!r}")
-    # numpy's einsum keeps the operands' type (integer sums wrap in it; bool
-    # sums are a logical or), where sum() would widen: accumulate wide, then
-    # convert, which gives the same bits.
-    d = _result_dtype(*ts)
-    if len(ts) == 1:
-        (s,), (t,) = ins, ts
-        summed = [i for i, c in enumerate(s) if c not in out]
-        r = sum(t, tuple(summed)) if summed else t
-        rest = [c for c in s if c in out]
-        return _convert(transpose(r, [rest.index(c) for c in out]), d)
-    (ls, rs), (l, r) = ins, ts
-    batch = [c for c in ls if c in rs and c in out]
-    contract = [c for c in ls if c in rs and c not in out]
-    # Letters in one operand only and not in the output are summed first.
-    lonly = [i for i, c in enumerate(ls) if c not in rs and c not in out]
-    ronly = [i for i, c in enumerate(rs) if c not in ls and c not in out]
+    if len(ins) != len(ts):
+        raise ValueError(f"einsum '{subscripts}': {len(ins)} operand subscripts for {len(ts)} operands")
+    spare = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in spec]
+    n_ell = 0
+    for s_, t in zip(ins, ts):
+        if "..." in s_:
+            n_ell = builtins.max(n_ell, t.ndim - (len(s_) - 3))
+    ell = "".join(spare[:n_ell])
+    expanded = []
+    for s_, t in zip(ins, ts):
+        if "..." in s_:
+            k = t.ndim - (len(s_) - 3)
+            if k < 0:
+                raise ValueError(f"einsum '{subscripts}': '{s_}' has more letters than {t!r} has dimensions")
+            s_ = s_.replace("...", ell[n_ell - k:])
+        if "." in s_ or len(s_) != t.ndim:
+            raise ValueError(f"einsum '{subscripts}': '{s_}' does not fit {t!r}")
+        if len(set(s_)) != len(s_):
+            raise NotImplementedError(f"einsum '{subscripts}': a letter repeated in one operand (a diagonal) "
+                                      "is not supported")
+        expanded.append(s_)
+    if out is None:
+        letters = "".join(expanded)
+        out = ell + "".join(sorted(c for c in set(letters) if letters.count(c) == 1 and c not in ell))
+    else:
+        out = out.replace("...", ell)
+        for c in out:
+            if c not in "".join(expanded):
+                raise ValueError(f"einsum '{subscripts}': output letter '{c}' is in no operand")
+    return expanded, out
+
+
+def _einsum_pair(ls, rs, keep, l, r):
+    """Contracts two operands, keeping the letters in `keep` (in the order
+    batch, left's, right's); returns the result and its letters."""
+    batch = [c for c in ls if c in rs and c in keep]
+    contract = [c for c in ls if c in rs and c not in keep]
+    # Letters in one operand only and kept nowhere are summed first.
+    lonly = [i for i, c in enumerate(ls) if c not in rs and c not in keep]
+    ronly = [i for i, c in enumerate(rs) if c not in ls and c not in keep]
     if lonly:
         l, ls = sum(l, tuple(lonly)), "".join(c for i, c in enumerate(ls) if i not in lonly)
     if ronly:
@@ -849,7 +871,52 @@ def einsum(subscripts, *operands):
                        [ls.index(c) for c in contract], [rs.index(c) for c in contract])
     order = batch + [c for c in ls if c not in batch and c not in contract] + \
         [c for c in rs if c not in batch and c not in contract]
-    return _convert(transpose(res, [order.index(c) for c in out]), d)
+    return res, "".join(order)
+
+
+@_op
+def einsum(subscripts, *operands, optimize=None):
+    """numpy.einsum: any number of operands, ellipses (broadcast as numpy
+    does), implicit or explicit output. Three or more operands contract
+    pairwise, greedily: at each step the pair whose result is smallest. A
+    letter repeated within one operand (a diagonal) is not supported."""
+    ts = [_tracer(o) for o in operands]
+    if not ts:
+        raise ValueError("einsum: at least one operand is needed")
+    ins, out = _einsum_parse(subscripts, ts)
+    # numpy's einsum keeps the operands' type (integer sums wrap in it; bool
+    # sums are a logical or), where sum() would widen: accumulate wide, then
+    # convert, which gives the same bits.
+    d = _result_dtype(*ts)
+    sizes = {}
+    for s_, t in zip(ins, ts):
+        for c, n in zip(s_, t.shape):
+            if c not in sizes or sizes[c] == 1:
+                sizes[c] = n
+            elif n not in (1, sizes[c]):
+                raise ValueError(f"einsum '{subscripts}': letter '{c}' has sizes {sizes[c]} and {n}")
+    # Dimensions of size 1 that meet a larger size broadcast to it.
+    ts = [t if tuple(sizes[c] for c in s_) == t.shape else broadcast_to(t, tuple(sizes[c] for c in s_))
+          for s_, t in zip(ins, ts)]
+    work = list(zip(ins, ts))
+    while len(work) > 1:
+        best = None
+        for i in range(len(work)):
+            for j in range(i + 1, len(work)):
+                others = "".join(s_ for k, (s_, _) in enumerate(work) if k not in (i, j)) + out
+                kept = set(work[i][0] + work[j][0]) & set(others)
+                size = int(_np.prod([sizes[c] for c in kept], dtype=_np.int64))
+                if best is None or size < best[0]:
+                    best = (size, i, j, kept)
+        _, i, j, kept = best
+        (ls, l), (rs, r) = work[i], work[j]
+        res, letters = _einsum_pair(ls, rs, kept, l, r)
+        work = [w for k, w in enumerate(work) if k not in (i, j)] + [(letters, res)]
+    (s_, t), = work
+    summed = [i for i, c in enumerate(s_) if c not in out]
+    r = sum(t, tuple(summed)) if summed else t
+    rest = [c for c in s_ if c in out]
+    return _convert(transpose(r, [rest.index(c) for c in out]), d)
 
 
 # ---------------------------------------------------------------- creation
@@ -1440,6 +1507,92 @@ def argsort(a, axis=-1, kind=None, order=None, *, stable=True, descending=False)
         raise NotImplementedError("argsort: `order` (structured arrays) is not supported")
     t, ax = _sort_axis(_tracer(a), axis, "argsort")
     return _sort_node(t, _b().iota(t.shape, _np.dtype(int64), ax), ax, descending)
+
+
+# ---------------------------------------------------------------- x.at[...]: functional updates
+
+@_op
+def _at_update(x, idx, values, mode):
+    """x with the region idx selects (integers, slices of either step, one
+    ellipsis) combined with `values` (broadcast to the region, cast to x's
+    dtype, as jax does): set, add, multiply, min or max. The region goes in
+    with a pad (interior padding for strides) and a select: no copy of x
+    beyond the result."""
+    t = _tracer(x)
+    if not isinstance(idx, tuple):
+        idx = (idx,)
+    if builtins.any(i is None for i in idx):
+        raise IndexError(f".at[{idx!r}]: None (np.newaxis) does not name a region to update")
+    rev, start, limit, strides, keep = _basic_index(t, idx)
+    region = tuple(len(range(a, b, c)) for a, b, c in zip(start, limit, strides))
+    if 0 in region:
+        return t
+    v = _tracer(values)
+    try:
+        fits = tuple(_np.broadcast_shapes(v.shape, tuple(keep))) == tuple(keep)
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(f".at[...].{mode}: values of shape {v.shape} do not broadcast to the indexed shape "
+                         f"{tuple(keep)}")
+    v = reshape(broadcast_to(_convert(v, t.dtype), tuple(keep)), region)
+    u = _reverse(t, rev)
+    low = start
+    high = [size - (lim if n else lo) for size, lo, lim, n in zip(t.shape, start, limit, region)]
+    interior = [st - 1 for st in strides]
+    neutral = {"set": 0, "add": 0, "multiply": 1, "min": 0, "max": 0}[mode]
+
+    def spread(val, fill):
+        def attrs(n):
+            n.pad.low.extend(low)
+            n.pad.high.extend(high)
+            n.pad.interior.extend(interior)
+        return _b().node(ir_pb2.PAD, [val, _operand(fill, val.dtype, ())], t.shape, val.dtype, set_attrs=attrs)
+    placed = spread(v, neutral)
+    if mode == "add":
+        out = add(u, placed) if t.dtype != _np.bool_ else logical_or(u, placed)
+    elif mode == "multiply":
+        out = multiply(u, placed) if t.dtype != _np.bool_ else logical_and(u, placed)
+    else:
+        mask = spread(full(region, True, _np.bool_), False)
+        new = placed if mode == "set" else minimum(u, placed) if mode == "min" else maximum(u, placed)
+        out = where(mask, new, u)
+    return _reverse(out, rev)
+
+
+class _IndexUpdateRef:
+    """x.at[idx]: jax's functional update of one region."""
+
+    def __init__(self, x, idx):
+        self._x, self._idx = x, idx
+
+    def get(self):
+        return self._x[self._idx]
+
+    def set(self, values):
+        return _at_update(self._x, self._idx, values, "set")
+
+    def add(self, values):
+        return _at_update(self._x, self._idx, values, "add")
+
+    def multiply(self, values):
+        return _at_update(self._x, self._idx, values, "multiply")
+
+    mul = multiply
+
+    def min(self, values):
+        return _at_update(self._x, self._idx, values, "min")
+
+    def max(self, values):
+        return _at_update(self._x, self._idx, values, "max")
+
+
+class _IndexUpdateHelper:
+    def __init__(self, x):
+        self._x = x
+
+    def __getitem__(self, idx):
+        return _IndexUpdateRef(self._x, idx)
 
 
 install_operators(Tracer, __import__(__name__, fromlist=["_"]))

@@ -383,3 +383,58 @@ def test_sort_of_a_split_dimension_is_an_all_to_all_and_a_local_sort(session):
     assert [c["op"] for c in h.lower(b).collectives] == ["all_gather"], h.lower(b).as_text()
     np.testing.assert_array_equal(h(b).fetch(), np.sort(v))
     np.testing.assert_array_equal(tnp.sort(tessel.device_put(x), axis=0).fetch(), np.sort(x, axis=0))
+
+
+AT = {
+    # name: (index, values, numpy's in-place form)
+    "set_int": (1, 7.5, lambda a, i, v: a.__setitem__(i, v)),
+    "set_slice": ((slice(1, 3), slice(None, None, 2)), [[1.0, 2.0, 3.0]], lambda a, i, v: a.__setitem__(i, v)),
+    "set_reversed": ((slice(None, None, -2), 0), [9.0, 8.0], lambda a, i, v: a.__setitem__(i, v)),
+    "set_ellipsis": ((Ellipsis, -1), 0.0, lambda a, i, v: a.__setitem__(i, v)),
+    "add": ((slice(0, 4, 3), slice(1, 5)), 2.0, lambda a, i, v: a.__setitem__(i, a[i] + v)),
+    "multiply": ((2, slice(None, None, -1)), -3.0, lambda a, i, v: a.__setitem__(i, a[i] * v)),
+    "min": ((slice(None), 1), 0.25, lambda a, i, v: a.__setitem__(i, np.minimum(a[i], v))),
+    "max": (slice(1, None), 0.5, lambda a, i, v: a.__setitem__(i, np.maximum(a[i], v))),
+    "empty": ((slice(2, 2),), 5.0, lambda a, i, v: a.__setitem__(i, v)),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+@pytest.mark.parametrize("name", sorted(AT))
+def test_at_updates_match_numpys_in_place_updates(session, name, dtype):
+    """x.at[i].set/add/multiply/min/max against the same update made in
+    place on a numpy copy; the original stays as it was."""
+    idx, values, inplace = AT[name]
+    x = sample(dtype, (4, 6))
+    want = x.copy()
+    inplace(want, idx, np.asarray(values).astype(dtype))
+    mode = name.split("_")[0] if name.split("_")[0] in ("add", "multiply", "min", "max") else "set"
+    got = tessel.jit(lambda v: getattr(v.at[idx], mode)(np.asarray(values).astype(dtype)))(x).fetch()
+    np.testing.assert_array_equal(got, want)
+    a = tessel.device_put(x)
+    eager = getattr(a.at[idx], mode)(np.asarray(values).astype(dtype))
+    np.testing.assert_array_equal(eager.fetch(), want)
+    np.testing.assert_array_equal(a.fetch(), x)
+    np.testing.assert_array_equal(tessel.jit(lambda v: v.at[idx].get())(x).fetch(), x[idx])
+
+
+def test_at_update_of_a_traced_value_and_its_gradient(session):
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    x = sample("float64", (4, 5))
+
+    def f(m, v):
+        return (v.at[1:3, ::2].set(v[0, :3] * 2).at[-1].add(v[0]) ** 2).sum()
+    got = tessel.jit(tessel.grad(lambda v: f(tnp, v)))(x).fetch()
+    want = np.asarray(jax.grad(lambda v: f(jax.numpy, v))(x))
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    with pytest.raises(ValueError, match="do not broadcast"):
+        tessel.jit(lambda v: v.at[0].set(np.ones(3)))(x)
+
+
+def test_clip_with_one_bound_and_the_clip_method(session):
+    x = sample("float32", (3, 5))
+    check(lambda m, x: m.clip(x, None, 1.0), x)
+    check(lambda m, x: m.clip(x, -1.0, None), x)
+    check(lambda m, x: x.clip(-0.5, 0.5), x)
+    check(lambda m, x: x.clip(max=0.0), x)

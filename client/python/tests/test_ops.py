@@ -325,10 +325,37 @@ def test_dot():
     ("ij,jk->ik", [(3, 4), (4, 5)]), ("ij,kj->ik", [(3, 4), (5, 4)]), ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
     ("ij->ji", [(3, 4)]), ("ij->", [(3, 4)]), ("ij->i", [(3, 4)]), ("i,i->", [(5,), (5,)]),
     ("i,j->ij", [(3,), (4,)]), ("bij,jk", [(2, 3, 4), (4, 5)]), ("ijk,ik->j", [(2, 3, 4), (2, 4)]),
+    # ellipses, broadcast as numpy does, and three or more operands
+    ("...ij,...jk->...ik", [(2, 3, 4), (2, 4, 5)]), ("...ij,...jk", [(2, 1, 3, 4), (5, 4, 2)]),
+    ("i...->...", [(3, 2, 4)]), ("...i,i", [(2, 3, 4), (4,)]), ("ij...,jk...->ik...", [(3, 4, 2), (4, 5, 2)]),
+    ("ij,jk,kl->il", [(3, 4), (4, 5), (5, 2)]), ("ij,jk,kl", [(30, 4), (4, 50), (50, 2)]),
+    ("i,ij,jk,k->", [(3,), (3, 4), (4, 5), (5,)]), ("bij,bjk,bkl->bli", [(2, 3, 4), (2, 4, 5), (2, 5, 3)]),
+    ("a,b,c->abc", [(2,), (3,), (4,)]), ("...a,...a,...a->...", [(3, 2), (1, 2), (3, 2)]),
 ])
 def test_einsum(spec, shapes):
     ops = [sample("float64", s) for s in shapes]
-    check(lambda m, *a: m.einsum(spec, *a), *ops)
+    check(lambda m, *a: m.einsum(spec, *a), *ops, rtol=1e-12)
+
+
+def test_einsum_contracts_the_smallest_pair_first():
+    """A chain whose middle pair is small: the plan multiplies (30x4)(4x50)
+    only if it has to; greedy order takes (4x50)(50x2) first, so no
+    intermediate of 30x50 exists."""
+    a, b, c = sample("float64", (30, 4)), sample("float64", (4, 50)), sample("float64", (50, 2))
+    f = tessel.jit(lambda a, b, c: tnp.einsum("ij,jk,kl->il", a, b, c))
+    text = f.lower(a, b, c).as_text()
+    assert "f64[30,50]" not in text and "f64[4,2]" in text, text
+    np.testing.assert_allclose(f(a, b, c).fetch(), np.einsum("ij,jk,kl->il", a, b, c), rtol=1e-12)
+
+
+def test_einsum_errors_name_the_subscripts():
+    x = sample("float64", (3, 4))
+    with pytest.raises(ValueError, match="'ij,jk': letter 'j' has sizes 4 and 3"):
+        tessel.jit(lambda v: tnp.einsum("ij,jk", v, v))(x)
+    with pytest.raises(NotImplementedError, match="diagonal"):
+        tessel.jit(lambda v: tnp.einsum("ii->i", v))(x[:, :3])
+    with pytest.raises(ValueError, match="output letter 'z'"):
+        tessel.jit(lambda v: tnp.einsum("ij->z", v))(x)
 
 
 # ---------------------------------------------------------------- creation

@@ -133,6 +133,22 @@ class Value:
     def __getitem__(self, idx):
         return self.ns._getitem(self, idx)
 
+    @property
+    def at(self):
+        value = self
+
+        class Ref:
+            def __init__(self, idx):
+                self.idx = idx
+
+            def __getattr__(self, mode):
+                return lambda values: value.ns._at(value, self.idx, values, mode)
+
+        class Helper:
+            def __getitem__(self, idx):
+                return Ref(idx)
+        return Helper()
+
     def __neg__(self):
         return self.ns.negative(self)
 
@@ -502,6 +518,22 @@ class Oracle:
     @_elementwise_op
     def argsort(self, a, axis=-1):
         return np.argsort(_raw(a), axis=axis, kind="stable")
+
+    @_elementwise_op
+    def _at(self, a, idx, values, mode):
+        """jax's x.at[idx].<mode>(values): the update made on a copy."""
+        x = np.array(_raw(a), copy=True)
+        v = np.asarray(_raw(values)).astype(x.dtype)
+        old = x[idx]
+        if mode == "set":
+            x[idx] = v
+        elif mode == "add":
+            x[idx] = np.logical_or(old, v) if x.dtype == np.bool_ else old + v
+        elif mode == "multiply":
+            x[idx] = np.logical_and(old, v) if x.dtype == np.bool_ else old * v
+        else:
+            x[idx] = np.minimum(old, v) if mode == "min" else np.maximum(old, v)
+        return x
 
     flip = _plain(np.flip)
     roll = _plain(np.roll)

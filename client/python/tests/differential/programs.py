@@ -586,22 +586,25 @@ def op_matmul(b):
 
 def op_einsum(b):
     x = b.pick(lambda v: 1 <= v.ndim <= 3)
-    letters = "ijklmn"
+    letters = "ijklmnopq"
     xs = letters[:x.ndim]
     sizes = dict(zip(xs, x.shape))
-    if b.draw(st.booleans()):
-        # Two operands: the second shares letters where its dims agree.
+    ops, specs = [x], [xs]
+    fresh = iter(letters[x.ndim:])
+    for _ in range(b.draw(st.sampled_from([0, 1, 1, 2]))):
+        # More operands (three or more contract pairwise, in a greedy
+        # order): each shares letters where its dims agree.
         y = b.pick(lambda v: 1 <= v.ndim <= 3)
         ys = ""
-        fresh = iter(letters[x.ndim:])
         for s in y.shape:
-            shared = [c for c in xs if sizes[c] == s and c not in ys]
-            c = b.draw(st.sampled_from(shared)) if shared and b.draw(st.integers(0, 3)) else next(fresh)
+            shared = [c for c in sizes if sizes[c] == s and c not in ys]
+            c = b.draw(st.sampled_from(shared)) if shared and b.draw(st.integers(0, 3)) else next(fresh, None)
+            if c is None:
+                raise _Reject
             ys += c
             sizes.setdefault(c, s)
-        ops, specs = [x, y], [xs, ys]
-    else:
-        ops, specs = [x], [xs]
+        ops.append(y)
+        specs.append(ys)
     used = sorted(set("".join(specs)))
     out = b.draw(st.permutations(used))[:b.draw(st.integers(0, len(used)))]
     spec = ",".join(specs) + "->" + "".join(out)
@@ -707,6 +710,37 @@ def op_create(b):
         b.add(f"xp.arange({b.draw(st.integers(1 if SIZE0_ARANGE_CRASHES_WORKER else 0, 8))})", [])
 
 
+def op_at(b):
+    """jax's functional updates, x.at[basic index].set/add/multiply/min/max,
+    with a small scalar or a value of x's dtype that fits the region."""
+    x = b.pick(lambda v: v.ndim >= 1 and v.value.size > 0)
+    parts = []
+    for s in x.shape:
+        kind = b.draw(st.sampled_from(["all", "int", "range", "step", "reverse"]))
+        if kind == "int" and s:
+            parts.append(str(b.draw(st.integers(-s, s - 1))))
+        elif kind == "range":
+            lo = b.draw(st.integers(0, s))
+            parts.append(f"{lo}:{b.draw(st.integers(lo, s))}")
+        elif kind == "step":
+            parts.append(f"::{b.draw(st.integers(1, 3))}")
+        elif kind == "reverse":
+            parts.append(f"::-{b.draw(st.integers(1, 2))}")
+        else:
+            parts.append(":")
+    region = x.value[eval(f"np.s_[{', '.join(parts)}]", {"np": np})].shape
+    mode = b.draw(st.sampled_from(["set", "add", "max", "min", "multiply"]))
+    fits = [v for v in b.pool if v.dtype == x.dtype and _fits(v.shape, region)]
+    if fits and b.draw(st.booleans()):
+        y = b.draw(st.sampled_from(fits))
+        src, vals = y.name, [y]
+    else:
+        src, vals = str(b.draw(st.sampled_from([0, 1, 2]))), []
+        if x.dtype == BOOL:
+            src = "True"
+    b.add(f"{x.name}.at[{', '.join(parts)}].{mode}({src})", [x] + vals, discontinuous=mode in ("max", "min"))
+
+
 def op_sequence(b):
     """Ops along one axis: flip, roll, cumsum, sort and argsort."""
     kind = b.draw(st.sampled_from(["flip", "roll", "cumsum", "sort", "argsort"]))
@@ -725,7 +759,7 @@ def op_sequence(b):
 OPS = [(op_binary, 14), (op_unary, 10), (op_compare, 7), (op_where, 4), (op_clip, 3), (op_astype, 5),
        (op_reduce, 8), (op_reshape, 4), (op_transpose, 3), (op_broadcast, 3), (op_slice, 4),
        (op_concatenate, 2), (op_stack, 2), (op_pad, 2), (op_matmul, 3), (op_einsum, 3), (op_create, 2),
-       (op_layout_more, 3), (op_control, 2), (op_sequence, 3)]
+       (op_layout_more, 3), (op_control, 2), (op_sequence, 3), (op_at, 2)]
 _OP_TABLE = [f for f, w in OPS for _ in range(w)]
 
 

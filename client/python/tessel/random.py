@@ -1,0 +1,245 @@
+"""tessel.random: counter-based random numbers with jax.random's API and
+its bits.
+
+A key is the Threefry-2x32 key JAX uses (jax.random.PRNGKey): two 32-bit
+words, held here as int64[2] (or int64[..., 2] for many keys) with values
+in [0, 2**32), since Tessel has no uint32 yet; numpy uint32 keys from JAX
+are accepted as they are. Numbers come from Threefry-2x32 of each element's
+flat index under the key, as JAX computes them with
+jax_threefry_partitionable (its default): `uniform`, `bits`, `split`,
+`fold_in` and `bernoulli` give JAX's values bit for bit, and `normal` gives
+them to within a few ulps (its inverse error function is composed here).
+
+Every element depends only on the key and its own index, so an array
+generated under jit with a sharded output is generated block by block on
+the devices that hold it: no host bytes move, no collective runs, and the
+values equal the single-device ones for the same key. The 32-bit words are
+computed in int64 (sums masked to 32 bits, rotations as a multiply and a
+floor division by powers of two), elementwise ops the compiler fuses.
+"""
+import math
+
+import numpy as np
+
+from tessel import numpy as tnp
+
+__all__ = ["PRNGKey", "bernoulli", "bits", "fold_in", "key", "key_data", "normal", "split", "uniform"]
+
+_MASK = 0xFFFFFFFF
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+_PARITY = 0x1BD11BDA
+
+
+def key(seed):
+    """The key of an integer seed, as jax.random.PRNGKey(seed): the seed's
+    high and low 32-bit words (a negative seed as its 64-bit two's
+    complement)."""
+    s = int(seed) & 0xFFFFFFFFFFFFFFFF
+    return np.array([s >> 32, s & _MASK], np.int64)
+
+
+PRNGKey = key
+
+
+def key_data(k):
+    """The key's words, int64[..., 2]."""
+    return _key(k)
+
+
+def _key(k):
+    """A key as Tessel takes it: Tessel's arrays and traced values as they
+    are; host keys (JAX's uint32 ones too) as int64 numpy arrays."""
+    from tessel._array import Array
+    from tessel._trace import Tracer
+    if not isinstance(k, (Array, Tracer)):
+        k = np.asarray(k)
+        if k.dtype.kind not in "iu" or (k.size and (k.min() < 0 or k.max() > _MASK)):
+            raise TypeError(f"a key holds two 32-bit words; got {k.dtype} values {k!r}")
+        k = k.astype(np.int64)
+    elif np.dtype(k.dtype) != np.int64:
+        raise TypeError(f"a key is int64[..., 2] (or uint32 from jax.random); got {k.dtype}")
+    if tuple(k.shape)[-1:] != (2,):
+        raise ValueError(f"a key has a last dimension of 2; got shape {tuple(k.shape)}")
+    return k
+
+
+def _add(a, b):
+    return tnp.bitwise_and(tnp.add(a, b), _MASK)
+
+
+def _rotl(x, r):
+    # x < 2**32, so x * 2**r < 2**63: no int64 overflow.
+    return tnp.bitwise_or(tnp.bitwise_and(tnp.multiply(x, 1 << r), _MASK), tnp.floor_divide(x, 1 << (32 - r)))
+
+
+def _threefry2x32(k1, k2, x1, x2):
+    """Threefry-2x32 (20 rounds) of the counter words (x1, x2) under the
+    key words (k1, k2); every argument int64 in [0, 2**32)."""
+    ks = [k1, k2, tnp.bitwise_xor(tnp.bitwise_xor(k1, k2), _PARITY)]
+    x = [_add(x1, ks[0]), _add(x2, ks[1])]
+    for i in range(5):
+        for r in _ROTATIONS[i % 2]:
+            x[0] = _add(x[0], x[1])
+            x[1] = tnp.bitwise_xor(_rotl(x[1], r), x[0])
+        x[0] = _add(x[0], ks[(i + 1) % 3])
+        x[1] = _add(_add(x[1], ks[(i + 2) % 3]), i + 1)
+    return x[0], x[1]
+
+
+def _shape(shape):
+    shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"negative dimension in shape {shape}")
+    return shape
+
+
+def _counters(shape):
+    """Each element's flat row-major index, as its high and low words."""
+    n = math.prod(shape)
+    if n > 2 ** 63:
+        raise ValueError(f"random arrays hold at most 2**63 elements; shape {shape} has {n}")
+    flat = tnp.arange(n) if n else tnp.zeros((0,), tnp.int64)
+    flat = tnp.reshape(flat, shape)
+    return tnp.floor_divide(flat, 1 << 32), tnp.bitwise_and(flat, _MASK)
+
+
+def _words(k):
+    k = _key(k)
+    if tuple(k.shape) != (2,):
+        raise ValueError(f"expected a single key of shape (2,), got shape {tuple(k.shape)}; split or index it")
+    return tnp.reshape(k[0:1], ()), tnp.reshape(k[1:2], ())
+
+
+def _bit_pair(k, shape):
+    k1, k2 = _words(k)
+    hi, lo = _counters(shape)
+    return _threefry2x32(k1, k2, hi, lo)
+
+
+def split(k, num=2):
+    """num new keys, int64[num, 2], as jax.random.split."""
+    return _split(_key(k), num)
+
+
+@tnp._op
+def _split(k, num=2):
+    b1, b2 = _bit_pair(k, _shape(num))
+    return tnp.stack([b1, b2], axis=-1)
+
+
+def fold_in(k, data):
+    """A new key from the key and a 32-bit integer, as jax.random.fold_in."""
+    return _fold_in(_key(k), data)
+
+
+@tnp._op
+def _fold_in(k, data):
+    d = int(data) & _MASK
+    k1, k2 = _words(k)
+    b1, b2 = _threefry2x32(k1, k2, tnp.zeros((), tnp.int64), tnp.full((), d, tnp.int64))
+    return tnp.stack([b1, b2])
+
+
+def bits(k, shape=()):
+    """Uniform 32-bit words, as jax.random.bits (int64 here, in
+    [0, 2**32))."""
+    return _bits(_key(k), shape)
+
+
+@tnp._op
+def _bits(k, shape=()):
+    b1, b2 = _bit_pair(k, _shape(shape))
+    return tnp.bitwise_xor(b1, b2)
+
+
+# Per float dtype: the random bits drawn (JAX draws 8 for fewer than 8
+# mantissa bits) and the mantissa bits kept.
+_FLOAT_BITS = {np.dtype(np.float64): (64, 52), np.dtype(np.float32): (32, 23), np.dtype(np.float16): (16, 10)}
+
+
+def _unit(k, shape, dtype):
+    """JAX's uniform numbers in [0, 1): the top mantissa-many random bits
+    over 2**mantissa (the float 1.m - 1, without a bitcast)."""
+    d = np.dtype(dtype)
+    if d == tnp.bfloat16:
+        nbits, nmant = 8, 7
+    elif d in _FLOAT_BITS:
+        nbits, nmant = _FLOAT_BITS[d]
+    else:
+        raise TypeError(f"uniform takes a floating-point dtype; got {d}")
+    b1, b2 = _bit_pair(k, shape)
+    if nbits == 64:
+        # (b1 << 32 | b2) >> 12, without leaving int64.
+        m = tnp.add(tnp.multiply(b1, 1 << 20), tnp.floor_divide(b2, 1 << 12))
+    else:
+        word = tnp.bitwise_and(tnp.bitwise_xor(b1, b2), (1 << nbits) - 1)
+        m = tnp.floor_divide(word, 1 << (nbits - nmant))
+    # m < 2**52 converts exactly; the scale is a power of two.
+    wide = tnp.float64 if nbits == 64 else tnp.float32
+    return tnp.astype(tnp.multiply(tnp.astype(m, wide), wide(2.0 ** -nmant)), d)
+
+
+def uniform(k, shape=(), dtype=np.float32, minval=0.0, maxval=1.0):
+    """jax.random.uniform: floats in [minval, maxval)."""
+    return _uniform(_key(k), shape, dtype, minval, maxval)
+
+
+@tnp._op
+def _uniform(k, shape=(), dtype=np.float32, minval=0.0, maxval=1.0):
+    d = np.dtype(dtype)
+    shape = _shape(shape)
+    lo, hi = tnp.astype(tnp.asarray(minval), d), tnp.astype(tnp.asarray(maxval), d)
+    u = _unit(k, shape, d)
+    return tnp.maximum(lo, tnp.add(tnp.multiply(u, tnp.subtract(hi, lo)), lo))
+
+
+def _erfinv(y):
+    """The inverse error function: Giles' single-precision approximation
+    ("Approximating the erfinv function", GPU Computing Gems, 2011), then
+    Newton steps on erf, which bring float64 to full precision."""
+    d = y.dtype
+    w = tnp.negative(tnp.log(tnp.multiply(tnp.subtract(1.0, y), tnp.add(1.0, y))))
+    small = tnp.subtract(w, 2.5)
+    p_small = 2.81022636e-08
+    for c in (3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087, -0.00125372503, -0.00417768164,
+              0.246640727, 1.50140941):
+        p_small = tnp.add(tnp.multiply(p_small, small), c)
+    big = tnp.subtract(tnp.sqrt(tnp.maximum(w, 5.0)), 3.0)
+    p_big = -0.000200214257
+    for c in (0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773, -0.0076224613, 0.00943887047,
+              1.00167406, 2.83297682):
+        p_big = tnp.add(tnp.multiply(p_big, big), c)
+    x = tnp.multiply(tnp.where(tnp.less(w, 5.0), p_small, p_big), y)
+    if d == np.float64:
+        from tessel import lax
+        for _ in range(2):
+            step = tnp.divide(tnp.subtract(lax.erf(x), y),
+                              tnp.multiply(2 / math.sqrt(math.pi), tnp.exp(tnp.negative(tnp.multiply(x, x)))))
+            x = tnp.where(tnp.isfinite(step), tnp.subtract(x, step), x)
+    return x
+
+
+def normal(k, shape=(), dtype=np.float32):
+    """jax.random.normal: sqrt(2) * erfinv(u) for u uniform in (-1, 1)."""
+    return _normal(_key(k), shape, dtype)
+
+
+@tnp._op
+def _normal(k, shape=(), dtype=np.float32):
+    d = np.dtype(dtype)
+    lo = np.nextafter(np.array(-1.0, d), np.array(0.0, d))
+    u = uniform(k, shape, d, lo, 1.0)
+    return tnp.multiply(d.type(math.sqrt(2)), _erfinv(u))
+
+
+def bernoulli(k, p=0.5, shape=None):
+    """jax.random.bernoulli: uniform(key, shape, float32) < p."""
+    return _bernoulli(_key(k), p, shape)
+
+
+@tnp._op
+def _bernoulli(k, p=0.5, shape=None):
+    p_shape = np.shape(p)
+    shape = p_shape if shape is None else _shape(shape)
+    pd = np.dtype(p.dtype) if hasattr(p, "dtype") and np.dtype(p.dtype).kind == "f" else np.dtype(np.float32)
+    return tnp.less(uniform(k, shape, pd), tnp.astype(tnp.asarray(p), pd))
