@@ -23,7 +23,8 @@ import numpy as np
 
 from tessel import numpy as tnp
 
-__all__ = ["PRNGKey", "bernoulli", "bits", "fold_in", "key", "key_data", "normal", "split", "uniform"]
+__all__ = ["PRNGKey", "bernoulli", "bits", "fold_in", "key", "key_data", "normal", "permutation", "randint", "split",
+           "uniform"]
 
 _MASK = 0xFFFFFFFF
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
@@ -243,3 +244,74 @@ def _bernoulli(k, p=0.5, shape=None):
     shape = p_shape if shape is None else _shape(shape)
     pd = np.dtype(p.dtype) if hasattr(p, "dtype") and np.dtype(p.dtype).kind == "f" else np.dtype(np.float32)
     return tnp.less(uniform(k, shape, pd), tnp.astype(tnp.asarray(p), pd))
+
+
+def _mul_mod32(a, b):
+    """a * b mod 2**32 for a, b in [0, 2**32), in int64 without overflow:
+    through a's high and low halves."""
+    a_hi, a_lo = tnp.floor_divide(a, 1 << 16), tnp.bitwise_and(a, 0xFFFF)
+    high = tnp.bitwise_and(tnp.multiply(a_hi, b), 0xFFFF)
+    return tnp.bitwise_and(tnp.add(tnp.multiply(a_lo, b), tnp.multiply(high, 1 << 16)), _MASK)
+
+
+def _rem(x, span):
+    """x % span, with span 0 meaning 2**32 (no remainder), as uint32 wraps."""
+    safe = tnp.where(tnp.equal(span, 0), 1, span)
+    return tnp.where(tnp.equal(span, 0), x, tnp.remainder(x, safe))
+
+
+def randint(k, shape, minval, maxval, dtype=np.int32):
+    """jax.random.randint: integers in [minval, maxval), int32 (the draw
+    JAX makes for 32-bit integers: two words per element, reduced modulo
+    the span). int64 needs 64-bit unsigned arithmetic Tessel does not have
+    yet."""
+    d = np.dtype(dtype)
+    if d != np.int32:
+        raise NotImplementedError(f"randint: dtype {d} is not supported yet; int32 is")
+    return _randint(_key(k), _shape(shape), minval, maxval)
+
+
+@tnp._op
+def _randint(k, shape, minval, maxval):
+    info = np.iinfo(np.int32)
+    lo64, hi64 = tnp.astype(tnp.asarray(minval), np.int64), tnp.astype(tnp.asarray(maxval), np.int64)
+    beyond = tnp.greater(hi64, info.max)
+    lo, hi = tnp.clip(lo64, info.min, info.max), tnp.clip(hi64, info.min, info.max)
+    keys = _split(k, 2)
+    higher, lower = _bits(keys[0], shape), _bits(keys[1], shape)
+    span = tnp.where(tnp.less_equal(hi, lo), 1, tnp.bitwise_and(tnp.subtract(hi, lo), _MASK))
+    span = tnp.where(tnp.logical_and(beyond, tnp.greater(hi, lo)), tnp.bitwise_and(tnp.add(span, 1), _MASK), span)
+    multiplier = _rem(tnp.full(np.shape(span), 1 << 16, np.int64), span)
+    multiplier = _rem(_mul_mod32(multiplier, multiplier), span)
+    offset = tnp.bitwise_and(tnp.add(_mul_mod32(_rem(higher, span), multiplier), _rem(lower, span)), _MASK)
+    offset = _rem(offset, span)
+    # minval + offset in int32 arithmetic (wrapping), as JAX adds them.
+    total = tnp.bitwise_and(tnp.add(tnp.bitwise_and(lo, _MASK), offset), _MASK)
+    return tnp.astype(tnp.where(tnp.greater_equal(total, 1 << 31), tnp.subtract(total, 1 << 32), total), np.int32)
+
+
+def permutation(k, x, axis=0, independent=False):
+    """jax.random.permutation: a shuffle of arange(x) (an int) or of x
+    along `axis` (1-D, or each vector on its own with independent=True),
+    by rounds of a stable sort under fresh random 32-bit keys (as JAX:
+    enough rounds that ties are unlikely to survive every one)."""
+    if np.ndim(x) == 0:
+        if not np.issubdtype(np.asarray(x).dtype, np.integer):
+            raise TypeError("permutation: x must be an integer or at least 1-dimensional")
+        return _shuffle(_key(k), int(x), 0)
+    if np.ndim(x) > 1 and not independent:
+        raise NotImplementedError("permutation of rows of an array of 2 or more dimensions needs a gather, which "
+                                  "Tessel does not have yet; use independent=True or permute an index vector")
+    return _shuffle(_key(k), x, axis)
+
+
+@tnp._op
+def _shuffle(k, x, axis):
+    x = tnp.arange(x) if isinstance(x, int) else tnp.asarray(x)
+    axis = int(axis) % x.ndim
+    rounds = int(np.ceil(3 * np.log(max(1, math.prod(x.shape))) / np.log(_MASK)))
+    for _ in range(rounds):
+        keys = _split(k, 2)
+        k, sub = keys[0], keys[1]
+        x = tnp._sort_node(_bits(sub, x.shape), x, axis, False)
+    return x

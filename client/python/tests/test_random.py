@@ -110,3 +110,29 @@ def test_bad_keys_and_dtypes_are_clear_errors(session):
         tessel.jit(lambda k: trandom.uniform(k, (2,), np.int32))(trandom.key(0))
     with pytest.raises(TypeError, match="32-bit words"):
         trandom.bits(np.array([-1, 2]), (2,))
+
+
+def test_randint_equals_jax(session):
+    for seed in SEEDS:
+        k, jk = trandom.key(seed), jax.random.PRNGKey(seed)
+        for lo, hi in [(0, 10), (-5, 5), (-2**31, 2**31 - 1), (3, 3), (7, 2), (0, 2**40), (-2**40, 100)]:
+            got = tessel.jit(lambda k: trandom.randint(k, (200,), lo, hi))(k).fetch()
+            want = np.asarray(jax.random.randint(jk, (200,), lo, hi, dtype=jnp.int32))
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(got, want, err_msg=f"seed {seed}, [{lo}, {hi})")
+    with pytest.raises(NotImplementedError, match="int32 is"):
+        trandom.randint(trandom.key(0), (2,), 0, 5, np.int64)
+
+
+def test_permutation_equals_jax(session):
+    for seed in SEEDS:
+        k, jk = trandom.key(seed), jax.random.PRNGKey(seed)
+        for n in [1, 10, 5000]:  # 5000 elements take two rounds of sorting
+            got = tessel.jit(lambda k: trandom.permutation(k, n))(k).fetch()
+            np.testing.assert_array_equal(got, np.asarray(jax.random.permutation(jk, n)))
+        x = np.arange(24.0).reshape(4, 6)
+        got = tessel.jit(lambda k, v: trandom.permutation(k, v, axis=1, independent=True))(k, x).fetch()
+        np.testing.assert_array_equal(got, np.asarray(jax.random.permutation(jk, x, axis=1, independent=True)))
+        v = np.linspace(0, 1, 9)
+        np.testing.assert_array_equal(trandom.permutation(k, tessel.device_put(v)).fetch(),
+                                      np.asarray(jax.random.permutation(jk, v)))
