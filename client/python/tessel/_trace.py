@@ -232,10 +232,12 @@ def install_operators(cls, tnp):
                                                 else shape)
     cls.transpose = lambda a, *axes: tnp.transpose(a, axes if axes else None)
     cls.T = property(lambda a: tnp.transpose(a))
-    cls.sum = lambda a, axis=None, keepdims=False, dtype=None: tnp.sum(a, axis, keepdims=keepdims, dtype=dtype)
-    cls.mean = lambda a, axis=None, keepdims=False: tnp.mean(a, axis, keepdims=keepdims)
+    cls.sum = lambda a, axis=None, dtype=None, keepdims=False, where=None: tnp.sum(a, axis, dtype=dtype,
+                                                                                  keepdims=keepdims, where=where)
+    cls.mean = lambda a, axis=None, dtype=None, keepdims=False, where=None: tnp.mean(a, axis, dtype=dtype,
+                                                                                    keepdims=keepdims, where=where)
     cls.max = lambda a, axis=None, keepdims=False: tnp.max(a, axis, keepdims=keepdims)
     cls.min = lambda a, axis=None, keepdims=False: tnp.min(a, axis, keepdims=keepdims)
     cls.prod = lambda a, axis=None, keepdims=False: tnp.prod(a, axis, keepdims=keepdims)
-    cls.argmax = lambda a, axis=None: tnp.argmax(a, axis)
-    cls.argmin = lambda a, axis=None: tnp.argmin(a, axis)
+    cls.argmax = lambda a, axis=None, keepdims=False: tnp.argmax(a, axis, keepdims=keepdims)
+    cls.argmin = lambda a, axis=None, keepdims=False: tnp.argmin(a, axis, keepdims=keepdims)

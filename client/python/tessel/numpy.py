@@ -493,16 +493,27 @@ def _sum_dtype(t, dtype):
     return _np.dtype(_np.int64) if t.dtype.kind in "bu" or t.dtype == _np.int32 else t.dtype
 
 
-@_op
-def sum(a, axis=None, dtype=None, keepdims=False):
-    t = _tracer(a)
-    return _reduce(ir_pb2.SUM, t, axis, keepdims, _sum_dtype(t, dtype))
+def _masked(t, where_, identity):
+    """numpy's where= of a reduction: elements where it is False count as
+    the reduction's identity."""
+    if where_ is None or where_ is True:
+        return t
+    mask = broadcast_to(_tracer(where_), t.shape)
+    return globals()["where"](mask, t, _np.array(identity, t.dtype))
 
 
 @_op
-def prod(a, axis=None, dtype=None, keepdims=False):
+def sum(a, axis=None, dtype=None, keepdims=False, where=None):
     t = _tracer(a)
-    return _reduce(ir_pb2.PROD, t, axis, keepdims, _sum_dtype(t, dtype))
+    d = _sum_dtype(t, dtype)
+    return _reduce(ir_pb2.SUM, _masked(t, where, 0), axis, keepdims, d)
+
+
+@_op
+def prod(a, axis=None, dtype=None, keepdims=False, where=None):
+    t = _tracer(a)
+    d = _sum_dtype(t, dtype)
+    return _reduce(ir_pb2.PROD, _masked(t, where, 1), axis, keepdims, d)
 
 
 def _check_nonempty(t, axis, message):
@@ -546,12 +557,19 @@ amax, amin = max, min
 
 
 @_op
-def mean(a, axis=None, keepdims=False):
+def mean(a, axis=None, dtype=None, keepdims=False, where=None):
+    """numpy.mean: summed in `dtype` (float64 for integers by default),
+    over the elements `where` selects."""
     t = _tracer(a)
-    d = t.dtype if _dtypes.is_float(t.dtype) else _np.dtype(_np.float64)
+    d = _np.dtype(dtype) if dtype is not None else \
+        t.dtype if _dtypes.is_float(t.dtype) else _np.dtype(_np.float64)
     axes = _axes(axis, t.ndim)
-    count = int(_np.prod([t.shape[i] for i in axes], dtype=_np.int64))
-    return divide(_reduce(ir_pb2.SUM, t, axis, keepdims, d), float(count))
+    if where is None or where is True:
+        count = int(_np.prod([t.shape[i] for i in axes], dtype=_np.int64))
+        return divide(_reduce(ir_pb2.SUM, t, axis, keepdims, d), d.type(count))
+    mask = broadcast_to(_tracer(where), t.shape)
+    total = _reduce(ir_pb2.SUM, _masked(astype(t, d), mask, 0), axis, keepdims, d)
+    return divide(total, _reduce(ir_pb2.SUM, mask, axis, keepdims, d))
 
 
 def _argreduce(op, a, axis):
@@ -571,14 +589,23 @@ def _argreduce(op, a, axis):
     return _b().node(op, [t], shape, _np.int64, set_attrs=attrs)
 
 
-@_op
-def argmax(a, axis=None):
-    return _argreduce(ir_pb2.ARGMAX, a, axis)
+def _keep_arg_dims(r, t, axis, keepdims):
+    if not keepdims:
+        return r
+    if axis is None:
+        return reshape(r, (1,) * t.ndim)
+    ax = _axes(axis, t.ndim)[0]
+    return reshape(r, tuple(1 if i == ax else n for i, n in enumerate(t.shape)))
 
 
 @_op
-def argmin(a, axis=None):
-    return _argreduce(ir_pb2.ARGMIN, a, axis)
+def argmax(a, axis=None, keepdims=False):
+    return _keep_arg_dims(_argreduce(ir_pb2.ARGMAX, a, axis), _tracer(a), axis, keepdims)
+
+
+@_op
+def argmin(a, axis=None, keepdims=False):
+    return _keep_arg_dims(_argreduce(ir_pb2.ARGMIN, a, axis), _tracer(a), axis, keepdims)
 
 
 # ---------------------------------------------------------------- layout
@@ -637,6 +664,8 @@ def expand_dims(a, axis):
 
 @_op
 def concatenate(arrays, axis=0):
+    if axis is None:  # numpy: the arrays flattened, end to end
+        arrays, axis = [ravel(x) for x in arrays], 0
     d = _result_dtype(*arrays)
     ts = [_convert(_tracer(x), d) for x in arrays]
     axis = axis % ts[0].ndim
@@ -653,9 +682,87 @@ def stack(arrays, axis=0):
     return concatenate([expand_dims(a, axis) for a in arrays], axis)
 
 
+def _take_static(t, indices, axis):
+    """t's slices at `indices` (static, in range) along `axis`, as runs of
+    slices (ascending, descending or repeated) put end to end."""
+    lead = (slice(None),) * axis
+    pieces, i, n = [], 0, len(indices)
+    while i < n:
+        j = i + 1
+        step = indices[j] - indices[i] if j < n else 1
+        if step not in (-1, 0, 1):
+            step = 1
+        while j < n and indices[j] - indices[j - 1] == step:
+            j += 1
+        lo, hi = int(indices[i]), int(indices[j - 1])
+        if step == 0:
+            one = t[lead + (slice(lo, lo + 1),)]
+            shape = list(one.shape)
+            shape[axis] = j - i
+            pieces.append(broadcast_to(one, tuple(shape)))
+        elif step == 1:
+            pieces.append(t[lead + (slice(lo, hi + 1),)])
+        else:
+            pieces.append(t[lead + (slice(lo, hi - 1 if hi > 0 else None, -1),)])
+        i = j
+    if not pieces:
+        return t[lead + (slice(0, 0),)]
+    return pieces[0] if len(pieces) == 1 else concatenate(pieces, axis=axis)
+
+
 @_op
-def pad(array, pad_width, constant_values=0):
+def take(a, indices, axis=None, mode=None):
+    """numpy.take with indices known when tracing (a list, a numpy array):
+    runs of slices, no gather. Traced indices need a gather, which Tessel
+    does not have yet."""
+    if isinstance(indices, Tracer) or type(indices).__name__ == "Array":
+        raise NotImplementedError("take: traced or device indices need a gather, which Tessel does not have yet; "
+                                  "pass the indices as a list or a numpy array")
+    t = _tracer(a)
+    if axis is None:
+        t, axis = ravel(t), 0
+    ax = _axis_list(axis, t.ndim, "take")[0]
+    idx = _np.asarray(indices)
+    if idx.size == 0:
+        idx = idx.astype(_np.int64)
+    if idx.dtype.kind not in "iu":
+        raise IndexError(f"take: indices must be integers, got {idx.dtype}")
+    n = t.shape[ax]
+    if mode == "wrap":
+        idx = idx % n if n else idx
+    elif mode == "clip":
+        idx = _np.clip(idx, 0, builtins.max(n - 1, 0))
+    else:
+        bad = (idx < -n) | (idx >= n)
+        if bad.any():
+            raise IndexError(f"take: index {int(idx[bad].flat[0])} is out of bounds for axis {ax} with size {n}")
+        idx = idx % n if n else idx
+    out = _take_static(t, [int(i) for i in idx.ravel()], ax)
+    return reshape(out, t.shape[:ax] + idx.shape + t.shape[ax + 1:])
+
+
+_PAD_MODES = ("constant", "edge", "reflect", "symmetric", "wrap")
+
+
+@_op
+def pad(array, pad_width, mode="constant", constant_values=0, **kwargs):
+    """numpy.pad: constant (one pad op), or edge, reflect, symmetric and
+    wrap, whose source positions numpy itself computes for each axis (the
+    pad of an index vector): runs of slices put end to end."""
     t = _tracer(array)
+    if mode not in _PAD_MODES:
+        raise NotImplementedError(f"pad: mode {mode!r} is not supported; supported: {', '.join(_PAD_MODES)}")
+    if mode != "constant":
+        widths = _np.broadcast_to(_np.asarray(pad_width, dtype=_np.int64), (t.ndim, 2))
+        out = t
+        for ax, (lo, hi) in enumerate(widths):
+            if lo == 0 and hi == 0:
+                continue
+            if t.shape[ax] == 0:
+                raise ValueError(f"pad: can't extend empty axis {ax} using modes other than 'constant' or 'empty'")
+            source = _np.pad(_np.arange(t.shape[ax]), (int(lo), int(hi)), mode=mode, **kwargs)
+            out = _take_static(out, [int(i) for i in source], ax)
+        return out
     widths = _np.broadcast_to(_np.asarray(pad_width, dtype=_np.int64), (t.ndim, 2))
     if _is_pyscalar(constant_values) or isinstance(constant_values, _np.generic):
         # What numpy's pad stores: the value as a numpy scalar assigned into a

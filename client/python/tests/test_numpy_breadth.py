@@ -438,3 +438,43 @@ def test_clip_with_one_bound_and_the_clip_method(session):
     check(lambda m, x: m.clip(x, -1.0, None), x)
     check(lambda m, x: x.clip(-0.5, 0.5), x)
     check(lambda m, x: x.clip(max=0.0), x)
+
+
+@pytest.mark.parametrize("mode", ["edge", "reflect", "symmetric", "wrap"])
+@pytest.mark.parametrize("dtype", ["float32", "int32", "bool"])
+def test_pad_modes_match_numpy(session, mode, dtype):
+    x = sample(dtype, (3, 4))
+    for widths in [((1, 2), (0, 3)), 2, ((0, 0), (5, 7)), ((4, 0), (1, 1))]:  # wider than the axis too
+        check(lambda m, x: m.pad(x, widths, mode=mode), x)
+    with pytest.raises(NotImplementedError, match="linear_ramp"):
+        tessel.jit(lambda v: tnp.pad(v, 1, mode="linear_ramp"))(x)
+
+
+def test_take_with_static_indices_matches_numpy(session):
+    x = sample("float32", (4, 5, 3))
+    for idx, kw in [([0, 2, 2, 1], {"axis": 1}), ([[3, -1], [0, 0]], {"axis": 0}), ([7, 0, 59, 58, 57], {}),
+                    (np.array([4, 3, 2, 1, 0]), {"axis": 1}), ([9, -7], {"axis": 1, "mode": "wrap"}),
+                    ([9, -7], {"axis": 1, "mode": "clip"}), ([], {"axis": 2})]:
+        check(lambda m, x: m.take(x, idx, **kw), x)
+    with pytest.raises(IndexError, match="index 5 is out of bounds for axis 1 with size 5"):
+        tessel.jit(lambda v: tnp.take(v, [5], axis=1))(x)
+    with pytest.raises(NotImplementedError, match="gather"):
+        tessel.jit(lambda v, i: tnp.take(v, i, axis=0))(x, np.array([1, 0]))
+
+
+def test_reduction_keywords_match_numpy(session):
+    x = sample("float32", (4, 6))
+    mask = sample("bool", (4, 6))
+    mask[0] = False  # a row with nothing selected: its mean is NaN, as numpy's
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        check(lambda m, x, w: m.sum(x, axis=1, where=w), x, mask)
+        check(lambda m, x, w: m.prod(x, where=w), x, mask)
+        check(lambda m, x, w: m.mean(x, axis=1, where=w), x, mask)
+        check(lambda m, x, w: x.sum(0, where=w[0]), x, mask)
+    check(lambda m, x: m.mean(x, axis=0, dtype=m.float64), x)
+    check(lambda m, x: m.mean(x.astype(m.int32), dtype=m.float32), x)
+    check(lambda m, x: (m.argmax(x, axis=1, keepdims=True), m.argmin(x, keepdims=True), x.argmax(0, keepdims=True)),
+          x)
+    check(lambda m, x: m.concatenate([x, x[:2]], axis=None), x)
