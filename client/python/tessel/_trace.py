@@ -212,6 +212,7 @@ def install_operators(cls, tnp):
         "add": tnp.add, "sub": tnp.subtract, "mul": tnp.multiply, "truediv": tnp.divide,
         "floordiv": tnp.floor_divide, "mod": tnp.remainder, "pow": tnp.power, "matmul": tnp.matmul,
         "and": tnp.bitwise_and, "or": tnp.bitwise_or, "xor": tnp.bitwise_xor,
+        "lshift": tnp.left_shift, "rshift": tnp.right_shift,
     }
     for name, fn in binary.items():
         setattr(cls, f"__{name}__", lambda a, b, fn=fn: fn(a, b))

@@ -995,6 +995,9 @@ def einsum(subscripts, *operands, optimize=None):
     # sums are a logical or), where sum() would widen: accumulate wide, then
     # convert, which gives the same bits.
     d = _result_dtype(*ts)
+    # Every operand in the result's type before anything is summed: an
+    # int64 operand of a float64 einsum must not sum (and wrap) as int64.
+    ts = [t if t.dtype == d else _convert(t, d) for t in ts]
     sizes = {}
     for s_, t in zip(ins, ts):
         for c, n in zip(s_, t.shape):
@@ -1337,6 +1340,44 @@ def logaddexp(x1, x2):
     r = add(maximum(a, b), log1p(exp(negative(abs(diff)))))
     r = where(isnan(diff), add(a, b), r)
     return where(equal(a, b), add(a, d.type(_np.log(2))), r)
+
+
+# ---------------------------------------------------------------- shifts
+
+def _shift_operands(x1, x2, name):
+    d = _result_dtype(x1, x2)
+    if d.kind not in "iu":
+        raise TypeError(f"ufunc '{name}' not supported for the input types ({d}): integers only "
+                        "(numpy's bool loop needs int8, which Tessel does not have yet)")
+    _check_in_range([x1, x2], d)
+    shape = _np.broadcast_shapes(_shape(x1), _shape(x2))
+    return d, _operand(x1, d, shape), _operand(x2, d, shape)
+
+
+@_op
+def left_shift(x1, x2):
+    """numpy.left_shift: x1 * 2**x2, wrapping; 0 for a count below 0 or
+    past the width (numpy's npy_lshift)."""
+    d, a, n = _shift_operands(x1, x2, "left_shift")
+    bits = 8 * d.itemsize
+    valid = logical_and(greater_equal(n, 0), less(n, bits))
+    scale = power(_np.array(2, d), clip(n, 0, bits - 1))  # 2**(bits-1) wraps to the sign bit, as it should
+    return where(valid, multiply(a, scale), _np.array(0, d))
+
+
+@_op
+def right_shift(x1, x2):
+    """numpy.right_shift: arithmetic for signed integers (floor division by
+    2**x2); past the width (or below 0), -1 for a negative x1, else 0."""
+    d, a, n = _shift_operands(x1, x2, "right_shift")
+    bits = 8 * d.itemsize
+    top = bits - 1 if d.kind == "u" else bits - 2  # the largest power of two d holds
+    fill = where(less(a, 0), _np.array(-1, d), _np.array(0, d)) if d.kind == "i" else _np.array(0, d)
+    shifted = floor_divide(a, power(_np.array(2, d), clip(n, 0, top)))
+    return where(logical_and(greater_equal(n, 0), less_equal(n, top)), shifted, fill)
+
+
+bitwise_left_shift, bitwise_right_shift = left_shift, right_shift
 
 
 # ---------------------------------------------------------------- NaN-ignoring reductions

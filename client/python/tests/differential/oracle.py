@@ -172,7 +172,7 @@ class Value:
 _BINARY_OPERATORS = {
     "add": "add", "sub": "subtract", "mul": "multiply", "truediv": "divide", "floordiv": "floor_divide",
     "mod": "remainder", "pow": "power", "matmul": "matmul", "and": "bitwise_and", "or": "bitwise_or",
-    "xor": "bitwise_xor",
+    "xor": "bitwise_xor", "lshift": "left_shift", "rshift": "right_shift",
 }
 for _op, _fn in _BINARY_OPERATORS.items():
     setattr(Value, f"__{_op}__", lambda a, b, fn=_fn: getattr(a.ns, fn)(a, b))
@@ -299,6 +299,8 @@ class Oracle:
     bitwise_and = _binary(np.bitwise_and)
     bitwise_or = _binary(np.bitwise_or)
     bitwise_xor = _binary(np.bitwise_xor)
+    left_shift = _binary(np.left_shift)
+    right_shift = _binary(np.right_shift)
     logical_and = _binary(np.logical_and)
     logical_or = _binary(np.logical_or)
     logical_xor = _binary(np.logical_xor)

@@ -338,6 +338,7 @@ BINARY = {
     "power": (True, False, "**"), "maximum": (False, False, None), "minimum": (False, False, None),
     "bitwise_and": (False, True, "&"), "bitwise_or": (False, True, "|"), "bitwise_xor": (False, True, "^"),
     "logical_and": (False, True, None), "logical_or": (False, True, None), "logical_xor": (False, True, None),
+    "left_shift": (False, True, "<<"), "right_shift": (False, True, ">>"),
 }
 COMPARE = {"less": "<", "less_equal": "<=", "greater": ">", "greater_equal": ">=", "equal": "==",
            "not_equal": "!="}
