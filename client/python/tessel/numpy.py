@@ -1559,12 +1559,9 @@ def _split(ary, indices_or_sections, axis, even, name):
     n = t.shape[ax]
     bounds = _split_points(n, indices_or_sections, even, name)
     lead = (slice(None),) * ax
-    out = []
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        lo, hi = builtins.min(builtins.max(lo, 0) if lo >= 0 else builtins.max(lo + n, 0), n), \
-            builtins.min(builtins.max(hi, 0) if hi >= 0 else builtins.max(hi + n, 0), n)
-        out.append(t[lead + (slice(lo, builtins.max(lo, hi)),)])
-    return out
+    # numpy slices ary[lo:hi] for each pair: indexing already clamps and
+    # wraps the bounds as Python slices do.
+    return [t[lead + (slice(lo, hi),)] for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
 @_op
