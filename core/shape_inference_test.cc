@@ -121,6 +121,41 @@ TEST(ShapeInference, SortTakesTheMovedOperandsTypeAndChecksItsOperands) {
   EXPECT_FALSE(InferType(s, {&keys, &idx}).ok());
 }
 
+TEST(ShapeInference, GatherAndScatterPutTheIndicesInPlaceOfTheAxis) {
+  auto x = MakeType(v1::F32, {4, 6, 2});
+  auto idx = MakeType(v1::S64, {3, 5});
+  auto fidx = MakeType(v1::F32, {3});
+  v1::Node g = Op(v1::GATHER);
+  g.mutable_gather()->set_axis(1);
+  EXPECT_EQ(TypeString(*InferType(g, {&x, &idx})), "f32[4,3,5,2]");
+  auto float_indices = InferType(g, {&x, &fidx});
+  ASSERT_FALSE(float_indices.ok());
+  EXPECT_NE(float_indices.status().message().find("gather indices: expected an integer dtype"), absl::string_view::npos)
+      << float_indices.status();
+  g.mutable_gather()->set_axis(3);
+  EXPECT_FALSE(InferType(g, {&x, &idx}).ok());
+  auto empty = MakeType(v1::F32, {0, 2});
+  g.mutable_gather()->set_axis(0);
+  auto from_empty = InferType(g, {&empty, &idx});
+  ASSERT_FALSE(from_empty.ok());
+  EXPECT_NE(from_empty.status().message().find("the axis is empty"), absl::string_view::npos) << from_empty.status();
+
+  v1::Node s = Op(v1::SCATTER);
+  s.mutable_scatter()->set_axis(1);
+  s.mutable_scatter()->set_combine(v1::SUM);
+  auto upd = MakeType(v1::F32, {4, 3, 5, 2});
+  auto bad = MakeType(v1::F32, {4, 3, 2});
+  EXPECT_EQ(TypeString(*InferType(s, {&x, &idx, &upd})), "f32[4,6,2]");
+  auto wrong = InferType(s, {&x, &idx, &bad});
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("scatter updates: expected f32[4,3,5,2]"), absl::string_view::npos)
+      << wrong.status();
+  auto pred = MakeType(v1::PRED, {4, 6, 2}), pupd = MakeType(v1::PRED, {4, 3, 5, 2});
+  EXPECT_FALSE(InferType(s, {&pred, &idx, &pupd}).ok());  // pred has no sum
+  s.mutable_scatter()->set_combine(v1::REDUCE_MAX);
+  EXPECT_TRUE(InferType(s, {&pred, &idx, &pupd}).ok());
+}
+
 TEST(ShapeInference, RejectsNegativeAndOverflowingDims) {
   v1::Node n = Op(v1::PARAMETER);
   n.mutable_parameter()->set_index(0);

@@ -121,6 +121,25 @@ class Emitter {
     n.mutable_sort()->set_result_operand(1);
     return Emit(std::move(n), base_);
   }
+  // Every element `v`, of the integer type `t`.
+  std::string FillInt(const v1::TensorType& t, int64_t v) {
+    v1::Node n = Op(v1::CONSTANT, {});
+    *n.mutable_type() = t;
+    n.mutable_constant()->mutable_fill()->set_i(v);
+    return Emit(std::move(n), base_);
+  }
+  std::string Gather(const std::string& x, const std::string& indices, int64_t axis) {
+    v1::Node n = Op(v1::GATHER, {x, indices});
+    n.mutable_gather()->set_axis(axis);
+    return Emit(std::move(n), base_);
+  }
+  std::string Scatter(const std::string& x, const std::string& indices, const std::string& updates, int64_t axis,
+                      v1::ReduceKind combine) {
+    v1::Node n = Op(v1::SCATTER, {x, indices, updates});
+    n.mutable_scatter()->set_axis(axis);
+    n.mutable_scatter()->set_combine(combine);
+    return Emit(std::move(n), base_);
+  }
   // Result k of multi-result node `v`, of type `t`.
   std::string Element(const std::string& v, int k, const v1::TensorType& t) {
     if (!status_.ok()) return "";
@@ -597,6 +616,52 @@ class Vjp {
         v1::SortAttrs back;
         back.set_dimension(n.sort().dimension());
         into(r, e_.SortBy(from, ct, back));
+        return absl::OkStatus();
+      }
+      case v1::GATHER: {
+        // The gather clamped its indices: each slice's cotangent adds into
+        // the slice it was read from.
+        const v1::TensorType& xt = TypeOf(n.operands(0));
+        if (!IsFloat(xt.dtype())) return absl::OkStatus();
+        const int64_t axis = n.gather().axis();
+        v1::TensorType scalar;
+        scalar.set_dtype(TypeOf(n.operands(1)).dtype());
+        const std::string idx =
+            e_.Emit(e_.Op(v1::CLAMP, {e_.FillInt(scalar, 0), a(1), e_.FillInt(scalar, xt.dims(axis) - 1)}), "clamp");
+        into(0, e_.Scatter(e_.Zeros(xt), idx, ct, axis, v1::SUM));
+        return absl::OkStatus();
+      }
+      case v1::SCATTER: {
+        const v1::TensorType &xt = TypeOf(n.operands(0)), &it = TypeOf(n.operands(1)), &ut = TypeOf(n.operands(2));
+        if (!IsFloat(xt.dtype())) return absl::OkStatus();
+        const v1::ReduceKind k = n.scatter().combine();
+        if (k != v1::REDUCE_INVALID && k != v1::SUM) {
+          return absl::UnimplementedError(StrCat("vjp of '", node_.grad().function(), "': scatter '", n.name(),
+                                                 "' combines by ", v1::ReduceKind_Name(k),
+                                                 ", which has no reverse-mode rule yet (replace and SUM have one)"));
+        }
+        const int64_t axis = n.scatter().axis(), m = NumElementsUnchecked(it);
+        // An update reaches the result when its index is in range and, when
+        // updates replace, no later update at that index overwrote it.
+        std::string kept = e_.Binary(v1::AND, e_.Compare(v1::GE, a(1), e_.FillInt(it, 0)),
+                                     e_.Compare(v1::LT, a(1), e_.FillInt(it, xt.dims(axis))));
+        if (k == v1::SUM) {
+          into(0, ct);
+        } else {
+          into(0, e_.Scatter(ct, a(1), e_.Zeros(ut), axis, v1::REDUCE_INVALID));
+          v1::TensorType flat, slots;
+          flat.set_dtype(v1::S64);
+          flat.add_dims(m);
+          slots.set_dtype(v1::S64);
+          slots.add_dims(xt.dims(axis));
+          const std::string fi = e_.Reshape(a(1), {m}), own = e_.Iota(flat, 0);
+          const std::string last = e_.Scatter(e_.FillInt(slots, -1), fi, own, 0, v1::REDUCE_INVALID);
+          const std::string won = e_.Compare(v1::EQ, e_.Gather(last, fi, 0), own);
+          kept = e_.Binary(v1::AND, kept, e_.Reshape(won, Dims(it)));
+        }
+        std::vector<int64_t> at(it.dims_size());
+        std::iota(at.begin(), at.end(), axis);
+        into(2, e_.Select(e_.Broadcast(kept, Dims(ut), at), e_.Gather(ct, a(1), axis), e_.Zeros(ut)));
         return absl::OkStatus();
       }
       case v1::BROADCAST_IN_DIM: {
@@ -1509,6 +1574,17 @@ class Jvp {
       case v1::BROADCAST_IN_DIM:
       case v1::SLICE:
       case v1::REVERSE: return Same(n, {ta});
+      case v1::GATHER: return ta.empty() ? std::string() : Same(n, {ta, a(1)});
+      case v1::SCATTER: {
+        if (T(n, 0).empty() && T(n, 2).empty()) return std::string();
+        const v1::ReduceKind k = n.scatter().combine();
+        if (k != v1::REDUCE_INVALID && k != v1::SUM) {
+          return absl::UnimplementedError(StrCat("jvp of '", node_.grad().function(), "': scatter '", n.name(),
+                                                 "' combines by ", v1::ReduceKind_Name(k),
+                                                 ", which has no forward-mode rule yet (replace and SUM have one)"));
+        }
+        return Same(n, {TZ(n, 0), a(1), TZ(n, 2)});
+      }
       case v1::SORT: {  // the order is piecewise constant in the keys: only the moved values' tangents move
         const int r = n.sort().result_operand();
         const std::string tr = T(n, r);

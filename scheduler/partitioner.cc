@@ -514,6 +514,50 @@ class Partitioner {
           result = t;
           break;
         }
+        case v1::GATHER: {
+          // The picked dimension is whole on every device; the operand's
+          // other splits and the indices' splits carry to the result, unless
+          // a mesh axis would then split two result dimensions.
+          const int64_t ax = n.gather().axis();
+          v1::Sharding x = Complete(current(0)), ix = Complete(current(1));
+          SetDimAxes(x, ax, {});
+          absl::flat_hash_set<std::string> used;
+          for (const auto& d : x.dims()) used.insert(d.axes().begin(), d.axes().end());
+          for (int d = 0; d < ix.dims_size(); ++d) {
+            for (const std::string& a : DimAxes(ix, d)) {
+              if (used.contains(a)) {
+                SetDimAxes(ix, d, {});
+                break;
+              }
+            }
+          }
+          want[0] = x;
+          want[1] = ix;
+          const int ir = op_type(1).dims_size();
+          for (int d = 0; d < op_type(0).dims_size(); ++d) {
+            if (d < ax) SetDimAxes(result, d, DimAxes(x, d));
+            if (d > ax) SetDimAxes(result, d - 1 + ir, DimAxes(x, d));
+          }
+          for (int d = 0; d < ir; ++d) SetDimAxes(result, int(ax) + d, DimAxes(ix, d));
+          break;
+        }
+        case v1::SCATTER: {
+          // Every device updates its own block of the operand: the updated
+          // dimension whole, all indices, and the updates' matching block.
+          const int64_t ax = n.scatter().axis();
+          v1::Sharding x = Complete(current(0));
+          SetDimAxes(x, ax, {});
+          const int ir = op_type(1).dims_size();
+          want[0] = x;
+          want[1] = Replicated(ir);
+          want[2] = Replicated(op_type(2).dims_size());
+          for (int d = 0; d < op_type(0).dims_size(); ++d) {
+            if (d < ax) SetDimAxes(want[2], d, DimAxes(x, d));
+            if (d > ax) SetDimAxes(want[2], d - 1 + ir, DimAxes(x, d));
+          }
+          result = x;
+          break;
+        }
         case v1::REVERSE:  // linear: a partial sum stays partial
           want[0] = current(0);
           result = want[0];

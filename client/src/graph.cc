@@ -334,6 +334,19 @@ Value GraphBuilder::Sort(std::vector<Value> operands, int64_t dimension, bool de
   return impl_->Add(std::move(n), operands);
 }
 
+Value GraphBuilder::Gather(Value x, Value indices, int64_t axis) {
+  v1::Node n = NodeOf(v1::GATHER);
+  n.mutable_gather()->set_axis(axis);
+  return impl_->Add(std::move(n), {x, indices});
+}
+
+Value GraphBuilder::Scatter(Value x, Value indices, Value updates, int64_t axis, std::optional<ReduceKind> combine) {
+  v1::Node n = NodeOf(v1::SCATTER);
+  n.mutable_scatter()->set_axis(axis);
+  if (combine) n.mutable_scatter()->set_combine(static_cast<v1::ReduceKind>(static_cast<int>(*combine) + 1));
+  return impl_->Add(std::move(n), {x, indices, updates});
+}
+
 Value GraphBuilder::Concatenate(std::vector<Value> xs, int64_t dimension) {
   v1::Node n = NodeOf(v1::CONCATENATE);
   n.mutable_concatenate()->set_dimension(dimension);

@@ -15,6 +15,7 @@
 #include "worker/cpu/elementwise.h"
 #include "worker/cpu/layout.h"
 #include "worker/cpu/reduce.h"
+#include "worker/cpu/gather.h"
 #include "worker/cpu/sort.h"
 #include "worker/cpu/spmd_ops.h"
 
@@ -129,6 +130,8 @@ absl::Status CpuExecutable::Execute(int i, std::vector<BufferPtr>& values, const
     }
     case v1::REVERSE: Reverse(t, arg(0), n.reverse(), out); break;
     case v1::SORT: Sort(arg_type(0), arg(0), t, arg(n.sort().result_operand()), n.sort(), out); break;
+    case v1::GATHER: Gather(arg_type(0), arg(0), arg_type(1), arg(1), n.gather().axis(), out); break;
+    case v1::SCATTER: Scatter(arg_type(0), arg(0), arg_type(1), arg(1), arg(2), n.scatter(), out); break;
     case v1::PAD: Pad(arg_type(0), arg(0), arg(1), n.pad(), t, out); break;
     case v1::DOT_GENERAL:
       DotGeneral(arg_type(0), arg(0), arg_type(1), arg(1), n.dot_general(), t, out);

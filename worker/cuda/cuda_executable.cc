@@ -124,6 +124,14 @@ absl::Status CudaExecutable::Prepare() {
         prep.kernels.push_back(l);
         break;
       }
+      case v1::GATHER:
+      case v1::SCATTER: {
+        TESSEL_ASSIGN_OR_RETURN(KernelLaunch l, n.op() == v1::GATHER
+                                                    ? module.AddGather(n, in.arg_types[0], in.arg_types[1])
+                                                    : module.AddScatter(n, in.arg_types[0], in.arg_types[1]));
+        prep.kernels.push_back(l);
+        break;
+      }
       case v1::ARGMAX:
       case v1::ARGMIN: {
         TESSEL_ASSIGN_OR_RETURN(KernelLaunch l, module.AddArgReduce(n, in.arg_types[0]));
@@ -399,7 +407,7 @@ absl::Status CudaExecutable::Execute(int i, std::vector<BufferPtr>& values, cons
       TESSEL_RETURN_IF_ERROR(Launch(prep.kernels[0], p));
       break;
     }
-    default:  // layout ops, arg reductions
+    default:  // layout ops, arg reductions, gather, scatter
       TESSEL_RETURN_IF_ERROR(Launch(prep.kernels[0], params));
   }
   return store();

@@ -800,6 +800,77 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddSort(const v1::Node& n, const v1::
   return Add(Kernel(decls, StrCat(elements), body), elements);
 }
 
+namespace {
+
+// [outer, extent, inner] around `axis` of `t`, and the number of indices.
+struct AroundAxis {
+  int64_t outer = 1, extent = 0, inner = 1, count = 1;
+  AroundAxis(const v1::TensorType& t, const v1::TensorType& indices, int64_t axis) {
+    for (int d = 0; d < axis; ++d) outer *= t.dims(d);
+    for (int d = int(axis) + 1; d < t.dims_size(); ++d) inner *= t.dims(d);
+    extent = t.dims(int(axis));
+    for (int64_t d : indices.dims()) count *= d;
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<KernelLaunch> ModuleSource::AddGather(const v1::Node& n, const v1::TensorType& operand,
+                                                     const v1::TensorType& indices) {
+  const AroundAxis a(operand, indices, n.gather().axis());
+  const std::string e = Bits(DTypeSize(operand.dtype()));
+  std::string decls = PtrDecl(e, "in", 0, true) + PtrDecl(Storage(indices.dtype()), "idx", 1, true) +
+                      PtrDecl(e, "out", 2, false);
+  std::string body = absl::StrFormat(
+      "    const i64 e = i %% %d, j = i / %d %% %d, o = i / %d / %d;\n"
+      "    i64 k = (i64)idx[j];\n"
+      "    k = k < 0 ? 0 : k >= %d ? %d : k;\n"
+      "    out[i] = in[(o * %d + k) * %d + e];\n",
+      a.inner, a.inner, a.count, a.inner, a.count, a.extent, a.extent - 1, a.extent, a.inner);
+  const int64_t elements = a.extent == 0 ? 0 : a.outer * a.count * a.inner;
+  return Add(Kernel(decls, StrCat(elements), body), elements);
+}
+
+absl::StatusOr<KernelLaunch> ModuleSource::AddScatter(const v1::Node& n, const v1::TensorType& operand,
+                                                      const v1::TensorType& indices) {
+  const AroundAxis a(operand, indices, n.scatter().axis());
+  const v1::DType dt = operand.dtype();
+  const v1::ReduceKind k = n.scatter().combine();
+  // Each result element scans the indices for updates of its slice, in
+  // order, so repeated indices apply as on the CPU and no two threads write
+  // one element.
+  std::string decls, fold, init, fin;
+  if (k == v1::REDUCE_INVALID) {
+    const std::string e = Bits(DTypeSize(dt));
+    decls = PtrDecl(e, "in", 0, true) + PtrDecl(Storage(indices.dtype()), "idx", 1, true) +
+            PtrDecl(e, "upd", 2, true) + PtrDecl(e, "out", 3, false);
+    init = StrCat("    ", e, " v = in[i];\n");
+    fold = "v = upd[u];";
+    fin = "    out[i] = v;\n";
+  } else {
+    v1::Op op = k == v1::SUM ? v1::ADD : k == v1::PROD ? v1::MUL : k == v1::REDUCE_MAX ? v1::MAX : v1::MIN;
+    if (dt == v1::PRED) op = k == v1::REDUCE_MAX ? v1::OR : v1::AND;
+    absl::StatusOr<std::string> combined = Binary(op, dt, "v", Load(dt, "upd[u]"));
+    if (!combined.ok()) return combined.status();
+    decls = PtrDecl(Storage(dt), "in", 0, true) + PtrDecl(Storage(indices.dtype()), "idx", 1, true) +
+            PtrDecl(Storage(dt), "upd", 2, true) + PtrDecl(Storage(dt), "out", 3, false);
+    init = StrCat("    ", Compute(dt), " v = ", Load(dt, "in[i]"), ";\n");
+    fold = StrCat("v = ", Round(dt, StrCat("(", Compute(dt), ")(", *combined, ")")), ";");
+    fin = StrCat("    out[i] = ", Store(dt, "v"), ";\n");
+  }
+  std::string body = absl::StrFormat(
+      "    const i64 e = i %% %d, pos = i / %d %% %d, o = i / %d / %d;\n"
+      "%s"
+      "    for (i64 j = 0; j < %d; ++j) {\n"
+      "      if ((i64)idx[j] != pos) continue;\n"
+      "      const i64 u = (o * %d + j) * %d + e;\n"
+      "      %s\n    }\n"
+      "%s",
+      a.inner, a.inner, a.extent, a.inner, a.extent, init, a.count, a.count, a.inner, fold, fin);
+  const int64_t elements = a.outer * a.extent * a.inner;
+  return Add(Kernel(decls, StrCat(elements), body), elements);
+}
+
 absl::StatusOr<KernelLaunch> ModuleSource::AddShardSlice(const v1::Node& n, const v1::TensorType& in,
                                                          int64_t blocks) {
   const int64_t dim = n.collective().dimension();

@@ -81,6 +81,14 @@ class ModuleSource {
   // counts the keys ahead of it: quadratic in the sorted extent.
   absl::StatusOr<KernelLaunch> AddSort(const v1::Node& node, const v1::TensorType& keys,
                                        const v1::TensorType& moved);
+  // GATHER: p[0] operand, p[1] indices, p[2] the result.
+  absl::StatusOr<KernelLaunch> AddGather(const v1::Node& node, const v1::TensorType& operand,
+                                         const v1::TensorType& indices);
+  // SCATTER: p[0] operand, p[1] indices, p[2] updates, p[3] the result.
+  // One thread per result element scans every index: linear in the number
+  // of indices per element.
+  absl::StatusOr<KernelLaunch> AddScatter(const v1::Node& node, const v1::TensorType& operand,
+                                          const v1::TensorType& indices);
   // SHARD_SLICE: p[0] operand, p[1] this device's block; s[0] the block index.
   absl::StatusOr<KernelLaunch> AddShardSlice(const v1::Node& node, const v1::TensorType& operand_type,
                                              int64_t blocks);

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -22,6 +23,7 @@
 #include "worker/cpu/fused_loop.h"
 #include "worker/cpu/layout.h"
 #include "worker/cpu/reduce.h"
+#include "worker/cpu/gather.h"
 #include "worker/cpu/sort.h"
 #ifdef TESSEL_HAVE_CUDA
 #include "worker/cuda/kernel_compiler.h"
@@ -334,6 +336,51 @@ void CheckKernel(ModuleSource& module, const KernelLaunch& launch, const std::ve
   EXPECT_TRUE(SameElements(out_type.dtype(), got, want, &where)) << where << "\n" << module.source();
 }
 
+// Single-kernel ops gathered into one module, built once (a host build per
+// op would dominate the test's time), each checked against its reference.
+class KernelBatch {
+ public:
+  using Ref = std::function<void(const std::vector<const void*>&, void*)>;
+  ModuleSource& module() { return module_; }
+  void Add(const KernelLaunch& launch, const std::vector<v1::TensorType>& in_types, const v1::TensorType& out_type,
+           Ref reference, const std::string& what) {
+    Case c{what, launch, out_type, {}, std::vector<char>(ByteSizeUnchecked(out_type), 0x5a),
+           std::vector<char>(ByteSizeUnchecked(out_type), 0x5a)};
+    std::vector<const void*> in_ptrs;
+    for (size_t i = 0; i < in_types.size(); ++i) {
+      c.ins.push_back(RandomBytes(in_types[i].dtype(), NumElementsUnchecked(in_types[i]), 100 + i));
+      in_ptrs.push_back(c.ins.back().data());
+    }
+    reference(in_ptrs, c.want.data());
+    cases_.push_back(std::move(c));
+  }
+  int Check() {
+    auto host = Build(module_);
+    EXPECT_EQ(host->error(), "");
+    if (host->error() != "") return 0;
+    for (Case& c : cases_) {
+      KernelParams params;
+      for (size_t i = 0; i < c.ins.size(); ++i) params.p[i] = c.ins[i].data();
+      params.p[c.ins.size()] = c.got.data();
+      host->Launch(c.launch, params);
+      std::string where;
+      EXPECT_TRUE(SameElements(c.out_type.dtype(), c.got, c.want, &where)) << c.what << ": " << where;
+    }
+    return int(cases_.size());
+  }
+
+ private:
+  struct Case {
+    std::string what;
+    KernelLaunch launch;
+    v1::TensorType out_type;
+    std::vector<std::vector<char>> ins;
+    std::vector<char> want, got;
+  };
+  ModuleSource module_;
+  std::vector<Case> cases_;
+};
+
 TEST(KernelSource, LayoutOpsMatchTheCpuBackend) {
   const v1::TensorType in = MakeType(v1::BF16, {4, 5, 6});
   {
@@ -568,6 +615,50 @@ TEST(KernelSource, SortMatchesTheCpuBackend) {
       }
     }
   }
+}
+
+TEST(KernelSource, GatherAndScatterMatchTheCpuBackend) {
+  // s32 indices: half in [-4, 4] (in range, negative, repeated), half far
+  // out of range; u8 indices over an extent of 200 (some out of range).
+  struct Case {
+    v1::DType index;
+    int64_t extent;
+  };
+  KernelBatch batch;
+  int expected = 0;
+  for (const Case c : {Case{v1::S32, 5}, Case{v1::U8, 200}}) {
+    for (v1::DType dt : {v1::F32, v1::F64, v1::BF16, v1::F16, v1::S32, v1::S64, v1::U8, v1::PRED}) {
+      for (int64_t axis : {0, 1}) {
+        const v1::TensorType x = axis == 0 ? MakeType(dt, {c.extent, 3, 2}) : MakeType(dt, {3, c.extent, 2});
+        const v1::TensorType idx = MakeType(c.index, {6, 7});
+        const v1::TensorType picked = axis == 0 ? MakeType(dt, {6, 7, 3, 2}) : MakeType(dt, {3, 6, 7, 2});
+        const std::string what = absl::StrCat(DTypeName(dt), " along ", axis, " by ", DTypeName(c.index));
+        {
+          v1::Node n = MakeNode("g", v1::GATHER, picked, {"x", "i"});
+          n.mutable_gather()->set_axis(axis);
+          auto l = batch.module().AddGather(n, x, idx);
+          ASSERT_TRUE(l.ok()) << l.status();
+          batch.Add(*l, {x, idx}, picked, [=](auto ins, void* out) { cpu::Gather(x, ins[0], idx, ins[1], axis, out); },
+                    "gather " + what);
+          ++expected;
+        }
+        for (v1::ReduceKind k : {v1::REDUCE_INVALID, v1::SUM, v1::PROD, v1::REDUCE_MAX, v1::REDUCE_MIN}) {
+          if (dt == v1::PRED && (k == v1::SUM || k == v1::PROD)) continue;
+          v1::Node n = MakeNode("s", v1::SCATTER, x, {"x", "i", "u"});
+          n.mutable_scatter()->set_axis(axis);
+          n.mutable_scatter()->set_combine(k);
+          auto l = batch.module().AddScatter(n, x, idx);
+          ASSERT_TRUE(l.ok()) << l.status();
+          const v1::ScatterAttrs attrs = n.scatter();
+          batch.Add(*l, {x, idx, picked}, x,
+                    [=](auto ins, void* out) { cpu::Scatter(x, ins[0], idx, ins[1], ins[2], attrs, out); },
+                    absl::StrCat("scatter ", v1::ReduceKind_Name(k), " ", what));
+          ++expected;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(batch.Check(), expected);
 }
 
 TEST(KernelSource, ShardSliceAndSwapMajorMoveTheRightBlocks) {

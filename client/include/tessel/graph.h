@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -111,6 +112,13 @@ class GraphBuilder {
   // of operands[0] (ascending, NaN last; descending: NaN first). All
   // operands share their dimensions.
   Value Sort(std::vector<Value> operands, int64_t dimension, bool descending = false, int result_operand = 0);
+  // x's slices along `axis` picked by the integer `indices` (clamped into
+  // range): dimensions x[:axis] + indices + x[axis+1:].
+  Value Gather(Value x, Value indices, int64_t axis);
+  // x with `updates` (the shape Gather(x, indices, axis) has) put in at
+  // `indices` along `axis`: replacing (no `combine`) or combined with what
+  // is there. Out-of-range updates are dropped.
+  Value Scatter(Value x, Value indices, Value updates, int64_t axis, std::optional<ReduceKind> combine = {});
   Value Concatenate(std::vector<Value> xs, int64_t dimension);
   Value Pad(Value x, Value padding_value, std::vector<int64_t> low, std::vector<int64_t> high,
             std::vector<int64_t> interior = {});
