@@ -731,6 +731,43 @@ def layout_cases(rng):
             c.out("SORT", [c.param(dt, x), c.param("s32", pos)], attrs % 1, dt="s32",
                   want=np.take_along_axis(pos, idx, axis=dim))
             yield c
+        for tag, shape, axis, idx in (("rows", (5, 3), 0, [[4, 0], [2, 2], [-1, 9]]), ("mid", (2, 6, 3), 1, [5, 0, 3, 3, 1]),
+                                      ("last", (3, 4), 1, [])):
+            idx = np.asarray(idx, dtype=np.int64).reshape(-1, 2) if tag == "rows" else np.asarray(idx, dtype=np.int64)
+            x = rand_any(rng, dt, shape)
+            n = shape[axis]
+            for it in ("s32", "s64"):  # out of range clamps, as XLA's gather
+                c = Case("GATHER.%s.%s/%s" % (tag, it, dt), "GATHER", dt)
+                c.out("GATHER", [c.param(dt, x), c.param(it, idx.astype(NP[it]))], "gather { axis: %d }" % axis, dt=dt,
+                      want=np.take(x, np.clip(idx, 0, n - 1), axis=axis))
+                yield c
+            upd_shape = shape[:axis] + idx.shape + shape[axis + 1:]
+            upd = rand_any(rng, dt, upd_shape)
+            kinds = [("replace", ""), ("max", "REDUCE_MAX"), ("min", "REDUCE_MIN")]
+            if dt not in ("pred", "bf16"):  # bf16 rounds after each combine: numpy's add.at does not
+                kinds += [("sum", "SUM"), ("prod", "PROD")]
+            for kind, combine in kinds:
+                # A naive loop over the indices in row-major order: repeated
+                # indices all apply (replace: the last stays), out of range dropped.
+                want = x.copy()
+                moved = np.moveaxis(want, axis, 0)
+                u = np.moveaxis(upd.reshape(shape[:axis] + (idx.size,) + shape[axis + 1:]), axis, 0)
+                for j, i in enumerate(idx.ravel()):
+                    if not 0 <= i < n:
+                        continue
+                    if kind == "replace":
+                        moved[i] = u[j]
+                    elif kind == "sum":
+                        moved[i] = moved[i] + u[j]
+                    elif kind == "prod":
+                        moved[i] = moved[i] * u[j]
+                    else:
+                        moved[i] = (np.maximum if kind == "max" else np.minimum)(moved[i], u[j])
+                c = Case("SCATTER.%s.%s/%s" % (tag, kind, dt), "SCATTER", dt)
+                attrs = "scatter { axis: %d %s }" % (axis, "combine: %s" % combine if combine else "")
+                c.out("SCATTER", [c.param(dt, x), c.param("s32", idx.astype(np.int32)), c.param(dt, upd)], attrs,
+                      dt=dt, want=want)
+                yield c
         for tag, shapes, dim in (("2ops_dim0", [(2, 3), (3, 3)], 0), ("3ops_dim1", [(2, 3, 4), (2, 1, 4), (2, 2, 4)], 1),
                                  ("3ops_last", [(3, 2), (3, 1), (3, 4)], 1)):
             c = Case("CONCATENATE.%s/%s" % (tag, dt), "CONCATENATE", dt)

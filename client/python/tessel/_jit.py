@@ -363,26 +363,55 @@ def jit(fn=None, *, donate_argnums=(), donate_argnames=(), static_argnums=(), de
 _eager = {}
 
 
+class _Slot:
+    """Where an array argument stood in an eager op's arguments."""
+    __slots__ = ("k",)
+
+    def __init__(self, k):
+        self.k = k
+
+    def __repr__(self):
+        return f"<array {self.k}>"
+
+
+def _hoist(a, arrays):
+    """`a` with every tessel.Array and numpy array in it (also inside nested
+    tuples and lists) replaced by a _Slot, the arrays appended to `arrays`."""
+    if isinstance(a, (Array, np.ndarray)):
+        arrays.append(a)
+        return _Slot(len(arrays) - 1)
+    if type(a) in (tuple, list):
+        return type(a)(_hoist(x, arrays) for x in a)
+    return a
+
+
+def _fill(a, values):
+    if isinstance(a, _Slot):
+        return values[a.k]
+    if type(a) in (tuple, list):
+        return type(a)(_fill(x, values) for x in a)
+    return a
+
+
 def eager_call(fn, args, kwargs):
     """An op called outside a trace: compiled as a one-op jit over its array
-    arguments (Python values and other arguments stay static)."""
-    dyn = [i for i, a in enumerate(args) if isinstance(a, (Array, np.ndarray))
-           or (isinstance(a, (list, tuple)) and a and all(isinstance(x, (Array, np.ndarray)) for x in a))]
-    static = tuple((i, repr(a)) for i, a in enumerate(args) if i not in dyn)
+    arguments, wherever they stand (an index tuple, a keyword): those are
+    traced, never keyed by their printed form, which numpy abbreviates.
+    Everything else stays static, keyed by repr."""
+    arrays = []
+    static_args = _hoist(tuple(args), arrays)
+    static_kwargs = {k: _hoist(v, arrays) for k, v in kwargs.items()}
     # Keyed by the function itself: every binary, unary and comparison op is
     # a closure of one factory, so they share a __qualname__.
     # Keyword values by repr too: lists (tensordot's axes) are not hashable.
-    key = (fn, static, tuple(sorted((k, repr(v)) for k, v in kwargs.items())), tuple(dyn))
+    key = (fn, repr(static_args), tuple(sorted((k, repr(v)) for k, v in static_kwargs.items())))
     j = _eager.get(key)
     if j is None:
-        def op(*dyn_args):
-            full = list(args)
-            for i, a in zip(dyn, dyn_args):
-                full[i] = a
-            return fn(*full, **kwargs)
+        def op(*values):
+            return fn(*_fill(static_args, values), **{k: _fill(v, values) for k, v in static_kwargs.items()})
         op.__name__ = fn.__name__
         j = _eager[key] = Jitted(op)
-    return j(*[args[i] for i in dyn])
+    return j(*arrays)
 
 
 _tnp.register_eager(eager_call)

@@ -21,7 +21,9 @@ from tessel._jit import flatten, jit, unflatten
 from tessel._trace import Builder, FunctionBuilder, Tracer, current_builder
 from tessel.v1 import ir_pb2
 
-__all__ = ["cond", "erf", "fori_loop", "scan", "switch", "top_k", "while_loop"]
+__all__ = ["cond", "dynamic_index_in_dim", "dynamic_slice", "dynamic_slice_in_dim", "dynamic_update_index_in_dim",
+           "dynamic_update_slice", "dynamic_update_slice_in_dim", "erf", "fori_loop", "scan", "switch", "top_k",
+           "while_loop"]
 
 erf = tnp._erf  # jax.lax.erf: the error function, elementwise, on the device
 
@@ -39,6 +41,48 @@ def top_k(operand, k):
     order = tnp.argsort(operand, axis=-1, descending=True)[..., :k]
     values = tnp.sort(operand, axis=-1, descending=True)[..., :k]
     return values, tnp.astype(order, np.int32)
+
+
+def dynamic_slice(operand, start_indices, slice_sizes):
+    """jax.lax.dynamic_slice: the window of `slice_sizes` at `start_indices`
+    (traced or static scalars), each start clamped so the window fits. A
+    traced start gathers the window's positions along its dimension."""
+    return tnp._dynamic_slice(operand, tuple(start_indices), tuple(slice_sizes))
+
+
+def dynamic_update_slice(operand, update, start_indices):
+    """jax.lax.dynamic_update_slice: `operand` with `update` written at
+    `start_indices` (clamped so it fits): a scatter when a start is traced."""
+    return tnp._dynamic_update_slice(operand, update, tuple(start_indices))
+
+
+def dynamic_slice_in_dim(operand, start_index, slice_size, axis=0):
+    shape = np.shape(operand)
+    axis = axis % len(shape)
+    starts = [0] * len(shape)
+    starts[axis] = start_index
+    sizes = list(shape)
+    sizes[axis] = slice_size
+    return dynamic_slice(operand, starts, sizes)
+
+
+def dynamic_index_in_dim(operand, index, axis=0, keepdims=True):
+    out = dynamic_slice_in_dim(operand, index, 1, axis)
+    return out if keepdims else tnp.squeeze(out, axis=axis % len(np.shape(operand)))
+
+
+def dynamic_update_slice_in_dim(operand, update, start_index, axis):
+    axis = axis % len(np.shape(operand))
+    starts = [0] * len(np.shape(operand))
+    starts[axis] = start_index
+    return dynamic_update_slice(operand, update, starts)
+
+
+def dynamic_update_index_in_dim(operand, update, index, axis):
+    axis = axis % len(np.shape(operand))
+    if len(np.shape(update)) == len(np.shape(operand)) - 1:
+        update = tnp.expand_dims(update, axis)
+    return dynamic_update_slice_in_dim(operand, update, index, axis)
 
 
 def _in_trace(leaves):

@@ -95,9 +95,18 @@ LAYOUT = {
     "trunc": lambda xp, x: xp.trunc(x * 3) * x, "nansum": lambda xp, x: xp.nansum(x * x, axis=0),
     "sort": lambda xp, x: xp.sort(x, axis=1) * xp.arange(4.0), "sort_axis0": lambda xp, x: xp.sort(x * x, axis=0)[:2],
     "top_k": lambda xp, x: (tessel.lax if xp is tnp else jax.lax).top_k(x, 2)[0],
+    "fancy": lambda xp, x: x[np.array([2, 0, 2, 1])] * x[0],
+    "fancy_pair": lambda xp, x: x[np.array([0, 2, 2]), np.array([3, 1, 3])],
+    "take_along": lambda xp, x: xp.take_along_axis(x, np.array([[3, 0, 0], [1, 1, 2], [0, 3, 2]]), axis=1),
+    "at_set": lambda xp, x: x.at[np.array([1, 1, 0])].set(x[2] * 2),
+    "at_add": lambda xp, x: x.at[:, np.array([0, 0, 3])].add(x[:, :3] ** 2),
+    "dynamic_slice": lambda xp, x: (tessel.lax if xp is tnp else jax.lax).dynamic_slice(x, (1, xp.argmax(x[0])), (2, 2)),
+    "dynamic_update": lambda xp, x: (tessel.lax if xp is tnp else jax.lax).dynamic_update_slice(
+        x, x[:2, :2] ** 2, (xp.argmin(x[:, 0]), 1)),
 }
 
-FORWARD_LAYOUT = ["flip", "negative_step", "cumsum", "logsumexp", "sort", "sort_axis0", "top_k"]
+FORWARD_LAYOUT = ["flip", "negative_step", "cumsum", "logsumexp", "sort", "sort_axis0", "top_k", "fancy", "fancy_pair",
+                  "take_along", "at_set", "at_add", "dynamic_slice", "dynamic_update"]
 
 
 @pytest.mark.parametrize("name", FORWARD_LAYOUT)

@@ -460,8 +460,160 @@ def test_take_with_static_indices_matches_numpy(session):
         check(lambda m, x: m.take(x, idx, **kw), x)
     with pytest.raises(IndexError, match="index 5 is out of bounds for axis 1 with size 5"):
         tessel.jit(lambda v: tnp.take(v, [5], axis=1))(x)
-    with pytest.raises(NotImplementedError, match="gather"):
-        tessel.jit(lambda v, i: tnp.take(v, i, axis=0))(x, np.array([1, 0]))
+    many = [4, 0, 2, 1, 3, 0, 4, 2]  # more runs than slices pay for: a gather
+    check(lambda m, x: m.take(x, many, axis=1), x)
+    assert "gather(" in tessel.jit(lambda v: tnp.take(v, many, axis=1)).lower(x).as_text()
+
+
+# Index arrays, boolean masks and integers beside them (numpy's advanced
+# indexing): index values known when tracing (numpy's rules, out of range
+# raises), then the same indices traced (passed as arguments).
+FANCY = {
+    "one_axis": (lambda i: (i,), [3, -1, 0, 2, 2]),
+    "middle_axis": (lambda i: (slice(None), i), [[4, 0], [1, 1]]),
+    "adjacent_pair": (lambda i: (slice(None), i, i % 3), [4, -2, 0]),
+    "separated_pair": (lambda i: (i, slice(1, None), i), [2, 0, 2]),
+    "int_beside_array": (lambda i: (1, slice(None), i % 3), [2, 0, -1]),
+    "ellipsis": (lambda i: (Ellipsis, i % 3), [[0, 2], [1, 1]]),
+    "reversed_slice": (lambda i: (slice(None, None, -1), i), [1, 3]),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32", "bool"])
+@pytest.mark.parametrize("name", sorted(FANCY))
+def test_advanced_indexing_matches_numpy(session, name, dtype):
+    make, values = FANCY[name]
+    x = sample(dtype, (4, 5, 3))
+    static = make(np.array(values))
+    check(lambda m, x: x[static], x)
+    want = x[static]
+    got = tessel.jit(lambda v, i: v[make(i)])(x, np.array(values)).fetch()  # the indices traced
+    np.testing.assert_array_equal(got, want)
+    eager = tessel.device_put(x)[make(tessel.device_put(np.array(values)))]
+    np.testing.assert_array_equal(eager.fetch(), want)
+
+
+def test_boolean_masks_match_numpy(session):
+    x = sample("float32", (4, 5, 3))
+    for mask in [x[:, 0, 0] > 0, x[..., 0] > 0, x > 0, np.zeros(4, bool)]:
+        check(lambda m, v: v[mask], x)
+    check(lambda m, v: v[:, x[0, :, 0] > 0, 1], x)
+    np.testing.assert_array_equal(tessel.jit(lambda v: v.at[x > 0].set(0))(x).fetch(), np.where(x > 0, 0, x))
+    with pytest.raises(IndexError, match="boolean mask with traced or device values"):
+        tessel.jit(lambda v: v[v > 0])(x)
+    with pytest.raises(IndexError, match="boolean index did not match indexed array along axis 0"):
+        tessel.jit(lambda v: v[np.ones(3, bool)])(x)
+
+
+def test_traced_indices_follow_jax(session):
+    """Out-of-range traced indices cannot raise: they follow jax.numpy.
+    Indexing clamps; take fills (NaN, the lowest int) or clips or wraps;
+    .at drops the updates; take_along_axis broadcasts the other axes."""
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    jnp = jax.numpy
+    x = sample("float64", (5, 6))
+    xi = sample("int32", (5, 6))
+    far = np.array([[7, -1], [0, -9]])
+    np.testing.assert_array_equal(tessel.jit(lambda v, i: v[i])(x, far).fetch(), np.asarray(jnp.asarray(x)[far]))
+    np.testing.assert_array_equal(tessel.jit(lambda v, i, j: v[i, j])(x, far, far.T).fetch(),
+                                  np.asarray(jnp.asarray(x)[far, far.T]))
+    for a in (x, xi):
+        for mode in (None, "fill", "clip", "wrap"):
+            got = tessel.jit(lambda v, i: tnp.take(v, i, axis=1, mode=mode))(a, far).fetch()
+            np.testing.assert_array_equal(got, np.asarray(jnp.take(jnp.asarray(a), far, axis=1, mode=mode)))
+    got = tessel.jit(lambda v, i: tnp.take(v, i, fill_value=-5.0))(x, far).fetch()
+    np.testing.assert_array_equal(got, np.asarray(jnp.take(jnp.asarray(x), far, fill_value=-5.0)))
+    order = np.argsort(x, axis=0)
+    check(lambda m, v, i: m.take_along_axis(v, i, axis=0), x, order)
+    check(lambda m, v, i: m.take_along_axis(v, i[:, :1], axis=1), x, order)  # broadcast along axis 0
+    idx = np.array([1, 1, 4, -1, 9, -8])
+    for mode in ("set", "add", "multiply", "min", "max"):
+        for a in (x, xi):
+            vals = np.arange(36).reshape(6, 6).astype(a.dtype)
+            got = tessel.jit(lambda v, i, u: getattr(v.at[i], mode)(u))(a, idx, vals).fetch()
+            np.testing.assert_array_equal(got, np.asarray(getattr(jnp.asarray(a).at[idx], mode)(vals)), err_msg=mode)
+            got = tessel.jit(lambda v, i: getattr(v.at[i, i % 6], mode)(7))(a, idx).fetch()
+            np.testing.assert_array_equal(got, np.asarray(getattr(jnp.asarray(a).at[idx, idx % 6], mode)(7)),
+                                          err_msg=mode)
+    got = tessel.jit(lambda v: v.at[np.array([0, 4]), :3].get())
+    with pytest.raises(NotImplementedError, match="partial slice"):
+        tessel.jit(lambda v: v.at[np.array([0, 4]), :3].set(1.0))(x)
+    with pytest.raises(IndexError, match="index arrays must be integers"):
+        tessel.jit(lambda v, i: v[i])(x, np.array([0.5]))
+    with pytest.raises(NotImplementedError, match="None"):
+        tessel.jit(lambda v, i: v[None, i])(x, np.array([0]))
+
+
+def test_dynamic_slices_match_jax_lax(session):
+    """Starts traced or static, negative (from the end) or past the end
+    (clamped so the window fits), also inside a loop."""
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    from tessel import lax
+    x = sample("float64", (5, 6, 4))
+    upd = sample("float64", (2, 6, 3))
+    for st in [(1, 2, 0), (4, 5, 3), (-3, 1, -2), (-9, 0, 9)]:
+        want = np.asarray(jax.lax.dynamic_slice(x, st, (2, 3, 4)))
+        np.testing.assert_array_equal(tessel.jit(lambda v: lax.dynamic_slice(v, st, (2, 3, 4)))(x).fetch(), want)
+        got = tessel.jit(lambda v, i, j: lax.dynamic_slice(v, (i, j, 0), (2, 3, 4)))(x, np.int64(st[0]), np.int32(st[1]))
+        np.testing.assert_array_equal(got.fetch(), np.asarray(jax.lax.dynamic_slice(x, (st[0], st[1], 0), (2, 3, 4))))
+        want = np.asarray(jax.lax.dynamic_update_slice(x, upd, (st[0], 0, st[2])))
+        got = tessel.jit(lambda v, u: lax.dynamic_update_slice(v, u, (st[0], 0, st[2])))(x, upd)
+        np.testing.assert_array_equal(got.fetch(), want)
+        got = tessel.jit(lambda v, u, i, k: lax.dynamic_update_slice(v, u, (i, 0, k)))(x, upd, np.int64(st[0]),
+                                                                                          np.int64(st[2]))
+        np.testing.assert_array_equal(got.fetch(), want)
+
+    def rows(xp, L):
+        return lambda i, acc: L.dynamic_update_index_in_dim(acc, xp.sin(L.dynamic_index_in_dim(acc, i, 0, False)) + i,
+                                                             i, 0)
+    got = tessel.jit(lambda v: lax.fori_loop(0, 5, rows(tnp, lax), v))(x).fetch()
+    np.testing.assert_allclose(got, np.asarray(jax.lax.fori_loop(0, 5, rows(jax.numpy, jax.lax), x)), rtol=1e-15)
+    with pytest.raises(TypeError, match="size 7 of dimension 1 is outside"):
+        tessel.jit(lambda v: lax.dynamic_slice(v, (0, 0, 0), (1, 7, 1)))(x)
+
+
+def test_gather_and_scatter_on_a_mesh_plan_only_what_they_must(session):
+    """Indexing a dimension that is not split needs no collective; indexing
+    the split dimension gathers it, and the plan says why. The results equal
+    numpy's whatever the layout."""
+    from tessel import Mesh, NamedSharding, P
+    mesh = Mesh({"data": 4})
+    x = sample("float32", (8, 6))
+    idx = np.array([5, 0, 3, 3])
+    a = tessel.device_put(x, NamedSharding(mesh, P("data", None)))
+    f = tessel.jit(lambda v, i: v[:, i])
+    assert f.lower(a, idx).collectives == [], f.lower(a, idx).as_text()
+    np.testing.assert_array_equal(f(a, idx).fetch(), x[:, idx])
+    g = tessel.jit(lambda v, i: v[i])
+    plan = g.lower(a, idx)
+    assert [c["op"] for c in plan.collectives] == ["all_gather"], plan.as_text()
+    assert "gather '" in plan.collectives[0]["reason"], plan.collectives
+    np.testing.assert_array_equal(g(a, idx).fetch(), x[idx])
+    h = tessel.jit(lambda v, i: v.at[:, i].add(1.0))
+    assert h.lower(a, idx).collectives == [], h.lower(a, idx).as_text()
+    want = x.copy()
+    np.add.at(want, (slice(None), idx), 1.0)
+    np.testing.assert_array_equal(h(a, idx).fetch(), want)
+    k = tessel.jit(lambda v, i: v.at[i].set(0.0))
+    np.testing.assert_array_equal(k(a, idx).fetch(), np.where(np.isin(np.arange(8), idx)[:, None], 0, x))
+
+
+def test_eager_arrays_inside_index_tuples_and_keywords_are_traced_not_keyed_by_repr(session):
+    """numpy abbreviates the repr of a large array: two index arrays (or
+    masks) that differ only in the middle must not share a compiled op."""
+    x = tessel.device_put(np.arange(2000, dtype=np.float32).reshape(1000, 2))
+    m1 = np.zeros((1000, 2), bool)
+    m2 = m1.copy()
+    m2[500, 1] = True
+    assert float(tnp.sum(x, where=m1)) == 0.0
+    assert float(tnp.sum(x, where=m2)) == 1001.0
+    i1 = np.zeros(1500, np.int64)
+    i2 = i1.copy()
+    i2[700] = 3
+    assert float(x[i1, 1].sum()) == 1500.0
+    assert float(x[i2, 1].sum()) == 1506.0
 
 
 def test_reduction_keywords_match_numpy(session):
