@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 
@@ -137,6 +138,73 @@ class Partitioner {
     local_types_[n.name()] = n.type();
     *out_.local.add_nodes() = n;
     return n.name();
+  }
+
+  // The lowest value of a dtype, as a fill: -inf, or the least integer.
+  static std::pair<double, int64_t> LowestValue(v1::DType dt) {
+    switch (dt) {
+      case v1::S32: return {0, std::numeric_limits<int32_t>::min()};
+      case v1::S64: return {0, std::numeric_limits<int64_t>::min()};
+      case v1::U8:
+      case v1::PRED: return {0, 0};
+      default: return {-std::numeric_limits<double>::infinity(), 0};
+    }
+  }
+
+  // A node of `op` over `operands` (type inferred), named after `base`.
+  absl::StatusOr<std::string> EmitOp(v1::Op op, std::vector<std::string> operands, const std::string& base,
+                                     const std::function<void(v1::Node&)>& attrs = {}) {
+    v1::Node n;
+    n.set_name(Fresh(base));
+    n.set_op(op);
+    for (std::string& o : operands) n.add_operands(std::move(o));
+    if (attrs) attrs(n);
+    return Emit(std::move(n));
+  }
+  // Every element of type `t` equal to `f` (floating types) or `i`.
+  absl::StatusOr<std::string> EmitFill(const v1::TensorType& t, double f, int64_t i, const std::string& base) {
+    v1::Node n;
+    n.set_name(Fresh(base));
+    n.set_op(v1::CONSTANT);
+    *n.mutable_type() = t;
+    if (IsFloat(t.dtype())) {
+      n.mutable_constant()->mutable_fill()->set_f(f);
+    } else {
+      n.mutable_constant()->mutable_fill()->set_i(i);
+    }
+    return Emit(std::move(n));
+  }
+  // Local `indices` into a dimension of `extent` split over `axes` in blocks
+  // of `block`, as s64 positions in this device's block (out of [0, block)
+  // where another device holds the slice). With `clamp`, first clamped into
+  // [0, extent), as a gather over the whole dimension reads.
+  absl::StatusOr<std::string> BlockIndices(const std::string& indices, const Axes& axes, int64_t extent,
+                                           int64_t block, bool clamp, const std::string& base) {
+    const v1::TensorType& it = local_types_.at(indices);
+    v1::TensorType s64 = it, scalar;
+    s64.set_dtype(v1::S64);
+    scalar.set_dtype(v1::S64);
+    TESSEL_ASSIGN_OR_RETURN(std::string idx, EmitOp(v1::CONVERT, {indices}, base + ".s64",
+                                                    [](v1::Node& n) { n.mutable_convert()->set_dtype(v1::S64); }));
+    if (clamp) {
+      TESSEL_ASSIGN_OR_RETURN(std::string lo, EmitFill(scalar, 0, 0, base + ".lo"));
+      TESSEL_ASSIGN_OR_RETURN(std::string hi, EmitFill(scalar, 0, extent - 1, base + ".hi"));
+      TESSEL_ASSIGN_OR_RETURN(idx, EmitOp(v1::CLAMP, {lo, idx, hi}, base + ".clamp"));
+    }
+    v1::Node ai;
+    ai.set_name(Fresh(base + ".axis_index"));
+    ai.set_op(v1::AXIS_INDEX);
+    ai.mutable_type()->set_dtype(v1::S32);
+    for (const std::string& a : axes) ai.mutable_collective()->add_axes(a);
+    TESSEL_ASSIGN_OR_RETURN(std::string at, Emit(std::move(ai)));
+    TESSEL_ASSIGN_OR_RETURN(at, EmitOp(v1::CONVERT, {at}, base + ".block",
+                                       [](v1::Node& n) { n.mutable_convert()->set_dtype(v1::S64); }));
+    TESSEL_ASSIGN_OR_RETURN(std::string size, EmitFill(scalar, 0, block, base + ".block_size"));
+    TESSEL_ASSIGN_OR_RETURN(std::string offset, EmitOp(v1::MUL, {at, size}, base + ".offset"));
+    TESSEL_ASSIGN_OR_RETURN(offset, EmitOp(v1::BROADCAST_IN_DIM, {offset}, base + ".offset", [&](v1::Node& n) {
+                              *n.mutable_broadcast_in_dim()->mutable_dims() = s64.dims();
+                            }));
+    return EmitOp(v1::SUB, {idx, offset}, base + ".local");
   }
 
   absl::StatusOr<std::string> EmitCollective(v1::Op op, const std::string& input, const std::string& base,
@@ -412,6 +480,7 @@ class Partitioner {
       default: break;
     }
     // Decide the layout each operand must take and the result's.
+    Axes gather_split;  // GATHER: the mesh axes its indexed dimension stays split over
     std::vector<v1::Sharding> want(n.operands_size());
     v1::Sharding result = Replicated(rank);
     const auto& op_type = [&](int i) -> const v1::TensorType& { return operand(i).global; };
@@ -515,12 +584,23 @@ class Partitioner {
           break;
         }
         case v1::GATHER: {
-          // The picked dimension is whole on every device; the operand's
-          // other splits and the indices' splits carry to the result, unless
-          // a mesh axis would then split two result dimensions.
+          // A split indexed dimension: where the result is smaller than the
+          // gathered operand would be, each device reads the slices it holds
+          // and puts the lowest value elsewhere, so the result is a partial
+          // max over the split (one all_reduce of the result, not an
+          // all_gather of the operand); else the dimension is gathered.
+          // The operand's other splits and the indices' splits carry to the
+          // result, unless a mesh axis would then split two dimensions.
           const int64_t ax = n.gather().axis();
           v1::Sharding x = Complete(current(0)), ix = Complete(current(1));
-          SetDimAxes(x, ax, {});
+          const Axes split = DimAxes(x, ax);
+          const int64_t k = AxesSize(mesh_, split);
+          if (k > 1 && NumElementsUnchecked(LocalType(n.type(), x, mesh_)) <
+                           NumElementsUnchecked(LocalType(op_type(0), x, mesh_)) * k) {
+            gather_split = split;
+          } else {
+            SetDimAxes(x, ax, {});
+          }
           absl::flat_hash_set<std::string> used;
           for (const auto& d : x.dims()) used.insert(d.axes().begin(), d.axes().end());
           for (int d = 0; d < ix.dims_size(); ++d) {
@@ -539,14 +619,18 @@ class Partitioner {
             if (d > ax) SetDimAxes(result, d - 1 + ir, DimAxes(x, d));
           }
           for (int d = 0; d < ir; ++d) SetDimAxes(result, int(ax) + d, DimAxes(ix, d));
+          for (const std::string& a : gather_split) result.add_partial(a);
+          if (!gather_split.empty()) result.set_partial_kind(v1::REDUCE_MAX);
           break;
         }
         case v1::SCATTER: {
-          // Every device updates its own block of the operand: the updated
-          // dimension whole, all indices, and the updates' matching block.
+          // Every device updates its own block of the operand, keeping its
+          // splits, with all the indices (shifted into its block along a
+          // split updated dimension: updates for other blocks fall out of
+          // range and are dropped) and the updates' matching block. No
+          // collective but those that make the indices whole.
           const int64_t ax = n.scatter().axis();
           v1::Sharding x = Complete(current(0));
-          SetDimAxes(x, ax, {});
           const int ir = op_type(1).dims_size();
           want[0] = x;
           want[1] = Replicated(ir);
@@ -643,7 +727,45 @@ class Partitioner {
         if (!result.dims(d).axes().empty()) local.mutable_slice()->set_limit(d, lt.dims(d));
       }
     }
+    const int64_t indexed = n.op() == v1::GATHER ? n.gather().axis() : n.op() == v1::SCATTER ? n.scatter().axis() : -1;
+    const Axes indexed_split = n.op() == v1::GATHER ? gather_split
+                               : n.op() == v1::SCATTER ? DimAxes(result, indexed) : Axes{};
+    std::string block_indices;
+    if (!indexed_split.empty()) {
+      const int64_t extent = op_type(0).dims(indexed);
+      TESSEL_ASSIGN_OR_RETURN(block_indices,
+                              BlockIndices(local.operands(1), indexed_split, extent,
+                                           extent / AxesSize(mesh_, indexed_split), n.op() == v1::GATHER,
+                                           Fresh(name)));
+      local.set_operands(1, block_indices);
+    }
     TESSEL_ASSIGN_OR_RETURN(v.local, Emit(std::move(local)));
+    if (n.op() == v1::GATHER && !gather_split.empty()) {
+      // Slices another device holds read as the lowest value: the max over
+      // the split keeps the one read where it lives (-0.0 and NaN intact).
+      const v1::TensorType& gt = local_types_.at(v.local);
+      const v1::TensorType& bt = local_types_.at(block_indices);
+      const int64_t block = op_type(0).dims(indexed) / AxesSize(mesh_, gather_split);
+      v1::TensorType scalar;
+      scalar.set_dtype(v1::S64);
+      TESSEL_ASSIGN_OR_RETURN(std::string zero, EmitFill(bt, 0, 0, name + ".zero"));
+      TESSEL_ASSIGN_OR_RETURN(std::string size, EmitFill(bt, 0, block, name + ".block_size"));
+      auto compare = [&](v1::CompareDirection d) {
+        return [d](v1::Node& c) { c.mutable_compare()->set_direction(d); };
+      };
+      TESSEL_ASSIGN_OR_RETURN(std::string ge, EmitOp(v1::COMPARE, {block_indices, zero}, name + ".mine", compare(v1::GE)));
+      TESSEL_ASSIGN_OR_RETURN(std::string lt, EmitOp(v1::COMPARE, {block_indices, size}, name + ".mine", compare(v1::LT)));
+      TESSEL_ASSIGN_OR_RETURN(std::string mine, EmitOp(v1::AND, {ge, lt}, name + ".mine"));
+      TESSEL_ASSIGN_OR_RETURN(mine, EmitOp(v1::BROADCAST_IN_DIM, {mine}, name + ".mine", [&](v1::Node& b) {
+                                *b.mutable_broadcast_in_dim()->mutable_dims() = gt.dims();
+                                for (int d = 0; d < bt.dims_size(); ++d) {
+                                  b.mutable_broadcast_in_dim()->add_broadcast_dimensions(indexed + d);
+                                }
+                              }));
+      const auto [low_f, low_i] = LowestValue(gt.dtype());
+      TESSEL_ASSIGN_OR_RETURN(std::string low, EmitFill(gt, low_f, low_i, name + ".lowest"));
+      TESSEL_ASSIGN_OR_RETURN(v.local, EmitOp(v1::SELECT, {mine, v.local, low}, name + ".held"));
+    }
     if (n.op() == v1::REVERSE) {
       // Each device reversed its own block; along a split dimension the
       // blocks are then mirrored: block i belongs where block k-1-i is.

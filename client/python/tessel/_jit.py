@@ -374,14 +374,15 @@ class _Slot:
         return f"<array {self.k}>"
 
 
-def _hoist(a, arrays):
-    """`a` with every tessel.Array and numpy array in it (also inside nested
-    tuples and lists) replaced by a _Slot, the arrays appended to `arrays`."""
-    if isinstance(a, (Array, np.ndarray)):
+def _hoist(a, arrays, keep_numpy=False):
+    """`a` with every tessel.Array in it (also inside nested tuples and
+    lists) replaced by a _Slot, the arrays appended to `arrays`; numpy
+    arrays too unless `keep_numpy` (an index, static by value)."""
+    if isinstance(a, Array) or (isinstance(a, np.ndarray) and not keep_numpy):
         arrays.append(a)
         return _Slot(len(arrays) - 1)
     if type(a) in (tuple, list):
-        return type(a)(_hoist(x, arrays) for x in a)
+        return type(a)(_hoist(x, arrays, keep_numpy) for x in a)
     return a
 
 
@@ -393,18 +394,28 @@ def _fill(a, values):
     return a
 
 
+def _key(a):
+    """A cache key for a static argument: repr, except numpy arrays, whose
+    repr abbreviates: those by dtype, shape and bytes."""
+    if isinstance(a, np.ndarray):
+        return ("ndarray", a.dtype.str, a.shape, a.tobytes())
+    if type(a) in (tuple, list):
+        return (type(a).__name__,) + tuple(_key(x) for x in a)
+    return repr(a)
+
+
 def eager_call(fn, args, kwargs):
     """An op called outside a trace: compiled as a one-op jit over its array
-    arguments, wherever they stand (an index tuple, a keyword): those are
-    traced, never keyed by their printed form, which numpy abbreviates.
-    Everything else stays static, keyed by repr."""
+    arguments, wherever they stand (in a tuple, a keyword). Numpy arrays in
+    an index argument (fn._static_arrays) stay static, as under jit, keyed
+    by value; everything else static is keyed by repr."""
     arrays = []
-    static_args = _hoist(tuple(args), arrays)
+    keep = getattr(fn, "_static_arrays", ())
+    static_args = tuple(_hoist(a, arrays, i in keep) for i, a in enumerate(args))
     static_kwargs = {k: _hoist(v, arrays) for k, v in kwargs.items()}
     # Keyed by the function itself: every binary, unary and comparison op is
     # a closure of one factory, so they share a __qualname__.
-    # Keyword values by repr too: lists (tensordot's axes) are not hashable.
-    key = (fn, repr(static_args), tuple(sorted((k, repr(v)) for k, v in static_kwargs.items())))
+    key = (fn, _key(static_args), tuple(sorted((k, _key(v)) for k, v in static_kwargs.items())))
     j = _eager.get(key)
     if j is None:
         def op(*values):

@@ -2107,4 +2107,9 @@ class _IndexUpdateHelper:
         return _IndexUpdateRef(self._x, idx)
 
 
+# Index arguments: numpy arrays in them are indices known when tracing (and
+# boolean masks), also for an eager call, which keeps them static.
+for _f in (_getitem, _at_update, take, take_along_axis):
+    _f.__wrapped__._static_arrays = (1,)
+
 install_operators(Tracer, __import__(__name__, fromlist=["_"]))

@@ -292,16 +292,17 @@ def _randint(k, shape, minval, maxval):
 
 def permutation(k, x, axis=0, independent=False):
     """jax.random.permutation: a shuffle of arange(x) (an int) or of x
-    along `axis` (1-D, or each vector on its own with independent=True),
+    along `axis` (each vector on its own with independent=True, else whole
+    slices of x moved by one shuffled index vector),
     by rounds of a stable sort under fresh random 32-bit keys (as JAX:
     enough rounds that ties are unlikely to survive every one)."""
     if np.ndim(x) == 0:
         if not np.issubdtype(np.asarray(x).dtype, np.integer):
             raise TypeError("permutation: x must be an integer or at least 1-dimensional")
         return _shuffle(_key(k), int(x), 0)
-    if np.ndim(x) > 1 and not independent:
-        raise NotImplementedError("permutation of rows of an array of 2 or more dimensions needs a gather, which "
-                                  "Tessel does not have yet; use independent=True or permute an index vector")
+    if np.ndim(x) > 1 and not independent:  # as JAX: a shuffled index vector, then a gather of x's slices
+        axis = int(axis) % np.ndim(x)
+        return tnp.take(x, _shuffle(_key(k), int(np.shape(x)[axis]), 0), axis=axis)
     return _shuffle(_key(k), x, axis)
 
 

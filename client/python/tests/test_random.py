@@ -136,3 +136,6 @@ def test_permutation_equals_jax(session):
         v = np.linspace(0, 1, 9)
         np.testing.assert_array_equal(trandom.permutation(k, tessel.device_put(v)).fetch(),
                                       np.asarray(jax.random.permutation(jk, v)))
+        for axis in (0, 1, -1):  # whole rows or columns moved by one shuffled index vector (a gather)
+            got = tessel.jit(lambda k, v: trandom.permutation(k, v, axis=axis))(k, x).fetch()
+            np.testing.assert_array_equal(got, np.asarray(jax.random.permutation(jk, x, axis=axis)))

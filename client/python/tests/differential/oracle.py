@@ -527,6 +527,14 @@ class Oracle:
         x = np.array(_raw(a), copy=True)
         v = np.asarray(_raw(values)).astype(x.dtype)
         old = x[idx]
+        parts = idx if isinstance(idx, tuple) else (idx,)
+        if mode != "set" and any(isinstance(i, (list, np.ndarray)) for i in parts):
+            # Index arrays may repeat an index: every update applies (ufunc.at).
+            ufunc = {"add": np.logical_or if x.dtype == np.bool_ else np.add,
+                     "multiply": np.logical_and if x.dtype == np.bool_ else np.multiply,
+                     "min": np.minimum, "max": np.maximum}[mode]
+            ufunc.at(x, idx, np.broadcast_to(v, old.shape))
+            return x
         if mode == "set":
             x[idx] = v
         elif mode == "add":
@@ -537,6 +545,8 @@ class Oracle:
             x[idx] = np.minimum(old, v) if mode == "min" else np.maximum(old, v)
         return x
 
+    take = _plain(np.take)
+    take_along_axis = _plain(np.take_along_axis)
     flip = _plain(np.flip)
     roll = _plain(np.roll)
     squeeze = _plain(np.squeeze)

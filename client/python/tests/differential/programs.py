@@ -742,6 +742,59 @@ def op_at(b):
     b.add(f"{x.name}.at[{', '.join(parts)}].{mode}({src})", [x] + vals, discontinuous=mode in ("max", "min"))
 
 
+def op_index(b):
+    """numpy's advanced indexing with the index values in the program
+    (lists with repeats and negatives, boolean masks, integers and slices
+    beside them), take, take_along_axis, and x.at[index lists] updates
+    (set with distinct indices: which repeat wins is unspecified in JAX)."""
+    x = b.pick(lambda v: v.ndim >= 1 and v.value.size > 0)
+    kind = b.draw(st.sampled_from(["fancy", "fancy", "mask", "take", "take_along", "at"]))
+    k = b.draw(st.integers(1, 4))
+
+    def positions(s, count, distinct=False):
+        if distinct:
+            return b.draw(st.lists(st.integers(0, s - 1), min_size=min(count, s), max_size=min(count, s), unique=True))
+        return [b.draw(st.integers(-s, s - 1)) for _ in range(count)]
+    if kind in ("fancy", "at"):
+        mode = b.draw(st.sampled_from(["set", "add", "max", "min", "multiply"])) if kind == "at" else None
+        if mode == "set":
+            k = min([k] + list(x.shape))
+        parts, lists = [], 0
+        for s in x.shape:
+            choice = b.draw(st.sampled_from(["all", "list", "int", "range"] if kind == "fancy" else ["all", "list"]))
+            if choice == "list" or (choice == "int" and kind == "fancy"):
+                lists += 1
+                parts.append(repr(positions(s, k, mode == "set")) if choice == "list" else str(positions(s, 1)[0]))
+            elif choice == "range":
+                lo = b.draw(st.integers(0, s))
+                parts.append(f"{lo}:{b.draw(st.integers(lo, s))}")
+            else:
+                parts.append(":")
+        if not any(p.startswith("[") for p in parts):
+            parts[0] = repr(positions(x.shape[0], k, mode == "set"))
+        if mode == "set" and sum(p.startswith("[") for p in parts) > 1:
+            raise _Reject  # distinct per axis is not distinct per element
+        if kind == "fancy":
+            b.add(f"{x.name}[{', '.join(parts)}]", [x])
+            return
+        src = "True" if x.dtype == BOOL else str(b.draw(st.sampled_from([0, 1, 2])))
+        b.add(f"{x.name}.at[{', '.join(parts)}].{mode}({src})", [x], discontinuous=mode in ("max", "min"))
+    elif kind == "mask":
+        lead = b.draw(st.integers(1, x.ndim))
+        mask = np.array(b.draw(st.lists(st.booleans(), min_size=int(np.prod(x.shape[:lead])),
+                                        max_size=int(np.prod(x.shape[:lead]))))).reshape(x.shape[:lead])
+        b.add(f"{x.name}[np.array({mask.tolist()!r})]", [x])
+    elif kind == "take":
+        axis = b.draw(st.integers(0, x.ndim - 1))
+        b.add(f"xp.take({x.name}, {positions(x.shape[axis], k)!r}, axis={axis})", [x])
+    else:
+        axis = b.draw(st.integers(0, x.ndim - 1))
+        shape = list(x.shape)
+        shape[axis] = k
+        idx = np.array([positions(x.shape[axis], 1)[0] for _ in range(int(np.prod(shape)))]).reshape(shape)
+        b.add(f"xp.take_along_axis({x.name}, np.array({idx.tolist()!r}), axis={axis})", [x])
+
+
 def op_sequence(b):
     """Ops along one axis: flip, roll, cumsum, sort and argsort."""
     kind = b.draw(st.sampled_from(["flip", "roll", "cumsum", "sort", "argsort"]))
@@ -760,7 +813,7 @@ def op_sequence(b):
 OPS = [(op_binary, 14), (op_unary, 10), (op_compare, 7), (op_where, 4), (op_clip, 3), (op_astype, 5),
        (op_reduce, 8), (op_reshape, 4), (op_transpose, 3), (op_broadcast, 3), (op_slice, 4),
        (op_concatenate, 2), (op_stack, 2), (op_pad, 2), (op_matmul, 3), (op_einsum, 3), (op_create, 2),
-       (op_layout_more, 3), (op_control, 2), (op_sequence, 3), (op_at, 2)]
+       (op_layout_more, 3), (op_control, 2), (op_sequence, 3), (op_at, 2), (op_index, 3)]
 _OP_TABLE = [f for f, w in OPS for _ in range(w)]
 
 
