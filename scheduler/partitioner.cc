@@ -595,8 +595,7 @@ class Partitioner {
           v1::Sharding x = Complete(current(0)), ix = Complete(current(1));
           const Axes split = DimAxes(x, ax);
           const int64_t k = AxesSize(mesh_, split);
-          if (k > 1 && NumElementsUnchecked(LocalType(n.type(), x, mesh_)) <
-                           NumElementsUnchecked(LocalType(op_type(0), x, mesh_)) * k) {
+          if (k > 1 && NumElementsUnchecked(n.type()) < NumElementsUnchecked(op_type(0))) {
             gather_split = split;
           } else {
             SetDimAxes(x, ax, {});
@@ -743,8 +742,7 @@ class Partitioner {
     if (n.op() == v1::GATHER && !gather_split.empty()) {
       // Slices another device holds read as the lowest value: the max over
       // the split keeps the one read where it lives (-0.0 and NaN intact).
-      const v1::TensorType& gt = local_types_.at(v.local);
-      const v1::TensorType& bt = local_types_.at(block_indices);
+      const v1::TensorType gt = local_types_.at(v.local), bt = local_types_.at(block_indices);  // copies: Emit rehashes
       const int64_t block = op_type(0).dims(indexed) / AxesSize(mesh_, gather_split);
       v1::TensorType scalar;
       scalar.set_dtype(v1::S64);

@@ -2019,6 +2019,30 @@ def argsort(a, axis=-1, kind=None, order=None, *, stable=True, descending=False)
     return _sort_node(t, _b().iota(t.shape, _np.dtype(int64), ax), ax, descending)
 
 
+@_op
+def searchsorted(a, v, side="left", sorter=None, method=None):
+    """numpy.searchsorted into a sorted 1-D `a` (NaN sorts last, as
+    numpy's): per value of v, how many elements of a go before it (left:
+    those less than it; right: those not greater). Every pair is compared
+    (a broadcast compare and a sum): memory grows as len(a) * v.size."""
+    t = _tracer(a)
+    if t.ndim != 1:
+        raise ValueError(f"searchsorted: a must be 1-dimensional, got {t!r}")
+    if side not in ("left", "right"):
+        raise ValueError(f"searchsorted: side must be 'left' or 'right', got {side!r}")
+    if sorter is not None:
+        t = take(t, sorter)
+    x = _tracer(v)
+    d = _result_dtype(t, x)
+    sa = reshape(_convert(t, d), (1,) * x.ndim + t.shape)
+    sv = expand_dims(_convert(x, d), -1)
+    before = less(sa, sv) if side == "left" else less_equal(sa, sv)
+    if d.kind == "f" or d == _dtypes.BFLOAT16:  # NaN is the largest: every number goes before it
+        nan_v = not_equal(sv, sv)
+        before = logical_or(before, logical_and(nan_v, equal(sa, sa)) if side == "left" else nan_v)
+    return sum(before, axis=-1, dtype=int64)
+
+
 # ---------------------------------------------------------------- x.at[...]: functional updates
 
 @_op
@@ -2052,7 +2076,8 @@ def _at_update(x, idx, values, mode):
     low = start
     high = [size - (lim if n else lo) for size, lo, lim, n in zip(t.shape, start, limit, region)]
     interior = [st - 1 for st in strides]
-    neutral = {"set": 0, "add": 0, "multiply": 1, "min": 0, "max": 0}[mode]
+    # -0.0 is the additive identity of floats: x + -0.0 is x, -0.0 included.
+    neutral = {"set": 0, "add": -0.0 if _dtypes.is_float(t.dtype) else 0, "multiply": 1, "min": 0, "max": 0}[mode]
 
     def spread(val, fill):
         def attrs(n):

@@ -23,7 +23,8 @@ import numpy as np
 
 from tessel import numpy as tnp
 
-__all__ = ["PRNGKey", "bernoulli", "bits", "fold_in", "key", "key_data", "normal", "permutation", "randint", "split",
+__all__ = ["PRNGKey", "bernoulli", "bits", "choice", "fold_in", "gumbel", "key", "key_data", "normal", "permutation",
+           "randint", "split",
            "uniform"]
 
 _MASK = 0xFFFFFFFF
@@ -304,6 +305,62 @@ def permutation(k, x, axis=0, independent=False):
         axis = int(axis) % np.ndim(x)
         return tnp.take(x, _shuffle(_key(k), int(np.shape(x)[axis]), 0), axis=axis)
     return _shuffle(_key(k), x, axis)
+
+
+def gumbel(k, shape=(), dtype=np.float32):
+    """jax.random.gumbel: -log(-log(u)), u uniform over [tiny, 1)."""
+    d = np.dtype(dtype) if dtype is not tnp.bfloat16 else dtype
+    u = uniform(k, shape, dtype, float(np.finfo(d).tiny) if d != tnp.bfloat16 else 1.1754944e-38, 1.0)
+    return tnp.negative(tnp.log(tnp.negative(tnp.log(u))))
+
+
+def choice(k, a, shape=(), replace=True, p=None, axis=0):
+    """jax.random.choice, by JAX's construction: with replacement, randint
+    indices (int32: JAX's when 64-bit types are off) or, with `p`, the
+    inverse of its cumulative sum at uniform draws; without replacement, a
+    permutation's head or, with `p`, the Gumbel top-k. Rows of an array are
+    picked by a gather."""
+    shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(s) for s in shape)
+    scalar = np.ndim(a) == 0
+    if scalar:
+        if not np.issubdtype(np.asarray(a).dtype, np.integer):
+            raise TypeError("choice: a must be an integer or an array")
+        n = int(a)
+    else:
+        axis = int(axis) % np.ndim(a)
+        n = int(np.shape(a)[axis])
+    draws = math.prod(shape)
+    if draws == 0:
+        return tnp.zeros(shape, dtype=np.int32 if scalar else tnp.asarray(a).dtype)
+    if n <= 0:
+        raise ValueError("choice: a must be greater than 0 unless no samples are taken")
+    if not replace and draws > n:
+        raise ValueError(f"choice: cannot take a larger sample (size {draws}) than the population (size {n}) "
+                         "when replace=False")
+    if p is None:
+        if replace:
+            ind = randint(k, shape, 0, n)
+        else:
+            ind = permutation(k, n)[:draws]
+    else:
+        pa = tnp.asarray(p)
+        if tuple(pa.shape) != (n,):
+            raise ValueError(f"choice: p must be None or a vector of a's length along axis ({n}), got shape "
+                             f"{tuple(pa.shape)}")
+        if pa.dtype.kind not in "f" and pa.dtype != tnp.bfloat16:
+            pa = tnp.astype(pa, np.float64)
+        if replace:
+            cuml = tnp.cumsum(pa)
+            r = tnp.multiply(cuml[-1], tnp.subtract(1, uniform(k, shape, pa.dtype)))
+            ind = tnp.searchsorted(cuml, r)
+        else:
+            g = tnp.add(gumbel(k, (n,), pa.dtype), tnp.log(pa))
+            ind = tnp.argsort(g, descending=True)[:draws]  # lax.top_k: ties are improbable
+    if scalar:
+        return tnp.reshape(ind, shape)
+    out = tnp.take(a, tnp.ravel(ind) if np.ndim(ind) != 1 else ind, axis=axis)
+    ash = tuple(np.shape(a))
+    return tnp.reshape(out, ash[:axis] + shape + ash[axis + 1:])
 
 
 @tnp._op

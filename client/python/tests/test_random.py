@@ -139,3 +139,31 @@ def test_permutation_equals_jax(session):
         for axis in (0, 1, -1):  # whole rows or columns moved by one shuffled index vector (a gather)
             got = tessel.jit(lambda k, v: trandom.permutation(k, v, axis=axis))(k, x).fetch()
             np.testing.assert_array_equal(got, np.asarray(jax.random.permutation(jk, x, axis=axis)))
+
+
+def test_choice_equals_jax(session):
+    """choice by JAX's construction: randint indices (JAX's with 64-bit
+    types off: Tessel's randint is int32), a permutation's head, the
+    inverse cumulative sum of p (p exact in binary, so any summation order
+    gives JAX's cumulative sums) and the Gumbel top-k."""
+    x = np.arange(30.0).reshape(6, 5)
+    p = np.array([0.25, 0.0, 0.125, 0.5, 0.0625, 0.0625])
+    for seed in SEEDS:
+        k, jk = trandom.key(seed), jax.random.PRNGKey(seed)
+        with jax.enable_x64(False):
+            np.testing.assert_array_equal(trandom.choice(k, 10, (3, 4)).fetch(),
+                                          np.asarray(jax.random.choice(jk, 10, (3, 4))))
+            np.testing.assert_array_equal(tessel.jit(lambda k, v: trandom.choice(k, v, (7,), axis=1))(k, x).fetch(),
+                                          np.asarray(jax.random.choice(jk, x.astype(np.float32), (7,), axis=1)))
+        np.testing.assert_array_equal(tessel.jit(lambda k: trandom.choice(k, 50, (4, 5), replace=False))(k).fetch(),
+                                      np.asarray(jax.random.choice(jk, 50, (4, 5), replace=False)))
+        np.testing.assert_array_equal(tessel.jit(lambda k, v: trandom.choice(k, v, (2,), replace=False))(k, x).fetch(),
+                                      np.asarray(jax.random.choice(jk, x, (2,), replace=False)))
+        np.testing.assert_array_equal(tessel.jit(lambda k: trandom.choice(k, 6, (200,), p=p))(k).fetch(),
+                                      np.asarray(jax.random.choice(jk, 6, (200,), p=p)))
+        np.testing.assert_array_equal(tessel.jit(lambda k: trandom.choice(k, 6, (3,), replace=False, p=p))(k).fetch(),
+                                      np.asarray(jax.random.choice(jk, 6, (3,), replace=False, p=p)))
+    with pytest.raises(ValueError, match="larger sample"):
+        trandom.choice(trandom.key(0), 3, (4,), replace=False)
+    with pytest.raises(ValueError, match="p must be None or a vector"):
+        trandom.choice(trandom.key(0), 3, (4,), p=np.ones(4) / 4)

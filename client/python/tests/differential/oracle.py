@@ -513,13 +513,21 @@ class Oracle:
     broadcast_to = _plain(np.broadcast_to)
     expand_dims = _plain(np.expand_dims)
 
+    @staticmethod
+    def _sort_keys(x):
+        """bfloat16 keys as float32 (exact): ml_dtypes' comparison leaves a
+        NaN where it is, where numpy sorts a float NaN last."""
+        return x.astype(np.float32) if x.dtype == ml_dtypes.bfloat16 else x
+
     @_elementwise_op
     def sort(self, a, axis=-1):
-        return np.sort(_raw(a), axis=axis, kind="stable")
+        x = np.asarray(_raw(a))
+        order = np.argsort(self._sort_keys(x), axis=axis, kind="stable")
+        return np.take_along_axis(x.ravel() if axis is None else x, order, axis=-1 if axis is None else axis)
 
     @_elementwise_op
     def argsort(self, a, axis=-1):
-        return np.argsort(_raw(a), axis=axis, kind="stable")
+        return np.argsort(self._sort_keys(np.asarray(_raw(a))), axis=axis, kind="stable")
 
     @_elementwise_op
     def _at(self, a, idx, values, mode):
@@ -688,6 +696,27 @@ class OracleLax:
 
     def cond(self, pred, true_fun, false_fun, *operands):
         return (true_fun if bool(np.asarray(_raw(pred))) else false_fun)(*operands)
+
+    @staticmethod
+    def _window(x, starts, sizes):
+        """jax.lax's window: negative starts count from the end, then each
+        is clamped so the window fits."""
+        out = []
+        for s, n, k in zip(starts, x.shape, sizes):
+            s = int(np.asarray(_raw(s)))
+            s = s + n if s < 0 else s
+            out.append(slice(min(max(s, 0), n - k), min(max(s, 0), n - k) + k))
+        return tuple(out)
+
+    def dynamic_slice(self, x, starts, sizes):
+        raw = np.asarray(_raw(x))
+        return Value(self.ns, raw[self._window(raw, starts, sizes)].copy())
+
+    def dynamic_update_slice(self, x, update, starts):
+        raw = np.array(_raw(x), copy=True)
+        u = np.asarray(_raw(update)).astype(raw.dtype)
+        raw[self._window(raw, starts, u.shape)] = u
+        return Value(self.ns, raw)
 
 
 # ---------------------------------------------------------------- runs

@@ -672,6 +672,12 @@ def op_control(b):
         return
     y = b.pick(lambda v: v.dtype != BOOL and _fits(v.shape, x.shape))
     template = b.draw(st.sampled_from(LOOP_BODIES))
+    if "tanh" in template and x.dtype.kind in "iu":
+        # Truncating tanh to an integer jumps where tanh is within an ulp of
+        # +-1 (numpy's tanh(19.0) is 1.0, the correctly rounded one and
+        # Tessel's 1 - 2**-53): scaled and rounded, no integer argument
+        # lands near a jump.
+        template = "xp.rint(xp.tanh({c} + {y}) * 3).astype({c}.dtype)"
     trips = b.draw(st.integers(0, 4))
     discontinuous = "where" in template
     if kind == "fori":
@@ -795,6 +801,34 @@ def op_index(b):
         b.add(f"xp.take_along_axis({x.name}, np.array({idx.tolist()!r}), axis={axis})", [x])
 
 
+def op_window(b):
+    """jax.lax.dynamic_slice and dynamic_update_slice: starts static
+    (negative or past the end: clamped) or traced (an argmax), the update
+    a value of the pool that fits, or a slice of the operand."""
+    x = b.pick(lambda v: v.ndim >= 1)
+    starts, deps = [], []
+    for s in x.shape:
+        if b.draw(st.integers(0, 3)) == 0:
+            y = b.pick(lambda v: v.value.size > 0 and v.dtype != BOOL)
+            starts.append(f"xp.argmax({y.name})")
+            deps.append(y)
+        else:
+            starts.append(str(b.draw(st.integers(-s - 2, s + 2))))
+    start_text = "(" + ", ".join(starts) + ("," if len(starts) == 1 else "") + ")"
+    if b.draw(st.booleans()):
+        sizes = tuple(b.draw(st.integers(0, s)) for s in x.shape)
+        b.add(f"lax.dynamic_slice({x.name}, {start_text}, {sizes!r})", [x] + deps, discontinuous=bool(deps))
+        return
+    fits = [v for v in b.pool if v.dtype == x.dtype and v.ndim == x.ndim and all(a <= c for a, c in zip(v.shape, x.shape))]
+    if fits and b.draw(st.booleans()):
+        u = b.draw(st.sampled_from(fits))
+        b.add(f"lax.dynamic_update_slice({x.name}, {u.name}, {start_text})", [x, u] + deps, discontinuous=bool(deps))
+    else:
+        part = ", ".join(f":{b.draw(st.integers(0, s))}" for s in x.shape)
+        b.add(f"lax.dynamic_update_slice({x.name}, {x.name}[{part}], {start_text})", [x] + deps,
+              discontinuous=bool(deps))
+
+
 def op_sequence(b):
     """Ops along one axis: flip, roll, cumsum, sort and argsort."""
     kind = b.draw(st.sampled_from(["flip", "roll", "cumsum", "sort", "argsort"]))
@@ -813,7 +847,7 @@ def op_sequence(b):
 OPS = [(op_binary, 14), (op_unary, 10), (op_compare, 7), (op_where, 4), (op_clip, 3), (op_astype, 5),
        (op_reduce, 8), (op_reshape, 4), (op_transpose, 3), (op_broadcast, 3), (op_slice, 4),
        (op_concatenate, 2), (op_stack, 2), (op_pad, 2), (op_matmul, 3), (op_einsum, 3), (op_create, 2),
-       (op_layout_more, 3), (op_control, 2), (op_sequence, 3), (op_at, 2), (op_index, 3)]
+       (op_layout_more, 3), (op_control, 2), (op_sequence, 3), (op_at, 2), (op_index, 3), (op_window, 2)]
 _OP_TABLE = [f for f, w in OPS for _ in range(w)]
 
 
