@@ -728,7 +728,7 @@ def take(a, indices, axis=None, mode=None, fill_value=None):
     if axis is None:
         t, axis = ravel(t), 0
     ax = _axis_list(axis, t.ndim, "take")[0]
-    traced = isinstance(indices, Tracer) or _is_device_array(indices)
+    traced = _is_traced(indices)
     if not traced and mode in (None, "raise", "clip", "wrap") and fill_value is None:
         idx = _np.asarray(indices)
         idx = idx.astype(_np.int64) if idx.size == 0 else idx
@@ -787,8 +787,13 @@ def _is_device_array(i):
     return type(i).__name__ == "Array" and hasattr(i, "sharding")
 
 
+def _is_traced(i):
+    """A value known only on the device: a tracer, or a tessel.Array."""
+    return isinstance(i, Tracer) or _is_device_array(i)
+
+
 def _is_array_index(i):
-    return isinstance(i, (Tracer, list, _np.ndarray)) or _is_device_array(i)
+    return isinstance(i, (list, _np.ndarray)) or _is_traced(i)
 
 
 def _wrap_negative(idx, n):
@@ -816,7 +821,7 @@ def _expand_index(t, idx, what):
             if m.ndim == 0:
                 raise NotImplementedError(f"{what}: a scalar boolean index is not supported")
             parts.extend(_MaskPart(p, size) for p, size in zip(m.nonzero(), m.shape))
-        elif (isinstance(i, Tracer) or _is_device_array(i)) and i.dtype == _np.bool_:
+        elif _is_traced(i) and i.dtype == _np.bool_:
             raise IndexError(f"{what}: a boolean mask with traced or device values: the result's shape would depend "
                              "on the values. Use tessel.numpy.where(mask, x, other), or pass the mask as a numpy array")
         else:
@@ -851,7 +856,7 @@ def _advanced(t, parts, what, out_of_range):
     tracers = []
     for d in dims:
         i, n = parts[d], t.shape[d]
-        if isinstance(i, Tracer) or _is_device_array(i):
+        if _is_traced(i):
             tr = _tracer(i)
             if tr.dtype.kind not in "iu":
                 raise IndexError(f"{what}: index arrays must be integers or booleans, got {tr.dtype} for axis {d}")
@@ -958,7 +963,7 @@ def take_along_axis(arr, indices, axis, mode=None, fill_value=None):
     if axis is None:
         t, axis = ravel(t), 0
     ax = _axis_list(axis, t.ndim, "take_along_axis")[0]
-    idx = _tracer(indices) if isinstance(indices, Tracer) or _is_device_array(indices) else _np.asarray(indices)
+    idx = _tracer(indices) if _is_traced(indices) else _np.asarray(indices)
     if len(idx.shape) != t.ndim:
         raise ValueError(f"take_along_axis: indices and arr must have the same number of dimensions, got "
                          f"{len(idx.shape)} and {t.ndim}")
@@ -990,7 +995,7 @@ def _take_mode(t, parts, ax, mode, fill_value, what):
     indices: out-of-range reads give `fill_value`), "clip" (no negative
     indices: clamp) or "wrap"."""
     i, n = parts[ax], t.shape[ax]
-    traced = isinstance(i, Tracer) or _is_device_array(i)
+    traced = _is_traced(i)
     if traced:
         i = _tracer(i)
     else:
@@ -1038,7 +1043,7 @@ def _start_index(start, n, size, what, d):
     """A dynamic_slice start: negative counts from the end, then clamped so
     the window fits (as jax.lax)."""
     hi = builtins.max(n - size, 0)
-    if isinstance(start, Tracer) or _is_device_array(start):
+    if _is_traced(start):
         st = _tracer(start)
         if st.shape != () or st.dtype.kind not in "iu":
             raise TypeError(f"{what}: start index {d} must be an integer scalar, got {st!r}")
@@ -1092,8 +1097,7 @@ def _dynamic_update_slice(operand, update, start_indices):
         shape = [1] * len(partial)
         shape[partial.index(d)] = u.shape[d]
         pos = _b().iota((u.shape[d],), _np.dtype(int64), 0)
-        pos = add(pos, _convert(starts[d], _np.dtype(int64))) if isinstance(starts[d], Tracer) else \
-            add(pos, starts[d])
+        pos = add(pos, _convert(starts[d], _np.dtype(int64)) if isinstance(starts[d], Tracer) else starts[d])
         parts.append(reshape(pos, tuple(shape)))
     if partial != list(range(partial[0], partial[-1] + 1)):
         rest = [d for d in range(t.ndim) if d not in partial]
