@@ -16,6 +16,11 @@ int DTypeSize(v1::DType t) {
     case v1::S64: return 8;
     case v1::U8: return 1;
     case v1::PRED: return 1;
+    case v1::S8: return 1;
+    case v1::S16: return 2;
+    case v1::U16: return 2;
+    case v1::U32: return 4;
+    case v1::U64: return 8;
     default: return 0;
   }
 }
@@ -30,21 +35,42 @@ absl::string_view DTypeName(v1::DType t) {
     case v1::S64: return "s64";
     case v1::U8: return "u8";
     case v1::PRED: return "pred";
+    case v1::S8: return "s8";
+    case v1::S16: return "s16";
+    case v1::U16: return "u16";
+    case v1::U32: return "u32";
+    case v1::U64: return "u64";
     default: return "invalid";
   }
 }
 
 absl::StatusOr<v1::DType> ParseDType(absl::string_view name) {
-  for (v1::DType t : {v1::F32, v1::F64, v1::F16, v1::BF16, v1::S32, v1::S64, v1::U8, v1::PRED}) {
+  for (v1::DType t : kAllDTypes) {
     if (DTypeName(t) == name) return t;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown dtype '", name, "': expected one of f32, f64, f16, bf16, s32, s64, u8, pred"));
+  std::vector<absl::string_view> names;
+  for (v1::DType t : kAllDTypes) names.push_back(DTypeName(t));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown dtype '", name, "': expected one of ", absl::StrJoin(names, ", ")));
 }
 
 bool IsFloat(v1::DType t) { return t == v1::F32 || t == v1::F64 || t == v1::F16 || t == v1::BF16; }
-bool IsInteger(v1::DType t) { return t == v1::S32 || t == v1::S64 || t == v1::U8; }
-bool IsSigned(v1::DType t) { return IsFloat(t) || t == v1::S32 || t == v1::S64; }
+bool IsInteger(v1::DType t) {
+  switch (t) {
+    case v1::S8:
+    case v1::S16:
+    case v1::S32:
+    case v1::S64:
+    case v1::U8:
+    case v1::U16:
+    case v1::U32:
+    case v1::U64: return true;
+    default: return false;
+  }
+}
+bool IsSigned(v1::DType t) {
+  return IsFloat(t) || t == v1::S8 || t == v1::S16 || t == v1::S32 || t == v1::S64;
+}
 
 std::string DimsString(const google::protobuf::RepeatedField<int64_t>& dims) {
   return absl::StrCat("[", absl::StrJoin(dims, ","), "]");

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 namespace tessel {
 
@@ -80,11 +81,9 @@ inline float RoundToOddFloat(double d) {
   return BitsFloat(FloatBits(f) | 1u);
 }
 
-// int64 -> double, rounded to odd (exact below 2^53).
-inline double RoundToOddDouble(int64_t v) {
-  const bool neg = v < 0;
-  uint64_t m = neg ? uint64_t(0) - uint64_t(v) : uint64_t(v);
-  if (m < (uint64_t{1} << 53)) return double(v);
+// |v| as uint64 -> double, rounded to odd (exact below 2^53).
+inline double RoundToOddDouble(uint64_t m, bool neg) {
+  if (m < (uint64_t{1} << 53)) return neg ? -double(m) : double(m);
   int k = 0;
   while ((m >> k) >= (uint64_t{1} << 53)) ++k;
   const bool sticky = (m & ((uint64_t{1} << k) - 1)) != 0;
@@ -92,10 +91,21 @@ inline double RoundToOddDouble(int64_t v) {
   const double r = std::ldexp(double(m), k);
   return neg ? -r : r;
 }
+inline double RoundToOddDouble(int64_t v) {
+  return RoundToOddDouble(v < 0 ? uint64_t(0) - uint64_t(v) : uint64_t(v), v < 0);
+}
+inline double RoundToOddDouble(uint64_t v) { return RoundToOddDouble(v, false); }
 
 inline f16 F16FromDouble(double d) { return ToF16(RoundToOddFloat(d)); }
 inline bf16 Bf16FromDouble(double d) { return ToBf16(RoundToOddFloat(d)); }
-inline f16 F16FromInt64(int64_t v) { return F16FromDouble(RoundToOddDouble(v)); }
-inline bf16 Bf16FromInt64(int64_t v) { return Bf16FromDouble(RoundToOddDouble(v)); }
+// Any integer (up to 64 bits, signed or not) rounded once to f16 / bf16.
+template <typename I>
+inline double RoundToOddDoubleOf(I v) {
+  return RoundToOddDouble(std::conditional_t<std::is_signed_v<I>, int64_t, uint64_t>(v));
+}
+template <typename I>
+inline f16 F16FromInt(I v) { return F16FromDouble(RoundToOddDoubleOf(v)); }
+template <typename I>
+inline bf16 Bf16FromInt(I v) { return Bf16FromDouble(RoundToOddDoubleOf(v)); }
 
 }  // namespace tessel

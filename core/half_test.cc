@@ -47,10 +47,18 @@ TEST(Half, WideSourcesRoundOnce) {
   EXPECT_EQ(ToFloat(Bf16FromDouble(below_bf16_tie)), 1.0f);
   // 2^60 * (1 + 2^-8) + 1: one above a bf16 tie, lost by an int64 -> double cast.
   const int64_t big = (int64_t{1} << 60) + (int64_t{1} << 52) + 1;
-  EXPECT_EQ(double(ToFloat(Bf16FromInt64(big))), std::ldexp(1.0 + 1.0 / 128, 60));
-  EXPECT_EQ(double(ToFloat(Bf16FromInt64(-big))), -std::ldexp(1.0 + 1.0 / 128, 60));
-  EXPECT_EQ(ToFloat(F16FromInt64(2049)), 2048.0f);  // tie -> even
-  EXPECT_EQ(ToFloat(F16FromInt64(2051)), 2052.0f);
+  EXPECT_EQ(double(ToFloat(Bf16FromInt(big))), std::ldexp(1.0 + 1.0 / 128, 60));
+  EXPECT_EQ(double(ToFloat(Bf16FromInt(-big))), -std::ldexp(1.0 + 1.0 / 128, 60));
+  EXPECT_EQ(ToFloat(F16FromInt(2049)), 2048.0f);  // tie -> even
+  EXPECT_EQ(ToFloat(F16FromInt(2051)), 2052.0f);
+  // uint64 past 2^63: 2^63 + 2^55 is a bf16 tie (-> even, 2^63); one above it
+  // rounds up, which a uint64 -> double cast (to the tie) would lose.
+  const uint64_t top = uint64_t{1} << 63;
+  EXPECT_EQ(double(ToFloat(Bf16FromInt(top + (uint64_t{1} << 55)))), std::ldexp(1.0, 63));
+  EXPECT_EQ(double(ToFloat(Bf16FromInt(top + (uint64_t{1} << 55) + 1))), std::ldexp(1.0 + 1.0 / 128, 63));
+  EXPECT_EQ(double(ToFloat(Bf16FromInt(~uint64_t{0}))), std::ldexp(1.0, 64));
+  EXPECT_TRUE(std::isinf(ToFloat(F16FromInt(uint16_t{65535}))));
+  EXPECT_EQ(ToFloat(F16FromInt(int8_t{-128})), -128.0f);
   EXPECT_TRUE(std::isinf(ToFloat(F16FromDouble(1e300))));
   EXPECT_TRUE(std::isnan(ToFloat(F16FromDouble(NAN))));
 }

@@ -56,9 +56,9 @@ absl::string_view AdmitsName(Admits a) {
   switch (a) {
     case Admits::kAny: return "any dtype";
     case Admits::kNumeric: return "a numeric dtype (not pred)";
-    case Admits::kSigned: return "a signed dtype (f32, f64, f16, bf16, s32, s64)";
+    case Admits::kSigned: return "a signed dtype (f32, f64, f16, bf16, s8, s16, s32, s64)";
     case Admits::kFloat: return "a floating dtype (f32, f64, f16, bf16)";
-    case Admits::kIntOrPred: return "an integer or pred dtype (s32, s64, u8, pred)";
+    case Admits::kIntOrPred: return "an integer or pred dtype (s8, s16, s32, s64, u8, u16, u32, u64, pred)";
     case Admits::kFloatOrInt: return "a numeric dtype (not pred)";
   }
   return "";
@@ -505,7 +505,7 @@ absl::StatusOr<TensorType> InferUnchecked(const v1::Node& n,
       TESSEL_RETURN_IF_ERROR(CheckDimIndex(StrCat(what, " axis"), axis, ops[0]->dims_size()));
       TESSEL_RETURN_IF_ERROR(CheckDType(StrCat(what, " indices"), Admits::kFloatOrInt, *ops[1]));
       if (IsFloat(ops[1]->dtype())) {
-        return InvalidArgumentError(StrCat(what, " indices: expected an integer dtype (s32, s64, u8), got ",
+        return InvalidArgumentError(StrCat(what, " indices: expected an integer dtype (s8, s16, s32, s64, u8, u16, u32, u64), got ",
                                            TypeString(*ops[1])));
       }
       // Picked slices: operand[:axis] + indices + operand[axis+1:].

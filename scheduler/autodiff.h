@@ -27,7 +27,9 @@ namespace tessel::scheduler {
 absl::StatusOr<v1::Graph> ExpandAutodiff(const TypedGraph& g, const v1::Mesh& mesh = {});
 
 // Whether `g` (or a function of it, or a manual region's body) holds a VJP,
-// JVP or CUSTOM_VJP node.
+// JVP, CUSTOM_VJP, CUSTOM_JVP or VMAP node. ExpandAutodiff expands the VMAP
+// nodes too (scheduler/batching.h), in the same rounds: a derivative of a
+// mapped function, or a map of a derivative, expands the inner one first.
 bool HasAutodiff(const v1::Graph& g);
 
 }  // namespace tessel::scheduler

@@ -7,15 +7,10 @@
 
 #include "core/dtype.h"
 #include "scheduler/compiler.h"
+#include "scheduler/test_graphs.h"
 
 namespace tessel::scheduler {
 namespace {
-
-v1::Graph Parse(const std::string& text) {
-  v1::Graph g;
-  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &g));
-  return g;
-}
 
 // loss(w, x) = sum(tanh(x . w)); its gradient with respect to w.
 constexpr char kGrad[] = R"pb(
@@ -56,11 +51,6 @@ TEST(Autodiff, VjpExpandsIntoForwardAndTransposedNodes) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(TypeString(c->output_types[1]), "f32[4,3]");
   EXPECT_NE(c->plan_text.find("-- backward pass of vjp 'g' --"), std::string::npos) << c->plan_text;
-}
-
-std::string ErrorOf(const std::string& text) {
-  auto c = Compile(Parse(text));
-  return c.ok() ? "ok" : std::string(c.status().message());
 }
 
 TEST(Autodiff, ErrorsNameTheParameterAndTheOp) {

@@ -4,15 +4,10 @@
 #include <gtest/gtest.h>
 
 #include "absl/container/flat_hash_map.h"
+#include "scheduler/test_graphs.h"
 
 namespace tessel::scheduler {
 namespace {
-
-v1::Graph Parse(const std::string& text) {
-  v1::Graph g;
-  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &g));
-  return g;
-}
 
 constexpr char kChain[] = R"pb(
   name: "chain"

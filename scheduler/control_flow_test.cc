@@ -8,15 +8,10 @@
 #include <sstream>
 
 #include "scheduler/compiler.h"
+#include "scheduler/test_graphs.h"
 
 namespace tessel::scheduler {
 namespace {
-
-v1::Graph Parse(const std::string& text) {
-  v1::Graph g;
-  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &g));
-  return g;
-}
 
 // while (i < n) { i += 1; v = v * 2 + x }: x is read by the body, so it is a
 // carry too.
@@ -92,11 +87,6 @@ TEST(ControlFlow, DonatedCarryIsUpdatedInPlace) {
   EXPECT_EQ(c->declared_aliases[0].output, -1);
   EXPECT_NE(c->declared_aliases[0].reason.find("operand 2 reads 'x' too"), std::string::npos)
       << c->declared_aliases[0].reason;
-}
-
-std::string ErrorOf(const std::string& text) {
-  auto c = Compile(Parse(text));
-  return c.ok() ? "ok" : std::string(c.status().message());
 }
 
 TEST(ControlFlow, BodyThatChangesACarriedShapeNamesFunctionAndTypes) {

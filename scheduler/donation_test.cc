@@ -3,17 +3,12 @@
 #include <gtest/gtest.h>
 
 #include "scheduler/compiler.h"
+#include "scheduler/test_graphs.h"
 
 namespace tessel::scheduler {
 namespace {
 
 using ::testing::HasSubstr;
-
-v1::Graph Parse(const std::string& text) {
-  v1::Graph g;
-  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &g));
-  return g;
-}
 
 // state' = state * 2 + 1, plus a sum nobody donates into.
 constexpr char kStep[] = R"pb(

@@ -143,9 +143,14 @@ class Partitioner {
   // The lowest value of a dtype, as a fill: -inf, or the least integer.
   static std::pair<double, int64_t> LowestValue(v1::DType dt) {
     switch (dt) {
+      case v1::S8: return {0, std::numeric_limits<int8_t>::min()};
+      case v1::S16: return {0, std::numeric_limits<int16_t>::min()};
       case v1::S32: return {0, std::numeric_limits<int32_t>::min()};
       case v1::S64: return {0, std::numeric_limits<int64_t>::min()};
       case v1::U8:
+      case v1::U16:
+      case v1::U32:
+      case v1::U64:
       case v1::PRED: return {0, 0};
       default: return {-std::numeric_limits<double>::infinity(), 0};
     }
@@ -184,7 +189,15 @@ class Partitioner {
     v1::TensorType s64 = it, scalar;
     s64.set_dtype(v1::S64);
     scalar.set_dtype(v1::S64);
-    TESSEL_ASSIGN_OR_RETURN(std::string idx, EmitOp(v1::CONVERT, {indices}, base + ".s64",
+    std::string src = indices;
+    if (it.dtype() == v1::U64) {  // a u64 past int64 is out of range: it must stay past the end, not wrap negative
+      v1::TensorType u64;
+      u64.set_dtype(v1::U64);
+      TESSEL_ASSIGN_OR_RETURN(std::string lo, EmitFill(u64, 0, 0, base + ".u64_lo"));
+      TESSEL_ASSIGN_OR_RETURN(std::string hi, EmitFill(u64, 0, INT64_MAX, base + ".u64_hi"));
+      TESSEL_ASSIGN_OR_RETURN(src, EmitOp(v1::CLAMP, {lo, src, hi}, base + ".u64_clamp"));
+    }
+    TESSEL_ASSIGN_OR_RETURN(std::string idx, EmitOp(v1::CONVERT, {src}, base + ".s64",
                                                     [](v1::Node& n) { n.mutable_convert()->set_dtype(v1::S64); }));
     if (clamp) {
       TESSEL_ASSIGN_OR_RETURN(std::string lo, EmitFill(scalar, 0, 0, base + ".lo"));

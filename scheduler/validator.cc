@@ -250,6 +250,59 @@ absl::StatusOr<std::vector<v1::TensorType>> InferVjp(const v1::Node& n, absl::Sp
   return results;
 }
 
+// A type with a dimension of `size` inserted at `axis`.
+v1::TensorType WithBatch(v1::TensorType t, int64_t axis, int64_t size) {
+  t.mutable_dims()->Add(0);
+  for (int d = t.dims_size() - 1; d > axis; --d) t.set_dims(d, t.dims(d - 1));
+  t.set_dims(int(axis), size);
+  return t;
+}
+
+absl::StatusOr<std::vector<v1::TensorType>> InferVmap(const v1::Node& n, absl::Span<const v1::TensorType* const> ops,
+                                                      FunctionTable& table, const ValidateOptions& o) {
+  if (n.attrs_case() != v1::Node::kBatch) return InvalidArgumentError("missing attributes 'batch'");
+  const v1::BatchAttrs& b = n.batch();
+  if (b.function().empty()) return InvalidArgumentError("names no function to map");
+  TESSEL_ASSIGN_OR_RETURN(const FunctionSignature* f, table.Signature(b.function(), o));
+  if (b.size() < 0) return InvalidArgumentError(StrCat("vmap of '", b.function(), "': batch size ", b.size(), " < 0"));
+  if (b.in_axes_size() != int(ops.size()) || ops.size() != f->parameters.size()) {
+    return InvalidArgumentError(StrCat("vmap of '", b.function(), "': expected ", f->parameters.size(),
+                                       " operands (its parameters) and as many in_axes; got ", ops.size(),
+                                       " operands and ", b.in_axes_size(), " in_axes"));
+  }
+  if (b.out_axes_size() != int(f->results.size())) {
+    return InvalidArgumentError(StrCat("vmap of '", b.function(), "': expected ", f->results.size(),
+                                       " out_axes (one per result), got ", b.out_axes_size()));
+  }
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const v1::TensorType& p = f->parameters[i];
+    const int64_t axis = b.in_axes(int(i));
+    if (axis < -1 || axis > p.dims_size()) {
+      return InvalidArgumentError(StrCat("vmap of '", b.function(), "': in_axes[", i, "] = ", axis,
+                                         ": expected -1 (not batched) or an axis in [0, ", p.dims_size(), "] of ",
+                                         TypeString(*ops[i])));
+    }
+    const v1::TensorType want = axis < 0 ? p : WithBatch(p, axis, b.size());
+    if (!SameType(*ops[i], want)) {
+      return InvalidArgumentError(StrCat("vmap of '", b.function(), "': operand ", i, " is ", TypeString(*ops[i]),
+                                         "; expected ", TypeString(want), " (parameter ", i, ", ", TypeString(p),
+                                         axis < 0 ? ", not batched)" : StrCat(", batched at axis ", axis, ")")));
+    }
+  }
+  std::vector<v1::TensorType> results;
+  for (size_t k = 0; k < f->results.size(); ++k) {
+    const v1::TensorType& r = f->results[k];
+    const int64_t axis = b.out_axes(int(k));
+    if (axis < -1 || axis > r.dims_size()) {
+      return InvalidArgumentError(StrCat("vmap of '", b.function(), "': out_axes[", k, "] = ", axis,
+                                         ": expected -1 (not batched) or an axis in [0, ", r.dims_size(), "] of ",
+                                         "result ", TypeString(r)));
+    }
+    results.push_back(axis < 0 ? r : WithBatch(r, axis, b.size()));
+  }
+  return results;
+}
+
 absl::StatusOr<std::vector<v1::TensorType>> InferJvp(const v1::Node& n, absl::Span<const v1::TensorType* const> ops,
                                                      FunctionTable& table, const ValidateOptions& o) {
   if (n.attrs_case() != v1::Node::kGrad) return InvalidArgumentError("missing attributes 'grad'");
@@ -334,7 +387,8 @@ absl::StatusOr<std::vector<v1::TensorType>> InferCustomJvp(const v1::Node& n,
 
 bool IsControlFlow(v1::Op op) { return op == v1::WHILE || op == v1::CONDITIONAL || op == v1::SCAN; }
 bool IsMultiResult(v1::Op op) {
-  return IsControlFlow(op) || op == v1::VJP || op == v1::JVP || op == v1::CUSTOM_VJP || op == v1::CUSTOM_JVP;
+  return IsControlFlow(op) || op == v1::VJP || op == v1::JVP || op == v1::CUSTOM_VJP || op == v1::CUSTOM_JVP ||
+         op == v1::VMAP;
 }
 bool IsMultiResult(const v1::Node& n) {
   return IsMultiResult(n.op()) || (n.op() == v1::MANUAL_REGION && n.manual_region().out_specs_size() > 0);
@@ -417,7 +471,7 @@ absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateO
         return InvalidArgumentError(
             n.op() == v1::TUPLE_ELEMENT
                 ? StrCat(label, "operand '", def.name(), "' (", OpName(def.op()), ") has a single result; ",
-                         "tuple_element reads the results of while, conditional, scan, vjp, jvp, custom_vjp, custom_jvp and regions with out_specs")
+                         "tuple_element reads the results of while, conditional, scan, vjp, jvp, custom_vjp, custom_jvp, vmap and regions with out_specs")
                 : StrCat(label, "operand ", i, " '", def.name(), "' (", OpName(def.op()), ") has ",
                          def.results_size(), " results; read one with tuple_element"));
       }
@@ -428,6 +482,7 @@ absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateO
       auto results = n.op() == v1::MANUAL_REGION ? InferRegionResults(n, operand_types)
                      : n.op() == v1::VJP   ? InferVjp(n, operand_types, *table, options)
                      : n.op() == v1::JVP ? InferJvp(n, operand_types, *table, options)
+                     : n.op() == v1::VMAP ? InferVmap(n, operand_types, *table, options)
                      : n.op() == v1::CUSTOM_VJP ? InferCustomVjp(n, operand_types, *table, options)
                      : n.op() == v1::CUSTOM_JVP ? InferCustomJvp(n, operand_types, *table, options)
                                          : InferControlFlow(n, operand_types, *table, options);
@@ -444,7 +499,7 @@ absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateO
       continue;
     }
     if (n.results_size() > 0) {
-      return InvalidArgumentError(StrCat(label, "only while, conditional, scan, vjp, jvp, custom_vjp, custom_jvp and regions with out_specs have several results"));
+      return InvalidArgumentError(StrCat(label, "only while, conditional, scan, vjp, jvp, custom_vjp, custom_jvp, vmap and regions with out_specs have several results"));
     }
     if (n.op() == v1::TUPLE_ELEMENT) {
       const v1::Node& def = tg.graph.nodes(tg.index_of.at(n.operands(0)));

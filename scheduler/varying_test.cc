@@ -4,15 +4,10 @@
 
 #include <google/protobuf/text_format.h>
 #include <gtest/gtest.h>
+#include "scheduler/test_graphs.h"
 
 namespace tessel::scheduler {
 namespace {
-
-v1::Graph Parse(const std::string& text) {
-  v1::Graph g;
-  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &g));
-  return g;
-}
 
 v1::Mesh DataModel() {
   v1::Mesh m;

@@ -48,7 +48,7 @@ struct AddOp {
   template <typename T>
   static T Apply(T a, T b) {
     if constexpr (std::is_integral_v<T>) {
-      using U = std::make_unsigned_t<T>;
+      using U = std::make_unsigned_t<decltype(T() + T())>;  // no promotion to int
       return T(U(a) + U(b));
     } else {
       return a + b;
@@ -59,7 +59,7 @@ struct MulOp {
   template <typename T>
   static T Apply(T a, T b) {
     if constexpr (std::is_integral_v<T>) {
-      using U = std::make_unsigned_t<T>;
+      using U = std::make_unsigned_t<decltype(T() + T())>;  // no promotion to int
       return T(U(a) * U(b));
     } else {
       return a * b;
@@ -140,6 +140,11 @@ ReduceFn GetReduceFn(v1::DType dtype, ReduceOp op) {
     case v1::S32: return PickReduce<int32_t>(op);
     case v1::S64: return PickReduce<int64_t>(op);
     case v1::U8: return PickReduce<uint8_t>(op);
+    case v1::S8: return PickReduce<int8_t>(op);
+    case v1::S16: return PickReduce<int16_t>(op);
+    case v1::U16: return PickReduce<uint16_t>(op);
+    case v1::U32: return PickReduce<uint32_t>(op);
+    case v1::U64: return PickReduce<uint64_t>(op);
     case v1::PRED:
       return (op == ReduceOp::kSum || op == ReduceOp::kMax) ? &ReduceLoop<uint8_t, OrOp>
                                                             : &ReduceLoop<uint8_t, AndOp>;

@@ -32,7 +32,7 @@ namespace {
 
 using Bytes = std::vector<char>;
 
-const v1::DType kDTypes[] = {v1::F32, v1::F64, v1::F16, v1::BF16, v1::S32, v1::S64, v1::U8, v1::PRED};
+const auto& kDTypes = kAllDTypes;
 const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMax, ReduceOp::kMin};
 
 bool IsFloatType(v1::DType t) { return t == v1::F32 || t == v1::F64 || t == v1::F16 || t == v1::BF16; }
@@ -58,8 +58,13 @@ void StoreFloat(v1::DType t, Bytes& b, int64_t i, double v) {
 // Integers and pred as two's complement in 64 bits; storing wraps.
 uint64_t LoadInt(v1::DType t, const Bytes& b, int64_t i) {
   switch (t) {
+    case v1::S8: return uint64_t(int64_t(reinterpret_cast<const int8_t*>(b.data())[i]));
+    case v1::S16: return uint64_t(int64_t(reinterpret_cast<const int16_t*>(b.data())[i]));
     case v1::S32: return uint64_t(int64_t(reinterpret_cast<const int32_t*>(b.data())[i]));
     case v1::S64: return uint64_t(reinterpret_cast<const int64_t*>(b.data())[i]);
+    case v1::U16: return reinterpret_cast<const uint16_t*>(b.data())[i];
+    case v1::U32: return reinterpret_cast<const uint32_t*>(b.data())[i];
+    case v1::U64: return reinterpret_cast<const uint64_t*>(b.data())[i];
     case v1::U8:
     case v1::PRED: return reinterpret_cast<const uint8_t*>(b.data())[i];
     default: ADD_FAILURE() << "not an integer type"; return 0;
@@ -67,8 +72,13 @@ uint64_t LoadInt(v1::DType t, const Bytes& b, int64_t i) {
 }
 void StoreInt(v1::DType t, Bytes& b, int64_t i, uint64_t v) {
   switch (t) {
+    case v1::S8: reinterpret_cast<int8_t*>(b.data())[i] = int8_t(uint8_t(v)); break;
+    case v1::S16: reinterpret_cast<int16_t*>(b.data())[i] = int16_t(uint16_t(v)); break;
     case v1::S32: reinterpret_cast<int32_t*>(b.data())[i] = int32_t(uint32_t(v)); break;
     case v1::S64: reinterpret_cast<int64_t*>(b.data())[i] = int64_t(v); break;
+    case v1::U16: reinterpret_cast<uint16_t*>(b.data())[i] = uint16_t(v); break;
+    case v1::U32: reinterpret_cast<uint32_t*>(b.data())[i] = uint32_t(v); break;
+    case v1::U64: reinterpret_cast<uint64_t*>(b.data())[i] = v; break;
     case v1::U8:
     case v1::PRED: reinterpret_cast<uint8_t*>(b.data())[i] = uint8_t(v); break;
     default: ADD_FAILURE() << "not an integer type";
@@ -86,9 +96,9 @@ Bytes MakeInput(v1::DType t, ReduceOp op, int64_t n, uint64_t seed) {
       const double u = std::uniform_real_distribution<double>(0, 1)(rng);
       StoreFloat(t, b, i, op == ReduceOp::kProd ? 0.5 + u : 2 * u - 1);
     } else if (op == ReduceOp::kProd) {
-      StoreInt(t, b, i, t == v1::U8 ? rng() % 4 : uint64_t(int64_t(rng() % 7) - 3));
-    } else {
-      StoreInt(t, b, i, t == v1::U8 ? rng() % 256 : uint64_t(int64_t(rng() % 2001) - 1000));
+      StoreInt(t, b, i, IsSigned(t) ? uint64_t(int64_t(rng() % 7) - 3) : rng() % 4);
+    } else {  // unsigned: every bit pattern, so sums wrap and max sees the top bit
+      StoreInt(t, b, i, IsSigned(t) ? uint64_t(int64_t(rng() % 2001) - 1000) : rng());
     }
   }
   return b;
@@ -116,7 +126,7 @@ Bytes ReferenceReduce(v1::DType t, ReduceOp op, const std::vector<Bytes>& inputs
       }
       StoreFloat(t, out, i, acc);
     } else {
-      const bool is_signed = t != v1::U8;
+      const bool is_signed = IsSigned(t);
       uint64_t acc = LoadInt(t, inputs[0], i);
       for (size_t r = 1; r < inputs.size(); ++r) {
         const uint64_t v = LoadInt(t, inputs[r], i);

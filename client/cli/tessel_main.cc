@@ -73,7 +73,7 @@ The coordinator address comes from --coordinator, else $TESSEL_COORDINATOR.
 A secured cluster: --token TOKEN (else $TESSEL_TOKEN) is the client's bearer
 token; --tls-ca CA.pem (else $TESSEL_TLS_CA) turns TLS on and verifies the
 daemon's certificate.
-Arrays are .npy files; bf16 travels as uint16 ('<u2') bit patterns.
+Arrays are .npy files; bf16 travels as two-byte void ('<V2'), as ml_dtypes' bfloat16 saves it.
 )usage";
 
 struct Args {

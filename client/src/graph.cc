@@ -210,8 +210,10 @@ Value GraphBuilder::Constant(const HostArray& literal) {
 Value GraphBuilder::Fill(ArrayType type, double value) {
   v1::Node n = NodeOf(v1::CONSTANT);
   *n.mutable_type() = ToProto(type);
-  if (type.dtype == DType::kS64 || type.dtype == DType::kS32 || type.dtype == DType::kU8) {
-    n.mutable_constant()->mutable_fill()->set_i(static_cast<int64_t>(value));
+  if (IsInteger(ToProto(type.dtype))) {
+    // A uint64 fill past int64 travels as its bit pattern (the kernel wraps it back).
+    const int64_t i = value >= 0x1p63 ? int64_t(uint64_t(value)) : static_cast<int64_t>(value);
+    n.mutable_constant()->mutable_fill()->set_i(i);
   } else {
     n.mutable_constant()->mutable_fill()->set_f(value);
   }
@@ -742,6 +744,62 @@ std::vector<Value> GraphBuilder::Jvp(const Function& f, std::vector<Value> args,
                                      std::vector<int> wrt) {
   return impl_->Derivative(v1::JVP, f, args, tangents, wrt,
                     [](const std::vector<ArrayType>& results, const auto&) { return results; });
+}
+
+std::vector<Value> GraphBuilder::Vmap(const Function& f, std::vector<Value> args, std::vector<int64_t> in_axes,
+                                      std::vector<int64_t> out_axes) {
+  if (!impl_->status.ok()) return {};
+  const std::string name = absl::StrCat("vmap_", impl_->graph.nodes_size());
+  const std::string what = absl::StrCat("vmap '", name, "'");
+  std::vector<ArrayType> types;
+  if (!impl_->ArgTypes(args, what, types)) return {};
+  if (in_axes.size() != args.size()) {
+    return impl_->Fail(what, absl::StrCat(args.size(), " arguments but ", in_axes.size(), " in_axes")),
+           std::vector<Value>{};
+  }
+  int64_t size = -1;
+  for (size_t i = 0; i < types.size(); ++i) {
+    const int64_t a = in_axes[i];
+    if (a == kNotMapped) continue;
+    if (a < 0 || a >= int64_t(types[i].dims.size())) {
+      return impl_->Fail(what, absl::StrCat("in_axes[", i, "] = ", a, ": expected kNotMapped or an axis of ",
+                                            types[i].ToString())),
+             std::vector<Value>{};
+    }
+    if (size >= 0 && types[i].dims[a] != size) {
+      return impl_->Fail(what, absl::StrCat("argument ", i, " maps ", types[i].dims[a], " elements; an earlier one ",
+                                            size)),
+             std::vector<Value>{};
+    }
+    size = types[i].dims[a];
+    types[i].dims.erase(types[i].dims.begin() + a);
+  }
+  if (size < 0) return impl_->Fail(what, "no argument is mapped (every in_axes is kNotMapped)"), std::vector<Value>{};
+  const std::string fn = absl::StrCat(impl_->graph.name(), "/", name, "/f");
+  auto r = impl_->AddFunction(fn, types, f, nullptr, "");
+  if (!r.ok()) return impl_->Fail(what, r.status().message()), std::vector<Value>{};
+  if (out_axes.size() != r->size()) {
+    return impl_->Fail(what, absl::StrCat("f has ", r->size(), " results but ", out_axes.size(), " out_axes")),
+           std::vector<Value>{};
+  }
+  std::vector<ArrayType> results = *r;
+  for (size_t k = 0; k < results.size(); ++k) {
+    const int64_t a = out_axes[k];
+    if (a == kNotMapped) continue;
+    if (a < 0 || a > int64_t(results[k].dims.size())) {
+      return impl_->Fail(what, absl::StrCat("out_axes[", k, "] = ", a, ": expected kNotMapped or an axis in [0, ",
+                                            results[k].dims.size(), "] of result ", results[k].ToString())),
+             std::vector<Value>{};
+    }
+    results[k].dims.insert(results[k].dims.begin() + a, size);
+  }
+  v1::Node n = NodeOf(v1::VMAP);
+  n.set_name(name);
+  n.mutable_batch()->set_function(fn);
+  for (int64_t a : in_axes) n.mutable_batch()->add_in_axes(a);
+  for (int64_t a : out_axes) n.mutable_batch()->add_out_axes(a);
+  n.mutable_batch()->set_size(size);
+  return impl_->ControlNode(std::move(n), args, results);
 }
 
 std::vector<Value> GraphBuilder::CustomVjp(const Function& f, const Function& fwd, const Function& bwd,

@@ -15,8 +15,10 @@ struct Descr {
   DType dtype;
 };
 constexpr Descr kDescrs[] = {
-    {"<f4", DType::kF32}, {"<f8", DType::kF64}, {"<f2", DType::kF16}, {"<u2", DType::kBF16},
+    {"<f4", DType::kF32}, {"<f8", DType::kF64}, {"<f2", DType::kF16}, {"<V2", DType::kBF16},
     {"<i4", DType::kS32}, {"<i8", DType::kS64}, {"|u1", DType::kU8},  {"|b1", DType::kPred},
+    {"|i1", DType::kS8},  {"<i2", DType::kS16}, {"<u2", DType::kU16}, {"<u4", DType::kU32},
+    {"<u8", DType::kU64},
 };
 
 }  // namespace
@@ -47,13 +49,15 @@ absl::StatusOr<HostArray> ReadNpy(const std::string& path) {
   std::string descr = m[1];
   if (descr == "<b1") descr = "|b1";
   if (descr == "<u1") descr = "|u1";
+  if (descr == "<i1") descr = "|i1";
+  if (descr == "|V2") descr = "<V2";  // bf16 (ml_dtypes' bfloat16 saves as <V2)
   const Descr* found = nullptr;
   for (const Descr& d : kDescrs) {
     if (descr == d.npy) found = &d;
   }
   if (found == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("'", path, "': dtype '", descr,
-                                                   "' not supported: expected one of <f4 <f8 <f2 <u2(bf16) <i4 <i8 |u1 |b1"));
+                                                   "' not supported: expected one of <f4 <f8 <f2 <V2(bf16) |i1 <i2 <i4 <i8 |u1 <u2 <u4 <u8 |b1"));
   }
   if (std::regex_search(header, m, std::regex("'fortran_order':\\s*True"))) {
     return absl::InvalidArgumentError(absl::StrCat("'", path, "': Fortran order is not supported; save with C order"));

@@ -25,8 +25,8 @@ Numerics of the reference:
     once to the result type.
   * f16 and bf16 are computed in float32 (the CPU backend's compute type) and
     rounded to f16/bf16 with round-to-nearest-even, like numpy does for f16.
-    bf16 has no numpy dtype: it travels in .npy files as uint16 ('<u2') bit
-    patterns; in memory this script keeps bf16 values as float32/float64
+    bf16 has no numpy dtype: it travels in .npy files as two-byte void
+    ('<V2', as ml_dtypes' bfloat16 saves it) bit patterns; in memory this script keeps bf16 values as float32/float64
     numbers that are exactly representable in bf16.
   * Conversions to a floating type are rounded exactly (one rounding of the
     exact source value, computed with integer / power-of-two arithmetic).
@@ -55,20 +55,25 @@ import time
 import numpy as np
 
 FLOATS = ["f32", "f64", "f16", "bf16"]
-INTS = ["s32", "s64", "u8"]
+INTS = ["s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64"]
+UNSIGNED = ["u8", "u16", "u32", "u64"]
 ALL = FLOATS + INTS + ["pred"]
 NUMERIC = FLOATS + INTS  # everything but pred
-SIGNED = FLOATS + ["s32", "s64"]
+SIGNED = FLOATS + ["s8", "s16", "s32", "s64"]
 INT_OR_PRED = INTS + ["pred"]
 
 # In-memory numpy dtype of each Tessel dtype (bf16 values live in float32).
 NP = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "bf16": np.float32,
-      "s32": np.int32, "s64": np.int64, "u8": np.uint8, "pred": np.bool_}
+      "s32": np.int32, "s64": np.int64, "u8": np.uint8, "pred": np.bool_, "s8": np.int8, "s16": np.int16,
+      "u16": np.uint16, "u32": np.uint32, "u64": np.uint64}
 # .npy descr the CLI reads and writes for each dtype.
-NPY_DESCR = {"f32": "<f4", "f64": "<f8", "f16": "<f2", "bf16": "<u2",
-             "s32": "<i4", "s64": "<i8", "u8": "|u1", "pred": "|b1"}
+NPY_DESCR = {"f32": "<f4", "f64": "<f8", "f16": "<f2", "bf16": "<V2",
+             "s32": "<i4", "s64": "<i8", "u8": "|u1", "pred": "|b1", "s8": "|i1", "s16": "<i2",
+             "u16": "<u2", "u32": "<u4", "u64": "<u8"}
 PROTO = {d: d.upper() for d in ALL}
-INT_RANGE = {"s32": (-2**31, 2**31 - 1), "s64": (-2**63, 2**63 - 1), "u8": (0, 255)}
+INT_RANGE = {"s8": (-2**7, 2**7 - 1), "s16": (-2**15, 2**15 - 1), "s32": (-2**31, 2**31 - 1),
+             "s64": (-2**63, 2**63 - 1), "u8": (0, 2**8 - 1), "u16": (0, 2**16 - 1), "u32": (0, 2**32 - 1),
+             "u64": (0, 2**64 - 1)}
 
 # Floating formats: (precision in bits incl. the implicit one, exponent of the
 # smallest normal, largest finite value).
@@ -166,13 +171,13 @@ def store(dt, x):
     """In-memory array -> what goes into the .npy file."""
     x = np.asarray(x)
     if dt == "bf16":
-        return f32_to_bf16_bits(x.astype(np.float32))
+        return f32_to_bf16_bits(x.astype(np.float32)).view("V2")
     return np.array(x, dtype=NP[dt], order="C")  # keeps shape () for scalars
 
 
 def load(dt, x):
     if dt == "bf16":
-        return bf16_bits_to_f32(x)
+        return bf16_bits_to_f32(x.view(np.uint16))
     return x
 
 
@@ -182,6 +187,12 @@ def f64(x):
 
 def i64(x):
     return np.asarray(x).astype(np.int64)
+
+
+def iw(dt, x):
+    """Integers widened for a reference that wraps: uint64 stays uint64 (its
+    order, division and maximum are unsigned), the rest go to int64."""
+    return np.asarray(x).astype(np.uint64 if dt == "u64" else np.int64)
 
 # ----------------------------------------------------------------------------
 # Random inputs.
@@ -200,7 +211,7 @@ def rand_int(rng, dt, shape, lo=None, hi=None):
     a, b = INT_RANGE[dt]
     lo = a if lo is None else max(lo, a)
     hi = b if hi is None else min(hi, b)
-    return rng.integers(lo, hi, shape, endpoint=True, dtype=np.int64 if dt != "u8" else np.uint8).astype(NP[dt])
+    return rng.integers(lo, hi, shape, endpoint=True, dtype=np.uint64 if dt in UNSIGNED else np.int64).astype(NP[dt])
 
 
 def rand_pred(rng, shape):
@@ -216,11 +227,11 @@ def rand_any(rng, dt, shape):
 
 
 def rand_small(rng, dt, shape, lo=-3, hi=3):
-    """Small values: ints in [lo, hi] (>= 0 for u8), floats in [lo, hi)."""
+    """Small values: ints in [lo, hi] (>= 0 when unsigned), floats in [lo, hi)."""
     if dt == "pred":
         return rand_pred(rng, shape)
     if dt in INTS:
-        return rand_int(rng, dt, shape, lo if dt != "u8" else 0, hi if dt != "u8" else hi - lo)
+        return rand_int(rng, dt, shape, lo if dt not in UNSIGNED else 0, hi if dt not in UNSIGNED else hi - lo)
     return rand_float(rng, dt, shape, lo, hi)
 
 # ----------------------------------------------------------------------------
@@ -335,7 +346,7 @@ def sign_ref(x):
 def _signed_int_no_min(rng, dt, shape):
     if dt in INTS:
         lo, hi = INT_RANGE[dt]
-        return rand_int(rng, dt, shape, lo + 1 if dt != "u8" else 0, hi)
+        return rand_int(rng, dt, shape, lo + 1 if dt not in UNSIGNED else 0, hi)
     return _signed_zeros(rand_float(rng, dt, shape))
 
 
@@ -386,15 +397,14 @@ def unary_cases(rng):
             elif dt == "pred" or op == "NOT":
                 want = fn(x)
             else:
-                want = wrap(dt, fn(i64(x)))
+                want = wrap(dt, fn(iw(dt, x)))
             c.out(op, [p], dt=dt, want=want, rtol=rt, atol=at)
             yield c
 
 
 # --- binary -----------------------------------------------------------------
 
-def trunc_div(a, b):
-    a, b = i64(a), i64(b)
+def trunc_div(a, b):  # a, b widened (iw)
     return (a - np.fmod(a, b)) // b  # exact: a - fmod(a, b) is a multiple of b
 
 
@@ -404,17 +414,17 @@ def binary_inputs(rng, op, dt, shape):
     if dt in INTS:
         if op in ("DIV", "REM"):
             lo, hi = INT_RANGE[dt]
-            a = rand_int(rng, dt, shape, lo + 1 if dt != "u8" else 0, hi)
-            if dt == "u8":
-                b = rand_int(rng, dt, shape, 1, 255)
-                b = np.where(rng.integers(0, 2, shape) == 1, b, b % 13 + 1).astype(np.uint8)
+            a = rand_int(rng, dt, shape, lo + 1 if dt not in UNSIGNED else 0, hi)
+            if dt in UNSIGNED:
+                b = rand_int(rng, dt, shape, 1, hi)
+                b = np.where(rng.integers(0, 2, shape) == 1, b, b % 13 + 1).astype(NP[dt])
             else:
                 mag = np.where(rng.integers(0, 2, shape) == 1, rng.integers(1, 50, shape),
                                rng.integers(1, hi, shape, dtype=np.int64))
                 b = (mag * np.where(rng.integers(0, 2, shape) == 1, 1, -1)).astype(NP[dt])
             return a, b
         if op == "POW":
-            if dt == "u8":
+            if dt in UNSIGNED:
                 return rand_int(rng, dt, shape, 0, 20), rand_int(rng, dt, shape, 0, 6)
             return rand_int(rng, dt, shape, -40, 40), rand_int(rng, dt, shape, 0, 9)
         return rand_int(rng, dt, shape), rand_int(rng, dt, shape)
@@ -445,7 +455,7 @@ BINARY = {  # op: (dtypes, float64 reference, int reference (wraps), exact?)
     "SUB": (NUMERIC, np.subtract, np.subtract, False),
     "MUL": (NUMERIC, np.multiply, np.multiply, False),
     "DIV": (NUMERIC, np.divide, trunc_div, False),
-    "REM": (NUMERIC, np.fmod, lambda a, b: np.fmod(i64(a), i64(b)), False),
+    "REM": (NUMERIC, np.fmod, np.fmod, False),
     "POW": (NUMERIC, np.power, None, False),
     "MAX": (NUMERIC, np.maximum, np.maximum, True),
     "MIN": (NUMERIC, np.minimum, np.minimum, True),
@@ -473,7 +483,7 @@ def binary_cases(rng):
             elif op == "POW":
                 want = int_pow(a, b, dt)
             else:
-                want = wrap(dt, ifn(i64(a), i64(b)))
+                want = wrap(dt, ifn(iw(dt, a), iw(dt, b)))
             c.out(op, [pa, pb], dt=dt, want=want, rtol=rt, atol=at)
             yield c
     # NaN propagation of MAX and MIN (StableHLO semantics).
@@ -545,16 +555,16 @@ def convert_source(rng, src, dst, shape):
         return rand_pred(rng, shape)
     if src in INTS:
         x = rand_int(rng, src, shape)
-        if src != "u8":  # mix in small values
+        if src not in UNSIGNED:  # mix in small values
             small = rand_int(rng, src, shape, -300, 300)
             x = np.where(rng.integers(0, 2, shape) == 1, x, small).astype(NP[src])
         x.flat[0] = 0
         return x
     # Float source: stay inside the destination's range when it is an integer.
-    if dst == "u8":
+    if dst in UNSIGNED:
         x = rng.uniform(0, 250, shape)
-    elif dst in INTS:
-        x = rng.uniform(-1000, 1000, shape)
+    elif dst in INTS:  # inside the destination's range (past it saturates: see the saturation cases)
+        x = rng.uniform(max(-1000, INT_RANGE[dst][0]), min(1000, INT_RANGE[dst][1]), shape)
     elif dst == "pred":
         x = rng.uniform(-2, 2, shape) * (rng.integers(0, 3, shape) != 0)
     else:
@@ -625,6 +635,29 @@ def convert_cases(rng):
         x = np.array(vals[:12], dtype=np.int64).astype(NP[src]).reshape(3, 4)
         p = c.param(src, x)
         c.out("CONVERT", [p], "convert { dtype: %s }" % PROTO[dst], dt=dst, want=convert_ref(x, src, dst))
+        yield c
+    # uint64 past 2^63 rounds once to a float: 2^63 + 2^55 is a bf16 tie (to even), one more rounds up.
+    top = 2**63
+    wide = [top + 2**55, top + 2**55 + 1, 2**64 - 1, top, top + 2**40 + 1, 2**53 + 1, 2**24 + 1, 65520, 65519, 0, 1,
+            top + 2**39 + 2**11]
+    for src, dst, vals in (("u64", "bf16", wide), ("u64", "f16", wide), ("u64", "f32", wide), ("u64", "f64", wide),
+                           ("u32", "f16", [2**32 - 1, 65520, 65519, 2049, 2051, 2**31 + 2**20, 7, 0, 1, 2**24 + 1,
+                                           2**31 - 1, 3 * 2**20 + 1])):
+        c = Case("CONVERT.rounding/%s->%s" % (src, dst), "CONVERT", src)
+        x = np.array(vals, dtype=np.uint64).astype(NP[src]).reshape(3, 4)
+        p = c.param(src, x)
+        c.out("CONVERT", [p], "convert { dtype: %s }" % PROTO[dst], dt=dst, want=convert_ref(x, src, dst))
+        yield c
+    # A float past an integer type's range saturates; NaN is 0 (XLA's conversion).
+    for dst in ("s8", "s16", "u16", "u32", "u64"):
+        lo, hi = INT_RANGE[dst]
+        vals = [1e30, -1e30, np.inf, -np.inf, np.nan, -0.75, 0.75, float(lo) - 1.5, float(hi) + 1.5, float(hi) * 2,
+                -3.5, 2.0 ** 63 + 2.0 ** 40]
+        want = [0 if v != v else max(lo, min(hi, int(v) if abs(v) < 1e300 else (hi if v > 0 else lo))) for v in vals]
+        c = Case("CONVERT.saturation/f64->%s" % dst, "CONVERT", "f64")
+        p = c.param("f64", np.array(vals, np.float64).reshape(3, 4))
+        c.out("CONVERT", [p], "convert { dtype: %s }" % PROTO[dst], dt=dst,
+              want=np.array(want, dtype=object).astype(NP[dst]).reshape(3, 4))
         yield c
 
 
@@ -736,10 +769,12 @@ def layout_cases(rng):
             idx = np.asarray(idx, dtype=np.int64).reshape(-1, 2) if tag == "rows" else np.asarray(idx, dtype=np.int64)
             x = rand_any(rng, dt, shape)
             n = shape[axis]
-            for it in ("s32", "s64"):  # out of range clamps, as XLA's gather
+            # Out of range clamps, as XLA's gather; -1 as u64 is 2^64 - 1, past the end.
+            for it in ("s32", "s64", "s8", "u64"):
+                ix = idx.astype(NP[it])
                 c = Case("GATHER.%s.%s/%s" % (tag, it, dt), "GATHER", dt)
-                c.out("GATHER", [c.param(dt, x), c.param(it, idx.astype(NP[it]))], "gather { axis: %d }" % axis, dt=dt,
-                      want=np.take(x, np.clip(idx, 0, n - 1), axis=axis))
+                c.out("GATHER", [c.param(dt, x), c.param(it, ix)], "gather { axis: %d }" % axis, dt=dt,
+                      want=np.take(x, np.clip(ix, 0, n - 1), axis=axis))
                 yield c
             upd_shape = shape[:axis] + idx.shape + shape[axis + 1:]
             upd = rand_any(rng, dt, upd_shape)
@@ -819,7 +854,7 @@ def dot_cases(rng):
         for dt in NUMERIC:
             c = Case("DOT_GENERAL.%s/%s" % (tag, dt), "DOT_GENERAL", dt)
             if dt in INTS:
-                lo, hi = (0, 40) if dt == "u8" else (-1000, 1000)
+                lo, hi = (0, 40) if dt in UNSIGNED else (-100, 100) if dt == "s8" else (-1000, 1000)
                 a, b = rand_int(rng, dt, ls, lo, hi), rand_int(rng, dt, rs, lo, hi)
                 want = wrap(dt, np.einsum(spec, i64(a), i64(b)))
                 rt = at = 0.0
@@ -842,7 +877,7 @@ REDUCE_KINDS = {"SUM": np.sum, "PROD": np.prod, "REDUCE_MAX": np.max, "REDUCE_MI
 def reduce_input(rng, kind, dt, shape):
     if kind == "PROD":
         if dt in INTS:
-            vals = np.array([1, 2, 3] if dt == "u8" else [-2, -1, 1, 2, 3])
+            vals = np.array([1, 2, 3] if dt in UNSIGNED else [-2, -1, 1, 2, 3])
             return vals[rng.integers(0, len(vals), shape)].astype(NP[dt])
         return to_mem(dt, rng.uniform(0.8, 1.25, shape) * np.where(rng.integers(0, 5, shape) == 0, -1, 1))
     if dt in INTS:
@@ -860,7 +895,7 @@ def reduce_cases(rng):
                 p = c.param(dt, x)
                 rt = at = 0.0
                 if dt in INTS:
-                    want = wrap(dt, fn(i64(x), axis=dims))
+                    want = wrap(dt, fn(iw(dt, x), axis=dims))
                 elif kind in ("REDUCE_MAX", "REDUCE_MIN"):
                     want = fn(x, axis=dims)
                 else:
@@ -927,7 +962,8 @@ def constant_cases(rng):
             want = vals
         elif dt in INTS:
             vals = rand_int(rng, dt, shape)
-            body = "literal { i: [%s] }" % ", ".join(str(int(v)) for v in vals.flat)
+            bits = vals.view(np.int64) if dt == "u64" else vals  # i is int64: a u64 travels as its bits
+            body = "literal { i: [%s] }" % ", ".join(str(int(v)) for v in bits.flat)
             want = vals
         else:
             vals = rand_pred(rng, shape)
@@ -950,11 +986,13 @@ def constant_cases(rng):
         for kind in ("f", "i"):
             c = Case("CONSTANT.fill_%s/%s" % (kind, dt), "CONSTANT", dt)
             if kind == "f":
-                v = {"pred": 1.0, "u8": 200.0, "s32": -123456.0, "s64": -2.0 ** 40}.get(dt, -3.375)
+                v = {"pred": 1.0, "u8": 200.0, "s32": -123456.0, "s64": -2.0 ** 40, "s8": -100.0, "s16": -30000.0,
+                     "u16": 60000.0, "u32": 4.0e9, "u64": 2.0 ** 63 + 2.0 ** 40}.get(dt, -3.375)
                 text = "fill { f: %s }" % fmt_double(v)
-                want = np.full((3, 4), v) if dt in FLOATS else np.full((3, 4), v).astype(np.int64)
+                want = np.full((3, 4), v) if dt in FLOATS else np.full((3, 4), v).astype(iw(dt, 0).dtype)
             else:
-                v = {"pred": 1, "u8": 17, "s32": -7, "s64": 2 ** 40 + 1}.get(dt, 1000)
+                v = {"pred": 1, "u8": 17, "s32": -7, "s64": 2 ** 40 + 1, "s8": -7, "s16": -300, "u16": 65000,
+                     "u32": 4000000000, "u64": -1}.get(dt, 1000)  # u64: the bits of 2^64 - 1
                 text = "fill { i: %d }" % v
                 want = np.full((3, 4), v)
             if dt == "pred":
@@ -1235,7 +1273,8 @@ def check_output(case, out_path):
         raw = np.load(out_path)
     except Exception as e:  # noqa: BLE001
         return "cannot read output: %s" % e
-    if raw.dtype.str != NPY_DESCR[dt] and not (dt in ("u8", "pred") and raw.dtype.str[1:] == NPY_DESCR[dt][1:]):
+    no_order = dt in ("u8", "s8", "pred", "bf16") and raw.dtype.str[1:] == NPY_DESCR[dt][1:]  # "|" or "<"
+    if raw.dtype.str != NPY_DESCR[dt] and not no_order:
         return "output dtype %s, expected %s (%s)" % (raw.dtype.str, NPY_DESCR[dt], dt)
     got = load(dt, raw)
     want = np.asarray(want)

@@ -27,7 +27,7 @@ void Map2(const void* in0, const void* in1, void* out, int64_t n, F f) {
 }
 
 template <typename C>
-using Unsigned = std::make_unsigned_t<C>;
+using Unsigned = WrapUnsigned<C>;
 
 template <v1::DType D>
 [[gnu::always_inline]] inline void Unary(v1::Op op, const void* in, void* out, int64_t n) {

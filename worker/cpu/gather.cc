@@ -14,6 +14,14 @@ int64_t IndexAt(v1::DType dt, const void* indices, int64_t j) {
     case v1::S32: return static_cast<const int32_t*>(indices)[j];
     case v1::S64: return static_cast<const int64_t*>(indices)[j];
     case v1::U8: return static_cast<const uint8_t*>(indices)[j];
+    case v1::S8: return static_cast<const int8_t*>(indices)[j];
+    case v1::S16: return static_cast<const int16_t*>(indices)[j];
+    case v1::U16: return static_cast<const uint16_t*>(indices)[j];
+    case v1::U32: return static_cast<const uint32_t*>(indices)[j];
+    case v1::U64: {  // past int64 is out of range all the same
+      const uint64_t v = static_cast<const uint64_t*>(indices)[j];
+      return v > uint64_t(INT64_MAX) ? INT64_MAX : int64_t(v);
+    }
     default: return 0;  // validation admits integer indices only
   }
 }
@@ -42,7 +50,7 @@ void Combine(v1::ReduceKind k, const void* src, void* dst, int64_t n) {
     const C x = T::Load(o[e]), y = T::Load(u[e]);
     C r;
     if constexpr (kIsInt<C>) {  // integers wrap, as the elementwise ops
-      using U = std::make_unsigned_t<C>;
+      using U = WrapUnsigned<C>;
       if (k == v1::SUM) r = C(U(x) + U(y));
       else if (k == v1::PROD) r = C(U(x) * U(y));
       else r = k == v1::REDUCE_MAX ? Max(x, y) : Min(x, y);

@@ -32,6 +32,11 @@ TESSEL_TRAITS(S32, int32_t, int32_t, v, v)
 TESSEL_TRAITS(S64, int64_t, int64_t, v, v)
 TESSEL_TRAITS(U8, uint8_t, uint8_t, v, v)
 TESSEL_TRAITS(PRED, uint8_t, bool, v != 0, uint8_t(v))
+TESSEL_TRAITS(S8, int8_t, int8_t, v, v)
+TESSEL_TRAITS(S16, int16_t, int16_t, v, v)
+TESSEL_TRAITS(U16, uint16_t, uint16_t, v, v)
+TESSEL_TRAITS(U32, uint32_t, uint32_t, v, v)
+TESSEL_TRAITS(U64, uint64_t, uint64_t, v, v)
 #undef TESSEL_TRAITS
 
 // Calls BODY with `D` bound to the constexpr dtype. BODY is a statement.
@@ -51,6 +56,11 @@ TESSEL_TRAITS(PRED, uint8_t, bool, v != 0, uint8_t(v))
     TESSEL_DTYPE_CASE(S64, D, __VA_ARGS__)     \
     TESSEL_DTYPE_CASE(U8, D, __VA_ARGS__)      \
     TESSEL_DTYPE_CASE(PRED, D, __VA_ARGS__)    \
+    TESSEL_DTYPE_CASE(S8, D, __VA_ARGS__)      \
+    TESSEL_DTYPE_CASE(S16, D, __VA_ARGS__)     \
+    TESSEL_DTYPE_CASE(U16, D, __VA_ARGS__)     \
+    TESSEL_DTYPE_CASE(U32, D, __VA_ARGS__)     \
+    TESSEL_DTYPE_CASE(U64, D, __VA_ARGS__)     \
     default: break;                            \
   }
 
@@ -60,6 +70,12 @@ template <typename C>
 inline constexpr bool kIsBool = std::is_same_v<C, bool>;
 template <typename C>
 inline constexpr bool kIsInt = std::is_integral_v<C> && !kIsBool<C>;
+
+// The unsigned type in which integer arithmetic on C wraps without undefined
+// behaviour: C's own for 32 and 64 bits, unsigned int for narrower types
+// (whose unsigned arithmetic would be promoted to int and could overflow).
+template <typename C>
+using WrapUnsigned = std::make_unsigned_t<decltype(C() + C())>;
 
 // NaN-propagating max/min (StableHLO semantics).
 template <typename C>
@@ -97,8 +113,8 @@ inline typename Traits<To>::S StoreConverted(From x) {
   constexpr bool kHalf = To == v1::F16 || To == v1::BF16;
   if constexpr (kHalf && std::is_same_v<From, double>) {
     if constexpr (To == v1::F16) return F16FromDouble(x); else return Bf16FromDouble(x);
-  } else if constexpr (kHalf && std::is_integral_v<From> && sizeof(From) >= 4) {
-    if constexpr (To == v1::F16) return F16FromInt64(x); else return Bf16FromInt64(x);
+  } else if constexpr (kHalf && std::is_integral_v<From> && !std::is_same_v<From, bool> && sizeof(From) >= 4) {
+    if constexpr (To == v1::F16) return F16FromInt(x); else return Bf16FromInt(x);
   } else {
     return Traits<To>::Store(ConvertValue<typename Traits<To>::C>(x));
   }

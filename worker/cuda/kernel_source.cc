@@ -29,6 +29,8 @@ typedef int i32;
 typedef unsigned u32;
 typedef unsigned short u16;
 typedef unsigned char u8;
+typedef signed char i8;
+typedef short i16;
 #ifdef __CUDACC__
 #define TD static __device__ __forceinline__
 #define TESSEL_KERNEL extern "C" __global__ void
@@ -101,10 +103,8 @@ TD float odd_f(double d) {
   if (fabs((double)f) > fabs(d)) f = nextafterf(f, 0.0f);
   return u2f(f2u(f) | 1u);
 }
-TD double odd_d(i64 v) {
-  bool neg = v < 0;
-  u64 m = neg ? (u64)0 - (u64)v : (u64)v;
-  if (m < (1ull << 53)) return (double)v;
+TD double odd_m(u64 m, bool neg) {
+  if (m < (1ull << 53)) return neg ? -(double)m : (double)m;
   int k = 0;
   while ((m >> k) >= (1ull << 53)) ++k;
   bool sticky = (m & ((1ull << k) - 1)) != 0;
@@ -112,6 +112,7 @@ TD double odd_d(i64 v) {
   double r = ldexp((double)m, k);
   return neg ? -r : r;
 }
+TD double odd_d(i64 v) { return odd_m(v < 0 ? (u64)0 - (u64)v : (u64)v, v < 0); }
 template <typename T> TD T maxp(T a, T b) { return (a != a || a > b) ? a : b; }
 template <typename T> TD T minp(T a, T b) { return (a != a || a < b) ? a : b; }
 template <typename T, typename F> TD T sat(F x, T lo, T hi) {
@@ -135,7 +136,21 @@ template <typename C, typename U> TD C ipow(C b, C e) {
 // --- dtypes -----------------------------------------------------------------
 
 bool IsHalf(v1::DType dt) { return dt == v1::F16 || dt == v1::BF16; }
-bool IsIntDt(v1::DType dt) { return dt == v1::S32 || dt == v1::S64 || dt == v1::U8; }
+bool IsIntDt(v1::DType dt) { return IsInteger(dt); }
+
+// The C name of an integer dtype.
+std::string IntName(v1::DType dt) {
+  switch (dt) {
+    case v1::S8: return "i8";
+    case v1::S16: return "i16";
+    case v1::S32: return "i32";
+    case v1::S64: return "i64";
+    case v1::U16: return "u16";
+    case v1::U32: return "u32";
+    case v1::U64: return "u64";
+    default: return "u8";
+  }
+}
 
 std::string Storage(v1::DType dt) {
   switch (dt) {
@@ -143,9 +158,8 @@ std::string Storage(v1::DType dt) {
     case v1::F64: return "double";
     case v1::F16:
     case v1::BF16: return "u16";
-    case v1::S32: return "i32";
-    case v1::S64: return "i64";
-    default: return "u8";  // u8, pred
+    case v1::PRED: return "u8";
+    default: return IntName(dt);
   }
 }
 
@@ -155,14 +169,14 @@ std::string Compute(v1::DType dt) {
     case v1::F16:
     case v1::BF16: return "float";
     case v1::F64: return "double";
-    case v1::S32: return "i32";
-    case v1::S64: return "i64";
     case v1::PRED: return "bool";
-    default: return "u8";
+    default: return IntName(dt);
   }
 }
 
-std::string UnsignedOf(v1::DType dt) { return dt == v1::S32 ? "u32" : dt == v1::S64 ? "u64" : "u8"; }
+// The unsigned type integer arithmetic on `dt` wraps in: at least 32 bits,
+// since narrower unsigned operands are promoted to int and could overflow.
+std::string UnsignedOf(v1::DType dt) { return DTypeSize(dt) == 8 ? "u64" : "u32"; }
 
 // Raw bytes of one element, for data movement.
 std::string Bits(int esize) {
@@ -196,8 +210,13 @@ std::string Fn(v1::DType dt, const std::string& name) { return dt == v1::F64 ? n
 // The lowest and highest value of an integer dtype, as literals.
 std::pair<std::string, std::string> IntRange(v1::DType dt) {
   switch (dt) {
+    case v1::S8: return {"(i8)-128", "(i8)127"};
+    case v1::S16: return {"(i16)-32768", "(i16)32767"};
     case v1::S32: return {"(i32)(-2147483647 - 1)", "(i32)2147483647"};
     case v1::S64: return {"(i64)(-9223372036854775807ll - 1)", "(i64)9223372036854775807ll"};
+    case v1::U16: return {"(u16)0", "(u16)65535"};
+    case v1::U32: return {"(u32)0", "(u32)4294967295u"};
+    case v1::U64: return {"(u64)0", "(u64)18446744073709551615ull"};
     default: return {"(u8)0", "(u8)255"};
   }
 }
@@ -207,7 +226,8 @@ std::string Convert(v1::DType from, v1::DType to, const std::string& e) {
   if (IsHalf(to)) {
     std::string f;
     if (from == v1::F64) f = StrCat("odd_f(", e, ")");
-    else if (from == v1::S32 || from == v1::S64) f = StrCat("odd_f(odd_d((i64)(", e, ")))");
+    else if (from == v1::U64) f = StrCat("odd_f(odd_m((u64)(", e, "), false))");
+    else if (IsIntDt(from) && DTypeSize(from) >= 4) f = StrCat("odd_f(odd_d((i64)(", e, ")))");
     else f = StrCat("(float)(", e, ")");
     return Round(to, f);
   }
@@ -230,6 +250,11 @@ std::string Literal(v1::DType dt, const void* bytes) {
     case v1::BF16: return Load(dt, absl::StrFormat("(u16)0x%04x", uint16_t(v)));
     case v1::S32: return absl::StrFormat("(i32)0x%08xu", uint32_t(v));
     case v1::S64: return absl::StrFormat("(i64)0x%016xull", v);
+    case v1::U64: return absl::StrFormat("(u64)0x%016xull", v);
+    case v1::S8:
+    case v1::S16:
+    case v1::U16:
+    case v1::U32: return absl::StrFormat("(%s)0x%xu", IntName(dt), v);
     case v1::PRED: return v ? "true" : "false";
     default: return absl::StrFormat("(u8)%u", unsigned(v & 0xff));
   }
@@ -302,7 +327,7 @@ absl::StatusOr<std::string> Binary(v1::Op op, v1::DType dt, const std::string& x
     }
   } else if (IsIntDt(dt)) {
     const std::string u = UnsignedOf(dt);
-    const bool is_signed = dt != v1::U8;
+    const bool is_signed = IsSigned(dt);
     auto wrap = [&](const char* sym) { return absl::StrFormat("(%s)((%s)%s %s (%s)%s)", c, u, x, sym, u, y); };
     switch (op) {
       case v1::ADD: return wrap("+");
@@ -823,10 +848,14 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddGather(const v1::Node& n, const v1
                       PtrDecl(e, "out", 2, false);
   std::string body = absl::StrFormat(
       "    const i64 e = i %% %d, j = i / %d %% %d, o = i / %d / %d;\n"
-      "    i64 k = (i64)idx[j];\n"
+      "    i64 k = %s;\n"
       "    k = k < 0 ? 0 : k >= %d ? %d : k;\n"
       "    out[i] = in[(o * %d + k) * %d + e];\n",
-      a.inner, a.inner, a.count, a.inner, a.count, a.extent, a.extent - 1, a.extent, a.inner);
+      a.inner, a.inner, a.count, a.inner, a.count,
+      // a u64 index past int64 is out of range all the same
+      indices.dtype() == v1::U64 ? "idx[j] > 0x7fffffffffffffffull ? 0x7fffffffffffffffll : (i64)idx[j]"
+                                 : "(i64)idx[j]",
+      a.extent, a.extent - 1, a.extent, a.inner);
   const int64_t elements = a.extent == 0 ? 0 : a.outer * a.count * a.inner;
   return Add(Kernel(decls, StrCat(elements), body), elements);
 }

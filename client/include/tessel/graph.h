@@ -207,6 +207,17 @@ class GraphBuilder {
   // forward mode as written and in reverse mode transposed (jax.custom_jvp).
   std::vector<Value> CustomJvp(const Function& f, const Function& jvp, std::vector<Value> args);
 
+  // ---- Batching (expanded by the compiler with jax.vmap's rules; see the
+  // README's "vmap").
+
+  // f mapped over a batch: args[i] carries the batch at in_axes[i]
+  // (kNotMapped: the same for every element), f sees one element, and its
+  // result k comes back with the batch at out_axes[k] (kNotMapped: a result
+  // that must not depend on the batch).
+  static constexpr int64_t kNotMapped = -1;
+  std::vector<Value> Vmap(const Function& f, std::vector<Value> args, std::vector<int64_t> in_axes,
+                          std::vector<int64_t> out_axes);
+
   // OK, or the first error (naming the op, the expected and the actual).
   absl::Status status() const;
   absl::StatusOr<Graph> Build(const std::vector<Value>& outputs);

@@ -12,7 +12,21 @@
 
 namespace tessel {
 
-enum class DType { kF32 = 1, kF64 = 2, kF16 = 3, kBF16 = 4, kS32 = 5, kS64 = 6, kU8 = 7, kPred = 8 };
+enum class DType {
+  kF32 = 1,
+  kF64 = 2,
+  kF16 = 3,
+  kBF16 = 4,
+  kS32 = 5,
+  kS64 = 6,
+  kU8 = 7,
+  kPred = 8,
+  kS8 = 9,
+  kS16 = 10,
+  kU16 = 11,
+  kU32 = 12,
+  kU64 = 13,
+};
 
 int DTypeBytes(DType t);
 // "f32", "bf16", ...
@@ -26,6 +40,11 @@ template <> constexpr DType DTypeOf<double>() { return DType::kF64; }
 template <> constexpr DType DTypeOf<int32_t>() { return DType::kS32; }
 template <> constexpr DType DTypeOf<int64_t>() { return DType::kS64; }
 template <> constexpr DType DTypeOf<uint8_t>() { return DType::kU8; }
+template <> constexpr DType DTypeOf<int8_t>() { return DType::kS8; }
+template <> constexpr DType DTypeOf<int16_t>() { return DType::kS16; }
+template <> constexpr DType DTypeOf<uint16_t>() { return DType::kU16; }
+template <> constexpr DType DTypeOf<uint32_t>() { return DType::kU32; }
+template <> constexpr DType DTypeOf<uint64_t>() { return DType::kU64; }
 template <> constexpr DType DTypeOf<bool>() { return DType::kPred; }
 
 struct ArrayType {

@@ -31,6 +31,7 @@ from tessel._cluster import LocalCluster, connect, local_cluster
 from tessel._context import transfer_guard
 from tessel._jit import jit
 from tessel._session import tune_allocator
+from tessel._vmap import vmap
 from tessel._sharding import (Mesh, NamedSharding, P, all_gather, all_to_all, axis_index, custom_kernel, pmax, pmin,
                               ppermute, psum, psum_scatter, shard_map, with_sharding_constraint)
 from tessel.errors import (DonatedArrayError, FailedPreconditionError, InvalidArgumentError, NotFoundError,
@@ -44,7 +45,7 @@ __all__ = [
     "SingleDeviceSharding", "all_gather", "all_to_all", "axis_index", "custom_kernel", "pmax", "pmin", "ppermute",
     "psum", "psum_scatter", "shard_map", "with_sharding_constraint",
     "assert_no_memory_growth", "compile", "connect", "device_put", "devices", "errors", "forbid_compiles", "jit",
-    "custom_jvp", "custom_vjp", "grad", "jvp", "lax", "local_cluster", "memory_stats", "nn", "numpy", "random", "session_options", "stats", "transfer_guard", "tune_allocator", "value_and_grad", "vjp",
+    "custom_jvp", "custom_vjp", "grad", "jvp", "lax", "local_cluster", "memory_stats", "nn", "numpy", "random", "session_options", "stats", "transfer_guard", "tune_allocator", "value_and_grad", "vjp", "vmap",
     "DonatedArrayError", "FailedPreconditionError", "InvalidArgumentError", "NotFoundError", "OutOfMemoryError",
     "RecompileError", "TesselError", "TransferGuardError", "WorkerLostError",
 ]

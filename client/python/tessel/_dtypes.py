@@ -12,6 +12,11 @@ _TO_PROTO = {
     np.dtype(np.int64): ir_pb2.S64,
     np.dtype(np.uint8): ir_pb2.U8,
     np.dtype(np.bool_): ir_pb2.PRED,
+    np.dtype(np.int8): ir_pb2.S8,
+    np.dtype(np.int16): ir_pb2.S16,
+    np.dtype(np.uint16): ir_pb2.U16,
+    np.dtype(np.uint32): ir_pb2.U32,
+    np.dtype(np.uint64): ir_pb2.U64,
 }
 try:
     import ml_dtypes

@@ -102,8 +102,10 @@ class Builder:
             else:
                 # numpy's cast, whatever the value: full(3, 0.5, bool) is all
                 # True, and a NaN or 1e30 fill of an int32 is what numpy makes of it.
+                # A uint64 travels as its int64 bit pattern (the kernel wraps it back).
                 with np.errstate(invalid="ignore", over="ignore"):
-                    n.constant.fill.i = int(np.array(value).astype(dtype))
+                    bits = np.array(value).astype(dtype)
+                    n.constant.fill.i = int(bits.view(np.int64) if dtype == np.uint64 else bits)
         return self.node(ir_pb2.CONSTANT, [], shape, dtype, False, attrs, with_type=True)
 
     def iota(self, shape, dtype, dimension):

@@ -6,6 +6,7 @@ devices, compiled like a one-op jit.
 """
 import builtins
 import functools
+import operator as _operator
 
 import numpy as _np
 
@@ -15,7 +16,8 @@ from tessel.v1 import ir_pb2
 
 float32, float64, float16 = _np.float32, _np.float64, _np.float16
 bfloat16 = _dtypes.BFLOAT16.type if _dtypes.BFLOAT16 is not None else None
-int32, int64, uint8, bool_ = _np.int32, _np.int64, _np.uint8, _np.bool_
+int8, int16, int32, int64, bool_ = _np.int8, _np.int16, _np.int32, _np.int64, _np.bool_
+uint8, uint16, uint32, uint64 = _np.uint8, _np.uint16, _np.uint32, _np.uint64
 dtype = _np.dtype
 
 
@@ -77,8 +79,6 @@ def _result_dtype(*xs):
     d = _np.result_type(*strong, *[_weak_value(w) for w in weak])
     if bf16 and d == _np.dtype(_np.float16):
         d = _np.dtype(_np.float32) if has_f16 else _dtypes.BFLOAT16
-    if d == _np.dtype(_np.uint64) or d == _np.dtype(_np.int16) or d == _np.dtype(_np.int8):
-        d = _np.dtype(_np.int64)
     _dtypes.to_proto(d)
     return d
 
@@ -163,8 +163,13 @@ def _float_dtype(*xs):
 # ---------------------------------------------------------------- elementwise
 
 # numpy's loops on two bools: add and maximum are a logical or, multiply and
-# minimum a logical and; subtract is an error.
+# minimum a logical and; subtract is an error; power, floor_divide and
+# remainder have no bool loop and take int8's.
 _ON_BOOLS = {ir_pb2.ADD: ir_pb2.OR, ir_pb2.MAX: ir_pb2.OR, ir_pb2.MUL: ir_pb2.AND, ir_pb2.MIN: ir_pb2.AND}
+
+
+def _int8_for_bools(d):
+    return _np.dtype(_np.int8) if d == _np.bool_ else d
 
 
 def _binary(op):
@@ -174,6 +179,8 @@ def _binary(op):
             if op == ir_pb2.SUB:
                 raise TypeError("numpy boolean subtract, the `-` operator, is not supported; "
                                 "use the bitwise_xor, the `^` operator, or the logical_xor function instead")
+            if op == ir_pb2.POW:
+                return _elementwise(op, [x1, x2], _np.int8)
             return _elementwise(_ON_BOOLS.get(op, op), [x1, x2])
         return _elementwise(op, [x1, x2])
     return f
@@ -225,7 +232,7 @@ true_divide = divide
 
 @_op
 def floor_divide(x1, x2):
-    d = _result_dtype(x1, x2)
+    d = _int8_for_bools(_result_dtype(x1, x2))
     if _dtypes.is_float(d):
         # numpy's divmod: floor((a - fmod(a, b)) / b), corrected, so that
         # 1.0 // 0.1 is 9 (floor(1.0 / 0.1) is 10) and inf // 0.5 is nan.
@@ -248,7 +255,7 @@ def floor_divide(x1, x2):
 @_op
 def remainder(x1, x2):
     """numpy's remainder: the result has the sign of the divisor."""
-    d = _result_dtype(x1, x2)
+    d = _int8_for_bools(_result_dtype(x1, x2))
     r = _elementwise(ir_pb2.REM, [x1, x2], d)
     b = _operand(x2, d, r.shape)
     r = where(_remainder_off_sign(r, b), add(r, b), r)
@@ -420,7 +427,10 @@ def logical_not(x):
 
 @_op
 def square(x):
-    return multiply(x, x)
+    t = _tracer(x)
+    if t.dtype == _np.bool_:
+        t = _convert(t, _np.int8)  # numpy's square has no bool loop: int8's
+    return multiply(t, t)
 
 
 @_op
@@ -490,7 +500,8 @@ def _reduce(kind, x, axis, keepdims, d=None):
 def _sum_dtype(t, dtype):
     if dtype is not None:
         return _np.dtype(dtype)
-    return _np.dtype(_np.int64) if t.dtype.kind in "bu" or t.dtype == _np.int32 else t.dtype
+    # numpy's add.reduce: integers and bools accumulate in 64 bits of their signedness.
+    return {"b": _np.dtype(_np.int64), "i": _np.dtype(_np.int64), "u": _np.dtype(_np.uint64)}.get(t.dtype.kind, t.dtype)
 
 
 def _masked(t, where_, identity):
@@ -1316,9 +1327,6 @@ def _einsum_parse(subscripts, ts):
             s_ = s_.replace("...", ell[n_ell - k:])
         if "." in s_ or len(s_) != t.ndim:
             raise ValueError(f"einsum '{subscripts}': '{s_}' does not fit {t!r}")
-        if len(set(s_)) != len(s_):
-            raise NotImplementedError(f"einsum '{subscripts}': a letter repeated in one operand (a diagonal) "
-                                      "is not supported")
         expanded.append(s_)
     if out is None:
         letters = "".join(expanded)
@@ -1329,6 +1337,21 @@ def _einsum_parse(subscripts, ts):
             if c not in "".join(expanded):
                 raise ValueError(f"einsum '{subscripts}': output letter '{c}' is in no operand")
     return expanded, out
+
+
+def _einsum_diagonals(subscripts, s_, t):
+    """An operand whose letter repeats (`ii`, `iji`) as its diagonal over
+    each repeat, the diagonal's letter last (numpy.diagonal's order)."""
+    while len(set(s_)) != len(s_):
+        c = next(c for c in s_ if s_.count(c) > 1)
+        i = s_.index(c)
+        j = s_.index(c, i + 1)
+        if t.shape[i] != t.shape[j]:
+            raise ValueError(f"einsum '{subscripts}': letter '{c}' repeated in one operand over dimensions of "
+                             f"sizes {t.shape[i]} and {t.shape[j]}: expected equal sizes")
+        t = diagonal(t, 0, i, j)
+        s_ = "".join(x for k, x in enumerate(s_) if k not in (i, j)) + c
+    return s_, t
 
 
 def _einsum_pair(ls, rs, keep, l, r):
@@ -1355,11 +1378,13 @@ def einsum(subscripts, *operands, optimize=None):
     """numpy.einsum: any number of operands, ellipses (broadcast as numpy
     does), implicit or explicit output. Three or more operands contract
     pairwise, greedily: at each step the pair whose result is smallest. A
-    letter repeated within one operand (a diagonal) is not supported."""
+    letter repeated within one operand takes that operand's diagonal
+    (`ii->i`, `ii` the trace, `bii->bi`)."""
     ts = [_tracer(o) for o in operands]
     if not ts:
         raise ValueError("einsum: at least one operand is needed")
     ins, out = _einsum_parse(subscripts, ts)
+    ins, ts = map(list, zip(*[_einsum_diagonals(subscripts, s_, t) for s_, t in zip(ins, ts)]))
     # numpy's einsum keeps the operands' type (integer sums wrap in it; bool
     # sums are a logical or), where sum() would widen: accumulate wide, then
     # convert, which gives the same bits.
@@ -1396,6 +1421,32 @@ def einsum(subscripts, *operands, optimize=None):
     r = sum(t, tuple(summed)) if summed else t
     rest = [c for c in s_ if c in out]
     return _convert(transpose(r, [rest.index(c) for c in out]), d)
+
+
+@_op
+def diagonal(a, offset=0, axis1=0, axis2=1):
+    """numpy.diagonal: the diagonal over axes (axis1, axis2), offset above
+    (> 0) or below (< 0) the main one, as the last dimension. A strided
+    slice of the two axes flattened: no gather."""
+    t = _tracer(a)
+    a1, a2 = _axis_list(axis1, t.ndim, "diagonal")[0], _axis_list(axis2, t.ndim, "diagonal")[0]
+    if a1 == a2:
+        raise ValueError(f"diagonal: axis1 and axis2 cannot be the same (both {a1})")
+    t = moveaxis(t, (a1, a2), (-2, -1))
+    n, m = t.shape[-2:]
+    offset = _operator.index(offset)
+    k = builtins.max(0, builtins.min(n, m - offset) if offset >= 0 else builtins.min(n + offset, m))
+    flat = reshape(t, t.shape[:-2] + (n * m,))
+    if k == 0:
+        return flat[..., 0:0]
+    start = offset if offset >= 0 else -offset * m
+    return flat[..., start:start + (k - 1) * (m + 1) + 1:m + 1]
+
+
+@_op
+def trace(a, offset=0, axis1=0, axis2=1, dtype=None):
+    """numpy.trace: the sum of diagonal(a, offset, axis1, axis2), in sum's dtype."""
+    return sum(diagonal(a, offset, axis1, axis2), axis=-1, dtype=dtype)
 
 
 # ---------------------------------------------------------------- creation
@@ -1677,7 +1728,7 @@ def reciprocal(x):
     if _dtypes.is_float(t.dtype):
         return divide(t.dtype.type(1), t)
     if t.dtype == _np.bool_:
-        raise TypeError("numpy.reciprocal has no loop for bool")
+        t = _convert(t, _np.int8)  # numpy's reciprocal has no bool loop: int8's
     # numpy's integer loop is C's 1 / x: 1 and -1 are their own reciprocals,
     # every other nonzero value truncates to 0 (and 1 / 0 is undefined).
     return where(equal(abs(t), 1), t, zeros((), t.dtype))
@@ -1715,9 +1766,10 @@ def logaddexp(x1, x2):
 
 def _shift_operands(x1, x2, name):
     d = _result_dtype(x1, x2)
+    if d == _np.bool_:
+        d = _np.dtype(_np.int8)  # numpy's shift loops for bools are int8's
     if d.kind not in "iu":
-        raise TypeError(f"ufunc '{name}' not supported for the input types ({d}): integers only "
-                        "(numpy's bool loop needs int8, which Tessel does not have yet)")
+        raise TypeError(f"ufunc '{name}' not supported for the input types ({d}): integers or bools only")
     _check_in_range([x1, x2], d)
     shape = _np.broadcast_shapes(_shape(x1), _shape(x2))
     return d, _operand(x1, d, shape), _operand(x2, d, shape)

@@ -264,8 +264,8 @@ def _rem(x, span):
 def randint(k, shape, minval, maxval, dtype=np.int32):
     """jax.random.randint: integers in [minval, maxval), int32 (the draw
     JAX makes for 32-bit integers: two words per element, reduced modulo
-    the span). int64 needs 64-bit unsigned arithmetic Tessel does not have
-    yet."""
+    the span). Other widths draw their words differently in JAX (two 64-bit
+    words for int64, packed words for 8 and 16 bits) and are not matched yet."""
     d = np.dtype(dtype)
     if d != np.int32:
         raise NotImplementedError(f"randint: dtype {d} is not supported yet; int32 is")

@@ -331,6 +331,10 @@ def test_dot():
     ("ij,jk,kl->il", [(3, 4), (4, 5), (5, 2)]), ("ij,jk,kl", [(30, 4), (4, 50), (50, 2)]),
     ("i,ij,jk,k->", [(3,), (3, 4), (4, 5), (5,)]), ("bij,bjk,bkl->bli", [(2, 3, 4), (2, 4, 5), (2, 5, 3)]),
     ("a,b,c->abc", [(2,), (3,), (4,)]), ("...a,...a,...a->...", [(3, 2), (1, 2), (3, 2)]),
+    # a letter repeated in one operand: its diagonal
+    ("ii->i", [(4, 4)]), ("ii", [(4, 4)]), ("bii->bi", [(2, 3, 3)]), ("iji->j", [(3, 5, 3)]),
+    ("iij,jk->ik", [(3, 3, 4), (4, 2)]), ("ii,ij->j", [(3, 3), (3, 2)]), ("iii->i", [(3, 3, 3)]),
+    ("...ii->...i", [(2, 4, 4)]),
 ])
 def test_einsum(spec, shapes):
     ops = [sample("float64", s) for s in shapes]
@@ -352,8 +356,8 @@ def test_einsum_errors_name_the_subscripts():
     x = sample("float64", (3, 4))
     with pytest.raises(ValueError, match="'ij,jk': letter 'j' has sizes 4 and 3"):
         tessel.jit(lambda v: tnp.einsum("ij,jk", v, v))(x)
-    with pytest.raises(NotImplementedError, match="diagonal"):
-        tessel.jit(lambda v: tnp.einsum("ii->i", v))(x[:, :3])
+    with pytest.raises(ValueError, match="'ii->i': letter 'i' repeated in one operand over dimensions of sizes 3 and 4"):
+        tessel.jit(lambda v: tnp.einsum("ii->i", v))(x)
     with pytest.raises(ValueError, match="output letter 'z'"):
         tessel.jit(lambda v: tnp.einsum("ij->z", v))(x)
 

@@ -29,14 +29,13 @@ import ml_dtypes
 import numpy as np
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-SUPPORTED = tuple(np.dtype(d) for d in (np.bool_, np.uint8, np.int32, np.int64, np.float16, BF16, np.float32,
-                                        np.float64))
+SUPPORTED = tuple(np.dtype(d) for d in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+                                        np.uint32, np.uint64, np.float16, BF16, np.float32, np.float64))
 
 # Tessel's documented differences from numpy, each implemented below where it
 # applies (search for its key). test_differential.py prints this table with
 # --differential-table, and the README carries it.
 DOCUMENTED = {
-    "uint-sum": ("sum/prod of unsigned ints is uint64", "int64", "Tessel has no uint64"),
     "int-div-zero": ("x // 0 and x % 0 on integers are 0 (with a warning)", "-1 and x, whatever the sign of x",
                      "XLA's integer division (JAX adjusts floor_divide to -2 for x != 0 and gives x % 0 = 0)"),
     "float-to-int": ("a float cast to an integer type out of its range, or NaN, is undefined (INT_MIN on x86)",
@@ -224,7 +223,8 @@ class Oracle:
     associated in another valid order, use it."""
 
     float16, float32, float64, bfloat16 = np.float16, np.float32, np.float64, BF16.type
-    int32, int64, uint8, bool_ = np.int32, np.int64, np.uint8, np.bool_
+    int8, int16, int32, int64, bool_ = np.int8, np.int16, np.int32, np.int64, np.bool_
+    uint8, uint16, uint32, uint64 = np.uint8, np.uint16, np.uint32, np.uint64
 
     def __init__(self, perturb=None, alternate=False):
         self.perturb = perturb
@@ -424,17 +424,10 @@ class Oracle:
 
     # ------------------------------------------------------------ reductions
 
-    @staticmethod
-    def _sum_dtype(x, dtype):
-        # DOCUMENTED["uint-sum"]: unsigned ints accumulate in int64.
-        if dtype is None and x.dtype.kind == "u":
-            return np.dtype(np.int64)
-        return dtype
-
     @_elementwise_op
     def sum(self, a, axis=None, dtype=None, keepdims=False):
         x = np.asarray(_raw(a))
-        r = np.asarray(np.sum(x, axis=axis, dtype=self._sum_dtype(x, dtype), keepdims=keepdims))
+        r = np.asarray(np.sum(x, axis=axis, dtype=dtype, keepdims=keepdims))
         if is_float(r.dtype):
             bound = np.sum(_finite_abs(x), axis=axis, keepdims=keepdims)
             self._check_order_free(bound, r.dtype)
@@ -444,7 +437,7 @@ class Oracle:
     @_elementwise_op
     def prod(self, a, axis=None, dtype=None, keepdims=False):
         x = np.asarray(_raw(a))
-        r = np.asarray(np.prod(x, axis=axis, dtype=self._sum_dtype(x, dtype), keepdims=keepdims))
+        r = np.asarray(np.prod(x, axis=axis, dtype=dtype, keepdims=keepdims))
         if is_float(r.dtype):
             n = max(1, x.size // max(1, r.size))
             # Every partial product stays inside the normal range.
@@ -468,7 +461,7 @@ class Oracle:
     @_elementwise_op
     def cumsum(self, a, axis=None, dtype=None):
         x = np.asarray(_raw(a))
-        r = np.asarray(np.cumsum(x, axis=axis, dtype=self._sum_dtype(x, dtype)))
+        r = np.asarray(np.cumsum(x, axis=axis, dtype=dtype))
         if is_float(r.dtype):
             # Each prefix is a sum in some order: bounded by its |terms|.
             bound = np.cumsum(_finite_abs(x), axis=axis)
@@ -696,6 +689,20 @@ class OracleLax:
 
     def cond(self, pred, true_fun, false_fun, *operands):
         return (true_fun if bool(np.asarray(_raw(pred))) else false_fun)(*operands)
+
+    def vmap(self, f, in_axes=0, out_axes=0):
+        """jax.vmap as a loop: f on each element of the mapped arguments (an
+        int or None per argument), the results stacked along out_axes."""
+        def mapped(*args):
+            axes = in_axes if isinstance(in_axes, (tuple, list)) else (in_axes,) * len(args)
+            size = next(self._leaf(x).shape[a] for x, a in zip(args, axes) if a is not None)
+            ys = []
+            for i in range(size):
+                picked = [x if a is None else self._leaf(x)[(slice(None),) * (a % self._leaf(x).ndim) + (i,)]
+                          for x, a in zip(args, axes)]
+                ys.append(f(*picked))
+            return self.ns.stack(ys, axis=out_axes)
+        return mapped
 
     @staticmethod
     def _window(x, starts, sizes):

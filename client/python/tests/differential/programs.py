@@ -27,12 +27,14 @@ from hypothesis import strategies as st
 from differential import oracle
 from differential.oracle import BF16, Oracle, is_float
 
-INTS = [np.dtype(np.uint8), np.dtype(np.int32), np.dtype(np.int64)]
+INTS = [np.dtype(np.uint8), np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.int8), np.dtype(np.int16),
+        np.dtype(np.uint16), np.dtype(np.uint32), np.dtype(np.uint64)]
 FLOATS = [np.dtype(np.float16), BF16, np.dtype(np.float32), np.dtype(np.float64)]
 BOOL = np.dtype(np.bool_)
 DTYPES = [BOOL] + INTS + FLOATS
 # How often each dtype leads a program: the common ones more.
-DTYPE_WEIGHTS = {BOOL: 1, INTS[0]: 2, INTS[1]: 3, INTS[2]: 2, FLOATS[0]: 1, BF16: 1, FLOATS[2]: 4, FLOATS[3]: 3}
+DTYPE_WEIGHTS = {BOOL: 1, INTS[0]: 2, INTS[1]: 3, INTS[2]: 2, FLOATS[0]: 1, BF16: 1, FLOATS[2]: 4, FLOATS[3]: 3,
+                 **{d: 1 for d in INTS[3:]}}
 
 MAX_SIZE = 256          # elements of any value, so that a program stays cheap
 
@@ -99,7 +101,7 @@ class Program:
 
     def function(self, xp, steps=None, outputs=None):
         """The program as a Python function over namespace `xp`."""
-        env = {"np": np, "ml_dtypes": oracle.ml_dtypes, "xp": xp, "lax": lax_of(xp)}
+        env = {"np": np, "ml_dtypes": oracle.ml_dtypes, "xp": xp, "lax": lax_of(xp), "vmap": vmap_of(xp)}
         exec(self.source(steps, outputs), env)  # noqa: S102 - the program is ours
         return env["program"]
 
@@ -131,6 +133,14 @@ def lax_of(xp):
         return xp.lax
     from tessel import lax
     return lax
+
+
+def vmap_of(xp):
+    """vmap with namespace `xp`: an oracle's loop, or tessel.vmap."""
+    if hasattr(xp, "lax"):
+        return xp.lax.vmap
+    from tessel import vmap
+    return vmap
 
 
 def _mentions(expr, name):
@@ -267,7 +277,8 @@ class Builder:
             return self.draw(st.sampled_from(floats))
         if kind == "bool":
             return self.draw(st.booleans())
-        d = self.draw(st.sampled_from([np.float32, np.float64, np.int32, np.int64, np.uint8, np.float16]))
+        d = self.draw(st.sampled_from([np.float32, np.float64, np.int32, np.int64, np.uint8, np.float16, np.int8,
+                                       np.uint16, np.uint64]))
         x = self.draw(st.sampled_from([0, 1, 2, 3, 0.5, -1.5] if np.dtype(d).kind == "f" else [0, 1, 2, 5]))
         return np.dtype(d).type(x) if kind == "numpy" else np.array(x, dtype=d)
 
@@ -287,7 +298,7 @@ class Builder:
             raise _Reject
         def run(ns, alt):
             env = {v.name: oracle.Value(ns, v.alt if alt else v.value) for v in self.pool}
-            env.update({"xp": ns, "np": np, "ml_dtypes": oracle.ml_dtypes, "lax": ns.lax})
+            env.update({"xp": ns, "np": np, "ml_dtypes": oracle.ml_dtypes, "lax": ns.lax, "vmap": ns.lax.vmap})
             with np.errstate(all="ignore"):
                 return np.asarray(oracle._raw(eval(expr, env)))  # noqa: S307 - the program is ours
         try:
@@ -844,10 +855,38 @@ def op_sequence(b):
         b.add(f"xp.{kind}({x.name}, {axis!r})", [x], discontinuous=True)
 
 
+# Bodies of a mapped function of one element {u} and an unmapped value {w}.
+VMAP_BODIES = ["{u} * 2 + {w}", "xp.tanh({u}) - {w}", "xp.sum({u} * {w}, axis=-1)", "xp.max({u}, axis=0) + {w}",
+               "xp.sort({u}, axis=-1)", "xp.flip({u}, -1)[::2]", "xp.cumsum({u}, axis=-1)", "{u}.T @ {w}",
+               "xp.concatenate([{u}, {u} * {w}], axis=0)", "xp.pad({u}, 1)", "xp.argmax({u}, axis=-1)",
+               "xp.where({u} > {w}, {u}, {w})", "xp.take({u}, xp.argsort({u}, axis=-1), axis=-1)",
+               "{u}.reshape(-1)[1:]", "xp.einsum('...i,...i->...', {u}, {u})"]
+
+
+def op_vmap(b):
+    """tessel.vmap of a small function against the oracle's loop over the
+    mapped axis: the element and another value of the program (unmapped,
+    or mapped along its own axis), the results stacked along out_axes."""
+    # Elements of rank >= 1: numpy takes axis=-1 of a 0-d array (sort,
+    # cumsum), where jax and Tessel raise.
+    x = b.pick(lambda v: v.ndim >= 2 and 0 < v.value.size)
+    axis = b.draw(st.integers(-x.ndim, x.ndim - 1))
+    body = b.draw(st.sampled_from(VMAP_BODIES))
+    size = x.shape[axis]
+    mapped = [v for v in b.pool if v.ndim >= 1 and v.shape[0] == size]
+    y = b.draw(st.sampled_from(mapped)) if mapped and b.draw(st.booleans()) else b.pick()
+    y_axis = 0 if y.ndim >= 1 and y.shape[0] == size and b.draw(st.booleans()) else None
+    out_axes = b.draw(st.sampled_from([0, -1]))
+    b.add(f"vmap(lambda u, w: {body.format(u='u', w='w')}, in_axes=({axis}, {y_axis}), out_axes={out_axes})"
+          f"({x.name}, {y.name})", [x, y], inexact=True, discontinuous="sort" in body or "arg" in body or
+          "where" in body)
+
+
 OPS = [(op_binary, 14), (op_unary, 10), (op_compare, 7), (op_where, 4), (op_clip, 3), (op_astype, 5),
        (op_reduce, 8), (op_reshape, 4), (op_transpose, 3), (op_broadcast, 3), (op_slice, 4),
        (op_concatenate, 2), (op_stack, 2), (op_pad, 2), (op_matmul, 3), (op_einsum, 3), (op_create, 2),
-       (op_layout_more, 3), (op_control, 2), (op_sequence, 3), (op_at, 2), (op_index, 3), (op_window, 2)]
+       (op_layout_more, 3), (op_control, 2), (op_sequence, 3), (op_at, 2), (op_index, 3), (op_window, 2),
+       (op_vmap, 2)]
 _OP_TABLE = [f for f, w in OPS for _ in range(w)]
 
 
