@@ -252,12 +252,13 @@ def test_any_all(name, dtype):
     check(lambda m, a: (getattr(m, name)(a), getattr(m, name)(a, axis=0, keepdims=True)), x)
 
 
-def test_sum_of_uint8_accumulates_in_int64():
-    # numpy sums uint8 in uint64, which Tessel has no dtype for: same values, int64.
+def test_sum_of_uint8_accumulates_in_uint64():
+    # numpy sums unsigned integers in uint64 and signed ones (and bools) in int64.
     x = sample("uint8", (4, 64), high=255)
-    got = tessel.jit(lambda a: tnp.sum(a, axis=1))(x).fetch()
-    assert got.dtype == np.int64
-    np.testing.assert_array_equal(got, x.sum(axis=1).astype(np.int64))
+    got = tessel.jit(lambda a: (tnp.sum(a, axis=1), tnp.sum(a.astype(np.int8), axis=1)))(x)
+    assert got[0].fetch().dtype == np.uint64 and got[1].fetch().dtype == np.int64
+    np.testing.assert_array_equal(got[0].fetch(), x.sum(axis=1))
+    np.testing.assert_array_equal(got[1].fetch(), x.astype(np.int8).sum(axis=1))
 
 
 @pytest.mark.parametrize("axis", [None, 0, 1])
