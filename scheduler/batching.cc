@@ -14,7 +14,7 @@ namespace {
 
 using absl::StrCat;
 
-// 0..n-1 shifted by `by`.
+// from, from + 1, ..., to - 1.
 std::vector<int64_t> Range(int64_t from, int64_t to) {
   std::vector<int64_t> r;
   for (int64_t i = from; i < to; ++i) r.push_back(i);
@@ -126,7 +126,7 @@ class Batcher {
 
   const v1::TensorType& TypeOf(const std::string& v) const { return f_.graph.nodes(f_.index_of.at(v)).type(); }
 
-  std::vector<int64_t> WithBatch(std::vector<int64_t> dims) const {
+  std::vector<int64_t> BatchDims(std::vector<int64_t> dims) const {
     dims.insert(dims.begin(), size_);
     return dims;
   }
@@ -148,7 +148,7 @@ class Batcher {
   std::string Batched(const std::string& o) {
     if (batched_.contains(o)) return val_.at(o);
     const std::vector<int64_t> dims = Dims(TypeOf(o));
-    return e_.Broadcast(val_.at(o), WithBatch(dims), Range(1, int64_t(dims.size()) + 1));
+    return e_.Broadcast(val_.at(o), BatchDims(dims), Range(1, int64_t(dims.size()) + 1));
   }
 
   // Value `o` as [batch] + `dims`: an elementwise operand, which may be a
@@ -157,7 +157,7 @@ class Batcher {
     const std::vector<int64_t> own = Dims(TypeOf(o));
     if (own == dims) return Batched(o);
     // a scalar: its batch (if any) is its only dimension
-    return e_.Broadcast(val_.at(o), WithBatch(dims), batched_.contains(o) ? std::vector<int64_t>{0}
+    return e_.Broadcast(val_.at(o), BatchDims(dims), batched_.contains(o) ? std::vector<int64_t>{0}
                                                                           : std::vector<int64_t>{});
   }
 
@@ -402,13 +402,8 @@ class Batcher {
       v1::Node p;
       p.set_op(v1::PARAMETER);
       p.mutable_parameter()->set_index(int(i));
-      *p.mutable_type() = f.graph.nodes(f.parameters[i]).type();
-      if (in[i]) {
-        p.mutable_type()->mutable_dims()->Add(0);
-        auto& d = *p.mutable_type()->mutable_dims();
-        for (int j = d.size() - 1; j > 0; --j) d.Set(j, d.Get(j - 1));
-        d.Set(0, size_);
-      }
+      const v1::TensorType& t = f.graph.nodes(f.parameters[i]).type();
+      *p.mutable_type() = in[i] ? WithBatch(t, 0, size_) : t;
       params.push_back(e.Copy(std::move(p), StrCat("arg", i)));
       vm.mutable_batch()->add_in_axes(in[i] ? 0 : -1);
     }
@@ -454,13 +449,7 @@ class Batcher {
 
   // A result type of `n` with the batch at `axis` (-1: none).
   v1::TensorType ResultType(const v1::Node& n, int k, int64_t axis) const {
-    v1::TensorType t = n.results(k);
-    if (axis < 0) return t;
-    t.mutable_dims()->Add(0);
-    auto& d = *t.mutable_dims();
-    for (int j = d.size() - 1; j > axis; --j) d.Set(j, d.Get(j - 1));
-    d.Set(int(axis), size_);
-    return t;
+    return axis < 0 ? n.results(k) : WithBatch(n.results(k), axis, size_);
   }
 
   absl::Status MultiRule(const v1::Node& n) {

@@ -250,14 +250,6 @@ absl::StatusOr<std::vector<v1::TensorType>> InferVjp(const v1::Node& n, absl::Sp
   return results;
 }
 
-// A type with a dimension of `size` inserted at `axis`.
-v1::TensorType WithBatch(v1::TensorType t, int64_t axis, int64_t size) {
-  t.mutable_dims()->Add(0);
-  for (int d = t.dims_size() - 1; d > axis; --d) t.set_dims(d, t.dims(d - 1));
-  t.set_dims(int(axis), size);
-  return t;
-}
-
 absl::StatusOr<std::vector<v1::TensorType>> InferVmap(const v1::Node& n, absl::Span<const v1::TensorType* const> ops,
                                                       FunctionTable& table, const ValidateOptions& o) {
   if (n.attrs_case() != v1::Node::kBatch) return InvalidArgumentError("missing attributes 'batch'");
@@ -384,6 +376,13 @@ absl::StatusOr<std::vector<v1::TensorType>> InferCustomJvp(const v1::Node& n,
 }
 
 }  // namespace
+
+v1::TensorType WithBatch(v1::TensorType t, int64_t axis, int64_t size) {
+  t.mutable_dims()->Add(0);
+  for (int d = t.dims_size() - 1; d > axis; --d) t.set_dims(d, t.dims(d - 1));
+  t.set_dims(int(axis), size);
+  return t;
+}
 
 bool IsControlFlow(v1::Op op) { return op == v1::WHILE || op == v1::CONDITIONAL || op == v1::SCAN; }
 bool IsMultiResult(v1::Op op) {

@@ -51,6 +51,9 @@ struct FunctionTable {
   std::vector<std::string> active;                                 // being validated (recursion is an error)
 };
 
+// `t` with a dimension of `size` inserted at `axis` (a VMAP's batch).
+v1::TensorType WithBatch(v1::TensorType t, int64_t axis, int64_t size);
+
 // True for WHILE, CONDITIONAL and SCAN.
 bool IsControlFlow(v1::Op op);
 // True for the ops of several results (read with TUPLE_ELEMENT): control

@@ -136,7 +136,6 @@ template <typename C, typename U> TD C ipow(C b, C e) {
 // --- dtypes -----------------------------------------------------------------
 
 bool IsHalf(v1::DType dt) { return dt == v1::F16 || dt == v1::BF16; }
-bool IsIntDt(v1::DType dt) { return IsInteger(dt); }
 
 // The C name of an integer dtype.
 std::string IntName(v1::DType dt) {
@@ -227,12 +226,12 @@ std::string Convert(v1::DType from, v1::DType to, const std::string& e) {
     std::string f;
     if (from == v1::F64) f = StrCat("odd_f(", e, ")");
     else if (from == v1::U64) f = StrCat("odd_f(odd_m((u64)(", e, "), false))");
-    else if (IsIntDt(from) && DTypeSize(from) >= 4) f = StrCat("odd_f(odd_d((i64)(", e, ")))");
+    else if (IsInteger(from) && DTypeSize(from) >= 4) f = StrCat("odd_f(odd_d((i64)(", e, ")))");
     else f = StrCat("(float)(", e, ")");
     return Round(to, f);
   }
   if (to == v1::PRED) return StrCat("((", e, ") != 0)");
-  if (IsFloat(from) && IsIntDt(to)) {
+  if (IsFloat(from) && IsInteger(to)) {
     const auto [lo, hi] = IntRange(to);
     return StrCat("sat<", Compute(to), ", ", Compute(from), ">(", e, ", ", lo, ", ", hi, ")");
   }
@@ -295,7 +294,7 @@ absl::StatusOr<std::string> Unary(v1::Op op, v1::DType dt, const std::string& x)
         return absl::StrFormat("(%s != %s ? %s : %s > 0 ? (%s)1 : %s < 0 ? (%s)-1 : %s)", x, x, x, x, c, x, c, x);
       default: break;
     }
-  } else if (IsIntDt(dt)) {
+  } else if (IsInteger(dt)) {
     const std::string u = UnsignedOf(dt);
     switch (op) {
       case v1::NEG: return absl::StrFormat("(%s)((%s)0 - (%s)%s)", c, u, u, x);
@@ -325,7 +324,7 @@ absl::StatusOr<std::string> Binary(v1::Op op, v1::DType dt, const std::string& x
       case v1::MIN: return StrCat("minp(", x, ", ", y, ")");
       default: break;
     }
-  } else if (IsIntDt(dt)) {
+  } else if (IsInteger(dt)) {
     const std::string u = UnsignedOf(dt);
     const bool is_signed = IsSigned(dt);
     auto wrap = [&](const char* sym) { return absl::StrFormat("(%s)((%s)%s %s (%s)%s)", c, u, x, sym, u, y); };
@@ -654,7 +653,7 @@ absl::StatusOr<ReducePlan> ModuleSource::AddReduce(const v1::Node& n, const v1::
   }
   // Accumulators: floats in their compute type, integer sums and products in
   // 64-bit unsigned (modular, so truncating at the end equals wrapping).
-  const bool int_arith = IsIntDt(dt) && (kind == v1::SUM || kind == v1::PROD);
+  const bool int_arith = IsInteger(dt) && (kind == v1::SUM || kind == v1::PROD);
   const std::string acc = int_arith ? "u64" : Compute(dt);
   std::string ident;
   switch (kind) {
