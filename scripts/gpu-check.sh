@@ -27,8 +27,9 @@ if [ -z "${TESSEL_BIN_DIR:-}" ]; then
   export TESSEL_BIN_DIR=$root/build/bin
 fi
 bin=$TESSEL_BIN_DIR
-if [ ! -x "$bin/cuda_device_test" ] || [ ! -x "$bin/tessel-gpu-bench" ] || [ ! -f "$bin/libtessel_cuda.so" ]; then
-  echo "gpu-check: $bin has no CUDA backend (libtessel_cuda.so, cuda_device_test, tessel-gpu-bench): CMake did not find the CUDA" \
+if [ ! -x "$bin/cuda_device_test" ] || [ ! -x "$bin/nccl_test" ] || [ ! -x "$bin/tessel-gpu-bench" ] ||
+   [ ! -f "$bin/libtessel_cuda.so" ]; then
+  echo "gpu-check: $bin has no CUDA backend (libtessel_cuda.so, cuda_device_test, nccl_test, tessel-gpu-bench): CMake did not find the CUDA" \
        "toolkit with NVRTC, cuBLASLt and NCCL; see 'Tessel CUDA backend' in the cmake output" >&2
   exit 2
 fi
@@ -62,6 +63,7 @@ step() {
 
 step cuda_device_test "$bin/cuda_device_test"
 step cuda_kernels_test "$bin/cuda_kernels_test"
+step nccl_test "$bin/nccl_test"
 step op_conformance python3 tests/conformance/conformance.py --bin "$bin" --device-kind cuda
 step python_op_suite python3 -m pytest -q -p no:cacheprovider client/python/tests/test_ops.py
 step differential env TESSEL_DIFF_PROGRAMS="${TESSEL_DIFF_PROGRAMS:-300}" \

@@ -20,6 +20,15 @@ bool IsCollective(v1::Op op) {
   }
 }
 
+ReduceOp ReduceOpOf(v1::ReduceKind k) {
+  switch (k) {
+    case v1::PROD: return ReduceOp::kProd;
+    case v1::REDUCE_MAX: return ReduceOp::kMax;
+    case v1::REDUCE_MIN: return ReduceOp::kMin;
+    default: return ReduceOp::kSum;
+  }
+}
+
 absl::StatusOr<ResolvedGroup> ResolveGroup(const v1::Program& p, const v1::Node& node, const StepContext& ctx,
                                            absl::string_view what) {
   const auto& axes = node.collective().axes();
@@ -37,7 +46,7 @@ absl::StatusOr<ResolvedGroup> ResolveGroup(const v1::Program& p, const v1::Node&
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": the program does not say which worker holds each device"));
   }
-  GroupSpec spec;
+  GroupSpec& spec = g.spec;
   for (int m : members) {
     spec.rank_devices.push_back(p.mesh().devices(m));
     spec.rank_workers.push_back(p.device_workers(m));

@@ -19,10 +19,14 @@ namespace tessel::worker {
 // Ops that exchange data between the devices of a group.
 bool IsCollective(v1::Op op);
 
+// The reduction a collective's ReduceKind names.
+ReduceOp ReduceOpOf(v1::ReduceKind kind);
+
 struct ResolvedGroup {
   std::shared_ptr<Communicator> comm;  // null for a group of one
   int rank = 0;
   int size = 1;
+  GroupSpec spec;  // set for a group of several
 };
 
 // The group of the collective `node` (instruction `op_index` of `program`)

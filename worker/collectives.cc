@@ -1150,6 +1150,7 @@ class Registry final : public CommunicatorRegistry {
     absl::MutexLock l(&mu_);
     return groups_.size();
   }
+  gloo::rendezvous::Store* rendezvous_store() const override { return options_.store.get(); }
 
  private:
   // "<devices>@<incarnation>.<epoch>"; other keys (tests') are not epoch keys.

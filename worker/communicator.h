@@ -34,6 +34,10 @@
 #include "core/status.h"
 #include "tessel/v1/ir.pb.h"
 
+namespace gloo::rendezvous {
+class Store;
+}
+
 namespace tessel::worker {
 
 enum class ReduceOp { kSum, kProd, kMax, kMin };
@@ -107,6 +111,10 @@ class CommunicatorRegistry {
   virtual absl::StatusOr<std::shared_ptr<Communicator>> Get(const GroupSpec& spec) = 0;
   // Groups held, for tests and stats.
   virtual int num_groups() const = 0;
+  // The store groups rendezvous through (the coordinator's key-value store),
+  // for backends that bootstrap their own communicators for the same groups
+  // (NCCL's unique id). Default: none.
+  virtual gloo::rendezvous::Store* rendezvous_store() const { return nullptr; }
 };
 
 }  // namespace tessel::worker

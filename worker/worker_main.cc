@@ -111,6 +111,7 @@ absl::StatusOr<std::vector<std::unique_ptr<tessel::worker::Device>>> MakeDevices
       o.ordinal = g;
       o.memory_limit_bytes = kind == "cuda" ? absl::GetFlag(FLAGS_device_memory_bytes) : 0;
       o.kernel_cache_dir = cache;
+      o.collective_timeout_ms = int64_t{absl::GetFlag(FLAGS_collective_timeout_s)} * 1000;
       std::string arch;
       auto d = cuda.create_device(o, &arch);
       if (!d.ok()) return d.status();

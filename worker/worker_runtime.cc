@@ -186,8 +186,8 @@ void WorkerRuntime::Run(const v1::RunRequest& request, RunDone done) {
     completions->Push([request, done, fail, wait = std::move(wait), result = std::move(result)]() mutable {
       absl::Status s = wait();
       if (!s.ok()) {
-        s = absl::Status(s.code(), absl::StrCat("execution ", request.execution_id(), ": its kernels failed: ",
-                                                s.message()));
+        // Annotate keeps the payloads: a broken NCCL group moves the cluster to a new epoch.
+        s = Annotate(s, absl::StrCat("execution ", request.execution_id(), ": its kernels failed: "));
         fail(s, -1);
         result = s;
       }

@@ -15,16 +15,6 @@ namespace tessel::cpu {
 namespace {
 
 using absl::StrCat;
-using worker::ReduceOp;
-
-ReduceOp OpOf(v1::ReduceKind k) {
-  switch (k) {
-    case v1::PROD: return ReduceOp::kProd;
-    case v1::REDUCE_MAX: return ReduceOp::kMax;
-    case v1::REDUCE_MIN: return ReduceOp::kMin;
-    default: return ReduceOp::kSum;
-  }
-}
 
 // Views a type as [outer, dims[d], inner] in bytes: outer counts, slab bytes per index of d.
 struct Split {
@@ -89,7 +79,7 @@ absl::Status RunSpmdOp(const v1::Node& n, int op_index, const v1::Program& p, co
   switch (n.op()) {
     case v1::ALL_REDUCE:
       if (out != in) std::memcpy(out, in, in_bytes);
-      st = g.comm->AllReduce(g.rank, id, out, in_bytes / esize, dt, OpOf(c.kind()));
+      st = g.comm->AllReduce(g.rank, id, out, in_bytes / esize, dt, worker::ReduceOpOf(c.kind()));
       break;
     case v1::ALL_GATHER: {
       const Split s = SplitAt(in_type, c.dimension());
@@ -106,12 +96,12 @@ absl::Status RunSpmdOp(const v1::Node& n, int op_index, const v1::Program& p, co
       const Split s = SplitAt(in_type, c.dimension());
       const int64_t piece = s.extent / g.size * s.slab;
       if (s.outer == 1) {
-        st = g.comm->ReduceScatter(g.rank, id, in, out, out_bytes / esize, dt, OpOf(c.kind()));
+        st = g.comm->ReduceScatter(g.rank, id, in, out, out_bytes / esize, dt, worker::ReduceOpOf(c.kind()));
         break;
       }
       std::vector<char> tmp(in_bytes);
       SwapMajor(in, tmp.data(), s.outer, g.size, piece, /*to_rank_major=*/true);
-      st = g.comm->ReduceScatter(g.rank, id, tmp.data(), out, out_bytes / esize, dt, OpOf(c.kind()));
+      st = g.comm->ReduceScatter(g.rank, id, tmp.data(), out, out_bytes / esize, dt, worker::ReduceOpOf(c.kind()));
       break;
     }
     case v1::ALL_TO_ALL: {

@@ -66,6 +66,9 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const Options& op
       cudaDeviceGetAttribute(&d->multiprocessors_, cudaDevAttrMultiProcessorCount, options.ordinal),
       "cudaDeviceGetAttribute"));
   d->arch_ = StrCat("sm_", major, minor);
+  cudaDeviceProp prop{};
+  TESSEL_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceProperties(&prop, options.ordinal), "cudaGetDeviceProperties"));
+  std::memcpy(d->uuid_.data(), prop.uuid.bytes, d->uuid_.size());
   TESSEL_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&d->stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
   int64_t limit = options.memory_limit_bytes;
   if (limit <= 0) {
@@ -109,13 +112,27 @@ std::function<absl::Status()> CudaDevice::Fence() {
     s = CudaStatus(cudaEventRecord(e, stream_), "cudaEventRecord");
     if (!s.ok()) cudaEventDestroy(e);
   }
+  std::vector<std::function<absl::Status()>> checks;
+  {
+    absl::MutexLock l(&checks_mu_);
+    checks.swap(checks_);
+  }
   if (!s.ok()) return [s] { return s; };
-  return [this, e] {
+  return [this, e, checks = std::move(checks)] {
     absl::Status done = Activate();
     if (done.ok()) done = CudaStatus(cudaEventSynchronize(e), "cudaEventSynchronize");
     cudaEventDestroy(e);
+    for (const auto& check : checks) {
+      if (!done.ok()) break;
+      done = check();
+    }
     return done;
   };
+}
+
+void CudaDevice::AddFenceCheck(std::function<absl::Status()> check) {
+  absl::MutexLock l(&checks_mu_);
+  checks_.push_back(std::move(check));
 }
 
 absl::Status CudaDevice::Synchronize() const {

@@ -25,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "worker/caching_allocator.h"
 #include "worker/cuda/kernel_compiler.h"
+#include "worker/cuda/nccl_communicator.h"
 #include "worker/device.h"
 
 namespace tessel::cuda {
@@ -47,6 +48,9 @@ class CudaDevice final : public worker::Device {
     int ordinal = 0;                // CUDA device ordinal
     int64_t memory_limit_bytes = 0;  // Default: 0, 90% of the memory free at start
     std::string kernel_cache_dir;   // NVRTC code cache on disk; empty: memory only
+    // The worker's NCCL communicators, shared by its CUDA devices. Default:
+    // none (a collective over several devices fails, saying so).
+    std::shared_ptr<NcclGroups> nccl;
   };
   static absl::StatusOr<std::unique_ptr<CudaDevice>> Create(const Options& options);
   ~CudaDevice() override;
@@ -61,8 +65,12 @@ class CudaDevice final : public worker::Device {
   absl::StatusOr<std::unique_ptr<worker::Executable>> Load(const v1::Program& program) override;
   worker::MemoryStats memory_stats() const override { return allocator_->stats(); }
   bool asynchronous() const override { return true; }
-  // An event recorded on the stream; the wait blocks (without spinning) until it has passed.
+  // An event recorded on the stream; the wait blocks (without spinning)
+  // until it has passed, then runs the checks added since the last Fence.
   std::function<absl::Status()> Fence() override;
+  // A verdict on work queued so far (an NCCL call's), taken by the next
+  // Fence and run once the stream has passed it. Called on the step's thread.
+  void AddFenceCheck(std::function<absl::Status()> check);
 
   // For executables: the stream, the compiler, the device's properties.
   cudaStream_t stream() const { return stream_; }
@@ -70,6 +78,9 @@ class CudaDevice final : public worker::Device {
   int ordinal() const { return options_.ordinal; }
   int multiprocessors() const { return multiprocessors_; }
   const std::string& arch() const { return arch_; }
+  // The GPU as NCCL sees it: ordinal, stream and UUID.
+  NcclDevice nccl_device() const { return {options_.ordinal, stream_, uuid_}; }
+  NcclGroups* nccl() const { return options_.nccl.get(); }
   // Makes this device current on the calling thread.
   absl::Status Activate() const;
   // Waits for everything queued on the stream; the first asynchronous error, if any.
@@ -82,6 +93,9 @@ class CudaDevice final : public worker::Device {
   const Options options_;
   std::string arch_;
   int multiprocessors_ = 0;
+  std::array<uint8_t, 16> uuid_{};
+  absl::Mutex checks_mu_;
+  std::vector<std::function<absl::Status()>> checks_ ABSL_GUARDED_BY(checks_mu_);
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<KernelCompiler> compiler_;
   std::shared_ptr<worker::CachingAllocator> allocator_;

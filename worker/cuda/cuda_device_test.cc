@@ -2,6 +2,7 @@
 // programs. Without a GPU (or a driver) every test skips, saying why.
 #include "worker/cuda/cuda_device.h"
 
+#include <gloo/rendezvous/hash_store.h>
 #include <google/protobuf/text_format.h>
 #include <gtest/gtest.h>
 
@@ -135,6 +136,58 @@ TEST_F(CudaDeviceTest, SteadyStateStepsAllocateNothingNew) {
   ASSERT_TRUE(dev->Synchronize().ok());
   const worker::MemoryStats after = dev->memory_stats();
   EXPECT_EQ(after.bytes_in_use + after.bytes_cached, before.bytes_in_use + before.bytes_cached);
+}
+
+
+// NCCL on the GPU: a one-rank communicator runs every collective kind for
+// real (NCCL's kernels and grouped send/recv on the device's stream,
+// bracketed by the watchdog's markers), and the step's fence gives its
+// verdict. One rank makes every collective the identity (a permutation with
+// no pair into the rank, zeros); several ranks need one GPU each.
+TEST_F(CudaDeviceTest, NcclRunsEveryCollectiveOnTheStreamAndTheFenceGivesItsVerdict) {
+  auto dev = MakeDevice();
+  ASSERT_NE(dev, nullptr);
+  NcclGroups groups({});
+  gloo::rendezvous::HashStore store;
+  worker::ResolvedGroup g;
+  g.spec.key = "devices:0@cuda-device-test.1";
+  g.spec.rank_devices = {0};
+  const int64_t n = 4096;
+  int64_t op = 0;
+  using Kind = NcclCall::Kind;
+  for (const v1::DType dt : {v1::F32, v1::BF16, v1::S32, v1::S64, v1::U8, v1::S16, v1::PRED, v1::F64}) {
+    for (const Kind kind : {Kind::kAllReduce, Kind::kAllGather, Kind::kReduceScatter, Kind::kAllToAll, Kind::kPermute}) {
+      for (const bool zeroed : {false, true}) {
+        if (zeroed && kind != Kind::kPermute) continue;
+        const bool reduces = kind == Kind::kAllReduce || kind == Kind::kReduceScatter;
+        const int64_t bytes = n * DTypeSize(dt);
+        std::vector<char> src(bytes), got(bytes, 7);
+        for (int64_t i = 0; i < bytes; ++i) src[i] = dt == v1::PRED ? char(i % 3 == 0) : char(i * 37 + 11);
+        if (dt == v1::F32 || dt == v1::F64 || dt == v1::BF16) {  // finite values: NaN bit patterns compare unequal
+          for (int64_t i = 0; i < bytes; i += DTypeSize(dt)) src[i + DTypeSize(dt) - 1] = 0x3f;
+        }
+        auto in = dev->Allocate(bytes);
+        auto out = dev->Allocate(bytes);
+        ASSERT_TRUE(in.ok() && out.ok());
+        ASSERT_TRUE(dev->CopyFromHost(**in, 0, src.data(), bytes).ok());
+        NcclCall call{.kind = kind, .in = (*in)->opaque(), .out = (*out)->opaque(), .count = n, .dtype = dt};
+        call.op = worker::ReduceOp::kMax;
+        if (kind == Kind::kPermute && !zeroed) call.pairs = {{0, 0}};
+        auto check = groups.Run(g, {1, int32_t(++op), 0}, call, dev->nccl_device(), &store);
+        if (dt == v1::S16 && reduces) {
+          EXPECT_EQ(check.status().code(), absl::StatusCode::kUnimplemented) << check.status();
+          continue;
+        }
+        ASSERT_TRUE(check.ok()) << DTypeName(dt) << " " << int(kind) << ": " << check.status();
+        dev->AddFenceCheck(std::move(*check));
+        const absl::Status verdict = dev->Fence()();
+        ASSERT_TRUE(verdict.ok()) << verdict;
+        ASSERT_TRUE(dev->CopyToHost(**out, 0, got.data(), bytes).ok());
+        EXPECT_EQ(got, zeroed ? std::vector<char>(bytes, 0) : src) << DTypeName(dt) << " " << int(kind);
+      }
+    }
+  }
+  EXPECT_EQ(groups.num_groups(), 1);
 }
 
 }  // namespace

@@ -4,9 +4,11 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/dtype.h"
 #include "core/sharding.h"
 #include "core/status.h"
+#include "worker/collective_group.h"
 #include "worker/cpu/dot.h"
 #include "worker/cpu/fused_loop.h"
 
@@ -150,7 +152,9 @@ absl::Status CudaExecutable::Prepare() {
       case v1::ALL_GATHER:
       case v1::REDUCE_SCATTER:
       case v1::ALL_TO_ALL:
-      case v1::COLLECTIVE_PERMUTE: break;
+      case v1::COLLECTIVE_PERMUTE:
+        prep.collective = PlanCollective(n, in.arg_types[0], AxesSize(program.mesh(), n.collective().axes()), module);
+        break;
       case v1::WHILE:
       case v1::CONDITIONAL:
       case v1::SCAN: break;  // SlotProgram::Run drives it from the host; its functions' kernels are prepared here too
@@ -305,18 +309,122 @@ absl::Status CudaExecutable::RunDot(const DotPlan& d, const void* lhs, const voi
                     "cublasLtMatmul");
 }
 
-absl::Status CudaExecutable::RunCollective(const v1::Node& n, const v1::TensorType& in_type, const void* in, void* out,
-                                           const worker::StepContext& ctx) {
-  const std::vector<int> group = GroupPositions(slots_.program().mesh(), ctx.mesh_position, Axes(n.collective().axes()));
-  if (group.size() == 1) {  // a group of one: every collective is a copy
+absl::Status CudaExecutable::RunCollective(int i, const v1::Node& n, const v1::TensorType& in_type, const void* in,
+                                           void* out, const worker::StepContext& ctx) {
+  const v1::CollectiveAttrs& c = n.collective();
+  const std::string what = StrCat(OpName(n.op()), " '", n.name(), "' over ", absl::StrJoin(c.axes(), ","));
+  TESSEL_ASSIGN_OR_RETURN(worker::ResolvedGroup g, worker::ResolveGroup(slots_.program(), n, ctx, what));
+  const int64_t in_bytes = ByteSizeUnchecked(in_type), out_bytes = ByteSizeUnchecked(n.type());
+  if (g.size == 1) {  // a group of one: every collective is a copy
     if (in == out) return absl::OkStatus();
-    return CudaStatus(cudaMemcpyAsync(out, in, std::min(ByteSizeUnchecked(in_type), ByteSizeUnchecked(n.type())),
-                                      cudaMemcpyDeviceToDevice, device_->stream()),
+    return CudaStatus(cudaMemcpyAsync(out, in, std::min(in_bytes, out_bytes), cudaMemcpyDeviceToDevice,
+                                      device_->stream()),
                       "cudaMemcpyAsync (collective of one)");
   }
-  return absl::UnimplementedError(StrCat("cuda device: ", OpName(n.op()), " '", n.name(), "' over a group of ",
-                                         group.size(), " devices needs NCCL communicators, which cuda devices do not "
-                                         "have yet; run this program on cpu devices"));
+  if (device_->nccl() == nullptr) {
+    return absl::FailedPreconditionError(StrCat(what, ": this cuda device has no NCCL communicators"));
+  }
+  const CollectivePlan& plan = *prepared_[i].collective;
+  const int64_t esize = DTypeSize(n.type().dtype());
+  NcclCall call;
+  call.in = in;
+  call.out = out;
+  call.dtype = n.type().dtype();
+  call.op = worker::ReduceOpOf(c.kind());
+  worker::BufferPtr before, after;  // stream order: freeing them after queueing is safe
+  if (plan.before) {
+    TESSEL_ASSIGN_OR_RETURN(before, device_->Allocate(plan.staged_bytes));
+    KernelParams p;
+    p.p[0] = const_cast<void*>(in);
+    p.p[1] = before->opaque();
+    TESSEL_RETURN_IF_ERROR(Launch(*plan.before, p));
+    call.in = before->opaque();
+  }
+  if (plan.after) {
+    TESSEL_ASSIGN_OR_RETURN(after, device_->Allocate(plan.staged_bytes));
+    call.out = after->opaque();
+  }
+  switch (n.op()) {
+    case v1::ALL_REDUCE:
+      call.kind = NcclCall::Kind::kAllReduce;
+      call.count = in_bytes / esize;
+      break;
+    case v1::ALL_GATHER:
+      call.kind = NcclCall::Kind::kAllGather;
+      call.count = in_bytes / esize;
+      break;
+    case v1::REDUCE_SCATTER:
+      call.kind = NcclCall::Kind::kReduceScatter;
+      call.count = out_bytes / esize;
+      break;
+    case v1::ALL_TO_ALL:
+      call.kind = NcclCall::Kind::kAllToAll;
+      call.count = in_bytes / esize / g.size;
+      break;
+    default:
+      call.kind = NcclCall::Kind::kPermute;
+      call.count = in_bytes / esize;
+      for (int k = 0; k + 1 < c.source_target_pairs_size(); k += 2) {
+        call.pairs.emplace_back(int(c.source_target_pairs(k)), int(c.source_target_pairs(k + 1)));
+      }
+  }
+  TESSEL_ASSIGN_OR_RETURN(
+      NcclGroups::Check check,
+      device_->nccl()->Run(g, worker::IdOf(ctx, i), call, device_->nccl_device(), ctx.collectives->rendezvous_store()));
+  device_->AddFenceCheck(std::move(check));
+  if (plan.after) {
+    KernelParams p;
+    p.p[0] = after->opaque();
+    p.p[1] = out;
+    TESSEL_RETURN_IF_ERROR(Launch(*plan.after, p));
+  }
+  return absl::OkStatus();
+}
+
+std::optional<CudaExecutable::CollectivePlan> CudaExecutable::PlanCollective(const v1::Node& n,
+                                                                            const v1::TensorType& in_type, int64_t k,
+                                                                            ModuleSource& module) {
+  if (k <= 1) return std::nullopt;
+  CollectivePlan plan;
+  const v1::CollectiveAttrs& c = n.collective();
+  const v1::DType dt = n.type().dtype();
+  struct Split {
+    int64_t outer = 1, extent = 1, inner = 1;  // elements
+  };
+  auto split = [](const v1::TensorType& t, int64_t d) {
+    Split s;
+    for (int64_t j = 0; j < d; ++j) s.outer *= t.dims(j);
+    s.extent = t.dims(d);
+    for (int64_t j = d + 1; j < t.dims_size(); ++j) s.inner *= t.dims(j);
+    return s;
+  };
+  switch (n.op()) {
+    case v1::ALL_GATHER: {
+      const Split s = split(in_type, c.dimension());
+      if (s.outer > 1) plan.after = module.AddSwapMajor(dt, s.outer, k, s.extent * s.inner, /*to_rank_major=*/false);
+      plan.staged_bytes = ByteSizeUnchecked(n.type());
+      break;
+    }
+    case v1::REDUCE_SCATTER: {
+      const Split s = split(in_type, c.dimension());
+      if (s.outer > 1) plan.before = module.AddSwapMajor(dt, s.outer, k, s.extent / k * s.inner, /*to_rank_major=*/true);
+      plan.staged_bytes = ByteSizeUnchecked(in_type);
+      break;
+    }
+    case v1::ALL_TO_ALL: {
+      const Split s = split(in_type, c.dimension());
+      if (s.outer > 1) plan.before = module.AddSwapMajor(dt, s.outer, k, s.extent / k * s.inner, /*to_rank_major=*/true);
+      // Block i (from rank i) takes position i along the concat dimension.
+      v1::TensorType block = in_type;
+      block.set_dims(c.dimension(), in_type.dims(c.dimension()) / k);
+      const Split cs = split(block, c.concat_dimension());
+      if (cs.outer > 1) plan.after = module.AddSwapMajor(dt, cs.outer, k, cs.extent * cs.inner, /*to_rank_major=*/false);
+      plan.staged_bytes = ByteSizeUnchecked(in_type);
+      break;
+    }
+    default: break;
+  }
+  return plan;
 }
 
 absl::Status CudaExecutable::Execute(int i, std::vector<BufferPtr>& values, const std::vector<BufferPtr>& preset,
@@ -397,7 +505,7 @@ absl::Status CudaExecutable::Execute(int i, std::vector<BufferPtr>& values, cons
     case v1::ALL_TO_ALL:
     case v1::COLLECTIVE_PERMUTE:
       if (ctx.last_collective != nullptr) *ctx.last_collective = i;  // a failure abandons only the later ones
-      TESSEL_RETURN_IF_ERROR(RunCollective(n, in.arg_types[0], params.p[0], params.p[1], ctx));
+      TESSEL_RETURN_IF_ERROR(RunCollective(i, n, in.arg_types[0], params.p[0], params.p[1], ctx));
       break;
     case v1::SORT: {  // keys, the operand it moves, the result
       KernelParams p;

@@ -44,10 +44,17 @@ class CudaExecutable final : public worker::Executable {
     cublasLtMatmulAlgo_t algo{};
     bool f64 = false;
   };
+  // A collective over several devices: rank-major copies around the NCCL
+  // call where the collective's dimension is not the leading one.
+  struct CollectivePlan {
+    std::optional<KernelLaunch> before, after;
+    int64_t staged_bytes = 0;  // of each rank-major copy
+  };
   struct Prepared {
     std::vector<KernelLaunch> kernels;  // fusion / layout / arg reduce / shard slice / axis index: one
     std::optional<ReducePlan> reduce;
     std::unique_ptr<DotPlan> dot;
+    std::optional<CollectivePlan> collective;
     std::unique_ptr<v1::Fusion> constant;  // fill / iota as a one-node fusion
     worker::BufferPtr literal;
   };
@@ -59,7 +66,9 @@ class CudaExecutable final : public worker::Executable {
                        const worker::StepContext& ctx);
   absl::Status Launch(const KernelLaunch& l, const KernelParams& params);
   absl::Status RunDot(const DotPlan& d, const void* lhs, const void* rhs, void* out);
-  absl::Status RunCollective(const v1::Node& n, const v1::TensorType& in_type, const void* in, void* out,
+  static std::optional<CollectivePlan> PlanCollective(const v1::Node& n, const v1::TensorType& in_type, int64_t k,
+                                                      ModuleSource& module);
+  absl::Status RunCollective(int i, const v1::Node& n, const v1::TensorType& in_type, const void* in, void* out,
                              const worker::StepContext& ctx);
 
   worker::SlotProgram slots_;

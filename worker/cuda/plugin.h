@@ -20,7 +20,7 @@
 
 namespace tessel::cuda {
 
-inline constexpr int kPluginAbi = 1;
+inline constexpr int kPluginAbi = 2;
 inline constexpr char kPluginEntry[] = "tessel_cuda_plugin";
 inline constexpr char kPluginFile[] = "libtessel_cuda.so";
 
@@ -29,6 +29,9 @@ struct PluginDeviceOptions {
   int ordinal = 0;                 // CUDA device ordinal
   int64_t memory_limit_bytes = 0;  // 0: 90% of the memory free at start
   std::string kernel_cache_dir;    // NVRTC code cache on disk; empty: memory only
+  // Bound on an NCCL call once it has started on the GPU, and on reading a
+  // group's unique id. The worker's devices share one set of communicators.
+  int64_t collective_timeout_ms = 60000;
 };
 
 // What the plugin's entry point (extern "C" kPluginEntry) returns.

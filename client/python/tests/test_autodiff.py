@@ -331,7 +331,7 @@ def test_random_programs_have_jaxs_jvps(session, program):
 
 
 @pytest.mark.skipif(os.environ.get("TESSEL_DEVICE_KIND", "cpu") != "cpu",
-                    reason="collectives on cuda devices need NCCL communicators (not built)")
+                    reason="the CUDA suite's workers share their GPUs, and NCCL needs one GPU per device")
 def test_data_parallel_gradients_of_a_split_batch(session):
     """grad under jit with the batch split over the mesh: the partitioner
     turns each weight gradient's partial sums into one all_reduce, with its

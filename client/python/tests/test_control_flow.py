@@ -309,10 +309,10 @@ def test_carry_type_errors_name_the_carry(session):
 
 # ---------------------------------------------------------------- inside shard_map
 
-# Collectives between GPUs need NCCL communicators, which the CUDA backend
-# does not have yet: these run on CPU devices.
+# Collectives between GPUs run on NCCL, which needs one GPU per device; the
+# CUDA suite's workers share their GPUs: these run on CPU devices.
 needs_collectives = pytest.mark.skipif(os.environ.get("TESSEL_DEVICE_KIND", "cpu") != "cpu",
-                                       reason="collectives on cuda devices need NCCL communicators (not built)")
+                                       reason="the CUDA suite's workers share their GPUs, and NCCL needs one GPU per device")
 
 def _data_size():
     """The mesh axis the shard_map tests split over: 4 devices, or 2 where
