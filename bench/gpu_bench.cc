@@ -10,6 +10,12 @@
 //                     pipelined, vs cublasLtMatmul called directly with the
 //                     heuristic's first algorithm and the same workspace;
 //                     TFLOP/s. Goal >= 0.95x.
+//   all_reduce_256mib psum of 256 MiB of f32 per device in a manual region
+//                     over {x: 2}, GPUs 0 and 1 of one worker, donated, 8
+//                     steps pipelined, vs ncclAllReduce called directly on
+//                     the same two GPUs (one process, grouped calls); bus
+//                     bandwidth. Goal >= 0.9x. Needs 2 GPUs: with one, the
+//                     row says so.
 //
 // Tessel's time runs from the first Execute until a one-element fetch of
 // the last result returns (the fetch is queued behind every step), so it
@@ -19,6 +25,7 @@
 //   tessel-gpu-bench [--json] [--only=SUBSTR]
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
+#include <nccl.h>
 
 #include <cmath>
 #include <cstdio>
@@ -63,6 +70,12 @@ T Check(absl::StatusOr<T> v) {
 void Cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
     std::fprintf(stderr, "tessel-gpu-bench: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+void Nccl(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess) {
+    std::fprintf(stderr, "tessel-gpu-bench: %s: %s\n", what, ncclGetErrorString(r));
     std::exit(1);
   }
 }
@@ -268,6 +281,71 @@ int main(int argc, char** argv) {
                     "bf16 8192^3, f32 accumulation, 50 steps pipelined, vs cublasLtMatmul directly"});
   }
   cudaStreamDestroy(stream);
+
+  if (want("all_reduce_256mib") && gpus < 2) {
+    std::fprintf(stderr, "tessel-gpu-bench: all_reduce_256mib needs 2 GPUs; this machine has %d\n", gpus);
+  } else if (want("all_reduce_256mib")) {
+    const int64_t bytes = int64_t{256} << 20, n = bytes / 4;  // per device
+    const int steps = 8;
+    const tessel::Mesh pair({{"x", 2}});
+    const tessel::Sharding split = tessel::Sharding::Split({"x"});
+    GraphBuilder init("ones");
+    auto init_exe = Check(session->Compile(Check(init.Build({init.Fill({DType::kF32, {2 * n}}, 1.0)})),
+                                           {.mesh = pair, .output_shardings = {split}}));
+    GraphBuilder g("psum");
+    auto a = g.Parameter({DType::kF32, {2 * n}}, "a");
+    auto r = g.ManualRegion(pair, {a}, {split}, split, [](GraphBuilder& b, const std::vector<tessel::Value>& in) {
+      return b.AllReduce(in[0], {"x"});
+    });
+    auto exe = Check(session->Compile(Check(g.Build({r})),
+                                      {.donate = {0}, .strict_donation = true, .mesh = pair,
+                                       .parameter_shardings = {split}, .output_shardings = {split}}));
+    std::vector<tessel::Array> state = Check(session->Execute(init_exe, {}));
+    auto run = [&](int k) {
+      for (int i = 0; i < k; ++i) state = Check(session->Execute(exe, state));
+      Check(session->Await(state));
+    };
+    run(2);  // warm: programs loaded, the communicators joined
+    absl::Time start = absl::Now();
+    run(steps);
+    const double t_tessel = absl::ToDoubleSeconds(absl::Now() - start) / steps;
+    Check(session->Delete(state));
+    // NCCL directly: both GPUs from this process, one grouped call per step.
+    ncclComm_t comms[2];
+    int devs[2] = {0, 1};
+    Nccl(ncclCommInitAll(comms, 2, devs), "ncclCommInitAll");
+    void* buf[2];
+    cudaStream_t streams[2];
+    for (int d = 0; d < 2; ++d) {
+      Cuda(cudaSetDevice(d), "cudaSetDevice");
+      Cuda(cudaMalloc(&buf[d], bytes), "cudaMalloc");
+      Cuda(cudaMemset(buf[d], 0, bytes), "cudaMemset");
+      Cuda(cudaStreamCreateWithFlags(&streams[d], cudaStreamNonBlocking), "cudaStreamCreate");
+    }
+    auto nccl_steps = [&](int k) {
+      for (int i = 0; i < k; ++i) {
+        Nccl(ncclGroupStart(), "ncclGroupStart");
+        for (int d = 0; d < 2; ++d) {
+          Nccl(ncclAllReduce(buf[d], buf[d], n, ncclFloat32, ncclSum, comms[d], streams[d]), "ncclAllReduce");
+        }
+        Nccl(ncclGroupEnd(), "ncclGroupEnd");
+      }
+      for (int d = 0; d < 2; ++d) Cuda(cudaStreamSynchronize(streams[d]), "cudaStreamSynchronize");
+    };
+    nccl_steps(2);
+    start = absl::Now();
+    nccl_steps(steps);
+    const double t_nccl = absl::ToDoubleSeconds(absl::Now() - start) / steps;
+    for (int d = 0; d < 2; ++d) {
+      cudaSetDevice(d);
+      cudaFree(buf[d]);
+      cudaStreamDestroy(streams[d]);
+      ncclCommDestroy(comms[d]);
+    }
+    // Two ranks: the ring's bus bandwidth equals bytes / time.
+    rows.push_back({"all_reduce_256mib", "GB/s", bytes / t_tessel / 1e9, bytes / t_nccl / 1e9, 0.9,
+                    "psum over GPUs 0 and 1, donated, 8 steps pipelined, vs ncclAllReduce directly"});
+  }
   cluster.reset();
 
   if (json) {
