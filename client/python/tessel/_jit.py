@@ -219,6 +219,7 @@ class Jitted:
 
     def _trace(self, args, leaves, paths, donated_leaves):
         builder = Builder(self.fn.__name__)
+        builder.hoist, builder.hoist_base = [], len(leaves)
         with builder, placement_requests() as requests:
             tracers = []
             for i, (x, p) in enumerate(zip(leaves, paths)):
@@ -242,7 +243,9 @@ class Jitted:
                 out_tracers.append(o)
             builder.graph.outputs.extend(o._name for o in out_tracers)
         self._requests = requests
-        return builder.graph, out_structure, out_tracers
+        # Snapshots: a constant is what it was when traced, as in the program.
+        hoisted = [np.array(a, copy=True) for a, _ in builder.hoist]
+        return builder.graph, out_structure, out_tracers, hoisted
 
     def lower(self, *args, **kwargs):
         """Compiles for these arguments (values, or anything with .shape and
@@ -257,9 +260,14 @@ class Jitted:
         entry = cache.get(key)
         if entry is None:
             why = self.explain_miss(cache, key, paths)
-            graph, structure, out_tracers = self._trace(args, leaves, paths, donated_leaves)
+            graph, structure, out_tracers, hoisted = self._trace(args, leaves, paths, donated_leaves)
             donated = [i for i, d in enumerate(donated_leaves) if d]
             mesh, specs = self._layout(leaves)
+            if hoisted:
+                _warn_hoisted(self.fn.__name__, hoisted)
+                if specs is not None:
+                    from tessel._sharding import P
+                    specs = specs + [P()] * len(hoisted)  # replicated over the mesh
             try:
                 if mesh is None:
                     exe = session.compile(graph, donated)
@@ -281,13 +289,14 @@ class Jitted:
                                  for s in exe.parameter_shardings]
             else:
                 in_placements = None
-            entry = (exe, structure, [(t.shape, t.dtype, p) for t, p in zip(out_tracers, placements)], in_placements)
+            entry = (exe, structure, [(t.shape, t.dtype, p) for t, p in zip(out_tracers, placements)], in_placements,
+                     _Hoisted(hoisted, exe))
             cache[key] = entry
         return entry, leaves, donated_leaves
 
     def __call__(self, *args, **kwargs):
         args = self._bind(args, kwargs)
-        (exe, structure, out_types, in_placements), leaves, donated_leaves = self._compiled(args)
+        (exe, structure, out_types, in_placements, hoisted), leaves, donated_leaves = self._compiled(args)
         session = _context.session()
         guard = _context.guard()
         placement = self._placement or next((x._placement for x in leaves if isinstance(x, Array)),
@@ -309,6 +318,7 @@ class Jitted:
                 req.arguments.append(h)
                 if not donate:
                     session.drop(h)
+        req.arguments.extend(hoisted.handles(session, placement))
         outs = []
         for shape, dtype, out_placement in out_types:
             h = session.new_handle()
@@ -339,6 +349,38 @@ class Jitted:
 
 
 _DEFAULT_PLACEMENT = session_pb2.Placement(device=0)
+
+
+def _warn_hoisted(name, arrays):
+    import warnings
+    what = ", ".join(f"{_dtypes.type_string(a.shape, a.dtype)} ({a.nbytes / (1 << 20):.1f} MiB)" for a in arrays)
+    warnings.warn(f"jit of {name}: {len(arrays)} captured constant(s) too large to ship inside the program ({what}) "
+                  "become hidden arguments, put once per placement (counted as host->device bytes); pass them as "
+                  "arguments to choose where they live", stacklevel=4)
+
+
+class _Hoisted:
+    """A compiled function's large captured constants: put where its steps
+    run, once per placement (a mesh-partitioned program: replicated over its
+    mesh), and passed after the declared arguments."""
+
+    def __init__(self, arrays, exe):
+        self.arrays = arrays
+        self._mesh_placement = None
+        if arrays and exe.HasField("mesh"):
+            self._mesh_placement = session_pb2.Placement(sharded=session_pb2.MeshSharding(
+                mesh=exe.mesh, sharding=exe.parameter_shardings[len(exe.parameter_shardings) - len(arrays)]))
+        self._put = {}  # serialized placement -> [Array]
+
+    def handles(self, session, placement):
+        if not self.arrays:
+            return []
+        placement = self._mesh_placement or placement
+        key = placement.SerializeToString(deterministic=True)
+        if key not in self._put:
+            self._put[key] = [Array(session, session.put(a, placement), a.shape, a.dtype, placement)
+                              for a in self.arrays]
+        return [x.handle for x in self._put[key]]
 
 
 def jit(fn=None, *, donate_argnums=(), donate_argnames=(), static_argnums=(), device=None, replicated=False,

@@ -14,6 +14,10 @@ from tessel.v1 import ir_pb2
 
 _state = threading.local()
 
+# Captured constants larger than this (the compiler's large-literal bound)
+# become hidden arguments of a jitted function instead of literals.
+HOIST_BYTES = 1 << 20
+
 
 def current_builder():
     stack = getattr(_state, "stack", None)
@@ -51,6 +55,11 @@ class Builder:
         # jitted function's): functions traced anywhere inside are listed there.
         self.root = root.root if root is not None else self
         self._functions = 0
+        # A jitted function's root builder hoists large captured constants
+        # into hidden parameters numbered from hoist_base (list of (array,
+        # parameter)); elsewhere None, and constants stay literals.
+        self.hoist = None
+        self.hoist_base = 0
 
     def new_function_name(self, kind):
         self.root._functions += 1
@@ -116,6 +125,17 @@ class Builder:
     def literal(self, array):
         array = np.asarray(array, order="C")  # keeps 0-d values 0-d (ascontiguousarray makes them 1-d)
         _dtypes.to_proto(array.dtype)
+        root = self.root
+        if root.hoist is not None and array.nbytes > HOIST_BYTES:
+            # Too big to ship inside the program: a hidden argument, put once
+            # per placement through the chunked stream (tessel._jit).
+            for a, t in root.hoist:
+                if a is array:
+                    return self.capture(t)
+            t = Builder.parameter(root, root.hoist_base + len(root.hoist), array.shape, array.dtype,
+                                  f"constant{len(root.hoist)}")
+            root.hoist.append((array, t))
+            return self.capture(t)
 
         def attrs(n):
             n.constant.literal.data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
