@@ -16,6 +16,7 @@
 #include "core/status.h"
 #include "scheduler/autodiff.h"
 #include "scheduler/fusion.h"
+#include "scheduler/generated.h"
 #include "scheduler/program_walk.h"
 #include "scheduler/validator.h"
 
@@ -535,6 +536,16 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOpt
     auto pruned = ValidateGraph(client.graph);
     if (!pruned.ok()) return Annotate(pruned.status(), "internal: the graph without its dead nodes does not check: ");
     client = std::move(*pruned);
+  }
+  // Constants cut or moved by layout ops stay generated: no device makes
+  // the whole of one to keep a block of it.
+  if (PushLayoutsIntoGenerated(client.graph)) {
+    DropDeadNodes(client.graph);
+    auto pushed = ValidateGraph(client.graph);
+    if (!pushed.ok()) {
+      return Annotate(pushed.status(), "internal: the graph with layouts pushed into its constants does not check: ");
+    }
+    client = std::move(*pushed);
   }
   CompiledProgram c;
   v1::Graph lowered;

@@ -13,6 +13,7 @@ namespace tessel::scheduler {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 template <typename T>
 T Parse(const std::string& text) {
@@ -157,6 +158,41 @@ TEST(Partitioner, GeneratedConstantsAreMadePerBlock) {
   EXPECT_EQ(TypeString(c->program.output_types(0)), "f32[125000000]");
   EXPECT_EQ(c->estimated_peak_bytes, 125000000 * 4 + 2 * 4);
   EXPECT_THAT(c->plan_text, HasSubstr("iota dim=0 split over x"));
+}
+
+// Seed 001's variants: constants made whole and then cut or reshaped. Each
+// device's peak stays its block of x plus its block of the result; before,
+// every device made the whole iota (64 MiB) and the whole fill.
+TEST(Partitioner, ConstantsCutOrReshapedByLayoutOpsAreStillMadePerBlock) {
+  auto g = Parse<v1::Graph>(R"pb(
+    name: "seed001_variants"
+    nodes { name: "x" op: PARAMETER parameter { index: 0 } type { dtype: F32 dims: [4096, 4096] } }
+    nodes { name: "z" op: CONSTANT constant { fill { f: 0 } } type { dtype: F32 dims: [4096, 4096] } }
+    nodes { name: "i" op: CONSTANT constant { iota { dimension: 0 } } type { dtype: S32 dims: 16777216 } }
+    nodes { name: "r" op: RESHAPE operands: "i" reshape { dims: [4096, 4096] } type { dtype: S32 dims: [4096, 4096] } }
+    nodes { name: "f" op: CONVERT operands: "r" convert { dtype: F32 } type { dtype: F32 dims: [4096, 4096] } }
+    nodes { name: "a" op: ADD operands: ["x", "z"] type { dtype: F32 dims: [4096, 4096] } }
+    nodes { name: "y" op: ADD operands: ["a", "f"] type { dtype: F32 dims: [4096, 4096] } }
+    nodes { name: "big" op: CONSTANT constant { fill { f: 0 } } type { dtype: F32 dims: 67108864 } }
+    nodes { name: "cut" op: SLICE operands: "big" slice { start: 0 limit: 16777216 strides: 1 }
+            type { dtype: F32 dims: 16777216 } }
+    nodes { name: "flat" op: PARAMETER parameter { index: 1 } type { dtype: F32 dims: 16777216 } }
+    nodes { name: "y2" op: ADD operands: ["cut", "flat"] type { dtype: F32 dims: 16777216 } }
+    outputs: ["y", "y2"]
+  )pb");
+  auto c = Compile(g, Options({P({{"data"}, {"model"}}), P({{"data", "model"}})},
+                              {P({{"data"}, {"model"}}), P({{"data", "model"}})}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->collectives.empty()) << c->plan_text;
+  const int64_t block = int64_t{4096} * 4096 * 4 / 4;  // 16 MiB of x per device
+  // Every value is at most a block: the parameters' and outputs' (4), and
+  // x + zeros and the two iotas of the reshaped arange. A split iota runs
+  // as its own instruction (its block offset is not a fused loop's), so
+  // each holds an s32 block while the sum is made. Before: a 64 MiB iota
+  // and its convert, and the 256 MiB fill, on every device.
+  EXPECT_LE(c->estimated_peak_bytes, 7 * block) << c->plan_text;
+  EXPECT_THAT(c->plan_text, Not(HasSubstr("s32[16777216]"))) << c->plan_text;
+  EXPECT_THAT(c->plan_text, Not(HasSubstr("f32[67108864]"))) << c->plan_text;
 }
 
 TEST(Partitioner, SumOverASplitDimensionAllReducesOnlyForAWholeOutput) {

@@ -89,5 +89,47 @@ def test_small_constants_stay_in_the_program(session):
     assert "literal" in f.lower(np.float32(0)).as_text()
 
 
+# Constants made whole and then cut, reshaped, transposed or broadcast
+# (seed 001's variants), against numpy: the same expression over `xp`.
+N = 256
+_I32 = np.int32
+LAYOUT_VARIANTS = {
+    "zeros_plus_reshaped_arange": lambda xp, x: x + xp.zeros((N, N), np.float32)
+    + xp.arange(N * N, dtype=_I32).reshape(N, N).astype(np.float32),
+    "sliced_zeros": lambda xp, x: xp.zeros((16 * N * N,), np.float32)[:N * N].reshape(N, N) + x,
+    "strided_arange_slice": lambda xp, x: xp.arange(4 * N * N, dtype=_I32)[3::4]
+    .reshape(N, N).astype(np.float32) - x,
+    "transposed_arange": lambda xp, x: xp.arange(N * N, dtype=_I32).reshape(N, N).T.astype(np.float32) * x,
+    "broadcast_row": lambda xp, x: xp.broadcast_to(xp.arange(N, dtype=np.float32)[None, :], (N, N)) + x,
+    "reshape_of_an_inner_iota": lambda xp, x: xp.broadcast_to(xp.arange(N, dtype=_I32)[None, :], (N, N))
+    .reshape(N * N)[::3][: N * (N // 4)].reshape(N // 4, N).astype(np.float32).sum(axis=0) + x[0],
+    "three_d_round_trip": lambda xp, x: xp.arange(N * N, dtype=_I32).reshape(N // 8, 8, N)
+    .transpose(1, 0, 2).reshape(N, N).astype(np.float32) + x,
+    "mask_of_an_iota": lambda xp, x: xp.where(xp.arange(N * N, dtype=_I32).reshape(N, N) % 3 == 0, x, 0.5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUT_VARIANTS))
+@pytest.mark.parametrize("sharded", [False, True])
+def test_constants_through_layout_ops_match_numpy_and_stay_generated(session, name, sharded):
+    f = LAYOUT_VARIANTS[name]
+    x = (np.random.default_rng(3).standard_normal((N, N)) * 4).round().astype(np.float32)
+    want = f(np, x)
+    if sharded:
+        n = len(tessel.devices())
+        mesh = tessel.Mesh({"data": n})
+        xa = tessel.device_put(x, tessel.NamedSharding(mesh, tessel.P("data")))
+    else:
+        xa = tessel.device_put(x)
+    jitted = tessel.jit(lambda v: f(tnp, v))
+    got = jitted(xa).fetch()
+    np.testing.assert_array_equal(got, want)
+    # Nothing the size of a whole constant is made: no value above x's size
+    # (the constants here have N*N to 16*N*N elements).
+    plan = jitted.lower(xa)
+    assert plan.estimated_bytes <= 8 * x.nbytes, (plan.estimated_bytes, plan.as_text())
+    assert "literal" not in plan.as_text()
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q"]))
