@@ -710,7 +710,7 @@ def _fits(small, big):
 
 def op_create(b):
     x = b.pick()
-    kind = b.draw(st.sampled_from(["zeros_like", "ones_like", "full", "zeros", "arange"]))
+    kind = b.draw(st.sampled_from(["zeros_like", "ones_like", "full", "zeros", "arange", "arange_shaped"]))
     if kind in ("zeros_like", "ones_like"):
         if b.draw(st.booleans()):
             d = b.draw(st.sampled_from(DTYPES))
@@ -724,6 +724,9 @@ def op_create(b):
     elif kind == "zeros":
         d = b.draw(st.sampled_from(DTYPES))
         b.add(f"xp.zeros({x.shape!r}, dtype=xp.{dtype_name(d)})", [])
+    elif kind == "arange_shaped":  # an iota reshaped: later layout ops are pushed into it (scheduler/generated.h)
+        d = b.draw(st.sampled_from(["int32", "float32"]))
+        b.add(f"xp.arange({x.value.size}, dtype=xp.{d}).reshape({x.shape!r})", [])
     else:
         b.add(f"xp.arange({b.draw(st.integers(1 if SIZE0_ARANGE_CRASHES_WORKER else 0, 8))})", [])
 
