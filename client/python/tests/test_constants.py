@@ -9,6 +9,7 @@ import pytest
 
 import tessel
 import tessel.numpy as tnp
+from conftest import DEVICE_KIND
 
 
 def _compile_warnings(call):
@@ -76,7 +77,10 @@ def test_a_constant_in_a_partitioned_program_is_replicated_over_its_mesh(session
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         y = tessel.jit(lambda v: tnp.sum(v * c, axis=1))(xs)
-    np.testing.assert_allclose(y.fetch(), np.sum(x * c, axis=1), rtol=1e-5)
+    # Sums of 1024 products in any order: within f32's pairwise bound of numpy's f64 sum.
+    terms = x.astype(np.float64) * c
+    err = np.abs(y.fetch() - terms.sum(axis=1))
+    assert np.all(err <= 2e-6 * np.abs(terms).sum(axis=1)), err.max()
     moved = tessel.stats()["bytes_host_to_device"] - before["bytes_host_to_device"]
     assert c.nbytes <= moved <= n * c.nbytes, moved  # once per worker at most once per device
 
@@ -112,6 +116,8 @@ LAYOUT_VARIANTS = {
 @pytest.mark.parametrize("name", sorted(LAYOUT_VARIANTS))
 @pytest.mark.parametrize("sharded", [False, True])
 def test_constants_through_layout_ops_match_numpy_and_stay_generated(session, name, sharded):
+    if sharded and DEVICE_KIND != "cpu":
+        pytest.skip("the CUDA suite's workers share their GPUs, and NCCL needs one GPU per device")
     f = LAYOUT_VARIANTS[name]
     x = (np.random.default_rng(3).standard_normal((N, N)) * 4).round().astype(np.float32)
     want = f(np, x)
