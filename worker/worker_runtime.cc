@@ -1,5 +1,7 @@
 #include "worker/worker_runtime.h"
 
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/dtype.h"
@@ -157,9 +159,11 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r, 
 
 void WorkerRuntime::Run(const v1::RunRequest& request, RunDone done) {
   if (auto s = CheckDevice(request.device()); !s.ok()) return done(s);
-  auto fail = [this, request](const absl::Status& s, int last_collective) {
+  // `last_collective`: the step's collectives after it are abandoned; none
+  // when every one was already agreed with the peers.
+  auto fail = [this, request](const absl::Status& s, std::optional<int> last_collective) {
     log_->warn("execution {} on device {} failed: {}", request.execution_id(), request.device(), s.ToString());
-    AbandonRest(request, last_collective, s);
+    if (last_collective.has_value()) AbandonRest(request, *last_collective, s);
     // The outputs carry the error to whoever reads them.
     for (uint64_t h : request.outputs()) {
       store_.Erase(request.device(), h);
@@ -188,7 +192,7 @@ void WorkerRuntime::Run(const v1::RunRequest& request, RunDone done) {
       if (!s.ok()) {
         // Annotate keeps the payloads: a broken NCCL group moves the cluster to a new epoch.
         s = Annotate(s, absl::StrCat("execution ", request.execution_id(), ": its kernels failed: "));
-        fail(s, -1);
+        fail(s, std::nullopt);  // Run returned: each of its collectives was agreed (queued) already
         result = s;
       }
       done(std::move(result));
