@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -15,10 +16,36 @@
 
 namespace tessel::worker {
 
+// Whether the step that made an array computed it. On an asynchronous
+// device a step's outputs are stored once its Run has queued its work, and
+// the verdict comes later, from its fence: whoever reads the array before
+// then (a later step, a fetch) waits on it. Set exactly once. Thread-safe.
+class Verdict {
+ public:
+  void Set(absl::Status s) {
+    absl::MutexLock l(&mu_);
+    status_ = std::move(s);
+    set_ = true;
+  }
+  absl::Status Wait() const {
+    absl::MutexLock l(&mu_);
+    mu_.Await(absl::Condition(&set_));
+    return status_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  bool set_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
 struct StoredArray {
   BufferPtr buffer;        // null when `error` is set
   v1::TensorType type;
   absl::Status error;
+  // The producing step's verdict, where it may still be pending (an
+  // asynchronous device's step); null once known good.
+  std::shared_ptr<const Verdict> verdict;
 };
 
 class BufferStore {

@@ -55,7 +55,9 @@ absl::Status WorkerRuntime::LoadProgram(const v1::Program& program) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r, int* last_collective) {
+absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r, int* last_collective,
+                                                       const std::shared_ptr<Verdict>& verdict,
+                                                       std::vector<std::shared_ptr<const Verdict>>& inputs) {
   Executable* exe = nullptr;
   const v1::Program* proto = nullptr;
   std::shared_ptr<CommunicatorRegistry> collectives;
@@ -105,6 +107,7 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r, 
       return absl::InvalidArgumentError(absl::StrCat("argument ", i, ": expected ", TypeString(want),
                                                      ", got ", TypeString(a->type)));
     }
+    if (a->verdict != nullptr) inputs.push_back(std::move(a->verdict));
     args.push_back(std::move(a->buffer));
   }
   consume();
@@ -151,7 +154,7 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r, 
   }
   for (int i = 0; i < r.outputs_size(); ++i) {
     TESSEL_RETURN_IF_ERROR(
-        store_.Insert(r.device(), r.outputs(i), StoredArray{std::move(outs[i]), proto->output_types(i), {}}));
+        store_.Insert(r.device(), r.outputs(i), StoredArray{std::move(outs[i]), proto->output_types(i), {}, verdict}));
   }
   ++steps_run_;
   return resp;
@@ -174,27 +177,43 @@ void WorkerRuntime::Run(const v1::RunRequest& request, RunDone done) {
     int last_collective = -1;
     const bool timed = log_->should_log(spdlog::level::debug);  // a clock read per step only when logged
     const absl::Time start = timed ? absl::Now() : absl::InfinitePast();
-    absl::StatusOr<v1::RunResponse> result = RunStep(request, &last_collective);
+    CompletionQueue* completions = completions_[request.device()].get();
+    // On an asynchronous device the outputs are stored before the work is
+    // known to have run: readers wait on this verdict.
+    auto verdict = completions != nullptr ? std::make_shared<Verdict>() : nullptr;
+    std::vector<std::shared_ptr<const Verdict>> inputs;
+    absl::StatusOr<v1::RunResponse> result = RunStep(request, &last_collective, verdict, inputs);
     if (timed) {
       log_->debug("device {}: step {} (execution {}, {}) ran in {} us{}", request.device(), request.seq(),
                   request.execution_id(), request.executable_id(), absl::ToInt64Microseconds(absl::Now() - start),
                   result.ok() ? "" : ", failed");
     }
     if (!result.ok()) fail(result.status(), last_collective);
-    CompletionQueue* completions = completions_[request.device()].get();
     if (completions == nullptr) return done(std::move(result));
     // The step's kernels may still be running: it is reported once they
-    // have finished, and fails if they did. Reports stay in step order.
+    // have finished, and fails if they did, or if a step whose outputs it
+    // read did (its kernels read what that step left). Reports stay in
+    // step order.
     std::function<absl::Status()> wait =
         result.ok() ? devices_[request.device()]->Fence() : [] { return absl::OkStatus(); };
-    completions->Push([request, done, fail, wait = std::move(wait), result = std::move(result)]() mutable {
+    completions->Push([request, done, fail, verdict, inputs = std::move(inputs), wait = std::move(wait),
+                       result = std::move(result)]() mutable {
       absl::Status s = wait();
       if (!s.ok()) {
         // Annotate keeps the payloads: a broken NCCL group moves the cluster to a new epoch.
         s = Annotate(s, absl::StrCat("execution ", request.execution_id(), ": its kernels failed: "));
+      }
+      for (const auto& input : inputs) {
+        if (!s.ok()) break;
+        if (absl::Status v = input->Wait(); !v.ok()) {
+          s = DependentError(v, absl::StrCat("execution ", request.execution_id(), ": an argument"));
+        }
+      }
+      if (!s.ok()) {
         fail(s, std::nullopt);  // Run returned: each of its collectives was agreed (queued) already
         result = s;
       }
+      verdict->Set(result.status());
       done(std::move(result));
     });
   };
@@ -315,6 +334,7 @@ absl::StatusOr<StoredArray> WorkerRuntime::GetForFetch(int device, uint64_t hand
   TESSEL_RETURN_IF_ERROR(CheckDevice(device));
   TESSEL_ASSIGN_OR_RETURN(StoredArray a, store_.Get(device, handle));
   if (!a.error.ok()) return a.error;
+  if (a.verdict != nullptr) TESSEL_RETURN_IF_ERROR(a.verdict->Wait());  // its step's work has finished
   return a;
 }
 

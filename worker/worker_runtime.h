@@ -85,7 +85,11 @@ class WorkerRuntime {
   explicit WorkerRuntime(Options options);
   absl::Status CheckDevice(int device) const;
   // `last_collective`: the instruction index of the last collective the step started.
-  absl::StatusOr<v1::RunResponse> RunStep(const v1::RunRequest& request, int* last_collective);
+  // `verdict` (asynchronous devices, else null): stored with the outputs;
+  // `inputs` gets the pending verdicts of the arguments' producers.
+  absl::StatusOr<v1::RunResponse> RunStep(const v1::RunRequest& request, int* last_collective,
+                                          const std::shared_ptr<Verdict>& verdict,
+                                          std::vector<std::shared_ptr<const Verdict>>& inputs);
   // After a failed step: lets the peers of every collective it did not reach know.
   void AbandonRest(const v1::RunRequest& request, int last_collective, const absl::Status& cause);
 

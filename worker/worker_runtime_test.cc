@@ -135,5 +135,62 @@ TEST(WorkerRuntime, AStepOnAnAsynchronousDeviceIsReportedOnceItsWorkHasFinished)
   for (float v : host) EXPECT_EQ(v, 2.0f);
 }
 
+constexpr char kDouble[] = R"pb(
+  executable_id: "double"
+  parameters { name: "x" op: PARAMETER type { dtype: F32 dims: 4 } }
+  instructions { node { name: "y" op: ADD operands: "x" operands: "x" type { dtype: F32 dims: 4 } } }
+  outputs: "y"
+  output_types { dtype: F32 dims: 4 }
+)pb";
+
+// A step queued before the verdict on the step whose output it reads ran
+// on what that step left: when that step's work fails, the reader fails
+// too, naming the cause, though its own work finished; so does a fetch of
+// either's output. Never READY over a failed input.
+TEST(WorkerRuntime, AStepThatReadAFailedStepsOutputFailsThoughItsOwnWorkFinished) {
+  auto device = std::make_unique<GatedDevice>();
+  GatedDevice* gated = device.get();
+  WorkerRuntime::Options options;
+  options.devices.push_back(std::move(device));
+  options.logger = std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::null_sink_mt>());
+  auto runtime = WorkerRuntime::Create(std::move(options));
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+  for (const char* text : {kProgram, kDouble}) {
+    v1::Program p;
+    ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &p));
+    ASSERT_TRUE((*runtime)->LoadProgram(p).ok());
+  }
+  Report reports[2];
+  for (int i = 0; i < 2; ++i) {
+    v1::RunRequest r;
+    r.set_executable_id(i == 0 ? "twos" : "double");
+    r.set_seq(i);
+    r.set_execution_id(200 + i);
+    if (i == 1) r.add_arguments(1);
+    r.add_outputs(i + 1);
+    Report* rep = &reports[i];
+    (*runtime)->Run(r, [rep](absl::StatusOr<v1::RunResponse> result) {
+      rep->result = std::move(result);
+      rep->done.Notify();
+    });
+  }
+  ASSERT_TRUE(gated->AwaitFences(2));  // the reader's Run read the output before its producer's verdict
+  gated->Open(1, absl::OkStatus());
+  gated->Open(0, absl::InternalError("NCCL all_reduce aborted: a peer stalled"));
+  ASSERT_TRUE(reports[0].done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(reports[1].done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_FALSE(reports[0].result.ok());
+  ASSERT_FALSE(reports[1].result.ok());
+  EXPECT_NE(reports[1].result.status().message().find("a peer stalled"), std::string::npos)
+      << reports[1].result.status();
+  EXPECT_NE(reports[1].result.status().message().find("execution 201"), std::string::npos)
+      << reports[1].result.status();
+  for (uint64_t h : {1, 2}) {
+    auto a = (*runtime)->GetForFetch(0, h);
+    ASSERT_FALSE(a.ok()) << h;
+    EXPECT_NE(a.status().message().find("a peer stalled"), std::string::npos) << a.status();
+  }
+}
+
 }  // namespace
 }  // namespace tessel::worker
