@@ -36,6 +36,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "bench/psum_programs.h"
 #include "core/process_tuning.h"
 #include "tessel/graph.h"
 #include "tessel/local_cluster.h"
@@ -287,20 +288,9 @@ int main(int argc, char** argv) {
   } else if (want("all_reduce_256mib")) {
     const int64_t bytes = int64_t{256} << 20, n = bytes / 4;  // per device
     const int steps = 8;
-    const tessel::Mesh pair({{"x", 2}});
-    const tessel::Sharding split = tessel::Sharding::Split({"x"});
-    GraphBuilder init("ones");
-    auto init_exe = Check(session->Compile(Check(init.Build({init.Fill({DType::kF32, {2 * n}}, 1.0)})),
-                                           {.mesh = pair, .output_shardings = {split}}));
-    GraphBuilder g("psum");
-    auto a = g.Parameter({DType::kF32, {2 * n}}, "a");
-    auto r = g.ManualRegion(pair, {a}, {split}, split, [](GraphBuilder& b, const std::vector<tessel::Value>& in) {
-      return b.AllReduce(in[0], {"x"});
-    });
-    auto exe = Check(session->Compile(Check(g.Build({r})),
-                                      {.donate = {0}, .strict_donation = true, .mesh = pair,
-                                       .parameter_shardings = {split}, .output_shardings = {split}}));
-    std::vector<tessel::Array> state = Check(session->Execute(init_exe, {}));
+    const tessel::bench::PsumPrograms psum = Check(tessel::bench::CompilePsum(*session, n));
+    const tessel::Executable& exe = psum.step;
+    std::vector<tessel::Array> state = Check(session->Execute(psum.init, {}));
     auto run = [&](int k) {
       for (int i = 0; i < k; ++i) state = Check(session->Execute(exe, state));
       Check(session->Await(state));

@@ -59,6 +59,7 @@
 #include "absl/time/clock.h"
 #include "core/process_tuning.h"
 #include "core/security.h"
+#include "bench/psum_programs.h"
 #include "examples/mlp_model.h"
 #include "tessel/graph.h"
 #include "tessel/local_cluster.h"
@@ -519,21 +520,9 @@ int main(int argc, char** argv) {
     return secs;
   };
   for (int64_t bytes : reduce_sizes) {
-    const int64_t n = bytes / 4;  // per device
-    // The state is generated on each device for its own block: nothing is uploaded.
-    GraphBuilder init("ones");
-    auto init_exe = Check(session->Compile(Check(init.Build({init.Fill({DType::kF32, {2 * n}}, 1.0)})),
-                                           {.mesh = pair, .output_shardings = {split}}));
-    GraphBuilder g("psum");
-    auto a = g.Parameter({DType::kF32, {2 * n}}, "a");
-    auto r = g.ManualRegion(pair, {a}, {split}, split, [](GraphBuilder& b, const std::vector<tessel::Value>& in) {
-      return b.AllReduce(in[0], {"x"});
-    });
-    auto exe = Check(session->Compile(Check(g.Build({r})),
-                                      {.donate = {0}, .strict_donation = true, .mesh = pair,
-                                       .parameter_shardings = {split}, .output_shardings = {split}}));
-    if (exe.collectives().size() != 1) Check(absl::InternalError("psum plan: expected one collective"));
-    std::vector<tessel::Array> state = Check(session->Execute(init_exe, {}));
+    const tessel::bench::PsumPrograms psum = Check(tessel::bench::CompilePsum(*session, bytes / 4));
+    const tessel::Executable& exe = psum.step;
+    std::vector<tessel::Array> state = Check(session->Execute(psum.init, {}));
     auto run = [&](int k) {
       for (int i = 0; i < k; ++i) state = Check(session->Execute(exe, state));
       Check(session->Await(state));

@@ -29,6 +29,14 @@ ReduceOp ReduceOpOf(v1::ReduceKind k) {
   }
 }
 
+AxisSplit SplitAround(const v1::TensorType& t, int64_t d) {
+  AxisSplit s;
+  for (int64_t i = 0; i < d; ++i) s.outer *= t.dims(i);
+  s.extent = t.dims(d);
+  for (int64_t i = d + 1; i < t.dims_size(); ++i) s.inner *= t.dims(i);
+  return s;
+}
+
 absl::StatusOr<ResolvedGroup> ResolveGroup(const v1::Program& p, const v1::Node& node, const StepContext& ctx,
                                            absl::string_view what) {
   const auto& axes = node.collective().axes();

@@ -22,6 +22,14 @@ bool IsCollective(v1::Op op);
 // The reduction a collective's ReduceKind names.
 ReduceOp ReduceOpOf(v1::ReduceKind kind);
 
+// `t` viewed as [outer, extent, inner] around dimension `d`, in elements:
+// how a collective along `d` finds its blocks (rank-major only when outer
+// is 1). Every backend lays them out alike.
+struct AxisSplit {
+  int64_t outer = 1, extent = 1, inner = 1;
+};
+AxisSplit SplitAround(const v1::TensorType& t, int64_t d);
+
 struct ResolvedGroup {
   std::shared_ptr<Communicator> comm;  // null for a group of one
   int rank = 0;

@@ -152,16 +152,6 @@ ReduceFn GetReduceFn(v1::DType dtype, ReduceOp op) {
   }
 }
 
-const char* ReduceOpName(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kProd: return "prod";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
-  }
-  return "?";
-}
-
 // Gloo's typed option setters only use sizeof(T): an unsigned type of the
 // element's size stands for any dtype.
 template <typename F>

@@ -42,6 +42,16 @@ namespace tessel::worker {
 
 enum class ReduceOp { kSum, kProd, kMax, kMin };
 
+inline const char* ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kProd: return "prod";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+  }
+  return "?";
+}
+
 // Which collective of which step: the key the ranks of a group meet under.
 struct CollectiveId {
   int64_t execution = 0;  // the coordinator's execution id

@@ -16,17 +16,13 @@ namespace {
 
 using absl::StrCat;
 
-// Views a type as [outer, dims[d], inner] in bytes: outer counts, slab bytes per index of d.
+// A type as [outer, extent, slab bytes] around dimension d.
 struct Split {
   int64_t outer = 1, extent = 1, slab = 1;  // slab: bytes of one index along d
 };
 Split SplitAt(const v1::TensorType& t, int64_t d) {
-  Split s;
-  for (int64_t i = 0; i < d; ++i) s.outer *= t.dims(i);
-  s.extent = t.dims(d);
-  s.slab = DTypeSize(t.dtype());
-  for (int64_t i = d + 1; i < t.dims_size(); ++i) s.slab *= t.dims(i);
-  return s;
+  const worker::AxisSplit a = worker::SplitAround(t, d);
+  return {a.outer, a.extent, a.inner * DTypeSize(t.dtype())};
 }
 
 // [outer, k, piece] -> [k, outer, piece] (piece in bytes), or the reverse.

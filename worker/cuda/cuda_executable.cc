@@ -388,36 +388,26 @@ std::optional<CudaExecutable::CollectivePlan> CudaExecutable::PlanCollective(con
   CollectivePlan plan;
   const v1::CollectiveAttrs& c = n.collective();
   const v1::DType dt = n.type().dtype();
-  struct Split {
-    int64_t outer = 1, extent = 1, inner = 1;  // elements
-  };
-  auto split = [](const v1::TensorType& t, int64_t d) {
-    Split s;
-    for (int64_t j = 0; j < d; ++j) s.outer *= t.dims(j);
-    s.extent = t.dims(d);
-    for (int64_t j = d + 1; j < t.dims_size(); ++j) s.inner *= t.dims(j);
-    return s;
-  };
   switch (n.op()) {
     case v1::ALL_GATHER: {
-      const Split s = split(in_type, c.dimension());
+      const worker::AxisSplit s = worker::SplitAround(in_type, c.dimension());
       if (s.outer > 1) plan.after = module.AddSwapMajor(dt, s.outer, k, s.extent * s.inner, /*to_rank_major=*/false);
       plan.staged_bytes = ByteSizeUnchecked(n.type());
       break;
     }
     case v1::REDUCE_SCATTER: {
-      const Split s = split(in_type, c.dimension());
+      const worker::AxisSplit s = worker::SplitAround(in_type, c.dimension());
       if (s.outer > 1) plan.before = module.AddSwapMajor(dt, s.outer, k, s.extent / k * s.inner, /*to_rank_major=*/true);
       plan.staged_bytes = ByteSizeUnchecked(in_type);
       break;
     }
     case v1::ALL_TO_ALL: {
-      const Split s = split(in_type, c.dimension());
+      const worker::AxisSplit s = worker::SplitAround(in_type, c.dimension());
       if (s.outer > 1) plan.before = module.AddSwapMajor(dt, s.outer, k, s.extent / k * s.inner, /*to_rank_major=*/true);
       // Block i (from rank i) takes position i along the concat dimension.
       v1::TensorType block = in_type;
       block.set_dims(c.dimension(), in_type.dims(c.dimension()) / k);
-      const Split cs = split(block, c.concat_dimension());
+      const worker::AxisSplit cs = worker::SplitAround(block, c.concat_dimension());
       if (cs.outer > 1) plan.after = module.AddSwapMajor(dt, cs.outer, k, cs.extent * cs.inner, /*to_rank_major=*/false);
       plan.staged_bytes = ByteSizeUnchecked(in_type);
       break;

@@ -34,22 +34,12 @@ const char* KindName(NcclCall::Kind k) {
   return "?";
 }
 
-const char* OpWord(worker::ReduceOp op) {
-  switch (op) {
-    case worker::ReduceOp::kSum: return "sum";
-    case worker::ReduceOp::kProd: return "prod";
-    case worker::ReduceOp::kMax: return "max";
-    case worker::ReduceOp::kMin: return "min";
-  }
-  return "?";
-}
-
 bool Reduces(NcclCall::Kind k) { return k == NcclCall::Kind::kAllReduce || k == NcclCall::Kind::kReduceScatter; }
 
 // How a header reads in an error: "all_reduce (sum) of 1024 f32".
 std::string Describe(const int64_t* h) {
   const auto kind = NcclCall::Kind(h[0]);
-  return StrCat(KindName(kind), Reduces(kind) ? StrCat(" (", OpWord(worker::ReduceOp(h[3])), ")") : "", " of ", h[1],
+  return StrCat(KindName(kind), Reduces(kind) ? StrCat(" (", worker::ReduceOpName(worker::ReduceOp(h[3])), ")") : "", " of ", h[1],
                 " ", DTypeName(v1::DType(h[2])), kind == NcclCall::Kind::kPermute ? StrCat(", pairs #", h[4]) : "");
 }
 
