@@ -91,6 +91,9 @@ class Coordinator {
   void MarkRejectedOutputs(const v1::ExecuteRequest& req, const absl::Status& error);
   absl::StatusOr<v1::AwaitResponse> Await(const v1::AwaitRequest& req);
   absl::Status Delete(const v1::DeleteRequest& req);
+  // A copy of an array on another placement, its blocks moved worker to
+  // worker as one sequenced step on each device involved (PlanReshard).
+  absl::StatusOr<v1::ReshardResponse> Reshard(const v1::ReshardRequest& req);
   absl::StatusOr<v1::ArrayInfoResponse> ArrayInfo(const v1::ArrayInfoRequest& req);
   absl::StatusOr<v1::StatsResponse> Stats(const v1::StatsRequest& req);
 
@@ -154,6 +157,10 @@ class Coordinator {
   // it; later calls naming it are told `why` (empty: closed by its client).
   // Returns the number of arrays freed.
   absl::StatusOr<int64_t> EndSession(const std::string& id, const std::string& why);
+  // The record of a new array of `type` on `placement` (devices, and mesh,
+  // sharding and block type when sharded; PENDING), or why it cannot go there.
+  absl::StatusOr<ArrayRecord> PlaceRecordLocked(const v1::TensorType& type, const v1::Placement& placement,
+                                                absl::string_view what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu());
   // Waits for the source to be ready, then relays it into the temporary handle.
   absl::Status RunMove(const std::string& session, const PlannedMove& m, const DeviceRoute& from,
                        const DeviceRoute& to) ABSL_LOCKS_EXCLUDED(arrays_.mu());

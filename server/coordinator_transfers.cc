@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "server/block_layout.h"
 #include "server/coordinator.h"
+#include "server/reshard_planner.h"
 
 namespace tessel::server {
 
@@ -122,6 +123,137 @@ class Coordinator::PutSinkImpl final : public Coordinator::PutSink {
   bool finished_ = false;
 };
 
+absl::StatusOr<ArrayRecord> Coordinator::PlaceRecordLocked(const v1::TensorType& type, const v1::Placement& p,
+                                                           absl::string_view what) const {
+  ArrayRecord a;
+  a.type = type;
+  a.state = v1::PENDING;
+  if (!p.has_sharded()) {
+    TESSEL_ASSIGN_OR_RETURN(a.devices, workers_.ResolvePlacement(p));
+    return a;
+  }
+  TESSEL_ASSIGN_OR_RETURN(v1::Mesh mesh, NormalizeMesh(p.sharded().mesh(), workers_.num_devices()));
+  const v1::Sharding sh = NormalizeSharding(p.sharded().sharding(), type.dims_size());
+  TESSEL_RETURN_IF_ERROR(ValidateSharding(sh, mesh, type, what));
+  if (IsPartial(sh)) {
+    return absl::InvalidArgumentError(StrCat(what, ": sharding ", ShardingString(sh),
+                                             " is partial; a placed array holds complete values"));
+  }
+  a.devices.assign(mesh.devices().begin(), mesh.devices().end());
+  TESSEL_RETURN_IF_ERROR(workers_.CheckAlive(a.devices));
+  a.block_type = LocalType(type, sh, mesh);
+  a.sharded = true;
+  a.mesh = std::move(mesh);
+  a.sharding = sh;
+  return a;
+}
+
+absl::StatusOr<v1::ReshardResponse> Coordinator::Reshard(const v1::ReshardRequest& req) {
+  const std::string what = StrFormat("reshard of array %#x", req.handle());
+  v1::ReshardResponse resp;
+  struct Send {
+    std::shared_ptr<WorkerClient> client;
+    v1::RunRequest run;
+    int device = 0;
+  };
+  std::vector<Send> sends;
+  int64_t epoch = 0;
+  {
+    absl::MutexLock l(&arrays_.mu());
+    TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
+    TESSEL_ASSIGN_OR_RETURN(const ArrayRecord* src, arrays_.OwnedLocked(req.session_id(), req.handle()));
+    if (req.output() == 0) return absl::InvalidArgumentError(StrCat(what, ": output handle 0 is reserved"));
+    if (arrays_.ContainsLocked(req.output())) {
+      return absl::AlreadyExistsError(StrFormat("%s: output handle %#x is already in use", what, req.output()));
+    }
+    if (src->state == v1::LOST) return Annotate(src->error, StrCat(what, ": "));
+    TESSEL_ASSIGN_OR_RETURN(ArrayRecord out, PlaceRecordLocked(src->type, req.placement(), what));
+    out.producer_name = "reshard";
+    const std::vector<DeviceRoute> routes = workers_.Routes();
+    for (int d : src->devices) {
+      if (d < 0 || d >= int(routes.size()) || !routes[d].alive) {
+        return absl::UnavailableError(StrCat(what, ": device ", d, ", which holds a block of it, is not alive"));
+      }
+    }
+    auto worker_of = [&routes](int d) { return routes[d].address; };
+    TESSEL_ASSIGN_OR_RETURN(ReshardPlan plan, PlanReshard(*src, out, worker_of));
+    const std::string text = StrFormat("array %#x (%s) from %s to %s", req.handle(), TypeString(src->type),
+                                       src->sharded ? StrCat(ShardingString(src->sharding), " on mesh ", MeshString(src->mesh))
+                                                    : StrCat("device ", absl::StrJoin(src->devices, ",")),
+                                       out.sharded ? StrCat(ShardingString(out.sharding), " on mesh ", MeshString(out.mesh))
+                                                   : StrCat("device ", absl::StrJoin(out.devices, ",")));
+    if (plan.bytes_moved > 0) {
+      TESSEL_RETURN_IF_ERROR(GuardTransferLocked(req.session_id(), req.transfer_guard(), Direction::kDeviceToDevice,
+                                                 false, text, plan.bytes_moved));
+    }
+    TESSEL_RETURN_IF_ERROR(arrays_.CheckQuotaLocked(req.session_id(), out.bytes(), what));
+
+    // Accepted: from here on nothing fails.
+    const int64_t execution_id = ++next_execution_;
+    epoch = collective_epoch_.load();
+    resp.set_execution_id(execution_id);
+    resp.set_bytes_moved(plan.bytes_moved);
+    resp.set_bytes_copied(plan.bytes_copied);
+    for (std::string& p : plan.pieces) resp.add_pieces(std::move(p));
+    out.producer = execution_id;
+    if (src->state == v1::ERROR) {
+      out.state = v1::ERROR;
+      out.error = DependentError(src->error, StrFormat("the source, array %#x", req.handle()));
+      arrays_.AddLocked(req.session_id(), req.output(), std::move(out));
+      return resp;
+    }
+    out.pending = plan.steps.size();
+    arrays_.AddLocked(req.session_id(), req.output(), std::move(out));
+    for (const auto& [d, bytes] : plan.received) {
+      arrays_.CountTransferLocked(req.session_id(), d, Direction::kDeviceToDevice, bytes);
+    }
+    std::vector<int> devices;
+    for (const ReshardPlan::Step& st : plan.steps) devices.push_back(st.device);
+    std::vector<QueueSlot> slots = workers_.Reserve(devices, std::vector<int>(devices.size(), 1));
+    for (size_t i = 0; i < plan.steps.size(); ++i) {
+      ReshardPlan::Step& st = plan.steps[i];
+      Send s;
+      s.client = std::move(slots[i].client);
+      s.device = st.device;
+      v1::RunRequest& run = s.run;
+      run.set_device(slots[i].local_index);
+      run.set_seq(slots[i].first_seq);
+      run.set_queue_epoch(slots[i].queue_epoch);
+      run.set_execution_id(execution_id);
+      run.set_collective_epoch(CollectiveEpoch(epoch));
+      if (st.reads_source) run.add_arguments(req.handle());
+      if (st.makes_target) run.add_outputs(req.output());
+      *run.mutable_transfer() = std::move(st.transfer);
+      sends.push_back(std::move(s));
+    }
+    log_->debug("session {}: execution {}: {}, {} bytes moved, {} copied, {} steps", req.session_id(), execution_id,
+                text, plan.bytes_moved, plan.bytes_copied, plan.steps.size());
+  }
+  const std::vector<uint64_t> outputs = {req.output()};
+  for (Send& s : sends) {
+    if (s.client == nullptr) {
+      OnStepDone(req.session_id(), outputs, epoch,
+                 absl::UnavailableError(StrCat(what, ": device ", s.device, "'s worker died before the step was sent")));
+      continue;
+    }
+    StepSent(s.device);
+    s.client->Run(s.run, [this, session = req.session_id(), outputs, epoch, device = s.device, what,
+                          sent = absl::Now()](absl::StatusOr<v1::RunResponse> r) {
+      StepAnswered(device, absl::Now() - sent, r.ok());
+      if (!r.ok()) r = Annotate(r.status(), StrCat(what, " on device ", device, ": "));
+      OnStepDone(session, outputs, epoch, std::move(r));
+    });
+  }
+  if (req.wait()) {
+    v1::AwaitRequest await;
+    await.set_session_id(req.session_id());
+    await.add_handles(req.output());
+    TESSEL_ASSIGN_OR_RETURN(v1::AwaitResponse done, Await(await));
+    if (!done.errors(0).empty()) return absl::Status(static_cast<absl::StatusCode>(done.codes(0)), done.errors(0));
+  }
+  return resp;
+}
+
 absl::StatusOr<std::unique_ptr<Coordinator::PutSink>> Coordinator::BeginPut(const v1::PutRequest::Header& h) {
   if (log_->should_log(spdlog::level::debug)) {
     log_->debug("session {}: put of array {:#x}, {}, onto {}", h.session_id(), h.handle(), h.type().ShortDebugString(),
@@ -142,30 +274,14 @@ absl::StatusOr<std::unique_ptr<Coordinator::PutSink>> Coordinator::BeginPut(cons
     auto size = ByteSize(h.type());
     if (!size.ok()) return Annotate(size.status(), StrFormat("put of array %#x: ", h.handle()));
     bytes = *size;
-    ArrayRecord a;
-    a.type = h.type();
-    a.state = v1::PENDING;
+    TESSEL_ASSIGN_OR_RETURN(ArrayRecord a,
+                            PlaceRecordLocked(h.type(), h.placement(), StrFormat("put of array %#x", h.handle())));
     a.producer_name = "put";
-    v1::TensorType block_type = h.type();
-    if (h.placement().has_sharded()) {
-      const std::string what = StrFormat("put of array %#x", h.handle());
-      TESSEL_ASSIGN_OR_RETURN(v1::Mesh mesh, NormalizeMesh(h.placement().sharded().mesh(), workers_.num_devices()));
-      const v1::Sharding sh = NormalizeSharding(h.placement().sharded().sharding(), h.type().dims_size());
-      TESSEL_RETURN_IF_ERROR(ValidateSharding(sh, mesh, h.type(), what));
-      if (IsPartial(sh)) {
-        return absl::InvalidArgumentError(StrCat(what, ": sharding ", ShardingString(sh),
-                                                 " is partial; a put holds complete values"));
-      }
-      devices.assign(mesh.devices().begin(), mesh.devices().end());
-      TESSEL_RETURN_IF_ERROR(workers_.CheckAlive(devices));
-      layout.emplace(h.type(), sh, mesh);
-      block_type = LocalType(h.type(), sh, mesh);
-      a.sharded = true;
-      a.mesh = std::move(mesh);
-      a.sharding = sh;
-      a.block_type = block_type;
+    devices = a.devices;
+    const v1::TensorType block_type = a.sharded ? a.block_type : a.type;
+    if (a.sharded) {
+      layout.emplace(h.type(), a.sharding, a.mesh);
     } else {
-      TESSEL_ASSIGN_OR_RETURN(devices, workers_.ResolvePlacement(h.placement()));
       layout = BlockLayout::Whole(h.type(), devices.size());
     }
     device_bytes = ByteSizeUnchecked(block_type);

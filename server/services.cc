@@ -208,6 +208,11 @@ grpc::Status SessionService::Delete(grpc::ServerContext* ctx, const v1::DeleteRe
   if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
   return ToGrpc(c_->Delete(*req));
 }
+grpc::Status SessionService::Reshard(grpc::ServerContext* ctx, const v1::ReshardRequest* req,
+                                     v1::ReshardResponse* resp) {
+  if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
+  return Reply(c_->Reshard(*req), resp);
+}
 grpc::Status SessionService::ArrayInfo(grpc::ServerContext* ctx, const v1::ArrayInfoRequest* req,
                                        v1::ArrayInfoResponse* resp) {
   if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;

@@ -34,6 +34,7 @@ class SessionService final : public v1::Session::Service {
   grpc::Status Await(grpc::ServerContext*, const v1::AwaitRequest*, v1::AwaitResponse*) override;
   grpc::Status Fetch(grpc::ServerContext*, const v1::FetchRequest*, grpc::ServerWriter<v1::FetchResponse>*) override;
   grpc::Status Delete(grpc::ServerContext*, const v1::DeleteRequest*, v1::DeleteResponse*) override;
+  grpc::Status Reshard(grpc::ServerContext*, const v1::ReshardRequest*, v1::ReshardResponse*) override;
   grpc::Status ArrayInfo(grpc::ServerContext*, const v1::ArrayInfoRequest*, v1::ArrayInfoResponse*) override;
   grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest*, v1::StatsResponse*) override;
 

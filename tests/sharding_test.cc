@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <random>
 
 #include "tessel/graph.h"
@@ -283,6 +284,151 @@ TEST_F(ShardingTest, BadInputIsAClearErrorAndTheClusterKeepsServing) {
   ASSERT_TRUE(rows.ok());
   auto good = session_->Execute(*exe, {*rows}, {.wait = true});
   EXPECT_TRUE(good.ok()) << good.status();
+}
+
+// Per-device bytes received from other devices, by this session so far.
+std::map<int, int64_t> Received(Session& s) {
+  std::map<int, int64_t> out;
+  auto st = s.Stats();
+  if (!st.ok()) return out;
+  for (const DeviceTransfers& t : st->device_transfers) out[t.device] = t.device_to_device;
+  return out;
+}
+
+// Every reshard below is checked against the host array it came from: the
+// fetched copy must be the same bytes, and the receipt must move exactly the
+// bytes of each target block that its own device did not already hold.
+TEST_F(ShardingTest, ReshardToAnotherMeshMovesEachBlockWorkerToWorker) {
+  const Mesh a({{"x", 2}}, {0, 1}), b({{"x", 2}}, {2, 3});  // one worker each
+  HostArray hx = Random({8, 6}, 21);
+  auto x = session_->Put(hx, Placement::Sharded(a, Sharding::Split({"x", ""})));
+  ASSERT_TRUE(x.ok()) << x.status();
+  auto before = Received(*session_);
+  ReshardReceipt r;
+  auto y = session_->Reshard(*x, Placement::Sharded(b, Sharding::Split({"x", ""})), {}, &r);
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_EQ(r.bytes_moved, 8 * 6 * 4);
+  EXPECT_EQ(r.bytes_copied, 0);
+  ASSERT_EQ(r.pieces.size(), 2u);
+  EXPECT_EQ(r.pieces[0], "device 0 -> device 2: [0:4, 0:6] of f32[8,6] (96 bytes)");
+  auto got = session_->Fetch(*y);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->bytes(), hx.bytes());
+  auto after = Received(*session_);
+  EXPECT_EQ(after[2] - before[2], 96);
+  EXPECT_EQ(after[3] - before[3], 96);
+  EXPECT_EQ(after[0] - before[0], 0);
+  auto info = session_->Info(*y);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->devices, (std::vector<int>{2, 3}));
+  EXPECT_EQ(info->producer, "reshard");
+  // The source stays where it was, intact.
+  auto again = session_->Fetch(*x);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->bytes(), hx.bytes());
+}
+
+TEST_F(ShardingTest, ReshardBetweenShardingsCutsBlocksAndCopiesWhatIsAlreadyThere) {
+  // Rows over devices {0, 1} to columns over devices {1, 2}: device 1 keeps
+  // the quarter it holds; the other three quarters cross devices, device 0
+  // sending a different strided region to each of 1 and 2.
+  const Mesh a({{"x", 2}}, {0, 1}), b({{"x", 2}}, {1, 2});
+  HostArray hx = Random({8, 6}, 22);
+  auto x = session_->Put(hx, Placement::Sharded(a, Sharding::Split({"x", ""})));
+  ASSERT_TRUE(x.ok()) << x.status();
+  auto before = Received(*session_);
+  ReshardReceipt r;
+  auto y = session_->Reshard(*x, Placement::Sharded(b, Sharding::Split({"", "x"})), {}, &r);
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_EQ(r.bytes_copied, 4 * 3 * 4);
+  EXPECT_EQ(r.bytes_moved, 3 * 4 * 3 * 4);
+  auto got = session_->Fetch(*y);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->bytes(), hx.bytes());
+  auto after = Received(*session_);
+  EXPECT_EQ(after[1] - before[1], 48);
+  EXPECT_EQ(after[2] - before[2], 96);
+
+  // One device, and every device: the whole array on each, cut from both blocks.
+  ReshardReceipt one;
+  auto on3 = session_->Reshard(*y, Placement::Device(3), {}, &one);
+  ASSERT_TRUE(on3.ok()) << on3.status();
+  EXPECT_EQ(one.bytes_moved, 8 * 6 * 4);
+  auto whole = session_->Fetch(*on3);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->bytes(), hx.bytes());
+  ReshardReceipt all;
+  auto everywhere = session_->Reshard(*x, Placement::Replicated(), {}, &all);
+  ASSERT_TRUE(everywhere.ok()) << everywhere.status();
+  EXPECT_EQ(all.bytes_copied, 2 * 96);          // devices 0 and 1 keep their own rows
+  EXPECT_EQ(all.bytes_moved, 4 * 192 - 2 * 96);  // the rest of four whole copies
+  auto info = session_->Info(*everywhere);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->devices, (std::vector<int>{0, 1, 2, 3}));
+  auto rep = session_->Fetch(*everywhere);
+  ASSERT_TRUE(rep.ok()) << rep.status();
+  EXPECT_EQ(rep->bytes(), hx.bytes());
+}
+
+TEST_F(ShardingTest, ReshardIsOrderedAfterTheStepThatMakesItsSource) {
+  // y = -x on mesh A, resharded at once (not awaited), many times over:
+  // each copy must see its step's result, never what the buffer held before.
+  const Mesh a({{"x", 2}}, {0, 1}), b({{"x", 2}}, {3, 2});
+  const Sharding rows = Sharding::Split({"x", ""});
+  GraphBuilder g("neg");
+  Value p = g.Parameter({DType::kF32, {8, 6}}, "p");
+  auto graph = g.Build({g.Neg(p)});
+  ASSERT_TRUE(graph.ok());
+  auto exe = session_->Compile(*graph, {.mesh = a, .parameter_shardings = {rows}, .output_shardings = {rows}});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  HostArray hx = Random({8, 6}, 23);
+  auto x = session_->Put(hx, Placement::Sharded(a, rows));
+  ASSERT_TRUE(x.ok());
+  std::vector<Array> copies;
+  Array cur = *x;
+  for (int i = 0; i < 6; ++i) {
+    auto out = session_->Execute(*exe, {cur}, {});
+    ASSERT_TRUE(out.ok()) << out.status();
+    auto c = session_->Reshard((*out)[0], Placement::Sharded(b, rows));
+    ASSERT_TRUE(c.ok()) << c.status();
+    copies.push_back(*c);
+    cur = (*out)[0];
+  }
+  for (int i = 0; i < 6; ++i) {
+    auto got = session_->Fetch(copies[i]);
+    ASSERT_TRUE(got.ok()) << got.status();
+    const float sign = i % 2 == 0 ? -1.f : 1.f;
+    for (int k = 0; k < 48; ++k) ASSERT_EQ(got->as<float>()[k], sign * hx.as<float>()[k]) << i << ", " << k;
+  }
+}
+
+TEST_F(ShardingTest, ReshardIsJudgedByTheGuardAndRefusesBadInputClearly) {
+  const Mesh a({{"x", 2}}, {0, 1}), b({{"x", 2}}, {2, 3});
+  const Sharding rows = Sharding::Split({"x", ""});
+  auto x = session_->Put(Random({8, 6}, 24), Placement::Sharded(a, rows));
+  ASSERT_TRUE(x.ok());
+  TransferOptions strict;
+  strict.transfer_guard = TransferGuard{TransferLevel::kUnset, TransferLevel::kUnset, TransferLevel::kDisallowExplicit};
+  auto refused = session_->Reshard(*x, Placement::Sharded(b, rows), strict);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("explicit device->device transfer"), std::string::npos)
+      << refused.status();
+  // Implicit-only guards let an explicit reshard through.
+  TransferOptions implicit_only;
+  implicit_only.transfer_guard = TransferGuard::All(TransferLevel::kDisallow);
+  EXPECT_TRUE(session_->Reshard(*x, Placement::Sharded(b, rows), implicit_only).ok());
+
+  auto partial = session_->Reshard(*x, Placement::Sharded(b, Sharding::Split({"x", ""}).Unreduced({"x"})));
+  EXPECT_EQ(partial.status().code(), absl::StatusCode::kInvalidArgument) << partial.status();
+  auto uneven = session_->Reshard(*x, Placement::Sharded(Mesh({{"x", 4}}), Sharding::Split({"", "x"})));
+  EXPECT_NE(uneven.status().message().find("does not split evenly"), std::string::npos) << uneven.status();
+  auto nowhere = session_->Reshard(*x, Placement::Device(9));
+  EXPECT_EQ(nowhere.status().code(), absl::StatusCode::kInvalidArgument) << nowhere.status();
+  EXPECT_NE(nowhere.status().message().find("9"), std::string::npos) << nowhere.status();
+  // Still serving.
+  auto ok = session_->Reshard(*x, Placement::Device(1));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(session_->Fetch(*ok).ok());
 }
 
 std::string RunCommand(const std::string& cmd, int* rc) {

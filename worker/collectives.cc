@@ -392,7 +392,16 @@ class GroupCommunicator final : public Communicator {
     if (call.count > INT64_MAX / esize / l_.size()) {
       return absl::InvalidArgumentError(absl::StrCat(Describe(call), ": byte size overflows"));
     }
-    if (call.count > 0 && (in == nullptr || out == nullptr)) {
+    // A permute reads `in` only on sources and writes `out` only on targets.
+    bool reads = true, writes = true;
+    if (call.kind == Kind::kPermute) {
+      reads = writes = false;
+      for (const auto& [s, t] : *call.pairs) {
+        reads |= s == rank;
+        writes |= t == rank;
+      }
+    }
+    if (call.count > 0 && ((reads && in == nullptr) || (writes && out == nullptr))) {
       return absl::InvalidArgumentError(absl::StrCat(Describe(call), ": null buffer on rank ", rank));
     }
     if (Reduces(call.kind) && GetReduceFn(call.dtype, call.op) == nullptr) {
@@ -989,7 +998,7 @@ class GroupCommunicator final : public Communicator {
       if (l_.local_index[t] >= 0) targeted[l_.local_index[t]] = true;
     }
     for (int i = 0; i < n; ++i) {
-      if (!targeted[i]) std::memset(r.slots[i].out, 0, bytes);
+      if (!targeted[i] && r.slots[i].out != nullptr) std::memset(r.slots[i].out, 0, bytes);
     }
     const bool remote = l_.num_workers() > 1;
     const uint32_t tag = remote ? next_tag_++ : 0;

@@ -86,7 +86,9 @@ class Communicator {
   // `in`: size()*count, block j goes to rank j; `out`: size()*count, block i came from rank i.
   virtual absl::Status AllToAll(int rank, const CollectiveId& id, const void* in, void* out, int64_t count, v1::DType dtype) = 0;
   // Each (source, target) pair sends source's `in` (count elements) to target's `out`.
-  // Targets appear at most once; a rank no pair targets gets zeros.
+  // Targets appear at most once; a rank no pair targets gets zeros. `in`
+  // may be null on a rank that is no pair's source, `out` on one no pair
+  // targets.
   virtual absl::Status Permute(int rank, const CollectiveId& id, const void* in, void* out, int64_t count, v1::DType dtype,
                                const std::vector<std::pair<int, int>>& pairs) = 0;
   // This rank will not take part in collective `id`: its step failed with

@@ -7,6 +7,7 @@
 #include "core/dtype.h"
 #include "core/status.h"
 #include "worker/collective_group.h"
+#include "worker/transfer.h"
 
 namespace tessel::worker {
 
@@ -58,6 +59,7 @@ absl::Status WorkerRuntime::LoadProgram(const v1::Program& program) {
 absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r, int* last_collective,
                                                        const std::shared_ptr<Verdict>& verdict,
                                                        std::vector<std::shared_ptr<const Verdict>>& inputs) {
+  if (r.has_transfer()) return RunTransferStep(r, last_collective, verdict, inputs);
   Executable* exe = nullptr;
   const v1::Program* proto = nullptr;
   std::shared_ptr<CommunicatorRegistry> collectives;
@@ -160,6 +162,33 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r, 
   return resp;
 }
 
+absl::StatusOr<v1::RunResponse> WorkerRuntime::RunTransferStep(const v1::RunRequest& r, int* last_round,
+                                                               const std::shared_ptr<Verdict>& verdict,
+                                                               std::vector<std::shared_ptr<const Verdict>>& inputs) {
+  std::shared_ptr<CommunicatorRegistry> collectives;
+  {
+    absl::MutexLock l(&mu_);
+    collectives = collectives_;
+  }
+  BufferPtr source;
+  if (r.arguments_size() == 1) {
+    auto a = store_.Get(r.device(), r.arguments(0));
+    if (!a.ok()) return Annotate(a.status(), absl::StrCat("execution ", r.execution_id(), " (reshard): source: "));
+    if (!a->error.ok()) return DependentError(a->error, absl::StrCat("execution ", r.execution_id(), ": the source"));
+    if (a->verdict != nullptr) inputs.push_back(std::move(a->verdict));
+    source = std::move(a->buffer);
+  }
+  TESSEL_ASSIGN_OR_RETURN(BufferPtr target,
+                          RunTransfer(r, *devices_[r.device()], source, collectives.get(), last_round));
+  source.reset();
+  if (r.outputs_size() == 1) {
+    TESSEL_RETURN_IF_ERROR(store_.Insert(r.device(), r.outputs(0),
+                                         StoredArray{std::move(target), r.transfer().target_block(), {}, verdict}));
+  }
+  ++steps_run_;
+  return v1::RunResponse();
+}
+
 void WorkerRuntime::Run(const v1::RunRequest& request, RunDone done) {
   if (auto s = CheckDevice(request.device()); !s.ok()) return done(s);
   // `last_collective`: the step's collectives after it are abandoned; none
@@ -233,6 +262,13 @@ void WorkerRuntime::AbandonRest(const v1::RunRequest& r, int last_collective, co
     collectives = collectives_;
     auto it = program_protos_.find(r.executable_id());
     if (it != program_protos_.end()) proto = &it->second;
+  }
+  if (r.has_transfer()) {
+    const int device = r.transfer().rank() >= 0 && r.transfer().rank() < r.transfer().rank_devices_size()
+                           ? r.transfer().rank_devices(r.transfer().rank())
+                           : -1;
+    return AbandonTransfer(r, collectives.get(), last_collective,
+                           Annotate(cause, absl::StrCat("device ", device, ": ")));
   }
   if (proto == nullptr || collectives == nullptr || !proto->has_mesh()) return;
   if (r.mesh_position() < 0 || r.mesh_position() >= proto->mesh().devices_size()) return;

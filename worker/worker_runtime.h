@@ -90,6 +90,10 @@ class WorkerRuntime {
   absl::StatusOr<v1::RunResponse> RunStep(const v1::RunRequest& request, int* last_collective,
                                           const std::shared_ptr<Verdict>& verdict,
                                           std::vector<std::shared_ptr<const Verdict>>& inputs);
+  // A reshard's part on this device (request.transfer); `last_round` as `last_collective`.
+  absl::StatusOr<v1::RunResponse> RunTransferStep(const v1::RunRequest& request, int* last_round,
+                                                  const std::shared_ptr<Verdict>& verdict,
+                                                  std::vector<std::shared_ptr<const Verdict>>& inputs);
   // After a failed step: lets the peers of every collective it did not reach know.
   void AbandonRest(const v1::RunRequest& request, int last_collective, const absl::Status& cause);
 

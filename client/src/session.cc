@@ -511,6 +511,27 @@ absl::Status Session::Delete(absl::Span<const Array> arrays) {
   return FromGrpc(impl_->session->Delete(&ctx, req, &resp));
 }
 
+absl::StatusOr<Array> Session::Reshard(const Array& array, const Placement& placement,
+                                       const TransferOptions& transfer, ReshardReceipt* receipt) {
+  TESSEL_RETURN_IF_ERROR(impl_->Flush());
+  grpc::ClientContext ctx;
+  v1::ReshardRequest req;
+  req.set_session_id(impl_->id);
+  req.set_handle(array.handle());
+  req.set_output(impl_->NewHandle());
+  *req.mutable_placement() = ToProto(placement);
+  if (transfer.transfer_guard) *req.mutable_transfer_guard() = ToProto(*transfer.transfer_guard);
+  v1::ReshardResponse resp;
+  TESSEL_RETURN_IF_ERROR(FromGrpc(impl_->session->Reshard(&ctx, req, &resp)));
+  if (receipt != nullptr) {
+    receipt->execution_id = resp.execution_id();
+    receipt->bytes_moved = resp.bytes_moved();
+    receipt->bytes_copied = resp.bytes_copied();
+    receipt->pieces.assign(resp.pieces().begin(), resp.pieces().end());
+  }
+  return Array(req.output(), array.type());
+}
+
 absl::StatusOr<ArrayInfo> Session::Info(const Array& array) {
   TESSEL_RETURN_IF_ERROR(impl_->Flush());
   grpc::ClientContext ctx;

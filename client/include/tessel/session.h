@@ -170,6 +170,14 @@ struct TransferOptions {
   std::optional<TransferGuard> transfer_guard;  // overrides the session's for this call
 };
 
+// What a Reshard did: bytes that crossed devices (counted device to
+// device), bytes copied within a device, and one line per piece that crossed.
+struct ReshardReceipt {
+  int64_t execution_id = 0;
+  int64_t bytes_moved = 0, bytes_copied = 0;
+  std::vector<std::string> pieces;
+};
+
 struct DeviceMemory {
   int device = 0;
   int64_t bytes_in_use = 0, peak_bytes_in_use = 0, num_buffers = 0, bytes_cached = 0, bytes_limit = 0;
@@ -258,6 +266,12 @@ class Session {
   absl::Status Await(absl::Span<const Array> arrays);
   absl::StatusOr<HostArray> Fetch(const Array& array, const TransferOptions& transfer = {});
   absl::Status Delete(absl::Span<const Array> arrays);
+  // A copy of `array` on `placement` (another mesh or sharding, one device,
+  // or every device): its blocks move worker to worker, never through the
+  // coordinator or this client; `array` stays. Returns once the coordinator
+  // accepted the copy; its errors surface where it is awaited or fetched.
+  absl::StatusOr<Array> Reshard(const Array& array, const Placement& placement, const TransferOptions& transfer = {},
+                                ReshardReceipt* receipt = nullptr);
   absl::StatusOr<ArrayInfo> Info(const Array& array);
   absl::StatusOr<SessionStats> Stats(bool with_arrays = false);
   absl::StatusOr<ClusterStatus> Cluster(bool with_memory = false);

@@ -24,18 +24,26 @@ def devices(session=None):
 
 
 def device_put(x, device=None):
-    """Explicit host->device transfer of `x` (a numpy array or a Python
-    scalar) to `device` (a device id, a tessel.Device, SingleDeviceSharding or
-    ReplicatedSharding; default device 0). An Array already placed there is
-    returned as it is."""
+    """Explicit transfer of `x` to `device` (a device id, a tessel.Device, a
+    NamedSharding over any mesh, SingleDeviceSharding or ReplicatedSharding;
+    default device 0).
+
+    A numpy array or Python scalar goes host->device. An Array already
+    placed there is returned as it is; one placed elsewhere is copied there
+    device to device: each new block is cut from the blocks it overlaps and
+    sent worker to worker, never through the client (the copy's
+    `reshard_receipt` says what moved). Both are explicit transfers to the
+    transfer guard."""
     s = _context.session()
     placement = to_placement(device)
     if isinstance(x, Array):
         if x._placement == placement:
             return x
-        raise errors.InvalidArgumentError(
-            f"device_put of array {x.handle:#x}: it is on {x.sharding}, asked for {placement_text(placement)}; "
-            "moving an array between devices happens when a step that runs there reads it", "INVALID_ARGUMENT")
+        handle, receipt = s.reshard(x.handle, placement, guard=_context.guard())
+        out = Array(s, handle, x.shape, x.dtype, placement)
+        out.reshard_receipt = {"execution": receipt.execution_id, "bytes_moved": receipt.bytes_moved,
+                               "bytes_copied": receipt.bytes_copied, "pieces": list(receipt.pieces)}
+        return out
     a = np.asarray(x)
     handle = s.put(a, placement, implicit=False, guard=_context.guard(),
                    progress=progress_bar(f"put {_dtypes.type_string(a.shape, a.dtype)}"))

@@ -41,6 +41,7 @@ class Array:
         self.dtype = np.dtype(dtype)
         self._placement = placement  # session_pb2.Placement: where it was put or computed
         self._deleted = None  # None, or why: "deleted" / "donated to execution N"
+        self.reshard_receipt = None  # set on a copy device_put made from another Array
 
     ndim = property(lambda self: len(self.shape))
     size = property(lambda self: int(np.prod(self.shape, dtype=np.int64)))

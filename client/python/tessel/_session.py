@@ -385,6 +385,16 @@ class Session:
             raise errors.TesselError(f"fetch of array {handle:#x}: expected {total} bytes, got {offset}", "DATA_LOSS")
         return out
 
+    def reshard(self, handle, placement, guard=None):
+        """A copy of array `handle` on `placement`, moved worker to worker:
+        (its handle, the ReshardResponse)."""
+        self._collect_for_quota()
+        self.flush()
+        out = self.new_handle()
+        resp = _rpc(self._stub.Reshard, session_pb2.ReshardRequest(
+            session_id=self.id, handle=handle, output=out, placement=placement, transfer_guard=guard_proto(guard)))
+        return out, resp
+
     def delete(self, handles):
         if not handles:
             return
