@@ -16,6 +16,10 @@
 //                   issues them; bus bandwidth vs Gloo's ring allreduce
 //                   called directly by 2 processes (tessel-gloo-bench).
 //                   Goal >= 0.9x.
+//   reshard_256mib  device_put of a 256 MiB f32 array from device 0 (worker
+//                   0) to device 1 (worker 1), worker to worker, awaited, vs
+//                   Gloo send/recv of the same bytes by 2 processes
+//                   (tessel-gloo-bench --sendrecv), in GB/s. Goal >= 0.8x.
 //   sharded_sum     tanh(x) * 2 + 1 summed over 2^26 f32: x split over 2
 //                   workers vs whole on 1, in GB/s of x read.
 //   while_tiny      per-iteration cost of a 10,000-iteration while loop with
@@ -505,16 +509,17 @@ int main(int argc, char** argv) {
   // the two alternate: rounds of K back-to-back Gloo allreduces (a fresh
   // tessel-gloo-bench pair, median per call) and K pipelined Tessel steps
   // (mean per step); each side's figure is its median round.
-  auto gloo_once = [&](int64_t bytes, int iters) {
+  auto gloo_once = [&](int64_t bytes, int iters, bool sendrecv = false) {
     const std::string cmd = std::filesystem::path(self).parent_path().string() + "/tessel-gloo-bench --iters=" +
-                            std::to_string(iters) + " " + std::to_string(bytes);
+                            std::to_string(iters) + (sendrecv ? " --sendrecv " : " ") + std::to_string(bytes);
+    const std::string format = sendrecv ? "gloo_sendrecv bytes=%lld seconds=%lf" : "gloo_allreduce bytes=%lld seconds=%lf";
     FILE* f = popen(cmd.c_str(), "r");
     char line[256];
     double secs = 0;
     while (f != nullptr && std::fgets(line, sizeof line, f)) {
       long long b = 0;
       double t = 0;
-      if (std::sscanf(line, "gloo_allreduce bytes=%lld seconds=%lf", &b, &t) == 2 && b == bytes) secs = t;
+      if (std::sscanf(line, format.c_str(), &b, &t) == 2 && b == bytes) secs = t;
     }
     if (f == nullptr || pclose(f) != 0 || secs <= 0) Check(absl::InternalError(absl::StrCat("failed: ", cmd)));
     return secs;
@@ -541,6 +546,31 @@ int main(int argc, char** argv) {
     rows.push_back({absl::StrCat("all_reduce_", bytes >> 20, "mib"), "GB/s", bytes / Median(t_tessel) / 1e9,
                     bytes / Median(t_gloo) / 1e9, 0.9, true,
                     "psum over 2 workers, donated, pipelined, vs gloo::allreduce ring by 2 processes"});
+  }
+
+  // 7b. reshard: device 0 to device 1, worker to worker, vs Gloo send/recv.
+  if (want("reshard_256mib")) {
+    const int64_t bytes = int64_t{256} << 20;
+    HostArray host(ArrayType{DType::kF32, {bytes / 4}});
+    for (float& v : host.as_mutable<float>()) v = 1.f;
+    tessel::Array src = Check(session->Put(host, tessel::Placement::Device(0)));
+    auto once = [&] {
+      tessel::Array copy = Check(session->Reshard(src, tessel::Placement::Device(1)));
+      Check(session->Await({copy}));
+      Check(session->Delete({copy}));
+    };
+    once();  // warm: the pair's group connected, buffers cached
+    const int k = 3;
+    std::vector<double> t_tessel, t_gloo;
+    for (int round = 0; round < 5; ++round) {
+      t_gloo.push_back(gloo_once(bytes, k, true));
+      const absl::Time start = absl::Now();
+      for (int i = 0; i < k; ++i) once();
+      t_tessel.push_back(absl::ToDoubleSeconds(absl::Now() - start) / k);
+    }
+    Check(session->Delete({src}));
+    rows.push_back({"reshard_256mib", "GB/s", bytes / Median(t_tessel) / 1e9, bytes / Median(t_gloo) / 1e9, 0.8, true,
+                    "device_put device 0 -> device 1 (2 workers), awaited, vs Gloo send/recv by 2 processes"});
   }
 
   // 8. Sharded elementwise + sum over 2^26 f32: 2 workers vs 1.
