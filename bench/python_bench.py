@@ -28,7 +28,15 @@
                  and wait included, beside JAX's: what the fixed cost is. No
                  goal here (the dispatch figures are tessel-bench's).
 
-    .venv/bin/python bench/python_bench.py [--json]      (after scripts/setup.sh)
+  py_pipeline_step  one GPipe step of examples/python/pipeline.py's
+                 two-stage MLP (4096x256 -> 1024 -> 1, 4 microbatches, each
+                 stage on 2 devices of its own worker, activations and their
+                 gradients sent worker to worker) vs the ideal GPipe time from
+                 the stages measured alone: (microbatches + stages - 1) x the
+                 slower stage's time per microbatch. Median of 5 alternated
+                 rounds, in ms. Goal <= 1.25x.
+
+    .venv/bin/python bench/python_bench.py [--json] [--only=NAME]      (after scripts/setup.sh)
 """
 import json
 import os
@@ -243,22 +251,81 @@ def while_tiny(session):
     return per_ours, per_jax, t_ours[WHILE_ITERS] * 1e6, t_jax[WHILE_ITERS] * 1e6
 
 
+def pipeline():
+    """(ms per pipelined step, ms of the ideal GPipe step)."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples" / "python"))
+    import pipeline as pp
+    from tessel import NamedSharding, P
+    batch, d_in, hidden, micro = 4096, 256, 1024, 4
+    mb = batch // micro
+    rng = np.random.default_rng(0)
+    rep0, rep1 = NamedSharding(pp.STAGE0, P()), NamedSharding(pp.STAGE1, P())
+    rows0, rows1 = NamedSharding(pp.STAGE0, P("d")), NamedSharding(pp.STAGE1, P("d"))
+    params = (tessel.device_put(rng.standard_normal((d_in, hidden)).astype(np.float32) * 0.05, rep0),
+              tessel.device_put(np.zeros(hidden, np.float32), rep0),
+              tessel.device_put(rng.standard_normal((hidden, 1)).astype(np.float32) * 0.05, rep1),
+              tessel.device_put(np.zeros(1, np.float32), rep1))
+    xs = [tessel.device_put(rng.standard_normal((mb, d_in)).astype(np.float32), rows0) for _ in range(micro)]
+    ys = [tessel.device_put(rng.standard_normal((mb, 1)).astype(np.float32), rows1) for _ in range(micro)]
+    hs = [pp.forward0(params[0], params[1], x) for x in xs]
+    hs1 = [tessel.device_put(h, rows1) for h in hs]
+    ghs = [tessel.device_put(pp.forward_backward1(params[2], params[3], h, y)[3], rows0) for h, y in zip(hs1, ys)]
+
+    def timed(run):
+        start = time.perf_counter()
+        out = run()
+        for a in out:
+            a.block_until_ready()
+        return time.perf_counter() - start
+
+    def stage0():  # forward and backward of every microbatch, stage 0 alone
+        outs = []
+        for x, g in zip(xs, ghs):
+            outs.append(pp.forward0(params[0], params[1], x))
+            outs.extend(pp.backward0(params[0], params[1], x, g))
+        return outs
+
+    def stage1():
+        return [o for h, y in zip(hs1, ys) for o in pp.forward_backward1(params[2], params[3], h, y)]
+
+    def step():
+        new, _, _ = pp.pipeline_step(params, xs, ys)
+        return new
+
+    for run in (stage0, stage1, step):
+        timed(run)  # compiled, buffers cached
+    t_step, t_ideal, serial = [], [], []
+    for _ in range(5):
+        t0, t1 = timed(stage0) / micro, timed(stage1) / micro
+        t_ideal.append((micro + 1) * max(t0, t1))
+        serial.append(micro * (t0 + t1))
+        t_step.append(timed(step))
+    print(f"py_pipeline_step: stages one after the other: {np.median(serial) * 1e3:.1f} ms", file=sys.stderr)
+    return float(np.median(t_step)) * 1e3, float(np.median(t_ideal)) * 1e3
+
+
 def main():
     if not os.environ.get("TESSEL_BIN_DIR"):
         os.environ["TESSEL_BIN_DIR"] = str(pathlib.Path(__file__).resolve().parents[1] / "build" / "bin")
+    only = next((a[len("--only="):] for a in sys.argv if a.startswith("--only=")), "")
     rows = []
-    with tessel.local_cluster(workers=2, devices_per_worker=1) as c:
-        ours, base = seed_loop(c.session)
-        rows.append(("py_seed_loop", "steps/s", ours, base, ">= 1x", ours / base >= 1))
-        ours, base = fetch(c.session)
-        rows.append(("py_fetch_64mib", "GB/s", ours, base, ">= 0.8x", ours / base >= 0.8))
-        ours, base = mlp(c.session)
-        rows.append(("py_mlp_step", "steps/s", ours, base, ">= 1x", ours / base >= 1))
-        ours, base = mlp_grad(c.session)
-        rows.append(("py_mlp_grad_step", "steps/s", ours, base, ">= 0.91x", ours / base >= 1 / 1.1))
-        ours, base, call_ours, call_base = while_tiny(c.session)
-        rows.append(("py_while_tiny", "us/iter", ours, base, "<= 2x", ours / base <= 2))
-        rows.append(("py_while_call", "us", call_ours, call_base, "-", None))
+    if not only or only in "py_seed_loop py_fetch_64mib py_mlp_step py_mlp_grad_step py_while_tiny":
+        with tessel.local_cluster(workers=2, devices_per_worker=1) as c:
+            ours, base = seed_loop(c.session)
+            rows.append(("py_seed_loop", "steps/s", ours, base, ">= 1x", ours / base >= 1))
+            ours, base = fetch(c.session)
+            rows.append(("py_fetch_64mib", "GB/s", ours, base, ">= 0.8x", ours / base >= 0.8))
+            ours, base = mlp(c.session)
+            rows.append(("py_mlp_step", "steps/s", ours, base, ">= 1x", ours / base >= 1))
+            ours, base = mlp_grad(c.session)
+            rows.append(("py_mlp_grad_step", "steps/s", ours, base, ">= 0.91x", ours / base >= 1 / 1.1))
+            ours, base, call_ours, call_base = while_tiny(c.session)
+            rows.append(("py_while_tiny", "us/iter", ours, base, "<= 2x", ours / base <= 2))
+            rows.append(("py_while_call", "us", call_ours, call_base, "-", None))
+    if not only or only in "py_pipeline_step":
+        with tessel.local_cluster(workers=2, devices_per_worker=2):
+            ours, base = pipeline()
+            rows.append(("py_pipeline_step", "ms", ours, base, "<= 1.25x", ours / base <= 1.25))
     if "--json" in sys.argv:
         print(json.dumps([{"name": n, "unit": u, "tessel": o, "baseline": b, "ratio": o / b, "goal": g, "met": m}
                           for n, u, o, b, g, m in rows], indent=1))
