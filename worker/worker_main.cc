@@ -2,6 +2,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -26,6 +27,7 @@
 #include "tessel/v1/admin.grpc.pb.h"
 #include "worker/collectives.h"
 #include "worker/cpu/cpu_device.h"
+#include "worker/cpu/dot.h"
 #include "worker/cuda/plugin.h"
 #include "worker/kv_store_client.h"
 #include "worker/worker_runtime.h"
@@ -47,6 +49,10 @@ ABSL_FLAG(int64_t, device_memory_bytes, 0,
           "Memory limit per device in bytes; 0 means 80% of the memory this process may use (its cgroup's limit, else "
           "physical memory) divided among the CPU devices, which together may not exceed it, "
           "and 90% of each GPU's free memory. With --device_kind=both it limits the CPU devices only.");
+ABSL_FLAG(int, kernel_threads, 0,
+          "Threads each CPU device's kernels may use (OpenBLAS's GEMM threads, large fused loops). 0: the cores "
+          "this process may run on, divided among its CPU devices (at least 1), so that devices running at once "
+          "do not oversubscribe them.");
 ABSL_FLAG(int, register_timeout_s, 30, "How long to keep trying to reach the coordinator at start-up.");
 ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, error.");
 ABSL_FLAG(std::string, log_format, "text", "Log format: text, or json (one object per line: time, level, logger, thread, message).");
@@ -66,6 +72,14 @@ struct Registration {
   uint64_t queue_epoch = 0;
   std::string coordinator_incarnation;
 };
+
+// The cores this process may run on (its affinity mask, as a cpuset or
+// taskset narrows it), else the machine's.
+int UsableCores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, int(std::thread::hardware_concurrency()));
+}
 
 // The devices --device_kind asks for. A kind that names GPUs finds none on
 // a machine without them, or without the CUDA libraries the plugin needs,
@@ -93,6 +107,11 @@ absl::StatusOr<std::vector<std::unique_ptr<tessel::worker::Device>>> MakeDevices
     for (int i = 0; i < num_cpu; ++i) {
       devices.push_back(std::make_unique<tessel::cpu::CpuDevice>(tessel::cpu::CpuDevice::Options{i, limit}));
     }
+    const int cores = UsableCores();
+    int threads = absl::GetFlag(FLAGS_kernel_threads);
+    if (threads <= 0) threads = std::max(1, cores / num_cpu);
+    tessel::cpu::SetKernelThreads(threads);
+    log.info("CPU kernels: {} threads per device ({} cores, {} CPU devices)", threads, cores, num_cpu);
   }
   if (kind == "cpu") return devices;
   int found = 0;

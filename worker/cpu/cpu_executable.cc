@@ -23,13 +23,6 @@ namespace tessel::cpu {
 
 using worker::BufferPtr;
 
-namespace {
-// Threads a large elementwise loop may use: the machine's cores.
-int KernelThreads() {
-  static const int n = std::max(1u, std::thread::hardware_concurrency());
-  return n;
-}
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<worker::Executable>> CpuExecutable::Load(const v1::Program& program,
                                                                         worker::Device* device) {

@@ -3,6 +3,10 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
+
+#include <algorithm>
 #include <vector>
 
 #include "core/dtype.h"
@@ -10,6 +14,21 @@
 #include "worker/cpu/traits.h"
 
 namespace tessel::cpu {
+
+namespace {
+std::atomic<int> kernel_threads{0};
+}  // namespace
+
+void SetKernelThreads(int n) {
+  n = std::max(1, n);
+  kernel_threads.store(n);
+  openblas_set_num_threads(n);
+}
+
+int KernelThreads() {
+  const int n = kernel_threads.load();
+  return n > 0 ? n : std::max(1, int(std::thread::hardware_concurrency()));
+}
 
 DotOperandLayout CanonicalizeDotOperand(const v1::TensorType& t, const google::protobuf::RepeatedField<int64_t>& batch,
                    const google::protobuf::RepeatedField<int64_t>& contracting, bool free_first) {

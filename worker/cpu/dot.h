@@ -25,6 +25,13 @@ bool IsIdentityPermutation(const std::vector<int64_t>& p);
 // transposed without a copy.
 bool IsTransposedLayout(const DotOperandLayout& c, size_t nbatch, size_t nrow_dims);
 
+// Threads each CPU device's kernels may use: its GEMMs (OpenBLAS's
+// threads) and its large fused loops. A worker sets it once at start-up to
+// its share of the cores, so that its devices running at once do not
+// oversubscribe them (OpenBLAS's idle threads spin). Default: every core.
+void SetKernelThreads(int n);
+int KernelThreads();
+
 void DotGeneral(const v1::TensorType& lhs_type, const void* lhs, const v1::TensorType& rhs_type,
                 const void* rhs, const v1::DotGeneralAttrs& a, const v1::TensorType& out_type,
                 void* out);
