@@ -33,8 +33,11 @@ def test_device_put_and_array_properties(session):
     d = tessel.devices()[1]
     assert tessel.device_put(x, d).devices() == (1,)
     assert tessel.device_put(a, 3) is a
-    with pytest.raises(tessel.InvalidArgumentError, match="is on SingleDeviceSharding"):
-        tessel.device_put(a, 0)
+    # Placed elsewhere: a copy, moved device to device (test_reshard.py has the rest).
+    b = tessel.device_put(a, 0)
+    assert b is not a and b.devices() == (0,) and a.devices() == (3,)
+    assert b.reshard_receipt["bytes_moved"] == 48
+    np.testing.assert_array_equal(b.fetch(), x)
 
 
 def test_scalars_convert_like_numpy(session):
