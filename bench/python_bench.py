@@ -29,7 +29,7 @@
                  goal here (the dispatch figures are tessel-bench's).
 
   py_pipeline_step  one GPipe step of examples/python/pipeline.py's
-                 two-stage MLP (4096x256 -> 1024 -> 1, 4 microbatches, each
+                 two-stage MLP (one jitted MPMD program) (4096x256 -> 1024 -> 1, 4 microbatches, each
                  stage on 2 devices of its own worker, activations and their
                  gradients sent worker to worker) vs the ideal GPipe time from
                  the stages measured alone: (microbatches + stages - 1) x the
@@ -289,8 +289,8 @@ def pipeline():
         return [o for h, y in zip(hs1, ys) for o in pp.forward_backward1(params[2], params[3], h, y)]
 
     def step():
-        new, _, _ = pp.pipeline_step(params, xs, ys)
-        return new
+        new, loss = pp.train_step(params, tuple(xs), tuple(ys))
+        return list(new) + [loss]
 
     for run in (stage0, stage1, step):
         timed(run)  # compiled, buffers cached

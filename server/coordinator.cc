@@ -1,4 +1,5 @@
 #include "server/coordinator.h"
+#include "server/mpmd.h"
 
 #include <optional>
 #include <random>
@@ -383,6 +384,7 @@ absl::Status Coordinator::GuardTransferLocked(const std::string& session, const 
 // ---------------------------------------------------------------- compile
 
 absl::StatusOr<v1::CompileResponse> Coordinator::Compile(const v1::CompileRequest& req) {
+  if (IsMpmd(req.graph())) return CompileMpmd(req);
   const std::vector<int> donated(req.donated_parameters().begin(), req.donated_parameters().end());
   scheduler::CompileOptions options{.donated_parameters = donated};
   if (req.has_mesh()) {
@@ -477,6 +479,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
   };
   std::shared_ptr<const CachedExecutable> exe = cache_.Find(req.executable_id());
   if (exe == nullptr) {
+    if (auto mpmd = FindMpmd(req.executable_id())) return ExecuteMpmd(req, *mpmd);
     if (cache_.WasEvicted(req.executable_id())) {
       return absl::NotFoundError(StrCat("executable '", req.executable_id(), "' was evicted from the compile cache "
                                         "(least recently used, over its ", cache_.max_bytes() >> 20,

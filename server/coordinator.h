@@ -157,6 +157,13 @@ class Coordinator {
   // it; later calls naming it are told `why` (empty: closed by its client).
   // Returns the number of arrays freed.
   absl::StatusOr<int64_t> EndSession(const std::string& id, const std::string& why);
+  // MPMD programs (server/mpmd.h): each region compiled as an executable of
+  // its own; an execution runs each region's step after moving the values it
+  // reads (Reshard), then frees what passed between them.
+  struct MpmdProgram;
+  absl::StatusOr<v1::CompileResponse> CompileMpmd(const v1::CompileRequest& req);
+  absl::StatusOr<v1::ExecuteResponse> ExecuteMpmd(const v1::ExecuteRequest& req, const MpmdProgram& program);
+  std::shared_ptr<const MpmdProgram> FindMpmd(const std::string& id) const ABSL_LOCKS_EXCLUDED(mpmd_mu_);
   // The record of a new array of `type` on `placement` (devices, and mesh,
   // sharding and block type when sharded; PENDING), or why it cannot go there.
   absl::StatusOr<ArrayRecord> PlaceRecordLocked(const v1::TensorType& type, const v1::Placement& placement,
@@ -174,6 +181,8 @@ class Coordinator {
   // over in a new queue epoch, so the worker never waits on a gap.
   void RestartQueues(const std::string& worker_id);
 
+  mutable absl::Mutex mpmd_mu_;  // a leaf
+  absl::flat_hash_map<std::string, std::shared_ptr<const MpmdProgram>> mpmd_ ABSL_GUARDED_BY(mpmd_mu_);
   // Lock order: arrays_'s lock, then workers_'s; cache_'s, tenants_mu_ and
   // mu_ are leaves. None is held across an RPC, a callback or a client's destruction.
   const Options options_;

@@ -184,7 +184,7 @@ absl::StatusOr<v1::ReshardResponse> Coordinator::Reshard(const v1::ReshardReques
                                                    : StrCat("device ", absl::StrJoin(out.devices, ",")));
     if (plan.bytes_moved > 0) {
       TESSEL_RETURN_IF_ERROR(GuardTransferLocked(req.session_id(), req.transfer_guard(), Direction::kDeviceToDevice,
-                                                 false, text, plan.bytes_moved));
+                                                 req.implicit(), text, plan.bytes_moved));
     }
     TESSEL_RETURN_IF_ERROR(arrays_.CheckQuotaLocked(req.session_id(), out.bytes(), what));
 

@@ -431,6 +431,64 @@ TEST_F(ShardingTest, ReshardIsJudgedByTheGuardAndRefusesBadInputClearly) {
   EXPECT_TRUE(session_->Fetch(*ok).ok());
 }
 
+// MPMD from the C++ SDK: two dependent regions on {0, 1} and {2, 3} and an
+// unrelated one, checked against naive loops; the plan lists the one value
+// that crosses, with its bytes.
+TEST_F(ShardingTest, MeshRegionsFormOneMpmdProgram) {
+  const Mesh a({{"d", 2}}, {0, 1}), b({{"d", 2}}, {2, 3});
+  const Sharding rows = Sharding::Split({"d", ""}), whole = Sharding::Split({});
+  GraphBuilder g("mpmd");
+  Value x = g.Parameter({DType::kF32, {8, 4}}, "x");
+  Value z = g.Parameter({DType::kF32, {6}}, "z");
+  auto h = g.MeshRegion(a, {x}, {rows}, {rows}, [](GraphBuilder& r, const std::vector<Value>& in) {
+    return std::vector<Value>{r.Tanh(in[0])};
+  }, "stage0");
+  ASSERT_EQ(h.size(), 1u) << g.status();
+  auto y = g.MeshRegion(b, {h[0]}, {rows}, {rows}, [](GraphBuilder& r, const std::vector<Value>& in) {
+    return std::vector<Value>{r.Mul(in[0], in[0])};
+  }, "stage1");
+  auto u = g.MeshRegion(b, {z}, {whole}, {whole}, [](GraphBuilder& r, const std::vector<Value>& in) {
+    return std::vector<Value>{r.Neg(in[0])};
+  }, "apart");
+  auto graph = g.Build({y[0], u[0]});
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  auto exe = session_->Compile(*graph);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  EXPECT_NE(exe->plan().find("part 0 'stage0' on {d: 2} over devices 0,1"), std::string::npos) << exe->plan();
+  EXPECT_NE(exe->plan().find("f32[8,4], 128 bytes cross devices: result 0 of part 0 'stage0'"), std::string::npos)
+      << exe->plan();
+  HostArray hx = Random({8, 4}, 31), hz = Random({6}, 32);
+  auto xa = session_->Put(hx, Placement::Sharded(a, rows));
+  auto za = session_->Put(hz, Placement::Sharded(b, whole));
+  ASSERT_TRUE(xa.ok() && za.ok());
+  auto outs = session_->Execute(*exe, {*xa, *za}, {.wait = true});
+  ASSERT_TRUE(outs.ok()) << outs.status();
+  auto got = session_->Fetch((*outs)[0]);
+  auto neg = session_->Fetch((*outs)[1]);
+  ASSERT_TRUE(got.ok() && neg.ok());
+  for (int i = 0; i < 32; ++i) {
+    const float t = std::tanh(hx.as<float>()[i]);
+    EXPECT_NEAR(got->as<float>()[i], t * t, 1e-6) << i;
+  }
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(neg->as<float>()[i], -hz.as<float>()[i]);
+  auto info = session_->Info((*outs)[0]);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->devices, (std::vector<int>{2, 3}));
+
+  // Anything outside a region is refused, naming it.
+  GraphBuilder bad("mpmd_bad");
+  Value p = bad.Parameter({DType::kF32, {8, 4}}, "p");
+  auto r = bad.MeshRegion(a, {p}, {rows}, {rows}, [](GraphBuilder& q, const std::vector<Value>& in) {
+    return std::vector<Value>{q.Neg(in[0])};
+  }, "only");
+  auto outside = bad.Build({bad.Neg(r[0])});
+  ASSERT_TRUE(outside.ok()) << outside.status();
+  auto refused = session_->Compile(*outside);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("stands outside every mesh region"), std::string::npos)
+      << refused.status();
+}
+
 std::string RunCommand(const std::string& cmd, int* rc) {
   FILE* f = popen((cmd + " 2>&1").c_str(), "r");
   std::string out;

@@ -439,6 +439,46 @@ Value GraphBuilder::ManualRegion(const Mesh& mesh, std::vector<Value> operands, 
   return impl_->Add(std::move(n), operands, &declared);
 }
 
+std::vector<Value> GraphBuilder::MeshRegion(const Mesh& mesh, std::vector<Value> operands,
+                                            std::vector<Sharding> in_shardings, std::vector<Sharding> out_shardings,
+                                            const MultiBody& body, std::string name) {
+  if (!impl_->status.ok()) return {};
+  const std::string what = absl::StrCat("mesh region '", name, "'");
+  if (in_shardings.size() != operands.size()) {
+    return impl_->Fail(what, absl::StrCat(operands.size(), " operands but ", in_shardings.size(), " in_shardings")),
+           std::vector<Value>{};
+  }
+  GraphBuilder inner(name);
+  inner.impl_->mesh = mesh;
+  std::vector<Value> params;
+  for (size_t i = 0; i < operands.size(); ++i) {
+    if (!operands[i].valid()) {
+      return impl_->Fail(what, absl::StrCat("operand ", i, " is not a value")), std::vector<Value>{};
+    }
+    params.push_back(inner.Parameter(operands[i].type(), absl::StrCat("x", i)));
+  }
+  const std::vector<Value> outs = body(inner, params);
+  if (outs.size() != out_shardings.size()) {
+    return impl_->Fail(what, absl::StrCat(outs.size(), " results but ", out_shardings.size(), " out_shardings")),
+           std::vector<Value>{};
+  }
+  absl::StatusOr<Graph> g = inner.Build(outs);
+  if (!g.ok()) return impl_->Fail(what, g.status().message()), std::vector<Value>{};
+  v1::Node n = NodeOf(v1::MESH_REGION);
+  n.set_name(name);
+  v1::MeshRegionAttrs& m = *n.mutable_mesh_region();
+  *m.mutable_body() = g->impl().proto;
+  // Functions the body's control flow runs are listed at the top level.
+  for (v1::Graph& nested : *m.mutable_body()->mutable_functions()) *impl_->graph.add_functions() = std::move(nested);
+  m.mutable_body()->clear_functions();
+  *m.mutable_mesh() = ToProto(mesh);
+  for (const Sharding& s : in_shardings) *m.add_in_shardings() = ToProto(s);
+  for (const Sharding& s : out_shardings) *m.add_out_shardings() = ToProto(s);
+  std::vector<ArrayType> types;
+  for (const Value& v : outs) types.push_back(v.type());
+  return impl_->ControlNode(std::move(n), operands, types);
+}
+
 Value GraphBuilder::AllReduce(Value x, std::vector<std::string> axes, ReduceKind kind) {
   return impl_->Collective(v1::ALL_REDUCE, {x}, axes, [&](v1::CollectiveAttrs& c) { c.set_kind(ToProto(kind)); });
 }

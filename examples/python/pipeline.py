@@ -1,20 +1,22 @@
 #!/usr/bin/env python3
 """Pipeline-parallel training of a two-layer MLP over two sub-meshes of a
-local cluster (GPipe schedule), from Python.
+local cluster (GPipe schedule), as one jitted MPMD program, from Python.
 
 Stage 0 (the first layer) lives on devices {0, 1} of worker 0, stage 1 (the
 second layer and the loss) on devices {2, 3} of worker 1; within a stage each
-microbatch is split over the stage's two devices. Each step runs the
-microbatches through stage 0's forward, sends each activation to stage 1
-(device_put: worker to worker), runs stage 1's forward and backward there,
-sends each activation gradient back, and runs stage 0's backward; the
-gradients of the microbatches are averaged and each stage updates its own
-weights where they live. Nothing waits on the client: each device runs its
-queue in order, so stage 0's forward of microbatch m+1 runs while stage 1
-works on microbatch m.
+microbatch is split over the stage's two devices. Each stage function is a
+jit on its sub-mesh (its in_shardings and out_shardings name the mesh);
+called inside the jitted training step, each call becomes a mesh region of
+one MPMD program. The coordinator compiles every region for its devices and
+moves each value a region reads from another stage worker to worker, as its
+plan lists. A step runs the microbatches through stage 0's forward, stage
+1's forward and backward, then stage 0's backward; the gradients of the
+microbatches are averaged and each stage updates its own weights where they
+live. Each device runs its queue in order, so stage 0's forward of
+microbatch m+1 runs while stage 1 works on microbatch m.
 
-The run prints the plan of one step (each send and receive with its bytes)
-and checks the result against the same training on the whole batch in numpy.
+The run prints the plan's sends and receives, and checks the result against
+the same training on the whole batch in numpy.
 
     .venv/bin/python examples/python/pipeline.py      (after scripts/setup.sh)
 """
@@ -32,6 +34,8 @@ from tessel import Mesh, NamedSharding, P
 BATCH, IN, HIDDEN, MICRO, STEPS, LR = 512, 16, 64, 4, 60, 0.1
 STAGE0 = Mesh({"d": 2}, devices=[0, 1])
 STAGE1 = Mesh({"d": 2}, devices=[2, 3])
+WHOLE0, ROWS0 = NamedSharding(STAGE0, P()), NamedSharding(STAGE0, P("d"))
+WHOLE1, ROWS1 = NamedSharding(STAGE1, P()), NamedSharding(STAGE1, P("d"))
 
 
 def layer0(w1, b1, x):
@@ -43,12 +47,12 @@ def loss1(w2, b2, h, y):
     return tnp.mean(err * err)
 
 
-@tessel.jit
+@tessel.jit(in_shardings=(WHOLE0, WHOLE0, ROWS0), out_shardings=ROWS0)
 def forward0(w1, b1, x):
     return layer0(w1, b1, x)
 
 
-@tessel.jit
+@tessel.jit(in_shardings=(WHOLE1, WHOLE1, ROWS1, ROWS1), out_shardings=(WHOLE1, WHOLE1, WHOLE1, ROWS1))
 def forward_backward1(w2, b2, h, y):
     """Stage 1 on one microbatch: its loss and the gradients of its weights
     and of the activation it was given."""
@@ -56,14 +60,13 @@ def forward_backward1(w2, b2, h, y):
     return loss, gw2, gb2, gh
 
 
-@tessel.jit
+@tessel.jit(in_shardings=(WHOLE0, WHOLE0, ROWS0, ROWS0), out_shardings=(WHOLE0, WHOLE0))
 def backward0(w1, b1, x, gh):
     _, pullback = tessel.vjp(lambda w, b: layer0(w, b, x), w1, b1)
     return pullback(gh)
 
 
-@tessel.jit
-def sgd(w, *grads):
+def _sgd(w, *grads):
     """One SGD update with the mean of the microbatches' gradients."""
     total = grads[0]
     for g in grads[1:]:
@@ -71,28 +74,26 @@ def sgd(w, *grads):
     return w - LR * total / len(grads)
 
 
-def pipeline_step(params, xs, ys):
-    """GPipe: forwards through both stages microbatch by microbatch, then the
-    backwards of stage 0. Returns (params', mean loss, the receipts of the
-    step's sends)."""
+sgd0 = tessel.jit(_sgd, in_shardings=WHOLE0, out_shardings=WHOLE0)
+sgd1 = tessel.jit(_sgd, in_shardings=WHOLE1, out_shardings=WHOLE1)
+mean1 = tessel.jit(lambda *losses: sum(losses) / len(losses), in_shardings=WHOLE1, out_shardings=WHOLE1)
+
+
+@tessel.jit
+def train_step(params, xs, ys):
+    """GPipe over the microbatches `xs`, `ys`: (params', mean loss)."""
     w1, b1, w2, b2 = params
-    rows1, rows0 = NamedSharding(STAGE1, P("d")), NamedSharding(STAGE0, P("d"))
-    losses, g1, gh, sends = [], [], [], []
+    losses, g1, gh = [], [], []
     for x, y in zip(xs, ys):
-        h = tessel.device_put(forward0(w1, b1, x), rows1)  # stage 0 -> stage 1
-        loss, gw2, gb2, g = forward_backward1(w2, b2, h, y)
+        h = forward0(w1, b1, x)                               # stage 0
+        loss, gw2, gb2, g = forward_backward1(w2, b2, h, y)   # stage 1: h is sent to it
         losses.append(loss)
         g1.append((gw2, gb2))
         gh.append(g)
-        sends.append(("activation", h.reshard_receipt))
-    g0 = []
-    for x, g in zip(xs, gh):
-        back = tessel.device_put(g, rows0)  # stage 1 -> stage 0
-        sends.append(("activation gradient", back.reshard_receipt))
-        g0.append(backward0(w1, b1, x, back))
-    new = (sgd(w1, *(g[0] for g in g0)), sgd(b1, *(g[1] for g in g0)),
-           sgd(w2, *(g[0] for g in g1)), sgd(b2, *(g[1] for g in g1)))
-    return new, losses, sends
+    g0 = [backward0(w1, b1, x, g) for x, g in zip(xs, gh)]  # stage 0: each g is sent back
+    new = (sgd0(w1, *(g[0] for g in g0)), sgd0(b1, *(g[1] for g in g0)),
+           sgd1(w2, *(g[0] for g in g1)), sgd1(b2, *(g[1] for g in g1)))
+    return new, mean1(*losses)
 
 
 def numpy_step(params, x, y):
@@ -122,32 +123,30 @@ def main():
         print(f"local cluster: coordinator {cluster.address}, devices {tessel.devices()}")
         print(f"stage 0: {STAGE0}; stage 1: {STAGE1}; {MICRO} microbatches of {mb} rows, split over each stage's "
               f"2 devices")
-        rep0, rep1 = NamedSharding(STAGE0, P()), NamedSharding(STAGE1, P())
-        params = (tessel.device_put(init[0], rep0), tessel.device_put(init[1], rep0),
-                  tessel.device_put(init[2], rep1), tessel.device_put(init[3], rep1))
-        xs = [tessel.device_put(hx[i * mb:(i + 1) * mb], NamedSharding(STAGE0, P("d"))) for i in range(MICRO)]
-        ys = [tessel.device_put(hy[i * mb:(i + 1) * mb], NamedSharding(STAGE1, P("d"))) for i in range(MICRO)]
-        params, losses, sends = pipeline_step(params, xs, ys)
-        print("plan of one step: sends between the stages, worker to worker")
-        for what, r in sends[:1] + sends[MICRO:MICRO + 1]:
-            print(f"  {what} ({r['bytes_moved']} bytes):")
-            for p in r["pieces"]:
-                print(f"    {p}")
-        print(f"  ... {len(sends)} sends per step, {sum(r['bytes_moved'] for _, r in sends)} bytes in all")
-        first = float(np.mean([float(l.fetch()) for l in losses]))
+        params = (tessel.device_put(init[0], WHOLE0), tessel.device_put(init[1], WHOLE0),
+                  tessel.device_put(init[2], WHOLE1), tessel.device_put(init[3], WHOLE1))
+        xs = tuple(tessel.device_put(hx[i * mb:(i + 1) * mb], ROWS0) for i in range(MICRO))
+        ys = tuple(tessel.device_put(hy[i * mb:(i + 1) * mb], ROWS1) for i in range(MICRO))
+        plan = train_step.lower(params, xs, ys)
+        parts = [line for line in plan.as_text().splitlines() if line.startswith("part ")]
+        print(f"one jitted step, {len(parts)} mesh regions; its sends and receives, worker to worker:")
+        for t in plan.transfers:
+            print(f"  {t['bytes']:6d} bytes: {t['reason']}")
+        params, loss = train_step(params, xs, ys)
+        first = float(loss.fetch())
         print(f"step    1  loss {first:.5f}")
         start = time.perf_counter()
-        for i in range(2, STEPS + 1):
-            params, losses, _ = pipeline_step(params, xs, ys)
-            if i % 20 == 0:
-                print(f"step {i:4d}  loss {float(np.mean([float(l.fetch()) for l in losses])):.5f}")
+        with tessel.forbid_compiles():
+            for i in range(2, STEPS + 1):
+                params, loss = train_step(params, xs, ys)
+                if i % 20 == 0:
+                    print(f"step {i:4d}  loss {float(loss.fetch()):.5f}")
         final = [p.fetch() for p in params]
         secs = time.perf_counter() - start
-        last = float(np.mean([float(l.fetch()) for l in losses]))
+        last = float(loss.fetch())
         stats = tessel.stats()
-        print(f"{STEPS - 1} steps in {secs:.2f} s; session: {stats['executions']} executions, "
-              f"{stats['bytes_device_to_device']} bytes device->device, "
-              f"{stats['bytes_device_to_host']} device->host (the printed losses and the final weights)")
+        print(f"{STEPS - 1} steps in {secs:.2f} s; session: {stats['compiles']} compiles, {stats['executions']} "
+              f"executions, {stats['bytes_device_to_device']} bytes device->device")
 
     ref = init
     for _ in range(STEPS):

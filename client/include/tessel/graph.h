@@ -147,6 +147,17 @@ class GraphBuilder {
   Value ManualRegion(const Mesh& mesh, std::vector<Value> operands, std::vector<Sharding> in_specs,
                      Sharding out_spec, const Body& body, std::string name = "");
 
+  // A part of an MPMD program: `body` runs on the devices of `mesh` only, as
+  // a program of its own partitioned over `mesh`, on the global `operands`
+  // laid out by `in_shardings`; its results are laid out by
+  // `out_shardings`. A graph whose top level holds only parameters and mesh
+  // regions is an MPMD program: compile it with no mesh; the coordinator
+  // compiles each region for its devices and moves the values a region
+  // reads from elsewhere worker to worker (the plan lists each move).
+  using MultiBody = std::function<std::vector<Value>(GraphBuilder& body, const std::vector<Value>& operands)>;
+  std::vector<Value> MeshRegion(const Mesh& mesh, std::vector<Value> operands, std::vector<Sharding> in_shardings,
+                                std::vector<Sharding> out_shardings, const MultiBody& body, std::string name);
+
   // Collectives over the devices that differ only along `axes`; only inside
   // a manual region's body.
   Value AllReduce(Value x, std::vector<std::string> axes, ReduceKind kind = ReduceKind::kSum);

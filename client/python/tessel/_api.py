@@ -78,6 +78,8 @@ class Compiled:
         # Partitioned: the collectives inserted, each with its reason.
         self.collectives = [{"value": c.value, "op": c.op, "axes": tuple(c.axes), "bytes_per_device": c.bytes_per_device,
                              "reason": c.reason} for c in response.collectives]
+        # An MPMD program: the values moved between its mesh regions, worker to worker.
+        self.transfers = [{"value": t.value, "bytes": t.bytes, "reason": t.reason} for t in response.transfers]
 
     def as_text(self):
         """The per-device program, as the coordinator prints it."""

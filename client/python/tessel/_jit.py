@@ -9,7 +9,7 @@ from tessel import _context, _dtypes, errors
 from tessel import numpy as _tnp
 from tessel._array import Array
 from tessel._session import guard_proto
-from tessel._trace import placement_requests, Builder, Tracer
+from tessel._trace import current_builder, placement_requests, Builder, Tracer
 from tessel.v1 import ir_pb2, session_pb2
 
 # ---------------------------------------------------------------- pytrees
@@ -262,7 +262,9 @@ class Jitted:
             why = self.explain_miss(cache, key, paths)
             graph, structure, out_tracers, hoisted = self._trace(args, leaves, paths, donated_leaves)
             donated = [i for i, d in enumerate(donated_leaves) if d]
-            mesh, specs = self._layout(leaves)
+            mpmd = any(n.op == ir_pb2.MESH_REGION for n in graph.nodes)
+            # An MPMD program's regions name their own meshes; arguments go where they are read.
+            mesh, specs = (None, None) if mpmd else self._layout(leaves)
             if hoisted:
                 _warn_hoisted(self.fn.__name__, hoisted)
                 if specs is not None:
@@ -287,6 +289,9 @@ class Jitted:
                     mesh=exe.mesh, sharding=s if a.unspecified else a)) for s, a in zip(exe.output_shardings, asked)]
                 in_placements = [session_pb2.Placement(sharded=session_pb2.MeshSharding(mesh=exe.mesh, sharding=s))
                                  for s in exe.parameter_shardings]
+            elif mpmd:
+                placements = list(exe.output_placements)
+                in_placements = list(exe.parameter_placements)
             else:
                 in_placements = None
             entry = (exe, structure, [(t.shape, t.dtype, p) for t, p in zip(out_tracers, placements)], in_placements,
@@ -294,8 +299,69 @@ class Jitted:
             cache[key] = entry
         return entry, leaves, donated_leaves
 
+    def _region(self, args):
+        """Called on traced values inside another jitted function: this
+        function becomes a mesh region of the caller's MPMD program, run on
+        the devices of the mesh its in_shardings/out_shardings name."""
+        from tessel import lax as _lax
+        from tessel import numpy as tnp
+        from tessel._sharding import NamedSharding, P
+        name = getattr(self.fn, "__name__", "f")
+        leaves, paths, structures = [], [], []
+        self._leaf_args = []
+        for i, a in enumerate(args):
+            if i in self._static:
+                raise TypeError(f"jit of {name} inside a traced function: static arguments are not available there")
+            ls, ps, st = flatten(a, self._params[i] if i < len(self._params) else f"arg{i}")
+            leaves += ls
+            paths += ps
+            structures.append(st)
+            self._leaf_args += [i] * len(ls)
+        wants = [(w, s.mesh) for w, v in (("in_shardings", self._in_shardings), ("out_shardings", self._out_shardings))
+                 for s in (list(v) if isinstance(v, (list, tuple)) and not isinstance(v, P) else [v])
+                 if isinstance(s, NamedSharding)]
+        mesh = self._one_mesh(wants)
+        if mesh is None:
+            raise ValueError(f"jit of {name} inside a traced function: name the devices it runs on with "
+                             "in_shardings/out_shardings on a NamedSharding (a sub-mesh), or call it unjitted")
+        given = self._in_shardings
+        specs = []
+        for arg in self._leaf_args:
+            s = given[arg] if isinstance(given, (list, tuple)) and not isinstance(given, P) else given
+            specs.append(s.spec if isinstance(s, NamedSharding) else s if isinstance(s, P) else P())
+        outer = current_builder()
+        operands = [x if isinstance(x, Tracer) else tnp.asarray_in_trace(x) for x in leaves]
+        body = Builder(name, root=outer)
+        with body, placement_requests() as inner:
+            params = [body.parameter(i, x.shape, x.dtype, p) for i, (x, p) in enumerate(zip(operands, paths))]
+            it = iter(params)
+            rebuilt = [unflatten(st, [next(it) for _ in flatten(a)[0]]) for st, a in zip(structures, args)]
+            outs, _, out_structure = flatten(self.fn(*rebuilt))
+            outs = [o if isinstance(o, Tracer) else tnp.asarray_in_trace(o) for o in outs]
+            body.graph.outputs.extend(o._name for o in outs)
+        for what, m in inner:
+            if m is not None and m != mesh:
+                raise ValueError(f"jit of {name}: incompatible placements: it runs on {mesh!r}, but {what} inside "
+                                 f"it is on {m!r}")
+        out_specs = self._out_specs(len(outs))
+
+        def attrs(n):
+            r = n.mesh_region
+            r.body.CopyFrom(body.graph)
+            r.mesh.CopyFrom(mesh.proto())
+            for sp in specs:
+                r.in_shardings.add().CopyFrom(sp.proto())
+            for sp, o in zip(out_specs, outs):
+                r.out_shardings.add().CopyFrom(sp)
+                n.results.add().CopyFrom(_dtypes.tensor_type(o.shape, o.dtype))
+        results = _lax._control_node(outer, ir_pb2.MESH_REGION, operands, attrs,
+                                     [(tuple(o.shape), o.dtype, False) for o in outs])
+        return unflatten(out_structure, results)
+
     def __call__(self, *args, **kwargs):
         args = self._bind(args, kwargs)
+        if current_builder() is not None and any(isinstance(x, Tracer) for x in flatten(args)[0]):
+            return self._region(args)
         (exe, structure, out_types, in_placements, hoisted), leaves, donated_leaves = self._compiled(args)
         session = _context.session()
         guard = _context.guard()

@@ -1,0 +1,109 @@
+"""MPMD in one program: jitted functions on sub-meshes (their in_shardings
+and out_shardings name the mesh) called inside another jitted function
+become mesh regions, each compiled for its own devices, with the values
+between them moved worker to worker. Values are checked against numpy; where
+each part ran is checked by the coordinator's per-device step counts and
+the devices' memory."""
+import numpy as np
+import pytest
+
+import tessel
+import tessel.numpy as tnp
+from tessel import Mesh, NamedSharding, P, errors
+
+from conftest import DEVICE_KIND
+
+pytestmark = pytest.mark.skipif(DEVICE_KIND != "cpu", reason="values cross sub-meshes by resharding, host-memory only")
+
+A = Mesh({"d": 2}, devices=[0, 1])
+B = Mesh({"d": 2}, devices=[2, 3])
+WA, RA = NamedSharding(A, P()), NamedSharding(A, P("d"))
+WB, RB = NamedSharding(B, P()), NamedSharding(B, P("d"))
+
+stage0 = tessel.jit(lambda x, w: tnp.tanh(x @ w), in_shardings=(RA, WA), out_shardings=RA)
+stage1 = tessel.jit(lambda h, v: (h @ v).sum(axis=1), in_shardings=(RB, WB), out_shardings=RB)
+apart = tessel.jit(lambda z: z * 2.0 + 1.0, in_shardings=RB, out_shardings=RB)
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((8, 4)).astype(np.float32), rng.standard_normal((4, 6)).astype(np.float32),
+            rng.standard_normal((6, 3)).astype(np.float32), np.arange(1 << 16, dtype=np.float32))
+
+
+def _steps_per_device(session):
+    return {d.id: d.steps for w in session.cluster().workers for d in w.devices}
+
+
+def test_regions_run_on_their_devices_and_values_move_between_them(session):
+    @tessel.jit
+    def step(x, w, v, z):
+        return stage1(stage0(x, w), v), apart(z)
+
+    x, w, v, z = _data()
+    plan = step.lower(x, w, v, z)
+    text = plan.as_text()
+    assert "part 0 '<lambda>' on {d: 2} over devices 0,1" in text, text
+    assert "part 2 '<lambda>' on {d: 2} over devices 2,3" in text, text
+    # Only h crosses: f32[8,6] from devices 0,1 to 2,3, every byte of it.
+    assert [t["bytes"] for t in plan.transfers] == [8 * 6 * 4], plan.transfers
+    assert "result 0 of part 0" in plan.transfers[0]["reason"] and "devices 2,3" in plan.transfers[0]["reason"]
+    a, b = step(x, w, v, z)
+    assert a.sharding == RB and b.sharding == RB
+    np.testing.assert_allclose(a.fetch(), (np.tanh(x @ w) @ v).sum(axis=1), rtol=1e-5)
+    np.testing.assert_array_equal(b.fetch(), z * 2 + 1)
+    assert step.compiles == 1
+    step(x, w, v, z)
+    assert step.compiles == 1
+
+
+def test_an_unrelated_part_runs_only_on_its_subset(session):
+    @tessel.jit
+    def two(x, w, z):
+        return stage0(x, w), apart(z)
+
+    x, w, _, z = _data()
+    xa, wa, zb = tessel.device_put(x, RA), tessel.device_put(w, WA), tessel.device_put(z, RB)
+    two(xa, wa, zb)[1].block_until_ready()  # compiled and loaded
+    steps = _steps_per_device(session)
+    mem = tessel.memory_stats()["devices"]
+    h, big = two(xa, wa, zb)
+    big.block_until_ready()
+    h.block_until_ready()
+    after = _steps_per_device(session)
+    now = tessel.memory_stats()["devices"]
+    # One step per device: stage0 on 0 and 1, apart on 2 and 3; no transfer.
+    assert {d: after[d] - steps[d] for d in after} == {0: 1, 1: 1, 2: 1, 3: 1}
+    half = z.nbytes // 2
+    for d in (2, 3):
+        assert now[d]["bytes_in_use"] - mem[d]["bytes_in_use"] >= half
+    for d in (0, 1):
+        assert now[d]["bytes_in_use"] - mem[d]["bytes_in_use"] < half  # a block of h, not of z
+
+
+def test_an_argument_placed_elsewhere_moves_where_its_reader_takes_it(session):
+    @tessel.jit
+    def one(z):
+        return apart(z)
+
+    _, _, _, z = _data()
+    on_a = tessel.device_put(z, RA)  # apart takes it on B
+    np.testing.assert_array_equal(one(on_a).fetch(), z * 2 + 1)
+    with tessel.transfer_guard(device_to_device="disallow"):
+        with pytest.raises(errors.TesselError, match=r"implicit device->device transfer"):
+            one(on_a).fetch()
+    np.testing.assert_array_equal(one(tessel.device_put(z, RB)).fetch(), z * 2 + 1)
+
+
+def test_mpmd_programs_refuse_what_they_cannot_do_clearly(session):
+    x, w, v, _ = _data()
+    with pytest.raises(errors.TesselError, match="stands outside every mesh region"):
+        tessel.jit(lambda x, w: stage0(x, w) + 1.0)(x, w)
+    unplaced = tessel.jit(lambda x: x * 2)
+    with pytest.raises(ValueError, match="name the devices it runs on"):
+        tessel.jit(lambda x: unplaced(x))(x)
+    with pytest.raises(errors.TesselError, match="donation is not available in MPMD programs"):
+        tessel.jit(lambda x, w: stage0(x, w), donate_argnums=0)(x, w)
+    inner_b = tessel.jit(lambda x: tessel.with_sharding_constraint(x * 2, RB), in_shardings=RA, out_shardings=RA)
+    with pytest.raises(ValueError, match="incompatible placements"):
+        tessel.jit(lambda x: inner_b(x))(x)

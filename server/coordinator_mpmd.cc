@@ -1,0 +1,291 @@
+// MPMD programs: compile each mesh region as an executable of its own, and
+// run an execution as those executions plus the moves between them.
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "core/dtype.h"
+#include "core/sharding.h"
+#include "core/status.h"
+#include "server/coordinator.h"
+#include "server/mpmd.h"
+#include "server/reshard_planner.h"
+
+namespace tessel::server {
+
+using absl::StrCat;
+using absl::StrFormat;
+
+struct Coordinator::MpmdProgram {
+  std::string name;
+  MpmdSplit split;
+  std::vector<std::string> part_ids;
+  std::vector<std::vector<v1::Placement>> part_inputs, part_outputs;  // as each part's executable takes and gives them
+  std::vector<std::vector<v1::TensorType>> part_output_types;
+  std::vector<v1::Placement> parameter_placements;  // where each parameter is first read
+};
+
+namespace {
+
+v1::Placement Sharded(const v1::Mesh& mesh, const v1::Sharding& s) {
+  v1::Placement p;
+  *p.mutable_sharded()->mutable_mesh() = mesh;
+  *p.mutable_sharded()->mutable_sharding() = s;
+  return p;
+}
+
+bool SamePlacement(const v1::Placement& a, const v1::Placement& b) {
+  return a.has_sharded() && b.has_sharded() && SameMesh(a.sharded().mesh(), b.sharded().mesh()) &&
+         SameSharding(a.sharded().sharding(), b.sharded().sharding());
+}
+
+ArrayRecord RecordOf(const v1::TensorType& type, const v1::Placement& p) {
+  ArrayRecord r;
+  r.type = type;
+  r.sharded = true;
+  r.mesh = p.sharded().mesh();
+  r.sharding = p.sharded().sharding();
+  r.block_type = LocalType(type, r.sharding, r.mesh);
+  r.devices.assign(r.mesh.devices().begin(), r.mesh.devices().end());
+  return r;
+}
+
+std::string Where(const v1::Placement& p) {
+  return StrCat(ShardingString(p.sharded().sharding()), " on devices ", absl::StrJoin(p.sharded().mesh().devices(), ","));
+}
+
+uint64_t Fingerprint(absl::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+std::shared_ptr<const Coordinator::MpmdProgram> Coordinator::FindMpmd(const std::string& id) const {
+  absl::MutexLock l(&mpmd_mu_);
+  auto it = mpmd_.find(id);
+  return it == mpmd_.end() ? nullptr : it->second;
+}
+
+absl::StatusOr<v1::CompileResponse> Coordinator::CompileMpmd(const v1::CompileRequest& req) {
+  const std::string what = StrCat("MPMD graph '", req.graph().name(), "'");
+  if (req.has_mesh() || req.parameter_shardings_size() > 0 || req.output_shardings_size() > 0) {
+    return absl::InvalidArgumentError(StrCat(what, ": its mesh regions name their own meshes and shardings; "
+                                             "compile it with none"));
+  }
+  if (req.donated_parameters_size() > 0) {
+    return absl::InvalidArgumentError(StrCat(what, ": donation is not available in MPMD programs yet"));
+  }
+  TESSEL_ASSIGN_OR_RETURN(MpmdSplit split, SplitMpmd(req.graph()));
+  auto program = std::make_shared<MpmdProgram>();
+  program->name = req.graph().name();
+  v1::CompileResponse resp;
+  resp.set_cache_hit(true);
+  std::string plan = StrCat("MPMD program '", req.graph().name(), "': ", split.parts.size(), " parts\n");
+  std::string key;
+  for (size_t q = 0; q < split.parts.size(); ++q) {
+    const MpmdPart& part = split.parts[q];
+    v1::CompileRequest sub;
+    sub.set_session_id(req.session_id());
+    *sub.mutable_graph() = part.graph;
+    *sub.mutable_mesh() = part.mesh;
+    for (const auto& s : part.in_shardings) *sub.add_parameter_shardings() = s;
+    for (const auto& s : part.out_shardings) *sub.add_output_shardings() = s;
+    sub.set_strict_donation(req.strict_donation());
+    auto c = Compile(sub);
+    if (!c.ok()) return Annotate(c.status(), StrCat(what, ": mesh region '", part.name, "': "));
+    if (!c->cache_hit()) resp.set_cache_hit(false);
+    program->part_ids.push_back(c->executable_id());
+    absl::StrAppend(&key, c->executable_id(), ";");
+    std::vector<v1::Placement> ins, outs;
+    for (const auto& s : c->parameter_shardings()) ins.push_back(Sharded(c->mesh(), s));
+    for (const auto& s : c->output_shardings()) outs.push_back(Sharded(c->mesh(), s));
+    program->part_inputs.push_back(std::move(ins));
+    program->part_outputs.push_back(std::move(outs));
+    program->part_output_types.emplace_back(c->output_types().begin(), c->output_types().end());
+    absl::StrAppend(&plan, "part ", q, " '", part.name, "' on ", MeshString(c->mesh()), " (executable ",
+                    c->executable_id(), "):\n");
+    for (absl::string_view line : absl::StrSplit(c->plan(), '\n')) {
+      if (!line.empty()) absl::StrAppend(&plan, "  ", line, "\n");
+    }
+    for (const auto& d : c->diagnostics()) resp.add_diagnostics(StrCat("mesh region '", part.name, "': ", d));
+    resp.set_estimated_bytes(std::max(resp.estimated_bytes(), c->estimated_bytes()));
+  }
+  // Where each parameter is taken: where its first reader takes it.
+  program->parameter_placements.resize(split.parameter_types.size());
+  for (size_t q = 0; q < split.parts.size(); ++q) {
+    for (size_t j = 0; j < split.parts[q].inputs.size(); ++j) {
+      const MpmdRef r = split.parts[q].inputs[j];
+      if (r.part < 0 && !program->parameter_placements[r.index].has_sharded()) {
+        program->parameter_placements[r.index] = program->part_inputs[q][j];
+      }
+    }
+  }
+  for (size_t i = 0; i < split.parameter_types.size(); ++i) {
+    if (!program->parameter_placements[i].has_sharded()) {
+      return absl::InvalidArgumentError(StrCat(what, ": parameter ", i, " '", split.parameter_names[i],
+                                               "' is read by no mesh region"));
+    }
+  }
+  // The moves every execution makes.
+  absl::StrAppend(&plan, "transfers (worker to worker, before the reader runs):\n");
+  int transfers = 0;
+  for (size_t q = 0; q < split.parts.size(); ++q) {
+    for (size_t j = 0; j < split.parts[q].inputs.size(); ++j) {
+      const MpmdRef r = split.parts[q].inputs[j];
+      const v1::Placement& have =
+          r.part < 0 ? program->parameter_placements[r.index] : program->part_outputs[r.part][r.index];
+      const v1::Placement& want = program->part_inputs[q][j];
+      if (SamePlacement(have, want)) continue;
+      const v1::TensorType& type =
+          r.part < 0 ? split.parameter_types[r.index] : program->part_output_types[r.part][r.index];
+      auto moves = PlanReshard(RecordOf(type, have), RecordOf(type, want), [](int) { return std::string(); });
+      if (!moves.ok()) return Annotate(moves.status(), StrCat(what, ": '", split.parts[q].input_names[j], "': "));
+      v1::MpmdTransfer* t = resp.add_transfers();
+      t->set_value(split.parts[q].input_names[j]);
+      t->set_bytes(moves->bytes_moved);
+      t->set_reason(StrCat(r.part < 0 ? StrCat("parameter '", split.parameter_names[r.index], "'")
+                                      : StrCat("result ", r.index, " of part ", r.part, " '", split.parts[r.part].name, "'"),
+                           ", made as ", Where(have), ", is read by part ", q, " '", split.parts[q].name, "' as ",
+                           Where(want)));
+      absl::StrAppend(&plan, "  %", t->value(), ": ", TypeString(type), ", ", t->bytes(), " bytes cross devices: ",
+                      t->reason(), "\n");
+      ++transfers;
+    }
+  }
+  if (transfers == 0) absl::StrAppend(&plan, "  none\n");
+  for (size_t i = 0; i < split.parameter_types.size(); ++i) {
+    *resp.add_parameter_types() = split.parameter_types[i];
+    *resp.add_parameter_placements() = program->parameter_placements[i];
+  }
+  for (const MpmdRef& r : split.outputs) {
+    *resp.add_output_types() = program->part_output_types[r.part][r.index];
+    *resp.add_output_placements() = program->part_outputs[r.part][r.index];
+    absl::StrAppend(&key, r.part, ".", r.index, ";");
+  }
+  for (const MpmdPart& part : split.parts) {
+    for (const MpmdRef& r : part.inputs) absl::StrAppend(&key, r.part, ".", r.index, ",");
+    absl::StrAppend(&key, "|");
+  }
+  const std::string id = StrFormat("mpmd-%016x", Fingerprint(key));
+  resp.set_executable_id(id);
+  resp.set_plan(std::move(plan));
+  program->split = std::move(split);
+  {
+    absl::MutexLock l(&mpmd_mu_);
+    mpmd_.try_emplace(id, std::move(program));
+  }
+  return resp;
+}
+
+absl::StatusOr<v1::ExecuteResponse> Coordinator::ExecuteMpmd(const v1::ExecuteRequest& req, const MpmdProgram& p) {
+  const std::string what = StrCat("execution of MPMD program '", p.name, "'");
+  const MpmdSplit& split = p.split;
+  if (req.donate_size() > 0) {
+    return absl::InvalidArgumentError(StrCat(what, ": donation is not available in MPMD programs yet"));
+  }
+  if (req.arguments_size() != int(split.parameter_types.size()) || req.outputs_size() != int(split.outputs.size())) {
+    return absl::InvalidArgumentError(StrCat(what, ": it takes ", split.parameter_types.size(), " arguments and gives ",
+                                             split.outputs.size(), " outputs; the request has ", req.arguments_size(),
+                                             " and ", req.outputs_size()));
+  }
+  // Where each argument lies now.
+  std::vector<v1::Placement> args(req.arguments_size());
+  {
+    absl::MutexLock l(&arrays_.mu());
+    TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
+    for (int i = 0; i < req.arguments_size(); ++i) {
+      TESSEL_ASSIGN_OR_RETURN(const ArrayRecord* a, arrays_.OwnedLocked(req.session_id(), req.arguments(i)));
+      if (!SameType(a->type, split.parameter_types[i])) {
+        return absl::InvalidArgumentError(StrFormat("%s: argument %d '%s' (array %#x) is %s; the program takes %s",
+                                                    what, i, split.parameter_names[i], req.arguments(i),
+                                                    TypeString(a->type), TypeString(split.parameter_types[i])));
+      }
+      if (a->sharded) args[i] = Sharded(a->mesh, a->sharding);
+    }
+  }
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  auto fresh = [&]() {
+    absl::MutexLock l(&arrays_.mu());
+    uint64_t h = 0;
+    while (h == 0 || arrays_.ContainsLocked(h)) h = rng();
+    return h;
+  };
+  std::vector<uint64_t> temps;
+  auto free_temps = [&] {
+    if (temps.empty()) return;
+    v1::DeleteRequest del;
+    del.set_session_id(req.session_id());
+    for (uint64_t h : temps) del.add_handles(h);
+    if (absl::Status s = Delete(del); !s.ok()) log_->warn("{}: freeing its intermediates: {}", what, s.ToString());
+  };
+  std::vector<std::vector<uint64_t>> made(split.parts.size());
+  v1::ExecuteResponse resp;
+  for (size_t q = 0; q < split.parts.size(); ++q) {
+    const MpmdPart& part = split.parts[q];
+    v1::ExecuteRequest sub;
+    sub.set_session_id(req.session_id());
+    sub.set_executable_id(p.part_ids[q]);
+    *sub.mutable_transfer_guard() = req.transfer_guard();
+    for (size_t j = 0; j < part.inputs.size(); ++j) {
+      const MpmdRef r = part.inputs[j];
+      uint64_t h = r.part < 0 ? req.arguments(r.index) : made[r.part][r.index];
+      const v1::Placement& have = r.part < 0 ? args[r.index] : p.part_outputs[r.part][r.index];
+      const v1::Placement& want = p.part_inputs[q][j];
+      if (!SamePlacement(have, want)) {
+        v1::ReshardRequest move;
+        move.set_session_id(req.session_id());
+        move.set_handle(h);
+        move.set_output(fresh());
+        *move.mutable_placement() = want;
+        *move.mutable_transfer_guard() = req.transfer_guard();
+        move.set_implicit(r.part < 0);  // an argument placed elsewhere than the program takes it
+        auto moved = Reshard(move);
+        if (!moved.ok()) {
+          free_temps();
+          return Annotate(moved.status(), StrCat(what, ": moving '", part.input_names[j], "' to part '", part.name,
+                                                 "': "));
+        }
+        temps.push_back(move.output());
+        h = move.output();
+      }
+      sub.add_arguments(h);
+    }
+    for (size_t k = 0; k < p.part_outputs[q].size(); ++k) {
+      uint64_t h = 0;
+      for (size_t i = 0; i < split.outputs.size(); ++i) {
+        if (split.outputs[i] == MpmdRef{int(q), int(k)}) h = req.outputs(i);
+      }
+      if (h == 0) {
+        h = fresh();
+        temps.push_back(h);
+      }
+      made[q].push_back(h);
+      sub.add_outputs(h);
+    }
+    auto r = Execute(sub);
+    if (!r.ok()) {
+      free_temps();
+      return Annotate(r.status(), StrCat(what, ": part '", part.name, "': "));
+    }
+    resp.set_execution_id(r->execution_id());
+  }
+  free_temps();  // each free runs after the steps that read it
+  if (req.wait()) {
+    v1::AwaitRequest await;
+    await.set_session_id(req.session_id());
+    *await.mutable_handles() = req.outputs();
+    TESSEL_ASSIGN_OR_RETURN(v1::AwaitResponse done, Await(await));
+    for (int i = 0; i < done.errors_size(); ++i) {
+      if (!done.errors(i).empty()) {
+        return absl::Status(static_cast<absl::StatusCode>(done.codes(i)), StrCat(what, " failed: ", done.errors(i)));
+      }
+    }
+  }
+  return resp;
+}
+
+}  // namespace tessel::server
