@@ -34,8 +34,6 @@ from tessel import Mesh, NamedSharding, P
 BATCH, IN, HIDDEN, MICRO, STEPS, LR = 512, 16, 64, 4, 60, 0.1
 STAGE0 = Mesh({"d": 2}, devices=[0, 1])
 STAGE1 = Mesh({"d": 2}, devices=[2, 3])
-WHOLE0, ROWS0 = NamedSharding(STAGE0, P()), NamedSharding(STAGE0, P("d"))
-WHOLE1, ROWS1 = NamedSharding(STAGE1, P()), NamedSharding(STAGE1, P("d"))
 
 
 def layer0(w1, b1, x):
@@ -47,12 +45,6 @@ def loss1(w2, b2, h, y):
     return tnp.mean(err * err)
 
 
-@tessel.jit(in_shardings=(WHOLE0, WHOLE0, ROWS0), out_shardings=ROWS0)
-def forward0(w1, b1, x):
-    return layer0(w1, b1, x)
-
-
-@tessel.jit(in_shardings=(WHOLE1, WHOLE1, ROWS1, ROWS1), out_shardings=(WHOLE1, WHOLE1, WHOLE1, ROWS1))
 def forward_backward1(w2, b2, h, y):
     """Stage 1 on one microbatch: its loss and the gradients of its weights
     and of the activation it was given."""
@@ -60,13 +52,12 @@ def forward_backward1(w2, b2, h, y):
     return loss, gw2, gb2, gh
 
 
-@tessel.jit(in_shardings=(WHOLE0, WHOLE0, ROWS0, ROWS0), out_shardings=(WHOLE0, WHOLE0))
 def backward0(w1, b1, x, gh):
     _, pullback = tessel.vjp(lambda w, b: layer0(w, b, x), w1, b1)
     return pullback(gh)
 
 
-def _sgd(w, *grads):
+def sgd(w, *grads):
     """One SGD update with the mean of the microbatches' gradients."""
     total = grads[0]
     for g in grads[1:]:
@@ -74,26 +65,44 @@ def _sgd(w, *grads):
     return w - LR * total / len(grads)
 
 
-sgd0 = tessel.jit(_sgd, in_shardings=WHOLE0, out_shardings=WHOLE0)
-sgd1 = tessel.jit(_sgd, in_shardings=WHOLE1, out_shardings=WHOLE1)
-mean1 = tessel.jit(lambda *losses: sum(losses) / len(losses), in_shardings=WHOLE1, out_shardings=WHOLE1)
+class Pipeline:
+    """The stage functions as jits on their sub-meshes (each microbatch
+    split over a stage's devices along axis 'd'), and the training step."""
 
+    def __init__(self, stage0, stage1):
+        self.whole0, self.rows0 = NamedSharding(stage0, P()), NamedSharding(stage0, P("d"))
+        self.whole1, self.rows1 = NamedSharding(stage1, P()), NamedSharding(stage1, P("d"))
+        w0, r0, w1, r1 = self.whole0, self.rows0, self.whole1, self.rows1
+        self.forward0 = tessel.jit(layer0, in_shardings=(w0, w0, r0), out_shardings=r0)
+        self.forward_backward1 = tessel.jit(forward_backward1, in_shardings=(w1, w1, r1, r1),
+                                            out_shardings=(w1, w1, w1, r1))
+        self.backward0 = tessel.jit(backward0, in_shardings=(w0, w0, r0, r0), out_shardings=(w0, w0))
+        self.sgd0 = tessel.jit(sgd, in_shardings=w0, out_shardings=w0)
+        self.sgd1 = tessel.jit(sgd, in_shardings=w1, out_shardings=w1)
+        self.mean1 = tessel.jit(lambda *losses: sum(losses) / len(losses), in_shardings=w1, out_shardings=w1)
+        self.train_step = tessel.jit(self._step)
 
-@tessel.jit
-def train_step(params, xs, ys):
-    """GPipe over the microbatches `xs`, `ys`: (params', mean loss)."""
-    w1, b1, w2, b2 = params
-    losses, g1, gh = [], [], []
-    for x, y in zip(xs, ys):
-        h = forward0(w1, b1, x)                               # stage 0
-        loss, gw2, gb2, g = forward_backward1(w2, b2, h, y)   # stage 1: h is sent to it
-        losses.append(loss)
-        g1.append((gw2, gb2))
-        gh.append(g)
-    g0 = [backward0(w1, b1, x, g) for x, g in zip(xs, gh)]  # stage 0: each g is sent back
-    new = (sgd0(w1, *(g[0] for g in g0)), sgd0(b1, *(g[1] for g in g0)),
-           sgd1(w2, *(g[0] for g in g1)), sgd1(b2, *(g[1] for g in g1)))
-    return new, mean1(*losses)
+    def _step(self, params, xs, ys):
+        """GPipe over the microbatches `xs`, `ys`: (params', mean loss)."""
+        w1, b1, w2, b2 = params
+        losses, g1, gh = [], [], []
+        for x, y in zip(xs, ys):
+            h = self.forward0(w1, b1, x)                               # stage 0
+            loss, gw2, gb2, g = self.forward_backward1(w2, b2, h, y)   # stage 1: h is sent to it
+            losses.append(loss)
+            g1.append((gw2, gb2))
+            gh.append(g)
+        g0 = [self.backward0(w1, b1, x, g) for x, g in zip(xs, gh)]  # stage 0: each g is sent back
+        new = (self.sgd0(w1, *(g[0] for g in g0)), self.sgd0(b1, *(g[1] for g in g0)),
+               self.sgd1(w2, *(g[0] for g in g1)), self.sgd1(b2, *(g[1] for g in g1)))
+        return new, self.mean1(*losses)
+
+    def place(self, params, xs, ys):
+        """Weights on their stage (whole), microbatches split over it."""
+        w1, b1, w2, b2 = params
+        return ((tessel.device_put(w1, self.whole0), tessel.device_put(b1, self.whole0),
+                 tessel.device_put(w2, self.whole1), tessel.device_put(b2, self.whole1)),
+                tuple(tessel.device_put(x, self.rows0) for x in xs), tuple(tessel.device_put(y, self.rows1) for y in ys))
 
 
 def numpy_step(params, x, y):
@@ -123,10 +132,10 @@ def main():
         print(f"local cluster: coordinator {cluster.address}, devices {tessel.devices()}")
         print(f"stage 0: {STAGE0}; stage 1: {STAGE1}; {MICRO} microbatches of {mb} rows, split over each stage's "
               f"2 devices")
-        params = (tessel.device_put(init[0], WHOLE0), tessel.device_put(init[1], WHOLE0),
-                  tessel.device_put(init[2], WHOLE1), tessel.device_put(init[3], WHOLE1))
-        xs = tuple(tessel.device_put(hx[i * mb:(i + 1) * mb], ROWS0) for i in range(MICRO))
-        ys = tuple(tessel.device_put(hy[i * mb:(i + 1) * mb], ROWS1) for i in range(MICRO))
+        pipe = Pipeline(STAGE0, STAGE1)
+        train_step = pipe.train_step
+        params, xs, ys = pipe.place(init, [hx[i * mb:(i + 1) * mb] for i in range(MICRO)],
+                                    [hy[i * mb:(i + 1) * mb] for i in range(MICRO)])
         plan = train_step.lower(params, xs, ys)
         parts = [line for line in plan.as_text().splitlines() if line.startswith("part ")]
         print(f"one jitted step, {len(parts)} mesh regions; its sends and receives, worker to worker:")

@@ -71,8 +71,9 @@ def _describe(sig):
 
 class Jitted:
     def __init__(self, fn, donate_argnums=(), donate_argnames=(), static_argnums=(), device=None,
-                 replicated=False, in_shardings=None, out_shardings=None):
+                 replicated=False, in_shardings=None, out_shardings=None, mesh=None):
         self.fn = fn
+        self._mesh = mesh
         self._in_shardings = in_shardings
         self._out_shardings = out_shardings
         functools.update_wrapper(self, fn)
@@ -133,7 +134,8 @@ class Jitted:
 
         def as_list(v):
             return list(v) if isinstance(v, (list, tuple)) and not isinstance(v, P) else [v]
-        wants = [("in_shardings", s.mesh) for s in as_list(given) if isinstance(s, NamedSharding)]
+        wants = [("mesh=", self._mesh)] if self._mesh is not None else []
+        wants += [("in_shardings", s.mesh) for s in as_list(given) if isinstance(s, NamedSharding)]
         wants += [("out_shardings", s.mesh) for s in as_list(self._out_shardings) if isinstance(s, NamedSharding)]
         wants += [(f"argument {arg} '{self._params[arg] if arg < len(self._params) else f'arg{arg}'}' "
                    f"({x.sharding.spec!r})", x.sharding.mesh)
@@ -317,13 +319,14 @@ class Jitted:
             paths += ps
             structures.append(st)
             self._leaf_args += [i] * len(ls)
-        wants = [(w, s.mesh) for w, v in (("in_shardings", self._in_shardings), ("out_shardings", self._out_shardings))
-                 for s in (list(v) if isinstance(v, (list, tuple)) and not isinstance(v, P) else [v])
-                 if isinstance(s, NamedSharding)]
+        wants = [("mesh=", self._mesh)] if self._mesh is not None else []
+        wants += [(w, s.mesh) for w, v in (("in_shardings", self._in_shardings), ("out_shardings", self._out_shardings))
+                  for s in (list(v) if isinstance(v, (list, tuple)) and not isinstance(v, P) else [v])
+                  if isinstance(s, NamedSharding)]
         mesh = self._one_mesh(wants)
         if mesh is None:
-            raise ValueError(f"jit of {name} inside a traced function: name the devices it runs on with "
-                             "in_shardings/out_shardings on a NamedSharding (a sub-mesh), or call it unjitted")
+            raise ValueError(f"jit of {name} inside a traced function: name the devices it runs on with mesh= or "
+                             "with in_shardings/out_shardings on a NamedSharding (a sub-mesh), or call it unjitted")
         given = self._in_shardings
         specs = []
         for arg in self._leaf_args:
@@ -450,7 +453,7 @@ class _Hoisted:
 
 
 def jit(fn=None, *, donate_argnums=(), donate_argnames=(), static_argnums=(), device=None, replicated=False,
-        in_shardings=None, out_shardings=None):
+        in_shardings=None, out_shardings=None, mesh=None):
     """Traces `fn` over numpy-like ops once per signature and runs it on the
     devices. Arguments may be tessel.Arrays or host values (numpy arrays,
     scalars: an implicit host->device transfer). Results are tessel.Arrays.
@@ -459,13 +462,19 @@ def jit(fn=None, *, donate_argnums=(), donate_argnames=(), static_argnums=(), de
     shardings name a NamedSharding: `in_shardings` (one for all, or one per
     argument; default: each sharded argument's own layout, else replicated)
     and `out_shardings` (one for all, or one per output; default: what
-    propagation gives, completed)."""
+    propagation gives, completed). `mesh` runs it on that mesh (arguments
+    with no sharding given are replicated over it).
+
+    Called inside another jitted function, a function placed on a mesh
+    (`mesh`, or shardings naming one) is a mesh region of the caller's MPMD
+    program: it runs on that mesh's devices only, and the values it reads
+    from other devices are moved there worker to worker."""
     if fn is None:
         return functools.partial(jit, donate_argnums=donate_argnums, donate_argnames=donate_argnames,
                                  static_argnums=static_argnums, device=device, replicated=replicated,
-                                 in_shardings=in_shardings, out_shardings=out_shardings)
+                                 in_shardings=in_shardings, out_shardings=out_shardings, mesh=mesh)
     return Jitted(fn, donate_argnums, donate_argnames, static_argnums, device, replicated, in_shardings,
-                  out_shardings)
+                  out_shardings, mesh)
 
 
 _eager = {}

@@ -107,3 +107,15 @@ def test_mpmd_programs_refuse_what_they_cannot_do_clearly(session):
     inner_b = tessel.jit(lambda x: tessel.with_sharding_constraint(x * 2, RB), in_shardings=RA, out_shardings=RA)
     with pytest.raises(ValueError, match="incompatible placements"):
         tessel.jit(lambda x: inner_b(x))(x)
+
+
+def test_mesh_names_a_region_and_replicates_what_it_reads(session):
+    double_on_b = tessel.jit(lambda v: v * 2, mesh=B)
+    x, _, _, _ = _data()
+    out = tessel.jit(lambda x, w: double_on_b(stage0(x, w)))(x, _data()[1])
+    np.testing.assert_allclose(out.fetch(), np.tanh(x @ _data()[1]) * 2, rtol=1e-6)
+    assert set(out.sharding.mesh.devices) == {2, 3}
+    # At the top level, mesh= is where the step runs.
+    top = tessel.jit(lambda v: v + 1, mesh=B)(x)
+    assert top.sharding.mesh == B
+    np.testing.assert_array_equal(top.fetch(), x + 1)
