@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <functional>
+#include <deque>
 #include <memory>
 #include <string>
 #include <thread>
@@ -183,6 +184,8 @@ class Coordinator {
 
   mutable absl::Mutex mpmd_mu_;  // a leaf
   absl::flat_hash_map<std::string, std::shared_ptr<const MpmdProgram>> mpmd_ ABSL_GUARDED_BY(mpmd_mu_);
+  std::deque<std::string> mpmd_order_ ABSL_GUARDED_BY(mpmd_mu_);  // oldest first; kMaxMpmdPrograms at most
+  static constexpr size_t kMaxMpmdPrograms = 256;
   // Lock order: arrays_'s lock, then workers_'s; cache_'s, tenants_mu_ and
   // mu_ are leaves. None is held across an RPC, a callback or a client's destruction.
   const Options options_;

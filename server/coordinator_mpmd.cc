@@ -176,7 +176,11 @@ absl::StatusOr<v1::CompileResponse> Coordinator::CompileMpmd(const v1::CompileRe
   program->split = std::move(split);
   {
     absl::MutexLock l(&mpmd_mu_);
-    mpmd_.try_emplace(id, std::move(program));
+    if (mpmd_.try_emplace(id, std::move(program)).second) mpmd_order_.push_back(id);
+    while (mpmd_order_.size() > kMaxMpmdPrograms) {  // its parts stay in the compile cache
+      mpmd_.erase(mpmd_order_.front());
+      mpmd_order_.pop_front();
+    }
   }
   return resp;
 }
