@@ -29,8 +29,8 @@
                  goal here (the dispatch figures are tessel-bench's).
 
   py_pipeline_step  one GPipe step of examples/python/pipeline.py's
-                 two-stage MLP, one jitted MPMD program (2048x256 -> 1024 ->
-                 1, 4 microbatches, each stage on one device of its own
+                 two-stage MLP, one jitted MPMD program (2048x256 -> 512 | ->
+                 256 -> 1, 4 microbatches, each stage on one device of its own
                  worker, so on a core of its own here; activations and their
                  gradients sent worker to worker) vs the ideal GPipe time from
                  the stages measured alone: (microbatches + stages - 1) x the
@@ -260,16 +260,17 @@ def pipeline():
     # One device per stage, on different workers: each stage has a core of
     # its own here (2 cores), as each would have its own machine.
     pipe = pp.Pipeline(Mesh({"d": 1}, devices=[0]), Mesh({"d": 1}, devices=[2]))
-    batch, d_in, hidden, micro = 2048, 256, 1024, 4
+    # Stage 0 (256 -> 512) and stage 1 (512 -> 256 -> 1 and the loss) do about the same work.
+    batch, d_in, hidden, hidden2, micro = 2048, 256, 512, 256, 4
     mb = batch // micro
     rng = np.random.default_rng(0)
     init = (rng.standard_normal((d_in, hidden)).astype(np.float32) * 0.05, np.zeros(hidden, np.float32),
-            rng.standard_normal((hidden, 1)).astype(np.float32) * 0.05, np.zeros(1, np.float32))
+            rng.standard_normal((hidden, hidden2)).astype(np.float32) * 0.05, np.zeros(hidden2, np.float32),
+            rng.standard_normal((hidden2, 1)).astype(np.float32) * 0.05, np.zeros(1, np.float32))
     params, xs, ys = pipe.place(init, [rng.standard_normal((mb, d_in)).astype(np.float32) for _ in range(micro)],
                                 [rng.standard_normal((mb, 1)).astype(np.float32) for _ in range(micro)])
     hs = [tessel.device_put(pipe.forward0(params[0], params[1], x), pipe.rows1) for x in xs]
-    ghs = [tessel.device_put(pipe.forward_backward1(params[2], params[3], h, y)[3], pipe.rows0)
-           for h, y in zip(hs, ys)]
+    ghs = [tessel.device_put(pipe.forward_backward1(*params[2:], h, y)[-1], pipe.rows0) for h, y in zip(hs, ys)]
 
     def timed(run):
         start = time.perf_counter()
@@ -286,7 +287,7 @@ def pipeline():
         return outs
 
     def stage1():
-        return [o for h, y in zip(hs, ys) for o in pipe.forward_backward1(params[2], params[3], h, y)]
+        return [o for h, y in zip(hs, ys) for o in pipe.forward_backward1(*params[2:], h, y)]
 
     def step():
         new, loss = pipe.train_step(params, xs, ys)

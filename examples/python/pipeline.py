@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Pipeline-parallel training of a two-layer MLP over two sub-meshes of a
+"""Pipeline-parallel training of a three-layer MLP over two sub-meshes of a
 local cluster (GPipe schedule), as one jitted MPMD program, from Python.
 
 Stage 0 (the first layer) lives on devices {0, 1} of worker 0, stage 1 (the
-second layer and the loss) on devices {2, 3} of worker 1; within a stage each
+other two layers and the loss) on devices {2, 3} of worker 1; within a stage each
 microbatch is split over the stage's two devices. Each stage function is a
 jit on its sub-mesh (its in_shardings and out_shardings name the mesh);
 called inside the jitted training step, each call becomes a mesh region of
@@ -31,7 +31,7 @@ import tessel
 import tessel.numpy as tnp
 from tessel import Mesh, NamedSharding, P
 
-BATCH, IN, HIDDEN, MICRO, STEPS, LR = 512, 16, 64, 4, 60, 0.1
+BATCH, IN, HIDDEN, HIDDEN2, MICRO, STEPS, LR = 512, 16, 64, 32, 4, 60, 0.1
 STAGE0 = Mesh({"d": 2}, devices=[0, 1])
 STAGE1 = Mesh({"d": 2}, devices=[2, 3])
 
@@ -40,16 +40,16 @@ def layer0(w1, b1, x):
     return tnp.tanh(x @ w1 + b1)
 
 
-def loss1(w2, b2, h, y):
-    err = h @ w2 + b2 - y
+def loss1(w2, b2, w3, b3, h, y):
+    err = tnp.tanh(h @ w2 + b2) @ w3 + b3 - y
     return tnp.mean(err * err)
 
 
-def forward_backward1(w2, b2, h, y):
-    """Stage 1 on one microbatch: its loss and the gradients of its weights
-    and of the activation it was given."""
-    loss, (gw2, gb2, gh) = tessel.value_and_grad(loss1, argnums=(0, 1, 2))(w2, b2, h, y)
-    return loss, gw2, gb2, gh
+def forward_backward1(w2, b2, w3, b3, h, y):
+    """Stage 1 on one microbatch: its loss, the gradients of its weights
+    and that of the activation it was given."""
+    loss, grads = tessel.value_and_grad(loss1, argnums=(0, 1, 2, 3, 4))(w2, b2, w3, b3, h, y)
+    return (loss,) + tuple(grads)
 
 
 def backward0(w1, b1, x, gh):
@@ -74,8 +74,8 @@ class Pipeline:
         self.whole1, self.rows1 = NamedSharding(stage1, P()), NamedSharding(stage1, P("d"))
         w0, r0, w1, r1 = self.whole0, self.rows0, self.whole1, self.rows1
         self.forward0 = tessel.jit(layer0, in_shardings=(w0, w0, r0), out_shardings=r0)
-        self.forward_backward1 = tessel.jit(forward_backward1, in_shardings=(w1, w1, r1, r1),
-                                            out_shardings=(w1, w1, w1, r1))
+        self.forward_backward1 = tessel.jit(forward_backward1, in_shardings=(w1, w1, w1, w1, r1, r1),
+                                            out_shardings=(w1, w1, w1, w1, w1, r1))
         self.backward0 = tessel.jit(backward0, in_shardings=(w0, w0, r0, r0), out_shardings=(w0, w0))
         self.sgd0 = tessel.jit(sgd, in_shardings=w0, out_shardings=w0)
         self.sgd1 = tessel.jit(sgd, in_shardings=w1, out_shardings=w1)
@@ -84,34 +84,36 @@ class Pipeline:
 
     def _step(self, params, xs, ys):
         """GPipe over the microbatches `xs`, `ys`: (params', mean loss)."""
-        w1, b1, w2, b2 = params
+        w1, b1, *rest = params
         losses, g1, gh = [], [], []
         for x, y in zip(xs, ys):
-            h = self.forward0(w1, b1, x)                               # stage 0
-            loss, gw2, gb2, g = self.forward_backward1(w2, b2, h, y)   # stage 1: h is sent to it
+            h = self.forward0(w1, b1, x)                                   # stage 0
+            loss, *grads, g = self.forward_backward1(*rest, h, y)          # stage 1: h is sent to it
             losses.append(loss)
-            g1.append((gw2, gb2))
+            g1.append(grads)
             gh.append(g)
-        g0 = [self.backward0(w1, b1, x, g) for x, g in zip(xs, gh)]  # stage 0: each g is sent back
-        new = (self.sgd0(w1, *(g[0] for g in g0)), self.sgd0(b1, *(g[1] for g in g0)),
-               self.sgd1(w2, *(g[0] for g in g1)), self.sgd1(b2, *(g[1] for g in g1)))
+        g0 = [self.backward0(w1, b1, x, g) for x, g in zip(xs, gh)]      # stage 0: each g is sent back
+        new = (self.sgd0(w1, *(g[0] for g in g0)), self.sgd0(b1, *(g[1] for g in g0)))
+        new += tuple(self.sgd1(p, *(g[k] for g in g1)) for k, p in enumerate(rest))
         return new, self.mean1(*losses)
 
     def place(self, params, xs, ys):
         """Weights on their stage (whole), microbatches split over it."""
-        w1, b1, w2, b2 = params
-        return ((tessel.device_put(w1, self.whole0), tessel.device_put(b1, self.whole0),
-                 tessel.device_put(w2, self.whole1), tessel.device_put(b2, self.whole1)),
+        w1, b1, *rest = params
+        return ((tessel.device_put(w1, self.whole0), tessel.device_put(b1, self.whole0))
+                + tuple(tessel.device_put(p, self.whole1) for p in rest),
                 tuple(tessel.device_put(x, self.rows0) for x in xs), tuple(tessel.device_put(y, self.rows1) for y in ys))
 
 
 def numpy_step(params, x, y):
-    w1, b1, w2, b2 = params
-    h = np.tanh(x @ w1 + b1)
-    err = h @ w2 + b2 - y
+    w1, b1, w2, b2, w3, b3 = params
+    h1 = np.tanh(x @ w1 + b1)
+    h2 = np.tanh(h1 @ w2 + b2)
+    err = h2 @ w3 + b3 - y
     dpred = err * np.float32(2.0 / err.size)
-    dh = (dpred @ w2.T) * (np.float32(1) - h * h)
-    grads = (x.T @ dh, dh.sum(axis=0), h.T @ dpred, dpred.sum(axis=0))
+    dh2 = (dpred @ w3.T) * (np.float32(1) - h2 * h2)
+    dh1 = (dh2 @ w2.T) * (np.float32(1) - h1 * h1)
+    grads = (x.T @ dh1, dh1.sum(axis=0), h1.T @ dh2, dh2.sum(axis=0), h2.T @ dpred, dpred.sum(axis=0))
     return tuple(p - np.float32(LR) * g for p, g in zip(params, grads)), float(np.mean(err * err))
 
 
@@ -125,7 +127,9 @@ def make_data(rng):
 def main():
     rng = np.random.default_rng(42)
     init = ((rng.standard_normal((IN, HIDDEN)) / np.sqrt(IN)).astype(np.float32), np.zeros(HIDDEN, np.float32),
-            (rng.standard_normal((HIDDEN, 1)) / np.sqrt(HIDDEN)).astype(np.float32), np.zeros(1, np.float32))
+            (rng.standard_normal((HIDDEN, HIDDEN2)) / np.sqrt(HIDDEN)).astype(np.float32),
+            np.zeros(HIDDEN2, np.float32),
+            (rng.standard_normal((HIDDEN2, 1)) / np.sqrt(HIDDEN2)).astype(np.float32), np.zeros(1, np.float32))
     hx, hy = make_data(rng)
     mb = BATCH // MICRO
     with tessel.local_cluster(workers=2, devices_per_worker=2) as cluster:
