@@ -654,19 +654,22 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
       });
     }
   }
-  if (req.wait()) {
-    v1::AwaitRequest await;
-    await.set_session_id(req.session_id());
-    *await.mutable_handles() = req.outputs();
-    TESSEL_ASSIGN_OR_RETURN(v1::AwaitResponse done, Await(await));
-    for (int i = 0; i < done.errors_size(); ++i) {
-      if (!done.errors(i).empty()) {
-        return absl::Status(static_cast<absl::StatusCode>(done.codes(i)),
-                            StrCat("execution ", execution_id, " failed: ", done.errors(i)));
-      }
+  if (req.wait()) TESSEL_RETURN_IF_ERROR(AwaitAll(req.session_id(), req.outputs(), StrCat("execution ", execution_id)));
+  return resp;
+}
+
+absl::Status Coordinator::AwaitAll(const std::string& session,
+                                   const google::protobuf::RepeatedField<uint64_t>& handles, absl::string_view what) {
+  v1::AwaitRequest await;
+  await.set_session_id(session);
+  *await.mutable_handles() = handles;
+  TESSEL_ASSIGN_OR_RETURN(v1::AwaitResponse done, Await(await));
+  for (int i = 0; i < done.errors_size(); ++i) {
+    if (!done.errors(i).empty()) {
+      return absl::Status(static_cast<absl::StatusCode>(done.codes(i)), StrCat(what, " failed: ", done.errors(i)));
     }
   }
-  return resp;
+  return absl::OkStatus();
 }
 
 absl::Status Coordinator::RunMove(const std::string& session, const PlannedMove& m, const DeviceRoute& from,

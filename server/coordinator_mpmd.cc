@@ -278,17 +278,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::ExecuteMpmd(const v1::ExecuteRe
     resp.set_execution_id(r->execution_id());
   }
   free_temps();  // each free runs after the steps that read it
-  if (req.wait()) {
-    v1::AwaitRequest await;
-    await.set_session_id(req.session_id());
-    *await.mutable_handles() = req.outputs();
-    TESSEL_ASSIGN_OR_RETURN(v1::AwaitResponse done, Await(await));
-    for (int i = 0; i < done.errors_size(); ++i) {
-      if (!done.errors(i).empty()) {
-        return absl::Status(static_cast<absl::StatusCode>(done.codes(i)), StrCat(what, " failed: ", done.errors(i)));
-      }
-    }
-  }
+  if (req.wait()) TESSEL_RETURN_IF_ERROR(AwaitAll(req.session_id(), req.outputs(), what));
   return resp;
 }
 

@@ -245,11 +245,9 @@ absl::StatusOr<v1::ReshardResponse> Coordinator::Reshard(const v1::ReshardReques
     });
   }
   if (req.wait()) {
-    v1::AwaitRequest await;
-    await.set_session_id(req.session_id());
-    await.add_handles(req.output());
-    TESSEL_ASSIGN_OR_RETURN(v1::AwaitResponse done, Await(await));
-    if (!done.errors(0).empty()) return absl::Status(static_cast<absl::StatusCode>(done.codes(0)), done.errors(0));
+    google::protobuf::RepeatedField<uint64_t> out;
+    out.Add(req.output());
+    TESSEL_RETURN_IF_ERROR(AwaitAll(req.session_id(), out, what));
   }
   return resp;
 }
