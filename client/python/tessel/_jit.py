@@ -335,6 +335,9 @@ class Jitted:
         outer = current_builder()
         operands = [x if isinstance(x, Tracer) else tnp.asarray_in_trace(x) for x in leaves]
         body = Builder(name, root=outer)
+        # Constants the body captures stay inside its program: a hidden
+        # argument of the caller would stand outside every region.
+        hoist, body.root.hoist = body.root.hoist, None
         with body, placement_requests() as inner:
             params = [body.parameter(i, x.shape, x.dtype, p) for i, (x, p) in enumerate(zip(operands, paths))]
             it = iter(params)
@@ -342,6 +345,7 @@ class Jitted:
             outs, _, out_structure = flatten(self.fn(*rebuilt))
             outs = [o if isinstance(o, Tracer) else tnp.asarray_in_trace(o) for o in outs]
             body.graph.outputs.extend(o._name for o in outs)
+        body.root.hoist = hoist
         for what, m in inner:
             if m is not None and m != mesh:
                 raise ValueError(f"jit of {name}: incompatible placements: it runs on {mesh!r}, but {what} inside "

@@ -119,3 +119,10 @@ def test_mesh_names_a_region_and_replicates_what_it_reads(session):
     top = tessel.jit(lambda v: v + 1, mesh=B)(x)
     assert top.sharding.mesh == B
     np.testing.assert_array_equal(top.fetch(), x + 1)
+
+
+def test_a_large_constant_inside_a_region_stays_in_its_program(session):
+    table = np.arange(1 << 19, dtype=np.float32).reshape(512, 1024)  # 2 MiB: hoisted at the top level
+    add_table = tessel.jit(lambda v: v + table, mesh=B)
+    out = tessel.jit(lambda v: add_table(v))(np.ones((512, 1024), np.float32))
+    np.testing.assert_array_equal(out.fetch(), table + 1)
