@@ -525,11 +525,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
     in.handle_in_use = [&](uint64_t h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu()) {
       return arrays_.ContainsLocked(h);
     };
-    in.fresh_handle = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu()) {
-      uint64_t h = 0;
-      while (h == 0 || arrays_.ContainsLocked(h)) h = RandomU64();
-      return h;
-    };
+    in.fresh_handle = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu()) { return FreshHandleLocked(); };
     TESSEL_ASSIGN_OR_RETURN(ExecutePlan plan, PlanExecute(in));
     for (const PlannedMove& m : plan.moves) {
       TESSEL_RETURN_IF_ERROR(GuardTransferLocked(req.session_id(), req.transfer_guard(), Direction::kDeviceToDevice,
@@ -656,6 +652,12 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
   }
   if (req.wait()) TESSEL_RETURN_IF_ERROR(AwaitAll(req.session_id(), req.outputs(), StrCat("execution ", execution_id)));
   return resp;
+}
+
+uint64_t Coordinator::FreshHandleLocked() const {
+  uint64_t h = 0;
+  while (h == 0 || arrays_.ContainsLocked(h)) h = RandomU64();
+  return h;
 }
 
 absl::Status Coordinator::AwaitAll(const std::string& session,

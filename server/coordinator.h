@@ -165,6 +165,9 @@ class Coordinator {
   absl::StatusOr<v1::CompileResponse> CompileMpmd(const v1::CompileRequest& req);
   absl::StatusOr<v1::ExecuteResponse> ExecuteMpmd(const v1::ExecuteRequest& req, const MpmdProgram& program);
   std::shared_ptr<const MpmdProgram> FindMpmd(const std::string& id) const ABSL_LOCKS_EXCLUDED(mpmd_mu_);
+  // A handle no array holds, for arrays the coordinator makes itself (moved
+  // arguments, an MPMD program's intermediates).
+  uint64_t FreshHandleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu());
   // Waits for `handles` of `session`; the first one's error, prefixed "`what` failed: ".
   absl::Status AwaitAll(const std::string& session, const google::protobuf::RepeatedField<uint64_t>& handles,
                         absl::string_view what) ABSL_LOCKS_EXCLUDED(arrays_.mu());

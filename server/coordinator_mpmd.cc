@@ -1,7 +1,5 @@
 // MPMD programs: compile each mesh region as an executable of its own, and
 // run an execution as those executions plus the moves between them.
-#include <random>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -211,12 +209,9 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::ExecuteMpmd(const v1::ExecuteRe
       if (a->sharded) args[i] = Sharded(a->mesh, a->sharding);
     }
   }
-  static thread_local std::mt19937_64 rng(std::random_device{}());
   auto fresh = [&]() {
     absl::MutexLock l(&arrays_.mu());
-    uint64_t h = 0;
-    while (h == 0 || arrays_.ContainsLocked(h)) h = rng();
-    return h;
+    return FreshHandleLocked();
   };
   std::vector<uint64_t> temps;
   auto free_temps = [&] {

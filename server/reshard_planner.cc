@@ -71,14 +71,11 @@ absl::StatusOr<ReshardPlan> PlanReshard(const ArrayRecord& from, const ArrayReco
   const std::vector<std::pair<int, Block>> sources = BlocksOf(from), targets = BlocksOf(to);
   // Source regions, each with every device holding it.
   std::map<std::vector<int64_t>, std::pair<Block, std::vector<int>>> source_regions;
-  absl::flat_hash_map<int, const Block*> source_of, target_of;
   for (const auto& [d, b] : sources) {
     auto& entry = source_regions[b.origin];
     entry.first = b;
     entry.second.push_back(d);
   }
-  for (const auto& [d, b] : sources) source_of[d] = &source_regions[b.origin].first;
-  for (const auto& [d, b] : targets) target_of[d] = &b;
 
   ReshardPlan plan;
   std::vector<Piece> pieces;
@@ -148,16 +145,18 @@ absl::StatusOr<ReshardPlan> PlanReshard(const ArrayRecord& from, const ArrayReco
       p.round = int(r);
     }
   }
-  // One step per device that reads a source block for a piece or makes a target block.
-  std::set<int> step_devices;
-  for (const Piece& p : pieces) step_devices.insert(p.source_device);
-  for (const auto& [d, b] : targets) step_devices.insert(d);
+  // One step per device that reads a source block for a piece (a piece's
+  // source is always a holder) or makes a target block.
+  std::set<int> readers, makers;
+  for (const Piece& p : pieces) readers.insert(p.source_device);
+  for (const auto& [d, b] : targets) makers.insert(d);
+  std::set<int> step_devices = readers;
+  step_devices.insert(makers.begin(), makers.end());
   for (int d : step_devices) {
     ReshardPlan::Step st;
     st.device = d;
-    st.reads_source = source_of.contains(d) &&
-                      std::any_of(pieces.begin(), pieces.end(), [d](const Piece& p) { return p.source_device == d; });
-    st.makes_target = target_of.contains(d);
+    st.reads_source = readers.contains(d);
+    st.makes_target = makers.contains(d);
     v1::Transfer& tr = st.transfer;
     *tr.mutable_source_block() = BlockTypeOf(from);
     *tr.mutable_target_block() = BlockTypeOf(to);
