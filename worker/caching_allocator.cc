@@ -9,13 +9,13 @@
 namespace tessel::worker {
 namespace {
 constexpr int64_t kHugePage = 2 << 20;
-constexpr int64_t kMapThreshold = 1 << 20;
+constexpr int64_t kMapThreshold = kHugePage;  // smaller blocks keep their quarter-step classes
 }  // namespace
 
 int64_t CachingAllocator::RoundUp(int64_t bytes) {
   if (bytes <= 0) return 64;
   if (bytes >= kMapThreshold) return (bytes + kHugePage - 1) / kHugePage * kHugePage;
-  // Below 1 MiB: powers of two from 64 bytes, then quarter steps.
+  // Below 2 MiB: powers of two from 64 bytes, then quarter steps.
   int64_t p = 64;
   while (p < bytes) p <<= 1;
   int64_t q = p / 4;

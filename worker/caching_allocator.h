@@ -30,7 +30,7 @@ class MemorySource {
   virtual void Unmap(void* p, int64_t size) = 0;
 };
 
-// Host memory: blocks of 1 MiB and more are mmap'ed with MADV_HUGEPAGE.
+// Host memory: blocks of 2 MiB and more are mmap'ed with MADV_HUGEPAGE.
 class HostMemory final : public MemorySource {
  public:
   void* Map(int64_t size) override;

@@ -1,4 +1,5 @@
 """tessel.Array: a handle to an array that lives on the devices."""
+import math
 import sys
 
 import numpy as np
@@ -44,7 +45,7 @@ class Array:
         self.reshard_receipt = None  # set on a copy device_put made from another Array
 
     ndim = property(lambda self: len(self.shape))
-    size = property(lambda self: int(np.prod(self.shape, dtype=np.int64)))
+    size = property(lambda self: math.prod(self.shape))
     nbytes = property(lambda self: self.size * self.dtype.itemsize)
 
     @property
@@ -124,7 +125,7 @@ class Array:
     def __del__(self):
         try:
             if self._deleted is None and not self._session.closed:
-                self._session.drop(self.handle)
+                self._session.drop(self.handle, math.prod(self.shape) * self.dtype.itemsize)
         except Exception:
             pass
 

@@ -386,11 +386,11 @@ class Jitted:
                     donated_arrays.append(x)
             else:
                 # A host value passed as an argument: an implicit host->device transfer.
-                h = session.put(np.asarray(x, dtype=_leaf_signature(x)[1]),
-                                in_placements[i] if in_placements else placement, implicit=True, guard=guard)
+                host = np.asarray(x, dtype=_leaf_signature(x)[1])
+                h = session.put(host, in_placements[i] if in_placements else placement, implicit=True, guard=guard)
                 req.arguments.append(h)
                 if not donate:
-                    session.drop(h)
+                    session.drop(h, host.nbytes)
         req.arguments.extend(hoisted.handles(session, placement))
         outs = []
         for shape, dtype, out_placement in out_types:
@@ -407,7 +407,6 @@ class Jitted:
             session.reply(seq)
         for a in donated_arrays:
             a._mark_donated()
-        session.collect()
         return unflatten(structure, outs)
 
     def donation_receipts(self):

@@ -261,6 +261,7 @@ class Session:
         self._lock = threading.Lock()
         self._dispatcher = None
         self._garbage = []  # handles dropped by the garbage collector, deleted in batches
+        self._garbage_bytes = 0  # what those handles hold on the devices
         self.closed = False
 
     def new_handle(self):
@@ -311,14 +312,16 @@ class Session:
             req.output_shardings.extend(out_shardings)
         return _rpc(self._stub.Compile, req)
 
-    def _collect_for_quota(self):
-        """Arrays Python dropped count against a quota until deleted: with a
-        quota set, they go before anything judged against it."""
-        if self.options.memory_quota_bytes and self._garbage:
-            self.collect(force=True)
+    def _collect_before_alloc(self):
+        """Before a call that makes arrays: a full batch of dropped arrays
+        goes first. Arrays Python dropped count against a quota until
+        deleted: with a quota set, they all go before anything judged
+        against it."""
+        if self._garbage:
+            self.collect(force=bool(self.options.memory_quota_bytes))
 
     def put(self, array, placement, implicit=False, guard=None, progress=None):
-        self._collect_for_quota()
+        self._collect_before_alloc()
         array = np.require(array, requirements="C")  # keeps 0-d arrays 0-d
         handle = self.new_handle()
         header = session_pb2.PutRequest.Header(session_id=self.id, handle=handle,
@@ -340,7 +343,7 @@ class Session:
         """Queues an Execute. A rejected call's error lands on its output
         handles (so it surfaces when they are awaited or fetched); with
         `want_reply` the reply (donation receipts) is also kept for reply()."""
-        self._collect_for_quota()
+        self._collect_before_alloc()
         request.session_id = self.id
         request.wait = False
         return self.dispatcher().send(request, want_reply)
@@ -388,7 +391,7 @@ class Session:
     def reshard(self, handle, placement, guard=None):
         """A copy of array `handle` on `placement`, moved worker to worker:
         (its handle, the ReshardResponse)."""
-        self._collect_for_quota()
+        self._collect_before_alloc()
         self.flush()
         out = self.new_handle()
         resp = _rpc(self._stub.Reshard, session_pb2.ReshardRequest(
@@ -401,16 +404,24 @@ class Session:
         self.flush()
         _rpc(self._stub.Delete, session_pb2.DeleteRequest(session_id=self.id, handles=handles))
 
-    def drop(self, handle):
+    def drop(self, handle, nbytes=0):
         """From a finalizer: delete later, in a batch."""
         with self._lock:
             self._garbage.append(handle)
+            self._garbage_bytes += nbytes
+
+    # A batch goes at 256 handles or 64 MiB, whichever comes first: the bytes
+    # bound keeps a loop of large outputs inside the devices' block cache
+    # rather than mapping fresh pages for hundreds of dead arrays.
+    _GARBAGE_HANDLES = 256
+    _GARBAGE_BYTES = 64 << 20
 
     def collect(self, force=False):
         with self._lock:
-            if not self._garbage or (len(self._garbage) < 256 and not force):
+            if not self._garbage or (len(self._garbage) < self._GARBAGE_HANDLES
+                                     and self._garbage_bytes < self._GARBAGE_BYTES and not force):
                 return
-            handles, self._garbage = self._garbage, []
+            handles, self._garbage, self._garbage_bytes = self._garbage, [], 0
         try:
             self.delete(handles)
         except errors.NotFoundError:
