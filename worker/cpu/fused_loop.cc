@@ -3,7 +3,12 @@
 #include <algorithm>
 #include <thread>
 
+#include <cstdint>
 #include <cstring>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
@@ -13,6 +18,43 @@
 #include "worker/cpu/elementwise.h"
 
 namespace tessel::cpu {
+namespace {
+
+// memcpy with non-temporal stores where the target is 16-byte aligned: the
+// target's lines are written without being read into the cache first.
+// Callers fence (StreamFence) before the bytes are read by another thread.
+void StreamCopy(void* dst, const void* src, int64_t n) {
+#if defined(__x86_64__)
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  const int64_t head = std::min<int64_t>(n, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
+  std::memcpy(d, s, head);
+  d += head, s += head, n -= head;
+#if defined(__AVX512F__)
+  for (; n >= 64 && reinterpret_cast<uintptr_t>(d) % 64 == 0; d += 64, s += 64, n -= 64) {
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d), _mm512_loadu_si512(s));
+  }
+#elif defined(__AVX__)
+  for (; n >= 32 && reinterpret_cast<uintptr_t>(d) % 32 == 0; d += 32, s += 32, n -= 32) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+  }
+#endif
+  for (; n >= 16; d += 16, s += 16, n -= 16) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+  }
+  std::memcpy(d, s, n);
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
+
+void StreamFence() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
+}  // namespace
 
 void MaterializeLiteral(const v1::Node& node, void* out) {
   const v1::Literal& lit = node.constant().literal();
@@ -132,6 +174,14 @@ absl::StatusOr<FusedLoop> FusedLoop::Build(const v1::Fusion& fusion,
       f.temp_bytes_ += (std::min(kBlock, f.elements_) * s.esize + 63) / 64 * 64;
     }
   }
+  f.stage_offset_.assign(f.slots_.size(), -1);
+  f.stage_bytes_ = f.temp_bytes_;
+  for (size_t i = 0; i < f.slots_.size(); ++i) {
+    if (f.slots_[i].kind != SlotKind::kOutput) continue;
+    f.output_slots_.push_back(i);
+    f.stage_offset_[i] = f.stage_bytes_;
+    f.stage_bytes_ += (std::min(kBlock, f.elements_) * f.slots_[i].esize + 63) / 64 * 64;
+  }
   return f;
 }
 
@@ -151,23 +201,29 @@ void FusedLoop::Run(absl::Span<const void* const> inputs, absl::Span<void* const
     std::memcpy(outputs[out_index], const_blocks_[slots_[slot].index].data(), slots_[slot].esize);
   }
   const int64_t blocks = (elements_ + kBlock - 1) / kBlock;
+  bool stream = false;
+  for (int slot : output_slots_) stream = stream || elements_ * slots_[slot].esize >= kStreamBytes;
   const int n = elements_ >= kParallelElements ? int(std::min<int64_t>(std::max(threads, 1), blocks)) : 1;
-  if (n <= 1) return RunBlocks(inputs, outputs, splats, 0, blocks);
+  if (n <= 1) return RunBlocks(inputs, outputs, splats, 0, blocks, stream);
   std::vector<std::thread> helpers;
   for (int t = 1; t < n; ++t) {
-    helpers.emplace_back([&, t] { RunBlocks(inputs, outputs, splats, blocks * t / n, blocks * (t + 1) / n); });
+    helpers.emplace_back(
+        [&, t] { RunBlocks(inputs, outputs, splats, blocks * t / n, blocks * (t + 1) / n, stream); });
   }
-  RunBlocks(inputs, outputs, splats, 0, blocks / n);
+  RunBlocks(inputs, outputs, splats, 0, blocks / n, stream);
   for (std::thread& h : helpers) h.join();
 }
 
 void FusedLoop::RunBlocks(absl::Span<const void* const> inputs, absl::Span<void* const> outputs,
-                          absl::Span<const std::vector<char>> splats, int64_t begin, int64_t end) const {
-  // Per-thread scratch: temp blocks, written before read (no need to
-  // clear). Small loops keep them on the stack.
+                          absl::Span<const std::vector<char>> splats, int64_t begin, int64_t end,
+                          bool stream) const {
+  // Per-thread scratch: temp blocks (and, streaming, the outputs' staging
+  // blocks), written before read (no need to clear). Small loops keep them
+  // on the stack.
+  const int64_t scratch = stream ? stage_bytes_ : temp_bytes_;
   alignas(64) char small[1024];
-  std::unique_ptr<char[]> big(temp_bytes_ > int64_t(sizeof(small)) ? new char[temp_bytes_] : nullptr);
-  char* temps = big ? big.get() : small;
+  std::unique_ptr<char[]> big(scratch > int64_t(sizeof(small)) ? new char[scratch + 64] : nullptr);
+  char* temps = big ? reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(big.get()) + 63) / 64 * 64) : small;
   absl::InlinedVector<void*, 16> ptr(slots_.size());
   for (int64_t start = begin * kBlock; start < std::min(end * kBlock, elements_); start += kBlock) {
     const int64_t len = std::min(kBlock, elements_ - start);
@@ -178,7 +234,7 @@ void FusedLoop::RunBlocks(absl::Span<const void* const> inputs, absl::Span<void*
           ptr[i] = const_cast<char*>(static_cast<const char*>(inputs[s.index])) + start * s.esize;
           break;
         case SlotKind::kOutput:
-          ptr[i] = static_cast<char*>(outputs[s.index]) + start * s.esize;
+          ptr[i] = stream ? temps + stage_offset_[i] : static_cast<char*>(outputs[s.index]) + start * s.esize;
           break;
         case SlotKind::kTemp: ptr[i] = temps + temp_offset_[s.index]; break;
         case SlotKind::kConst:
@@ -188,7 +244,14 @@ void FusedLoop::RunBlocks(absl::Span<const void* const> inputs, absl::Span<void*
       }
     }
     RunSteps(ptr.data(), start, len);
+    if (stream) {
+      for (int slot : output_slots_) {
+        const Slot& s = slots_[slot];
+        StreamCopy(static_cast<char*>(outputs[s.index]) + start * s.esize, ptr[slot], len * s.esize);
+      }
+    }
   }
+  if (stream) StreamFence();
 }
 
 void FusedLoop::RunSteps(void* const* ptr, int64_t start, int64_t len) const {

@@ -43,6 +43,10 @@ class FusedLoop {
   // safe: an element is read and written by the same thread).
   void Run(absl::Span<const void* const> inputs, absl::Span<void* const> outputs, int threads = 1) const;
   static constexpr int64_t kParallelElements = int64_t{1} << 20;
+  // Outputs of at least this many bytes are written with non-temporal
+  // stores: each block is made in a thread's scratch, then streamed out,
+  // so an output too big to stay in cache costs its write and no read.
+  static constexpr int64_t kStreamBytes = int64_t{32} << 20;
 
   const std::vector<v1::TensorType>& output_types() const { return output_types_; }
   int64_t elements() const { return elements_; }
@@ -62,7 +66,7 @@ class FusedLoop {
   void RunSteps(void* const* ptr, int64_t start, int64_t len) const;
   void RunStep(const Step& st, void* const* ptr, int64_t start, int64_t len) const;
   void RunBlocks(absl::Span<const void* const> inputs, absl::Span<void* const> outputs,
-                 absl::Span<const std::vector<char>> splats, int64_t begin, int64_t end) const;
+                 absl::Span<const std::vector<char>> splats, int64_t begin, int64_t end, bool stream) const;
   struct Slot {
     SlotKind kind;
     v1::DType dtype;
@@ -90,6 +94,9 @@ class FusedLoop {
   int num_temps_ = 0;
   std::vector<int64_t> temp_offset_;  // per temp: its offset in a thread's scratch, 64-byte aligned
   int64_t temp_bytes_ = 0;
+  std::vector<int> output_slots_;     // slots of the outputs the steps write
+  std::vector<int64_t> stage_offset_;  // per output slot: its staging block, after the temps, when streamed
+  int64_t stage_bytes_ = 0;
 };
 
 // A FusedLoop bound to fixed buffers: its block's pointers resolved and its

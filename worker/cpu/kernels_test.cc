@@ -165,7 +165,8 @@ v1::Node* AddNode(v1::Fusion& f, int64_t n, const char* name, v1::Op op, std::ve
   return nd;
 }
 
-void CheckChain(int64_t n, int threads) {
+// `offset` elements before each output: a target that is not 16-byte aligned.
+void CheckChain(int64_t n, int threads, int64_t offset = 0) {
   v1::Fusion f;
   f.add_inputs("x");
   auto node = [&](const char* name, v1::Op op, std::vector<std::string> operands) {
@@ -189,14 +190,20 @@ void CheckChain(int64_t n, int threads) {
   ASSERT_TRUE(loop.ok()) << loop.status();
   if (!loop.ok()) return;
   auto x = Random(n, 5);
-  std::vector<float> y(n), m(n);
+  std::vector<float> y_buf(n + offset + 1, -7.0f), m_buf(n + offset + 1, -7.0f);
+  float* y = y_buf.data() + offset;
+  float* m = m_buf.data() + offset;
   std::vector<const void*> ins = {x.data()};
-  std::vector<void*> outs = {y.data(), m.data()};
+  std::vector<void*> outs = {y, m};
   loop->Run(ins, outs, threads);
   for (int64_t i = 0; i < n; ++i) {
     ASSERT_FLOAT_EQ(m[i], x[i] * 0.5f);
     ASSERT_FLOAT_EQ(y[i], std::tanh(x[i] * 0.5f) + float(i));
   }
+  // Nothing outside the outputs is written.
+  for (int64_t i = 0; i < offset; ++i) ASSERT_EQ(y_buf[i], -7.0f);
+  ASSERT_EQ(y_buf[n + offset], -7.0f);
+  ASSERT_EQ(m_buf[n + offset], -7.0f);
 }
 
 TEST(FusedLoop, ChainAcrossManyBlocksEqualsStepByStep) { CheckChain(FusedLoop::kBlock * 3 + 17, 1); }
@@ -208,6 +215,14 @@ TEST(FusedLoop, ASizeZeroRunWithAScalarConstantWritesNothing) { CheckChain(0, 1)
 
 TEST(FusedLoop, LargeLoopsSplitOverThreadsEqualStepByStep) {
   CheckChain(FusedLoop::kParallelElements + FusedLoop::kBlock * 5 + 3, 3);
+}
+
+// Outputs past kStreamBytes are staged per block and streamed out with
+// non-temporal stores: aligned and unaligned targets, one thread and two.
+TEST(FusedLoop, StreamedOutputsEqualStepByStep) {
+  const int64_t n = FusedLoop::kStreamBytes / 4 + FusedLoop::kBlock * 2 + 5;
+  CheckChain(n, 1);
+  CheckChain(n, 2, 3);
 }
 
 // A fusion bound to fixed buffers (a device-side loop's form): constants
