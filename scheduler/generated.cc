@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "core/shape_inference.h"
 
 namespace tessel::scheduler {
@@ -19,36 +20,73 @@ bool IsLayout(v1::Op op) {
   return op == v1::SLICE || op == v1::RESHAPE || op == v1::TRANSPOSE || op == v1::BROADCAST_IN_DIM;
 }
 
+// Whether `n` (its operands already seen) is generated: made from fills,
+// iotas and scalars alone. `generated(name)` and `rank(name)` answer for
+// the operands.
+template <typename Generated, typename Rank>
+bool IsGeneratedNode(const v1::Node& n, const Generated& generated, const Rank& rank) {
+  if (n.type().dims_size() == 0) return false;
+  if (n.op() == v1::CONSTANT) {
+    return n.constant().has_fill() || (n.constant().has_iota() && n.type().dtype() != v1::PRED);
+  }
+  if (n.op() == v1::BROADCAST_IN_DIM) return rank(n.operands(0)) == 0;
+  if (!IsElementwise(n.op())) return false;
+  bool any = false;
+  for (const std::string& o : n.operands()) {
+    if (generated(o)) {
+      any = true;
+    } else if (rank(o) != 0) {
+      return false;
+    }
+  }
+  return any;
+}
+
+// Whether `n` is a layout op over a generated value, to be rewritten.
+template <typename Generated, typename Rank>
+bool IsPushed(const v1::Node& n, const Generated& generated, const Rank& rank) {
+  return IsLayout(n.op()) && n.type().dims_size() > 0 && generated(n.operands(0)) &&
+         !(n.op() == v1::BROADCAST_IN_DIM && rank(n.operands(0)) == 0);
+}
+
+// Whether any node of `g` is a layout op over a generated value: a scan
+// that copies no node, so a graph with nothing to push costs a lookup per
+// operand.
+bool AnythingToPush(const v1::Graph& g) {
+  absl::flat_hash_map<absl::string_view, int> rank;  // views of g's names
+  absl::flat_hash_set<absl::string_view> generated;
+  rank.reserve(g.nodes_size());
+  auto is_generated = [&](const std::string& name) { return generated.contains(name); };
+  auto rank_of = [&](const std::string& name) {
+    auto it = rank.find(name);
+    return it == rank.end() ? -1 : it->second;
+  };
+  for (const v1::Node& n : g.nodes()) {
+    if (IsPushed(n, is_generated, rank_of)) return true;
+    if (IsGeneratedNode(n, is_generated, rank_of)) generated.insert(n.name());
+    rank[n.name()] = n.type().dims_size();
+  }
+  return false;
+}
+
 class Pusher {
  public:
   explicit Pusher(const v1::Graph& g) {
     for (const v1::Node& n : g.nodes()) names_.insert(n.name());
   }
 
-  // Whether `n` (its operands already seen) is generated.
   bool IsGenerated(const v1::Node& n) const {
-    if (n.type().dims_size() == 0) return false;
-    if (n.op() == v1::CONSTANT) {
-      return n.constant().has_fill() || (n.constant().has_iota() && n.type().dtype() != v1::PRED);
-    }
-    if (n.op() == v1::BROADCAST_IN_DIM) return Rank(n.operands(0)) == 0;
-    if (!IsElementwise(n.op())) return false;
-    bool any = false;
-    for (const std::string& o : n.operands()) {
-      if (generated_.contains(o)) {
-        any = true;
-      } else if (Rank(o) != 0) {
-        return false;
-      }
-    }
-    return any;
+    return IsGeneratedNode(
+        n, [&](const std::string& o) { return generated_.contains(o); },
+        [&](const std::string& o) { return Rank(o); });
   }
 
   // Adds `n`, rewriting it when it is a layout op over a generated value.
   // Returns whether it rewrote it.
   bool Add(const v1::Node& n) {
-    if (IsLayout(n.op()) && n.type().dims_size() > 0 && generated_.contains(n.operands(0)) &&
-        !(n.op() == v1::BROADCAST_IN_DIM && Rank(n.operands(0)) == 0)) {
+    if (IsPushed(
+            n, [&](const std::string& o) { return generated_.contains(o); },
+            [&](const std::string& o) { return Rank(o); })) {
       v1::Node pushed = Push(n.operands(0), n);
       pushed.set_name(n.name());
       Emit(std::move(pushed), /*generated=*/true);
@@ -216,6 +254,7 @@ class Pusher {
 }  // namespace
 
 bool PushLayoutsIntoGenerated(v1::Graph& g) {
+  if (!AnythingToPush(g)) return false;
   Pusher p(g);
   bool changed = false;
   for (const v1::Node& n : g.nodes()) changed |= p.Add(n);

@@ -377,6 +377,7 @@ class Jitted:
         req = session_pb2.ExecuteRequest(executable_id=exe.executable_id, placement=placement,
                                          transfer_guard=guard_proto(guard))
         donated_arrays = []
+        implicit = []  # (handle, bytes) put for host arguments: dropped once the call is queued
         stale = False  # an argument this process knows was donated or deleted
         for i, (x, donate) in enumerate(zip(leaves, donated_leaves)):
             if isinstance(x, Array):
@@ -390,7 +391,7 @@ class Jitted:
                 h = session.put(host, in_placements[i] if in_placements else placement, implicit=True, guard=guard)
                 req.arguments.append(h)
                 if not donate:
-                    session.drop(h, host.nbytes)
+                    implicit.append((h, host.nbytes))
         req.arguments.extend(hoisted.handles(session, placement))
         outs = []
         for shape, dtype, out_placement in out_types:
@@ -400,6 +401,8 @@ class Jitted:
         if self._last_seq is not None:
             session.dispatcher().forget(self._last_seq)
         self._last_seq = session.execute(req, want_reply=True)
+        for h, nbytes in implicit:  # a later batch deletes them, after this call in the stream
+            session.drop(h, nbytes)
         if stale:
             # Raise here, with the coordinator's account of what became of
             # the array, rather than later on the outputs.

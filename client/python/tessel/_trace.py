@@ -82,20 +82,22 @@ class Builder:
         _state.stack.pop()
 
     def node(self, op, operands, shape, dtype, weak=False, set_attrs=None, with_type=False, name=None):
-        operands = [self.capture(o) for o in operands]  # before the node: a capture adds a parameter
+        # Before the node: a capture adds a parameter.
+        names = [o._name if o._builder is self else self.capture(o)._name for o in operands]
         n = self.graph.nodes.add()
         # Inner values are numbered; parameters take their argument's path
         # ("state", "params['w']"), which never reads as a number.
-        n.name = name or str(self._count)
+        name = name or str(self._count)
         self._count += 1
+        n.name = name
         n.op = op
-        for o in operands:
-            n.operands.append(o._name)
+        if names:
+            n.operands.extend(names)
         if with_type:
             n.type.CopyFrom(_dtypes.tensor_type(shape, dtype))
         if set_attrs is not None:
             set_attrs(n)
-        return Tracer(self, n.name, tuple(int(d) for d in shape), np.dtype(dtype), weak)
+        return Tracer(self, name, tuple(map(int, shape)), np.dtype(dtype), weak)
 
     def parameter(self, index, shape, dtype, name, weak=False):
         def attrs(n):

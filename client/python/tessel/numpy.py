@@ -62,6 +62,12 @@ def _weak_value(x):
 
 
 def _result_dtype(*xs):
+    # The common case in a trace: strongly typed tracers of one dtype.
+    first = xs[0] if xs else None
+    if type(first) is Tracer and not first.weak:
+        d = first.dtype
+        if builtins.all(type(x) is Tracer and not x.weak and x.dtype == d for x in xs[1:]):
+            return d
     strong, weak = [], []
     for x in xs:
         if isinstance(x, Tracer):
@@ -150,7 +156,8 @@ def _check_in_range(xs, d):
 def _elementwise(op, xs, d=None, out_dtype=None, set_attrs=None):
     d = _np.dtype(d) if d is not None else _result_dtype(*xs)
     _check_in_range(xs, d)
-    shape = _np.broadcast_shapes(*[_shape(x) for x in xs])
+    shapes = [_shape(x) for x in xs]
+    shape = shapes[0] if builtins.all(s == shapes[0] for s in shapes) else _np.broadcast_shapes(*shapes)
     ops = [_operand(x, d, shape) for x in xs]
     return _b().node(op, ops, shape, out_dtype or d, set_attrs=set_attrs)
 
