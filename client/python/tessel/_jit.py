@@ -52,10 +52,18 @@ def unflatten(structure, leaves):
 # ---------------------------------------------------------------- jit
 
 
+_DTYPE_NAMES = {}  # np.dtype -> its name (numpy computes the name on every read)
+
+
 def _leaf_signature(x):
     """(shape, dtype name, weakly typed) of an argument leaf: an Array, a
     numpy array or scalar, anything with .shape and .dtype, or a Python
     scalar (weakly typed, like jax's)."""
+    if type(x) is Array:  # the hot path of a step loop: shape is a tuple of ints already
+        name = _DTYPE_NAMES.get(x.dtype)
+        if name is None:
+            name = _DTYPE_NAMES.setdefault(x.dtype, x.dtype.name)
+        return (x.shape, name, False)
     if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
         return ((), np.result_type(x).name, True)
     if hasattr(x, "shape") and hasattr(x, "dtype"):
