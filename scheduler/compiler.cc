@@ -528,12 +528,12 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOpt
   }
   if (HasAutodiff(client.graph)) {
     TESSEL_ASSIGN_OR_RETURN(v1::Graph expanded, ExpandAutodiff(client, options.mesh));
-    auto typed = ValidateGraph(expanded);
+    auto typed = ValidateGraph(std::move(expanded));
     if (!typed.ok()) return Annotate(typed.status(), "internal: the graph with its gradients expanded does not check: ");
     client = std::move(*typed);
   }
   if (DropDeadNodes(client.graph)) {
-    auto pruned = ValidateGraph(client.graph);
+    auto pruned = ValidateGraph(std::move(client.graph));
     if (!pruned.ok()) return Annotate(pruned.status(), "internal: the graph without its dead nodes does not check: ");
     client = std::move(*pruned);
   }
@@ -541,7 +541,7 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOpt
   // the whole of one to keep a block of it.
   if (PushLayoutsIntoGenerated(client.graph)) {
     DropDeadNodes(client.graph);
-    auto pushed = ValidateGraph(client.graph);
+    auto pushed = ValidateGraph(std::move(client.graph));
     if (!pushed.ok()) {
       return Annotate(pushed.status(), "internal: the graph with layouts pushed into its constants does not check: ");
     }
@@ -569,7 +569,7 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOpt
   }
   for (int pos : client.parameters) c.global_parameter_types.push_back(client.graph.nodes(pos).type());
   for (int pos : client.outputs) c.global_output_types.push_back(client.graph.nodes(pos).type());
-  auto validated = ValidateGraph(lowered, {.manual_mesh = c.partitioned() ? &c.mesh : nullptr, .partitioned = true});
+  auto validated = ValidateGraph(std::move(lowered), {.manual_mesh = c.partitioned() ? &c.mesh : nullptr, .partitioned = true});
   if (!validated.ok()) return Annotate(validated.status(), "internal: the partitioned graph does not check: ");
   TypedGraph g = std::move(*validated);
   {
@@ -593,7 +593,7 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOpt
   c.estimated_peak_bytes = BuildPlan(g, p);
   // A function's values live while it runs: counted on top (an upper bound).
   TESSEL_RETURN_IF_ERROR(CompileFunctions(
-      lowered, {.manual_mesh = c.partitioned() ? &c.mesh : nullptr, .partitioned = true}, p, c.estimated_peak_bytes));
+      g.graph, {.manual_mesh = c.partitioned() ? &c.mesh : nullptr, .partitioned = true}, p, c.estimated_peak_bytes));
 
   int fusions = 0;
   for (const v1::Instruction& ins : p.instructions()) {

@@ -439,39 +439,43 @@ absl::StatusOr<const FunctionSignature*> FunctionTable::Signature(const std::str
 bool IsCollective(v1::Op op) { return op >= v1::ALL_REDUCE && op <= v1::AXIS_INDEX; }
 
 absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateOptions& options) {
+  return ValidateGraph(v1::Graph(graph), options);
+}
+
+absl::StatusOr<TypedGraph> ValidateGraph(v1::Graph&& graph, const ValidateOptions& options) {
   TypedGraph tg;
-  tg.graph = graph;
+  tg.graph = std::move(graph);
   std::optional<FunctionTable> own_table;
   FunctionTable* table = options.functions;
   if (table == nullptr) table = &own_table.emplace(tg.graph);
-  if (graph.nodes_size() == 0) return InvalidArgumentError("graph has no nodes");
-  if (graph.outputs_size() == 0) return InvalidArgumentError("graph has no outputs");
+  if (tg.graph.nodes_size() == 0) return InvalidArgumentError("graph has no nodes");
+  if (tg.graph.outputs_size() == 0) return InvalidArgumentError("graph has no outputs");
   std::vector<const v1::Node*> params;
-  for (int pos = 0; pos < graph.nodes_size(); ++pos) {
+  for (int pos = 0; pos < tg.graph.nodes_size(); ++pos) {
     v1::Node& n = *tg.graph.mutable_nodes(pos);
-    const std::string label = NodeLabel(n, pos);
-    if (n.name().empty()) return InvalidArgumentError(StrCat(label, "has no name"));
+    auto label = [&n, pos] { return NodeLabel(n, pos); };  // made only for an error
+    if (n.name().empty()) return InvalidArgumentError(StrCat(label(), "has no name"));
     if (!v1::Op_IsValid(n.op()) || n.op() == v1::OP_INVALID) {
-      return InvalidArgumentError(StrCat(label, "unknown op: expected one of the tessel.v1.Op values, got ", int(n.op())));
+      return InvalidArgumentError(StrCat(label(), "unknown op: expected one of the tessel.v1.Op values, got ", int(n.op())));
     }
     if (!tg.index_of.emplace(n.name(), pos).second) {
-      return InvalidArgumentError(StrCat(label, "name already used by node #", tg.index_of[n.name()]));
+      return InvalidArgumentError(StrCat(label(), "name already used by node #", tg.index_of[n.name()]));
     }
     std::vector<const v1::TensorType*> operand_types;
     for (int i = 0; i < n.operands_size(); ++i) {
       auto it = tg.index_of.find(n.operands(i));
       if (it == tg.index_of.end() || it->second == pos) {
         return InvalidArgumentError(StrCat(
-            label, "operand ", i, " '", n.operands(i), "' is not defined before this node ",
+            label(), "operand ", i, " '", n.operands(i), "' is not defined before this node ",
             "(nodes must be in topological order; a cycle or a dangling reference)"));
       }
       const v1::Node& def = tg.graph.nodes(it->second);
       if (IsMultiResult(def) != (n.op() == v1::TUPLE_ELEMENT)) {
         return InvalidArgumentError(
             n.op() == v1::TUPLE_ELEMENT
-                ? StrCat(label, "operand '", def.name(), "' (", OpName(def.op()), ") has a single result; ",
+                ? StrCat(label(), "operand '", def.name(), "' (", OpName(def.op()), ") has a single result; ",
                          "tuple_element reads the results of while, conditional, scan, vjp, jvp, custom_vjp, custom_jvp, vmap and regions with out_specs")
-                : StrCat(label, "operand ", i, " '", def.name(), "' (", OpName(def.op()), ") has ",
+                : StrCat(label(), "operand ", i, " '", def.name(), "' (", OpName(def.op()), ") has ",
                          def.results_size(), " results; read one with tuple_element"));
       }
       operand_types.push_back(&def.type());
@@ -485,12 +489,12 @@ absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateO
                      : n.op() == v1::CUSTOM_VJP ? InferCustomVjp(n, operand_types, *table, options)
                      : n.op() == v1::CUSTOM_JVP ? InferCustomJvp(n, operand_types, *table, options)
                                          : InferControlFlow(n, operand_types, *table, options);
-      if (!results.ok()) return Annotate(results.status(), label);
+      if (!results.ok()) return Annotate(results.status(), label());
       if (n.results_size() > 0) {
         const std::vector<v1::TensorType> declared(n.results().begin(), n.results().end());
         auto given = CheckTypes("results", StrCat(OpName(n.op()), " '", n.name(), "'"), declared, *results,
                                 "the inferred results");
-        if (!given.ok()) return Annotate(given, StrCat(label, "declared results: "));
+        if (!given.ok()) return Annotate(given, StrCat(label(), "declared results: "));
       }
       n.clear_results();
       for (const v1::TensorType& t : *results) *n.add_results() = t;
@@ -498,13 +502,13 @@ absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateO
       continue;
     }
     if (n.results_size() > 0) {
-      return InvalidArgumentError(StrCat(label, "only while, conditional, scan, vjp, jvp, custom_vjp, custom_jvp, vmap and regions with out_specs have several results"));
+      return InvalidArgumentError(StrCat(label(), "only while, conditional, scan, vjp, jvp, custom_vjp, custom_jvp, vmap and regions with out_specs have several results"));
     }
     if (n.op() == v1::TUPLE_ELEMENT) {
       const v1::Node& def = tg.graph.nodes(tg.index_of.at(n.operands(0)));
       const int k = n.has_tuple_element() ? n.tuple_element().index() : -1;
       if (n.operands_size() != 1 || k < 0 || k >= def.results_size()) {
-        return InvalidArgumentError(StrCat(label, "reads result ", k, " of '", def.name(), "', which has ",
+        return InvalidArgumentError(StrCat(label(), "reads result ", k, " of '", def.name(), "', which has ",
                                            def.results_size(), " results"));
       }
       type = def.results(k);
@@ -524,7 +528,7 @@ absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateO
     } else {
       type = InferType(n, operand_types);
     }
-    if (!type.ok()) return Annotate(type.status(), label);
+    if (!type.ok()) return Annotate(type.status(), label());
     *n.mutable_type() = *type;
     if (n.op() == v1::PARAMETER) params.push_back(&n);
   }
@@ -543,13 +547,13 @@ absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateO
     }
     tg.parameters[idx] = tg.index_of[p->name()];
   }
-  for (int i = 0; i < graph.outputs_size(); ++i) {
-    auto it = tg.index_of.find(graph.outputs(i));
+  for (int i = 0; i < tg.graph.outputs_size(); ++i) {
+    auto it = tg.index_of.find(tg.graph.outputs(i));
     if (it == tg.index_of.end()) {
-      return InvalidArgumentError(StrCat("output ", i, " '", graph.outputs(i), "' names no node"));
+      return InvalidArgumentError(StrCat("output ", i, " '", tg.graph.outputs(i), "' names no node"));
     }
     if (IsMultiResult(tg.graph.nodes(it->second))) {
-      return InvalidArgumentError(StrCat("output ", i, " '", graph.outputs(i), "' has several results; output ",
+      return InvalidArgumentError(StrCat("output ", i, " '", tg.graph.outputs(i), "' has several results; output ",
                                          "each through tuple_element"));
     }
     tg.outputs.push_back(it->second);

@@ -72,6 +72,8 @@ std::vector<std::string> CalledFunctions(const v1::Node& n);
 // does not fit its operands. Manual region bodies are checked by the
 // partitioner, which knows the mesh.
 absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateOptions& options = {});
+// The same, taking the graph rather than copying it.
+absl::StatusOr<TypedGraph> ValidateGraph(v1::Graph&& graph, const ValidateOptions& options = {});
 
 // True for the ops only a manual region may hold explicitly.
 bool IsCollective(v1::Op op);
