@@ -116,9 +116,12 @@ class BaselineService final : public tessel::v1::Worker::Service {
 tessel::TlsFiles BenchTls(const std::string& pki) { return {pki + "/d.pem", pki + "/d.key", pki + "/ca.pem"}; }
 
 // Serves BaselineService until SIGTERM; over mutual TLS, as a worker's port
-// is, when `pki` names the bench's certificates.
+// is, when `pki` names the bench's certificates. The process raises glibc's
+// mmap/trim thresholds as every Tessel daemon does, so the fetch row's
+// baseline is a tuned stream, not one paying a page fault per 4 KiB.
 int ServeBaseline(const std::string& port_file, const std::string& pki) {
   tessel::BlockTerminationSignals();
+  tessel::TuneAllocatorForStreaming();  // a tuned stream, as the daemons' own
   BaselineService service;
   grpc::ServerBuilder b;
   int port = 0;
