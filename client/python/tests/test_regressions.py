@@ -266,3 +266,22 @@ def test_a_constant_output_never_takes_a_donated_buffer_the_step_still_reads(ses
     q, z = f(tessel.device_put(a))
     np.testing.assert_array_equal(q.fetch(), np.sign(np.divide(0, a)))
     np.testing.assert_array_equal(z.fetch(), np.zeros_like(a))
+
+
+def test_host_arguments_live_until_the_call_that_reads_them_has_run(session):
+    """A jitted call puts each host argument and lets go of it. Dropped
+    arrays are deleted in batches before the next call that makes arrays,
+    and with a memory quota before every put: the first argument's handle
+    was dropped before the Execute reading it was queued, so the second
+    argument's put deleted it and the call read a deleted array (found by
+    the differential harness, eager mode)."""
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal(64).astype(np.float32), rng.standard_normal(64).astype(np.float32)
+    f = tessel.jit(lambda x, y: x * 2 + y)
+    with tessel.session_options(memory_quota_bytes=1 << 30):
+        for _ in range(3):
+            np.testing.assert_array_equal(f(a, b).fetch(), a * 2 + b)
+    # Without a quota: a host argument of 64 MiB fills a batch by itself.
+    big = np.arange(1 << 24, dtype=np.float32)
+    for _ in range(2):
+        np.testing.assert_array_equal(f(big, big).fetch(), big * 2 + big)
