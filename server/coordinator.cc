@@ -660,11 +660,11 @@ uint64_t Coordinator::FreshHandleLocked() const {
   return h;
 }
 
-absl::Status Coordinator::AwaitAll(const std::string& session,
-                                   const google::protobuf::RepeatedField<uint64_t>& handles, absl::string_view what) {
+absl::Status Coordinator::AwaitAll(const std::string& session, absl::Span<const uint64_t> handles,
+                                   absl::string_view what) {
   v1::AwaitRequest await;
   await.set_session_id(session);
-  *await.mutable_handles() = handles;
+  await.mutable_handles()->Add(handles.begin(), handles.end());
   TESSEL_ASSIGN_OR_RETURN(v1::AwaitResponse done, Await(await));
   for (int i = 0; i < done.errors_size(); ++i) {
     if (!done.errors(i).empty()) {

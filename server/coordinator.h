@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "absl/time/time.h"
 #include "scheduler/compiler.h"
 #include "server/array_registry.h"
@@ -169,8 +170,8 @@ class Coordinator {
   // arguments, an MPMD program's intermediates).
   uint64_t FreshHandleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu());
   // Waits for `handles` of `session`; the first one's error, prefixed "`what` failed: ".
-  absl::Status AwaitAll(const std::string& session, const google::protobuf::RepeatedField<uint64_t>& handles,
-                        absl::string_view what) ABSL_LOCKS_EXCLUDED(arrays_.mu());
+  absl::Status AwaitAll(const std::string& session, absl::Span<const uint64_t> handles, absl::string_view what)
+      ABSL_LOCKS_EXCLUDED(arrays_.mu());
   // The record of a new array of `type` on `placement` (devices, and mesh,
   // sharding and block type when sharded; PENDING), or why it cannot go there.
   absl::StatusOr<ArrayRecord> PlaceRecordLocked(const v1::TensorType& type, const v1::Placement& placement,

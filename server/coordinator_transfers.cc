@@ -244,11 +244,7 @@ absl::StatusOr<v1::ReshardResponse> Coordinator::Reshard(const v1::ReshardReques
       OnStepDone(session, outputs, epoch, std::move(r));
     });
   }
-  if (req.wait()) {
-    google::protobuf::RepeatedField<uint64_t> out;
-    out.Add(req.output());
-    TESSEL_RETURN_IF_ERROR(AwaitAll(req.session_id(), out, what));
-  }
+  if (req.wait()) TESSEL_RETURN_IF_ERROR(AwaitAll(req.session_id(), {req.output()}, what));
   return resp;
 }
 

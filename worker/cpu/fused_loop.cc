@@ -181,6 +181,7 @@ absl::StatusOr<FusedLoop> FusedLoop::Build(const v1::Fusion& fusion,
     f.output_slots_.push_back(i);
     f.stage_offset_[i] = f.stage_bytes_;
     f.stage_bytes_ += (std::min(kBlock, f.elements_) * f.slots_[i].esize + 63) / 64 * 64;
+    f.stream_ = f.stream_ || f.elements_ * f.slots_[i].esize >= kStreamBytes;
   }
   return f;
 }
@@ -201,26 +202,23 @@ void FusedLoop::Run(absl::Span<const void* const> inputs, absl::Span<void* const
     std::memcpy(outputs[out_index], const_blocks_[slots_[slot].index].data(), slots_[slot].esize);
   }
   const int64_t blocks = (elements_ + kBlock - 1) / kBlock;
-  bool stream = false;
-  for (int slot : output_slots_) stream = stream || elements_ * slots_[slot].esize >= kStreamBytes;
   const int n = elements_ >= kParallelElements ? int(std::min<int64_t>(std::max(threads, 1), blocks)) : 1;
-  if (n <= 1) return RunBlocks(inputs, outputs, splats, 0, blocks, stream);
+  if (n <= 1) return RunBlocks(inputs, outputs, splats, 0, blocks);
   std::vector<std::thread> helpers;
   for (int t = 1; t < n; ++t) {
     helpers.emplace_back(
-        [&, t] { RunBlocks(inputs, outputs, splats, blocks * t / n, blocks * (t + 1) / n, stream); });
+        [&, t] { RunBlocks(inputs, outputs, splats, blocks * t / n, blocks * (t + 1) / n); });
   }
-  RunBlocks(inputs, outputs, splats, 0, blocks / n, stream);
+  RunBlocks(inputs, outputs, splats, 0, blocks / n);
   for (std::thread& h : helpers) h.join();
 }
 
 void FusedLoop::RunBlocks(absl::Span<const void* const> inputs, absl::Span<void* const> outputs,
-                          absl::Span<const std::vector<char>> splats, int64_t begin, int64_t end,
-                          bool stream) const {
+                          absl::Span<const std::vector<char>> splats, int64_t begin, int64_t end) const {
   // Per-thread scratch: temp blocks (and, streaming, the outputs' staging
   // blocks), written before read (no need to clear). Small loops keep them
   // on the stack.
-  const int64_t scratch = stream ? stage_bytes_ : temp_bytes_;
+  const int64_t scratch = stream_ ? stage_bytes_ : temp_bytes_;
   alignas(64) char small[1024];
   std::unique_ptr<char[]> big(scratch > int64_t(sizeof(small)) ? new char[scratch + 64] : nullptr);
   char* temps = big ? reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(big.get()) + 63) / 64 * 64) : small;
@@ -234,7 +232,7 @@ void FusedLoop::RunBlocks(absl::Span<const void* const> inputs, absl::Span<void*
           ptr[i] = const_cast<char*>(static_cast<const char*>(inputs[s.index])) + start * s.esize;
           break;
         case SlotKind::kOutput:
-          ptr[i] = stream ? temps + stage_offset_[i] : static_cast<char*>(outputs[s.index]) + start * s.esize;
+          ptr[i] = stream_ ? temps + stage_offset_[i] : static_cast<char*>(outputs[s.index]) + start * s.esize;
           break;
         case SlotKind::kTemp: ptr[i] = temps + temp_offset_[s.index]; break;
         case SlotKind::kConst:
@@ -244,14 +242,14 @@ void FusedLoop::RunBlocks(absl::Span<const void* const> inputs, absl::Span<void*
       }
     }
     RunSteps(ptr.data(), start, len);
-    if (stream) {
+    if (stream_) {
       for (int slot : output_slots_) {
         const Slot& s = slots_[slot];
         StreamCopy(static_cast<char*>(outputs[s.index]) + start * s.esize, ptr[slot], len * s.esize);
       }
     }
   }
-  if (stream) StreamFence();
+  if (stream_) StreamFence();
 }
 
 void FusedLoop::RunSteps(void* const* ptr, int64_t start, int64_t len) const {

@@ -66,7 +66,7 @@ class FusedLoop {
   void RunSteps(void* const* ptr, int64_t start, int64_t len) const;
   void RunStep(const Step& st, void* const* ptr, int64_t start, int64_t len) const;
   void RunBlocks(absl::Span<const void* const> inputs, absl::Span<void* const> outputs,
-                 absl::Span<const std::vector<char>> splats, int64_t begin, int64_t end, bool stream) const;
+                 absl::Span<const std::vector<char>> splats, int64_t begin, int64_t end) const;
   struct Slot {
     SlotKind kind;
     v1::DType dtype;
@@ -97,6 +97,7 @@ class FusedLoop {
   std::vector<int> output_slots_;     // slots of the outputs the steps write
   std::vector<int64_t> stage_offset_;  // per output slot: its staging block, after the temps, when streamed
   int64_t stage_bytes_ = 0;
+  bool stream_ = false;  // an output of kStreamBytes or more: every output is streamed
 };
 
 // A FusedLoop bound to fixed buffers: its block's pointers resolved and its

@@ -125,7 +125,7 @@ class Array:
     def __del__(self):
         try:
             if self._deleted is None and not self._session.closed:
-                self._session.drop(self.handle, math.prod(self.shape) * self.dtype.itemsize)
+                self._session.drop(self.handle, self.nbytes)
         except Exception:
             pass
 
