@@ -8,7 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -157,10 +159,31 @@ absl::Status LocalCluster::SignalWorker(int i, int sig) {
   if (i < 0 || i >= int(worker_pids_.size()) || worker_pids_[i] <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("no worker ", i));
   }
-  kill(worker_pids_[i], sig);
+  const pid_t pid = worker_pids_[i];
+  if (kill(pid, sig) != 0) {
+    return absl::InternalError(absl::StrCat("signal ", sig, " to worker ", i, " (pid ", pid, "): ", strerror(errno)));
+  }
+  // SIGSTOP takes effect when the kernel next schedules one of the worker's
+  // threads, which on a loaded machine can be milliseconds later: a "paused"
+  // worker would still take the next step. Wait until it has stopped.
+  // (SIGCONT wakes the stopped threads as it is sent.)
   if (sig == SIGKILL) {
-    waitpid(worker_pids_[i], nullptr, 0);
+    waitpid(pid, nullptr, 0);
     worker_pids_[i] = -1;
+  } else if (sig == SIGSTOP) {
+    for (;;) {
+      int status = 0;
+      const pid_t got = waitpid(pid, &status, WUNTRACED);
+      if (got == pid && WIFSTOPPED(status)) break;
+      if (got == pid && (WIFEXITED(status) || WIFSIGNALED(status))) {
+        worker_pids_[i] = -1;
+        return absl::UnavailableError(absl::StrCat("worker ", i, " (pid ", pid, ") exited instead of stopping"));
+      }
+      if (got < 0 && errno != EINTR) {
+        return absl::InternalError(absl::StrCat("waiting for worker ", i, " (pid ", pid, ") to stop: ",
+                                                strerror(errno)));
+      }
+    }
   }
   return absl::OkStatus();
 }

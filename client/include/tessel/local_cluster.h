@@ -38,7 +38,8 @@ class LocalCluster {
   const std::string& address() const { return address_; }
   const std::string& log_dir() const { return log_dir_; }
   int num_workers() const { return worker_pids_.size(); }
-  // Sends `sig` to worker `i` (tests: SIGKILL to lose a worker).
+  // Sends `sig` to worker `i` (tests: SIGKILL to lose a worker, SIGSTOP and
+  // SIGCONT to pause one) and returns once it has taken effect.
   absl::Status SignalWorker(int i, int sig);
   // Stops everything now; idempotent.
   void Stop();
