@@ -61,7 +61,7 @@ TEST(Soak, PipelinedShardedStepsWithFaultsAreRightOrFailNamingTheCause) {
   o.workers = 2;
   o.devices_per_worker = 2;
   o.heartbeat_timeout_ms = 20000;  // pauses here test collectives, not liveness
-  o.worker_flags = {"--device_memory_bytes=" + std::to_string(8 << 20), "--collective_timeout_s=1"};
+  o.worker_flags = {"--device_memory_bytes=" + std::to_string(8 << 20), "--collective_timeout_s=2"};
   o.coordinator_flags = {"--inject_faults=drop_step=0.001,delay_step=0.05,max_delay_ms=3,seed=" +
                          std::to_string(seed)};
   auto cluster = LocalCluster::Start(o);
@@ -153,7 +153,7 @@ TEST(Soak, PipelinedShardedStepsWithFaultsAreRightOrFailNamingTheCause) {
           const int worker = rng() % 2;
           const bool long_pause = rng() % 2;
           ASSERT_TRUE((*cluster)->SignalWorker(worker, SIGSTOP).ok());
-          absl::SleepFor(long_pause ? absl::Milliseconds(1500) : absl::Milliseconds(200));
+          absl::SleepFor(long_pause ? absl::Milliseconds(2600) : absl::Milliseconds(200));
           ASSERT_TRUE((*cluster)->SignalWorker(worker, SIGCONT).ok());
           ++injected[long_pause ? "worker paused past the timeout" : "worker paused briefly"];
           break;

@@ -107,8 +107,7 @@ absl::Status CheckRegion(const v1::TensorType& block, const v1::Region& region, 
   return absl::OkStatus();
 }
 
-absl::StatusOr<BufferPtr> RunTransfer(const v1::RunRequest& r, Device& device, const BufferPtr& source,
-                                      CommunicatorRegistry* collectives, int* last_round) {
+absl::StatusOr<BufferPtr> BeginTransfer(const v1::RunRequest& r, Device& device, const BufferPtr& source) {
   const v1::Transfer& t = r.transfer();
   const std::string what = absl::StrCat("execution ", r.execution_id(), " (reshard) on ", device.name());
   if (device.kind() != "cpu") {
@@ -156,8 +155,15 @@ absl::StatusOr<BufferPtr> RunTransfer(const v1::RunRequest& r, Device& device, c
   if (has_target) {
     TESSEL_ASSIGN_OR_RETURN(target, device.Allocate(ByteSizeUnchecked(t.target_block())));
   }
-  const char* src = has_source ? static_cast<const char*>(source->opaque()) : nullptr;
-  char* dst = has_target ? static_cast<char*>(target->opaque()) : nullptr;
+  return target;
+}
+
+absl::Status MoveTransfer(const v1::RunRequest& r, const BufferPtr& source, const BufferPtr& target,
+                          CommunicatorRegistry* collectives, int* last_round) {
+  const v1::Transfer& t = r.transfer();
+  const std::string what = absl::StrCat("execution ", r.execution_id(), " (reshard)");
+  const char* src = source != nullptr ? static_cast<const char*>(source->opaque()) : nullptr;
+  char* dst = target != nullptr ? static_cast<char*>(target->opaque()) : nullptr;
   std::vector<char> staging;
   // Local copies first: they need no peer.
   for (const v1::TransferPiece& p : t.pieces()) {
@@ -171,7 +177,7 @@ absl::StatusOr<BufferPtr> RunTransfer(const v1::RunRequest& r, Device& device, c
       Unpack(t.target_block(), p.to(), staging.data(), dst);
     }
   }
-  if (t.rounds() == 0) return target;
+  if (t.rounds() == 0) return absl::OkStatus();
   if (collectives == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(what, ": this worker has no collectives configured"));
   }
@@ -221,7 +227,7 @@ absl::StatusOr<BufferPtr> RunTransfer(const v1::RunRequest& r, Device& device, c
                                          v1::U8, pairs));
     if (recv != nullptr && recv_off < 0) Unpack(t.target_block(), recv->to(), recv_staging.data(), dst);
   }
-  return target;
+  return absl::OkStatus();
 }
 
 void AbandonTransfer(const v1::RunRequest& r, CommunicatorRegistry* collectives, int last_round,

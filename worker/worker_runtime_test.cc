@@ -2,6 +2,10 @@
 // Run returns (a GPU stream): a step is reported only once its work has,
 // the device's next steps are queued meanwhile, reports leave in step order,
 // and work that fails after Run returned fails its own step and outputs.
+// And transfers between host devices, whose bytes move on each device's
+// transfer lane: the sender goes on while the receiver is busy, a reader of
+// the target waits for its bytes, and a failed send fails the receiver and
+// every reader of the target.
 #include "worker/worker_runtime.h"
 
 #include <google/protobuf/text_format.h>
@@ -11,6 +15,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "spdlog/sinks/null_sink.h"
+#include "worker/collectives.h"
 #include "worker/cpu/cpu_device.h"
 
 namespace tessel::worker {
@@ -189,6 +194,166 @@ TEST(WorkerRuntime, AStepThatReadAFailedStepsOutputFailsThoughItsOwnWorkFinished
     auto a = (*runtime)->GetForFetch(0, h);
     ASSERT_FALSE(a.ok()) << h;
     EXPECT_NE(a.status().message().find("a peer stalled"), std::string::npos) << a.status();
+  }
+}
+
+// ---- Transfers on the devices' lanes ---------------------------------------
+
+// Two host devices of one worker (their ranks meet in memory), with the
+// programs above loaded and x = [1, 2, 3, 4] put as array 1 on device 0.
+std::unique_ptr<WorkerRuntime> TwoHostDevices() {
+  WorkerRuntime::Options options;
+  for (int i = 0; i < 2; ++i) {
+    options.devices.push_back(std::make_unique<cpu::CpuDevice>(cpu::CpuDevice::Options{.local_index = i}));
+  }
+  options.logger = std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::null_sink_mt>());
+  CollectivesOptions c;
+  c.self = "w0";
+  c.timeout = absl::Seconds(20);
+  auto registry = NewCommunicatorRegistry(c);
+  EXPECT_TRUE(registry.ok()) << registry.status();
+  if (!registry.ok()) return nullptr;
+  options.collectives = std::move(*registry);
+  auto runtime = WorkerRuntime::Create(std::move(options));
+  EXPECT_TRUE(runtime.ok()) << runtime.status();
+  if (!runtime.ok()) return nullptr;
+  for (const char* text : {kProgram, kDouble}) {
+    v1::Program p;
+    EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &p));
+    EXPECT_TRUE((*runtime)->LoadProgram(p).ok());
+  }
+  v1::PutShardRequest::Header h;
+  h.set_buffer(1);
+  h.mutable_type()->set_dtype(v1::F32);
+  h.mutable_type()->add_dims(4);
+  h.add_devices(0);
+  auto put = (*runtime)->BeginPut(h);
+  EXPECT_TRUE(put.ok()) << put.status();
+  if (!put.ok()) return nullptr;
+  const float x[4] = {1, 2, 3, 4};
+  EXPECT_TRUE((*put)->Write(std::string(reinterpret_cast<const char*>(x), sizeof(x))).ok());
+  EXPECT_TRUE((*put)->Finish().ok());
+  return std::move(*runtime);
+}
+
+// Device `device`'s part of moving f32[4] from device 0 (array `source`)
+// to device 1 (array `target`) in one round.
+v1::RunRequest TransferPart(int device, int64_t execution, uint64_t source, uint64_t target) {
+  v1::RunRequest r;
+  r.set_device(device);
+  r.set_seq(0);
+  r.set_execution_id(execution);
+  r.set_collective_epoch("t.0");
+  v1::Transfer* t = r.mutable_transfer();
+  for (int d = 0; d < 2; ++d) {
+    t->add_rank_workers("w0");
+    t->add_rank_devices(d);
+  }
+  t->set_rank(device);
+  for (v1::TensorType* b : {t->mutable_source_block(), t->mutable_target_block()}) {
+    b->set_dtype(v1::F32);
+    b->add_dims(4);
+  }
+  t->set_rounds(1);
+  v1::TransferPiece* p = t->add_pieces();
+  p->set_round(0);
+  p->set_source(0);
+  p->set_target(1);
+  for (v1::Region* g : {p->mutable_from(), p->mutable_to()}) {
+    g->add_starts(0);
+    g->add_sizes(4);
+  }
+  if (device == 0) r.add_arguments(source);
+  if (device == 1) r.add_outputs(target);
+  return r;
+}
+
+v1::RunRequest Double(int device, uint64_t seq, int64_t execution, uint64_t in, uint64_t out) {
+  v1::RunRequest r;
+  r.set_executable_id("double");
+  r.set_device(device);
+  r.set_seq(seq);
+  r.set_execution_id(execution);
+  r.add_arguments(in);
+  r.add_outputs(out);
+  return r;
+}
+
+void RunInto(WorkerRuntime& runtime, const v1::RunRequest& r, Report* rep) {
+  runtime.Run(r, [rep](absl::StatusOr<v1::RunResponse> result) {
+    rep->result = std::move(result);
+    rep->done.Notify();
+  });
+}
+
+std::vector<float> Read(WorkerRuntime& runtime, int device, uint64_t handle) {
+  auto a = runtime.GetForFetch(device, handle);
+  EXPECT_TRUE(a.ok()) << a.status();
+  if (!a.ok()) return {};
+  std::vector<float> v(a->buffer->size() / sizeof(float));
+  EXPECT_TRUE(runtime.device(device).CopyToHost(*a->buffer, 0, v.data(), a->buffer->size()).ok());
+  return v;
+}
+
+// The sender's next step runs while the receiver has not reached the
+// transfer: a device no longer waits on its peer to send.
+TEST(WorkerRuntime, ASenderGoesOnToItsNextStepWhileTheReceiverIsBusy) {
+  auto runtime = TwoHostDevices();
+  ASSERT_NE(runtime, nullptr);
+  Report send, next, receive;
+  RunInto(*runtime, TransferPart(0, 300, 1, 0), &send);
+  RunInto(*runtime, Double(0, 1, 301, 1, 2), &next);
+  ASSERT_TRUE(next.done.WaitForNotificationWithTimeout(absl::Seconds(10)))
+      << "device 0's next step waited for the receiver";
+  ASSERT_TRUE(next.result.ok()) << next.result.status();
+  EXPECT_FALSE(send.done.HasBeenNotified()) << "the send ended with no receiver";
+  RunInto(*runtime, TransferPart(1, 300, 0, 3), &receive);
+  ASSERT_TRUE(send.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(receive.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(send.result.ok()) << send.result.status();
+  ASSERT_TRUE(receive.result.ok()) << receive.result.status();
+  EXPECT_EQ(Read(*runtime, 1, 3), (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(Read(*runtime, 0, 2), (std::vector<float>{2, 4, 6, 8}));
+}
+
+// A step queued behind a receive reads the target only once its bytes are
+// in, however late the sender comes.
+TEST(WorkerRuntime, AStepThatReadsATransfersTargetWaitsForItsBytes) {
+  auto runtime = TwoHostDevices();
+  ASSERT_NE(runtime, nullptr);
+  Report receive, reader, send;
+  RunInto(*runtime, TransferPart(1, 310, 0, 3), &receive);
+  RunInto(*runtime, Double(1, 1, 311, 3, 4), &reader);
+  absl::SleepFor(absl::Milliseconds(50));  // ample time to read a target whose bytes have not come
+  EXPECT_FALSE(reader.done.HasBeenNotified()) << "the reader ran before the sender sent";
+  RunInto(*runtime, TransferPart(0, 310, 1, 0), &send);
+  for (Report* r : {&send, &receive, &reader}) {
+    ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    ASSERT_TRUE(r->result.ok()) << r->result.status();
+  }
+  EXPECT_EQ(Read(*runtime, 1, 4), (std::vector<float>{2, 4, 6, 8}));
+}
+
+// A send that fails (its source is gone) fails the receive, the step that
+// reads the target and a fetch of it, each naming the cause; never a target
+// of whatever the buffer held.
+TEST(WorkerRuntime, AFailedSendFailsTheReceiverAndEveryReaderOfTheTarget) {
+  auto runtime = TwoHostDevices();
+  ASSERT_NE(runtime, nullptr);
+  Report receive, reader, send;
+  RunInto(*runtime, TransferPart(1, 320, 0, 3), &receive);
+  RunInto(*runtime, Double(1, 1, 321, 3, 4), &reader);
+  RunInto(*runtime, TransferPart(0, 320, 0x77, 0), &send);  // array 0x77 was never put
+  for (Report* r : {&send, &receive, &reader}) {
+    ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    ASSERT_FALSE(r->result.ok());
+    EXPECT_NE(r->result.status().message().find("0x77"), std::string::npos) << r->result.status();
+  }
+  EXPECT_NE(reader.result.status().message().find("argument 0"), std::string::npos) << reader.result.status();
+  for (uint64_t h : {3, 4}) {
+    auto a = runtime->GetForFetch(1, h);
+    ASSERT_FALSE(a.ok()) << h;
+    EXPECT_NE(a.status().message().find("0x77"), std::string::npos) << a.status();
   }
 }
 

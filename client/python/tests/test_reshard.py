@@ -116,6 +116,32 @@ def test_a_copy_reads_the_result_of_the_step_queued_before_it(session):
         np.testing.assert_array_equal(c.fetch(), x * 2.0 ** (i + 1))
 
 
+def test_copies_and_collectives_over_the_same_devices_keep_their_order_pipelined(session):
+    # Devices 0 and 2 are on different workers: each copy's exchange and
+    # each psum meet in the same group, and nothing is awaited until the end.
+    mesh = Mesh({"x": 2}, devices=[0, 2])
+    rows, cols = NamedSharding(mesh, P("x")), NamedSharding(mesh, P(None, "x"))
+    psum = tessel.jit(tessel.shard_map(lambda b: tessel.psum(b * 2, "x"), mesh, in_specs=(P("x"),),
+                                       out_specs=P("x")))
+    inc = tessel.jit(lambda u: u + 1)
+    x = np.random.default_rng(9).integers(-50, 50, (8, 6)).astype(np.float32)
+    w = tessel.device_put(x, rows)
+    v = w
+    outs, copies = [], []
+    for _ in range(8):
+        v = tessel.device_put(tessel.device_put(v, cols), rows)  # there and back, worker to worker
+        outs.append(psum(w))  # reads no copy: only the order of the group's rounds keeps it apart
+        copies.append(v)
+        outs.append(psum(v))
+        v = inc(v)
+        w = inc(w)
+    for i in range(8):
+        block = 2 * ((x[:4] + i) + (x[4:] + i))
+        np.testing.assert_array_equal(outs[2 * i].fetch(), np.concatenate([block, block]))
+        np.testing.assert_array_equal(outs[2 * i + 1].fetch(), np.concatenate([block, block]))
+        np.testing.assert_array_equal(copies[i].fetch(), x + i)
+
+
 def test_the_guard_judges_a_copy_as_an_explicit_device_to_device_transfer(session):
     x = tessel.device_put(np.ones((8, 4), np.float32), NamedSharding(Mesh({"x": 2}, devices=[0, 1]), P("x")))
     other = NamedSharding(Mesh({"x": 2}, devices=[2, 3]), P("x"))
