@@ -116,27 +116,18 @@ void CompletionQueue::Push(std::function<void()> f) {
   pending_.push_back(std::move(f));
 }
 
-bool CompletionQueue::AwaitIdle(absl::Duration timeout) {
-  absl::MutexLock l(&mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !running_ && pending_.empty(); };
-  return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
-}
-
 void CompletionQueue::Loop() {
   while (true) {
     std::function<void()> f;
     {
       absl::MutexLock l(&mu_);
-      running_ = false;
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !pending_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (pending_.empty()) return;  // stopping, and nothing left
       f = std::move(pending_.front());
       pending_.pop_front();
-      running_ = true;
     }
     f();
-    f = nullptr;  // what it captured goes before the queue counts as idle
   }
 }
 

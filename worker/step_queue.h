@@ -18,7 +18,6 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
 
 namespace tessel::worker {
 
@@ -78,9 +77,6 @@ class CompletionQueue {
   CompletionQueue& operator=(const CompletionQueue&) = delete;
 
   void Push(std::function<void()> f);
-  // Waits until every closure pushed so far has run, at most `timeout`;
-  // returns whether they have.
-  bool AwaitIdle(absl::Duration timeout = absl::InfiniteDuration());
 
  private:
   void Loop();
@@ -88,7 +84,6 @@ class CompletionQueue {
   const std::string name_;
   absl::Mutex mu_;
   std::deque<std::function<void()>> pending_ ABSL_GUARDED_BY(mu_);
-  bool running_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

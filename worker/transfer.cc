@@ -107,7 +107,8 @@ absl::Status CheckRegion(const v1::TensorType& block, const v1::Region& region, 
   return absl::OkStatus();
 }
 
-absl::StatusOr<BufferPtr> BeginTransfer(const v1::RunRequest& r, Device& device, const BufferPtr& source) {
+absl::StatusOr<BufferPtr> RunTransfer(const v1::RunRequest& r, Device& device, const BufferPtr& source,
+                                      CommunicatorRegistry* collectives, int* last_round) {
   const v1::Transfer& t = r.transfer();
   const std::string what = absl::StrCat("execution ", r.execution_id(), " (reshard) on ", device.name());
   if (device.kind() != "cpu") {
@@ -155,15 +156,8 @@ absl::StatusOr<BufferPtr> BeginTransfer(const v1::RunRequest& r, Device& device,
   if (has_target) {
     TESSEL_ASSIGN_OR_RETURN(target, device.Allocate(ByteSizeUnchecked(t.target_block())));
   }
-  return target;
-}
-
-absl::Status MoveTransfer(const v1::RunRequest& r, const BufferPtr& source, const BufferPtr& target,
-                          CommunicatorRegistry* collectives, int* last_round) {
-  const v1::Transfer& t = r.transfer();
-  const std::string what = absl::StrCat("execution ", r.execution_id(), " (reshard)");
-  const char* src = source != nullptr ? static_cast<const char*>(source->opaque()) : nullptr;
-  char* dst = target != nullptr ? static_cast<char*>(target->opaque()) : nullptr;
+  const char* src = has_source ? static_cast<const char*>(source->opaque()) : nullptr;
+  char* dst = has_target ? static_cast<char*>(target->opaque()) : nullptr;
   std::vector<char> staging;
   // Local copies first: they need no peer.
   for (const v1::TransferPiece& p : t.pieces()) {
@@ -177,7 +171,7 @@ absl::Status MoveTransfer(const v1::RunRequest& r, const BufferPtr& source, cons
       Unpack(t.target_block(), p.to(), staging.data(), dst);
     }
   }
-  if (t.rounds() == 0) return absl::OkStatus();
+  if (t.rounds() == 0) return target;
   if (collectives == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(what, ": this worker has no collectives configured"));
   }
@@ -227,7 +221,7 @@ absl::Status MoveTransfer(const v1::RunRequest& r, const BufferPtr& source, cons
                                          v1::U8, pairs));
     if (recv != nullptr && recv_off < 0) Unpack(t.target_block(), recv->to(), recv_staging.data(), dst);
   }
-  return absl::OkStatus();
+  return target;
 }
 
 void AbandonTransfer(const v1::RunRequest& r, CommunicatorRegistry* collectives, int last_round,

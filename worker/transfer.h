@@ -9,8 +9,7 @@
 // Host-memory devices only: the transfer reads and writes the blocks by
 // address, and the group is the worker's collective transport.
 //
-// Thread-safety: free functions. BeginTransfer runs on the device's step
-// thread; MoveTransfer on its transfer lane (see WorkerRuntime).
+// Thread-safety: free functions, called on the device's step thread.
 #pragma once
 
 #include <cstdint>
@@ -32,16 +31,11 @@ int64_t RegionBytes(const v1::TensorType& block, const v1::Region& region);
 // INVALID_ARGUMENT naming `what` unless `region` has the block's rank and lies inside it.
 absl::Status CheckRegion(const v1::TensorType& block, const v1::Region& region, const std::string& what);
 
-// This device's part runs in two halves. BeginTransfer checks the whole
-// plan against `source` (the block held here; null when the request has no
-// argument) and allocates the target block (null when the request has no
-// output); nothing has moved yet. MoveTransfer then copies the local pieces
-// and runs the rounds; `last_round` is set to each round as it starts. The
-// source's contents are read only by MoveTransfer, so a source still being
-// made may be handed to BeginTransfer.
-absl::StatusOr<BufferPtr> BeginTransfer(const v1::RunRequest& request, Device& device, const BufferPtr& source);
-absl::Status MoveTransfer(const v1::RunRequest& request, const BufferPtr& source, const BufferPtr& target,
-                          CommunicatorRegistry* collectives, int* last_round);
+// Runs this device's part. `source`: the block held here (null when the
+// request has no argument). Returns the target block (null when the
+// request has no output). `last_round` is set to each round as it starts.
+absl::StatusOr<BufferPtr> RunTransfer(const v1::RunRequest& request, Device& device, const BufferPtr& source,
+                                      CommunicatorRegistry* collectives, int* last_round);
 
 // After this device's transfer failed with `cause`: abandons every round
 // after `last_round`, so the peers fail at once instead of waiting.

@@ -21,15 +21,12 @@ WorkerRuntime::WorkerRuntime(Options options)
     : devices_(std::move(options.devices)), log_(std::move(options.logger)), collectives_(std::move(options.collectives)) {
   for (auto& d : devices_) {
     completions_.push_back(d->asynchronous() ? std::make_unique<CompletionQueue>(d->name() + " completions") : nullptr);
-    lanes_.push_back(d->asynchronous() ? nullptr : std::make_unique<CompletionQueue>(d->name() + " transfers"));
     queues_.push_back(std::make_unique<StepQueue>(d->name()));
   }
 }
 
 WorkerRuntime::~WorkerRuntime() {
-  stopping_ = true;
   queues_.clear();
-  lanes_.clear();
   completions_.clear();
 }
 
@@ -62,6 +59,7 @@ absl::Status WorkerRuntime::LoadProgram(const v1::Program& program) {
 absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r, int* last_collective,
                                                        const std::shared_ptr<Verdict>& verdict,
                                                        std::vector<std::shared_ptr<const Verdict>>& inputs) {
+  if (r.has_transfer()) return RunTransferStep(r, last_collective, verdict, inputs);
   Executable* exe = nullptr;
   const v1::Program* proto = nullptr;
   std::shared_ptr<CommunicatorRegistry> collectives;
@@ -111,15 +109,7 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r, 
       return absl::InvalidArgumentError(absl::StrCat("argument ", i, ": expected ", TypeString(want),
                                                      ", got ", TypeString(a->type)));
     }
-    if (a->verdict != nullptr && completions_[r.device()] == nullptr) {
-      // A transfer's target on a host device: its bytes may still be arriving.
-      if (absl::Status v = a->verdict->Wait(); !v.ok()) {
-        consume();
-        return DependentError(v, absl::StrCat("argument ", i));
-      }
-    } else if (a->verdict != nullptr) {
-      inputs.push_back(std::move(a->verdict));
-    }
+    if (a->verdict != nullptr) inputs.push_back(std::move(a->verdict));
     args.push_back(std::move(a->buffer));
   }
   consume();
@@ -152,9 +142,6 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r, 
     return absl::InvalidArgumentError(absl::StrCat("execution ", r.execution_id(), ": mesh position ",
                                                    r.mesh_position(), " out of range"));
   }
-  // The lane's transfers run their rounds in the groups this step's
-  // collectives may use: they go first, as the peers number them.
-  if (proto->has_mesh() && lanes_[r.device()] != nullptr) lanes_[r.device()]->AwaitIdle();
   TESSEL_ASSIGN_OR_RETURN(std::vector<BufferPtr> outs, exe->Run(args, into, ctx));
   into.clear();
   args.clear();
@@ -175,63 +162,31 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r, 
   return resp;
 }
 
-absl::Status WorkerRuntime::StartTransfer(const v1::RunRequest& r, const RunDone& done) {
-  const std::string what = absl::StrCat("execution ", r.execution_id(), " (reshard)");
+absl::StatusOr<v1::RunResponse> WorkerRuntime::RunTransferStep(const v1::RunRequest& r, int* last_round,
+                                                               const std::shared_ptr<Verdict>& verdict,
+                                                               std::vector<std::shared_ptr<const Verdict>>& inputs) {
   std::shared_ptr<CommunicatorRegistry> collectives;
   {
     absl::MutexLock l(&mu_);
     collectives = collectives_;
   }
   BufferPtr source;
-  std::shared_ptr<const Verdict> source_verdict;  // set while the source is itself arriving
   if (r.arguments_size() == 1) {
     auto a = store_.Get(r.device(), r.arguments(0));
-    if (!a.ok()) return Annotate(a.status(), absl::StrCat(what, ": source: "));
-    if (!a->error.ok()) return DependentError(a->error, absl::StrCat(what, ": the source"));
-    source_verdict = std::move(a->verdict);
+    if (!a.ok()) return Annotate(a.status(), absl::StrCat("execution ", r.execution_id(), " (reshard): source: "));
+    if (!a->error.ok()) return DependentError(a->error, absl::StrCat("execution ", r.execution_id(), ": the source"));
+    if (a->verdict != nullptr) inputs.push_back(std::move(a->verdict));
     source = std::move(a->buffer);
   }
-  TESSEL_ASSIGN_OR_RETURN(BufferPtr target, BeginTransfer(r, *devices_[r.device()], source));
-  auto verdict = std::make_shared<Verdict>();
+  TESSEL_ASSIGN_OR_RETURN(BufferPtr target,
+                          RunTransfer(r, *devices_[r.device()], source, collectives.get(), last_round));
+  source.reset();
   if (r.outputs_size() == 1) {
-    TESSEL_RETURN_IF_ERROR(
-        store_.Insert(r.device(), r.outputs(0), StoredArray{target, r.transfer().target_block(), {}, verdict}));
+    TESSEL_RETURN_IF_ERROR(store_.Insert(r.device(), r.outputs(0),
+                                         StoredArray{std::move(target), r.transfer().target_block(), {}, verdict}));
   }
-  // From here the step's outcome is its verdict: readers of the target wait
-  // on it, and `done` reports it.
-  auto move = [this, r, done, what, collectives = std::move(collectives), source = std::move(source),
-               source_verdict = std::move(source_verdict), target = std::move(target), verdict]() mutable {
-    const bool timed = log_->should_log(spdlog::level::debug);
-    const absl::Time start = timed ? absl::Now() : absl::InfinitePast();
-    int last_round = -1;
-    absl::Status s;
-    if (stopping_) s = absl::UnavailableError(absl::StrCat(what, ": the worker is shutting down"));
-    if (s.ok() && source_verdict != nullptr) {
-      if (absl::Status v = source_verdict->Wait(); !v.ok()) s = DependentError(v, absl::StrCat(what, ": the source"));
-    }
-    if (s.ok()) s = MoveTransfer(r, source, target, collectives.get(), &last_round);
-    source.reset();
-    target.reset();  // a reader that donates it may then reuse it in place
-    if (timed) {
-      log_->debug("device {}: step {} (execution {}, transfer) moved in {} us{}", r.device(), r.seq(),
-                  r.execution_id(), absl::ToInt64Microseconds(absl::Now() - start), s.ok() ? "" : ", failed");
-    }
-    if (s.ok()) {
-      ++steps_run_;
-    } else {
-      log_->warn("execution {} on device {} failed: {}", r.execution_id(), r.device(), s.ToString());
-      AbandonRest(r, last_round, s);
-    }
-    verdict->Set(s);
-    if (s.ok()) return done(v1::RunResponse());
-    done(s);
-  };
-  if (CompletionQueue* lane = lanes_[r.device()].get()) {
-    lane->Push(std::move(move));
-  } else {
-    move();
-  }
-  return absl::OkStatus();
+  ++steps_run_;
+  return v1::RunResponse();
 }
 
 void WorkerRuntime::Run(const v1::RunRequest& request, RunDone done) {
@@ -256,14 +211,6 @@ void WorkerRuntime::Run(const v1::RunRequest& request, RunDone done) {
     // known to have run: readers wait on this verdict.
     auto verdict = completions != nullptr ? std::make_shared<Verdict>() : nullptr;
     std::vector<std::shared_ptr<const Verdict>> inputs;
-    if (request.has_transfer()) {
-      // Reported from the device's transfer lane, unless it fails here.
-      if (absl::Status s = StartTransfer(request, done); !s.ok()) {
-        fail(s, -1);
-        done(s);
-      }
-      return;
-    }
     absl::StatusOr<v1::RunResponse> result = RunStep(request, &last_collective, verdict, inputs);
     if (timed) {
       log_->debug("device {}: step {} (execution {}, {}) ran in {} us{}", request.device(), request.seq(),
@@ -440,7 +387,6 @@ v1::WorkerStatsResponse WorkerRuntime::Stats(absl::Span<const uint64_t> sequence
   const absl::Time deadline = absl::Now() + wait;
   for (size_t d = 0; d < sequenced.size() && d < queues_.size(); ++d) {
     queues_[d]->AwaitCompleted(sequenced[d], std::max(deadline - absl::Now(), absl::ZeroDuration()));
-    if (lanes_[d] != nullptr) lanes_[d]->AwaitIdle(std::max(deadline - absl::Now(), absl::ZeroDuration()));
   }
   v1::WorkerStatsResponse r;
   for (const auto& d : devices_) {

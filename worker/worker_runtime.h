@@ -4,11 +4,9 @@
 // The gRPC service is a thin shell over this class.
 //
 // Thread-safety: every public method may be called from any thread.
-// Completion callbacks run on a device's queue thread (a transfer's on its
-// transfer lane).
+// Completion callbacks run on a device's queue thread.
 #pragma once
 
-#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -92,11 +90,10 @@ class WorkerRuntime {
   absl::StatusOr<v1::RunResponse> RunStep(const v1::RunRequest& request, int* last_collective,
                                           const std::shared_ptr<Verdict>& verdict,
                                           std::vector<std::shared_ptr<const Verdict>>& inputs);
-  // A reshard's part on this device (request.transfer). Checked and its
-  // target stored (behind a verdict) on the step thread; the bytes move on
-  // the device's transfer lane, and `done` runs from there.
-  // An error returned here is the step's: nothing was handed to the lane.
-  absl::Status StartTransfer(const v1::RunRequest& request, const RunDone& done);
+  // A reshard's part on this device (request.transfer); `last_round` as `last_collective`.
+  absl::StatusOr<v1::RunResponse> RunTransferStep(const v1::RunRequest& request, int* last_round,
+                                                  const std::shared_ptr<Verdict>& verdict,
+                                                  std::vector<std::shared_ptr<const Verdict>>& inputs);
   // After a failed step: lets the peers of every collective it did not reach know.
   void AbandonRest(const v1::RunRequest& request, int last_collective, const absl::Status& cause);
 
@@ -113,13 +110,6 @@ class WorkerRuntime {
   // Per asynchronous device (else null): its steps' reports, each behind a
   // wait for the step's work. Joined after the step queues that feed them.
   std::vector<std::unique_ptr<CompletionQueue>> completions_;
-  // Per device: its transfers' exchanges, in step order, off the step
-  // thread, so a device that sends goes on to its next step while the peer
-  // is still busy; a later step that reads a transfer's target waits on its
-  // verdict, and one that runs collectives waits for the lane to empty (the
-  // group's rounds stay in step order). Joined after the step queues.
-  std::vector<std::unique_ptr<CompletionQueue>> lanes_;
-  std::atomic<bool> stopping_{false};  // lanes skip exchanges once set
   std::vector<std::unique_ptr<StepQueue>> queues_;  // last: joined first
 };
 
