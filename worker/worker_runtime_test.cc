@@ -294,14 +294,20 @@ std::vector<float> Read(WorkerRuntime& runtime, int device, uint64_t handle) {
   return v;
 }
 
+// Queues device 1's part of execution `execution` (target: array 3), then
+// a step that doubles the target into array 4.
+void ReceiveAndRead(WorkerRuntime& runtime, int64_t execution, Report* receive, Report* reader) {
+  RunInto(runtime, TransferPart(1, execution, 0, 3), receive);
+  RunInto(runtime, Double(1, 1, execution + 1, 3, 4), reader);
+}
+
 // A step queued behind a receive reads the target only once its bytes are
 // in, however late the sender comes.
 TEST(WorkerRuntime, AStepThatReadsATransfersTargetWaitsForItsBytes) {
   auto runtime = TwoHostDevices();
   ASSERT_NE(runtime, nullptr);
   Report receive, reader, send;
-  RunInto(*runtime, TransferPart(1, 310, 0, 3), &receive);
-  RunInto(*runtime, Double(1, 1, 311, 3, 4), &reader);
+  ReceiveAndRead(*runtime, 310, &receive, &reader);
   absl::SleepFor(absl::Milliseconds(50));  // ample time to read a target whose bytes have not come
   EXPECT_FALSE(reader.done.HasBeenNotified()) << "the reader ran before the sender sent";
   RunInto(*runtime, TransferPart(0, 310, 1, 0), &send);
@@ -319,8 +325,7 @@ TEST(WorkerRuntime, AFailedSendFailsTheReceiverAndEveryReaderOfTheTarget) {
   auto runtime = TwoHostDevices();
   ASSERT_NE(runtime, nullptr);
   Report receive, reader, send;
-  RunInto(*runtime, TransferPart(1, 320, 0, 3), &receive);
-  RunInto(*runtime, Double(1, 1, 321, 3, 4), &reader);
+  ReceiveAndRead(*runtime, 320, &receive, &reader);
   RunInto(*runtime, TransferPart(0, 320, 0x77, 0), &send);  // array 0x77 was never put
   for (Report* r : {&send, &receive, &reader}) {
     ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
