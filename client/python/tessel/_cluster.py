@@ -141,11 +141,24 @@ class LocalCluster:
             channel.close()
 
     def kill_worker(self, i, sig=signal.SIGKILL):
-        """Sends `sig` to worker `i` (to test what losing a worker does)."""
+        """Sends `sig` to worker `i` (to test what losing a worker does, or,
+        with SIGSTOP and SIGCONT, what pausing one does) and returns once it
+        has taken effect: a stop lands when the kernel next schedules one of
+        the worker's threads, which on a loaded machine can be after the
+        caller's next step has reached it."""
         p = self._procs[1 + i]
         p.send_signal(sig)
         if sig == signal.SIGKILL:
             p.wait()
+        elif sig == signal.SIGSTOP:
+            while True:
+                _, status = os.waitpid(p.pid, os.WUNTRACED)
+                if os.WIFSTOPPED(status):
+                    return
+                if os.WIFEXITED(status) or os.WIFSIGNALED(status):
+                    p.returncode = os.waitstatus_to_exitcode(status)
+                    raise errors.TesselError(f"tessel-worker {i} exited instead of stopping (rc {p.returncode})",
+                                             "UNAVAILABLE")
 
     def close(self):
         if self.session is not None:

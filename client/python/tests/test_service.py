@@ -320,3 +320,21 @@ def test_tessel_top_shows_each_devices_rate_queue_and_memory():
                              capture_output=True, text=True, timeout=30)
         assert bad.returncode != 0 and "--interval: expected a positive number" in bad.stderr
     _context.set_default_session(previous)
+
+
+def _process_state(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_worker_paused_by_kill_worker_is_stopped_when_the_call_returns(tmp_path):
+    # A test that pauses a worker and then runs a step must not find the
+    # worker still running that step: the stop has landed when the call returns.
+    import tessel
+    with tessel.LocalCluster(2, 1, log_dir=str(tmp_path), connect=False) as c:
+        for _ in range(20):
+            c.kill_worker(1, signal.SIGSTOP)
+            assert _process_state(c.worker_pids[1]) == "T"
+            c.kill_worker(1, signal.SIGCONT)
+            assert _process_state(c.worker_pids[1]) != "T"
+        assert _process_state(c.worker_pids[0]) != "T"
