@@ -81,22 +81,56 @@ constexpr char kProgram[] = R"pb(
   output_types { dtype: F32 dims: 4 }
 )pb";
 
+constexpr char kDouble[] = R"pb(
+  executable_id: "double"
+  parameters { name: "x" op: PARAMETER type { dtype: F32 dims: 4 } }
+  instructions { node { name: "y" op: ADD operands: "x" operands: "x" type { dtype: F32 dims: 4 } } }
+  outputs: "y"
+  output_types { dtype: F32 dims: 4 }
+)pb";
+
 struct Report {
   absl::Notification done;
   absl::StatusOr<v1::RunResponse> result;
 };
 
+// A runtime over `devices` (and `collectives`, when given) with "twos" and
+// "double" loaded.
+std::unique_ptr<WorkerRuntime> NewRuntime(std::vector<std::unique_ptr<Device>> devices,
+                                          std::shared_ptr<CommunicatorRegistry> collectives = nullptr) {
+  WorkerRuntime::Options options;
+  options.devices = std::move(devices);
+  options.collectives = std::move(collectives);
+  options.logger = std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::null_sink_mt>());
+  auto runtime = WorkerRuntime::Create(std::move(options));
+  EXPECT_TRUE(runtime.ok()) << runtime.status();
+  if (!runtime.ok()) return nullptr;
+  for (const char* text : {kProgram, kDouble}) {
+    v1::Program p;
+    EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &p));
+    EXPECT_TRUE((*runtime)->LoadProgram(p).ok());
+  }
+  return std::move(*runtime);
+}
+
+std::unique_ptr<WorkerRuntime> NewRuntime(std::unique_ptr<Device> device) {
+  std::vector<std::unique_ptr<Device>> devices;
+  devices.push_back(std::move(device));
+  return NewRuntime(std::move(devices));
+}
+
+void RunInto(WorkerRuntime& runtime, const v1::RunRequest& r, Report* rep) {
+  runtime.Run(r, [rep](absl::StatusOr<v1::RunResponse> result) {
+    rep->result = std::move(result);
+    rep->done.Notify();
+  });
+}
+
 TEST(WorkerRuntime, AStepOnAnAsynchronousDeviceIsReportedOnceItsWorkHasFinished) {
   auto device = std::make_unique<GatedDevice>();
   GatedDevice* gated = device.get();
-  WorkerRuntime::Options options;
-  options.devices.push_back(std::move(device));
-  options.logger = std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::null_sink_mt>());
-  auto runtime = WorkerRuntime::Create(std::move(options));
-  ASSERT_TRUE(runtime.ok()) << runtime.status();
-  v1::Program p;
-  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(kProgram, &p));
-  ASSERT_TRUE((*runtime)->LoadProgram(p).ok());
+  auto runtime = NewRuntime(std::move(device));
+  ASSERT_NE(runtime, nullptr);
 
   Report reports[2];
   for (int i = 0; i < 2; ++i) {
@@ -105,11 +139,7 @@ TEST(WorkerRuntime, AStepOnAnAsynchronousDeviceIsReportedOnceItsWorkHasFinished)
     r.set_seq(i);
     r.set_execution_id(100 + i);
     r.add_outputs(i + 1);
-    Report* rep = &reports[i];
-    (*runtime)->Run(r, [rep](absl::StatusOr<v1::RunResponse> result) {
-      rep->result = std::move(result);
-      rep->done.Notify();
-    });
+    RunInto(*runtime, r, &reports[i]);
   }
   // Both steps ran their Run (the second did not wait for the first's work)...
   ASSERT_TRUE(gated->AwaitFences(2));
@@ -129,23 +159,15 @@ TEST(WorkerRuntime, AStepOnAnAsynchronousDeviceIsReportedOnceItsWorkHasFinished)
             std::string::npos)
       << reports[0].result.status();
   EXPECT_TRUE(reports[1].result.ok()) << reports[1].result.status();
-  auto first = (*runtime)->GetForFetch(0, 1);
+  auto first = runtime->GetForFetch(0, 1);
   ASSERT_FALSE(first.ok());
   EXPECT_NE(first.status().message().find("illegal memory access"), std::string::npos) << first.status();
-  auto second = (*runtime)->GetForFetch(0, 2);
+  auto second = runtime->GetForFetch(0, 2);
   ASSERT_TRUE(second.ok()) << second.status();
   float host[4];
   ASSERT_TRUE(gated->CopyToHost(*second->buffer, 0, host, sizeof(host)).ok());
   for (float v : host) EXPECT_EQ(v, 2.0f);
 }
-
-constexpr char kDouble[] = R"pb(
-  executable_id: "double"
-  parameters { name: "x" op: PARAMETER type { dtype: F32 dims: 4 } }
-  instructions { node { name: "y" op: ADD operands: "x" operands: "x" type { dtype: F32 dims: 4 } } }
-  outputs: "y"
-  output_types { dtype: F32 dims: 4 }
-)pb";
 
 // A step queued before the verdict on the step whose output it reads ran
 // on what that step left: when that step's work fails, the reader fails
@@ -154,16 +176,8 @@ constexpr char kDouble[] = R"pb(
 TEST(WorkerRuntime, AStepThatReadAFailedStepsOutputFailsThoughItsOwnWorkFinished) {
   auto device = std::make_unique<GatedDevice>();
   GatedDevice* gated = device.get();
-  WorkerRuntime::Options options;
-  options.devices.push_back(std::move(device));
-  options.logger = std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::null_sink_mt>());
-  auto runtime = WorkerRuntime::Create(std::move(options));
-  ASSERT_TRUE(runtime.ok()) << runtime.status();
-  for (const char* text : {kProgram, kDouble}) {
-    v1::Program p;
-    ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &p));
-    ASSERT_TRUE((*runtime)->LoadProgram(p).ok());
-  }
+  auto runtime = NewRuntime(std::move(device));
+  ASSERT_NE(runtime, nullptr);
   Report reports[2];
   for (int i = 0; i < 2; ++i) {
     v1::RunRequest r;
@@ -172,11 +186,7 @@ TEST(WorkerRuntime, AStepThatReadAFailedStepsOutputFailsThoughItsOwnWorkFinished
     r.set_execution_id(200 + i);
     if (i == 1) r.add_arguments(1);
     r.add_outputs(i + 1);
-    Report* rep = &reports[i];
-    (*runtime)->Run(r, [rep](absl::StatusOr<v1::RunResponse> result) {
-      rep->result = std::move(result);
-      rep->done.Notify();
-    });
+    RunInto(*runtime, r, &reports[i]);
   }
   ASSERT_TRUE(gated->AwaitFences(2));  // the reader's Run read the output before its producer's verdict
   gated->Open(1, absl::OkStatus());
@@ -190,7 +200,7 @@ TEST(WorkerRuntime, AStepThatReadAFailedStepsOutputFailsThoughItsOwnWorkFinished
   EXPECT_NE(reports[1].result.status().message().find("execution 201"), std::string::npos)
       << reports[1].result.status();
   for (uint64_t h : {1, 2}) {
-    auto a = (*runtime)->GetForFetch(0, h);
+    auto a = runtime->GetForFetch(0, h);
     ASSERT_FALSE(a.ok()) << h;
     EXPECT_NE(a.status().message().find("a peer stalled"), std::string::npos) << a.status();
   }
@@ -201,38 +211,30 @@ TEST(WorkerRuntime, AStepThatReadAFailedStepsOutputFailsThoughItsOwnWorkFinished
 // Two host devices of one worker (their ranks meet in memory), with the
 // programs above loaded and x = [1, 2, 3, 4] put as array 1 on device 0.
 std::unique_ptr<WorkerRuntime> TwoHostDevices() {
-  WorkerRuntime::Options options;
+  std::vector<std::unique_ptr<Device>> devices;
   for (int i = 0; i < 2; ++i) {
-    options.devices.push_back(std::make_unique<cpu::CpuDevice>(cpu::CpuDevice::Options{.local_index = i}));
+    devices.push_back(std::make_unique<cpu::CpuDevice>(cpu::CpuDevice::Options{.local_index = i}));
   }
-  options.logger = std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::null_sink_mt>());
   CollectivesOptions c;
   c.self = "w0";
   c.timeout = absl::Seconds(20);
   auto registry = NewCommunicatorRegistry(c);
   EXPECT_TRUE(registry.ok()) << registry.status();
   if (!registry.ok()) return nullptr;
-  options.collectives = std::move(*registry);
-  auto runtime = WorkerRuntime::Create(std::move(options));
-  EXPECT_TRUE(runtime.ok()) << runtime.status();
-  if (!runtime.ok()) return nullptr;
-  for (const char* text : {kProgram, kDouble}) {
-    v1::Program p;
-    EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &p));
-    EXPECT_TRUE((*runtime)->LoadProgram(p).ok());
-  }
+  auto runtime = NewRuntime(std::move(devices), std::move(*registry));
+  if (runtime == nullptr) return nullptr;
   v1::PutShardRequest::Header h;
   h.set_buffer(1);
   h.mutable_type()->set_dtype(v1::F32);
   h.mutable_type()->add_dims(4);
   h.add_devices(0);
-  auto put = (*runtime)->BeginPut(h);
+  auto put = runtime->BeginPut(h);
   EXPECT_TRUE(put.ok()) << put.status();
   if (!put.ok()) return nullptr;
   const float x[4] = {1, 2, 3, 4};
   EXPECT_TRUE((*put)->Write(std::string(reinterpret_cast<const char*>(x), sizeof(x))).ok());
   EXPECT_TRUE((*put)->Finish().ok());
-  return std::move(*runtime);
+  return runtime;
 }
 
 // Device `device`'s part of moving f32[4] from device 0 (array `source`)
@@ -276,13 +278,6 @@ v1::RunRequest Double(int device, uint64_t seq, int64_t execution, uint64_t in, 
   r.add_arguments(in);
   r.add_outputs(out);
   return r;
-}
-
-void RunInto(WorkerRuntime& runtime, const v1::RunRequest& r, Report* rep) {
-  runtime.Run(r, [rep](absl::StatusOr<v1::RunResponse> result) {
-    rep->result = std::move(result);
-    rep->done.Notify();
-  });
 }
 
 std::vector<float> Read(WorkerRuntime& runtime, int device, uint64_t handle) {
