@@ -131,6 +131,16 @@ absl::StatusOr<FusedLoop> FusedLoop::Build(const v1::Fusion& fusion,
       slot_of[n.name()] = slot;
       continue;
     }
+    if (n.op() == v1::BROADCAST_IN_DIM && out_it == output_index.end() && n.operands_size() == 1) {
+      // A broadcast of a splatted one-element value reads as that value's
+      // block: no copy per block.
+      auto src = slot_of.find(n.operands(0));
+      if (src != slot_of.end() && f.slots_[src->second].kind == SlotKind::kConst &&
+          f.slots_[src->second].dtype == dt) {
+        slot_of[n.name()] = src->second;
+        continue;
+      }
+    }
     if (n.op() != v1::CONSTANT && n.op() != v1::BROADCAST_IN_DIM && !IsElementwise(n.op())) {
       return absl::InternalError(absl::StrCat("fusion holds non-elementwise node '", n.name(),
                                               "' (", OpName(n.op()), ")"));

@@ -225,6 +225,34 @@ TEST(FusedLoop, StreamedOutputsEqualStepByStep) {
   CheckChain(n, 2, 3);
 }
 
+// A broadcast of a one-element value reads the value's splatted block in
+// place; one that is also an output is still written out, every block.
+TEST(FusedLoop, BroadcastsOfOneElementValuesReadInPlaceAndAreWrittenWhenOutputs) {
+  const int64_t n = FusedLoop::kBlock * 2 + 9;
+  v1::Fusion f;
+  f.add_inputs("x");
+  f.add_inputs("s");
+  auto node = [&](const char* name, v1::Op op, std::vector<std::string> operands) {
+    return AddNode(f, n, name, op, std::move(operands));
+  };
+  node("sb", v1::BROADCAST_IN_DIM, {"s"})->mutable_broadcast_in_dim()->add_dims(n);
+  node("sb2", v1::BROADCAST_IN_DIM, {"s"})->mutable_broadcast_in_dim()->add_dims(n);
+  node("m", v1::MUL, {"x", "sb"});
+  node("y", v1::ADD, {"m", "sb2"});
+  f.add_outputs("y");
+  f.add_outputs("sb2");
+  auto loop = FusedLoop::Build(f, {MakeType(v1::F32, {n}), MakeType(v1::F32, {})});
+  ASSERT_TRUE(loop.ok()) << loop.status();
+  auto x = Random(n, 9);
+  const float s = -1.75f;
+  std::vector<float> y(n, 0.0f), sb(n, 0.0f);
+  loop->Run({x.data(), &s}, {y.data(), sb.data()}, 2);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_FLOAT_EQ(y[i], x[i] * s + s) << i;
+    ASSERT_EQ(sb[i], s) << i;
+  }
+}
+
 // A fusion bound to fixed buffers (a device-side loop's form): constants
 // written once at bind, a one-element input splatted on every run from
 // wherever it now points, inputs re-pointed between runs.
