@@ -1,6 +1,5 @@
 #include <grpcpp/grpcpp.h>
 
-#include <thread>
 #include <tuple>
 
 #include "absl/container/flat_hash_map.h"
@@ -21,116 +20,166 @@ using StepDone = std::function<void(absl::Status, v1::RunResponse*)>;
 // over in each epoch, so the seq alone names two steps.
 using StepKey = std::tuple<int, uint64_t, uint64_t>;
 
-// Runs and frees over one Steps stream to a worker. Send queues and never
-// blocks; a writer thread sends what has queued as one batch. Results come
-// back by (device, seq) on a reader thread; when the stream ends, every step
-// still waiting fails with UNAVAILABLE.
-class StepStream {
+// Runs and frees over one Steps stream to a worker, on gRPC's callback API:
+// no thread of its own. Send queues and never blocks; while a batch is on
+// the wire, what queues behind it goes as the next batch. Results come back
+// by (device, queue epoch, seq) in OnReadDone; when the stream ends, every
+// step still waiting fails with UNAVAILABLE.
+//
+// Lifetime: the stream owns itself until gRPC calls OnDone (its last
+// callback), so a completion that drops the client's reference (a step's
+// callback that sends the next one on a fresh stream) cannot free it
+// under a callback. A hold keeps the call open while writes may still be
+// started from Send; it is released once no more can be (the read side
+// ended, a write failed) and none is in flight.
+class StepStream final : public grpc::ClientBidiReactor<v1::StepBatch, v1::StepResults> {
  public:
-  StepStream(v1::Worker::Stub* stub, std::string address, std::function<void()> on_lost)
-      : address_(std::move(address)), on_lost_(std::move(on_lost)) {
-    stream_ = stub->Steps(&ctx_);
-    writer_ = std::thread([this] { WriteLoop(); });
-    reader_ = std::thread([this] { ReadLoop(); });
-  }
-  ~StepStream() {
-    {
-      absl::MutexLock l(&mu_);
-      closing_ = true;
-    }
-    writer_.join();
-    ctx_.TryCancel();
-    // The last owner may be a callback running on the reader thread itself
-    // (a step's completion that sends the next one on a fresh stream).
-    if (std::this_thread::get_id() == reader_.get_id()) {
-      reader_.detach();
-    } else {
-      reader_.join();
-    }
+  static std::shared_ptr<StepStream> Open(v1::Worker::Stub* stub, std::string address, std::function<void()> on_lost) {
+    std::shared_ptr<StepStream> s(new StepStream(std::move(address), std::move(on_lost)));
+    s->self_ = s;
+    stub->async()->Steps(&s->ctx_, s.get());
+    s->AddHold();
+    s->StartRead(&s->in_);
+    s->StartCall();
+    return s;
   }
 
-  // False when the stream has ended (`done` is then not called).
+  // False when the stream no longer takes steps (`done` is then not called).
   bool Send(v1::StepRequest req, const StepKey& key, StepDone done) {
-    absl::MutexLock l(&mu_);
-    if (ended_) return false;
-    if (!waiting_.try_emplace(key, done).second) {
-      // The coordinator never numbers two steps alike; answering one with
-      // the other's result would be worse than failing it.
-      done(absl::InternalError(absl::StrCat("worker ", address_, ": a step for device ", std::get<0>(key),
-                                            ", queue epoch ", std::get<1>(key), ", seq ", std::get<2>(key),
-                                            " is already in flight")),
-           nullptr);
-      return true;
+    {
+      absl::MutexLock l(&mu_);
+      if (stopped_) return false;
+      if (!waiting_.try_emplace(key, done).second) {
+        // The coordinator never numbers two steps alike; answering one with
+        // the other's result would be worse than failing it.
+        done(absl::InternalError(absl::StrCat("worker ", address_, ": a step for device ", std::get<0>(key),
+                                              ", queue epoch ", std::get<1>(key), ", seq ", std::get<2>(key),
+                                              " is already in flight")),
+             nullptr);
+        return true;
+      }
+      *queue_.add_steps() = std::move(req);
+      if (writing_) return true;  // goes with the next batch, from OnWriteDone
+      writing_ = true;
+      out_.Clear();
+      out_.Swap(&queue_);
     }
-    *queue_.add_steps() = std::move(req);
+    StartWrite(&out_);
     return true;
   }
 
   void Cancel() { ctx_.TryCancel(); }
 
- private:
-  void WriteLoop() {
-    v1::StepBatch batch;
-    while (true) {
-      {
-        absl::MutexLock l(&mu_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.steps_size() > 0 || closing_ || ended_; };
-        mu_.Await(absl::Condition(&ready));
-        if (queue_.steps_size() == 0 || ended_) break;
-        batch.Clear();
-        batch.Swap(&queue_);
-      }
-      if (!stream_->Write(batch)) break;  // the reader fails what waits
-    }
-    stream_->WritesDone();
+  // Cancels the call and returns once OnDone has failed what was waiting;
+  // from inside one of this stream's own callbacks (a completion that let
+  // go of the last client), at once: OnDone comes after that callback.
+  void Close() {
+    ctx_.TryCancel();
+    if (in_callback == this) return;
+    absl::MutexLock l(&mu_);
+    mu_.Await(absl::Condition(&finished_));
   }
 
-  void ReadLoop() {
-    v1::StepResults batch;
-    while (stream_->Read(&batch)) {
-      for (v1::StepResult& r : *batch.mutable_results()) {
-        StepDone done;
-        {
-          absl::MutexLock l(&mu_);
-          auto it = waiting_.find(StepKey{r.device(), r.queue_epoch(), r.seq()});
-          if (it == waiting_.end()) continue;
-          done = std::move(it->second);
-          waiting_.erase(it);
-        }
-        absl::Status status(static_cast<absl::StatusCode>(r.code()), r.error());
-        if (r.group_broken()) status.SetPayload(kGroupBrokenPayload, absl::Cord("1"));
-        done(std::move(status), r.mutable_run());
+  void OnWriteDone(bool ok) override {
+    bool next = false, release = false;
+    {
+      absl::MutexLock l(&mu_);
+      next = ok && !stopped_ && queue_.steps_size() > 0;
+      if (next) {
+        out_.Clear();
+        out_.Swap(&queue_);
+      } else {
+        writing_ = false;
+        if (!ok) stopped_ = true;  // the read fails too, and OnDone fails what waits
+        release = ReleaseHoldLocked();
       }
     }
-    grpc::Status s = stream_->Finish();
+    if (!ok) ctx_.TryCancel();
+    if (next) StartWrite(&out_);
+    if (release) RemoveHold();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      bool release = false;
+      {
+        absl::MutexLock l(&mu_);
+        stopped_ = true;
+        release = ReleaseHoldLocked();
+      }
+      if (release) RemoveHold();
+      return;
+    }
+    CallbackScope scope(this);
+    for (v1::StepResult& r : *in_.mutable_results()) {
+      StepDone done;
+      {
+        absl::MutexLock l(&mu_);
+        auto it = waiting_.find(StepKey{r.device(), r.queue_epoch(), r.seq()});
+        if (it == waiting_.end()) continue;
+        done = std::move(it->second);
+        waiting_.erase(it);
+      }
+      absl::Status status(static_cast<absl::StatusCode>(r.code()), r.error());
+      if (r.group_broken()) status.SetPayload(kGroupBrokenPayload, absl::Cord("1"));
+      done(std::move(status), r.mutable_run());
+    }
+    StartRead(&in_);
+  }
+
+  void OnDone(const grpc::Status& s) override {
     absl::flat_hash_map<StepKey, StepDone> orphans;
     {
       absl::MutexLock l(&mu_);
-      ended_ = true;
+      stopped_ = true;
       orphans.swap(waiting_);
     }
     const absl::Status why = absl::UnavailableError(absl::StrCat(
         "worker ", address_, " unavailable: step stream ended", s.ok() ? "" : ": ", s.error_message()));
-    // The callbacks may drop the last reference to this stream (its
-    // destructor then detaches this thread): nothing of `this` is touched
-    // after the first one runs.
-    const std::function<void()> on_lost = orphans.empty() ? nullptr : on_lost_;
-    for (auto& [key, done] : orphans) done(why, nullptr);
-    if (on_lost) on_lost();
+    {
+      CallbackScope scope(this);
+      for (auto& [key, done] : orphans) done(why, nullptr);
+      if (!orphans.empty() && on_lost_) on_lost_();
+    }
+    std::shared_ptr<StepStream> last = std::move(self_);  // may free this on return
+    absl::MutexLock l(&mu_);
+    finished_ = true;
+  }
+
+ private:
+  StepStream(std::string address, std::function<void()> on_lost)
+      : address_(std::move(address)), on_lost_(std::move(on_lost)) {}
+
+  // The stream whose callback this thread is running, if any.
+  static thread_local const StepStream* in_callback;
+  struct CallbackScope {
+    explicit CallbackScope(const StepStream* s) : outer(in_callback) { in_callback = s; }
+    ~CallbackScope() { in_callback = outer; }
+    const StepStream* const outer;
+  };
+  // True once, when no write is in flight and none can start.
+  bool ReleaseHoldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!stopped_ || writing_ || hold_released_) return false;
+    hold_released_ = true;
+    return true;
   }
 
   const std::string address_;
   const std::function<void()> on_lost_;
   grpc::ClientContext ctx_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::StepBatch, v1::StepResults>> stream_;
+  v1::StepResults in_;  // the read in flight
+  v1::StepBatch out_;   // the write in flight (owned by whoever set writing_)
+  std::shared_ptr<StepStream> self_;  // until OnDone
   absl::Mutex mu_;
   v1::StepBatch queue_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<StepKey, StepDone> waiting_ ABSL_GUARDED_BY(mu_);
-  bool ended_ ABSL_GUARDED_BY(mu_) = false;
-  bool closing_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread writer_;
-  std::thread reader_;  // last: joined before the rest goes
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  bool hold_released_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
+
+thread_local const StepStream* StepStream::in_callback = nullptr;
 
 class GrpcWorkerClient final : public WorkerClient {
  public:
@@ -143,6 +192,15 @@ class GrpcWorkerClient final : public WorkerClient {
     args.SetMaxSendMessageSize(64 << 20);
     if (creds == nullptr) creds = grpc::InsecureChannelCredentials();
     stub_ = v1::Worker::NewStub(CreateChannelWithToken(address, std::move(creds), args, secret));
+  }
+
+  ~GrpcWorkerClient() override {
+    std::shared_ptr<StepStream> steps;
+    {
+      absl::MutexLock l(&mu_);
+      steps = std::move(steps_);
+    }
+    if (steps) steps->Close();
   }
 
   absl::Status LoadProgram(const v1::Program& program) override {
@@ -225,7 +283,7 @@ class GrpcWorkerClient final : public WorkerClient {
         if (dead_) break;
         if (!steps_ || attempt > 0) {
           ended = std::move(steps_);
-          steps_ = std::make_shared<StepStream>(stub_.get(), address_, on_lost_);
+          steps_ = StepStream::Open(stub_.get(), address_, on_lost_);
         }
         stream = steps_;
       }
