@@ -225,20 +225,30 @@ TEST(FusedLoop, StreamedOutputsEqualStepByStep) {
   CheckChain(n, 2, 3);
 }
 
+// A fusion of f32[n] nodes over inputs x (f32[n]) and s (one element),
+// starting sb = broadcast(s), m = x * sb; tests add the rest.
+struct ScaleFusion {
+  explicit ScaleFusion(int64_t n) : n(n) {
+    f.add_inputs("x");
+    f.add_inputs("s");
+    Add("sb", v1::BROADCAST_IN_DIM, {"s"})->mutable_broadcast_in_dim()->add_dims(n);
+    Add("m", v1::MUL, {"x", "sb"});
+  }
+  v1::Node* Add(const char* name, v1::Op op, std::vector<std::string> operands) {
+    return AddNode(f, n, name, op, std::move(operands));
+  }
+  const int64_t n;
+  v1::Fusion f;
+};
+
 // A broadcast of a one-element value reads the value's splatted block in
 // place; one that is also an output is still written out, every block.
 TEST(FusedLoop, BroadcastsOfOneElementValuesReadInPlaceAndAreWrittenWhenOutputs) {
   const int64_t n = FusedLoop::kBlock * 2 + 9;
-  v1::Fusion f;
-  f.add_inputs("x");
-  f.add_inputs("s");
-  auto node = [&](const char* name, v1::Op op, std::vector<std::string> operands) {
-    return AddNode(f, n, name, op, std::move(operands));
-  };
-  node("sb", v1::BROADCAST_IN_DIM, {"s"})->mutable_broadcast_in_dim()->add_dims(n);
-  node("sb2", v1::BROADCAST_IN_DIM, {"s"})->mutable_broadcast_in_dim()->add_dims(n);
-  node("m", v1::MUL, {"x", "sb"});
-  node("y", v1::ADD, {"m", "sb2"});
+  ScaleFusion sf(n);
+  sf.Add("sb2", v1::BROADCAST_IN_DIM, {"s"})->mutable_broadcast_in_dim()->add_dims(n);
+  sf.Add("y", v1::ADD, {"m", "sb2"});
+  v1::Fusion& f = sf.f;
   f.add_outputs("y");
   f.add_outputs("sb2");
   auto loop = FusedLoop::Build(f, {MakeType(v1::F32, {n}), MakeType(v1::F32, {})});
@@ -258,16 +268,10 @@ TEST(FusedLoop, BroadcastsOfOneElementValuesReadInPlaceAndAreWrittenWhenOutputs)
 // wherever it now points, inputs re-pointed between runs.
 TEST(FusedLoop, ABoundFusionRereadsItsInputsEveryRunAndFollowsRePointing) {
   const int64_t n = 37;
-  v1::Fusion f;
-  f.add_inputs("x");
-  f.add_inputs("s");
-  auto node = [&](const char* name, v1::Op op, std::vector<std::string> operands) {
-    return AddNode(f, n, name, op, std::move(operands));
-  };
-  node("sb", v1::BROADCAST_IN_DIM, {"s"})->mutable_broadcast_in_dim()->add_dims(n);
-  node("m", v1::MUL, {"x", "sb"});
-  node("i", v1::CONSTANT, {})->mutable_constant()->mutable_iota()->set_dimension(0);
-  node("y", v1::SUB, {"m", "i"});
+  ScaleFusion sf(n);
+  sf.Add("i", v1::CONSTANT, {})->mutable_constant()->mutable_iota()->set_dimension(0);
+  sf.Add("y", v1::SUB, {"m", "i"});
+  v1::Fusion& f = sf.f;
   f.add_outputs("y");
   f.add_outputs("m");
   auto loop = FusedLoop::Build(f, {MakeType(v1::F32, {n}), MakeType(v1::F32, {})});
