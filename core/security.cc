@@ -1,6 +1,9 @@
 #include "core/security.h"
 
 #include <arpa/inet.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
 #include <grpcpp/support/client_interceptor.h>
@@ -10,8 +13,10 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace tessel {
 
@@ -167,6 +172,58 @@ bool SecretEquals(absl::string_view a, absl::string_view b) {
   unsigned char diff = 0;
   for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
   return diff == 0;
+}
+
+namespace {
+
+// HMAC-SHA256 of "<grant>|<expiry ms>" keyed with `secret`, in hex.
+std::string TicketMac(absl::string_view secret, absl::string_view grant, int64_t expiry_ms) {
+  const std::string msg = absl::StrCat(grant, "|", expiry_ms);
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), secret.data(), int(secret.size()), reinterpret_cast<const unsigned char*>(msg.data()),
+       msg.size(), mac, &len);
+  std::string hex;
+  for (unsigned int i = 0; i < len; ++i) absl::StrAppendFormat(&hex, "%02x", mac[i]);
+  return hex;
+}
+
+}  // namespace
+
+std::string ReadGrant(int device, uint64_t buffer) {
+  return absl::StrFormat("read of buffer %#x on device %d", buffer, device);
+}
+
+std::string WriteGrant(uint64_t buffer, absl::string_view type, absl::Span<const int> devices) {
+  return absl::StrFormat("write of buffer %#x (%s) to devices %s", buffer, type, absl::StrJoin(devices, ","));
+}
+
+std::string SignTicket(absl::string_view secret, absl::string_view grant, absl::Time expiry) {
+  const int64_t ms = absl::ToUnixMillis(expiry);
+  return absl::StrCat(ms, ".", TicketMac(secret, grant, ms));
+}
+
+absl::Status CheckTicket(absl::string_view secret, absl::string_view ticket, absl::string_view grant,
+                         absl::Time now) {
+  const size_t dot = ticket.find('.');
+  int64_t expiry_ms = 0;
+  if (dot == absl::string_view::npos || !absl::SimpleAtoi(ticket.substr(0, dot), &expiry_ms)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "ticket for the ", grant, ": expected \"<expiry ms>.<signature>\" as the coordinator issues it, got a "
+        "malformed one"));
+  }
+  const std::string want = TicketMac(secret, grant, expiry_ms);
+  const absl::string_view got = ticket.substr(dot + 1);
+  if (got.size() != want.size() || CRYPTO_memcmp(got.data(), want.data(), want.size()) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "ticket: not signed for the ", grant, " by the coordinator this worker registered with"));
+  }
+  if (absl::FromUnixMillis(expiry_ms) < now) {
+    return absl::PermissionDeniedError(absl::StrCat("ticket for the ", grant, ": expired ",
+                                                    absl::FormatDuration(now - absl::FromUnixMillis(expiry_ms)),
+                                                    " ago; ask the coordinator again for a fresh one"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tessel

@@ -20,7 +20,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace tessel {
 
@@ -85,5 +87,20 @@ std::string RandomSecret();
 
 // Compares secrets in time independent of where they differ.
 bool SecretEquals(absl::string_view a, absl::string_view b);
+
+// Tickets: a client's authority, granted by the coordinator, to read or
+// write one buffer on one worker directly. A ticket is "<expiry in unix
+// ms>.<HMAC-SHA256 of the grant and the expiry, keyed with the worker's
+// secret, in hex>"; the coordinator signs, the worker checks. The grant
+// says exactly what is allowed (ReadGrant, WriteGrant).
+std::string SignTicket(absl::string_view secret, absl::string_view grant, absl::Time expiry);
+// OK when `ticket` was signed with `secret` for `grant` and has not expired
+// at `now`; PERMISSION_DENIED saying which part failed.
+absl::Status CheckTicket(absl::string_view secret, absl::string_view ticket, absl::string_view grant, absl::Time now);
+// Reading buffer `buffer` of the worker's device `device` (local index).
+std::string ReadGrant(int device, uint64_t buffer);
+// Writing buffer `buffer`, of type `type` (as "f32[2,3]"), to the worker's
+// devices `devices` (local indices).
+std::string WriteGrant(uint64_t buffer, absl::string_view type, absl::Span<const int> devices);
 
 }  // namespace tessel

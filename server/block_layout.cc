@@ -13,6 +13,7 @@ BlockLayout::BlockLayout(const v1::TensorType& global, const v1::Sharding& s, co
     blocks[d] = AxesSize(mesh, s.dims(d).axes());
     if (blocks[d] > 1) last_split = d;
   }
+  blocks_per_dim_ = blocks;
   // Block ids: row-major over the per-dimension block indices.
   std::vector<int64_t> stride(rank, 1);
   int64_t total = 1;
@@ -54,6 +55,22 @@ BlockLayout BlockLayout::Whole(const v1::TensorType& global, int devices) {
   for (int i = 0; i < devices; ++i) l.positions_of_block_[0].push_back(i);
   l.run_bytes_ = ByteSizeUnchecked(global);
   return l;
+}
+
+void BlockLayout::Box(int b, const v1::TensorType& global, std::vector<int64_t>* start,
+                      std::vector<int64_t>* shape) const {
+  const int rank = global.dims_size();
+  start->assign(rank, 0);
+  shape->assign(global.dims().begin(), global.dims().end());
+  if (blocks_per_dim_.empty()) return;
+  // Block ids are row-major over the per-dimension block indices.
+  int64_t id = b;
+  for (int d = rank - 1; d >= 0; --d) {
+    const int64_t n = blocks_per_dim_[d];
+    (*shape)[d] = global.dims(d) / n;
+    (*start)[d] = (id % n) * (*shape)[d];
+    id /= n;
+  }
 }
 
 int BlockLayout::BlockOfRun(int64_t run) const {

@@ -14,6 +14,7 @@
 #include <functional>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "absl/time/time.h"
 #include "scheduler/compiler.h"
 #include "server/array_registry.h"
+#include "server/block_layout.h"
 #include "server/compile_cache.h"
 #include "server/execute_planner.h"
 #include "server/worker_registry.h"
@@ -55,6 +57,12 @@ class Coordinator {
     // held): its global device, the time since it was sent, and whether it
     // succeeded. Default: none.
     std::function<void(int device, absl::Duration latency, bool ok)> on_step_done;
+    // Whether clients that ask (FetchRequest.direct, PutDirect) may read
+    // and write arrays' blocks straight from and to the workers, with
+    // tickets; otherwise every Put and Fetch is relayed through here.
+    bool direct_transfers = true;
+    // How long a ticket is good for (to start its read or write).
+    absl::Duration ticket_lifetime = absl::Minutes(1);
   };
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(Options options);
   ~Coordinator();
@@ -108,6 +116,18 @@ class Coordinator {
     virtual absl::StatusOr<int64_t> Finish() = 0;
   };
   absl::StatusOr<std::unique_ptr<PutSink>> BeginPut(const v1::PutRequest::Header& header);
+  // A put whose bytes the client writes to the workers itself (PutDirect):
+  // the array is made pending, with a ticket for each (block, worker) to
+  // write. Commit marks it ready once the client says every block is
+  // written, or frees it given the client's error; destroying it
+  // uncommitted frees it too. Null when direct transfers are off.
+  class DirectPut {
+   public:
+    virtual ~DirectPut() = default;
+    virtual const std::vector<v1::DirectWrite>& blocks() const = 0;
+    virtual absl::StatusOr<int64_t> Commit(absl::string_view error) = 0;
+  };
+  absl::StatusOr<std::unique_ptr<DirectPut>> BeginDirectPut(const v1::PutRequest::Header& header);
 
   // A Fetch in progress, once the array is ready.
   class FetchSource {
@@ -116,6 +136,9 @@ class Coordinator {
     virtual const v1::TensorType& type() const = 0;
     virtual bool Read(std::string* bytes) = 0;
     virtual absl::Status Finish() = 0;
+    // A direct read granted (FetchRequest.direct): the blocks for the
+    // client to read itself; Read() then yields nothing. Null when relayed.
+    virtual const std::vector<v1::DirectBlock>* direct() const { return nullptr; }
   };
   absl::StatusOr<std::unique_ptr<FetchSource>> BeginFetch(const v1::FetchRequest& req);
 
@@ -130,7 +153,25 @@ class Coordinator {
 
  private:
   class PutSinkImpl;
+  class DirectPutImpl;
+  // Where a put's blocks go: per block, each worker holding a copy.
+  struct PutTarget {
+    std::shared_ptr<WorkerClient> client;
+    v1::PutShardRequest::Header header;
+    std::vector<int> global_devices;  // the header's devices, by global id
+  };
+  struct PutPlan {
+    std::optional<BlockLayout> layout;
+    std::vector<std::vector<PutTarget>> targets;
+    std::vector<int> devices;
+    int64_t bytes = 0, device_bytes = 0;
+  };
+  // Checks a put and makes its array, pending.
+  absl::StatusOr<PutPlan> PlanPut(const v1::PutRequest::Header& header);
+  // Frees an unfinished put's array and whatever of it the workers hold.
+  void AbandonPut(uint64_t handle);
   class FetchSourceImpl;
+  class DirectFetchSource;
 
   explicit Coordinator(Options options);
   void MonitorLoop();

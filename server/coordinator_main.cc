@@ -51,6 +51,9 @@ ABSL_FLAG(std::string, tls_worker_name, "",
 ABSL_FLAG(int64_t, compile_cache_mb, 1024,
           "Bound of the compile cache in MiB (programs, graphs and plans); the least recently used executables "
           "are evicted past it (running one again then says to compile it again).");
+ABSL_FLAG(bool, direct_transfers, true,
+          "Let clients that ask put and fetch an array's blocks straight to and from the workers holding them, "
+          "with tickets signed by this coordinator; false relays every Put and Fetch through the coordinator.");
 ABSL_FLAG(int, parent_pid, 0,
           "If set, stop (as on SIGTERM) when this parent process exits; for clients that start daemons.");
 
@@ -144,6 +147,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.compile_cache_bytes = absl::GetFlag(FLAGS_compile_cache_mb) << 20;
+  options.direct_transfers = absl::GetFlag(FLAGS_direct_transfers);
   if (absl::GetFlag(FLAGS_auth_reload_s) < 0) {
     log->error("--auth_reload_s: expected >= 0, got {}", absl::GetFlag(FLAGS_auth_reload_s));
     return 2;

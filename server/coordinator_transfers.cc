@@ -7,6 +7,7 @@
 
 #include "core/dtype.h"
 #include "core/sharding.h"
+#include "core/security.h"
 #include "core/status.h"
 #include "server/block_layout.h"
 #include "server/coordinator.h"
@@ -101,14 +102,7 @@ class Coordinator::PutSinkImpl final : public Coordinator::PutSink {
     return absl::OkStatus();
   }
 
-  void Abandon() {
-    std::vector<PendingFree> frees;
-    {
-      absl::MutexLock l(&c_->arrays_.mu());
-      frees = c_->FreeArraysLocked({handle_});
-    }
-    c_->SendFrees(std::move(frees));
-  }
+  void Abandon() { c_->AbandonPut(handle_); }
 
   Coordinator* const c_;
   const uint64_t handle_;
@@ -248,85 +242,161 @@ absl::StatusOr<v1::ReshardResponse> Coordinator::Reshard(const v1::ReshardReques
   return resp;
 }
 
-absl::StatusOr<std::unique_ptr<Coordinator::PutSink>> Coordinator::BeginPut(const v1::PutRequest::Header& h) {
+absl::StatusOr<Coordinator::PutPlan> Coordinator::PlanPut(const v1::PutRequest::Header& h) {
   if (log_->should_log(spdlog::level::debug)) {
     log_->debug("session {}: put of array {:#x}, {}, onto {}", h.session_id(), h.handle(), h.type().ShortDebugString(),
                 h.placement().ShortDebugString());
   }
-  // Per block: (worker client, header) for each worker holding a copy.
-  std::vector<std::vector<std::pair<std::shared_ptr<WorkerClient>, v1::PutShardRequest::Header>>> targets;
-  std::optional<BlockLayout> layout;
-  std::vector<int> devices;
-  int64_t bytes = 0, device_bytes = 0;
+  PutPlan plan;
+  absl::MutexLock l(&arrays_.mu());
+  TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(h.session_id()));
+  if (h.handle() == 0) return absl::InvalidArgumentError("put: handle 0 is reserved; handles must be nonzero");
+  if (arrays_.ContainsLocked(h.handle())) {
+    return absl::AlreadyExistsError(StrFormat("put: handle %#x is already in use", h.handle()));
+  }
+  auto size = ByteSize(h.type());
+  if (!size.ok()) return Annotate(size.status(), StrFormat("put of array %#x: ", h.handle()));
+  plan.bytes = *size;
+  TESSEL_ASSIGN_OR_RETURN(ArrayRecord a,
+                          PlaceRecordLocked(h.type(), h.placement(), StrFormat("put of array %#x", h.handle())));
+  a.producer_name = "put";
+  plan.devices = a.devices;
+  const v1::TensorType block_type = a.sharded ? a.block_type : a.type;
+  if (a.sharded) {
+    plan.layout.emplace(h.type(), a.sharding, a.mesh);
+  } else {
+    plan.layout = BlockLayout::Whole(h.type(), plan.devices.size());
+  }
+  plan.device_bytes = ByteSizeUnchecked(block_type);
+  const std::string what = StrFormat("array %#x (%s) to device%s %s", h.handle(), TypeString(h.type()),
+                                     plan.devices.size() > 1 ? "s" : "", absl::StrJoin(plan.devices, ","));
+  TESSEL_RETURN_IF_ERROR(GuardTransferLocked(h.session_id(), h.transfer_guard(), Direction::kHostToDevice,
+                                             h.implicit(), what, plan.device_bytes * int64_t(plan.devices.size())));
+  TESSEL_RETURN_IF_ERROR(arrays_.CheckQuotaLocked(h.session_id(), plan.device_bytes * int64_t(plan.devices.size()),
+                                                  StrFormat("put of array %#x (%s)", h.handle(),
+                                                            TypeString(h.type()))));
+  const std::vector<DeviceRoute> routes = workers_.Routes();
+  plan.targets.resize(plan.layout->num_blocks());
+  for (int b = 0; b < plan.layout->num_blocks(); ++b) {
+    absl::flat_hash_map<std::string, int> target_of;  // worker id -> index in targets[b]
+    for (int pos : plan.layout->positions(b)) {
+      const DeviceRoute& dev = routes.at(plan.devices[pos]);
+      if (dev.client == nullptr) return absl::UnavailableError(StrCat("device ", dev.device, " is shutting down"));
+      auto [it, fresh] = target_of.try_emplace(dev.worker_id, plan.targets[b].size());
+      if (fresh) {
+        PutTarget t;
+        t.client = dev.client;
+        t.header.set_buffer(h.handle());
+        *t.header.mutable_type() = block_type;
+        plan.targets[b].push_back(std::move(t));
+      }
+      PutTarget& t = plan.targets[b][it->second];
+      t.header.add_devices(dev.local_index);
+      t.global_devices.push_back(dev.device);
+    }
+  }
+  a.devices = plan.devices;
+  arrays_.AddLocked(h.session_id(), h.handle(), std::move(a));
+  return plan;
+}
+
+void Coordinator::AbandonPut(uint64_t handle) {
+  std::vector<PendingFree> frees;
   {
     absl::MutexLock l(&arrays_.mu());
-    TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(h.session_id()));
-    if (h.handle() == 0) return absl::InvalidArgumentError("put: handle 0 is reserved; handles must be nonzero");
-    if (arrays_.ContainsLocked(h.handle())) {
-      return absl::AlreadyExistsError(StrFormat("put: handle %#x is already in use", h.handle()));
-    }
-    auto size = ByteSize(h.type());
-    if (!size.ok()) return Annotate(size.status(), StrFormat("put of array %#x: ", h.handle()));
-    bytes = *size;
-    TESSEL_ASSIGN_OR_RETURN(ArrayRecord a,
-                            PlaceRecordLocked(h.type(), h.placement(), StrFormat("put of array %#x", h.handle())));
-    a.producer_name = "put";
-    devices = a.devices;
-    const v1::TensorType block_type = a.sharded ? a.block_type : a.type;
-    if (a.sharded) {
-      layout.emplace(h.type(), a.sharding, a.mesh);
-    } else {
-      layout = BlockLayout::Whole(h.type(), devices.size());
-    }
-    device_bytes = ByteSizeUnchecked(block_type);
-    const std::string what = StrFormat("array %#x (%s) to device%s %s", h.handle(), TypeString(h.type()),
-                                       devices.size() > 1 ? "s" : "", absl::StrJoin(devices, ","));
-    TESSEL_RETURN_IF_ERROR(GuardTransferLocked(h.session_id(), h.transfer_guard(), Direction::kHostToDevice,
-                                               h.implicit(), what, device_bytes * int64_t(devices.size())));
-    TESSEL_RETURN_IF_ERROR(arrays_.CheckQuotaLocked(h.session_id(), device_bytes * int64_t(devices.size()),
-                                                    StrFormat("put of array %#x (%s)", h.handle(),
-                                                              TypeString(h.type()))));
-    const std::vector<DeviceRoute> routes = workers_.Routes();
-    targets.resize(layout->num_blocks());
-    for (int b = 0; b < layout->num_blocks(); ++b) {
-      absl::flat_hash_map<std::string, int> target_of;  // worker id -> index in targets[b]
-      for (int pos : layout->positions(b)) {
-        const DeviceRoute& dev = routes.at(devices[pos]);
-        if (dev.client == nullptr) return absl::UnavailableError(StrCat("device ", dev.device, " is shutting down"));
-        auto [it, fresh] = target_of.try_emplace(dev.worker_id, targets[b].size());
-        if (fresh) {
-          v1::PutShardRequest::Header wh;
-          wh.set_buffer(h.handle());
-          *wh.mutable_type() = block_type;
-          targets[b].emplace_back(dev.client, std::move(wh));
-        }
-        targets[b][it->second].second.add_devices(dev.local_index);
-      }
-    }
-    a.devices = devices;
-    arrays_.AddLocked(h.session_id(), h.handle(), std::move(a));
+    frees = FreeArraysLocked({handle});
   }
-  std::vector<PutSinkImpl::Block> blocks(targets.size());
-  for (size_t b = 0; b < targets.size(); ++b) {
-    for (auto& [client, wh] : targets[b]) {
-      auto s = client->BeginPut(wh);
+  SendFrees(std::move(frees));
+}
+
+absl::StatusOr<std::unique_ptr<Coordinator::PutSink>> Coordinator::BeginPut(const v1::PutRequest::Header& h) {
+  TESSEL_ASSIGN_OR_RETURN(PutPlan plan, PlanPut(h));
+  std::vector<PutSinkImpl::Block> blocks(plan.targets.size());
+  for (size_t b = 0; b < plan.targets.size(); ++b) {
+    for (PutTarget& t : plan.targets[b]) {
+      auto s = t.client->BeginPut(t.header);
       if (!s.ok()) {
         for (auto& blk : blocks) {
           for (auto& open : blk.streams) (void)open->Finish();
         }
-        std::vector<PendingFree> frees;
-        {
-          absl::MutexLock l(&arrays_.mu());
-          frees = FreeArraysLocked({h.handle()});
-        }
-        SendFrees(std::move(frees));
+        AbandonPut(h.handle());
         return s.status();
       }
       blocks[b].streams.push_back(std::move(*s));
     }
   }
-  return std::unique_ptr<PutSink>(new PutSinkImpl(this, h.handle(), h.session_id(), bytes, std::move(*layout),
-                                                  std::move(blocks), std::move(devices), device_bytes));
+  return std::unique_ptr<PutSink>(new PutSinkImpl(this, h.handle(), h.session_id(), plan.bytes,
+                                                  std::move(*plan.layout), std::move(blocks),
+                                                  std::move(plan.devices), plan.device_bytes));
+}
+
+// A put the client writes to the workers itself: the array stays pending
+// until Commit, and is freed if that never comes.
+class Coordinator::DirectPutImpl final : public Coordinator::DirectPut {
+ public:
+  DirectPutImpl(Coordinator* c, std::string session, uint64_t handle, int64_t bytes, std::vector<int> devices,
+                int64_t device_bytes, std::vector<v1::DirectWrite> blocks)
+      : c_(c), session_(std::move(session)), handle_(handle), bytes_(bytes), devices_(std::move(devices)),
+        device_bytes_(device_bytes), blocks_(std::move(blocks)) {}
+  ~DirectPutImpl() override {
+    if (!done_) c_->AbandonPut(handle_);
+  }
+  const std::vector<v1::DirectWrite>& blocks() const override { return blocks_; }
+  absl::StatusOr<int64_t> Commit(absl::string_view error) override {
+    done_ = true;
+    if (!error.empty()) {
+      c_->AbandonPut(handle_);
+      return absl::AbortedError(StrFormat("put of array %#x: the client could not write every block: %s", handle_,
+                                          error));
+    }
+    if (c_->arrays_.MarkReady(handle_)) {
+      for (int d : devices_) c_->arrays_.CountTransfer(session_, d, Direction::kHostToDevice, device_bytes_);
+    }
+    return bytes_;
+  }
+
+ private:
+  Coordinator* const c_;
+  const std::string session_;
+  const uint64_t handle_;
+  const int64_t bytes_;
+  const std::vector<int> devices_;
+  const int64_t device_bytes_;
+  const std::vector<v1::DirectWrite> blocks_;
+  bool done_ = false;
+};
+
+absl::StatusOr<std::unique_ptr<Coordinator::DirectPut>> Coordinator::BeginDirectPut(
+    const v1::PutRequest::Header& h) {
+  if (!options_.direct_transfers) return nullptr;
+  TESSEL_ASSIGN_OR_RETURN(PutPlan plan, PlanPut(h));
+  const absl::Time expiry = absl::Now() + options_.ticket_lifetime;
+  std::vector<v1::DirectWrite> writes;
+  for (int b = 0; b < int(plan.targets.size()); ++b) {
+    std::vector<int64_t> start, shape;
+    plan.layout->Box(b, h.type(), &start, &shape);
+    for (PutTarget& t : plan.targets[b]) {
+      const std::string grant = WriteGrant(h.handle(), TypeString(t.header.type()),
+                                           std::vector<int>(t.header.devices().begin(), t.header.devices().end()));
+      absl::StatusOr<WorkerTicket> ticket = workers_.Sign(t.global_devices.front(), grant, expiry);
+      if (!ticket.ok()) {
+        AbandonPut(h.handle());
+        return ticket.status();
+      }
+      v1::DirectWrite& w = writes.emplace_back();
+      w.set_address(std::move(ticket->address));
+      w.set_buffer(h.handle());
+      *w.mutable_type() = t.header.type();
+      *w.mutable_devices() = t.header.devices();
+      w.set_ticket(std::move(ticket->ticket));
+      w.mutable_start()->Add(start.begin(), start.end());
+      w.mutable_shape()->Add(shape.begin(), shape.end());
+      w.mutable_global_devices()->Add(t.global_devices.begin(), t.global_devices.end());
+    }
+  }
+  return std::unique_ptr<DirectPut>(new DirectPutImpl(this, h.session_id(), h.handle(), plan.bytes,
+                                                      std::move(plan.devices), plan.device_bytes,
+                                                      std::move(writes)));
 }
 
 // Reads one copy of every block and interleaves their runs into the
@@ -406,6 +476,21 @@ class Coordinator::FetchSourceImpl final : public Coordinator::FetchSource {
   bool short_block_ = false;
 };
 
+// A direct read granted: the client reads the blocks itself.
+class Coordinator::DirectFetchSource final : public Coordinator::FetchSource {
+ public:
+  DirectFetchSource(v1::TensorType type, std::vector<v1::DirectBlock> plan)
+      : type_(std::move(type)), plan_(std::move(plan)) {}
+  const v1::TensorType& type() const override { return type_; }
+  bool Read(std::string*) override { return false; }
+  absl::Status Finish() override { return absl::OkStatus(); }
+  const std::vector<v1::DirectBlock>* direct() const override { return &plan_; }
+
+ private:
+  const v1::TensorType type_;
+  const std::vector<v1::DirectBlock> plan_;
+};
+
 absl::StatusOr<std::unique_ptr<Coordinator::FetchSource>> Coordinator::BeginFetch(const v1::FetchRequest& req) {
   log_->debug("session {}: fetch of array {:#x}", req.session_id(), req.handle());
   std::vector<std::pair<std::shared_ptr<WorkerClient>, v1::FetchShardRequest>> reads;
@@ -457,6 +542,32 @@ absl::StatusOr<std::unique_ptr<Coordinator::FetchSource>> Coordinator::BeginFetc
       blocks.push_back(std::move(blk));
     }
     type = a->type;
+  }
+  if (req.direct() && options_.direct_transfers && ByteSizeUnchecked(type) >= req.direct_min_bytes()) {
+    // The client reads each block from its worker; the bytes are counted
+    // as granted, since they no longer pass through here.
+    const absl::Time expiry = absl::Now() + options_.ticket_lifetime;
+    std::vector<v1::DirectBlock> plan(blocks.size());
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      const int local = reads[b].second.device();
+      TESSEL_ASSIGN_OR_RETURN(WorkerTicket g,
+                              workers_.Sign(blocks[b].device, ReadGrant(local, req.handle()), expiry));
+      v1::DirectBlock& d = plan[b];
+      d.set_address(std::move(g.address));
+      d.set_device(local);
+      d.set_buffer(req.handle());
+      d.set_ticket(std::move(g.ticket));
+      d.set_bytes(block_bytes);
+      d.set_global_device(blocks[b].device);
+      std::vector<int64_t> start, shape;
+      layout->Box(int(b), type, &start, &shape);
+      d.mutable_start()->Add(start.begin(), start.end());
+      d.mutable_shape()->Add(shape.begin(), shape.end());
+    }
+    for (const v1::DirectBlock& d : plan) {
+      arrays_.CountTransfer(req.session_id(), d.global_device(), Direction::kDeviceToHost, d.bytes());
+    }
+    return std::unique_ptr<FetchSource>(new DirectFetchSource(std::move(type), std::move(plan)));
   }
   for (size_t b = 0; b < blocks.size(); ++b) blocks[b].stream = reads[b].first->BeginFetch(reads[b].second);
   return std::unique_ptr<FetchSource>(new FetchSourceImpl(this, req.session_id(), req.handle(), type,

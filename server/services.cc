@@ -1,5 +1,7 @@
 #include "server/services.h"
 
+#include "absl/strings/str_format.h"
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -110,6 +112,39 @@ grpc::Status SessionService::Put(grpc::ServerContext* ctx, grpc::ServerReader<v1
   resp->set_bytes(*bytes);
   return grpc::Status::OK;
 }
+grpc::Status SessionService::PutDirect(grpc::ServerContext* ctx,
+                                       grpc::ServerReaderWriter<v1::PutDirectResponse, v1::PutDirectRequest>* stream) {
+  v1::PutDirectRequest msg;
+  if (!stream->Read(&msg) || !msg.has_header()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "PutDirect: the first message must be a header");
+  }
+  if (grpc::Status a = Authorize(ctx, msg.header().session_id()); !a.ok()) return a;
+  const uint64_t handle = msg.header().handle();
+  auto put = c_->BeginDirectPut(msg.header());
+  if (!put.ok()) return ToGrpc(put.status());
+  v1::PutDirectResponse resp;
+  if (*put == nullptr) {
+    resp.set_relay(true);
+    stream->Write(resp);
+    return grpc::Status::OK;
+  }
+  resp.mutable_blocks()->Add((*put)->blocks().begin(), (*put)->blocks().end());
+  if (!stream->Write(resp)) return grpc::Status(grpc::StatusCode::CANCELLED, "PutDirect: the client went away");
+  // The client writes the blocks to the workers, then says it is done; a
+  // stream that ends first abandons the put (the array is freed).
+  if (!stream->Read(&msg) || !msg.has_done()) {
+    return grpc::Status(grpc::StatusCode::ABORTED,
+                        absl::StrFormat("put of array %#x: the stream ended before the client said every block was "
+                                        "written; the array is freed",
+                                        handle));
+  }
+  auto bytes = (*put)->Commit(msg.done().error());
+  if (!bytes.ok()) return ToGrpc(bytes.status());
+  resp.Clear();
+  resp.set_bytes(*bytes);
+  stream->Write(resp);
+  return grpc::Status::OK;
+}
 grpc::Status SessionService::SetSessionOptions(grpc::ServerContext* ctx, const v1::SetSessionOptionsRequest* req,
                                                v1::SetSessionOptionsResponse*) {
   if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
@@ -182,6 +217,11 @@ grpc::Status SessionService::Fetch(grpc::ServerContext* ctx, const v1::FetchRequ
   if (!src.ok()) return ToGrpc(src.status());
   v1::FetchResponse msg;
   *msg.mutable_type() = (*src)->type();
+  if (const std::vector<v1::DirectBlock>* plan = (*src)->direct(); plan != nullptr) {
+    msg.mutable_direct_blocks()->Add(plan->begin(), plan->end());
+    writer->Write(msg);
+    return grpc::Status::OK;
+  }
   bool first = true;
   std::string chunk;
   while ((*src)->Read(&chunk)) {

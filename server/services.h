@@ -26,6 +26,8 @@ class SessionService final : public v1::Session::Service {
   grpc::Status KeepAlive(grpc::ServerContext*, const v1::KeepAliveRequest*, v1::KeepAliveResponse*) override;
   grpc::Status Compile(grpc::ServerContext*, const v1::CompileRequest*, v1::CompileResponse*) override;
   grpc::Status Put(grpc::ServerContext*, grpc::ServerReader<v1::PutRequest>*, v1::PutResponse*) override;
+  grpc::Status PutDirect(grpc::ServerContext*,
+                         grpc::ServerReaderWriter<v1::PutDirectResponse, v1::PutDirectRequest>*) override;
   grpc::Status SetSessionOptions(grpc::ServerContext*, const v1::SetSessionOptionsRequest* req,
                                  v1::SetSessionOptionsResponse* resp) override;
   grpc::Status Dispatch(grpc::ServerContext*,

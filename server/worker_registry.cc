@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/security.h"
+#include "core/status.h"
 #include "core/version.h"
 
 namespace tessel::server {
@@ -39,6 +40,7 @@ v1::RegisterWorkerResponse WorkerRegistry::Register(const v1::RegisterWorkerRequ
   WorkerRecord w;
   w.id = StrCat("w", next_worker_++, id_suffix_);
   w.address = req.address();
+  w.client_address = req.client_address().empty() ? req.address() : req.client_address();
   w.secret = req.worker_secret();
   w.name = req.worker_name().empty() ? req.address() : req.worker_name();
   w.incarnation = req.worker_incarnation();
@@ -225,6 +227,13 @@ std::vector<DeviceRoute> WorkerRegistry::Routes() const {
     out.push_back(DeviceRoute{d, devices_[d].local_index, w.id, w.address, w.alive, w.client, w.cordoned});
   }
   return out;
+}
+
+absl::StatusOr<WorkerTicket> WorkerRegistry::Sign(int device, absl::string_view grant, absl::Time expiry) const {
+  absl::MutexLock l(&mu_);
+  TESSEL_RETURN_IF_ERROR(DeadLocked(device));
+  const WorkerRecord& w = workers_.at(devices_.at(device).worker_id);
+  return WorkerTicket{w.client_address, SignTicket(w.secret, grant, expiry)};
 }
 
 std::vector<QueueSlot> WorkerRegistry::Reserve(const std::vector<int>& devices, const std::vector<int>& counts,

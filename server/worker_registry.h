@@ -61,6 +61,13 @@ struct StatsTarget {
   v1::WorkerStatsRequest request;
 };
 
+// A client's authority to read or write one buffer on the worker holding
+// it directly (WorkerRegistry::Sign).
+struct WorkerTicket {
+  std::string address;  // where clients reach the worker
+  std::string ticket;   // FetchShardRequest.ticket, PutShardRequest.Header.ticket
+};
+
 // ResolvePlacement over a snapshot of the routes (WorkerRegistry::Routes).
 absl::StatusOr<std::vector<int>> ResolvePlacement(const std::vector<DeviceRoute>& routes, const v1::Placement& p);
 
@@ -121,6 +128,10 @@ class WorkerRegistry {
   absl::StatusOr<std::vector<int>> ResolvePlacement(const v1::Placement& p) const;
   // Every device by global id.
   std::vector<DeviceRoute> Routes() const;
+  // A ticket for `grant` (ReadGrant, WriteGrant) on the worker holding
+  // global device `device`, until `expiry`, signed with the worker's secret;
+  // UNAVAILABLE when the worker is dead.
+  absl::StatusOr<WorkerTicket> Sign(int device, absl::string_view grant, absl::Time expiry) const;
 
   // Reserves `counts[i]` consecutive sequence numbers on `devices[i]`, all
   // together: no other reservation interleaves with this one on any of
@@ -148,6 +159,7 @@ class WorkerRegistry {
   struct WorkerRecord {
     std::string id;
     std::string address;
+    std::string client_address;  // RegisterWorkerRequest.client_address, else address
     std::string secret;        // RegisterWorkerRequest.worker_secret
     std::string name, incarnation;
     std::vector<int> devices;  // global ids

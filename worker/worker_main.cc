@@ -36,6 +36,10 @@
 ABSL_FLAG(std::string, coordinator, "", "Address (host:port) of the tessel-coordinator to register with. Required.");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Interface to listen on; also the host advertised to the coordinator.");
 ABSL_FLAG(int, port, 0, "Port to serve tessel.v1.Worker on; 0 picks a free one.");
+ABSL_FLAG(std::string, client_address, "",
+          "host:port clients use to reach this worker's port when they put and fetch arrays directly; "
+          "default: the address registered with the coordinator. Clients that cannot reach it go through "
+          "the coordinator.");
 ABSL_FLAG(int, devices, 1, "Number of CPU devices this worker exposes.");
 ABSL_FLAG(std::string, device_kind, "cpu",
           "Which devices to expose: cpu (--devices of them), cuda (every GPU the CUDA runtime sees; "
@@ -147,7 +151,7 @@ absl::StatusOr<std::vector<std::unique_ptr<tessel::worker::Device>>> MakeDevices
 
 // Who this worker is to the coordinator, for every registration.
 struct Identity {
-  std::string address, secret, name, incarnation;
+  std::string address, secret, name, incarnation, client_address;
 };
 
 absl::StatusOr<Registration> Register(tessel::v1::Registry::Stub& stub, const Identity& me,
@@ -159,6 +163,7 @@ absl::StatusOr<Registration> Register(tessel::v1::Registry::Stub& stub, const Id
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
     tessel::v1::RegisterWorkerRequest req;
     req.set_address(me.address);
+    req.set_client_address(me.client_address);
     req.set_worker_name(me.name);
     req.set_worker_incarnation(me.incarnation);
     req.set_num_devices(int(kinds.size()));
@@ -355,7 +360,8 @@ int main(int argc, char** argv) {
     }
     (*runtime)->SetCollectives(std::move(*collectives));
   }
-  Identity me{address, secret, absl::GetFlag(FLAGS_worker_id), tessel::RandomSecret().substr(0, 16)};
+  Identity me{address, secret, absl::GetFlag(FLAGS_worker_id), tessel::RandomSecret().substr(0, 16),
+              absl::GetFlag(FLAGS_client_address)};
   if (me.name.empty()) {
     char hostname[256] = {};
     gethostname(hostname, sizeof hostname - 1);

@@ -189,10 +189,21 @@ grpc::ServerBidiReactor<v1::StepBatch, v1::StepResults>* WorkerService::Steps(gr
 
 grpc::Status WorkerService::PutShard(grpc::ServerContext* ctx, grpc::ServerReader<v1::PutShardRequest>* reader,
                                      v1::PutShardResponse*) {
-  if (grpc::Status a = CheckCaller(*ctx); !a.ok()) return a;
   v1::PutShardRequest msg;
   if (!reader->Read(&msg) || !msg.has_header()) {
+    if (grpc::Status a = CheckCaller(*ctx); !a.ok()) return a;
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "PutShard: the first message must be a header");
+  }
+  // The coordinator presents the secret; a client writing directly, a
+  // ticket the coordinator signed with it for this buffer, type and devices.
+  if (const v1::PutShardRequest::Header& h = msg.header(); h.ticket().empty()) {
+    if (grpc::Status a = CheckCaller(*ctx); !a.ok()) return a;
+  } else if (absl::Status t = CheckTicket(secret_, h.ticket(),
+                                          WriteGrant(h.buffer(), TypeString(h.type()),
+                                                     std::vector<int>(h.devices().begin(), h.devices().end())),
+                                          absl::Now());
+             !t.ok()) {
+    return ToGrpc(t);
   }
   auto writer = runtime_->BeginPut(msg.header());
   if (!writer.ok()) return ToGrpc(writer.status());
@@ -207,7 +218,14 @@ grpc::Status WorkerService::PutShard(grpc::ServerContext* ctx, grpc::ServerReade
 
 grpc::Status WorkerService::FetchShard(grpc::ServerContext* ctx, const v1::FetchShardRequest* req,
                                        grpc::ServerWriter<v1::FetchShardResponse>* writer) {
-  if (grpc::Status a = CheckCaller(*ctx); !a.ok()) return a;
+  // The coordinator presents the secret; a client reading directly, a
+  // ticket the coordinator signed with it for this buffer.
+  if (req->ticket().empty()) {
+    if (grpc::Status a = CheckCaller(*ctx); !a.ok()) return a;
+  } else if (absl::Status t = CheckTicket(secret_, req->ticket(), ReadGrant(req->device(), req->buffer()), absl::Now());
+             !t.ok()) {
+    return ToGrpc(t);
+  }
   auto a = runtime_->GetForFetch(req->device(), req->buffer());
   if (!a.ok()) return ToGrpc(a.status());
   const int64_t chunk = req->chunk_bytes() > 0 ? std::min<int64_t>(req->chunk_bytes(), 16 << 20) : (1 << 20);

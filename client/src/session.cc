@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "client/src/convert_internal.h"
+#include "client/src/direct_transfer_internal.h"
 #include "client/src/graph_internal.h"
 #include "core/rpc_status.h"
 #include "core/security.h"
@@ -165,9 +166,85 @@ class Dispatcher {
 
 class Session::Impl {
  public:
-  Impl(std::shared_ptr<grpc::Channel> channel, ConnectOptions options)
+  Impl(std::shared_ptr<grpc::Channel> channel, ConnectOptions options, std::unique_ptr<WorkerChannels> workers)
       : options(std::move(options)), session(v1::Session::NewStub(channel)), admin(v1::Admin::NewStub(channel)),
-        rng(std::random_device{}()) {}
+        workers(std::move(workers)), rng(std::random_device{}()) {}
+
+  // Puts `array` by writing its blocks to the workers directly. True when
+  // done; false when the caller must put it through the coordinator instead:
+  // the coordinator relays every transfer, or a write failed (then the
+  // coordinator has freed the array, and the receipt says why). An error is
+  // the put's own (the guard, the placement), which the relay would repeat.
+  absl::StatusOr<bool> PutDirect(const v1::PutRequest::Header& h, const HostArray& array,
+                                 TransferReceipt* receipt) {
+    grpc::ClientContext ctx;
+    auto stream = session->PutDirect(&ctx);
+    v1::PutDirectRequest req;
+    *req.mutable_header() = h;
+    v1::PutDirectResponse plan;
+    if (!stream->Write(req) || !stream->Read(&plan)) {
+      const grpc::Status s = stream->Finish();
+      if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) return false;  // a coordinator without PutDirect
+      return s.ok() ? absl::UnavailableError("put: the coordinator closed PutDirect without an answer") : FromGrpc(s);
+    }
+    if (plan.relay()) {
+      stream->WritesDone();
+      (void)stream->Finish();
+      return false;
+    }
+    const std::vector<v1::DirectWrite> blocks(plan.blocks().begin(), plan.blocks().end());
+    const absl::Status wrote = WriteDirectBlocks(*workers, blocks, options.chunk_bytes,
+                                                 absl::Milliseconds(options.connect_timeout_ms), array);
+    req.mutable_done()->set_error(wrote.ok() ? "" : wrote.ToString());
+    stream->Write(req);
+    stream->WritesDone();
+    while (stream->Read(&plan)) {
+    }
+    const grpc::Status s = stream->Finish();
+    if (!wrote.ok()) {
+      receipt->relayed_because = wrote.ToString();
+      return false;
+    }
+    if (!s.ok()) return FromGrpc(s);
+    receipt->direct = true;
+    receipt->blocks = int(blocks.size());
+    return true;
+  }
+
+  struct Fetched {
+    HostArray array;
+    std::vector<v1::DirectBlock> direct;  // granted instead of the bytes
+  };
+  // One Fetch call: the bytes through the coordinator, or the blocks to read.
+  absl::StatusOr<Fetched> FetchOnce(const v1::FetchRequest& req) {
+    grpc::ClientContext ctx;
+    auto reader = session->Fetch(&ctx, req);
+    v1::FetchResponse msg;
+    Fetched out;
+    int64_t offset = 0;
+    bool first = true;
+    while (reader->Read(&msg)) {
+      if (first) {
+        out.array = HostArray(FromProto(msg.type()));
+        out.direct.assign(msg.direct_blocks().begin(), msg.direct_blocks().end());
+        first = false;
+      }
+      const std::string& d = msg.data();
+      if (offset + int64_t(d.size()) > out.array.size_bytes()) {
+        ctx.TryCancel();
+        return absl::DataLossError(absl::StrFormat("fetch of array %#x: more bytes than its type %s holds",
+                                                   req.handle(), out.array.type().ToString()));
+      }
+      std::memcpy(out.array.mutable_data() + offset, d.data(), d.size());
+      offset += d.size();
+    }
+    if (auto s = reader->Finish(); !s.ok()) return FromGrpc(s);
+    if (first || (out.direct.empty() && offset != out.array.size_bytes())) {
+      return absl::DataLossError(absl::StrFormat("fetch of array %#x: expected %d bytes, got %d", req.handle(),
+                                                 out.array.size_bytes(), offset));
+    }
+    return out;
+  }
 
   Dispatcher& dispatcher() {
     absl::MutexLock l(&mu);
@@ -226,6 +303,7 @@ class Session::Impl {
   ConnectOptions options;
   std::unique_ptr<v1::Session::Stub> session;
   std::unique_ptr<v1::Admin::Stub> admin;
+  const std::unique_ptr<WorkerChannels> workers;  // for direct fetches
   std::string id;
   int version = 0;
   absl::Mutex mu;
@@ -264,10 +342,12 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Connect(const std::string& add
   from_env(options.tls_ca_file, "TESSEL_TLS_CA");
   const TlsFiles tls{options.tls_cert_file, options.tls_key_file, options.tls_ca_file};
   if (absl::Status s = CheckTlsFiles(tls, /*server=*/false); !s.ok()) return s;
+  const grpc::ChannelArguments worker_args = args;  // workers are checked against their own names
   if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
   auto channel = CreateChannelWithToken(address, ChannelCredentials(tls), args, options.token);
   const int timeout = options.connect_timeout_ms;
-  auto impl = std::make_unique<Impl>(channel, std::move(options));
+  auto impl = std::make_unique<Impl>(channel, std::move(options),
+                                     std::make_unique<WorkerChannels>(ChannelCredentials(tls), worker_args));
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout));
@@ -393,18 +473,29 @@ absl::StatusOr<Array> Session::Put(const HostArray& array, Placement placement, 
     return absl::InvalidArgumentError(absl::StrCat("put: host array of type ", array.type().ToString(), " holds ",
                                                    array.size_bytes(), " bytes, expected ", array.type().bytes()));
   }
-  const uint64_t handle = impl_->NewHandle();
+  TransferReceipt unused;
+  TransferReceipt& receipt = transfer.receipt != nullptr ? *transfer.receipt : unused;
+  receipt = TransferReceipt{};
+  v1::PutRequest::Header h;
+  h.set_session_id(impl_->id);
+  h.set_handle(impl_->NewHandle());
+  *h.mutable_type() = tessel::ToProto(array.type());
+  *h.mutable_placement() = ToProto(placement);
+  h.set_implicit(transfer.implicit);
+  if (transfer.transfer_guard) *h.mutable_transfer_guard() = ToProto(*transfer.transfer_guard);
+  if (transfer.direct.value_or(impl_->options.direct_transfers &&
+                               array.size_bytes() >= impl_->options.direct_min_bytes)) {
+    TESSEL_ASSIGN_OR_RETURN(const bool put, impl_->PutDirect(h, array, &receipt));
+    if (put) return Array(h.handle(), array.type());
+    // Through the coordinator, under a handle no worker has seen (a write
+    // that failed may have left part of the old one behind until its free).
+    h.set_handle(impl_->NewHandle());
+  }
   grpc::ClientContext ctx;
   v1::PutResponse resp;
   auto writer = impl_->session->Put(&ctx, &resp);
   v1::PutRequest msg;
-  auto* h = msg.mutable_header();
-  h->set_session_id(impl_->id);
-  h->set_handle(handle);
-  *h->mutable_type() = tessel::ToProto(array.type());
-  *h->mutable_placement() = ToProto(placement);
-  h->set_implicit(transfer.implicit);
-  if (transfer.transfer_guard) *h->mutable_transfer_guard() = ToProto(*transfer.transfer_guard);
+  *msg.mutable_header() = h;
   bool ok = writer->Write(msg);
   const int64_t chunk = impl_->options.chunk_bytes;
   for (int64_t off = 0; ok && off < array.size_bytes(); off += chunk) {
@@ -413,7 +504,7 @@ absl::StatusOr<Array> Session::Put(const HostArray& array, Placement placement, 
   }
   writer->WritesDone();
   if (auto s = writer->Finish(); !s.ok()) return FromGrpc(s);
-  return Array(handle, array.type());
+  return Array(h.handle(), array.type());
 }
 
 absl::StatusOr<std::vector<Array>> Session::Execute(const Executable& exe, absl::Span<const Array> args,
@@ -468,37 +559,31 @@ absl::Status Session::Await(absl::Span<const Array> arrays) {
 
 absl::StatusOr<HostArray> Session::Fetch(const Array& array, const TransferOptions& transfer) {
   TESSEL_RETURN_IF_ERROR(impl_->Flush());
-  grpc::ClientContext ctx;
+  TransferReceipt unused;
+  TransferReceipt& receipt = transfer.receipt != nullptr ? *transfer.receipt : unused;
+  receipt = TransferReceipt{};
   v1::FetchRequest req;
   req.set_session_id(impl_->id);
   req.set_handle(array.handle());
   req.set_implicit(transfer.implicit);
+  req.set_direct(transfer.direct.value_or(impl_->options.direct_transfers));
+  if (!transfer.direct.has_value()) req.set_direct_min_bytes(impl_->options.direct_min_bytes);
   if (transfer.transfer_guard) *req.mutable_transfer_guard() = ToProto(*transfer.transfer_guard);
-  auto reader = impl_->session->Fetch(&ctx, req);
-  v1::FetchResponse msg;
-  HostArray out;
-  int64_t offset = 0;
-  bool first = true;
-  while (reader->Read(&msg)) {
-    if (first) {
-      out = HostArray(FromProto(msg.type()));
-      first = false;
-    }
-    const std::string& d = msg.data();
-    if (offset + int64_t(d.size()) > out.size_bytes()) {
-      ctx.TryCancel();
-      return absl::DataLossError(absl::StrFormat("fetch of array %#x: more bytes than its type %s holds", array.handle(),
-                                                 out.type().ToString()));
-    }
-    std::memcpy(out.mutable_data() + offset, d.data(), d.size());
-    offset += d.size();
+  TESSEL_ASSIGN_OR_RETURN(Impl::Fetched got, impl_->FetchOnce(req));
+  if (got.direct.empty()) return std::move(got.array);
+  const absl::Status direct = ReadDirectBlocks(*impl_->workers, got.direct, impl_->options.chunk_bytes,
+                                               absl::Milliseconds(impl_->options.connect_timeout_ms), &got.array);
+  if (direct.ok()) {
+    receipt.direct = true;
+    receipt.blocks = int(got.direct.size());
+    return std::move(got.array);
   }
-  if (auto s = reader->Finish(); !s.ok()) return FromGrpc(s);
-  if (first || offset != out.size_bytes()) {
-    return absl::DataLossError(absl::StrFormat("fetch of array %#x: expected %d bytes, got %d", array.handle(),
-                                               out.size_bytes(), offset));
-  }
-  return out;
+  // A worker this client cannot reach (or a read that failed): the
+  // coordinator relays the bytes, and the receipt says why.
+  receipt.relayed_because = direct.ToString();
+  req.set_direct(false);
+  TESSEL_ASSIGN_OR_RETURN(got, impl_->FetchOnce(req));
+  return std::move(got.array);
 }
 
 absl::Status Session::Delete(absl::Span<const Array> arrays) {

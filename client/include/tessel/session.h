@@ -165,9 +165,22 @@ struct ExecuteOptions {
   ExecuteReceipt* receipt = nullptr;
 };
 
+// How a Put or Fetch moved the array's bytes.
+struct TransferReceipt {
+  bool direct = false;  // straight between this client and the workers holding its blocks
+  int blocks = 0;       // how many (block, worker) streams moved them, in parallel
+  // A direct transfer was granted but failed (say, a worker this client
+  // cannot reach): why; the bytes then went through the coordinator.
+  std::string relayed_because;
+};
+
 struct TransferOptions {
   bool implicit = false;  // not asked for by name (e.g. printing an array)
   std::optional<TransferGuard> transfer_guard;  // overrides the session's for this call
+  TransferReceipt* receipt = nullptr;  // Put and Fetch fill it in
+  // Whether to move the bytes straight between this client and the workers;
+  // default: as ConnectOptions says (direct_transfers, direct_min_bytes).
+  std::optional<bool> direct;
 };
 
 // What a Reshard did: bytes that crossed devices (counted device to
@@ -239,6 +252,13 @@ struct ConnectOptions {
   // and key are optional. `tls_server_name` overrides the name checked
   // against the coordinator's certificate (default: the address's host).
   std::string tls_ca_file, tls_cert_file, tls_key_file, tls_server_name;
+  // Put and Fetch move an array's blocks straight between this client and
+  // the workers holding them, in parallel, when the coordinator grants it
+  // (falling back to the coordinator's relay when a worker cannot be
+  // reached); false: always through the coordinator.
+  bool direct_transfers = true;
+  // Smaller arrays go through the coordinator: one round trip, not two.
+  int64_t direct_min_bytes = 1 << 20;
 };
 
 class Session {

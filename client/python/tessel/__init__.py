@@ -30,7 +30,7 @@ from tessel._array import Array, install as _install_array_ops
 from tessel._cluster import LocalCluster, connect, local_cluster
 from tessel._context import transfer_guard
 from tessel._jit import jit
-from tessel._session import tune_allocator
+from tessel._session import TransferReceipt, tune_allocator
 from tessel._vmap import vmap
 from tessel._sharding import (Mesh, NamedSharding, P, all_gather, all_to_all, axis_index, custom_kernel, pmax, pmin,
                               ppermute, psum, psum_scatter, shard_map, with_sharding_constraint)
@@ -41,7 +41,7 @@ _install_array_ops(numpy)
 
 __version__ = "0.1.0"
 __all__ = [
-    "Array", "Compiled", "Device", "LocalCluster", "Mesh", "NamedSharding", "P", "ReplicatedSharding",
+    "Array", "Compiled", "Device", "TransferReceipt", "LocalCluster", "Mesh", "NamedSharding", "P", "ReplicatedSharding",
     "SingleDeviceSharding", "all_gather", "all_to_all", "axis_index", "custom_kernel", "pmax", "pmin", "ppermute",
     "psum", "psum_scatter", "shard_map", "with_sharding_constraint",
     "assert_no_memory_growth", "compile", "connect", "device_put", "devices", "errors", "forbid_compiles", "jit",

@@ -30,7 +30,7 @@ from tessel._session import Session, make_channel
 from tessel.v1 import admin_pb2, admin_pb2_grpc
 
 def connect(address=None, *, timeout=10.0, make_default=True, token=None, tls_ca=None, tls_cert=None,
-            tls_key=None, tls_server_name=None):
+            tls_key=None, tls_server_name=None, direct_transfers=True, direct_min_bytes=1 << 20):
     """Opens a session on the coordinator at `address` (default:
     $TESSEL_COORDINATOR). It becomes the default session unless told not to.
 
@@ -38,12 +38,16 @@ def connect(address=None, *, timeout=10.0, make_default=True, token=None, tls_ca
     bearer token; `tls_ca` (default $TESSEL_TLS_CA), a PEM file, turns TLS on
     and verifies the coordinator; `tls_cert`/`tls_key` present a client
     certificate; `tls_server_name` overrides the name checked against the
-    coordinator's certificate."""
+    coordinator's certificate. With `direct_transfers`, puts and fetches of
+    arrays of `direct_min_bytes` or more move their blocks straight between
+    this client and the workers holding them when the coordinator grants it,
+    falling back to its relay when a worker cannot be reached."""
     address = address or os.environ.get("TESSEL_COORDINATOR")
     if not address:
         raise ValueError("tessel.connect: no address given and $TESSEL_COORDINATOR is not set")
     s = Session(address, timeout=timeout, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
-                tls_server_name=tls_server_name)
+                tls_server_name=tls_server_name, direct_transfers=direct_transfers,
+                direct_min_bytes=direct_min_bytes)
     if make_default:
         _context.set_default_session(s)
     return s
@@ -129,7 +133,8 @@ class LocalCluster:
                         "coordinator")
         port = _wait_for(lambda: _read_port(port_file), 15, c, "tessel-coordinator", self.log_dir)
         self.address = f"127.0.0.1:{port}"
-        channel = make_channel(self.address, **self.client)
+        security = ("token", "tls_ca", "tls_cert", "tls_key", "tls_server_name")
+        channel = make_channel(self.address, **{k: v for k, v in self.client.items() if k in security})
         admin = admin_pb2_grpc.AdminStub(channel)
         try:
             for i in range(workers):

@@ -8,14 +8,16 @@ overtake the call that makes their arrays.
 import collections
 import ctypes
 import os
+import queue
 import random
 import threading
+import time
 
 import grpc
 import numpy as np
 
 from tessel import _dtypes, errors
-from tessel.v1 import admin_pb2, admin_pb2_grpc, common_pb2, session_pb2, session_pb2_grpc
+from tessel.v1 import admin_pb2, admin_pb2_grpc, common_pb2, session_pb2, session_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 PROTOCOL_VERSION = 1
 CHUNK = 1 << 20
@@ -222,9 +224,102 @@ def make_channel(address, *, token=None, tls_ca=None, tls_cert=None, tls_key=Non
     return grpc.intercept_channel(channel, _Bearer(token)) if token else channel
 
 
+def _drain(call):
+    for _ in call:
+        pass
+
+
+def _box(b):
+    """The index of a DirectBlock's or DirectWrite's box in its array."""
+    return tuple(slice(s, s + n) for s, n in zip(b.start, b.shape))
+
+
+def _check_box(where, start, shape, nbytes, array):
+    if len(start) != array.ndim or len(shape) != array.ndim or any(
+            s < 0 or n < 0 or s + n > d for s, n, d in zip(start, shape, array.shape)) or \
+            int(np.prod(shape, dtype=np.int64)) * array.itemsize != nbytes:
+        raise errors.TesselError(f"{where}: box {list(start)}+{list(shape)} ({nbytes} bytes) does not fit "
+                                 f"{array.dtype}{list(array.shape)}", "INTERNAL")
+
+
+class _WorkerStub(worker_pb2_grpc.WorkerStub):
+    """tessel.v1.Worker, and FetchShard with its replies left serialized."""
+
+    def __init__(self, channel):
+        super().__init__(channel)
+        self.fetch_shard_raw = channel.unary_stream(
+            "/tessel.v1.Worker/FetchShard", request_serializer=worker_pb2.FetchShardRequest.SerializeToString,
+            response_deserializer=None)
+
+
+def _fetched_data(raw):
+    """The `data` of a serialized FetchShardResponse, without copying it:
+    field 1, length-delimited (tag 0x0a, the length as a varint), alone."""
+    if not raw:
+        return b""
+    if raw[0] == 0x0A:
+        n, shift, i = 0, 0, 1
+        while i < len(raw) and i < 11:
+            b = raw[i]
+            n |= (b & 0x7F) << shift
+            i += 1
+            if b < 0x80:
+                if i + n == len(raw):
+                    return memoryview(raw)[i:]
+                break
+            shift += 7
+    return worker_pb2.FetchShardResponse.FromString(raw).data  # fields this client does not know
+
+
+def _run_all(fn, items):
+    """fn(item) for every item at once, the first on this thread; raises the
+    first TesselError."""
+    failures = [None] * len(items)
+
+    def run(i):
+        try:
+            fn(items[i])
+        except errors.TesselError as e:
+            failures[i] = e
+    threads = [threading.Thread(target=run, args=(i,), name="tessel-transfer") for i in range(1, len(items))]
+    for t in threads:
+        t.start()
+    if items:
+        run(0)
+    for t in threads:
+        t.join()
+    for e in failures:
+        if e is not None:
+            raise e
+
+
+class _Progress:
+    """Bytes moved by several streams, reported to a progress callback."""
+
+    def __init__(self, callback, total):
+        self._callback, self._total, self._done = callback, total, 0
+        self._lock = threading.Lock()
+
+    def add(self, n):
+        if self._callback:
+            with self._lock:
+                self._done += n
+                self._callback(self._done, self._total)
+
+
+TransferReceipt = collections.namedtuple("TransferReceipt", "direct blocks relayed_because")
+TransferReceipt.__doc__ = """How a put or fetch moved the array's bytes: `direct`, straight between
+this client and the workers, over `blocks` streams at once; otherwise
+`relayed_because` says why a direct transfer that was granted failed (empty
+when none was granted)."""
+
+# A worker that could not be reached is not tried again for this long.
+_WORKER_RETRY_S = 30.0
+
+
 class Session:
     def __init__(self, address, client="tessel-python", timeout=10.0, *, token=None, tls_ca=None, tls_cert=None,
-                 tls_key=None, tls_server_name=None):
+                 tls_key=None, tls_server_name=None, direct_transfers=True, direct_min_bytes=1 << 20):
         if os.environ.get("TESSEL_TUNE_MALLOC") == "1":
             tune_allocator()
         self.address = address
@@ -233,6 +328,16 @@ class Session:
                                      tls_server_name=tls_server_name, options=opts)
         self._stub = session_pb2_grpc.SessionStub(self._channel)
         self._admin = admin_pb2_grpc.AdminStub(self._channel)
+        # Put and fetch move blocks straight to and from the workers when the
+        # coordinator grants it (the workers are checked against their own
+        # names).
+        self.direct_transfers = direct_transfers
+        self.direct_min_bytes = direct_min_bytes  # smaller arrays: one round trip through the coordinator
+        self._worker_channel = lambda a: make_channel(a, token="", tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+                                                      options=opts)
+        self._workers = {}  # address -> (channel, stub)
+        self._unreachable = {}  # address -> (retry after, why)
+        self.last_transfer = None  # a TransferReceipt
         # Fail fast: a refused port answers at once (no retrying until the
         # timeout); the timeout bounds an address that does not answer at all.
         try:
@@ -294,6 +399,8 @@ class Session:
         except Exception:  # the coordinator may already be gone
             pass
         self._channel.close()
+        for channel, _ in self._workers.values():
+            channel.close()
 
     # ------------------------------------------------------------ options
 
@@ -320,14 +427,23 @@ class Session:
         if self._garbage:
             self.collect(force=bool(self.options.memory_quota_bytes))
 
-    def put(self, array, placement, implicit=False, guard=None, progress=None):
+    def put(self, array, placement, implicit=False, guard=None, progress=None, direct=None):
+        """Puts `array` on `placement`: its blocks written straight to the
+        workers when the coordinator grants it (`direct`: default, as the
+        session says), else through the coordinator; `last_transfer` says
+        which. Returns the handle."""
         self._collect_before_alloc()
         array = np.require(array, requirements="C")  # keeps 0-d arrays 0-d
-        handle = self.new_handle()
-        header = session_pb2.PutRequest.Header(session_id=self.id, handle=handle,
+        header = session_pb2.PutRequest.Header(session_id=self.id, handle=self.new_handle(),
                                                type=_dtypes.tensor_type(array.shape, array.dtype),
                                                placement=placement, implicit=implicit,
                                                transfer_guard=guard_proto(guard))
+        self.last_transfer = TransferReceipt(False, 0, "")
+        if (self.direct_transfers and array.nbytes >= self.direct_min_bytes) if direct is None else direct:
+            if self._put_direct(header, array, progress):
+                return header.handle
+            # Through the coordinator, under a handle no worker has seen.
+            header.handle = self.new_handle()
         data = memoryview(array.reshape(-1).view(np.uint8)) if array.size else memoryview(b"")
 
         def messages():
@@ -337,7 +453,50 @@ class Session:
                 if progress:
                     progress(min(off + CHUNK, len(data)), len(data))
         _rpc(self._stub.Put, messages())
-        return handle
+        return header.handle
+
+    def _put_direct(self, header, array, progress):
+        """PutDirect: True once put; False when the put is to go through the
+        coordinator (it relays everything, or a write failed: then the
+        coordinator has freed the array and `last_transfer` says why)."""
+        done = queue.Queue()
+
+        def requests():
+            yield session_pb2.PutDirectRequest(header=header)
+            msg = done.get()
+            if msg is not None:
+                yield msg
+        call = self._stub.PutDirect(requests())
+        try:
+            plan = next(call)
+        except grpc.RpcError as e:
+            done.put(None)
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:  # a coordinator without PutDirect
+                return False
+            raise errors.from_rpc_error(e) from None
+        except StopIteration:
+            done.put(None)
+            raise errors.TesselError("put: the coordinator closed PutDirect without an answer", "UNAVAILABLE")
+        if plan.relay:
+            done.put(None)
+            _drain(call)
+            return False
+        try:
+            self._write_direct(array, list(plan.blocks), progress)
+            failed = ""
+        except errors.TesselError as e:
+            failed = str(e)
+        done.put(session_pb2.PutDirectRequest(done=session_pb2.PutDirectRequest.Done(error=failed)))
+        try:
+            _drain(call)
+        except grpc.RpcError as e:
+            if not failed:
+                raise errors.from_rpc_error(e) from None
+        if failed:
+            self.last_transfer = TransferReceipt(False, 0, failed)
+            return False
+        self.last_transfer = TransferReceipt(True, len(plan.blocks), "")
+        return True
 
     def execute(self, request, want_reply):
         """Queues an Execute. A rejected call's error lands on its output
@@ -362,11 +521,37 @@ class Session:
                 raise errors.from_status_int(code, f"array {h:#x}: {err}")
         return resp
 
-    def fetch(self, handle, implicit=False, guard=None, progress=None):
+    def fetch(self, handle, implicit=False, guard=None, progress=None, direct=None):
+        """The array's bytes as a numpy array: read straight from the workers
+        holding its blocks when the coordinator grants it (`direct`: default,
+        as the session says), else through the coordinator. `last_transfer`
+        (a TransferReceipt) says which."""
         self.flush()
         req = session_pb2.FetchRequest(session_id=self.id, handle=handle, implicit=implicit,
-                                       transfer_guard=guard_proto(guard))
-        out, offset, total = None, 0, 0
+                                       transfer_guard=guard_proto(guard),
+                                       direct=self.direct_transfers if direct is None else direct,
+                                       direct_min_bytes=self.direct_min_bytes if direct is None else 0)
+        out, plan = self._fetch_once(req, progress)
+        if not plan:
+            self.last_transfer = TransferReceipt(False, 0, "")
+            return out
+        try:
+            self._read_direct(out, plan, progress)
+            self.last_transfer = TransferReceipt(True, len(plan), "")
+            return out
+        except errors.TesselError as e:
+            why = str(e)
+        # A worker this client cannot reach (or a read that failed): the
+        # coordinator relays the bytes, and the receipt says why.
+        req.direct = False
+        out, _ = self._fetch_once(req, progress)
+        self.last_transfer = TransferReceipt(False, 0, why)
+        return out
+
+    def _fetch_once(self, req, progress):
+        """One Fetch call: (the array, []) with its bytes through the
+        coordinator, or (an empty array of its type, the DirectBlocks to read)."""
+        out, offset, total, plan = None, 0, 0, []
         try:
             for msg in self._stub.Fetch(req):
                 if out is None:
@@ -374,19 +559,98 @@ class Session:
                     out = np.empty(tuple(msg.type.dims), dtype)
                     flat = out.reshape(-1).view(np.uint8)
                     total = flat.size
+                    plan = list(msg.direct_blocks)
                 data = msg.data  # each read of the field is a fresh copy: read it once
                 n = len(data)
                 if offset + n > total:
-                    raise errors.TesselError(f"fetch of array {handle:#x}: more bytes than its type holds", "DATA_LOSS")
+                    raise errors.TesselError(f"fetch of array {req.handle:#x}: more bytes than its type holds",
+                                             "DATA_LOSS")
                 flat[offset:offset + n] = np.frombuffer(data, np.uint8)
                 offset += n
                 if progress:
                     progress(offset, total)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from None
-        if out is None or offset != total:
-            raise errors.TesselError(f"fetch of array {handle:#x}: expected {total} bytes, got {offset}", "DATA_LOSS")
-        return out
+        if out is None or (not plan and offset != total):
+            raise errors.TesselError(f"fetch of array {req.handle:#x}: expected {total} bytes, got {offset}",
+                                     "DATA_LOSS")
+        return out, plan
+
+    def _worker_call(self, address, where, call):
+        """call(the worker's stub), its gRPC errors as TesselErrors naming
+        `where`; a worker that cannot be reached is not tried again for a
+        while."""
+        with self._lock:
+            retry = self._unreachable.get(address)
+            if retry is not None:
+                if time.monotonic() < retry[0]:
+                    raise errors.TesselError(f"{retry[1]} (not retried for {_WORKER_RETRY_S:g} s)", "UNAVAILABLE")
+                del self._unreachable[address]
+            if address not in self._workers:
+                channel = self._worker_channel(address)
+                self._workers[address] = (channel, _WorkerStub(channel))
+            stub = self._workers[address][1]
+        try:
+            return call(stub)
+        except grpc.RpcError as e:
+            why = f"{where}: {e.code().name}: {e.details()}"
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                with self._lock:
+                    self._unreachable[address] = (time.monotonic() + _WORKER_RETRY_S, why)
+            raise errors.TesselError(why, e.code().name) from None
+
+    def _read_direct(self, out, plan, progress):
+        """Reads every block of `plan` into `out`, one stream per block, all at
+        once; raises the first block's error."""
+        flat = out.reshape(-1).view(np.uint8)
+        count = _Progress(progress, flat.size)
+
+        def read(b):
+            where = f"block of device {b.global_device} at worker {b.address}"
+            _check_box(where, b.start, b.shape, b.bytes, out)
+            whole = tuple(b.shape) == out.shape
+            dst = flat if whole else np.empty(b.bytes, np.uint8)
+            req = worker_pb2.FetchShardRequest(device=b.device, buffer=b.buffer, ticket=b.ticket, chunk_bytes=CHUNK)
+
+            def stream(stub):
+                off = 0
+                for raw in stub.fetch_shard_raw(req, wait_for_ready=False):
+                    data = _fetched_data(raw)
+                    n = len(data)
+                    if off + n > b.bytes:
+                        raise errors.TesselError(f"{where}: more than the {b.bytes} bytes expected", "DATA_LOSS")
+                    dst[off:off + n] = np.frombuffer(data, np.uint8)
+                    off += n
+                    count.add(n)
+                return off
+            got = self._worker_call(b.address, where, stream)
+            if got != b.bytes:
+                raise errors.TesselError(f"{where}: expected {b.bytes} bytes, got {got}", "DATA_LOSS")
+            if not whole:
+                out[_box(b)] = dst.view(out.dtype).reshape(tuple(b.shape))
+        _run_all(read, plan)
+
+    def _write_direct(self, array, plan, progress):
+        """Writes every (block, worker) of `plan` from `array`, one stream each,
+        all at once; raises the first write's error."""
+        count = _Progress(progress, sum(int(np.prod(w.shape, dtype=np.int64)) for w in plan) * array.itemsize)
+
+        def write(w):
+            where = f"block for devices {','.join(map(str, w.global_devices))} at worker {w.address}"
+            nbytes = int(np.prod(w.shape, dtype=np.int64)) * array.itemsize
+            _check_box(where, w.start, w.shape, nbytes, array)
+            block = array if tuple(w.shape) == array.shape else np.ascontiguousarray(array[_box(w)])
+            data = memoryview(block.reshape(-1).view(np.uint8)) if block.size else memoryview(b"")
+            header = worker_pb2.PutShardRequest.Header(buffer=w.buffer, type=w.type, devices=w.devices,
+                                                      ticket=w.ticket)
+
+            def messages():
+                yield worker_pb2.PutShardRequest(header=header)
+                for off in range(0, len(data), CHUNK):
+                    yield worker_pb2.PutShardRequest(data=bytes(data[off:off + CHUNK]))
+                    count.add(min(CHUNK, len(data) - off))
+            self._worker_call(w.address, where, lambda stub: stub.PutShard(messages(), wait_for_ready=False))
+        _run_all(write, plan)
 
     def reshard(self, handle, placement, guard=None):
         """A copy of array `handle` on `placement`, moved worker to worker:
