@@ -8,7 +8,8 @@
 # TESSEL_TSAN_ABSEIL=1 to run it.
 # The suites: the worker's (step queues, collectives across simulated
 # workers, kernels), the scheduler's, and the integration tests that start a
-# real coordinator and workers, which then run sanitized too. A sanitizer
+# real coordinator and workers (direct transfers among them, whose client
+# streams every block on a thread of its own), which then run sanitized too. A sanitizer
 # report fails the test that triggered it (the daemons abort on the first).
 # Expects scripts/setup.sh to have installed the dependencies.
 set -euo pipefail
@@ -22,11 +23,12 @@ if [ "$kind" = thread ] && [ "${TESSEL_TSAN_ABSEIL:-}" != 1 ]; then
 fi
 dir=build-$kind
 cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSEL_SANITIZE="$kind" -DTESSEL_CUDA=OFF -DTESSEL_NATIVE=OFF >/dev/null
-targets=(worker_test scheduler_test server_test core_test tessel tessel-coordinator tessel-worker identity_test cluster_test control_flow_test)
+targets=(worker_test scheduler_test server_test core_test tessel tessel-coordinator tessel-worker identity_test cluster_test control_flow_test
+         direct_transfer_test)
 cmake --build "$dir" -j "${TESSEL_BUILD_JOBS:-$(nproc)}" --target "${targets[@]}"
 # Leaks of process-lifetime singletons (gRPC, protobuf) are not what this run looks for.
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 cd "$dir"
-ctest --output-on-failure --timeout 600 -j 1 -R '^(Collectives|CollectiveIdentity|StepQueue|WorkerRuntime|CachingAllocator|Donation|Partitioner|Compiler|KvStore|FaultInjection|WorkerRegistry|ArrayRegistry|CompileCache|PlannerTest|CoordinatorTest|Identity|Cluster|ControlFlow)'
+ctest --output-on-failure --timeout 600 -j 1 -R '^(Collectives|CollectiveIdentity|StepQueue|WorkerRuntime|CachingAllocator|Donation|Partitioner|Compiler|KvStore|FaultInjection|WorkerRegistry|ArrayRegistry|CompileCache|PlannerTest|CoordinatorTest|Identity|Cluster|ControlFlow|BoxWriter|Ticket|DirectTransfer)'

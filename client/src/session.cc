@@ -235,7 +235,7 @@ class Session::Impl {
         return absl::DataLossError(absl::StrFormat("fetch of array %#x: more bytes than its type %s holds",
                                                    req.handle(), out.array.type().ToString()));
       }
-      std::memcpy(out.array.mutable_data() + offset, d.data(), d.size());
+      if (!d.empty()) std::memcpy(out.array.mutable_data() + offset, d.data(), d.size());
       offset += d.size();
     }
     if (auto s = reader->Finish(); !s.ok()) return FromGrpc(s);

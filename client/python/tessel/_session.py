@@ -481,12 +481,14 @@ class Session:
             done.put(None)
             _drain(call)
             return False
+        failed = "the client stopped writing"
         try:
             self._write_direct(array, list(plan.blocks), progress)
             failed = ""
         except errors.TesselError as e:
             failed = str(e)
-        done.put(session_pb2.PutDirectRequest(done=session_pb2.PutDirectRequest.Done(error=failed)))
+        finally:  # whatever happened, the coordinator hears of it (and frees the array unless put)
+            done.put(session_pb2.PutDirectRequest(done=session_pb2.PutDirectRequest.Done(error=failed)))
         try:
             _drain(call)
         except grpc.RpcError as e:

@@ -78,6 +78,15 @@ def test_small_arrays_go_through_the_coordinator_by_default(session):
     assert session.last_transfer.direct
 
 
+def test_a_direct_put_is_judged_as_any_put(direct):
+    x = np.ones((64, 64), np.float32)
+    with pytest.raises(tessel.TransferGuardError):
+        direct.put(x, to_placement(0), guard={"host_to_device": "disallow_explicit"})
+    assert not direct.last_transfer.direct
+    with pytest.raises(tessel.TesselError, match="device 99"):
+        direct.put(x, to_placement(99))
+
+
 def test_a_session_that_opts_out_is_relayed(cluster):
     s = tessel.connect(cluster.address, make_default=False, direct_transfers=False, direct_min_bytes=0)
     try:
