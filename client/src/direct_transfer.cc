@@ -80,11 +80,7 @@ std::shared_ptr<grpc::Channel> WorkerChannels::Get(const std::string& address) {
 absl::Status WorkerChannels::Usable(const std::string& address, absl::Time now) {
   absl::MutexLock l(&mu_);
   auto it = failed_.find(address);
-  if (it == failed_.end()) return absl::OkStatus();
-  if (now >= it->second.until) {
-    failed_.erase(it);
-    return absl::OkStatus();
-  }
+  if (it == failed_.end() || now >= it->second.until) return absl::OkStatus();
   return absl::Status(it->second.why.code(), absl::StrCat(it->second.why.message(), " (not retried until ",
                                                           absl::FormatTime("%H:%M:%S", it->second.until,
                                                                            absl::LocalTimeZone()),
@@ -93,7 +89,15 @@ absl::Status WorkerChannels::Usable(const std::string& address, absl::Time now) 
 
 void WorkerChannels::MarkUnreachable(const std::string& address, const absl::Status& why, absl::Time now) {
   absl::MutexLock l(&mu_);
-  failed_[address] = Failure{now + retry_after_, why};
+  Failure& f = failed_[address];
+  f.in_a_row = std::min(f.in_a_row + 1, 16);
+  f.until = now + std::min(retry_after_ * (1 << (f.in_a_row - 1)), absl::Minutes(10));
+  f.why = why;
+}
+
+void WorkerChannels::MarkReachable(const std::string& address) {
+  absl::MutexLock l(&mu_);
+  failed_.erase(address);
 }
 
 namespace {
@@ -129,6 +133,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> Connect(WorkerChannels& channels,
     channels.MarkUnreachable(address, failed, absl::Now());
     return failed;
   }
+  channels.MarkReachable(address);
   return ch;
 }
 

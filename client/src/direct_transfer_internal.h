@@ -55,8 +55,9 @@ class BoxWriter {
 };
 
 // Channels to workers, one per address, made on first use. A worker that
-// could not be reached is not tried again for `retry_after`: fetches that
-// need it go straight to the relay meanwhile.
+// could not be reached is not tried again for `retry_after`, twice that
+// after a second failure in a row, and so on up to 10 minutes: transfers
+// that need it go straight to the relay meanwhile.
 class WorkerChannels {
  public:
   WorkerChannels(std::shared_ptr<grpc::ChannelCredentials> creds, grpc::ChannelArguments args,
@@ -66,11 +67,13 @@ class WorkerChannels {
   // Why `address` is not to be tried now, or OK.
   absl::Status Usable(const std::string& address, absl::Time now);
   void MarkUnreachable(const std::string& address, const absl::Status& why, absl::Time now);
+  void MarkReachable(const std::string& address);
 
  private:
   struct Failure {
     absl::Time until;
     absl::Status why;
+    int in_a_row = 0;
   };
   const std::shared_ptr<grpc::ChannelCredentials> creds_;
   const grpc::ChannelArguments args_;

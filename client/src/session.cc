@@ -194,7 +194,7 @@ class Session::Impl {
     }
     const std::vector<v1::DirectWrite> blocks(plan.blocks().begin(), plan.blocks().end());
     const absl::Status wrote = WriteDirectBlocks(*workers, blocks, options.chunk_bytes,
-                                                 absl::Milliseconds(options.connect_timeout_ms), array);
+                                                 absl::Milliseconds(options.direct_connect_timeout_ms), array);
     req.mutable_done()->set_error(wrote.ok() ? "" : wrote.ToString());
     stream->Write(req);
     stream->WritesDone();
@@ -571,8 +571,9 @@ absl::StatusOr<HostArray> Session::Fetch(const Array& array, const TransferOptio
   if (transfer.transfer_guard) *req.mutable_transfer_guard() = ToProto(*transfer.transfer_guard);
   TESSEL_ASSIGN_OR_RETURN(Impl::Fetched got, impl_->FetchOnce(req));
   if (got.direct.empty()) return std::move(got.array);
-  const absl::Status direct = ReadDirectBlocks(*impl_->workers, got.direct, impl_->options.chunk_bytes,
-                                               absl::Milliseconds(impl_->options.connect_timeout_ms), &got.array);
+  const absl::Status direct =
+      ReadDirectBlocks(*impl_->workers, got.direct, impl_->options.chunk_bytes,
+                       absl::Milliseconds(impl_->options.direct_connect_timeout_ms), &got.array);
   if (direct.ok()) {
     receipt.direct = true;
     receipt.blocks = int(got.direct.size());

@@ -259,6 +259,9 @@ struct ConnectOptions {
   bool direct_transfers = true;
   // Smaller arrays go through the coordinator: one round trip, not two.
   int64_t direct_min_bytes = 1 << 20;
+  // A worker not connected within this long is taken as unreachable (and
+  // not tried again for 30 s, doubling while it stays so).
+  int direct_connect_timeout_ms = 2000;
 };
 
 class Session {

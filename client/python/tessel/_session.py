@@ -313,8 +313,10 @@ this client and the workers, over `blocks` streams at once; otherwise
 `relayed_because` says why a direct transfer that was granted failed (empty
 when none was granted)."""
 
-# A worker that could not be reached is not tried again for this long.
-_WORKER_RETRY_S = 30.0
+# A worker that could not be reached is not tried again for this long,
+# doubling while it stays so, up to 10 minutes; one not connected within
+# _WORKER_CONNECT_S is taken as unreachable.
+_WORKER_RETRY_S, _WORKER_RETRY_MAX_S, _WORKER_CONNECT_S = 30.0, 600.0, 2.0
 
 
 class Session:
@@ -336,7 +338,8 @@ class Session:
         self._worker_channel = lambda a: make_channel(a, token="", tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
                                                       options=opts)
         self._workers = {}  # address -> (channel, stub)
-        self._unreachable = {}  # address -> (retry after, why)
+        self._unreachable = {}  # address -> (retry after, why, seconds waited)
+        self._reached = set()  # addresses that answered
         self.last_transfer = None  # a TransferReceipt
         # Fail fast: a refused port answers at once (no retrying until the
         # timeout); the timeout bounds an address that does not answer at all.
@@ -584,21 +587,38 @@ class Session:
         while."""
         with self._lock:
             retry = self._unreachable.get(address)
-            if retry is not None:
-                if time.monotonic() < retry[0]:
-                    raise errors.TesselError(f"{retry[1]} (not retried for {_WORKER_RETRY_S:g} s)", "UNAVAILABLE")
-                del self._unreachable[address]
+            if retry is not None and time.monotonic() < retry[0]:
+                raise errors.TesselError(f"{retry[1]} (not retried for {retry[2]:g} s)", "UNAVAILABLE")
             if address not in self._workers:
                 channel = self._worker_channel(address)
                 self._workers[address] = (channel, _WorkerStub(channel))
-            stub = self._workers[address][1]
+            channel, stub = self._workers[address]
+
+        def unreachable(why):
+            with self._lock:
+                last = self._unreachable.get(address)
+                wait = min(_WORKER_RETRY_MAX_S, last[2] * 2) if last else _WORKER_RETRY_S
+                self._unreachable[address] = (time.monotonic() + wait, why, wait)
+            raise errors.TesselError(why, "UNAVAILABLE")
         try:
+            if address not in self._reached:
+                # A refused port answers at once; the timeout bounds one that
+                # does not answer at all.
+                stub.GetVersion(common_pb2.GetVersionRequest(min_version=PROTOCOL_VERSION,
+                                                             max_version=PROTOCOL_VERSION),
+                                timeout=_WORKER_CONNECT_S, wait_for_ready=False)
+                with self._lock:
+                    self._reached.add(address)
+                    self._unreachable.pop(address, None)
             return call(stub)
         except grpc.RpcError as e:
             why = f"{where}: {e.code().name}: {e.details()}"
-            if e.code() == grpc.StatusCode.UNAVAILABLE:
+            if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 with self._lock:
-                    self._unreachable[address] = (time.monotonic() + _WORKER_RETRY_S, why)
+                    self._reached.discard(address)
+                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:  # only the probe has a deadline
+                    why = f"{where}: UNAVAILABLE: no answer within {_WORKER_CONNECT_S:g} s"
+                unreachable(why)
             raise errors.TesselError(why, e.code().name) from None
 
     def _read_direct(self, out, plan, progress):
