@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/dtype.h"
 
 namespace tessel {
 
@@ -196,6 +197,11 @@ std::string ReadGrant(int device, uint64_t buffer) {
 
 std::string WriteGrant(uint64_t buffer, absl::string_view type, absl::Span<const int> devices) {
   return absl::StrFormat("write of buffer %#x (%s) to devices %s", buffer, type, absl::StrJoin(devices, ","));
+}
+
+std::string WriteGrant(const v1::PutShardRequest::Header& header) {
+  return WriteGrant(header.buffer(), TypeString(header.type()),
+                    std::vector<int>(header.devices().begin(), header.devices().end()));
 }
 
 std::string SignTicket(absl::string_view secret, absl::string_view grant, absl::Time expiry) {

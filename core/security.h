@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "tessel/v1/worker.pb.h"
 
 namespace tessel {
 
@@ -102,5 +103,8 @@ std::string ReadGrant(int device, uint64_t buffer);
 // Writing buffer `buffer`, of type `type` (as "f32[2,3]"), to the worker's
 // devices `devices` (local indices).
 std::string WriteGrant(uint64_t buffer, absl::string_view type, absl::Span<const int> devices);
+// The write a PutShard header asks for: what the coordinator signs for a
+// client and the worker checks, derived alike on both sides.
+std::string WriteGrant(const v1::PutShardRequest::Header& header);
 
 }  // namespace tessel

@@ -376,9 +376,7 @@ absl::StatusOr<std::unique_ptr<Coordinator::DirectPut>> Coordinator::BeginDirect
     std::vector<int64_t> start, shape;
     plan.layout->Box(b, h.type(), &start, &shape);
     for (PutTarget& t : plan.targets[b]) {
-      const std::string grant = WriteGrant(h.handle(), TypeString(t.header.type()),
-                                           std::vector<int>(t.header.devices().begin(), t.header.devices().end()));
-      absl::StatusOr<WorkerTicket> ticket = workers_.Sign(t.global_devices.front(), grant, expiry);
+      absl::StatusOr<WorkerTicket> ticket = workers_.Sign(t.global_devices.front(), WriteGrant(t.header), expiry);
       if (!ticket.ok()) {
         AbandonPut(h.handle());
         return ticket.status();

@@ -198,11 +198,7 @@ grpc::Status WorkerService::PutShard(grpc::ServerContext* ctx, grpc::ServerReade
   // ticket the coordinator signed with it for this buffer, type and devices.
   if (const v1::PutShardRequest::Header& h = msg.header(); h.ticket().empty()) {
     if (grpc::Status a = CheckCaller(*ctx); !a.ok()) return a;
-  } else if (absl::Status t = CheckTicket(secret_, h.ticket(),
-                                          WriteGrant(h.buffer(), TypeString(h.type()),
-                                                     std::vector<int>(h.devices().begin(), h.devices().end())),
-                                          absl::Now());
-             !t.ok()) {
+  } else if (absl::Status t = CheckTicket(secret_, h.ticket(), WriteGrant(h), absl::Now()); !t.ok()) {
     return ToGrpc(t);
   }
   auto writer = runtime_->BeginPut(msg.header());
