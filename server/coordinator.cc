@@ -146,23 +146,26 @@ absl::StatusOr<bool> Coordinator::Heartbeat(const std::string& worker_id, const 
 
 absl::Status Coordinator::CheckKvCaller(const std::string& worker_id, const std::string& secret,
                                         absl::string_view key) const {
-  // "devices:<global ids>@<epoch>/<Gloo's key>", as the workers' groups
-  // scope their keys.
+  // "devices:<global ids>[;from:<ranks>]@<epoch>/<Gloo's key>", as the
+  // workers' groups scope their keys (a one-way transfer's names its senders).
   std::vector<int> devices;
   absl::string_view rest = key;
   bool parsed = absl::ConsumePrefix(&rest, "devices:");
   const size_t at = rest.find('@');
   parsed = parsed && at != absl::string_view::npos && rest.find('/', at) != absl::string_view::npos;
   if (parsed) {
-    for (absl::string_view d : absl::StrSplit(rest.substr(0, at), ',')) {
-      int id = 0;
-      if (!absl::SimpleAtoi(d, &id)) parsed = false;
-      devices.push_back(id);
+    std::vector<absl::string_view> parts = absl::StrSplit(rest.substr(0, at), absl::MaxSplits(";from:", 1));
+    for (size_t i = 0; i < parts.size(); ++i) {
+      for (absl::string_view d : absl::StrSplit(parts[i], ',')) {
+        int id = 0;
+        if (!absl::SimpleAtoi(d, &id)) parsed = false;
+        if (i == 0) devices.push_back(id);
+      }
     }
   }
   if (!parsed) {
     return absl::PermissionDeniedError(StrCat("rendezvous key '", key.substr(0, 64),
-                                              "': expected devices:<global ids>@<epoch>/<key>"));
+                                              "': expected devices:<global ids>[;from:<ranks>]@<epoch>/<key>"));
   }
   return workers_.CheckMember(worker_id, secret, devices);
 }

@@ -103,7 +103,7 @@ class Coordinator {
   absl::Status Delete(const v1::DeleteRequest& req);
   // A copy of an array on another placement, its blocks moved worker to
   // worker as one sequenced step on each device involved (PlanReshard).
-  absl::StatusOr<v1::ReshardResponse> Reshard(const v1::ReshardRequest& req);
+  absl::StatusOr<v1::ReshardResponse> Reshard(const v1::ReshardRequest& req) { return Reshard(req, nullptr); }
   absl::StatusOr<v1::ArrayInfoResponse> ArrayInfo(const v1::ArrayInfoRequest& req);
   absl::StatusOr<v1::StatsResponse> Stats(const v1::StatsRequest& req);
 
@@ -207,6 +207,28 @@ class Coordinator {
   absl::StatusOr<v1::CompileResponse> CompileMpmd(const v1::CompileRequest& req);
   absl::StatusOr<v1::ExecuteResponse> ExecuteMpmd(const v1::ExecuteRequest& req, const MpmdProgram& program);
   std::shared_ptr<const MpmdProgram> FindMpmd(const std::string& id) const ABSL_LOCKS_EXCLUDED(mpmd_mu_);
+  // A reshard's steps, each for its global device, before they are
+  // sequenced there and sent.
+  struct ReshardSteps {
+    std::string session, what;
+    uint64_t output = 0;
+    int64_t epoch = 0;  // the collective epoch they run under
+    std::vector<std::pair<int, v1::RunRequest>> steps;
+  };
+  // With `deferred`, a one-way reshard (ReshardPlan::one_way) sends only its
+  // senders' steps, which run when the source is made, and leaves the
+  // receivers' in `*deferred` for SendReshardSteps, when the target is
+  // needed: a receiver sent early would hold up its device's queue. The
+  // caller must send them, on failure too (the target is pending until then).
+  absl::StatusOr<v1::ReshardResponse> Reshard(const v1::ReshardRequest& req, ReshardSteps* deferred);
+  void SendReshardSteps(ReshardSteps steps) ABSL_LOCKS_EXCLUDED(arrays_.mu());
+  struct SequencedStep {
+    std::shared_ptr<WorkerClient> client;  // null: the device's worker is dead
+    v1::RunRequest run;
+    int device = 0;
+  };
+  std::vector<SequencedStep> SequenceStepsLocked(ReshardSteps& steps) ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu());
+  void SendSequenced(const ReshardSteps& steps, std::vector<SequencedStep> sequenced) ABSL_LOCKS_EXCLUDED(arrays_.mu());
   // A handle no array holds, for arrays the coordinator makes itself (moved
   // arguments, an MPMD program's intermediates).
   uint64_t FreshHandleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu());

@@ -1,5 +1,8 @@
 // MPMD programs: compile each mesh region as an executable of its own, and
 // run an execution as those executions plus the moves between them.
+#include <set>
+
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -221,6 +224,49 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::ExecuteMpmd(const v1::ExecuteRe
     for (uint64_t h : temps) del.add_handles(h);
     if (absl::Status s = Delete(del); !s.ok()) log_->warn("{}: freeing its intermediates: {}", what, s.ToString());
   };
+  // A part's outputs that later parts read elsewhere move as soon as the
+  // part is sent: a one-way move's senders run right behind it on their
+  // devices, its receivers are sent just before the part that reads it
+  // (Reshard's `deferred`). So a device goes on with its next part instead
+  // of waiting for a reader to get to the value (a pipeline's stages
+  // overlap). Receivers of one group are sent in the order of their senders,
+  // whose lane on the worker sends in that order.
+  struct EarlyMove {
+    uint64_t handle = 0;
+    ReshardSteps receivers;
+    std::string group;  // the sending and receiving devices
+  };
+  std::vector<EarlyMove> early;
+  absl::flat_hash_map<std::pair<size_t, size_t>, size_t> early_of;  // (part, input) -> index into `early`
+  size_t receivers_sent = 0;  // early[0, receivers_sent) sent, and any other with empty receivers
+  // Sends the receivers of early[upto] and of every earlier move in its
+  // group; of every move when `upto` is early.size().
+  auto send_receivers = [&](size_t upto) {
+    for (size_t e = receivers_sent; e < early.size() && e <= upto; ++e) {
+      if (upto < early.size() && early[e].group != early[upto].group) continue;
+      SendReshardSteps(std::move(early[e].receivers));
+      early[e].receivers.steps.clear();
+    }
+    while (receivers_sent < early.size() && early[receivers_sent].receivers.steps.empty()) ++receivers_sent;
+  };
+  auto fail = [&](const absl::Status& s) {
+    send_receivers(early.size());  // every pending target gets its steps, then its free
+    free_temps();
+    return s;
+  };
+  auto move = [&](uint64_t h, const v1::Placement& want, bool implicit, ReshardSteps* deferred) {
+    v1::ReshardRequest m;
+    m.set_session_id(req.session_id());
+    m.set_handle(h);
+    m.set_output(fresh());
+    *m.mutable_placement() = want;
+    *m.mutable_transfer_guard() = req.transfer_guard();
+    m.set_implicit(implicit);  // an argument placed elsewhere than the program takes it
+    auto moved = Reshard(m, deferred);
+    if (!moved.ok()) return absl::StatusOr<uint64_t>(moved.status());
+    temps.push_back(m.output());
+    return absl::StatusOr<uint64_t>(m.output());
+  };
   std::vector<std::vector<uint64_t>> made(split.parts.size());
   v1::ExecuteResponse resp;
   for (size_t q = 0; q < split.parts.size(); ++q) {
@@ -232,24 +278,17 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::ExecuteMpmd(const v1::ExecuteRe
     for (size_t j = 0; j < part.inputs.size(); ++j) {
       const MpmdRef r = part.inputs[j];
       uint64_t h = r.part < 0 ? req.arguments(r.index) : made[r.part][r.index];
-      const v1::Placement& have = r.part < 0 ? args[r.index] : p.part_outputs[r.part][r.index];
-      const v1::Placement& want = p.part_inputs[q][j];
-      if (!SamePlacement(have, want)) {
-        v1::ReshardRequest move;
-        move.set_session_id(req.session_id());
-        move.set_handle(h);
-        move.set_output(fresh());
-        *move.mutable_placement() = want;
-        *move.mutable_transfer_guard() = req.transfer_guard();
-        move.set_implicit(r.part < 0);  // an argument placed elsewhere than the program takes it
-        auto moved = Reshard(move);
+      if (auto e = early_of.find({q, j}); e != early_of.end()) {
+        send_receivers(e->second);
+        h = early[e->second].handle;
+      } else if (const v1::Placement& want = p.part_inputs[q][j];
+                 !SamePlacement(r.part < 0 ? args[r.index] : p.part_outputs[r.part][r.index], want)) {
+        auto moved = move(h, want, r.part < 0, nullptr);
         if (!moved.ok()) {
-          free_temps();
-          return Annotate(moved.status(), StrCat(what, ": moving '", part.input_names[j], "' to part '", part.name,
-                                                 "': "));
+          return fail(Annotate(moved.status(), StrCat(what, ": moving '", part.input_names[j], "' to part '",
+                                                      part.name, "': ")));
         }
-        temps.push_back(move.output());
-        h = move.output();
+        h = *moved;
       }
       sub.add_arguments(h);
     }
@@ -266,12 +305,34 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::ExecuteMpmd(const v1::ExecuteRe
       sub.add_outputs(h);
     }
     auto r = Execute(sub);
-    if (!r.ok()) {
-      free_temps();
-      return Annotate(r.status(), StrCat(what, ": part '", part.name, "': "));
-    }
+    if (!r.ok()) return fail(Annotate(r.status(), StrCat(what, ": part '", part.name, "': ")));
     resp.set_execution_id(r->execution_id());
+    for (size_t q2 = q + 1; q2 < split.parts.size(); ++q2) {
+      const MpmdPart& reader = split.parts[q2];
+      for (size_t j = 0; j < reader.inputs.size(); ++j) {
+        const MpmdRef in = reader.inputs[j];
+        if (in.part != int(q) || SamePlacement(p.part_outputs[q][in.index], p.part_inputs[q2][j])) continue;
+        EarlyMove m;
+        auto moved = move(made[q][in.index], p.part_inputs[q2][j], false, &m.receivers);
+        if (!moved.ok()) {
+          return fail(Annotate(moved.status(), StrCat(what, ": moving '", reader.input_names[j], "' to part '",
+                                                      reader.name, "': ")));
+        }
+        m.handle = *moved;
+        if (!m.receivers.steps.empty()) {  // as the workers name its group: its devices, and which send
+          const v1::Transfer& t = m.receivers.steps.front().second.transfer();
+          std::set<int> senders;
+          for (const v1::TransferPiece& piece : t.pieces()) {
+            if (piece.round() >= 0) senders.insert(t.rank_devices(piece.source()));
+          }
+          m.group = StrCat(absl::StrJoin(t.rank_devices(), ","), " from ", absl::StrJoin(senders, ","));
+        }
+        early_of[{q2, j}] = early.size();
+        early.push_back(std::move(m));
+      }
+    }
   }
+  send_receivers(early.size());
   free_temps();  // each free runs after the steps that read it
   if (req.wait()) TESSEL_RETURN_IF_ERROR(AwaitAll(req.session_id(), req.outputs(), what));
   return resp;

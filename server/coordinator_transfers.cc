@@ -142,16 +142,11 @@ absl::StatusOr<ArrayRecord> Coordinator::PlaceRecordLocked(const v1::TensorType&
   return a;
 }
 
-absl::StatusOr<v1::ReshardResponse> Coordinator::Reshard(const v1::ReshardRequest& req) {
+absl::StatusOr<v1::ReshardResponse> Coordinator::Reshard(const v1::ReshardRequest& req, ReshardSteps* deferred) {
   const std::string what = StrFormat("reshard of array %#x", req.handle());
   v1::ReshardResponse resp;
-  struct Send {
-    std::shared_ptr<WorkerClient> client;
-    v1::RunRequest run;
-    int device = 0;
-  };
-  std::vector<Send> sends;
-  int64_t epoch = 0;
+  ReshardSteps now{.session = req.session_id(), .what = what, .output = req.output()};
+  std::vector<SequencedStep> sends;
   {
     absl::MutexLock l(&arrays_.mu());
     TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
@@ -184,7 +179,7 @@ absl::StatusOr<v1::ReshardResponse> Coordinator::Reshard(const v1::ReshardReques
 
     // Accepted: from here on nothing fails.
     const int64_t execution_id = ++next_execution_;
-    epoch = collective_epoch_.load();
+    now.epoch = collective_epoch_.load();
     resp.set_execution_id(execution_id);
     resp.set_bytes_moved(plan.bytes_moved);
     resp.set_bytes_copied(plan.bytes_copied);
@@ -201,45 +196,71 @@ absl::StatusOr<v1::ReshardResponse> Coordinator::Reshard(const v1::ReshardReques
     for (const auto& [d, bytes] : plan.received) {
       arrays_.CountTransferLocked(req.session_id(), d, Direction::kDeviceToDevice, bytes);
     }
-    std::vector<int> devices;
-    for (const ReshardPlan::Step& st : plan.steps) devices.push_back(st.device);
-    std::vector<QueueSlot> slots = workers_.Reserve(devices, std::vector<int>(devices.size(), 1));
-    for (size_t i = 0; i < plan.steps.size(); ++i) {
-      ReshardPlan::Step& st = plan.steps[i];
-      Send s;
-      s.client = std::move(slots[i].client);
-      s.device = st.device;
-      v1::RunRequest& run = s.run;
-      run.set_device(slots[i].local_index);
-      run.set_seq(slots[i].first_seq);
-      run.set_queue_epoch(slots[i].queue_epoch);
+    if (deferred != nullptr) *deferred = ReshardSteps{now.session, what, now.output, now.epoch, {}};
+    for (ReshardPlan::Step& st : plan.steps) {
+      v1::RunRequest run;
       run.set_execution_id(execution_id);
-      run.set_collective_epoch(CollectiveEpoch(epoch));
+      run.set_collective_epoch(CollectiveEpoch(now.epoch));
       if (st.reads_source) run.add_arguments(req.handle());
       if (st.makes_target) run.add_outputs(req.output());
       *run.mutable_transfer() = std::move(st.transfer);
-      sends.push_back(std::move(s));
+      const bool later = deferred != nullptr && plan.one_way && !st.reads_source;
+      (later ? deferred->steps : now.steps).emplace_back(st.device, std::move(run));
     }
-    log_->debug("session {}: execution {}: {}, {} bytes moved, {} copied, {} steps", req.session_id(), execution_id,
-                text, plan.bytes_moved, plan.bytes_copied, plan.steps.size());
+    log_->debug("session {}: execution {}: {}, {} bytes moved, {} copied, {} steps{}", req.session_id(), execution_id,
+                text, plan.bytes_moved, plan.bytes_copied, plan.steps.size(),
+                deferred != nullptr && !deferred->steps.empty() ? ", the receivers' deferred" : "");
+    // Sequenced under the lock: a free of the source comes after its reads.
+    sends = SequenceStepsLocked(now);
   }
-  const std::vector<uint64_t> outputs = {req.output()};
-  for (Send& s : sends) {
+  SendSequenced(now, std::move(sends));
+  if (req.wait()) TESSEL_RETURN_IF_ERROR(AwaitAll(req.session_id(), {req.output()}, what));
+  return resp;
+}
+
+void Coordinator::SendReshardSteps(ReshardSteps steps) {
+  if (steps.steps.empty()) return;
+  std::vector<SequencedStep> sends;
+  {
+    absl::MutexLock l(&arrays_.mu());
+    sends = SequenceStepsLocked(steps);
+  }
+  SendSequenced(steps, std::move(sends));
+}
+
+std::vector<Coordinator::SequencedStep> Coordinator::SequenceStepsLocked(ReshardSteps& steps) {
+  std::vector<int> devices;
+  for (const auto& [d, run] : steps.steps) devices.push_back(d);
+  std::vector<QueueSlot> slots = workers_.Reserve(devices, std::vector<int>(devices.size(), 1));
+  std::vector<SequencedStep> out;
+  for (size_t i = 0; i < steps.steps.size(); ++i) {
+    auto& [d, run] = steps.steps[i];
+    run.set_device(slots[i].local_index);
+    run.set_seq(slots[i].first_seq);
+    run.set_queue_epoch(slots[i].queue_epoch);
+    out.push_back(SequencedStep{std::move(slots[i].client), std::move(run), d});
+  }
+  steps.steps.clear();
+  return out;
+}
+
+void Coordinator::SendSequenced(const ReshardSteps& steps, std::vector<SequencedStep> sequenced) {
+  const std::vector<uint64_t> outputs = {steps.output};
+  for (SequencedStep& s : sequenced) {
     if (s.client == nullptr) {
-      OnStepDone(req.session_id(), outputs, epoch,
-                 absl::UnavailableError(StrCat(what, ": device ", s.device, "'s worker died before the step was sent")));
+      OnStepDone(steps.session, outputs, steps.epoch,
+                 absl::UnavailableError(StrCat(steps.what, ": device ", s.device,
+                                               "'s worker died before the step was sent")));
       continue;
     }
     StepSent(s.device);
-    s.client->Run(s.run, [this, session = req.session_id(), outputs, epoch, device = s.device, what,
-                          sent = absl::Now()](absl::StatusOr<v1::RunResponse> r) {
+    s.client->Run(s.run, [this, session = steps.session, outputs, epoch = steps.epoch, device = s.device,
+                          what = steps.what, sent = absl::Now()](absl::StatusOr<v1::RunResponse> r) {
       StepAnswered(device, absl::Now() - sent, r.ok());
       if (!r.ok()) r = Annotate(r.status(), StrCat(what, " on device ", device, ": "));
       OnStepDone(session, outputs, epoch, std::move(r));
     });
   }
-  if (req.wait()) TESSEL_RETURN_IF_ERROR(AwaitAll(req.session_id(), {req.output()}, what));
-  return resp;
 }
 
 absl::StatusOr<Coordinator::PutPlan> Coordinator::PlanPut(const v1::PutRequest::Header& h) {

@@ -182,6 +182,13 @@ absl::StatusOr<ReshardPlan> PlanReshard(const ArrayRecord& from, const ArrayReco
     }
     plan.steps.push_back(std::move(st));
   }
+  plan.one_way = !rounds.empty() && !plan.steps.empty();
+  for (const ReshardPlan::Step& st : plan.steps) {
+    if (st.reads_source == st.makes_target) plan.one_way = false;
+  }
+  if (plan.one_way) {
+    for (ReshardPlan::Step& st : plan.steps) st.transfer.set_one_way(true);
+  }
   for (const Piece& p : pieces) {
     if (p.source_device == p.target_device) {
       plan.bytes_copied += p.bytes;

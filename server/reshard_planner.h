@@ -31,6 +31,10 @@ struct ReshardPlan {
   int64_t bytes_copied = 0;  // within a device
   absl::flat_hash_map<int, int64_t> received;  // target device -> bytes from other devices
   std::vector<std::string> pieces;  // "device 0 -> device 2: [0:4, 0:8] of f32[8,8] (128 bytes)"
+  // Pieces cross devices, and no device both sends and receives: every
+  // step's transfer is marked one_way, its senders' steps may go ahead of
+  // its receivers' (Transfer.one_way).
+  bool one_way = false;
 };
 
 // `from` and `to`: records of the same global type (devices, and mesh,

@@ -195,6 +195,31 @@ TEST(PlanReshard, TwoDimensionalMeshesWithCopiesAndOtherDeviceOrders) {
   CheckCarriedOut(Sharded(t, grid, {{"data"}, {"model"}}), Whole(t, {0, 1, 2, 3}), 4 * 192, 4 * 64);
 }
 
+// One-way: every device only sends or only receives (a pipeline's stages on
+// disjoint sub-meshes); its steps say so, so senders can go ahead.
+TEST(PlanReshard, MovesBetweenDisjointDevicesAreOneWayAndOnlyThose) {
+  const auto t = F32({8, 6});
+  auto worker_of = [](int d) { return "w" + std::to_string(d / 2); };
+  auto plan = PlanReshard(Sharded(t, MakeMesh({{"x", 2}}, {0, 1}), {{"x"}}),
+                          Sharded(t, MakeMesh({{"x", 2}}, {2, 3}), {{}, {"x"}}), worker_of);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->one_way);
+  for (const auto& st : plan->steps) {
+    EXPECT_NE(st.reads_source, st.makes_target) << "device " << st.device;
+    EXPECT_TRUE(st.transfer.one_way()) << "device " << st.device;
+  }
+  // Devices 0 and 1 swap their blocks: each sends and receives.
+  plan = PlanReshard(Sharded(t, MakeMesh({{"x", 2}}, {0, 1}), {{"x"}}),
+                     Sharded(t, MakeMesh({{"x", 2}}, {1, 0}), {{"x"}}), worker_of);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->one_way);
+  for (const auto& st : plan->steps) EXPECT_FALSE(st.transfer.one_way()) << "device " << st.device;
+  // Nothing crosses devices: nothing to send ahead.
+  plan = PlanReshard(Whole(t, {0}), Whole(t, {0}), worker_of);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->one_way);
+}
+
 TEST(PlanReshard, RefusesPartialShardingsAndOtherTypes) {
   const auto t = F32({8, 6});
   auto p = Sharded(t, MakeMesh({{"x", 2}}, {0, 1}), {{"x"}});

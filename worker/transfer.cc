@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/dtype.h"
@@ -19,16 +20,6 @@ std::string RegionString(const v1::Region& r) {
     dims.push_back(absl::StrCat(r.starts(i), ":", r.starts(i) + r.sizes(i)));
   }
   return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
-}
-
-GroupSpec SpecOf(const v1::RunRequest& r) {
-  const v1::Transfer& t = r.transfer();
-  GroupSpec spec;
-  spec.rank_workers.assign(t.rank_workers().begin(), t.rank_workers().end());
-  spec.rank_devices.assign(t.rank_devices().begin(), t.rank_devices().end());
-  // As ResolveGroup names groups: a program over the same devices shares it.
-  spec.key = absl::StrCat("devices:", absl::StrJoin(spec.rank_devices, ","), "@", r.collective_epoch());
-  return spec;
 }
 
 // Copies `region` of `block` (at `base`) to or from the packed `staging`.
@@ -55,7 +46,37 @@ int64_t ContiguousOffset(const v1::TensorType& block, const v1::Region& region) 
   return runs == 1 ? first : -1;
 }
 
+std::string What(const v1::RunRequest& r, const Device& device) {
+  return absl::StrCat("execution ", r.execution_id(), " (reshard) on ", device.name());
+}
+
 }  // namespace
+
+GroupSpec TransferGroup(const v1::RunRequest& r) {
+  const v1::Transfer& t = r.transfer();
+  GroupSpec spec;
+  spec.rank_workers.assign(t.rank_workers().begin(), t.rank_workers().end());
+  spec.rank_devices.assign(t.rank_devices().begin(), t.rank_devices().end());
+  if (!t.one_way()) {
+    // As ResolveGroup names groups: a program over the same devices shares it.
+    spec.key = absl::StrCat("devices:", absl::StrJoin(spec.rank_devices, ","), "@", r.collective_epoch());
+    return spec;
+  }
+  std::vector<int> senders;
+  for (const v1::TransferPiece& p : t.pieces()) {
+    if (p.round() >= 0 && absl::c_find(senders, p.source()) == senders.end()) senders.push_back(p.source());
+  }
+  absl::c_sort(senders);
+  spec.key = absl::StrCat("devices:", absl::StrJoin(spec.rank_devices, ","), ";from:", absl::StrJoin(senders, ","),
+                          "@", r.collective_epoch());
+  return spec;
+}
+
+bool IsDetachedSend(const v1::RunRequest& r) {
+  const v1::Transfer& t = r.transfer();
+  return r.has_transfer() && t.one_way() && t.rank() >= 0 && t.rounds() > 0 && r.arguments_size() == 1 &&
+         r.outputs_size() == 0;
+}
 
 void ForEachRun(const v1::TensorType& block, const v1::Region& region,
                 const std::function<void(int64_t, int64_t)>& f) {
@@ -107,10 +128,9 @@ absl::Status CheckRegion(const v1::TensorType& block, const v1::Region& region, 
   return absl::OkStatus();
 }
 
-absl::StatusOr<BufferPtr> RunTransfer(const v1::RunRequest& r, Device& device, const BufferPtr& source,
-                                      CommunicatorRegistry* collectives, int* last_round) {
+absl::Status CheckTransfer(const v1::RunRequest& r, const Device& device, const BufferPtr& source) {
   const v1::Transfer& t = r.transfer();
-  const std::string what = absl::StrCat("execution ", r.execution_id(), " (reshard) on ", device.name());
+  const std::string what = What(r, device);
   if (device.kind() != "cpu") {
     return absl::UnimplementedError(absl::StrCat(what, ": resharding moves blocks of host-memory devices only; this "
                                                        "device is '", device.kind(), "'"));
@@ -152,6 +172,19 @@ absl::StatusOr<BufferPtr> RunTransfer(const v1::RunRequest& r, Device& device, c
                                                      RegionString(p.from()), " and ", RegionString(p.to())));
     }
   }
+  if (t.one_way() && has_source && has_target) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": the transfer is one-way, and this device both holds a ",
+                                                   "source block and makes a target block"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<BufferPtr> RunTransfer(const v1::RunRequest& r, Device& device, const BufferPtr& source,
+                                      CommunicatorRegistry* collectives, int* last_round) {
+  TESSEL_RETURN_IF_ERROR(CheckTransfer(r, device, source));
+  const v1::Transfer& t = r.transfer();
+  const std::string what = What(r, device);
+  const bool has_source = source != nullptr, has_target = r.outputs_size() == 1;
   BufferPtr target;
   if (has_target) {
     TESSEL_ASSIGN_OR_RETURN(target, device.Allocate(ByteSizeUnchecked(t.target_block())));
@@ -175,7 +208,7 @@ absl::StatusOr<BufferPtr> RunTransfer(const v1::RunRequest& r, Device& device, c
   if (collectives == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(what, ": this worker has no collectives configured"));
   }
-  TESSEL_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, collectives->Get(SpecOf(r)));
+  TESSEL_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, collectives->Get(TransferGroup(r)));
   std::vector<char> send_staging, recv_staging;
   for (int round = 0; round < t.rounds(); ++round) {
     std::vector<std::pair<int, int>> pairs;
@@ -228,7 +261,7 @@ void AbandonTransfer(const v1::RunRequest& r, CommunicatorRegistry* collectives,
                      const absl::Status& cause) {
   const v1::Transfer& t = r.transfer();
   if (collectives == nullptr || t.rank() < 0 || last_round + 1 >= t.rounds()) return;
-  auto comm = collectives->Get(SpecOf(r));
+  auto comm = collectives->Get(TransferGroup(r));
   if (!comm.ok()) return;
   for (int round = last_round + 1; round < t.rounds(); ++round) {
     (void)(*comm)->Abandon(t.rank(), CollectiveId{r.execution_id(), round, 0}, cause);

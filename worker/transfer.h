@@ -9,7 +9,8 @@
 // Host-memory devices only: the transfer reads and writes the blocks by
 // address, and the group is the worker's collective transport.
 //
-// Thread-safety: free functions, called on the device's step thread.
+// Thread-safety: free functions, called on the device's step thread (a
+// detached send: on its lane's).
 #pragma once
 
 #include <cstdint>
@@ -30,6 +31,20 @@ void ForEachRun(const v1::TensorType& block, const v1::Region& region,
 int64_t RegionBytes(const v1::TensorType& block, const v1::Region& region);
 // INVALID_ARGUMENT naming `what` unless `region` has the block's rank and lies inside it.
 absl::Status CheckRegion(const v1::TensorType& block, const v1::Region& region, const std::string& what);
+
+// The group a transfer's ranks meet in: the one every program over the same
+// devices shares, or for a one-way transfer one of its own, named by its
+// senders too (so a device sending there never meets its own receives).
+GroupSpec TransferGroup(const v1::RunRequest& request);
+
+// Whether this device only sends, in a one-way transfer: its sends may run
+// behind its step (WorkerRuntime's send lanes), the step done at once.
+bool IsDetachedSend(const v1::RunRequest& request);
+
+// INVALID_ARGUMENT or UNIMPLEMENTED naming the execution unless this
+// device's part of the plan is well formed for `source` (RunTransfer checks
+// it first; nothing has moved when it fails).
+absl::Status CheckTransfer(const v1::RunRequest& request, const Device& device, const BufferPtr& source);
 
 // Runs this device's part. `source`: the block held here (null when the
 // request has no argument). Returns the target block (null when the

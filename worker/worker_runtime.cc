@@ -28,6 +28,23 @@ WorkerRuntime::WorkerRuntime(Options options)
 WorkerRuntime::~WorkerRuntime() {
   queues_.clear();
   completions_.clear();
+  absl::flat_hash_map<std::string, std::unique_ptr<CompletionQueue>> lanes;
+  {
+    absl::MutexLock l(&mu_);
+    lanes.swap(send_lanes_);
+  }
+  lanes.clear();  // each finishes its sends (or their peers' timeout) first
+}
+
+CompletionQueue& WorkerRuntime::SendLane(const v1::RunRequest& r) {
+  // Lanes stay until the runtime goes (an idle one is a sleeping thread): a
+  // group broken mid-send leaves its lane waiting out the peers' timeout,
+  // which no step thread should have to join.
+  const std::string key = absl::StrCat(TransferGroup(r).key, "#", r.transfer().rank());
+  absl::MutexLock l(&mu_);
+  std::unique_ptr<CompletionQueue>& lane = send_lanes_[key];
+  if (lane == nullptr) lane = std::make_unique<CompletionQueue>(absl::StrCat("sends of ", key));
+  return *lane;
 }
 
 absl::Status WorkerRuntime::CheckDevice(int device) const {
@@ -178,6 +195,27 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunTransferStep(const v1::RunRequ
     if (a->verdict != nullptr) inputs.push_back(std::move(a->verdict));
     source = std::move(a->buffer);
   }
+  if (IsDetachedSend(r)) {
+    Device& device = *devices_[r.device()];
+    TESSEL_RETURN_IF_ERROR(CheckTransfer(r, device, source));
+    if (collectives == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("execution ", r.execution_id(),
+                                                        " (reshard): this worker has no collectives configured"));
+    }
+    // The lane holds the source until it has been sent: a later free or
+    // donation of the array leaves these bytes alone.
+    SendLane(r).Push([this, r, &device, source = std::move(source), collectives = std::move(collectives)] {
+      int last = -1;
+      absl::StatusOr<BufferPtr> sent = RunTransfer(r, device, source, collectives.get(), &last);
+      if (sent.ok()) return;
+      log_->warn("execution {} on device {}: its sends failed: {}", r.execution_id(), r.device(),
+                 sent.status().ToString());
+      AbandonTransfer(r, collectives.get(), last, sent.status());
+    });
+    *last_round = r.transfer().rounds() - 1;  // the lane answers for every round now
+    ++steps_run_;
+    return v1::RunResponse();
+  }
   TESSEL_ASSIGN_OR_RETURN(BufferPtr target,
                           RunTransfer(r, *devices_[r.device()], source, collectives.get(), last_round));
   source.reset();
@@ -267,8 +305,13 @@ void WorkerRuntime::AbandonRest(const v1::RunRequest& r, int last_collective, co
     const int device = r.transfer().rank() >= 0 && r.transfer().rank() < r.transfer().rank_devices_size()
                            ? r.transfer().rank_devices(r.transfer().rank())
                            : -1;
-    return AbandonTransfer(r, collectives.get(), last_collective,
-                           Annotate(cause, absl::StrCat("device ", device, ": ")));
+    absl::Status why = Annotate(cause, absl::StrCat("device ", device, ": "));
+    if (!IsDetachedSend(r)) return AbandonTransfer(r, collectives.get(), last_collective, why);
+    // Behind the rank's sends in flight: one thread per rank in a group.
+    SendLane(r).Push([r, collectives, last_collective, why = std::move(why)] {
+      AbandonTransfer(r, collectives.get(), last_collective, why);
+    });
+    return;
   }
   if (proto == nullptr || collectives == nullptr || !proto->has_mesh()) return;
   if (r.mesh_position() < 0 || r.mesh_position() >= proto->mesh().devices_size()) return;

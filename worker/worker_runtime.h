@@ -96,6 +96,10 @@ class WorkerRuntime {
                                                   std::vector<std::shared_ptr<const Verdict>>& inputs);
   // After a failed step: lets the peers of every collective it did not reach know.
   void AbandonRest(const v1::RunRequest& request, int last_collective, const absl::Status& cause);
+  // The lane of a detached send (IsDetachedSend): one per one-way group and
+  // sending rank, so a rank's sends meet the receivers in step order, each
+  // from one thread, while the device's queue goes on.
+  CompletionQueue& SendLane(const v1::RunRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
 
   std::vector<std::unique_ptr<Device>> devices_;
   const std::shared_ptr<spdlog::logger> log_;
@@ -110,6 +114,10 @@ class WorkerRuntime {
   // Per asynchronous device (else null): its steps' reports, each behind a
   // wait for the step's work. Joined after the step queues that feed them.
   std::vector<std::unique_ptr<CompletionQueue>> completions_;
+  // "<one-way group key>#<rank>" -> its lane, kept while the runtime lives.
+  // Joined after the step queues that feed them, before the devices whose
+  // buffers they hold.
+  absl::flat_hash_map<std::string, std::unique_ptr<CompletionQueue>> send_lanes_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<StepQueue>> queues_;  // last: joined first
 };
 

@@ -16,6 +16,7 @@
 #include "spdlog/sinks/null_sink.h"
 #include "worker/collectives.h"
 #include "worker/cpu/cpu_device.h"
+#include "worker/transfer.h"
 
 namespace tessel::worker {
 namespace {
@@ -333,6 +334,93 @@ TEST(WorkerRuntime, AFailedSendFailsTheReceiverAndEveryReaderOfTheTarget) {
     ASSERT_FALSE(a.ok()) << h;
     EXPECT_NE(a.status().message().find("0x77"), std::string::npos) << a.status();
   }
+}
+
+// One-way (Transfer.one_way): the sender's step is done when its send is
+// queued on its lane, so the device's next steps run, and a free of the
+// source does not touch the bytes in flight; the receiver, queued later,
+// gets them.
+TEST(WorkerRuntime, AOneWaySendIsDoneBeforeItsReceiverComesAndKeepsItsBytes) {
+  auto runtime = TwoHostDevices();
+  ASSERT_NE(runtime, nullptr);
+  v1::RunRequest send = TransferPart(0, 330, 1, 0), receive = TransferPart(1, 330, 0, 3);
+  send.mutable_transfer()->set_one_way(true);
+  receive.mutable_transfer()->set_one_way(true);
+  ASSERT_TRUE(IsDetachedSend(send));
+  ASSERT_FALSE(IsDetachedSend(receive));
+  Report sent, after;
+  RunInto(*runtime, send, &sent);
+  RunInto(*runtime, Double(0, 1, 331, 1, 5), &after);
+  for (Report* r : {&sent, &after}) {
+    ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(10))) << "the device waited for the receiver";
+    ASSERT_TRUE(r->result.ok()) << r->result.status();
+  }
+  absl::Notification freed;
+  v1::FreeRequest free;
+  free.set_device(0);
+  free.set_seq(2);
+  free.add_buffers(1);
+  runtime->Free(free, [&](absl::Status s) {
+    EXPECT_TRUE(s.ok()) << s;
+    freed.Notify();
+  });
+  ASSERT_TRUE(freed.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_FALSE(runtime->GetForFetch(0, 1).ok()) << "the source is still held by its handle";
+  Report received, reader;
+  RunInto(*runtime, receive, &received);
+  RunInto(*runtime, Double(1, 1, 332, 3, 4), &reader);
+  for (Report* r : {&received, &reader}) {
+    ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    ASSERT_TRUE(r->result.ok()) << r->result.status();
+  }
+  EXPECT_EQ(Read(*runtime, 1, 4), (std::vector<float>{2, 4, 6, 8}));
+  EXPECT_EQ(Read(*runtime, 0, 5), (std::vector<float>{2, 4, 6, 8}));
+}
+
+// A one-way sender whose source is gone fails its step, and its receiver
+// learns at once (through the lane), naming the cause.
+TEST(WorkerRuntime, AOneWaySendThatFailsFailsItsReceiverPromptly) {
+  auto runtime = TwoHostDevices();
+  ASSERT_NE(runtime, nullptr);
+  v1::RunRequest send = TransferPart(0, 340, 0x77, 0), receive = TransferPart(1, 340, 0, 3);
+  send.mutable_transfer()->set_one_way(true);
+  receive.mutable_transfer()->set_one_way(true);
+  Report sent, received;
+  RunInto(*runtime, send, &sent);
+  RunInto(*runtime, receive, &received);
+  for (Report* r : {&sent, &received}) {
+    // Well inside the group's 20 s timeout: the receiver was told, not left waiting.
+    ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    ASSERT_FALSE(r->result.ok());
+    EXPECT_NE(r->result.status().message().find("0x77"), std::string::npos) << r->result.status();
+  }
+}
+
+// A sender's one-way sends leave in step order, each met by its own receive.
+TEST(WorkerRuntime, OneWaySendsOfOneRankMeetTheirReceivesInOrder) {
+  auto runtime = TwoHostDevices();
+  ASSERT_NE(runtime, nullptr);
+  Report doubled;
+  RunInto(*runtime, Double(0, 0, 350, 1, 2), &doubled);  // array 2 = [2, 4, 6, 8]
+  Report sends[2], receives[2];
+  for (int i = 0; i < 2; ++i) {
+    v1::RunRequest send = TransferPart(0, 351 + i, 1 + i, 0);
+    send.set_seq(1 + i);
+    send.mutable_transfer()->set_one_way(true);
+    RunInto(*runtime, send, &sends[i]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    v1::RunRequest receive = TransferPart(1, 351 + i, 0, 10 + i);
+    receive.set_seq(i);
+    receive.mutable_transfer()->set_one_way(true);
+    RunInto(*runtime, receive, &receives[i]);
+  }
+  for (Report* r : {&doubled, &sends[0], &sends[1], &receives[0], &receives[1]}) {
+    ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    ASSERT_TRUE(r->result.ok()) << r->result.status();
+  }
+  EXPECT_EQ(Read(*runtime, 1, 10), (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(Read(*runtime, 1, 11), (std::vector<float>{2, 4, 6, 8}));
 }
 
 }  // namespace

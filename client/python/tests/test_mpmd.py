@@ -127,3 +127,25 @@ def test_a_large_constant_inside_a_region_stays_in_its_program(session):
     add_table = tessel.jit(lambda v: v + table, mesh=B)
     out = tessel.jit(lambda v: add_table(v))(np.ones((512, 1024), np.float32))
     np.testing.assert_array_equal(out.fetch(), table + 1)
+
+
+def test_values_read_in_another_order_than_they_were_made_meet_their_readers(session):
+    # p and q leave A in that order, in one group (A's devices send, B's
+    # receive): each is sent as soon as it is made, and B, which reads q
+    # first, must still receive p first, as A's senders send them.
+    make = tessel.jit(lambda x, w: tnp.tanh(x @ w), in_shardings=(RA, WA), out_shardings=RA)
+
+    @tessel.jit
+    def step(x, w1, w2, v):
+        p = make(x, w1)
+        q = make(x, w2)
+        return stage1(q, v), stage1(p, v)
+
+    x, w1, v, _ = _data()
+    w2 = (w1[::-1] * 0.5).copy()
+    plan = step.lower(x, w1, w2, v)
+    assert len(plan.transfers) == 2, plan.transfers
+    for _ in range(3):  # the senders' lanes and groups are reused
+        from_q, from_p = step(x, w1, w2, v)
+        np.testing.assert_allclose(from_q.fetch(), (np.tanh(x @ w2) @ v).sum(axis=1), rtol=1e-5)
+        np.testing.assert_allclose(from_p.fetch(), (np.tanh(x @ w1) @ v).sum(axis=1), rtol=1e-5)
