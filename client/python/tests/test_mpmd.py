@@ -149,3 +149,55 @@ def test_values_read_in_another_order_than_they_were_made_meet_their_readers(ses
         from_q, from_p = step(x, w1, w2, v)
         np.testing.assert_allclose(from_q.fetch(), (np.tanh(x @ w2) @ v).sum(axis=1), rtol=1e-5)
         np.testing.assert_allclose(from_p.fetch(), (np.tanh(x @ w1) @ v).sum(axis=1), rtol=1e-5)
+
+
+# What an error may say it came from under injected faults (as tests/soak_test.cc).
+FAULT_CAUSES = ("lost in transit", "started over in a new epoch", "did not reach this collective", "no word from",
+                "stalled or went away mid-exchange", "did not arrive within", "Connection closed", "Connection reset",
+                "Broken pipe", "out of step", "broke at an earlier collective", "cannot run its collectives",
+                "connecting to workers", "gave up on this group", "must start over")
+
+
+def test_a_pipeline_whose_steps_are_lost_or_late_is_right_or_fails_naming_the_cause(cluster):
+    # GPipe-shaped and pure (every step gives the same values): forwards on
+    # A, each activation sent to B as it is made (one-way), B's step, each
+    # gradient sent back as it is made, then A's backwards. Steps are lost
+    # in transit or reach the workers late (the coordinator's
+    # --inject_faults); a sender whose receiver never comes, or a receiver
+    # whose sender was lost, must fail its step naming why, never leave a
+    # value READY and wrong, and later steps must run right again.
+    fwd0 = tessel.jit(lambda w, x: tnp.tanh(x @ w), in_shardings=(WA, RA), out_shardings=RA)
+    fb1 = tessel.jit(lambda v, h: ((h @ v) * 2.0, h * 0.5), in_shardings=(WB, RB), out_shardings=(RB, RB))
+    bwd0 = tessel.jit(lambda h, g: h * g + 1.0, in_shardings=(RA, RA), out_shardings=RA)
+
+    @tessel.jit
+    def step(w, v, xs):
+        hs = [fwd0(w, x) for x in xs]
+        made = [fb1(v, h) for h in hs]
+        return [o for o, _ in made] + [bwd0(h, g) for h, (_, g) in zip(hs, made)]
+
+    rng = np.random.default_rng(3)
+    w, v = rng.standard_normal((16, 32)).astype(np.float32), rng.standard_normal((32, 8)).astype(np.float32)
+    xs = [rng.standard_normal((8, 16)).astype(np.float32) for _ in range(4)]
+    hs = [np.tanh(x @ w) for x in xs]
+    want = [(h @ v) * 2 for h in hs] + [h * (h * 0.5) + 1 for h in hs]
+    faults = "drop_step=0.003,delay_step=0.05,max_delay_ms=3,seed=20261127"
+    try:
+        with tessel.local_cluster(workers=2, devices_per_worker=2, heartbeat_timeout_ms=20000,
+                                  worker_flags=["--collective_timeout_s=2"],
+                                  coordinator_flags=[f"--inject_faults={faults}"]):
+            right, failed = 0, []
+            for _ in range(40):
+                try:
+                    got = [o.fetch() for o in step(w, v, xs)]
+                except errors.TesselError as e:
+                    assert any(c in str(e) for c in FAULT_CAUSES), f"a step failed for no injected cause: {e}"
+                    failed.append(str(e))
+                    continue
+                for g, r in zip(got, want):
+                    np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
+                right += 1
+            assert failed, "no injected fault reached a step: the test tested nothing"
+            assert right >= 20, f"{right} of 40 steps right; failures: {failed[:3]}"
+    finally:
+        tessel._context.set_default_session(cluster.session)
