@@ -37,6 +37,14 @@
                  slower stage's time per microbatch. Median of 5 alternated
                  rounds, in ms. Goal <= 1.25x.
 
+  py_compile_10k  trace and compile (tessel.jit(f).lower) of a new graph of
+                 10,000 nodes (tanh and * chained), ten graphs, median, in ms,
+                 against the goal of 100 ms.
+  py_compile_100k  the same for 100,000 nodes (three graphs) against ten
+                 times py_compile_10k's figure: how far from linear. Goal
+                 <= 1.25x (what n log n growth would give over ten times the
+                 nodes).
+
     .venv/bin/python bench/python_bench.py [--json] [--only=NAME]      (after scripts/setup.sh)
 """
 import json
@@ -314,6 +322,23 @@ def pipeline():
     return float(np.median(t_step)) * 1e3, float(np.median(t_ideal)) * 1e3
 
 
+def compile_time(nodes, graphs):
+    """Median ms to trace and compile a new `nodes`-node graph: each graph
+    differs (its length), so neither the trace cache nor the coordinator's
+    compile cache helps."""
+    x = np.ones(8, np.float32)
+    times = []
+    for r in range(graphs):
+        def chain(a, b, n=nodes // 2 + r):
+            for _ in range(n):
+                a = tnp.tanh(a) * b
+            return a
+        start = time.perf_counter()
+        tessel.jit(chain).lower(x, x)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) * 1e3
+
+
 def main():
     if not os.environ.get("TESSEL_BIN_DIR"):
         os.environ["TESSEL_BIN_DIR"] = str(pathlib.Path(__file__).resolve().parents[1] / "build" / "bin")
@@ -332,6 +357,12 @@ def main():
             ours, base, call_ours, call_base = while_tiny(c.session)
             rows.append(("py_while_tiny", "us/iter", ours, base, "<= 2x", ours / base <= 2))
             rows.append(("py_while_call", "us", call_ours, call_base, "-", None))
+    if not only or only in "py_compile_10k py_compile_100k":
+        with tessel.local_cluster(workers=1, devices_per_worker=1):
+            ten = compile_time(10_000, 10)
+            rows.append(("py_compile_10k", "ms", ten, 100.0, "<= 100 ms", ten <= 100))
+            hundred = compile_time(100_000, 3)
+            rows.append(("py_compile_100k", "ms", hundred, 10 * ten, "<= 1.25x", hundred <= 1.25 * 10 * ten))
     if not only or only in "py_pipeline_step":
         with tessel.local_cluster(workers=2, devices_per_worker=2):
             ours, base = pipeline()

@@ -154,6 +154,13 @@ def _check_in_range(xs, d):
 
 
 def _elementwise(op, xs, d=None, out_dtype=None, set_attrs=None):
+    # The common case in a trace: strongly typed tracers of one dtype and
+    # shape, nothing to convert, broadcast or range-check.
+    first = xs[0]
+    if type(first) is Tracer and not first.weak and (d is None or first.dtype == d):
+        fd, fs = first.dtype, first.shape
+        if builtins.all(type(x) is Tracer and not x.weak and x.dtype == fd and x.shape == fs for x in xs[1:]):
+            return _b().node(op, xs, fs, out_dtype or fd, set_attrs=set_attrs)
     d = _np.dtype(d) if d is not None else _result_dtype(*xs)
     _check_in_range(xs, d)
     shapes = [_shape(x) for x in xs]
@@ -182,14 +189,15 @@ def _int8_for_bools(d):
 def _binary(op):
     @_op
     def f(x1, x2):
-        if _result_dtype(x1, x2) == _np.bool_:
+        d = _result_dtype(x1, x2)
+        if d == _np.bool_:
             if op == ir_pb2.SUB:
                 raise TypeError("numpy boolean subtract, the `-` operator, is not supported; "
                                 "use the bitwise_xor, the `^` operator, or the logical_xor function instead")
             if op == ir_pb2.POW:
                 return _elementwise(op, [x1, x2], _np.int8)
             return _elementwise(_ON_BOOLS.get(op, op), [x1, x2])
-        return _elementwise(op, [x1, x2])
+        return _elementwise(op, [x1, x2], d)
     return f
 
 
