@@ -1,10 +1,13 @@
 // WorkerRuntime: everything a worker daemon does, without the RPC: its
 // devices, the arrays they hold, the programs loaded on them, and one
 // StepQueue per device that runs steps and frees in the coordinator's order.
-// The gRPC service is a thin shell over this class.
+// A one-way transfer's sender step hands its sends to a lane (one thread per
+// group and sending rank) and is done; the lane holds the source buffer
+// until it is sent. The gRPC service is a thin shell over this class.
 //
 // Thread-safety: every public method may be called from any thread.
-// Completion callbacks run on a device's queue thread.
+// Completion callbacks run on a device's queue thread. The destructor waits
+// for the lanes' sends (each at most the group's timeout).
 #pragma once
 
 #include <functional>
