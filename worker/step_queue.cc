@@ -116,18 +116,26 @@ void CompletionQueue::Push(std::function<void()> f) {
   pending_.push_back(std::move(f));
 }
 
+bool CompletionQueue::idle() const {
+  absl::MutexLock l(&mu_);
+  return pending_.empty() && !running_;
+}
+
 void CompletionQueue::Loop() {
   while (true) {
     std::function<void()> f;
     {
       absl::MutexLock l(&mu_);
+      running_ = false;
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !pending_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (pending_.empty()) return;  // stopping, and nothing left
       f = std::move(pending_.front());
       pending_.pop_front();
+      running_ = true;
     }
     f();
+    f = nullptr;  // what it held goes before the queue reads as idle
   }
 }
 

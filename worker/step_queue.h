@@ -77,13 +77,16 @@ class CompletionQueue {
   CompletionQueue& operator=(const CompletionQueue&) = delete;
 
   void Push(std::function<void()> f);
+  // Nothing pending and nothing running: destroying it now joins at once.
+  bool idle() const;
 
  private:
   void Loop();
 
   const std::string name_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::deque<std::function<void()>> pending_ ABSL_GUARDED_BY(mu_);
+  bool running_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

@@ -3,6 +3,8 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "core/dtype.h"
 #include "core/status.h"
@@ -29,22 +31,72 @@ WorkerRuntime::~WorkerRuntime() {
   queues_.clear();
   completions_.clear();
   absl::flat_hash_map<std::string, std::unique_ptr<CompletionQueue>> lanes;
+  std::vector<std::unique_ptr<CompletionQueue>> retired;
   {
     absl::MutexLock l(&mu_);
     lanes.swap(send_lanes_);
+    retired.swap(retired_lanes_);
   }
   lanes.clear();  // each finishes its sends (or their peers' timeout) first
+  retired.clear();
 }
 
-CompletionQueue& WorkerRuntime::SendLane(const v1::RunRequest& r) {
-  // Lanes stay until the runtime goes (an idle one is a sleeping thread): a
-  // group broken mid-send leaves its lane waiting out the peers' timeout,
-  // which no step thread should have to join.
-  const std::string key = absl::StrCat(TransferGroup(r).key, "#", r.transfer().rank());
+namespace {
+
+// "<incarnation>.<epoch>" of a collective epoch; epoch -1 when it is not one.
+std::pair<std::string, int64_t> SplitEpoch(absl::string_view e) {
+  const size_t dot = e.rfind('.');
+  int64_t n = -1;
+  if (dot == absl::string_view::npos || !absl::SimpleAtoi(e.substr(dot + 1), &n)) return {std::string(e), -1};
+  return {std::string(e.substr(0, dot)), n};
+}
+
+}  // namespace
+
+void WorkerRuntime::QueueSend(const v1::RunRequest& r, std::function<void()> task) {
+  const std::string group = TransferGroup(r).key;
+  const std::string key = absl::StrCat(group, "#", r.transfer().rank());
+  // Idle and out of reach (lanes are pushed to under the lock, found by
+  // key): joined at once, outside the lock.
+  std::vector<std::unique_ptr<CompletionQueue>> reaped;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = send_lanes_.find(key);
+    if (it != send_lanes_.end()) return it->second->Push(std::move(task));
+    // The same group's lane for this rank in an earlier epoch (the group
+    // broke since) is retired: a rank's steps come in epoch order, so it
+    // gets no more sends. It may still be waiting out its peers' timeout,
+    // so it is joined only once idle, here or by the destructor.
+    const auto [incarnation, epoch] = SplitEpoch(r.collective_epoch());
+    const std::string devices = group.substr(0, group.rfind('@') + 1);
+    const std::string rank = absl::StrCat("#", r.transfer().rank());
+    for (auto old = send_lanes_.begin(); old != send_lanes_.end();) {
+      const absl::string_view k = old->first;
+      bool earlier = false;
+      if (epoch >= 0 && absl::StartsWith(k, devices) && absl::EndsWith(k, rank)) {
+        const auto [i, e] = SplitEpoch(k.substr(devices.size(), k.size() - devices.size() - rank.size()));
+        earlier = i == incarnation && e >= 0 && e < epoch;
+      }
+      if (earlier) {
+        retired_lanes_.push_back(std::move(old->second));
+        send_lanes_.erase(old++);
+      } else {
+        ++old;
+      }
+    }
+    for (auto& q : retired_lanes_) {
+      if (q->idle()) reaped.push_back(std::move(q));
+    }
+    std::erase(retired_lanes_, nullptr);
+    auto& made = send_lanes_[key];
+    made = std::make_unique<CompletionQueue>(absl::StrCat("sends of ", key));
+    made->Push(std::move(task));
+  }
+}
+
+int WorkerRuntime::num_send_lanes() const {
   absl::MutexLock l(&mu_);
-  std::unique_ptr<CompletionQueue>& lane = send_lanes_[key];
-  if (lane == nullptr) lane = std::make_unique<CompletionQueue>(absl::StrCat("sends of ", key));
-  return *lane;
+  return send_lanes_.size() + retired_lanes_.size();
 }
 
 absl::Status WorkerRuntime::CheckDevice(int device) const {
@@ -204,7 +256,7 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunTransferStep(const v1::RunRequ
     }
     // The lane holds the source until it has been sent: a later free or
     // donation of the array leaves these bytes alone.
-    SendLane(r).Push([this, r, &device, source = std::move(source), collectives = std::move(collectives)] {
+    QueueSend(r, [this, r, &device, source = std::move(source), collectives = std::move(collectives)] {
       int last = -1;
       absl::StatusOr<BufferPtr> sent = RunTransfer(r, device, source, collectives.get(), &last);
       if (sent.ok()) return;
@@ -308,7 +360,7 @@ void WorkerRuntime::AbandonRest(const v1::RunRequest& r, int last_collective, co
     absl::Status why = Annotate(cause, absl::StrCat("device ", device, ": "));
     if (!IsDetachedSend(r)) return AbandonTransfer(r, collectives.get(), last_collective, why);
     // Behind the rank's sends in flight: one thread per rank in a group.
-    SendLane(r).Push([r, collectives, last_collective, why = std::move(why)] {
+    QueueSend(r, [r, collectives, last_collective, why = std::move(why)] {
       AbandonTransfer(r, collectives.get(), last_collective, why);
     });
     return;

@@ -79,6 +79,8 @@ class WorkerRuntime {
   // A new coordinator: every stored array belonged to the old one, which
   // alone could name them. Drops them all; returns how many and their bytes.
   std::pair<int64_t, int64_t> ForgetAllArrays() { return store_.Clear(); }
+  // Send lanes held (current, and retired ones not yet idle), for tests.
+  int num_send_lanes() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Installs the collectives after construction (a worker knows its own
   // address only once it serves); replaces Options::collectives.
@@ -99,10 +101,10 @@ class WorkerRuntime {
                                                   std::vector<std::shared_ptr<const Verdict>>& inputs);
   // After a failed step: lets the peers of every collective it did not reach know.
   void AbandonRest(const v1::RunRequest& request, int last_collective, const absl::Status& cause);
-  // The lane of a detached send (IsDetachedSend): one per one-way group and
-  // sending rank, so a rank's sends meet the receivers in step order, each
-  // from one thread, while the device's queue goes on.
-  CompletionQueue& SendLane(const v1::RunRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues `task` on the lane of a detached send (IsDetachedSend): one per
+  // one-way group and sending rank, so a rank's sends meet the receivers in
+  // step order, each from one thread, while the device's queue goes on.
+  void QueueSend(const v1::RunRequest& request, std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
 
   std::vector<std::unique_ptr<Device>> devices_;
   const std::shared_ptr<spdlog::logger> log_;
@@ -117,10 +119,12 @@ class WorkerRuntime {
   // Per asynchronous device (else null): its steps' reports, each behind a
   // wait for the step's work. Joined after the step queues that feed them.
   std::vector<std::unique_ptr<CompletionQueue>> completions_;
-  // "<one-way group key>#<rank>" -> its lane, kept while the runtime lives.
-  // Joined after the step queues that feed them, before the devices whose
-  // buffers they hold.
+  // "<one-way group key>#<rank>" -> its lane, until a lane of the same
+  // group and rank in a later epoch retires it. Retired lanes are joined
+  // once idle. All are joined after the step queues that feed them, before
+  // the devices whose buffers they hold.
   absl::flat_hash_map<std::string, std::unique_ptr<CompletionQueue>> send_lanes_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<CompletionQueue>> retired_lanes_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<StepQueue>> queues_;  // last: joined first
 };
 

@@ -423,5 +423,33 @@ TEST(WorkerRuntime, OneWaySendsOfOneRankMeetTheirReceivesInOrder) {
   EXPECT_EQ(Read(*runtime, 1, 11), (std::vector<float>{2, 4, 6, 8}));
 }
 
+// A group that broke moves to a new epoch: the rank's lane of the old one
+// gets no more sends, and goes once idle, so lanes do not pile up.
+TEST(WorkerRuntime, ASendLaneOfAnEarlierEpochGoesOnceIdle) {
+  auto runtime = TwoHostDevices();
+  ASSERT_NE(runtime, nullptr);
+  constexpr int kEpochs = 6;
+  for (int epoch = 0; epoch < kEpochs; ++epoch) {
+    v1::RunRequest send = TransferPart(0, 360 + epoch, 1, 0), receive = TransferPart(1, 360 + epoch, 0, 20 + epoch);
+    for (v1::RunRequest* r : {&send, &receive}) {
+      r->set_seq(epoch);
+      r->set_collective_epoch("t." + std::to_string(epoch));
+      r->mutable_transfer()->set_one_way(true);
+    }
+    Report sent, received;
+    RunInto(*runtime, send, &sent);
+    RunInto(*runtime, receive, &received);
+    for (Report* r : {&sent, &received}) {
+      ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+      ASSERT_TRUE(r->result.ok()) << r->result.status();
+    }
+    EXPECT_EQ(Read(*runtime, 1, 20 + epoch), (std::vector<float>{1, 2, 3, 4})) << "epoch " << epoch;
+  }
+  // The current lane, and at most the last retired ones whose sender was
+  // still returning when the next epoch's lane was made; kEpochs without
+  // retiring.
+  EXPECT_LE(runtime->num_send_lanes(), 3);
+}
+
 }  // namespace
 }  // namespace tessel::worker
