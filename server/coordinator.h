@@ -214,6 +214,9 @@ class Coordinator {
     uint64_t output = 0;
     int64_t epoch = 0;  // the collective epoch they run under
     std::vector<std::pair<int, v1::RunRequest>> steps;
+    // Deferred receivers': "<sending devices> -> <receiving devices>", which
+    // names their group on the workers (transfers with equal ones share it).
+    std::string group;
   };
   // With `deferred`, a one-way reshard (ReshardPlan::one_way) sends only its
   // senders' steps, which run when the source is made, and leaves the

@@ -1,7 +1,5 @@
 // MPMD programs: compile each mesh region as an executable of its own, and
 // run an execution as those executions plus the moves between them.
-#include <set>
-
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -234,7 +232,6 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::ExecuteMpmd(const v1::ExecuteRe
   struct EarlyMove {
     uint64_t handle = 0;
     ReshardSteps receivers;
-    std::string group;  // the sending and receiving devices
   };
   std::vector<EarlyMove> early;
   absl::flat_hash_map<std::pair<size_t, size_t>, size_t> early_of;  // (part, input) -> index into `early`
@@ -243,7 +240,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::ExecuteMpmd(const v1::ExecuteRe
   // group; of every move when `upto` is early.size().
   auto send_receivers = [&](size_t upto) {
     for (size_t e = receivers_sent; e < early.size() && e <= upto; ++e) {
-      if (upto < early.size() && early[e].group != early[upto].group) continue;
+      if (upto < early.size() && early[e].receivers.group != early[upto].receivers.group) continue;
       SendReshardSteps(std::move(early[e].receivers));
       early[e].receivers.steps.clear();
     }
@@ -319,14 +316,6 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::ExecuteMpmd(const v1::ExecuteRe
                                                       reader.name, "': ")));
         }
         m.handle = *moved;
-        if (!m.receivers.steps.empty()) {  // as the workers name its group: its devices, and which send
-          const v1::Transfer& t = m.receivers.steps.front().second.transfer();
-          std::set<int> senders;
-          for (const v1::TransferPiece& piece : t.pieces()) {
-            if (piece.round() >= 0) senders.insert(t.rank_devices(piece.source()));
-          }
-          m.group = StrCat(absl::StrJoin(t.rank_devices(), ","), " from ", absl::StrJoin(senders, ","));
-        }
         early_of[{q2, j}] = early.size();
         early.push_back(std::move(m));
       }

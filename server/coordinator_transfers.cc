@@ -196,8 +196,10 @@ absl::StatusOr<v1::ReshardResponse> Coordinator::Reshard(const v1::ReshardReques
     for (const auto& [d, bytes] : plan.received) {
       arrays_.CountTransferLocked(req.session_id(), d, Direction::kDeviceToDevice, bytes);
     }
-    if (deferred != nullptr) *deferred = ReshardSteps{now.session, what, now.output, now.epoch, {}};
+    if (deferred != nullptr) *deferred = ReshardSteps{now.session, what, now.output, now.epoch, {}, {}};
+    std::vector<int> senders, receivers;
     for (ReshardPlan::Step& st : plan.steps) {
+      (st.reads_source ? senders : receivers).push_back(st.device);
       v1::RunRequest run;
       run.set_execution_id(execution_id);
       run.set_collective_epoch(CollectiveEpoch(now.epoch));
@@ -206,6 +208,9 @@ absl::StatusOr<v1::ReshardResponse> Coordinator::Reshard(const v1::ReshardReques
       *run.mutable_transfer() = std::move(st.transfer);
       const bool later = deferred != nullptr && plan.one_way && !st.reads_source;
       (later ? deferred->steps : now.steps).emplace_back(st.device, std::move(run));
+    }
+    if (deferred != nullptr && !deferred->steps.empty()) {
+      deferred->group = StrCat(absl::StrJoin(senders, ","), " -> ", absl::StrJoin(receivers, ","));
     }
     log_->debug("session {}: execution {}: {}, {} bytes moved, {} copied, {} steps{}", req.session_id(), execution_id,
                 text, plan.bytes_moved, plan.bytes_copied, plan.steps.size(),

@@ -270,6 +270,14 @@ v1::RunRequest TransferPart(int device, int64_t execution, uint64_t source, uint
   return r;
 }
 
+// TransferPart of a one-way transfer (Transfer.one_way): device 0 only
+// sends, device 1 only receives.
+v1::RunRequest OneWayPart(int device, int64_t execution, uint64_t source, uint64_t target) {
+  v1::RunRequest r = TransferPart(device, execution, source, target);
+  r.mutable_transfer()->set_one_way(true);
+  return r;
+}
+
 v1::RunRequest Double(int device, uint64_t seq, int64_t execution, uint64_t in, uint64_t out) {
   v1::RunRequest r;
   r.set_executable_id("double");
@@ -343,9 +351,7 @@ TEST(WorkerRuntime, AFailedSendFailsTheReceiverAndEveryReaderOfTheTarget) {
 TEST(WorkerRuntime, AOneWaySendIsDoneBeforeItsReceiverComesAndKeepsItsBytes) {
   auto runtime = TwoHostDevices();
   ASSERT_NE(runtime, nullptr);
-  v1::RunRequest send = TransferPart(0, 330, 1, 0), receive = TransferPart(1, 330, 0, 3);
-  send.mutable_transfer()->set_one_way(true);
-  receive.mutable_transfer()->set_one_way(true);
+  v1::RunRequest send = OneWayPart(0, 330, 1, 0), receive = OneWayPart(1, 330, 0, 3);
   ASSERT_TRUE(IsDetachedSend(send));
   ASSERT_FALSE(IsDetachedSend(receive));
   Report sent, after;
@@ -382,9 +388,7 @@ TEST(WorkerRuntime, AOneWaySendIsDoneBeforeItsReceiverComesAndKeepsItsBytes) {
 TEST(WorkerRuntime, AOneWaySendThatFailsFailsItsReceiverPromptly) {
   auto runtime = TwoHostDevices();
   ASSERT_NE(runtime, nullptr);
-  v1::RunRequest send = TransferPart(0, 340, 0x77, 0), receive = TransferPart(1, 340, 0, 3);
-  send.mutable_transfer()->set_one_way(true);
-  receive.mutable_transfer()->set_one_way(true);
+  v1::RunRequest send = OneWayPart(0, 340, 0x77, 0), receive = OneWayPart(1, 340, 0, 3);
   Report sent, received;
   RunInto(*runtime, send, &sent);
   RunInto(*runtime, receive, &received);
@@ -404,15 +408,13 @@ TEST(WorkerRuntime, OneWaySendsOfOneRankMeetTheirReceivesInOrder) {
   RunInto(*runtime, Double(0, 0, 350, 1, 2), &doubled);  // array 2 = [2, 4, 6, 8]
   Report sends[2], receives[2];
   for (int i = 0; i < 2; ++i) {
-    v1::RunRequest send = TransferPart(0, 351 + i, 1 + i, 0);
+    v1::RunRequest send = OneWayPart(0, 351 + i, 1 + i, 0);
     send.set_seq(1 + i);
-    send.mutable_transfer()->set_one_way(true);
     RunInto(*runtime, send, &sends[i]);
   }
   for (int i = 0; i < 2; ++i) {
-    v1::RunRequest receive = TransferPart(1, 351 + i, 0, 10 + i);
+    v1::RunRequest receive = OneWayPart(1, 351 + i, 0, 10 + i);
     receive.set_seq(i);
-    receive.mutable_transfer()->set_one_way(true);
     RunInto(*runtime, receive, &receives[i]);
   }
   for (Report* r : {&doubled, &sends[0], &sends[1], &receives[0], &receives[1]}) {
@@ -430,11 +432,10 @@ TEST(WorkerRuntime, ASendLaneOfAnEarlierEpochGoesOnceIdle) {
   ASSERT_NE(runtime, nullptr);
   constexpr int kEpochs = 6;
   for (int epoch = 0; epoch < kEpochs; ++epoch) {
-    v1::RunRequest send = TransferPart(0, 360 + epoch, 1, 0), receive = TransferPart(1, 360 + epoch, 0, 20 + epoch);
+    v1::RunRequest send = OneWayPart(0, 360 + epoch, 1, 0), receive = OneWayPart(1, 360 + epoch, 0, 20 + epoch);
     for (v1::RunRequest* r : {&send, &receive}) {
       r->set_seq(epoch);
       r->set_collective_epoch("t." + std::to_string(epoch));
-      r->mutable_transfer()->set_one_way(true);
     }
     Report sent, received;
     RunInto(*runtime, send, &sent);
