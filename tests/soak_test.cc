@@ -3,7 +3,8 @@
 // (the coordinator's --inject_faults), steps reach the workers out of
 // order, and workers pause, some past the collective timeout. Every step
 // must end with the right value or with an error naming its cause; a wrong
-// value marked ready fails the test. TESSEL_SOAK=N runs N steps (default 1000).
+// value marked ready fails the test. TESSEL_SOAK=N runs N steps (default 1000);
+// TESSEL_SOAK_FAULTS replaces the coordinator's fault plan (less its seed).
 #include <gtest/gtest.h>
 
 #include <csignal>
@@ -62,8 +63,9 @@ TEST(Soak, PipelinedShardedStepsWithFaultsAreRightOrFailNamingTheCause) {
   o.devices_per_worker = 2;
   o.heartbeat_timeout_ms = 20000;  // pauses here test collectives, not liveness
   o.worker_flags = {"--device_memory_bytes=" + std::to_string(8 << 20), "--collective_timeout_s=2"};
-  o.coordinator_flags = {"--inject_faults=drop_step=0.001,delay_step=0.05,max_delay_ms=3,seed=" +
-                         std::to_string(seed)};
+  std::string faults = "drop_step=0.001,delay_step=0.05,max_delay_ms=3";
+  if (const char* f = std::getenv("TESSEL_SOAK_FAULTS"); f != nullptr && *f != '\0') faults = f;
+  o.coordinator_flags = {"--inject_faults=" + faults + ",seed=" + std::to_string(seed)};
   auto cluster = LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto s = Session::Connect((*cluster)->address());

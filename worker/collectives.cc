@@ -207,6 +207,63 @@ absl::Status CatchGloo(absl::string_view context, F&& f) {
   }
 }
 
+// The rendezvous store as one group's join sees it: every wait is cut into
+// short slices, and between them it looks for the group's "abandoned" key,
+// so a worker joining a group never waits out the join timeout for a peer
+// that has given up on it (and moved on to the group's next epoch).
+class WatchfulStore final : public gloo::rendezvous::Store {
+ public:
+  WatchfulStore(gloo::rendezvous::Store& inner, std::string abandoned_key, std::chrono::milliseconds timeout)
+      : inner_(inner), abandoned_key_(std::move(abandoned_key)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override { inner_.set(key, data); }
+  std::vector<char> get(const std::string& key) override {
+    wait({key});
+    return inner_.get(key);
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    using Clock = std::chrono::steady_clock;
+    // At most the join's own timeout, whatever the caller asks (Gloo's
+    // PrefixStore asks for its 30 s default).
+    const Clock::time_point deadline =
+        Clock::now() + (timeout.count() > 0 ? std::min(timeout, timeout_) : timeout_);
+    for (const std::string& key : keys) {
+      while (true) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+        bool present = false;
+        try {
+          inner_.wait({key}, std::clamp(left, std::chrono::milliseconds(1), kSlice));
+          present = true;
+        } catch (const std::exception&) {
+          if (Clock::now() >= deadline) throw;  // the store's own words: which key, how long
+        }
+        if (present) break;
+        if (Abandoned()) {
+          throw gloo::IoException(
+              "a peer gave up on this group while this worker was joining it; the group starts over");
+        }
+      }
+    }
+  }
+
+ private:
+  static constexpr std::chrono::milliseconds kSlice{100};
+
+  bool Abandoned() {
+    try {
+      inner_.wait({abandoned_key_}, std::chrono::milliseconds(1));
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+
+  gloo::rendezvous::Store& inner_;
+  const std::string abandoned_key_;
+  const std::chrono::milliseconds timeout_;
+};
+
 // ---- One group --------------------------------------------------------------
 
 // A group's ranks, as seen from this worker. Constant after construction.
@@ -544,6 +601,7 @@ class GroupCommunicator final : public Communicator {
       s = Broken(std::move(s));
       gloo_.reset();
       prefix_store_.reset();
+      watchful_store_.reset();
       // Peers not yet connected learn at once rather than wait for us; the
       // steps after this one meet in a group of a new epoch. Without this,
       // a late peer stuck connecting to a group we left would keep missing
@@ -554,6 +612,14 @@ class GroupCommunicator final : public Communicator {
   }
 
   std::string AbandonedKey() const { return l_.key + "/abandoned"; }
+  bool Abandoned() const {
+    bool abandoned = false;
+    (void)CatchGloo("", [&] {
+      endpoint_->store->wait({AbandonedKey()}, std::chrono::milliseconds(1));
+      abandoned = true;
+    });
+    return abandoned;
+  }
   static constexpr int kConnectTimeoutFactor = 3;
 
   absl::Status RunRoundUnchecked(const CollectiveId& id, Round& r, const Call& c) {
@@ -792,12 +858,7 @@ class GroupCommunicator final : public Communicator {
     }
     // A worker that gave up on this group (its epoch) said so in the store:
     // connecting now would wait out the timeout for a peer that has left.
-    bool abandoned = false;
-    (void)CatchGloo("", [&] {
-      endpoint_->store->wait({AbandonedKey()}, std::chrono::milliseconds(1));
-      abandoned = true;
-    });
-    if (abandoned) {
+    if (Abandoned()) {
       return absl::FailedPreconditionError(absl::StrCat(
           Describe(c), ": a peer gave up on this group before this worker joined it; the group starts over"));
     }
@@ -805,22 +866,36 @@ class GroupCommunicator final : public Communicator {
     // Joining waits longer than a collective: after a failure the peers
     // reach a group's new epoch only once they have drained the steps that
     // failed before it.
-    context->setTimeout(GlooTimeout() * kConnectTimeoutFactor);
-    prefix_store_ = std::make_unique<gloo::rendezvous::PrefixStore>(l_.key, *endpoint_->store);
+    const std::chrono::milliseconds join_timeout = GlooTimeout() * kConnectTimeoutFactor;
+    context->setTimeout(join_timeout);
+    watchful_store_ = std::make_unique<WatchfulStore>(*endpoint_->store, AbandonedKey(), join_timeout);
+    prefix_store_ = std::make_unique<gloo::rendezvous::PrefixStore>(l_.key, *watchful_store_);
     auto device = endpoint_->device;
     const absl::Time start = absl::Now();
-    absl::Status s = CatchGloo(
-        absl::StrCat(Describe(c), ": connecting to workers [", absl::StrJoin(l_.workers, ", "), "]"),
-        [&] { context->connectFullMesh(*prefix_store_, device); });
+    const std::string connecting =
+        absl::StrCat(Describe(c), ": connecting to workers [", absl::StrJoin(l_.workers, ", "), "]");
+    // Two steps. First every worker says it is here and waits until all
+    // are; only then does it publish its address (Gloo's "rank_<worker>")
+    // and connect. A worker that gives up waiting has published no address,
+    // so a peer that arrives just after never connects to a listener that
+    // has gone: it waits for the missing address, sees that the group was
+    // abandoned, and moves on at once, in step with the peer.
+    absl::Status s = CatchGloo(connecting, [&] {
+      prefix_store_->set(absl::StrCat("here_", l_.self_worker), {'1'});
+      for (int w = 0; w < l_.num_workers(); ++w) {
+        if (w != l_.self_worker) prefix_store_->wait({absl::StrCat("here_", w)}, join_timeout);
+      }
+    });
+    if (s.ok()) s = CatchGloo(connecting, [&] { context->connectFullMesh(*prefix_store_, device); });
     if (!s.ok()) {
-      // Name the workers that never published their endpoint (Gloo's key
-      // "rank_<worker>"), not just the group.
+      if (Abandoned()) return s;  // it says so
+      // Name the workers that never said they were here, not just the group.
       std::vector<int> absent;
       for (int w = 0; w < l_.num_workers(); ++w) {
         if (w == l_.self_worker) continue;
         bool present = false;
         (void)CatchGloo("", [&] {
-          prefix_store_->wait({absl::StrCat("rank_", w)}, std::chrono::milliseconds(1));
+          endpoint_->store->wait({absl::StrCat(l_.key, "/here_", w)}, std::chrono::milliseconds(1));
           present = true;
         });
         if (!present) absent.push_back(w);
@@ -1083,6 +1158,7 @@ class GroupCommunicator final : public Communicator {
 
   // Owned by the thread running the current round.
   std::shared_ptr<gloo::rendezvous::Context> gloo_;
+  std::unique_ptr<WatchfulStore> watchful_store_;  // under prefix_store_
   std::unique_ptr<gloo::rendezvous::PrefixStore> prefix_store_;
   uint32_t next_tag_ = 0;
   std::unique_ptr<char[]> scratch_[2];

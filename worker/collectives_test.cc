@@ -486,6 +486,33 @@ TEST(Collectives, MissingWorkerIsDeadlineExceeded) {
       << statuses[0];
 }
 
+// A peer that gives up on a group just as this worker arrives (it said it
+// was here, waited out the join, and left for the group's next epoch) must
+// not hold this worker for the whole join timeout: two workers that keep
+// missing each other that way would never meet again.
+TEST(Collectives, APeerThatGivesUpWhileThisWorkerJoinsReleasesItAtOnce) {
+  auto store = std::make_shared<gloo::rendezvous::HashStore>();
+  SimulatedWorkers workers({"w0", "w1"}, absl::Seconds(2), store);  // joins wait up to 6 s
+  const GroupSpec spec{"late", {"w0", "w1"}, {4, 7}};
+  store->set("late/here_0", {'1'});  // w0 was here ...
+  std::thread give_up([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    store->set("late/abandoned", {'1'});  // ... and gave up while w1 was joining
+  });
+  const absl::Time start = absl::Now();
+  auto statuses = workers.Run(spec, [](int rank, Communicator* comm) {
+    float x = 1;
+    return comm->AllReduce(rank, kId, &x, 1, v1::F32, ReduceOp::kSum);
+  }, {1});
+  give_up.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << statuses[1];
+  ASSERT_FALSE(statuses[1].ok());
+  EXPECT_NE(statuses[1].message().find("a peer gave up on this group while this worker was joining it"),
+            absl::string_view::npos)
+      << statuses[1];
+  EXPECT_EQ(statuses[1].message().find("never joined"), absl::string_view::npos) << statuses[1];
+}
+
 TEST(Collectives, WorkerMissingAfterConnectingIsDeadlineExceeded) {
   SimulatedWorkers workers({"w0", "w1"}, absl::Seconds(1));
   const GroupSpec spec{"across", {"w0", "w1"}, {4, 7}};

@@ -14,58 +14,42 @@ StepQueue::~StepQueue() {
   thread_.join();
 }
 
-std::map<uint64_t, StepQueue::Item> StepQueue::SwitchEpoch(uint64_t epoch) {
+void StepQueue::SwitchEpoch(uint64_t epoch, const std::string& why) {
   left_.insert(epoch_);
   epoch_ = epoch;
   next_ = 0;
-  std::map<uint64_t, Item> dropped;
-  dropped.swap(pending_);
-  return dropped;
+  const absl::Status gone = absl::UnavailableError(
+      absl::StrCat(name_, ": the queue started over in a new epoch (", why, ") before this step ran"));
+  for (auto& [s, item] : pending_) refusals_.emplace_back(std::move(item.rejected), gone);
+  pending_.clear();
 }
 
 void StepQueue::Submit(uint64_t epoch, uint64_t seq, std::function<void()> work, Rejected rejected) {
-  std::map<uint64_t, Item> dropped;
-  absl::Status refused;
-  {
-    absl::MutexLock l(&mu_);
-    if (epoch != epoch_) {
-      if (left_.contains(epoch)) {
-        refused = absl::FailedPreconditionError(absl::StrCat(
-            name_, ": step ", seq, " belongs to queue epoch ", epoch, ", which the queue has left for epoch ", epoch_,
-            " (the worker registered again, or steps were lost in transit): it started over in a new epoch"));
-      } else {
-        dropped = SwitchEpoch(epoch);
-      }
+  absl::MutexLock l(&mu_);
+  if (epoch != epoch_) {
+    if (left_.contains(epoch)) {
+      refusals_.emplace_back(
+          std::move(rejected),
+          absl::FailedPreconditionError(absl::StrCat(
+              name_, ": step ", seq, " belongs to queue epoch ", epoch, ", which the queue has left for epoch ",
+              epoch_, " (the worker registered again, or steps were lost in transit): it started over in a new epoch")));
+      return;
     }
-    if (refused.ok()) {
-      if (seq >= next_ && !pending_.contains(seq)) {
-        pending_.emplace(seq, Item{std::move(work), std::move(rejected)});
-        rejected = nullptr;
-      } else {
-        refused = absl::InvalidArgumentError(
-            absl::StrCat(name_, ": step sequence number ", seq, " was already used (queue epoch ", epoch_, ")"));
-      }
-    }
+    SwitchEpoch(epoch, "the worker registered again, or steps were lost in transit");
   }
-  if (!dropped.empty()) {
-    const absl::Status gone = absl::UnavailableError(absl::StrCat(
-        name_, ": the queue started over in a new epoch (the worker registered again, or steps were lost in "
-        "transit) before this step ran"));
-    for (auto& [s, item] : dropped) item.rejected(gone);
+  if (seq >= next_ && !pending_.contains(seq)) {
+    pending_.emplace(seq, Item{std::move(work), std::move(rejected)});
+  } else {
+    refusals_.emplace_back(std::move(rejected), absl::InvalidArgumentError(absl::StrCat(
+                                                    name_, ": step sequence number ", seq,
+                                                    " was already used (queue epoch ", epoch_, ")")));
   }
-  if (rejected) rejected(refused);
 }
 
 void StepQueue::StartEpoch(uint64_t epoch) {
-  std::map<uint64_t, Item> dropped;
-  {
-    absl::MutexLock l(&mu_);
-    if (epoch == epoch_ || left_.contains(epoch)) return;
-    dropped = SwitchEpoch(epoch);
-  }
-  const absl::Status gone = absl::UnavailableError(absl::StrCat(
-      name_, ": the queue started over in a new epoch (the worker registered again) before this step ran"));
-  for (auto& [s, item] : dropped) item.rejected(gone);
+  absl::MutexLock l(&mu_);
+  if (epoch == epoch_ || left_.contains(epoch)) return;
+  SwitchEpoch(epoch, "the worker registered again");
 }
 
 uint64_t StepQueue::completed() const {
@@ -80,7 +64,7 @@ bool StepQueue::AwaitCompleted(uint64_t n, absl::Duration timeout) const {
 }
 
 bool StepQueue::Runnable() const {
-  return stop_ || (!pending_.empty() && pending_.begin()->first == next_);
+  return stop_ || !refusals_.empty() || (!pending_.empty() && pending_.begin()->first == next_);
 }
 
 void StepQueue::Loop() {
@@ -91,6 +75,15 @@ void StepQueue::Loop() {
       absl::MutexLock l(&mu_);
       mu_.Await(absl::Condition(this, &StepQueue::Runnable));
       if (stop_) return;
+      if (!refusals_.empty()) {
+        auto [rejected, why] = std::move(refusals_.front());
+        refusals_.pop_front();
+        mu_.Unlock();
+        if (rejected) rejected(why);
+        rejected = nullptr;  // what it held goes outside the lock
+        mu_.Lock();
+        continue;
+      }
       work = std::move(pending_.begin()->second.work);
       pending_.erase(pending_.begin());
       epoch = epoch_;

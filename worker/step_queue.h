@@ -2,10 +2,14 @@
 // order (0, 1, 2, ...), whatever order they are submitted in. The
 // coordinator numbers the steps and frees of each device, so concurrent RPCs
 // cannot reorder a device's program. Numbering lives in an epoch (one per
-// registration of the worker): an item of a new epoch refuses what waits
-// from the old one and starts again at 0; an item of an epoch the queue has
-// left is refused. Submit is thread-safe; the destructor drops items that
-// never became runnable and joins the thread.
+// registration of the worker, or restart after a lost step): an item of a
+// new epoch refuses what waits from the old one and starts again at 0; an
+// item of an epoch the queue has left is refused. Submit is thread-safe and
+// never blocks on a refusal: refusals run on the queue's thread, in the
+// order they were made, ahead of the next item (a refused step abandons its
+// collectives, which can wait out a peer; the submitter is an RPC thread
+// that must go on reading). The destructor drops items that never became
+// runnable and refusals not yet run, and joins the thread.
 #pragma once
 
 #include <cstdint>
@@ -31,8 +35,9 @@ class StepQueue {
   using Rejected = std::function<void(absl::Status)>;
   // `work` runs on the queue's thread once every lower sequence number of
   // `epoch` has. A duplicate or already-run `seq`, or an epoch left behind,
-  // runs `rejected` instead, at once, with the reason; so do the items
-  // waiting in an epoch a new one replaces.
+  // runs `rejected` instead, with the reason; so do the items waiting in an
+  // epoch a new one replaces. Rejections run on the queue's thread, before
+  // any later item.
   void Submit(uint64_t epoch, uint64_t seq, std::function<void()> work, Rejected rejected);
   void Submit(uint64_t seq, std::function<void()> work, Rejected rejected) {
     Submit(0, seq, std::move(work), std::move(rejected));
@@ -50,12 +55,13 @@ class StepQueue {
   };
   void Loop();
   bool Runnable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Switches to `epoch`; returns the items of the old one, to refuse outside the lock.
-  std::map<uint64_t, Item> SwitchEpoch(uint64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Switches to `epoch`, refusing the items of the old one with `why`.
+  void SwitchEpoch(uint64_t epoch, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string name_;
   mutable absl::Mutex mu_;
   std::map<uint64_t, Item> pending_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<Rejected, absl::Status>> refusals_ ABSL_GUARDED_BY(mu_);  // run before pending_
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_set<uint64_t> left_ ABSL_GUARDED_BY(mu_);  // epochs this queue has left
   uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;

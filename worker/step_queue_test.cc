@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -36,7 +37,7 @@ TEST(StepQueue, RejectsReusedSequenceNumbers) {
     why = s;
     rejected.Notify();
   });
-  EXPECT_TRUE(rejected.HasBeenNotified());
+  ASSERT_TRUE(rejected.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_NE(why.message().find("step sequence number 0 was already used"), absl::string_view::npos) << why;
 }
 
@@ -59,10 +60,15 @@ TEST(StepQueue, ANewEpochStartsNumberingAgainAndVoidsTheOldOne) {
   absl::Notification ran;
   q.Submit(9, 0, [&] { ran.Notify(); }, [](absl::Status s) { FAIL() << s; });
   ASSERT_TRUE(ran.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  ASSERT_TRUE(refused.HasBeenNotified());
+  ASSERT_TRUE(refused.HasBeenNotified());  // refusals run before the next item
   EXPECT_EQ(waiting.code(), absl::StatusCode::kUnavailable) << waiting;
   absl::Status late;
-  q.Submit(7, 1, [] { FAIL() << "ran after its epoch ended"; }, [&](absl::Status s) { late = s; });
+  absl::Notification late_refused;
+  q.Submit(7, 1, [] { FAIL() << "ran after its epoch ended"; }, [&](absl::Status s) {
+    late = s;
+    late_refused.Notify();
+  });
+  ASSERT_TRUE(late_refused.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
   EXPECT_NE(late.message().find("which the queue has left"), absl::string_view::npos) << late;
   // StartEpoch to the current epoch changes nothing.
@@ -70,6 +76,32 @@ TEST(StepQueue, ANewEpochStartsNumberingAgainAndVoidsTheOldOne) {
   absl::Notification next;
   q.Submit(9, 1, [&] { next.Notify(); }, [](absl::Status s) { FAIL() << s; });
   EXPECT_TRUE(next.WaitForNotificationWithTimeout(absl::Seconds(10)));
+}
+
+// A refused step abandons its collectives, which can wait out a peer. The
+// refusal runs on the queue's thread, so the submitter (the thread reading
+// the worker's step stream) goes on at once, and the new epoch's first step
+// runs once the refusal has.
+TEST(StepQueue, ARefusalThatBlocksNeverHoldsUpTheSubmitter) {
+  StepQueue q("cpu:0");
+  absl::Notification release, refusing, ran;
+  std::thread::id refused_on;
+  q.Submit(7, 1, [] { FAIL() << "ran after its epoch ended"; }, [&](absl::Status) {
+    refused_on = std::this_thread::get_id();
+    refusing.Notify();
+    release.WaitForNotification();
+  });
+  q.Submit(9, 0, [&] { ran.Notify(); }, [](absl::Status s) { FAIL() << s; });  // refuses step 1 of epoch 7
+  ASSERT_TRUE(refusing.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_NE(refused_on, std::this_thread::get_id());
+  // Another late step of the left epoch is refused behind it, and the submitter still goes on.
+  absl::Notification late;
+  q.Submit(7, 2, [] { FAIL() << "ran after its epoch ended"; }, [&](absl::Status) { late.Notify(); });
+  EXPECT_FALSE(ran.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
+  EXPECT_FALSE(late.HasBeenNotified());
+  release.Notify();
+  EXPECT_TRUE(late.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(ran.WaitForNotificationWithTimeout(absl::Seconds(10)));
 }
 
 }  // namespace
