@@ -387,6 +387,31 @@ TEST_F(DirectTransferTest, WorkersRefuseWritesWithoutAValidTicketAndUnfinishedPu
   }
   EXPECT_TRUE(absl::StrContains(info.error(), "deleted")) << info.ShortDebugString();
   EXPECT_NE(info.state(), v1::PENDING);
+  // The ticket is still good, but a write now (a client that kept writing
+  // after giving up) is refused once the worker has retired the array: it
+  // cannot leave a buffer behind that nothing would free.
+  auto worker = v1::Worker::NewStub(grpc::CreateChannel(w.address(), grpc::InsecureChannelCredentials()));
+  v1::PutShardRequest::Header header;
+  header.set_buffer(w.buffer());
+  *header.mutable_type() = w.type();
+  *header.mutable_devices() = w.devices();
+  header.set_ticket(w.ticket());
+  grpc::Status late;
+  for (int i = 0; i < 200 && late.error_code() != grpc::StatusCode::FAILED_PRECONDITION; ++i) {
+    if (i > 0) absl::SleepFor(absl::Milliseconds(10));  // the worker's free may still be queued
+    grpc::ClientContext c;
+    v1::PutShardResponse r;
+    auto wr = worker->PutShard(&c, &r);
+    v1::PutShardRequest m;
+    *m.mutable_header() = header;
+    wr->Write(m);
+    m.set_data(std::string(64, '\1'));
+    wr->Write(m);
+    wr->WritesDone();
+    late = wr->Finish();
+  }
+  EXPECT_EQ(late.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << late.error_message();
+  EXPECT_TRUE(absl::StrContains(late.error_message(), "was freed before it was written")) << late.error_message();
 }
 
 // A cluster of its own, and a session on it moving every array directly.

@@ -6,6 +6,11 @@ namespace tessel::worker {
 
 absl::Status BufferStore::Insert(int device, uint64_t handle, StoredArray a) {
   absl::MutexLock l(&mu_);
+  if (retired_.contains(std::make_pair(device, handle))) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "array %#x on device %d was freed before it was written (its put was abandoned, or its array deleted)",
+        handle, device));
+  }
   if (!arrays_.emplace(std::make_pair(device, handle), std::move(a)).second) {
     return absl::AlreadyExistsError(
         absl::StrFormat("array %#x already exists on device %d", handle, device));
@@ -25,6 +30,22 @@ absl::StatusOr<StoredArray> BufferStore::Get(int device, uint64_t handle) const 
 bool BufferStore::Erase(int device, uint64_t handle) {
   absl::MutexLock l(&mu_);
   return arrays_.erase(std::make_pair(device, handle)) > 0;
+}
+
+void BufferStore::Retire(int device, uint64_t handle) {
+  StoredArray gone;  // its buffer goes back to the device outside the lock
+  absl::MutexLock l(&mu_);
+  const auto key = std::make_pair(device, handle);
+  if (auto it = arrays_.find(key); it != arrays_.end()) {
+    gone = std::move(it->second);
+    arrays_.erase(it);
+  }
+  if (!retired_.insert(key).second) return;
+  retired_order_.push_back(key);
+  if (retired_order_.size() > kRememberedRetirements) {
+    retired_.erase(retired_order_.front());
+    retired_order_.pop_front();
+  }
 }
 
 std::pair<int64_t, int64_t> BufferStore::Clear() {

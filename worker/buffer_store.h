@@ -5,10 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "tessel/v1/ir.pb.h"
@@ -50,12 +52,19 @@ struct StoredArray {
 
 class BufferStore {
  public:
-  // ALREADY_EXISTS if the handle is taken on that device.
+  // ALREADY_EXISTS if the handle is taken on that device; FAILED_PRECONDITION
+  // if it was retired there before it arrived.
   absl::Status Insert(int device, uint64_t handle, StoredArray a);
   // NOT_FOUND naming the handle and device.
   absl::StatusOr<StoredArray> Get(int device, uint64_t handle) const;
   // Returns whether it was there.
   bool Erase(int device, uint64_t handle);
+  // The coordinator let go of the array: erases it, and remembers that it
+  // was retired, so a put still being written (its put abandoned, or a
+  // client writing again on a ticket still good) cannot leave a buffer
+  // nobody will free. The last kRememberedRetirements handles are kept.
+  void Retire(int device, uint64_t handle);
+  static constexpr size_t kRememberedRetirements = size_t{1} << 14;
   int64_t size() const;
   // Drops every array; returns how many and their bytes.
   std::pair<int64_t, int64_t> Clear();
@@ -63,6 +72,8 @@ class BufferStore {
  private:
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::pair<int, uint64_t>, StoredArray> arrays_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::pair<int, uint64_t>> retired_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<int, uint64_t>> retired_order_ ABSL_GUARDED_BY(mu_);  // oldest first
 };
 
 }  // namespace tessel::worker

@@ -378,7 +378,7 @@ void WorkerRuntime::AbandonRest(const v1::RunRequest& r, int last_collective, co
 void WorkerRuntime::Free(const v1::FreeRequest& request, Done done) {
   if (auto s = CheckDevice(request.device()); !s.ok()) return done(s);
   auto work = [this, request, done] {
-    for (uint64_t h : request.buffers()) store_.Erase(request.device(), h);
+    for (uint64_t h : request.buffers()) store_.Retire(request.device(), h);
     done(absl::OkStatus());
   };
   queues_[request.device()]->Submit(request.queue_epoch(), request.seq(), std::move(work),
@@ -386,7 +386,7 @@ void WorkerRuntime::Free(const v1::FreeRequest& request, Done done) {
                                       // Out of its epoch (not a reused number), the free still
                                       // happens: the coordinator has let go of those arrays.
                                       if (!absl::IsInvalidArgument(why)) {
-                                        for (uint64_t h : request.buffers()) store_.Erase(request.device(), h);
+                                        for (uint64_t h : request.buffers()) store_.Retire(request.device(), h);
                                       }
                                       done(std::move(why));
                                     });

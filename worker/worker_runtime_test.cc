@@ -452,5 +452,40 @@ TEST(WorkerRuntime, ASendLaneOfAnEarlierEpochGoesOnceIdle) {
   EXPECT_LE(runtime->num_send_lanes(), 3);
 }
 
+// A put still being written when the coordinator frees its array (the
+// client gave up on it, and its ticket is still good) is refused when it
+// finishes, naming why, and leaves no buffer behind that nothing would free.
+TEST(WorkerRuntime, APutFinishedAfterItsArrayWasFreedLeavesNothingBehind) {
+  auto runtime = NewRuntime(std::make_unique<cpu::CpuDevice>(cpu::CpuDevice::Options{}));
+  ASSERT_NE(runtime, nullptr);
+  const int64_t before = runtime->device(0).memory_stats().num_buffers;
+  v1::PutShardRequest::Header h;
+  h.set_buffer(0xabad0ff);
+  h.mutable_type()->set_dtype(v1::F32);
+  h.mutable_type()->add_dims(4);
+  h.add_devices(0);
+  auto put = runtime->BeginPut(h);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(runtime->device(0).memory_stats().num_buffers, before + 1);  // the put's buffer, counted
+  const float x[4] = {1, 2, 3, 4};
+  ASSERT_TRUE((*put)->Write(std::string(reinterpret_cast<const char*>(x), sizeof(x))).ok());
+  v1::FreeRequest free;
+  free.set_device(0);
+  free.set_seq(0);
+  free.add_buffers(h.buffer());
+  absl::Notification freed;
+  runtime->Free(free, [&](absl::Status s) {
+    EXPECT_TRUE(s.ok()) << s;
+    freed.Notify();
+  });
+  ASSERT_TRUE(freed.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  const absl::Status finished = (*put)->Finish();
+  EXPECT_EQ(finished.code(), absl::StatusCode::kFailedPrecondition) << finished;
+  EXPECT_NE(finished.message().find("was freed before it was written"), absl::string_view::npos) << finished;
+  put->reset();
+  EXPECT_EQ(runtime->GetForFetch(0, h.buffer()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(runtime->device(0).memory_stats().num_buffers, before);
+}
+
 }  // namespace
 }  // namespace tessel::worker
