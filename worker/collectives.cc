@@ -207,6 +207,16 @@ absl::Status CatchGloo(absl::string_view context, F&& f) {
   }
 }
 
+// Whether `key` is set in `store` now (a 1 ms wait: stores only wait).
+bool KeyIsSet(gloo::rendezvous::Store& store, const std::string& key) {
+  try {
+    store.wait({key}, std::chrono::milliseconds(1));
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 // The rendezvous store as one group's join sees it: every wait is cut into
 // short slices, and between them it looks for the group's "abandoned" key,
 // so a worker joining a group never waits out the join timeout for a peer
@@ -239,7 +249,7 @@ class WatchfulStore final : public gloo::rendezvous::Store {
           if (Clock::now() >= deadline) throw;  // the store's own words: which key, how long
         }
         if (present) break;
-        if (Abandoned()) {
+        if (KeyIsSet(inner_, abandoned_key_)) {
           throw gloo::IoException(
               "a peer gave up on this group while this worker was joining it; the group starts over");
         }
@@ -249,15 +259,6 @@ class WatchfulStore final : public gloo::rendezvous::Store {
 
  private:
   static constexpr std::chrono::milliseconds kSlice{100};
-
-  bool Abandoned() {
-    try {
-      inner_.wait({abandoned_key_}, std::chrono::milliseconds(1));
-      return true;
-    } catch (const std::exception&) {
-      return false;
-    }
-  }
 
   gloo::rendezvous::Store& inner_;
   const std::string abandoned_key_;
@@ -612,14 +613,9 @@ class GroupCommunicator final : public Communicator {
   }
 
   std::string AbandonedKey() const { return l_.key + "/abandoned"; }
-  bool Abandoned() const {
-    bool abandoned = false;
-    (void)CatchGloo("", [&] {
-      endpoint_->store->wait({AbandonedKey()}, std::chrono::milliseconds(1));
-      abandoned = true;
-    });
-    return abandoned;
-  }
+  bool Abandoned() const { return KeyIsSet(*endpoint_->store, AbandonedKey()); }
+  // Said by a worker that reached the group; see ConnectGloo.
+  static std::string HereKey(int worker) { return absl::StrCat("here_", worker); }
   static constexpr int kConnectTimeoutFactor = 3;
 
   absl::Status RunRoundUnchecked(const CollectiveId& id, Round& r, const Call& c) {
@@ -881,9 +877,9 @@ class GroupCommunicator final : public Communicator {
     // has gone: it waits for the missing address, sees that the group was
     // abandoned, and moves on at once, in step with the peer.
     absl::Status s = CatchGloo(connecting, [&] {
-      prefix_store_->set(absl::StrCat("here_", l_.self_worker), {'1'});
+      prefix_store_->set(HereKey(l_.self_worker), {'1'});
       for (int w = 0; w < l_.num_workers(); ++w) {
-        if (w != l_.self_worker) prefix_store_->wait({absl::StrCat("here_", w)}, join_timeout);
+        if (w != l_.self_worker) prefix_store_->wait({HereKey(w)}, join_timeout);
       }
     });
     if (s.ok()) s = CatchGloo(connecting, [&] { context->connectFullMesh(*prefix_store_, device); });
@@ -892,13 +888,8 @@ class GroupCommunicator final : public Communicator {
       // Name the workers that never said they were here, not just the group.
       std::vector<int> absent;
       for (int w = 0; w < l_.num_workers(); ++w) {
-        if (w == l_.self_worker) continue;
-        bool present = false;
-        (void)CatchGloo("", [&] {
-          endpoint_->store->wait({absl::StrCat(l_.key, "/here_", w)}, std::chrono::milliseconds(1));
-          present = true;
-        });
-        if (!present) absent.push_back(w);
+        const std::string here = absl::StrCat(l_.key, "/", HereKey(w));
+        if (w != l_.self_worker && !KeyIsSet(*endpoint_->store, here)) absent.push_back(w);
       }
       if (!absent.empty()) {
         const std::string who =

@@ -120,6 +120,16 @@ std::unique_ptr<WorkerRuntime> NewRuntime(std::unique_ptr<Device> device) {
   return NewRuntime(std::move(devices));
 }
 
+// The header of a put of f32[4] `handle` onto device 0.
+v1::PutShardRequest::Header PutF32x4(uint64_t handle) {
+  v1::PutShardRequest::Header h;
+  h.set_buffer(handle);
+  h.mutable_type()->set_dtype(v1::F32);
+  h.mutable_type()->add_dims(4);
+  h.add_devices(0);
+  return h;
+}
+
 void RunInto(WorkerRuntime& runtime, const v1::RunRequest& r, Report* rep) {
   runtime.Run(r, [rep](absl::StatusOr<v1::RunResponse> result) {
     rep->result = std::move(result);
@@ -224,11 +234,7 @@ std::unique_ptr<WorkerRuntime> TwoHostDevices() {
   if (!registry.ok()) return nullptr;
   auto runtime = NewRuntime(std::move(devices), std::move(*registry));
   if (runtime == nullptr) return nullptr;
-  v1::PutShardRequest::Header h;
-  h.set_buffer(1);
-  h.mutable_type()->set_dtype(v1::F32);
-  h.mutable_type()->add_dims(4);
-  h.add_devices(0);
+  const v1::PutShardRequest::Header h = PutF32x4(1);
   auto put = runtime->BeginPut(h);
   EXPECT_TRUE(put.ok()) << put.status();
   if (!put.ok()) return nullptr;
@@ -459,11 +465,7 @@ TEST(WorkerRuntime, APutFinishedAfterItsArrayWasFreedLeavesNothingBehind) {
   auto runtime = NewRuntime(std::make_unique<cpu::CpuDevice>(cpu::CpuDevice::Options{}));
   ASSERT_NE(runtime, nullptr);
   const int64_t before = runtime->device(0).memory_stats().num_buffers;
-  v1::PutShardRequest::Header h;
-  h.set_buffer(0xabad0ff);
-  h.mutable_type()->set_dtype(v1::F32);
-  h.mutable_type()->add_dims(4);
-  h.add_devices(0);
+  const v1::PutShardRequest::Header h = PutF32x4(0xabad0ff);
   auto put = runtime->BeginPut(h);
   ASSERT_TRUE(put.ok()) << put.status();
   EXPECT_EQ(runtime->device(0).memory_stats().num_buffers, before + 1);  // the put's buffer, counted
