@@ -34,6 +34,7 @@ class Array:
     explicit one."""
 
     __array_priority__ = 1000
+    _henc = None  # the handle's varint encoding, once a request built as bytes has needed it
 
     def __init__(self, session, handle, shape, dtype, placement):
         self._session = session

@@ -13,6 +13,11 @@ def session():
     return s
 
 
+def current_session():
+    """session() without the checks: None when there is none."""
+    return getattr(_local, "session", None) or _default["session"]
+
+
 def default_session_or_none():
     return _default["session"]
 
@@ -23,6 +28,13 @@ def set_default_session(s):
 
 def guard():
     return dict(getattr(_local, "guard", {}) or {})
+
+
+def guard_object():
+    """The guard in force as set (not copied): a new object whenever a
+    transfer_guard block starts or ends, so its identity says whether the
+    guard may have changed."""
+    return getattr(_local, "guard", None)
 
 
 @contextlib.contextmanager

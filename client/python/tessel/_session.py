@@ -69,8 +69,36 @@ def _rpc(fn, *args, **kwargs):
         raise errors.from_rpc_error(e) from None
 
 
+def varint(v):
+    """Protobuf's base-128 encoding of a non-negative int."""
+    out = bytearray()
+    while v > 0x7F:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def _handle_batch(rng, n=4096):
+    """n fresh handles and their varint encodings, as an iterator of
+    (handle, bytes). A handle is 62 random bits with bit 62 set: nonzero,
+    and always 9 bytes on the wire, so a whole batch encodes at once."""
+    v = np.frombuffer(rng.randbytes(8 * n), np.uint64) & np.uint64((1 << 62) - 1) | np.uint64(1 << 62)
+    enc = np.empty((n, 9), np.uint8)
+    for i in range(8):
+        enc[:, i] = (v >> np.uint64(7 * i)) & np.uint64(0x7F) | np.uint64(0x80)
+    enc[:, 8] = v >> np.uint64(56)
+    flat = enc.tobytes()
+    return zip(v.tolist(), [flat[i:i + 9] for i in range(0, 9 * n, 9)])
+
+
 class _Dispatcher:
-    def __init__(self, stub):
+    """The Dispatch stream: ExecuteRequests queue as serialized bytes, each
+    framed as a DispatchBatch entry, and the stream's request iterator hands
+    gRPC everything queued as one batch. Replies are read in order; only the
+    ones a caller asked for are kept."""
+
+    def __init__(self, channel):
         self._cv = threading.Condition()
         self._queue = []
         self._sent = 0
@@ -79,7 +107,10 @@ class _Dispatcher:
         self._closing = False
         self._error = None
         self._done = False
-        self._call = stub.Dispatch(self._requests())
+        # The batch goes out as the bytes queued: no message is built per call.
+        dispatch = channel.stream_stream("/tessel.v1.Session/Dispatch", request_serializer=None,
+                                         response_deserializer=session_pb2.DispatchReplies.FromString)
+        self._call = dispatch(self._requests())
         self._reader = threading.Thread(target=self._read, name="tessel-dispatch", daemon=True)
         self._reader.start()
 
@@ -89,18 +120,19 @@ class _Dispatcher:
                 self._cv.wait_for(lambda: self._queue or self._closing or self._done)
                 if not self._queue:
                     return
-                batch = session_pb2.DispatchBatch(calls=self._queue)
+                batch = b"".join(self._queue)
                 self._queue = []
             yield batch
 
     def _read(self):
         try:
             for replies in self._call:
+                rs = replies.replies
                 with self._cv:
-                    for r in replies.replies:
-                        if self._acked in self._wanted:
-                            self._wanted[self._acked] = r
-                        self._acked += 1
+                    base = self._acked
+                    self._acked = end = base + len(rs)
+                    for seq in [s for s in self._wanted if base <= s < end]:
+                        self._wanted[seq] = rs[seq - base]
                     self._cv.notify_all()
         except grpc.RpcError as e:
             if e.code() != grpc.StatusCode.CANCELLED or not self._closing:
@@ -112,15 +144,23 @@ class _Dispatcher:
                     self._error = errors.WorkerLostError("the execute stream to the coordinator closed", "UNAVAILABLE")
                 self._cv.notify_all()
 
-    def send(self, request, want_reply):
+    def send(self, request, want_reply, forget=None):
+        """Queues one call (an ExecuteRequest, or its serialized bytes) and
+        returns its sequence number; `forget`: an earlier call's number
+        whose reply is no longer wanted."""
+        if not isinstance(request, bytes):
+            request = request.SerializeToString()
+        framed = b"\x0a" + (bytes((len(request),)) if len(request) < 0x80 else varint(len(request))) + request
         with self._cv:
             if self._error is not None:
                 raise self._error
+            if forget is not None:
+                self._wanted.pop(forget, None)  # in flight or answered: its reply is dropped
             seq = self._sent
             self._sent += 1
             if want_reply:
                 self._wanted[seq] = None
-            self._queue.append(request)
+            self._queue.append(framed)
             self._cv.notify_all()
             return seq
 
@@ -133,10 +173,7 @@ class _Dispatcher:
 
     def forget(self, seq):
         with self._cv:
-            if self._acked > seq:
-                self._wanted.pop(seq, None)
-            elif seq in self._wanted:
-                self._wanted[seq] = None  # still wanted until it arrives; dropped then by the next forget
+            self._wanted.pop(seq, None)
 
     def flush(self):
         with self._cv:
@@ -366,6 +403,7 @@ class Session:
                                                        self._stop_keepalive),
                              name="tessel-keepalive", daemon=True).start()
         self._rng = random.Random()
+        self._handles = iter(())
         self._lock = threading.Lock()
         self._dispatcher = None
         self._garbage = []  # handles dropped by the garbage collector, deleted in batches
@@ -373,16 +411,21 @@ class Session:
         self.closed = False
 
     def new_handle(self):
-        with self._lock:
-            h = 0
-            while h == 0:
-                h = self._rng.getrandbits(64)
-            return h
+        return self.take_handle()[0]
+
+    def take_handle(self):
+        """A fresh handle and its varint encoding (for requests built as bytes)."""
+        try:
+            return next(self._handles)
+        except StopIteration:
+            with self._lock:
+                self._handles = _handle_batch(self._rng)
+            return next(self._handles)
 
     def dispatcher(self):
         with self._lock:
             if self._dispatcher is None:
-                self._dispatcher = _Dispatcher(self._stub)
+                self._dispatcher = _Dispatcher(self._channel)
             return self._dispatcher
 
     def flush(self):
@@ -503,14 +546,17 @@ class Session:
         self.last_transfer = TransferReceipt(True, len(plan.blocks), "")
         return True
 
-    def execute(self, request, want_reply):
+    def execute(self, request, want_reply, forget=None):
         """Queues an Execute. A rejected call's error lands on its output
         handles (so it surfaces when they are awaited or fetched); with
-        `want_reply` the reply (donation receipts) is also kept for reply()."""
+        `want_reply` the reply (donation receipts) is also kept for reply().
+        `request`: an ExecuteRequest, or one serialized that names this
+        session and does not wait."""
         self._collect_before_alloc()
-        request.session_id = self.id
-        request.wait = False
-        return self.dispatcher().send(request, want_reply)
+        if not isinstance(request, bytes):
+            request.session_id = self.id
+            request.wait = False
+        return self.dispatcher().send(request, want_reply, forget)
 
     def reply(self, seq):
         r = self.dispatcher().reply(seq)
