@@ -45,6 +45,16 @@ class Array:
         self._deleted = None  # None, or why: "deleted" / "donated to execution N"
         self.reshard_receipt = None  # set on a copy device_put made from another Array
 
+    @classmethod
+    def made(cls, session, handle, encoded_handle, shape, dtype, placement):
+        """__init__ for a call's output on the jit's fast path: `shape` a
+        tuple and `dtype` an np.dtype already, the handle's varint given."""
+        a = cls.__new__(cls)
+        a._session, a.handle, a._henc, a.shape, a.dtype, a._placement = (session, handle, encoded_handle, shape,
+                                                                          dtype, placement)
+        a._deleted = a.reshard_receipt = None
+        return a
+
     ndim = property(lambda self: len(self.shape))
     size = property(lambda self: math.prod(self.shape))
     nbytes = property(lambda self: self.size * self.dtype.itemsize)

@@ -19,18 +19,31 @@ def flatten(tree, path="", leaves=None, paths=None):
     """Leaves and a structure key of tuples, lists, dicts and None."""
     if leaves is None:
         leaves, paths = [], []
-    if isinstance(tree, (tuple, list)):
-        kids = [flatten(x, f"{path}[{i}]", leaves, paths)[2] for i, x in enumerate(tree)]
-        return leaves, paths, (type(tree).__name__, tuple(kids))
-    if isinstance(tree, dict):
-        keys = sorted(tree)
-        kids = [flatten(tree[k], f"{path}[{k!r}]", leaves, paths)[2] for k in keys]
-        return leaves, paths, ("dict", tuple(keys), tuple(kids))
-    if tree is None:
-        return leaves, paths, ("none",)
+    return leaves, paths, _tree(tree, leaves, paths, path)
+
+
+def _tree(tree, leaves, paths=None, path=""):
+    """The structure key of `tree`; its leaves are appended to `leaves`, and
+    their paths to `paths` when given (the fast path of a call skips them)."""
+    if type(tree) is not Array:  # an array, the common leaf, is no container
+        if isinstance(tree, (tuple, list)):
+            if paths is None:
+                return (type(tree).__name__, tuple(_tree(x, leaves) for x in tree))
+            return (type(tree).__name__, tuple(_tree(x, leaves, paths, f"{path}[{i}]") for i, x in enumerate(tree)))
+        if isinstance(tree, dict):
+            keys = sorted(tree)
+            if paths is None:
+                return ("dict", tuple(keys), tuple(_tree(tree[k], leaves) for k in keys))
+            return ("dict", tuple(keys), tuple(_tree(tree[k], leaves, paths, f"{path}[{k!r}]") for k in keys))
+        if tree is None:
+            return _NONE
     leaves.append(tree)
-    paths.append(path)
-    return leaves, paths, ("leaf",)
+    if paths is not None:
+        paths.append(path)
+    return _LEAF
+
+
+_LEAF, _NONE = ("leaf",), ("none",)
 
 
 def unflatten(structure, leaves):
@@ -440,25 +453,6 @@ class Jitted:
 _DEFAULT_PLACEMENT = session_pb2.Placement(device=0)
 
 
-def _tree(tree, leaves):
-    """flatten's structure key without the paths (the fast path's)."""
-    if type(tree) is Array:
-        leaves.append(tree)
-        return _LEAF
-    if isinstance(tree, (tuple, list)):
-        return (type(tree).__name__, tuple(_tree(x, leaves) for x in tree))
-    if isinstance(tree, dict):
-        keys = sorted(tree)
-        return ("dict", tuple(keys), tuple(_tree(tree[k], leaves) for k in keys))
-    if tree is None:
-        return ("none",)
-    leaves.append(tree)
-    return _LEAF
-
-
-_LEAF = ("leaf",)
-
-
 class _FastCall:
     """A jitted function's last signature, when every argument leaf was a
     tessel.Array off any mesh: a later call with the same pytrees of arrays
@@ -477,14 +471,17 @@ class _FastCall:
     def build(jit, args, session, exe, structure, out_types, placement):
         if jit._static:
             return None
-        leaves = []
-        structures = tuple(_tree(a, leaves) for a in args)
+        leaves, structures, donated = [], [], []
+        for i, a in enumerate(args):
+            n = len(leaves)
+            structures.append(_tree(a, leaves))
+            donated += [k for k in range(n, len(leaves)) if i in jit._donate]
         if not all(type(x) is Array and x._placement.WhichOneof("kind") != "sharded" for x in leaves):
             return None
         f = _FastCall()
         f.session = session
         f.guard = _context.guard_object()
-        f.structures = structures
+        f.structures = tuple(structures)
         f.flat = all(st is _LEAF for st in structures)  # every argument an array: nothing to flatten
         f.sig = tuple((x.shape, x.dtype) for x in leaves)
         f.placements = tuple(x._placement for x in leaves)
@@ -494,8 +491,7 @@ class _FastCall:
         f.outs = [(tuple(shape), np.dtype(dtype), p or placement) for shape, dtype, p in out_types]
         f.structure = structure
         f.single = structure == _LEAF
-        donated = [i in jit._donate for i, a in enumerate(args) for _ in _flat_leaves(a)]
-        f.donated = tuple(k for k, d in enumerate(donated) if d)
+        f.donated = tuple(donated)
         return f
 
     def __call__(self, jit, args):
@@ -509,8 +505,6 @@ class _FastCall:
             leaves = []
             if tuple(_tree(a, leaves) for a in args) != self.structures:
                 return None
-        if len(leaves) != len(self.sig):
-            return None
         encoded = []
         for a, (shape, dtype), p in zip(leaves, self.sig, self.placements):
             if (type(a) is not Array or a._deleted is not None or a._placement is not p or a.shape != shape
@@ -523,10 +517,7 @@ class _FastCall:
         outs, out_encoded = [], []
         for shape, dtype, placement in self.outs:
             h, e = session.take_handle()
-            o = Array.__new__(Array)
-            o._session, o.handle, o._henc, o.shape, o.dtype, o._placement = session, h, e, shape, dtype, placement
-            o._deleted = o.reshard_receipt = None
-            outs.append(o)
+            outs.append(Array.made(session, h, e, shape, dtype, placement))
             out_encoded.append(e)
         a, o = b"".join(encoded), b"".join(out_encoded)
         request = b"".join((self.template, b"\x1a", varint(len(a)), a, b"\x22", varint(len(o)), o))
@@ -534,12 +525,6 @@ class _FastCall:
         for k in self.donated:
             leaves[k]._deleted = "donated"
         return outs[0] if self.single else unflatten(self.structure, outs)
-
-
-def _flat_leaves(tree):
-    leaves = []
-    _tree(tree, leaves)
-    return leaves
 
 
 def _warn_hoisted(name, arrays):
