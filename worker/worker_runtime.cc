@@ -279,11 +279,16 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunTransferStep(const v1::RunRequ
   return v1::RunResponse();
 }
 
-void WorkerRuntime::Run(const v1::RunRequest& request, RunDone done) {
-  if (auto s = CheckDevice(request.device()); !s.ok()) return done(s);
+void WorkerRuntime::Run(v1::RunRequest request_in, RunDone done) {
+  if (auto s = CheckDevice(request_in.device()); !s.ok()) return done(s);
+  // One copy of the request, shared by the closures below (a step's
+  // request is read by its work, its failure and its abandon).
+  auto shared = std::make_shared<const v1::RunRequest>(std::move(request_in));
+  const v1::RunRequest& request = *shared;
   // `last_collective`: the step's collectives after it are abandoned; none
   // when every one was already agreed with the peers.
-  auto fail = [this, request](const absl::Status& s, std::optional<int> last_collective) {
+  auto fail = [this, shared](const absl::Status& s, std::optional<int> last_collective) {
+    const v1::RunRequest& request = *shared;
     log_->warn("execution {} on device {} failed: {}", request.execution_id(), request.device(), s.ToString());
     if (last_collective.has_value()) AbandonRest(request, *last_collective, s);
     // The outputs carry the error to whoever reads them.
@@ -292,7 +297,8 @@ void WorkerRuntime::Run(const v1::RunRequest& request, RunDone done) {
       (void)store_.Insert(request.device(), h, StoredArray{nullptr, {}, s});
     }
   };
-  auto work = [this, request, done, fail] {
+  auto work = [this, shared, done, fail] {
+    const v1::RunRequest& request = *shared;
     int last_collective = -1;
     const bool timed = log_->should_log(spdlog::level::debug);  // a clock read per step only when logged
     const absl::Time start = timed ? absl::Now() : absl::InfinitePast();
@@ -315,8 +321,9 @@ void WorkerRuntime::Run(const v1::RunRequest& request, RunDone done) {
     // step order.
     std::function<absl::Status()> wait =
         result.ok() ? devices_[request.device()]->Fence() : [] { return absl::OkStatus(); };
-    completions->Push([request, done, fail, verdict, inputs = std::move(inputs), wait = std::move(wait),
+    completions->Push([shared, done, fail, verdict, inputs = std::move(inputs), wait = std::move(wait),
                        result = std::move(result)]() mutable {
+      const v1::RunRequest& request = *shared;
       absl::Status s = wait();
       if (!s.ok()) {
         // Annotate keeps the payloads: a broken NCCL group moves the cluster to a new epoch.
@@ -337,9 +344,9 @@ void WorkerRuntime::Run(const v1::RunRequest& request, RunDone done) {
     });
   };
   queues_[request.device()]->Submit(request.queue_epoch(), request.seq(), std::move(work),
-                                    [this, done, request](absl::Status why) {
+                                    [this, done, shared](absl::Status why) {
                                       // Peers waiting in its collectives learn at once.
-                                      AbandonRest(request, -1, why);
+                                      AbandonRest(*shared, -1, why);
                                       done(std::move(why));
                                     });
 }

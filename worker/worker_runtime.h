@@ -53,7 +53,7 @@ class WorkerRuntime {
   // leave the device's store when the step starts; an aliased one whose
   // buffer nothing else holds becomes its output's buffer, and the reply
   // lists it.
-  void Run(const v1::RunRequest& request, RunDone done);
+  void Run(v1::RunRequest request, RunDone done);
   void Free(const v1::FreeRequest& request, Done done);
 
   // A Put in progress: bytes arrive in order; Finish stores the array.

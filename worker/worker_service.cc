@@ -78,15 +78,16 @@ class StepsReactor final : public grpc::ServerBidiReactor<v1::StepBatch, v1::Ste
       absl::MutexLock l(&mu_);
       in_flight_ += batch_.steps_size();
     }
-    for (const v1::StepRequest& step : batch_.steps()) Submit(step);
+    for (v1::StepRequest& step : *batch_.mutable_steps()) Submit(step);
     StartRead(&batch_);
   }
 
-  void Submit(const v1::StepRequest& request) {
+  // Moves the step's request out of the batch (read again into next).
+  void Submit(v1::StepRequest& request) {
     if (request.has_run()) {
       const int device = request.run().device();
       const uint64_t seq = request.run().seq(), epoch = request.run().queue_epoch();
-      runtime_->Run(request.run(), [this, device, seq, epoch, arrived = absl::Now()](absl::StatusOr<v1::RunResponse> r) {
+      runtime_->Run(std::move(*request.mutable_run()), [this, device, seq, epoch, arrived = absl::Now()](absl::StatusOr<v1::RunResponse> r) {
         if (steps_ != nullptr) steps_->Observe(device, absl::Now() - arrived, r.ok());
         v1::StepResult res;
         res.set_device(device);
