@@ -31,6 +31,7 @@
 #include "core/half.h"
 #include "core/status.h"
 #include "spdlog/sinks/null_sink.h"
+#include "worker/gloo_guard.h"
 
 namespace tessel::worker {
 namespace {
@@ -1260,6 +1261,11 @@ absl::StatusOr<std::unique_ptr<CommunicatorRegistry>> NewCommunicatorRegistry(Co
   }
   std::shared_ptr<GlooEndpoint> endpoint;
   if (options.store != nullptr) {
+    if (!GlooPeerNameGuardActive()) {
+      options.logger->warn("this executable does not export the guard for Gloo's connect (worker/gloo_guard.h): a "
+                           "peer that resets a connection while it is set up will terminate this process");
+    }
+    SetGlooGuardLogger(options.logger);
     endpoint = std::make_shared<GlooEndpoint>();
     endpoint->store = options.store;
     gloo::transport::tcp::attr attr;
