@@ -169,6 +169,13 @@ void WithElementType(int element_size, F&& f) {
 // exchanged before each round; Gloo's own collectives use prefixes 0x01..0x08.
 constexpr uint8_t kPermuteSlotPrefix = 0x54;
 constexpr uint8_t kHeaderSlotPrefix = 0x55;
+// Two workers' all_reduce exchange (see ExchangeAllReduce): its connections'
+// keys in a group's rendezvous store, its segment, and the largest block it
+// takes (its inbox is kept for the group's life); larger blocks go through
+// Gloo's ring, which needs no inbox of their size.
+constexpr char kExchangeMeshKey[] = "exchange_";
+constexpr size_t kExchangeSegmentBytes = size_t{1} << 20;
+constexpr size_t kExchangeMaxBytes = size_t{16} << 20;
 constexpr size_t kMaxPermutePairs = size_t{1} << 24;  // fits below the tag in a slot
 
 // ---- Gloo plumbing shared by the groups of one registry -------------------
@@ -601,6 +608,8 @@ class GroupCommunicator final : public Communicator {
       // what the peers hold is unknown. Close the connections (so peers
       // still in this round fail at once) and refuse later calls.
       s = Broken(std::move(s));
+      inbound_.reset();
+      outbound_.reset();
       gloo_.reset();
       prefix_store_.reset();
       watchful_store_.reset();
@@ -632,7 +641,13 @@ class GroupCommunicator final : public Communicator {
         // with a dummy block (below), so no peer waits out a timeout.
         absl::Status data = RunData(r, c);
         absl::Status heard = AwaitHeaders(c, x);
-        TESSEL_RETURN_IF_ERROR(data);  // a Gloo operation failed part way: the group breaks
+        if (!data.ok()) {
+          // A Gloo operation failed part way: the group breaks (the data's
+          // code says so). Headers that disagree say why it failed.
+          absl::Status verdict = heard.ok() ? JudgeHeaders(id, c, x) : absl::OkStatus();
+          if (verdict.ok()) return data;
+          return absl::Status(data.code(), absl::StrCat(verdict.message(), "; the data exchange failed: ", data.message()));
+        }
         TESSEL_RETURN_IF_ERROR(heard);
         return JudgeHeaders(id, c, x);
       }
@@ -714,6 +729,9 @@ class GroupCommunicator final : public Communicator {
     std::vector<WireHeader> theirs;
     std::unique_ptr<gloo::transport::UnboundBuffer> send;
     std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recvs;
+    // Two workers: the header goes down the exchange connections instead,
+    // straight into the peer's buffer (no ready-to-receive round trip).
+    std::unique_ptr<gloo::transport::Buffer> send_to_peer, recv_from_peer;
   };
 
   static uint64_t PairsHash(const Call& c) {
@@ -756,7 +774,19 @@ class GroupCommunicator final : public Communicator {
     x.mine = MakeHeader(id, c, r.local_failure);
     x.theirs.assign(nw, WireHeader{});
     x.recvs.resize(nw);
-    const uint64_t slot = uint64_t(gloo::Slot::build(kHeaderSlotPrefix, next_tag_++));
+    const uint32_t tag = next_tag_++;
+    if (inbound_ != nullptr) {
+      const int peer = 1 - self;
+      return CatchGloo(absl::StrCat(Describe(c), ": exchanging headers"), [&] {
+        ClosingOutboundOnFailure([&] {
+          const int slot = ExchangeSlot(tag, kHeaderSlotBit);
+          x.recv_from_peer = inbound_->getPair(peer)->createRecvBuffer(slot, &x.theirs[peer], sizeof(WireHeader));
+          x.send_to_peer = outbound_->getPair(peer)->createSendBuffer(slot, &x.mine, sizeof(WireHeader));
+          x.send_to_peer->send(0, sizeof(WireHeader));
+        });
+      });
+    }
+    const uint64_t slot = uint64_t(gloo::Slot::build(kHeaderSlotPrefix, tag));
     return CatchGloo(absl::StrCat(Describe(c), ": exchanging headers"), [&] {
       x.send = gloo_->createUnboundBuffer(&x.mine, sizeof(WireHeader));
       for (int w = 0; w < nw; ++w) {
@@ -780,7 +810,12 @@ class GroupCommunicator final : public Communicator {
     for (int w = 0; w < nw; ++w) {
       if (w == self) continue;
       absl::Status s = CatchGloo(absl::StrCat(Describe(c), ": ", WorkerDevices(w)), [&] {
-        if (!x.recvs[w]->waitRecv(remaining())) throw gloo::IoException("receive aborted");
+        if (x.recv_from_peer != nullptr) {
+          // Read on this thread; a read times out after the collective timeout.
+          ClosingOutboundOnFailure([&] { x.recv_from_peer->waitRecv(); });
+        } else if (!x.recvs[w]->waitRecv(remaining())) {
+          throw gloo::IoException("receive aborted");
+        }
       });
       if (!s.ok()) {
         missing.push_back(w);
@@ -789,7 +824,11 @@ class GroupCommunicator final : public Communicator {
     }
     for (int w = 0; w < nw - 1 && missing.empty(); ++w) {
       absl::Status s = CatchGloo("sending the header", [&] {
-        if (!x.send->waitSend(remaining())) throw gloo::IoException("send aborted");
+        if (x.send_to_peer != nullptr) {
+          ClosingOutboundOnFailure([&] { x.send_to_peer->waitSend(); });
+        } else if (!x.send->waitSend(remaining())) {
+          throw gloo::IoException("send aborted");
+        }
       });
       if (!s.ok() && first_error.ok()) first_error = s;
     }
@@ -884,6 +923,20 @@ class GroupCommunicator final : public Communicator {
       }
     });
     if (s.ok()) s = CatchGloo(connecting, [&] { context->connectFullMesh(*prefix_store_, device); });
+    // Two workers: one connection each way for all_reduce data, where
+    // worker w reads connection w synchronously. Both workers are here once
+    // the first mesh is up: these wait no longer than a collective, and
+    // their reads and writes time out as one.
+    std::shared_ptr<gloo::rendezvous::Context> way[2];
+    for (int w = 0; s.ok() && l_.num_workers() == 2 && w < 2; ++w) {
+      way[w] = std::make_shared<gloo::rendezvous::Context>(l_.self_worker, 2);
+      way[w]->setTimeout(GlooTimeout());
+      s = CatchGloo(connecting, [&] {
+        gloo::rendezvous::PrefixStore store(absl::StrCat(kExchangeMeshKey, w), *prefix_store_);
+        way[w]->connectFullMesh(store, device);
+        if (w == l_.self_worker) way[w]->getPair(1 - w)->setSync(true, /*busyPoll=*/false);
+      });
+    }
     if (!s.ok()) {
       if (Abandoned()) return s;  // it says so
       // Name the workers that never said they were here, not just the group.
@@ -900,6 +953,10 @@ class GroupCommunicator final : public Communicator {
       return s;
     }
     gloo_ = std::move(context);
+    if (way[0] != nullptr) {
+      inbound_ = std::move(way[l_.self_worker]);
+      outbound_ = std::move(way[1 - l_.self_worker]);
+    }
     log_->debug("group '{}': connected to {} workers as worker {} in {}", l_.key, l_.num_workers(), l_.self_worker,
                 absl::FormatDuration(absl::Now() - start));
     return absl::OkStatus();
@@ -917,10 +974,14 @@ class GroupCommunicator final : public Communicator {
 
   absl::Status GlooAllReduce(const Call& c, void* data) {
     const uint32_t tag = next_tag_++;
+    const size_t elements = size_t(c.count) * (c.kind == Kind::kAllReduce ? 1 : l_.size());
+    if (inbound_ != nullptr && elements * DTypeSize(c.dtype) <= kExchangeMaxBytes) {
+      return ExchangeAllReduce(c, tag, data, elements);
+    }
     return CatchGloo(Describe(c), [&] {
       gloo::AllreduceOptions opts(gloo_);
       WithElementType(DTypeSize(c.dtype), [&](auto t) {
-        opts.setOutput(static_cast<decltype(t)*>(data), size_t(c.count) * (c.kind == Kind::kAllReduce ? 1 : l_.size()));
+        opts.setOutput(static_cast<decltype(t)*>(data), elements);
       });
       opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
       opts.setReduceFunction(GetReduceFn(c.dtype, c.op));
@@ -928,6 +989,82 @@ class GroupCommunicator final : public Communicator {
       opts.setTimeout(GlooTimeout());
       gloo::allreduce(opts);
     });
+  }
+
+  // An all_reduce between two workers: each sends its whole block to the
+  // other and reduces the peer's block into its own. The same bytes cross
+  // the wire as in a ring (a reduce-scatter half and an all-gather half),
+  // in one pass instead of two. Each way has a connection of its own: the
+  // sender writes it asynchronously (Gloo's event loop finishes a write the
+  // socket could not take at once), the receiver reads it on the step's own
+  // thread (Gloo's synchronous mode). No write waits on a read of the same
+  // worker, so neither side can block the other, whatever the socket
+  // buffers hold; and no event loop polls (on a busy machine, spins) for
+  // data the step's thread is waiting to read.
+  //
+  // The block goes in segments, each reduced as it arrives while the next
+  // is in flight, and only once its own send is done (the peer needs this
+  // worker's values). Both workers reduce in worker order (worker 0's block
+  // first), so both hold the same bits. A round's slot comes from its tag:
+  // a message left over from another round meets no buffer and fails the
+  // round it lands in, and never fills this round's inbox.
+  absl::Status ExchangeAllReduce(const Call& c, uint32_t tag, void* data, size_t elements) {
+    const size_t esize = DTypeSize(c.dtype);
+    const size_t bytes = elements * esize;
+    const size_t segment = std::max<size_t>(1, kExchangeSegmentBytes / esize) * esize;
+    const size_t segments = (bytes + segment - 1) / segment;
+    const ReduceFn reduce = GetReduceFn(c.dtype, c.op);
+    char* const inbox = Scratch(2, bytes);
+    char* const mine = static_cast<char*>(data);
+    const bool first = l_.self_worker == 0;
+    const int slot = ExchangeSlot(tag, 0);
+    const int peer = 1 - l_.self_worker;
+    return CatchGloo(absl::StrCat(Describe(c), ": exchanging data"), [&] { ClosingOutboundOnFailure([&] {
+      auto in = inbound_->getPair(peer)->createRecvBuffer(slot, inbox, bytes);
+      auto out = outbound_->getPair(peer)->createSendBuffer(slot, mine, bytes);
+      auto length = [&](size_t k) { return std::min(segment, bytes - k * segment); };
+      for (size_t k = 0; k < segments; ++k) out->send(k * segment, length(k), k * segment);
+      for (size_t k = 0; k < segments; ++k) {
+        in->waitRecv();
+        out->waitSend();  // sends complete in order: segment k has left
+        char* at = mine + k * segment;
+        const char* theirs = inbox + k * segment;
+        const size_t n = length(k) / esize;
+        if (first) {
+          reduce(at, at, theirs, n);
+        } else {
+          reduce(at, theirs, at, n);
+        }
+      }
+    }); });
+  }
+
+  // A slot on the exchange connections (Gloo's bound buffers take int
+  // slots): a round's tag, and whether it is the header.
+  static constexpr int kHeaderSlotBit = 1 << 30;
+  static int ExchangeSlot(uint32_t tag, int header_bit) { return int(tag & 0x3FFFFFFFu) | header_bit; }
+
+  // Runs `f`, which uses the exchange connections. If it throws, the
+  // outbound connection closes before the buffers `f` made go away: Gloo's
+  // event loop would otherwise finish a queued write from a buffer that no
+  // longer exists. (The group is broken then: its connections close anyway.)
+  // A message of another round on the inbound connection is one Gloo cannot
+  // place: named here, as what it means.
+  template <typename F>
+  void ClosingOutboundOnFailure(F&& f) {
+    try {
+      f();
+    } catch (const gloo::EnforceNotMet& e) {
+      outbound_->getPair(1 - l_.self_worker)->close();
+      if (absl::StrContains(e.what(), "read() returned false")) {
+        throw gloo::IoException(absl::StrCat(
+            "a message of another round arrived from the peer: the workers are out of step (", e.what(), ")"));
+      }
+      throw;
+    } catch (...) {
+      outbound_->getPair(1 - l_.self_worker)->close();
+      throw;
+    }
   }
 
   // Local reduce into local rank 0's buffer, Gloo across workers on that
@@ -1153,8 +1290,13 @@ class GroupCommunicator final : public Communicator {
   std::unique_ptr<WatchfulStore> watchful_store_;  // under prefix_store_
   std::unique_ptr<gloo::rendezvous::PrefixStore> prefix_store_;
   uint32_t next_tag_ = 0;
-  std::unique_ptr<char[]> scratch_[2];
-  size_t scratch_bytes_[2] = {0, 0};
+  // Two workers: two more connections, one each way, that carry the data
+  // of all_reduces (ExchangeAllReduce). This worker reads `inbound_` in
+  // Gloo's synchronous mode and writes `outbound_` asynchronously. Null
+  // with more workers.
+  std::shared_ptr<gloo::rendezvous::Context> inbound_, outbound_;
+  std::unique_ptr<char[]> scratch_[3];
+  size_t scratch_bytes_[3] = {0, 0, 0};
 };
 
 // ---- The registry -----------------------------------------------------------

@@ -244,8 +244,13 @@ TEST_P(CollectivesLayoutTest, AllReduceEveryDTypeAndOp) {
   for (v1::DType t : kDTypes) {
     for (ReduceOp op : kOps) cases.push_back({t, op, 37});
   }
-  cases.push_back({v1::F32, ReduceOp::kSum, 300'000});  // several Gloo segments
+  cases.push_back({v1::F32, ReduceOp::kSum, 300'000});  // several Gloo segments (two workers: 2 exchange segments)
   cases.push_back({v1::BF16, ReduceOp::kMax, 1});
+  // Two workers exchange blocks of up to 16 MiB in 1 MiB segments: an odd
+  // count of 2-byte elements leaves a short last segment; past 16 MiB the
+  // block goes through Gloo's ring instead.
+  cases.push_back({v1::F16, ReduceOp::kSum, 1'048'577});
+  cases.push_back({v1::F32, ReduceOp::kMax, (int64_t{16} << 20) / 4 + 3});
   std::vector<std::vector<Bytes>> results(cases.size(), std::vector<Bytes>(size()));
   ExpectAllOk(workers.Run(Spec("allreduce"), [&](int rank, Communicator* comm) -> absl::Status {
     for (size_t c = 0; c < cases.size(); ++c) {
@@ -677,6 +682,54 @@ TEST(CollectiveIdentity, AWorkerCallingSomethingElseFailsTheRoundOnBothAndTheGro
   for (const absl::Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
   EXPECT_EQ(y[0], 42);
   EXPECT_EQ(y[1], 42);
+}
+
+TEST(CollectiveIdentity, AllReducesOfDifferentSizesFailOnBothNamingTheMismatch) {
+  // Two workers exchange their blocks while the headers travel. Blocks of
+  // different sizes never pass for a result: the worker sent the larger
+  // block fails reading it, the other fails when its peer leaves, and both
+  // name the mismatch the headers show; neither waits out the timeout.
+  SimulatedWorkers workers({"w0", "w1"}, absl::Seconds(20));
+  const GroupSpec spec{"sizes", {"w0", "w1"}, {0, 1}};
+  std::vector<float> big((3 << 20) / 4, 1.0f), small(1, 5.0f);
+  const absl::Time start = absl::Now();
+  auto statuses = workers.Run(spec, [&](int rank, Communicator* comm) {
+    if (rank == 0) return comm->AllReduce(rank, CollectiveId{5, 0}, big.data(), big.size(), v1::F32, ReduceOp::kSum);
+    return comm->AllReduce(rank, CollectiveId{5, 0}, small.data(), 1, v1::F32, ReduceOp::kSum);
+  });
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  for (const absl::Status& s : statuses) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("for the same collective"), absl::string_view::npos) << s;
+  }
+}
+
+TEST(CollectiveIdentity, AMessageLeftFromAnEarlierRoundFailsTheNextInsteadOfFillingIt) {
+  // w0 sends two segments (1.2 MB), w1 takes one (1 MiB) and fails the
+  // round on the headers' verdict; w0's second segment is still on w1's
+  // connection when w1's next round reads it. That round fails naming the
+  // workers out of step and breaks the group, which releases w0.
+  SimulatedWorkers workers({"w0", "w1"}, absl::Seconds(20));
+  const GroupSpec spec{"leftover", {"w0", "w1"}, {0, 1}};
+  std::vector<float> big(300'000, 1.0f), one_mib((1 << 20) / 4, 2.0f), next = {7, 8};
+  std::vector<absl::Status> second(2);
+  const absl::Time start = absl::Now();
+  auto first = workers.Run(spec, [&](int rank, Communicator* comm) {
+    std::vector<float>& mine = rank == 0 ? big : one_mib;
+    absl::Status s = comm->AllReduce(rank, CollectiveId{5, 0}, mine.data(), mine.size(), v1::F32, ReduceOp::kSum);
+    second[rank] = comm->AllReduce(rank, CollectiveId{6, 0}, &next[rank], 1, v1::F32, ReduceOp::kSum);
+    return s;
+  });
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  for (const absl::Status& s : first) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("for the same collective"), absl::string_view::npos) << s;
+  }
+  for (const absl::Status& s : second) EXPECT_FALSE(s.ok()) << s;
+  EXPECT_NE(second[1].message().find("a message of another round"), absl::string_view::npos) << second[1];
+  EXPECT_NE(second[1].message().find("out of step"), absl::string_view::npos) << second[1];
+  EXPECT_TRUE(second[1].GetPayload(kGroupBrokenPayload).has_value()) << second[1];
+  EXPECT_EQ(next[1], 8);  // never summed with a stale segment
 }
 
 TEST(CollectiveIdentity, AnAbandonedAllReduceAcrossWorkersFailsPromptlyAndTheNextPairs) {
