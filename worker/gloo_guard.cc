@@ -15,21 +15,22 @@ namespace {
 
 std::atomic<int64_t> resets{0};
 
-std::mutex& LoggerMu() {
-  static std::mutex mu;
-  return mu;
-}
-std::shared_ptr<spdlog::logger>& Logger() {
-  static auto* log = new std::shared_ptr<spdlog::logger>();
-  return *log;
+// The guard's logger, shared with the event-loop threads that report.
+struct GuardLogger {
+  std::mutex mu;
+  std::shared_ptr<spdlog::logger> log;
+};
+GuardLogger& Reporter() {
+  static auto* reporter = new GuardLogger();  // never destroyed: loop threads may outlive statics
+  return *reporter;
 }
 
 void ReportReset(int fd, int err) {
   resets.fetch_add(1, std::memory_order_relaxed);
   std::shared_ptr<spdlog::logger> log;
   {
-    std::lock_guard<std::mutex> lock(LoggerMu());
-    log = Logger();
+    std::lock_guard<std::mutex> lock(Reporter().mu);
+    log = Reporter().log;
   }
   if (log == nullptr) return;
   std::string self = "an unknown address";
@@ -49,8 +50,8 @@ bool GlooPeerNameGuardActive() {
 }
 
 void SetGlooGuardLogger(std::shared_ptr<spdlog::logger> log) {
-  std::lock_guard<std::mutex> lock(LoggerMu());
-  Logger() = std::move(log);
+  std::lock_guard<std::mutex> lock(Reporter().mu);
+  Reporter().log = std::move(log);
 }
 
 int64_t GlooConnectionsResetDuringSetup() { return resets.load(std::memory_order_relaxed); }
