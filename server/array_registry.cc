@@ -112,8 +112,35 @@ int64_t ArrayRegistry::num_arrays() const {
 const Tombstone* ArrayRegistry::FindTombstoneLocked(const std::string& session, uint64_t handle) const {
   auto s = sessions_.find(session);
   if (s == sessions_.end()) return nullptr;
-  auto t = s->second.tombstones.find(handle);
-  return t == s->second.tombstones.end() ? nullptr : &t->second;
+  return s->second.tombstones.Find(handle);
+}
+
+void TombstoneRing::Add(uint64_t handle, v1::ArrayState state, int64_t execution, absl::string_view executable,
+                        absl::Time when) {
+  Tombstone* t;
+  if (handles_.size() < capacity_) {
+    handles_.push_back(handle);
+    t = &entries_.emplace_back();
+  } else {
+    handles_[next_] = handle;
+    t = &entries_[next_];
+    next_ = (next_ + 1) % capacity_;
+  }
+  t->state = state;
+  t->execution = execution;
+  t->executable.assign(executable.data(), executable.size());
+  t->when = when;
+}
+
+const Tombstone* TombstoneRing::Find(uint64_t handle) const {
+  // Newest first: the slots before next_, then the ones from the end down.
+  for (size_t i = next_; i-- > 0;) {
+    if (handles_[i] == handle) return &entries_[i];
+  }
+  for (size_t i = handles_.size(); i-- > next_;) {
+    if (handles_[i] == handle) return &entries_[i];
+  }
+  return nullptr;
 }
 
 absl::StatusOr<ArrayRecord*> ArrayRegistry::OwnedLocked(const std::string& session, uint64_t handle) {
@@ -153,18 +180,15 @@ ArrayRecord& ArrayRegistry::AddLocked(const std::string& session, uint64_t handl
   return a;
 }
 
-void ArrayRegistry::RetireLocked(uint64_t handle, Tombstone tombstone) {
+void ArrayRegistry::RetireLocked(uint64_t handle, v1::ArrayState state, int64_t execution,
+                                 absl::string_view executable, absl::Time when) {
   auto it = arrays_.find(handle);
   if (it == arrays_.end()) return;
   if (SessionRecord* sr = FindSessionLocked(it->second.session)) {
     sr->arrays.erase(handle);
     sr->live_bytes -= it->second.bytes();
     tenants_[sr->tenant].live_bytes -= it->second.bytes();
-    if (sr->tombstones.insert_or_assign(handle, std::move(tombstone)).second) sr->tombstone_order.push_back(handle);
-    while (sr->tombstone_order.size() > kMaxTombstones) {
-      sr->tombstones.erase(sr->tombstone_order.front());
-      sr->tombstone_order.pop_front();
-    }
+    sr->tombstones.Add(handle, state, execution, executable, when);
   }
   arrays_.erase(it);
 }
@@ -176,7 +200,7 @@ absl::flat_hash_map<int, v1::FreeRequest> ArrayRegistry::RetireDeletedLocked(con
     auto it = arrays_.find(h);
     if (it == arrays_.end()) continue;
     for (int d : it->second.devices) frees[d].add_buffers(h);
-    RetireLocked(h, Tombstone{v1::DELETED, 0, "", now});
+    RetireLocked(h, v1::DELETED, 0, "", now);
   }
   return frees;
 }

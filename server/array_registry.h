@@ -11,7 +11,6 @@
 // No RPC, callback or client destruction happens under it.
 #pragma once
 
-#include <deque>
 #include <string>
 #include <vector>
 
@@ -53,10 +52,33 @@ struct Tombstone {
   absl::Time when;
 };
 
+// A session's last `capacity` tombstones, the oldest overwritten first.
+// Every donation and delete adds one, so adding is the cheap side: a slot
+// written in place (its name's storage reused), no hashing, no allocation
+// once full. Finding one is a scan of the handles, newest first: it only
+// happens when a call names an array that is gone.
+class TombstoneRing {
+ public:
+  explicit TombstoneRing(size_t capacity) : capacity_(capacity) {}
+  void Add(uint64_t handle, v1::ArrayState state, int64_t execution, absl::string_view executable, absl::Time when);
+  // The newest tombstone of `handle`; null when it has none (any more).
+  const Tombstone* Find(uint64_t handle) const;
+  size_t size() const { return handles_.size(); }
+
+ private:
+  size_t capacity_;
+  std::vector<uint64_t> handles_;  // beside entries_, so the scan reads only these
+  std::vector<Tombstone> entries_;
+  size_t next_ = 0;  // the slot the next Add writes, once full
+};
+
 struct TransferCounts {
   int64_t h2d = 0, d2h = 0, d2d = 0;
 };
 enum class Direction { kHostToDevice, kDeviceToHost, kDeviceToDevice };
+
+// At most this many tombstones per session; the oldest go first.
+inline constexpr size_t kMaxTombstonesPerSession = 1 << 16;
 
 struct SessionRecord {
   std::string client;
@@ -69,8 +91,7 @@ struct SessionRecord {
   absl::flat_hash_map<int, TransferCounts> device_transfers;
   int64_t compiles = 0, cache_hits = 0, cache_misses = 0;
   int64_t donations = 0, donations_reused = 0;
-  absl::flat_hash_map<uint64_t, Tombstone> tombstones;
-  std::deque<uint64_t> tombstone_order;  // oldest first; bounded
+  TombstoneRing tombstones{kMaxTombstonesPerSession};
   absl::Time opened;
   // The last call that named the session (its lease runs from here).
   // Renewed by CheckSessionLocked, which is const to its callers.
@@ -79,8 +100,7 @@ struct SessionRecord {
 
 class ArrayRegistry {
  public:
-  // At most this many tombstones per session; the oldest go first.
-  static constexpr size_t kMaxTombstones = 1 << 16;
+  static constexpr size_t kMaxTombstones = kMaxTombstonesPerSession;
 
   absl::Mutex& mu() const ABSL_LOCK_RETURNED(mu_) { return mu_; }
 
@@ -137,7 +157,8 @@ class ArrayRegistry {
   ArrayRecord& AddLocked(const std::string& session, uint64_t handle, ArrayRecord record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes an array from the registry and its session, leaving a tombstone.
-  void RetireLocked(uint64_t handle, Tombstone tombstone) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RetireLocked(uint64_t handle, v1::ArrayState state, int64_t execution, absl::string_view executable,
+                    absl::Time when) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Retires `handles` as deleted; returns, by device, the buffers to free there.
   absl::flat_hash_map<int, v1::FreeRequest> RetireDeletedLocked(const std::vector<uint64_t>& handles)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

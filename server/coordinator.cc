@@ -563,7 +563,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
         }
       }
       session.donations += plan.devices.size();
-      arrays_.RetireLocked(h, Tombstone{v1::DONATED, execution_id, exe_name, now});
+      arrays_.RetireLocked(h, v1::DONATED, execution_id, exe_name, now);
     }
     if (!donated_elsewhere.empty()) early_frees = workers_.SequenceFrees(std::move(donated_elsewhere));
     for (int i = 0; i < req.outputs_size(); ++i) {

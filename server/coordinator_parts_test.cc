@@ -247,7 +247,7 @@ TEST(ArrayRegistry, RetiredArraysSayWhatBecameOfThem) {
   EXPECT_EQ(reg.SessionLocked("s1").live_bytes, 32);
   EXPECT_TRUE(reg.OwnedLocked("s1", 0x10).ok());
   EXPECT_EQ(reg.OwnedLocked("s2", 0x10).status().code(), absl::StatusCode::kPermissionDenied);
-  reg.RetireLocked(0x10, Tombstone{v1::DONATED, 42, "train_step", absl::Now()});
+  reg.RetireLocked(0x10, v1::DONATED, 42, "train_step", absl::Now());
   absl::Status s = reg.OwnedLocked("s1", 0x10).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(), HasSubstr("array 0x10 was donated to execution 42 ('train_step')"));
@@ -268,11 +268,39 @@ TEST(ArrayRegistry, TombstonesAreBounded) {
   const uint64_t n = ArrayRegistry::kMaxTombstones + 10;
   for (uint64_t h = 1; h <= n; ++h) {
     reg.AddLocked("s", h, Array({0}, 0));
-    reg.RetireLocked(h, Tombstone{v1::DELETED, 0, "", absl::Now()});
+    reg.RetireLocked(h, v1::DELETED, 0, "", absl::Now());
   }
   EXPECT_EQ(reg.SessionLocked("s").tombstones.size(), ArrayRegistry::kMaxTombstones);
   EXPECT_EQ(reg.FindTombstoneLocked("s", 1), nullptr);  // the oldest went first
   EXPECT_NE(reg.FindTombstoneLocked("s", n), nullptr);
+}
+
+TEST(TombstoneRing, KeepsTheNewestAndFindsTheLatestOfAHandle) {
+  TombstoneRing ring(4);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  for (uint64_t h = 1; h <= 3; ++h) ring.Add(h, v1::DELETED, 0, "", t0 + absl::Seconds(h));
+  ring.Add(2, v1::DONATED, 7, "step", t0 + absl::Seconds(4));  // the same handle again: the newer answers
+  ASSERT_NE(ring.Find(2), nullptr);
+  EXPECT_EQ(ring.Find(2)->state, v1::DONATED);
+  EXPECT_EQ(ring.Find(2)->execution, 7);
+  EXPECT_EQ(ring.Find(2)->executable, "step");
+  // Full: each add overwrites the oldest, so 1 goes, then the first 2.
+  ring.Add(5, v1::DELETED, 0, "", t0 + absl::Seconds(5));
+  EXPECT_EQ(ring.Find(1), nullptr);
+  EXPECT_EQ(ring.Find(2)->state, v1::DONATED);
+  ring.Add(6, v1::DONATED, 9, "a name longer than a short string's inline storage", t0 + absl::Seconds(6));
+  EXPECT_EQ(ring.Find(2)->execution, 7);  // the newer 2 is still there
+  EXPECT_EQ(ring.Find(6)->executable, "a name longer than a short string's inline storage");
+  EXPECT_EQ(ring.Find(6)->when, t0 + absl::Seconds(6));
+  EXPECT_EQ(ring.Find(3)->when, t0 + absl::Seconds(3));
+  ring.Add(7, v1::DELETED, 0, "", t0);
+  ring.Add(8, v1::DELETED, 0, "", t0);
+  EXPECT_EQ(ring.Find(3), nullptr);
+  EXPECT_EQ(ring.Find(2), nullptr);  // both of its tombstones overwritten
+  EXPECT_EQ(ring.Find(6)->executable, "a name longer than a short string's inline storage");
+  EXPECT_EQ(ring.Find(6)->execution, 9);
+  EXPECT_EQ(ring.size(), 4u);
+  EXPECT_EQ(ring.Find(99), nullptr);
 }
 
 TEST(ArrayRegistry, QuotaNamesTheSessionAndWhatItHolds) {

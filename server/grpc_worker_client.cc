@@ -44,12 +44,14 @@ class StepStream final : public grpc::ClientBidiReactor<v1::StepBatch, v1::StepR
     return s;
   }
 
-  // False when the stream no longer takes steps (`done` is then not called).
-  bool Send(v1::StepRequest req, const StepKey& key, StepDone done) {
+  // False when the stream no longer takes steps: `req` and `done` are then
+  // left as they were, for another stream. Otherwise both are taken.
+  bool Send(v1::StepRequest&& req, const StepKey& key, StepDone&& done) {
     {
       absl::MutexLock l(&mu_);
       if (stopped_) return false;
-      if (!waiting_.try_emplace(key, done).second) {
+      // try_emplace moves `done` only when it inserts.
+      if (!waiting_.try_emplace(key, std::move(done)).second) {
         // The coordinator never numbers two steps alike; answering one with
         // the other's result would be worse than failing it.
         done(absl::InternalError(absl::StrCat("worker ", address_, ": a step for device ", std::get<0>(key),
@@ -218,7 +220,7 @@ class GrpcWorkerClient final : public WorkerClient {
   void Run(const v1::RunRequest& request, RunDone done) override {
     v1::StepRequest req;
     *req.mutable_run() = request;
-    SendStep(req, StepKey{request.device(), request.queue_epoch(), request.seq()},
+    SendStep(std::move(req), StepKey{request.device(), request.queue_epoch(), request.seq()},
              [done = std::move(done)](absl::Status s, v1::RunResponse* resp) {
       if (s.ok()) return done(std::move(*resp));
       done(s);
@@ -228,7 +230,7 @@ class GrpcWorkerClient final : public WorkerClient {
   void Free(const v1::FreeRequest& request, Done done) override {
     v1::StepRequest req;
     *req.mutable_free() = request;
-    SendStep(req, StepKey{request.device(), request.queue_epoch(), request.seq()},
+    SendStep(std::move(req), StepKey{request.device(), request.queue_epoch(), request.seq()},
              [done = std::move(done)](absl::Status s, v1::RunResponse*) { done(s); });
   }
 
@@ -275,7 +277,7 @@ class GrpcWorkerClient final : public WorkerClient {
 
  private:
   // Sends on the current step stream, opening a new one if it ended.
-  void SendStep(const v1::StepRequest& req, const StepKey& key, StepDone done) {
+  void SendStep(v1::StepRequest&& req, const StepKey& key, StepDone&& done) {
     for (int attempt = 0; attempt < 2; ++attempt) {
       std::shared_ptr<StepStream> stream, ended;  // `ended` is torn down outside the lock
       {
@@ -288,7 +290,7 @@ class GrpcWorkerClient final : public WorkerClient {
         stream = steps_;
       }
       ended.reset();
-      if (stream->Send(req, key, done)) return;
+      if (stream->Send(std::move(req), key, std::move(done))) return;
     }
     done(absl::UnavailableError(absl::StrCat("worker ", address_, " unavailable: cannot open a step stream")),
          nullptr);
