@@ -180,14 +180,6 @@ constexpr size_t kMaxPermutePairs = size_t{1} << 24;  // fits below the tag in a
 
 // ---- Gloo plumbing shared by the groups of one registry -------------------
 
-// The rendezvous store and one TCP device (a listening socket and an event
-// loop) for every group of this worker. Constant after construction;
-// gloo's device is thread-safe.
-struct GlooEndpoint {
-  std::shared_ptr<gloo::rendezvous::Store> store;
-  std::shared_ptr<gloo::transport::Device> device;
-};
-
 // Maps an exception thrown by Gloo to a status: timeouts (Gloo says
 // "timeout" or "Timed out"; the coordinator's store says DEADLINE_EXCEEDED)
 // are DEADLINE_EXCEEDED; IO errors and peers gone are UNAVAILABLE; failed
@@ -214,6 +206,49 @@ absl::Status CatchGloo(absl::string_view context, F&& f) {
     return FromGlooException(e, false, context);
   }
 }
+
+// The rendezvous store and one TCP device (its event loop and the
+// connections' listening sockets) for every group of this worker. The
+// device opens when the first group connects: an open device's event loop
+// wakes every 10 ms (Gloo's epoll timeout), which a worker that runs no
+// collective need not pay, and 64 idle workers sharing a machine's cores
+// would. Thread-safe; gloo's device is too.
+class GlooEndpoint {
+ public:
+  GlooEndpoint(std::shared_ptr<gloo::rendezvous::Store> store, gloo::transport::tcp::attr attr)
+      : store_(std::move(store)), attr_(std::move(attr)) {}
+
+  gloo::rendezvous::Store& store() const { return *store_; }
+
+  // Opens a device and closes it again: the same checks (the hostname
+  // resolves to an address of this machine) the first real one meets.
+  absl::Status Probe() const {
+    return CatchGloo(Opening(), [&] { gloo::transport::tcp::CreateDevice(attr_); });
+  }
+
+  absl::StatusOr<std::shared_ptr<gloo::transport::Device>> Device() const {
+    absl::MutexLock l(&mu_);
+    if (device_ == nullptr) {
+      TESSEL_RETURN_IF_ERROR(CatchGloo(Opening(), [&] { device_ = gloo::transport::tcp::CreateDevice(attr_); }));
+    }
+    return device_;
+  }
+
+  bool opened() const {
+    absl::MutexLock l(&mu_);
+    return device_ != nullptr;
+  }
+
+ private:
+  std::string Opening() const {
+    return absl::StrCat("collectives: opening a Gloo TCP device on '", attr_.hostname, "'");
+  }
+
+  const std::shared_ptr<gloo::rendezvous::Store> store_;
+  const gloo::transport::tcp::attr attr_;
+  mutable absl::Mutex mu_;
+  mutable std::shared_ptr<gloo::transport::Device> device_ ABSL_GUARDED_BY(mu_);
+};
 
 // Whether `key` is set in `store` now (a 1 ms wait: stores only wait).
 bool KeyIsSet(gloo::rendezvous::Store& store, const std::string& key) {
@@ -617,13 +652,13 @@ class GroupCommunicator final : public Communicator {
       // steps after this one meet in a group of a new epoch. Without this,
       // a late peer stuck connecting to a group we left would keep missing
       // the next epoch's window, and the next, as we would its.
-      (void)CatchGloo("", [&] { endpoint_->store->set(AbandonedKey(), {'1'}); });
+      (void)CatchGloo("", [&] { endpoint_->store().set(AbandonedKey(), {'1'}); });
     }
     return s;
   }
 
   std::string AbandonedKey() const { return l_.key + "/abandoned"; }
-  bool Abandoned() const { return KeyIsSet(*endpoint_->store, AbandonedKey()); }
+  bool Abandoned() const { return KeyIsSet(endpoint_->store(), AbandonedKey()); }
   // Said by a worker that reached the group; see ConnectGloo.
   static std::string HereKey(int worker) { return absl::StrCat("here_", worker); }
   static constexpr int kConnectTimeoutFactor = 3;
@@ -904,9 +939,11 @@ class GroupCommunicator final : public Communicator {
     // failed before it.
     const std::chrono::milliseconds join_timeout = GlooTimeout() * kConnectTimeoutFactor;
     context->setTimeout(join_timeout);
-    watchful_store_ = std::make_unique<WatchfulStore>(*endpoint_->store, AbandonedKey(), join_timeout);
+    watchful_store_ = std::make_unique<WatchfulStore>(endpoint_->store(), AbandonedKey(), join_timeout);
     prefix_store_ = std::make_unique<gloo::rendezvous::PrefixStore>(l_.key, *watchful_store_);
-    auto device = endpoint_->device;
+    auto opened = endpoint_->Device();
+    if (!opened.ok()) return opened.status();
+    std::shared_ptr<gloo::transport::Device> device = *std::move(opened);
     const absl::Time start = absl::Now();
     const std::string connecting =
         absl::StrCat(Describe(c), ": connecting to workers [", absl::StrJoin(l_.workers, ", "), "]");
@@ -943,7 +980,7 @@ class GroupCommunicator final : public Communicator {
       std::vector<int> absent;
       for (int w = 0; w < l_.num_workers(); ++w) {
         const std::string here = absl::StrCat(l_.key, "/", HereKey(w));
-        if (w != l_.self_worker && !KeyIsSet(*endpoint_->store, here)) absent.push_back(w);
+        if (w != l_.self_worker && !KeyIsSet(endpoint_->store(), here)) absent.push_back(w);
       }
       if (!absent.empty()) {
         const std::string who =
@@ -1360,6 +1397,7 @@ class Registry final : public CommunicatorRegistry {
     return groups_.size();
   }
   gloo::rendezvous::Store* rendezvous_store() const override { return options_.store.get(); }
+  bool transport_open() const override { return endpoint_ != nullptr && endpoint_->opened(); }
 
  private:
   // "<devices>@<incarnation>.<epoch>"; other keys (tests') are not epoch keys.
@@ -1408,13 +1446,11 @@ absl::StatusOr<std::unique_ptr<CommunicatorRegistry>> NewCommunicatorRegistry(Co
                            "peer that resets a connection while it is set up will terminate this process");
     }
     SetGlooGuardLogger(options.logger);
-    endpoint = std::make_shared<GlooEndpoint>();
-    endpoint->store = options.store;
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname;
-    absl::Status s = CatchGloo(absl::StrCat("collectives: opening a Gloo TCP device on '", options.hostname, "'"),
-                               [&] { endpoint->device = gloo::transport::tcp::CreateDevice(attr); });
-    if (!s.ok()) return s;
+    endpoint = std::make_shared<GlooEndpoint>(options.store, std::move(attr));
+    // A hostname Gloo cannot use fails the worker's start, not its first collective.
+    TESSEL_RETURN_IF_ERROR(endpoint->Probe());
   }
   return std::make_unique<Registry>(std::move(options), std::move(endpoint));
 }

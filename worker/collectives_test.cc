@@ -424,6 +424,37 @@ TEST(Collectives, GetKeepsOneCommunicatorPerGroup) {
   EXPECT_EQ(other.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// An open Gloo device's event loop wakes every 10 ms: a worker opens one
+// only when a group spanning workers connects, not for groups of its own
+// devices, and not at start.
+TEST(Collectives, TheTransportOpensWithTheFirstGroupAcrossWorkers) {
+  SimulatedWorkers workers({"w0", "w1"});
+  EXPECT_FALSE(workers.registry("w0").transport_open());
+  EXPECT_FALSE(workers.registry("w1").transport_open());
+  auto sum = [](int rank, Communicator* comm) {
+    float x[3] = {1.f + rank, 2.f, 3.f};
+    absl::Status s = comm->AllReduce(rank, kId, x, 3, v1::F32, ReduceOp::kSum);
+    if (s.ok() && comm->size() == 2 && x[0] != 3.f) s = absl::InternalError(absl::StrCat("sum ", x[0], ", not 3"));
+    return s;
+  };
+  ExpectAllOk(workers.Run(GroupSpec{"local", {"w0", "w0"}}, sum));
+  EXPECT_FALSE(workers.registry("w0").transport_open());
+  ExpectAllOk(workers.Run(GroupSpec{"across", {"w0", "w1"}}, sum));
+  EXPECT_TRUE(workers.registry("w0").transport_open());
+  EXPECT_TRUE(workers.registry("w1").transport_open());
+}
+
+TEST(Collectives, AHostnameGlooCannotUseFailsTheRegistryAtOnce) {
+  CollectivesOptions options;
+  options.self = "w0";
+  options.store = std::make_shared<gloo::rendezvous::HashStore>();
+  options.timeout = absl::Seconds(5);
+  options.hostname = "no-such-host.invalid";
+  auto r = NewCommunicatorRegistry(std::move(options));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("no-such-host.invalid"), absl::string_view::npos) << r.status();
+}
+
 TEST(Collectives, GetRejectsAGroupThisWorkerHasNoRankIn) {
   SimulatedWorkers workers({"w0"});
   auto c = workers.registry("w0").Get(GroupSpec{"mesh/7", {"w1", "w2"}});

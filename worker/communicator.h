@@ -127,6 +127,9 @@ class CommunicatorRegistry {
   // for backends that bootstrap their own communicators for the same groups
   // (NCCL's unique id). Default: none.
   virtual gloo::rendezvous::Store* rendezvous_store() const { return nullptr; }
+  // Whether the transport between workers is open (Gloo's TCP device, whose
+  // event loop then runs): only once a group spanning workers connected.
+  virtual bool transport_open() const { return false; }
 };
 
 }  // namespace tessel::worker
