@@ -99,8 +99,9 @@ class _Dispatcher:
     ones a caller asked for are kept."""
 
     def __init__(self, channel):
-        self._cv = threading.Condition()
+        self._cv = threading.Condition(threading.Lock())
         self._queue = []
+        self._sender_waiting = False  # the request iterator sleeps: a call queued must wake it
         self._sent = 0
         self._acked = 0
         self._wanted = {}
@@ -117,7 +118,9 @@ class _Dispatcher:
     def _requests(self):
         while True:
             with self._cv:
+                self._sender_waiting = True
                 self._cv.wait_for(lambda: self._queue or self._closing or self._done)
+                self._sender_waiting = False
                 if not self._queue:
                     return
                 batch = b"".join(self._queue)
@@ -161,7 +164,8 @@ class _Dispatcher:
             if want_reply:
                 self._wanted[seq] = None
             self._queue.append(framed)
-            self._cv.notify_all()
+            if self._sender_waiting:
+                self._cv.notify_all()
             return seq
 
     def reply(self, seq):
@@ -423,6 +427,9 @@ class Session:
             return next(self._handles)
 
     def dispatcher(self):
+        d = self._dispatcher
+        if d is not None:
+            return d
         with self._lock:
             if self._dispatcher is None:
                 self._dispatcher = _Dispatcher(self._channel)
