@@ -149,30 +149,43 @@ std::vector<std::string> Differences(const v1::Graph& graph, const std::vector<i
 }  // namespace
 
 std::string CompileCache::ExplainMiss(const v1::Graph& graph, const std::vector<int>& donated) const {
-  absl::MutexLock l(&mu_);
+  // The candidates are taken under the lock, most recently used first, and
+  // compared outside it: a graph of many nodes against many executables of
+  // its name holds up no Execute's lookup.
+  std::vector<std::shared_ptr<const CachedExecutable>> same_name;
+  size_t cached = 0;
+  {
+    absl::MutexLock l(&mu_);
+    cached = entries_.size();
+    for (const std::string& key : lru_) {
+      const std::shared_ptr<const CachedExecutable>& e = entries_.at(key).exe;
+      if (e->graph.name() == graph.name()) same_name.push_back(e);
+    }
+  }
+  if (same_name.empty()) {
+    return StrCat("no executable of graph '", graph.name(), "' was compiled before (", cached,
+                  " executables in the cache)");
+  }
+  const size_t compared = std::min(same_name.size(), kMissCandidates);
   const CachedExecutable* nearest = nullptr;
   std::vector<std::string> best;
-  int same_name = 0;
-  for (const auto& [key, entry] : entries_) {
-    const CachedExecutable* e = entry.exe.get();
-    if (e->graph.name() != graph.name()) continue;
-    ++same_name;
+  for (size_t i = 0; i < compared; ++i) {
+    const CachedExecutable* e = same_name[i].get();
     std::vector<std::string> diffs = Differences(graph, donated, *e);
     // Fewest differences wins; ties go to the earlier fingerprint, so the
-    // explanation does not depend on the map's order.
+    // explanation does not depend on the order of use.
     if (nearest == nullptr || diffs.size() < best.size() ||
         (diffs.size() == best.size() && e->compiled.fingerprint < nearest->compiled.fingerprint)) {
       nearest = e;
       best = std::move(diffs);
     }
   }
-  if (nearest == nullptr) {
-    return StrCat("no executable of graph '", graph.name(), "' was compiled before (", entries_.size(),
-                  " executables in the cache)");
-  }
   if (best.empty()) best.push_back("they differ only in attributes outside nodes and parameters");
-  return StrCat("nearest cached executable of graph '", graph.name(), "' (", nearest->compiled.fingerprint,
-                ", one of ", same_name, "): ", absl::StrJoin(best, "; "));
+  const std::string of = compared == same_name.size() ? StrCat("one of ", same_name.size())
+                                                      : StrCat("one of ", same_name.size(), "; the ", compared,
+                                                               " most recently used compared");
+  return StrCat("nearest cached executable of graph '", graph.name(), "' (", nearest->compiled.fingerprint, ", ",
+                of, "): ", absl::StrJoin(best, "; "));
 }
 
 }  // namespace tessel::server

@@ -43,7 +43,9 @@ class CompileCache {
                                                  v1::Graph graph);
   // What differs between `graph` (donating `donated`) and the nearest
   // cached executable of the same name: parameters by index and type,
-  // donation, the first differing node, the number of outputs.
+  // donation, the first differing node, the number of outputs. Compares
+  // the kMissCandidates most recently used of that name.
+  static constexpr size_t kMissCandidates = 16;
   std::string ExplainMiss(const v1::Graph& graph, const std::vector<int>& donated) const;
 
   int64_t compiles() const;

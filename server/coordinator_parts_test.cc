@@ -410,6 +410,35 @@ TEST(CompileCache, CountsHitsAndExplainsMisses) {
   EXPECT_THAT(cache.ExplainMiss(op, {}), HasSubstr("node 2 'z' (sub) differs"));
 }
 
+// A miss is explained against the most recently used executables of its
+// name, not every one: a name compiled for many shapes costs a bounded diff.
+TEST(CompileCache, ExplainsAMissAgainstTheMostRecentlyUsedOfItsName) {
+  CompileCache cache;
+  auto of_size = [](int n) {
+    v1::Graph g = Parse(kAdd);
+    g.mutable_nodes(0)->mutable_type()->set_dims(0, n);
+    g.mutable_nodes(1)->mutable_type()->set_dims(0, n);
+    return g;
+  };
+  const int n = int(CompileCache::kMissCandidates) + 4;
+  for (int i = 1; i <= n; ++i) {
+    auto c = scheduler::Compile(of_size(i), {});
+    ASSERT_TRUE(c.ok()) << c.status();
+    cache.Insert(absl::StrCat("k", i), *c, of_size(i));
+  }
+  // y as f64[2]: the f32[2] executable differs by one parameter's dtype,
+  // but it is among the oldest, so another one is nearest of those compared.
+  v1::Graph miss = of_size(2);
+  miss.mutable_nodes(1)->mutable_type()->set_dtype(v1::F64);
+  const std::string before = cache.ExplainMiss(miss, {});
+  EXPECT_THAT(before, HasSubstr(absl::StrCat("one of ", n, "; the ", CompileCache::kMissCandidates,
+                                             " most recently used compared")));
+  EXPECT_THAT(before, Not(HasSubstr("f64[2] here, f32[2] in the cached one")));
+  ASSERT_NE(cache.Lookup("k2"), nullptr);  // used again: now the most recent
+  EXPECT_THAT(cache.ExplainMiss(miss, {}),
+              HasSubstr("): parameter 1 'y': f64[2] here, f32[2] in the cached one (dtype)"));
+}
+
 TEST(CompileCache, EvictsTheLeastRecentlyUsedPastItsBytes) {
   const v1::Graph g = Parse(kAdd);
   auto c = scheduler::Compile(g, {});
