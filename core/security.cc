@@ -204,6 +204,16 @@ std::string WriteGrant(const v1::PutShardRequest::Header& header) {
                     std::vector<int>(header.devices().begin(), header.devices().end()));
 }
 
+std::string WrittenGrant(uint64_t buffer, absl::string_view type, absl::Span<const int> devices) {
+  return absl::StrFormat("receipt: buffer %#x (%s) written whole to devices %s", buffer, type,
+                         absl::StrJoin(devices, ","));
+}
+
+std::string WrittenGrant(const v1::PutShardRequest::Header& header) {
+  return WrittenGrant(header.buffer(), TypeString(header.type()),
+                      std::vector<int>(header.devices().begin(), header.devices().end()));
+}
+
 std::string SignTicket(absl::string_view secret, absl::string_view grant, absl::Time expiry) {
   const int64_t ms = absl::ToUnixMillis(expiry);
   return absl::StrCat(ms, ".", TicketMac(secret, grant, ms));

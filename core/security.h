@@ -106,5 +106,11 @@ std::string WriteGrant(uint64_t buffer, absl::string_view type, absl::Span<const
 // The write a PutShard header asks for: what the coordinator signs for a
 // client and the worker checks, derived alike on both sides.
 std::string WriteGrant(const v1::PutShardRequest::Header& header);
+// Receipts: what a worker signs, with the same HMAC as a ticket, once a
+// write by ticket has landed whole; the coordinator checks it before the
+// array is ready. Worded apart from WriteGrant, so a write ticket is never
+// a receipt.
+std::string WrittenGrant(uint64_t buffer, absl::string_view type, absl::Span<const int> devices);
+std::string WrittenGrant(const v1::PutShardRequest::Header& header);
 
 }  // namespace tessel

@@ -119,13 +119,15 @@ class Coordinator {
   // A put whose bytes the client writes to the workers itself (PutDirect):
   // the array is made pending, with a ticket for each (block, worker) to
   // write. Commit marks it ready once the client says every block is
-  // written, or frees it given the client's error; destroying it
-  // uncommitted frees it too. Null when direct transfers are off.
+  // written and shows each worker's receipt for its block (in the order of
+  // blocks()); it frees the array given the client's error or a receipt
+  // missing or not the worker's. Destroying it uncommitted frees it too.
+  // Null when direct transfers are off.
   class DirectPut {
    public:
     virtual ~DirectPut() = default;
     virtual const std::vector<v1::DirectWrite>& blocks() const = 0;
-    virtual absl::StatusOr<int64_t> Commit(absl::string_view error) = 0;
+    virtual absl::StatusOr<int64_t> Commit(absl::string_view error, absl::Span<const std::string> receipts) = 0;
   };
   absl::StatusOr<std::unique_ptr<DirectPut>> BeginDirectPut(const v1::PutRequest::Header& header);
 

@@ -368,12 +368,18 @@ class Coordinator::DirectPutImpl final : public Coordinator::DirectPut {
     if (!done_) c_->AbandonPut(handle_);
   }
   const std::vector<v1::DirectWrite>& blocks() const override { return blocks_; }
-  absl::StatusOr<int64_t> Commit(absl::string_view error) override {
+  absl::StatusOr<int64_t> Commit(absl::string_view error, absl::Span<const std::string> receipts) override {
     done_ = true;
     if (!error.empty()) {
       c_->AbandonPut(handle_);
       return absl::AbortedError(StrFormat("put of array %#x: the client could not write every block: %s", handle_,
                                           error));
+    }
+    // The client's word is not enough: each block's worker must have said
+    // that the whole block landed.
+    if (absl::Status s = CheckReceipts(receipts); !s.ok()) {
+      c_->AbandonPut(handle_);
+      return s;
     }
     if (c_->arrays_.MarkReady(handle_)) {
       for (int d : devices_) c_->arrays_.CountTransfer(session_, d, Direction::kHostToDevice, device_bytes_);
@@ -390,6 +396,31 @@ class Coordinator::DirectPutImpl final : public Coordinator::DirectPut {
   const int64_t device_bytes_;
   const std::vector<v1::DirectWrite> blocks_;
   bool done_ = false;
+
+  absl::Status CheckReceipts(absl::Span<const std::string> receipts) const {
+    if (receipts.size() != blocks_.size()) {
+      return absl::AbortedError(StrFormat(
+          "put of array %#x: expected a receipt from the worker for each of its %d blocks, got %d; the array is "
+          "freed",
+          handle_, blocks_.size(), receipts.size()));
+    }
+    const absl::Time now = absl::Now();
+    for (size_t i = 0; i < blocks_.size(); ++i) {
+      const v1::DirectWrite& w = blocks_[i];
+      const std::string grant = WrittenGrant(w.buffer(), TypeString(w.type()),
+                                             std::vector<int>(w.devices().begin(), w.devices().end()));
+      absl::Status s = receipts[i].empty()
+                           ? absl::PermissionDeniedError("none given")
+                           : c_->workers_.CheckReceipt(w.global_devices(0), grant, receipts[i], now);
+      if (!s.ok()) {
+        return absl::AbortedError(StrFormat(
+            "put of array %#x: block %d (devices [%s] at worker %s) has no valid receipt from its worker (%s): the "
+            "worker never said the whole block landed; the array is freed",
+            handle_, i, absl::StrJoin(w.global_devices(), ","), w.address(), s.message()));
+      }
+    }
+    return absl::OkStatus();
+  }
 };
 
 absl::StatusOr<std::unique_ptr<Coordinator::DirectPut>> Coordinator::BeginDirectPut(

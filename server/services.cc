@@ -138,7 +138,8 @@ grpc::Status SessionService::PutDirect(grpc::ServerContext* ctx,
                                         "written; the array is freed",
                                         handle));
   }
-  auto bytes = (*put)->Commit(msg.done().error());
+  const std::vector<std::string> receipts(msg.done().receipts().begin(), msg.done().receipts().end());
+  auto bytes = (*put)->Commit(msg.done().error(), receipts);
   if (!bytes.ok()) return ToGrpc(bytes.status());
   resp.Clear();
   resp.set_bytes(*bytes);

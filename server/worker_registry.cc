@@ -236,6 +236,18 @@ absl::StatusOr<WorkerTicket> WorkerRegistry::Sign(int device, absl::string_view 
   return WorkerTicket{w.client_address, SignTicket(w.secret, grant, expiry)};
 }
 
+absl::Status WorkerRegistry::CheckReceipt(int device, absl::string_view grant, absl::string_view receipt,
+                                          absl::Time now) const {
+  absl::MutexLock l(&mu_);
+  TESSEL_RETURN_IF_ERROR(DeadLocked(device));
+  const WorkerRecord& w = workers_.at(devices_.at(device).worker_id);
+  if (!CheckTicket(w.secret, receipt, grant, now).ok()) {
+    return absl::PermissionDeniedError(
+        StrCat("the one given is not signed by worker ", w.id, " for this block, or has expired"));
+  }
+  return absl::OkStatus();
+}
+
 std::vector<QueueSlot> WorkerRegistry::Reserve(const std::vector<int>& devices, const std::vector<int>& counts,
                                                const std::string* executable) {
   absl::MutexLock l(&mu_);

@@ -132,6 +132,10 @@ class WorkerRegistry {
   // global device `device`, until `expiry`, signed with the worker's secret;
   // UNAVAILABLE when the worker is dead.
   absl::StatusOr<WorkerTicket> Sign(int device, absl::string_view grant, absl::Time expiry) const;
+  // OK when `receipt` is the worker's (the one holding global device
+  // `device`) signature for `grant` (WrittenGrant), unexpired at `now`;
+  // PERMISSION_DENIED when not, UNAVAILABLE when the worker is dead.
+  absl::Status CheckReceipt(int device, absl::string_view grant, absl::string_view receipt, absl::Time now) const;
 
   // Reserves `counts[i]` consecutive sequence numbers on `devices[i]`, all
   // together: no other reservation interleaves with this one on any of

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/src/direct_transfer_internal.h"
 #include "core/security.h"
@@ -309,6 +310,57 @@ TEST_F(DirectTransferTest, WorkersRefuseReadsWithoutAValidTicket) {
   EXPECT_EQ(ignored, "");
 }
 
+// The raw calls of a direct put, for the tests that play a client that
+// misbehaves: PutDirect's first message for f32[16] as `handle` on global
+// device `device`; one PutShard stream of `header`, then `data`; and the
+// coordinator's ArrayInfo of a handle.
+v1::PutDirectRequest F32x16PutHeader(const std::string& session, uint64_t handle, int device) {
+  v1::PutDirectRequest req;
+  v1::PutRequest::Header* h = req.mutable_header();
+  h->set_session_id(session);
+  h->set_handle(handle);
+  h->mutable_type()->set_dtype(v1::F32);
+  h->mutable_type()->add_dims(16);
+  h->mutable_placement()->set_device(device);
+  return req;
+}
+
+v1::PutShardRequest::Header WriteHeader(const v1::DirectWrite& w) {
+  v1::PutShardRequest::Header h;
+  h.set_buffer(w.buffer());
+  *h.mutable_type() = w.type();
+  *h.mutable_devices() = w.devices();
+  h.set_ticket(w.ticket());
+  return h;
+}
+
+grpc::Status WriteShard(const std::string& address, const v1::PutShardRequest::Header& header,
+                        const std::string& data, std::string* receipt = nullptr) {
+  auto worker = v1::Worker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext c;
+  v1::PutShardResponse r;
+  auto wr = worker->PutShard(&c, &r);
+  v1::PutShardRequest m;
+  *m.mutable_header() = header;
+  wr->Write(m);
+  m.set_data(data);
+  wr->Write(m);
+  wr->WritesDone();
+  grpc::Status s = wr->Finish();
+  if (receipt != nullptr) *receipt = r.receipt();
+  return s;
+}
+
+v1::ArrayInfoResponse Info(v1::Session::Stub& coordinator, const std::string& session, uint64_t handle) {
+  grpc::ClientContext ic;
+  v1::ArrayInfoRequest ir;
+  ir.set_session_id(session);
+  ir.set_handle(handle);
+  v1::ArrayInfoResponse info;
+  EXPECT_TRUE(coordinator.ArrayInfo(&ic, ir, &info).ok());
+  return info;
+}
+
 // The worker takes a write only with a ticket signed for that buffer, type
 // and devices; a put whose client never says it is done is freed.
 TEST_F(DirectTransferTest, WorkersRefuseWritesWithoutAValidTicketAndUnfinishedPutsAreFreed) {
@@ -319,43 +371,21 @@ TEST_F(DirectTransferTest, WorkersRefuseWritesWithoutAValidTicketAndUnfinishedPu
   {
     grpc::ClientContext ctx;
     auto stream = coordinator->PutDirect(&ctx);
-    v1::PutDirectRequest req;
-    v1::PutRequest::Header* h = req.mutable_header();
-    h->set_session_id(session_->id());
-    h->set_handle(handle);
-    h->mutable_type()->set_dtype(v1::F32);
-    h->mutable_type()->add_dims(16);
-    h->mutable_placement()->set_device(2);
-    ASSERT_TRUE(stream->Write(req));
+    ASSERT_TRUE(stream->Write(F32x16PutHeader(session_->id(), handle, 2)));
     v1::PutDirectResponse plan;
     ASSERT_TRUE(stream->Read(&plan));
     ASSERT_EQ(plan.blocks_size(), 1);
     w = plan.blocks(0);
     EXPECT_EQ(w.global_devices(0), 2);
 
-    auto worker = v1::Worker::NewStub(grpc::CreateChannel(w.address(), grpc::InsecureChannelCredentials()));
     auto write = [&](const v1::PutShardRequest::Header& header, int64_t bytes) {
-      grpc::ClientContext c;
-      v1::PutShardResponse r;
-      auto wr = worker->PutShard(&c, &r);
-      v1::PutShardRequest m;
-      *m.mutable_header() = header;
-      wr->Write(m);
-      m.set_data(std::string(bytes, '\1'));
-      wr->Write(m);
-      wr->WritesDone();
-      return wr->Finish();
+      return WriteShard(w.address(), header, std::string(bytes, '\1'));
     };
-    v1::PutShardRequest::Header bigger;
-    bigger.set_buffer(w.buffer());
-    bigger.mutable_type()->set_dtype(v1::F32);
-    bigger.mutable_type()->add_dims(32);
-    *bigger.mutable_devices() = w.devices();
-    bigger.set_ticket(w.ticket());
+    v1::PutShardRequest::Header bigger = WriteHeader(w);
+    bigger.mutable_type()->set_dims(0, 32);
     grpc::Status st = write(bigger, 128);
     EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
-    v1::PutShardRequest::Header elsewhere = bigger;
-    *elsewhere.mutable_type() = w.type();
+    v1::PutShardRequest::Header elsewhere = WriteHeader(w);
     elsewhere.clear_devices();
     elsewhere.add_devices(w.devices(0) == 0 ? 1 : 0);
     st = write(elsewhere, 64);
@@ -365,53 +395,133 @@ TEST_F(DirectTransferTest, WorkersRefuseWritesWithoutAValidTicketAndUnfinishedPu
     st = write(unsigned_header, 64);
     EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << st.error_message();
     // The array is pending while the client writes.
-    grpc::ClientContext ic;
-    v1::ArrayInfoRequest ir;
-    ir.set_session_id(session_->id());
-    ir.set_handle(handle);
-    v1::ArrayInfoResponse info;
-    ASSERT_TRUE(coordinator->ArrayInfo(&ic, ir, &info).ok());
-    EXPECT_EQ(info.state(), v1::PENDING);
+    EXPECT_EQ(Info(*coordinator, session_->id(), handle).state(), v1::PENDING);
     ctx.TryCancel();  // gone without `done`
     (void)stream->Finish();
   }
   // Freed: retired like a deleted array, so no step waits on it.
   v1::ArrayInfoResponse info;
   for (int i = 0; i < 200 && info.error().empty(); ++i) {
-    grpc::ClientContext ic;
-    v1::ArrayInfoRequest ir;
-    ir.set_session_id(session_->id());
-    ir.set_handle(handle);
-    ASSERT_TRUE(coordinator->ArrayInfo(&ic, ir, &info).ok());
-    if (info.error().empty()) absl::SleepFor(absl::Milliseconds(10));
+    if (i > 0) absl::SleepFor(absl::Milliseconds(10));
+    info = Info(*coordinator, session_->id(), handle);
   }
   EXPECT_TRUE(absl::StrContains(info.error(), "deleted")) << info.ShortDebugString();
   EXPECT_NE(info.state(), v1::PENDING);
   // The ticket is still good, but a write now (a client that kept writing
   // after giving up) is refused once the worker has retired the array: it
   // cannot leave a buffer behind that nothing would free.
-  auto worker = v1::Worker::NewStub(grpc::CreateChannel(w.address(), grpc::InsecureChannelCredentials()));
-  v1::PutShardRequest::Header header;
-  header.set_buffer(w.buffer());
-  *header.mutable_type() = w.type();
-  *header.mutable_devices() = w.devices();
-  header.set_ticket(w.ticket());
   grpc::Status late;
   for (int i = 0; i < 200 && late.error_code() != grpc::StatusCode::FAILED_PRECONDITION; ++i) {
     if (i > 0) absl::SleepFor(absl::Milliseconds(10));  // the worker's free may still be queued
-    grpc::ClientContext c;
-    v1::PutShardResponse r;
-    auto wr = worker->PutShard(&c, &r);
-    v1::PutShardRequest m;
-    *m.mutable_header() = header;
-    wr->Write(m);
-    m.set_data(std::string(64, '\1'));
-    wr->Write(m);
-    wr->WritesDone();
-    late = wr->Finish();
+    late = WriteShard(w.address(), WriteHeader(w), std::string(64, '\1'));
   }
   EXPECT_EQ(late.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << late.error_message();
   EXPECT_TRUE(absl::StrContains(late.error_message(), "was freed before it was written")) << late.error_message();
+}
+
+// A direct put becomes ready only on its workers' word: each block's worker
+// answers a whole write with a receipt signed with its secret, and the
+// coordinator checks one per block. A client that says "done" with a block
+// unwritten, or shows anything but that worker's receipt for that block,
+// gets ABORTED naming the block, and the array is freed, never ready.
+TEST_F(DirectTransferTest, ADirectPutIsReadyOnlyWithEachWorkersReceipt) {
+  auto channel = grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials());
+  auto coordinator = v1::Session::NewStub(channel);
+  const std::string data(64, '\7');  // f32[16]
+  auto write = [&](const v1::DirectWrite& w, std::string* receipt) {
+    return WriteShard(w.address(), WriteHeader(w), data, receipt);
+  };
+  // One put of f32[16] to device `device`: `act` writes (or not) and says
+  // which receipts to show; returns how the coordinator ended the put.
+  auto put = [&](uint64_t handle, int device,
+                 const std::function<std::vector<std::string>(const v1::DirectWrite&)>& act) {
+    grpc::ClientContext ctx;
+    auto stream = coordinator->PutDirect(&ctx);
+    EXPECT_TRUE(stream->Write(F32x16PutHeader(session_->id(), handle, device)));
+    v1::PutDirectResponse plan;
+    EXPECT_TRUE(stream->Read(&plan));
+    EXPECT_EQ(plan.blocks_size(), 1);
+    const std::vector<std::string> receipts = plan.blocks_size() == 1 ? act(plan.blocks(0)) : std::vector<std::string>{};
+    v1::PutDirectRequest done;
+    done.mutable_done()->mutable_receipts()->Add(receipts.begin(), receipts.end());
+    stream->Write(done);
+    stream->WritesDone();
+    while (stream->Read(&plan)) {
+    }
+    return stream->Finish();
+  };
+  auto expect_freed = [&](uint64_t handle, const grpc::Status& s, const std::string& says) {
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED) << s.error_message();
+    EXPECT_TRUE(absl::StrContains(s.error_message(), says)) << s.error_message();
+    EXPECT_TRUE(absl::StrContains(s.error_message(), absl::StrFormat("put of array %#x", handle))) << s.error_message();
+    const v1::ArrayInfoResponse info = Info(*coordinator, session_->id(), handle);
+    EXPECT_NE(info.state(), v1::READY) << info.ShortDebugString();
+    EXPECT_NE(info.state(), v1::PENDING) << info.ShortDebugString();
+    EXPECT_TRUE(absl::StrContains(info.error(), "deleted")) << info.ShortDebugString();
+  };
+
+  // Nothing written, "done" anyway.
+  grpc::Status s = put(0x5eed0101, 2, [](const v1::DirectWrite&) { return std::vector<std::string>{}; });
+  expect_freed(0x5eed0101, s, "expected a receipt from the worker for each of its 1 blocks, got 0");
+  s = put(0x5eed0102, 2, [](const v1::DirectWrite&) { return std::vector<std::string>{""}; });
+  expect_freed(0x5eed0102, s, "block 0 (devices [2] at worker");
+  // Written, but the client shows its write ticket instead of the receipt.
+  s = put(0x5eed0103, 2, [&](const v1::DirectWrite& w) {
+    std::string receipt;
+    EXPECT_TRUE(write(w, &receipt).ok());
+    EXPECT_FALSE(receipt.empty());
+    return std::vector<std::string>{w.ticket()};
+  });
+  expect_freed(0x5eed0103, s, "has no valid receipt from its worker");
+  // A real receipt, but for another put's block (another buffer).
+  std::string other;
+  s = put(0x5eed0104, 2, [&](const v1::DirectWrite& w) {
+    EXPECT_TRUE(write(w, &other).ok());
+    return std::vector<std::string>{};
+  });
+  expect_freed(0x5eed0104, s, "got 0");
+  s = put(0x5eed0105, 2, [&](const v1::DirectWrite& w) {
+    std::string receipt;
+    EXPECT_TRUE(write(w, &receipt).ok());
+    return std::vector<std::string>{other};
+  });
+  expect_freed(0x5eed0105, s, "is not signed by worker");
+  // A receipt of the same buffer from a worker that did not hold the block:
+  // device 0 is on the other worker.
+  std::string elsewhere;
+  v1::DirectWrite first;
+  s = put(0x5eed0106, 0, [&](const v1::DirectWrite& w) {
+    first = w;
+    EXPECT_TRUE(write(w, &elsewhere).ok());
+    return std::vector<std::string>{};
+  });
+  expect_freed(0x5eed0106, s, "got 0");
+  s = put(0x5eed0106, 2, [&](const v1::DirectWrite& w) {
+    // The same grant (buffer, type, local devices), from the other worker.
+    EXPECT_NE(w.address(), first.address());
+    EXPECT_EQ(WrittenGrant(WriteHeader(w)), WrittenGrant(WriteHeader(first)));
+    std::string receipt;
+    EXPECT_TRUE(write(w, &receipt).ok());
+    return std::vector<std::string>{elsewhere};
+  });
+  expect_freed(0x5eed0106, s, "is not signed by worker");
+  // The worker's own receipt: ready, with the bytes written.
+  s = put(0x5eed0107, 2, [&](const v1::DirectWrite& w) {
+    std::string receipt;
+    EXPECT_TRUE(write(w, &receipt).ok());
+    return std::vector<std::string>{receipt};
+  });
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(Info(*coordinator, session_->id(), 0x5eed0107).state(), v1::READY);
+  grpc::ClientContext fc;
+  v1::FetchRequest fr;
+  fr.set_session_id(session_->id());
+  fr.set_handle(0x5eed0107);
+  auto reader = coordinator->Fetch(&fc, fr);
+  std::string got;
+  for (v1::FetchResponse m; reader->Read(&m);) got += m.data();
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(got, data);
 }
 
 // A cluster of its own, and a session on it moving every array directly.

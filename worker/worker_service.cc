@@ -189,7 +189,7 @@ grpc::ServerBidiReactor<v1::StepBatch, v1::StepResults>* WorkerService::Steps(gr
 }
 
 grpc::Status WorkerService::PutShard(grpc::ServerContext* ctx, grpc::ServerReader<v1::PutShardRequest>* reader,
-                                     v1::PutShardResponse*) {
+                                     v1::PutShardResponse* resp) {
   v1::PutShardRequest msg;
   if (!reader->Read(&msg) || !msg.has_header()) {
     if (grpc::Status a = CheckCaller(*ctx); !a.ok()) return a;
@@ -202,6 +202,9 @@ grpc::Status WorkerService::PutShard(grpc::ServerContext* ctx, grpc::ServerReade
   } else if (absl::Status t = CheckTicket(secret_, h.ticket(), WriteGrant(h), absl::Now()); !t.ok()) {
     return ToGrpc(t);
   }
+  // A client's write is answered with a receipt the coordinator checks
+  // before the array is ready (the header goes as the data comes).
+  const std::string receipt_for = msg.header().ticket().empty() ? "" : WrittenGrant(msg.header());
   auto writer = runtime_->BeginPut(msg.header());
   if (!writer.ok()) return ToGrpc(writer.status());
   while (reader->Read(&msg)) {
@@ -210,7 +213,9 @@ grpc::Status WorkerService::PutShard(grpc::ServerContext* ctx, grpc::ServerReade
     }
     if (auto s = (*writer)->Write(msg.data()); !s.ok()) return ToGrpc(s);
   }
-  return ToGrpc((*writer)->Finish());
+  if (absl::Status s = (*writer)->Finish(); !s.ok()) return ToGrpc(s);
+  if (!receipt_for.empty()) resp->set_receipt(SignTicket(secret_, receipt_for, absl::Now() + kReceiptLifetime));
+  return grpc::Status::OK;
 }
 
 grpc::Status WorkerService::FetchShard(grpc::ServerContext* ctx, const v1::FetchShardRequest* req,

@@ -7,6 +7,7 @@
 // alone when it registered; others are refused UNAUTHENTICATED.
 #pragma once
 
+#include "absl/time/time.h"
 #include "core/metrics.h"
 #include "tessel/v1/worker.grpc.pb.h"
 #include "worker/worker_runtime.h"
@@ -31,6 +32,10 @@ class WorkerService final
   grpc::Status FetchShard(grpc::ServerContext*, const v1::FetchShardRequest*,
                           grpc::ServerWriter<v1::FetchShardResponse>*) override;
   grpc::Status GetStats(grpc::ServerContext*, const v1::WorkerStatsRequest*, v1::WorkerStatsResponse*) override;
+
+  // How long a put's receipt (PutShardResponse.receipt) stays good: the
+  // client hands it over once every block of the array is written.
+  static constexpr absl::Duration kReceiptLifetime = absl::Hours(1);
 
  private:
   grpc::Status CheckCaller(const grpc::ServerContextBase& ctx) const;

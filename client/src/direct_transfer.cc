@@ -261,7 +261,7 @@ grpc::Slice DataFraming(size_t n) {
 }
 
 absl::Status WriteBlock(WorkerChannels& channels, const v1::DirectWrite& w, int64_t chunk_bytes,
-                        absl::Duration connect_timeout, const HostArray& array) {
+                        absl::Duration connect_timeout, const HostArray& array, std::string* receipt) {
   const ArrayType& type = array.type();
   const int64_t elem = DTypeBytes(type.dtype);
   int64_t bytes = elem;
@@ -332,6 +332,7 @@ absl::Status WriteBlock(WorkerChannels& channels, const v1::DirectWrite& w, int6
     return absl::Status(FromGrpc(s).code(), absl::StrCat(Where(w), ": ", s.error_message()));
   }
   if (!ok) return absl::UnavailableError(absl::StrCat(Where(w), ": the stream closed early"));
+  *receipt = std::move(*resp.mutable_receipt());
   return absl::OkStatus();
 }
 
@@ -347,11 +348,14 @@ absl::Status ReadDirectBlocks(WorkerChannels& channels, absl::Span<const v1::Dir
 }
 
 absl::Status WriteDirectBlocks(WorkerChannels& channels, absl::Span<const v1::DirectWrite> blocks,
-                               int64_t chunk_bytes, absl::Duration connect_timeout, const HostArray& array) {
+                               int64_t chunk_bytes, absl::Duration connect_timeout, const HostArray& array,
+                               std::vector<std::string>* receipts) {
   const absl::Time now = absl::Now();
   for (const v1::DirectWrite& w : blocks) TESSEL_RETURN_IF_ERROR(channels.Usable(w.address(), now));
-  return RunAll(blocks.size(),
-                [&](size_t i) { return WriteBlock(channels, blocks[i], chunk_bytes, connect_timeout, array); });
+  receipts->assign(blocks.size(), "");
+  return RunAll(blocks.size(), [&](size_t i) {
+    return WriteBlock(channels, blocks[i], chunk_bytes, connect_timeout, array, &(*receipts)[i]);
+  });
 }
 
 }  // namespace tessel

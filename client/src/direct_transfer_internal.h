@@ -94,7 +94,9 @@ absl::Status ReadDirectBlocks(WorkerChannels& channels, absl::Span<const v1::Dir
 // (block, worker), all at once; runs of 64 KiB and more go to gRPC without a
 // copy. UNAVAILABLE when a worker cannot be reached within
 // `connect_timeout`; any error names the block's devices and address.
+// `receipts`: each block's worker's receipt, in order, for the coordinator.
 absl::Status WriteDirectBlocks(WorkerChannels& channels, absl::Span<const v1::DirectWrite> blocks,
-                               int64_t chunk_bytes, absl::Duration connect_timeout, const HostArray& array);
+                               int64_t chunk_bytes, absl::Duration connect_timeout, const HostArray& array,
+                               std::vector<std::string>* receipts);
 
 }  // namespace tessel

@@ -193,9 +193,12 @@ class Session::Impl {
       return false;
     }
     const std::vector<v1::DirectWrite> blocks(plan.blocks().begin(), plan.blocks().end());
+    std::vector<std::string> receipts;
     const absl::Status wrote = WriteDirectBlocks(*workers, blocks, options.chunk_bytes,
-                                                 absl::Milliseconds(options.direct_connect_timeout_ms), array);
+                                                 absl::Milliseconds(options.direct_connect_timeout_ms), array,
+                                                 &receipts);
     req.mutable_done()->set_error(wrote.ok() ? "" : wrote.ToString());
+    if (wrote.ok()) req.mutable_done()->mutable_receipts()->Add(receipts.begin(), receipts.end());
     stream->Write(req);
     stream->WritesDone();
     while (stream->Read(&plan)) {

@@ -314,12 +314,13 @@ def _fetched_data(raw):
 
 def _run_all(fn, items):
     """fn(item) for every item at once, the first on this thread; raises the
-    first TesselError."""
+    first TesselError, else returns what each returned, in order."""
     failures = [None] * len(items)
+    results = [None] * len(items)
 
     def run(i):
         try:
-            fn(items[i])
+            results[i] = fn(items[i])
         except errors.TesselError as e:
             failures[i] = e
     threads = [threading.Thread(target=run, args=(i,), name="tessel-transfer") for i in range(1, len(items))]
@@ -332,6 +333,7 @@ def _run_all(fn, items):
     for e in failures:
         if e is not None:
             raise e
+    return results
 
 
 class _Progress:
@@ -535,13 +537,15 @@ class Session:
             _drain(call)
             return False
         failed = "the client stopped writing"
+        receipts = []
         try:
-            self._write_direct(array, list(plan.blocks), progress)
+            receipts = self._write_direct(array, list(plan.blocks), progress)
             failed = ""
         except errors.TesselError as e:
             failed = str(e)
         finally:  # whatever happened, the coordinator hears of it (and frees the array unless put)
-            done.put(session_pb2.PutDirectRequest(done=session_pb2.PutDirectRequest.Done(error=failed)))
+            done.put(session_pb2.PutDirectRequest(done=session_pb2.PutDirectRequest.Done(error=failed,
+                                                                                        receipts=receipts)))
         try:
             _drain(call)
         except grpc.RpcError as e:
@@ -707,7 +711,8 @@ class Session:
 
     def _write_direct(self, array, plan, progress):
         """Writes every (block, worker) of `plan` from `array`, one stream each,
-        all at once; raises the first write's error."""
+        all at once; raises the first write's error. Returns each worker's
+        receipt for its block, in order, for the coordinator."""
         count = _Progress(progress, sum(int(np.prod(w.shape, dtype=np.int64)) for w in plan) * array.itemsize)
 
         def write(w):
@@ -724,8 +729,9 @@ class Session:
                 for off in range(0, len(data), CHUNK):
                     yield worker_pb2.PutShardRequest(data=bytes(data[off:off + CHUNK]))
                     count.add(min(CHUNK, len(data) - off))
-            self._worker_call(w.address, where, lambda stub: stub.PutShard(messages(), wait_for_ready=False))
-        _run_all(write, plan)
+            return self._worker_call(w.address, where,
+                                     lambda stub: stub.PutShard(messages(), wait_for_ready=False)).receipt
+        return _run_all(write, plan)
 
     def reshard(self, handle, placement, guard=None):
         """A copy of array `handle` on `placement`, moved worker to worker:
