@@ -10,6 +10,9 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
 
+#include <netdb.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -223,12 +226,14 @@ class GlooEndpoint {
   // Opens a device and closes it again: the same checks (the hostname
   // resolves to an address of this machine) the first real one meets.
   absl::Status Probe() const {
+    TESSEL_RETURN_IF_ERROR(Resolvable());
     return CatchGloo(Opening(), [&] { gloo::transport::tcp::CreateDevice(attr_); });
   }
 
   absl::StatusOr<std::shared_ptr<gloo::transport::Device>> Device() const {
     absl::MutexLock l(&mu_);
     if (device_ == nullptr) {
+      TESSEL_RETURN_IF_ERROR(Resolvable());
       TESSEL_RETURN_IF_ERROR(CatchGloo(Opening(), [&] { device_ = gloo::transport::tcp::CreateDevice(attr_); }));
     }
     return device_;
@@ -242,6 +247,23 @@ class GlooEndpoint {
  private:
   std::string Opening() const {
     return absl::StrCat("collectives: opening a Gloo TCP device on '", attr_.hostname, "'");
+  }
+
+  // Gloo (Debian's 0.5) takes getaddrinfo's failure for success unless it
+  // is -1, which it never is, and then walks an unset result list: a name
+  // that does not resolve must never reach it.
+  absl::Status Resolvable() const {
+    addrinfo hints{};
+    hints.ai_family = attr_.ai_family;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    const int rv = getaddrinfo(attr_.hostname.c_str(), nullptr, &hints, &found);
+    if (rv != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Opening(), ": the host name does not resolve: ", gai_strerror(rv)));
+    }
+    freeaddrinfo(found);
+    return absl::OkStatus();
   }
 
   const std::shared_ptr<gloo::rendezvous::Store> store_;
