@@ -234,7 +234,9 @@ class GlooEndpoint {
     absl::MutexLock l(&mu_);
     if (device_ == nullptr) {
       TESSEL_RETURN_IF_ERROR(Resolvable());
-      TESSEL_RETURN_IF_ERROR(CatchGloo(Opening(), [&] { device_ = gloo::transport::tcp::CreateDevice(attr_); }));
+      std::shared_ptr<gloo::transport::Device> opened;
+      TESSEL_RETURN_IF_ERROR(CatchGloo(Opening(), [&] { opened = gloo::transport::tcp::CreateDevice(attr_); }));
+      device_ = std::move(opened);
     }
     return device_;
   }
