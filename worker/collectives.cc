@@ -225,18 +225,13 @@ class GlooEndpoint {
 
   // Opens a device and closes it again: the same checks (the hostname
   // resolves to an address of this machine) the first real one meets.
-  absl::Status Probe() const {
-    TESSEL_RETURN_IF_ERROR(Resolvable());
-    return CatchGloo(Opening(), [&] { gloo::transport::tcp::CreateDevice(attr_); });
-  }
+  absl::Status Probe() const { return Open().status(); }
 
+  // The device, opened by the first call.
   absl::StatusOr<std::shared_ptr<gloo::transport::Device>> Device() const {
     absl::MutexLock l(&mu_);
     if (device_ == nullptr) {
-      TESSEL_RETURN_IF_ERROR(Resolvable());
-      std::shared_ptr<gloo::transport::Device> opened;
-      TESSEL_RETURN_IF_ERROR(CatchGloo(Opening(), [&] { opened = gloo::transport::tcp::CreateDevice(attr_); }));
-      device_ = std::move(opened);
+      TESSEL_ASSIGN_OR_RETURN(device_, Open());
     }
     return device_;
   }
@@ -249,6 +244,13 @@ class GlooEndpoint {
  private:
   std::string Opening() const {
     return absl::StrCat("collectives: opening a Gloo TCP device on '", attr_.hostname, "'");
+  }
+
+  absl::StatusOr<std::shared_ptr<gloo::transport::Device>> Open() const {
+    TESSEL_RETURN_IF_ERROR(Resolvable());
+    std::shared_ptr<gloo::transport::Device> opened;
+    TESSEL_RETURN_IF_ERROR(CatchGloo(Opening(), [&] { opened = gloo::transport::tcp::CreateDevice(attr_); }));
+    return opened;
   }
 
   // Gloo (Debian's 0.5) takes getaddrinfo's failure for success unless it
@@ -965,9 +967,8 @@ class GroupCommunicator final : public Communicator {
     context->setTimeout(join_timeout);
     watchful_store_ = std::make_unique<WatchfulStore>(endpoint_->store(), AbandonedKey(), join_timeout);
     prefix_store_ = std::make_unique<gloo::rendezvous::PrefixStore>(l_.key, *watchful_store_);
-    auto opened = endpoint_->Device();
-    if (!opened.ok()) return opened.status();
-    std::shared_ptr<gloo::transport::Device> device = *std::move(opened);
+    std::shared_ptr<gloo::transport::Device> device;
+    TESSEL_ASSIGN_OR_RETURN(device, endpoint_->Device());
     const absl::Time start = absl::Now();
     const std::string connecting =
         absl::StrCat(Describe(c), ": connecting to workers [", absl::StrJoin(l_.workers, ", "), "]");
