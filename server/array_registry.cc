@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/dtype.h"
+#include "server/worker_client.h"
 
 namespace tessel::server {
 
@@ -330,6 +331,11 @@ bool ArrayRegistry::NotPendingLocked(const std::vector<uint64_t>& handles) const
 }
 
 bool ArrayRegistry::AwaitNotPendingLocked(const std::vector<uint64_t>& handles, absl::Duration timeout) {
+  if (HeldSteps::AnyHeld()) {  // the steps awaited may be among them
+    mu_.Unlock();
+    HeldSteps::Release();
+    mu_.Lock();
+  }
   auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return NotPendingLocked(handles); };
   return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
 }

@@ -627,6 +627,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
     }
     absl::Status load;
     if (launch.needs_load) {
+      HeldSteps::Release();  // what this thread holds need not wait for the load
       load = launch.client->LoadProgram(loaded_program ? *loaded_program : c.program);
       if (!load.ok()) {
         // The sequence number must still be consumed: the step is sent and

@@ -1,6 +1,8 @@
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <tuple>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -46,7 +48,8 @@ class StepStream final : public grpc::ClientBidiReactor<v1::StepBatch, v1::StepR
 
   // False when the stream no longer takes steps: `req` and `done` are then
   // left as they were, for another stream. Otherwise both are taken.
-  bool Send(v1::StepRequest&& req, const StepKey& key, StepDone&& done) {
+  // `held`: the sending thread holds its steps and will call SendQueued.
+  bool Send(v1::StepRequest&& req, const StepKey& key, StepDone&& done, bool held) {
     {
       absl::MutexLock l(&mu_);
       if (stopped_) return false;
@@ -62,12 +65,27 @@ class StepStream final : public grpc::ClientBidiReactor<v1::StepBatch, v1::StepR
       }
       *queue_.add_steps() = std::move(req);
       if (writing_) return true;  // goes with the next batch, from OnWriteDone
+      // Held: the sending thread's HeldSteps sends it (SendQueued).
+      if (held && queue_.steps_size() < HeldSteps::kMaxHeld) return true;
       writing_ = true;
       out_.Clear();
       out_.Swap(&queue_);
     }
     StartWrite(&out_);
     return true;
+  }
+
+  // Writes what was held, unless a write is in flight (its completion
+  // takes it) or the stream has stopped (OnDone fails it).
+  void SendQueued() {
+    {
+      absl::MutexLock l(&mu_);
+      if (stopped_ || writing_ || queue_.steps_size() == 0) return;
+      writing_ = true;
+      out_.Clear();
+      out_.Swap(&queue_);
+    }
+    StartWrite(&out_);
   }
 
   void Cancel() { ctx_.TryCancel(); }
@@ -183,6 +201,23 @@ class StepStream final : public grpc::ClientBidiReactor<v1::StepBatch, v1::StepR
 
 thread_local const StepStream* StepStream::in_callback = nullptr;
 
+// The calling thread's HeldSteps: how deep its scopes nest, and the
+// streams with steps it holds.
+struct ThreadHold {
+  int depth = 0;
+  std::vector<std::shared_ptr<StepStream>> streams;
+
+  // Whether steps sent on `s` now are held; if so, `s` is sent at release.
+  bool Hold(const std::shared_ptr<StepStream>& s) {
+    if (depth == 0) return false;
+    if (streams.empty() || streams.back() != s) {
+      if (std::find(streams.begin(), streams.end(), s) == streams.end()) streams.push_back(s);
+    }
+    return true;
+  }
+};
+thread_local ThreadHold this_thread_hold;
+
 class GrpcWorkerClient final : public WorkerClient {
  public:
   GrpcWorkerClient(const std::string& address, const std::string& secret,
@@ -290,7 +325,8 @@ class GrpcWorkerClient final : public WorkerClient {
         stream = steps_;
       }
       ended.reset();
-      if (stream->Send(std::move(req), key, std::move(done))) return;
+      const bool held = this_thread_hold.Hold(stream);
+      if (stream->Send(std::move(req), key, std::move(done), held)) return;
     }
     done(absl::UnavailableError(absl::StrCat("worker ", address_, " unavailable: cannot open a step stream")),
          nullptr);
@@ -383,6 +419,21 @@ class GrpcWorkerClient final : public WorkerClient {
 };
 
 }  // namespace
+
+HeldSteps::HeldSteps() { ++this_thread_hold.depth; }
+
+HeldSteps::~HeldSteps() {
+  if (--this_thread_hold.depth == 0) Release();
+}
+
+void HeldSteps::Release() {
+  if (this_thread_hold.streams.empty()) return;
+  std::vector<std::shared_ptr<StepStream>> streams;
+  streams.swap(this_thread_hold.streams);
+  for (const std::shared_ptr<StepStream>& s : streams) s->SendQueued();
+}
+
+bool HeldSteps::AnyHeld() { return !this_thread_hold.streams.empty(); }
 
 std::unique_ptr<WorkerClient> NewGrpcWorkerClient(const std::string& address, const std::string& secret,
                                                   std::shared_ptr<grpc::ChannelCredentials> creds,

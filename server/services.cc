@@ -165,6 +165,8 @@ grpc::Status SessionService::Dispatch(grpc::ServerContext* ctx,
       authorized.clear();
     }
     std::vector<int> awaited;  // replies that wait for their outputs, once the batch is dispatched
+    // The batch's steps go to each worker in a few writes, when it is dispatched.
+    HeldSteps hold;
     for (v1::ExecuteRequest& req : *batch.mutable_calls()) {
       const bool client_reads_reply = req.wait() || req.await_outputs();
       req.set_wait(false);
@@ -185,6 +187,7 @@ grpc::Status SessionService::Dispatch(grpc::ServerContext* ctx,
         if (!client_reads_reply && denied.ok()) c_->MarkRejectedOutputs(req, r.status());
       }
     }
+    HeldSteps::Release();
     for (int i : awaited) {
       const v1::ExecuteRequest& req = batch.calls(i);
       v1::AwaitRequest await;

@@ -57,6 +57,28 @@ class WorkerClient {
   virtual void SetStepsLostCallback(std::function<void()> on_lost) {}
 };
 
+// While one lives on a thread, the steps that thread sends over a worker's
+// step stream wait, unsent, until it ends, or until kMaxHeld of them wait
+// for one worker: a batch of calls then crosses to each worker in a few
+// writes, rather than in one write for each call that found the stream
+// idle (each write wakes a thread on both sides). Scopes nest; the
+// outermost sends. A thread about to wait for a step must Release() first,
+// or it could wait for itself: ArrayRegistry's wait for pending arrays does.
+// Only the gRPC client holds steps; others send at once.
+class HeldSteps {
+ public:
+  static constexpr int kMaxHeld = 128;
+  HeldSteps();
+  ~HeldSteps();
+  HeldSteps(const HeldSteps&) = delete;
+  HeldSteps& operator=(const HeldSteps&) = delete;
+  // Sends what the calling thread holds (steps it sends later are held
+  // again while a scope lives). Cheap when it holds nothing.
+  static void Release();
+  // Whether the calling thread holds steps now.
+  static bool AnyHeld();
+};
+
 // A WorkerClient over a gRPC channel to `address` (plaintext when `creds`
 // is null), presenting the worker's `secret` on every call. With TLS,
 // `tls_name` (when set) is the name checked in the worker's certificate.

@@ -385,6 +385,63 @@ TEST_F(ClusterTest, AWaitingDispatchCallIsAnsweredWhenItsOutputsAreDone) {
   }
 }
 
+// The coordinator holds a Dispatch batch's steps and sends them to each
+// worker together, once the batch is dispatched. A call that moves an
+// earlier call's output to another worker waits for that output first: the
+// steps held must go out before it waits, or the batch would wait for
+// itself. A chain of such calls, alternating between the workers, must
+// finish, and with the right value.
+TEST_F(ClusterTest, ADispatchBatchThatMovesItsOwnOutputsBetweenWorkersFinishes) {
+  GraphBuilder g("neg");
+  Value x = g.Parameter({DType::kF32, {4}}, "x");
+  auto exe = session_->Compile(*g.Build({g.Neg(x)}));
+  ASSERT_TRUE(exe.ok());
+  auto xa = session_->Put(HostArray::From<float>({4}, {1, -2, 3, -4}), Placement::Device(0));
+  ASSERT_TRUE(xa.ok());
+  auto stub = v1::Session::NewStub(grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));  // a hang fails, not stalls
+  auto stream = stub->Dispatch(&ctx);
+  constexpr int kCalls = 301;  // odd: the result is -x
+  v1::DispatchBatch batch;
+  uint64_t arg = xa->handle();
+  for (int i = 0; i < kCalls; ++i) {
+    v1::ExecuteRequest* r = batch.add_calls();
+    r->set_session_id(session_->id());
+    r->set_executable_id(exe->id());
+    r->add_arguments(arg);
+    arg = 0xc000 + i;
+    r->add_outputs(arg);
+    r->mutable_placement()->set_device(i % 2 == 0 ? 2 : 0);  // device 2 is the other worker's
+    r->set_await_outputs(i == kCalls - 1);
+  }
+  ASSERT_TRUE(stream->Write(batch));
+  v1::DispatchReplies replies;
+  ASSERT_TRUE(stream->Read(&replies)) << stream->Finish().error_message();
+  ASSERT_EQ(replies.replies_size(), kCalls);
+  for (const v1::DispatchReply& r : replies.replies()) ASSERT_EQ(r.code(), 0) << r.error();
+  const v1::DispatchReply& last = replies.replies(kCalls - 1);
+  ASSERT_EQ(last.outputs().states_size(), 1);
+  EXPECT_EQ(last.outputs().states(0), v1::READY) << last.outputs().errors(0);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  grpc::ClientContext fctx;
+  v1::FetchRequest freq;
+  freq.set_session_id(session_->id());
+  freq.set_handle(arg);
+  auto reader = stub->Fetch(&fctx, freq);
+  std::string bytes;
+  for (v1::FetchResponse msg; reader->Read(&msg);) bytes += msg.data();
+  ASSERT_TRUE(reader->Finish().ok());
+  std::vector<float> got(4);
+  ASSERT_EQ(bytes.size(), sizeof(float) * got.size());
+  std::memcpy(got.data(), bytes.data(), bytes.size());
+  EXPECT_EQ(got, (std::vector<float>{-1, 2, -3, 4}));
+  auto stats = session_->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->bytes_device_to_device, int64_t{16} * kCalls);  // every call moved its argument
+}
+
 TEST_F(ClusterTest, ArraysOverTwoGibibytesRoundTrip) {
   const int64_t n = (int64_t{2} << 30) + 4096 + 3;
   HostArray a(ArrayType{DType::kU8, {n}});
