@@ -118,39 +118,43 @@ class StepsReactor final : public grpc::ServerBidiReactor<v1::StepBatch, v1::Ste
   }
 
   void OnWriteDone(bool ok) override {
-    absl::MutexLock l(&mu_);
-    in_flight_ -= writing_.results_size();
-    writing_.Clear();
-    if (ok && pending_.results_size() > 0) {
-      StartWriteLocked();
-    } else {
-      if (!ok) {  // the client is gone: drop what is queued
-        in_flight_ -= pending_.results_size();
-        pending_.Clear();
-        broken_ = true;
+    {
+      absl::MutexLock l(&mu_);
+      in_flight_ -= writing_.results_size();
+      writing_.Clear();
+      if (!ok || pending_.results_size() == 0) {
+        if (!ok) {  // the client is gone: drop what is queued
+          in_flight_ -= pending_.results_size();
+          pending_.Clear();
+          broken_ = true;
+        }
+        write_busy_ = false;
+        MaybeFinishLocked();
+        return;
       }
-      write_busy_ = false;
-      MaybeFinishLocked();
+      writing_.Swap(&pending_);
     }
+    StartWrite(&writing_);
   }
 
   void OnDone() override { delete this; }
 
  private:
+  // The write starts outside the lock: gRPC may run OnWriteDone on its own
+  // thread before StartWrite returns, and that would wait for the lock.
   void Complete(v1::StepResult res) {
-    absl::MutexLock l(&mu_);
-    if (broken_) {
-      --in_flight_;
-      MaybeFinishLocked();
-      return;
+    {
+      absl::MutexLock l(&mu_);
+      if (broken_) {
+        --in_flight_;
+        MaybeFinishLocked();
+        return;
+      }
+      *pending_.add_results() = std::move(res);
+      if (write_busy_) return;  // goes with the next write, from OnWriteDone
+      write_busy_ = true;
+      writing_.Swap(&pending_);
     }
-    *pending_.add_results() = std::move(res);
-    if (!write_busy_) StartWriteLocked();
-  }
-
-  void StartWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    write_busy_ = true;
-    writing_.Swap(&pending_);
     StartWrite(&writing_);
   }
 
@@ -166,7 +170,9 @@ class StepsReactor final : public grpc::ServerBidiReactor<v1::StepBatch, v1::Ste
   v1::StepBatch batch_;  // only touched by the read chain
   absl::Mutex mu_;
   v1::StepResults pending_ ABSL_GUARDED_BY(mu_);
-  v1::StepResults writing_ ABSL_GUARDED_BY(mu_);
+  // The write in flight: filled under mu_ by whoever set write_busy_, read
+  // by gRPC until OnWriteDone, which clears it under mu_.
+  v1::StepResults writing_;
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // requests read, results not yet written
   bool reading_done_ ABSL_GUARDED_BY(mu_) = false;
   bool write_busy_ ABSL_GUARDED_BY(mu_) = false;
