@@ -315,6 +315,23 @@ TEST_F(ClusterTest, TruncatedAndOversizedPutStreamsAreRejected) {
   EXPECT_TRUE(session_->Put(HostArray::From<float>({2}, {1, 2})).ok());
 }
 
+// The bytes of array `h`, read with the bare Fetch RPC; empty (and the
+// test failed) when the fetch fails.
+std::string FetchRaw(v1::Session::Stub* stub, const std::string& session, uint64_t h) {
+  grpc::ClientContext ctx;
+  v1::FetchRequest req;
+  req.set_session_id(session);
+  req.set_handle(h);
+  auto reader = stub->Fetch(&ctx, req);
+  std::string bytes;
+  for (v1::FetchResponse msg; reader->Read(&msg);) bytes += msg.data();
+  if (grpc::Status s = reader->Finish(); !s.ok()) {
+    ADD_FAILURE() << "fetch of " << h << ": " << s.error_message();
+    return "";
+  }
+  return bytes;
+}
+
 // A call that waits is answered once, on the Dispatch stream, when its
 // outputs are done: the reply carries their states; a later pipelined call
 // in the same batch is still dispatched, and its reply does not wait.
@@ -370,14 +387,7 @@ TEST_F(ClusterTest, AWaitingDispatchCallIsAnsweredWhenItsOutputsAreDone) {
   EXPECT_TRUE(stream->Finish().ok());
   // The outputs are the session's arrays, with the right values.
   for (uint64_t h : {0xa1, 0xa2}) {
-    grpc::ClientContext fctx;
-    v1::FetchRequest freq;
-    freq.set_session_id(session_->id());
-    freq.set_handle(h);
-    auto reader = stub->Fetch(&fctx, freq);
-    std::string bytes;
-    for (v1::FetchResponse msg; reader->Read(&msg);) bytes += msg.data();
-    ASSERT_TRUE(reader->Finish().ok()) << h;
+    const std::string bytes = FetchRaw(stub.get(), session_->id(), h);
     ASSERT_EQ(bytes.size(), 16u);
     float last;
     std::memcpy(&last, bytes.data() + 12, 4);
@@ -425,14 +435,7 @@ TEST_F(ClusterTest, ADispatchBatchThatMovesItsOwnOutputsBetweenWorkersFinishes) 
   EXPECT_EQ(last.outputs().states(0), v1::READY) << last.outputs().errors(0);
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
-  grpc::ClientContext fctx;
-  v1::FetchRequest freq;
-  freq.set_session_id(session_->id());
-  freq.set_handle(arg);
-  auto reader = stub->Fetch(&fctx, freq);
-  std::string bytes;
-  for (v1::FetchResponse msg; reader->Read(&msg);) bytes += msg.data();
-  ASSERT_TRUE(reader->Finish().ok());
+  const std::string bytes = FetchRaw(stub.get(), session_->id(), arg);
   std::vector<float> got(4);
   ASSERT_EQ(bytes.size(), sizeof(float) * got.size());
   std::memcpy(got.data(), bytes.data(), bytes.size());
