@@ -68,8 +68,7 @@ class StepStream final : public grpc::ClientBidiReactor<v1::StepBatch, v1::StepR
       // Held: the sending thread's HeldSteps sends it (SendQueued).
       if (held && queue_.steps_size() < HeldSteps::kMaxHeld) return true;
       writing_ = true;
-      out_.Clear();
-      out_.Swap(&queue_);
+      TakeQueueLocked();
     }
     StartWrite(&out_);
     return true;
@@ -82,8 +81,7 @@ class StepStream final : public grpc::ClientBidiReactor<v1::StepBatch, v1::StepR
       absl::MutexLock l(&mu_);
       if (stopped_ || writing_ || queue_.steps_size() == 0) return;
       writing_ = true;
-      out_.Clear();
-      out_.Swap(&queue_);
+      TakeQueueLocked();
     }
     StartWrite(&out_);
   }
@@ -106,8 +104,7 @@ class StepStream final : public grpc::ClientBidiReactor<v1::StepBatch, v1::StepR
       absl::MutexLock l(&mu_);
       next = ok && !stopped_ && queue_.steps_size() > 0;
       if (next) {
-        out_.Clear();
-        out_.Swap(&queue_);
+        TakeQueueLocked();
       } else {
         writing_ = false;
         if (!ok) stopped_ = true;  // the read fails too, and OnDone fails what waits
@@ -177,6 +174,11 @@ class StepStream final : public grpc::ClientBidiReactor<v1::StepBatch, v1::StepR
     ~CallbackScope() { in_callback = outer; }
     const StepStream* const outer;
   };
+  // The queued steps become the next write (the caller owns writing_).
+  void TakeQueueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    out_.Clear();
+    out_.Swap(&queue_);
+  }
   // True once, when no write is in flight and none can start.
   bool ReleaseHoldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!stopped_ || writing_ || hold_released_) return false;
@@ -210,9 +212,7 @@ struct ThreadHold {
   // Whether steps sent on `s` now are held; if so, `s` is sent at release.
   bool Hold(const std::shared_ptr<StepStream>& s) {
     if (depth == 0) return false;
-    if (streams.empty() || streams.back() != s) {
-      if (std::find(streams.begin(), streams.end(), s) == streams.end()) streams.push_back(s);
-    }
+    if (std::find(streams.begin(), streams.end(), s) == streams.end()) streams.push_back(s);
     return true;
   }
 };

@@ -165,29 +165,29 @@ grpc::Status SessionService::Dispatch(grpc::ServerContext* ctx,
       authorized.clear();
     }
     std::vector<int> awaited;  // replies that wait for their outputs, once the batch is dispatched
-    // The batch's steps go to each worker in a few writes, when it is dispatched.
-    HeldSteps hold;
-    for (v1::ExecuteRequest& req : *batch.mutable_calls()) {
-      const bool client_reads_reply = req.wait() || req.await_outputs();
-      req.set_wait(false);
-      absl::Status denied;
-      if (req.session_id() != authorized) {
-        denied = FromGrpc(Authorize(ctx, req.session_id()));
-        if (denied.ok()) authorized = req.session_id();
-      }
-      auto r = denied.ok() ? c_->Execute(req) : absl::StatusOr<v1::ExecuteResponse>(denied);
-      v1::DispatchReply* reply = replies.add_replies();
-      if (r.ok()) {
-        *reply->mutable_response() = std::move(*r);
-        if (req.await_outputs()) awaited.push_back(replies.replies_size() - 1);
-      } else {
-        reply->set_code(static_cast<int>(r.status().code()));
-        reply->set_error(BoundedMessage(r.status().message()));
-        // A refused caller's handles are not its own to mark.
-        if (!client_reads_reply && denied.ok()) c_->MarkRejectedOutputs(req, r.status());
+    {  // the batch's steps go to each worker in a few writes, when it is dispatched
+      HeldSteps hold;
+      for (v1::ExecuteRequest& req : *batch.mutable_calls()) {
+        const bool client_reads_reply = req.wait() || req.await_outputs();
+        req.set_wait(false);
+        absl::Status denied;
+        if (req.session_id() != authorized) {
+          denied = FromGrpc(Authorize(ctx, req.session_id()));
+          if (denied.ok()) authorized = req.session_id();
+        }
+        auto r = denied.ok() ? c_->Execute(req) : absl::StatusOr<v1::ExecuteResponse>(denied);
+        v1::DispatchReply* reply = replies.add_replies();
+        if (r.ok()) {
+          *reply->mutable_response() = std::move(*r);
+          if (req.await_outputs()) awaited.push_back(replies.replies_size() - 1);
+        } else {
+          reply->set_code(static_cast<int>(r.status().code()));
+          reply->set_error(BoundedMessage(r.status().message()));
+          // A refused caller's handles are not its own to mark.
+          if (!client_reads_reply && denied.ok()) c_->MarkRejectedOutputs(req, r.status());
+        }
       }
     }
-    HeldSteps::Release();
     for (int i : awaited) {
       const v1::ExecuteRequest& req = batch.calls(i);
       v1::AwaitRequest await;
