@@ -18,6 +18,12 @@ growth) as Python you can assert on.
 
 Threads: a session may be used from several threads; the transfer guard set
 by `transfer_guard` is per thread.
+
+Layering: imports run one way, helpers (`_dtypes`, `_session`, `_array`) at
+the bottom and the public modules on top. No lock in a finalizer: Python's
+cyclic collector runs `__del__` and weakref callbacks at any allocation, on a
+thread that may hold any SDK lock, so a finalizer only appends to a lock-free
+queue (`Session.drop`), drained by the next SDK call.
 """
 from tessel import errors, numpy
 from tessel import lax  # control flow on the device

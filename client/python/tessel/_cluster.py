@@ -223,6 +223,8 @@ def _wait_for(probe, seconds, proc, what, log_dir):
 
 def _stop_all(procs, log_dir, owns_log_dir):
     # The coordinator first: it closes its step streams, so workers stop at once.
+    # A finalizer as well as close(): every wait is bounded (no lock, no wait
+    # without a deadline in a finalizer).
     for p in procs:
         if p.poll() is None:
             p.terminate()
@@ -230,7 +232,10 @@ def _stop_all(procs, log_dir, owns_log_dir):
             p.wait(timeout=2)
         except subprocess.TimeoutExpired:
             p.kill()
-            p.wait()
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass  # reaped by the OS once this process exits
     procs.clear()
     if owns_log_dir and not os.environ.get("TESSEL_KEEP_LOGS"):
         shutil.rmtree(log_dir, ignore_errors=True)

@@ -412,7 +412,14 @@ class Session:
         self._handles = iter(())
         self._lock = threading.Lock()
         self._dispatcher = None
-        self._garbage = []  # handles dropped by the garbage collector, deleted in batches
+        # Arrays dropped by finalizers: (handle, bytes) appended to a deque,
+        # which takes no lock a thread could already hold (the cyclic
+        # collector runs finalizers at any allocation, inside SDK calls too).
+        # collect() moves them to _garbage, under _collect_lock, and deletes
+        # them in batches.
+        self._dropped = collections.deque()
+        self._collect_lock = threading.Lock()
+        self._garbage = []  # handles taken from _dropped, not yet deleted
         self._garbage_bytes = 0  # what those handles hold on the devices
         self.closed = False
 
@@ -479,7 +486,7 @@ class Session:
         goes first. Arrays Python dropped count against a quota until
         deleted: with a quota set, they all go before anything judged
         against it."""
-        if self._garbage:
+        if self._dropped or self._garbage:
             self.collect(force=bool(self.options.memory_quota_bytes))
 
     def put(self, array, placement, implicit=False, guard=None, progress=None, direct=None):
@@ -750,10 +757,10 @@ class Session:
         _rpc(self._stub.Delete, session_pb2.DeleteRequest(session_id=self.id, handles=handles))
 
     def drop(self, handle, nbytes=0):
-        """From a finalizer: delete later, in a batch."""
-        with self._lock:
-            self._garbage.append(handle)
-            self._garbage_bytes += nbytes
+        """From a finalizer: delete later, in a batch. Takes no lock and
+        never blocks (deque.append is atomic): a finalizer may run on a
+        thread that holds any of the SDK's locks."""
+        self._dropped.append((handle, nbytes))
 
     # A batch goes at 256 handles or 64 MiB, whichever comes first: the bytes
     # bound keeps a loop of large outputs inside the devices' block cache
@@ -762,7 +769,12 @@ class Session:
     _GARBAGE_BYTES = 64 << 20
 
     def collect(self, force=False):
-        with self._lock:
+        with self._collect_lock:
+            dropped = self._dropped
+            while dropped:
+                handle, nbytes = dropped.popleft()
+                self._garbage.append(handle)
+                self._garbage_bytes += nbytes
             if not self._garbage or (len(self._garbage) < self._GARBAGE_HANDLES
                                      and self._garbage_bytes < self._GARBAGE_BYTES and not force):
                 return
