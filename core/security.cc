@@ -168,6 +168,16 @@ std::string RandomSecret() {
   return out;
 }
 
+std::string Sha256Hex(absl::string_view bytes) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(bytes.data(), bytes.size(), digest, &len, EVP_sha256(), nullptr);
+  std::string hex;
+  hex.reserve(2 * len);
+  for (unsigned int i = 0; i < len; ++i) absl::StrAppendFormat(&hex, "%02x", digest[i]);
+  return hex;
+}
+
 bool SecretEquals(absl::string_view a, absl::string_view b) {
   if (a.size() != b.size()) return false;
   unsigned char diff = 0;

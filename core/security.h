@@ -86,6 +86,10 @@ absl::StatusOr<std::string> ReadSecretFile(absl::string_view flag, const std::st
 // A fresh random secret: 32 hex digits.
 std::string RandomSecret();
 
+// SHA-256 of `bytes`, in hex (64 digits): a digest nobody can forge a
+// collision for, where an id names content another party chooses.
+std::string Sha256Hex(absl::string_view bytes);
+
 // Compares secrets in time independent of where they differ.
 bool SecretEquals(absl::string_view a, absl::string_view b);
 

@@ -1,5 +1,7 @@
 #include "scheduler/compiler.h"
 
+#include "core/security.h"
+
 #include <google/protobuf/io/coded_stream.h>
 
 #include <algorithm>
@@ -196,14 +198,21 @@ void PrintInstructions(const v1::Program& p, const std::string& indent, std::str
 
 }  // namespace
 
-std::string Fingerprint(const v1::Graph& graph) {
+namespace {
+
+std::string DeterministicBytes(const v1::Graph& graph) {
   std::string bytes;
-  {
-    google::protobuf::io::StringOutputStream sos(&bytes);
-    google::protobuf::io::CodedOutputStream cos(&sos);
-    cos.SetSerializationDeterministic(true);
-    graph.SerializeToCodedStream(&cos);
-  }
+  google::protobuf::io::StringOutputStream sos(&bytes);
+  google::protobuf::io::CodedOutputStream cos(&sos);
+  cos.SetSerializationDeterministic(true);
+  graph.SerializeToCodedStream(&cos);
+  return bytes;
+}
+
+}  // namespace
+
+std::string Fingerprint(const v1::Graph& graph) {
+  const std::string bytes = DeterministicBytes(graph);
   uint64_t a = Fnv1a(bytes, 0xcbf29ce484222325ull);
   uint64_t b = Fnv1a(bytes, 0x84222325cbf29ce4ull ^ bytes.size());
   return absl::StrFormat("%016x%016x", a, b);
@@ -221,12 +230,12 @@ std::string PrintProgram(const v1::Program& p) {
 }
 
 std::string ExecutableKey(const v1::Graph& graph, const CompileOptions& options) {
-  std::string fp = Fingerprint(graph);
-  const std::vector<int>& donated = options.donated_parameters;
-  if (donated.empty() && options.mesh.axis_names_size() == 0) return fp;
-  std::vector<int> sorted = donated;
+  std::vector<int> sorted = options.donated_parameters;
   std::sort(sorted.begin(), sorted.end());
-  std::string key = absl::StrCat(fp, " donate ", absl::StrJoin(sorted, ","));
+  // Everything but the graph, then the graph's bytes: the parts cannot run
+  // into each other (the graph goes last, whole).
+  std::string key = absl::StrCat("owner ", options.owner.size(), ":", options.owner, " donate ",
+                                 absl::StrJoin(sorted, ","));
   if (options.mesh.axis_names_size() > 0) {
     absl::StrAppend(&key, " mesh ", MeshString(options.mesh), " in");
     for (const v1::Sharding& s : options.parameter_shardings) absl::StrAppend(&key, " ", ShardingString(s));
@@ -235,7 +244,8 @@ std::string ExecutableKey(const v1::Graph& graph, const CompileOptions& options)
       absl::StrAppend(&key, " ", s.unspecified() ? "auto" : ShardingString(s));
     }
   }
-  return absl::StrFormat("%016x%016x", Fnv1a(key, 0xcbf29ce484222325ull), Fnv1a(key, 0x84222325cbf29ce4ull));
+  absl::StrAppend(&key, "\n", DeterministicBytes(graph));
+  return Sha256Hex(key).substr(0, 32);
 }
 
 // Drops the nodes no output depends on (parameters stay: they are the

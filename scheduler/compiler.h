@@ -45,6 +45,10 @@ struct CompileOptions {
   v1::Mesh mesh;
   std::vector<v1::Sharding> parameter_shardings;
   std::vector<v1::Sharding> output_shardings;
+  // Whose executable it is (the coordinator's tenant): part of its key, so
+  // equal graphs of two owners never share an id, a cache entry or a
+  // program loaded on a worker. Empty: nobody's.
+  std::string owner;
 };
 
 // Constants above this many bytes draw a diagnostic: they are shipped with
@@ -57,8 +61,10 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOpt
 // give its buffer to any output, and why.
 absl::Status CheckStrictDonation(const CompiledProgram& compiled);
 
-// The cache key: the graph's fingerprint, plus the declared donations, the
-// mesh and the shardings.
+// The cache key and executable id: 32 hex digits of a SHA-256 over the
+// graph's deterministic serialization, the declared donations, the mesh, the
+// shardings and the owner. Collision-resistant: an id is only ever the
+// content it names, whoever chose the graph.
 std::string ExecutableKey(const v1::Graph& graph, const CompileOptions& options);
 
 // 128-bit fingerprint of a graph's deterministic serialization, as hex.

@@ -1,5 +1,7 @@
 #include "server/array_registry.h"
 
+#include <algorithm>
+
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -204,6 +206,30 @@ absl::flat_hash_map<int, v1::FreeRequest> ArrayRegistry::RetireDeletedLocked(con
     RetireLocked(h, v1::DELETED, 0, "", now);
   }
   return frees;
+}
+
+absl::flat_hash_map<int, ArrayRegistry::DeviceUse> ArrayRegistry::TenantUseLocked(const std::string& tenant) const {
+  absl::flat_hash_map<int, DeviceUse> use;
+  for (const auto& [id, s] : sessions_) {
+    if (s.tenant != tenant) continue;
+    for (uint64_t h : s.arrays) {
+      const ArrayRecord& a = arrays_.at(h);
+      if (a.state != v1::READY && a.state != v1::PENDING) continue;  // no buffer holds it
+      for (int d : a.devices) {
+        DeviceUse& u = use[d];
+        ++u.buffers;
+        u.bytes += a.device_bytes();
+      }
+    }
+  }
+  return use;
+}
+
+bool ArrayRegistry::OwnsBufferLocked(uint64_t handle, int device) const {
+  auto it = arrays_.find(handle);
+  if (it == arrays_.end()) return false;
+  const std::vector<int>& on = it->second.devices;
+  return std::find(on.begin(), on.end(), device) != on.end();
 }
 
 absl::Status ArrayRegistry::CheckQuotaLocked(const std::string& session, int64_t added,

@@ -174,6 +174,14 @@ class ArrayRegistry {
     std::vector<std::string> sessions;  // sorted, each once
   };
   Held HeldOn(const std::vector<int>& devices) const;
+  // `tenant`'s live arrays, by global device: buffers and bytes there.
+  struct DeviceUse {
+    int64_t buffers = 0, bytes = 0;
+  };
+  absl::flat_hash_map<int, DeviceUse> TenantUseLocked(const std::string& tenant) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a live array (a pending put's included) has `handle` on global device `device`.
+  bool OwnsBufferLocked(uint64_t handle, int device) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every session's transfers since the coordinator started.
   TransferCounts total_transfers() const;
   void CountTransferLocked(const std::string& session, int device, Direction dir, int64_t bytes)

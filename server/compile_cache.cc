@@ -10,85 +10,168 @@ namespace tessel::server {
 
 using absl::StrCat;
 
-void CompileCache::TouchLocked(Entry& e) { lru_.splice(lru_.begin(), lru_, e.lru); }
+void CompileCache::TouchLocked(TenantCache& t, Entry& e) {
+  t.lru.splice(t.lru.begin(), t.lru, e.lru);
+  e.used = ++clock_;
+}
 
-std::shared_ptr<const CachedExecutable> CompileCache::Lookup(const std::string& key) {
+const CompileCache::TenantCache* CompileCache::FindTenantLocked(const std::string& tenant) const {
+  auto it = tenants_.find(tenant);
+  return it == tenants_.end() ? nullptr : &it->second;
+}
+
+std::shared_ptr<const CachedExecutable> CompileCache::Lookup(const std::string& tenant, const std::string& id) {
   absl::MutexLock l(&mu_);
-  auto it = entries_.find(key);
-  if (it == entries_.end()) return nullptr;
-  ++hits_;
-  TouchLocked(it->second);
+  auto t = tenants_.find(tenant);
+  if (t == tenants_.end()) return nullptr;
+  auto it = t->second.entries.find(id);
+  if (it == t->second.entries.end() || it->second.exe == nullptr) return nullptr;
+  ++t->second.counts.hits;
+  TouchLocked(t->second, it->second);
   return it->second.exe;
 }
 
-std::shared_ptr<const CachedExecutable> CompileCache::Find(const std::string& key) {
+std::shared_ptr<const CachedExecutable> CompileCache::Find(const std::string& tenant, const std::string& id) {
   absl::MutexLock l(&mu_);
-  auto it = entries_.find(key);
-  if (it == entries_.end()) return nullptr;
-  TouchLocked(it->second);
+  auto t = tenants_.find(tenant);
+  if (t == tenants_.end()) return nullptr;
+  auto it = t->second.entries.find(id);
+  if (it == t->second.entries.end() || it->second.exe == nullptr) return nullptr;
+  TouchLocked(t->second, it->second);
   return it->second.exe;
 }
 
-bool CompileCache::WasEvicted(const std::string& key) const {
+std::optional<ExecutableSource> CompileCache::EvictedSource(const std::string& tenant, const std::string& id) const {
   absl::MutexLock l(&mu_);
-  return evicted_.contains(key);
+  const TenantCache* t = FindTenantLocked(tenant);
+  if (t == nullptr) return std::nullopt;
+  auto it = t->entries.find(id);
+  if (it == t->entries.end() || it->second.source == nullptr) return std::nullopt;
+  return *it->second.source;
 }
 
-std::shared_ptr<const CachedExecutable> CompileCache::Insert(const std::string& key,
-                                                             scheduler::CompiledProgram compiled, v1::Graph graph) {
-  const int64_t bytes = int64_t(compiled.program.ByteSizeLong() + graph.ByteSizeLong() + compiled.plan_text.size());
+bool CompileCache::WasEvicted(const std::string& tenant, const std::string& id) const {
+  absl::MutexLock l(&mu_);
+  const TenantCache* t = FindTenantLocked(tenant);
+  return t != nullptr && t->evicted.contains(id);
+}
+
+bool CompileCache::EvictOneLocked(TenantCache& t, const std::string& keep,
+                                  std::vector<std::shared_ptr<const CachedExecutable>>& dropped) {
+  // The least recently used compiled entry loses its program (its source,
+  // far smaller, stays); only when none is left does the least recently
+  // used source go whole.
+  Entry* cold = nullptr;
+  for (auto it = t.lru.rbegin(); it != t.lru.rend(); ++it) {
+    if (*it == keep) continue;
+    Entry& e = t.entries.at(*it);
+    if (e.exe == nullptr) {
+      if (cold == nullptr) cold = &e;
+      continue;
+    }
+    e.source = std::make_shared<const ExecutableSource>(ExecutableSource{e.exe->graph, e.options});
+    dropped.push_back(std::move(e.exe));
+    e.exe = nullptr;
+    t.bytes += e.source_bytes - e.bytes;
+    bytes_ += e.source_bytes - e.bytes;
+    e.bytes = e.source_bytes;
+    ++t.counts.evictions;
+    return true;
+  }
+  if (cold == nullptr) return false;
+  const std::string id = *cold->lru;
+  t.bytes -= cold->bytes;
+  bytes_ -= cold->bytes;
+  t.lru.erase(cold->lru);
+  t.entries.erase(id);
+  if (t.evicted.insert(id).second) t.evicted_order.push_back(id);
+  while (t.evicted_order.size() > 4096) {
+    t.evicted.erase(t.evicted_order.front());
+    t.evicted_order.pop_front();
+  }
+  return true;
+}
+
+std::shared_ptr<const CachedExecutable> CompileCache::Insert(const std::string& tenant,
+                                                             scheduler::CompiledProgram compiled, v1::Graph graph,
+                                                             scheduler::CompileOptions options,
+                                                             int64_t tenant_max_bytes,
+                                                             std::vector<std::string>* evicted) {
+  const std::string id = compiled.fingerprint;
+  int64_t source_bytes = int64_t(graph.ByteSizeLong() + options.mesh.ByteSizeLong());
+  for (const v1::Sharding& s : options.parameter_shardings) source_bytes += s.ByteSizeLong();
+  for (const v1::Sharding& s : options.output_shardings) source_bytes += s.ByteSizeLong();
+  const int64_t bytes = int64_t(compiled.program.ByteSizeLong() + compiled.plan_text.size()) + source_bytes;
   auto exe = std::make_shared<const CachedExecutable>(CachedExecutable{std::move(compiled), std::move(graph)});
   std::vector<std::shared_ptr<const CachedExecutable>> dropped;  // released once unlocked
   absl::MutexLock l(&mu_);
-  ++compiles_;
-  if (auto it = entries_.find(key); it != entries_.end()) {
-    TouchLocked(it->second);
-    return it->second.exe;
+  TenantCache& t = tenants_[tenant];
+  ++t.counts.compiles;
+  auto [it, fresh] = t.entries.try_emplace(id);
+  Entry& e = it->second;
+  if (!fresh && e.exe != nullptr) {
+    TouchLocked(t, e);
+    return e.exe;
   }
-  lru_.push_front(key);
-  entries_.emplace(key, Entry{exe, bytes, lru_.begin()});
-  bytes_ += bytes;
-  evicted_.erase(key);
-  while (bytes_ > max_bytes_ && lru_.size() > 1) {
-    const std::string victim = lru_.back();
-    lru_.pop_back();
-    auto v = entries_.find(victim);
-    bytes_ -= v->second.bytes;
-    dropped.push_back(std::move(v->second.exe));
-    entries_.erase(v);
-    ++evictions_;
-    if (evicted_.insert(victim).second) evicted_order_.push_back(victim);
-    while (evicted_order_.size() > 4096) {
-      evicted_.erase(evicted_order_.front());
-      evicted_order_.pop_front();
+  if (fresh) {
+    t.lru.push_front(id);
+    e.lru = t.lru.begin();
+  }
+  t.bytes += bytes - e.bytes;
+  bytes_ += bytes - e.bytes;
+  e.exe = exe;
+  e.source = nullptr;
+  e.options = std::move(options);
+  e.bytes = bytes;
+  e.source_bytes = source_bytes;
+  TouchLocked(t, e);
+  t.evicted.erase(id);
+  // The tenant's own bound, then the whole cache's: the tenant's own entries first.
+  while (tenant_max_bytes > 0 && t.bytes > tenant_max_bytes && EvictOneLocked(t, id, dropped)) {
+  }
+  while (bytes_ > max_bytes_ && EvictOneLocked(t, id, dropped)) {
+  }
+  while (bytes_ > max_bytes_) {
+    // Another tenant's least recently used entry.
+    TenantCache* oldest = nullptr;
+    uint64_t oldest_use = 0;
+    for (auto& [name, other] : tenants_) {
+      if (&other == &t || other.lru.empty()) continue;
+      const uint64_t use = other.entries.at(other.lru.back()).used;
+      if (oldest == nullptr || use < oldest_use) {
+        oldest = &other;
+        oldest_use = use;
+      }
     }
+    if (oldest == nullptr || !EvictOneLocked(*oldest, "", dropped)) break;
+  }
+  if (evicted != nullptr) {
+    for (const auto& gone : dropped) evicted->push_back(gone->compiled.fingerprint);
   }
   return exe;
 }
 
-int64_t CompileCache::bytes() const {
+CompileCache::Counts CompileCache::counts() const {
   absl::MutexLock l(&mu_);
-  return bytes_;
+  Counts all;
+  for (const auto& [name, t] : tenants_) {
+    all.compiles += t.counts.compiles;
+    all.hits += t.counts.hits;
+    all.evictions += t.counts.evictions;
+    for (const auto& [id, e] : t.entries) all.size += e.exe != nullptr;
+  }
+  all.bytes = bytes_;
+  return all;
 }
 
-int64_t CompileCache::evictions() const {
+CompileCache::Counts CompileCache::counts(const std::string& tenant) const {
   absl::MutexLock l(&mu_);
-  return evictions_;
-}
-
-int64_t CompileCache::compiles() const {
-  absl::MutexLock l(&mu_);
-  return compiles_;
-}
-
-int64_t CompileCache::hits() const {
-  absl::MutexLock l(&mu_);
-  return hits_;
-}
-
-int64_t CompileCache::size() const {
-  absl::MutexLock l(&mu_);
-  return entries_.size();
+  const TenantCache* t = FindTenantLocked(tenant);
+  if (t == nullptr) return {};
+  Counts c = t->counts;
+  for (const auto& [id, e] : t->entries) c.size += e.exe != nullptr;
+  c.bytes = t->bytes;
+  return c;
 }
 
 namespace {
@@ -148,7 +231,8 @@ std::vector<std::string> Differences(const v1::Graph& graph, const std::vector<i
 
 }  // namespace
 
-std::string CompileCache::ExplainMiss(const v1::Graph& graph, const std::vector<int>& donated) const {
+std::string CompileCache::ExplainMiss(const std::string& tenant, const v1::Graph& graph,
+                                      const std::vector<int>& donated) const {
   // The candidates are taken under the lock, most recently used first, and
   // compared outside it: a graph of many nodes against many executables of
   // its name holds up no Execute's lookup.
@@ -156,15 +240,18 @@ std::string CompileCache::ExplainMiss(const v1::Graph& graph, const std::vector<
   size_t cached = 0;
   {
     absl::MutexLock l(&mu_);
-    cached = entries_.size();
-    for (const std::string& key : lru_) {
-      const std::shared_ptr<const CachedExecutable>& e = entries_.at(key).exe;
-      if (e->graph.name() == graph.name()) same_name.push_back(e);
+    if (const TenantCache* t = FindTenantLocked(tenant)) {
+      for (const std::string& key : t->lru) {
+        const std::shared_ptr<const CachedExecutable>& e = t->entries.at(key).exe;
+        if (e == nullptr) continue;
+        ++cached;
+        if (e->graph.name() == graph.name()) same_name.push_back(e);
+      }
     }
   }
   if (same_name.empty()) {
     return StrCat("no executable of graph '", graph.name(), "' was compiled before (", cached,
-                  " executables in the cache)");
+                  " executables of this tenant in the cache)");
   }
   const size_t compared = std::min(same_name.size(), kMissCandidates);
   const CachedExecutable* nearest = nullptr;

@@ -1,7 +1,9 @@
 #include "server/coordinator.h"
 #include "server/mpmd.h"
 
+#include <algorithm>
 #include <optional>
+#include <tuple>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -227,6 +229,7 @@ absl::StatusOr<v1::DrainWorkerResponse> Coordinator::DrainWorker(const v1::Drain
 }
 
 void Coordinator::MonitorLoop() {
+  absl::Time next_reconcile = absl::Now() + options_.reconcile_interval;
   absl::MutexLock l(&mu_);
   while (!stop_) {
     mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.heartbeat_interval);
@@ -238,6 +241,10 @@ void Coordinator::MonitorLoop() {
     }
     expired.clear();
     SendFrees(workers_.TakeOpeners());
+    if (options_.reconcile_interval > absl::ZeroDuration() && absl::Now() >= next_reconcile) {
+      (void)Reconcile();
+      next_reconcile = absl::Now() + options_.reconcile_interval;
+    }
     if (options_.session_lease > absl::ZeroDuration()) {
       std::vector<std::string> idle;
       {
@@ -399,7 +406,6 @@ absl::StatusOr<v1::CompileResponse> Coordinator::Compile(const v1::CompileReques
   } else if (req.parameter_shardings_size() > 0 || req.output_shardings_size() > 0) {
     return absl::InvalidArgumentError(StrCat("graph '", req.graph().name(), "': shardings need a mesh"));
   }
-  const std::string key = scheduler::ExecutableKey(req.graph(), options);
   v1::CompileResponse resp;
   bool strict = req.strict_donation();
   bool forbid = false;
@@ -409,13 +415,16 @@ absl::StatusOr<v1::CompileResponse> Coordinator::Compile(const v1::CompileReques
     const SessionRecord& s = arrays_.SessionLocked(req.session_id());
     strict |= s.options.strict_donation();
     forbid = s.options.forbid_compiles();
+    options.owner = s.tenant;
   }
-  std::shared_ptr<const CachedExecutable> entry = cache_.Lookup(key);
+  const std::string key = scheduler::ExecutableKey(req.graph(), options);
+  const std::string& tenant = options.owner;
+  std::shared_ptr<const CachedExecutable> entry = cache_.Lookup(tenant, key);
   if (entry != nullptr) {
     resp.set_cache_hit(true);
     log_->debug("session {}: compile of '{}' hit the cache ({})", req.session_id(), req.graph().name(), key);
   } else {
-    resp.set_cache_miss_reason(cache_.ExplainMiss(req.graph(), donated));
+    resp.set_cache_miss_reason(cache_.ExplainMiss(tenant, req.graph(), donated));
   }
   {
     absl::MutexLock l(&arrays_.mu());
@@ -433,7 +442,9 @@ absl::StatusOr<v1::CompileResponse> Coordinator::Compile(const v1::CompileReques
       log_->info("session {}: compile of '{}' failed: {}", req.session_id(), req.graph().name(), c.status().ToString());
       return Annotate(c.status(), StrCat("graph '", req.graph().name(), "': "));
     }
-    entry = cache_.Insert(key, std::move(*c), req.graph());
+    std::vector<std::string> evicted;
+    entry = cache_.Insert(tenant, std::move(*c), req.graph(), options, TenantCacheBytes(tenant), &evicted);
+    UnloadEvicted(evicted);
     {
       absl::MutexLock l(&arrays_.mu());
       if (SessionRecord* s = arrays_.FindSessionLocked(req.session_id())) ++s->compiles;
@@ -472,6 +483,59 @@ absl::StatusOr<v1::CompileResponse> Coordinator::Compile(const v1::CompileReques
   return resp;
 }
 
+void Coordinator::UnloadEvicted(const std::vector<std::string>& evicted) {
+  for (const std::string& id : evicted) SendFrees(workers_.SequenceUnloads(id));
+}
+
+int64_t Coordinator::TenantCacheBytes(const std::string& tenant) const {
+  const std::shared_ptr<const Tenants> t = tenants();
+  if (int64_t own = t->LimitsOf(tenant).compile_cache_bytes; own > 0) return own;
+  // An even share: no tenant's compiles can push out another's.
+  return t->authenticating() ? cache_.max_bytes() / std::max<int64_t>(1, t->num_tenants()) : 0;
+}
+
+absl::StatusOr<std::shared_ptr<const CachedExecutable>> Coordinator::CompileEvicted(const std::string& session,
+                                                                                    const std::string& tenant,
+                                                                                    const std::string& id) {
+  // Another tenant's executable is answered as one never compiled: nothing
+  // says it exists.
+  std::optional<ExecutableSource> source = cache_.EvictedSource(tenant, id);
+  if (!source.has_value()) {
+    if (cache_.WasEvicted(tenant, id)) {
+      const int64_t bound = TenantCacheBytes(tenant);
+      return absl::NotFoundError(StrCat(
+          "executable '", id, "' was evicted from the compile cache (least recently used, over ",
+          bound > 0 ? StrCat("tenant ", tenant, "'s ", bound >> 20) : StrCat("its ", cache_.max_bytes() >> 20),
+          " MiB), its graph too: compile it again"));
+    }
+    return absl::NotFoundError(StrCat("executable '", id, "' was never compiled here"));
+  }
+  const std::string what = StrCat("executable '", id, "' of graph '", source->graph.name(), "'");
+  {
+    absl::MutexLock l(&arrays_.mu());
+    TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(session));
+    SessionRecord& s = arrays_.SessionLocked(session);
+    ++s.cache_misses;
+    if (s.options.forbid_compiles()) {
+      return absl::FailedPreconditionError(StrCat(
+          "session ", session, " forbids new compiles, and ", what, " was evicted from the compile cache (least "
+          "recently used, over its bound): running it compiles it again"));
+    }
+  }
+  auto c = scheduler::Compile(source->graph, source->options);
+  if (!c.ok()) return Annotate(c.status(), StrCat(what, ", compiled again after its eviction: "));
+  std::vector<std::string> evicted;
+  std::shared_ptr<const CachedExecutable> exe = cache_.Insert(
+      tenant, std::move(*c), std::move(source->graph), std::move(source->options), TenantCacheBytes(tenant), &evicted);
+  UnloadEvicted(evicted);
+  {
+    absl::MutexLock l(&arrays_.mu());
+    if (SessionRecord* s = arrays_.FindSessionLocked(session)) ++s->compiles;
+  }
+  log_->info("session {}: compiled {} again: it was evicted from the compile cache", session, what);
+  return exe;
+}
+
 // ---------------------------------------------------------------- execute
 
 absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteRequest& req) {
@@ -479,16 +543,18 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
     PlannedStep step;
     std::shared_ptr<WorkerClient> client;
     bool needs_load = false;
+    uint64_t load_generation = 0;
   };
-  std::shared_ptr<const CachedExecutable> exe = cache_.Find(req.executable_id());
+  std::string tenant;
+  {
+    absl::MutexLock l(&arrays_.mu());
+    TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
+    tenant = arrays_.SessionLocked(req.session_id()).tenant;
+  }
+  std::shared_ptr<const CachedExecutable> exe = cache_.Find(tenant, req.executable_id());
   if (exe == nullptr) {
-    if (auto mpmd = FindMpmd(req.executable_id())) return ExecuteMpmd(req, *mpmd);
-    if (cache_.WasEvicted(req.executable_id())) {
-      return absl::NotFoundError(StrCat("executable '", req.executable_id(), "' was evicted from the compile cache "
-                                        "(least recently used, over its ", cache_.max_bytes() >> 20,
-                                        " MiB): compile it again"));
-    }
-    return absl::NotFoundError(StrCat("executable '", req.executable_id(), "' was never compiled here"));
+    if (auto mpmd = FindMpmd(tenant, req.executable_id())) return ExecuteMpmd(req, *mpmd);
+    TESSEL_ASSIGN_OR_RETURN(exe, CompileEvicted(req.session_id(), tenant, req.executable_id()));
   }
   const scheduler::CompiledProgram& c = exe->compiled;
   const std::string& exe_name = exe->graph.name();
@@ -581,6 +647,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
       Launch launch;
       launch.client = std::move(slot.client);  // null: its worker died since the plan was made
       launch.needs_load = slot.needs_load;
+      launch.load_generation = slot.load_generation;
       if (c.partitioned() && launch.needs_load && !loaded_program) {
         // Workers find their peers for collectives by address.
         loaded_program = std::make_shared<v1::Program>(c.program);
@@ -628,7 +695,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
     absl::Status load;
     if (launch.needs_load) {
       HeldSteps::Release();  // what this thread holds need not wait for the load
-      load = launch.client->LoadProgram(loaded_program ? *loaded_program : c.program);
+      load = launch.client->LoadProgram(loaded_program ? *loaded_program : c.program, launch.load_generation);
       if (!load.ok()) {
         // The sequence number must still be consumed: the step is sent and
         // fails on the worker, and its outputs carry the load's error rather
@@ -826,7 +893,28 @@ absl::StatusOr<v1::ArrayInfoResponse> Coordinator::ArrayInfo(const v1::ArrayInfo
   return resp;
 }
 
-absl::StatusOr<v1::StatsResponse> Coordinator::Stats(const v1::StatsRequest& req) {
+namespace {
+
+// The tenant's arrays on each of `routes`' devices, in the figures of a
+// device's own (bytes and buffers; its limit: the tenant's quota).
+void AddTenantUse(const std::vector<DeviceRoute>& routes,
+                  const absl::flat_hash_map<int, ArrayRegistry::DeviceUse>& use, int64_t quota,
+                  google::protobuf::RepeatedPtrField<v1::DeviceMemoryStats>* out) {
+  for (const DeviceRoute& r : routes) {
+    if (!r.alive) continue;
+    v1::DeviceMemoryStats* m = out->Add();
+    m->set_device(r.device);
+    if (auto it = use.find(r.device); it != use.end()) {
+      m->set_bytes_in_use(it->second.bytes);
+      m->set_num_buffers(it->second.buffers);
+    }
+    m->set_bytes_limit(quota);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<v1::StatsResponse> Coordinator::Stats(const v1::StatsRequest& req, bool tenant_view) {
   v1::StatsResponse resp;
   std::vector<StatsTarget> live;
   {
@@ -835,8 +923,9 @@ absl::StatusOr<v1::StatsResponse> Coordinator::Stats(const v1::StatsRequest& req
     const SessionRecord& s = arrays_.SessionLocked(req.session_id());
     resp.set_live_arrays(s.arrays.size());
     resp.set_live_bytes(s.live_bytes);
-    resp.set_compiles(cache_.compiles());
-    resp.set_compile_cache_hits(cache_.hits());
+    const CompileCache::Counts compiled = cache_.counts(s.tenant);  // the tenant's own
+    resp.set_compiles(compiled.compiles);
+    resp.set_compile_cache_hits(compiled.hits);
     resp.set_executions(s.executions);
     resp.set_bytes_host_to_device(s.transfers.h2d);
     resp.set_bytes_device_to_host(s.transfers.d2h);
@@ -879,6 +968,12 @@ absl::StatusOr<v1::StatsResponse> Coordinator::Stats(const v1::StatsRequest& req
         la->set_producer(r.a->producer_name);
       }
     }
+    if (tenant_view) {
+      resp.set_tenant_view(true);
+      AddTenantUse(workers_.Routes(), arrays_.TenantUseLocked(s.tenant),
+                   tenants()->LimitsOf(s.tenant).memory_quota_bytes, resp.mutable_devices());
+      return resp;
+    }
     // Under the arrays' lock: the figures cover every step and free numbered so far.
     live = workers_.LiveStatsTargets();
   }
@@ -893,6 +988,85 @@ absl::StatusOr<v1::StatsResponse> Coordinator::Stats(const v1::StatsRequest& req
   }
   std::sort(resp.mutable_devices()->begin(), resp.mutable_devices()->end(),
             [](const auto& a, const auto& b) { return a.device() < b.device(); });
+  return resp;
+}
+
+absl::StatusOr<v1::ListDevicesResponse> Coordinator::ListDevices(const v1::ListDevicesRequest& req) {
+  v1::GetClusterResponse cluster;
+  workers_.Describe(absl::Now(), &cluster);
+  v1::ListDevicesResponse resp;
+  for (const v1::WorkerInfo& w : cluster.workers()) {
+    if (!w.alive()) continue;
+    for (const v1::DeviceInfo& d : w.devices()) {
+      v1::DeviceInfo* out = resp.add_devices();
+      out->set_id(d.id());
+      out->set_kind(d.kind());
+      out->set_local_index(d.local_index());
+      out->set_worker_id(d.worker_id());
+    }
+  }
+  std::sort(resp.mutable_devices()->begin(), resp.mutable_devices()->end(),
+            [](const v1::DeviceInfo& a, const v1::DeviceInfo& b) { return a.id() < b.id(); });
+  absl::MutexLock l(&arrays_.mu());
+  TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
+  const std::string& tenant = arrays_.SessionLocked(req.session_id()).tenant;
+  AddTenantUse(workers_.Routes(), arrays_.TenantUseLocked(tenant), tenants()->LimitsOf(tenant).memory_quota_bytes,
+               resp.mutable_usage());
+  return resp;
+}
+
+v1::ReconcileResponse Coordinator::Reconcile() {
+  v1::ReconcileResponse resp;
+  std::vector<StatsTarget> live;
+  {
+    // Under the arrays' lock: each worker answers once it has run every
+    // step and free numbered so far.
+    absl::MutexLock l(&arrays_.mu());
+    live = workers_.LiveStatsTargets();
+  }
+  std::vector<std::tuple<int, uint64_t, int64_t>> held;  // global device, handle, bytes
+  for (StatsTarget& t : live) {
+    t.request.set_with_buffers(true);
+    auto st = t.client->GetStats(t.request);
+    if (!st.ok()) continue;  // a dead worker's buffers are lost anyway
+    for (const v1::StoredBuffer& b : st->buffers()) {
+      if (b.device() < 0 || b.device() >= int(t.devices.size())) continue;
+      held.emplace_back(t.devices[b.device()], b.handle(), b.bytes());
+    }
+  }
+  resp.set_buffers_checked(held.size());
+  std::vector<PendingFree> frees;
+  {
+    // Ownership now, not when the workers were asked: an array made since
+    // is owned, and a free numbered here runs after every step sent before.
+    absl::MutexLock l(&arrays_.mu());
+    absl::flat_hash_map<int, v1::FreeRequest> orphans;
+    absl::flat_hash_set<std::pair<int, uint64_t>> unowned;
+    for (const auto& [device, handle, bytes] : held) {
+      if (arrays_.OwnsBufferLocked(handle, device)) continue;
+      v1::UnownedBuffer* u = resp.add_unowned();
+      u->set_device(device);
+      u->set_handle(handle);
+      u->set_bytes(bytes);
+      unowned.emplace(device, handle);
+    }
+    {
+      absl::MutexLock r(&reconcile_mu_);
+      for (const auto& key : unowned) {
+        if (unowned_.contains(key)) orphans[key.first].add_buffers(key.second);
+      }
+      unowned_ = std::move(unowned);
+    }
+    for (const auto& [device, f] : orphans) resp.set_freed(resp.freed() + f.buffers_size());
+    if (!orphans.empty()) frees = workers_.SequenceFrees(std::move(orphans));
+  }
+  if (resp.freed() > 0) {
+    unowned_freed_ += resp.freed();
+    log_->warn("reconciliation: freed {} buffers that no array or open put owned at two checks in a row ({} "
+               "unowned now, of {} checked)",
+               resp.freed(), resp.unowned_size(), resp.buffers_checked());
+  }
+  SendFrees(std::move(frees));
   return resp;
 }
 
@@ -920,6 +1094,7 @@ v1::GetClusterResponse Coordinator::GetCluster(const v1::GetClusterRequest& req)
   resp.set_compile_cache_bytes(cache_.bytes());
   resp.set_compile_cache_evictions(cache_.evictions());
   resp.set_executions(next_execution_.load());
+  resp.set_unowned_buffers_freed(unowned_freed_.load());
   if (!req.with_memory()) return resp;
   for (StatsTarget& t : workers_.LiveStatsTargets()) {
     auto st = t.client->GetStats(t.request);

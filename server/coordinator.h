@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
@@ -63,6 +64,9 @@ class Coordinator {
     bool direct_transfers = true;
     // How long a ticket is good for (to start its read or write).
     absl::Duration ticket_lifetime = absl::Minutes(1);
+    // How often every buffer the workers hold is checked against the arrays
+    // here (Reconcile); those unowned twice in a row are freed. Zero: never.
+    absl::Duration reconcile_interval = absl::Seconds(30);
   };
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(Options options);
   ~Coordinator();
@@ -105,7 +109,12 @@ class Coordinator {
   // worker as one sequenced step on each device involved (PlanReshard).
   absl::StatusOr<v1::ReshardResponse> Reshard(const v1::ReshardRequest& req) { return Reshard(req, nullptr); }
   absl::StatusOr<v1::ArrayInfoResponse> ArrayInfo(const v1::ArrayInfoRequest& req);
-  absl::StatusOr<v1::StatsResponse> Stats(const v1::StatsRequest& req);
+  // The session's counters; its tenant's compiles. Devices: each device's
+  // own figures, or with `tenant_view` (a caller without admin rights) only
+  // what the session's tenant holds there.
+  absl::StatusOr<v1::StatsResponse> Stats(const v1::StatsRequest& req, bool tenant_view = false);
+  // The live devices, and the session's tenant's arrays on each.
+  absl::StatusOr<v1::ListDevicesResponse> ListDevices(const v1::ListDevicesRequest& req);
 
   // A Put in progress: data arrives in order, Finish makes the array READY.
   // Destroying an unfinished PutSink abandons the put and frees its buffers.
@@ -152,6 +161,10 @@ class Coordinator {
   absl::StatusOr<v1::AdminCloseSessionResponse> AdminCloseSession(const v1::AdminCloseSessionRequest& req);
   absl::Status CordonWorker(const v1::CordonWorkerRequest& req);
   absl::StatusOr<v1::DrainWorkerResponse> DrainWorker(const v1::DrainWorkerRequest& req);
+  // Every buffer the live workers hold (once each has run the frees sent
+  // before asking), checked against the live arrays here: the unowned, and
+  // a sequenced free of those already unowned at the previous call.
+  v1::ReconcileResponse Reconcile() ABSL_LOCKS_EXCLUDED(arrays_.mu(), reconcile_mu_);
 
  private:
   class PutSinkImpl;
@@ -208,7 +221,24 @@ class Coordinator {
   struct MpmdProgram;
   absl::StatusOr<v1::CompileResponse> CompileMpmd(const v1::CompileRequest& req);
   absl::StatusOr<v1::ExecuteResponse> ExecuteMpmd(const v1::ExecuteRequest& req, const MpmdProgram& program);
-  std::shared_ptr<const MpmdProgram> FindMpmd(const std::string& id) const ABSL_LOCKS_EXCLUDED(mpmd_mu_);
+  // `tenant`'s MPMD program `id`, or null.
+  std::shared_ptr<const MpmdProgram> FindMpmd(const std::string& tenant, const std::string& id) const
+      ABSL_LOCKS_EXCLUDED(mpmd_mu_);
+  // A tenant's bound in the compile cache: its own, else an even share of
+  // the cache among the tokens file's tenants (0, the whole cache, when
+  // every caller is the default tenant).
+  int64_t TenantCacheBytes(const std::string& tenant) const;
+  // The workers drop the programs of executables the cache evicted, after
+  // the steps already sent (WorkerRegistry::SequenceUnloads).
+  void UnloadEvicted(const std::vector<std::string>& evicted) ABSL_LOCKS_EXCLUDED(arrays_.mu());
+  // `tenant`'s executable `id`, compiled again for `session` from the
+  // source the cache kept when it evicted it (a compile: counted, and
+  // refused under forbid_compiles); NOT_FOUND when there is none, alike
+  // for an id never compiled and another tenant's.
+  absl::StatusOr<std::shared_ptr<const CachedExecutable>> CompileEvicted(const std::string& session,
+                                                                         const std::string& tenant,
+                                                                         const std::string& id)
+      ABSL_LOCKS_EXCLUDED(arrays_.mu());
   // A reshard's steps, each for its global device, before they are
   // sequenced there and sent.
   struct ReshardSteps {
@@ -261,8 +291,8 @@ class Coordinator {
   absl::flat_hash_map<std::string, std::shared_ptr<const MpmdProgram>> mpmd_ ABSL_GUARDED_BY(mpmd_mu_);
   std::deque<std::string> mpmd_order_ ABSL_GUARDED_BY(mpmd_mu_);  // oldest first; kMaxMpmdPrograms at most
   static constexpr size_t kMaxMpmdPrograms = 256;
-  // Lock order: arrays_'s lock, then workers_'s; cache_'s, tenants_mu_ and
-  // mu_ are leaves. None is held across an RPC, a callback or a client's destruction.
+  // Lock order: arrays_'s lock, then workers_'s; cache_'s, tenants_mu_,
+  // reconcile_mu_ and mu_ are leaves. None is held across an RPC, a callback or a client's destruction.
   const Options options_;
   const std::shared_ptr<spdlog::logger> log_;
   // Random per start (16 hex digits): collective groups, worker ids and
@@ -279,6 +309,10 @@ class Coordinator {
   // Bumped when a step reports a broken collective group; steps sent after
   // that meet in fresh groups (RunRequest.collective_epoch).
   std::atomic<int64_t> collective_epoch_{0};
+  // Buffers found unowned by the last Reconcile: freed if the next finds them so again.
+  absl::Mutex reconcile_mu_;  // a leaf
+  absl::flat_hash_set<std::pair<int, uint64_t>> unowned_ ABSL_GUARDED_BY(reconcile_mu_);
+  std::atomic<int64_t> unowned_freed_{0};
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread monitor_;

@@ -25,6 +25,9 @@ ABSL_FLAG(int, port, 0, "Port for Session, Admin and Registry services; 0 picks 
 ABSL_FLAG(std::string, port_file, "", "If set, the chosen port is written to this file once serving.");
 ABSL_FLAG(int, heartbeat_ms, 500, "Interval at which workers are told to heartbeat.");
 ABSL_FLAG(int, heartbeat_timeout_ms, 2000, "A worker silent for this long is marked dead.");
+ABSL_FLAG(int, reconcile_interval_s, 30,
+          "How often every buffer the workers hold is checked against the coordinator's arrays and open puts; "
+          "buffers found unowned twice in a row are freed (tessel_unowned_buffers_freed_total). 0: never.");
 ABSL_FLAG(int, session_lease_s, 60,
           "A session whose client has made no call and sent no keep-alive for this long ends and its arrays are "
           "freed (the SDKs keep their sessions alive in the background). 0: sessions end only when closed.");
@@ -45,12 +48,15 @@ ABSL_FLAG(int64_t, tenant_memory_quota_mb, 0,
           "Memory quota of a tenant whose tokens-file lines give none, over all its sessions, in MiB; 0: none.");
 ABSL_FLAG(int64_t, max_sessions_per_tenant, 0,
           "Open sessions a tenant may hold at once when its tokens-file lines give no max_sessions; 0: no bound.");
+ABSL_FLAG(int64_t, tenant_compile_cache_mb, 0,
+          "Compile-cache bound of a tenant whose tokens-file lines give no compile_cache_quota, in MiB; its own "
+          "least recently used executables go past it. 0: --compile_cache_mb shared evenly among the tenants.");
 ABSL_FLAG(std::string, tls_worker_name, "",
           "With TLS: the name the workers' certificates must carry (e.g. tessel-worker), checked instead of the "
           "host each worker advertises; for workers whose addresses are not in their certificates (pod IPs).");
 ABSL_FLAG(int64_t, compile_cache_mb, 1024,
           "Bound of the compile cache in MiB (programs, graphs and plans); the least recently used executables "
-          "are evicted past it (running one again then says to compile it again).");
+          "are evicted past it, each tenant's own first (one called again is compiled again).");
 ABSL_FLAG(bool, direct_transfers, true,
           "Let clients that ask put and fetch an array's blocks straight to and from the workers holding them, "
           "with tickets signed by this coordinator; false relays every Put and Fetch through the coordinator.");
@@ -94,6 +100,9 @@ void AddCoordinatorMetrics(tessel::server::Coordinator* c, tessel::MetricsEndpoi
                     {{{}, double(cluster.compile_cache_bytes())}}),
         CounterFamily("tessel_compile_cache_evictions_total", "Executables evicted (least recently used)",
                       {{{}, double(cluster.compile_cache_evictions())}}),
+        CounterFamily("tessel_unowned_buffers_freed_total",
+                      "Buffers workers held that no array or open put owned, freed by reconciliation",
+                      {{{}, double(cluster.unowned_buffers_freed())}}),
         CounterFamily("tessel_transfer_bytes_total", "Bytes moved, by direction",
                       {{{{"direction", "host_to_device"}}, double(moved.h2d)},
                        {{{"direction", "device_to_host"}}, double(moved.d2h)},
@@ -136,9 +145,10 @@ int main(int argc, char** argv) {
   tessel::server::Coordinator::Options options;
   options.logger = log;
   const tessel::server::TenantLimits defaults{absl::GetFlag(FLAGS_tenant_memory_quota_mb) << 20,
-                                              absl::GetFlag(FLAGS_max_sessions_per_tenant)};
-  if (defaults.memory_quota_bytes < 0 || defaults.max_sessions < 0) {
-    log->error("--tenant_memory_quota_mb and --max_sessions_per_tenant: expected >= 0");
+                                              absl::GetFlag(FLAGS_max_sessions_per_tenant),
+                                              absl::GetFlag(FLAGS_tenant_compile_cache_mb) << 20};
+  if (defaults.memory_quota_bytes < 0 || defaults.max_sessions < 0 || defaults.compile_cache_bytes < 0) {
+    log->error("--tenant_memory_quota_mb, --max_sessions_per_tenant and --tenant_compile_cache_mb: expected >= 0");
     return 2;
   }
   options.tenants = tessel::server::Tenants(defaults);
@@ -177,6 +187,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.session_lease = absl::Seconds(absl::GetFlag(FLAGS_session_lease_s));
+  if (absl::GetFlag(FLAGS_reconcile_interval_s) < 0) {
+    log->error("--reconcile_interval_s: expected >= 0, got {}", absl::GetFlag(FLAGS_reconcile_interval_s));
+    return 2;
+  }
+  options.reconcile_interval = absl::Seconds(absl::GetFlag(FLAGS_reconcile_interval_s));
   if (const std::string spec = absl::GetFlag(FLAGS_inject_faults); !spec.empty()) {
     auto plan = tessel::server::FaultPlan::Parse(spec);
     if (!plan.ok()) {

@@ -63,9 +63,18 @@ uint64_t Fingerprint(absl::string_view s) {
 
 }  // namespace
 
-std::shared_ptr<const Coordinator::MpmdProgram> Coordinator::FindMpmd(const std::string& id) const {
+namespace {
+
+// MPMD programs are kept by tenant and id: another tenant's id finds nothing.
+std::string MpmdKey(const std::string& tenant, const std::string& id) { return StrCat(tenant, "\n", id); }
+
+}  // namespace
+
+std::shared_ptr<const Coordinator::MpmdProgram> Coordinator::FindMpmd(const std::string& tenant,
+                                                                       const std::string& id) const {
+  const std::string key = MpmdKey(tenant, id);
   absl::MutexLock l(&mpmd_mu_);
-  auto it = mpmd_.find(id);
+  auto it = mpmd_.find(key);
   return it == mpmd_.end() ? nullptr : it->second;
 }
 
@@ -173,9 +182,15 @@ absl::StatusOr<v1::CompileResponse> Coordinator::CompileMpmd(const v1::CompileRe
   resp.set_executable_id(id);
   resp.set_plan(std::move(plan));
   program->split = std::move(split);
+  std::string tenant;
   {
+    absl::MutexLock a(&arrays_.mu());
+    if (const SessionRecord* sr = arrays_.FindSessionLocked(req.session_id())) tenant = sr->tenant;
+  }
+  {
+    const std::string held = MpmdKey(tenant, id);
     absl::MutexLock l(&mpmd_mu_);
-    if (mpmd_.try_emplace(id, std::move(program)).second) mpmd_order_.push_back(id);
+    if (mpmd_.try_emplace(held, std::move(program)).second) mpmd_order_.push_back(held);
     while (mpmd_order_.size() > kMaxMpmdPrograms) {  // its parts stay in the compile cache
       mpmd_.erase(mpmd_order_.front());
       mpmd_order_.pop_front();

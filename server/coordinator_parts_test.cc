@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_replace.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "core/status.h"
@@ -383,31 +384,61 @@ TEST(ArrayRegistry, ArraysOnADeadWorkerAreLostNotFailedOnesAgain) {
 
 // ------------------------------------------------------------- CompileCache
 
+// A compile of graph `g` under executable id `id` (the cache keys by the
+// compiled program's id).
+scheduler::CompiledProgram CompiledAs(const v1::Graph& g, const std::string& id) {
+  auto c = scheduler::Compile(g, {});
+  EXPECT_TRUE(c.ok()) << c.status();
+  c->fingerprint = id;
+  return *c;
+}
+
 TEST(CompileCache, CountsHitsAndExplainsMisses) {
   CompileCache cache;
   const v1::Graph g = Parse(kAdd);
-  EXPECT_EQ(cache.Lookup("k1"), nullptr);
-  EXPECT_THAT(cache.ExplainMiss(g, {}), HasSubstr("no executable of graph 'add' was compiled before (0 executables"));
-  auto c = scheduler::Compile(g, {});
-  ASSERT_TRUE(c.ok()) << c.status();
-  auto first = cache.Insert("k1", *c, g);
-  EXPECT_EQ(cache.Insert("k1", *c, g), first);  // a racing second compile keeps the first entry
+  EXPECT_EQ(cache.Lookup("a", "k1"), nullptr);
+  EXPECT_THAT(cache.ExplainMiss("a", g, {}),
+              HasSubstr("no executable of graph 'add' was compiled before (0 executables"));
+  auto first = cache.Insert("a", CompiledAs(g, "k1"), g);
+  EXPECT_EQ(cache.Insert("a", CompiledAs(g, "k1"), g), first);  // a racing second compile keeps the first entry
   EXPECT_EQ(cache.compiles(), 2);
-  EXPECT_EQ(cache.Lookup("k1"), first);
-  EXPECT_EQ(cache.Find("k1"), first);
+  EXPECT_EQ(cache.Lookup("a", "k1"), first);
+  EXPECT_EQ(cache.Find("a", "k1"), first);
   EXPECT_EQ(cache.hits(), 1);
   EXPECT_EQ(cache.size(), 1);
 
   v1::Graph dtype = g;
   dtype.mutable_nodes(1)->mutable_type()->set_dtype(v1::F64);
-  EXPECT_THAT(cache.ExplainMiss(dtype, {}), HasSubstr("parameter 1 'y': f64[4] here, f32[4] in the cached one (dtype)"));
+  EXPECT_THAT(cache.ExplainMiss("a", dtype, {}),
+              HasSubstr("parameter 1 'y': f64[4] here, f32[4] in the cached one (dtype)"));
   v1::Graph shape = g;
   shape.mutable_nodes(0)->mutable_type()->set_dims(0, 5);
-  EXPECT_THAT(cache.ExplainMiss(shape, {}), HasSubstr("parameter 0 'x': f32[5] here, f32[4] in the cached one (shape)"));
-  EXPECT_THAT(cache.ExplainMiss(g, {1}), HasSubstr("donated parameters [1] here, [] in the cached one"));
+  EXPECT_THAT(cache.ExplainMiss("a", shape, {}),
+              HasSubstr("parameter 0 'x': f32[5] here, f32[4] in the cached one (shape)"));
+  EXPECT_THAT(cache.ExplainMiss("a", g, {1}), HasSubstr("donated parameters [1] here, [] in the cached one"));
   v1::Graph op = g;
   op.mutable_nodes(2)->set_op(v1::SUB);
-  EXPECT_THAT(cache.ExplainMiss(op, {}), HasSubstr("node 2 'z' (sub) differs"));
+  EXPECT_THAT(cache.ExplainMiss("a", op, {}), HasSubstr("node 2 'z' (sub) differs"));
+}
+
+// Tenants see only their own entries: another tenant's id is not found,
+// and a miss is never explained against another tenant's graph.
+TEST(CompileCache, EachTenantSeesOnlyItsOwnEntries) {
+  CompileCache cache;
+  const v1::Graph g = Parse(kAdd);
+  cache.Insert("a", CompiledAs(g, "k1"), g);
+  EXPECT_EQ(cache.Find("b", "k1"), nullptr);
+  EXPECT_EQ(cache.Lookup("b", "k1"), nullptr);
+  EXPECT_FALSE(cache.EvictedSource("b", "k1").has_value());
+  EXPECT_FALSE(cache.WasEvicted("b", "k1"));
+  v1::Graph shape = g;
+  shape.mutable_nodes(0)->mutable_type()->set_dims(0, 5);
+  const std::string why = cache.ExplainMiss("b", shape, {});
+  EXPECT_THAT(why, HasSubstr("no executable of graph 'add' was compiled before (0 executables of this tenant"));
+  EXPECT_THAT(why, Not(HasSubstr("f32[4]")));
+  EXPECT_EQ(cache.counts("a").compiles, 1);
+  EXPECT_EQ(cache.counts("b").compiles, 0);
+  EXPECT_EQ(cache.counts("b").size, 0);
 }
 
 // A miss is explained against the most recently used executables of its
@@ -421,54 +452,89 @@ TEST(CompileCache, ExplainsAMissAgainstTheMostRecentlyUsedOfItsName) {
     return g;
   };
   const int n = int(CompileCache::kMissCandidates) + 4;
-  for (int i = 1; i <= n; ++i) {
-    auto c = scheduler::Compile(of_size(i), {});
-    ASSERT_TRUE(c.ok()) << c.status();
-    cache.Insert(absl::StrCat("k", i), *c, of_size(i));
-  }
+  for (int i = 1; i <= n; ++i) cache.Insert("a", CompiledAs(of_size(i), absl::StrCat("k", i)), of_size(i));
   // y as f64[2]: the f32[2] executable differs by one parameter's dtype,
   // but it is among the oldest, so another one is nearest of those compared.
   v1::Graph miss = of_size(2);
   miss.mutable_nodes(1)->mutable_type()->set_dtype(v1::F64);
-  const std::string before = cache.ExplainMiss(miss, {});
+  const std::string before = cache.ExplainMiss("a", miss, {});
   EXPECT_THAT(before, HasSubstr(absl::StrCat("one of ", n, "; the ", CompileCache::kMissCandidates,
                                              " most recently used compared")));
   EXPECT_THAT(before, Not(HasSubstr("f64[2] here, f32[2] in the cached one")));
-  ASSERT_NE(cache.Lookup("k2"), nullptr);  // used again: now the most recent
-  EXPECT_THAT(cache.ExplainMiss(miss, {}),
+  ASSERT_NE(cache.Lookup("a", "k2"), nullptr);  // used again: now the most recent
+  EXPECT_THAT(cache.ExplainMiss("a", miss, {}),
               HasSubstr("): parameter 1 'y': f64[2] here, f32[2] in the cached one (dtype)"));
 }
 
-TEST(CompileCache, EvictsTheLeastRecentlyUsedPastItsBytes) {
+TEST(CompileCache, EvictsProgramsLeastRecentlyUsedFirstThenSources) {
   const v1::Graph g = Parse(kAdd);
-  auto c = scheduler::Compile(g, {});
-  ASSERT_TRUE(c.ok()) << c.status();
   CompileCache probe;
-  probe.Insert("k", *c, g);
+  probe.Insert("a", CompiledAs(g, "k"), g);
   const int64_t one = probe.bytes();
   ASSERT_GT(one, 0);
-  // Room for two entries, not three.
-  CompileCache cache(2 * one + one / 2);
-  auto held = cache.Insert("k1", *c, g);
-  cache.Insert("k2", *c, g);
-  ASSERT_NE(cache.Lookup("k1"), nullptr);  // k1 is now the most recently used
-  cache.Insert("k3", *c, g);
+  const int64_t source = int64_t(g.ByteSizeLong());
+  ASSERT_LT(source, one);
+  // Room for two compiled entries and one source, not three compiled.
+  CompileCache cache(2 * one + source + source / 2);
+  auto held = cache.Insert("a", CompiledAs(g, "k1"), g);
+  cache.Insert("a", CompiledAs(g, "k2"), g);
+  ASSERT_NE(cache.Lookup("a", "k1"), nullptr);  // k1 is now the most recently used
+  cache.Insert("a", CompiledAs(g, "k3"), g);
   EXPECT_EQ(cache.size(), 2);
-  EXPECT_EQ(cache.bytes(), 2 * one);
+  EXPECT_EQ(cache.bytes(), 2 * one + source);
   EXPECT_EQ(cache.evictions(), 1);
-  EXPECT_EQ(cache.Find("k2"), nullptr);
-  EXPECT_TRUE(cache.WasEvicted("k2"));
-  EXPECT_NE(cache.Find("k1"), nullptr);
-  EXPECT_NE(cache.Find("k3"), nullptr);
-  EXPECT_FALSE(cache.WasEvicted("k1"));
+  EXPECT_EQ(cache.Find("a", "k2"), nullptr);
+  ASSERT_TRUE(cache.EvictedSource("a", "k2").has_value());  // compiled again from it when called
+  EXPECT_EQ(cache.EvictedSource("a", "k2")->graph.name(), "add");
+  EXPECT_FALSE(cache.WasEvicted("a", "k2"));
+  // One more: the compiled entries lose their programs, least recently used
+  // first (k1, then k3), before any source goes.
+  cache.Insert("a", CompiledAs(g, "k4"), g);
+  EXPECT_EQ(cache.Find("a", "k1"), nullptr);
+  EXPECT_EQ(cache.Find("a", "k3"), nullptr);
+  EXPECT_NE(cache.Find("a", "k4"), nullptr);
+  for (const char* id : {"k1", "k2", "k3"}) EXPECT_TRUE(cache.EvictedSource("a", id).has_value()) << id;
+  EXPECT_EQ(cache.evictions(), 3);
+  // Past its bound with no program left to drop, a tenant's least recently
+  // used source goes whole: its id is then only remembered as evicted.
+  cache.Insert("b", CompiledAs(g, "b1"), g, {}, one + source / 2);
+  cache.Insert("b", CompiledAs(g, "b2"), g, {}, one + source / 2);
+  EXPECT_FALSE(cache.EvictedSource("b", "b1").has_value());
+  EXPECT_TRUE(cache.WasEvicted("b", "b1"));
+  EXPECT_FALSE(cache.WasEvicted("a", "b1"));
+  EXPECT_NE(cache.Find("b", "b2"), nullptr);
   // An entry larger than the whole bound still stays while it is the newest.
   CompileCache tiny(1);
-  tiny.Insert("a", *c, g);
+  tiny.Insert("a", CompiledAs(g, "a"), g);
   EXPECT_EQ(tiny.size(), 1);
-  tiny.Insert("b", *c, g);
+  tiny.Insert("a", CompiledAs(g, "b"), g);
   EXPECT_EQ(tiny.size(), 1);
-  EXPECT_NE(tiny.Find("b"), nullptr);
+  EXPECT_NE(tiny.Find("a", "b"), nullptr);
   EXPECT_EQ(held->graph.name(), "add");  // a held entry outlives its eviction
+}
+
+// A tenant's compiles evict its own entries past its bound, never another's;
+// only the whole cache's bound reaches other tenants.
+TEST(CompileCache, ATenantsCompilesEvictOnlyItsOwnEntries) {
+  const v1::Graph g = Parse(kAdd);
+  CompileCache probe;
+  probe.Insert("a", CompiledAs(g, "k"), g);
+  const int64_t one = probe.bytes();
+  CompileCache cache(int64_t{1} << 30);
+  cache.Insert("victim", CompiledAs(g, "v"), g, {}, 2 * one);
+  for (int i = 0; i < 40; ++i) cache.Insert("flood", CompiledAs(g, absl::StrCat("f", i)), g, {}, 2 * one);
+  EXPECT_NE(cache.Find("victim", "v"), nullptr);
+  EXPECT_EQ(cache.counts("victim").evictions, 0);
+  EXPECT_GT(cache.counts("flood").evictions, 30);
+  EXPECT_LE(cache.counts("flood").bytes, 2 * one);
+  // Over the whole bound, the flooding tenant's own entries go first.
+  CompileCache small(3 * one);
+  small.Insert("victim", CompiledAs(g, "v"), g);
+  small.Insert("flood", CompiledAs(g, "f0"), g);
+  small.Insert("flood", CompiledAs(g, "f1"), g);
+  small.Insert("flood", CompiledAs(g, "f2"), g);
+  EXPECT_NE(small.Find("victim", "v"), nullptr);
+  EXPECT_EQ(small.Find("flood", "f0"), nullptr);
 }
 
 // ----------------------------------------------------------- ExecutePlanner
@@ -716,6 +782,125 @@ TEST_F(CoordinatorTest, AStepIsPendingUntilItsWorkerAnswers) {
   ASSERT_TRUE(Execute(exe, 0x11).ok());
   EXPECT_EQ(fake(0).loads(), 1u);
   EXPECT_EQ(fake(0).runs().at(1).seq(), 1u);
+}
+
+v1::StoredBuffer Held(int device, uint64_t handle, int64_t bytes) {
+  v1::StoredBuffer b;
+  b.set_device(device);
+  b.set_handle(handle);
+  b.set_bytes(bytes);
+  return b;
+}
+
+// A buffer no array owns is reported, and freed (through the device's
+// queue) only when the next reconciliation finds it unowned again.
+TEST_F(CoordinatorTest, ReconciliationFreesABufferUnownedTwiceInARow) {
+  options_.reconcile_interval = absl::ZeroDuration();
+  Start(1, 2);
+  const std::string exe = CompileIota(false);
+  ASSERT_TRUE(Execute(exe, 0x10, /*device=*/1).ok());
+  fake(0).CompleteRun(0, v1::RunResponse());
+  fake(0).set_held({Held(1, 0x10, 16), Held(0, 0x99, 4096)});
+  v1::ReconcileResponse first = c_->Reconcile();
+  EXPECT_EQ(first.buffers_checked(), 2);
+  ASSERT_EQ(first.unowned_size(), 1);
+  EXPECT_EQ(first.unowned(0).device(), 0);
+  EXPECT_EQ(first.unowned(0).handle(), 0x99u);
+  EXPECT_EQ(first.unowned(0).bytes(), 4096);
+  EXPECT_EQ(first.freed(), 0);
+  for (const auto& m : fake(0).messages()) EXPECT_TRUE(m.run);  // nothing freed yet
+  v1::ReconcileResponse second = c_->Reconcile();
+  EXPECT_EQ(second.freed(), 1);
+  std::vector<v1::FreeRequest> frees;
+  for (const auto& m : fake(0).messages()) {
+    if (!m.run) frees.push_back(m.free_request);
+  }
+  ASSERT_EQ(frees.size(), 1u);
+  EXPECT_EQ(frees[0].device(), 0);
+  ASSERT_EQ(frees[0].buffers_size(), 1);
+  EXPECT_EQ(frees[0].buffers(0), 0x99u);
+  EXPECT_EQ(c_->GetCluster(v1::GetClusterRequest()).unowned_buffers_freed(), 1);
+  // The live array's buffer was never in question; gone, nothing is unowned.
+  fake(0).set_held({Held(1, 0x10, 16)});
+  EXPECT_EQ(c_->Reconcile().unowned_size(), 0);
+}
+
+// Executables belong to a tenant: another tenant's session cannot run one,
+// and is told what it would be told of an id never compiled.
+TEST_F(CoordinatorTest, AnotherTenantsExecutableIsNotFoundAsIfNeverCompiled) {
+  Start(1, 1);
+  const std::string exe = CompileIota(false);
+  v1::OpenSessionRequest open;
+  open.set_client("other");
+  const std::string other = c_->OpenSession(open, "mallory")->session_id();
+  v1::ExecuteRequest req;
+  req.set_session_id(other);
+  req.set_executable_id(exe);
+  req.add_outputs(0x20);
+  req.mutable_placement()->set_device(0);
+  auto theirs = c_->Execute(req);
+  req.set_executable_id("0123456789abcdef0123456789abcdef");
+  auto never = c_->Execute(req);
+  ASSERT_EQ(theirs.status().code(), absl::StatusCode::kNotFound);
+  ASSERT_EQ(never.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(absl::StrReplaceAll(theirs.status().message(), {{exe, "ID"}}),
+            absl::StrReplaceAll(never.status().message(), {{"0123456789abcdef0123456789abcdef", "ID"}}));
+  EXPECT_TRUE(fake(0).runs().empty());
+  // The same graph compiled by the other tenant is its own executable.
+  v1::CompileRequest compile;
+  compile.set_session_id(other);
+  *compile.mutable_graph() = Parse(kIota);
+  auto mine = c_->Compile(compile);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_FALSE(mine->cache_hit());
+  EXPECT_NE(mine->executable_id(), exe);
+}
+
+// An executable evicted past its tenant's bound is compiled again from its
+// source when called: counted as the session's compile, refused under
+// forbid_compiles.
+TEST_F(CoordinatorTest, AnEvictedExecutableIsCompiledAgainWhenCalled) {
+  CompileCache probe;
+  {
+    auto c = scheduler::Compile(Parse(kIota), {.owner = "default"});
+    ASSERT_TRUE(c.ok()) << c.status();
+    probe.Insert("default", *c, Parse(kIota));
+  }
+  options_.tenants = Tenants(TenantLimits{0, 0, probe.bytes() * 3 / 2});  // room for one compiled entry
+  Start(1, 1);
+  auto compile = [&](int n) {
+    v1::CompileRequest req;
+    req.set_session_id(session_);
+    v1::Graph g = Parse(kIota);
+    for (int i = 0; i < 2; ++i) g.mutable_nodes(i)->mutable_type()->set_dims(0, n);
+    *req.mutable_graph() = g;
+    auto r = c_->Compile(req);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->executable_id() : "";
+  };
+  auto compiles = [&] {
+    v1::StatsRequest req;
+    req.set_session_id(session_);
+    return c_->Stats(req)->session_compiles();
+  };
+  const std::string first = compile(8);
+  compile(16);  // evicts the first's program
+  EXPECT_EQ(compiles(), 2);
+  auto r = Execute(first, 0x10);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(compiles(), 3);
+  fake(0).CompleteRun(0, v1::RunResponse());
+  EXPECT_EQ(State(0x10), v1::READY);
+  compile(32);  // and again
+  v1::SetSessionOptionsRequest forbid;
+  forbid.set_session_id(session_);
+  forbid.mutable_options()->set_forbid_compiles(true);
+  ASSERT_TRUE(c_->SetSessionOptions(forbid).ok());
+  auto refused = Execute(first, 0x11);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("forbids new compiles"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("of graph 'iota' was evicted from the compile cache"));
+  EXPECT_EQ(compiles(), 4);
 }
 
 TEST_F(CoordinatorTest, AFailedStepFailsItsOutputsNamingTheGlobalDevice) {

@@ -428,6 +428,21 @@ absl::StatusOr<std::unique_ptr<Coordinator::DirectPut>> Coordinator::BeginDirect
   if (!options_.direct_transfers) return nullptr;
   TESSEL_ASSIGN_OR_RETURN(PutPlan plan, PlanPut(h));
   const absl::Time expiry = absl::Now() + options_.ticket_lifetime;
+  // Each worker first opens the writes its tickets grant: it accepts a
+  // client's bytes only for a put this coordinator holds open.
+  for (const std::vector<PutTarget>& block : plan.targets) {
+    for (const PutTarget& t : block) {
+      v1::OpenWritesRequest open;
+      open.set_buffer(h.handle());
+      *open.mutable_devices() = t.header.devices();
+      open.set_expiry_unix_ms(absl::ToUnixMillis(expiry));
+      if (absl::Status s = t.client->OpenWrites(open); !s.ok()) {
+        AbandonPut(h.handle());
+        return Annotate(s, StrFormat("put of array %#x: opening its write on devices [%s]: ", h.handle(),
+                                     absl::StrJoin(t.global_devices, ",")));
+      }
+    }
+  }
   std::vector<v1::DirectWrite> writes;
   for (int b = 0; b < int(plan.targets.size()); ++b) {
     std::vector<int64_t> start, shape;

@@ -32,7 +32,7 @@ class FakeWorkerClient final : public WorkerClient {
 
   explicit FakeWorkerClient(std::string address) : address_(std::move(address)) {}
 
-  absl::Status LoadProgram(const v1::Program& program) override {
+  absl::Status LoadProgram(const v1::Program& program, uint64_t) override {
     CheckNotUnderLock();
     absl::MutexLock l(&mu_);
     loads_.push_back(program);
@@ -62,8 +62,11 @@ class FakeWorkerClient final : public WorkerClient {
     return absl::UnimplementedError("fake worker: no puts");
   }
   std::unique_ptr<FetchStream> BeginFetch(const v1::FetchShardRequest&) override { return nullptr; }
-  absl::StatusOr<v1::WorkerStatsResponse> GetStats(const v1::WorkerStatsRequest&) override {
-    return v1::WorkerStatsResponse();
+  absl::StatusOr<v1::WorkerStatsResponse> GetStats(const v1::WorkerStatsRequest& r) override {
+    v1::WorkerStatsResponse resp;
+    absl::MutexLock l(&mu_);
+    if (r.with_buffers()) *resp.mutable_buffers() = held_;
+    return resp;
   }
   void CancelAll() override {
     std::vector<RunDone> pending;
@@ -89,6 +92,12 @@ class FakeWorkerClient final : public WorkerClient {
   void set_load_error(absl::Status s) {
     absl::MutexLock l(&mu_);
     load_error_ = std::move(s);
+  }
+  // What GetStats(with_buffers) lists as held.
+  void set_held(std::vector<v1::StoredBuffer> held) {
+    absl::MutexLock l(&mu_);
+    held_.Clear();
+    for (auto& b : held) *held_.Add() = std::move(b);
   }
   // Fires the callback of the i-th Run (in arrival order).
   void CompleteRun(size_t i, absl::StatusOr<v1::RunResponse> result) {
@@ -161,6 +170,7 @@ class FakeWorkerClient final : public WorkerClient {
   std::function<void()> on_call_ ABSL_GUARDED_BY(mu_);
   std::vector<std::future<void>> stuck_ ABSL_GUARDED_BY(mu_);
   std::function<void()> on_lost_ ABSL_GUARDED_BY(mu_);
+  google::protobuf::RepeatedPtrField<v1::StoredBuffer> held_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessel::server

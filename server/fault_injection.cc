@@ -29,11 +29,11 @@ class FaultInjectingWorkerClient final : public WorkerClient {
     sender_.join();
   }
 
-  absl::Status LoadProgram(const v1::Program& program) override {
+  absl::Status LoadProgram(const v1::Program& program, uint64_t generation) override {
     if (Roll(plan_.fail_load)) {
       return absl::UnavailableError(absl::StrCat("worker ", name_, " unavailable: injected fault: program load failed"));
     }
-    return inner_->LoadProgram(program);
+    return inner_->LoadProgram(program, generation);
   }
 
   void Run(const v1::RunRequest& request, RunDone done) override {
@@ -54,6 +54,7 @@ class FaultInjectingWorkerClient final : public WorkerClient {
   absl::StatusOr<v1::WorkerStatsResponse> GetStats(const v1::WorkerStatsRequest& request) override {
     return inner_->GetStats(request);
   }
+  absl::Status OpenWrites(const v1::OpenWritesRequest& request) override { return inner_->OpenWrites(request); }
   void CancelAll() override { inner_->CancelAll(); }
 
   void SetStepsLostCallback(std::function<void()> on_lost) override {

@@ -16,7 +16,7 @@ namespace {
 // Records the steps that reach "the worker"; completes each at once.
 class FakeWorkerClient final : public WorkerClient {
  public:
-  absl::Status LoadProgram(const v1::Program&) override {
+  absl::Status LoadProgram(const v1::Program&, uint64_t) override {
     absl::MutexLock l(&mu_);
     ++loads_;
     return absl::OkStatus();
@@ -98,7 +98,7 @@ TEST(FaultInjection, HeldBackStepsArriveLaterAndOutOfOrder) {
 TEST(FaultInjection, FailedLoadsNeverReachTheWorker) {
   auto fake = std::make_shared<FakeWorkerClient>();
   auto client = WithFaults(fake, FaultPlan{.fail_load = 1}, "w");
-  absl::Status s = client->LoadProgram(v1::Program());
+  absl::Status s = client->LoadProgram(v1::Program(), 1);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_EQ(fake->loads(), 0);
 }

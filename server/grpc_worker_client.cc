@@ -240,7 +240,7 @@ class GrpcWorkerClient final : public WorkerClient {
     if (steps) steps->Close();
   }
 
-  absl::Status LoadProgram(const v1::Program& program) override {
+  absl::Status LoadProgram(const v1::Program& program, uint64_t generation) override {
     grpc::ClientContext ctx;
     // Bounded, and cancelled at once if the worker is declared dead.
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(kLoadDeadlineSeconds));
@@ -248,6 +248,7 @@ class GrpcWorkerClient final : public WorkerClient {
     if (!guard.ok()) return Dead();
     v1::LoadProgramRequest req;
     *req.mutable_program() = program;
+    req.set_generation(generation);
     v1::LoadProgramResponse resp;
     return Annotated(stub_->LoadProgram(&ctx, req, &resp));
   }
@@ -296,6 +297,13 @@ class GrpcWorkerClient final : public WorkerClient {
     auto s = Annotated(stub_->GetStats(&ctx, request, &resp));
     if (!s.ok()) return s;
     return resp;
+  }
+
+  absl::Status OpenWrites(const v1::OpenWritesRequest& request) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::OpenWritesResponse resp;
+    return Annotated(stub_->OpenWrites(&ctx, request, &resp));
   }
 
   void SetStepsLostCallback(std::function<void()> on_lost) override {

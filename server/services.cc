@@ -264,7 +264,14 @@ grpc::Status SessionService::ArrayInfo(grpc::ServerContext* ctx, const v1::Array
 }
 grpc::Status SessionService::Stats(grpc::ServerContext* ctx, const v1::StatsRequest* req, v1::StatsResponse* resp) {
   if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
-  return Reply(c_->Stats(*req), resp);
+  // Each device's own figures cover every tenant's arrays: an admin's only.
+  auto who = c_->tenants()->Authenticate(BearerToken(*ctx));
+  return Reply(c_->Stats(*req, /*tenant_view=*/!who.ok() || !who->admin), resp);
+}
+grpc::Status SessionService::ListDevices(grpc::ServerContext* ctx, const v1::ListDevicesRequest* req,
+                                         v1::ListDevicesResponse* resp) {
+  if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
+  return Reply(c_->ListDevices(*req), resp);
 }
 
 grpc::Status AdminService::GetVersion(grpc::ServerContext*, const v1::GetVersionRequest* req,
@@ -298,6 +305,12 @@ grpc::Status AdminService::DrainWorker(grpc::ServerContext* ctx, const v1::Drain
                                        v1::DrainWorkerResponse* resp) {
   if (grpc::Status a = Authorize(ctx); !a.ok()) return a;
   return Reply(c_->DrainWorker(*req), resp);
+}
+grpc::Status AdminService::Reconcile(grpc::ServerContext* ctx, const v1::ReconcileRequest*,
+                                     v1::ReconcileResponse* resp) {
+  if (grpc::Status a = Authorize(ctx); !a.ok()) return a;
+  *resp = c_->Reconcile();
+  return grpc::Status::OK;
 }
 
 grpc::Status RegistryService::RegisterWorker(grpc::ServerContext* ctx, const v1::RegisterWorkerRequest* req,

@@ -39,6 +39,7 @@ class SessionService final : public v1::Session::Service {
   grpc::Status Reshard(grpc::ServerContext*, const v1::ReshardRequest*, v1::ReshardResponse*) override;
   grpc::Status ArrayInfo(grpc::ServerContext*, const v1::ArrayInfoRequest*, v1::ArrayInfoResponse*) override;
   grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest*, v1::StatsResponse*) override;
+  grpc::Status ListDevices(grpc::ServerContext*, const v1::ListDevicesRequest*, v1::ListDevicesResponse*) override;
 
  private:
   // UNAUTHENTICATED without a known token; PERMISSION_DENIED when `session`
@@ -61,6 +62,7 @@ class AdminService final : public v1::Admin::Service {
                             v1::AdminCloseSessionResponse*) override;
   grpc::Status CordonWorker(grpc::ServerContext*, const v1::CordonWorkerRequest*, v1::CordonWorkerResponse*) override;
   grpc::Status DrainWorker(grpc::ServerContext*, const v1::DrainWorkerRequest*, v1::DrainWorkerResponse*) override;
+  grpc::Status Reconcile(grpc::ServerContext*, const v1::ReconcileRequest*, v1::ReconcileResponse*) override;
 
  private:
   grpc::Status Authorize(const grpc::ServerContext* ctx) const;

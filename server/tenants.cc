@@ -46,25 +46,27 @@ absl::StatusOr<Tenants> Tenants::Parse(absl::string_view text, absl::string_view
       return absl::InvalidArgumentError(absl::StrCat(file, ":", line_no, ": ", what));
     };
     std::vector<absl::string_view> f = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
-    if (f.size() < 2) return bad("expected 'TOKEN TENANT [admin] [memory_quota=BYTES] [max_sessions=N]'");
+    if (f.size() < 2) return bad("expected 'TOKEN TENANT [admin] [memory_quota=BYTES] [max_sessions=N] [compile_cache_quota=BYTES]'");
     const std::string token(f[0]), tenant(f[1]);
     if (t.tokens_.contains(token)) return bad("this token is already given on an earlier line");
     Principal p{tenant, false};
-    TenantLimits limits = given.contains(tenant) ? given[tenant] : TenantLimits{-1, -1};
+    TenantLimits limits = given.contains(tenant) ? given[tenant] : TenantLimits{-1, -1, -1};
     for (size_t i = 2; i < f.size(); ++i) {
       if (f[i] == "admin") {
         p.admin = true;
         continue;
       }
       std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(f[i], absl::MaxSplits('=', 1));
-      int64_t* slot = kv.first == "memory_quota" ? &limits.memory_quota_bytes
-                      : kv.first == "max_sessions" ? &limits.max_sessions
-                                                   : nullptr;
+      int64_t* slot = kv.first == "memory_quota"          ? &limits.memory_quota_bytes
+                      : kv.first == "max_sessions"        ? &limits.max_sessions
+                      : kv.first == "compile_cache_quota" ? &limits.compile_cache_bytes
+                                                          : nullptr;
       if (slot == nullptr) {
-        return bad(absl::StrCat("unknown option '", f[i], "'; expected admin, memory_quota=BYTES or max_sessions=N"));
+        return bad(absl::StrCat("unknown option '", f[i],
+                                "'; expected admin, memory_quota=BYTES, max_sessions=N or compile_cache_quota=BYTES"));
       }
       int64_t n = 0;
-      if (kv.first == "memory_quota") {
+      if (kv.first != "max_sessions") {
         auto b = ParseBytes(kv.second);
         if (!b.ok()) return bad(absl::StrCat(kv.first, "=", kv.second, ": ", b.status().message()));
         n = *b;
@@ -81,8 +83,10 @@ absl::StatusOr<Tenants> Tenants::Parse(absl::string_view text, absl::string_view
   }
   if (t.tokens_.empty()) return absl::InvalidArgumentError(absl::StrCat(file, ": no tokens in the file"));
   for (const auto& [tenant, l] : given) {
-    t.limits_[tenant] = TenantLimits{l.memory_quota_bytes >= 0 ? l.memory_quota_bytes : defaults.memory_quota_bytes,
-                                     l.max_sessions >= 0 ? l.max_sessions : defaults.max_sessions};
+    t.limits_[tenant] = TenantLimits{
+        l.memory_quota_bytes >= 0 ? l.memory_quota_bytes : defaults.memory_quota_bytes,
+        l.max_sessions >= 0 ? l.max_sessions : defaults.max_sessions,
+        l.compile_cache_bytes >= 0 ? l.compile_cache_bytes : defaults.compile_cache_bytes};
   }
   return t;
 }

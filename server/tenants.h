@@ -4,12 +4,14 @@
 // The operator's --auth_tokens_file maps bearer tokens to tenants, one token
 // per line (blank lines and '#' comments skipped):
 //
-//   TOKEN  TENANT  [admin] [memory_quota=BYTES] [max_sessions=N]
+//   TOKEN  TENANT  [admin] [memory_quota=BYTES] [max_sessions=N] [compile_cache_quota=BYTES]
 //
 // BYTES takes a KiB, MiB or GiB suffix. `admin` lets the token call the
 // Admin service. A tenant's limits may be given on any of its lines, and
 // must agree where given twice. A tenant without limits gets the defaults
-// (--tenant_memory_quota_mb, --max_sessions_per_tenant; 0: unbounded).
+// (--tenant_memory_quota_mb, --max_sessions_per_tenant,
+// --tenant_compile_cache_mb; 0: unbounded, but for the compile cache, where
+// it is the whole cache's bound shared evenly among the file's tenants).
 //
 // Without a tokens file every caller is tenant "default", with admin rights:
 // the mode of a cluster on loopback.
@@ -31,8 +33,9 @@
 namespace tessel::server {
 
 struct TenantLimits {
-  int64_t memory_quota_bytes = 0;  // over all the tenant's sessions; 0: none
-  int64_t max_sessions = 0;        // open at once; 0: no bound
+  int64_t memory_quota_bytes = 0;   // over all the tenant's sessions; 0: none
+  int64_t max_sessions = 0;         // open at once; 0: no bound
+  int64_t compile_cache_bytes = 0;  // its cached executables; 0: an even share of the cache
 };
 
 struct Principal {

@@ -21,7 +21,8 @@ class WorkerClient {
   using Done = std::function<void(absl::Status)>;
   using RunDone = std::function<void(absl::StatusOr<v1::RunResponse>)>;
 
-  virtual absl::Status LoadProgram(const v1::Program& program) = 0;
+  // `generation`: the coordinator's number for this load (LoadProgramRequest).
+  virtual absl::Status LoadProgram(const v1::Program& program, uint64_t generation) = 0;
   // Asynchronous: `done` runs when the worker has run the step.
   virtual void Run(const v1::RunRequest& request, RunDone done) = 0;
   virtual void Free(const v1::FreeRequest& request, Done done) = 0;
@@ -45,6 +46,11 @@ class WorkerClient {
 
   // `request.sequenced`: see WorkerStatsRequest.
   virtual absl::StatusOr<v1::WorkerStatsResponse> GetStats(const v1::WorkerStatsRequest& request) = 0;
+
+  // Opens the writes of a client's direct put (the worker then accepts its
+  // tickets, and nothing else). Default: OK, for fakes that hold no
+  // client's bytes.
+  virtual absl::Status OpenWrites(const v1::OpenWritesRequest& request) { return absl::OkStatus(); }
 
   // Fails every call in flight, and every later one (the worker was
   // declared dead).

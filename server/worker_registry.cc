@@ -263,7 +263,12 @@ std::vector<QueueSlot> WorkerRegistry::Reserve(const std::vector<int>& devices, 
       slot.client = w.client;
       slot.first_seq = dev.next_seq;
       dev.next_seq += counts[i];
-      if (executable != nullptr) slot.needs_load = w.loaded.insert(*executable).second;
+      if (executable != nullptr) {
+        auto [it, fresh] = w.loaded.try_emplace(*executable, 0);
+        if (fresh) it->second = ++load_generation_;
+        slot.needs_load = fresh;
+        slot.load_generation = it->second;
+      }
     }
     out.push_back(std::move(slot));
   }
@@ -283,6 +288,30 @@ std::vector<PendingFree> WorkerRegistry::SequenceFrees(absl::flat_hash_map<int, 
     req.set_seq(slots[i].first_seq);
     req.set_queue_epoch(slots[i].queue_epoch);
     out.push_back(PendingFree{std::move(slots[i].client), std::move(req), devices[i]});
+  }
+  return out;
+}
+
+std::vector<PendingFree> WorkerRegistry::SequenceUnloads(const std::string& executable) {
+  absl::MutexLock l(&mu_);
+  std::vector<PendingFree> out;
+  for (auto& [id, w] : workers_) {
+    auto it = w.loaded.find(executable);
+    if (it == w.loaded.end()) continue;
+    const uint64_t generation = it->second;
+    w.loaded.erase(it);
+    if (!w.alive || !w.client) continue;
+    for (int d : w.devices) {
+      DeviceRecord& dev = devices_.at(d);
+      v1::FreeRequest req;
+      req.set_device(dev.local_index);
+      req.set_seq(dev.next_seq++);
+      req.set_queue_epoch(dev.queue_epoch);
+      v1::ProgramUnload* u = req.add_unload();
+      u->set_executable_id(executable);
+      u->set_generation(generation);
+      out.push_back(PendingFree{w.client, std::move(req), d});
+    }
   }
   return out;
 }

@@ -50,6 +50,7 @@ struct QueueSlot {
   uint64_t first_seq = 0;  // this and the next `count - 1`
   uint64_t queue_epoch = 0;
   bool needs_load = false;  // the executable Reserve was given goes to this worker for the first time
+  uint64_t load_generation = 0;  // with needs_load: the number of that load
 };
 
 // Which worker's devices to ask for memory figures, with the request that
@@ -147,6 +148,10 @@ class WorkerRegistry {
   // Sequences `frees` (by global device; device and seq are filled in) and
   // drops those for dead workers.
   std::vector<PendingFree> SequenceFrees(absl::flat_hash_map<int, v1::FreeRequest> frees);
+  // Every live worker that loaded `executable` drops it from each of its
+  // devices after the steps already numbered there (sequenced frees that
+  // carry the unload), and is marked as not holding it.
+  std::vector<PendingFree> SequenceUnloads(const std::string& executable);
 
   // A load failed: the next step loads again.
   void ForgetLoaded(const WorkerClient* client, const std::string& executable);
@@ -171,7 +176,7 @@ class WorkerRegistry {
     bool cordoned = false;
     bool alive = true;
     std::shared_ptr<WorkerClient> client;
-    absl::flat_hash_set<std::string> loaded;  // executable ids
+    absl::flat_hash_map<std::string, uint64_t> loaded;  // executable ids, with the generation of their load
     bool open_queues = false;                 // a new queue epoch awaits its first message
   };
   struct DeviceRecord {
@@ -191,6 +196,7 @@ class WorkerRegistry {
   absl::flat_hash_map<std::string, WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);
   std::vector<DeviceRecord> devices_ ABSL_GUARDED_BY(mu_);  // by global id
   int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t load_generation_ ABSL_GUARDED_BY(mu_) = 0;  // numbers every load of a program
 };
 
 }  // namespace tessel::server

@@ -1,5 +1,7 @@
 // A test suite that shares one local cluster (real coordinator and worker
-// processes on loopback) and gives each test a fresh session.
+// processes on loopback) and gives each test a fresh session. After each
+// test, every buffer the workers hold must belong to a live array or an
+// open put (Admin.Reconcile).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -31,6 +33,15 @@ class ClusterFixture : public ::testing::Test {
     auto s = Session::Connect(cluster_->address());
     ASSERT_TRUE(s.ok()) << s.status();
     session_ = std::move(*s);
+  }
+  void TearDown() override {
+    if (session_ == nullptr) return;
+    auto r = session_->Reconcile();
+    ASSERT_TRUE(r.ok()) << r.status();
+    for (const UnownedBuffer& u : r->unowned) {
+      ADD_FAILURE() << "after the test, device " << u.device << " holds buffer 0x" << std::hex << u.handle << std::dec
+                    << " (" << u.bytes << " bytes) that no array owns";
+    }
   }
   static inline LocalCluster* cluster_ = nullptr;
   std::unique_ptr<Session> session_;

@@ -408,15 +408,16 @@ TEST_F(DirectTransferTest, WorkersRefuseWritesWithoutAValidTicketAndUnfinishedPu
   EXPECT_TRUE(absl::StrContains(info.error(), "deleted")) << info.ShortDebugString();
   EXPECT_NE(info.state(), v1::PENDING);
   // The ticket is still good, but a write now (a client that kept writing
-  // after giving up) is refused once the worker has retired the array: it
-  // cannot leave a buffer behind that nothing would free.
+  // after giving up) is refused once the worker has retired the array,
+  // which closed the write the coordinator opened for it: it cannot leave a
+  // buffer behind that nothing would free.
   grpc::Status late;
   for (int i = 0; i < 200 && late.error_code() != grpc::StatusCode::FAILED_PRECONDITION; ++i) {
     if (i > 0) absl::SleepFor(absl::Milliseconds(10));  // the worker's free may still be queued
     late = WriteShard(w.address(), WriteHeader(w), std::string(64, '\1'));
   }
   EXPECT_EQ(late.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << late.error_message();
-  EXPECT_TRUE(absl::StrContains(late.error_message(), "was freed before it was written")) << late.error_message();
+  EXPECT_TRUE(absl::StrContains(late.error_message(), "has no open write")) << late.error_message();
 }
 
 // A direct put becomes ready only on its workers' word: each block's worker

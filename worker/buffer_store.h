@@ -8,11 +8,13 @@
 #include <deque>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "tessel/v1/ir.pb.h"
 #include "worker/device.h"
 
@@ -65,15 +67,47 @@ class BufferStore {
   // nobody will free. The last kRememberedRetirements handles are kept.
   void Retire(int device, uint64_t handle);
   static constexpr size_t kRememberedRetirements = size_t{1} << 14;
+
+  // Writes by clients (tickets the coordinator signed) need an open grant:
+  // the coordinator opens one for a buffer on a device (OpenWrite) before
+  // it hands out the ticket; it closes when the write lands, when the
+  // buffer is retired (the put abandoned, its session ended), or at
+  // `expiry`. So a client can only ever write a buffer the coordinator
+  // holds a pending array for, and no byte outlives its owner.
+  void OpenWrite(int device, uint64_t handle, absl::Time expiry);
+  // A client's write of `handle` on `device` starts: FAILED_PRECONDITION
+  // unless its grant is open at `now` and no other write holds it.
+  absl::Status BeginGrantedWrite(int device, uint64_t handle, absl::Time now);
+  // Stores a client's finished write and closes its grant;
+  // FAILED_PRECONDITION when the grant closed while it was written.
+  absl::Status InsertGranted(int device, uint64_t handle, StoredArray a);
+  // Grants open now (expired ones are dropped as new ones open).
+  int64_t open_writes() const;
+
   int64_t size() const;
-  // Drops every array; returns how many and their bytes.
+  // Every stored buffer: (device, handle, bytes).
+  struct Held {
+    int device = 0;
+    uint64_t handle = 0;
+    int64_t bytes = 0;
+  };
+  std::vector<Held> List() const;
+  // Drops every array and grant; returns how many arrays and their bytes.
   std::pair<int64_t, int64_t> Clear();
 
  private:
+  struct Grant {
+    absl::Time expiry;
+    bool writing = false;
+  };
+  absl::Status InsertLocked(int device, uint64_t handle, StoredArray a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::pair<int, uint64_t>, StoredArray> arrays_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::pair<int, uint64_t>> retired_ ABSL_GUARDED_BY(mu_);
   std::deque<std::pair<int, uint64_t>> retired_order_ ABSL_GUARDED_BY(mu_);  // oldest first
+  absl::flat_hash_map<std::pair<int, uint64_t>, Grant> grants_ ABSL_GUARDED_BY(mu_);
+  // Grants by when they opened: expired ones are dropped from the front.
+  std::deque<std::pair<absl::Time, std::pair<int, uint64_t>>> grant_order_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessel::worker

@@ -1,5 +1,7 @@
 #include "worker/worker_runtime.h"
 
+#include <algorithm>
+
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -107,28 +109,66 @@ absl::Status WorkerRuntime::CheckDevice(int device) const {
   return absl::OkStatus();
 }
 
-absl::Status WorkerRuntime::LoadProgram(const v1::Program& program) {
+absl::Status WorkerRuntime::LoadProgram(const v1::Program& program, uint64_t generation) {
+  std::vector<size_t> missing;  // devices without it
   {
     absl::MutexLock l(&mu_);
-    if (programs_.contains(program.executable_id())) return absl::OkStatus();
+    auto it = programs_.find(program.executable_id());
+    for (size_t d = 0; d < devices_.size(); ++d) {
+      if (it == programs_.end() || it->second.on_device[d] == nullptr) missing.push_back(d);
+    }
+    if (missing.empty()) {
+      it->second.generation = std::max(it->second.generation, generation);  // an older unload leaves it
+      return absl::OkStatus();
+    }
   }
-  std::vector<std::unique_ptr<Executable>> loaded;
-  for (auto& d : devices_) {
-    auto exe = d->Load(program);
-    if (!exe.ok()) return Annotate(exe.status(), absl::StrCat("loading on ", d->name(), ": "));
-    loaded.push_back(std::move(*exe));
+  std::vector<std::shared_ptr<Executable>> loaded(devices_.size());
+  for (size_t d : missing) {
+    auto exe = devices_[d]->Load(program);
+    if (!exe.ok()) return Annotate(exe.status(), absl::StrCat("loading on ", devices_[d]->name(), ": "));
+    loaded[d] = std::move(*exe);
   }
   absl::MutexLock l(&mu_);
-  programs_.try_emplace(program.executable_id(), std::move(loaded));
-  program_protos_.try_emplace(program.executable_id(), program);
-  log_->info("loaded program {} ({} instructions)", program.executable_id(), program.instructions_size());
+  LoadedProgram& p = programs_[program.executable_id()];
+  if (p.proto == nullptr) p.proto = std::make_shared<const v1::Program>(program);
+  p.on_device.resize(devices_.size());
+  for (size_t d : missing) {
+    if (p.on_device[d] == nullptr) p.on_device[d] = std::move(loaded[d]);
+  }
+  p.generation = std::max(p.generation, generation);
+  log_->info("loaded program {} ({} instructions, generation {})", program.executable_id(),
+             program.instructions_size(), generation);
   return absl::OkStatus();
+}
+
+void WorkerRuntime::Unload(int device, const v1::ProgramUnload& unload) {
+  std::shared_ptr<Executable> gone;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = programs_.find(unload.executable_id());
+    if (it == programs_.end() || it->second.generation != unload.generation()) return;  // loaded again since
+    gone = std::move(it->second.on_device[device]);
+    bool anywhere = false;
+    for (const auto& e : it->second.on_device) anywhere |= e != nullptr;
+    if (!anywhere) programs_.erase(it);
+  }
+  if (gone == nullptr) return;
+  // An asynchronous device may still run the program's kernels.
+  if (devices_[device]->asynchronous()) (void)devices_[device]->Fence()();
+  log_->debug("dropped program {} from {}", unload.executable_id(), devices_[device]->name());
+}
+
+int64_t WorkerRuntime::num_programs() const {
+  absl::MutexLock l(&mu_);
+  return programs_.size();
 }
 
 absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r, int* last_collective,
                                                        const std::shared_ptr<Verdict>& verdict,
                                                        std::vector<std::shared_ptr<const Verdict>>& inputs) {
   if (r.has_transfer()) return RunTransferStep(r, last_collective, verdict, inputs);
+  std::shared_ptr<Executable> exe_held;  // held while the step runs: an unload may drop the program
+  std::shared_ptr<const v1::Program> proto_held;
   Executable* exe = nullptr;
   const v1::Program* proto = nullptr;
   std::shared_ptr<CommunicatorRegistry> collectives;
@@ -136,12 +176,14 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r, 
     absl::MutexLock l(&mu_);
     collectives = collectives_;
     auto it = programs_.find(r.executable_id());
-    if (it == programs_.end()) {
+    if (it == programs_.end() || it->second.on_device[r.device()] == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat("program ", r.executable_id(), " is not loaded"));
     }
-    exe = it->second[r.device()].get();
-    proto = &program_protos_.at(r.executable_id());
+    exe_held = it->second.on_device[r.device()];
+    proto_held = it->second.proto;
   }
+  exe = exe_held.get();
+  proto = proto_held.get();
   if (r.arguments_size() != proto->parameters_size() || r.outputs_size() != proto->outputs_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "execution ", r.execution_id(), ": program takes ", proto->parameters_size(), " arguments and gives ",
@@ -353,13 +395,15 @@ void WorkerRuntime::Run(v1::RunRequest request_in, RunDone done) {
 
 void WorkerRuntime::AbandonRest(const v1::RunRequest& r, int last_collective, const absl::Status& cause) {
   std::shared_ptr<CommunicatorRegistry> collectives;
+  std::shared_ptr<const v1::Program> proto_held;
   const v1::Program* proto = nullptr;
   {
     absl::MutexLock l(&mu_);
     collectives = collectives_;
-    auto it = program_protos_.find(r.executable_id());
-    if (it != program_protos_.end()) proto = &it->second;
+    auto it = programs_.find(r.executable_id());
+    if (it != programs_.end()) proto_held = it->second.proto;
   }
+  proto = proto_held.get();
   if (r.has_transfer()) {
     const int device = r.transfer().rank() >= 0 && r.transfer().rank() < r.transfer().rank_devices_size()
                            ? r.transfer().rank_devices(r.transfer().rank())
@@ -386,6 +430,7 @@ void WorkerRuntime::Free(const v1::FreeRequest& request, Done done) {
   if (auto s = CheckDevice(request.device()); !s.ok()) return done(s);
   auto work = [this, request, done] {
     for (uint64_t h : request.buffers()) store_.Retire(request.device(), h);
+    for (const v1::ProgramUnload& u : request.unload()) Unload(request.device(), u);
     done(absl::OkStatus());
   };
   queues_[request.device()]->Submit(request.queue_epoch(), request.seq(), std::move(work),
@@ -394,6 +439,9 @@ void WorkerRuntime::Free(const v1::FreeRequest& request, Done done) {
                                       // happens: the coordinator has let go of those arrays.
                                       if (!absl::IsInvalidArgument(why)) {
                                         for (uint64_t h : request.buffers()) store_.Retire(request.device(), h);
+                                        for (const v1::ProgramUnload& u : request.unload()) {
+                                          Unload(request.device(), u);
+                                        }
                                       }
                                       done(std::move(why));
                                     });
@@ -404,9 +452,9 @@ namespace {
 class PutWriterImpl final : public WorkerRuntime::PutWriter {
  public:
   PutWriterImpl(BufferStore* store, std::vector<std::pair<int, Device*>> devices,
-                std::vector<BufferPtr> buffers, uint64_t handle, v1::TensorType type, int64_t bytes)
+                std::vector<BufferPtr> buffers, uint64_t handle, v1::TensorType type, int64_t bytes, bool granted)
       : store_(store), devices_(std::move(devices)), buffers_(std::move(buffers)),
-        handle_(handle), type_(std::move(type)), bytes_(bytes) {}
+        handle_(handle), type_(std::move(type)), bytes_(bytes), granted_(granted) {}
 
   absl::Status Write(const std::string& bytes) override {
     if (written_ + int64_t(bytes.size()) > bytes_) {
@@ -428,7 +476,9 @@ class PutWriterImpl final : public WorkerRuntime::PutWriter {
           TypeString(type_), bytes_, written_));
     }
     for (size_t i = 0; i < devices_.size(); ++i) {
-      absl::Status s = store_->Insert(devices_[i].first, handle_, StoredArray{buffers_[i], type_, {}});
+      StoredArray a{buffers_[i], type_, {}};
+      absl::Status s = granted_ ? store_->InsertGranted(devices_[i].first, handle_, std::move(a))
+                                : store_->Insert(devices_[i].first, handle_, std::move(a));
       if (!s.ok()) {
         for (size_t j = 0; j < i; ++j) store_->Erase(devices_[j].first, handle_);
         return s;
@@ -444,15 +494,23 @@ class PutWriterImpl final : public WorkerRuntime::PutWriter {
   const uint64_t handle_;
   const v1::TensorType type_;
   const int64_t bytes_;
+  const bool granted_;  // a client's write, under a grant the coordinator opened
   int64_t written_ = 0;
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<WorkerRuntime::PutWriter>> WorkerRuntime::BeginPut(
-    const v1::PutShardRequest::Header& h) {
+    const v1::PutShardRequest::Header& h, bool granted) {
   TESSEL_ASSIGN_OR_RETURN(int64_t bytes, ByteSize(h.type()));
   if (h.devices().empty()) return absl::InvalidArgumentError("put names no device");
+  if (granted) {
+    const absl::Time now = absl::Now();
+    for (int d : h.devices()) {
+      TESSEL_RETURN_IF_ERROR(CheckDevice(d));
+      TESSEL_RETURN_IF_ERROR(store_.BeginGrantedWrite(d, h.buffer(), now));
+    }
+  }
   std::vector<std::pair<int, Device*>> devices;
   std::vector<BufferPtr> buffers;
   for (int d : h.devices()) {
@@ -465,7 +523,15 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime::PutWriter>> WorkerRuntime::BeginPu
     buffers.push_back(std::move(b));
   }
   return std::unique_ptr<PutWriter>(
-      new PutWriterImpl(&store_, std::move(devices), std::move(buffers), h.buffer(), h.type(), bytes));
+      new PutWriterImpl(&store_, std::move(devices), std::move(buffers), h.buffer(), h.type(), bytes, granted));
+}
+
+absl::Status WorkerRuntime::OpenWrites(const v1::OpenWritesRequest& request) {
+  if (request.devices().empty()) return absl::InvalidArgumentError("OpenWrites names no device");
+  for (int d : request.devices()) TESSEL_RETURN_IF_ERROR(CheckDevice(d));
+  const absl::Time expiry = absl::FromUnixMillis(request.expiry_unix_ms());
+  for (int d : request.devices()) store_.OpenWrite(d, request.buffer(), expiry);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StoredArray> WorkerRuntime::GetForFetch(int device, uint64_t handle) const {
@@ -485,7 +551,8 @@ void WorkerRuntime::SetCollectives(std::shared_ptr<CommunicatorRegistry> collect
   collectives_ = std::move(collectives);
 }
 
-v1::WorkerStatsResponse WorkerRuntime::Stats(absl::Span<const uint64_t> sequenced, absl::Duration wait) const {
+v1::WorkerStatsResponse WorkerRuntime::Stats(absl::Span<const uint64_t> sequenced, absl::Duration wait,
+                                             bool with_buffers) const {
   const absl::Time deadline = absl::Now() + wait;
   for (size_t d = 0; d < sequenced.size() && d < queues_.size(); ++d) {
     queues_[d]->AwaitCompleted(sequenced[d], std::max(deadline - absl::Now(), absl::ZeroDuration()));
@@ -503,6 +570,14 @@ v1::WorkerStatsResponse WorkerRuntime::Stats(absl::Span<const uint64_t> sequence
     s->set_largest_free_block(m.largest_free_block);
   }
   r.set_steps_run(steps_run_);
+  if (with_buffers) {
+    for (const BufferStore::Held& h : store_.List()) {
+      v1::StoredBuffer* b = r.add_buffers();
+      b->set_device(h.device);
+      b->set_handle(h.handle);
+      b->set_bytes(h.bytes);
+    }
+  }
   return r;
 }
 

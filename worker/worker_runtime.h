@@ -44,7 +44,11 @@ class WorkerRuntime {
   Device& device(int i) const { return *devices_[i]; }
 
   // Loads on every device; loading an id already loaded is a no-op.
-  absl::Status LoadProgram(const v1::Program& program);
+  // `generation`: the coordinator's number for this load; a device whose
+  // copy was dropped loads it again.
+  absl::Status LoadProgram(const v1::Program& program, uint64_t generation = 0);
+  // Programs loaded now (on any device), for tests.
+  int64_t num_programs() const ABSL_LOCKS_EXCLUDED(mu_);
 
   using Done = std::function<void(absl::Status)>;
   using RunDone = std::function<void(absl::StatusOr<v1::RunResponse>)>;
@@ -63,15 +67,21 @@ class WorkerRuntime {
     virtual absl::Status Write(const std::string& bytes) = 0;
     virtual absl::Status Finish() = 0;
   };
-  absl::StatusOr<std::unique_ptr<PutWriter>> BeginPut(const v1::PutShardRequest::Header& header);
+  // `granted`: a client's write by ticket, which needs the write the
+  // coordinator opened for it (OpenWrites; BufferStore::OpenWrite).
+  absl::StatusOr<std::unique_ptr<PutWriter>> BeginPut(const v1::PutShardRequest::Header& header,
+                                                      bool granted = false);
+  // The coordinator grants a client the write of a buffer (PutDirect).
+  absl::Status OpenWrites(const v1::OpenWritesRequest& request);
 
   // The array to stream back; its error if the step that made it failed.
   absl::StatusOr<StoredArray> GetForFetch(int device, uint64_t handle) const;
 
   // Memory and step figures, once each device has run `sequenced[d]`
   // sequenced operations (waiting at most `wait`; then as they stand).
+  // With `with_buffers`, every stored buffer is listed too.
   v1::WorkerStatsResponse Stats(absl::Span<const uint64_t> sequenced = {},
-                                absl::Duration wait = absl::Seconds(2)) const;
+                                absl::Duration wait = absl::Seconds(2), bool with_buffers = false) const;
 
   // Every device's queue moves to `epoch` (the worker registered again):
   // steps still waiting from before are refused.
@@ -105,15 +115,22 @@ class WorkerRuntime {
   // one-way group and sending rank, so a rank's sends meet the receivers in
   // step order, each from one thread, while the device's queue goes on.
   void QueueSend(const v1::RunRequest& request, std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops a program from `device` (a free's unload), unless loaded again
+  // since; the last device's drop forgets it.
+  void Unload(int device, const v1::ProgramUnload& unload) ABSL_LOCKS_EXCLUDED(mu_);
 
   std::vector<std::unique_ptr<Device>> devices_;
   const std::shared_ptr<spdlog::logger> log_;
   BufferStore store_;
   mutable absl::Mutex mu_;
-  // executable id -> one Executable per device
-  absl::flat_hash_map<std::string, std::vector<std::unique_ptr<Executable>>> programs_ ABSL_GUARDED_BY(mu_);
-  // Node-based: RunStep keeps a pointer while another program loads.
-  absl::node_hash_map<std::string, v1::Program> program_protos_ ABSL_GUARDED_BY(mu_);
+  // A program loaded on the worker's devices. Shared: a step holds what it
+  // runs while the program is loaded again or dropped from a device.
+  struct LoadedProgram {
+    uint64_t generation = 0;  // of the latest load (LoadProgramRequest.generation)
+    std::shared_ptr<const v1::Program> proto;
+    std::vector<std::shared_ptr<Executable>> on_device;  // by local index; null once dropped there
+  };
+  absl::flat_hash_map<std::string, LoadedProgram> programs_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<CommunicatorRegistry> collectives_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> steps_run_{0};
   // Per asynchronous device (else null): its steps' reports, each behind a

@@ -489,5 +489,97 @@ TEST(WorkerRuntime, APutFinishedAfterItsArrayWasFreedLeavesNothingBehind) {
   EXPECT_EQ(runtime->device(0).memory_stats().num_buffers, before);
 }
 
+// Frees `request` (device 0) and waits for it to run.
+void FreeAndWait(WorkerRuntime& runtime, v1::FreeRequest request) {
+  absl::Notification freed;
+  runtime.Free(request, [&](absl::Status s) {
+    EXPECT_TRUE(s.ok()) << s;
+    freed.Notify();
+  });
+  ASSERT_TRUE(freed.WaitForNotificationWithTimeout(absl::Seconds(10)));
+}
+
+// A client's write by ticket lands only under a write the coordinator
+// opened: not without one, not twice, not after the buffer was freed, not
+// once expired.
+TEST(WorkerRuntime, AClientsWriteNeedsAnOpenWriteAndClosesIt) {
+  auto runtime = NewRuntime(std::make_unique<cpu::CpuDevice>(cpu::CpuDevice::Options{}));
+  ASSERT_NE(runtime, nullptr);
+  const int64_t before = runtime->device(0).memory_stats().num_buffers;
+  const std::string data(16, '\0');
+  EXPECT_EQ(runtime->BeginPut(PutF32x4(0x1), /*granted=*/true).status().code(), absl::StatusCode::kFailedPrecondition);
+  v1::OpenWritesRequest open;
+  open.set_buffer(0x1);
+  open.add_devices(0);
+  open.set_expiry_unix_ms(absl::ToUnixMillis(absl::Now() + absl::Minutes(1)));
+  ASSERT_TRUE(runtime->OpenWrites(open).ok());
+  auto put = runtime->BeginPut(PutF32x4(0x1), true);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(runtime->BeginPut(PutF32x4(0x1), true).status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*put)->Write(data).ok());
+  ASSERT_TRUE((*put)->Finish().ok());
+  EXPECT_TRUE(runtime->GetForFetch(0, 0x1).ok());
+  EXPECT_EQ(runtime->BeginPut(PutF32x4(0x1), true).status().code(), absl::StatusCode::kFailedPrecondition);
+  // Freed while it was written: nothing stays.
+  open.set_buffer(0x2);
+  ASSERT_TRUE(runtime->OpenWrites(open).ok());
+  auto late = runtime->BeginPut(PutF32x4(0x2), true);
+  ASSERT_TRUE(late.ok()) << late.status();
+  ASSERT_TRUE((*late)->Write(data).ok());
+  v1::FreeRequest free;
+  free.set_device(0);
+  free.set_seq(0);
+  free.add_buffers(0x2);
+  FreeAndWait(*runtime, free);
+  EXPECT_EQ((*late)->Finish().code(), absl::StatusCode::kFailedPrecondition);
+  late->reset();
+  // Expired: refused.
+  open.set_buffer(0x3);
+  open.set_expiry_unix_ms(absl::ToUnixMillis(absl::Now() - absl::Seconds(1)));
+  ASSERT_TRUE(runtime->OpenWrites(open).ok());
+  EXPECT_EQ(runtime->BeginPut(PutF32x4(0x3), true).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(runtime->device(0).memory_stats().num_buffers, before + 1);  // 0x1 alone
+}
+
+// A program dropped by a free's unload gives its memory back; an unload of
+// an earlier load leaves a later one in place; a step after the drop is
+// refused until the program is loaded again.
+TEST(WorkerRuntime, AnUnloadDropsAProgramUnlessLoadedAgainSince) {
+  auto runtime = NewRuntime(std::make_unique<cpu::CpuDevice>(cpu::CpuDevice::Options{}));
+  ASSERT_NE(runtime, nullptr);
+  ASSERT_EQ(runtime->num_programs(), 2);
+  v1::Program twos;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(kProgram, &twos));
+  ASSERT_TRUE(runtime->LoadProgram(twos, 2).ok());
+  v1::FreeRequest free;
+  free.set_device(0);
+  free.set_seq(0);
+  v1::ProgramUnload* u = free.add_unload();
+  u->set_executable_id("twos");
+  u->set_generation(1);  // an older load's: ignored
+  FreeAndWait(*runtime, free);
+  EXPECT_EQ(runtime->num_programs(), 2);
+  free.set_seq(1);
+  u->set_generation(2);
+  FreeAndWait(*runtime, free);
+  EXPECT_EQ(runtime->num_programs(), 1);
+  v1::RunRequest r;
+  r.set_executable_id("twos");
+  r.set_device(0);
+  r.set_seq(2);
+  r.add_outputs(0x10);
+  Report rep;
+  RunInto(*runtime, r, &rep);
+  ASSERT_TRUE(rep.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(rep.result.status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(runtime->LoadProgram(twos, 3).ok());
+  r.set_seq(3);
+  r.set_outputs(0, 0x11);
+  Report again;
+  RunInto(*runtime, r, &again);
+  ASSERT_TRUE(again.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(again.result.ok()) << again.result.status();
+}
+
 }  // namespace
 }  // namespace tessel::worker

@@ -27,7 +27,7 @@ grpc::Status WorkerService::CheckCaller(const grpc::ServerContextBase& ctx) cons
 grpc::Status WorkerService::LoadProgram(grpc::ServerContext* ctx, const v1::LoadProgramRequest* req,
                                         v1::LoadProgramResponse*) {
   if (grpc::Status a = CheckCaller(*ctx); !a.ok()) return a;
-  return ToGrpc(runtime_->LoadProgram(req->program()));
+  return ToGrpc(runtime_->LoadProgram(req->program(), req->generation()));
 }
 
 grpc::ServerUnaryReactor* WorkerService::Run(grpc::CallbackServerContext* ctx, const v1::RunRequest* req,
@@ -211,7 +211,7 @@ grpc::Status WorkerService::PutShard(grpc::ServerContext* ctx, grpc::ServerReade
   // A client's write is answered with a receipt the coordinator checks
   // before the array is ready (the header goes as the data comes).
   const std::string receipt_for = msg.header().ticket().empty() ? "" : WrittenGrant(msg.header());
-  auto writer = runtime_->BeginPut(msg.header());
+  auto writer = runtime_->BeginPut(msg.header(), /*granted=*/!receipt_for.empty());
   if (!writer.ok()) return ToGrpc(writer.status());
   while (reader->Read(&msg)) {
     if (!msg.has_data()) {
@@ -256,8 +256,14 @@ grpc::Status WorkerService::FetchShard(grpc::ServerContext* ctx, const v1::Fetch
 grpc::Status WorkerService::GetStats(grpc::ServerContext* ctx, const v1::WorkerStatsRequest* req,
                                      v1::WorkerStatsResponse* resp) {
   if (grpc::Status a = CheckCaller(*ctx); !a.ok()) return a;
-  *resp = runtime_->Stats(req->sequenced());
+  *resp = runtime_->Stats(req->sequenced(), absl::Seconds(2), req->with_buffers());
   return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::OpenWrites(grpc::ServerContext* ctx, const v1::OpenWritesRequest* req,
+                                       v1::OpenWritesResponse*) {
+  if (grpc::Status a = CheckCaller(*ctx); !a.ok()) return a;
+  return ToGrpc(runtime_->OpenWrites(*req));
 }
 
 }  // namespace tessel::worker

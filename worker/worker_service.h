@@ -32,6 +32,7 @@ class WorkerService final
   grpc::Status FetchShard(grpc::ServerContext*, const v1::FetchShardRequest*,
                           grpc::ServerWriter<v1::FetchShardResponse>*) override;
   grpc::Status GetStats(grpc::ServerContext*, const v1::WorkerStatsRequest*, v1::WorkerStatsResponse*) override;
+  grpc::Status OpenWrites(grpc::ServerContext*, const v1::OpenWritesRequest*, v1::OpenWritesResponse*) override;
 
   // How long a put's receipt (PutShardResponse.receipt) stays good: the
   // client hands it over once every block of the array is written.

@@ -38,7 +38,8 @@ Usage:
       SIGTERM, then stop every process started.
   tessel status [--coordinator HOST:PORT] [--json]
       Workers, their devices, heartbeat age and device memory. --json prints
-      Admin.GetCluster's answer in protobuf's JSON mapping.
+      Admin.GetCluster's answer in protobuf's JSON mapping. With a tenant's
+      token (not an admin's): the live devices and what the tenant holds.
   tessel run GRAPH.textproto --input NAME=FILE.npy ... [--fetch NAME=OUT.npy ...]
              [--device D | --replicated | --mesh AXES [--shard ...]] [--coordinator HOST:PORT]
       Compile and run a graph. Inputs are bound to parameters by name; only the
@@ -282,8 +283,20 @@ int Status(const Args& a) {
   auto s = Connect(a);
   if (!s.ok()) return Fail(s.status());
   auto c = (*s)->Cluster(/*with_memory=*/true);
-  if (!c.ok()) return Fail(c.status());
-  PrintCluster(*c);
+  if (c.ok()) {
+    PrintCluster(*c);
+    return 0;
+  }
+  if (c.status().code() != absl::StatusCode::kPermissionDenied) return Fail(c.status());
+  // A tenant's token: where its devices are, and what it holds on each.
+  auto devices = (*s)->Devices();
+  if (!devices.ok()) return Fail(devices.status());
+  std::cout << absl::StrFormat("%-6s %-6s %-24s %-14s %s\n", "device", "kind", "worker", "yours in use", "buffers");
+  for (const tessel::DeviceView& d : *devices) {
+    std::cout << absl::StrFormat("%-6d %-6s %-24s %-14s %d\n", d.id, d.kind, d.worker_id, Bytes(d.bytes_in_use),
+                                 d.num_buffers);
+  }
+  std::cout << devices->size() << " live devices (a tenant's view: cluster-wide figures need an admin token)\n";
   return 0;
 }
 

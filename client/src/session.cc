@@ -679,6 +679,7 @@ absl::StatusOr<SessionStats> Session::Stats(bool with_arrays) {
   st.donations = resp.donations();
   st.donations_reused = resp.donations_reused();
   st.memory_quota_bytes = resp.memory_quota_bytes();
+  st.tenant_view = resp.tenant_view();
   for (const auto& a : resp.arrays()) {
     st.arrays.push_back(LiveArray{a.handle(), tessel::FromProto(a.type()), FromProto(a.state()), a.bytes(),
                                   std::vector<int>(a.devices().begin(), a.devices().end()), a.producer_execution(),
@@ -726,6 +727,36 @@ absl::Status MemoryCheck::Verify() const {
   }
   if (grew.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat("memory grew: ", absl::StrJoin(grew, "; ")));
+}
+
+absl::StatusOr<std::vector<DeviceView>> Session::Devices() {
+  grpc::ClientContext ctx;
+  v1::ListDevicesRequest req;
+  req.set_session_id(impl_->id);
+  v1::ListDevicesResponse resp;
+  if (auto s = impl_->session->ListDevices(&ctx, req, &resp); !s.ok()) return FromGrpc(s);
+  std::vector<DeviceView> out;
+  for (const v1::DeviceInfo& d : resp.devices()) {
+    DeviceView v{d.id(), d.kind(), d.worker_id(), d.local_index(), 0, 0};
+    for (const v1::DeviceMemoryStats& m : resp.usage()) {
+      if (m.device() != d.id()) continue;
+      v.bytes_in_use = m.bytes_in_use();
+      v.num_buffers = m.num_buffers();
+    }
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+absl::StatusOr<Reconciliation> Session::Reconcile() {
+  grpc::ClientContext ctx;
+  v1::ReconcileResponse resp;
+  if (auto s = impl_->admin->Reconcile(&ctx, v1::ReconcileRequest(), &resp); !s.ok()) return FromGrpc(s);
+  Reconciliation r;
+  for (const v1::UnownedBuffer& u : resp.unowned()) r.unowned.push_back(UnownedBuffer{u.device(), u.handle(), u.bytes()});
+  r.freed = resp.freed();
+  r.buffers_checked = resp.buffers_checked();
+  return r;
 }
 
 absl::StatusOr<ClusterStatus> Session::Cluster(bool with_memory) {

@@ -7,6 +7,10 @@
                                          the README's Python example
   python_wheel_test.py floor BUILD_DIR   the same at the oldest dependencies the wheel declares,
                                          plus the SDK's API and op suites against its daemons
+  python_wheel_test.py demo BUILD_DIR    a fresh clone, configured, building only what
+                                         scripts/demo.sh builds that makes the SDK importable (its
+                                         target list must name the stubs), then the README's Python
+                                         example with the clone's SDK, as .venv runs it after the demo
 
 The example runs from an empty folder with no TESSEL_* variables, no
 PYTHONPATH and the environment's bin/ off $PATH: the daemons it starts must be
@@ -104,8 +108,38 @@ def check_example(env_dir, py):
     print("README example: weights match numpy's loop; 2000 donations reused")
 
 
+def check_demo(build):
+    """The demo command leaves the SDK importable: a fresh clone, configured,
+    building only the Python stubs, which demo.sh must name among its
+    targets (the rest it builds, the daemons and the demo, are the ones in
+    BUILD_DIR), runs the README's example with the clone's SDK."""
+    demo = (ROOT / "scripts" / "demo.sh").read_text()
+    targets = re.search(r"scripts/setup\.sh --target (.*)", demo).group(1).split()
+    assert "tessel_python_stubs" in targets, f"scripts/demo.sh builds {targets}: not the SDK's stubs"
+    clone = build / "demo-clone"
+    shutil.rmtree(clone, ignore_errors=True)
+    run(["git", "clone", "-q", ROOT, clone])
+    run(["cmake", "-S", clone, "-B", clone / "build", f"-DPython3_EXECUTABLE={sys.executable}"], capture_output=True)
+    run(["cmake", "--build", clone / "build", "--target", "tessel_python_stubs"], capture_output=True)
+    work = clone / "work"
+    work.mkdir()
+    sdk = clone / "client" / "python"
+    # The clone's SDK (PYTHONPATH comes before the .venv's path to this tree).
+    (work / "example.py").write_text(f"import tessel\nassert tessel.__file__.startswith({str(sdk)!r}), tessel.__file__\n"
+                                     + readme_example())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TESSEL_") and k != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(sdk), TESSEL_BIN_DIR=str(build / "bin"))
+    out = run([sys.executable, "example.py"], cwd=work, env=env, capture_output=True, text=True, timeout=300).stdout
+    assert "[[" in out, out
+    shutil.rmtree(clone, ignore_errors=True)
+    print("demo: the README's Python example ran with the SDK of a fresh clone after demo.sh's targets")
+
+
 def main():
     mode, build = sys.argv[1], pathlib.Path(sys.argv[2]).resolve()
+    if mode == "demo":
+        check_demo(build)
+        return
     if mode == "build":
         build_wheel(build)
         return
@@ -127,7 +161,7 @@ def main():
         run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", ROOT / "client/python/tests/test_api.py",
              ROOT / "client/python/tests/test_ops.py"], cwd=env_dir, env=env)
     else:
-        sys.exit(f"mode: expected build, fresh or floor, got {mode!r}")
+        sys.exit(f"mode: expected build, fresh, floor or demo, got {mode!r}")
 
 
 if __name__ == "__main__":

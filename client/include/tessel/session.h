@@ -222,6 +222,18 @@ struct SessionStats {
   int64_t donations = 0, donations_reused = 0;  // per device a step ran on
   int64_t memory_quota_bytes = 0;
   std::vector<LiveArray> arrays;  // Stats(true) only
+  // `devices` and the compile figures count only this session's tenant's
+  // (a token without admin rights); otherwise each device's own figures.
+  bool tenant_view = false;
+};
+
+// A live device as any tenant may see it, and what this session's tenant
+// holds there.
+struct DeviceView {
+  int id = 0;  // global id
+  std::string kind, worker_id;
+  int local_index = 0;
+  int64_t bytes_in_use = 0, num_buffers = 0;  // this session's tenant's arrays
 };
 
 struct WorkerStatus {
@@ -237,6 +249,18 @@ struct ClusterStatus {
   std::vector<WorkerStatus> workers;
   int64_t sessions = 0, live_arrays = 0, compiles = 0, compile_cache_hits = 0, executions = 0;
   int num_devices() const;
+};
+
+// A buffer a worker holds that no array or open put owns (Admin.Reconcile).
+struct UnownedBuffer {
+  int device = 0;  // global id
+  uint64_t handle = 0;
+  int64_t bytes = 0;
+};
+struct Reconciliation {
+  std::vector<UnownedBuffer> unowned;
+  int64_t freed = 0;            // of those, found unowned the time before too: freed now
+  int64_t buffers_checked = 0;
 };
 
 struct ConnectOptions {
@@ -297,7 +321,13 @@ class Session {
                                 ReshardReceipt* receipt = nullptr);
   absl::StatusOr<ArrayInfo> Info(const Array& array);
   absl::StatusOr<SessionStats> Stats(bool with_arrays = false);
+  // Admin.GetCluster: PERMISSION_DENIED for a token without admin rights,
+  // which has Devices() instead.
   absl::StatusOr<ClusterStatus> Cluster(bool with_memory = false);
+  absl::StatusOr<std::vector<DeviceView>> Devices();
+  // Admin.Reconcile: every buffer the workers hold checked against the
+  // coordinator's arrays (an admin token's call).
+  absl::StatusOr<Reconciliation> Reconcile();
 
  private:
   class Impl;

@@ -14,13 +14,10 @@ from tessel.v1 import ir_pb2, session_pb2
 
 
 def devices(session=None):
-    """The cluster's live devices, in global id order."""
+    """The cluster's live devices, in global id order (any tenant's token
+    may ask: what each holds for other tenants is not said)."""
     s = session or _context.session()
-    out = []
-    for w in s.cluster().workers:
-        if w.alive:
-            out += [Device(d.id, d.kind, w.worker_id, d.local_index) for d in w.devices]
-    return sorted(out, key=lambda d: d.id)
+    return [Device(d.id, d.kind, d.worker_id, d.local_index) for d in s.list_devices().devices]
 
 
 def device_put(x, device=None):
@@ -126,7 +123,9 @@ def _device_stats(m):
 
 def memory_stats(session=None):
     """Memory now: the session's live arrays and bytes, and per device (by
-    global id) bytes in use, peak, buffers, cached bytes, limit."""
+    global id) bytes in use, peak, buffers, cached bytes, limit. With a
+    tenant's token (not an admin's) a device's figures are the tenant's own
+    arrays there, its limit the tenant's quota."""
     s = session or _context.session()
     r = s.stats()
     return {"live_arrays": r.live_arrays, "live_bytes": r.live_bytes,
@@ -151,7 +150,8 @@ def assert_no_memory_growth(session=None):
     """Fails (FailedPreconditionError) if the block leaves more live arrays,
     live bytes, or device bytes/buffers than it found, naming what grew and
     which execution made each new array. Device figures are the whole
-    device's: other sessions' allocations count too."""
+    device's (other sessions' allocations count too), or with a tenant's
+    token the tenant's own."""
     s = session or _context.session()
     before = _settled_stats(s)
     yield

@@ -794,6 +794,19 @@ class Session:
         self.flush()
         return _rpc(self._stub.ArrayInfo, session_pb2.ArrayInfoRequest(session_id=self.id, handle=handle))
 
+    def list_devices(self):
+        """The live devices and this session's tenant's arrays on each."""
+        return _rpc(self._stub.ListDevices, session_pb2.ListDevicesRequest(session_id=self.id))
+
+    def list_sessions(self):
+        """Admin.ListSessions (an admin token's call)."""
+        return _rpc(self._admin.ListSessions, admin_pb2.ListSessionsRequest())
+
+    def reconcile(self):
+        """Admin.Reconcile: every buffer the workers hold, checked against the
+        coordinator's arrays (an admin token's call)."""
+        return _rpc(self._admin.Reconcile, admin_pb2.ReconcileRequest())
+
     def cluster(self, with_memory=False):
         return _rpc(self._admin.GetCluster, admin_pb2.GetClusterRequest(with_memory=with_memory))
 

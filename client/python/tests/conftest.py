@@ -39,6 +39,24 @@ def cluster():
         yield c
 
 
+def assert_every_buffer_owned(s, when):
+    """Every buffer the cluster's workers hold belongs to a live array or an
+    open put (Admin.Reconcile, over an admin session)."""
+    r = s.reconcile()
+    unowned = [(u.device, hex(u.handle), u.bytes) for u in r.unowned]
+    assert not unowned, f"{when}: buffers no array owns (device, handle, bytes): {unowned}"
+
+
+@pytest.fixture(autouse=True)
+def _every_buffer_owned_after(request):
+    """After each test on the suite's cluster: no byte on a device without an owner."""
+    yield
+    if "cluster" in request.fixturenames:
+        c = request.getfixturevalue("cluster")
+        if c.session is not None and not c.session.closed:
+            assert_every_buffer_owned(c.session, f"after {request.node.name}")
+
+
 @pytest.fixture
 def session(cluster):
     """The suite's cluster, with a fresh default session per test so
