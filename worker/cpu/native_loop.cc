@@ -24,6 +24,7 @@
 #include "core/status.h"
 #include "worker/cpu/elementwise.h"
 #include "worker/cpu/fused_loop.h"
+#include "worker/scalar_expr.h"
 
 extern char** environ;
 
@@ -105,13 +106,19 @@ std::string Convert(v1::DType from, v1::DType to, const std::string& x) {
   return absl::StrCat("((", t, ")", x, ")");
 }
 
+// How the generated C spells the scalar table's types and helpers
+// (worker/scalar_expr.h): the prelude's max_f32, ipow_s32, ...
+const worker::ScalarDialect kDialect{
+    .compute_type = [](v1::DType dt) { return std::string(CType(dt) ? CType(dt) : ""); },
+    .unsigned_type = [](v1::DType dt) { return std::string(UType(dt) ? UType(dt) : ""); },
+    .math = [](v1::DType dt, absl::string_view name) { return absl::StrCat(name, dt == v1::F32 ? "f" : ""); },
+    .helper = [](v1::DType dt, absl::string_view name) { return absl::StrCat(name, Suffix(dt)); },
+};
+
 // The expression of elementwise node `n` over its operands' values, or ""
 // when the generated code does not handle it.
 std::string Expr(const v1::Node& n, const std::vector<std::string>& a, const std::vector<v1::DType>& in_dt) {
   const v1::DType dt = n.type().dtype();
-  const char* t = CType(dt);
-  const bool f32 = dt == v1::F32;
-  auto fn = [&](const char* name) { return absl::StrCat(name, f32 ? "f" : "", "(", a[0], ")"); };
   if (n.op() == v1::COMPARE) {
     const char* op = nullptr;
     switch (n.compare().direction()) {
@@ -127,93 +134,9 @@ std::string Expr(const v1::Node& n, const std::vector<std::string>& a, const std
   }
   if (n.op() == v1::SELECT) return absl::StrCat("(", a[0], " ? ", a[1], " : ", a[2], ")");
   if (n.op() == v1::CONVERT) return Convert(in_dt[0], dt, a[0]);
-  if (n.op() == v1::CLAMP) {
-    if (dt == v1::PRED) return "";
-    return absl::StrCat("min", Suffix(dt), "(max", Suffix(dt), "(", a[1], ", ", a[0], "), ", a[2], ")");
-  }
   if (n.op() == v1::BROADCAST_IN_DIM) return a[0];
-  if (IsFloat(dt)) {
-    const std::string one = absl::StrCat("(", t, ")1");
-    switch (n.op()) {
-      case v1::NEG: return absl::StrCat("(-", a[0], ")");
-      case v1::ABS: return fn("fabs");
-      case v1::EXP: return fn("exp");
-      case v1::LOG: return fn("log");
-      case v1::LOG1P: return fn("log1p");
-      case v1::TANH: return fn("tanh");
-      case v1::LOGISTIC: return absl::StrCat("(", one, " / (", one, " + exp", f32 ? "f" : "", "(-", a[0], ")))");
-      case v1::SQRT: return fn("sqrt");
-      case v1::RSQRT: return absl::StrCat("(", one, " / ", fn("sqrt"), ")");
-      case v1::FLOOR: return fn("floor");
-      case v1::CEIL: return fn("ceil");
-      case v1::ROUND: return fn("round");
-      case v1::SIN: return fn("sin");
-      case v1::COS: return fn("cos");
-      case v1::TAN: return fn("tan");
-      case v1::ASIN: return fn("asin");
-      case v1::ACOS: return fn("acos");
-      case v1::ATAN: return fn("atan");
-      case v1::SINH: return fn("sinh");
-      case v1::COSH: return fn("cosh");
-      case v1::ASINH: return fn("asinh");
-      case v1::ACOSH: return fn("acosh");
-      case v1::ATANH: return fn("atanh");
-      case v1::EXPM1: return fn("expm1");
-      case v1::ERF: return fn("erf");
-      case v1::SIGN:
-        return absl::StrCat("(", a[0], " != ", a[0], " ? ", a[0], " : ", a[0], " > 0 ? ", one, " : ", a[0],
-                            " < 0 ? (", t, ")-1 : ", a[0], ")");
-      case v1::ADD: return absl::StrCat("(", a[0], " + ", a[1], ")");
-      case v1::SUB: return absl::StrCat("(", a[0], " - ", a[1], ")");
-      case v1::MUL: return absl::StrCat("(", a[0], " * ", a[1], ")");
-      case v1::DIV: return absl::StrCat("(", a[0], " / ", a[1], ")");
-      case v1::REM: return absl::StrCat("fmod", f32 ? "f" : "", "(", a[0], ", ", a[1], ")");
-      case v1::POW: return absl::StrCat("pow", f32 ? "f" : "", "(", a[0], ", ", a[1], ")");
-      case v1::ATAN2: return absl::StrCat("atan2", f32 ? "f" : "", "(", a[0], ", ", a[1], ")");
-      case v1::MAX: return absl::StrCat("max", Suffix(dt), "(", a[0], ", ", a[1], ")");
-      case v1::MIN: return absl::StrCat("min", Suffix(dt), "(", a[0], ", ", a[1], ")");
-      default: return "";
-    }
-  }
-  if (IsInt(dt)) {
-    const char* u = UType(dt);
-    const bool is_signed = dt != v1::U8;
-    auto wrap = [&](const char* op) {
-      return absl::StrCat("((", t, ")((", u, ")", a[0], " ", op, " (", u, ")", a[1], "))");
-    };
-    switch (n.op()) {
-      case v1::NEG: return absl::StrCat("((", t, ")((", u, ")0 - (", u, ")", a[0], "))");
-      case v1::ABS:
-        return absl::StrCat("(", a[0], " < 0 ? (", t, ")((", u, ")0 - (", u, ")", a[0], ") : ", a[0], ")");
-      case v1::SIGN: return absl::StrCat("((", t, ")((", a[0], " > 0) - (", a[0], " < 0)))");
-      case v1::NOT: return absl::StrCat("((", t, ")~", a[0], ")");
-      case v1::ADD: return wrap("+");
-      case v1::SUB: return wrap("-");
-      case v1::MUL: return wrap("*");
-      case v1::DIV:
-        return is_signed ? absl::StrCat("(", a[1], " == 0 ? (", t, ")-1 : ", a[1], " == -1 ? (", t, ")((", u, ")0 - (",
-                                        u, ")", a[0], ") : (", t, ")(", a[0], " / ", a[1], "))")
-                         : absl::StrCat("(", a[1], " == 0 ? (", t, ")-1 : (", t, ")(", a[0], " / ", a[1], "))");
-      case v1::REM:
-        return is_signed ? absl::StrCat("(", a[1], " == 0 ? ", a[0], " : ", a[1], " == -1 ? (", t, ")0 : (", t, ")(",
-                                        a[0], " % ", a[1], "))")
-                         : absl::StrCat("(", a[1], " == 0 ? ", a[0], " : (", t, ")(", a[0], " % ", a[1], "))");
-      case v1::POW: return absl::StrCat("ipow", Suffix(dt), "(", a[0], ", ", a[1], ")");
-      case v1::MAX: return absl::StrCat("max", Suffix(dt), "(", a[0], ", ", a[1], ")");
-      case v1::MIN: return absl::StrCat("min", Suffix(dt), "(", a[0], ", ", a[1], ")");
-      case v1::AND: return absl::StrCat("((", t, ")(", a[0], " & ", a[1], "))");
-      case v1::OR: return absl::StrCat("((", t, ")(", a[0], " | ", a[1], "))");
-      case v1::XOR: return absl::StrCat("((", t, ")(", a[0], " ^ ", a[1], "))");
-      default: return "";
-    }
-  }
-  switch (n.op()) {  // pred, computed as 0 or 1
-    case v1::NOT: return absl::StrCat("(!", a[0], ")");
-    case v1::AND: return absl::StrCat("(", a[0], " && ", a[1], ")");
-    case v1::OR: return absl::StrCat("(", a[0], " || ", a[1], ")");
-    case v1::XOR: return absl::StrCat("(", a[0], " != ", a[1], ")");
-    default: return "";
-  }
+  auto e = worker::ScalarExpr(n.op(), dt, a, kDialect);
+  return e.ok() ? *e : "";
 }
 
 // Emits one function's instructions (fusions and reshapes) into `out`.

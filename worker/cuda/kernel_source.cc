@@ -13,8 +13,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/dtype.h"
+#include "core/shape_inference.h"
+#include "core/status.h"
 #include "worker/cpu/elementwise.h"
 #include "worker/cpu/fused_loop.h"
+#include "worker/scalar_expr.h"
 
 namespace tessel::cuda {
 namespace {
@@ -261,102 +264,21 @@ std::string Literal(v1::DType dt, const void* bytes) {
 
 // --- elementwise expressions --------------------------------------------------
 
-absl::StatusOr<std::string> Unary(v1::Op op, v1::DType dt, const std::string& x) {
-  const std::string c = Compute(dt);
-  if (IsFloat(dt)) {
-    switch (op) {
-      case v1::NEG: return StrCat("-", x);
-      case v1::ABS: return StrCat(Fn(dt, "fabs"), "(", x, ")");
-      case v1::EXP: return StrCat(Fn(dt, "exp"), "(", x, ")");
-      case v1::LOG: return StrCat(Fn(dt, "log"), "(", x, ")");
-      case v1::LOG1P: return StrCat(Fn(dt, "log1p"), "(", x, ")");
-      case v1::TANH: return StrCat(Fn(dt, "tanh"), "(", x, ")");
-      case v1::LOGISTIC: return StrCat("(", c, ")1 / ((", c, ")1 + ", Fn(dt, "exp"), "(-", x, "))");
-      case v1::SQRT: return StrCat(Fn(dt, "sqrt"), "(", x, ")");
-      case v1::RSQRT: return StrCat("(", c, ")1 / ", Fn(dt, "sqrt"), "(", x, ")");
-      case v1::FLOOR: return StrCat(Fn(dt, "floor"), "(", x, ")");
-      case v1::CEIL: return StrCat(Fn(dt, "ceil"), "(", x, ")");
-      case v1::ROUND: return StrCat(Fn(dt, "round"), "(", x, ")");
-      case v1::SIN: return StrCat(Fn(dt, "sin"), "(", x, ")");
-      case v1::COS: return StrCat(Fn(dt, "cos"), "(", x, ")");
-      case v1::TAN: return StrCat(Fn(dt, "tan"), "(", x, ")");
-      case v1::ASIN: return StrCat(Fn(dt, "asin"), "(", x, ")");
-      case v1::ACOS: return StrCat(Fn(dt, "acos"), "(", x, ")");
-      case v1::ATAN: return StrCat(Fn(dt, "atan"), "(", x, ")");
-      case v1::SINH: return StrCat(Fn(dt, "sinh"), "(", x, ")");
-      case v1::COSH: return StrCat(Fn(dt, "cosh"), "(", x, ")");
-      case v1::ASINH: return StrCat(Fn(dt, "asinh"), "(", x, ")");
-      case v1::ACOSH: return StrCat(Fn(dt, "acosh"), "(", x, ")");
-      case v1::ATANH: return StrCat(Fn(dt, "atanh"), "(", x, ")");
-      case v1::EXPM1: return StrCat(Fn(dt, "expm1"), "(", x, ")");
-      case v1::ERF: return StrCat(Fn(dt, "erf"), "(", x, ")");
-      case v1::SIGN:
-        return absl::StrFormat("(%s != %s ? %s : %s > 0 ? (%s)1 : %s < 0 ? (%s)-1 : %s)", x, x, x, x, c, x, c, x);
-      default: break;
-    }
-  } else if (IsInteger(dt)) {
-    const std::string u = UnsignedOf(dt);
-    switch (op) {
-      case v1::NEG: return absl::StrFormat("(%s)((%s)0 - (%s)%s)", c, u, u, x);
-      case v1::ABS: return absl::StrFormat("(%s < 0 ? (%s)((%s)0 - (%s)%s) : %s)", x, c, u, u, x, x);
-      case v1::SIGN: return absl::StrFormat("(%s)((%s > 0) - (%s < 0))", c, x, x);
-      case v1::NOT: return absl::StrFormat("(%s)~%s", c, x);
-      default: break;
-    }
-  } else if (op == v1::NOT) {
-    return StrCat("!", x);
-  }
-  return absl::UnimplementedError(StrCat("cuda codegen: ", OpName(op), " on ", DTypeName(dt)));
-}
+// How CUDA C spells the scalar table's types and helpers
+// (worker/scalar_expr.h): the prelude's maxp, minp and ipow<C, U>.
+const worker::ScalarDialect kDialect{
+    .compute_type = [](v1::DType dt) { return Compute(dt); },
+    .unsigned_type = [](v1::DType dt) { return UnsignedOf(dt); },
+    .math = [](v1::DType dt, absl::string_view name) { return Fn(dt, std::string(name)); },
+    .helper = [](v1::DType dt, absl::string_view name) {
+      return name == "ipow" ? StrCat("ipow<", Compute(dt), ", ", UnsignedOf(dt), ">") : StrCat(name, "p");
+    },
+};
 
-absl::StatusOr<std::string> Binary(v1::Op op, v1::DType dt, const std::string& x, const std::string& y) {
-  const std::string c = Compute(dt);
-  if (IsFloat(dt)) {
-    switch (op) {
-      case v1::ADD: return StrCat(x, " + ", y);
-      case v1::SUB: return StrCat(x, " - ", y);
-      case v1::MUL: return StrCat(x, " * ", y);
-      case v1::DIV: return StrCat(x, " / ", y);
-      case v1::REM: return StrCat(Fn(dt, "fmod"), "(", x, ", ", y, ")");
-      case v1::POW: return StrCat(Fn(dt, "pow"), "(", x, ", ", y, ")");
-      case v1::ATAN2: return StrCat(Fn(dt, "atan2"), "(", x, ", ", y, ")");
-      case v1::MAX: return StrCat("maxp(", x, ", ", y, ")");
-      case v1::MIN: return StrCat("minp(", x, ", ", y, ")");
-      default: break;
-    }
-  } else if (IsInteger(dt)) {
-    const std::string u = UnsignedOf(dt);
-    const bool is_signed = IsSigned(dt);
-    auto wrap = [&](const char* sym) { return absl::StrFormat("(%s)((%s)%s %s (%s)%s)", c, u, x, sym, u, y); };
-    switch (op) {
-      case v1::ADD: return wrap("+");
-      case v1::SUB: return wrap("-");
-      case v1::MUL: return wrap("*");
-      // x / 0 is -1 and x % 0 is x, as in XLA; MIN / -1 wraps.
-      case v1::DIV:
-        return is_signed ? absl::StrFormat("(%s == 0 ? (%s)-1 : %s == -1 ? (%s)((%s)0 - (%s)%s) : (%s)(%s / %s))", y, c,
-                                           y, c, u, u, x, c, x, y)
-                         : absl::StrFormat("(%s == 0 ? (%s)-1 : (%s)(%s / %s))", y, c, c, x, y);
-      case v1::REM:
-        return is_signed ? absl::StrFormat("(%s == 0 ? %s : %s == -1 ? (%s)0 : (%s)(%s %% %s))", y, x, y, c, c, x, y)
-                         : absl::StrFormat("(%s == 0 ? %s : (%s)(%s %% %s))", y, x, c, x, y);
-      case v1::POW: return StrCat("ipow<", c, ", ", u, ">(", x, ", ", y, ")");
-      case v1::MAX: return StrCat("maxp(", x, ", ", y, ")");
-      case v1::MIN: return StrCat("minp(", x, ", ", y, ")");
-      case v1::AND: return StrCat("(", c, ")(", x, " & ", y, ")");
-      case v1::OR: return StrCat("(", c, ")(", x, " | ", y, ")");
-      case v1::XOR: return StrCat("(", c, ")(", x, " ^ ", y, ")");
-      default: break;
-    }
-  } else {
-    switch (op) {
-      case v1::AND: return StrCat(x, " && ", y);
-      case v1::OR: return StrCat(x, " || ", y);
-      case v1::XOR: return StrCat(x, " != ", y);
-      default: break;
-    }
-  }
-  return absl::UnimplementedError(StrCat("cuda codegen: ", OpName(op), " on ", DTypeName(dt)));
+absl::StatusOr<std::string> Elementwise(v1::Op op, v1::DType dt, absl::Span<const std::string> args) {
+  absl::StatusOr<std::string> e = worker::ScalarExpr(op, dt, args, kDialect);
+  if (!e.ok()) return Annotate(e.status(), "cuda codegen: ");
+  return e;
 }
 
 absl::StatusOr<std::string> CompareSymbol(v1::CompareDirection d) {
@@ -498,14 +420,14 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddFusion(const v1::Fusion& fusion,
         break;
       }
       case v1::SELECT: expr = StrCat(args[0], " ? ", args[1], " : ", args[2]); break;
-      case v1::CLAMP: expr = StrCat("minp(maxp(", args[1], ", ", args[0], "), ", args[2], ")"); break;
       case v1::CONVERT: expr = Convert(dtype[n.operands(0)], dt, args[0]); break;
       default: {
-        absl::StatusOr<std::string> e = args.size() == 1 ? Unary(n.op(), dt, args[0])
-                                      : args.size() == 2 ? Binary(n.op(), dt, args[0], args[1])
-                                                         : absl::InternalError(StrCat("fusion holds non-elementwise node '", n.name(), "' (", OpName(n.op()), ")"));
+        if (!IsElementwise(n.op())) {
+          return absl::InternalError(StrCat("fusion holds non-elementwise node '", n.name(), "' (", OpName(n.op()), ")"));
+        }
+        absl::StatusOr<std::string> e = Elementwise(n.op(), dt, args);
         if (!e.ok()) return e.status();
-        expr = Round(dt, *e);
+        expr = n.op() == v1::CLAMP ? *e : Round(dt, *e);
       }
     }
     if (!hoist && !n.constant().has_iota() && n.operands_size() > 0) {
@@ -878,7 +800,7 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddScatter(const v1::Node& n, const v
   } else {
     v1::Op op = k == v1::SUM ? v1::ADD : k == v1::PROD ? v1::MUL : k == v1::REDUCE_MAX ? v1::MAX : v1::MIN;
     if (dt == v1::PRED) op = k == v1::REDUCE_MAX ? v1::OR : v1::AND;
-    absl::StatusOr<std::string> combined = Binary(op, dt, "v", Load(dt, "upd[u]"));
+    absl::StatusOr<std::string> combined = Elementwise(op, dt, {"v", Load(dt, "upd[u]")});
     if (!combined.ok()) return combined.status();
     decls = PtrDecl(Storage(dt), "in", 0, true) + PtrDecl(Storage(indices.dtype()), "idx", 1, true) +
             PtrDecl(Storage(dt), "upd", 2, true) + PtrDecl(Storage(dt), "out", 3, false);
