@@ -41,6 +41,17 @@ std::shared_ptr<const CachedExecutable> CompileCache::Find(const std::string& te
   return it->second.exe;
 }
 
+std::shared_ptr<const CachedExecutable> CompileCache::FindAnyTenant(const std::string& id) {
+  absl::MutexLock l(&mu_);
+  auto o = owner_.find(id);
+  if (o == owner_.end()) return nullptr;
+  TenantCache& t = tenants_.at(o->second);
+  Entry& e = t.entries.at(id);
+  if (e.exe == nullptr) return nullptr;
+  TouchLocked(t, e);
+  return e.exe;
+}
+
 std::optional<ExecutableSource> CompileCache::EvictedSource(const std::string& tenant, const std::string& id) const {
   absl::MutexLock l(&mu_);
   const TenantCache* t = FindTenantLocked(tenant);
@@ -84,6 +95,7 @@ bool CompileCache::EvictOneLocked(TenantCache& t, const std::string& keep,
   bytes_ -= cold->bytes;
   t.lru.erase(cold->lru);
   t.entries.erase(id);
+  owner_.erase(id);
   if (t.evicted.insert(id).second) t.evicted_order.push_back(id);
   while (t.evicted_order.size() > 4096) {
     t.evicted.erase(t.evicted_order.front());
@@ -102,7 +114,7 @@ std::shared_ptr<const CachedExecutable> CompileCache::Insert(const std::string& 
   for (const v1::Sharding& s : options.parameter_shardings) source_bytes += s.ByteSizeLong();
   for (const v1::Sharding& s : options.output_shardings) source_bytes += s.ByteSizeLong();
   const int64_t bytes = int64_t(compiled.program.ByteSizeLong() + compiled.plan_text.size()) + source_bytes;
-  auto exe = std::make_shared<const CachedExecutable>(CachedExecutable{std::move(compiled), std::move(graph)});
+  auto exe = std::make_shared<const CachedExecutable>(CachedExecutable{std::move(compiled), std::move(graph), tenant});
   std::vector<std::shared_ptr<const CachedExecutable>> dropped;  // released once unlocked
   absl::MutexLock l(&mu_);
   TenantCache& t = tenants_[tenant];
@@ -116,6 +128,7 @@ std::shared_ptr<const CachedExecutable> CompileCache::Insert(const std::string& 
   if (fresh) {
     t.lru.push_front(id);
     e.lru = t.lru.begin();
+    owner_[id] = tenant;
   }
   t.bytes += bytes - e.bytes;
   bytes_ += bytes - e.bytes;

@@ -36,7 +36,8 @@ namespace tessel::server {
 
 struct CachedExecutable {
   scheduler::CompiledProgram compiled;
-  v1::Graph graph;  // to explain later misses
+  v1::Graph graph;     // to explain later misses
+  std::string tenant;  // whose it is
 };
 
 // What an evicted executable is compiled again from.
@@ -59,6 +60,10 @@ class CompileCache {
   std::shared_ptr<const CachedExecutable> Lookup(const std::string& tenant, const std::string& id);
   // The same, for running it (not counted).
   std::shared_ptr<const CachedExecutable> Find(const std::string& tenant, const std::string& id);
+  // Whoever's entry `id` is, for a caller that checks its `tenant` against
+  // the session's before anything else (Execute, under the lock where it
+  // reads the session anyway); ids carry their tenant, so at most one.
+  std::shared_ptr<const CachedExecutable> FindAnyTenant(const std::string& id);
   // What `tenant`'s evicted executable `id` compiles again from, while its
   // source is kept; nullopt otherwise.
   std::optional<ExecutableSource> EvictedSource(const std::string& tenant, const std::string& id) const;
@@ -117,6 +122,7 @@ class CompileCache {
   const int64_t max_bytes_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, TenantCache> tenants_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::string> owner_ ABSL_GUARDED_BY(mu_);  // id -> tenant, every entry
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;
 };

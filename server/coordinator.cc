@@ -483,6 +483,16 @@ absl::StatusOr<v1::CompileResponse> Coordinator::Compile(const v1::CompileReques
   return resp;
 }
 
+namespace {
+
+// What an id neither compiled nor evicted here is told, and an id of another
+// tenant's alike: nothing says it exists.
+absl::Status NeverCompiled(const std::string& id) {
+  return absl::NotFoundError(StrCat("executable '", id, "' was never compiled here"));
+}
+
+}  // namespace
+
 void Coordinator::UnloadEvicted(const std::vector<std::string>& evicted) {
   for (const std::string& id : evicted) SendFrees(workers_.SequenceUnloads(id));
 }
@@ -508,7 +518,7 @@ absl::StatusOr<std::shared_ptr<const CachedExecutable>> Coordinator::CompileEvic
           bound > 0 ? StrCat("tenant ", tenant, "'s ", bound >> 20) : StrCat("its ", cache_.max_bytes() >> 20),
           " MiB), its graph too: compile it again"));
     }
-    return absl::NotFoundError(StrCat("executable '", id, "' was never compiled here"));
+    return NeverCompiled(id);
   }
   const std::string what = StrCat("executable '", id, "' of graph '", source->graph.name(), "'");
   {
@@ -545,14 +555,16 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
     bool needs_load = false;
     uint64_t load_generation = 0;
   };
-  std::string tenant;
-  {
-    absl::MutexLock l(&arrays_.mu());
-    TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
-    tenant = arrays_.SessionLocked(req.session_id()).tenant;
-  }
-  std::shared_ptr<const CachedExecutable> exe = cache_.Find(tenant, req.executable_id());
+  // Whoever's it is: the session's tenant is checked below, under the lock
+  // that reads the session anyway (the common path takes it once).
+  std::shared_ptr<const CachedExecutable> exe = cache_.FindAnyTenant(req.executable_id());
   if (exe == nullptr) {
+    std::string tenant;
+    {
+      absl::MutexLock l(&arrays_.mu());
+      TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
+      tenant = arrays_.SessionLocked(req.session_id()).tenant;
+    }
     if (auto mpmd = FindMpmd(tenant, req.executable_id())) return ExecuteMpmd(req, *mpmd);
     TESSEL_ASSIGN_OR_RETURN(exe, CompileEvicted(req.session_id(), tenant, req.executable_id()));
   }
@@ -573,6 +585,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
     absl::MutexLock l(&arrays_.mu());
     TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
     SessionRecord& session = arrays_.SessionLocked(req.session_id());
+    if (exe->tenant != session.tenant) return NeverCompiled(req.executable_id());  // another tenant's
     routes = workers_.Routes();
     ExecuteInput in;
     in.request = &req;

@@ -429,6 +429,8 @@ TEST(CompileCache, EachTenantSeesOnlyItsOwnEntries) {
   cache.Insert("a", CompiledAs(g, "k1"), g);
   EXPECT_EQ(cache.Find("b", "k1"), nullptr);
   EXPECT_EQ(cache.Lookup("b", "k1"), nullptr);
+  ASSERT_NE(cache.FindAnyTenant("k1"), nullptr);  // for a caller that checks whose it is
+  EXPECT_EQ(cache.FindAnyTenant("k1")->tenant, "a");
   EXPECT_FALSE(cache.EvictedSource("b", "k1").has_value());
   EXPECT_FALSE(cache.WasEvicted("b", "k1"));
   v1::Graph shape = g;
