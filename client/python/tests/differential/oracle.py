@@ -34,7 +34,7 @@ SUPPORTED = tuple(np.dtype(d) for d in (np.bool_, np.int8, np.int16, np.int32, n
 
 # Tessel's documented differences from numpy, each implemented below where it
 # applies (search for its key). test_differential.py prints this table with
-# --differential-table, and the README carries it.
+# --differential-table, and docs/python.md carries it.
 DOCUMENTED = {
     "int-div-zero": ("x // 0 and x % 0 on integers are 0 (with a warning)", "-1 and x, whatever the sign of x",
                      "XLA's integer division (JAX adjusts floor_divide to -2 for x != 0 and gives x % 0 = 0)"),
