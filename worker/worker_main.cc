@@ -429,8 +429,10 @@ int main(int argc, char** argv) {
         if (again.ok()) {
           if (again->coordinator_incarnation != r.coordinator_incarnation) {
             auto [arrays, bytes] = (*runtime)->ForgetAllArrays();
-            log->warn("the coordinator restarted (incarnation {} -> {}): dropped the old one's {} arrays ({} bytes)",
-                      r.coordinator_incarnation, again->coordinator_incarnation, arrays, bytes);
+            const int64_t programs = (*runtime)->ForgetPrograms();
+            log->warn("the coordinator restarted (incarnation {} -> {}): dropped the old one's {} arrays ({} bytes) "
+                      "and {} programs",
+                      r.coordinator_incarnation, again->coordinator_incarnation, arrays, bytes, programs);
           }
           r = *again;
           store->SetWorkerId(r.worker_id);

@@ -158,6 +158,13 @@ void WorkerRuntime::Unload(int device, const v1::ProgramUnload& unload) {
   log_->debug("dropped program {} from {}", unload.executable_id(), devices_[device]->name());
 }
 
+int64_t WorkerRuntime::ForgetPrograms() {
+  absl::flat_hash_map<std::string, LoadedProgram> gone;  // released outside the lock
+  absl::MutexLock l(&mu_);
+  gone.swap(programs_);
+  return gone.size();
+}
+
 int64_t WorkerRuntime::num_programs() const {
   absl::MutexLock l(&mu_);
   return programs_.size();

@@ -89,6 +89,9 @@ class WorkerRuntime {
   // A new coordinator: every stored array belonged to the old one, which
   // alone could name them. Drops them all; returns how many and their bytes.
   std::pair<int64_t, int64_t> ForgetAllArrays() { return store_.Clear(); }
+  // A new coordinator numbers its loads afresh: the old one's programs go
+  // (a running step keeps what it holds). Returns how many.
+  int64_t ForgetPrograms() ABSL_LOCKS_EXCLUDED(mu_);
   // Send lanes held (current, and retired ones not yet idle), for tests.
   int num_send_lanes() const ABSL_LOCKS_EXCLUDED(mu_);
 

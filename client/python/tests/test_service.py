@@ -141,6 +141,11 @@ def test_a_restarted_coordinator_is_named_and_its_predecessors_arrays_are_freed(
         tessel.connect(c.coordinator)
         x = tessel.device_put(np.arange(1024, dtype=np.float32))
         x.block_until_ready()
+        double = tessel.jit(lambda v: v * 2)  # loads a program on the worker
+        y = double(x)
+        np.testing.assert_array_equal(y.fetch(), np.arange(1024) * 2)
+        y.delete()
+        tessel.memory_stats()  # once the worker has freed it
         first = re.search(r"registered with \S+ as (\S+)", c.worker_log.read_text()).group(1)
 
         c.kill_coordinator()
@@ -152,7 +157,7 @@ def test_a_restarted_coordinator_is_named_and_its_predecessors_arrays_are_freed(
         log = c.worker_log.read_text()
         again = re.search(r"registered again as (\S+)", log).group(1)
         assert again != first and again.split(".")[0] == "w0", (first, again)  # a new id, never the old one
-        assert "dropped the old one's 1 arrays (4096 bytes)" in log, log
+        assert "dropped the old one's 1 arrays (4096 bytes) and 1 programs" in log, log
 
         # The old session's next call says what happened, instead of a bare transport error.
         with pytest.raises(tessel.WorkerLostError, match=r"the coordinator restarted at \S+Z; session '\S+' was "
@@ -163,6 +168,9 @@ def test_a_restarted_coordinator_is_named_and_its_predecessors_arrays_are_freed(
         fresh = tessel.connect(c.coordinator)  # the default session from here
         y = tessel.device_put(np.ones(3, np.float32))
         np.testing.assert_array_equal(y.fetch(), np.ones(3, np.float32))
+        # The program the old coordinator loaded is loaded again for the new one.
+        np.testing.assert_array_equal(double(tessel.device_put(np.arange(1024, dtype=np.float32))).fetch(),
+                                      np.arange(1024) * 2)
         fresh.close()
 
 
