@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "core/dtype.h"
 #include "worker/cpu/elementwise.h"
+#include "worker/cpu/native_loop.h"
 
 namespace tessel::worker {
 namespace {
@@ -39,26 +40,6 @@ constexpr Type kTypes[] = {
     {v1::U16, "uint16_t", "uint16_t", "u16"}, {v1::U32, "uint32_t", "uint32_t", "u32"},
     {v1::U64, "uint64_t", "uint64_t", "u64"}, {v1::PRED, "int", "", "pred"},
 };
-
-// The helpers as the native loops' prelude defines them, for every width.
-constexpr char kPrelude[] = R"(#include <math.h>
-#include <stdint.h>
-#define MAXMIN(S, T) \
-  static inline T max_##S(T a, T b) { return (a != a || a > b) ? a : b; } \
-  static inline T min_##S(T a, T b) { return (a != a || a < b) ? a : b; }
-MAXMIN(f32, float) MAXMIN(f64, double) MAXMIN(s8, int8_t) MAXMIN(s16, int16_t) MAXMIN(s32, int32_t)
-MAXMIN(s64, int64_t) MAXMIN(u8, uint8_t) MAXMIN(u16, uint16_t) MAXMIN(u32, uint32_t) MAXMIN(u64, uint64_t)
-#define IPOW(S, T, U, SIGNED) \
-  static inline T ipow_##S(T base, T exp) { \
-    if (SIGNED && exp < 0) return base == 1 ? (T)1 : base == (T)-1 ? ((exp & 1) ? (T)-1 : (T)1) : (T)0; \
-    U result = 1, b = (U)base, e = (U)exp; \
-    while (e) { if (e & 1) result *= b; b *= b; e >>= 1; } \
-    return (T)result; \
-  }
-IPOW(s8, int8_t, uint8_t, 1) IPOW(s16, int16_t, uint16_t, 1) IPOW(s32, int32_t, uint32_t, 1)
-IPOW(s64, int64_t, uint64_t, 1) IPOW(u8, uint8_t, uint8_t, 0) IPOW(u16, uint16_t, uint16_t, 0)
-IPOW(u32, uint32_t, uint32_t, 0) IPOW(u64, uint64_t, uint64_t, 0)
-)";
 
 const Type& TypeOf(v1::DType dt) {
   for (const Type& t : kTypes) {
@@ -140,7 +121,7 @@ TEST(ScalarExpr, EveryRowMatchesTheInterpretedKernelsOnEveryDType) {
     std::string fn;
   };
   std::vector<Case> cases;
-  std::string src = kPrelude;
+  std::string src = cpu::NativeLoop::Prelude();  // the helpers the native loops use
   for (const ScalarRule& r : ScalarRules()) {
     for (const Type& t : kTypes) {
       if (ClassOf(t.dt) != r.cls) continue;

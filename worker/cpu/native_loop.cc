@@ -33,6 +33,33 @@ namespace tessel::cpu {
 using worker::BufferPtr;
 using worker::SlotProgram;
 
+// Helpers every generated file carries: exact literals, NaN-propagating
+// max/min, integer power as XLA defines it; for every width, so that
+// scalar_expr_test.cc runs the scalar table's every row on them.
+constexpr char kPrelude[] = R"(#include <math.h>
+#include <stdint.h>
+#include <string.h>
+static inline float lit_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline double lit_f64(uint64_t u) { double f; memcpy(&f, &u, 8); return f; }
+#define MAXMIN(S, T) \
+  static inline T max##S(T a, T b) { return (a != a || a > b) ? a : b; } \
+  static inline T min##S(T a, T b) { return (a != a || a < b) ? a : b; }
+MAXMIN(_f32, float) MAXMIN(_f64, double) MAXMIN(_s8, int8_t) MAXMIN(_s16, int16_t) MAXMIN(_s32, int32_t)
+MAXMIN(_s64, int64_t) MAXMIN(_u8, uint8_t) MAXMIN(_u16, uint16_t) MAXMIN(_u32, uint32_t) MAXMIN(_u64, uint64_t)
+#define IPOW(S, T, U, SIGNED) \
+  static inline T ipow##S(T base, T exp) { \
+    if (SIGNED && exp < 0) return base == 1 ? (T)1 : base == (T)-1 ? ((exp & 1) ? (T)-1 : (T)1) : (T)0; \
+    U result = 1, b = (U)base, e = (U)exp; \
+    while (e) { if (e & 1) result *= b; b *= b; e >>= 1; } \
+    return (T)result; \
+  }
+IPOW(_s8, int8_t, uint8_t, 1) IPOW(_s16, int16_t, uint16_t, 1) IPOW(_s32, int32_t, uint32_t, 1)
+IPOW(_s64, int64_t, uint64_t, 1) IPOW(_u8, uint8_t, uint8_t, 0) IPOW(_u16, uint16_t, uint16_t, 0)
+IPOW(_u32, uint32_t, uint32_t, 0) IPOW(_u64, uint64_t, uint64_t, 0)
+)";
+
+const char* NativeLoop::Prelude() { return kPrelude; }
+
 namespace {
 
 // The C types of the dtypes the generated code handles: storage and compute
@@ -60,26 +87,6 @@ const char* Suffix(v1::DType dt) { return dt == v1::F32 ? "_f32" : dt == v1::F64
 bool IsFloat(v1::DType dt) { return dt == v1::F32 || dt == v1::F64; }
 bool IsInt(v1::DType dt) { return dt == v1::S32 || dt == v1::S64 || dt == v1::U8; }
 
-// Helpers every generated file carries: exact literals, NaN-propagating
-// max/min, integer power as XLA defines it.
-constexpr char kPrelude[] = R"(#include <math.h>
-#include <stdint.h>
-#include <string.h>
-static inline float lit_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static inline double lit_f64(uint64_t u) { double f; memcpy(&f, &u, 8); return f; }
-#define MAXMIN(S, T) \
-  static inline T max##S(T a, T b) { return (a != a || a > b) ? a : b; } \
-  static inline T min##S(T a, T b) { return (a != a || a < b) ? a : b; }
-MAXMIN(_f32, float) MAXMIN(_f64, double) MAXMIN(_s32, int32_t) MAXMIN(_s64, int64_t) MAXMIN(_u8, uint8_t)
-#define IPOW(S, T, U, SIGNED) \
-  static inline T ipow##S(T base, T exp) { \
-    if (SIGNED && exp < 0) return base == 1 ? (T)1 : base == (T)-1 ? ((exp & 1) ? (T)-1 : (T)1) : (T)0; \
-    U result = 1, b = (U)base, e = (U)exp; \
-    while (e) { if (e & 1) result *= b; b *= b; e >>= 1; } \
-    return (T)result; \
-  }
-IPOW(_s32, int32_t, uint32_t, 1) IPOW(_s64, int64_t, uint64_t, 1) IPOW(_u8, uint8_t, uint8_t, 0)
-)";
 
 // One element of dtype `dt` at `p` as an exact C literal.
 std::string Literal(v1::DType dt, const void* p) {

@@ -47,6 +47,9 @@ class NativeLoop {
   // path is off, or the compiler failed).
   static std::optional<NativeLoop> Build(const worker::SlotProgram& program, int instr, std::string* why);
 
+  // The helpers every generated file starts with (max_f32, ipow_s8, ...).
+  static const char* Prelude();
+
   absl::Status Run(std::vector<worker::BufferPtr>& values, const std::vector<worker::BufferPtr>& preset,
                    worker::Device& device) const;
 
