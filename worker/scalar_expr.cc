@@ -62,8 +62,10 @@ constexpr ScalarRule kRules[] = {
     {v1::ADD, C::kUnsigned, 2, "(($T)(($U)$0 + ($U)$1))"},
     {v1::SUB, C::kSigned, 2, "(($T)(($U)$0 - ($U)$1))"},
     {v1::SUB, C::kUnsigned, 2, "(($T)(($U)$0 - ($U)$1))"},
-    {v1::MUL, C::kSigned, 2, "(($T)(($U)$0 * ($U)$1))"},
-    {v1::MUL, C::kUnsigned, 2, "(($T)(($U)$0 * ($U)$1))"},
+    // 1u first: a product of narrow unsigned values is computed unsigned,
+    // never in the int C promotes them to (65535 * 65535 overflows int).
+    {v1::MUL, C::kSigned, 2, "(($T)(1u * ($U)$0 * ($U)$1))"},
+    {v1::MUL, C::kUnsigned, 2, "(($T)(1u * ($U)$0 * ($U)$1))"},
     // x / 0 is -1 and x % 0 is x, as in XLA; MIN / -1 wraps, MIN % -1 is 0.
     {v1::DIV, C::kSigned, 2, "($1 == 0 ? ($T)-1 : $1 == -1 ? ($T)(($U)0 - ($U)$0) : ($T)($0 / $1))"},
     {v1::DIV, C::kUnsigned, 2, "($1 == 0 ? ($T)-1 : ($T)($0 / $1))"},

@@ -50,7 +50,7 @@ MAXMIN(_s64, int64_t) MAXMIN(_u8, uint8_t) MAXMIN(_u16, uint16_t) MAXMIN(_u32, u
   static inline T ipow##S(T base, T exp) { \
     if (SIGNED && exp < 0) return base == 1 ? (T)1 : base == (T)-1 ? ((exp & 1) ? (T)-1 : (T)1) : (T)0; \
     U result = 1, b = (U)base, e = (U)exp; \
-    while (e) { if (e & 1) result *= b; b *= b; e >>= 1; } \
+    while (e) { if (e & 1) result = (U)(1u * result * b); b = (U)(1u * b * b); e >>= 1; } \
     return (T)result; \
   }
 IPOW(_s8, int8_t, uint8_t, 1) IPOW(_s16, int16_t, uint16_t, 1) IPOW(_s32, int32_t, uint32_t, 1)

@@ -128,8 +128,8 @@ template <typename C, typename U> TD C ipow(C b, C e) {
   if (e < (C)0) return b == (C)1 ? (C)1 : b == (C)-1 ? ((e & 1) ? (C)-1 : (C)1) : (C)0;
   U r = 1, x = (U)b, k = (U)e;
   while (k) {
-    if (k & 1) r *= x;
-    x *= x;
+    if (k & 1) r = (U)(1u * r * x);  // unsigned: a narrow U is promoted to int otherwise
+    x = (U)(1u * x * x);
     k >>= 1;
   }
   return (C)r;
