@@ -31,16 +31,6 @@ std::shared_ptr<const CachedExecutable> CompileCache::Lookup(const std::string& 
   return it->second.exe;
 }
 
-std::shared_ptr<const CachedExecutable> CompileCache::Find(const std::string& tenant, const std::string& id) {
-  absl::MutexLock l(&mu_);
-  auto t = tenants_.find(tenant);
-  if (t == tenants_.end()) return nullptr;
-  auto it = t->second.entries.find(id);
-  if (it == t->second.entries.end() || it->second.exe == nullptr) return nullptr;
-  TouchLocked(t->second, it->second);
-  return it->second.exe;
-}
-
 std::shared_ptr<const CachedExecutable> CompileCache::FindAnyTenant(const std::string& id) {
   absl::MutexLock l(&mu_);
   auto o = owner_.find(id);

@@ -56,13 +56,12 @@ class CompileCache {
   // `max_bytes`: the whole cache's bound. Default: 1 GiB.
   explicit CompileCache(int64_t max_bytes = int64_t{1} << 30) : max_bytes_(max_bytes) {}
 
-  // `tenant`'s entry `id`, or null (evicted ones included). Counts a hit when found.
+  // `tenant`'s entry `id`, or null (also when evicted). Counts a hit when found.
   std::shared_ptr<const CachedExecutable> Lookup(const std::string& tenant, const std::string& id);
-  // The same, for running it (not counted).
-  std::shared_ptr<const CachedExecutable> Find(const std::string& tenant, const std::string& id);
   // Whoever's entry `id` is, for a caller that checks its `tenant` against
   // the session's before anything else (Execute, under the lock where it
-  // reads the session anyway); ids carry their tenant, so at most one.
+  // reads the session anyway); ids carry their tenant, so at most one. Not
+  // counted as a hit.
   std::shared_ptr<const CachedExecutable> FindAnyTenant(const std::string& id);
   // What `tenant`'s evicted executable `id` compiles again from, while its
   // source is kept; nullopt otherwise.

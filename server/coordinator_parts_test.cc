@@ -403,7 +403,7 @@ TEST(CompileCache, CountsHitsAndExplainsMisses) {
   EXPECT_EQ(cache.Insert("a", CompiledAs(g, "k1"), g), first);  // a racing second compile keeps the first entry
   EXPECT_EQ(cache.compiles(), 2);
   EXPECT_EQ(cache.Lookup("a", "k1"), first);
-  EXPECT_EQ(cache.Find("a", "k1"), first);
+  EXPECT_EQ(cache.FindAnyTenant("k1"), first);
   EXPECT_EQ(cache.hits(), 1);
   EXPECT_EQ(cache.size(), 1);
 
@@ -427,7 +427,6 @@ TEST(CompileCache, EachTenantSeesOnlyItsOwnEntries) {
   CompileCache cache;
   const v1::Graph g = Parse(kAdd);
   cache.Insert("a", CompiledAs(g, "k1"), g);
-  EXPECT_EQ(cache.Find("b", "k1"), nullptr);
   EXPECT_EQ(cache.Lookup("b", "k1"), nullptr);
   ASSERT_NE(cache.FindAnyTenant("k1"), nullptr);  // for a caller that checks whose it is
   EXPECT_EQ(cache.FindAnyTenant("k1")->tenant, "a");
@@ -485,16 +484,16 @@ TEST(CompileCache, EvictsProgramsLeastRecentlyUsedFirstThenSources) {
   EXPECT_EQ(cache.size(), 2);
   EXPECT_EQ(cache.bytes(), 2 * one + source);
   EXPECT_EQ(cache.evictions(), 1);
-  EXPECT_EQ(cache.Find("a", "k2"), nullptr);
+  EXPECT_EQ(cache.FindAnyTenant("k2"), nullptr);
   ASSERT_TRUE(cache.EvictedSource("a", "k2").has_value());  // compiled again from it when called
   EXPECT_EQ(cache.EvictedSource("a", "k2")->graph.name(), "add");
   EXPECT_FALSE(cache.WasEvicted("a", "k2"));
   // One more: the compiled entries lose their programs, least recently used
   // first (k1, then k3), before any source goes.
   cache.Insert("a", CompiledAs(g, "k4"), g);
-  EXPECT_EQ(cache.Find("a", "k1"), nullptr);
-  EXPECT_EQ(cache.Find("a", "k3"), nullptr);
-  EXPECT_NE(cache.Find("a", "k4"), nullptr);
+  EXPECT_EQ(cache.FindAnyTenant("k1"), nullptr);
+  EXPECT_EQ(cache.FindAnyTenant("k3"), nullptr);
+  EXPECT_NE(cache.FindAnyTenant("k4"), nullptr);
   for (const char* id : {"k1", "k2", "k3"}) EXPECT_TRUE(cache.EvictedSource("a", id).has_value()) << id;
   EXPECT_EQ(cache.evictions(), 3);
   // Past its bound with no program left to drop, a tenant's least recently
@@ -504,14 +503,14 @@ TEST(CompileCache, EvictsProgramsLeastRecentlyUsedFirstThenSources) {
   EXPECT_FALSE(cache.EvictedSource("b", "b1").has_value());
   EXPECT_TRUE(cache.WasEvicted("b", "b1"));
   EXPECT_FALSE(cache.WasEvicted("a", "b1"));
-  EXPECT_NE(cache.Find("b", "b2"), nullptr);
+  EXPECT_NE(cache.FindAnyTenant("b2"), nullptr);
   // An entry larger than the whole bound still stays while it is the newest.
   CompileCache tiny(1);
   tiny.Insert("a", CompiledAs(g, "a"), g);
   EXPECT_EQ(tiny.size(), 1);
   tiny.Insert("a", CompiledAs(g, "b"), g);
   EXPECT_EQ(tiny.size(), 1);
-  EXPECT_NE(tiny.Find("a", "b"), nullptr);
+  EXPECT_NE(tiny.FindAnyTenant("b"), nullptr);
   EXPECT_EQ(held->graph.name(), "add");  // a held entry outlives its eviction
 }
 
@@ -525,7 +524,7 @@ TEST(CompileCache, ATenantsCompilesEvictOnlyItsOwnEntries) {
   CompileCache cache(int64_t{1} << 30);
   cache.Insert("victim", CompiledAs(g, "v"), g, {}, 2 * one);
   for (int i = 0; i < 40; ++i) cache.Insert("flood", CompiledAs(g, absl::StrCat("f", i)), g, {}, 2 * one);
-  EXPECT_NE(cache.Find("victim", "v"), nullptr);
+  EXPECT_NE(cache.FindAnyTenant("v"), nullptr);
   EXPECT_EQ(cache.counts("victim").evictions, 0);
   EXPECT_GT(cache.counts("flood").evictions, 30);
   EXPECT_LE(cache.counts("flood").bytes, 2 * one);
@@ -535,8 +534,8 @@ TEST(CompileCache, ATenantsCompilesEvictOnlyItsOwnEntries) {
   small.Insert("flood", CompiledAs(g, "f0"), g);
   small.Insert("flood", CompiledAs(g, "f1"), g);
   small.Insert("flood", CompiledAs(g, "f2"), g);
-  EXPECT_NE(small.Find("victim", "v"), nullptr);
-  EXPECT_EQ(small.Find("flood", "f0"), nullptr);
+  EXPECT_NE(small.FindAnyTenant("v"), nullptr);
+  EXPECT_EQ(small.FindAnyTenant("f0"), nullptr);
 }
 
 // ----------------------------------------------------------- ExecutePlanner
