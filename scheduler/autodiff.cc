@@ -14,25 +14,13 @@
 #include "core/status.h"
 #include "scheduler/batching.h"
 #include "scheduler/graph_emitter.h"
+#include "scheduler/ops/op_rules.h"
 #include "scheduler/varying.h"
 
 namespace tessel::scheduler {
 namespace {
 
 using absl::StrCat;
-
-// The free dimensions of a dot operand (neither batch nor contracting), in order.
-std::vector<int64_t> FreeDims(int rank, const google::protobuf::RepeatedField<int64_t>& batch,
-                              const google::protobuf::RepeatedField<int64_t>& contracting) {
-  std::vector<int64_t> free;
-  for (int d = 0; d < rank; ++d) {
-    if (std::find(batch.begin(), batch.end(), d) == batch.end() &&
-        std::find(contracting.begin(), contracting.end(), d) == contracting.end()) {
-      free.push_back(d);
-    }
-  }
-  return free;
-}
 
 // A manual region's body, typed over the mesh (with the graph's functions),
 // for its derivative; `where` names the derivative in errors.
@@ -47,43 +35,6 @@ absl::StatusOr<TypedGraph> RegionBody(const v1::Node& n, const v1::Mesh& mesh,
   auto typed = ValidateGraph(with_functions, {.manual_mesh = &mesh});
   if (!typed.ok()) return Annotate(typed.status(), StrCat(where, " body: "));
   return typed;
-}
-
-// The backward body of a manual region under construction: the mesh axes
-// every value it holds varies over (forward values, recomputed there, and
-// cotangents alike), tracked as nodes are appended.
-// The trigonometric, hyperbolic and special unary ops ElementaryDerivative
-// knows.
-bool ElementaryDerivativeOp(v1::Op op) { return op >= v1::SIN && op <= v1::ERF; }
-
-// d op(x)/dx of an ElementaryDerivativeOp, as nodes of `e` (x the operand,
-// y = op(x)); empty for every other op.
-std::string ElementaryDerivative(Emitter& e, v1::Op op, const std::string& x, const std::string& y) {
-  auto one = [&] { return e.Like(x, 1.0); };
-  auto sq = [&](const std::string& v) { return e.Binary(v1::MUL, v, v); };
-  switch (op) {
-    case v1::SIN: return e.Unary(v1::COS, x);
-    case v1::COS: return e.Unary(v1::NEG, e.Unary(v1::SIN, x));
-    case v1::TAN: return e.Binary(v1::ADD, one(), sq(y));
-    case v1::ASIN: return e.Unary(v1::RSQRT, e.Binary(v1::SUB, one(), sq(x)));
-    case v1::ACOS: return e.Unary(v1::NEG, e.Unary(v1::RSQRT, e.Binary(v1::SUB, one(), sq(x))));
-    case v1::ATAN: return e.Binary(v1::DIV, one(), e.Binary(v1::ADD, one(), sq(x)));
-    case v1::SINH: return e.Unary(v1::COSH, x);
-    case v1::COSH: return e.Unary(v1::SINH, x);
-    case v1::ASINH: return e.Unary(v1::RSQRT, e.Binary(v1::ADD, sq(x), one()));
-    case v1::ACOSH: return e.Unary(v1::RSQRT, e.Binary(v1::SUB, sq(x), one()));
-    case v1::ATANH: return e.Binary(v1::DIV, one(), e.Binary(v1::SUB, one(), sq(x)));
-    case v1::EXPM1: return e.Binary(v1::ADD, y, one());
-    case v1::ERF:  // 2/sqrt(pi) exp(-x^2)
-      return e.Binary(v1::MUL, e.Like(x, 1.1283791670955126), e.Unary(v1::EXP, e.Unary(v1::NEG, sq(x))));
-    default: return "";
-  }
-}
-
-// d atan2(y, x) = (x dy - y dx) / (x^2 + y^2): the factors of dy and dx.
-std::pair<std::string, std::string> Atan2Derivatives(Emitter& e, const std::string& y, const std::string& x) {
-  const std::string r2 = e.Binary(v1::ADD, e.Binary(v1::MUL, x, x), e.Binary(v1::MUL, y, y));
-  return {e.Binary(v1::DIV, x, r2), e.Unary(v1::NEG, e.Binary(v1::DIV, y, r2))};
 }
 
 struct RegionContext {
@@ -125,7 +76,7 @@ struct RegionContext {
 };
 
 // One VJP node's expansion into `e`.
-class Vjp {
+class Vjp : public ops::ReverseMode {
  public:
   // New functions (a loop's backward body) go to `functions`. `mesh`: what
   // manual regions run over; `region`: set when `f` is a region's body.
@@ -243,270 +194,13 @@ class Vjp {
     return fwd_.at(v);
   }
 
+  // Adds each operand's share of `ct`, the cotangent of F's node `n`.
+  // Regions, collectives (whose transposition depends on what the region's
+  // values vary over) and tuple elements are this driver's; every other op
+  // is its row's in scheduler/ops.
   absl::Status Transpose(const v1::Node& n, const std::string& ct) {
-    auto a = [&](int k) { return Forward(n.operands(k)); };
-    const std::string out = fwd_.at(n.name());
-    auto into = [&](int k, const std::string& v) { Accumulate(n.operands(k), v); };
-    auto one = [&] { return e_.Like(ct, 1.0); };
-    if (n.operands_size() == 1 && ElementaryDerivativeOp(n.op())) {
-      into(0, e_.Binary(v1::MUL, ct, ElementaryDerivative(e_, n.op(), a(0), out)));
-      return absl::OkStatus();
-    }
-    if (n.op() == v1::ATAN2) {
-      auto [dy, dx] = Atan2Derivatives(e_, a(0), a(1));
-      into(0, e_.Binary(v1::MUL, ct, dy));
-      into(1, e_.Binary(v1::MUL, ct, dx));
-      return absl::OkStatus();
-    }
     switch (n.op()) {
-      case v1::CONSTANT:
-      case v1::SIGN:
-      case v1::FLOOR:
-      case v1::CEIL:
-      case v1::ROUND:
-      case v1::ARGMAX:
-      case v1::ARGMIN:
-      case v1::COMPARE:
-        return absl::OkStatus();  // constant, or piecewise constant: no cotangent flows
-      case v1::ADD: into(0, ct); into(1, ct); return absl::OkStatus();
-      case v1::SUB: into(0, ct); into(1, e_.Unary(v1::NEG, ct)); return absl::OkStatus();
-      case v1::MUL:
-        into(0, e_.Binary(v1::MUL, ct, a(1)));
-        into(1, e_.Binary(v1::MUL, ct, a(0)));
-        return absl::OkStatus();
-      case v1::DIV:
-        into(0, e_.Binary(v1::DIV, ct, a(1)));
-        into(1, e_.Unary(v1::NEG, e_.Binary(v1::DIV, e_.Binary(v1::MUL, ct, out), a(1))));
-        return absl::OkStatus();
-      case v1::NEG: into(0, e_.Unary(v1::NEG, ct)); return absl::OkStatus();
-      case v1::ABS: into(0, e_.Binary(v1::MUL, ct, e_.Unary(v1::SIGN, a(0)))); return absl::OkStatus();
-      case v1::EXP: into(0, e_.Binary(v1::MUL, ct, out)); return absl::OkStatus();
-      case v1::LOG: into(0, e_.Binary(v1::DIV, ct, a(0))); return absl::OkStatus();
-      case v1::LOG1P: into(0, e_.Binary(v1::DIV, ct, e_.Binary(v1::ADD, a(0), one()))); return absl::OkStatus();
-      case v1::TANH:
-        into(0, e_.Binary(v1::MUL, ct, e_.Binary(v1::SUB, one(), e_.Binary(v1::MUL, out, out))));
-        return absl::OkStatus();
-      case v1::LOGISTIC:
-        into(0, e_.Binary(v1::MUL, ct, e_.Binary(v1::MUL, out, e_.Binary(v1::SUB, one(), out))));
-        return absl::OkStatus();
-      case v1::SQRT:
-        into(0, e_.Binary(v1::DIV, e_.Binary(v1::MUL, ct, e_.Like(ct, 0.5)), out));
-        return absl::OkStatus();
-      case v1::RSQRT:  // d x^-1/2 = -x^-1/2 / (2x)
-        into(0, e_.Binary(v1::MUL, ct, e_.Binary(v1::DIV, e_.Binary(v1::MUL, out, e_.Like(ct, -0.5)), a(0))));
-        return absl::OkStatus();
-      case v1::POW: {
-        // As JAX: d/dx is 0 where y is 0; d/dy is 0 where x is 0.
-        const std::string zero = e_.Like(ct, 0.0);
-        const std::string dx = e_.Binary(v1::MUL, a(1), e_.Binary(v1::POW, a(0), e_.Binary(v1::SUB, a(1), one())));
-        into(0, e_.Binary(v1::MUL, ct, e_.Select(e_.Compare(v1::EQ, a(1), zero), zero, dx)));
-        const std::string safe_x = e_.Select(e_.Compare(v1::EQ, a(0), zero), one(), a(0));
-        into(1, e_.Binary(v1::MUL, ct, e_.Binary(v1::MUL, out, e_.Unary(v1::LOG, safe_x))));
-        return absl::OkStatus();
-      }
-      case v1::MAX:
-      case v1::MIN: {
-        // As JAX: the operand equal to the result takes the cotangent; a tie splits it.
-        const std::string zero = e_.Like(ct, 0.0), half = e_.Like(ct, 0.5);
-        auto share = [&](const std::string& x, const std::string& other) {
-          return e_.Select(e_.Compare(v1::EQ, x, out),
-                           e_.Select(e_.Compare(v1::EQ, other, out), half, one()), zero);
-        };
-        into(0, e_.Binary(v1::MUL, ct, share(a(0), a(1))));
-        into(1, e_.Binary(v1::MUL, ct, share(a(1), a(0))));
-        return absl::OkStatus();
-      }
-      case v1::REM: {  // x - y * trunc(x / y)
-        into(0, ct);
-        const std::string q = e_.Binary(v1::DIV, a(0), a(1));
-        const std::string trunc = e_.Binary(v1::MUL, e_.Unary(v1::SIGN, q), e_.Unary(v1::FLOOR, e_.Unary(v1::ABS, q)));
-        into(1, e_.Unary(v1::NEG, e_.Binary(v1::MUL, ct, trunc)));
-        return absl::OkStatus();
-      }
-      case v1::SELECT: {
-        const std::string zero = e_.Like(ct, 0.0);
-        into(1, e_.Select(a(0), ct, zero));
-        into(2, e_.Select(a(0), zero, ct));
-        return absl::OkStatus();
-      }
-      case v1::CLAMP: {  // (lo, x, hi), as JAX: x inside (lo, hi) takes it
-        const std::string x = a(1);
-        auto like_x = [&](int k) {
-          const v1::TensorType& t = e_.type(a(k));
-          return t.dims_size() == e_.type(x).dims_size() ? a(k) : e_.Broadcast(a(k), Dims(e_.type(x)), {});
-        };
-        const std::string lo = like_x(0), hi = like_x(2), zero = e_.Like(ct, 0.0);
-        const std::string inside = e_.Binary(v1::AND, e_.Compare(v1::GT, x, lo), e_.Compare(v1::LT, x, hi));
-        into(1, e_.Select(inside, ct, zero));
-        auto bound = [&](int k, const std::string& mask) {
-          const std::string g = e_.Select(mask, ct, zero);
-          into(k, e_.type(a(k)).dims_size() == e_.type(x).dims_size() ? g : e_.SumAll(g));
-        };
-        bound(0, e_.Binary(v1::AND, e_.Compare(v1::GT, lo, x), e_.Compare(v1::LT, lo, hi)));
-        bound(2, e_.Compare(v1::LT, hi, x));
-        return absl::OkStatus();
-      }
-      case v1::CONVERT:
-        if (IsFloat(TypeOf(n.operands(0)).dtype())) into(0, e_.Convert(ct, TypeOf(n.operands(0)).dtype()));
-        return absl::OkStatus();
-      case v1::SHARDING_CONSTRAINT: into(0, ct); return absl::OkStatus();
-      case v1::RESHAPE: into(0, e_.Reshape(ct, Dims(TypeOf(n.operands(0))))); return absl::OkStatus();
-      case v1::TRANSPOSE: {
-        const auto& perm = n.transpose().permutation();
-        std::vector<int64_t> inverse(perm.size());
-        for (int i = 0; i < perm.size(); ++i) inverse[perm[i]] = i;
-        into(0, e_.Transpose(ct, inverse));
-        return absl::OkStatus();
-      }
-      case v1::REVERSE: into(0, e_.Reverse(ct, n.reverse().dimensions())); return absl::OkStatus();
-      case v1::SORT: {
-        // The result is operand r moved by a permutation of each row; its
-        // cotangent goes back by the inverse permutation, which is itself a
-        // sort: of the cotangent, by where each element came from.
-        const int r = n.sort().result_operand();
-        if (!IsFloat(TypeOf(n.operands(r)).dtype())) return absl::OkStatus();
-        const v1::TensorType& kt = TypeOf(n.operands(0));
-        const std::string from = e_.SortBy(a(0), e_.Iota(kt, n.sort().dimension()), n.sort());
-        v1::SortAttrs back;
-        back.set_dimension(n.sort().dimension());
-        into(r, e_.SortBy(from, ct, back));
-        return absl::OkStatus();
-      }
-      case v1::GATHER: {
-        // The gather clamped its indices: each slice's cotangent adds into
-        // the slice it was read from.
-        const v1::TensorType& xt = TypeOf(n.operands(0));
-        if (!IsFloat(xt.dtype())) return absl::OkStatus();
-        const int64_t axis = n.gather().axis();
-        v1::TensorType scalar;
-        scalar.set_dtype(TypeOf(n.operands(1)).dtype());
-        const std::string idx =
-            e_.Emit(e_.Op(v1::CLAMP, {e_.FillInt(scalar, 0), a(1), e_.FillInt(scalar, xt.dims(axis) - 1)}), "clamp");
-        into(0, e_.Scatter(e_.Zeros(xt), idx, ct, axis, v1::SUM));
-        return absl::OkStatus();
-      }
-      case v1::SCATTER: {
-        const v1::TensorType &xt = TypeOf(n.operands(0)), &it = TypeOf(n.operands(1)), &ut = TypeOf(n.operands(2));
-        if (!IsFloat(xt.dtype())) return absl::OkStatus();
-        const v1::ReduceKind k = n.scatter().combine();
-        if (k != v1::REDUCE_INVALID && k != v1::SUM) {
-          return absl::UnimplementedError(StrCat("vjp of '", node_.grad().function(), "': scatter '", n.name(),
-                                                 "' combines by ", v1::ReduceKind_Name(k),
-                                                 ", which has no reverse-mode rule yet (replace and SUM have one)"));
-        }
-        const int64_t axis = n.scatter().axis(), m = NumElementsUnchecked(it);
-        // An update reaches the result when its index is in range and, when
-        // updates replace, no later update at that index overwrote it.
-        std::string kept = e_.Binary(v1::AND, e_.Compare(v1::GE, a(1), e_.FillInt(it, 0)),
-                                     e_.Compare(v1::LT, a(1), e_.FillInt(it, xt.dims(axis))));
-        if (k == v1::SUM) {
-          into(0, ct);
-        } else {
-          into(0, e_.Scatter(ct, a(1), e_.Zeros(ut), axis, v1::REDUCE_INVALID));
-          v1::TensorType flat, slots;
-          flat.set_dtype(v1::S64);
-          flat.add_dims(m);
-          slots.set_dtype(v1::S64);
-          slots.add_dims(xt.dims(axis));
-          const std::string fi = e_.Reshape(a(1), {m}), own = e_.Iota(flat, 0);
-          const std::string last = e_.Scatter(e_.FillInt(slots, -1), fi, own, 0, v1::REDUCE_INVALID);
-          const std::string won = e_.Compare(v1::EQ, e_.Gather(last, fi, 0), own);
-          kept = e_.Binary(v1::AND, kept, e_.Reshape(won, Dims(it)));
-        }
-        std::vector<int64_t> at(it.dims_size());
-        std::iota(at.begin(), at.end(), axis);
-        into(2, e_.Select(e_.Broadcast(kept, Dims(ut), at), e_.Gather(ct, a(1), axis), e_.Zeros(ut)));
-        return absl::OkStatus();
-      }
-      case v1::BROADCAST_IN_DIM: {
-        const std::vector<int64_t> in = Dims(TypeOf(n.operands(0))), res = Dims(n.type());
-        const auto& bd = n.broadcast_in_dim().broadcast_dimensions();
-        std::vector<int64_t> sum;
-        for (int d = 0; d < int(res.size()); ++d) {
-          const auto it = std::find(bd.begin(), bd.end(), d);
-          if (it == bd.end() || (in[it - bd.begin()] == 1 && res[d] != 1)) sum.push_back(d);
-        }
-        into(0, e_.Reshape(e_.Reduce(ct, v1::SUM, sum), in));
-        return absl::OkStatus();
-      }
-      case v1::REDUCE: {
-        const std::vector<int64_t> in = Dims(TypeOf(n.operands(0)));
-        const auto& rd = n.reduce().dims();
-        std::vector<int64_t> kept;
-        for (int d = 0; d < int(in.size()); ++d) {
-          if (std::find(rd.begin(), rd.end(), d) == rd.end()) kept.push_back(d);
-        }
-        const std::string spread = e_.Broadcast(ct, in, kept);
-        switch (n.reduce().kind()) {
-          case v1::SUM: into(0, spread); break;
-          case v1::PROD:  // out / x: not defined where x is 0
-            into(0, e_.Binary(v1::DIV, e_.Binary(v1::MUL, spread, e_.Broadcast(out, in, kept)), a(0)));
-            break;
-          default: {  // max, min: the elements equal to the result share it (as JAX)
-            const std::string hit = e_.Convert(e_.Compare(v1::EQ, a(0), e_.Broadcast(out, in, kept)),
-                                               TypeOf(n.operands(0)).dtype());
-            const std::vector<int64_t> rdims(rd.begin(), rd.end());
-            const std::string count = e_.Reduce(hit, v1::SUM, rdims);
-            into(0, e_.Binary(v1::MUL, e_.Broadcast(e_.Binary(v1::DIV, ct, count), in, kept), hit));
-          }
-        }
-        return absl::OkStatus();
-      }
-      case v1::SLICE: {
-        const std::vector<int64_t> in = Dims(TypeOf(n.operands(0))), res = Dims(n.type());
-        const v1::SliceAttrs& s = n.slice();
-        std::vector<int64_t> low(in.size()), high(in.size()), interior(in.size());
-        for (size_t d = 0; d < in.size(); ++d) {
-          const int64_t stride = d < size_t(s.strides_size()) && s.strides(d) > 0 ? s.strides(d) : 1;
-          low[d] = s.start(d);
-          interior[d] = res[d] > 0 ? stride - 1 : 0;
-          const int64_t covered = res[d] > 0 ? s.start(d) + (res[d] - 1) * stride + 1 : s.start(d);
-          high[d] = in[d] - covered;
-        }
-        const v1::TensorType scalar = [&] {
-          v1::TensorType t;
-          t.set_dtype(e_.type(ct).dtype());
-          return t;
-        }();
-        into(0, e_.Pad(ct, e_.Fill(scalar, 0.0), low, high, interior));
-        return absl::OkStatus();
-      }
-      case v1::PAD: {
-        const std::vector<int64_t> in = Dims(TypeOf(n.operands(0)));
-        const v1::PadAttrs& p = n.pad();
-        std::vector<int64_t> start(in.size()), limit(in.size()), strides(in.size());
-        for (size_t d = 0; d < in.size(); ++d) {
-          const int64_t interior = d < size_t(p.interior_size()) ? p.interior(d) : 0;
-          if (p.low(d) < 0 || p.high(d) < 0) {
-            return absl::UnimplementedError(StrCat("vjp of '", node_.grad().function(), "': pad '", n.name(),
-                                                   "' has negative padding, which has no transposition rule yet"));
-          }
-          start[d] = p.low(d);
-          strides[d] = interior + 1;
-          limit[d] = in[d] == 0 ? start[d] : p.low(d) + (in[d] - 1) * (interior + 1) + 1;
-        }
-        const std::string inner = e_.Slice(ct, start, limit, strides);
-        into(0, inner);
-        into(1, e_.Binary(v1::SUB, e_.SumAll(ct), e_.SumAll(inner)));
-        return absl::OkStatus();
-      }
-      case v1::CONCATENATE: {
-        const std::vector<int64_t> res = Dims(n.type());
-        const int64_t dim = n.concatenate().dimension();
-        int64_t offset = 0;
-        for (int k = 0; k < n.operands_size(); ++k) {
-          const std::vector<int64_t> in = Dims(TypeOf(n.operands(k)));
-          std::vector<int64_t> start(res.size(), 0), limit = res, strides(res.size(), 1);
-          start[dim] = offset;
-          limit[dim] = offset + in[dim];
-          offset += in[dim];
-          into(k, e_.Slice(ct, start, limit, strides));
-        }
-        return absl::OkStatus();
-      }
-      case v1::DOT_GENERAL: return TransposeDot(n, ct);
       case v1::MANUAL_REGION: return TransposeRegion(n, {ct});
-      case v1::AXIS_INDEX: return absl::OkStatus();
       case v1::ALL_REDUCE:
       case v1::ALL_GATHER:
       case v1::REDUCE_SCATTER:
@@ -514,33 +208,45 @@ class Vjp {
       case v1::COLLECTIVE_PERMUTE: return TransposeCollective(n, ct);
       case v1::CUSTOM_KERNEL:
         return absl::UnimplementedError(StrCat(
-            "vjp of '", node_.grad().function(), "': custom kernel '", n.custom_kernel().name(), "' (node '", n.name(),
+            Where(), ": custom kernel '", n.custom_kernel().name(), "' (node '", n.name(),
             "') has no derivative of its own: wrap its call in custom_vjp, whose backward function may call a ",
             "backward kernel with its own replication rule"));
-      default:
-        break;
+      case v1::TUPLE_ELEMENT: return TransposeTupleElement(n, ct);
+      default: break;
     }
-    const std::string where = StrCat("vjp of '", node_.grad().function(), "': node '", n.name(), "' (", OpName(n.op()), ")");
-    if (n.op() == v1::TUPLE_ELEMENT) {
-      const v1::Node& src = f_.graph.nodes(f_.index_of.at(n.operands(0)));
-      if (src.op() == v1::SCAN || src.op() == v1::CONDITIONAL || src.op() == v1::CUSTOM_VJP ||
-          src.op() == v1::CUSTOM_JVP || src.op() == v1::MANUAL_REGION) {
-        std::vector<std::string>& cts = result_ct_[src.name()];
-        cts.resize(src.results_size());
-        std::string& slot = cts[n.tuple_element().index()];
-        slot = slot.empty() ? ct : e_.Binary(v1::ADD, slot, ct);
-        return absl::OkStatus();
-      }
-      if (src.op() == v1::WHILE) {
-        return absl::InvalidArgumentError(StrCat(
-            where, " reads while loop '", src.name(), "': reverse mode needs a trip count known at compile time, ",
-            "as in JAX; write the loop as scan or as fori_loop with Python int bounds"));
-      }
-      return absl::UnimplementedError(StrCat(where, " reads ", OpName(src.op()), " '", src.name(),
-                                             "', which reverse mode does not differentiate yet"));
-    }
-    return absl::UnimplementedError(StrCat(where, ": reverse mode has no transposition rule for it yet"));
+    if (const ops::OpRules* r = ops::Find(n.op()); r != nullptr && r->vjp != nullptr) return r->vjp(*this, n, ct);
+    return absl::UnimplementedError(StrCat(Where(), ": node '", n.name(), "' (", OpName(n.op()),
+                                           "): reverse mode has no transposition rule for it yet"));
   }
+
+  absl::Status TransposeTupleElement(const v1::Node& n, const std::string& ct) {
+    const v1::Node& src = f_.graph.nodes(f_.index_of.at(n.operands(0)));
+    if (src.op() == v1::SCAN || src.op() == v1::CONDITIONAL || src.op() == v1::CUSTOM_VJP ||
+        src.op() == v1::CUSTOM_JVP || src.op() == v1::MANUAL_REGION) {
+      std::vector<std::string>& cts = result_ct_[src.name()];
+      cts.resize(src.results_size());
+      std::string& slot = cts[n.tuple_element().index()];
+      slot = slot.empty() ? ct : e_.Binary(v1::ADD, slot, ct);
+      return absl::OkStatus();
+    }
+    const std::string where = StrCat(Where(), ": node '", n.name(), "' (", OpName(n.op()), ")");
+    if (src.op() == v1::WHILE) {
+      return absl::InvalidArgumentError(StrCat(
+          where, " reads while loop '", src.name(), "': reverse mode needs a trip count known at compile time, ",
+          "as in JAX; write the loop as scan or as fori_loop with Python int bounds"));
+    }
+    return absl::UnimplementedError(StrCat(where, " reads ", OpName(src.op()), " '", src.name(),
+                                           "', which reverse mode does not differentiate yet"));
+  }
+
+  // ops::ReverseMode, for the rules.
+  Emitter& e() override { return e_; }
+  std::string Operand(const v1::Node& n, int k) override { return Forward(n.operands(k)); }
+  std::string Result(const v1::Node& n) override { return fwd_.at(n.name()); }
+  const v1::TensorType& OperandType(const v1::Node& n, int k) override { return TypeOf(n.operands(k)); }
+  bool Active(const v1::Node& n, int k) override { return active_.contains(n.operands(k)); }
+  void Into(const v1::Node& n, int k, const std::string& ct) override { Accumulate(n.operands(k), ct); }
+  std::string Where() const override { return StrCat("vjp of '", node_.grad().function(), "'"); }
 
   // ------------------------------------------------------------ manual regions
 
@@ -1084,55 +790,6 @@ class Vjp {
     return name;
   }
 
-  // out[B, Fl, Fr] = lhs[B, Fl, C] . rhs[B, C, Fr] (dimensions in any order).
-  absl::Status TransposeDot(const v1::Node& n, const std::string& ct) {
-    const v1::DotGeneralAttrs& d = n.dot_general();
-    const v1::TensorType& lt = TypeOf(n.operands(0));
-    const v1::TensorType& rt = TypeOf(n.operands(1));
-    const std::vector<int64_t> lfree = FreeDims(lt.dims_size(), d.lhs_batch(), d.lhs_contracting());
-    const std::vector<int64_t> rfree = FreeDims(rt.dims_size(), d.rhs_batch(), d.rhs_contracting());
-    const int64_t nb = d.lhs_batch_size();
-    std::vector<int64_t> ct_batch(nb), ct_lfree(lfree.size()), ct_rfree(rfree.size());
-    std::iota(ct_batch.begin(), ct_batch.end(), 0);
-    std::iota(ct_lfree.begin(), ct_lfree.end(), nb);
-    std::iota(ct_rfree.begin(), ct_rfree.end(), nb + int64_t(lfree.size()));
-    const std::string lhs = Forward(n.operands(0)), rhs = Forward(n.operands(1));
-    // Each operand's cotangent is a dot of the other operand with ct over
-    // the other's free dimensions, with the operands in the order that
-    // gives the usual layouts without a transpose: d lhs[M,K] = ct[M,N] .
-    // rhs[K,N]^T, d rhs[K,N] = lhs[M,K]^T . ct[M,N].
-    auto grad_of = [&](bool of_lhs) {
-      const std::string& other = of_lhs ? rhs : lhs;
-      const auto& other_batch = of_lhs ? d.rhs_batch() : d.lhs_batch();
-      const auto& other_contracting = of_lhs ? d.rhs_contracting() : d.lhs_contracting();
-      const std::vector<int64_t>& other_free = of_lhs ? rfree : lfree;
-      const std::vector<int64_t>& ct_other_free = of_lhs ? ct_rfree : ct_lfree;
-      const auto& my_batch = of_lhs ? d.lhs_batch() : d.rhs_batch();
-      const auto& my_contracting = of_lhs ? d.lhs_contracting() : d.rhs_contracting();
-      const std::vector<int64_t>& my_free = of_lhs ? lfree : rfree;
-      const v1::TensorType& mine = of_lhs ? lt : rt;
-      const std::vector<int64_t> ob(other_batch.begin(), other_batch.end());
-      // g: [batch, then (lhs side) my free dims and the other's contracting
-      // dims, or (rhs side) the other's contracting dims and my free dims];
-      // the other's contracting dims in increasing order of its index.
-      const std::string g = of_lhs ? e_.Dot(ct, other, ct_batch, ob, ct_other_free, other_free)
-                                   : e_.Dot(other, ct, ob, ct_batch, other_free, ct_other_free);
-      std::vector<int> by_other(other_contracting.size());
-      std::iota(by_other.begin(), by_other.end(), 0);
-      std::sort(by_other.begin(), by_other.end(),
-                [&](int x, int y) { return other_contracting[x] < other_contracting[y]; });
-      const int64_t nfree = int64_t(my_free.size()), ncon = int64_t(by_other.size());
-      std::vector<int64_t> perm(mine.dims_size());  // perm[my dim] = g's dim
-      for (int i = 0; i < my_batch.size(); ++i) perm[my_batch[i]] = i;
-      for (int64_t i = 0; i < nfree; ++i) perm[my_free[i]] = nb + (of_lhs ? i : ncon + i);
-      for (int64_t k = 0; k < ncon; ++k) perm[my_contracting[by_other[k]]] = nb + (of_lhs ? nfree + k : k);
-      return e_.Convert(e_.Transpose(g, perm), mine.dtype());
-    };
-    if (IsFloat(lt.dtype()) && active_.contains(n.operands(0))) Accumulate(n.operands(0), grad_of(true));
-    if (IsFloat(rt.dtype()) && active_.contains(n.operands(1))) Accumulate(n.operands(1), grad_of(false));
-    return absl::OkStatus();
-  }
-
   Emitter& e_;
   const v1::Node& node_;
   const TypedGraph& f_;
@@ -1150,7 +807,7 @@ class Vjp {
 
 // One JVP node's expansion into `e`: each node of the function, then its
 // tangent, in one forward pass.
-class Jvp {
+class Jvp : public ops::ForwardMode {
  public:
   Jvp(Emitter& e, const v1::Node& node, const TypedGraph& f, std::vector<std::string> args,
       std::vector<std::string> tangents, google::protobuf::RepeatedPtrField<v1::Graph>* functions,
@@ -1229,173 +886,34 @@ class Jvp {
     const std::string t = T(n, k);
     return t.empty() ? e_.Zeros(TypeOf(n.operands(k))) : t;
   }
-  std::string Sum(const std::string& a, const std::string& b) {
-    if (a.empty()) return b;
-    if (b.empty()) return a;
-    return e_.Binary(v1::ADD, a, b);
-  }
-  std::string Scale(const std::string& t, const std::string& by) { return t.empty() ? "" : e_.Binary(v1::MUL, t, by); }
   // The same op applied to the tangents in place of the operands.
-  std::string Same(const v1::Node& n, const std::vector<std::string>& operands) {
+  std::string Same(const v1::Node& n, const std::vector<std::string>& operands) override {
     v1::Node c = n;
     c.clear_operands();
     for (const std::string& o : operands) c.add_operands(o);
     return e_.Emit(std::move(c), StrCat(fwd_.at(n.name()), ".tangent"));
   }
 
+  // The tangent of F's node `n`, or "" where none flows: a region's is
+  // this driver's, every other op's its row's in scheduler/ops.
   absl::StatusOr<std::string> Tangent(const v1::Node& n) {
-    auto a = [&](int k) { return fwd_.at(n.operands(k)); };
-    const std::string out = fwd_.at(n.name());
-    const std::string ta = n.operands_size() > 0 ? T(n, 0) : "", tb = n.operands_size() > 1 ? T(n, 1) : "";
-    auto one = [&] { return e_.Like(out, 1.0); };
-    if (n.operands_size() == 1 && ElementaryDerivativeOp(n.op())) {
-      return ta.empty() ? std::string() : Scale(ta, ElementaryDerivative(e_, n.op(), a(0), out));
+    if (n.op() == v1::MANUAL_REGION) {
+      TESSEL_ASSIGN_OR_RETURN(std::vector<std::string> t, TangentRegion(n));
+      return t.at(0);
     }
-    if (n.op() == v1::ATAN2) {
-      auto [dy, dx] = Atan2Derivatives(e_, a(0), a(1));
-      return Sum(Scale(ta, dy), Scale(tb, dx));
-    }
-    switch (n.op()) {
-      case v1::SIGN: case v1::FLOOR: case v1::CEIL: case v1::ROUND: case v1::CONSTANT:
-        return std::string();
-      case v1::ADD: return Sum(ta, tb);
-      case v1::SUB: return tb.empty() ? ta : Sum(ta, e_.Unary(v1::NEG, tb));
-      case v1::MUL: return Sum(Scale(ta, a(1)), Scale(tb, a(0)));
-      case v1::DIV:
-        return Sum(ta.empty() ? "" : e_.Binary(v1::DIV, ta, a(1)),
-                   tb.empty() ? "" : e_.Unary(v1::NEG, e_.Binary(v1::DIV, e_.Binary(v1::MUL, tb, out), a(1))));
-      case v1::NEG: return e_.Unary(v1::NEG, ta);
-      case v1::ABS: return Scale(ta, e_.Unary(v1::SIGN, a(0)));
-      case v1::EXP: return Scale(ta, out);
-      case v1::LOG: return e_.Binary(v1::DIV, ta, a(0));
-      case v1::LOG1P: return e_.Binary(v1::DIV, ta, e_.Binary(v1::ADD, a(0), one()));
-      case v1::TANH: return Scale(ta, e_.Binary(v1::SUB, one(), e_.Binary(v1::MUL, out, out)));
-      case v1::LOGISTIC: return Scale(ta, e_.Binary(v1::MUL, out, e_.Binary(v1::SUB, one(), out)));
-      case v1::SQRT: return e_.Binary(v1::DIV, e_.Binary(v1::MUL, ta, e_.Like(out, 0.5)), out);
-      case v1::RSQRT: return Scale(ta, e_.Binary(v1::DIV, e_.Binary(v1::MUL, out, e_.Like(out, -0.5)), a(0)));
-      case v1::POW: {
-        const std::string zero = e_.Like(out, 0.0);
-        std::string r;
-        if (!ta.empty()) {
-          const std::string dx = e_.Binary(v1::MUL, a(1), e_.Binary(v1::POW, a(0), e_.Binary(v1::SUB, a(1), one())));
-          r = Scale(ta, e_.Select(e_.Compare(v1::EQ, a(1), zero), zero, dx));
-        }
-        if (!tb.empty()) {
-          const std::string safe_x = e_.Select(e_.Compare(v1::EQ, a(0), zero), one(), a(0));
-          r = Sum(r, Scale(tb, e_.Binary(v1::MUL, out, e_.Unary(v1::LOG, safe_x))));
-        }
-        return r;
-      }
-      case v1::MAX:
-      case v1::MIN: {
-        const std::string zero = e_.Like(out, 0.0), half = e_.Like(out, 0.5);
-        auto share = [&](const std::string& x, const std::string& other) {
-          return e_.Select(e_.Compare(v1::EQ, x, out), e_.Select(e_.Compare(v1::EQ, other, out), half, one()), zero);
-        };
-        return Sum(ta.empty() ? "" : Scale(ta, share(a(0), a(1))), tb.empty() ? "" : Scale(tb, share(a(1), a(0))));
-      }
-      case v1::REM: {
-        if (tb.empty()) return ta;
-        const std::string q = e_.Binary(v1::DIV, a(0), a(1));
-        const std::string trunc = e_.Binary(v1::MUL, e_.Unary(v1::SIGN, q), e_.Unary(v1::FLOOR, e_.Unary(v1::ABS, q)));
-        return Sum(ta, e_.Unary(v1::NEG, e_.Binary(v1::MUL, tb, trunc)));
-      }
-      case v1::SELECT: {
-        if (T(n, 1).empty() && T(n, 2).empty()) return std::string();
-        return e_.Select(a(0), TZ(n, 1), TZ(n, 2));
-      }
-      case v1::CLAMP: {
-        const std::string x = a(1), zero = e_.Like(out, 0.0);
-        auto like_x = [&](const std::string& v) {
-          return e_.type(v).dims_size() == e_.type(x).dims_size() ? v : e_.Broadcast(v, Dims(e_.type(x)), {});
-        };
-        const std::string lo = like_x(a(0)), hi = like_x(a(2));
-        std::string r;
-        if (!T(n, 1).empty()) {
-          r = e_.Select(e_.Binary(v1::AND, e_.Compare(v1::GT, x, lo), e_.Compare(v1::LT, x, hi)), T(n, 1), zero);
-        }
-        if (!T(n, 0).empty()) {
-          r = Sum(r, e_.Select(e_.Binary(v1::AND, e_.Compare(v1::GT, lo, x), e_.Compare(v1::LT, lo, hi)),
-                               like_x(T(n, 0)), zero));
-        }
-        if (!T(n, 2).empty()) r = Sum(r, e_.Select(e_.Compare(v1::LT, hi, x), like_x(T(n, 2)), zero));
-        return r;
-      }
-      case v1::CONVERT: return IsFloat(TypeOf(n.operands(0)).dtype()) ? Same(n, {ta}) : std::string();
-      case v1::SHARDING_CONSTRAINT:
-      case v1::RESHAPE:
-      case v1::TRANSPOSE:
-      case v1::BROADCAST_IN_DIM:
-      case v1::SLICE:
-      case v1::REVERSE: return Same(n, {ta});
-      case v1::GATHER: return ta.empty() ? std::string() : Same(n, {ta, a(1)});
-      case v1::SCATTER: {
-        if (T(n, 0).empty() && T(n, 2).empty()) return std::string();
-        const v1::ReduceKind k = n.scatter().combine();
-        if (k != v1::REDUCE_INVALID && k != v1::SUM) {
-          return absl::UnimplementedError(StrCat("jvp of '", node_.grad().function(), "': scatter '", n.name(),
-                                                 "' combines by ", v1::ReduceKind_Name(k),
-                                                 ", which has no forward-mode rule yet (replace and SUM have one)"));
-        }
-        return Same(n, {TZ(n, 0), a(1), TZ(n, 2)});
-      }
-      case v1::SORT: {  // the order is piecewise constant in the keys: only the moved values' tangents move
-        const int r = n.sort().result_operand();
-        const std::string tr = T(n, r);
-        return tr.empty() ? std::string() : e_.SortBy(a(0), tr, n.sort());
-      }
-      case v1::PAD: {
-        const v1::TensorType& pv = TypeOf(n.operands(1));
-        return Same(n, {TZ(n, 0), tb.empty() ? e_.Zeros(pv) : tb});
-      }
-      case v1::CONCATENATE: {
-        std::vector<std::string> ts;
-        for (int k = 0; k < n.operands_size(); ++k) ts.push_back(TZ(n, k));
-        return Same(n, ts);
-      }
-      case v1::DOT_GENERAL: return Sum(ta.empty() ? "" : Same(n, {ta, a(1)}), tb.empty() ? "" : Same(n, {a(0), tb}));
-      case v1::REDUCE: {
-        const std::vector<int64_t> in = Dims(TypeOf(n.operands(0)));
-        const auto& rd = n.reduce().dims();
-        const std::vector<int64_t> rdims(rd.begin(), rd.end());
-        std::vector<int64_t> kept;
-        for (int d = 0; d < int(in.size()); ++d) {
-          if (std::find(rd.begin(), rd.end(), d) == rd.end()) kept.push_back(d);
-        }
-        switch (n.reduce().kind()) {
-          case v1::SUM: return Same(n, {ta});
-          case v1::PROD:
-            return e_.Reduce(e_.Binary(v1::DIV, e_.Binary(v1::MUL, ta, e_.Broadcast(out, in, kept)), a(0)), v1::SUM,
-                             rdims);
-          default: {
-            const std::string hit = e_.Convert(e_.Compare(v1::EQ, a(0), e_.Broadcast(out, in, kept)),
-                                               TypeOf(n.operands(0)).dtype());
-            return e_.Binary(v1::DIV, e_.Reduce(e_.Binary(v1::MUL, ta, hit), v1::SUM, rdims),
-                             e_.Reduce(hit, v1::SUM, rdims));
-          }
-        }
-      }
-      case v1::MANUAL_REGION: {
-        TESSEL_ASSIGN_OR_RETURN(std::vector<std::string> t, TangentRegion(n));
-        return t.at(0);
-      }
-      case v1::ALL_REDUCE:
-        if (n.collective().kind() != v1::SUM && n.collective().kind() != v1::REDUCE_INVALID) break;
-        [[fallthrough]];
-      case v1::ALL_GATHER:
-      case v1::REDUCE_SCATTER:
-      case v1::ALL_TO_ALL:
-      case v1::COLLECTIVE_PERMUTE: {  // linear: the same collective of the tangent
-        v1::Node c = n;
-        c.clear_operands();
-        c.add_operands(ta);
-        return e_.Copy(std::move(c), StrCat(out, ".tangent"));
-      }
-      default: break;
-    }
-    return absl::UnimplementedError(StrCat("jvp of '", node_.grad().function(), "': node '", n.name(), "' (",
-                                           OpName(n.op()), ") has no forward-mode rule yet"));
+    if (const ops::OpRules* r = ops::Find(n.op()); r != nullptr && r->jvp != nullptr) return r->jvp(*this, n);
+    return absl::UnimplementedError(StrCat(Where(), ": node '", n.name(), "' (", OpName(n.op()),
+                                           ") has no forward-mode rule yet"));
   }
+
+  // ops::ForwardMode, for the rules.
+  Emitter& e() override { return e_; }
+  std::string Operand(const v1::Node& n, int k) override { return fwd_.at(n.operands(k)); }
+  std::string Result(const v1::Node& n) override { return fwd_.at(n.name()); }
+  std::string Tangent(const v1::Node& n, int k) override { return T(n, k); }
+  std::string TangentOrZeros(const v1::Node& n, int k) override { return TZ(n, k); }
+  const v1::TensorType& OperandType(const v1::Node& n, int k) override { return TypeOf(n.operands(k)); }
+  std::string Where() const override { return StrCat("jvp of '", node_.grad().function(), "'"); }
 
   // A custom_jvp's tangents: its rule, run as a call on the operands and
   // their tangents (zeros where none flows).

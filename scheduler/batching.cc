@@ -8,6 +8,7 @@
 #include "core/dtype.h"
 #include "core/shape_inference.h"
 #include "core/status.h"
+#include "scheduler/ops/op_rules.h"
 
 namespace tessel::scheduler {
 namespace {
@@ -21,22 +22,10 @@ std::vector<int64_t> Range(int64_t from, int64_t to) {
   return r;
 }
 
-template <typename Field>
-void ShiftAll(Field& f) {
-  for (auto& x : f) ++x;
-}
-
-template <typename Field>
-void Prepend(Field& f, int64_t v) {
-  f.Add(v);
-  for (int i = f.size() - 1; i > 0; --i) f.Set(i, f.Get(i - 1));
-  f.Set(0, v);
-}
-
 // out_axes value (internal) for a result left as it is: batched first, or not.
 constexpr int64_t kAsIs = -2;
 
-class Batcher {
+class Batcher : public ops::Batching {
  public:
   Batcher(Emitter& e, const v1::Node& node, const TypedGraph& f, google::protobuf::RepeatedPtrField<v1::Graph>* functions)
       : e_(e), node_(node), f_(f), size_(node.batch().size()), functions_(functions) {}
@@ -124,7 +113,7 @@ class Batcher {
     std::vector<std::string> values;
   };
 
-  const v1::TensorType& TypeOf(const std::string& v) const { return f_.graph.nodes(f_.index_of.at(v)).type(); }
+  const v1::TensorType& TypeOf(const std::string& v) const override { return f_.graph.nodes(f_.index_of.at(v)).type(); }
 
   std::vector<int64_t> BatchDims(std::vector<int64_t> dims) const {
     dims.insert(dims.begin(), size_);
@@ -132,7 +121,7 @@ class Batcher {
   }
 
   // `v` (emitted, of rank r) with its dimension `from` moved to `to`.
-  std::string MoveAxis(const std::string& v, int64_t from, int64_t to) {
+  std::string MoveAxis(const std::string& v, int64_t from, int64_t to) override {
     if (!e_.status().ok()) return "";
     const int64_t rank = e_.type(v).dims_size();
     std::vector<int64_t> perm;
@@ -145,7 +134,7 @@ class Batcher {
 
   // Value `o` of f with the batch first: broadcast along it when `o` does
   // not depend on the batch.
-  std::string Batched(const std::string& o) {
+  std::string Batched(const std::string& o) override {
     if (batched_.contains(o)) return val_.at(o);
     const std::vector<int64_t> dims = Dims(TypeOf(o));
     return e_.Broadcast(val_.at(o), BatchDims(dims), Range(1, int64_t(dims.size()) + 1));
@@ -153,7 +142,7 @@ class Batcher {
 
   // Value `o` as [batch] + `dims`: an elementwise operand, which may be a
   // scalar where the op admits one (select's predicate, clamp's bounds).
-  std::string BatchedTo(const std::string& o, const std::vector<int64_t>& dims) {
+  std::string BatchedTo(const std::string& o, const std::vector<int64_t>& dims) override {
     const std::vector<int64_t> own = Dims(TypeOf(o));
     if (own == dims) return Batched(o);
     // a scalar: its batch (if any) is its only dimension
@@ -162,7 +151,8 @@ class Batcher {
   }
 
   // `n` over the given batched operands, its result's type inferred.
-  std::string Emit(const v1::Node& n, std::vector<std::string> operands, const std::function<void(v1::Node&)>& attrs = {}) {
+  std::string Emit(const v1::Node& n, std::vector<std::string> operands,
+                   const std::function<void(v1::Node&)>& attrs = {}) override {
     v1::Node c = n;
     c.clear_operands();
     for (std::string& o : operands) c.add_operands(std::move(o));
@@ -170,197 +160,21 @@ class Batcher {
     return e_.Emit(std::move(c), StrCat(node_.name(), "/", n.name()));
   }
 
-  absl::Status NoRule(const v1::Node& n, const std::string& why = "") {
+  // ops::Batching, for the rules.
+  Emitter& e() override { return e_; }
+  int64_t size() const override { return size_; }
+  bool IsBatched(const std::string& v) const override { return batched_.contains(v); }
+  std::string Value(const std::string& v) override { return val_.at(v); }
+
+  absl::Status NoRule(const v1::Node& n, const std::string& why = "") override {
     return absl::UnimplementedError(StrCat("vmap of '", node_.batch().function(), "': node '", n.name(), "' (",
                                            OpName(n.op()), ") ", why.empty() ? "has no batching rule yet" : why));
   }
 
+  // The batched result of `n`, from its row in scheduler/ops.
   absl::StatusOr<std::string> Rule(const v1::Node& n) {
-    const v1::Op op = n.op();
-    if (IsElementwise(op)) {
-      const std::vector<int64_t> dims = Dims(n.type());
-      std::vector<std::string> ops;
-      for (const std::string& o : n.operands()) ops.push_back(BatchedTo(o, dims));
-      return Emit(n, std::move(ops));
-    }
-    const std::string x = n.operands_size() > 0 ? Batched(n.operands(0)) : "";
-    switch (op) {
-      case v1::BROADCAST_IN_DIM:
-        return Emit(n, {x}, [&](v1::Node& c) {
-          auto& a = *c.mutable_broadcast_in_dim();
-          ShiftAll(*a.mutable_broadcast_dimensions());
-          Prepend(*a.mutable_broadcast_dimensions(), 0);
-          Prepend(*a.mutable_dims(), size_);
-        });
-      case v1::RESHAPE:
-        return Emit(n, {x}, [&](v1::Node& c) { Prepend(*c.mutable_reshape()->mutable_dims(), size_); });
-      case v1::TRANSPOSE:
-        return Emit(n, {x}, [&](v1::Node& c) {
-          ShiftAll(*c.mutable_transpose()->mutable_permutation());
-          Prepend(*c.mutable_transpose()->mutable_permutation(), 0);
-        });
-      case v1::SLICE:
-        return Emit(n, {x}, [&](v1::Node& c) {
-          auto& s = *c.mutable_slice();
-          Prepend(*s.mutable_start(), 0);
-          Prepend(*s.mutable_limit(), size_);
-          if (s.strides_size() > 0) Prepend(*s.mutable_strides(), 1);
-        });
-      case v1::REVERSE:
-        return Emit(n, {x}, [&](v1::Node& c) { ShiftAll(*c.mutable_reverse()->mutable_dimensions()); });
-      case v1::PAD:
-        if (batched_.contains(n.operands(1))) return NoRule(n, "has a padding value that depends on the batch");
-        return Emit(n, {x, val_.at(n.operands(1))}, [&](v1::Node& c) {
-          auto& p = *c.mutable_pad();
-          Prepend(*p.mutable_low(), 0);
-          Prepend(*p.mutable_high(), 0);
-          if (p.interior_size() > 0) Prepend(*p.mutable_interior(), 0);
-        });
-      case v1::CONCATENATE: {
-        std::vector<std::string> ops;
-        for (const std::string& o : n.operands()) ops.push_back(Batched(o));
-        return Emit(n, std::move(ops), [&](v1::Node& c) {
-          c.mutable_concatenate()->set_dimension(c.concatenate().dimension() + 1);
-        });
-      }
-      case v1::REDUCE:
-        return Emit(n, {x}, [&](v1::Node& c) { ShiftAll(*c.mutable_reduce()->mutable_dims()); });
-      case v1::ARGMAX:
-      case v1::ARGMIN:
-        return Emit(n, {x}, [&](v1::Node& c) {
-          c.mutable_arg_reduce()->set_dimension(c.arg_reduce().dimension() + 1);
-        });
-      case v1::SORT: {
-        std::vector<std::string> ops;
-        for (const std::string& o : n.operands()) ops.push_back(Batched(o));
-        return Emit(n, std::move(ops), [&](v1::Node& c) { c.mutable_sort()->set_dimension(c.sort().dimension() + 1); });
-      }
-      case v1::DOT_GENERAL: return Dot(n);
-      case v1::GATHER: return Gather(n);
-      case v1::SCATTER: return Scatter(n);
-      default: return NoRule(n);
-    }
-  }
-
-  // A dot with the batch of either operand or both: both batched, the batch
-  // is one more batch dimension (the first of the result); one batched, it
-  // is a free dimension of that operand, moved first.
-  absl::StatusOr<std::string> Dot(const v1::Node& n) {
-    const bool lb = batched_.contains(n.operands(0)), rb = batched_.contains(n.operands(1));
-    const v1::DotGeneralAttrs& d = n.dot_general();
-    const std::string l = val_.at(n.operands(0)), r = val_.at(n.operands(1));
-    std::string out = Emit(n, {l, r}, [&](v1::Node& c) {
-      v1::DotGeneralAttrs& a = *c.mutable_dot_general();
-      if (lb) {
-        ShiftAll(*a.mutable_lhs_batch());
-        ShiftAll(*a.mutable_lhs_contracting());
-      }
-      if (rb) {
-        ShiftAll(*a.mutable_rhs_batch());
-        ShiftAll(*a.mutable_rhs_contracting());
-      }
-      if (lb && rb) {
-        Prepend(*a.mutable_lhs_batch(), 0);
-        Prepend(*a.mutable_rhs_batch(), 0);
-      }
-    });
-    if (lb && rb) return out;
-    const int64_t nb = d.lhs_batch_size();
-    const int64_t lhs_free = TypeOf(n.operands(0)).dims_size() - nb - d.lhs_contracting_size();
-    return MoveAxis(out, lb ? nb : nb + lhs_free, 0);
-  }
-
-  // Indices (batched, [B] + idx) into `extent` slices of each batch element
-  // as s64 positions in the batch flattened ([B * extent]): out-of-range
-  // indices clamp within their element (`clamp`) or become -1 (dropped).
-  std::string FlatIndices(const std::string& i, int64_t extent, bool clamp) {
-    if (!e_.status().ok()) return "";
-    v1::TensorType s64 = e_.type(i), scalar;
-    s64.set_dtype(v1::S64);
-    scalar.set_dtype(v1::S64);
-    std::string idx = i;
-    if (e_.type(i).dtype() == v1::U64) {  // past int64 is out of range: keep it past the end
-      v1::TensorType u64;
-      u64.set_dtype(v1::U64);
-      idx = e_.Emit(e_.Op(v1::CLAMP, {e_.FillInt(u64, 0), idx, e_.FillInt(u64, INT64_MAX)}), "vmap.index");
-    }
-    idx = e_.Convert(idx, v1::S64);
-    const std::string lo = e_.FillInt(scalar, 0), hi = e_.FillInt(scalar, std::max<int64_t>(extent - 1, 0));
-    std::string inside;
-    if (clamp) {
-      idx = e_.Emit(e_.Op(v1::CLAMP, {lo, idx, hi}), "vmap.index");
-    } else {
-      inside = e_.Binary(v1::AND, e_.Compare(v1::GE, idx, e_.FillInt(s64, 0)),
-                         e_.Compare(v1::LE, idx, e_.FillInt(s64, extent - 1)));
-    }
-    const std::string offset = e_.Binary(v1::MUL, e_.Iota(s64, 0), e_.FillInt(s64, extent));
-    idx = e_.Binary(v1::ADD, idx, offset);
-    return clamp ? idx : e_.Select(inside, idx, e_.FillInt(s64, -1));
-  }
-
-  // A batched operand [B] + x with `axis` (of x) as [B * extent] + the rest of x.
-  std::string FlatOperand(const std::string& x, int64_t axis, std::vector<int64_t>* rest) {
-    if (!e_.status().ok()) return "";
-    const std::vector<int64_t> dims = Dims(e_.type(x));  // [B] + x
-    const int64_t extent = dims[axis + 1];
-    std::string moved = MoveAxis(x, axis + 1, 1);
-    rest->clear();
-    for (size_t d = 1; d < dims.size(); ++d) {
-      if (int64_t(d) != axis + 1) rest->push_back(dims[d]);
-    }
-    std::vector<int64_t> flat = {size_ * extent};
-    flat.insert(flat.end(), rest->begin(), rest->end());
-    return e_.Reshape(moved, flat);
-  }
-
-  absl::StatusOr<std::string> Gather(const v1::Node& n) {
-    const int64_t axis = n.gather().axis();
-    const bool xb = batched_.contains(n.operands(0)), ib = batched_.contains(n.operands(1));
-    if (!ib) {  // the batch is one more leading dimension of the operand
-      return Emit(n, {val_.at(n.operands(0)), val_.at(n.operands(1))},
-                  [&](v1::Node& c) { c.mutable_gather()->set_axis(axis + 1); });
-    }
-    if (!xb) {  // the batch is one more dimension of the indices, at `axis` of the result
-      return MoveAxis(Emit(n, {val_.at(n.operands(0)), val_.at(n.operands(1))}), axis, 0);
-    }
-    // Both: each element gathers from its own operand, through the batch flattened.
-    const int64_t extent = TypeOf(n.operands(0)).dims(int(axis));
-    const int64_t k = TypeOf(n.operands(1)).dims_size();
-    std::vector<int64_t> rest;
-    const std::string flat = FlatOperand(val_.at(n.operands(0)), axis, &rest);
-    const std::string idx = FlatIndices(val_.at(n.operands(1)), extent, /*clamp=*/true);
-    // [B, idx..., x[:axis]..., x[axis+1:]...] -> [B, x[:axis]..., idx..., x[axis+1:]...]
-    const std::string g = Emit(n, {flat, idx}, [&](v1::Node& c) { c.mutable_gather()->set_axis(0); });
-    std::vector<int64_t> perm = {0};
-    for (int64_t d = 0; d < axis; ++d) perm.push_back(1 + k + d);
-    for (int64_t d = 0; d < k; ++d) perm.push_back(1 + d);
-    for (int64_t d = 1 + k + axis; d < 1 + k + int64_t(rest.size()); ++d) perm.push_back(d);
-    return e_.Transpose(g, perm);
-  }
-
-  absl::StatusOr<std::string> Scatter(const v1::Node& n) {
-    const int64_t axis = n.scatter().axis();
-    if (!batched_.contains(n.operands(1))) {  // the batch leads the operand and the updates alike
-      return Emit(n, {Batched(n.operands(0)), val_.at(n.operands(1)), Batched(n.operands(2))},
-                  [&](v1::Node& c) { c.mutable_scatter()->set_axis(axis + 1); });
-    }
-    // Batched indices: each element scatters into its own operand, through
-    // the batch flattened; indices out of range stay out of every element.
-    const int64_t extent = TypeOf(n.operands(0)).dims(int(axis));
-    const int64_t k = TypeOf(n.operands(1)).dims_size();
-    std::vector<int64_t> rest;
-    const std::string flat = FlatOperand(Batched(n.operands(0)), axis, &rest);
-    const std::string idx = FlatIndices(val_.at(n.operands(1)), extent, /*clamp=*/false);
-    // updates [B, x[:axis]..., idx..., x[axis+1:]...] -> [B, idx..., x[:axis]..., x[axis+1:]...]
-    std::vector<int64_t> perm = {0};
-    for (int64_t d = 0; d < k; ++d) perm.push_back(1 + axis + d);
-    for (int64_t d = 0; d < axis; ++d) perm.push_back(1 + d);
-    for (int64_t d = 1 + axis + k; d < 1 + k + int64_t(rest.size()); ++d) perm.push_back(d);
-    const std::string upd = e_.Transpose(Batched(n.operands(2)), perm);
-    const std::string s = Emit(n, {flat, idx, upd}, [&](v1::Node& c) { c.mutable_scatter()->set_axis(0); });
-    std::vector<int64_t> unflat = {size_, extent};
-    unflat.insert(unflat.end(), rest.begin(), rest.end());
-    return MoveAxis(e_.Reshape(s, unflat), 1, axis + 1);
+    if (const ops::OpRules* r = ops::Find(n.op()); r != nullptr && r->batch != nullptr) return r->batch(*this, n);
+    return NoRule(n);
   }
 
   // ---- control flow: each function the node runs, batched into a new one.

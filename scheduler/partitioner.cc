@@ -14,6 +14,7 @@
 #include "core/shape_inference.h"
 #include "core/sharding.h"
 #include "core/status.h"
+#include "scheduler/ops/op_rules.h"
 #include "scheduler/varying.h"
 
 namespace tessel::scheduler {
@@ -21,28 +22,13 @@ namespace {
 
 using absl::InvalidArgumentError;
 using absl::StrCat;
-using Axes = std::vector<std::string>;
+using ops::Axes;
 
-Axes DimAxes(const v1::Sharding& s, int d) { return {s.dims(d).axes().begin(), s.dims(d).axes().end()}; }
-void SetDimAxes(v1::Sharding& s, int d, const Axes& a) {
-  s.mutable_dims(d)->clear_axes();
-  for (const std::string& x : a) s.mutable_dims(d)->add_axes(x);
-}
-v1::Sharding Complete(v1::Sharding s) {
-  s.clear_partial();
-  return s;
-}
-Axes PartialAxes(const v1::Sharding& s) { return {s.partial().begin(), s.partial().end()}; }
-std::string AxesText(const Axes& a) { return absl::StrJoin(a, ", "); }
-
-// Ops a partial sum passes through unchanged: sum_d f(x_d) is f(sum_d x_d)
-// in floating point too. Not a conversion: a narrower float overflows on a
-// device whose part is large where the sum fits (and a wider one need not
-// overflow where the narrow sum does).
-bool IsLinearUnary(const v1::Node& n, const v1::TensorType& operand) {
-  (void)operand;
-  return n.op() == v1::NEG;
-}
+using ops::AxesText;
+using ops::Complete;
+using ops::DimAxes;
+using ops::PartialAxes;
+using ops::SetDimAxes;
 
 }  // namespace
 
@@ -64,7 +50,7 @@ PlannedCollective PlanCollective(const v1::Mesh& mesh, const std::string& value,
 
 namespace {
 
-class Partitioner {
+class Partitioner : public ops::LocalGraph {
  public:
   Partitioner(const TypedGraph& g, const PartitionOptions& o) : g_(g), o_(o), mesh_(o.mesh), functions_(g.graph),
         analysis_(o.mesh, g.graph.functions()) {}
@@ -125,7 +111,7 @@ class Partitioner {
   }
 
   // Appends a node with its per-device type inferred from its operands.
-  absl::StatusOr<std::string> Emit(v1::Node n) {
+  absl::StatusOr<std::string> Emit(v1::Node n) override {
     std::vector<const v1::TensorType*> types;
     for (const std::string& o : n.operands()) types.push_back(&local_types_.at(o));
     if (n.op() != v1::PARAMETER && n.op() != v1::CONSTANT && !IsCollective(n.op()) && n.op() != v1::SHARD_SLICE &&
@@ -140,25 +126,12 @@ class Partitioner {
     return n.name();
   }
 
-  // The lowest value of a dtype, as a fill: -inf, or the least integer.
-  static std::pair<double, int64_t> LowestValue(v1::DType dt) {
-    switch (dt) {
-      case v1::S8: return {0, std::numeric_limits<int8_t>::min()};
-      case v1::S16: return {0, std::numeric_limits<int16_t>::min()};
-      case v1::S32: return {0, std::numeric_limits<int32_t>::min()};
-      case v1::S64: return {0, std::numeric_limits<int64_t>::min()};
-      case v1::U8:
-      case v1::U16:
-      case v1::U32:
-      case v1::U64:
-      case v1::PRED: return {0, 0};
-      default: return {-std::numeric_limits<double>::infinity(), 0};
-    }
-  }
+  const v1::TensorType& LocalTypeOf(const std::string& v) const override { return local_types_.at(v); }
+  const v1::Mesh& mesh() const override { return mesh_; }
 
   // A node of `op` over `operands` (type inferred), named after `base`.
   absl::StatusOr<std::string> EmitOp(v1::Op op, std::vector<std::string> operands, const std::string& base,
-                                     const std::function<void(v1::Node&)>& attrs = {}) {
+                                     const std::function<void(v1::Node&)>& attrs = {}) override {
     v1::Node n;
     n.set_name(Fresh(base));
     n.set_op(op);
@@ -167,7 +140,8 @@ class Partitioner {
     return Emit(std::move(n));
   }
   // Every element of type `t` equal to `f` (floating types) or `i`.
-  absl::StatusOr<std::string> EmitFill(const v1::TensorType& t, double f, int64_t i, const std::string& base) {
+  absl::StatusOr<std::string> EmitFill(const v1::TensorType& t, double f, int64_t i,
+                                       const std::string& base) override {
     v1::Node n;
     n.set_name(Fresh(base));
     n.set_op(v1::CONSTANT);
@@ -184,7 +158,7 @@ class Partitioner {
   // where another device holds the slice). With `clamp`, first clamped into
   // [0, extent), as a gather over the whole dimension reads.
   absl::StatusOr<std::string> BlockIndices(const std::string& indices, const Axes& axes, int64_t extent,
-                                           int64_t block, bool clamp, const std::string& base) {
+                                           int64_t block, bool clamp, const std::string& base) override {
     const v1::TensorType& it = local_types_.at(indices);
     v1::TensorType s64 = it, scalar;
     s64.set_dtype(v1::S64);
@@ -222,7 +196,8 @@ class Partitioner {
 
   absl::StatusOr<std::string> EmitCollective(v1::Op op, const std::string& input, const std::string& base,
                                              const Axes& axes, int64_t dim, int64_t concat_dim, v1::ReduceKind kind,
-                                             const std::string& reason, const std::vector<int64_t>& pairs = {}) {
+                                             const std::string& reason,
+                                             const std::vector<int64_t>& pairs = {}) override {
     // Over axes of size 1 every collective is the identity: none is needed.
     if (AxesSize(mesh_, axes) == 1) return input;
     v1::Node n;
@@ -492,426 +467,36 @@ class Partitioner {
       }
       default: break;
     }
-    // Decide the layout each operand must take and the result's.
-    Axes gather_split;  // GATHER: the mesh axes its indexed dimension stays split over
-    std::vector<v1::Sharding> want(n.operands_size());
-    v1::Sharding result = Replicated(rank);
-    const auto& op_type = [&](int i) -> const v1::TensorType& { return operand(i).global; };
-    auto current = [&](int i) {
-      const Value& o = operand(i);
-      return o.generated ? Replicated(o.global.dims_size()) : o.s;
-    };
-    if (IsElementwise(n.op())) {
-      int best = -1, best_split = -1;
-      for (int i = 0; i < n.operands_size(); ++i) {
-        if (operand(i).generated) continue;
-        int split = 0;
-        const v1::Sharding cur = current(i);
-        for (const auto& d : cur.dims()) split += d.axes_size() > 0;
-        if (split > best_split) best = i, best_split = split;
-      }
-      v1::Sharding t = best >= 0 ? Complete(current(best)) : Replicated(rank);
-      std::optional<v1::Sharding> partial;
-      auto all_partial_same = [&] {
-        for (int i = 0; i < n.operands_size(); ++i) {
-          if (operand(i).generated || !IsPartial(current(i)) || current(i).partial_kind() != v1::SUM) return false;
-          if (PartialAxes(current(i)) != PartialAxes(current(0))) return false;
-        }
-        return true;
-      };
-      if ((n.op() == v1::ADD || n.op() == v1::SUB) && all_partial_same()) {
-        partial = current(0);
-      } else if (n.operands_size() == 1 && IsLinearUnary(n, op_type(0)) && IsPartial(current(0)) &&
-                 current(0).partial_kind() == v1::SUM) {
-        partial = current(0);
-      }
-      // Not through MUL or DIV: sum_d(x_d * y) is (sum_d x_d) * y only for a
-      // finite y (a device whose x_d is 0 meets an infinite y with NaN,
-      // where the complete sum would give an infinity).
-      if (partial) {
-        for (const std::string& a : partial->partial()) t.add_partial(a);
-      }
-      for (int i = 0; i < n.operands_size(); ++i) {
-        want[i] = t;
-        if (IsPartial(t) && !IsPartial(current(i))) want[i] = Complete(t);
-        if (op_type(i).dims_size() != rank) want[i] = Replicated(op_type(i).dims_size());  // clamp's scalar bounds
-      }
-      result = t;
-    } else {
-      switch (n.op()) {
-        case v1::CONSTANT: break;  // a literal: shipped whole
-        case v1::BROADCAST_IN_DIM: {
-          want[0] = current(0);
-          const auto& bd = n.broadcast_in_dim().broadcast_dimensions();
-          for (int i = 0; i < bd.size(); ++i) {
-            if (op_type(0).dims(i) == n.type().dims(bd[i])) {
-              SetDimAxes(result, bd[i], DimAxes(want[0], i));
-            } else {
-              SetDimAxes(want[0], i, {});
-            }
-          }
-          *result.mutable_partial() = want[0].partial();
-          result.set_partial_kind(want[0].partial_kind());
-          break;
-        }
-        case v1::TRANSPOSE: {
-          want[0] = current(0);
-          const auto& perm = n.transpose().permutation();
-          for (int j = 0; j < perm.size(); ++j) SetDimAxes(result, j, DimAxes(want[0], perm[j]));
-          *result.mutable_partial() = want[0].partial();
-          result.set_partial_kind(want[0].partial_kind());
-          break;
-        }
-        case v1::RESHAPE: ReshapeRule(op_type(0), n.type(), current(0), want[0], result); break;
-        case v1::SLICE: {
-          want[0] = current(0);
-          const v1::SliceAttrs& sl = n.slice();
-          for (int d = 0; d < rank; ++d) {
-            const bool full = sl.start(d) == 0 && sl.limit(d) == op_type(0).dims(d) &&
-                              (sl.strides_size() == 0 || sl.strides(d) == 1);
-            if (!full) SetDimAxes(want[0], d, {});
-          }
-          result = want[0];
-          break;
-        }
-        case v1::SORT: {
-          // Each row must be whole on one device. A split of the sorted
-          // dimension moves (all_to_all) to a dimension that is whole and
-          // divides, where there is one; else it is gathered.
-          const int64_t sd = n.sort().dimension();
-          v1::Sharding t = Complete(current(0));
-          const Axes moved = DimAxes(t, sd);
-          SetDimAxes(t, sd, {});
-          if (!moved.empty()) {
-            const int64_t k = AxesSize(mesh_, moved);
-            for (int e = 0; e < rank; ++e) {
-              if (e != sd && DimAxes(t, e).empty() && op_type(0).dims(e) % k == 0 &&
-                  op_type(0).dims(e) >= k) {
-                SetDimAxes(t, e, moved);
-                break;
-              }
-            }
-          }
-          for (auto& w : want) w = t;
-          result = t;
-          break;
-        }
-        case v1::GATHER: {
-          // A split indexed dimension: where the result is smaller than the
-          // gathered operand would be, each device reads the slices it holds
-          // and puts the lowest value elsewhere, so the result is a partial
-          // max over the split (one all_reduce of the result, not an
-          // all_gather of the operand); else the dimension is gathered.
-          // The operand's other splits and the indices' splits carry to the
-          // result, unless a mesh axis would then split two dimensions.
-          const int64_t ax = n.gather().axis();
-          v1::Sharding x = Complete(current(0)), ix = Complete(current(1));
-          const Axes split = DimAxes(x, ax);
-          const int64_t k = AxesSize(mesh_, split);
-          if (k > 1 && NumElementsUnchecked(n.type()) < NumElementsUnchecked(op_type(0))) {
-            gather_split = split;
-          } else {
-            SetDimAxes(x, ax, {});
-          }
-          absl::flat_hash_set<std::string> used;
-          for (const auto& d : x.dims()) used.insert(d.axes().begin(), d.axes().end());
-          for (int d = 0; d < ix.dims_size(); ++d) {
-            for (const std::string& a : DimAxes(ix, d)) {
-              if (used.contains(a)) {
-                SetDimAxes(ix, d, {});
-                break;
-              }
-            }
-          }
-          want[0] = x;
-          want[1] = ix;
-          const int ir = op_type(1).dims_size();
-          for (int d = 0; d < op_type(0).dims_size(); ++d) {
-            if (d < ax) SetDimAxes(result, d, DimAxes(x, d));
-            if (d > ax) SetDimAxes(result, d - 1 + ir, DimAxes(x, d));
-          }
-          for (int d = 0; d < ir; ++d) SetDimAxes(result, int(ax) + d, DimAxes(ix, d));
-          for (const std::string& a : gather_split) result.add_partial(a);
-          if (!gather_split.empty()) result.set_partial_kind(v1::REDUCE_MAX);
-          break;
-        }
-        case v1::SCATTER: {
-          // Every device updates its own block of the operand, keeping its
-          // splits, with all the indices (shifted into its block along a
-          // split updated dimension: updates for other blocks fall out of
-          // range and are dropped) and the updates' matching block. No
-          // collective but those that make the indices whole.
-          const int64_t ax = n.scatter().axis();
-          v1::Sharding x = Complete(current(0));
-          const int ir = op_type(1).dims_size();
-          want[0] = x;
-          want[1] = Replicated(ir);
-          want[2] = Replicated(op_type(2).dims_size());
-          for (int d = 0; d < op_type(0).dims_size(); ++d) {
-            if (d < ax) SetDimAxes(want[2], d, DimAxes(x, d));
-            if (d > ax) SetDimAxes(want[2], d - 1 + ir, DimAxes(x, d));
-          }
-          result = x;
-          break;
-        }
-        case v1::REVERSE:  // linear: a partial sum stays partial
-          want[0] = current(0);
-          result = want[0];
-          break;
-        case v1::CONCATENATE: {
-          int first = 0;
-          for (int i = 0; i < n.operands_size(); ++i) {
-            if (!operand(i).generated) {
-              first = i;
-              break;
-            }
-          }
-          v1::Sharding t = Complete(current(first));
-          SetDimAxes(t, n.concatenate().dimension(), {});
-          for (auto& w : want) w = t;
-          result = t;
-          break;
-        }
-        case v1::PAD: {
-          v1::Sharding t = Complete(current(0));
-          const v1::PadAttrs& p = n.pad();
-          for (int d = 0; d < rank; ++d) {
-            if (p.low(d) != 0 || p.high(d) != 0 || (p.interior_size() > 0 && p.interior(d) != 0)) SetDimAxes(t, d, {});
-          }
-          want[0] = t;
-          want[1] = Replicated(0);
-          result = t;
-          break;
-        }
-        case v1::REDUCE: {
-          const v1::ReduceKind kind = n.reduce().kind();
-          want[0] = current(0);
-          if (IsPartial(want[0]) && !(kind == v1::SUM && want[0].partial_kind() == v1::SUM)) want[0] = Complete(want[0]);
-          absl::flat_hash_set<int64_t> reduced(n.reduce().dims().begin(), n.reduce().dims().end());
-          Axes partial = PartialAxes(want[0]);
-          int j = 0;
-          for (int d = 0; d < op_type(0).dims_size(); ++d) {
-            if (reduced.contains(d)) {
-              for (const std::string& a : DimAxes(want[0], d)) partial.push_back(a);
-            } else {
-              SetDimAxes(result, j++, DimAxes(want[0], d));
-            }
-          }
-          for (const std::string& a : partial) result.add_partial(a);
-          result.set_partial_kind(partial.empty() ? v1::SUM : kind);
-          break;
-        }
-        case v1::ARGMAX:
-        case v1::ARGMIN: {
-          want[0] = Complete(current(0));
-          const int64_t ad = n.arg_reduce().dimension();
-          SetDimAxes(want[0], ad, {});
-          int j = 0;
-          for (int d = 0; d < op_type(0).dims_size(); ++d) {
-            if (d != ad) SetDimAxes(result, j++, DimAxes(want[0], d));
-          }
-          break;
-        }
-        case v1::DOT_GENERAL: DotRule(n, current(0), current(1), operand(0).generated, operand(1).generated,
-                                      want[0], want[1], result); break;
-        default:
-          return absl::UnimplementedError(StrCat("the partitioner has no rule for ", OpName(n.op())));
-      }
+    const ops::OpRules* rules = ops::Find(n.op());
+    if (rules == nullptr || rules->layout == nullptr) {
+      return absl::UnimplementedError(StrCat("the partitioner has no rule for ", OpName(n.op())));
     }
+    // The layout each operand must take and the result's, from the op's row.
+    ops::LayoutQuery q{.node = n, .mesh = mesh_};
+    for (int i = 0; i < n.operands_size(); ++i) {
+      const Value& o = operand(i);
+      q.current.push_back(o.generated ? Replicated(o.global.dims_size()) : o.s);
+      q.generated.push_back(o.generated);
+      q.types.push_back(&o.global);
+    }
+    ops::Layout layout;
+    layout.want.resize(n.operands_size());
+    layout.result = Replicated(rank);
+    rules->layout(q, layout);
     v1::Node local = n;
     local.set_name(Fresh(name));
     local.clear_operands();
     for (int i = 0; i < n.operands_size(); ++i) {
-      TESSEL_ASSIGN_OR_RETURN(std::string lo, Reshard(StrCat(prefix, n.operands(i)), want[i], why));
+      TESSEL_ASSIGN_OR_RETURN(std::string lo, Reshard(StrCat(prefix, n.operands(i)), layout.want[i], why));
       local.add_operands(lo);
     }
-    const v1::TensorType lt = LocalType(n.type(), result, mesh_);
-    if (n.op() == v1::CONSTANT) {
-      *local.mutable_type() = lt;
-    } else if (n.op() == v1::BROADCAST_IN_DIM) {
-      local.mutable_broadcast_in_dim()->clear_dims();
-      for (int64_t x : lt.dims()) local.mutable_broadcast_in_dim()->add_dims(x);
-    } else if (n.op() == v1::RESHAPE) {
-      local.mutable_reshape()->clear_dims();
-      for (int64_t x : lt.dims()) local.mutable_reshape()->add_dims(x);
-    } else if (n.op() == v1::SLICE) {
-      for (int d = 0; d < rank; ++d) {
-        if (!result.dims(d).axes().empty()) local.mutable_slice()->set_limit(d, lt.dims(d));
-      }
-    }
-    const int64_t indexed = n.op() == v1::GATHER ? n.gather().axis() : n.op() == v1::SCATTER ? n.scatter().axis() : -1;
-    const Axes indexed_split = n.op() == v1::GATHER ? gather_split
-                               : n.op() == v1::SCATTER ? DimAxes(result, indexed) : Axes{};
-    std::string block_indices;
-    if (!indexed_split.empty()) {
-      const int64_t extent = op_type(0).dims(indexed);
-      TESSEL_ASSIGN_OR_RETURN(block_indices,
-                              BlockIndices(local.operands(1), indexed_split, extent,
-                                           extent / AxesSize(mesh_, indexed_split), n.op() == v1::GATHER,
-                                           Fresh(name)));
-      local.set_operands(1, block_indices);
-    }
-    TESSEL_ASSIGN_OR_RETURN(v.local, Emit(std::move(local)));
-    if (n.op() == v1::GATHER && !gather_split.empty()) {
-      // Slices another device holds read as the lowest value: the max over
-      // the split keeps the one read where it lives (-0.0 and NaN intact).
-      const v1::TensorType gt = local_types_.at(v.local), bt = local_types_.at(block_indices);  // copies: Emit rehashes
-      const int64_t block = op_type(0).dims(indexed) / AxesSize(mesh_, gather_split);
-      v1::TensorType scalar;
-      scalar.set_dtype(v1::S64);
-      TESSEL_ASSIGN_OR_RETURN(std::string zero, EmitFill(bt, 0, 0, name + ".zero"));
-      TESSEL_ASSIGN_OR_RETURN(std::string size, EmitFill(bt, 0, block, name + ".block_size"));
-      auto compare = [&](v1::CompareDirection d) {
-        return [d](v1::Node& c) { c.mutable_compare()->set_direction(d); };
-      };
-      TESSEL_ASSIGN_OR_RETURN(std::string ge, EmitOp(v1::COMPARE, {block_indices, zero}, name + ".mine", compare(v1::GE)));
-      TESSEL_ASSIGN_OR_RETURN(std::string lt, EmitOp(v1::COMPARE, {block_indices, size}, name + ".mine", compare(v1::LT)));
-      TESSEL_ASSIGN_OR_RETURN(std::string mine, EmitOp(v1::AND, {ge, lt}, name + ".mine"));
-      TESSEL_ASSIGN_OR_RETURN(mine, EmitOp(v1::BROADCAST_IN_DIM, {mine}, name + ".mine", [&](v1::Node& b) {
-                                *b.mutable_broadcast_in_dim()->mutable_dims() = gt.dims();
-                                for (int d = 0; d < bt.dims_size(); ++d) {
-                                  b.mutable_broadcast_in_dim()->add_broadcast_dimensions(indexed + d);
-                                }
-                              }));
-      const auto [low_f, low_i] = LowestValue(gt.dtype());
-      TESSEL_ASSIGN_OR_RETURN(std::string low, EmitFill(gt, low_f, low_i, name + ".lowest"));
-      TESSEL_ASSIGN_OR_RETURN(v.local, EmitOp(v1::SELECT, {mine, v.local, low}, name + ".held"));
-    }
-    if (n.op() == v1::REVERSE) {
-      // Each device reversed its own block; along a split dimension the
-      // blocks are then mirrored: block i belongs where block k-1-i is.
-      // Mirroring every axis coordinate mirrors the flat index over all of
-      // them, so one permute serves every reversed dimension.
-      Axes axes;
-      std::vector<int64_t> split;
-      for (int64_t d : n.reverse().dimensions()) {
-        const Axes da = DimAxes(result, d);
-        if (!da.empty()) split.push_back(d);
-        axes.insert(axes.end(), da.begin(), da.end());
-      }
-      const int64_t k = AxesSize(mesh_, axes);
-      std::vector<int64_t> pairs;
-      for (int64_t i = 0; i < k; ++i) pairs.insert(pairs.end(), {i, k - 1 - i});
-      TESSEL_ASSIGN_OR_RETURN(
-          v.local, EmitCollective(v1::COLLECTIVE_PERMUTE, v.local, name, axes, 0, 0, v1::REDUCE_INVALID,
-                                  StrCat("reverse '", name, "': dimension", split.size() > 1 ? "s " : " ",
-                                         absl::StrJoin(split, ", "), " split over ", AxesText(axes),
-                                         ", so each reversed block moves to the mirrored device"),
-                                  pairs));
-    }
-    v.s = result;
+    const v1::TensorType lt = LocalType(n.type(), layout.result, mesh_);
+    const ops::Lowering lowering{.node = n, .name = name, .layout = layout, .local_type = lt, .types = q.types};
+    TESSEL_ASSIGN_OR_RETURN(v.local, rules->lower != nullptr ? rules->lower(*this, lowering, std::move(local))
+                                                             : Emit(std::move(local)));
+    v.s = layout.result;
     values_[name] = v;
     return absl::OkStatus();
-  }
-
-  void ReshapeRule(const v1::TensorType& in, const v1::TensorType& out, v1::Sharding s, v1::Sharding& want,
-                   v1::Sharding& result) {
-    // A split dimension keeps its split when it stays the major part of a
-    // result dimension: same extent, merged with unsplit minor dimensions,
-    // or split into a major piece its axes still divide.
-    std::vector<int64_t> in_prefix(in.dims_size() + 1, 1), out_prefix(out.dims_size() + 1, 1);
-    for (int i = 0; i < in.dims_size(); ++i) in_prefix[i + 1] = in_prefix[i] * in.dims(i);
-    for (int i = 0; i < out.dims_size(); ++i) out_prefix[i + 1] = out_prefix[i] * out.dims(i);
-    want = s;
-    for (int d = 0; d < in.dims_size(); ++d) {
-      const Axes a = DimAxes(s, d);
-      if (a.empty()) continue;
-      int r = -1;
-      for (int j = 0; j < out.dims_size(); ++j) {
-        if (out_prefix[j] == in_prefix[d] && out.dims(j) > 1) r = j;
-      }
-      bool ok = r >= 0;
-      if (ok && out.dims(r) > in.dims(d)) {
-        // Merged with the following input dimensions: they must be unsplit.
-        int64_t p = in.dims(d);
-        for (int e = d + 1; e < in.dims_size() && p < out.dims(r); ++e) {
-          ok &= DimAxes(s, e).empty();
-          p *= in.dims(e);
-        }
-        ok &= p == out.dims(r);
-      } else if (ok && out.dims(r) < in.dims(d)) {
-        ok = in.dims(d) % out.dims(r) == 0 && out.dims(r) % AxesSize(mesh_, a) == 0;
-      }
-      if (ok) {
-        SetDimAxes(result, r, a);
-      } else {
-        SetDimAxes(want, d, {});
-      }
-    }
-    *result.mutable_partial() = want.partial();
-    result.set_partial_kind(want.partial_kind());
-  }
-
-  void DotRule(const v1::Node& n, v1::Sharding l, v1::Sharding r, bool l_gen, bool r_gen, v1::Sharding& wl,
-               v1::Sharding& wr, v1::Sharding& result) {
-    const v1::DotGeneralAttrs& dg = n.dot_general();
-    // A partial operand is completed first: a dot of each device's partial
-    // sum is the dot of the sum only where the other operand is finite (0
-    // times an infinity is NaN on a device whose part is 0). A dot may still
-    // produce a partial sum, over a split contracting dimension.
-    if (IsPartial(l)) l = Complete(l);
-    if (IsPartial(r)) r = Complete(r);
-    wl = Replicated(l.dims_size());
-    wr = Replicated(r.dims_size());
-    absl::flat_hash_set<std::string> used;
-    Axes partial = IsPartial(l) ? PartialAxes(l) : PartialAxes(r);
-    for (const std::string& a : partial) used.insert(a);
-    auto free_of = [&](const Axes& a) {
-      for (const std::string& x : a) {
-        if (used.contains(x)) return false;
-      }
-      return true;
-    };
-    auto take = [&](const Axes& a) { used.insert(a.begin(), a.end()); };
-    auto pick = [&](const Axes& first, const Axes& second) -> Axes {
-      if (!first.empty() && free_of(first)) return first;
-      if (!second.empty() && free_of(second)) return second;
-      return {};
-    };
-    std::vector<Axes> batch;
-    for (int k = 0; k < dg.lhs_batch_size(); ++k) {
-      Axes a = pick(l_gen ? Axes{} : DimAxes(l, dg.lhs_batch(k)), r_gen ? Axes{} : DimAxes(r, dg.rhs_batch(k)));
-      take(a);
-      SetDimAxes(wl, dg.lhs_batch(k), a);
-      SetDimAxes(wr, dg.rhs_batch(k), a);
-      batch.push_back(a);
-    }
-    absl::flat_hash_set<int64_t> lspecial(dg.lhs_batch().begin(), dg.lhs_batch().end());
-    lspecial.insert(dg.lhs_contracting().begin(), dg.lhs_contracting().end());
-    absl::flat_hash_set<int64_t> rspecial(dg.rhs_batch().begin(), dg.rhs_batch().end());
-    rspecial.insert(dg.rhs_contracting().begin(), dg.rhs_contracting().end());
-    // Free (non-batch, non-contracting) dimensions keep their split unless its axes are taken.
-    auto keep_free = [&](const v1::Sharding& s, bool gen, const absl::flat_hash_set<int64_t>& special,
-                         v1::Sharding& w) {
-      std::vector<Axes> free;
-      for (int d = 0; d < s.dims_size(); ++d) {
-        if (special.contains(d)) continue;
-        Axes a = gen ? Axes{} : DimAxes(s, d);
-        if (!free_of(a)) a.clear();
-        take(a);
-        SetDimAxes(w, d, a);
-        free.push_back(a);
-      }
-      return free;
-    };
-    const std::vector<Axes> lfree = keep_free(l, l_gen, lspecial, wl);
-    for (int k = 0; k < dg.lhs_contracting_size(); ++k) {
-      Axes a = pick(l_gen ? Axes{} : DimAxes(l, dg.lhs_contracting(k)),
-                    r_gen ? Axes{} : DimAxes(r, dg.rhs_contracting(k)));
-      take(a);
-      SetDimAxes(wl, dg.lhs_contracting(k), a);
-      SetDimAxes(wr, dg.rhs_contracting(k), a);
-      partial.insert(partial.end(), a.begin(), a.end());
-    }
-    const std::vector<Axes> rfree = keep_free(r, r_gen, rspecial, wr);
-    if (IsPartial(l)) *wl.mutable_partial() = l.partial();
-    if (IsPartial(r)) *wr.mutable_partial() = r.partial();
-    int j = 0;
-    for (const Axes& a : batch) SetDimAxes(result, j++, a);
-    for (const Axes& a : lfree) SetDimAxes(result, j++, a);
-    for (const Axes& a : rfree) SetDimAxes(result, j++, a);
-    for (const std::string& a : partial) result.add_partial(a);
-    result.set_partial_kind(v1::SUM);
   }
 
   // ---------------------------------------------------------------- control flow
