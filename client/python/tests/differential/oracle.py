@@ -45,6 +45,9 @@ DOCUMENTED = {
                   "either sign", "implementation-defined in numpy itself"),
     "reduce-zero": ("the sign of a zero from max or min over +0.0 and -0.0 depends on the order of comparisons",
                     "either sign", "implementation-defined in numpy itself"),
+    "max-zero": ("maximum and minimum of +0.0 and -0.0 give the first operand (np.maximum(-0.0, 0.0) is -0.0), "
+                 "also in x.at[i].max and .min",
+                 "either sign", "StableHLO leaves it open; XLA on CPU gives +0.0 from that maximum, as JAX"),
     "pow-neg-inf": ("(-inf) ** y for a positive non-integer y is NaN (numpy's SIMD power, float32 and float64)",
                     "+inf", "C99's pow, XLA's and JAX's"),
     "bf16-sign-zero": ("sign(-0.0) is -0.0 for bfloat16 (ml_dtypes), +0.0 for numpy's floats", "+0.0 for every float",
@@ -294,8 +297,26 @@ class Oracle:
     add = _binary(np.add)
     subtract = _binary(np.subtract)
     multiply = _binary(np.multiply)
-    maximum = _binary(np.maximum)
-    minimum = _binary(np.minimum)
+    def _extremum2(ufunc):
+        @_elementwise_op
+        def f(self, x1, x2):
+            a, b = self._cast_all([x1, x2])
+            return self._tied_zeros(ufunc(a, b), a, b)
+        f.__name__ = ufunc.__name__
+        return f
+
+    def _tied_zeros(self, r, a, b):
+        """DOCUMENTED["max-zero"]: where +0.0 meets -0.0 in a maximum or a
+        minimum, the alternate runs take the other zero."""
+        r = np.asarray(r)
+        if not self.alternate or not is_float(r.dtype):
+            return r
+        a, b = np.asarray(a), np.asarray(b)
+        tie = (a == 0) & (b == 0) & (np.signbit(a) != np.signbit(b))
+        return np.where(np.broadcast_to(tie, r.shape), -r, r).astype(r.dtype)
+
+    maximum = _extremum2(np.maximum)
+    minimum = _extremum2(np.minimum)
     bitwise_and = _binary(np.bitwise_and)
     bitwise_or = _binary(np.bitwise_or)
     bitwise_xor = _binary(np.bitwise_xor)
@@ -380,6 +401,7 @@ class Oracle:
     cosh = _unary(np.cosh, inexact=True)
     arcsinh = _unary(np.arcsinh, inexact=True)
     expm1 = _unary(np.expm1, inexact=True)
+    cbrt = _unary(np.cbrt, inexact=True)
     trunc = _unary(np.trunc)
     rint = _unary(np.rint)
 
@@ -534,7 +556,15 @@ class Oracle:
             ufunc = {"add": np.logical_or if x.dtype == np.bool_ else np.add,
                      "multiply": np.logical_and if x.dtype == np.bool_ else np.multiply,
                      "min": np.minimum, "max": np.maximum}[mode]
-            ufunc.at(x, idx, np.broadcast_to(v, old.shape))
+            updates = np.broadcast_to(v, old.shape)
+            if mode in ("min", "max") and self.alternate and is_float(x.dtype):
+                # DOCUMENTED["max-zero"]: a slot that meets both zeros may end with either.
+                pos, neg = (x == 0) & ~np.signbit(x), (x == 0) & np.signbit(x)
+                np.logical_or.at(pos, idx, (updates == 0) & ~np.signbit(updates))
+                np.logical_or.at(neg, idx, (updates == 0) & np.signbit(updates))
+                ufunc.at(x, idx, updates)
+                return np.where(pos & neg & (x == 0), -x, x).astype(x.dtype)
+            ufunc.at(x, idx, updates)
             return x
         if mode == "set":
             x[idx] = v
@@ -543,7 +573,7 @@ class Oracle:
         elif mode == "multiply":
             x[idx] = np.logical_and(old, v) if x.dtype == np.bool_ else old * v
         else:
-            x[idx] = np.minimum(old, v) if mode == "min" else np.maximum(old, v)
+            x[idx] = self._tied_zeros(np.minimum(old, v) if mode == "min" else np.maximum(old, v), old, v)
         return x
 
     take = _plain(np.take)
