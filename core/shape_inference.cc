@@ -37,7 +37,7 @@ absl::Status ValidateType(const v1::TensorType& t) {
 }
 
 bool IsElementwise(v1::Op op) {
-  return (op >= v1::NEG && op <= v1::ERF) || (op >= v1::ADD && op <= v1::ATAN2) ||
+  return (op >= v1::NEG && op <= v1::CBRT) || (op >= v1::ADD && op <= v1::ATAN2) ||
          op == v1::COMPARE || op == v1::SELECT || op == v1::CLAMP || op == v1::CONVERT;
 }
 

@@ -38,6 +38,7 @@ constexpr ScalarRule kRules[] = {
     {v1::ACOSH, C::kFloat, 1, "@acosh($0)"},
     {v1::ATANH, C::kFloat, 1, "@atanh($0)"},
     {v1::ERF, C::kFloat, 1, "@erf($0)"},
+    {v1::CBRT, C::kFloat, 1, "@cbrt($0)"},
     {v1::SIGN, C::kFloat, 1, "($0 != $0 ? $0 : $0 > 0 ? ($T)1 : $0 < 0 ? ($T)-1 : $0)"},
     {v1::ADD, C::kFloat, 2, "($0 + $1)"},
     {v1::SUB, C::kFloat, 2, "($0 - $1)"},

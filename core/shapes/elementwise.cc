@@ -104,7 +104,7 @@ absl::StatusOr<TensorType> Convert(const v1::Node& n, Operands ops) {
 }  // namespace
 
 void ElementwiseShapes(ShapeRows& rows) {
-  for (int op = v1::NEG; op <= v1::ERF; ++op) {
+  for (int op = v1::NEG; op <= v1::CBRT; ++op) {
     if (v1::Op_IsValid(op)) rows.emplace_back(v1::Op(op), Unary);
   }
   for (int op = v1::ADD; op <= v1::ATAN2; ++op) {

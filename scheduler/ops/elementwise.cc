@@ -118,6 +118,7 @@ std::string Scaled(Emitter& e, v1::Op op, int k, const std::vector<std::string>&
     case v1::LOG: return e.Binary(v1::DIV, by, a[0]);
     case v1::LOG1P: return e.Binary(v1::DIV, by, e.Binary(v1::ADD, a[0], one()));
     case v1::TANH: return mul(e.Binary(v1::SUB, one(), e.Binary(v1::MUL, out, out)));
+    case v1::CBRT: return mul(e.Binary(v1::DIV, e.Like(by, 1.0 / 3.0), e.Binary(v1::MUL, out, out)));  // 1 / (3 y^2)
     case v1::LOGISTIC: return mul(e.Binary(v1::MUL, out, e.Binary(v1::SUB, one(), out)));
     case v1::SQRT: return e.Binary(v1::DIV, e.Binary(v1::MUL, by, e.Like(by, 0.5)), out);
     case v1::RSQRT: return mul(e.Binary(v1::DIV, e.Binary(v1::MUL, out, e.Like(by, -0.5)), a[0]));  // -x^-1/2 / (2x)
@@ -263,7 +264,7 @@ void ElementwiseRows(Rows& rows) {
   for (v1::Op op : {v1::ADD, v1::SUB, v1::MUL, v1::DIV, v1::NEG, v1::ABS, v1::EXP, v1::LOG, v1::LOG1P, v1::TANH,
                     v1::LOGISTIC, v1::SQRT, v1::RSQRT, v1::POW, v1::MAX, v1::MIN, v1::REM, v1::ATAN2, v1::SIN, v1::COS,
                     v1::TAN, v1::ASIN, v1::ACOS, v1::ATAN, v1::SINH, v1::COSH, v1::ASINH, v1::ACOSH, v1::ATANH,
-                    v1::EXPM1, v1::ERF}) {
+                    v1::EXPM1, v1::ERF, v1::CBRT}) {
     add(op, VjpSmooth, JvpSmooth);
   }
   // Piecewise constant: no cotangent or tangent flows.

@@ -379,6 +379,7 @@ UNARY = {  # op: (admitted dtypes, input generator, float64 reference, exact?)
     "ATANH": (FLOATS, _pos(-0.95, 0.95), np.arctanh, False),
     "EXPM1": (FLOATS, _pos(-3, 3), np.expm1, False),
     "ERF": (FLOATS, _pos(-3, 3), np.vectorize(math.erf, otypes=[np.float64]), False),
+    "CBRT": (FLOATS, _pos(-3, 3), np.cbrt, False),
 }
 
 

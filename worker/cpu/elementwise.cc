@@ -61,6 +61,7 @@ template <v1::DType D>
       case v1::ATANH: return Map1<D>(in, out, n, [](C x) { return std::atanh(x); });
       case v1::EXPM1: return Map1<D>(in, out, n, [](C x) { return std::expm1(x); });
       case v1::ERF: return Map1<D>(in, out, n, [](C x) { return std::erf(x); });
+      case v1::CBRT: return Map1<D>(in, out, n, [](C x) { return std::cbrt(x); });
       default: return;
     }
   } else if constexpr (kIsInt<C>) {

@@ -81,7 +81,9 @@ std::unique_ptr<HostModule> Build(const ModuleSource& module) {
   static KernelCompiler* nvrtc = new KernelCompiler({});
   auto cubin = nvrtc->Compile(module.source());
   EXPECT_TRUE(cubin.ok()) << cubin.status();
-  if (cubin.ok()) EXPECT_GT((*cubin)->size(), 0u);
+  if (cubin.ok()) {
+    EXPECT_GT((*cubin)->size(), 0u);
+  }
 #endif
   auto host = std::make_unique<HostModule>(module);
   EXPECT_EQ(host->error(), "") << module.source();
@@ -212,7 +214,7 @@ TEST(KernelSource, EveryElementwiseOpMatchesTheCpuBackendBitForBit) {
     if (IsFloat(dt)) {
       unary = {v1::NEG, v1::ABS, v1::EXP, v1::LOG, v1::LOG1P, v1::TANH, v1::LOGISTIC, v1::SQRT, v1::RSQRT,
                v1::FLOOR, v1::CEIL, v1::ROUND, v1::SIGN, v1::SIN, v1::COS, v1::TAN, v1::ASIN, v1::ACOS,
-               v1::ATAN, v1::SINH, v1::COSH, v1::ASINH, v1::ACOSH, v1::ATANH, v1::EXPM1, v1::ERF};
+               v1::ATAN, v1::SINH, v1::COSH, v1::ASINH, v1::ACOSH, v1::ATANH, v1::EXPM1, v1::ERF, v1::CBRT};
       binary = {v1::ADD, v1::SUB, v1::MUL, v1::DIV, v1::REM, v1::POW, v1::MAX, v1::MIN, v1::ATAN2};
     } else if (dt == v1::PRED) {
       unary = {v1::NOT};

@@ -26,6 +26,7 @@ __all__ = ["cond", "dynamic_index_in_dim", "dynamic_slice", "dynamic_slice_in_di
            "while_loop"]
 
 erf = tnp._erf  # jax.lax.erf: the error function, elementwise, on the device
+cbrt = tnp.cbrt  # jax.lax.cbrt
 
 
 def top_k(operand, k):

@@ -398,6 +398,7 @@ arcsinh = asinh = _unary(ir_pb2.ASINH, True)
 arccosh = acosh = _unary(ir_pb2.ACOSH, True)
 arctanh = atanh = _unary(ir_pb2.ATANH, True)
 expm1 = _unary(ir_pb2.EXPM1, True)
+cbrt = _unary(ir_pb2.CBRT, True)
 _erf = _unary(ir_pb2.ERF, True)  # tessel.lax.erf (jax.lax.erf); numpy has none
 
 

@@ -47,14 +47,14 @@ UNARY = {
     "cosh": lambda xp, x: xp.cosh(x * 2), "arcsinh": lambda xp, x: xp.arcsinh(x * 3),
     "arccosh": lambda xp, x: xp.arccosh(x * x + 1.5), "arctanh": lambda xp, x: xp.arctanh(x * 0.9),
     "expm1": lambda xp, x: xp.expm1(x), "log2": lambda xp, x: xp.log2(x * x + 0.5),
-    "arctan2": lambda xp, x: xp.arctan2(x, x * x + 0.3),
+    "arctan2": lambda xp, x: xp.arctan2(x, x * x + 0.3), "cbrt": lambda xp, x: xp.cbrt(x * x + 0.5),
     "erf": lambda xp, x: (lax.erf if xp is tnp else jax.lax.erf)(x * 2),
 }
 
 # The same functions in forward mode (jax.jvp), where a rule exists apart
 # from the reverse one.
 FORWARD = ["sin", "cos", "tan", "arcsin", "arccos", "arctan", "sinh", "cosh", "arcsinh", "arccosh", "arctanh",
-           "expm1", "arctan2", "erf"]
+           "expm1", "arctan2", "erf", "cbrt"]
 
 
 def check_tangent(f):

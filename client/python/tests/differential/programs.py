@@ -341,7 +341,7 @@ UNARY = {
     "square": (False, False, None), "logical_not": (False, True, None), "invert": (False, True, "~{}"),
     "sin": (True, False, None), "cos": (True, False, None), "arctan": (True, False, None),
     "sinh": (True, False, None), "cosh": (True, False, None), "arcsinh": (True, False, None),
-    "expm1": (True, False, None), "trunc": (False, True, None), "rint": (False, True, None),
+    "expm1": (True, False, None), "cbrt": (True, False, None), "trunc": (False, True, None), "rint": (False, True, None),
 }
 BINARY = {
     "add": (False, False, "+"), "subtract": (False, False, "-"), "multiply": (False, False, "*"),
