@@ -19,8 +19,11 @@ growth) as Python you can assert on.
 Threads: a session may be used from several threads; the transfer guard set
 by `transfer_guard` is per thread.
 
-Layering: imports run one way, helpers (`_dtypes`, `_session`, `_array`) at
-the bottom and the public modules on top. No lock in a finalizer: Python's
+Layering: imports run one way and never inside a function, from plain
+values (`_dtypes`, `_sharding`'s types) through the session, arrays, pytrees
+(`_tree`), `tessel.numpy` and the region tracer (`_region`, which lax, jit,
+shard_map, autodiff and vmap share) up to the transformations and this
+module; tests/test_import_layers.py holds the order and checks it. No lock in a finalizer: Python's
 cyclic collector runs `__del__` and weakref callbacks at any allocation, on a
 thread that may hold any SDK lock, so a finalizer only appends to a lock-free
 queue (`Session.drop`), drained by the next SDK call.
@@ -30,16 +33,18 @@ from tessel import lax  # control flow on the device
 from tessel import nn  # after numpy, which it composes
 from tessel import random  # counter-based random numbers, as jax.random
 from tessel._autodiff import custom_jvp, custom_vjp, grad, jvp, value_and_grad, vjp
-from tessel._api import (Compiled, Device, ReplicatedSharding, SingleDeviceSharding, assert_no_memory_growth,
-                         compile, device_put, devices, forbid_compiles, memory_stats, session_options, stats)
+from tessel._api import (assert_no_memory_growth, compile, device_put, devices, forbid_compiles, memory_stats,
+                         session_options, stats)
 from tessel._array import Array, install as _install_array_ops
 from tessel._cluster import LocalCluster, connect, local_cluster
+from tessel._compiled import Compiled
 from tessel._context import transfer_guard
 from tessel._jit import jit
 from tessel._session import TransferReceipt, tune_allocator
 from tessel._vmap import vmap
-from tessel._sharding import (Mesh, NamedSharding, P, all_gather, all_to_all, axis_index, custom_kernel, pmax, pmin,
-                              ppermute, psum, psum_scatter, shard_map, with_sharding_constraint)
+from tessel._shard_map import (all_gather, all_to_all, axis_index, custom_kernel, pmax, pmin, ppermute, psum,
+                               psum_scatter, shard_map, with_sharding_constraint)
+from tessel._sharding import Device, Mesh, NamedSharding, P, ReplicatedSharding, SingleDeviceSharding
 from tessel.errors import (DonatedArrayError, FailedPreconditionError, InvalidArgumentError, NotFoundError,
                            OutOfMemoryError, RecompileError, TesselError, TransferGuardError, WorkerLostError)
 

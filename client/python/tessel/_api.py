@@ -7,8 +7,10 @@ import numpy as np
 
 from tessel import _context, _dtypes, errors
 from tessel._array import Array, progress_bar
-from tessel._sharding import Device, ReplicatedSharding, SingleDeviceSharding, to_placement  # noqa: F401 (re-exported)
-from tessel.v1 import ir_pb2, session_pb2
+from tessel._compiled import type_text
+from tessel._jit import Jitted
+from tessel._sharding import Device, NamedSharding, to_placement
+from tessel.v1 import session_pb2
 
 # ---------------------------------------------------------------- placements
 
@@ -50,7 +52,6 @@ def device_put(x, device=None):
 def placement_text(p):
     kind = p.WhichOneof("kind")
     if kind == "sharded":
-        from tessel._sharding import NamedSharding
         return repr(NamedSharding.from_placement(p))
     return "every device (replicated)" if kind == "replicated" else f"device {p.device}"
 
@@ -58,42 +59,9 @@ def placement_text(p):
 # ---------------------------------------------------------------- plans
 
 
-class Compiled:
-    """What Compile answered: the executable, its per-device plan and the
-    coordinator's diagnostics."""
-
-    def __init__(self, response):
-        self._r = response
-        self.executable_id = response.executable_id
-        self.cache_hit = response.cache_hit
-        self.cache_miss_reason = response.cache_miss_reason
-        self.diagnostics = list(response.diagnostics)
-        self.estimated_bytes = response.estimated_bytes
-        self.aliases = [{"parameter": a.parameter, "output": a.output, "reason": a.reason} for a in response.aliases]
-        self.input_types = [_type_text(t) for t in response.parameter_types]
-        self.output_types = [_type_text(t) for t in response.output_types]
-        # Partitioned: the collectives inserted, each with its reason.
-        self.collectives = [{"value": c.value, "op": c.op, "axes": tuple(c.axes), "bytes_per_device": c.bytes_per_device,
-                             "reason": c.reason} for c in response.collectives]
-        # An MPMD program: the values moved between its mesh regions, worker to worker.
-        self.transfers = [{"value": t.value, "bytes": t.bytes, "reason": t.reason} for t in response.transfers]
-
-    def as_text(self):
-        """The per-device program, as the coordinator prints it."""
-        return self._r.plan
-
-    def __repr__(self):
-        return f"Compiled({self.executable_id}, {', '.join(self.input_types)} -> {', '.join(self.output_types)})"
-
-
-def _type_text(t):
-    return f"{ir_pb2.DType.Name(t.dtype).lower()}[{','.join(str(d) for d in t.dims)}]"
-
-
 def compile(fn, *args, **kwargs):
     """Compiles `fn` (a function or a tessel.jit) for these arguments (arrays,
     numpy arrays, or anything with .shape and .dtype) and returns the plan."""
-    from tessel._jit import Jitted
     j = fn if isinstance(fn, Jitted) else Jitted(fn)
     return j.lower(*args, **kwargs)
 
@@ -160,7 +128,7 @@ def assert_no_memory_growth(session=None):
     if now.live_arrays > before.live_arrays or now.live_bytes > before.live_bytes:
         had = {a.handle for a in before.arrays}
         fresh = [a for a in now.arrays if a.handle not in had]
-        names = ", ".join(f"{a.handle:#x} {_type_text(a.type)} ({a.bytes} bytes, made by {a.producer or '?'}"
+        names = ", ".join(f"{a.handle:#x} {type_text(a.type)} ({a.bytes} bytes, made by {a.producer or '?'}"
                           f"{f' in execution {a.producer_execution}' if a.producer_execution else ''})"
                           for a in fresh[:8])
         grew.append(f"session: {before.live_arrays} live arrays ({before.live_bytes} bytes) -> {now.live_arrays} "

@@ -5,6 +5,8 @@ import sys
 import numpy as np
 
 from tessel import _context
+from tessel._sharding import NamedSharding, ReplicatedSharding, SingleDeviceSharding
+from tessel._trace import install_operators
 from tessel.v1 import session_pb2
 
 _PROGRESS_MIN_BYTES = 64 << 20
@@ -62,8 +64,6 @@ class Array:
     @property
     def sharding(self):
         """Where the array lives: NamedSharding, SingleDeviceSharding or ReplicatedSharding."""
-        from tessel._sharding import ReplicatedSharding, SingleDeviceSharding
-        from tessel._sharding import NamedSharding
         kind = self._placement.WhichOneof("kind")
         if kind == "sharded":
             return NamedSharding.from_placement(self._placement)
@@ -142,5 +142,4 @@ class Array:
 
 
 def install(tnp):
-    from tessel._trace import install_operators
     install_operators(Array, tnp)

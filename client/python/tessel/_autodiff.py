@@ -7,10 +7,11 @@ trace each call runs as a one-off jitted program.
 """
 import numpy as np
 
+from tessel import _region
 from tessel import numpy as tnp
-from tessel import lax as _lax
-from tessel._jit import flatten, jit, unflatten
+from tessel._jit import jit
 from tessel._trace import Tracer, current_builder
+from tessel._tree import flatten, unflatten
 from tessel.v1 import ir_pb2
 
 __all__ = ["custom_jvp", "custom_vjp", "grad", "jvp", "value_and_grad", "vjp"]
@@ -27,19 +28,19 @@ def _emit_vjp(parent, fun, leaves, paths, structure, cotangent_of, wrt):
     """Traces `fun` over `leaves` (rebuilt into `structure`) as a function of
     `parent`'s graph and emits its VJP: returns (the function's result leaves,
     their structure, the cotangents of the leaves in `wrt`)."""
-    ops = _lax._operands(leaves)
-    specs = [_lax._spec(x) for x in ops]
-    b, out, out_paths, out_structure = _lax._trace(parent, "grad_fn", fun, specs, paths,
+    ops = _region.operands(leaves)
+    specs = [_region.spec(x) for x in ops]
+    b, out, out_paths, out_structure = _region.trace(parent, "grad_fn", fun, specs, paths,
                                                    lambda ps: unflatten(structure, ps))
-    captured, (caps,) = _lax._bind_captures([b], len(ops))
-    _lax._finish(b, out)
+    captured, (caps,) = _region.bind_captures([b], len(ops))
+    _region.finish(b, out)
     cts = cotangent_of(out, out_structure)
 
     def attrs(node):
         node.grad.function = b.graph.name
         node.grad.wrt.extend(wrt)
-    result_specs = [_lax._spec(x) for x in out] + [specs[i] for i in wrt]
-    results = _lax._control_node(parent, ir_pb2.VJP, ops + captured + cts, attrs, result_specs)
+    result_specs = [_region.spec(x) for x in out] + [specs[i] for i in wrt]
+    results = _region.control_node(parent, ir_pb2.VJP, ops + captured + cts, attrs, result_specs)
     return results[:len(out)], out_structure, results[len(out):]
 
 
@@ -84,7 +85,7 @@ def value_and_grad(fun, argnums=0, has_aux=False):
             value = out[0]
             if value.shape != () or not _is_float(value.dtype):
                 raise TypeError("grad of a function whose result is not a real scalar: got "
-                                f"{_lax._describe(value.shape, value.dtype)}" +
+                                f"{_region.describe(value.shape, value.dtype)}" +
                                 (" (with has_aux the function returns (value, aux))" if has_aux else ""))
             return [tnp.ones((), value.dtype)] + [tnp.zeros(x.shape, x.dtype) for x in out[1:]]
 
@@ -138,7 +139,7 @@ def vjp(fun, *primals):
         def cotangents(outs, out_structure):
             if len(ct_leaves) != len(outs):
                 raise TypeError(f"vjp_fn: {len(ct_leaves)} cotangent leaves for {len(outs)} results")
-            return [tnp.astype(_lax._operands([c])[0], o.dtype) for c, o in zip(ct_leaves, outs)]
+            return [tnp.astype(_region.operands([c])[0], o.dtype) for c, o in zip(ct_leaves, outs)]
         _, _, grads = _emit_vjp(current_builder(), fun, leaves, paths, structure, cotangents,
                                 list(range(len(leaves))))
         it = iter(grads)
@@ -157,20 +158,20 @@ def jvp(fun, primals, tangents):
     if current_builder() is None and not any(isinstance(x, Tracer) for x in leaves + t_leaves):
         return jit(lambda p, t: jvp(fun, p, t))(primals, tangents)
     parent = current_builder()
-    ops = _lax._operands(leaves)
-    specs = [_lax._spec(x) for x in ops]
+    ops = _region.operands(leaves)
+    specs = [_region.spec(x) for x in ops]
     wrt = [i for i, x in enumerate(ops) if _is_float(x.dtype)]
-    b, out, _, out_structure = _lax._trace(parent, "jvp_fn", fun, specs, paths,
+    b, out, _, out_structure = _region.trace(parent, "jvp_fn", fun, specs, paths,
                                            lambda ps: unflatten(structure, ps))
-    captured, _ = _lax._bind_captures([b], len(ops))
-    _lax._finish(b, out)
-    tans = [tnp.astype(_lax._operands([t_leaves[i]])[0], ops[i].dtype) for i in wrt]
+    captured, _ = _region.bind_captures([b], len(ops))
+    _region.finish(b, out)
+    tans = [tnp.astype(_region.operands([t_leaves[i]])[0], ops[i].dtype) for i in wrt]
 
     def attrs(node):
         node.grad.function = b.graph.name
         node.grad.wrt.extend(wrt)
-    result_specs = [_lax._spec(x) for x in out] * 2
-    results = _lax._control_node(parent, ir_pb2.JVP, ops + captured + tans, attrs, result_specs)
+    result_specs = [_region.spec(x) for x in out] * 2
+    results = _region.control_node(parent, ir_pb2.JVP, ops + captured + tans, attrs, result_specs)
     n = len(out)
     return unflatten(out_structure, results[:n]), unflatten(out_structure, results[n:])
 
@@ -205,36 +206,36 @@ class custom_vjp:
         if current_builder() is None and not any(isinstance(x, Tracer) for x in leaves):
             return jit(self)(*args)
         parent = current_builder()
-        ops = _lax._operands(leaves)
-        specs = [_lax._spec(x) for x in ops]
+        ops = _region.operands(leaves)
+        specs = [_region.spec(x) for x in ops]
         rebuild = lambda ps: unflatten(structure, ps)  # noqa: E731
 
         def closed(b, what):
             if b.captures:
                 raise TypeError(f"custom_vjp {self.__name__}: {what} closes over traced values; pass them as "
                                 "arguments")
-        fb, out, _, out_structure = _lax._trace(parent, "custom_fun", self.fun, specs, paths, rebuild)
+        fb, out, _, out_structure = _region.trace(parent, "custom_fun", self.fun, specs, paths, rebuild)
         closed(fb, "the function")
-        _lax._finish(fb, out)
+        _region.finish(fb, out)
         self._in_rule += 1
         try:
-            wb, wout, _, wstructure = _lax._trace(parent, "custom_fwd", self.fwd, specs, paths, rebuild)
+            wb, wout, _, wstructure = _region.trace(parent, "custom_fwd", self.fwd, specs, paths, rebuild)
         finally:
             self._in_rule -= 1
         closed(wb, "fwd")
         if wstructure[0] not in ("tuple", "list") or len(wstructure[1]) != 2 or wstructure[1][0] != out_structure:
             raise TypeError(f"custom_vjp {self.__name__}: fwd must return (the function's result, residuals)")
         n = len(out)
-        wout = _lax._match(wb, wout[:n], [""] * n, [_lax._spec(x) for x in out], f"custom_vjp {self.__name__} fwd") \
+        wout = _region.match(wb, wout[:n], [""] * n, [_region.spec(x) for x in out], f"custom_vjp {self.__name__} fwd") \
             + wout[n:]
-        _lax._finish(wb, wout)
+        _region.finish(wb, wout)
         res_structure = wstructure[1][1]
-        res_specs = [_lax._spec(x) for x in wout[n:]]
+        res_specs = [_region.spec(x) for x in wout[n:]]
         nr = len(res_specs)
-        out_specs = [(s, d, False) for s, d, _ in (_lax._spec(x) for x in out)]
+        out_specs = [(s, d, False) for s, d, _ in (_region.spec(x) for x in out)]
         self._in_rule += 1
         try:
-            bb, bout, bpaths, bstructure = _lax._trace(
+            bb, bout, bpaths, bstructure = _region.trace(
                 parent, "custom_bwd",
                 lambda *ls: self.bwd(unflatten(res_structure, ls[:nr]), unflatten(out_structure, ls[nr:])),
                 res_specs + out_specs, [""] * (nr + n), lambda ps: ps)
@@ -244,14 +245,14 @@ class custom_vjp:
         if len(bout) != len(ops):
             raise TypeError(f"custom_vjp {self.__name__}: bwd returned {len(bout)} cotangents for {len(ops)} "
                             "argument leaves")
-        bout = _lax._match(bb, bout, bpaths, specs, f"custom_vjp {self.__name__} bwd")
-        _lax._finish(bb, bout)
+        bout = _region.match(bb, bout, bpaths, specs, f"custom_vjp {self.__name__} bwd")
+        _region.finish(bb, bout)
 
         def attrs(node):
             node.custom_vjp.function = fb.graph.name
             node.custom_vjp.fwd = wb.graph.name
             node.custom_vjp.bwd = bb.graph.name
-        results = _lax._control_node(parent, ir_pb2.CUSTOM_VJP, ops, attrs, [_lax._spec(x) for x in out])
+        results = _region.control_node(parent, ir_pb2.CUSTOM_VJP, ops, attrs, [_region.spec(x) for x in out])
         return unflatten(out_structure, results)
 
 
@@ -287,22 +288,22 @@ class custom_jvp:
         if current_builder() is None and not any(isinstance(x, Tracer) for x in leaves):
             return jit(self)(*args)
         parent = current_builder()
-        ops = _lax._operands(leaves)
-        specs = [_lax._spec(x) for x in ops]
+        ops = _region.operands(leaves)
+        specs = [_region.spec(x) for x in ops]
         n_in = len(ops)
 
         def closed(b, what):
             if b.captures:
                 raise TypeError(f"custom_jvp {self.__name__}: {what} closes over traced values; pass them as "
                                 "arguments")
-        fb, out, out_paths, out_structure = _lax._trace(parent, "custom_fun", self.fun, specs, paths,
+        fb, out, out_paths, out_structure = _region.trace(parent, "custom_fun", self.fun, specs, paths,
                                                         lambda ps: unflatten(structure, ps))
         closed(fb, "the function")
-        _lax._finish(fb, out)
-        out_specs = [_lax._spec(x) for x in out]
+        _region.finish(fb, out)
+        out_specs = [_region.spec(x) for x in out]
         self._in_rule += 1
         try:
-            rb, rout, _, rstructure = _lax._trace(
+            rb, rout, _, rstructure = _region.trace(
                 parent, "custom_jvp_rule",
                 lambda *ls: self.rule(tuple(unflatten(structure, ls[:n_in])), tuple(unflatten(structure, ls[n_in:]))),
                 specs + specs, [f"primals{p}" for p in paths] + [f"tangents{p}" for p in paths], lambda ps: ps)
@@ -314,12 +315,12 @@ class custom_jvp:
             raise TypeError(f"custom_jvp {self.__name__}: the rule must return (the function's result, its "
                             "tangent), each shaped as the function's result")
         n = len(out)
-        rout = _lax._match(rb, rout, out_paths + out_paths, out_specs + out_specs,
+        rout = _region.match(rb, rout, out_paths + out_paths, out_specs + out_specs,
                            f"custom_jvp {self.__name__} rule")
-        _lax._finish(rb, rout)
+        _region.finish(rb, rout)
 
         def attrs(node):
             node.custom_jvp.function = fb.graph.name
             node.custom_jvp.jvp = rb.graph.name
-        results = _lax._control_node(parent, ir_pb2.CUSTOM_JVP, ops, attrs, out_specs)
+        results = _region.control_node(parent, ir_pb2.CUSTOM_JVP, ops, attrs, out_specs)
         return unflatten(out_structure, results[:n])

@@ -1,69 +1,21 @@
 """@tessel.jit: trace once per signature, compile, execute pipelined."""
 import functools
 import inspect
+import warnings
 import weakref
 
 import numpy as np
 
 from tessel import _context, _dtypes, errors
-from tessel import numpy as _tnp
+from tessel import _region
+from tessel import numpy as tnp
 from tessel._array import Array
+from tessel._compiled import Compiled
 from tessel._session import guard_proto, varint
+from tessel._sharding import NamedSharding, P, to_placement
 from tessel._trace import current_builder, placement_requests, Builder, Tracer
+from tessel._tree import LEAF, flatten, structure_of, unflatten
 from tessel.v1 import ir_pb2, session_pb2
-
-# ---------------------------------------------------------------- pytrees
-
-
-def flatten(tree, path="", leaves=None, paths=None):
-    """Leaves and a structure key of tuples, lists, dicts and None."""
-    if leaves is None:
-        leaves, paths = [], []
-    return leaves, paths, _tree(tree, leaves, paths, path)
-
-
-def _tree(tree, leaves, paths=None, path=""):
-    """The structure key of `tree`; its leaves are appended to `leaves`, and
-    their paths to `paths` when given (the fast path of a call skips them)."""
-    if type(tree) is not Array:  # an array, the common leaf, is no container
-        if isinstance(tree, (tuple, list)):
-            if paths is None:
-                return (type(tree).__name__, tuple(_tree(x, leaves) for x in tree))
-            return (type(tree).__name__, tuple(_tree(x, leaves, paths, f"{path}[{i}]") for i, x in enumerate(tree)))
-        if isinstance(tree, dict):
-            keys = sorted(tree)
-            if paths is None:
-                return ("dict", tuple(keys), tuple(_tree(tree[k], leaves) for k in keys))
-            return ("dict", tuple(keys), tuple(_tree(tree[k], leaves, paths, f"{path}[{k!r}]") for k in keys))
-        if tree is None:
-            return _NONE
-    leaves.append(tree)
-    if paths is not None:
-        paths.append(path)
-    return _LEAF
-
-
-_LEAF, _NONE = ("leaf",), ("none",)
-
-
-def unflatten(structure, leaves):
-    it = iter(leaves)
-
-    def build(s):
-        kind = s[0]
-        if kind == "leaf":
-            return next(it)
-        if kind == "none":
-            return None
-        if kind == "dict":
-            return {k: build(c) for k, c in zip(s[1], s[2])}
-        items = [build(c) for c in s[1]]
-        return tuple(items) if kind == "tuple" else items
-    return build(structure)
-
-
-# ---------------------------------------------------------------- jit
-
 
 _DTYPE_NAMES = {}  # np.dtype -> its name (numpy computes the name on every read)
 
@@ -113,7 +65,6 @@ class Jitted:
         if replicated:
             self._placement = session_pb2.Placement(replicated=True)
         elif device is not None:
-            from tessel._sharding import to_placement
             self._placement = to_placement(device)
         # Per session (executables live in a coordinator): signature ->
         # (compile response, output structure, output types).
@@ -151,7 +102,6 @@ class Jitted:
     def _layout(self, leaves):
         """The mesh and each parameter's spec, when this call is partitioned:
         from in_shardings/out_shardings, else from sharded array arguments."""
-        from tessel._sharding import NamedSharding, P
         given = self._in_shardings
 
         def as_list(v):
@@ -205,7 +155,6 @@ class Jitted:
         return first[1]
 
     def _out_specs(self, n):
-        from tessel._sharding import NamedSharding, P
         outs = self._out_shardings
         if isinstance(outs, (list, tuple)) and not isinstance(outs, P):
             if len(outs) != n:
@@ -262,7 +211,6 @@ class Jitted:
             out_tracers = []
             for o in outs:
                 if not isinstance(o, Tracer):
-                    from tessel import numpy as tnp
                     o = tnp.asarray_in_trace(o)
                 out_tracers.append(o)
             builder.graph.outputs.extend(o._name for o in out_tracers)
@@ -274,7 +222,6 @@ class Jitted:
     def lower(self, *args, **kwargs):
         """Compiles for these arguments (values, or anything with .shape and
         .dtype) and returns the plan: tessel.Compiled."""
-        from tessel._api import Compiled
         return Compiled(self._compiled(self._bind(args, kwargs))[0][0])
 
     def _compiled(self, args):
@@ -292,7 +239,6 @@ class Jitted:
             if hoisted:
                 _warn_hoisted(self.fn.__name__, hoisted)
                 if specs is not None:
-                    from tessel._sharding import P
                     specs = specs + [P()] * len(hoisted)  # replicated over the mesh
             try:
                 if mesh is None:
@@ -327,9 +273,6 @@ class Jitted:
         """Called on traced values inside another jitted function: this
         function becomes a mesh region of the caller's MPMD program, run on
         the devices of the mesh its in_shardings/out_shardings name."""
-        from tessel import lax as _lax
-        from tessel import numpy as tnp
-        from tessel._sharding import NamedSharding, P
         name = getattr(self.fn, "__name__", "f")
         leaves, paths, structures = [], [], []
         self._leaf_args = []
@@ -383,7 +326,7 @@ class Jitted:
             for sp, o in zip(out_specs, outs):
                 r.out_shardings.add().CopyFrom(sp)
                 n.results.add().CopyFrom(_dtypes.tensor_type(o.shape, o.dtype))
-        results = _lax._control_node(outer, ir_pb2.MESH_REGION, operands, attrs,
+        results = _region.control_node(outer, ir_pb2.MESH_REGION, operands, attrs,
                                      [(tuple(o.shape), o.dtype, False) for o in outs])
         return unflatten(out_structure, results)
 
@@ -474,7 +417,7 @@ class _FastCall:
         leaves, structures, donated = [], [], []
         for i, a in enumerate(args):
             n = len(leaves)
-            structures.append(_tree(a, leaves))
+            structures.append(structure_of(a, leaves))
             donated += [k for k in range(n, len(leaves)) if i in jit._donate]
         if not all(type(x) is Array and x._placement.WhichOneof("kind") != "sharded" for x in leaves):
             return None
@@ -482,7 +425,7 @@ class _FastCall:
         f.session = session
         f.guard = _context.guard_object()
         f.structures = tuple(structures)
-        f.flat = all(st is _LEAF for st in structures)  # every argument an array: nothing to flatten
+        f.flat = all(st is LEAF for st in structures)  # every argument an array: nothing to flatten
         f.sig = tuple((x.shape, x.dtype) for x in leaves)
         f.placements = tuple(x._placement for x in leaves)
         f.template = session_pb2.ExecuteRequest(
@@ -490,7 +433,7 @@ class _FastCall:
             transfer_guard=guard_proto(_context.guard())).SerializeToString()
         f.outs = [(tuple(shape), np.dtype(dtype), p or placement) for shape, dtype, p in out_types]
         f.structure = structure
-        f.single = structure == _LEAF
+        f.single = structure == LEAF
         f.donated = tuple(donated)
         return f
 
@@ -503,7 +446,7 @@ class _FastCall:
             leaves = args
         else:
             leaves = []
-            if tuple(_tree(a, leaves) for a in args) != self.structures:
+            if tuple(structure_of(a, leaves) for a in args) != self.structures:
                 return None
         encoded = []
         for a, (shape, dtype), p in zip(leaves, self.sig, self.placements):
@@ -528,7 +471,6 @@ class _FastCall:
 
 
 def _warn_hoisted(name, arrays):
-    import warnings
     what = ", ".join(f"{_dtypes.type_string(a.shape, a.dtype)} ({a.nbytes / (1 << 20):.1f} MiB)" for a in arrays)
     warnings.warn(f"jit of {name}: {len(arrays)} captured constant(s) too large to ship inside the program ({what}) "
                   "become hidden arguments, put once per placement (counted as host->device bytes); pass them as "
@@ -649,4 +591,4 @@ def eager_call(fn, args, kwargs):
     return j(*arrays)
 
 
-_tnp.register_eager(eager_call)
+tnp.register_eager(eager_call)

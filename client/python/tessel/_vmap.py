@@ -9,9 +9,10 @@ program.
 """
 import numpy as np
 
-from tessel import lax as _lax
-from tessel._jit import flatten, jit, unflatten
+from tessel import _region
+from tessel._jit import jit
 from tessel._trace import Tracer, current_builder
+from tessel._tree import flatten, unflatten
 from tessel.v1 import ir_pb2
 
 __all__ = ["vmap"]
@@ -66,7 +67,7 @@ def vmap(fun, in_axes=0, out_axes=0, axis_size=None):
         if current_builder() is None and not any(isinstance(x, Tracer) for x in leaves):
             return jit(wrapped)(*args)
         axes = _prefix(tuple(in_axes) if isinstance(in_axes, list) else in_axes, structure, "in_axes")
-        ops = _lax._operands(leaves)
+        ops = _region.operands(leaves)
         in_norm, sizes = [], []
         for x, a, p in zip(ops, axes, paths):
             if a is None:
@@ -74,7 +75,7 @@ def vmap(fun, in_axes=0, out_axes=0, axis_size=None):
                 continue
             if not -x.ndim <= a < x.ndim:
                 raise ValueError(f"vmap of {name}: in_axes {a} for argument{p} of rank {x.ndim} "
-                                 f"({_lax._describe(x.shape, x.dtype)}): expected an axis in [{-x.ndim}, {x.ndim})")
+                                 f"({_region.describe(x.shape, x.dtype)}): expected an axis in [{-x.ndim}, {x.ndim})")
             a %= x.ndim
             in_norm.append(a)
             sizes.append((p, x.shape[a]))
@@ -93,15 +94,15 @@ def vmap(fun, in_axes=0, out_axes=0, axis_size=None):
             shape = tuple(x.shape) if a < 0 else tuple(d for i, d in enumerate(x.shape) if i != a)
             specs.append((shape, np.dtype(x.dtype), bool(x.weak)))
         parent = current_builder()
-        b, out, out_paths, out_structure = _lax._trace(parent, "vmap_fn", fun, specs, paths,
+        b, out, out_paths, out_structure = _region.trace(parent, "vmap_fn", fun, specs, paths,
                                                        lambda ps: unflatten(structure, ps))
-        captured, _ = _lax._bind_captures([b], len(ops))
-        _lax._finish(b, out)
+        captured, _ = _region.bind_captures([b], len(ops))
+        _region.finish(b, out)
         out_norm, result_specs = [], []
         for x, a, p in zip(out, _prefix(out_axes, out_structure, "out_axes"), out_paths):
             if a is None:
                 out_norm.append(-1)
-                result_specs.append(_lax._spec(x))
+                result_specs.append(_region.spec(x))
                 continue
             rank = len(x.shape) + 1
             if not -rank <= a < rank:
@@ -118,7 +119,7 @@ def vmap(fun, in_axes=0, out_axes=0, axis_size=None):
             node.batch.in_axes.extend(in_norm + [-1] * len(captured))
             node.batch.out_axes.extend(out_norm)
             node.batch.size = size
-        results = _lax._control_node(parent, ir_pb2.VMAP, ops + captured, attrs, result_specs)
+        results = _region.control_node(parent, ir_pb2.VMAP, ops + captured, attrs, result_specs)
         return unflatten(out_structure, results)
     wrapped.__name__ = f"vmap({name})"
     wrapped.__doc__ = fun.__doc__

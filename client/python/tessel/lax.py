@@ -16,9 +16,11 @@ range, as XLA does); `cond`'s predicate is a boolean scalar.
 """
 import numpy as np
 
+from tessel import _region
 from tessel import numpy as tnp
-from tessel._jit import flatten, jit, unflatten
-from tessel._trace import Builder, FunctionBuilder, Tracer, current_builder
+from tessel._jit import jit
+from tessel._trace import Tracer, current_builder
+from tessel._tree import flatten, unflatten
 from tessel.v1 import ir_pb2
 
 __all__ = ["cond", "dynamic_index_in_dim", "dynamic_slice", "dynamic_slice_in_dim", "dynamic_update_index_in_dim",
@@ -86,125 +88,40 @@ def dynamic_update_index_in_dim(operand, update, index, axis):
     return dynamic_update_slice_in_dim(operand, update, index, axis)
 
 
-def _in_trace(leaves):
-    return current_builder() is not None or any(isinstance(x, Tracer) for x in leaves)
-
-
 def _eager(fn, leaves):
     """Outside a trace: `fn(*leaves)` as a one-off jitted function."""
     return jit(fn)(*leaves)
-
-
-def _spec(t):
-    return (tuple(t.shape), np.dtype(t.dtype), bool(t.weak))
-
-
-def _describe(shape, dtype):
-    return f"{np.dtype(dtype).name}[{','.join(str(d) for d in shape)}]"
-
-
-def _trace(parent, kind, fn, specs, paths, build_args):
-    """Traces `fn` as a function of `parent`'s graph: parameters of `specs`
-    ((shape, dtype, weak) each), passed as build_args(params). Returns the
-    builder, the result leaves (values of that builder) and their structure."""
-    b = FunctionBuilder(kind, parent)
-    with b:
-        params = [b.parameter(i, s, d, p or f"arg{i}", w) for i, ((s, d, w), p) in enumerate(zip(specs, paths))]
-        out = fn(*build_args(params))
-        leaves, out_paths, structure = flatten(out)
-        leaves = [b.capture(x) if isinstance(x, Tracer) else tnp.asarray_in_trace(x) for x in leaves]
-    return b, leaves, out_paths, structure
-
-
-def _match(b, leaves, paths, specs, what):
-    """`leaves` (results of function builder `b`) as `specs`: a weakly typed
-    result takes the wanted dtype; anything else must match exactly."""
-    out = []
-    with b:
-        for x, p, (shape, dtype, _) in zip(leaves, paths, specs):
-            if tuple(x.shape) != tuple(shape) or (x.dtype != dtype and not x.weak):
-                raise TypeError(f"{what}: result{p} is {_describe(x.shape, x.dtype)}; expected "
-                                f"{_describe(shape, dtype)} (a loop body keeps each carry's shape and dtype; "
-                                "branches give the same types)")
-            out.append(tnp.astype(x, dtype) if x.dtype != dtype else x)
-    return out
-
-
-def _bind_captures(builders, first_index):
-    """Gives every function of `builders` the union of their captures as
-    parameters first_index, first_index + 1, ... (the caller passes them as
-    operands in that order). Returns the captured outer values and, per
-    builder, its parameter for each."""
-    outer, seen = [], {}
-    for b in builders:
-        for o, _ in b.captures:
-            if o._name not in seen:
-                seen[o._name] = len(outer)
-                outer.append(o)
-    params = []
-    for b in builders:
-        mine = {o._name: p for o, p in b.captures}
-        ps = []
-        for j, o in enumerate(outer):
-            if o._name in mine:
-                b.set_parameter_index(mine[o._name], first_index + j)
-                ps.append(mine[o._name])
-            else:
-                ps.append(Builder.parameter(b, first_index + j, o.shape, o.dtype, f"capture{len(b.captures) + j}",
-                                            o.weak))
-        params.append(ps)
-    return outer, params
-
-
-def _finish(b, outputs):
-    b.graph.ClearField("outputs")
-    b.graph.outputs.extend(x._name for x in outputs)
-    b.root.graph.functions.append(b.graph)
-
-
-def _control_node(parent, op, operands, set_attrs, result_specs):
-    node = parent.node(op, operands, (), np.bool_, set_attrs=set_attrs)
-    results = []
-    for k, (shape, dtype, weak) in enumerate(result_specs):
-        def attrs(n, k=k):
-            n.tuple_element.index = k
-        results.append(parent.node(ir_pb2.TUPLE_ELEMENT, [node], shape, dtype, weak, attrs))
-    return results
-
-
-def _operands(leaves):
-    return [x if isinstance(x, Tracer) else tnp.asarray_in_trace(x) for x in leaves]
 
 
 def while_loop(cond_fun, body_fun, init_val):
     """Runs `body_fun` on the carry while `cond_fun(carry)` holds; returns the
     final carry (jax.lax.while_loop)."""
     leaves, paths, structure = flatten(init_val)
-    if not _in_trace(leaves):
+    if not _region.in_trace(leaves):
         return _eager(lambda *ls: while_loop(cond_fun, body_fun, unflatten(structure, ls)), leaves)
     parent = current_builder()
-    init = _operands(leaves)
-    specs = [_spec(x) for x in init]
+    init = _region.operands(leaves)
+    specs = [_region.spec(x) for x in init]
     n = len(init)
     rebuild = lambda ps: (unflatten(structure, ps),)
-    cb, pred, _, _ = _trace(parent, "while_cond", cond_fun, specs, paths, rebuild)
+    cb, pred, _, _ = _region.trace(parent, "while_cond", cond_fun, specs, paths, rebuild)
     if len(pred) != 1 or pred[0].shape != () or pred[0].dtype != np.bool_:
-        got = ", ".join(_describe(p.shape, p.dtype) for p in pred)
+        got = ", ".join(_region.describe(p.shape, p.dtype) for p in pred)
         raise TypeError(f"while_loop: cond_fun must return a boolean scalar, got ({got})")
-    bb, out, out_paths, out_structure = _trace(parent, "while_body", body_fun, specs, paths, rebuild)
+    bb, out, out_paths, out_structure = _region.trace(parent, "while_body", body_fun, specs, paths, rebuild)
     if out_structure != structure:
         raise TypeError(f"while_loop: body_fun returned a carry of structure {out_structure}; the carry is "
                         f"{structure}")
-    out = _match(bb, out, out_paths, specs, "while_loop body_fun")
-    captured, (cond_caps, body_caps) = _bind_captures([cb, bb], n)
-    _finish(cb, pred)
-    _finish(bb, out + body_caps)
+    out = _region.match(bb, out, out_paths, specs, "while_loop body_fun")
+    captured, (cond_caps, body_caps) = _region.bind_captures([cb, bb], n)
+    _region.finish(cb, pred)
+    _region.finish(bb, out + body_caps)
 
     def attrs(node):
         node.control.cond = cb.graph.name
         node.control.body = bb.graph.name
-    results = _control_node(parent, ir_pb2.WHILE, init + captured, attrs,
-                            specs + [_spec(c) for c in captured])
+    results = _region.control_node(parent, ir_pb2.WHILE, init + captured, attrs,
+                            specs + [_region.spec(c) for c in captured])
     return unflatten(structure, results[:n])
 
 
@@ -213,13 +130,13 @@ def scan(f, init, xs=None, length=None, reverse=False):
     of `xs`; returns (final carry, the ys stacked)."""
     c_leaves, c_paths, c_structure = flatten(init)
     x_leaves, x_paths, x_structure = flatten(xs)
-    if not _in_trace(c_leaves + x_leaves):
+    if not _region.in_trace(c_leaves + x_leaves):
         nc = len(c_leaves)
         return _eager(lambda *ls: scan(f, unflatten(c_structure, ls[:nc]), unflatten(x_structure, ls[nc:]),
                                        length, reverse), c_leaves + x_leaves)
     parent = current_builder()
-    carry = _operands(c_leaves)
-    xs_t = _operands(x_leaves)
+    carry = _region.operands(c_leaves)
+    xs_t = _region.operands(x_leaves)
     lengths = {int(x.shape[0]) for x in xs_t if x.shape}
     if any(not x.shape for x in xs_t):
         raise ValueError("scan: every leaf of xs needs a leading dimension to scan over")
@@ -229,20 +146,20 @@ def scan(f, init, xs=None, length=None, reverse=False):
         raise ValueError(f"scan: the leading dimensions of xs and `length` disagree: {sorted(lengths)}"
                          if lengths else "scan: without xs, give `length`")
     length = lengths.pop()
-    c_specs = [_spec(x) for x in carry]
+    c_specs = [_region.spec(x) for x in carry]
     x_specs = [(tuple(x.shape[1:]), np.dtype(x.dtype), False) for x in xs_t]
     nc = len(carry)
     rebuild = lambda ps: (unflatten(c_structure, ps[:nc]), unflatten(x_structure, ps[nc:]))
-    b, out, out_paths, out_structure = _trace(parent, "scan_body", f, c_specs + x_specs, c_paths + x_paths, rebuild)
+    b, out, out_paths, out_structure = _region.trace(parent, "scan_body", f, c_specs + x_specs, c_paths + x_paths, rebuild)
     if out_structure[0] not in ("tuple", "list") or len(out_structure[1]) != 2:
         raise TypeError("scan: f must return a pair (carry, y)")
     if out_structure[1][0] != c_structure:
         raise TypeError(f"scan: f returned a carry of structure {out_structure[1][0]}; the carry is {c_structure}")
-    new_carry = _match(b, out[:nc], out_paths[:nc], c_specs, "scan f")
+    new_carry = _region.match(b, out[:nc], out_paths[:nc], c_specs, "scan f")
     ys = out[nc:]
-    captured, (caps,) = _bind_captures([b], nc)
+    captured, (caps,) = _region.bind_captures([b], nc)
     _renumber_xs(b, nc, len(captured), len(x_specs), caps)
-    _finish(b, new_carry + caps + ys)
+    _region.finish(b, new_carry + caps + ys)
     nk = nc + len(captured)
 
     def attrs(node):
@@ -251,8 +168,8 @@ def scan(f, init, xs=None, length=None, reverse=False):
         node.control.num_carry = nk
         node.control.reverse = bool(reverse)
     y_specs = [((length,) + tuple(y.shape), np.dtype(y.dtype), False) for y in ys]
-    results = _control_node(parent, ir_pb2.SCAN, carry + captured + xs_t, attrs,
-                            c_specs + [_spec(c) for c in captured] + y_specs)
+    results = _region.control_node(parent, ir_pb2.SCAN, carry + captured + xs_t, attrs,
+                            c_specs + [_region.spec(c) for c in captured] + y_specs)
     ys_out = unflatten(out_structure[1][1], results[nk:])
     return unflatten(c_structure, results[:nc]), ys_out
 
@@ -291,10 +208,10 @@ def fori_loop(lower, upper, body_fun, init_val):
 def _branches(index, branches, operands, what):
     o_leaves, o_paths, o_structure = flatten(tuple(operands))
     parent = current_builder()
-    ops = _operands(o_leaves)
-    specs = [_spec(x) for x in ops]
+    ops = _region.operands(o_leaves)
+    specs = [_region.spec(x) for x in ops]
     rebuild = lambda ps: unflatten(o_structure, ps)
-    traced = [_trace(parent, f"branch{k}_", fn, specs, o_paths, rebuild) for k, fn in enumerate(branches)]
+    traced = [_region.trace(parent, f"branch{k}_", fn, specs, o_paths, rebuild) for k, fn in enumerate(branches)]
     structure = traced[0][3]
     for k, (_, _, _, s) in enumerate(traced):
         if s != structure:
@@ -306,16 +223,16 @@ def _branches(index, branches, operands, what):
         strong = [x for x in xs if not x.weak]
         ref = strong[0] if strong else xs[0]
         result_specs.append((tuple(ref.shape), np.dtype(ref.dtype), not strong))
-    outs = [_match(b, leaves, paths, result_specs, f"{what} branch {k}")
+    outs = [_region.match(b, leaves, paths, result_specs, f"{what} branch {k}")
             for k, (b, leaves, paths, _) in enumerate(traced)]
-    captured, caps = _bind_captures([t[0] for t in traced], len(ops))
+    captured, caps = _region.bind_captures([t[0] for t in traced], len(ops))
     for (b, _, _, _), out in zip(traced, outs):
-        _finish(b, out)
+        _region.finish(b, out)
     index = index if isinstance(index, Tracer) else tnp.asarray_in_trace(index)
 
     def attrs(node):
         node.control.branches.extend(t[0].graph.name for t in traced)
-    results = _control_node(parent, ir_pb2.CONDITIONAL, [index] + ops + captured, attrs, result_specs)
+    results = _region.control_node(parent, ir_pb2.CONDITIONAL, [index] + ops + captured, attrs, result_specs)
     return unflatten(structure, results)
 
 
@@ -325,12 +242,12 @@ def cond(pred, true_fun, false_fun, *operands):
     if isinstance(pred, (bool, np.bool_, int, np.integer)):
         return (true_fun if pred else false_fun)(*operands)
     leaves = flatten(tuple(operands))[0]
-    if not _in_trace(leaves + [pred]):
+    if not _region.in_trace(leaves + [pred]):
         structure = flatten(tuple(operands))[2]
         return _eager(lambda p, *ls: cond(p, true_fun, false_fun, *unflatten(structure, ls)), [pred] + leaves)
     pred = pred if isinstance(pred, Tracer) else tnp.asarray_in_trace(pred)
     if pred.shape != ():
-        raise TypeError(f"cond: the predicate must be a scalar, got {_describe(pred.shape, pred.dtype)}")
+        raise TypeError(f"cond: the predicate must be a scalar, got {_region.describe(pred.shape, pred.dtype)}")
     if pred.dtype != np.bool_:
         pred = pred != 0
     return _branches(pred, [false_fun, true_fun], operands, "cond")
@@ -344,11 +261,11 @@ def switch(index, branches, *operands):
     if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
         return branches[min(max(int(index), 0), len(branches) - 1)](*operands)
     leaves = flatten(tuple(operands))[0]
-    if not _in_trace(leaves + [index]):
+    if not _region.in_trace(leaves + [index]):
         structure = flatten(tuple(operands))[2]
         return _eager(lambda i, *ls: switch(i, branches, *unflatten(structure, ls)), [index] + leaves)
     index = index if isinstance(index, Tracer) else tnp.asarray_in_trace(index)
     if index.shape != ():
-        raise TypeError(f"switch: the index must be a scalar, got {_describe(index.shape, index.dtype)}")
+        raise TypeError(f"switch: the index must be a scalar, got {_region.describe(index.shape, index.dtype)}")
     index = tnp.clip(tnp.astype(index, np.int32), 0, len(branches) - 1)
     return _branches(index, branches, operands, "switch")

@@ -1188,7 +1188,6 @@ def _getitem(a, idx):
         # each stood among the result's dimensions (an integer drops one).
         inner = tuple(i for i in idx if i is not None)
         if Ellipsis in inner:
-            k = inner.index(Ellipsis)
             n_full = t.ndim - len(inner) + 1
             expanded = []
             for i in idx:

@@ -21,7 +21,10 @@ import math
 
 import numpy as np
 
+from tessel import lax
 from tessel import numpy as tnp
+from tessel._array import Array
+from tessel._trace import Tracer
 
 __all__ = ["PRNGKey", "bernoulli", "bits", "choice", "fold_in", "gumbel", "key", "key_data", "normal", "permutation",
            "randint", "split",
@@ -51,8 +54,6 @@ def key_data(k):
 def _key(k):
     """A key as Tessel takes it: Tessel's arrays and traced values as they
     are; host keys (JAX's uint32 ones too) as int64 numpy arrays."""
-    from tessel._array import Array
-    from tessel._trace import Tracer
     if not isinstance(k, (Array, Tracer)):
         k = np.asarray(k)
         if k.dtype.kind not in "iu" or (k.size and (k.min() < 0 or k.max() > _MASK)):
@@ -213,7 +214,6 @@ def _erfinv(y):
         p_big = tnp.add(tnp.multiply(p_big, big), c)
     x = tnp.multiply(tnp.where(tnp.less(w, 5.0), p_small, p_big), y)
     if d == np.float64:
-        from tessel import lax
         for _ in range(2):
             step = tnp.divide(tnp.subtract(lax.erf(x), y),
                               tnp.multiply(2 / math.sqrt(math.pi), tnp.exp(tnp.negative(tnp.multiply(x, x)))))

@@ -8,7 +8,7 @@ import pytest
 
 import tessel
 from tessel import Mesh, NamedSharding, P
-from tessel._api import to_placement
+from tessel._sharding import to_placement
 
 MESH = {"data": 2, "model": 2}
 
