@@ -52,16 +52,20 @@ double Run(int rank, const std::string& dir, size_t bytes, int iters, bool sendr
         ack_buf->send(0, 2 * i + 1);
         ack_buf->waitSend();
       }
-      if (i >= kWarm) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      if (i >= kWarm)
+        times.push_back(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       continue;
     }
     gloo::AllreduceOptions opts(ctx);
     opts.setOutput(data.data(), data.size());
     opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-    opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+    opts.setReduceFunction(
+        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
     opts.setTag(i);
     gloo::allreduce(opts);
-    if (i >= kWarm) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (i >= kWarm)
+      times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
@@ -95,8 +99,8 @@ int main(int argc, char** argv) {
     const double s = Run(0, dir, bytes, iters, sendrecv);
     int status = 0;
     waitpid(child, &status, 0);
-    std::printf("gloo_%s bytes=%zu seconds=%.6f busbw_gbps=%.3f\n", sendrecv ? "sendrecv" : "allreduce", bytes, s,
-                bytes / s / 1e9);
+    std::printf("gloo_%s bytes=%zu seconds=%.6f busbw_gbps=%.3f\n",
+                sendrecv ? "sendrecv" : "allreduce", bytes, s, bytes / s / 1e9);
     std::fflush(stdout);
     std::string rm = "rm -rf " + dir;
     (void)std::system(rm.c_str());

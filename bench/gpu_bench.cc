@@ -142,14 +142,17 @@ int main(int argc, char** argv) {
     if (a.rfind("--only=", 0) == 0) only = a.substr(7);
     if (a == "--json") json = true;
     if (a == "--help" || a == "-h") {
-      std::printf("tessel-gpu-bench [--json] [--only=SUBSTR]: the CUDA backend beside cudaMemcpy and cuBLASLt on\n"
-                  "GPU 0, as ratios. Needs a GPU.\n");
+      std::printf(
+          "tessel-gpu-bench [--json] [--only=SUBSTR]: the CUDA backend beside cudaMemcpy and "
+          "cuBLASLt on\n"
+          "GPU 0, as ratios. Needs a GPU.\n");
       return 0;
     }
   }
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) {
-    std::fprintf(stderr, "tessel-gpu-bench: no CUDA device (%s)\n", cudaGetErrorString(cudaGetLastError()));
+    std::fprintf(stderr, "tessel-gpu-bench: no CUDA device (%s)\n",
+                 cudaGetErrorString(cudaGetLastError()));
     return 2;
   }
   tessel::TuneAllocatorForStreaming();
@@ -160,7 +163,9 @@ int main(int argc, char** argv) {
   auto cluster = Check(tessel::LocalCluster::Start(opts));
   auto session = Check(tessel::Session::Connect(cluster->address()));
   std::vector<Row> rows;
-  auto want = [&](const char* name) { return only.empty() || std::string(name).find(only) != std::string::npos; };
+  auto want = [&](const char* name) {
+    return only.empty() || std::string(name).find(only) != std::string::npos;
+  };
   Cuda(cudaSetDevice(0), "cudaSetDevice");
   cudaStream_t stream;
   Cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -177,7 +182,8 @@ int main(int argc, char** argv) {
     auto x = g.Parameter(t, "x");
     auto c = [&](double v) { return g.Broadcast(g.Scalar(DType::kF32, v), {n}); };
     auto y = g.Mul(g.Max(g.Add(g.Mul(x, c(1.5)), c(-0.25)), c(0.0)), c(0.5));
-    auto exe = Check(session->Compile(Check(g.Build({y})), {.donate = {0}, .strict_donation = true}));
+    auto exe =
+        Check(session->Compile(Check(g.Build({y})), {.donate = {0}, .strict_donation = true}));
     Sync sync(*session, t);
     auto xa = Check(session->Execute(make, {}));
     xa = Check(session->Execute(exe, xa));  // warm-up: load and compile
@@ -197,8 +203,9 @@ int main(int argc, char** argv) {
     cudaFree(src);
     cudaFree(dst);
     const double bytes = 2.0 * n * 4;
-    rows.push_back({"elementwise_1gib", "GB/s", bytes / t_tessel / 1e9, bytes / t_copy / 1e9, 0.8,
-                    "mul-add-max-mul over 2^28 f32 in place, 50 steps pipelined, vs cudaMemcpyAsync D2D"});
+    rows.push_back(
+        {"elementwise_1gib", "GB/s", bytes / t_tessel / 1e9, bytes / t_copy / 1e9, 0.8,
+         "mul-add-max-mul over 2^28 f32 in place, 50 steps pipelined, vs cudaMemcpyAsync D2D"});
   }
 
   if (want("dot_bf16_8192")) {
@@ -254,20 +261,22 @@ int main(int argc, char** argv) {
     Lt(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, m, m, m), "layout");
     cublasLtMatmulPreference_t pref;
     Lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
-    Lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
-                                            sizeof(ws_bytes)),
+    Lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                            &ws_bytes, sizeof(ws_bytes)),
        "preference");
     cublasLtMatmulHeuristicResult_t heuristic;
     int found = 0;
-    Lt(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 1, &heuristic, &found), "heuristic");
+    Lt(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 1, &heuristic, &found),
+       "heuristic");
     if (found == 0) {
-      std::fprintf(stderr, "tessel-gpu-bench: cuBLASLt has no algorithm for a bf16 8192^3 product\n");
+      std::fprintf(stderr,
+                   "tessel-gpu-bench: cuBLASLt has no algorithm for a bf16 8192^3 product\n");
       return 1;
     }
     const float alpha = 1, beta = 0;
     const double t_lt = EventTime(stream, steps, [&] {
-      Lt(cublasLtMatmul(lt, desc, &alpha, db, lb, da, la, &beta, dc, lc, dc, lc, &heuristic.algo, ws, ws_bytes,
-                        stream),
+      Lt(cublasLtMatmul(lt, desc, &alpha, db, lb, da, la, &beta, dc, lc, dc, lc, &heuristic.algo,
+                        ws, ws_bytes, stream),
          "cublasLtMatmul");
     });
     cublasLtMatmulPreferenceDestroy(pref);
@@ -278,13 +287,15 @@ int main(int argc, char** argv) {
     cublasLtDestroy(lt);
     for (void* p : {da, db, dc, ws}) cudaFree(p);
     const double flops = 2.0 * m * m * m;
-    rows.push_back({"dot_bf16_8192", "TFLOP/s", flops / t_tessel / 1e12, flops / t_lt / 1e12, 0.95,
-                    "bf16 8192^3, f32 accumulation, 50 steps pipelined, vs cublasLtMatmul directly"});
+    rows.push_back(
+        {"dot_bf16_8192", "TFLOP/s", flops / t_tessel / 1e12, flops / t_lt / 1e12, 0.95,
+         "bf16 8192^3, f32 accumulation, 50 steps pipelined, vs cublasLtMatmul directly"});
   }
   cudaStreamDestroy(stream);
 
   if (want("all_reduce_256mib") && gpus < 2) {
-    std::fprintf(stderr, "tessel-gpu-bench: all_reduce_256mib needs 2 GPUs; this machine has %d\n", gpus);
+    std::fprintf(stderr, "tessel-gpu-bench: all_reduce_256mib needs 2 GPUs; this machine has %d\n",
+                 gpus);
   } else if (want("all_reduce_256mib")) {
     const int64_t bytes = int64_t{256} << 20, n = bytes / 4;  // per device
     const int steps = 8;
@@ -316,7 +327,8 @@ int main(int argc, char** argv) {
       for (int i = 0; i < k; ++i) {
         Nccl(ncclGroupStart(), "ncclGroupStart");
         for (int d = 0; d < 2; ++d) {
-          Nccl(ncclAllReduce(buf[d], buf[d], n, ncclFloat32, ncclSum, comms[d], streams[d]), "ncclAllReduce");
+          Nccl(ncclAllReduce(buf[d], buf[d], n, ncclFloat32, ncclSum, comms[d], streams[d]),
+               "ncclAllReduce");
         }
         Nccl(ncclGroupEnd(), "ncclGroupEnd");
       }
@@ -333,8 +345,9 @@ int main(int argc, char** argv) {
       ncclCommDestroy(comms[d]);
     }
     // Two ranks: the ring's bus bandwidth equals bytes / time.
-    rows.push_back({"all_reduce_256mib", "GB/s", bytes / t_tessel / 1e9, bytes / t_nccl / 1e9, 0.9,
-                    "psum over GPUs 0 and 1, donated, 8 steps pipelined, vs ncclAllReduce directly"});
+    rows.push_back(
+        {"all_reduce_256mib", "GB/s", bytes / t_tessel / 1e9, bytes / t_nccl / 1e9, 0.9,
+         "psum over GPUs 0 and 1, donated, 8 steps pipelined, vs ncclAllReduce directly"});
   }
   cluster.reset();
 
@@ -342,18 +355,21 @@ int main(int argc, char** argv) {
     std::printf("{");
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
-      std::printf("%s\n  \"%s\": {\"value\": %.4g, \"baseline\": %.4g, \"ratio\": %.3f, \"goal\": \">=%.2f\", "
-                  "\"unit\": \"%s\", \"met\": %s}",
-                  i ? "," : "", r.name.c_str(), r.value, r.baseline, r.ratio(), r.goal, r.unit.c_str(),
-                  r.met() ? "true" : "false");
+      std::printf(
+          "%s\n  \"%s\": {\"value\": %.4g, \"baseline\": %.4g, \"ratio\": %.3f, \"goal\": "
+          "\">=%.2f\", "
+          "\"unit\": \"%s\", \"met\": %s}",
+          i ? "," : "", r.name.c_str(), r.value, r.baseline, r.ratio(), r.goal, r.unit.c_str(),
+          r.met() ? "true" : "false");
     }
     std::printf("\n}\n");
   } else {
-    std::printf("%-18s %12s %12s %-8s %7s %8s  %s\n", "benchmark", "tessel", "baseline", "unit", "ratio", "goal",
-                "what");
+    std::printf("%-18s %12s %12s %-8s %7s %8s  %s\n", "benchmark", "tessel", "baseline", "unit",
+                "ratio", "goal", "what");
     for (const Row& r : rows) {
-      std::printf("%-18s %12.2f %12.2f %-8s %7.2f >=%4.2f%s  %s\n", r.name.c_str(), r.value, r.baseline,
-                  r.unit.c_str(), r.ratio(), r.goal, r.met() ? " " : "!", r.note.c_str());
+      std::printf("%-18s %12.2f %12.2f %-8s %7.2f >=%4.2f%s  %s\n", r.name.c_str(), r.value,
+                  r.baseline, r.unit.c_str(), r.ratio(), r.goal, r.met() ? " " : "!",
+                  r.note.c_str());
     }
   }
   return 0;

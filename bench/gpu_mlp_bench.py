@@ -14,6 +14,7 @@ Needs a GPU, jax with its CUDA plugin, and Tessel's binaries:
 
     TESSEL_BIN_DIR=build/bin python3 bench/gpu_mlp_bench.py [--json]
 """
+
 import json
 import sys
 import time
@@ -45,9 +46,15 @@ def step(xp, w1, w2, x, t):
 
 def data():
     rng = np.random.default_rng(0)
-    return [(rng.standard_normal(s) * scale).astype(BF16) for s, scale in
-            (((D_IN, HIDDEN), D_IN ** -0.5), ((HIDDEN, D_OUT), HIDDEN ** -0.5), ((BATCH, D_IN), 1.0),
-             ((BATCH, D_OUT), 1.0))]
+    return [
+        (rng.standard_normal(s) * scale).astype(BF16)
+        for s, scale in (
+            ((D_IN, HIDDEN), D_IN**-0.5),
+            ((HIDDEN, D_OUT), HIDDEN**-0.5),
+            ((BATCH, D_IN), 1.0),
+            ((BATCH, D_OUT), 1.0),
+        )
+    ]
 
 
 def run_tessel(arrays):
@@ -66,6 +73,7 @@ def run_tessel(arrays):
 def run_jax(arrays):
     import jax
     import jax.numpy as jnp
+
     gpu = jax.devices("gpu")[0]
     f = jax.jit(lambda w1, w2, x, t: step(jnp, w1, w2, x, t), donate_argnums=(0, 1))
     w1, w2, x, t = (jax.device_put(a, gpu) for a in arrays)
@@ -85,16 +93,24 @@ def main():
     # Same start, same steps: the losses agree to bf16's precision.
     agree = abs(first_t - first_j) <= 2e-2 * abs(first_j) and abs(last_t - last_j) <= 2e-2 * abs(last_j)
     ratio = t_tessel / t_jax
-    row = {"value": t_tessel * 1e3, "baseline": t_jax * 1e3, "ratio": round(ratio, 3), "goal": "<=1.20",
-           "unit": "ms/step", "met": ratio <= 1.2 and agree,
-           "losses": {"tessel": [first_t, last_t], "jax": [first_j, last_j]}}
+    row = {
+        "value": t_tessel * 1e3,
+        "baseline": t_jax * 1e3,
+        "ratio": round(ratio, 3),
+        "goal": "<=1.20",
+        "unit": "ms/step",
+        "met": ratio <= 1.2 and agree,
+        "losses": {"tessel": [first_t, last_t], "jax": [first_j, last_j]},
+    }
     if "--json" in sys.argv:
         print(json.dumps({"mlp_step_bf16": row}, indent=2))
     else:
         print(f"{'benchmark':18} {'tessel':>12} {'baseline':>12} {'unit':8} {'ratio':>7} {'goal':>8}  what")
-        print(f"{'mlp_step_bf16':18} {row['value']:12.2f} {row['baseline']:12.2f} {'ms/step':8} {ratio:7.2f} "
-              f"{'<=1.20':>8}{' ' if row['met'] else '!'} 2-layer bf16 MLP train step vs jax.jit on the same GPU; "
-              f"loss {first_t:.4f}->{last_t:.4f} (jax {first_j:.4f}->{last_j:.4f})")
+        print(
+            f"{'mlp_step_bf16':18} {row['value']:12.2f} {row['baseline']:12.2f} {'ms/step':8} {ratio:7.2f} "
+            f"{'<=1.20':>8}{' ' if row['met'] else '!'} 2-layer bf16 MLP train step vs jax.jit on the same GPU; "
+            f"loss {first_t:.4f}->{last_t:.4f} (jax {first_j:.4f}->{last_j:.4f})"
+        )
     if not agree:
         print("gpu_mlp_bench: Tessel's losses differ from JAX's", file=sys.stderr)
         return 1

@@ -1,52 +1,53 @@
 #!/usr/bin/env python3
 """The Python SDK beside its baselines, in one run, as ratios.
 
-  py_seed_loop   the seed loop (state = f1(state); state = f2(state)) through
-                 @tessel.jit: 16-float state donated, transfer guard
-                 disallow, compiles forbidden, one device; steps/s vs bare
-                 grpcio unary round trips/s to the same coordinator from
-                 this process (what one un-pipelined call costs). Goal >= 1x.
-  py_fetch_64mib fetch of a 64 MiB array into numpy (read from its worker
-                 directly) vs a bare grpcio stream of the same bytes from
-                 the same worker, drained without copying. Goal >= 0.8x.
-  py_mlp_step    an MLP SGD step (512x512 -> 1024 -> 1, f32, relu, mean
-                 squared error, the gradients written out by hand): one
-                 function traced by tessel.jit (weights donated, one device)
-                 and by jax.jit on this machine's CPU; steps/s, rounds of
-                 each alternated, best round. Goal >= 1x. Needs jax.
-  py_mlp_grad_step  the same MLP step with its gradients from
-                 tessel.value_and_grad of the loss, vs the hand-written step,
-                 both under tessel.jit; steps/s, alternated rounds. Goal
-                 >= 1/1.1x.
-  py_while_tiny  a tessel.lax.while_loop with a 1-element body, run on the
-                 device, vs jax.lax.while_loop under jax.jit on this
-                 machine's CPU; microseconds per iteration: the slope
-                 between 10,000 and 1,010,000 iterations, so the fixed cost
-                 of a call cancels. Best of 3 alternated rounds. Goal <= 2x.
-                 Needs jax.
-  py_while_call  the whole 10,000-iteration call of the same loop, dispatch
-                 and wait included, beside JAX's: what the fixed cost is. No
-                 goal here (the dispatch figures are tessel-bench's).
+py_seed_loop   the seed loop (state = f1(state); state = f2(state)) through
+               @tessel.jit: 16-float state donated, transfer guard
+               disallow, compiles forbidden, one device; steps/s vs bare
+               grpcio unary round trips/s to the same coordinator from
+               this process (what one un-pipelined call costs). Goal >= 1x.
+py_fetch_64mib fetch of a 64 MiB array into numpy (read from its worker
+               directly) vs a bare grpcio stream of the same bytes from
+               the same worker, drained without copying. Goal >= 0.8x.
+py_mlp_step    an MLP SGD step (512x512 -> 1024 -> 1, f32, relu, mean
+               squared error, the gradients written out by hand): one
+               function traced by tessel.jit (weights donated, one device)
+               and by jax.jit on this machine's CPU; steps/s, rounds of
+               each alternated, best round. Goal >= 1x. Needs jax.
+py_mlp_grad_step  the same MLP step with its gradients from
+               tessel.value_and_grad of the loss, vs the hand-written step,
+               both under tessel.jit; steps/s, alternated rounds. Goal
+               >= 1/1.1x.
+py_while_tiny  a tessel.lax.while_loop with a 1-element body, run on the
+               device, vs jax.lax.while_loop under jax.jit on this
+               machine's CPU; microseconds per iteration: the slope
+               between 10,000 and 1,010,000 iterations, so the fixed cost
+               of a call cancels. Best of 3 alternated rounds. Goal <= 2x.
+               Needs jax.
+py_while_call  the whole 10,000-iteration call of the same loop, dispatch
+               and wait included, beside JAX's: what the fixed cost is. No
+               goal here (the dispatch figures are tessel-bench's).
 
-  py_pipeline_step  one GPipe step of examples/python/pipeline.py's
-                 two-stage MLP, one jitted MPMD program (2048x256 -> 512 | ->
-                 256 -> 1, 4 microbatches, each stage on one device of its own
-                 worker, so on a core of its own here; activations and their
-                 gradients sent worker to worker) vs the ideal GPipe time from
-                 the stages measured alone: (microbatches + stages - 1) x the
-                 slower stage's time per microbatch. Median of 5 alternated
-                 rounds, in ms. Goal <= 1.25x.
+py_pipeline_step  one GPipe step of examples/python/pipeline.py's
+               two-stage MLP, one jitted MPMD program (2048x256 -> 512 | ->
+               256 -> 1, 4 microbatches, each stage on one device of its own
+               worker, so on a core of its own here; activations and their
+               gradients sent worker to worker) vs the ideal GPipe time from
+               the stages measured alone: (microbatches + stages - 1) x the
+               slower stage's time per microbatch. Median of 5 alternated
+               rounds, in ms. Goal <= 1.25x.
 
-  py_compile_10k  trace and compile (tessel.jit(f).lower) of a new graph of
-                 10,000 nodes (tanh and * chained), ten graphs, median, in ms,
-                 against the goal of 100 ms.
-  py_compile_100k  the same for 100,000 nodes (three graphs) against ten
-                 times py_compile_10k's figure: how far from linear. Goal
-                 <= 1.25x (what n log n growth would give over ten times the
-                 nodes).
+py_compile_10k  trace and compile (tessel.jit(f).lower) of a new graph of
+               10,000 nodes (tanh and * chained), ten graphs, median, in ms,
+               against the goal of 100 ms.
+py_compile_100k  the same for 100,000 nodes (three graphs) against ten
+               times py_compile_10k's figure: how far from linear. Goal
+               <= 1.25x (what n log n growth would give over ten times the
+               nodes).
 
-    .venv/bin/python bench/python_bench.py [--json] [--only=NAME]      (after scripts/setup.sh)
+  .venv/bin/python bench/python_bench.py [--json] [--only=NAME]      (after scripts/setup.sh)
 """
+
 import json
 import os
 import pathlib
@@ -60,7 +61,7 @@ import tessel
 import tessel.numpy as tnp
 
 tessel.tune_allocator()  # as the daemons do: the streams below measure gRPC, not page faults
-from tessel.v1 import common_pb2, session_pb2, worker_pb2, worker_pb2_grpc
+from tessel.v1 import common_pb2, session_pb2, worker_pb2, worker_pb2_grpc  # noqa: E402 (after tune_allocator)
 
 STEPS = 20000
 FETCH_BYTES = 64 << 20
@@ -85,6 +86,7 @@ def seed_loop(session):
                 state = f2(f1(state))
             state.block_until_ready()
         return time.perf_counter() - t
+
     t_loop = best_of(run)
 
     def unary():
@@ -94,6 +96,7 @@ def seed_loop(session):
         for _ in range(n):
             session._stub.GetVersion(req)
         return (time.perf_counter() - t) / n
+
     t_unary = best_of(unary)
     return STEPS / t_loop, 1 / t_unary
 
@@ -110,12 +113,14 @@ def fetch(session):
         return dt
 
     # The worker's stream itself, with a ticket the coordinator grants.
-    plan = next(iter(session._stub.Fetch(session_pb2.FetchRequest(session_id=session.id, handle=a.handle,
-                                                                  direct=True))))
+    plan = next(
+        iter(session._stub.Fetch(session_pb2.FetchRequest(session_id=session.id, handle=a.handle, direct=True)))
+    )
     (block,) = plan.direct_blocks
     worker = worker_pb2_grpc.WorkerStub(grpc.insecure_channel(block.address))
-    shard = worker_pb2.FetchShardRequest(device=block.device, buffer=block.buffer, ticket=block.ticket,
-                                         chunk_bytes=1 << 20)
+    shard = worker_pb2.FetchShardRequest(
+        device=block.device, buffer=block.buffer, ticket=block.ticket, chunk_bytes=1 << 20
+    )
 
     def bare():
         t = time.perf_counter()
@@ -123,6 +128,7 @@ def fetch(session):
         dt = time.perf_counter() - t
         assert n == FETCH_BYTES
         return dt
+
     t_bare, t_ours = float("inf"), float("inf")
     for _ in range(4):  # interleaved, so drift hits both alike
         t_bare = min(t_bare, bare())
@@ -147,10 +153,17 @@ def mlp_step(xp, w1, w2, x, t):
 def mlp(session):
     import jax
     import jax.numpy as jnp
+
     rng = np.random.default_rng(0)
-    arrays = [(rng.standard_normal(s) * scale).astype(np.float32) for s, scale in
-              (((MLP_IN, MLP_HIDDEN), MLP_IN ** -0.5), ((MLP_HIDDEN, MLP_OUT), MLP_HIDDEN ** -0.5),
-               ((MLP_BATCH, MLP_IN), 1.0), ((MLP_BATCH, MLP_OUT), 1.0))]
+    arrays = [
+        (rng.standard_normal(s) * scale).astype(np.float32)
+        for s, scale in (
+            ((MLP_IN, MLP_HIDDEN), MLP_IN**-0.5),
+            ((MLP_HIDDEN, MLP_OUT), MLP_HIDDEN**-0.5),
+            ((MLP_BATCH, MLP_IN), 1.0),
+            ((MLP_BATCH, MLP_OUT), 1.0),
+        )
+    ]
     ours = tessel.jit(lambda *a: mlp_step(tnp, *a), donate_argnums=(0, 1))
     theirs = jax.jit(lambda *a: mlp_step(jnp, *a), donate_argnums=(0, 1))
     cpu = jax.devices("cpu")[0]
@@ -183,14 +196,21 @@ def mlp_loss(xp, w1, w2, x, t):
 
 def mlp_grad(session):
     rng = np.random.default_rng(0)
-    arrays = [(rng.standard_normal(s) * scale).astype(np.float32) for s, scale in
-              (((MLP_IN, MLP_HIDDEN), MLP_IN ** -0.5), ((MLP_HIDDEN, MLP_OUT), MLP_HIDDEN ** -0.5),
-               ((MLP_BATCH, MLP_IN), 1.0), ((MLP_BATCH, MLP_OUT), 1.0))]
+    arrays = [
+        (rng.standard_normal(s) * scale).astype(np.float32)
+        for s, scale in (
+            ((MLP_IN, MLP_HIDDEN), MLP_IN**-0.5),
+            ((MLP_HIDDEN, MLP_OUT), MLP_HIDDEN**-0.5),
+            ((MLP_BATCH, MLP_IN), 1.0),
+            ((MLP_BATCH, MLP_OUT), 1.0),
+        )
+    ]
     hand = tessel.jit(lambda *a: mlp_step(tnp, *a), donate_argnums=(0, 1))
 
     def auto_step(w1, w2, x, t):
         loss, (g1, g2) = tessel.value_and_grad(lambda a, b: mlp_loss(tnp, a, b, x, t), argnums=(0, 1))(w1, w2)
         return w1 - 0.01 * g1, w2 - 0.01 * g2, loss
+
     auto = tessel.jit(auto_step, donate_argnums=(0, 1))
 
     def run(f):
@@ -202,6 +222,7 @@ def mlp_grad(session):
             w1, w2, loss = f(w1, w2, x, t)
         last = float(loss.fetch())
         return time.perf_counter() - start, last
+
     t_auto = t_hand = float("inf")
     for _ in range(3):
         dt, loss_auto = run(auto)
@@ -254,6 +275,7 @@ def while_tiny(session):
 
         def run_jax():
             return float(theirs(x_jax).block_until_ready()[0])
+
         t_ours[n], t_jax[n] = float("inf"), float("inf")
         for _ in range(3):  # alternated rounds, best of each
             dt, v_ours = best(run_ours, 3)
@@ -273,6 +295,7 @@ def pipeline():
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples" / "python"))
     import pipeline as pp
     from tessel import Mesh
+
     # One device per stage, on different workers: each stage has a core of
     # its own here (2 cores), as each would have its own machine.
     pipe = pp.Pipeline(Mesh({"d": 1}, devices=[0]), Mesh({"d": 1}, devices=[2]))
@@ -280,11 +303,19 @@ def pipeline():
     batch, d_in, hidden, hidden2, micro = 2048, 256, 512, 256, 4
     mb = batch // micro
     rng = np.random.default_rng(0)
-    init = (rng.standard_normal((d_in, hidden)).astype(np.float32) * 0.05, np.zeros(hidden, np.float32),
-            rng.standard_normal((hidden, hidden2)).astype(np.float32) * 0.05, np.zeros(hidden2, np.float32),
-            rng.standard_normal((hidden2, 1)).astype(np.float32) * 0.05, np.zeros(1, np.float32))
-    params, xs, ys = pipe.place(init, [rng.standard_normal((mb, d_in)).astype(np.float32) for _ in range(micro)],
-                                [rng.standard_normal((mb, 1)).astype(np.float32) for _ in range(micro)])
+    init = (
+        rng.standard_normal((d_in, hidden)).astype(np.float32) * 0.05,
+        np.zeros(hidden, np.float32),
+        rng.standard_normal((hidden, hidden2)).astype(np.float32) * 0.05,
+        np.zeros(hidden2, np.float32),
+        rng.standard_normal((hidden2, 1)).astype(np.float32) * 0.05,
+        np.zeros(1, np.float32),
+    )
+    params, xs, ys = pipe.place(
+        init,
+        [rng.standard_normal((mb, d_in)).astype(np.float32) for _ in range(micro)],
+        [rng.standard_normal((mb, 1)).astype(np.float32) for _ in range(micro)],
+    )
     hs = [tessel.device_put(pipe.forward0(params[0], params[1], x), pipe.rows1) for x in xs]
     ghs = [tessel.device_put(pipe.forward_backward1(*params[2:], h, y)[-1], pipe.rows0) for h, y in zip(hs, ys)]
 
@@ -317,8 +348,11 @@ def pipeline():
         t_ideal.append((micro + 1) * max(t0, t1))
         serial.append(micro * (t0 + t1))
         t_step.append(timed(step))
-    print(f"py_pipeline_step: stage 0 {t0 * 1e3:.1f} ms, stage 1 {t1 * 1e3:.1f} ms per microbatch; the stages one "
-          f"after the other: {np.median(serial) * 1e3:.1f} ms", file=sys.stderr)
+    print(
+        f"py_pipeline_step: stage 0 {t0 * 1e3:.1f} ms, stage 1 {t1 * 1e3:.1f} ms per microbatch; the stages one "
+        f"after the other: {np.median(serial) * 1e3:.1f} ms",
+        file=sys.stderr,
+    )
     return float(np.median(t_step)) * 1e3, float(np.median(t_ideal)) * 1e3
 
 
@@ -329,10 +363,12 @@ def compile_time(nodes, graphs):
     x = np.ones(8, np.float32)
     times = []
     for r in range(graphs):
+
         def chain(a, b, n=nodes // 2 + r):
             for _ in range(n):
                 a = tnp.tanh(a) * b
             return a
+
         start = time.perf_counter()
         tessel.jit(chain).lower(x, x)
         times.append(time.perf_counter() - start)
@@ -342,7 +378,7 @@ def compile_time(nodes, graphs):
 def main():
     if not os.environ.get("TESSEL_BIN_DIR"):
         os.environ["TESSEL_BIN_DIR"] = str(pathlib.Path(__file__).resolve().parents[1] / "build" / "bin")
-    only = next((a[len("--only="):] for a in sys.argv if a.startswith("--only=")), "")
+    only = next((a[len("--only=") :] for a in sys.argv if a.startswith("--only=")), "")
     rows = []
     if not only or only in "py_seed_loop py_fetch_64mib py_mlp_step py_mlp_grad_step py_while_tiny":
         with tessel.local_cluster(workers=2, devices_per_worker=1) as c:
@@ -368,12 +404,21 @@ def main():
             ours, base = pipeline()
             rows.append(("py_pipeline_step", "ms", ours, base, "<= 1.25x", ours / base <= 1.25))
     if "--json" in sys.argv:
-        print(json.dumps([{"name": n, "unit": u, "tessel": o, "baseline": b, "ratio": o / b, "goal": g, "met": m}
-                          for n, u, o, b, g, m in rows], indent=1))
+        print(
+            json.dumps(
+                [
+                    {"name": n, "unit": u, "tessel": o, "baseline": b, "ratio": o / b, "goal": g, "met": m}
+                    for n, u, o, b, g, m in rows
+                ],
+                indent=1,
+            )
+        )
         return
     print(f"{'benchmark':<16} {'tessel':>12} {'baseline':>12} {'unit':<8} {'ratio':>7}  goal")
     for n, u, o, b, g, m in rows:
-        print(f"{n:<16} {o:>12,.2f} {b:>12,.2f} {u:<8} {o / b:>6.2f}x  {g} {'' if m is None else 'met' if m else 'MISSED'}")
+        print(
+            f"{n:<16} {o:>12,.2f} {b:>12,.2f} {u:<8} {o / b:>6.2f}x  {g} {'' if m is None else 'met' if m else 'MISSED'}"
+        )
 
 
 if __name__ == "__main__":

@@ -69,9 +69,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "bench/psum_programs.h"
 #include "core/process_tuning.h"
 #include "core/security.h"
-#include "bench/psum_programs.h"
 #include "examples/mlp_model.h"
 #include "tessel/graph.h"
 #include "tessel/local_cluster.h"
@@ -131,7 +131,9 @@ class BaselineService final : public tessel::v1::Worker::Service {
 
 // The bench's throwaway certificates under `pki` (MakeTestPki): the same
 // files the secured cluster's daemons use.
-tessel::TlsFiles BenchTls(const std::string& pki) { return {pki + "/d.pem", pki + "/d.key", pki + "/ca.pem"}; }
+tessel::TlsFiles BenchTls(const std::string& pki) {
+  return {pki + "/d.pem", pki + "/d.key", pki + "/ca.pem"};
+}
 
 // Serves BaselineService until SIGTERM; over mutual TLS, as a worker's port
 // is, when `pki` names the bench's certificates. The process raises glibc's
@@ -144,7 +146,8 @@ int ServeBaseline(const std::string& port_file, const std::string& pki) {
   grpc::ServerBuilder b;
   int port = 0;
   b.AddListeningPort("127.0.0.1:0",
-                     pki.empty() ? grpc::InsecureServerCredentials() : tessel::ServerCredentials(BenchTls(pki), true),
+                     pki.empty() ? grpc::InsecureServerCredentials()
+                                 : tessel::ServerCredentials(BenchTls(pki), true),
                      &port);
   b.RegisterService(&service);
   auto server = b.BuildAndStart();
@@ -260,10 +263,11 @@ double ExecSeconds(tessel::Session& session, int steps) {
 
 // Steps per second of `clients` sessions, each on its own thread running
 // `steps` Execute(wait) calls, all at once.
-double LoadStepsPerSecond(const std::string& address, const tessel::ConnectOptions& connect, int clients,
-                          int steps) {
+double LoadStepsPerSecond(const std::string& address, const tessel::ConnectOptions& connect,
+                          int clients, int steps) {
   std::vector<std::unique_ptr<tessel::Session>> sessions;
-  for (int i = 0; i < clients; ++i) sessions.push_back(Check(tessel::Session::Connect(address, connect)));
+  for (int i = 0; i < clients; ++i)
+    sessions.push_back(Check(tessel::Session::Connect(address, connect)));
   std::vector<std::thread> threads;
   const absl::Time start = absl::Now();
   for (auto& s : sessions) threads.emplace_back([&s, steps] { ExecSeconds(*s, steps); });
@@ -274,17 +278,19 @@ double LoadStepsPerSecond(const std::string& address, const tessel::ConnectOptio
 // Pairs of bare unary calls per second (the two hops of a step, with no work
 // between) of `clients` threads, each with its own channel, `pairs` each,
 // all at once, to the baseline server at `port`.
-double BarePairsPerSecond(int port, const std::shared_ptr<grpc::ChannelCredentials>& creds, int clients,
-                          int pairs) {
+double BarePairsPerSecond(int port, const std::shared_ptr<grpc::ChannelCredentials>& creds,
+                          int clients, int pairs) {
   std::vector<std::unique_ptr<tessel::v1::Worker::Stub>> stubs;
   for (int i = 0; i < clients; ++i) {
-    stubs.push_back(tessel::v1::Worker::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), creds)));
+    stubs.push_back(
+        tessel::v1::Worker::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), creds)));
   }
   auto run = [&stubs](int i, int n) {
     for (int k = 0; k < 2 * n; ++k) {
       grpc::ClientContext ctx;
       tessel::v1::GetVersionResponse r;
-      if (!stubs[i]->GetVersion(&ctx, tessel::v1::GetVersionRequest(), &r).ok()) Check(absl::UnavailableError("bare"));
+      if (!stubs[i]->GetVersion(&ctx, tessel::v1::GetVersionRequest(), &r).ok())
+        Check(absl::UnavailableError("bare"));
     }
   };
   for (int i = 0; i < clients; ++i) run(i, 50);  // connected and warm
@@ -300,7 +306,8 @@ double BarePairsPerSecond(int port, const std::shared_ptr<grpc::ChannelCredentia
 // fails.
 bool MakeTestPki(const std::string& d) {
   std::filesystem::create_directories(d);
-  std::ofstream(d + "/ext") << "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n";
+  std::ofstream(d + "/ext")
+      << "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n";
   std::ofstream(d + "/tokens") << "bench-token bench admin\n";
   std::ofstream(d + "/join") << "bench-join-token\n";
   auto run = [&](const std::string& cmd) {
@@ -309,7 +316,8 @@ bool MakeTestPki(const std::string& d) {
   const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
   return run("req -x509 " + ec + " -days 1 -subj /CN=tessel-bench-ca -keyout ca.key -out ca.pem") &&
          run("req " + ec + " -subj /CN=tessel-bench -keyout d.key -out d.csr") &&
-         run("x509 -req -in d.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -extfile ext -out d.pem");
+         run("x509 -req -in d.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -extfile ext "
+             "-out d.pem");
 }
 
 }  // namespace
@@ -325,8 +333,10 @@ int main(int argc, char** argv) {
     if (a.rfind("--baseline-tls=", 0) == 0) baseline_tls = a.substr(15);
     if (a == "--json") json = true;
     if (a == "--help" || a == "-h") {
-      std::printf("tessel-bench [--json] [--only=SUBSTR]: runs Tessel beside its baselines on a local cluster and\n"
-                  "prints ratios. --only runs the benchmarks whose name contains SUBSTR.\n");
+      std::printf(
+          "tessel-bench [--json] [--only=SUBSTR]: runs Tessel beside its baselines on a local "
+          "cluster and\n"
+          "prints ratios. --only runs the benchmarks whose name contains SUBSTR.\n");
       return 0;
     }
   }
@@ -343,8 +353,8 @@ int main(int argc, char** argv) {
   if (bport == 0) return 1;
   grpc::ChannelArguments cargs;
   cargs.SetMaxReceiveMessageSize(64 << 20);
-  auto bstub = tessel::v1::Worker::NewStub(
-      grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", bport), grpc::InsecureChannelCredentials(), cargs));
+  auto bstub = tessel::v1::Worker::NewStub(grpc::CreateCustomChannel(
+      absl::StrCat("127.0.0.1:", bport), grpc::InsecureChannelCredentials(), cargs));
 
   tessel::LocalCluster::Options opts;
   opts.workers = 2;
@@ -352,7 +362,9 @@ int main(int argc, char** argv) {
   auto cluster = Check(tessel::LocalCluster::Start(opts));
   auto session = Check(tessel::Session::Connect(cluster->address()));
   std::vector<Row> rows;
-  auto want = [&](const char* name) { return only.empty() || std::string(name).find(only) != std::string::npos; };
+  auto want = [&](const char* name) {
+    return only.empty() || std::string(name).find(only) != std::string::npos;
+  };
 
   // 1. Execute round trip vs two bare unary round trips.
   if (want("exec_roundtrip")) {
@@ -377,21 +389,24 @@ int main(int argc, char** argv) {
     auto arr = Check(session->Put(big));
     big = HostArray();
     (void)Check(session->Fetch(arr));
-    auto [t_fetch, t_bare] = TimeAlternating(7, [&] { (void)Check(session->Fetch(arr)); }, [&] {
-      grpc::ClientContext ctx;
-      tessel::v1::FetchShardRequest req;
-      auto reader = bstub->FetchShard(&ctx, req);
-      tessel::v1::FetchShardResponse msg;
-      HostArray out(ArrayType{DType::kU8, {kFetchBytes}});
-      int64_t off = 0;
-      while (reader->Read(&msg)) {
-        std::memcpy(out.mutable_data() + off, msg.data().data(), msg.data().size());
-        off += msg.data().size();
-      }
-      (void)reader->Finish();
-    });
+    auto [t_fetch, t_bare] = TimeAlternating(
+        7, [&] { (void)Check(session->Fetch(arr)); },
+        [&] {
+          grpc::ClientContext ctx;
+          tessel::v1::FetchShardRequest req;
+          auto reader = bstub->FetchShard(&ctx, req);
+          tessel::v1::FetchShardResponse msg;
+          HostArray out(ArrayType{DType::kU8, {kFetchBytes}});
+          int64_t off = 0;
+          while (reader->Read(&msg)) {
+            std::memcpy(out.mutable_data() + off, msg.data().data(), msg.data().size());
+            off += msg.data().size();
+          }
+          (void)reader->Finish();
+        });
     Check(session->Delete({arr}));
-    rows.push_back({"fetch_256mib", "GB/s", kFetchBytes / t_fetch / 1e9, kFetchBytes / t_bare / 1e9, 0.9, true,
+    rows.push_back({"fetch_256mib", "GB/s", kFetchBytes / t_fetch / 1e9, kFetchBytes / t_bare / 1e9,
+                    0.9, true,
                     "Fetch, read from the worker directly, vs bare gRPC stream, 1 MiB messages"});
   }
 
@@ -400,21 +415,24 @@ int main(int argc, char** argv) {
     HostArray big(ArrayType{DType::kF32, {kFetchBytes / 4}});
     std::memset(big.mutable_data(), 1, big.size_bytes());
     Check(session->Delete({Check(session->Put(big))}));
-    auto [t_put, t_bare] = TimeAlternating(7, [&] { Check(session->Delete({Check(session->Put(big))})); }, [&] {
-      grpc::ClientContext ctx;
-      tessel::v1::PutShardResponse resp;
-      auto writer = bstub->PutShard(&ctx, &resp);
-      tessel::v1::PutShardRequest msg;
-      const int64_t chunk = 1 << 20;
-      for (int64_t off = 0; off < kFetchBytes; off += chunk) {
-        msg.set_data(big.data() + off, chunk);
-        if (!writer->Write(msg)) break;
-      }
-      writer->WritesDone();
-      (void)writer->Finish();
-    });
-    rows.push_back({"put_256mib", "GB/s", kFetchBytes / t_put / 1e9, kFetchBytes / t_bare / 1e9, 0.9, true,
-                    "Put, written to the worker directly, vs bare gRPC client stream, 1 MiB messages"});
+    auto [t_put, t_bare] = TimeAlternating(
+        7, [&] { Check(session->Delete({Check(session->Put(big))})); },
+        [&] {
+          grpc::ClientContext ctx;
+          tessel::v1::PutShardResponse resp;
+          auto writer = bstub->PutShard(&ctx, &resp);
+          tessel::v1::PutShardRequest msg;
+          const int64_t chunk = 1 << 20;
+          for (int64_t off = 0; off < kFetchBytes; off += chunk) {
+            msg.set_data(big.data() + off, chunk);
+            if (!writer->Write(msg)) break;
+          }
+          writer->WritesDone();
+          (void)writer->Finish();
+        });
+    rows.push_back(
+        {"put_256mib", "GB/s", kFetchBytes / t_put / 1e9, kFetchBytes / t_bare / 1e9, 0.9, true,
+         "Put, written to the worker directly, vs bare gRPC client stream, 1 MiB messages"});
   }
 
   // 3. Fused 4-op chain over 2^26 f32 vs a copy loop.
@@ -478,8 +496,9 @@ int main(int argc, char** argv) {
     double t_blas = TimeIt(5, direct);
     const double flops = 2.0 * m * m * m;
     const char* core = std::getenv("OPENBLAS_CORETYPE");
-    rows.push_back({"dot_2048", "GFLOP/s", flops / t_dot / 1e9, flops / t_blas / 1e9, 0.9, true,
-                    absl::StrCat("vs cblas_sgemm in-process, OPENBLAS_CORETYPE=", core ? core : "(unset)")});
+    rows.push_back(
+        {"dot_2048", "GFLOP/s", flops / t_dot / 1e9, flops / t_blas / 1e9, 0.9, true,
+         absl::StrCat("vs cblas_sgemm in-process, OPENBLAS_CORETYPE=", core ? core : "(unset)")});
   }
 
   // 5. The seed loop (state = f1(state); state = f2(state), state donated,
@@ -493,16 +512,19 @@ int main(int argc, char** argv) {
       auto s = g.Parameter({DType::kF32, {n}}, "state");
       auto c = g.Parameter({DType::kS32, {}}, "count");
       auto one = g.Broadcast(g.Scalar(DType::kF32, 1.0), {n});
-      auto out = second ? g.Add(g.Tanh(s), one) : g.Add(g.Mul(s, g.Broadcast(g.Scalar(DType::kF32, 0.5), {n})), one);
+      auto out = second ? g.Add(g.Tanh(s), one)
+                        : g.Add(g.Mul(s, g.Broadcast(g.Scalar(DType::kF32, 0.5), {n})), one);
       auto count = second ? g.Add(c, g.Scalar(DType::kS32, 1)) : c;
-      return Check(session->Compile(Check(g.Build({out, count})), {.donate = {0, 1}, .strict_donation = true}));
+      return Check(session->Compile(Check(g.Build({out, count})),
+                                    {.donate = {0, 1}, .strict_donation = true}));
     };
     auto loop = [&](int64_t n, tessel::Placement where, int pairs) {
       auto f1 = step("f1", n, false), f2 = step("f2", n, true);
       HostArray init(ArrayType{DType::kF32, {n}});
       std::memset(init.mutable_data(), 0, init.size_bytes());
-      std::vector<tessel::Array> state{Check(session->Put(init, where)),
-                                       Check(session->Put(HostArray::From<int32_t>({}, {0}), where))};
+      std::vector<tessel::Array> state{
+          Check(session->Put(init, where)),
+          Check(session->Put(HostArray::From<int32_t>({}, {0}), where))};
       Check(session->Await(state));
       tessel::SessionOptions guarded;
       guarded.transfer_guard = tessel::TransferGuard::All(tessel::TransferLevel::kDisallow);
@@ -533,29 +555,31 @@ int main(int argc, char** argv) {
     auto bare = [&] {
       grpc::ClientContext ctx;
       tessel::v1::GetVersionResponse r;
-      if (!bstub->GetVersion(&ctx, tessel::v1::GetVersionRequest(), &r).ok()) Check(absl::UnavailableError("bare"));
+      if (!bstub->GetVersion(&ctx, tessel::v1::GetVersionRequest(), &r).ok())
+        Check(absl::UnavailableError("bare"));
     };
     const int pairs = 10000;
     if (want("seed_loop_steps") || want("seed_loop_2w")) {
-    const double t_one = loop(16, tessel::Placement::Device(0), pairs);
-    const double t_both = loop(16, tessel::Placement::Replicated(), pairs);
-    const double t_unary = TimePerCall(2000, bare);
-    rows.push_back({"seed_loop_steps", "steps/s", 2.0 * pairs / t_one, 1.0 / t_unary, 1.0, true,
-                    "f1/f2 donated, guard disallow, 16-float state, one device, pipelined, vs unary calls/s"});
-    rows.push_back({"seed_loop_2w", "steps/s", 2.0 * pairs / t_both, 1.0 / t_unary, 1.0, true,
-                    "the same loop replicated on both workers (each step runs on 2 devices)"});
+      const double t_one = loop(16, tessel::Placement::Device(0), pairs);
+      const double t_both = loop(16, tessel::Placement::Replicated(), pairs);
+      const double t_unary = TimePerCall(2000, bare);
+      rows.push_back({"seed_loop_steps", "steps/s", 2.0 * pairs / t_one, 1.0 / t_unary, 1.0, true,
+                      "f1/f2 donated, guard disallow, 16-float state, one device, pipelined, vs "
+                      "unary calls/s"});
+      rows.push_back({"seed_loop_2w", "steps/s", 2.0 * pairs / t_both, 1.0 / t_unary, 1.0, true,
+                      "the same loop replicated on both workers (each step runs on 2 devices)"});
     }
 
     if (want("loop_peak_256mib")) {
-    const int64_t n = int64_t{1} << 26;  // 256 MiB
-    const int device = 1;                // untouched by the benchmarks above: its peak is this loop's
-    (void)loop(n, tessel::Placement::Device(device), 10);
-    int64_t peak = 0;
-    for (const auto& d : Check(session->Stats()).devices) {
-      if (d.device == device) peak = d.peak_bytes_in_use;
-    }
-    rows.push_back({"loop_peak_256mib", "MiB", peak / 1048576.0, n * 4 / 1048576.0, 1.1, false,
-                    "peak device memory during the 256 MiB donated loop vs one state"});
+      const int64_t n = int64_t{1} << 26;  // 256 MiB
+      const int device = 1;  // untouched by the benchmarks above: its peak is this loop's
+      (void)loop(n, tessel::Placement::Device(device), 10);
+      int64_t peak = 0;
+      for (const auto& d : Check(session->Stats()).devices) {
+        if (d.device == device) peak = d.peak_bytes_in_use;
+      }
+      rows.push_back({"loop_peak_256mib", "MiB", peak / 1048576.0, n * 4 / 1048576.0, 1.1, false,
+                      "peak device memory during the 256 MiB donated loop vs one state"});
     }
   }
 
@@ -571,9 +595,11 @@ int main(int argc, char** argv) {
   // tessel-gloo-bench pair, median per call) and K pipelined Tessel steps
   // (mean per step); each side's figure is its median round.
   auto gloo_once = [&](int64_t bytes, int iters, bool sendrecv = false) {
-    const std::string cmd = std::filesystem::path(self).parent_path().string() + "/tessel-gloo-bench --iters=" +
-                            std::to_string(iters) + (sendrecv ? " --sendrecv " : " ") + std::to_string(bytes);
-    const std::string format = sendrecv ? "gloo_sendrecv bytes=%lld seconds=%lf" : "gloo_allreduce bytes=%lld seconds=%lf";
+    const std::string cmd = std::filesystem::path(self).parent_path().string() +
+                            "/tessel-gloo-bench --iters=" + std::to_string(iters) +
+                            (sendrecv ? " --sendrecv " : " ") + std::to_string(bytes);
+    const std::string format =
+        sendrecv ? "gloo_sendrecv bytes=%lld seconds=%lf" : "gloo_allreduce bytes=%lld seconds=%lf";
     FILE* f = popen(cmd.c_str(), "r");
     char line[256];
     double secs = 0;
@@ -582,7 +608,8 @@ int main(int argc, char** argv) {
       double t = 0;
       if (std::sscanf(line, format.c_str(), &b, &t) == 2 && b == bytes) secs = t;
     }
-    if (f == nullptr || pclose(f) != 0 || secs <= 0) Check(absl::InternalError(absl::StrCat("failed: ", cmd)));
+    if (f == nullptr || pclose(f) != 0 || secs <= 0)
+      Check(absl::InternalError(absl::StrCat("failed: ", cmd)));
     return secs;
   };
   for (int64_t bytes : reduce_sizes) {
@@ -604,9 +631,10 @@ int main(int argc, char** argv) {
     }
     Check(session->Delete(state));
     // Two ranks: the ring's bus bandwidth equals bytes / time.
-    rows.push_back({absl::StrCat("all_reduce_", bytes >> 20, "mib"), "GB/s", bytes / Median(t_tessel) / 1e9,
-                    bytes / Median(t_gloo) / 1e9, 0.9, true,
-                    "psum over 2 workers, donated, pipelined, vs gloo::allreduce ring by 2 processes"});
+    rows.push_back(
+        {absl::StrCat("all_reduce_", bytes >> 20, "mib"), "GB/s", bytes / Median(t_tessel) / 1e9,
+         bytes / Median(t_gloo) / 1e9, 0.9, true,
+         "psum over 2 workers, donated, pipelined, vs gloo::allreduce ring by 2 processes"});
   }
 
   // 7b. reshard: device 0 to device 1, worker to worker, vs Gloo send/recv.
@@ -630,8 +658,10 @@ int main(int argc, char** argv) {
       t_tessel.push_back(absl::ToDoubleSeconds(absl::Now() - start) / k);
     }
     Check(session->Delete({src}));
-    rows.push_back({"reshard_256mib", "GB/s", bytes / Median(t_tessel) / 1e9, bytes / Median(t_gloo) / 1e9, 0.8, true,
-                    "device_put device 0 -> device 1 (2 workers), awaited, vs Gloo send/recv by 2 processes"});
+    rows.push_back(
+        {"reshard_256mib", "GB/s", bytes / Median(t_tessel) / 1e9, bytes / Median(t_gloo) / 1e9,
+         0.8, true,
+         "device_put device 0 -> device 1 (2 workers), awaited, vs Gloo send/recv by 2 processes"});
   }
 
   // 8. Sharded elementwise + sum over 2^26 f32: 2 workers vs 1.
@@ -660,7 +690,8 @@ int main(int argc, char** argv) {
     const double t_one = time(one, on_one), t_two = time(two, on_two);
     Check(session->Delete({on_one, on_two}));
     rows.push_back({"sharded_sum", "GB/s", n * 4 / t_two / 1e9, n * 4 / t_one / 1e9, 1.0, true,
-                    "tanh*2+1 summed over 2^26 f32 split over 2 workers vs whole on 1 (one all_reduce of 4 B)"});
+                    "tanh*2+1 summed over 2^26 f32 split over 2 workers vs whole on 1 (one "
+                    "all_reduce of 4 B)"});
   }
 
   // while_tiny: a 10,000-iteration loop with a 1-element body run on the
@@ -673,17 +704,20 @@ int main(int argc, char** argv) {
     auto out = g.While(
         {g.Scalar(DType::kS32, 0), x},
         [&](GraphBuilder& f, const std::vector<Value>& c) {
-          return std::vector<Value>{f.Compare(c[0], f.Scalar(DType::kS32, kIters), tessel::Comparison::kLt)};
+          return std::vector<Value>{
+              f.Compare(c[0], f.Scalar(DType::kS32, kIters), tessel::Comparison::kLt)};
         },
         [](GraphBuilder& f, const std::vector<Value>& c) {
-          auto v = f.Add(f.Mul(c[1], f.Broadcast(f.Scalar(DType::kF32, 0.5), {1})), f.Broadcast(f.Scalar(DType::kF32, 1), {1}));
+          auto v = f.Add(f.Mul(c[1], f.Broadcast(f.Scalar(DType::kF32, 0.5), {1})),
+                         f.Broadcast(f.Scalar(DType::kF32, 1), {1}));
           return std::vector<Value>{f.Add(c[0], f.Scalar(DType::kS32, 1)), v};
         });
     auto loop = Check(session->Compile(Check(g.Build({out[1]}))));
     GraphBuilder h("step_tiny");
     auto y = h.Parameter({DType::kF32, {1}}, "y");
     auto step = Check(session->Compile(
-        Check(h.Build({h.Add(h.Mul(y, h.Broadcast(h.Scalar(DType::kF32, 0.5), {1})), h.Broadcast(h.Scalar(DType::kF32, 1), {1}))})),
+        Check(h.Build({h.Add(h.Mul(y, h.Broadcast(h.Scalar(DType::kF32, 0.5), {1})),
+                             h.Broadcast(h.Scalar(DType::kF32, 1), {1}))})),
         {.donate = {0}, .strict_donation = true}));
     auto x0 = Check(session->Put(HostArray::From<float>({1}, {0.f}), tessel::Placement::Device(0)));
     const tessel::ExecuteOptions on0{.placement = tessel::Placement::Device(0)};
@@ -693,7 +727,8 @@ int main(int argc, char** argv) {
       Check(session->Delete(r));
     };
     auto host_loop = [&](int n) {
-      std::vector<tessel::Array> v{Check(session->Put(HostArray::From<float>({1}, {0.f}), tessel::Placement::Device(0)))};
+      std::vector<tessel::Array> v{
+          Check(session->Put(HostArray::From<float>({1}, {0.f}), tessel::Placement::Device(0)))};
       for (int i = 0; i < n; ++i) v = Check(session->Execute(step, v, on0));
       Check(session->Await(v));
       Check(session->Delete(v));
@@ -710,14 +745,16 @@ int main(int argc, char** argv) {
       t_host.push_back(absl::ToDoubleSeconds(absl::Now() - t) / (kIters / 5));
     }
     Check(session->Delete({x0}));
-    rows.push_back({"while_tiny", "us/iter", Median(t_dev) * 1e6, Median(t_host) * 1e6, 0.05, false,
-                    "10k-iteration on-device while, 1-element body, vs the step dispatched from the client "
-                    "(donated, pipelined); python_bench's py_while_tiny compares jax.lax.while_loop"});
+    rows.push_back(
+        {"while_tiny", "us/iter", Median(t_dev) * 1e6, Median(t_host) * 1e6, 0.05, false,
+         "10k-iteration on-device while, 1-element body, vs the step dispatched from the client "
+         "(donated, pipelined); python_bench's py_while_tiny compares jax.lax.while_loop"});
   }
 
   // mlp_grad_step: the autodiff step vs the hand-written one, on device 0.
   if (want("mlp_grad_step")) {
-    const tessel::mlp::Shape shape{.batch = 2048, .in = 128, .hidden = 256, .out = 8, .learning_rate = 0.01f};
+    const tessel::mlp::Shape shape{
+        .batch = 2048, .in = 128, .hidden = 256, .out = 8, .learning_rate = 0.01f};
     const tessel::CompileOptions donate{.donate = {0, 1, 2, 3}, .strict_donation = true};
     auto by_grad = Check(session->Compile(Check(tessel::mlp::TrainStep(shape)), donate));
     auto by_hand = Check(session->Compile(Check(tessel::mlp::HandWrittenTrainStep(shape)), donate));
@@ -731,8 +768,9 @@ int main(int argc, char** argv) {
     auto x = random({shape.batch, shape.in}, 1.f), y = random({shape.batch, shape.out}, 1.f);
     const tessel::ExecuteOptions on0{.placement = tessel::Placement::Device(0)};
     auto steps = [&](const tessel::Executable& exe, int n) {
-      std::vector<tessel::Array> p = {random({shape.in, shape.hidden}, 0.1f), random({shape.hidden}, 0.f),
-                                      random({shape.hidden, shape.out}, 0.1f), random({shape.out}, 0.f)};
+      std::vector<tessel::Array> p = {
+          random({shape.in, shape.hidden}, 0.1f), random({shape.hidden}, 0.f),
+          random({shape.hidden, shape.out}, 0.1f), random({shape.out}, 0.f)};
       const absl::Time start = absl::Now();
       for (int i = 0; i < n; ++i) {
         std::vector<tessel::Array> args = p;
@@ -755,8 +793,9 @@ int main(int argc, char** argv) {
       t_hand.push_back(steps(by_hand, 20));
     }
     Check(session->Delete({x, y}));
-    rows.push_back({"mlp_grad_step", "ms/step", Median(t_grad) * 1e3, Median(t_hand) * 1e3, 1.1, false,
-                    "SGD step of a 2048x128->256->8 MLP, gradients from ValueAndGrad vs written by hand"});
+    rows.push_back(
+        {"mlp_grad_step", "ms/step", Median(t_grad) * 1e3, Median(t_hand) * 1e3, 1.1, false,
+         "SGD step of a 2048x128->256->8 MLP, gradients from ValueAndGrad vs written by hand"});
   }
 
   // 11. Fan-out: one replicated 1-element step over N single-device
@@ -802,28 +841,34 @@ int main(int argc, char** argv) {
       const double rate = k / absl::ToDoubleSeconds(absl::Now() - start);
       Check(fs->Delete(garbage));
       curve.push_back({workers, {Median(calls), rate}});
-      std::fprintf(stderr, "fanout: %d workers: Execute(wait) p50 %.0f us, pipelined %.0f steps/s\n", workers,
-                   Median(calls) * 1e6, rate);
+      std::fprintf(stderr,
+                   "fanout: %d workers: Execute(wait) p50 %.0f us, pipelined %.0f steps/s\n",
+                   workers, Median(calls) * 1e6, rate);
     }
     const double p50_2 = curve[0].second.first;
     for (size_t i = 1; i < curve.size(); ++i) {
-      rows.push_back({absl::StrCat("fanout_", curve[i].first, "w"), "us", curve[i].second.first * 1e6, p50_2 * 1e6,
-                      5.0, false,
-                      absl::StrCat("replicated 1-element step over ", curve[i].first,
-                                   " single-device workers, Execute(wait) p50, vs 2 workers; pipelined ",
-                                   int(curve[i].second.second), " steps/s (2 workers: ",
-                                   int(curve[0].second.second), ")")});
+      rows.push_back(
+          {absl::StrCat("fanout_", curve[i].first, "w"), "us", curve[i].second.first * 1e6,
+           p50_2 * 1e6, 5.0, false,
+           absl::StrCat("replicated 1-element step over ", curve[i].first,
+                        " single-device workers, Execute(wait) p50, vs 2 workers; pipelined ",
+                        int(curve[i].second.second),
+                        " steps/s (2 workers: ", int(curve[0].second.second), ")")});
     }
   }
 
   // 10. A secured cluster beside the plaintext one.
-  if (want("exec_roundtrip_tls") || want("fetch_256mib_tls") || want("load_8x2000_tls") || want("grpc_load_tls")) {
+  if (want("exec_roundtrip_tls") || want("fetch_256mib_tls") || want("load_8x2000_tls") ||
+      want("grpc_load_tls")) {
     const std::string pki = dir + "/pki";
     if (!MakeTestPki(pki)) {
-      std::fprintf(stderr, "tessel-bench: the openssl command could not make test certificates; TLS rows skipped\n");
+      std::fprintf(
+          stderr,
+          "tessel-bench: the openssl command could not make test certificates; TLS rows skipped\n");
     } else {
-      const std::vector<std::string> tls = {"--tls_cert=" + pki + "/d.pem", "--tls_key=" + pki + "/d.key",
-                                            "--tls_ca=" + pki + "/ca.pem", "--join_token_file=" + pki + "/join"};
+      const std::vector<std::string> tls = {
+          "--tls_cert=" + pki + "/d.pem", "--tls_key=" + pki + "/d.key",
+          "--tls_ca=" + pki + "/ca.pem", "--join_token_file=" + pki + "/join"};
       tessel::LocalCluster::Options sopts = opts;
       sopts.coordinator_flags = tls;
       sopts.coordinator_flags.push_back("--auth_tokens_file=" + pki + "/tokens");
@@ -854,7 +899,8 @@ int main(int argc, char** argv) {
         const double t_tls = TimeIt(3, [&] { (void)Check(ssession->Fetch(sec)); });
         Check(session->Delete({plain}));
         Check(ssession->Delete({sec}));
-        rows.push_back({"fetch_256mib_tls", "GB/s", kFetchBytes / t_tls / 1e9, kFetchBytes / t_plain / 1e9, 0.5, true,
+        rows.push_back({"fetch_256mib_tls", "GB/s", kFetchBytes / t_tls / 1e9,
+                        kFetchBytes / t_plain / 1e9, 0.5, true,
                         "Fetch of 256 MiB from the workers: TLS vs plaintext"});
       }
       if (want("load_8x2000_tls")) {
@@ -862,7 +908,8 @@ int main(int argc, char** argv) {
         // falls on both.
         std::vector<double> plain_runs, sec_runs;
         for (int round = 0; round < 3; ++round) {
-          plain_runs.push_back(LoadStepsPerSecond(cluster->address(), tessel::ConnectOptions(), 8, 2000));
+          plain_runs.push_back(
+              LoadStepsPerSecond(cluster->address(), tessel::ConnectOptions(), 8, 2000));
           sec_runs.push_back(LoadStepsPerSecond(secured->address(), sconnect, 8, 2000));
         }
         const double plain = Median(plain_runs), sec = Median(sec_runs);
@@ -885,8 +932,9 @@ int main(int argc, char** argv) {
           }
           kill(tls_pid, SIGTERM);
           waitpid(tls_pid, nullptr, 0);
-          rows.push_back({"grpc_load_tls", "pairs/s", Median(sec_runs), Median(plain_runs), 0.9, true,
-                          "8 threads x 2,000 pairs of bare gRPC unary calls: mutual TLS vs plaintext"});
+          rows.push_back(
+              {"grpc_load_tls", "pairs/s", Median(sec_runs), Median(plain_runs), 0.9, true,
+               "8 threads x 2,000 pairs of bare gRPC unary calls: mutual TLS vs plaintext"});
         }
       }
     }
@@ -901,19 +949,21 @@ int main(int argc, char** argv) {
     std::printf("{");
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
-      std::printf("%s\n  \"%s\": {\"value\": %.4g, \"baseline\": %.4g, \"ratio\": %.3f, \"goal\": \"%s%.2f\", "
-                  "\"unit\": \"%s\", \"met\": %s}",
-                  i ? "," : "", r.name.c_str(), r.value, r.baseline, r.ratio(), r.higher_is_better ? ">=" : "<=",
-                  r.goal, r.unit.c_str(), r.met() ? "true" : "false");
+      std::printf(
+          "%s\n  \"%s\": {\"value\": %.4g, \"baseline\": %.4g, \"ratio\": %.3f, \"goal\": "
+          "\"%s%.2f\", "
+          "\"unit\": \"%s\", \"met\": %s}",
+          i ? "," : "", r.name.c_str(), r.value, r.baseline, r.ratio(),
+          r.higher_is_better ? ">=" : "<=", r.goal, r.unit.c_str(), r.met() ? "true" : "false");
     }
     std::printf("\n}\n");
   } else {
-    std::printf("%-16s %12s %12s %-8s %7s %8s  %s\n", "benchmark", "tessel", "baseline", "unit", "ratio", "goal",
-                "what");
+    std::printf("%-16s %12s %12s %-8s %7s %8s  %s\n", "benchmark", "tessel", "baseline", "unit",
+                "ratio", "goal", "what");
     for (const Row& r : rows) {
-      std::printf("%-16s %12.2f %12.2f %-8s %7.2f %3s%4.2f%s  %s\n", r.name.c_str(), r.value, r.baseline,
-                  r.unit.c_str(), r.ratio(), r.higher_is_better ? ">=" : "<=", r.goal, r.met() ? " " : "!",
-                  r.note.c_str());
+      std::printf("%-16s %12.2f %12.2f %-8s %7.2f %3s%4.2f%s  %s\n", r.name.c_str(), r.value,
+                  r.baseline, r.unit.c_str(), r.ratio(), r.higher_is_better ? ">=" : "<=", r.goal,
+                  r.met() ? " " : "!", r.note.c_str());
     }
   }
   return 0;

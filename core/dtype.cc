@@ -99,14 +99,14 @@ absl::StatusOr<int64_t> NumElements(const v1::TensorType& t) {
 
 absl::StatusOr<int64_t> ByteSize(const v1::TensorType& t) {
   if (DTypeSize(t.dtype()) == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("type ", TypeString(t), " has no valid dtype"));
+    return absl::InvalidArgumentError(absl::StrCat("type ", TypeString(t), " has no valid dtype"));
   }
   auto n = NumElements(t);
   if (!n.ok()) return n.status();
   int64_t size = DTypeSize(t.dtype());
   if (*n > INT64_MAX / size) {
-    return absl::InvalidArgumentError(absl::StrCat("type ", TypeString(t), " overflows 2^63 bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("type ", TypeString(t), " overflows 2^63 bytes"));
   }
   return *n * size;
 }

@@ -12,8 +12,9 @@
 namespace tessel {
 
 // Every valid dtype, in enum order.
-inline constexpr v1::DType kAllDTypes[] = {v1::F32, v1::F64, v1::F16, v1::BF16, v1::S32, v1::S64, v1::U8,
-                                           v1::PRED, v1::S8, v1::S16, v1::U16, v1::U32, v1::U64};
+inline constexpr v1::DType kAllDTypes[] = {v1::F32, v1::F64, v1::F16,  v1::BF16, v1::S32,
+                                           v1::S64, v1::U8,  v1::PRED, v1::S8,   v1::S16,
+                                           v1::U16, v1::U32, v1::U64};
 
 // Size of one element in bytes (pred is one byte); 0 for DTYPE_INVALID.
 int DTypeSize(v1::DType t);
@@ -21,9 +22,9 @@ int DTypeSize(v1::DType t);
 absl::string_view DTypeName(v1::DType t);
 absl::StatusOr<v1::DType> ParseDType(absl::string_view name);
 
-bool IsFloat(v1::DType t);     // f32 f64 f16 bf16
-bool IsInteger(v1::DType t);   // s8 s16 s32 s64 u8 u16 u32 u64
-bool IsSigned(v1::DType t);    // floats, s8 s16 s32 s64
+bool IsFloat(v1::DType t);    // f32 f64 f16 bf16
+bool IsInteger(v1::DType t);  // s8 s16 s32 s64 u8 u16 u32 u64
+bool IsSigned(v1::DType t);   // floats, s8 s16 s32 s64
 inline bool IsPred(v1::DType t) { return t == v1::PRED; }
 
 // "f32[2,3]"; a scalar is "f32[]".

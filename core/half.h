@@ -55,7 +55,7 @@ inline f16 ToF16(float f) {
   uint32_t u = FloatBits(f);
   uint16_t sign = uint16_t((u >> 16) & 0x8000u);
   uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return f16{uint16_t(sign | 0x7e00u)};  // NaN
+  if (a > 0x7f800000u) return f16{uint16_t(sign | 0x7e00u)};   // NaN
   if (a >= 0x477ff000u) return f16{uint16_t(sign | 0x7c00u)};  // overflow -> inf
   if (a < 0x38800000u) {
     // Subnormal or zero in f16: round a * 2^24 to an integer, ties to even.
@@ -104,8 +104,12 @@ inline double RoundToOddDoubleOf(I v) {
   return RoundToOddDouble(std::conditional_t<std::is_signed_v<I>, int64_t, uint64_t>(v));
 }
 template <typename I>
-inline f16 F16FromInt(I v) { return F16FromDouble(RoundToOddDoubleOf(v)); }
+inline f16 F16FromInt(I v) {
+  return F16FromDouble(RoundToOddDoubleOf(v));
+}
 template <typename I>
-inline bf16 Bf16FromInt(I v) { return Bf16FromDouble(RoundToOddDoubleOf(v)); }
+inline bf16 Bf16FromInt(I v) {
+  return Bf16FromDouble(RoundToOddDoubleOf(v));
+}
 
 }  // namespace tessel

@@ -55,7 +55,8 @@ TEST(Half, WideSourcesRoundOnce) {
   // rounds up, which a uint64 -> double cast (to the tie) would lose.
   const uint64_t top = uint64_t{1} << 63;
   EXPECT_EQ(double(ToFloat(Bf16FromInt(top + (uint64_t{1} << 55)))), std::ldexp(1.0, 63));
-  EXPECT_EQ(double(ToFloat(Bf16FromInt(top + (uint64_t{1} << 55) + 1))), std::ldexp(1.0 + 1.0 / 128, 63));
+  EXPECT_EQ(double(ToFloat(Bf16FromInt(top + (uint64_t{1} << 55) + 1))),
+            std::ldexp(1.0 + 1.0 / 128, 63));
   EXPECT_EQ(double(ToFloat(Bf16FromInt(~uint64_t{0}))), std::ldexp(1.0, 64));
   EXPECT_TRUE(std::isinf(ToFloat(F16FromInt(uint16_t{65535}))));
   EXPECT_EQ(ToFloat(F16FromInt(int8_t{-128})), -128.0f);

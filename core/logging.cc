@@ -35,7 +35,8 @@ class JsonFormatter final : public spdlog::formatter {
   void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
     const auto since_epoch = msg.time.time_since_epoch();
     const auto secs = std::chrono::duration_cast<std::chrono::seconds>(since_epoch);
-    const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(since_epoch - secs).count();
+    const auto micros =
+        std::chrono::duration_cast<std::chrono::microseconds>(since_epoch - secs).count();
     const std::time_t t = secs.count();
     std::tm tm{};
     gmtime_r(&t, &tm);
@@ -52,22 +53,26 @@ class JsonFormatter final : public spdlog::formatter {
     AppendEscaped(dest, msg.payload);
     dest.append(std::string_view("\"}\n"));
   }
-  std::unique_ptr<spdlog::formatter> clone() const override { return std::make_unique<JsonFormatter>(); }
+  std::unique_ptr<spdlog::formatter> clone() const override {
+    return std::make_unique<JsonFormatter>();
+  }
 };
 
 }  // namespace
 
 std::unique_ptr<spdlog::formatter> NewJsonFormatter() { return std::make_unique<JsonFormatter>(); }
 
-absl::StatusOr<std::shared_ptr<spdlog::logger>> MakeDaemonLogger(const std::string& name, const std::string& level,
-                                                                  const std::string& format) {
+absl::StatusOr<std::shared_ptr<spdlog::logger>> MakeDaemonLogger(const std::string& name,
+                                                                 const std::string& level,
+                                                                 const std::string& format) {
   const spdlog::level::level_enum lvl = spdlog::level::from_str(level);
   if (lvl == spdlog::level::off && level != "off") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--log_level: expected trace, debug, info, warn, error or off, got '", level, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--log_level: expected trace, debug, info, warn, error or off, got '", level, "'"));
   }
   if (format != "text" && format != "json") {
-    return absl::InvalidArgumentError(absl::StrCat("--log_format: expected text or json, got '", format, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--log_format: expected text or json, got '", format, "'"));
   }
   auto log = spdlog::stdout_color_mt(name);
   log->set_level(lvl);

@@ -19,7 +19,8 @@ std::unique_ptr<spdlog::formatter> NewJsonFormatter();
 // The daemon's logger `name` on stdout, at `level` (trace, debug, info,
 // warn, error) in `format` (text or json). INVALID_ARGUMENT naming the flag
 // for a level or format it does not know.
-absl::StatusOr<std::shared_ptr<spdlog::logger>> MakeDaemonLogger(const std::string& name, const std::string& level,
-                                                                  const std::string& format);
+absl::StatusOr<std::shared_ptr<spdlog::logger>> MakeDaemonLogger(const std::string& name,
+                                                                 const std::string& level,
+                                                                 const std::string& format);
 
 }  // namespace tessel

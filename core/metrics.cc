@@ -32,14 +32,15 @@ class MetricsEndpoint::Collectors final : public prometheus::Collectable {
 };
 
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const std::string& address,
-                                                                         const BasicAuth& auth) {
+                                                                        const BasicAuth& auth) {
   std::unique_ptr<MetricsEndpoint> m(new MetricsEndpoint());
   m->registry_ = std::make_shared<prometheus::Registry>();
   m->collectors_ = std::make_shared<Collectors>();
   try {
     m->exposer_ = std::make_unique<prometheus::Exposer>(address, 2);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("metrics endpoint: cannot listen on ", address, ": ", e.what()));
+    return absl::UnavailableError(
+        absl::StrCat("metrics endpoint: cannot listen on ", address, ": ", e.what()));
   }
   if (!auth.user.empty() || !auth.password.empty()) {
     m->exposer_->RegisterAuth(
@@ -65,8 +66,8 @@ void MetricsEndpoint::AddCollector(Collector collect) { collectors_->Add(std::mo
 
 namespace {
 
-prometheus::MetricFamily Family(const std::string& name, const std::string& help, prometheus::MetricType type,
-                                const Samples& samples) {
+prometheus::MetricFamily Family(const std::string& name, const std::string& help,
+                                prometheus::MetricType type, const Samples& samples) {
   prometheus::MetricFamily f;
   f.name = name;
   f.help = help;
@@ -86,15 +87,18 @@ prometheus::MetricFamily Family(const std::string& name, const std::string& help
 
 }  // namespace
 
-prometheus::MetricFamily GaugeFamily(const std::string& name, const std::string& help, const Samples& samples) {
+prometheus::MetricFamily GaugeFamily(const std::string& name, const std::string& help,
+                                     const Samples& samples) {
   return Family(name, help, prometheus::MetricType::Gauge, samples);
 }
 
-prometheus::MetricFamily CounterFamily(const std::string& name, const std::string& help, const Samples& samples) {
+prometheus::MetricFamily CounterFamily(const std::string& name, const std::string& help,
+                                       const Samples& samples) {
   return Family(name, help, prometheus::MetricType::Counter, samples);
 }
 
-StepMetrics::StepMetrics(prometheus::Registry& registry, const std::string& prefix, const std::string& what)
+StepMetrics::StepMetrics(prometheus::Registry& registry, const std::string& prefix,
+                         const std::string& what)
     : latency_(prometheus::BuildHistogram()
                    .Name(prefix + "_step_seconds")
                    .Help(absl::StrCat("Step latency by device: ", what))
@@ -114,7 +118,8 @@ void StepMetrics::Observe(int device, absl::Duration latency, bool ok) {
       // 50 µs .. ~26 s, doubling.
       prometheus::Histogram::BucketBoundaries bounds;
       for (double b = 50e-6; b < 30; b *= 2) bounds.push_back(b);
-      it = devices_.emplace(device, Device{&latency_.Add(labels, bounds), &errors_.Add(labels)}).first;
+      it = devices_.emplace(device, Device{&latency_.Add(labels, bounds), &errors_.Add(labels)})
+               .first;
     }
     d = &it->second;
   }

@@ -30,9 +30,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/security.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/security.h"
 
 namespace tessel {
 
@@ -69,13 +69,15 @@ class MetricsEndpoint {
 // when --metrics_address is empty. FAILED_PRECONDITION for an address off
 // loopback without --insecure (`daemon_security.insecure`); the error names
 // the flag.
-absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpointFromFlags(absl::string_view daemon,
-                                                                         const DaemonSecurity& daemon_security);
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpointFromFlags(
+    absl::string_view daemon, const DaemonSecurity& daemon_security);
 
 // One family of gauges or counters, a sample per label set.
 using Samples = std::vector<std::pair<std::map<std::string, std::string>, double>>;
-prometheus::MetricFamily GaugeFamily(const std::string& name, const std::string& help, const Samples& samples);
-prometheus::MetricFamily CounterFamily(const std::string& name, const std::string& help, const Samples& samples);
+prometheus::MetricFamily GaugeFamily(const std::string& name, const std::string& help,
+                                     const Samples& samples);
+prometheus::MetricFamily CounterFamily(const std::string& name, const std::string& help,
+                                       const Samples& samples);
 
 // Steps as they complete, by device: a latency histogram
 // (<prefix>_step_seconds) and an error counter (<prefix>_step_errors_total).

@@ -19,7 +19,9 @@ void TuneAllocatorForStreaming() {
   mallopt(M_TOP_PAD, 16 << 20);
 }
 
-void SkipMutexCycleDetection() { absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore); }
+void SkipMutexCycleDetection() {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+}
 
 }  // namespace tessel
 
@@ -99,7 +101,8 @@ bool ReadLimit(const std::string& path, int64_t* bytes) {
 
 }  // namespace
 
-MemoryBudget ProcessMemoryBudget(const std::string& cgroup_root, const std::string& proc_self_cgroup) {
+MemoryBudget ProcessMemoryBudget(const std::string& cgroup_root,
+                                 const std::string& proc_self_cgroup) {
   MemoryBudget b;
   b.bytes = int64_t(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
   b.source = "physical memory";
@@ -135,7 +138,7 @@ MemoryBudget ProcessMemoryBudget(const std::string& cgroup_root, const std::stri
     if (a == std::string::npos || c == std::string::npos) continue;
     const std::string controllers = line.substr(a + 1, c - a - 1), path = line.substr(c + 1);
     if (line.compare(0, a, "0") == 0 && controllers.empty()) {
-      walk(cgroup_root, path, "memory.max");  // v2
+      walk(cgroup_root, path, "memory.max");               // v2
       walk(cgroup_root + "/unified", path, "memory.max");  // hybrid layout
     } else {
       std::stringstream list(controllers);

@@ -38,12 +38,16 @@ TEST_F(CgroupTree, V2TakesTheSmallestLimitOnThePathToTheRoot) {
   Write("sys/system.slice/tessel-worker.service/memory.max", "max\n");
   MemoryBudget b = ProcessMemoryBudget(Root(), Proc());
   EXPECT_EQ(b.bytes, std::min<int64_t>(Physical(), 1073741824));
-  if (Physical() > 1073741824) EXPECT_EQ(b.source, Root() + "/system.slice/memory.max");
+  if (Physical() > 1073741824) {
+    EXPECT_EQ(b.source, Root() + "/system.slice/memory.max");
+  }
 
   Write("sys/system.slice/tessel-worker.service/memory.max", "536870912\n");
   b = ProcessMemoryBudget(Root(), Proc());
   EXPECT_EQ(b.bytes, std::min<int64_t>(Physical(), 536870912));
-  if (Physical() > 536870912) EXPECT_EQ(b.source, Root() + "/system.slice/tessel-worker.service/memory.max");
+  if (Physical() > 536870912) {
+    EXPECT_EQ(b.source, Root() + "/system.slice/tessel-worker.service/memory.max");
+  }
 }
 
 TEST_F(CgroupTree, V1ReadsTheMemoryControllerEvenWhenANamespaceHidesThePath) {

@@ -16,7 +16,8 @@ using google::protobuf::DescriptorPool;
 using google::protobuf::FileDescriptor;
 
 // `file` and everything it imports, each once, imports first.
-void AddFile(const FileDescriptor* file, std::set<std::string>* seen, rv1::FileDescriptorResponse* out) {
+void AddFile(const FileDescriptor* file, std::set<std::string>* seen,
+             rv1::FileDescriptorResponse* out) {
   if (!seen->insert(file->name()).second) return;
   for (int i = 0; i < file->dependency_count(); ++i) AddFile(file->dependency(i), seen, out);
   google::protobuf::FileDescriptorProto proto;
@@ -31,7 +32,8 @@ void Error(rv1::ServerReflectionResponse* resp, grpc::StatusCode code, std::stri
 
 }  // namespace
 
-ReflectionV1Service::ReflectionV1Service(std::vector<std::string> services) : services_(std::move(services)) {
+ReflectionV1Service::ReflectionV1Service(std::vector<std::string> services)
+    : services_(std::move(services)) {
   // Linking the health messages registers their file in the generated pool.
   (void)grpc::health::v1::HealthCheckRequest::descriptor();
   for (const char* s : {"grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
@@ -52,32 +54,38 @@ grpc::Status ReflectionV1Service::ServerReflectionInfo(
     std::set<std::string> seen;
     switch (req.message_request_case()) {
       case rv1::ServerReflectionRequest::kListServices:
-        for (const std::string& s : services_) resp.mutable_list_services_response()->add_service()->set_name(s);
+        for (const std::string& s : services_)
+          resp.mutable_list_services_response()->add_service()->set_name(s);
         break;
       case rv1::ServerReflectionRequest::kFileByFilename:
         if (const FileDescriptor* f = pool->FindFileByName(req.file_by_filename())) {
           AddFile(f, &seen, resp.mutable_file_descriptor_response());
         } else {
-          Error(&resp, grpc::StatusCode::NOT_FOUND, absl::StrCat("no file '", req.file_by_filename(), "'"));
+          Error(&resp, grpc::StatusCode::NOT_FOUND,
+                absl::StrCat("no file '", req.file_by_filename(), "'"));
         }
         break;
       case rv1::ServerReflectionRequest::kFileContainingSymbol:
-        if (const FileDescriptor* f = pool->FindFileContainingSymbol(req.file_containing_symbol())) {
+        if (const FileDescriptor* f =
+                pool->FindFileContainingSymbol(req.file_containing_symbol())) {
           AddFile(f, &seen, resp.mutable_file_descriptor_response());
         } else {
-          Error(&resp, grpc::StatusCode::NOT_FOUND, absl::StrCat("no symbol '", req.file_containing_symbol(), "'"));
+          Error(&resp, grpc::StatusCode::NOT_FOUND,
+                absl::StrCat("no symbol '", req.file_containing_symbol(), "'"));
         }
         break;
       case rv1::ServerReflectionRequest::kFileContainingExtension: {
-        const auto* type = pool->FindMessageTypeByName(req.file_containing_extension().containing_type());
-        const auto* ext =
-            type ? pool->FindExtensionByNumber(type, req.file_containing_extension().extension_number()) : nullptr;
+        const auto* type =
+            pool->FindMessageTypeByName(req.file_containing_extension().containing_type());
+        const auto* ext = type ? pool->FindExtensionByNumber(
+                                     type, req.file_containing_extension().extension_number())
+                               : nullptr;
         if (ext != nullptr) {
           AddFile(ext->file(), &seen, resp.mutable_file_descriptor_response());
         } else {
           Error(&resp, grpc::StatusCode::NOT_FOUND,
-                absl::StrCat("no extension ", req.file_containing_extension().extension_number(), " of '",
-                             req.file_containing_extension().containing_type(), "'"));
+                absl::StrCat("no extension ", req.file_containing_extension().extension_number(),
+                             " of '", req.file_containing_extension().containing_type(), "'"));
         }
         break;
       }

@@ -1,12 +1,12 @@
 #include "core/security.h"
 
 #include <arpa/inet.h>
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
 #include <grpcpp/support/client_interceptor.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 
 #include <fstream>
 #include <random>
@@ -26,11 +26,14 @@ namespace {
 absl::Status Readable(absl::string_view flag, const std::string& path) {
   if (path.empty()) return absl::OkStatus();
   std::ifstream f(path);
-  if (!f) return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", path, ": cannot read the file"));
+  if (!f)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", path, ": cannot read the file"));
   std::string line;
   std::getline(f, line);
   if (!absl::StrContains(line, "-----BEGIN")) {
-    return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", path, ": expected a PEM file (-----BEGIN ...), got '",
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", path,
+                                                   ": expected a PEM file (-----BEGIN ...), got '",
                                                    line.substr(0, 40), "'"));
   }
   return absl::OkStatus();
@@ -41,23 +44,28 @@ absl::Status Readable(absl::string_view flag, const std::string& path) {
 absl::Status CheckTlsFiles(const TlsFiles& tls, bool server) {
   if (!tls.enabled()) return absl::OkStatus();
   if (tls.cert.empty() != tls.key.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("TLS: --tls_cert and --tls_key go together; got ",
-                                                   tls.cert.empty() ? "--tls_key alone" : "--tls_cert alone"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("TLS: --tls_cert and --tls_key go together; got ",
+                     tls.cert.empty() ? "--tls_key alone" : "--tls_cert alone"));
   }
   if (server && tls.cert.empty()) {
-    return absl::InvalidArgumentError("TLS: a daemon needs --tls_cert and --tls_key as well as --tls_ca");
+    return absl::InvalidArgumentError(
+        "TLS: a daemon needs --tls_cert and --tls_key as well as --tls_ca");
   }
   if (server && tls.ca.empty()) {
-    return absl::InvalidArgumentError("TLS: a daemon needs --tls_ca to verify the other daemons' certificates");
+    return absl::InvalidArgumentError(
+        "TLS: a daemon needs --tls_ca to verify the other daemons' certificates");
   }
-  for (auto [flag, path] : {std::pair{"tls_cert", &tls.cert}, {"tls_key", &tls.key}, {"tls_ca", &tls.ca}}) {
+  for (auto [flag, path] :
+       {std::pair{"tls_cert", &tls.cert}, {"tls_key", &tls.key}, {"tls_ca", &tls.ca}}) {
     if (absl::Status s = Readable(flag, *path); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
 
 bool IsLoopbackHost(absl::string_view host) {
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
   if (absl::EqualsIgnoreCase(host, "localhost")) return true;
   const std::string h(host);
   in_addr v4{};
@@ -67,18 +75,20 @@ bool IsLoopbackHost(absl::string_view host) {
   return false;
 }
 
-absl::Status CheckListenSecurity(absl::string_view daemon, absl::string_view host, const TlsFiles& tls,
-                                 bool insecure) {
+absl::Status CheckListenSecurity(absl::string_view daemon, absl::string_view host,
+                                 const TlsFiles& tls, bool insecure) {
   if (tls.enabled() || insecure || IsLoopbackHost(host)) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      daemon, ": --host=", host, " is not a loopback address and TLS is off: give --tls_cert, --tls_key and "
-      "--tls_ca, or --insecure to serve plaintext on a network you trust"));
+  return absl::FailedPreconditionError(
+      absl::StrCat(daemon, ": --host=", host,
+                   " is not a loopback address and TLS is off: give --tls_cert, --tls_key and "
+                   "--tls_ca, or --insecure to serve plaintext on a network you trust"));
 }
 
-std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const TlsFiles& tls, bool require_client_cert) {
+std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const TlsFiles& tls,
+                                                           bool require_client_cert) {
   if (!tls.enabled()) return grpc::InsecureServerCredentials();
-  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(tls.key, tls.cert, tls.ca,
-                                                                                        tls.reload_s);
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      tls.key, tls.cert, tls.ca, tls.reload_s);
   grpc::experimental::TlsServerCredentialsOptions options(provider);
   options.watch_identity_key_cert_pairs();
   if (!tls.ca.empty()) options.watch_root_certs();
@@ -92,8 +102,8 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const TlsFiles& tls
   if (!tls.enabled()) return grpc::InsecureChannelCredentials();
   grpc::experimental::TlsChannelCredentialsOptions options;
   if (!tls.ca.empty() || !tls.cert.empty()) {
-    auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(tls.key, tls.cert, tls.ca,
-                                                                                          tls.reload_s);
+    auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+        tls.key, tls.cert, tls.ca, tls.reload_s);
     options.set_certificate_provider(provider);
     if (!tls.ca.empty()) options.watch_root_certs();
     if (!tls.cert.empty()) options.watch_identity_key_cert_pairs();
@@ -107,7 +117,8 @@ class BearerInterceptor final : public grpc::experimental::Interceptor {
  public:
   explicit BearerInterceptor(const std::string* value) : value_(value) {}
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
-    if (methods->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
       methods->GetSendInitialMetadata()->insert({"authorization", *value_});
     }
     methods->Proceed();
@@ -117,10 +128,13 @@ class BearerInterceptor final : public grpc::experimental::Interceptor {
   const std::string* value_;
 };
 
-class BearerInterceptorFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
+class BearerInterceptorFactory final
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
  public:
-  explicit BearerInterceptorFactory(const std::string& token) : value_(absl::StrCat("Bearer ", token)) {}
-  grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo*) override {
+  explicit BearerInterceptorFactory(const std::string& token)
+      : value_(absl::StrCat("Bearer ", token)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
     return new BearerInterceptor(&value_);
   }
 
@@ -130,13 +144,14 @@ class BearerInterceptorFactory final : public grpc::experimental::ClientIntercep
 
 }  // namespace
 
-std::shared_ptr<grpc::Channel> CreateChannelWithToken(const std::string& address,
-                                                      std::shared_ptr<grpc::ChannelCredentials> creds,
-                                                      const grpc::ChannelArguments& args, const std::string& token) {
+std::shared_ptr<grpc::Channel> CreateChannelWithToken(
+    const std::string& address, std::shared_ptr<grpc::ChannelCredentials> creds,
+    const grpc::ChannelArguments& args, const std::string& token) {
   if (token.empty()) return grpc::CreateCustomChannel(address, creds, args);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<BearerInterceptorFactory>(token));
-  return grpc::experimental::CreateCustomChannelWithInterceptors(address, creds, args, std::move(interceptors));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(address, creds, args,
+                                                                 std::move(interceptors));
 }
 
 std::string BearerToken(const grpc::ServerContextBase& ctx) {
@@ -150,12 +165,15 @@ std::string BearerToken(const grpc::ServerContextBase& ctx) {
 
 absl::StatusOr<std::string> ReadSecretFile(absl::string_view flag, const std::string& path) {
   std::ifstream f(path);
-  if (!f) return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", path, ": cannot read the file"));
+  if (!f)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", path, ": cannot read the file"));
   std::string line;
   std::getline(f, line);
   std::string secret(absl::StripAsciiWhitespace(line));
   if (secret.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", path, ": expected a token on the first line, "
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", path,
+                                                   ": expected a token on the first line, "
                                                    "got an empty line"));
   }
   return secret;
@@ -192,8 +210,8 @@ std::string TicketMac(absl::string_view secret, absl::string_view grant, int64_t
   const std::string msg = absl::StrCat(grant, "|", expiry_ms);
   unsigned char mac[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
-  HMAC(EVP_sha256(), secret.data(), int(secret.size()), reinterpret_cast<const unsigned char*>(msg.data()),
-       msg.size(), mac, &len);
+  HMAC(EVP_sha256(), secret.data(), int(secret.size()),
+       reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), mac, &len);
   std::string hex;
   for (unsigned int i = 0; i < len; ++i) absl::StrAppendFormat(&hex, "%02x", mac[i]);
   return hex;
@@ -206,7 +224,8 @@ std::string ReadGrant(int device, uint64_t buffer) {
 }
 
 std::string WriteGrant(uint64_t buffer, absl::string_view type, absl::Span<const int> devices) {
-  return absl::StrFormat("write of buffer %#x (%s) to devices %s", buffer, type, absl::StrJoin(devices, ","));
+  return absl::StrFormat("write of buffer %#x (%s) to devices %s", buffer, type,
+                         absl::StrJoin(devices, ","));
 }
 
 std::string WriteGrant(const v1::PutShardRequest::Header& header) {
@@ -229,14 +248,15 @@ std::string SignTicket(absl::string_view secret, absl::string_view grant, absl::
   return absl::StrCat(ms, ".", TicketMac(secret, grant, ms));
 }
 
-absl::Status CheckTicket(absl::string_view secret, absl::string_view ticket, absl::string_view grant,
-                         absl::Time now) {
+absl::Status CheckTicket(absl::string_view secret, absl::string_view ticket,
+                         absl::string_view grant, absl::Time now) {
   const size_t dot = ticket.find('.');
   int64_t expiry_ms = 0;
   if (dot == absl::string_view::npos || !absl::SimpleAtoi(ticket.substr(0, dot), &expiry_ms)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "ticket for the ", grant, ": expected \"<expiry ms>.<signature>\" as the coordinator issues it, got a "
-        "malformed one"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("ticket for the ", grant,
+                     ": expected \"<expiry ms>.<signature>\" as the coordinator issues it, got a "
+                     "malformed one"));
   }
   const std::string want = TicketMac(secret, grant, expiry_ms);
   const absl::string_view got = ticket.substr(dot + 1);
@@ -245,9 +265,10 @@ absl::Status CheckTicket(absl::string_view secret, absl::string_view ticket, abs
         "ticket: not signed for the ", grant, " by the coordinator this worker registered with"));
   }
   if (absl::FromUnixMillis(expiry_ms) < now) {
-    return absl::PermissionDeniedError(absl::StrCat("ticket for the ", grant, ": expired ",
-                                                    absl::FormatDuration(now - absl::FromUnixMillis(expiry_ms)),
-                                                    " ago; ask the coordinator again for a fresh one"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("ticket for the ", grant, ": expired ",
+                     absl::FormatDuration(now - absl::FromUnixMillis(expiry_ms)),
+                     " ago; ask the coordinator again for a fresh one"));
   }
   return absl::OkStatus();
 }

@@ -20,8 +20,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/time/time.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "tessel/v1/worker.pb.h"
 
@@ -43,7 +43,8 @@ struct DaemonSecurity {
 // The daemon's --tls_* and --join_token_file, checked (CheckTlsFiles, and
 // CheckListenSecurity against `host` and --insecure); the error names the
 // flag and what is wrong.
-absl::StatusOr<DaemonSecurity> DaemonSecurityFromFlags(absl::string_view daemon, absl::string_view host);
+absl::StatusOr<DaemonSecurity> DaemonSecurityFromFlags(absl::string_view daemon,
+                                                       absl::string_view host);
 
 // INVALID_ARGUMENT naming the flag when a file is missing or unreadable, or
 // when a server has a certificate without its key (or the reverse).
@@ -55,15 +56,16 @@ bool IsLoopbackHost(absl::string_view host);
 // Whether a daemon may listen on `host`: over TLS always; in plaintext on a
 // loopback address, or anywhere with `insecure` (the caller logs a warning).
 // FAILED_PRECONDITION saying which flags would allow it otherwise.
-absl::Status CheckListenSecurity(absl::string_view daemon, absl::string_view host, const TlsFiles& tls,
-                                 bool insecure);
+absl::Status CheckListenSecurity(absl::string_view daemon, absl::string_view host,
+                                 const TlsFiles& tls, bool insecure);
 
 // Server credentials: plaintext without TLS files; otherwise TLS, asking
 // peers for a certificate signed by the CA: required when
 // `require_client_cert` (a worker's port: only the cluster's daemons may
 // call), verified when presented otherwise (the coordinator's port, which
 // clients without certificates reach too).
-std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const TlsFiles& tls, bool require_client_cert);
+std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const TlsFiles& tls,
+                                                           bool require_client_cert);
 
 // Channel credentials: plaintext without TLS files; otherwise TLS verifying
 // the server against the CA (the system's roots without one) and presenting
@@ -72,9 +74,9 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const TlsFiles& tls
 
 // A channel whose every call carries `token` as bearer metadata (none when
 // empty).
-std::shared_ptr<grpc::Channel> CreateChannelWithToken(const std::string& address,
-                                                      std::shared_ptr<grpc::ChannelCredentials> creds,
-                                                      const grpc::ChannelArguments& args, const std::string& token);
+std::shared_ptr<grpc::Channel> CreateChannelWithToken(
+    const std::string& address, std::shared_ptr<grpc::ChannelCredentials> creds,
+    const grpc::ChannelArguments& args, const std::string& token);
 
 // The bearer token the caller presented, or empty.
 std::string BearerToken(const grpc::ServerContextBase& ctx);
@@ -101,7 +103,8 @@ bool SecretEquals(absl::string_view a, absl::string_view b);
 std::string SignTicket(absl::string_view secret, absl::string_view grant, absl::Time expiry);
 // OK when `ticket` was signed with `secret` for `grant` and has not expired
 // at `now`; PERMISSION_DENIED saying which part failed.
-absl::Status CheckTicket(absl::string_view secret, absl::string_view ticket, absl::string_view grant, absl::Time now);
+absl::Status CheckTicket(absl::string_view secret, absl::string_view ticket,
+                         absl::string_view grant, absl::Time now);
 // Reading buffer `buffer` of the worker's device `device` (local index).
 std::string ReadGrant(int device, uint64_t buffer);
 // Writing buffer `buffer`, of type `type` (as "f32[2,3]"), to the worker's

@@ -23,8 +23,10 @@ absl::flat_hash_map<int, shapes::ShapeRule> BuildShapeTable() {
   return {rows.begin(), rows.end()};
 }
 
-absl::StatusOr<TensorType> InferUnchecked(const v1::Node& n, absl::Span<const TensorType* const> ops) {
-  static const absl::flat_hash_map<int, shapes::ShapeRule>* const table = new auto(BuildShapeTable());
+absl::StatusOr<TensorType> InferUnchecked(const v1::Node& n,
+                                          absl::Span<const TensorType* const> ops) {
+  static const absl::flat_hash_map<int, shapes::ShapeRule>* const table =
+      new auto(BuildShapeTable());
   auto it = table->find(int(n.op()));
   if (it == table->end()) return InvalidArgumentError(StrCat("unknown op ", int(n.op())));
   return it->second(n, ops);
@@ -32,9 +34,7 @@ absl::StatusOr<TensorType> InferUnchecked(const v1::Node& n, absl::Span<const Te
 
 }  // namespace
 
-absl::Status ValidateType(const v1::TensorType& t) {
-  return ByteSize(t).status();
-}
+absl::Status ValidateType(const v1::TensorType& t) { return ByteSize(t).status(); }
 
 bool IsElementwise(v1::Op op) {
   return (op >= v1::NEG && op <= v1::CBRT) || (op >= v1::ADD && op <= v1::ATAN2) ||

@@ -23,7 +23,8 @@ TEST(ShapeInference, BinaryRequiresSameType) {
   auto bad = InferType(Op(v1::ADD), {&a, &b});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("expected f32[2,3], got f32[3,2]"), absl::string_view::npos);
+  EXPECT_NE(bad.status().message().find("expected f32[2,3], got f32[3,2]"),
+            absl::string_view::npos);
 }
 
 TEST(ShapeInference, ArityAndDtypeRules) {
@@ -91,7 +92,8 @@ TEST(ShapeInference, ReduceSliceTransposePad) {
   rev.mutable_reverse()->add_dimensions(1);
   auto twice = InferType(rev, {&x});
   ASSERT_FALSE(twice.ok());
-  EXPECT_NE(twice.status().message().find("names dimension 1 twice"), absl::string_view::npos) << twice.status();
+  EXPECT_NE(twice.status().message().find("names dimension 1 twice"), absl::string_view::npos)
+      << twice.status();
   rev.mutable_reverse()->set_dimensions(1, 2);
   auto out_of_range = InferType(rev, {&x});
   ASSERT_FALSE(out_of_range.ok());
@@ -115,7 +117,8 @@ TEST(ShapeInference, SortTakesTheMovedOperandsTypeAndChecksItsOperands) {
       << mismatched.status();
   auto no_operand = InferType(s, {&keys});
   ASSERT_FALSE(no_operand.ok());
-  EXPECT_NE(no_operand.status().message().find("result_operand: expected 0 to 0, got 1"), absl::string_view::npos)
+  EXPECT_NE(no_operand.status().message().find("result_operand: expected 0 to 0, got 1"),
+            absl::string_view::npos)
       << no_operand.status();
   s.mutable_sort()->set_dimension(2);
   EXPECT_FALSE(InferType(s, {&keys, &idx}).ok());
@@ -130,7 +133,8 @@ TEST(ShapeInference, GatherAndScatterPutTheIndicesInPlaceOfTheAxis) {
   EXPECT_EQ(TypeString(*InferType(g, {&x, &idx})), "f32[4,3,5,2]");
   auto float_indices = InferType(g, {&x, &fidx});
   ASSERT_FALSE(float_indices.ok());
-  EXPECT_NE(float_indices.status().message().find("gather indices: expected an integer dtype"), absl::string_view::npos)
+  EXPECT_NE(float_indices.status().message().find("gather indices: expected an integer dtype"),
+            absl::string_view::npos)
       << float_indices.status();
   g.mutable_gather()->set_axis(3);
   EXPECT_FALSE(InferType(g, {&x, &idx}).ok());
@@ -138,7 +142,8 @@ TEST(ShapeInference, GatherAndScatterPutTheIndicesInPlaceOfTheAxis) {
   g.mutable_gather()->set_axis(0);
   auto from_empty = InferType(g, {&empty, &idx});
   ASSERT_FALSE(from_empty.ok());
-  EXPECT_NE(from_empty.status().message().find("the axis is empty"), absl::string_view::npos) << from_empty.status();
+  EXPECT_NE(from_empty.status().message().find("the axis is empty"), absl::string_view::npos)
+      << from_empty.status();
 
   v1::Node s = Op(v1::SCATTER);
   s.mutable_scatter()->set_axis(1);
@@ -148,7 +153,8 @@ TEST(ShapeInference, GatherAndScatterPutTheIndicesInPlaceOfTheAxis) {
   EXPECT_EQ(TypeString(*InferType(s, {&x, &idx, &upd})), "f32[4,6,2]");
   auto wrong = InferType(s, {&x, &idx, &bad});
   ASSERT_FALSE(wrong.ok());
-  EXPECT_NE(wrong.status().message().find("scatter updates: expected f32[4,3,5,2]"), absl::string_view::npos)
+  EXPECT_NE(wrong.status().message().find("scatter updates: expected f32[4,3,5,2]"),
+            absl::string_view::npos)
       << wrong.status();
   auto pred = MakeType(v1::PRED, {4, 6, 2}), pupd = MakeType(v1::PRED, {4, 3, 5, 2});
   EXPECT_FALSE(InferType(s, {&pred, &idx, &pupd}).ok());  // pred has no sum

@@ -22,11 +22,13 @@ absl::StatusOr<v1::Mesh> NormalizeMesh(const v1::Mesh& mesh, int num_devices) {
   int64_t n = 1;
   for (int i = 0; i < mesh.axis_names_size(); ++i) {
     const std::string& a = mesh.axis_names(i);
-    if (a.empty()) return absl::InvalidArgumentError(StrCat("mesh: axis ", i, " has an empty name"));
-    if (!names.insert(a).second) return absl::InvalidArgumentError(StrCat("mesh: axis '", a, "' is named twice"));
+    if (a.empty())
+      return absl::InvalidArgumentError(StrCat("mesh: axis ", i, " has an empty name"));
+    if (!names.insert(a).second)
+      return absl::InvalidArgumentError(StrCat("mesh: axis '", a, "' is named twice"));
     if (mesh.axis_sizes(i) < 1 || mesh.axis_sizes(i) > 65536) {
-      return absl::InvalidArgumentError(StrCat("mesh: axis '", a, "' has size ", mesh.axis_sizes(i),
-                                               "; expected 1..65536"));
+      return absl::InvalidArgumentError(
+          StrCat("mesh: axis '", a, "' has size ", mesh.axis_sizes(i), "; expected 1..65536"));
     }
     n *= mesh.axis_sizes(i);
     if (n > 65536) return absl::InvalidArgumentError(StrCat("mesh: more than 65536 devices"));
@@ -36,22 +38,24 @@ absl::StatusOr<v1::Mesh> NormalizeMesh(const v1::Mesh& mesh, int num_devices) {
     for (int i = 0; i < n; ++i) out.add_devices(i);
   }
   if (out.devices_size() != n) {
-    return absl::InvalidArgumentError(StrCat("mesh ", MeshString(out), ": the axes hold ", n, " devices but ",
-                                             out.devices_size(), " are listed"));
+    return absl::InvalidArgumentError(StrCat("mesh ", MeshString(out), ": the axes hold ", n,
+                                             " devices but ", out.devices_size(), " are listed"));
   }
   absl::flat_hash_set<int> seen;
   for (int d : out.devices()) {
     if (d < 0 || (num_devices >= 0 && d >= num_devices)) {
-      return absl::InvalidArgumentError(StrCat("mesh ", MeshString(out), ": device ", d, " does not exist; the cluster has ",
-                                               num_devices, " devices"));
+      return absl::InvalidArgumentError(StrCat("mesh ", MeshString(out), ": device ", d,
+                                               " does not exist; the cluster has ", num_devices,
+                                               " devices"));
     }
     if (!seen.insert(d).second) {
-      return absl::InvalidArgumentError(StrCat("mesh ", MeshString(out), ": device ", d, " is listed twice"));
+      return absl::InvalidArgumentError(
+          StrCat("mesh ", MeshString(out), ": device ", d, " is listed twice"));
     }
   }
   if (num_devices >= 0 && n > num_devices) {
-    return absl::InvalidArgumentError(StrCat("mesh ", MeshString(out), " needs ", n, " devices; the cluster has ",
-                                             num_devices));
+    return absl::InvalidArgumentError(
+        StrCat("mesh ", MeshString(out), " needs ", n, " devices; the cluster has ", num_devices));
   }
   return out;
 }
@@ -63,8 +67,11 @@ int64_t MeshSize(const v1::Mesh& mesh) {
 }
 
 bool SameMesh(const v1::Mesh& a, const v1::Mesh& b) {
-  auto eq = [](const auto& x, const auto& y) { return std::equal(x.begin(), x.end(), y.begin(), y.end()); };
-  return eq(a.axis_names(), b.axis_names()) && eq(a.axis_sizes(), b.axis_sizes()) && eq(a.devices(), b.devices());
+  auto eq = [](const auto& x, const auto& y) {
+    return std::equal(x.begin(), x.end(), y.begin(), y.end());
+  };
+  return eq(a.axis_names(), b.axis_names()) && eq(a.axis_sizes(), b.axis_sizes()) &&
+         eq(a.devices(), b.devices());
 }
 
 int AxisIndex(const v1::Mesh& mesh, absl::string_view axis) {
@@ -77,10 +84,12 @@ int AxisIndex(const v1::Mesh& mesh, absl::string_view axis) {
 std::string MeshString(const v1::Mesh& mesh) {
   std::vector<std::string> axes;
   for (int i = 0; i < mesh.axis_names_size(); ++i) {
-    axes.push_back(StrCat(mesh.axis_names(i), ": ", i < mesh.axis_sizes_size() ? mesh.axis_sizes(i) : 0));
+    axes.push_back(
+        StrCat(mesh.axis_names(i), ": ", i < mesh.axis_sizes_size() ? mesh.axis_sizes(i) : 0));
   }
   std::string s = StrCat("{", absl::StrJoin(axes, ", "), "}");
-  if (mesh.devices_size() > 0) absl::StrAppend(&s, " over devices ", absl::StrJoin(mesh.devices(), ","));
+  if (mesh.devices_size() > 0)
+    absl::StrAppend(&s, " over devices ", absl::StrJoin(mesh.devices(), ","));
   return s;
 }
 
@@ -107,7 +116,8 @@ bool SameSharding(const v1::Sharding& a, const v1::Sharding& b) {
       if (a.dims(i).axes(j) != b.dims(i).axes(j)) return false;
     }
   }
-  std::vector<std::string> pa(a.partial().begin(), a.partial().end()), pb(b.partial().begin(), b.partial().end());
+  std::vector<std::string> pa(a.partial().begin(), a.partial().end()),
+      pb(b.partial().begin(), b.partial().end());
   std::sort(pa.begin(), pa.end());
   std::sort(pb.begin(), pb.end());
   if (pa != pb) return false;
@@ -123,7 +133,8 @@ bool IsReplicated(const v1::Sharding& s) {
   return !IsPartial(s);
 }
 
-int64_t AxesSize(const v1::Mesh& mesh, const google::protobuf::RepeatedPtrField<std::string>& axes) {
+int64_t AxesSize(const v1::Mesh& mesh,
+                 const google::protobuf::RepeatedPtrField<std::string>& axes) {
   return AxesSize(mesh, std::vector<std::string>(axes.begin(), axes.end()));
 }
 
@@ -136,19 +147,22 @@ int64_t AxesSize(const v1::Mesh& mesh, const std::vector<std::string>& axes) {
   return n;
 }
 
-absl::Status ValidateSharding(const v1::Sharding& s, const v1::Mesh& mesh, const v1::TensorType& type,
-                              absl::string_view what) {
+absl::Status ValidateSharding(const v1::Sharding& s, const v1::Mesh& mesh,
+                              const v1::TensorType& type, absl::string_view what) {
   auto bad = [&](const std::string& why) {
-    return absl::InvalidArgumentError(StrCat(what, " (", TypeString(type), "): sharding ", ShardingString(s),
-                                             " on mesh ", MeshString(mesh), ": ", why));
+    return absl::InvalidArgumentError(StrCat(what, " (", TypeString(type), "): sharding ",
+                                             ShardingString(s), " on mesh ", MeshString(mesh), ": ",
+                                             why));
   };
   if (s.dims_size() > type.dims_size()) {
-    return bad(StrCat("names ", s.dims_size(), " dimensions but the value has rank ", type.dims_size()));
+    return bad(
+        StrCat("names ", s.dims_size(), " dimensions but the value has rank ", type.dims_size()));
   }
   absl::flat_hash_set<std::string> used;
   auto use = [&](const std::string& a) -> absl::Status {
     if (AxisIndex(mesh, a) < 0) {
-      return bad(StrCat("unknown mesh axis '", a, "'; the mesh has ", absl::StrJoin(mesh.axis_names(), ", ")));
+      return bad(StrCat("unknown mesh axis '", a, "'; the mesh has ",
+                        absl::StrJoin(mesh.axis_names(), ", ")));
     }
     if (!used.insert(a).second) return bad(StrCat("mesh axis '", a, "' is used twice"));
     return absl::OkStatus();
@@ -160,7 +174,8 @@ absl::Status ValidateSharding(const v1::Sharding& s, const v1::Mesh& mesh, const
     const int64_t n = AxesSize(mesh, s.dims(d).axes());
     if (type.dims(d) % n != 0) {
       return bad(StrCat("dimension ", d, " of size ", type.dims(d), " does not split evenly over ",
-                        absl::StrJoin(s.dims(d).axes(), "x"), " (", n, " devices); uneven blocks are not supported"));
+                        absl::StrJoin(s.dims(d).axes(), "x"), " (", n,
+                        " devices); uneven blocks are not supported"));
     }
   }
   for (const std::string& a : s.partial()) {
@@ -194,9 +209,11 @@ std::string ShardingString(const v1::Sharding& s) {
   return out;
 }
 
-v1::TensorType LocalType(const v1::TensorType& global, const v1::Sharding& s, const v1::Mesh& mesh) {
+v1::TensorType LocalType(const v1::TensorType& global, const v1::Sharding& s,
+                         const v1::Mesh& mesh) {
   v1::TensorType t = global;
-  for (int d = 0; d < s.dims_size() && d < t.dims_size(); ++d) t.set_dims(d, t.dims(d) / AxesSize(mesh, s.dims(d).axes()));
+  for (int d = 0; d < s.dims_size() && d < t.dims_size(); ++d)
+    t.set_dims(d, t.dims(d) / AxesSize(mesh, s.dims(d).axes()));
   return t;
 }
 
@@ -222,11 +239,13 @@ int64_t IndexAlong(const v1::Mesh& mesh, int pos, const std::vector<std::string>
 
 std::vector<int64_t> BlockIndex(const v1::Sharding& s, const v1::Mesh& mesh, int pos) {
   std::vector<int64_t> b;
-  for (const auto& d : s.dims()) b.push_back(IndexAlong(mesh, pos, {d.axes().begin(), d.axes().end()}));
+  for (const auto& d : s.dims())
+    b.push_back(IndexAlong(mesh, pos, {d.axes().begin(), d.axes().end()}));
   return b;
 }
 
-std::vector<int> GroupPositions(const v1::Mesh& mesh, int pos, const std::vector<std::string>& axes) {
+std::vector<int> GroupPositions(const v1::Mesh& mesh, int pos,
+                                const std::vector<std::string>& axes) {
   const std::vector<int64_t> base = MeshCoords(mesh, pos);
   std::vector<int> in_group(mesh.axis_sizes_size(), 0);
   for (const std::string& a : axes) {
@@ -255,9 +274,11 @@ absl::Status CheckAxes(const v1::Node& n, const v1::Mesh& mesh) {
   absl::flat_hash_set<std::string> seen;
   for (const std::string& a : axes) {
     if (AxisIndex(mesh, a) < 0) {
-      return absl::InvalidArgumentError(StrCat("unknown mesh axis '", a, "'; the mesh is ", MeshString(mesh)));
+      return absl::InvalidArgumentError(
+          StrCat("unknown mesh axis '", a, "'; the mesh is ", MeshString(mesh)));
     }
-    if (!seen.insert(a).second) return absl::InvalidArgumentError(StrCat("mesh axis '", a, "' is named twice"));
+    if (!seen.insert(a).second)
+      return absl::InvalidArgumentError(StrCat("mesh axis '", a, "' is named twice"));
   }
   return absl::OkStatus();
 }
@@ -271,13 +292,15 @@ absl::Status CheckDim(const v1::TensorType& t, int64_t d, absl::string_view what
 
 }  // namespace
 
-absl::StatusOr<v1::TensorType> InferCollectiveType(const v1::Node& n, absl::Span<const v1::TensorType* const> ops,
+absl::StatusOr<v1::TensorType> InferCollectiveType(const v1::Node& n,
+                                                   absl::Span<const v1::TensorType* const> ops,
                                                    const v1::Mesh& mesh) {
   const int want = n.op() == v1::AXIS_INDEX ? 0 : 1;
   if (int(ops.size()) != want) {
     return absl::InvalidArgumentError(StrCat("expected ", want, " operands, got ", ops.size()));
   }
-  if (n.attrs_case() != v1::Node::kCollective) return absl::InvalidArgumentError("missing attributes 'collective'");
+  if (n.attrs_case() != v1::Node::kCollective)
+    return absl::InvalidArgumentError("missing attributes 'collective'");
   TESSEL_RETURN_IF_ERROR(CheckAxes(n, mesh));
   const v1::CollectiveAttrs& c = n.collective();
   const int64_t size = AxesSize(mesh, c.axes());
@@ -285,8 +308,7 @@ absl::StatusOr<v1::TensorType> InferCollectiveType(const v1::Node& n, absl::Span
   v1::TensorType t = *ops[0];
   switch (n.op()) {
     case v1::ALL_REDUCE:
-    case v1::COLLECTIVE_PERMUTE:
-      break;
+    case v1::COLLECTIVE_PERMUTE: break;
     case v1::ALL_GATHER:
       TESSEL_RETURN_IF_ERROR(CheckDim(t, c.dimension(), "dimension"));
       t.set_dims(c.dimension(), t.dims(c.dimension()) * size);
@@ -297,7 +319,7 @@ absl::StatusOr<v1::TensorType> InferCollectiveType(const v1::Node& n, absl::Span
       TESSEL_RETURN_IF_ERROR(CheckDim(t, c.dimension(), "dimension"));
       if (t.dims(c.dimension()) % size != 0) {
         return absl::InvalidArgumentError(StrCat("dimension ", c.dimension(), " of ", TypeString(t),
-                                                     " does not split evenly over ", size, " devices"));
+                                                 " does not split evenly over ", size, " devices"));
       }
       t.set_dims(c.dimension(), t.dims(c.dimension()) / size);
       if (n.op() == v1::ALL_TO_ALL) {
@@ -305,22 +327,23 @@ absl::StatusOr<v1::TensorType> InferCollectiveType(const v1::Node& n, absl::Span
         t.set_dims(c.concat_dimension(), t.dims(c.concat_dimension()) * size);
       }
       break;
-    default:
-      return absl::InvalidArgumentError("not a collective");
+    default: return absl::InvalidArgumentError("not a collective");
   }
   if (n.op() == v1::COLLECTIVE_PERMUTE) {
     if (c.source_target_pairs_size() % 2 != 0) {
-      return absl::InvalidArgumentError("source_target_pairs: expected (source, target) pairs, got an odd count");
+      return absl::InvalidArgumentError(
+          "source_target_pairs: expected (source, target) pairs, got an odd count");
     }
     absl::flat_hash_set<int64_t> sources, targets;
     for (int i = 0; i < c.source_target_pairs_size(); i += 2) {
       const int64_t src = c.source_target_pairs(i), dst = c.source_target_pairs(i + 1);
       if (src < 0 || src >= size || dst < 0 || dst >= size) {
-        return absl::InvalidArgumentError(StrCat("pair (", src, ", ", dst, ") out of range: the group has ", size,
-                                                 " devices"));
+        return absl::InvalidArgumentError(
+            StrCat("pair (", src, ", ", dst, ") out of range: the group has ", size, " devices"));
       }
       if (!sources.insert(src).second || !targets.insert(dst).second) {
-        return absl::InvalidArgumentError(StrCat("pair (", src, ", ", dst, "): each device sends and receives at most once"));
+        return absl::InvalidArgumentError(
+            StrCat("pair (", src, ", ", dst, "): each device sends and receives at most once"));
       }
     }
   }

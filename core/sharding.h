@@ -36,8 +36,8 @@ bool IsPartial(const v1::Sharding& s);
 
 // INVALID_ARGUMENT naming `what` on: more dims than the rank, an unknown
 // axis, an axis used twice, or a dimension its axes do not divide evenly.
-absl::Status ValidateSharding(const v1::Sharding& s, const v1::Mesh& mesh, const v1::TensorType& type,
-                              absl::string_view what);
+absl::Status ValidateSharding(const v1::Sharding& s, const v1::Mesh& mesh,
+                              const v1::TensorType& type, absl::string_view what);
 
 // "P('data', None)", "P(('data', 'model'),)", plus " partial(sum: model)".
 std::string ShardingString(const v1::Sharding& s);
@@ -58,7 +58,8 @@ std::vector<int64_t> BlockIndex(const v1::Sharding& s, const v1::Mesh& mesh, int
 
 // The positions that differ from `pos` only along `axes`, ordered by their
 // index along `axes`: the group of a collective over `axes`.
-std::vector<int> GroupPositions(const v1::Mesh& mesh, int pos, const std::vector<std::string>& axes);
+std::vector<int> GroupPositions(const v1::Mesh& mesh, int pos,
+                                const std::vector<std::string>& axes);
 
 // Types a collective (ALL_REDUCE .. AXIS_INDEX, and SHARD_SLICE) on per-device
 // blocks over `mesh`: its axes must be known and distinct, its dimensions in

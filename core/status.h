@@ -12,9 +12,9 @@
 #define TESSEL_CONCAT_INNER(a, b) a##b
 #define TESSEL_CONCAT(a, b) TESSEL_CONCAT_INNER(a, b)
 
-#define TESSEL_RETURN_IF_ERROR(expr)              \
-  do {                                            \
-    ::absl::Status tessel_status_ = (expr);       \
+#define TESSEL_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::absl::Status tessel_status_ = (expr);          \
     if (!tessel_status_.ok()) return tessel_status_; \
   } while (0)
 
@@ -41,7 +41,8 @@ inline constexpr size_t kMaxStatusMessageBytes = 4096;
 inline std::string BoundedMessage(absl::string_view m) {
   if (m.size() <= kMaxStatusMessageBytes) return std::string(m);
   const size_t keep = kMaxStatusMessageBytes / 2 - 64;
-  return absl::StrCat(m.substr(0, keep), " … [", m.size() - 2 * keep, " bytes cut] … ", m.substr(m.size() - keep));
+  return absl::StrCat(m.substr(0, keep), " … [", m.size() - 2 * keep, " bytes cut] … ",
+                      m.substr(m.size() - keep));
 }
 
 // The root cause a dependent error quotes, and how many steps of its chain
@@ -61,11 +62,13 @@ inline absl::Status DependentError(const absl::Status& cause, absl::string_view 
   const auto quoted = cause.GetPayload(kRootCausePayload);  // absl::optional<absl::Cord>
   const std::string root = quoted ? std::string(*quoted) : std::string(cause.message());
   int64_t steps = 0;
-  if (const auto n = cause.GetPayload(kDependentStepsPayload)) (void)absl::SimpleAtoi(std::string(*n), &steps);
+  if (const auto n = cause.GetPayload(kDependentStepsPayload))
+    (void)absl::SimpleAtoi(std::string(*n), &steps);
   ++steps;
-  absl::Status out(cause.code(),
-                   absl::StrCat(what, " failed earlier; dependent step ", steps, " to fail from this cause: ", root));
-  cause.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+  absl::Status out(cause.code(), absl::StrCat(what, " failed earlier; dependent step ", steps,
+                                              " to fail from this cause: ", root));
+  cause.ForEachPayload(
+      [&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
   out.SetPayload(kRootCausePayload, absl::Cord(root));
   out.SetPayload(kDependentStepsPayload, absl::Cord(absl::StrCat(steps)));
   return out;
@@ -76,7 +79,8 @@ inline absl::Status DependentError(const absl::Status& cause, absl::string_view 
 inline absl::Status Annotate(const absl::Status& s, absl::string_view prefix) {
   if (s.ok()) return s;
   absl::Status out(s.code(), absl::StrCat(prefix, s.message()));
-  s.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+  s.ForEachPayload(
+      [&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
   return out;
 }
 

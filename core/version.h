@@ -20,9 +20,9 @@ inline absl::StatusOr<int> NegotiateVersion(int client_min, int client_max) {
   int lo = std::max(client_min, kProtocolVersionMin);
   int hi = std::min(client_max, kProtocolVersionMax);
   if (lo > hi) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "protocol version mismatch: client speaks [", client_min, ", ", client_max,
-        "], server speaks [", kProtocolVersionMin, ", ", kProtocolVersionMax, "]"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("protocol version mismatch: client speaks [", client_min, ", ", client_max,
+                     "], server speaks [", kProtocolVersionMin, ", ", kProtocolVersionMax, "]"));
   }
   return hi;
 }

@@ -25,8 +25,8 @@
 
 #define TESSEL_DEMO_CONCAT2(a, b) a##b
 #define TESSEL_DEMO_CONCAT(a, b) TESSEL_DEMO_CONCAT2(a, b)
-#define TESSEL_DEMO_ASSIGN(lhs, expr)                                      \
-  auto TESSEL_DEMO_CONCAT(r_, __LINE__) = (expr);                          \
+#define TESSEL_DEMO_ASSIGN(lhs, expr)                                                           \
+  auto TESSEL_DEMO_CONCAT(r_, __LINE__) = (expr);                                               \
   if (!TESSEL_DEMO_CONCAT(r_, __LINE__).ok()) return TESSEL_DEMO_CONCAT(r_, __LINE__).status(); \
   lhs = std::move(*TESSEL_DEMO_CONCAT(r_, __LINE__))
 #define TESSEL_DEMO_RETURN_IF_ERROR(expr) \
@@ -43,7 +43,8 @@ constexpr float kLearningRate = 0.1f;
 
 using tessel::HostArray;
 
-const tessel::mlp::Shape kShape{.batch = kBatch, .in = kIn, .hidden = kHidden, .out = 1, .learning_rate = kLearningRate};
+const tessel::mlp::Shape kShape{
+    .batch = kBatch, .in = kIn, .hidden = kHidden, .out = 1, .learning_rate = kLearningRate};
 tessel::ArrayType F32(std::vector<int64_t> dims) { return tessel::mlp::F32(std::move(dims)); }
 
 // A fixed random "teacher" function the student learns: y = sin(x . u) + 0.5 * (x . v)^2 / kIn.
@@ -90,11 +91,13 @@ struct Run {
 
 // Trains from `init` with `train` (partitioned or not): puts the parameters
 // and the data with the executable's layouts (or on device 0), then steps.
-absl::StatusOr<Run> Train(tessel::Session& session, const tessel::Executable& train, const std::string& name,
-                          const std::vector<HostArray>& init, const HostArray& hx, const HostArray& hy) {
+absl::StatusOr<Run> Train(tessel::Session& session, const tessel::Executable& train,
+                          const std::string& name, const std::vector<HostArray>& init,
+                          const HostArray& hx, const HostArray& hy) {
   auto placement = [&](size_t i) {
-    return train.partitioned() ? tessel::Placement::Sharded(*train.mesh(), train.parameter_shardings()[i])
-                               : tessel::Placement::Device(0);
+    return train.partitioned()
+               ? tessel::Placement::Sharded(*train.mesh(), train.parameter_shardings()[i])
+               : tessel::Placement::Device(0);
   };
   Run run{name};
   for (size_t i = 0; i < init.size(); ++i) {
@@ -126,7 +129,8 @@ void PrintPlan(const tessel::Executable& exe, const std::vector<std::string>& pa
                const std::vector<std::string>& outputs) {
   std::printf("  mesh %s\n", exe.mesh()->ToString().c_str());
   for (size_t i = 0; i < params.size(); ++i) {
-    std::printf("    %-3s %-10s %s\n", params[i].c_str(), exe.parameter_types()[i].ToString().c_str(),
+    std::printf("    %-3s %-10s %s\n", params[i].c_str(),
+                exe.parameter_types()[i].ToString().c_str(),
                 exe.parameter_shardings()[i].ToString().c_str());
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -135,11 +139,12 @@ void PrintPlan(const tessel::Executable& exe, const std::vector<std::string>& pa
   }
   int64_t bytes = 0;
   for (const auto& c : exe.collectives()) bytes += c.bytes_per_device;
-  std::printf("  %zu collectives per step, %lld bytes received per device:\n", exe.collectives().size(),
-              (long long)bytes);
+  std::printf("  %zu collectives per step, %lld bytes received per device:\n",
+              exe.collectives().size(), (long long)bytes);
   for (const auto& c : exe.collectives()) {
-    std::printf("    %s over %s, %lld bytes: %s\n", c.op.c_str(), absl::StrJoin(c.axes, ",").c_str(),
-                (long long)c.bytes_per_device, c.reason.c_str());
+    std::printf("    %s over %s, %lld bytes: %s\n", c.op.c_str(),
+                absl::StrJoin(c.axes, ",").c_str(), (long long)c.bytes_per_device,
+                c.reason.c_str());
   }
 }
 
@@ -149,15 +154,15 @@ absl::Status Main() {
   options.devices_per_worker = 1;
   TESSEL_DEMO_ASSIGN(auto cluster, tessel::LocalCluster::Start(options));
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  std::printf("local cluster: coordinator %s, 2 worker processes (logs in %s)\n", cluster->address().c_str(),
-              cluster->log_dir().c_str());
+  std::printf("local cluster: coordinator %s, 2 worker processes (logs in %s)\n",
+              cluster->address().c_str(), cluster->log_dir().c_str());
   TESSEL_DEMO_ASSIGN(auto session, tessel::Session::Connect(cluster->address()));
   TESSEL_DEMO_ASSIGN(tessel::Graph train_graph, tessel::mlp::TrainStep(kShape));
   TESSEL_DEMO_ASSIGN(tessel::Graph by_hand_graph, tessel::mlp::HandWrittenTrainStep(kShape));
   TESSEL_DEMO_ASSIGN(tessel::Executable by_hand, session->Compile(by_hand_graph));
   TESSEL_DEMO_ASSIGN(tessel::Executable train, session->Compile(train_graph));
-  std::printf("compiled %s: %d nodes; plan on one device:\n%s", train_graph.name().c_str(), train_graph.num_nodes(),
-              train.plan().c_str());
+  std::printf("compiled %s: %d nodes; plan on one device:\n%s", train_graph.name().c_str(),
+              train_graph.num_nodes(), train.plan().c_str());
   for (const auto& d : train.diagnostics()) std::printf("%s\n", d.c_str());
 
   // The same step, partitioned two ways. The outputs keep the parameters'
@@ -193,13 +198,17 @@ absl::Status Main() {
   };
   HostArray hx, hy;
   MakeData(rng, hx, hy);
-  const std::vector<HostArray> start = {init({kIn, kHidden}, 1.f / std::sqrt(float(kIn))), init({kHidden}, 0.f),
-                                        init({kHidden, 1}, 1.f / std::sqrt(float(kHidden))), init({1}, 0.f)};
-  std::printf("\ntraining: batch %lld, %lld -> %lld -> 1, lr %.2f, %d steps; predicting the mean scores %.4f\n",
-              (long long)kBatch, (long long)kIn, (long long)kHidden, kLearningRate, kSteps, Variance(hy));
+  const std::vector<HostArray> start = {
+      init({kIn, kHidden}, 1.f / std::sqrt(float(kIn))), init({kHidden}, 0.f),
+      init({kHidden, 1}, 1.f / std::sqrt(float(kHidden))), init({1}, 0.f)};
+  std::printf(
+      "\ntraining: batch %lld, %lld -> %lld -> 1, lr %.2f, %d steps; predicting the mean scores "
+      "%.4f\n",
+      (long long)kBatch, (long long)kIn, (long long)kHidden, kLearningRate, kSteps, Variance(hy));
   std::vector<Run> runs;
-  for (auto [exe, name] : {std::pair{&train, "one device"}, std::pair{&train_dp, "data-parallel"},
-                           std::pair{&train_mp, "model-parallel"}, std::pair{&by_hand, "by hand"}}) {
+  for (auto [exe, name] :
+       {std::pair{&train, "one device"}, std::pair{&train_dp, "data-parallel"},
+        std::pair{&train_mp, "model-parallel"}, std::pair{&by_hand, "by hand"}}) {
     TESSEL_DEMO_ASSIGN(Run r, Train(*session, *exe, name, start, hx, hy));
     runs.push_back(std::move(r));
   }
@@ -220,7 +229,8 @@ absl::Status Main() {
   std::printf("\nlargest relative difference from the one-device loss: %.2e\n", worst);
   const float loss = runs[0].losses.back();
   std::vector<tessel::Array> params = runs[0].params;
-  for (size_t i = 1; i < runs.size(); ++i) TESSEL_DEMO_RETURN_IF_ERROR(session->Delete(runs[i].params));
+  for (size_t i = 1; i < runs.size(); ++i)
+    TESSEL_DEMO_RETURN_IF_ERROR(session->Delete(runs[i].params));
 
   // Held-out evaluation on the other worker's device.
   TESSEL_DEMO_ASSIGN(tessel::Graph eval_graph, tessel::mlp::EvalLoss(kShape));
@@ -240,20 +250,24 @@ absl::Status Main() {
   eval_args.push_back(ey);
   TESSEL_DEMO_ASSIGN(std::vector<tessel::Array> eouts, session->Execute(eval, eval_args, {dev1}));
   TESSEL_DEMO_ASSIGN(HostArray el, session->Fetch(eouts[0]));
-  std::printf("held-out loss on device 1: %.5f (predicting the mean: %.4f)\n", el.as<float>()[0], Variance(ty));
+  std::printf("held-out loss on device 1: %.5f (predicting the mean: %.4f)\n", el.as<float>()[0],
+              Variance(ty));
 
   TESSEL_DEMO_ASSIGN(tessel::SessionStats st, session->Stats());
   TESSEL_DEMO_ASSIGN(tessel::ClusterStatus cs, session->Cluster(true));
-  std::printf("\ncluster: %zu workers, %d devices; %lld compiles (%lld cache hits), %lld executions\n",
-              cs.workers.size(), cs.num_devices(), (long long)cs.compiles, (long long)cs.compile_cache_hits,
-              (long long)cs.executions);
-  std::printf("session: %lld live arrays (%lld bytes), %lld bytes host->device, %lld bytes device->host\n",
-              (long long)st.live_arrays, (long long)st.live_bytes, (long long)st.bytes_host_to_device,
-              (long long)st.bytes_device_to_host);
+  std::printf(
+      "\ncluster: %zu workers, %d devices; %lld compiles (%lld cache hits), %lld executions\n",
+      cs.workers.size(), cs.num_devices(), (long long)cs.compiles, (long long)cs.compile_cache_hits,
+      (long long)cs.executions);
+  std::printf(
+      "session: %lld live arrays (%lld bytes), %lld bytes host->device, %lld bytes device->host\n",
+      (long long)st.live_arrays, (long long)st.live_bytes, (long long)st.bytes_host_to_device,
+      (long long)st.bytes_device_to_host);
   for (const auto& w : cs.workers) {
     for (const auto& m : w.memory) {
-      std::printf("  %s device %d: %lld bytes in use, peak %lld, %lld buffers\n", w.id.c_str(), m.device,
-                  (long long)m.bytes_in_use, (long long)m.peak_bytes_in_use, (long long)m.num_buffers);
+      std::printf("  %s device %d: %lld bytes in use, peak %lld, %lld buffers\n", w.id.c_str(),
+                  m.device, (long long)m.bytes_in_use, (long long)m.peak_bytes_in_use,
+                  (long long)m.num_buffers);
     }
   }
   if (!(loss < 0.5f * Variance(hy))) {
@@ -261,7 +275,8 @@ absl::Status Main() {
   }
   if (!(worst < 1e-3f)) {
     return absl::InternalError(absl::StrFormat(
-        "the partitioned or hand-differentiated runs' loss differs from one device's by %.2e", worst));
+        "the partitioned or hand-differentiated runs' loss differs from one device's by %.2e",
+        worst));
   }
   return absl::OkStatus();
 }

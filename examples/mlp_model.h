@@ -37,7 +37,8 @@ inline std::pair<Value, Value> Forward(GraphBuilder& g, const Params& m, Value x
 
 inline Value Loss(GraphBuilder& g, Value pred, Value y, const Shape& s) {
   Value err = g.Sub(pred, y);
-  return g.Div(g.Reduce(g.Mul(err, err), ReduceKind::kSum, {0, 1}), g.Scalar(DType::kF32, double(s.batch)));
+  return g.Div(g.Reduce(g.Mul(err, err), ReduceKind::kSum, {0, 1}),
+               g.Scalar(DType::kF32, double(s.batch)));
 }
 
 inline Value Sgd(GraphBuilder& g, Value w, Value dw, const Shape& s) {
@@ -56,7 +57,8 @@ inline absl::StatusOr<Graph> TrainStep(const Shape& s) {
   };
   std::vector<Value> r = g.ValueAndGrad(loss, {m.w1, m.b1, m.w2, m.b2, x, y}, {0, 1, 2, 3});
   if (!g.status().ok()) return g.status();
-  return g.Build({r[0], Sgd(g, m.w1, r[1], s), Sgd(g, m.b1, r[2], s), Sgd(g, m.w2, r[3], s), Sgd(g, m.b2, r[4], s)});
+  return g.Build({r[0], Sgd(g, m.w1, r[1], s), Sgd(g, m.b1, r[2], s), Sgd(g, m.w2, r[3], s),
+                  Sgd(g, m.b2, r[4], s)});
 }
 
 // The same step with its backward pass written out by hand.
@@ -68,7 +70,8 @@ inline absl::StatusOr<Graph> HandWrittenTrainStep(const Shape& s) {
   auto [pred, h] = Forward(g, m, x, s);
   Value loss = Loss(g, pred, y, s);
   Value err = g.Sub(pred, y);
-  Value dpred = g.Mul(err, g.Broadcast(g.Scalar(DType::kF32, 2.0 / double(s.batch)), {s.batch, s.out}));
+  Value dpred =
+      g.Mul(err, g.Broadcast(g.Scalar(DType::kF32, 2.0 / double(s.batch)), {s.batch, s.out}));
   Value dw2 = g.DotGeneral(h, dpred, {{}, {}, {0}, {0}});
   Value db2 = g.Reduce(dpred, ReduceKind::kSum, {0});
   Value dh = g.DotGeneral(dpred, m.w2, {{}, {}, {1}, {1}});
@@ -76,7 +79,8 @@ inline absl::StatusOr<Graph> HandWrittenTrainStep(const Shape& s) {
   Value dh_pre = g.Mul(dh, g.Sub(one, g.Mul(h, h)));
   Value dw1 = g.DotGeneral(x, dh_pre, {{}, {}, {0}, {0}});
   Value db1 = g.Reduce(dh_pre, ReduceKind::kSum, {0});
-  return g.Build({loss, Sgd(g, m.w1, dw1, s), Sgd(g, m.b1, db1, s), Sgd(g, m.w2, dw2, s), Sgd(g, m.b2, db2, s)});
+  return g.Build({loss, Sgd(g, m.w1, dw1, s), Sgd(g, m.b1, db1, s), Sgd(g, m.w2, dw2, s),
+                  Sgd(g, m.b2, db2, s)});
 }
 
 inline absl::StatusOr<Graph> EvalLoss(const Shape& s) {

@@ -24,11 +24,12 @@ using absl::StrCat;
 
 // A manual region's body, typed over the mesh (with the graph's functions),
 // for its derivative; `where` names the derivative in errors.
-absl::StatusOr<TypedGraph> RegionBody(const v1::Node& n, const v1::Mesh& mesh,
-                                      const google::protobuf::RepeatedPtrField<v1::Graph>& functions,
-                                      const std::string& where) {
+absl::StatusOr<TypedGraph> RegionBody(
+    const v1::Node& n, const v1::Mesh& mesh,
+    const google::protobuf::RepeatedPtrField<v1::Graph>& functions, const std::string& where) {
   if (mesh.axis_names_size() == 0) {
-    return absl::InvalidArgumentError(StrCat(where, ": a manual region needs a mesh; compile with one"));
+    return absl::InvalidArgumentError(
+        StrCat(where, ": a manual region needs a mesh; compile with one"));
   }
   v1::Graph with_functions = n.manual_region().body();
   *with_functions.mutable_functions() = functions;
@@ -38,7 +39,8 @@ absl::StatusOr<TypedGraph> RegionBody(const v1::Node& n, const v1::Mesh& mesh,
 }
 
 struct RegionContext {
-  RegionContext(const v1::Mesh& m, const google::protobuf::RepeatedPtrField<v1::Graph>& functions, std::string l)
+  RegionContext(const v1::Mesh& m, const google::protobuf::RepeatedPtrField<v1::Graph>& functions,
+                std::string l)
       : mesh(m), analysis(m, functions), label(std::move(l)) {}
 
   void Track(const v1::Node& n) {
@@ -83,8 +85,14 @@ class Vjp : public ops::ReverseMode {
   Vjp(Emitter& e, const v1::Node& node, const TypedGraph& f, std::vector<std::string> args,
       std::vector<std::string> cotangents, google::protobuf::RepeatedPtrField<v1::Graph>* functions,
       const v1::Mesh& mesh, RegionContext* region = nullptr)
-      : e_(e), node_(node), f_(f), args_(std::move(args)), cts_(std::move(cotangents)), functions_(functions),
-        mesh_(mesh), region_(region) {}
+      : e_(e),
+        node_(node),
+        f_(f),
+        args_(std::move(args)),
+        cts_(std::move(cotangents)),
+        functions_(functions),
+        mesh_(mesh),
+        region_(region) {}
 
   // The names of the node's results: F's results, then the cotangents of `wrt`.
   absl::StatusOr<std::vector<std::string>> Run() {
@@ -103,7 +111,8 @@ class Vjp : public ops::ReverseMode {
         continue;
       }
       if (n.op() == v1::VJP) {
-        return absl::UnimplementedError(StrCat("vjp of '", fn, "': node '", n.name(), "' is itself a vjp (a gradient ",
+        return absl::UnimplementedError(StrCat("vjp of '", fn, "': node '", n.name(),
+                                               "' is itself a vjp (a gradient ",
                                                "of a gradient), which is not supported yet"));
       }
       v1::Node c = n;
@@ -132,8 +141,8 @@ class Vjp : public ops::ReverseMode {
     e_.set_base(prefix + "bwd");
     for (int i = f_.graph.nodes_size() - 1; i >= 0; --i) {
       const v1::Node& n = f_.graph.nodes(i);
-      if (n.op() == v1::SCAN || n.op() == v1::CONDITIONAL || n.op() == v1::CUSTOM_VJP || n.op() == v1::CUSTOM_JVP ||
-          (n.op() == v1::MANUAL_REGION && IsMultiResult(n))) {
+      if (n.op() == v1::SCAN || n.op() == v1::CONDITIONAL || n.op() == v1::CUSTOM_VJP ||
+          n.op() == v1::CUSTOM_JVP || (n.op() == v1::MANUAL_REGION && IsMultiResult(n))) {
         if (auto r = result_ct_.find(n.name()); r != result_ct_.end()) {
           const std::vector<std::string> cts = r->second;
           TESSEL_RETURN_IF_ERROR(n.op() == v1::MANUAL_REGION ? TransposeRegion(n, cts)
@@ -159,7 +168,8 @@ class Vjp : public ops::ReverseMode {
     for (int p : node_.grad().wrt()) {
       const v1::Node& prm = f_.graph.nodes(f_.parameters[p]);
       auto it = ct_.find(prm.name());
-      results.push_back(it != ct_.end() ? Settle(prm.name(), it->second) : e_.Fill(prm.type(), 0.0));
+      results.push_back(it != ct_.end() ? Settle(prm.name(), it->second)
+                                        : e_.Fill(prm.type(), 0.0));
     }
     TESSEL_RETURN_IF_ERROR(e_.status());
     if (region_ != nullptr) TESSEL_RETURN_IF_ERROR(region_->status);
@@ -207,14 +217,16 @@ class Vjp : public ops::ReverseMode {
       case v1::ALL_TO_ALL:
       case v1::COLLECTIVE_PERMUTE: return TransposeCollective(n, ct);
       case v1::CUSTOM_KERNEL:
-        return absl::UnimplementedError(StrCat(
-            Where(), ": custom kernel '", n.custom_kernel().name(), "' (node '", n.name(),
-            "') has no derivative of its own: wrap its call in custom_vjp, whose backward function may call a ",
-            "backward kernel with its own replication rule"));
+        return absl::UnimplementedError(StrCat(Where(), ": custom kernel '",
+                                               n.custom_kernel().name(), "' (node '", n.name(),
+                                               "') has no derivative of its own: wrap its call in "
+                                               "custom_vjp, whose backward function may call a ",
+                                               "backward kernel with its own replication rule"));
       case v1::TUPLE_ELEMENT: return TransposeTupleElement(n, ct);
       default: break;
     }
-    if (const ops::OpRules* r = ops::Find(n.op()); r != nullptr && r->vjp != nullptr) return r->vjp(*this, n, ct);
+    if (const ops::OpRules* r = ops::Find(n.op()); r != nullptr && r->vjp != nullptr)
+      return r->vjp(*this, n, ct);
     return absl::UnimplementedError(StrCat(Where(), ": node '", n.name(), "' (", OpName(n.op()),
                                            "): reverse mode has no transposition rule for it yet"));
   }
@@ -231,9 +243,10 @@ class Vjp : public ops::ReverseMode {
     }
     const std::string where = StrCat(Where(), ": node '", n.name(), "' (", OpName(n.op()), ")");
     if (src.op() == v1::WHILE) {
-      return absl::InvalidArgumentError(StrCat(
-          where, " reads while loop '", src.name(), "': reverse mode needs a trip count known at compile time, ",
-          "as in JAX; write the loop as scan or as fori_loop with Python int bounds"));
+      return absl::InvalidArgumentError(
+          StrCat(where, " reads while loop '", src.name(),
+                 "': reverse mode needs a trip count known at compile time, ",
+                 "as in JAX; write the loop as scan or as fori_loop with Python int bounds"));
     }
     return absl::UnimplementedError(StrCat(where, " reads ", OpName(src.op()), " '", src.name(),
                                            "', which reverse mode does not differentiate yet"));
@@ -243,9 +256,13 @@ class Vjp : public ops::ReverseMode {
   Emitter& e() override { return e_; }
   std::string Operand(const v1::Node& n, int k) override { return Forward(n.operands(k)); }
   std::string Result(const v1::Node& n) override { return fwd_.at(n.name()); }
-  const v1::TensorType& OperandType(const v1::Node& n, int k) override { return TypeOf(n.operands(k)); }
+  const v1::TensorType& OperandType(const v1::Node& n, int k) override {
+    return TypeOf(n.operands(k));
+  }
   bool Active(const v1::Node& n, int k) override { return active_.contains(n.operands(k)); }
-  void Into(const v1::Node& n, int k, const std::string& ct) override { Accumulate(n.operands(k), ct); }
+  void Into(const v1::Node& n, int k, const std::string& ct) override {
+    Accumulate(n.operands(k), ct);
+  }
   std::string Where() const override { return StrCat("vjp of '", node_.grad().function(), "'"); }
 
   // ------------------------------------------------------------ manual regions
@@ -292,21 +309,26 @@ class Vjp : public ops::ReverseMode {
     const std::vector<std::string> extra = Excess(v, ct);
     if (extra.empty()) return ct;
     const std::string why = region_->Of(ct).Reason(extra[0]);
-    return Collective(v1::ALL_REDUCE, ct, extra,
-                      StrCat("reverse mode: '", v, "' is the same on every device over ", absl::StrJoin(extra, ", "),
-                             " and the cotangents its uses contribute vary over it (", why, "): their sum"));
+    return Collective(
+        v1::ALL_REDUCE, ct, extra,
+        StrCat("reverse mode: '", v, "' is the same on every device over ",
+               absl::StrJoin(extra, ", "), " and the cotangents its uses contribute vary over it (",
+               why, "): their sum"));
   }
 
   absl::Status TransposeCollective(const v1::Node& n, const std::string& ct) {
-    const std::string where = StrCat("vjp of '", node_.grad().function(), "': ", OpName(n.op()), " '", n.name(), "'");
+    const std::string where =
+        StrCat("vjp of '", node_.grad().function(), "': ", OpName(n.op()), " '", n.name(), "'");
     if (region_ == nullptr) {
-      return absl::UnimplementedError(StrCat(where, ": reverse mode transposes the collectives of a manual region's ",
-                                             "body; inside a loop or a conditional there it does not yet"));
+      return absl::UnimplementedError(
+          StrCat(where, ": reverse mode transposes the collectives of a manual region's ",
+                 "body; inside a loop or a conditional there it does not yet"));
     }
     const v1::CollectiveAttrs& c = n.collective();
     const std::vector<std::string> axes(c.axes().begin(), c.axes().end());
     const std::string x = n.operands(0);
-    const std::string reason = StrCat("reverse mode: transpose of ", OpName(n.op()), " '", n.name(), "'");
+    const std::string reason =
+        StrCat("reverse mode: transpose of ", OpName(n.op()), " '", n.name(), "'");
     // Over the axes of the group its operand does not vary over, a psum
     // (or psum_scatter) added copies of one value: the cotangent counts them.
     int64_t copies = 1;
@@ -319,16 +341,21 @@ class Vjp : public ops::ReverseMode {
     switch (n.op()) {
       case v1::ALL_REDUCE:
         if (c.kind() != v1::SUM && c.kind() != v1::REDUCE_INVALID) {
-          return absl::InvalidArgumentError(
-              StrCat(where, ": only psum is linear; pmax, pmin and pprod have no transpose in reverse mode"));
+          return absl::InvalidArgumentError(StrCat(
+              where,
+              ": only psum is linear; pmax, pmin and pprod have no transpose in reverse mode"));
         }
-        Accumulate(x, counted(ct));  // pbroadcast: free, the cotangent is the same on every device of the group
+        Accumulate(
+            x,
+            counted(
+                ct));  // pbroadcast: free, the cotangent is the same on every device of the group
         return absl::OkStatus();
       case v1::REDUCE_SCATTER:
         Accumulate(x, counted(Collective(v1::ALL_GATHER, ct, axes, reason, c.dimension())));
         return absl::OkStatus();
       case v1::ALL_TO_ALL:
-        Accumulate(x, Collective(v1::ALL_TO_ALL, ct, axes, reason, c.concat_dimension(), c.dimension()));
+        Accumulate(
+            x, Collective(v1::ALL_TO_ALL, ct, axes, reason, c.concat_dimension(), c.dimension()));
         return absl::OkStatus();
       case v1::COLLECTIVE_PERMUTE: {
         std::vector<int64_t> inverse;
@@ -347,12 +374,16 @@ class Vjp : public ops::ReverseMode {
           return std::find(extra.begin(), extra.end(), a) != extra.end();
         });
         if (!whole) {
-          Accumulate(x, Collective(v1::SHARD_SLICE, Settle(n.name(), ct), axes, reason, c.dimension()));
+          Accumulate(
+              x, Collective(v1::SHARD_SLICE, Settle(n.name(), ct), axes, reason, c.dimension()));
           return absl::OkStatus();
         }
         std::string v = Collective(v1::REDUCE_SCATTER, ct, axes, reason, c.dimension());
-        std::erase_if(extra, [&](const std::string& a) { return std::find(axes.begin(), axes.end(), a) != axes.end(); });
-        if (!extra.empty()) v = Collective(v1::ALL_REDUCE, v, extra, StrCat(reason, ": the rest of its sum"));
+        std::erase_if(extra, [&](const std::string& a) {
+          return std::find(axes.begin(), axes.end(), a) != axes.end();
+        });
+        if (!extra.empty())
+          v = Collective(v1::ALL_REDUCE, v, extra, StrCat(reason, ": the rest of its sum"));
         Accumulate(x, v);
         return absl::OkStatus();
       }
@@ -409,7 +440,8 @@ class Vjp : public ops::ReverseMode {
       // are summed where the operands are replicated (shard_map with
       // check_rep=False does the same).
       const Varying result_vary = forward_vary[body.graph.outputs(k)];
-      absl::flat_hash_set<std::string> covered(out_spec.partial().begin(), out_spec.partial().end());
+      absl::flat_hash_set<std::string> covered(out_spec.partial().begin(),
+                                               out_spec.partial().end());
       for (const auto& d : out_spec.dims()) covered.insert(d.axes().begin(), d.axes().end());
       int64_t shares = 1;
       Varying uncertain;
@@ -428,11 +460,13 @@ class Vjp : public ops::ReverseMode {
     v1::Node grad;
     grad.set_name(n.name());
     grad.set_op(v1::VJP);
-    grad.mutable_grad()->set_function(StrCat(node_.grad().function(), "' in manual region '", n.name()));
+    grad.mutable_grad()->set_function(
+        StrCat(node_.grad().function(), "' in manual region '", n.name()));
     std::vector<int> wrt;
     for (int i = 0; i < np; ++i) {
       // Only operands that depend on what is differentiated take a cotangent.
-      if (IsFloat(body.graph.nodes(body.parameters[i]).type().dtype()) && active_.contains(n.operands(i))) {
+      if (IsFloat(body.graph.nodes(body.parameters[i]).type().dtype()) &&
+          active_.contains(n.operands(i))) {
         grad.mutable_grad()->add_wrt(i);
         wrt.push_back(i);
       }
@@ -519,7 +553,8 @@ class Vjp : public ops::ReverseMode {
     const int nc = c.num_carry();
     std::vector<std::string> params(nc);
     for (const v1::Node& p : body.nodes()) {
-      if (p.op() == v1::PARAMETER && p.parameter().index() < nc) params[p.parameter().index()] = p.name();
+      if (p.op() == v1::PARAMETER && p.parameter().index() < nc)
+        params[p.parameter().index()] = p.name();
     }
     for (const std::string& p : params) body.add_outputs(p);
     body.set_name(StrCat(c.body(), ".residuals"));
@@ -553,7 +588,8 @@ class Vjp : public ops::ReverseMode {
       return ct.empty() ? e_.Zeros(n.results(k)) : ct;
     };
     for (int k = 0; k < nc; ++k) ops.push_back(ct_or_zero(k));
-    for (int k = 0; k < nc; ++k) ops.push_back(e_.Element(fwd, nc + ny + k, Stacked(carry_t[k], length)));
+    for (int k = 0; k < nc; ++k)
+      ops.push_back(e_.Element(fwd, nc + ny + k, Stacked(carry_t[k], length)));
     for (int j = 0; j < nx; ++j) ops.push_back(fwd_.at(n.operands(nc + j)));
     for (int m = 0; m < ny; ++m) ops.push_back(ct_or_zero(nc + m));
     // Its body: (ct_c, c, x, ct_y) -> (ct_c', ct_x) through the body's VJP.
@@ -561,10 +597,13 @@ class Vjp : public ops::ReverseMode {
     bb.set_name(StrCat(c.body(), ".backward"));
     std::vector<std::string> ct_c, cs, xs, cty;
     int index = 0;
-    for (int k = 0; k < nc; ++k) ct_c.push_back(Add(bb, Parameter(StrCat("ct_c", k), index++, carry_t[k])));
-    for (int k = 0; k < nc; ++k) cs.push_back(Add(bb, Parameter(StrCat("c", k), index++, carry_t[k])));
+    for (int k = 0; k < nc; ++k)
+      ct_c.push_back(Add(bb, Parameter(StrCat("ct_c", k), index++, carry_t[k])));
+    for (int k = 0; k < nc; ++k)
+      cs.push_back(Add(bb, Parameter(StrCat("c", k), index++, carry_t[k])));
     for (int j = 0; j < nx; ++j) xs.push_back(Add(bb, Parameter(StrCat("x", j), index++, x_t[j])));
-    for (int m = 0; m < ny; ++m) cty.push_back(Add(bb, Parameter(StrCat("ct_y", m), index++, y_t[m])));
+    for (int m = 0; m < ny; ++m)
+      cty.push_back(Add(bb, Parameter(StrCat("ct_y", m), index++, y_t[m])));
     v1::Node v;
     v.set_name("vjp");
     v.set_op(v1::VJP);
@@ -629,8 +668,8 @@ class Vjp : public ops::ReverseMode {
   // `n` (a CUSTOM_VJP with operands already renamed) as a call of `fn`: a
   // one-branch conditional on a constant index, whose index node is queued
   // ahead of it.
-  absl::StatusOr<v1::Node> CallNode(const std::string& base, const v1::Node& n, const std::string& fn,
-                                    const std::string& prefix) {
+  absl::StatusOr<v1::Node> CallNode(const std::string& base, const v1::Node& n,
+                                    const std::string& fn, const std::string& prefix) {
     v1::Node index;
     index.set_op(v1::CONSTANT);
     index.set_name(e_.Fresh(StrCat(prefix, base, ".index")));
@@ -671,7 +710,8 @@ class Vjp : public ops::ReverseMode {
       t.set_dtype(v1::S32);
       return t;
     }()));
-    for (size_t r = m; r < fwd_results.size(); ++r) call.add_operands(e_.Element(fwd, int(r), fwd_results[r]));
+    for (size_t r = m; r < fwd_results.size(); ++r)
+      call.add_operands(e_.Element(fwd, int(r), fwd_results[r]));
     for (int k = 0; k < m; ++k) {
       const std::string& ct = k < int(result_cts.size()) ? result_cts[k] : std::string();
       call.add_operands(ct.empty() ? e_.Zeros(n.results(k)) : ct);
@@ -680,7 +720,8 @@ class Vjp : public ops::ReverseMode {
     for (int i = 0; i < n.operands_size(); ++i) *call.add_results() = TypeOf(n.operands(i));
     const std::string b = e_.Multi(std::move(call), StrCat(fwd, ".backward"));
     for (int i = 0; i < n.operands_size(); ++i) {
-      if (IsFloat(TypeOf(n.operands(i)).dtype())) Accumulate(n.operands(i), e_.Element(b, i, TypeOf(n.operands(i))));
+      if (IsFloat(TypeOf(n.operands(i)).dtype()))
+        Accumulate(n.operands(i), e_.Element(b, i, TypeOf(n.operands(i))));
     }
     return absl::OkStatus();
   }
@@ -692,7 +733,8 @@ class Vjp : public ops::ReverseMode {
     const v1::CustomJvpAttrs& c = n.custom_jvp();
     const int np = n.operands_size(), m = n.results_size();
     v1::Graph part = Function(c.jvp());
-    google::protobuf::RepeatedPtrField<std::string> tangent_outputs(part.outputs().begin() + m, part.outputs().end());
+    google::protobuf::RepeatedPtrField<std::string> tangent_outputs(part.outputs().begin() + m,
+                                                                    part.outputs().end());
     *part.mutable_outputs() = std::move(tangent_outputs);
     *part.mutable_functions() = *functions_;
     auto typed = ValidateGraph(part, {.manual_mesh = region_ != nullptr ? &mesh_ : nullptr});
@@ -706,7 +748,8 @@ class Vjp : public ops::ReverseMode {
     for (int i = 0; i < np; ++i) {
       const v1::TensorType& t = TypeOf(n.operands(i));
       args.push_back(e_.Zeros(t));
-      if (IsFloat(t.dtype()) && active_.contains(n.operands(i))) grad.mutable_grad()->add_wrt(np + i);
+      if (IsFloat(t.dtype()) && active_.contains(n.operands(i)))
+        grad.mutable_grad()->add_wrt(np + i);
     }
     for (int k = 0; k < m; ++k) {
       const std::string& ct = k < int(result_cts.size()) ? result_cts[k] : std::string();
@@ -722,7 +765,8 @@ class Vjp : public ops::ReverseMode {
     TESSEL_ASSIGN_OR_RETURN(std::vector<std::string> results, inner.Run());
     for (v1::Node& x : inner.forward()) e_.Adopt(std::move(x));
     for (v1::Node& x : *backward.mutable_nodes()) e_.Adopt(std::move(x));
-    for (int j = 0; j < grad.grad().wrt_size(); ++j) Accumulate(n.operands(grad.grad().wrt(j) - np), results[m + j]);
+    for (int j = 0; j < grad.grad().wrt_size(); ++j)
+      Accumulate(n.operands(grad.grad().wrt(j) - np), results[m + j]);
     return absl::OkStatus();
   }
 
@@ -779,7 +823,8 @@ class Vjp : public ops::ReverseMode {
     for (int i = 0; i < no; ++i) *back.add_results() = TypeOf(n.operands(1 + i));
     const std::string b = e_.Multi(std::move(back), StrCat(fwd_.at(n.name()), ".backward"));
     for (int i = 0; i < no; ++i) {
-      if (IsFloat(TypeOf(n.operands(1 + i)).dtype())) Accumulate(n.operands(1 + i), e_.Element(b, i, TypeOf(n.operands(1 + i))));
+      if (IsFloat(TypeOf(n.operands(1 + i)).dtype()))
+        Accumulate(n.operands(1 + i), e_.Element(b, i, TypeOf(n.operands(1 + i))));
     }
     return absl::OkStatus();
   }
@@ -796,9 +841,11 @@ class Vjp : public ops::ReverseMode {
   std::vector<std::string> args_, cts_;
   absl::flat_hash_map<std::string, std::string> fwd_;  // F's value -> its name in the output
   absl::flat_hash_map<std::string, std::string> ct_;   // F's value -> its cotangent's name
-  absl::flat_hash_set<std::string> active_;            // F's values that depend on a parameter in wrt
-  absl::flat_hash_map<std::string, std::string> regenerated_;  // F's generated constants, made again
-  absl::flat_hash_map<std::string, std::vector<std::string>> result_ct_;  // a scan's or conditional's results' cotangents
+  absl::flat_hash_set<std::string> active_;  // F's values that depend on a parameter in wrt
+  absl::flat_hash_map<std::string, std::string>
+      regenerated_;  // F's generated constants, made again
+  absl::flat_hash_map<std::string, std::vector<std::string>>
+      result_ct_;  // a scan's or conditional's results' cotangents
   google::protobuf::RepeatedPtrField<v1::Graph>* functions_;
   const v1::Mesh& mesh_;
   RegionContext* region_;
@@ -824,12 +871,14 @@ class Jvp : public ops::ForwardMode {
     for (const v1::Node& n : f_.graph.nodes()) {
       if (n.op() == v1::PARAMETER) {
         fwd_[n.name()] = args_[n.parameter().index()];
-        if (auto it = in_tangent_.find(n.parameter().index()); it != in_tangent_.end()) tan_[n.name()] = it->second;
+        if (auto it = in_tangent_.find(n.parameter().index()); it != in_tangent_.end())
+          tan_[n.name()] = it->second;
         continue;
       }
       if (n.op() == v1::VJP || n.op() == v1::JVP) {
-        return absl::UnimplementedError(StrCat("jvp of '", node_.grad().function(), "': node '", n.name(),
-                                               "' is itself a derivative, which is not supported yet"));
+        return absl::UnimplementedError(
+            StrCat("jvp of '", node_.grad().function(), "': node '", n.name(),
+                   "' is itself a derivative, which is not supported yet"));
       }
       v1::Node c = n;
       c.clear_operands();
@@ -846,9 +895,10 @@ class Jvp : public ops::ForwardMode {
       }
       if (!any) continue;
       if (n.op() == v1::CUSTOM_VJP) {
-        return absl::InvalidArgumentError(StrCat("jvp of '", node_.grad().function(), "': node '", n.name(),
-                                                 "' has a custom VJP, which forward mode cannot use (as JAX: ",
-                                                 "define a custom_jvp, or differentiate in reverse mode)"));
+        return absl::InvalidArgumentError(
+            StrCat("jvp of '", node_.grad().function(), "': node '", n.name(),
+                   "' has a custom VJP, which forward mode cannot use (as JAX: ",
+                   "define a custom_jvp, or differentiate in reverse mode)"));
       }
       if (n.op() == v1::WHILE || n.op() == v1::SCAN) {
         TESSEL_RETURN_IF_ERROR(TangentLoop(n));
@@ -857,8 +907,9 @@ class Jvp : public ops::ForwardMode {
       } else if (n.op() == v1::MANUAL_REGION && IsMultiResult(n)) {
         TESSEL_ASSIGN_OR_RETURN(result_tan_[n.name()], TangentRegion(n));
       } else if (IsMultiResult(n)) {
-        return absl::UnimplementedError(StrCat("jvp of '", node_.grad().function(), "': node '", n.name(), "' (",
-                                               OpName(n.op()), ") has no forward-mode rule yet"));
+        return absl::UnimplementedError(StrCat("jvp of '", node_.grad().function(), "': node '",
+                                               n.name(), "' (", OpName(n.op()),
+                                               ") has no forward-mode rule yet"));
       } else if (IsFloat(n.type().dtype())) {
         TESSEL_ASSIGN_OR_RETURN(std::string t, Tangent(n));
         if (!t.empty()) tan_[n.name()] = t;
@@ -877,7 +928,9 @@ class Jvp : public ops::ForwardMode {
   }
 
  private:
-  const v1::TensorType& TypeOf(const std::string& v) const { return f_.graph.nodes(f_.index_of.at(v)).type(); }
+  const v1::TensorType& TypeOf(const std::string& v) const {
+    return f_.graph.nodes(f_.index_of.at(v)).type();
+  }
   std::string T(const v1::Node& n, int k) {  // operand k's tangent, or ""
     auto it = tan_.find(n.operands(k));
     return it == tan_.end() ? "" : it->second;
@@ -901,7 +954,8 @@ class Jvp : public ops::ForwardMode {
       TESSEL_ASSIGN_OR_RETURN(std::vector<std::string> t, TangentRegion(n));
       return t.at(0);
     }
-    if (const ops::OpRules* r = ops::Find(n.op()); r != nullptr && r->jvp != nullptr) return r->jvp(*this, n);
+    if (const ops::OpRules* r = ops::Find(n.op()); r != nullptr && r->jvp != nullptr)
+      return r->jvp(*this, n);
     return absl::UnimplementedError(StrCat(Where(), ": node '", n.name(), "' (", OpName(n.op()),
                                            ") has no forward-mode rule yet"));
   }
@@ -912,7 +966,9 @@ class Jvp : public ops::ForwardMode {
   std::string Result(const v1::Node& n) override { return fwd_.at(n.name()); }
   std::string Tangent(const v1::Node& n, int k) override { return T(n, k); }
   std::string TangentOrZeros(const v1::Node& n, int k) override { return TZ(n, k); }
-  const v1::TensorType& OperandType(const v1::Node& n, int k) override { return TypeOf(n.operands(k)); }
+  const v1::TensorType& OperandType(const v1::Node& n, int k) override {
+    return TypeOf(n.operands(k));
+  }
   std::string Where() const override { return StrCat("jvp of '", node_.grad().function(), "'"); }
 
   // A custom_jvp's tangents: its rule, run as a call on the operands and
@@ -945,7 +1001,8 @@ class Jvp : public ops::ForwardMode {
   // running its body's JVP on the blocks of the operands and of their
   // tangents; one per result, under the result's out_spec.
   absl::StatusOr<std::vector<std::string>> TangentRegion(const v1::Node& n) {
-    const std::string where = StrCat("jvp of '", node_.grad().function(), "': manual region '", n.name(), "'");
+    const std::string where =
+        StrCat("jvp of '", node_.grad().function(), "': manual region '", n.name(), "'");
     const v1::ManualRegionAttrs& m = n.manual_region();
     const bool multi = m.out_specs_size() > 0;
     auto body = RegionBody(n, mesh_, *functions_, where);
@@ -962,7 +1019,8 @@ class Jvp : public ops::ForwardMode {
     v1::Node jvp;
     jvp.set_name(n.name());
     jvp.set_op(v1::JVP);
-    jvp.mutable_grad()->set_function(StrCat(node_.grad().function(), "' in manual region '", n.name()));
+    jvp.mutable_grad()->set_function(
+        StrCat(node_.grad().function(), "' in manual region '", n.name()));
     for (int i = 0; i < np; ++i) {
       const v1::TensorType& t = body->graph.nodes(body->parameters[i]).type();
       args.push_back(eb.Copy(Parameter(i, t), StrCat("x", i)));
@@ -973,7 +1031,8 @@ class Jvp : public ops::ForwardMode {
       const std::string t = T(n, i);
       if (t.empty()) continue;
       jvp.mutable_grad()->add_wrt(i);
-      tangents.push_back(eb.Copy(Parameter(region.operands_size(), eb.type(args[i])), StrCat("t", i)));
+      tangents.push_back(
+          eb.Copy(Parameter(region.operands_size(), eb.type(args[i])), StrCat("t", i)));
       region.add_operands(t);
       *rm.add_in_specs() = m.in_specs(i);
     }
@@ -991,7 +1050,8 @@ class Jvp : public ops::ForwardMode {
     *region.mutable_results() = n.results();
     const std::string r = e_.Multi(std::move(region), base);
     std::vector<std::string> out;
-    for (int k = 0; k < nr; ++k) out.push_back(IsFloat(n.results(k).dtype()) ? e_.Element(r, k, n.results(k)) : "");
+    for (int k = 0; k < nr; ++k)
+      out.push_back(IsFloat(n.results(k).dtype()) ? e_.Element(r, k, n.results(k)) : "");
     return out;
   }
   static v1::Node Parameter(int index, const v1::TensorType& t) {
@@ -1042,7 +1102,8 @@ class Jvp : public ops::ForwardMode {
     };
     for (int k = 0; k < nc; ++k) cs.push_back(param(StrCat("c", k), TypeOf(n.operands(k))));
     for (int k : fc) tcs.push_back(param(StrCat("tc", k), TypeOf(n.operands(k))));
-    for (int j = 0; j < nx; ++j) xs.push_back(param(StrCat("x", j), slice_type(TypeOf(n.operands(nc + j)))));
+    for (int j = 0; j < nx; ++j)
+      xs.push_back(param(StrCat("x", j), slice_type(TypeOf(n.operands(nc + j)))));
     for (int j : fx) txs.push_back(param(StrCat("tx", j), slice_type(TypeOf(n.operands(nc + j)))));
     v1::Node v;
     v.set_name("jvp");
@@ -1056,7 +1117,8 @@ class Jvp : public ops::ForwardMode {
     for (const std::string& o : txs) v.add_operands(o);
     const int nr = nc + ny;
     std::vector<v1::TensorType> body_results;
-    for (int k = 0; k < nr; ++k) body_results.push_back(k < nc ? TypeOf(n.operands(k)) : slice_type(n.results(k)));
+    for (int k = 0; k < nr; ++k)
+      body_results.push_back(k < nc ? TypeOf(n.operands(k)) : slice_type(n.results(k)));
     for (int r = 0; r < 2; ++r) {
       for (const v1::TensorType& t : body_results) *v.add_results() = t;
     }
@@ -1075,10 +1137,10 @@ class Jvp : public ops::ForwardMode {
     for (int m = 0; m < ny; ++m) {
       if (IsFloat(n.results(nc + m).dtype())) fy.push_back(m);
     }
-    for (int k = 0; k < nc; ++k) element(k, body_results[k]);                // c'
-    for (int k : fc) element(nr + k, body_results[k]);                         // tc'
-    for (int m = 0; m < ny; ++m) element(nc + m, body_results[nc + m]);        // y
-    for (int m : fy) element(nr + nc + m, body_results[nc + m]);               // ty
+    for (int k = 0; k < nc; ++k) element(k, body_results[k]);            // c'
+    for (int k : fc) element(nr + k, body_results[k]);                   // tc'
+    for (int m = 0; m < ny; ++m) element(nc + m, body_results[nc + m]);  // y
+    for (int m : fy) element(nr + nc + m, body_results[nc + m]);         // ty
     v1::Node loop = n;
     loop.clear_operands();
     loop.clear_results();
@@ -1133,18 +1195,19 @@ class Jvp : public ops::ForwardMode {
   std::vector<std::string> args_;
   google::protobuf::RepeatedPtrField<v1::Graph>* functions_;
   const v1::Mesh& mesh_;
-  absl::flat_hash_map<int, std::string> in_tangent_;     // parameter index -> its tangent
-  absl::flat_hash_map<std::string, std::string> fwd_;    // F's value -> its name in the output
-  absl::flat_hash_map<std::string, std::string> tan_;    // F's value -> its tangent's name
-  absl::flat_hash_map<std::string, std::vector<std::string>> result_tan_;  // a loop's results' tangents
+  absl::flat_hash_map<int, std::string> in_tangent_;   // parameter index -> its tangent
+  absl::flat_hash_map<std::string, std::string> fwd_;  // F's value -> its name in the output
+  absl::flat_hash_map<std::string, std::string> tan_;  // F's value -> its tangent's name
+  absl::flat_hash_map<std::string, std::vector<std::string>>
+      result_tan_;  // a loop's results' tangents
 };
 
 }  // namespace
 
 bool HasAutodiff(const v1::Graph& g) {
   for (const v1::Node& n : g.nodes()) {
-    if (n.op() == v1::VJP || n.op() == v1::JVP || n.op() == v1::CUSTOM_VJP || n.op() == v1::CUSTOM_JVP ||
-        n.op() == v1::VMAP) {
+    if (n.op() == v1::VJP || n.op() == v1::JVP || n.op() == v1::CUSTOM_VJP ||
+        n.op() == v1::CUSTOM_JVP || n.op() == v1::VMAP) {
       return true;
     }
     if (n.op() == v1::MANUAL_REGION && HasAutodiff(n.manual_region().body())) return true;
@@ -1170,9 +1233,10 @@ static absl::Status LowerCustomRules(v1::Graph& g, const std::string& where) {
   for (const v1::Node& n : g.nodes()) used.insert(n.name());
   for (v1::Node& n : *g.mutable_nodes()) {
     if (n.op() == v1::VJP || n.op() == v1::JVP || n.op() == v1::VMAP) {
-      return absl::UnimplementedError(StrCat(where, "node '", n.name(), "' (", OpName(n.op()),
-                                             ") transforms a function inside a manual region's body, which is not ",
-                                             "supported yet; transform the function that calls the region"));
+      return absl::UnimplementedError(
+          StrCat(where, "node '", n.name(), "' (", OpName(n.op()),
+                 ") transforms a function inside a manual region's body, which is not ",
+                 "supported yet; transform the function that calls the region"));
     }
     if (n.op() == v1::MANUAL_REGION) {
       TESSEL_RETURN_IF_ERROR(LowerCustomRules(*n.mutable_manual_region()->mutable_body(),
@@ -1185,7 +1249,8 @@ static absl::Status LowerCustomRules(v1::Graph& g, const std::string& where) {
     v1::Node index;
     index.set_op(v1::CONSTANT);
     index.set_name(StrCat(n.name(), ".index"));
-    for (int k = 1; !used.insert(index.name()).second; ++k) index.set_name(StrCat(n.name(), ".index.", k));
+    for (int k = 1; !used.insert(index.name()).second; ++k)
+      index.set_name(StrCat(n.name(), ".index.", k));
     index.mutable_type()->set_dtype(v1::S32);
     index.mutable_constant()->mutable_fill()->set_i(0);
     v1::Node call = n;
@@ -1222,11 +1287,13 @@ static bool HasDerivativeNodes(const v1::Graph& g) {
 // Whether `g` takes a derivative or maps a function (a VJP, JVP or VMAP
 // node), itself or through a function it runs: one to expand before `g`
 // can be transformed.
-static bool HasDerivative(const v1::Graph& g, const FunctionTable& table, absl::flat_hash_set<std::string>& seen) {
+static bool HasDerivative(const v1::Graph& g, const FunctionTable& table,
+                          absl::flat_hash_set<std::string>& seen) {
   for (const v1::Node& n : g.nodes()) {
     if (IsTransform(n)) return true;
     std::vector<std::string> called = CalledFunctions(n);
-    if (n.op() == v1::CUSTOM_VJP) called = {n.custom_vjp().function(), n.custom_vjp().fwd(), n.custom_vjp().bwd()};
+    if (n.op() == v1::CUSTOM_VJP)
+      called = {n.custom_vjp().function(), n.custom_vjp().fwd(), n.custom_vjp().bwd()};
     if (n.op() == v1::CUSTOM_JVP) called = {n.custom_jvp().function(), n.custom_jvp().jvp()};
     for (const std::string& f : called) {
       if (!seen.insert(f).second) continue;
@@ -1271,9 +1338,12 @@ static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g, const v1::Mesh
       }
     }
     if (n.op() == v1::VMAP) {
-      const auto* fg = table.graphs.contains(n.batch().function()) ? table.graphs.at(n.batch().function()) : nullptr;
+      const auto* fg = table.graphs.contains(n.batch().function())
+                           ? table.graphs.at(n.batch().function())
+                           : nullptr;
       if (fg == nullptr) {
-        return absl::InvalidArgumentError(StrCat("vmap '", n.name(), "': function '", n.batch().function(), "' is not defined"));
+        return absl::InvalidArgumentError(
+            StrCat("vmap '", n.name(), "': function '", n.batch().function(), "' is not defined"));
       }
       v1::Graph with_functions = *fg;
       *with_functions.mutable_functions() = g.graph.functions();
@@ -1283,21 +1353,26 @@ static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g, const v1::Mesh
       Emitter e(out, used);
       for (const v1::Node& m : out.nodes()) e.Declare(m.name(), m.type());
       auto results = EmitBatched(e, n, f, args, out.mutable_functions());
-      if (!results.ok()) return Annotate(results.status(), StrCat("node '", n.name(), "' (vmap): "));
+      if (!results.ok())
+        return Annotate(results.status(), StrCat("node '", n.name(), "' (vmap): "));
       vjp_results[n.name()] = std::move(*results);
       continue;
     }
     if (n.op() == v1::JVP) {
-      const v1::Graph* fg = table.graphs.contains(n.grad().function()) ? table.graphs.at(n.grad().function()) : nullptr;
+      const v1::Graph* fg = table.graphs.contains(n.grad().function())
+                                ? table.graphs.at(n.grad().function())
+                                : nullptr;
       if (fg == nullptr) {
-        return absl::InvalidArgumentError(StrCat("jvp '", n.name(), "': function '", n.grad().function(), "' is not defined"));
+        return absl::InvalidArgumentError(
+            StrCat("jvp '", n.name(), "': function '", n.grad().function(), "' is not defined"));
       }
       v1::Graph with_functions = *fg;
       *with_functions.mutable_functions() = g.graph.functions();
       TESSEL_ASSIGN_OR_RETURN(TypedGraph f, ValidateGraph(with_functions));
       const int np = int(f.parameters.size());
       std::vector<std::string> args, tangents;
-      for (int i = 0; i < n.operands_size(); ++i) (i < np ? args : tangents).push_back(renamed(n.operands(i)));
+      for (int i = 0; i < n.operands_size(); ++i)
+        (i < np ? args : tangents).push_back(renamed(n.operands(i)));
       Emitter e(out, used);
       for (const v1::Node& m : out.nodes()) e.Declare(m.name(), m.type());
       Jvp jvp(e, n, f, args, tangents, out.mutable_functions(), mesh);
@@ -1312,14 +1387,18 @@ static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g, const v1::Mesh
       *out.add_nodes() = std::move(c);
       continue;
     }
-    const auto* fg = table.graphs.contains(n.grad().function()) ? table.graphs.at(n.grad().function()) : nullptr;
-    if (fg == nullptr) return absl::InvalidArgumentError(StrCat("vjp '", n.name(), "': function '", n.grad().function(), "' is not defined"));
+    const auto* fg =
+        table.graphs.contains(n.grad().function()) ? table.graphs.at(n.grad().function()) : nullptr;
+    if (fg == nullptr)
+      return absl::InvalidArgumentError(
+          StrCat("vjp '", n.name(), "': function '", n.grad().function(), "' is not defined"));
     v1::Graph with_functions = *fg;
     *with_functions.mutable_functions() = g.graph.functions();
     TESSEL_ASSIGN_OR_RETURN(TypedGraph f, ValidateGraph(with_functions));
     const int np = int(f.parameters.size());
     std::vector<std::string> args, cts;
-    for (int i = 0; i < n.operands_size(); ++i) (i < np ? args : cts).push_back(renamed(n.operands(i)));
+    for (int i = 0; i < n.operands_size(); ++i)
+      (i < np ? args : cts).push_back(renamed(n.operands(i)));
     // Forward nodes first, then the backward pass (emitted as it is built).
     v1::Graph backward;
     Emitter eb(backward, used);
@@ -1350,7 +1429,8 @@ static absl::StatusOr<v1::Graph> ExpandRound(const TypedGraph& g, const v1::Mesh
     if (!typed.ok()) return Annotate(typed.status(), StrCat("function '", f.name(), "': "));
     auto expanded = ExpandNodes(*typed, mesh);
     if (!expanded.ok()) return Annotate(expanded.status(), StrCat("function '", f.name(), "': "));
-    for (int k = original; k < expanded->functions_size(); ++k) *functions.Add() = expanded->functions(k);
+    for (int k = original; k < expanded->functions_size(); ++k)
+      *functions.Add() = expanded->functions(k);
     f = std::move(*expanded);
     f.clear_functions();
   }
@@ -1359,17 +1439,20 @@ static absl::StatusOr<v1::Graph> ExpandRound(const TypedGraph& g, const v1::Mesh
   v1::Graph top = g.graph;
   *top.mutable_functions() = std::move(functions);
   auto typed = ValidateGraph(top);
-  if (!typed.ok()) return Annotate(typed.status(), "internal: a graph with its functions' gradients expanded: ");
+  if (!typed.ok())
+    return Annotate(typed.status(), "internal: a graph with its functions' gradients expanded: ");
   return ExpandNodes(*typed, mesh);
 }
 
 // The functions `g`'s nodes (and its regions' bodies) run, and those they run.
-static void Reachable(const v1::Graph& g, const FunctionTable& table, absl::flat_hash_set<std::string>& seen) {
+static void Reachable(const v1::Graph& g, const FunctionTable& table,
+                      absl::flat_hash_set<std::string>& seen) {
   for (const v1::Node& n : g.nodes()) {
     if (n.op() == v1::MANUAL_REGION) Reachable(n.manual_region().body(), table, seen);
     for (const std::string& f : CalledFunctions(n)) {
       if (!seen.insert(f).second) continue;
-      if (auto it = table.graphs.find(f); it != table.graphs.end()) Reachable(*it->second, table, seen);
+      if (auto it = table.graphs.find(f); it != table.graphs.end())
+        Reachable(*it->second, table, seen);
     }
   }
 }
@@ -1384,9 +1467,12 @@ absl::StatusOr<v1::Graph> ExpandAutodiff(const TypedGraph& g, const v1::Mesh& me
   };
   v1::Graph out = g.graph;
   for (int round = 0; pending(out); ++round) {
-    if (round >= 32) return absl::InternalError("autodiff: gradients still unexpanded after 32 rounds");
+    if (round >= 32)
+      return absl::InternalError("autodiff: gradients still unexpanded after 32 rounds");
     auto typed = ValidateGraph(out);
-    if (!typed.ok()) return Annotate(typed.status(), "internal: a graph with its gradients expanded does not check: ");
+    if (!typed.ok())
+      return Annotate(typed.status(),
+                      "internal: a graph with its gradients expanded does not check: ");
     TESSEL_ASSIGN_OR_RETURN(out, ExpandRound(*typed, mesh));
   }
   // Custom rules no derivative used are calls of their functions.

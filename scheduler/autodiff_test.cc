@@ -56,10 +56,12 @@ TEST(Autodiff, VjpExpandsIntoForwardAndTransposedNodes) {
 TEST(Autodiff, ErrorsNameTheParameterAndTheOp) {
   std::string bad = kGrad;
   bad.replace(bad.find("wrt: 0"), 6, "wrt: 5");
-  EXPECT_NE(ErrorOf(bad).find("with respect to parameter 5: it has 2"), std::string::npos) << ErrorOf(bad);
+  EXPECT_NE(ErrorOf(bad).find("with respect to parameter 5: it has 2"), std::string::npos)
+      << ErrorOf(bad);
   bad = kGrad;
   bad.replace(bad.find(R"(operands: ["w", "x", "one"])"), 27, R"(operands: ["w", "x"])");
-  EXPECT_NE(ErrorOf(bad).find("a cotangent for each of its 1 results"), std::string::npos) << ErrorOf(bad);
+  EXPECT_NE(ErrorOf(bad).find("a cotangent for each of its 1 results"), std::string::npos)
+      << ErrorOf(bad);
 }
 
 TEST(Autodiff, AWhileLoopInTheBackwardPassIsAnErrorSayingWhy) {
@@ -92,7 +94,8 @@ TEST(Autodiff, AWhileLoopInTheBackwardPassIsAnErrorSayingWhy) {
     }
   )pb";
   const std::string e = ErrorOf(g);
-  EXPECT_NE(e.find("reads while loop 'w': reverse mode needs a trip count known at compile time"), std::string::npos)
+  EXPECT_NE(e.find("reads while loop 'w': reverse mode needs a trip count known at compile time"),
+            std::string::npos)
       << e;
 }
 

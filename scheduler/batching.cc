@@ -27,7 +27,8 @@ constexpr int64_t kAsIs = -2;
 
 class Batcher : public ops::Batching {
  public:
-  Batcher(Emitter& e, const v1::Node& node, const TypedGraph& f, google::protobuf::RepeatedPtrField<v1::Graph>* functions)
+  Batcher(Emitter& e, const v1::Node& node, const TypedGraph& f,
+          google::protobuf::RepeatedPtrField<v1::Graph>* functions)
       : e_(e), node_(node), f_(f), size_(node.batch().size()), functions_(functions) {}
 
   // With `out_batched`, each result with out_axes kAsIs says there whether it carries the batch.
@@ -89,9 +90,10 @@ class Batcher : public ops::Batching {
         if (out_batched != nullptr) out_batched->push_back(batched_.contains(o));
       } else if (axis < 0) {
         if (batched_.contains(o)) {
-          return absl::InvalidArgumentError(StrCat("vmap of '", b.function(), "': result ", k, " ('", o,
-                                                   "') depends on the batch, but its out_axes is -1 (None): ",
-                                                   "expected a result the same for every index, as in jax.vmap"));
+          return absl::InvalidArgumentError(
+              StrCat("vmap of '", b.function(), "': result ", k, " ('", o,
+                     "') depends on the batch, but its out_axes is -1 (None): ",
+                     "expected a result the same for every index, as in jax.vmap"));
         }
         results.push_back(val_.at(o));
       } else {
@@ -113,7 +115,9 @@ class Batcher : public ops::Batching {
     std::vector<std::string> values;
   };
 
-  const v1::TensorType& TypeOf(const std::string& v) const override { return f_.graph.nodes(f_.index_of.at(v)).type(); }
+  const v1::TensorType& TypeOf(const std::string& v) const override {
+    return f_.graph.nodes(f_.index_of.at(v)).type();
+  }
 
   std::vector<int64_t> BatchDims(std::vector<int64_t> dims) const {
     dims.insert(dims.begin(), size_);
@@ -146,8 +150,8 @@ class Batcher : public ops::Batching {
     const std::vector<int64_t> own = Dims(TypeOf(o));
     if (own == dims) return Batched(o);
     // a scalar: its batch (if any) is its only dimension
-    return e_.Broadcast(val_.at(o), BatchDims(dims), batched_.contains(o) ? std::vector<int64_t>{0}
-                                                                          : std::vector<int64_t>{});
+    return e_.Broadcast(val_.at(o), BatchDims(dims),
+                        batched_.contains(o) ? std::vector<int64_t>{0} : std::vector<int64_t>{});
   }
 
   // `n` over the given batched operands, its result's type inferred.
@@ -167,13 +171,15 @@ class Batcher : public ops::Batching {
   std::string Value(const std::string& v) override { return val_.at(v); }
 
   absl::Status NoRule(const v1::Node& n, const std::string& why = "") override {
-    return absl::UnimplementedError(StrCat("vmap of '", node_.batch().function(), "': node '", n.name(), "' (",
-                                           OpName(n.op()), ") ", why.empty() ? "has no batching rule yet" : why));
+    return absl::UnimplementedError(StrCat("vmap of '", node_.batch().function(), "': node '",
+                                           n.name(), "' (", OpName(n.op()), ") ",
+                                           why.empty() ? "has no batching rule yet" : why));
   }
 
   // The batched result of `n`, from its row in scheduler/ops.
   absl::StatusOr<std::string> Rule(const v1::Node& n) {
-    if (const ops::OpRules* r = ops::Find(n.op()); r != nullptr && r->batch != nullptr) return r->batch(*this, n);
+    if (const ops::OpRules* r = ops::Find(n.op()); r != nullptr && r->batch != nullptr)
+      return r->batch(*this, n);
     return NoRule(n);
   }
 
@@ -194,7 +200,8 @@ class Batcher : public ops::Batching {
   // tells which results carry the batch. With `keep`, the batched function
   // joins the graph's functions and its name is returned.
   absl::StatusOr<std::string> BatchFunction(const std::string& name, const std::vector<bool>& in,
-                                            const std::vector<bool>& force, std::vector<bool>* out, bool keep) {
+                                            const std::vector<bool>& force, std::vector<bool>* out,
+                                            bool keep) {
     TESSEL_ASSIGN_OR_RETURN(TypedGraph f, Function(name));
     v1::Graph g;
     std::string fresh = StrCat(name, "/vmap");
@@ -227,7 +234,8 @@ class Batcher : public ops::Batching {
     TESSEL_ASSIGN_OR_RETURN(std::vector<std::string> results, inner.Run(params, &as_is));
     TESSEL_RETURN_IF_ERROR(e.status());
     out->clear();
-    for (size_t k = 0, j = 0; k < force.size(); ++k) out->push_back(force[k] ? true : bool(as_is[j++]));
+    for (size_t k = 0, j = 0; k < force.size(); ++k)
+      out->push_back(force[k] ? true : bool(as_is[j++]));
     if (!keep) return fresh;
     for (const std::string& r : results) g.add_outputs(r);
     *functions_->Add() = std::move(g);
@@ -236,8 +244,8 @@ class Batcher : public ops::Batching {
 
   // Carries batched where the loop's operands are, and wherever an
   // iteration makes them so (a fixed point over `body`'s results).
-  absl::Status CarryFixedPoint(const std::string& body, std::vector<bool>& carry, const std::vector<bool>& rest,
-                               std::vector<bool>* out) {
+  absl::Status CarryFixedPoint(const std::string& body, std::vector<bool>& carry,
+                               const std::vector<bool>& rest, std::vector<bool>* out) {
     for (size_t round = 0; round <= carry.size(); ++round) {
       std::vector<bool> in = carry, force(out->size(), false);
       in.insert(in.end(), rest.begin(), rest.end());
@@ -276,26 +284,32 @@ class Batcher : public ops::Batching {
       const bool scan = n.op() == v1::SCAN;
       const int nc = scan ? n.control().num_carry() : n.operands_size();
       std::vector<bool> carry, xs;
-      for (int i = 0; i < n.operands_size(); ++i) (i < nc ? carry : xs).push_back(batched_.contains(n.operands(i)));
+      for (int i = 0; i < n.operands_size(); ++i)
+        (i < nc ? carry : xs).push_back(batched_.contains(n.operands(i)));
       std::vector<bool> out(n.results_size());
       TESSEL_RETURN_IF_ERROR(CarryFixedPoint(n.control().body(), carry, xs, &out));
       std::vector<bool> in = carry, force(out.size(), false);
       in.insert(in.end(), xs.begin(), xs.end());
       for (int i = 0; i < nc; ++i) force[i] = carry[i];
-      TESSEL_ASSIGN_OR_RETURN(std::string body, BatchFunction(n.control().body(), in, force, &out, true));
+      TESSEL_ASSIGN_OR_RETURN(std::string body,
+                              BatchFunction(n.control().body(), in, force, &out, true));
       c.mutable_control()->set_body(body);
       if (!scan) {
         std::vector<bool> pred;
-        TESSEL_ASSIGN_OR_RETURN(std::string cond, BatchFunction(n.control().cond(), carry, {false}, &pred, true));
+        TESSEL_ASSIGN_OR_RETURN(std::string cond,
+                                BatchFunction(n.control().cond(), carry, {false}, &pred, true));
         if (pred[0]) {
-          return NoRule(n, "has a condition that depends on the batch, which is not supported yet (each element "
-                           "would need its own trip count)");
+          return NoRule(
+              n,
+              "has a condition that depends on the batch, which is not supported yet (each element "
+              "would need its own trip count)");
         }
         c.mutable_control()->set_cond(cond);
       }
       for (int i = 0; i < n.operands_size(); ++i) {
         std::string v = in[i] ? Batched(n.operands(i)) : val_.at(n.operands(i));
-        if (i >= nc && in[i]) v = MoveAxis(v, 0, 1);  // xs are sliced along 0: the batch goes second
+        if (i >= nc && in[i])
+          v = MoveAxis(v, 0, 1);  // xs are sliced along 0: the batch goes second
         c.add_operands(v);
       }
       for (int k = 0; k < n.results_size(); ++k) {
@@ -340,8 +354,8 @@ class Batcher : public ops::Batching {
   // A conditional whose index depends on the batch: every branch runs on
   // the whole batch and each element takes its own branch's results (an
   // index out of range takes the last, as the conditional does).
-  absl::Status SelectBranches(const v1::Node& n, const std::vector<std::string>& branches, const std::vector<bool>& in,
-                              Multi& m) {
+  absl::Status SelectBranches(const v1::Node& n, const std::vector<std::string>& branches,
+                              const std::vector<bool>& in, Multi& m) {
     const std::string base = StrCat(node_.name(), "/", n.name());
     std::vector<std::vector<std::string>> per_branch;
     for (const std::string& b : branches) {
@@ -353,10 +367,12 @@ class Batcher : public ops::Batching {
       for (const v1::TensorType& t : m.types) *call.add_results() = t;
       const std::string node = e_.Multi(std::move(call), base + ".branch");
       std::vector<std::string> rs;
-      for (size_t k = 0; k < m.types.size(); ++k) rs.push_back(e_.Element(node, int(k), m.types[k]));
+      for (size_t k = 0; k < m.types.size(); ++k)
+        rs.push_back(e_.Element(node, int(k), m.types[k]));
       per_branch.push_back(std::move(rs));
     }
-    const std::string index = e_.Convert(val_.at(n.operands(0)), v1::S32);  // [B]; pred: false 0, true 1
+    const std::string index =
+        e_.Convert(val_.at(n.operands(0)), v1::S32);  // [B]; pred: false 0, true 1
     std::vector<std::string> results;
     for (size_t k = 0; k < m.types.size(); ++k) {
       std::string r = per_branch.back()[k];
@@ -385,16 +401,16 @@ class Batcher : public ops::Batching {
   const TypedGraph& f_;
   const int64_t size_;
   google::protobuf::RepeatedPtrField<v1::Graph>* functions_;
-  absl::flat_hash_map<std::string, Multi> multi_;  // f's batched multi-result nodes
+  absl::flat_hash_map<std::string, Multi> multi_;      // f's batched multi-result nodes
   absl::flat_hash_map<std::string, std::string> val_;  // f's value -> emitted value
   absl::flat_hash_set<std::string> batched_;           // f's values that carry the batch (first)
 };
 
 }  // namespace
 
-absl::StatusOr<std::vector<std::string>> EmitBatched(Emitter& e, const v1::Node& node, const TypedGraph& f,
-                                                     const std::vector<std::string>& args,
-                                                     google::protobuf::RepeatedPtrField<v1::Graph>* functions) {
+absl::StatusOr<std::vector<std::string>> EmitBatched(
+    Emitter& e, const v1::Node& node, const TypedGraph& f, const std::vector<std::string>& args,
+    google::protobuf::RepeatedPtrField<v1::Graph>* functions) {
   return Batcher(e, node, f, functions).Run(args);
 }
 

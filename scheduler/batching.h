@@ -29,8 +29,8 @@ namespace tessel::scheduler {
 // INVALID_ARGUMENT (jax.vmap's out_axes=None).
 // Control flow over batched values runs batched copies of its functions,
 // added to `functions` (the graph's).
-absl::StatusOr<std::vector<std::string>> EmitBatched(Emitter& e, const v1::Node& node, const TypedGraph& f,
-                                                     const std::vector<std::string>& args,
-                                                     google::protobuf::RepeatedPtrField<v1::Graph>* functions);
+absl::StatusOr<std::vector<std::string>> EmitBatched(
+    Emitter& e, const v1::Node& node, const TypedGraph& f, const std::vector<std::string>& args,
+    google::protobuf::RepeatedPtrField<v1::Graph>* functions);
 
 }  // namespace tessel::scheduler

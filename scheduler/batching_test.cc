@@ -62,15 +62,20 @@ std::string Replaced(std::string text, const std::string& from, const std::strin
 
 TEST(Batching, ErrorsNameTheOperandTheAxisAndTheFunction) {
   EXPECT_NE(ErrorOf(Replaced(kVmap, "in_axes: [1, -1]", "in_axes: [0, -1]"))
-                .find("operand 0 is f32[3,5,4]; expected f32[5,3,4] (parameter 0, f32[3,4], batched at axis 0)"),
+                .find("operand 0 is f32[3,5,4]; expected f32[5,3,4] (parameter 0, f32[3,4], "
+                      "batched at axis 0)"),
             std::string::npos)
       << ErrorOf(Replaced(kVmap, "in_axes: [1, -1]", "in_axes: [0, -1]"));
-  EXPECT_NE(ErrorOf(Replaced(kVmap, "in_axes: [1, -1]", "in_axes: [1]")).find("2 operands and 1 in_axes"),
-            std::string::npos);
-  EXPECT_NE(ErrorOf(Replaced(kVmap, "out_axes: 1", "out_axes: 3")).find("out_axes[0] = 3: expected -1"),
-            std::string::npos);
+  EXPECT_NE(
+      ErrorOf(Replaced(kVmap, "in_axes: [1, -1]", "in_axes: [1]")).find("2 operands and 1 in_axes"),
+      std::string::npos);
+  EXPECT_NE(
+      ErrorOf(Replaced(kVmap, "out_axes: 1", "out_axes: 3")).find("out_axes[0] = 3: expected -1"),
+      std::string::npos);
   const std::string none = ErrorOf(Replaced(kVmap, "out_axes: 1", "out_axes: -1"));
-  EXPECT_NE(none.find("result 0 ('t') depends on the batch, but its out_axes is -1"), std::string::npos) << none;
+  EXPECT_NE(none.find("result 0 ('t') depends on the batch, but its out_axes is -1"),
+            std::string::npos)
+      << none;
 }
 
 TEST(Batching, AWhileLoopWhoseConditionDependsOnTheBatchIsUnimplementedNamingTheNode) {
@@ -103,13 +108,14 @@ TEST(Batching, AWhileLoopWhoseConditionDependsOnTheBatchIsUnimplementedNamingThe
     }
   )pb";
   const std::string e = ErrorOf(text);
-  EXPECT_NE(e.find("vmap of 'f': node 'loop' (while) has a condition that depends on the batch"), std::string::npos)
+  EXPECT_NE(e.find("vmap of 'f': node 'loop' (while) has a condition that depends on the batch"),
+            std::string::npos)
       << e;
   // The same loop with a condition on an unmapped carry batches: the body
   // runs as a batched copy of itself.
-  const std::string counted =
-      Replaced(text, R"(nodes { name: "s" op: REDUCE operands: "c" reduce { kind: SUM dims: 0 } })",
-               R"(nodes { name: "s" op: CONSTANT constant { fill { f: 0 } } type { dtype: F32 } })");
+  const std::string counted = Replaced(
+      text, R"(nodes { name: "s" op: REDUCE operands: "c" reduce { kind: SUM dims: 0 } })",
+      R"(nodes { name: "s" op: CONSTANT constant { fill { f: 0 } } type { dtype: F32 } })");
   auto typed = ValidateGraph(Parse(counted));
   ASSERT_TRUE(typed.ok()) << typed.status();
   auto expanded = ExpandAutodiff(*typed);

@@ -4,9 +4,9 @@
 
 #include <google/protobuf/io/coded_stream.h>
 
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <algorithm>
 #include <tuple>
-#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -36,10 +36,12 @@ int64_t PlanBuffers(const TypedGraph& g, v1::Program& p) {
   for (const v1::Node& prm : p.parameters()) keep.insert(prm.name());
   absl::flat_hash_map<std::string, const v1::TensorType*> result_type;  // control flow's results
   for (const v1::Instruction& ins : p.instructions()) {
-    for (int k = 0; k < ins.results_size(); ++k) result_type[ins.results(k)] = &ins.node().results(k);
+    for (int k = 0; k < ins.results_size(); ++k)
+      result_type[ins.results(k)] = &ins.node().results(k);
   }
   auto bytes_of = [&](const std::string& v) {
-    if (auto it = result_type.find(v); it != result_type.end()) return ByteSizeUnchecked(*it->second);
+    if (auto it = result_type.find(v); it != result_type.end())
+      return ByteSizeUnchecked(*it->second);
     return ByteSizeUnchecked(g.graph.nodes(g.index_of.at(v)).type());
   };
   int64_t live = 0;
@@ -90,7 +92,8 @@ std::string NodeText(const v1::Node& n) {
       } else if (n.constant().has_iota()) {
         attrs = absl::StrCat("iota dim=", n.constant().iota().dimension());
         if (n.constant().iota().sharded_axes_size() > 0) {
-          absl::StrAppend(&attrs, " split over ", absl::StrJoin(n.constant().iota().sharded_axes(), ","));
+          absl::StrAppend(&attrs, " split over ",
+                          absl::StrJoin(n.constant().iota().sharded_axes(), ","));
         }
       } else {
         attrs = "literal";
@@ -98,8 +101,8 @@ std::string NodeText(const v1::Node& n) {
       break;
     case v1::Node::kCompare: attrs = v1::CompareDirection_Name(n.compare().direction()); break;
     case v1::Node::kReduce:
-      attrs = absl::StrCat(v1::ReduceKind_Name(n.reduce().kind()), " dims=",
-                           DimsString(n.reduce().dims()));
+      attrs = absl::StrCat(v1::ReduceKind_Name(n.reduce().kind()),
+                           " dims=", DimsString(n.reduce().dims()));
       break;
     case v1::Node::kDotGeneral: {
       const auto& d = n.dot_general();
@@ -119,7 +122,8 @@ std::string NodeText(const v1::Node& n) {
         absl::StrAppend(&attrs, " dim=", c.dimension());
       }
       if (n.op() == v1::ALL_TO_ALL) absl::StrAppend(&attrs, " concat=", c.concat_dimension());
-      if (n.op() == v1::COLLECTIVE_PERMUTE) absl::StrAppend(&attrs, " pairs=", absl::StrJoin(c.source_target_pairs(), ","));
+      if (n.op() == v1::COLLECTIVE_PERMUTE)
+        absl::StrAppend(&attrs, " pairs=", absl::StrJoin(c.source_target_pairs(), ","));
       break;
     }
     case v1::Node::kControl: {
@@ -129,11 +133,14 @@ std::string NodeText(const v1::Node& n) {
         attrs = absl::StrCat("body=", c.body(), " length=", c.length(), " carries=", c.num_carry(),
                              c.reverse() ? " reverse" : "");
       }
-      if (n.op() == v1::CONDITIONAL) attrs = absl::StrCat("branches=", absl::StrJoin(c.branches(), ","));
+      if (n.op() == v1::CONDITIONAL)
+        attrs = absl::StrCat("branches=", absl::StrJoin(c.branches(), ","));
       break;
     }
     case v1::Node::kTupleElement: attrs = absl::StrCat("index=", n.tuple_element().index()); break;
-    case v1::Node::kTranspose: attrs = absl::StrCat("perm=", DimsString(n.transpose().permutation())); break;
+    case v1::Node::kTranspose:
+      attrs = absl::StrCat("perm=", DimsString(n.transpose().permutation()));
+      break;
     case v1::Node::kBroadcastInDim:
       attrs = absl::StrCat("dims=", DimsString(n.broadcast_in_dim().broadcast_dimensions()));
       break;
@@ -174,7 +181,8 @@ void PrintInstructions(const v1::Program& p, const std::string& indent, std::str
       if (ins.results_size() > 0) {
         std::vector<std::string> rs;
         for (const std::string& r : ins.results()) rs.push_back(absl::StrCat("%", r));
-        text = absl::StrCat("(", absl::StrJoin(rs, ", "), ") = ", text.substr(text.find(" = ") + 3));
+        text =
+            absl::StrCat("(", absl::StrJoin(rs, ", "), ") = ", text.substr(text.find(" = ") + 3));
       }
       absl::StrAppend(&s, indent, text, "\n");
     } else {
@@ -191,8 +199,9 @@ void PrintInstructions(const v1::Program& p, const std::string& indent, std::str
   absl::StrAppend(&s, indent, "outputs ", absl::StrJoin(p.outputs(), ", "), "\n");
   for (int i = 0; i < p.parameter_aliases_size(); ++i) {
     if (p.parameter_aliases(i) < 0) continue;
-    absl::StrAppend(&s, indent, "carry %", p.parameters(i).name(), " -> output ", p.parameter_aliases(i), " '",
-                    p.outputs(p.parameter_aliases(i)), "' (in place)\n");
+    absl::StrAppend(&s, indent, "carry %", p.parameters(i).name(), " -> output ",
+                    p.parameter_aliases(i), " '", p.outputs(p.parameter_aliases(i)),
+                    "' (in place)\n");
   }
 }
 
@@ -238,7 +247,8 @@ std::string ExecutableKey(const v1::Graph& graph, const CompileOptions& options)
                                  absl::StrJoin(sorted, ","));
   if (options.mesh.axis_names_size() > 0) {
     absl::StrAppend(&key, " mesh ", MeshString(options.mesh), " in");
-    for (const v1::Sharding& s : options.parameter_shardings) absl::StrAppend(&key, " ", ShardingString(s));
+    for (const v1::Sharding& s : options.parameter_shardings)
+      absl::StrAppend(&key, " ", ShardingString(s));
     absl::StrAppend(&key, " out");
     for (const v1::Sharding& s : options.output_shardings) {
       absl::StrAppend(&key, " ", s.unspecified() ? "auto" : ShardingString(s));
@@ -290,7 +300,8 @@ static bool EliminateCommonSubexpressions(v1::Graph& g) {
     for (std::string& o : *n.mutable_operands()) {
       if (auto it = rename.find(o); it != rename.end()) o = it->second;
     }
-    if (n.op() != v1::PARAMETER && !IsCollective(n.op()) && !IsMultiResult(n) && n.op() != v1::TUPLE_ELEMENT) {
+    if (n.op() != v1::PARAMETER && !IsCollective(n.op()) && !IsMultiResult(n) &&
+        n.op() != v1::TUPLE_ELEMENT) {
       v1::Node key = n;
       key.clear_name();
       auto [it, fresh] = first.emplace(key.SerializeAsString(), n.name());
@@ -318,7 +329,8 @@ static void DedupeTupleElements(v1::Graph& g) {
       if (auto it = rename.find(o); it != rename.end()) o = it->second;
     }
     if (n.op() == v1::TUPLE_ELEMENT) {
-      auto [it, fresh] = first.emplace(absl::StrCat(n.operands(0), "#", n.tuple_element().index()), n.name());
+      auto [it, fresh] =
+          first.emplace(absl::StrCat(n.operands(0), "#", n.tuple_element().index()), n.name());
       if (!fresh) {
         rename[n.name()] = it->second;
         continue;
@@ -412,7 +424,8 @@ static void HoistParameterReaders(v1::Program& p) {
         reads_param = true;
       } else if (auto it = producer.find(v); it != producer.end()) {
         const Slot& s = slots[it->second];
-        if (s.base > after.base || (s.base == after.base && s.depth >= after.depth)) after.base = s.base, after.depth = s.depth + 1;
+        if (s.base > after.base || (s.base == after.base && s.depth >= after.depth))
+          after.base = s.base, after.depth = s.depth + 1;
       }
     });
     slots.push_back(reads_param ? after : Slot{i, 0, false, i});
@@ -485,14 +498,16 @@ static void PlanParameterAliases(v1::Program& f) {
 }
 
 // Lowers and plans every function of `lowered` into p.functions.
-static absl::Status CompileFunctions(const v1::Graph& lowered, const ValidateOptions& base, v1::Program& p,
-                                     int64_t& peak) {
+static absl::Status CompileFunctions(const v1::Graph& lowered, const ValidateOptions& base,
+                                     v1::Program& p, int64_t& peak) {
   FunctionTable table(lowered);
   for (const v1::Graph& fn : lowered.functions()) {
     ValidateOptions o = base;
     o.functions = &table;
     auto typed = ValidateGraph(fn, o);
-    if (!typed.ok()) return Annotate(typed.status(), absl::StrCat("internal: function '", fn.name(), "' does not check: "));
+    if (!typed.ok())
+      return Annotate(typed.status(),
+                      absl::StrCat("internal: function '", fn.name(), "' does not check: "));
     v1::Program& f = *p.add_functions();
     f.set_executable_id(fn.name());
     peak += BuildPlan(*typed, f);
@@ -507,7 +522,8 @@ static absl::Status CompileFunctions(const v1::Graph& lowered, const ValidateOpt
 static absl::Status LowerFunctions(const TypedGraph& client, CompiledProgram& c, v1::Graph& out) {
   FunctionTable table(client.graph);
   for (const v1::Graph& fn : client.graph.functions()) {
-    auto typed = ValidateGraph(fn, {.manual_mesh = c.partitioned() ? &c.mesh : nullptr, .functions = &table});
+    auto typed = ValidateGraph(
+        fn, {.manual_mesh = c.partitioned() ? &c.mesh : nullptr, .functions = &table});
     if (!typed.ok()) return Annotate(typed.status(), absl::StrCat("function '", fn.name(), "': "));
     TESSEL_ASSIGN_OR_RETURN(v1::Graph lowered, LowerUnpartitioned(*typed));
     lowered.set_name(fn.name());
@@ -516,11 +532,13 @@ static absl::Status LowerFunctions(const TypedGraph& client, CompiledProgram& c,
       type_of[n.name()] = &n.type();
       if (!IsCollective(n.op()) || n.op() == v1::AXIS_INDEX) continue;
       v1::CollectiveAttrs& col = *n.mutable_collective();
-      if ((n.op() == v1::ALL_REDUCE || n.op() == v1::REDUCE_SCATTER) && col.kind() == v1::REDUCE_INVALID) {
+      if ((n.op() == v1::ALL_REDUCE || n.op() == v1::REDUCE_SCATTER) &&
+          col.kind() == v1::REDUCE_INVALID) {
         col.set_kind(v1::SUM);
       }
       col.set_reason(absl::StrCat("explicit in function '", fn.name(), "', each time it runs"));
-      c.collectives.push_back(PlanCollective(c.mesh, n.name(), n.op(), {col.axes().begin(), col.axes().end()},
+      c.collectives.push_back(PlanCollective(c.mesh, n.name(), n.op(),
+                                             {col.axes().begin(), col.axes().end()},
                                              *type_of.at(n.operands(0)), n.type(), col.reason()));
     }
     if (FoldTransposesIntoDots(lowered)) DropDeadNodes(lowered);
@@ -539,12 +557,16 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOpt
   if (HasAutodiff(client.graph)) {
     TESSEL_ASSIGN_OR_RETURN(v1::Graph expanded, ExpandAutodiff(client, options.mesh));
     auto typed = ValidateGraph(std::move(expanded));
-    if (!typed.ok()) return Annotate(typed.status(), "internal: the graph with its gradients expanded does not check: ");
+    if (!typed.ok())
+      return Annotate(typed.status(),
+                      "internal: the graph with its gradients expanded does not check: ");
     client = std::move(*typed);
   }
   if (DropDeadNodes(client.graph)) {
     auto pruned = ValidateGraph(std::move(client.graph));
-    if (!pruned.ok()) return Annotate(pruned.status(), "internal: the graph without its dead nodes does not check: ");
+    if (!pruned.ok())
+      return Annotate(pruned.status(),
+                      "internal: the graph without its dead nodes does not check: ");
     client = std::move(*pruned);
   }
   // Constants cut or moved by layout ops stay generated: no device makes
@@ -553,15 +575,18 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOpt
     DropDeadNodes(client.graph);
     auto pushed = ValidateGraph(std::move(client.graph));
     if (!pushed.ok()) {
-      return Annotate(pushed.status(), "internal: the graph with layouts pushed into its constants does not check: ");
+      return Annotate(
+          pushed.status(),
+          "internal: the graph with layouts pushed into its constants does not check: ");
     }
     client = std::move(*pushed);
   }
   CompiledProgram c;
   v1::Graph lowered;
   if (options.mesh.axis_names_size() > 0) {
-    TESSEL_ASSIGN_OR_RETURN(PartitionedGraph pg, Partition(client, {options.mesh, options.parameter_shardings,
-                                                                    options.output_shardings}));
+    TESSEL_ASSIGN_OR_RETURN(
+        PartitionedGraph pg,
+        Partition(client, {options.mesh, options.parameter_shardings, options.output_shardings}));
     lowered = std::move(pg.local);
     c.mesh = options.mesh;
     c.parameter_shardings = std::move(pg.parameter_shardings);
@@ -577,20 +602,26 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOpt
   if (client.graph.functions_size() > 0) {
     TESSEL_RETURN_IF_ERROR(LowerFunctions(client, c, lowered));
   }
-  for (int pos : client.parameters) c.global_parameter_types.push_back(client.graph.nodes(pos).type());
+  for (int pos : client.parameters)
+    c.global_parameter_types.push_back(client.graph.nodes(pos).type());
   for (int pos : client.outputs) c.global_output_types.push_back(client.graph.nodes(pos).type());
-  auto validated = ValidateGraph(std::move(lowered), {.manual_mesh = c.partitioned() ? &c.mesh : nullptr, .partitioned = true});
-  if (!validated.ok()) return Annotate(validated.status(), "internal: the partitioned graph does not check: ");
+  auto validated =
+      ValidateGraph(std::move(lowered),
+                    {.manual_mesh = c.partitioned() ? &c.mesh : nullptr, .partitioned = true});
+  if (!validated.ok())
+    return Annotate(validated.status(), "internal: the partitioned graph does not check: ");
   TypedGraph g = std::move(*validated);
   {
     absl::flat_hash_set<int> seen;
     for (int d : options.donated_parameters) {
       if (d < 0 || d >= int(g.parameters.size())) {
-        return absl::InvalidArgumentError(absl::StrCat("donated parameter ", d, " does not exist: the graph has ",
+        return absl::InvalidArgumentError(absl::StrCat("donated parameter ", d,
+                                                       " does not exist: the graph has ",
                                                        g.parameters.size(), " parameters"));
       }
       if (!seen.insert(d).second) {
-        return absl::InvalidArgumentError(absl::StrCat("parameter ", d, " is declared donated twice"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter ", d, " is declared donated twice"));
       }
     }
   }
@@ -603,7 +634,8 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOpt
   c.estimated_peak_bytes = BuildPlan(g, p);
   // A function's values live while it runs: counted on top (an upper bound).
   TESSEL_RETURN_IF_ERROR(CompileFunctions(
-      g.graph, {.manual_mesh = c.partitioned() ? &c.mesh : nullptr, .partitioned = true}, p, c.estimated_peak_bytes));
+      g.graph, {.manual_mesh = c.partitioned() ? &c.mesh : nullptr, .partitioned = true}, p,
+      c.estimated_peak_bytes));
 
   int fusions = 0;
   for (const v1::Instruction& ins : p.instructions()) {
@@ -611,35 +643,40 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOpt
     if (ins.has_node() && ins.node().op() == v1::CONSTANT && ins.node().constant().has_literal()) {
       int64_t bytes = ByteSizeUnchecked(ins.node().type());
       if (bytes > kLargeLiteralBytes) {
-        c.diagnostics.push_back(absl::StrCat(
-            "warning: literal constant '", ins.node().name(), "' (", TypeString(ins.node().type()),
-            ", ", bytes, " bytes) is shipped with the program to every device it runs on; "
-            "pass it as a parameter to place it once"));
+        c.diagnostics.push_back(
+            absl::StrCat("warning: literal constant '", ins.node().name(), "' (",
+                         TypeString(ins.node().type()), ", ", bytes,
+                         " bytes) is shipped with the program to every device it runs on; "
+                         "pass it as a parameter to place it once"));
       }
     }
   }
-  c.diagnostics.push_back(absl::StrCat("note: ", graph.nodes_size(), " nodes -> ",
-                                       p.instructions_size(), " instructions (", fusions,
-                                       " fusions); estimated peak ", c.estimated_peak_bytes,
-                                       " bytes per device"));
+  c.diagnostics.push_back(absl::StrCat(
+      "note: ", graph.nodes_size(), " nodes -> ", p.instructions_size(), " instructions (", fusions,
+      " fusions); estimated peak ", c.estimated_peak_bytes, " bytes per device"));
   c.plan_text.clear();
   if (c.partitioned()) {
-    absl::StrAppend(&c.plan_text, "mesh ", MeshString(c.mesh), ": every device runs the program below on its blocks\n");
+    absl::StrAppend(&c.plan_text, "mesh ", MeshString(c.mesh),
+                    ": every device runs the program below on its blocks\n");
     for (size_t i = 0; i < c.parameter_shardings.size(); ++i) {
       absl::StrAppend(&c.plan_text, "  parameter ", i, " '", p.parameters(i).name(), "' ",
-                      TypeString(c.global_parameter_types[i]), " ", ShardingString(c.parameter_shardings[i]),
-                      " -> blocks of ", TypeString(p.parameters(i).type()), "\n");
+                      TypeString(c.global_parameter_types[i]), " ",
+                      ShardingString(c.parameter_shardings[i]), " -> blocks of ",
+                      TypeString(p.parameters(i).type()), "\n");
     }
     for (size_t i = 0; i < c.output_shardings.size(); ++i) {
       absl::StrAppend(&c.plan_text, "  output ", i, " ", TypeString(c.global_output_types[i]), " ",
-                      ShardingString(c.output_shardings[i]), " -> blocks of ", TypeString(p.output_types(i)), "\n");
+                      ShardingString(c.output_shardings[i]), " -> blocks of ",
+                      TypeString(p.output_types(i)), "\n");
     }
     int64_t total = 0;
     for (const PlannedCollective& pc : c.collectives) total += pc.bytes_per_device;
-    absl::StrAppend(&c.plan_text, "collectives: ", c.collectives.size(), ", ", total, " bytes received per device\n");
+    absl::StrAppend(&c.plan_text, "collectives: ", c.collectives.size(), ", ", total,
+                    " bytes received per device\n");
     for (const PlannedCollective& pc : c.collectives) {
-      absl::StrAppend(&c.plan_text, "  %", pc.value, " = ", OpName(pc.op), " over ", absl::StrJoin(pc.axes, ","), ", ",
-                      pc.bytes_per_device, " bytes per device: ", pc.reason, "\n");
+      absl::StrAppend(&c.plan_text, "  %", pc.value, " = ", OpName(pc.op), " over ",
+                      absl::StrJoin(pc.axes, ","), ", ", pc.bytes_per_device,
+                      " bytes per device: ", pc.reason, "\n");
     }
     c.diagnostics.push_back(absl::StrCat("note: partitioned over ", MeshString(c.mesh), " with ",
                                          c.collectives.size(), " collectives (", total,
@@ -653,8 +690,8 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOpt
   for (const AliasDecision& d : c.declared_aliases) {
     const std::string& name = p.parameters(d.parameter).name();
     if (d.output >= 0) {
-      absl::StrAppend(&c.plan_text, "  donate %", name, " -> output ", d.output, " '", p.outputs(d.output),
-                      "' (in place)\n");
+      absl::StrAppend(&c.plan_text, "  donate %", name, " -> output ", d.output, " '",
+                      p.outputs(d.output), "' (in place)\n");
       continue;
     }
     absl::StrAppend(&c.plan_text, "  donate %", name, ": not reused: ", d.reason, "\n");
@@ -669,9 +706,9 @@ absl::Status CheckStrictDonation(const CompiledProgram& c) {
   for (const AliasDecision& d : c.declared_aliases) {
     if (d.output >= 0) continue;
     const v1::Node& prm = c.program.parameters(d.parameter);
-    return absl::InvalidArgumentError(absl::StrCat("strict donation: parameter ", d.parameter, " '", prm.name(),
-                                                   "' (", TypeString(prm.type()),
-                                                   ") cannot give its buffer to any output: ", d.reason));
+    return absl::InvalidArgumentError(
+        absl::StrCat("strict donation: parameter ", d.parameter, " '", prm.name(), "' (",
+                     TypeString(prm.type()), ") cannot give its buffer to any output: ", d.reason));
   }
   return absl::OkStatus();
 }

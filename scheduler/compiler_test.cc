@@ -123,7 +123,8 @@ TEST(Compiler, RejectsCyclesDanglingOperandsAndBadParameters) {
     nodes { name: "y" op: 7 operands: "x" }
     outputs: "y")pb"));
   ASSERT_FALSE(unknown.ok());
-  EXPECT_NE(unknown.status().message().find("unknown op"), absl::string_view::npos) << unknown.status();
+  EXPECT_NE(unknown.status().message().find("unknown op"), absl::string_view::npos)
+      << unknown.status();
 }
 
 }  // namespace

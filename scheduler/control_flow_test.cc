@@ -68,8 +68,10 @@ TEST(ControlFlow, WhilePlansOneInstructionWithItsResultsAndFusedBody) {
   ASSERT_EQ(body.parameter_aliases_size(), 3);
   EXPECT_EQ(body.parameter_aliases(1), 1);
   EXPECT_NE(c->plan_text.find("function b {"), std::string::npos) << c->plan_text;
-  EXPECT_NE(c->plan_text.find("carry %v -> output 1 'v3' (in place)"), std::string::npos) << c->plan_text;
-  EXPECT_NE(c->plan_text.find("(%i, %v, %w#2) = while(%zero, %x, %x) {cond=c body=b}"), std::string::npos)
+  EXPECT_NE(c->plan_text.find("carry %v -> output 1 'v3' (in place)"), std::string::npos)
+      << c->plan_text;
+  EXPECT_NE(c->plan_text.find("(%i, %v, %w#2) = while(%zero, %x, %x) {cond=c body=b}"),
+            std::string::npos)
       << c->plan_text;
 }
 
@@ -102,13 +104,18 @@ TEST(ControlFlow, MismatchedCarryTypesAndMissingFunctionsAreNamed) {
   bad.replace(bad.find(R"(operands: ["zero", "x", "x"])"), 28, R"(operands: ["x", "x", "x"])");
   std::string e = ErrorOf(bad);
   EXPECT_NE(e.find("node 'w'"), std::string::npos) << e;
-  EXPECT_NE(e.find("function 'c' parameter 0 is s32[]; expected f32[8] (the carries 0)"), std::string::npos) << e;
+  EXPECT_NE(e.find("function 'c' parameter 0 is s32[]; expected f32[8] (the carries 0)"),
+            std::string::npos)
+      << e;
   bad = kLoop;
   bad.replace(bad.find(R"(body: "b")"), 9, R"(body: "nope")");
   e = ErrorOf(bad);
-  EXPECT_NE(e.find("function 'nope' is not defined (the graph's functions: 'b', 'c')"), std::string::npos) << e;
+  EXPECT_NE(e.find("function 'nope' is not defined (the graph's functions: 'b', 'c')"),
+            std::string::npos)
+      << e;
   bad = kLoop;
-  bad.replace(bad.find(R"(name: "v" op: TUPLE_ELEMENT operands: "w")"), 41, R"(name: "v" op: NEG operands: "w")");
+  bad.replace(bad.find(R"(name: "v" op: TUPLE_ELEMENT operands: "w")"), 41,
+              R"(name: "v" op: NEG operands: "w")");
   e = ErrorOf(bad);
   EXPECT_NE(e.find("has 3 results; read one with tuple_element"), std::string::npos) << e;
 }

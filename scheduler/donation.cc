@@ -21,8 +21,11 @@ struct Writer {
 
 std::string Describe(const v1::Program& p, int k) {
   const v1::Instruction& ins = p.instructions(k);
-  if (ins.has_node()) return absl::StrCat("instruction ", k, " (", OpName(ins.node().op()), " '", ins.node().name(), "')");
-  return absl::StrCat("instruction ", k, " (fusion -> ", absl::StrJoin(ins.fusion().outputs(), ", "), ")");
+  if (ins.has_node())
+    return absl::StrCat("instruction ", k, " (", OpName(ins.node().op()), " '", ins.node().name(),
+                        "')");
+  return absl::StrCat("instruction ", k, " (fusion -> ",
+                      absl::StrJoin(ins.fusion().outputs(), ", "), ")");
 }
 
 // Empty when result `j` of the loop `n` may be written into the buffer of
@@ -30,11 +33,15 @@ std::string Describe(const v1::Program& p, int k) {
 template <typename RootOf>
 std::string LoopCarryInPlace(const v1::Program& p, const v1::Node& n, int j, const std::string& prm,
                              const RootOf& root_of) {
-  const int carries = n.op() == v1::WHILE ? n.operands_size() : n.op() == v1::SCAN ? n.control().num_carry() : 0;
+  const int carries = n.op() == v1::WHILE  ? n.operands_size()
+                      : n.op() == v1::SCAN ? n.control().num_carry()
+                                           : 0;
   if (j >= carries) return absl::StrCat("result ", j, " is not a loop carry");
-  if (root_of(n.operands(j)) != prm) return absl::StrCat("its carry ", j, " starts from another value");
+  if (root_of(n.operands(j)) != prm)
+    return absl::StrCat("its carry ", j, " starts from another value");
   for (int i = 0; i < n.operands_size(); ++i) {
-    if (i != j && root_of(n.operands(i)) == prm) return absl::StrCat("operand ", i, " reads '", prm, "' too");
+    if (i != j && root_of(n.operands(i)) == prm)
+      return absl::StrCat("operand ", i, " reads '", prm, "' too");
   }
   for (const v1::Program& f : p.functions()) {
     if (f.executable_id() != n.control().body()) continue;
@@ -119,9 +126,10 @@ AliasCandidates FindAliasCandidates(const v1::Program& p) {
         continue;
       }
       if (returned_as >= 0) {
-        why.push_back(absl::StrCat(out_desc, " cannot be written into '", prm.name(), "': output ", returned_as, " '",
-                                   p.outputs(returned_as), "' returns '", prm.name(), "'",
-                                   p.outputs(returned_as) == prm.name() ? "" : " (a view of it)", " unchanged"));
+        why.push_back(absl::StrCat(
+            out_desc, " cannot be written into '", prm.name(), "': output ", returned_as, " '",
+            p.outputs(returned_as), "' returns '", prm.name(), "'",
+            p.outputs(returned_as) == prm.name() ? "" : " (a view of it)", " unchanged"));
         continue;
       }
       const Writer& w = writer.at(buf);
@@ -138,8 +146,9 @@ AliasCandidates FindAliasCandidates(const v1::Program& p) {
         if (reads[k].contains(prm.name())) later_reader = k;
       }
       if (later_reader >= 0) {
-        why.push_back(absl::StrCat(out_desc, " is written by ", Describe(p, w.instruction), " while '", prm.name(),
-                                   "' is still read by ", Describe(p, later_reader)));
+        why.push_back(absl::StrCat(out_desc, " is written by ", Describe(p, w.instruction),
+                                   " while '", prm.name(), "' is still read by ",
+                                   Describe(p, later_reader)));
         continue;
       }
       auto r = reads[w.instruction].find(prm.name());
@@ -148,9 +157,11 @@ AliasCandidates FindAliasCandidates(const v1::Program& p) {
         if (ins.results_size() > 0) {
           // A loop updates carry j in place when its body writes parameter
           // j into result j and nothing else of the loop reads the buffer.
-          const std::string why_loop = LoopCarryInPlace(p, ins.node(), w.fusion_node, prm.name(), root_of);
+          const std::string why_loop =
+              LoopCarryInPlace(p, ins.node(), w.fusion_node, prm.name(), root_of);
           if (!why_loop.empty()) {
-            why.push_back(absl::StrCat(out_desc, " is computed by ", Describe(p, w.instruction), ": ", why_loop));
+            why.push_back(absl::StrCat(out_desc, " is computed by ", Describe(p, w.instruction),
+                                       ": ", why_loop));
             continue;
           }
           c.outputs[pi].push_back(oi);
@@ -172,8 +183,9 @@ AliasCandidates FindAliasCandidates(const v1::Program& p) {
           }
         }
         if (!elementwise || r->second > w.fusion_node) {
-          why.push_back(absl::StrCat(out_desc, " is computed by ", Describe(p, w.instruction), ", which reads '",
-                                     prm.name(), "' ", elementwise ? "after writing it" : "other than elementwise"));
+          why.push_back(absl::StrCat(out_desc, " is computed by ", Describe(p, w.instruction),
+                                     ", which reads '", prm.name(), "' ",
+                                     elementwise ? "after writing it" : "other than elementwise"));
           continue;
         }
       }
@@ -182,8 +194,8 @@ AliasCandidates FindAliasCandidates(const v1::Program& p) {
     if (same_type == 0) {
       std::vector<std::string> types;
       for (const auto& t : p.output_types()) types.push_back(TypeString(t));
-      c.why_not[pi] = absl::StrCat("no output has its type ", TypeString(prm.type()), " (outputs: ",
-                                   absl::StrJoin(types, ", "), ")");
+      c.why_not[pi] = absl::StrCat("no output has its type ", TypeString(prm.type()),
+                                   " (outputs: ", absl::StrJoin(types, ", "), ")");
     } else if (!why.empty()) {
       c.why_not[pi] = absl::StrJoin(why, "; ");
     }
@@ -214,7 +226,8 @@ std::vector<AliasDecision> AssignAliases(const v1::Program& p, const AliasCandid
     if (d.output < 0) {
       const std::string& name = p.parameters(pi).name();
       if (blocked_by_taken) {
-        d.reason = absl::StrCat("every output that '", name, "' could become already takes another donated buffer");
+        d.reason = absl::StrCat("every output that '", name,
+                                "' could become already takes another donated buffer");
         if (!c.why_not[pi].empty()) absl::StrAppend(&d.reason, "; ", c.why_not[pi]);
       } else {
         d.reason = c.why_not[pi].empty() ? "no output can take its buffer" : c.why_not[pi];

@@ -37,7 +37,8 @@ struct AliasDecision {
 
 // Assigns each donated parameter (in the given order) the first candidate
 // output whose buffer no earlier donation took.
-std::vector<AliasDecision> AssignAliases(const v1::Program& program, const AliasCandidates& candidates,
+std::vector<AliasDecision> AssignAliases(const v1::Program& program,
+                                         const AliasCandidates& candidates,
                                          const std::vector<int>& donated_parameters);
 
 }  // namespace tessel::scheduler

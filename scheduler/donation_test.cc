@@ -1,5 +1,5 @@
-#include <google/protobuf/text_format.h>
 #include <gmock/gmock.h>
+#include <google/protobuf/text_format.h>
 #include <gtest/gtest.h>
 
 #include "scheduler/compiler.h"
@@ -63,7 +63,8 @@ TEST(Donation, AParameterReturnedUnchangedIsNeverWrittenInPlace) {
   auto v = Compile(Parse(kView), {.donated_parameters = {0}});
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(v->declared_aliases[0].output, -1);
-  EXPECT_THAT(v->declared_aliases[0].reason, HasSubstr("output 0 'v' returns 'x' (a view of it) unchanged"));
+  EXPECT_THAT(v->declared_aliases[0].reason,
+              HasSubstr("output 0 'v' returns 'x' (a view of it) unchanged"));
 }
 
 TEST(Donation, ReuseDoesNotDependOnTheOrderOfOutputs) {
@@ -75,12 +76,16 @@ TEST(Donation, ReuseDoesNotDependOnTheOrderOfOutputs) {
       nodes { name: "two" op: CONSTANT constant { fill { f: 2 } } type { dtype: F32 dims: 8 } }
     )pb";
     const std::string mul = R"pb(nodes { name: "m" op: MUL operands: ["w", "two"] })pb";
-    const std::string sum = R"pb(nodes { name: "s" op: REDUCE operands: "w" reduce { kind: SUM dims: 0 } })pb";
-    const std::string outs = sum_first ? R"pb(outputs: ["s", "m"])pb" : R"pb(outputs: ["m", "s"])pb";
-    auto c = Compile(Parse(nodes + (sum_first ? sum + mul : mul + sum) + outs), {.donated_parameters = {0}});
+    const std::string sum =
+        R"pb(nodes { name: "s" op: REDUCE operands: "w" reduce { kind: SUM dims: 0 } })pb";
+    const std::string outs =
+        sum_first ? R"pb(outputs: ["s", "m"])pb" : R"pb(outputs: ["m", "s"])pb";
+    auto c = Compile(Parse(nodes + (sum_first ? sum + mul : mul + sum) + outs),
+                     {.donated_parameters = {0}});
     ASSERT_TRUE(c.ok()) << c.status();
-    EXPECT_EQ(c->declared_aliases[0].output, sum_first ? 1 : 0) << c->declared_aliases[0].reason << "\n"
-                                                               << c->plan_text;
+    EXPECT_EQ(c->declared_aliases[0].output, sum_first ? 1 : 0)
+        << c->declared_aliases[0].reason << "\n"
+        << c->plan_text;
   }
 }
 
@@ -151,9 +156,11 @@ TEST(Donation, DotReadingTheParameterAndLaterReadsBlockReuse) {
   // is still read.
   EXPECT_EQ(c->declared_aliases[1].output, -1);
   EXPECT_THAT(c->declared_aliases[1].reason, HasSubstr("already takes another donated buffer"));
-  EXPECT_THAT(c->declared_aliases[1].reason,
-              HasSubstr("output 2 't' is written by instruction 1 (transpose 't') while 'w' is still read by "
-                        "instruction 2 (fusion -> z)"));
+  EXPECT_THAT(
+      c->declared_aliases[1].reason,
+      HasSubstr(
+          "output 2 't' is written by instruction 1 (transpose 't') while 'w' is still read by "
+          "instruction 2 (fusion -> z)"));
   EXPECT_THAT(c->alias_candidates.why_not[0], HasSubstr("other than elementwise"));
   // Donating w alone, it becomes z.
   auto w_only = Compile(Parse(kDot), {.donated_parameters = {1}});
@@ -174,7 +181,8 @@ TEST(Donation, OneBufferPerOutput) {
   EXPECT_EQ(c->declared_aliases[0].parameter, 1);
   EXPECT_EQ(c->declared_aliases[0].output, 0);
   EXPECT_EQ(c->declared_aliases[1].output, -1);
-  EXPECT_THAT(c->declared_aliases[1].reason, HasSubstr("'a' could become already takes another donated buffer"));
+  EXPECT_THAT(c->declared_aliases[1].reason,
+              HasSubstr("'a' could become already takes another donated buffer"));
 }
 
 TEST(Donation, PassThroughAndMismatchedTypes) {
@@ -190,7 +198,8 @@ TEST(Donation, PassThroughAndMismatchedTypes) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->declared_aliases[0].output, 0);
   EXPECT_EQ(c->declared_aliases[1].output, -1);
-  EXPECT_THAT(c->declared_aliases[1].reason, HasSubstr("no output has its type s32[3] (outputs: f32[4])"));
+  EXPECT_THAT(c->declared_aliases[1].reason,
+              HasSubstr("no output has its type s32[3] (outputs: f32[4])"));
   auto bad = Compile(Parse(kPass), {.donated_parameters = {2}});
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("donated parameter 2 does not exist"));

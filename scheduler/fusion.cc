@@ -29,7 +29,8 @@ bool FusibleInto(const v1::Node& n, const TypedGraph& g,
   if (IsElementwise(n.op())) return true;
   // A split iota starts at each device's block offset: it runs on its own.
   if (n.op() == v1::CONSTANT) {
-    return n.constant().has_fill() || (n.constant().has_iota() && n.constant().iota().sharded_axes_size() == 0);
+    return n.constant().has_fill() ||
+           (n.constant().has_iota() && n.constant().iota().sharded_axes_size() == 0);
   }
   if (n.op() == v1::BROADCAST_IN_DIM) {
     const v1::Node& src = g.graph.nodes(g.index_of.at(n.operands(0)));

@@ -166,8 +166,8 @@ class Pusher {
     c.mutable_constant()->mutable_iota()->set_dimension(d);
     return EmitFresh(std::move(c), base);
   }
-  std::string Binary(v1::Op op, const std::string& a, const std::string& b, v1::TensorType t, v1::DType dt,
-                     const std::string& base) {
+  std::string Binary(v1::Op op, const std::string& a, const std::string& b, v1::TensorType t,
+                     v1::DType dt, const std::string& base) {
     t.set_dtype(dt);
     v1::Node c;
     c.set_op(op);
@@ -200,7 +200,8 @@ class Pusher {
         }
         break;
       }
-      case v1::BROADCAST_IN_DIM: return iota_along(layout.broadcast_in_dim().broadcast_dimensions(d));
+      case v1::BROADCAST_IN_DIM:
+        return iota_along(layout.broadcast_in_dim().broadcast_dimensions(d));
       default: break;
     }
     // Index arithmetic in an integer wide enough for the positions, then

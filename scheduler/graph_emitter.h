@@ -22,7 +22,9 @@
 
 namespace tessel::scheduler {
 
-inline std::vector<int64_t> Dims(const v1::TensorType& t) { return {t.dims().begin(), t.dims().end()}; }
+inline std::vector<int64_t> Dims(const v1::TensorType& t) {
+  return {t.dims().begin(), t.dims().end()};
+}
 
 // Appends typed nodes to a graph. The first error sticks (status()); after
 // it every call returns an empty name.
@@ -49,7 +51,8 @@ class Emitter {
       for (const std::string& o : n.operands()) {
         auto it = types_.find(o);
         if (it == types_.end()) {
-          status_ = absl::InternalError(absl::StrCat("vjp: ", OpName(n.op()), " reads '", o, "', which has no type"));
+          status_ = absl::InternalError(
+              absl::StrCat("vjp: ", OpName(n.op()), " reads '", o, "', which has no type"));
           return "";
         }
         ops.push_back(&it->second);
@@ -57,7 +60,8 @@ class Emitter {
       n.clear_type();
       auto t = InferType(n, ops);
       if (!t.ok()) {
-        status_ = Annotate(t.status(), absl::StrCat("internal: vjp node '", n.name(), "' (", OpName(n.op()), "): "));
+        status_ = Annotate(t.status(), absl::StrCat("internal: vjp node '", n.name(), "' (",
+                                                    OpName(n.op()), "): "));
         return "";
       }
       *n.mutable_type() = *t;
@@ -73,7 +77,9 @@ class Emitter {
     return n;
   }
   std::string Unary(v1::Op op, const std::string& a) { return Emit(Op(op, {a}), base_); }
-  std::string Binary(v1::Op op, const std::string& a, const std::string& b) { return Emit(Op(op, {a, b}), base_); }
+  std::string Binary(v1::Op op, const std::string& a, const std::string& b) {
+    return Emit(Op(op, {a, b}), base_);
+  }
   std::string Compare(v1::CompareDirection d, const std::string& a, const std::string& b) {
     v1::Node n = Op(v1::COMPARE, {a, b});
     n.mutable_compare()->set_direction(d);
@@ -116,7 +122,8 @@ class Emitter {
     return Emit(std::move(n), base_);
   }
   // SORT with `attrs`' order, moving `moved` by the order of `keys`.
-  std::string SortBy(const std::string& keys, const std::string& moved, const v1::SortAttrs& attrs) {
+  std::string SortBy(const std::string& keys, const std::string& moved,
+                     const v1::SortAttrs& attrs) {
     v1::Node n = Op(v1::SORT, {keys, moved});
     *n.mutable_sort() = attrs;
     n.mutable_sort()->set_result_operand(1);
@@ -134,8 +141,8 @@ class Emitter {
     n.mutable_gather()->set_axis(axis);
     return Emit(std::move(n), base_);
   }
-  std::string Scatter(const std::string& x, const std::string& indices, const std::string& updates, int64_t axis,
-                      v1::ReduceKind combine) {
+  std::string Scatter(const std::string& x, const std::string& indices, const std::string& updates,
+                      int64_t axis, v1::ReduceKind combine) {
     v1::Node n = Op(v1::SCATTER, {x, indices, updates});
     n.mutable_scatter()->set_axis(axis);
     n.mutable_scatter()->set_combine(combine);
@@ -164,7 +171,8 @@ class Emitter {
     n.set_name(Fresh(base));
     return Append(std::move(n));
   }
-  std::string Broadcast(const std::string& a, const std::vector<int64_t>& dims, const std::vector<int64_t>& bdims) {
+  std::string Broadcast(const std::string& a, const std::vector<int64_t>& dims,
+                        const std::vector<int64_t>& bdims) {
     v1::Node n = Op(v1::BROADCAST_IN_DIM, {a});
     n.mutable_broadcast_in_dim();
     for (int64_t d : dims) n.mutable_broadcast_in_dim()->add_dims(d);
@@ -199,8 +207,8 @@ class Emitter {
     for (int64_t p : perm) n.mutable_transpose()->add_permutation(p);
     return Emit(std::move(n), base_);
   }
-  std::string Slice(const std::string& a, const std::vector<int64_t>& start, const std::vector<int64_t>& limit,
-                    const std::vector<int64_t>& strides) {
+  std::string Slice(const std::string& a, const std::vector<int64_t>& start,
+                    const std::vector<int64_t>& limit, const std::vector<int64_t>& strides) {
     v1::Node n = Op(v1::SLICE, {a});
     n.mutable_slice();
     for (size_t i = 0; i < start.size(); ++i) {
@@ -227,7 +235,8 @@ class Emitter {
     return Emit(std::move(n), base_);
   }
   std::string Dot(const std::string& a, const std::string& b, const std::vector<int64_t>& ab,
-                  const std::vector<int64_t>& bb, const std::vector<int64_t>& ac, const std::vector<int64_t>& bc) {
+                  const std::vector<int64_t>& bb, const std::vector<int64_t>& ac,
+                  const std::vector<int64_t>& bc) {
     v1::Node n = Op(v1::DOT_GENERAL, {a, b});
     v1::DotGeneralAttrs& d = *n.mutable_dot_general();
     for (int64_t x : ab) d.add_lhs_batch(x);

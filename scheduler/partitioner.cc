@@ -33,8 +33,9 @@ using ops::SetDimAxes;
 }  // namespace
 
 PlannedCollective PlanCollective(const v1::Mesh& mesh, const std::string& value, v1::Op op,
-                                 const std::vector<std::string>& axes, const v1::TensorType& in_type,
-                                 const v1::TensorType& out_type, const std::string& reason) {
+                                 const std::vector<std::string>& axes,
+                                 const v1::TensorType& in_type, const v1::TensorType& out_type,
+                                 const std::string& reason) {
   const int64_t k = AxesSize(mesh, axes);
   const int64_t in = ByteSizeUnchecked(in_type), out = ByteSizeUnchecked(out_type);
   int64_t received = in;  // collective_permute: one block
@@ -52,26 +53,31 @@ namespace {
 
 class Partitioner : public ops::LocalGraph {
  public:
-  Partitioner(const TypedGraph& g, const PartitionOptions& o) : g_(g), o_(o), mesh_(o.mesh), functions_(g.graph),
-        analysis_(o.mesh, g.graph.functions()) {}
+  Partitioner(const TypedGraph& g, const PartitionOptions& o)
+      : g_(g), o_(o), mesh_(o.mesh), functions_(g.graph), analysis_(o.mesh, g.graph.functions()) {}
 
   absl::StatusOr<PartitionedGraph> Run() {
     out_.local.set_name(g_.graph.name());
     const int np = g_.parameters.size();
     if (!o_.parameter_shardings.empty() && int(o_.parameter_shardings.size()) != np) {
-      return InvalidArgumentError(StrCat("graph has ", np, " parameters; ", o_.parameter_shardings.size(),
+      return InvalidArgumentError(StrCat("graph has ", np, " parameters; ",
+                                         o_.parameter_shardings.size(),
                                          " parameter shardings given"));
     }
-    if (!o_.output_shardings.empty() && int(o_.output_shardings.size()) != g_.graph.outputs_size()) {
+    if (!o_.output_shardings.empty() &&
+        int(o_.output_shardings.size()) != g_.graph.outputs_size()) {
       return InvalidArgumentError(StrCat("graph has ", g_.graph.outputs_size(), " outputs; ",
                                          o_.output_shardings.size(), " output shardings given"));
     }
     out_.parameter_shardings.resize(np);
     for (int i = 0; i < np; ++i) {
       const v1::Node& p = g_.graph.nodes(g_.parameters[i]);
-      const v1::Sharding s = o_.parameter_shardings.empty() ? Replicated(p.type().dims_size())
-                                                     : NormalizeSharding(o_.parameter_shardings[i], p.type().dims_size());
-      TESSEL_RETURN_IF_ERROR(ValidateSharding(s, mesh_, p.type(), StrCat("parameter ", i, " '", p.name(), "'")));
+      const v1::Sharding s =
+          o_.parameter_shardings.empty()
+              ? Replicated(p.type().dims_size())
+              : NormalizeSharding(o_.parameter_shardings[i], p.type().dims_size());
+      TESSEL_RETURN_IF_ERROR(
+          ValidateSharding(s, mesh_, p.type(), StrCat("parameter ", i, " '", p.name(), "'")));
       out_.parameter_shardings[i] = s;
     }
     absl::flat_hash_map<std::string, std::string> bind;
@@ -87,7 +93,8 @@ class Partitioner : public ops::LocalGraph {
       } else {
         want = v.generated ? Replicated(v.global.dims_size()) : Complete(v.s);
       }
-      TESSEL_ASSIGN_OR_RETURN(std::string local, Reshard(name, want, StrCat(label, " wants ", ShardingString(want))));
+      TESSEL_ASSIGN_OR_RETURN(std::string local,
+                              Reshard(name, want, StrCat(label, " wants ", ShardingString(want))));
       out_.local.add_outputs(local);
       out_.output_shardings.push_back(want);
     }
@@ -96,10 +103,10 @@ class Partitioner : public ops::LocalGraph {
 
  private:
   struct Value {
-    std::string local;       // per-device graph name (empty while generated and not materialized)
-    v1::Sharding s;          // normalized; meaningless while generated
+    std::string local;  // per-device graph name (empty while generated and not materialized)
+    v1::Sharding s;     // normalized; meaningless while generated
     v1::TensorType global;
-    bool generated = false;  // regenerated per block on demand
+    bool generated = false;          // regenerated per block on demand
     const v1::Node* node = nullptr;  // the defining node (generated values)
     std::string prefix;              // its graph's name prefix
   };
@@ -114,8 +121,8 @@ class Partitioner : public ops::LocalGraph {
   absl::StatusOr<std::string> Emit(v1::Node n) override {
     std::vector<const v1::TensorType*> types;
     for (const std::string& o : n.operands()) types.push_back(&local_types_.at(o));
-    if (n.op() != v1::PARAMETER && n.op() != v1::CONSTANT && !IsCollective(n.op()) && n.op() != v1::SHARD_SLICE &&
-        !IsControlFlow(n.op()) && n.op() != v1::TUPLE_ELEMENT) {
+    if (n.op() != v1::PARAMETER && n.op() != v1::CONSTANT && !IsCollective(n.op()) &&
+        n.op() != v1::SHARD_SLICE && !IsControlFlow(n.op()) && n.op() != v1::TUPLE_ELEMENT) {
       n.clear_type();
       auto t = InferType(n, types);
       if (!t.ok()) return Annotate(t.status(), StrCat("partitioned node '", n.name(), "': "));
@@ -126,11 +133,14 @@ class Partitioner : public ops::LocalGraph {
     return n.name();
   }
 
-  const v1::TensorType& LocalTypeOf(const std::string& v) const override { return local_types_.at(v); }
+  const v1::TensorType& LocalTypeOf(const std::string& v) const override {
+    return local_types_.at(v);
+  }
   const v1::Mesh& mesh() const override { return mesh_; }
 
   // A node of `op` over `operands` (type inferred), named after `base`.
-  absl::StatusOr<std::string> EmitOp(v1::Op op, std::vector<std::string> operands, const std::string& base,
+  absl::StatusOr<std::string> EmitOp(v1::Op op, std::vector<std::string> operands,
+                                     const std::string& base,
                                      const std::function<void(v1::Node&)>& attrs = {}) override {
     v1::Node n;
     n.set_name(Fresh(base));
@@ -157,22 +167,25 @@ class Partitioner : public ops::LocalGraph {
   // of `block`, as s64 positions in this device's block (out of [0, block)
   // where another device holds the slice). With `clamp`, first clamped into
   // [0, extent), as a gather over the whole dimension reads.
-  absl::StatusOr<std::string> BlockIndices(const std::string& indices, const Axes& axes, int64_t extent,
-                                           int64_t block, bool clamp, const std::string& base) override {
+  absl::StatusOr<std::string> BlockIndices(const std::string& indices, const Axes& axes,
+                                           int64_t extent, int64_t block, bool clamp,
+                                           const std::string& base) override {
     const v1::TensorType& it = local_types_.at(indices);
     v1::TensorType s64 = it, scalar;
     s64.set_dtype(v1::S64);
     scalar.set_dtype(v1::S64);
     std::string src = indices;
-    if (it.dtype() == v1::U64) {  // a u64 past int64 is out of range: it must stay past the end, not wrap negative
+    if (it.dtype() == v1::U64) {  // a u64 past int64 is out of range: it must stay past the end,
+                                  // not wrap negative
       v1::TensorType u64;
       u64.set_dtype(v1::U64);
       TESSEL_ASSIGN_OR_RETURN(std::string lo, EmitFill(u64, 0, 0, base + ".u64_lo"));
       TESSEL_ASSIGN_OR_RETURN(std::string hi, EmitFill(u64, 0, INT64_MAX, base + ".u64_hi"));
       TESSEL_ASSIGN_OR_RETURN(src, EmitOp(v1::CLAMP, {lo, src, hi}, base + ".u64_clamp"));
     }
-    TESSEL_ASSIGN_OR_RETURN(std::string idx, EmitOp(v1::CONVERT, {src}, base + ".s64",
-                                                    [](v1::Node& n) { n.mutable_convert()->set_dtype(v1::S64); }));
+    TESSEL_ASSIGN_OR_RETURN(std::string idx,
+                            EmitOp(v1::CONVERT, {src}, base + ".s64",
+                                   [](v1::Node& n) { n.mutable_convert()->set_dtype(v1::S64); }));
     if (clamp) {
       TESSEL_ASSIGN_OR_RETURN(std::string lo, EmitFill(scalar, 0, 0, base + ".lo"));
       TESSEL_ASSIGN_OR_RETURN(std::string hi, EmitFill(scalar, 0, extent - 1, base + ".hi"));
@@ -184,18 +197,21 @@ class Partitioner : public ops::LocalGraph {
     ai.mutable_type()->set_dtype(v1::S32);
     for (const std::string& a : axes) ai.mutable_collective()->add_axes(a);
     TESSEL_ASSIGN_OR_RETURN(std::string at, Emit(std::move(ai)));
-    TESSEL_ASSIGN_OR_RETURN(at, EmitOp(v1::CONVERT, {at}, base + ".block",
-                                       [](v1::Node& n) { n.mutable_convert()->set_dtype(v1::S64); }));
+    TESSEL_ASSIGN_OR_RETURN(at, EmitOp(v1::CONVERT, {at}, base + ".block", [](v1::Node& n) {
+                              n.mutable_convert()->set_dtype(v1::S64);
+                            }));
     TESSEL_ASSIGN_OR_RETURN(std::string size, EmitFill(scalar, 0, block, base + ".block_size"));
     TESSEL_ASSIGN_OR_RETURN(std::string offset, EmitOp(v1::MUL, {at, size}, base + ".offset"));
-    TESSEL_ASSIGN_OR_RETURN(offset, EmitOp(v1::BROADCAST_IN_DIM, {offset}, base + ".offset", [&](v1::Node& n) {
-                              *n.mutable_broadcast_in_dim()->mutable_dims() = s64.dims();
-                            }));
+    TESSEL_ASSIGN_OR_RETURN(
+        offset, EmitOp(v1::BROADCAST_IN_DIM, {offset}, base + ".offset", [&](v1::Node& n) {
+          *n.mutable_broadcast_in_dim()->mutable_dims() = s64.dims();
+        }));
     return EmitOp(v1::SUB, {idx, offset}, base + ".local");
   }
 
-  absl::StatusOr<std::string> EmitCollective(v1::Op op, const std::string& input, const std::string& base,
-                                             const Axes& axes, int64_t dim, int64_t concat_dim, v1::ReduceKind kind,
+  absl::StatusOr<std::string> EmitCollective(v1::Op op, const std::string& input,
+                                             const std::string& base, const Axes& axes, int64_t dim,
+                                             int64_t concat_dim, v1::ReduceKind kind,
                                              const std::string& reason,
                                              const std::vector<int64_t>& pairs = {}) override {
     // Over axes of size 1 every collective is the identity: none is needed.
@@ -233,20 +249,21 @@ class Partitioner : public ops::LocalGraph {
   // receives under ring algorithms.
   void Record(const std::string& name, v1::Op op, const std::string& input, const Axes& axes,
               const std::string& reason) {
-    out_.collectives.push_back(
-        PlanCollective(mesh_, name, op, axes, local_types_.at(input), local_types_.at(name), reason));
+    out_.collectives.push_back(PlanCollective(mesh_, name, op, axes, local_types_.at(input),
+                                              local_types_.at(name), reason));
   }
 
   // The value `name` laid out as `want` (normalized, same rank): itself, or
   // what the fewest collectives make of it.
-  absl::StatusOr<std::string> Reshard(const std::string& name, const v1::Sharding& want, const std::string& why) {
+  absl::StatusOr<std::string> Reshard(const std::string& name, const v1::Sharding& want,
+                                      const std::string& why) {
     Value& v = values_.at(name);
     if (v.generated) return Regenerate(name, want);
     if (SameSharding(v.s, want)) return v.local;
     const std::string key = StrCat(name, "|", ShardingString(want));
     if (auto it = reshard_cache_.find(key); it != reshard_cache_.end()) return it->second;
-    const std::string what = StrCat("'", name, "' ", TypeString(v.global), " ", ShardingString(v.s), " -> ",
-                                    ShardingString(want));
+    const std::string what = StrCat("'", name, "' ", TypeString(v.global), " ", ShardingString(v.s),
+                                    " -> ", ShardingString(want));
     std::string cur = v.local;
     v1::Sharding s = v.s;
     // 1. Partial sums: kept where `want` keeps them; resolved by
@@ -254,27 +271,32 @@ class Partitioner : public ops::LocalGraph {
     if (IsPartial(s)) {
       Axes resolve;
       for (const std::string& a : s.partial()) {
-        const bool kept = std::find(want.partial().begin(), want.partial().end(), a) != want.partial().end() &&
-                          want.partial_kind() == s.partial_kind();
+        const bool kept =
+            std::find(want.partial().begin(), want.partial().end(), a) != want.partial().end() &&
+            want.partial_kind() == s.partial_kind();
         if (!kept) resolve.push_back(a);
       }
       for (int d = 0; d < want.dims_size() && !resolve.empty(); ++d) {
         const Axes target = DimAxes(want, d);
         if (target.empty() || !DimAxes(s, d).empty()) continue;
         bool all = true;
-        for (const std::string& a : target) all &= std::find(resolve.begin(), resolve.end(), a) != resolve.end();
+        for (const std::string& a : target)
+          all &= std::find(resolve.begin(), resolve.end(), a) != resolve.end();
         if (!all) continue;
         TESSEL_ASSIGN_OR_RETURN(
-            cur, EmitCollective(v1::REDUCE_SCATTER, cur, name, target, d, 0, s.partial_kind(),
-                                StrCat(why, ": ", what, ": the partial result over ", AxesText(target),
-                                       " is reduced straight into the split of dimension ", d)));
+            cur,
+            EmitCollective(v1::REDUCE_SCATTER, cur, name, target, d, 0, s.partial_kind(),
+                           StrCat(why, ": ", what, ": the partial result over ", AxesText(target),
+                                  " is reduced straight into the split of dimension ", d)));
         SetDimAxes(s, d, target);
-        for (const std::string& a : target) resolve.erase(std::find(resolve.begin(), resolve.end(), a));
+        for (const std::string& a : target)
+          resolve.erase(std::find(resolve.begin(), resolve.end(), a));
       }
       if (!resolve.empty()) {
-        TESSEL_ASSIGN_OR_RETURN(cur, EmitCollective(v1::ALL_REDUCE, cur, name, resolve, 0, 0, s.partial_kind(),
-                                                    StrCat(why, ": ", what, ": the partial result over ",
-                                                           AxesText(resolve), " must be complete")));
+        TESSEL_ASSIGN_OR_RETURN(
+            cur, EmitCollective(v1::ALL_REDUCE, cur, name, resolve, 0, 0, s.partial_kind(),
+                                StrCat(why, ": ", what, ": the partial result over ",
+                                       AxesText(resolve), " must be complete")));
       }
       v1::Sharding kept = s;
       kept.clear_partial();
@@ -288,8 +310,8 @@ class Partitioner : public ops::LocalGraph {
     }
     for (const std::string& a : want.partial()) {
       if (std::find(s.partial().begin(), s.partial().end(), a) == s.partial().end()) {
-        return InvalidArgumentError(StrCat(why, ": ", what, ": a complete value cannot be made a partial sum over '",
-                                           a, "'"));
+        return InvalidArgumentError(StrCat(
+            why, ": ", what, ": a complete value cannot be made a partial sum over '", a, "'"));
       }
     }
     // 2. Dimensions split differently: all_to_all where an axis moves
@@ -310,14 +332,16 @@ class Partitioner : public ops::LocalGraph {
         }
       }
       if (to >= 0) {
-        TESSEL_ASSIGN_OR_RETURN(cur, EmitCollective(v1::ALL_TO_ALL, cur, name, have, to, d, v1::REDUCE_INVALID,
-                                                    StrCat(why, ": ", what, ": the split over ", AxesText(have),
-                                                           " moves from dimension ", d, " to ", to)));
+        TESSEL_ASSIGN_OR_RETURN(
+            cur, EmitCollective(v1::ALL_TO_ALL, cur, name, have, to, d, v1::REDUCE_INVALID,
+                                StrCat(why, ": ", what, ": the split over ", AxesText(have),
+                                       " moves from dimension ", d, " to ", to)));
         SetDimAxes(s, to, have);
       } else {
-        TESSEL_ASSIGN_OR_RETURN(cur, EmitCollective(v1::ALL_GATHER, cur, name, have, d, 0, v1::REDUCE_INVALID,
-                                                    StrCat(why, ": ", what, ": dimension ", d, " split over ",
-                                                           AxesText(have), " is needed whole")));
+        TESSEL_ASSIGN_OR_RETURN(
+            cur, EmitCollective(v1::ALL_GATHER, cur, name, have, d, 0, v1::REDUCE_INVALID,
+                                StrCat(why, ": ", what, ": dimension ", d, " split over ",
+                                       AxesText(have), " is needed whole")));
       }
       SetDimAxes(s, d, {});
     }
@@ -326,8 +350,8 @@ class Partitioner : public ops::LocalGraph {
       const Axes have = DimAxes(s, d), target = DimAxes(want, d);
       if (have == target) continue;
       const Axes extra(target.begin() + have.size(), target.end());
-      TESSEL_ASSIGN_OR_RETURN(cur, EmitCollective(v1::SHARD_SLICE, cur, name, extra, d, 0, v1::REDUCE_INVALID,
-                                                  StrCat(why, ": ", what)));
+      TESSEL_ASSIGN_OR_RETURN(cur, EmitCollective(v1::SHARD_SLICE, cur, name, extra, d, 0,
+                                                  v1::REDUCE_INVALID, StrCat(why, ": ", what)));
       SetDimAxes(s, d, target);
     }
     reshard_cache_[key] = cur;
@@ -349,14 +373,16 @@ class Partitioner : public ops::LocalGraph {
       *n.mutable_type() = local;
       if (src.constant().has_iota()) {
         const int64_t d = src.constant().iota().dimension();
-        for (const std::string& a : want.dims(d).axes()) n.mutable_constant()->mutable_iota()->add_sharded_axes(a);
+        for (const std::string& a : want.dims(d).axes())
+          n.mutable_constant()->mutable_iota()->add_sharded_axes(a);
       }
     } else {
       for (const std::string& o : src.operands()) {
         const std::string full = StrCat(v.prefix, o);
         const Value& ov = values_.at(full);
-        TESSEL_ASSIGN_OR_RETURN(std::string lo,
-                                Reshard(full, ov.global.dims_size() == 0 ? Replicated(0) : want, "generated"));
+        TESSEL_ASSIGN_OR_RETURN(
+            std::string lo,
+            Reshard(full, ov.global.dims_size() == 0 ? Replicated(0) : want, "generated"));
         n.add_operands(lo);
       }
       if (src.op() == v1::BROADCAST_IN_DIM) {
@@ -381,7 +407,8 @@ class Partitioner : public ops::LocalGraph {
         return false;
       }
     }
-    if (n.op() == v1::BROADCAST_IN_DIM) return values_.at(StrCat(prefix, n.operands(0))).global.dims_size() == 0;
+    if (n.op() == v1::BROADCAST_IN_DIM)
+      return values_.at(StrCat(prefix, n.operands(0))).global.dims_size() == 0;
     return any;
   }
 
@@ -401,7 +428,8 @@ class Partitioner : public ops::LocalGraph {
     return absl::OkStatus();
   }
 
-  absl::Status ProcessNode(const v1::Node& n, const std::string& prefix, const std::string& name, bool top) {
+  absl::Status ProcessNode(const v1::Node& n, const std::string& prefix, const std::string& name,
+                           bool top) {
     Value v;
     v.global = n.type();
     v.node = &n;
@@ -426,7 +454,8 @@ class Partitioner : public ops::LocalGraph {
     switch (n.op()) {
       case v1::SHARDING_CONSTRAINT: {
         v1::Sharding want = NormalizeSharding(n.sharding().sharding(), rank);
-        TESSEL_RETURN_IF_ERROR(ValidateSharding(want, mesh_, n.type(), StrCat("sharding constraint '", name, "'")));
+        TESSEL_RETURN_IF_ERROR(
+            ValidateSharding(want, mesh_, n.type(), StrCat("sharding constraint '", name, "'")));
         TESSEL_ASSIGN_OR_RETURN(v.local, Reshard(StrCat(prefix, n.operands(0)), want,
                                                  StrCat("sharding constraint '", name, "'")));
         v.s = want;
@@ -452,7 +481,8 @@ class Partitioner : public ops::LocalGraph {
       case v1::SCAN: return ProcessControl(n, prefix, name);
       case v1::TUPLE_ELEMENT: {
         const int k = n.tuple_element().index();
-        if (auto region = values_.find(StrCat(prefix, n.operands(0), "#", k)); region != values_.end()) {
+        if (auto region = values_.find(StrCat(prefix, n.operands(0), "#", k));
+            region != values_.end()) {
           values_[name] = region->second;  // a result of a manual region
           return absl::OkStatus();
         }
@@ -487,13 +517,16 @@ class Partitioner : public ops::LocalGraph {
     local.set_name(Fresh(name));
     local.clear_operands();
     for (int i = 0; i < n.operands_size(); ++i) {
-      TESSEL_ASSIGN_OR_RETURN(std::string lo, Reshard(StrCat(prefix, n.operands(i)), layout.want[i], why));
+      TESSEL_ASSIGN_OR_RETURN(std::string lo,
+                              Reshard(StrCat(prefix, n.operands(i)), layout.want[i], why));
       local.add_operands(lo);
     }
     const v1::TensorType lt = LocalType(n.type(), layout.result, mesh_);
-    const ops::Lowering lowering{.node = n, .name = name, .layout = layout, .local_type = lt, .types = q.types};
-    TESSEL_ASSIGN_OR_RETURN(v.local, rules->lower != nullptr ? rules->lower(*this, lowering, std::move(local))
-                                                             : Emit(std::move(local)));
+    const ops::Lowering lowering{
+        .node = n, .name = name, .layout = layout, .local_type = lt, .types = q.types};
+    TESSEL_ASSIGN_OR_RETURN(v.local, rules->lower != nullptr
+                                         ? rules->lower(*this, lowering, std::move(local))
+                                         : Emit(std::move(local)));
     v.s = layout.result;
     values_[name] = v;
     return absl::OkStatus();
@@ -508,7 +541,8 @@ class Partitioner : public ops::LocalGraph {
   // the scanned dimension; a conditional's index is replicated; branches
   // give branch 0's layouts. Each function is partitioned for the layouts
   // it is called with (named fn@hash).
-  absl::Status ProcessControl(const v1::Node& n, const std::string& prefix, const std::string& name) {
+  absl::Status ProcessControl(const v1::Node& n, const std::string& prefix,
+                              const std::string& name) {
     const v1::ControlFlowAttrs& c = n.control();
     const std::string what = StrCat(OpName(n.op()), " '", name, "'");
     const int nc = n.op() == v1::WHILE ? n.operands_size() : n.op() == v1::SCAN ? c.num_carry() : 0;
@@ -544,7 +578,8 @@ class Partitioner : public ops::LocalGraph {
       }
       for (int y = nc; y < n.results_size(); ++y) outs.emplace_back().set_unspecified(true);
       if (any) {
-        TESSEL_ASSIGN_OR_RETURN(std::vector<v1::Sharding> found, ProbeFunction(c.body(), params, outs, what));
+        TESSEL_ASSIGN_OR_RETURN(std::vector<v1::Sharding> found,
+                                ProbeFunction(c.body(), params, outs, what));
         for (int i = 0; i < nc; ++i) {
           if (outs[i].unspecified() && !IsPartial(found[i])) in[i] = found[i];
         }
@@ -575,7 +610,8 @@ class Partitioner : public ops::LocalGraph {
         params.push_back(s);
       }
       if (n.op() == v1::WHILE) {
-        TESSEL_ASSIGN_OR_RETURN(auto cond, PartitionFunction(c.cond(), carries, {Replicated(0)}, what));
+        TESSEL_ASSIGN_OR_RETURN(auto cond,
+                                PartitionFunction(c.cond(), carries, {Replicated(0)}, what));
         ln.mutable_control()->set_cond(cond.first);
       }
       std::vector<v1::Sharding> outs = carries;
@@ -595,7 +631,8 @@ class Partitioner : public ops::LocalGraph {
         results.push_back(s);
       }
     }
-    for (int k = 0; k < n.results_size(); ++k) *ln.add_results() = LocalType(n.results(k), results[k], mesh_);
+    for (int k = 0; k < n.results_size(); ++k)
+      *ln.add_results() = LocalType(n.results(k), results[k], mesh_);
     Value v;
     v.node = &n;
     v.prefix = prefix;
@@ -628,13 +665,14 @@ class Partitioner : public ops::LocalGraph {
   // results as `outs` (empty or an entry unspecified: its choice). Returns
   // the per-device function's name and its results' layouts.
   absl::StatusOr<std::pair<std::string, std::vector<v1::Sharding>>> PartitionFunction(
-      const std::string& fn, const std::vector<v1::Sharding>& params, const std::vector<v1::Sharding>& outs,
-      const std::string& what) {
+      const std::string& fn, const std::vector<v1::Sharding>& params,
+      const std::vector<v1::Sharding>& outs, const std::string& what) {
     const v1::Graph* f = nullptr;
     for (const v1::Graph& g : g_.graph.functions()) {
       if (g.name() == fn) f = &g;
     }
-    if (f == nullptr) return InvalidArgumentError(StrCat(what, ": function '", fn, "' is not defined"));
+    if (f == nullptr)
+      return InvalidArgumentError(StrCat(what, ": function '", fn, "' is not defined"));
     v1::Graph graph = *f;
     *graph.mutable_functions() = g_.graph.functions();  // for the loops inside it
     auto typed = ValidateGraph(graph);
@@ -642,7 +680,8 @@ class Partitioner : public ops::LocalGraph {
     std::string key = StrCat(fn, " in");
     for (const v1::Sharding& s : params) absl::StrAppend(&key, " ", ShardingString(s));
     absl::StrAppend(&key, " out");
-    for (const v1::Sharding& s : outs) absl::StrAppend(&key, " ", s.unspecified() ? "auto" : ShardingString(s));
+    for (const v1::Sharding& s : outs)
+      absl::StrAppend(&key, " ", s.unspecified() ? "auto" : ShardingString(s));
     uint64_t h = 0xcbf29ce484222325ull;
     for (unsigned char ch : key) h = (h ^ ch) * 0x100000001b3ull;
     const std::string local_name = StrCat(fn, "@", absl::Hex(h & 0xffffffffull, absl::kZeroPad8));
@@ -668,32 +707,37 @@ class Partitioner : public ops::LocalGraph {
 
   // ---------------------------------------------------------------- manual regions
 
-  absl::Status ProcessRegion(const v1::Node& n, const std::string& prefix, const std::string& name) {
+  absl::Status ProcessRegion(const v1::Node& n, const std::string& prefix,
+                             const std::string& name) {
     const v1::ManualRegionAttrs& m = n.manual_region();
     const std::string label = StrCat("manual region '", name, "'");
     std::vector<std::string> inputs;
     std::vector<Varying> input_varying;
-    absl::flat_hash_map<std::string, std::string> bind;    // body parameter -> local value
-    absl::flat_hash_map<std::string, Varying> varying;     // body value (prefixed) -> axes
+    absl::flat_hash_map<std::string, std::string> bind;  // body parameter -> local value
+    absl::flat_hash_map<std::string, Varying> varying;   // body value (prefixed) -> axes
     for (int i = 0; i < n.operands_size(); ++i) {
       const Value& ov = values_.at(StrCat(prefix, n.operands(i)));
       v1::Sharding spec = NormalizeSharding(m.in_specs(i), ov.global.dims_size());
-      TESSEL_RETURN_IF_ERROR(ValidateSharding(spec, mesh_, ov.global, StrCat(label, " in_spec ", i)));
+      TESSEL_RETURN_IF_ERROR(
+          ValidateSharding(spec, mesh_, ov.global, StrCat(label, " in_spec ", i)));
       if (IsPartial(spec)) {
         return InvalidArgumentError(StrCat(label, " in_spec ", i, " ", ShardingString(spec),
                                            ": inputs are complete values"));
       }
-      TESSEL_ASSIGN_OR_RETURN(std::string lo, Reshard(StrCat(prefix, n.operands(i)), spec,
-                                                      StrCat(label, " in_spec ", i, " ", ShardingString(spec))));
+      TESSEL_ASSIGN_OR_RETURN(std::string lo,
+                              Reshard(StrCat(prefix, n.operands(i)), spec,
+                                      StrCat(label, " in_spec ", i, " ", ShardingString(spec))));
       inputs.push_back(lo);
-      input_varying.push_back(SpecVarying(
-          spec, StrCat("operand ", i, " '", n.operands(i), "' is split over it by in_spec ", ShardingString(spec))));
+      input_varying.push_back(
+          SpecVarying(spec, StrCat("operand ", i, " '", n.operands(i),
+                                   "' is split over it by in_spec ", ShardingString(spec))));
     }
     auto body = ValidateGraph(m.body(), {.manual_mesh = &mesh_, .functions = &functions_});
     if (!body.ok()) return Annotate(body.status(), StrCat(label, " body: "));
     if (body->parameters.size() != inputs.size()) {
-      return InvalidArgumentError(StrCat(label, ": body takes ", body->parameters.size(), " parameters; the region has ",
-                                         inputs.size(), " operands"));
+      return InvalidArgumentError(StrCat(label, ": body takes ", body->parameters.size(),
+                                         " parameters; the region has ", inputs.size(),
+                                         " operands"));
     }
     const std::string bprefix = StrCat(name, "/");
     for (size_t i = 0; i < body->parameters.size(); ++i) {
@@ -701,16 +745,18 @@ class Partitioner : public ops::LocalGraph {
       const int idx = p.parameter().index();
       const v1::TensorType& have = local_types_.at(inputs[idx]);
       if (!SameType(have, p.type())) {
-        return InvalidArgumentError(StrCat(label, " body parameter ", idx, " '", p.name(), "': its block under in_spec ",
-                                           ShardingString(m.in_specs(idx)), " is ", TypeString(have), ", the body declares ",
-                                           TypeString(p.type())));
+        return InvalidArgumentError(
+            StrCat(label, " body parameter ", idx, " '", p.name(), "': its block under in_spec ",
+                   ShardingString(m.in_specs(idx)), " is ", TypeString(have),
+                   ", the body declares ", TypeString(p.type())));
       }
       bind[p.name()] = inputs[idx];
       varying[StrCat(bprefix, p.name())] = input_varying[idx];
     }
     regions_.push_back(std::make_unique<v1::Graph>(body->graph));
     const v1::Graph& b = *regions_.back();
-    TESSEL_ASSIGN_OR_RETURN(std::vector<std::string> outs, EmitManual(b, bprefix, bind, varying, label));
+    TESSEL_ASSIGN_OR_RETURN(std::vector<std::string> outs,
+                            EmitManual(b, bprefix, bind, varying, label));
     const bool multi = m.out_specs_size() > 0;
     for (int k = 0; k < b.outputs_size(); ++k) {
       const v1::TensorType& global = multi ? n.results(k) : n.type();
@@ -718,7 +764,8 @@ class Partitioner : public ops::LocalGraph {
       // The out_spec may replicate a result only over axes it does not vary
       // over (or may, through a kernel with no rule: trusted, as
       // shard_map's check_rep=False).
-      v1::Sharding spec = NormalizeSharding(multi ? m.out_specs(k) : m.out_spec(), global.dims_size());
+      v1::Sharding spec =
+          NormalizeSharding(multi ? m.out_specs(k) : m.out_spec(), global.dims_size());
       TESSEL_RETURN_IF_ERROR(ValidateSharding(spec, mesh_, global, what));
       absl::flat_hash_set<std::string> covered(spec.partial().begin(), spec.partial().end());
       for (const auto& d : spec.dims()) covered.insert(d.axes().begin(), d.axes().end());
@@ -727,16 +774,18 @@ class Partitioner : public ops::LocalGraph {
         auto it = out_varying.why.find(axis);
         if (it == out_varying.why.end() || covered.contains(axis)) continue;
         return InvalidArgumentError(StrCat(
-            label, ": output '", b.outputs(k), "' varies over mesh axis '", axis, "' (", it->second, "), but ",
-            multi ? StrCat("out_specs ", k) : std::string("out_spec"), " ", ShardingString(spec),
-            " replicates it over '", axis, "'. Reduce it in the body (psum), split a dimension over '", axis,
-            "', or mark '", axis, "' partial in out_spec to leave it as a partial sum; nothing is inserted silently"));
+            label, ": output '", b.outputs(k), "' varies over mesh axis '", axis, "' (", it->second,
+            "), but ", multi ? StrCat("out_specs ", k) : std::string("out_spec"), " ",
+            ShardingString(spec), " replicates it over '", axis,
+            "'. Reduce it in the body (psum), split a dimension over '", axis, "', or mark '", axis,
+            "' partial in out_spec to leave it as a partial sum; nothing is inserted silently"));
       }
       const v1::TensorType want_local = LocalType(global, spec, mesh_);
       if (!SameType(want_local, local_types_.at(outs[k]))) {
-        return InvalidArgumentError(StrCat(label, ": the result ", TypeString(global), " under ", what, " ",
-                                           ShardingString(spec), " has blocks of ", TypeString(want_local),
-                                           "; the body gives ", TypeString(local_types_.at(outs[k]))));
+        return InvalidArgumentError(StrCat(label, ": the result ", TypeString(global), " under ",
+                                           what, " ", ShardingString(spec), " has blocks of ",
+                                           TypeString(want_local), "; the body gives ",
+                                           TypeString(local_types_.at(outs[k]))));
       }
       Value v;
       v.global = global;
@@ -748,10 +797,10 @@ class Partitioner : public ops::LocalGraph {
   }
 
   // Emits a body (per-device shapes) as written; returns its outputs' local names.
-  absl::StatusOr<std::vector<std::string>> EmitManual(const v1::Graph& body, const std::string& bprefix,
-                                                      const absl::flat_hash_map<std::string, std::string>& bind,
-                                                      absl::flat_hash_map<std::string, Varying>& varying,
-                                                      const std::string& label) {
+  absl::StatusOr<std::vector<std::string>> EmitManual(
+      const v1::Graph& body, const std::string& bprefix,
+      const absl::flat_hash_map<std::string, std::string>& bind,
+      absl::flat_hash_map<std::string, Varying>& varying, const std::string& label) {
     absl::flat_hash_map<std::string, std::string> local;  // body name -> local name
     for (const v1::Node& bn : body.nodes()) {
       const std::string full = StrCat(bprefix, bn.name());
@@ -771,7 +820,8 @@ class Partitioner : public ops::LocalGraph {
         for (const std::string& o : bn.operands()) ops.push_back(varying[StrCat(bprefix, o)]);
         TESSEL_ASSIGN_OR_RETURN(std::vector<Varying> results, analysis_.Of(bn, ops, label));
         if (IsMultiResult(bn)) {
-          for (size_t k = 0; k < results.size(); ++k) varying[StrCat(full, "#", k)] = std::move(results[k]);
+          for (size_t k = 0; k < results.size(); ++k)
+            varying[StrCat(full, "#", k)] = std::move(results[k]);
         } else {
           vr = std::move(results.at(0));
         }
@@ -785,8 +835,9 @@ class Partitioner : public ops::LocalGraph {
           inner[p.name()] = local.at(bn.operands(p.parameter().index()));
         }
         decompositions_.push_back(std::make_unique<v1::Graph>(std::move(d.graph)));
-        TESSEL_ASSIGN_OR_RETURN(std::vector<std::string> r, EmitManual(*decompositions_.back(), StrCat(full, "/"), inner,
-                                                                       inner_varying, label));
+        TESSEL_ASSIGN_OR_RETURN(
+            std::vector<std::string> r,
+            EmitManual(*decompositions_.back(), StrCat(full, "/"), inner, inner_varying, label));
         local[bn.name()] = r.at(0);
         varying[full] = std::move(vr);
         continue;
@@ -797,7 +848,8 @@ class Partitioner : public ops::LocalGraph {
       for (const std::string& o : bn.operands()) ln.add_operands(local.at(o));
       if (IsCollective(bn.op())) {
         const std::string& why = bn.collective().reason();
-        ln.mutable_collective()->set_reason(why.empty() ? StrCat("explicit in ", label) : StrCat(why, " (in ", label, ")"));
+        ln.mutable_collective()->set_reason(why.empty() ? StrCat("explicit in ", label)
+                                                        : StrCat(why, " (in ", label, ")"));
         if ((bn.op() == v1::ALL_REDUCE || bn.op() == v1::REDUCE_SCATTER) &&
             ln.collective().kind() == v1::REDUCE_INVALID) {
           ln.mutable_collective()->set_kind(v1::SUM);
@@ -806,7 +858,8 @@ class Partitioner : public ops::LocalGraph {
       TESSEL_ASSIGN_OR_RETURN(std::string emitted, Emit(ln));
       if (IsCollective(bn.op()) && bn.op() != v1::AXIS_INDEX) {
         const auto& axes = bn.collective().axes();
-        Record(emitted, bn.op(), ln.operands(0), Axes(axes.begin(), axes.end()), ln.collective().reason());
+        Record(emitted, bn.op(), ln.operands(0), Axes(axes.begin(), axes.end()),
+               ln.collective().reason());
       }
       local[bn.name()] = emitted;
       varying[full] = std::move(vr);
@@ -823,7 +876,8 @@ class Partitioner : public ops::LocalGraph {
   VaryingAnalysis analysis_;
   PartitionedGraph out_;
   absl::flat_hash_map<std::string, Value> values_;
-  absl::flat_hash_map<std::string, std::vector<v1::Sharding>> control_results_;  // a control node's results' layouts
+  absl::flat_hash_map<std::string, std::vector<v1::Sharding>>
+      control_results_;  // a control node's results' layouts
   absl::flat_hash_map<std::string, v1::TensorType> local_types_;
   absl::flat_hash_map<std::string, std::string> reshard_cache_;
   absl::flat_hash_set<std::string> used_names_;
@@ -841,10 +895,11 @@ absl::StatusOr<v1::Graph> LowerUnpartitioned(const TypedGraph& g) {
   out.set_name(g.graph.name());
   absl::flat_hash_map<std::string, std::string> rename;
   // Inlines `graph` with names under `prefix`; parameters bound through `bind`.
-  std::function<absl::Status(const v1::Graph&, const std::string&, const absl::flat_hash_map<std::string, std::string>&,
-                             bool)>
+  std::function<absl::Status(const v1::Graph&, const std::string&,
+                             const absl::flat_hash_map<std::string, std::string>&, bool)>
       inline_graph = [&](const v1::Graph& graph, const std::string& prefix,
-                         const absl::flat_hash_map<std::string, std::string>& bind, bool top) -> absl::Status {
+                         const absl::flat_hash_map<std::string, std::string>& bind,
+                         bool top) -> absl::Status {
     for (const v1::Node& n : graph.nodes()) {
       const std::string name = StrCat(prefix, n.name());
       if (n.op() == v1::PARAMETER && !top) {
@@ -852,8 +907,10 @@ absl::StatusOr<v1::Graph> LowerUnpartitioned(const TypedGraph& g) {
         continue;
       }
       if (n.op() == v1::MANUAL_REGION) {
-        return InvalidArgumentError(StrCat("node '", name, "' (manual_region): a manual region needs a mesh; compile "
-                                           "with one"));
+        return InvalidArgumentError(
+            StrCat("node '", name,
+                   "' (manual_region): a manual region needs a mesh; compile "
+                   "with one"));
       }
       if (n.op() == v1::SHARDING_CONSTRAINT) {
         rename[name] = rename.at(StrCat(prefix, n.operands(0)));

@@ -23,15 +23,15 @@
 namespace tessel::scheduler {
 
 struct PartitionOptions {
-  v1::Mesh mesh;                                   // normalized (NormalizeMesh)
-  std::vector<v1::Sharding> parameter_shardings;   // empty, or one per parameter
-  std::vector<v1::Sharding> output_shardings;      // empty, or one per output (may be unspecified)
+  v1::Mesh mesh;                                  // normalized (NormalizeMesh)
+  std::vector<v1::Sharding> parameter_shardings;  // empty, or one per parameter
+  std::vector<v1::Sharding> output_shardings;     // empty, or one per output (may be unspecified)
 };
 
 // A collective in the per-device graph: inserted by the partitioner, or
 // written in a manual region.
 struct PlannedCollective {
-  std::string value;   // the per-device graph value it produces
+  std::string value;  // the per-device graph value it produces
   v1::Op op = v1::OP_INVALID;
   std::vector<std::string> axes;
   int64_t bytes_per_device = 0;  // received by each device (ring algorithms)
@@ -41,11 +41,12 @@ struct PlannedCollective {
 // A collective of the per-device graph (input and output block types) with
 // the bytes each device receives under ring algorithms.
 PlannedCollective PlanCollective(const v1::Mesh& mesh, const std::string& value, v1::Op op,
-                                 const std::vector<std::string>& axes, const v1::TensorType& in_type,
-                                 const v1::TensorType& out_type, const std::string& reason);
+                                 const std::vector<std::string>& axes,
+                                 const v1::TensorType& in_type, const v1::TensorType& out_type,
+                                 const std::string& reason);
 
 struct PartitionedGraph {
-  v1::Graph local;  // per-device shapes; types set on every node
+  v1::Graph local;                                // per-device shapes; types set on every node
   std::vector<v1::Sharding> parameter_shardings;  // normalized
   std::vector<v1::Sharding> output_shardings;     // normalized, as the outputs leave
   std::vector<PlannedCollective> collectives;

@@ -1,8 +1,8 @@
 // Plan tests: which collectives the partitioner inserts, and the bytes they
 // move. Numerical equality of partitioned and whole runs is checked on a
 // real cluster (client/python/tests/test_sharding.py).
-#include <google/protobuf/text_format.h>
 #include <gmock/gmock.h>
+#include <google/protobuf/text_format.h>
 #include <gtest/gtest.h>
 
 #include "core/dtype.h"
@@ -22,7 +22,9 @@ T Parse(const std::string& text) {
   return m;
 }
 
-v1::Mesh Mesh2x2() { return Parse<v1::Mesh>(R"pb(axis_names: ["data", "model"] axis_sizes: [2, 2])pb"); }
+v1::Mesh Mesh2x2() {
+  return Parse<v1::Mesh>(R"pb(axis_names: ["data", "model"] axis_sizes: [2, 2])pb");
+}
 
 v1::Sharding P(std::vector<std::vector<std::string>> dims, std::vector<std::string> partial = {}) {
   v1::Sharding s;
@@ -81,7 +83,8 @@ TEST(Partitioner, NoCollectiveIsPlannedForAValueNoOutputUses) {
     nodes { name: "y" op: ADD operands: ["x", "one"] }
     outputs: "y"
   )pb";
-  auto c = Compile(Parse<v1::Graph>(kDead), Options({P({{"data"}, {"model"}})}, {P({{"data"}, {"model"}})}));
+  auto c = Compile(Parse<v1::Graph>(kDead),
+                   Options({P({{"data"}, {"model"}})}, {P({{"data"}, {"model"}})}));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->collectives.empty()) << c->plan_text;
   EXPECT_THAT(c->plan_text, ::testing::Not(HasSubstr("unused"))) << c->plan_text;
@@ -235,7 +238,8 @@ TEST(Partitioner, BadShardingsAreInvalidArgumentsNamingTheValue) {
   EXPECT_THAT(bad({P({{"rows"}, {}}), P({})}), HasSubstr("unknown mesh axis 'rows'"));
   EXPECT_THAT(bad({P({{"data"}, {"data"}}), P({})}), HasSubstr("mesh axis 'data' is used twice"));
   EXPECT_THAT(bad({P({{"data"}, {}, {}}), P({})}), HasSubstr("parameter 0 'x'"));
-  EXPECT_THAT(bad({P({}), P({{}, {"data", "model"}})}), HasSubstr("dimension 1 of size 6 does not split evenly"));
+  EXPECT_THAT(bad({P({}), P({{}, {"data", "model"}})}),
+              HasSubstr("dimension 1 of size 6 does not split evenly"));
   EXPECT_THAT(bad({P({})}), HasSubstr("2 parameters; 1 parameter shardings"));
 }
 
@@ -265,19 +269,24 @@ std::string Seed002(const std::string& rule, const std::string& bwd_out_partial)
           nodes { name: "c" op: NEG operands: "b" }
           outputs: "c"
         }
-        replication { )pb" + rule + R"pb( }
+        replication { )pb" + rule +
+                             R"pb( }
       })pb";
-  auto region = [&](const std::string& name, const std::string& operand, const std::string& partial) {
+  auto region = [&](const std::string& name, const std::string& operand,
+                    const std::string& partial) {
     return R"pb(
       nodes {
-        name: ")pb" + name + R"pb(" op: MANUAL_REGION operands: ")pb" + operand + R"pb("
+        name: ")pb" +
+           name + R"pb(" op: MANUAL_REGION operands: ")pb" + operand + R"pb("
         type { dtype: BF16 dims: [4, 128] }
         manual_region {
           in_specs { dims { axes: "data" } }
-          out_spec { dims { axes: "data" } )pb" + partial + R"pb( }
+          out_spec { dims { axes: "data" } )pb" +
+           partial + R"pb( }
           body {
             nodes { name: "x" op: PARAMETER parameter { index: 0 } type { dtype: BF16 dims: [2, 128] } }
-            nodes { name: "k" operands: "x" )pb" + kernel + R"pb( }
+            nodes { name: "k" operands: "x" )pb" +
+           kernel + R"pb( }
             outputs: "k"
           }
         }
@@ -292,7 +301,9 @@ std::string Seed002(const std::string& rule, const std::string& bwd_out_partial)
     outputs: ["loss", "bwd"])pb";
 }
 
-CompileOptions Seed002Options() { return Options({P({{"data"}, {}})}, {Unspecified(), P({{"data"}, {}})}); }
+CompileOptions Seed002Options() {
+  return Options({P({{"data"}, {}})}, {Unspecified(), P({{"data"}, {}})});
+}
 
 TEST(Partitioner, Seed002WithAReplicationRuleHasNoAllReduceInTheBackward) {
   auto c = Compile(Parse<v1::Graph>(Seed002("kind: FOLLOW operand: 0", "")), Seed002Options());
@@ -303,20 +314,28 @@ TEST(Partitioner, Seed002WithAReplicationRuleHasNoAllReduceInTheBackward) {
 }
 
 TEST(Partitioner, Seed002KernelVaryingOverModelNeedsItsAxisInTheOutSpec) {
-  auto c = Compile(Parse<v1::Graph>(Seed002(R"pb(kind: EXPLICIT axes: ["data", "model"])pb", "")), Seed002Options());
+  auto c = Compile(Parse<v1::Graph>(Seed002(R"pb(kind: EXPLICIT axes: ["data", "model"])pb", "")),
+                   Seed002Options());
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(c.status().message(), HasSubstr("manual region 'fwd': output 'k' varies over mesh axis 'model'"));
-  EXPECT_THAT(c.status().message(), HasSubstr("custom kernel 'copy' declares its result varying over it"));
+  EXPECT_THAT(c.status().message(),
+              HasSubstr("manual region 'fwd': output 'k' varies over mesh axis 'model'"));
+  EXPECT_THAT(c.status().message(),
+              HasSubstr("custom kernel 'copy' declares its result varying over it"));
 }
 
 TEST(Partitioner, Seed002KernelVaryingOverModelYieldsExactlyOneAllReduceWithItsReason) {
-  auto c = Compile(Parse<v1::Graph>(Seed002(R"pb(kind: EXPLICIT axes: ["data", "model"])pb", R"pb(partial: "model")pb")),
+  auto c = Compile(Parse<v1::Graph>(Seed002(R"pb(kind: EXPLICIT axes: ["data", "model"])pb",
+                                            R"pb(partial: "model")pb")),
                    Seed002Options());
   // The forward's out spec has no partial axis: still an error there.
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
   auto g = Parse<v1::Graph>(Seed002("kind: FOLLOW operand: 0", ""));
   // Only the backward's kernel declares its result varying over model.
-  auto* bwd_kernel = g.mutable_nodes(4)->mutable_manual_region()->mutable_body()->mutable_nodes(1)->mutable_custom_kernel();
+  auto* bwd_kernel = g.mutable_nodes(4)
+                         ->mutable_manual_region()
+                         ->mutable_body()
+                         ->mutable_nodes(1)
+                         ->mutable_custom_kernel();
   bwd_kernel->mutable_replication()->set_kind(v1::ReplicationRule::EXPLICIT);
   bwd_kernel->mutable_replication()->add_axes("data");
   bwd_kernel->mutable_replication()->add_axes("model");

@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/dtype.h"
-#include "core/sharding.h"
 #include "core/shape_inference.h"
+#include "core/sharding.h"
 #include "core/status.h"
 
 namespace tessel::scheduler {
@@ -22,20 +22,26 @@ std::string NodeLabel(const v1::Node& n, int pos) {
   return StrCat("node '", n.name(), "' (#", pos, ", ", op, "): ");
 }
 // Types the ops the partitioner resolves: constraints, regions, kernels.
-absl::StatusOr<v1::TensorType> InferStructured(const v1::Node& n, absl::Span<const v1::TensorType* const> ops) {
+absl::StatusOr<v1::TensorType> InferStructured(const v1::Node& n,
+                                               absl::Span<const v1::TensorType* const> ops) {
   switch (n.op()) {
     case v1::SHARDING_CONSTRAINT:
-      if (ops.size() != 1) return InvalidArgumentError(StrCat("expected 1 operand, got ", ops.size()));
-      if (n.attrs_case() != v1::Node::kSharding) return InvalidArgumentError("missing attributes 'sharding'");
+      if (ops.size() != 1)
+        return InvalidArgumentError(StrCat("expected 1 operand, got ", ops.size()));
+      if (n.attrs_case() != v1::Node::kSharding)
+        return InvalidArgumentError("missing attributes 'sharding'");
       return *ops[0];
     case v1::MANUAL_REGION: {
-      if (n.attrs_case() != v1::Node::kManualRegion) return InvalidArgumentError("missing attributes 'manual_region'");
+      if (n.attrs_case() != v1::Node::kManualRegion)
+        return InvalidArgumentError("missing attributes 'manual_region'");
       const v1::ManualRegionAttrs& m = n.manual_region();
       if (m.in_specs_size() != int(ops.size())) {
-        return InvalidArgumentError(StrCat("has ", ops.size(), " operands but ", m.in_specs_size(), " in_specs"));
+        return InvalidArgumentError(
+            StrCat("has ", ops.size(), " operands but ", m.in_specs_size(), " in_specs"));
       }
       if (m.body().outputs_size() != 1) {
-        return InvalidArgumentError(StrCat("body must have exactly 1 output, has ", m.body().outputs_size(),
+        return InvalidArgumentError(StrCat("body must have exactly 1 output, has ",
+                                           m.body().outputs_size(),
                                            " (a region of several results gives out_specs)"));
       }
       if (n.type().dtype() == v1::DTYPE_INVALID) {
@@ -45,37 +51,43 @@ absl::StatusOr<v1::TensorType> InferStructured(const v1::Node& n, absl::Span<con
       return n.type();
     }
     case v1::CUSTOM_KERNEL: {
-      if (n.attrs_case() != v1::Node::kCustomKernel) return InvalidArgumentError("missing attributes 'custom_kernel'");
+      if (n.attrs_case() != v1::Node::kCustomKernel)
+        return InvalidArgumentError("missing attributes 'custom_kernel'");
       const v1::CustomKernelAttrs& k = n.custom_kernel();
       if (k.name().empty()) return InvalidArgumentError("custom kernel has no name");
       auto d = ValidateGraph(k.decomposition());
-      if (!d.ok()) return Annotate(d.status(), StrCat("custom kernel '", k.name(), "' decomposition: "));
+      if (!d.ok())
+        return Annotate(d.status(), StrCat("custom kernel '", k.name(), "' decomposition: "));
       if (d->parameters.size() != ops.size() || d->outputs.size() != 1) {
-        return InvalidArgumentError(StrCat("custom kernel '", k.name(), "': decomposition takes ", d->parameters.size(),
-                                           " parameters and gives ", d->outputs.size(), " outputs; expected ",
-                                           ops.size(), " and 1"));
+        return InvalidArgumentError(StrCat("custom kernel '", k.name(), "': decomposition takes ",
+                                           d->parameters.size(), " parameters and gives ",
+                                           d->outputs.size(), " outputs; expected ", ops.size(),
+                                           " and 1"));
       }
       for (size_t i = 0; i < ops.size(); ++i) {
         const v1::TensorType& want = d->graph.nodes(d->parameters[i]).type();
         if (!SameType(want, *ops[i])) {
-          return InvalidArgumentError(StrCat("custom kernel '", k.name(), "' operand ", i, ": decomposition expects ",
-                                             TypeString(want), ", got ", TypeString(*ops[i])));
+          return InvalidArgumentError(StrCat("custom kernel '", k.name(), "' operand ", i,
+                                             ": decomposition expects ", TypeString(want), ", got ",
+                                             TypeString(*ops[i])));
         }
       }
       const v1::ReplicationRule& r = k.replication();
-      if (r.kind() == v1::ReplicationRule::FOLLOW && (r.operand() < 0 || r.operand() >= int(ops.size()))) {
-        return InvalidArgumentError(StrCat("custom kernel '", k.name(), "': replication rule follows operand ",
-                                           r.operand(), " of ", ops.size()));
+      if (r.kind() == v1::ReplicationRule::FOLLOW &&
+          (r.operand() < 0 || r.operand() >= int(ops.size()))) {
+        return InvalidArgumentError(StrCat("custom kernel '", k.name(),
+                                           "': replication rule follows operand ", r.operand(),
+                                           " of ", ops.size()));
       }
       v1::TensorType t = d->graph.nodes(d->outputs[0]).type();
       if (n.type().dtype() != v1::DTYPE_INVALID && !SameType(n.type(), t)) {
         return InvalidArgumentError(StrCat("declared type ", TypeString(n.type()),
-                                           " does not match the decomposition's result ", TypeString(t)));
+                                           " does not match the decomposition's result ",
+                                           TypeString(t)));
       }
       return t;
     }
-    default:
-      return InvalidArgumentError("not a structured op");
+    default: return InvalidArgumentError("not a structured op");
   }
 }
 
@@ -87,17 +99,19 @@ std::string TypesString(absl::Span<const v1::TensorType> ts) {
 
 // Checks that `fn`'s list `got` (its parameters or results) is `want`,
 // naming the function, the position and both types.
-absl::Status CheckTypes(const std::string& what, const std::string& fn, absl::Span<const v1::TensorType> got,
-                        absl::Span<const v1::TensorType> want, const std::string& want_what) {
+absl::Status CheckTypes(const std::string& what, const std::string& fn,
+                        absl::Span<const v1::TensorType> got, absl::Span<const v1::TensorType> want,
+                        const std::string& want_what) {
   if (got.size() != want.size()) {
-    return InvalidArgumentError(StrCat("function '", fn, "' has ", got.size(), " ", what, " ", TypesString(got),
-                                       "; expected ", want.size(), " (", want_what, ") ", TypesString(want)));
+    return InvalidArgumentError(StrCat("function '", fn, "' has ", got.size(), " ", what, " ",
+                                       TypesString(got), "; expected ", want.size(), " (",
+                                       want_what, ") ", TypesString(want)));
   }
   for (size_t i = 0; i < got.size(); ++i) {
     if (!SameType(got[i], want[i])) {
-      return InvalidArgumentError(StrCat("function '", fn, "' ", what.substr(0, what.size() - 1), " ", i, " is ",
-                                         TypeString(got[i]), "; expected ", TypeString(want[i]), " (", want_what,
-                                         " ", i, ")"));
+      return InvalidArgumentError(StrCat("function '", fn, "' ", what.substr(0, what.size() - 1),
+                                         " ", i, " is ", TypeString(got[i]), "; expected ",
+                                         TypeString(want[i]), " (", want_what, " ", i, ")"));
     }
   }
   return absl::OkStatus();
@@ -105,15 +119,17 @@ absl::Status CheckTypes(const std::string& what, const std::string& fn, absl::Sp
 
 // A manual region of several results: one per body output, their global
 // types declared in Node.results.
-absl::StatusOr<std::vector<v1::TensorType>> InferRegionResults(const v1::Node& n,
-                                                               absl::Span<const v1::TensorType* const> ops) {
+absl::StatusOr<std::vector<v1::TensorType>> InferRegionResults(
+    const v1::Node& n, absl::Span<const v1::TensorType* const> ops) {
   const v1::ManualRegionAttrs& m = n.manual_region();
   if (m.in_specs_size() != int(ops.size())) {
-    return InvalidArgumentError(StrCat("has ", ops.size(), " operands but ", m.in_specs_size(), " in_specs"));
+    return InvalidArgumentError(
+        StrCat("has ", ops.size(), " operands but ", m.in_specs_size(), " in_specs"));
   }
   if (m.body().outputs_size() != m.out_specs_size() || n.results_size() != m.out_specs_size()) {
     return InvalidArgumentError(StrCat("has ", m.out_specs_size(), " out_specs, ", n.results_size(),
-                                       " declared (global) results and a body of ", m.body().outputs_size(),
+                                       " declared (global) results and a body of ",
+                                       m.body().outputs_size(),
                                        " outputs; expected the same number of each"));
   }
   std::vector<v1::TensorType> out;
@@ -124,14 +140,16 @@ absl::StatusOr<std::vector<v1::TensorType>> InferRegionResults(const v1::Node& n
   return out;
 }
 
-absl::StatusOr<std::vector<v1::TensorType>> InferControlFlow(const v1::Node& n,
-                                                             absl::Span<const v1::TensorType* const> ops,
-                                                             FunctionTable& table, const ValidateOptions& o) {
-  if (n.attrs_case() != v1::Node::kControl) return InvalidArgumentError("missing attributes 'control'");
+absl::StatusOr<std::vector<v1::TensorType>> InferControlFlow(
+    const v1::Node& n, absl::Span<const v1::TensorType* const> ops, FunctionTable& table,
+    const ValidateOptions& o) {
+  if (n.attrs_case() != v1::Node::kControl)
+    return InvalidArgumentError("missing attributes 'control'");
   const v1::ControlFlowAttrs& c = n.control();
   std::vector<v1::TensorType> operands;
   for (const v1::TensorType* t : ops) operands.push_back(*t);
-  auto signature = [&](const std::string& fn, absl::string_view role) -> absl::StatusOr<const FunctionSignature*> {
+  auto signature = [&](const std::string& fn,
+                       absl::string_view role) -> absl::StatusOr<const FunctionSignature*> {
     if (fn.empty()) return InvalidArgumentError(StrCat("names no ", role, " function"));
     return table.Signature(fn, o);
   };
@@ -144,9 +162,12 @@ absl::StatusOr<std::vector<v1::TensorType>> InferControlFlow(const v1::Node& n,
     case v1::WHILE: {
       TESSEL_ASSIGN_OR_RETURN(const FunctionSignature* cond, signature(c.cond(), "cond"));
       TESSEL_ASSIGN_OR_RETURN(const FunctionSignature* body, signature(c.body(), "body"));
-      TESSEL_RETURN_IF_ERROR(CheckTypes("parameters", c.cond(), cond->parameters, operands, "the carries"));
-      TESSEL_RETURN_IF_ERROR(CheckTypes("results", c.cond(), cond->results, {pred}, "the loop predicate"));
-      TESSEL_RETURN_IF_ERROR(CheckTypes("parameters", c.body(), body->parameters, operands, "the carries"));
+      TESSEL_RETURN_IF_ERROR(
+          CheckTypes("parameters", c.cond(), cond->parameters, operands, "the carries"));
+      TESSEL_RETURN_IF_ERROR(
+          CheckTypes("results", c.cond(), cond->results, {pred}, "the loop predicate"));
+      TESSEL_RETURN_IF_ERROR(
+          CheckTypes("parameters", c.body(), body->parameters, operands, "the carries"));
       TESSEL_RETURN_IF_ERROR(CheckTypes("results", c.body(), body->results, operands,
                                         "the carries: a body may not change a carried type"));
       return operands;
@@ -155,17 +176,20 @@ absl::StatusOr<std::vector<v1::TensorType>> InferControlFlow(const v1::Node& n,
       if (ops.empty()) return InvalidArgumentError("expected an index operand, got none");
       const v1::TensorType& index = operands[0];
       if (index.dims_size() != 0 || (index.dtype() != v1::S32 && index.dtype() != v1::PRED)) {
-        return InvalidArgumentError(StrCat("the index (operand 0) must be s32[] or pred[], got ", TypeString(index)));
+        return InvalidArgumentError(
+            StrCat("the index (operand 0) must be s32[] or pred[], got ", TypeString(index)));
       }
       if (c.branches_size() == 0) return InvalidArgumentError("has no branches");
       if (index.dtype() == v1::PRED && c.branches_size() != 2) {
-        return InvalidArgumentError(StrCat("a pred[] index selects between 2 branches; got ", c.branches_size()));
+        return InvalidArgumentError(
+            StrCat("a pred[] index selects between 2 branches; got ", c.branches_size()));
       }
       std::vector<v1::TensorType> args(operands.begin() + 1, operands.end());
       std::vector<v1::TensorType> results;
       for (int b = 0; b < c.branches_size(); ++b) {
         TESSEL_ASSIGN_OR_RETURN(const FunctionSignature* f, signature(c.branches(b), "branch"));
-        TESSEL_RETURN_IF_ERROR(CheckTypes("parameters", c.branches(b), f->parameters, args, "the operands after the index"));
+        TESSEL_RETURN_IF_ERROR(CheckTypes("parameters", c.branches(b), f->parameters, args,
+                                          "the operands after the index"));
         if (b == 0) {
           results = f->results;
         } else {
@@ -177,16 +201,19 @@ absl::StatusOr<std::vector<v1::TensorType>> InferControlFlow(const v1::Node& n,
     }
     case v1::SCAN: {
       if (c.num_carry() < 0 || c.num_carry() > int(ops.size())) {
-        return InvalidArgumentError(StrCat("num_carry ", c.num_carry(), " out of range: it has ", ops.size(), " operands"));
+        return InvalidArgumentError(
+            StrCat("num_carry ", c.num_carry(), " out of range: it has ", ops.size(), " operands"));
       }
-      if (c.length() < 0) return InvalidArgumentError(StrCat("length must be >= 0, got ", c.length()));
+      if (c.length() < 0)
+        return InvalidArgumentError(StrCat("length must be >= 0, got ", c.length()));
       TESSEL_ASSIGN_OR_RETURN(const FunctionSignature* body, signature(c.body(), "body"));
       std::vector<v1::TensorType> params(operands.begin(), operands.begin() + c.num_carry());
       for (size_t i = c.num_carry(); i < operands.size(); ++i) {
         const v1::TensorType& x = operands[i];
         if (x.dims_size() == 0 || x.dims(0) != c.length()) {
           return InvalidArgumentError(StrCat("scanned operand ", i, " is ", TypeString(x),
-                                             "; expected a leading dimension of the length, ", c.length()));
+                                             "; expected a leading dimension of the length, ",
+                                             c.length()));
         }
         v1::TensorType slice = x;
         slice.mutable_dims()->erase(slice.mutable_dims()->begin());
@@ -197,29 +224,33 @@ absl::StatusOr<std::vector<v1::TensorType>> InferControlFlow(const v1::Node& n,
       const std::vector<v1::TensorType> carries(operands.begin(), operands.begin() + c.num_carry());
       if (int(body->results.size()) < c.num_carry()) {
         return InvalidArgumentError(StrCat("function '", c.body(), "' has ", body->results.size(),
-                                           " results; expected at least the ", c.num_carry(), " carries"));
+                                           " results; expected at least the ", c.num_carry(),
+                                           " carries"));
       }
-      const std::vector<v1::TensorType> new_carries(body->results.begin(), body->results.begin() + c.num_carry());
+      const std::vector<v1::TensorType> new_carries(body->results.begin(),
+                                                    body->results.begin() + c.num_carry());
       TESSEL_RETURN_IF_ERROR(CheckTypes("results", c.body(), new_carries, carries,
                                         "the carries: a body may not change a carried type"));
       std::vector<v1::TensorType> results = carries;
       for (size_t i = c.num_carry(); i < body->results.size(); ++i) {
         v1::TensorType y = body->results[i];
         y.mutable_dims()->Add(0);
-        std::rotate(y.mutable_dims()->begin(), y.mutable_dims()->end() - 1, y.mutable_dims()->end());
+        std::rotate(y.mutable_dims()->begin(), y.mutable_dims()->end() - 1,
+                    y.mutable_dims()->end());
         y.set_dims(0, c.length());
         TESSEL_RETURN_IF_ERROR(ValidateType(y));
         results.push_back(y);
       }
       return results;
     }
-    default:
-      return InvalidArgumentError("not a control-flow op");
+    default: return InvalidArgumentError("not a control-flow op");
   }
 }
 
-absl::StatusOr<std::vector<v1::TensorType>> InferVjp(const v1::Node& n, absl::Span<const v1::TensorType* const> ops,
-                                                     FunctionTable& table, const ValidateOptions& o) {
+absl::StatusOr<std::vector<v1::TensorType>> InferVjp(const v1::Node& n,
+                                                     absl::Span<const v1::TensorType* const> ops,
+                                                     FunctionTable& table,
+                                                     const ValidateOptions& o) {
   if (n.attrs_case() != v1::Node::kGrad) return InvalidArgumentError("missing attributes 'grad'");
   const v1::GradAttrs& g = n.grad();
   if (g.function().empty()) return InvalidArgumentError("names no function to differentiate");
@@ -230,37 +261,46 @@ absl::StatusOr<std::vector<v1::TensorType>> InferVjp(const v1::Node& n, absl::Sp
   std::vector<v1::TensorType> got;
   for (const v1::TensorType* t : ops) got.push_back(*t);
   if (got.size() != want.size()) {
-    return InvalidArgumentError(StrCat("vjp of '", g.function(), "' takes its ", np, " arguments and a cotangent for each of its ",
-                                       nr, " results: ", want.size(), " operands ", TypesString(want), "; got ",
-                                       got.size(), " ", TypesString(got)));
+    return InvalidArgumentError(StrCat("vjp of '", g.function(), "' takes its ", np,
+                                       " arguments and a cotangent for each of its ", nr,
+                                       " results: ", want.size(), " operands ", TypesString(want),
+                                       "; got ", got.size(), " ", TypesString(got)));
   }
-  TESSEL_RETURN_IF_ERROR(CheckTypes("parameters", g.function(), got, want, "the vjp's operands: arguments, then cotangents"));
+  TESSEL_RETURN_IF_ERROR(CheckTypes("parameters", g.function(), got, want,
+                                    "the vjp's operands: arguments, then cotangents"));
   std::vector<v1::TensorType> results = f->results;
   for (int p : g.wrt()) {
     if (p < 0 || p >= int(np)) {
-      return InvalidArgumentError(StrCat("vjp of '", g.function(), "' with respect to parameter ", p, ": it has ", np));
+      return InvalidArgumentError(
+          StrCat("vjp of '", g.function(), "' with respect to parameter ", p, ": it has ", np));
     }
     const v1::DType d = f->parameters[p].dtype();
     if (d != v1::F32 && d != v1::F64 && d != v1::F16 && d != v1::BF16) {
-      return InvalidArgumentError(StrCat("vjp of '", g.function(), "' with respect to parameter ", p, ": gradients need a ",
-                                         "floating-point input, got ", TypeString(f->parameters[p]), " (as jax.grad)"));
+      return InvalidArgumentError(StrCat("vjp of '", g.function(), "' with respect to parameter ",
+                                         p, ": gradients need a ", "floating-point input, got ",
+                                         TypeString(f->parameters[p]), " (as jax.grad)"));
     }
     results.push_back(f->parameters[p]);
   }
   return results;
 }
 
-absl::StatusOr<std::vector<v1::TensorType>> InferVmap(const v1::Node& n, absl::Span<const v1::TensorType* const> ops,
-                                                      FunctionTable& table, const ValidateOptions& o) {
+absl::StatusOr<std::vector<v1::TensorType>> InferVmap(const v1::Node& n,
+                                                      absl::Span<const v1::TensorType* const> ops,
+                                                      FunctionTable& table,
+                                                      const ValidateOptions& o) {
   if (n.attrs_case() != v1::Node::kBatch) return InvalidArgumentError("missing attributes 'batch'");
   const v1::BatchAttrs& b = n.batch();
   if (b.function().empty()) return InvalidArgumentError("names no function to map");
   TESSEL_ASSIGN_OR_RETURN(const FunctionSignature* f, table.Signature(b.function(), o));
-  if (b.size() < 0) return InvalidArgumentError(StrCat("vmap of '", b.function(), "': batch size ", b.size(), " < 0"));
+  if (b.size() < 0)
+    return InvalidArgumentError(
+        StrCat("vmap of '", b.function(), "': batch size ", b.size(), " < 0"));
   if (b.in_axes_size() != int(ops.size()) || ops.size() != f->parameters.size()) {
-    return InvalidArgumentError(StrCat("vmap of '", b.function(), "': expected ", f->parameters.size(),
-                                       " operands (its parameters) and as many in_axes; got ", ops.size(),
-                                       " operands and ", b.in_axes_size(), " in_axes"));
+    return InvalidArgumentError(StrCat("vmap of '", b.function(), "': expected ",
+                                       f->parameters.size(),
+                                       " operands (its parameters) and as many in_axes; got ",
+                                       ops.size(), " operands and ", b.in_axes_size(), " in_axes"));
   }
   if (b.out_axes_size() != int(f->results.size())) {
     return InvalidArgumentError(StrCat("vmap of '", b.function(), "': expected ", f->results.size(),
@@ -271,14 +311,15 @@ absl::StatusOr<std::vector<v1::TensorType>> InferVmap(const v1::Node& n, absl::S
     const int64_t axis = b.in_axes(int(i));
     if (axis < -1 || axis > p.dims_size()) {
       return InvalidArgumentError(StrCat("vmap of '", b.function(), "': in_axes[", i, "] = ", axis,
-                                         ": expected -1 (not batched) or an axis in [0, ", p.dims_size(), "] of ",
-                                         TypeString(*ops[i])));
+                                         ": expected -1 (not batched) or an axis in [0, ",
+                                         p.dims_size(), "] of ", TypeString(*ops[i])));
     }
     const v1::TensorType want = axis < 0 ? p : WithBatch(p, axis, b.size());
     if (!SameType(*ops[i], want)) {
-      return InvalidArgumentError(StrCat("vmap of '", b.function(), "': operand ", i, " is ", TypeString(*ops[i]),
-                                         "; expected ", TypeString(want), " (parameter ", i, ", ", TypeString(p),
-                                         axis < 0 ? ", not batched)" : StrCat(", batched at axis ", axis, ")")));
+      return InvalidArgumentError(
+          StrCat("vmap of '", b.function(), "': operand ", i, " is ", TypeString(*ops[i]),
+                 "; expected ", TypeString(want), " (parameter ", i, ", ", TypeString(p),
+                 axis < 0 ? ", not batched)" : StrCat(", batched at axis ", axis, ")")));
     }
   }
   std::vector<v1::TensorType> results;
@@ -287,16 +328,18 @@ absl::StatusOr<std::vector<v1::TensorType>> InferVmap(const v1::Node& n, absl::S
     const int64_t axis = b.out_axes(int(k));
     if (axis < -1 || axis > r.dims_size()) {
       return InvalidArgumentError(StrCat("vmap of '", b.function(), "': out_axes[", k, "] = ", axis,
-                                         ": expected -1 (not batched) or an axis in [0, ", r.dims_size(), "] of ",
-                                         "result ", TypeString(r)));
+                                         ": expected -1 (not batched) or an axis in [0, ",
+                                         r.dims_size(), "] of ", "result ", TypeString(r)));
     }
     results.push_back(axis < 0 ? r : WithBatch(r, axis, b.size()));
   }
   return results;
 }
 
-absl::StatusOr<std::vector<v1::TensorType>> InferJvp(const v1::Node& n, absl::Span<const v1::TensorType* const> ops,
-                                                     FunctionTable& table, const ValidateOptions& o) {
+absl::StatusOr<std::vector<v1::TensorType>> InferJvp(const v1::Node& n,
+                                                     absl::Span<const v1::TensorType* const> ops,
+                                                     FunctionTable& table,
+                                                     const ValidateOptions& o) {
   if (n.attrs_case() != v1::Node::kGrad) return InvalidArgumentError("missing attributes 'grad'");
   const v1::GradAttrs& g = n.grad();
   if (g.function().empty()) return InvalidArgumentError("names no function to differentiate");
@@ -304,74 +347,86 @@ absl::StatusOr<std::vector<v1::TensorType>> InferJvp(const v1::Node& n, absl::Sp
   std::vector<v1::TensorType> want = f->parameters;
   for (int p : g.wrt()) {
     if (p < 0 || p >= int(f->parameters.size())) {
-      return InvalidArgumentError(StrCat("jvp of '", g.function(), "' with respect to parameter ", p, ": it has ",
-                                         f->parameters.size()));
+      return InvalidArgumentError(StrCat("jvp of '", g.function(), "' with respect to parameter ",
+                                         p, ": it has ", f->parameters.size()));
     }
     const v1::DType d = f->parameters[p].dtype();
     if (d != v1::F32 && d != v1::F64 && d != v1::F16 && d != v1::BF16) {
-      return InvalidArgumentError(StrCat("jvp of '", g.function(), "' with respect to parameter ", p, ": tangents need a ",
-                                         "floating-point input, got ", TypeString(f->parameters[p])));
+      return InvalidArgumentError(StrCat("jvp of '", g.function(), "' with respect to parameter ",
+                                         p, ": tangents need a ", "floating-point input, got ",
+                                         TypeString(f->parameters[p])));
     }
     want.push_back(f->parameters[p]);
   }
   std::vector<v1::TensorType> got;
   for (const v1::TensorType* t : ops) got.push_back(*t);
   if (got.size() != want.size()) {
-    return InvalidArgumentError(StrCat("jvp of '", g.function(), "' takes its ", f->parameters.size(),
-                                       " arguments and a tangent for each of the ", g.wrt_size(), " in wrt: ",
-                                       want.size(), " operands ", TypesString(want), "; got ", got.size(), " ",
-                                       TypesString(got)));
+    return InvalidArgumentError(
+        StrCat("jvp of '", g.function(), "' takes its ", f->parameters.size(),
+               " arguments and a tangent for each of the ", g.wrt_size(), " in wrt: ", want.size(),
+               " operands ", TypesString(want), "; got ", got.size(), " ", TypesString(got)));
   }
-  TESSEL_RETURN_IF_ERROR(CheckTypes("parameters", g.function(), got, want, "the jvp's operands: arguments, then tangents"));
+  TESSEL_RETURN_IF_ERROR(CheckTypes("parameters", g.function(), got, want,
+                                    "the jvp's operands: arguments, then tangents"));
   std::vector<v1::TensorType> results = f->results;
   results.insert(results.end(), f->results.begin(), f->results.end());
   return results;
 }
 
-absl::StatusOr<std::vector<v1::TensorType>> InferCustomVjp(const v1::Node& n,
-                                                           absl::Span<const v1::TensorType* const> ops,
-                                                           FunctionTable& table, const ValidateOptions& o) {
-  if (n.attrs_case() != v1::Node::kCustomVjp) return InvalidArgumentError("missing attributes 'custom_vjp'");
+absl::StatusOr<std::vector<v1::TensorType>> InferCustomVjp(
+    const v1::Node& n, absl::Span<const v1::TensorType* const> ops, FunctionTable& table,
+    const ValidateOptions& o) {
+  if (n.attrs_case() != v1::Node::kCustomVjp)
+    return InvalidArgumentError("missing attributes 'custom_vjp'");
   const v1::CustomVjpAttrs& c = n.custom_vjp();
   std::vector<v1::TensorType> args;
   for (const v1::TensorType* t : ops) args.push_back(*t);
   TESSEL_ASSIGN_OR_RETURN(const FunctionSignature* f, table.Signature(c.function(), o));
   TESSEL_ASSIGN_OR_RETURN(const FunctionSignature* fwd, table.Signature(c.fwd(), o));
   TESSEL_ASSIGN_OR_RETURN(const FunctionSignature* bwd, table.Signature(c.bwd(), o));
-  TESSEL_RETURN_IF_ERROR(CheckTypes("parameters", c.function(), f->parameters, args, "the operands"));
+  TESSEL_RETURN_IF_ERROR(
+      CheckTypes("parameters", c.function(), f->parameters, args, "the operands"));
   TESSEL_RETURN_IF_ERROR(CheckTypes("parameters", c.fwd(), fwd->parameters, args, "the operands"));
   if (fwd->results.size() < f->results.size()) {
-    return InvalidArgumentError(StrCat("function '", c.fwd(), "' returns ", fwd->results.size(), " results; expected ",
-                                       "the ", f->results.size(), " of '", c.function(), "', then residuals"));
+    return InvalidArgumentError(StrCat("function '", c.fwd(), "' returns ", fwd->results.size(),
+                                       " results; expected ", "the ", f->results.size(), " of '",
+                                       c.function(), "', then residuals"));
   }
-  const std::vector<v1::TensorType> first(fwd->results.begin(), fwd->results.begin() + f->results.size());
-  TESSEL_RETURN_IF_ERROR(CheckTypes("results", c.fwd(), first, f->results, StrCat("the results of '", c.function(), "'")));
-  std::vector<v1::TensorType> bwd_params(fwd->results.begin() + f->results.size(), fwd->results.end());
+  const std::vector<v1::TensorType> first(fwd->results.begin(),
+                                          fwd->results.begin() + f->results.size());
+  TESSEL_RETURN_IF_ERROR(CheckTypes("results", c.fwd(), first, f->results,
+                                    StrCat("the results of '", c.function(), "'")));
+  std::vector<v1::TensorType> bwd_params(fwd->results.begin() + f->results.size(),
+                                         fwd->results.end());
   bwd_params.insert(bwd_params.end(), f->results.begin(), f->results.end());
   TESSEL_RETURN_IF_ERROR(CheckTypes("parameters", c.bwd(), bwd->parameters, bwd_params,
                                     "the residuals, then a cotangent per result"));
-  TESSEL_RETURN_IF_ERROR(CheckTypes("results", c.bwd(), bwd->results, args, "a cotangent per operand"));
+  TESSEL_RETURN_IF_ERROR(
+      CheckTypes("results", c.bwd(), bwd->results, args, "a cotangent per operand"));
   return f->results;
 }
 
-absl::StatusOr<std::vector<v1::TensorType>> InferCustomJvp(const v1::Node& n,
-                                                           absl::Span<const v1::TensorType* const> ops,
-                                                           FunctionTable& table, const ValidateOptions& o) {
-  if (n.attrs_case() != v1::Node::kCustomJvp) return InvalidArgumentError("missing attributes 'custom_jvp'");
+absl::StatusOr<std::vector<v1::TensorType>> InferCustomJvp(
+    const v1::Node& n, absl::Span<const v1::TensorType* const> ops, FunctionTable& table,
+    const ValidateOptions& o) {
+  if (n.attrs_case() != v1::Node::kCustomJvp)
+    return InvalidArgumentError("missing attributes 'custom_jvp'");
   const v1::CustomJvpAttrs& c = n.custom_jvp();
   std::vector<v1::TensorType> args;
   for (const v1::TensorType* t : ops) args.push_back(*t);
   TESSEL_ASSIGN_OR_RETURN(const FunctionSignature* f, table.Signature(c.function(), o));
   TESSEL_ASSIGN_OR_RETURN(const FunctionSignature* jvp, table.Signature(c.jvp(), o));
-  TESSEL_RETURN_IF_ERROR(CheckTypes("parameters", c.function(), f->parameters, args, "the operands"));
+  TESSEL_RETURN_IF_ERROR(
+      CheckTypes("parameters", c.function(), f->parameters, args, "the operands"));
   std::vector<v1::TensorType> twice = args;
   twice.insert(twice.end(), args.begin(), args.end());
   TESSEL_RETURN_IF_ERROR(CheckTypes("parameters", c.jvp(), jvp->parameters, twice,
                                     "the operands, then a tangent per operand"));
   std::vector<v1::TensorType> results = f->results;
   results.insert(results.end(), f->results.begin(), f->results.end());
-  TESSEL_RETURN_IF_ERROR(CheckTypes("results", c.jvp(), jvp->results, results,
-                                    StrCat("the results of '", c.function(), "', then a tangent per result")));
+  TESSEL_RETURN_IF_ERROR(
+      CheckTypes("results", c.jvp(), jvp->results, results,
+                 StrCat("the results of '", c.function(), "', then a tangent per result")));
   return f->results;
 }
 
@@ -386,11 +441,12 @@ v1::TensorType WithBatch(v1::TensorType t, int64_t axis, int64_t size) {
 
 bool IsControlFlow(v1::Op op) { return op == v1::WHILE || op == v1::CONDITIONAL || op == v1::SCAN; }
 bool IsMultiResult(v1::Op op) {
-  return IsControlFlow(op) || op == v1::VJP || op == v1::JVP || op == v1::CUSTOM_VJP || op == v1::CUSTOM_JVP ||
-         op == v1::VMAP;
+  return IsControlFlow(op) || op == v1::VJP || op == v1::JVP || op == v1::CUSTOM_VJP ||
+         op == v1::CUSTOM_JVP || op == v1::VMAP;
 }
 bool IsMultiResult(const v1::Node& n) {
-  return IsMultiResult(n.op()) || (n.op() == v1::MANUAL_REGION && n.manual_region().out_specs_size() > 0);
+  return IsMultiResult(n.op()) ||
+         (n.op() == v1::MANUAL_REGION && n.manual_region().out_specs_size() > 0);
 }
 
 std::vector<std::string> CalledFunctions(const v1::Node& n) {
@@ -417,11 +473,13 @@ absl::StatusOr<const FunctionSignature*> FunctionTable::Signature(const std::str
     std::vector<std::string> known;
     for (const auto& [n, _] : graphs) known.push_back(StrCat("'", n, "'"));
     std::sort(known.begin(), known.end());
-    return InvalidArgumentError(StrCat("function '", name, "' is not defined (the graph's functions: ",
+    return InvalidArgumentError(StrCat("function '", name,
+                                       "' is not defined (the graph's functions: ",
                                        known.empty() ? "none" : absl::StrJoin(known, ", "), ")"));
   }
   if (std::find(active.begin(), active.end(), name) != active.end()) {
-    return InvalidArgumentError(StrCat("function '", name, "' calls itself (through ", absl::StrJoin(active, " -> "),
+    return InvalidArgumentError(StrCat("function '", name, "' calls itself (through ",
+                                       absl::StrJoin(active, " -> "),
                                        "); recursion is not supported"));
   }
   active.push_back(name);
@@ -456,10 +514,12 @@ absl::StatusOr<TypedGraph> ValidateGraph(v1::Graph&& graph, const ValidateOption
     auto label = [&n, pos] { return NodeLabel(n, pos); };  // made only for an error
     if (n.name().empty()) return InvalidArgumentError(StrCat(label(), "has no name"));
     if (!v1::Op_IsValid(n.op()) || n.op() == v1::OP_INVALID) {
-      return InvalidArgumentError(StrCat(label(), "unknown op: expected one of the tessel.v1.Op values, got ", int(n.op())));
+      return InvalidArgumentError(StrCat(
+          label(), "unknown op: expected one of the tessel.v1.Op values, got ", int(n.op())));
     }
     if (!tg.index_of.emplace(n.name(), pos).second) {
-      return InvalidArgumentError(StrCat(label(), "name already used by node #", tg.index_of[n.name()]));
+      return InvalidArgumentError(
+          StrCat(label(), "name already used by node #", tg.index_of[n.name()]));
     }
     std::vector<const v1::TensorType*> operand_types;
     for (int i = 0; i < n.operands_size(); ++i) {
@@ -473,27 +533,30 @@ absl::StatusOr<TypedGraph> ValidateGraph(v1::Graph&& graph, const ValidateOption
       if (IsMultiResult(def) != (n.op() == v1::TUPLE_ELEMENT)) {
         return InvalidArgumentError(
             n.op() == v1::TUPLE_ELEMENT
-                ? StrCat(label(), "operand '", def.name(), "' (", OpName(def.op()), ") has a single result; ",
-                         "tuple_element reads the results of while, conditional, scan, vjp, jvp, custom_vjp, custom_jvp, vmap and regions with out_specs")
-                : StrCat(label(), "operand ", i, " '", def.name(), "' (", OpName(def.op()), ") has ",
-                         def.results_size(), " results; read one with tuple_element"));
+                ? StrCat(label(), "operand '", def.name(), "' (", OpName(def.op()),
+                         ") has a single result; ",
+                         "tuple_element reads the results of while, conditional, scan, vjp, jvp, "
+                         "custom_vjp, custom_jvp, vmap and regions with out_specs")
+                : StrCat(label(), "operand ", i, " '", def.name(), "' (", OpName(def.op()),
+                         ") has ", def.results_size(), " results; read one with tuple_element"));
       }
       operand_types.push_back(&def.type());
     }
     absl::StatusOr<v1::TensorType> type;
     if (IsMultiResult(n)) {
       auto results = n.op() == v1::MANUAL_REGION ? InferRegionResults(n, operand_types)
-                     : n.op() == v1::VJP   ? InferVjp(n, operand_types, *table, options)
-                     : n.op() == v1::JVP ? InferJvp(n, operand_types, *table, options)
-                     : n.op() == v1::VMAP ? InferVmap(n, operand_types, *table, options)
-                     : n.op() == v1::CUSTOM_VJP ? InferCustomVjp(n, operand_types, *table, options)
-                     : n.op() == v1::CUSTOM_JVP ? InferCustomJvp(n, operand_types, *table, options)
-                                         : InferControlFlow(n, operand_types, *table, options);
+                     : n.op() == v1::VJP         ? InferVjp(n, operand_types, *table, options)
+                     : n.op() == v1::JVP         ? InferJvp(n, operand_types, *table, options)
+                     : n.op() == v1::VMAP        ? InferVmap(n, operand_types, *table, options)
+                     : n.op() == v1::CUSTOM_VJP  ? InferCustomVjp(n, operand_types, *table, options)
+                     : n.op() == v1::CUSTOM_JVP
+                         ? InferCustomJvp(n, operand_types, *table, options)
+                         : InferControlFlow(n, operand_types, *table, options);
       if (!results.ok()) return Annotate(results.status(), label());
       if (n.results_size() > 0) {
         const std::vector<v1::TensorType> declared(n.results().begin(), n.results().end());
-        auto given = CheckTypes("results", StrCat(OpName(n.op()), " '", n.name(), "'"), declared, *results,
-                                "the inferred results");
+        auto given = CheckTypes("results", StrCat(OpName(n.op()), " '", n.name(), "'"), declared,
+                                *results, "the inferred results");
         if (!given.ok()) return Annotate(given, StrCat(label(), "declared results: "));
       }
       n.clear_results();
@@ -502,28 +565,35 @@ absl::StatusOr<TypedGraph> ValidateGraph(v1::Graph&& graph, const ValidateOption
       continue;
     }
     if (n.results_size() > 0) {
-      return InvalidArgumentError(StrCat(label(), "only while, conditional, scan, vjp, jvp, custom_vjp, custom_jvp, vmap and regions with out_specs have several results"));
+      return InvalidArgumentError(
+          StrCat(label(),
+                 "only while, conditional, scan, vjp, jvp, custom_vjp, custom_jvp, vmap and "
+                 "regions with out_specs have several results"));
     }
     if (n.op() == v1::TUPLE_ELEMENT) {
       const v1::Node& def = tg.graph.nodes(tg.index_of.at(n.operands(0)));
       const int k = n.has_tuple_element() ? n.tuple_element().index() : -1;
       if (n.operands_size() != 1 || k < 0 || k >= def.results_size()) {
-        return InvalidArgumentError(StrCat(label(), "reads result ", k, " of '", def.name(), "', which has ",
-                                           def.results_size(), " results"));
+        return InvalidArgumentError(StrCat(label(), "reads result ", k, " of '", def.name(),
+                                           "', which has ", def.results_size(), " results"));
       }
       type = def.results(k);
     } else if (n.op() == v1::SHARD_SLICE) {
-      type = options.manual_mesh != nullptr
-                 ? InferCollectiveType(n, operand_types, *options.manual_mesh)
-                 : InvalidArgumentError("shard_slice takes a device's block: it is emitted by the partitioner, and by "
-                                        "reverse mode inside manual regions");
+      type =
+          options.manual_mesh != nullptr
+              ? InferCollectiveType(n, operand_types, *options.manual_mesh)
+              : InvalidArgumentError(
+                    "shard_slice takes a device's block: it is emitted by the partitioner, and by "
+                    "reverse mode inside manual regions");
     } else if (IsCollective(n.op())) {
       type = options.manual_mesh == nullptr
-                 ? InvalidArgumentError(StrCat("collective outside a manual region: ", OpName(n.op()),
-                                               " is explicit only inside a manual region (shard_map); elsewhere "
-                                               "the partitioner inserts the collectives a sharding needs"))
+                 ? InvalidArgumentError(
+                       StrCat("collective outside a manual region: ", OpName(n.op()),
+                              " is explicit only inside a manual region (shard_map); elsewhere "
+                              "the partitioner inserts the collectives a sharding needs"))
                  : InferCollectiveType(n, operand_types, *options.manual_mesh);
-    } else if (n.op() == v1::SHARDING_CONSTRAINT || n.op() == v1::MANUAL_REGION || n.op() == v1::CUSTOM_KERNEL) {
+    } else if (n.op() == v1::SHARDING_CONSTRAINT || n.op() == v1::MANUAL_REGION ||
+               n.op() == v1::CUSTOM_KERNEL) {
       type = InferStructured(n, operand_types);
     } else {
       type = InferType(n, operand_types);
@@ -550,10 +620,12 @@ absl::StatusOr<TypedGraph> ValidateGraph(v1::Graph&& graph, const ValidateOption
   for (int i = 0; i < tg.graph.outputs_size(); ++i) {
     auto it = tg.index_of.find(tg.graph.outputs(i));
     if (it == tg.index_of.end()) {
-      return InvalidArgumentError(StrCat("output ", i, " '", tg.graph.outputs(i), "' names no node"));
+      return InvalidArgumentError(
+          StrCat("output ", i, " '", tg.graph.outputs(i), "' names no node"));
     }
     if (IsMultiResult(tg.graph.nodes(it->second))) {
-      return InvalidArgumentError(StrCat("output ", i, " '", tg.graph.outputs(i), "' has several results; output ",
+      return InvalidArgumentError(StrCat("output ", i, " '", tg.graph.outputs(i),
+                                         "' has several results; output ",
                                          "each through tuple_element"));
     }
     tg.outputs.push_back(it->second);

@@ -44,11 +44,13 @@ struct FunctionSignature {
 struct FunctionTable {
   explicit FunctionTable(const v1::Graph& top);
   // The validated signature of `name`; `options` as at the call site.
-  absl::StatusOr<const FunctionSignature*> Signature(const std::string& name, const ValidateOptions& options);
+  absl::StatusOr<const FunctionSignature*> Signature(const std::string& name,
+                                                     const ValidateOptions& options);
 
   absl::flat_hash_map<std::string, const v1::Graph*> graphs;
-  absl::node_hash_map<std::string, FunctionSignature> signatures;  // key: name, "|manual" inside manual regions (stable pointers)
-  std::vector<std::string> active;                                 // being validated (recursion is an error)
+  absl::node_hash_map<std::string, FunctionSignature>
+      signatures;                   // key: name, "|manual" inside manual regions (stable pointers)
+  std::vector<std::string> active;  // being validated (recursion is an error)
 };
 
 // `t` with a dimension of `size` inserted at `axis` (a VMAP's batch).
@@ -71,7 +73,8 @@ std::vector<std::string> CalledFunctions(const v1::Node& n);
 // collective outside a manual region, a custom kernel whose decomposition
 // does not fit its operands. Manual region bodies are checked by the
 // partitioner, which knows the mesh.
-absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateOptions& options = {});
+absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph,
+                                         const ValidateOptions& options = {});
 // The same, taking the graph rather than copying it.
 absl::StatusOr<TypedGraph> ValidateGraph(v1::Graph&& graph, const ValidateOptions& options = {});
 

@@ -38,15 +38,19 @@ Varying SpecVarying(const v1::Sharding& spec, const std::string& what) {
   return v;
 }
 
-VaryingAnalysis::VaryingAnalysis(const v1::Mesh& mesh, const google::protobuf::RepeatedPtrField<v1::Graph>& functions)
+VaryingAnalysis::VaryingAnalysis(const v1::Mesh& mesh,
+                                 const google::protobuf::RepeatedPtrField<v1::Graph>& functions)
     : mesh_(mesh), functions_(functions) {}
 
-absl::StatusOr<std::vector<Varying>> VaryingAnalysis::Of(const v1::Node& n, const std::vector<Varying>& ops,
+absl::StatusOr<std::vector<Varying>> VaryingAnalysis::Of(const v1::Node& n,
+                                                         const std::vector<Varying>& ops,
                                                          const std::string& label) {
   if (IsControlFlow(n.op())) return OfControlFlow(n, ops, label);
   if (n.op() == v1::CUSTOM_VJP || n.op() == v1::CUSTOM_JVP) {
     std::vector<Varying> args(ops.begin(), ops.end());
-    return OfFunction(n.op() == v1::CUSTOM_VJP ? n.custom_vjp().function() : n.custom_jvp().function(), args, label);
+    return OfFunction(
+        n.op() == v1::CUSTOM_VJP ? n.custom_vjp().function() : n.custom_jvp().function(), args,
+        label);
   }
   Varying vr;
   for (const Varying& o : ops) vr.Merge(o);
@@ -72,7 +76,8 @@ absl::StatusOr<std::vector<Varying>> VaryingAnalysis::Of(const v1::Node& n, cons
       switch (rule.kind()) {
         case v1::ReplicationRule::FOLLOW:
           if (rule.operand() < 0 || rule.operand() >= int(ops.size())) {
-            return InvalidArgumentError(StrCat(label, ": custom kernel '", k.name(), "' replication rule follows operand ",
+            return InvalidArgumentError(StrCat(label, ": custom kernel '", k.name(),
+                                               "' replication rule follows operand ",
                                                rule.operand(), "; it has ", ops.size()));
           }
           vr = ops[rule.operand()];
@@ -81,16 +86,19 @@ absl::StatusOr<std::vector<Varying>> VaryingAnalysis::Of(const v1::Node& n, cons
           vr = Varying{};
           for (const std::string& a : rule.axes()) {
             if (AxisIndex(mesh_, a) < 0) {
-              return InvalidArgumentError(StrCat(label, ": custom kernel '", k.name(), "' replication rule names ",
-                                                 "unknown mesh axis '", a, "'"));
+              return InvalidArgumentError(StrCat(label, ": custom kernel '", k.name(),
+                                                 "' replication rule names ", "unknown mesh axis '",
+                                                 a, "'"));
             }
-            vr.why[a] = StrCat("custom kernel '", k.name(), "' declares its result varying over it");
+            vr.why[a] =
+                StrCat("custom kernel '", k.name(), "' declares its result varying over it");
           }
           break;
         case v1::ReplicationRule::UNKNOWN:
           for (const std::string& a : mesh_.axis_names()) {
             if (!vr.why.contains(a)) {
-              vr.maybe.emplace(a, StrCat("custom kernel '", k.name(), "' has no replication rule, so its result may ",
+              vr.maybe.emplace(a, StrCat("custom kernel '", k.name(),
+                                         "' has no replication rule, so its result may ",
                                          "vary over every mesh axis"));
             }
           }
@@ -104,9 +112,8 @@ absl::StatusOr<std::vector<Varying>> VaryingAnalysis::Of(const v1::Node& n, cons
   return std::vector<Varying>{std::move(vr)};
 }
 
-absl::StatusOr<absl::flat_hash_map<std::string, Varying>> VaryingAnalysis::OfGraph(const v1::Graph& g,
-                                                                                   const std::vector<Varying>& params,
-                                                                                   const std::string& label) {
+absl::StatusOr<absl::flat_hash_map<std::string, Varying>> VaryingAnalysis::OfGraph(
+    const v1::Graph& g, const std::vector<Varying>& params, const std::string& label) {
   absl::flat_hash_map<std::string, Varying> vary;
   for (const v1::Node& n : g.nodes()) {
     if (n.op() == v1::PARAMETER) {
@@ -114,7 +121,8 @@ absl::StatusOr<absl::flat_hash_map<std::string, Varying>> VaryingAnalysis::OfGra
       continue;
     }
     if (n.op() == v1::TUPLE_ELEMENT) {
-      Varying v = vary[StrCat(n.operands(0), "#", n.tuple_element().index())];  // a copy: the map may grow
+      Varying v =
+          vary[StrCat(n.operands(0), "#", n.tuple_element().index())];  // a copy: the map may grow
       vary[n.name()] = std::move(v);
       continue;
     }
@@ -122,7 +130,8 @@ absl::StatusOr<absl::flat_hash_map<std::string, Varying>> VaryingAnalysis::OfGra
     for (const std::string& o : n.operands()) ops.push_back(vary[o]);
     TESSEL_ASSIGN_OR_RETURN(std::vector<Varying> results, Of(n, ops, label));
     if (IsMultiResult(n)) {
-      for (size_t k = 0; k < results.size(); ++k) vary[StrCat(n.name(), "#", k)] = std::move(results[k]);
+      for (size_t k = 0; k < results.size(); ++k)
+        vary[StrCat(n.name(), "#", k)] = std::move(results[k]);
     } else {
       vary[n.name()] = std::move(results.at(0));
     }
@@ -137,7 +146,8 @@ absl::StatusOr<std::vector<Varying>> VaryingAnalysis::OfFunction(const std::stri
   for (const v1::Graph& c : functions_) {
     if (c.name() == fn) f = &c;
   }
-  if (f == nullptr) return InvalidArgumentError(StrCat(label, ": function '", fn, "' is not defined"));
+  if (f == nullptr)
+    return InvalidArgumentError(StrCat(label, ": function '", fn, "' is not defined"));
   TESSEL_ASSIGN_OR_RETURN(auto vary, OfGraph(*f, params, label));
   std::vector<Varying> out;
   for (const std::string& o : f->outputs()) out.push_back(vary[o]);
@@ -160,7 +170,8 @@ bool VaryingAnalysis::CallsCollectives(const std::string& fn) {
 // A loop's carry varies over what its start or any iteration makes it vary
 // over (a fixed point). A varying condition or index is an error only where
 // the axis is known to vary (a kernel with no rule is trusted).
-absl::StatusOr<std::vector<Varying>> VaryingAnalysis::OfControlFlow(const v1::Node& n, const std::vector<Varying>& ops,
+absl::StatusOr<std::vector<Varying>> VaryingAnalysis::OfControlFlow(const v1::Node& n,
+                                                                    const std::vector<Varying>& ops,
                                                                     const std::string& label) {
   const v1::ControlFlowAttrs& c = n.control();
   const std::string what = StrCat(OpName(n.op()), " '", n.name(), "'");
@@ -170,10 +181,12 @@ absl::StatusOr<std::vector<Varying>> VaryingAnalysis::OfControlFlow(const v1::No
       for (const std::string& b : c.branches()) {
         if (!CallsCollectives(b)) continue;
         const auto& [axis, why] = *index.why.begin();
-        return InvalidArgumentError(StrCat(
-            label, ": ", what, ": its index varies over mesh axis '", axis, "' (", why, "), and branch '", b,
-            "' runs a collective: devices of one group could take different branches. Make the index uniform "
-            "with a collective over '", axis, "' (pmax, psum) first"));
+        return InvalidArgumentError(StrCat(label, ": ", what, ": its index varies over mesh axis '",
+                                           axis, "' (", why, "), and branch '", b,
+                                           "' runs a collective: devices of one group could take "
+                                           "different branches. Make the index uniform "
+                                           "with a collective over '",
+                                           axis, "' (pmax, psum) first"));
       }
     }
     std::vector<Varying> results;
@@ -205,10 +218,12 @@ absl::StatusOr<std::vector<Varying>> VaryingAnalysis::OfControlFlow(const v1::No
     TESSEL_ASSIGN_OR_RETURN(std::vector<Varying> pred, OfFunction(c.cond(), carry, label));
     if (!pred[0].why.empty()) {
       const auto& [axis, why] = *pred[0].why.begin();
-      return InvalidArgumentError(StrCat(
-          label, ": ", what, ": its condition '", c.cond(), "' varies over mesh axis '", axis, "' (", why,
-          "): every device of the mesh must stop at the same iteration. Make the predicate uniform with a ",
-          "collective over '", axis, "' (psum, pmax or all_gather) before comparing"));
+      return InvalidArgumentError(StrCat(label, ": ", what, ": its condition '", c.cond(),
+                                         "' varies over mesh axis '", axis, "' (", why,
+                                         "): every device of the mesh must stop at the same "
+                                         "iteration. Make the predicate uniform with a ",
+                                         "collective over '", axis,
+                                         "' (psum, pmax or all_gather) before comparing"));
     }
   }
   carry.insert(carry.end(), ys.begin(), ys.end());

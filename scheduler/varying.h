@@ -15,8 +15,9 @@
 namespace tessel::scheduler {
 
 struct Varying {
-  absl::flat_hash_map<std::string, std::string> why;    // axis -> what makes the value vary over it
-  absl::flat_hash_map<std::string, std::string> maybe;  // axis -> why it may (a kernel with no rule)
+  absl::flat_hash_map<std::string, std::string> why;  // axis -> what makes the value vary over it
+  absl::flat_hash_map<std::string, std::string>
+      maybe;  // axis -> why it may (a kernel with no rule)
 
   bool Over(const std::string& axis) const { return why.contains(axis) || maybe.contains(axis); }
   // The reason it varies (or may) over `axis`; empty when it does not.
@@ -36,7 +37,8 @@ Varying SpecVarying(const v1::Sharding& spec, const std::string& what);
 class VaryingAnalysis {
  public:
   // `functions`: the graph's (for control flow and custom_vjp in bodies).
-  VaryingAnalysis(const v1::Mesh& mesh, const google::protobuf::RepeatedPtrField<v1::Graph>& functions);
+  VaryingAnalysis(const v1::Mesh& mesh,
+                  const google::protobuf::RepeatedPtrField<v1::Graph>& functions);
 
   // The axes each result of `n` varies over (one entry for a single-result
   // op) given its operands'. A loop whose condition varies, or a
@@ -47,16 +49,17 @@ class VaryingAnalysis {
                                           const std::string& label);
   // Every value of `g` given its parameters' (by index): name -> axes; the
   // results of a multi-result node under "name#k".
-  absl::StatusOr<absl::flat_hash_map<std::string, Varying>> OfGraph(const v1::Graph& g,
-                                                                    const std::vector<Varying>& params,
-                                                                    const std::string& label);
+  absl::StatusOr<absl::flat_hash_map<std::string, Varying>> OfGraph(
+      const v1::Graph& g, const std::vector<Varying>& params, const std::string& label);
   // The axes each output of function `fn` varies over.
-  absl::StatusOr<std::vector<Varying>> OfFunction(const std::string& fn, const std::vector<Varying>& params,
+  absl::StatusOr<std::vector<Varying>> OfFunction(const std::string& fn,
+                                                  const std::vector<Varying>& params,
                                                   const std::string& label);
 
  private:
   bool CallsCollectives(const std::string& fn);
-  absl::StatusOr<std::vector<Varying>> OfControlFlow(const v1::Node& n, const std::vector<Varying>& ops,
+  absl::StatusOr<std::vector<Varying>> OfControlFlow(const v1::Node& n,
+                                                     const std::vector<Varying>& ops,
                                                      const std::string& label);
 
   const v1::Mesh& mesh_;

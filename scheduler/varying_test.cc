@@ -58,13 +58,14 @@ TEST(Varying, EachOpMovesTheAxesAsItsSemanticsSay) {
   split.add_dims()->add_axes("data");
   auto v = a.OfGraph(g, {SpecVarying(split, "x is split over it"), Varying{}}, "region");
   ASSERT_TRUE(v.ok()) << v.status();
-  EXPECT_EQ(Axes(v->at("xw")), "data");           // a union
-  EXPECT_EQ(Axes(v->at("summed")), "");           // psum: the same on every device of the group
-  EXPECT_EQ(Axes(v->at("scattered")), "model");   // each device its own block
-  EXPECT_EQ(Axes(v->at("follows")), "");          // the rule: as operand 0
+  EXPECT_EQ(Axes(v->at("xw")), "data");              // a union
+  EXPECT_EQ(Axes(v->at("summed")), "");              // psum: the same on every device of the group
+  EXPECT_EQ(Axes(v->at("scattered")), "model");      // each device its own block
+  EXPECT_EQ(Axes(v->at("follows")), "");             // the rule: as operand 0
   EXPECT_EQ(Axes(v->at("unknown")), "data,model?");  // no rule: may vary over every axis
   EXPECT_EQ(Axes(v->at("gathered")), "data");
-  EXPECT_NE(v->at("unknown").Reason("model").find("custom kernel 'u' has no replication rule"), std::string::npos);
+  EXPECT_NE(v->at("unknown").Reason("model").find("custom kernel 'u' has no replication rule"),
+            std::string::npos);
   EXPECT_EQ(v->at("xw").Reason("data"), "x is split over it");
 }
 
@@ -99,7 +100,8 @@ TEST(Varying, ALoopWhoseConditionVariesIsAnErrorNamingTheAxis) {
   // The carry starts uniform; the body makes it vary over model (a fixed point).
   auto r = a.Of(loop, {Varying{}}, "region 'r'");
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("its condition 'cond' varies over mesh axis 'model' (axis_index 'i' over it)"),
+  EXPECT_NE(r.status().message().find(
+                "its condition 'cond' varies over mesh axis 'model' (axis_index 'i' over it)"),
             std::string::npos)
       << r.status();
 }

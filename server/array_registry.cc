@@ -17,28 +17,30 @@ using absl::StrFormat;
 namespace {
 std::string Ago(absl::Time when) {
   return StrCat(absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", when, absl::UTCTimeZone()), " (",
-                absl::FormatDuration(absl::Trunc(absl::Now() - when, absl::Milliseconds(1))), " ago)");
+                absl::FormatDuration(absl::Trunc(absl::Now() - when, absl::Milliseconds(1))),
+                " ago)");
 }
 }  // namespace
 
 int64_t ArrayRecord::device_bytes() const { return ByteSizeUnchecked(sharded ? block_type : type); }
 int64_t ArrayRecord::bytes() const { return device_bytes() * int64_t(devices.size()); }
 
-void ArrayRegistry::SetTenantLimits(const std::function<TenantLimits(const std::string&)>& limits_of) {
+void ArrayRegistry::SetTenantLimits(
+    const std::function<TenantLimits(const std::string&)>& limits_of) {
   absl::MutexLock l(&mu_);
   for (auto& [tenant, usage] : tenants_) usage.limits = limits_of(tenant);
 }
 
 absl::Status ArrayRegistry::OpenSession(const std::string& id, const std::string& client,
-                                        const v1::SessionOptions& options, const std::string& tenant,
-                                        TenantLimits limits) {
+                                        const v1::SessionOptions& options,
+                                        const std::string& tenant, TenantLimits limits) {
   absl::MutexLock l(&mu_);
   TenantUsage& t = tenants_[tenant];
   t.limits = limits;
   if (limits.max_sessions > 0 && t.sessions >= limits.max_sessions) {
-    return absl::ResourceExhaustedError(StrCat("tenant ", tenant, " already has ", t.sessions,
-                                               " open sessions, its limit (max_sessions=", limits.max_sessions,
-                                               "); close one first"));
+    return absl::ResourceExhaustedError(StrCat(
+        "tenant ", tenant, " already has ", t.sessions,
+        " open sessions, its limit (max_sessions=", limits.max_sessions, "); close one first"));
   }
   ++t.sessions;
   SessionRecord& s = sessions_[id];
@@ -52,21 +54,25 @@ absl::Status ArrayRegistry::OpenSession(const std::string& id, const std::string
 absl::Status ArrayRegistry::CheckSessionLocked(const std::string& id) const {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) {
-    if (auto e = ended_.find(id); e != ended_.end()) return absl::NotFoundError(StrCat("session '", id, "' ", e->second));
+    if (auto e = ended_.find(id); e != ended_.end())
+      return absl::NotFoundError(StrCat("session '", id, "' ", e->second));
     if (const size_t dot = id.rfind('.'); !incarnation_.empty() && dot != std::string::npos &&
                                           absl::string_view(id).substr(dot + 1) != incarnation_) {
-      return absl::UnavailableError(StrCat("the coordinator restarted at ",
-                                           absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", started_, absl::UTCTimeZone()),
-                                           "; session '", id, "' was opened under its previous incarnation ",
-                                           id.substr(dot + 1), ", and its arrays were lost"));
+      return absl::UnavailableError(
+          StrCat("the coordinator restarted at ",
+                 absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", started_, absl::UTCTimeZone()),
+                 "; session '", id, "' was opened under its previous incarnation ",
+                 id.substr(dot + 1), ", and its arrays were lost"));
     }
-    return absl::NotFoundError(StrCat("session '", id, "' does not exist (closed, or never opened)"));
+    return absl::NotFoundError(
+        StrCat("session '", id, "' does not exist (closed, or never opened)"));
   }
   it->second.last_seen = absl::Now();
   return absl::OkStatus();
 }
 
-std::vector<std::string> ArrayRegistry::IdleSessionsLocked(absl::Time now, absl::Duration lease) const {
+std::vector<std::string> ArrayRegistry::IdleSessionsLocked(absl::Time now,
+                                                           absl::Duration lease) const {
   std::vector<std::string> idle;
   for (const auto& [id, s] : sessions_) {
     if (now - s.last_seen >= lease) idle.push_back(id);
@@ -112,14 +118,15 @@ int64_t ArrayRegistry::num_arrays() const {
   return arrays_.size();
 }
 
-const Tombstone* ArrayRegistry::FindTombstoneLocked(const std::string& session, uint64_t handle) const {
+const Tombstone* ArrayRegistry::FindTombstoneLocked(const std::string& session,
+                                                    uint64_t handle) const {
   auto s = sessions_.find(session);
   if (s == sessions_.end()) return nullptr;
   return s->second.tombstones.Find(handle);
 }
 
-void TombstoneRing::Add(uint64_t handle, v1::ArrayState state, int64_t execution, absl::string_view executable,
-                        absl::Time when) {
+void TombstoneRing::Add(uint64_t handle, v1::ArrayState state, int64_t execution,
+                        absl::string_view executable, absl::Time when) {
   Tombstone* t;
   if (handles_.size() < capacity_) {
     handles_.push_back(handle);
@@ -146,18 +153,21 @@ const Tombstone* TombstoneRing::Find(uint64_t handle) const {
   return nullptr;
 }
 
-absl::StatusOr<ArrayRecord*> ArrayRegistry::OwnedLocked(const std::string& session, uint64_t handle) {
+absl::StatusOr<ArrayRecord*> ArrayRegistry::OwnedLocked(const std::string& session,
+                                                        uint64_t handle) {
   auto it = arrays_.find(handle);
   if (it == arrays_.end()) {
     if (const Tombstone* ts = FindTombstoneLocked(session, handle)) {
       if (ts->state == v1::DONATED) {
-        return absl::FailedPreconditionError(StrFormat(
-            "array %#x was donated to execution %d ('%s') at %s; a donated array cannot be used again", handle,
-            ts->execution, ts->executable, Ago(ts->when)));
+        return absl::FailedPreconditionError(
+            StrFormat("array %#x was donated to execution %d ('%s') at %s; a donated array cannot "
+                      "be used again",
+                      handle, ts->execution, ts->executable, Ago(ts->when)));
       }
       return absl::NotFoundError(StrFormat("array %#x was deleted at %s", handle, Ago(ts->when)));
     }
-    return absl::NotFoundError(StrFormat("array %#x does not exist (deleted, or never created)", handle));
+    return absl::NotFoundError(
+        StrFormat("array %#x does not exist (deleted, or never created)", handle));
   }
   if (it->second.session != session) {
     return absl::PermissionDeniedError(StrFormat("array %#x belongs to another session", handle));
@@ -172,7 +182,8 @@ ArrayRecord* ArrayRegistry::FindLocked(uint64_t handle) {
 
 bool ArrayRegistry::ContainsLocked(uint64_t handle) const { return arrays_.contains(handle); }
 
-ArrayRecord& ArrayRegistry::AddLocked(const std::string& session, uint64_t handle, ArrayRecord record) {
+ArrayRecord& ArrayRegistry::AddLocked(const std::string& session, uint64_t handle,
+                                      ArrayRecord record) {
   record.session = session;
   SessionRecord& s = sessions_.at(session);
   s.arrays.insert(handle);
@@ -196,7 +207,8 @@ void ArrayRegistry::RetireLocked(uint64_t handle, v1::ArrayState state, int64_t 
   arrays_.erase(it);
 }
 
-absl::flat_hash_map<int, v1::FreeRequest> ArrayRegistry::RetireDeletedLocked(const std::vector<uint64_t>& handles) {
+absl::flat_hash_map<int, v1::FreeRequest> ArrayRegistry::RetireDeletedLocked(
+    const std::vector<uint64_t>& handles) {
   absl::flat_hash_map<int, v1::FreeRequest> frees;
   const absl::Time now = absl::Now();
   for (uint64_t h : handles) {
@@ -208,7 +220,8 @@ absl::flat_hash_map<int, v1::FreeRequest> ArrayRegistry::RetireDeletedLocked(con
   return frees;
 }
 
-absl::flat_hash_map<int, ArrayRegistry::DeviceUse> ArrayRegistry::TenantUseLocked(const std::string& tenant) const {
+absl::flat_hash_map<int, ArrayRegistry::DeviceUse> ArrayRegistry::TenantUseLocked(
+    const std::string& tenant) const {
   absl::flat_hash_map<int, DeviceUse> use;
   for (const auto& [id, s] : sessions_) {
     if (s.tenant != tenant) continue;
@@ -238,23 +251,26 @@ absl::Status ArrayRegistry::CheckQuotaLocked(const std::string& session, int64_t
   if (added <= 0) return absl::OkStatus();
   const int64_t quota = s.options.memory_quota_bytes();
   if (quota > 0 && s.live_bytes + added > quota) {
-    return absl::ResourceExhaustedError(StrFormat(
-        "session %s memory quota: %s needs %d more bytes; the session holds %d bytes in %d live arrays, quota %d",
-        session, what, added, s.live_bytes, s.arrays.size(), quota));
+    return absl::ResourceExhaustedError(
+        StrFormat("session %s memory quota: %s needs %d more bytes; the session holds %d bytes in "
+                  "%d live arrays, quota %d",
+                  session, what, added, s.live_bytes, s.arrays.size(), quota));
   }
   auto t = tenants_.find(s.tenant);
   if (t != tenants_.end() && t->second.limits.memory_quota_bytes > 0 &&
       t->second.live_bytes + added > t->second.limits.memory_quota_bytes) {
-    return absl::ResourceExhaustedError(StrFormat(
-        "tenant %s memory quota (set by the operator): %s in session %s needs %d more bytes; the tenant's %d "
-        "sessions hold %d bytes, quota %d",
-        s.tenant, what, session, added, t->second.sessions, t->second.live_bytes,
-        t->second.limits.memory_quota_bytes));
+    return absl::ResourceExhaustedError(
+        StrFormat("tenant %s memory quota (set by the operator): %s in session %s needs %d more "
+                  "bytes; the tenant's %d "
+                  "sessions hold %d bytes, quota %d",
+                  s.tenant, what, session, added, t->second.sessions, t->second.live_bytes,
+                  t->second.limits.memory_quota_bytes));
   }
   return absl::OkStatus();
 }
 
-void ArrayRegistry::CountTransfer(const std::string& session, int device, Direction dir, int64_t bytes) {
+void ArrayRegistry::CountTransfer(const std::string& session, int device, Direction dir,
+                                  int64_t bytes) {
   absl::MutexLock l(&mu_);
   CountTransferLocked(session, device, dir, bytes);
 }
@@ -264,7 +280,8 @@ TransferCounts ArrayRegistry::total_transfers() const {
   return total_transfers_;
 }
 
-void ArrayRegistry::CountTransferLocked(const std::string& session, int device, Direction dir, int64_t bytes) {
+void ArrayRegistry::CountTransferLocked(const std::string& session, int device, Direction dir,
+                                        int64_t bytes) {
   switch (dir) {
     case Direction::kHostToDevice: total_transfers_.h2d += bytes; break;
     case Direction::kDeviceToHost: total_transfers_.d2h += bytes; break;
@@ -281,7 +298,8 @@ void ArrayRegistry::CountTransferLocked(const std::string& session, int device, 
   }
 }
 
-std::vector<uint64_t> ArrayRegistry::StepDone(const std::string& session, const std::vector<uint64_t>& outputs,
+std::vector<uint64_t> ArrayRegistry::StepDone(const std::string& session,
+                                              const std::vector<uint64_t>& outputs,
                                               const absl::Status& result, int reused_donations) {
   absl::MutexLock l(&mu_);
   if (result.ok()) {
@@ -356,7 +374,8 @@ bool ArrayRegistry::NotPendingLocked(const std::vector<uint64_t>& handles) const
   return true;
 }
 
-bool ArrayRegistry::AwaitNotPendingLocked(const std::vector<uint64_t>& handles, absl::Duration timeout) {
+bool ArrayRegistry::AwaitNotPendingLocked(const std::vector<uint64_t>& handles,
+                                          absl::Duration timeout) {
   if (HeldSteps::AnyHeld()) {  // the steps awaited may be among them
     mu_.Unlock();
     HeldSteps::Release();

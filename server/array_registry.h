@@ -60,7 +60,8 @@ struct Tombstone {
 class TombstoneRing {
  public:
   explicit TombstoneRing(size_t capacity) : capacity_(capacity) {}
-  void Add(uint64_t handle, v1::ArrayState state, int64_t execution, absl::string_view executable, absl::Time when);
+  void Add(uint64_t handle, v1::ArrayState state, int64_t execution, absl::string_view executable,
+           absl::Time when);
   // The newest tombstone of `handle`; null when it has none (any more).
   const Tombstone* Find(uint64_t handle) const;
   size_t size() const { return handles_.size(); }
@@ -112,7 +113,8 @@ class ArrayRegistry {
 
   // RESOURCE_EXHAUSTED when the tenant already has `limits.max_sessions`
   // open sessions.
-  absl::Status OpenSession(const std::string& id, const std::string& client, const v1::SessionOptions& options,
+  absl::Status OpenSession(const std::string& id, const std::string& client,
+                           const v1::SessionOptions& options,
                            const std::string& tenant = std::string(Tenants::kDefaultTenant),
                            TenantLimits limits = {});
   // Every tenant this registry knows gets `limits_of(tenant)`: quotas are
@@ -126,11 +128,13 @@ class ArrayRegistry {
   SessionRecord& SessionLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Null when the session is gone.
   SessionRecord* FindSessionLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  const SessionRecord* FindSessionLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const SessionRecord* FindSessionLocked(const std::string& id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets the session (its arrays retired first). A non-empty `why`
   // ("expired: …", "was closed by an operator: …") is what later calls
   // naming it are told.
-  void EraseSessionLocked(const std::string& id, const std::string& why = "") ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseSessionLocked(const std::string& id, const std::string& why = "")
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sessions no call has named for `lease` or longer at `now`.
   std::vector<std::string> IdleSessionsLocked(absl::Time now, absl::Duration lease) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -157,16 +161,17 @@ class ArrayRegistry {
   ArrayRecord& AddLocked(const std::string& session, uint64_t handle, ArrayRecord record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes an array from the registry and its session, leaving a tombstone.
-  void RetireLocked(uint64_t handle, v1::ArrayState state, int64_t execution, absl::string_view executable,
-                    absl::Time when) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Retires `handles` as deleted; returns, by device, the buffers to free there.
-  absl::flat_hash_map<int, v1::FreeRequest> RetireDeletedLocked(const std::vector<uint64_t>& handles)
+  void RetireLocked(uint64_t handle, v1::ArrayState state, int64_t execution,
+                    absl::string_view executable, absl::Time when)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Retires `handles` as deleted; returns, by device, the buffers to free there.
+  absl::flat_hash_map<int, v1::FreeRequest> RetireDeletedLocked(
+      const std::vector<uint64_t>& handles) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // RESOURCE_EXHAUSTED when `added` more bytes would exceed the session's
   // own quota or its tenant's (set by the operator).
-  absl::Status CheckQuotaLocked(const std::string& session, int64_t added, absl::string_view what) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckQuotaLocked(const std::string& session, int64_t added,
+                                absl::string_view what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountTransfer(const std::string& session, int device, Direction dir, int64_t bytes);
   // The live arrays with a buffer on any of `devices`.
   struct Held {
@@ -198,7 +203,8 @@ class ArrayRegistry {
   // `error`; returns how many.
   int LoseOn(const std::vector<int>& devices, const absl::Status& error);
 
-  bool NotPendingLocked(const std::vector<uint64_t>& handles) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool NotPendingLocked(const std::vector<uint64_t>& handles) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Blocks (releasing the lock) until none of `handles` is pending, or `timeout`.
   bool AwaitNotPendingLocked(const std::vector<uint64_t>& handles, absl::Duration timeout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -5,7 +5,8 @@
 
 namespace tessel::server {
 
-BlockLayout::BlockLayout(const v1::TensorType& global, const v1::Sharding& s, const v1::Mesh& mesh) {
+BlockLayout::BlockLayout(const v1::TensorType& global, const v1::Sharding& s,
+                         const v1::Mesh& mesh) {
   const int rank = global.dims_size();
   std::vector<int64_t> blocks(rank, 1);
   int last_split = -1;

@@ -25,13 +25,15 @@ class BlockLayout {
   int64_t num_runs() const { return num_runs_; }
   int BlockOfRun(int64_t run) const;
   // The box block b covers: its first index and its extent, per dimension.
-  void Box(int b, const v1::TensorType& global, std::vector<int64_t>* start, std::vector<int64_t>* shape) const;
+  void Box(int b, const v1::TensorType& global, std::vector<int64_t>* start,
+           std::vector<int64_t>* shape) const;
 
  private:
   BlockLayout() = default;
   std::vector<std::vector<int>> positions_of_block_;
   std::vector<int64_t> blocks_per_dim_;  // empty: one block
-  std::vector<int64_t> radices_;        // run index digits: dims before the last split one, then its blocks
+  std::vector<int64_t>
+      radices_;  // run index digits: dims before the last split one, then its blocks
   std::vector<int64_t> digit_divisor_;  // digit -> block index along its dimension
   std::vector<int64_t> block_stride_;   // block index along a digit's dimension -> block id
   int64_t run_bytes_ = 0;

@@ -20,7 +20,8 @@ const CompileCache::TenantCache* CompileCache::FindTenantLocked(const std::strin
   return it == tenants_.end() ? nullptr : &it->second;
 }
 
-std::shared_ptr<const CachedExecutable> CompileCache::Lookup(const std::string& tenant, const std::string& id) {
+std::shared_ptr<const CachedExecutable> CompileCache::Lookup(const std::string& tenant,
+                                                             const std::string& id) {
   absl::MutexLock l(&mu_);
   auto t = tenants_.find(tenant);
   if (t == tenants_.end()) return nullptr;
@@ -42,7 +43,8 @@ std::shared_ptr<const CachedExecutable> CompileCache::FindAnyTenant(const std::s
   return e.exe;
 }
 
-std::optional<ExecutableSource> CompileCache::EvictedSource(const std::string& tenant, const std::string& id) const {
+std::optional<ExecutableSource> CompileCache::EvictedSource(const std::string& tenant,
+                                                            const std::string& id) const {
   absl::MutexLock l(&mu_);
   const TenantCache* t = FindTenantLocked(tenant);
   if (t == nullptr) return std::nullopt;
@@ -95,7 +97,8 @@ bool CompileCache::EvictOneLocked(TenantCache& t, const std::string& keep,
 }
 
 std::shared_ptr<const CachedExecutable> CompileCache::Insert(const std::string& tenant,
-                                                             scheduler::CompiledProgram compiled, v1::Graph graph,
+                                                             scheduler::CompiledProgram compiled,
+                                                             v1::Graph graph,
                                                              scheduler::CompileOptions options,
                                                              int64_t tenant_max_bytes,
                                                              std::vector<std::string>* evicted) {
@@ -103,8 +106,10 @@ std::shared_ptr<const CachedExecutable> CompileCache::Insert(const std::string& 
   int64_t source_bytes = int64_t(graph.ByteSizeLong() + options.mesh.ByteSizeLong());
   for (const v1::Sharding& s : options.parameter_shardings) source_bytes += s.ByteSizeLong();
   for (const v1::Sharding& s : options.output_shardings) source_bytes += s.ByteSizeLong();
-  const int64_t bytes = int64_t(compiled.program.ByteSizeLong() + compiled.plan_text.size()) + source_bytes;
-  auto exe = std::make_shared<const CachedExecutable>(CachedExecutable{std::move(compiled), std::move(graph), tenant});
+  const int64_t bytes =
+      int64_t(compiled.program.ByteSizeLong() + compiled.plan_text.size()) + source_bytes;
+  auto exe = std::make_shared<const CachedExecutable>(
+      CachedExecutable{std::move(compiled), std::move(graph), tenant});
   std::vector<std::shared_ptr<const CachedExecutable>> dropped;  // released once unlocked
   absl::MutexLock l(&mu_);
   TenantCache& t = tenants_[tenant];
@@ -199,9 +204,10 @@ std::vector<std::string> Differences(const v1::Graph& graph, const std::vector<i
     if (t == theirs.end()) {
       diffs.push_back(StrCat("parameter ", i, " '", n->name(), "' is new"));
     } else if (!SameType(n->type(), t->second->type())) {
-      diffs.push_back(StrCat("parameter ", i, " '", n->name(), "': ", TypeString(n->type()), " here, ",
-                             TypeString(t->second->type()), " in the cached one (",
-                             n->type().dtype() != t->second->type().dtype() ? "dtype" : "shape", ")"));
+      diffs.push_back(StrCat("parameter ", i, " '", n->name(), "': ", TypeString(n->type()),
+                             " here, ", TypeString(t->second->type()), " in the cached one (",
+                             n->type().dtype() != t->second->type().dtype() ? "dtype" : "shape",
+                             ")"));
     }
   }
   if (theirs.size() > mine.size()) {
@@ -211,11 +217,12 @@ std::vector<std::string> Differences(const v1::Graph& graph, const std::vector<i
   std::sort(want.begin(), want.end());
   std::sort(had.begin(), had.end());
   if (want != had) {
-    diffs.push_back(StrCat("donated parameters [", absl::StrJoin(want, ","), "] here, [", absl::StrJoin(had, ","),
-                           "] in the cached one"));
+    diffs.push_back(StrCat("donated parameters [", absl::StrJoin(want, ","), "] here, [",
+                           absl::StrJoin(had, ","), "] in the cached one"));
   }
   if (graph.nodes_size() != e.graph.nodes_size()) {
-    diffs.push_back(StrCat(graph.nodes_size(), " nodes here, ", e.graph.nodes_size(), " in the cached one"));
+    diffs.push_back(
+        StrCat(graph.nodes_size(), " nodes here, ", e.graph.nodes_size(), " in the cached one"));
   } else {
     for (int i = 0; i < graph.nodes_size(); ++i) {
       const v1::Node& a = graph.nodes(i);
@@ -227,7 +234,8 @@ std::vector<std::string> Differences(const v1::Graph& graph, const std::vector<i
     }
   }
   if (graph.outputs_size() != e.graph.outputs_size()) {
-    diffs.push_back(StrCat(graph.outputs_size(), " outputs here, ", e.graph.outputs_size(), " in the cached one"));
+    diffs.push_back(StrCat(graph.outputs_size(), " outputs here, ", e.graph.outputs_size(),
+                           " in the cached one"));
   }
   return diffs;
 }
@@ -271,11 +279,12 @@ std::string CompileCache::ExplainMiss(const std::string& tenant, const v1::Graph
     }
   }
   if (best.empty()) best.push_back("they differ only in attributes outside nodes and parameters");
-  const std::string of = compared == same_name.size() ? StrCat("one of ", same_name.size())
-                                                      : StrCat("one of ", same_name.size(), "; the ", compared,
-                                                               " most recently used compared");
-  return StrCat("nearest cached executable of graph '", graph.name(), "' (", nearest->compiled.fingerprint, ", ",
-                of, "): ", absl::StrJoin(best, "; "));
+  const std::string of =
+      compared == same_name.size()
+          ? StrCat("one of ", same_name.size())
+          : StrCat("one of ", same_name.size(), "; the ", compared, " most recently used compared");
+  return StrCat("nearest cached executable of graph '", graph.name(), "' (",
+                nearest->compiled.fingerprint, ", ", of, "): ", absl::StrJoin(best, "; "));
 }
 
 }  // namespace tessel::server

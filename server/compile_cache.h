@@ -65,7 +65,8 @@ class CompileCache {
   std::shared_ptr<const CachedExecutable> FindAnyTenant(const std::string& id);
   // What `tenant`'s evicted executable `id` compiles again from, while its
   // source is kept; nullopt otherwise.
-  std::optional<ExecutableSource> EvictedSource(const std::string& tenant, const std::string& id) const;
+  std::optional<ExecutableSource> EvictedSource(const std::string& tenant,
+                                                const std::string& id) const;
   // Whether `tenant`'s `id` was evicted altogether (of the last 4,096 per tenant).
   bool WasEvicted(const std::string& tenant, const std::string& id) const;
   // Stores `tenant`'s compile of `graph` with `options` (its id:
@@ -74,15 +75,19 @@ class CompileCache {
   // tenant's bound (0: none but the whole cache's). `evicted`, when given,
   // receives the ids whose programs this insert evicted (any tenant's),
   // for the workers to drop.
-  std::shared_ptr<const CachedExecutable> Insert(const std::string& tenant, scheduler::CompiledProgram compiled,
-                                                 v1::Graph graph, scheduler::CompileOptions options = {},
-                                                 int64_t tenant_max_bytes = 0, std::vector<std::string>* evicted = nullptr);
+  std::shared_ptr<const CachedExecutable> Insert(const std::string& tenant,
+                                                 scheduler::CompiledProgram compiled,
+                                                 v1::Graph graph,
+                                                 scheduler::CompileOptions options = {},
+                                                 int64_t tenant_max_bytes = 0,
+                                                 std::vector<std::string>* evicted = nullptr);
   // What differs between `graph` (donating `donated`) and the nearest of
   // `tenant`'s cached executables of the same name: parameters by index and
   // type, donation, the first differing node, the number of outputs.
   // Compares the kMissCandidates most recently used of that name.
   static constexpr size_t kMissCandidates = 16;
-  std::string ExplainMiss(const std::string& tenant, const v1::Graph& graph, const std::vector<int>& donated) const;
+  std::string ExplainMiss(const std::string& tenant, const v1::Graph& graph,
+                          const std::vector<int>& donated) const;
 
   Counts counts() const;
   Counts counts(const std::string& tenant) const;
@@ -100,7 +105,7 @@ class CompileCache {
     scheduler::CompileOptions options;  // what it was compiled with, for its source
     int64_t bytes = 0;                  // counted now: the whole entry, or its source
     int64_t source_bytes = 0;
-    uint64_t used = 0;                  // the cache's clock at its last use
+    uint64_t used = 0;                     // the cache's clock at its last use
     std::list<std::string>::iterator lru;  // in its tenant's lru
   };
   struct TenantCache {
@@ -115,13 +120,16 @@ class CompileCache {
   // One eviction step of `t`'s least recently used entry other than `keep`
   // (a compiled one loses its program, a source goes); false when none.
   bool EvictOneLocked(TenantCache& t, const std::string& keep,
-                      std::vector<std::shared_ptr<const CachedExecutable>>& dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  const TenantCache* FindTenantLocked(const std::string& tenant) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+                      std::vector<std::shared_ptr<const CachedExecutable>>& dropped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const TenantCache* FindTenantLocked(const std::string& tenant) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const int64_t max_bytes_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, TenantCache> tenants_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, std::string> owner_ ABSL_GUARDED_BY(mu_);  // id -> tenant, every entry
+  absl::flat_hash_map<std::string, std::string> owner_
+      ABSL_GUARDED_BY(mu_);  // id -> tenant, every entry
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;
 };

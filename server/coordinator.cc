@@ -3,12 +3,12 @@
 
 #include <algorithm>
 #include <optional>
-#include <tuple>
 #include <random>
+#include <tuple>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -88,7 +88,9 @@ void Coordinator::ReplaceTenants(Tenants tenants) {
   arrays_.SetTenantLimits([&next](const std::string& tenant) { return next->LimitsOf(tenant); });
 }
 
-std::string Coordinator::CollectiveEpoch(int64_t epoch) const { return StrCat(incarnation_, ".", epoch); }
+std::string Coordinator::CollectiveEpoch(int64_t epoch) const {
+  return StrCat(incarnation_, ".", epoch);
+}
 
 Coordinator::~Coordinator() {
   {
@@ -114,13 +116,15 @@ void Coordinator::RestartQueues(const std::string& worker_id) {
 
 // ---------------------------------------------------------------- workers
 
-absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(const v1::RegisterWorkerRequest& req) {
+absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
+    const v1::RegisterWorkerRequest& req) {
   TESSEL_RETURN_IF_ERROR(WorkerRegistry::Validate(req));
   for (const WorkerRegistry::Expired& old : workers_.Supersede(req, absl::Now())) {
     const std::string name = req.worker_name().empty() ? req.address() : req.worker_name();
-    LoseWorker(old, old.name == name ? StrCat("restarted (", name, " registered again, incarnation ",
-                                              req.worker_incarnation(), ", from ", req.address(), ")")
-                                     : StrCat("was replaced at its address by worker ", name));
+    LoseWorker(old, old.name == name
+                        ? StrCat("restarted (", name, " registered again, incarnation ",
+                                 req.worker_incarnation(), ", from ", req.address(), ")")
+                        : StrCat("was replaced at its address by worker ", name));
   }
   std::shared_ptr<WorkerClient> client = options_.connect(req.address(), req.worker_secret());
   // The id is known once registered; the callback looks it up then.
@@ -142,7 +146,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(const v1:
   return resp;
 }
 
-absl::StatusOr<bool> Coordinator::Heartbeat(const std::string& worker_id, const std::string& secret) {
+absl::StatusOr<bool> Coordinator::Heartbeat(const std::string& worker_id,
+                                            const std::string& secret) {
   return workers_.Heartbeat(worker_id, secret, absl::Now());
 }
 
@@ -156,7 +161,8 @@ absl::Status Coordinator::CheckKvCaller(const std::string& worker_id, const std:
   const size_t at = rest.find('@');
   parsed = parsed && at != absl::string_view::npos && rest.find('/', at) != absl::string_view::npos;
   if (parsed) {
-    std::vector<absl::string_view> parts = absl::StrSplit(rest.substr(0, at), absl::MaxSplits(";from:", 1));
+    std::vector<absl::string_view> parts =
+        absl::StrSplit(rest.substr(0, at), absl::MaxSplits(";from:", 1));
     for (size_t i = 0; i < parts.size(); ++i) {
       for (absl::string_view d : absl::StrSplit(parts[i], ',')) {
         int id = 0;
@@ -166,15 +172,17 @@ absl::Status Coordinator::CheckKvCaller(const std::string& worker_id, const std:
     }
   }
   if (!parsed) {
-    return absl::PermissionDeniedError(StrCat("rendezvous key '", key.substr(0, 64),
-                                              "': expected devices:<global ids>[;from:<ranks>]@<epoch>/<key>"));
+    return absl::PermissionDeniedError(
+        StrCat("rendezvous key '", key.substr(0, 64),
+               "': expected devices:<global ids>[;from:<ranks>]@<epoch>/<key>"));
   }
   return workers_.CheckMember(worker_id, secret, devices);
 }
 
 void Coordinator::LoseWorker(const WorkerRegistry::Expired& w, const std::string& why) {
-  const int lost =
-      arrays_.LoseOn(w.devices, absl::UnavailableError(StrFormat("was on worker %s (%s), which %s", w.id, w.address, why)));
+  const int lost = arrays_.LoseOn(
+      w.devices,
+      absl::UnavailableError(StrFormat("was on worker %s (%s), which %s", w.id, w.address, why)));
   log_->warn("worker {} ({}) {}; marked dead, {} arrays lost", w.id, w.address, why, lost);
   // Cancelling fails the calls in flight, whose callbacks take the registries' locks.
   if (w.client != nullptr) w.client->CancelAll();
@@ -197,7 +205,8 @@ int64_t Coordinator::StepsInFlight(const std::vector<int>& devices) const {
   absl::MutexLock l(&steps_mu_);
   int64_t n = 0;
   for (int d : devices) {
-    if (auto it = device_steps_.find(d); it != device_steps_.end()) n += it->second.sent - it->second.done;
+    if (auto it = device_steps_.find(d); it != device_steps_.end())
+      n += it->second.sent - it->second.done;
   }
   return n;
 }
@@ -206,10 +215,12 @@ absl::Status Coordinator::CordonWorker(const v1::CordonWorkerRequest& req) {
   return workers_.SetCordoned(req.worker_id(), !req.uncordon()).status();
 }
 
-absl::StatusOr<v1::DrainWorkerResponse> Coordinator::DrainWorker(const v1::DrainWorkerRequest& req) {
+absl::StatusOr<v1::DrainWorkerResponse> Coordinator::DrainWorker(
+    const v1::DrainWorkerRequest& req) {
   TESSEL_ASSIGN_OR_RETURN(std::vector<int> devices, workers_.SetCordoned(req.worker_id(), true));
   const absl::Time deadline =
-      absl::Now() + (req.timeout_ms() > 0 ? absl::Milliseconds(req.timeout_ms()) : absl::Seconds(60));
+      absl::Now() +
+      (req.timeout_ms() > 0 ? absl::Milliseconds(req.timeout_ms()) : absl::Seconds(60));
   ArrayRegistry::Held held = arrays_.HeldOn(devices);
   bool idle = false;
   while (true) {
@@ -223,8 +234,9 @@ absl::StatusOr<v1::DrainWorkerResponse> Coordinator::DrainWorker(const v1::Drain
   resp.set_arrays(held.arrays);
   resp.set_bytes(held.bytes);
   for (const std::string& s : held.sessions) resp.add_sessions(s);
-  log_->warn("worker {} drained: {}, {} arrays ({} bytes) of {} sessions still on it", req.worker_id(),
-             idle ? "idle" : "steps still running", held.arrays, held.bytes, held.sessions.size());
+  log_->warn("worker {} drained: {}, {} arrays ({} bytes) of {} sessions still on it",
+             req.worker_id(), idle ? "idle" : "steps still running", held.arrays, held.bytes,
+             held.sessions.size());
   return resp;
 }
 
@@ -235,9 +247,11 @@ void Coordinator::MonitorLoop() {
     mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.heartbeat_interval);
     if (stop_) break;
     mu_.Unlock();
-    std::vector<WorkerRegistry::Expired> expired = workers_.ExpireSilent(absl::Now(), options_.heartbeat_timeout);
+    std::vector<WorkerRegistry::Expired> expired =
+        workers_.ExpireSilent(absl::Now(), options_.heartbeat_timeout);
     for (const WorkerRegistry::Expired& w : expired) {
-      LoseWorker(w, StrCat("stopped heartbeating (silent for ", absl::FormatDuration(w.silent), ")"));
+      LoseWorker(w,
+                 StrCat("stopped heartbeating (silent for ", absl::FormatDuration(w.silent), ")"));
     }
     expired.clear();
     SendFrees(workers_.TakeOpeners());
@@ -261,8 +275,9 @@ void Coordinator::MonitorLoop() {
           still_idle = s != nullptr && absl::Now() - s->last_seen >= options_.session_lease;
         }
         if (!still_idle) continue;
-        (void)EndSession(id, StrCat("expired: no call or keep-alive from its client for ",
-                                    absl::FormatDuration(options_.session_lease), " (the session lease)"));
+        (void)EndSession(
+            id, StrCat("expired: no call or keep-alive from its client for ",
+                       absl::FormatDuration(options_.session_lease), " (the session lease)"));
       }
     }
     mu_.Lock();
@@ -272,12 +287,12 @@ void Coordinator::MonitorLoop() {
 // ---------------------------------------------------------------- sessions
 
 absl::StatusOr<v1::OpenSessionResponse> Coordinator::OpenSession(const v1::OpenSessionRequest& req,
-                                                                  const std::string& tenant) {
+                                                                 const std::string& tenant) {
   v1::OpenSessionResponse resp;
   resp.set_session_id(StrFormat("s%016x.%s", RandomU64(), incarnation_));
   resp.set_lease_ms(absl::ToInt64Milliseconds(options_.session_lease));
-  TESSEL_RETURN_IF_ERROR(
-      arrays_.OpenSession(resp.session_id(), req.client(), req.options(), tenant, tenants()->LimitsOf(tenant)));
+  TESSEL_RETURN_IF_ERROR(arrays_.OpenSession(resp.session_id(), req.client(), req.options(), tenant,
+                                             tenants()->LimitsOf(tenant)));
   log_->info("session {} opened by '{}' (tenant {})", resp.session_id(), req.client(), tenant);
   return resp;
 }
@@ -296,8 +311,8 @@ absl::Status Coordinator::SetSessionOptions(const v1::SetSessionOptionsRequest& 
   absl::MutexLock l(&arrays_.mu());
   TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
   if (req.options().memory_quota_bytes() < 0) {
-    return absl::InvalidArgumentError(StrCat("memory_quota_bytes: expected >= 0, got ",
-                                             req.options().memory_quota_bytes()));
+    return absl::InvalidArgumentError(
+        StrCat("memory_quota_bytes: expected >= 0, got ", req.options().memory_quota_bytes()));
   }
   arrays_.SessionLocked(req.session_id()).options = req.options();
   return absl::OkStatus();
@@ -315,13 +330,15 @@ absl::StatusOr<int64_t> Coordinator::EndSession(const std::string& id, const std
     frees = FreeArraysLocked(handles);
     arrays_.EraseSessionLocked(id, why);
     freed = handles.size();
-    log_->info("session {} {}; {} arrays ({} bytes) freed", id, why.empty() ? "closed" : why, freed, bytes);
+    log_->info("session {} {}; {} arrays ({} bytes) freed", id, why.empty() ? "closed" : why, freed,
+               bytes);
   }
   SendFrees(std::move(frees));
   return freed;
 }
 
-absl::StatusOr<v1::CloseSessionResponse> Coordinator::CloseSession(const v1::CloseSessionRequest& req) {
+absl::StatusOr<v1::CloseSessionResponse> Coordinator::CloseSession(
+    const v1::CloseSessionRequest& req) {
   v1::CloseSessionResponse resp;
   TESSEL_ASSIGN_OR_RETURN(int64_t freed, EndSession(req.session_id(), ""));
   resp.set_arrays_freed(freed);
@@ -353,22 +370,26 @@ v1::ListSessionsResponse Coordinator::ListSessions() {
     info->set_idle_ms(absl::ToInt64Milliseconds(now - s.last_seen));
     info->set_lease_ms(lease_ms);
   });
-  std::sort(resp.mutable_sessions()->begin(), resp.mutable_sessions()->end(),
-            [](const v1::SessionInfo& a, const v1::SessionInfo& b) { return a.age_ms() > b.age_ms(); });
+  std::sort(
+      resp.mutable_sessions()->begin(), resp.mutable_sessions()->end(),
+      [](const v1::SessionInfo& a, const v1::SessionInfo& b) { return a.age_ms() > b.age_ms(); });
   return resp;
 }
 
-absl::StatusOr<v1::AdminCloseSessionResponse> Coordinator::AdminCloseSession(const v1::AdminCloseSessionRequest& req) {
-  const std::string why = StrCat("was closed by an operator (Admin.CloseSession)",
-                                 req.reason().empty() ? "" : StrCat(": ", req.reason().substr(0, 512)));
+absl::StatusOr<v1::AdminCloseSessionResponse> Coordinator::AdminCloseSession(
+    const v1::AdminCloseSessionRequest& req) {
+  const std::string why =
+      StrCat("was closed by an operator (Admin.CloseSession)",
+             req.reason().empty() ? "" : StrCat(": ", req.reason().substr(0, 512)));
   TESSEL_ASSIGN_OR_RETURN(int64_t freed, EndSession(req.session_id(), why));
   v1::AdminCloseSessionResponse resp;
   resp.set_arrays_freed(freed);
   return resp;
 }
 
-absl::Status Coordinator::GuardTransferLocked(const std::string& session, const v1::TransferGuard& call,
-                                              Direction dir, bool implicit, absl::string_view what,
+absl::Status Coordinator::GuardTransferLocked(const std::string& session,
+                                              const v1::TransferGuard& call, Direction dir,
+                                              bool implicit, absl::string_view what,
                                               int64_t bytes) const {
   const int d = static_cast<int>(dir);
   v1::TransferLevel level = LevelFor(call, d);
@@ -377,13 +398,16 @@ absl::Status Coordinator::GuardTransferLocked(const std::string& session, const 
     const SessionRecord* s = arrays_.FindSessionLocked(session);
     if (s != nullptr) level = LevelFor(s->options.transfer_guard(), d);
   }
-  const bool covers = implicit || level == v1::TRANSFER_LOG_EXPLICIT || level == v1::TRANSFER_DISALLOW_EXPLICIT;
+  const bool covers =
+      implicit || level == v1::TRANSFER_LOG_EXPLICIT || level == v1::TRANSFER_DISALLOW_EXPLICIT;
   if (!covers) return absl::OkStatus();
-  const std::string text = StrFormat("%s %s transfer of %s (%d bytes)", implicit ? "implicit" : "explicit",
-                                     DirectionName(d), what, bytes);
+  const std::string text =
+      StrFormat("%s %s transfer of %s (%d bytes)", implicit ? "implicit" : "explicit",
+                DirectionName(d), what, bytes);
   if (level == v1::TRANSFER_DISALLOW || level == v1::TRANSFER_DISALLOW_EXPLICIT) {
-    return absl::FailedPreconditionError(StrCat("transfer guard: ", text, " is disallowed (", LevelName(level),
-                                                " set by the ", from_call ? "call" : "session", ")"));
+    return absl::FailedPreconditionError(StrCat("transfer guard: ", text, " is disallowed (",
+                                                LevelName(level), " set by the ",
+                                                from_call ? "call" : "session", ")"));
   }
   if (level == v1::TRANSFER_LOG || level == v1::TRANSFER_LOG_EXPLICIT) {
     log_->warn("session {}: transfer guard: {}", session, text);
@@ -401,10 +425,12 @@ absl::StatusOr<v1::CompileResponse> Coordinator::Compile(const v1::CompileReques
     auto mesh = NormalizeMesh(req.mesh(), workers_.num_devices());
     if (!mesh.ok()) return Annotate(mesh.status(), StrCat("graph '", req.graph().name(), "': "));
     options.mesh = std::move(*mesh);
-    options.parameter_shardings.assign(req.parameter_shardings().begin(), req.parameter_shardings().end());
+    options.parameter_shardings.assign(req.parameter_shardings().begin(),
+                                       req.parameter_shardings().end());
     options.output_shardings.assign(req.output_shardings().begin(), req.output_shardings().end());
   } else if (req.parameter_shardings_size() > 0 || req.output_shardings_size() > 0) {
-    return absl::InvalidArgumentError(StrCat("graph '", req.graph().name(), "': shardings need a mesh"));
+    return absl::InvalidArgumentError(
+        StrCat("graph '", req.graph().name(), "': shardings need a mesh"));
   }
   v1::CompileResponse resp;
   bool strict = req.strict_donation();
@@ -422,28 +448,32 @@ absl::StatusOr<v1::CompileResponse> Coordinator::Compile(const v1::CompileReques
   std::shared_ptr<const CachedExecutable> entry = cache_.Lookup(tenant, key);
   if (entry != nullptr) {
     resp.set_cache_hit(true);
-    log_->debug("session {}: compile of '{}' hit the cache ({})", req.session_id(), req.graph().name(), key);
+    log_->debug("session {}: compile of '{}' hit the cache ({})", req.session_id(),
+                req.graph().name(), key);
   } else {
     resp.set_cache_miss_reason(cache_.ExplainMiss(tenant, req.graph(), donated));
   }
   {
     absl::MutexLock l(&arrays_.mu());
-    if (SessionRecord* s = arrays_.FindSessionLocked(req.session_id())) ++(entry ? s->cache_hits : s->cache_misses);
+    if (SessionRecord* s = arrays_.FindSessionLocked(req.session_id()))
+      ++(entry ? s->cache_hits : s->cache_misses);
   }
   if (entry == nullptr && forbid) {
-    return absl::FailedPreconditionError(StrCat("session ", req.session_id(), " forbids new compiles, and graph '",
-                                                req.graph().name(),
-                                                "' is not in the compile cache: ", resp.cache_miss_reason()));
+    return absl::FailedPreconditionError(
+        StrCat("session ", req.session_id(), " forbids new compiles, and graph '",
+               req.graph().name(), "' is not in the compile cache: ", resp.cache_miss_reason()));
   }
   if (entry == nullptr) {
     options.strict_donation = strict;
     auto c = scheduler::Compile(req.graph(), options);
     if (!c.ok()) {
-      log_->info("session {}: compile of '{}' failed: {}", req.session_id(), req.graph().name(), c.status().ToString());
+      log_->info("session {}: compile of '{}' failed: {}", req.session_id(), req.graph().name(),
+                 c.status().ToString());
       return Annotate(c.status(), StrCat("graph '", req.graph().name(), "': "));
     }
     std::vector<std::string> evicted;
-    entry = cache_.Insert(tenant, std::move(*c), req.graph(), options, TenantCacheBytes(tenant), &evicted);
+    entry = cache_.Insert(tenant, std::move(*c), req.graph(), options, TenantCacheBytes(tenant),
+                          &evicted);
     UnloadEvicted(evicted);
     {
       absl::MutexLock l(&arrays_.mu());
@@ -504,9 +534,8 @@ int64_t Coordinator::TenantCacheBytes(const std::string& tenant) const {
   return t->authenticating() ? cache_.max_bytes() / std::max<int64_t>(1, t->num_tenants()) : 0;
 }
 
-absl::StatusOr<std::shared_ptr<const CachedExecutable>> Coordinator::CompileEvicted(const std::string& session,
-                                                                                    const std::string& tenant,
-                                                                                    const std::string& id) {
+absl::StatusOr<std::shared_ptr<const CachedExecutable>> Coordinator::CompileEvicted(
+    const std::string& session, const std::string& tenant, const std::string& id) {
   // Another tenant's executable is answered as one never compiled: nothing
   // says it exists.
   std::optional<ExecutableSource> source = cache_.EvictedSource(tenant, id);
@@ -515,7 +544,8 @@ absl::StatusOr<std::shared_ptr<const CachedExecutable>> Coordinator::CompileEvic
       const int64_t bound = TenantCacheBytes(tenant);
       return absl::NotFoundError(StrCat(
           "executable '", id, "' was evicted from the compile cache (least recently used, over ",
-          bound > 0 ? StrCat("tenant ", tenant, "'s ", bound >> 20) : StrCat("its ", cache_.max_bytes() >> 20),
+          bound > 0 ? StrCat("tenant ", tenant, "'s ", bound >> 20)
+                    : StrCat("its ", cache_.max_bytes() >> 20),
           " MiB), its graph too: compile it again"));
     }
     return NeverCompiled(id);
@@ -527,16 +557,18 @@ absl::StatusOr<std::shared_ptr<const CachedExecutable>> Coordinator::CompileEvic
     SessionRecord& s = arrays_.SessionLocked(session);
     ++s.cache_misses;
     if (s.options.forbid_compiles()) {
-      return absl::FailedPreconditionError(StrCat(
-          "session ", session, " forbids new compiles, and ", what, " was evicted from the compile cache (least "
-          "recently used, over its bound): running it compiles it again"));
+      return absl::FailedPreconditionError(
+          StrCat("session ", session, " forbids new compiles, and ", what,
+                 " was evicted from the compile cache (least "
+                 "recently used, over its bound): running it compiles it again"));
     }
   }
   auto c = scheduler::Compile(source->graph, source->options);
   if (!c.ok()) return Annotate(c.status(), StrCat(what, ", compiled again after its eviction: "));
   std::vector<std::string> evicted;
-  std::shared_ptr<const CachedExecutable> exe = cache_.Insert(
-      tenant, std::move(*c), std::move(source->graph), std::move(source->options), TenantCacheBytes(tenant), &evicted);
+  std::shared_ptr<const CachedExecutable> exe =
+      cache_.Insert(tenant, std::move(*c), std::move(source->graph), std::move(source->options),
+                    TenantCacheBytes(tenant), &evicted);
   UnloadEvicted(evicted);
   {
     absl::MutexLock l(&arrays_.mu());
@@ -575,7 +607,8 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
   std::vector<PlannedMove> moves;
   std::vector<DeviceRoute> routes;
   std::vector<uint64_t> outputs(req.outputs().begin(), req.outputs().end());
-  std::shared_ptr<v1::Program> loaded_program;  // partitioned: the program with its workers' addresses
+  std::shared_ptr<v1::Program>
+      loaded_program;  // partitioned: the program with its workers' addresses
   int64_t execution_id = 0;
   int64_t epoch = 0;
   v1::ExecuteResponse resp;
@@ -585,7 +618,8 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
     absl::MutexLock l(&arrays_.mu());
     TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
     SessionRecord& session = arrays_.SessionLocked(req.session_id());
-    if (exe->tenant != session.tenant) return NeverCompiled(req.executable_id());  // another tenant's
+    if (exe->tenant != session.tenant)
+      return NeverCompiled(req.executable_id());  // another tenant's
     routes = workers_.Routes();
     ExecuteInput in;
     in.request = &req;
@@ -597,7 +631,8 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
       for (int i = 0; i < req.arguments_size(); ++i) {
         auto a = arrays_.OwnedLocked(req.session_id(), req.arguments(i));
         if (!a.ok()) {
-          return Annotate(a.status(), StrCat("argument ", i, " '", c.program.parameters(i).name(), "': "));
+          return Annotate(a.status(),
+                          StrCat("argument ", i, " '", c.program.parameters(i).name(), "': "));
         }
         in.arguments.push_back(*a);
       }
@@ -607,13 +642,17 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
     in.handle_in_use = [&](uint64_t h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu()) {
       return arrays_.ContainsLocked(h);
     };
-    in.fresh_handle = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu()) { return FreshHandleLocked(); };
+    in.fresh_handle = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu()) {
+      return FreshHandleLocked();
+    };
     TESSEL_ASSIGN_OR_RETURN(ExecutePlan plan, PlanExecute(in));
     for (const PlannedMove& m : plan.moves) {
-      TESSEL_RETURN_IF_ERROR(GuardTransferLocked(req.session_id(), req.transfer_guard(), Direction::kDeviceToDevice,
-                                                 true, m.what, ByteSizeUnchecked(m.type)));
+      TESSEL_RETURN_IF_ERROR(GuardTransferLocked(req.session_id(), req.transfer_guard(),
+                                                 Direction::kDeviceToDevice, true, m.what,
+                                                 ByteSizeUnchecked(m.type)));
     }
-    TESSEL_RETURN_IF_ERROR(arrays_.CheckQuotaLocked(req.session_id(), plan.output_bytes - plan.donated_bytes,
+    TESSEL_RETURN_IF_ERROR(arrays_.CheckQuotaLocked(req.session_id(),
+                                                    plan.output_bytes - plan.donated_bytes,
                                                     StrCat("execution of '", exe_name, "'")));
 
     // Accepted: from here on nothing fails.
@@ -644,7 +683,8 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
       session.donations += plan.devices.size();
       arrays_.RetireLocked(h, v1::DONATED, execution_id, exe_name, now);
     }
-    if (!donated_elsewhere.empty()) early_frees = workers_.SequenceFrees(std::move(donated_elsewhere));
+    if (!donated_elsewhere.empty())
+      early_frees = workers_.SequenceFrees(std::move(donated_elsewhere));
     for (int i = 0; i < req.outputs_size(); ++i) {
       plan.outputs[i].producer = execution_id;
       arrays_.AddLocked(req.session_id(), req.outputs(i), std::move(plan.outputs[i]));
@@ -691,9 +731,10 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
   if (log_->should_log(spdlog::level::debug)) {
     std::vector<int> on;
     for (const Launch& l : launches) on.push_back(l.step.device);
-    log_->debug("session {}: execution {} of '{}' ({}) on devices [{}], {} arguments, {} outputs, {} moves",
-                req.session_id(), execution_id, exe_name, req.executable_id(), absl::StrJoin(on, ","),
-                req.arguments_size(), outputs.size(), moves.size());
+    log_->debug(
+        "session {}: execution {} of '{}' ({}) on devices [{}], {} arguments, {} outputs, {} moves",
+        req.session_id(), execution_id, exe_name, req.executable_id(), absl::StrJoin(on, ","),
+        req.arguments_size(), outputs.size(), moves.size());
   }
   // The step still runs when an argument failed upstream: it consumes the
   // donated buffers and marks its outputs with the error on the workers.
@@ -708,24 +749,28 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
     absl::Status load;
     if (launch.needs_load) {
       HeldSteps::Release();  // what this thread holds need not wait for the load
-      load = launch.client->LoadProgram(loaded_program ? *loaded_program : c.program, launch.load_generation);
+      load = launch.client->LoadProgram(loaded_program ? *loaded_program : c.program,
+                                        launch.load_generation);
       if (!load.ok()) {
         // The sequence number must still be consumed: the step is sent and
         // fails on the worker, and its outputs carry the load's error rather
         // than the worker's "not loaded". The next step tries the load again.
-        log_->error("execution {}: loading {} failed: {}", execution_id, req.executable_id(), load.ToString());
+        log_->error("execution {}: loading {} failed: {}", execution_id, req.executable_id(),
+                    load.ToString());
         workers_.ForgetLoaded(launch.client.get(), req.executable_id());
       }
     }
     StepSent(device);
-    launch.client->Run(launch.step.run, [this, session = req.session_id(), outputs, epoch, execution_id, device,
-                                         load = std::move(load), sent = absl::Now()](absl::StatusOr<v1::RunResponse> r) {
+    launch.client->Run(launch.step.run, [this, session = req.session_id(), outputs, epoch,
+                                         execution_id, device, load = std::move(load),
+                                         sent = absl::Now()](absl::StatusOr<v1::RunResponse> r) {
       if (!load.ok()) r = load;
       const absl::Duration latency = absl::Now() - sent;
       StepAnswered(device, latency, r.ok());
       if (options_.on_step_done) options_.on_step_done(device, latency, r.ok());
       // Workers speak of their local devices; users know the global ids.
-      if (!r.ok()) r = Annotate(r.status(), StrCat("execution ", execution_id, " on device ", device, ": "));
+      if (!r.ok())
+        r = Annotate(r.status(), StrCat("execution ", execution_id, " on device ", device, ": "));
       OnStepDone(session, outputs, epoch, std::move(r));
     });
     if (launch.step.free_after) {
@@ -734,7 +779,9 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
       });
     }
   }
-  if (req.wait()) TESSEL_RETURN_IF_ERROR(AwaitAll(req.session_id(), req.outputs(), StrCat("execution ", execution_id)));
+  if (req.wait())
+    TESSEL_RETURN_IF_ERROR(
+        AwaitAll(req.session_id(), req.outputs(), StrCat("execution ", execution_id)));
   return resp;
 }
 
@@ -752,14 +799,15 @@ absl::Status Coordinator::AwaitAll(const std::string& session, absl::Span<const 
   TESSEL_ASSIGN_OR_RETURN(v1::AwaitResponse done, Await(await));
   for (int i = 0; i < done.errors_size(); ++i) {
     if (!done.errors(i).empty()) {
-      return absl::Status(static_cast<absl::StatusCode>(done.codes(i)), StrCat(what, " failed: ", done.errors(i)));
+      return absl::Status(static_cast<absl::StatusCode>(done.codes(i)),
+                          StrCat(what, " failed: ", done.errors(i)));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status Coordinator::RunMove(const std::string& session, const PlannedMove& m, const DeviceRoute& from,
-                                  const DeviceRoute& to) {
+absl::Status Coordinator::RunMove(const std::string& session, const PlannedMove& m,
+                                  const DeviceRoute& from, const DeviceRoute& to) {
   {
     absl::MutexLock l(&arrays_.mu());
     arrays_.AwaitNotPendingLocked({m.handle}, absl::InfiniteDuration());
@@ -788,8 +836,8 @@ absl::Status Coordinator::RunMove(const std::string& session, const PlannedMove&
     if (s.ok()) s = fs.ok() ? ps : fs;
   }
   if (!s.ok()) {
-    return Annotate(s, StrFormat("moving array %#x from device %d to device %d: ", m.handle, m.from_device,
-                                 m.to_device));
+    return Annotate(s, StrFormat("moving array %#x from device %d to device %d: ", m.handle,
+                                 m.from_device, m.to_device));
   }
   arrays_.CountTransfer(session, m.to_device, Direction::kDeviceToDevice, moved);
   return absl::OkStatus();
@@ -808,8 +856,8 @@ void Coordinator::MarkRejectedOutputs(const v1::ExecuteRequest& req, const absl:
   }
 }
 
-void Coordinator::OnStepDone(const std::string& session, const std::vector<uint64_t>& outputs, int64_t epoch,
-                             absl::StatusOr<v1::RunResponse> result) {
+void Coordinator::OnStepDone(const std::string& session, const std::vector<uint64_t>& outputs,
+                             int64_t epoch, absl::StatusOr<v1::RunResponse> result) {
   if (!result.ok() && result.status().GetPayload(kGroupBrokenPayload).has_value()) {
     int64_t expected = epoch;
     if (collective_epoch_.compare_exchange_strong(expected, epoch + 1)) {
@@ -820,18 +868,21 @@ void Coordinator::OnStepDone(const std::string& session, const std::vector<uint6
   const absl::Status status = result.status();
   const std::vector<uint64_t> failed =
       arrays_.StepDone(session, outputs, status, result.ok() ? result->reused_size() : 0);
-  for (uint64_t h : failed) log_->warn("session {}: array {:#x} failed: {}", session, h, status.ToString());
+  for (uint64_t h : failed)
+    log_->warn("session {}: array {:#x} failed: {}", session, h, status.ToString());
 }
 
 absl::StatusOr<v1::AwaitResponse> Coordinator::Await(const v1::AwaitRequest& req) {
   std::vector<uint64_t> handles(req.handles().begin(), req.handles().end());
   absl::MutexLock l(&arrays_.mu());
   TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
-  for (uint64_t h : handles) TESSEL_RETURN_IF_ERROR(arrays_.OwnedLocked(req.session_id(), h).status());
+  for (uint64_t h : handles)
+    TESSEL_RETURN_IF_ERROR(arrays_.OwnedLocked(req.session_id(), h).status());
   const absl::Duration timeout =
       req.timeout_ms() > 0 ? absl::Milliseconds(req.timeout_ms()) : absl::InfiniteDuration();
   if (!arrays_.AwaitNotPendingLocked(handles, timeout)) {
-    return absl::DeadlineExceededError(StrCat("arrays still pending after ", req.timeout_ms(), " ms"));
+    return absl::DeadlineExceededError(
+        StrCat("arrays still pending after ", req.timeout_ms(), " ms"));
   }
   v1::AwaitResponse resp;
   for (uint64_t h : handles) {
@@ -869,7 +920,8 @@ absl::Status Coordinator::Delete(const v1::DeleteRequest& req) {
   {
     absl::MutexLock l(&arrays_.mu());
     TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
-    for (uint64_t h : req.handles()) TESSEL_RETURN_IF_ERROR(arrays_.OwnedLocked(req.session_id(), h).status());
+    for (uint64_t h : req.handles())
+      TESSEL_RETURN_IF_ERROR(arrays_.OwnedLocked(req.session_id(), h).status());
     frees = FreeArraysLocked(std::vector<uint64_t>(req.handles().begin(), req.handles().end()));
   }
   SendFrees(std::move(frees));
@@ -927,7 +979,8 @@ void AddTenantUse(const std::vector<DeviceRoute>& routes,
 
 }  // namespace
 
-absl::StatusOr<v1::StatsResponse> Coordinator::Stats(const v1::StatsRequest& req, bool tenant_view) {
+absl::StatusOr<v1::StatsResponse> Coordinator::Stats(const v1::StatsRequest& req,
+                                                     bool tenant_view) {
   v1::StatsResponse resp;
   std::vector<StatsTarget> live;
   {
@@ -967,9 +1020,11 @@ absl::StatusOr<v1::StatsResponse> Coordinator::Stats(const v1::StatsRequest& req
         const ArrayRecord* a;
       };
       std::vector<Row> rows;
-      for (uint64_t h : s.arrays) rows.push_back(Row{arrays_.FindLocked(h)->producer, h, arrays_.FindLocked(h)});
-      std::sort(rows.begin(), rows.end(),
-                [](const Row& x, const Row& y) { return std::tie(x.producer, x.handle) < std::tie(y.producer, y.handle); });
+      for (uint64_t h : s.arrays)
+        rows.push_back(Row{arrays_.FindLocked(h)->producer, h, arrays_.FindLocked(h)});
+      std::sort(rows.begin(), rows.end(), [](const Row& x, const Row& y) {
+        return std::tie(x.producer, x.handle) < std::tie(y.producer, y.handle);
+      });
       for (const Row& r : rows) {
         v1::LiveArray* la = resp.add_arrays();
         la->set_handle(r.handle);
@@ -1004,7 +1059,8 @@ absl::StatusOr<v1::StatsResponse> Coordinator::Stats(const v1::StatsRequest& req
   return resp;
 }
 
-absl::StatusOr<v1::ListDevicesResponse> Coordinator::ListDevices(const v1::ListDevicesRequest& req) {
+absl::StatusOr<v1::ListDevicesResponse> Coordinator::ListDevices(
+    const v1::ListDevicesRequest& req) {
   v1::GetClusterResponse cluster;
   workers_.Describe(absl::Now(), &cluster);
   v1::ListDevicesResponse resp;
@@ -1023,8 +1079,8 @@ absl::StatusOr<v1::ListDevicesResponse> Coordinator::ListDevices(const v1::ListD
   absl::MutexLock l(&arrays_.mu());
   TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
   const std::string& tenant = arrays_.SessionLocked(req.session_id()).tenant;
-  AddTenantUse(workers_.Routes(), arrays_.TenantUseLocked(tenant), tenants()->LimitsOf(tenant).memory_quota_bytes,
-               resp.mutable_usage());
+  AddTenantUse(workers_.Routes(), arrays_.TenantUseLocked(tenant),
+               tenants()->LimitsOf(tenant).memory_quota_bytes, resp.mutable_usage());
   return resp;
 }
 
@@ -1075,9 +1131,11 @@ v1::ReconcileResponse Coordinator::Reconcile() {
   }
   if (resp.freed() > 0) {
     unowned_freed_ += resp.freed();
-    log_->warn("reconciliation: freed {} buffers that no array or open put owned at two checks in a row ({} "
-               "unowned now, of {} checked)",
-               resp.freed(), resp.unowned_size(), resp.buffers_checked());
+    log_->warn(
+        "reconciliation: freed {} buffers that no array or open put owned at two checks in a row "
+        "({} "
+        "unowned now, of {} checked)",
+        resp.freed(), resp.unowned_size(), resp.buffers_checked());
   }
   SendFrees(std::move(frees));
   return resp;

@@ -11,8 +11,8 @@
 #pragma once
 
 #include <atomic>
-#include <functional>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,15 +22,15 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/types/span.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "scheduler/compiler.h"
 #include "server/array_registry.h"
 #include "server/block_layout.h"
 #include "server/compile_cache.h"
 #include "server/execute_planner.h"
-#include "server/worker_registry.h"
 #include "server/worker_client.h"
+#include "server/worker_registry.h"
 #include "spdlog/logger.h"
 #include "tessel/v1/admin.pb.h"
 #include "tessel/v1/session.pb.h"
@@ -48,8 +48,11 @@ class Coordinator {
     // Zero: sessions end only when closed.
     absl::Duration session_lease = absl::Seconds(60);
     // How to reach a worker, presenting its secret; tests substitute fakes.
-    std::function<std::shared_ptr<WorkerClient>(const std::string& address, const std::string& secret)> connect =
-        [](const std::string& address, const std::string& secret) { return NewGrpcWorkerClient(address, secret); };
+    std::function<std::shared_ptr<WorkerClient>(const std::string& address,
+                                                const std::string& secret)>
+        connect = [](const std::string& address, const std::string& secret) {
+          return NewGrpcWorkerClient(address, secret);
+        };
     // Who may call, and the operator's bounds on each tenant.
     Tenants tenants;
     // The compile cache's bound; the least recently used executables go.
@@ -79,12 +82,14 @@ class Coordinator {
   // OK when `worker_id` is a live worker registered with `secret` and holds
   // one of the devices of the group `key` belongs to
   // ("devices:<global ids>@<epoch>/..."); PERMISSION_DENIED otherwise.
-  absl::Status CheckKvCaller(const std::string& worker_id, const std::string& secret, absl::string_view key) const;
+  absl::Status CheckKvCaller(const std::string& worker_id, const std::string& secret,
+                             absl::string_view key) const;
 
   // Session.
   // RESOURCE_EXHAUSTED when the tenant has its maximum of sessions open.
-  absl::StatusOr<v1::OpenSessionResponse> OpenSession(const v1::OpenSessionRequest& req,
-                                                      const std::string& tenant = std::string(Tenants::kDefaultTenant));
+  absl::StatusOr<v1::OpenSessionResponse> OpenSession(
+      const v1::OpenSessionRequest& req,
+      const std::string& tenant = std::string(Tenants::kDefaultTenant));
   // PERMISSION_DENIED unless `session` belongs to `tenant` (NOT_FOUND /
   // UNAVAILABLE as CheckSession for a session that is gone).
   absl::Status CheckTenant(const std::string& session, const std::string& tenant) const;
@@ -107,7 +112,9 @@ class Coordinator {
   absl::Status Delete(const v1::DeleteRequest& req);
   // A copy of an array on another placement, its blocks moved worker to
   // worker as one sequenced step on each device involved (PlanReshard).
-  absl::StatusOr<v1::ReshardResponse> Reshard(const v1::ReshardRequest& req) { return Reshard(req, nullptr); }
+  absl::StatusOr<v1::ReshardResponse> Reshard(const v1::ReshardRequest& req) {
+    return Reshard(req, nullptr);
+  }
   absl::StatusOr<v1::ArrayInfoResponse> ArrayInfo(const v1::ArrayInfoRequest& req);
   // The session's counters; its tenant's compiles. Devices: each device's
   // own figures, or with `tenant_view` (a caller without admin rights) only
@@ -136,7 +143,8 @@ class Coordinator {
    public:
     virtual ~DirectPut() = default;
     virtual const std::vector<v1::DirectWrite>& blocks() const = 0;
-    virtual absl::StatusOr<int64_t> Commit(absl::string_view error, absl::Span<const std::string> receipts) = 0;
+    virtual absl::StatusOr<int64_t> Commit(absl::string_view error,
+                                           absl::Span<const std::string> receipts) = 0;
   };
   absl::StatusOr<std::unique_ptr<DirectPut>> BeginDirectPut(const v1::PutRequest::Header& header);
 
@@ -158,7 +166,8 @@ class Coordinator {
   v1::ListSessionsResponse ListSessions();
   // Bytes moved since start, over every session.
   TransferCounts total_transfers() const { return arrays_.total_transfers(); }
-  absl::StatusOr<v1::AdminCloseSessionResponse> AdminCloseSession(const v1::AdminCloseSessionRequest& req);
+  absl::StatusOr<v1::AdminCloseSessionResponse> AdminCloseSession(
+      const v1::AdminCloseSessionRequest& req);
   absl::Status CordonWorker(const v1::CordonWorkerRequest& req);
   absl::StatusOr<v1::DrainWorkerResponse> DrainWorker(const v1::DrainWorkerRequest& req);
   // Every buffer the live workers hold (once each has run the frees sent
@@ -203,9 +212,9 @@ class Coordinator {
   void LoseWorker(const WorkerRegistry::Expired& w, const std::string& why);
   // Applies the transfer guard (the call's override, else the session's);
   // logs or fails as the level says. Counting is separate (CountTransfer).
-  absl::Status GuardTransferLocked(const std::string& session, const v1::TransferGuard& call, Direction dir,
-                                   bool implicit, absl::string_view what, int64_t bytes) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu());
+  absl::Status GuardTransferLocked(const std::string& session, const v1::TransferGuard& call,
+                                   Direction dir, bool implicit, absl::string_view what,
+                                   int64_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu());
   // Retires `handles` and returns their frees, numbered on their devices
   // after every step already sent there; SendFrees sends them.
   [[nodiscard]] std::vector<PendingFree> FreeArraysLocked(const std::vector<uint64_t>& handles)
@@ -220,9 +229,11 @@ class Coordinator {
   // reads (Reshard), then frees what passed between them.
   struct MpmdProgram;
   absl::StatusOr<v1::CompileResponse> CompileMpmd(const v1::CompileRequest& req);
-  absl::StatusOr<v1::ExecuteResponse> ExecuteMpmd(const v1::ExecuteRequest& req, const MpmdProgram& program);
+  absl::StatusOr<v1::ExecuteResponse> ExecuteMpmd(const v1::ExecuteRequest& req,
+                                                  const MpmdProgram& program);
   // `tenant`'s MPMD program `id`, or null.
-  std::shared_ptr<const MpmdProgram> FindMpmd(const std::string& tenant, const std::string& id) const
+  std::shared_ptr<const MpmdProgram> FindMpmd(const std::string& tenant,
+                                              const std::string& id) const
       ABSL_LOCKS_EXCLUDED(mpmd_mu_);
   // A tenant's bound in the compile cache: its own, else an even share of
   // the cache among the tokens file's tenants (0, the whole cache, when
@@ -255,25 +266,30 @@ class Coordinator {
   // receivers' in `*deferred` for SendReshardSteps, when the target is
   // needed: a receiver sent early would hold up its device's queue. The
   // caller must send them, on failure too (the target is pending until then).
-  absl::StatusOr<v1::ReshardResponse> Reshard(const v1::ReshardRequest& req, ReshardSteps* deferred);
+  absl::StatusOr<v1::ReshardResponse> Reshard(const v1::ReshardRequest& req,
+                                              ReshardSteps* deferred);
   void SendReshardSteps(ReshardSteps steps) ABSL_LOCKS_EXCLUDED(arrays_.mu());
   struct SequencedStep {
     std::shared_ptr<WorkerClient> client;  // null: the device's worker is dead
     v1::RunRequest run;
     int device = 0;
   };
-  std::vector<SequencedStep> SequenceStepsLocked(ReshardSteps& steps) ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu());
-  void SendSequenced(const ReshardSteps& steps, std::vector<SequencedStep> sequenced) ABSL_LOCKS_EXCLUDED(arrays_.mu());
+  std::vector<SequencedStep> SequenceStepsLocked(ReshardSteps& steps)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu());
+  void SendSequenced(const ReshardSteps& steps, std::vector<SequencedStep> sequenced)
+      ABSL_LOCKS_EXCLUDED(arrays_.mu());
   // A handle no array holds, for arrays the coordinator makes itself (moved
   // arguments, an MPMD program's intermediates).
   uint64_t FreshHandleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu());
   // Waits for `handles` of `session`; the first one's error, prefixed "`what` failed: ".
-  absl::Status AwaitAll(const std::string& session, absl::Span<const uint64_t> handles, absl::string_view what)
-      ABSL_LOCKS_EXCLUDED(arrays_.mu());
+  absl::Status AwaitAll(const std::string& session, absl::Span<const uint64_t> handles,
+                        absl::string_view what) ABSL_LOCKS_EXCLUDED(arrays_.mu());
   // The record of a new array of `type` on `placement` (devices, and mesh,
   // sharding and block type when sharded; PENDING), or why it cannot go there.
-  absl::StatusOr<ArrayRecord> PlaceRecordLocked(const v1::TensorType& type, const v1::Placement& placement,
-                                                absl::string_view what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu());
+  absl::StatusOr<ArrayRecord> PlaceRecordLocked(const v1::TensorType& type,
+                                                const v1::Placement& placement,
+                                                absl::string_view what) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu());
   // Waits for the source to be ready, then relays it into the temporary handle.
   absl::Status RunMove(const std::string& session, const PlannedMove& m, const DeviceRoute& from,
                        const DeviceRoute& to) ABSL_LOCKS_EXCLUDED(arrays_.mu());
@@ -288,11 +304,14 @@ class Coordinator {
   void RestartQueues(const std::string& worker_id);
 
   mutable absl::Mutex mpmd_mu_;  // a leaf
-  absl::flat_hash_map<std::string, std::shared_ptr<const MpmdProgram>> mpmd_ ABSL_GUARDED_BY(mpmd_mu_);
-  std::deque<std::string> mpmd_order_ ABSL_GUARDED_BY(mpmd_mu_);  // oldest first; kMaxMpmdPrograms at most
+  absl::flat_hash_map<std::string, std::shared_ptr<const MpmdProgram>> mpmd_
+      ABSL_GUARDED_BY(mpmd_mu_);
+  std::deque<std::string> mpmd_order_
+      ABSL_GUARDED_BY(mpmd_mu_);  // oldest first; kMaxMpmdPrograms at most
   static constexpr size_t kMaxMpmdPrograms = 256;
   // Lock order: arrays_'s lock, then workers_'s; cache_'s, tenants_mu_,
-  // reconcile_mu_ and mu_ are leaves. None is held across an RPC, a callback or a client's destruction.
+  // reconcile_mu_ and mu_ are leaves. None is held across an RPC, a callback or a client's
+  // destruction.
   const Options options_;
   const std::shared_ptr<spdlog::logger> log_;
   // Random per start (16 hex digits): collective groups, worker ids and

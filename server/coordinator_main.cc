@@ -3,7 +3,6 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
-
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -13,8 +12,8 @@
 #include "core/process_tuning.h"
 #include "core/reflection_v1.h"
 #include "core/security.h"
-#include "server/fault_injection.h"
 #include "server/coordinator.h"
+#include "server/fault_injection.h"
 #include "server/kv_store.h"
 #include "server/services.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -22,46 +21,69 @@
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Interface to listen on (0.0.0.0 for all).");
 ABSL_FLAG(int, port, 0, "Port for Session, Admin and Registry services; 0 picks a free one.");
-ABSL_FLAG(std::string, port_file, "", "If set, the chosen port is written to this file once serving.");
+ABSL_FLAG(std::string, port_file, "",
+          "If set, the chosen port is written to this file once serving.");
 ABSL_FLAG(int, heartbeat_ms, 500, "Interval at which workers are told to heartbeat.");
 ABSL_FLAG(int, heartbeat_timeout_ms, 2000, "A worker silent for this long is marked dead.");
 ABSL_FLAG(int, reconcile_interval_s, 30,
-          "How often every buffer the workers hold is checked against the coordinator's arrays and open puts; "
-          "buffers found unowned twice in a row are freed (tessel_unowned_buffers_freed_total). 0: never.");
+          "How often every buffer the workers hold is checked against the coordinator's arrays and "
+          "open puts; "
+          "buffers found unowned twice in a row are freed (tessel_unowned_buffers_freed_total). 0: "
+          "never.");
 ABSL_FLAG(int, session_lease_s, 60,
-          "A session whose client has made no call and sent no keep-alive for this long ends and its arrays are "
-          "freed (the SDKs keep their sessions alive in the background). 0: sessions end only when closed.");
-ABSL_FLAG(int, max_message_mb, 64, "Largest gRPC message accepted, in MiB; bulk data streams in chunks below it.");
+          "A session whose client has made no call and sent no keep-alive for this long ends and "
+          "its arrays are "
+          "freed (the SDKs keep their sessions alive in the background). 0: sessions end only when "
+          "closed.");
+ABSL_FLAG(int, max_message_mb, 64,
+          "Largest gRPC message accepted, in MiB; bulk data streams in chunks below it.");
 ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, error.");
-ABSL_FLAG(std::string, log_format, "text", "Log format: text, or json (one object per line: time, level, logger, thread, message).");
+ABSL_FLAG(std::string, log_format, "text",
+          "Log format: text, or json (one object per line: time, level, logger, thread, message).");
 ABSL_FLAG(std::string, inject_faults, "",
-          "For tests only: misbehave on the way to every worker, e.g. drop_step=0.01,delay_step=0.05,seed=7 "
+          "For tests only: misbehave on the way to every worker, e.g. "
+          "drop_step=0.01,delay_step=0.05,seed=7 "
           "(see server/fault_injection.h). Default: none.");
-ABSL_FLAG(std::string, auth_tokens_file, "",
-          "Client tokens: one 'TOKEN TENANT [admin] [memory_quota=BYTES] [max_sessions=N]' per line (see "
-          "server/tenants.h). Set: Session calls need a token and see only their tenant's sessions; Admin calls "
-          "need an admin token. Unset: every caller is tenant 'default' (loopback only, unless --insecure).");
+ABSL_FLAG(
+    std::string, auth_tokens_file, "",
+    "Client tokens: one 'TOKEN TENANT [admin] [memory_quota=BYTES] [max_sessions=N]' per line (see "
+    "server/tenants.h). Set: Session calls need a token and see only their tenant's sessions; "
+    "Admin calls "
+    "need an admin token. Unset: every caller is tenant 'default' (loopback only, unless "
+    "--insecure).");
 ABSL_FLAG(int, auth_reload_s, 10,
-          "How often --auth_tokens_file is checked for changes, in seconds; a changed file applies at once (tokens, "
-          "tenants and limits; a file that no longer parses is logged and the previous one kept). 0: never.");
+          "How often --auth_tokens_file is checked for changes, in seconds; a changed file applies "
+          "at once (tokens, "
+          "tenants and limits; a file that no longer parses is logged and the previous one kept). "
+          "0: never.");
 ABSL_FLAG(int64_t, tenant_memory_quota_mb, 0,
-          "Memory quota of a tenant whose tokens-file lines give none, over all its sessions, in MiB; 0: none.");
+          "Memory quota of a tenant whose tokens-file lines give none, over all its sessions, in "
+          "MiB; 0: none.");
 ABSL_FLAG(int64_t, max_sessions_per_tenant, 0,
-          "Open sessions a tenant may hold at once when its tokens-file lines give no max_sessions; 0: no bound.");
+          "Open sessions a tenant may hold at once when its tokens-file lines give no "
+          "max_sessions; 0: no bound.");
 ABSL_FLAG(int64_t, tenant_compile_cache_mb, 0,
-          "Compile-cache bound of a tenant whose tokens-file lines give no compile_cache_quota, in MiB; its own "
-          "least recently used executables go past it. 0: --compile_cache_mb shared evenly among the tenants.");
+          "Compile-cache bound of a tenant whose tokens-file lines give no compile_cache_quota, in "
+          "MiB; its own "
+          "least recently used executables go past it. 0: --compile_cache_mb shared evenly among "
+          "the tenants.");
 ABSL_FLAG(std::string, tls_worker_name, "",
-          "With TLS: the name the workers' certificates must carry (e.g. tessel-worker), checked instead of the "
-          "host each worker advertises; for workers whose addresses are not in their certificates (pod IPs).");
+          "With TLS: the name the workers' certificates must carry (e.g. tessel-worker), checked "
+          "instead of the "
+          "host each worker advertises; for workers whose addresses are not in their certificates "
+          "(pod IPs).");
 ABSL_FLAG(int64_t, compile_cache_mb, 1024,
-          "Bound of the compile cache in MiB (programs, graphs and plans); the least recently used executables "
+          "Bound of the compile cache in MiB (programs, graphs and plans); the least recently used "
+          "executables "
           "are evicted past it, each tenant's own first (one called again is compiled again).");
 ABSL_FLAG(bool, direct_transfers, true,
-          "Let clients that ask put and fetch an array's blocks straight to and from the workers holding them, "
-          "with tickets signed by this coordinator; false relays every Put and Fetch through the coordinator.");
-ABSL_FLAG(int, parent_pid, 0,
-          "If set, stop (as on SIGTERM) when this parent process exits; for clients that start daemons.");
+          "Let clients that ask put and fetch an array's blocks straight to and from the workers "
+          "holding them, "
+          "with tickets signed by this coordinator; false relays every Put and Fetch through the "
+          "coordinator.");
+ABSL_FLAG(
+    int, parent_pid, 0,
+    "If set, stop (as on SIGTERM) when this parent process exits; for clients that start daemons.");
 
 namespace {
 
@@ -89,20 +111,25 @@ void AddCoordinatorMetrics(tessel::server::Coordinator* c, tessel::MetricsEndpoi
     return std::vector<prometheus::MetricFamily>{
         GaugeFamily("tessel_sessions", "Open sessions, by tenant", sessions),
         GaugeFamily("tessel_session_bytes", "Bytes of live arrays, by tenant", bytes),
-        GaugeFamily("tessel_live_arrays", "Live arrays over all sessions", {{{}, double(cluster.live_arrays())}}),
-        GaugeFamily("tessel_workers", "Workers by state", {{{{"state", "alive"}}, double(alive)},
-                                                              {{{"state", "dead"}}, double(dead)}}),
-        CounterFamily("tessel_executions_total", "Executions accepted", {{{}, double(cluster.executions())}}),
-        CounterFamily("tessel_compiles_total", "Graphs compiled", {{{}, double(cluster.compiles())}}),
+        GaugeFamily("tessel_live_arrays", "Live arrays over all sessions",
+                    {{{}, double(cluster.live_arrays())}}),
+        GaugeFamily("tessel_workers", "Workers by state",
+                    {{{{"state", "alive"}}, double(alive)}, {{{"state", "dead"}}, double(dead)}}),
+        CounterFamily("tessel_executions_total", "Executions accepted",
+                      {{{}, double(cluster.executions())}}),
+        CounterFamily("tessel_compiles_total", "Graphs compiled",
+                      {{{}, double(cluster.compiles())}}),
         CounterFamily("tessel_compile_cache_hits_total", "Compiles answered from the cache",
                       {{{}, double(cluster.compile_cache_hits())}}),
         GaugeFamily("tessel_compile_cache_bytes", "Bytes held by cached executables",
                     {{{}, double(cluster.compile_cache_bytes())}}),
-        CounterFamily("tessel_compile_cache_evictions_total", "Executables evicted (least recently used)",
+        CounterFamily("tessel_compile_cache_evictions_total",
+                      "Executables evicted (least recently used)",
                       {{{}, double(cluster.compile_cache_evictions())}}),
-        CounterFamily("tessel_unowned_buffers_freed_total",
-                      "Buffers workers held that no array or open put owned, freed by reconciliation",
-                      {{{}, double(cluster.unowned_buffers_freed())}}),
+        CounterFamily(
+            "tessel_unowned_buffers_freed_total",
+            "Buffers workers held that no array or open put owned, freed by reconciliation",
+            {{{}, double(cluster.unowned_buffers_freed())}}),
         CounterFamily("tessel_transfer_bytes_total", "Bytes moved, by direction",
                       {{{{"direction", "host_to_device"}}, double(moved.h2d)},
                        {{{"direction", "device_to_host"}}, double(moved.d2h)},
@@ -123,13 +150,15 @@ int main(int argc, char** argv) {
       "(operators), plus grpc.health.v1.Health and server reflection.");
   tessel::SetDaemonFlagsUsage("coordinator_main");
   absl::ParseCommandLine(argc, argv);
-  auto made = tessel::MakeDaemonLogger("coordinator", absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_log_format));
+  auto made = tessel::MakeDaemonLogger("coordinator", absl::GetFlag(FLAGS_log_level),
+                                       absl::GetFlag(FLAGS_log_format));
   if (!made.ok()) {
     std::fprintf(stderr, "tessel-coordinator: %s\n", std::string(made.status().message()).c_str());
     return 2;
   }
   std::shared_ptr<spdlog::logger> log = *made;
-  if (const int parent = absl::GetFlag(FLAGS_parent_pid); parent > 0 && !tessel::StopWithParent(parent)) {
+  if (const int parent = absl::GetFlag(FLAGS_parent_pid);
+      parent > 0 && !tessel::StopWithParent(parent)) {
     log->error("--parent_pid={}: that process has already exited", parent);
     return 1;
   }
@@ -147,8 +176,11 @@ int main(int argc, char** argv) {
   const tessel::server::TenantLimits defaults{absl::GetFlag(FLAGS_tenant_memory_quota_mb) << 20,
                                               absl::GetFlag(FLAGS_max_sessions_per_tenant),
                                               absl::GetFlag(FLAGS_tenant_compile_cache_mb) << 20};
-  if (defaults.memory_quota_bytes < 0 || defaults.max_sessions < 0 || defaults.compile_cache_bytes < 0) {
-    log->error("--tenant_memory_quota_mb, --max_sessions_per_tenant and --tenant_compile_cache_mb: expected >= 0");
+  if (defaults.memory_quota_bytes < 0 || defaults.max_sessions < 0 ||
+      defaults.compile_cache_bytes < 0) {
+    log->error(
+        "--tenant_memory_quota_mb, --max_sessions_per_tenant and --tenant_compile_cache_mb: "
+        "expected >= 0");
     return 2;
   }
   options.tenants = tessel::server::Tenants(defaults);
@@ -172,10 +204,14 @@ int main(int argc, char** argv) {
     log->info("clients authenticate: {} tenants in {}", options.tenants.num_tenants(), f);
   }
   if (!tessel::IsLoopbackHost(host)) {
-    if (!tls.enabled()) log->warn("--insecure: serving plaintext on {}; anyone on the network can read and change it", host);
-    if (join_token.empty()) log->warn("no --join_token_file: anyone who reaches {} can register a worker", host);
+    if (!tls.enabled())
+      log->warn("--insecure: serving plaintext on {}; anyone on the network can read and change it",
+                host);
+    if (join_token.empty())
+      log->warn("no --join_token_file: anyone who reaches {} can register a worker", host);
     if (!options.tenants.authenticating()) {
-      log->warn("no --auth_tokens_file: anyone who reaches {} can open sessions and call Admin", host);
+      log->warn("no --auth_tokens_file: anyone who reaches {} can open sessions and call Admin",
+                host);
     }
   }
   auto worker_creds = tessel::ChannelCredentials(tls);
@@ -188,7 +224,8 @@ int main(int argc, char** argv) {
   }
   options.session_lease = absl::Seconds(absl::GetFlag(FLAGS_session_lease_s));
   if (absl::GetFlag(FLAGS_reconcile_interval_s) < 0) {
-    log->error("--reconcile_interval_s: expected >= 0, got {}", absl::GetFlag(FLAGS_reconcile_interval_s));
+    log->error("--reconcile_interval_s: expected >= 0, got {}",
+               absl::GetFlag(FLAGS_reconcile_interval_s));
     return 2;
   }
   options.reconcile_interval = absl::Seconds(absl::GetFlag(FLAGS_reconcile_interval_s));
@@ -199,12 +236,15 @@ int main(int argc, char** argv) {
       return 2;
     }
     log->warn("injecting faults on the way to every worker: {}", spec);
-    options.connect = [plan = *plan, worker_creds, worker_name](const std::string& address, const std::string& secret) {
-      return tessel::server::WithFaults(tessel::server::NewGrpcWorkerClient(address, secret, worker_creds, worker_name), plan,
-                                        address);
+    options.connect = [plan = *plan, worker_creds, worker_name](const std::string& address,
+                                                                const std::string& secret) {
+      return tessel::server::WithFaults(
+          tessel::server::NewGrpcWorkerClient(address, secret, worker_creds, worker_name), plan,
+          address);
     };
   } else {
-    options.connect = [worker_creds, worker_name](const std::string& address, const std::string& secret) {
+    options.connect = [worker_creds, worker_name](const std::string& address,
+                                                  const std::string& secret) {
       return tessel::server::NewGrpcWorkerClient(address, secret, worker_creds, worker_name);
     };
   }
@@ -216,8 +256,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<tessel::MetricsEndpoint> metrics = std::move(*metrics_or);
   std::unique_ptr<tessel::StepMetrics> step_metrics;
   if (metrics != nullptr) {
-    step_metrics = std::make_unique<tessel::StepMetrics>(metrics->registry(), "tessel",
-                                                         "from the coordinator sending it to its worker's answer");
+    step_metrics = std::make_unique<tessel::StepMetrics>(
+        metrics->registry(), "tessel", "from the coordinator sending it to its worker's answer");
     options.on_step_done = [sm = step_metrics.get()](int device, absl::Duration latency, bool ok) {
       sm->Observe(device, latency, ok);
     };
@@ -252,7 +292,8 @@ int main(int argc, char** argv) {
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  tessel::ReflectionV1Service reflection_v1({"tessel.v1.Session", "tessel.v1.Admin", "tessel.v1.Registry"});
+  tessel::ReflectionV1Service reflection_v1(
+      {"tessel.v1.Session", "tessel.v1.Admin", "tessel.v1.Registry"});
   grpc::ServerBuilder builder;
   int port = 0;
   // Clients need no certificate; workers present theirs (verified by the CA).
@@ -274,7 +315,8 @@ int main(int argc, char** argv) {
   for (const char* name : {"tessel.v1.Session", "tessel.v1.Admin", "tessel.v1.Registry"}) {
     server->GetHealthCheckService()->SetServingStatus(name, true);
   }
-  log->info("tessel-coordinator serving on {}:{} ({})", host, port, tls.enabled() ? "TLS" : "plaintext");
+  log->info("tessel-coordinator serving on {}:{} ({})", host, port,
+            tls.enabled() ? "TLS" : "plaintext");
   tessel::WritePortFile(absl::GetFlag(FLAGS_port_file), port);
   tessel::NotifyReady(absl::StrCat("serving on ", host, ":", port));
   int sig = tessel::WaitForTerminationSignal();

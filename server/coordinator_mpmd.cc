@@ -21,7 +21,8 @@ struct Coordinator::MpmdProgram {
   std::string name;
   MpmdSplit split;
   std::vector<std::string> part_ids;
-  std::vector<std::vector<v1::Placement>> part_inputs, part_outputs;  // as each part's executable takes and gives them
+  std::vector<std::vector<v1::Placement>> part_inputs,
+      part_outputs;  // as each part's executable takes and gives them
   std::vector<std::vector<v1::TensorType>> part_output_types;
   std::vector<v1::Placement> parameter_placements;  // where each parameter is first read
 };
@@ -52,7 +53,8 @@ ArrayRecord RecordOf(const v1::TensorType& type, const v1::Placement& p) {
 }
 
 std::string Where(const v1::Placement& p) {
-  return StrCat(ShardingString(p.sharded().sharding()), " on devices ", absl::StrJoin(p.sharded().mesh().devices(), ","));
+  return StrCat(ShardingString(p.sharded().sharding()), " on devices ",
+                absl::StrJoin(p.sharded().mesh().devices(), ","));
 }
 
 uint64_t Fingerprint(absl::string_view s) {
@@ -66,12 +68,14 @@ uint64_t Fingerprint(absl::string_view s) {
 namespace {
 
 // MPMD programs are kept by tenant and id: another tenant's id finds nothing.
-std::string MpmdKey(const std::string& tenant, const std::string& id) { return StrCat(tenant, "\n", id); }
+std::string MpmdKey(const std::string& tenant, const std::string& id) {
+  return StrCat(tenant, "\n", id);
+}
 
 }  // namespace
 
 std::shared_ptr<const Coordinator::MpmdProgram> Coordinator::FindMpmd(const std::string& tenant,
-                                                                       const std::string& id) const {
+                                                                      const std::string& id) const {
   const std::string key = MpmdKey(tenant, id);
   absl::MutexLock l(&mpmd_mu_);
   auto it = mpmd_.find(key);
@@ -81,18 +85,22 @@ std::shared_ptr<const Coordinator::MpmdProgram> Coordinator::FindMpmd(const std:
 absl::StatusOr<v1::CompileResponse> Coordinator::CompileMpmd(const v1::CompileRequest& req) {
   const std::string what = StrCat("MPMD graph '", req.graph().name(), "'");
   if (req.has_mesh() || req.parameter_shardings_size() > 0 || req.output_shardings_size() > 0) {
-    return absl::InvalidArgumentError(StrCat(what, ": its mesh regions name their own meshes and shardings; "
-                                             "compile it with none"));
+    return absl::InvalidArgumentError(
+        StrCat(what,
+               ": its mesh regions name their own meshes and shardings; "
+               "compile it with none"));
   }
   if (req.donated_parameters_size() > 0) {
-    return absl::InvalidArgumentError(StrCat(what, ": donation is not available in MPMD programs yet"));
+    return absl::InvalidArgumentError(
+        StrCat(what, ": donation is not available in MPMD programs yet"));
   }
   TESSEL_ASSIGN_OR_RETURN(MpmdSplit split, SplitMpmd(req.graph()));
   auto program = std::make_shared<MpmdProgram>();
   program->name = req.graph().name();
   v1::CompileResponse resp;
   resp.set_cache_hit(true);
-  std::string plan = StrCat("MPMD program '", req.graph().name(), "': ", split.parts.size(), " parts\n");
+  std::string plan =
+      StrCat("MPMD program '", req.graph().name(), "': ", split.parts.size(), " parts\n");
   std::string key;
   for (size_t q = 0; q < split.parts.size(); ++q) {
     const MpmdPart& part = split.parts[q];
@@ -114,12 +122,13 @@ absl::StatusOr<v1::CompileResponse> Coordinator::CompileMpmd(const v1::CompileRe
     program->part_inputs.push_back(std::move(ins));
     program->part_outputs.push_back(std::move(outs));
     program->part_output_types.emplace_back(c->output_types().begin(), c->output_types().end());
-    absl::StrAppend(&plan, "part ", q, " '", part.name, "' on ", MeshString(c->mesh()), " (executable ",
-                    c->executable_id(), "):\n");
+    absl::StrAppend(&plan, "part ", q, " '", part.name, "' on ", MeshString(c->mesh()),
+                    " (executable ", c->executable_id(), "):\n");
     for (absl::string_view line : absl::StrSplit(c->plan(), '\n')) {
       if (!line.empty()) absl::StrAppend(&plan, "  ", line, "\n");
     }
-    for (const auto& d : c->diagnostics()) resp.add_diagnostics(StrCat("mesh region '", part.name, "': ", d));
+    for (const auto& d : c->diagnostics())
+      resp.add_diagnostics(StrCat("mesh region '", part.name, "': ", d));
     resp.set_estimated_bytes(std::max(resp.estimated_bytes(), c->estimated_bytes()));
   }
   // Where each parameter is taken: where its first reader takes it.
@@ -134,8 +143,8 @@ absl::StatusOr<v1::CompileResponse> Coordinator::CompileMpmd(const v1::CompileRe
   }
   for (size_t i = 0; i < split.parameter_types.size(); ++i) {
     if (!program->parameter_placements[i].has_sharded()) {
-      return absl::InvalidArgumentError(StrCat(what, ": parameter ", i, " '", split.parameter_names[i],
-                                               "' is read by no mesh region"));
+      return absl::InvalidArgumentError(StrCat(
+          what, ": parameter ", i, " '", split.parameter_names[i], "' is read by no mesh region"));
     }
   }
   // The moves every execution makes.
@@ -144,23 +153,26 @@ absl::StatusOr<v1::CompileResponse> Coordinator::CompileMpmd(const v1::CompileRe
   for (size_t q = 0; q < split.parts.size(); ++q) {
     for (size_t j = 0; j < split.parts[q].inputs.size(); ++j) {
       const MpmdRef r = split.parts[q].inputs[j];
-      const v1::Placement& have =
-          r.part < 0 ? program->parameter_placements[r.index] : program->part_outputs[r.part][r.index];
+      const v1::Placement& have = r.part < 0 ? program->parameter_placements[r.index]
+                                             : program->part_outputs[r.part][r.index];
       const v1::Placement& want = program->part_inputs[q][j];
       if (SamePlacement(have, want)) continue;
       const v1::TensorType& type =
           r.part < 0 ? split.parameter_types[r.index] : program->part_output_types[r.part][r.index];
-      auto moves = PlanReshard(RecordOf(type, have), RecordOf(type, want), [](int) { return std::string(); });
-      if (!moves.ok()) return Annotate(moves.status(), StrCat(what, ": '", split.parts[q].input_names[j], "': "));
+      auto moves = PlanReshard(RecordOf(type, have), RecordOf(type, want),
+                               [](int) { return std::string(); });
+      if (!moves.ok())
+        return Annotate(moves.status(), StrCat(what, ": '", split.parts[q].input_names[j], "': "));
       v1::MpmdTransfer* t = resp.add_transfers();
       t->set_value(split.parts[q].input_names[j]);
       t->set_bytes(moves->bytes_moved);
       t->set_reason(StrCat(r.part < 0 ? StrCat("parameter '", split.parameter_names[r.index], "'")
-                                      : StrCat("result ", r.index, " of part ", r.part, " '", split.parts[r.part].name, "'"),
-                           ", made as ", Where(have), ", is read by part ", q, " '", split.parts[q].name, "' as ",
-                           Where(want)));
-      absl::StrAppend(&plan, "  %", t->value(), ": ", TypeString(type), ", ", t->bytes(), " bytes cross devices: ",
-                      t->reason(), "\n");
+                                      : StrCat("result ", r.index, " of part ", r.part, " '",
+                                               split.parts[r.part].name, "'"),
+                           ", made as ", Where(have), ", is read by part ", q, " '",
+                           split.parts[q].name, "' as ", Where(want)));
+      absl::StrAppend(&plan, "  %", t->value(), ": ", TypeString(type), ", ", t->bytes(),
+                      " bytes cross devices: ", t->reason(), "\n");
       ++transfers;
     }
   }
@@ -199,15 +211,19 @@ absl::StatusOr<v1::CompileResponse> Coordinator::CompileMpmd(const v1::CompileRe
   return resp;
 }
 
-absl::StatusOr<v1::ExecuteResponse> Coordinator::ExecuteMpmd(const v1::ExecuteRequest& req, const MpmdProgram& p) {
+absl::StatusOr<v1::ExecuteResponse> Coordinator::ExecuteMpmd(const v1::ExecuteRequest& req,
+                                                             const MpmdProgram& p) {
   const std::string what = StrCat("execution of MPMD program '", p.name, "'");
   const MpmdSplit& split = p.split;
   if (req.donate_size() > 0) {
-    return absl::InvalidArgumentError(StrCat(what, ": donation is not available in MPMD programs yet"));
+    return absl::InvalidArgumentError(
+        StrCat(what, ": donation is not available in MPMD programs yet"));
   }
-  if (req.arguments_size() != int(split.parameter_types.size()) || req.outputs_size() != int(split.outputs.size())) {
-    return absl::InvalidArgumentError(StrCat(what, ": it takes ", split.parameter_types.size(), " arguments and gives ",
-                                             split.outputs.size(), " outputs; the request has ", req.arguments_size(),
+  if (req.arguments_size() != int(split.parameter_types.size()) ||
+      req.outputs_size() != int(split.outputs.size())) {
+    return absl::InvalidArgumentError(StrCat(what, ": it takes ", split.parameter_types.size(),
+                                             " arguments and gives ", split.outputs.size(),
+                                             " outputs; the request has ", req.arguments_size(),
                                              " and ", req.outputs_size()));
   }
   // Where each argument lies now.
@@ -216,11 +232,13 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::ExecuteMpmd(const v1::ExecuteRe
     absl::MutexLock l(&arrays_.mu());
     TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
     for (int i = 0; i < req.arguments_size(); ++i) {
-      TESSEL_ASSIGN_OR_RETURN(const ArrayRecord* a, arrays_.OwnedLocked(req.session_id(), req.arguments(i)));
+      TESSEL_ASSIGN_OR_RETURN(const ArrayRecord* a,
+                              arrays_.OwnedLocked(req.session_id(), req.arguments(i)));
       if (!SameType(a->type, split.parameter_types[i])) {
-        return absl::InvalidArgumentError(StrFormat("%s: argument %d '%s' (array %#x) is %s; the program takes %s",
-                                                    what, i, split.parameter_names[i], req.arguments(i),
-                                                    TypeString(a->type), TypeString(split.parameter_types[i])));
+        return absl::InvalidArgumentError(
+            StrFormat("%s: argument %d '%s' (array %#x) is %s; the program takes %s", what, i,
+                      split.parameter_names[i], req.arguments(i), TypeString(a->type),
+                      TypeString(split.parameter_types[i])));
       }
       if (a->sharded) args[i] = Sharded(a->mesh, a->sharding);
     }
@@ -235,7 +253,8 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::ExecuteMpmd(const v1::ExecuteRe
     v1::DeleteRequest del;
     del.set_session_id(req.session_id());
     for (uint64_t h : temps) del.add_handles(h);
-    if (absl::Status s = Delete(del); !s.ok()) log_->warn("{}: freeing its intermediates: {}", what, s.ToString());
+    if (absl::Status s = Delete(del); !s.ok())
+      log_->warn("{}: freeing its intermediates: {}", what, s.ToString());
   };
   // A part's outputs that later parts read elsewhere move as soon as the
   // part is sent: a one-way move's senders run right behind it on their
@@ -249,7 +268,8 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::ExecuteMpmd(const v1::ExecuteRe
     ReshardSteps receivers;
   };
   std::vector<EarlyMove> early;
-  absl::flat_hash_map<std::pair<size_t, size_t>, size_t> early_of;  // (part, input) -> index into `early`
+  absl::flat_hash_map<std::pair<size_t, size_t>, size_t>
+      early_of;               // (part, input) -> index into `early`
   size_t receivers_sent = 0;  // early[0, receivers_sent) sent, and any other with empty receivers
   // Sends the receivers of early[upto] and of every earlier move in its
   // group; of every move when `upto` is early.size().
@@ -259,7 +279,8 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::ExecuteMpmd(const v1::ExecuteRe
       SendReshardSteps(std::move(early[e].receivers));
       early[e].receivers.steps.clear();
     }
-    while (receivers_sent < early.size() && early[receivers_sent].receivers.steps.empty()) ++receivers_sent;
+    while (receivers_sent < early.size() && early[receivers_sent].receivers.steps.empty())
+      ++receivers_sent;
   };
   auto fail = [&](const absl::Status& s) {
     send_receivers(early.size());  // every pending target gets its steps, then its free
@@ -293,12 +314,12 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::ExecuteMpmd(const v1::ExecuteRe
       if (auto e = early_of.find({q, j}); e != early_of.end()) {
         send_receivers(e->second);
         h = early[e->second].handle;
-      } else if (const v1::Placement& want = p.part_inputs[q][j];
-                 !SamePlacement(r.part < 0 ? args[r.index] : p.part_outputs[r.part][r.index], want)) {
+      } else if (const v1::Placement& want = p.part_inputs[q][j]; !SamePlacement(
+                     r.part < 0 ? args[r.index] : p.part_outputs[r.part][r.index], want)) {
         auto moved = move(h, want, r.part < 0, nullptr);
         if (!moved.ok()) {
-          return fail(Annotate(moved.status(), StrCat(what, ": moving '", part.input_names[j], "' to part '",
-                                                      part.name, "': ")));
+          return fail(Annotate(moved.status(), StrCat(what, ": moving '", part.input_names[j],
+                                                      "' to part '", part.name, "': ")));
         }
         h = *moved;
       }
@@ -323,12 +344,13 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::ExecuteMpmd(const v1::ExecuteRe
       const MpmdPart& reader = split.parts[q2];
       for (size_t j = 0; j < reader.inputs.size(); ++j) {
         const MpmdRef in = reader.inputs[j];
-        if (in.part != int(q) || SamePlacement(p.part_outputs[q][in.index], p.part_inputs[q2][j])) continue;
+        if (in.part != int(q) || SamePlacement(p.part_outputs[q][in.index], p.part_inputs[q2][j]))
+          continue;
         EarlyMove m;
         auto moved = move(made[q][in.index], p.part_inputs[q2][j], false, &m.receivers);
         if (!moved.ok()) {
-          return fail(Annotate(moved.status(), StrCat(what, ": moving '", reader.input_names[j], "' to part '",
-                                                      reader.name, "': ")));
+          return fail(Annotate(moved.status(), StrCat(what, ": moving '", reader.input_names[j],
+                                                      "' to part '", reader.name, "': ")));
         }
         m.handle = *moved;
         early_of[{q2, j}] = early.size();

@@ -74,7 +74,8 @@ TEST(WorkerRegistry, RejectsBadRegistrationsNamingTheWorker) {
   r.set_protocol_version(kProtocolVersionMax + 1);
   EXPECT_THAT(WorkerRegistry::Validate(r).message(), HasSubstr("10.0.0.1:5000 speaks protocol"));
   r = Registration("10.0.0.1:5000", 0);
-  EXPECT_THAT(WorkerRegistry::Validate(r).message(), HasSubstr("num_devices expected 1..1024, got 0"));
+  EXPECT_THAT(WorkerRegistry::Validate(r).message(),
+              HasSubstr("num_devices expected 1..1024, got 0"));
   r = Registration("", 1);
   EXPECT_EQ(WorkerRegistry::Validate(r).code(), absl::StatusCode::kInvalidArgument);
   r = Registration("h:1", 2);
@@ -85,8 +86,10 @@ TEST(WorkerRegistry, RejectsBadRegistrationsNamingTheWorker) {
 
 TEST(WorkerRegistry, GlobalIdsFollowRegistrationOrder) {
   WorkerRegistry reg(NullLogger());
-  auto a = reg.Register(Registration("a:1", 2), std::make_shared<FakeWorkerClient>("a:1"), absl::Seconds(1), 7);
-  auto b = reg.Register(Registration("b:1", 3), std::make_shared<FakeWorkerClient>("b:1"), absl::Seconds(1), 9);
+  auto a = reg.Register(Registration("a:1", 2), std::make_shared<FakeWorkerClient>("a:1"),
+                        absl::Seconds(1), 7);
+  auto b = reg.Register(Registration("b:1", 3), std::make_shared<FakeWorkerClient>("b:1"),
+                        absl::Seconds(1), 9);
   EXPECT_NE(a.worker_id(), b.worker_id());
   EXPECT_EQ(a.queue_epoch(), 7u);
   EXPECT_EQ(reg.num_devices(), 5);
@@ -104,7 +107,8 @@ TEST(WorkerRegistry, ReservationsNumberEachDeviceInOneOrder) {
   // the reservations must come in the same order, or two partitioned steps
   // would wait on each other.
   WorkerRegistry reg(NullLogger());
-  reg.Register(Registration("a:1", 2), std::make_shared<FakeWorkerClient>("a:1"), absl::Seconds(1), 1);
+  reg.Register(Registration("a:1", 2), std::make_shared<FakeWorkerClient>("a:1"), absl::Seconds(1),
+               1);
   constexpr int kEach = 2000;
   std::vector<std::pair<uint64_t, uint64_t>> got[2];
   auto work = [&](int t) {
@@ -121,7 +125,8 @@ TEST(WorkerRegistry, ReservationsNumberEachDeviceInOneOrder) {
   std::sort(all.begin(), all.end());
   for (size_t i = 0; i < all.size(); ++i) {
     EXPECT_EQ(all[i].first, i);
-    EXPECT_EQ(all[i].second, i) << "device 1 numbered reservation " << i << " differently from device 0";
+    EXPECT_EQ(all[i].second, i) << "device 1 numbered reservation " << i
+                                << " differently from device 0";
   }
   // Counts above one take consecutive numbers.
   auto slots = reg.Reserve({0}, {2});
@@ -152,14 +157,17 @@ TEST(WorkerRegistry, RestartedQueuesStartOverAndAreOpenedOnce) {
 
 TEST(WorkerRegistry, ARestartedOrDisplacedWorkerSupersedesTheOldRecord) {
   WorkerRegistry reg(NullLogger());
-  auto named = [](const std::string& address, const std::string& name, const std::string& incarnation) {
+  auto named = [](const std::string& address, const std::string& name,
+                  const std::string& incarnation) {
     auto r = Registration(address, 1);
     r.set_worker_name(name);
     r.set_worker_incarnation(incarnation);
     return r;
   };
-  auto a = reg.Register(named("h:1", "node-a", "i1"), std::make_shared<FakeWorkerClient>("h:1"), absl::Seconds(1), 1);
-  auto b = reg.Register(named("h:2", "node-b", "j1"), std::make_shared<FakeWorkerClient>("h:2"), absl::Seconds(1), 2);
+  auto a = reg.Register(named("h:1", "node-a", "i1"), std::make_shared<FakeWorkerClient>("h:1"),
+                        absl::Seconds(1), 1);
+  auto b = reg.Register(named("h:2", "node-b", "j1"), std::make_shared<FakeWorkerClient>("h:2"),
+                        absl::Seconds(1), 2);
   const absl::Time now = absl::Now();
   // The same incarnation registering again (after the coordinator forgot
   // it) replaces nobody.
@@ -179,21 +187,27 @@ TEST(WorkerRegistry, ARestartedOrDisplacedWorkerSupersedesTheOldRecord) {
 
 TEST(WorkerRegistry, SilentWorkersDieAndSayWhere) {
   WorkerRegistry reg(NullLogger());
-  auto a = reg.Register(Registration("a:1", 1), std::make_shared<FakeWorkerClient>("a:1"), absl::Seconds(1), 1);
-  auto b = reg.Register(Registration("b:1", 1), std::make_shared<FakeWorkerClient>("b:1"), absl::Seconds(1), 2);
+  auto a = reg.Register(Registration("a:1", 1), std::make_shared<FakeWorkerClient>("a:1"),
+                        absl::Seconds(1), 1);
+  auto b = reg.Register(Registration("b:1", 1), std::make_shared<FakeWorkerClient>("b:1"),
+                        absl::Seconds(1), 2);
   const absl::Time now = absl::Now();
   EXPECT_TRUE(*reg.Heartbeat(b.worker_id(), "secret-of-b:1-0123456789", now + absl::Seconds(10)));
   // Only the worker's own secret keeps it alive.
-  EXPECT_EQ(reg.Heartbeat(a.worker_id(), "secret-of-b:1-0123456789", now + absl::Seconds(10)).status().code(),
+  EXPECT_EQ(reg.Heartbeat(a.worker_id(), "secret-of-b:1-0123456789", now + absl::Seconds(10))
+                .status()
+                .code(),
             absl::StatusCode::kPermissionDenied);
   auto expired = reg.ExpireSilent(now + absl::Seconds(11), absl::Seconds(5));
   ASSERT_EQ(expired.size(), 1u);
   EXPECT_EQ(expired[0].id, a.worker_id());
   EXPECT_EQ(expired[0].devices, std::vector<int>{0});
-  EXPECT_FALSE(*reg.Heartbeat(a.worker_id(), "secret-of-a:1-0123456789", now));  // must register again
+  EXPECT_FALSE(
+      *reg.Heartbeat(a.worker_id(), "secret-of-a:1-0123456789", now));  // must register again
   absl::Status s = reg.CheckAlive({1, 0});
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(s.message(), HasSubstr("device 0 is on worker " + a.worker_id() + " (a:1), which is dead"));
+  EXPECT_THAT(s.message(),
+              HasSubstr("device 0 is on worker " + a.worker_id() + " (a:1), which is dead"));
   v1::Placement p;
   p.set_device(0);
   EXPECT_EQ(reg.ResolvePlacement(p).status().code(), absl::StatusCode::kUnavailable);
@@ -255,7 +269,8 @@ TEST(ArrayRegistry, RetiredArraysSayWhatBecameOfThem) {
   auto frees = reg.RetireDeletedLocked({0x11, 0x99});
   ASSERT_EQ(frees.size(), 1u);
   EXPECT_EQ(frees[0].buffers_size(), 1);
-  EXPECT_THAT(reg.OwnedLocked("s1", 0x11).status().message(), HasSubstr("array 0x11 was deleted at"));
+  EXPECT_THAT(reg.OwnedLocked("s1", 0x11).status().message(),
+              HasSubstr("array 0x11 was deleted at"));
   EXPECT_THAT(reg.OwnedLocked("s1", 0x99).status().message(), HasSubstr("does not exist"));
   EXPECT_EQ(reg.SessionLocked("s1").live_bytes, 0);
   EXPECT_EQ(reg.SessionLocked("s1").arrays.size(), 0u);
@@ -280,7 +295,8 @@ TEST(TombstoneRing, KeepsTheNewestAndFindsTheLatestOfAHandle) {
   TombstoneRing ring(4);
   const absl::Time t0 = absl::FromUnixSeconds(1000);
   for (uint64_t h = 1; h <= 3; ++h) ring.Add(h, v1::DELETED, 0, "", t0 + absl::Seconds(h));
-  ring.Add(2, v1::DONATED, 7, "step", t0 + absl::Seconds(4));  // the same handle again: the newer answers
+  ring.Add(2, v1::DONATED, 7, "step",
+           t0 + absl::Seconds(4));  // the same handle again: the newer answers
   ASSERT_NE(ring.Find(2), nullptr);
   EXPECT_EQ(ring.Find(2)->state, v1::DONATED);
   EXPECT_EQ(ring.Find(2)->execution, 7);
@@ -289,7 +305,8 @@ TEST(TombstoneRing, KeepsTheNewestAndFindsTheLatestOfAHandle) {
   ring.Add(5, v1::DELETED, 0, "", t0 + absl::Seconds(5));
   EXPECT_EQ(ring.Find(1), nullptr);
   EXPECT_EQ(ring.Find(2)->state, v1::DONATED);
-  ring.Add(6, v1::DONATED, 9, "a name longer than a short string's inline storage", t0 + absl::Seconds(6));
+  ring.Add(6, v1::DONATED, 9, "a name longer than a short string's inline storage",
+           t0 + absl::Seconds(6));
   EXPECT_EQ(ring.Find(2)->execution, 7);  // the newer 2 is still there
   EXPECT_EQ(ring.Find(6)->executable, "a name longer than a short string's inline storage");
   EXPECT_EQ(ring.Find(6)->when, t0 + absl::Seconds(6));
@@ -314,8 +331,10 @@ TEST(ArrayRegistry, QuotaNamesTheSessionAndWhatItHolds) {
   EXPECT_TRUE(reg.CheckQuotaLocked("s", 24, "x").ok());
   absl::Status s = reg.CheckQuotaLocked("s", 25, "execution of 'f'");
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(s.message(), HasSubstr("execution of 'f' needs 25 more bytes; the session holds 16 bytes in 1 live "
-                                     "arrays, quota 40"));
+  EXPECT_THAT(
+      s.message(),
+      HasSubstr("execution of 'f' needs 25 more bytes; the session holds 16 bytes in 1 live "
+                "arrays, quota 40"));
 }
 
 TEST(ArrayRegistry, AnArrayIsReadyWhenEveryDeviceReportedAndAFailureSticks) {
@@ -374,10 +393,13 @@ TEST(ArrayRegistry, ArraysOnADeadWorkerAreLostNotFailedOnesAgain) {
     failed.error = absl::InternalError("earlier");
     reg.AddLocked("s", 3, failed);
   }
-  EXPECT_EQ(reg.LoseOn({1}, absl::UnavailableError("was on worker w0 (a:1), which stopped heartbeating")), 1);
+  EXPECT_EQ(
+      reg.LoseOn({1}, absl::UnavailableError("was on worker w0 (a:1), which stopped heartbeating")),
+      1);
   absl::MutexLock l(&reg.mu());
   EXPECT_EQ(reg.FindLocked(1)->state, v1::LOST);
-  EXPECT_EQ(reg.FindLocked(1)->error.message(), "array 0x1 was on worker w0 (a:1), which stopped heartbeating");
+  EXPECT_EQ(reg.FindLocked(1)->error.message(),
+            "array 0x1 was on worker w0 (a:1), which stopped heartbeating");
   EXPECT_EQ(reg.FindLocked(2)->state, v1::PENDING);
   EXPECT_EQ(reg.FindLocked(3)->state, v1::ERROR);
 }
@@ -400,7 +422,8 @@ TEST(CompileCache, CountsHitsAndExplainsMisses) {
   EXPECT_THAT(cache.ExplainMiss("a", g, {}),
               HasSubstr("no executable of graph 'add' was compiled before (0 executables"));
   auto first = cache.Insert("a", CompiledAs(g, "k1"), g);
-  EXPECT_EQ(cache.Insert("a", CompiledAs(g, "k1"), g), first);  // a racing second compile keeps the first entry
+  EXPECT_EQ(cache.Insert("a", CompiledAs(g, "k1"), g),
+            first);  // a racing second compile keeps the first entry
   EXPECT_EQ(cache.compiles(), 2);
   EXPECT_EQ(cache.Lookup("a", "k1"), first);
   EXPECT_EQ(cache.FindAnyTenant("k1"), first);
@@ -415,7 +438,8 @@ TEST(CompileCache, CountsHitsAndExplainsMisses) {
   shape.mutable_nodes(0)->mutable_type()->set_dims(0, 5);
   EXPECT_THAT(cache.ExplainMiss("a", shape, {}),
               HasSubstr("parameter 0 'x': f32[5] here, f32[4] in the cached one (shape)"));
-  EXPECT_THAT(cache.ExplainMiss("a", g, {1}), HasSubstr("donated parameters [1] here, [] in the cached one"));
+  EXPECT_THAT(cache.ExplainMiss("a", g, {1}),
+              HasSubstr("donated parameters [1] here, [] in the cached one"));
   v1::Graph op = g;
   op.mutable_nodes(2)->set_op(v1::SUB);
   EXPECT_THAT(cache.ExplainMiss("a", op, {}), HasSubstr("node 2 'z' (sub) differs"));
@@ -435,7 +459,9 @@ TEST(CompileCache, EachTenantSeesOnlyItsOwnEntries) {
   v1::Graph shape = g;
   shape.mutable_nodes(0)->mutable_type()->set_dims(0, 5);
   const std::string why = cache.ExplainMiss("b", shape, {});
-  EXPECT_THAT(why, HasSubstr("no executable of graph 'add' was compiled before (0 executables of this tenant"));
+  EXPECT_THAT(
+      why,
+      HasSubstr("no executable of graph 'add' was compiled before (0 executables of this tenant"));
   EXPECT_THAT(why, Not(HasSubstr("f32[4]")));
   EXPECT_EQ(cache.counts("a").compiles, 1);
   EXPECT_EQ(cache.counts("b").compiles, 0);
@@ -453,7 +479,8 @@ TEST(CompileCache, ExplainsAMissAgainstTheMostRecentlyUsedOfItsName) {
     return g;
   };
   const int n = int(CompileCache::kMissCandidates) + 4;
-  for (int i = 1; i <= n; ++i) cache.Insert("a", CompiledAs(of_size(i), absl::StrCat("k", i)), of_size(i));
+  for (int i = 1; i <= n; ++i)
+    cache.Insert("a", CompiledAs(of_size(i), absl::StrCat("k", i)), of_size(i));
   // y as f64[2]: the f32[2] executable differs by one parameter's dtype,
   // but it is among the oldest, so another one is nearest of those compared.
   v1::Graph miss = of_size(2);
@@ -494,7 +521,8 @@ TEST(CompileCache, EvictsProgramsLeastRecentlyUsedFirstThenSources) {
   EXPECT_EQ(cache.FindAnyTenant("k1"), nullptr);
   EXPECT_EQ(cache.FindAnyTenant("k3"), nullptr);
   EXPECT_NE(cache.FindAnyTenant("k4"), nullptr);
-  for (const char* id : {"k1", "k2", "k3"}) EXPECT_TRUE(cache.EvictedSource("a", id).has_value()) << id;
+  for (const char* id : {"k1", "k2", "k3"})
+    EXPECT_TRUE(cache.EvictedSource("a", id).has_value()) << id;
   EXPECT_EQ(cache.evictions(), 3);
   // Past its bound with no program left to drop, a tenant's least recently
   // used source goes whole: its id is then only remembered as evicted.
@@ -523,7 +551,8 @@ TEST(CompileCache, ATenantsCompilesEvictOnlyItsOwnEntries) {
   const int64_t one = probe.bytes();
   CompileCache cache(int64_t{1} << 30);
   cache.Insert("victim", CompiledAs(g, "v"), g, {}, 2 * one);
-  for (int i = 0; i < 40; ++i) cache.Insert("flood", CompiledAs(g, absl::StrCat("f", i)), g, {}, 2 * one);
+  for (int i = 0; i < 40; ++i)
+    cache.Insert("flood", CompiledAs(g, absl::StrCat("f", i)), g, {}, 2 * one);
   EXPECT_NE(cache.FindAnyTenant("v"), nullptr);
   EXPECT_EQ(cache.counts("victim").evictions, 0);
   EXPECT_GT(cache.counts("flood").evictions, 30);
@@ -598,14 +627,17 @@ TEST_F(PlannerTest, PlansOneStepPerDevice) {
 
 TEST_F(PlannerTest, NamesWhatIsWrongWithTheCall) {
   req_.add_arguments(0x9);
-  EXPECT_THAT(Plan().status().message(), HasSubstr("executable 'add' (" + exe_.compiled.fingerprint +
-                                                   ") takes 2 arguments, got 3"));
+  EXPECT_THAT(
+      Plan().status().message(),
+      HasSubstr("executable 'add' (" + exe_.compiled.fingerprint + ") takes 2 arguments, got 3"));
   req_.mutable_arguments()->RemoveLast();
   y_.type.set_dtype(v1::S32);
   absl::Status s = Plan().status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("argument 1 'y' (array 0x2) does not match the signature of executable 'add': "
-                                     "expected f32[4], got s32[4] (dtype differs)"));
+  EXPECT_THAT(
+      s.message(),
+      HasSubstr("argument 1 'y' (array 0x2) does not match the signature of executable 'add': "
+                "expected f32[4], got s32[4] (dtype differs)"));
   y_ = x_;
   req_.add_donate(5);
   EXPECT_THAT(Plan().status().message(), HasSubstr("donate: argument 5 does not exist"));
@@ -642,8 +674,9 @@ TEST_F(PlannerTest, AnArgumentElsewhereIsMovedUnlessDonated) {
   EXPECT_EQ(Plan().status().code(), absl::StatusCode::kUnavailable);
   y_.devices = {1};
   req_.add_donate(1);
-  EXPECT_THAT(Plan().status().message(),
-              HasSubstr("argument 1 'y' (array 0x2) is donated but lives on device 1, not on device 0"));
+  EXPECT_THAT(
+      Plan().status().message(),
+      HasSubstr("argument 1 'y' (array 0x2) is donated but lives on device 1, not on device 0"));
 }
 
 TEST_F(PlannerTest, UpstreamErrorsAndLostArguments) {
@@ -653,7 +686,8 @@ TEST_F(PlannerTest, UpstreamErrorsAndLostArguments) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->outputs[0].state, v1::ERROR);
   EXPECT_THAT(plan->outputs[0].error.message(),
-              HasSubstr("argument 1 'y' (array 0x2) failed earlier; dependent step 1 to fail from this cause: boom"));
+              HasSubstr("argument 1 'y' (array 0x2) failed earlier; dependent step 1 to fail from "
+                        "this cause: boom"));
   EXPECT_EQ(plan->steps.size(), 1u);  // it still runs, to consume donated buffers
   y_.state = v1::LOST;
   y_.error = absl::UnavailableError("array 0x2 was on worker w0");
@@ -677,7 +711,8 @@ TEST_F(PlannerTest, DonationAliasesAndStrictDonation) {
   strict_ = true;
   absl::Status s = Plan().status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("strict donation: argument 1 'y' (array 0x2) cannot give its buffer"));
+  EXPECT_THAT(s.message(),
+              HasSubstr("strict donation: argument 1 'y' (array 0x2) cannot give its buffer"));
 }
 
 TEST_F(PlannerTest, AReplicatedStepRunsEverywhereTheArgumentsAre) {
@@ -713,7 +748,8 @@ class CoordinatorTest : public ::testing::Test {
     ASSERT_TRUE(c.ok()) << c.status();
     c_ = std::move(*c);
     for (int w = 0; w < workers; ++w) {
-      auto r = c_->RegisterWorker(Registration("10.0.0." + std::to_string(w + 1) + ":7000", devices_each));
+      auto r = c_->RegisterWorker(
+          Registration("10.0.0." + std::to_string(w + 1) + ":7000", devices_each));
       ASSERT_TRUE(r.ok()) << r.status();
       worker_ids_.push_back(r->worker_id());
     }
@@ -742,7 +778,8 @@ class CoordinatorTest : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? r->executable_id() : "";
   }
-  absl::StatusOr<v1::ExecuteResponse> Execute(const std::string& exe, uint64_t out, int device = 0) {
+  absl::StatusOr<v1::ExecuteResponse> Execute(const std::string& exe, uint64_t out,
+                                              int device = 0) {
     v1::ExecuteRequest req;
     req.set_session_id(session_);
     req.set_executable_id(exe);
@@ -844,8 +881,9 @@ TEST_F(CoordinatorTest, AnotherTenantsExecutableIsNotFoundAsIfNeverCompiled) {
   auto never = c_->Execute(req);
   ASSERT_EQ(theirs.status().code(), absl::StatusCode::kNotFound);
   ASSERT_EQ(never.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(absl::StrReplaceAll(theirs.status().message(), {{exe, "ID"}}),
-            absl::StrReplaceAll(never.status().message(), {{"0123456789abcdef0123456789abcdef", "ID"}}));
+  EXPECT_EQ(
+      absl::StrReplaceAll(theirs.status().message(), {{exe, "ID"}}),
+      absl::StrReplaceAll(never.status().message(), {{"0123456789abcdef0123456789abcdef", "ID"}}));
   EXPECT_TRUE(fake(0).runs().empty());
   // The same graph compiled by the other tenant is its own executable.
   v1::CompileRequest compile;
@@ -867,7 +905,8 @@ TEST_F(CoordinatorTest, AnEvictedExecutableIsCompiledAgainWhenCalled) {
     ASSERT_TRUE(c.ok()) << c.status();
     probe.Insert("default", *c, Parse(kIota));
   }
-  options_.tenants = Tenants(TenantLimits{0, 0, probe.bytes() * 3 / 2});  // room for one compiled entry
+  options_.tenants =
+      Tenants(TenantLimits{0, 0, probe.bytes() * 3 / 2});  // room for one compiled entry
   Start(1, 1);
   auto compile = [&](int n) {
     v1::CompileRequest req;
@@ -900,7 +939,8 @@ TEST_F(CoordinatorTest, AnEvictedExecutableIsCompiledAgainWhenCalled) {
   auto refused = Execute(first, 0x11);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(refused.status().message(), HasSubstr("forbids new compiles"));
-  EXPECT_THAT(refused.status().message(), HasSubstr("of graph 'iota' was evicted from the compile cache"));
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("of graph 'iota' was evicted from the compile cache"));
   EXPECT_EQ(compiles(), 4);
 }
 
@@ -933,7 +973,8 @@ TEST_F(CoordinatorTest, AFailedLoadFailsTheStepWithTheLoadsErrorAndIsTriedAgain)
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->states(0), v1::ERROR);
   EXPECT_EQ(done->codes(0), int(absl::StatusCode::kUnimplemented));
-  EXPECT_THAT(done->errors(0), HasSubstr("on device 0: loading on cuda:0: op FOO is not supported"));
+  EXPECT_THAT(done->errors(0),
+              HasSubstr("on device 0: loading on cuda:0: op FOO is not supported"));
   // The next step loads again, and runs once the load succeeds.
   fake(0).set_load_error(absl::OkStatus());
   ASSERT_TRUE(Execute(exe, 0x11).ok());
@@ -961,7 +1002,8 @@ TEST_F(CoordinatorTest, ABrokenGroupMovesLaterStepsToANewEpoch) {
   ASSERT_EQ(runs.size(), 6u);
   EXPECT_NE(runs[4].collective_epoch(), epoch0);
   EXPECT_EQ(runs[4].collective_epoch(), runs[5].collective_epoch());
-  EXPECT_EQ(runs[4].collective_epoch().substr(0, 17), epoch0.substr(0, 17));  // same coordinator incarnation
+  EXPECT_EQ(runs[4].collective_epoch().substr(0, 17),
+            epoch0.substr(0, 17));  // same coordinator incarnation
   EXPECT_TRUE(absl::EndsWith(runs[4].collective_epoch(), ".1")) << runs[4].collective_epoch();
   // A partitioned step's devices get their numbers together.
   EXPECT_EQ(runs[4].seq(), runs[5].seq());
@@ -1027,7 +1069,8 @@ TEST_F(CoordinatorTest, LostStepsRestartTheQueuesAndTheMonitorOpensThem) {
   const uint64_t old_epoch = fake(0).runs().at(0).queue_epoch();
   fake(0).LoseSteps();
   // The monitor sends one empty free that opens the new epoch at 0.
-  for (int i = 0; i < 500 && fake(0).messages().size() < 2; ++i) absl::SleepFor(absl::Milliseconds(10));
+  for (int i = 0; i < 500 && fake(0).messages().size() < 2; ++i)
+    absl::SleepFor(absl::Milliseconds(10));
   auto msgs = fake(0).messages();
   ASSERT_EQ(msgs.size(), 2u);
   EXPECT_FALSE(msgs[1].run);
@@ -1057,7 +1100,8 @@ TEST_F(CoordinatorTest, ASilentWorkerIsDeclaredDeadAndItsArraysLost) {
   EXPECT_TRUE(s == v1::LOST || s == v1::ERROR) << v1::ArrayState_Name(s);
   auto r = Execute(exe, 0x11, 0);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(r.status().message(), HasSubstr("device 0 is on worker " + worker_ids_[0] + " (10.0.0.1:7000)"));
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("device 0 is on worker " + worker_ids_[0] + " (10.0.0.1:7000)"));
   EXPECT_TRUE(Execute(exe, 0x12, 1).ok());
 }
 
@@ -1078,7 +1122,8 @@ TEST_F(CoordinatorTest, ReplacedTenantsAnswerTheNextCallAndTheirLimitsBindAtOnce
   EXPECT_EQ(c_->OpenSession(open, "a").status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(c_->tenants()->Authenticate("b-token")->tenant, "b");
   c_->ReplaceTenants(*Tenants::Parse("b-token b\n", "tokens", {}));
-  EXPECT_EQ(c_->tenants()->Authenticate("a-token").status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(c_->tenants()->Authenticate("a-token").status().code(),
+            absl::StatusCode::kUnauthenticated);
   EXPECT_TRUE(c_->tenants()->Authenticate("b-token").ok());
 }
 
@@ -1137,7 +1182,8 @@ TEST(Version, ABareRequestAsksWhatTheServerSpeaksAndDisjointRangesAreNamed) {
   auto too_new = NegotiateVersion(kProtocolVersionMax + 1, kProtocolVersionMax + 2);
   ASSERT_FALSE(too_new.ok());
   EXPECT_EQ(too_new.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(too_new.status().message().find("server speaks ["), std::string::npos) << too_new.status();
+  EXPECT_NE(too_new.status().message().find("server speaks ["), std::string::npos)
+      << too_new.status();
 }
 
 }  // namespace tessel::server

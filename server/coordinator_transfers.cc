@@ -1,13 +1,13 @@
 // Coordinator: Put and Fetch, the explicit host<->device transfers. Bytes
 // are relayed chunk by chunk; nothing holds a whole array in the coordinator.
+#include <optional>
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include <optional>
 
 #include "core/dtype.h"
-#include "core/sharding.h"
 #include "core/security.h"
+#include "core/sharding.h"
 #include "core/status.h"
 #include "server/block_layout.h"
 #include "server/coordinator.h"
@@ -31,10 +31,17 @@ class Coordinator::PutSinkImpl final : public Coordinator::PutSink {
     std::vector<std::unique_ptr<WorkerClient::PutStream>> streams;  // one per worker holding a copy
     std::string pending;
   };
-  PutSinkImpl(Coordinator* c, uint64_t handle, std::string session, int64_t bytes, BlockLayout layout,
-              std::vector<Block> blocks, std::vector<int> devices, int64_t device_bytes)
-      : c_(c), handle_(handle), session_(std::move(session)), bytes_(bytes), layout_(std::move(layout)),
-        blocks_(std::move(blocks)), devices_(std::move(devices)), device_bytes_(device_bytes) {}
+  PutSinkImpl(Coordinator* c, uint64_t handle, std::string session, int64_t bytes,
+              BlockLayout layout, std::vector<Block> blocks, std::vector<int> devices,
+              int64_t device_bytes)
+      : c_(c),
+        handle_(handle),
+        session_(std::move(session)),
+        bytes_(bytes),
+        layout_(std::move(layout)),
+        blocks_(std::move(blocks)),
+        devices_(std::move(devices)),
+        device_bytes_(device_bytes) {}
 
   ~PutSinkImpl() override {
     if (finished_) return;
@@ -46,8 +53,9 @@ class Coordinator::PutSinkImpl final : public Coordinator::PutSink {
 
   absl::Status Write(const std::string& bytes) override {
     if (received_ + int64_t(bytes.size()) > bytes_) {
-      return absl::InvalidArgumentError(StrFormat("put of array %#x: expected %d bytes, got more (%d)", handle_,
-                                                  bytes_, received_ + bytes.size()));
+      return absl::InvalidArgumentError(
+          StrFormat("put of array %#x: expected %d bytes, got more (%d)", handle_, bytes_,
+                    received_ + bytes.size()));
     }
     received_ += bytes.size();
     if (blocks_.size() == 1) {
@@ -74,8 +82,9 @@ class Coordinator::PutSinkImpl final : public Coordinator::PutSink {
     finished_ = true;
     absl::Status status;
     if (received_ != bytes_) {
-      status = absl::InvalidArgumentError(StrFormat(
-          "put of array %#x: expected %d bytes, got %d (truncated stream)", handle_, bytes_, received_));
+      status = absl::InvalidArgumentError(
+          StrFormat("put of array %#x: expected %d bytes, got %d (truncated stream)", handle_,
+                    bytes_, received_));
     }
     for (Block& b : blocks_) {
       if (status.ok()) status = Flush(b);
@@ -89,7 +98,8 @@ class Coordinator::PutSinkImpl final : public Coordinator::PutSink {
       return status;
     }
     if (c_->arrays_.MarkReady(handle_)) {
-      for (int d : devices_) c_->arrays_.CountTransfer(session_, d, Direction::kHostToDevice, device_bytes_);
+      for (int d : devices_)
+        c_->arrays_.CountTransfer(session_, d, Direction::kHostToDevice, device_bytes_);
     }
     return bytes_;
   }
@@ -117,7 +127,8 @@ class Coordinator::PutSinkImpl final : public Coordinator::PutSink {
   bool finished_ = false;
 };
 
-absl::StatusOr<ArrayRecord> Coordinator::PlaceRecordLocked(const v1::TensorType& type, const v1::Placement& p,
+absl::StatusOr<ArrayRecord> Coordinator::PlaceRecordLocked(const v1::TensorType& type,
+                                                           const v1::Placement& p,
                                                            absl::string_view what) const {
   ArrayRecord a;
   a.type = type;
@@ -142,7 +153,8 @@ absl::StatusOr<ArrayRecord> Coordinator::PlaceRecordLocked(const v1::TensorType&
   return a;
 }
 
-absl::StatusOr<v1::ReshardResponse> Coordinator::Reshard(const v1::ReshardRequest& req, ReshardSteps* deferred) {
+absl::StatusOr<v1::ReshardResponse> Coordinator::Reshard(const v1::ReshardRequest& req,
+                                                         ReshardSteps* deferred) {
   const std::string what = StrFormat("reshard of array %#x", req.handle());
   v1::ReshardResponse resp;
   ReshardSteps now{.session = req.session_id(), .what = what, .output = req.output()};
@@ -150,10 +162,13 @@ absl::StatusOr<v1::ReshardResponse> Coordinator::Reshard(const v1::ReshardReques
   {
     absl::MutexLock l(&arrays_.mu());
     TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
-    TESSEL_ASSIGN_OR_RETURN(const ArrayRecord* src, arrays_.OwnedLocked(req.session_id(), req.handle()));
-    if (req.output() == 0) return absl::InvalidArgumentError(StrCat(what, ": output handle 0 is reserved"));
+    TESSEL_ASSIGN_OR_RETURN(const ArrayRecord* src,
+                            arrays_.OwnedLocked(req.session_id(), req.handle()));
+    if (req.output() == 0)
+      return absl::InvalidArgumentError(StrCat(what, ": output handle 0 is reserved"));
     if (arrays_.ContainsLocked(req.output())) {
-      return absl::AlreadyExistsError(StrFormat("%s: output handle %#x is already in use", what, req.output()));
+      return absl::AlreadyExistsError(
+          StrFormat("%s: output handle %#x is already in use", what, req.output()));
     }
     if (src->state == v1::LOST) return Annotate(src->error, StrCat(what, ": "));
     TESSEL_ASSIGN_OR_RETURN(ArrayRecord out, PlaceRecordLocked(src->type, req.placement(), what));
@@ -161,19 +176,22 @@ absl::StatusOr<v1::ReshardResponse> Coordinator::Reshard(const v1::ReshardReques
     const std::vector<DeviceRoute> routes = workers_.Routes();
     for (int d : src->devices) {
       if (d < 0 || d >= int(routes.size()) || !routes[d].alive) {
-        return absl::UnavailableError(StrCat(what, ": device ", d, ", which holds a block of it, is not alive"));
+        return absl::UnavailableError(
+            StrCat(what, ": device ", d, ", which holds a block of it, is not alive"));
       }
     }
     auto worker_of = [&routes](int d) { return routes[d].address; };
     TESSEL_ASSIGN_OR_RETURN(ReshardPlan plan, PlanReshard(*src, out, worker_of));
-    const std::string text = StrFormat("array %#x (%s) from %s to %s", req.handle(), TypeString(src->type),
-                                       src->sharded ? StrCat(ShardingString(src->sharding), " on mesh ", MeshString(src->mesh))
-                                                    : StrCat("device ", absl::StrJoin(src->devices, ",")),
-                                       out.sharded ? StrCat(ShardingString(out.sharding), " on mesh ", MeshString(out.mesh))
-                                                   : StrCat("device ", absl::StrJoin(out.devices, ",")));
+    const std::string text = StrFormat(
+        "array %#x (%s) from %s to %s", req.handle(), TypeString(src->type),
+        src->sharded ? StrCat(ShardingString(src->sharding), " on mesh ", MeshString(src->mesh))
+                     : StrCat("device ", absl::StrJoin(src->devices, ",")),
+        out.sharded ? StrCat(ShardingString(out.sharding), " on mesh ", MeshString(out.mesh))
+                    : StrCat("device ", absl::StrJoin(out.devices, ",")));
     if (plan.bytes_moved > 0) {
-      TESSEL_RETURN_IF_ERROR(GuardTransferLocked(req.session_id(), req.transfer_guard(), Direction::kDeviceToDevice,
-                                                 req.implicit(), text, plan.bytes_moved));
+      TESSEL_RETURN_IF_ERROR(GuardTransferLocked(req.session_id(), req.transfer_guard(),
+                                                 Direction::kDeviceToDevice, req.implicit(), text,
+                                                 plan.bytes_moved));
     }
     TESSEL_RETURN_IF_ERROR(arrays_.CheckQuotaLocked(req.session_id(), out.bytes(), what));
 
@@ -196,7 +214,8 @@ absl::StatusOr<v1::ReshardResponse> Coordinator::Reshard(const v1::ReshardReques
     for (const auto& [d, bytes] : plan.received) {
       arrays_.CountTransferLocked(req.session_id(), d, Direction::kDeviceToDevice, bytes);
     }
-    if (deferred != nullptr) *deferred = ReshardSteps{now.session, what, now.output, now.epoch, {}, {}};
+    if (deferred != nullptr)
+      *deferred = ReshardSteps{now.session, what, now.output, now.epoch, {}, {}};
     std::vector<int> senders, receivers;
     for (ReshardPlan::Step& st : plan.steps) {
       (st.reads_source ? senders : receivers).push_back(st.device);
@@ -212,8 +231,9 @@ absl::StatusOr<v1::ReshardResponse> Coordinator::Reshard(const v1::ReshardReques
     if (deferred != nullptr && !deferred->steps.empty()) {
       deferred->group = StrCat(absl::StrJoin(senders, ","), " -> ", absl::StrJoin(receivers, ","));
     }
-    log_->debug("session {}: execution {}: {}, {} bytes moved, {} copied, {} steps{}", req.session_id(), execution_id,
-                text, plan.bytes_moved, plan.bytes_copied, plan.steps.size(),
+    log_->debug("session {}: execution {}: {}, {} bytes moved, {} copied, {} steps{}",
+                req.session_id(), execution_id, text, plan.bytes_moved, plan.bytes_copied,
+                plan.steps.size(),
                 deferred != nullptr && !deferred->steps.empty() ? ", the receivers' deferred" : "");
     // Sequenced under the lock: a free of the source comes after its reads.
     sends = SequenceStepsLocked(now);
@@ -259,32 +279,36 @@ void Coordinator::SendSequenced(const ReshardSteps& steps, std::vector<Sequenced
       continue;
     }
     StepSent(s.device);
-    s.client->Run(s.run, [this, session = steps.session, outputs, epoch = steps.epoch, device = s.device,
-                          what = steps.what, sent = absl::Now()](absl::StatusOr<v1::RunResponse> r) {
-      StepAnswered(device, absl::Now() - sent, r.ok());
-      if (!r.ok()) r = Annotate(r.status(), StrCat(what, " on device ", device, ": "));
-      OnStepDone(session, outputs, epoch, std::move(r));
-    });
+    s.client->Run(s.run,
+                  [this, session = steps.session, outputs, epoch = steps.epoch, device = s.device,
+                   what = steps.what, sent = absl::Now()](absl::StatusOr<v1::RunResponse> r) {
+                    StepAnswered(device, absl::Now() - sent, r.ok());
+                    if (!r.ok())
+                      r = Annotate(r.status(), StrCat(what, " on device ", device, ": "));
+                    OnStepDone(session, outputs, epoch, std::move(r));
+                  });
   }
 }
 
 absl::StatusOr<Coordinator::PutPlan> Coordinator::PlanPut(const v1::PutRequest::Header& h) {
   if (log_->should_log(spdlog::level::debug)) {
-    log_->debug("session {}: put of array {:#x}, {}, onto {}", h.session_id(), h.handle(), h.type().ShortDebugString(),
-                h.placement().ShortDebugString());
+    log_->debug("session {}: put of array {:#x}, {}, onto {}", h.session_id(), h.handle(),
+                h.type().ShortDebugString(), h.placement().ShortDebugString());
   }
   PutPlan plan;
   absl::MutexLock l(&arrays_.mu());
   TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(h.session_id()));
-  if (h.handle() == 0) return absl::InvalidArgumentError("put: handle 0 is reserved; handles must be nonzero");
+  if (h.handle() == 0)
+    return absl::InvalidArgumentError("put: handle 0 is reserved; handles must be nonzero");
   if (arrays_.ContainsLocked(h.handle())) {
     return absl::AlreadyExistsError(StrFormat("put: handle %#x is already in use", h.handle()));
   }
   auto size = ByteSize(h.type());
   if (!size.ok()) return Annotate(size.status(), StrFormat("put of array %#x: ", h.handle()));
   plan.bytes = *size;
-  TESSEL_ASSIGN_OR_RETURN(ArrayRecord a,
-                          PlaceRecordLocked(h.type(), h.placement(), StrFormat("put of array %#x", h.handle())));
+  TESSEL_ASSIGN_OR_RETURN(
+      ArrayRecord a,
+      PlaceRecordLocked(h.type(), h.placement(), StrFormat("put of array %#x", h.handle())));
   a.producer_name = "put";
   plan.devices = a.devices;
   const v1::TensorType block_type = a.sharded ? a.block_type : a.type;
@@ -294,20 +318,23 @@ absl::StatusOr<Coordinator::PutPlan> Coordinator::PlanPut(const v1::PutRequest::
     plan.layout = BlockLayout::Whole(h.type(), plan.devices.size());
   }
   plan.device_bytes = ByteSizeUnchecked(block_type);
-  const std::string what = StrFormat("array %#x (%s) to device%s %s", h.handle(), TypeString(h.type()),
-                                     plan.devices.size() > 1 ? "s" : "", absl::StrJoin(plan.devices, ","));
-  TESSEL_RETURN_IF_ERROR(GuardTransferLocked(h.session_id(), h.transfer_guard(), Direction::kHostToDevice,
-                                             h.implicit(), what, plan.device_bytes * int64_t(plan.devices.size())));
-  TESSEL_RETURN_IF_ERROR(arrays_.CheckQuotaLocked(h.session_id(), plan.device_bytes * int64_t(plan.devices.size()),
-                                                  StrFormat("put of array %#x (%s)", h.handle(),
-                                                            TypeString(h.type()))));
+  const std::string what =
+      StrFormat("array %#x (%s) to device%s %s", h.handle(), TypeString(h.type()),
+                plan.devices.size() > 1 ? "s" : "", absl::StrJoin(plan.devices, ","));
+  TESSEL_RETURN_IF_ERROR(GuardTransferLocked(h.session_id(), h.transfer_guard(),
+                                             Direction::kHostToDevice, h.implicit(), what,
+                                             plan.device_bytes * int64_t(plan.devices.size())));
+  TESSEL_RETURN_IF_ERROR(arrays_.CheckQuotaLocked(
+      h.session_id(), plan.device_bytes * int64_t(plan.devices.size()),
+      StrFormat("put of array %#x (%s)", h.handle(), TypeString(h.type()))));
   const std::vector<DeviceRoute> routes = workers_.Routes();
   plan.targets.resize(plan.layout->num_blocks());
   for (int b = 0; b < plan.layout->num_blocks(); ++b) {
     absl::flat_hash_map<std::string, int> target_of;  // worker id -> index in targets[b]
     for (int pos : plan.layout->positions(b)) {
       const DeviceRoute& dev = routes.at(plan.devices[pos]);
-      if (dev.client == nullptr) return absl::UnavailableError(StrCat("device ", dev.device, " is shutting down"));
+      if (dev.client == nullptr)
+        return absl::UnavailableError(StrCat("device ", dev.device, " is shutting down"));
       auto [it, fresh] = target_of.try_emplace(dev.worker_id, plan.targets[b].size());
       if (fresh) {
         PutTarget t;
@@ -335,7 +362,8 @@ void Coordinator::AbandonPut(uint64_t handle) {
   SendFrees(std::move(frees));
 }
 
-absl::StatusOr<std::unique_ptr<Coordinator::PutSink>> Coordinator::BeginPut(const v1::PutRequest::Header& h) {
+absl::StatusOr<std::unique_ptr<Coordinator::PutSink>> Coordinator::BeginPut(
+    const v1::PutRequest::Header& h) {
   TESSEL_ASSIGN_OR_RETURN(PutPlan plan, PlanPut(h));
   std::vector<PutSinkImpl::Block> blocks(plan.targets.size());
   for (size_t b = 0; b < plan.targets.size(); ++b) {
@@ -360,20 +388,26 @@ absl::StatusOr<std::unique_ptr<Coordinator::PutSink>> Coordinator::BeginPut(cons
 // until Commit, and is freed if that never comes.
 class Coordinator::DirectPutImpl final : public Coordinator::DirectPut {
  public:
-  DirectPutImpl(Coordinator* c, std::string session, uint64_t handle, int64_t bytes, std::vector<int> devices,
-                int64_t device_bytes, std::vector<v1::DirectWrite> blocks)
-      : c_(c), session_(std::move(session)), handle_(handle), bytes_(bytes), devices_(std::move(devices)),
-        device_bytes_(device_bytes), blocks_(std::move(blocks)) {}
+  DirectPutImpl(Coordinator* c, std::string session, uint64_t handle, int64_t bytes,
+                std::vector<int> devices, int64_t device_bytes, std::vector<v1::DirectWrite> blocks)
+      : c_(c),
+        session_(std::move(session)),
+        handle_(handle),
+        bytes_(bytes),
+        devices_(std::move(devices)),
+        device_bytes_(device_bytes),
+        blocks_(std::move(blocks)) {}
   ~DirectPutImpl() override {
     if (!done_) c_->AbandonPut(handle_);
   }
   const std::vector<v1::DirectWrite>& blocks() const override { return blocks_; }
-  absl::StatusOr<int64_t> Commit(absl::string_view error, absl::Span<const std::string> receipts) override {
+  absl::StatusOr<int64_t> Commit(absl::string_view error,
+                                 absl::Span<const std::string> receipts) override {
     done_ = true;
     if (!error.empty()) {
       c_->AbandonPut(handle_);
-      return absl::AbortedError(StrFormat("put of array %#x: the client could not write every block: %s", handle_,
-                                          error));
+      return absl::AbortedError(StrFormat(
+          "put of array %#x: the client could not write every block: %s", handle_, error));
     }
     // The client's word is not enough: each block's worker must have said
     // that the whole block landed.
@@ -382,7 +416,8 @@ class Coordinator::DirectPutImpl final : public Coordinator::DirectPut {
       return s;
     }
     if (c_->arrays_.MarkReady(handle_)) {
-      for (int d : devices_) c_->arrays_.CountTransfer(session_, d, Direction::kHostToDevice, device_bytes_);
+      for (int d : devices_)
+        c_->arrays_.CountTransfer(session_, d, Direction::kHostToDevice, device_bytes_);
     }
     return bytes_;
   }
@@ -399,22 +434,25 @@ class Coordinator::DirectPutImpl final : public Coordinator::DirectPut {
 
   absl::Status CheckReceipts(absl::Span<const std::string> receipts) const {
     if (receipts.size() != blocks_.size()) {
-      return absl::AbortedError(StrFormat(
-          "put of array %#x: expected a receipt from the worker for each of its %d blocks, got %d; the array is "
-          "freed",
-          handle_, blocks_.size(), receipts.size()));
+      return absl::AbortedError(
+          StrFormat("put of array %#x: expected a receipt from the worker for each of its %d "
+                    "blocks, got %d; the array is "
+                    "freed",
+                    handle_, blocks_.size(), receipts.size()));
     }
     const absl::Time now = absl::Now();
     for (size_t i = 0; i < blocks_.size(); ++i) {
       const v1::DirectWrite& w = blocks_[i];
-      const std::string grant = WrittenGrant(w.buffer(), TypeString(w.type()),
-                                             std::vector<int>(w.devices().begin(), w.devices().end()));
-      absl::Status s = receipts[i].empty()
-                           ? absl::PermissionDeniedError("none given")
-                           : c_->workers_.CheckReceipt(w.global_devices(0), grant, receipts[i], now);
+      const std::string grant =
+          WrittenGrant(w.buffer(), TypeString(w.type()),
+                       std::vector<int>(w.devices().begin(), w.devices().end()));
+      absl::Status s = receipts[i].empty() ? absl::PermissionDeniedError("none given")
+                                           : c_->workers_.CheckReceipt(w.global_devices(0), grant,
+                                                                       receipts[i], now);
       if (!s.ok()) {
         return absl::AbortedError(StrFormat(
-            "put of array %#x: block %d (devices [%s] at worker %s) has no valid receipt from its worker (%s): the "
+            "put of array %#x: block %d (devices [%s] at worker %s) has no valid receipt from its "
+            "worker (%s): the "
             "worker never said the whole block landed; the array is freed",
             handle_, i, absl::StrJoin(w.global_devices(), ","), w.address(), s.message()));
       }
@@ -438,8 +476,8 @@ absl::StatusOr<std::unique_ptr<Coordinator::DirectPut>> Coordinator::BeginDirect
       open.set_expiry_unix_ms(absl::ToUnixMillis(expiry));
       if (absl::Status s = t.client->OpenWrites(open); !s.ok()) {
         AbandonPut(h.handle());
-        return Annotate(s, StrFormat("put of array %#x: opening its write on devices [%s]: ", h.handle(),
-                                     absl::StrJoin(t.global_devices, ",")));
+        return Annotate(s, StrFormat("put of array %#x: opening its write on devices [%s]: ",
+                                     h.handle(), absl::StrJoin(t.global_devices, ",")));
       }
     }
   }
@@ -448,7 +486,8 @@ absl::StatusOr<std::unique_ptr<Coordinator::DirectPut>> Coordinator::BeginDirect
     std::vector<int64_t> start, shape;
     plan.layout->Box(b, h.type(), &start, &shape);
     for (PutTarget& t : plan.targets[b]) {
-      absl::StatusOr<WorkerTicket> ticket = workers_.Sign(t.global_devices.front(), WriteGrant(t.header), expiry);
+      absl::StatusOr<WorkerTicket> ticket =
+          workers_.Sign(t.global_devices.front(), WriteGrant(t.header), expiry);
       if (!ticket.ok()) {
         AbandonPut(h.handle());
         return ticket.status();
@@ -480,10 +519,15 @@ class Coordinator::FetchSourceImpl final : public Coordinator::FetchSource {
     size_t consumed = 0;
     int64_t received = 0;
   };
-  FetchSourceImpl(Coordinator* c, std::string session, uint64_t handle, v1::TensorType type, BlockLayout layout,
-                  std::vector<Block> blocks, int64_t block_bytes)
-      : c_(c), session_(std::move(session)), handle_(handle), type_(std::move(type)),
-        expected_(ByteSizeUnchecked(type_)), layout_(std::move(layout)), blocks_(std::move(blocks)),
+  FetchSourceImpl(Coordinator* c, std::string session, uint64_t handle, v1::TensorType type,
+                  BlockLayout layout, std::vector<Block> blocks, int64_t block_bytes)
+      : c_(c),
+        session_(std::move(session)),
+        handle_(handle),
+        type_(std::move(type)),
+        expected_(ByteSizeUnchecked(type_)),
+        layout_(std::move(layout)),
+        blocks_(std::move(blocks)),
         block_bytes_(block_bytes) {}
 
   const v1::TensorType& type() const override { return type_; }
@@ -507,8 +551,9 @@ class Coordinator::FetchSourceImpl final : public Coordinator::FetchSource {
         }
         b.received += b.buffer.size();
       }
-      const size_t take = std::min<size_t>({layout_.run_bytes() - size_t(run_off_), b.buffer.size() - b.consumed,
-                                            kBlockChunk - bytes->size()});
+      const size_t take =
+          std::min<size_t>({layout_.run_bytes() - size_t(run_off_), b.buffer.size() - b.consumed,
+                            kBlockChunk - bytes->size()});
       bytes->append(b.buffer, b.consumed, take);
       b.consumed += take;
       run_off_ += take;
@@ -525,11 +570,13 @@ class Coordinator::FetchSourceImpl final : public Coordinator::FetchSource {
     for (Block& b : blocks_) TESSEL_RETURN_IF_ERROR(b.stream->Finish());
     for (const Block& b : blocks_) {
       if (b.received != block_bytes_ || short_block_) {
-        return absl::DataLossError(StrFormat("fetch of array %#x: expected %d bytes from device %d, got %d",
-                                             handle_, block_bytes_, b.device, b.received));
+        return absl::DataLossError(
+            StrFormat("fetch of array %#x: expected %d bytes from device %d, got %d", handle_,
+                      block_bytes_, b.device, b.received));
       }
     }
-    for (const Block& b : blocks_) c_->arrays_.CountTransfer(session_, b.device, Direction::kDeviceToHost, b.received);
+    for (const Block& b : blocks_)
+      c_->arrays_.CountTransfer(session_, b.device, Direction::kDeviceToHost, b.received);
     return absl::OkStatus();
   }
 
@@ -561,7 +608,8 @@ class Coordinator::DirectFetchSource final : public Coordinator::FetchSource {
   const std::vector<v1::DirectBlock> plan_;
 };
 
-absl::StatusOr<std::unique_ptr<Coordinator::FetchSource>> Coordinator::BeginFetch(const v1::FetchRequest& req) {
+absl::StatusOr<std::unique_ptr<Coordinator::FetchSource>> Coordinator::BeginFetch(
+    const v1::FetchRequest& req) {
   log_->debug("session {}: fetch of array {:#x}", req.session_id(), req.handle());
   std::vector<std::pair<std::shared_ptr<WorkerClient>, v1::FetchShardRequest>> reads;
   std::vector<FetchSourceImpl::Block> blocks;
@@ -575,14 +623,15 @@ absl::StatusOr<std::unique_ptr<Coordinator::FetchSource>> Coordinator::BeginFetc
       TESSEL_ASSIGN_OR_RETURN(ArrayRecord * a, arrays_.OwnedLocked(req.session_id(), req.handle()));
       if (a->sharded && IsPartial(a->sharding)) {
         return absl::FailedPreconditionError(StrFormat(
-            "fetch of array %#x (%s): it is laid out %s, an unreduced partial result; a fetch returns complete "
+            "fetch of array %#x (%s): it is laid out %s, an unreduced partial result; a fetch "
+            "returns complete "
             "values, so reduce it first (an executable whose output sharding is not partial)",
             req.handle(), TypeString(a->type), ShardingString(a->sharding)));
       }
-      TESSEL_RETURN_IF_ERROR(GuardTransferLocked(req.session_id(), req.transfer_guard(), Direction::kDeviceToHost,
-                                                 req.implicit(),
-                                                 StrFormat("array %#x (%s)", req.handle(), TypeString(a->type)),
-                                                 ByteSizeUnchecked(a->type)));
+      TESSEL_RETURN_IF_ERROR(GuardTransferLocked(
+          req.session_id(), req.transfer_guard(), Direction::kDeviceToHost, req.implicit(),
+          StrFormat("array %#x (%s)", req.handle(), TypeString(a->type)),
+          ByteSizeUnchecked(a->type)));
     }
     arrays_.AwaitNotPendingLocked({req.handle()}, absl::InfiniteDuration());
     TESSEL_ASSIGN_OR_RETURN(ArrayRecord * a, arrays_.OwnedLocked(req.session_id(), req.handle()));
@@ -590,7 +639,8 @@ absl::StatusOr<std::unique_ptr<Coordinator::FetchSource>> Coordinator::BeginFetc
     if (a->state == v1::ERROR || a->state == v1::LOST) {
       return Annotate(a->error, StrFormat("fetch of array %#x: ", req.handle()));
     }
-    layout = a->sharded ? BlockLayout(a->type, a->sharding, a->mesh) : BlockLayout::Whole(a->type, a->devices.size());
+    layout = a->sharded ? BlockLayout(a->type, a->sharding, a->mesh)
+                        : BlockLayout::Whole(a->type, a->devices.size());
     block_bytes = a->device_bytes();
     for (int b = 0; b < layout->num_blocks(); ++b) {
       FetchSourceImpl::Block blk;
@@ -606,22 +656,23 @@ absl::StatusOr<std::unique_ptr<Coordinator::FetchSource>> Coordinator::BeginFetc
         break;
       }
       if (blk.device < 0) {
-        return absl::UnavailableError(StrFormat("fetch of array %#x: no live device holds block %d of it",
-                                                req.handle(), b));
+        return absl::UnavailableError(
+            StrFormat("fetch of array %#x: no live device holds block %d of it", req.handle(), b));
       }
       blocks.push_back(std::move(blk));
     }
     type = a->type;
   }
-  if (req.direct() && options_.direct_transfers && ByteSizeUnchecked(type) >= req.direct_min_bytes()) {
+  if (req.direct() && options_.direct_transfers &&
+      ByteSizeUnchecked(type) >= req.direct_min_bytes()) {
     // The client reads each block from its worker; the bytes are counted
     // as granted, since they no longer pass through here.
     const absl::Time expiry = absl::Now() + options_.ticket_lifetime;
     std::vector<v1::DirectBlock> plan(blocks.size());
     for (size_t b = 0; b < blocks.size(); ++b) {
       const int local = reads[b].second.device();
-      TESSEL_ASSIGN_OR_RETURN(WorkerTicket g,
-                              workers_.Sign(blocks[b].device, ReadGrant(local, req.handle()), expiry));
+      TESSEL_ASSIGN_OR_RETURN(
+          WorkerTicket g, workers_.Sign(blocks[b].device, ReadGrant(local, req.handle()), expiry));
       v1::DirectBlock& d = plan[b];
       d.set_address(std::move(g.address));
       d.set_device(local);
@@ -635,13 +686,16 @@ absl::StatusOr<std::unique_ptr<Coordinator::FetchSource>> Coordinator::BeginFetc
       d.mutable_shape()->Add(shape.begin(), shape.end());
     }
     for (const v1::DirectBlock& d : plan) {
-      arrays_.CountTransfer(req.session_id(), d.global_device(), Direction::kDeviceToHost, d.bytes());
+      arrays_.CountTransfer(req.session_id(), d.global_device(), Direction::kDeviceToHost,
+                            d.bytes());
     }
     return std::unique_ptr<FetchSource>(new DirectFetchSource(std::move(type), std::move(plan)));
   }
-  for (size_t b = 0; b < blocks.size(); ++b) blocks[b].stream = reads[b].first->BeginFetch(reads[b].second);
-  return std::unique_ptr<FetchSource>(new FetchSourceImpl(this, req.session_id(), req.handle(), type,
-                                                          std::move(*layout), std::move(blocks), block_bytes));
+  for (size_t b = 0; b < blocks.size(); ++b)
+    blocks[b].stream = reads[b].first->BeginFetch(reads[b].second);
+  return std::unique_ptr<FetchSource>(new FetchSourceImpl(this, req.session_id(), req.handle(),
+                                                          type, std::move(*layout),
+                                                          std::move(blocks), block_bytes));
 }
 
 }  // namespace tessel::server

@@ -46,32 +46,35 @@ absl::StatusOr<ExecutePlan> PlanExecute(const ExecuteInput& in) {
       }
       const DeviceRoute& r = routes[d];
       if (!r.alive) {
-        return absl::UnavailableError(
-            StrCat("device ", d, " is on worker ", r.worker_id, " (", r.address, "), which is dead"));
+        return absl::UnavailableError(StrCat("device ", d, " is on worker ", r.worker_id, " (",
+                                             r.address, "), which is dead"));
       }
     }
   } else {
     plan.devices = in.placement;
   }
   if (req.arguments_size() != int(c.parameter_types.size())) {
-    return absl::InvalidArgumentError(StrCat("executable '", exe_name, "' (", req.executable_id(), ") takes ",
-                                             c.parameter_types.size(), " arguments, got ", req.arguments_size()));
+    return absl::InvalidArgumentError(StrCat("executable '", exe_name, "' (", req.executable_id(),
+                                             ") takes ", c.parameter_types.size(),
+                                             " arguments, got ", req.arguments_size()));
   }
   if (int(in.arguments.size()) != req.arguments_size()) {
-    return absl::InternalError(StrCat("PlanExecute: ", in.arguments.size(), " argument records for ",
-                                      req.arguments_size(), " arguments"));
+    return absl::InternalError(StrCat("PlanExecute: ", in.arguments.size(),
+                                      " argument records for ", req.arguments_size(),
+                                      " arguments"));
   }
   if (req.outputs_size() != int(c.output_types.size())) {
-    return absl::InvalidArgumentError(StrCat("executable '", exe_name, "' (", req.executable_id(), ") has ",
-                                             c.output_types.size(), " outputs; the request names ",
-                                             req.outputs_size(), " output handles"));
+    return absl::InvalidArgumentError(StrCat(
+        "executable '", exe_name, "' (", req.executable_id(), ") has ", c.output_types.size(),
+        " outputs; the request names ", req.outputs_size(), " output handles"));
   }
   // The donation set: the executable's declared parameters and the call's.
   std::vector<bool> donated(req.arguments_size(), false);
   for (int p : c.donated_parameters) donated[p] = true;
   for (int i : req.donate()) {
     if (i < 0 || i >= req.arguments_size()) {
-      return absl::InvalidArgumentError(StrCat("donate: argument ", i, " does not exist; executable '", exe_name,
+      return absl::InvalidArgumentError(StrCat("donate: argument ", i,
+                                               " does not exist; executable '", exe_name,
                                                "' takes ", req.arguments_size(), " arguments"));
     }
     donated[i] = true;
@@ -85,38 +88,46 @@ absl::StatusOr<ExecutePlan> PlanExecute(const ExecuteInput& in) {
     const uint64_t handle = req.arguments(i);
     if (!SameType(rec.type, c.global_parameter_types[i])) {
       return absl::InvalidArgumentError(StrFormat(
-          "argument %d '%s' (array %#x) does not match the signature of executable '%s': %s. An executable runs "
+          "argument %d '%s' (array %#x) does not match the signature of executable '%s': %s. An "
+          "executable runs "
           "only on the signature it was compiled for; compile the graph for this one",
           i, pname, handle, exe_name, TypeDifference(c.global_parameter_types[i], rec.type)));
     }
     if (partitioned || rec.sharded) {
       // Blocks are never moved implicitly: the layout must be the one compiled for.
-      const v1::Sharding want = partitioned ? c.parameter_shardings[i] : Replicated(rec.type.dims_size());
+      const v1::Sharding want =
+          partitioned ? c.parameter_shardings[i] : Replicated(rec.type.dims_size());
       const bool same_mesh = !partitioned || !rec.sharded || SameMesh(rec.mesh, c.mesh);
       bool ok = same_mesh && (rec.sharded ? SameSharding(rec.sharding, want) : IsReplicated(want));
       for (int d : plan.devices) ok &= Holds(rec, d);
       if (!ok) {
-        const std::string have = rec.sharded ? StrCat(ShardingString(rec.sharding), " on mesh ", MeshString(rec.mesh))
-                                             : StrCat("whole on device ", absl::StrJoin(rec.devices, ","));
-        const std::string need = partitioned ? StrCat(ShardingString(want), " on mesh ", MeshString(c.mesh))
-                                             : StrCat("whole on device ", absl::StrJoin(plan.devices, ","));
-        return absl::InvalidArgumentError(StrFormat(
-            "argument %d '%s' (array %#x, %s) is laid out %s; executable '%s' takes it %s. Blocks are not moved "
-            "implicitly: put the array with that sharding, or compile for its layout",
-            i, pname, handle, TypeString(rec.type), have, exe_name, need));
+        const std::string have =
+            rec.sharded ? StrCat(ShardingString(rec.sharding), " on mesh ", MeshString(rec.mesh))
+                        : StrCat("whole on device ", absl::StrJoin(rec.devices, ","));
+        const std::string need = partitioned
+                                     ? StrCat(ShardingString(want), " on mesh ", MeshString(c.mesh))
+                                     : StrCat("whole on device ", absl::StrJoin(plan.devices, ","));
+        return absl::InvalidArgumentError(
+            StrFormat("argument %d '%s' (array %#x, %s) is laid out %s; executable '%s' takes it "
+                      "%s. Blocks are not moved "
+                      "implicitly: put the array with that sharding, or compile for its layout",
+                      i, pname, handle, TypeString(rec.type), have, exe_name, need));
       }
     }
-    if (rec.state == v1::LOST) return Annotate(rec.error, StrCat("argument ", i, " '", pname, "': "));
+    if (rec.state == v1::LOST)
+      return Annotate(rec.error, StrCat("argument ", i, " '", pname, "': "));
     if (rec.state == v1::ERROR && plan.upstream_error.ok()) {
-      plan.upstream_error = DependentError(rec.error, StrFormat("argument %d '%s' (array %#x)", i, pname, handle));
+      plan.upstream_error =
+          DependentError(rec.error, StrFormat("argument %d '%s' (array %#x)", i, pname, handle));
     }
     for (int d : plan.devices) {
       if (Holds(rec, d)) continue;
       if (donated[i]) {
-        return absl::InvalidArgumentError(StrFormat(
-            "argument %d '%s' (array %#x) is donated but lives on device %s, not on device %d where the step "
-            "runs; a donated buffer cannot change devices",
-            i, pname, handle, absl::StrJoin(rec.devices, ","), d));
+        return absl::InvalidArgumentError(
+            StrFormat("argument %d '%s' (array %#x) is donated but lives on device %s, not on "
+                      "device %d where the step "
+                      "runs; a donated buffer cannot change devices",
+                      i, pname, handle, absl::StrJoin(rec.devices, ","), d));
       }
       PlannedMove m;
       m.argument = i;
@@ -134,17 +145,18 @@ absl::StatusOr<ExecutePlan> PlanExecute(const ExecuteInput& in) {
             StrFormat("argument %d '%s': array %#x: no live device holds it", i, pname, handle));
       }
       m.temp_handle = in.fresh_handle();
-      m.what = StrFormat("argument %d '%s' (array %#x, %s) from device %s to device %d", i, pname, handle,
-                         TypeString(rec.type), absl::StrJoin(rec.devices, ","), d);
+      m.what = StrFormat("argument %d '%s' (array %#x, %s) from device %s to device %d", i, pname,
+                         handle, TypeString(rec.type), absl::StrJoin(rec.devices, ","), d);
       plan.moves.push_back(std::move(m));
     }
     if (donated[i]) {
       for (int j = 0; j < req.arguments_size(); ++j) {
         if (j != i && req.arguments(j) == handle) {
-          return absl::InvalidArgumentError(StrFormat(
-              "argument %d '%s' donates array %#x, which is also argument %d; an array cannot be donated and "
-              "read in the same call",
-              i, pname, handle, j));
+          return absl::InvalidArgumentError(
+              StrFormat("argument %d '%s' donates array %#x, which is also argument %d; an array "
+                        "cannot be donated and "
+                        "read in the same call",
+                        i, pname, handle, j));
         }
       }
       plan.donated_bytes += rec.bytes();
@@ -154,21 +166,25 @@ absl::StatusOr<ExecutePlan> PlanExecute(const ExecuteInput& in) {
   if (in.strict_donation) {
     for (const scheduler::AliasDecision& d : plan.aliases) {
       if (d.output < 0) {
-        return absl::InvalidArgumentError(StrFormat(
-            "strict donation: argument %d '%s' (array %#x) cannot give its buffer to any output of '%s': %s",
-            d.parameter, c.program.parameters(d.parameter).name(), req.arguments(d.parameter), exe_name,
-            d.reason));
+        return absl::InvalidArgumentError(
+            StrFormat("strict donation: argument %d '%s' (array %#x) cannot give its buffer to any "
+                      "output of '%s': %s",
+                      d.parameter, c.program.parameters(d.parameter).name(),
+                      req.arguments(d.parameter), exe_name, d.reason));
       }
     }
   }
   absl::flat_hash_set<uint64_t> seen;
   for (int i = 0; i < req.outputs_size(); ++i) {
     const uint64_t h = req.outputs(i);
-    if (h == 0) return absl::InvalidArgumentError(StrCat("output handle ", i, " is 0; handles must be nonzero"));
+    if (h == 0)
+      return absl::InvalidArgumentError(
+          StrCat("output handle ", i, " is 0; handles must be nonzero"));
     if (!seen.insert(h).second || in.handle_in_use(h)) {
       return absl::AlreadyExistsError(StrFormat("output handle %d (%#x) is already in use", i, h));
     }
-    plan.output_bytes += ByteSizeUnchecked(c.output_types[i]) * int64_t(plan.devices.size());  // per-device types
+    plan.output_bytes +=
+        ByteSizeUnchecked(c.output_types[i]) * int64_t(plan.devices.size());  // per-device types
   }
 
   for (int i = 0; i < req.outputs_size(); ++i) {

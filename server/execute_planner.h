@@ -27,7 +27,8 @@ struct PlannedMove {
   uint64_t handle = 0, temp_handle = 0;
   v1::TensorType type;
   int from_device = -1, to_device = -1;
-  std::string what;  // "argument 0 'x' (array 0x.., f32[4]) from device 1 to device 0", for the guard
+  std::string
+      what;  // "argument 0 'x' (array 0x.., f32[4]) from device 1 to device 0", for the guard
 };
 
 // One device's step. The Coordinator fills in, at commit, the device's
@@ -60,7 +61,7 @@ struct ExecuteInput {
   // The argument arrays, by index, owned by the request's session.
   std::vector<const ArrayRecord*> arguments;
   const std::vector<DeviceRoute>* routes = nullptr;  // by global id
-  bool strict_donation = false;     // the call's or the session's
+  bool strict_donation = false;                      // the call's or the session's
   // True for a handle already in use (an output handle must be new).
   std::function<bool(uint64_t)> handle_in_use;
   // A fresh nonzero handle for a moved copy.

@@ -27,7 +27,9 @@ class FakeWorkerClient final : public WorkerClient {
     v1::RunRequest run_request;
     v1::FreeRequest free_request;
     uint64_t seq() const { return run ? run_request.seq() : free_request.seq(); }
-    uint64_t queue_epoch() const { return run ? run_request.queue_epoch() : free_request.queue_epoch(); }
+    uint64_t queue_epoch() const {
+      return run ? run_request.queue_epoch() : free_request.queue_epoch();
+    }
   };
 
   explicit FakeWorkerClient(std::string address) : address_(std::move(address)) {}

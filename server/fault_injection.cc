@@ -17,7 +17,10 @@ namespace {
 class FaultInjectingWorkerClient final : public WorkerClient {
  public:
   FaultInjectingWorkerClient(std::shared_ptr<WorkerClient> inner, FaultPlan plan, std::string name)
-      : inner_(std::move(inner)), plan_(plan), name_(std::move(name)), rng_(plan.seed ^ std::hash<std::string>{}(name_)) {
+      : inner_(std::move(inner)),
+        plan_(plan),
+        name_(std::move(name)),
+        rng_(plan.seed ^ std::hash<std::string>{}(name_)) {
     inner_->SetStepsLostCallback([this] { StepsLost(); });
     sender_ = std::thread([this] { SendLoop(); });
   }
@@ -31,21 +34,26 @@ class FaultInjectingWorkerClient final : public WorkerClient {
 
   absl::Status LoadProgram(const v1::Program& program, uint64_t generation) override {
     if (Roll(plan_.fail_load)) {
-      return absl::UnavailableError(absl::StrCat("worker ", name_, " unavailable: injected fault: program load failed"));
+      return absl::UnavailableError(
+          absl::StrCat("worker ", name_, " unavailable: injected fault: program load failed"));
     }
     return inner_->LoadProgram(program, generation);
   }
 
   void Run(const v1::RunRequest& request, RunDone done) override {
-    Step(request.execution_id(), [this, request, done]() mutable { inner_->Run(request, std::move(done)); },
-         [done] (absl::Status s) { done(std::move(s)); });
+    Step(
+        request.execution_id(),
+        [this, request, done]() mutable { inner_->Run(request, std::move(done)); },
+        [done](absl::Status s) { done(std::move(s)); });
   }
 
   void Free(const v1::FreeRequest& request, Done done) override {
-    Step(0, [this, request, done]() mutable { inner_->Free(request, std::move(done)); }, done);
+    Step(
+        0, [this, request, done]() mutable { inner_->Free(request, std::move(done)); }, done);
   }
 
-  absl::StatusOr<std::unique_ptr<PutStream>> BeginPut(const v1::PutShardRequest::Header& header) override {
+  absl::StatusOr<std::unique_ptr<PutStream>> BeginPut(
+      const v1::PutShardRequest::Header& header) override {
     return inner_->BeginPut(header);
   }
   std::unique_ptr<FetchStream> BeginFetch(const v1::FetchShardRequest& request) override {
@@ -54,7 +62,9 @@ class FaultInjectingWorkerClient final : public WorkerClient {
   absl::StatusOr<v1::WorkerStatsResponse> GetStats(const v1::WorkerStatsRequest& request) override {
     return inner_->GetStats(request);
   }
-  absl::Status OpenWrites(const v1::OpenWritesRequest& request) override { return inner_->OpenWrites(request); }
+  absl::Status OpenWrites(const v1::OpenWritesRequest& request) override {
+    return inner_->OpenWrites(request);
+  }
   void CancelAll() override { inner_->CancelAll(); }
 
   void SetStepsLostCallback(std::function<void()> on_lost) override {
@@ -80,14 +90,15 @@ class FaultInjectingWorkerClient final : public WorkerClient {
 
   void Step(int64_t execution, std::function<void()> send, std::function<void(absl::Status)> fail) {
     if (Roll(plan_.drop_step)) {
-      fail(absl::UnavailableError(absl::StrCat("worker ", name_, " unavailable: injected fault: step",
-                                               execution ? absl::StrCat(" of execution ", execution) : "",
-                                               " lost in transit")));
+      fail(absl::UnavailableError(absl::StrCat(
+          "worker ", name_, " unavailable: injected fault: step",
+          execution ? absl::StrCat(" of execution ", execution) : "", " lost in transit")));
       StepsLost();
       return;
     }
     absl::MutexLock l(&mu_);
-    if (plan_.delay_step > 0 && std::uniform_real_distribution<double>(0, 1)(rng_) < plan_.delay_step) {
+    if (plan_.delay_step > 0 &&
+        std::uniform_real_distribution<double>(0, 1)(rng_) < plan_.delay_step) {
       const absl::Duration d = plan_.max_delay * std::uniform_real_distribution<double>(0, 1)(rng_);
       held_.emplace(absl::Now() + d, std::move(send));
       return;
@@ -134,7 +145,8 @@ class FaultInjectingWorkerClient final : public WorkerClient {
 absl::StatusOr<FaultPlan> FaultPlan::Parse(absl::string_view spec) {
   FaultPlan plan;
   for (absl::string_view item : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
-    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(item, absl::MaxSplits('=', 1));
     double v = 0;
     if (!absl::SimpleAtod(kv.second, &v)) {
       return absl::InvalidArgumentError(absl::StrCat("fault plan '", spec, "': '", kv.first,
@@ -142,8 +154,8 @@ absl::StatusOr<FaultPlan> FaultPlan::Parse(absl::string_view spec) {
     }
     auto probability = [&](double* field) -> absl::Status {
       if (v < 0 || v > 1) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("fault plan '", spec, "': ", kv.first, " expects a probability in [0, 1], got ", v));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "fault plan '", spec, "': ", kv.first, " expects a probability in [0, 1], got ", v));
       }
       *field = v;
       return absl::OkStatus();
@@ -160,16 +172,17 @@ absl::StatusOr<FaultPlan> FaultPlan::Parse(absl::string_view spec) {
     } else if (kv.first == "seed") {
       plan.seed = uint64_t(v);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "fault plan '", spec, "': unknown key '", kv.first,
-          "' (expected drop_step, delay_step, fail_load, max_delay_ms, seed)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("fault plan '", spec, "': unknown key '", kv.first,
+                       "' (expected drop_step, delay_step, fail_load, max_delay_ms, seed)"));
     }
     if (!s.ok()) return s;
   }
   return plan;
 }
 
-std::shared_ptr<WorkerClient> WithFaults(std::shared_ptr<WorkerClient> inner, FaultPlan plan, std::string name) {
+std::shared_ptr<WorkerClient> WithFaults(std::shared_ptr<WorkerClient> inner, FaultPlan plan,
+                                         std::string name) {
   return std::make_shared<FaultInjectingWorkerClient>(std::move(inner), plan, std::move(name));
 }
 

@@ -35,6 +35,7 @@ struct FaultPlan {
 };
 
 // `name` (the worker's address) appears in the injected errors.
-std::shared_ptr<WorkerClient> WithFaults(std::shared_ptr<WorkerClient> inner, FaultPlan plan, std::string name);
+std::shared_ptr<WorkerClient> WithFaults(std::shared_ptr<WorkerClient> inner, FaultPlan plan,
+                                         std::string name);
 
 }  // namespace tessel::server

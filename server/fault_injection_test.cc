@@ -87,7 +87,8 @@ TEST(FaultInjection, HeldBackStepsArriveLaterAndOutOfOrder) {
   auto client = WithFaults(fake, plan, "w");
   constexpr int kSteps = 40;
   for (int i = 0; i < kSteps; ++i) client->Run(Step(i), [](absl::StatusOr<v1::RunResponse>) {});
-  for (int i = 0; i < 200 && fake->seqs().size() < kSteps; ++i) absl::SleepFor(absl::Milliseconds(5));
+  for (int i = 0; i < 200 && fake->seqs().size() < kSteps; ++i)
+    absl::SleepFor(absl::Milliseconds(5));
   std::vector<uint64_t> seqs = fake->seqs();
   ASSERT_EQ(seqs.size(), size_t(kSteps)) << "held steps never arrived";
   EXPECT_FALSE(std::is_sorted(seqs.begin(), seqs.end())) << "nothing was reordered";
@@ -115,7 +116,8 @@ TEST(FaultInjection, PlansParseAndBadOnesNameTheKey) {
   for (const char* bad : {"drop_step=2", "drop=0.1", "seed=x"}) {
     auto b = FaultPlan::Parse(bad);
     EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(b.status().message().find(std::string(bad).substr(0, 4)), absl::string_view::npos) << b.status();
+    EXPECT_NE(b.status().message().find(std::string(bad).substr(0, 4)), absl::string_view::npos)
+        << b.status();
   }
 }
 

@@ -36,7 +36,8 @@ using StepKey = std::tuple<int, uint64_t, uint64_t>;
 // ended, a write failed) and none is in flight.
 class StepStream final : public grpc::ClientBidiReactor<v1::StepBatch, v1::StepResults> {
  public:
-  static std::shared_ptr<StepStream> Open(v1::Worker::Stub* stub, std::string address, std::function<void()> on_lost) {
+  static std::shared_ptr<StepStream> Open(v1::Worker::Stub* stub, std::string address,
+                                          std::function<void()> on_lost) {
     std::shared_ptr<StepStream> s(new StepStream(std::move(address), std::move(on_lost)));
     s->self_ = s;
     stub->async()->Steps(&s->ctx_, s.get());
@@ -57,9 +58,9 @@ class StepStream final : public grpc::ClientBidiReactor<v1::StepBatch, v1::StepR
       if (!waiting_.try_emplace(key, std::move(done)).second) {
         // The coordinator never numbers two steps alike; answering one with
         // the other's result would be worse than failing it.
-        done(absl::InternalError(absl::StrCat("worker ", address_, ": a step for device ", std::get<0>(key),
-                                              ", queue epoch ", std::get<1>(key), ", seq ", std::get<2>(key),
-                                              " is already in flight")),
+        done(absl::InternalError(absl::StrCat("worker ", address_, ": a step for device ",
+                                              std::get<0>(key), ", queue epoch ", std::get<1>(key),
+                                              ", seq ", std::get<2>(key), " is already in flight")),
              nullptr);
         return true;
       }
@@ -151,8 +152,9 @@ class StepStream final : public grpc::ClientBidiReactor<v1::StepBatch, v1::StepR
       stopped_ = true;
       orphans.swap(waiting_);
     }
-    const absl::Status why = absl::UnavailableError(absl::StrCat(
-        "worker ", address_, " unavailable: step stream ended", s.ok() ? "" : ": ", s.error_message()));
+    const absl::Status why =
+        absl::UnavailableError(absl::StrCat("worker ", address_, " unavailable: step stream ended",
+                                            s.ok() ? "" : ": ", s.error_message()));
     {
       CallbackScope scope(this);
       for (auto& [key, done] : orphans) done(why, nullptr);
@@ -189,8 +191,8 @@ class StepStream final : public grpc::ClientBidiReactor<v1::StepBatch, v1::StepR
   const std::string address_;
   const std::function<void()> on_lost_;
   grpc::ClientContext ctx_;
-  v1::StepResults in_;  // the read in flight
-  v1::StepBatch out_;   // the write in flight (owned by whoever set writing_)
+  v1::StepResults in_;                // the read in flight
+  v1::StepBatch out_;                 // the write in flight (owned by whoever set writing_)
   std::shared_ptr<StepStream> self_;  // until OnDone
   absl::Mutex mu_;
   v1::StepBatch queue_ ABSL_GUARDED_BY(mu_);
@@ -258,9 +260,9 @@ class GrpcWorkerClient final : public WorkerClient {
     *req.mutable_run() = request;
     SendStep(std::move(req), StepKey{request.device(), request.queue_epoch(), request.seq()},
              [done = std::move(done)](absl::Status s, v1::RunResponse* resp) {
-      if (s.ok()) return done(std::move(*resp));
-      done(s);
-    });
+               if (s.ok()) return done(std::move(*resp));
+               done(s);
+             });
   }
 
   void Free(const v1::FreeRequest& request, Done done) override {
@@ -270,7 +272,8 @@ class GrpcWorkerClient final : public WorkerClient {
              [done = std::move(done)](absl::Status s, v1::RunResponse*) { done(s); });
   }
 
-  absl::StatusOr<std::unique_ptr<PutStream>> BeginPut(const v1::PutShardRequest::Header& header) override {
+  absl::StatusOr<std::unique_ptr<PutStream>> BeginPut(
+      const v1::PutShardRequest::Header& header) override {
     auto s = std::make_unique<GrpcPutStream>(this);
     if (!s->guard.ok()) return Dead();
     s->writer = stub_->PutShard(&s->ctx, &s->resp);
@@ -278,14 +281,17 @@ class GrpcWorkerClient final : public WorkerClient {
     *msg.mutable_header() = header;
     if (!s->writer->Write(msg)) {
       auto st = s->Finish();
-      return st.ok() ? absl::UnavailableError(absl::StrCat("worker ", address_, " closed the put stream")) : st;
+      return st.ok() ? absl::UnavailableError(
+                           absl::StrCat("worker ", address_, " closed the put stream"))
+                     : st;
     }
     return std::unique_ptr<PutStream>(std::move(s));
   }
 
   std::unique_ptr<FetchStream> BeginFetch(const v1::FetchShardRequest& request) override {
     auto s = std::make_unique<GrpcFetchStream>(this);
-    if (!s->guard.ok()) s->ctx.TryCancel();  // its Read fails at once; Finish says the worker is gone
+    if (!s->guard.ok())
+      s->ctx.TryCancel();  // its Read fails at once; Finish says the worker is gone
     s->reader = stub_->FetchShard(&s->ctx, request);
     return s;
   }
@@ -336,14 +342,16 @@ class GrpcWorkerClient final : public WorkerClient {
       const bool held = this_thread_hold.Hold(stream);
       if (stream->Send(std::move(req), key, std::move(done), held)) return;
     }
-    done(absl::UnavailableError(absl::StrCat("worker ", address_, " unavailable: cannot open a step stream")),
+    done(absl::UnavailableError(
+             absl::StrCat("worker ", address_, " unavailable: cannot open a step stream")),
          nullptr);
   }
 
   static constexpr int kLoadDeadlineSeconds = 120;
 
   absl::Status Dead() const {
-    return absl::UnavailableError(absl::StrCat("worker ", address_, " was declared dead; its calls are cancelled"));
+    return absl::UnavailableError(
+        absl::StrCat("worker ", address_, " was declared dead; its calls are cancelled"));
   }
 
   // Registers a call in flight, so CancelAll can cancel it: every worker RPC
@@ -411,8 +419,10 @@ class GrpcWorkerClient final : public WorkerClient {
 
   absl::Status Annotated(const grpc::Status& s) const {
     if (s.ok()) return absl::OkStatus();
-    if (s.error_code() == grpc::StatusCode::UNAVAILABLE || s.error_code() == grpc::StatusCode::CANCELLED) {
-      return absl::UnavailableError(absl::StrCat("worker ", address_, " unavailable: ", s.error_message()));
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+        s.error_code() == grpc::StatusCode::CANCELLED) {
+      return absl::UnavailableError(
+          absl::StrCat("worker ", address_, " unavailable: ", s.error_message()));
     }
     return FromGrpc(s);
   }
@@ -443,7 +453,8 @@ void HeldSteps::Release() {
 
 bool HeldSteps::AnyHeld() { return !this_thread_hold.streams.empty(); }
 
-std::unique_ptr<WorkerClient> NewGrpcWorkerClient(const std::string& address, const std::string& secret,
+std::unique_ptr<WorkerClient> NewGrpcWorkerClient(const std::string& address,
+                                                  const std::string& secret,
                                                   std::shared_ptr<grpc::ChannelCredentials> creds,
                                                   const std::string& tls_name) {
   return std::make_unique<GrpcWorkerClient>(address, secret, std::move(creds), tls_name);

@@ -21,7 +21,8 @@ namespace {
 // each batch's size. Reads and writes alternate: one op in flight at a time.
 class RecordingWorker final : public v1::Worker::CallbackService {
  public:
-  grpc::ServerBidiReactor<v1::StepBatch, v1::StepResults>* Steps(grpc::CallbackServerContext*) override {
+  grpc::ServerBidiReactor<v1::StepBatch, v1::StepResults>* Steps(
+      grpc::CallbackServerContext*) override {
     return new Reactor(this);
   }
 
@@ -90,15 +91,19 @@ class HeldStepsTest : public ::testing::Test {
       r.set_seq(seq);
       client_->Run(r, [this, seq](absl::StatusOr<v1::RunResponse> resp) {
         absl::MutexLock l(&mu_);
-        if (resp.ok()) ++answered_[seq];
-        else errors_.push_back(resp.status());
+        if (resp.ok())
+          ++answered_[seq];
+        else
+          errors_.push_back(resp.status());
       });
     }
   }
   // Waits until steps [0, n) have each been answered; false after 10 s.
   bool AwaitAnswered(int n) {
     absl::MutexLock l(&mu_);
-    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return int(answered_.size()) >= n || !errors_.empty(); };
+    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return int(answered_.size()) >= n || !errors_.empty();
+    };
     mu_.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(10));
     EXPECT_TRUE(errors_.empty()) << errors_.front();
     for (int seq = 0; seq < n; ++seq) {
@@ -145,7 +150,8 @@ TEST_F(HeldStepsTest, NoMoreThankMaxHeldWaitForOneWorker) {
   ASSERT_TRUE(AwaitAnswered(kSteps));
   std::vector<int> batches = worker_.batches();
   ASSERT_FALSE(batches.empty());
-  EXPECT_EQ(batches[0], HeldSteps::kMaxHeld);  // the write started on the 128th step, inside the scope
+  EXPECT_EQ(batches[0],
+            HeldSteps::kMaxHeld);  // the write started on the 128th step, inside the scope
   int total = 0;
   for (int n : batches) total += n;
   EXPECT_EQ(total, kSteps);

@@ -42,7 +42,8 @@ TEST(KvStore, GetTimesOutNamingTheKey) {
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(90));
   ASSERT_EQ(v.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(v.status().message().find("'never/set'"), absl::string_view::npos) << v.status();
-  EXPECT_EQ(kv.Get("never/set", absl::ZeroDuration()).status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(kv.Get("never/set", absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
 }
 
 TEST(KvStore, EnforcesSizeLimits) {

@@ -24,7 +24,7 @@ struct MpmdPart {
   v1::Graph graph;   // its body, with the top level's functions
   v1::Mesh mesh;
   std::vector<v1::Sharding> in_shardings, out_shardings;
-  std::vector<MpmdRef> inputs;  // one per body parameter
+  std::vector<MpmdRef> inputs;           // one per body parameter
   std::vector<std::string> input_names;  // the operands' names, for the plan
 };
 

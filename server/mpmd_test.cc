@@ -61,7 +61,8 @@ TEST(SplitMpmd, WiresEachPartToWhatItReads) {
 }
 
 TEST(SplitMpmd, RefusesWhatCannotBeSplitNamingIt) {
-  auto expect = [](std::string text, const std::string& from, const std::string& to, const std::string& message) {
+  auto expect = [](std::string text, const std::string& from, const std::string& to,
+                   const std::string& message) {
     text.replace(text.find(from), from.size(), to);
     auto s = SplitMpmd(Parse(text));
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << to;
@@ -70,15 +71,20 @@ TEST(SplitMpmd, RefusesWhatCannotBeSplitNamingIt) {
   const std::string two = kTwoParts;
   expect(two, R"(outputs: "b0")", R"(nodes { name: "n" op: NEG operands: "b0" } outputs: "n")",
          "node 'n' (NEG) stands outside every mesh region");
-  expect(two, R"(outputs: "b0")", R"(outputs: "b0" outputs: "b0")", "output 'b0' is returned twice");
+  expect(two, R"(outputs: "b0")", R"(outputs: "b0" outputs: "b0")",
+         "output 'b0' is returned twice");
   expect(two, R"(outputs: "b0")", R"(outputs: "p0")", "output 'p0' is a parameter");
-  expect(two, R"(operands: "a0" operands: "p1")", R"(operands: "a0")", "takes 1 operands; its body has 2");
-  expect(two, R"(operands: "a0" operands: "p1")", R"(operands: "a" operands: "p1")", "reads 'a', which is not");
+  expect(two, R"(operands: "a0" operands: "p1")", R"(operands: "a0")",
+         "takes 1 operands; its body has 2");
+  expect(two, R"(operands: "a0" operands: "p1")", R"(operands: "a" operands: "p1")",
+         "reads 'a', which is not");
   expect(two, R"(tuple_element { index: 0 } }
   nodes {
-    name: "b")", R"(tuple_element { index: 3 } }
+    name: "b")",
+         R"(tuple_element { index: 3 } }
   nodes {
-    name: "b")", "reads result 3 of mesh region 'a', which has 1");
+    name: "b")",
+         "reads result 3 of mesh region 'a', which has 1");
 }
 
 }  // namespace

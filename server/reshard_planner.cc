@@ -21,7 +21,8 @@ struct Block {
 std::vector<std::pair<int, Block>> BlocksOf(const ArrayRecord& r) {
   std::vector<std::pair<int, Block>> out;
   if (!r.sharded) {
-    Block whole{std::vector<int64_t>(r.type.dims_size(), 0), {r.type.dims().begin(), r.type.dims().end()}};
+    Block whole{std::vector<int64_t>(r.type.dims_size(), 0),
+                {r.type.dims().begin(), r.type.dims().end()}};
     for (int d : r.devices) out.emplace_back(d, whole);
     return out;
   }
@@ -61,11 +62,12 @@ v1::Region RegionWithin(const Piece& p, const Block& b) {
 absl::StatusOr<ReshardPlan> PlanReshard(const ArrayRecord& from, const ArrayRecord& to,
                                         const std::function<std::string(int)>& worker_of) {
   if (!SameType(from.type, to.type)) {
-    return absl::InvalidArgumentError(absl::StrCat("reshard: the target is ", TypeString(to.type), ", the source ",
-                                                   TypeString(from.type)));
+    return absl::InvalidArgumentError(absl::StrCat("reshard: the target is ", TypeString(to.type),
+                                                   ", the source ", TypeString(from.type)));
   }
   if ((from.sharded && IsPartial(from.sharding)) || (to.sharded && IsPartial(to.sharding))) {
-    return absl::InvalidArgumentError("reshard: a partial sharding holds unreduced values; reduce it first");
+    return absl::InvalidArgumentError(
+        "reshard: a partial sharding holds unreduced values; reduce it first");
   }
   const int64_t esize = DTypeSize(from.type.dtype());
   const std::vector<std::pair<int, Block>> sources = BlocksOf(from), targets = BlocksOf(to);
@@ -118,10 +120,13 @@ absl::StatusOr<ReshardPlan> PlanReshard(const ArrayRecord& from, const ArrayReco
   // The group: every device a piece crosses from or to, by id.
   std::set<int> members;
   for (const Piece& p : pieces) {
-    if (p.source_device != p.target_device) members.insert(p.source_device), members.insert(p.target_device);
+    if (p.source_device != p.target_device)
+      members.insert(p.source_device), members.insert(p.target_device);
   }
   const std::vector<int> ranks(members.begin(), members.end());
-  auto rank_of = [&](int d) { return int(std::lower_bound(ranks.begin(), ranks.end(), d) - ranks.begin()); };
+  auto rank_of = [&](int d) {
+    return int(std::lower_bound(ranks.begin(), ranks.end(), d) - ranks.begin());
+  };
   // Rounds: a piece joins the first round of its size where its target
   // receives nothing yet and its source sends nothing or the same region.
   struct Round {
@@ -197,10 +202,11 @@ absl::StatusOr<ReshardPlan> PlanReshard(const ArrayRecord& from, const ArrayReco
     plan.bytes_moved += p.bytes;
     plan.received[p.target_device] += p.bytes;
     std::vector<std::string> dims;
-    for (size_t i = 0; i < p.origin.size(); ++i) dims.push_back(absl::StrCat(p.origin[i], ":", p.origin[i] + p.sizes[i]));
-    plan.pieces.push_back(absl::StrCat("device ", p.source_device, " -> device ", p.target_device, ": [",
-                                       absl::StrJoin(dims, ", "), "] of ", TypeString(from.type), " (", p.bytes,
-                                       " bytes)"));
+    for (size_t i = 0; i < p.origin.size(); ++i)
+      dims.push_back(absl::StrCat(p.origin[i], ":", p.origin[i] + p.sizes[i]));
+    plan.pieces.push_back(absl::StrCat("device ", p.source_device, " -> device ", p.target_device,
+                                       ": [", absl::StrJoin(dims, ", "), "] of ",
+                                       TypeString(from.type), " (", p.bytes, " bytes)"));
   }
   return plan;
 }

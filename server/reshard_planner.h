@@ -26,9 +26,9 @@ struct ReshardPlan {
     bool reads_source = false, makes_target = false;
     v1::Transfer transfer;  // this device's copy of the plan
   };
-  std::vector<Step> steps;  // by device id
-  int64_t bytes_moved = 0;   // crossing devices
-  int64_t bytes_copied = 0;  // within a device
+  std::vector<Step> steps;                     // by device id
+  int64_t bytes_moved = 0;                     // crossing devices
+  int64_t bytes_copied = 0;                    // within a device
   absl::flat_hash_map<int, int64_t> received;  // target device -> bytes from other devices
   std::vector<std::string> pieces;  // "device 0 -> device 2: [0:4, 0:8] of f32[8,8] (128 bytes)"
   // Pieces cross devices, and no device both sends and receives: every

@@ -29,7 +29,8 @@ v1::TensorType F32(std::vector<int64_t> dims) {
   return t;
 }
 
-ArrayRecord Sharded(const v1::TensorType& type, const v1::Mesh& mesh, std::vector<std::vector<std::string>> dims) {
+ArrayRecord Sharded(const v1::TensorType& type, const v1::Mesh& mesh,
+                    std::vector<std::vector<std::string>> dims) {
   ArrayRecord r;
   r.type = type;
   r.sharded = true;
@@ -86,13 +87,17 @@ std::vector<std::vector<int64_t>> Indices(const v1::Region& region) {
   }
 }
 
-void CheckCarriedOut(const ArrayRecord& from, const ArrayRecord& to, int64_t want_moved, int64_t want_copied) {
+void CheckCarriedOut(const ArrayRecord& from, const ArrayRecord& to, int64_t want_moved,
+                     int64_t want_copied) {
   // Devices 0, 1 on worker a; 2, 3 on worker b.
   auto worker_of = [](int d) { return d < 2 ? std::string("a") : std::string("b"); };
   auto plan = PlanReshard(from, to, worker_of);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  const v1::TensorType sb = from.sharded ? from.block_type : from.type, tb = to.sharded ? to.block_type : to.type;
-  auto global_value = [&](const std::vector<int64_t>& at) { return float(Linear(at, from.type) + 1); };
+  const v1::TensorType sb = from.sharded ? from.block_type : from.type,
+                       tb = to.sharded ? to.block_type : to.type;
+  auto global_value = [&](const std::vector<int64_t>& at) {
+    return float(Linear(at, from.type) + 1);
+  };
   // Source blocks, by device.
   std::map<int, std::vector<float>> src, dst;
   for (int d : from.devices) {
@@ -118,7 +123,8 @@ void CheckCarriedOut(const ArrayRecord& from, const ArrayRecord& to, int64_t wan
   auto copy = [&](int s, const v1::Region& f, int t, const v1::Region& r) {
     auto a = Indices(f), b = Indices(r);
     ASSERT_EQ(a.size(), b.size());
-    for (size_t i = 0; i < a.size(); ++i) dst.at(t).at(Linear(b[i], tb)) = src.at(s).at(Linear(a[i], sb));
+    for (size_t i = 0; i < a.size(); ++i)
+      dst.at(t).at(Linear(b[i], tb)) = src.at(s).at(Linear(a[i], sb));
   };
   int64_t moved = 0, copied = 0;
   std::optional<int> rounds;
@@ -142,9 +148,11 @@ void CheckCarriedOut(const ArrayRecord& from, const ArrayRecord& to, int64_t wan
       int64_t size = -1;
       for (const auto& p : tr->pieces()) {
         if (p.round() != r) continue;
-        EXPECT_TRUE(targets.insert(p.target()).second) << "round " << r << " targets rank " << p.target() << " twice";
+        EXPECT_TRUE(targets.insert(p.target()).second)
+            << "round " << r << " targets rank " << p.target() << " twice";
         auto [it, fresh] = sends.try_emplace(p.source(), p.from().ShortDebugString());
-        EXPECT_EQ(it->second, p.from().ShortDebugString()) << "rank " << p.source() << " sends two regions";
+        EXPECT_EQ(it->second, p.from().ShortDebugString())
+            << "rank " << p.source() << " sends two regions";
         const int64_t n = Indices(p.from()).size();
         if (size >= 0) {
           EXPECT_EQ(size, n);
@@ -174,8 +182,8 @@ void CheckCarriedOut(const ArrayRecord& from, const ArrayRecord& to, int64_t wan
 
 TEST(PlanReshard, SameBlocksOnOtherDevicesMoveWhole) {
   const auto t = F32({8, 6});
-  CheckCarriedOut(Sharded(t, MakeMesh({{"x", 2}}, {0, 1}), {{"x"}}), Sharded(t, MakeMesh({{"x", 2}}, {2, 3}), {{"x"}}),
-                  192, 0);
+  CheckCarriedOut(Sharded(t, MakeMesh({{"x", 2}}, {0, 1}), {{"x"}}),
+                  Sharded(t, MakeMesh({{"x", 2}}, {2, 3}), {{"x"}}), 192, 0);
 }
 
 TEST(PlanReshard, RowsToColumnsCutStridedPiecesAndKeepWhatIsLocal) {
@@ -189,7 +197,8 @@ TEST(PlanReshard, TwoDimensionalMeshesWithCopiesAndOtherDeviceOrders) {
   const auto grid = MakeMesh({{"data", 2}, {"model", 2}}, {0, 1, 2, 3});
   const auto flipped = MakeMesh({{"data", 2}, {"model", 2}}, {3, 2, 1, 0});
   // P('data') holds copies over model; to P(None, ('model', 'data')).
-  CheckCarriedOut(Sharded(t, grid, {{"data"}}), Sharded(t, flipped, {{}, {"model", "data"}}), 128, 128);
+  CheckCarriedOut(Sharded(t, grid, {{"data"}}), Sharded(t, flipped, {{}, {"model", "data"}}), 128,
+                  128);
   CheckCarriedOut(Sharded(t, flipped, {{"model"}, {"data"}}), Whole(t, {1}), 3 * 64, 64);
   CheckCarriedOut(Whole(t, {2}), Sharded(t, grid, {{"data"}, {"model"}}), 3 * 64, 64);
   CheckCarriedOut(Sharded(t, grid, {{"data"}, {"model"}}), Whole(t, {0, 1, 2, 3}), 4 * 192, 4 * 64);
@@ -225,7 +234,8 @@ TEST(PlanReshard, RefusesPartialShardingsAndOtherTypes) {
   auto p = Sharded(t, MakeMesh({{"x", 2}}, {0, 1}), {{"x"}});
   p.sharding.add_partial("x");
   auto worker_of = [](int) { return std::string("a"); };
-  EXPECT_EQ(PlanReshard(p, Whole(t, {0}), worker_of).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanReshard(p, Whole(t, {0}), worker_of).status().code(),
+            absl::StatusCode::kInvalidArgument);
   auto other = PlanReshard(Whole(t, {0}), Whole(F32({6, 8}), {1}), worker_of);
   EXPECT_NE(other.status().message().find("f32[6,8]"), std::string::npos) << other.status();
 }

@@ -56,29 +56,33 @@ grpc::Status AdminService::Authorize(const grpc::ServerContext* ctx) const {
   auto who = c_->tenants()->Authenticate(BearerToken(*ctx));
   if (!who.ok()) return ToGrpc(who.status());
   if (!who->admin) {
-    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        "tessel.v1.Admin: tenant " + who->tenant + "'s token is not an admin token");
+    return grpc::Status(
+        grpc::StatusCode::PERMISSION_DENIED,
+        "tessel.v1.Admin: tenant " + who->tenant + "'s token is not an admin token");
   }
   return grpc::Status::OK;
 }
 
 grpc::Status RegistryService::CheckJoinToken(const grpc::ServerContext* ctx) const {
   if (join_token_.empty() || SecretEquals(BearerToken(*ctx), join_token_)) return grpc::Status::OK;
-  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                      "tessel.v1.Registry: workers join with the cluster's join token (--join_token_file)");
+  return grpc::Status(
+      grpc::StatusCode::UNAUTHENTICATED,
+      "tessel.v1.Registry: workers join with the cluster's join token (--join_token_file)");
 }
 
 grpc::Status SessionService::GetVersion(grpc::ServerContext*, const v1::GetVersionRequest* req,
                                         v1::GetVersionResponse* resp) {
   return Version(req, resp);
 }
-grpc::Status SessionService::OpenSession(grpc::ServerContext* ctx, const v1::OpenSessionRequest* req,
+grpc::Status SessionService::OpenSession(grpc::ServerContext* ctx,
+                                         const v1::OpenSessionRequest* req,
                                          v1::OpenSessionResponse* resp) {
   auto who = c_->tenants()->Authenticate(BearerToken(*ctx));
   if (!who.ok()) return ToGrpc(who.status());
   return Reply(c_->OpenSession(*req, who->tenant), resp);
 }
-grpc::Status SessionService::CloseSession(grpc::ServerContext* ctx, const v1::CloseSessionRequest* req,
+grpc::Status SessionService::CloseSession(grpc::ServerContext* ctx,
+                                          const v1::CloseSessionRequest* req,
                                           v1::CloseSessionResponse* resp) {
   if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
   return Reply(c_->CloseSession(*req), resp);
@@ -88,15 +92,18 @@ grpc::Status SessionService::KeepAlive(grpc::ServerContext* ctx, const v1::KeepA
   if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
   return Reply(c_->KeepAlive(*req), resp);
 }
-grpc::Status SessionService::Compile(grpc::ServerContext* ctx, const v1::CompileRequest* req, v1::CompileResponse* resp) {
+grpc::Status SessionService::Compile(grpc::ServerContext* ctx, const v1::CompileRequest* req,
+                                     v1::CompileResponse* resp) {
   if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
   return Reply(c_->Compile(*req), resp);
 }
-grpc::Status SessionService::Put(grpc::ServerContext* ctx, grpc::ServerReader<v1::PutRequest>* reader,
+grpc::Status SessionService::Put(grpc::ServerContext* ctx,
+                                 grpc::ServerReader<v1::PutRequest>* reader,
                                  v1::PutResponse* resp) {
   v1::PutRequest msg;
   if (!reader->Read(&msg) || !msg.has_header()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Put: the first message must be a header");
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "Put: the first message must be a header");
   }
   if (grpc::Status a = Authorize(ctx, msg.header().session_id()); !a.ok()) return a;
   auto sink = c_->BeginPut(msg.header());
@@ -112,11 +119,13 @@ grpc::Status SessionService::Put(grpc::ServerContext* ctx, grpc::ServerReader<v1
   resp->set_bytes(*bytes);
   return grpc::Status::OK;
 }
-grpc::Status SessionService::PutDirect(grpc::ServerContext* ctx,
-                                       grpc::ServerReaderWriter<v1::PutDirectResponse, v1::PutDirectRequest>* stream) {
+grpc::Status SessionService::PutDirect(
+    grpc::ServerContext* ctx,
+    grpc::ServerReaderWriter<v1::PutDirectResponse, v1::PutDirectRequest>* stream) {
   v1::PutDirectRequest msg;
   if (!stream->Read(&msg) || !msg.has_header()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "PutDirect: the first message must be a header");
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "PutDirect: the first message must be a header");
   }
   if (grpc::Status a = Authorize(ctx, msg.header().session_id()); !a.ok()) return a;
   const uint64_t handle = msg.header().handle();
@@ -129,16 +138,19 @@ grpc::Status SessionService::PutDirect(grpc::ServerContext* ctx,
     return grpc::Status::OK;
   }
   resp.mutable_blocks()->Add((*put)->blocks().begin(), (*put)->blocks().end());
-  if (!stream->Write(resp)) return grpc::Status(grpc::StatusCode::CANCELLED, "PutDirect: the client went away");
+  if (!stream->Write(resp))
+    return grpc::Status(grpc::StatusCode::CANCELLED, "PutDirect: the client went away");
   // The client writes the blocks to the workers, then says it is done; a
   // stream that ends first abandons the put (the array is freed).
   if (!stream->Read(&msg) || !msg.has_done()) {
-    return grpc::Status(grpc::StatusCode::ABORTED,
-                        absl::StrFormat("put of array %#x: the stream ended before the client said every block was "
-                                        "written; the array is freed",
-                                        handle));
+    return grpc::Status(
+        grpc::StatusCode::ABORTED,
+        absl::StrFormat("put of array %#x: the stream ended before the client said every block was "
+                        "written; the array is freed",
+                        handle));
   }
-  const std::vector<std::string> receipts(msg.done().receipts().begin(), msg.done().receipts().end());
+  const std::vector<std::string> receipts(msg.done().receipts().begin(),
+                                          msg.done().receipts().end());
   auto bytes = (*put)->Commit(msg.done().error(), receipts);
   if (!bytes.ok()) return ToGrpc(bytes.status());
   resp.Clear();
@@ -146,16 +158,18 @@ grpc::Status SessionService::PutDirect(grpc::ServerContext* ctx,
   stream->Write(resp);
   return grpc::Status::OK;
 }
-grpc::Status SessionService::SetSessionOptions(grpc::ServerContext* ctx, const v1::SetSessionOptionsRequest* req,
+grpc::Status SessionService::SetSessionOptions(grpc::ServerContext* ctx,
+                                               const v1::SetSessionOptionsRequest* req,
                                                v1::SetSessionOptionsResponse*) {
   if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
   return ToGrpc(c_->SetSessionOptions(*req));
 }
-grpc::Status SessionService::Dispatch(grpc::ServerContext* ctx,
-                                      grpc::ServerReaderWriter<v1::DispatchReplies, v1::DispatchBatch>* stream) {
+grpc::Status SessionService::Dispatch(
+    grpc::ServerContext* ctx,
+    grpc::ServerReaderWriter<v1::DispatchReplies, v1::DispatchBatch>* stream) {
   v1::DispatchBatch batch;
   v1::DispatchReplies replies;
-  std::string authorized;  // the session last checked on this stream
+  std::string authorized;                          // the session last checked on this stream
   std::shared_ptr<const Tenants> checked_against;  // and the tokens it was checked against
   while (stream->Read(&batch)) {
     replies.Clear();
@@ -206,11 +220,13 @@ grpc::Status SessionService::Dispatch(grpc::ServerContext* ctx,
   }
   return grpc::Status::OK;
 }
-grpc::Status SessionService::Execute(grpc::ServerContext* ctx, const v1::ExecuteRequest* req, v1::ExecuteResponse* resp) {
+grpc::Status SessionService::Execute(grpc::ServerContext* ctx, const v1::ExecuteRequest* req,
+                                     v1::ExecuteResponse* resp) {
   if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
   return Reply(c_->Execute(*req), resp);
 }
-grpc::Status SessionService::Await(grpc::ServerContext* ctx, const v1::AwaitRequest* req, v1::AwaitResponse* resp) {
+grpc::Status SessionService::Await(grpc::ServerContext* ctx, const v1::AwaitRequest* req,
+                                   v1::AwaitResponse* resp) {
   if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
   return Reply(c_->Await(*req), resp);
 }
@@ -248,7 +264,8 @@ grpc::Status SessionService::Fetch(grpc::ServerContext* ctx, const v1::FetchRequ
   }
   return grpc::Status::OK;
 }
-grpc::Status SessionService::Delete(grpc::ServerContext* ctx, const v1::DeleteRequest* req, v1::DeleteResponse*) {
+grpc::Status SessionService::Delete(grpc::ServerContext* ctx, const v1::DeleteRequest* req,
+                                    v1::DeleteResponse*) {
   if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
   return ToGrpc(c_->Delete(*req));
 }
@@ -262,13 +279,15 @@ grpc::Status SessionService::ArrayInfo(grpc::ServerContext* ctx, const v1::Array
   if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
   return Reply(c_->ArrayInfo(*req), resp);
 }
-grpc::Status SessionService::Stats(grpc::ServerContext* ctx, const v1::StatsRequest* req, v1::StatsResponse* resp) {
+grpc::Status SessionService::Stats(grpc::ServerContext* ctx, const v1::StatsRequest* req,
+                                   v1::StatsResponse* resp) {
   if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
   // Each device's own figures cover every tenant's arrays: an admin's only.
   auto who = c_->tenants()->Authenticate(BearerToken(*ctx));
   return Reply(c_->Stats(*req, /*tenant_view=*/!who.ok() || !who->admin), resp);
 }
-grpc::Status SessionService::ListDevices(grpc::ServerContext* ctx, const v1::ListDevicesRequest* req,
+grpc::Status SessionService::ListDevices(grpc::ServerContext* ctx,
+                                         const v1::ListDevicesRequest* req,
                                          v1::ListDevicesResponse* resp) {
   if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
   return Reply(c_->ListDevices(*req), resp);
@@ -290,13 +309,15 @@ grpc::Status AdminService::ListSessions(grpc::ServerContext* ctx, const v1::List
   *resp = c_->ListSessions();
   return grpc::Status::OK;
 }
-grpc::Status AdminService::CloseSession(grpc::ServerContext* ctx, const v1::AdminCloseSessionRequest* req,
+grpc::Status AdminService::CloseSession(grpc::ServerContext* ctx,
+                                        const v1::AdminCloseSessionRequest* req,
                                         v1::AdminCloseSessionResponse* resp) {
   if (grpc::Status a = Authorize(ctx); !a.ok()) return a;
   return Reply(c_->AdminCloseSession(*req), resp);
 }
 
-grpc::Status AdminService::CordonWorker(grpc::ServerContext* ctx, const v1::CordonWorkerRequest* req,
+grpc::Status AdminService::CordonWorker(grpc::ServerContext* ctx,
+                                        const v1::CordonWorkerRequest* req,
                                         v1::CordonWorkerResponse*) {
   if (grpc::Status a = Authorize(ctx); !a.ok()) return a;
   return ToGrpc(c_->CordonWorker(*req));
@@ -313,7 +334,8 @@ grpc::Status AdminService::Reconcile(grpc::ServerContext* ctx, const v1::Reconci
   return grpc::Status::OK;
 }
 
-grpc::Status RegistryService::RegisterWorker(grpc::ServerContext* ctx, const v1::RegisterWorkerRequest* req,
+grpc::Status RegistryService::RegisterWorker(grpc::ServerContext* ctx,
+                                             const v1::RegisterWorkerRequest* req,
                                              v1::RegisterWorkerResponse* resp) {
   if (grpc::Status a = CheckJoinToken(ctx); !a.ok()) return a;
   return Reply(c_->RegisterWorker(*req), resp);
@@ -326,14 +348,18 @@ grpc::Status RegistryService::Heartbeat(grpc::ServerContext* ctx, const v1::Hear
   resp->set_known(*known);
   return grpc::Status::OK;
 }
-grpc::Status RegistryService::KvSet(grpc::ServerContext* ctx, const v1::KvSetRequest* req, v1::KvSetResponse*) {
+grpc::Status RegistryService::KvSet(grpc::ServerContext* ctx, const v1::KvSetRequest* req,
+                                    v1::KvSetResponse*) {
   if (grpc::Status a = CheckJoinToken(ctx); !a.ok()) return a;
-  if (auto s = c_->CheckKvCaller(req->worker_id(), req->worker_secret(), req->key()); !s.ok()) return ToGrpc(s);
+  if (auto s = c_->CheckKvCaller(req->worker_id(), req->worker_secret(), req->key()); !s.ok())
+    return ToGrpc(s);
   return ToGrpc(kv_->Set(req->key(), req->value(), req->worker_id()));
 }
-grpc::Status RegistryService::KvGet(grpc::ServerContext* ctx, const v1::KvGetRequest* req, v1::KvGetResponse* resp) {
+grpc::Status RegistryService::KvGet(grpc::ServerContext* ctx, const v1::KvGetRequest* req,
+                                    v1::KvGetResponse* resp) {
   if (grpc::Status a = CheckJoinToken(ctx); !a.ok()) return a;
-  if (auto s = c_->CheckKvCaller(req->worker_id(), req->worker_secret(), req->key()); !s.ok()) return ToGrpc(s);
+  if (auto s = c_->CheckKvCaller(req->worker_id(), req->worker_secret(), req->key()); !s.ok())
+    return ToGrpc(s);
   // A waiting KvGet holds a server thread: bound the wait by a cap and by the
   // caller's own deadline.
   constexpr absl::Duration kMaxWait = absl::Minutes(10);

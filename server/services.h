@@ -20,26 +20,39 @@ namespace tessel::server {
 class SessionService final : public v1::Session::Service {
  public:
   explicit SessionService(Coordinator* c) : c_(c) {}
-  grpc::Status GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*, v1::GetVersionResponse*) override;
-  grpc::Status OpenSession(grpc::ServerContext*, const v1::OpenSessionRequest*, v1::OpenSessionResponse*) override;
-  grpc::Status CloseSession(grpc::ServerContext*, const v1::CloseSessionRequest*, v1::CloseSessionResponse*) override;
-  grpc::Status KeepAlive(grpc::ServerContext*, const v1::KeepAliveRequest*, v1::KeepAliveResponse*) override;
-  grpc::Status Compile(grpc::ServerContext*, const v1::CompileRequest*, v1::CompileResponse*) override;
-  grpc::Status Put(grpc::ServerContext*, grpc::ServerReader<v1::PutRequest>*, v1::PutResponse*) override;
-  grpc::Status PutDirect(grpc::ServerContext*,
-                         grpc::ServerReaderWriter<v1::PutDirectResponse, v1::PutDirectRequest>*) override;
+  grpc::Status GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*,
+                          v1::GetVersionResponse*) override;
+  grpc::Status OpenSession(grpc::ServerContext*, const v1::OpenSessionRequest*,
+                           v1::OpenSessionResponse*) override;
+  grpc::Status CloseSession(grpc::ServerContext*, const v1::CloseSessionRequest*,
+                            v1::CloseSessionResponse*) override;
+  grpc::Status KeepAlive(grpc::ServerContext*, const v1::KeepAliveRequest*,
+                         v1::KeepAliveResponse*) override;
+  grpc::Status Compile(grpc::ServerContext*, const v1::CompileRequest*,
+                       v1::CompileResponse*) override;
+  grpc::Status Put(grpc::ServerContext*, grpc::ServerReader<v1::PutRequest>*,
+                   v1::PutResponse*) override;
+  grpc::Status PutDirect(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<v1::PutDirectResponse, v1::PutDirectRequest>*) override;
   grpc::Status SetSessionOptions(grpc::ServerContext*, const v1::SetSessionOptionsRequest* req,
                                  v1::SetSessionOptionsResponse* resp) override;
-  grpc::Status Dispatch(grpc::ServerContext*,
-                        grpc::ServerReaderWriter<v1::DispatchReplies, v1::DispatchBatch>* stream) override;
-  grpc::Status Execute(grpc::ServerContext*, const v1::ExecuteRequest*, v1::ExecuteResponse*) override;
+  grpc::Status Dispatch(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<v1::DispatchReplies, v1::DispatchBatch>* stream) override;
+  grpc::Status Execute(grpc::ServerContext*, const v1::ExecuteRequest*,
+                       v1::ExecuteResponse*) override;
   grpc::Status Await(grpc::ServerContext*, const v1::AwaitRequest*, v1::AwaitResponse*) override;
-  grpc::Status Fetch(grpc::ServerContext*, const v1::FetchRequest*, grpc::ServerWriter<v1::FetchResponse>*) override;
+  grpc::Status Fetch(grpc::ServerContext*, const v1::FetchRequest*,
+                     grpc::ServerWriter<v1::FetchResponse>*) override;
   grpc::Status Delete(grpc::ServerContext*, const v1::DeleteRequest*, v1::DeleteResponse*) override;
-  grpc::Status Reshard(grpc::ServerContext*, const v1::ReshardRequest*, v1::ReshardResponse*) override;
-  grpc::Status ArrayInfo(grpc::ServerContext*, const v1::ArrayInfoRequest*, v1::ArrayInfoResponse*) override;
+  grpc::Status Reshard(grpc::ServerContext*, const v1::ReshardRequest*,
+                       v1::ReshardResponse*) override;
+  grpc::Status ArrayInfo(grpc::ServerContext*, const v1::ArrayInfoRequest*,
+                         v1::ArrayInfoResponse*) override;
   grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest*, v1::StatsResponse*) override;
-  grpc::Status ListDevices(grpc::ServerContext*, const v1::ListDevicesRequest*, v1::ListDevicesResponse*) override;
+  grpc::Status ListDevices(grpc::ServerContext*, const v1::ListDevicesRequest*,
+                           v1::ListDevicesResponse*) override;
 
  private:
   // UNAUTHENTICATED without a known token; PERMISSION_DENIED when `session`
@@ -55,14 +68,20 @@ class SessionService final : public v1::Session::Service {
 class AdminService final : public v1::Admin::Service {
  public:
   explicit AdminService(Coordinator* c) : c_(c) {}
-  grpc::Status GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*, v1::GetVersionResponse*) override;
-  grpc::Status GetCluster(grpc::ServerContext*, const v1::GetClusterRequest*, v1::GetClusterResponse*) override;
-  grpc::Status ListSessions(grpc::ServerContext*, const v1::ListSessionsRequest*, v1::ListSessionsResponse*) override;
+  grpc::Status GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*,
+                          v1::GetVersionResponse*) override;
+  grpc::Status GetCluster(grpc::ServerContext*, const v1::GetClusterRequest*,
+                          v1::GetClusterResponse*) override;
+  grpc::Status ListSessions(grpc::ServerContext*, const v1::ListSessionsRequest*,
+                            v1::ListSessionsResponse*) override;
   grpc::Status CloseSession(grpc::ServerContext*, const v1::AdminCloseSessionRequest*,
                             v1::AdminCloseSessionResponse*) override;
-  grpc::Status CordonWorker(grpc::ServerContext*, const v1::CordonWorkerRequest*, v1::CordonWorkerResponse*) override;
-  grpc::Status DrainWorker(grpc::ServerContext*, const v1::DrainWorkerRequest*, v1::DrainWorkerResponse*) override;
-  grpc::Status Reconcile(grpc::ServerContext*, const v1::ReconcileRequest*, v1::ReconcileResponse*) override;
+  grpc::Status CordonWorker(grpc::ServerContext*, const v1::CordonWorkerRequest*,
+                            v1::CordonWorkerResponse*) override;
+  grpc::Status DrainWorker(grpc::ServerContext*, const v1::DrainWorkerRequest*,
+                           v1::DrainWorkerResponse*) override;
+  grpc::Status Reconcile(grpc::ServerContext*, const v1::ReconcileRequest*,
+                         v1::ReconcileResponse*) override;
 
  private:
   grpc::Status Authorize(const grpc::ServerContext* ctx) const;
@@ -75,8 +94,10 @@ class RegistryService final : public v1::Registry::Service {
  public:
   RegistryService(Coordinator* c, KvStore* kv, std::string join_token = "")
       : c_(c), kv_(kv), join_token_(std::move(join_token)) {}
-  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*, v1::RegisterWorkerResponse*) override;
-  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*, v1::HeartbeatResponse*) override;
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+                              v1::RegisterWorkerResponse*) override;
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
+                         v1::HeartbeatResponse*) override;
   grpc::Status KvSet(grpc::ServerContext*, const v1::KvSetRequest*, v1::KvSetResponse*) override;
   grpc::Status KvGet(grpc::ServerContext*, const v1::KvGetRequest*, v1::KvGetResponse*) override;
 

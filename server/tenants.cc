@@ -18,7 +18,8 @@ namespace {
 
 absl::StatusOr<int64_t> ParseBytes(absl::string_view v) {
   int64_t scale = 1;
-  for (auto [suffix, s] : {std::pair{"KiB", int64_t{1} << 10}, {"MiB", int64_t{1} << 20}, {"GiB", int64_t{1} << 30}}) {
+  for (auto [suffix, s] :
+       {std::pair{"KiB", int64_t{1} << 10}, {"MiB", int64_t{1} << 20}, {"GiB", int64_t{1} << 30}}) {
     if (absl::EndsWith(v, suffix)) {
       v.remove_suffix(3);
       scale = s;
@@ -34,7 +35,8 @@ absl::StatusOr<int64_t> ParseBytes(absl::string_view v) {
 
 }  // namespace
 
-absl::StatusOr<Tenants> Tenants::Parse(absl::string_view text, absl::string_view file, TenantLimits defaults) {
+absl::StatusOr<Tenants> Tenants::Parse(absl::string_view text, absl::string_view file,
+                                       TenantLimits defaults) {
   Tenants t(defaults);
   absl::flat_hash_map<std::string, TenantLimits> given;  // what the file says, by tenant
   int line_no = 0;
@@ -45,8 +47,12 @@ absl::StatusOr<Tenants> Tenants::Parse(absl::string_view text, absl::string_view
     auto bad = [&](absl::string_view what) {
       return absl::InvalidArgumentError(absl::StrCat(file, ":", line_no, ": ", what));
     };
-    std::vector<absl::string_view> f = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
-    if (f.size() < 2) return bad("expected 'TOKEN TENANT [admin] [memory_quota=BYTES] [max_sessions=N] [compile_cache_quota=BYTES]'");
+    std::vector<absl::string_view> f =
+        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    if (f.size() < 2)
+      return bad(
+          "expected 'TOKEN TENANT [admin] [memory_quota=BYTES] [max_sessions=N] "
+          "[compile_cache_quota=BYTES]'");
     const std::string token(f[0]), tenant(f[1]);
     if (t.tokens_.contains(token)) return bad("this token is already given on an earlier line");
     Principal p{tenant, false};
@@ -56,14 +62,16 @@ absl::StatusOr<Tenants> Tenants::Parse(absl::string_view text, absl::string_view
         p.admin = true;
         continue;
       }
-      std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(f[i], absl::MaxSplits('=', 1));
+      std::pair<absl::string_view, absl::string_view> kv =
+          absl::StrSplit(f[i], absl::MaxSplits('=', 1));
       int64_t* slot = kv.first == "memory_quota"          ? &limits.memory_quota_bytes
                       : kv.first == "max_sessions"        ? &limits.max_sessions
                       : kv.first == "compile_cache_quota" ? &limits.compile_cache_bytes
                                                           : nullptr;
       if (slot == nullptr) {
-        return bad(absl::StrCat("unknown option '", f[i],
-                                "'; expected admin, memory_quota=BYTES, max_sessions=N or compile_cache_quota=BYTES"));
+        return bad(absl::StrCat(
+            "unknown option '", f[i],
+            "'; expected admin, memory_quota=BYTES, max_sessions=N or compile_cache_quota=BYTES"));
       }
       int64_t n = 0;
       if (kv.first != "max_sessions") {
@@ -74,14 +82,16 @@ absl::StatusOr<Tenants> Tenants::Parse(absl::string_view text, absl::string_view
         return bad(absl::StrCat(kv.first, "=", kv.second, ": expected a count >= 0"));
       }
       if (*slot >= 0 && *slot != n) {
-        return bad(absl::StrCat("tenant ", tenant, ": ", kv.first, "=", n, " but an earlier line gives ", *slot));
+        return bad(absl::StrCat("tenant ", tenant, ": ", kv.first, "=", n,
+                                " but an earlier line gives ", *slot));
       }
       *slot = n;
     }
     given[tenant] = limits;
     t.tokens_.emplace(token, std::move(p));
   }
-  if (t.tokens_.empty()) return absl::InvalidArgumentError(absl::StrCat(file, ": no tokens in the file"));
+  if (t.tokens_.empty())
+    return absl::InvalidArgumentError(absl::StrCat(file, ": no tokens in the file"));
   for (const auto& [tenant, l] : given) {
     t.limits_[tenant] = TenantLimits{
         l.memory_quota_bytes >= 0 ? l.memory_quota_bytes : defaults.memory_quota_bytes,
@@ -93,7 +103,9 @@ absl::StatusOr<Tenants> Tenants::Parse(absl::string_view text, absl::string_view
 
 absl::StatusOr<Tenants> Tenants::FromFile(const std::string& path, TenantLimits defaults) {
   std::ifstream f(path);
-  if (!f) return absl::InvalidArgumentError(absl::StrCat("--auth_tokens_file=", path, ": cannot read the file"));
+  if (!f)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--auth_tokens_file=", path, ": cannot read the file"));
   std::stringstream text;
   text << f.rdbuf();
   return Parse(text.str(), path, defaults);

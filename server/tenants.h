@@ -50,7 +50,8 @@ class Tenants {
   // Every caller is the default tenant, an admin.
   explicit Tenants(TenantLimits defaults = {}) : defaults_(defaults) {}
   // INVALID_ARGUMENT naming the file, the line and what is wrong with it.
-  static absl::StatusOr<Tenants> Parse(absl::string_view text, absl::string_view file, TenantLimits defaults);
+  static absl::StatusOr<Tenants> Parse(absl::string_view text, absl::string_view file,
+                                       TenantLimits defaults);
   static absl::StatusOr<Tenants> FromFile(const std::string& path, TenantLimits defaults);
 
   bool authenticating() const { return !tokens_.empty(); }
@@ -74,7 +75,8 @@ class Tenants {
 class TokensFileWatcher {
  public:
   TokensFileWatcher(std::string path, TenantLimits defaults, absl::Duration every,
-                    std::function<void(Tenants)> apply, std::function<void(const absl::Status&)> on_error);
+                    std::function<void(Tenants)> apply,
+                    std::function<void(const absl::Status&)> on_error);
   ~TokensFileWatcher();
   TokensFileWatcher(const TokensFileWatcher&) = delete;
   TokensFileWatcher& operator=(const TokensFileWatcher&) = delete;

@@ -33,7 +33,8 @@ class WorkerClient {
     virtual absl::Status Write(const std::string& bytes) = 0;
     virtual absl::Status Finish() = 0;
   };
-  virtual absl::StatusOr<std::unique_ptr<PutStream>> BeginPut(const v1::PutShardRequest::Header& header) = 0;
+  virtual absl::StatusOr<std::unique_ptr<PutStream>> BeginPut(
+      const v1::PutShardRequest::Header& header) = 0;
 
   class FetchStream {
    public:
@@ -45,7 +46,8 @@ class WorkerClient {
   virtual std::unique_ptr<FetchStream> BeginFetch(const v1::FetchShardRequest& request) = 0;
 
   // `request.sequenced`: see WorkerStatsRequest.
-  virtual absl::StatusOr<v1::WorkerStatsResponse> GetStats(const v1::WorkerStatsRequest& request) = 0;
+  virtual absl::StatusOr<v1::WorkerStatsResponse> GetStats(
+      const v1::WorkerStatsRequest& request) = 0;
 
   // Opens the writes of a client's direct put (the worker then accepts its
   // tickets, and nothing else). Default: OK, for fakes that hold no
@@ -88,8 +90,8 @@ class HeldSteps {
 // A WorkerClient over a gRPC channel to `address` (plaintext when `creds`
 // is null), presenting the worker's `secret` on every call. With TLS,
 // `tls_name` (when set) is the name checked in the worker's certificate.
-std::unique_ptr<WorkerClient> NewGrpcWorkerClient(const std::string& address, const std::string& secret,
-                                                  std::shared_ptr<grpc::ChannelCredentials> creds = nullptr,
-                                                  const std::string& tls_name = "");
+std::unique_ptr<WorkerClient> NewGrpcWorkerClient(
+    const std::string& address, const std::string& secret,
+    std::shared_ptr<grpc::ChannelCredentials> creds = nullptr, const std::string& tls_name = "");
 
 }  // namespace tessel::server

@@ -12,30 +12,36 @@ namespace tessel::server {
 using absl::StrCat;
 
 absl::Status WorkerRegistry::Validate(const v1::RegisterWorkerRequest& req) {
-  if (req.protocol_version() < kProtocolVersionMin || req.protocol_version() > kProtocolVersionMax) {
-    return absl::FailedPreconditionError(StrCat("worker at ", req.address(), " speaks protocol ",
-                                                req.protocol_version(), "; coordinator speaks [",
-                                                kProtocolVersionMin, ", ", kProtocolVersionMax, "]"));
+  if (req.protocol_version() < kProtocolVersionMin ||
+      req.protocol_version() > kProtocolVersionMax) {
+    return absl::FailedPreconditionError(
+        StrCat("worker at ", req.address(), " speaks protocol ", req.protocol_version(),
+               "; coordinator speaks [", kProtocolVersionMin, ", ", kProtocolVersionMax, "]"));
   }
   if (req.num_devices() < 1 || req.num_devices() > 1024) {
-    return absl::InvalidArgumentError(StrCat("worker at ", req.address(), ": num_devices expected 1..1024, got ",
-                                             req.num_devices()));
+    return absl::InvalidArgumentError(StrCat(
+        "worker at ", req.address(), ": num_devices expected 1..1024, got ", req.num_devices()));
   }
-  if (req.address().empty()) return absl::InvalidArgumentError("worker registered without an address");
+  if (req.address().empty())
+    return absl::InvalidArgumentError("worker registered without an address");
   if (req.worker_secret().size() < 16) {
-    return absl::InvalidArgumentError(StrCat("worker at ", req.address(), ": worker_secret expected at least 16 "
-                                             "characters, got ", req.worker_secret().size()));
+    return absl::InvalidArgumentError(StrCat("worker at ", req.address(),
+                                             ": worker_secret expected at least 16 "
+                                             "characters, got ",
+                                             req.worker_secret().size()));
   }
   if (req.device_kinds_size() != 0 && req.device_kinds_size() != req.num_devices()) {
-    return absl::InvalidArgumentError(StrCat("worker at ", req.address(), ": ", req.device_kinds_size(),
-                                             " device kinds for ", req.num_devices(), " devices"));
+    return absl::InvalidArgumentError(StrCat("worker at ", req.address(), ": ",
+                                             req.device_kinds_size(), " device kinds for ",
+                                             req.num_devices(), " devices"));
   }
   return absl::OkStatus();
 }
 
 v1::RegisterWorkerResponse WorkerRegistry::Register(const v1::RegisterWorkerRequest& req,
                                                     std::shared_ptr<WorkerClient> client,
-                                                    absl::Duration heartbeat_interval, uint64_t queue_epoch) {
+                                                    absl::Duration heartbeat_interval,
+                                                    uint64_t queue_epoch) {
   absl::MutexLock l(&mu_);
   WorkerRecord w;
   w.id = StrCat("w", next_worker_++, id_suffix_);
@@ -53,9 +59,10 @@ v1::RegisterWorkerResponse WorkerRegistry::Register(const v1::RegisterWorkerRequ
   }
   std::string kinds;
   for (int d : w.devices) absl::StrAppend(&kinds, kinds.empty() ? "" : ",", devices_[d].kind);
-  log_->info("worker {} ({}, incarnation {}) registered from {} with {} devices [{}] (global ids {}..{})", w.id,
-             w.name, w.incarnation.empty() ? "-" : w.incarnation, w.address, req.num_devices(), kinds,
-             w.devices.front(), w.devices.back());
+  log_->info(
+      "worker {} ({}, incarnation {}) registered from {} with {} devices [{}] (global ids {}..{})",
+      w.id, w.name, w.incarnation.empty() ? "-" : w.incarnation, w.address, req.num_devices(),
+      kinds, w.devices.front(), w.devices.back());
   v1::RegisterWorkerResponse resp;
   resp.set_worker_id(w.id);
   resp.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(heartbeat_interval));
@@ -64,13 +71,14 @@ v1::RegisterWorkerResponse WorkerRegistry::Register(const v1::RegisterWorkerRequ
   return resp;
 }
 
-absl::StatusOr<bool> WorkerRegistry::Heartbeat(const std::string& worker_id, const std::string& secret,
-                                                absl::Time now) {
+absl::StatusOr<bool> WorkerRegistry::Heartbeat(const std::string& worker_id,
+                                               const std::string& secret, absl::Time now) {
   absl::MutexLock l(&mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || !it->second.alive) return false;
   if (!SecretEquals(it->second.secret, secret)) {
-    return absl::PermissionDeniedError(StrCat("heartbeat for worker ", worker_id, " without the secret it "
+    return absl::PermissionDeniedError(StrCat("heartbeat for worker ", worker_id,
+                                              " without the secret it "
                                               "registered with"));
   }
   it->second.last_heartbeat = now;
@@ -82,17 +90,21 @@ absl::Status WorkerRegistry::CheckMember(const std::string& worker_id, const std
   absl::MutexLock l(&mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || !it->second.alive || !SecretEquals(it->second.secret, secret)) {
-    return absl::PermissionDeniedError(StrCat("'", worker_id, "' is not a live worker registered with that secret"));
+    return absl::PermissionDeniedError(
+        StrCat("'", worker_id, "' is not a live worker registered with that secret"));
   }
   for (int d : devices) {
-    if (std::find(it->second.devices.begin(), it->second.devices.end(), d) != it->second.devices.end()) {
+    if (std::find(it->second.devices.begin(), it->second.devices.end(), d) !=
+        it->second.devices.end()) {
       return absl::OkStatus();
     }
   }
-  return absl::PermissionDeniedError(StrCat("worker ", worker_id, " holds none of the group's devices"));
+  return absl::PermissionDeniedError(
+      StrCat("worker ", worker_id, " holds none of the group's devices"));
 }
 
-std::vector<WorkerRegistry::Expired> WorkerRegistry::ExpireSilent(absl::Time now, absl::Duration timeout) {
+std::vector<WorkerRegistry::Expired> WorkerRegistry::ExpireSilent(absl::Time now,
+                                                                  absl::Duration timeout) {
   std::vector<Expired> out;
   absl::MutexLock l(&mu_);
   for (auto& [id, w] : workers_) {
@@ -119,14 +131,16 @@ std::vector<WorkerRegistry::Expired> WorkerRegistry::Supersede(const v1::Registe
   return out;
 }
 
-absl::StatusOr<std::vector<int>> WorkerRegistry::SetCordoned(const std::string& worker_id, bool cordoned) {
+absl::StatusOr<std::vector<int>> WorkerRegistry::SetCordoned(const std::string& worker_id,
+                                                             bool cordoned) {
   absl::MutexLock l(&mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end()) {
     return absl::NotFoundError(StrCat("no worker '", worker_id, "' (Admin.GetCluster lists them)"));
   }
   if (it->second.cordoned != cordoned) {
-    log_->warn("worker {} ({}) {}", worker_id, it->second.address, cordoned ? "cordoned" : "uncordoned");
+    log_->warn("worker {} ({}) {}", worker_id, it->second.address,
+               cordoned ? "cordoned" : "uncordoned");
   }
   it->second.cordoned = cordoned;
   return it->second.devices;
@@ -141,8 +155,9 @@ bool WorkerRegistry::RestartQueues(const std::string& worker_id, uint64_t new_ep
     devices_[d].next_seq = 0;
   }
   it->second.open_queues = true;
-  log_->warn("worker {} ({}): steps were lost in transit; its devices' queues start over (epoch {:#x})", worker_id,
-             it->second.address, new_epoch);
+  log_->warn(
+      "worker {} ({}): steps were lost in transit; its devices' queues start over (epoch {:#x})",
+      worker_id, it->second.address, new_epoch);
   return true;
 }
 
@@ -173,22 +188,24 @@ int WorkerRegistry::num_devices() const {
 absl::Status WorkerRegistry::DeadLocked(int device) const {
   const WorkerRecord& w = workers_.at(devices_[device].worker_id);
   if (w.alive) return absl::OkStatus();
-  return absl::UnavailableError(StrCat("device ", device, " is on worker ", w.id, " (", w.address, "), which is dead"));
+  return absl::UnavailableError(
+      StrCat("device ", device, " is on worker ", w.id, " (", w.address, "), which is dead"));
 }
 
 absl::Status WorkerRegistry::CheckAlive(const std::vector<int>& devices) const {
   absl::MutexLock l(&mu_);
   for (int d : devices) {
     if (d < 0 || d >= int(devices_.size())) {
-      return absl::InvalidArgumentError(StrCat("device ", d, " does not exist: the cluster has devices 0..",
-                                               int(devices_.size()) - 1));
+      return absl::InvalidArgumentError(StrCat(
+          "device ", d, " does not exist: the cluster has devices 0..", int(devices_.size()) - 1));
     }
     if (absl::Status s = DeadLocked(d); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int>> ResolvePlacement(const std::vector<DeviceRoute>& routes, const v1::Placement& p) {
+absl::StatusOr<std::vector<int>> ResolvePlacement(const std::vector<DeviceRoute>& routes,
+                                                  const v1::Placement& p) {
   std::vector<int> out;
   if (p.kind_case() == v1::Placement::kReplicated && p.replicated()) {
     for (const DeviceRoute& r : routes) {
@@ -199,8 +216,8 @@ absl::StatusOr<std::vector<int>> ResolvePlacement(const std::vector<DeviceRoute>
   }
   const int d = p.device();
   if (d < 0 || d >= int(routes.size())) {
-    return absl::InvalidArgumentError(StrCat("device ", d, " does not exist: the cluster has devices 0..",
-                                             int(routes.size()) - 1));
+    return absl::InvalidArgumentError(StrCat(
+        "device ", d, " does not exist: the cluster has devices 0..", int(routes.size()) - 1));
   }
   const DeviceRoute& r = routes[d];
   if (!r.alive) {
@@ -208,8 +225,9 @@ absl::StatusOr<std::vector<int>> ResolvePlacement(const std::vector<DeviceRoute>
         StrCat("device ", d, " is on worker ", r.worker_id, " (", r.address, "), which is dead"));
   }
   if (r.cordoned) {
-    return absl::FailedPreconditionError(StrCat("device ", d, " is on worker ", r.worker_id, " (", r.address,
-                                                "), which an operator cordoned: it takes no new arrays or steps"));
+    return absl::FailedPreconditionError(
+        StrCat("device ", d, " is on worker ", r.worker_id, " (", r.address,
+               "), which an operator cordoned: it takes no new arrays or steps"));
   }
   return std::vector<int>{d};
 }
@@ -224,20 +242,22 @@ std::vector<DeviceRoute> WorkerRegistry::Routes() const {
   out.reserve(devices_.size());
   for (int d = 0; d < int(devices_.size()); ++d) {
     const WorkerRecord& w = workers_.at(devices_[d].worker_id);
-    out.push_back(DeviceRoute{d, devices_[d].local_index, w.id, w.address, w.alive, w.client, w.cordoned});
+    out.push_back(
+        DeviceRoute{d, devices_[d].local_index, w.id, w.address, w.alive, w.client, w.cordoned});
   }
   return out;
 }
 
-absl::StatusOr<WorkerTicket> WorkerRegistry::Sign(int device, absl::string_view grant, absl::Time expiry) const {
+absl::StatusOr<WorkerTicket> WorkerRegistry::Sign(int device, absl::string_view grant,
+                                                  absl::Time expiry) const {
   absl::MutexLock l(&mu_);
   TESSEL_RETURN_IF_ERROR(DeadLocked(device));
   const WorkerRecord& w = workers_.at(devices_.at(device).worker_id);
   return WorkerTicket{w.client_address, SignTicket(w.secret, grant, expiry)};
 }
 
-absl::Status WorkerRegistry::CheckReceipt(int device, absl::string_view grant, absl::string_view receipt,
-                                          absl::Time now) const {
+absl::Status WorkerRegistry::CheckReceipt(int device, absl::string_view grant,
+                                          absl::string_view receipt, absl::Time now) const {
   absl::MutexLock l(&mu_);
   TESSEL_RETURN_IF_ERROR(DeadLocked(device));
   const WorkerRecord& w = workers_.at(devices_.at(device).worker_id);
@@ -248,7 +268,8 @@ absl::Status WorkerRegistry::CheckReceipt(int device, absl::string_view grant, a
   return absl::OkStatus();
 }
 
-std::vector<QueueSlot> WorkerRegistry::Reserve(const std::vector<int>& devices, const std::vector<int>& counts,
+std::vector<QueueSlot> WorkerRegistry::Reserve(const std::vector<int>& devices,
+                                               const std::vector<int>& counts,
                                                const std::string* executable) {
   absl::MutexLock l(&mu_);
   std::vector<QueueSlot> out;
@@ -275,7 +296,8 @@ std::vector<QueueSlot> WorkerRegistry::Reserve(const std::vector<int>& devices, 
   return out;
 }
 
-std::vector<PendingFree> WorkerRegistry::SequenceFrees(absl::flat_hash_map<int, v1::FreeRequest> frees) {
+std::vector<PendingFree> WorkerRegistry::SequenceFrees(
+    absl::flat_hash_map<int, v1::FreeRequest> frees) {
   std::vector<int> devices;
   for (const auto& [d, r] : frees) devices.push_back(d);
   std::sort(devices.begin(), devices.end());
@@ -337,9 +359,11 @@ std::vector<StatsTarget> WorkerRegistry::LiveStatsTargets() const {
   absl::MutexLock l(&mu_);
   std::vector<StatsTarget> out;
   for (const auto& [id, w] : workers_) {
-    if (w.alive && w.client) out.push_back(StatsTarget{id, w.devices, w.client, StatsRequestLocked(w)});
+    if (w.alive && w.client)
+      out.push_back(StatsTarget{id, w.devices, w.client, StatsRequestLocked(w)});
   }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.devices[0] < b.devices[0]; });
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return a.devices[0] < b.devices[0]; });
   return out;
 }
 
@@ -347,7 +371,8 @@ void WorkerRegistry::Describe(absl::Time now, v1::GetClusterResponse* resp) cons
   absl::MutexLock l(&mu_);
   std::vector<const WorkerRecord*> ordered;
   for (const auto& [id, w] : workers_) ordered.push_back(&w);
-  std::sort(ordered.begin(), ordered.end(), [](auto* a, auto* b) { return a->devices.front() < b->devices.front(); });
+  std::sort(ordered.begin(), ordered.end(),
+            [](auto* a, auto* b) { return a->devices.front() < b->devices.front(); });
   for (const WorkerRecord* w : ordered) {
     v1::WorkerInfo* info = resp->add_workers();
     info->set_worker_id(w->id);

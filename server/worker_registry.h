@@ -49,7 +49,8 @@ struct QueueSlot {
   int local_index = 0;
   uint64_t first_seq = 0;  // this and the next `count - 1`
   uint64_t queue_epoch = 0;
-  bool needs_load = false;  // the executable Reserve was given goes to this worker for the first time
+  bool needs_load =
+      false;  // the executable Reserve was given goes to this worker for the first time
   uint64_t load_generation = 0;  // with needs_load: the number of that load
 };
 
@@ -70,7 +71,8 @@ struct WorkerTicket {
 };
 
 // ResolvePlacement over a snapshot of the routes (WorkerRegistry::Routes).
-absl::StatusOr<std::vector<int>> ResolvePlacement(const std::vector<DeviceRoute>& routes, const v1::Placement& p);
+absl::StatusOr<std::vector<int>> ResolvePlacement(const std::vector<DeviceRoute>& routes,
+                                                  const v1::Placement& p);
 
 class WorkerRegistry {
  public:
@@ -85,11 +87,13 @@ class WorkerRegistry {
   static absl::Status Validate(const v1::RegisterWorkerRequest& req);
   // Adds a validated worker reached through `client`; its devices take the
   // next global ids and start in `queue_epoch` (nonzero, new).
-  v1::RegisterWorkerResponse Register(const v1::RegisterWorkerRequest& req, std::shared_ptr<WorkerClient> client,
+  v1::RegisterWorkerResponse Register(const v1::RegisterWorkerRequest& req,
+                                      std::shared_ptr<WorkerClient> client,
                                       absl::Duration heartbeat_interval, uint64_t queue_epoch);
   // False for an unknown or dead worker (it must register again);
   // PERMISSION_DENIED when `secret` is not the one it registered with.
-  absl::StatusOr<bool> Heartbeat(const std::string& worker_id, const std::string& secret, absl::Time now);
+  absl::StatusOr<bool> Heartbeat(const std::string& worker_id, const std::string& secret,
+                                 absl::Time now);
   // OK when `worker_id` is live, registered with `secret`, and holds one of
   // `devices` (global ids); PERMISSION_DENIED saying which is not so.
   absl::Status CheckMember(const std::string& worker_id, const std::string& secret,
@@ -136,7 +140,8 @@ class WorkerRegistry {
   // OK when `receipt` is the worker's (the one holding global device
   // `device`) signature for `grant` (WrittenGrant), unexpired at `now`;
   // PERMISSION_DENIED when not, UNAVAILABLE when the worker is dead.
-  absl::Status CheckReceipt(int device, absl::string_view grant, absl::string_view receipt, absl::Time now) const;
+  absl::Status CheckReceipt(int device, absl::string_view grant, absl::string_view receipt,
+                            absl::Time now) const;
 
   // Reserves `counts[i]` consecutive sequence numbers on `devices[i]`, all
   // together: no other reservation interleaves with this one on any of
@@ -169,15 +174,16 @@ class WorkerRegistry {
     std::string id;
     std::string address;
     std::string client_address;  // RegisterWorkerRequest.client_address, else address
-    std::string secret;        // RegisterWorkerRequest.worker_secret
+    std::string secret;          // RegisterWorkerRequest.worker_secret
     std::string name, incarnation;
     std::vector<int> devices;  // global ids
     absl::Time last_heartbeat;
     bool cordoned = false;
     bool alive = true;
     std::shared_ptr<WorkerClient> client;
-    absl::flat_hash_map<std::string, uint64_t> loaded;  // executable ids, with the generation of their load
-    bool open_queues = false;                 // a new queue epoch awaits its first message
+    absl::flat_hash_map<std::string, uint64_t>
+        loaded;                // executable ids, with the generation of their load
+    bool open_queues = false;  // a new queue epoch awaits its first message
   };
   struct DeviceRecord {
     std::string worker_id;
@@ -186,7 +192,8 @@ class WorkerRegistry {
     std::string kind = "cpu";
     uint64_t queue_epoch = 0;  // of the worker's registration; sent with every step and free
   };
-  v1::WorkerStatsRequest StatsRequestLocked(const WorkerRecord& w) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::WorkerStatsRequest StatsRequestLocked(const WorkerRecord& w) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DeadLocked(int device) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::shared_ptr<spdlog::logger> log_;

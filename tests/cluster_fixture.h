@@ -39,8 +39,8 @@ class ClusterFixture : public ::testing::Test {
     auto r = session_->Reconcile();
     ASSERT_TRUE(r.ok()) << r.status();
     for (const UnownedBuffer& u : r->unowned) {
-      ADD_FAILURE() << "after the test, device " << u.device << " holds buffer 0x" << std::hex << u.handle << std::dec
-                    << " (" << u.bytes << " bytes) that no array owns";
+      ADD_FAILURE() << "after the test, device " << u.device << " holds buffer 0x" << std::hex
+                    << u.handle << std::dec << " (" << u.bytes << " bytes) that no array owns";
     }
   }
   static inline LocalCluster* cluster_ = nullptr;

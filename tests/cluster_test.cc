@@ -1,23 +1,23 @@
 // Integration tests: a real coordinator and real worker processes on
 // loopback, driven through the C++ SDK, the CLI and raw gRPC.
-#include <cstring>
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <cstring>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
 
+#include <google/protobuf/descriptor.pb.h>
 #include "tessel/graph.h"
 #include "tessel/local_cluster.h"
 #include "tessel/session.h"
-#include <google/protobuf/descriptor.pb.h>
 
 #include "grpc/reflection/v1/reflection.grpc.pb.h"
 #include "tessel/v1/admin.grpc.pb.h"
@@ -26,7 +26,8 @@
 namespace tessel {
 namespace {
 
-std::unique_ptr<LocalCluster> StartCluster(int workers, int devices, std::vector<std::string> worker_flags = {}) {
+std::unique_ptr<LocalCluster> StartCluster(int workers, int devices,
+                                           std::vector<std::string> worker_flags = {}) {
   LocalCluster::Options o;
   o.workers = workers;
   o.devices_per_worker = devices;
@@ -75,10 +76,12 @@ TEST(Connect, ARefusedPortFailsAtOnceNamingTheAddress) {
   const std::string address = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
   const auto t0 = std::chrono::steady_clock::now();
   auto s = Session::Connect(address, {.connect_timeout_ms = 10000});
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_NE(s.status().message().find("no coordinator at " + address), std::string::npos) << s.status();
+  EXPECT_NE(s.status().message().find("no coordinator at " + address), std::string::npos)
+      << s.status();
   EXPECT_LT(seconds, 1.0);
 }
 
@@ -155,7 +158,8 @@ TEST_F(ClusterTest, ReplicatedExecutionRunsOnAllDevices) {
   EXPECT_EQ(info->devices, (std::vector<int>{0, 1, 2, 3}));
   auto y = session_->Fetch((*outs)[0]);
   ASSERT_TRUE(y.ok());
-  EXPECT_EQ(std::vector<int32_t>(y->as<int32_t>().begin(), y->as<int32_t>().end()), (std::vector<int32_t>{2, -4, 6}));
+  EXPECT_EQ(std::vector<int32_t>(y->as<int32_t>().begin(), y->as<int32_t>().end()),
+            (std::vector<int32_t>{2, -4, 6}));
 }
 
 TEST_F(ClusterTest, BadRequestsGetClearErrorsAndTheClusterKeepsServing) {
@@ -172,7 +176,9 @@ TEST_F(ClusterTest, BadRequestsGetClearErrorsAndTheClusterKeepsServing) {
   absl::Status waited = session_->Await(*r);
   EXPECT_EQ(waited.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(waited.message().find("argument 0 'x'"), absl::string_view::npos) << waited;
-  EXPECT_NE(waited.message().find("expected f32[4], got s32[4] (dtype differs)"), absl::string_view::npos) << waited;
+  EXPECT_NE(waited.message().find("expected f32[4], got s32[4] (dtype differs)"),
+            absl::string_view::npos)
+      << waited;
   // Waiting for the reply returns it directly.
   r = session_->Execute(*exe, {*bad}, {.wait = true});
   ASSERT_FALSE(r.ok());
@@ -192,12 +198,14 @@ TEST_F(ClusterTest, BadRequestsGetClearErrorsAndTheClusterKeepsServing) {
   // A donated argument cannot change devices.
   r = session_->Execute(*exe, {*good}, {Placement::Device(0), /*wait=*/true, {0}});
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("a donated buffer cannot change devices"), absl::string_view::npos)
+  EXPECT_NE(r.status().message().find("a donated buffer cannot change devices"),
+            absl::string_view::npos)
       << r.status();
   // A device that does not exist.
   r = session_->Execute(*exe, {*good}, {Placement::Device(17), /*wait=*/true});
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("device 17 does not exist"), absl::string_view::npos) << r.status();
+  EXPECT_NE(r.status().message().find("device 17 does not exist"), absl::string_view::npos)
+      << r.status();
   // Another session's array.
   auto other = Session::Connect(cluster_->address());
   ASSERT_TRUE(other.ok());
@@ -231,7 +239,8 @@ TEST_F(ClusterTest, BadRequestsGetClearErrorsAndTheClusterKeepsServing) {
 TEST_F(ClusterTest, ReflectionV1ListsAndDescribesEveryService) {
   namespace rv1 = grpc::reflection::v1;
   auto ask = [](const std::string& address, const rv1::ServerReflectionRequest& req) {
-    auto stub = rv1::ServerReflection::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    auto stub = rv1::ServerReflection::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     auto stream = stub->ServerReflectionInfo(&ctx);
@@ -251,7 +260,8 @@ TEST_F(ClusterTest, ReflectionV1ListsAndDescribesEveryService) {
     }
     return names;
   };
-  auto admin = v1::Admin::NewStub(grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()));
+  auto admin = v1::Admin::NewStub(
+      grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext cctx;
   v1::GetClusterResponse cluster;
   ASSERT_TRUE(admin->GetCluster(&cctx, v1::GetClusterRequest(), &cluster).ok());
@@ -263,21 +273,26 @@ TEST_F(ClusterTest, ReflectionV1ListsAndDescribesEveryService) {
     const rv1::ServerReflectionResponse listed = ask(address, list);
     for (const auto& s : listed.list_services_response().service()) services.push_back(s.name());
     EXPECT_NE(std::find(services.begin(), services.end(), own), services.end()) << address;
-    EXPECT_NE(std::find(services.begin(), services.end(), "grpc.health.v1.Health"), services.end()) << address;
+    EXPECT_NE(std::find(services.begin(), services.end(), "grpc.health.v1.Health"), services.end())
+        << address;
 
     rv1::ServerReflectionRequest health;
     health.set_file_containing_symbol("grpc.health.v1.Health");
-    EXPECT_EQ(files_of(ask(address, health)), std::vector<std::string>{"grpc/health/v1/health.proto"}) << address;
+    EXPECT_EQ(files_of(ask(address, health)),
+              std::vector<std::string>{"grpc/health/v1/health.proto"})
+        << address;
     rv1::ServerReflectionRequest mine;
     mine.set_file_containing_symbol(own);
     const std::vector<std::string> files = files_of(ask(address, mine));
     ASSERT_FALSE(files.empty());
-    EXPECT_NE(std::find(files.begin(), files.end(), "tessel/v1/common.proto"), files.end());  // an import
+    EXPECT_NE(std::find(files.begin(), files.end(), "tessel/v1/common.proto"),
+              files.end());  // an import
     rv1::ServerReflectionRequest unknown;
     unknown.set_file_containing_symbol("tessel.v1.NoSuchThing");
     const auto err = ask(address, unknown);
     EXPECT_EQ(err.error_response().error_code(), int(grpc::StatusCode::NOT_FOUND));
-    EXPECT_NE(err.error_response().error_message().find("tessel.v1.NoSuchThing"), std::string::npos);
+    EXPECT_NE(err.error_response().error_message().find("tessel.v1.NoSuchThing"),
+              std::string::npos);
   }
 }
 
@@ -303,11 +318,13 @@ TEST_F(ClusterTest, TruncatedAndOversizedPutStreamsAreRejected) {
   };
   grpc::Status truncated = put(600, 100);
   EXPECT_EQ(truncated.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(truncated.error_message().find("expected 1000 bytes, got 600"), std::string::npos) << truncated.error_message();
+  EXPECT_NE(truncated.error_message().find("expected 1000 bytes, got 600"), std::string::npos)
+      << truncated.error_message();
   grpc::Status too_long = put(1200, 400);
   EXPECT_EQ(too_long.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   grpc::Status oversized = put(100 << 20, 100 << 20);  // one 100 MiB message
-  EXPECT_EQ(oversized.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << oversized.error_message();
+  EXPECT_EQ(oversized.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << oversized.error_message();
   // Nothing is left half-loaded, and the cluster still serves.
   auto stats = session_->Stats();
   ASSERT_TRUE(stats.ok());
@@ -344,7 +361,8 @@ TEST_F(ClusterTest, AWaitingDispatchCallIsAnsweredWhenItsOutputsAreDone) {
   ASSERT_TRUE(xa.ok());
   auto bad = session_->Put(HostArray::From<int32_t>({4}, {1, 2, 3, 4}));
   ASSERT_TRUE(bad.ok());
-  auto stub = v1::Session::NewStub(grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()));
+  auto stub = v1::Session::NewStub(
+      grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   auto stream = stub->Dispatch(&ctx);
   auto call = [&](const Array& arg, uint64_t out, bool await) {
@@ -408,9 +426,11 @@ TEST_F(ClusterTest, ADispatchBatchThatMovesItsOwnOutputsBetweenWorkersFinishes) 
   ASSERT_TRUE(exe.ok());
   auto xa = session_->Put(HostArray::From<float>({4}, {1, -2, 3, -4}), Placement::Device(0));
   ASSERT_TRUE(xa.ok());
-  auto stub = v1::Session::NewStub(grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()));
+  auto stub = v1::Session::NewStub(
+      grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));  // a hang fails, not stalls
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::seconds(60));  // a hang fails, not stalls
   auto stream = stub->Dispatch(&ctx);
   constexpr int kCalls = 301;  // odd: the result is -x
   v1::DispatchBatch batch;
@@ -460,7 +480,8 @@ TEST_F(ClusterTest, ArraysOverTwoGibibytesRoundTrip) {
 }
 
 TEST_F(ClusterTest, CliStatusListsEveryWorker) {
-  std::string cmd = "TESSEL_COORDINATOR=" + cluster_->address() + " " + TESSEL_BIN_DIR + "/tessel status";
+  std::string cmd =
+      "TESSEL_COORDINATOR=" + cluster_->address() + " " + TESSEL_BIN_DIR + "/tessel status";
   FILE* f = popen(cmd.c_str(), "r");
   ASSERT_NE(f, nullptr);
   std::string out;
@@ -508,7 +529,8 @@ TEST(FailureTest, OutOfMemoryTravelsOnHandlesAsResourceExhausted) {
   auto waited = (*s)->Execute(*exe, {*xa}, {.wait = true});
   ASSERT_FALSE(waited.ok());
   EXPECT_EQ(waited.status().code(), absl::StatusCode::kResourceExhausted) << waited.status();
-  EXPECT_NE(waited.status().message().find("failed: array 0x"), absl::string_view::npos) << waited.status();
+  EXPECT_NE(waited.status().message().find("failed: array 0x"), absl::string_view::npos)
+      << waited.status();
   EXPECT_NE(waited.status().message().find("cpu:0"), absl::string_view::npos) << waited.status();
   // The worker keeps serving.
   auto small = (*s)->Execute(*exe2, {*(*s)->Put(HostArray::From<float>({}, {3.f}))});
@@ -557,7 +579,9 @@ TEST(FailureTest, DependentErrorsQuoteTheRootCauseOnceWithACount) {
   EXPECT_LE(steps, 5000) << m;
   // The root cause, quoted once.
   size_t quoted = 0;
-  for (size_t i = m.find("out of memory"); i != std::string::npos; i = m.find("out of memory", i + 1)) ++quoted;
+  for (size_t i = m.find("out of memory"); i != std::string::npos;
+       i = m.find("out of memory", i + 1))
+    ++quoted;
   EXPECT_EQ(quoted, 1u) << m;
   EXPECT_NE(m.find("device cpu:0 out of memory"), std::string::npos) << m;
 }
@@ -595,7 +619,8 @@ TEST(SessionLease, TheSdkKeepsAnIdleSessionAliveAndAnAbandonedOneExpires) {
   v1::KeepAliveResponse resp;
   const grpc::Status late = stub->KeepAlive(&ctx, req, &resp);
   EXPECT_EQ(late.error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_NE(late.error_message().find("expired: no call or keep-alive from its client for 1s"), std::string::npos)
+  EXPECT_NE(late.error_message().find("expired: no call or keep-alive from its client for 1s"),
+            std::string::npos)
       << late.error_message();
 }
 
@@ -619,7 +644,8 @@ TEST(FailureTest, LostWorkerMarksItsArraysLostAndTheRestServes) {
   auto lost = (*s)->Fetch(*on1);
   ASSERT_FALSE(lost.ok());
   EXPECT_EQ(lost.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_NE(lost.status().message().find("stopped heartbeating"), absl::string_view::npos) << lost.status();
+  EXPECT_NE(lost.status().message().find("stopped heartbeating"), absl::string_view::npos)
+      << lost.status();
   auto kept = (*s)->Fetch(*on0);
   ASSERT_TRUE(kept.ok());
   EXPECT_EQ(kept->as<float>()[1], 4.f);

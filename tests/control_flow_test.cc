@@ -54,16 +54,20 @@ TEST_F(ControlFlowTest, WhileWithARunTimeTripCountMatchesTheSameLoopInCpp) {
   Value n = g.Parameter({DType::kS32, {}}, "n");
   std::vector<Value> out = g.While(
       {g.Scalar(DType::kS32, 0), n, a, a},
-      [](GraphBuilder& f, const std::vector<Value>& c) { return std::vector<Value>{f.Compare(c[0], c[1], Comparison::kLt)}; },
       [](GraphBuilder& f, const std::vector<Value>& c) {
-        Value x = f.Mul(f.Add(c[3], f.Div(c[2], c[3])), f.Broadcast(f.Scalar(DType::kF32, 0.5), {3}));
+        return std::vector<Value>{f.Compare(c[0], c[1], Comparison::kLt)};
+      },
+      [](GraphBuilder& f, const std::vector<Value>& c) {
+        Value x =
+            f.Mul(f.Add(c[3], f.Div(c[2], c[3])), f.Broadcast(f.Scalar(DType::kF32, 0.5), {3}));
         return std::vector<Value>{f.Add(c[0], f.Scalar(DType::kS32, 1)), c[1], c[2], x};
       });
   auto graph = g.Build({out[0], out[3]});
   ASSERT_TRUE(graph.ok()) << graph.status();
   const std::vector<float> av = {2.0f, 9.0f, 1e4f};
   for (int trips : {0, 1, 3, 25}) {
-    auto got = Run(*graph, {HostArray::From<float>({3}, av), HostArray::From<int32_t>({}, {trips})});
+    auto got =
+        Run(*graph, {HostArray::From<float>({3}, av), HostArray::From<int32_t>({}, {trips})});
     ASSERT_EQ(got.size(), 2u);
     EXPECT_EQ(got[0].as<int32_t>()[0], trips);
     for (int k = 0; k < 3; ++k) {
@@ -113,13 +117,16 @@ TEST_F(ControlFlowTest, CondRunsOneBranchAndAnIndexOutOfRangeRunsTheLast) {
   std::vector<GraphBuilder::Function> branches = {
       [](GraphBuilder& f, const std::vector<Value>& p) { return std::vector<Value>{f.Neg(p[0])}; },
       [](GraphBuilder& f, const std::vector<Value>& p) { return std::vector<Value>{f.Exp(p[0])}; },
-      [](GraphBuilder& f, const std::vector<Value>& p) { return std::vector<Value>{f.Add(p[0], p[0])}; },
+      [](GraphBuilder& f, const std::vector<Value>& p) {
+        return std::vector<Value>{f.Add(p[0], p[0])};
+      },
   };
   auto graph = g.Build(g.Cond(k, {x}, branches));
   ASSERT_TRUE(graph.ok()) << graph.status();
   const std::vector<float> xv = {1.5f, -2.0f};
   for (int index : {0, 1, 2, 3, -1}) {
-    auto got = Run(*graph, {HostArray::From<int32_t>({}, {index}), HostArray::From<float>({2}, xv)});
+    auto got =
+        Run(*graph, {HostArray::From<int32_t>({}, {index}), HostArray::From<float>({2}, xv)});
     ASSERT_EQ(got.size(), 1u);
     const int b = index < 0 || index > 2 ? 2 : index;  // XLA: out of range runs the last branch
     for (int i = 0; i < 2; ++i) {
@@ -135,21 +142,29 @@ TEST(ControlFlowBuilder, ABodyThatChangesACarriedTypeFailsWhereItIsBuilt) {
   std::vector<Value> out = g.While(
       {x},
       [](GraphBuilder& f, const std::vector<Value>& c) {
-        return std::vector<Value>{
-            f.Compare(f.Reduce(c[0], ReduceKind::kSum, {0}), f.Scalar(DType::kF32, 0), Comparison::kLt)};
+        return std::vector<Value>{f.Compare(f.Reduce(c[0], ReduceKind::kSum, {0}),
+                                            f.Scalar(DType::kF32, 0), Comparison::kLt)};
       },
-      [](GraphBuilder& f, const std::vector<Value>& c) { return std::vector<Value>{f.Convert(c[0], DType::kF64)}; });
+      [](GraphBuilder& f, const std::vector<Value>& c) {
+        return std::vector<Value>{f.Convert(c[0], DType::kF64)};
+      });
   EXPECT_TRUE(out.empty());
   auto built = g.Build({x});
   ASSERT_FALSE(built.ok());
-  EXPECT_NE(built.status().message().find("returns (f64[2]); expected the carries (f32[2])"), std::string::npos)
+  EXPECT_NE(built.status().message().find("returns (f64[2]); expected the carries (f32[2])"),
+            std::string::npos)
       << built.status();
   // The compare in cond gives pred[2], not a scalar predicate.
   GraphBuilder h("bad_pred");
   Value y = h.Parameter({DType::kF32, {2}}, "y");
-  h.While({y}, [](GraphBuilder& f, const std::vector<Value>& c) { return std::vector<Value>{f.Compare(c[0], c[0], Comparison::kLt)}; },
-          [](GraphBuilder&, const std::vector<Value>& c) { return c; });
-  EXPECT_NE(h.status().message().find("expected the loop predicate (pred[])"), std::string::npos) << h.status();
+  h.While(
+      {y},
+      [](GraphBuilder& f, const std::vector<Value>& c) {
+        return std::vector<Value>{f.Compare(c[0], c[0], Comparison::kLt)};
+      },
+      [](GraphBuilder&, const std::vector<Value>& c) { return c; });
+  EXPECT_NE(h.status().message().find("expected the loop predicate (pred[])"), std::string::npos)
+      << h.status();
 }
 
 TEST_F(ControlFlowTest, GradientsAndTangentsFromTheBuilderMatchTheSameInCpp) {
@@ -196,7 +211,8 @@ TEST_F(ControlFlowTest, VmapFromTheBuilderMatchesTheSameLoopInCpp) {
     Value y = b.DotGeneral(p[0], p[1], {.lhs_contracting = {0}, .rhs_contracting = {0}});
     return std::vector<Value>{b.Tanh(y), b.Mul(p[1], p[1])};
   };
-  std::vector<Value> r = g.Vmap(f, {xs, w}, {1, GraphBuilder::kNotMapped}, {0, GraphBuilder::kNotMapped});
+  std::vector<Value> r =
+      g.Vmap(f, {xs, w}, {1, GraphBuilder::kNotMapped}, {0, GraphBuilder::kNotMapped});
   ASSERT_TRUE(g.status().ok()) << g.status();
   EXPECT_EQ(r[0].type().ToString(), "f64[5]");
   EXPECT_EQ(r[1].type().ToString(), "f64[3]");
@@ -216,13 +232,14 @@ TEST_F(ControlFlowTest, VmapFromTheBuilderMatchesTheSameLoopInCpp) {
   // A mapped result asked for as not mapped fails at compile, saying why.
   GraphBuilder h("vmap_none");
   Value hx = h.Parameter({DType::kF64, {3, 5}}, "xs");
-  std::vector<Value> bad = h.Vmap(f, {hx, h.Parameter({DType::kF64, {3}}, "w")}, {1, GraphBuilder::kNotMapped},
-                                  {GraphBuilder::kNotMapped, 0});
+  std::vector<Value> bad = h.Vmap(f, {hx, h.Parameter({DType::kF64, {3}}, "w")},
+                                  {1, GraphBuilder::kNotMapped}, {GraphBuilder::kNotMapped, 0});
   auto bad_graph = h.Build({bad[0]});
   ASSERT_TRUE(bad_graph.ok()) << bad_graph.status();
   auto exe = session_->Compile(*bad_graph);
   ASSERT_FALSE(exe.ok());
-  EXPECT_NE(exe.status().message().find("depends on the batch"), absl::string_view::npos) << exe.status();
+  EXPECT_NE(exe.status().message().find("depends on the batch"), absl::string_view::npos)
+      << exe.status();
 }
 
 TEST_F(ControlFlowTest, CustomRulesFromTheBuilderReplaceTheDerivativesTheyDefine) {
@@ -231,9 +248,12 @@ TEST_F(ControlFlowTest, CustomRulesFromTheBuilderReplaceTheDerivativesTheyDefine
   GraphBuilder g("custom");
   Value x = g.Parameter({DType::kF64, {4}}, "x");
   Value tx = g.Parameter({DType::kF64, {4}}, "tx");
-  auto tanh = [](GraphBuilder& b, const std::vector<Value>& p) { return std::vector<Value>{b.Tanh(p[0])}; };
+  auto tanh = [](GraphBuilder& b, const std::vector<Value>& p) {
+    return std::vector<Value>{b.Tanh(p[0])};
+  };
   auto dtanh = [](GraphBuilder& b, Value y, Value scale) {  // scale * (1 - y^2)
-    return b.Mul(b.Broadcast(scale, {4}), b.Sub(b.Broadcast(b.Scalar(DType::kF64, 1.0), {4}), b.Mul(y, y)));
+    return b.Mul(b.Broadcast(scale, {4}),
+                 b.Sub(b.Broadcast(b.Scalar(DType::kF64, 1.0), {4}), b.Mul(y, y)));
   };
   GraphBuilder::Function by_vjp = [&](GraphBuilder& b, const std::vector<Value>& p) {
     auto fwd = [](GraphBuilder& f, const std::vector<Value>& q) {
@@ -243,7 +263,8 @@ TEST_F(ControlFlowTest, CustomRulesFromTheBuilderReplaceTheDerivativesTheyDefine
     auto bwd = [&](GraphBuilder& f, const std::vector<Value>& q) {
       return std::vector<Value>{f.Mul(q[1], dtanh(f, q[0], f.Scalar(DType::kF64, 2.0)))};
     };
-    return std::vector<Value>{b.Reduce(b.CustomVjp(tanh, fwd, bwd, {p[0]})[0], ReduceKind::kSum, {0})};
+    return std::vector<Value>{
+        b.Reduce(b.CustomVjp(tanh, fwd, bwd, {p[0]})[0], ReduceKind::kSum, {0})};
   };
   GraphBuilder::Function by_jvp = [&](GraphBuilder& b, const std::vector<Value>& p) {
     auto rule = [&](GraphBuilder& f, const std::vector<Value>& q) {
@@ -273,7 +294,9 @@ TEST_F(ControlFlowTest, CustomRulesFromTheBuilderReplaceTheDerivativesTheyDefine
   // A rule of the wrong type fails where it is built, naming it.
   GraphBuilder h("bad");
   Value z = h.Parameter({DType::kF64, {4}}, "z");
-  h.CustomJvp(tanh, [](GraphBuilder& f, const std::vector<Value>& q) { return std::vector<Value>{q[0]}; }, {z});
+  h.CustomJvp(tanh,
+              [](GraphBuilder& f, const std::vector<Value>& q) { return std::vector<Value>{q[0]}; },
+              {z});
   EXPECT_NE(h.status().message().find("custom_jvp"), std::string::npos) << h.status();
 }
 
@@ -288,8 +311,10 @@ std::string RunCommand(const std::string& cmd, int* rc) {
 }
 
 TEST_F(ControlFlowTest, CliRunsATextprotoWithFunctions) {
-  const std::string graph = std::string(TESSEL_SOURCE_DIR) + "/examples/graphs/newton_sqrt.textproto";
-  const std::string tessel = "TESSEL_COORDINATOR=" + cluster_->address() + " " + TESSEL_BIN_DIR + "/tessel";
+  const std::string graph =
+      std::string(TESSEL_SOURCE_DIR) + "/examples/graphs/newton_sqrt.textproto";
+  const std::string tessel =
+      "TESSEL_COORDINATOR=" + cluster_->address() + " " + TESSEL_BIN_DIR + "/tessel";
   int rc = -1;
   std::string out = RunCommand(tessel + " compile " + graph, &rc);
   ASSERT_EQ(rc, 0) << out;

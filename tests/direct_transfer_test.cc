@@ -36,7 +36,8 @@ HostArray Random(DType dtype, std::vector<int64_t> dims, int seed) {
 std::vector<uint8_t> Bytes(const HostArray& a) { return {a.data(), a.data() + a.size_bytes()}; }
 
 // The box [start, start+shape) of a row-major array, element by element.
-std::vector<uint8_t> NaiveBox(const HostArray& a, const std::vector<int64_t>& start, const std::vector<int64_t>& shape) {
+std::vector<uint8_t> NaiveBox(const HostArray& a, const std::vector<int64_t>& start,
+                              const std::vector<int64_t>& shape) {
   const int rank = int(shape.size());
   const int64_t elem = DTypeBytes(a.type().dtype);
   int64_t n = 1;
@@ -80,7 +81,7 @@ TEST(BoxWriter, ScattersABlockArrivingInAnyPiecesAsANaiveIndexLoopPlacesIt) {
       {{4, 6, 10}, {2, 3, 0}, {2, 3, 10}},  // inner dimension whole
       {{4, 6, 10}, {0, 0, 5}, {4, 6, 5}},   // last dimension split
       {{3, 4, 2, 6}, {1, 2, 0, 2}, {1, 2, 2, 2}},
-      {{}, {}, {}},                         // a scalar
+      {{}, {}, {}},  // a scalar
       {{5}, {0}, {5}},
   };
   for (const Case& c : cases) {
@@ -93,7 +94,8 @@ TEST(BoxWriter, ScattersABlockArrivingInAnyPiecesAsANaiveIndexLoopPlacesIt) {
         ASSERT_TRUE(w.Write(block.data() + off, std::min<int64_t>(piece, block.size() - off)));
       }
       EXPECT_TRUE(w.full());
-      EXPECT_EQ(NaiveBox(dst, c.start, c.shape), block) << src.type().ToString() << " piece " << piece;
+      EXPECT_EQ(NaiveBox(dst, c.start, c.shape), block)
+          << src.type().ToString() << " piece " << piece;
       const uint8_t extra = 0;
       EXPECT_FALSE(w.Write(&extra, 1)) << "a byte past the box";
     }
@@ -105,25 +107,34 @@ TEST(Ticket, OnlyTheSignedGrantAndSecretPassUntilItExpires) {
   const absl::Time now = absl::Now();
   const std::string t = SignTicket(secret, ReadGrant(1, 0xabc), now + absl::Minutes(1));
   EXPECT_TRUE(CheckTicket(secret, t, ReadGrant(1, 0xabc), now).ok());
-  EXPECT_EQ(CheckTicket(secret, t, ReadGrant(1, 0xabd), now).code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(CheckTicket(secret, t, ReadGrant(0, 0xabc), now).code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(CheckTicket(RandomSecret(), t, ReadGrant(1, 0xabc), now).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(CheckTicket(secret, t, ReadGrant(1, 0xabd), now).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(CheckTicket(secret, t, ReadGrant(0, 0xabc), now).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(CheckTicket(RandomSecret(), t, ReadGrant(1, 0xabc), now).code(),
+            absl::StatusCode::kPermissionDenied);
   const absl::Status late = CheckTicket(secret, t, ReadGrant(1, 0xabc), now + absl::Minutes(2));
   EXPECT_EQ(late.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_TRUE(absl::StrContains(late.message(), "expired")) << late;
   // A later expiry written over the signed one does not verify.
   std::string moved = t;
   moved[0] = moved[0] == '9' ? '8' : '9';
-  EXPECT_EQ(CheckTicket(secret, moved, ReadGrant(1, 0xabc), now).code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(CheckTicket(secret, "garbage", ReadGrant(1, 0xabc), now).code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(CheckTicket(secret, "", ReadGrant(1, 0xabc), now).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(CheckTicket(secret, moved, ReadGrant(1, 0xabc), now).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(CheckTicket(secret, "garbage", ReadGrant(1, 0xabc), now).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(CheckTicket(secret, "", ReadGrant(1, 0xabc), now).code(),
+            absl::StatusCode::kPermissionDenied);
   // A write grant names the type and the devices: neither can be changed.
-  const std::string w = SignTicket(secret, WriteGrant(0xabc, "f32[4]", {0, 1}), now + absl::Minutes(1));
+  const std::string w =
+      SignTicket(secret, WriteGrant(0xabc, "f32[4]", {0, 1}), now + absl::Minutes(1));
   EXPECT_TRUE(CheckTicket(secret, w, WriteGrant(0xabc, "f32[4]", {0, 1}), now).ok());
   EXPECT_EQ(CheckTicket(secret, w, WriteGrant(0xabc, "f32[8]", {0, 1}), now).code(),
             absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(CheckTicket(secret, w, WriteGrant(0xabc, "f32[4]", {0}), now).code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(CheckTicket(secret, w, ReadGrant(0, 0xabc), now).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(CheckTicket(secret, w, WriteGrant(0xabc, "f32[4]", {0}), now).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(CheckTicket(secret, w, ReadGrant(0, 0xabc), now).code(),
+            absl::StatusCode::kPermissionDenied);
 }
 
 class DirectTransferTest : public ClusterFixture<2, 2> {
@@ -174,8 +185,8 @@ class DirectTransferTest : public ClusterFixture<2, 2> {
     auto after = session_->Stats();
     ASSERT_TRUE(after.ok()) << after.status();
     EXPECT_EQ(after->bytes_device_to_host - mid->bytes_device_to_host, x.size_bytes());
-    EXPECT_EQ(after->bytes_host_to_device - before->bytes_host_to_device, 2 * info->bytes_per_device *
-                                                                              int64_t(info->devices.size()));
+    EXPECT_EQ(after->bytes_host_to_device - before->bytes_host_to_device,
+              2 * info->bytes_per_device * int64_t(info->devices.size()));
     EXPECT_TRUE(session_->Delete({*a, *b}).ok());
   }
 };
@@ -190,16 +201,21 @@ TEST_F(DirectTransferTest, WholeArraysGoStraightToAndFromTheirDevice) {
 
 TEST_F(DirectTransferTest, ShardedArraysMoveEveryBlockInParallel) {
   // Rows over `data`, copied over `model`: 2 blocks, each on both devices of one worker.
-  RoundTrip(Random(DType::kF32, {8, 6}, 5), Placement::Sharded(mesh_, Sharding::Split({"data", ""})), 2, 2);
+  RoundTrip(Random(DType::kF32, {8, 6}, 5),
+            Placement::Sharded(mesh_, Sharding::Split({"data", ""})), 2, 2);
   // Columns over `model`, copied over `data`: each block on a device of both workers.
-  RoundTrip(Random(DType::kF32, {8, 6}, 6), Placement::Sharded(mesh_, Sharding::Split({"", "model"})), 2, 4);
-  RoundTrip(Random(DType::kS32, {6, 10}, 7), Placement::Sharded(mesh_, Sharding::Split({"data", "model"})), 4, 4);
-  RoundTrip(Random(DType::kF32, {4, 6, 8}, 8), Placement::Sharded(mesh_, Sharding::Split({"", "model", "data"})), 4,
-            4);
+  RoundTrip(Random(DType::kF32, {8, 6}, 6),
+            Placement::Sharded(mesh_, Sharding::Split({"", "model"})), 2, 4);
+  RoundTrip(Random(DType::kS32, {6, 10}, 7),
+            Placement::Sharded(mesh_, Sharding::Split({"data", "model"})), 4, 4);
+  RoundTrip(Random(DType::kF32, {4, 6, 8}, 8),
+            Placement::Sharded(mesh_, Sharding::Split({"", "model", "data"})), 4, 4);
   // Large enough that each block streams as many messages, with runs both
   // longer and shorter than what goes to gRPC in place.
-  RoundTrip(Random(DType::kF32, {512, 2048}, 9), Placement::Sharded(mesh_, Sharding::Split({"model", "data"})), 4, 4);
-  RoundTrip(Random(DType::kF32, {64, 65536}, 10), Placement::Sharded(mesh_, Sharding::Split({"", "data"})), 2, 2);
+  RoundTrip(Random(DType::kF32, {512, 2048}, 9),
+            Placement::Sharded(mesh_, Sharding::Split({"model", "data"})), 4, 4);
+  RoundTrip(Random(DType::kF32, {64, 65536}, 10),
+            Placement::Sharded(mesh_, Sharding::Split({"", "data"})), 2, 2);
 }
 
 TEST_F(DirectTransferTest, ADirectlyPutArrayIsWhatStepsRead) {
@@ -267,7 +283,8 @@ TEST_F(DirectTransferTest, WorkersRefuseReadsWithoutAValidTicket) {
   auto other = session_->Put(Random(DType::kF32, {16}, 12), Placement::Device(2));
   ASSERT_TRUE(other.ok()) << other.status();
 
-  auto coordinator = v1::Session::NewStub(grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()));
+  auto coordinator = v1::Session::NewStub(
+      grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   v1::FetchRequest req;
   req.set_session_id(session_->id());
@@ -282,7 +299,8 @@ TEST_F(DirectTransferTest, WorkersRefuseReadsWithoutAValidTicket) {
   const v1::DirectBlock& b = plan.direct_blocks(0);
   EXPECT_EQ(b.global_device(), 2);
 
-  auto worker = v1::Worker::NewStub(grpc::CreateChannel(b.address(), grpc::InsecureChannelCredentials()));
+  auto worker =
+      v1::Worker::NewStub(grpc::CreateChannel(b.address(), grpc::InsecureChannelCredentials()));
   auto read = [&](const std::string& ticket, uint64_t buffer, std::string* bytes) {
     grpc::ClientContext c;
     v1::FetchShardRequest r;
@@ -336,7 +354,8 @@ v1::PutShardRequest::Header WriteHeader(const v1::DirectWrite& w) {
 
 grpc::Status WriteShard(const std::string& address, const v1::PutShardRequest::Header& header,
                         const std::string& data, std::string* receipt = nullptr) {
-  auto worker = v1::Worker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto worker =
+      v1::Worker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext c;
   v1::PutShardResponse r;
   auto wr = worker->PutShard(&c, &r);
@@ -351,7 +370,8 @@ grpc::Status WriteShard(const std::string& address, const v1::PutShardRequest::H
   return s;
 }
 
-v1::ArrayInfoResponse Info(v1::Session::Stub& coordinator, const std::string& session, uint64_t handle) {
+v1::ArrayInfoResponse Info(v1::Session::Stub& coordinator, const std::string& session,
+                           uint64_t handle) {
   grpc::ClientContext ic;
   v1::ArrayInfoRequest ir;
   ir.set_session_id(session);
@@ -442,7 +462,8 @@ TEST_F(DirectTransferTest, ADirectPutIsReadyOnlyWithEachWorkersReceipt) {
     v1::PutDirectResponse plan;
     EXPECT_TRUE(stream->Read(&plan));
     EXPECT_EQ(plan.blocks_size(), 1);
-    const std::vector<std::string> receipts = plan.blocks_size() == 1 ? act(plan.blocks(0)) : std::vector<std::string>{};
+    const std::vector<std::string> receipts =
+        plan.blocks_size() == 1 ? act(plan.blocks(0)) : std::vector<std::string>{};
     v1::PutDirectRequest done;
     done.mutable_done()->mutable_receipts()->Add(receipts.begin(), receipts.end());
     stream->Write(done);
@@ -454,7 +475,8 @@ TEST_F(DirectTransferTest, ADirectPutIsReadyOnlyWithEachWorkersReceipt) {
   auto expect_freed = [&](uint64_t handle, const grpc::Status& s, const std::string& says) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED) << s.error_message();
     EXPECT_TRUE(absl::StrContains(s.error_message(), says)) << s.error_message();
-    EXPECT_TRUE(absl::StrContains(s.error_message(), absl::StrFormat("put of array %#x", handle))) << s.error_message();
+    EXPECT_TRUE(absl::StrContains(s.error_message(), absl::StrFormat("put of array %#x", handle)))
+        << s.error_message();
     const v1::ArrayInfoResponse info = Info(*coordinator, session_->id(), handle);
     EXPECT_NE(info.state(), v1::READY) << info.ShortDebugString();
     EXPECT_NE(info.state(), v1::PENDING) << info.ShortDebugString();
@@ -462,7 +484,8 @@ TEST_F(DirectTransferTest, ADirectPutIsReadyOnlyWithEachWorkersReceipt) {
   };
 
   // Nothing written, "done" anyway.
-  grpc::Status s = put(0x5eed0101, 2, [](const v1::DirectWrite&) { return std::vector<std::string>{}; });
+  grpc::Status s =
+      put(0x5eed0101, 2, [](const v1::DirectWrite&) { return std::vector<std::string>{}; });
   expect_freed(0x5eed0101, s, "expected a receipt from the worker for each of its 1 blocks, got 0");
   s = put(0x5eed0102, 2, [](const v1::DirectWrite&) { return std::vector<std::string>{""}; });
   expect_freed(0x5eed0102, s, "block 0 (devices [2] at worker");
@@ -547,7 +570,8 @@ TEST(DirectTransferFallback, AnUnreachableWorkerIsReachedThroughTheCoordinator) 
   std::unique_ptr<Session>& s = own->session;
   const HostArray x = Random(DType::kF32, {300, 7}, 13);
   TransferReceipt receipt;
-  auto a = s->Put(x, Placement::Sharded(Mesh({{"data", 2}}), Sharding::Split({"data", ""})), {.receipt = &receipt});
+  auto a = s->Put(x, Placement::Sharded(Mesh({{"data", 2}}), Sharding::Split({"data", ""})),
+                  {.receipt = &receipt});
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_FALSE(receipt.direct);
   EXPECT_TRUE(absl::StrContains(receipt.relayed_because, "127.0.0.1:1")) << receipt.relayed_because;
@@ -560,7 +584,8 @@ TEST(DirectTransferFallback, AnUnreachableWorkerIsReachedThroughTheCoordinator) 
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->bytes(), Bytes(x));
   EXPECT_FALSE(receipt.direct);
-  EXPECT_TRUE(absl::StrContains(receipt.relayed_because, "not retried until")) << receipt.relayed_because;
+  EXPECT_TRUE(absl::StrContains(receipt.relayed_because, "not retried until"))
+      << receipt.relayed_because;
   // A fresh client tries, and fails over, on its own.
   ConnectOptions co;
   co.direct_min_bytes = 0;
@@ -568,12 +593,14 @@ TEST(DirectTransferFallback, AnUnreachableWorkerIsReachedThroughTheCoordinator) 
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   auto c = (*fresh)->Put(x, {}, {.receipt = &receipt});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_TRUE(absl::StrContains(receipt.relayed_because, "cannot connect")) << receipt.relayed_because;
+  EXPECT_TRUE(absl::StrContains(receipt.relayed_because, "cannot connect"))
+      << receipt.relayed_because;
   back = (*fresh)->Fetch(*c, {.receipt = &receipt, .direct = true});
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->bytes(), Bytes(x));
   EXPECT_FALSE(receipt.direct);
-  EXPECT_TRUE(absl::StrContains(receipt.relayed_because, "not retried until")) << receipt.relayed_because;
+  EXPECT_TRUE(absl::StrContains(receipt.relayed_because, "not retried until"))
+      << receipt.relayed_because;
 }
 
 TEST(DirectTransferFallback, ACoordinatorThatRelaysEverythingGrantsNoDirectTransfer) {

@@ -1,6 +1,7 @@
 """The front door and the guide hold together: every relative link in the
 README and docs/ resolves to a file (and, with an #anchor, to a heading of
 that page), and every page of docs/ is reachable from the README."""
+
 import pathlib
 import re
 import sys

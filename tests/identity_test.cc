@@ -20,9 +20,9 @@
 namespace tessel {
 namespace {
 
-constexpr int64_t kCols = 16384;                   // a 64 KiB block per device
-constexpr int64_t kDeviceBytes = 1 << 20;          // each device's memory limit
-constexpr int kSteps = 6;                          // A..F
+constexpr int64_t kCols = 16384;           // a 64 KiB block per device
+constexpr int64_t kDeviceBytes = 1 << 20;  // each device's memory limit
+constexpr int kSteps = 6;                  // A..F
 // With the inputs of every step and A's output in place, leaves one block
 // free, where a step needs two (its product and its all_reduce's result):
 // 512 KiB, a size the allocator does not round up.
@@ -33,7 +33,8 @@ struct Cluster {
   std::unique_ptr<Session> session;
 };
 
-Cluster Start(int workers, int devices_per_worker, int collective_timeout_s = 20, int heartbeat_timeout_ms = 2000) {
+Cluster Start(int workers, int devices_per_worker, int collective_timeout_s = 20,
+              int heartbeat_timeout_ms = 2000) {
   LocalCluster::Options o;
   o.workers = workers;
   o.devices_per_worker = devices_per_worker;
@@ -67,13 +68,15 @@ void ExpectFailedStepNeverPoisonsTheNextOnes(int workers, int devices_per_worker
   const Sharding rows = Sharding::Split({"d", ""});
   GraphBuilder g("twice_psum");
   Value x = g.Parameter({DType::kF32, {2, kCols}}, "x");
-  Value r = g.ManualRegion(mesh, {x}, {rows}, rows, [](GraphBuilder& b, const std::vector<Value>& in) {
-    Value twice = b.Mul(in[0], b.Broadcast(b.Scalar(DType::kF32, 2), {1, kCols}));
-    return b.AllReduce(twice, {"d"});
-  });
+  Value r =
+      g.ManualRegion(mesh, {x}, {rows}, rows, [](GraphBuilder& b, const std::vector<Value>& in) {
+        Value twice = b.Mul(in[0], b.Broadcast(b.Scalar(DType::kF32, 2), {1, kCols}));
+        return b.AllReduce(twice, {"d"});
+      });
   auto graph = g.Build({r});
   ASSERT_TRUE(graph.ok()) << graph.status();
-  auto exe = session.Compile(*graph, {.mesh = mesh, .parameter_shardings = {rows}, .output_shardings = {rows}});
+  auto exe = session.Compile(
+      *graph, {.mesh = mesh, .parameter_shardings = {rows}, .output_shardings = {rows}});
   ASSERT_TRUE(exe.ok()) << exe.status();
 
   std::vector<Array> inputs;
@@ -136,12 +139,13 @@ TEST(Identity, ACollectiveTimeoutNamesTheStalledDeviceAndTheGroupRecovers) {
   const Sharding rows = Sharding::Split({"d", ""});
   GraphBuilder g("psum");
   Value x = g.Parameter({DType::kF32, {2, 4}}, "x");
-  Value r = g.ManualRegion(mesh, {x}, {rows}, rows, [](GraphBuilder& b, const std::vector<Value>& in) {
-    return b.AllReduce(in[0], {"d"});
-  });
+  Value r = g.ManualRegion(
+      mesh, {x}, {rows}, rows,
+      [](GraphBuilder& b, const std::vector<Value>& in) { return b.AllReduce(in[0], {"d"}); });
   auto graph = g.Build({r});
   ASSERT_TRUE(graph.ok()) << graph.status();
-  auto exe = session.Compile(*graph, {.mesh = mesh, .parameter_shardings = {rows}, .output_shardings = {rows}});
+  auto exe = session.Compile(
+      *graph, {.mesh = mesh, .parameter_shardings = {rows}, .output_shardings = {rows}});
   ASSERT_TRUE(exe.ok()) << exe.status();
   HostArray hx(ArrayType{DType::kF32, {2, 4}});
   for (int i = 0; i < 8; ++i) hx.as_mutable<float>()[i] = i;
@@ -196,7 +200,8 @@ TEST(Identity, AWorkerThatRegistersAgainRunsStepsFromAFreshQueue) {
   };
   ASSERT_TRUE(run_on(0, 5).ok());
   ASSERT_TRUE(c.cluster->SignalWorker(0, SIGSTOP).ok());
-  absl::SleepFor(absl::Seconds(2.5));  // the process is stopped: only wall time makes it miss heartbeats
+  absl::SleepFor(
+      absl::Seconds(2.5));  // the process is stopped: only wall time makes it miss heartbeats
   ASSERT_TRUE(c.cluster->SignalWorker(0, SIGCONT).ok());
   int device = -1;
   for (int i = 0; i < 100 && device < 0; ++i) {
@@ -212,9 +217,13 @@ TEST(Identity, AWorkerThatRegistersAgainRunsStepsFromAFreshQueue) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
-TEST(Identity, FailedStepNeverPoisonsTheNextOnesWithinAWorker) { ExpectFailedStepNeverPoisonsTheNextOnes(1, 2); }
+TEST(Identity, FailedStepNeverPoisonsTheNextOnesWithinAWorker) {
+  ExpectFailedStepNeverPoisonsTheNextOnes(1, 2);
+}
 
-TEST(Identity, FailedStepNeverPoisonsTheNextOnesAcrossWorkers) { ExpectFailedStepNeverPoisonsTheNextOnes(2, 1); }
+TEST(Identity, FailedStepNeverPoisonsTheNextOnesAcrossWorkers) {
+  ExpectFailedStepNeverPoisonsTheNextOnes(2, 1);
+}
 
 }  // namespace
 }  // namespace tessel

@@ -10,9 +10,9 @@
 #include "absl/strings/str_format.h"
 
 #include "tessel/graph.h"
-#include "tests/cluster_fixture.h"
 #include "tessel/local_cluster.h"
 #include "tessel/session.h"
+#include "tests/cluster_fixture.h"
 
 namespace tessel {
 namespace {
@@ -27,7 +27,8 @@ Graph StepGraph(const std::string& name, bool second) {
   Value s = g.Parameter({DType::kF32, {kN}}, "state");
   Value c = g.Parameter({DType::kS32, {}}, "count");
   Value one = g.Broadcast(g.Scalar(DType::kF32, 1.0), {kN});
-  if (!second) return *g.Build({g.Add(g.Mul(s, g.Broadcast(g.Scalar(DType::kF32, 0.5), {kN})), one), c});
+  if (!second)
+    return *g.Build({g.Add(g.Mul(s, g.Broadcast(g.Scalar(DType::kF32, 0.5), {kN})), one), c});
   return *g.Build({g.Add(g.Tanh(s), one), g.Add(c, g.Scalar(DType::kS32, 1))});
 }
 
@@ -151,7 +152,8 @@ TEST_F(LifetimeTest, SeedLoopMistakesAreCaught) {
   absl::Status grew = check->Verify();
   EXPECT_EQ(grew.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(grew.message()), HasSubstr("memory grew"));
-  EXPECT_THAT(std::string(grew.message()), HasSubstr("f32[1024] (4096 bytes, made by f2 in execution"));
+  EXPECT_THAT(std::string(grew.message()),
+              HasSubstr("f32[1024] (4096 bytes, made by f2 in execution"));
   ASSERT_TRUE(session_->Delete(history).ok());
 
   // 2. A signature change: the state made s32 by mistake. Execute refuses,
@@ -161,9 +163,9 @@ TEST_F(LifetimeTest, SeedLoopMistakesAreCaught) {
   auto bad = session_->Execute(*f1, {*wrong, state[1]}, {.wait = true});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("argument 0 'state' (array 0x"));
   EXPECT_THAT(bad.status().message(),
-              HasSubstr("argument 0 'state' (array 0x"));
-  EXPECT_THAT(bad.status().message(), HasSubstr("expected f32[1024], got s32[1024] (dtype differs)"));
+              HasSubstr("expected f32[1024], got s32[1024] (dtype differs)"));
   GraphBuilder g("f1");
   Value s = g.Parameter({DType::kS32, {kN}}, "state");
   Value c = g.Parameter({DType::kS32, {}}, "count");
@@ -171,19 +173,21 @@ TEST_F(LifetimeTest, SeedLoopMistakesAreCaught) {
   ASSERT_FALSE(recompile.ok());
   EXPECT_EQ(recompile.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(recompile.status().message(), HasSubstr("forbids new compiles"));
-  EXPECT_THAT(recompile.status().message(),
-              HasSubstr("parameter 0 'state': s32[1024] here, f32[1024] in the cached one (dtype)"));
+  EXPECT_THAT(
+      recompile.status().message(),
+      HasSubstr("parameter 0 'state': s32[1024] here, f32[1024] in the cached one (dtype)"));
 
   // 3. A stray fetch inside the loop (an implicit one, like printing the
   //    state): refused, naming the array, the bytes and the direction.
   auto stray = session_->Fetch(state[0], {.implicit = true});
   ASSERT_FALSE(stray.ok());
   EXPECT_EQ(stray.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(stray.status().message(), HasSubstr("implicit device->host transfer of array"));
   EXPECT_THAT(stray.status().message(),
-              HasSubstr("implicit device->host transfer of array"));
-  EXPECT_THAT(stray.status().message(), HasSubstr("f32[1024]) (4096 bytes) is disallowed (disallow set by the session)"));
+              HasSubstr("f32[1024]) (4096 bytes) is disallowed (disallow set by the session)"));
   // Under disallow_explicit even an explicit fetch is refused.
-  auto strict = session_->Fetch(state[0], {.transfer_guard = TransferGuard::All(TransferLevel::kDisallowExplicit)});
+  auto strict = session_->Fetch(
+      state[0], {.transfer_guard = TransferGuard::All(TransferLevel::kDisallowExplicit)});
   ASSERT_FALSE(strict.ok());
   EXPECT_THAT(strict.status().message(), HasSubstr("explicit device->host transfer"));
   auto stats = session_->Stats();
@@ -209,8 +213,8 @@ TEST_F(LifetimeTest, DonatedArraysAreGoneWithAReceiptAndATombstone) {
   ASSERT_FALSE(again.ok());
   EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(again.status().message(),
-              HasSubstr(absl::StrFormat("array %#x was donated to execution %d ('double') at ", a->handle(),
-                                        receipt.execution_id)));
+              HasSubstr(absl::StrFormat("array %#x was donated to execution %d ('double') at ",
+                                        a->handle(), receipt.execution_id)));
   EXPECT_THAT(again.status().message(), HasSubstr(" ago)"));
   auto info = session_->Info(*a);
   ASSERT_TRUE(info.ok());
@@ -237,11 +241,12 @@ TEST_F(LifetimeTest, DonatedArraysAreGoneWithAReceiptAndATombstone) {
   auto total = session_->Compile(*r.Build({r.Reduce(v, ReduceKind::kSum, {0})}));
   ASSERT_TRUE(total.ok());
   auto keep = session_->Put(HostArray::From<float>({4}, {1, 1, 1, 1}));
-  auto refused = session_->Execute(*total, {*keep}, {.wait = true, .donate = {0}, .strict_donation = true});
+  auto refused =
+      session_->Execute(*total, {*keep}, {.wait = true, .donate = {0}, .strict_donation = true});
   ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("strict donation: argument 0 'v'"));
   EXPECT_THAT(refused.status().message(),
-              HasSubstr("strict donation: argument 0 'v'"));
-  EXPECT_THAT(refused.status().message(), HasSubstr("no output has its type f32[4] (outputs: f32[])"));
+              HasSubstr("no output has its type f32[4] (outputs: f32[])"));
   EXPECT_TRUE(session_->Fetch(*keep).ok());  // a refused call consumes nothing
   auto plain = session_->Execute(*total, {*keep}, {.donate = {0}, .receipt = &receipt});
   ASSERT_TRUE(plain.ok());
@@ -262,7 +267,8 @@ TEST_F(LifetimeTest, DonatingAnArrayStillReadByAPendingStepWaitsForIt) {
   auto slow = session_->Compile(*g.Build({g.Reduce(sq, ReduceKind::kSum, {0, 1})}));
   GraphBuilder h("scale");
   Value y = h.Parameter({DType::kF32, {n, n}}, "y");
-  auto scale = session_->Compile(*h.Build({h.Mul(y, h.Broadcast(h.Scalar(DType::kF32, 0.0), {n, n}))}));
+  auto scale =
+      session_->Compile(*h.Build({h.Mul(y, h.Broadcast(h.Scalar(DType::kF32, 0.0), {n, n}))}));
   ASSERT_TRUE(slow.ok() && scale.ok());
   std::vector<float> ones(n * n, 1.0f);
   auto a = session_->Put(HostArray::From<float>({n, n}, ones));
@@ -292,10 +298,12 @@ TEST_F(LifetimeTest, TransferGuardLevelsOverridesAndCounters) {
   ASSERT_FALSE(implicit.ok());
   EXPECT_THAT(implicit.status().message(),
               HasSubstr("transfer guard: implicit host->device transfer of array"));
-  EXPECT_THAT(implicit.status().message(), HasSubstr("(f32[256]) to device 0 (1024 bytes) is disallowed"));
+  EXPECT_THAT(implicit.status().message(),
+              HasSubstr("(f32[256]) to device 0 (1024 bytes) is disallowed"));
   // The call may override the session.
-  auto allowed = session_->Put(data, Placement::Device(0),
-                               {.implicit = true, .transfer_guard = TransferGuard::All(TransferLevel::kLog)});
+  auto allowed =
+      session_->Put(data, Placement::Device(0),
+                    {.implicit = true, .transfer_guard = TransferGuard::All(TransferLevel::kLog)});
   ASSERT_TRUE(allowed.ok()) << allowed.status();
   // Moving an argument between devices is an implicit device->device transfer.
   GraphBuilder g("neg");
@@ -306,7 +314,8 @@ TEST_F(LifetimeTest, TransferGuardLevelsOverridesAndCounters) {
   ASSERT_FALSE(moved.ok());
   EXPECT_THAT(moved.status().message(),
               HasSubstr("implicit device->device transfer of argument 0 'x'"));
-  EXPECT_THAT(moved.status().message(), HasSubstr("from device 1 to device 0 (1024 bytes) is disallowed"));
+  EXPECT_THAT(moved.status().message(),
+              HasSubstr("from device 1 to device 0 (1024 bytes) is disallowed"));
   // Explicit fetch allowed, and refused under disallow_explicit.
   o.transfer_guard.device_to_host = TransferLevel::kDisallowExplicit;
   ASSERT_TRUE(session_->SetOptions(o).ok());
@@ -333,8 +342,9 @@ TEST_F(LifetimeTest, QuotaCacheMissesAndMemoryStats) {
   auto b = session_->Put(HostArray::From<float>({1024}, std::vector<float>(1024, 1.f)));
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(b.status().message(), HasSubstr("needs 4096 more bytes; the session holds 4096 bytes in 1 live arrays, "
-                                              "quota 6000"));
+  EXPECT_THAT(b.status().message(),
+              HasSubstr("needs 4096 more bytes; the session holds 4096 bytes in 1 live arrays, "
+                        "quota 6000"));
   GraphBuilder g("twice");
   Value x = g.Parameter({DType::kF32, {1024}}, "x");
   auto exe = session_->Compile(*g.Build({g.Add(x, x)}));
@@ -350,7 +360,8 @@ TEST_F(LifetimeTest, QuotaCacheMissesAndMemoryStats) {
   Value y = h.Parameter({DType::kF32, {2048}}, "x");
   auto other = session_->Compile(*h.Build({h.Add(y, y)}));
   ASSERT_TRUE(other.ok());
-  EXPECT_THAT(other->cache_miss_reason(), HasSubstr("parameter 0 'x': f32[2048] here, f32[1024] in the cached one"));
+  EXPECT_THAT(other->cache_miss_reason(),
+              HasSubstr("parameter 0 'x': f32[2048] here, f32[1024] in the cached one"));
   auto st = session_->Stats(/*with_arrays=*/true);
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->session_cache_misses, 2);

@@ -8,16 +8,17 @@
 #include <random>
 
 #include "tessel/graph.h"
-#include "tests/cluster_fixture.h"
 #include "tessel/local_cluster.h"
 #include "tessel/session.h"
+#include "tests/cluster_fixture.h"
 
 namespace tessel {
 namespace {
 
 TEST(ShardingText, ParsesWhatItPrints) {
-  for (const std::string text : {"P('data', None)", "P(None, 'model')", "P(('data', 'model'),)", "P()",
-                                 "P('data',) partial(sum: model)", "P(None, None) partial(max: data, model)"}) {
+  for (const std::string text :
+       {"P('data', None)", "P(None, 'model')", "P(('data', 'model'),)", "P()",
+        "P('data',) partial(sum: model)", "P(None, None) partial(max: data, model)"}) {
     auto s = Sharding::Parse(text);
     ASSERT_TRUE(s.ok()) << text << ": " << s.status();
     auto again = Sharding::Parse(s->ToString());
@@ -29,8 +30,10 @@ TEST(ShardingText, ParsesWhatItPrints) {
   EXPECT_EQ(s->dims, (std::vector<std::vector<std::string>>{{"data"}, {"a", "b"}}));
   EXPECT_EQ(s->partial, std::vector<std::string>{"model"});
   EXPECT_EQ(Sharding::Split({"data", ""}).ToString(), "P('data', None)");
-  EXPECT_EQ(Sharding::Split({"", "model"}).Unreduced({"data"}).ToString(), "P(None, 'model') partial(sum: data)");
-  for (const std::string bad : {"Q('data')", "P('data'", "P(('data'),", "P('a') partial(avg: b)", "P('a') extra"}) {
+  EXPECT_EQ(Sharding::Split({"", "model"}).Unreduced({"data"}).ToString(),
+            "P(None, 'model') partial(sum: data)");
+  for (const std::string bad :
+       {"Q('data')", "P('data'", "P(('data'),", "P('a') partial(avg: b)", "P('a') extra"}) {
     auto r = Sharding::Parse(bad);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(r.status().message().find(bad), std::string::npos) << r.status();
@@ -109,7 +112,8 @@ TEST_F(ShardingTest, ContractionOverASplitDimensionIsOneAllReduceWithItsReason) 
   for (int i = 0; i < 8; ++i) {
     for (int j = 0; j < 6; ++j) {
       double acc = 0;
-      for (int k = 0; k < 4; ++k) acc += double(hx.as<float>()[i * 4 + k]) * hw.as<float>()[k * 6 + j];
+      for (int k = 0; k < 4; ++k)
+        acc += double(hx.as<float>()[i * 4 + k]) * hw.as<float>()[k * 6 + j];
       EXPECT_NEAR(got->as<float>()[i * 6 + j], std::tanh(acc), 1e-5) << i << "," << j;
     }
   }
@@ -138,14 +142,15 @@ TEST_F(ShardingTest, ManualRegionCollectivesMatchNaiveReferences) {
   GraphBuilder g("region");
   Value x = g.Parameter({DType::kF32, {4, 6}}, "x");
   const Sharding both = Sharding::Split({"data", "model"});
-  Value y = g.ManualRegion(mesh_, {x}, {both}, Sharding::Replicated(),
-                           [](GraphBuilder& b, const std::vector<Value>& in) {
-                             Value s = b.AllReduce(in[0], {"data"});
-                             Value gathered = b.AllGather(s, {"model"}, 1);
-                             Value idx = b.Convert(b.AxisIndex({"data"}), DType::kF32);
-                             Value gathered_all = b.AllGather(b.Add(gathered, b.Broadcast(idx, {2, 6})), {"data"}, 0);
-                             return gathered_all;
-                           });
+  Value y = g.ManualRegion(
+      mesh_, {x}, {both}, Sharding::Replicated(),
+      [](GraphBuilder& b, const std::vector<Value>& in) {
+        Value s = b.AllReduce(in[0], {"data"});
+        Value gathered = b.AllGather(s, {"model"}, 1);
+        Value idx = b.Convert(b.AxisIndex({"data"}), DType::kF32);
+        Value gathered_all = b.AllGather(b.Add(gathered, b.Broadcast(idx, {2, 6})), {"data"}, 0);
+        return gathered_all;
+      });
   auto graph = g.Build({y});
   ASSERT_TRUE(graph.ok()) << graph.status();
   ASSERT_EQ(y.type().dims, (std::vector<int64_t>{4, 6}));
@@ -180,13 +185,16 @@ TEST_F(ShardingTest, DonatedAllReduceRunsInPlace) {
   const Sharding rows = Sharding::Split({"data", "model"});
   GraphBuilder g("psum");
   Value a = g.Parameter({DType::kF32, {4, 6}}, "a");
-  Value r = g.ManualRegion(pair, {a}, {rows}, rows, [](GraphBuilder& b, const std::vector<Value>& in) {
-    return b.AllReduce(in[0], {"data"});
-  });
+  Value r = g.ManualRegion(
+      pair, {a}, {rows}, rows,
+      [](GraphBuilder& b, const std::vector<Value>& in) { return b.AllReduce(in[0], {"data"}); });
   auto graph = g.Build({r});
   ASSERT_TRUE(graph.ok()) << graph.status();
-  auto exe = session_->Compile(*graph, {.donate = {0}, .strict_donation = true, .mesh = pair,
-                                        .parameter_shardings = {rows}, .output_shardings = {rows}});
+  auto exe = session_->Compile(*graph, {.donate = {0},
+                                        .strict_donation = true,
+                                        .mesh = pair,
+                                        .parameter_shardings = {rows},
+                                        .output_shardings = {rows}});
   ASSERT_TRUE(exe.ok()) << exe.status();
   HostArray hx = Random({4, 6}, 10);
   auto x = session_->Put(hx, Placement::Sharded(pair, rows));
@@ -202,7 +210,8 @@ TEST_F(ShardingTest, DonatedAllReduceRunsInPlace) {
   for (int i = 0; i < 4; ++i) {
     for (int j = 0; j < 6; ++j) {
       // Rows i and i +- 2 lie in the two `data` blocks: both hold their sum.
-      EXPECT_NEAR(got->as<float>()[i * 6 + j], xs[(i % 2) * 6 + j] + xs[(i % 2 + 2) * 6 + j], 1e-5) << i << "," << j;
+      EXPECT_NEAR(got->as<float>()[i * 6 + j], xs[(i % 2) * 6 + j] + xs[(i % 2 + 2) * 6 + j], 1e-5)
+          << i << "," << j;
     }
   }
   auto info = session_->Info(*x);
@@ -217,10 +226,13 @@ TEST_F(ShardingTest, CustomKernelRuleDecidesWhetherAnAllReduceIsNeeded) {
     GraphBuilder g("copy_kernel");
     Value x = g.Parameter({DType::kF32, {8, 4}}, "x");
     const Sharding rows = Sharding::Split({"data", ""});
-    Value y = g.ManualRegion(mesh_, {x}, {rows}, out_spec, [&](GraphBuilder& b, const std::vector<Value>& in) {
-      return b.CustomKernel("copy", {in[0]}, [](GraphBuilder& k, const std::vector<Value>& a) { return k.Neg(k.Neg(a[0])); },
-                            rule, "extern \"C\" __global__ void copy() {}");
-    });
+    Value y = g.ManualRegion(
+        mesh_, {x}, {rows}, out_spec, [&](GraphBuilder& b, const std::vector<Value>& in) {
+          return b.CustomKernel(
+              "copy", {in[0]},
+              [](GraphBuilder& k, const std::vector<Value>& a) { return k.Neg(k.Neg(a[0])); }, rule,
+              "extern \"C\" __global__ void copy() {}");
+        });
     return g.Build({y});
   };
   CompileOptions o;
@@ -239,7 +251,8 @@ TEST_F(ShardingTest, CustomKernelRuleDecidesWhetherAnAllReduceIsNeeded) {
   EXPECT_NE(bad.status().message().find("model"), std::string::npos) << bad.status();
   EXPECT_NE(bad.status().message().find("copy"), std::string::npos) << bad.status();
 
-  auto unreduced = build(ReplicationRule::Explicit({"data", "model"}), Sharding::Split({"data", ""}).Unreduced({"model"}));
+  auto unreduced = build(ReplicationRule::Explicit({"data", "model"}),
+                         Sharding::Split({"data", ""}).Unreduced({"model"}));
   ASSERT_TRUE(unreduced.ok());
   o.output_shardings = {Sharding::Split({"data", ""})};
   auto one = session_->Compile(*unreduced, o);
@@ -252,7 +265,8 @@ TEST_F(ShardingTest, BadInputIsAClearErrorAndTheClusterKeepsServing) {
   GraphBuilder outside("outside");
   Value x = outside.Parameter({DType::kF32, {4}}, "x");
   outside.AllReduce(x, {"data"});
-  EXPECT_NE(outside.status().message().find("only inside a manual region"), std::string::npos) << outside.status();
+  EXPECT_NE(outside.status().message().find("only inside a manual region"), std::string::npos)
+      << outside.status();
 
   GraphBuilder g("neg");
   Value p = g.Parameter({DType::kF32, {6, 4}}, "p");
@@ -260,19 +274,23 @@ TEST_F(ShardingTest, BadInputIsAClearErrorAndTheClusterKeepsServing) {
   ASSERT_TRUE(graph.ok());
   CompileOptions o;
   o.parameter_shardings = {Sharding::Split({"data"})};
-  EXPECT_NE(session_->Compile(*graph, o).status().message().find("without a mesh"), std::string::npos);
+  EXPECT_NE(session_->Compile(*graph, o).status().message().find("without a mesh"),
+            std::string::npos);
   o.mesh = mesh_;
   o.parameter_shardings = {Sharding::Split({"data", "data"})};
   auto twice = session_->Compile(*graph, o);
   EXPECT_NE(twice.status().message().find("used twice"), std::string::npos) << twice.status();
-  auto uneven = session_->Put(Random({6, 3}, 5), Placement::Sharded(mesh_, Sharding::Split({"", "model"})));
+  auto uneven =
+      session_->Put(Random({6, 3}, 5), Placement::Sharded(mesh_, Sharding::Split({"", "model"})));
   EXPECT_EQ(uneven.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(uneven.status().message().find("does not split evenly"), std::string::npos) << uneven.status();
+  EXPECT_NE(uneven.status().message().find("does not split evenly"), std::string::npos)
+      << uneven.status();
   // An argument laid out differently from the compiled layout is refused, not moved.
   o.parameter_shardings = {Sharding::Split({"data", ""})};
   auto exe = session_->Compile(*graph, o);
   ASSERT_TRUE(exe.ok()) << exe.status();
-  auto cols = session_->Put(Random({6, 4}, 6), Placement::Sharded(mesh_, Sharding::Split({"", "model"})));
+  auto cols =
+      session_->Put(Random({6, 4}, 6), Placement::Sharded(mesh_, Sharding::Split({"", "model"})));
   ASSERT_TRUE(cols.ok()) << cols.status();
   auto outs = session_->Execute(*exe, {*cols}, {.wait = true});
   EXPECT_EQ(outs.status().code(), absl::StatusCode::kInvalidArgument);
@@ -280,7 +298,8 @@ TEST_F(ShardingTest, BadInputIsAClearErrorAndTheClusterKeepsServing) {
   auto st = session_->Stats();
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->live_arrays, 1);  // `cols`; nothing half-made
-  auto rows = session_->Put(Random({6, 4}, 7), Placement::Sharded(mesh_, Sharding::Split({"data", ""})));
+  auto rows =
+      session_->Put(Random({6, 4}, 7), Placement::Sharded(mesh_, Sharding::Split({"data", ""})));
   ASSERT_TRUE(rows.ok());
   auto good = session_->Execute(*exe, {*rows}, {.wait = true});
   EXPECT_TRUE(good.ok()) << good.status();
@@ -360,7 +379,7 @@ TEST_F(ShardingTest, ReshardBetweenShardingsCutsBlocksAndCopiesWhatIsAlreadyTher
   ReshardReceipt all;
   auto everywhere = session_->Reshard(*x, Placement::Replicated(), {}, &all);
   ASSERT_TRUE(everywhere.ok()) << everywhere.status();
-  EXPECT_EQ(all.bytes_copied, 2 * 96);          // devices 0 and 1 keep their own rows
+  EXPECT_EQ(all.bytes_copied, 2 * 96);           // devices 0 and 1 keep their own rows
   EXPECT_EQ(all.bytes_moved, 4 * 192 - 2 * 96);  // the rest of four whole copies
   auto info = session_->Info(*everywhere);
   ASSERT_TRUE(info.ok());
@@ -379,7 +398,8 @@ TEST_F(ShardingTest, ReshardIsOrderedAfterTheStepThatMakesItsSource) {
   Value p = g.Parameter({DType::kF32, {8, 6}}, "p");
   auto graph = g.Build({g.Neg(p)});
   ASSERT_TRUE(graph.ok());
-  auto exe = session_->Compile(*graph, {.mesh = a, .parameter_shardings = {rows}, .output_shardings = {rows}});
+  auto exe = session_->Compile(
+      *graph, {.mesh = a, .parameter_shardings = {rows}, .output_shardings = {rows}});
   ASSERT_TRUE(exe.ok()) << exe.status();
   HostArray hx = Random({8, 6}, 23);
   auto x = session_->Put(hx, Placement::Sharded(a, rows));
@@ -398,7 +418,8 @@ TEST_F(ShardingTest, ReshardIsOrderedAfterTheStepThatMakesItsSource) {
     auto got = session_->Fetch(copies[i]);
     ASSERT_TRUE(got.ok()) << got.status();
     const float sign = i % 2 == 0 ? -1.f : 1.f;
-    for (int k = 0; k < 48; ++k) ASSERT_EQ(got->as<float>()[k], sign * hx.as<float>()[k]) << i << ", " << k;
+    for (int k = 0; k < 48; ++k)
+      ASSERT_EQ(got->as<float>()[k], sign * hx.as<float>()[k]) << i << ", " << k;
   }
 }
 
@@ -408,7 +429,8 @@ TEST_F(ShardingTest, ReshardIsJudgedByTheGuardAndRefusesBadInputClearly) {
   auto x = session_->Put(Random({8, 6}, 24), Placement::Sharded(a, rows));
   ASSERT_TRUE(x.ok());
   TransferOptions strict;
-  strict.transfer_guard = TransferGuard{TransferLevel::kUnset, TransferLevel::kUnset, TransferLevel::kDisallowExplicit};
+  strict.transfer_guard =
+      TransferGuard{TransferLevel::kUnset, TransferLevel::kUnset, TransferLevel::kDisallowExplicit};
   auto refused = session_->Reshard(*x, Placement::Sharded(b, rows), strict);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(refused.status().message().find("explicit device->device transfer"), std::string::npos)
@@ -418,10 +440,13 @@ TEST_F(ShardingTest, ReshardIsJudgedByTheGuardAndRefusesBadInputClearly) {
   implicit_only.transfer_guard = TransferGuard::All(TransferLevel::kDisallow);
   EXPECT_TRUE(session_->Reshard(*x, Placement::Sharded(b, rows), implicit_only).ok());
 
-  auto partial = session_->Reshard(*x, Placement::Sharded(b, Sharding::Split({"x", ""}).Unreduced({"x"})));
+  auto partial =
+      session_->Reshard(*x, Placement::Sharded(b, Sharding::Split({"x", ""}).Unreduced({"x"})));
   EXPECT_EQ(partial.status().code(), absl::StatusCode::kInvalidArgument) << partial.status();
-  auto uneven = session_->Reshard(*x, Placement::Sharded(Mesh({{"x", 4}}), Sharding::Split({"", "x"})));
-  EXPECT_NE(uneven.status().message().find("does not split evenly"), std::string::npos) << uneven.status();
+  auto uneven =
+      session_->Reshard(*x, Placement::Sharded(Mesh({{"x", 4}}), Sharding::Split({"", "x"})));
+  EXPECT_NE(uneven.status().message().find("does not split evenly"), std::string::npos)
+      << uneven.status();
   auto nowhere = session_->Reshard(*x, Placement::Device(9));
   EXPECT_EQ(nowhere.status().code(), absl::StatusCode::kInvalidArgument) << nowhere.status();
   EXPECT_NE(nowhere.status().message().find("9"), std::string::npos) << nowhere.status();
@@ -440,22 +465,33 @@ TEST_F(ShardingTest, MeshRegionsFormOneMpmdProgram) {
   GraphBuilder g("mpmd");
   Value x = g.Parameter({DType::kF32, {8, 4}}, "x");
   Value z = g.Parameter({DType::kF32, {6}}, "z");
-  auto h = g.MeshRegion(a, {x}, {rows}, {rows}, [](GraphBuilder& r, const std::vector<Value>& in) {
-    return std::vector<Value>{r.Tanh(in[0])};
-  }, "stage0");
+  auto h = g.MeshRegion(
+      a, {x}, {rows}, {rows},
+      [](GraphBuilder& r, const std::vector<Value>& in) {
+        return std::vector<Value>{r.Tanh(in[0])};
+      },
+      "stage0");
   ASSERT_EQ(h.size(), 1u) << g.status();
-  auto y = g.MeshRegion(b, {h[0]}, {rows}, {rows}, [](GraphBuilder& r, const std::vector<Value>& in) {
-    return std::vector<Value>{r.Mul(in[0], in[0])};
-  }, "stage1");
-  auto u = g.MeshRegion(b, {z}, {whole}, {whole}, [](GraphBuilder& r, const std::vector<Value>& in) {
-    return std::vector<Value>{r.Neg(in[0])};
-  }, "apart");
+  auto y = g.MeshRegion(
+      b, {h[0]}, {rows}, {rows},
+      [](GraphBuilder& r, const std::vector<Value>& in) {
+        return std::vector<Value>{r.Mul(in[0], in[0])};
+      },
+      "stage1");
+  auto u = g.MeshRegion(
+      b, {z}, {whole}, {whole},
+      [](GraphBuilder& r, const std::vector<Value>& in) {
+        return std::vector<Value>{r.Neg(in[0])};
+      },
+      "apart");
   auto graph = g.Build({y[0], u[0]});
   ASSERT_TRUE(graph.ok()) << graph.status();
   auto exe = session_->Compile(*graph);
   ASSERT_TRUE(exe.ok()) << exe.status();
-  EXPECT_NE(exe->plan().find("part 0 'stage0' on {d: 2} over devices 0,1"), std::string::npos) << exe->plan();
-  EXPECT_NE(exe->plan().find("f32[8,4], 128 bytes cross devices: result 0 of part 0 'stage0'"), std::string::npos)
+  EXPECT_NE(exe->plan().find("part 0 'stage0' on {d: 2} over devices 0,1"), std::string::npos)
+      << exe->plan();
+  EXPECT_NE(exe->plan().find("f32[8,4], 128 bytes cross devices: result 0 of part 0 'stage0'"),
+            std::string::npos)
       << exe->plan();
   HostArray hx = Random({8, 4}, 31), hz = Random({6}, 32);
   auto xa = session_->Put(hx, Placement::Sharded(a, rows));
@@ -478,9 +514,12 @@ TEST_F(ShardingTest, MeshRegionsFormOneMpmdProgram) {
   // Anything outside a region is refused, naming it.
   GraphBuilder bad("mpmd_bad");
   Value p = bad.Parameter({DType::kF32, {8, 4}}, "p");
-  auto r = bad.MeshRegion(a, {p}, {rows}, {rows}, [](GraphBuilder& q, const std::vector<Value>& in) {
-    return std::vector<Value>{q.Neg(in[0])};
-  }, "only");
+  auto r = bad.MeshRegion(
+      a, {p}, {rows}, {rows},
+      [](GraphBuilder& q, const std::vector<Value>& in) {
+        return std::vector<Value>{q.Neg(in[0])};
+      },
+      "only");
   auto outside = bad.Build({bad.Neg(r[0])});
   ASSERT_TRUE(outside.ok()) << outside.status();
   auto refused = session_->Compile(*outside);
@@ -501,8 +540,10 @@ std::string RunCommand(const std::string& cmd, int* rc) {
 
 TEST_F(ShardingTest, CliCompilesAndRunsPartitioned) {
   const std::string graph = std::string(TESSEL_SOURCE_DIR) + "/examples/graphs/dense.textproto";
-  const std::string tessel = "TESSEL_COORDINATOR=" + cluster_->address() + " " + TESSEL_BIN_DIR + "/tessel";
-  const std::string flags = " --mesh data=2,model=2 --shard x=\"P('data', 'model')\" --shard w=\"P('model', None)\"";
+  const std::string tessel =
+      "TESSEL_COORDINATOR=" + cluster_->address() + " " + TESSEL_BIN_DIR + "/tessel";
+  const std::string flags =
+      " --mesh data=2,model=2 --shard x=\"P('data', 'model')\" --shard w=\"P('model', None)\"";
   int rc = -1;
   std::string out = RunCommand(tessel + " compile " + graph + flags, &rc);
   EXPECT_EQ(rc, 0) << out;
@@ -514,8 +555,8 @@ TEST_F(ShardingTest, CliCompilesAndRunsPartitioned) {
   HostArray hx = Random({8, 4}, 8), hw = Random({4, 6}, 9);
   ASSERT_TRUE(WriteNpy(dir + "/x.npy", hx).ok());
   ASSERT_TRUE(WriteNpy(dir + "/w.npy", hw).ok());
-  out = RunCommand(tessel + " run " + graph + flags + " --input x=" + dir + "/x.npy --input w=" + dir +
-                       "/w.npy --fetch s=" + dir + "/s.npy",
+  out = RunCommand(tessel + " run " + graph + flags + " --input x=" + dir +
+                       "/x.npy --input w=" + dir + "/w.npy --fetch s=" + dir + "/s.npy",
                    &rc);
   ASSERT_EQ(rc, 0) << out;
   auto s = ReadNpy(dir + "/s.npy");
@@ -524,13 +565,15 @@ TEST_F(ShardingTest, CliCompilesAndRunsPartitioned) {
   for (int i = 0; i < 8; ++i) {
     for (int j = 0; j < 6; ++j) {
       double acc = 0;
-      for (int k = 0; k < 4; ++k) acc += double(hx.as<float>()[i * 4 + k]) * hw.as<float>()[k * 6 + j];
+      for (int k = 0; k < 4; ++k)
+        acc += double(hx.as<float>()[i * 4 + k]) * hw.as<float>()[k * 6 + j];
       want += std::tanh(acc);
     }
   }
   EXPECT_NEAR(s->as<float>()[0], want, 1e-4);
 
-  out = RunCommand(tessel + " compile " + graph + " --mesh data=2,model=2 --shard x=\"P('data', 'modl')\"", &rc);
+  out = RunCommand(
+      tessel + " compile " + graph + " --mesh data=2,model=2 --shard x=\"P('data', 'modl')\"", &rc);
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("unknown mesh axis 'modl'"), std::string::npos) << out;
 }

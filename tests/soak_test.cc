@@ -25,25 +25,25 @@ namespace {
 
 constexpr int64_t kCols = 1024;  // a 4 KiB block per device
 constexpr int kInputs = 4;
-constexpr int kWindow = 40;      // steps in flight before the oldest is checked
+constexpr int kWindow = 40;  // steps in flight before the oldest is checked
 
 // What an error may say it came from. Anything else is a finding.
 const char* const kCauses[] = {
-    "out of memory",                 // this device ran out
-    "did not reach this collective",  // a peer's step failed first
-    "lost in transit",               // an injected drop
-    "started over in a new epoch",   // queued behind a lost step
-    "no word from",                  // a peer stalled past the collective timeout
+    "out of memory",                      // this device ran out
+    "did not reach this collective",      // a peer's step failed first
+    "lost in transit",                    // an injected drop
+    "started over in a new epoch",        // queued behind a lost step
+    "no word from",                       // a peer stalled past the collective timeout
     "stalled or went away mid-exchange",  // ... or during the data exchange itself
-    "did not arrive within",         // a local peer stalled past it
-    "Connection closed",             // a peer closed the group after its timeout
+    "did not arrive within",              // a local peer stalled past it
+    "Connection closed",                  // a peer closed the group after its timeout
     "Connection reset",
     "Broken pipe",
-    "out of step",                   // workers at different collectives: the group starts over
+    "out of step",                     // workers at different collectives: the group starts over
     "broke at an earlier collective",  // queued behind a step that broke its group
-    "cannot run its collectives",    // sent before its group broke; the worker moved to a later epoch
-    "connecting to workers",         // a peer did not join a group's new epoch in time
-    "gave up on this group",         // ... and said so
+    "cannot run its collectives",  // sent before its group broke; the worker moved to a later epoch
+    "connecting to workers",       // a peer did not join a group's new epoch in time
+    "gave up on this group",       // ... and said so
     "must start over",
 };
 
@@ -56,7 +56,8 @@ std::string CauseOf(const absl::Status& s) {
 
 TEST(Soak, PipelinedShardedStepsWithFaultsAreRightOrFailNamingTheCause) {
   int steps = 1000;
-  if (const char* n = std::getenv("TESSEL_SOAK"); n != nullptr && std::atoi(n) > 0) steps = std::atoi(n);
+  if (const char* n = std::getenv("TESSEL_SOAK"); n != nullptr && std::atoi(n) > 0)
+    steps = std::atoi(n);
   const uint64_t seed = 20261123;
   LocalCluster::Options o;
   o.workers = 2;
@@ -76,11 +77,12 @@ TEST(Soak, PipelinedShardedStepsWithFaultsAreRightOrFailNamingTheCause) {
   const Sharding rows = Sharding::Split({"d", ""});
   GraphBuilder g("soak");
   Value x = g.Parameter({DType::kF32, {4, kCols}}, "x");
-  Value r = g.ManualRegion(mesh, {x}, {rows}, rows, [](GraphBuilder& b, const std::vector<Value>& in) {
-    Value y = b.Add(b.Mul(in[0], b.Broadcast(b.Scalar(DType::kF32, 2), {1, kCols})),
-                    b.Broadcast(b.Scalar(DType::kF32, 1), {1, kCols}));
-    return b.AllReduce(y, {"d"});
-  });
+  Value r =
+      g.ManualRegion(mesh, {x}, {rows}, rows, [](GraphBuilder& b, const std::vector<Value>& in) {
+        Value y = b.Add(b.Mul(in[0], b.Broadcast(b.Scalar(DType::kF32, 2), {1, kCols})),
+                        b.Broadcast(b.Scalar(DType::kF32, 1), {1, kCols}));
+        return b.AllReduce(y, {"d"});
+      });
   auto graph = g.Build({r});
   ASSERT_TRUE(graph.ok()) << graph.status();
   CompileOptions co{.mesh = mesh, .parameter_shardings = {rows}, .output_shardings = {rows}};
@@ -113,7 +115,8 @@ TEST(Soak, PipelinedShardedStepsWithFaultsAreRightOrFailNamingTheCause) {
     (void)session.Delete({out});
     if (!got.ok()) {
       const std::string cause = CauseOf(got.status());
-      ASSERT_FALSE(cause.empty()) << "step " << step << " failed without naming a known cause: " << got.status();
+      ASSERT_FALSE(cause.empty()) << "step " << step
+                                  << " failed without naming a known cause: " << got.status();
       ++outcomes[cause];
       return;
     }
@@ -121,8 +124,8 @@ TEST(Soak, PipelinedShardedStepsWithFaultsAreRightOrFailNamingTheCause) {
     const std::vector<float>& w = want[step % kInputs];
     for (int r = 0; r < 4; ++r) {
       for (int64_t c = 0; c < kCols; ++c) {
-        ASSERT_EQ(v[r * kCols + c], w[c]) << "step " << step << " came back READY and wrong at row " << r
-                                          << ", column " << c;
+        ASSERT_EQ(v[r * kCols + c], w[c])
+            << "step " << step << " came back READY and wrong at row " << r << ", column " << c;
       }
     }
     ++ok;
@@ -181,8 +184,10 @@ TEST(Soak, PipelinedShardedStepsWithFaultsAreRightOrFailNamingTheCause) {
     if (HasFatalFailure()) return;
   }
   std::string summary;
-  for (const auto& [what, n] : injected) summary += "\n  injected: " + what + " x" + std::to_string(n);
-  for (const auto& [cause, n] : outcomes) summary += "\n  failed, naming '" + cause + "': " + std::to_string(n);
+  for (const auto& [what, n] : injected)
+    summary += "\n  injected: " + what + " x" + std::to_string(n);
+  for (const auto& [cause, n] : outcomes)
+    summary += "\n  failed, naming '" + cause + "': " + std::to_string(n);
   std::printf("soak: %d steps in %.1f s: %d right, %d failed naming their cause%s\n", steps,
               absl::ToDoubleSeconds(absl::Now() - start), ok, steps - ok, summary.c_str());
   // Faults are rare: most steps must still succeed, and the cluster must
@@ -199,8 +204,8 @@ TEST(Soak, PipelinedShardedStepsWithFaultsAreRightOrFailNamingTheCause) {
       EXPECT_EQ(got->as<float>()[0], want[0][0]);
       return;
     }
-    ASSERT_FALSE(CauseOf(got.status()).empty()) << "a step after the soak failed without naming a known cause: "
-                                                << got.status();
+    ASSERT_FALSE(CauseOf(got.status()).empty())
+        << "a step after the soak failed without naming a known cause: " << got.status();
     last_failure = got.status();
   }
   FAIL() << "the cluster served no step right after the soak; the last failure: " << last_failure;

@@ -11,9 +11,10 @@ absl::Status BufferStore::Insert(int device, uint64_t handle, StoredArray a) {
 
 absl::Status BufferStore::InsertLocked(int device, uint64_t handle, StoredArray a) {
   if (retired_.contains(std::make_pair(device, handle))) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "array %#x on device %d was freed before it was written (its put was abandoned, or its array deleted)",
-        handle, device));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("array %#x on device %d was freed before it was written (its put was "
+                        "abandoned, or its array deleted)",
+                        handle, device));
   }
   if (!arrays_.emplace(std::make_pair(device, handle), std::move(a)).second) {
     return absl::AlreadyExistsError(
@@ -26,7 +27,8 @@ absl::StatusOr<StoredArray> BufferStore::Get(int device, uint64_t handle) const 
   absl::MutexLock l(&mu_);
   auto it = arrays_.find(std::make_pair(device, handle));
   if (it == arrays_.end()) {
-    return absl::NotFoundError(absl::StrFormat("array %#x is not on local device %d", handle, device));
+    return absl::NotFoundError(
+        absl::StrFormat("array %#x is not on local device %d", handle, device));
   }
   return it->second;
 }
@@ -73,13 +75,14 @@ absl::Status BufferStore::BeginGrantedWrite(int device, uint64_t handle, absl::T
   absl::MutexLock l(&mu_);
   auto it = grants_.find(std::make_pair(device, handle));
   if (it == grants_.end() || it->second.expiry <= now) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "array %#x on device %d has no open write: its put was written, abandoned or freed, or its ticket expired",
-        handle, device));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("array %#x on device %d has no open write: its put was written, abandoned "
+                        "or freed, or its ticket expired",
+                        handle, device));
   }
   if (it->second.writing) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("array %#x on device %d is being written by another stream", handle, device));
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "array %#x on device %d is being written by another stream", handle, device));
   }
   it->second.writing = true;
   return absl::OkStatus();
@@ -89,9 +92,10 @@ absl::Status BufferStore::InsertGranted(int device, uint64_t handle, StoredArray
   absl::MutexLock l(&mu_);
   auto it = grants_.find(std::make_pair(device, handle));
   if (it == grants_.end()) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "array %#x on device %d was freed while it was written (its put was abandoned or its session ended)",
-        handle, device));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("array %#x on device %d was freed while it was written (its put was "
+                        "abandoned or its session ended)",
+                        handle, device));
   }
   grants_.erase(it);
   return InsertLocked(device, handle, std::move(a));

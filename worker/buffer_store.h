@@ -44,7 +44,7 @@ class Verdict {
 };
 
 struct StoredArray {
-  BufferPtr buffer;        // null when `error` is set
+  BufferPtr buffer;  // null when `error` is set
   v1::TensorType type;
   absl::Status error;
   // The producing step's verdict, where it may still be pending (an
@@ -100,7 +100,8 @@ class BufferStore {
     absl::Time expiry;
     bool writing = false;
   };
-  absl::Status InsertLocked(int device, uint64_t handle, StoredArray a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status InsertLocked(int device, uint64_t handle, StoredArray a)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::pair<int, uint64_t>, StoredArray> arrays_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::pair<int, uint64_t>> retired_ ABSL_GUARDED_BY(mu_);

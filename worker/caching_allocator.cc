@@ -56,9 +56,9 @@ absl::StatusOr<void*> CachingAllocator::Allocate(int64_t bytes) {
   const int64_t size = RoundUp(bytes);
   absl::MutexLock l(&mu_);
   if (options_.limit_bytes > 0 && in_use_ + size > options_.limit_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "device ", options_.device_name, " out of memory: allocating ", bytes, " bytes with ",
-        in_use_, " of ", options_.limit_bytes, " bytes in use"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("device ", options_.device_name, " out of memory: allocating ", bytes,
+                     " bytes with ", in_use_, " of ", options_.limit_bytes, " bytes in use"));
   }
   void* p = nullptr;
   auto it = cache_.find(size);
@@ -134,7 +134,8 @@ class AllocatedBuffer final : public Buffer {
 
 }  // namespace
 
-absl::StatusOr<BufferPtr> AllocateBuffer(const std::shared_ptr<CachingAllocator>& allocator, int64_t bytes) {
+absl::StatusOr<BufferPtr> AllocateBuffer(const std::shared_ptr<CachingAllocator>& allocator,
+                                         int64_t bytes) {
   auto p = allocator->Allocate(bytes);
   if (!p.ok()) return p.status();
   return std::make_shared<AllocatedBuffer>(allocator, *p, bytes);
@@ -142,8 +143,8 @@ absl::StatusOr<BufferPtr> AllocateBuffer(const std::shared_ptr<CachingAllocator>
 
 absl::Status CheckCopyRange(const Buffer& b, int64_t offset, int64_t n) {
   if (offset < 0 || n < 0 || offset + n > b.size()) {
-    return absl::OutOfRangeError(absl::StrCat("copy of ", n, " bytes at offset ", offset, " exceeds buffer of ",
-                                              b.size(), " bytes"));
+    return absl::OutOfRangeError(absl::StrCat("copy of ", n, " bytes at offset ", offset,
+                                              " exceeds buffer of ", b.size(), " bytes"));
   }
   return absl::OkStatus();
 }

@@ -40,8 +40,8 @@ class HostMemory final : public MemorySource {
 class CachingAllocator {
  public:
   struct Options {
-    std::string device_name;        // for error messages
-    int64_t limit_bytes = 0;        // Default: 0, no limit
+    std::string device_name;                      // for error messages
+    int64_t limit_bytes = 0;                      // Default: 0, no limit
     int64_t max_cached_bytes = int64_t{4} << 30;  // Default: 4 GiB kept for reuse
   };
   CachingAllocator(Options options, std::unique_ptr<MemorySource> source)
@@ -72,7 +72,8 @@ class CachingAllocator {
 
 // Device memory from a CachingAllocator: the block goes back to the
 // allocator when the last owner lets go (the allocator outlives it).
-absl::StatusOr<BufferPtr> AllocateBuffer(const std::shared_ptr<CachingAllocator>& allocator, int64_t bytes);
+absl::StatusOr<BufferPtr> AllocateBuffer(const std::shared_ptr<CachingAllocator>& allocator,
+                                         int64_t bytes);
 
 // OUT_OF_RANGE unless bytes [offset, offset + n) lie within `b`.
 absl::Status CheckCopyRange(const Buffer& b, int64_t offset, int64_t n);

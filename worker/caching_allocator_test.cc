@@ -69,7 +69,8 @@ TEST(CachingAllocator, SteadyStateStepLoopNeverCallsTheSource) {
   CachingAllocator a({"cuda:0", 0}, std::move(source));
   auto step = [&] {  // a step's buffers: allocate, then free in another order
     std::vector<std::pair<void*, int64_t>> live;
-    for (int64_t bytes : {4096, 3 << 20, 100, 3 << 20, 70000}) live.emplace_back(*a.Allocate(bytes), bytes);
+    for (int64_t bytes : {4096, 3 << 20, 100, 3 << 20, 70000})
+      live.emplace_back(*a.Allocate(bytes), bytes);
     for (int i : {2, 0, 4, 1, 3}) a.Free(live[i].first, live[i].second);
   };
   step();
@@ -85,7 +86,8 @@ TEST(CachingAllocator, SourceOutOfMemoryReturnsTheCacheAndRetriesThenFailsClearl
   auto source = std::make_unique<CountingMemory>(int64_t{8} << 20);
   CountingMemory* mem = source.get();
   CachingAllocator a({"cuda:1", 0}, std::move(source));
-  // Fill the source with cached 2 MiB blocks, then ask for 6 MiB: the cache goes back, the retry fits.
+  // Fill the source with cached 2 MiB blocks, then ask for 6 MiB: the cache goes back, the retry
+  // fits.
   std::vector<void*> blocks;
   for (int i = 0; i < 4; ++i) blocks.push_back(*a.Allocate(2 << 20));
   for (void* b : blocks) a.Free(b, 2 << 20);

@@ -37,10 +37,11 @@ AxisSplit SplitAround(const v1::TensorType& t, int64_t d) {
   return s;
 }
 
-absl::StatusOr<ResolvedGroup> ResolveGroup(const v1::Program& p, const v1::Node& node, const StepContext& ctx,
-                                           absl::string_view what) {
+absl::StatusOr<ResolvedGroup> ResolveGroup(const v1::Program& p, const v1::Node& node,
+                                           const StepContext& ctx, absl::string_view what) {
   const auto& axes = node.collective().axes();
-  const std::vector<int> members = GroupPositions(p.mesh(), ctx.mesh_position, {axes.begin(), axes.end()});
+  const std::vector<int> members =
+      GroupPositions(p.mesh(), ctx.mesh_position, {axes.begin(), axes.end()});
   ResolvedGroup g;
   g.size = members.size();
   for (size_t i = 0; i < members.size(); ++i) {
@@ -48,7 +49,8 @@ absl::StatusOr<ResolvedGroup> ResolveGroup(const v1::Program& p, const v1::Node&
   }
   if (g.size == 1) return g;
   if (ctx.collectives == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(what, ": this worker has no collectives configured"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": this worker has no collectives configured"));
   }
   if (p.device_workers_size() != p.mesh().devices_size()) {
     return absl::FailedPreconditionError(
@@ -59,7 +61,8 @@ absl::StatusOr<ResolvedGroup> ResolveGroup(const v1::Program& p, const v1::Node&
     spec.rank_devices.push_back(p.mesh().devices(m));
     spec.rank_workers.push_back(p.device_workers(m));
   }
-  spec.key = absl::StrCat("devices:", absl::StrJoin(spec.rank_devices, ","), "@", ctx.collective_epoch);
+  spec.key =
+      absl::StrCat("devices:", absl::StrJoin(spec.rank_devices, ","), "@", ctx.collective_epoch);
   TESSEL_ASSIGN_OR_RETURN(g.comm, ctx.collectives->Get(spec));
   return g;
 }
@@ -68,7 +71,8 @@ CollectiveId IdOf(const StepContext& ctx, int op_index) {
   return CollectiveId{ctx.execution_id, op_index, ctx.scope};
 }
 
-void AbandonCollectives(const v1::Program& program, const StepContext& ctx, const absl::Status& cause) {
+void AbandonCollectives(const v1::Program& program, const StepContext& ctx,
+                        const absl::Status& cause) {
   if (!program.has_mesh()) return;
   const int after = ctx.last_collective != nullptr ? *ctx.last_collective : -1;
   for (int i = after + 1; i < program.instructions_size(); ++i) {

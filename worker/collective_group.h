@@ -51,6 +51,7 @@ CollectiveId IdOf(const StepContext& ctx, int op_index);
 // that is -1 or unset), so the peers waiting in them fail at once with the
 // cause instead of pairing with a later step. Errors are ignored (the
 // step has already failed).
-void AbandonCollectives(const v1::Program& program, const StepContext& ctx, const absl::Status& cause);
+void AbandonCollectives(const v1::Program& program, const StepContext& ctx,
+                        const absl::Status& cause);
 
 }  // namespace tessel::worker

@@ -187,7 +187,8 @@ constexpr size_t kMaxPermutePairs = size_t{1} << 24;  // fits below the tag in a
 // "timeout" or "Timed out"; the coordinator's store says DEADLINE_EXCEEDED)
 // are DEADLINE_EXCEEDED; IO errors and peers gone are UNAVAILABLE; failed
 // internal checks are INTERNAL.
-absl::Status FromGlooException(const std::exception& e, bool gloo_error, absl::string_view context) {
+absl::Status FromGlooException(const std::exception& e, bool gloo_error,
+                               absl::string_view context) {
   const std::string lower = absl::AsciiStrToLower(e.what());
   const std::string message = absl::StrCat(context, ": ", e.what());
   if (absl::StrContains(lower, "timeout") || absl::StrContains(lower, "timed out") ||
@@ -249,7 +250,8 @@ class GlooEndpoint {
   absl::StatusOr<std::shared_ptr<gloo::transport::Device>> Open() const {
     TESSEL_RETURN_IF_ERROR(Resolvable());
     std::shared_ptr<gloo::transport::Device> opened;
-    TESSEL_RETURN_IF_ERROR(CatchGloo(Opening(), [&] { opened = gloo::transport::tcp::CreateDevice(attr_); }));
+    TESSEL_RETURN_IF_ERROR(
+        CatchGloo(Opening(), [&] { opened = gloo::transport::tcp::CreateDevice(attr_); }));
     return opened;
   }
 
@@ -292,16 +294,20 @@ bool KeyIsSet(gloo::rendezvous::Store& store, const std::string& key) {
 // that has given up on it (and moved on to the group's next epoch).
 class WatchfulStore final : public gloo::rendezvous::Store {
  public:
-  WatchfulStore(gloo::rendezvous::Store& inner, std::string abandoned_key, std::chrono::milliseconds timeout)
+  WatchfulStore(gloo::rendezvous::Store& inner, std::string abandoned_key,
+                std::chrono::milliseconds timeout)
       : inner_(inner), abandoned_key_(std::move(abandoned_key)), timeout_(timeout) {}
 
-  void set(const std::string& key, const std::vector<char>& data) override { inner_.set(key, data); }
+  void set(const std::string& key, const std::vector<char>& data) override {
+    inner_.set(key, data);
+  }
   std::vector<char> get(const std::string& key) override {
     wait({key});
     return inner_.get(key);
   }
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
     using Clock = std::chrono::steady_clock;
     // At most the join's own timeout, whatever the caller asks (Gloo's
     // PrefixStore asks for its 30 s default).
@@ -309,7 +315,8 @@ class WatchfulStore final : public gloo::rendezvous::Store {
         Clock::now() + (timeout.count() > 0 ? std::min(timeout, timeout_) : timeout_);
     for (const std::string& key : keys) {
       while (true) {
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
         bool present = false;
         try {
           inner_.wait({key}, std::clamp(left, std::chrono::milliseconds(1), kSlice));
@@ -320,7 +327,8 @@ class WatchfulStore final : public gloo::rendezvous::Store {
         if (present) break;
         if (KeyIsSet(inner_, abandoned_key_)) {
           throw gloo::IoException(
-              "a peer gave up on this group while this worker was joining it; the group starts over");
+              "a peer gave up on this group while this worker was joining it; the group starts "
+              "over");
         }
       }
     }
@@ -340,13 +348,13 @@ class WatchfulStore final : public gloo::rendezvous::Store {
 struct GroupLayout {
   std::string key;
   std::vector<std::string> rank_workers;
-  std::vector<int> rank_devices;             // empty, or one cluster-wide device id per rank
-  std::vector<std::string> workers;          // distinct, by first appearance
-  int self_worker = -1;                      // index into `workers`
-  std::vector<int> worker_of_rank;           // rank -> index into `workers`
+  std::vector<int> rank_devices;               // empty, or one cluster-wide device id per rank
+  std::vector<std::string> workers;            // distinct, by first appearance
+  int self_worker = -1;                        // index into `workers`
+  std::vector<int> worker_of_rank;             // rank -> index into `workers`
   std::vector<std::vector<int>> worker_ranks;  // worker -> its ranks, ascending
-  std::vector<int> local_ranks;              // == worker_ranks[self_worker]
-  std::vector<int> local_index;              // rank -> index into local_ranks, or -1
+  std::vector<int> local_ranks;                // == worker_ranks[self_worker]
+  std::vector<int> local_index;                // rank -> index into local_ranks, or -1
   // Position of each rank when the ranks are listed worker by worker (the
   // order of Gloo's allgatherv); `worker_major` when that is rank order.
   std::vector<int> grouped_pos;
@@ -378,7 +386,8 @@ absl::StatusOr<GroupLayout> MakeLayout(const GroupSpec& spec, const std::string&
   }
   auto self_it = index.find(self);
   if (self_it == index.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("collective group '", spec.key, "': worker '", self,
+    return absl::InvalidArgumentError(absl::StrCat("collective group '", spec.key, "': worker '",
+                                                   self,
                                                    "' holds none of its ranks (rank workers: [",
                                                    absl::StrJoin(spec.rank_workers, ", "), "])"));
   }
@@ -405,48 +414,64 @@ absl::StatusOr<GroupLayout> MakeLayout(const GroupSpec& spec, const std::string&
 // local rank, and a rank is in one call at a time).
 class GroupCommunicator final : public Communicator {
  public:
-  GroupCommunicator(GroupLayout layout, std::shared_ptr<const GlooEndpoint> gloo, absl::Duration timeout,
-                    std::shared_ptr<spdlog::logger> log)
-      : l_(std::move(layout)), endpoint_(std::move(gloo)), timeout_(timeout), log_(std::move(log)) {}
+  GroupCommunicator(GroupLayout layout, std::shared_ptr<const GlooEndpoint> gloo,
+                    absl::Duration timeout, std::shared_ptr<spdlog::logger> log)
+      : l_(std::move(layout)),
+        endpoint_(std::move(gloo)),
+        timeout_(timeout),
+        log_(std::move(log)) {}
 
   const std::vector<std::string>& rank_workers() const { return l_.rank_workers; }
 
   int size() const override { return l_.size(); }
   const std::vector<int>& local_ranks() const override { return l_.local_ranks; }
 
-  absl::Status AllReduce(int rank, const CollectiveId& id, void* data, int64_t count, v1::DType dtype,
-                         ReduceOp op) override {
-    return Collective(rank, id, Call{Kind::kAllReduce, count, dtype, op, nullptr}, data, data, nullptr);
+  absl::Status AllReduce(int rank, const CollectiveId& id, void* data, int64_t count,
+                         v1::DType dtype, ReduceOp op) override {
+    return Collective(rank, id, Call{Kind::kAllReduce, count, dtype, op, nullptr}, data, data,
+                      nullptr);
   }
   absl::Status AllGather(int rank, const CollectiveId& id, const void* in, void* out, int64_t count,
                          v1::DType dtype) override {
-    return Collective(rank, id, Call{Kind::kAllGather, count, dtype, ReduceOp::kSum, nullptr}, in, out, nullptr);
+    return Collective(rank, id, Call{Kind::kAllGather, count, dtype, ReduceOp::kSum, nullptr}, in,
+                      out, nullptr);
   }
-  absl::Status ReduceScatter(int rank, const CollectiveId& id, const void* in, void* out, int64_t count,
-                             v1::DType dtype, ReduceOp op) override {
-    return Collective(rank, id, Call{Kind::kReduceScatter, count, dtype, op, nullptr}, in, out, nullptr);
+  absl::Status ReduceScatter(int rank, const CollectiveId& id, const void* in, void* out,
+                             int64_t count, v1::DType dtype, ReduceOp op) override {
+    return Collective(rank, id, Call{Kind::kReduceScatter, count, dtype, op, nullptr}, in, out,
+                      nullptr);
   }
   absl::Status AllToAll(int rank, const CollectiveId& id, const void* in, void* out, int64_t count,
                         v1::DType dtype) override {
-    return Collective(rank, id, Call{Kind::kAllToAll, count, dtype, ReduceOp::kSum, nullptr}, in, out, nullptr);
+    return Collective(rank, id, Call{Kind::kAllToAll, count, dtype, ReduceOp::kSum, nullptr}, in,
+                      out, nullptr);
   }
-  absl::Status Permute(int rank, const CollectiveId& id, const void* in, void* out, int64_t count, v1::DType dtype,
-                       const std::vector<std::pair<int, int>>& pairs) override {
-    return Collective(rank, id, Call{Kind::kPermute, count, dtype, ReduceOp::kSum, &pairs}, in, out, nullptr);
+  absl::Status Permute(int rank, const CollectiveId& id, const void* in, void* out, int64_t count,
+                       v1::DType dtype, const std::vector<std::pair<int, int>>& pairs) override {
+    return Collective(rank, id, Call{Kind::kPermute, count, dtype, ReduceOp::kSum, &pairs}, in, out,
+                      nullptr);
   }
   absl::Status Abandon(int rank, const CollectiveId& id, const absl::Status& cause) override {
     const absl::Status why = cause.ok() ? absl::UnknownError("(no cause given)") : cause;
-    return Collective(rank, id, Call{Kind::kAbandoned, 0, v1::F32, ReduceOp::kSum, nullptr}, nullptr, nullptr, &why);
+    return Collective(rank, id, Call{Kind::kAbandoned, 0, v1::F32, ReduceOp::kSum, nullptr},
+                      nullptr, nullptr, &why);
   }
 
  private:
-  enum class Kind : uint32_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kPermute, kAbandoned };
+  enum class Kind : uint32_t {
+    kAllReduce,
+    kAllGather,
+    kReduceScatter,
+    kAllToAll,
+    kPermute,
+    kAbandoned
+  };
 
   struct Call {
     Kind kind;
     int64_t count;
     v1::DType dtype;
-    ReduceOp op;                                   // kAllReduce, kReduceScatter
+    ReduceOp op;                                    // kAllReduce, kReduceScatter
     const std::vector<std::pair<int, int>>* pairs;  // kPermute
   };
   struct Slot {
@@ -462,8 +487,8 @@ class GroupCommunicator final : public Communicator {
     bool has_call = false;
     int arrived = 0;
     int departed = 0;
-    bool running = false;     // every local rank arrived; the last runs the round
-    bool done = false;        // `result` is final
+    bool running = false;        // every local rank arrived; the last runs the round
+    bool done = false;           // `result` is final
     absl::Status local_failure;  // a local rank abandoned it, or the local ranks disagree
     absl::Status result;
     const char* copy_src = nullptr;  // set by the runner for CopyOut (published by mu_)
@@ -492,7 +517,8 @@ class GroupCommunicator final : public Communicator {
   }
   // "device 3" when the group knows its devices, else "rank 1".
   std::string RankName(int rank) const {
-    if (rank >= 0 && rank < int(l_.rank_devices.size())) return absl::StrCat("device ", l_.rank_devices[rank]);
+    if (rank >= 0 && rank < int(l_.rank_devices.size()))
+      return absl::StrCat("device ", l_.rank_devices[rank]);
     return absl::StrCat("rank ", rank);
   }
   std::string RankNames(const std::vector<int>& ranks) const {
@@ -508,14 +534,16 @@ class GroupCommunicator final : public Communicator {
 
   absl::Status Validate(int rank, const Call& call, const void* in, void* out) const {
     if (rank < 0 || rank >= l_.size() || l_.local_index[rank] < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(Describe(call), ": rank ", rank, " is not held by worker '",
-                                                     l_.workers[l_.self_worker], "' (local ranks: [",
-                                                     absl::StrJoin(l_.local_ranks, ", "), "])"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          Describe(call), ": rank ", rank, " is not held by worker '", l_.workers[l_.self_worker],
+          "' (local ranks: [", absl::StrJoin(l_.local_ranks, ", "), "])"));
     }
     if (call.kind == Kind::kAbandoned) return absl::OkStatus();
     const int esize = DTypeSize(call.dtype);
-    if (esize == 0) return absl::InvalidArgumentError(absl::StrCat(Describe(call), ": invalid dtype"));
-    if (call.count < 0) return absl::InvalidArgumentError(absl::StrCat(Describe(call), ": negative count"));
+    if (esize == 0)
+      return absl::InvalidArgumentError(absl::StrCat(Describe(call), ": invalid dtype"));
+    if (call.count < 0)
+      return absl::InvalidArgumentError(absl::StrCat(Describe(call), ": negative count"));
     if (call.count > INT64_MAX / esize / l_.size()) {
       return absl::InvalidArgumentError(absl::StrCat(Describe(call), ": byte size overflows"));
     }
@@ -529,7 +557,8 @@ class GroupCommunicator final : public Communicator {
       }
     }
     if (call.count > 0 && ((reads && in == nullptr) || (writes && out == nullptr))) {
-      return absl::InvalidArgumentError(absl::StrCat(Describe(call), ": null buffer on rank ", rank));
+      return absl::InvalidArgumentError(
+          absl::StrCat(Describe(call), ": null buffer on rank ", rank));
     }
     if (Reduces(call.kind) && GetReduceFn(call.dtype, call.op) == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(Describe(call), ": no such reduction"));
@@ -541,11 +570,12 @@ class GroupCommunicator final : public Communicator {
       std::vector<bool> targeted(l_.size());
       for (const auto& [s, t] : *call.pairs) {
         if (s < 0 || s >= l_.size() || t < 0 || t >= l_.size()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(Describe(call), ": pair (", s, ", ", t, ") is outside ranks 0..", l_.size() - 1));
+          return absl::InvalidArgumentError(absl::StrCat(Describe(call), ": pair (", s, ", ", t,
+                                                         ") is outside ranks 0..", l_.size() - 1));
         }
         if (targeted[t]) {
-          return absl::InvalidArgumentError(absl::StrCat(Describe(call), ": rank ", t, " is targeted twice"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(Describe(call), ": rank ", t, " is targeted twice"));
         }
         targeted[t] = true;
       }
@@ -560,15 +590,16 @@ class GroupCommunicator final : public Communicator {
 
   // Remembers the result of a round some local rank never reached, for
   // when it arrives late (bounded: a rank that late gets a timeout of its own).
-  void RememberEnded(const CollectiveId& id, const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void RememberEnded(const CollectiveId& id, const absl::Status& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ended_.emplace_back(id, s);
     if (ended_.size() > kRememberedRounds) ended_.pop_front();
   }
   static constexpr size_t kRememberedRounds = 256;
 
   // The in-memory meeting of the local ranks under `id`; see collectives.h.
-  absl::Status Collective(int rank, const CollectiveId& id, const Call& call, const void* in, void* out,
-                          const absl::Status* abandon) {
+  absl::Status Collective(int rank, const CollectiveId& id, const Call& call, const void* in,
+                          void* out, const absl::Status* abandon) {
     if (absl::Status s = Validate(rank, call, in, out); !s.ok()) return s;
     const int li = l_.local_index[rank];
     const int n = l_.num_local();
@@ -576,8 +607,9 @@ class GroupCommunicator final : public Communicator {
 
     absl::MutexLock lock(&mu_);
     if (!broken_.ok()) {
-      absl::Status s(broken_.code(), absl::StrCat(what, "group '", l_.key, "' broke at an earlier collective (",
-                                                  broken_.message(), ")"));
+      absl::Status s(broken_.code(),
+                     absl::StrCat(what, "group '", l_.key, "' broke at an earlier collective (",
+                                  broken_.message(), ")"));
       s.SetPayload(kGroupBrokenPayload, absl::Cord("1"));
       return s;
     }
@@ -589,22 +621,23 @@ class GroupCommunicator final : public Communicator {
     const std::shared_ptr<Round> round = it->second;  // keeps it alive for this call
     Round& r = *round;
     if (r.slots[li].arrived) {
-      return absl::FailedPreconditionError(absl::StrCat(what, Describe(call), ": ", RankName(rank),
-                                                        " arrived twice"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, Describe(call), ": ", RankName(rank), " arrived twice"));
     }
     r.slots[li] = Slot{in, out, true};
     if (abandon != nullptr) {
       if (r.local_failure.ok()) {
-        r.local_failure = absl::AbortedError(absl::StrCat(RankName(rank), " did not reach this collective: its step failed: ",
-                                                          abandon->ToString()));
+        r.local_failure = absl::AbortedError(
+            absl::StrCat(RankName(rank),
+                         " did not reach this collective: its step failed: ", abandon->ToString()));
       }
     } else if (!r.has_call) {
       r.call = call;
       r.has_call = true;
     } else if (!SameCall(r.call, call) && r.local_failure.ok()) {
-      r.local_failure = absl::InvalidArgumentError(absl::StrCat("local ranks disagree: ", RankName(rank), " called ",
-                                                                Describe(call), " while others called ",
-                                                                Describe(r.call)));
+      r.local_failure = absl::InvalidArgumentError(
+          absl::StrCat("local ranks disagree: ", RankName(rank), " called ", Describe(call),
+                       " while others called ", Describe(r.call)));
     }
     ++r.arrived;
 
@@ -615,9 +648,9 @@ class GroupCommunicator final : public Communicator {
         for (int i = 0; i < n; ++i) {
           if (!r.slots[i].arrived) missing.push_back(l_.local_ranks[i]);
         }
-        r.result = absl::DeadlineExceededError(absl::StrCat(
-            what, Describe(r.has_call ? r.call : call), ": ", RankNames(missing), " did not arrive within ",
-            absl::FormatDuration(timeout_)));
+        r.result = absl::DeadlineExceededError(
+            absl::StrCat(what, Describe(r.has_call ? r.call : call), ": ", RankNames(missing),
+                         " did not arrive within ", absl::FormatDuration(timeout_)));
         r.done = true;
         RememberEnded(id, r.result);
         log_->error("{}", r.result.ToString());
@@ -650,7 +683,8 @@ class GroupCommunicator final : public Communicator {
     // Leave together: results are read from other ranks' buffers until then.
     ++r.departed;
     if (r.departed == r.arrived) {
-      if (auto found = rounds_.find(id); found != rounds_.end() && found->second == round) rounds_.erase(found);
+      if (auto found = rounds_.find(id); found != rounds_.end() && found->second == round)
+        rounds_.erase(found);
     } else if (r.running) {
       auto all_left = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return r.departed == r.arrived; };
       mu_.Await(absl::Condition(&all_left));
@@ -661,7 +695,8 @@ class GroupCommunicator final : public Communicator {
   // ---- The round, run by the last local rank to arrive ----------------------
 
   absl::Status RunRound(const CollectiveId& id, Round& r) {
-    const Call c = r.has_call ? r.call : Call{Kind::kAbandoned, 0, v1::F32, ReduceOp::kSum, nullptr};
+    const Call c =
+        r.has_call ? r.call : Call{Kind::kAbandoned, 0, v1::F32, ReduceOp::kSum, nullptr};
     absl::Status s = RunRoundUnchecked(id, r, c);
     if (!s.ok() && l_.num_workers() > 1 && s.code() != absl::StatusCode::kAborted &&
         s.code() != absl::StatusCode::kInvalidArgument) {
@@ -707,7 +742,9 @@ class GroupCommunicator final : public Communicator {
           // code says so). Headers that disagree say why it failed.
           absl::Status verdict = heard.ok() ? JudgeHeaders(id, c, x) : absl::OkStatus();
           if (verdict.ok()) return data;
-          return absl::Status(data.code(), absl::StrCat(verdict.message(), "; the data exchange failed: ", data.message()));
+          return absl::Status(
+              data.code(),
+              absl::StrCat(verdict.message(), "; the data exchange failed: ", data.message()));
         }
         TESSEL_RETURN_IF_ERROR(heard);
         return JudgeHeaders(id, c, x);
@@ -717,13 +754,15 @@ class GroupCommunicator final : public Communicator {
         // A peer went ahead with an all_reduce; this worker's ranks cannot
         // take part (one abandoned the round, or they called something
         // else). Join with zeros, then give the verdict every worker gives.
-        const Call dummy{Kind::kAllReduce, peer->count, v1::DType(peer->dtype), ReduceOp(peer->reduce_op), nullptr};
+        const Call dummy{Kind::kAllReduce, peer->count, v1::DType(peer->dtype),
+                         ReduceOp(peer->reduce_op), nullptr};
         const size_t bytes = size_t(dummy.count) * DTypeSize(dummy.dtype);
         char* zeros = Scratch(0, bytes);
         std::memset(zeros, 0, bytes);
         TESSEL_RETURN_IF_ERROR(MidExchange(GlooAllReduce(dummy, zeros)));
         absl::Status verdict = JudgeHeaders(id, c, x);
-        if (verdict.ok()) verdict = absl::InternalError(absl::StrCat(Describe(c), ": joined a peer's all_reduce"));
+        if (verdict.ok())
+          verdict = absl::InternalError(absl::StrCat(Describe(c), ": joined a peer's all_reduce"));
         return verdict;
       }
       TESSEL_RETURN_IF_ERROR(JudgeHeaders(id, c, x));
@@ -798,7 +837,8 @@ class GroupCommunicator final : public Communicator {
   static uint64_t PairsHash(const Call& c) {
     if (c.kind != Kind::kPermute) return 0;
     uint64_t h = 1469598103934665603ull;
-    for (const auto& [s, t] : *c.pairs) h = (h ^ uint64_t(uint32_t(s)) << 32 ^ uint32_t(t)) * 1099511628211ull;
+    for (const auto& [s, t] : *c.pairs)
+      h = (h ^ uint64_t(uint32_t(s)) << 32 ^ uint32_t(t)) * 1099511628211ull;
     return h;
   }
 
@@ -830,7 +870,8 @@ class GroupCommunicator final : public Communicator {
   // out of step breaks the group; a rank that abandoned the round, or
   // arguments that differ, fail it on every worker. Only an all_reduce moves
   // data before the verdict (Overlaps).
-  absl::Status PostHeaders(const CollectiveId& id, const Round& r, const Call& c, HeaderExchange& x) {
+  absl::Status PostHeaders(const CollectiveId& id, const Round& r, const Call& c,
+                           HeaderExchange& x) {
     const int nw = l_.num_workers(), self = l_.self_worker;
     x.mine = MakeHeader(id, c, r.local_failure);
     x.theirs.assign(nw, WireHeader{});
@@ -841,8 +882,10 @@ class GroupCommunicator final : public Communicator {
       return CatchGloo(absl::StrCat(Describe(c), ": exchanging headers"), [&] {
         ClosingOutboundOnFailure([&] {
           const int slot = ExchangeSlot(tag, kHeaderSlotBit);
-          x.recv_from_peer = inbound_->getPair(peer)->createRecvBuffer(slot, &x.theirs[peer], sizeof(WireHeader));
-          x.send_to_peer = outbound_->getPair(peer)->createSendBuffer(slot, &x.mine, sizeof(WireHeader));
+          x.recv_from_peer =
+              inbound_->getPair(peer)->createRecvBuffer(slot, &x.theirs[peer], sizeof(WireHeader));
+          x.send_to_peer =
+              outbound_->getPair(peer)->createSendBuffer(slot, &x.mine, sizeof(WireHeader));
           x.send_to_peer->send(0, sizeof(WireHeader));
         });
       });
@@ -865,8 +908,9 @@ class GroupCommunicator final : public Communicator {
     absl::Status first_error;
     const auto deadline = std::chrono::steady_clock::now() + GlooTimeout();
     auto remaining = [&] {
-      return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                        deadline - std::chrono::steady_clock::now()));
+      return std::max(std::chrono::milliseconds(1),
+                      std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now()));
     };
     for (int w = 0; w < nw; ++w) {
       if (w == self) continue;
@@ -894,9 +938,11 @@ class GroupCommunicator final : public Communicator {
       if (!s.ok() && first_error.ok()) first_error = s;
     }
     if (!missing.empty()) {
-      const std::string who = absl::StrJoin(missing, ", ", [&](std::string* out, int w) { out->append(WorkerDevices(w)); });
+      const std::string who = absl::StrJoin(
+          missing, ", ", [&](std::string* out, int w) { out->append(WorkerDevices(w)); });
       return absl::Status(first_error.code(), absl::StrCat("no word from ", who, " within ",
-                                                           absl::FormatDuration(timeout_), ": ", first_error.message()));
+                                                           absl::FormatDuration(timeout_), ": ",
+                                                           first_error.message()));
     }
     return first_error;
   }
@@ -907,18 +953,20 @@ class GroupCommunicator final : public Communicator {
     for (int w = 0; w < nw; ++w) {
       if (w == self) continue;
       const WireHeader& h = x.theirs[w];
-      if (h.magic != kHeaderMagic || h.execution != id.execution || h.op != id.op || h.scope != id.scope) {
+      if (h.magic != kHeaderMagic || h.execution != id.execution || h.op != id.op ||
+          h.scope != id.scope) {
         return absl::FailedPreconditionError(absl::StrCat(
-            Describe(c), ": workers out of step: ", WorkerDevices(w), " is at execution ", h.execution, ", op ", h.op,
-            h.scope == 0 ? "" : absl::StrCat(", scope ", h.scope), "; this device is at ", id.ToString(),
-            "; the group must start over"));
+            Describe(c), ": workers out of step: ", WorkerDevices(w), " is at execution ",
+            h.execution, ", op ", h.op, h.scope == 0 ? "" : absl::StrCat(", scope ", h.scope),
+            "; this device is at ", id.ToString(), "; the group must start over"));
       }
     }
     // Every worker sees the same headers, so every worker returns the same error.
     for (int w = 0; w < nw; ++w) {
       const WireHeader& h = w == self ? mine : x.theirs[w];
       if (h.code != 0) {
-        return absl::AbortedError(std::string(h.message, std::min<size_t>(h.message_len, sizeof(h.message))));
+        return absl::AbortedError(
+            std::string(h.message, std::min<size_t>(h.message_len, sizeof(h.message))));
       }
     }
     for (int w = 0; w < nw; ++w) {
@@ -926,9 +974,9 @@ class GroupCommunicator final : public Communicator {
       if (w == self) continue;
       if (h.kind != mine.kind || h.count != mine.count || h.dtype != mine.dtype ||
           (Reduces(c.kind) && h.reduce_op != mine.reduce_op) || h.pairs_hash != mine.pairs_hash) {
-        return absl::InvalidArgumentError(absl::StrCat(Describe(c), ": ", WorkerDevices(w), " called ",
-                                                       KindName(Kind(h.kind)), "(", DTypeName(v1::DType(h.dtype)), "[",
-                                                       h.count, "]) for the same collective"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            Describe(c), ": ", WorkerDevices(w), " called ", KindName(Kind(h.kind)), "(",
+            DTypeName(v1::DType(h.dtype)), "[", h.count, "]) for the same collective"));
       }
     }
     return absl::OkStatus();
@@ -939,7 +987,8 @@ class GroupCommunicator final : public Communicator {
     for (int w = 0; w < l_.num_workers(); ++w) {
       if (w == l_.self_worker) continue;
       const WireHeader& h = x.theirs[w];
-      if (h.magic == kHeaderMagic && Kind(h.kind) == Kind::kAllReduce && h.code == 0 && h.count > 0) return &h;
+      if (h.magic == kHeaderMagic && Kind(h.kind) == Kind::kAllReduce && h.code == 0 && h.count > 0)
+        return &h;
     }
     return nullptr;
   }
@@ -949,15 +998,16 @@ class GroupCommunicator final : public Communicator {
   absl::Status ConnectGloo(const Call& c) {
     if (gloo_ != nullptr) return absl::OkStatus();
     if (endpoint_ == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(Describe(c), ": the group spans workers [",
-                                                        absl::StrJoin(l_.workers, ", "),
-                                                        "] but this worker has no rendezvous store"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(Describe(c), ": the group spans workers [", absl::StrJoin(l_.workers, ", "),
+                       "] but this worker has no rendezvous store"));
     }
     // A worker that gave up on this group (its epoch) said so in the store:
     // connecting now would wait out the timeout for a peer that has left.
     if (Abandoned()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          Describe(c), ": a peer gave up on this group before this worker joined it; the group starts over"));
+          Describe(c),
+          ": a peer gave up on this group before this worker joined it; the group starts over"));
     }
     auto context = std::make_shared<gloo::rendezvous::Context>(l_.self_worker, l_.num_workers());
     // Joining waits longer than a collective: after a failure the peers
@@ -965,13 +1015,14 @@ class GroupCommunicator final : public Communicator {
     // failed before it.
     const std::chrono::milliseconds join_timeout = GlooTimeout() * kConnectTimeoutFactor;
     context->setTimeout(join_timeout);
-    watchful_store_ = std::make_unique<WatchfulStore>(endpoint_->store(), AbandonedKey(), join_timeout);
+    watchful_store_ =
+        std::make_unique<WatchfulStore>(endpoint_->store(), AbandonedKey(), join_timeout);
     prefix_store_ = std::make_unique<gloo::rendezvous::PrefixStore>(l_.key, *watchful_store_);
     std::shared_ptr<gloo::transport::Device> device;
     TESSEL_ASSIGN_OR_RETURN(device, endpoint_->Device());
     const absl::Time start = absl::Now();
-    const std::string connecting =
-        absl::StrCat(Describe(c), ": connecting to workers [", absl::StrJoin(l_.workers, ", "), "]");
+    const std::string connecting = absl::StrCat(Describe(c), ": connecting to workers [",
+                                                absl::StrJoin(l_.workers, ", "), "]");
     // Two steps. First every worker says it is here and waits until all
     // are; only then does it publish its address (Gloo's "rank_<worker>")
     // and connect. A worker that gives up waiting has published no address,
@@ -984,7 +1035,8 @@ class GroupCommunicator final : public Communicator {
         if (w != l_.self_worker) prefix_store_->wait({HereKey(w)}, join_timeout);
       }
     });
-    if (s.ok()) s = CatchGloo(connecting, [&] { context->connectFullMesh(*prefix_store_, device); });
+    if (s.ok())
+      s = CatchGloo(connecting, [&] { context->connectFullMesh(*prefix_store_, device); });
     // Two workers: one connection each way for all_reduce data, where
     // worker w reads connection w synchronously. Both workers are here once
     // the first mesh is up: these wait no longer than a collective, and
@@ -1008,8 +1060,8 @@ class GroupCommunicator final : public Communicator {
         if (w != l_.self_worker && !KeyIsSet(endpoint_->store(), here)) absent.push_back(w);
       }
       if (!absent.empty()) {
-        const std::string who =
-            absl::StrJoin(absent, ", ", [&](std::string* out, int w) { out->append(WorkerDevices(w)); });
+        const std::string who = absl::StrJoin(
+            absent, ", ", [&](std::string* out, int w) { out->append(WorkerDevices(w)); });
         return Annotate(s, absl::StrCat(who, " never joined the group: "));
       }
       return s;
@@ -1019,8 +1071,8 @@ class GroupCommunicator final : public Communicator {
       inbound_ = std::move(way[l_.self_worker]);
       outbound_ = std::move(way[1 - l_.self_worker]);
     }
-    log_->debug("group '{}': connected to {} workers as worker {} in {}", l_.key, l_.num_workers(), l_.self_worker,
-                absl::FormatDuration(absl::Now() - start));
+    log_->debug("group '{}': connected to {} workers as worker {} in {}", l_.key, l_.num_workers(),
+                l_.self_worker, absl::FormatDuration(absl::Now() - start));
     return absl::OkStatus();
   }
 
@@ -1042,9 +1094,8 @@ class GroupCommunicator final : public Communicator {
     }
     return CatchGloo(Describe(c), [&] {
       gloo::AllreduceOptions opts(gloo_);
-      WithElementType(DTypeSize(c.dtype), [&](auto t) {
-        opts.setOutput(static_cast<decltype(t)*>(data), elements);
-      });
+      WithElementType(DTypeSize(c.dtype),
+                      [&](auto t) { opts.setOutput(static_cast<decltype(t)*>(data), elements); });
       opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
       opts.setReduceFunction(GetReduceFn(c.dtype, c.op));
       opts.setTag(tag);
@@ -1081,30 +1132,34 @@ class GroupCommunicator final : public Communicator {
     const bool first = l_.self_worker == 0;
     const int slot = ExchangeSlot(tag, 0);
     const int peer = 1 - l_.self_worker;
-    return CatchGloo(absl::StrCat(Describe(c), ": exchanging data"), [&] { ClosingOutboundOnFailure([&] {
-      auto in = inbound_->getPair(peer)->createRecvBuffer(slot, inbox, bytes);
-      auto out = outbound_->getPair(peer)->createSendBuffer(slot, mine, bytes);
-      auto length = [&](size_t k) { return std::min(segment, bytes - k * segment); };
-      for (size_t k = 0; k < segments; ++k) out->send(k * segment, length(k), k * segment);
-      for (size_t k = 0; k < segments; ++k) {
-        in->waitRecv();
-        out->waitSend();  // sends complete in order: segment k has left
-        char* at = mine + k * segment;
-        const char* theirs = inbox + k * segment;
-        const size_t n = length(k) / esize;
-        if (first) {
-          reduce(at, at, theirs, n);
-        } else {
-          reduce(at, theirs, at, n);
+    return CatchGloo(absl::StrCat(Describe(c), ": exchanging data"), [&] {
+      ClosingOutboundOnFailure([&] {
+        auto in = inbound_->getPair(peer)->createRecvBuffer(slot, inbox, bytes);
+        auto out = outbound_->getPair(peer)->createSendBuffer(slot, mine, bytes);
+        auto length = [&](size_t k) { return std::min(segment, bytes - k * segment); };
+        for (size_t k = 0; k < segments; ++k) out->send(k * segment, length(k), k * segment);
+        for (size_t k = 0; k < segments; ++k) {
+          in->waitRecv();
+          out->waitSend();  // sends complete in order: segment k has left
+          char* at = mine + k * segment;
+          const char* theirs = inbox + k * segment;
+          const size_t n = length(k) / esize;
+          if (first) {
+            reduce(at, at, theirs, n);
+          } else {
+            reduce(at, theirs, at, n);
+          }
         }
-      }
-    }); });
+      });
+    });
   }
 
   // A slot on the exchange connections (Gloo's bound buffers take int
   // slots): a round's tag, and whether it is the header.
   static constexpr int kHeaderSlotBit = 1 << 30;
-  static int ExchangeSlot(uint32_t tag, int header_bit) { return int(tag & 0x3FFFFFFFu) | header_bit; }
+  static int ExchangeSlot(uint32_t tag, int header_bit) {
+    return int(tag & 0x3FFFFFFFu) | header_bit;
+  }
 
   // Runs `f`, which uses the exchange connections. If it throws, the
   // outbound connection closes before the buffers `f` made go away: Gloo's
@@ -1120,7 +1175,8 @@ class GroupCommunicator final : public Communicator {
       outbound_->getPair(1 - l_.self_worker)->close();
       if (absl::StrContains(e.what(), "read() returned false")) {
         throw gloo::IoException(absl::StrCat(
-            "a message of another round arrived from the peer: the workers are out of step (", e.what(), ")"));
+            "a message of another round arrived from the peer: the workers are out of step (",
+            e.what(), ")"));
       }
       throw;
     } catch (...) {
@@ -1149,7 +1205,8 @@ class GroupCommunicator final : public Communicator {
   // buffer, else scratch is, and each local rank reorders from it.
   absl::Status RunAllGather(Round& r, const Call& c) {
     const size_t block = size_t(c.count) * DTypeSize(c.dtype);
-    char* dst = l_.worker_major ? static_cast<char*>(r.slots[0].out) : Scratch(0, block * l_.size());
+    char* dst =
+        l_.worker_major ? static_cast<char*>(r.slots[0].out) : Scratch(0, block * l_.size());
     for (int i = 0; i < l_.num_local(); ++i) {
       char* to = dst + size_t(l_.grouped_pos[l_.local_ranks[i]]) * block;
       if (to != r.slots[i].in) std::memcpy(to, r.slots[i].in, block);
@@ -1160,7 +1217,9 @@ class GroupCommunicator final : public Communicator {
       const uint32_t tag = next_tag_++;
       absl::Status s = CatchGloo(Describe(c), [&] {
         gloo::AllgathervOptions opts(gloo_);
-        WithElementType(DTypeSize(c.dtype), [&](auto t) { opts.setOutput(reinterpret_cast<decltype(t)*>(dst), elements); });
+        WithElementType(DTypeSize(c.dtype), [&](auto t) {
+          opts.setOutput(reinterpret_cast<decltype(t)*>(dst), elements);
+        });
         opts.setTag(tag);
         opts.setTimeout(GlooTimeout());
         gloo::allgatherv(opts);
@@ -1202,7 +1261,8 @@ class GroupCommunicator final : public Communicator {
     for (int s = 0; s < n; ++s) {
       for (int t = 0; t < n; ++t) {
         std::memcpy(static_cast<char*>(r.slots[t].out) + size_t(l_.local_ranks[s]) * block,
-                    static_cast<const char*>(r.slots[s].in) + size_t(l_.local_ranks[t]) * block, block);
+                    static_cast<const char*>(r.slots[s].in) + size_t(l_.local_ranks[t]) * block,
+                    block);
       }
     }
     if (l_.num_workers() == 1) return absl::OkStatus();
@@ -1309,7 +1369,8 @@ class GroupCommunicator final : public Communicator {
           if (out != r.copy_src) std::memcpy(out, r.copy_src, block * l_.size());
         } else {
           for (int k = 0; k < l_.size(); ++k) {
-            std::memcpy(out + size_t(k) * block, r.copy_src + size_t(l_.grouped_pos[k]) * block, block);
+            std::memcpy(out + size_t(k) * block, r.copy_src + size_t(l_.grouped_pos[k]) * block,
+                        block);
           }
         }
         break;
@@ -1320,7 +1381,9 @@ class GroupCommunicator final : public Communicator {
           std::memcpy(out, r.copy_src + size_t(rank) * block, block);
           break;
         }
-        auto block_of = [&](int i) { return static_cast<const char*>(r.slots[i].in) + size_t(rank) * block; };
+        auto block_of = [&](int i) {
+          return static_cast<const char*>(r.slots[i].in) + size_t(rank) * block;
+        };
         if (l_.num_local() == 1) {
           std::memcpy(out, block_of(0), block);
           break;
@@ -1332,8 +1395,7 @@ class GroupCommunicator final : public Communicator {
       }
       case Kind::kAllToAll:
       case Kind::kPermute:
-      case Kind::kAbandoned:
-        break;  // the round wrote every output
+      case Kind::kAbandoned: break;  // the round wrote every output
     }
   }
 
@@ -1372,10 +1434,10 @@ class Registry final : public CommunicatorRegistry {
     absl::MutexLock l(&mu_);
     if (auto it = groups_.find(spec.key); it != groups_.end()) {
       if (it->second->rank_workers() != spec.rank_workers) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "collective group '", spec.key, "' was created with rank workers [",
-            absl::StrJoin(it->second->rank_workers(), ", "), "], asked for again with [",
-            absl::StrJoin(spec.rank_workers, ", "), "]"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("collective group '", spec.key, "' was created with rank workers [",
+                         absl::StrJoin(it->second->rank_workers(), ", "),
+                         "], asked for again with [", absl::StrJoin(spec.rank_workers, ", "), "]"));
       }
       return it->second;
     }
@@ -1385,27 +1447,29 @@ class Registry final : public CommunicatorRegistry {
       if (cur != current_.end()) {
         const EpochKey& now = cur->second;
         if (now.incarnation == ek.incarnation && ek.epoch < now.epoch) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "collective group '", spec.key, "': its epoch ", ek.epoch, " is over (this worker meets in epoch ",
-              now.epoch, " now); a step sent before a group broke cannot run its collectives"));
+          return absl::FailedPreconditionError(
+              absl::StrCat("collective group '", spec.key, "': its epoch ", ek.epoch,
+                           " is over (this worker meets in epoch ", now.epoch,
+                           " now); a step sent before a group broke cannot run its collectives"));
         }
       }
     }
     auto layout = MakeLayout(spec, options_.self);
     if (!layout.ok()) return layout.status();
     if (layout->num_workers() > 1 && endpoint_ == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat("collective group '", spec.key, "' spans workers [",
-                                                        absl::StrJoin(layout->workers, ", "),
-                                                        "] but this worker has no rendezvous store"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "collective group '", spec.key, "' spans workers [", absl::StrJoin(layout->workers, ", "),
+          "] but this worker has no rendezvous store"));
     }
-    auto group = std::make_shared<GroupCommunicator>(std::move(*layout), endpoint_, options_.timeout,
-                                                     options_.logger);
+    auto group = std::make_shared<GroupCommunicator>(std::move(*layout), endpoint_,
+                                                     options_.timeout, options_.logger);
     if (ek.valid) {
       // Earlier epochs of these devices (and other coordinators') are over.
       for (auto it = groups_.begin(); it != groups_.end();) {
         const EpochKey old = ParseEpochKey(it->first);
         if (old.valid && old.devices == ek.devices) {
-          options_.logger->info("collective group '{}' dropped: superseded by '{}'", it->first, spec.key);
+          options_.logger->info("collective group '{}' dropped: superseded by '{}'", it->first,
+                                spec.key);
           groups_.erase(it++);
         } else {
           ++it;
@@ -1455,20 +1519,24 @@ class Registry final : public CommunicatorRegistry {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CommunicatorRegistry>> NewCommunicatorRegistry(CollectivesOptions options) {
-  if (options.self.empty()) return absl::InvalidArgumentError("collectives: `self` (this worker's address) is empty");
+absl::StatusOr<std::unique_ptr<CommunicatorRegistry>> NewCommunicatorRegistry(
+    CollectivesOptions options) {
+  if (options.self.empty())
+    return absl::InvalidArgumentError("collectives: `self` (this worker's address) is empty");
   if (options.timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("collectives: timeout must be positive, got ", absl::FormatDuration(options.timeout)));
+    return absl::InvalidArgumentError(absl::StrCat("collectives: timeout must be positive, got ",
+                                                   absl::FormatDuration(options.timeout)));
   }
   if (options.logger == nullptr) {
-    options.logger = std::make_shared<spdlog::logger>("collectives", std::make_shared<spdlog::sinks::null_sink_mt>());
+    options.logger = std::make_shared<spdlog::logger>(
+        "collectives", std::make_shared<spdlog::sinks::null_sink_mt>());
   }
   std::shared_ptr<GlooEndpoint> endpoint;
   if (options.store != nullptr) {
     if (!GlooPeerNameGuardActive()) {
-      options.logger->warn("this executable does not export the guard for Gloo's connect (worker/gloo_guard.h): a "
-                           "peer that resets a connection while it is set up will terminate this process");
+      options.logger->warn(
+          "this executable does not export the guard for Gloo's connect (worker/gloo_guard.h): a "
+          "peer that resets a connection while it is set up will terminate this process");
     }
     SetGlooGuardLogger(options.logger);
     gloo::transport::tcp::attr attr;

@@ -65,6 +65,7 @@ struct CollectivesOptions {
   std::shared_ptr<spdlog::logger> logger;
 };
 
-absl::StatusOr<std::unique_ptr<CommunicatorRegistry>> NewCommunicatorRegistry(CollectivesOptions options);
+absl::StatusOr<std::unique_ptr<CommunicatorRegistry>> NewCommunicatorRegistry(
+    CollectivesOptions options);
 
 }  // namespace tessel::worker

@@ -35,7 +35,9 @@ using Bytes = std::vector<char>;
 const auto& kDTypes = kAllDTypes;
 const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMax, ReduceOp::kMin};
 
-bool IsFloatType(v1::DType t) { return t == v1::F32 || t == v1::F64 || t == v1::F16 || t == v1::BF16; }
+bool IsFloatType(v1::DType t) {
+  return t == v1::F32 || t == v1::F64 || t == v1::F16 || t == v1::BF16;
+}
 
 double LoadFloat(v1::DType t, const Bytes& b, int64_t i) {
   switch (t) {
@@ -111,7 +113,8 @@ Bytes ReferenceReduce(v1::DType t, ReduceOp op, const std::vector<Bytes>& inputs
     if (t == v1::PRED) {
       const bool any = op == ReduceOp::kSum || op == ReduceOp::kMax;
       bool acc = !any;
-      for (const Bytes& in : inputs) acc = any ? (acc || LoadInt(t, in, i)) : (acc && LoadInt(t, in, i));
+      for (const Bytes& in : inputs)
+        acc = any ? (acc || LoadInt(t, in, i)) : (acc && LoadInt(t, in, i));
       StoreInt(t, out, i, acc);
     } else if (IsFloatType(t)) {
       double acc = LoadFloat(t, inputs[0], i);
@@ -133,8 +136,12 @@ Bytes ReferenceReduce(v1::DType t, ReduceOp op, const std::vector<Bytes>& inputs
         switch (op) {
           case ReduceOp::kSum: acc += v; break;
           case ReduceOp::kProd: acc *= v; break;
-          case ReduceOp::kMax: acc = is_signed ? uint64_t(std::max(int64_t(acc), int64_t(v))) : std::max(acc, v); break;
-          case ReduceOp::kMin: acc = is_signed ? uint64_t(std::min(int64_t(acc), int64_t(v))) : std::min(acc, v); break;
+          case ReduceOp::kMax:
+            acc = is_signed ? uint64_t(std::max(int64_t(acc), int64_t(v))) : std::max(acc, v);
+            break;
+          case ReduceOp::kMin:
+            acc = is_signed ? uint64_t(std::min(int64_t(acc), int64_t(v))) : std::min(acc, v);
+            break;
         }
       }
       StoreInt(t, out, i, acc);
@@ -145,14 +152,14 @@ Bytes ReferenceReduce(v1::DType t, ReduceOp op, const std::vector<Bytes>& inputs
 
 // Exact for integers, pred, max and min; float sums and products within a
 // few roundings of the dtype per rank.
-void ExpectReduced(v1::DType t, ReduceOp op, const std::vector<Bytes>& inputs, const Bytes& got, const Bytes& want,
-                   const std::string& what) {
+void ExpectReduced(v1::DType t, ReduceOp op, const std::vector<Bytes>& inputs, const Bytes& got,
+                   const Bytes& want, const std::string& what) {
   const int64_t n = want.size() / DTypeSize(t);
   if (!IsFloatType(t) || op == ReduceOp::kMax || op == ReduceOp::kMin) {
     ASSERT_EQ(got, want) << what;
     return;
   }
-  const double eps = t == v1::F64 ? std::ldexp(1.0, -50)
+  const double eps = t == v1::F64   ? std::ldexp(1.0, -50)
                      : t == v1::F32 ? std::ldexp(1.0, -21)
                      : t == v1::F16 ? std::ldexp(1.0, -9)
                                     : std::ldexp(1.0, -6);
@@ -171,7 +178,8 @@ class SimulatedWorkers {
   explicit SimulatedWorkers(const std::vector<std::string>& rank_workers,
                             absl::Duration timeout = absl::Seconds(30),
                             std::shared_ptr<gloo::rendezvous::Store> store = nullptr)
-      : store_(store != nullptr ? std::move(store) : std::make_shared<gloo::rendezvous::HashStore>()) {
+      : store_(store != nullptr ? std::move(store)
+                                : std::make_shared<gloo::rendezvous::HashStore>()) {
     for (const std::string& w : rank_workers) {
       if (registries_.count(w)) continue;
       CollectivesOptions options;
@@ -189,7 +197,8 @@ class SimulatedWorkers {
 
   // Runs body(rank, communicator) for every rank of `spec` in `ranks` (all by
   // default), each on its own thread, and returns their statuses by rank.
-  std::vector<absl::Status> Run(const GroupSpec& spec, const std::function<absl::Status(int, Communicator*)>& body,
+  std::vector<absl::Status> Run(const GroupSpec& spec,
+                                const std::function<absl::Status(int, Communicator*)>& body,
                                 std::set<int> ranks = {}) {
     const int size = spec.rank_workers.size();
     if (ranks.empty()) {
@@ -213,7 +222,8 @@ class SimulatedWorkers {
 };
 
 void ExpectAllOk(const std::vector<absl::Status>& statuses) {
-  for (size_t r = 0; r < statuses.size(); ++r) EXPECT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
+  for (size_t r = 0; r < statuses.size(); ++r)
+    EXPECT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
 }
 
 struct Layout {
@@ -244,7 +254,8 @@ TEST_P(CollectivesLayoutTest, AllReduceEveryDTypeAndOp) {
   for (v1::DType t : kDTypes) {
     for (ReduceOp op : kOps) cases.push_back({t, op, 37});
   }
-  cases.push_back({v1::F32, ReduceOp::kSum, 300'000});  // several Gloo segments (two workers: 2 exchange segments)
+  cases.push_back({v1::F32, ReduceOp::kSum,
+                   300'000});  // several Gloo segments (two workers: 2 exchange segments)
   cases.push_back({v1::BF16, ReduceOp::kMax, 1});
   // Two workers exchange blocks of up to 16 MiB in 1 MiB segments: an odd
   // count of 2-byte elements leaves a short last segment; past 16 MiB the
@@ -255,7 +266,8 @@ TEST_P(CollectivesLayoutTest, AllReduceEveryDTypeAndOp) {
   ExpectAllOk(workers.Run(Spec("allreduce"), [&](int rank, Communicator* comm) -> absl::Status {
     for (size_t c = 0; c < cases.size(); ++c) {
       Bytes data = MakeInput(cases[c].dtype, cases[c].op, cases[c].count, Seed(c, rank));
-      absl::Status s = comm->AllReduce(rank, CollectiveId{1, int(c)}, data.data(), cases[c].count, cases[c].dtype, cases[c].op);
+      absl::Status s = comm->AllReduce(rank, CollectiveId{1, int(c)}, data.data(), cases[c].count,
+                                       cases[c].dtype, cases[c].op);
       if (!s.ok()) return s;
       results[c][rank] = std::move(data);
     }
@@ -263,14 +275,16 @@ TEST_P(CollectivesLayoutTest, AllReduceEveryDTypeAndOp) {
   }));
   for (size_t c = 0; c < cases.size(); ++c) {
     std::vector<Bytes> inputs;
-    for (int r = 0; r < size(); ++r) inputs.push_back(MakeInput(cases[c].dtype, cases[c].op, cases[c].count, Seed(c, r)));
+    for (int r = 0; r < size(); ++r)
+      inputs.push_back(MakeInput(cases[c].dtype, cases[c].op, cases[c].count, Seed(c, r)));
     const Bytes want = ReferenceReduce(cases[c].dtype, cases[c].op, inputs, cases[c].count);
     for (int r = 0; r < size(); ++r) {
       ExpectReduced(cases[c].dtype, cases[c].op, inputs, results[c][r], want,
                     absl::StrCat(DTypeName(cases[c].dtype), " op ", int(cases[c].op), " rank ", r));
     }
     // Every rank holds the same bits.
-    for (int r = 1; r < size(); ++r) EXPECT_EQ(results[c][r], results[c][0]) << DTypeName(cases[c].dtype);
+    for (int r = 1; r < size(); ++r)
+      EXPECT_EQ(results[c][r], results[c][0]) << DTypeName(cases[c].dtype);
   }
 }
 
@@ -282,17 +296,19 @@ TEST_P(CollectivesLayoutTest, ReduceScatterEveryDTypeAndOp) {
     for (ReduceOp op : kOps) cases.push_back({t, op});
   }
   std::vector<std::vector<Bytes>> results(cases.size(), std::vector<Bytes>(size()));
-  ExpectAllOk(workers.Run(Spec("reduce_scatter"), [&](int rank, Communicator* comm) -> absl::Status {
-    for (size_t c = 0; c < cases.size(); ++c) {
-      const auto [t, op] = cases[c];
-      const Bytes in = MakeInput(t, op, count * size(), Seed(c, rank));
-      Bytes out(count * DTypeSize(t));
-      absl::Status s = comm->ReduceScatter(rank, CollectiveId{1, int(c)}, in.data(), out.data(), count, t, op);
-      if (!s.ok()) return s;
-      results[c][rank] = std::move(out);
-    }
-    return absl::OkStatus();
-  }));
+  ExpectAllOk(
+      workers.Run(Spec("reduce_scatter"), [&](int rank, Communicator* comm) -> absl::Status {
+        for (size_t c = 0; c < cases.size(); ++c) {
+          const auto [t, op] = cases[c];
+          const Bytes in = MakeInput(t, op, count * size(), Seed(c, rank));
+          Bytes out(count * DTypeSize(t));
+          absl::Status s = comm->ReduceScatter(rank, CollectiveId{1, int(c)}, in.data(), out.data(),
+                                               count, t, op);
+          if (!s.ok()) return s;
+          results[c][rank] = std::move(out);
+        }
+        return absl::OkStatus();
+      }));
   for (size_t c = 0; c < cases.size(); ++c) {
     const auto [t, op] = cases[c];
     std::vector<Bytes> inputs;
@@ -302,8 +318,11 @@ TEST_P(CollectivesLayoutTest, ReduceScatterEveryDTypeAndOp) {
     for (int r = 0; r < size(); ++r) {
       const Bytes want(full.begin() + r * count * esize, full.begin() + (r + 1) * count * esize);
       std::vector<Bytes> block_inputs;
-      for (const Bytes& in : inputs) block_inputs.emplace_back(in.begin() + r * count * esize, in.begin() + (r + 1) * count * esize);
-      ExpectReduced(t, op, block_inputs, results[c][r], want, absl::StrCat(DTypeName(t), " op ", int(op), " rank ", r));
+      for (const Bytes& in : inputs)
+        block_inputs.emplace_back(in.begin() + r * count * esize,
+                                  in.begin() + (r + 1) * count * esize);
+      ExpectReduced(t, op, block_inputs, results[c][r], want,
+                    absl::StrCat(DTypeName(t), " op ", int(op), " rank ", r));
     }
   }
 }
@@ -316,7 +335,8 @@ TEST_P(CollectivesLayoutTest, AllGatherEveryDType) {
     for (size_t c = 0; c < std::size(kDTypes); ++c) {
       const Bytes in = MakeInput(kDTypes[c], ReduceOp::kSum, count, Seed(c, rank));
       Bytes out(count * size() * DTypeSize(kDTypes[c]));
-      absl::Status s = comm->AllGather(rank, CollectiveId{1, int(c)}, in.data(), out.data(), count, kDTypes[c]);
+      absl::Status s =
+          comm->AllGather(rank, CollectiveId{1, int(c)}, in.data(), out.data(), count, kDTypes[c]);
       if (!s.ok()) return s;
       results[c][rank] = std::move(out);
     }
@@ -328,7 +348,8 @@ TEST_P(CollectivesLayoutTest, AllGatherEveryDType) {
       const Bytes in = MakeInput(kDTypes[c], ReduceOp::kSum, count, Seed(c, r));
       want.insert(want.end(), in.begin(), in.end());
     }
-    for (int r = 0; r < size(); ++r) EXPECT_EQ(results[c][r], want) << DTypeName(kDTypes[c]) << " rank " << r;
+    for (int r = 0; r < size(); ++r)
+      EXPECT_EQ(results[c][r], want) << DTypeName(kDTypes[c]) << " rank " << r;
   }
 }
 
@@ -340,7 +361,8 @@ TEST_P(CollectivesLayoutTest, AllToAllEveryDType) {
     for (size_t c = 0; c < std::size(kDTypes); ++c) {
       const Bytes in = MakeInput(kDTypes[c], ReduceOp::kSum, count * size(), Seed(c, rank));
       Bytes out(in.size());
-      absl::Status s = comm->AllToAll(rank, CollectiveId{1, int(c)}, in.data(), out.data(), count, kDTypes[c]);
+      absl::Status s =
+          comm->AllToAll(rank, CollectiveId{1, int(c)}, in.data(), out.data(), count, kDTypes[c]);
       if (!s.ok()) return s;
       results[c][rank] = std::move(out);
     }
@@ -349,10 +371,12 @@ TEST_P(CollectivesLayoutTest, AllToAllEveryDType) {
   for (size_t c = 0; c < std::size(kDTypes); ++c) {
     const size_t block = count * DTypeSize(kDTypes[c]);
     std::vector<Bytes> inputs;
-    for (int r = 0; r < size(); ++r) inputs.push_back(MakeInput(kDTypes[c], ReduceOp::kSum, count * size(), Seed(c, r)));
+    for (int r = 0; r < size(); ++r)
+      inputs.push_back(MakeInput(kDTypes[c], ReduceOp::kSum, count * size(), Seed(c, r)));
     for (int i = 0; i < size(); ++i) {
       Bytes want;  // block j of rank i's output is block i of rank j's input
-      for (int j = 0; j < size(); ++j) want.insert(want.end(), inputs[j].begin() + i * block, inputs[j].begin() + (i + 1) * block);
+      for (int j = 0; j < size(); ++j)
+        want.insert(want.end(), inputs[j].begin() + i * block, inputs[j].begin() + (i + 1) * block);
       EXPECT_EQ(results[c][i], want) << DTypeName(kDTypes[c]) << " rank " << i;
     }
   }
@@ -365,7 +389,7 @@ TEST_P(CollectivesLayoutTest, PermuteEveryDType) {
   std::vector<std::vector<std::pair<int, int>>> pair_sets(3);
   for (int r = 0; r < n; ++r) pair_sets[0].push_back({r, (r + 1) % n});  // shift
   for (int r = 0; r < n; ++r) pair_sets[1].push_back({r, n - 1 - r});    // reverse
-  pair_sets[2] = {{n - 1, 0}};                                            // the rest get zeros
+  pair_sets[2] = {{n - 1, 0}};                                           // the rest get zeros
   struct Case {
     v1::DType dtype;
     int pairs;
@@ -379,7 +403,8 @@ TEST_P(CollectivesLayoutTest, PermuteEveryDType) {
     for (size_t c = 0; c < cases.size(); ++c) {
       const Bytes in = MakeInput(cases[c].dtype, ReduceOp::kSum, count, Seed(c, rank));
       Bytes out(in.size(), char(0x5a));
-      absl::Status s = comm->Permute(rank, CollectiveId{1, int(c)}, in.data(), out.data(), count, cases[c].dtype, pair_sets[cases[c].pairs]);
+      absl::Status s = comm->Permute(rank, CollectiveId{1, int(c)}, in.data(), out.data(), count,
+                                     cases[c].dtype, pair_sets[cases[c].pairs]);
       if (!s.ok()) return s;
       results[c][rank] = std::move(out);
     }
@@ -391,17 +416,21 @@ TEST_P(CollectivesLayoutTest, PermuteEveryDType) {
       for (const auto& [s, target] : pair_sets[cases[c].pairs]) {
         if (target == t) want = MakeInput(cases[c].dtype, ReduceOp::kSum, count, Seed(c, s));
       }
-      EXPECT_EQ(results[c][t], want) << DTypeName(cases[c].dtype) << " pairs " << cases[c].pairs << " rank " << t;
+      EXPECT_EQ(results[c][t], want)
+          << DTypeName(cases[c].dtype) << " pairs " << cases[c].pairs << " rank " << t;
     }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Collectives, CollectivesLayoutTest,
-    ::testing::Values(Layout{"one_worker", {"w0", "w0", "w0", "w0"}}, Layout{"blocked", {"w0", "w0", "w1", "w1"}},
-                      Layout{"interleaved", {"w0", "w1", "w0", "w1"}}, Layout{"one_each", {"w0", "w1"}},
-                      Layout{"uneven", {"w0", "w1", "w1", "w2"}}),
-    [](const ::testing::TestParamInfo<Layout>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Collectives, CollectivesLayoutTest,
+                         ::testing::Values(Layout{"one_worker", {"w0", "w0", "w0", "w0"}},
+                                           Layout{"blocked", {"w0", "w0", "w1", "w1"}},
+                                           Layout{"interleaved", {"w0", "w1", "w0", "w1"}},
+                                           Layout{"one_each", {"w0", "w1"}},
+                                           Layout{"uneven", {"w0", "w1", "w1", "w2"}}),
+                         [](const ::testing::TestParamInfo<Layout>& info) {
+                           return info.param.name;
+                         });
 
 TEST(Collectives, GetKeepsOneCommunicatorPerGroup) {
   SimulatedWorkers workers({"w0"});
@@ -434,7 +463,8 @@ TEST(Collectives, TheTransportOpensWithTheFirstGroupAcrossWorkers) {
   auto sum = [](int rank, Communicator* comm) {
     float x[3] = {1.f + rank, 2.f, 3.f};
     absl::Status s = comm->AllReduce(rank, kId, x, 3, v1::F32, ReduceOp::kSum);
-    if (s.ok() && comm->size() == 2 && x[0] != 3.f) s = absl::InternalError(absl::StrCat("sum ", x[0], ", not 3"));
+    if (s.ok() && comm->size() == 2 && x[0] != 3.f)
+      s = absl::InternalError(absl::StrCat("sum ", x[0], ", not 3"));
     return s;
   };
   ExpectAllOk(workers.Run(GroupSpec{"local", {"w0", "w0"}}, sum));
@@ -484,23 +514,29 @@ TEST(Collectives, MissingLocalRankIsDeadlineExceeded) {
   SimulatedWorkers workers({"w0"}, absl::Seconds(1));
   const GroupSpec spec{"lonely", {"w0", "w0", "w0"}, {10, 11, 12}};
   const absl::Time start = absl::Now();
-  auto statuses = workers.Run(spec, [](int rank, Communicator* comm) {
-    float x = 1;
-    return comm->AllReduce(rank, kId, &x, 1, v1::F32, ReduceOp::kSum);
-  }, {0, 1});
+  auto statuses = workers.Run(spec,
+                              [](int rank, Communicator* comm) {
+                                float x = 1;
+                                return comm->AllReduce(rank, kId, &x, 1, v1::F32, ReduceOp::kSum);
+                              },
+                              {0, 1});
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   for (int r : {0, 1}) {
     ASSERT_EQ(statuses[r].code(), absl::StatusCode::kDeadlineExceeded) << statuses[r];
     EXPECT_NE(statuses[r].message().find("'lonely'"), absl::string_view::npos) << statuses[r];
     // Names the device that stalled, not the ones that waited.
-    EXPECT_NE(statuses[r].message().find("device 12 did not arrive"), absl::string_view::npos) << statuses[r];
-    EXPECT_NE(statuses[r].message().find("execution 1, op 0"), absl::string_view::npos) << statuses[r];
+    EXPECT_NE(statuses[r].message().find("device 12 did not arrive"), absl::string_view::npos)
+        << statuses[r];
+    EXPECT_NE(statuses[r].message().find("execution 1, op 0"), absl::string_view::npos)
+        << statuses[r];
   }
   // The late rank gets the same error at once, never another step's data.
-  auto late = workers.Run(spec, [](int rank, Communicator* comm) {
-    float x = 1;
-    return comm->AllReduce(rank, kId, &x, 1, v1::F32, ReduceOp::kSum);
-  }, {2});
+  auto late = workers.Run(spec,
+                          [](int rank, Communicator* comm) {
+                            float x = 1;
+                            return comm->AllReduce(rank, kId, &x, 1, v1::F32, ReduceOp::kSum);
+                          },
+                          {2});
   EXPECT_EQ(late[2].code(), absl::StatusCode::kDeadlineExceeded) << late[2];
   // The group itself is fine: the next collective meets.
   std::vector<float> sums(3);
@@ -515,16 +551,19 @@ TEST(Collectives, MissingWorkerIsDeadlineExceeded) {
   SimulatedWorkers workers({"w0", "w1"}, absl::Seconds(1));
   const GroupSpec spec{"across", {"w0", "w1"}, {4, 7}};
   const absl::Time start = absl::Now();
-  auto statuses = workers.Run(spec, [](int rank, Communicator* comm) {
-    float x = 1;
-    return comm->AllReduce(rank, kId, &x, 1, v1::F32, ReduceOp::kSum);
-  }, {0});
+  auto statuses = workers.Run(spec,
+                              [](int rank, Communicator* comm) {
+                                float x = 1;
+                                return comm->AllReduce(rank, kId, &x, 1, v1::F32, ReduceOp::kSum);
+                              },
+                              {0});
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   ASSERT_EQ(statuses[0].code(), absl::StatusCode::kDeadlineExceeded) << statuses[0];
   EXPECT_NE(statuses[0].message().find("'across'"), absl::string_view::npos) << statuses[0];
   EXPECT_NE(statuses[0].message().find("AllReduce"), absl::string_view::npos) << statuses[0];
   // The worker and device that never came, not just the group.
-  EXPECT_NE(statuses[0].message().find("worker 'w1' (device 7) never joined the group"), absl::string_view::npos)
+  EXPECT_NE(statuses[0].message().find("worker 'w1' (device 7) never joined the group"),
+            absl::string_view::npos)
       << statuses[0];
 }
 
@@ -542,15 +581,18 @@ TEST(Collectives, APeerThatGivesUpWhileThisWorkerJoinsReleasesItAtOnce) {
     store->set("late/abandoned", {'1'});  // ... and gave up while w1 was joining
   });
   const absl::Time start = absl::Now();
-  auto statuses = workers.Run(spec, [](int rank, Communicator* comm) {
-    float x = 1;
-    return comm->AllReduce(rank, kId, &x, 1, v1::F32, ReduceOp::kSum);
-  }, {1});
+  auto statuses = workers.Run(spec,
+                              [](int rank, Communicator* comm) {
+                                float x = 1;
+                                return comm->AllReduce(rank, kId, &x, 1, v1::F32, ReduceOp::kSum);
+                              },
+                              {1});
   give_up.join();
   EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << statuses[1];
   ASSERT_FALSE(statuses[1].ok());
-  EXPECT_NE(statuses[1].message().find("a peer gave up on this group while this worker was joining it"),
-            absl::string_view::npos)
+  EXPECT_NE(
+      statuses[1].message().find("a peer gave up on this group while this worker was joining it"),
+      absl::string_view::npos)
       << statuses[1];
   EXPECT_EQ(statuses[1].message().find("never joined"), absl::string_view::npos) << statuses[1];
 }
@@ -561,7 +603,8 @@ TEST(Collectives, WorkerMissingAfterConnectingIsDeadlineExceeded) {
   int64_t execution = 1;
   auto body = [&](int rank, Communicator* comm) {
     std::vector<float> x(1000, 1);
-    return comm->AllReduce(rank, CollectiveId{execution, 0}, x.data(), x.size(), v1::F32, ReduceOp::kSum);
+    return comm->AllReduce(rank, CollectiveId{execution, 0}, x.data(), x.size(), v1::F32,
+                           ReduceOp::kSum);
   };
   ExpectAllOk(workers.Run(spec, body));
   ++execution;
@@ -571,7 +614,8 @@ TEST(Collectives, WorkerMissingAfterConnectingIsDeadlineExceeded) {
   ASSERT_EQ(statuses[0].code(), absl::StatusCode::kDeadlineExceeded) << statuses[0];
   EXPECT_NE(statuses[0].message().find("'across'"), absl::string_view::npos) << statuses[0];
   // Names the worker and the device that did not come.
-  EXPECT_NE(statuses[0].message().find("worker 'w1' (device 7)"), absl::string_view::npos) << statuses[0];
+  EXPECT_NE(statuses[0].message().find("worker 'w1' (device 7)"), absl::string_view::npos)
+      << statuses[0];
   EXPECT_TRUE(statuses[0].GetPayload(kGroupBrokenPayload).has_value()) << statuses[0];
   // That group is broken for good; a group of the next epoch meets again.
   ++execution;
@@ -603,7 +647,8 @@ TEST(Collectives, LocalRanksCallingDifferentCollectivesIsAnError) {
     return rank == 0 ? comm->AllReduce(rank, kId, x, 2, v1::F32, ReduceOp::kSum)
                      : comm->AllReduce(rank, kId, x, 2, v1::F32, ReduceOp::kMax);
   });
-  for (const absl::Status& s : statuses) EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  for (const absl::Status& s : statuses)
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
 }
 
 // ---- Identity: ranks meet only under the same CollectiveId ------------------
@@ -612,7 +657,8 @@ TEST(Collectives, LocalRanksCallingDifferentCollectivesIsAnError) {
 // fails on device 0 before its collective, and steps C..F follow pipelined.
 // Device 1's collective of B must fail (naming the execution, the op and
 // device 0), and C..F must pair with C..F, not with each other's neighbours.
-void ExpectFailedStepNeverPoisonsTheNextOnes(const std::vector<std::string>& rank_workers, int failing_rank) {
+void ExpectFailedStepNeverPoisonsTheNextOnes(const std::vector<std::string>& rank_workers,
+                                             int failing_rank) {
   SimulatedWorkers workers(rank_workers, absl::Seconds(10));
   std::vector<int> devices;
   for (size_t r = 0; r < rank_workers.size(); ++r) devices.push_back(int(r) + 20);
@@ -627,9 +673,11 @@ void ExpectFailedStepNeverPoisonsTheNextOnes(const std::vector<std::string>& ran
       const CollectiveId id{100 + step, 3};
       value[rank][step] = float(11 * (step + 1) + rank);
       if (step == 1 && rank == failing_rank) {
-        status[rank][step] = comm->Abandon(rank, id, absl::ResourceExhaustedError("device 20: out of memory"));
+        status[rank][step] =
+            comm->Abandon(rank, id, absl::ResourceExhaustedError("device 20: out of memory"));
       } else {
-        status[rank][step] = comm->AllReduce(rank, id, &value[rank][step], 1, v1::F32, ReduceOp::kSum);
+        status[rank][step] =
+            comm->AllReduce(rank, id, &value[rank][step], 1, v1::F32, ReduceOp::kSum);
       }
     }
     return absl::OkStatus();
@@ -640,11 +688,14 @@ void ExpectFailedStepNeverPoisonsTheNextOnes(const std::vector<std::string>& ran
       const absl::Status& b = status[rank][1];
       EXPECT_EQ(b.code(), absl::StatusCode::kAborted) << b;
       EXPECT_NE(b.message().find("execution 101, op 3"), absl::string_view::npos) << b;
-      EXPECT_NE(b.message().find(absl::StrCat("device ", 20 + failing_rank)), absl::string_view::npos) << b;
+      EXPECT_NE(b.message().find(absl::StrCat("device ", 20 + failing_rank)),
+                absl::string_view::npos)
+          << b;
       EXPECT_NE(b.message().find("out of memory"), absl::string_view::npos) << b;
     }
     for (int step : {0, 2, 3, 4, 5}) {
-      ASSERT_TRUE(status[rank][step].ok()) << "rank " << rank << " step " << step << ": " << status[rank][step];
+      ASSERT_TRUE(status[rank][step].ok())
+          << "rank " << rank << " step " << step << ": " << status[rank][step];
       float want = 0;
       for (int r = 0; r < size; ++r) want += float(11 * (step + 1) + r);
       EXPECT_EQ(value[rank][step], want) << "rank " << rank << " step " << step;
@@ -669,9 +720,11 @@ TEST(CollectiveIdentity, DifferentStepsNeverPair) {
   const GroupSpec spec{"apart", {"w0", "w0"}, {0, 1}};
   float x[2] = {1, 2};
   auto statuses = workers.Run(spec, [&](int rank, Communicator* comm) {
-    return comm->AllReduce(rank, CollectiveId{rank == 0 ? 5 : 6, 0}, &x[rank], 1, v1::F32, ReduceOp::kSum);
+    return comm->AllReduce(rank, CollectiveId{rank == 0 ? 5 : 6, 0}, &x[rank], 1, v1::F32,
+                           ReduceOp::kSum);
   });
-  for (const absl::Status& s : statuses) EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  for (const absl::Status& s : statuses)
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_EQ(x[0], 1);
   EXPECT_EQ(x[1], 2);
 }
@@ -681,7 +734,8 @@ TEST(CollectiveIdentity, WorkersAtDifferentStepsBreakTheGroupInsteadOfPairing) {
   const GroupSpec spec{"skew", {"w0", "w1"}, {0, 1}};
   float x[2] = {1, 2};
   auto statuses = workers.Run(spec, [&](int rank, Communicator* comm) {
-    return comm->AllReduce(rank, CollectiveId{rank == 0 ? 5 : 6, 0}, &x[rank], 1, v1::F32, ReduceOp::kSum);
+    return comm->AllReduce(rank, CollectiveId{rank == 0 ? 5 : 6, 0}, &x[rank], 1, v1::F32,
+                           ReduceOp::kSum);
   });
   for (const absl::Status& s : statuses) {
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
@@ -701,7 +755,8 @@ TEST(CollectiveIdentity, AWorkerCallingSomethingElseFailsTheRoundOnBothAndTheGro
   std::vector<float> x = {1, 2}, gathered(2, -1);
   const absl::Time start = absl::Now();
   auto statuses = workers.Run(spec, [&](int rank, Communicator* comm) {
-    if (rank == 0) return comm->AllReduce(rank, CollectiveId{3, 1}, &x[0], 1, v1::F32, ReduceOp::kSum);
+    if (rank == 0)
+      return comm->AllReduce(rank, CollectiveId{3, 1}, &x[0], 1, v1::F32, ReduceOp::kSum);
     return comm->AllGather(rank, CollectiveId{3, 1}, &x[1], gathered.data(), 1, v1::F32);
   });
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
@@ -731,7 +786,9 @@ TEST(CollectiveIdentity, AllReducesOfDifferentSizesFailOnBothNamingTheMismatch) 
   std::vector<float> big((3 << 20) / 4, 1.0f), small(1, 5.0f);
   const absl::Time start = absl::Now();
   auto statuses = workers.Run(spec, [&](int rank, Communicator* comm) {
-    if (rank == 0) return comm->AllReduce(rank, CollectiveId{5, 0}, big.data(), big.size(), v1::F32, ReduceOp::kSum);
+    if (rank == 0)
+      return comm->AllReduce(rank, CollectiveId{5, 0}, big.data(), big.size(), v1::F32,
+                             ReduceOp::kSum);
     return comm->AllReduce(rank, CollectiveId{5, 0}, small.data(), 1, v1::F32, ReduceOp::kSum);
   });
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
@@ -753,8 +810,10 @@ TEST(CollectiveIdentity, AMessageLeftFromAnEarlierRoundFailsTheNextInsteadOfFill
   const absl::Time start = absl::Now();
   auto first = workers.Run(spec, [&](int rank, Communicator* comm) {
     std::vector<float>& mine = rank == 0 ? big : one_mib;
-    absl::Status s = comm->AllReduce(rank, CollectiveId{5, 0}, mine.data(), mine.size(), v1::F32, ReduceOp::kSum);
-    second[rank] = comm->AllReduce(rank, CollectiveId{6, 0}, &next[rank], 1, v1::F32, ReduceOp::kSum);
+    absl::Status s = comm->AllReduce(rank, CollectiveId{5, 0}, mine.data(), mine.size(), v1::F32,
+                                     ReduceOp::kSum);
+    second[rank] =
+        comm->AllReduce(rank, CollectiveId{6, 0}, &next[rank], 1, v1::F32, ReduceOp::kSum);
     return s;
   });
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
@@ -763,7 +822,8 @@ TEST(CollectiveIdentity, AMessageLeftFromAnEarlierRoundFailsTheNextInsteadOfFill
     EXPECT_NE(s.message().find("for the same collective"), absl::string_view::npos) << s;
   }
   for (const absl::Status& s : second) EXPECT_FALSE(s.ok()) << s;
-  EXPECT_NE(second[1].message().find("a message of another round"), absl::string_view::npos) << second[1];
+  EXPECT_NE(second[1].message().find("a message of another round"), absl::string_view::npos)
+      << second[1];
   EXPECT_NE(second[1].message().find("out of step"), absl::string_view::npos) << second[1];
   EXPECT_TRUE(second[1].GetPayload(kGroupBrokenPayload).has_value()) << second[1];
   EXPECT_EQ(next[1], 8);  // never summed with a stale segment
@@ -775,7 +835,8 @@ TEST(CollectiveIdentity, AnAbandonedAllReduceAcrossWorkersFailsPromptlyAndTheNex
   std::vector<float> x(1024, 1.0f);
   const absl::Time start = absl::Now();
   auto statuses = workers.Run(spec, [&](int rank, Communicator* comm) {
-    if (rank == 1) return comm->Abandon(rank, CollectiveId{7, 0}, absl::ResourceExhaustedError("out of memory"));
+    if (rank == 1)
+      return comm->Abandon(rank, CollectiveId{7, 0}, absl::ResourceExhaustedError("out of memory"));
     return comm->AllReduce(rank, CollectiveId{7, 0}, x.data(), x.size(), v1::F32, ReduceOp::kSum);
   });
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
@@ -795,7 +856,8 @@ TEST(CollectiveIdentity, AbandonedCollectiveAcrossWorkersMovesNoData) {
   const GroupSpec spec{"abandon", {"w0", "w1"}, {0, 1}};
   std::vector<float> x = {3, 4};
   auto statuses = workers.Run(spec, [&](int rank, Communicator* comm) {
-    if (rank == 1) return comm->Abandon(rank, CollectiveId{9, 2}, absl::InvalidArgumentError("bad argument"));
+    if (rank == 1)
+      return comm->Abandon(rank, CollectiveId{9, 2}, absl::InvalidArgumentError("bad argument"));
     return comm->AllGather(rank, CollectiveId{9, 2}, &x[0], &x[1], 1, v1::F32);
   });
   EXPECT_EQ(statuses[0].code(), absl::StatusCode::kAborted) << statuses[0];
@@ -806,10 +868,12 @@ TEST(CollectiveIdentity, AbandonedCollectiveAcrossWorkersMovesNoData) {
 // as server::RegistryService serves them, on a port-0 server.
 class KvOnlyRegistry final : public v1::Registry::Service {
  public:
-  grpc::Status KvSet(grpc::ServerContext*, const v1::KvSetRequest* req, v1::KvSetResponse*) override {
+  grpc::Status KvSet(grpc::ServerContext*, const v1::KvSetRequest* req,
+                     v1::KvSetResponse*) override {
     return ToGrpc(kv_.Set(req->key(), req->value()));
   }
-  grpc::Status KvGet(grpc::ServerContext*, const v1::KvGetRequest* req, v1::KvGetResponse* resp) override {
+  grpc::Status KvGet(grpc::ServerContext*, const v1::KvGetRequest* req,
+                     v1::KvGetResponse* resp) override {
     auto v = kv_.Get(req->key(), absl::Milliseconds(req->timeout_ms()));
     if (!v.ok()) return ToGrpc(v.status());
     resp->set_value(*v);
@@ -829,7 +893,8 @@ class CollectivesKvStoreClientTest : public ::testing::Test {
     builder.RegisterService(&service_);
     server_ = builder.BuildAndStart();
     ASSERT_NE(port, 0);
-    auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+    auto channel =
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
     stub_ = v1::Registry::NewStub(channel);
   }
   void TearDown() override { server_->Shutdown(); }
@@ -882,10 +947,12 @@ TEST_F(CollectivesKvStoreClientTest, WorkersMeetThroughTheCoordinatorStore) {
 TEST_F(CollectivesKvStoreClientTest, MissingWorkerTimesOutThroughTheCoordinatorStore) {
   SimulatedWorkers workers({"w0", "w1"}, absl::Seconds(1), Client(absl::Seconds(1)));
   const absl::Time start = absl::Now();
-  auto statuses = workers.Run(GroupSpec{"kv", {"w0", "w1"}}, [](int rank, Communicator* comm) {
-    float x = 1;
-    return comm->AllReduce(rank, kId, &x, 1, v1::F32, ReduceOp::kSum);
-  }, {0});
+  auto statuses = workers.Run(GroupSpec{"kv", {"w0", "w1"}},
+                              [](int rank, Communicator* comm) {
+                                float x = 1;
+                                return comm->AllReduce(rank, kId, &x, 1, v1::F32, ReduceOp::kSum);
+                              },
+                              {0});
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_EQ(statuses[0].code(), absl::StatusCode::kDeadlineExceeded) << statuses[0];
 }
@@ -915,7 +982,8 @@ TEST(CollectiveIdentity, ANewEpochDropsTheOldGroupAndRefusesItsStragglers) {
   std::thread ranks[2];
   for (int rank = 0; rank < 2; ++rank) {
     ranks[rank] = std::thread([&, rank] {
-      statuses[rank] = (*held)->AllReduce(rank, CollectiveId{1, 0}, &x[rank], 1, v1::F32, ReduceOp::kSum);
+      statuses[rank] =
+          (*held)->AllReduce(rank, CollectiveId{1, 0}, &x[rank], 1, v1::F32, ReduceOp::kSum);
     });
   }
   for (auto& t : ranks) t.join();
@@ -927,7 +995,8 @@ TEST(CollectiveIdentity, ANewEpochDropsTheOldGroupAndRefusesItsStragglers) {
   auto stale = reg.Get(old_spec);
   EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(stale.status().message().find("epoch 0 is over (this worker meets in epoch 1 now)"),
-            std::string::npos) << stale.status();
+            std::string::npos)
+      << stale.status();
   // Another coordinator's groups supersede this one's.
   ASSERT_TRUE(reg.Get(GroupSpec{"devices:0,1@77cd.0", {"w0", "w0"}, {0, 1}}).ok());
   EXPECT_EQ(reg.num_groups(), 2);

@@ -77,19 +77,23 @@ class Communicator {
   virtual const std::vector<int>& local_ranks() const = 0;
 
   // In place over `count` elements.
-  virtual absl::Status AllReduce(int rank, const CollectiveId& id, void* data, int64_t count, v1::DType dtype, ReduceOp op) = 0;
+  virtual absl::Status AllReduce(int rank, const CollectiveId& id, void* data, int64_t count,
+                                 v1::DType dtype, ReduceOp op) = 0;
   // `in`: count elements; `out`: size()*count, block r from rank r.
-  virtual absl::Status AllGather(int rank, const CollectiveId& id, const void* in, void* out, int64_t count, v1::DType dtype) = 0;
+  virtual absl::Status AllGather(int rank, const CollectiveId& id, const void* in, void* out,
+                                 int64_t count, v1::DType dtype) = 0;
   // `in`: size()*count; `out`: count, the reduction of block `rank` over all ranks.
-  virtual absl::Status ReduceScatter(int rank, const CollectiveId& id, const void* in, void* out, int64_t count, v1::DType dtype,
-                                     ReduceOp op) = 0;
+  virtual absl::Status ReduceScatter(int rank, const CollectiveId& id, const void* in, void* out,
+                                     int64_t count, v1::DType dtype, ReduceOp op) = 0;
   // `in`: size()*count, block j goes to rank j; `out`: size()*count, block i came from rank i.
-  virtual absl::Status AllToAll(int rank, const CollectiveId& id, const void* in, void* out, int64_t count, v1::DType dtype) = 0;
+  virtual absl::Status AllToAll(int rank, const CollectiveId& id, const void* in, void* out,
+                                int64_t count, v1::DType dtype) = 0;
   // Each (source, target) pair sends source's `in` (count elements) to target's `out`.
   // Targets appear at most once; a rank no pair targets gets zeros. `in`
   // may be null on a rank that is no pair's source, `out` on one no pair
   // targets.
-  virtual absl::Status Permute(int rank, const CollectiveId& id, const void* in, void* out, int64_t count, v1::DType dtype,
+  virtual absl::Status Permute(int rank, const CollectiveId& id, const void* in, void* out,
+                               int64_t count, v1::DType dtype,
                                const std::vector<std::pair<int, int>>& pairs) = 0;
   // This rank will not take part in collective `id`: its step failed with
   // `cause` before reaching it. Returns once the group has learnt so.
@@ -107,7 +111,6 @@ struct GroupSpec {
   // empty (errors then speak of ranks).
   std::vector<int> rank_devices;
 };
-
 
 // Communicators of one worker process, created on first use and kept while
 // their epoch is current. A key "<devices>@<incarnation>.<epoch>" (as

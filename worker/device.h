@@ -49,8 +49,8 @@ struct StepContext {
   int mesh_position = 0;
   CommunicatorRegistry* collectives = nullptr;  // null: a collective fails, saying so
   int64_t execution_id = 0;                     // with the op index, names each collective
-  uint64_t scope = 0;                           // 0, or the function call and iteration (SlotProgram::Run)
-  std::string collective_epoch;                 // scopes the groups' keys
+  uint64_t scope = 0;            // 0, or the function call and iteration (SlotProgram::Run)
+  std::string collective_epoch;  // scopes the groups' keys
   // Where set, the backend records the instruction index of each collective
   // as it starts one, so a failed step can abandon the rest
   // (AbandonCollectives in worker/collective_group.h).
@@ -84,8 +84,8 @@ class Device {
   virtual absl::Status CopyToHost(const Buffer& src, int64_t offset, void* dst, int64_t n) = 0;
   // `n` bytes from `src` at `src_offset` to `dst` at `dst_offset`, ordered
   // with the device's other work.
-  virtual absl::Status CopyWithin(const Buffer& src, int64_t src_offset, Buffer& dst, int64_t dst_offset,
-                                  int64_t n) = 0;
+  virtual absl::Status CopyWithin(const Buffer& src, int64_t src_offset, Buffer& dst,
+                                  int64_t dst_offset, int64_t n) = 0;
   virtual absl::StatusOr<std::unique_ptr<Executable>> Load(const v1::Program& program) = 0;
   virtual MemoryStats memory_stats() const = 0;
 
@@ -97,7 +97,9 @@ class Device {
   // A wait for everything queued on the device so far; called on the step's
   // thread right after Run, waited on elsewhere. Only asynchronous devices
   // are asked.
-  virtual std::function<absl::Status()> Fence() { return [] { return absl::OkStatus(); }; }
+  virtual std::function<absl::Status()> Fence() {
+    return [] { return absl::OkStatus(); };
+  }
 };
 
 }  // namespace tessel::worker

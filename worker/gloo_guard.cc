@@ -36,10 +36,13 @@ void ReportReset(int fd, int err) {
   std::string self = "an unknown address";
   sockaddr_storage ss{};
   socklen_t len = sizeof(ss);
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) self = gloo::transport::tcp::Address(ss).str();
-  log->warn("Gloo connection at {} was reset by its peer before it was set up (getpeername: {}); its pair fails "
-            "on first use",
-            self, std::strerror(err));
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0)
+    self = gloo::transport::tcp::Address(ss).str();
+  log->warn(
+      "Gloo connection at {} was reset by its peer before it was set up (getpeername: {}); its "
+      "pair fails "
+      "on first use",
+      self, std::strerror(err));
 }
 
 }  // namespace

@@ -29,7 +29,8 @@ namespace {
 // Holds a Gloo device's event loop inside its first call, until released.
 class LoopStall : public gloo::transport::tcp::Handler {
  public:
-  explicit LoopStall(gloo::transport::tcp::Device& device) : device_(device), fd_(eventfd(1, EFD_NONBLOCK)) {
+  explicit LoopStall(gloo::transport::tcp::Device& device)
+      : device_(device), fd_(eventfd(1, EFD_NONBLOCK)) {
     device_.registerDescriptor(fd_, EPOLLIN, this);
     entered_.WaitForNotification();
   }
@@ -97,7 +98,8 @@ TEST(GlooGuard, AConnectionResetBeforeTheLoopTakesItFailsItsPairAndTheProcessGoe
   const int client = socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_NE(client, -1);
   const sockaddr_storage& to = listening.getSockaddr();
-  ASSERT_EQ(connect(client, reinterpret_cast<const sockaddr*>(&to), sizeof(sockaddr_in)), 0) << std::strerror(errno);
+  ASSERT_EQ(connect(client, reinterpret_cast<const sockaddr*>(&to), sizeof(sockaddr_in)), 0)
+      << std::strerror(errno);
   const linger abort_on_close{1, 0};
   ASSERT_EQ(setsockopt(client, SOL_SOCKET, SO_LINGER, &abort_on_close, sizeof(abort_on_close)), 0);
   close(client);

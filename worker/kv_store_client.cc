@@ -41,8 +41,8 @@ void KvStoreClient::set(const std::string& key, const std::vector<char>& data) {
   v1::KvSetResponse resp;
   const absl::Status s = FromGrpc(stub_->KvSet(&ctx, req, &resp));
   if (!s.ok()) {
-    throw gloo::IoException(absl::StrCat("rendezvous: setting key '", key, "' on the coordinator failed: ",
-                                         s.ToString()));
+    throw gloo::IoException(absl::StrCat("rendezvous: setting key '", key,
+                                         "' on the coordinator failed: ", s.ToString()));
   }
 }
 
@@ -58,8 +58,8 @@ std::string KvStoreClient::Get(const std::string& key, absl::Duration timeout) {
   v1::KvGetResponse resp;
   const absl::Status s = FromGrpc(stub_->KvGet(&ctx, req, &resp));
   if (!s.ok()) {
-    throw gloo::IoException(absl::StrCat("rendezvous: getting key '", key, "' from the coordinator failed: ",
-                                         s.ToString()));
+    throw gloo::IoException(absl::StrCat("rendezvous: getting key '", key,
+                                         "' from the coordinator failed: ", s.ToString()));
   }
   return std::move(*resp.mutable_value());
 }
@@ -79,9 +79,12 @@ std::vector<char> KvStoreClient::get(const std::string& key) {
   return std::vector<char>(value.begin(), value.end());
 }
 
-void KvStoreClient::wait(const std::vector<std::string>& keys) { wait(keys, std::chrono::milliseconds::zero()); }
+void KvStoreClient::wait(const std::vector<std::string>& keys) {
+  wait(keys, std::chrono::milliseconds::zero());
+}
 
-void KvStoreClient::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {
+void KvStoreClient::wait(const std::vector<std::string>& keys,
+                         const std::chrono::milliseconds& timeout) {
   const absl::Duration total = timeout.count() > 0 ? absl::FromChrono(timeout) : options_.timeout;
   const absl::Time deadline = absl::Now() + total;
   for (const std::string& key : keys) Get(key, deadline - absl::Now());

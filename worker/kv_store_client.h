@@ -42,7 +42,8 @@ class KvStoreClient final : public gloo::rendezvous::Store {
   std::vector<char> get(const std::string& key) override;
   void wait(const std::vector<std::string>& keys) override;
   // A zero timeout (gloo::kNoTimeout) means Options::timeout.
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override;
 
   // The id the coordinator gave this worker (again at each registration).
   void SetWorkerId(std::string id);

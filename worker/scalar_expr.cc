@@ -68,7 +68,8 @@ constexpr ScalarRule kRules[] = {
     {v1::MUL, C::kSigned, 2, "(($T)(1u * ($U)$0 * ($U)$1))"},
     {v1::MUL, C::kUnsigned, 2, "(($T)(1u * ($U)$0 * ($U)$1))"},
     // x / 0 is -1 and x % 0 is x, as in XLA; MIN / -1 wraps, MIN % -1 is 0.
-    {v1::DIV, C::kSigned, 2, "($1 == 0 ? ($T)-1 : $1 == -1 ? ($T)(($U)0 - ($U)$0) : ($T)($0 / $1))"},
+    {v1::DIV, C::kSigned, 2,
+     "($1 == 0 ? ($T)-1 : $1 == -1 ? ($T)(($U)0 - ($U)$0) : ($T)($0 / $1))"},
     {v1::DIV, C::kUnsigned, 2, "($1 == 0 ? ($T)-1 : ($T)($0 / $1))"},
     {v1::REM, C::kSigned, 2, "($1 == 0 ? $0 : $1 == -1 ? ($T)0 : ($T)($0 % $1))"},
     {v1::REM, C::kUnsigned, 2, "($1 == 0 ? $0 : ($T)($0 % $1))"},
@@ -132,8 +133,8 @@ absl::StatusOr<std::string> ScalarExpr(v1::Op op, v1::DType dt, absl::Span<const
     }
   }
   if (rule == nullptr) {
-    return absl::UnimplementedError(
-        absl::StrCat("no scalar expression for ", OpName(op), " on ", DTypeName(dt), " (", ClassName(cls), ")"));
+    return absl::UnimplementedError(absl::StrCat("no scalar expression for ", OpName(op), " on ",
+                                                 DTypeName(dt), " (", ClassName(cls), ")"));
   }
   if (int(args.size()) != rule->arity) {
     return absl::InvalidArgumentError(

@@ -28,17 +28,23 @@ namespace {
 
 struct Type {
   v1::DType dt;
-  const char* c;         // storage and compute type
-  const char* u;         // unsigned type of its width (integers)
-  const char* suffix;    // of the prelude's helpers
+  const char* c;       // storage and compute type
+  const char* u;       // unsigned type of its width (integers)
+  const char* suffix;  // of the prelude's helpers
 };
 
 constexpr Type kTypes[] = {
-    {v1::F32, "float", "", "f32"},       {v1::F64, "double", "", "f64"},     {v1::S8, "int8_t", "uint8_t", "s8"},
-    {v1::S16, "int16_t", "uint16_t", "s16"}, {v1::S32, "int32_t", "uint32_t", "s32"},
-    {v1::S64, "int64_t", "uint64_t", "s64"}, {v1::U8, "uint8_t", "uint8_t", "u8"},
-    {v1::U16, "uint16_t", "uint16_t", "u16"}, {v1::U32, "uint32_t", "uint32_t", "u32"},
-    {v1::U64, "uint64_t", "uint64_t", "u64"}, {v1::PRED, "int", "", "pred"},
+    {v1::F32, "float", "", "f32"},
+    {v1::F64, "double", "", "f64"},
+    {v1::S8, "int8_t", "uint8_t", "s8"},
+    {v1::S16, "int16_t", "uint16_t", "s16"},
+    {v1::S32, "int32_t", "uint32_t", "s32"},
+    {v1::S64, "int64_t", "uint64_t", "s64"},
+    {v1::U8, "uint8_t", "uint8_t", "u8"},
+    {v1::U16, "uint16_t", "uint16_t", "u16"},
+    {v1::U32, "uint32_t", "uint32_t", "u32"},
+    {v1::U64, "uint64_t", "uint64_t", "u64"},
+    {v1::PRED, "int", "", "pred"},
 };
 
 const Type& TypeOf(v1::DType dt) {
@@ -51,8 +57,10 @@ const Type& TypeOf(v1::DType dt) {
 const ScalarDialect kDialect{
     .compute_type = [](v1::DType dt) { return std::string(TypeOf(dt).c); },
     .unsigned_type = [](v1::DType dt) { return std::string(TypeOf(dt).u); },
-    .math = [](v1::DType dt, absl::string_view name) { return absl::StrCat(name, dt == v1::F32 ? "f" : ""); },
-    .helper = [](v1::DType dt, absl::string_view name) { return absl::StrCat(name, "_", TypeOf(dt).suffix); },
+    .math = [](v1::DType dt,
+               absl::string_view name) { return absl::StrCat(name, dt == v1::F32 ? "f" : ""); },
+    .helper = [](v1::DType dt,
+                 absl::string_view name) { return absl::StrCat(name, "_", TypeOf(dt).suffix); },
 };
 
 // Edge values of `dt`, as storage bytes: zeros, ones, signs, the extremes,
@@ -67,16 +75,16 @@ std::vector<std::vector<uint8_t>> Samples(v1::DType dt) {
   auto ints = [&](auto zero) {
     using T = decltype(zero);
     using L = std::numeric_limits<T>;
-    for (T v : {T(0), T(1), T(2), T(3), T(7), T(L::max()), T(L::max() - 1), T(L::min()), T(L::min() + 1), T(-1),
-                T(-2), T(-7)}) {
+    for (T v : {T(0), T(1), T(2), T(3), T(7), T(L::max()), T(L::max() - 1), T(L::min()),
+                T(L::min() + 1), T(-1), T(-2), T(-7)}) {
       add(v);
     }
   };
   auto floats = [&](auto zero) {
     using T = decltype(zero);
     using L = std::numeric_limits<T>;
-    for (T v : {T(0), T(-0.0), T(1), T(-1), T(0.5), T(-2.5), T(3.75), T(100), T(1e30), T(-1e-30), L::infinity(),
-                -L::infinity(), L::quiet_NaN(), L::denorm_min(), T(2.5)}) {
+    for (T v : {T(0), T(-0.0), T(1), T(-1), T(0.5), T(-2.5), T(3.75), T(100), T(1e30), T(-1e-30),
+                L::infinity(), -L::infinity(), L::quiet_NaN(), L::denorm_min(), T(2.5)}) {
       add(v);
     }
   };
@@ -91,8 +99,7 @@ std::vector<std::vector<uint8_t>> Samples(v1::DType dt) {
     case v1::U16: ints(uint16_t{0}); break;
     case v1::U32: ints(uint32_t{0}); break;
     case v1::U64: ints(uint64_t{0}); break;
-    default:
-      out = {{0}, {1}};
+    default: out = {{0}, {1}};
   }
   return out;
 }
@@ -132,12 +139,14 @@ TEST(ScalarExpr, EveryRowMatchesTheInterpretedKernelsOnEveryDType) {
       auto expr = ScalarExpr(r.op, t.dt, args, kDialect);
       ASSERT_TRUE(expr.ok()) << expr.status();
       const std::string fn = absl::StrCat("f", cases.size());
-      absl::StrAppend(&src, "void ", fn, "(const ", storage, "* a, const ", storage, "* b, const ", storage, "* c, ",
-                      storage, "* out, long n) {\n  for (long i = 0; i < n; ++i) {\n");
+      absl::StrAppend(&src, "void ", fn, "(const ", storage, "* a, const ", storage, "* b, const ",
+                      storage, "* c, ", storage,
+                      "* out, long n) {\n  for (long i = 0; i < n; ++i) {\n");
       const char* in[] = {"a", "b", "c"};
       for (int k = 0; k < r.arity; ++k) {
         // A pred is stored as a byte and computed as an int 0 or 1.
-        const std::string load = pred ? absl::StrCat("(", in[k], "[i] != 0)") : absl::StrCat(in[k], "[i]");
+        const std::string load =
+            pred ? absl::StrCat("(", in[k], "[i] != 0)") : absl::StrCat(in[k], "[i]");
         absl::StrAppend(&src, "    const ", t.c, " x", k, " = ", load, ";\n");
       }
       const std::string value = pred ? absl::StrCat("((", *expr, ") != 0)") : *expr;
@@ -147,13 +156,15 @@ TEST(ScalarExpr, EveryRowMatchesTheInterpretedKernelsOnEveryDType) {
   }
   ASSERT_GT(cases.size(), 100u);
   // Compiled as the native loops compile theirs.
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / absl::StrCat("scalar-expr-", getpid());
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("scalar-expr-", getpid());
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "rows.c") << src;
   const char* env_cc = std::getenv("CC");
-  const std::string cmd = absl::StrCat(env_cc != nullptr && *env_cc ? env_cc : "cc",
-                                       " -O2 -std=c11 -ffp-contract=off -fPIC -shared -o ", (dir / "rows.so").string(),
-                                       " ", (dir / "rows.c").string(), " -lm 2>&1");
+  const std::string cmd =
+      absl::StrCat(env_cc != nullptr && *env_cc ? env_cc : "cc",
+                   " -O2 -std=c11 -ffp-contract=off -fPIC -shared -o ", (dir / "rows.so").string(),
+                   " ", (dir / "rows.c").string(), " -lm 2>&1");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   void* lib = dlopen((dir / "rows.so").c_str(), RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(lib, nullptr) << dlerror();
@@ -169,7 +180,8 @@ TEST(ScalarExpr, EveryRowMatchesTheInterpretedKernelsOnEveryDType) {
     const size_t m = samples.size();
     const size_t count = k.rule->arity == 1 ? m : k.rule->arity == 2 ? m * m : m * m * m;
     for (size_t i = 0; i < count; ++i) {
-      for (auto [v, j] : {std::pair{&a, i % m}, std::pair{&b, i / m % m}, std::pair{&c, i / m / m % m}}) {
+      for (auto [v, j] :
+           {std::pair{&a, i % m}, std::pair{&b, i / m % m}, std::pair{&c, i / m / m % m}}) {
         v->insert(v->end(), samples[j].begin(), samples[j].end());
       }
     }
@@ -182,7 +194,8 @@ TEST(ScalarExpr, EveryRowMatchesTheInterpretedKernelsOnEveryDType) {
     }
     for (size_t i = 0; i < count; ++i) {
       ASSERT_TRUE(SameValue(k.dt, &got[i * size], &want[i * size]))
-          << OpName(k.rule->op) << " on " << DTypeName(k.dt) << ", element " << i << " (" << k.rule->pattern << ")";
+          << OpName(k.rule->op) << " on " << DTypeName(k.dt) << ", element " << i << " ("
+          << k.rule->pattern << ")";
       ++checked;
     }
   }

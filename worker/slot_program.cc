@@ -11,7 +11,9 @@
 namespace tessel::worker {
 namespace {
 
-bool IsControlFlowOp(v1::Op op) { return op == v1::WHILE || op == v1::CONDITIONAL || op == v1::SCAN; }
+bool IsControlFlowOp(v1::Op op) {
+  return op == v1::WHILE || op == v1::CONDITIONAL || op == v1::SCAN;
+}
 
 std::vector<std::string> Calls(const v1::Node& n) {
   const v1::ControlFlowAttrs& c = n.control();
@@ -41,7 +43,8 @@ absl::StatusOr<SlotProgram> SlotProgram::Build(const v1::Program& program) {
   std::vector<std::string> names = {""};
   for (const v1::Program& f : sp.program_->functions()) names.push_back(f.executable_id());
   TESSEL_RETURN_IF_ERROR(sp.AddFunction(*sp.program_, names));
-  for (const v1::Program& f : sp.program_->functions()) TESSEL_RETURN_IF_ERROR(sp.AddFunction(f, names));
+  for (const v1::Program& f : sp.program_->functions())
+    TESSEL_RETURN_IF_ERROR(sp.AddFunction(f, names));
   return sp;
 }
 
@@ -59,7 +62,8 @@ absl::Status SlotProgram::AddFunction(const v1::Program& p, const std::vector<st
   auto lookup = [&](const std::string& name) -> absl::StatusOr<int> {
     auto it = slot_of.find(name);
     if (it == slot_of.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("program ", p.executable_id(), " reads undefined value '", name, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("program ", p.executable_id(), " reads undefined value '", name, "'"));
     }
     return it->second;
   };
@@ -108,9 +112,9 @@ absl::Status SlotProgram::AddFunction(const v1::Program& p, const std::vector<st
       }
       if (IsControlFlowOp(in.node->op())) {
         if (ins.results_size() != in.node->results_size()) {
-          return absl::InvalidArgumentError(absl::StrCat("program ", p.executable_id(), ": ", OpName(in.node->op()),
-                                                         " '", in.node->name(), "' names ", ins.results_size(),
-                                                         " results of its ", in.node->results_size()));
+          return absl::InvalidArgumentError(absl::StrCat(
+              "program ", p.executable_id(), ": ", OpName(in.node->op()), " '", in.node->name(),
+              "' names ", ins.results_size(), " results of its ", in.node->results_size()));
         }
         for (int k = 0; k < ins.results_size(); ++k) {
           in.results.push_back(define(ins.results(k), in.node->results(k)));
@@ -122,9 +126,9 @@ absl::Status SlotProgram::AddFunction(const v1::Program& p, const std::vector<st
             if (names[k] == f) found = int(k);
           }
           if (found < 0) {
-            return absl::InvalidArgumentError(absl::StrCat("program ", p.executable_id(), ": ", OpName(in.node->op()),
-                                                           " '", in.node->name(), "' runs function '", f,
-                                                           "', which the program does not define"));
+            return absl::InvalidArgumentError(absl::StrCat(
+                "program ", p.executable_id(), ": ", OpName(in.node->op()), " '", in.node->name(),
+                "' runs function '", f, "', which the program does not define"));
           }
           in.calls.push_back(found);
         }
@@ -143,14 +147,17 @@ absl::Status SlotProgram::AddFunction(const v1::Program& p, const std::vector<st
   // A reshape's value is its operand's buffer.
   absl::flat_hash_map<std::string, std::string> reshaped_from;
   for (const v1::Instruction& ins : p.instructions()) {
-    if (ins.has_node() && ins.node().op() == v1::RESHAPE) reshaped_from[ins.node().name()] = ins.node().operands(0);
+    if (ins.has_node() && ins.node().op() == v1::RESHAPE)
+      reshaped_from[ins.node().name()] = ins.node().operands(0);
   }
   for (const std::string& o : p.outputs()) {
     TESSEL_ASSIGN_OR_RETURN(int slot, lookup(o));
     fn.output_slots.push_back(slot);
     fn.output_types.push_back(type_of[o]);
     std::string root = o;
-    for (auto it = reshaped_from.find(root); it != reshaped_from.end(); it = reshaped_from.find(root)) root = it->second;
+    for (auto it = reshaped_from.find(root); it != reshaped_from.end();
+         it = reshaped_from.find(root))
+      root = it->second;
     fn.output_buffer_slots.push_back(slot_of.at(root));
   }
   fn.parameter_aliases.assign(p.parameters_size(), -1);
@@ -162,29 +169,33 @@ absl::Status SlotProgram::AddFunction(const v1::Program& p, const std::vector<st
   return absl::OkStatus();
 }
 
-absl::StatusOr<BufferPtr> SlotProgram::ResultBuffer(Device& device, const std::vector<BufferPtr>& preset, int slot,
+absl::StatusOr<BufferPtr> SlotProgram::ResultBuffer(Device& device,
+                                                    const std::vector<BufferPtr>& preset, int slot,
                                                     int64_t bytes) {
   if (preset[slot] && preset[slot]->size() >= bytes) return preset[slot];
   return device.Allocate(bytes);
 }
 
 absl::StatusOr<std::vector<BufferPtr>> SlotProgram::Run(absl::Span<const BufferPtr> args,
-                                                        absl::Span<const BufferPtr> into, Device& device,
+                                                        absl::Span<const BufferPtr> into,
+                                                        Device& device,
                                                         const ExecuteFn& execute) const {
   Frame frame;
   std::vector<BufferPtr> outs, copy(args.begin(), args.end());
-  TESSEL_RETURN_IF_ERROR(RunFunction(0, absl::MakeSpan(copy), true, into, device, execute, 0, frame, outs));
+  TESSEL_RETURN_IF_ERROR(
+      RunFunction(0, absl::MakeSpan(copy), true, into, device, execute, 0, frame, outs));
   return outs;
 }
 
 absl::Status SlotProgram::RunFunction(int f, absl::Span<BufferPtr> args, bool consume,
-                                      absl::Span<const BufferPtr> into, Device& device, const ExecuteFn& execute, uint64_t scope, Frame& frame,
+                                      absl::Span<const BufferPtr> into, Device& device,
+                                      const ExecuteFn& execute, uint64_t scope, Frame& frame,
                                       std::vector<BufferPtr>& outs) const {
   const Function& fn = functions_[f];
   if (args.size() != fn.param_slots.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("program ", f == 0 ? program_->executable_id() : fn.name,
-                                                   ": expected ", fn.param_slots.size(), " arguments, got ",
-                                                   args.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("program ", f == 0 ? program_->executable_id() : fn.name, ": expected ",
+                     fn.param_slots.size(), " arguments, got ", args.size()));
   }
   std::vector<BufferPtr>& values = frame.values;
   std::vector<BufferPtr>& preset = frame.preset;
@@ -203,7 +214,7 @@ absl::Status SlotProgram::RunFunction(int f, absl::Span<BufferPtr> args, bool co
   for (int i = fn.begin; i < fn.end; ++i) {
     absl::Status s = instrs_[i].calls.empty() || instrs_[i].run_by_backend
                          ? execute(i, values, preset, scope)
-                                              : RunControlFlow(i, values, preset, device, execute, scope);
+                         : RunControlFlow(i, values, preset, device, execute, scope);
     if (!s.ok()) {
       clear();
       return s;
@@ -216,8 +227,9 @@ absl::Status SlotProgram::RunFunction(int f, absl::Span<BufferPtr> args, bool co
   return absl::OkStatus();
 }
 
-absl::Status SlotProgram::RunControlFlow(int i, std::vector<BufferPtr>& values, const std::vector<BufferPtr>& preset,
-                                         Device& device, const ExecuteFn& execute, uint64_t scope) const {
+absl::Status SlotProgram::RunControlFlow(int i, std::vector<BufferPtr>& values,
+                                         const std::vector<BufferPtr>& preset, Device& device,
+                                         const ExecuteFn& execute, uint64_t scope) const {
   const Instr& in = instrs_[i];
   const v1::Node& n = *in.node;
   const std::string what = absl::StrCat(OpName(n.op()), " '", n.name(), "'");
@@ -261,8 +273,9 @@ absl::Status SlotProgram::RunControlFlow(int i, std::vector<BufferPtr>& values, 
   // first iteration, the loop's own), or when it is the donated buffer the
   // plan gave this result.
   std::vector<bool> own(carries, false);
-  for (int k = 0; k < carries; ++k) own[k] = preset[in.results[k]] && preset[in.results[k]] == carry[k];
-  operands.clear();  // the xs stay in `values`
+  for (int k = 0; k < carries; ++k)
+    own[k] = preset[in.results[k]] && preset[in.results[k]] == carry[k];
+  operands.clear();                // the xs stay in `values`
   std::vector<BufferPtr> stacked;  // scan: the ys
   int64_t length = 0;
   if (scan) {
@@ -301,14 +314,16 @@ absl::Status SlotProgram::RunControlFlow(int i, std::vector<BufferPtr>& values, 
       // Held only by `args`: nobody else sees the overwrite.
       if (own[k] || args[k].use_count() == 1) into[o] = args[k];
     }
-    absl::Status s = RunFunction(body, absl::MakeSpan(args), true, into, device, execute, ScopeOf(scope, i, 1, it),
-                                 frame, outs);
+    absl::Status s = RunFunction(body, absl::MakeSpan(args), true, into, device, execute,
+                                 ScopeOf(scope, i, 1, it), frame, outs);
     if (!s.ok()) return Annotate(s, absl::StrCat(what, " body, iteration ", it, ": "));
     args.clear();
-    for (int k = 0; k < carries; ++k) own[k] = own[k] && bf.parameter_aliases[k] == k && outs[k] == into[k];
+    for (int k = 0; k < carries; ++k)
+      own[k] = own[k] && bf.parameter_aliases[k] == k && outs[k] == into[k];
     for (size_t y = carries; y < outs.size(); ++y) {
       const int64_t bytes = ByteSizeUnchecked(bf.output_types[y]);
-      TESSEL_RETURN_IF_ERROR(device.CopyWithin(*outs[y], 0, *stacked[y - carries], step * bytes, bytes));
+      TESSEL_RETURN_IF_ERROR(
+          device.CopyWithin(*outs[y], 0, *stacked[y - carries], step * bytes, bytes));
     }
     outs.resize(carries);
     carry.swap(outs);

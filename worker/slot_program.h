@@ -46,9 +46,10 @@ class SlotProgram {
     int begin = 0, end = 0;
     int num_slots = 0;
     std::vector<int> param_slots, output_slots;
-    std::vector<int> output_buffer_slots;  // the slot whose buffer each output is (reshapes followed)
+    std::vector<int>
+        output_buffer_slots;  // the slot whose buffer each output is (reshapes followed)
     std::vector<v1::TensorType> param_types, output_types;
-    std::vector<int> parameter_aliases;    // per parameter: the output it may be written into, or -1
+    std::vector<int> parameter_aliases;  // per parameter: the output it may be written into, or -1
   };
 
   static absl::StatusOr<SlotProgram> Build(const v1::Program& program);
@@ -67,16 +68,18 @@ class SlotProgram {
   // into (a donated argument's), if it is large enough.
   // `scope` is 0 in the program; inside a function it names the call and
   // the iteration, so a collective there has an identity per iteration.
-  using ExecuteFn = std::function<absl::Status(int i, std::vector<BufferPtr>& values,
-                                               const std::vector<BufferPtr>& preset, uint64_t scope)>;
+  using ExecuteFn = std::function<absl::Status(
+      int i, std::vector<BufferPtr>& values, const std::vector<BufferPtr>& preset, uint64_t scope)>;
   // Runs the program on `device`, control flow included: loops and
   // branches run here, reading their predicates and indices with
   // Device::CopyToHost and moving scan slices with Device::CopyWithin.
-  absl::StatusOr<std::vector<BufferPtr>> Run(absl::Span<const BufferPtr> args, absl::Span<const BufferPtr> into,
-                                             Device& device, const ExecuteFn& execute) const;
+  absl::StatusOr<std::vector<BufferPtr>> Run(absl::Span<const BufferPtr> args,
+                                             absl::Span<const BufferPtr> into, Device& device,
+                                             const ExecuteFn& execute) const;
 
   // The buffer for result slot `slot` of `bytes`: the preset one if it fits, else a new one.
-  static absl::StatusOr<BufferPtr> ResultBuffer(Device& device, const std::vector<BufferPtr>& preset, int slot,
+  static absl::StatusOr<BufferPtr> ResultBuffer(Device& device,
+                                                const std::vector<BufferPtr>& preset, int slot,
                                                 int64_t bytes);
 
  private:
@@ -88,14 +91,17 @@ class SlotProgram {
   absl::Status AddFunction(const v1::Program& p, const std::vector<std::string>& names);
   // Runs function `f` on `args` (moved from when `consume`); its outputs
   // go to `outs`. `frame` is left empty.
-  absl::Status RunFunction(int f, absl::Span<BufferPtr> args, bool consume, absl::Span<const BufferPtr> into,
-                           Device& device, const ExecuteFn& execute, uint64_t scope, Frame& frame,
+  absl::Status RunFunction(int f, absl::Span<BufferPtr> args, bool consume,
+                           absl::Span<const BufferPtr> into, Device& device,
+                           const ExecuteFn& execute, uint64_t scope, Frame& frame,
                            std::vector<BufferPtr>& outs) const;
-  absl::Status RunControlFlow(int i, std::vector<BufferPtr>& values, const std::vector<BufferPtr>& preset,
-                              Device& device, const ExecuteFn& execute, uint64_t scope) const;
+  absl::Status RunControlFlow(int i, std::vector<BufferPtr>& values,
+                              const std::vector<BufferPtr>& preset, Device& device,
+                              const ExecuteFn& execute, uint64_t scope) const;
 
-  std::unique_ptr<v1::Program> program_;                 // owns the nodes instructions point into
-  std::vector<std::unique_ptr<v1::Fusion>> lone_nodes_;  // one-node fusions of lone elementwise nodes
+  std::unique_ptr<v1::Program> program_;  // owns the nodes instructions point into
+  std::vector<std::unique_ptr<v1::Fusion>>
+      lone_nodes_;  // one-node fusions of lone elementwise nodes
   std::vector<Function> functions_;
   std::vector<Instr> instrs_;
 };

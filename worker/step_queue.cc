@@ -18,21 +18,23 @@ void StepQueue::SwitchEpoch(uint64_t epoch, const std::string& why) {
   left_.insert(epoch_);
   epoch_ = epoch;
   next_ = 0;
-  const absl::Status gone = absl::UnavailableError(
-      absl::StrCat(name_, ": the queue started over in a new epoch (", why, ") before this step ran"));
+  const absl::Status gone = absl::UnavailableError(absl::StrCat(
+      name_, ": the queue started over in a new epoch (", why, ") before this step ran"));
   for (auto& [s, item] : pending_) refusals_.emplace_back(std::move(item.rejected), gone);
   pending_.clear();
 }
 
-void StepQueue::Submit(uint64_t epoch, uint64_t seq, std::function<void()> work, Rejected rejected) {
+void StepQueue::Submit(uint64_t epoch, uint64_t seq, std::function<void()> work,
+                       Rejected rejected) {
   absl::MutexLock l(&mu_);
   if (epoch != epoch_) {
     if (left_.contains(epoch)) {
-      refusals_.emplace_back(
-          std::move(rejected),
-          absl::FailedPreconditionError(absl::StrCat(
-              name_, ": step ", seq, " belongs to queue epoch ", epoch, ", which the queue has left for epoch ",
-              epoch_, " (the worker registered again, or steps were lost in transit): it started over in a new epoch")));
+      refusals_.emplace_back(std::move(rejected),
+                             absl::FailedPreconditionError(absl::StrCat(
+                                 name_, ": step ", seq, " belongs to queue epoch ", epoch,
+                                 ", which the queue has left for epoch ", epoch_,
+                                 " (the worker registered again, or steps were lost in transit): "
+                                 "it started over in a new epoch")));
       return;
     }
     SwitchEpoch(epoch, "the worker registered again, or steps were lost in transit");
@@ -40,9 +42,10 @@ void StepQueue::Submit(uint64_t epoch, uint64_t seq, std::function<void()> work,
   if (seq >= next_ && !pending_.contains(seq)) {
     pending_.emplace(seq, Item{std::move(work), std::move(rejected)});
   } else {
-    refusals_.emplace_back(std::move(rejected), absl::InvalidArgumentError(absl::StrCat(
-                                                    name_, ": step sequence number ", seq,
-                                                    " was already used (queue epoch ", epoch_, ")")));
+    refusals_.emplace_back(
+        std::move(rejected),
+        absl::InvalidArgumentError(absl::StrCat(name_, ": step sequence number ", seq,
+                                                " was already used (queue epoch ", epoch_, ")")));
   }
 }
 
@@ -94,7 +97,8 @@ void StepQueue::Loop() {
   }
 }
 
-CompletionQueue::CompletionQueue(std::string name) : name_(std::move(name)), thread_([this] { Loop(); }) {}
+CompletionQueue::CompletionQueue(std::string name)
+    : name_(std::move(name)), thread_([this] { Loop(); }) {}
 
 CompletionQueue::~CompletionQueue() {
   {
@@ -120,7 +124,8 @@ void CompletionQueue::Loop() {
     {
       absl::MutexLock l(&mu_);
       running_ = false;
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !pending_.empty(); };
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !pending_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (pending_.empty()) return;  // stopping, and nothing left
       f = std::move(pending_.front());

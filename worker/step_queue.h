@@ -61,7 +61,8 @@ class StepQueue {
   const std::string name_;
   mutable absl::Mutex mu_;
   std::map<uint64_t, Item> pending_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::pair<Rejected, absl::Status>> refusals_ ABSL_GUARDED_BY(mu_);  // run before pending_
+  std::deque<std::pair<Rejected, absl::Status>> refusals_
+      ABSL_GUARDED_BY(mu_);  // run before pending_
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_set<uint64_t> left_ ABSL_GUARDED_BY(mu_);  // epochs this queue has left
   uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;

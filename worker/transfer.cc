@@ -29,7 +29,8 @@ void Pack(const v1::TensorType& block, const v1::Region& region, const char* bas
     staging += len;
   });
 }
-void Unpack(const v1::TensorType& block, const v1::Region& region, const char* staging, char* base) {
+void Unpack(const v1::TensorType& block, const v1::Region& region, const char* staging,
+            char* base) {
   ForEachRun(block, region, [&](int64_t off, int64_t len) {
     std::memcpy(base + off, staging, len);
     staging += len;
@@ -59,23 +60,25 @@ GroupSpec TransferGroup(const v1::RunRequest& r) {
   spec.rank_devices.assign(t.rank_devices().begin(), t.rank_devices().end());
   if (!t.one_way()) {
     // As ResolveGroup names groups: a program over the same devices shares it.
-    spec.key = absl::StrCat("devices:", absl::StrJoin(spec.rank_devices, ","), "@", r.collective_epoch());
+    spec.key =
+        absl::StrCat("devices:", absl::StrJoin(spec.rank_devices, ","), "@", r.collective_epoch());
     return spec;
   }
   std::vector<int> senders;
   for (const v1::TransferPiece& p : t.pieces()) {
-    if (p.round() >= 0 && absl::c_find(senders, p.source()) == senders.end()) senders.push_back(p.source());
+    if (p.round() >= 0 && absl::c_find(senders, p.source()) == senders.end())
+      senders.push_back(p.source());
   }
   absl::c_sort(senders);
-  spec.key = absl::StrCat("devices:", absl::StrJoin(spec.rank_devices, ","), ";from:", absl::StrJoin(senders, ","),
-                          "@", r.collective_epoch());
+  spec.key = absl::StrCat("devices:", absl::StrJoin(spec.rank_devices, ","),
+                          ";from:", absl::StrJoin(senders, ","), "@", r.collective_epoch());
   return spec;
 }
 
 bool IsDetachedSend(const v1::RunRequest& r) {
   const v1::Transfer& t = r.transfer();
-  return r.has_transfer() && t.one_way() && t.rank() >= 0 && t.rounds() > 0 && r.arguments_size() == 1 &&
-         r.outputs_size() == 0;
+  return r.has_transfer() && t.one_way() && t.rank() >= 0 && t.rounds() > 0 &&
+         r.arguments_size() == 1 && r.outputs_size() == 0;
 }
 
 void ForEachRun(const v1::TensorType& block, const v1::Region& region,
@@ -113,14 +116,16 @@ int64_t RegionBytes(const v1::TensorType& block, const v1::Region& region) {
   return b;
 }
 
-absl::Status CheckRegion(const v1::TensorType& block, const v1::Region& region, const std::string& what) {
+absl::Status CheckRegion(const v1::TensorType& block, const v1::Region& region,
+                         const std::string& what) {
   if (region.starts_size() != block.dims_size() || region.sizes_size() != block.dims_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": region ", RegionString(region), " has rank ",
-                                                   region.starts_size(), "; its block ", TypeString(block),
-                                                   " has rank ", block.dims_size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": region ", RegionString(region), " has rank ", region.starts_size(),
+                     "; its block ", TypeString(block), " has rank ", block.dims_size()));
   }
   for (int i = 0; i < block.dims_size(); ++i) {
-    if (region.starts(i) < 0 || region.sizes(i) < 0 || region.starts(i) + region.sizes(i) > block.dims(i)) {
+    if (region.starts(i) < 0 || region.sizes(i) < 0 ||
+        region.starts(i) + region.sizes(i) > block.dims(i)) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": region ", RegionString(region),
                                                      " is outside its block ", TypeString(block)));
     }
@@ -132,55 +137,71 @@ absl::Status CheckTransfer(const v1::RunRequest& r, const Device& device, const 
   const v1::Transfer& t = r.transfer();
   const std::string what = What(r, device);
   if (device.kind() != "cpu") {
-    return absl::UnimplementedError(absl::StrCat(what, ": resharding moves blocks of host-memory devices only; this "
-                                                       "device is '", device.kind(), "'"));
+    return absl::UnimplementedError(
+        absl::StrCat(what,
+                     ": resharding moves blocks of host-memory devices only; this "
+                     "device is '",
+                     device.kind(), "'"));
   }
-  if (r.arguments_size() > 1 || r.outputs_size() > 1 || (r.arguments_size() == 1) != (source != nullptr)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": takes at most one source and one target block"));
+  if (r.arguments_size() > 1 || r.outputs_size() > 1 ||
+      (r.arguments_size() == 1) != (source != nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": takes at most one source and one target block"));
   }
   const bool has_source = source != nullptr, has_target = r.outputs_size() == 1;
   if (has_source && source->size() != ByteSizeUnchecked(t.source_block())) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": the source block holds ", source->size(),
-                                                   " bytes; the plan says ", TypeString(t.source_block())));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": the source block holds ",
+                                                   source->size(), " bytes; the plan says ",
+                                                   TypeString(t.source_block())));
   }
   const int size = t.rank_workers_size();
   if (t.rank_devices_size() != size || t.rank() < -1 || t.rank() >= size) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": rank ", t.rank(), " of a group of ", size));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": rank ", t.rank(), " of a group of ", size));
   }
   // Check the whole plan before anything moves.
   for (const v1::TransferPiece& p : t.pieces()) {
     const bool mine_send = p.round() < 0 || p.source() == t.rank();
     const bool mine_recv = p.round() < 0 || p.target() == t.rank();
-    if (p.round() >= t.rounds() || (p.round() >= 0 && (p.source() < 0 || p.source() >= size || p.target() < 0 ||
-                                                        p.target() >= size))) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": a piece of round ", p.round(), " between ranks ",
-                                                     p.source(), " and ", p.target(), " is outside the plan"));
+    if (p.round() >= t.rounds() || (p.round() >= 0 && (p.source() < 0 || p.source() >= size ||
+                                                       p.target() < 0 || p.target() >= size))) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": a piece of round ", p.round(),
+                                                     " between ranks ", p.source(), " and ",
+                                                     p.target(), " is outside the plan"));
     }
     if (p.round() >= 0 && t.rank() < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": the plan has rounds, and this device no rank"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": the plan has rounds, and this device no rank"));
     }
     if (mine_send) {
-      if (!has_source) return absl::InvalidArgumentError(absl::StrCat(what, ": sends a piece, and holds no source"));
+      if (!has_source)
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": sends a piece, and holds no source"));
       TESSEL_RETURN_IF_ERROR(CheckRegion(t.source_block(), p.from(), what));
     }
     if (mine_recv) {
-      if (!has_target) return absl::InvalidArgumentError(absl::StrCat(what, ": receives a piece, and makes no target"));
+      if (!has_target)
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": receives a piece, and makes no target"));
       TESSEL_RETURN_IF_ERROR(CheckRegion(t.target_block(), p.to(), what));
     }
     if (RegionBytes(t.source_block(), p.from()) != RegionBytes(t.target_block(), p.to())) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": a piece's regions differ in size: ",
-                                                     RegionString(p.from()), " and ", RegionString(p.to())));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": a piece's regions differ in size: ", RegionString(p.from()),
+                       " and ", RegionString(p.to())));
     }
   }
   if (t.one_way() && has_source && has_target) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": the transfer is one-way, and this device both holds a ",
-                                                   "source block and makes a target block"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the transfer is one-way, and this device both holds a ",
+                     "source block and makes a target block"));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<BufferPtr> RunTransfer(const v1::RunRequest& r, Device& device, const BufferPtr& source,
-                                      CommunicatorRegistry* collectives, int* last_round) {
+absl::StatusOr<BufferPtr> RunTransfer(const v1::RunRequest& r, Device& device,
+                                      const BufferPtr& source, CommunicatorRegistry* collectives,
+                                      int* last_round) {
   TESSEL_RETURN_IF_ERROR(CheckTransfer(r, device, source));
   const v1::Transfer& t = r.transfer();
   const std::string what = What(r, device);
@@ -195,7 +216,8 @@ absl::StatusOr<BufferPtr> RunTransfer(const v1::RunRequest& r, Device& device, c
   // Local copies first: they need no peer.
   for (const v1::TransferPiece& p : t.pieces()) {
     if (p.round() >= 0) continue;
-    const int64_t in = ContiguousOffset(t.source_block(), p.from()), out = ContiguousOffset(t.target_block(), p.to());
+    const int64_t in = ContiguousOffset(t.source_block(), p.from()),
+                  out = ContiguousOffset(t.target_block(), p.to());
     if (in >= 0 && out >= 0) {
       std::memcpy(dst + out, src + in, RegionBytes(t.source_block(), p.from()));
     } else {
@@ -206,7 +228,8 @@ absl::StatusOr<BufferPtr> RunTransfer(const v1::RunRequest& r, Device& device, c
   }
   if (t.rounds() == 0) return target;
   if (collectives == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(what, ": this worker has no collectives configured"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": this worker has no collectives configured"));
   }
   TESSEL_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, collectives->Get(TransferGroup(r)));
   std::vector<char> send_staging, recv_staging;
@@ -219,8 +242,8 @@ absl::StatusOr<BufferPtr> RunTransfer(const v1::RunRequest& r, Device& device, c
       pairs.emplace_back(p.source(), p.target());
       const int64_t b = RegionBytes(t.source_block(), p.from());
       if (bytes >= 0 && b != bytes) {
-        return absl::InvalidArgumentError(absl::StrCat(what, ": round ", round, " has pieces of ", bytes, " and ",
-                                                       b, " bytes"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": round ", round, " has pieces of ", bytes, " and ", b, " bytes"));
       }
       bytes = b;
       if (p.source() == t.rank()) send = &p;
@@ -250,9 +273,10 @@ absl::StatusOr<BufferPtr> RunTransfer(const v1::RunRequest& r, Device& device, c
       }
     }
     *last_round = round;
-    TESSEL_RETURN_IF_ERROR(comm->Permute(t.rank(), CollectiveId{r.execution_id(), round, 0}, in, out, bytes,
-                                         v1::U8, pairs));
-    if (recv != nullptr && recv_off < 0) Unpack(t.target_block(), recv->to(), recv_staging.data(), dst);
+    TESSEL_RETURN_IF_ERROR(comm->Permute(t.rank(), CollectiveId{r.execution_id(), round, 0}, in,
+                                         out, bytes, v1::U8, pairs));
+    if (recv != nullptr && recv_off < 0)
+      Unpack(t.target_block(), recv->to(), recv_staging.data(), dst);
   }
   return target;
 }

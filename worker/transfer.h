@@ -30,7 +30,8 @@ void ForEachRun(const v1::TensorType& block, const v1::Region& region,
                 const std::function<void(int64_t offset, int64_t length)>& f);
 int64_t RegionBytes(const v1::TensorType& block, const v1::Region& region);
 // INVALID_ARGUMENT naming `what` unless `region` has the block's rank and lies inside it.
-absl::Status CheckRegion(const v1::TensorType& block, const v1::Region& region, const std::string& what);
+absl::Status CheckRegion(const v1::TensorType& block, const v1::Region& region,
+                         const std::string& what);
 
 // The group a transfer's ranks meet in: the one every program over the same
 // devices shares, or for a one-way transfer one of its own, named by its
@@ -44,17 +45,19 @@ bool IsDetachedSend(const v1::RunRequest& request);
 // INVALID_ARGUMENT or UNIMPLEMENTED naming the execution unless this
 // device's part of the plan is well formed for `source` (RunTransfer checks
 // it first; nothing has moved when it fails).
-absl::Status CheckTransfer(const v1::RunRequest& request, const Device& device, const BufferPtr& source);
+absl::Status CheckTransfer(const v1::RunRequest& request, const Device& device,
+                           const BufferPtr& source);
 
 // Runs this device's part. `source`: the block held here (null when the
 // request has no argument). Returns the target block (null when the
 // request has no output). `last_round` is set to each round as it starts.
-absl::StatusOr<BufferPtr> RunTransfer(const v1::RunRequest& request, Device& device, const BufferPtr& source,
-                                      CommunicatorRegistry* collectives, int* last_round);
+absl::StatusOr<BufferPtr> RunTransfer(const v1::RunRequest& request, Device& device,
+                                      const BufferPtr& source, CommunicatorRegistry* collectives,
+                                      int* last_round);
 
 // After this device's transfer failed with `cause`: abandons every round
 // after `last_round`, so the peers fail at once instead of waiting.
-void AbandonTransfer(const v1::RunRequest& request, CommunicatorRegistry* collectives, int last_round,
-                     const absl::Status& cause);
+void AbandonTransfer(const v1::RunRequest& request, CommunicatorRegistry* collectives,
+                     int last_round, const absl::Status& cause);
 
 }  // namespace tessel::worker

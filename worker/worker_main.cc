@@ -33,40 +33,55 @@
 #include "worker/worker_runtime.h"
 #include "worker/worker_service.h"
 
-ABSL_FLAG(std::string, coordinator, "", "Address (host:port) of the tessel-coordinator to register with. Required.");
-ABSL_FLAG(std::string, host, "127.0.0.1", "Interface to listen on; also the host advertised to the coordinator.");
+ABSL_FLAG(std::string, coordinator, "",
+          "Address (host:port) of the tessel-coordinator to register with. Required.");
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "Interface to listen on; also the host advertised to the coordinator.");
 ABSL_FLAG(int, port, 0, "Port to serve tessel.v1.Worker on; 0 picks a free one.");
-ABSL_FLAG(std::string, client_address, "",
-          "host:port clients use to reach this worker's port when they put and fetch arrays directly; "
-          "default: the address registered with the coordinator. Clients that cannot reach it go through "
-          "the coordinator.");
+ABSL_FLAG(
+    std::string, client_address, "",
+    "host:port clients use to reach this worker's port when they put and fetch arrays directly; "
+    "default: the address registered with the coordinator. Clients that cannot reach it go through "
+    "the coordinator.");
 ABSL_FLAG(int, devices, 1, "Number of CPU devices this worker exposes.");
-ABSL_FLAG(std::string, device_kind, "cpu",
-          "Which devices to expose: cpu (--devices of them), cuda (every GPU the CUDA runtime sees; "
-          "CUDA_VISIBLE_DEVICES narrows it), or both (CPU devices first, then GPUs).");
+ABSL_FLAG(
+    std::string, device_kind, "cpu",
+    "Which devices to expose: cpu (--devices of them), cuda (every GPU the CUDA runtime sees; "
+    "CUDA_VISIBLE_DEVICES narrows it), or both (CPU devices first, then GPUs).");
 ABSL_FLAG(std::string, kernel_cache_dir, "",
-          "Where compiled CUDA kernels are cached on disk; default $TESSEL_KERNEL_CACHE, else ~/.cache/tessel/kernels.");
+          "Where compiled CUDA kernels are cached on disk; default $TESSEL_KERNEL_CACHE, else "
+          "~/.cache/tessel/kernels.");
 ABSL_FLAG(std::string, cuda_plugin, "",
-          "The CUDA backend (libtessel_cuda.so) that --device_kind=cuda|both loads; default: beside this binary, "
+          "The CUDA backend (libtessel_cuda.so) that --device_kind=cuda|both loads; default: "
+          "beside this binary, "
           "else the dynamic loader's search path.");
-ABSL_FLAG(int64_t, device_memory_bytes, 0,
-          "Memory limit per device in bytes; 0 means 80% of the memory this process may use (its cgroup's limit, else "
-          "physical memory) divided among the CPU devices, which together may not exceed it, "
-          "and 90% of each GPU's free memory. With --device_kind=both it limits the CPU devices only.");
+ABSL_FLAG(
+    int64_t, device_memory_bytes, 0,
+    "Memory limit per device in bytes; 0 means 80% of the memory this process may use (its "
+    "cgroup's limit, else "
+    "physical memory) divided among the CPU devices, which together may not exceed it, "
+    "and 90% of each GPU's free memory. With --device_kind=both it limits the CPU devices only.");
 ABSL_FLAG(int, kernel_threads, 0,
-          "Threads each CPU device's kernels may use (OpenBLAS's GEMM threads, large fused loops). 0: the cores "
-          "this process may run on, divided among its CPU devices (at least 1), so that devices running at once "
+          "Threads each CPU device's kernels may use (OpenBLAS's GEMM threads, large fused loops). "
+          "0: the cores "
+          "this process may run on, divided among its CPU devices (at least 1), so that devices "
+          "running at once "
           "do not oversubscribe them.");
-ABSL_FLAG(int, register_timeout_s, 30, "How long to keep trying to reach the coordinator at start-up.");
+ABSL_FLAG(int, register_timeout_s, 30,
+          "How long to keep trying to reach the coordinator at start-up.");
 ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, error.");
-ABSL_FLAG(std::string, log_format, "text", "Log format: text, or json (one object per line: time, level, logger, thread, message).");
-ABSL_FLAG(int, collective_timeout_s, 60,
-          "How long a collective waits for the rest of its group (and the rendezvous for its peers).");
+ABSL_FLAG(std::string, log_format, "text",
+          "Log format: text, or json (one object per line: time, level, logger, thread, message).");
+ABSL_FLAG(
+    int, collective_timeout_s, 60,
+    "How long a collective waits for the rest of its group (and the rendezvous for its peers).");
 ABSL_FLAG(std::string, worker_id, "",
-          "This worker's persistent identity, kept across restarts (default: the host name and the port). A "
+          "This worker's persistent identity, kept across restarts (default: the host name and the "
+          "port). A "
           "worker that registers again under it with a new incarnation replaces the old at once.");
-ABSL_FLAG(int, parent_pid, 0,
-          "If set, stop (as on SIGTERM) when this parent process exits; for clients that start daemons.");
+ABSL_FLAG(
+    int, parent_pid, 0,
+    "If set, stop (as on SIGTERM) when this parent process exits; for clients that start daemons.");
 
 namespace {
 
@@ -89,10 +104,11 @@ int UsableCores() {
 // a machine without them, or without the CUDA libraries the plugin needs,
 // or in a build without the plugin: with "both" that leaves the CPU
 // devices, with "cuda" it is an error saying why.
-absl::StatusOr<std::vector<std::unique_ptr<tessel::worker::Device>>> MakeDevices(const std::string& kind, int num_cpu,
-                                                                               spdlog::logger& log) {
+absl::StatusOr<std::vector<std::unique_ptr<tessel::worker::Device>>> MakeDevices(
+    const std::string& kind, int num_cpu, spdlog::logger& log) {
   if (kind != "cpu" && kind != "cuda" && kind != "both") {
-    return absl::InvalidArgumentError(absl::StrCat("--device_kind: expected cpu, cuda or both, got '", kind, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device_kind: expected cpu, cuda or both, got '", kind, "'"));
   }
   std::vector<std::unique_ptr<tessel::worker::Device>> devices;
   if (kind != "cuda") {
@@ -101,21 +117,24 @@ absl::StatusOr<std::vector<std::unique_ptr<tessel::worker::Device>>> MakeDevices
     const tessel::MemoryBudget budget = tessel::ProcessMemoryBudget();
     int64_t limit = absl::GetFlag(FLAGS_device_memory_bytes);
     if (limit > 0 && limit > budget.bytes / num_cpu) {
-      return absl::InvalidArgumentError(absl::StrCat("--device_memory_bytes=", limit, " for ", num_cpu, " CPU devices (",
-                                                     limit * num_cpu, " bytes in all) exceeds the ", budget.bytes,
-                                                     " bytes this process may use (", budget.source, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--device_memory_bytes=", limit, " for ", num_cpu, " CPU devices (",
+                       limit * num_cpu, " bytes in all) exceeds the ", budget.bytes,
+                       " bytes this process may use (", budget.source, ")"));
     }
     if (limit <= 0) limit = budget.bytes / 10 * 8 / num_cpu;
-    log.info("CPU devices: {} of {} bytes each ({} bytes available, from {})", num_cpu, limit, budget.bytes,
-             budget.source);
+    log.info("CPU devices: {} of {} bytes each ({} bytes available, from {})", num_cpu, limit,
+             budget.bytes, budget.source);
     for (int i = 0; i < num_cpu; ++i) {
-      devices.push_back(std::make_unique<tessel::cpu::CpuDevice>(tessel::cpu::CpuDevice::Options{i, limit}));
+      devices.push_back(
+          std::make_unique<tessel::cpu::CpuDevice>(tessel::cpu::CpuDevice::Options{i, limit}));
     }
     const int cores = UsableCores();
     int threads = absl::GetFlag(FLAGS_kernel_threads);
     if (threads <= 0) threads = std::max(1, cores / num_cpu);
     tessel::cpu::SetKernelThreads(threads);
-    log.info("CPU kernels: {} threads per device ({} cores, {} CPU devices)", threads, cores, num_cpu);
+    log.info("CPU kernels: {} threads per device ({} cores, {} CPU devices)", threads, cores,
+             num_cpu);
   }
   if (kind == "cpu") return devices;
   int found = 0;
@@ -138,12 +157,15 @@ absl::StatusOr<std::vector<std::unique_ptr<tessel::worker::Device>>> MakeDevices
       std::string arch;
       auto d = cuda.create_device(o, &arch);
       if (!d.ok()) return d.status();
-      log.info("cuda:{} is GPU {} ({}), kernels cached in {}", o.local_index, g, arch, cache.empty() ? "memory" : cache);
+      log.info("cuda:{} is GPU {} ({}), kernels cached in {}", o.local_index, g, arch,
+               cache.empty() ? "memory" : cache);
       devices.push_back(std::move(*d));
     }
   }
   if (found == 0) {
-    if (kind == "cuda") return absl::FailedPreconditionError(absl::StrCat("--device_kind=cuda: no CUDA devices (", why, ")"));
+    if (kind == "cuda")
+      return absl::FailedPreconditionError(
+          absl::StrCat("--device_kind=cuda: no CUDA devices (", why, ")"));
     log.info("no CUDA devices ({}); serving CPU devices only", why);
   }
   return devices;
@@ -155,7 +177,8 @@ struct Identity {
 };
 
 absl::StatusOr<Registration> Register(tessel::v1::Registry::Stub& stub, const Identity& me,
-                                      const std::vector<std::string>& kinds, absl::Duration timeout) {
+                                      const std::vector<std::string>& kinds,
+                                      absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   grpc::Status last;
   while (absl::Now() < deadline) {
@@ -174,8 +197,8 @@ absl::StatusOr<Registration> Register(tessel::v1::Registry::Stub& stub, const Id
     tessel::v1::RegisterWorkerResponse resp;
     last = stub.RegisterWorker(&ctx, req, &resp);
     if (last.ok()) {
-      return Registration{resp.worker_id(), std::max<int64_t>(50, resp.heartbeat_interval_ms()), resp.queue_epoch(),
-                          resp.coordinator_incarnation()};
+      return Registration{resp.worker_id(), std::max<int64_t>(50, resp.heartbeat_interval_ms()),
+                          resp.queue_epoch(), resp.coordinator_incarnation()};
     }
     if (last.error_code() != grpc::StatusCode::UNAVAILABLE &&
         last.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
@@ -183,7 +206,8 @@ absl::StatusOr<Registration> Register(tessel::v1::Registry::Stub& stub, const Id
     }
     absl::SleepFor(absl::Milliseconds(100));
   }
-  return absl::UnavailableError(absl::StrCat("could not register with the coordinator: ", last.error_message()));
+  return absl::UnavailableError(
+      absl::StrCat("could not register with the coordinator: ", last.error_message()));
 }
 
 }  // namespace
@@ -204,12 +228,18 @@ void AddWorkerMetrics(tessel::worker::WorkerRuntime* runtime, tessel::MetricsEnd
       limit.push_back({labels, double(d.bytes_limit())});
     }
     return std::vector<prometheus::MetricFamily>{
-        tessel::GaugeFamily("tessel_worker_device_bytes_in_use", "Bytes held by live buffers, by local device", in_use),
-        tessel::GaugeFamily("tessel_worker_device_peak_bytes", "Peak bytes in use, by local device", peak),
-        tessel::GaugeFamily("tessel_worker_device_buffers", "Live buffers, by local device", buffers),
-        tessel::GaugeFamily("tessel_worker_device_bytes_cached", "Freed bytes kept for reuse, by local device", cached),
-        tessel::GaugeFamily("tessel_worker_device_bytes_limit", "Device memory limit (0: none)", limit),
-        tessel::CounterFamily("tessel_worker_steps_total", "Steps run on this worker", {{{}, double(stats.steps_run())}}),
+        tessel::GaugeFamily("tessel_worker_device_bytes_in_use",
+                            "Bytes held by live buffers, by local device", in_use),
+        tessel::GaugeFamily("tessel_worker_device_peak_bytes", "Peak bytes in use, by local device",
+                            peak),
+        tessel::GaugeFamily("tessel_worker_device_buffers", "Live buffers, by local device",
+                            buffers),
+        tessel::GaugeFamily("tessel_worker_device_bytes_cached",
+                            "Freed bytes kept for reuse, by local device", cached),
+        tessel::GaugeFamily("tessel_worker_device_bytes_limit", "Device memory limit (0: none)",
+                            limit),
+        tessel::CounterFamily("tessel_worker_steps_total", "Steps run on this worker",
+                              {{{}, double(stats.steps_run())}}),
     };
   });
 }
@@ -248,23 +278,30 @@ int main(int argc, char** argv) {
   tessel::TuneAllocatorForStreaming();
   tessel::SkipMutexCycleDetection();
   absl::SetProgramUsageMessage(
-      "tessel-worker --coordinator=HOST:PORT [--devices=N] [--device_kind=cpu|cuda|both] [--port=P]\n"
-      "Serves tessel.v1.Worker: owns N CPU devices and/or the machine's GPUs, runs the programs the coordinator sends,\n"
-      "registers with the coordinator and heartbeats. Also serves grpc.health.v1.Health and reflection.");
+      "tessel-worker --coordinator=HOST:PORT [--devices=N] [--device_kind=cpu|cuda|both] "
+      "[--port=P]\n"
+      "Serves tessel.v1.Worker: owns N CPU devices and/or the machine's GPUs, runs the programs "
+      "the coordinator sends,\n"
+      "registers with the coordinator and heartbeats. Also serves grpc.health.v1.Health and "
+      "reflection.");
   tessel::SetDaemonFlagsUsage("worker_main");
   absl::ParseCommandLine(argc, argv);
-  auto made = tessel::MakeDaemonLogger("worker", absl::GetFlag(FLAGS_log_level), absl::GetFlag(FLAGS_log_format));
+  auto made = tessel::MakeDaemonLogger("worker", absl::GetFlag(FLAGS_log_level),
+                                       absl::GetFlag(FLAGS_log_format));
   if (!made.ok()) {
     std::fprintf(stderr, "tessel-worker: %s\n", std::string(made.status().message()).c_str());
     return 2;
   }
   std::shared_ptr<spdlog::logger> log = *made;
   if (const std::string missing = MissingKernelInstructions(); !missing.empty()) {
-    log->error("this tessel-worker's CPU kernels were built for {} and this CPU lacks {}: rebuild with "
-               "-DTESSEL_ISA=x86-64-v2 (or -DTESSEL_NATIVE=ON on this machine)", TESSEL_KERNEL_ISA, missing);
+    log->error(
+        "this tessel-worker's CPU kernels were built for {} and this CPU lacks {}: rebuild with "
+        "-DTESSEL_ISA=x86-64-v2 (or -DTESSEL_NATIVE=ON on this machine)",
+        TESSEL_KERNEL_ISA, missing);
     return 2;
   }
-  if (const int parent = absl::GetFlag(FLAGS_parent_pid); parent > 0 && !tessel::StopWithParent(parent)) {
+  if (const int parent = absl::GetFlag(FLAGS_parent_pid);
+      parent > 0 && !tessel::StopWithParent(parent)) {
     log->error("--parent_pid={}: that process has already exited", parent);
     return 1;
   }
@@ -304,7 +341,8 @@ int main(int argc, char** argv) {
   const tessel::TlsFiles& tls = security->tls;
   const std::string& join_token = security->join_token;
   if (!tls.enabled() && !tessel::IsLoopbackHost(host)) {
-    log->warn("--insecure: serving plaintext on {}; anyone on the network can read and change it", host);
+    log->warn("--insecure: serving plaintext on {}; anyone on the network can read and change it",
+              host);
   }
   // Drawn anew at each start and given only to the coordinator: the key to
   // this worker's service.
@@ -317,8 +355,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<tessel::MetricsEndpoint> metrics = std::move(*metrics_or);
   std::unique_ptr<tessel::StepMetrics> step_metrics;
   if (metrics != nullptr) {
-    step_metrics = std::make_unique<tessel::StepMetrics>(metrics->registry(), "tessel_worker",
-                                                         "from its arrival on the worker to its answer");
+    step_metrics = std::make_unique<tessel::StepMetrics>(
+        metrics->registry(), "tessel_worker", "from its arrival on the worker to its answer");
     AddWorkerMetrics(runtime->get(), *metrics);
     log->info("metrics on port {} (/metrics)", metrics->port());
   }
@@ -343,15 +381,16 @@ int main(int argc, char** argv) {
   const std::string address = absl::StrCat(host, ":", port);
   log->info("serving tessel.v1.Worker on {} with devices [{}]", address, absl::StrJoin(kinds, ","));
 
-  auto channel =
-      tessel::CreateChannelWithToken(coordinator, tessel::ChannelCredentials(tls), grpc::ChannelArguments(), join_token);
+  auto channel = tessel::CreateChannelWithToken(coordinator, tessel::ChannelCredentials(tls),
+                                                grpc::ChannelArguments(), join_token);
   std::shared_ptr<tessel::v1::Registry::Stub> registry = tessel::v1::Registry::NewStub(channel);
   std::shared_ptr<tessel::worker::KvStoreClient> store;
   {
     // Collectives: groups meet through the coordinator's key-value store.
     const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_collective_timeout_s));
     store = std::make_shared<tessel::worker::KvStoreClient>(
-        registry, tessel::worker::KvStoreClient::Options{.timeout = timeout, .worker_secret = secret});
+        registry,
+        tessel::worker::KvStoreClient::Options{.timeout = timeout, .worker_secret = secret});
     auto collectives = tessel::worker::NewCommunicatorRegistry(
         {.self = address, .store = store, .hostname = host, .timeout = timeout, .logger = log});
     if (!collectives.ok()) {
@@ -379,7 +418,8 @@ int main(int argc, char** argv) {
   // tessel.v1.Worker is SERVING once registered (the whole server, "", from
   // the start).
   server->GetHealthCheckService()->SetServingStatus("tessel.v1.Worker", true);
-  tessel::NotifyReady(absl::StrCat("serving ", address, ", registered with ", coordinator, " as ", reg->worker_id));
+  tessel::NotifyReady(
+      absl::StrCat("serving ", address, ", registered with ", coordinator, " as ", reg->worker_id));
   (*runtime)->StartQueueEpoch(reg->queue_epoch);
 
   // Without a coordinator the worker can run nothing new: tessel.v1.Worker
@@ -417,7 +457,8 @@ int main(int argc, char** argv) {
       absl::SleepFor(absl::Milliseconds(r.heartbeat_ms));
       if (stop) break;
       grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(std::max<int64_t>(1000, r.heartbeat_ms)));
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(std::max<int64_t>(1000, r.heartbeat_ms)));
       tessel::v1::HeartbeatRequest req;
       req.set_worker_id(r.worker_id);
       req.set_worker_secret(secret);
@@ -430,9 +471,11 @@ int main(int argc, char** argv) {
           if (again->coordinator_incarnation != r.coordinator_incarnation) {
             auto [arrays, bytes] = (*runtime)->ForgetAllArrays();
             const int64_t programs = (*runtime)->ForgetPrograms();
-            log->warn("the coordinator restarted (incarnation {} -> {}): dropped the old one's {} arrays ({} bytes) "
-                      "and {} programs",
-                      r.coordinator_incarnation, again->coordinator_incarnation, arrays, bytes, programs);
+            log->warn(
+                "the coordinator restarted (incarnation {} -> {}): dropped the old one's {} arrays "
+                "({} bytes) "
+                "and {} programs",
+                r.coordinator_incarnation, again->coordinator_incarnation, arrays, bytes, programs);
           }
           r = *again;
           store->SetWorkerId(r.worker_id);

@@ -4,9 +4,9 @@
 
 #include <optional>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/dtype.h"
 #include "core/status.h"
@@ -16,15 +16,20 @@
 namespace tessel::worker {
 
 absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(Options options) {
-  if (options.devices.empty()) return absl::InvalidArgumentError("a worker needs at least one device");
+  if (options.devices.empty())
+    return absl::InvalidArgumentError("a worker needs at least one device");
   if (!options.logger) return absl::InvalidArgumentError("WorkerRuntime needs a logger");
   return std::unique_ptr<WorkerRuntime>(new WorkerRuntime(std::move(options)));
 }
 
 WorkerRuntime::WorkerRuntime(Options options)
-    : devices_(std::move(options.devices)), log_(std::move(options.logger)), collectives_(std::move(options.collectives)) {
+    : devices_(std::move(options.devices)),
+      log_(std::move(options.logger)),
+      collectives_(std::move(options.collectives)) {
   for (auto& d : devices_) {
-    completions_.push_back(d->asynchronous() ? std::make_unique<CompletionQueue>(d->name() + " completions") : nullptr);
+    completions_.push_back(d->asynchronous()
+                               ? std::make_unique<CompletionQueue>(d->name() + " completions")
+                               : nullptr);
     queues_.push_back(std::make_unique<StepQueue>(d->name()));
   }
 }
@@ -49,7 +54,8 @@ namespace {
 std::pair<std::string, int64_t> SplitEpoch(absl::string_view e) {
   const size_t dot = e.rfind('.');
   int64_t n = -1;
-  if (dot == absl::string_view::npos || !absl::SimpleAtoi(e.substr(dot + 1), &n)) return {std::string(e), -1};
+  if (dot == absl::string_view::npos || !absl::SimpleAtoi(e.substr(dot + 1), &n))
+    return {std::string(e), -1};
   return {std::string(e.substr(0, dot)), n};
 }
 
@@ -76,7 +82,8 @@ void WorkerRuntime::QueueSend(const v1::RunRequest& r, std::function<void()> tas
       const absl::string_view k = old->first;
       bool earlier = false;
       if (epoch >= 0 && absl::StartsWith(k, devices) && absl::EndsWith(k, rank)) {
-        const auto [i, e] = SplitEpoch(k.substr(devices.size(), k.size() - devices.size() - rank.size()));
+        const auto [i, e] =
+            SplitEpoch(k.substr(devices.size(), k.size() - devices.size() - rank.size()));
         earlier = i == incarnation && e >= 0 && e < epoch;
       }
       if (earlier) {
@@ -103,8 +110,8 @@ int WorkerRuntime::num_send_lanes() const {
 
 absl::Status WorkerRuntime::CheckDevice(int device) const {
   if (device < 0 || device >= int(devices_.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("device ", device, " out of range: this worker has ",
-                                                   devices_.size(), " devices"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device ", device, " out of range: this worker has ", devices_.size(), " devices"));
   }
   return absl::OkStatus();
 }
@@ -118,14 +125,16 @@ absl::Status WorkerRuntime::LoadProgram(const v1::Program& program, uint64_t gen
       if (it == programs_.end() || it->second.on_device[d] == nullptr) missing.push_back(d);
     }
     if (missing.empty()) {
-      it->second.generation = std::max(it->second.generation, generation);  // an older unload leaves it
+      it->second.generation =
+          std::max(it->second.generation, generation);  // an older unload leaves it
       return absl::OkStatus();
     }
   }
   std::vector<std::shared_ptr<Executable>> loaded(devices_.size());
   for (size_t d : missing) {
     auto exe = devices_[d]->Load(program);
-    if (!exe.ok()) return Annotate(exe.status(), absl::StrCat("loading on ", devices_[d]->name(), ": "));
+    if (!exe.ok())
+      return Annotate(exe.status(), absl::StrCat("loading on ", devices_[d]->name(), ": "));
     loaded[d] = std::move(*exe);
   }
   absl::MutexLock l(&mu_);
@@ -146,7 +155,8 @@ void WorkerRuntime::Unload(int device, const v1::ProgramUnload& unload) {
   {
     absl::MutexLock l(&mu_);
     auto it = programs_.find(unload.executable_id());
-    if (it == programs_.end() || it->second.generation != unload.generation()) return;  // loaded again since
+    if (it == programs_.end() || it->second.generation != unload.generation())
+      return;  // loaded again since
     gone = std::move(it->second.on_device[device]);
     bool anywhere = false;
     for (const auto& e : it->second.on_device) anywhere |= e != nullptr;
@@ -170,9 +180,9 @@ int64_t WorkerRuntime::num_programs() const {
   return programs_.size();
 }
 
-absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r, int* last_collective,
-                                                       const std::shared_ptr<Verdict>& verdict,
-                                                       std::vector<std::shared_ptr<const Verdict>>& inputs) {
+absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(
+    const v1::RunRequest& r, int* last_collective, const std::shared_ptr<Verdict>& verdict,
+    std::vector<std::shared_ptr<const Verdict>>& inputs) {
   if (r.has_transfer()) return RunTransferStep(r, last_collective, verdict, inputs);
   std::shared_ptr<Executable> exe_held;  // held while the step runs: an unload may drop the program
   std::shared_ptr<const v1::Program> proto_held;
@@ -184,7 +194,8 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r, 
     collectives = collectives_;
     auto it = programs_.find(r.executable_id());
     if (it == programs_.end() || it->second.on_device[r.device()] == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat("program ", r.executable_id(), " is not loaded"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("program ", r.executable_id(), " is not loaded"));
     }
     exe_held = it->second.on_device[r.device()];
     proto_held = it->second.proto;
@@ -192,15 +203,16 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r, 
   exe = exe_held.get();
   proto = proto_held.get();
   if (r.arguments_size() != proto->parameters_size() || r.outputs_size() != proto->outputs_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "execution ", r.execution_id(), ": program takes ", proto->parameters_size(), " arguments and gives ",
-        proto->outputs_size(), " outputs; got ", r.arguments_size(), " and ", r.outputs_size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("execution ", r.execution_id(), ": program takes ", proto->parameters_size(),
+                     " arguments and gives ", proto->outputs_size(), " outputs; got ",
+                     r.arguments_size(), " and ", r.outputs_size()));
   }
   std::vector<bool> donated(r.arguments_size(), false);
   for (int i : r.donated()) {
     if (i < 0 || i >= r.arguments_size()) {
-      return absl::InvalidArgumentError(absl::StrCat("execution ", r.execution_id(), ": donated argument ", i,
-                                                     " out of range"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("execution ", r.execution_id(), ": donated argument ", i, " out of range"));
     }
     donated[i] = true;
   }
@@ -224,8 +236,8 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r, 
     const v1::TensorType& want = proto->parameters(i).type();
     if (!SameType(a->type, want)) {
       consume();
-      return absl::InvalidArgumentError(absl::StrCat("argument ", i, ": expected ", TypeString(want),
-                                                     ", got ", TypeString(a->type)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "argument ", i, ": expected ", TypeString(want), ", got ", TypeString(a->type)));
     }
     if (a->verdict != nullptr) inputs.push_back(std::move(a->verdict));
     args.push_back(std::move(a->buffer));
@@ -237,10 +249,11 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r, 
   std::vector<BufferPtr> into(r.outputs_size());
   std::vector<std::pair<int, const Buffer*>> offered;  // argument, buffer
   for (const v1::RunAlias& al : r.aliases()) {
-    if (al.argument() < 0 || al.argument() >= r.arguments_size() || !donated[al.argument()] || al.output() < 0 ||
-        al.output() >= r.outputs_size()) {
-      return absl::InvalidArgumentError(absl::StrCat("execution ", r.execution_id(), ": alias of argument ",
-                                                     al.argument(), " to output ", al.output(), " is out of range"));
+    if (al.argument() < 0 || al.argument() >= r.arguments_size() || !donated[al.argument()] ||
+        al.output() < 0 || al.output() >= r.outputs_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("execution ", r.execution_id(), ": alias of argument ", al.argument(),
+                       " to output ", al.output(), " is out of range"));
     }
     if (args[al.argument()].use_count() == 1 && !into[al.output()]) {
       into[al.output()] = args[al.argument()];
@@ -256,9 +269,10 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r, 
                           .execution_id = r.execution_id(),
                           .collective_epoch = r.collective_epoch(),
                           .last_collective = last_collective};
-  if (proto->has_mesh() && (r.mesh_position() < 0 || r.mesh_position() >= proto->mesh().devices_size())) {
-    return absl::InvalidArgumentError(absl::StrCat("execution ", r.execution_id(), ": mesh position ",
-                                                   r.mesh_position(), " out of range"));
+  if (proto->has_mesh() &&
+      (r.mesh_position() < 0 || r.mesh_position() >= proto->mesh().devices_size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "execution ", r.execution_id(), ": mesh position ", r.mesh_position(), " out of range"));
   }
   TESSEL_ASSIGN_OR_RETURN(std::vector<BufferPtr> outs, exe->Run(args, into, ctx));
   into.clear();
@@ -274,15 +288,16 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(const v1::RunRequest& r, 
   }
   for (int i = 0; i < r.outputs_size(); ++i) {
     TESSEL_RETURN_IF_ERROR(
-        store_.Insert(r.device(), r.outputs(i), StoredArray{std::move(outs[i]), proto->output_types(i), {}, verdict}));
+        store_.Insert(r.device(), r.outputs(i),
+                      StoredArray{std::move(outs[i]), proto->output_types(i), {}, verdict}));
   }
   ++steps_run_;
   return resp;
 }
 
-absl::StatusOr<v1::RunResponse> WorkerRuntime::RunTransferStep(const v1::RunRequest& r, int* last_round,
-                                                               const std::shared_ptr<Verdict>& verdict,
-                                                               std::vector<std::shared_ptr<const Verdict>>& inputs) {
+absl::StatusOr<v1::RunResponse> WorkerRuntime::RunTransferStep(
+    const v1::RunRequest& r, int* last_round, const std::shared_ptr<Verdict>& verdict,
+    std::vector<std::shared_ptr<const Verdict>>& inputs) {
   std::shared_ptr<CommunicatorRegistry> collectives;
   {
     absl::MutexLock l(&mu_);
@@ -291,8 +306,11 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunTransferStep(const v1::RunRequ
   BufferPtr source;
   if (r.arguments_size() == 1) {
     auto a = store_.Get(r.device(), r.arguments(0));
-    if (!a.ok()) return Annotate(a.status(), absl::StrCat("execution ", r.execution_id(), " (reshard): source: "));
-    if (!a->error.ok()) return DependentError(a->error, absl::StrCat("execution ", r.execution_id(), ": the source"));
+    if (!a.ok())
+      return Annotate(a.status(),
+                      absl::StrCat("execution ", r.execution_id(), " (reshard): source: "));
+    if (!a->error.ok())
+      return DependentError(a->error, absl::StrCat("execution ", r.execution_id(), ": the source"));
     if (a->verdict != nullptr) inputs.push_back(std::move(a->verdict));
     source = std::move(a->buffer);
   }
@@ -300,29 +318,31 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunTransferStep(const v1::RunRequ
     Device& device = *devices_[r.device()];
     TESSEL_RETURN_IF_ERROR(CheckTransfer(r, device, source));
     if (collectives == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat("execution ", r.execution_id(),
-                                                        " (reshard): this worker has no collectives configured"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "execution ", r.execution_id(), " (reshard): this worker has no collectives configured"));
     }
     // The lane holds the source until it has been sent: a later free or
     // donation of the array leaves these bytes alone.
-    QueueSend(r, [this, r, &device, source = std::move(source), collectives = std::move(collectives)] {
-      int last = -1;
-      absl::StatusOr<BufferPtr> sent = RunTransfer(r, device, source, collectives.get(), &last);
-      if (sent.ok()) return;
-      log_->warn("execution {} on device {}: its sends failed: {}", r.execution_id(), r.device(),
-                 sent.status().ToString());
-      AbandonTransfer(r, collectives.get(), last, sent.status());
-    });
+    QueueSend(
+        r, [this, r, &device, source = std::move(source), collectives = std::move(collectives)] {
+          int last = -1;
+          absl::StatusOr<BufferPtr> sent = RunTransfer(r, device, source, collectives.get(), &last);
+          if (sent.ok()) return;
+          log_->warn("execution {} on device {}: its sends failed: {}", r.execution_id(),
+                     r.device(), sent.status().ToString());
+          AbandonTransfer(r, collectives.get(), last, sent.status());
+        });
     *last_round = r.transfer().rounds() - 1;  // the lane answers for every round now
     ++steps_run_;
     return v1::RunResponse();
   }
-  TESSEL_ASSIGN_OR_RETURN(BufferPtr target,
-                          RunTransfer(r, *devices_[r.device()], source, collectives.get(), last_round));
+  TESSEL_ASSIGN_OR_RETURN(BufferPtr target, RunTransfer(r, *devices_[r.device()], source,
+                                                        collectives.get(), last_round));
   source.reset();
   if (r.outputs_size() == 1) {
-    TESSEL_RETURN_IF_ERROR(store_.Insert(r.device(), r.outputs(0),
-                                         StoredArray{std::move(target), r.transfer().target_block(), {}, verdict}));
+    TESSEL_RETURN_IF_ERROR(
+        store_.Insert(r.device(), r.outputs(0),
+                      StoredArray{std::move(target), r.transfer().target_block(), {}, verdict}));
   }
   ++steps_run_;
   return v1::RunResponse();
@@ -338,7 +358,8 @@ void WorkerRuntime::Run(v1::RunRequest request_in, RunDone done) {
   // when every one was already agreed with the peers.
   auto fail = [this, shared](const absl::Status& s, std::optional<int> last_collective) {
     const v1::RunRequest& request = *shared;
-    log_->warn("execution {} on device {} failed: {}", request.execution_id(), request.device(), s.ToString());
+    log_->warn("execution {} on device {} failed: {}", request.execution_id(), request.device(),
+               s.ToString());
     if (last_collective.has_value()) AbandonRest(request, *last_collective, s);
     // The outputs carry the error to whoever reads them.
     for (uint64_t h : request.outputs()) {
@@ -349,7 +370,8 @@ void WorkerRuntime::Run(v1::RunRequest request_in, RunDone done) {
   auto work = [this, shared, done, fail] {
     const v1::RunRequest& request = *shared;
     int last_collective = -1;
-    const bool timed = log_->should_log(spdlog::level::debug);  // a clock read per step only when logged
+    const bool timed =
+        log_->should_log(spdlog::level::debug);  // a clock read per step only when logged
     const absl::Time start = timed ? absl::Now() : absl::InfinitePast();
     CompletionQueue* completions = completions_[request.device()].get();
     // On an asynchronous device the outputs are stored before the work is
@@ -358,9 +380,9 @@ void WorkerRuntime::Run(v1::RunRequest request_in, RunDone done) {
     std::vector<std::shared_ptr<const Verdict>> inputs;
     absl::StatusOr<v1::RunResponse> result = RunStep(request, &last_collective, verdict, inputs);
     if (timed) {
-      log_->debug("device {}: step {} (execution {}, {}) ran in {} us{}", request.device(), request.seq(),
-                  request.execution_id(), request.executable_id(), absl::ToInt64Microseconds(absl::Now() - start),
-                  result.ok() ? "" : ", failed");
+      log_->debug("device {}: step {} (execution {}, {}) ran in {} us{}", request.device(),
+                  request.seq(), request.execution_id(), request.executable_id(),
+                  absl::ToInt64Microseconds(absl::Now() - start), result.ok() ? "" : ", failed");
     }
     if (!result.ok()) fail(result.status(), last_collective);
     if (completions == nullptr) return done(std::move(result));
@@ -370,18 +392,20 @@ void WorkerRuntime::Run(v1::RunRequest request_in, RunDone done) {
     // step order.
     std::function<absl::Status()> wait =
         result.ok() ? devices_[request.device()]->Fence() : [] { return absl::OkStatus(); };
-    completions->Push([shared, done, fail, verdict, inputs = std::move(inputs), wait = std::move(wait),
-                       result = std::move(result)]() mutable {
+    completions->Push([shared, done, fail, verdict, inputs = std::move(inputs),
+                       wait = std::move(wait), result = std::move(result)]() mutable {
       const v1::RunRequest& request = *shared;
       absl::Status s = wait();
       if (!s.ok()) {
         // Annotate keeps the payloads: a broken NCCL group moves the cluster to a new epoch.
-        s = Annotate(s, absl::StrCat("execution ", request.execution_id(), ": its kernels failed: "));
+        s = Annotate(s,
+                     absl::StrCat("execution ", request.execution_id(), ": its kernels failed: "));
       }
       for (const auto& input : inputs) {
         if (!s.ok()) break;
         if (absl::Status v = input->Wait(); !v.ok()) {
-          s = DependentError(v, absl::StrCat("execution ", request.execution_id(), ": an argument"));
+          s = DependentError(v,
+                             absl::StrCat("execution ", request.execution_id(), ": an argument"));
         }
       }
       if (!s.ok()) {
@@ -400,7 +424,8 @@ void WorkerRuntime::Run(v1::RunRequest request_in, RunDone done) {
                                     });
 }
 
-void WorkerRuntime::AbandonRest(const v1::RunRequest& r, int last_collective, const absl::Status& cause) {
+void WorkerRuntime::AbandonRest(const v1::RunRequest& r, int last_collective,
+                                const absl::Status& cause) {
   std::shared_ptr<CommunicatorRegistry> collectives;
   std::shared_ptr<const v1::Program> proto_held;
   const v1::Program* proto = nullptr;
@@ -412,9 +437,10 @@ void WorkerRuntime::AbandonRest(const v1::RunRequest& r, int last_collective, co
   }
   proto = proto_held.get();
   if (r.has_transfer()) {
-    const int device = r.transfer().rank() >= 0 && r.transfer().rank() < r.transfer().rank_devices_size()
-                           ? r.transfer().rank_devices(r.transfer().rank())
-                           : -1;
+    const int device =
+        r.transfer().rank() >= 0 && r.transfer().rank() < r.transfer().rank_devices_size()
+            ? r.transfer().rank_devices(r.transfer().rank())
+            : -1;
     absl::Status why = Annotate(cause, absl::StrCat("device ", device, ": "));
     if (!IsDetachedSend(r)) return AbandonTransfer(r, collectives.get(), last_collective, why);
     // Behind the rank's sends in flight: one thread per rank in a group.
@@ -430,7 +456,9 @@ void WorkerRuntime::AbandonRest(const v1::RunRequest& r, int last_collective, co
                                 .execution_id = r.execution_id(),
                                 .collective_epoch = r.collective_epoch(),
                                 .last_collective = &last_collective};
-  AbandonCollectives(*proto, ctx, Annotate(cause, absl::StrCat("device ", proto->mesh().devices(r.mesh_position()), ": ")));
+  AbandonCollectives(
+      *proto, ctx,
+      Annotate(cause, absl::StrCat("device ", proto->mesh().devices(r.mesh_position()), ": ")));
 }
 
 void WorkerRuntime::Free(const v1::FreeRequest& request, Done done) {
@@ -445,7 +473,8 @@ void WorkerRuntime::Free(const v1::FreeRequest& request, Done done) {
                                       // Out of its epoch (not a reused number), the free still
                                       // happens: the coordinator has let go of those arrays.
                                       if (!absl::IsInvalidArgument(why)) {
-                                        for (uint64_t h : request.buffers()) store_.Retire(request.device(), h);
+                                        for (uint64_t h : request.buffers())
+                                          store_.Retire(request.device(), h);
                                         for (const v1::ProgramUnload& u : request.unload()) {
                                           Unload(request.device(), u);
                                         }
@@ -459,18 +488,25 @@ namespace {
 class PutWriterImpl final : public WorkerRuntime::PutWriter {
  public:
   PutWriterImpl(BufferStore* store, std::vector<std::pair<int, Device*>> devices,
-                std::vector<BufferPtr> buffers, uint64_t handle, v1::TensorType type, int64_t bytes, bool granted)
-      : store_(store), devices_(std::move(devices)), buffers_(std::move(buffers)),
-        handle_(handle), type_(std::move(type)), bytes_(bytes), granted_(granted) {}
+                std::vector<BufferPtr> buffers, uint64_t handle, v1::TensorType type, int64_t bytes,
+                bool granted)
+      : store_(store),
+        devices_(std::move(devices)),
+        buffers_(std::move(buffers)),
+        handle_(handle),
+        type_(std::move(type)),
+        bytes_(bytes),
+        granted_(granted) {}
 
   absl::Status Write(const std::string& bytes) override {
     if (written_ + int64_t(bytes.size()) > bytes_) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "put of array %#x (%s): expected %d bytes, got more (%d)", handle_, TypeString(type_),
-          bytes_, written_ + bytes.size()));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("put of array %#x (%s): expected %d bytes, got more (%d)", handle_,
+                          TypeString(type_), bytes_, written_ + bytes.size()));
     }
     for (size_t i = 0; i < devices_.size(); ++i) {
-      TESSEL_RETURN_IF_ERROR(devices_[i].second->CopyFromHost(*buffers_[i], written_, bytes.data(), bytes.size()));
+      TESSEL_RETURN_IF_ERROR(
+          devices_[i].second->CopyFromHost(*buffers_[i], written_, bytes.data(), bytes.size()));
     }
     written_ += bytes.size();
     return absl::OkStatus();
@@ -478,9 +514,9 @@ class PutWriterImpl final : public WorkerRuntime::PutWriter {
 
   absl::Status Finish() override {
     if (written_ != bytes_) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "put of array %#x (%s): expected %d bytes, got %d (truncated stream)", handle_,
-          TypeString(type_), bytes_, written_));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("put of array %#x (%s): expected %d bytes, got %d (truncated stream)",
+                          handle_, TypeString(type_), bytes_, written_));
     }
     for (size_t i = 0; i < devices_.size(); ++i) {
       StoredArray a{buffers_[i], type_, {}};
@@ -523,14 +559,15 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime::PutWriter>> WorkerRuntime::BeginPu
   for (int d : h.devices()) {
     TESSEL_RETURN_IF_ERROR(CheckDevice(d));
     if (store_.Get(d, h.buffer()).ok()) {
-      return absl::AlreadyExistsError(absl::StrFormat("array %#x already exists on device %d", h.buffer(), d));
+      return absl::AlreadyExistsError(
+          absl::StrFormat("array %#x already exists on device %d", h.buffer(), d));
     }
     TESSEL_ASSIGN_OR_RETURN(BufferPtr b, devices_[d]->Allocate(bytes));
     devices.emplace_back(d, devices_[d].get());
     buffers.push_back(std::move(b));
   }
-  return std::unique_ptr<PutWriter>(
-      new PutWriterImpl(&store_, std::move(devices), std::move(buffers), h.buffer(), h.type(), bytes, granted));
+  return std::unique_ptr<PutWriter>(new PutWriterImpl(
+      &store_, std::move(devices), std::move(buffers), h.buffer(), h.type(), bytes, granted));
 }
 
 absl::Status WorkerRuntime::OpenWrites(const v1::OpenWritesRequest& request) {
@@ -545,7 +582,8 @@ absl::StatusOr<StoredArray> WorkerRuntime::GetForFetch(int device, uint64_t hand
   TESSEL_RETURN_IF_ERROR(CheckDevice(device));
   TESSEL_ASSIGN_OR_RETURN(StoredArray a, store_.Get(device, handle));
   if (!a.error.ok()) return a.error;
-  if (a.verdict != nullptr) TESSEL_RETURN_IF_ERROR(a.verdict->Wait());  // its step's work has finished
+  if (a.verdict != nullptr)
+    TESSEL_RETURN_IF_ERROR(a.verdict->Wait());  // its step's work has finished
   return a;
 }
 
@@ -558,11 +596,12 @@ void WorkerRuntime::SetCollectives(std::shared_ptr<CommunicatorRegistry> collect
   collectives_ = std::move(collectives);
 }
 
-v1::WorkerStatsResponse WorkerRuntime::Stats(absl::Span<const uint64_t> sequenced, absl::Duration wait,
-                                             bool with_buffers) const {
+v1::WorkerStatsResponse WorkerRuntime::Stats(absl::Span<const uint64_t> sequenced,
+                                             absl::Duration wait, bool with_buffers) const {
   const absl::Time deadline = absl::Now() + wait;
   for (size_t d = 0; d < sequenced.size() && d < queues_.size(); ++d) {
-    queues_[d]->AwaitCompleted(sequenced[d], std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    queues_[d]->AwaitCompleted(sequenced[d],
+                               std::max(deadline - absl::Now(), absl::ZeroDuration()));
   }
   v1::WorkerStatsResponse r;
   for (const auto& d : devices_) {

@@ -81,7 +81,8 @@ class WorkerRuntime {
   // sequenced operations (waiting at most `wait`; then as they stand).
   // With `with_buffers`, every stored buffer is listed too.
   v1::WorkerStatsResponse Stats(absl::Span<const uint64_t> sequenced = {},
-                                absl::Duration wait = absl::Seconds(2), bool with_buffers = false) const;
+                                absl::Duration wait = absl::Seconds(2),
+                                bool with_buffers = false) const;
 
   // Every device's queue moves to `epoch` (the worker registered again):
   // steps still waiting from before are refused.
@@ -109,15 +110,16 @@ class WorkerRuntime {
                                           const std::shared_ptr<Verdict>& verdict,
                                           std::vector<std::shared_ptr<const Verdict>>& inputs);
   // A reshard's part on this device (request.transfer); `last_round` as `last_collective`.
-  absl::StatusOr<v1::RunResponse> RunTransferStep(const v1::RunRequest& request, int* last_round,
-                                                  const std::shared_ptr<Verdict>& verdict,
-                                                  std::vector<std::shared_ptr<const Verdict>>& inputs);
+  absl::StatusOr<v1::RunResponse> RunTransferStep(
+      const v1::RunRequest& request, int* last_round, const std::shared_ptr<Verdict>& verdict,
+      std::vector<std::shared_ptr<const Verdict>>& inputs);
   // After a failed step: lets the peers of every collective it did not reach know.
   void AbandonRest(const v1::RunRequest& request, int last_collective, const absl::Status& cause);
   // Queues `task` on the lane of a detached send (IsDetachedSend): one per
   // one-way group and sending rank, so a rank's sends meet the receivers in
   // step order, each from one thread, while the device's queue goes on.
-  void QueueSend(const v1::RunRequest& request, std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
+  void QueueSend(const v1::RunRequest& request, std::function<void()> task)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Drops a program from `device` (a free's unload), unless loaded again
   // since; the last device's drop forgets it.
   void Unload(int device, const v1::ProgramUnload& unload) ABSL_LOCKS_EXCLUDED(mu_);
@@ -143,7 +145,8 @@ class WorkerRuntime {
   // group and rank in a later epoch retires it. Retired lanes are joined
   // once idle. All are joined after the step queues that feed them, before
   // the devices whose buffers they hold.
-  absl::flat_hash_map<std::string, std::unique_ptr<CompletionQueue>> send_lanes_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::unique_ptr<CompletionQueue>> send_lanes_
+      ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<CompletionQueue>> retired_lanes_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<StepQueue>> queues_;  // last: joined first
 };

@@ -33,10 +33,13 @@ class GatedDevice final : public Device {
   absl::Status CopyToHost(const Buffer& src, int64_t offset, void* dst, int64_t n) override {
     return cpu_.CopyToHost(src, offset, dst, n);
   }
-  absl::Status CopyWithin(const Buffer& src, int64_t so, Buffer& dst, int64_t d, int64_t n) override {
+  absl::Status CopyWithin(const Buffer& src, int64_t so, Buffer& dst, int64_t d,
+                          int64_t n) override {
     return cpu_.CopyWithin(src, so, dst, d, n);
   }
-  absl::StatusOr<std::unique_ptr<Executable>> Load(const v1::Program& p) override { return cpu_.Load(p); }
+  absl::StatusOr<std::unique_ptr<Executable>> Load(const v1::Program& p) override {
+    return cpu_.Load(p);
+  }
   MemoryStats memory_stats() const override { return cpu_.memory_stats(); }
   bool asynchronous() const override { return true; }
   std::function<absl::Status()> Fence() override {
@@ -97,12 +100,14 @@ struct Report {
 
 // A runtime over `devices` (and `collectives`, when given) with "twos" and
 // "double" loaded.
-std::unique_ptr<WorkerRuntime> NewRuntime(std::vector<std::unique_ptr<Device>> devices,
-                                          std::shared_ptr<CommunicatorRegistry> collectives = nullptr) {
+std::unique_ptr<WorkerRuntime> NewRuntime(
+    std::vector<std::unique_ptr<Device>> devices,
+    std::shared_ptr<CommunicatorRegistry> collectives = nullptr) {
   WorkerRuntime::Options options;
   options.devices = std::move(devices);
   options.collectives = std::move(collectives);
-  options.logger = std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::null_sink_mt>());
+  options.logger =
+      std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::null_sink_mt>());
   auto runtime = WorkerRuntime::Create(std::move(options));
   EXPECT_TRUE(runtime.ok()) << runtime.status();
   if (!runtime.ok()) return nullptr;
@@ -166,13 +171,15 @@ TEST(WorkerRuntime, AStepOnAnAsynchronousDeviceIsReportedOnceItsWorkHasFinished)
   ASSERT_TRUE(reports[1].done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   ASSERT_FALSE(reports[0].result.ok());
   EXPECT_EQ(reports[0].result.status().code(), absl::StatusCode::kInternal);
-  EXPECT_NE(reports[0].result.status().message().find("execution 100: its kernels failed: an illegal memory"),
+  EXPECT_NE(reports[0].result.status().message().find(
+                "execution 100: its kernels failed: an illegal memory"),
             std::string::npos)
       << reports[0].result.status();
   EXPECT_TRUE(reports[1].result.ok()) << reports[1].result.status();
   auto first = runtime->GetForFetch(0, 1);
   ASSERT_FALSE(first.ok());
-  EXPECT_NE(first.status().message().find("illegal memory access"), std::string::npos) << first.status();
+  EXPECT_NE(first.status().message().find("illegal memory access"), std::string::npos)
+      << first.status();
   auto second = runtime->GetForFetch(0, 2);
   ASSERT_TRUE(second.ok()) << second.status();
   float host[4];
@@ -199,7 +206,8 @@ TEST(WorkerRuntime, AStepThatReadAFailedStepsOutputFailsThoughItsOwnWorkFinished
     r.add_outputs(i + 1);
     RunInto(*runtime, r, &reports[i]);
   }
-  ASSERT_TRUE(gated->AwaitFences(2));  // the reader's Run read the output before its producer's verdict
+  ASSERT_TRUE(
+      gated->AwaitFences(2));  // the reader's Run read the output before its producer's verdict
   gated->Open(1, absl::OkStatus());
   gated->Open(0, absl::InternalError("NCCL all_reduce aborted: a peer stalled"));
   ASSERT_TRUE(reports[0].done.WaitForNotificationWithTimeout(absl::Seconds(10)));
@@ -342,7 +350,8 @@ TEST(WorkerRuntime, AFailedSendFailsTheReceiverAndEveryReaderOfTheTarget) {
     ASSERT_FALSE(r->result.ok());
     EXPECT_NE(r->result.status().message().find("0x77"), std::string::npos) << r->result.status();
   }
-  EXPECT_NE(reader.result.status().message().find("argument 0"), std::string::npos) << reader.result.status();
+  EXPECT_NE(reader.result.status().message().find("argument 0"), std::string::npos)
+      << reader.result.status();
   for (uint64_t h : {3, 4}) {
     auto a = runtime->GetForFetch(1, h);
     ASSERT_FALSE(a.ok()) << h;
@@ -364,7 +373,8 @@ TEST(WorkerRuntime, AOneWaySendIsDoneBeforeItsReceiverComesAndKeepsItsBytes) {
   RunInto(*runtime, send, &sent);
   RunInto(*runtime, Double(0, 1, 331, 1, 5), &after);
   for (Report* r : {&sent, &after}) {
-    ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(10))) << "the device waited for the receiver";
+    ASSERT_TRUE(r->done.WaitForNotificationWithTimeout(absl::Seconds(10)))
+        << "the device waited for the receiver";
     ASSERT_TRUE(r->result.ok()) << r->result.status();
   }
   absl::Notification freed;
@@ -438,7 +448,8 @@ TEST(WorkerRuntime, ASendLaneOfAnEarlierEpochGoesOnceIdle) {
   ASSERT_NE(runtime, nullptr);
   constexpr int kEpochs = 6;
   for (int epoch = 0; epoch < kEpochs; ++epoch) {
-    v1::RunRequest send = OneWayPart(0, 360 + epoch, 1, 0), receive = OneWayPart(1, 360 + epoch, 0, 20 + epoch);
+    v1::RunRequest send = OneWayPart(0, 360 + epoch, 1, 0),
+                   receive = OneWayPart(1, 360 + epoch, 0, 20 + epoch);
     for (v1::RunRequest* r : {&send, &receive}) {
       r->set_seq(epoch);
       r->set_collective_epoch("t." + std::to_string(epoch));
@@ -468,7 +479,8 @@ TEST(WorkerRuntime, APutFinishedAfterItsArrayWasFreedLeavesNothingBehind) {
   const v1::PutShardRequest::Header h = PutF32x4(0xabad0ff);
   auto put = runtime->BeginPut(h);
   ASSERT_TRUE(put.ok()) << put.status();
-  EXPECT_EQ(runtime->device(0).memory_stats().num_buffers, before + 1);  // the put's buffer, counted
+  EXPECT_EQ(runtime->device(0).memory_stats().num_buffers,
+            before + 1);  // the put's buffer, counted
   const float x[4] = {1, 2, 3, 4};
   ASSERT_TRUE((*put)->Write(std::string(reinterpret_cast<const char*>(x), sizeof(x))).ok());
   v1::FreeRequest free;
@@ -483,7 +495,8 @@ TEST(WorkerRuntime, APutFinishedAfterItsArrayWasFreedLeavesNothingBehind) {
   ASSERT_TRUE(freed.WaitForNotificationWithTimeout(absl::Seconds(10)));
   const absl::Status finished = (*put)->Finish();
   EXPECT_EQ(finished.code(), absl::StatusCode::kFailedPrecondition) << finished;
-  EXPECT_NE(finished.message().find("was freed before it was written"), absl::string_view::npos) << finished;
+  EXPECT_NE(finished.message().find("was freed before it was written"), absl::string_view::npos)
+      << finished;
   put->reset();
   EXPECT_EQ(runtime->GetForFetch(0, h.buffer()).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(runtime->device(0).memory_stats().num_buffers, before);
@@ -507,7 +520,8 @@ TEST(WorkerRuntime, AClientsWriteNeedsAnOpenWriteAndClosesIt) {
   ASSERT_NE(runtime, nullptr);
   const int64_t before = runtime->device(0).memory_stats().num_buffers;
   const std::string data(16, '\0');
-  EXPECT_EQ(runtime->BeginPut(PutF32x4(0x1), /*granted=*/true).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(runtime->BeginPut(PutF32x4(0x1), /*granted=*/true).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   v1::OpenWritesRequest open;
   open.set_buffer(0x1);
   open.add_devices(0);
@@ -515,11 +529,13 @@ TEST(WorkerRuntime, AClientsWriteNeedsAnOpenWriteAndClosesIt) {
   ASSERT_TRUE(runtime->OpenWrites(open).ok());
   auto put = runtime->BeginPut(PutF32x4(0x1), true);
   ASSERT_TRUE(put.ok()) << put.status();
-  EXPECT_EQ(runtime->BeginPut(PutF32x4(0x1), true).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(runtime->BeginPut(PutF32x4(0x1), true).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE((*put)->Write(data).ok());
   ASSERT_TRUE((*put)->Finish().ok());
   EXPECT_TRUE(runtime->GetForFetch(0, 0x1).ok());
-  EXPECT_EQ(runtime->BeginPut(PutF32x4(0x1), true).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(runtime->BeginPut(PutF32x4(0x1), true).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   // Freed while it was written: nothing stays.
   open.set_buffer(0x2);
   ASSERT_TRUE(runtime->OpenWrites(open).ok());
@@ -537,7 +553,8 @@ TEST(WorkerRuntime, AClientsWriteNeedsAnOpenWriteAndClosesIt) {
   open.set_buffer(0x3);
   open.set_expiry_unix_ms(absl::ToUnixMillis(absl::Now() - absl::Seconds(1)));
   ASSERT_TRUE(runtime->OpenWrites(open).ok());
-  EXPECT_EQ(runtime->BeginPut(PutF32x4(0x3), true).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(runtime->BeginPut(PutF32x4(0x3), true).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(runtime->device(0).memory_stats().num_buffers, before + 1);  // 0x1 alone
 }
 

@@ -20,8 +20,9 @@ grpc::Status WorkerService::GetVersion(grpc::ServerContext*, const v1::GetVersio
 
 grpc::Status WorkerService::CheckCaller(const grpc::ServerContextBase& ctx) const {
   if (SecretEquals(BearerToken(ctx), secret_)) return grpc::Status::OK;
-  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                      "tessel.v1.Worker: only the coordinator this worker registered with may call it");
+  return grpc::Status(
+      grpc::StatusCode::UNAUTHENTICATED,
+      "tessel.v1.Worker: only the coordinator this worker registered with may call it");
 }
 
 grpc::Status WorkerService::LoadProgram(grpc::ServerContext* ctx, const v1::LoadProgramRequest* req,
@@ -30,8 +31,8 @@ grpc::Status WorkerService::LoadProgram(grpc::ServerContext* ctx, const v1::Load
   return ToGrpc(runtime_->LoadProgram(req->program(), req->generation()));
 }
 
-grpc::ServerUnaryReactor* WorkerService::Run(grpc::CallbackServerContext* ctx, const v1::RunRequest* req,
-                                             v1::RunResponse* resp) {
+grpc::ServerUnaryReactor* WorkerService::Run(grpc::CallbackServerContext* ctx,
+                                             const v1::RunRequest* req, v1::RunResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   if (grpc::Status a = CheckCaller(*ctx); !a.ok()) {
     reactor->Finish(a);
@@ -44,8 +45,8 @@ grpc::ServerUnaryReactor* WorkerService::Run(grpc::CallbackServerContext* ctx, c
   return reactor;
 }
 
-grpc::ServerUnaryReactor* WorkerService::Free(grpc::CallbackServerContext* ctx, const v1::FreeRequest* req,
-                                              v1::FreeResponse*) {
+grpc::ServerUnaryReactor* WorkerService::Free(grpc::CallbackServerContext* ctx,
+                                              const v1::FreeRequest* req, v1::FreeResponse*) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   if (grpc::Status a = CheckCaller(*ctx); !a.ok()) {
     reactor->Finish(a);
@@ -87,21 +88,23 @@ class StepsReactor final : public grpc::ServerBidiReactor<v1::StepBatch, v1::Ste
     if (request.has_run()) {
       const int device = request.run().device();
       const uint64_t seq = request.run().seq(), epoch = request.run().queue_epoch();
-      runtime_->Run(std::move(*request.mutable_run()), [this, device, seq, epoch, arrived = absl::Now()](absl::StatusOr<v1::RunResponse> r) {
-        if (steps_ != nullptr) steps_->Observe(device, absl::Now() - arrived, r.ok());
-        v1::StepResult res;
-        res.set_device(device);
-        res.set_seq(seq);
-        res.set_queue_epoch(epoch);
-        if (r.ok()) {
-          *res.mutable_run() = std::move(*r);
-        } else {
-          res.set_code(static_cast<int>(r.status().code()));
-          res.set_error(BoundedMessage(r.status().message()));
-          res.set_group_broken(r.status().GetPayload(kGroupBrokenPayload).has_value());
-        }
-        Complete(std::move(res));
-      });
+      runtime_->Run(
+          std::move(*request.mutable_run()),
+          [this, device, seq, epoch, arrived = absl::Now()](absl::StatusOr<v1::RunResponse> r) {
+            if (steps_ != nullptr) steps_->Observe(device, absl::Now() - arrived, r.ok());
+            v1::StepResult res;
+            res.set_device(device);
+            res.set_seq(seq);
+            res.set_queue_epoch(epoch);
+            if (r.ok()) {
+              *res.mutable_run() = std::move(*r);
+            } else {
+              res.set_code(static_cast<int>(r.status().code()));
+              res.set_error(BoundedMessage(r.status().message()));
+              res.set_group_broken(r.status().GetPayload(kGroupBrokenPayload).has_value());
+            }
+            Complete(std::move(res));
+          });
     } else {
       const int device = request.free().device();
       const uint64_t seq = request.free().seq(), epoch = request.free().queue_epoch();
@@ -189,23 +192,27 @@ class RefusedSteps final : public grpc::ServerBidiReactor<v1::StepBatch, v1::Ste
 
 }  // namespace
 
-grpc::ServerBidiReactor<v1::StepBatch, v1::StepResults>* WorkerService::Steps(grpc::CallbackServerContext* ctx) {
+grpc::ServerBidiReactor<v1::StepBatch, v1::StepResults>* WorkerService::Steps(
+    grpc::CallbackServerContext* ctx) {
   if (grpc::Status a = CheckCaller(*ctx); !a.ok()) return new RefusedSteps(a);
   return new StepsReactor(runtime_, steps_);
 }
 
-grpc::Status WorkerService::PutShard(grpc::ServerContext* ctx, grpc::ServerReader<v1::PutShardRequest>* reader,
+grpc::Status WorkerService::PutShard(grpc::ServerContext* ctx,
+                                     grpc::ServerReader<v1::PutShardRequest>* reader,
                                      v1::PutShardResponse* resp) {
   v1::PutShardRequest msg;
   if (!reader->Read(&msg) || !msg.has_header()) {
     if (grpc::Status a = CheckCaller(*ctx); !a.ok()) return a;
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "PutShard: the first message must be a header");
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "PutShard: the first message must be a header");
   }
   // The coordinator presents the secret; a client writing directly, a
   // ticket the coordinator signed with it for this buffer, type and devices.
   if (const v1::PutShardRequest::Header& h = msg.header(); h.ticket().empty()) {
     if (grpc::Status a = CheckCaller(*ctx); !a.ok()) return a;
-  } else if (absl::Status t = CheckTicket(secret_, h.ticket(), WriteGrant(h), absl::Now()); !t.ok()) {
+  } else if (absl::Status t = CheckTicket(secret_, h.ticket(), WriteGrant(h), absl::Now());
+             !t.ok()) {
     return ToGrpc(t);
   }
   // A client's write is answered with a receipt the coordinator checks
@@ -215,12 +222,14 @@ grpc::Status WorkerService::PutShard(grpc::ServerContext* ctx, grpc::ServerReade
   if (!writer.ok()) return ToGrpc(writer.status());
   while (reader->Read(&msg)) {
     if (!msg.has_data()) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "PutShard: a second header in one stream");
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "PutShard: a second header in one stream");
     }
     if (auto s = (*writer)->Write(msg.data()); !s.ok()) return ToGrpc(s);
   }
   if (absl::Status s = (*writer)->Finish(); !s.ok()) return ToGrpc(s);
-  if (!receipt_for.empty()) resp->set_receipt(SignTicket(secret_, receipt_for, absl::Now() + kReceiptLifetime));
+  if (!receipt_for.empty())
+    resp->set_receipt(SignTicket(secret_, receipt_for, absl::Now() + kReceiptLifetime));
   return grpc::Status::OK;
 }
 
@@ -230,13 +239,15 @@ grpc::Status WorkerService::FetchShard(grpc::ServerContext* ctx, const v1::Fetch
   // ticket the coordinator signed with it for this buffer.
   if (req->ticket().empty()) {
     if (grpc::Status a = CheckCaller(*ctx); !a.ok()) return a;
-  } else if (absl::Status t = CheckTicket(secret_, req->ticket(), ReadGrant(req->device(), req->buffer()), absl::Now());
+  } else if (absl::Status t = CheckTicket(secret_, req->ticket(),
+                                          ReadGrant(req->device(), req->buffer()), absl::Now());
              !t.ok()) {
     return ToGrpc(t);
   }
   auto a = runtime_->GetForFetch(req->device(), req->buffer());
   if (!a.ok()) return ToGrpc(a.status());
-  const int64_t chunk = req->chunk_bytes() > 0 ? std::min<int64_t>(req->chunk_bytes(), 16 << 20) : (1 << 20);
+  const int64_t chunk =
+      req->chunk_bytes() > 0 ? std::min<int64_t>(req->chunk_bytes(), 16 << 20) : (1 << 20);
   const int64_t total = ByteSizeUnchecked(a->type);
   Device& dev = runtime_->device(req->device());
   v1::FetchShardResponse msg;
@@ -248,7 +259,8 @@ grpc::Status WorkerService::FetchShard(grpc::ServerContext* ctx, const v1::Fetch
     if (auto s = dev.CopyToHost(*a->buffer, off, data->data(), n); !s.ok()) {
       return ToGrpc(s);
     }
-    if (!writer->Write(msg)) return grpc::Status(grpc::StatusCode::CANCELLED, "fetch stream closed by the reader");
+    if (!writer->Write(msg))
+      return grpc::Status(grpc::StatusCode::CANCELLED, "fetch stream closed by the reader");
   }
   return grpc::Status::OK;
 }

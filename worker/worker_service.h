@@ -15,24 +15,32 @@
 namespace tessel::worker {
 
 class WorkerService final
-    : public v1::Worker::WithCallbackMethod_Run<
-          v1::Worker::WithCallbackMethod_Free<v1::Worker::WithCallbackMethod_Steps<v1::Worker::Service>>> {
+    : public v1::Worker::WithCallbackMethod_Run<v1::Worker::WithCallbackMethod_Free<
+          v1::Worker::WithCallbackMethod_Steps<v1::Worker::Service>>> {
  public:
   // `steps` (optional, borrowed) records each step's latency from its
   // arrival to its answer.
   WorkerService(WorkerRuntime* runtime, std::string secret, StepMetrics* steps = nullptr)
       : runtime_(runtime), secret_(std::move(secret)), steps_(steps) {}
 
-  grpc::Status GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*, v1::GetVersionResponse*) override;
-  grpc::Status LoadProgram(grpc::ServerContext*, const v1::LoadProgramRequest*, v1::LoadProgramResponse*) override;
-  grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext*, const v1::RunRequest*, v1::RunResponse*) override;
-  grpc::ServerUnaryReactor* Free(grpc::CallbackServerContext*, const v1::FreeRequest*, v1::FreeResponse*) override;
-  grpc::ServerBidiReactor<v1::StepBatch, v1::StepResults>* Steps(grpc::CallbackServerContext*) override;
-  grpc::Status PutShard(grpc::ServerContext*, grpc::ServerReader<v1::PutShardRequest>*, v1::PutShardResponse*) override;
+  grpc::Status GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*,
+                          v1::GetVersionResponse*) override;
+  grpc::Status LoadProgram(grpc::ServerContext*, const v1::LoadProgramRequest*,
+                           v1::LoadProgramResponse*) override;
+  grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext*, const v1::RunRequest*,
+                                v1::RunResponse*) override;
+  grpc::ServerUnaryReactor* Free(grpc::CallbackServerContext*, const v1::FreeRequest*,
+                                 v1::FreeResponse*) override;
+  grpc::ServerBidiReactor<v1::StepBatch, v1::StepResults>* Steps(
+      grpc::CallbackServerContext*) override;
+  grpc::Status PutShard(grpc::ServerContext*, grpc::ServerReader<v1::PutShardRequest>*,
+                        v1::PutShardResponse*) override;
   grpc::Status FetchShard(grpc::ServerContext*, const v1::FetchShardRequest*,
                           grpc::ServerWriter<v1::FetchShardResponse>*) override;
-  grpc::Status GetStats(grpc::ServerContext*, const v1::WorkerStatsRequest*, v1::WorkerStatsResponse*) override;
-  grpc::Status OpenWrites(grpc::ServerContext*, const v1::OpenWritesRequest*, v1::OpenWritesResponse*) override;
+  grpc::Status GetStats(grpc::ServerContext*, const v1::WorkerStatsRequest*,
+                        v1::WorkerStatsResponse*) override;
+  grpc::Status OpenWrites(grpc::ServerContext*, const v1::OpenWritesRequest*,
+                          v1::OpenWritesResponse*) override;
 
   // How long a put's receipt (PutShardResponse.receipt) stays good: the
   // client hands it over once every block of the array is written.

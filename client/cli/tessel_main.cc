@@ -20,11 +20,11 @@
 #include "core/status.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpc/health/v1/health.grpc.pb.h"
-#include "tessel/v1/admin.grpc.pb.h"
 #include "tessel/graph.h"
 #include "tessel/local_cluster.h"
 #include "tessel/session.h"
 #include "tessel/types.h"
+#include "tessel/v1/admin.grpc.pb.h"
 
 namespace {
 
@@ -131,10 +131,14 @@ const std::map<std::string, CommandSpec> kCommands = {
     {"local", {{"workers", "devices-per-worker", "device-kind", "port", "verbose"}}},
     {"status", {{"coordinator", "json", "token", "tls-ca"}}},
     {"stats", {{"coordinator", "token", "tls-ca"}}},
-    {"run", {{"input", "fetch", "device", "replicated", "mesh", "shard", "out-shard", "coordinator", "token", "tls-ca"},
-             1}},
+    {"run",
+     {{"input", "fetch", "device", "replicated", "mesh", "shard", "out-shard", "coordinator",
+       "token", "tls-ca"},
+      1}},
     {"compile", {{"mesh", "shard", "out-shard", "coordinator", "token", "tls-ca"}, 1}},
-    {"health", {{"address", "service", "timeout", "coordinator", "tls-ca", "tls-cert", "tls-key", "tls-server-name"}}},
+    {"health",
+     {{"address", "service", "timeout", "coordinator", "tls-ca", "tls-cert", "tls-key",
+       "tls-server-name"}}},
     {"top", {{"coordinator", "interval", "iterations", "token", "tls-ca"}}},
 };
 
@@ -149,7 +153,8 @@ std::string CheckArgs(const Args& a, const CommandSpec& spec) {
   }
   if (a.positional.size() != spec.operands) {
     return absl::StrCat("expected ", spec.operands == 0 ? "no operand" : "one graph file", ", got ",
-                        a.positional.size(), a.positional.empty() ? "" : ": " + absl::StrJoin(a.positional, " "));
+                        a.positional.size(),
+                        a.positional.empty() ? "" : ": " + absl::StrJoin(a.positional, " "));
   }
   return "";
 }
@@ -182,7 +187,8 @@ std::shared_ptr<grpc::Channel> Channel(const Args& a, const std::string& address
   tls.cert = a.Get("tls-cert");
   tls.key = a.Get("tls-key");
   grpc::ChannelArguments args;
-  if (const std::string name = a.Get("tls-server-name"); !name.empty()) args.SetSslTargetNameOverride(name);
+  if (const std::string name = a.Get("tls-server-name"); !name.empty())
+    args.SetSslTargetNameOverride(name);
   return tessel::CreateChannelWithToken(address, tessel::ChannelCredentials(tls), args,
                                         flag_or_env("token", "TESSEL_TOKEN"));
 }
@@ -199,7 +205,8 @@ int Local(const Args& a) {
   if (!absl::SimpleAtoi(a.Get("workers", "2"), &workers) ||
       !absl::SimpleAtoi(a.Get("devices-per-worker", "1"), &devices) ||
       !absl::SimpleAtoi(a.Get("port", "0"), &port)) {
-    return Fail(absl::InvalidArgumentError("--workers, --devices-per-worker and --port take integers"));
+    return Fail(
+        absl::InvalidArgumentError("--workers, --devices-per-worker and --port take integers"));
   }
   tessel::LocalCluster::Options o;
   o.workers = workers;
@@ -208,37 +215,44 @@ int Local(const Args& a) {
   o.inherit_output = a.Get("verbose") == "true";
   const std::string kind = a.Get("device-kind", "cpu");
   if (kind != "cpu" && kind != "cuda" && kind != "both") {
-    return Fail(absl::InvalidArgumentError(absl::StrCat("--device-kind: expected cpu, cuda or both, got '", kind, "'")));
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--device-kind: expected cpu, cuda or both, got '", kind, "'")));
   }
   o.worker_flags.push_back("--device_kind=" + kind);
   auto cluster = tessel::LocalCluster::Start(o);
   if (!cluster.ok()) return Fail(cluster.status());
   std::cout << (*cluster)->address() << std::endl;
-  std::cerr << "tessel local: coordinator on " << (*cluster)->address() << " with " << workers << " workers x "
-            << devices << " " << kind << " devices; logs in " << (*cluster)->log_dir() << "\n"
+  std::cerr << "tessel local: coordinator on " << (*cluster)->address() << " with " << workers
+            << " workers x " << devices << " " << kind << " devices; logs in "
+            << (*cluster)->log_dir() << "\n"
             << "  export TESSEL_COORDINATOR=" << (*cluster)->address() << "\n"
             << "Ctrl-C stops the cluster." << std::endl;
   int sig = tessel::WaitForTerminationSignal();
-  std::cerr << "tessel local: signal " << sig << ", stopping " << workers + 1 << " processes" << std::endl;
+  std::cerr << "tessel local: signal " << sig << ", stopping " << workers + 1 << " processes"
+            << std::endl;
   (*cluster)->Stop();
   return 0;
 }
 
 void PrintCluster(const tessel::ClusterStatus& c) {
-  std::cout << absl::StrFormat("%-6s %-22s %-6s %-10s %s\n", "worker", "address", "state", "heartbeat", "devices");
+  std::cout << absl::StrFormat("%-6s %-22s %-6s %-10s %s\n", "worker", "address", "state",
+                               "heartbeat", "devices");
   for (const auto& w : c.workers) {
-    std::cout << absl::StrFormat("%-6s %-22s %-6s %-10s %s\n", w.id, w.address, w.alive ? "alive" : "dead",
-                                 absl::StrCat(w.ms_since_heartbeat, " ms ago"), absl::StrJoin(w.devices, ","));
+    std::cout << absl::StrFormat(
+        "%-6s %-22s %-6s %-10s %s\n", w.id, w.address, w.alive ? "alive" : "dead",
+        absl::StrCat(w.ms_since_heartbeat, " ms ago"), absl::StrJoin(w.devices, ","));
     for (const auto& m : w.memory) {
       std::cout << absl::StrFormat(
-          "         device %-3d in use %-12s peak %-12s buffers %-6d cached %-12s largest free %-12s limit %s\n",
-          m.device, Bytes(m.bytes_in_use), Bytes(m.peak_bytes_in_use), m.num_buffers, Bytes(m.bytes_cached),
-          Bytes(m.largest_free_block), m.bytes_limit ? Bytes(m.bytes_limit) : "none");
+          "         device %-3d in use %-12s peak %-12s buffers %-6d cached %-12s largest free "
+          "%-12s limit %s\n",
+          m.device, Bytes(m.bytes_in_use), Bytes(m.peak_bytes_in_use), m.num_buffers,
+          Bytes(m.bytes_cached), Bytes(m.largest_free_block),
+          m.bytes_limit ? Bytes(m.bytes_limit) : "none");
     }
   }
-  std::cout << absl::StrFormat("%d live devices, %d sessions, %d live arrays, %d compiles (%d cache hits), %d executions\n",
-                               c.num_devices(), c.sessions, c.live_arrays, c.compiles, c.compile_cache_hits,
-                               c.executions);
+  std::cout << absl::StrFormat(
+      "%d live devices, %d sessions, %d live arrays, %d compiles (%d cache hits), %d executions\n",
+      c.num_devices(), c.sessions, c.live_arrays, c.compiles, c.compile_cache_hits, c.executions);
 }
 
 // Admin.GetCluster (with device memory) over the CLI's channel.
@@ -255,8 +269,8 @@ absl::StatusOr<tessel::v1::GetClusterResponse> GetCluster(const Args& a) {
     const bool unreachable = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
                              st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
     return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
-                        absl::StrCat(unreachable ? "no coordinator at " : "coordinator ", *addr, ": ",
-                                     st.error_message()));
+                        absl::StrCat(unreachable ? "no coordinator at " : "coordinator ", *addr,
+                                     ": ", st.error_message()));
   }
   return resp;
 }
@@ -291,19 +305,23 @@ int Status(const Args& a) {
   // A tenant's token: where its devices are, and what it holds on each.
   auto devices = (*s)->Devices();
   if (!devices.ok()) return Fail(devices.status());
-  std::cout << absl::StrFormat("%-6s %-6s %-24s %-14s %s\n", "device", "kind", "worker", "yours in use", "buffers");
+  std::cout << absl::StrFormat("%-6s %-6s %-24s %-14s %s\n", "device", "kind", "worker",
+                               "yours in use", "buffers");
   for (const tessel::DeviceView& d : *devices) {
-    std::cout << absl::StrFormat("%-6d %-6s %-24s %-14s %d\n", d.id, d.kind, d.worker_id, Bytes(d.bytes_in_use),
-                                 d.num_buffers);
+    std::cout << absl::StrFormat("%-6d %-6s %-24s %-14s %d\n", d.id, d.kind, d.worker_id,
+                                 Bytes(d.bytes_in_use), d.num_buffers);
   }
-  std::cout << devices->size() << " live devices (a tenant's view: cluster-wide figures need an admin token)\n";
+  std::cout << devices->size()
+            << " live devices (a tenant's view: cluster-wide figures need an admin token)\n";
   return 0;
 }
 
-absl::StatusOr<std::pair<std::string, std::string>> SplitBinding(const std::string& flag, const std::string& s) {
+absl::StatusOr<std::pair<std::string, std::string>> SplitBinding(const std::string& flag,
+                                                                 const std::string& s) {
   auto eq = s.find('=');
   if (eq == std::string::npos || eq == 0 || eq + 1 == s.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("--", flag, " '", s, "': expected NAME=FILE.npy"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " '", s, "': expected NAME=FILE.npy"));
   }
   return std::make_pair(s.substr(0, eq), s.substr(eq + 1));
 }
@@ -320,8 +338,9 @@ absl::StatusOr<tessel::CompileOptions> PartitionOptions(const Args& a, const tes
   }
   TESSEL_ASSIGN_OR_RETURN(o.mesh, tessel::Mesh::Parse(mesh));
   // Binds NAME=SPEC flags to positions in `names`.
-  auto bind = [](const std::string& flag, const std::vector<std::string>& flags, const std::vector<std::string>& names,
-                 const tessel::Sharding& fill, std::vector<tessel::Sharding>& out) -> absl::Status {
+  auto bind = [](const std::string& flag, const std::vector<std::string>& flags,
+                 const std::vector<std::string>& names, const tessel::Sharding& fill,
+                 std::vector<tessel::Sharding>& out) -> absl::Status {
     if (flags.empty()) return absl::OkStatus();
     out.assign(names.size(), fill);
     for (const std::string& b : flags) {
@@ -329,22 +348,24 @@ absl::StatusOr<tessel::CompileOptions> PartitionOptions(const Args& a, const tes
       const std::string name = b.substr(0, eq);
       auto it = std::find(names.begin(), names.end(), name);
       if (eq == std::string::npos || it == names.end()) {
-        return absl::InvalidArgumentError(absl::StrCat("--", flag, " '", b, "': expected NAME=SPEC with NAME one of ",
+        return absl::InvalidArgumentError(absl::StrCat("--", flag, " '", b,
+                                                       "': expected NAME=SPEC with NAME one of ",
                                                        absl::StrJoin(names, ", ")));
       }
       TESSEL_ASSIGN_OR_RETURN(out[it - names.begin()], tessel::Sharding::Parse(b.substr(eq + 1)));
     }
     return absl::OkStatus();
   };
-  TESSEL_RETURN_IF_ERROR(bind("shard", a.All("shard"), g.parameter_names(), tessel::Sharding::Replicated(),
-                              o.parameter_shardings));
-  TESSEL_RETURN_IF_ERROR(bind("out-shard", a.All("out-shard"), g.output_names(), tessel::Sharding::Unspecified(),
-                              o.output_shardings));
+  TESSEL_RETURN_IF_ERROR(bind("shard", a.All("shard"), g.parameter_names(),
+                              tessel::Sharding::Replicated(), o.parameter_shardings));
+  TESSEL_RETURN_IF_ERROR(bind("out-shard", a.All("out-shard"), g.output_names(),
+                              tessel::Sharding::Unspecified(), o.output_shardings));
   return o;
 }
 
 int Compile(const Args& a) {
-  if (a.positional.size() != 1) return Fail(absl::InvalidArgumentError("compile: expected one GRAPH.textproto"));
+  if (a.positional.size() != 1)
+    return Fail(absl::InvalidArgumentError("compile: expected one GRAPH.textproto"));
   auto g = tessel::Graph::FromFile(a.positional[0]);
   if (!g.ok()) return Fail(g.status());
   auto options = PartitionOptions(a, *g);
@@ -356,13 +377,15 @@ int Compile(const Args& a) {
   std::cout << exe->plan();
   for (const std::string& d : exe->diagnostics()) std::cout << d << "\n";
   std::cout << "executable " << exe->id()
-            << (exe->cache_hit() ? " (cache hit)" : absl::StrCat(" (compiled: ", exe->cache_miss_reason(), ")"))
+            << (exe->cache_hit() ? " (cache hit)"
+                                 : absl::StrCat(" (compiled: ", exe->cache_miss_reason(), ")"))
             << "\n";
   return 0;
 }
 
 int Run(const Args& a) {
-  if (a.positional.size() != 1) return Fail(absl::InvalidArgumentError("run: expected one GRAPH.textproto"));
+  if (a.positional.size() != 1)
+    return Fail(absl::InvalidArgumentError("run: expected one GRAPH.textproto"));
   auto g = tessel::Graph::FromFile(a.positional[0]);
   if (!g.ok()) return Fail(g.status());
   std::map<std::string, std::string> inputs, fetches;
@@ -386,14 +409,16 @@ int Run(const Args& a) {
   const std::vector<std::string> outputs = g->output_names();
   for (const auto& [name, file] : inputs) {
     if (std::find(params.begin(), params.end(), name) == params.end()) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat("--input ", name, ": the graph has no parameter '", name,
-                                                          "' (parameters: ", absl::StrJoin(params, ", "), ")")));
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--input ", name, ": the graph has no parameter '", name,
+                       "' (parameters: ", absl::StrJoin(params, ", "), ")")));
     }
   }
   for (const auto& [name, file] : fetches) {
     if (std::find(outputs.begin(), outputs.end(), name) == outputs.end()) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat("--fetch ", name, ": the graph has no output '", name,
-                                                          "' (outputs: ", absl::StrJoin(outputs, ", "), ")")));
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--fetch ", name, ": the graph has no output '", name,
+                       "' (outputs: ", absl::StrJoin(outputs, ", "), ")")));
     }
   }
   auto options = PartitionOptions(a, *g);
@@ -407,20 +432,21 @@ int Run(const Args& a) {
   for (size_t i = 0; i < params.size(); ++i) {
     auto it = inputs.find(params[i]);
     if (it == inputs.end()) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat("parameter '", params[i], "' (",
-                                                          exe->parameter_types()[i].ToString(),
-                                                          ") has no --input ", params[i], "=FILE.npy")));
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("parameter '", params[i], "' (", exe->parameter_types()[i].ToString(),
+                       ") has no --input ", params[i], "=FILE.npy")));
     }
     auto host = tessel::ReadNpy(it->second);
     if (!host.ok()) return Fail(host.status());
     if (!(host->type() == exe->parameter_types()[i])) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat("--input ", params[i], "=", it->second, ": expected ",
-                                                          exe->parameter_types()[i].ToString(), ", got ",
-                                                          host->type().ToString())));
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--input ", params[i], "=", it->second, ": expected ",
+                       exe->parameter_types()[i].ToString(), ", got ", host->type().ToString())));
     }
-    auto arr = session.Put(*host, exe->partitioned() ? tessel::Placement::Sharded(*exe->mesh(),
-                                                                                exe->parameter_shardings()[i])
-                                                      : placement);
+    auto arr = session.Put(
+        *host, exe->partitioned()
+                   ? tessel::Placement::Sharded(*exe->mesh(), exe->parameter_shardings()[i])
+                   : placement);
     if (!arr.ok()) return Fail(arr.status());
     args.push_back(*arr);
   }
@@ -453,8 +479,8 @@ int Top(const Args& a) {
   double interval = 1;
   int64_t iterations = 0;  // 0: until interrupted
   if (!absl::SimpleAtod(a.Get("interval", "1"), &interval) || !(interval > 0)) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--interval: expected a positive number of seconds, got '", a.Get("interval"), "'")));
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--interval: expected a positive number of seconds, got '", a.Get("interval"), "'")));
   }
   if (!absl::SimpleAtoi(a.Get("iterations", "0"), &iterations) || iterations < 0) {
     return Fail(absl::InvalidArgumentError(
@@ -474,11 +500,12 @@ int Top(const Args& a) {
       for (const auto& m : w.memory()) memory[m.device()] = &m;
     }
     std::string out = tty ? "\x1b[H\x1b[2J" : "";
-    absl::StrAppendFormat(&out, "%d sessions, %d live arrays, %d executions, compile cache %s (%d evicted)\n",
-                          got->sessions(), got->live_arrays(), got->executions(), Bytes(got->compile_cache_bytes()),
-                          got->compile_cache_evictions());
-    absl::StrAppendFormat(&out, "%-6s %-16s %-6s %9s %6s %7s %9s %12s %12s\n", "device", "worker", "state", "steps/s",
-                          "queue", "errors", "mean ms", "in use", "peak");
+    absl::StrAppendFormat(
+        &out, "%d sessions, %d live arrays, %d executions, compile cache %s (%d evicted)\n",
+        got->sessions(), got->live_arrays(), got->executions(), Bytes(got->compile_cache_bytes()),
+        got->compile_cache_evictions());
+    absl::StrAppendFormat(&out, "%-6s %-16s %-6s %9s %6s %7s %9s %12s %12s\n", "device", "worker",
+                          "state", "steps/s", "queue", "errors", "mean ms", "in use", "peak");
     for (const auto& w : got->workers()) {
       const std::string state = !w.alive() ? "dead" : w.cordoned() ? "cordon" : "alive";
       for (const auto& d : w.devices()) {
@@ -488,8 +515,9 @@ int Top(const Args& a) {
                                      : absl::StrFormat("%.1f", (d.steps() - prev->second) / secs);
         last_steps[d.id()] = d.steps();
         const auto m = memory.find(d.id());
-        absl::StrAppendFormat(&out, "%-6d %-16s %-6s %9s %6d %7d %9.3f %12s %12s\n", d.id(), w.worker_id(), state,
-                              rate, d.queue_depth(), d.step_errors(), d.mean_step_ms(),
+        absl::StrAppendFormat(&out, "%-6d %-16s %-6s %9s %6d %7d %9.3f %12s %12s\n", d.id(),
+                              w.worker_id(), state, rate, d.queue_depth(), d.step_errors(),
+                              d.mean_step_ms(),
                               m == memory.end() ? "-" : Bytes(m->second->bytes_in_use()),
                               m == memory.end() ? "-" : Bytes(m->second->peak_bytes_in_use()));
       }
@@ -503,8 +531,8 @@ int Top(const Args& a) {
 int Health(const Args& a) {
   double timeout_s = 3;
   if (!absl::SimpleAtod(a.Get("timeout", "3"), &timeout_s) || !(timeout_s > 0)) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--timeout: expected a positive number of seconds, got '", a.Get("timeout"), "'")));
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--timeout: expected a positive number of seconds, got '", a.Get("timeout"), "'")));
   }
   std::string address = a.Get("address");
   if (address.empty()) {
@@ -521,18 +549,23 @@ int Health(const Args& a) {
   request.set_service(a.Get("service"));
   grpc::health::v1::HealthCheckResponse response;
   grpc::Status st = stub->Check(&ctx, request, &response);
-  std::string what = request.service().empty() ? address : absl::StrCat(address, " (service '", request.service(), "')");
+  std::string what = request.service().empty()
+                         ? address
+                         : absl::StrCat(address, " (service '", request.service(), "')");
   if (st.error_code() == grpc::StatusCode::NOT_FOUND) {
-    std::cerr << "tessel health: " << address << " has no status for the service '" << request.service()
+    std::cerr << "tessel health: " << address << " has no status for the service '"
+              << request.service()
               << "' (it reports the whole server under '' and each of its services by full name)\n";
     return 1;
   }
   if (!st.ok()) {
-    std::cerr << "tessel health: no answer from " << what << " within " << timeout_s << " s: " << st.error_message()
-              << " [" << absl::StatusCodeToString(static_cast<absl::StatusCode>(st.error_code())) << "]\n";
+    std::cerr << "tessel health: no answer from " << what << " within " << timeout_s
+              << " s: " << st.error_message() << " ["
+              << absl::StatusCodeToString(static_cast<absl::StatusCode>(st.error_code())) << "]\n";
     return 1;
   }
-  const std::string& status = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
+  const std::string& status =
+      grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
   (response.status() == grpc::health::v1::HealthCheckResponse::SERVING ? std::cout : std::cerr)
       << what << ": " << status << "\n";
   return response.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
@@ -551,7 +584,8 @@ int main(int argc, char** argv) {
   }
   if (auto spec = kCommands.find(a.command); spec != kCommands.end()) {
     if (std::string wrong = CheckArgs(a, spec->second); !wrong.empty()) {
-      std::cerr << "tessel " << a.command << ": " << wrong << " (tessel help lists each command's flags)\n";
+      std::cerr << "tessel " << a.command << ": " << wrong
+                << " (tessel help lists each command's flags)\n";
       return 2;
     }
   }

@@ -21,9 +21,12 @@ inline ArrayType FromProto(const v1::TensorType& p) {
   return ArrayType{FromProto(p.dtype()), std::vector<int64_t>(p.dims().begin(), p.dims().end())};
 }
 
-inline v1::ReduceKind ToProto(ReduceKind k) { return static_cast<v1::ReduceKind>(static_cast<int>(k) + 1); }
+inline v1::ReduceKind ToProto(ReduceKind k) {
+  return static_cast<v1::ReduceKind>(static_cast<int>(k) + 1);
+}
 inline ReduceKind FromProto(v1::ReduceKind k) {
-  return k == v1::REDUCE_INVALID ? ReduceKind::kSum : static_cast<ReduceKind>(static_cast<int>(k) - 1);
+  return k == v1::REDUCE_INVALID ? ReduceKind::kSum
+                                 : static_cast<ReduceKind>(static_cast<int>(k) - 1);
 }
 
 inline v1::Mesh ToProto(const Mesh& m) {

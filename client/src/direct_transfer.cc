@@ -13,8 +13,8 @@
 
 namespace tessel {
 
-BoxRuns::BoxRuns(int64_t elem_bytes, absl::Span<const int64_t> dims, absl::Span<const int64_t> start,
-                 absl::Span<const int64_t> shape)
+BoxRuns::BoxRuns(int64_t elem_bytes, absl::Span<const int64_t> dims,
+                 absl::Span<const int64_t> start, absl::Span<const int64_t> shape)
     : start_(start.begin(), start.end()), shape_(shape.begin(), shape.end()), stride_(dims.size()) {
   const int rank = int(dims.size());
   int64_t s = elem_bytes;
@@ -48,8 +48,8 @@ int64_t BoxRuns::Next() {
   return base;
 }
 
-BoxWriter::BoxWriter(uint8_t* dst, int64_t elem_bytes, absl::Span<const int64_t> dims, absl::Span<const int64_t> start,
-                     absl::Span<const int64_t> shape)
+BoxWriter::BoxWriter(uint8_t* dst, int64_t elem_bytes, absl::Span<const int64_t> dims,
+                     absl::Span<const int64_t> start, absl::Span<const int64_t> shape)
     : dst_(dst), runs_(elem_bytes, dims, start, shape) {
   if (runs_.num_runs() > 0) run_base_ = runs_.Next();
 }
@@ -81,13 +81,14 @@ absl::Status WorkerChannels::Usable(const std::string& address, absl::Time now) 
   absl::MutexLock l(&mu_);
   auto it = failed_.find(address);
   if (it == failed_.end() || now >= it->second.until) return absl::OkStatus();
-  return absl::Status(it->second.why.code(), absl::StrCat(it->second.why.message(), " (not retried until ",
-                                                          absl::FormatTime("%H:%M:%S", it->second.until,
-                                                                           absl::LocalTimeZone()),
-                                                          ")"));
+  return absl::Status(
+      it->second.why.code(),
+      absl::StrCat(it->second.why.message(), " (not retried until ",
+                   absl::FormatTime("%H:%M:%S", it->second.until, absl::LocalTimeZone()), ")"));
 }
 
-void WorkerChannels::MarkUnreachable(const std::string& address, const absl::Status& why, absl::Time now) {
+void WorkerChannels::MarkUnreachable(const std::string& address, const absl::Status& why,
+                                     absl::Time now) {
   absl::MutexLock l(&mu_);
   Failure& f = failed_[address];
   f.in_a_row = std::min(f.in_a_row + 1, 16);
@@ -113,8 +114,10 @@ std::string Where(const v1::DirectWrite& w) {
 // A channel to `address` once connected; UNAVAILABLE, and the worker marked
 // unreachable, as soon as a connection attempt fails or when none succeeds
 // within `timeout`.
-absl::StatusOr<std::shared_ptr<grpc::Channel>> Connect(WorkerChannels& channels, const std::string& address,
-                                                       const std::string& where, absl::Duration timeout) {
+absl::StatusOr<std::shared_ptr<grpc::Channel>> Connect(WorkerChannels& channels,
+                                                       const std::string& address,
+                                                       const std::string& where,
+                                                       absl::Duration timeout) {
   std::shared_ptr<grpc::Channel> ch = channels.Get(address);
   const auto deadline = std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout);
   absl::Status failed;
@@ -125,7 +128,8 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> Connect(WorkerChannels& channels,
       break;
     }
     if (!ch->WaitForStateChange(st, deadline)) {
-      failed = absl::UnavailableError(absl::StrCat(where, ": no connection within ", absl::FormatDuration(timeout)));
+      failed = absl::UnavailableError(
+          absl::StrCat(where, ": no connection within ", absl::FormatDuration(timeout)));
       break;
     }
   }
@@ -138,8 +142,10 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> Connect(WorkerChannels& channels,
 }
 
 // OK when the box [start, start+shape) lies in `type` and holds `bytes`.
-absl::Status CheckBox(const std::string& where, const google::protobuf::RepeatedField<int64_t>& start,
-                      const google::protobuf::RepeatedField<int64_t>& shape, int64_t bytes, const ArrayType& type) {
+absl::Status CheckBox(const std::string& where,
+                      const google::protobuf::RepeatedField<int64_t>& start,
+                      const google::protobuf::RepeatedField<int64_t>& shape, int64_t bytes,
+                      const ArrayType& type) {
   const int rank = int(type.dims.size());
   int64_t want = DTypeBytes(type.dtype);
   bool fits = start.size() == rank && shape.size() == rank;
@@ -148,9 +154,9 @@ absl::Status CheckBox(const std::string& where, const google::protobuf::Repeated
     want *= shape[d];
   }
   if (fits && want == bytes) return absl::OkStatus();
-  return absl::InternalError(absl::StrFormat("%s: box start [%s] shape [%s] (%d bytes) does not fit %s", where,
-                                             absl::StrJoin(start, ","), absl::StrJoin(shape, ","), bytes,
-                                             type.ToString()));
+  return absl::InternalError(absl::StrFormat(
+      "%s: box start [%s] shape [%s] (%d bytes) does not fit %s", where, absl::StrJoin(start, ","),
+      absl::StrJoin(shape, ","), bytes, type.ToString()));
 }
 
 // Runs fn(0..n-1) at once, fn(0) on this thread; the first error.
@@ -167,11 +173,13 @@ absl::Status RunAll(size_t n, const std::function<absl::Status(size_t)>& fn) {
 // Writes the `data` field of one serialized FetchShardResponse to `box`
 // straight from gRPC's slices: the bytes are copied once, into place.
 // Returns how many bytes it held.
-absl::StatusOr<int64_t> WriteResponse(grpc::ByteBuffer& msg, BoxWriter& box, const v1::DirectBlock& b) {
+absl::StatusOr<int64_t> WriteResponse(grpc::ByteBuffer& msg, BoxWriter& box,
+                                      const v1::DirectBlock& b) {
   const size_t total = msg.Length();
   if (total == 0) return 0;
   std::vector<grpc::Slice> slices;
-  if (!msg.Dump(&slices).ok()) return absl::InternalError(absl::StrCat(Where(b), ": unreadable message"));
+  if (!msg.Dump(&slices).ok())
+    return absl::InternalError(absl::StrCat(Where(b), ": unreadable message"));
   size_t si = 0, off = 0;
   auto next = [&](uint8_t* c) {
     while (si < slices.size() && off == slices[si].size()) {
@@ -222,8 +230,8 @@ absl::Status ReadBlock(WorkerChannels& channels, const v1::DirectBlock& b, int64
   req.set_chunk_bytes(chunk_bytes);
   // tessel.v1.Worker/FetchShard with its replies left serialized, so their
   // bytes go from gRPC's buffers straight into place.
-  const grpc::internal::RpcMethod method("/tessel.v1.Worker/FetchShard", grpc::internal::RpcMethod::SERVER_STREAMING,
-                                         ch);
+  const grpc::internal::RpcMethod method("/tessel.v1.Worker/FetchShard",
+                                         grpc::internal::RpcMethod::SERVER_STREAMING, ch);
   std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
       grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(ch.get(), method, &ctx, req));
   BoxWriter box(out->mutable_data(), DTypeBytes(type.dtype), type.dims, b.start(), b.shape());
@@ -234,7 +242,8 @@ absl::Status ReadBlock(WorkerChannels& channels, const v1::DirectBlock& b, int64
     if (!n.ok() || *n < 0) {
       ctx.TryCancel();
       (void)reader->Finish();
-      return n.ok() ? absl::DataLossError(absl::StrFormat("%s: more than the %d bytes expected", Where(b), b.bytes()))
+      return n.ok() ? absl::DataLossError(absl::StrFormat("%s: more than the %d bytes expected",
+                                                          Where(b), b.bytes()))
                     : n.status();
     }
     got += *n;
@@ -243,7 +252,8 @@ absl::Status ReadBlock(WorkerChannels& channels, const v1::DirectBlock& b, int64
     return absl::Status(FromGrpc(s).code(), absl::StrCat(Where(b), ": ", s.error_message()));
   }
   if (got != b.bytes()) {
-    return absl::DataLossError(absl::StrFormat("%s: expected %d bytes, got %d", Where(b), b.bytes(), got));
+    return absl::DataLossError(
+        absl::StrFormat("%s: expected %d bytes, got %d", Where(b), b.bytes(), got));
   }
   return absl::OkStatus();
 }
@@ -261,7 +271,8 @@ grpc::Slice DataFraming(size_t n) {
 }
 
 absl::Status WriteBlock(WorkerChannels& channels, const v1::DirectWrite& w, int64_t chunk_bytes,
-                        absl::Duration connect_timeout, const HostArray& array, std::string* receipt) {
+                        absl::Duration connect_timeout, const HostArray& array,
+                        std::string* receipt) {
   const ArrayType& type = array.type();
   const int64_t elem = DTypeBytes(type.dtype);
   int64_t bytes = elem;
@@ -273,8 +284,8 @@ absl::Status WriteBlock(WorkerChannels& channels, const v1::DirectWrite& w, int6
   v1::PutShardResponse resp;
   // tessel.v1.Worker/PutShard with its messages framed here, so the array's
   // runs go to gRPC where they lie.
-  const grpc::internal::RpcMethod method("/tessel.v1.Worker/PutShard", grpc::internal::RpcMethod::CLIENT_STREAMING,
-                                         ch);
+  const grpc::internal::RpcMethod method("/tessel.v1.Worker/PutShard",
+                                         grpc::internal::RpcMethod::CLIENT_STREAMING, ch);
   std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
       grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(ch.get(), method, &ctx, &resp));
   v1::PutShardRequest header;
@@ -285,7 +296,8 @@ absl::Status WriteBlock(WorkerChannels& channels, const v1::DirectWrite& w, int6
   h->set_ticket(w.ticket());
   grpc::ByteBuffer msg;
   bool own = false;
-  bool ok = grpc::SerializationTraits<v1::PutShardRequest>::Serialize(header, &msg, &own).ok() && writer->Write(msg);
+  bool ok = grpc::SerializationTraits<v1::PutShardRequest>::Serialize(header, &msg, &own).ok() &&
+            writer->Write(msg);
   // Each message: the framing, then runs as they lie (64 KiB or more, which
   // live until Finish) or gathered into a buffer gRPC owns (shorter ones).
   constexpr int64_t kInPlace = 64 << 10;
@@ -294,7 +306,9 @@ absl::Status WriteBlock(WorkerChannels& channels, const v1::DirectWrite& w, int6
   std::string* gather = nullptr;
   auto end_gather = [&] {
     if (gather == nullptr) return;
-    parts.emplace_back(gather->data(), gather->size(), [](void* p) { delete static_cast<std::string*>(p); }, gather);
+    parts.emplace_back(
+        gather->data(), gather->size(), [](void* p) { delete static_cast<std::string*>(p); },
+        gather);
     gather = nullptr;
   };
   auto send = [&] {
@@ -338,18 +352,19 @@ absl::Status WriteBlock(WorkerChannels& channels, const v1::DirectWrite& w, int6
 
 }  // namespace
 
-absl::Status ReadDirectBlocks(WorkerChannels& channels, absl::Span<const v1::DirectBlock> blocks, int64_t chunk_bytes,
-                              absl::Duration connect_timeout, HostArray* out) {
+absl::Status ReadDirectBlocks(WorkerChannels& channels, absl::Span<const v1::DirectBlock> blocks,
+                              int64_t chunk_bytes, absl::Duration connect_timeout, HostArray* out) {
   const ArrayType type = out->type();
   const absl::Time now = absl::Now();
   for (const v1::DirectBlock& b : blocks) TESSEL_RETURN_IF_ERROR(channels.Usable(b.address(), now));
-  return RunAll(blocks.size(),
-                [&](size_t i) { return ReadBlock(channels, blocks[i], chunk_bytes, connect_timeout, type, out); });
+  return RunAll(blocks.size(), [&](size_t i) {
+    return ReadBlock(channels, blocks[i], chunk_bytes, connect_timeout, type, out);
+  });
 }
 
 absl::Status WriteDirectBlocks(WorkerChannels& channels, absl::Span<const v1::DirectWrite> blocks,
-                               int64_t chunk_bytes, absl::Duration connect_timeout, const HostArray& array,
-                               std::vector<std::string>* receipts) {
+                               int64_t chunk_bytes, absl::Duration connect_timeout,
+                               const HostArray& array, std::vector<std::string>* receipts) {
   const absl::Time now = absl::Now();
   for (const v1::DirectWrite& w : blocks) TESSEL_RETURN_IF_ERROR(channels.Usable(w.address(), now));
   receipts->assign(blocks.size(), "");

@@ -42,8 +42,8 @@ class BoxRuns {
 // the box [start, start + shape) of a row-major array at `dst`.
 class BoxWriter {
  public:
-  BoxWriter(uint8_t* dst, int64_t elem_bytes, absl::Span<const int64_t> dims, absl::Span<const int64_t> start,
-            absl::Span<const int64_t> shape);
+  BoxWriter(uint8_t* dst, int64_t elem_bytes, absl::Span<const int64_t> dims,
+            absl::Span<const int64_t> start, absl::Span<const int64_t> shape);
   // False, writing nothing more, once the box is full.
   bool Write(const uint8_t* data, int64_t n);
   bool full() const { return run_ == runs_.num_runs(); }
@@ -87,8 +87,8 @@ class WorkerChannels {
 // one stream per block, all at once. UNAVAILABLE when a worker cannot be
 // reached within `connect_timeout`; any error names the block's device and
 // address. The caller falls back to the relay on error.
-absl::Status ReadDirectBlocks(WorkerChannels& channels, absl::Span<const v1::DirectBlock> blocks, int64_t chunk_bytes,
-                              absl::Duration connect_timeout, HostArray* out);
+absl::Status ReadDirectBlocks(WorkerChannels& channels, absl::Span<const v1::DirectBlock> blocks,
+                              int64_t chunk_bytes, absl::Duration connect_timeout, HostArray* out);
 
 // Writes every block of `blocks` from `array`, one PutShard stream per
 // (block, worker), all at once; runs of 64 KiB and more go to gRPC without a
@@ -96,7 +96,7 @@ absl::Status ReadDirectBlocks(WorkerChannels& channels, absl::Span<const v1::Dir
 // `connect_timeout`; any error names the block's devices and address.
 // `receipts`: each block's worker's receipt, in order, for the coordinator.
 absl::Status WriteDirectBlocks(WorkerChannels& channels, absl::Span<const v1::DirectWrite> blocks,
-                               int64_t chunk_bytes, absl::Duration connect_timeout, const HostArray& array,
-                               std::vector<std::string>* receipts);
+                               int64_t chunk_bytes, absl::Duration connect_timeout,
+                               const HostArray& array, std::vector<std::string>* receipts);
 
 }  // namespace tessel

@@ -24,7 +24,8 @@ absl::StatusOr<Graph> Graph::FromTextProto(const std::string& text) {
   struct Collector : google::protobuf::io::ErrorCollector {
     std::string first;
     void AddError(int line, int column, const std::string& message) override {
-      if (first.empty()) first = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
+      if (first.empty())
+        first = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
     }
   } errors;
   google::protobuf::TextFormat::Parser parser;
@@ -41,7 +42,8 @@ absl::StatusOr<Graph> Graph::FromFile(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   auto g = FromTextProto(ss.str());
-  if (!g.ok()) return absl::Status(g.status().code(), absl::StrCat(path, ": ", g.status().message()));
+  if (!g.ok())
+    return absl::Status(g.status().code(), absl::StrCat(path, ": ", g.status().message()));
   return g;
 }
 
@@ -88,14 +90,16 @@ class GraphBuilder::Impl {
 
   // Adds `node`, typed by the shared shape rules, or as `declared` when set
   // (the partitioned ops, whose types the builder works out itself).
-  Value Add(v1::Node node, const std::vector<Value>& operands, const v1::TensorType* declared = nullptr) {
+  Value Add(v1::Node node, const std::vector<Value>& operands,
+            const v1::TensorType* declared = nullptr) {
     if (!status.ok()) return Value();
     std::vector<const v1::TensorType*> types;
     for (size_t i = 0; i < operands.size(); ++i) {
       const Value& v = operands[i];
       if (!v.valid() || v.id_ >= graph.nodes_size() || graph.nodes(v.id_).name() != v.name()) {
-        status = absl::InvalidArgumentError(absl::StrCat("graph '", graph.name(), "': ", OpName(node.op()),
-                                                         ": operand ", i, " is not a value of this builder"));
+        status = absl::InvalidArgumentError(absl::StrCat("graph '", graph.name(),
+                                                         "': ", OpName(node.op()), ": operand ", i,
+                                                         " is not a value of this builder"));
         return Value();
       }
       node.add_operands(v.name());
@@ -103,10 +107,12 @@ class GraphBuilder::Impl {
     }
     const int id = graph.nodes_size();
     if (node.name().empty()) node.set_name(absl::StrCat(OpName(node.op()), "_", id));
-    auto t = declared != nullptr ? absl::StatusOr<v1::TensorType>(*declared) : InferType(node, types);
+    auto t =
+        declared != nullptr ? absl::StatusOr<v1::TensorType>(*declared) : InferType(node, types);
     if (!t.ok()) {
-      status = absl::InvalidArgumentError(absl::StrCat("graph '", graph.name(), "': ", OpName(node.op()), " '",
-                                                       node.name(), "': ", t.status().message()));
+      status =
+          absl::InvalidArgumentError(absl::StrCat("graph '", graph.name(), "': ", OpName(node.op()),
+                                                  " '", node.name(), "': ", t.status().message()));
       return Value();
     }
     *node.mutable_type() = *t;
@@ -119,8 +125,10 @@ class GraphBuilder::Impl {
   }
 
   using Function = GraphBuilder::Function;
-  absl::StatusOr<std::vector<ArrayType>> AddFunction(const std::string& fn_name, const std::vector<ArrayType>& types,
-                                                     const Function& fn, const std::vector<ArrayType>* want,
+  absl::StatusOr<std::vector<ArrayType>> AddFunction(const std::string& fn_name,
+                                                     const std::vector<ArrayType>& types,
+                                                     const Function& fn,
+                                                     const std::vector<ArrayType>* want,
                                                      const std::string& want_what);
   std::vector<Value> ControlNode(v1::Node n, const std::vector<Value>& operands,
                                  const std::vector<ArrayType>& results);
@@ -132,7 +140,8 @@ class GraphBuilder::Impl {
 
   // The types of `args` into `types`; false (and the builder failed) where
   // one is not a value.
-  bool ArgTypes(const std::vector<Value>& args, absl::string_view what, std::vector<ArrayType>& types) {
+  bool ArgTypes(const std::vector<Value>& args, absl::string_view what,
+                std::vector<ArrayType>& types) {
     for (const Value& v : args) {
       if (!v.valid()) return Fail(what, "an argument is not a value"), false;
       types.push_back(v.type());
@@ -141,7 +150,9 @@ class GraphBuilder::Impl {
   }
 
   Value Fail(absl::string_view what, absl::string_view why) {
-    if (status.ok()) status = absl::InvalidArgumentError(absl::StrCat("graph '", graph.name(), "': ", what, ": ", why));
+    if (status.ok())
+      status =
+          absl::InvalidArgumentError(absl::StrCat("graph '", graph.name(), "': ", what, ": ", why));
     return Value();
   }
 
@@ -159,7 +170,8 @@ class GraphBuilder::Impl {
     attrs(c);
     std::vector<v1::TensorType> types;
     for (size_t i = 0; i < operands.size(); ++i) {
-      if (!operands[i].valid()) return Fail(what, absl::StrCat("operand ", i, " is not a value of this builder"));
+      if (!operands[i].valid())
+        return Fail(what, absl::StrCat("operand ", i, " is not a value of this builder"));
       types.push_back(ToProto(operands[i].type()));
     }
     std::vector<const v1::TensorType*> ptrs;
@@ -280,8 +292,12 @@ Value GraphBuilder::Compare(Value a, Value b, Comparison c) {
   return impl_->Add(std::move(n), {a, b});
 }
 
-Value GraphBuilder::Select(Value p, Value t, Value f) { return impl_->Add(NodeOf(v1::SELECT), {p, t, f}); }
-Value GraphBuilder::Clamp(Value lo, Value x, Value hi) { return impl_->Add(NodeOf(v1::CLAMP), {lo, x, hi}); }
+Value GraphBuilder::Select(Value p, Value t, Value f) {
+  return impl_->Add(NodeOf(v1::SELECT), {p, t, f});
+}
+Value GraphBuilder::Clamp(Value lo, Value x, Value hi) {
+  return impl_->Add(NodeOf(v1::CLAMP), {lo, x, hi});
+}
 
 Value GraphBuilder::Convert(Value x, DType to) {
   v1::Node n = NodeOf(v1::CONVERT);
@@ -328,7 +344,8 @@ Value GraphBuilder::Reverse(Value x, std::vector<int64_t> dimensions) {
   return impl_->Add(std::move(n), {x});
 }
 
-Value GraphBuilder::Sort(std::vector<Value> operands, int64_t dimension, bool descending, int result_operand) {
+Value GraphBuilder::Sort(std::vector<Value> operands, int64_t dimension, bool descending,
+                         int result_operand) {
   v1::Node n = NodeOf(v1::SORT);
   n.mutable_sort()->set_dimension(dimension);
   n.mutable_sort()->set_descending(descending);
@@ -342,10 +359,12 @@ Value GraphBuilder::Gather(Value x, Value indices, int64_t axis) {
   return impl_->Add(std::move(n), {x, indices});
 }
 
-Value GraphBuilder::Scatter(Value x, Value indices, Value updates, int64_t axis, std::optional<ReduceKind> combine) {
+Value GraphBuilder::Scatter(Value x, Value indices, Value updates, int64_t axis,
+                            std::optional<ReduceKind> combine) {
   v1::Node n = NodeOf(v1::SCATTER);
   n.mutable_scatter()->set_axis(axis);
-  if (combine) n.mutable_scatter()->set_combine(static_cast<v1::ReduceKind>(static_cast<int>(*combine) + 1));
+  if (combine)
+    n.mutable_scatter()->set_combine(static_cast<v1::ReduceKind>(static_cast<int>(*combine) + 1));
   return impl_->Add(std::move(n), {x, indices, updates});
 }
 
@@ -374,7 +393,9 @@ Value GraphBuilder::DotGeneral(Value lhs, Value rhs, DotDims d) {
   return impl_->Add(std::move(n), {lhs, rhs});
 }
 
-Value GraphBuilder::MatMul(Value lhs, Value rhs) { return DotGeneral(lhs, rhs, DotDims{{}, {}, {1}, {0}}); }
+Value GraphBuilder::MatMul(Value lhs, Value rhs) {
+  return DotGeneral(lhs, rhs, DotDims{{}, {}, {1}, {0}});
+}
 
 Value GraphBuilder::Reduce(Value x, ReduceKind kind, std::vector<int64_t> dims) {
   v1::Node n = NodeOf(v1::REDUCE);
@@ -406,18 +427,21 @@ Value GraphBuilder::ShardingConstraint(Value x, const Sharding& sharding) {
   return impl_->Add(std::move(n), {x}, &declared);
 }
 
-Value GraphBuilder::ManualRegion(const Mesh& mesh, std::vector<Value> operands, std::vector<Sharding> in_specs,
-                                 Sharding out_spec, const Body& body, std::string name) {
+Value GraphBuilder::ManualRegion(const Mesh& mesh, std::vector<Value> operands,
+                                 std::vector<Sharding> in_specs, Sharding out_spec,
+                                 const Body& body, std::string name) {
   if (!impl_->status.ok()) return Value();
   const std::string what = absl::StrCat("manual region '", name.empty() ? "(unnamed)" : name, "'");
   if (in_specs.size() != operands.size()) {
-    return impl_->Fail(what, absl::StrCat(operands.size(), " operands but ", in_specs.size(), " in_specs"));
+    return impl_->Fail(
+        what, absl::StrCat(operands.size(), " operands but ", in_specs.size(), " in_specs"));
   }
   GraphBuilder inner(name.empty() ? "region" : name);
   inner.impl_->mesh = mesh;
   std::vector<Value> blocks;
   for (size_t i = 0; i < operands.size(); ++i) {
-    if (!operands[i].valid()) return impl_->Fail(what, absl::StrCat("operand ", i, " is not a value of this builder"));
+    if (!operands[i].valid())
+      return impl_->Fail(what, absl::StrCat("operand ", i, " is not a value of this builder"));
     ArrayType t = operands[i].type();
     t.dims = in_specs[i].BlockDims(mesh, t.dims);
     blocks.push_back(inner.Parameter(t, absl::StrCat("x", i)));
@@ -440,12 +464,14 @@ Value GraphBuilder::ManualRegion(const Mesh& mesh, std::vector<Value> operands, 
 }
 
 std::vector<Value> GraphBuilder::MeshRegion(const Mesh& mesh, std::vector<Value> operands,
-                                            std::vector<Sharding> in_shardings, std::vector<Sharding> out_shardings,
+                                            std::vector<Sharding> in_shardings,
+                                            std::vector<Sharding> out_shardings,
                                             const MultiBody& body, std::string name) {
   if (!impl_->status.ok()) return {};
   const std::string what = absl::StrCat("mesh region '", name, "'");
   if (in_shardings.size() != operands.size()) {
-    return impl_->Fail(what, absl::StrCat(operands.size(), " operands but ", in_shardings.size(), " in_shardings")),
+    return impl_->Fail(what, absl::StrCat(operands.size(), " operands but ", in_shardings.size(),
+                                          " in_shardings")),
            std::vector<Value>{};
   }
   GraphBuilder inner(name);
@@ -453,13 +479,15 @@ std::vector<Value> GraphBuilder::MeshRegion(const Mesh& mesh, std::vector<Value>
   std::vector<Value> params;
   for (size_t i = 0; i < operands.size(); ++i) {
     if (!operands[i].valid()) {
-      return impl_->Fail(what, absl::StrCat("operand ", i, " is not a value")), std::vector<Value>{};
+      return impl_->Fail(what, absl::StrCat("operand ", i, " is not a value")),
+             std::vector<Value>{};
     }
     params.push_back(inner.Parameter(operands[i].type(), absl::StrCat("x", i)));
   }
   const std::vector<Value> outs = body(inner, params);
   if (outs.size() != out_shardings.size()) {
-    return impl_->Fail(what, absl::StrCat(outs.size(), " results but ", out_shardings.size(), " out_shardings")),
+    return impl_->Fail(what, absl::StrCat(outs.size(), " results but ", out_shardings.size(),
+                                          " out_shardings")),
            std::vector<Value>{};
   }
   absl::StatusOr<Graph> g = inner.Build(outs);
@@ -469,7 +497,8 @@ std::vector<Value> GraphBuilder::MeshRegion(const Mesh& mesh, std::vector<Value>
   v1::MeshRegionAttrs& m = *n.mutable_mesh_region();
   *m.mutable_body() = g->impl().proto;
   // Functions the body's control flow runs are listed at the top level.
-  for (v1::Graph& nested : *m.mutable_body()->mutable_functions()) *impl_->graph.add_functions() = std::move(nested);
+  for (v1::Graph& nested : *m.mutable_body()->mutable_functions())
+    *impl_->graph.add_functions() = std::move(nested);
   m.mutable_body()->clear_functions();
   *m.mutable_mesh() = ToProto(mesh);
   for (const Sharding& s : in_shardings) *m.add_in_shardings() = ToProto(s);
@@ -480,21 +509,25 @@ std::vector<Value> GraphBuilder::MeshRegion(const Mesh& mesh, std::vector<Value>
 }
 
 Value GraphBuilder::AllReduce(Value x, std::vector<std::string> axes, ReduceKind kind) {
-  return impl_->Collective(v1::ALL_REDUCE, {x}, axes, [&](v1::CollectiveAttrs& c) { c.set_kind(ToProto(kind)); });
+  return impl_->Collective(v1::ALL_REDUCE, {x}, axes,
+                           [&](v1::CollectiveAttrs& c) { c.set_kind(ToProto(kind)); });
 }
 
 Value GraphBuilder::AllGather(Value x, std::vector<std::string> axes, int64_t dimension) {
-  return impl_->Collective(v1::ALL_GATHER, {x}, axes, [&](v1::CollectiveAttrs& c) { c.set_dimension(dimension); });
+  return impl_->Collective(v1::ALL_GATHER, {x}, axes,
+                           [&](v1::CollectiveAttrs& c) { c.set_dimension(dimension); });
 }
 
-Value GraphBuilder::ReduceScatter(Value x, std::vector<std::string> axes, int64_t dimension, ReduceKind kind) {
+Value GraphBuilder::ReduceScatter(Value x, std::vector<std::string> axes, int64_t dimension,
+                                  ReduceKind kind) {
   return impl_->Collective(v1::REDUCE_SCATTER, {x}, axes, [&](v1::CollectiveAttrs& c) {
     c.set_dimension(dimension);
     c.set_kind(ToProto(kind));
   });
 }
 
-Value GraphBuilder::AllToAll(Value x, std::vector<std::string> axes, int64_t split_dimension, int64_t concat_dimension) {
+Value GraphBuilder::AllToAll(Value x, std::vector<std::string> axes, int64_t split_dimension,
+                             int64_t concat_dimension) {
   return impl_->Collective(v1::ALL_TO_ALL, {x}, axes, [&](v1::CollectiveAttrs& c) {
     c.set_dimension(split_dimension);
     c.set_concat_dimension(concat_dimension);
@@ -515,14 +548,16 @@ Value GraphBuilder::AxisIndex(std::vector<std::string> axes) {
   return impl_->Collective(v1::AXIS_INDEX, {}, axes, [](v1::CollectiveAttrs&) {});
 }
 
-Value GraphBuilder::CustomKernel(std::string name, std::vector<Value> operands, const Body& decomposition,
-                                 ReplicationRule replication, std::string cuda_source) {
+Value GraphBuilder::CustomKernel(std::string name, std::vector<Value> operands,
+                                 const Body& decomposition, ReplicationRule replication,
+                                 std::string cuda_source) {
   if (!impl_->status.ok()) return Value();
   const std::string what = absl::StrCat("custom kernel '", name, "'");
   GraphBuilder inner(name);
   std::vector<Value> params;
   for (size_t i = 0; i < operands.size(); ++i) {
-    if (!operands[i].valid()) return impl_->Fail(what, absl::StrCat("operand ", i, " is not a value of this builder"));
+    if (!operands[i].valid())
+      return impl_->Fail(what, absl::StrCat("operand ", i, " is not a value of this builder"));
     params.push_back(inner.Parameter(operands[i].type(), absl::StrCat("x", i)));
   }
   const Value out = decomposition(inner, params);
@@ -553,15 +588,14 @@ std::string TypesText(const std::vector<Value>& vs) {
 
 // Builds function `fn` of this graph over parameters of `types`; checks its
 // results against `want` where given. Returns the results' types.
-absl::StatusOr<std::vector<ArrayType>> GraphBuilder::Impl::AddFunction(const std::string& fn_name,
-                                                                 const std::vector<ArrayType>& types,
-                                                                 const Function& fn,
-                                                                 const std::vector<ArrayType>* want,
-                                                                 const std::string& want_what) {
+absl::StatusOr<std::vector<ArrayType>> GraphBuilder::Impl::AddFunction(
+    const std::string& fn_name, const std::vector<ArrayType>& types, const Function& fn,
+    const std::vector<ArrayType>* want, const std::string& want_what) {
   GraphBuilder inner(fn_name);
   inner.impl_->mesh = mesh;
   std::vector<Value> params;
-  for (size_t i = 0; i < types.size(); ++i) params.push_back(inner.Parameter(types[i], absl::StrCat("p", i)));
+  for (size_t i = 0; i < types.size(); ++i)
+    params.push_back(inner.Parameter(types[i], absl::StrCat("p", i)));
   const std::vector<Value> out = fn(inner, params);
   absl::StatusOr<Graph> g = inner.Build(out);
   if (!g.ok()) return g.status();
@@ -577,8 +611,9 @@ absl::StatusOr<std::vector<ArrayType>> GraphBuilder::Impl::AddFunction(const std
         v.type_ = t;
         wanted.push_back(v);
       }
-      return absl::InvalidArgumentError(absl::StrCat("function '", fn_name, "' returns ", TypesText(out), "; expected ",
-                                                     want_what, " ", TypesText(wanted)));
+      return absl::InvalidArgumentError(absl::StrCat("function '", fn_name, "' returns ",
+                                                     TypesText(out), "; expected ", want_what, " ",
+                                                     TypesText(wanted)));
     }
   }
   v1::Graph proto = g->impl().proto;
@@ -589,12 +624,12 @@ absl::StatusOr<std::vector<ArrayType>> GraphBuilder::Impl::AddFunction(const std
 }
 
 std::vector<Value> GraphBuilder::Impl::ControlNode(v1::Node n, const std::vector<Value>& operands,
-                                             const std::vector<ArrayType>& results) {
+                                                   const std::vector<ArrayType>& results) {
   for (size_t i = 0; i < operands.size(); ++i) {
     const Value& v = operands[i];
     if (!v.valid() || v.id_ >= graph.nodes_size() || graph.nodes(v.id_).name() != v.name()) {
       Fail(absl::StrCat(OpName(n.op()), " '", n.name(), "'"),
-                  absl::StrCat("operand ", i, " is not a value of this builder"));
+           absl::StrCat("operand ", i, " is not a value of this builder"));
       return {};
     }
     n.add_operands(v.name());
@@ -614,7 +649,8 @@ std::vector<Value> GraphBuilder::Impl::ControlNode(v1::Node n, const std::vector
   return out;
 }
 
-std::vector<Value> GraphBuilder::While(std::vector<Value> init, const Function& cond, const Function& body) {
+std::vector<Value> GraphBuilder::While(std::vector<Value> init, const Function& cond,
+                                       const Function& body) {
   if (!impl_->status.ok()) return {};
   const int id = impl_->graph.nodes_size();
   const std::string name = absl::StrCat("while_", id);
@@ -637,7 +673,8 @@ std::vector<Value> GraphBuilder::While(std::vector<Value> init, const Function& 
   return impl_->ControlNode(std::move(n), init, types);
 }
 
-std::vector<Value> GraphBuilder::Cond(Value index, std::vector<Value> operands, const std::vector<Function>& branches) {
+std::vector<Value> GraphBuilder::Cond(Value index, std::vector<Value> operands,
+                                      const std::vector<Function>& branches) {
   if (!impl_->status.ok()) return {};
   const std::string name = absl::StrCat("conditional_", impl_->graph.nodes_size());
   const std::string what = absl::StrCat("conditional '", name, "'");
@@ -653,7 +690,8 @@ std::vector<Value> GraphBuilder::Cond(Value index, std::vector<Value> operands, 
   std::vector<ArrayType> results;
   for (size_t k = 0; k < branches.size(); ++k) {
     const std::string fn = absl::StrCat(prefix, "/branch", k);
-    auto r = impl_->AddFunction(fn, types, branches[k], k == 0 ? nullptr : &results, "branch 0's results");
+    auto r = impl_->AddFunction(fn, types, branches[k], k == 0 ? nullptr : &results,
+                                "branch 0's results");
     if (!r.ok()) return impl_->Fail(what, r.status().message()), std::vector<Value>{};
     if (k == 0) results = *r;
     n.mutable_control()->add_branches(fn);
@@ -663,8 +701,8 @@ std::vector<Value> GraphBuilder::Cond(Value index, std::vector<Value> operands, 
   return impl_->ControlNode(std::move(n), all, results);
 }
 
-std::vector<Value> GraphBuilder::Scan(std::vector<Value> init, std::vector<Value> xs, int64_t length,
-                                      const Function& body, bool reverse) {
+std::vector<Value> GraphBuilder::Scan(std::vector<Value> init, std::vector<Value> xs,
+                                      int64_t length, const Function& body, bool reverse) {
   if (!impl_->status.ok()) return {};
   const std::string name = absl::StrCat("scan_", impl_->graph.nodes_size());
   const std::string what = absl::StrCat("scan '", name, "'");
@@ -675,11 +713,13 @@ std::vector<Value> GraphBuilder::Scan(std::vector<Value> init, std::vector<Value
   }
   params = carries;
   for (size_t i = 0; i < xs.size(); ++i) {
-    if (!xs[i].valid()) return impl_->Fail(what, "a scanned operand is not a value"), std::vector<Value>{};
+    if (!xs[i].valid())
+      return impl_->Fail(what, "a scanned operand is not a value"), std::vector<Value>{};
     ArrayType t = xs[i].type();
     if (t.dims.empty() || t.dims[0] != length) {
-      return impl_->Fail(what, absl::StrCat("scanned operand ", i, " is ", TypeString(ToProto(t)),
-                                            "; expected a leading dimension of the length, ", length)),
+      return impl_->Fail(what,
+                         absl::StrCat("scanned operand ", i, " is ", TypeString(ToProto(t)),
+                                      "; expected a leading dimension of the length, ", length)),
              std::vector<Value>{};
     }
     t.dims.erase(t.dims.begin());
@@ -691,8 +731,8 @@ std::vector<Value> GraphBuilder::Scan(std::vector<Value> init, std::vector<Value
   bool same = r->size() >= carries.size();
   for (size_t i = 0; same && i < carries.size(); ++i) same = (*r)[i] == carries[i];
   if (!same) {
-    return impl_->Fail(what, absl::StrCat("function '", fn, "' must return the carries ", TypesText(init),
-                                          " first, each with its type")),
+    return impl_->Fail(what, absl::StrCat("function '", fn, "' must return the carries ",
+                                          TypesText(init), " first, each with its type")),
            std::vector<Value>{};
   }
   std::vector<ArrayType> results = carries;
@@ -714,7 +754,8 @@ std::vector<Value> GraphBuilder::Scan(std::vector<Value> init, std::vector<Value
 
 namespace {
 // The types `f` returns for parameters of `types`, by building it on a scratch builder.
-absl::StatusOr<std::vector<ArrayType>> ResultTypes(const GraphBuilder::Function& f, const std::vector<ArrayType>& types) {
+absl::StatusOr<std::vector<ArrayType>> ResultTypes(const GraphBuilder::Function& f,
+                                                   const std::vector<ArrayType>& types) {
   GraphBuilder scratch("scratch");
   std::vector<Value> params;
   for (size_t i = 0; i < types.size(); ++i) params.push_back(scratch.Parameter(types[i]));
@@ -732,8 +773,8 @@ absl::StatusOr<std::vector<ArrayType>> ResultTypes(const GraphBuilder::Function&
 std::vector<Value> GraphBuilder::Impl::Derivative(
     v1::Op op, const Function& f, const std::vector<Value>& args, const std::vector<Value>& extra,
     const std::vector<int>& wrt,
-    const std::function<std::vector<ArrayType>(const std::vector<ArrayType>& results, const std::vector<ArrayType>& args)>&
-        more) {
+    const std::function<std::vector<ArrayType>(const std::vector<ArrayType>& results,
+                                               const std::vector<ArrayType>& args)>& more) {
   if (!status.ok()) return {};
   const std::string name = absl::StrCat(OpName(op), "_", graph.nodes_size());
   const std::string what = absl::StrCat(OpName(op), " '", name, "'");
@@ -741,7 +782,8 @@ std::vector<Value> GraphBuilder::Impl::Derivative(
   if (!ArgTypes(args, what, types)) return {};
   for (int p : wrt) {
     if (p < 0 || p >= int(types.size())) {
-      return Fail(what, absl::StrCat("wrt ", p, " is not an argument (", types.size(), " arguments)")),
+      return Fail(what,
+                  absl::StrCat("wrt ", p, " is not an argument (", types.size(), " arguments)")),
              std::vector<Value>{};
     }
   }
@@ -759,42 +801,47 @@ std::vector<Value> GraphBuilder::Impl::Derivative(
   return ControlNode(std::move(n), all, results);
 }
 
-std::vector<Value> GraphBuilder::Vjp(const Function& f, std::vector<Value> args, std::vector<Value> cotangents,
-                                     std::vector<int> wrt) {
-  return impl_->Derivative(v1::VJP, f, args, cotangents, wrt, [&](const auto&, const std::vector<ArrayType>& types) {
-    std::vector<ArrayType> cts;
-    for (int p : wrt) cts.push_back(types[p]);
-    return cts;
-  });
+std::vector<Value> GraphBuilder::Vjp(const Function& f, std::vector<Value> args,
+                                     std::vector<Value> cotangents, std::vector<int> wrt) {
+  return impl_->Derivative(v1::VJP, f, args, cotangents, wrt,
+                           [&](const auto&, const std::vector<ArrayType>& types) {
+                             std::vector<ArrayType> cts;
+                             for (int p : wrt) cts.push_back(types[p]);
+                             return cts;
+                           });
 }
 
-std::vector<Value> GraphBuilder::ValueAndGrad(const Function& f, std::vector<Value> args, std::vector<int> wrt) {
+std::vector<Value> GraphBuilder::ValueAndGrad(const Function& f, std::vector<Value> args,
+                                              std::vector<int> wrt) {
   if (!impl_->status.ok()) return {};
   std::vector<ArrayType> types;
   for (const Value& v : args) types.push_back(v.type());
   auto r = ResultTypes(f, types);
   if (!r.ok()) return impl_->Fail("value_and_grad", r.status().message()), std::vector<Value>{};
   if (r->size() != 1 || !r->at(0).dims.empty()) {
-    return impl_->Fail("value_and_grad", "the function must return one scalar"), std::vector<Value>{};
+    return impl_->Fail("value_and_grad", "the function must return one scalar"),
+           std::vector<Value>{};
   }
   return Vjp(f, std::move(args), {Fill(r->at(0), 1.0)}, std::move(wrt));
 }
 
-std::vector<Value> GraphBuilder::Jvp(const Function& f, std::vector<Value> args, std::vector<Value> tangents,
-                                     std::vector<int> wrt) {
-  return impl_->Derivative(v1::JVP, f, args, tangents, wrt,
-                    [](const std::vector<ArrayType>& results, const auto&) { return results; });
+std::vector<Value> GraphBuilder::Jvp(const Function& f, std::vector<Value> args,
+                                     std::vector<Value> tangents, std::vector<int> wrt) {
+  return impl_->Derivative(
+      v1::JVP, f, args, tangents, wrt,
+      [](const std::vector<ArrayType>& results, const auto&) { return results; });
 }
 
-std::vector<Value> GraphBuilder::Vmap(const Function& f, std::vector<Value> args, std::vector<int64_t> in_axes,
-                                      std::vector<int64_t> out_axes) {
+std::vector<Value> GraphBuilder::Vmap(const Function& f, std::vector<Value> args,
+                                      std::vector<int64_t> in_axes, std::vector<int64_t> out_axes) {
   if (!impl_->status.ok()) return {};
   const std::string name = absl::StrCat("vmap_", impl_->graph.nodes_size());
   const std::string what = absl::StrCat("vmap '", name, "'");
   std::vector<ArrayType> types;
   if (!impl_->ArgTypes(args, what, types)) return {};
   if (in_axes.size() != args.size()) {
-    return impl_->Fail(what, absl::StrCat(args.size(), " arguments but ", in_axes.size(), " in_axes")),
+    return impl_->Fail(what,
+                       absl::StrCat(args.size(), " arguments but ", in_axes.size(), " in_axes")),
            std::vector<Value>{};
   }
   int64_t size = -1;
@@ -802,24 +849,28 @@ std::vector<Value> GraphBuilder::Vmap(const Function& f, std::vector<Value> args
     const int64_t a = in_axes[i];
     if (a == kNotMapped) continue;
     if (a < 0 || a >= int64_t(types[i].dims.size())) {
-      return impl_->Fail(what, absl::StrCat("in_axes[", i, "] = ", a, ": expected kNotMapped or an axis of ",
-                                            types[i].ToString())),
+      return impl_->Fail(what,
+                         absl::StrCat("in_axes[", i, "] = ", a,
+                                      ": expected kNotMapped or an axis of ", types[i].ToString())),
              std::vector<Value>{};
     }
     if (size >= 0 && types[i].dims[a] != size) {
-      return impl_->Fail(what, absl::StrCat("argument ", i, " maps ", types[i].dims[a], " elements; an earlier one ",
-                                            size)),
+      return impl_->Fail(what, absl::StrCat("argument ", i, " maps ", types[i].dims[a],
+                                            " elements; an earlier one ", size)),
              std::vector<Value>{};
     }
     size = types[i].dims[a];
     types[i].dims.erase(types[i].dims.begin() + a);
   }
-  if (size < 0) return impl_->Fail(what, "no argument is mapped (every in_axes is kNotMapped)"), std::vector<Value>{};
+  if (size < 0)
+    return impl_->Fail(what, "no argument is mapped (every in_axes is kNotMapped)"),
+           std::vector<Value>{};
   const std::string fn = absl::StrCat(impl_->graph.name(), "/", name, "/f");
   auto r = impl_->AddFunction(fn, types, f, nullptr, "");
   if (!r.ok()) return impl_->Fail(what, r.status().message()), std::vector<Value>{};
   if (out_axes.size() != r->size()) {
-    return impl_->Fail(what, absl::StrCat("f has ", r->size(), " results but ", out_axes.size(), " out_axes")),
+    return impl_->Fail(what, absl::StrCat("f has ", r->size(), " results but ", out_axes.size(),
+                                          " out_axes")),
            std::vector<Value>{};
   }
   std::vector<ArrayType> results = *r;
@@ -827,8 +878,10 @@ std::vector<Value> GraphBuilder::Vmap(const Function& f, std::vector<Value> args
     const int64_t a = out_axes[k];
     if (a == kNotMapped) continue;
     if (a < 0 || a > int64_t(results[k].dims.size())) {
-      return impl_->Fail(what, absl::StrCat("out_axes[", k, "] = ", a, ": expected kNotMapped or an axis in [0, ",
-                                            results[k].dims.size(), "] of result ", results[k].ToString())),
+      return impl_->Fail(
+                 what,
+                 absl::StrCat("out_axes[", k, "] = ", a, ": expected kNotMapped or an axis in [0, ",
+                              results[k].dims.size(), "] of result ", results[k].ToString())),
              std::vector<Value>{};
     }
     results[k].dims.insert(results[k].dims.begin() + a, size);
@@ -842,24 +895,28 @@ std::vector<Value> GraphBuilder::Vmap(const Function& f, std::vector<Value> args
   return impl_->ControlNode(std::move(n), args, results);
 }
 
-std::vector<Value> GraphBuilder::CustomVjp(const Function& f, const Function& fwd, const Function& bwd,
-                                           std::vector<Value> args) {
+std::vector<Value> GraphBuilder::CustomVjp(const Function& f, const Function& fwd,
+                                           const Function& bwd, std::vector<Value> args) {
   if (!impl_->status.ok()) return {};
   const std::string name = absl::StrCat("custom_vjp_", impl_->graph.nodes_size());
-  const std::string what = absl::StrCat("custom_vjp '", name, "'"), prefix = absl::StrCat(impl_->graph.name(), "/", name);
+  const std::string what = absl::StrCat("custom_vjp '", name, "'"),
+                    prefix = absl::StrCat(impl_->graph.name(), "/", name);
   std::vector<ArrayType> types;
   if (!impl_->ArgTypes(args, what, types)) return {};
   auto results = impl_->AddFunction(prefix + "/f", types, f, nullptr, "");
   if (!results.ok()) return impl_->Fail(what, results.status().message()), std::vector<Value>{};
   auto kept = impl_->AddFunction(prefix + "/fwd", types, fwd, nullptr, "");
   if (!kept.ok()) return impl_->Fail(what, kept.status().message()), std::vector<Value>{};
-  if (kept->size() < results->size() || !std::equal(results->begin(), results->end(), kept->begin())) {
-    return impl_->Fail(what, absl::StrCat("fwd must return f's results ", results->size(), " first, then residuals")),
+  if (kept->size() < results->size() ||
+      !std::equal(results->begin(), results->end(), kept->begin())) {
+    return impl_->Fail(what, absl::StrCat("fwd must return f's results ", results->size(),
+                                          " first, then residuals")),
            std::vector<Value>{};
   }
   std::vector<ArrayType> bwd_params(kept->begin() + results->size(), kept->end());
   bwd_params.insert(bwd_params.end(), results->begin(), results->end());
-  auto cts = impl_->AddFunction(prefix + "/bwd", bwd_params, bwd, &types, "a cotangent per argument");
+  auto cts =
+      impl_->AddFunction(prefix + "/bwd", bwd_params, bwd, &types, "a cotangent per argument");
   if (!cts.ok()) return impl_->Fail(what, cts.status().message()), std::vector<Value>{};
   v1::Node n = NodeOf(v1::CUSTOM_VJP);
   n.set_name(name);
@@ -869,10 +926,12 @@ std::vector<Value> GraphBuilder::CustomVjp(const Function& f, const Function& fw
   return impl_->ControlNode(std::move(n), args, *results);
 }
 
-std::vector<Value> GraphBuilder::CustomJvp(const Function& f, const Function& jvp, std::vector<Value> args) {
+std::vector<Value> GraphBuilder::CustomJvp(const Function& f, const Function& jvp,
+                                           std::vector<Value> args) {
   if (!impl_->status.ok()) return {};
   const std::string name = absl::StrCat("custom_jvp_", impl_->graph.nodes_size());
-  const std::string what = absl::StrCat("custom_jvp '", name, "'"), prefix = absl::StrCat(impl_->graph.name(), "/", name);
+  const std::string what = absl::StrCat("custom_jvp '", name, "'"),
+                    prefix = absl::StrCat(impl_->graph.name(), "/", name);
   std::vector<ArrayType> types;
   if (!impl_->ArgTypes(args, what, types)) return {};
   auto results = impl_->AddFunction(prefix + "/f", types, f, nullptr, "");
@@ -880,7 +939,8 @@ std::vector<Value> GraphBuilder::CustomJvp(const Function& f, const Function& jv
   std::vector<ArrayType> twice = types, both = *results;
   twice.insert(twice.end(), types.begin(), types.end());
   both.insert(both.end(), results->begin(), results->end());
-  auto rule = impl_->AddFunction(prefix + "/jvp", twice, jvp, &both, "f's results, then a tangent per result");
+  auto rule = impl_->AddFunction(prefix + "/jvp", twice, jvp, &both,
+                                 "f's results, then a tangent per result");
   if (!rule.ok()) return impl_->Fail(what, rule.status().message()), std::vector<Value>{};
   v1::Node n = NodeOf(v1::CUSTOM_JVP);
   n.set_name(name);
@@ -891,12 +951,15 @@ std::vector<Value> GraphBuilder::CustomJvp(const Function& f, const Function& jv
 
 absl::StatusOr<Graph> GraphBuilder::Build(const std::vector<Value>& outputs) {
   if (!impl_->status.ok()) return impl_->status;
-  if (outputs.empty()) return absl::InvalidArgumentError(absl::StrCat("graph '", impl_->graph.name(), "' has no outputs"));
+  if (outputs.empty())
+    return absl::InvalidArgumentError(
+        absl::StrCat("graph '", impl_->graph.name(), "' has no outputs"));
   auto impl = std::make_shared<GraphImpl>();
   impl->proto = impl_->graph;
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (!outputs[i].valid()) {
-      return absl::InvalidArgumentError(absl::StrCat("graph '", impl_->graph.name(), "': output ", i, " is not a value"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("graph '", impl_->graph.name(), "': output ", i, " is not a value"));
     }
     impl->proto.add_outputs(outputs[i].name());
   }

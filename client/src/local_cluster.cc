@@ -31,8 +31,9 @@ std::string SelfDir() {
 absl::StatusOr<pid_t> Spawn(const std::string& binary, const std::vector<std::string>& args,
                             const std::string& log_path) {
   if (access(binary.c_str(), X_OK) != 0) {
-    return absl::NotFoundError(absl::StrCat("cannot execute '", binary,
-                                            "': set TESSEL_BIN_DIR to the folder holding the tessel binaries"));
+    return absl::NotFoundError(
+        absl::StrCat("cannot execute '", binary,
+                     "': set TESSEL_BIN_DIR to the folder holding the tessel binaries"));
   }
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(binary.c_str()));
@@ -77,8 +78,9 @@ void StopProcess(pid_t pid) {
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options options) {
   if (options.workers < 1 || options.devices_per_worker < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("local cluster: expected >= 1 workers and devices per worker, got ",
-                                                   options.workers, " and ", options.devices_per_worker));
+    return absl::InvalidArgumentError(
+        absl::StrCat("local cluster: expected >= 1 workers and devices per worker, got ",
+                     options.workers, " and ", options.devices_per_worker));
   }
   std::string bin = options.binary_dir;
   if (bin.empty()) {
@@ -99,9 +101,11 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
   auto log_for = [&](const std::string& name) {
     return options.inherit_output ? std::string() : cluster->log_dir_ + "/" + name + ".log";
   };
-  std::vector<std::string> coordinator_args = {absl::StrCat("--port=", options.port), "--port_file=" + port_file,
-                                               absl::StrCat("--heartbeat_timeout_ms=", options.heartbeat_timeout_ms)};
-  coordinator_args.insert(coordinator_args.end(), options.coordinator_flags.begin(), options.coordinator_flags.end());
+  std::vector<std::string> coordinator_args = {
+      absl::StrCat("--port=", options.port), "--port_file=" + port_file,
+      absl::StrCat("--heartbeat_timeout_ms=", options.heartbeat_timeout_ms)};
+  coordinator_args.insert(coordinator_args.end(), options.coordinator_flags.begin(),
+                          options.coordinator_flags.end());
   auto cpid = Spawn(bin + "/tessel-coordinator", coordinator_args, log_for("coordinator"));
   if (!cpid.ok()) return cpid.status();
   cluster->coordinator_pid_ = *cpid;
@@ -112,9 +116,11 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
     port = 0;
     if (waitpid(cluster->coordinator_pid_, nullptr, WNOHANG) == cluster->coordinator_pid_) {
       cluster->coordinator_pid_ = -1;
-      return absl::InternalError(absl::StrCat("tessel-coordinator exited at start-up; see ", log_for("coordinator")));
+      return absl::InternalError(
+          absl::StrCat("tessel-coordinator exited at start-up; see ", log_for("coordinator")));
     }
-    if (absl::Now() > deadline) return absl::DeadlineExceededError("tessel-coordinator did not start within 15 s");
+    if (absl::Now() > deadline)
+      return absl::DeadlineExceededError("tessel-coordinator did not start within 15 s");
     absl::SleepFor(absl::Milliseconds(10));
   }
   cluster->address_ = absl::StrCat("127.0.0.1:", port);
@@ -122,8 +128,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
   // worker i owns global devices [i*D, (i+1)*D).
   TlsFiles tls;
   tls.ca = options.tls_ca_file;
-  auto admin = v1::Admin::NewStub(
-      CreateChannelWithToken(cluster->address_, ChannelCredentials(tls), grpc::ChannelArguments(), options.token));
+  auto admin = v1::Admin::NewStub(CreateChannelWithToken(cluster->address_, ChannelCredentials(tls),
+                                                         grpc::ChannelArguments(), options.token));
   for (int i = 0; i < options.workers; ++i) {
     std::vector<std::string> args = {"--coordinator=" + cluster->address_,
                                      absl::StrCat("--devices=", options.devices_per_worker)};
@@ -146,8 +152,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
                                                 log_for(absl::StrCat("worker", i))));
       }
       if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(absl::StrCat("worker ", i, " did not register within 30 s; logs in ",
-                                                        cluster->log_dir_));
+        return absl::DeadlineExceededError(absl::StrCat(
+            "worker ", i, " did not register within 30 s; logs in ", cluster->log_dir_));
       }
       absl::SleepFor(absl::Milliseconds(5));
     }
@@ -161,7 +167,8 @@ absl::Status LocalCluster::SignalWorker(int i, int sig) {
   }
   const pid_t pid = worker_pids_[i];
   if (kill(pid, sig) != 0) {
-    return absl::InternalError(absl::StrCat("signal ", sig, " to worker ", i, " (pid ", pid, "): ", strerror(errno)));
+    return absl::InternalError(
+        absl::StrCat("signal ", sig, " to worker ", i, " (pid ", pid, "): ", strerror(errno)));
   }
   // SIGSTOP takes effect when the kernel next schedules one of the worker's
   // threads, which on a loaded machine can be milliseconds later: a "paused"
@@ -177,11 +184,12 @@ absl::Status LocalCluster::SignalWorker(int i, int sig) {
       if (got == pid && WIFSTOPPED(status)) break;
       if (got == pid && (WIFEXITED(status) || WIFSIGNALED(status))) {
         worker_pids_[i] = -1;
-        return absl::UnavailableError(absl::StrCat("worker ", i, " (pid ", pid, ") exited instead of stopping"));
+        return absl::UnavailableError(
+            absl::StrCat("worker ", i, " (pid ", pid, ") exited instead of stopping"));
       }
       if (got < 0 && errno != EINTR) {
-        return absl::InternalError(absl::StrCat("waiting for worker ", i, " (pid ", pid, ") to stop: ",
-                                                strerror(errno)));
+        return absl::InternalError(
+            absl::StrCat("waiting for worker ", i, " (pid ", pid, ") to stop: ", strerror(errno)));
       }
     }
   }

@@ -56,11 +56,14 @@ absl::StatusOr<HostArray> ReadNpy(const std::string& path) {
     if (descr == d.npy) found = &d;
   }
   if (found == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("'", path, "': dtype '", descr,
-                                                   "' not supported: expected one of <f4 <f8 <f2 <V2(bf16) |i1 <i2 <i4 <i8 |u1 <u2 <u4 <u8 |b1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", path, "': dtype '", descr,
+                     "' not supported: expected one of <f4 <f8 <f2 <V2(bf16) |i1 <i2 <i4 <i8 |u1 "
+                     "<u2 <u4 <u8 |b1"));
   }
   if (std::regex_search(header, m, std::regex("'fortran_order':\\s*True"))) {
-    return absl::InvalidArgumentError(absl::StrCat("'", path, "': Fortran order is not supported; save with C order"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", path, "': Fortran order is not supported; save with C order"));
   }
   if (!std::regex_search(header, m, std::regex("'shape':\\s*\\(([^)]*)\\)"))) {
     return absl::InvalidArgumentError(absl::StrCat("'", path, "': header has no shape"));
@@ -79,7 +82,8 @@ absl::StatusOr<HostArray> ReadNpy(const std::string& path) {
   HostArray a(type);
   if (!in.read(reinterpret_cast<char*>(a.mutable_data()), a.size_bytes())) {
     return absl::InvalidArgumentError(absl::StrCat("'", path, "': expected ", a.size_bytes(),
-                                                   " bytes of data for ", type.ToString(), ", file is shorter"));
+                                                   " bytes of data for ", type.ToString(),
+                                                   ", file is shorter"));
   }
   return a;
 }
@@ -91,7 +95,8 @@ absl::Status WriteNpy(const std::string& path, const HostArray& array) {
   }
   std::string shape = absl::StrJoin(array.type().dims, ", ");
   if (array.type().dims.size() == 1) shape += ",";
-  std::string header = absl::StrCat("{'descr': '", found->npy, "', 'fortran_order': False, 'shape': (", shape, "), }");
+  std::string header = absl::StrCat("{'descr': '", found->npy,
+                                    "', 'fortran_order': False, 'shape': (", shape, "), }");
   size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header.push_back('\n');

@@ -6,8 +6,8 @@
 #include <random>
 #include <thread>
 
-#include "absl/strings/str_cat.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -31,13 +31,17 @@ int ClusterStatus::num_devices() const {
 
 absl::StatusOr<std::string> ResolveCoordinatorAddress(const std::string& flag_value) {
   if (!flag_value.empty()) return flag_value;
-  if (const char* env = std::getenv("TESSEL_COORDINATOR"); env != nullptr && *env != '\0') return std::string(env);
-  return absl::InvalidArgumentError("no coordinator address: pass --coordinator=HOST:PORT or set TESSEL_COORDINATOR");
+  if (const char* env = std::getenv("TESSEL_COORDINATOR"); env != nullptr && *env != '\0')
+    return std::string(env);
+  return absl::InvalidArgumentError(
+      "no coordinator address: pass --coordinator=HOST:PORT or set TESSEL_COORDINATOR");
 }
 
 namespace {
 
-v1::TransferLevel ToProto(TransferLevel l) { return static_cast<v1::TransferLevel>(static_cast<int>(l)); }
+v1::TransferLevel ToProto(TransferLevel l) {
+  return static_cast<v1::TransferLevel>(static_cast<int>(l));
+}
 
 v1::TransferGuard ToProto(const TransferGuard& g) {
   v1::TransferGuard out;
@@ -59,7 +63,8 @@ v1::SessionOptions ToProto(const SessionOptions& o) {
 ArrayState FromProto(v1::ArrayState s) { return static_cast<ArrayState>(static_cast<int>(s) - 1); }
 
 DonationReceipt FromProto(const v1::DonationReceipt& r) {
-  return DonationReceipt{r.argument(), r.handle(), r.reused(), r.output(), r.output_handle(), r.reason()};
+  return DonationReceipt{r.argument(), r.handle(),        r.reused(),
+                         r.output(),   r.output_handle(), r.reason()};
 }
 
 }  // namespace
@@ -100,10 +105,13 @@ class Dispatcher {
 
   absl::StatusOr<v1::DispatchReply> Reply(int64_t seq) {
     absl::MutexLock l(&mu_);
-    auto answered = [this, seq]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return acked_ > seq || done_reading_; };
+    auto answered = [this, seq]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return acked_ > seq || done_reading_;
+    };
     mu_.Await(absl::Condition(&answered));
     auto it = wanted_.find(seq);
-    if (acked_ <= seq || it == wanted_.end()) return broken_.ok() ? absl::UnavailableError("no reply") : broken_;
+    if (acked_ <= seq || it == wanted_.end())
+      return broken_.ok() ? absl::UnavailableError("no reply") : broken_;
     v1::DispatchReply r = std::move(it->second);
     wanted_.erase(it);
     return r;
@@ -112,7 +120,9 @@ class Dispatcher {
   // Waits until every call queued has been answered.
   absl::Status Flush() {
     absl::MutexLock l(&mu_);
-    auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return acked_ == sent_ || done_reading_; };
+    auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return acked_ == sent_ || done_reading_;
+    };
     mu_.Await(absl::Condition(&drained));
     return acked_ == sent_ ? absl::OkStatus() : broken_;
   }
@@ -123,7 +133,9 @@ class Dispatcher {
     while (true) {
       {
         absl::MutexLock l(&mu_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.calls_size() > 0 || closing_ || done_reading_; };
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return queue_.calls_size() > 0 || closing_ || done_reading_;
+        };
         mu_.Await(absl::Condition(&ready));
         if (queue_.calls_size() == 0) break;  // closing, or the stream ended
         batch.Clear();
@@ -146,7 +158,8 @@ class Dispatcher {
     }
     grpc::Status s = stream_->Finish();
     absl::MutexLock l(&mu_);
-    broken_ = s.ok() ? absl::UnavailableError("the execute stream to the coordinator closed") : FromGrpc(s);
+    broken_ = s.ok() ? absl::UnavailableError("the execute stream to the coordinator closed")
+                     : FromGrpc(s);
     done_reading_ = true;
   }
 
@@ -166,9 +179,13 @@ class Dispatcher {
 
 class Session::Impl {
  public:
-  Impl(std::shared_ptr<grpc::Channel> channel, ConnectOptions options, std::unique_ptr<WorkerChannels> workers)
-      : options(std::move(options)), session(v1::Session::NewStub(channel)), admin(v1::Admin::NewStub(channel)),
-        workers(std::move(workers)), rng(std::random_device{}()) {}
+  Impl(std::shared_ptr<grpc::Channel> channel, ConnectOptions options,
+       std::unique_ptr<WorkerChannels> workers)
+      : options(std::move(options)),
+        session(v1::Session::NewStub(channel)),
+        admin(v1::Admin::NewStub(channel)),
+        workers(std::move(workers)),
+        rng(std::random_device{}()) {}
 
   // Puts `array` by writing its blocks to the workers directly. True when
   // done; false when the caller must put it through the coordinator instead:
@@ -184,8 +201,11 @@ class Session::Impl {
     v1::PutDirectResponse plan;
     if (!stream->Write(req) || !stream->Read(&plan)) {
       const grpc::Status s = stream->Finish();
-      if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) return false;  // a coordinator without PutDirect
-      return s.ok() ? absl::UnavailableError("put: the coordinator closed PutDirect without an answer") : FromGrpc(s);
+      if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED)
+        return false;  // a coordinator without PutDirect
+      return s.ok()
+                 ? absl::UnavailableError("put: the coordinator closed PutDirect without an answer")
+                 : FromGrpc(s);
     }
     if (plan.relay()) {
       stream->WritesDone();
@@ -194,9 +214,9 @@ class Session::Impl {
     }
     const std::vector<v1::DirectWrite> blocks(plan.blocks().begin(), plan.blocks().end());
     std::vector<std::string> receipts;
-    const absl::Status wrote = WriteDirectBlocks(*workers, blocks, options.chunk_bytes,
-                                                 absl::Milliseconds(options.direct_connect_timeout_ms), array,
-                                                 &receipts);
+    const absl::Status wrote =
+        WriteDirectBlocks(*workers, blocks, options.chunk_bytes,
+                          absl::Milliseconds(options.direct_connect_timeout_ms), array, &receipts);
     req.mutable_done()->set_error(wrote.ok() ? "" : wrote.ToString());
     if (wrote.ok()) req.mutable_done()->mutable_receipts()->Add(receipts.begin(), receipts.end());
     stream->Write(req);
@@ -235,16 +255,17 @@ class Session::Impl {
       const std::string& d = msg.data();
       if (offset + int64_t(d.size()) > out.array.size_bytes()) {
         ctx.TryCancel();
-        return absl::DataLossError(absl::StrFormat("fetch of array %#x: more bytes than its type %s holds",
-                                                   req.handle(), out.array.type().ToString()));
+        return absl::DataLossError(
+            absl::StrFormat("fetch of array %#x: more bytes than its type %s holds", req.handle(),
+                            out.array.type().ToString()));
       }
       if (!d.empty()) std::memcpy(out.array.mutable_data() + offset, d.data(), d.size());
       offset += d.size();
     }
     if (auto s = reader->Finish(); !s.ok()) return FromGrpc(s);
     if (first || (out.direct.empty() && offset != out.array.size_bytes())) {
-      return absl::DataLossError(absl::StrFormat("fetch of array %#x: expected %d bytes, got %d", req.handle(),
-                                                 out.array.size_bytes(), offset));
+      return absl::DataLossError(absl::StrFormat("fetch of array %#x: expected %d bytes, got %d",
+                                                 req.handle(), out.array.size_bytes(), offset));
     }
     return out;
   }
@@ -284,7 +305,8 @@ class Session::Impl {
         if (keepalive_mu.AwaitWithTimeout(absl::Condition(&keepalive_stop), every)) break;
         keepalive_mu.Unlock();
         grpc::ClientContext ctx;
-        ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(std::max(every, absl::Seconds(1))));
+        ctx.set_deadline(std::chrono::system_clock::now() +
+                         absl::ToChronoMilliseconds(std::max(every, absl::Seconds(1))));
         v1::KeepAliveRequest req;
         req.set_session_id(id);
         v1::KeepAliveResponse resp;
@@ -334,7 +356,8 @@ Session::~Session() {
   (void)impl_->session->CloseSession(&ctx, req, &resp);
 }
 
-absl::StatusOr<std::unique_ptr<Session>> Session::Connect(const std::string& address, ConnectOptions options) {
+absl::StatusOr<std::unique_ptr<Session>> Session::Connect(const std::string& address,
+                                                          ConnectOptions options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
@@ -349,8 +372,9 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Connect(const std::string& add
   if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
   auto channel = CreateChannelWithToken(address, ChannelCredentials(tls), args, options.token);
   const int timeout = options.connect_timeout_ms;
-  auto impl = std::make_unique<Impl>(channel, std::move(options),
-                                     std::make_unique<WorkerChannels>(ChannelCredentials(tls), worker_args));
+  auto impl = std::make_unique<Impl>(
+      channel, std::move(options),
+      std::make_unique<WorkerChannels>(ChannelCredentials(tls), worker_args));
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout));
@@ -363,13 +387,16 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Connect(const std::string& add
     v1::GetVersionResponse resp;
     grpc::Status s = impl->session->GetVersion(&ctx, req, &resp);
     if (!s.ok()) {
-      if (s.error_code() == grpc::StatusCode::UNAVAILABLE || s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-        return absl::UnavailableError(absl::StrCat(
-            "no coordinator at ", address, ": ",
-            s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? absl::StrCat("no answer within ", timeout, " ms")
-                                                                  : s.error_message()));
+      if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+          s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+        return absl::UnavailableError(
+            absl::StrCat("no coordinator at ", address, ": ",
+                         s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+                             ? absl::StrCat("no answer within ", timeout, " ms")
+                             : s.error_message()));
       }
-      return absl::Status(FromGrpc(s).code(), absl::StrCat("connecting to coordinator ", address, ": ", s.error_message()));
+      return absl::Status(FromGrpc(s).code(), absl::StrCat("connecting to coordinator ", address,
+                                                           ": ", s.error_message()));
     }
     impl->version = resp.version();
   }
@@ -410,11 +437,12 @@ absl::StatusOr<Executable> Session::Compile(const Graph& graph, const CompileOpt
   req.set_strict_donation(options.strict_donation);
   if (options.mesh) {
     *req.mutable_mesh() = ToProto(*options.mesh);
-    for (const Sharding& sh : options.parameter_shardings) *req.add_parameter_shardings() = ToProto(sh);
+    for (const Sharding& sh : options.parameter_shardings)
+      *req.add_parameter_shardings() = ToProto(sh);
     for (const Sharding& sh : options.output_shardings) *req.add_output_shardings() = ToProto(sh);
   } else if (!options.parameter_shardings.empty() || !options.output_shardings.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("compile of '", graph.name(),
-                                                   "': shardings were given without a mesh"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("compile of '", graph.name(), "': shardings were given without a mesh"));
   }
   v1::CompileResponse resp;
   if (auto s = impl_->session->Compile(&ctx, req, &resp); !s.ok()) return FromGrpc(s);
@@ -423,7 +451,8 @@ absl::StatusOr<Executable> Session::Compile(const Graph& graph, const CompileOpt
   e.name_ = req.graph().name();
   e.donated_ = options.donate;
   for (const v1::Alias& a : resp.aliases()) {
-    e.aliases_.push_back(DonationReceipt{a.parameter(), 0, a.output() >= 0, a.output(), 0, a.reason()});
+    e.aliases_.push_back(
+        DonationReceipt{a.parameter(), 0, a.output() >= 0, a.output(), 0, a.reason()});
   }
   e.cache_miss_reason_ = resp.cache_miss_reason();
   e.cache_hit_ = resp.cache_hit();
@@ -434,11 +463,12 @@ absl::StatusOr<Executable> Session::Compile(const Graph& graph, const CompileOpt
   e.estimated_bytes_ = resp.estimated_bytes();
   if (resp.has_mesh()) {
     e.mesh_ = FromProto(resp.mesh());
-    for (const auto& sh : resp.parameter_shardings()) e.parameter_shardings_.push_back(FromProto(sh));
+    for (const auto& sh : resp.parameter_shardings())
+      e.parameter_shardings_.push_back(FromProto(sh));
     for (const auto& sh : resp.output_shardings()) e.output_shardings_.push_back(FromProto(sh));
     for (const v1::CollectiveInfo& c : resp.collectives()) {
-      e.collectives_.push_back(PlannedCollective{c.value(), c.op(), {c.axes().begin(), c.axes().end()},
-                                                 c.bytes_per_device(), c.reason()});
+      e.collectives_.push_back(PlannedCollective{
+          c.value(), c.op(), {c.axes().begin(), c.axes().end()}, c.bytes_per_device(), c.reason()});
     }
   }
   return e;
@@ -463,18 +493,22 @@ v1::Placement ToProto(const Placement& p) {
 absl::Status FirstAwaitError(absl::Span<const Array> arrays, const v1::AwaitResponse& resp) {
   for (int i = 0; i < resp.errors_size() && i < static_cast<int>(arrays.size()); ++i) {
     if (!resp.errors(i).empty()) {
-      auto code = static_cast<absl::StatusCode>(i < resp.codes_size() ? resp.codes(i) : int(absl::StatusCode::kUnknown));
-      return absl::Status(code, absl::StrFormat("array %#x: %s", arrays[i].handle(), resp.errors(i)));
+      auto code = static_cast<absl::StatusCode>(
+          i < resp.codes_size() ? resp.codes(i) : int(absl::StatusCode::kUnknown));
+      return absl::Status(code,
+                          absl::StrFormat("array %#x: %s", arrays[i].handle(), resp.errors(i)));
     }
   }
   return absl::OkStatus();
 }
 }  // namespace
 
-absl::StatusOr<Array> Session::Put(const HostArray& array, Placement placement, const TransferOptions& transfer) {
+absl::StatusOr<Array> Session::Put(const HostArray& array, Placement placement,
+                                   const TransferOptions& transfer) {
   if (array.size_bytes() != array.type().bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat("put: host array of type ", array.type().ToString(), " holds ",
-                                                   array.size_bytes(), " bytes, expected ", array.type().bytes()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("put: host array of type ", array.type().ToString(), " holds ",
+                     array.size_bytes(), " bytes, expected ", array.type().bytes()));
   }
   TransferReceipt unused;
   TransferReceipt& receipt = transfer.receipt != nullptr ? *transfer.receipt : unused;
@@ -510,7 +544,8 @@ absl::StatusOr<Array> Session::Put(const HostArray& array, Placement placement, 
   return Array(h.handle(), array.type());
 }
 
-absl::StatusOr<std::vector<Array>> Session::Execute(const Executable& exe, absl::Span<const Array> args,
+absl::StatusOr<std::vector<Array>> Session::Execute(const Executable& exe,
+                                                    absl::Span<const Array> args,
                                                     ExecuteOptions options) {
   v1::ExecuteRequest req;
   req.set_session_id(impl_->id);
@@ -526,24 +561,26 @@ absl::StatusOr<std::vector<Array>> Session::Execute(const Executable& exe, absl:
   req.set_strict_donation(options.strict_donation);
   if (options.transfer_guard) *req.mutable_transfer_guard() = ToProto(*options.transfer_guard);
   const bool want_reply = options.wait || options.receipt != nullptr;
-  req.set_wait(want_reply);  // on the stream: "I read the reply"
+  req.set_wait(want_reply);             // on the stream: "I read the reply"
   req.set_await_outputs(options.wait);  // and it comes once the outputs are done
   Dispatcher& d = impl_->dispatcher();
   TESSEL_ASSIGN_OR_RETURN(int64_t seq, d.Send(std::move(req), want_reply));
   if (!want_reply) return outs;
   TESSEL_ASSIGN_OR_RETURN(v1::DispatchReply reply, d.Reply(seq));
-  if (reply.code() != 0) return absl::Status(static_cast<absl::StatusCode>(reply.code()), reply.error());
+  if (reply.code() != 0)
+    return absl::Status(static_cast<absl::StatusCode>(reply.code()), reply.error());
   if (options.receipt != nullptr) {
     options.receipt->execution_id = reply.response().execution_id();
     options.receipt->donations.clear();
-    for (const auto& r : reply.response().donations()) options.receipt->donations.push_back(FromProto(r));
+    for (const auto& r : reply.response().donations())
+      options.receipt->donations.push_back(FromProto(r));
   }
   if (options.wait) {
     // A coordinator that predates await_outputs answers without them.
     absl::Status s = reply.has_outputs() ? FirstAwaitError(outs, reply.outputs()) : Await(outs);
     if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("execution ", reply.response().execution_id(), " failed: ",
-                                                 s.message()));
+      return absl::Status(s.code(), absl::StrCat("execution ", reply.response().execution_id(),
+                                                 " failed: ", s.message()));
     }
   }
   return outs;
@@ -636,7 +673,8 @@ absl::StatusOr<ArrayInfo> Session::Info(const Array& array) {
   info.bytes_per_device = resp.bytes_per_device();
   info.device_bytes.assign(resp.device_bytes().begin(), resp.device_bytes().end());
   if (resp.has_sharding()) {
-    info.sharding = NamedSharding{FromProto(resp.sharding().mesh()), FromProto(resp.sharding().sharding())};
+    info.sharding =
+        NamedSharding{FromProto(resp.sharding().mesh()), FromProto(resp.sharding().sharding())};
   }
   info.error = resp.error();
   info.producer_execution = resp.producer_execution();
@@ -646,7 +684,7 @@ absl::StatusOr<ArrayInfo> Session::Info(const Array& array) {
 
 namespace {
 DeviceMemory FromProto(const v1::DeviceMemoryStats& m) {
-  return DeviceMemory{m.device(),      m.bytes_in_use(), m.peak_bytes_in_use(),   m.num_buffers(),
+  return DeviceMemory{m.device(),       m.bytes_in_use(), m.peak_bytes_in_use(), m.num_buffers(),
                       m.bytes_cached(), m.bytes_limit(),  m.largest_free_block()};
 }
 }  // namespace
@@ -681,9 +719,10 @@ absl::StatusOr<SessionStats> Session::Stats(bool with_arrays) {
   st.memory_quota_bytes = resp.memory_quota_bytes();
   st.tenant_view = resp.tenant_view();
   for (const auto& a : resp.arrays()) {
-    st.arrays.push_back(LiveArray{a.handle(), tessel::FromProto(a.type()), FromProto(a.state()), a.bytes(),
-                                  std::vector<int>(a.devices().begin(), a.devices().end()), a.producer_execution(),
-                                  a.producer()});
+    st.arrays.push_back(LiveArray{a.handle(), tessel::FromProto(a.type()), FromProto(a.state()),
+                                  a.bytes(),
+                                  std::vector<int>(a.devices().begin(), a.devices().end()),
+                                  a.producer_execution(), a.producer()});
   }
   return st;
 }
@@ -704,24 +743,26 @@ absl::Status MemoryCheck::Verify() const {
     if (had.contains(a.handle)) continue;
     fresh_bytes += a.bytes;
     if (fresh.size() < 8) {
-      fresh.push_back(absl::StrFormat("%#x %s (%d bytes, made by %s%s)", a.handle, a.type.ToString(), a.bytes,
-                                      a.producer.empty() ? "?" : a.producer,
-                                      a.producer_execution ? absl::StrCat(" in execution ", a.producer_execution)
-                                                           : std::string()));
+      fresh.push_back(absl::StrFormat(
+          "%#x %s (%d bytes, made by %s%s)", a.handle, a.type.ToString(), a.bytes,
+          a.producer.empty() ? "?" : a.producer,
+          a.producer_execution ? absl::StrCat(" in execution ", a.producer_execution)
+                               : std::string()));
     }
   }
   if (now.live_arrays > before_.live_arrays || now.live_bytes > before_.live_bytes) {
-    grew.push_back(absl::StrFormat("session: %d live arrays (%d bytes) -> %d (%d bytes); new: %s%s",
-                                   before_.live_arrays, before_.live_bytes, now.live_arrays, now.live_bytes,
-                                   absl::StrJoin(fresh, ", "),
-                                   now.live_arrays - before_.live_arrays > int64_t(fresh.size()) ? ", ..." : ""));
+    grew.push_back(absl::StrFormat(
+        "session: %d live arrays (%d bytes) -> %d (%d bytes); new: %s%s", before_.live_arrays,
+        before_.live_bytes, now.live_arrays, now.live_bytes, absl::StrJoin(fresh, ", "),
+        now.live_arrays - before_.live_arrays > int64_t(fresh.size()) ? ", ..." : ""));
   }
   for (const DeviceMemory& m : now.devices) {
     for (const DeviceMemory& b : before_.devices) {
       if (b.device != m.device) continue;
       if (m.bytes_in_use > b.bytes_in_use || m.num_buffers > b.num_buffers) {
-        grew.push_back(absl::StrFormat("device %d: %d bytes in %d buffers -> %d bytes in %d buffers", m.device,
-                                       b.bytes_in_use, b.num_buffers, m.bytes_in_use, m.num_buffers));
+        grew.push_back(
+            absl::StrFormat("device %d: %d bytes in %d buffers -> %d bytes in %d buffers", m.device,
+                            b.bytes_in_use, b.num_buffers, m.bytes_in_use, m.num_buffers));
       }
     }
   }
@@ -751,9 +792,11 @@ absl::StatusOr<std::vector<DeviceView>> Session::Devices() {
 absl::StatusOr<Reconciliation> Session::Reconcile() {
   grpc::ClientContext ctx;
   v1::ReconcileResponse resp;
-  if (auto s = impl_->admin->Reconcile(&ctx, v1::ReconcileRequest(), &resp); !s.ok()) return FromGrpc(s);
+  if (auto s = impl_->admin->Reconcile(&ctx, v1::ReconcileRequest(), &resp); !s.ok())
+    return FromGrpc(s);
   Reconciliation r;
-  for (const v1::UnownedBuffer& u : resp.unowned()) r.unowned.push_back(UnownedBuffer{u.device(), u.handle(), u.bytes()});
+  for (const v1::UnownedBuffer& u : resp.unowned())
+    r.unowned.push_back(UnownedBuffer{u.device(), u.handle(), u.bytes()});
   r.freed = resp.freed();
   r.buffers_checked = resp.buffers_checked();
   return r;

@@ -40,13 +40,15 @@ absl::StatusOr<Mesh> Mesh::Parse(const std::string& text) {
     std::string name(absl::StripAsciiWhitespace(kv.first));
     int64_t size = 0;
     if (name.empty() || !absl::SimpleAtoi(kv.second, &size) || size < 1) {
-      return absl::InvalidArgumentError(absl::StrCat("mesh '", text, "': expected NAME=SIZE items such as ",
+      return absl::InvalidArgumentError(absl::StrCat("mesh '", text,
+                                                     "': expected NAME=SIZE items such as ",
                                                      "data=2,model=2; got '", item, "'"));
     }
     m.axes.push_back({name, size});
   }
   if (m.axes.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("mesh '", text, "': expected NAME=SIZE items such as data=2,model=2"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("mesh '", text, "': expected NAME=SIZE items such as data=2,model=2"));
   }
   return m;
 }
@@ -113,7 +115,9 @@ class SpecReader {
     const char q = quoted ? s_.front() : 0;
     if (quoted) s_.remove_prefix(1);
     size_t n = 0;
-    while (n < s_.size() && (quoted ? s_[n] != q : (absl::ascii_isalnum(s_[n]) || s_[n] == '_' || s_[n] == '-'))) ++n;
+    while (n < s_.size() &&
+           (quoted ? s_[n] != q : (absl::ascii_isalnum(s_[n]) || s_[n] == '_' || s_[n] == '-')))
+      ++n;
     std::string out(s_.substr(0, n));
     s_.remove_prefix(n);
     if (quoted && !s_.empty()) s_.remove_prefix(1);
@@ -138,7 +142,9 @@ absl::StatusOr<std::vector<std::string>> ReadAxes(SpecReader& r) {
   if (r.Eat('(')) {
     while (!r.Eat(')')) {
       std::string a = r.Name();
-      if (a.empty()) return absl::InvalidArgumentError(absl::StrCat("expected an axis name at '", r.rest(), "'"));
+      if (a.empty())
+        return absl::InvalidArgumentError(
+            absl::StrCat("expected an axis name at '", r.rest(), "'"));
       axes.push_back(a);
       if (r.Eat(',')) continue;
       if (r.Eat(')')) break;
@@ -147,7 +153,9 @@ absl::StatusOr<std::vector<std::string>> ReadAxes(SpecReader& r) {
     return axes;
   }
   std::string a = r.Name();
-  if (a.empty()) return absl::InvalidArgumentError(absl::StrCat("expected None, an axis or (axes) at '", r.rest(), "'"));
+  if (a.empty())
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected None, an axis or (axes) at '", r.rest(), "'"));
   if (a != "None") axes.push_back(a);
   return axes;
 }
@@ -156,8 +164,9 @@ absl::StatusOr<std::vector<std::string>> ReadAxes(SpecReader& r) {
 
 absl::StatusOr<Sharding> Sharding::Parse(const std::string& text) {
   auto bad = [&](const absl::Status& why) {
-    return absl::InvalidArgumentError(absl::StrCat("sharding '", text, "': ", why.message(),
-                                                   " (expected e.g. P('data', None) or P(None, unreduced=(model,)))"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("sharding '", text, "': ", why.message(),
+                     " (expected e.g. P('data', None) or P(None, unreduced=(model,)))"));
   };
   SpecReader r(text);
   if (r.Name() != "P" || !r.Eat('(')) return bad(absl::InvalidArgumentError("must start with P("));
@@ -172,31 +181,42 @@ absl::StatusOr<Sharding> Sharding::Parse(const std::string& text) {
     } else {
       auto axes = ReadAxes(r);
       if (!axes.ok()) return bad(axes.status());
-      if (!s.partial.empty()) return bad(absl::InvalidArgumentError("a dimension after unreduced="));
+      if (!s.partial.empty())
+        return bad(absl::InvalidArgumentError("a dimension after unreduced="));
       s.dims.push_back(*axes);
     }
     if (r.Eat(',')) continue;
-    if (!r.Eat(')')) return bad(absl::InvalidArgumentError(absl::StrCat("expected ',' or ')' at '", r.rest(), "'")));
+    if (!r.Eat(')'))
+      return bad(
+          absl::InvalidArgumentError(absl::StrCat("expected ',' or ')' at '", r.rest(), "'")));
     break;
   }
   // The printed form's suffix: " partial(sum: a, b)".
   if (SpecReader probe = r; probe.Name() == "partial" && probe.Eat('(')) {
     r = probe;
     const std::string kind = r.Name();
-    if (kind == "sum") s.partial_kind = ReduceKind::kSum;
-    else if (kind == "max") s.partial_kind = ReduceKind::kMax;
-    else if (kind == "min") s.partial_kind = ReduceKind::kMin;
-    else if (kind == "prod") s.partial_kind = ReduceKind::kProd;
-    else return bad(absl::InvalidArgumentError(absl::StrCat("unknown partial kind '", kind, "'")));
+    if (kind == "sum")
+      s.partial_kind = ReduceKind::kSum;
+    else if (kind == "max")
+      s.partial_kind = ReduceKind::kMax;
+    else if (kind == "min")
+      s.partial_kind = ReduceKind::kMin;
+    else if (kind == "prod")
+      s.partial_kind = ReduceKind::kProd;
+    else
+      return bad(absl::InvalidArgumentError(absl::StrCat("unknown partial kind '", kind, "'")));
     if (!r.Eat(':')) return bad(absl::InvalidArgumentError("expected ':' after the partial kind"));
     while (!r.Eat(')')) {
       std::string a = r.Name();
-      if (a.empty()) return bad(absl::InvalidArgumentError(absl::StrCat("expected an axis name at '", r.rest(), "'")));
+      if (a.empty())
+        return bad(
+            absl::InvalidArgumentError(absl::StrCat("expected an axis name at '", r.rest(), "'")));
       s.partial.push_back(a);
       r.Eat(',');
     }
   }
-  if (!r.AtEnd()) return bad(absl::InvalidArgumentError(absl::StrCat("unexpected '", r.rest(), "'")));
+  if (!r.AtEnd())
+    return bad(absl::InvalidArgumentError(absl::StrCat("unexpected '", r.rest(), "'")));
   while (!s.dims.empty() && s.dims.back().empty()) s.dims.pop_back();
   return s;
 }

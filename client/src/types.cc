@@ -25,5 +25,4 @@ std::string ArrayType::ToString() const {
   return absl::StrCat(DTypeString(dtype), "[", absl::StrJoin(dims, ","), "]");
 }
 
-
 }  // namespace tessel

@@ -22,13 +22,15 @@ TensorType Make(v1::DType dt, const std::vector<int64_t>& dims) {
 
 absl::Status CheckArity(size_t have, size_t want) {
   if (have != want) {
-    return InvalidArgumentError(StrCat("expected ", want, " operand", want == 1 ? "" : "s", ", got ", have));
+    return InvalidArgumentError(
+        StrCat("expected ", want, " operand", want == 1 ? "" : "s", ", got ", have));
   }
   return absl::OkStatus();
 }
 
 absl::Status CheckAttrs(const v1::Node& n, v1::Node::AttrsCase want, absl::string_view name) {
-  if (n.attrs_case() != want) return InvalidArgumentError(StrCat("missing attributes '", name, "'"));
+  if (n.attrs_case() != want)
+    return InvalidArgumentError(StrCat("missing attributes '", name, "'"));
   return absl::OkStatus();
 }
 
@@ -52,7 +54,8 @@ absl::string_view AdmitsName(Admits a) {
     case Admits::kNumeric: return "a numeric dtype (not pred)";
     case Admits::kSigned: return "a signed dtype (f32, f64, f16, bf16, s8, s16, s32, s64)";
     case Admits::kFloat: return "a floating dtype (f32, f64, f16, bf16)";
-    case Admits::kIntOrPred: return "an integer or pred dtype (s8, s16, s32, s64, u8, u16, u32, u64, pred)";
+    case Admits::kIntOrPred:
+      return "an integer or pred dtype (s8, s16, s32, s64, u8, u16, u32, u64, pred)";
     case Admits::kFloatOrInt: return "a numeric dtype (not pred)";
   }
   return "";
@@ -62,7 +65,8 @@ absl::string_view AdmitsName(Admits a) {
 
 absl::Status CheckDType(absl::string_view what, Admits a, const TensorType& t) {
   if (!AdmitsDType(a, t.dtype())) {
-    return InvalidArgumentError(StrCat(what, ": expected ", AdmitsName(a), ", got ", TypeString(t)));
+    return InvalidArgumentError(
+        StrCat(what, ": expected ", AdmitsName(a), ", got ", TypeString(t)));
   }
   return absl::OkStatus();
 }
@@ -74,7 +78,8 @@ absl::Status CheckDimIndex(absl::string_view what, int64_t d, int64_t rank) {
   return absl::OkStatus();
 }
 
-absl::Status CheckUniqueDims(absl::string_view what, const std::vector<int64_t>& dims, int64_t rank) {
+absl::Status CheckUniqueDims(absl::string_view what, const std::vector<int64_t>& dims,
+                             int64_t rank) {
   std::set<int64_t> seen;
   for (int64_t d : dims) {
     TESSEL_RETURN_IF_ERROR(CheckDimIndex(what, d, rank));

@@ -19,15 +19,15 @@ absl::StatusOr<TensorType> DotGeneral(const v1::Node& n, Operands ops) {
   const TensorType &l = *ops[0], &r = *ops[1];
   const auto& a = n.dot_general();
   if (l.dtype() != r.dtype()) {
-    return InvalidArgumentError(StrCat("operands must share a dtype: got ", TypeString(l), " and ",
-                                       TypeString(r)));
+    return InvalidArgumentError(
+        StrCat("operands must share a dtype: got ", TypeString(l), " and ", TypeString(r)));
   }
   TESSEL_RETURN_IF_ERROR(CheckDType("dot_general operand", Admits::kNumeric, l));
   std::vector<int64_t> lb = ToVec(a.lhs_batch()), rb = ToVec(a.rhs_batch());
   std::vector<int64_t> lc = ToVec(a.lhs_contracting()), rc = ToVec(a.rhs_contracting());
   if (lb.size() != rb.size()) {
-    return InvalidArgumentError(StrCat("lhs_batch ", Dims(lb), " and rhs_batch ", Dims(rb),
-                                       " must have the same length"));
+    return InvalidArgumentError(
+        StrCat("lhs_batch ", Dims(lb), " and rhs_batch ", Dims(rb), " must have the same length"));
   }
   if (lc.size() != rc.size()) {
     return InvalidArgumentError(StrCat("lhs_contracting ", Dims(lc), " and rhs_contracting ",
@@ -42,8 +42,8 @@ absl::StatusOr<TensorType> DotGeneral(const v1::Node& n, Operands ops) {
     if (l.dims(lall[i]) != r.dims(rall[i])) {
       return InvalidArgumentError(StrCat(i < lb.size() ? "batch" : "contracting", " dimension ",
                                          lall[i], " of lhs ", TypeString(l), " and ", rall[i],
-                                         " of rhs ", TypeString(r), " differ: ",
-                                         l.dims(lall[i]), " vs ", r.dims(rall[i])));
+                                         " of rhs ", TypeString(r), " differ: ", l.dims(lall[i]),
+                                         " vs ", r.dims(rall[i])));
     }
   }
   std::vector<int64_t> out;

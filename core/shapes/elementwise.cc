@@ -33,8 +33,8 @@ Admits BinaryAdmits(v1::Op op) {
 
 absl::Status CheckSameType(const TensorType& a, const TensorType& b) {
   if (!SameType(a, b)) {
-    return InvalidArgumentError(
-        StrCat("operands must have the same type: expected ", TypeString(a), ", got ", TypeString(b)));
+    return InvalidArgumentError(StrCat("operands must have the same type: expected ", TypeString(a),
+                                       ", got ", TypeString(b)));
   }
   return absl::OkStatus();
 }
@@ -68,13 +68,14 @@ absl::StatusOr<TensorType> Select(const v1::Node&, Operands ops) {
   TESSEL_RETURN_IF_ERROR(CheckArity(ops.size(), 3));
   const TensorType &p = *ops[0], &a = *ops[1], &b = *ops[2];
   if (!SameType(a, b)) {
-    return InvalidArgumentError(
-        StrCat("on_true and on_false must have the same type: got ", TypeString(a), " and ", TypeString(b)));
+    return InvalidArgumentError(StrCat("on_true and on_false must have the same type: got ",
+                                       TypeString(a), " and ", TypeString(b)));
   }
   TensorType want = a;
   want.set_dtype(v1::PRED);
   if (!(p.dtype() == v1::PRED && (p.dims_size() == 0 || SameType(p, want)))) {
-    return InvalidArgumentError(StrCat("predicate: expected pred[] or ", TypeString(want), ", got ", TypeString(p)));
+    return InvalidArgumentError(
+        StrCat("predicate: expected pred[] or ", TypeString(want), ", got ", TypeString(p)));
   }
   return a;
 }
@@ -85,8 +86,9 @@ absl::StatusOr<TensorType> Clamp(const v1::Node&, Operands ops) {
   TESSEL_RETURN_IF_ERROR(CheckDType("operand", Admits::kNumeric, x));
   for (const TensorType* b : {&lo, &hi}) {
     if (!(b->dtype() == x.dtype() && (b->dims_size() == 0 || SameType(*b, x)))) {
-      return InvalidArgumentError(StrCat(b == &lo ? "min" : "max", ": expected ", DTypeName(x.dtype()), "[] or ",
-                                         TypeString(x), ", got ", TypeString(*b)));
+      return InvalidArgumentError(StrCat(b == &lo ? "min" : "max", ": expected ",
+                                         DTypeName(x.dtype()), "[] or ", TypeString(x), ", got ",
+                                         TypeString(*b)));
     }
   }
   return x;
@@ -95,7 +97,8 @@ absl::StatusOr<TensorType> Clamp(const v1::Node&, Operands ops) {
 absl::StatusOr<TensorType> Convert(const v1::Node& n, Operands ops) {
   TESSEL_RETURN_IF_ERROR(CheckArity(ops.size(), 1));
   TESSEL_RETURN_IF_ERROR(CheckAttrs(n, v1::Node::kConvert, "convert"));
-  if (DTypeSize(n.convert().dtype()) == 0) return InvalidArgumentError("convert: expected a target dtype");
+  if (DTypeSize(n.convert().dtype()) == 0)
+    return InvalidArgumentError("convert: expected a target dtype");
   TensorType t = *ops[0];
   t.set_dtype(n.convert().dtype());
   return t;

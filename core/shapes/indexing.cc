@@ -23,8 +23,9 @@ absl::StatusOr<TensorType> GatherOrScatter(const v1::Node& n, Operands ops) {
   TESSEL_RETURN_IF_ERROR(CheckDimIndex(StrCat(what, " axis"), axis, ops[0]->dims_size()));
   TESSEL_RETURN_IF_ERROR(CheckDType(StrCat(what, " indices"), Admits::kFloatOrInt, *ops[1]));
   if (IsFloat(ops[1]->dtype())) {
-    return InvalidArgumentError(StrCat(what, " indices: expected an integer dtype (s8, s16, s32, s64, u8, u16, u32, u64), got ",
-                                       TypeString(*ops[1])));
+    return InvalidArgumentError(StrCat(
+        what, " indices: expected an integer dtype (s8, s16, s32, s64, u8, u16, u32, u64), got ",
+        TypeString(*ops[1])));
   }
   // Picked slices: operand[:axis] + indices + operand[axis+1:].
   std::vector<int64_t> picked(ops[0]->dims().begin(), ops[0]->dims().begin() + axis);
@@ -36,16 +37,19 @@ absl::StatusOr<TensorType> GatherOrScatter(const v1::Node& n, Operands ops) {
   }
   if (gather) return Make(ops[0]->dtype(), picked);
   if (ops[2]->dtype() != ops[0]->dtype() || ToVec(ops[2]->dims()) != picked) {
-    return InvalidArgumentError(StrCat("scatter updates: expected ", DTypeName(ops[0]->dtype()), Dims(picked),
-                                       " (the operand's slices at the indices), got ", TypeString(*ops[2])));
+    return InvalidArgumentError(StrCat("scatter updates: expected ", DTypeName(ops[0]->dtype()),
+                                       Dims(picked), " (the operand's slices at the indices), got ",
+                                       TypeString(*ops[2])));
   }
   const v1::ReduceKind k = n.scatter().combine();
   if (k == v1::SUM || k == v1::PROD) {
     TESSEL_RETURN_IF_ERROR(CheckDType(StrCat("scatter ", v1::ReduceKind_Name(k), " operand"),
                                       Admits::kNumeric, *ops[0]));
   } else if (k != v1::REDUCE_INVALID && k != v1::REDUCE_MAX && k != v1::REDUCE_MIN) {
-    return InvalidArgumentError(StrCat("scatter combine: expected unset (replace), SUM, PROD, REDUCE_MAX or "
-                                       "REDUCE_MIN, got ", int(k)));
+    return InvalidArgumentError(
+        StrCat("scatter combine: expected unset (replace), SUM, PROD, REDUCE_MAX or "
+               "REDUCE_MIN, got ",
+               int(k)));
   }
   return *ops[0];
 }

@@ -16,18 +16,21 @@ using absl::StrCat;
 
 absl::StatusOr<TensorType> Parameter(const v1::Node& n, Operands ops) {
   TESSEL_RETURN_IF_ERROR(CheckArity(ops.size(), 0));
-  if (n.type().dtype() == v1::DTYPE_INVALID) return InvalidArgumentError(StrCat(OpName(n.op()), " needs a declared type"));
+  if (n.type().dtype() == v1::DTYPE_INVALID)
+    return InvalidArgumentError(StrCat(OpName(n.op()), " needs a declared type"));
   TESSEL_RETURN_IF_ERROR(ValidateType(n.type()));
   TESSEL_RETURN_IF_ERROR(CheckAttrs(n, v1::Node::kParameter, "parameter"));
   if (n.parameter().index() < 0) {
-    return InvalidArgumentError(StrCat("parameter index: expected >= 0, got ", n.parameter().index()));
+    return InvalidArgumentError(
+        StrCat("parameter index: expected >= 0, got ", n.parameter().index()));
   }
   return n.type();
 }
 
 absl::StatusOr<TensorType> Constant(const v1::Node& n, Operands ops) {
   TESSEL_RETURN_IF_ERROR(CheckArity(ops.size(), 0));
-  if (n.type().dtype() == v1::DTYPE_INVALID) return InvalidArgumentError(StrCat(OpName(n.op()), " needs a declared type"));
+  if (n.type().dtype() == v1::DTYPE_INVALID)
+    return InvalidArgumentError(StrCat(OpName(n.op()), " needs a declared type"));
   TESSEL_RETURN_IF_ERROR(ValidateType(n.type()));
   TESSEL_RETURN_IF_ERROR(CheckAttrs(n, v1::Node::kConstant, "constant"));
   if (n.constant().kind_case() == v1::ConstantAttrs::KIND_NOT_SET) {
@@ -53,13 +56,13 @@ absl::StatusOr<TensorType> Constant(const v1::Node& n, Operands ops) {
                                          " values in i, got ", lit.i_size()));
     }
     if (kinds == 0 && elems != 0) {
-      return InvalidArgumentError(StrCat("literal of type ", TypeString(t), ": expected ", elems,
-                                         " values, got none"));
+      return InvalidArgumentError(
+          StrCat("literal of type ", TypeString(t), ": expected ", elems, " values, got none"));
     }
   } else if (n.constant().has_iota()) {
     if (IsPred(t.dtype())) return InvalidArgumentError("iota: expected a numeric dtype, got pred");
-    TESSEL_RETURN_IF_ERROR(CheckDimIndex("iota dimension", n.constant().iota().dimension(),
-                                         t.dims_size()));
+    TESSEL_RETURN_IF_ERROR(
+        CheckDimIndex("iota dimension", n.constant().iota().dimension(), t.dims_size()));
   }
   return t;
 }
@@ -72,7 +75,8 @@ absl::StatusOr<TensorType> BroadcastInDim(const v1::Node& n, Operands ops) {
   std::vector<int64_t> out = ToVec(a.dims());
   std::vector<int64_t> bd = ToVec(a.broadcast_dimensions());
   if (int64_t(bd.size()) != x.dims_size()) {
-    return InvalidArgumentError(StrCat("broadcast_dimensions ", Dims(bd), " must have one entry per operand dimension: expected ",
+    return InvalidArgumentError(StrCat("broadcast_dimensions ", Dims(bd),
+                                       " must have one entry per operand dimension: expected ",
                                        x.dims_size(), ", got ", bd.size()));
   }
   TESSEL_RETURN_IF_ERROR(CheckUniqueDims("broadcast dimension", bd, out.size()));
@@ -96,8 +100,8 @@ absl::StatusOr<TensorType> Reshape(const v1::Node& n, Operands ops) {
   TESSEL_RETURN_IF_ERROR(ValidateType(t));
   if (NumElementsUnchecked(t) != NumElementsUnchecked(*ops[0])) {
     return InvalidArgumentError(StrCat("reshape of ", TypeString(*ops[0]), " to ", TypeString(t),
-                                       ": element counts differ (", NumElementsUnchecked(*ops[0]), " vs ",
-                                       NumElementsUnchecked(t), ")"));
+                                       ": element counts differ (", NumElementsUnchecked(*ops[0]),
+                                       " vs ", NumElementsUnchecked(t), ")"));
   }
   return t;
 }
@@ -107,8 +111,9 @@ absl::StatusOr<TensorType> Transpose(const v1::Node& n, Operands ops) {
   TESSEL_RETURN_IF_ERROR(CheckAttrs(n, v1::Node::kTranspose, "transpose"));
   std::vector<int64_t> perm = ToVec(n.transpose().permutation());
   if (int64_t(perm.size()) != ops[0]->dims_size()) {
-    return InvalidArgumentError(StrCat("permutation ", Dims(perm), " of ", TypeString(*ops[0]), ": expected ",
-                                       ops[0]->dims_size(), " entries, got ", perm.size()));
+    return InvalidArgumentError(StrCat("permutation ", Dims(perm), " of ", TypeString(*ops[0]),
+                                       ": expected ", ops[0]->dims_size(), " entries, got ",
+                                       perm.size()));
   }
   TESSEL_RETURN_IF_ERROR(CheckUniqueDims("permutation entry", perm, perm.size()));
   std::vector<int64_t> out;
@@ -122,12 +127,14 @@ absl::StatusOr<TensorType> Slice(const v1::Node& n, Operands ops) {
   const TensorType& x = *ops[0];
   const auto& a = n.slice();
   int64_t rank = x.dims_size();
-  std::vector<int64_t> start = ToVec(a.start()), limit = ToVec(a.limit()), strides = ToVec(a.strides());
+  std::vector<int64_t> start = ToVec(a.start()), limit = ToVec(a.limit()),
+                       strides = ToVec(a.strides());
   if (strides.empty()) strides.assign(rank, 1);
-  if (int64_t(start.size()) != rank || int64_t(limit.size()) != rank || int64_t(strides.size()) != rank) {
-    return InvalidArgumentError(StrCat("slice of ", TypeString(x), ": start, limit and strides need ",
-                                       rank, " entries, got ", start.size(), ", ", limit.size(),
-                                       " and ", strides.size()));
+  if (int64_t(start.size()) != rank || int64_t(limit.size()) != rank ||
+      int64_t(strides.size()) != rank) {
+    return InvalidArgumentError(StrCat("slice of ", TypeString(x),
+                                       ": start, limit and strides need ", rank, " entries, got ",
+                                       start.size(), ", ", limit.size(), " and ", strides.size()));
   }
   std::vector<int64_t> out(rank);
   for (int64_t i = 0; i < rank; ++i) {
@@ -145,7 +152,8 @@ absl::StatusOr<TensorType> Slice(const v1::Node& n, Operands ops) {
 absl::StatusOr<TensorType> Reverse(const v1::Node& n, Operands ops) {
   TESSEL_RETURN_IF_ERROR(CheckArity(ops.size(), 1));
   TESSEL_RETURN_IF_ERROR(CheckAttrs(n, v1::Node::kReverse, "reverse"));
-  TESSEL_RETURN_IF_ERROR(CheckUniqueDims("reverse dimension", ToVec(n.reverse().dimensions()), ops[0]->dims_size()));
+  TESSEL_RETURN_IF_ERROR(
+      CheckUniqueDims("reverse dimension", ToVec(n.reverse().dimensions()), ops[0]->dims_size()));
   return *ops[0];
 }
 
@@ -164,8 +172,8 @@ absl::StatusOr<TensorType> Concatenate(const v1::Node& n, Operands ops) {
     }
     if (!ok) {
       return InvalidArgumentError(StrCat("operand ", i, ": expected ", DTypeName(first.dtype()),
-                                         " with dimensions of ", TypeString(first), " except dimension ", d,
-                                         ", got ", TypeString(o)));
+                                         " with dimensions of ", TypeString(first),
+                                         " except dimension ", d, ", got ", TypeString(o)));
     }
     t.set_dims(d, t.dims(d) + o.dims(d));
   }
@@ -180,8 +188,8 @@ absl::StatusOr<TensorType> Pad(const v1::Node& n, Operands ops) {
   const auto& a = n.pad();
   int64_t rank = x.dims_size();
   if (pv.dims_size() != 0 || pv.dtype() != x.dtype()) {
-    return InvalidArgumentError(StrCat("padding value: expected ", DTypeName(x.dtype()),
-                                       "[], got ", TypeString(pv)));
+    return InvalidArgumentError(
+        StrCat("padding value: expected ", DTypeName(x.dtype()), "[], got ", TypeString(pv)));
   }
   std::vector<int64_t> lo = ToVec(a.low()), hi = ToVec(a.high()), in = ToVec(a.interior());
   if (in.empty()) in.assign(rank, 0);

@@ -20,8 +20,8 @@ absl::StatusOr<TensorType> Reduce(const v1::Node& n, Operands ops) {
   if (k == v1::REDUCE_INVALID) {
     return InvalidArgumentError("reduce: expected a kind (SUM, PROD, REDUCE_MAX, REDUCE_MIN)");
   }
-  TESSEL_RETURN_IF_ERROR(CheckDType(StrCat("reduce ", v1::ReduceKind_Name(k), " operand"),
-                                    Admits::kNumeric, *ops[0]));
+  TESSEL_RETURN_IF_ERROR(
+      CheckDType(StrCat("reduce ", v1::ReduceKind_Name(k), " operand"), Admits::kNumeric, *ops[0]));
   std::vector<int64_t> dims = ToVec(n.reduce().dims());
   TESSEL_RETURN_IF_ERROR(CheckUniqueDims("reduce dimension", dims, ops[0]->dims_size()));
   std::vector<int64_t> out;
@@ -54,7 +54,8 @@ absl::StatusOr<TensorType> ArgReduce(const v1::Node& n, Operands ops) {
 }
 
 absl::StatusOr<TensorType> Sort(const v1::Node& n, Operands ops) {
-  if (ops.empty()) return InvalidArgumentError("sort: expected at least 1 operand (the keys), got 0");
+  if (ops.empty())
+    return InvalidArgumentError("sort: expected at least 1 operand (the keys), got 0");
   TESSEL_RETURN_IF_ERROR(CheckAttrs(n, v1::Node::kSort, "sort"));
   const v1::SortAttrs& a = n.sort();
   TESSEL_RETURN_IF_ERROR(CheckDimIndex("sort dimension", a.dimension(), ops[0]->dims_size()));
@@ -62,12 +63,13 @@ absl::StatusOr<TensorType> Sort(const v1::Node& n, Operands ops) {
     if (!std::equal(ops[i]->dims().begin(), ops[i]->dims().end(), ops[0]->dims().begin(),
                     ops[0]->dims().end())) {
       return InvalidArgumentError(StrCat("sort operand ", i, ": expected the keys' dimensions ",
-                                         Dims(ToVec(ops[0]->dims())), ", got ", TypeString(*ops[i])));
+                                         Dims(ToVec(ops[0]->dims())), ", got ",
+                                         TypeString(*ops[i])));
     }
   }
   if (a.result_operand() < 0 || size_t(a.result_operand()) >= ops.size()) {
-    return InvalidArgumentError(StrCat("sort result_operand: expected 0 to ", ops.size() - 1, ", got ",
-                                       a.result_operand()));
+    return InvalidArgumentError(StrCat("sort result_operand: expected 0 to ", ops.size() - 1,
+                                       ", got ", a.result_operand()));
   }
   return *ops[a.result_operand()];
 }

@@ -44,6 +44,7 @@ absl::Status CheckAttrs(const v1::Node& n, v1::Node::AttrsCase want, absl::strin
 enum class Admits { kAny, kNumeric, kSigned, kFloat, kIntOrPred, kFloatOrInt };
 absl::Status CheckDType(absl::string_view what, Admits a, const TensorType& t);
 absl::Status CheckDimIndex(absl::string_view what, int64_t d, int64_t rank);
-absl::Status CheckUniqueDims(absl::string_view what, const std::vector<int64_t>& dims, int64_t rank);
+absl::Status CheckUniqueDims(absl::string_view what, const std::vector<int64_t>& dims,
+                             int64_t rank);
 
 }  // namespace tessel::shapes

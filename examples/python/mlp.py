@@ -12,6 +12,7 @@ the result is checked against the same training run in numpy.
 
     .venv/bin/python examples/python/mlp.py      (after scripts/setup.sh)
 """
+
 import os
 import pathlib
 import sys
@@ -35,10 +36,12 @@ def train_step(params, x, y):
     """(params, x, y) -> (params', loss): SGD on mean squared error, the
     gradients from tessel.value_and_grad (the numpy reference below writes
     them out by hand)."""
+
     def loss_of(params):
         pred, _ = forward(tnp, params, x)
         err = pred - y
         return tnp.mean(err * err)
+
     loss, grads = tessel.value_and_grad(loss_of)(params)
     new = tuple(p - LR * g for p, g in zip(params, grads))
     return new, loss
@@ -64,8 +67,12 @@ def make_data(rng):
 
 def main():
     rng = np.random.default_rng(42)
-    init = ((rng.standard_normal((IN, HIDDEN)) / np.sqrt(IN)).astype(np.float32), np.zeros(HIDDEN, np.float32),
-            (rng.standard_normal((HIDDEN, 1)) / np.sqrt(HIDDEN)).astype(np.float32), np.zeros(1, np.float32))
+    init = (
+        (rng.standard_normal((IN, HIDDEN)) / np.sqrt(IN)).astype(np.float32),
+        np.zeros(HIDDEN, np.float32),
+        (rng.standard_normal((HIDDEN, 1)) / np.sqrt(HIDDEN)).astype(np.float32),
+        np.zeros(1, np.float32),
+    )
     hx, hy = make_data(rng)
     with tessel.local_cluster(workers=2, devices_per_worker=1) as cluster:
         print(f"local cluster: coordinator {cluster.address}, devices {tessel.devices()}")
@@ -73,10 +80,14 @@ def main():
         params = tuple(tessel.device_put(p, 0) for p in init)
         x, y = tessel.device_put(hx, 0), tessel.device_put(hy, 0)
         plan = step.lower(params, x, y)
-        print(f"compiled {len(plan.as_text().splitlines())} plan lines; donations: "
-              + ", ".join(f"params[{a['parameter']}] -> output {a['output']}" for a in plan.aliases))
-        print(f"training on device 0: batch {BATCH}, {IN} -> {HIDDEN} -> 1, lr {LR}; "
-              f"predicting the mean scores {hy.var():.4f}")
+        print(
+            f"compiled {len(plan.as_text().splitlines())} plan lines; donations: "
+            + ", ".join(f"params[{a['parameter']}] -> output {a['output']}" for a in plan.aliases)
+        )
+        print(
+            f"training on device 0: batch {BATCH}, {IN} -> {HIDDEN} -> 1, lr {LR}; "
+            f"predicting the mean scores {hy.var():.4f}"
+        )
         start = time.perf_counter()
         params, loss = step(params, x, y)  # the first step; the loop after it is steady state
         losses = [float(loss.fetch())]
@@ -89,20 +100,26 @@ def main():
                     print(f"step {i:4d}  loss {losses[-1]:.5f}")
         secs = time.perf_counter() - start
         receipts = step.donation_receipts()
-        print(f"{STEPS} steps in {secs:.2f} s ({STEPS / secs:.0f} steps/s); "
-              f"last step reused {sum(r['reused'] for r in receipts)}/{len(receipts)} donated buffers in place")
+        print(
+            f"{STEPS} steps in {secs:.2f} s ({STEPS / secs:.0f} steps/s); "
+            f"last step reused {sum(r['reused'] for r in receipts)}/{len(receipts)} donated buffers in place"
+        )
 
         # Held-out data, scored on the other worker.
         tx, ty = make_data(rng)
         evaluate = tessel.jit(lambda p, x, y: tnp.mean((forward(tnp, p, x)[0] - y) ** 2), device=1)
         moved = tuple(tessel.device_put(p, 1) for p in params)  # worker to worker, not through here
         held_out = float(evaluate(moved, tx, ty))
-        print(f"held-out loss on device 1: {held_out:.5f} (predicting the mean: {ty.var():.4f}); the parameters moved "
-              f"worker to worker: {sum(p.reshard_receipt['bytes_moved'] for p in moved)} bytes")
+        print(
+            f"held-out loss on device 1: {held_out:.5f} (predicting the mean: {ty.var():.4f}); the parameters moved "
+            f"worker to worker: {sum(p.reshard_receipt['bytes_moved'] for p in moved)} bytes"
+        )
         stats = tessel.stats()
-        print(f"session: {stats['compiles']} compiles, {stats['executions']} executions, "
-              f"{stats['donations_reused']}/{stats['donations']} donations reused, "
-              f"{stats['bytes_host_to_device']} bytes host->device, {stats['bytes_device_to_host']} device->host")
+        print(
+            f"session: {stats['compiles']} compiles, {stats['executions']} executions, "
+            f"{stats['donations_reused']}/{stats['donations']} donations reused, "
+            f"{stats['bytes_host_to_device']} bytes host->device, {stats['bytes_device_to_host']} device->host"
+        )
         final = [p.fetch() for p in params]
 
     # The same run in numpy, as the reference.

@@ -20,6 +20,7 @@ the same training on the whole batch in numpy.
 
     .venv/bin/python examples/python/pipeline.py      (after scripts/setup.sh)
 """
+
 import os
 import pathlib
 import sys
@@ -74,8 +75,9 @@ class Pipeline:
         self.whole1, self.rows1 = NamedSharding(stage1, P()), NamedSharding(stage1, P("d"))
         w0, r0, w1, r1 = self.whole0, self.rows0, self.whole1, self.rows1
         self.forward0 = tessel.jit(layer0, in_shardings=(w0, w0, r0), out_shardings=r0)
-        self.forward_backward1 = tessel.jit(forward_backward1, in_shardings=(w1, w1, w1, w1, r1, r1),
-                                            out_shardings=(w1, w1, w1, w1, w1, r1))
+        self.forward_backward1 = tessel.jit(
+            forward_backward1, in_shardings=(w1, w1, w1, w1, r1, r1), out_shardings=(w1, w1, w1, w1, w1, r1)
+        )
         self.backward0 = tessel.jit(backward0, in_shardings=(w0, w0, r0, r0), out_shardings=(w0, w0))
         self.sgd0 = tessel.jit(sgd, in_shardings=w0, out_shardings=w0)
         self.sgd1 = tessel.jit(sgd, in_shardings=w1, out_shardings=w1)
@@ -87,12 +89,12 @@ class Pipeline:
         w1, b1, *rest = params
         losses, g1, gh = [], [], []
         for x, y in zip(xs, ys):
-            h = self.forward0(w1, b1, x)                                   # stage 0
-            loss, *grads, g = self.forward_backward1(*rest, h, y)          # stage 1: h is sent to it
+            h = self.forward0(w1, b1, x)  # stage 0
+            loss, *grads, g = self.forward_backward1(*rest, h, y)  # stage 1: h is sent to it
             losses.append(loss)
             g1.append(grads)
             gh.append(g)
-        g0 = [self.backward0(w1, b1, x, g) for x, g in zip(xs, gh)]      # stage 0: each g is sent back
+        g0 = [self.backward0(w1, b1, x, g) for x, g in zip(xs, gh)]  # stage 0: each g is sent back
         new = (self.sgd0(w1, *(g[0] for g in g0)), self.sgd0(b1, *(g[1] for g in g0)))
         new += tuple(self.sgd1(p, *(g[k] for g in g1)) for k, p in enumerate(rest))
         return new, self.mean1(*losses)
@@ -100,9 +102,12 @@ class Pipeline:
     def place(self, params, xs, ys):
         """Weights on their stage (whole), microbatches split over it."""
         w1, b1, *rest = params
-        return ((tessel.device_put(w1, self.whole0), tessel.device_put(b1, self.whole0))
-                + tuple(tessel.device_put(p, self.whole1) for p in rest),
-                tuple(tessel.device_put(x, self.rows0) for x in xs), tuple(tessel.device_put(y, self.rows1) for y in ys))
+        return (
+            (tessel.device_put(w1, self.whole0), tessel.device_put(b1, self.whole0))
+            + tuple(tessel.device_put(p, self.whole1) for p in rest),
+            tuple(tessel.device_put(x, self.rows0) for x in xs),
+            tuple(tessel.device_put(y, self.rows1) for y in ys),
+        )
 
 
 def numpy_step(params, x, y):
@@ -126,20 +131,27 @@ def make_data(rng):
 
 def main():
     rng = np.random.default_rng(42)
-    init = ((rng.standard_normal((IN, HIDDEN)) / np.sqrt(IN)).astype(np.float32), np.zeros(HIDDEN, np.float32),
-            (rng.standard_normal((HIDDEN, HIDDEN2)) / np.sqrt(HIDDEN)).astype(np.float32),
-            np.zeros(HIDDEN2, np.float32),
-            (rng.standard_normal((HIDDEN2, 1)) / np.sqrt(HIDDEN2)).astype(np.float32), np.zeros(1, np.float32))
+    init = (
+        (rng.standard_normal((IN, HIDDEN)) / np.sqrt(IN)).astype(np.float32),
+        np.zeros(HIDDEN, np.float32),
+        (rng.standard_normal((HIDDEN, HIDDEN2)) / np.sqrt(HIDDEN)).astype(np.float32),
+        np.zeros(HIDDEN2, np.float32),
+        (rng.standard_normal((HIDDEN2, 1)) / np.sqrt(HIDDEN2)).astype(np.float32),
+        np.zeros(1, np.float32),
+    )
     hx, hy = make_data(rng)
     mb = BATCH // MICRO
     with tessel.local_cluster(workers=2, devices_per_worker=2) as cluster:
         print(f"local cluster: coordinator {cluster.address}, devices {tessel.devices()}")
-        print(f"stage 0: {STAGE0}; stage 1: {STAGE1}; {MICRO} microbatches of {mb} rows, split over each stage's "
-              f"2 devices")
+        print(
+            f"stage 0: {STAGE0}; stage 1: {STAGE1}; {MICRO} microbatches of {mb} rows, split over each stage's "
+            f"2 devices"
+        )
         pipe = Pipeline(STAGE0, STAGE1)
         train_step = pipe.train_step
-        params, xs, ys = pipe.place(init, [hx[i * mb:(i + 1) * mb] for i in range(MICRO)],
-                                    [hy[i * mb:(i + 1) * mb] for i in range(MICRO)])
+        params, xs, ys = pipe.place(
+            init, [hx[i * mb : (i + 1) * mb] for i in range(MICRO)], [hy[i * mb : (i + 1) * mb] for i in range(MICRO)]
+        )
         plan = train_step.lower(params, xs, ys)
         parts = [line for line in plan.as_text().splitlines() if line.startswith("part ")]
         print(f"one jitted step, {len(parts)} mesh regions; its sends and receives, worker to worker:")
@@ -158,15 +170,19 @@ def main():
         secs = time.perf_counter() - start
         last = float(loss.fetch())
         stats = tessel.stats()
-        print(f"{STEPS - 1} steps in {secs:.2f} s; session: {stats['compiles']} compiles, {stats['executions']} "
-              f"executions, {stats['bytes_device_to_device']} bytes device->device")
+        print(
+            f"{STEPS - 1} steps in {secs:.2f} s; session: {stats['compiles']} compiles, {stats['executions']} "
+            f"executions, {stats['bytes_device_to_device']} bytes device->device"
+        )
 
     ref = init
     for _ in range(STEPS):
         ref, ref_loss = numpy_step(ref, hx, hy)
     worst = max(float(np.max(np.abs(a - b))) for a, b in zip(final, ref))
-    print(f"numpy on the whole batch: loss before the last step {ref_loss:.5f}, pipeline {last:.5f}; "
-          f"largest parameter difference {worst:.2e}")
+    print(
+        f"numpy on the whole batch: loss before the last step {ref_loss:.5f}, pipeline {last:.5f}; "
+        f"largest parameter difference {worst:.2e}"
+    )
     if not last < 0.5 * first:
         sys.exit(f"pipeline: training did not converge: loss {first:.4f} -> {last:.4f}")
     if worst > 1e-4 or abs(last - ref_loss) > 1e-4:

@@ -11,9 +11,10 @@ namespace {
 
 // Linear: the same collective of the tangent (a sum; max and min are not linear).
 absl::StatusOr<std::string> JvpCollective(ForwardMode& m, const v1::Node& n) {
-  if (n.op() == v1::ALL_REDUCE && n.collective().kind() != v1::SUM && n.collective().kind() != v1::REDUCE_INVALID) {
-    return absl::UnimplementedError(absl::StrCat(m.Where(), ": node '", n.name(), "' (", OpName(n.op()),
-                                                 ") has no forward-mode rule yet"));
+  if (n.op() == v1::ALL_REDUCE && n.collective().kind() != v1::SUM &&
+      n.collective().kind() != v1::REDUCE_INVALID) {
+    return absl::UnimplementedError(absl::StrCat(m.Where(), ": node '", n.name(), "' (",
+                                                 OpName(n.op()), ") has no forward-mode rule yet"));
   }
   v1::Node c = n;
   c.clear_operands();
@@ -24,7 +25,8 @@ absl::StatusOr<std::string> JvpCollective(ForwardMode& m, const v1::Node& n) {
 }  // namespace
 
 void CollectiveRows(Rows& rows) {
-  for (v1::Op op : {v1::ALL_REDUCE, v1::ALL_GATHER, v1::REDUCE_SCATTER, v1::ALL_TO_ALL, v1::COLLECTIVE_PERMUTE}) {
+  for (v1::Op op : {v1::ALL_REDUCE, v1::ALL_GATHER, v1::REDUCE_SCATTER, v1::ALL_TO_ALL,
+                    v1::COLLECTIVE_PERMUTE}) {
     rows.emplace_back(op, OpRules{.jvp = JvpCollective});
   }
   rows.emplace_back(v1::AXIS_INDEX, OpRules{.vjp = NoCotangent});

@@ -42,7 +42,8 @@ void LayoutDot(const LayoutQuery& q, Layout& layout) {
   };
   std::vector<Axes> batch;
   for (int k = 0; k < dg.lhs_batch_size(); ++k) {
-    Axes a = pick(l_gen ? Axes{} : DimAxes(l, dg.lhs_batch(k)), r_gen ? Axes{} : DimAxes(r, dg.rhs_batch(k)));
+    Axes a = pick(l_gen ? Axes{} : DimAxes(l, dg.lhs_batch(k)),
+                  r_gen ? Axes{} : DimAxes(r, dg.rhs_batch(k)));
     take(a);
     SetDimAxes(wl, dg.lhs_batch(k), a);
     SetDimAxes(wr, dg.rhs_batch(k), a);
@@ -138,7 +139,8 @@ absl::Status VjpDot(ReverseMode& m, const v1::Node& n, const std::string& ct) {
     std::vector<int64_t> perm(mine.dims_size());  // perm[my dim] = g's dim
     for (int i = 0; i < my_batch.size(); ++i) perm[my_batch[i]] = i;
     for (int64_t i = 0; i < nfree; ++i) perm[my_free[i]] = nb + (of_lhs ? i : ncon + i);
-    for (int64_t k = 0; k < ncon; ++k) perm[my_contracting[by_other[k]]] = nb + (of_lhs ? nfree + k : k);
+    for (int64_t k = 0; k < ncon; ++k)
+      perm[my_contracting[by_other[k]]] = nb + (of_lhs ? nfree + k : k);
     return e.Convert(e.Transpose(g, perm), mine.dtype());
   };
   if (IsFloat(lt.dtype()) && m.Active(n, 0)) m.Into(n, 0, grad_of(true));
@@ -185,7 +187,8 @@ absl::StatusOr<std::string> BatchDot(Batching& b, const v1::Node& n) {
 }  // namespace
 
 void DotRows(Rows& rows) {
-  rows.emplace_back(v1::DOT_GENERAL, OpRules{.layout = LayoutDot, .vjp = VjpDot, .jvp = JvpDot, .batch = BatchDot});
+  rows.emplace_back(v1::DOT_GENERAL,
+                    OpRules{.layout = LayoutDot, .vjp = VjpDot, .jvp = JvpDot, .batch = BatchDot});
 }
 
 }  // namespace tessel::scheduler::ops

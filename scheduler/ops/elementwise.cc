@@ -56,7 +56,8 @@ void LayoutElementwise(const LayoutQuery& q, Layout& l) {
   for (int i = 0; i < n.operands_size(); ++i) {
     l.want[i] = t;
     if (IsPartial(t) && !IsPartial(q.current[i])) l.want[i] = Complete(t);
-    if (q.types[i]->dims_size() != rank) l.want[i] = Replicated(q.types[i]->dims_size());  // clamp's scalar bounds
+    if (q.types[i]->dims_size() != rank)
+      l.want[i] = Replicated(q.types[i]->dims_size());  // clamp's scalar bounds
   }
   l.result = t;
 }
@@ -70,7 +71,8 @@ absl::StatusOr<std::string> BatchElementwise(Batching& b, const v1::Node& n) {
 
 // d op(x)/dx of the trigonometric, hyperbolic and special unary ops, as
 // nodes of `e` (x the operand, y = op(x)); empty for every other op.
-std::string ElementaryDerivative(Emitter& e, v1::Op op, const std::string& x, const std::string& y) {
+std::string ElementaryDerivative(Emitter& e, v1::Op op, const std::string& x,
+                                 const std::string& y) {
   auto one = [&] { return e.Like(x, 1.0); };
   auto sq = [&](const std::string& v) { return e.Binary(v1::MUL, v, v); };
   switch (op) {
@@ -87,7 +89,8 @@ std::string ElementaryDerivative(Emitter& e, v1::Op op, const std::string& x, co
     case v1::ATANH: return e.Binary(v1::DIV, one(), e.Binary(v1::SUB, one(), sq(x)));
     case v1::EXPM1: return e.Binary(v1::ADD, y, one());
     case v1::ERF:  // 2/sqrt(pi) exp(-x^2)
-      return e.Binary(v1::MUL, e.Like(x, 1.1283791670955126), e.Unary(v1::EXP, e.Unary(v1::NEG, sq(x))));
+      return e.Binary(v1::MUL, e.Like(x, 1.1283791670955126),
+                      e.Unary(v1::EXP, e.Unary(v1::NEG, sq(x))));
     default: return "";
   }
 }
@@ -96,15 +99,18 @@ std::string ElementaryDerivative(Emitter& e, v1::Op op, const std::string& x, co
 // result that operand k takes, and the tangent of the result that a
 // tangent `by` of operand k contributes (the partial derivative is a
 // scalar). `a`: the operands' forward values; `out`: the result's.
-std::string Scaled(Emitter& e, v1::Op op, int k, const std::vector<std::string>& a, const std::string& out,
-                   const std::string& by) {
+std::string Scaled(Emitter& e, v1::Op op, int k, const std::vector<std::string>& a,
+                   const std::string& out, const std::string& by) {
   auto one = [&] { return e.Like(by, 1.0); };
   auto mul = [&](const std::string& x) { return e.Binary(v1::MUL, by, x); };
-  if (a.size() == 1 && op >= v1::SIN && op <= v1::ERF) return mul(ElementaryDerivative(e, op, a[0], out));
+  if (a.size() == 1 && op >= v1::SIN && op <= v1::ERF)
+    return mul(ElementaryDerivative(e, op, a[0], out));
   switch (op) {
     case v1::ATAN2: {  // d atan2(y, x) = (x dy - y dx) / (x^2 + y^2)
-      const std::string r2 = e.Binary(v1::ADD, e.Binary(v1::MUL, a[1], a[1]), e.Binary(v1::MUL, a[0], a[0]));
-      return mul(k == 0 ? e.Binary(v1::DIV, a[1], r2) : e.Unary(v1::NEG, e.Binary(v1::DIV, a[0], r2)));
+      const std::string r2 =
+          e.Binary(v1::ADD, e.Binary(v1::MUL, a[1], a[1]), e.Binary(v1::MUL, a[0], a[0]));
+      return mul(k == 0 ? e.Binary(v1::DIV, a[1], r2)
+                        : e.Unary(v1::NEG, e.Binary(v1::DIV, a[0], r2)));
     }
     case v1::ADD: return by;
     case v1::SUB: return k == 0 ? by : e.Unary(v1::NEG, by);
@@ -118,15 +124,20 @@ std::string Scaled(Emitter& e, v1::Op op, int k, const std::vector<std::string>&
     case v1::LOG: return e.Binary(v1::DIV, by, a[0]);
     case v1::LOG1P: return e.Binary(v1::DIV, by, e.Binary(v1::ADD, a[0], one()));
     case v1::TANH: return mul(e.Binary(v1::SUB, one(), e.Binary(v1::MUL, out, out)));
-    case v1::CBRT: return mul(e.Binary(v1::DIV, e.Like(by, 1.0 / 3.0), e.Binary(v1::MUL, out, out)));  // 1 / (3 y^2)
+    case v1::CBRT:
+      return mul(
+          e.Binary(v1::DIV, e.Like(by, 1.0 / 3.0), e.Binary(v1::MUL, out, out)));  // 1 / (3 y^2)
     case v1::LOGISTIC: return mul(e.Binary(v1::MUL, out, e.Binary(v1::SUB, one(), out)));
     case v1::SQRT: return e.Binary(v1::DIV, e.Binary(v1::MUL, by, e.Like(by, 0.5)), out);
-    case v1::RSQRT: return mul(e.Binary(v1::DIV, e.Binary(v1::MUL, out, e.Like(by, -0.5)), a[0]));  // -x^-1/2 / (2x)
+    case v1::RSQRT:
+      return mul(
+          e.Binary(v1::DIV, e.Binary(v1::MUL, out, e.Like(by, -0.5)), a[0]));  // -x^-1/2 / (2x)
     case v1::POW: {
       // As JAX: d/dx is 0 where y is 0; d/dy is 0 where x is 0.
       const std::string zero = e.Like(by, 0.0);
       if (k == 0) {
-        const std::string dx = e.Binary(v1::MUL, a[1], e.Binary(v1::POW, a[0], e.Binary(v1::SUB, a[1], one())));
+        const std::string dx =
+            e.Binary(v1::MUL, a[1], e.Binary(v1::POW, a[0], e.Binary(v1::SUB, a[1], one())));
         return mul(e.Select(e.Compare(v1::EQ, a[1], zero), zero, dx));
       }
       const std::string safe_x = e.Select(e.Compare(v1::EQ, a[0], zero), one(), a[0]);
@@ -137,12 +148,14 @@ std::string Scaled(Emitter& e, v1::Op op, int k, const std::vector<std::string>&
       // As JAX: the operand equal to the result takes it; a tie splits it.
       const std::string zero = e.Like(by, 0.0), half = e.Like(by, 0.5);
       const std::string &x = a[k], &other = a[1 - k];
-      return mul(e.Select(e.Compare(v1::EQ, x, out), e.Select(e.Compare(v1::EQ, other, out), half, one()), zero));
+      return mul(e.Select(e.Compare(v1::EQ, x, out),
+                          e.Select(e.Compare(v1::EQ, other, out), half, one()), zero));
     }
     case v1::REM: {  // x - y * trunc(x / y)
       if (k == 0) return by;
       const std::string q = e.Binary(v1::DIV, a[0], a[1]);
-      const std::string trunc = e.Binary(v1::MUL, e.Unary(v1::SIGN, q), e.Unary(v1::FLOOR, e.Unary(v1::ABS, q)));
+      const std::string trunc =
+          e.Binary(v1::MUL, e.Unary(v1::SIGN, q), e.Unary(v1::FLOOR, e.Unary(v1::ABS, q)));
       return e.Unary(v1::NEG, mul(trunc));
     }
     default: return "";
@@ -261,14 +274,16 @@ void ElementwiseRows(Rows& rows) {
     r.jvp = jvp;
     rows.emplace_back(op, r);
   };
-  for (v1::Op op : {v1::ADD, v1::SUB, v1::MUL, v1::DIV, v1::NEG, v1::ABS, v1::EXP, v1::LOG, v1::LOG1P, v1::TANH,
-                    v1::LOGISTIC, v1::SQRT, v1::RSQRT, v1::POW, v1::MAX, v1::MIN, v1::REM, v1::ATAN2, v1::SIN, v1::COS,
-                    v1::TAN, v1::ASIN, v1::ACOS, v1::ATAN, v1::SINH, v1::COSH, v1::ASINH, v1::ACOSH, v1::ATANH,
-                    v1::EXPM1, v1::ERF, v1::CBRT}) {
+  for (v1::Op op :
+       {v1::ADD,   v1::SUB,   v1::MUL,      v1::DIV,   v1::NEG,   v1::ABS,   v1::EXP,  v1::LOG,
+        v1::LOG1P, v1::TANH,  v1::LOGISTIC, v1::SQRT,  v1::RSQRT, v1::POW,   v1::MAX,  v1::MIN,
+        v1::REM,   v1::ATAN2, v1::SIN,      v1::COS,   v1::TAN,   v1::ASIN,  v1::ACOS, v1::ATAN,
+        v1::SINH,  v1::COSH,  v1::ASINH,    v1::ACOSH, v1::ATANH, v1::EXPM1, v1::ERF,  v1::CBRT}) {
     add(op, VjpSmooth, JvpSmooth);
   }
   // Piecewise constant: no cotangent or tangent flows.
-  for (v1::Op op : {v1::SIGN, v1::FLOOR, v1::CEIL, v1::ROUND, v1::COMPARE}) add(op, NoCotangent, NoTangent);
+  for (v1::Op op : {v1::SIGN, v1::FLOOR, v1::CEIL, v1::ROUND, v1::COMPARE})
+    add(op, NoCotangent, NoTangent);
   // Integers and predicates only: never differentiated.
   for (v1::Op op : {v1::NOT, v1::AND, v1::OR, v1::XOR}) add(op, nullptr, nullptr);
   add(v1::SELECT, VjpSelect, JvpSelect);

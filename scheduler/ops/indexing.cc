@@ -27,7 +27,8 @@ void LayoutGather(const LayoutQuery& q, Layout& l) {
   const v1::TensorType &xt = *q.types[0], &it = *q.types[1];
   v1::Sharding x = Complete(q.current[0]), ix = Complete(q.current[1]);
   const Axes split = DimAxes(x, ax);
-  if (AxesSize(q.mesh, split) > 1 && NumElementsUnchecked(q.node.type()) < NumElementsUnchecked(xt)) {
+  if (AxesSize(q.mesh, split) > 1 &&
+      NumElementsUnchecked(q.node.type()) < NumElementsUnchecked(xt)) {
     l.indexed_split = split;
   } else {
     SetDimAxes(x, ax, {});
@@ -76,8 +77,8 @@ absl::StatusOr<std::string> LowerGather(LocalGraph& g, const Lowering& w, v1::No
   const std::string& name = w.name;
   const int64_t indexed = w.node.gather().axis();
   const int64_t extent = w.types[0]->dims(indexed), block = extent / AxesSize(g.mesh(), split);
-  TESSEL_ASSIGN_OR_RETURN(std::string bi, g.BlockIndices(local.operands(1), split, extent, block, /*clamp=*/true,
-                                                         local.name()));
+  TESSEL_ASSIGN_OR_RETURN(std::string bi, g.BlockIndices(local.operands(1), split, extent, block,
+                                                         /*clamp=*/true, local.name()));
   local.set_operands(1, bi);
   TESSEL_ASSIGN_OR_RETURN(std::string out, g.Emit(std::move(local)));
   // Slices another device holds read as the lowest value: the max over the
@@ -88,10 +89,13 @@ absl::StatusOr<std::string> LowerGather(LocalGraph& g, const Lowering& w, v1::No
   auto compare = [&](v1::CompareDirection d) {
     return [d](v1::Node& c) { c.mutable_compare()->set_direction(d); };
   };
-  TESSEL_ASSIGN_OR_RETURN(std::string ge, g.EmitOp(v1::COMPARE, {bi, zero}, name + ".mine", compare(v1::GE)));
-  TESSEL_ASSIGN_OR_RETURN(std::string lt, g.EmitOp(v1::COMPARE, {bi, size}, name + ".mine", compare(v1::LT)));
+  TESSEL_ASSIGN_OR_RETURN(std::string ge,
+                          g.EmitOp(v1::COMPARE, {bi, zero}, name + ".mine", compare(v1::GE)));
+  TESSEL_ASSIGN_OR_RETURN(std::string lt,
+                          g.EmitOp(v1::COMPARE, {bi, size}, name + ".mine", compare(v1::LT)));
   TESSEL_ASSIGN_OR_RETURN(std::string mine, g.EmitOp(v1::AND, {ge, lt}, name + ".mine"));
-  TESSEL_ASSIGN_OR_RETURN(mine, g.EmitOp(v1::BROADCAST_IN_DIM, {mine}, name + ".mine", [&](v1::Node& b) {
+  TESSEL_ASSIGN_OR_RETURN(mine,
+                          g.EmitOp(v1::BROADCAST_IN_DIM, {mine}, name + ".mine", [&](v1::Node& b) {
                             *b.mutable_broadcast_in_dim()->mutable_dims() = gt.dims();
                             for (int d = 0; d < bt.dims_size(); ++d) {
                               b.mutable_broadcast_in_dim()->add_broadcast_dimensions(indexed + d);
@@ -127,8 +131,8 @@ absl::StatusOr<std::string> LowerScatter(LocalGraph& g, const Lowering& w, v1::N
   if (!split.empty()) {
     const int64_t extent = w.types[0]->dims(indexed);
     TESSEL_ASSIGN_OR_RETURN(std::string bi, g.BlockIndices(local.operands(1), split, extent,
-                                                           extent / AxesSize(g.mesh(), split), /*clamp=*/false,
-                                                           local.name()));
+                                                           extent / AxesSize(g.mesh(), split),
+                                                           /*clamp=*/false, local.name()));
     local.set_operands(1, bi);
   }
   return g.Emit(std::move(local));
@@ -143,21 +147,23 @@ absl::Status VjpGather(ReverseMode& m, const v1::Node& n, const std::string& ct)
   const int64_t axis = n.gather().axis();
   v1::TensorType scalar;
   scalar.set_dtype(m.OperandType(n, 1).dtype());
-  const std::string idx = e.Emit(
-      e.Op(v1::CLAMP, {e.FillInt(scalar, 0), m.Operand(n, 1), e.FillInt(scalar, xt.dims(axis) - 1)}), "clamp");
+  const std::string idx = e.Emit(e.Op(v1::CLAMP, {e.FillInt(scalar, 0), m.Operand(n, 1),
+                                                  e.FillInt(scalar, xt.dims(axis) - 1)}),
+                                 "clamp");
   m.Into(n, 0, e.Scatter(e.Zeros(xt), idx, ct, axis, v1::SUM));
   return absl::OkStatus();
 }
 
 absl::Status VjpScatter(ReverseMode& m, const v1::Node& n, const std::string& ct) {
   Emitter& e = m.e();
-  const v1::TensorType &xt = m.OperandType(n, 0), &it = m.OperandType(n, 1), &ut = m.OperandType(n, 2);
+  const v1::TensorType &xt = m.OperandType(n, 0), &it = m.OperandType(n, 1),
+                       &ut = m.OperandType(n, 2);
   if (!IsFloat(xt.dtype())) return absl::OkStatus();
   const v1::ReduceKind k = n.scatter().combine();
   if (k != v1::REDUCE_INVALID && k != v1::SUM) {
-    return absl::UnimplementedError(StrCat(m.Where(), ": scatter '", n.name(), "' combines by ",
-                                           v1::ReduceKind_Name(k),
-                                           ", which has no reverse-mode rule yet (replace and SUM have one)"));
+    return absl::UnimplementedError(
+        StrCat(m.Where(), ": scatter '", n.name(), "' combines by ", v1::ReduceKind_Name(k),
+               ", which has no reverse-mode rule yet (replace and SUM have one)"));
   }
   const std::string i = m.Operand(n, 1);
   const int64_t axis = n.scatter().axis(), count = NumElementsUnchecked(it);
@@ -194,9 +200,9 @@ absl::StatusOr<std::string> JvpScatter(ForwardMode& m, const v1::Node& n) {
   if (m.Tangent(n, 0).empty() && m.Tangent(n, 2).empty()) return std::string();
   const v1::ReduceKind k = n.scatter().combine();
   if (k != v1::REDUCE_INVALID && k != v1::SUM) {
-    return absl::UnimplementedError(StrCat(m.Where(), ": scatter '", n.name(), "' combines by ",
-                                           v1::ReduceKind_Name(k),
-                                           ", which has no forward-mode rule yet (replace and SUM have one)"));
+    return absl::UnimplementedError(
+        StrCat(m.Where(), ": scatter '", n.name(), "' combines by ", v1::ReduceKind_Name(k),
+               ", which has no forward-mode rule yet (replace and SUM have one)"));
   }
   return m.Same(n, {m.TangentOrZeros(n, 0), m.Operand(n, 1), m.TangentOrZeros(n, 2)});
 }
@@ -215,10 +221,12 @@ std::string FlatIndices(Emitter& e, const std::string& i, int64_t extent, bool c
   if (e.type(i).dtype() == v1::U64) {  // past int64 is out of range: keep it past the end
     v1::TensorType u64;
     u64.set_dtype(v1::U64);
-    idx = e.Emit(e.Op(v1::CLAMP, {e.FillInt(u64, 0), idx, e.FillInt(u64, INT64_MAX)}), "vmap.index");
+    idx =
+        e.Emit(e.Op(v1::CLAMP, {e.FillInt(u64, 0), idx, e.FillInt(u64, INT64_MAX)}), "vmap.index");
   }
   idx = e.Convert(idx, v1::S64);
-  const std::string lo = e.FillInt(scalar, 0), hi = e.FillInt(scalar, std::max<int64_t>(extent - 1, 0));
+  const std::string lo = e.FillInt(scalar, 0),
+                    hi = e.FillInt(scalar, std::max<int64_t>(extent - 1, 0));
   std::string inside;
   if (clamp) {
     idx = e.Emit(e.Op(v1::CLAMP, {lo, idx, hi}), "vmap.index");
@@ -232,7 +240,8 @@ std::string FlatIndices(Emitter& e, const std::string& i, int64_t extent, bool c
 }
 
 // A batched operand [B] + x with `axis` (of x) as [B * extent] + the rest of x.
-std::string FlatOperand(Batching& b, const std::string& x, int64_t axis, std::vector<int64_t>* rest) {
+std::string FlatOperand(Batching& b, const std::string& x, int64_t axis,
+                        std::vector<int64_t>* rest) {
   Emitter& e = b.e();
   if (!e.status().ok()) return "";
   const std::vector<int64_t> dims = Dims(e.type(x));  // [B] + x
@@ -254,7 +263,9 @@ absl::StatusOr<std::string> BatchGather(Batching& b, const v1::Node& n) {
   if (!ib) {  // the batch is one more leading dimension of the operand
     return b.Emit(n, {x, i}, [&](v1::Node& c) { c.mutable_gather()->set_axis(axis + 1); });
   }
-  if (!xb) return b.MoveAxis(b.Emit(n, {x, i}), axis, 0);  // the batch is one more dimension of the indices
+  if (!xb)
+    return b.MoveAxis(b.Emit(n, {x, i}), axis,
+                      0);  // the batch is one more dimension of the indices
   // Both: each element gathers from its own operand, through the batch flattened.
   const int64_t extent = b.TypeOf(n.operands(0)).dims(int(axis));
   const int64_t k = b.TypeOf(n.operands(1)).dims_size();
@@ -262,7 +273,8 @@ absl::StatusOr<std::string> BatchGather(Batching& b, const v1::Node& n) {
   const std::string flat = FlatOperand(b, x, axis, &rest);
   const std::string idx = FlatIndices(b.e(), i, extent, /*clamp=*/true);
   // [B, idx..., x[:axis]..., x[axis+1:]...] -> [B, x[:axis]..., idx..., x[axis+1:]...]
-  const std::string g = b.Emit(n, {flat, idx}, [&](v1::Node& c) { c.mutable_gather()->set_axis(0); });
+  const std::string g =
+      b.Emit(n, {flat, idx}, [&](v1::Node& c) { c.mutable_gather()->set_axis(0); });
   std::vector<int64_t> perm = {0};
   for (int64_t d = 0; d < axis; ++d) perm.push_back(1 + k + d);
   for (int64_t d = 0; d < k; ++d) perm.push_back(1 + d);
@@ -289,7 +301,8 @@ absl::StatusOr<std::string> BatchScatter(Batching& b, const v1::Node& n) {
   for (int64_t d = 0; d < axis; ++d) perm.push_back(1 + d);
   for (int64_t d = 1 + axis + k; d < 1 + k + int64_t(rest.size()); ++d) perm.push_back(d);
   const std::string upd = b.e().Transpose(b.Batched(n.operands(2)), perm);
-  const std::string s = b.Emit(n, {flat, idx, upd}, [&](v1::Node& c) { c.mutable_scatter()->set_axis(0); });
+  const std::string s =
+      b.Emit(n, {flat, idx, upd}, [&](v1::Node& c) { c.mutable_scatter()->set_axis(0); });
   std::vector<int64_t> unflat = {b.size(), extent};
   unflat.insert(unflat.end(), rest.begin(), rest.end());
   return b.MoveAxis(b.e().Reshape(s, unflat), 1, axis + 1);
@@ -298,10 +311,16 @@ absl::StatusOr<std::string> BatchScatter(Batching& b, const v1::Node& n) {
 }  // namespace
 
 void IndexingRows(Rows& rows) {
-  rows.emplace_back(v1::GATHER, OpRules{.layout = LayoutGather, .lower = LowerGather, .vjp = VjpGather,
-                                        .jvp = JvpGather, .batch = BatchGather});
-  rows.emplace_back(v1::SCATTER, OpRules{.layout = LayoutScatter, .lower = LowerScatter, .vjp = VjpScatter,
-                                         .jvp = JvpScatter, .batch = BatchScatter});
+  rows.emplace_back(v1::GATHER, OpRules{.layout = LayoutGather,
+                                        .lower = LowerGather,
+                                        .vjp = VjpGather,
+                                        .jvp = JvpGather,
+                                        .batch = BatchGather});
+  rows.emplace_back(v1::SCATTER, OpRules{.layout = LayoutScatter,
+                                         .lower = LowerScatter,
+                                         .vjp = VjpScatter,
+                                         .jvp = JvpScatter,
+                                         .batch = BatchScatter});
 }
 
 }  // namespace tessel::scheduler::ops

@@ -14,7 +14,9 @@ namespace {
 
 using absl::StrCat;
 
-void LayoutConstant(const LayoutQuery& q, Layout& l) { l.result = Replicated(q.node.type().dims_size()); }
+void LayoutConstant(const LayoutQuery& q, Layout& l) {
+  l.result = Replicated(q.node.type().dims_size());
+}
 
 absl::StatusOr<std::string> LowerConstant(LocalGraph& g, const Lowering& w, v1::Node local) {
   *local.mutable_type() = w.local_type;
@@ -105,7 +107,8 @@ void LayoutSlice(const LayoutQuery& q, Layout& l) {
 
 absl::StatusOr<std::string> LowerSlice(LocalGraph& g, const Lowering& w, v1::Node local) {
   for (int d = 0; d < w.local_type.dims_size(); ++d) {
-    if (!w.layout.result.dims(d).axes().empty()) local.mutable_slice()->set_limit(d, w.local_type.dims(d));
+    if (!w.layout.result.dims(d).axes().empty())
+      local.mutable_slice()->set_limit(d, w.local_type.dims(d));
   }
   return g.Emit(std::move(local));
 }
@@ -142,7 +145,8 @@ void LayoutPad(const LayoutQuery& q, Layout& l) {
   v1::Sharding t = Complete(q.current[0]);
   const v1::PadAttrs& p = q.node.pad();
   for (int d = 0; d < q.node.type().dims_size(); ++d) {
-    if (p.low(d) != 0 || p.high(d) != 0 || (p.interior_size() > 0 && p.interior(d) != 0)) SetDimAxes(t, d, {});
+    if (p.low(d) != 0 || p.high(d) != 0 || (p.interior_size() > 0 && p.interior(d) != 0))
+      SetDimAxes(t, d, {});
   }
   l.want[0] = t;
   l.want[1] = Replicated(0);
@@ -226,8 +230,9 @@ absl::Status VjpPad(ReverseMode& m, const v1::Node& n, const std::string& ct) {
   for (size_t d = 0; d < in.size(); ++d) {
     const int64_t interior = d < size_t(p.interior_size()) ? p.interior(d) : 0;
     if (p.low(d) < 0 || p.high(d) < 0) {
-      return absl::UnimplementedError(StrCat(m.Where(), ": pad '", n.name(),
-                                             "' has negative padding, which has no transposition rule yet"));
+      return absl::UnimplementedError(
+          StrCat(m.Where(), ": pad '", n.name(),
+                 "' has negative padding, which has no transposition rule yet"));
     }
     start[d] = p.low(d);
     strides[d] = interior + 1;
@@ -305,7 +310,8 @@ absl::StatusOr<std::string> BatchReverse(Batching& b, const v1::Node& n) {
 }
 
 absl::StatusOr<std::string> BatchPad(Batching& b, const v1::Node& n) {
-  if (b.IsBatched(n.operands(1))) return b.NoRule(n, "has a padding value that depends on the batch");
+  if (b.IsBatched(n.operands(1)))
+    return b.NoRule(n, "has a padding value that depends on the batch");
   return b.Emit(n, {b.Batched(n.operands(0)), b.Value(n.operands(1))}, [&](v1::Node& c) {
     auto& p = *c.mutable_pad();
     Prepend(*p.mutable_low(), 0);
@@ -317,29 +323,48 @@ absl::StatusOr<std::string> BatchPad(Batching& b, const v1::Node& n) {
 absl::StatusOr<std::string> BatchConcatenate(Batching& b, const v1::Node& n) {
   std::vector<std::string> ops;
   for (const std::string& o : n.operands()) ops.push_back(b.Batched(o));
-  return b.Emit(n, std::move(ops),
-                [&](v1::Node& c) { c.mutable_concatenate()->set_dimension(c.concatenate().dimension() + 1); });
+  return b.Emit(n, std::move(ops), [&](v1::Node& c) {
+    c.mutable_concatenate()->set_dimension(c.concatenate().dimension() + 1);
+  });
 }
 
 }  // namespace
 
 void LayoutRows(Rows& rows) {
-  rows.emplace_back(v1::CONSTANT, OpRules{.layout = LayoutConstant, .lower = LowerConstant, .vjp = NoCotangent,
-                                          .jvp = NoTangent});
-  rows.emplace_back(v1::BROADCAST_IN_DIM, OpRules{.layout = LayoutBroadcast, .lower = LowerBroadcast,
-                                                  .vjp = VjpBroadcast, .jvp = SameOfTangent,
+  rows.emplace_back(
+      v1::CONSTANT,
+      OpRules{
+          .layout = LayoutConstant, .lower = LowerConstant, .vjp = NoCotangent, .jvp = NoTangent});
+  rows.emplace_back(v1::BROADCAST_IN_DIM, OpRules{.layout = LayoutBroadcast,
+                                                  .lower = LowerBroadcast,
+                                                  .vjp = VjpBroadcast,
+                                                  .jvp = SameOfTangent,
                                                   .batch = BatchBroadcast});
-  rows.emplace_back(v1::TRANSPOSE, OpRules{.layout = LayoutTranspose, .vjp = VjpTranspose, .jvp = SameOfTangent,
+  rows.emplace_back(v1::TRANSPOSE, OpRules{.layout = LayoutTranspose,
+                                           .vjp = VjpTranspose,
+                                           .jvp = SameOfTangent,
                                            .batch = BatchTranspose});
-  rows.emplace_back(v1::RESHAPE, OpRules{.layout = LayoutReshape, .lower = LowerReshape, .vjp = VjpReshape,
-                                         .jvp = SameOfTangent, .batch = BatchReshape});
-  rows.emplace_back(v1::SLICE, OpRules{.layout = LayoutSlice, .lower = LowerSlice, .vjp = VjpSlice,
-                                       .jvp = SameOfTangent, .batch = BatchSlice});
-  rows.emplace_back(v1::REVERSE, OpRules{.layout = LayoutReverse, .lower = LowerReverse, .vjp = VjpReverse,
-                                         .jvp = SameOfTangent, .batch = BatchReverse});
-  rows.emplace_back(v1::PAD, OpRules{.layout = LayoutPad, .vjp = VjpPad, .jvp = JvpPad, .batch = BatchPad});
-  rows.emplace_back(v1::CONCATENATE, OpRules{.layout = LayoutConcatenate, .vjp = VjpConcatenate,
-                                             .jvp = JvpConcatenate, .batch = BatchConcatenate});
+  rows.emplace_back(v1::RESHAPE, OpRules{.layout = LayoutReshape,
+                                         .lower = LowerReshape,
+                                         .vjp = VjpReshape,
+                                         .jvp = SameOfTangent,
+                                         .batch = BatchReshape});
+  rows.emplace_back(v1::SLICE, OpRules{.layout = LayoutSlice,
+                                       .lower = LowerSlice,
+                                       .vjp = VjpSlice,
+                                       .jvp = SameOfTangent,
+                                       .batch = BatchSlice});
+  rows.emplace_back(v1::REVERSE, OpRules{.layout = LayoutReverse,
+                                         .lower = LowerReverse,
+                                         .vjp = VjpReverse,
+                                         .jvp = SameOfTangent,
+                                         .batch = BatchReverse});
+  rows.emplace_back(v1::PAD,
+                    OpRules{.layout = LayoutPad, .vjp = VjpPad, .jvp = JvpPad, .batch = BatchPad});
+  rows.emplace_back(v1::CONCATENATE, OpRules{.layout = LayoutConcatenate,
+                                             .vjp = VjpConcatenate,
+                                             .jvp = JvpConcatenate,
+                                             .batch = BatchConcatenate});
   // Its layout is the constraint itself, which the partitioner applies.
   rows.emplace_back(v1::SHARDING_CONSTRAINT, OpRules{.vjp = VjpIdentity, .jvp = SameOfTangent});
 }

@@ -38,8 +38,8 @@ void KeepPartial(const v1::Sharding& from, v1::Sharding& result);
 struct LayoutQuery {
   const v1::Node& node;
   const v1::Mesh& mesh;
-  std::vector<v1::Sharding> current;        // each operand's layout (replicated where generated)
-  std::vector<bool> generated;              // each operand regenerated per block on demand
+  std::vector<v1::Sharding> current;         // each operand's layout (replicated where generated)
+  std::vector<bool> generated;               // each operand regenerated per block on demand
   std::vector<const v1::TensorType*> types;  // each operand's global type
 };
 
@@ -59,21 +59,24 @@ class LocalGraph {
   virtual ~LocalGraph() = default;
   // Appends `n`, its type inferred from its operands (a constant keeps its own).
   virtual absl::StatusOr<std::string> Emit(v1::Node n) = 0;
-  virtual absl::StatusOr<std::string> EmitOp(v1::Op op, std::vector<std::string> operands, const std::string& base,
+  virtual absl::StatusOr<std::string> EmitOp(v1::Op op, std::vector<std::string> operands,
+                                             const std::string& base,
                                              const std::function<void(v1::Node&)>& attrs = {}) = 0;
   // Every element of `t` equal to `f` (floating types) or `i`.
   virtual absl::StatusOr<std::string> EmitFill(const v1::TensorType& t, double f, int64_t i,
                                                const std::string& base) = 0;
   // A collective over `axes`, recorded with its reason in the plan.
-  virtual absl::StatusOr<std::string> EmitCollective(v1::Op op, const std::string& input, const std::string& base,
-                                                     const Axes& axes, int64_t dim, int64_t concat_dim,
+  virtual absl::StatusOr<std::string> EmitCollective(v1::Op op, const std::string& input,
+                                                     const std::string& base, const Axes& axes,
+                                                     int64_t dim, int64_t concat_dim,
                                                      v1::ReduceKind kind, const std::string& reason,
                                                      const std::vector<int64_t>& pairs = {}) = 0;
   // Local `indices` into a dimension of `extent` split over `axes` in blocks
   // of `block`, as s64 positions in this device's block; with `clamp`,
   // clamped into [0, extent) first.
-  virtual absl::StatusOr<std::string> BlockIndices(const std::string& indices, const Axes& axes, int64_t extent,
-                                                   int64_t block, bool clamp, const std::string& base) = 0;
+  virtual absl::StatusOr<std::string> BlockIndices(const std::string& indices, const Axes& axes,
+                                                   int64_t extent, int64_t block, bool clamp,
+                                                   const std::string& base) = 0;
   virtual const v1::TensorType& LocalTypeOf(const std::string& v) const = 0;
   virtual const v1::Mesh& mesh() const = 0;
 };
@@ -84,8 +87,8 @@ struct Lowering {
   const v1::Node& node;     // the global node
   const std::string& name;  // its name in the partitioned graph's source
   const Layout& layout;
-  const v1::TensorType& local_type;                // the result's per-device type
-  std::vector<const v1::TensorType*> types;        // the operands' global types
+  const v1::TensorType& local_type;          // the result's per-device type
+  std::vector<const v1::TensorType*> types;  // the operands' global types
 };
 using LowerRule = absl::StatusOr<std::string> (*)(LocalGraph&, const Lowering&, v1::Node local);
 
@@ -101,8 +104,9 @@ class ReverseMode {
   virtual std::string Result(const v1::Node& n) = 0;          // the node's forward value
   virtual const v1::TensorType& OperandType(const v1::Node& n, int k) = 0;
   virtual bool Active(const v1::Node& n, int k) = 0;  // operand k takes a cotangent
-  virtual void Into(const v1::Node& n, int k, const std::string& ct) = 0;  // adds to operand k's cotangent
-  virtual std::string Where() const = 0;  // "vjp of 'f'", for errors
+  virtual void Into(const v1::Node& n, int k,
+                    const std::string& ct) = 0;  // adds to operand k's cotangent
+  virtual std::string Where() const = 0;         // "vjp of 'f'", for errors
 };
 // Adds each operand's share of `ct`, the node's cotangent, with Into.
 using VjpRule = absl::Status (*)(ReverseMode&, const v1::Node&, const std::string& ct);
@@ -131,10 +135,11 @@ class Batching {
  public:
   virtual ~Batching() = default;
   virtual Emitter& e() = 0;
-  virtual int64_t size() const = 0;                           // the batch
-  virtual bool IsBatched(const std::string& v) const = 0;     // F's value depends on the batch
-  virtual std::string Value(const std::string& v) = 0;        // as computed (batch first where batched)
-  virtual std::string Batched(const std::string& v) = 0;      // batch first, broadcast where not batched
+  virtual int64_t size() const = 0;                        // the batch
+  virtual bool IsBatched(const std::string& v) const = 0;  // F's value depends on the batch
+  virtual std::string Value(const std::string& v) = 0;  // as computed (batch first where batched)
+  virtual std::string Batched(
+      const std::string& v) = 0;  // batch first, broadcast where not batched
   // As [batch] + `dims`: an elementwise operand, which may be a scalar.
   virtual std::string BatchedTo(const std::string& v, const std::vector<int64_t>& dims) = 0;
   virtual const v1::TensorType& TypeOf(const std::string& v) const = 0;  // F's (unbatched) type

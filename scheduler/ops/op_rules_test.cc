@@ -16,9 +16,9 @@ namespace {
 // Structural: handled by the drivers (parameters, regions, control flow,
 // custom rules, transforms, partitioner-only collectives).
 const absl::flat_hash_set<int> kStructural = {
-    v1::PARAMETER,   v1::MANUAL_REGION, v1::CUSTOM_KERNEL, v1::MESH_REGION, v1::SHARD_SLICE,
-    v1::WHILE,       v1::CONDITIONAL,   v1::SCAN,          v1::TUPLE_ELEMENT, v1::VJP,
-    v1::JVP,         v1::CUSTOM_VJP,    v1::CUSTOM_JVP,    v1::VMAP};
+    v1::PARAMETER, v1::MANUAL_REGION, v1::CUSTOM_KERNEL, v1::MESH_REGION,   v1::SHARD_SLICE,
+    v1::WHILE,     v1::CONDITIONAL,   v1::SCAN,          v1::TUPLE_ELEMENT, v1::VJP,
+    v1::JVP,       v1::CUSTOM_VJP,    v1::CUSTOM_JVP,    v1::VMAP};
 
 TEST(OpRules, EveryOpHasARowOrIsStructural) {
   const auto* d = v1::Op_descriptor();
@@ -26,8 +26,9 @@ TEST(OpRules, EveryOpHasARowOrIsStructural) {
     const v1::Op op = v1::Op(d->value(i)->number());
     if (op == v1::OP_INVALID) continue;
     const bool row = Find(op) != nullptr, structural = kStructural.contains(op);
-    EXPECT_NE(row, structural) << OpName(op) << (row ? " has a row and is structural"
-                                                     : " has no row in scheduler/ops and is not structural");
+    EXPECT_NE(row, structural) << OpName(op)
+                               << (row ? " has a row and is structural"
+                                       : " has no row in scheduler/ops and is not structural");
   }
 }
 
@@ -36,7 +37,8 @@ TEST(OpRules, ArrayOpsArePartitionedAndBatched) {
   for (int i = 0; i < d->value_count(); ++i) {
     const v1::Op op = v1::Op(d->value(i)->number());
     const OpRules* r = Find(op);
-    if (r == nullptr || IsCollective(op) || op == v1::AXIS_INDEX || op == v1::SHARDING_CONSTRAINT) continue;
+    if (r == nullptr || IsCollective(op) || op == v1::AXIS_INDEX || op == v1::SHARDING_CONSTRAINT)
+      continue;
     EXPECT_NE(r->layout, nullptr) << OpName(op) << " has no partitioning rule";
     if (op != v1::CONSTANT) {
       EXPECT_NE(r->batch, nullptr) << OpName(op) << " has no batching rule";
@@ -45,9 +47,10 @@ TEST(OpRules, ArrayOpsArePartitionedAndBatched) {
 }
 
 TEST(OpRules, FloatOpsHaveBothDerivatives) {
-  for (v1::Op op : {v1::ADD, v1::TANH, v1::ERF, v1::ATAN2, v1::SELECT, v1::CLAMP, v1::CONVERT, v1::DOT_GENERAL,
-                    v1::REDUCE, v1::GATHER, v1::SCATTER, v1::SORT, v1::PAD, v1::CONCATENATE, v1::SLICE,
-                    v1::BROADCAST_IN_DIM, v1::RESHAPE, v1::TRANSPOSE, v1::REVERSE}) {
+  for (v1::Op op :
+       {v1::ADD, v1::TANH, v1::ERF, v1::ATAN2, v1::SELECT, v1::CLAMP, v1::CONVERT, v1::DOT_GENERAL,
+        v1::REDUCE, v1::GATHER, v1::SCATTER, v1::SORT, v1::PAD, v1::CONCATENATE, v1::SLICE,
+        v1::BROADCAST_IN_DIM, v1::RESHAPE, v1::TRANSPOSE, v1::REVERSE}) {
     const OpRules* r = Find(op);
     ASSERT_NE(r, nullptr) << OpName(op);
     EXPECT_NE(r->vjp, nullptr) << OpName(op) << " has no reverse-mode rule";
@@ -77,7 +80,8 @@ TEST(OpRules, ReduceOverASplitDimensionIsPartial) {
   x.set_dtype(v1::F32);
   x.add_dims(4);
   x.add_dims(8);
-  LayoutQuery q{.node = n, .mesh = mesh, .current = {Split(2, 1, "x")}, .generated = {false}, .types = {&x}};
+  LayoutQuery q{
+      .node = n, .mesh = mesh, .current = {Split(2, 1, "x")}, .generated = {false}, .types = {&x}};
   Layout l;
   l.want.resize(1);
   l.result = Replicated(1);
@@ -105,7 +109,10 @@ TEST(OpRules, DotOverASplitContractingDimensionIsPartial) {
   b = a;
   b.set_dims(0, 8);
   b.set_dims(1, 4);
-  LayoutQuery q{.node = n, .mesh = mesh, .current = {Split(2, 1, "x"), Split(2, 0, "x")}, .generated = {false, false},
+  LayoutQuery q{.node = n,
+                .mesh = mesh,
+                .current = {Split(2, 1, "x"), Split(2, 0, "x")},
+                .generated = {false, false},
                 .types = {&a, &b}};
   Layout l;
   l.want.resize(2);

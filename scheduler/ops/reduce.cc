@@ -18,7 +18,8 @@ void LayoutReduce(const LayoutQuery& q, Layout& l) {
   if (IsPartial(l.want[0]) && !(kind == v1::SUM && l.want[0].partial_kind() == v1::SUM)) {
     l.want[0] = Complete(l.want[0]);
   }
-  absl::flat_hash_set<int64_t> reduced(q.node.reduce().dims().begin(), q.node.reduce().dims().end());
+  absl::flat_hash_set<int64_t> reduced(q.node.reduce().dims().begin(),
+                                       q.node.reduce().dims().end());
   Axes partial = PartialAxes(l.want[0]);
   int j = 0;
   for (int d = 0; d < q.types[0]->dims_size(); ++d) {
@@ -87,8 +88,8 @@ absl::Status VjpReduce(ReverseMode& m, const v1::Node& n, const std::string& ct)
       m.Into(n, 0, e.Binary(v1::DIV, e.Binary(v1::MUL, spread, e.Broadcast(out, r.in, r.kept)), x));
       break;
     default: {  // max, min: the elements equal to the result share it (as JAX)
-      const std::string hit =
-          e.Convert(e.Compare(v1::EQ, x, e.Broadcast(out, r.in, r.kept)), m.OperandType(n, 0).dtype());
+      const std::string hit = e.Convert(e.Compare(v1::EQ, x, e.Broadcast(out, r.in, r.kept)),
+                                        m.OperandType(n, 0).dtype());
       const std::string count = e.Reduce(hit, v1::SUM, r.dims);
       m.Into(n, 0, e.Binary(v1::MUL, e.Broadcast(e.Binary(v1::DIV, ct, count), r.in, r.kept), hit));
     }
@@ -103,11 +104,13 @@ absl::StatusOr<std::string> JvpReduce(ForwardMode& m, const v1::Node& n) {
   switch (n.reduce().kind()) {
     case v1::SUM: return m.Same(n, {t});
     case v1::PROD:
-      return e.Reduce(e.Binary(v1::DIV, e.Binary(v1::MUL, t, e.Broadcast(out, r.in, r.kept)), x), v1::SUM, r.dims);
+      return e.Reduce(e.Binary(v1::DIV, e.Binary(v1::MUL, t, e.Broadcast(out, r.in, r.kept)), x),
+                      v1::SUM, r.dims);
     default: {
-      const std::string hit =
-          e.Convert(e.Compare(v1::EQ, x, e.Broadcast(out, r.in, r.kept)), m.OperandType(n, 0).dtype());
-      return e.Binary(v1::DIV, e.Reduce(e.Binary(v1::MUL, t, hit), v1::SUM, r.dims), e.Reduce(hit, v1::SUM, r.dims));
+      const std::string hit = e.Convert(e.Compare(v1::EQ, x, e.Broadcast(out, r.in, r.kept)),
+                                        m.OperandType(n, 0).dtype());
+      return e.Binary(v1::DIV, e.Reduce(e.Binary(v1::MUL, t, hit), v1::SUM, r.dims),
+                      e.Reduce(hit, v1::SUM, r.dims));
     }
   }
 }
@@ -119,7 +122,8 @@ absl::Status VjpSort(ReverseMode& m, const v1::Node& n, const std::string& ct) {
   Emitter& e = m.e();
   const int r = n.sort().result_operand();
   if (!IsFloat(m.OperandType(n, r).dtype())) return absl::OkStatus();
-  const std::string from = e.SortBy(m.Operand(n, 0), e.Iota(m.OperandType(n, 0), n.sort().dimension()), n.sort());
+  const std::string from =
+      e.SortBy(m.Operand(n, 0), e.Iota(m.OperandType(n, 0), n.sort().dimension()), n.sort());
   v1::SortAttrs back;
   back.set_dimension(n.sort().dimension());
   m.Into(n, r, e.SortBy(from, ct, back));
@@ -133,30 +137,37 @@ absl::StatusOr<std::string> JvpSort(ForwardMode& m, const v1::Node& n) {
 }
 
 absl::StatusOr<std::string> BatchReduce(Batching& b, const v1::Node& n) {
-  return b.Emit(n, {b.Batched(n.operands(0))}, [&](v1::Node& c) { ShiftAll(*c.mutable_reduce()->mutable_dims()); });
+  return b.Emit(n, {b.Batched(n.operands(0))},
+                [&](v1::Node& c) { ShiftAll(*c.mutable_reduce()->mutable_dims()); });
 }
 
 absl::StatusOr<std::string> BatchArgReduce(Batching& b, const v1::Node& n) {
-  return b.Emit(n, {b.Batched(n.operands(0))},
-                [&](v1::Node& c) { c.mutable_arg_reduce()->set_dimension(c.arg_reduce().dimension() + 1); });
+  return b.Emit(n, {b.Batched(n.operands(0))}, [&](v1::Node& c) {
+    c.mutable_arg_reduce()->set_dimension(c.arg_reduce().dimension() + 1);
+  });
 }
 
 absl::StatusOr<std::string> BatchSort(Batching& b, const v1::Node& n) {
   std::vector<std::string> ops;
   for (const std::string& o : n.operands()) ops.push_back(b.Batched(o));
-  return b.Emit(n, std::move(ops), [&](v1::Node& c) { c.mutable_sort()->set_dimension(c.sort().dimension() + 1); });
+  return b.Emit(n, std::move(ops),
+                [&](v1::Node& c) { c.mutable_sort()->set_dimension(c.sort().dimension() + 1); });
 }
 
 }  // namespace
 
 void ReduceRows(Rows& rows) {
-  rows.emplace_back(v1::REDUCE, OpRules{.layout = LayoutReduce, .vjp = VjpReduce, .jvp = JvpReduce,
-                                        .batch = BatchReduce});
+  rows.emplace_back(
+      v1::REDUCE,
+      OpRules{.layout = LayoutReduce, .vjp = VjpReduce, .jvp = JvpReduce, .batch = BatchReduce});
   for (v1::Op op : {v1::ARGMAX, v1::ARGMIN}) {
-    rows.emplace_back(op, OpRules{.layout = LayoutArgReduce, .vjp = NoCotangent, .jvp = NoTangent,
+    rows.emplace_back(op, OpRules{.layout = LayoutArgReduce,
+                                  .vjp = NoCotangent,
+                                  .jvp = NoTangent,
                                   .batch = BatchArgReduce});
   }
-  rows.emplace_back(v1::SORT, OpRules{.layout = LayoutSort, .vjp = VjpSort, .jvp = JvpSort, .batch = BatchSort});
+  rows.emplace_back(
+      v1::SORT, OpRules{.layout = LayoutSort, .vjp = VjpSort, .jvp = JvpSort, .batch = BatchSort});
 }
 
 }  // namespace tessel::scheduler::ops

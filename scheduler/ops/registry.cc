@@ -8,7 +8,9 @@
 
 namespace tessel::scheduler::ops {
 
-Axes DimAxes(const v1::Sharding& s, int d) { return {s.dims(d).axes().begin(), s.dims(d).axes().end()}; }
+Axes DimAxes(const v1::Sharding& s, int d) {
+  return {s.dims(d).axes().begin(), s.dims(d).axes().end()};
+}
 
 void SetDimAxes(v1::Sharding& s, int d, const Axes& a) {
   s.mutable_dims(d)->clear_axes();
@@ -29,7 +31,9 @@ void KeepPartial(const v1::Sharding& from, v1::Sharding& result) {
   result.set_partial_kind(from.partial_kind());
 }
 
-absl::Status NoCotangent(ReverseMode&, const v1::Node&, const std::string&) { return absl::OkStatus(); }
+absl::Status NoCotangent(ReverseMode&, const v1::Node&, const std::string&) {
+  return absl::OkStatus();
+}
 absl::StatusOr<std::string> NoTangent(ForwardMode&, const v1::Node&) { return std::string(); }
 absl::StatusOr<std::string> SameOfTangent(ForwardMode& m, const v1::Node& n) {
   return m.Same(n, {m.Tangent(n, 0)});
@@ -48,8 +52,10 @@ absl::flat_hash_map<int, OpRules> Build() {
   absl::flat_hash_map<int, OpRules> table;
   for (auto& [op, r] : rows) {
     if (!table.emplace(int(op), r).second) {
-      // Two families claim one op: a programming error, caught by the first test that looks an op up.
-      std::fprintf(stderr, "tessel: op %s has two rows in scheduler/ops\n", std::string(OpName(op)).c_str());
+      // Two families claim one op: a programming error, caught by the first test that looks an op
+      // up.
+      std::fprintf(stderr, "tessel: op %s has two rows in scheduler/ops\n",
+                   std::string(OpName(op)).c_str());
       std::abort();
     }
   }

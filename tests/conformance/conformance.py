@@ -41,6 +41,7 @@ its op; afterwards one valid case runs again on every device.
 Prints one line per failing case and a summary "N cases, M failed"; exits 1 if
 any case failed.
 """
+
 import argparse
 import math
 import os
@@ -63,17 +64,48 @@ SIGNED = FLOATS + ["s8", "s16", "s32", "s64"]
 INT_OR_PRED = INTS + ["pred"]
 
 # In-memory numpy dtype of each Tessel dtype (bf16 values live in float32).
-NP = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "bf16": np.float32,
-      "s32": np.int32, "s64": np.int64, "u8": np.uint8, "pred": np.bool_, "s8": np.int8, "s16": np.int16,
-      "u16": np.uint16, "u32": np.uint32, "u64": np.uint64}
+NP = {
+    "f32": np.float32,
+    "f64": np.float64,
+    "f16": np.float16,
+    "bf16": np.float32,
+    "s32": np.int32,
+    "s64": np.int64,
+    "u8": np.uint8,
+    "pred": np.bool_,
+    "s8": np.int8,
+    "s16": np.int16,
+    "u16": np.uint16,
+    "u32": np.uint32,
+    "u64": np.uint64,
+}
 # .npy descr the CLI reads and writes for each dtype.
-NPY_DESCR = {"f32": "<f4", "f64": "<f8", "f16": "<f2", "bf16": "<V2",
-             "s32": "<i4", "s64": "<i8", "u8": "|u1", "pred": "|b1", "s8": "|i1", "s16": "<i2",
-             "u16": "<u2", "u32": "<u4", "u64": "<u8"}
+NPY_DESCR = {
+    "f32": "<f4",
+    "f64": "<f8",
+    "f16": "<f2",
+    "bf16": "<V2",
+    "s32": "<i4",
+    "s64": "<i8",
+    "u8": "|u1",
+    "pred": "|b1",
+    "s8": "|i1",
+    "s16": "<i2",
+    "u16": "<u2",
+    "u32": "<u4",
+    "u64": "<u8",
+}
 PROTO = {d: d.upper() for d in ALL}
-INT_RANGE = {"s8": (-2**7, 2**7 - 1), "s16": (-2**15, 2**15 - 1), "s32": (-2**31, 2**31 - 1),
-             "s64": (-2**63, 2**63 - 1), "u8": (0, 2**8 - 1), "u16": (0, 2**16 - 1), "u32": (0, 2**32 - 1),
-             "u64": (0, 2**64 - 1)}
+INT_RANGE = {
+    "s8": (-(2**7), 2**7 - 1),
+    "s16": (-(2**15), 2**15 - 1),
+    "s32": (-(2**31), 2**31 - 1),
+    "s64": (-(2**63), 2**63 - 1),
+    "u8": (0, 2**8 - 1),
+    "u16": (0, 2**16 - 1),
+    "u32": (0, 2**32 - 1),
+    "u64": (0, 2**64 - 1),
+}
 
 # Floating formats: (precision in bits incl. the implicit one, exponent of the
 # smallest normal, largest finite value).
@@ -194,6 +226,7 @@ def iw(dt, x):
     order, division and maximum are unsigned), the rest go to int64."""
     return np.asarray(x).astype(np.uint64 if dt == "u64" else np.int64)
 
+
 # ----------------------------------------------------------------------------
 # Random inputs.
 
@@ -234,6 +267,7 @@ def rand_small(rng, dt, shape, lo=-3, hi=3):
         return rand_int(rng, dt, shape, lo if dt not in UNSIGNED else 0, hi if dt not in UNSIGNED else hi - lo)
     return rand_float(rng, dt, shape, lo, hi)
 
+
 # ----------------------------------------------------------------------------
 # Cases.
 
@@ -263,8 +297,9 @@ class Case:
         i = len(self.inputs)
         name = "p%d" % i
         x = np.asarray(x)
-        self.nodes.append('nodes { name: "%s" op: PARAMETER parameter { index: %d } %s }'
-                          % (name, i, type_text(dt, x.shape)))
+        self.nodes.append(
+            'nodes { name: "%s" op: PARAMETER parameter { index: %d } %s }' % (name, i, type_text(dt, x.shape))
+        )
         self.inputs[name] = (dt, x)
         return name
 
@@ -285,7 +320,9 @@ class Case:
 
     def graph(self):
         return 'name: "%s"\n%s\noutputs: "out"\n' % (
-            self.name.replace("/", "_").replace('"', ""), "\n".join(self.nodes))
+            self.name.replace("/", "_").replace('"', ""),
+            "\n".join(self.nodes),
+        )
 
 
 # Tolerances (rtol, atol) by class of computation.
@@ -303,6 +340,7 @@ def tol(table, dt):
 
 
 # --- unary ------------------------------------------------------------------
+
 
 def round_afz(x):
     """Round half away from zero, exactly."""
@@ -364,8 +402,12 @@ UNARY = {  # op: (admitted dtypes, input generator, float64 reference, exact?)
     "CEIL": (FLOATS, _with_halves, np.ceil, True),
     "ROUND": (FLOATS, _with_halves, round_afz, True),
     "SIGN": (SIGNED, _with_zeros, sign_ref, True),
-    "NOT": (INT_OR_PRED, lambda rng, dt, shape: rand_any(rng, dt, shape),
-            lambda x: np.logical_not(x) if x.dtype == np.bool_ else np.invert(x), True),
+    "NOT": (
+        INT_OR_PRED,
+        lambda rng, dt, shape: rand_any(rng, dt, shape),
+        lambda x: np.logical_not(x) if x.dtype == np.bool_ else np.invert(x),
+        True,
+    ),
     "SIN": (FLOATS, _pos(-3, 3), np.sin, False),
     "COS": (FLOATS, _pos(-3, 3), np.cos, False),
     "TAN": (FLOATS, _pos(-1.2, 1.2), np.tan, False),
@@ -405,6 +447,7 @@ def unary_cases(rng):
 
 # --- binary -----------------------------------------------------------------
 
+
 def trunc_div(a, b):  # a, b widened (iw)
     return (a - np.fmod(a, b)) // b  # exact: a - fmod(a, b) is a multiple of b
 
@@ -420,8 +463,11 @@ def binary_inputs(rng, op, dt, shape):
                 b = rand_int(rng, dt, shape, 1, hi)
                 b = np.where(rng.integers(0, 2, shape) == 1, b, b % 13 + 1).astype(NP[dt])
             else:
-                mag = np.where(rng.integers(0, 2, shape) == 1, rng.integers(1, 50, shape),
-                               rng.integers(1, hi, shape, dtype=np.int64))
+                mag = np.where(
+                    rng.integers(0, 2, shape) == 1,
+                    rng.integers(1, 50, shape),
+                    rng.integers(1, hi, shape, dtype=np.int64),
+                )
                 b = (mag * np.where(rng.integers(0, 2, shape) == 1, 1, -1)).astype(NP[dt])
             return a, b
         if op == "POW":
@@ -502,8 +548,14 @@ def binary_cases(rng):
 
 # --- compare, select, clamp -------------------------------------------------
 
-COMPARE = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal,
-           "GT": np.greater, "GE": np.greater_equal}
+COMPARE = {
+    "EQ": np.equal,
+    "NE": np.not_equal,
+    "LT": np.less,
+    "LE": np.less_equal,
+    "GT": np.greater,
+    "GE": np.greater_equal,
+}
 
 
 def compare_cases(rng):
@@ -550,6 +602,7 @@ def select_clamp_cases(rng):
 
 
 # --- convert ----------------------------------------------------------------
+
 
 def convert_source(rng, src, dst, shape):
     if src == "pred":
@@ -601,22 +654,106 @@ def convert_cases(rng):
             yield c
     # Rounding corners: one rounding from the source value, ties to even,
     # subnormals, overflow to infinity, NaN and infinities kept.
-    m11, m8 = 2.0 ** -11, 2.0 ** -8  # half an ulp at 1.0 in f16 and bf16
+    m11, m8 = 2.0**-11, 2.0**-8  # half an ulp at 1.0 in f16 and bf16
     edge = {
-        ("f64", "f16"): [1 + m11 + 2.0 ** -40, 1 + m11, 1 + 3 * m11, -(1 + m11 + 2.0 ** -40), 65519.99, 65520.0,
-                         2.0 ** -24 * 0.5000001, 2.0 ** -25, 3 * 2.0 ** -25, 1e-30, np.inf, np.nan],
-        ("f64", "bf16"): [1 + m8 + 2.0 ** -40, 1 + m8, 1 + 3 * m8, -(1 + m8 + 2.0 ** -40), 3.0e38, 3.4e38,
-                          2.0 ** -133 * 0.75, 2.0 ** -134, 1e-45, 0.1, -np.inf, np.nan],
-        ("f64", "f32"): [1 + 2.0 ** -24 + 2.0 ** -50, 1 + 2.0 ** -24, 1 + 3 * 2.0 ** -24, 3.5e38, 2.0 ** -149 * 0.75,
-                         2.0 ** -150, 1e-46, 0.1, -0.1, 1e300, np.inf, np.nan],
-        ("f32", "f16"): [1 + m11, 1 + 3 * m11, 1 + m11 + 2.0 ** -20, 65504.0, 65519.0, 65520.0, 2.0 ** -25,
-                         3 * 2.0 ** -25, 2.0 ** -24 * 1.5, 6.1e-5, -np.inf, np.nan],
-        ("f32", "bf16"): [1 + m8, 1 + 3 * m8, 1 + m8 + 2.0 ** -20, 3.3895e38, 3.4e38, 1e-39, 2.0 ** -133,
-                          2.0 ** -134 * 3, 0.1, -1e-3, np.inf, np.nan],
-        ("f16", "bf16"): [1 + 2.0 ** -10 + 2.0 ** -9, 1 + 2.0 ** -8, 1 + 3 * 2.0 ** -9, 65504.0, 2.0 ** -24,
-                          6.0e-5, -0.1, 1000.5, 3.0, -2.0 ** -14, np.inf, np.nan],
-        ("bf16", "f16"): [1e5, 65536.0, 2.0 ** -26, 2.0 ** -25 * 3, 0.1, 1.0 + 2.0 ** -7, 300.0, -7e-8, 1e-8,
-                          65280.0, -np.inf, np.nan],
+        ("f64", "f16"): [
+            1 + m11 + 2.0**-40,
+            1 + m11,
+            1 + 3 * m11,
+            -(1 + m11 + 2.0**-40),
+            65519.99,
+            65520.0,
+            2.0**-24 * 0.5000001,
+            2.0**-25,
+            3 * 2.0**-25,
+            1e-30,
+            np.inf,
+            np.nan,
+        ],
+        ("f64", "bf16"): [
+            1 + m8 + 2.0**-40,
+            1 + m8,
+            1 + 3 * m8,
+            -(1 + m8 + 2.0**-40),
+            3.0e38,
+            3.4e38,
+            2.0**-133 * 0.75,
+            2.0**-134,
+            1e-45,
+            0.1,
+            -np.inf,
+            np.nan,
+        ],
+        ("f64", "f32"): [
+            1 + 2.0**-24 + 2.0**-50,
+            1 + 2.0**-24,
+            1 + 3 * 2.0**-24,
+            3.5e38,
+            2.0**-149 * 0.75,
+            2.0**-150,
+            1e-46,
+            0.1,
+            -0.1,
+            1e300,
+            np.inf,
+            np.nan,
+        ],
+        ("f32", "f16"): [
+            1 + m11,
+            1 + 3 * m11,
+            1 + m11 + 2.0**-20,
+            65504.0,
+            65519.0,
+            65520.0,
+            2.0**-25,
+            3 * 2.0**-25,
+            2.0**-24 * 1.5,
+            6.1e-5,
+            -np.inf,
+            np.nan,
+        ],
+        ("f32", "bf16"): [
+            1 + m8,
+            1 + 3 * m8,
+            1 + m8 + 2.0**-20,
+            3.3895e38,
+            3.4e38,
+            1e-39,
+            2.0**-133,
+            2.0**-134 * 3,
+            0.1,
+            -1e-3,
+            np.inf,
+            np.nan,
+        ],
+        ("f16", "bf16"): [
+            1 + 2.0**-10 + 2.0**-9,
+            1 + 2.0**-8,
+            1 + 3 * 2.0**-9,
+            65504.0,
+            2.0**-24,
+            6.0e-5,
+            -0.1,
+            1000.5,
+            3.0,
+            -(2.0**-14),
+            np.inf,
+            np.nan,
+        ],
+        ("bf16", "f16"): [
+            1e5,
+            65536.0,
+            2.0**-26,
+            2.0**-25 * 3,
+            0.1,
+            1.0 + 2.0**-7,
+            300.0,
+            -7e-8,
+            1e-8,
+            65280.0,
+            -np.inf,
+            np.nan,
+        ],
     }
     for (src, dst), vals in edge.items():
         c = Case("CONVERT.rounding/%s->%s" % (src, dst), "CONVERT", src)
@@ -624,14 +761,29 @@ def convert_cases(rng):
         p = c.param(src, x)
         c.out("CONVERT", [p], "convert { dtype: %s }" % PROTO[dst], dt=dst, want=rf(dst, f64(x)))
         yield c
-    big = [2**30 + 2**22 + 1, 2**30 + 2**22, 2**30 + 3 * 2**22, -(2**30 + 2**22 + 1), 2**24 + 1, 2**24 + 3,
-           2**31 - 1, -2**31, 65519, 65520, 257, -(2**24 + 1)]
+    big = [
+        2**30 + 2**22 + 1,
+        2**30 + 2**22,
+        2**30 + 3 * 2**22,
+        -(2**30 + 2**22 + 1),
+        2**24 + 1,
+        2**24 + 3,
+        2**31 - 1,
+        -(2**31),
+        65519,
+        65520,
+        257,
+        -(2**24 + 1),
+    ]
     huge = big + [2**62 + 2**54 + 1]
-    for src, dst, vals in (("s32", "bf16", big), ("s32", "f16", big), ("s32", "f32", big),
-                           ("s64", "bf16", huge[:12]), ("s64", "f32", [2**62 + 2**38 + 1, 2**53 + 1, 2**60 + 2**36,
-                                                                        2**60 + 3 * 2**36] + big[:8]),
-                           ("s64", "f64", [2**53 + 1, 2**53 + 3, 2**62 + 2**9 + 1, -(2**53 + 1), 2**63 - 1, -2**63]
-                            + big[:6])):
+    for src, dst, vals in (
+        ("s32", "bf16", big),
+        ("s32", "f16", big),
+        ("s32", "f32", big),
+        ("s64", "bf16", huge[:12]),
+        ("s64", "f32", [2**62 + 2**38 + 1, 2**53 + 1, 2**60 + 2**36, 2**60 + 3 * 2**36] + big[:8]),
+        ("s64", "f64", [2**53 + 1, 2**53 + 3, 2**62 + 2**9 + 1, -(2**53 + 1), 2**63 - 1, -(2**63)] + big[:6]),
+    ):
         c = Case("CONVERT.rounding/%s->%s" % (src, dst), "CONVERT", src)
         x = np.array(vals[:12], dtype=np.int64).astype(NP[src]).reshape(3, 4)
         p = c.param(src, x)
@@ -639,11 +791,31 @@ def convert_cases(rng):
         yield c
     # uint64 past 2^63 rounds once to a float: 2^63 + 2^55 is a bf16 tie (to even), one more rounds up.
     top = 2**63
-    wide = [top + 2**55, top + 2**55 + 1, 2**64 - 1, top, top + 2**40 + 1, 2**53 + 1, 2**24 + 1, 65520, 65519, 0, 1,
-            top + 2**39 + 2**11]
-    for src, dst, vals in (("u64", "bf16", wide), ("u64", "f16", wide), ("u64", "f32", wide), ("u64", "f64", wide),
-                           ("u32", "f16", [2**32 - 1, 65520, 65519, 2049, 2051, 2**31 + 2**20, 7, 0, 1, 2**24 + 1,
-                                           2**31 - 1, 3 * 2**20 + 1])):
+    wide = [
+        top + 2**55,
+        top + 2**55 + 1,
+        2**64 - 1,
+        top,
+        top + 2**40 + 1,
+        2**53 + 1,
+        2**24 + 1,
+        65520,
+        65519,
+        0,
+        1,
+        top + 2**39 + 2**11,
+    ]
+    for src, dst, vals in (
+        ("u64", "bf16", wide),
+        ("u64", "f16", wide),
+        ("u64", "f32", wide),
+        ("u64", "f64", wide),
+        (
+            "u32",
+            "f16",
+            [2**32 - 1, 65520, 65519, 2049, 2051, 2**31 + 2**20, 7, 0, 1, 2**24 + 1, 2**31 - 1, 3 * 2**20 + 1],
+        ),
+    ):
         c = Case("CONVERT.rounding/%s->%s" % (src, dst), "CONVERT", src)
         x = np.array(vals, dtype=np.uint64).astype(NP[src]).reshape(3, 4)
         p = c.param(src, x)
@@ -652,17 +824,35 @@ def convert_cases(rng):
     # A float past an integer type's range saturates; NaN is 0 (XLA's conversion).
     for dst in ("s8", "s16", "u16", "u32", "u64"):
         lo, hi = INT_RANGE[dst]
-        vals = [1e30, -1e30, np.inf, -np.inf, np.nan, -0.75, 0.75, float(lo) - 1.5, float(hi) + 1.5, float(hi) * 2,
-                -3.5, 2.0 ** 63 + 2.0 ** 40]
+        vals = [
+            1e30,
+            -1e30,
+            np.inf,
+            -np.inf,
+            np.nan,
+            -0.75,
+            0.75,
+            float(lo) - 1.5,
+            float(hi) + 1.5,
+            float(hi) * 2,
+            -3.5,
+            2.0**63 + 2.0**40,
+        ]
         want = [0 if v != v else max(lo, min(hi, int(v) if abs(v) < 1e300 else (hi if v > 0 else lo))) for v in vals]
         c = Case("CONVERT.saturation/f64->%s" % dst, "CONVERT", "f64")
         p = c.param("f64", np.array(vals, np.float64).reshape(3, 4))
-        c.out("CONVERT", [p], "convert { dtype: %s }" % PROTO[dst], dt=dst,
-              want=np.array(want, dtype=object).astype(NP[dst]).reshape(3, 4))
+        c.out(
+            "CONVERT",
+            [p],
+            "convert { dtype: %s }" % PROTO[dst],
+            dt=dst,
+            want=np.array(want, dtype=object).astype(NP[dst]).reshape(3, 4),
+        )
         yield c
 
 
 # --- layout ops -------------------------------------------------------------
+
 
 def pad_ref(x, pv, low, high, interior):
     # Interior padding, then edge padding (negative = crop).
@@ -670,10 +860,12 @@ def pad_ref(x, pv, low, high, interior):
     y = np.full(core, pv, dtype=x.dtype)
     y[tuple(slice(None, None, i + 1) for i in interior)] = x
     for ax, (lo, hi) in enumerate(zip(low, high)):
+
         def block(n):
             s = list(y.shape)
             s[ax] = n
             return np.full(s, pv, dtype=x.dtype)
+
         if lo > 0:
             y = np.concatenate([block(lo), y], axis=ax)
         elif lo < 0:
@@ -688,13 +880,15 @@ def pad_ref(x, pv, low, high, interior):
 def layout_cases(rng):
     for dt in ALL:
         # BROADCAST_IN_DIM: operand dims -> result dims, with size-1 expansion and a scalar.
-        for tag, shape, dims, bd in (("rank2to3", (3, 4), (2, 3, 4), (1, 2)),
-                                     ("middle", (2, 4), (2, 3, 4), (0, 2)),
-                                     ("size1", (3, 1), (3, 4), (0, 1)),
-                                     ("transposing", (4, 3), (3, 2, 4), (2, 0)),
-                                     ("one_elem", (1, 1), (3, 4), (0, 1)),
-                                     ("rank1_one", (1,), (2, 3), (1,)),
-                                     ("scalar", (), (2, 3), ())):
+        for tag, shape, dims, bd in (
+            ("rank2to3", (3, 4), (2, 3, 4), (1, 2)),
+            ("middle", (2, 4), (2, 3, 4), (0, 2)),
+            ("size1", (3, 1), (3, 4), (0, 1)),
+            ("transposing", (4, 3), (3, 2, 4), (2, 0)),
+            ("one_elem", (1, 1), (3, 4), (0, 1)),
+            ("rank1_one", (1,), (2, 3), (1,)),
+            ("scalar", (), (2, 3), ()),
+        ):
             c = Case("BROADCAST_IN_DIM.%s/%s" % (tag, dt), "BROADCAST_IN_DIM", dt)
             x = rand_any(rng, dt, shape)
             p = c.param(dt, x)
@@ -706,11 +900,20 @@ def layout_cases(rng):
             for k, d in enumerate(sorted_bd):
                 view_shape[d] = xv.shape[k]
             want = np.broadcast_to(xv.reshape(view_shape), dims)
-            c.out("BROADCAST_IN_DIM", [p], "broadcast_in_dim { %s %s }" % (
-                ints_text("dims", dims), ints_text("broadcast_dimensions", bd)), dt=dt, want=want)
+            c.out(
+                "BROADCAST_IN_DIM",
+                [p],
+                "broadcast_in_dim { %s %s }" % (ints_text("dims", dims), ints_text("broadcast_dimensions", bd)),
+                dt=dt,
+                want=want,
+            )
             yield c
-        for tag, shape, dims in (("3to2", (2, 3, 4), (4, 6)), ("flatten", (3, 4), (12,)),
-                                 ("to_scalar", (1, 1), ()), ("split", (12,), (2, 1, 6))):
+        for tag, shape, dims in (
+            ("3to2", (2, 3, 4), (4, 6)),
+            ("flatten", (3, 4), (12,)),
+            ("to_scalar", (1, 1), ()),
+            ("split", (12,), (2, 1, 6)),
+        ):
             c = Case("RESHAPE.%s/%s" % (tag, dt), "RESHAPE", dt)
             x = rand_any(rng, dt, shape)
             p = c.param(dt, x)
@@ -720,12 +923,15 @@ def layout_cases(rng):
             c = Case("TRANSPOSE.%s/%s" % (tag, dt), "TRANSPOSE", dt)
             x = rand_any(rng, dt, shape)
             p = c.param(dt, x)
-            c.out("TRANSPOSE", [p], "transpose { %s }" % ints_text("permutation", perm), dt=dt,
-                  want=np.transpose(x, perm))
+            c.out(
+                "TRANSPOSE", [p], "transpose { %s }" % ints_text("permutation", perm), dt=dt, want=np.transpose(x, perm)
+            )
             yield c
-        for tag, shape, start, limit, strides in (("strided", (2, 3, 4), (0, 1, 0), (2, 3, 4), (1, 1, 3)),
-                                                  ("2d", (5, 7), (1, 2), (5, 7), (2, 3)),
-                                                  ("nostride", (4, 6), (1, 0), (3, 5), None)):
+        for tag, shape, start, limit, strides in (
+            ("strided", (2, 3, 4), (0, 1, 0), (2, 3, 4), (1, 1, 3)),
+            ("2d", (5, 7), (1, 2), (5, 7), (2, 3)),
+            ("nostride", (4, 6), (1, 0), (3, 5), None),
+        ):
             c = Case("SLICE.%s/%s" % (tag, dt), "SLICE", dt)
             x = rand_any(rng, dt, shape)
             p = c.param(dt, x)
@@ -735,15 +941,28 @@ def layout_cases(rng):
             idx = tuple(slice(s, l, (strides or [1] * len(shape))[i]) for i, (s, l) in enumerate(zip(start, limit)))
             c.out("SLICE", [p], "slice { %s }" % attrs, dt=dt, want=x[idx])
             yield c
-        for tag, shape, dims in (("one", (5, 3), (0,)), ("both", (4, 6), (1, 0)), ("3d_outer", (2, 3, 4), (0, 2)),
-                                 ("none", (3, 2), ()), ("unit", (1, 4), (0,))):
+        for tag, shape, dims in (
+            ("one", (5, 3), (0,)),
+            ("both", (4, 6), (1, 0)),
+            ("3d_outer", (2, 3, 4), (0, 2)),
+            ("none", (3, 2), ()),
+            ("unit", (1, 4), (0,)),
+        ):
             c = Case("REVERSE.%s/%s" % (tag, dt), "REVERSE", dt)
             x = rand_any(rng, dt, shape)
-            c.out("REVERSE", [c.param(dt, x)], "reverse { %s }" % ints_text("dimensions", dims), dt=dt,
-                  want=np.flip(x, dims) if dims else x)
+            c.out(
+                "REVERSE",
+                [c.param(dt, x)],
+                "reverse { %s }" % ints_text("dimensions", dims),
+                dt=dt,
+                want=np.flip(x, dims) if dims else x,
+            )
             yield c
-        for tag, shape, dim, desc in (("rows", (4, 7), 1, False), ("cols_desc", (6, 3), 0, True),
-                                      ("3d_mid", (2, 5, 3), 1, False)):
+        for tag, shape, dim, desc in (
+            ("rows", (4, 7), 1, False),
+            ("cols_desc", (6, 3), 0, True),
+            ("3d_mid", (2, 5, 3), 1, False),
+        ):
             c = Case("SORT.%s/%s" % (tag, dt), "SORT", dt)
             x = rand_any(rng, dt, shape)
             if x.dtype.kind == "f" and x.size > 3:
@@ -752,21 +971,29 @@ def layout_cases(rng):
             if desc:  # largest first, NaN first, equal keys in their order: NaN-ness, then -x (stable)
                 wide = x.astype(np.float64)
                 nan = np.isnan(wide)
-                rank = np.argsort(np.argsort(-np.where(nan, 0, wide), axis=dim, kind="stable"), axis=dim,
-                                  kind="stable")
+                rank = np.argsort(np.argsort(-np.where(nan, 0, wide), axis=dim, kind="stable"), axis=dim, kind="stable")
                 idx = np.argsort(np.where(nan, -1, rank), axis=dim, kind="stable")
             pk = c.param(dt, x)
             attrs = "sort { dimension: %d descending: %s result_operand: %%d }" % (dim, "true" if desc else "false")
-            pos = np.broadcast_to(np.arange(shape[dim]).reshape([-1 if d == dim else 1 for d in range(len(shape))]),
-                                  shape).astype(np.int32)
+            pos = np.broadcast_to(
+                np.arange(shape[dim]).reshape([-1 if d == dim else 1 for d in range(len(shape))]), shape
+            ).astype(np.int32)
             c.out("SORT", [pk], attrs % 0, dt=dt, want=np.take_along_axis(x, idx, axis=dim))
             yield c
             c = Case("SORT.%s.indices/%s" % (tag, dt), "SORT", dt)
-            c.out("SORT", [c.param(dt, x), c.param("s32", pos)], attrs % 1, dt="s32",
-                  want=np.take_along_axis(pos, idx, axis=dim))
+            c.out(
+                "SORT",
+                [c.param(dt, x), c.param("s32", pos)],
+                attrs % 1,
+                dt="s32",
+                want=np.take_along_axis(pos, idx, axis=dim),
+            )
             yield c
-        for tag, shape, axis, idx in (("rows", (5, 3), 0, [[4, 0], [2, 2], [-1, 9]]), ("mid", (2, 6, 3), 1, [5, 0, 3, 3, 1]),
-                                      ("last", (3, 4), 1, [])):
+        for tag, shape, axis, idx in (
+            ("rows", (5, 3), 0, [[4, 0], [2, 2], [-1, 9]]),
+            ("mid", (2, 6, 3), 1, [5, 0, 3, 3, 1]),
+            ("last", (3, 4), 1, []),
+        ):
             idx = np.asarray(idx, dtype=np.int64).reshape(-1, 2) if tag == "rows" else np.asarray(idx, dtype=np.int64)
             x = rand_any(rng, dt, shape)
             n = shape[axis]
@@ -774,10 +1001,15 @@ def layout_cases(rng):
             for it in ("s32", "s64", "s8", "u64"):
                 ix = idx.astype(NP[it])
                 c = Case("GATHER.%s.%s/%s" % (tag, it, dt), "GATHER", dt)
-                c.out("GATHER", [c.param(dt, x), c.param(it, ix)], "gather { axis: %d }" % axis, dt=dt,
-                      want=np.take(x, np.clip(ix, 0, n - 1), axis=axis))
+                c.out(
+                    "GATHER",
+                    [c.param(dt, x), c.param(it, ix)],
+                    "gather { axis: %d }" % axis,
+                    dt=dt,
+                    want=np.take(x, np.clip(ix, 0, n - 1), axis=axis),
+                )
                 yield c
-            upd_shape = shape[:axis] + idx.shape + shape[axis + 1:]
+            upd_shape = shape[:axis] + idx.shape + shape[axis + 1 :]
             upd = rand_any(rng, dt, upd_shape)
             kinds = [("replace", ""), ("max", "REDUCE_MAX"), ("min", "REDUCE_MIN")]
             if dt not in ("pred", "bf16"):  # bf16 rounds after each combine: numpy's add.at does not
@@ -787,7 +1019,7 @@ def layout_cases(rng):
                 # indices all apply (replace: the last stays), out of range dropped.
                 want = x.copy()
                 moved = np.moveaxis(want, axis, 0)
-                u = np.moveaxis(upd.reshape(shape[:axis] + (idx.size,) + shape[axis + 1:]), axis, 0)
+                u = np.moveaxis(upd.reshape(shape[:axis] + (idx.size,) + shape[axis + 1 :]), axis, 0)
                 for j, i in enumerate(idx.ravel()):
                     if not 0 <= i < n:
                         continue
@@ -801,26 +1033,40 @@ def layout_cases(rng):
                         moved[i] = (np.maximum if kind == "max" else np.minimum)(moved[i], u[j])
                 c = Case("SCATTER.%s.%s/%s" % (tag, kind, dt), "SCATTER", dt)
                 attrs = "scatter { axis: %d %s }" % (axis, "combine: %s" % combine if combine else "")
-                c.out("SCATTER", [c.param(dt, x), c.param("s32", idx.astype(np.int32)), c.param(dt, upd)], attrs,
-                      dt=dt, want=want)
+                c.out(
+                    "SCATTER",
+                    [c.param(dt, x), c.param("s32", idx.astype(np.int32)), c.param(dt, upd)],
+                    attrs,
+                    dt=dt,
+                    want=want,
+                )
                 yield c
-        for tag, shapes, dim in (("2ops_dim0", [(2, 3), (3, 3)], 0), ("3ops_dim1", [(2, 3, 4), (2, 1, 4), (2, 2, 4)], 1),
-                                 ("3ops_last", [(3, 2), (3, 1), (3, 4)], 1)):
+        for tag, shapes, dim in (
+            ("2ops_dim0", [(2, 3), (3, 3)], 0),
+            ("3ops_dim1", [(2, 3, 4), (2, 1, 4), (2, 2, 4)], 1),
+            ("3ops_last", [(3, 2), (3, 1), (3, 4)], 1),
+        ):
             c = Case("CONCATENATE.%s/%s" % (tag, dt), "CONCATENATE", dt)
             xs = [rand_any(rng, dt, s) for s in shapes]
             ps = [c.param(dt, x) for x in xs]
             c.out("CONCATENATE", ps, "concatenate { dimension: %d }" % dim, dt=dt, want=np.concatenate(xs, axis=dim))
             yield c
-        for tag, shape, low, high, interior in (("lo_hi_interior", (3, 4), (1, -1), (0, 2), (1, 0)),
-                                                ("neg_high", (3, 4), (0, 2), (-1, 1), (0, 2)),
-                                                ("3d", (2, 3, 2), (1, 0, -1), (1, -2, 0), (0, 1, 1))):
+        for tag, shape, low, high, interior in (
+            ("lo_hi_interior", (3, 4), (1, -1), (0, 2), (1, 0)),
+            ("neg_high", (3, 4), (0, 2), (-1, 1), (0, 2)),
+            ("3d", (2, 3, 2), (1, 0, -1), (1, -2, 0), (0, 1, 1)),
+        ):
             c = Case("PAD.%s/%s" % (tag, dt), "PAD", dt)
             x = rand_any(rng, dt, shape)
             pv = rand_any(rng, dt, ())
             px, ppv = c.param(dt, x), c.param(dt, pv)
-            c.out("PAD", [px, ppv], "pad { %s %s %s }" % (ints_text("low", low), ints_text("high", high),
-                                                         ints_text("interior", interior)),
-                  dt=dt, want=pad_ref(x, pv, low, high, interior))
+            c.out(
+                "PAD",
+                [px, ppv],
+                "pad { %s %s %s }" % (ints_text("low", low), ints_text("high", high), ints_text("interior", interior)),
+                dt=dt,
+                want=pad_ref(x, pv, low, high, interior),
+            )
             yield c
 
 
@@ -906,8 +1152,15 @@ def reduce_cases(rng):
                         at = at * np.sum(np.abs(f64(x)), axis=dims)
                     else:
                         at = at * np.abs(f64(want))
-                c.out("REDUCE", [p], "reduce { kind: %s %s }" % (kind, " ".join("dims: %d" % d for d in dims)),
-                      dt=dt, want=want, rtol=rt, atol=at)
+                c.out(
+                    "REDUCE",
+                    [p],
+                    "reduce { kind: %s %s }" % (kind, " ".join("dims: %d" % d for d in dims)),
+                    dt=dt,
+                    want=want,
+                    rtol=rt,
+                    atol=at,
+                )
                 yield c
     for kind, fn in (("REDUCE_MAX", np.max), ("REDUCE_MIN", np.min)):
         for dt in FLOATS:
@@ -943,12 +1196,14 @@ def arg_cases(rng):
             x[1, 0] = np.nan
             x[1, 4] = np.nan
             p = c.param(dt, x)
-            c.out(op, [p], "arg_reduce { dimension: 1 index_dtype: S64 }", dt="s64",
-                  want=fn(x, axis=1).astype(np.int64))  # numpy: the first NaN wins, as in Tessel
+            c.out(
+                op, [p], "arg_reduce { dimension: 1 index_dtype: S64 }", dt="s64", want=fn(x, axis=1).astype(np.int64)
+            )  # numpy: the first NaN wins, as in Tessel
             yield c
 
 
 # --- constants --------------------------------------------------------------
+
 
 def fmt_double(v):
     return repr(float(v))  # shortest text that parses back to the same double
@@ -976,24 +1231,48 @@ def constant_cases(rng):
         # Literal of a scalar.
         c = Case("CONSTANT.literal_scalar/%s" % dt, "CONSTANT", dt)
         if dt in FLOATS:
-            c.out("CONSTANT", (), "constant { literal { f: -2.5 } } %s" % type_text(dt, ()), dt=dt,
-                  want=to_mem(dt, -2.5))
+            c.out(
+                "CONSTANT", (), "constant { literal { f: -2.5 } } %s" % type_text(dt, ()), dt=dt, want=to_mem(dt, -2.5)
+            )
         else:
             v = 1 if dt == "pred" else 7
-            c.out("CONSTANT", (), "constant { literal { i: %d } } %s" % (v, type_text(dt, ())), dt=dt,
-                  want=to_mem(dt, np.array(v)))
+            c.out(
+                "CONSTANT",
+                (),
+                "constant { literal { i: %d } } %s" % (v, type_text(dt, ())),
+                dt=dt,
+                want=to_mem(dt, np.array(v)),
+            )
         yield c
         # Fill with f and with i.
         for kind in ("f", "i"):
             c = Case("CONSTANT.fill_%s/%s" % (kind, dt), "CONSTANT", dt)
             if kind == "f":
-                v = {"pred": 1.0, "u8": 200.0, "s32": -123456.0, "s64": -2.0 ** 40, "s8": -100.0, "s16": -30000.0,
-                     "u16": 60000.0, "u32": 4.0e9, "u64": 2.0 ** 63 + 2.0 ** 40}.get(dt, -3.375)
+                v = {
+                    "pred": 1.0,
+                    "u8": 200.0,
+                    "s32": -123456.0,
+                    "s64": -(2.0**40),
+                    "s8": -100.0,
+                    "s16": -30000.0,
+                    "u16": 60000.0,
+                    "u32": 4.0e9,
+                    "u64": 2.0**63 + 2.0**40,
+                }.get(dt, -3.375)
                 text = "fill { f: %s }" % fmt_double(v)
                 want = np.full((3, 4), v) if dt in FLOATS else np.full((3, 4), v).astype(iw(dt, 0).dtype)
             else:
-                v = {"pred": 1, "u8": 17, "s32": -7, "s64": 2 ** 40 + 1, "s8": -7, "s16": -300, "u16": 65000,
-                     "u32": 4000000000, "u64": -1}.get(dt, 1000)  # u64: the bits of 2^64 - 1
+                v = {
+                    "pred": 1,
+                    "u8": 17,
+                    "s32": -7,
+                    "s64": 2**40 + 1,
+                    "s8": -7,
+                    "s16": -300,
+                    "u16": 65000,
+                    "u32": 4000000000,
+                    "u64": -1,
+                }.get(dt, 1000)  # u64: the bits of 2^64 - 1
                 text = "fill { i: %d }" % v
                 want = np.full((3, 4), v)
             if dt == "pred":
@@ -1004,24 +1283,41 @@ def constant_cases(rng):
             for dim, ishape in ((1, (2, 4)), (0, (3, 2, 2))):
                 c = Case("CONSTANT.iota_d%d/%s" % (dim, dt), "CONSTANT", dt)
                 idx = np.indices(ishape)[dim]
-                c.out("CONSTANT", (), "constant { iota { dimension: %d } } %s" % (dim, type_text(dt, ishape)),
-                      dt=dt, want=to_mem(dt, idx))
+                c.out(
+                    "CONSTANT",
+                    (),
+                    "constant { iota { dimension: %d } } %s" % (dim, type_text(dt, ishape)),
+                    dt=dt,
+                    want=to_mem(dt, idx),
+                )
                 yield c
     # Literal values given as f (double) round once to f16 / bf16.
-    for dt, vals in (("f16", [1 + 2.0 ** -11 + 2.0 ** -40, 1 + 2.0 ** -11, 0.1, 65519.99]),
-                     ("bf16", [1 + 2.0 ** -8 + 2.0 ** -40, 1 + 2.0 ** -8, 0.1, 3.0e38])):
+    for dt, vals in (
+        ("f16", [1 + 2.0**-11 + 2.0**-40, 1 + 2.0**-11, 0.1, 65519.99]),
+        ("bf16", [1 + 2.0**-8 + 2.0**-40, 1 + 2.0**-8, 0.1, 3.0e38]),
+    ):
         c = Case("CONSTANT.literal_rounding/%s" % dt, "CONSTANT", dt)
-        c.out("CONSTANT", (), "constant { literal { f: [%s] } } %s" % (", ".join(fmt_double(v) for v in vals),
-                                                                       type_text(dt, (4,))),
-              dt=dt, want=rf(dt, np.array(vals)))
+        c.out(
+            "CONSTANT",
+            (),
+            "constant { literal { f: [%s] } } %s" % (", ".join(fmt_double(v) for v in vals), type_text(dt, (4,))),
+            dt=dt,
+            want=rf(dt, np.array(vals)),
+        )
         yield c
         c = Case("CONSTANT.fill_rounding/%s" % dt, "CONSTANT", dt)
-        c.out("CONSTANT", (), "constant { fill { f: %s } } %s" % (fmt_double(vals[0]), type_text(dt, (2,))),
-              dt=dt, want=rf(dt, np.full((2,), vals[0])))
+        c.out(
+            "CONSTANT",
+            (),
+            "constant { fill { f: %s } } %s" % (fmt_double(vals[0]), type_text(dt, (2,))),
+            dt=dt,
+            want=rf(dt, np.full((2,), vals[0])),
+        )
         yield c
 
 
 # --- fusion -----------------------------------------------------------------
+
 
 def fused_cases(rng):
     # max(tanh(a*b + c), 0) * 2: mul, add, tanh, a scalar constant broadcast,
@@ -1103,6 +1399,7 @@ def fused_cases(rng):
 
 # --- shapes at the edges: scalars, empty arrays, arrays streamed in chunks ---
 
+
 def edge_cases(rng):
     # Rank-0 operands everywhere.
     for dt in ("f32", "f16", "s64", "u8"):
@@ -1140,23 +1437,43 @@ def edge_cases(rng):
                 big = np.inf if dt in FLOATS else INT_RANGE[dt][1]
                 small = -np.inf if dt in FLOATS else INT_RANGE[dt][0]
                 ident = small if kind == "REDUCE_MAX" else big
-            c.out("REDUCE", [c.param(dt, x)], "reduce { kind: %s dims: 0 }" % kind, dt=dt,
-                  want=to_mem(dt, np.full((3,), ident, dtype=np.float64 if dt in FLOATS else np.int64)))
+            c.out(
+                "REDUCE",
+                [c.param(dt, x)],
+                "reduce { kind: %s dims: 0 }" % kind,
+                dt=dt,
+                want=to_mem(dt, np.full((3,), ident, dtype=np.float64 if dt in FLOATS else np.int64)),
+            )
             yield c
         c = Case("EMPTY.DOT_GENERAL.k0/%s" % dt, "DOT_GENERAL", dt)
         a, b = rand_any(rng, dt, (3, 0)), rand_any(rng, dt, (0, 4))
-        c.out("DOT_GENERAL", [c.param(dt, a), c.param(dt, b)], dot_attrs(dict(lc=[1], rc=[0])), dt=dt,
-              want=to_mem(dt, np.zeros((3, 4))))
+        c.out(
+            "DOT_GENERAL",
+            [c.param(dt, a), c.param(dt, b)],
+            dot_attrs(dict(lc=[1], rc=[0])),
+            dt=dt,
+            want=to_mem(dt, np.zeros((3, 4))),
+        )
         yield c
         c = Case("EMPTY.CONCATENATE/%s" % dt, "CONCATENATE", dt)
         xs = [rand_any(rng, dt, (2, 0)), rand_any(rng, dt, (2, 3)), rand_any(rng, dt, (2, 0))]
-        c.out("CONCATENATE", [c.param(dt, x) for x in xs], "concatenate { dimension: 1 }", dt=dt,
-              want=np.concatenate(xs, axis=1))
+        c.out(
+            "CONCATENATE",
+            [c.param(dt, x) for x in xs],
+            "concatenate { dimension: 1 }",
+            dt=dt,
+            want=np.concatenate(xs, axis=1),
+        )
         yield c
         c = Case("EMPTY.PAD/%s" % dt, "PAD", dt)
         x, pv = rand_any(rng, dt, (0, 2)), rand_any(rng, dt, ())
-        c.out("PAD", [c.param(dt, x), c.param(dt, pv)], "pad { low: [1, 0] high: [2, 1] interior: [3, 1] }",
-              dt=dt, want=pad_ref(x, pv, (1, 0), (2, 1), (3, 1)))
+        c.out(
+            "PAD",
+            [c.param(dt, x), c.param(dt, pv)],
+            "pad { low: [1, 0] high: [2, 1] interior: [3, 1] }",
+            dt=dt,
+            want=pad_ref(x, pv, (1, 0), (2, 1), (3, 1)),
+        )
         yield c
         c = Case("EMPTY.SLICE/%s" % dt, "SLICE", dt)
         x = rand_any(rng, dt, (3, 4))
@@ -1178,8 +1495,15 @@ def edge_cases(rng):
     yield c
     c = Case("LARGE.REDUCE.SUM/f64", "REDUCE", "f64")
     x = rand_float(rng, "f64", (1001, 300))
-    c.out("REDUCE", [c.param("f64", x)], "reduce { kind: SUM dims: 0 }", dt="f64", want=np.sum(x, axis=0),
-          rtol=1e-12, atol=1e-12 * np.sum(np.abs(x), axis=0))
+    c.out(
+        "REDUCE",
+        [c.param("f64", x)],
+        "reduce { kind: SUM dims: 0 }",
+        dt="f64",
+        want=np.sum(x, axis=0),
+        rtol=1e-12,
+        atol=1e-12 * np.sum(np.abs(x), axis=0),
+    )
     yield c
     c = Case("LARGE.TRANSPOSE/u8", "TRANSPOSE", "u8")
     x = rand_int(rng, "u8", (1200, 1100))
@@ -1187,14 +1511,33 @@ def edge_cases(rng):
     yield c
     c = Case("LARGE.DOT_GENERAL/f32", "DOT_GENERAL", "f32")
     a, b = rand_float(rng, "f32", (300, 200), -1, 1), rand_float(rng, "f32", (300, 250), -1, 1)
-    c.out("DOT_GENERAL", [c.param("f32", a), c.param("f32", b)], dot_attrs(dict(lc=[0], rc=[0])), dt="f32",
-          want=rf("f32", f64(a).T @ f64(b)), rtol=1e-5, atol=1e-5 * (np.abs(f64(a)).T @ np.abs(f64(b))))
+    c.out(
+        "DOT_GENERAL",
+        [c.param("f32", a), c.param("f32", b)],
+        dot_attrs(dict(lc=[0], rc=[0])),
+        dt="f32",
+        want=rf("f32", f64(a).T @ f64(b)),
+        rtol=1e-5,
+        atol=1e-5 * (np.abs(f64(a)).T @ np.abs(f64(b))),
+    )
     yield c
 
 
 def all_cases(rng):
-    for gen in (unary_cases, binary_cases, compare_cases, select_clamp_cases, convert_cases, layout_cases,
-                dot_cases, reduce_cases, arg_cases, constant_cases, fused_cases, edge_cases):
+    for gen in (
+        unary_cases,
+        binary_cases,
+        compare_cases,
+        select_clamp_cases,
+        convert_cases,
+        layout_cases,
+        dot_cases,
+        reduce_cases,
+        arg_cases,
+        constant_cases,
+        fused_cases,
+        edge_cases,
+    ):
         yield from gen(rng)
 
 
@@ -1205,33 +1548,84 @@ def all_cases(rng):
 P0 = 'nodes { name: "p0" op: PARAMETER parameter { index: 0 } type { dtype: F32 dims: 2 } }\n'
 P1S = 'nodes { name: "p1" op: PARAMETER parameter { index: 1 } type { dtype: S32 dims: 2 } }\n'
 NEGATIVE = [  # name, graph text, command, strings the error must contain
-    ("wrong_arity", P0 + 'nodes { name: "bad_add" op: ADD operands: ["p0"] }\noutputs: "bad_add"\n',
-     "compile", ["'bad_add'", "add", "expected 2 operands"]),
-    ("dtype_mismatch", P0 + P1S + 'nodes { name: "bad_mix" op: ADD operands: ["p0", "p1"] }\noutputs: "bad_mix"\n',
-     "run", ["'bad_mix'", "add", "f32[2]", "s32[2]"]),
-    ("dangling_operand", P0 + 'nodes { name: "bad_ref" op: NEG operands: ["ghost"] }\noutputs: "bad_ref"\n',
-     "compile", ["'bad_ref'", "neg", "ghost"]),
-    ("later_node_cycle", P0 + 'nodes { name: "early" op: NEG operands: ["late"] }\n'
-     'nodes { name: "late" op: NEG operands: ["early"] }\noutputs: "late"\n',
-     "run", ["'early'", "neg", "late"]),
-    ("self_reference", P0 + 'nodes { name: "selfish" op: ABS operands: ["selfish"] }\noutputs: "selfish"\n',
-     "compile", ["'selfish'", "abs"]),
-    ("negative_dimension", 'nodes { name: "neg_dim" op: PARAMETER parameter { index: 0 } '
-     'type { dtype: F32 dims: 3 dims: -2 } }\noutputs: "neg_dim"\n', "compile", ["'neg_dim'", "parameter", "-2"]),
-    ("reshape_count", 'nodes { name: "p0" op: PARAMETER parameter { index: 0 } type { dtype: F32 dims: 6 } }\n'
-     'nodes { name: "bad_reshape" op: RESHAPE operands: ["p0"] reshape { dims: [4, 2] } }\noutputs: "bad_reshape"\n',
-     "run", ["'bad_reshape'", "reshape", "6", "8"]),
-    ("unknown_op", P0 + 'nodes { name: "mystery" op: 7 operands: ["p0"] }\noutputs: "mystery"\n',
-     "compile", ["'mystery'", "7"]),
-    ("unary_dtype", 'nodes { name: "p0" op: PARAMETER parameter { index: 0 } type { dtype: S32 dims: 2 } }\n'
-     'nodes { name: "bad_exp" op: EXP operands: ["p0"] }\noutputs: "bad_exp"\n', "compile",
-     ["'bad_exp'", "exp", "s32"]),
-    ("compare_no_direction", P0 + 'nodes { name: "bad_cmp" op: COMPARE operands: ["p0", "p0"] }\n'
-     'outputs: "bad_cmp"\n', "compile", ["'bad_cmp'", "compare"]),
-    ("duplicate_name", P0 + 'nodes { name: "twin" op: NEG operands: ["p0"] }\n'
-     'nodes { name: "twin" op: ABS operands: ["p0"] }\noutputs: "twin"\n', "compile", ["'twin'"]),
-    ("slice_out_of_range", P0 + 'nodes { name: "bad_slice" op: SLICE operands: ["p0"] slice { start: [1] limit: [3] } }\n'
-     'outputs: "bad_slice"\n', "compile", ["'bad_slice'", "slice"]),
+    (
+        "wrong_arity",
+        P0 + 'nodes { name: "bad_add" op: ADD operands: ["p0"] }\noutputs: "bad_add"\n',
+        "compile",
+        ["'bad_add'", "add", "expected 2 operands"],
+    ),
+    (
+        "dtype_mismatch",
+        P0 + P1S + 'nodes { name: "bad_mix" op: ADD operands: ["p0", "p1"] }\noutputs: "bad_mix"\n',
+        "run",
+        ["'bad_mix'", "add", "f32[2]", "s32[2]"],
+    ),
+    (
+        "dangling_operand",
+        P0 + 'nodes { name: "bad_ref" op: NEG operands: ["ghost"] }\noutputs: "bad_ref"\n',
+        "compile",
+        ["'bad_ref'", "neg", "ghost"],
+    ),
+    (
+        "later_node_cycle",
+        P0 + 'nodes { name: "early" op: NEG operands: ["late"] }\n'
+        'nodes { name: "late" op: NEG operands: ["early"] }\noutputs: "late"\n',
+        "run",
+        ["'early'", "neg", "late"],
+    ),
+    (
+        "self_reference",
+        P0 + 'nodes { name: "selfish" op: ABS operands: ["selfish"] }\noutputs: "selfish"\n',
+        "compile",
+        ["'selfish'", "abs"],
+    ),
+    (
+        "negative_dimension",
+        'nodes { name: "neg_dim" op: PARAMETER parameter { index: 0 } '
+        'type { dtype: F32 dims: 3 dims: -2 } }\noutputs: "neg_dim"\n',
+        "compile",
+        ["'neg_dim'", "parameter", "-2"],
+    ),
+    (
+        "reshape_count",
+        'nodes { name: "p0" op: PARAMETER parameter { index: 0 } type { dtype: F32 dims: 6 } }\n'
+        'nodes { name: "bad_reshape" op: RESHAPE operands: ["p0"] reshape { dims: [4, 2] } }\noutputs: "bad_reshape"\n',
+        "run",
+        ["'bad_reshape'", "reshape", "6", "8"],
+    ),
+    (
+        "unknown_op",
+        P0 + 'nodes { name: "mystery" op: 7 operands: ["p0"] }\noutputs: "mystery"\n',
+        "compile",
+        ["'mystery'", "7"],
+    ),
+    (
+        "unary_dtype",
+        'nodes { name: "p0" op: PARAMETER parameter { index: 0 } type { dtype: S32 dims: 2 } }\n'
+        'nodes { name: "bad_exp" op: EXP operands: ["p0"] }\noutputs: "bad_exp"\n',
+        "compile",
+        ["'bad_exp'", "exp", "s32"],
+    ),
+    (
+        "compare_no_direction",
+        P0 + 'nodes { name: "bad_cmp" op: COMPARE operands: ["p0", "p0"] }\n' 'outputs: "bad_cmp"\n',
+        "compile",
+        ["'bad_cmp'", "compare"],
+    ),
+    (
+        "duplicate_name",
+        P0 + 'nodes { name: "twin" op: NEG operands: ["p0"] }\n'
+        'nodes { name: "twin" op: ABS operands: ["p0"] }\noutputs: "twin"\n',
+        "compile",
+        ["'twin'"],
+    ),
+    (
+        "slice_out_of_range",
+        P0 + 'nodes { name: "bad_slice" op: SLICE operands: ["p0"] slice { start: [1] limit: [3] } }\n'
+        'outputs: "bad_slice"\n',
+        "compile",
+        ["'bad_slice'", "slice"],
+    ),
 ]
 
 # ----------------------------------------------------------------------------
@@ -1302,8 +1696,14 @@ def check_output(case, out_path):
     if np.isnan(np.where(bad, err, 0)).any():
         maxerr = float("nan")
     msg = "%d/%d wrong, max error %.4g (rtol %g); first at %s: got %s, expected %s" % (
-        int(bad.sum()), bad.size, maxerr, case.rtol, [list(i) for i in idx],
-        fmt_vals([got[i] for i in idx]), fmt_vals([want[i] for i in idx]))
+        int(bad.sum()),
+        bad.size,
+        maxerr,
+        case.rtol,
+        [list(i) for i in idx],
+        fmt_vals([got[i] for i in idx]),
+        fmt_vals([want[i] for i in idx]),
+    )
     ins = []
     for name, (idt, x) in case.inputs.items():
         if x.shape == want.shape:
@@ -1346,8 +1746,12 @@ def run_negative(tessel, env, workdir, name, text, command, needles, verbose=Fal
 
 def start_cluster(tessel, workdir, device_kind):
     log = open(os.path.join(workdir, "tessel-local.log"), "w")
-    p = subprocess.Popen([tessel, "local", "--workers", "2", "--devices-per-worker", "2", "--device-kind", device_kind],
-                         stdout=subprocess.PIPE, stderr=log, text=True)
+    p = subprocess.Popen(
+        [tessel, "local", "--workers", "2", "--devices-per-worker", "2", "--device-kind", device_kind],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+    )
     ready, _, _ = select.select([p.stdout], [], [], 60)
     addr = p.stdout.readline().strip() if ready else ""
     return p, log, addr
@@ -1375,8 +1779,12 @@ def stop_cluster(p, log):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", required=True, help="folder with tessel, tessel-coordinator, tessel-worker")
-    ap.add_argument("--device-kind", default=os.environ.get("TESSEL_DEVICE_KIND", "cpu"), choices=["cpu", "cuda"],
-                    help="the devices the workers serve (default: $TESSEL_DEVICE_KIND, else cpu)")
+    ap.add_argument(
+        "--device-kind",
+        default=os.environ.get("TESSEL_DEVICE_KIND", "cpu"),
+        choices=["cpu", "cuda"],
+        help="the devices the workers serve (default: $TESSEL_DEVICE_KIND, else cpu)",
+    )
     ap.add_argument("--filter", default="", help="run only cases whose name contains this")
     ap.add_argument("--keep", default=None, help="keep graphs, inputs and outputs in this folder")
     ap.add_argument("--verbose", "-v", action="store_true", help="print passing cases too")
@@ -1404,7 +1812,10 @@ def main():
         runner = Runner(tessel, env, workdir)
         devices = count_devices(tessel, env)
         if devices == 0:
-            print("conformance: the local cluster has no live devices (see %s)" % os.path.join(workdir, "tessel-local.log"))
+            print(
+                "conformance: the local cluster has no live devices (see %s)"
+                % os.path.join(workdir, "tessel-local.log")
+            )
             return 2
         rng = np.random.default_rng(20240611)
         first_ok = None
@@ -1416,8 +1827,10 @@ def main():
             n += 1
             if err:
                 failed += 1
-                print("FAIL %-40s op=%s dtype=%s device=%d: %s" % (case.name, case.op, case.dtype, device, err),
-                      flush=True)
+                print(
+                    "FAIL %-40s op=%s dtype=%s device=%d: %s" % (case.name, case.op, case.dtype, device, err),
+                    flush=True,
+                )
             else:
                 if args.verbose:
                     print("ok   %s (device %d)" % (case.name, device), flush=True)
@@ -1443,8 +1856,11 @@ def main():
                 n += 1
                 if err:
                     failed += 1
-                    print("FAIL %-40s: after the negative cases, on device %d: %s"
-                          % ("AFTER_ERRORS/" + first_ok.name, device, err), flush=True)
+                    print(
+                        "FAIL %-40s: after the negative cases, on device %d: %s"
+                        % ("AFTER_ERRORS/" + first_ok.name, device, err),
+                        flush=True,
+                    )
             if cluster.poll() is not None:
                 failed += 1
                 print("FAIL the local cluster exited (rc %s)" % cluster.returncode)

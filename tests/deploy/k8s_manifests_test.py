@@ -2,6 +2,7 @@
 (its patch merged as kustomize merges it: containers by name, maps key by
 key) validated with kubernetes-validate against a recent Kubernetes, and
 the properties an operator relies on checked one by one."""
+
 import copy
 import pathlib
 import subprocess
@@ -26,8 +27,11 @@ def merge(base, patch):
         for k, v in patch.items():
             out[k] = merge(base[k], v) if k in base else copy.deepcopy(v)
         return out
-    if isinstance(base, list) and isinstance(patch, list) and all(isinstance(x, dict) and "name" in x
-                                                                 for x in base + patch):
+    if (
+        isinstance(base, list)
+        and isinstance(patch, list)
+        and all(isinstance(x, dict) and "name" in x for x in base + patch)
+    ):
         out = [copy.deepcopy(x) for x in base]
         for p in patch:
             hit = [i for i, x in enumerate(out) if x["name"] == p["name"]]
@@ -53,8 +57,11 @@ def validate(docs, what):
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
         yaml.safe_dump_all(docs, f)
         f.flush()
-        r = subprocess.run([sys.executable, "-m", "kubernetes_validate", "--strict", "-k", VERSION, f.name],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [sys.executable, "-m", "kubernetes_validate", "--strict", "-k", VERSION, f.name],
+            capture_output=True,
+            text=True,
+        )
     assert r.returncode == 0, f"{what}: kubernetes-validate failed:\n{r.stdout}{r.stderr}"
 
 
@@ -73,8 +80,10 @@ def check(docs, what):
             sc = c["securityContext"]
             assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"], name
             assert sc["capabilities"]["drop"] == ["ALL"], name
-            assert c["resources"]["requests"]["memory"] == c["resources"]["limits"]["memory"] or \
-                c["resources"]["limits"]["memory"], name
+            assert (
+                c["resources"]["requests"]["memory"] == c["resources"]["limits"]["memory"]
+                or c["resources"]["limits"]["memory"]
+            ), name
             # Secured: TLS and tokens from mounted Secrets, probed over TLS.
             command = " ".join(c["command"])
             for flag in ("--tls_cert=", "--tls_key=", "--tls_ca=", "--join_token_file="):
@@ -83,14 +92,18 @@ def check(docs, what):
                 assert probe["exec"]["command"][:2] == ["tessel", "health"], name
                 assert any(a.startswith("--tls-ca=") for a in probe["exec"]["command"]), name
         labels = w["spec"]["selector"]["matchLabels"]
-        assert any(p["spec"]["selector"]["matchLabels"] == labels for p in by_kind["PodDisruptionBudget"]), \
-            f"{name}: no PodDisruptionBudget selects it"
-    assert any(p["spec"]["podSelector"]["matchLabels"].get("app.kubernetes.io/component") == "worker"
-               for p in by_kind["NetworkPolicy"]), f"{what}: no NetworkPolicy confines the workers' ports"
+        assert any(
+            p["spec"]["selector"]["matchLabels"] == labels for p in by_kind["PodDisruptionBudget"]
+        ), f"{name}: no PodDisruptionBudget selects it"
+    assert any(
+        p["spec"]["podSelector"]["matchLabels"].get("app.kubernetes.io/component") == "worker"
+        for p in by_kind["NetworkPolicy"]
+    ), f"{what}: no NetworkPolicy confines the workers' ports"
     for s in by_kind["StatefulSet"]:
         svc = [v for v in by_kind["Service"] if v["metadata"]["name"] == s["spec"]["serviceName"]]
-        assert svc and svc[0]["spec"].get("clusterIP") == "None", \
-            f"{what}: StatefulSet {s['metadata']['name']} names no headless Service '{s['spec']['serviceName']}'"
+        assert (
+            svc and svc[0]["spec"].get("clusterIP") == "None"
+        ), f"{what}: StatefulSet {s['metadata']['name']} names no headless Service '{s['spec']['serviceName']}'"
 
 
 def main():

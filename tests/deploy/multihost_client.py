@@ -15,6 +15,7 @@ The cluster is secured as an operator would run it across machines: TLS on
 every port, mutual between the daemons; the client's token and CA come from
 $TESSEL_TOKEN and $TESSEL_TLS_CA.
 """
+
 import subprocess
 import sys
 import time

@@ -17,6 +17,7 @@ PYTHONPATH and the environment's bin/ off $PATH: the daemons it starts must be
 the wheel's, found beside the interpreter. Its printed weights are checked
 against the same loop in numpy.
 """
+
 import os
 import pathlib
 import re
@@ -54,6 +55,7 @@ def build_wheel(build):
     run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w", house, ROOT])
     wheel = the_wheel(build)
     import zipfile
+
     names = zipfile.ZipFile(wheel).namelist()
     for need in ("tessel/__init__.py", "tessel/v1/session_pb2.py", "tessel/v1/session_pb2_grpc.py"):
         assert need in names, f"{wheel.name} lacks {need}"
@@ -73,16 +75,23 @@ def new_env(build, name, packages):
 
 def readme_example():
     text = (ROOT / "README.md").read_text()
-    python = text[text.index("\n## Python\n"):]
+    python = text[text.index("\n## Python\n") :]
     return re.search(r"```python\n(.*?)```", python, re.S).group(1)
 
 
 def clean_environment(env_dir):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("TESSEL_") and k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
-    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
-                                  if p and pathlib.Path(p).resolve() != (env_dir / "bin").resolve()
-                                  and not (pathlib.Path(p) / "tessel-worker").exists())
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("TESSEL_") and k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")
+    }
+    env["PATH"] = os.pathsep.join(
+        p
+        for p in env.get("PATH", "").split(os.pathsep)
+        if p
+        and pathlib.Path(p).resolve() != (env_dir / "bin").resolve()
+        and not (pathlib.Path(p) / "tessel-worker").exists()
+    )
     return env
 
 
@@ -90,17 +99,19 @@ def check_example(env_dir, py):
     work = env_dir / "work"
     work.mkdir()
     (work / "example.py").write_text(readme_example())
-    out = run([py, "example.py"], cwd=work, env=clean_environment(env_dir), capture_output=True, text=True,
-              timeout=300).stdout
+    out = run(
+        [py, "example.py"], cwd=work, env=clean_environment(env_dir), capture_output=True, text=True, timeout=300
+    ).stdout
     print(out[-1500:])
     # The same loop in numpy: w <- w - 0.1 * mean_rows(tanh(x @ w)), 1000 times.
     w = np.eye(4, dtype=np.float32)
     x = np.ones((8, 4), np.float32)
     for _ in range(1000):
         w = w - np.float32(0.1) * np.tanh(x @ w).mean(axis=0)
-    printed = out[out.rindex("[["):]
-    got = np.array([float(v) for v in re.findall(r"[-+]?\d*\.\d+(?:[eE][-+]?\d+)?|[-+]?\d+", printed)[:16]],
-                   np.float32).reshape(4, 4)
+    printed = out[out.rindex("[[") :]
+    got = np.array(
+        [float(v) for v in re.findall(r"[-+]?\d*\.\d+(?:[eE][-+]?\d+)?|[-+]?\d+", printed)[:16]], np.float32
+    ).reshape(4, 4)
     np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-5)
     # Both arguments donated on every step: 2 x 1000 buffers reused in place.
     receipts = next(line for line in out.splitlines() if "'reused'" in line)
@@ -125,8 +136,9 @@ def check_demo(build):
     work.mkdir()
     sdk = clone / "client" / "python"
     # The clone's SDK (PYTHONPATH comes before the .venv's path to this tree).
-    (work / "example.py").write_text(f"import tessel\nassert tessel.__file__.startswith({str(sdk)!r}), tessel.__file__\n"
-                                     + readme_example())
+    (work / "example.py").write_text(
+        f"import tessel\nassert tessel.__file__.startswith({str(sdk)!r}), tessel.__file__\n" + readme_example()
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TESSEL_") and k != "PYTHONPATH"}
     env.update(PYTHONPATH=str(sdk), TESSEL_BIN_DIR=str(build / "bin"))
     out = run([sys.executable, "example.py"], cwd=work, env=env, capture_output=True, text=True, timeout=300).stdout
@@ -152,14 +164,33 @@ def main():
     elif mode == "floor":
         env_dir, py = new_env(build, "floor", ["--only-binary", ":all:", *FLOOR, "pytest"])
         run([py, "-m", "pip", "install", "-q", "--no-deps", wheel])
-        versions = run([py, "-c", "import grpc, google.protobuf as p, numpy, ml_dtypes; "
-                        "print(grpc.__version__, p.__version__, numpy.__version__, ml_dtypes.__version__)"],
-                       capture_output=True, text=True).stdout.split()
+        versions = run(
+            [
+                py,
+                "-c",
+                "import grpc, google.protobuf as p, numpy, ml_dtypes; "
+                "print(grpc.__version__, p.__version__, numpy.__version__, ml_dtypes.__version__)",
+            ],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
         assert versions == [f.split("==")[1] for f in FLOOR], f"expected {FLOOR}, the environment has {versions}"
         check_example(env_dir, py)
         env = dict(clean_environment(env_dir), TESSEL_BIN_DIR=str(env_dir / "bin"))
-        run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", ROOT / "client/python/tests/test_api.py",
-             ROOT / "client/python/tests/test_ops.py"], cwd=env_dir, env=env)
+        run(
+            [
+                py,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                ROOT / "client/python/tests/test_api.py",
+                ROOT / "client/python/tests/test_ops.py",
+            ],
+            cwd=env_dir,
+            env=env,
+        )
     else:
         sys.exit(f"mode: expected build, fresh, floor or demo, got {mode!r}")
 

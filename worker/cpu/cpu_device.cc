@@ -11,30 +11,35 @@ namespace tessel::cpu {
 CpuDevice::CpuDevice(Options options)
     : options_(options),
       allocator_(std::make_shared<worker::CachingAllocator>(
-          worker::CachingAllocator::Options{absl::StrCat("cpu:", options.local_index), options.memory_limit_bytes},
+          worker::CachingAllocator::Options{absl::StrCat("cpu:", options.local_index),
+                                            options.memory_limit_bytes},
           std::make_unique<worker::HostMemory>())) {}
 
 absl::StatusOr<worker::BufferPtr> CpuDevice::Allocate(int64_t bytes) {
   return worker::AllocateBuffer(allocator_, bytes);
 }
 
-absl::Status CpuDevice::CopyFromHost(worker::Buffer& dst, int64_t offset, const void* src, int64_t n) {
+absl::Status CpuDevice::CopyFromHost(worker::Buffer& dst, int64_t offset, const void* src,
+                                     int64_t n) {
   if (auto s = worker::CheckCopyRange(dst, offset, n); !s.ok()) return s;
   std::memcpy(static_cast<char*>(dst.opaque()) + offset, src, n);
   return absl::OkStatus();
 }
 
-absl::Status CpuDevice::CopyToHost(const worker::Buffer& src, int64_t offset, void* dst, int64_t n) {
+absl::Status CpuDevice::CopyToHost(const worker::Buffer& src, int64_t offset, void* dst,
+                                   int64_t n) {
   if (auto s = worker::CheckCopyRange(src, offset, n); !s.ok()) return s;
   std::memcpy(dst, static_cast<const char*>(src.opaque()) + offset, n);
   return absl::OkStatus();
 }
 
-absl::Status CpuDevice::CopyWithin(const worker::Buffer& src, int64_t src_offset, worker::Buffer& dst,
-                                   int64_t dst_offset, int64_t n) {
+absl::Status CpuDevice::CopyWithin(const worker::Buffer& src, int64_t src_offset,
+                                   worker::Buffer& dst, int64_t dst_offset, int64_t n) {
   TESSEL_RETURN_IF_ERROR(worker::CheckCopyRange(src, src_offset, n));
   TESSEL_RETURN_IF_ERROR(worker::CheckCopyRange(dst, dst_offset, n));
-  if (n > 0) std::memcpy(static_cast<char*>(dst.opaque()) + dst_offset, static_cast<const char*>(src.opaque()) + src_offset, n);
+  if (n > 0)
+    std::memcpy(static_cast<char*>(dst.opaque()) + dst_offset,
+                static_cast<const char*>(src.opaque()) + src_offset, n);
   return absl::OkStatus();
 }
 

@@ -21,10 +21,11 @@ class CpuDevice final : public worker::Device {
   std::string kind() const override { return "cpu"; }
   int local_index() const override { return options_.local_index; }
   absl::StatusOr<worker::BufferPtr> Allocate(int64_t bytes) override;
-  absl::Status CopyFromHost(worker::Buffer& dst, int64_t offset, const void* src, int64_t n) override;
+  absl::Status CopyFromHost(worker::Buffer& dst, int64_t offset, const void* src,
+                            int64_t n) override;
   absl::Status CopyToHost(const worker::Buffer& src, int64_t offset, void* dst, int64_t n) override;
-  absl::Status CopyWithin(const worker::Buffer& src, int64_t src_offset, worker::Buffer& dst, int64_t dst_offset,
-                          int64_t n) override;
+  absl::Status CopyWithin(const worker::Buffer& src, int64_t src_offset, worker::Buffer& dst,
+                          int64_t dst_offset, int64_t n) override;
   absl::StatusOr<std::unique_ptr<worker::Executable>> Load(const v1::Program& program) override;
   worker::MemoryStats memory_stats() const override { return allocator_->stats(); }
 

@@ -13,16 +13,15 @@
 #include "spdlog/spdlog.h"
 #include "worker/cpu/dot.h"
 #include "worker/cpu/elementwise.h"
+#include "worker/cpu/gather.h"
 #include "worker/cpu/layout.h"
 #include "worker/cpu/reduce.h"
-#include "worker/cpu/gather.h"
 #include "worker/cpu/sort.h"
 #include "worker/cpu/spmd_ops.h"
 
 namespace tessel::cpu {
 
 using worker::BufferPtr;
-
 
 absl::StatusOr<std::unique_ptr<worker::Executable>> CpuExecutable::Load(const v1::Program& program,
                                                                         worker::Device* device) {
@@ -52,9 +51,11 @@ absl::StatusOr<std::unique_ptr<worker::Executable>> CpuExecutable::Load(const v1
     if (auto log = spdlog::get("worker")) {
       const v1::Node& n = *exe->slots_.instrs()[i].node;
       if (prep.native) {
-        log->info("{} '{}' of program {} runs as native code", OpName(n.op()), n.name(), program.executable_id());
+        log->info("{} '{}' of program {} runs as native code", OpName(n.op()), n.name(),
+                  program.executable_id());
       } else {
-        log->info("{} '{}' of program {} is interpreted ({}): {}", OpName(n.op()), n.name(), program.executable_id(),
+        log->info("{} '{}' of program {} is interpreted ({}): {}", OpName(n.op()), n.name(),
+                  program.executable_id(),
                   prep.loop ? "bound fusions" : "instruction by instruction", why);
       }
     }
@@ -62,7 +63,8 @@ absl::StatusOr<std::unique_ptr<worker::Executable>> CpuExecutable::Load(const v1
   return std::unique_ptr<worker::Executable>(std::move(exe));
 }
 
-absl::Status CpuExecutable::Execute(int i, std::vector<BufferPtr>& values, const std::vector<BufferPtr>& preset,
+absl::Status CpuExecutable::Execute(int i, std::vector<BufferPtr>& values,
+                                    const std::vector<BufferPtr>& preset,
                                     const worker::StepContext& ctx) {
   const worker::SlotProgram::Instr& in = slots_.instrs()[i];
   const Prepared& prep = prepared_[i];
@@ -105,10 +107,13 @@ absl::Status CpuExecutable::Execute(int i, std::vector<BufferPtr>& values, const
       } else if (n.constant().iota().sharded_axes_size() > 0) {
         TESSEL_RETURN_IF_ERROR(SplitIota(n, slots_.program(), out, ctx));
       } else {
-        IotaKernel(t.dtype(), t.dims(), n.constant().iota().dimension(), 0, out, NumElementsUnchecked(t));
+        IotaKernel(t.dtype(), t.dims(), n.constant().iota().dimension(), 0, out,
+                   NumElementsUnchecked(t));
       }
       break;
-    case v1::BROADCAST_IN_DIM: BroadcastInDim(arg_type(0), arg(0), n.broadcast_in_dim(), t, out); break;
+    case v1::BROADCAST_IN_DIM:
+      BroadcastInDim(arg_type(0), arg(0), n.broadcast_in_dim(), t, out);
+      break;
     case v1::TRANSPOSE: Transpose(arg_type(0), arg(0), n.transpose(), t, out); break;
     case v1::SLICE: Slice(arg_type(0), arg(0), n.slice(), t, out); break;
     case v1::CONCATENATE: {
@@ -122,16 +127,24 @@ absl::Status CpuExecutable::Execute(int i, std::vector<BufferPtr>& values, const
       break;
     }
     case v1::REVERSE: Reverse(t, arg(0), n.reverse(), out); break;
-    case v1::SORT: Sort(arg_type(0), arg(0), t, arg(n.sort().result_operand()), n.sort(), out); break;
-    case v1::GATHER: Gather(arg_type(0), arg(0), arg_type(1), arg(1), n.gather().axis(), out); break;
-    case v1::SCATTER: Scatter(arg_type(0), arg(0), arg_type(1), arg(1), arg(2), n.scatter(), out); break;
+    case v1::SORT:
+      Sort(arg_type(0), arg(0), t, arg(n.sort().result_operand()), n.sort(), out);
+      break;
+    case v1::GATHER:
+      Gather(arg_type(0), arg(0), arg_type(1), arg(1), n.gather().axis(), out);
+      break;
+    case v1::SCATTER:
+      Scatter(arg_type(0), arg(0), arg_type(1), arg(1), arg(2), n.scatter(), out);
+      break;
     case v1::PAD: Pad(arg_type(0), arg(0), arg(1), n.pad(), t, out); break;
     case v1::DOT_GENERAL:
       DotGeneral(arg_type(0), arg(0), arg_type(1), arg(1), n.dot_general(), t, out);
       break;
     case v1::REDUCE: Reduce(arg_type(0), arg(0), n.reduce(), t, out); break;
     case v1::ARGMAX:
-    case v1::ARGMIN: ArgReduce(n.op() == v1::ARGMAX, arg_type(0), arg(0), n.arg_reduce(), t, out); break;
+    case v1::ARGMIN:
+      ArgReduce(n.op() == v1::ARGMAX, arg_type(0), arg(0), n.arg_reduce(), t, out);
+      break;
     case v1::ALL_REDUCE:
     case v1::ALL_GATHER:
     case v1::REDUCE_SCATTER:
@@ -140,10 +153,12 @@ absl::Status CpuExecutable::Execute(int i, std::vector<BufferPtr>& values, const
     case v1::SHARD_SLICE:
       TESSEL_RETURN_IF_ERROR(RunSpmdOp(n, i, slots_.program(), arg_type(0), arg(0), out, ctx));
       break;
-    case v1::AXIS_INDEX: TESSEL_RETURN_IF_ERROR(RunSpmdOp(n, i, slots_.program(), t, nullptr, out, ctx)); break;
+    case v1::AXIS_INDEX:
+      TESSEL_RETURN_IF_ERROR(RunSpmdOp(n, i, slots_.program(), t, nullptr, out, ctx));
+      break;
     default:
-      return absl::UnimplementedError(absl::StrCat("cpu device: op ", OpName(n.op()),
-                                                   " of node '", n.name(), "' is not supported"));
+      return absl::UnimplementedError(absl::StrCat("cpu device: op ", OpName(n.op()), " of node '",
+                                                   n.name(), "' is not supported"));
   }
   return absl::OkStatus();
 }
@@ -155,7 +170,8 @@ absl::StatusOr<std::vector<BufferPtr>> CpuExecutable::Run(absl::Span<const Buffe
   // only by a program that runs functions.
   std::optional<worker::StepContext> inner;
   return slots_.Run(args, into, *device_,
-                    [&](int i, std::vector<BufferPtr>& values, const std::vector<BufferPtr>& preset, uint64_t scope) {
+                    [&](int i, std::vector<BufferPtr>& values, const std::vector<BufferPtr>& preset,
+                        uint64_t scope) {
                       if (scope == ctx.scope) return Execute(i, values, preset, ctx);
                       if (!inner) inner.emplace(ctx);
                       inner->scope = scope;

@@ -1,8 +1,8 @@
 // CpuExecutable: a Program prepared for a CpuDevice: values numbered into
 // slots (SlotProgram), fusions built into FusedLoops, literal constants
-// materialized once, loops of fusions built into DeviceLoops. Run allocates results from the device and releases
-// intermediates after their last reader, as the plan says. One Run at a time
-// per instance.
+// materialized once, loops of fusions built into DeviceLoops. Run allocates results from the device
+// and releases intermediates after their last reader, as the plan says. One Run at a time per
+// instance.
 #pragma once
 
 #include <memory>
@@ -35,7 +35,8 @@ class CpuExecutable final : public worker::Executable {
     std::optional<NativeLoop> native;
     std::optional<DeviceLoop> loop;
   };
-  absl::Status Execute(int i, std::vector<worker::BufferPtr>& values, const std::vector<worker::BufferPtr>& preset,
+  absl::Status Execute(int i, std::vector<worker::BufferPtr>& values,
+                       const std::vector<worker::BufferPtr>& preset,
                        const worker::StepContext& ctx);
 
   worker::SlotProgram slots_;

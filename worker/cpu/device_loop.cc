@@ -12,8 +12,8 @@ namespace tessel::cpu {
 using worker::BufferPtr;
 using worker::SlotProgram;
 
-std::optional<DeviceLoop::Function> DeviceLoop::Prepare(const SlotProgram& program, int f,
-                                                        const std::vector<const FusedLoop*>& fusions) {
+std::optional<DeviceLoop::Function> DeviceLoop::Prepare(
+    const SlotProgram& program, int f, const std::vector<const FusedLoop*>& fusions) {
   const SlotProgram::Function& sf = program.functions()[f];
   Function fn;
   fn.num_slots = sf.num_slots;
@@ -46,7 +46,8 @@ std::optional<DeviceLoop::Function> DeviceLoop::Prepare(const SlotProgram& progr
 std::optional<DeviceLoop> DeviceLoop::Build(const SlotProgram& program, int instr,
                                             const std::vector<const FusedLoop*>& fusions) {
   const SlotProgram::Instr& in = program.instrs()[instr];
-  if (in.node == nullptr || (in.node->op() != v1::WHILE && in.node->op() != v1::SCAN)) return std::nullopt;
+  if (in.node == nullptr || (in.node->op() != v1::WHILE && in.node->op() != v1::SCAN))
+    return std::nullopt;
   const v1::Node& n = *in.node;
   DeviceLoop loop;
   loop.instr_ = &in;
@@ -80,7 +81,8 @@ std::optional<DeviceLoop> DeviceLoop::Build(const SlotProgram& program, int inst
       const std::vector<int>& args = loop.body_.calls[c].args;
       for (size_t a = 0; a < args.size(); ++a) {
         for (size_t x = 0; x < loop.x_slice_bytes_.size(); ++x) {
-          if (args[a] == loop.body_.param_slots[loop.carries_ + x]) loop.x_readers_[x].emplace_back(int(c), int(a));
+          if (args[a] == loop.body_.param_slots[loop.carries_ + x])
+            loop.x_readers_[x].emplace_back(int(c), int(a));
         }
       }
     }
@@ -91,7 +93,8 @@ std::optional<DeviceLoop> DeviceLoop::Build(const SlotProgram& program, int inst
     if (!loop.cond_ || !body) return std::nullopt;
     loop.body_ = std::move(*body);
     const auto& pred = program.functions()[in.calls[0]].output_types;
-    if (pred.size() != 1 || pred[0].dtype() != v1::PRED || NumElementsUnchecked(pred[0]) != 1) return std::nullopt;
+    if (pred.size() != 1 || pred[0].dtype() != v1::PRED || NumElementsUnchecked(pred[0]) != 1)
+      return std::nullopt;
     count(*loop.cond_);
   }
   count(loop.body_);
@@ -106,7 +109,8 @@ std::optional<DeviceLoop> DeviceLoop::Build(const SlotProgram& program, int inst
   return loop;
 }
 
-absl::StatusOr<std::vector<BoundFusion>> DeviceLoop::Bind(const Function& fn, const std::vector<void*>& addr) {
+absl::StatusOr<std::vector<BoundFusion>> DeviceLoop::Bind(const Function& fn,
+                                                          const std::vector<void*>& addr) {
   std::vector<BoundFusion> bound;
   for (const Call& c : fn.calls) {
     absl::InlinedVector<const void*, 8> ins;
@@ -153,7 +157,8 @@ absl::Status DeviceLoop::Run(std::vector<BufferPtr>& values, const std::vector<B
     for (int s = 0; s < fn.num_slots; ++s) {
       if (owned[s]) addr[s] = owned[s]->opaque();
     }
-    for (int k = 0; k < carries_; ++k) addr[fn.param_slots[k]] = carry_buffer(k, kReads[v])->opaque();
+    for (int k = 0; k < carries_; ++k)
+      addr[fn.param_slots[k]] = carry_buffer(k, kReads[v])->opaque();
     for (size_t x = 0; x < x_slice_bytes_.size(); ++x) {
       addr[fn.param_slots[carries_ + x]] = values[in.args[carries_ + x]]->opaque();
     }
@@ -175,8 +180,9 @@ absl::Status DeviceLoop::Run(std::vector<BufferPtr>& values, const std::vector<B
   std::vector<BufferPtr> stacked;  // scan: the ys
   for (size_t y = 0; y < y_bytes_.size(); ++y) {
     const int slot = in.results[carries_ + y];
-    TESSEL_ASSIGN_OR_RETURN(BufferPtr b, SlotProgram::ResultBuffer(device, preset, slot,
-                                                                   ByteSizeUnchecked(in.result_types[carries_ + y])));
+    TESSEL_ASSIGN_OR_RETURN(
+        BufferPtr b, SlotProgram::ResultBuffer(device, preset, slot,
+                                               ByteSizeUnchecked(in.result_types[carries_ + y])));
     stacked.push_back(std::move(b));
   }
   std::vector<const char*> slice(x_slice_bytes_.size());
@@ -191,12 +197,14 @@ absl::Status DeviceLoop::Run(std::vector<BufferPtr>& values, const std::vector<B
     }
     const int64_t step = reverse_ ? length_ - 1 - it : it;
     for (size_t x = 0; x < x_slice_bytes_.size(); ++x) {
-      slice[x] = static_cast<const char*>(values[in.args[carries_ + x]]->opaque()) + step * x_slice_bytes_[x];
+      slice[x] = static_cast<const char*>(values[in.args[carries_ + x]]->opaque()) +
+                 step * x_slice_bytes_[x];
       for (const auto& [c, a] : x_readers_[x]) body[v][c].SetInput(a, slice[x]);
     }
     for (const BoundFusion& f : body[v]) f.Run();
     for (size_t y = 0; y < y_bytes_.size(); ++y) {
-      const void* src = y_from_x_[y] >= 0 ? slice[y_from_x_[y]] : body_addr[v][body_.output_slots[carries_ + y]];
+      const void* src =
+          y_from_x_[y] >= 0 ? slice[y_from_x_[y]] : body_addr[v][body_.output_slots[carries_ + y]];
       std::memcpy(static_cast<char*>(stacked[y]->opaque()) + step * y_bytes_[y], src, y_bytes_[y]);
     }
   }
@@ -215,7 +223,8 @@ absl::Status DeviceLoop::Run(std::vector<BufferPtr>& values, const std::vector<B
     results.push_back(std::move(r));
   }
   for (int k = 0; k < carries_; ++k) values[in.results[k]] = std::move(results[k]);
-  for (size_t y = 0; y < stacked.size(); ++y) values[in.results[carries_ + y]] = std::move(stacked[y]);
+  for (size_t y = 0; y < stacked.size(); ++y)
+    values[in.results[carries_ + y]] = std::move(stacked[y]);
   return absl::OkStatus();
 }
 

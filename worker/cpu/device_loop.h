@@ -47,8 +47,8 @@ class DeviceLoop {
 
   // Runs the loop: reads its operands from `values` and stores its results
   // there, as SlotProgram's execute callback does.
-  absl::Status Run(std::vector<worker::BufferPtr>& values, const std::vector<worker::BufferPtr>& preset,
-                   worker::Device& device) const;
+  absl::Status Run(std::vector<worker::BufferPtr>& values,
+                   const std::vector<worker::BufferPtr>& preset, worker::Device& device) const;
 
  private:
   // One function (condition or body) prepared for the loop.
@@ -67,7 +67,8 @@ class DeviceLoop {
   static std::optional<Function> Prepare(const worker::SlotProgram& program, int f,
                                          const std::vector<const FusedLoop*>& fusions);
   // `fn`'s fusions bound to the buffers `addr` (indexed by slot) points at.
-  static absl::StatusOr<std::vector<BoundFusion>> Bind(const Function& fn, const std::vector<void*>& addr);
+  static absl::StatusOr<std::vector<BoundFusion>> Bind(const Function& fn,
+                                                       const std::vector<void*>& addr);
 
   const worker::SlotProgram::Instr* instr_ = nullptr;
   bool scan_ = false, reverse_ = false;

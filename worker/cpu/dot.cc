@@ -30,8 +30,10 @@ int KernelThreads() {
   return n > 0 ? n : std::max(1, int(std::thread::hardware_concurrency()));
 }
 
-DotOperandLayout CanonicalizeDotOperand(const v1::TensorType& t, const google::protobuf::RepeatedField<int64_t>& batch,
-                   const google::protobuf::RepeatedField<int64_t>& contracting, bool free_first) {
+DotOperandLayout CanonicalizeDotOperand(const v1::TensorType& t,
+                                        const google::protobuf::RepeatedField<int64_t>& batch,
+                                        const google::protobuf::RepeatedField<int64_t>& contracting,
+                                        bool free_first) {
   DotOperandLayout c;
   std::vector<int64_t> free;
   for (int64_t i = 0; i < t.dims_size(); ++i) {
@@ -47,8 +49,10 @@ DotOperandLayout CanonicalizeDotOperand(const v1::TensorType& t, const google::p
   int64_t nfree = 1, ncon = 1;
   for (int64_t d : free) nfree *= t.dims(d);
   for (int64_t d : contracting) ncon *= t.dims(d);
-  const auto& first = free_first ? free : std::vector<int64_t>(contracting.begin(), contracting.end());
-  const auto& second = free_first ? std::vector<int64_t>(contracting.begin(), contracting.end()) : free;
+  const auto& first =
+      free_first ? free : std::vector<int64_t>(contracting.begin(), contracting.end());
+  const auto& second =
+      free_first ? std::vector<int64_t>(contracting.begin(), contracting.end()) : free;
   c.perm.insert(c.perm.end(), first.begin(), first.end());
   c.perm.insert(c.perm.end(), second.begin(), second.end());
   c.rows = free_first ? nfree : ncon;
@@ -119,8 +123,10 @@ void NaiveGemm(int64_t batch, int64_t m, int64_t n, int64_t k, const void* a_v, 
 void DotGeneral(const v1::TensorType& lt, const void* lhs, const v1::TensorType& rt,
                 const void* rhs, const v1::DotGeneralAttrs& a, const v1::TensorType& out_type,
                 void* out) {
-  DotOperandLayout l = CanonicalizeDotOperand(lt, a.lhs_batch(), a.lhs_contracting(), /*free_first=*/true);
-  DotOperandLayout r = CanonicalizeDotOperand(rt, a.rhs_batch(), a.rhs_contracting(), /*free_first=*/false);
+  DotOperandLayout l =
+      CanonicalizeDotOperand(lt, a.lhs_batch(), a.lhs_contracting(), /*free_first=*/true);
+  DotOperandLayout r =
+      CanonicalizeDotOperand(rt, a.rhs_batch(), a.rhs_contracting(), /*free_first=*/false);
   const int64_t batch = l.batch, m = l.rows, k = l.cols, n = r.cols;
   const v1::DType dt = lt.dtype();
   const int esize = DTypeSize(dt);
@@ -136,8 +142,10 @@ void DotGeneral(const v1::TensorType& lt, const void* lhs, const v1::TensorType&
     const size_t r_con_dims = a.rhs_contracting_size();
     bool lt_trans = !IsIdentityPermutation(l.perm) && IsTransposedLayout(l, nb, l_free_dims);
     bool rt_trans = !IsIdentityPermutation(r.perm) && IsTransposedLayout(r, nb, r_con_dims);
-    const char* lp = static_cast<const char*>(lt_trans ? lhs : Materialize(lt, lhs, l.perm, lscratch));
-    const char* rp = static_cast<const char*>(rt_trans ? rhs : Materialize(rt, rhs, r.perm, rscratch));
+    const char* lp =
+        static_cast<const char*>(lt_trans ? lhs : Materialize(lt, lhs, l.perm, lscratch));
+    const char* rp =
+        static_cast<const char*>(rt_trans ? rhs : Materialize(rt, rhs, r.perm, rscratch));
     const auto ta = lt_trans ? CblasTrans : CblasNoTrans;
     const auto tb = rt_trans ? CblasTrans : CblasNoTrans;
     const int64_t lda = lt_trans ? m : k, ldb = rt_trans ? k : n;
@@ -151,7 +159,8 @@ void DotGeneral(const v1::TensorType& lt, const void* lhs, const v1::TensorType&
                     reinterpret_cast<const float*>(bp), ldb, 0.0f, reinterpret_cast<float*>(cp), n);
       } else {
         cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, reinterpret_cast<const double*>(ap), lda,
-                    reinterpret_cast<const double*>(bp), ldb, 0.0, reinterpret_cast<double*>(cp), n);
+                    reinterpret_cast<const double*>(bp), ldb, 0.0, reinterpret_cast<double*>(cp),
+                    n);
       }
     }
     return;

@@ -18,8 +18,10 @@ struct DotOperandLayout {
   int64_t batch = 1, rows = 1, cols = 1;
 };
 // lhs (free_first): rows = free dims, cols = contracting. rhs: rows = contracting, cols = free.
-DotOperandLayout CanonicalizeDotOperand(const v1::TensorType& t, const google::protobuf::RepeatedField<int64_t>& batch,
-                                        const google::protobuf::RepeatedField<int64_t>& contracting, bool free_first);
+DotOperandLayout CanonicalizeDotOperand(const v1::TensorType& t,
+                                        const google::protobuf::RepeatedField<int64_t>& batch,
+                                        const google::protobuf::RepeatedField<int64_t>& contracting,
+                                        bool free_first);
 bool IsIdentityPermutation(const std::vector<int64_t>& p);
 // Whether the operand is [batch, cols, rows] in memory: GEMM can read it
 // transposed without a copy.

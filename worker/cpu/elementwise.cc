@@ -40,14 +40,17 @@ template <v1::DType D>
       case v1::LOG: return Map1<D>(in, out, n, [](C x) { return std::log(x); });
       case v1::LOG1P: return Map1<D>(in, out, n, [](C x) { return std::log1p(x); });
       case v1::TANH: return Map1<D>(in, out, n, [](C x) { return std::tanh(x); });
-      case v1::LOGISTIC: return Map1<D>(in, out, n, [](C x) { return C(1) / (C(1) + std::exp(-x)); });
+      case v1::LOGISTIC:
+        return Map1<D>(in, out, n, [](C x) { return C(1) / (C(1) + std::exp(-x)); });
       case v1::SQRT: return Map1<D>(in, out, n, [](C x) { return std::sqrt(x); });
       case v1::RSQRT: return Map1<D>(in, out, n, [](C x) { return C(1) / std::sqrt(x); });
       case v1::FLOOR: return Map1<D>(in, out, n, [](C x) { return std::floor(x); });
       case v1::CEIL: return Map1<D>(in, out, n, [](C x) { return std::ceil(x); });
       case v1::ROUND: return Map1<D>(in, out, n, [](C x) { return std::round(x); });
       case v1::SIGN:
-        return Map1<D>(in, out, n, [](C x) { return x != x ? x : x > 0 ? C(1) : x < 0 ? C(-1) : x; });
+        return Map1<D>(in, out, n, [](C x) {
+          return x != x ? x : x > 0 ? C(1) : x < 0 ? C(-1) : x;
+        });
       case v1::SIN: return Map1<D>(in, out, n, [](C x) { return std::sin(x); });
       case v1::COS: return Map1<D>(in, out, n, [](C x) { return std::cos(x); });
       case v1::TAN: return Map1<D>(in, out, n, [](C x) { return std::tan(x); });
@@ -66,9 +69,11 @@ template <v1::DType D>
     }
   } else if constexpr (kIsInt<C>) {
     switch (op) {
-      case v1::NEG: return Map1<D>(in, out, n, [](C x) { return C(Unsigned<C>(0) - Unsigned<C>(x)); });
+      case v1::NEG:
+        return Map1<D>(in, out, n, [](C x) { return C(Unsigned<C>(0) - Unsigned<C>(x)); });
       case v1::ABS:
-        return Map1<D>(in, out, n, [](C x) { return x < 0 ? C(Unsigned<C>(0) - Unsigned<C>(x)) : x; });
+        return Map1<D>(in, out, n,
+                       [](C x) { return x < 0 ? C(Unsigned<C>(0) - Unsigned<C>(x)) : x; });
       case v1::SIGN: return Map1<D>(in, out, n, [](C x) { return C((x > 0) - (x < 0)); });
       case v1::NOT: return Map1<D>(in, out, n, [](C x) { return C(~x); });
       default: return;
@@ -96,7 +101,8 @@ C IntPow(C base, C exp) {
 }
 
 template <v1::DType D>
-[[gnu::always_inline]] inline void Binary(v1::Op op, const void* a, const void* b, void* out, int64_t n) {
+[[gnu::always_inline]] inline void Binary(v1::Op op, const void* a, const void* b, void* out,
+                                          int64_t n) {
   using C = typename Traits<D>::C;
   if constexpr (kIsFloat<C>) {
     switch (op) {
@@ -163,7 +169,8 @@ void CompareLoop(const void* a, const void* b, void* out, int64_t n, F f) {
 }
 
 template <v1::DType D>
-[[gnu::always_inline]] inline void Compare(v1::CompareDirection dir, const void* a, const void* b, void* out, int64_t n) {
+[[gnu::always_inline]] inline void Compare(v1::CompareDirection dir, const void* a, const void* b,
+                                           void* out, int64_t n) {
   using C = typename Traits<D>::C;
   switch (dir) {
     case v1::EQ: return CompareLoop<D>(a, b, out, n, [](C x, C y) { return x == y; });
@@ -195,9 +202,13 @@ void ConvertFrom(v1::DType to, const void* in, void* out, int64_t n) {
 // One instantiation per (dtype, op): the op is a constant, so the inlined
 // switch folds away and each entry is a bare loop.
 template <v1::DType D, int O>
-void UnaryAt(const void* in, void* out, int64_t n) { Unary<D>(v1::Op(O), in, out, n); }
+void UnaryAt(const void* in, void* out, int64_t n) {
+  Unary<D>(v1::Op(O), in, out, n);
+}
 template <v1::DType D, int O>
-void BinaryAt(const void* a, const void* b, void* out, int64_t n) { Binary<D>(v1::Op(O), a, b, out, n); }
+void BinaryAt(const void* a, const void* b, void* out, int64_t n) {
+  Binary<D>(v1::Op(O), a, b, out, n);
+}
 template <v1::DType D, int O>
 void CompareAt(const void* a, const void* b, void* out, int64_t n) {
   Compare<D>(v1::CompareDirection(O), a, b, out, n);
@@ -212,29 +223,40 @@ Fn KernelFor(int key, v1::DType dt) {
   TESSEL_DISPATCH(dt, D, {
     static constexpr auto table = []<int... I>(std::integer_sequence<int, I...>) {
       return std::array<Fn, sizeof...(I)>{&Entry::template At<D, First + I>...};
-    }(std::make_integer_sequence<int, Last - First + 1>());
+    }
+    (std::make_integer_sequence<int, Last - First + 1>());
     f = table[key - First];
   });
   return f;
 }
 struct UnaryEntry {
   template <v1::DType D, int O>
-  static void At(const void* in, void* out, int64_t n) { UnaryAt<D, O>(in, out, n); }
+  static void At(const void* in, void* out, int64_t n) {
+    UnaryAt<D, O>(in, out, n);
+  }
 };
 struct BinaryEntry {
   template <v1::DType D, int O>
-  static void At(const void* a, const void* b, void* out, int64_t n) { BinaryAt<D, O>(a, b, out, n); }
+  static void At(const void* a, const void* b, void* out, int64_t n) {
+    BinaryAt<D, O>(a, b, out, n);
+  }
 };
 struct CompareEntry {
   template <v1::DType D, int O>
-  static void At(const void* a, const void* b, void* out, int64_t n) { CompareAt<D, O>(a, b, out, n); }
+  static void At(const void* a, const void* b, void* out, int64_t n) {
+    CompareAt<D, O>(a, b, out, n);
+  }
 };
 
 }  // namespace
 
-UnaryFn UnaryKernelFor(v1::Op op, v1::DType dt) { return KernelFor<UnaryFn, v1::NEG, v1::NOT, UnaryEntry>(op, dt); }
+UnaryFn UnaryKernelFor(v1::Op op, v1::DType dt) {
+  return KernelFor<UnaryFn, v1::NEG, v1::NOT, UnaryEntry>(op, dt);
+}
 
-BinaryFn BinaryKernelFor(v1::Op op, v1::DType dt) { return KernelFor<BinaryFn, v1::ADD, v1::XOR, BinaryEntry>(op, dt); }
+BinaryFn BinaryKernelFor(v1::Op op, v1::DType dt) {
+  return KernelFor<BinaryFn, v1::ADD, v1::XOR, BinaryEntry>(op, dt);
+}
 
 BinaryFn CompareKernelFor(v1::CompareDirection dir, v1::DType dt) {
   return KernelFor<BinaryFn, v1::EQ, v1::GE, CompareEntry>(dir, dt);
@@ -248,8 +270,8 @@ void BinaryKernel(v1::Op op, v1::DType dt, const void* a, const void* b, void* o
   TESSEL_DISPATCH(dt, D, Binary<D>(op, a, b, out, n));
 }
 
-void CompareKernel(v1::CompareDirection dir, v1::DType dt, const void* a, const void* b,
-                   void* out, int64_t n) {
+void CompareKernel(v1::CompareDirection dir, v1::DType dt, const void* a, const void* b, void* out,
+                   int64_t n) {
   TESSEL_DISPATCH(dt, D, Compare<D>(dir, a, b, out, n));
 }
 
@@ -287,7 +309,8 @@ void ConvertKernel(v1::DType from, v1::DType to, const void* in, void* out, int6
 void FillKernel(v1::DType dt, const v1::Fill& value, void* out, int64_t n) {
   TESSEL_DISPATCH(dt, D, {
     using T = Traits<D>;
-    typename T::S s = value.value_case() == v1::Fill::kI ? StoreConverted<D>(value.i()) : StoreConverted<D>(value.f());
+    typename T::S s = value.value_case() == v1::Fill::kI ? StoreConverted<D>(value.i())
+                                                         : StoreConverted<D>(value.f());
     auto* o = static_cast<typename T::S*>(out);
     for (int64_t i = 0; i < n; ++i) o[i] = s;
   });
@@ -312,9 +335,24 @@ void SplatKernel(int esize, const void* src, void* out, int64_t n) {
   auto* o = static_cast<char*>(out);
   switch (esize) {
     case 1: std::memset(out, *static_cast<const uint8_t*>(src), n); return;
-    case 2: { uint16_t v; std::memcpy(&v, src, 2); std::fill_n(reinterpret_cast<uint16_t*>(o), n, v); return; }
-    case 4: { uint32_t v; std::memcpy(&v, src, 4); std::fill_n(reinterpret_cast<uint32_t*>(o), n, v); return; }
-    case 8: { uint64_t v; std::memcpy(&v, src, 8); std::fill_n(reinterpret_cast<uint64_t*>(o), n, v); return; }
+    case 2: {
+      uint16_t v;
+      std::memcpy(&v, src, 2);
+      std::fill_n(reinterpret_cast<uint16_t*>(o), n, v);
+      return;
+    }
+    case 4: {
+      uint32_t v;
+      std::memcpy(&v, src, 4);
+      std::fill_n(reinterpret_cast<uint32_t*>(o), n, v);
+      return;
+    }
+    case 8: {
+      uint64_t v;
+      std::memcpy(&v, src, 8);
+      std::fill_n(reinterpret_cast<uint64_t*>(o), n, v);
+      return;
+    }
   }
 }
 

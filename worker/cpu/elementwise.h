@@ -21,12 +21,11 @@ BinaryFn BinaryKernelFor(v1::Op op, v1::DType dt);
 BinaryFn CompareKernelFor(v1::CompareDirection dir, v1::DType dt);
 
 void BinaryKernel(v1::Op op, v1::DType dt, const void* a, const void* b, void* out, int64_t n);
-void CompareKernel(v1::CompareDirection dir, v1::DType dt, const void* a, const void* b,
-                   void* out, int64_t n);
+void CompareKernel(v1::CompareDirection dir, v1::DType dt, const void* a, const void* b, void* out,
+                   int64_t n);
 void SelectKernel(v1::DType dt, const void* pred, const void* a, const void* b, void* out,
                   int64_t n);
-void ClampKernel(v1::DType dt, const void* lo, const void* x, const void* hi, void* out,
-                 int64_t n);
+void ClampKernel(v1::DType dt, const void* lo, const void* x, const void* hi, void* out, int64_t n);
 void ConvertKernel(v1::DType from, v1::DType to, const void* in, void* out, int64_t n);
 
 // Writes `n` copies of `value` (given as f64 or s64) in dtype `dt`.

@@ -36,11 +36,13 @@ void StreamCopy(void* dst, const void* src, int64_t n) {
   }
 #elif defined(__AVX__)
   for (; n >= 32 && reinterpret_cast<uintptr_t>(d) % 32 == 0; d += 32, s += 32, n -= 32) {
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(d), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d),
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
   }
 #endif
   for (; n >= 16; d += 16, s += 16, n -= 16) {
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
   }
   std::memcpy(d, s, n);
 #else
@@ -110,8 +112,8 @@ absl::StatusOr<FusedLoop> FusedLoop::Build(const v1::Fusion& fusion,
     const int esize = DTypeSize(dt);
     int slot = f.slots_.size();
     auto out_it = output_index.find(n.name());
-    const bool is_scalar_const = n.op() == v1::CONSTANT && !n.constant().has_iota() &&
-                                 NumElementsUnchecked(n.type()) == 1;
+    const bool is_scalar_const =
+        n.op() == v1::CONSTANT && !n.constant().has_iota() && NumElementsUnchecked(n.type()) == 1;
     if (is_scalar_const) {
       // Evaluate once, splat into a constant block.
       std::vector<char> one(esize);
@@ -146,7 +148,8 @@ absl::StatusOr<FusedLoop> FusedLoop::Build(const v1::Fusion& fusion,
                                               "' (", OpName(n.op()), ")"));
     }
     if (n.op() == v1::CONSTANT && n.constant().has_literal()) {
-      return absl::InternalError(absl::StrCat("fusion holds a non-scalar literal '", n.name(), "'"));
+      return absl::InternalError(
+          absl::StrCat("fusion holds a non-scalar literal '", n.name(), "'"));
     }
     if (out_it != output_index.end()) {
       f.slots_.push_back({SlotKind::kOutput, dt, esize, out_it->second});
@@ -157,15 +160,17 @@ absl::StatusOr<FusedLoop> FusedLoop::Build(const v1::Fusion& fusion,
     Step step{&n, slot, {}};
     if (n.op() == v1::COMPARE) {
       step.binary = CompareKernelFor(n.compare().direction(), input_dtype(n.operands(0)));
-    } else if (IsElementwise(n.op()) && n.op() != v1::SELECT && n.op() != v1::CLAMP && n.op() != v1::CONVERT) {
+    } else if (IsElementwise(n.op()) && n.op() != v1::SELECT && n.op() != v1::CLAMP &&
+               n.op() != v1::CONVERT) {
       if (n.operands_size() == 1) step.unary = UnaryKernelFor(n.op(), dt);
       if (n.operands_size() == 2) step.binary = BinaryKernelFor(n.op(), dt);
     }
     for (const std::string& o : n.operands()) {
       auto it = slot_of.find(o);
       if (it == slot_of.end()) {
-        return absl::InternalError(absl::StrCat("fusion node '", n.name(), "' reads '", o,
-                                                "', which is neither an input nor an earlier node"));
+        return absl::InternalError(
+            absl::StrCat("fusion node '", n.name(), "' reads '", o,
+                         "', which is neither an input nor an earlier node"));
       }
       step.args.push_back(it->second);
     }
@@ -174,7 +179,8 @@ absl::StatusOr<FusedLoop> FusedLoop::Build(const v1::Fusion& fusion,
   }
   for (int i = 0; i < f.fusion_.outputs_size(); ++i) {
     if (!slot_of.contains(f.fusion_.outputs(i))) {
-      return absl::InternalError(absl::StrCat("fusion output '", f.fusion_.outputs(i), "' is not a fusion node"));
+      return absl::InternalError(
+          absl::StrCat("fusion output '", f.fusion_.outputs(i), "' is not a fusion node"));
     }
   }
   f.temp_offset_.assign(f.num_temps_, 0);
@@ -196,7 +202,8 @@ absl::StatusOr<FusedLoop> FusedLoop::Build(const v1::Fusion& fusion,
   return f;
 }
 
-void FusedLoop::Run(absl::Span<const void* const> inputs, absl::Span<void* const> outputs, int threads) const {
+void FusedLoop::Run(absl::Span<const void* const> inputs, absl::Span<void* const> outputs,
+                    int threads) const {
   // Per-call scratch shared by every thread: the splats of one-element inputs.
   // A block never holds more than the loop's elements (a small loop, a
   // small block: a one-element loop body in a device-side loop splats one).
@@ -212,7 +219,8 @@ void FusedLoop::Run(absl::Span<const void* const> inputs, absl::Span<void* const
     std::memcpy(outputs[out_index], const_blocks_[slots_[slot].index].data(), slots_[slot].esize);
   }
   const int64_t blocks = (elements_ + kBlock - 1) / kBlock;
-  const int n = elements_ >= kParallelElements ? int(std::min<int64_t>(std::max(threads, 1), blocks)) : 1;
+  const int n =
+      elements_ >= kParallelElements ? int(std::min<int64_t>(std::max(threads, 1), blocks)) : 1;
   if (n <= 1) return RunBlocks(inputs, outputs, splats, 0, blocks);
   std::vector<std::thread> helpers;
   for (int t = 1; t < n; ++t) {
@@ -224,14 +232,17 @@ void FusedLoop::Run(absl::Span<const void* const> inputs, absl::Span<void* const
 }
 
 void FusedLoop::RunBlocks(absl::Span<const void* const> inputs, absl::Span<void* const> outputs,
-                          absl::Span<const std::vector<char>> splats, int64_t begin, int64_t end) const {
+                          absl::Span<const std::vector<char>> splats, int64_t begin,
+                          int64_t end) const {
   // Per-thread scratch: temp blocks (and, streaming, the outputs' staging
   // blocks), written before read (no need to clear). Small loops keep them
   // on the stack.
   const int64_t scratch = stream_ ? stage_bytes_ : temp_bytes_;
   alignas(64) char small[1024];
   std::unique_ptr<char[]> big(scratch > int64_t(sizeof(small)) ? new char[scratch + 64] : nullptr);
-  char* temps = big ? reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(big.get()) + 63) / 64 * 64) : small;
+  char* temps =
+      big ? reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(big.get()) + 63) / 64 * 64)
+          : small;
   absl::InlinedVector<void*, 16> ptr(slots_.size());
   for (int64_t start = begin * kBlock; start < std::min(end * kBlock, elements_); start += kBlock) {
     const int64_t len = std::min(kBlock, elements_ - start);
@@ -242,7 +253,8 @@ void FusedLoop::RunBlocks(absl::Span<const void* const> inputs, absl::Span<void*
           ptr[i] = const_cast<char*>(static_cast<const char*>(inputs[s.index])) + start * s.esize;
           break;
         case SlotKind::kOutput:
-          ptr[i] = stream_ ? temps + stage_offset_[i] : static_cast<char*>(outputs[s.index]) + start * s.esize;
+          ptr[i] = stream_ ? temps + stage_offset_[i]
+                           : static_cast<char*>(outputs[s.index]) + start * s.esize;
           break;
         case SlotKind::kTemp: ptr[i] = temps + temp_offset_[s.index]; break;
         case SlotKind::kConst:
@@ -255,7 +267,8 @@ void FusedLoop::RunBlocks(absl::Span<const void* const> inputs, absl::Span<void*
     if (stream_) {
       for (int slot : output_slots_) {
         const Slot& s = slots_[slot];
-        StreamCopy(static_cast<char*>(outputs[s.index]) + start * s.esize, ptr[slot], len * s.esize);
+        StreamCopy(static_cast<char*>(outputs[s.index]) + start * s.esize, ptr[slot],
+                   len * s.esize);
       }
     }
   }
@@ -308,8 +321,8 @@ void FusedLoop::RunStep(const Step& st, void* const* ptr, int64_t start, int64_t
 absl::StatusOr<BoundFusion> FusedLoop::Bind(absl::Span<const void* const> inputs,
                                             absl::Span<void* const> outputs) const {
   if (elements_ > kBlock) {
-    return absl::InvalidArgumentError(absl::StrCat("a fusion of ", elements_, " elements runs blockwise; only ",
-                                                   kBlock, " or fewer bind"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a fusion of ", elements_, " elements runs blockwise; only ", kBlock, " or fewer bind"));
   }
   BoundFusion b;
   b.loop_ = this;
@@ -318,7 +331,8 @@ absl::StatusOr<BoundFusion> FusedLoop::Bind(absl::Span<const void* const> inputs
   int64_t splat_bytes = 0;
   for (int slot : splat_inputs_) splat_bytes += (block * slots_[slot].esize + 63) / 64 * 64;
   b.scratch_.reset(new char[temp_bytes_ + splat_bytes + 64]);
-  char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(b.scratch_.get()) + 63) / 64 * 64);
+  char* base =
+      reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(b.scratch_.get()) + 63) / 64 * 64);
   b.ptr_.resize(slots_.size());
   for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& sl = slots_[i];
@@ -336,7 +350,8 @@ absl::StatusOr<BoundFusion> FusedLoop::Bind(absl::Span<const void* const> inputs
     splat += (block * slots_[slot].esize + 63) / 64 * 64;
   }
   for (const auto& [slot, out_index] : scalar_outputs_) {
-    b.scalar_outputs_.push_back({outputs[out_index], const_blocks_[slots_[slot].index].data(), slots_[slot].esize});
+    b.scalar_outputs_.push_back(
+        {outputs[out_index], const_blocks_[slots_[slot].index].data(), slots_[slot].esize});
   }
   // Constants (fills and iotas) land in buffers only they write: once here.
   for (size_t i = 0; i < steps_.size(); ++i) {
@@ -371,7 +386,8 @@ void BoundFusion::SetInput(int i, const void* p) {
 }
 
 void BoundFusion::Run() const {
-  for (const Splat& s : splats_) SplatKernel(s.esize, s.src, ptr_[s.slot], std::max<int64_t>(len_, 1));
+  for (const Splat& s : splats_)
+    SplatKernel(s.esize, s.src, ptr_[s.slot], std::max<int64_t>(len_, 1));
   for (const ScalarOutput& o : scalar_outputs_) std::memcpy(o.dst, o.src, o.esize);
   for (const Call& c : calls_) {
     if (c.binary != nullptr) {

@@ -41,7 +41,8 @@ class FusedLoop {
   // Loops of at least kParallelElements split their blocks over up to
   // `threads` threads (each block is independent, so in-place outputs stay
   // safe: an element is read and written by the same thread).
-  void Run(absl::Span<const void* const> inputs, absl::Span<void* const> outputs, int threads = 1) const;
+  void Run(absl::Span<const void* const> inputs, absl::Span<void* const> outputs,
+           int threads = 1) const;
   static constexpr int64_t kParallelElements = int64_t{1} << 20;
   // Outputs of at least this many bytes are written with non-temporal
   // stores: each block is made in a thread's scratch, then streamed out,
@@ -55,7 +56,8 @@ class FusedLoop {
   // times on the same addresses (a device-side loop). Only fusions of at
   // most kBlock elements (one block) bind. The BoundFusion refers to this
   // FusedLoop, which must outlive it.
-  absl::StatusOr<BoundFusion> Bind(absl::Span<const void* const> inputs, absl::Span<void* const> outputs) const;
+  absl::StatusOr<BoundFusion> Bind(absl::Span<const void* const> inputs,
+                                   absl::Span<void* const> outputs) const;
 
  private:
   friend class BoundFusion;
@@ -75,7 +77,7 @@ class FusedLoop {
   };
   struct Step {
     const v1::Node* node;
-    int out;               // slot
+    int out;                // slot
     std::vector<int> args;  // slots
     // The kernel, resolved at build for unary, binary and compare nodes;
     // the others switch on the node per block.
@@ -88,14 +90,15 @@ class FusedLoop {
   std::vector<Slot> slots_;
   std::vector<Step> steps_;
   std::vector<v1::TensorType> output_types_;
-  std::vector<int> splat_inputs_;   // input slots holding one element, splatted per Run
+  std::vector<int> splat_inputs_;  // input slots holding one element, splatted per Run
   std::vector<std::pair<int, int>> scalar_outputs_;  // (const slot, output index)
-  std::vector<std::vector<char>> const_blocks_;  // splatted scalar constants
+  std::vector<std::vector<char>> const_blocks_;      // splatted scalar constants
   int num_temps_ = 0;
   std::vector<int64_t> temp_offset_;  // per temp: its offset in a thread's scratch, 64-byte aligned
   int64_t temp_bytes_ = 0;
-  std::vector<int> output_slots_;     // slots of the outputs the steps write
-  std::vector<int64_t> stage_offset_;  // per output slot: its staging block, after the temps, when streamed
+  std::vector<int> output_slots_;  // slots of the outputs the steps write
+  std::vector<int64_t>
+      stage_offset_;  // per output slot: its staging block, after the temps, when streamed
   int64_t stage_bytes_ = 0;
   bool stream_ = false;  // an output of kStreamBytes or more: every output is streamed
 };

@@ -51,15 +51,21 @@ void Combine(v1::ReduceKind k, const void* src, void* dst, int64_t n) {
     C r;
     if constexpr (kIsInt<C>) {  // integers wrap, as the elementwise ops
       using U = WrapUnsigned<C>;
-      if (k == v1::SUM) r = C(U(x) + U(y));
-      else if (k == v1::PROD) r = C(U(x) * U(y));
-      else r = k == v1::REDUCE_MAX ? Max(x, y) : Min(x, y);
+      if (k == v1::SUM)
+        r = C(U(x) + U(y));
+      else if (k == v1::PROD)
+        r = C(U(x) * U(y));
+      else
+        r = k == v1::REDUCE_MAX ? Max(x, y) : Min(x, y);
     } else if constexpr (kIsBool<C>) {
       r = k == v1::REDUCE_MAX ? (x || y) : (x && y);
     } else {
-      if (k == v1::SUM) r = x + y;
-      else if (k == v1::PROD) r = x * y;
-      else r = k == v1::REDUCE_MAX ? Max(x, y) : Min(x, y);
+      if (k == v1::SUM)
+        r = x + y;
+      else if (k == v1::PROD)
+        r = x * y;
+      else
+        r = k == v1::REDUCE_MAX ? Max(x, y) : Min(x, y);
     }
     o[e] = T::Store(r);
   }
@@ -67,13 +73,14 @@ void Combine(v1::ReduceKind k, const void* src, void* dst, int64_t n) {
 
 }  // namespace
 
-void Gather(const v1::TensorType& operand_type, const void* operand, const v1::TensorType& indices_type,
-            const void* indices, int64_t axis, void* out) {
+void Gather(const v1::TensorType& operand_type, const void* operand,
+            const v1::TensorType& indices_type, const void* indices, int64_t axis, void* out) {
   const Around a = AroundAxis(operand_type, indices_type, axis);
   const int64_t row = a.inner * DTypeSize(operand_type.dtype());
   const char* src = static_cast<const char*>(operand);
   char* dst = static_cast<char*>(out);
-  if (a.extent == 0 || row == 0) return;  // no slices to pick (validation: then no indices either, or empty rows)
+  if (a.extent == 0 || row == 0)
+    return;  // no slices to pick (validation: then no indices either, or empty rows)
   for (int64_t o = 0; o < a.outer; ++o) {
     for (int64_t j = 0; j < a.count; ++j) {
       int64_t i = IndexAt(indices_type.dtype(), indices, j);
@@ -83,8 +90,9 @@ void Gather(const v1::TensorType& operand_type, const void* operand, const v1::T
   }
 }
 
-void Scatter(const v1::TensorType& operand_type, const void* operand, const v1::TensorType& indices_type,
-             const void* indices, const void* updates, const v1::ScatterAttrs& attrs, void* out) {
+void Scatter(const v1::TensorType& operand_type, const void* operand,
+             const v1::TensorType& indices_type, const void* indices, const void* updates,
+             const v1::ScatterAttrs& attrs, void* out) {
   const Around a = AroundAxis(operand_type, indices_type, attrs.axis());
   const int64_t esize = DTypeSize(operand_type.dtype()), row = a.inner * esize;
   if (out != operand) std::memcpy(out, operand, a.outer * a.extent * row);

@@ -7,13 +7,14 @@
 namespace tessel::cpu {
 
 // `out` = operand's slices along `axis` at `indices` (clamped into range).
-void Gather(const v1::TensorType& operand_type, const void* operand, const v1::TensorType& indices_type,
-            const void* indices, int64_t axis, void* out);
+void Gather(const v1::TensorType& operand_type, const void* operand,
+            const v1::TensorType& indices_type, const void* indices, int64_t axis, void* out);
 
 // `out` (operand's type) = operand with `updates` combined in at `indices`
 // along a.axis(); updates at indices out of range are dropped. Repeated
 // indices apply in row-major order of the indices.
-void Scatter(const v1::TensorType& operand_type, const void* operand, const v1::TensorType& indices_type,
-             const void* indices, const void* updates, const v1::ScatterAttrs& a, void* out);
+void Scatter(const v1::TensorType& operand_type, const void* operand,
+             const v1::TensorType& indices_type, const void* indices, const void* updates,
+             const v1::ScatterAttrs& a, void* out);
 
 }  // namespace tessel::cpu

@@ -63,7 +63,8 @@ TEST(Dot, BatchedIntegerDotWraps) {
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = 0; j < n; ++j) {
         uint32_t want = 0;
-        for (int64_t p = 0; p < k; ++p) want += uint32_t(l[(bi * m + i) * k + p]) * uint32_t(r[(bi * k + p) * n + j]);
+        for (int64_t p = 0; p < k; ++p)
+          want += uint32_t(l[(bi * m + i) * k + p]) * uint32_t(r[(bi * k + p) * n + j]);
         EXPECT_EQ(out[(bi * m + i) * n + j], int32_t(want));
       }
     }
@@ -76,10 +77,12 @@ TEST(Layout, TransposeAndPadMatchNaiveIndexing) {
   v1::TransposeAttrs t;
   for (int64_t p : {2, 0, 1}) t.add_permutation(p);
   std::vector<float> out(x.size());
-  Transpose(MakeType(v1::F32, {d0, d1, d2}), x.data(), t, MakeType(v1::F32, {d2, d0, d1}), out.data());
+  Transpose(MakeType(v1::F32, {d0, d1, d2}), x.data(), t, MakeType(v1::F32, {d2, d0, d1}),
+            out.data());
   for (int64_t i = 0; i < d0; ++i)
     for (int64_t j = 0; j < d1; ++j)
-      for (int64_t k = 0; k < d2; ++k) ASSERT_EQ(out[(k * d0 + i) * d1 + j], x[(i * d1 + j) * d2 + k]);
+      for (int64_t k = 0; k < d2; ++k)
+        ASSERT_EQ(out[(k * d0 + i) * d1 + j], x[(i * d1 + j) * d2 + k]);
 
   // pad [3,4] with low (1,-1), high (0,2), interior (1,0) -> [6,5]
   v1::PadAttrs p;
@@ -95,7 +98,8 @@ TEST(Layout, TransposeAndPadMatchNaiveIndexing) {
     for (int64_t c = 0; c < 5; ++c) {
       float want = pad;
       // out row r = 1 + 2*i ; out col c = -1 + j
-      if ((r - 1) >= 0 && (r - 1) % 2 == 0 && (r - 1) / 2 < 3 && c + 1 < 4) want = in[((r - 1) / 2) * 4 + (c + 1)];
+      if ((r - 1) >= 0 && (r - 1) % 2 == 0 && (r - 1) / 2 < 3 && c + 1 < 4)
+        want = in[((r - 1) / 2) * 4 + (c + 1)];
       EXPECT_EQ(po[r * 5 + c], want) << r << "," << c;
     }
   }
@@ -156,7 +160,8 @@ TEST(Reduce, SumOverLeadingAndTrailingDims) {
 // (3 here, an uneven split, with a ragged last block). Both equal the
 // step-by-step reference, iota included (it depends on the block offset).
 // Appends an f32[n] node to `f`.
-v1::Node* AddNode(v1::Fusion& f, int64_t n, const char* name, v1::Op op, std::vector<std::string> operands) {
+v1::Node* AddNode(v1::Fusion& f, int64_t n, const char* name, v1::Op op,
+                  std::vector<std::string> operands) {
   v1::Node* nd = f.add_nodes();
   nd->set_name(name);
   nd->set_op(op);
@@ -206,7 +211,9 @@ void CheckChain(int64_t n, int threads, int64_t offset = 0) {
   ASSERT_EQ(m_buf[n + offset], -7.0f);
 }
 
-TEST(FusedLoop, ChainAcrossManyBlocksEqualsStepByStep) { CheckChain(FusedLoop::kBlock * 3 + 17, 1); }
+TEST(FusedLoop, ChainAcrossManyBlocksEqualsStepByStep) {
+  CheckChain(FusedLoop::kBlock * 3 + 17, 1);
+}
 
 // A size-0 run with a scalar constant in it (numpy's `3 + arange(0)`) has
 // no elements: the loop must not run over the scalar's one (an iota over an
@@ -299,11 +306,14 @@ TEST(FusedLoop, ABoundFusionRereadsItsInputsEveryRunAndFollowsRePointing) {
   check(x2, s2);
 
   v1::Fusion big = f;
-  for (v1::Node& nd : *big.mutable_nodes()) *nd.mutable_type() = MakeType(v1::F32, {FusedLoop::kBlock + 1});
+  for (v1::Node& nd : *big.mutable_nodes())
+    *nd.mutable_type() = MakeType(v1::F32, {FusedLoop::kBlock + 1});
   big.mutable_nodes(0)->mutable_broadcast_in_dim()->set_dims(0, FusedLoop::kBlock + 1);
-  auto large = FusedLoop::Build(big, {MakeType(v1::F32, {FusedLoop::kBlock + 1}), MakeType(v1::F32, {})});
+  auto large =
+      FusedLoop::Build(big, {MakeType(v1::F32, {FusedLoop::kBlock + 1}), MakeType(v1::F32, {})});
   ASSERT_TRUE(large.ok()) << large.status();
-  EXPECT_FALSE(large->Bind({x1.data(), &s1}, {y.data(), m.data()}).ok()) << "more than one block must not bind";
+  EXPECT_FALSE(large->Bind({x1.data(), &s1}, {y.data(), m.data()}).ok())
+      << "more than one block must not bind";
 }
 
 }  // namespace

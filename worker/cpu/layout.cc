@@ -106,11 +106,12 @@ void Reverse(const v1::TensorType& type, const void* in, const v1::ReverseAttrs&
     base += (type.dims(d) - 1) * strides[d];
   }
   CopyStrided(esize, std::vector<int64_t>(type.dims().begin(), type.dims().end()),
-              static_cast<const char*>(in) + base * esize, src_strides, static_cast<char*>(out), strides);
+              static_cast<const char*>(in) + base * esize, src_strides, static_cast<char*>(out),
+              strides);
 }
 
-void BroadcastInDim(const v1::TensorType& in_type, const void* in,
-                    const v1::BroadcastInDimAttrs& a, const v1::TensorType& out_type, void* out) {
+void BroadcastInDim(const v1::TensorType& in_type, const void* in, const v1::BroadcastInDimAttrs& a,
+                    const v1::TensorType& out_type, void* out) {
   std::vector<int64_t> in_strides = RowMajorStrides(in_type.dims());
   std::vector<int64_t> src_strides(out_type.dims_size(), 0);
   for (int i = 0; i < a.broadcast_dimensions_size(); ++i) {

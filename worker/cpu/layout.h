@@ -25,8 +25,8 @@ void Transpose(const v1::TensorType& in_type, const void* in, const v1::Transpos
 void Reverse(const v1::TensorType& type, const void* in, const v1::ReverseAttrs& a, void* out);
 void Slice(const v1::TensorType& in_type, const void* in, const v1::SliceAttrs& a,
            const v1::TensorType& out_type, void* out);
-void BroadcastInDim(const v1::TensorType& in_type, const void* in,
-                    const v1::BroadcastInDimAttrs& a, const v1::TensorType& out_type, void* out);
+void BroadcastInDim(const v1::TensorType& in_type, const void* in, const v1::BroadcastInDimAttrs& a,
+                    const v1::TensorType& out_type, void* out);
 void Concatenate(const std::vector<const v1::TensorType*>& in_types,
                  const std::vector<const void*>& ins, int64_t dimension,
                  const v1::TensorType& out_type, void* out);

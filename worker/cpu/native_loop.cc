@@ -83,19 +83,44 @@ const char* UType(v1::DType dt) {
     default: return nullptr;
   }
 }
-const char* Suffix(v1::DType dt) { return dt == v1::F32 ? "_f32" : dt == v1::F64 ? "_f64" : dt == v1::S32 ? "_s32" : dt == v1::S64 ? "_s64" : "_u8"; }
+const char* Suffix(v1::DType dt) {
+  return dt == v1::F32   ? "_f32"
+         : dt == v1::F64 ? "_f64"
+         : dt == v1::S32 ? "_s32"
+         : dt == v1::S64 ? "_s64"
+                         : "_u8";
+}
 bool IsFloat(v1::DType dt) { return dt == v1::F32 || dt == v1::F64; }
 bool IsInt(v1::DType dt) { return dt == v1::S32 || dt == v1::S64 || dt == v1::U8; }
-
 
 // One element of dtype `dt` at `p` as an exact C literal.
 std::string Literal(v1::DType dt, const void* p) {
   switch (dt) {
-    case v1::F32: { uint32_t u; std::memcpy(&u, p, 4); return absl::StrFormat("lit_f32(0x%08xu)", u); }
-    case v1::F64: { uint64_t u; std::memcpy(&u, p, 8); return absl::StrFormat("lit_f64(0x%016xull)", u); }
-    case v1::S32: { uint32_t u; std::memcpy(&u, p, 4); return absl::StrFormat("(int32_t)0x%08xu", u); }
-    case v1::S64: { uint64_t u; std::memcpy(&u, p, 8); return absl::StrFormat("(int64_t)0x%016xull", u); }
-    default: { uint8_t u; std::memcpy(&u, p, 1); return absl::StrFormat("(uint8_t)%u", unsigned(u)); }
+    case v1::F32: {
+      uint32_t u;
+      std::memcpy(&u, p, 4);
+      return absl::StrFormat("lit_f32(0x%08xu)", u);
+    }
+    case v1::F64: {
+      uint64_t u;
+      std::memcpy(&u, p, 8);
+      return absl::StrFormat("lit_f64(0x%016xull)", u);
+    }
+    case v1::S32: {
+      uint32_t u;
+      std::memcpy(&u, p, 4);
+      return absl::StrFormat("(int32_t)0x%08xu", u);
+    }
+    case v1::S64: {
+      uint64_t u;
+      std::memcpy(&u, p, 8);
+      return absl::StrFormat("(int64_t)0x%016xull", u);
+    }
+    default: {
+      uint8_t u;
+      std::memcpy(&u, p, 1);
+      return absl::StrFormat("(uint8_t)%u", unsigned(u));
+    }
   }
 }
 
@@ -107,8 +132,9 @@ std::string Convert(v1::DType from, v1::DType to, const std::string& x) {
     const char* lo = to == v1::S32 ? "INT32_MIN" : to == v1::S64 ? "INT64_MIN" : "0";
     const char* hi = to == v1::S32 ? "INT32_MAX" : to == v1::S64 ? "INT64_MAX" : "UINT8_MAX";
     const char* f = CType(from);
-    return absl::StrCat("(", x, " != ", x, " ? (", t, ")0 : ", x, " <= (", f, ")", lo, " ? (", t, ")", lo, " : ", x,
-                        " >= (", f, ")", hi, " ? (", t, ")", hi, " : (", t, ")", x, ")");
+    return absl::StrCat("(", x, " != ", x, " ? (", t, ")0 : ", x, " <= (", f, ")", lo, " ? (", t,
+                        ")", lo, " : ", x, " >= (", f, ")", hi, " ? (", t, ")", hi, " : (", t, ")",
+                        x, ")");
   }
   return absl::StrCat("((", t, ")", x, ")");
 }
@@ -118,13 +144,15 @@ std::string Convert(v1::DType from, v1::DType to, const std::string& x) {
 const worker::ScalarDialect kDialect{
     .compute_type = [](v1::DType dt) { return std::string(CType(dt) ? CType(dt) : ""); },
     .unsigned_type = [](v1::DType dt) { return std::string(UType(dt) ? UType(dt) : ""); },
-    .math = [](v1::DType dt, absl::string_view name) { return absl::StrCat(name, dt == v1::F32 ? "f" : ""); },
+    .math = [](v1::DType dt,
+               absl::string_view name) { return absl::StrCat(name, dt == v1::F32 ? "f" : ""); },
     .helper = [](v1::DType dt, absl::string_view name) { return absl::StrCat(name, Suffix(dt)); },
 };
 
 // The expression of elementwise node `n` over its operands' values, or ""
 // when the generated code does not handle it.
-std::string Expr(const v1::Node& n, const std::vector<std::string>& a, const std::vector<v1::DType>& in_dt) {
+std::string Expr(const v1::Node& n, const std::vector<std::string>& a,
+                 const std::vector<v1::DType>& in_dt) {
   const v1::DType dt = n.type().dtype();
   if (n.op() == v1::COMPARE) {
     const char* op = nullptr;
@@ -150,8 +178,9 @@ std::string Expr(const v1::Node& n, const std::vector<std::string>& a, const std
 // `name[slot]` starts with the parameters' arrays; each fusion result
 // becomes a local array s<slot>. Returns "" or why the function does not
 // qualify.
-std::string EmitFunction(const SlotProgram& program, int f, const std::string& prefix, std::vector<std::string>& name,
-                         std::vector<v1::DType>& dtype, int64_t& local_bytes, std::string& out) {
+std::string EmitFunction(const SlotProgram& program, int f, const std::string& prefix,
+                         std::vector<std::string>& name, std::vector<v1::DType>& dtype,
+                         int64_t& local_bytes, std::string& out) {
   const SlotProgram::Function& sf = program.functions()[f];
   for (int j = sf.begin; j < sf.end; ++j) {
     const SlotProgram::Instr& in = program.instrs()[j];
@@ -165,7 +194,8 @@ std::string EmitFunction(const SlotProgram& program, int f, const std::string& p
     const v1::Fusion& fu = *in.fusion;
     const int64_t elements = FusionElements(fu);
     if (elements > FusedLoop::kBlock) return "a value over one block";
-    absl::flat_hash_map<std::string, std::string> value;  // fusion-local name -> C expression of this element
+    absl::flat_hash_map<std::string, std::string>
+        value;  // fusion-local name -> C expression of this element
     absl::flat_hash_map<std::string, v1::DType> vdt;
     std::string body, once;
     for (int k = 0; k < fu.inputs_size(); ++k) {
@@ -175,8 +205,8 @@ std::string EmitFunction(const SlotProgram& program, int f, const std::string& p
       const std::string idx = NumElementsUnchecked(t) == elements ? "i" : "0";
       std::string load = absl::StrCat(name[in.args[k]], "[", idx, "]");
       if (t.dtype() == v1::PRED) load = absl::StrCat("(", load, " != 0)");
-      absl::StrAppend(&body, "      const ", t.dtype() == v1::PRED ? "int" : CType(t.dtype()), " ", v, " = ", load,
-                      ";\n");
+      absl::StrAppend(&body, "      const ", t.dtype() == v1::PRED ? "int" : CType(t.dtype()), " ",
+                      v, " = ", load, ";\n");
       value[fu.inputs(k)] = v;
       vdt[fu.inputs(k)] = t.dtype();
     }
@@ -196,8 +226,9 @@ std::string EmitFunction(const SlotProgram& program, int f, const std::string& p
           int64_t inner = 1;
           for (int k = d + 1; k < dims.size(); ++k) inner *= dims[k];
           if (dims[d] <= 0 || inner <= 0) return "an empty iota";
-          expr = Convert(v1::S64, dt, absl::StrCat("(((int64_t)", ne == elements ? "i" : "0", " / ", inner, ") % ",
-                                                   dims[d], ")"));
+          expr = Convert(v1::S64, dt,
+                         absl::StrCat("(((int64_t)", ne == elements ? "i" : "0", " / ", inner,
+                                      ") % ", dims[d], ")"));
         } else {
           if (n.constant().has_literal() && ne != 1) return "a literal array";
           char one[8] = {};
@@ -215,11 +246,14 @@ std::string EmitFunction(const SlotProgram& program, int f, const std::string& p
         std::vector<v1::DType> adt;
         for (const std::string& o : n.operands()) {
           auto it = value.find(o);
-          if (it == value.end()) return absl::StrCat("fusion node '", n.name(), "' reads '", o, "' before it is defined");
+          if (it == value.end())
+            return absl::StrCat("fusion node '", n.name(), "' reads '", o,
+                                "' before it is defined");
           a.push_back(it->second);
           adt.push_back(vdt[o]);
         }
-        if (n.op() != v1::BROADCAST_IN_DIM && !IsElementwise(n.op())) return absl::StrCat("op ", OpName(n.op()));
+        if (n.op() != v1::BROADCAST_IN_DIM && !IsElementwise(n.op()))
+          return absl::StrCat("op ", OpName(n.op()));
         expr = Expr(n, a, adt);
         if (expr.empty()) return absl::StrCat("op ", OpName(n.op()), " on ", DTypeName(dt));
       }
@@ -240,7 +274,8 @@ std::string EmitFunction(const SlotProgram& program, int f, const std::string& p
         const std::string store = dt == v1::PRED ? absl::StrCat("(uint8_t)", v) : v;
         if (constant) {
           // A one-element constant output is written even by a loop of no elements.
-          absl::StrAppend(&once, "    { const ", ct, " ", v, " = ", expr, "; ", arr, "[0] = ", store, "; }\n");
+          absl::StrAppend(&once, "    { const ", ct, " ", v, " = ", expr, "; ", arr,
+                          "[0] = ", store, "; }\n");
         } else if (ne == elements) {
           absl::StrAppend(&body, "      ", arr, "[i] = ", store, ";\n");
         } else {
@@ -248,14 +283,16 @@ std::string EmitFunction(const SlotProgram& program, int f, const std::string& p
         }
       }
     }
-    absl::StrAppend(&out, once, "    for (int64_t i = 0; i < ", elements, "; ++i) {\n", body, "    }\n");
+    absl::StrAppend(&out, once, "    for (int64_t i = 0; i < ", elements, "; ++i) {\n", body,
+                    "    }\n");
   }
   return "";
 }
 
 }  // namespace
 
-std::optional<std::string> NativeLoop::Source(const SlotProgram& program, int instr, std::string* why) {
+std::optional<std::string> NativeLoop::Source(const SlotProgram& program, int instr,
+                                              std::string* why) {
   const SlotProgram::Instr& in = program.instrs()[instr];
   if (in.node == nullptr || (in.node->op() != v1::WHILE && in.node->op() != v1::SCAN)) {
     *why = "not a loop";
@@ -278,18 +315,21 @@ std::optional<std::string> NativeLoop::Source(const SlotProgram& program, int in
     }
     carry_bytes.push_back(ByteSizeUnchecked(t));
     local_bytes += 2 * carry_bytes.back();
-    absl::StrAppend(&src, "  ", CType(t.dtype()), " c", k, "[", std::max<int64_t>(NumElementsUnchecked(t), 1),
-                    "];\n  memcpy(c", k, ", in[", k, "], ", carry_bytes.back(), ");\n");
+    absl::StrAppend(&src, "  ", CType(t.dtype()), " c", k, "[",
+                    std::max<int64_t>(NumElementsUnchecked(t), 1), "];\n  memcpy(c", k, ", in[", k,
+                    "], ", carry_bytes.back(), ");\n");
   }
   const int64_t length = scan ? n.control().length() : 0;
   if (scan) {
-    absl::StrAppend(&src, "  for (int64_t it = 0; it < ", length, "; ++it) {\n    const int64_t step = ",
+    absl::StrAppend(&src, "  for (int64_t it = 0; it < ", length,
+                    "; ++it) {\n    const int64_t step = ",
                     n.control().reverse() ? absl::StrCat(length - 1, " - it") : "it", ";\n");
   } else {
     absl::StrAppend(&src, "  for (;;) {\n");
   }
   // Each function's values live in its own block; parameters are the carries.
-  auto params = [&](const SlotProgram::Function& fn, std::vector<std::string>& name, std::vector<v1::DType>& dtype) {
+  auto params = [&](const SlotProgram::Function& fn, std::vector<std::string>& name,
+                    std::vector<v1::DType>& dtype) {
     name.assign(fn.num_slots, "");
     dtype.assign(fn.num_slots, v1::DTYPE_INVALID);
     for (int k = 0; k < carries; ++k) {
@@ -308,7 +348,8 @@ std::optional<std::string> NativeLoop::Source(const SlotProgram& program, int in
       *why = absl::StrCat("condition: ", err);
       return std::nullopt;
     }
-    absl::StrAppend(&src, "    {\n", code, "    if (!", name[cf.output_slots[0]], "[0]) break;\n    }\n");
+    absl::StrAppend(&src, "    {\n", code, "    if (!", name[cf.output_slots[0]],
+                    "[0]) break;\n    }\n");
   }
   params(bf, name, dtype);
   std::string code;
@@ -336,21 +377,23 @@ std::optional<std::string> NativeLoop::Source(const SlotProgram& program, int in
     const std::string& o = name[bf.output_slots[k]];
     if (o == absl::StrCat("c", k)) continue;
     const v1::TensorType& t = in.arg_types[k];
-    absl::StrAppend(&take, "    ", CType(t.dtype()), " n", k, "[", std::max<int64_t>(NumElementsUnchecked(t), 1),
-                    "];\n    memcpy(n", k, ", ", o, ", ", carry_bytes[k], ");\n");
+    absl::StrAppend(&take, "    ", CType(t.dtype()), " n", k, "[",
+                    std::max<int64_t>(NumElementsUnchecked(t), 1), "];\n    memcpy(n", k, ", ", o,
+                    ", ", carry_bytes[k], ");\n");
     absl::StrAppend(&put, "    memcpy(c", k, ", n", k, ", ", carry_bytes[k], ");\n");
   }
   for (size_t y = carries; y < bf.output_slots.size(); ++y) {
     const int64_t bytes = ByteSizeUnchecked(bf.output_types[y]);
-    absl::StrAppend(&take, "    memcpy((char*)out[", y, "] + step * ", bytes, ", ", name[bf.output_slots[y]], ", ",
-                    bytes, ");\n");
+    absl::StrAppend(&take, "    memcpy((char*)out[", y, "] + step * ", bytes, ", ",
+                    name[bf.output_slots[y]], ", ", bytes, ");\n");
   }
   if (local_bytes > kMaxLocalBytes) {
     *why = absl::StrCat(local_bytes, " bytes of values, over ", kMaxLocalBytes);
     return std::nullopt;
   }
   absl::StrAppend(&src, "    {\n", code, take, put, "    }\n  }\n");
-  for (int k = 0; k < carries; ++k) absl::StrAppend(&src, "  memcpy(out[", k, "], c", k, ", ", carry_bytes[k], ");\n");
+  for (int k = 0; k < carries; ++k)
+    absl::StrAppend(&src, "  memcpy(out[", k, "], c", k, ", ", carry_bytes[k], ");\n");
   absl::StrAppend(&src, "}\n");
   return src;
 }
@@ -375,7 +418,8 @@ class LoopCompiler {
   }
   // Compiles `source` into a shared object and loads it (or returns the
   // library an identical source already loaded).
-  absl::StatusOr<std::shared_ptr<NativeLoop::Library>> Compile(const std::string& source) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::shared_ptr<NativeLoop::Library>> Compile(const std::string& source)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   absl::Mutex mu_;  // held across a compile: identical loads wait for one build
@@ -383,7 +427,8 @@ class LoopCompiler {
   std::string dir_ ABSL_GUARDED_BY(mu_);
 };
 
-absl::StatusOr<std::shared_ptr<NativeLoop::Library>> LoopCompiler::Compile(const std::string& source) {
+absl::StatusOr<std::shared_ptr<NativeLoop::Library>> LoopCompiler::Compile(
+    const std::string& source) {
   const size_t key = std::hash<std::string>()(source);
   absl::MutexLock lock(&mu_);
   if (auto it = cache_.find(key); it != cache_.end()) {
@@ -405,19 +450,22 @@ absl::StatusOr<std::shared_ptr<NativeLoop::Library>> LoopCompiler::Compile(const
   }
   const char* env_cc = std::getenv("CC");
   std::string cc = env_cc != nullptr && *env_cc != '\0' ? env_cc : "cc";
-  std::vector<std::string> args = {cc, "-O2", "-std=c11", "-ffp-contract=off", "-fPIC", "-shared", "-o", so_file,
-                                   c_file, "-lm"};
+  std::vector<std::string> args = {
+      cc, "-O2", "-std=c11", "-ffp-contract=off", "-fPIC", "-shared", "-o", so_file, c_file, "-lm"};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_addopen(&actions, 1, log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0600);
   posix_spawn_file_actions_adddup2(&actions, 1, 2);
   pid_t pid = 0;
   const int rc = posix_spawnp(&pid, cc.c_str(), &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) return absl::UnavailableError(absl::StrCat("cannot run the C compiler '", cc, "': ", std::strerror(rc)));
+  if (rc != 0)
+    return absl::UnavailableError(
+        absl::StrCat("cannot run the C compiler '", cc, "': ", std::strerror(rc)));
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
@@ -427,13 +475,15 @@ absl::StatusOr<std::shared_ptr<NativeLoop::Library>> LoopCompiler::Compile(const
     std::stringstream log;
     log << f.rdbuf();
     std::remove(log_file.c_str());
-    return absl::InternalError(absl::StrCat("'", cc, "' failed on a generated loop: ", log.str().substr(0, 2000)));
+    return absl::InternalError(
+        absl::StrCat("'", cc, "' failed on a generated loop: ", log.str().substr(0, 2000)));
   }
   std::remove(log_file.c_str());
   auto lib = std::make_shared<NativeLoop::Library>();
   lib->handle = dlopen(so_file.c_str(), RTLD_NOW | RTLD_LOCAL);
   std::remove(so_file.c_str());  // mapped: the file is no longer needed
-  if (lib->handle == nullptr) return absl::InternalError(absl::StrCat("dlopen of a generated loop: ", dlerror()));
+  if (lib->handle == nullptr)
+    return absl::InternalError(absl::StrCat("dlopen of a generated loop: ", dlerror()));
   lib->fn = reinterpret_cast<NativeLoop::Fn>(dlsym(lib->handle, "tessel_loop"));
   if (lib->fn == nullptr) return absl::InternalError("a generated loop has no tessel_loop");
   for (auto it = cache_.begin(); it != cache_.end();) {  // forget unloaded libraries
@@ -449,7 +499,8 @@ absl::StatusOr<std::shared_ptr<NativeLoop::Library>> LoopCompiler::Compile(const
 
 }  // namespace
 
-std::optional<NativeLoop> NativeLoop::Build(const SlotProgram& program, int instr, std::string* why) {
+std::optional<NativeLoop> NativeLoop::Build(const SlotProgram& program, int instr,
+                                            std::string* why) {
   const char* off = std::getenv("TESSEL_NATIVE_LOOPS");
   if (off != nullptr && std::string(off) == "0") {
     *why = "TESSEL_NATIVE_LOOPS=0";

@@ -41,17 +41,19 @@ class NativeLoop {
 
   // The C source of control-flow instruction `instr`'s loop, or nullopt
   // with `why` set when the loop does not qualify. Deterministic.
-  static std::optional<std::string> Source(const worker::SlotProgram& program, int instr, std::string* why);
+  static std::optional<std::string> Source(const worker::SlotProgram& program, int instr,
+                                           std::string* why);
 
   // The loop compiled, or nullopt with `why` set (it does not qualify, the
   // path is off, or the compiler failed).
-  static std::optional<NativeLoop> Build(const worker::SlotProgram& program, int instr, std::string* why);
+  static std::optional<NativeLoop> Build(const worker::SlotProgram& program, int instr,
+                                         std::string* why);
 
   // The helpers every generated file starts with (max_f32, ipow_s8, ...).
   static const char* Prelude();
 
-  absl::Status Run(std::vector<worker::BufferPtr>& values, const std::vector<worker::BufferPtr>& preset,
-                   worker::Device& device) const;
+  absl::Status Run(std::vector<worker::BufferPtr>& values,
+                   const std::vector<worker::BufferPtr>& preset, worker::Device& device) const;
 
   struct Library;  // a loaded shared object
   // The generated function: `in` the loop's operands, `out` its results.

@@ -21,11 +21,15 @@ A Identity(v1::ReduceKind k) {
     case v1::SUM: return A(0);
     case v1::PROD: return A(1);
     case v1::REDUCE_MAX:
-      if constexpr (kIsFloat<C>) return -std::numeric_limits<C>::infinity();
-      else return A(std::numeric_limits<C>::lowest());
+      if constexpr (kIsFloat<C>)
+        return -std::numeric_limits<C>::infinity();
+      else
+        return A(std::numeric_limits<C>::lowest());
     default:
-      if constexpr (kIsFloat<C>) return std::numeric_limits<C>::infinity();
-      else return A(std::numeric_limits<C>::max());
+      if constexpr (kIsFloat<C>)
+        return std::numeric_limits<C>::infinity();
+      else
+        return A(std::numeric_limits<C>::max());
   }
 }
 
@@ -35,11 +39,15 @@ inline A Combine(v1::ReduceKind k, A acc, C x) {
     case v1::SUM: return acc + A(x);
     case v1::PROD: return acc * A(x);
     case v1::REDUCE_MAX:
-      if constexpr (kIsFloat<C>) return Max<A>(acc, x);
-      else return A(Max<C>(C(acc), x));
+      if constexpr (kIsFloat<C>)
+        return Max<A>(acc, x);
+      else
+        return A(Max<C>(C(acc), x));
     default:
-      if constexpr (kIsFloat<C>) return Min<A>(acc, x);
-      else return A(Min<C>(C(acc), x));
+      if constexpr (kIsFloat<C>)
+        return Min<A>(acc, x);
+      else
+        return A(Min<C>(C(acc), x));
   }
 }
 

@@ -23,8 +23,8 @@ bool Before(C a, C b, bool descending) {
 }
 
 template <v1::DType D>
-void SortTyped(const v1::TensorType& keys_type, const void* keys_data, int esize, const void* src_data,
-               const v1::SortAttrs& a, void* out_data) {
+void SortTyped(const v1::TensorType& keys_type, const void* keys_data, int esize,
+               const void* src_data, const v1::SortAttrs& a, void* out_data) {
   using T = Traits<D>;
   using C = typename T::C;
   const auto* keys = static_cast<const typename T::S*>(keys_data);
@@ -42,10 +42,12 @@ void SortTyped(const v1::TensorType& keys_type, const void* keys_data, int esize
       const int64_t base = o * extent * inner + j;
       for (int64_t e = 0; e < extent; ++e) row[e] = T::Load(keys[base + e * inner]);
       std::iota(order.begin(), order.end(), int64_t{0});
-      std::stable_sort(order.begin(), order.end(),
-                       [&](int64_t x, int64_t y) { return Before<C>(row[x], row[y], a.descending()); });
+      std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
+        return Before<C>(row[x], row[y], a.descending());
+      });
       for (int64_t e = 0; e < extent; ++e) {
-        std::memcpy(out + (base + e * inner) * esize, src + (base + order[e] * inner) * esize, esize);
+        std::memcpy(out + (base + e * inner) * esize, src + (base + order[e] * inner) * esize,
+                    esize);
       }
     }
   }
@@ -56,7 +58,8 @@ void SortTyped(const v1::TensorType& keys_type, const void* keys_data, int esize
 void Sort(const v1::TensorType& keys_type, const void* keys, const v1::TensorType& result_type,
           const void* result_source, const v1::SortAttrs& a, void* result) {
   const int esize = DTypeSize(result_type.dtype());
-  TESSEL_DISPATCH(keys_type.dtype(), D, SortTyped<D>(keys_type, keys, esize, result_source, a, result));
+  TESSEL_DISPATCH(keys_type.dtype(), D,
+                  SortTyped<D>(keys_type, keys, esize, result_source, a, result));
 }
 
 }  // namespace tessel::cpu

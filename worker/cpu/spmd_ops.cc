@@ -26,7 +26,8 @@ Split SplitAt(const v1::TensorType& t, int64_t d) {
 }
 
 // [outer, k, piece] -> [k, outer, piece] (piece in bytes), or the reverse.
-void SwapMajor(const char* in, char* out, int64_t outer, int64_t k, int64_t piece, bool to_rank_major) {
+void SwapMajor(const char* in, char* out, int64_t outer, int64_t k, int64_t piece,
+               bool to_rank_major) {
   for (int64_t o = 0; o < outer; ++o) {
     for (int64_t r = 0; r < k; ++r) {
       const int64_t a = (o * k + r) * piece, b = (r * outer + o) * piece;
@@ -41,10 +42,12 @@ void SwapMajor(const char* in, char* out, int64_t outer, int64_t k, int64_t piec
 
 }  // namespace
 
-absl::Status RunSpmdOp(const v1::Node& n, int op_index, const v1::Program& p, const v1::TensorType& in_type,
-                       const void* in_v, void* out_v, const worker::StepContext& ctx) {
+absl::Status RunSpmdOp(const v1::Node& n, int op_index, const v1::Program& p,
+                       const v1::TensorType& in_type, const void* in_v, void* out_v,
+                       const worker::StepContext& ctx) {
   const v1::CollectiveAttrs& c = n.collective();
-  const std::string what = StrCat(OpName(n.op()), " '", n.name(), "' over ", absl::StrJoin(c.axes(), ","));
+  const std::string what =
+      StrCat(OpName(n.op()), " '", n.name(), "' over ", absl::StrJoin(c.axes(), ","));
   const char* in = static_cast<const char*>(in_v);
   char* out = static_cast<char*>(out_v);
   const v1::DType dt = n.type().dtype();
@@ -58,7 +61,8 @@ absl::Status RunSpmdOp(const v1::Node& n, int op_index, const v1::Program& p, co
     const Split s = SplitAt(in_type, c.dimension());
     const int64_t k = AxesSize(p.mesh(), c.axes());
     const int64_t piece = s.extent / k * s.slab;
-    for (int64_t o = 0; o < s.outer; ++o) std::memcpy(out + o * piece, in + (o * k + idx) * piece, piece);
+    for (int64_t o = 0; o < s.outer; ++o)
+      std::memcpy(out + o * piece, in + (o * k + idx) * piece, piece);
     return absl::OkStatus();
   }
   if (ctx.last_collective != nullptr) *ctx.last_collective = op_index;
@@ -85,19 +89,22 @@ absl::Status RunSpmdOp(const v1::Node& n, int op_index, const v1::Program& p, co
       }
       std::vector<char> tmp(out_bytes);
       st = g.comm->AllGather(g.rank, id, in, tmp.data(), in_bytes / esize, dt);
-      if (st.ok()) SwapMajor(tmp.data(), out, s.outer, g.size, s.extent * s.slab, /*to_rank_major=*/false);
+      if (st.ok())
+        SwapMajor(tmp.data(), out, s.outer, g.size, s.extent * s.slab, /*to_rank_major=*/false);
       break;
     }
     case v1::REDUCE_SCATTER: {
       const Split s = SplitAt(in_type, c.dimension());
       const int64_t piece = s.extent / g.size * s.slab;
       if (s.outer == 1) {
-        st = g.comm->ReduceScatter(g.rank, id, in, out, out_bytes / esize, dt, worker::ReduceOpOf(c.kind()));
+        st = g.comm->ReduceScatter(g.rank, id, in, out, out_bytes / esize, dt,
+                                   worker::ReduceOpOf(c.kind()));
         break;
       }
       std::vector<char> tmp(in_bytes);
       SwapMajor(in, tmp.data(), s.outer, g.size, piece, /*to_rank_major=*/true);
-      st = g.comm->ReduceScatter(g.rank, id, tmp.data(), out, out_bytes / esize, dt, worker::ReduceOpOf(c.kind()));
+      st = g.comm->ReduceScatter(g.rank, id, tmp.data(), out, out_bytes / esize, dt,
+                                 worker::ReduceOpOf(c.kind()));
       break;
     }
     case v1::ALL_TO_ALL: {
@@ -122,17 +129,18 @@ absl::Status RunSpmdOp(const v1::Node& n, int op_index, const v1::Program& p, co
       st = g.comm->Permute(g.rank, id, in, out, in_bytes / esize, dt, pairs);
       break;
     }
-    default:
-      return absl::UnimplementedError(StrCat(what, ": not a collective"));
+    default: return absl::UnimplementedError(StrCat(what, ": not a collective"));
   }
   return Annotate(st, StrCat(what, " (rank ", g.rank, " of ", g.size, "): "));
 }
 
-absl::Status SplitIota(const v1::Node& n, const v1::Program& p, void* out, const worker::StepContext& ctx) {
+absl::Status SplitIota(const v1::Node& n, const v1::Program& p, void* out,
+                       const worker::StepContext& ctx) {
   const v1::TensorType& t = n.type();
   const v1::Iota& iota = n.constant().iota();
   const int64_t d = iota.dimension();
-  const int64_t offset = IndexAlong(p.mesh(), ctx.mesh_position, {iota.sharded_axes().begin(), iota.sharded_axes().end()}) *
+  const int64_t offset = IndexAlong(p.mesh(), ctx.mesh_position,
+                                    {iota.sharded_axes().begin(), iota.sharded_axes().end()}) *
                          t.dims(d);
   int64_t inner = 1;
   for (int i = d + 1; i < t.dims_size(); ++i) inner *= t.dims(i);

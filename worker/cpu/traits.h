@@ -15,7 +15,7 @@ namespace tessel::cpu {
 template <v1::DType D>
 struct Traits;
 
-#define TESSEL_TRAITS(D, Storage, Compute, LoadExpr, StoreExpr)  \
+#define TESSEL_TRAITS(D, Storage, Compute, LoadExpr, StoreExpr) \
   template <>                                                   \
   struct Traits<v1::D> {                                        \
     using S = Storage;                                          \
@@ -46,22 +46,22 @@ TESSEL_TRAITS(U64, uint64_t, uint64_t, v, v)
     __VA_ARGS__;                      \
     break;                            \
   }
-#define TESSEL_DISPATCH(dtype, D, ...)         \
-  switch (dtype) {                             \
-    TESSEL_DTYPE_CASE(F32, D, __VA_ARGS__)     \
-    TESSEL_DTYPE_CASE(F64, D, __VA_ARGS__)     \
-    TESSEL_DTYPE_CASE(F16, D, __VA_ARGS__)     \
-    TESSEL_DTYPE_CASE(BF16, D, __VA_ARGS__)    \
-    TESSEL_DTYPE_CASE(S32, D, __VA_ARGS__)     \
-    TESSEL_DTYPE_CASE(S64, D, __VA_ARGS__)     \
-    TESSEL_DTYPE_CASE(U8, D, __VA_ARGS__)      \
-    TESSEL_DTYPE_CASE(PRED, D, __VA_ARGS__)    \
-    TESSEL_DTYPE_CASE(S8, D, __VA_ARGS__)      \
-    TESSEL_DTYPE_CASE(S16, D, __VA_ARGS__)     \
-    TESSEL_DTYPE_CASE(U16, D, __VA_ARGS__)     \
-    TESSEL_DTYPE_CASE(U32, D, __VA_ARGS__)     \
-    TESSEL_DTYPE_CASE(U64, D, __VA_ARGS__)     \
-    default: break;                            \
+#define TESSEL_DISPATCH(dtype, D, ...)      \
+  switch (dtype) {                          \
+    TESSEL_DTYPE_CASE(F32, D, __VA_ARGS__)  \
+    TESSEL_DTYPE_CASE(F64, D, __VA_ARGS__)  \
+    TESSEL_DTYPE_CASE(F16, D, __VA_ARGS__)  \
+    TESSEL_DTYPE_CASE(BF16, D, __VA_ARGS__) \
+    TESSEL_DTYPE_CASE(S32, D, __VA_ARGS__)  \
+    TESSEL_DTYPE_CASE(S64, D, __VA_ARGS__)  \
+    TESSEL_DTYPE_CASE(U8, D, __VA_ARGS__)   \
+    TESSEL_DTYPE_CASE(PRED, D, __VA_ARGS__) \
+    TESSEL_DTYPE_CASE(S8, D, __VA_ARGS__)   \
+    TESSEL_DTYPE_CASE(S16, D, __VA_ARGS__)  \
+    TESSEL_DTYPE_CASE(U16, D, __VA_ARGS__)  \
+    TESSEL_DTYPE_CASE(U32, D, __VA_ARGS__)  \
+    TESSEL_DTYPE_CASE(U64, D, __VA_ARGS__)  \
+    default: break;                         \
   }
 
 template <typename C>
@@ -80,13 +80,17 @@ using WrapUnsigned = std::make_unsigned_t<decltype(C() + C())>;
 // NaN-propagating max/min (StableHLO semantics).
 template <typename C>
 inline C Max(C a, C b) {
-  if constexpr (kIsFloat<C>) return (a != a || a > b) ? a : b;
-  else return a > b ? a : b;
+  if constexpr (kIsFloat<C>)
+    return (a != a || a > b) ? a : b;
+  else
+    return a > b ? a : b;
 }
 template <typename C>
 inline C Min(C a, C b) {
-  if constexpr (kIsFloat<C>) return (a != a || a < b) ? a : b;
-  else return a < b ? a : b;
+  if constexpr (kIsFloat<C>)
+    return (a != a || a < b) ? a : b;
+  else
+    return a < b ? a : b;
 }
 
 // Value conversion between compute types: float -> int truncates toward
@@ -112,9 +116,16 @@ template <v1::DType To, typename From>
 inline typename Traits<To>::S StoreConverted(From x) {
   constexpr bool kHalf = To == v1::F16 || To == v1::BF16;
   if constexpr (kHalf && std::is_same_v<From, double>) {
-    if constexpr (To == v1::F16) return F16FromDouble(x); else return Bf16FromDouble(x);
-  } else if constexpr (kHalf && std::is_integral_v<From> && !std::is_same_v<From, bool> && sizeof(From) >= 4) {
-    if constexpr (To == v1::F16) return F16FromInt(x); else return Bf16FromInt(x);
+    if constexpr (To == v1::F16)
+      return F16FromDouble(x);
+    else
+      return Bf16FromDouble(x);
+  } else if constexpr (kHalf && std::is_integral_v<From> && !std::is_same_v<From, bool> &&
+                       sizeof(From) >= 4) {
+    if constexpr (To == v1::F16)
+      return F16FromInt(x);
+    else
+      return Bf16FromInt(x);
   } else {
     return Traits<To>::Store(ConvertValue<typename Traits<To>::C>(x));
   }

@@ -58,18 +58,22 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const Options& op
   const std::string name = StrCat("cuda:", options.local_index);
   TESSEL_RETURN_IF_ERROR(d->Activate());
   int major = 0, minor = 0;
-  TESSEL_RETURN_IF_ERROR(CudaStatus(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, options.ordinal),
-                                    "cudaDeviceGetAttribute"));
-  TESSEL_RETURN_IF_ERROR(CudaStatus(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, options.ordinal),
-                                    "cudaDeviceGetAttribute"));
+  TESSEL_RETURN_IF_ERROR(
+      CudaStatus(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, options.ordinal),
+                 "cudaDeviceGetAttribute"));
+  TESSEL_RETURN_IF_ERROR(
+      CudaStatus(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, options.ordinal),
+                 "cudaDeviceGetAttribute"));
   TESSEL_RETURN_IF_ERROR(CudaStatus(
       cudaDeviceGetAttribute(&d->multiprocessors_, cudaDevAttrMultiProcessorCount, options.ordinal),
       "cudaDeviceGetAttribute"));
   d->arch_ = StrCat("sm_", major, minor);
   cudaDeviceProp prop{};
-  TESSEL_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceProperties(&prop, options.ordinal), "cudaGetDeviceProperties"));
+  TESSEL_RETURN_IF_ERROR(
+      CudaStatus(cudaGetDeviceProperties(&prop, options.ordinal), "cudaGetDeviceProperties"));
   std::memcpy(d->uuid_.data(), prop.uuid.bytes, d->uuid_.size());
-  TESSEL_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&d->stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
+  TESSEL_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&d->stream_, cudaStreamNonBlocking),
+                                    "cudaStreamCreate"));
   int64_t limit = options.memory_limit_bytes;
   if (limit <= 0) {
     size_t free = 0, total = 0;
@@ -79,12 +83,14 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const Options& op
   d->allocator_ = std::make_shared<worker::CachingAllocator>(
       worker::CachingAllocator::Options{name, limit, /*max_cached_bytes=*/limit},
       std::make_unique<CudaMemory>(options.ordinal));
-  d->compiler_ = std::make_unique<KernelCompiler>(KernelCompiler::Options{d->arch_, options.kernel_cache_dir});
+  d->compiler_ =
+      std::make_unique<KernelCompiler>(KernelCompiler::Options{d->arch_, options.kernel_cache_dir});
   for (int i = 0; i < 2; ++i) {
-    TESSEL_RETURN_IF_ERROR(CudaStatus(cudaHostAlloc(&d->staging_[i], kStagingChunk, cudaHostAllocDefault),
-                                      "cudaHostAlloc (staging)"));
-    TESSEL_RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&d->staged_[i], cudaEventDisableTiming),
-                                      "cudaEventCreate"));
+    TESSEL_RETURN_IF_ERROR(
+        CudaStatus(cudaHostAlloc(&d->staging_[i], kStagingChunk, cudaHostAllocDefault),
+                   "cudaHostAlloc (staging)"));
+    TESSEL_RETURN_IF_ERROR(CudaStatus(
+        cudaEventCreateWithFlags(&d->staged_[i], cudaEventDisableTiming), "cudaEventCreate"));
   }
   return d;
 }
@@ -100,13 +106,16 @@ CudaDevice::~CudaDevice() {
   }
 }
 
-absl::Status CudaDevice::Activate() const { return CudaStatus(cudaSetDevice(options_.ordinal), "cudaSetDevice"); }
+absl::Status CudaDevice::Activate() const {
+  return CudaStatus(cudaSetDevice(options_.ordinal), "cudaSetDevice");
+}
 
 std::function<absl::Status()> CudaDevice::Fence() {
   cudaEvent_t e = nullptr;
   absl::Status s = Activate();
   if (s.ok()) {
-    s = CudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync), "cudaEventCreate");
+    s = CudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync),
+                   "cudaEventCreate");
   }
   if (s.ok()) {
     s = CudaStatus(cudaEventRecord(e, stream_), "cudaEventRecord");
@@ -157,15 +166,18 @@ absl::Status CudaDevice::Copy(void* dev, const void* host_src, void* host_dst, i
     // The staging chunk is free once its previous copy has finished.
     TESSEL_RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(staged_[b]), "cudaEventSynchronize"));
     if (!to_device && k >= 2) {
-      std::memcpy(static_cast<char*>(host_dst) + off - 2 * kStagingChunk, staging_[b], chunk_len(k - 2));
+      std::memcpy(static_cast<char*>(host_dst) + off - 2 * kStagingChunk, staging_[b],
+                  chunk_len(k - 2));
     }
     if (to_device) {
       std::memcpy(staging_[b], static_cast<const char*>(host_src) + off, len);
-      TESSEL_RETURN_IF_ERROR(CudaStatus(
-          cudaMemcpyAsync(d + off, staging_[b], len, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (to device)"));
+      TESSEL_RETURN_IF_ERROR(
+          CudaStatus(cudaMemcpyAsync(d + off, staging_[b], len, cudaMemcpyHostToDevice, stream_),
+                     "cudaMemcpyAsync (to device)"));
     } else {
-      TESSEL_RETURN_IF_ERROR(CudaStatus(
-          cudaMemcpyAsync(staging_[b], d + off, len, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (to host)"));
+      TESSEL_RETURN_IF_ERROR(
+          CudaStatus(cudaMemcpyAsync(staging_[b], d + off, len, cudaMemcpyDeviceToHost, stream_),
+                     "cudaMemcpyAsync (to host)"));
     }
     TESSEL_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(staged_[b], stream_), "cudaEventRecord"));
   }
@@ -173,32 +185,35 @@ absl::Status CudaDevice::Copy(void* dev, const void* host_src, void* host_dst, i
   for (int64_t k = std::max<int64_t>(0, chunks - 2); k < chunks; ++k) {
     const int b = int(k % 2);
     TESSEL_RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(staged_[b]), "cudaEventSynchronize"));
-    if (!to_device) std::memcpy(static_cast<char*>(host_dst) + k * kStagingChunk, staging_[b], chunk_len(k));
+    if (!to_device)
+      std::memcpy(static_cast<char*>(host_dst) + k * kStagingChunk, staging_[b], chunk_len(k));
   }
   return absl::OkStatus();
 }
 
-absl::Status CudaDevice::CopyFromHost(worker::Buffer& dst, int64_t offset, const void* src, int64_t n) {
+absl::Status CudaDevice::CopyFromHost(worker::Buffer& dst, int64_t offset, const void* src,
+                                      int64_t n) {
   TESSEL_RETURN_IF_ERROR(worker::CheckCopyRange(dst, offset, n));
   if (n == 0) return absl::OkStatus();
   return Copy(static_cast<char*>(dst.opaque()) + offset, src, nullptr, n);
 }
 
-absl::Status CudaDevice::CopyToHost(const worker::Buffer& src, int64_t offset, void* dst, int64_t n) {
+absl::Status CudaDevice::CopyToHost(const worker::Buffer& src, int64_t offset, void* dst,
+                                    int64_t n) {
   TESSEL_RETURN_IF_ERROR(worker::CheckCopyRange(src, offset, n));
   if (n == 0) return absl::OkStatus();
   return Copy(static_cast<char*>(src.opaque()) + offset, nullptr, dst, n);
 }
 
-absl::Status CudaDevice::CopyWithin(const worker::Buffer& src, int64_t src_offset, worker::Buffer& dst,
-                                    int64_t dst_offset, int64_t n) {
+absl::Status CudaDevice::CopyWithin(const worker::Buffer& src, int64_t src_offset,
+                                    worker::Buffer& dst, int64_t dst_offset, int64_t n) {
   TESSEL_RETURN_IF_ERROR(worker::CheckCopyRange(src, src_offset, n));
   TESSEL_RETURN_IF_ERROR(worker::CheckCopyRange(dst, dst_offset, n));
   if (n == 0) return absl::OkStatus();
   TESSEL_RETURN_IF_ERROR(Activate());
   return CudaStatus(cudaMemcpyAsync(static_cast<char*>(dst.opaque()) + dst_offset,
-                                    static_cast<const char*>(src.opaque()) + src_offset, n, cudaMemcpyDeviceToDevice,
-                                    stream_),
+                                    static_cast<const char*>(src.opaque()) + src_offset, n,
+                                    cudaMemcpyDeviceToDevice, stream_),
                     "cudaMemcpyAsync (device to device)");
 }
 

@@ -44,10 +44,10 @@ absl::Status CudaStatus(cudaError_t e, const char* what);
 class CudaDevice final : public worker::Device {
  public:
   struct Options {
-    int local_index = 0;            // the device's index within its worker
-    int ordinal = 0;                // CUDA device ordinal
+    int local_index = 0;             // the device's index within its worker
+    int ordinal = 0;                 // CUDA device ordinal
     int64_t memory_limit_bytes = 0;  // Default: 0, 90% of the memory free at start
-    std::string kernel_cache_dir;   // NVRTC code cache on disk; empty: memory only
+    std::string kernel_cache_dir;    // NVRTC code cache on disk; empty: memory only
     // The worker's NCCL communicators, shared by its CUDA devices. Default:
     // none (a collective over several devices fails, saying so).
     std::shared_ptr<NcclGroups> nccl;
@@ -58,10 +58,11 @@ class CudaDevice final : public worker::Device {
   std::string kind() const override { return "cuda"; }
   int local_index() const override { return options_.local_index; }
   absl::StatusOr<worker::BufferPtr> Allocate(int64_t bytes) override;
-  absl::Status CopyFromHost(worker::Buffer& dst, int64_t offset, const void* src, int64_t n) override;
+  absl::Status CopyFromHost(worker::Buffer& dst, int64_t offset, const void* src,
+                            int64_t n) override;
   absl::Status CopyToHost(const worker::Buffer& src, int64_t offset, void* dst, int64_t n) override;
-  absl::Status CopyWithin(const worker::Buffer& src, int64_t src_offset, worker::Buffer& dst, int64_t dst_offset,
-                          int64_t n) override;
+  absl::Status CopyWithin(const worker::Buffer& src, int64_t src_offset, worker::Buffer& dst,
+                          int64_t dst_offset, int64_t n) override;
   absl::StatusOr<std::unique_ptr<worker::Executable>> Load(const v1::Program& program) override;
   worker::MemoryStats memory_stats() const override { return allocator_->stats(); }
   bool asynchronous() const override { return true; }

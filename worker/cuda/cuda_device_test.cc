@@ -87,8 +87,9 @@ constexpr char kProgram[] = R"pb(
   outputs: "xw"
 )pb";
 
-std::vector<float> RunOn(worker::Device& dev, const v1::Program& p, const std::vector<std::vector<float>>& ins,
-                         int output, worker::BufferPtr* out_buffer = nullptr) {
+std::vector<float> RunOn(worker::Device& dev, const v1::Program& p,
+                         const std::vector<std::vector<float>>& ins, int output,
+                         worker::BufferPtr* out_buffer = nullptr) {
   auto exe = dev.Load(p);
   EXPECT_TRUE(exe.ok()) << exe.status();
   if (!exe.ok()) return {};
@@ -119,7 +120,8 @@ TEST_F(CudaDeviceTest, ProgramMatchesTheCpuDevice) {
   for (int out : {0, 1}) {
     std::vector<float> want = RunOn(host, p, ins, out), got = RunOn(*dev, p, ins, out);
     ASSERT_EQ(got.size(), want.size());
-    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-4 * (1 + std::fabs(want[i]))) << out << ":" << i;
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 1e-4 * (1 + std::fabs(want[i]))) << out << ":" << i;
   }
 }
 
@@ -138,7 +140,6 @@ TEST_F(CudaDeviceTest, SteadyStateStepsAllocateNothingNew) {
   EXPECT_EQ(after.bytes_in_use + after.bytes_cached, before.bytes_in_use + before.bytes_cached);
 }
 
-
 // NCCL on the GPU: a one-rank communicator runs every collective kind for
 // real (NCCL's kernels and grouped send/recv on the device's stream,
 // bracketed by the watchdog's markers), and the step's fence gives its
@@ -155,22 +156,27 @@ TEST_F(CudaDeviceTest, NcclRunsEveryCollectiveOnTheStreamAndTheFenceGivesItsVerd
   const int64_t n = 4096;
   int64_t op = 0;
   using Kind = NcclCall::Kind;
-  for (const v1::DType dt : {v1::F32, v1::BF16, v1::S32, v1::S64, v1::U8, v1::S16, v1::PRED, v1::F64}) {
-    for (const Kind kind : {Kind::kAllReduce, Kind::kAllGather, Kind::kReduceScatter, Kind::kAllToAll, Kind::kPermute}) {
+  for (const v1::DType dt :
+       {v1::F32, v1::BF16, v1::S32, v1::S64, v1::U8, v1::S16, v1::PRED, v1::F64}) {
+    for (const Kind kind : {Kind::kAllReduce, Kind::kAllGather, Kind::kReduceScatter,
+                            Kind::kAllToAll, Kind::kPermute}) {
       for (const bool zeroed : {false, true}) {
         if (zeroed && kind != Kind::kPermute) continue;
         const bool reduces = kind == Kind::kAllReduce || kind == Kind::kReduceScatter;
         const int64_t bytes = n * DTypeSize(dt);
         std::vector<char> src(bytes), got(bytes, 7);
-        for (int64_t i = 0; i < bytes; ++i) src[i] = dt == v1::PRED ? char(i % 3 == 0) : char(i * 37 + 11);
-        if (dt == v1::F32 || dt == v1::F64 || dt == v1::BF16) {  // finite values: NaN bit patterns compare unequal
+        for (int64_t i = 0; i < bytes; ++i)
+          src[i] = dt == v1::PRED ? char(i % 3 == 0) : char(i * 37 + 11);
+        if (dt == v1::F32 || dt == v1::F64 ||
+            dt == v1::BF16) {  // finite values: NaN bit patterns compare unequal
           for (int64_t i = 0; i < bytes; i += DTypeSize(dt)) src[i + DTypeSize(dt) - 1] = 0x3f;
         }
         auto in = dev->Allocate(bytes);
         auto out = dev->Allocate(bytes);
         ASSERT_TRUE(in.ok() && out.ok());
         ASSERT_TRUE(dev->CopyFromHost(**in, 0, src.data(), bytes).ok());
-        NcclCall call{.kind = kind, .in = (*in)->opaque(), .out = (*out)->opaque(), .count = n, .dtype = dt};
+        NcclCall call{
+            .kind = kind, .in = (*in)->opaque(), .out = (*out)->opaque(), .count = n, .dtype = dt};
         call.op = worker::ReduceOp::kMax;
         if (kind == Kind::kPermute && !zeroed) call.pairs = {{0, 0}};
         auto check = groups.Run(g, {1, int32_t(++op), 0}, call, dev->nccl_device(), &store);
@@ -183,7 +189,8 @@ TEST_F(CudaDeviceTest, NcclRunsEveryCollectiveOnTheStreamAndTheFenceGivesItsVerd
         const absl::Status verdict = dev->Fence()();
         ASSERT_TRUE(verdict.ok()) << verdict;
         ASSERT_TRUE(dev->CopyToHost(**out, 0, got.data(), bytes).ok());
-        EXPECT_EQ(got, zeroed ? std::vector<char>(bytes, 0) : src) << DTypeName(dt) << " " << int(kind);
+        EXPECT_EQ(got, zeroed ? std::vector<char>(bytes, 0) : src)
+            << DTypeName(dt) << " " << int(kind);
       }
     }
   }

@@ -23,7 +23,8 @@ constexpr int64_t kBlasWorkspace = int64_t{32} << 20;
 
 absl::Status BlasStatus(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(StrCat("cuBLASLt error ", int(s), " (", cublasLtGetStatusString(s), ") in ", what));
+  return absl::InternalError(
+      StrCat("cuBLASLt error ", int(s), " (", cublasLtGetStatusString(s), ") in ", what));
 }
 
 cudaDataType_t CudaType(v1::DType dt) {
@@ -121,16 +122,18 @@ absl::Status CudaExecutable::Prepare() {
         break;
       }
       case v1::SORT: {
-        TESSEL_ASSIGN_OR_RETURN(KernelLaunch l,
-                                module.AddSort(n, in.arg_types[0], in.arg_types[n.sort().result_operand()]));
+        TESSEL_ASSIGN_OR_RETURN(
+            KernelLaunch l,
+            module.AddSort(n, in.arg_types[0], in.arg_types[n.sort().result_operand()]));
         prep.kernels.push_back(l);
         break;
       }
       case v1::GATHER:
       case v1::SCATTER: {
-        TESSEL_ASSIGN_OR_RETURN(KernelLaunch l, n.op() == v1::GATHER
-                                                    ? module.AddGather(n, in.arg_types[0], in.arg_types[1])
-                                                    : module.AddScatter(n, in.arg_types[0], in.arg_types[1]));
+        TESSEL_ASSIGN_OR_RETURN(KernelLaunch l,
+                                n.op() == v1::GATHER
+                                    ? module.AddGather(n, in.arg_types[0], in.arg_types[1])
+                                    : module.AddScatter(n, in.arg_types[0], in.arg_types[1]));
         prep.kernels.push_back(l);
         break;
       }
@@ -142,8 +145,9 @@ absl::Status CudaExecutable::Prepare() {
       }
       case v1::DOT_GENERAL: TESSEL_RETURN_IF_ERROR(PlanDot(in, module, prep)); break;
       case v1::SHARD_SLICE: {
-        TESSEL_ASSIGN_OR_RETURN(KernelLaunch l,
-                                module.AddShardSlice(n, in.arg_types[0], AxesSize(program.mesh(), n.collective().axes())));
+        TESSEL_ASSIGN_OR_RETURN(
+            KernelLaunch l, module.AddShardSlice(n, in.arg_types[0],
+                                                 AxesSize(program.mesh(), n.collective().axes())));
         prep.kernels.push_back(l);
         break;
       }
@@ -153,35 +157,43 @@ absl::Status CudaExecutable::Prepare() {
       case v1::REDUCE_SCATTER:
       case v1::ALL_TO_ALL:
       case v1::COLLECTIVE_PERMUTE:
-        prep.collective = PlanCollective(n, in.arg_types[0], AxesSize(program.mesh(), n.collective().axes()), module);
+        prep.collective = PlanCollective(n, in.arg_types[0],
+                                         AxesSize(program.mesh(), n.collective().axes()), module);
         break;
       case v1::WHILE:
       case v1::CONDITIONAL:
-      case v1::SCAN: break;  // SlotProgram::Run drives it from the host; its functions' kernels are prepared here too
+      case v1::SCAN:
+        break;  // SlotProgram::Run drives it from the host; its functions' kernels are prepared
+                // here too
       default:
-        return absl::UnimplementedError(
-            StrCat("cuda device: op ", OpName(n.op()), " of node '", n.name(), "' is not supported"));
+        return absl::UnimplementedError(StrCat("cuda device: op ", OpName(n.op()), " of node '",
+                                               n.name(), "' is not supported"));
     }
     prepared_.push_back(std::move(prep));
   }
   if (module.num_kernels() == 0) return absl::OkStatus();
-  TESSEL_ASSIGN_OR_RETURN(std::shared_ptr<const std::string> code, device_->compiler().Compile(module.source()));
-  TESSEL_RETURN_IF_ERROR(
-      CudaStatus(cudaLibraryLoadData(&library_, code->data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
-                 "cudaLibraryLoadData"));
+  TESSEL_ASSIGN_OR_RETURN(std::shared_ptr<const std::string> code,
+                          device_->compiler().Compile(module.source()));
+  TESSEL_RETURN_IF_ERROR(CudaStatus(
+      cudaLibraryLoadData(&library_, code->data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
+      "cudaLibraryLoadData"));
   for (int i = 0; i < module.num_kernels(); ++i) {
     cudaKernel_t k = nullptr;
-    TESSEL_RETURN_IF_ERROR(CudaStatus(cudaLibraryGetKernel(&k, library_, KernelName(i).c_str()), "cudaLibraryGetKernel"));
+    TESSEL_RETURN_IF_ERROR(CudaStatus(cudaLibraryGetKernel(&k, library_, KernelName(i).c_str()),
+                                      "cudaLibraryGetKernel"));
     kernels_.push_back(k);
   }
   return absl::OkStatus();
 }
 
-absl::Status CudaExecutable::PlanDot(const worker::SlotProgram::Instr& in, ModuleSource& module, Prepared& prep) {
+absl::Status CudaExecutable::PlanDot(const worker::SlotProgram::Instr& in, ModuleSource& module,
+                                     Prepared& prep) {
   const v1::DotGeneralAttrs& a = in.node->dot_general();
   const v1::TensorType &lt = in.arg_types[0], &rt = in.arg_types[1];
-  const cpu::DotOperandLayout l = cpu::CanonicalizeDotOperand(lt, a.lhs_batch(), a.lhs_contracting(), true);
-  const cpu::DotOperandLayout r = cpu::CanonicalizeDotOperand(rt, a.rhs_batch(), a.rhs_contracting(), false);
+  const cpu::DotOperandLayout l =
+      cpu::CanonicalizeDotOperand(lt, a.lhs_batch(), a.lhs_contracting(), true);
+  const cpu::DotOperandLayout r =
+      cpu::CanonicalizeDotOperand(rt, a.rhs_batch(), a.rhs_contracting(), false);
   auto d = std::make_unique<DotPlan>();
   d->batch = l.batch;
   d->m = l.rows;
@@ -190,8 +202,9 @@ absl::Status CudaExecutable::PlanDot(const worker::SlotProgram::Instr& in, Modul
   const v1::DType dt = lt.dtype();
   const bool blas = dt == v1::F32 || dt == v1::F64 || dt == v1::F16 || dt == v1::BF16;
   const size_t nb = a.lhs_batch_size();
-  const bool lt_trans = blas && !cpu::IsIdentityPermutation(l.perm) &&
-                        cpu::IsTransposedLayout(l, nb, lt.dims_size() - nb - a.lhs_contracting_size());
+  const bool lt_trans =
+      blas && !cpu::IsIdentityPermutation(l.perm) &&
+      cpu::IsTransposedLayout(l, nb, lt.dims_size() - nb - a.lhs_contracting_size());
   const bool rt_trans = blas && !cpu::IsIdentityPermutation(r.perm) &&
                         cpu::IsTransposedLayout(r, nb, a.rhs_contracting_size());
   if (!cpu::IsIdentityPermutation(l.perm) && !lt_trans) {
@@ -211,30 +224,40 @@ absl::Status CudaExecutable::PlanDot(const worker::SlotProgram::Instr& in, Modul
   }
   prep.dot = std::move(d);
   DotPlan& p = *prep.dot;
-  if (p.batch == 0 || p.m == 0 || p.n == 0 || p.k == 0) return absl::OkStatus();  // nothing to multiply
-  if (blas_ == nullptr) TESSEL_RETURN_IF_ERROR(BlasStatus(cublasLtCreate(&blas_), "cublasLtCreate"));
+  if (p.batch == 0 || p.m == 0 || p.n == 0 || p.k == 0)
+    return absl::OkStatus();  // nothing to multiply
+  if (blas_ == nullptr)
+    TESSEL_RETURN_IF_ERROR(BlasStatus(cublasLtCreate(&blas_), "cublasLtCreate"));
   // Row-major C[m,n] = L[m,k] R[k,n] is column-major C'[n,m] = R'[n,k] L'[k,m]:
   // cuBLASLt's A is the rhs and its B the lhs.
   p.f64 = dt == v1::F64;
   const cudaDataType_t type = CudaType(dt);
+  TESSEL_RETURN_IF_ERROR(
+      BlasStatus(cublasLtMatmulDescCreate(&p.desc, p.f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F,
+                                          p.f64 ? CUDA_R_64F : CUDA_R_32F),
+                 "cublasLtMatmulDescCreate"));
+  const cublasOperation_t op_a = rt_trans ? CUBLAS_OP_T : CUBLAS_OP_N,
+                          op_b = lt_trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   TESSEL_RETURN_IF_ERROR(BlasStatus(
-      cublasLtMatmulDescCreate(&p.desc, p.f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F, p.f64 ? CUDA_R_64F : CUDA_R_32F),
-      "cublasLtMatmulDescCreate"));
-  const cublasOperation_t op_a = rt_trans ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = lt_trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)),
+      "set TRANSA"));
   TESSEL_RETURN_IF_ERROR(BlasStatus(
-      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)), "set TRANSA"));
-  TESSEL_RETURN_IF_ERROR(BlasStatus(
-      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)), "set TRANSB"));
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)),
+      "set TRANSB"));
   auto layout = [&](cublasLtMatrixLayout_t* out, int64_t rows, int64_t cols) -> absl::Status {
-    TESSEL_RETURN_IF_ERROR(BlasStatus(cublasLtMatrixLayoutCreate(out, type, rows, cols, rows), "cublasLtMatrixLayoutCreate"));
+    TESSEL_RETURN_IF_ERROR(BlasStatus(cublasLtMatrixLayoutCreate(out, type, rows, cols, rows),
+                                      "cublasLtMatrixLayoutCreate"));
     if (p.batch > 1) {
       const int32_t count = int32_t(p.batch);
       const int64_t stride = rows * cols;
+      TESSEL_RETURN_IF_ERROR(
+          BlasStatus(cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                      &count, sizeof(count)),
+                     "batch count"));
       TESSEL_RETURN_IF_ERROR(BlasStatus(
-          cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)), "batch count"));
-      TESSEL_RETURN_IF_ERROR(BlasStatus(cublasLtMatrixLayoutSetAttribute(
-                                            *out, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
-                                        "batch stride"));
+          cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                           &stride, sizeof(stride)),
+          "batch stride"));
     }
     return absl::OkStatus();
   };
@@ -242,9 +265,11 @@ absl::Status CudaExecutable::PlanDot(const worker::SlotProgram::Instr& in, Modul
   TESSEL_RETURN_IF_ERROR(lt_trans ? layout(&p.b, p.m, p.k) : layout(&p.b, p.k, p.m));
   TESSEL_RETURN_IF_ERROR(layout(&p.c, p.n, p.m));
   cublasLtMatmulPreference_t pref = nullptr;
-  TESSEL_RETURN_IF_ERROR(BlasStatus(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate"));
+  TESSEL_RETURN_IF_ERROR(
+      BlasStatus(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate"));
   const uint64_t ws = kBlasWorkspace;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                       sizeof(ws));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t s =
@@ -252,8 +277,9 @@ absl::Status CudaExecutable::PlanDot(const worker::SlotProgram::Instr& in, Modul
   cublasLtMatmulPreferenceDestroy(pref);
   TESSEL_RETURN_IF_ERROR(BlasStatus(s, "cublasLtMatmulAlgoGetHeuristic"));
   if (found == 0) {
-    return absl::UnimplementedError(StrCat("cuBLASLt has no algorithm for dot_general '", in.node->name(), "' (",
-                                           TypeString(lt), " x ", TypeString(rt), ")"));
+    return absl::UnimplementedError(StrCat("cuBLASLt has no algorithm for dot_general '",
+                                           in.node->name(), "' (", TypeString(lt), " x ",
+                                           TypeString(rt), ")"));
   }
   p.algo = result.algo;
   return absl::OkStatus();
@@ -268,8 +294,8 @@ absl::Status CudaExecutable::Launch(const KernelLaunch& l, const KernelParams& p
                                            int64_t(device_->multiprocessors()) * 16);
   void* args[] = {const_cast<KernelParams*>(&params)};
   return CudaStatus(cudaLaunchKernel(reinterpret_cast<const void*>(kernels_[l.index]),
-                                     dim3(unsigned(std::max<int64_t>(blocks, 1))), dim3(kThreadsPerBlock), args, 0,
-                                     device_->stream()),
+                                     dim3(unsigned(std::max<int64_t>(blocks, 1))),
+                                     dim3(kThreadsPerBlock), args, 0, device_->stream()),
                     "cudaLaunchKernel");
 }
 
@@ -304,25 +330,29 @@ absl::Status CudaExecutable::RunDot(const DotPlan& d, const void* lhs, const voi
   const double alpha64 = 1, beta64 = 0;
   const void* alpha = d.f64 ? static_cast<const void*>(&alpha64) : &alpha32;
   const void* beta = d.f64 ? static_cast<const void*>(&beta64) : &beta32;
-  return BlasStatus(cublasLtMatmul(blas_, d.desc, alpha, rhs, d.a, lhs, d.b, beta, out, d.c, out, d.c, &d.algo,
-                                   ws->opaque(), kBlasWorkspace, device_->stream()),
+  return BlasStatus(cublasLtMatmul(blas_, d.desc, alpha, rhs, d.a, lhs, d.b, beta, out, d.c, out,
+                                   d.c, &d.algo, ws->opaque(), kBlasWorkspace, device_->stream()),
                     "cublasLtMatmul");
 }
 
-absl::Status CudaExecutable::RunCollective(int i, const v1::Node& n, const v1::TensorType& in_type, const void* in,
-                                           void* out, const worker::StepContext& ctx) {
+absl::Status CudaExecutable::RunCollective(int i, const v1::Node& n, const v1::TensorType& in_type,
+                                           const void* in, void* out,
+                                           const worker::StepContext& ctx) {
   const v1::CollectiveAttrs& c = n.collective();
-  const std::string what = StrCat(OpName(n.op()), " '", n.name(), "' over ", absl::StrJoin(c.axes(), ","));
-  TESSEL_ASSIGN_OR_RETURN(worker::ResolvedGroup g, worker::ResolveGroup(slots_.program(), n, ctx, what));
+  const std::string what =
+      StrCat(OpName(n.op()), " '", n.name(), "' over ", absl::StrJoin(c.axes(), ","));
+  TESSEL_ASSIGN_OR_RETURN(worker::ResolvedGroup g,
+                          worker::ResolveGroup(slots_.program(), n, ctx, what));
   const int64_t in_bytes = ByteSizeUnchecked(in_type), out_bytes = ByteSizeUnchecked(n.type());
   if (g.size == 1) {  // a group of one: every collective is a copy
     if (in == out) return absl::OkStatus();
-    return CudaStatus(cudaMemcpyAsync(out, in, std::min(in_bytes, out_bytes), cudaMemcpyDeviceToDevice,
-                                      device_->stream()),
+    return CudaStatus(cudaMemcpyAsync(out, in, std::min(in_bytes, out_bytes),
+                                      cudaMemcpyDeviceToDevice, device_->stream()),
                       "cudaMemcpyAsync (collective of one)");
   }
   if (device_->nccl() == nullptr) {
-    return absl::FailedPreconditionError(StrCat(what, ": this cuda device has no NCCL communicators"));
+    return absl::FailedPreconditionError(
+        StrCat(what, ": this cuda device has no NCCL communicators"));
   }
   const CollectivePlan& plan = *prepared_[i].collective;
   const int64_t esize = DTypeSize(n.type().dtype());
@@ -370,7 +400,8 @@ absl::Status CudaExecutable::RunCollective(int i, const v1::Node& n, const v1::T
   }
   TESSEL_ASSIGN_OR_RETURN(
       NcclGroups::Check check,
-      device_->nccl()->Run(g, worker::IdOf(ctx, i), call, device_->nccl_device(), ctx.collectives->rendezvous_store()));
+      device_->nccl()->Run(g, worker::IdOf(ctx, i), call, device_->nccl_device(),
+                           ctx.collectives->rendezvous_store()));
   device_->AddFenceCheck(std::move(check));
   if (plan.after) {
     KernelParams p;
@@ -381,9 +412,8 @@ absl::Status CudaExecutable::RunCollective(int i, const v1::Node& n, const v1::T
   return absl::OkStatus();
 }
 
-std::optional<CudaExecutable::CollectivePlan> CudaExecutable::PlanCollective(const v1::Node& n,
-                                                                            const v1::TensorType& in_type, int64_t k,
-                                                                            ModuleSource& module) {
+std::optional<CudaExecutable::CollectivePlan> CudaExecutable::PlanCollective(
+    const v1::Node& n, const v1::TensorType& in_type, int64_t k, ModuleSource& module) {
   if (k <= 1) return std::nullopt;
   CollectivePlan plan;
   const v1::CollectiveAttrs& c = n.collective();
@@ -391,24 +421,32 @@ std::optional<CudaExecutable::CollectivePlan> CudaExecutable::PlanCollective(con
   switch (n.op()) {
     case v1::ALL_GATHER: {
       const worker::AxisSplit s = worker::SplitAround(in_type, c.dimension());
-      if (s.outer > 1) plan.after = module.AddSwapMajor(dt, s.outer, k, s.extent * s.inner, /*to_rank_major=*/false);
+      if (s.outer > 1)
+        plan.after =
+            module.AddSwapMajor(dt, s.outer, k, s.extent * s.inner, /*to_rank_major=*/false);
       plan.staged_bytes = ByteSizeUnchecked(n.type());
       break;
     }
     case v1::REDUCE_SCATTER: {
       const worker::AxisSplit s = worker::SplitAround(in_type, c.dimension());
-      if (s.outer > 1) plan.before = module.AddSwapMajor(dt, s.outer, k, s.extent / k * s.inner, /*to_rank_major=*/true);
+      if (s.outer > 1)
+        plan.before =
+            module.AddSwapMajor(dt, s.outer, k, s.extent / k * s.inner, /*to_rank_major=*/true);
       plan.staged_bytes = ByteSizeUnchecked(in_type);
       break;
     }
     case v1::ALL_TO_ALL: {
       const worker::AxisSplit s = worker::SplitAround(in_type, c.dimension());
-      if (s.outer > 1) plan.before = module.AddSwapMajor(dt, s.outer, k, s.extent / k * s.inner, /*to_rank_major=*/true);
+      if (s.outer > 1)
+        plan.before =
+            module.AddSwapMajor(dt, s.outer, k, s.extent / k * s.inner, /*to_rank_major=*/true);
       // Block i (from rank i) takes position i along the concat dimension.
       v1::TensorType block = in_type;
       block.set_dims(c.dimension(), in_type.dims(c.dimension()) / k);
       const worker::AxisSplit cs = worker::SplitAround(block, c.concat_dimension());
-      if (cs.outer > 1) plan.after = module.AddSwapMajor(dt, cs.outer, k, cs.extent * cs.inner, /*to_rank_major=*/false);
+      if (cs.outer > 1)
+        plan.after =
+            module.AddSwapMajor(dt, cs.outer, k, cs.extent * cs.inner, /*to_rank_major=*/false);
       plan.staged_bytes = ByteSizeUnchecked(in_type);
       break;
     }
@@ -417,7 +455,8 @@ std::optional<CudaExecutable::CollectivePlan> CudaExecutable::PlanCollective(con
   return plan;
 }
 
-absl::Status CudaExecutable::Execute(int i, std::vector<BufferPtr>& values, const std::vector<BufferPtr>& preset,
+absl::Status CudaExecutable::Execute(int i, std::vector<BufferPtr>& values,
+                                     const std::vector<BufferPtr>& preset,
                                      const worker::StepContext& ctx) {
   const worker::SlotProgram::Instr& in = slots_.instrs()[i];
   const Prepared& prep = prepared_[i];
@@ -427,8 +466,9 @@ absl::Status CudaExecutable::Execute(int i, std::vector<BufferPtr>& values, cons
   const bool aliases = in.node != nullptr && (in.node->op() == v1::RESHAPE || prep.literal);
   if (!aliases) {
     for (size_t k = 0; k < in.results.size(); ++k) {
-      TESSEL_ASSIGN_OR_RETURN(BufferPtr b, worker::SlotProgram::ResultBuffer(*device_, preset, in.results[k],
-                                                                             ByteSizeUnchecked(in.result_types[k])));
+      TESSEL_ASSIGN_OR_RETURN(
+          BufferPtr b, worker::SlotProgram::ResultBuffer(*device_, preset, in.results[k],
+                                                         ByteSizeUnchecked(in.result_types[k])));
       params.p[in.args.size() + k] = b->opaque();
       results.push_back(std::move(b));
     }
@@ -465,7 +505,8 @@ absl::Status CudaExecutable::Execute(int i, std::vector<BufferPtr>& values, cons
         p.p[0] = k == 0 ? params.p[0] : prev->opaque();
         BufferPtr next;
         if (k + 1 < plan.passes.size()) {
-          TESSEL_ASSIGN_OR_RETURN(next, device_->Allocate(plan.partial_elements[k] * plan.accumulator_bytes));
+          TESSEL_ASSIGN_OR_RETURN(
+              next, device_->Allocate(plan.partial_elements[k] * plan.accumulator_bytes));
           p.p[1] = next->opaque();
         } else {
           p.p[1] = params.p[1];
@@ -479,7 +520,8 @@ absl::Status CudaExecutable::Execute(int i, std::vector<BufferPtr>& values, cons
       const DotPlan& d = *prep.dot;
       if (d.k == 0 || (!d.gemm_kernel && d.desc == nullptr)) {
         TESSEL_RETURN_IF_ERROR(CudaStatus(
-            cudaMemsetAsync(params.p[2], 0, ByteSizeUnchecked(n.type()), device_->stream()), "cudaMemsetAsync"));
+            cudaMemsetAsync(params.p[2], 0, ByteSizeUnchecked(n.type()), device_->stream()),
+            "cudaMemsetAsync"));
       }
       if (d.k > 0) TESSEL_RETURN_IF_ERROR(RunDot(d, params.p[0], params.p[1], params.p[2]));
       break;
@@ -494,7 +536,8 @@ absl::Status CudaExecutable::Execute(int i, std::vector<BufferPtr>& values, cons
     case v1::REDUCE_SCATTER:
     case v1::ALL_TO_ALL:
     case v1::COLLECTIVE_PERMUTE:
-      if (ctx.last_collective != nullptr) *ctx.last_collective = i;  // a failure abandons only the later ones
+      if (ctx.last_collective != nullptr)
+        *ctx.last_collective = i;  // a failure abandons only the later ones
       TESSEL_RETURN_IF_ERROR(RunCollective(i, n, in.arg_types[0], params.p[0], params.p[1], ctx));
       break;
     case v1::SORT: {  // keys, the operand it moves, the result
@@ -519,7 +562,8 @@ absl::StatusOr<std::vector<BufferPtr>> CudaExecutable::Run(absl::Span<const Buff
   // only by a program that runs functions.
   std::optional<worker::StepContext> inner;
   return slots_.Run(args, into, *device_,
-                    [&](int i, std::vector<BufferPtr>& values, const std::vector<BufferPtr>& preset, uint64_t scope) {
+                    [&](int i, std::vector<BufferPtr>& values, const std::vector<BufferPtr>& preset,
+                        uint64_t scope) {
                       if (scope == ctx.scope) return Execute(i, values, preset, ctx);
                       if (!inner) inner.emplace(ctx);
                       inner->scope = scope;

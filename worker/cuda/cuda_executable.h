@@ -26,7 +26,8 @@ namespace tessel::cuda {
 
 class CudaExecutable final : public worker::Executable {
  public:
-  static absl::StatusOr<std::unique_ptr<worker::Executable>> Load(const v1::Program& program, CudaDevice* device);
+  static absl::StatusOr<std::unique_ptr<worker::Executable>> Load(const v1::Program& program,
+                                                                  CudaDevice* device);
   ~CudaExecutable() override;
   absl::StatusOr<std::vector<worker::BufferPtr>> Run(absl::Span<const worker::BufferPtr> args,
                                                      absl::Span<const worker::BufferPtr> into,
@@ -51,7 +52,8 @@ class CudaExecutable final : public worker::Executable {
     int64_t staged_bytes = 0;  // of each rank-major copy
   };
   struct Prepared {
-    std::vector<KernelLaunch> kernels;  // fusion / layout / arg reduce / shard slice / axis index: one
+    std::vector<KernelLaunch>
+        kernels;  // fusion / layout / arg reduce / shard slice / axis index: one
     std::optional<ReducePlan> reduce;
     std::unique_ptr<DotPlan> dot;
     std::optional<CollectivePlan> collective;
@@ -59,17 +61,20 @@ class CudaExecutable final : public worker::Executable {
     worker::BufferPtr literal;
   };
 
-  CudaExecutable(worker::SlotProgram slots, CudaDevice* device) : slots_(std::move(slots)), device_(device) {}
+  CudaExecutable(worker::SlotProgram slots, CudaDevice* device)
+      : slots_(std::move(slots)), device_(device) {}
   absl::Status Prepare();
   absl::Status PlanDot(const worker::SlotProgram::Instr& in, ModuleSource& module, Prepared& prep);
-  absl::Status Execute(int i, std::vector<worker::BufferPtr>& values, const std::vector<worker::BufferPtr>& preset,
+  absl::Status Execute(int i, std::vector<worker::BufferPtr>& values,
+                       const std::vector<worker::BufferPtr>& preset,
                        const worker::StepContext& ctx);
   absl::Status Launch(const KernelLaunch& l, const KernelParams& params);
   absl::Status RunDot(const DotPlan& d, const void* lhs, const void* rhs, void* out);
-  static std::optional<CollectivePlan> PlanCollective(const v1::Node& n, const v1::TensorType& in_type, int64_t k,
+  static std::optional<CollectivePlan> PlanCollective(const v1::Node& n,
+                                                      const v1::TensorType& in_type, int64_t k,
                                                       ModuleSource& module);
-  absl::Status RunCollective(int i, const v1::Node& n, const v1::TensorType& in_type, const void* in, void* out,
-                             const worker::StepContext& ctx);
+  absl::Status RunCollective(int i, const v1::Node& n, const v1::TensorType& in_type,
+                             const void* in, void* out, const worker::StepContext& ctx);
 
   worker::SlotProgram slots_;
   CudaDevice* device_;

@@ -46,8 +46,10 @@ std::string KernelCompiler::NvrtcVersion() {
 
 std::string KernelCompiler::DefaultCacheDir() {
   if (const char* d = std::getenv("TESSEL_KERNEL_CACHE")) return d;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') return absl::StrCat(x, "/tessel/kernels");
-  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') return absl::StrCat(h, "/.cache/tessel/kernels");
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0')
+    return absl::StrCat(x, "/tessel/kernels");
+  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0')
+    return absl::StrCat(h, "/.cache/tessel/kernels");
   return "";
 }
 
@@ -59,24 +61,28 @@ std::string KernelCompiler::Key(const std::string& source) const {
   return absl::StrFormat("%016x-%s", h, options_.arch);
 }
 
-std::shared_ptr<const std::string> KernelCompiler::ReadDisk(const std::string& key, const std::string& source) const {
+std::shared_ptr<const std::string> KernelCompiler::ReadDisk(const std::string& key,
+                                                            const std::string& source) const {
   if (options_.cache_dir.empty()) return nullptr;
   const std::string data = ReadFile(absl::StrCat(options_.cache_dir, "/", key));
   const size_t header = sizeof(kMagic) - 1;
   if (data.size() < header + 8 || data.compare(0, header, kMagic) != 0) return nullptr;
   uint64_t n = 0;
   std::memcpy(&n, data.data() + header, 8);
-  if (data.size() < header + 8 + n || data.compare(header + 8, n, source) != 0) return nullptr;  // another source
+  if (data.size() < header + 8 + n || data.compare(header + 8, n, source) != 0)
+    return nullptr;  // another source
   return std::make_shared<const std::string>(data.substr(header + 8 + n));
 }
 
-void KernelCompiler::WriteDisk(const std::string& key, const std::string& source, const std::string& code) const {
+void KernelCompiler::WriteDisk(const std::string& key, const std::string& source,
+                               const std::string& code) const {
   if (options_.cache_dir.empty()) return;
   std::error_code ec;
   std::filesystem::create_directories(options_.cache_dir, ec);
   if (ec) return;  // a cache that cannot be written only costs compile time
   const std::string path = absl::StrCat(options_.cache_dir, "/", key);
-  const std::string tmp = absl::StrCat(path, ".tmp", getpid(), "-", reinterpret_cast<uintptr_t>(&code));
+  const std::string tmp =
+      absl::StrCat(path, ".tmp", getpid(), "-", reinterpret_cast<uintptr_t>(&code));
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     const uint64_t n = source.size();
@@ -92,7 +98,8 @@ void KernelCompiler::WriteDisk(const std::string& key, const std::string& source
   if (ec) std::filesystem::remove(tmp, ec);
 }
 
-absl::StatusOr<std::shared_ptr<const std::string>> KernelCompiler::Compile(const std::string& source) {
+absl::StatusOr<std::shared_ptr<const std::string>> KernelCompiler::Compile(
+    const std::string& source) {
   const std::string key = Key(source);
   {
     absl::MutexLock l(&mu_);
@@ -109,9 +116,11 @@ absl::StatusOr<std::shared_ptr<const std::string>> KernelCompiler::Compile(const
     return cached;
   }
   nvrtcProgram prog;
-  if (nvrtcResult r = nvrtcCreateProgram(&prog, source.c_str(), "tessel_kernels.cu", 0, nullptr, nullptr);
+  if (nvrtcResult r =
+          nvrtcCreateProgram(&prog, source.c_str(), "tessel_kernels.cu", 0, nullptr, nullptr);
       r != NVRTC_SUCCESS) {
-    return absl::InternalError(absl::StrCat("nvrtc: cannot create a program: ", nvrtcGetErrorString(r)));
+    return absl::InternalError(
+        absl::StrCat("nvrtc: cannot create a program: ", nvrtcGetErrorString(r)));
   }
   const bool ptx = options_.arch.rfind("compute_", 0) == 0;
   const std::string arch = absl::StrCat("--gpu-architecture=", options_.arch);
@@ -123,8 +132,9 @@ absl::StatusOr<std::shared_ptr<const std::string>> KernelCompiler::Compile(const
   if (log_size > 0) nvrtcGetProgramLog(prog, log.data());
   if (r != NVRTC_SUCCESS) {
     nvrtcDestroyProgram(&prog);
-    return absl::InvalidArgumentError(absl::StrCat("nvrtc could not compile kernels for ", options_.arch, ": ",
-                                                   nvrtcGetErrorString(r), "\n", log));
+    return absl::InvalidArgumentError(absl::StrCat("nvrtc could not compile kernels for ",
+                                                   options_.arch, ": ", nvrtcGetErrorString(r),
+                                                   "\n", log));
   }
   size_t size = 0;
   auto code = std::make_shared<std::string>();
@@ -135,7 +145,8 @@ absl::StatusOr<std::shared_ptr<const std::string>> KernelCompiler::Compile(const
   }
   nvrtcDestroyProgram(&prog);
   if (got != NVRTC_SUCCESS) {
-    return absl::InternalError(absl::StrCat("nvrtc: cannot read the compiled code: ", nvrtcGetErrorString(got)));
+    return absl::InternalError(
+        absl::StrCat("nvrtc: cannot read the compiled code: ", nvrtcGetErrorString(got)));
   }
   WriteDisk(key, source, *code);
   absl::MutexLock l(&mu_);

@@ -27,7 +27,7 @@ class KernelCompiler {
     std::string cache_dir;       // Default: empty, memory cache only
   };
   struct Stats {
-    int64_t compiled = 0;     // NVRTC runs
+    int64_t compiled = 0;  // NVRTC runs
     int64_t memory_hits = 0;
     int64_t disk_hits = 0;
   };
@@ -48,7 +48,8 @@ class KernelCompiler {
 
  private:
   std::string Key(const std::string& source) const;
-  std::shared_ptr<const std::string> ReadDisk(const std::string& key, const std::string& source) const;
+  std::shared_ptr<const std::string> ReadDisk(const std::string& key,
+                                              const std::string& source) const;
   void WriteDisk(const std::string& key, const std::string& source, const std::string& code) const;
 
   const Options options_;

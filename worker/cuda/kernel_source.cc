@@ -9,9 +9,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "core/dtype.h"
 #include "core/shape_inference.h"
 #include "core/status.h"
@@ -204,10 +204,14 @@ std::string Store(v1::DType dt, const std::string& e) {
 }
 
 // A computed value as its storage would hold it (f16/bf16 round after every op).
-std::string Round(v1::DType dt, const std::string& e) { return IsHalf(dt) ? Load(dt, Store(dt, e)) : e; }
+std::string Round(v1::DType dt, const std::string& e) {
+  return IsHalf(dt) ? Load(dt, Store(dt, e)) : e;
+}
 
 // A float math function for the compute type: expf for float, exp for double.
-std::string Fn(v1::DType dt, const std::string& name) { return dt == v1::F64 ? name : StrCat(name, "f"); }
+std::string Fn(v1::DType dt, const std::string& name) {
+  return dt == v1::F64 ? name : StrCat(name, "f");
+}
 
 // The lowest and highest value of an integer dtype, as literals.
 std::pair<std::string, std::string> IntRange(v1::DType dt) {
@@ -227,10 +231,14 @@ std::pair<std::string, std::string> IntRange(v1::DType dt) {
 std::string Convert(v1::DType from, v1::DType to, const std::string& e) {
   if (IsHalf(to)) {
     std::string f;
-    if (from == v1::F64) f = StrCat("odd_f(", e, ")");
-    else if (from == v1::U64) f = StrCat("odd_f(odd_m((u64)(", e, "), false))");
-    else if (IsInteger(from) && DTypeSize(from) >= 4) f = StrCat("odd_f(odd_d((i64)(", e, ")))");
-    else f = StrCat("(float)(", e, ")");
+    if (from == v1::F64)
+      f = StrCat("odd_f(", e, ")");
+    else if (from == v1::U64)
+      f = StrCat("odd_f(odd_m((u64)(", e, "), false))");
+    else if (IsInteger(from) && DTypeSize(from) >= 4)
+      f = StrCat("odd_f(odd_d((i64)(", e, ")))");
+    else
+      f = StrCat("(float)(", e, ")");
     return Round(to, f);
   }
   if (to == v1::PRED) return StrCat("((", e, ") != 0)");
@@ -270,12 +278,15 @@ const worker::ScalarDialect kDialect{
     .compute_type = [](v1::DType dt) { return Compute(dt); },
     .unsigned_type = [](v1::DType dt) { return UnsignedOf(dt); },
     .math = [](v1::DType dt, absl::string_view name) { return Fn(dt, std::string(name)); },
-    .helper = [](v1::DType dt, absl::string_view name) {
-      return name == "ipow" ? StrCat("ipow<", Compute(dt), ", ", UnsignedOf(dt), ">") : StrCat(name, "p");
-    },
+    .helper =
+        [](v1::DType dt, absl::string_view name) {
+          return name == "ipow" ? StrCat("ipow<", Compute(dt), ", ", UnsignedOf(dt), ">")
+                                : StrCat(name, "p");
+        },
 };
 
-absl::StatusOr<std::string> Elementwise(v1::Op op, v1::DType dt, absl::Span<const std::string> args) {
+absl::StatusOr<std::string> Elementwise(v1::Op op, v1::DType dt,
+                                        absl::Span<const std::string> args) {
   absl::StatusOr<std::string> e = worker::ScalarExpr(op, dt, args, kDialect);
   if (!e.ok()) return Annotate(e.status(), "cuda codegen: ");
   return e;
@@ -302,15 +313,18 @@ std::vector<int64_t> Strides(const google::protobuf::RepeatedField<int64_t>& dim
 }
 
 // "const i64 <pfx>d = ...;" for every dimension d of `dims`, from linear index `lin`.
-std::string Coords(const google::protobuf::RepeatedField<int64_t>& dims, const std::string& lin, const std::string& pfx) {
+std::string Coords(const google::protobuf::RepeatedField<int64_t>& dims, const std::string& lin,
+                   const std::string& pfx) {
   std::string out = StrCat("    i64 t_", pfx, " = ", lin, ";\n");
   for (int d = dims.size() - 1; d >= 0; --d) {
-    absl::StrAppend(&out, "    const i64 ", pfx, d, " = t_", pfx, " % ", dims[d], "; t_", pfx, " /= ", dims[d], ";\n");
+    absl::StrAppend(&out, "    const i64 ", pfx, d, " = t_", pfx, " % ", dims[d], "; t_", pfx,
+                    " /= ", dims[d], ";\n");
   }
   return out;
 }
 
-std::string Kernel(const std::string& decls, const std::string& loop_extent, const std::string& body) {
+std::string Kernel(const std::string& decls, const std::string& loop_extent,
+                   const std::string& body) {
   return StrCat("{\n", decls, "  TESSEL_LOOP(", loop_extent, ") {\n", body, "  }\n}\n");
 }
 
@@ -343,15 +357,15 @@ std::string ModuleSource::source() const {
   return out;
 }
 
-absl::StatusOr<KernelLaunch> ModuleSource::AddFusion(const v1::Fusion& fusion,
-                                                     const std::vector<v1::TensorType>& input_types) {
+absl::StatusOr<KernelLaunch> ModuleSource::AddFusion(
+    const v1::Fusion& fusion, const std::vector<v1::TensorType>& input_types) {
   if (fusion.inputs_size() + fusion.outputs_size() > kMaxKernelPointers) {
-    return absl::UnimplementedError(StrCat("cuda codegen: a fusion of ", fusion.inputs_size(), " inputs and ",
-                                           fusion.outputs_size(), " outputs exceeds ", kMaxKernelPointers,
-                                           " kernel arguments"));
+    return absl::UnimplementedError(StrCat(
+        "cuda codegen: a fusion of ", fusion.inputs_size(), " inputs and ", fusion.outputs_size(),
+        " outputs exceeds ", kMaxKernelPointers, " kernel arguments"));
   }
   const int64_t elements = cpu::FusionElements(fusion);
-  absl::flat_hash_map<std::string, std::string> var;   // value -> compute-typed variable
+  absl::flat_hash_map<std::string, std::string> var;  // value -> compute-typed variable
   absl::flat_hash_map<std::string, v1::DType> dtype;
   // Values that are the same for every element (one-element inputs, scalar
   // constants, and what is computed from them alone) are computed once,
@@ -395,9 +409,11 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddFusion(const v1::Fusion& fusion,
         const v1::ConstantAttrs& c = n.constant();
         if (c.has_iota()) {
           int64_t inner = 1;
-          for (int d = c.iota().dimension() + 1; d < n.type().dims_size(); ++d) inner *= n.type().dims(d);
-          expr = Convert(v1::S64, dt, absl::StrFormat("(i / %dll) %% %dll + a.s[0]", inner,
-                                                      n.type().dims(c.iota().dimension())));
+          for (int d = c.iota().dimension() + 1; d < n.type().dims_size(); ++d)
+            inner *= n.type().dims(d);
+          expr = Convert(v1::S64, dt,
+                         absl::StrFormat("(i / %dll) %% %dll + a.s[0]", inner,
+                                         n.type().dims(c.iota().dimension())));
         } else if (c.has_fill() || NumElementsUnchecked(n.type()) == 1) {
           char one[8] = {};
           if (c.has_fill()) {
@@ -423,7 +439,8 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddFusion(const v1::Fusion& fusion,
       case v1::CONVERT: expr = Convert(dtype[n.operands(0)], dt, args[0]); break;
       default: {
         if (!IsElementwise(n.op())) {
-          return absl::InternalError(StrCat("fusion holds non-elementwise node '", n.name(), "' (", OpName(n.op()), ")"));
+          return absl::InternalError(
+              StrCat("fusion holds non-elementwise node '", n.name(), "' (", OpName(n.op()), ")"));
         }
         absl::StatusOr<std::string> e = Elementwise(n.op(), dt, args);
         if (!e.ok()) return e.status();
@@ -431,10 +448,12 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddFusion(const v1::Fusion& fusion,
       }
     }
     if (!hoist && !n.constant().has_iota() && n.operands_size() > 0) {
-      hoist = absl::c_all_of(n.operands(), [&](const std::string& o) { return uniform.contains(o); });
+      hoist =
+          absl::c_all_of(n.operands(), [&](const std::string& o) { return uniform.contains(o); });
     }
     if (hoist) uniform.insert(n.name());
-    absl::StrAppend(hoist ? &decls : &body, hoist ? "  const " : "    const ", Compute(dt), " ", v, " = ", expr, ";\n");
+    absl::StrAppend(hoist ? &decls : &body, hoist ? "  const " : "    const ", Compute(dt), " ", v,
+                    " = ", expr, ";\n");
     var[n.name()] = v;
     dtype[n.name()] = dt;
   }
@@ -454,8 +473,9 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddFusion(const v1::Fusion& fusion,
       absl::StrAppend(&body, "    ", p, "[i] = ", Store(dt, var[o]), ";\n");
     } else {
       if (!uniform.contains(o)) {
-        return absl::InternalError(StrCat("fusion output '", o, "' has ", node_elements[o], " elements, the fusion ",
-                                          elements, ", and it varies by element"));
+        return absl::InternalError(StrCat("fusion output '", o, "' has ", node_elements[o],
+                                          " elements, the fusion ", elements,
+                                          ", and it varies by element"));
       }
       absl::StrAppend(&once, "  if (tid() == 0) ", p, "[0] = ", Store(dt, var[o]), ";\n");
     }
@@ -463,13 +483,14 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddFusion(const v1::Fusion& fusion,
   // A size-0 fusion still writes its one-element outputs: one thread runs.
   const std::string n = StrCat(elements);
   const std::string kernel =
-      StrCat("{\n", decls, once, "  for (i64 base = tid(); base < (i64)(", n, "); base += TESSEL_UNROLL * nthreads()) {\n",
-             staged, "    TESSEL_UNROLLED(", n, ",", loads, ")\n    TESSEL_UNROLLED(", n, ",\n", body, "    )\n  }\n}\n");
+      StrCat("{\n", decls, once, "  for (i64 base = tid(); base < (i64)(", n,
+             "); base += TESSEL_UNROLL * nthreads()) {\n", staged, "    TESSEL_UNROLLED(", n, ",",
+             loads, ")\n    TESSEL_UNROLLED(", n, ",\n", body, "    )\n  }\n}\n");
   return Add(kernel, once.empty() ? elements : std::max<int64_t>(elements, 1));
 }
 
-absl::StatusOr<KernelLaunch> ModuleSource::AddLayout(const v1::Node& n,
-                                                     const std::vector<v1::TensorType>& operand_types) {
+absl::StatusOr<KernelLaunch> ModuleSource::AddLayout(
+    const v1::Node& n, const std::vector<v1::TensorType>& operand_types) {
   const v1::TensorType& t = n.type();
   const int64_t elements = NumElementsUnchecked(t);
   const std::string e = Bits(DTypeSize(t.dtype()));
@@ -520,8 +541,8 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddLayout(const v1::Node& n,
       for (int d = 0; d < in.dims_size(); ++d) {
         const int64_t step = 1 + (p.interior().empty() ? 0 : p.interior(d));
         absl::StrAppend(&body, "    const i64 q", d, " = c", d, " - (", p.low(d), ");\n");
-        absl::StrAppend(&cond, " || q", d, " < 0 || q", d, " % ", step, " != 0 || q", d, " / ", step, " >= ",
-                        in.dims(d));
+        absl::StrAppend(&cond, " || q", d, " < 0 || q", d, " % ", step, " != 0 || q", d, " / ",
+                        step, " >= ", in.dims(d));
         absl::StrAppend(&src, " + q", d, " / ", step, " * ", is[d]);
       }
       absl::StrAppend(&body, "    out[i] = (", cond, ") ? padv[0] : in0[", src, "];\n");
@@ -534,18 +555,21 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddLayout(const v1::Node& n,
         const std::vector<int64_t> ks = Strides(operand_types[k].dims());
         std::string ksrc = "0";
         for (int d = 0; d < t.dims_size(); ++d) {
-          absl::StrAppend(&ksrc, " + ", d == dim ? absl::StrFormat("(c%d - %d)", d, offset) : StrCat("c", d), " * ",
-                          ks[d]);
+          absl::StrAppend(&ksrc, " + ",
+                          d == dim ? absl::StrFormat("(c%d - %d)", d, offset) : StrCat("c", d),
+                          " * ", ks[d]);
         }
         const int64_t end = offset + operand_types[k].dims(dim);
-        absl::StrAppend(&body, k == 0 ? "    " : "    else ", k + 1 < nin ? absl::StrFormat("if (c%d < %d) ", dim, end) : "",
+        absl::StrAppend(&body, k == 0 ? "    " : "    else ",
+                        k + 1 < nin ? absl::StrFormat("if (c%d < %d) ", dim, end) : "",
                         "out[i] = in", k, "[", ksrc, "];\n");
         offset = end;
       }
       return Add(Kernel(decls, StrCat(elements), body), elements);
     }
     default:
-      return absl::UnimplementedError(StrCat("cuda codegen: ", OpName(n.op()), " is not a layout op"));
+      return absl::UnimplementedError(
+          StrCat("cuda codegen: ", OpName(n.op()), " is not a layout op"));
   }
   absl::StrAppend(&body, "    out[i] = in0[", src, "];\n");
   return Add(Kernel(decls, StrCat(elements), body), elements);
@@ -584,12 +608,17 @@ absl::StatusOr<ReducePlan> ModuleSource::AddReduce(const v1::Node& n, const v1::
     case v1::REDUCE_MAX:
     case v1::REDUCE_MIN: {
       const bool mx = kind == v1::REDUCE_MAX;
-      if (dt == v1::F64) ident = mx ? "-u2d(0x7ff0000000000000ull)" : "u2d(0x7ff0000000000000ull)";
-      else if (IsFloat(dt)) ident = mx ? "-u2f(0x7f800000u)" : "u2f(0x7f800000u)";
-      else ident = mx ? IntRange(dt).first : IntRange(dt).second;
+      if (dt == v1::F64)
+        ident = mx ? "-u2d(0x7ff0000000000000ull)" : "u2d(0x7ff0000000000000ull)";
+      else if (IsFloat(dt))
+        ident = mx ? "-u2f(0x7f800000u)" : "u2f(0x7f800000u)";
+      else
+        ident = mx ? IntRange(dt).first : IntRange(dt).second;
       break;
     }
-    default: return absl::InvalidArgumentError(StrCat("cuda codegen: reduce '", n.name(), "' has no kind"));
+    default:
+      return absl::InvalidArgumentError(
+          StrCat("cuda codegen: reduce '", n.name(), "' has no kind"));
   }
   auto combine = [&](const std::string& x) {
     switch (kind) {
@@ -625,13 +654,15 @@ absl::StatusOr<ReducePlan> ModuleSource::AddReduce(const v1::Node& n, const v1::
   const bool leading = [&] {  // reduced dimensions lead: columns
     int d = 0;
     while (d < rank && reduced[d]) ++d;
-    for (int e = d; e < rank; ++e) if (reduced[e]) return false;
+    for (int e = d; e < rank; ++e)
+      if (reduced[e]) return false;
     return d > 0 && d < rank;
   }();
   const bool trailing = [&] {
     int d = rank;
     while (d > 0 && reduced[d - 1]) --d;
-    for (int e = 0; e < d; ++e) if (reduced[e]) return false;
+    for (int e = 0; e < d; ++e)
+      if (reduced[e]) return false;
     return true;
   }();
   for (size_t pass = 0; pass < chunks.size(); ++pass) {
@@ -652,10 +683,12 @@ absl::StatusOr<ReducePlan> ModuleSource::AddReduce(const v1::Node& n, const v1::
       } else {
         body += Coords(kept_dims, "o", "k");
         std::string base = "0";
-        for (size_t k = 0; k < kept_strides.size(); ++k) absl::StrAppend(&base, " + k", k, " * ", kept_strides[k]);
+        for (size_t k = 0; k < kept_strides.size(); ++k)
+          absl::StrAppend(&base, " + k", k, " * ", kept_strides[k]);
         absl::StrAppend(&body, "    const i64 base = ", base, ";\n");
         src = "base";
-        for (size_t k = 0; k < red_strides.size(); ++k) absl::StrAppend(&src, " + j", k, " * ", red_strides[k]);
+        for (size_t k = 0; k < red_strides.size(); ++k)
+          absl::StrAppend(&src, " + j", k, " * ", red_strides[k]);
       }
     }
     const std::string x = first ? Load(dt, StrCat("in[", src, "]")) : StrCat("in[", src, "]");
@@ -667,8 +700,8 @@ absl::StatusOr<ReducePlan> ModuleSource::AddReduce(const v1::Node& n, const v1::
                       "    ", acc, " acc = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ",
                       "((lane[4] + lane[5]) + (lane[6] + lane[7]));\n");
     } else {
-      absl::StrAppend(&body, "    ", acc, " acc = ", ident, ";\n    for (i64 r = c; r < ", r_extent, "; r += ", c,
-                      ") {\n");
+      absl::StrAppend(&body, "    ", acc, " acc = ", ident, ";\n    for (i64 r = c; r < ", r_extent,
+                      "; r += ", c, ") {\n");
       if (first && !leading && !trailing) body += Coords(red_dims, "r", "j");
       absl::StrAppend(&body, "      acc = ", combine(x), ";\n    }\n");
     }
@@ -683,7 +716,8 @@ absl::StatusOr<ReducePlan> ModuleSource::AddReduce(const v1::Node& n, const v1::
   return plan;
 }
 
-absl::StatusOr<KernelLaunch> ModuleSource::AddArgReduce(const v1::Node& n, const v1::TensorType& in) {
+absl::StatusOr<KernelLaunch> ModuleSource::AddArgReduce(const v1::Node& n,
+                                                        const v1::TensorType& in) {
   const v1::DType dt = in.dtype();
   if (dt == v1::PRED) return absl::UnimplementedError("cuda codegen: argmax/argmin of pred");
   const int64_t dim = n.arg_reduce().dimension();
@@ -694,7 +728,8 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddArgReduce(const v1::Node& n, const
   const std::string c = Compute(dt), idx = Storage(n.type().dtype());
   const std::string cmp = n.op() == v1::ARGMAX ? ">" : "<";
   std::string decls = PtrDecl(Storage(dt), "in", 0, true) + PtrDecl(idx, "out", 1, false);
-  std::string take = IsFloat(dt) ? StrCat("best == best && (v != v || v ", cmp, " best)") : StrCat("v ", cmp, " best");
+  std::string take = IsFloat(dt) ? StrCat("best == best && (v != v || v ", cmp, " best)")
+                                 : StrCat("v ", cmp, " best");
   std::string body = absl::StrFormat(
       "    const i64 base = i / %d * %d + i %% %d;\n"
       "    %s best = %s;\n    %s idx = 0;\n"
@@ -730,7 +765,8 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddSort(const v1::Node& n, const v1::
   };
   // Each element's place is the count of keys that go ahead of it: those
   // before it, and the equal ones at lower positions (a stable sort).
-  std::string decls = PtrDecl(Storage(dt), "keys", 0, true) + PtrDecl(e, "src", 1, true) + PtrDecl(e, "out", 2, false);
+  std::string decls = PtrDecl(Storage(dt), "keys", 0, true) + PtrDecl(e, "src", 1, true) +
+                      PtrDecl(e, "out", 2, false);
   std::string body = absl::StrFormat(
       "    const i64 j = i %% %d, pos = i / %d %% %d, base = i / %d * %d + j;\n"
       "    const %s v = %s;\n"
@@ -739,9 +775,10 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddSort(const v1::Node& n, const v1::
       "      const %s w = %s;\n"
       "      if (%s || (f < pos && !%s)) ++rank;\n    }\n"
       "    out[base + rank * %d] = src[base + pos * %d];\n",
-      inner, inner, extent, extent * inner, extent * inner, c, Load(dt, StrCat("keys[base + pos * ", inner, "]")),
-      extent, c, Load(dt, StrCat("keys[base + f * ", inner, "]")), before_of("w", "v"), before_of("v", "w"), inner,
-      inner);
+      inner, inner, extent, extent * inner, extent * inner, c,
+      Load(dt, StrCat("keys[base + pos * ", inner, "]")), extent, c,
+      Load(dt, StrCat("keys[base + f * ", inner, "]")), before_of("w", "v"), before_of("v", "w"),
+      inner, inner);
   const int64_t elements = outer * extent * inner;
   return Add(Kernel(decls, StrCat(elements), body), elements);
 }
@@ -761,11 +798,13 @@ struct AroundAxis {
 
 }  // namespace
 
-absl::StatusOr<KernelLaunch> ModuleSource::AddGather(const v1::Node& n, const v1::TensorType& operand,
+absl::StatusOr<KernelLaunch> ModuleSource::AddGather(const v1::Node& n,
+                                                     const v1::TensorType& operand,
                                                      const v1::TensorType& indices) {
   const AroundAxis a(operand, indices, n.gather().axis());
   const std::string e = Bits(DTypeSize(operand.dtype()));
-  std::string decls = PtrDecl(e, "in", 0, true) + PtrDecl(Storage(indices.dtype()), "idx", 1, true) +
+  std::string decls = PtrDecl(e, "in", 0, true) +
+                      PtrDecl(Storage(indices.dtype()), "idx", 1, true) +
                       PtrDecl(e, "out", 2, false);
   std::string body = absl::StrFormat(
       "    const i64 e = i %% %d, j = i / %d %% %d, o = i / %d / %d;\n"
@@ -774,14 +813,16 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddGather(const v1::Node& n, const v1
       "    out[i] = in[(o * %d + k) * %d + e];\n",
       a.inner, a.inner, a.count, a.inner, a.count,
       // a u64 index past int64 is out of range all the same
-      indices.dtype() == v1::U64 ? "idx[j] > 0x7fffffffffffffffull ? 0x7fffffffffffffffll : (i64)idx[j]"
-                                 : "(i64)idx[j]",
+      indices.dtype() == v1::U64
+          ? "idx[j] > 0x7fffffffffffffffull ? 0x7fffffffffffffffll : (i64)idx[j]"
+          : "(i64)idx[j]",
       a.extent, a.extent - 1, a.extent, a.inner);
   const int64_t elements = a.extent == 0 ? 0 : a.outer * a.count * a.inner;
   return Add(Kernel(decls, StrCat(elements), body), elements);
 }
 
-absl::StatusOr<KernelLaunch> ModuleSource::AddScatter(const v1::Node& n, const v1::TensorType& operand,
+absl::StatusOr<KernelLaunch> ModuleSource::AddScatter(const v1::Node& n,
+                                                      const v1::TensorType& operand,
                                                       const v1::TensorType& indices) {
   const AroundAxis a(operand, indices, n.scatter().axis());
   const v1::DType dt = operand.dtype();
@@ -798,11 +839,15 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddScatter(const v1::Node& n, const v
     fold = "v = upd[u];";
     fin = "    out[i] = v;\n";
   } else {
-    v1::Op op = k == v1::SUM ? v1::ADD : k == v1::PROD ? v1::MUL : k == v1::REDUCE_MAX ? v1::MAX : v1::MIN;
+    v1::Op op = k == v1::SUM          ? v1::ADD
+                : k == v1::PROD       ? v1::MUL
+                : k == v1::REDUCE_MAX ? v1::MAX
+                                      : v1::MIN;
     if (dt == v1::PRED) op = k == v1::REDUCE_MAX ? v1::OR : v1::AND;
     absl::StatusOr<std::string> combined = Elementwise(op, dt, {"v", Load(dt, "upd[u]")});
     if (!combined.ok()) return combined.status();
-    decls = PtrDecl(Storage(dt), "in", 0, true) + PtrDecl(Storage(indices.dtype()), "idx", 1, true) +
+    decls = PtrDecl(Storage(dt), "in", 0, true) +
+            PtrDecl(Storage(indices.dtype()), "idx", 1, true) +
             PtrDecl(Storage(dt), "upd", 2, true) + PtrDecl(Storage(dt), "out", 3, false);
     init = StrCat("    ", Compute(dt), " v = ", Load(dt, "in[i]"), ";\n");
     fold = StrCat("v = ", Round(dt, StrCat("(", Compute(dt), ")(", *combined, ")")), ";");
@@ -821,8 +866,8 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddScatter(const v1::Node& n, const v
   return Add(Kernel(decls, StrCat(elements), body), elements);
 }
 
-absl::StatusOr<KernelLaunch> ModuleSource::AddShardSlice(const v1::Node& n, const v1::TensorType& in,
-                                                         int64_t blocks) {
+absl::StatusOr<KernelLaunch> ModuleSource::AddShardSlice(const v1::Node& n,
+                                                         const v1::TensorType& in, int64_t blocks) {
   const int64_t dim = n.collective().dimension();
   int64_t outer = 1, inner = 1;
   for (int d = 0; d < dim; ++d) outer *= in.dims(d);
@@ -830,12 +875,13 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddShardSlice(const v1::Node& n, cons
   const int64_t piece = in.dims(dim) / blocks * inner;
   const std::string e = Bits(DTypeSize(in.dtype()));
   std::string decls = PtrDecl(e, "in", 0, true) + PtrDecl(e, "out", 1, false);
-  std::string body = absl::StrFormat("    out[i] = in[(i / %d * %d + a.s[0]) * %d + i %% %d];\n", piece, blocks, piece,
-                                     piece);
+  std::string body = absl::StrFormat("    out[i] = in[(i / %d * %d + a.s[0]) * %d + i %% %d];\n",
+                                     piece, blocks, piece, piece);
   return Add(Kernel(decls, StrCat(outer * piece), body), outer * piece);
 }
 
-KernelLaunch ModuleSource::AddSwapMajor(v1::DType dt, int64_t outer, int64_t k, int64_t piece, bool to_rank_major) {
+KernelLaunch ModuleSource::AddSwapMajor(v1::DType dt, int64_t outer, int64_t k, int64_t piece,
+                                        bool to_rank_major) {
   const std::string e = Bits(DTypeSize(dt));
   std::string decls = PtrDecl(e, "in", 0, true) + PtrDecl(e, "out", 1, false);
   // Output element i = (major, minor, j); its source swaps major and minor.
@@ -850,14 +896,16 @@ KernelLaunch ModuleSource::AddSwapMajor(v1::DType dt, int64_t outer, int64_t k, 
 
 KernelLaunch ModuleSource::AddGemm(v1::DType dt, int64_t batch, int64_t m, int64_t n, int64_t k) {
   const std::string st = Storage(dt), acc = IsFloat(dt) ? Compute(dt) : "u64";
-  std::string decls = PtrDecl(st, "l", 0, true) + PtrDecl(st, "r", 1, true) + PtrDecl(st, "out", 2, false);
+  std::string decls =
+      PtrDecl(st, "l", 0, true) + PtrDecl(st, "r", 1, true) + PtrDecl(st, "out", 2, false);
   std::string body = absl::StrFormat(
       "    const i64 b = i / %d, row = i / %d %% %d, col = i %% %d;\n"
       "    %s acc = 0;\n"
       "    for (i64 p = 0; p < %d; ++p) acc += (%s)%s * (%s)%s;\n"
       "    out[i] = %s;\n",
       m * n, n, m, n, acc, k, acc, Load(dt, StrCat("l[(b * ", m, " + row) * ", k, " + p]")), acc,
-      Load(dt, StrCat("r[(b * ", k, " + p) * ", n, " + col]")), Store(dt, StrCat("(", Compute(dt), ")acc")));
+      Load(dt, StrCat("r[(b * ", k, " + p) * ", n, " + col]")),
+      Store(dt, StrCat("(", Compute(dt), ")acc")));
   const int64_t elements = batch * m * n;
   return Add(Kernel(decls, StrCat(elements), body), elements);
 }

@@ -75,7 +75,8 @@ class ModuleSource {
   // REDUCE: see ReducePlan.
   absl::StatusOr<ReducePlan> AddReduce(const v1::Node& node, const v1::TensorType& operand_type);
   // ARGMAX / ARGMIN: p[0] operand, p[1] indices.
-  absl::StatusOr<KernelLaunch> AddArgReduce(const v1::Node& node, const v1::TensorType& operand_type);
+  absl::StatusOr<KernelLaunch> AddArgReduce(const v1::Node& node,
+                                            const v1::TensorType& operand_type);
   // SORT: p[0] the keys, p[1] the operand moved (result_operand; p[0]
   // again when it is the keys), p[2] the result. One thread per element
   // counts the keys ahead of it: quadratic in the sorted extent.
@@ -90,11 +91,12 @@ class ModuleSource {
   absl::StatusOr<KernelLaunch> AddScatter(const v1::Node& node, const v1::TensorType& operand,
                                           const v1::TensorType& indices);
   // SHARD_SLICE: p[0] operand, p[1] this device's block; s[0] the block index.
-  absl::StatusOr<KernelLaunch> AddShardSlice(const v1::Node& node, const v1::TensorType& operand_type,
-                                             int64_t blocks);
+  absl::StatusOr<KernelLaunch> AddShardSlice(const v1::Node& node,
+                                             const v1::TensorType& operand_type, int64_t blocks);
   // [outer, k, piece] <-> [k, outer, piece] for collectives whose dimension
   // is not the leading one: p[0] in, p[1] out; piece counted in elements.
-  KernelLaunch AddSwapMajor(v1::DType dtype, int64_t outer, int64_t k, int64_t piece, bool to_rank_major);
+  KernelLaunch AddSwapMajor(v1::DType dtype, int64_t outer, int64_t k, int64_t piece,
+                            bool to_rank_major);
   // Batched [batch, m, k] x [batch, k, n] for dtypes cuBLASLt does not
   // multiply (integers wrap, as on the CPU): p[0] lhs, p[1] rhs, p[2] out.
   KernelLaunch AddGemm(v1::DType dtype, int64_t batch, int64_t m, int64_t n, int64_t k);

@@ -11,9 +11,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -21,9 +21,9 @@
 #include "worker/cpu/dot.h"
 #include "worker/cpu/elementwise.h"
 #include "worker/cpu/fused_loop.h"
+#include "worker/cpu/gather.h"
 #include "worker/cpu/layout.h"
 #include "worker/cpu/reduce.h"
-#include "worker/cpu/gather.h"
 #include "worker/cpu/sort.h"
 #ifdef TESSEL_HAVE_CUDA
 #include "worker/cuda/kernel_compiler.h"
@@ -43,12 +43,13 @@ class HostModule {
     const fs::path src = dir_ / "kernels.cc", so = dir_ / "kernels.so";
     std::ofstream(src) << module.source();
     const char* cxx = std::getenv("CXX");
-    const std::string cmd = absl::StrCat(cxx != nullptr ? cxx : "c++",
-                                         " -std=c++17 -O1 -ffp-contract=off -fPIC -shared -w -o ", so.string(), " ",
-                                         src.string(), " 2>", (dir_ / "log").string());
+    const std::string cmd = absl::StrCat(
+        cxx != nullptr ? cxx : "c++", " -std=c++17 -O1 -ffp-contract=off -fPIC -shared -w -o ",
+        so.string(), " ", src.string(), " 2>", (dir_ / "log").string());
     if (std::system(cmd.c_str()) != 0) {
       std::ifstream log(dir_ / "log");
-      error_ = absl::StrCat("host compile failed: ", std::string(std::istreambuf_iterator<char>(log), {}));
+      error_ = absl::StrCat("host compile failed: ",
+                            std::string(std::istreambuf_iterator<char>(log), {}));
       return;
     }
     handle_ = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -96,9 +97,11 @@ std::vector<char> RandomBytes(v1::DType dt, int64_t n, int seed, double lo = -4,
   std::vector<char> out(n * DTypeSize(dt));
   if (IsFloat(dt)) {
     std::uniform_real_distribution<double> u(lo, hi);
-    const double specials[] = {0.0, -0.0, 1.0, -1.0, 0.5, 2.5, -2.5, INFINITY, -INFINITY, NAN, 1e-30, 65504.0, 1e6};
+    const double specials[] = {0.0,      -0.0,      1.0, -1.0,  0.5,     2.5, -2.5,
+                               INFINITY, -INFINITY, NAN, 1e-30, 65504.0, 1e6};
     std::vector<double> v(n);
-    for (int64_t i = 0; i < n; ++i) v[i] = (i % 7 == 3) ? specials[(i / 7) % std::size(specials)] : u(rng);
+    for (int64_t i = 0; i < n; ++i)
+      v[i] = (i % 7 == 3) ? specials[(i / 7) % std::size(specials)] : u(rng);
     cpu::ConvertKernel(v1::F64, dt, v.data(), out.data(), n);
   } else if (dt == v1::PRED) {
     for (char& c : out) c = char(rng() & 1);
@@ -114,7 +117,8 @@ std::vector<char> RandomBytes(v1::DType dt, int64_t n, int seed, double lo = -4,
   return out;
 }
 
-bool SameElements(v1::DType dt, const std::vector<char>& a, const std::vector<char>& b, std::string* where) {
+bool SameElements(v1::DType dt, const std::vector<char>& a, const std::vector<char>& b,
+                  std::string* where) {
   const int es = DTypeSize(dt);
   for (size_t i = 0; i * es < a.size(); ++i) {
     if (std::memcmp(a.data() + i * es, b.data() + i * es, es) == 0) continue;
@@ -133,7 +137,8 @@ bool SameElements(v1::DType dt, const std::vector<char>& a, const std::vector<ch
   return true;
 }
 
-v1::Node MakeNode(const std::string& name, v1::Op op, v1::TensorType type, std::vector<std::string> operands) {
+v1::Node MakeNode(const std::string& name, v1::Op op, v1::TensorType type,
+                  std::vector<std::string> operands) {
   v1::Node n;
   n.set_name(name);
   n.set_op(op);
@@ -146,14 +151,16 @@ v1::Node MakeNode(const std::string& name, v1::Op op, v1::TensorType type, std::
 // one NVRTC compile), and through the CPU backend's FusedLoop.
 class FusionBatch {
  public:
-  void Add(const v1::Fusion& fusion, const std::vector<v1::TensorType>& in_types, const std::string& what) {
+  void Add(const v1::Fusion& fusion, const std::vector<v1::TensorType>& in_types,
+           const std::string& what) {
     auto launch = module_.AddFusion(fusion, in_types);
     ASSERT_TRUE(launch.ok()) << what << ": " << launch.status();
     auto loop = cpu::FusedLoop::Build(fusion, in_types);
     ASSERT_TRUE(loop.ok()) << what << ": " << loop.status();
     Case c{what, *launch, {}, {}, {}, loop->output_types()};
     for (size_t i = 0; i < in_types.size(); ++i) {
-      c.ins.push_back(RandomBytes(in_types[i].dtype(), NumElementsUnchecked(in_types[i]), cases_.size() * 8 + i));
+      c.ins.push_back(RandomBytes(in_types[i].dtype(), NumElementsUnchecked(in_types[i]),
+                                  cases_.size() * 8 + i));
     }
     std::vector<const void*> in_ptrs;
     for (auto& b : c.ins) in_ptrs.push_back(b.data());
@@ -204,7 +211,6 @@ v1::Fusion OneNode(const v1::Node& n, int inputs) {
   return f;
 }
 
-
 TEST(KernelSource, EveryElementwiseOpMatchesTheCpuBackendBitForBit) {
   const int64_t n = 1000;
   FusionBatch batch;
@@ -212,34 +218,37 @@ TEST(KernelSource, EveryElementwiseOpMatchesTheCpuBackendBitForBit) {
     const v1::TensorType t = MakeType(dt, {n});
     std::vector<v1::Op> unary, binary;
     if (IsFloat(dt)) {
-      unary = {v1::NEG, v1::ABS, v1::EXP, v1::LOG, v1::LOG1P, v1::TANH, v1::LOGISTIC, v1::SQRT, v1::RSQRT,
-               v1::FLOOR, v1::CEIL, v1::ROUND, v1::SIGN, v1::SIN, v1::COS, v1::TAN, v1::ASIN, v1::ACOS,
-               v1::ATAN, v1::SINH, v1::COSH, v1::ASINH, v1::ACOSH, v1::ATANH, v1::EXPM1, v1::ERF, v1::CBRT};
+      unary = {v1::NEG,   v1::ABS,   v1::EXP,   v1::LOG,   v1::LOG1P, v1::TANH, v1::LOGISTIC,
+               v1::SQRT,  v1::RSQRT, v1::FLOOR, v1::CEIL,  v1::ROUND, v1::SIGN, v1::SIN,
+               v1::COS,   v1::TAN,   v1::ASIN,  v1::ACOS,  v1::ATAN,  v1::SINH, v1::COSH,
+               v1::ASINH, v1::ACOSH, v1::ATANH, v1::EXPM1, v1::ERF,   v1::CBRT};
       binary = {v1::ADD, v1::SUB, v1::MUL, v1::DIV, v1::REM, v1::POW, v1::MAX, v1::MIN, v1::ATAN2};
     } else if (dt == v1::PRED) {
       unary = {v1::NOT};
       binary = {v1::AND, v1::OR, v1::XOR};
     } else {
       unary = {v1::NEG, v1::ABS, v1::SIGN, v1::NOT};
-      binary = {v1::ADD, v1::SUB, v1::MUL, v1::DIV, v1::REM, v1::POW, v1::MAX, v1::MIN, v1::AND, v1::OR, v1::XOR};
+      binary = {v1::ADD, v1::SUB, v1::MUL, v1::DIV, v1::REM, v1::POW,
+                v1::MAX, v1::MIN, v1::AND, v1::OR,  v1::XOR};
     }
     for (v1::Op op : unary) {
-      batch.Add(OneNode(MakeNode("y", op, t, {"a"}), 1), {t}, absl::StrCat(OpName(op), " ", DTypeName(dt)));
+      batch.Add(OneNode(MakeNode("y", op, t, {"a"}), 1), {t},
+                absl::StrCat(OpName(op), " ", DTypeName(dt)));
     }
     for (v1::Op op : binary) {
       batch.Add(OneNode(MakeNode("y", op, t, {"a", "b"}), 2), {t, t},
-                  absl::StrCat(OpName(op), " ", DTypeName(dt)));
+                absl::StrCat(OpName(op), " ", DTypeName(dt)));
     }
     for (int d = v1::EQ; d <= v1::GE; ++d) {
       v1::Node c = MakeNode("y", v1::COMPARE, MakeType(v1::PRED, {n}), {"a", "b"});
       c.mutable_compare()->set_direction(v1::CompareDirection(d));
       batch.Add(OneNode(c, 2), {t, t}, absl::StrCat("compare ", d, " ", DTypeName(dt)));
     }
-    batch.Add(OneNode(MakeNode("y", v1::SELECT, t, {"p", "a", "b"}), 3), {MakeType(v1::PRED, {n}), t, t},
-                absl::StrCat("select ", DTypeName(dt)));
+    batch.Add(OneNode(MakeNode("y", v1::SELECT, t, {"p", "a", "b"}), 3),
+              {MakeType(v1::PRED, {n}), t, t}, absl::StrCat("select ", DTypeName(dt)));
     if (dt != v1::PRED) {
-      batch.Add(OneNode(MakeNode("y", v1::CLAMP, t, {"lo", "a", "hi"}), 3), {MakeType(dt, {}), t, MakeType(dt, {})},
-                  absl::StrCat("clamp ", DTypeName(dt)));
+      batch.Add(OneNode(MakeNode("y", v1::CLAMP, t, {"lo", "a", "hi"}), 3),
+                {MakeType(dt, {}), t, MakeType(dt, {})}, absl::StrCat("clamp ", DTypeName(dt)));
     }
     for (v1::DType to : kAllDTypes) {
       v1::Node c = MakeNode("y", v1::CONVERT, MakeType(to, {n}), {"a"});
@@ -316,8 +325,9 @@ TEST(KernelSource, EmptyFusionsMatchTheCpuBackend) {
 
 // Runs a single-kernel op on random operands and compares with `cpu_reference`.
 template <typename Ref>
-void CheckKernel(ModuleSource& module, const KernelLaunch& launch, const std::vector<v1::TensorType>& in_types,
-                 const v1::TensorType& out_type, Ref cpu_reference, int64_t scalar = 0) {
+void CheckKernel(ModuleSource& module, const KernelLaunch& launch,
+                 const std::vector<v1::TensorType>& in_types, const v1::TensorType& out_type,
+                 Ref cpu_reference, int64_t scalar = 0) {
   std::vector<std::vector<char>> ins;
   KernelParams params;
   for (size_t i = 0; i < in_types.size(); ++i) {
@@ -334,7 +344,8 @@ void CheckKernel(ModuleSource& module, const KernelLaunch& launch, const std::ve
   for (auto& b : ins) in_ptrs.push_back(b.data());
   cpu_reference(in_ptrs, want.data());
   std::string where;
-  EXPECT_TRUE(SameElements(out_type.dtype(), got, want, &where)) << where << "\n" << module.source();
+  EXPECT_TRUE(SameElements(out_type.dtype(), got, want, &where)) << where << "\n"
+                                                                 << module.source();
 }
 
 // Single-kernel ops gathered into one module, built once (a host build per
@@ -343,9 +354,13 @@ class KernelBatch {
  public:
   using Ref = std::function<void(const std::vector<const void*>&, void*)>;
   ModuleSource& module() { return module_; }
-  void Add(const KernelLaunch& launch, const std::vector<v1::TensorType>& in_types, const v1::TensorType& out_type,
-           Ref reference, const std::string& what) {
-    Case c{what, launch, out_type, {}, std::vector<char>(ByteSizeUnchecked(out_type), 0x5a),
+  void Add(const KernelLaunch& launch, const std::vector<v1::TensorType>& in_types,
+           const v1::TensorType& out_type, Ref reference, const std::string& what) {
+    Case c{what,
+           launch,
+           out_type,
+           {},
+           std::vector<char>(ByteSizeUnchecked(out_type), 0x5a),
            std::vector<char>(ByteSizeUnchecked(out_type), 0x5a)};
     std::vector<const void*> in_ptrs;
     for (size_t i = 0; i < in_types.size(); ++i) {
@@ -365,7 +380,8 @@ class KernelBatch {
       params.p[c.ins.size()] = c.got.data();
       host->Launch(c.launch, params);
       std::string where;
-      EXPECT_TRUE(SameElements(c.out_type.dtype(), c.got, c.want, &where)) << c.what << ": " << where;
+      EXPECT_TRUE(SameElements(c.out_type.dtype(), c.got, c.want, &where))
+          << c.what << ": " << where;
     }
     return int(cases_.size());
   }
@@ -390,7 +406,9 @@ TEST(KernelSource, LayoutOpsMatchTheCpuBackend) {
     ModuleSource m;
     auto l = m.AddLayout(n, {in});
     ASSERT_TRUE(l.ok()) << l.status();
-    CheckKernel(m, *l, {in}, n.type(), [&](auto ins, void* out) { cpu::Transpose(in, ins[0], n.transpose(), n.type(), out); });
+    CheckKernel(m, *l, {in}, n.type(), [&](auto ins, void* out) {
+      cpu::Transpose(in, ins[0], n.transpose(), n.type(), out);
+    });
   }
   {
     v1::Node n = MakeNode("s", v1::SLICE, MakeType(v1::BF16, {2, 2, 5}), {"a"});
@@ -401,7 +419,8 @@ TEST(KernelSource, LayoutOpsMatchTheCpuBackend) {
     ModuleSource m;
     auto l = m.AddLayout(n, {in});
     ASSERT_TRUE(l.ok()) << l.status();
-    CheckKernel(m, *l, {in}, n.type(), [&](auto ins, void* out) { cpu::Slice(in, ins[0], n.slice(), n.type(), out); });
+    CheckKernel(m, *l, {in}, n.type(),
+                [&](auto ins, void* out) { cpu::Slice(in, ins[0], n.slice(), n.type(), out); });
   }
   {
     v1::Node n = MakeNode("r", v1::REVERSE, in, {"a"});
@@ -409,7 +428,8 @@ TEST(KernelSource, LayoutOpsMatchTheCpuBackend) {
     ModuleSource m;
     auto l = m.AddLayout(n, {in});
     ASSERT_TRUE(l.ok()) << l.status();
-    CheckKernel(m, *l, {in}, n.type(), [&](auto ins, void* out) { cpu::Reverse(in, ins[0], n.reverse(), out); });
+    CheckKernel(m, *l, {in}, n.type(),
+                [&](auto ins, void* out) { cpu::Reverse(in, ins[0], n.reverse(), out); });
   }
   {
     const v1::TensorType row = MakeType(v1::F32, {1, 6});
@@ -419,8 +439,9 @@ TEST(KernelSource, LayoutOpsMatchTheCpuBackend) {
     ModuleSource m;
     auto l = m.AddLayout(n, {row});
     ASSERT_TRUE(l.ok()) << l.status();
-    CheckKernel(m, *l, {row}, n.type(),
-                [&](auto ins, void* out) { cpu::BroadcastInDim(row, ins[0], n.broadcast_in_dim(), n.type(), out); });
+    CheckKernel(m, *l, {row}, n.type(), [&](auto ins, void* out) {
+      cpu::BroadcastInDim(row, ins[0], n.broadcast_in_dim(), n.type(), out);
+    });
   }
   {
     const std::vector<v1::TensorType> parts = {MakeType(v1::S64, {2, 3}), MakeType(v1::S64, {2, 1}),
@@ -432,7 +453,8 @@ TEST(KernelSource, LayoutOpsMatchTheCpuBackend) {
     ASSERT_TRUE(l.ok()) << l.status();
     std::vector<const v1::TensorType*> ptypes;
     for (auto& p : parts) ptypes.push_back(&p);
-    CheckKernel(m, *l, parts, n.type(), [&](auto ins, void* out) { cpu::Concatenate(ptypes, ins, 1, n.type(), out); });
+    CheckKernel(m, *l, parts, n.type(),
+                [&](auto ins, void* out) { cpu::Concatenate(ptypes, ins, 1, n.type(), out); });
   }
   {
     // Negative low padding crops; interior padding spreads.
@@ -445,14 +467,15 @@ TEST(KernelSource, LayoutOpsMatchTheCpuBackend) {
     ModuleSource m;
     auto l = m.AddLayout(n, {small, MakeType(v1::U8, {})});
     ASSERT_TRUE(l.ok()) << l.status();
-    CheckKernel(m, *l, {small, MakeType(v1::U8, {})}, n.type(),
-                [&](auto ins, void* out) { cpu::Pad(small, ins[0], ins[1], n.pad(), n.type(), out); });
+    CheckKernel(m, *l, {small, MakeType(v1::U8, {})}, n.type(), [&](auto ins, void* out) {
+      cpu::Pad(small, ins[0], ins[1], n.pad(), n.type(), out);
+    });
   }
 }
 
 // Runs every pass of a reduction plan on the host.
-std::vector<char> RunReduce(const ModuleSource& module, const ReducePlan& plan, const std::vector<char>& in,
-                            int64_t out_bytes) {
+std::vector<char> RunReduce(const ModuleSource& module, const ReducePlan& plan,
+                            const std::vector<char>& in, int64_t out_bytes) {
   auto host = Build(module);
   std::vector<char> out(out_bytes);
   std::vector<std::vector<char>> partials;
@@ -474,13 +497,13 @@ TEST(KernelSource, ReductionsMatchTheCpuBackend) {
     int passes_at_least;
   };
   const std::vector<Case> cases = {
-      {v1::S32, {3, 70000}, {1}, v1::SUM, 2},        // rows, chunked: integer sums wrap exactly
-      {v1::S64, {5000, 7}, {0}, v1::PROD, 2},        // columns
+      {v1::S32, {3, 70000}, {1}, v1::SUM, 2},          // rows, chunked: integer sums wrap exactly
+      {v1::S64, {5000, 7}, {0}, v1::PROD, 2},          // columns
       {v1::U8, {4, 6, 5}, {0, 2}, v1::REDUCE_MAX, 1},  // scattered dimensions
       {v1::S32, {6, 4, 5}, {1}, v1::REDUCE_MIN, 1},
       {v1::F32, {1 << 20}, {0}, v1::REDUCE_MAX, 3},  // everything to one value, NaN included
       {v1::BF16, {8, 300}, {1}, v1::REDUCE_MIN, 1},
-      {v1::F64, {7, 0}, {1}, v1::SUM, 1},            // empty: the identity
+      {v1::F64, {7, 0}, {1}, v1::SUM, 1},  // empty: the identity
   };
   for (const Case& c : cases) {
     v1::TensorType in;
@@ -489,7 +512,8 @@ TEST(KernelSource, ReductionsMatchTheCpuBackend) {
     v1::TensorType out;
     out.set_dtype(c.dt);
     for (size_t d = 0; d < c.dims.size(); ++d) {
-      if (std::find(c.reduce.begin(), c.reduce.end(), int64_t(d)) == c.reduce.end()) out.add_dims(c.dims[d]);
+      if (std::find(c.reduce.begin(), c.reduce.end(), int64_t(d)) == c.reduce.end())
+        out.add_dims(c.dims[d]);
     }
     v1::Node n = MakeNode("r", v1::REDUCE, out, {"a"});
     n.mutable_reduce()->set_kind(c.kind);
@@ -540,8 +564,8 @@ TEST(KernelSource, FloatSumsArePairwiseWhateverTheNumberOfOutputs) {
     std::vector<int64_t> dims;
     int64_t reduce;
   };
-  for (const Case& c : std::vector<Case>{{{1 << 20}, 0}, {{300, 5000}, 1}, {{5000, 300}, 0}, {{66000, 64}, 1},
-                                         {{3, 100}, 1}}) {
+  for (const Case& c : std::vector<Case>{
+           {{1 << 20}, 0}, {{300, 5000}, 1}, {{5000, 300}, 0}, {{66000, 64}, 1}, {{3, 100}, 1}}) {
     v1::TensorType in, out;
     in.set_dtype(v1::F32);
     out.set_dtype(v1::F32);
@@ -566,15 +590,16 @@ TEST(KernelSource, FloatSumsArePairwiseWhateverTheNumberOfOutputs) {
     std::vector<char> got = RunReduce(m, *plan, data, outs * 4);
     std::vector<float> cpu(outs);
     cpu::Reduce(in, x.data(), r.reduce(), out, cpu.data());
-    const int64_t extent = c.dims[c.reduce], stride = c.reduce == 0 ? outs : 1, step = c.reduce == 0 ? 1 : extent;
+    const int64_t extent = c.dims[c.reduce], stride = c.reduce == 0 ? outs : 1,
+                  step = c.reduce == 0 ? 1 : extent;
     for (int64_t o = 0; o < outs; ++o) {
       double ref = 0;
       for (int64_t e = 0; e < extent; ++e) ref += x[o * step + e * stride];
       float g;
       std::memcpy(&g, got.data() + o * 4, 4);
       const double ulp = std::nextafter(float(ref), INFINITY) - float(ref);
-      ASSERT_LE(std::fabs(g - ref), 2 * std::fabs(cpu[o] - ref) + 2 * ulp) << "output " << o << ": " << g << " vs "
-                                                                              << ref << " (cpu " << cpu[o] << ")";
+      ASSERT_LE(std::fabs(g - ref), 2 * std::fabs(cpu[o] - ref) + 2 * ulp)
+          << "output " << o << ": " << g << " vs " << ref << " (cpu " << cpu[o] << ")";
     }
   }
 }
@@ -589,8 +614,9 @@ TEST(KernelSource, ArgReductionsMatchTheCpuBackend) {
       auto l = m.AddArgReduce(n, in);
       ASSERT_TRUE(l.ok()) << l.status();
       SCOPED_TRACE(absl::StrCat(OpName(op), " ", DTypeName(dt)));
-      CheckKernel(m, *l, {in}, n.type(),
-                  [&](auto ins, void* out) { cpu::ArgReduce(op == v1::ARGMAX, in, ins[0], n.arg_reduce(), n.type(), out); });
+      CheckKernel(m, *l, {in}, n.type(), [&](auto ins, void* out) {
+        cpu::ArgReduce(op == v1::ARGMAX, in, ins[0], n.arg_reduce(), n.type(), out);
+      });
     }
   }
 }
@@ -598,7 +624,8 @@ TEST(KernelSource, ArgReductionsMatchTheCpuBackend) {
 TEST(KernelSource, SortMatchesTheCpuBackend) {
   // Keys with NaNs, infinities and ties (small s32 values, pred); the moved
   // operand of another dtype, so a wrong order or an unstable tie shows.
-  for (v1::DType dt : {v1::F32, v1::F64, v1::BF16, v1::F16, v1::S32, v1::S64, v1::U8, v1::PRED, v1::S8, v1::U64}) {
+  for (v1::DType dt :
+       {v1::F32, v1::F64, v1::BF16, v1::F16, v1::S32, v1::S64, v1::U8, v1::PRED, v1::S8, v1::U64}) {
     for (bool descending : {false, true}) {
       for (int64_t dim : {0, 1}) {
         const v1::TensorType keys = MakeType(dt, {9, 14});
@@ -610,9 +637,11 @@ TEST(KernelSource, SortMatchesTheCpuBackend) {
         ModuleSource m;
         auto l = m.AddSort(n, keys, moved);
         ASSERT_TRUE(l.ok()) << l.status();
-        SCOPED_TRACE(absl::StrCat("sort ", DTypeName(dt), descending ? " descending" : "", " along ", dim));
-        CheckKernel(m, *l, {keys, moved}, moved,
-                    [&](auto ins, void* out) { cpu::Sort(keys, ins[0], moved, ins[1], n.sort(), out); });
+        SCOPED_TRACE(
+            absl::StrCat("sort ", DTypeName(dt), descending ? " descending" : "", " along ", dim));
+        CheckKernel(m, *l, {keys, moved}, moved, [&](auto ins, void* out) {
+          cpu::Sort(keys, ins[0], moved, ins[1], n.sort(), out);
+        });
       }
     }
   }
@@ -631,20 +660,26 @@ TEST(KernelSource, GatherAndScatterMatchTheCpuBackend) {
   for (const Case c : {Case{v1::S32, 5}, Case{v1::U8, 200}, Case{v1::U64, 5}, Case{v1::S16, 5}}) {
     for (v1::DType dt : {v1::F32, v1::F64, v1::BF16, v1::F16, v1::S32, v1::S64, v1::U8, v1::PRED}) {
       for (int64_t axis : {0, 1}) {
-        const v1::TensorType x = axis == 0 ? MakeType(dt, {c.extent, 3, 2}) : MakeType(dt, {3, c.extent, 2});
+        const v1::TensorType x =
+            axis == 0 ? MakeType(dt, {c.extent, 3, 2}) : MakeType(dt, {3, c.extent, 2});
         const v1::TensorType idx = MakeType(c.index, {6, 7});
-        const v1::TensorType picked = axis == 0 ? MakeType(dt, {6, 7, 3, 2}) : MakeType(dt, {3, 6, 7, 2});
-        const std::string what = absl::StrCat(DTypeName(dt), " along ", axis, " by ", DTypeName(c.index));
+        const v1::TensorType picked =
+            axis == 0 ? MakeType(dt, {6, 7, 3, 2}) : MakeType(dt, {3, 6, 7, 2});
+        const std::string what =
+            absl::StrCat(DTypeName(dt), " along ", axis, " by ", DTypeName(c.index));
         {
           v1::Node n = MakeNode("g", v1::GATHER, picked, {"x", "i"});
           n.mutable_gather()->set_axis(axis);
           auto l = batch.module().AddGather(n, x, idx);
           ASSERT_TRUE(l.ok()) << l.status();
-          batch.Add(*l, {x, idx}, picked, [=](auto ins, void* out) { cpu::Gather(x, ins[0], idx, ins[1], axis, out); },
-                    "gather " + what);
+          batch.Add(
+              *l, {x, idx}, picked,
+              [=](auto ins, void* out) { cpu::Gather(x, ins[0], idx, ins[1], axis, out); },
+              "gather " + what);
           ++expected;
         }
-        for (v1::ReduceKind k : {v1::REDUCE_INVALID, v1::SUM, v1::PROD, v1::REDUCE_MAX, v1::REDUCE_MIN}) {
+        for (v1::ReduceKind k :
+             {v1::REDUCE_INVALID, v1::SUM, v1::PROD, v1::REDUCE_MAX, v1::REDUCE_MIN}) {
           if (dt == v1::PRED && (k == v1::SUM || k == v1::PROD)) continue;
           v1::Node n = MakeNode("s", v1::SCATTER, x, {"x", "i", "u"});
           n.mutable_scatter()->set_axis(axis);
@@ -652,9 +687,12 @@ TEST(KernelSource, GatherAndScatterMatchTheCpuBackend) {
           auto l = batch.module().AddScatter(n, x, idx);
           ASSERT_TRUE(l.ok()) << l.status();
           const v1::ScatterAttrs attrs = n.scatter();
-          batch.Add(*l, {x, idx, picked}, x,
-                    [=](auto ins, void* out) { cpu::Scatter(x, ins[0], idx, ins[1], ins[2], attrs, out); },
-                    absl::StrCat("scatter ", v1::ReduceKind_Name(k), " ", what));
+          batch.Add(
+              *l, {x, idx, picked}, x,
+              [=](auto ins, void* out) {
+                cpu::Scatter(x, ins[0], idx, ins[1], ins[2], attrs, out);
+              },
+              absl::StrCat("scatter ", v1::ReduceKind_Name(k), " ", what));
           ++expected;
         }
       }
@@ -671,13 +709,17 @@ TEST(KernelSource, ShardSliceAndSwapMajorMoveTheRightBlocks) {
     ModuleSource m;
     auto l = m.AddShardSlice(n, in, 4);
     ASSERT_TRUE(l.ok()) << l.status();
-    CheckKernel(m, *l, {in}, n.type(), [&](auto ins, void* out) {
-      auto* src = static_cast<const int32_t*>(ins[0]);
-      auto* dst = static_cast<int32_t*>(out);
-      for (int o = 0; o < 3; ++o)
-        for (int j = 0; j < 2; ++j)
-          for (int k = 0; k < 2; ++k) dst[(o * 2 + j) * 2 + k] = src[(o * 8 + block * 2 + j) * 2 + k];
-    }, block);
+    CheckKernel(
+        m, *l, {in}, n.type(),
+        [&](auto ins, void* out) {
+          auto* src = static_cast<const int32_t*>(ins[0]);
+          auto* dst = static_cast<int32_t*>(out);
+          for (int o = 0; o < 3; ++o)
+            for (int j = 0; j < 2; ++j)
+              for (int k = 0; k < 2; ++k)
+                dst[(o * 2 + j) * 2 + k] = src[(o * 8 + block * 2 + j) * 2 + k];
+        },
+        block);
   }
   for (bool to_rank_major : {true, false}) {
     const int64_t outer = 3, k = 4, piece = 5;
@@ -691,7 +733,10 @@ TEST(KernelSource, ShardSliceAndSwapMajorMoveTheRightBlocks) {
         for (int64_t r = 0; r < k; ++r)
           for (int64_t j = 0; j < piece; ++j) {
             const int64_t a = (o * k + r) * piece + j, b = (r * outer + o) * piece + j;
-            if (to_rank_major) dst[b] = src[a]; else dst[a] = src[b];
+            if (to_rank_major)
+              dst[b] = src[a];
+            else
+              dst[a] = src[b];
           }
     });
   }
@@ -700,7 +745,8 @@ TEST(KernelSource, ShardSliceAndSwapMajorMoveTheRightBlocks) {
 TEST(KernelSource, IntegerGemmWrapsLikeTheCpuBackend) {
   for (v1::DType dt : {v1::S32, v1::S64, v1::U8, v1::S8, v1::U16, v1::U32, v1::U64}) {
     const int64_t b = 2, m = 5, k = 7, n = 3;
-    const v1::TensorType lt = MakeType(dt, {b, m, k}), rt = MakeType(dt, {b, k, n}), ot = MakeType(dt, {b, m, n});
+    const v1::TensorType lt = MakeType(dt, {b, m, k}), rt = MakeType(dt, {b, k, n}),
+                         ot = MakeType(dt, {b, m, n});
     v1::DotGeneralAttrs a;
     a.add_lhs_batch(0);
     a.add_rhs_batch(0);
@@ -709,7 +755,8 @@ TEST(KernelSource, IntegerGemmWrapsLikeTheCpuBackend) {
     ModuleSource m_src;
     KernelLaunch l = m_src.AddGemm(dt, b, m, n, k);
     SCOPED_TRACE(DTypeName(dt));
-    CheckKernel(m_src, l, {lt, rt}, ot, [&](auto ins, void* out) { cpu::DotGeneral(lt, ins[0], rt, ins[1], a, ot, out); });
+    CheckKernel(m_src, l, {lt, rt}, ot,
+                [&](auto ins, void* out) { cpu::DotGeneral(lt, ins[0], rt, ins[1], a, ot, out); });
   }
 }
 

@@ -34,13 +34,18 @@ const char* KindName(NcclCall::Kind k) {
   return "?";
 }
 
-bool Reduces(NcclCall::Kind k) { return k == NcclCall::Kind::kAllReduce || k == NcclCall::Kind::kReduceScatter; }
+bool Reduces(NcclCall::Kind k) {
+  return k == NcclCall::Kind::kAllReduce || k == NcclCall::Kind::kReduceScatter;
+}
 
 // How a header reads in an error: "all_reduce (sum) of 1024 f32".
 std::string Describe(const int64_t* h) {
   const auto kind = NcclCall::Kind(h[0]);
-  return StrCat(KindName(kind), Reduces(kind) ? StrCat(" (", worker::ReduceOpName(worker::ReduceOp(h[3])), ")") : "", " of ", h[1],
-                " ", DTypeName(v1::DType(h[2])), kind == NcclCall::Kind::kPermute ? StrCat(", pairs #", h[4]) : "");
+  return StrCat(
+      KindName(kind),
+      Reduces(kind) ? StrCat(" (", worker::ReduceOpName(worker::ReduceOp(h[3])), ")") : "", " of ",
+      h[1], " ", DTypeName(v1::DType(h[2])),
+      kind == NcclCall::Kind::kPermute ? StrCat(", pairs #", h[4]) : "");
 }
 
 uint64_t PairsDigest(const std::vector<std::pair<int, int>>& pairs) {
@@ -54,7 +59,8 @@ uint64_t PairsDigest(const std::vector<std::pair<int, int>>& pairs) {
 }
 
 ncclRedOp_t NcclOp(worker::ReduceOp op, v1::DType dt) {
-  if (dt == v1::PRED) return op == worker::ReduceOp::kSum || op == worker::ReduceOp::kMax ? ncclMax : ncclMin;
+  if (dt == v1::PRED)
+    return op == worker::ReduceOp::kSum || op == worker::ReduceOp::kMax ? ncclMax : ncclMin;
   switch (op) {
     case worker::ReduceOp::kSum: return ncclSum;
     case worker::ReduceOp::kProd: return ncclProd;
@@ -66,7 +72,8 @@ ncclRedOp_t NcclOp(worker::ReduceOp op, v1::DType dt) {
 
 }  // namespace
 
-absl::StatusOr<std::pair<ncclDataType_t, int64_t>> NcclType(v1::DType dt, bool reduce, int64_t count) {
+absl::StatusOr<std::pair<ncclDataType_t, int64_t>> NcclType(v1::DType dt, bool reduce,
+                                                            int64_t count) {
   switch (dt) {
     case v1::F32: return std::pair{ncclFloat32, count};
     case v1::F64: return std::pair{ncclFloat64, count};
@@ -78,12 +85,14 @@ absl::StatusOr<std::pair<ncclDataType_t, int64_t>> NcclType(v1::DType dt, bool r
     case v1::U64: return std::pair{ncclUint64, count};
     case v1::S8: return std::pair{ncclInt8, count};
     case v1::U8:
-    case v1::PRED: return std::pair{ncclUint8, count};  // PRED: 0 or 1, reduced as max (or) or min (and)
+    case v1::PRED:
+      return std::pair{ncclUint8, count};  // PRED: 0 or 1, reduced as max (or) or min (and)
     case v1::S16:
     case v1::U16:
       if (reduce) {
-        return absl::UnimplementedError(StrCat("NCCL has no 16-bit integer type: a reduction of ", DTypeName(dt),
-                                               " does not run on cuda devices; convert to s32 first"));
+        return absl::UnimplementedError(
+            StrCat("NCCL has no 16-bit integer type: a reduction of ", DTypeName(dt),
+                   " does not run on cuda devices; convert to s32 first"));
       }
       return std::pair{ncclUint8, count * 2};  // moved as bytes
     default: return absl::InvalidArgumentError(StrCat("NCCL: unsupported dtype ", DTypeName(dt)));
@@ -120,10 +129,12 @@ struct NcclGroups::State {
 
   absl::Status NcclStatus(ncclResult_t r, absl::string_view what) const {
     if (r == ncclSuccess) return absl::OkStatus();
-    const absl::StatusCode code = r == ncclInvalidArgument || r == ncclInvalidUsage ? absl::StatusCode::kInvalidArgument
-                                  : r == ncclSystemError || r == ncclRemoteError    ? absl::StatusCode::kUnavailable
-                                                                                    : absl::StatusCode::kInternal;
-    return absl::Status(code, StrCat(what, ": NCCL error ", int(r), " (", options.api.error_string(r), ")"));
+    const absl::StatusCode code =
+        r == ncclInvalidArgument || r == ncclInvalidUsage ? absl::StatusCode::kInvalidArgument
+        : r == ncclSystemError || r == ncclRemoteError    ? absl::StatusCode::kUnavailable
+                                                          : absl::StatusCode::kInternal;
+    return absl::Status(
+        code, StrCat(what, ": NCCL error ", int(r), " (", options.api.error_string(r), ")"));
   }
   absl::Status CudaError(cudaError_t e, absl::string_view what) const {
     if (e == cudaSuccess) return absl::OkStatus();
@@ -150,7 +161,9 @@ struct NcclGroups::State {
     while (!stop) {
       if (in_flight.empty()) {
         mu.Await(absl::Condition(
-            +[](State* s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->stop || !s->in_flight.empty(); }, this));
+            +[](State* s)
+                 ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->stop || !s->in_flight.empty(); },
+            this));
         continue;
       }
       const absl::Time now = absl::Now();
@@ -161,7 +174,8 @@ struct NcclGroups::State {
           f.done = true;
           continue;
         }
-        if (f.deadline == absl::InfiniteFuture() && options.api.event_query(f.started) == cudaSuccess) {
+        if (f.deadline == absl::InfiniteFuture() &&
+            options.api.event_query(f.started) == cudaSuccess) {
           f.deadline = now + options.timeout;
         }
         ncclResult_t async = ncclSuccess;
@@ -172,7 +186,8 @@ struct NcclGroups::State {
         } else if (now > f.deadline) {
           Break(*f.group, absl::DeadlineExceededError(StrCat(
                               f.what, ": not finished ", absl::FormatDuration(options.timeout),
-                              " after it started on the GPU: a peer stalled or went away mid-exchange; the group's "
+                              " after it started on the GPU: a peer stalled or went away "
+                              "mid-exchange; the group's "
                               "communicators on this worker were aborted")));
         }
       }
@@ -200,7 +215,8 @@ NcclGroups::~NcclGroups() {
         // A call still in flight cannot finish cleanly: abort, else destroy.
         const bool busy = std::any_of(state_->in_flight.begin(), state_->in_flight.end(),
                                       [&](const auto& f) { return f->group == g && !f->done; });
-        (void)(busy ? state_->options.api.comm_abort(comm) : state_->options.api.comm_destroy(comm));
+        (void)(busy ? state_->options.api.comm_abort(comm)
+                    : state_->options.api.comm_destroy(comm));
       }
       g->comms.clear();
     }
@@ -213,47 +229,58 @@ int NcclGroups::num_groups() const {
   return int(state_->groups.size());
 }
 
-absl::StatusOr<NcclGroups::Check> NcclGroups::Run(const worker::ResolvedGroup& g, const worker::CollectiveId& id,
+absl::StatusOr<NcclGroups::Check> NcclGroups::Run(const worker::ResolvedGroup& g,
+                                                  const worker::CollectiveId& id,
                                                   const NcclCall& call, const NcclDevice& dev,
                                                   gloo::rendezvous::Store* store) {
   State& s = *state_;
   const NcclApi& api = s.options.api;
-  const std::string what = StrCat("NCCL ", KindName(call.kind), " (", id.ToString(), ") on rank ", g.rank, " of ",
-                                  g.size, " in group ", g.spec.key);
+  const std::string what = StrCat("NCCL ", KindName(call.kind), " (", id.ToString(), ") on rank ",
+                                  g.rank, " of ", g.size, " in group ", g.spec.key);
   if (g.size < 1 || (g.comm == nullptr) != (g.size == 1)) {
     return absl::InternalError(StrCat(what, ": a group of several needs its host communicator"));
   }
   const bool reduces = Reduces(call.kind);
   TESSEL_ASSIGN_OR_RETURN(auto type, NcclType(call.dtype, reduces, call.count));
   // 1. Identity and agreement, through the host communicator.
-  int64_t header[kHeaderWords] = {int64_t(call.kind), call.count, int64_t(call.dtype), int64_t(call.op),
-                                  int64_t(PairsDigest(call.pairs)), 0, 0, dev.ordinal};
+  int64_t header[kHeaderWords] = {int64_t(call.kind),
+                                  call.count,
+                                  int64_t(call.dtype),
+                                  int64_t(call.op),
+                                  int64_t(PairsDigest(call.pairs)),
+                                  0,
+                                  0,
+                                  dev.ordinal};
   std::memcpy(&header[5], dev.uuid.data(), 16);
   std::vector<int64_t> all(size_t(kHeaderWords) * g.size);
   if (g.comm == nullptr) {
     std::copy(header, header + kHeaderWords, all.begin());
   } else {
-    TESSEL_RETURN_IF_ERROR(Annotate(g.comm->AllGather(g.rank, id, header, all.data(), kHeaderWords, v1::S64),
-                                    StrCat(what, ": agreeing on the call: ")));
+    TESSEL_RETURN_IF_ERROR(
+        Annotate(g.comm->AllGather(g.rank, id, header, all.data(), kHeaderWords, v1::S64),
+                 StrCat(what, ": agreeing on the call: ")));
   }
   const auto device_of = [&](int r) {
-    return r < int(g.spec.rank_devices.size()) ? StrCat("device ", g.spec.rank_devices[r]) : StrCat("rank ", r);
+    return r < int(g.spec.rank_devices.size()) ? StrCat("device ", g.spec.rank_devices[r])
+                                               : StrCat("rank ", r);
   };
   for (int r = 1; r < g.size; ++r) {
     const int64_t* h = &all[size_t(r) * kHeaderWords];
     if (!std::equal(h, h + 5, all.begin())) {
-      return absl::InvalidArgumentError(StrCat(what, ": the ranks disagree on the call: ", device_of(0), " calls ",
-                                               Describe(all.data()), ", ", device_of(r), " calls ", Describe(h),
-                                               "; nothing was queued"));
+      return absl::InvalidArgumentError(StrCat(
+          what, ": the ranks disagree on the call: ", device_of(0), " calls ", Describe(all.data()),
+          ", ", device_of(r), " calls ", Describe(h), "; nothing was queued"));
     }
   }
   for (int r = 0; r < g.size; ++r) {
     for (int q = r + 1; q < g.size; ++q) {
-      if (std::memcmp(&all[size_t(r) * kHeaderWords + 5], &all[size_t(q) * kHeaderWords + 5], 16) == 0) {
-        return absl::FailedPreconditionError(StrCat(
-            what, ": ", device_of(r), " and ", device_of(q), " are the same GPU (CUDA ordinal ",
-            all[size_t(r) * kHeaderWords + 7], " of their workers); NCCL needs one GPU per rank: give each worker "
-            "its own GPUs"));
+      if (std::memcmp(&all[size_t(r) * kHeaderWords + 5], &all[size_t(q) * kHeaderWords + 5], 16) ==
+          0) {
+        return absl::FailedPreconditionError(
+            StrCat(what, ": ", device_of(r), " and ", device_of(q),
+                   " are the same GPU (CUDA ordinal ", all[size_t(r) * kHeaderWords + 7],
+                   " of their workers); NCCL needs one GPU per rank: give each worker "
+                   "its own GPUs"));
       }
     }
   }
@@ -274,7 +301,8 @@ absl::StatusOr<NcclGroups::Check> NcclGroups::Run(const worker::ResolvedGroup& g
         if (other != slot && other->devices == slot->devices) stale.push_back(k);
       }
       for (const std::string& k : stale) {
-        s.Break(*s.groups[k], absl::AbortedError(StrCat("NCCL group ", k, " was superseded by ", g.spec.key)));
+        s.Break(*s.groups[k],
+                absl::AbortedError(StrCat("NCCL group ", k, " was superseded by ", g.spec.key)));
         s.groups.erase(k);
       }
     }
@@ -284,30 +312,33 @@ absl::StatusOr<NcclGroups::Check> NcclGroups::Run(const worker::ResolvedGroup& g
   }
   if (comm == nullptr) {
     if (store == nullptr) {
-      return absl::FailedPreconditionError(StrCat(what, ": no rendezvous store to publish the NCCL unique id in"));
+      return absl::FailedPreconditionError(
+          StrCat(what, ": no rendezvous store to publish the NCCL unique id in"));
     }
     const std::string key = g.spec.key + "/nccl-unique-id";
     ncclUniqueId uid;
     try {
       if (g.rank == 0) {
-        TESSEL_RETURN_IF_ERROR(s.NcclStatus(api.get_unique_id(&uid), StrCat(what, ": ncclGetUniqueId")));
+        TESSEL_RETURN_IF_ERROR(
+            s.NcclStatus(api.get_unique_id(&uid), StrCat(what, ": ncclGetUniqueId")));
         store->set(key, std::vector<char>(uid.internal, uid.internal + sizeof(uid.internal)));
       } else {
         store->wait({key}, std::chrono::milliseconds(absl::ToInt64Milliseconds(s.options.timeout)));
         const std::vector<char> bytes = store->get(key);
         if (bytes.size() != sizeof(uid.internal)) {
-          return absl::InternalError(StrCat(what, ": the unique id under ", key, " has ", bytes.size(),
-                                            " bytes; expected ", sizeof(uid.internal)));
+          return absl::InternalError(StrCat(what, ": the unique id under ", key, " has ",
+                                            bytes.size(), " bytes; expected ",
+                                            sizeof(uid.internal)));
         }
         std::memcpy(uid.internal, bytes.data(), bytes.size());
       }
     } catch (const std::exception& e) {
-      return absl::DeadlineExceededError(StrCat(what, ": reading the NCCL unique id ", key, " from the store: ",
-                                                e.what()));
+      return absl::DeadlineExceededError(
+          StrCat(what, ": reading the NCCL unique id ", key, " from the store: ", e.what()));
     }
     TESSEL_RETURN_IF_ERROR(s.CudaError(api.set_device(dev.ordinal), "cudaSetDevice"));
-    TESSEL_RETURN_IF_ERROR(
-        s.NcclStatus(api.comm_init_rank(&comm, g.size, uid, g.rank), StrCat(what, ": ncclCommInitRank")));
+    TESSEL_RETURN_IF_ERROR(s.NcclStatus(api.comm_init_rank(&comm, g.size, uid, g.rank),
+                                        StrCat(what, ": ncclCommInitRank")));
     absl::MutexLock l(&s.mu);
     if (!group->broken.ok()) {
       (void)api.comm_abort(comm);
@@ -320,8 +351,11 @@ absl::StatusOr<NcclGroups::Check> NcclGroups::Run(const worker::ResolvedGroup& g
   f->group = group;
   f->rank = g.rank;
   f->what = what;
-  TESSEL_RETURN_IF_ERROR(s.CudaError(api.event_create(&f->started, cudaEventDisableTiming), "cudaEventCreate"));
-  if (auto st = s.CudaError(api.event_create(&f->finished, cudaEventDisableTiming), "cudaEventCreate"); !st.ok()) {
+  TESSEL_RETURN_IF_ERROR(
+      s.CudaError(api.event_create(&f->started, cudaEventDisableTiming), "cudaEventCreate"));
+  if (auto st =
+          s.CudaError(api.event_create(&f->finished, cudaEventDisableTiming), "cudaEventCreate");
+      !st.ok()) {
     (void)api.event_destroy(f->started);
     return st;
   }
@@ -336,11 +370,15 @@ absl::StatusOr<NcclGroups::Check> NcclGroups::Run(const worker::ResolvedGroup& g
   if (queued.ok()) {
     switch (call.kind) {
       case NcclCall::Kind::kAllReduce:
-        check(api.all_reduce(in, out, n, nt, NcclOp(call.op, call.dtype), comm, dev.stream), "ncclAllReduce");
+        check(api.all_reduce(in, out, n, nt, NcclOp(call.op, call.dtype), comm, dev.stream),
+              "ncclAllReduce");
         break;
-      case NcclCall::Kind::kAllGather: check(api.all_gather(in, out, n, nt, comm, dev.stream), "ncclAllGather"); break;
+      case NcclCall::Kind::kAllGather:
+        check(api.all_gather(in, out, n, nt, comm, dev.stream), "ncclAllGather");
+        break;
       case NcclCall::Kind::kReduceScatter:
-        check(api.reduce_scatter(in, out, n, nt, NcclOp(call.op, call.dtype), comm, dev.stream), "ncclReduceScatter");
+        check(api.reduce_scatter(in, out, n, nt, NcclOp(call.op, call.dtype), comm, dev.stream),
+              "ncclReduceScatter");
         break;
       case NcclCall::Kind::kAllToAll: {
         const int64_t block = call.count * esize;
@@ -356,14 +394,15 @@ absl::StatusOr<NcclGroups::Check> NcclGroups::Run(const worker::ResolvedGroup& g
         bool targeted = false;
         for (const auto& [src, dst] : call.pairs) targeted |= dst == g.rank;
         if (!targeted) {
-          queued = s.CudaError(api.memset_async(out, 0, size_t(call.count * esize), dev.stream), "cudaMemsetAsync");
+          queued = s.CudaError(api.memset_async(out, 0, size_t(call.count * esize), dev.stream),
+                               "cudaMemsetAsync");
         }
         check(api.group_start(), "ncclGroupStart");
         for (const auto& [src, dst] : call.pairs) {
           if (!queued.ok()) break;
           if (src == g.rank && dst == g.rank) {
-            queued = s.CudaError(api.memcpy_async(out, in, size_t(call.count * esize), cudaMemcpyDeviceToDevice,
-                                                  dev.stream),
+            queued = s.CudaError(api.memcpy_async(out, in, size_t(call.count * esize),
+                                                  cudaMemcpyDeviceToDevice, dev.stream),
                                  "cudaMemcpyAsync");
           } else if (src == g.rank) {
             check(api.send(in, n, nt, dst, comm, dev.stream), "ncclSend");
@@ -376,9 +415,11 @@ absl::StatusOr<NcclGroups::Check> NcclGroups::Run(const worker::ResolvedGroup& g
       }
     }
   }
-  if (queued.ok()) queued = s.CudaError(api.event_record(f->finished, dev.stream), "cudaEventRecord");
+  if (queued.ok())
+    queued = s.CudaError(api.event_record(f->finished, dev.stream), "cudaEventRecord");
   absl::MutexLock l(&s.mu);
-  if (queued.ok() && !group->broken.ok()) queued = group->broken;  // broken while this call was queued
+  if (queued.ok() && !group->broken.ok())
+    queued = group->broken;  // broken while this call was queued
   if (!queued.ok()) {
     // Peers may already wait in this call: the group cannot go on.
     s.Break(*group, queued);
@@ -393,7 +434,8 @@ absl::StatusOr<NcclGroups::Check> NcclGroups::Run(const worker::ResolvedGroup& g
     if (!f->done && state->options.api.event_query(f->finished) == cudaSuccess) f->done = true;
     const absl::Duration wait = state->options.timeout + absl::Seconds(1);
     if (!state->mu.AwaitWithTimeout(absl::Condition(&f->done), wait)) {
-      return absl::DeadlineExceededError(StrCat(f->what, ": no verdict within ", absl::FormatDuration(wait)));
+      return absl::DeadlineExceededError(
+          StrCat(f->what, ": no verdict within ", absl::FormatDuration(wait)));
     }
     return f->status;
   });

@@ -73,17 +73,20 @@ struct NcclApi {
   ncclResult_t (*comm_get_async_error)(ncclComm_t, ncclResult_t*) = ncclCommGetAsyncError;
   ncclResult_t (*all_reduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
                              cudaStream_t) = ncclAllReduce;
-  ncclResult_t (*all_gather)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t) = ncclAllGather;
-  ncclResult_t (*reduce_scatter)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
-                                 cudaStream_t) = ncclReduceScatter;
-  ncclResult_t (*send)(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) = ncclSend;
+  ncclResult_t (*all_gather)(const void*, void*, size_t, ncclDataType_t, ncclComm_t,
+                             cudaStream_t) = ncclAllGather;
+  ncclResult_t (*reduce_scatter)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
+                                 ncclComm_t, cudaStream_t) = ncclReduceScatter;
+  ncclResult_t (*send)(const void*, size_t, ncclDataType_t, int, ncclComm_t,
+                       cudaStream_t) = ncclSend;
   ncclResult_t (*recv)(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) = ncclRecv;
   ncclResult_t (*group_start)() = ncclGroupStart;
   ncclResult_t (*group_end)() = ncclGroupEnd;
   const char* (*error_string)(ncclResult_t) = ncclGetErrorString;
   cudaError_t (*set_device)(int) = cudaSetDevice;
   cudaError_t (*memset_async)(void*, int, size_t, cudaStream_t) = cudaMemsetAsync;
-  cudaError_t (*memcpy_async)(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t) = cudaMemcpyAsync;
+  cudaError_t (*memcpy_async)(void*, const void*, size_t, cudaMemcpyKind,
+                              cudaStream_t) = cudaMemcpyAsync;
   cudaError_t (*event_create)(cudaEvent_t*, unsigned int) = cudaEventCreateWithFlags;
   cudaError_t (*event_record)(cudaEvent_t, cudaStream_t) = cudaEventRecord;
   cudaError_t (*event_query)(cudaEvent_t) = cudaEventQuery;  // cudaSuccess once passed
@@ -113,7 +116,8 @@ struct NcclCall {
 // The NCCL type for `dtype` under `reduce` (PRED reduces as max or min:
 // or, and), or UNIMPLEMENTED naming the dtype (NCCL has no 16-bit
 // integers: they move as bytes but do not reduce).
-absl::StatusOr<std::pair<ncclDataType_t, int64_t>> NcclType(v1::DType dtype, bool reduce, int64_t count);
+absl::StatusOr<std::pair<ncclDataType_t, int64_t>> NcclType(v1::DType dtype, bool reduce,
+                                                            int64_t count);
 
 class NcclGroups {
  public:
@@ -140,8 +144,9 @@ class NcclGroups {
   // dev.stream. `store` may be null only for a group already joined. A
   // group of one (g.comm null), which programs never send here (they
   // copy), runs too: it lets one GPU check the NCCL calls end to end.
-  absl::StatusOr<Check> Run(const worker::ResolvedGroup& g, const worker::CollectiveId& id, const NcclCall& call,
-                            const NcclDevice& dev, gloo::rendezvous::Store* store);
+  absl::StatusOr<Check> Run(const worker::ResolvedGroup& g, const worker::CollectiveId& id,
+                            const NcclCall& call, const NcclDevice& dev,
+                            gloo::rendezvous::Store* store);
 
   int num_groups() const;
 

@@ -99,7 +99,8 @@ NcclApi FakeApi() {
     *r = F().async_error;
     return ncclSuccess;
   };
-  a.all_reduce = [](const void*, void*, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c, cudaStream_t) {
+  a.all_reduce = [](const void*, void*, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
+                    cudaStream_t) {
     Record(absl::StrCat("rank ", RankOf(c), ": all_reduce ", n, " type ", int(t), " op ", int(op)));
     return ncclSuccess;
   };
@@ -107,23 +108,27 @@ NcclApi FakeApi() {
     Record(absl::StrCat("rank ", RankOf(c), ": all_gather ", n, " type ", int(t)));
     return ncclSuccess;
   };
-  a.reduce_scatter = [](const void*, void*, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c, cudaStream_t) {
-    Record(absl::StrCat("rank ", RankOf(c), ": reduce_scatter ", n, " type ", int(t), " op ", int(op)));
+  a.reduce_scatter = [](const void*, void*, size_t n, ncclDataType_t t, ncclRedOp_t op,
+                        ncclComm_t c, cudaStream_t) {
+    Record(absl::StrCat("rank ", RankOf(c), ": reduce_scatter ", n, " type ", int(t), " op ",
+                        int(op)));
     return ncclSuccess;
   };
   a.send = [](const void* p, size_t n, ncclDataType_t, int peer, ncclComm_t c, cudaStream_t) {
-    Record(absl::StrCat("rank ", RankOf(c), ": send ", n, " from +", reinterpret_cast<intptr_t>(p) % 4096, " to ",
-                        peer));
+    Record(absl::StrCat("rank ", RankOf(c), ": send ", n, " from +",
+                        reinterpret_cast<intptr_t>(p) % 4096, " to ", peer));
     return ncclSuccess;
   };
   a.recv = [](void* p, size_t n, ncclDataType_t, int peer, ncclComm_t c, cudaStream_t) {
-    Record(absl::StrCat("rank ", RankOf(c), ": recv ", n, " into +", reinterpret_cast<intptr_t>(p) % 4096, " from ",
-                        peer));
+    Record(absl::StrCat("rank ", RankOf(c), ": recv ", n, " into +",
+                        reinterpret_cast<intptr_t>(p) % 4096, " from ", peer));
     return ncclSuccess;
   };
   a.group_start = [] { return ncclSuccess; };
   a.group_end = [] { return ncclSuccess; };
-  a.error_string = [](ncclResult_t r) { return r == ncclRemoteError ? "remote process exited" : "fake error"; };
+  a.error_string = [](ncclResult_t r) {
+    return r == ncclRemoteError ? "remote process exited" : "fake error";
+  };
   a.set_device = [](int) { return cudaSuccess; };
   a.memset_async = [](void* p, int, size_t n, cudaStream_t s) {
     Record(absl::StrCat("stream ", reinterpret_cast<intptr_t>(s), ": zero ", n));
@@ -193,7 +198,8 @@ class NcclGroupsTest : public ::testing::Test {
 
   // Each rank runs calls[rank] on its own thread; results by rank.
   std::vector<absl::StatusOr<NcclGroups::Check>> RunAll(NcclGroups& groups, const std::string& key,
-                                                        const std::vector<NcclCall>& calls, CollectiveId id,
+                                                        const std::vector<NcclCall>& calls,
+                                                        CollectiveId id,
                                                         std::vector<NcclDevice> devices = {}) {
     const int n = int(calls.size());
     if (devices.empty()) {
@@ -202,7 +208,8 @@ class NcclGroupsTest : public ::testing::Test {
     std::vector<absl::StatusOr<NcclGroups::Check>> out(n, absl::UnknownError("not run"));
     std::vector<std::thread> threads;
     for (int r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] { out[r] = groups.Run(Group(r, key), id, calls[r], devices[r], store_.get()); });
+      threads.emplace_back(
+          [&, r] { out[r] = groups.Run(Group(r, key), id, calls[r], devices[r], store_.get()); });
     }
     for (auto& t : threads) t.join();
     return out;
@@ -251,7 +258,8 @@ TEST_F(NcclGroupsTest, RanksOnTwoWorkersShareTheUniqueIdFromTheStoreAndQueueEach
   EXPECT_EQ(std::string(published.data()), "uid-1");
   std::vector<std::string> calls = F().Calls();
   std::sort(calls.begin(), calls.end());
-  EXPECT_EQ(calls, (std::vector<std::string>{"rank 0: all_reduce 256 type 7 op 0", "rank 1: all_reduce 256 type 7 op 0"}));
+  EXPECT_EQ(calls, (std::vector<std::string>{"rank 0: all_reduce 256 type 7 op 0",
+                                             "rank 1: all_reduce 256 type 7 op 0"}));
 
   // all_to_all: block r (16 f32 = 64 bytes) to and from rank r, grouped.
   F().Reset();
@@ -264,8 +272,11 @@ TEST_F(NcclGroupsTest, RanksOnTwoWorkersShareTheUniqueIdFromTheStoreAndQueueEach
   }
   for (int r = 0; r < 2; ++r) {
     for (int peer = 0; peer < 2; ++peer) {
-      EXPECT_TRUE(Has(calls, absl::StrCat("rank ", r, ": send 16 from +", peer * 64, " to ", peer))) << r << peer;
-      EXPECT_TRUE(Has(calls, absl::StrCat("rank ", r, ": recv 16 into +", peer * 64, " from ", peer))) << r << peer;
+      EXPECT_TRUE(Has(calls, absl::StrCat("rank ", r, ": send 16 from +", peer * 64, " to ", peer)))
+          << r << peer;
+      EXPECT_TRUE(
+          Has(calls, absl::StrCat("rank ", r, ": recv 16 into +", peer * 64, " from ", peer)))
+          << r << peer;
     }
   }
 
@@ -285,12 +296,14 @@ TEST_F(NcclGroupsTest, RanksOnTwoWorkersShareTheUniqueIdFromTheStoreAndQueueEach
 TEST_F(NcclGroupsTest, RanksThatDisagreeQueueNothingAndBothSayWhy) {
   MakeHosts({"a", "a"});
   NcclGroups groups(Options());
-  auto results = RunAll(groups, "devices:0,1@1.1",
-                        {Call(NcclCall::Kind::kAllReduce, 4), Call(NcclCall::Kind::kAllGather, 4)}, {9, 1, 0});
+  auto results =
+      RunAll(groups, "devices:0,1@1.1",
+             {Call(NcclCall::Kind::kAllReduce, 4), Call(NcclCall::Kind::kAllGather, 4)}, {9, 1, 0});
   for (auto& r : results) {
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
-    EXPECT_NE(r.status().message().find("device 0 calls all_reduce (sum) of 4 f32, device 1 calls all_gather of 4 f32"),
+    EXPECT_NE(r.status().message().find(
+                  "device 0 calls all_reduce (sum) of 4 f32, device 1 calls all_gather of 4 f32"),
               std::string::npos)
         << r.status();
   }
@@ -307,7 +320,9 @@ TEST_F(NcclGroupsTest, TwoRanksOnOneGpuAreRefusedBeforeNcclIsAsked) {
   for (auto& r : RunAll(groups, "devices:0,1@1.1", {c, c}, {9, 1, 0}, {same, same})) {
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
-    EXPECT_NE(r.status().message().find("device 0 and device 1 are the same GPU"), std::string::npos) << r.status();
+    EXPECT_NE(r.status().message().find("device 0 and device 1 are the same GPU"),
+              std::string::npos)
+        << r.status();
   }
   absl::MutexLock l(&F().mu);
   EXPECT_TRUE(F().init_ids.empty());
@@ -319,13 +334,18 @@ TEST_F(NcclGroupsTest, APeerThatAbandonsFailsTheCallBeforeAnythingIsQueued) {
   const std::string key = "devices:0,1@1.1";
   const CollectiveId id{11, 2, 0};
   absl::StatusOr<NcclGroups::Check> r0 = absl::UnknownError("not run");
-  std::thread t([&] { r0 = groups.Run(Group(0, key), id, Call(NcclCall::Kind::kAllReduce, 4), Device(0), store_.get()); });
-  const absl::Status abandoned = Group(1, key).comm->Abandon(1, id, absl::InternalError("kernel failed on purpose"));
+  std::thread t([&] {
+    r0 =
+        groups.Run(Group(0, key), id, Call(NcclCall::Kind::kAllReduce, 4), Device(0), store_.get());
+  });
+  const absl::Status abandoned =
+      Group(1, key).comm->Abandon(1, id, absl::InternalError("kernel failed on purpose"));
   EXPECT_EQ(abandoned.code(), absl::StatusCode::kAborted) << abandoned;  // the round it left
   t.join();
   ASSERT_FALSE(r0.ok());
   EXPECT_EQ(r0.status().code(), absl::StatusCode::kAborted) << r0.status();
-  EXPECT_NE(r0.status().message().find("kernel failed on purpose"), std::string::npos) << r0.status();
+  EXPECT_NE(r0.status().message().find("kernel failed on purpose"), std::string::npos)
+      << r0.status();
   EXPECT_TRUE(F().Calls().empty());
 }
 
@@ -342,7 +362,9 @@ TEST_F(NcclGroupsTest, ACallThatStallsOnTheGpuIsAbortedAndBreaksItsGroup) {
     ASSERT_TRUE(r.ok()) << r.status();  // queued: the stall shows on the GPU
     const absl::Status verdict = (*r)();
     EXPECT_EQ(verdict.code(), absl::StatusCode::kDeadlineExceeded) << verdict;
-    EXPECT_NE(verdict.message().find("not finished 200ms after it started on the GPU"), std::string::npos) << verdict;
+    EXPECT_NE(verdict.message().find("not finished 200ms after it started on the GPU"),
+              std::string::npos)
+        << verdict;
     EXPECT_TRUE(verdict.GetPayload(kGroupBrokenPayload).has_value());
   }
   {
@@ -371,8 +393,10 @@ TEST_F(NcclGroupsTest, AnAsynchronousNcclErrorFailsTheCallNamingTheRank) {
     // Each rank learns it when queueing (the group broke first) or from its verdict.
     const absl::Status verdict = r.ok() ? (*r)() : r.status();
     EXPECT_EQ(verdict.code(), absl::StatusCode::kUnavailable) << verdict;
-    EXPECT_NE(verdict.message().find("NCCL error 6 (remote process exited)"), std::string::npos) << verdict;
-    EXPECT_NE(verdict.message().find("of 2 in group devices:0,1@1.1"), std::string::npos) << verdict;
+    EXPECT_NE(verdict.message().find("NCCL error 6 (remote process exited)"), std::string::npos)
+        << verdict;
+    EXPECT_NE(verdict.message().find("of 2 in group devices:0,1@1.1"), std::string::npos)
+        << verdict;
   }
 }
 
@@ -380,13 +404,15 @@ TEST_F(NcclGroupsTest, AGroupOfANewEpochSupersedesTheOldOne) {
   MakeHosts({"a", "a"});
   NcclGroups groups(Options());
   const auto c = Call(NcclCall::Kind::kAllReduce, 4);
-  for (auto& r : RunAll(groups, "devices:0,1@1.1", {c, c}, {1, 0, 0})) ASSERT_TRUE(r.ok()) << r.status();
+  for (auto& r : RunAll(groups, "devices:0,1@1.1", {c, c}, {1, 0, 0}))
+    ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(groups.num_groups(), 1);
-  for (auto& r : RunAll(groups, "devices:0,1@1.2", {c, c}, {2, 0, 0})) ASSERT_TRUE(r.ok()) << r.status();
+  for (auto& r : RunAll(groups, "devices:0,1@1.2", {c, c}, {2, 0, 0}))
+    ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(groups.num_groups(), 1);
   absl::MutexLock l(&F().mu);
   EXPECT_EQ(F().aborted.size(), 2u);  // the old epoch's communicators
-  EXPECT_EQ(F().unique_ids, 2);      // the new epoch drew its own id
+  EXPECT_EQ(F().unique_ids, 2);       // the new epoch drew its own id
   EXPECT_EQ(F().init_ids[0], "uid-2 of 2");
 }
 

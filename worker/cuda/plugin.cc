@@ -24,7 +24,8 @@ std::shared_ptr<NcclGroups> SharedNccl(int64_t timeout_ms) {
   return *groups;
 }
 
-absl::StatusOr<std::unique_ptr<worker::Device>> CreateDevice(const PluginDeviceOptions& o, std::string* arch) {
+absl::StatusOr<std::unique_ptr<worker::Device>> CreateDevice(const PluginDeviceOptions& o,
+                                                             std::string* arch) {
   auto d = CudaDevice::Create({.local_index = o.local_index,
                                .ordinal = o.ordinal,
                                .memory_limit_bytes = o.memory_limit_bytes,
@@ -38,8 +39,10 @@ absl::StatusOr<std::unique_ptr<worker::Device>> CreateDevice(const PluginDeviceO
 }  // namespace
 }  // namespace tessel::cuda
 
-extern "C" __attribute__((visibility("default"))) const tessel::cuda::PluginApi* tessel_cuda_plugin() {
+extern "C" __attribute__((visibility("default"))) const tessel::cuda::PluginApi*
+tessel_cuda_plugin() {
   static const tessel::cuda::PluginApi api{tessel::cuda::kPluginAbi, &tessel::cuda::Probe,
-                                           &tessel::cuda::DefaultKernelCacheDir, &tessel::cuda::CreateDevice};
+                                           &tessel::cuda::DefaultKernelCacheDir,
+                                           &tessel::cuda::CreateDevice};
   return &api;
 }

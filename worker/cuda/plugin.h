@@ -41,8 +41,8 @@ struct PluginApi {
   int (*probe)(std::string* reason) = nullptr;
   std::string (*default_kernel_cache_dir)() = nullptr;
   // A device, and in `arch` its architecture ("sm_90").
-  absl::StatusOr<std::unique_ptr<worker::Device>> (*create_device)(const PluginDeviceOptions& options,
-                                                                   std::string* arch) = nullptr;
+  absl::StatusOr<std::unique_ptr<worker::Device>> (*create_device)(
+      const PluginDeviceOptions& options, std::string* arch) = nullptr;
 };
 
 // Loads the plugin from `path`; empty: libtessel_cuda.so beside the running

@@ -30,20 +30,22 @@ absl::StatusOr<const PluginApi*> LoadPlugin(const std::string& path) {
   void* handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* why = dlerror();
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot load the CUDA plugin ", file, ": ", why != nullptr ? why : "unknown reason"));
+    return absl::FailedPreconditionError(absl::StrCat("cannot load the CUDA plugin ", file, ": ",
+                                                      why != nullptr ? why : "unknown reason"));
   }
   using Entry = const PluginApi* (*)();
   auto entry = reinterpret_cast<Entry>(dlsym(handle, kPluginEntry));
   if (entry == nullptr) {
     dlclose(handle);
-    return absl::FailedPreconditionError(absl::StrCat("the CUDA plugin ", file, " has no entry point ", kPluginEntry));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the CUDA plugin ", file, " has no entry point ", kPluginEntry));
   }
   const PluginApi* api = entry();
   if (api == nullptr || api->abi != kPluginAbi) {
     dlclose(handle);
-    return absl::FailedPreconditionError(absl::StrCat("the CUDA plugin ", file, " is from another build: its ABI is ",
-                                                      api == nullptr ? -1 : api->abi, ", this worker's ", kPluginAbi));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the CUDA plugin ", file, " is from another build: its ABI is ",
+                     api == nullptr ? -1 : api->abi, ", this worker's ", kPluginAbi));
   }
   loaded = api;  // never closed: its devices live as long as the process
   return loaded;

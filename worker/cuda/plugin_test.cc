@@ -42,14 +42,15 @@ TEST(CudaPlugin, TheWorkerLinksNoCudaLibrary) {
 TEST(CudaPlugin, AWorkerAskedForGpusLoadsThePluginAndServesThemOrSaysWhyNot) {
   // Port 1 refuses: the worker gives up registering after finding its devices.
   const std::string log = Shell(absl::StrCat(kBin, "/tessel-worker --device_kind=both --devices=1 ",
-                                           "--coordinator=127.0.0.1:1 --register_timeout_s=1"));
+                                             "--coordinator=127.0.0.1:1 --register_timeout_s=1"));
   EXPECT_EQ(log.find("cannot load the CUDA plugin"), std::string::npos) << log;
   const bool gpus = log.find(" is GPU 0 (sm_") != std::string::npos;
   const bool none = log.find("no CUDA devices (") != std::string::npos;
   EXPECT_TRUE(gpus || none) << log;
   // A plugin that is not there: --device_kind=cuda refuses to start, naming the file.
-  const std::string missing = Shell(absl::StrCat(kBin, "/tessel-worker --device_kind=cuda --cuda_plugin=/nonexistent/",
-                                               "libtessel_cuda.so --coordinator=127.0.0.1:1 --register_timeout_s=1"));
+  const std::string missing =
+      Shell(absl::StrCat(kBin, "/tessel-worker --device_kind=cuda --cuda_plugin=/nonexistent/",
+                         "libtessel_cuda.so --coordinator=127.0.0.1:1 --register_timeout_s=1"));
   EXPECT_NE(missing.find("--device_kind=cuda: no CUDA devices (cannot load the CUDA plugin "
                          "/nonexistent/libtessel_cuda.so: "),
             std::string::npos)

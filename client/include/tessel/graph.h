@@ -66,7 +66,9 @@ struct ReplicationRule {
   std::vector<std::string> axes;  // kExplicit
   static ReplicationRule Union() { return {}; }
   static ReplicationRule Follow(int operand) { return {Kind::kFollow, operand, {}}; }
-  static ReplicationRule Explicit(std::vector<std::string> axes) { return {Kind::kExplicit, 0, std::move(axes)}; }
+  static ReplicationRule Explicit(std::vector<std::string> axes) {
+    return {Kind::kExplicit, 0, std::move(axes)};
+  }
 };
 class GraphBuilder {
  public:
@@ -82,43 +84,74 @@ class GraphBuilder {
   Value Iota(ArrayType type, int64_t dimension);
   Value Scalar(DType dtype, double value) { return Fill(ArrayType{dtype, {}}, value); }
 
-  Value Neg(Value x); Value Abs(Value x); Value Exp(Value x); Value Log(Value x);
-  Value Log1p(Value x); Value Tanh(Value x); Value Logistic(Value x); Value Sqrt(Value x);
-  Value Rsqrt(Value x); Value Floor(Value x); Value Ceil(Value x); Value Round(Value x);
-  Value Sign(Value x); Value Not(Value x);
-  Value Sin(Value x); Value Cos(Value x); Value Tan(Value x); Value Asin(Value x); Value Acos(Value x);
-  Value Atan(Value x); Value Sinh(Value x); Value Cosh(Value x); Value Asinh(Value x); Value Acosh(Value x);
-  Value Atanh(Value x); Value Expm1(Value x); Value Erf(Value x);
+  Value Neg(Value x);
+  Value Abs(Value x);
+  Value Exp(Value x);
+  Value Log(Value x);
+  Value Log1p(Value x);
+  Value Tanh(Value x);
+  Value Logistic(Value x);
+  Value Sqrt(Value x);
+  Value Rsqrt(Value x);
+  Value Floor(Value x);
+  Value Ceil(Value x);
+  Value Round(Value x);
+  Value Sign(Value x);
+  Value Not(Value x);
+  Value Sin(Value x);
+  Value Cos(Value x);
+  Value Tan(Value x);
+  Value Asin(Value x);
+  Value Acos(Value x);
+  Value Atan(Value x);
+  Value Sinh(Value x);
+  Value Cosh(Value x);
+  Value Asinh(Value x);
+  Value Acosh(Value x);
+  Value Atanh(Value x);
+  Value Expm1(Value x);
+  Value Erf(Value x);
 
-  Value Add(Value a, Value b); Value Sub(Value a, Value b); Value Mul(Value a, Value b);
-  Value Div(Value a, Value b); Value Rem(Value a, Value b); Value Pow(Value a, Value b);
-  Value Max(Value a, Value b); Value Min(Value a, Value b); Value And(Value a, Value b);
-  Value Or(Value a, Value b); Value Xor(Value a, Value b);
+  Value Add(Value a, Value b);
+  Value Sub(Value a, Value b);
+  Value Mul(Value a, Value b);
+  Value Div(Value a, Value b);
+  Value Rem(Value a, Value b);
+  Value Pow(Value a, Value b);
+  Value Max(Value a, Value b);
+  Value Min(Value a, Value b);
+  Value And(Value a, Value b);
+  Value Or(Value a, Value b);
+  Value Xor(Value a, Value b);
   Value Atan2(Value y, Value x);  // numpy.arctan2(y, x)
 
   Value Compare(Value a, Value b, Comparison c);
   Value Select(Value pred, Value on_true, Value on_false);
   Value Clamp(Value min, Value x, Value max);
   Value Convert(Value x, DType to);
-  Value BroadcastInDim(Value x, std::vector<int64_t> dims, std::vector<int64_t> broadcast_dimensions);
+  Value BroadcastInDim(Value x, std::vector<int64_t> dims,
+                       std::vector<int64_t> broadcast_dimensions);
   // Broadcasts a scalar (or one-element value) to `dims`.
   Value Broadcast(Value x, std::vector<int64_t> dims);
   Value Reshape(Value x, std::vector<int64_t> dims);
   Value Transpose(Value x, std::vector<int64_t> permutation);
-  Value Slice(Value x, std::vector<int64_t> start, std::vector<int64_t> limit, std::vector<int64_t> strides = {});
+  Value Slice(Value x, std::vector<int64_t> start, std::vector<int64_t> limit,
+              std::vector<int64_t> strides = {});
   // x with the order of its elements reversed along each of `dimensions`.
   Value Reverse(Value x, std::vector<int64_t> dimensions);
   // operands[result_operand] reordered along `dimension` by a stable sort
   // of operands[0] (ascending, NaN last; descending: NaN first). All
   // operands share their dimensions.
-  Value Sort(std::vector<Value> operands, int64_t dimension, bool descending = false, int result_operand = 0);
+  Value Sort(std::vector<Value> operands, int64_t dimension, bool descending = false,
+             int result_operand = 0);
   // x's slices along `axis` picked by the integer `indices` (clamped into
   // range): dimensions x[:axis] + indices + x[axis+1:].
   Value Gather(Value x, Value indices, int64_t axis);
   // x with `updates` (the shape Gather(x, indices, axis) has) put in at
   // `indices` along `axis`: replacing (no `combine`) or combined with what
   // is there. Out-of-range updates are dropped.
-  Value Scatter(Value x, Value indices, Value updates, int64_t axis, std::optional<ReduceKind> combine = {});
+  Value Scatter(Value x, Value indices, Value updates, int64_t axis,
+                std::optional<ReduceKind> combine = {});
   Value Concatenate(std::vector<Value> xs, int64_t dimension);
   Value Pad(Value x, Value padding_value, std::vector<int64_t> low, std::vector<int64_t> high,
             std::vector<int64_t> interior = {});
@@ -154,16 +187,21 @@ class GraphBuilder {
   // regions is an MPMD program: compile it with no mesh; the coordinator
   // compiles each region for its devices and moves the values a region
   // reads from elsewhere worker to worker (the plan lists each move).
-  using MultiBody = std::function<std::vector<Value>(GraphBuilder& body, const std::vector<Value>& operands)>;
-  std::vector<Value> MeshRegion(const Mesh& mesh, std::vector<Value> operands, std::vector<Sharding> in_shardings,
-                                std::vector<Sharding> out_shardings, const MultiBody& body, std::string name);
+  using MultiBody =
+      std::function<std::vector<Value>(GraphBuilder& body, const std::vector<Value>& operands)>;
+  std::vector<Value> MeshRegion(const Mesh& mesh, std::vector<Value> operands,
+                                std::vector<Sharding> in_shardings,
+                                std::vector<Sharding> out_shardings, const MultiBody& body,
+                                std::string name);
 
   // Collectives over the devices that differ only along `axes`; only inside
   // a manual region's body.
   Value AllReduce(Value x, std::vector<std::string> axes, ReduceKind kind = ReduceKind::kSum);
   Value AllGather(Value x, std::vector<std::string> axes, int64_t dimension);  // tiled
-  Value ReduceScatter(Value x, std::vector<std::string> axes, int64_t dimension, ReduceKind kind = ReduceKind::kSum);
-  Value AllToAll(Value x, std::vector<std::string> axes, int64_t split_dimension, int64_t concat_dimension);
+  Value ReduceScatter(Value x, std::vector<std::string> axes, int64_t dimension,
+                      ReduceKind kind = ReduceKind::kSum);
+  Value AllToAll(Value x, std::vector<std::string> axes, int64_t split_dimension,
+                 int64_t concat_dimension);
   // (source, target) indices along `axes`.
   Value CollectivePermute(Value x, std::vector<std::string> axes,
                           std::vector<std::pair<int64_t, int64_t>> source_target_pairs);
@@ -178,7 +216,8 @@ class GraphBuilder {
   // function is built by a lambda on a builder of its own, from the
   // parameters it is given; values of the enclosing graph are not visible
   // there (pass them as operands or carries).
-  using Function = std::function<std::vector<Value>(GraphBuilder& fn, const std::vector<Value>& params)>;
+  using Function =
+      std::function<std::vector<Value>(GraphBuilder& fn, const std::vector<Value>& params)>;
 
   // While cond(carry) (a pred[] scalar) holds, carry = body(carry), each
   // carry keeping its type. Returns the final carry.
@@ -186,12 +225,13 @@ class GraphBuilder {
   // branches[index](operands...): `index` s32[] (out of range runs the last
   // branch, as XLA does) or pred[] (false: branch 0, true: branch 1). Every
   // branch returns the same types.
-  std::vector<Value> Cond(Value index, std::vector<Value> operands, const std::vector<Function>& branches);
+  std::vector<Value> Cond(Value index, std::vector<Value> operands,
+                          const std::vector<Function>& branches);
   // jax.lax.scan: body(carry..., one slice of each xs...) -> (carry...,
   // one slice of each y...), `length` times over dimension 0 of `xs` (last
   // to first when `reverse`). Returns the final carry, then each y stacked.
-  std::vector<Value> Scan(std::vector<Value> init, std::vector<Value> xs, int64_t length, const Function& body,
-                          bool reverse = false);
+  std::vector<Value> Scan(std::vector<Value> init, std::vector<Value> xs, int64_t length,
+                          const Function& body, bool reverse = false);
 
   // ---- Derivatives (expanded by the compiler into the forward pass and
   // its transpose; see the README's "Gradients").
@@ -212,7 +252,8 @@ class GraphBuilder {
   // Vjp the backward pass runs `bwd` (residuals, then a cotangent per
   // result -> a cotangent per argument) on what `fwd` (args -> f's results,
   // then residuals) kept, instead of transposing f.
-  std::vector<Value> CustomVjp(const Function& f, const Function& fwd, const Function& bwd, std::vector<Value> args);
+  std::vector<Value> CustomVjp(const Function& f, const Function& fwd, const Function& bwd,
+                               std::vector<Value> args);
   // f(args) with derivatives from `jvp` (args, then a tangent per argument
   // -> f's results, then a tangent per result; linear in the tangents), in
   // forward mode as written and in reverse mode transposed (jax.custom_jvp).

@@ -20,12 +20,12 @@ class LocalCluster {
   struct Options {
     int workers = 2;
     int devices_per_worker = 1;
-    int port = 0;              // coordinator port; 0 picks a free one
-    std::string binary_dir;    // Default: $TESSEL_BIN_DIR, else this executable's directory
-    std::string log_dir;       // Default: a fresh directory under /tmp, removed at
-                               // destruction unless $TESSEL_KEEP_LOGS is set
+    int port = 0;                 // coordinator port; 0 picks a free one
+    std::string binary_dir;       // Default: $TESSEL_BIN_DIR, else this executable's directory
+    std::string log_dir;          // Default: a fresh directory under /tmp, removed at
+                                  // destruction unless $TESSEL_KEEP_LOGS is set
     bool inherit_output = false;  // children log to this process's stdout/stderr
-    std::vector<std::string> worker_flags;  // extra flags for every worker
+    std::vector<std::string> worker_flags;       // extra flags for every worker
     std::vector<std::string> coordinator_flags;  // extra flags for the coordinator
     int heartbeat_timeout_ms = 2000;
     // For a cluster started with security flags: the admin token and CA the

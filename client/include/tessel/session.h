@@ -57,11 +57,11 @@ struct SessionOptions {
 // Where a donated parameter's buffer goes (Compile's plan, or a receipt).
 struct DonationReceipt {
   int argument = 0;
-  uint64_t handle = 0;        // the donated array (receipts only)
-  bool reused = false;        // its buffer becomes `output`, in place
+  uint64_t handle = 0;  // the donated array (receipts only)
+  bool reused = false;  // its buffer becomes `output`, in place
   int output = -1;
   uint64_t output_handle = 0;
-  std::string reason;         // why not, when not reused
+  std::string reason;  // why not, when not reused
 };
 
 struct CompileOptions {
@@ -141,12 +141,12 @@ struct ArrayInfo {
   ArrayType type;
   ArrayState state = ArrayState::kPending;
   std::vector<int> devices;
-  int64_t bytes_per_device = 0;  // the largest block
+  int64_t bytes_per_device = 0;           // the largest block
   std::vector<int64_t> device_bytes;      // bytes on each of `devices`
   std::optional<NamedSharding> sharding;  // set for a sharded array
-  std::string error;            // or, once donated or deleted, what became of it
+  std::string error;                      // or, once donated or deleted, what became of it
   int64_t producer_execution = 0;
-  std::string producer;         // the executable's graph name, or "put"
+  std::string producer;  // the executable's graph name, or "put"
 };
 
 struct ExecuteReceipt {
@@ -155,8 +155,8 @@ struct ExecuteReceipt {
 };
 
 struct ExecuteOptions {
-  Placement placement;   // Default: device 0
-  bool wait = false;     // return once the step has completed
+  Placement placement;      // Default: device 0
+  bool wait = false;        // return once the step has completed
   std::vector<int> donate;  // arguments donated by this call (beside the executable's)
   bool strict_donation = false;
   std::optional<TransferGuard> transfer_guard;  // overrides the session's for this call
@@ -175,9 +175,9 @@ struct TransferReceipt {
 };
 
 struct TransferOptions {
-  bool implicit = false;  // not asked for by name (e.g. printing an array)
+  bool implicit = false;                        // not asked for by name (e.g. printing an array)
   std::optional<TransferGuard> transfer_guard;  // overrides the session's for this call
-  TransferReceipt* receipt = nullptr;  // Put and Fetch fill it in
+  TransferReceipt* receipt = nullptr;           // Put and Fetch fill it in
   // Whether to move the bytes straight between this client and the workers;
   // default: as ConnectOptions says (direct_transfers, direct_min_bytes).
   std::optional<bool> direct;
@@ -193,7 +193,8 @@ struct ReshardReceipt {
 
 struct DeviceMemory {
   int device = 0;
-  int64_t bytes_in_use = 0, peak_bytes_in_use = 0, num_buffers = 0, bytes_cached = 0, bytes_limit = 0;
+  int64_t bytes_in_use = 0, peak_bytes_in_use = 0, num_buffers = 0, bytes_cached = 0,
+          bytes_limit = 0;
   int64_t largest_free_block = 0;
 };
 
@@ -240,9 +241,9 @@ struct WorkerStatus {
   std::string id, address;
   bool alive = false;
   int64_t ms_since_heartbeat = 0;
-  std::vector<int> devices;        // global ids
+  std::vector<int> devices;               // global ids
   std::vector<std::string> device_kinds;  // "cpu" or "cuda", per device
-  std::vector<DeviceMemory> memory;  // when asked for
+  std::vector<DeviceMemory> memory;       // when asked for
 };
 
 struct ClusterStatus {
@@ -259,7 +260,7 @@ struct UnownedBuffer {
 };
 struct Reconciliation {
   std::vector<UnownedBuffer> unowned;
-  int64_t freed = 0;            // of those, found unowned the time before too: freed now
+  int64_t freed = 0;  // of those, found unowned the time before too: freed now
   int64_t buffers_checked = 0;
 };
 
@@ -290,7 +291,8 @@ struct ConnectOptions {
 
 class Session {
  public:
-  static absl::StatusOr<std::unique_ptr<Session>> Connect(const std::string& address, ConnectOptions options = {});
+  static absl::StatusOr<std::unique_ptr<Session>> Connect(const std::string& address,
+                                                          ConnectOptions options = {});
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -302,7 +304,8 @@ class Session {
   absl::Status SetOptions(const SessionOptions& options);
 
   absl::StatusOr<Executable> Compile(const Graph& graph, const CompileOptions& options = {});
-  absl::StatusOr<Array> Put(const HostArray& array, Placement placement = {}, const TransferOptions& transfer = {});
+  absl::StatusOr<Array> Put(const HostArray& array, Placement placement = {},
+                            const TransferOptions& transfer = {});
   // Returns at once with the output handles (unless options.wait or
   // options.receipt): calls are pipelined over one stream and accepted in
   // order. Errors of the call or of the step surface when an output is
@@ -317,7 +320,8 @@ class Session {
   // or every device): its blocks move worker to worker, never through the
   // coordinator or this client; `array` stays. Returns once the coordinator
   // accepted the copy; its errors surface where it is awaited or fetched.
-  absl::StatusOr<Array> Reshard(const Array& array, const Placement& placement, const TransferOptions& transfer = {},
+  absl::StatusOr<Array> Reshard(const Array& array, const Placement& placement,
+                                const TransferOptions& transfer = {},
                                 ReshardReceipt* receipt = nullptr);
   absl::StatusOr<ArrayInfo> Info(const Array& array);
   absl::StatusOr<SessionStats> Stats(bool with_arrays = false);

@@ -35,17 +35,50 @@ absl::StatusOr<DType> DTypeFromString(const std::string& name);
 
 template <typename T>
 constexpr DType DTypeOf();
-template <> constexpr DType DTypeOf<float>() { return DType::kF32; }
-template <> constexpr DType DTypeOf<double>() { return DType::kF64; }
-template <> constexpr DType DTypeOf<int32_t>() { return DType::kS32; }
-template <> constexpr DType DTypeOf<int64_t>() { return DType::kS64; }
-template <> constexpr DType DTypeOf<uint8_t>() { return DType::kU8; }
-template <> constexpr DType DTypeOf<int8_t>() { return DType::kS8; }
-template <> constexpr DType DTypeOf<int16_t>() { return DType::kS16; }
-template <> constexpr DType DTypeOf<uint16_t>() { return DType::kU16; }
-template <> constexpr DType DTypeOf<uint32_t>() { return DType::kU32; }
-template <> constexpr DType DTypeOf<uint64_t>() { return DType::kU64; }
-template <> constexpr DType DTypeOf<bool>() { return DType::kPred; }
+template <>
+constexpr DType DTypeOf<float>() {
+  return DType::kF32;
+}
+template <>
+constexpr DType DTypeOf<double>() {
+  return DType::kF64;
+}
+template <>
+constexpr DType DTypeOf<int32_t>() {
+  return DType::kS32;
+}
+template <>
+constexpr DType DTypeOf<int64_t>() {
+  return DType::kS64;
+}
+template <>
+constexpr DType DTypeOf<uint8_t>() {
+  return DType::kU8;
+}
+template <>
+constexpr DType DTypeOf<int8_t>() {
+  return DType::kS8;
+}
+template <>
+constexpr DType DTypeOf<int16_t>() {
+  return DType::kS16;
+}
+template <>
+constexpr DType DTypeOf<uint16_t>() {
+  return DType::kU16;
+}
+template <>
+constexpr DType DTypeOf<uint32_t>() {
+  return DType::kU32;
+}
+template <>
+constexpr DType DTypeOf<uint64_t>() {
+  return DType::kU64;
+}
+template <>
+constexpr DType DTypeOf<bool>() {
+  return DType::kPred;
+}
 
 struct ArrayType {
   DType dtype = DType::kF32;
@@ -63,7 +96,8 @@ class HostArray {
  public:
   HostArray() = default;
   explicit HostArray(ArrayType type) : type_(std::move(type)), bytes_(type_.bytes()) {}
-  HostArray(ArrayType type, std::vector<uint8_t> bytes) : type_(std::move(type)), bytes_(std::move(bytes)) {}
+  HostArray(ArrayType type, std::vector<uint8_t> bytes)
+      : type_(std::move(type)), bytes_(std::move(bytes)) {}
 
   template <typename T>
   static HostArray From(std::vector<int64_t> dims, const std::vector<T>& values) {
@@ -71,7 +105,8 @@ class HostArray {
     if constexpr (std::is_same_v<T, bool>) {
       for (size_t i = 0; i < values.size() && i < a.bytes_.size(); ++i) a.bytes_[i] = values[i];
     } else {
-      std::memcpy(a.bytes_.data(), values.data(), std::min(a.bytes_.size(), values.size() * sizeof(T)));
+      std::memcpy(a.bytes_.data(), values.data(),
+                  std::min(a.bytes_.size(), values.size() * sizeof(T)));
     }
     return a;
   }
@@ -83,9 +118,13 @@ class HostArray {
   std::vector<uint8_t>& bytes() { return bytes_; }
 
   template <typename T>
-  absl::Span<const T> as() const { return {reinterpret_cast<const T*>(bytes_.data()), bytes_.size() / sizeof(T)}; }
+  absl::Span<const T> as() const {
+    return {reinterpret_cast<const T*>(bytes_.data()), bytes_.size() / sizeof(T)};
+  }
   template <typename T>
-  absl::Span<T> as_mutable() { return {reinterpret_cast<T*>(bytes_.data()), bytes_.size() / sizeof(T)}; }
+  absl::Span<T> as_mutable() {
+    return {reinterpret_cast<T*>(bytes_.data()), bytes_.size() / sizeof(T)};
+  }
 
  private:
   ArrayType type_;

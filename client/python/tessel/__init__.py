@@ -28,13 +28,22 @@ cyclic collector runs `__del__` and weakref callbacks at any allocation, on a
 thread that may hold any SDK lock, so a finalizer only appends to a lock-free
 queue (`Session.drop`), drained by the next SDK call.
 """
+
 from tessel import errors, numpy
 from tessel import lax  # control flow on the device
 from tessel import nn  # after numpy, which it composes
 from tessel import random  # counter-based random numbers, as jax.random
 from tessel._autodiff import custom_jvp, custom_vjp, grad, jvp, value_and_grad, vjp
-from tessel._api import (assert_no_memory_growth, compile, device_put, devices, forbid_compiles, memory_stats,
-                         session_options, stats)
+from tessel._api import (
+    assert_no_memory_growth,
+    compile,
+    device_put,
+    devices,
+    forbid_compiles,
+    memory_stats,
+    session_options,
+    stats,
+)
 from tessel._array import Array, install as _install_array_ops
 from tessel._cluster import LocalCluster, connect, local_cluster
 from tessel._compiled import Compiled
@@ -42,21 +51,89 @@ from tessel._context import transfer_guard
 from tessel._jit import jit
 from tessel._session import TransferReceipt, tune_allocator
 from tessel._vmap import vmap
-from tessel._shard_map import (all_gather, all_to_all, axis_index, custom_kernel, pmax, pmin, ppermute, psum,
-                               psum_scatter, shard_map, with_sharding_constraint)
+from tessel._shard_map import (
+    all_gather,
+    all_to_all,
+    axis_index,
+    custom_kernel,
+    pmax,
+    pmin,
+    ppermute,
+    psum,
+    psum_scatter,
+    shard_map,
+    with_sharding_constraint,
+)
 from tessel._sharding import Device, Mesh, NamedSharding, P, ReplicatedSharding, SingleDeviceSharding
-from tessel.errors import (DonatedArrayError, FailedPreconditionError, InvalidArgumentError, NotFoundError,
-                           OutOfMemoryError, RecompileError, TesselError, TransferGuardError, WorkerLostError)
+from tessel.errors import (
+    DonatedArrayError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    OutOfMemoryError,
+    RecompileError,
+    TesselError,
+    TransferGuardError,
+    WorkerLostError,
+)
 
 _install_array_ops(numpy)
 
 __version__ = "0.1.0"
 __all__ = [
-    "Array", "Compiled", "Device", "TransferReceipt", "LocalCluster", "Mesh", "NamedSharding", "P", "ReplicatedSharding",
-    "SingleDeviceSharding", "all_gather", "all_to_all", "axis_index", "custom_kernel", "pmax", "pmin", "ppermute",
-    "psum", "psum_scatter", "shard_map", "with_sharding_constraint",
-    "assert_no_memory_growth", "compile", "connect", "device_put", "devices", "errors", "forbid_compiles", "jit",
-    "custom_jvp", "custom_vjp", "grad", "jvp", "lax", "local_cluster", "memory_stats", "nn", "numpy", "random", "session_options", "stats", "transfer_guard", "tune_allocator", "value_and_grad", "vjp", "vmap",
-    "DonatedArrayError", "FailedPreconditionError", "InvalidArgumentError", "NotFoundError", "OutOfMemoryError",
-    "RecompileError", "TesselError", "TransferGuardError", "WorkerLostError",
+    "Array",
+    "Compiled",
+    "Device",
+    "TransferReceipt",
+    "LocalCluster",
+    "Mesh",
+    "NamedSharding",
+    "P",
+    "ReplicatedSharding",
+    "SingleDeviceSharding",
+    "all_gather",
+    "all_to_all",
+    "axis_index",
+    "custom_kernel",
+    "pmax",
+    "pmin",
+    "ppermute",
+    "psum",
+    "psum_scatter",
+    "shard_map",
+    "with_sharding_constraint",
+    "assert_no_memory_growth",
+    "compile",
+    "connect",
+    "device_put",
+    "devices",
+    "errors",
+    "forbid_compiles",
+    "jit",
+    "custom_jvp",
+    "custom_vjp",
+    "grad",
+    "jvp",
+    "lax",
+    "local_cluster",
+    "memory_stats",
+    "nn",
+    "numpy",
+    "random",
+    "session_options",
+    "stats",
+    "transfer_guard",
+    "tune_allocator",
+    "value_and_grad",
+    "vjp",
+    "vmap",
+    "DonatedArrayError",
+    "FailedPreconditionError",
+    "InvalidArgumentError",
+    "NotFoundError",
+    "OutOfMemoryError",
+    "RecompileError",
+    "TesselError",
+    "TransferGuardError",
+    "WorkerLostError",
 ]

@@ -1,5 +1,6 @@
 """Devices and placements, device_put, the plan of a compile, and the
 contracts as Python: memory stats, no memory growth, no new compiles."""
+
 import contextlib
 import gc
 
@@ -40,12 +41,21 @@ def device_put(x, device=None):
             return x
         handle, receipt = s.reshard(x.handle, placement, guard=_context.guard())
         out = Array(s, handle, x.shape, x.dtype, placement)
-        out.reshard_receipt = {"execution": receipt.execution_id, "bytes_moved": receipt.bytes_moved,
-                               "bytes_copied": receipt.bytes_copied, "pieces": list(receipt.pieces)}
+        out.reshard_receipt = {
+            "execution": receipt.execution_id,
+            "bytes_moved": receipt.bytes_moved,
+            "bytes_copied": receipt.bytes_copied,
+            "pieces": list(receipt.pieces),
+        }
         return out
     a = np.asarray(x)
-    handle = s.put(a, placement, implicit=False, guard=_context.guard(),
-                   progress=progress_bar(f"put {_dtypes.type_string(a.shape, a.dtype)}"))
+    handle = s.put(
+        a,
+        placement,
+        implicit=False,
+        guard=_context.guard(),
+        progress=progress_bar(f"put {_dtypes.type_string(a.shape, a.dtype)}"),
+    )
     return Array(s, handle, a.shape, a.dtype, placement)
 
 
@@ -75,18 +85,29 @@ def stats(session=None):
     s = session or _context.session()
     r = s.stats()
     return {
-        "live_arrays": r.live_arrays, "live_bytes": r.live_bytes,
-        "compiles": r.session_compiles, "cache_hits": r.session_cache_hits,
-        "cache_misses": r.compile_cache_misses, "executions": r.executions,
-        "bytes_host_to_device": r.bytes_host_to_device, "bytes_device_to_host": r.bytes_device_to_host,
+        "live_arrays": r.live_arrays,
+        "live_bytes": r.live_bytes,
+        "compiles": r.session_compiles,
+        "cache_hits": r.session_cache_hits,
+        "cache_misses": r.compile_cache_misses,
+        "executions": r.executions,
+        "bytes_host_to_device": r.bytes_host_to_device,
+        "bytes_device_to_host": r.bytes_device_to_host,
         "bytes_device_to_device": r.bytes_device_to_device,
-        "donations": r.donations, "donations_reused": r.donations_reused,
+        "donations": r.donations,
+        "donations_reused": r.donations_reused,
     }
 
 
 def _device_stats(m):
-    return {"bytes_in_use": m.bytes_in_use, "peak_bytes_in_use": m.peak_bytes_in_use, "num_buffers": m.num_buffers,
-            "bytes_cached": m.bytes_cached, "bytes_limit": m.bytes_limit, "largest_free_block": m.largest_free_block}
+    return {
+        "bytes_in_use": m.bytes_in_use,
+        "peak_bytes_in_use": m.peak_bytes_in_use,
+        "num_buffers": m.num_buffers,
+        "bytes_cached": m.bytes_cached,
+        "bytes_limit": m.bytes_limit,
+        "largest_free_block": m.largest_free_block,
+    }
 
 
 def memory_stats(session=None):
@@ -96,8 +117,11 @@ def memory_stats(session=None):
     arrays there, its limit the tenant's quota."""
     s = session or _context.session()
     r = s.stats()
-    return {"live_arrays": r.live_arrays, "live_bytes": r.live_bytes,
-            "devices": {m.device: _device_stats(m) for m in r.devices}}
+    return {
+        "live_arrays": r.live_arrays,
+        "live_bytes": r.live_bytes,
+        "devices": {m.device: _device_stats(m) for m in r.devices},
+    }
 
 
 def _settled_stats(s):
@@ -128,17 +152,23 @@ def assert_no_memory_growth(session=None):
     if now.live_arrays > before.live_arrays or now.live_bytes > before.live_bytes:
         had = {a.handle for a in before.arrays}
         fresh = [a for a in now.arrays if a.handle not in had]
-        names = ", ".join(f"{a.handle:#x} {type_text(a.type)} ({a.bytes} bytes, made by {a.producer or '?'}"
-                          f"{f' in execution {a.producer_execution}' if a.producer_execution else ''})"
-                          for a in fresh[:8])
-        grew.append(f"session: {before.live_arrays} live arrays ({before.live_bytes} bytes) -> {now.live_arrays} "
-                    f"({now.live_bytes} bytes); new: {names}{', ...' if len(fresh) > 8 else ''}")
+        names = ", ".join(
+            f"{a.handle:#x} {type_text(a.type)} ({a.bytes} bytes, made by {a.producer or '?'}"
+            f"{f' in execution {a.producer_execution}' if a.producer_execution else ''})"
+            for a in fresh[:8]
+        )
+        grew.append(
+            f"session: {before.live_arrays} live arrays ({before.live_bytes} bytes) -> {now.live_arrays} "
+            f"({now.live_bytes} bytes); new: {names}{', ...' if len(fresh) > 8 else ''}"
+        )
     old = {m.device: m for m in before.devices}
     for m in now.devices:
         b = old.get(m.device)
         if b is not None and (m.bytes_in_use > b.bytes_in_use or m.num_buffers > b.num_buffers):
-            grew.append(f"device {m.device}: {b.bytes_in_use} bytes in {b.num_buffers} buffers -> "
-                        f"{m.bytes_in_use} bytes in {m.num_buffers} buffers")
+            grew.append(
+                f"device {m.device}: {b.bytes_in_use} bytes in {b.num_buffers} buffers -> "
+                f"{m.bytes_in_use} bytes in {m.num_buffers} buffers"
+            )
     if grew:
         raise errors.FailedPreconditionError("memory grew: " + "; ".join(grew), "FAILED_PRECONDITION")
 
@@ -157,8 +187,10 @@ def session_options(session=None, **changes):
     new.CopyFrom(old)
     for k, v in changes.items():
         if k not in ("forbid_compiles", "strict_donation", "memory_quota_bytes"):
-            raise TypeError(f"session_options: unknown option {k!r}; expected forbid_compiles, strict_donation "
-                            "or memory_quota_bytes")
+            raise TypeError(
+                f"session_options: unknown option {k!r}; expected forbid_compiles, strict_donation "
+                "or memory_quota_bytes"
+            )
         setattr(new, k, v)
     s.set_options(new)
     try:

@@ -1,4 +1,5 @@
 """tessel.Array: a handle to an array that lives on the devices."""
+
 import math
 import sys
 
@@ -22,11 +23,13 @@ def progress_bar(label):
             return
         width = 30
         filled = width * done // max(total, 1)
-        sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] "
-                         f"{done / 2**20:.0f}/{total / 2**20:.0f} MiB")
+        sys.stderr.write(
+            f"\r{label} [{'#' * filled}{'.' * (width - filled)}] " f"{done / 2**20:.0f}/{total / 2**20:.0f} MiB"
+        )
         if done >= total:
             sys.stderr.write("\n")
         sys.stderr.flush()
+
     return draw
 
 
@@ -52,8 +55,14 @@ class Array:
         """__init__ for a call's output on the jit's fast path: `shape` a
         tuple and `dtype` an np.dtype already, the handle's varint given."""
         a = cls.__new__(cls)
-        a._session, a.handle, a._henc, a.shape, a.dtype, a._placement = (session, handle, encoded_handle, shape,
-                                                                          dtype, placement)
+        a._session, a.handle, a._henc, a.shape, a.dtype, a._placement = (
+            session,
+            handle,
+            encoded_handle,
+            shape,
+            dtype,
+            placement,
+        )
         a._deleted = a.reshard_receipt = None
         return a
 
@@ -90,8 +99,9 @@ class Array:
 
     def fetch(self):
         """Explicit device->host transfer: the values as a numpy array."""
-        return self._session.fetch(self.handle, implicit=False, guard=_context.guard(),
-                                   progress=progress_bar(f"fetch {self.handle:#x}"))
+        return self._session.fetch(
+            self.handle, implicit=False, guard=_context.guard(), progress=progress_bar(f"fetch {self.handle:#x}")
+        )
 
     def _implicit_fetch(self):
         return self._session.fetch(self.handle, implicit=True, guard=_context.guard())

@@ -5,6 +5,7 @@ node; the coordinator expands it into the forward pass and its transpose
 (scheduler/autodiff.cc), so every SDK gets the same gradients. Outside a
 trace each call runs as a one-off jitted program.
 """
+
 import numpy as np
 
 from tessel import _region
@@ -30,8 +31,9 @@ def _emit_vjp(parent, fun, leaves, paths, structure, cotangent_of, wrt):
     their structure, the cotangents of the leaves in `wrt`)."""
     ops = _region.operands(leaves)
     specs = [_region.spec(x) for x in ops]
-    b, out, out_paths, out_structure = _region.trace(parent, "grad_fn", fun, specs, paths,
-                                                   lambda ps: unflatten(structure, ps))
+    b, out, out_paths, out_structure = _region.trace(
+        parent, "grad_fn", fun, specs, paths, lambda ps: unflatten(structure, ps)
+    )
     captured, (caps,) = _region.bind_captures([b], len(ops))
     _region.finish(b, out)
     cts = cotangent_of(out, out_structure)
@@ -39,9 +41,10 @@ def _emit_vjp(parent, fun, leaves, paths, structure, cotangent_of, wrt):
     def attrs(node):
         node.grad.function = b.graph.name
         node.grad.wrt.extend(wrt)
+
     result_specs = [_region.spec(x) for x in out] + [specs[i] for i in wrt]
     results = _region.control_node(parent, ir_pb2.VJP, ops + captured + cts, attrs, result_specs)
-    return results[:len(out)], out_structure, results[len(out):]
+    return results[: len(out)], out_structure, results[len(out) :]
 
 
 def _positions(args, argnums):
@@ -71,22 +74,27 @@ def value_and_grad(fun, argnums=0, has_aux=False):
             return jit(wrapped)(*args)
         for k in nums:
             if k >= len(args):
-                raise TypeError(f"value_and_grad of {getattr(fun, '__name__', 'f')}: argnums {k} but "
-                                f"{len(args)} arguments")
+                raise TypeError(
+                    f"value_and_grad of {getattr(fun, '__name__', 'f')}: argnums {k} but " f"{len(args)} arguments"
+                )
         wrt = [i for k in nums for i in spans[k]]
         for i in wrt:
             x = leaves[i]
             dtype = x.dtype if hasattr(x, "dtype") else np.result_type(x)
             if not _is_float(dtype):
-                raise TypeError(f"grad requires real-valued (floating-point) inputs; argument leaf {paths[i]} is "
-                                f"{np.dtype(dtype).name}")
+                raise TypeError(
+                    f"grad requires real-valued (floating-point) inputs; argument leaf {paths[i]} is "
+                    f"{np.dtype(dtype).name}"
+                )
 
         def cotangents(out, out_structure):
             value = out[0]
             if value.shape != () or not _is_float(value.dtype):
-                raise TypeError("grad of a function whose result is not a real scalar: got "
-                                f"{_region.describe(value.shape, value.dtype)}" +
-                                (" (with has_aux the function returns (value, aux))" if has_aux else ""))
+                raise TypeError(
+                    "grad of a function whose result is not a real scalar: got "
+                    f"{_region.describe(value.shape, value.dtype)}"
+                    + (" (with has_aux the function returns (value, aux))" if has_aux else "")
+                )
             return [tnp.ones((), value.dtype)] + [tnp.zeros(x.shape, x.dtype) for x in out[1:]]
 
         def call(*rebuilt):
@@ -97,8 +105,9 @@ def value_and_grad(fun, argnums=0, has_aux=False):
                 return out
             return out
 
-        out, out_structure, grads = _emit_vjp(current_builder(), lambda *a: call(*a), leaves, paths,
-                                              ("tuple", structure[1]), cotangents, wrt)
+        out, out_structure, grads = _emit_vjp(
+            current_builder(), lambda *a: call(*a), leaves, paths, ("tuple", structure[1]), cotangents, wrt
+        )
         value = unflatten(out_structure, out)
         per_arg = []
         it = iter(grads)
@@ -106,6 +115,7 @@ def value_and_grad(fun, argnums=0, has_aux=False):
             per_arg.append(unflatten(structure[1][k], [next(it) for _ in spans[k]]))
         g = per_arg[0] if single else tuple(per_arg)
         return value, g
+
     return wrapped
 
 
@@ -117,6 +127,7 @@ def grad(fun, argnums=0, has_aux=False):
     def wrapped(*args):
         value, g = vg(*args)
         return (g, value[1]) if has_aux else g
+
     return wrapped
 
 
@@ -124,8 +135,9 @@ def vjp(fun, *primals):
     """jax.vjp: (fun(*primals), vjp_fn) where vjp_fn(cotangent) gives one
     cotangent per primal. Inside a trace."""
     if current_builder() is None:
-        raise TypeError("tessel.vjp works inside a traced function (tessel.jit); use grad or value_and_grad "
-                        "for a one-off call")
+        raise TypeError(
+            "tessel.vjp works inside a traced function (tessel.jit); use grad or value_and_grad " "for a one-off call"
+        )
     out = fun(*primals)
     leaves, paths, structure, spans = _positions(primals, range(len(primals)))
     for i, x in enumerate(leaves):
@@ -140,10 +152,11 @@ def vjp(fun, *primals):
             if len(ct_leaves) != len(outs):
                 raise TypeError(f"vjp_fn: {len(ct_leaves)} cotangent leaves for {len(outs)} results")
             return [tnp.astype(_region.operands([c])[0], o.dtype) for c, o in zip(ct_leaves, outs)]
-        _, _, grads = _emit_vjp(current_builder(), fun, leaves, paths, structure, cotangents,
-                                list(range(len(leaves))))
+
+        _, _, grads = _emit_vjp(current_builder(), fun, leaves, paths, structure, cotangents, list(range(len(leaves))))
         it = iter(grads)
         return tuple(unflatten(structure[1][k], [next(it) for _ in spans[k]]) for k in range(len(primals)))
+
     return out, vjp_fn
 
 
@@ -161,8 +174,7 @@ def jvp(fun, primals, tangents):
     ops = _region.operands(leaves)
     specs = [_region.spec(x) for x in ops]
     wrt = [i for i, x in enumerate(ops) if _is_float(x.dtype)]
-    b, out, _, out_structure = _region.trace(parent, "jvp_fn", fun, specs, paths,
-                                           lambda ps: unflatten(structure, ps))
+    b, out, _, out_structure = _region.trace(parent, "jvp_fn", fun, specs, paths, lambda ps: unflatten(structure, ps))
     captured, _ = _region.bind_captures([b], len(ops))
     _region.finish(b, out)
     tans = [tnp.astype(_region.operands([t_leaves[i]])[0], ops[i].dtype) for i in wrt]
@@ -170,6 +182,7 @@ def jvp(fun, primals, tangents):
     def attrs(node):
         node.grad.function = b.graph.name
         node.grad.wrt.extend(wrt)
+
     result_specs = [_region.spec(x) for x in out] * 2
     results = _region.control_node(parent, ir_pb2.JVP, ops + captured + tans, attrs, result_specs)
     n = len(out)
@@ -212,8 +225,10 @@ class custom_vjp:
 
         def closed(b, what):
             if b.captures:
-                raise TypeError(f"custom_vjp {self.__name__}: {what} closes over traced values; pass them as "
-                                "arguments")
+                raise TypeError(
+                    f"custom_vjp {self.__name__}: {what} closes over traced values; pass them as " "arguments"
+                )
+
         fb, out, _, out_structure = _region.trace(parent, "custom_fun", self.fun, specs, paths, rebuild)
         closed(fb, "the function")
         _region.finish(fb, out)
@@ -226,8 +241,10 @@ class custom_vjp:
         if wstructure[0] not in ("tuple", "list") or len(wstructure[1]) != 2 or wstructure[1][0] != out_structure:
             raise TypeError(f"custom_vjp {self.__name__}: fwd must return (the function's result, residuals)")
         n = len(out)
-        wout = _region.match(wb, wout[:n], [""] * n, [_region.spec(x) for x in out], f"custom_vjp {self.__name__} fwd") \
+        wout = (
+            _region.match(wb, wout[:n], [""] * n, [_region.spec(x) for x in out], f"custom_vjp {self.__name__} fwd")
             + wout[n:]
+        )
         _region.finish(wb, wout)
         res_structure = wstructure[1][1]
         res_specs = [_region.spec(x) for x in wout[n:]]
@@ -236,15 +253,20 @@ class custom_vjp:
         self._in_rule += 1
         try:
             bb, bout, bpaths, bstructure = _region.trace(
-                parent, "custom_bwd",
+                parent,
+                "custom_bwd",
                 lambda *ls: self.bwd(unflatten(res_structure, ls[:nr]), unflatten(out_structure, ls[nr:])),
-                res_specs + out_specs, [""] * (nr + n), lambda ps: ps)
+                res_specs + out_specs,
+                [""] * (nr + n),
+                lambda ps: ps,
+            )
         finally:
             self._in_rule -= 1
         closed(bb, "bwd")
         if len(bout) != len(ops):
-            raise TypeError(f"custom_vjp {self.__name__}: bwd returned {len(bout)} cotangents for {len(ops)} "
-                            "argument leaves")
+            raise TypeError(
+                f"custom_vjp {self.__name__}: bwd returned {len(bout)} cotangents for {len(ops)} " "argument leaves"
+            )
         bout = _region.match(bb, bout, bpaths, specs, f"custom_vjp {self.__name__} bwd")
         _region.finish(bb, bout)
 
@@ -252,6 +274,7 @@ class custom_vjp:
             node.custom_vjp.function = fb.graph.name
             node.custom_vjp.fwd = wb.graph.name
             node.custom_vjp.bwd = bb.graph.name
+
         results = _region.control_node(parent, ir_pb2.CUSTOM_VJP, ops, attrs, [_region.spec(x) for x in out])
         return unflatten(out_structure, results)
 
@@ -294,33 +317,46 @@ class custom_jvp:
 
         def closed(b, what):
             if b.captures:
-                raise TypeError(f"custom_jvp {self.__name__}: {what} closes over traced values; pass them as "
-                                "arguments")
-        fb, out, out_paths, out_structure = _region.trace(parent, "custom_fun", self.fun, specs, paths,
-                                                        lambda ps: unflatten(structure, ps))
+                raise TypeError(
+                    f"custom_jvp {self.__name__}: {what} closes over traced values; pass them as " "arguments"
+                )
+
+        fb, out, out_paths, out_structure = _region.trace(
+            parent, "custom_fun", self.fun, specs, paths, lambda ps: unflatten(structure, ps)
+        )
         closed(fb, "the function")
         _region.finish(fb, out)
         out_specs = [_region.spec(x) for x in out]
         self._in_rule += 1
         try:
             rb, rout, _, rstructure = _region.trace(
-                parent, "custom_jvp_rule",
+                parent,
+                "custom_jvp_rule",
                 lambda *ls: self.rule(tuple(unflatten(structure, ls[:n_in])), tuple(unflatten(structure, ls[n_in:]))),
-                specs + specs, [f"primals{p}" for p in paths] + [f"tangents{p}" for p in paths], lambda ps: ps)
+                specs + specs,
+                [f"primals{p}" for p in paths] + [f"tangents{p}" for p in paths],
+                lambda ps: ps,
+            )
         finally:
             self._in_rule -= 1
         closed(rb, "the rule")
-        if rstructure[0] not in ("tuple", "list") or len(rstructure[1]) != 2 or \
-                rstructure[1][0] != out_structure or rstructure[1][1] != out_structure:
-            raise TypeError(f"custom_jvp {self.__name__}: the rule must return (the function's result, its "
-                            "tangent), each shaped as the function's result")
+        if (
+            rstructure[0] not in ("tuple", "list")
+            or len(rstructure[1]) != 2
+            or rstructure[1][0] != out_structure
+            or rstructure[1][1] != out_structure
+        ):
+            raise TypeError(
+                f"custom_jvp {self.__name__}: the rule must return (the function's result, its "
+                "tangent), each shaped as the function's result"
+            )
         n = len(out)
-        rout = _region.match(rb, rout, out_paths + out_paths, out_specs + out_specs,
-                           f"custom_jvp {self.__name__} rule")
+        rout = _region.match(rb, rout, out_paths + out_paths, out_specs + out_specs, f"custom_jvp {self.__name__} rule")
         _region.finish(rb, rout)
 
         def attrs(node):
             node.custom_jvp.function = fb.graph.name
             node.custom_jvp.jvp = rb.graph.name
+
         results = _region.control_node(parent, ir_pb2.CUSTOM_JVP, ops, attrs, out_specs)
         return unflatten(out_structure, results[:n])

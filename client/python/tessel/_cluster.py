@@ -12,6 +12,7 @@ start a cluster from a thread that outlives it.
 No Python code runs between fork and exec (no preexec_fn): grpcio's fork
 handlers would run there and abort the child.
 """
+
 import atexit
 import os
 import shutil
@@ -29,8 +30,20 @@ from tessel import _context, errors
 from tessel._session import Session, make_channel
 from tessel.v1 import admin_pb2, admin_pb2_grpc
 
-def connect(address=None, *, timeout=10.0, make_default=True, token=None, tls_ca=None, tls_cert=None,
-            tls_key=None, tls_server_name=None, direct_transfers=True, direct_min_bytes=1 << 20):
+
+def connect(
+    address=None,
+    *,
+    timeout=10.0,
+    make_default=True,
+    token=None,
+    tls_ca=None,
+    tls_cert=None,
+    tls_key=None,
+    tls_server_name=None,
+    direct_transfers=True,
+    direct_min_bytes=1 << 20,
+):
     """Opens a session on the coordinator at `address` (default:
     $TESSEL_COORDINATOR). It becomes the default session unless told not to.
 
@@ -45,9 +58,17 @@ def connect(address=None, *, timeout=10.0, make_default=True, token=None, tls_ca
     address = address or os.environ.get("TESSEL_COORDINATOR")
     if not address:
         raise ValueError("tessel.connect: no address given and $TESSEL_COORDINATOR is not set")
-    s = Session(address, timeout=timeout, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
-                tls_server_name=tls_server_name, direct_transfers=direct_transfers,
-                direct_min_bytes=direct_min_bytes)
+    s = Session(
+        address,
+        timeout=timeout,
+        token=token,
+        tls_ca=tls_ca,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        tls_server_name=tls_server_name,
+        direct_transfers=direct_transfers,
+        direct_min_bytes=direct_min_bytes,
+    )
     if make_default:
         _context.set_default_session(s)
     return s
@@ -64,17 +85,21 @@ def find_binary(name, bin_dir=None):
             path = os.path.join(d, name)
             if os.access(path, os.X_OK):
                 return path
-            raise FileNotFoundError(f"cannot execute {path!r}: build Tessel (scripts/setup.sh) or point "
-                                    "TESSEL_BIN_DIR at the folder holding its binaries")
+            raise FileNotFoundError(
+                f"cannot execute {path!r}: build Tessel (scripts/setup.sh) or point "
+                "TESSEL_BIN_DIR at the folder holding its binaries"
+            )
     for d in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):
         path = os.path.join(d, name)
         if os.path.isfile(path) and os.access(path, os.X_OK):
             return path
     path = shutil.which(name)
     if path is None:
-        raise FileNotFoundError(f"{name} is neither beside {sys.executable} nor on $PATH: install the tessel wheel "
-                                "(pip install . from the Tessel tree), or set TESSEL_BIN_DIR to the folder holding "
-                                "the Tessel binaries (build/bin after scripts/setup.sh)")
+        raise FileNotFoundError(
+            f"{name} is neither beside {sys.executable} nor on $PATH: install the tessel wheel "
+            "(pip install . from the Tessel tree), or set TESSEL_BIN_DIR to the folder holding "
+            "the Tessel binaries (build/bin after scripts/setup.sh)"
+        )
     return path
 
 
@@ -83,14 +108,27 @@ class LocalCluster:
     devices each, as real processes on loopback. Use as a context manager;
     `close()` is idempotent."""
 
-    def __init__(self, workers=2, devices_per_worker=1, *, bin_dir=None, log_dir=None, connect=True,
-                 heartbeat_timeout_ms=2000, worker_flags=(), coordinator_flags=(), client=None):
+    def __init__(
+        self,
+        workers=2,
+        devices_per_worker=1,
+        *,
+        bin_dir=None,
+        log_dir=None,
+        connect=True,
+        heartbeat_timeout_ms=2000,
+        worker_flags=(),
+        coordinator_flags=(),
+        client=None,
+    ):
         """`client`: keyword arguments of `tessel.connect` (token, tls_ca, ...)
         for this cluster's own calls, for a cluster started with security
         flags."""
         if workers < 1 or devices_per_worker < 1:
-            raise ValueError(f"local_cluster: expected >= 1 workers and devices per worker, "
-                             f"got {workers} and {devices_per_worker}")
+            raise ValueError(
+                f"local_cluster: expected >= 1 workers and devices per worker, "
+                f"got {workers} and {devices_per_worker}"
+            )
         self._procs = []
         self.worker_pids = []
         self.session = None
@@ -98,12 +136,12 @@ class LocalCluster:
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="tessel-local-")
         os.makedirs(self.log_dir, exist_ok=True)
         self.client = dict(client or {})
-        self._finalizer = weakref.finalize(self, _stop_all, self._procs, self.log_dir,
-                                           self._owns_log_dir)
+        self._finalizer = weakref.finalize(self, _stop_all, self._procs, self.log_dir, self._owns_log_dir)
         atexit.register(self._finalizer)
         try:
-            self._start(workers, devices_per_worker, bin_dir, heartbeat_timeout_ms, list(worker_flags),
-                        list(coordinator_flags))
+            self._start(
+                workers, devices_per_worker, bin_dir, heartbeat_timeout_ms, list(worker_flags), list(coordinator_flags)
+            )
             if connect:
                 self.session = _connect(self.address, **self.client)
         except BaseException:
@@ -115,8 +153,14 @@ class LocalCluster:
         try:
             # A session of their own: Ctrl-C reaches this process only, which
             # then stops the daemons in order.
-            p = subprocess.Popen([binary] + args + [f"--parent_pid={os.getpid()}"], stdin=subprocess.DEVNULL,
-                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+            p = subprocess.Popen(
+                [binary] + args + [f"--parent_pid={os.getpid()}"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
         finally:
             log.close()
         self._procs.append(p)
@@ -128,9 +172,12 @@ class LocalCluster:
         port_file = os.path.join(self.log_dir, "coordinator.port")
         if os.path.exists(port_file):
             os.remove(port_file)
-        c = self._spawn(coordinator, ["--port=0", f"--port_file={port_file}",
-                                      f"--heartbeat_timeout_ms={heartbeat_timeout_ms}"] + coordinator_flags,
-                        "coordinator")
+        c = self._spawn(
+            coordinator,
+            ["--port=0", f"--port_file={port_file}", f"--heartbeat_timeout_ms={heartbeat_timeout_ms}"]
+            + coordinator_flags,
+            "coordinator",
+        )
         port = _wait_for(lambda: _read_port(port_file), 15, c, "tessel-coordinator", self.log_dir)
         self.address = f"127.0.0.1:{port}"
         security = ("token", "tls_ca", "tls_cert", "tls_key", "tls_server_name")
@@ -138,8 +185,9 @@ class LocalCluster:
         admin = admin_pb2_grpc.AdminStub(channel)
         try:
             for i in range(workers):
-                w = self._spawn(worker, [f"--coordinator={self.address}", f"--devices={devices}"] + worker_flags,
-                                f"worker{i}")
+                w = self._spawn(
+                    worker, [f"--coordinator={self.address}", f"--devices={devices}"] + worker_flags, f"worker{i}"
+                )
                 self.worker_pids.append(w.pid)
                 _wait_for(lambda: _alive_workers(admin) == i + 1 or None, 30, w, f"tessel-worker {i}", self.log_dir)
         finally:
@@ -162,8 +210,9 @@ class LocalCluster:
                     return
                 if os.WIFEXITED(status) or os.WIFSIGNALED(status):
                     p.returncode = os.waitstatus_to_exitcode(status)
-                    raise errors.TesselError(f"tessel-worker {i} exited instead of stopping (rc {p.returncode})",
-                                             "UNAVAILABLE")
+                    raise errors.TesselError(
+                        f"tessel-worker {i} exited instead of stopping (rc {p.returncode})", "UNAVAILABLE"
+                    )
 
     def close(self):
         if self.session is not None:
@@ -183,8 +232,8 @@ class LocalCluster:
 def local_cluster(workers=2, devices_per_worker=1, **kwargs):
     """Starts a local cluster and connects a default session to it:
 
-        with tessel.local_cluster(workers=2, devices_per_worker=2) as cluster:
-            ...
+    with tessel.local_cluster(workers=2, devices_per_worker=2) as cluster:
+        ...
     """
     return LocalCluster(workers, devices_per_worker, **kwargs)
 
@@ -213,11 +262,9 @@ def _wait_for(probe, seconds, proc, what, log_dir):
         if v:
             return v
         if proc.poll() is not None:
-            raise errors.TesselError(f"{what} exited at start-up (rc {proc.returncode}); logs in {log_dir}",
-                                     "INTERNAL")
+            raise errors.TesselError(f"{what} exited at start-up (rc {proc.returncode}); logs in {log_dir}", "INTERNAL")
         if time.monotonic() > deadline:
-            raise errors.TesselError(f"{what} did not start within {seconds} s; logs in {log_dir}",
-                                     "DEADLINE_EXCEEDED")
+            raise errors.TesselError(f"{what} did not start within {seconds} s; logs in {log_dir}", "DEADLINE_EXCEEDED")
         time.sleep(0.005)
 
 

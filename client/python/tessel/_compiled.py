@@ -1,5 +1,6 @@
 """tessel.Compiled: what the coordinator answered to a compile — the
 executable, its per-device plan and diagnostics."""
+
 from tessel.v1 import ir_pb2
 
 
@@ -18,8 +19,16 @@ class Compiled:
         self.input_types = [type_text(t) for t in response.parameter_types]
         self.output_types = [type_text(t) for t in response.output_types]
         # Partitioned: the collectives inserted, each with its reason.
-        self.collectives = [{"value": c.value, "op": c.op, "axes": tuple(c.axes), "bytes_per_device": c.bytes_per_device,
-                             "reason": c.reason} for c in response.collectives]
+        self.collectives = [
+            {
+                "value": c.value,
+                "op": c.op,
+                "axes": tuple(c.axes),
+                "bytes_per_device": c.bytes_per_device,
+                "reason": c.reason,
+            }
+            for c in response.collectives
+        ]
         # An MPMD program: the values moved between its mesh regions, worker to worker.
         self.transfers = [{"value": t.value, "bytes": t.bytes, "reason": t.reason} for t in response.transfers]
 

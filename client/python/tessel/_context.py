@@ -1,4 +1,5 @@
 """Per-thread state: the current session and the transfer guard in force."""
+
 import contextlib
 import threading
 
@@ -42,8 +43,11 @@ def transfer_guard(level=None, *, host_to_device=None, device_to_host=None, devi
     """Sets the transfer guard for the calls made inside, per direction.
     `level` sets all three; the keywords set one each."""
     new = guard()
-    for direction, value in (("host_to_device", host_to_device or level), ("device_to_host", device_to_host or level),
-                             ("device_to_device", device_to_device or level)):
+    for direction, value in (
+        ("host_to_device", host_to_device or level),
+        ("device_to_host", device_to_host or level),
+        ("device_to_device", device_to_device or level),
+    ):
         if value is not None:
             new[direction] = value
     old = getattr(_local, "guard", None)

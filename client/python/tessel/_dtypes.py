@@ -1,5 +1,6 @@
 """numpy dtypes <-> tessel.v1.DType. bfloat16 is ml_dtypes' (the numpy
 extension dtype JAX uses) when that package is installed."""
+
 import numpy as np
 
 from tessel.v1 import ir_pb2
@@ -20,6 +21,7 @@ _TO_PROTO = {
 }
 try:
     import ml_dtypes
+
     BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
     _TO_PROTO[BFLOAT16] = ir_pb2.BF16
 except ImportError:  # bf16 arrays then have no numpy dtype to live in

@@ -1,4 +1,5 @@
 """@tessel.jit: trace once per signature, compile, execute pipelined."""
+
 import functools
 import inspect
 import warnings
@@ -43,17 +44,28 @@ def _describe(sig):
 
 
 class Jitted:
-    def __init__(self, fn, donate_argnums=(), donate_argnames=(), static_argnums=(), device=None,
-                 replicated=False, in_shardings=None, out_shardings=None, mesh=None):
+    def __init__(
+        self,
+        fn,
+        donate_argnums=(),
+        donate_argnames=(),
+        static_argnums=(),
+        device=None,
+        replicated=False,
+        in_shardings=None,
+        out_shardings=None,
+        mesh=None,
+    ):
         self.fn = fn
         self._mesh = mesh
         self._in_shardings = in_shardings
         self._out_shardings = out_shardings
         functools.update_wrapper(self, fn)
-        params = [n for n, p in inspect.signature(fn).parameters.items()
-                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        params = [
+            n for n, p in inspect.signature(fn).parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
         donate = set(donate_argnums if isinstance(donate_argnums, (tuple, list)) else (donate_argnums,))
-        for name in (donate_argnames if isinstance(donate_argnames, (tuple, list)) else (donate_argnames,)):
+        for name in donate_argnames if isinstance(donate_argnames, (tuple, list)) else (donate_argnames,):
             if name not in params:
                 raise ValueError(f"donate_argnames: {fn.__name__} has no argument {name!r}")
             donate.add(params.index(name))
@@ -94,8 +106,10 @@ class Jitted:
             paths += ps
             structures.append((i, st))
         sig = tuple(_leaf_signature(x) for x in leaves)
-        layouts = tuple(x.sharding if isinstance(x, Array) and x._placement.WhichOneof("kind") == "sharded" else None
-                        for x in leaves)
+        layouts = tuple(
+            x.sharding if isinstance(x, Array) and x._placement.WhichOneof("kind") == "sharded" else None
+            for x in leaves
+        )
         key = (tuple(structures), sig, tuple(donated_leaves), tuple((i, repr(a)) for i, a in statics), layouts)
         return key, leaves, paths, donated_leaves
 
@@ -106,13 +120,19 @@ class Jitted:
 
         def as_list(v):
             return list(v) if isinstance(v, (list, tuple)) and not isinstance(v, P) else [v]
+
         wants = [("mesh=", self._mesh)] if self._mesh is not None else []
         wants += [("in_shardings", s.mesh) for s in as_list(given) if isinstance(s, NamedSharding)]
         wants += [("out_shardings", s.mesh) for s in as_list(self._out_shardings) if isinstance(s, NamedSharding)]
-        wants += [(f"argument {arg} '{self._params[arg] if arg < len(self._params) else f'arg{arg}'}' "
-                   f"({x.sharding.spec!r})", x.sharding.mesh)
-                  for x, arg in zip(leaves, self._leaf_args)
-                  if isinstance(x, Array) and x._placement.WhichOneof("kind") == "sharded"]
+        wants += [
+            (
+                f"argument {arg} '{self._params[arg] if arg < len(self._params) else f'arg{arg}'}' "
+                f"({x.sharding.spec!r})",
+                x.sharding.mesh,
+            )
+            for x, arg in zip(leaves, self._leaf_args)
+            if isinstance(x, Array) and x._placement.WhichOneof("kind") == "sharded"
+        ]
         wants += list(getattr(self, "_requests", ()))
         mesh = self._one_mesh(wants)
         if mesh is None:
@@ -137,21 +157,30 @@ class Jitted:
         first = next(((what, m) for what, m in wants if m is not None), None)
         for what, m in wants:
             if m is not None and m != first[1]:
-                raise ValueError(f"jit of {name}: incompatible placements: {first[0]} is on {first[1]!r}, "
-                                 f"but {what} is on {m!r}; one jitted computation runs on one mesh")
+                raise ValueError(
+                    f"jit of {name}: incompatible placements: {first[0]} is on {first[1]!r}, "
+                    f"but {what} is on {m!r}; one jitted computation runs on one mesh"
+                )
         if first is None:
             bare = next((what for what, m in wants if m is None), None)
             if bare is not None:
-                raise ValueError(f"jit of {name}: {bare} names no mesh, and the computation is not partitioned "
-                                 "(no sharded argument, in_shardings or out_shardings); give a NamedSharding")
+                raise ValueError(
+                    f"jit of {name}: {bare} names no mesh, and the computation is not partitioned "
+                    "(no sharded argument, in_shardings or out_shardings); give a NamedSharding"
+                )
             return None
         if self._placement is not None:
-            asked = ("replicated=True" if self._placement.WhichOneof("kind") == "replicated"
-                     else f"device={self._placement.device}")
-            raise ValueError(f"jit of {name}: incompatible placements: jit({asked}) asks for "
-                             f"{'every device' if asked.startswith('replicated') else f'device {self._placement.device}'}"
-                             f", but {first[0]} is on {first[1]!r}; drop {asked.split('=')[0]}= or "
-                             "device_put the array where the step should run")
+            asked = (
+                "replicated=True"
+                if self._placement.WhichOneof("kind") == "replicated"
+                else f"device={self._placement.device}"
+            )
+            raise ValueError(
+                f"jit of {name}: incompatible placements: jit({asked}) asks for "
+                f"{'every device' if asked.startswith('replicated') else f'device {self._placement.device}'}"
+                f", but {first[0]} is on {first[1]!r}; drop {asked.split('=')[0]}= or "
+                "device_put the array where the step should run"
+            )
         return first[1]
 
     def _out_specs(self, n):
@@ -178,8 +207,9 @@ class Jitted:
         for old in cache:
             if old[0] != key[0]:
                 continue
-            diffs = [f"argument {p}: {_describe(b)} -> {_describe(a)}"
-                     for p, a, b in zip(paths, key[1], old[1]) if a != b]
+            diffs = [
+                f"argument {p}: {_describe(b)} -> {_describe(a)}" for p, a, b in zip(paths, key[1], old[1]) if a != b
+            ]
             if old[2] != key[2]:
                 diffs.append("donated arguments changed")
             if old[3] != key[3]:
@@ -244,8 +274,13 @@ class Jitted:
                 if mesh is None:
                     exe = session.compile(graph, donated)
                 else:
-                    exe = session.compile(graph, donated, mesh=mesh.proto(), in_shardings=[s.proto() for s in specs],
-                                          out_shardings=self._out_specs(len(out_tracers)))
+                    exe = session.compile(
+                        graph,
+                        donated,
+                        mesh=mesh.proto(),
+                        in_shardings=[s.proto() for s in specs],
+                        out_shardings=self._out_specs(len(out_tracers)),
+                    )
             except errors.RecompileError as e:
                 raise errors.RecompileError(f"{self.fn.__name__}: {why}. {e}", e.code) from None
             self.compiles += 1
@@ -255,17 +290,28 @@ class Jitted:
                 # An output reports the sharding out_shardings asked for, as
                 # written (as jax's do); else the one the coordinator chose.
                 asked = self._out_specs(len(out_tracers))
-                placements = [session_pb2.Placement(sharded=session_pb2.MeshSharding(
-                    mesh=exe.mesh, sharding=s if a.unspecified else a)) for s, a in zip(exe.output_shardings, asked)]
-                in_placements = [session_pb2.Placement(sharded=session_pb2.MeshSharding(mesh=exe.mesh, sharding=s))
-                                 for s in exe.parameter_shardings]
+                placements = [
+                    session_pb2.Placement(
+                        sharded=session_pb2.MeshSharding(mesh=exe.mesh, sharding=s if a.unspecified else a)
+                    )
+                    for s, a in zip(exe.output_shardings, asked)
+                ]
+                in_placements = [
+                    session_pb2.Placement(sharded=session_pb2.MeshSharding(mesh=exe.mesh, sharding=s))
+                    for s in exe.parameter_shardings
+                ]
             elif mpmd:
                 placements = list(exe.output_placements)
                 in_placements = list(exe.parameter_placements)
             else:
                 in_placements = None
-            entry = (exe, structure, [(t.shape, t.dtype, p) for t, p in zip(out_tracers, placements)], in_placements,
-                     _Hoisted(hoisted, exe))
+            entry = (
+                exe,
+                structure,
+                [(t.shape, t.dtype, p) for t, p in zip(out_tracers, placements)],
+                in_placements,
+                _Hoisted(hoisted, exe),
+            )
             cache[key] = entry
         return entry, leaves, donated_leaves
 
@@ -285,13 +331,18 @@ class Jitted:
             structures.append(st)
             self._leaf_args += [i] * len(ls)
         wants = [("mesh=", self._mesh)] if self._mesh is not None else []
-        wants += [(w, s.mesh) for w, v in (("in_shardings", self._in_shardings), ("out_shardings", self._out_shardings))
-                  for s in (list(v) if isinstance(v, (list, tuple)) and not isinstance(v, P) else [v])
-                  if isinstance(s, NamedSharding)]
+        wants += [
+            (w, s.mesh)
+            for w, v in (("in_shardings", self._in_shardings), ("out_shardings", self._out_shardings))
+            for s in (list(v) if isinstance(v, (list, tuple)) and not isinstance(v, P) else [v])
+            if isinstance(s, NamedSharding)
+        ]
         mesh = self._one_mesh(wants)
         if mesh is None:
-            raise ValueError(f"jit of {name} inside a traced function: name the devices it runs on with mesh= or "
-                             "with in_shardings/out_shardings on a NamedSharding (a sub-mesh), or call it unjitted")
+            raise ValueError(
+                f"jit of {name} inside a traced function: name the devices it runs on with mesh= or "
+                "with in_shardings/out_shardings on a NamedSharding (a sub-mesh), or call it unjitted"
+            )
         given = self._in_shardings
         specs = []
         for arg in self._leaf_args:
@@ -313,8 +364,9 @@ class Jitted:
         body.root.hoist = hoist
         for what, m in inner:
             if m is not None and m != mesh:
-                raise ValueError(f"jit of {name}: incompatible placements: it runs on {mesh!r}, but {what} inside "
-                                 f"it is on {m!r}")
+                raise ValueError(
+                    f"jit of {name}: incompatible placements: it runs on {mesh!r}, but {what} inside " f"it is on {m!r}"
+                )
         out_specs = self._out_specs(len(outs))
 
         def attrs(n):
@@ -326,8 +378,10 @@ class Jitted:
             for sp, o in zip(out_specs, outs):
                 r.out_shardings.add().CopyFrom(sp)
                 n.results.add().CopyFrom(_dtypes.tensor_type(o.shape, o.dtype))
-        results = _region.control_node(outer, ir_pb2.MESH_REGION, operands, attrs,
-                                     [(tuple(o.shape), o.dtype, False) for o in outs])
+
+        results = _region.control_node(
+            outer, ir_pb2.MESH_REGION, operands, attrs, [(tuple(o.shape), o.dtype, False) for o in outs]
+        )
         return unflatten(out_structure, results)
 
     def __call__(self, *args, **kwargs):
@@ -342,10 +396,10 @@ class Jitted:
         (exe, structure, out_types, in_placements, hoisted), leaves, donated_leaves = self._compiled(args)
         session = _context.session()
         guard = _context.guard()
-        placement = self._placement or next((x._placement for x in leaves if isinstance(x, Array)),
-                                            _DEFAULT_PLACEMENT)
-        req = session_pb2.ExecuteRequest(executable_id=exe.executable_id, placement=placement,
-                                         transfer_guard=guard_proto(guard))
+        placement = self._placement or next((x._placement for x in leaves if isinstance(x, Array)), _DEFAULT_PLACEMENT)
+        req = session_pb2.ExecuteRequest(
+            executable_id=exe.executable_id, placement=placement, transfer_guard=guard_proto(guard)
+        )
         donated_arrays = []
         implicit = []  # (handle, bytes) put for host arguments: dropped once the call is queued
         stale = False  # an argument this process knows was donated or deleted
@@ -389,8 +443,10 @@ class Jitted:
             return []
         resp = _context.session().reply(self._last_seq)
         self._last_seq = None
-        return [{"argument": r.argument, "handle": r.handle, "reused": r.reused, "output": r.output,
-                 "reason": r.reason} for r in resp.donations]
+        return [
+            {"argument": r.argument, "handle": r.handle, "reused": r.reused, "output": r.output, "reason": r.reason}
+            for r in resp.donations
+        ]
 
 
 _DEFAULT_PLACEMENT = session_pb2.Placement(device=0)
@@ -407,8 +463,19 @@ class _FastCall:
     deleted one, keywords, another session or guard) returns None, and the
     full path runs and says what is wrong."""
 
-    __slots__ = ("session", "guard", "structures", "sig", "placements", "template", "outs", "structure",
-                 "donated", "flat", "single")
+    __slots__ = (
+        "session",
+        "guard",
+        "structures",
+        "sig",
+        "placements",
+        "template",
+        "outs",
+        "structure",
+        "donated",
+        "flat",
+        "single",
+    )
 
     @staticmethod
     def build(jit, args, session, exe, structure, out_types, placement):
@@ -429,8 +496,11 @@ class _FastCall:
         f.sig = tuple((x.shape, x.dtype) for x in leaves)
         f.placements = tuple(x._placement for x in leaves)
         f.template = session_pb2.ExecuteRequest(
-            session_id=session.id, executable_id=exe.executable_id, placement=placement,
-            transfer_guard=guard_proto(_context.guard())).SerializeToString()
+            session_id=session.id,
+            executable_id=exe.executable_id,
+            placement=placement,
+            transfer_guard=guard_proto(_context.guard()),
+        ).SerializeToString()
         f.outs = [(tuple(shape), np.dtype(dtype), p or placement) for shape, dtype, p in out_types]
         f.structure = structure
         f.single = structure == LEAF
@@ -439,8 +509,12 @@ class _FastCall:
 
     def __call__(self, jit, args):
         session = self.session
-        if (_context.current_session() is not session or _context.guard_object() is not self.guard
-                or session.closed or len(args) != len(self.structures)):
+        if (
+            _context.current_session() is not session
+            or _context.guard_object() is not self.guard
+            or session.closed
+            or len(args) != len(self.structures)
+        ):
             return None
         if self.flat:
             leaves = args
@@ -450,8 +524,13 @@ class _FastCall:
                 return None
         encoded = []
         for a, (shape, dtype), p in zip(leaves, self.sig, self.placements):
-            if (type(a) is not Array or a._deleted is not None or a._placement is not p or a.shape != shape
-                    or a.dtype != dtype):
+            if (
+                type(a) is not Array
+                or a._deleted is not None
+                or a._placement is not p
+                or a.shape != shape
+                or a.dtype != dtype
+            ):
                 return None
             e = a._henc
             if e is None:
@@ -472,9 +551,12 @@ class _FastCall:
 
 def _warn_hoisted(name, arrays):
     what = ", ".join(f"{_dtypes.type_string(a.shape, a.dtype)} ({a.nbytes / (1 << 20):.1f} MiB)" for a in arrays)
-    warnings.warn(f"jit of {name}: {len(arrays)} captured constant(s) too large to ship inside the program ({what}) "
-                  "become hidden arguments, put once per placement (counted as host->device bytes); pass them as "
-                  "arguments to choose where they live", stacklevel=4)
+    warnings.warn(
+        f"jit of {name}: {len(arrays)} captured constant(s) too large to ship inside the program ({what}) "
+        "become hidden arguments, put once per placement (counted as host->device bytes); pass them as "
+        "arguments to choose where they live",
+        stacklevel=4,
+    )
 
 
 class _Hoisted:
@@ -486,8 +568,11 @@ class _Hoisted:
         self.arrays = arrays
         self._mesh_placement = None
         if arrays and exe.HasField("mesh"):
-            self._mesh_placement = session_pb2.Placement(sharded=session_pb2.MeshSharding(
-                mesh=exe.mesh, sharding=exe.parameter_shardings[len(exe.parameter_shardings) - len(arrays)]))
+            self._mesh_placement = session_pb2.Placement(
+                sharded=session_pb2.MeshSharding(
+                    mesh=exe.mesh, sharding=exe.parameter_shardings[len(exe.parameter_shardings) - len(arrays)]
+                )
+            )
         self._put = {}  # serialized placement -> [Array]
 
     def handles(self, session, placement):
@@ -496,13 +581,24 @@ class _Hoisted:
         placement = self._mesh_placement or placement
         key = placement.SerializeToString(deterministic=True)
         if key not in self._put:
-            self._put[key] = [Array(session, session.put(a, placement), a.shape, a.dtype, placement)
-                              for a in self.arrays]
+            self._put[key] = [
+                Array(session, session.put(a, placement), a.shape, a.dtype, placement) for a in self.arrays
+            ]
         return [x.handle for x in self._put[key]]
 
 
-def jit(fn=None, *, donate_argnums=(), donate_argnames=(), static_argnums=(), device=None, replicated=False,
-        in_shardings=None, out_shardings=None, mesh=None):
+def jit(
+    fn=None,
+    *,
+    donate_argnums=(),
+    donate_argnames=(),
+    static_argnums=(),
+    device=None,
+    replicated=False,
+    in_shardings=None,
+    out_shardings=None,
+    mesh=None,
+):
     """Traces `fn` over numpy-like ops once per signature and runs it on the
     devices. Arguments may be tessel.Arrays or host values (numpy arrays,
     scalars: an implicit host->device transfer). Results are tessel.Arrays.
@@ -519,11 +615,20 @@ def jit(fn=None, *, donate_argnums=(), donate_argnames=(), static_argnums=(), de
     program: it runs on that mesh's devices only, and the values it reads
     from other devices are moved there worker to worker."""
     if fn is None:
-        return functools.partial(jit, donate_argnums=donate_argnums, donate_argnames=donate_argnames,
-                                 static_argnums=static_argnums, device=device, replicated=replicated,
-                                 in_shardings=in_shardings, out_shardings=out_shardings, mesh=mesh)
-    return Jitted(fn, donate_argnums, donate_argnames, static_argnums, device, replicated, in_shardings,
-                  out_shardings, mesh)
+        return functools.partial(
+            jit,
+            donate_argnums=donate_argnums,
+            donate_argnames=donate_argnames,
+            static_argnums=static_argnums,
+            device=device,
+            replicated=replicated,
+            in_shardings=in_shardings,
+            out_shardings=out_shardings,
+            mesh=mesh,
+        )
+    return Jitted(
+        fn, donate_argnums, donate_argnames, static_argnums, device, replicated, in_shardings, out_shardings, mesh
+    )
 
 
 _eager = {}
@@ -531,6 +636,7 @@ _eager = {}
 
 class _Slot:
     """Where an array argument stood in an eager op's arguments."""
+
     __slots__ = ("k",)
 
     def __init__(self, k):
@@ -584,8 +690,10 @@ def eager_call(fn, args, kwargs):
     key = (fn, _key(static_args), tuple(sorted((k, _key(v)) for k, v in static_kwargs.items())))
     j = _eager.get(key)
     if j is None:
+
         def op(*values):
             return fn(*_fill(static_args, values), **{k: _fill(v, values) for k, v in static_kwargs.items()})
+
         op.__name__ = fn.__name__
         j = _eager[key] = Jitted(op)
     return j(*arrays)

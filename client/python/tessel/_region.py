@@ -3,6 +3,7 @@ body, a branch, a shard_map body, a mesh region, the function a derivative
 or a batch is taken of. Its values read from the enclosing trace become
 parameters (closure conversion); the caller passes them as operands. Used
 by tessel.lax, jit, shard_map, autodiff and vmap."""
+
 import numpy as np
 
 from tessel import numpy as tnp
@@ -43,9 +44,11 @@ def match(b, leaves, paths, specs, what):
     with b:
         for x, p, (shape, dtype, _) in zip(leaves, paths, specs):
             if tuple(x.shape) != tuple(shape) or (x.dtype != dtype and not x.weak):
-                raise TypeError(f"{what}: result{p} is {describe(x.shape, x.dtype)}; expected "
-                                f"{describe(shape, dtype)} (a loop body keeps each carry's shape and dtype; "
-                                "branches give the same types)")
+                raise TypeError(
+                    f"{what}: result{p} is {describe(x.shape, x.dtype)}; expected "
+                    f"{describe(shape, dtype)} (a loop body keeps each carry's shape and dtype; "
+                    "branches give the same types)"
+                )
             out.append(tnp.astype(x, dtype) if x.dtype != dtype else x)
     return out
 
@@ -70,8 +73,9 @@ def bind_captures(builders, first_index):
                 b.set_parameter_index(mine[o._name], first_index + j)
                 ps.append(mine[o._name])
             else:
-                ps.append(Builder.parameter(b, first_index + j, o.shape, o.dtype, f"capture{len(b.captures) + j}",
-                                            o.weak))
+                ps.append(
+                    Builder.parameter(b, first_index + j, o.shape, o.dtype, f"capture{len(b.captures) + j}", o.weak)
+                )
         params.append(ps)
     return outer, params
 
@@ -86,8 +90,10 @@ def control_node(parent, op, operands, set_attrs, result_specs):
     node = parent.node(op, operands, (), np.bool_, set_attrs=set_attrs)
     results = []
     for k, (shape, dtype, weak) in enumerate(result_specs):
+
         def attrs(n, k=k):
             n.tuple_element.index = k
+
         results.append(parent.node(ir_pb2.TUPLE_ELEMENT, [node], shape, dtype, weak, attrs))
     return results
 

@@ -5,6 +5,7 @@ hands gRPC everything queued as one batch. Unary calls that name arrays first
 wait until every queued call has been answered (flush), so they never
 overtake the call that makes their arrays.
 """
+
 import collections
 import ctypes
 import os
@@ -22,8 +23,11 @@ from tessel.v1 import admin_pb2, admin_pb2_grpc, common_pb2, session_pb2, sessio
 PROTOCOL_VERSION = 1
 CHUNK = 1 << 20
 _LEVELS = {
-    None: session_pb2.TRANSFER_UNSET, "allow": session_pb2.TRANSFER_ALLOW, "log": session_pb2.TRANSFER_LOG,
-    "disallow": session_pb2.TRANSFER_DISALLOW, "log_explicit": session_pb2.TRANSFER_LOG_EXPLICIT,
+    None: session_pb2.TRANSFER_UNSET,
+    "allow": session_pb2.TRANSFER_ALLOW,
+    "log": session_pb2.TRANSFER_LOG,
+    "disallow": session_pb2.TRANSFER_DISALLOW,
+    "log_explicit": session_pb2.TRANSFER_LOG_EXPLICIT,
     "disallow_explicit": session_pb2.TRANSFER_DISALLOW_EXPLICIT,
 }
 
@@ -89,7 +93,7 @@ def _handle_batch(rng, n=4096):
         enc[:, i] = (v >> np.uint64(7 * i)) & np.uint64(0x7F) | np.uint64(0x80)
     enc[:, 8] = v >> np.uint64(56)
     flat = enc.tobytes()
-    return zip(v.tolist(), [flat[i:i + 9] for i in range(0, 9 * n, 9)])
+    return zip(v.tolist(), [flat[i : i + 9] for i in range(0, 9 * n, 9)])
 
 
 class _Dispatcher:
@@ -109,8 +113,11 @@ class _Dispatcher:
         self._error = None
         self._done = False
         # The batch goes out as the bytes queued: no message is built per call.
-        dispatch = channel.stream_stream("/tessel.v1.Session/Dispatch", request_serializer=None,
-                                         response_deserializer=session_pb2.DispatchReplies.FromString)
+        dispatch = channel.stream_stream(
+            "/tessel.v1.Session/Dispatch",
+            request_serializer=None,
+            response_deserializer=session_pb2.DispatchReplies.FromString,
+        )
         self._call = dispatch(self._requests())
         self._reader = threading.Thread(target=self._read, name="tessel-dispatch", daemon=True)
         self._reader.start()
@@ -204,14 +211,21 @@ def _keep_alive(stub, session_id, every, stop):
             return  # the channel was closed
 
 
-class _CallDetails(collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials",
-                                                            "wait_for_ready", "compression")),
-                   grpc.ClientCallDetails):
+class _CallDetails(
+    collections.namedtuple(
+        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
+    ),
+    grpc.ClientCallDetails,
+):
     pass
 
 
-class _Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
-              grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+class _Bearer(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
     """Adds `authorization: Bearer <token>` to every call of a channel (a
     plaintext loopback channel refuses call credentials, so not those)."""
 
@@ -219,8 +233,14 @@ class _Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientIntercepto
         self._entry = ("authorization", "Bearer " + token)
 
     def _details(self, d):
-        return _CallDetails(d.method, d.timeout, list(d.metadata or ()) + [self._entry], d.credentials,
-                            getattr(d, "wait_for_ready", None), getattr(d, "compression", None))
+        return _CallDetails(
+            d.method,
+            d.timeout,
+            list(d.metadata or ()) + [self._entry],
+            d.credentials,
+            getattr(d, "wait_for_ready", None),
+            getattr(d, "compression", None),
+        )
 
     def intercept_unary_unary(self, continuation, details, request):
         return continuation(self._details(details), request)
@@ -241,8 +261,7 @@ def _read(path, what):
         raise ValueError(f"{what}={path!r}: cannot read the file: {e.strerror}") from None
 
 
-def make_channel(address, *, token=None, tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None,
-                 options=()):
+def make_channel(address, *, token=None, tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None, options=()):
     """A gRPC channel to a Tessel daemon: TLS when a CA file is given (or
     $TESSEL_TLS_CA), verifying the server against it and presenting
     `tls_cert`/`tls_key` when given; every call carries `token` (or
@@ -256,7 +275,8 @@ def make_channel(address, *, token=None, tls_ca=None, tls_cert=None, tls_key=Non
         creds = grpc.ssl_channel_credentials(
             root_certificates=_read(tls_ca, "tls_ca"),
             private_key=_read(tls_key, "tls_key") if tls_key else None,
-            certificate_chain=_read(tls_cert, "tls_cert") if tls_cert else None)
+            certificate_chain=_read(tls_cert, "tls_cert") if tls_cert else None,
+        )
         if tls_server_name:
             options.append(("grpc.ssl_target_name_override", tls_server_name))
         channel = grpc.secure_channel(address, creds, options=options)
@@ -276,11 +296,17 @@ def _box(b):
 
 
 def _check_box(where, start, shape, nbytes, array):
-    if len(start) != array.ndim or len(shape) != array.ndim or any(
-            s < 0 or n < 0 or s + n > d for s, n, d in zip(start, shape, array.shape)) or \
-            int(np.prod(shape, dtype=np.int64)) * array.itemsize != nbytes:
-        raise errors.TesselError(f"{where}: box {list(start)}+{list(shape)} ({nbytes} bytes) does not fit "
-                                 f"{array.dtype}{list(array.shape)}", "INTERNAL")
+    if (
+        len(start) != array.ndim
+        or len(shape) != array.ndim
+        or any(s < 0 or n < 0 or s + n > d for s, n, d in zip(start, shape, array.shape))
+        or int(np.prod(shape, dtype=np.int64)) * array.itemsize != nbytes
+    ):
+        raise errors.TesselError(
+            f"{where}: box {list(start)}+{list(shape)} ({nbytes} bytes) does not fit "
+            f"{array.dtype}{list(array.shape)}",
+            "INTERNAL",
+        )
 
 
 class _WorkerStub(worker_pb2_grpc.WorkerStub):
@@ -289,8 +315,10 @@ class _WorkerStub(worker_pb2_grpc.WorkerStub):
     def __init__(self, channel):
         super().__init__(channel)
         self.fetch_shard_raw = channel.unary_stream(
-            "/tessel.v1.Worker/FetchShard", request_serializer=worker_pb2.FetchShardRequest.SerializeToString,
-            response_deserializer=None)
+            "/tessel.v1.Worker/FetchShard",
+            request_serializer=worker_pb2.FetchShardRequest.SerializeToString,
+            response_deserializer=None,
+        )
 
 
 def _fetched_data(raw):
@@ -323,6 +351,7 @@ def _run_all(fn, items):
             results[i] = fn(items[i])
         except errors.TesselError as e:
             failures[i] = e
+
     threads = [threading.Thread(target=run, args=(i,), name="tessel-transfer") for i in range(1, len(items))]
     for t in threads:
         t.start()
@@ -363,14 +392,33 @@ _WORKER_RETRY_S, _WORKER_RETRY_MAX_S, _WORKER_CONNECT_S = 30.0, 600.0, 2.0
 
 
 class Session:
-    def __init__(self, address, client="tessel-python", timeout=10.0, *, token=None, tls_ca=None, tls_cert=None,
-                 tls_key=None, tls_server_name=None, direct_transfers=True, direct_min_bytes=1 << 20):
+    def __init__(
+        self,
+        address,
+        client="tessel-python",
+        timeout=10.0,
+        *,
+        token=None,
+        tls_ca=None,
+        tls_cert=None,
+        tls_key=None,
+        tls_server_name=None,
+        direct_transfers=True,
+        direct_min_bytes=1 << 20,
+    ):
         if os.environ.get("TESSEL_TUNE_MALLOC") == "1":
             tune_allocator()
         self.address = address
         opts = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
-        self._channel = make_channel(address, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
-                                     tls_server_name=tls_server_name, options=opts)
+        self._channel = make_channel(
+            address,
+            token=token,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_server_name=tls_server_name,
+            options=opts,
+        )
         self._stub = session_pb2_grpc.SessionStub(self._channel)
         self._admin = admin_pb2_grpc.AdminStub(self._channel)
         # Put and fetch move blocks straight to and from the workers when the
@@ -378,8 +426,9 @@ class Session:
         # names).
         self.direct_transfers = direct_transfers
         self.direct_min_bytes = direct_min_bytes  # smaller arrays: one round trip through the coordinator
-        self._worker_channel = lambda a: make_channel(a, token="", tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
-                                                      options=opts)
+        self._worker_channel = lambda a: make_channel(
+            a, token="", tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, options=opts
+        )
         self._workers = {}  # address -> (channel, stub)
         self._unreachable = {}  # address -> (retry after, why, seconds waited)
         self._reached = set()  # addresses that answered
@@ -387,14 +436,17 @@ class Session:
         # Fail fast: a refused port answers at once (no retrying until the
         # timeout); the timeout bounds an address that does not answer at all.
         try:
-            v = self._stub.GetVersion(common_pb2.GetVersionRequest(min_version=PROTOCOL_VERSION,
-                                                                   max_version=PROTOCOL_VERSION),
-                                      timeout=timeout, wait_for_ready=False)
+            v = self._stub.GetVersion(
+                common_pb2.GetVersionRequest(min_version=PROTOCOL_VERSION, max_version=PROTOCOL_VERSION),
+                timeout=timeout,
+                wait_for_ready=False,
+            )
         except grpc.RpcError as e:
             self._channel.close()
             if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                why = "no answer within %g s" % timeout if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED \
-                    else e.details()
+                why = (
+                    "no answer within %g s" % timeout if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED else e.details()
+                )
                 raise errors.WorkerLostError(f"no coordinator at {address}: {why}", e.code().name) from None
             raise errors.from_rpc_error(e) from None
         self.protocol_version = v.version
@@ -405,9 +457,12 @@ class Session:
         # lease; a background thread renews it every third of that.
         self._stop_keepalive = threading.Event()
         if opened.lease_ms > 0:
-            threading.Thread(target=_keep_alive, args=(self._stub, self.id, opened.lease_ms / 3000,
-                                                       self._stop_keepalive),
-                             name="tessel-keepalive", daemon=True).start()
+            threading.Thread(
+                target=_keep_alive,
+                args=(self._stub, self.id, opened.lease_ms / 3000, self._stop_keepalive),
+                name="tessel-keepalive",
+                daemon=True,
+            ).start()
         self._rng = random.Random()
         self._handles = iter(())
         self._lock = threading.Lock()
@@ -496,10 +551,14 @@ class Session:
         which. Returns the handle."""
         self._collect_before_alloc()
         array = np.require(array, requirements="C")  # keeps 0-d arrays 0-d
-        header = session_pb2.PutRequest.Header(session_id=self.id, handle=self.new_handle(),
-                                               type=_dtypes.tensor_type(array.shape, array.dtype),
-                                               placement=placement, implicit=implicit,
-                                               transfer_guard=guard_proto(guard))
+        header = session_pb2.PutRequest.Header(
+            session_id=self.id,
+            handle=self.new_handle(),
+            type=_dtypes.tensor_type(array.shape, array.dtype),
+            placement=placement,
+            implicit=implicit,
+            transfer_guard=guard_proto(guard),
+        )
         self.last_transfer = TransferReceipt(False, 0, "")
         if (self.direct_transfers and array.nbytes >= self.direct_min_bytes) if direct is None else direct:
             if self._put_direct(header, array, progress):
@@ -511,9 +570,10 @@ class Session:
         def messages():
             yield session_pb2.PutRequest(header=header)
             for off in range(0, len(data), CHUNK):
-                yield session_pb2.PutRequest(data=bytes(data[off:off + CHUNK]))
+                yield session_pb2.PutRequest(data=bytes(data[off : off + CHUNK]))
                 if progress:
                     progress(min(off + CHUNK, len(data)), len(data))
+
         _rpc(self._stub.Put, messages())
         return header.handle
 
@@ -528,6 +588,7 @@ class Session:
             msg = done.get()
             if msg is not None:
                 yield msg
+
         call = self._stub.PutDirect(requests())
         try:
             plan = next(call)
@@ -551,8 +612,9 @@ class Session:
         except errors.TesselError as e:
             failed = str(e)
         finally:  # whatever happened, the coordinator hears of it (and frees the array unless put)
-            done.put(session_pb2.PutDirectRequest(done=session_pb2.PutDirectRequest.Done(error=failed,
-                                                                                        receipts=receipts)))
+            done.put(
+                session_pb2.PutDirectRequest(done=session_pb2.PutDirectRequest.Done(error=failed, receipts=receipts))
+            )
         try:
             _drain(call)
         except grpc.RpcError as e:
@@ -596,10 +658,14 @@ class Session:
         as the session says), else through the coordinator. `last_transfer`
         (a TransferReceipt) says which."""
         self.flush()
-        req = session_pb2.FetchRequest(session_id=self.id, handle=handle, implicit=implicit,
-                                       transfer_guard=guard_proto(guard),
-                                       direct=self.direct_transfers if direct is None else direct,
-                                       direct_min_bytes=self.direct_min_bytes if direct is None else 0)
+        req = session_pb2.FetchRequest(
+            session_id=self.id,
+            handle=handle,
+            implicit=implicit,
+            transfer_guard=guard_proto(guard),
+            direct=self.direct_transfers if direct is None else direct,
+            direct_min_bytes=self.direct_min_bytes if direct is None else 0,
+        )
         out, plan = self._fetch_once(req, progress)
         if not plan:
             self.last_transfer = TransferReceipt(False, 0, "")
@@ -632,17 +698,19 @@ class Session:
                 data = msg.data  # each read of the field is a fresh copy: read it once
                 n = len(data)
                 if offset + n > total:
-                    raise errors.TesselError(f"fetch of array {req.handle:#x}: more bytes than its type holds",
-                                             "DATA_LOSS")
-                flat[offset:offset + n] = np.frombuffer(data, np.uint8)
+                    raise errors.TesselError(
+                        f"fetch of array {req.handle:#x}: more bytes than its type holds", "DATA_LOSS"
+                    )
+                flat[offset : offset + n] = np.frombuffer(data, np.uint8)
                 offset += n
                 if progress:
                     progress(offset, total)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from None
         if out is None or (not plan and offset != total):
-            raise errors.TesselError(f"fetch of array {req.handle:#x}: expected {total} bytes, got {offset}",
-                                     "DATA_LOSS")
+            raise errors.TesselError(
+                f"fetch of array {req.handle:#x}: expected {total} bytes, got {offset}", "DATA_LOSS"
+            )
         return out, plan
 
     def _worker_call(self, address, where, call):
@@ -664,13 +732,16 @@ class Session:
                 wait = min(_WORKER_RETRY_MAX_S, last[2] * 2) if last else _WORKER_RETRY_S
                 self._unreachable[address] = (time.monotonic() + wait, why, wait)
             raise errors.TesselError(why, "UNAVAILABLE")
+
         try:
             if address not in self._reached:
                 # A refused port answers at once; the timeout bounds one that
                 # does not answer at all.
-                stub.GetVersion(common_pb2.GetVersionRequest(min_version=PROTOCOL_VERSION,
-                                                             max_version=PROTOCOL_VERSION),
-                                timeout=_WORKER_CONNECT_S, wait_for_ready=False)
+                stub.GetVersion(
+                    common_pb2.GetVersionRequest(min_version=PROTOCOL_VERSION, max_version=PROTOCOL_VERSION),
+                    timeout=_WORKER_CONNECT_S,
+                    wait_for_ready=False,
+                )
                 with self._lock:
                     self._reached.add(address)
                     self._unreachable.pop(address, None)
@@ -705,15 +776,17 @@ class Session:
                     n = len(data)
                     if off + n > b.bytes:
                         raise errors.TesselError(f"{where}: more than the {b.bytes} bytes expected", "DATA_LOSS")
-                    dst[off:off + n] = np.frombuffer(data, np.uint8)
+                    dst[off : off + n] = np.frombuffer(data, np.uint8)
                     off += n
                     count.add(n)
                 return off
+
             got = self._worker_call(b.address, where, stream)
             if got != b.bytes:
                 raise errors.TesselError(f"{where}: expected {b.bytes} bytes, got {got}", "DATA_LOSS")
             if not whole:
                 out[_box(b)] = dst.view(out.dtype).reshape(tuple(b.shape))
+
         _run_all(read, plan)
 
     def _write_direct(self, array, plan, progress):
@@ -728,16 +801,18 @@ class Session:
             _check_box(where, w.start, w.shape, nbytes, array)
             block = array if tuple(w.shape) == array.shape else np.ascontiguousarray(array[_box(w)])
             data = memoryview(block.reshape(-1).view(np.uint8)) if block.size else memoryview(b"")
-            header = worker_pb2.PutShardRequest.Header(buffer=w.buffer, type=w.type, devices=w.devices,
-                                                      ticket=w.ticket)
+            header = worker_pb2.PutShardRequest.Header(buffer=w.buffer, type=w.type, devices=w.devices, ticket=w.ticket)
 
             def messages():
                 yield worker_pb2.PutShardRequest(header=header)
                 for off in range(0, len(data), CHUNK):
-                    yield worker_pb2.PutShardRequest(data=bytes(data[off:off + CHUNK]))
+                    yield worker_pb2.PutShardRequest(data=bytes(data[off : off + CHUNK]))
                     count.add(min(CHUNK, len(data) - off))
-            return self._worker_call(w.address, where,
-                                     lambda stub: stub.PutShard(messages(), wait_for_ready=False)).receipt
+
+            return self._worker_call(
+                w.address, where, lambda stub: stub.PutShard(messages(), wait_for_ready=False)
+            ).receipt
+
         return _run_all(write, plan)
 
     def reshard(self, handle, placement, guard=None):
@@ -746,8 +821,12 @@ class Session:
         self._collect_before_alloc()
         self.flush()
         out = self.new_handle()
-        resp = _rpc(self._stub.Reshard, session_pb2.ReshardRequest(
-            session_id=self.id, handle=handle, output=out, placement=placement, transfer_guard=guard_proto(guard)))
+        resp = _rpc(
+            self._stub.Reshard,
+            session_pb2.ReshardRequest(
+                session_id=self.id, handle=handle, output=out, placement=placement, transfer_guard=guard_proto(guard)
+            ),
+        )
         return out, resp
 
     def delete(self, handles):
@@ -775,8 +854,9 @@ class Session:
                 handle, nbytes = dropped.popleft()
                 self._garbage.append(handle)
                 self._garbage_bytes += nbytes
-            if not self._garbage or (len(self._garbage) < self._GARBAGE_HANDLES
-                                     and self._garbage_bytes < self._GARBAGE_BYTES and not force):
+            if not self._garbage or (
+                len(self._garbage) < self._GARBAGE_HANDLES and self._garbage_bytes < self._GARBAGE_BYTES and not force
+            ):
                 return
             handles, self._garbage, self._garbage_bytes = self._garbage, [], 0
         try:

@@ -1,6 +1,7 @@
 """The partitioned pieces of a traced function: sharding constraints,
 shard_map with its collectives (psum, all_gather, ...), and custom kernels
 with their replication rules."""
+
 import numpy as np
 
 from tessel import _dtypes, _region
@@ -17,11 +18,13 @@ def with_sharding_constraint(x, sharding):
     that needs, with the reason."""
     b = _builder(x, "with_sharding_constraint")
     spec = sharding.spec if isinstance(sharding, NamedSharding) else sharding
-    request_placement(f"with_sharding_constraint({spec!r})",
-                      sharding.mesh if isinstance(sharding, NamedSharding) else None)
+    request_placement(
+        f"with_sharding_constraint({spec!r})", sharding.mesh if isinstance(sharding, NamedSharding) else None
+    )
 
     def attrs(n):
         n.sharding.sharding.CopyFrom(spec.proto())
+
     return b.node(ir_pb2.SHARDING_CONSTRAINT, [x], x.shape, x.dtype, False, attrs)
 
 
@@ -69,7 +72,7 @@ def shard_map(f, mesh, in_specs, out_specs):
         def global_shape(leaf, spec):
             full = list(leaf.shape)
             for i, d in enumerate(spec):
-                for a in (() if d is None else (d,) if isinstance(d, str) else tuple(d)):
+                for a in () if d is None else (d,) if isinstance(d, str) else tuple(d):
                     full[i] *= mesh.shape[a]
             return full
 
@@ -77,12 +80,22 @@ def shard_map(f, mesh, in_specs, out_specs):
             m.body.CopyFrom(body.graph)
             for s in specs:
                 m.in_specs.add().CopyFrom(s.proto())
+
         if len(leaves) == 1 and isinstance(out_specs, P) and structure == flatten(leaves[0])[2]:
+
             def attrs(n):
                 common(n.manual_region)
                 n.manual_region.out_spec.CopyFrom(out_specs.proto())
-            return outer.node(ir_pb2.MANUAL_REGION, list(args), global_shape(leaves[0], out_specs), leaves[0].dtype,
-                              False, attrs, with_type=True)
+
+            return outer.node(
+                ir_pb2.MANUAL_REGION,
+                list(args),
+                global_shape(leaves[0], out_specs),
+                leaves[0].dtype,
+                False,
+                attrs,
+                with_type=True,
+            )
         shapes = [global_shape(x, s) for x, s in zip(leaves, outs)]
 
         def attrs(n):
@@ -90,9 +103,16 @@ def shard_map(f, mesh, in_specs, out_specs):
             for s, x, shape in zip(outs, leaves, shapes):
                 n.manual_region.out_specs.add().CopyFrom(s.proto())
                 n.results.add().CopyFrom(_dtypes.tensor_type(shape, x.dtype))
-        results = _region.control_node(outer, ir_pb2.MANUAL_REGION, list(args), attrs,
-                                     [(tuple(shape), x.dtype, False) for x, shape in zip(leaves, shapes)])
+
+        results = _region.control_node(
+            outer,
+            ir_pb2.MANUAL_REGION,
+            list(args),
+            attrs,
+            [(tuple(shape), x.dtype, False) for x, shape in zip(leaves, shapes)],
+        )
         return unflatten(structure, results)
+
     return wrapped
 
 
@@ -110,6 +130,7 @@ def _collective(op, x, axis_name, shape, **fields):
                 getattr(n.collective, k).extend(v)
             else:
                 setattr(n.collective, k, v)
+
     return b.node(op, [x], shape, x.dtype, False, attrs)
 
 
@@ -165,6 +186,7 @@ def axis_index(axis_name):
 
     def attrs(n):
         n.collective.axes.extend(_axes(axis_name))
+
     return b.node(ir_pb2.AXIS_INDEX, [], (), np.int32, False, attrs)
 
 
@@ -176,6 +198,7 @@ def custom_kernel(name, decomposition, cuda_source="", replication="union"):
     an explicit collection of axis names, or None: nothing declared, so the
     result may vary over every axis (an out_spec that replicates it is
     trusted, and reverse mode sums its cotangents over those axes)."""
+
     def call(*args):
         b = _builder(args[0], f"custom kernel {name!r}")
         inner = Builder(name)
@@ -199,5 +222,7 @@ def custom_kernel(name, decomposition, cuda_source="", replication="union"):
             else:
                 k.replication.kind = ir_pb2.ReplicationRule.EXPLICIT
                 k.replication.axes.extend(sorted(replication))
+
         return b.node(ir_pb2.CUSTOM_KERNEL, list(args), out.shape, out.dtype, False, attrs)
+
     return call

@@ -1,5 +1,6 @@
 """Meshes, partition specs and shardings (as in jax.sharding), and the
 placements they name: plain types, with no tracing (that is _shard_map's)."""
+
 import dataclasses
 
 import numpy as np
@@ -27,11 +28,13 @@ class Mesh:
         if _is_device_array(axes):
             # jax.sharding.Mesh(devices, axis_names)
             grid = np.vectorize(lambda d: d.id if isinstance(d, Device) else d, otypes=[object])(
-                np.asarray(axes, dtype=object))
+                np.asarray(axes, dtype=object)
+            )
             names = (devices,) if isinstance(devices, str) else tuple(devices or ())
             if len(names) != grid.ndim:
-                raise ValueError(f"Mesh: a device array of shape {grid.shape} needs {grid.ndim} axis names, "
-                                 f"got {names!r}")
+                raise ValueError(
+                    f"Mesh: a device array of shape {grid.shape} needs {grid.ndim} axis names, " f"got {names!r}"
+                )
             items = list(zip(names, grid.shape))
             devices = [int(d) for d in grid.reshape(-1)]
         elif isinstance(axes, dict):
@@ -40,8 +43,10 @@ class Mesh:
             try:
                 items = [tuple(a) for a in axes]
             except TypeError:
-                raise TypeError(f"Mesh: expected {{name: size}}, ((name, size), ...) or an array of devices "
-                                f"with axis names, got {axes!r}") from None
+                raise TypeError(
+                    f"Mesh: expected {{name: size}}, ((name, size), ...) or an array of devices "
+                    f"with axis names, got {axes!r}"
+                ) from None
         if any(len(a) != 2 for a in items):
             raise TypeError(f"Mesh: each axis is (name, size), got {items!r}")
         self.axis_names = tuple(str(n) for n, _ in items)
@@ -53,8 +58,9 @@ class Mesh:
         n = int(np.prod(self.axis_sizes))
         self.devices = tuple(int(d) for d in devices) if devices is not None else tuple(range(n))
         if len(self.devices) != n:
-            raise ValueError(f"Mesh: axes {self.shape} hold {n} devices, got {len(self.devices)}: "
-                             f"{list(self.devices)}")
+            raise ValueError(
+                f"Mesh: axes {self.shape} hold {n} devices, got {len(self.devices)}: " f"{list(self.devices)}"
+            )
         if len(set(self.devices)) != n:
             raise ValueError(f"Mesh: a device appears twice in {list(self.devices)}")
 
@@ -123,8 +129,9 @@ class P(tuple):
         # and P('a', None) differ though they lay an array out alike (that is
         # NamedSharding.is_equivalent_to). The hash is the meaning's, which
         # equal specs share.
-        return isinstance(other, P) and tuple(self) == tuple(other) and \
-            sorted(self.unreduced) == sorted(other.unreduced)
+        return (
+            isinstance(other, P) and tuple(self) == tuple(other) and sorted(self.unreduced) == sorted(other.unreduced)
+        )
 
     def __ne__(self, other):
         return not self == other
@@ -140,11 +147,14 @@ class P(tuple):
 @dataclasses.dataclass(frozen=True)
 class NamedSharding:
     """An array laid out over `mesh` as `spec` says."""
+
     mesh: Mesh
     spec: P
 
     def placement(self):
-        return session_pb2.Placement(sharded=session_pb2.MeshSharding(mesh=self.mesh.proto(), sharding=self.spec.proto()))
+        return session_pb2.Placement(
+            sharded=session_pb2.MeshSharding(mesh=self.mesh.proto(), sharding=self.spec.proto())
+        )
 
     @classmethod
     def from_placement(cls, p):
@@ -153,8 +163,11 @@ class NamedSharding:
     def is_equivalent_to(self, other, ndim=None):
         """Whether `other` lays an array out the same way (as jax's): the same
         mesh, and specs that differ at most in trailing Nones."""
-        return isinstance(other, NamedSharding) and self.mesh == other.mesh and \
-            self.spec._canonical() == other.spec._canonical()
+        return (
+            isinstance(other, NamedSharding)
+            and self.mesh == other.mesh
+            and self.spec._canonical() == other.spec._canonical()
+        )
 
     def shard_shape(self, shape):
         out = list(shape)
@@ -167,9 +180,11 @@ class NamedSharding:
 
 # ---------------------------------------------------------------- placements
 
+
 @dataclasses.dataclass(frozen=True)
 class Device:
     """One device of the cluster, by global id."""
+
     id: int
     kind: str = "cpu"
     worker: str = ""
@@ -182,6 +197,7 @@ class Device:
 @dataclasses.dataclass(frozen=True)
 class SingleDeviceSharding:
     """The whole array on one device."""
+
     device: int
 
     def placement(self):
@@ -208,6 +224,8 @@ def to_placement(where):
         return session_pb2.Placement(device=where.id)
     if isinstance(where, (int, np.integer)) and not isinstance(where, bool):
         return session_pb2.Placement(device=int(where))
-    raise TypeError(f"placement: expected a device id, a tessel.Device, NamedSharding, SingleDeviceSharding or "
-                    "ReplicatedSharding, "
-                    f"got {type(where).__name__}")
+    raise TypeError(
+        f"placement: expected a device id, a tessel.Device, NamedSharding, SingleDeviceSharding or "
+        "ReplicatedSharding, "
+        f"got {type(where).__name__}"
+    )

@@ -5,6 +5,7 @@ and dtype, and every numpy-like operation on it appends nodes. Python scalars
 are weakly typed (numpy 2 / NEP 50): they take the dtype of the array they
 meet; so do Tracers made from Python scalar arguments.
 """
+
 import threading
 
 import numpy as np
@@ -102,6 +103,7 @@ class Builder:
     def parameter(self, index, shape, dtype, name, weak=False):
         def attrs(n):
             n.parameter.index = index
+
         return self.node(ir_pb2.PARAMETER, [], shape, dtype, weak, attrs, with_type=True, name=name)
 
     def fill(self, value, shape, dtype):
@@ -117,11 +119,13 @@ class Builder:
                 with np.errstate(invalid="ignore", over="ignore"):
                     bits = np.array(value).astype(dtype)
                     n.constant.fill.i = int(bits.view(np.int64) if dtype == np.uint64 else bits)
+
         return self.node(ir_pb2.CONSTANT, [], shape, dtype, False, attrs, with_type=True)
 
     def iota(self, shape, dtype, dimension):
         def attrs(n):
             n.constant.iota.dimension = dimension
+
         return self.node(ir_pb2.CONSTANT, [], shape, dtype, False, attrs, with_type=True)
 
     def literal(self, array):
@@ -134,13 +138,15 @@ class Builder:
             for a, t in root.hoist:
                 if a is array:
                     return self.capture(t)
-            t = Builder.parameter(root, root.hoist_base + len(root.hoist), array.shape, array.dtype,
-                                  f"constant{len(root.hoist)}")
+            t = Builder.parameter(
+                root, root.hoist_base + len(root.hoist), array.shape, array.dtype, f"constant{len(root.hoist)}"
+            )
             root.hoist.append((array, t))
             return self.capture(t)
 
         def attrs(n):
             n.constant.literal.data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+
         return self.node(ir_pb2.CONSTANT, [], array.shape, array.dtype, False, attrs, with_type=True)
 
 
@@ -201,8 +207,10 @@ class Tracer:
         return f"Tracer({_dtypes.type_string(self.shape, self.dtype)})"
 
     def _concrete(self, what):
-        raise TypeError(f"{what} of a traced value ({self!r}): its value is not known while tracing; "
-                        "compute it inside the graph, or return it and fetch it")
+        raise TypeError(
+            f"{what} of a traced value ({self!r}): its value is not known while tracing; "
+            "compute it inside the graph, or return it and fetch it"
+        )
 
     def __bool__(self):
         self._concrete("bool()")
@@ -233,16 +241,31 @@ class Tracer:
 def install_operators(cls, tnp):
     """Arithmetic, comparison and indexing operators of `cls`, through `tnp`."""
     binary = {
-        "add": tnp.add, "sub": tnp.subtract, "mul": tnp.multiply, "truediv": tnp.divide,
-        "floordiv": tnp.floor_divide, "mod": tnp.remainder, "pow": tnp.power, "matmul": tnp.matmul,
-        "and": tnp.bitwise_and, "or": tnp.bitwise_or, "xor": tnp.bitwise_xor,
-        "lshift": tnp.left_shift, "rshift": tnp.right_shift,
+        "add": tnp.add,
+        "sub": tnp.subtract,
+        "mul": tnp.multiply,
+        "truediv": tnp.divide,
+        "floordiv": tnp.floor_divide,
+        "mod": tnp.remainder,
+        "pow": tnp.power,
+        "matmul": tnp.matmul,
+        "and": tnp.bitwise_and,
+        "or": tnp.bitwise_or,
+        "xor": tnp.bitwise_xor,
+        "lshift": tnp.left_shift,
+        "rshift": tnp.right_shift,
     }
     for name, fn in binary.items():
         setattr(cls, f"__{name}__", lambda a, b, fn=fn: fn(a, b))
         setattr(cls, f"__r{name}__", lambda a, b, fn=fn: fn(b, a))
-    for name, fn in {"lt": tnp.less, "le": tnp.less_equal, "gt": tnp.greater, "ge": tnp.greater_equal,
-                     "eq": tnp.equal, "ne": tnp.not_equal}.items():
+    for name, fn in {
+        "lt": tnp.less,
+        "le": tnp.less_equal,
+        "gt": tnp.greater,
+        "ge": tnp.greater_equal,
+        "eq": tnp.equal,
+        "ne": tnp.not_equal,
+    }.items():
         setattr(cls, f"__{name}__", lambda a, b, fn=fn: fn(a, b))
     cls.__hash__ = object.__hash__
     cls.__neg__ = lambda a: tnp.negative(a)
@@ -253,14 +276,17 @@ def install_operators(cls, tnp):
     cls.at = property(lambda a: tnp._IndexUpdateHelper(a))
     cls.clip = lambda a, min=None, max=None: tnp.clip(a, min, max)
     cls.astype = lambda a, dtype: tnp.astype(a, dtype)
-    cls.reshape = lambda a, *shape: tnp.reshape(a, shape[0] if len(shape) == 1 and not isinstance(shape[0], int)
-                                                else shape)
+    cls.reshape = lambda a, *shape: tnp.reshape(
+        a, shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape
+    )
     cls.transpose = lambda a, *axes: tnp.transpose(a, axes if axes else None)
     cls.T = property(lambda a: tnp.transpose(a))
-    cls.sum = lambda a, axis=None, dtype=None, keepdims=False, where=None: tnp.sum(a, axis, dtype=dtype,
-                                                                                  keepdims=keepdims, where=where)
-    cls.mean = lambda a, axis=None, dtype=None, keepdims=False, where=None: tnp.mean(a, axis, dtype=dtype,
-                                                                                    keepdims=keepdims, where=where)
+    cls.sum = lambda a, axis=None, dtype=None, keepdims=False, where=None: tnp.sum(
+        a, axis, dtype=dtype, keepdims=keepdims, where=where
+    )
+    cls.mean = lambda a, axis=None, dtype=None, keepdims=False, where=None: tnp.mean(
+        a, axis, dtype=dtype, keepdims=keepdims, where=where
+    )
     cls.max = lambda a, axis=None, keepdims=False: tnp.max(a, axis, keepdims=keepdims)
     cls.min = lambda a, axis=None, keepdims=False: tnp.min(a, axis, keepdims=keepdims)
     cls.prod = lambda a, axis=None, keepdims=False: tnp.prod(a, axis, keepdims=keepdims)

@@ -2,6 +2,7 @@
 as leaves. A structure key is a hashable description of a tree without its
 leaves: jit keys its cache on it, and every transformation rebuilds its
 results with it."""
+
 from tessel._array import Array
 
 
@@ -19,14 +20,15 @@ def structure_of(tree, leaves, paths=None, path=""):
         if isinstance(tree, (tuple, list)):
             if paths is None:
                 return (type(tree).__name__, tuple(structure_of(x, leaves) for x in tree))
-            return (type(tree).__name__,
-                    tuple(structure_of(x, leaves, paths, f"{path}[{i}]") for i, x in enumerate(tree)))
+            return (
+                type(tree).__name__,
+                tuple(structure_of(x, leaves, paths, f"{path}[{i}]") for i, x in enumerate(tree)),
+            )
         if isinstance(tree, dict):
             keys = sorted(tree)
             if paths is None:
                 return ("dict", tuple(keys), tuple(structure_of(tree[k], leaves) for k in keys))
-            return ("dict", tuple(keys),
-                    tuple(structure_of(tree[k], leaves, paths, f"{path}[{k!r}]") for k in keys))
+            return ("dict", tuple(keys), tuple(structure_of(tree[k], leaves, paths, f"{path}[{k!r}]") for k in keys))
         if tree is None:
             return NONE
     leaves.append(tree)
@@ -51,4 +53,5 @@ def unflatten(structure, leaves):
             return {k: build(c) for k, c in zip(s[1], s[2])}
         items = [build(c) for c in s[1]]
         return tuple(items) if kind == "tuple" else items
+
     return build(structure)

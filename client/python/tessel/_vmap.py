@@ -7,6 +7,7 @@ so every SDK maps functions the same way. Values that do not depend on the
 batch are computed once. Outside a trace each call runs as a one-off jitted
 program.
 """
+
 import numpy as np
 
 from tessel import _region
@@ -39,8 +40,10 @@ def _prefix(axes, s, what):
         return [a for ax, c in zip(axes, s[1]) for a in _prefix(ax, c, what)]
     if kind == "dict" and isinstance(axes, dict) and sorted(axes) == list(s[1]):
         return [a for k, c in zip(s[1], s[2]) for a in _prefix(axes[k], c, what)]
-    raise ValueError(f"vmap {what}={axes!r} does not match the structure it maps ({_describe(s)}): expected an "
-                     "int, None, or a tuple, list or dict of those with the same structure")
+    raise ValueError(
+        f"vmap {what}={axes!r} does not match the structure it maps ({_describe(s)}): expected an "
+        "int, None, or a tuple, list or dict of those with the same structure"
+    )
 
 
 def _describe(s):
@@ -74,8 +77,10 @@ def vmap(fun, in_axes=0, out_axes=0, axis_size=None):
                 in_norm.append(-1)
                 continue
             if not -x.ndim <= a < x.ndim:
-                raise ValueError(f"vmap of {name}: in_axes {a} for argument{p} of rank {x.ndim} "
-                                 f"({_region.describe(x.shape, x.dtype)}): expected an axis in [{-x.ndim}, {x.ndim})")
+                raise ValueError(
+                    f"vmap of {name}: in_axes {a} for argument{p} of rank {x.ndim} "
+                    f"({_region.describe(x.shape, x.dtype)}): expected an axis in [{-x.ndim}, {x.ndim})"
+                )
             a %= x.ndim
             in_norm.append(a)
             sizes.append((p, x.shape[a]))
@@ -84,8 +89,10 @@ def vmap(fun, in_axes=0, out_axes=0, axis_size=None):
             distinct.add(int(axis_size))
         if len(distinct) > 1:
             listed = ", ".join(f"argument{p} has {n}" for p, n in sizes)
-            raise ValueError(f"vmap of {name}: inconsistent sizes for the mapped axes: {listed}"
-                             + (f", axis_size={axis_size}" if axis_size is not None else ""))
+            raise ValueError(
+                f"vmap of {name}: inconsistent sizes for the mapped axes: {listed}"
+                + (f", axis_size={axis_size}" if axis_size is not None else "")
+            )
         if not distinct:
             raise ValueError(f"vmap of {name}: no argument is mapped (every in_axes is None): give axis_size")
         size = distinct.pop()
@@ -94,8 +101,9 @@ def vmap(fun, in_axes=0, out_axes=0, axis_size=None):
             shape = tuple(x.shape) if a < 0 else tuple(d for i, d in enumerate(x.shape) if i != a)
             specs.append((shape, np.dtype(x.dtype), bool(x.weak)))
         parent = current_builder()
-        b, out, out_paths, out_structure = _region.trace(parent, "vmap_fn", fun, specs, paths,
-                                                       lambda ps: unflatten(structure, ps))
+        b, out, out_paths, out_structure = _region.trace(
+            parent, "vmap_fn", fun, specs, paths, lambda ps: unflatten(structure, ps)
+        )
         captured, _ = _region.bind_captures([b], len(ops))
         _region.finish(b, out)
         out_norm, result_specs = [], []
@@ -106,8 +114,10 @@ def vmap(fun, in_axes=0, out_axes=0, axis_size=None):
                 continue
             rank = len(x.shape) + 1
             if not -rank <= a < rank:
-                raise ValueError(f"vmap of {name}: out_axes {a} for result{p} of rank {rank - 1}: expected an axis "
-                                 f"in [{-rank}, {rank})")
+                raise ValueError(
+                    f"vmap of {name}: out_axes {a} for result{p} of rank {rank - 1}: expected an axis "
+                    f"in [{-rank}, {rank})"
+                )
             a %= rank
             out_norm.append(a)
             shape = list(x.shape)
@@ -119,8 +129,10 @@ def vmap(fun, in_axes=0, out_axes=0, axis_size=None):
             node.batch.in_axes.extend(in_norm + [-1] * len(captured))
             node.batch.out_axes.extend(out_norm)
             node.batch.size = size
+
         results = _region.control_node(parent, ir_pb2.VMAP, ops + captured, attrs, result_specs)
         return unflatten(out_structure, results)
+
     wrapped.__name__ = f"vmap({name})"
     wrapped.__doc__ = fun.__doc__
     return wrapped

@@ -1,4 +1,5 @@
 """Exceptions: one class per kind of failure, each carrying the server's message."""
+
 import grpc
 
 

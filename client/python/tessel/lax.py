@@ -14,6 +14,7 @@ with traced bounds a `while_loop`; `switch` clamps its index into range, as
 jax does (the IR's conditional runs the last branch for an index out of
 range, as XLA does); `cond`'s predicate is a boolean scalar.
 """
+
 import numpy as np
 
 from tessel import _region
@@ -23,9 +24,21 @@ from tessel._trace import Tracer, current_builder
 from tessel._tree import flatten, unflatten
 from tessel.v1 import ir_pb2
 
-__all__ = ["cond", "dynamic_index_in_dim", "dynamic_slice", "dynamic_slice_in_dim", "dynamic_update_index_in_dim",
-           "dynamic_update_slice", "dynamic_update_slice_in_dim", "erf", "fori_loop", "scan", "switch", "top_k",
-           "while_loop"]
+__all__ = [
+    "cond",
+    "dynamic_index_in_dim",
+    "dynamic_slice",
+    "dynamic_slice_in_dim",
+    "dynamic_update_index_in_dim",
+    "dynamic_update_slice",
+    "dynamic_update_slice_in_dim",
+    "erf",
+    "fori_loop",
+    "scan",
+    "switch",
+    "top_k",
+    "while_loop",
+]
 
 erf = tnp._erf  # jax.lax.erf: the error function, elementwise, on the device
 cbrt = tnp.cbrt  # jax.lax.cbrt
@@ -110,8 +123,9 @@ def while_loop(cond_fun, body_fun, init_val):
         raise TypeError(f"while_loop: cond_fun must return a boolean scalar, got ({got})")
     bb, out, out_paths, out_structure = _region.trace(parent, "while_body", body_fun, specs, paths, rebuild)
     if out_structure != structure:
-        raise TypeError(f"while_loop: body_fun returned a carry of structure {out_structure}; the carry is "
-                        f"{structure}")
+        raise TypeError(
+            f"while_loop: body_fun returned a carry of structure {out_structure}; the carry is " f"{structure}"
+        )
     out = _region.match(bb, out, out_paths, specs, "while_loop body_fun")
     captured, (cond_caps, body_caps) = _region.bind_captures([cb, bb], n)
     _region.finish(cb, pred)
@@ -120,8 +134,10 @@ def while_loop(cond_fun, body_fun, init_val):
     def attrs(node):
         node.control.cond = cb.graph.name
         node.control.body = bb.graph.name
-    results = _region.control_node(parent, ir_pb2.WHILE, init + captured, attrs,
-                            specs + [_region.spec(c) for c in captured])
+
+    results = _region.control_node(
+        parent, ir_pb2.WHILE, init + captured, attrs, specs + [_region.spec(c) for c in captured]
+    )
     return unflatten(structure, results[:n])
 
 
@@ -132,8 +148,10 @@ def scan(f, init, xs=None, length=None, reverse=False):
     x_leaves, x_paths, x_structure = flatten(xs)
     if not _region.in_trace(c_leaves + x_leaves):
         nc = len(c_leaves)
-        return _eager(lambda *ls: scan(f, unflatten(c_structure, ls[:nc]), unflatten(x_structure, ls[nc:]),
-                                       length, reverse), c_leaves + x_leaves)
+        return _eager(
+            lambda *ls: scan(f, unflatten(c_structure, ls[:nc]), unflatten(x_structure, ls[nc:]), length, reverse),
+            c_leaves + x_leaves,
+        )
     parent = current_builder()
     carry = _region.operands(c_leaves)
     xs_t = _region.operands(x_leaves)
@@ -143,14 +161,19 @@ def scan(f, init, xs=None, length=None, reverse=False):
     if length is not None:
         lengths.add(int(length))
     if len(lengths) != 1:
-        raise ValueError(f"scan: the leading dimensions of xs and `length` disagree: {sorted(lengths)}"
-                         if lengths else "scan: without xs, give `length`")
+        raise ValueError(
+            f"scan: the leading dimensions of xs and `length` disagree: {sorted(lengths)}"
+            if lengths
+            else "scan: without xs, give `length`"
+        )
     length = lengths.pop()
     c_specs = [_region.spec(x) for x in carry]
     x_specs = [(tuple(x.shape[1:]), np.dtype(x.dtype), False) for x in xs_t]
     nc = len(carry)
     rebuild = lambda ps: (unflatten(c_structure, ps[:nc]), unflatten(x_structure, ps[nc:]))
-    b, out, out_paths, out_structure = _region.trace(parent, "scan_body", f, c_specs + x_specs, c_paths + x_paths, rebuild)
+    b, out, out_paths, out_structure = _region.trace(
+        parent, "scan_body", f, c_specs + x_specs, c_paths + x_paths, rebuild
+    )
     if out_structure[0] not in ("tuple", "list") or len(out_structure[1]) != 2:
         raise TypeError("scan: f must return a pair (carry, y)")
     if out_structure[1][0] != c_structure:
@@ -167,9 +190,11 @@ def scan(f, init, xs=None, length=None, reverse=False):
         node.control.length = length
         node.control.num_carry = nk
         node.control.reverse = bool(reverse)
+
     y_specs = [((length,) + tuple(y.shape), np.dtype(y.dtype), False) for y in ys]
-    results = _region.control_node(parent, ir_pb2.SCAN, carry + captured + xs_t, attrs,
-                            c_specs + [_region.spec(c) for c in captured] + y_specs)
+    results = _region.control_node(
+        parent, ir_pb2.SCAN, carry + captured + xs_t, attrs, c_specs + [_region.spec(c) for c in captured] + y_specs
+    )
     ys_out = unflatten(out_structure[1][1], results[nk:])
     return unflatten(c_structure, results[:nc]), ys_out
 
@@ -195,12 +220,14 @@ def fori_loop(lower, upper, body_fun, init_val):
         def step(carry, _):
             i, val = carry
             return (i + 1, body_fun(i, val)), None
+
         (_, val), _ = scan(step, (np.int32(lower), init_val), None, length=max(0, upper - lower))
         return val
 
     def body(carry):
         i, hi, val = carry
         return i + 1, hi, body_fun(i, val)
+
     _, _, val = while_loop(lambda c: c[0] < c[1], body, (lower, upper, init_val))
     return val
 
@@ -223,8 +250,10 @@ def _branches(index, branches, operands, what):
         strong = [x for x in xs if not x.weak]
         ref = strong[0] if strong else xs[0]
         result_specs.append((tuple(ref.shape), np.dtype(ref.dtype), not strong))
-    outs = [_region.match(b, leaves, paths, result_specs, f"{what} branch {k}")
-            for k, (b, leaves, paths, _) in enumerate(traced)]
+    outs = [
+        _region.match(b, leaves, paths, result_specs, f"{what} branch {k}")
+        for k, (b, leaves, paths, _) in enumerate(traced)
+    ]
     captured, caps = _region.bind_captures([t[0] for t in traced], len(ops))
     for (b, _, _, _), out in zip(traced, outs):
         _region.finish(b, out)
@@ -232,6 +261,7 @@ def _branches(index, branches, operands, what):
 
     def attrs(node):
         node.control.branches.extend(t[0].graph.name for t in traced)
+
     results = _region.control_node(parent, ir_pb2.CONDITIONAL, [index] + ops + captured, attrs, result_specs)
     return unflatten(structure, results)
 

@@ -1,6 +1,7 @@
 """tessel.nn: the neural-network helpers of jax.nn, composed from
 tessel.numpy (so they trace under @tessel.jit and run eagerly on
 tessel.Arrays alike), with jax.nn's formulas and defaults."""
+
 import math
 
 import numpy as _np

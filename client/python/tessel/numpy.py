@@ -4,6 +4,7 @@ Inside @tessel.jit these functions trace into the graph. Called on
 tessel.Arrays (or numpy arrays) outside a trace, they run at once on the
 devices, compiled like a one-op jit.
 """
+
 import builtins
 import functools
 import operator as _operator
@@ -41,6 +42,7 @@ def _op(fn):
                 raise RuntimeError(f"tessel.numpy.{fn.__name__} outside a trace needs tessel imported")
             return _eager_call(fn, args, kwargs)
         return fn(*args, **kwargs)
+
     return wrapper
 
 
@@ -110,6 +112,7 @@ def _convert(t, d):
 
     def attrs(n):
         n.convert.dtype = _dtypes.to_proto(d)
+
     return _b().node(ir_pb2.CONVERT, [t], t.shape, d, set_attrs=attrs)
 
 
@@ -122,6 +125,7 @@ def _broadcast(t, shape):
     def attrs(n):
         n.broadcast_in_dim.dims.extend(shape)
         n.broadcast_in_dim.broadcast_dimensions.extend(range(offset, len(shape)))
+
     return _b().node(ir_pb2.BROADCAST_IN_DIM, [t], shape, t.dtype, set_attrs=attrs)
 
 
@@ -192,12 +196,15 @@ def _binary(op):
         d = _result_dtype(x1, x2)
         if d == _np.bool_:
             if op == ir_pb2.SUB:
-                raise TypeError("numpy boolean subtract, the `-` operator, is not supported; "
-                                "use the bitwise_xor, the `^` operator, or the logical_xor function instead")
+                raise TypeError(
+                    "numpy boolean subtract, the `-` operator, is not supported; "
+                    "use the bitwise_xor, the `^` operator, or the logical_xor function instead"
+                )
             if op == ir_pb2.POW:
                 return _elementwise(op, [x1, x2], _np.int8)
             return _elementwise(_ON_BOOLS.get(op, op), [x1, x2])
         return _elementwise(op, [x1, x2], d)
+
     return f
 
 
@@ -228,6 +235,7 @@ def _logical(op):
         if not (_is_pyscalar(x1) and _is_pyscalar(x2)):
             _check_in_range([x1, x2], _np.int64)
         return _elementwise(op, [_truth(x1), _truth(x2)], _np.bool_)
+
     return f
 
 
@@ -292,12 +300,21 @@ def _remainder_off_sign(r, b):
 # For `array OP k` with k above (+1) or below (-1) every value of the array's
 # integer type: the answer, whatever the array holds.
 _DECIDED = {
-    ir_pb2.EQ: (False, False), ir_pb2.NE: (True, True),
-    ir_pb2.LT: (True, False), ir_pb2.LE: (True, False),
-    ir_pb2.GT: (False, True), ir_pb2.GE: (False, True),
+    ir_pb2.EQ: (False, False),
+    ir_pb2.NE: (True, True),
+    ir_pb2.LT: (True, False),
+    ir_pb2.LE: (True, False),
+    ir_pb2.GT: (False, True),
+    ir_pb2.GE: (False, True),
 }
-_SWAPPED = {ir_pb2.LT: ir_pb2.GT, ir_pb2.LE: ir_pb2.GE, ir_pb2.GT: ir_pb2.LT, ir_pb2.GE: ir_pb2.LE,
-            ir_pb2.EQ: ir_pb2.EQ, ir_pb2.NE: ir_pb2.NE}
+_SWAPPED = {
+    ir_pb2.LT: ir_pb2.GT,
+    ir_pb2.LE: ir_pb2.GE,
+    ir_pb2.GT: ir_pb2.LT,
+    ir_pb2.GE: ir_pb2.LE,
+    ir_pb2.EQ: ir_pb2.EQ,
+    ir_pb2.NE: ir_pb2.NE,
+}
 
 
 def _compare(direction):
@@ -313,7 +330,9 @@ def _compare(direction):
 
         def attrs(n):
             n.compare.direction = direction
+
         return _elementwise(ir_pb2.COMPARE, [x1, x2], d, out_dtype=_np.dtype(_np.bool_), set_attrs=attrs)
+
     return f
 
 
@@ -337,6 +356,7 @@ def _unary(op, float_only=False, identity_on_ints=False):
                 # (bool and uint8 -> float16, int32 and int64 -> float64).
                 t = _convert(t, _np.result_type(t.dtype, _np.float16))
         return _b().node(op, [t], t.shape, t.dtype)
+
     return f
 
 
@@ -346,8 +366,9 @@ _neg, _abs, _sign = _unary(ir_pb2.NEG), _unary(ir_pb2.ABS), _unary(ir_pb2.SIGN)
 def _unsigned(x, what):
     t = _tracer(x)
     if t.dtype == _np.bool_ and what:
-        raise TypeError(f"numpy boolean {what} is not supported (numpy's ufunc has no bool loop); "
-                        "use logical_not or ~ on bools")
+        raise TypeError(
+            f"numpy boolean {what} is not supported (numpy's ufunc has no bool loop); " "use logical_not or ~ on bools"
+        )
     return t.dtype.kind in "ub", t
 
 
@@ -474,8 +495,9 @@ def clip(a, a_min=None, a_max=None):
     a_min = low if a_min is None else a_min
     a_max = high if a_max is None else a_max
     shape = _np.broadcast_shapes(t.shape, _shape(a_min), _shape(a_max))
-    return _b().node(ir_pb2.CLAMP, [_operand(a_min, d, shape), _operand(t, d, shape), _operand(a_max, d, shape)],
-                     shape, d)
+    return _b().node(
+        ir_pb2.CLAMP, [_operand(a_min, d, shape), _operand(t, d, shape), _operand(a_max, d, shape)], shape, d
+    )
 
 
 @_op
@@ -484,6 +506,7 @@ def astype(x, dtype):
 
 
 # ---------------------------------------------------------------- reductions
+
 
 def _axes(axis, ndim):
     if axis is None:
@@ -507,6 +530,7 @@ def _reduce(kind, x, axis, keepdims, d=None):
     def attrs(n):
         n.reduce.kind = kind
         n.reduce.dims.extend(axes)
+
     out = _b().node(ir_pb2.REDUCE, [t], shape, t.dtype, set_attrs=attrs)
     if keepdims:
         out = reshape(out, tuple(1 if i in axes else s for i, s in enumerate(t.shape)))
@@ -588,8 +612,7 @@ def mean(a, axis=None, dtype=None, keepdims=False, where=None):
     """numpy.mean: summed in `dtype` (float64 for integers by default),
     over the elements `where` selects."""
     t = _tracer(a)
-    d = _np.dtype(dtype) if dtype is not None else \
-        t.dtype if _dtypes.is_float(t.dtype) else _np.dtype(_np.float64)
+    d = _np.dtype(dtype) if dtype is not None else t.dtype if _dtypes.is_float(t.dtype) else _np.dtype(_np.float64)
     axes = _axes(axis, t.ndim)
     if where is None or where is True:
         count = int(_np.prod([t.shape[i] for i in axes], dtype=_np.int64))
@@ -613,6 +636,7 @@ def _argreduce(op, a, axis):
     def attrs(n):
         n.arg_reduce.dimension = axis
         n.arg_reduce.index_dtype = ir_pb2.S64
+
     return _b().node(op, [t], shape, _np.int64, set_attrs=attrs)
 
 
@@ -637,6 +661,7 @@ def argmin(a, axis=None, keepdims=False):
 
 # ---------------------------------------------------------------- layout
 
+
 @_op
 def reshape(a, newshape):
     t = _tracer(a)
@@ -655,6 +680,7 @@ def reshape(a, newshape):
 
     def attrs(n):
         n.reshape.dims.extend(newshape)
+
     return _b().node(ir_pb2.RESHAPE, [t], newshape, t.dtype, set_attrs=attrs)
 
 
@@ -669,6 +695,7 @@ def transpose(a, axes=None):
 
     def attrs(n):
         n.transpose.permutation.extend(perm)
+
     return _b().node(ir_pb2.TRANSPOSE, [t], tuple(t.shape[p] for p in perm), t.dtype, set_attrs=attrs)
 
 
@@ -701,6 +728,7 @@ def concatenate(arrays, axis=0):
 
     def attrs(n):
         n.concatenate.dimension = axis
+
     return _b().node(ir_pb2.CONCATENATE, ts, shape, d, set_attrs=attrs)
 
 
@@ -774,7 +802,7 @@ def take(a, indices, axis=None, mode=None, fill_value=None):
         flat = [int(i) for i in idx.ravel()]
         if len(_runs(flat)) <= 4:
             out = _take_static(t, flat, ax)
-            return reshape(out, t.shape[:ax] + idx.shape + t.shape[ax + 1:])
+            return reshape(out, t.shape[:ax] + idx.shape + t.shape[ax + 1 :])
         indices = idx
     parts = [slice(None)] * t.ndim
     parts[ax] = indices
@@ -783,17 +811,20 @@ def take(a, indices, axis=None, mode=None, fill_value=None):
 
 # ---------------------------------------------------------------- gather and scatter
 
+
 def _gather(t, idx, axis):
     """GATHER: t's slices along `axis` at the integer tracer `idx` (indices
     out of range clamp): dimensions t[:axis] + idx + t[axis+1:]."""
+
     def attrs(n):
         n.gather.axis = axis
-    return _b().node(ir_pb2.GATHER, [t, idx], t.shape[:axis] + idx.shape + t.shape[axis + 1:], t.dtype,
-                     set_attrs=attrs)
+
+    return _b().node(
+        ir_pb2.GATHER, [t, idx], t.shape[:axis] + idx.shape + t.shape[axis + 1 :], t.dtype, set_attrs=attrs
+    )
 
 
-_COMBINE = {"set": None, "add": ir_pb2.SUM, "multiply": ir_pb2.PROD, "min": ir_pb2.REDUCE_MIN,
-            "max": ir_pb2.REDUCE_MAX}
+_COMBINE = {"set": None, "add": ir_pb2.SUM, "multiply": ir_pb2.PROD, "min": ir_pb2.REDUCE_MIN, "max": ir_pb2.REDUCE_MAX}
 
 
 def _scatter(t, idx, updates, axis, mode):
@@ -807,6 +838,7 @@ def _scatter(t, idx, updates, axis, mode):
         n.scatter.axis = axis
         if combine is not None:
             n.scatter.combine = combine
+
     return _b().node(ir_pb2.SCATTER, [t, idx, updates], t.shape, t.dtype, set_attrs=attrs)
 
 
@@ -849,8 +881,10 @@ def _expand_index(t, idx, what):
                 raise NotImplementedError(f"{what}: a scalar boolean index is not supported")
             parts.extend(_MaskPart(p, size) for p, size in zip(m.nonzero(), m.shape))
         elif _is_traced(i) and i.dtype == _np.bool_:
-            raise IndexError(f"{what}: a boolean mask with traced or device values: the result's shape would depend "
-                             "on the values. Use tessel.numpy.where(mask, x, other), or pass the mask as a numpy array")
+            raise IndexError(
+                f"{what}: a boolean mask with traced or device values: the result's shape would depend "
+                "on the values. Use tessel.numpy.where(mask, x, other), or pass the mask as a numpy array"
+            )
         else:
             parts.append(i)
     ellipses = builtins.sum(1 for i in parts if i is Ellipsis)
@@ -861,13 +895,15 @@ def _expand_index(t, idx, what):
         raise IndexError(f"too many indices for {t!r}: {used} given")
     if ellipses:
         k = next(j for j, i in enumerate(parts) if i is Ellipsis)
-        parts = parts[:k] + [slice(None)] * (t.ndim - used) + parts[k + 1:]
+        parts = parts[:k] + [slice(None)] * (t.ndim - used) + parts[k + 1 :]
     parts += [slice(None)] * (t.ndim - len(parts))
     for d, i in enumerate(parts):
         if isinstance(i, _MaskPart):
             if i.size != t.shape[d]:
-                raise IndexError(f"{what}: boolean index did not match indexed array along axis {d}; size of axis is "
-                                 f"{t.shape[d]} but size of corresponding boolean axis is {i.size}")
+                raise IndexError(
+                    f"{what}: boolean index did not match indexed array along axis {d}; size of axis is "
+                    f"{t.shape[d]} but size of corresponding boolean axis is {i.size}"
+                )
             parts[d] = i.positions
     return parts
 
@@ -878,8 +914,11 @@ def _advanced(t, parts, what, out_of_range):
     tracer broadcast to one shape, negative indices counted from the end.
     Numpy index values out of range raise (out_of_range "raise") or are
     kept (JAX's .at drops them); traced ones are kept."""
-    dims = [d for d, i in enumerate(parts)
-            if _is_array_index(i) or (isinstance(i, (int, _np.integer)) and not isinstance(i, (bool, _np.bool_)))]
+    dims = [
+        d
+        for d, i in enumerate(parts)
+        if _is_array_index(i) or (isinstance(i, (int, _np.integer)) and not isinstance(i, (bool, _np.bool_)))
+    ]
     tracers = []
     for d in dims:
         i, n = parts[d], t.shape[d]
@@ -958,8 +997,10 @@ def _advanced_update(t, parts, values, mode):
     in row-major order stays)."""
     for d, i in enumerate(parts):
         if isinstance(i, slice) and i != slice(None):
-            raise NotImplementedError(f".at[...].{mode}: index arrays with a partial slice (axis {d}) are not "
-                                      "supported; update the slice's whole axis, or index it with an array")
+            raise NotImplementedError(
+                f".at[...].{mode}: index arrays with a partial slice (axis {d}) are not "
+                "supported; update the slice's whole axis, or index it with an array"
+            )
     dims, tracers, shape = _advanced(t, parts, f".at[...].{mode}", "keep")
     want, at = _indexed_shape(t, dims, shape)
     v = _tracer(values)
@@ -992,8 +1033,10 @@ def take_along_axis(arr, indices, axis, mode=None, fill_value=None):
     ax = _axis_list(axis, t.ndim, "take_along_axis")[0]
     idx = _tracer(indices) if _is_traced(indices) else _np.asarray(indices)
     if len(idx.shape) != t.ndim:
-        raise ValueError(f"take_along_axis: indices and arr must have the same number of dimensions, got "
-                         f"{len(idx.shape)} and {t.ndim}")
+        raise ValueError(
+            f"take_along_axis: indices and arr must have the same number of dimensions, got "
+            f"{len(idx.shape)} and {t.ndim}"
+        )
     parts = []
     for d in range(t.ndim):
         if d == ax:
@@ -1047,11 +1090,17 @@ def _take_mode(t, parts, ax, mode, fill_value, what):
     parts[ax] = where(inside, i, 0)
     got = _advanced_getitem(t, parts)
     dims = [d for d, p in enumerate(parts) if _is_array_index(p)]
-    shape = tuple(_np.broadcast_shapes(*[tuple(p.shape) if isinstance(p, Tracer) else _np.shape(p)
-                                         for p in parts if _is_array_index(p)]))
+    shape = tuple(
+        _np.broadcast_shapes(
+            *[tuple(p.shape) if isinstance(p, Tracer) else _np.shape(p) for p in parts if _is_array_index(p)]
+        )
+    )
     _, at = _indexed_shape(t, dims, shape)
-    return where(_broadcast_into(broadcast_to(inside, shape), got.shape, at, len(shape)), got,
-                 _fill_value_for(t.dtype, fill_value))
+    return where(
+        _broadcast_into(broadcast_to(inside, shape), got.shape, at, len(shape)),
+        got,
+        _fill_value_for(t.dtype, fill_value),
+    )
 
 
 def _broadcast_into(mask, shape, at, nb):
@@ -1063,6 +1112,7 @@ def _broadcast_into(mask, shape, at, nb):
     def attrs(n):
         n.broadcast_in_dim.dims.extend(shape)
         n.broadcast_in_dim.broadcast_dimensions.extend(range(at, at + nb))
+
     return _b().node(ir_pb2.BROADCAST_IN_DIM, [mask], tuple(shape), mask.dtype, set_attrs=attrs)
 
 
@@ -1109,8 +1159,10 @@ def _dynamic_update_slice(operand, update, start_indices):
     t = _tracer(operand)
     u = _convert(_tracer(update), t.dtype)
     _check_window(t, list(start_indices), list(u.shape), "dynamic_update_slice")
-    starts = [_start_index(s, n, k, "dynamic_update_slice", d)
-              for d, (s, n, k) in enumerate(zip(start_indices, t.shape, u.shape))]
+    starts = [
+        _start_index(s, n, k, "dynamic_update_slice", d)
+        for d, (s, n, k) in enumerate(zip(start_indices, t.shape, u.shape))
+    ]
     if not builtins.any(isinstance(s, Tracer) for s in starts):
         return _at_update(t, tuple(slice(s, s + k) for s, k in zip(starts, u.shape)), u, "set")
     # A scatter over the window's positions in every dimension it does not
@@ -1168,6 +1220,7 @@ def pad(array, pad_width, mode="constant", constant_values=0, **kwargs):
     def attrs(n):
         n.pad.low.extend(int(w) for w in widths[:, 0])
         n.pad.high.extend(int(w) for w in widths[:, 1])
+
     return _b().node(ir_pb2.PAD, [t, value], shape, t.dtype, set_attrs=attrs)
 
 
@@ -1180,8 +1233,10 @@ def _getitem(a, idx):
         raise IndexError("an index can only have a single ellipsis")
     if builtins.any(_is_array_index(i) for i in idx):
         if builtins.any(i is None for i in idx):
-            raise NotImplementedError("indexing: None (np.newaxis) beside index arrays is not supported; "
-                                      "index first, then add the axis with expand_dims")
+            raise NotImplementedError(
+                "indexing: None (np.newaxis) beside index arrays is not supported; "
+                "index first, then add the axis with expand_dims"
+            )
         return _advanced_getitem(t, _expand_index(t, idx, "indexing"))
     if builtins.any(i is None for i in idx):
         # np.newaxis: index without them, then insert a dimension of 1 where
@@ -1206,10 +1261,12 @@ def _getitem(a, idx):
     full = tuple(len(range(s, l, st)) for s, l, st in zip(start, limit, strides))
     out = _reverse(t, reversed_dims)
     if full != t.shape:
+
         def attrs(n):
             n.slice.start.extend(start)
             n.slice.limit.extend(limit)
             n.slice.strides.extend(strides)
+
         out = _b().node(ir_pb2.SLICE, [out], full, t.dtype, set_attrs=attrs)
     return reshape(out, tuple(keep)) if tuple(keep) != full else out
 
@@ -1221,7 +1278,7 @@ def _basic_index(t, idx):
     result's shape (integers drop their dimension)."""
     if Ellipsis in idx:
         k = idx.index(Ellipsis)
-        idx = idx[:k] + (slice(None),) * (t.ndim - len(idx) + 1) + idx[k + 1:]
+        idx = idx[:k] + (slice(None),) * (t.ndim - len(idx) + 1) + idx[k + 1 :]
     if len(idx) > t.ndim:
         raise IndexError(f"too many indices for {t!r}")
     idx = idx + (slice(None),) * (t.ndim - len(idx))
@@ -1273,23 +1330,29 @@ def flipud(m):
 
 # ---------------------------------------------------------------- dot
 
+
 def _dot_general(lhs, rhs, lb, rb, lc, rc):
     d = _result_dtype(lhs, rhs)
     if d == _np.bool_:
         # numpy: a logical or of ands; the IR's dot multiplies numbers.
-        return not_equal(_dot_general(_convert(_tracer(lhs), _np.int32), _convert(_tracer(rhs), _np.int32),
-                                      lb, rb, lc, rc), 0)
+        return not_equal(
+            _dot_general(_convert(_tracer(lhs), _np.int32), _convert(_tracer(rhs), _np.int32), lb, rb, lc, rc), 0
+        )
     l, r = _convert(_tracer(lhs), d), _convert(_tracer(rhs), d)
     for a, b in zip(lc, rc):
         if l.shape[a] != r.shape[b]:
             raise ValueError(f"dot: contracting dimensions differ: {l!r} dim {a} vs {r!r} dim {b}")
-    shape = ([l.shape[i] for i in lb] + [s for i, s in enumerate(l.shape) if i not in lb and i not in lc] +
-             [s for i, s in enumerate(r.shape) if i not in rb and i not in rc])
+    shape = (
+        [l.shape[i] for i in lb]
+        + [s for i, s in enumerate(l.shape) if i not in lb and i not in lc]
+        + [s for i, s in enumerate(r.shape) if i not in rb and i not in rc]
+    )
 
     def attrs(n):
         g = n.dot_general
         g.lhs_batch.extend(lb), g.rhs_batch.extend(rb)
         g.lhs_contracting.extend(lc), g.rhs_contracting.extend(rc)
+
     return _b().node(ir_pb2.DOT_GENERAL, [l, r], shape, d, set_attrs=attrs)
 
 
@@ -1339,7 +1402,7 @@ def _einsum_parse(subscripts, ts):
             k = t.ndim - (len(s_) - 3)
             if k < 0:
                 raise ValueError(f"einsum '{subscripts}': '{s_}' has more letters than {t!r} has dimensions")
-            s_ = s_.replace("...", ell[n_ell - k:])
+            s_ = s_.replace("...", ell[n_ell - k :])
         if "." in s_ or len(s_) != t.ndim:
             raise ValueError(f"einsum '{subscripts}': '{s_}' does not fit {t!r}")
         expanded.append(s_)
@@ -1362,8 +1425,10 @@ def _einsum_diagonals(subscripts, s_, t):
         i = s_.index(c)
         j = s_.index(c, i + 1)
         if t.shape[i] != t.shape[j]:
-            raise ValueError(f"einsum '{subscripts}': letter '{c}' repeated in one operand over dimensions of "
-                             f"sizes {t.shape[i]} and {t.shape[j]}: expected equal sizes")
+            raise ValueError(
+                f"einsum '{subscripts}': letter '{c}' repeated in one operand over dimensions of "
+                f"sizes {t.shape[i]} and {t.shape[j]}: expected equal sizes"
+            )
         t = diagonal(t, 0, i, j)
         s_ = "".join(x for k, x in enumerate(s_) if k not in (i, j)) + c
     return s_, t
@@ -1381,10 +1446,19 @@ def _einsum_pair(ls, rs, keep, l, r):
         l, ls = sum(l, tuple(lonly)), "".join(c for i, c in enumerate(ls) if i not in lonly)
     if ronly:
         r, rs = sum(r, tuple(ronly)), "".join(c for i, c in enumerate(rs) if i not in ronly)
-    res = _dot_general(l, r, [ls.index(c) for c in batch], [rs.index(c) for c in batch],
-                       [ls.index(c) for c in contract], [rs.index(c) for c in contract])
-    order = batch + [c for c in ls if c not in batch and c not in contract] + \
-        [c for c in rs if c not in batch and c not in contract]
+    res = _dot_general(
+        l,
+        r,
+        [ls.index(c) for c in batch],
+        [rs.index(c) for c in batch],
+        [ls.index(c) for c in contract],
+        [rs.index(c) for c in contract],
+    )
+    order = (
+        batch
+        + [c for c in ls if c not in batch and c not in contract]
+        + [c for c in rs if c not in batch and c not in contract]
+    )
     return res, "".join(order)
 
 
@@ -1415,8 +1489,10 @@ def einsum(subscripts, *operands, optimize=None):
             elif n not in (1, sizes[c]):
                 raise ValueError(f"einsum '{subscripts}': letter '{c}' has sizes {sizes[c]} and {n}")
     # Dimensions of size 1 that meet a larger size broadcast to it.
-    ts = [t if tuple(sizes[c] for c in s_) == t.shape else broadcast_to(t, tuple(sizes[c] for c in s_))
-          for s_, t in zip(ins, ts)]
+    ts = [
+        t if tuple(sizes[c] for c in s_) == t.shape else broadcast_to(t, tuple(sizes[c] for c in s_))
+        for s_, t in zip(ins, ts)
+    ]
     work = list(zip(ins, ts))
     while len(work) > 1:
         best = None
@@ -1431,7 +1507,7 @@ def einsum(subscripts, *operands, optimize=None):
         (ls, l), (rs, r) = work[i], work[j]
         res, letters = _einsum_pair(ls, rs, kept, l, r)
         work = [w for k, w in enumerate(work) if k not in (i, j)] + [(letters, res)]
-    (s_, t), = work
+    ((s_, t),) = work
     summed = [i for i, c in enumerate(s_) if c not in out]
     r = sum(t, tuple(summed)) if summed else t
     rest = [c for c in s_ if c in out]
@@ -1455,7 +1531,7 @@ def diagonal(a, offset=0, axis1=0, axis2=1):
     if k == 0:
         return flat[..., 0:0]
     start = offset if offset >= 0 else -offset * m
-    return flat[..., start:start + (k - 1) * (m + 1) + 1:m + 1]
+    return flat[..., start : start + (k - 1) * (m + 1) + 1 : m + 1]
 
 
 @_op
@@ -1465,6 +1541,7 @@ def trace(a, offset=0, axis1=0, axis2=1, dtype=None):
 
 
 # ---------------------------------------------------------------- creation
+
 
 @_op
 def zeros(shape, dtype=float64):
@@ -1511,13 +1588,17 @@ def arange(start, stop=None, step=None, dtype=None):
         d = _np.dtype(int64) if dtype is None else d
     if start == 0 and step == 1:
         return _b().iota((n,), d, 0)
-    work = _np.dtype(float64) if d.kind == "f" or builtins.any(isinstance(v, float) for v in (start, step)) \
+    work = (
+        _np.dtype(float64)
+        if d.kind == "f" or builtins.any(isinstance(v, float) for v in (start, step))
         else _np.dtype(int64)
+    )
     i = _b().iota((n,), work, 0)
     return astype(add(multiply(i, work.type(step)), work.type(start)), d)
 
 
 # ---------------------------------------------------------------- more layout, as numpy composes it
+
 
 def _axis_list(axis, ndim, what):
     axes = (axis,) if isinstance(axis, (int, _np.integer)) else tuple(axis)
@@ -1540,8 +1621,9 @@ def squeeze(a, axis=None):
         drop = _axis_list(axis, t.ndim, "squeeze")
         for i in drop:
             if t.shape[i] != 1:
-                raise ValueError(f"cannot select an axis to squeeze out which has size not equal to one "
-                                 f"(axis {i} of {t!r})")
+                raise ValueError(
+                    f"cannot select an axis to squeeze out which has size not equal to one " f"(axis {i} of {t!r})"
+                )
     return reshape(t, tuple(s for i, s in enumerate(t.shape) if i not in drop))
 
 
@@ -1631,6 +1713,7 @@ def eye(N, M=None, k=0, dtype=float64):
 
 # ---------------------------------------------------------------- float classification
 
+
 @_op
 def isnan(x):
     t = _tracer(x)
@@ -1657,6 +1740,7 @@ def isfinite(x):
 
 # ---------------------------------------------------------------- statistics
 
+
 @_op
 def var(a, axis=None, dtype=None, ddof=0, keepdims=False):
     """numpy's var: the mean of squared deviations from the mean (in float64
@@ -1676,6 +1760,7 @@ def std(a, axis=None, dtype=None, ddof=0, keepdims=False):
 
 
 # ---------------------------------------------------------------- rounding, as numpy defines it
+
 
 def _round_half_even(t):
     """numpy.rint: ties to the even neighbour. x - floor(x) is exact in
@@ -1700,7 +1785,7 @@ def round(a, decimals=0):
     if not _dtypes.is_float(t.dtype):
         if decimals >= 0:
             return t
-        f = 10 ** -decimals
+        f = 10**-decimals
         q = floor_divide(t, f)
         r2 = multiply(subtract(t, multiply(q, f)), 2)
         q_odd = not_equal(remainder(q, 2), 0)
@@ -1709,9 +1794,9 @@ def round(a, decimals=0):
     if decimals == 0:
         return _round_half_even(t)
     if decimals > 0:
-        f = t.dtype.type(10.0 ** decimals)
+        f = t.dtype.type(10.0**decimals)
         return divide(_round_half_even(multiply(t, f)), f)
-    f = t.dtype.type(10.0 ** -decimals)
+    f = t.dtype.type(10.0**-decimals)
     return multiply(_round_half_even(divide(t, f)), f)
 
 
@@ -1779,6 +1864,7 @@ def logaddexp(x1, x2):
 
 # ---------------------------------------------------------------- shifts
 
+
 def _shift_operands(x1, x2, name):
     d = _result_dtype(x1, x2)
     if d == _np.bool_:
@@ -1817,6 +1903,7 @@ bitwise_left_shift, bitwise_right_shift = left_shift, right_shift
 
 
 # ---------------------------------------------------------------- NaN-ignoring reductions
+
 
 def _nan_filled(a, value):
     t = _tracer(a)
@@ -1869,6 +1956,7 @@ def nanmin(a, axis=None, keepdims=False):
 
 # ---------------------------------------------------------------- cumulative
 
+
 def _cumulative(combine, identity, a, axis, d, name):
     """An inclusive scan along one axis in log2(n) steps: each step combines
     every element with the one 2**k before it (Hillis and Steele). Floating
@@ -1905,6 +1993,7 @@ cumulative_sum, cumulative_prod = cumsum, cumprod
 
 
 # ---------------------------------------------------------------- layout by composition
+
 
 @_op
 def roll(a, shift, axis=None):
@@ -1961,9 +2050,9 @@ def repeat(a, repeats, axis=None):
         r = int(counts.reshape(-1)[0])
         if r < 0:
             raise ValueError(f"repeat: negative repetitions ({r})")
-        spread = t.shape[:ax + 1] + (r,) + t.shape[ax + 1:]
-        column = reshape(t, t.shape[:ax + 1] + (1,) + t.shape[ax + 1:])
-        return reshape(broadcast_to(column, spread), t.shape[:ax] + (n * r,) + t.shape[ax + 1:])
+        spread = t.shape[: ax + 1] + (r,) + t.shape[ax + 1 :]
+        column = reshape(t, t.shape[: ax + 1] + (1,) + t.shape[ax + 1 :])
+        return reshape(broadcast_to(column, spread), t.shape[:ax] + (n * r,) + t.shape[ax + 1 :])
     if counts.shape != (n,):
         raise ValueError(f"repeat: {counts.size} repeat counts for axis {ax} of size {n}")
     if (counts < 0).any():
@@ -2012,6 +2101,7 @@ def array_split(ary, indices_or_sections, axis=0):
 
 # ---------------------------------------------------------------- creation
 
+
 @_op
 def linspace(start, stop, num=50, endpoint=True, retstep=False, dtype=None, axis=0):
     """numpy.linspace for scalar ends: start + i * step, the last element
@@ -2049,6 +2139,7 @@ array = asarray
 
 # ---------------------------------------------------------------- sorting
 
+
 def _sort_node(keys, moved, axis, descending):
     """SORT: `moved` (or the keys themselves) reordered along `axis` by a
     stable sort of the keys, NaN last (descending: first)."""
@@ -2058,6 +2149,7 @@ def _sort_node(keys, moved, axis, descending):
         n.sort.dimension = axis
         n.sort.descending = bool(descending)
         n.sort.result_operand = len(ops) - 1
+
     return _b().node(ir_pb2.SORT, ops, ops[-1].shape, ops[-1].dtype, set_attrs=attrs)
 
 
@@ -2116,6 +2208,7 @@ def searchsorted(a, v, side="left", sorter=None, method=None):
 
 # ---------------------------------------------------------------- x.at[...]: functional updates
 
+
 @_op
 def _at_update(x, idx, values, mode):
     """x with the region idx selects (integers, slices of either step, one
@@ -2140,8 +2233,9 @@ def _at_update(x, idx, values, mode):
     except ValueError:
         fits = False
     if not fits:
-        raise ValueError(f".at[...].{mode}: values of shape {v.shape} do not broadcast to the indexed shape "
-                         f"{tuple(keep)}")
+        raise ValueError(
+            f".at[...].{mode}: values of shape {v.shape} do not broadcast to the indexed shape " f"{tuple(keep)}"
+        )
     v = reshape(broadcast_to(_convert(v, t.dtype), tuple(keep)), region)
     u = _reverse(t, rev)
     low = start
@@ -2155,7 +2249,9 @@ def _at_update(x, idx, values, mode):
             n.pad.low.extend(low)
             n.pad.high.extend(high)
             n.pad.interior.extend(interior)
+
         return _b().node(ir_pb2.PAD, [val, _operand(fill, val.dtype, ())], t.shape, val.dtype, set_attrs=attrs)
+
     placed = spread(v, neutral)
     if mode == "add":
         out = add(u, placed) if t.dtype != _np.bool_ else logical_or(u, placed)

@@ -17,6 +17,7 @@ values equal the single-device ones for the same key. The 32-bit words are
 computed in int64 (sums masked to 32 bits, rotations as a multiply and a
 floor division by powers of two), elementwise ops the compiler fuses.
 """
+
 import math
 
 import numpy as np
@@ -26,9 +27,21 @@ from tessel import numpy as tnp
 from tessel._array import Array
 from tessel._trace import Tracer
 
-__all__ = ["PRNGKey", "bernoulli", "bits", "choice", "fold_in", "gumbel", "key", "key_data", "normal", "permutation",
-           "randint", "split",
-           "uniform"]
+__all__ = [
+    "PRNGKey",
+    "bernoulli",
+    "bits",
+    "choice",
+    "fold_in",
+    "gumbel",
+    "key",
+    "key_data",
+    "normal",
+    "permutation",
+    "randint",
+    "split",
+    "uniform",
+]
 
 _MASK = 0xFFFFFFFF
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
@@ -99,7 +112,7 @@ def _shape(shape):
 def _counters(shape):
     """Each element's flat row-major index, as its high and low words."""
     n = math.prod(shape)
-    if n > 2 ** 63:
+    if n > 2**63:
         raise ValueError(f"random arrays hold at most 2**63 elements; shape {shape} has {n}")
     flat = tnp.arange(n) if n else tnp.zeros((0,), tnp.int64)
     flat = tnp.reshape(flat, shape)
@@ -179,7 +192,7 @@ def _unit(k, shape, dtype):
         m = tnp.floor_divide(word, 1 << (nbits - nmant))
     # m < 2**52 converts exactly; the scale is a power of two.
     wide = tnp.float64 if nbits == 64 else tnp.float32
-    return tnp.astype(tnp.multiply(tnp.astype(m, wide), wide(2.0 ** -nmant)), d)
+    return tnp.astype(tnp.multiply(tnp.astype(m, wide), wide(2.0**-nmant)), d)
 
 
 def uniform(k, shape=(), dtype=np.float32, minval=0.0, maxval=1.0):
@@ -204,19 +217,37 @@ def _erfinv(y):
     w = tnp.negative(tnp.log(tnp.multiply(tnp.subtract(1.0, y), tnp.add(1.0, y))))
     small = tnp.subtract(w, 2.5)
     p_small = 2.81022636e-08
-    for c in (3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087, -0.00125372503, -0.00417768164,
-              0.246640727, 1.50140941):
+    for c in (
+        3.43273939e-07,
+        -3.5233877e-06,
+        -4.39150654e-06,
+        0.00021858087,
+        -0.00125372503,
+        -0.00417768164,
+        0.246640727,
+        1.50140941,
+    ):
         p_small = tnp.add(tnp.multiply(p_small, small), c)
     big = tnp.subtract(tnp.sqrt(tnp.maximum(w, 5.0)), 3.0)
     p_big = -0.000200214257
-    for c in (0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773, -0.0076224613, 0.00943887047,
-              1.00167406, 2.83297682):
+    for c in (
+        0.000100950558,
+        0.00134934322,
+        -0.00367342844,
+        0.00573950773,
+        -0.0076224613,
+        0.00943887047,
+        1.00167406,
+        2.83297682,
+    ):
         p_big = tnp.add(tnp.multiply(p_big, big), c)
     x = tnp.multiply(tnp.where(tnp.less(w, 5.0), p_small, p_big), y)
     if d == np.float64:
         for _ in range(2):
-            step = tnp.divide(tnp.subtract(lax.erf(x), y),
-                              tnp.multiply(2 / math.sqrt(math.pi), tnp.exp(tnp.negative(tnp.multiply(x, x)))))
+            step = tnp.divide(
+                tnp.subtract(lax.erf(x), y),
+                tnp.multiply(2 / math.sqrt(math.pi), tnp.exp(tnp.negative(tnp.multiply(x, x)))),
+            )
             x = tnp.where(tnp.isfinite(step), tnp.subtract(x, step), x)
     return x
 
@@ -335,8 +366,9 @@ def choice(k, a, shape=(), replace=True, p=None, axis=0):
     if n <= 0:
         raise ValueError("choice: a must be greater than 0 unless no samples are taken")
     if not replace and draws > n:
-        raise ValueError(f"choice: cannot take a larger sample (size {draws}) than the population (size {n}) "
-                         "when replace=False")
+        raise ValueError(
+            f"choice: cannot take a larger sample (size {draws}) than the population (size {n}) " "when replace=False"
+        )
     if p is None:
         if replace:
             ind = randint(k, shape, 0, n)
@@ -345,8 +377,9 @@ def choice(k, a, shape=(), replace=True, p=None, axis=0):
     else:
         pa = tnp.asarray(p)
         if tuple(pa.shape) != (n,):
-            raise ValueError(f"choice: p must be None or a vector of a's length along axis ({n}), got shape "
-                             f"{tuple(pa.shape)}")
+            raise ValueError(
+                f"choice: p must be None or a vector of a's length along axis ({n}), got shape " f"{tuple(pa.shape)}"
+            )
         if pa.dtype.kind not in "f" and pa.dtype != tnp.bfloat16:
             pa = tnp.astype(pa, np.float64)
         if replace:
@@ -360,7 +393,7 @@ def choice(k, a, shape=(), replace=True, p=None, axis=0):
         return tnp.reshape(ind, shape)
     out = tnp.take(a, tnp.ravel(ind) if np.ndim(ind) != 1 else ind, axis=axis)
     ash = tuple(np.shape(a))
-    return tnp.reshape(out, ash[:axis] + shape + ash[axis + 1:])
+    return tnp.reshape(out, ash[:axis] + shape + ash[axis + 1 :])
 
 
 @tnp._op

@@ -4,6 +4,7 @@ the whole suite; tests that break a cluster start their own.
 TESSEL_DEVICE_KIND=cuda runs the suites against GPUs: each worker then
 serves every GPU the CUDA runtime sees (two workers on a one-GPU host share
 it, as two processes would)."""
+
 import os
 import pathlib
 

@@ -1,5 +1,6 @@
 """Remote arrays, jit (pytrees, caching, static arguments, plans), memory
 stats, errors as exception classes, and the progress bar."""
+
 import io
 import pathlib
 import re
@@ -88,6 +89,7 @@ def test_memory_stats(session):
 
 # ---------------------------------------------------------------- jit
 
+
 def test_pytrees_in_and_out(session):
     @tessel.jit
     def f(params, xs):
@@ -151,6 +153,7 @@ def test_tracing_errors_are_python_errors(session):
 
 # ---------------------------------------------------------------- errors
 
+
 def test_server_errors_are_exception_classes_with_its_message(session):
     with pytest.raises(tessel.InvalidArgumentError, match="device 99"):
         tessel.device_put(np.ones(2), 99).block_until_ready()
@@ -163,14 +166,21 @@ def test_server_errors_are_exception_classes_with_its_message(session):
     with pytest.raises(ValueError, match="transfer guard level 'never'"):
         with tessel.transfer_guard("never"):
             tessel.device_put(np.ones(2))
-    for cls in (tessel.InvalidArgumentError, tessel.DonatedArrayError, tessel.TransferGuardError,
-                tessel.OutOfMemoryError, tessel.WorkerLostError, tessel.RecompileError):
+    for cls in (
+        tessel.InvalidArgumentError,
+        tessel.DonatedArrayError,
+        tessel.TransferGuardError,
+        tessel.OutOfMemoryError,
+        tessel.WorkerLostError,
+        tessel.RecompileError,
+    ):
         assert issubclass(cls, tessel.TesselError)
 
 
 def _sessions(address):
     import grpc
     from tessel.v1 import admin_pb2, admin_pb2_grpc
+
     with grpc.insecure_channel(address) as ch:
         return list(admin_pb2_grpc.AdminStub(ch).ListSessions(admin_pb2.ListSessionsRequest(), timeout=5).sessions)
 
@@ -178,6 +188,7 @@ def _sessions(address):
 def _device_bytes_in_use(address):
     import grpc
     from tessel.v1 import admin_pb2, admin_pb2_grpc
+
     with grpc.insecure_channel(address) as ch:
         resp = admin_pb2_grpc.AdminStub(ch).GetCluster(admin_pb2.GetClusterRequest(with_memory=True), timeout=5)
     return sum(m.bytes_in_use for w in resp.workers for m in w.memory)
@@ -191,17 +202,26 @@ def test_a_killed_clients_session_expires_and_its_memory_is_freed():
     import subprocess
     import sys
     import textwrap
+
     with tessel.local_cluster(workers=1, devices_per_worker=1, coordinator_flags=["--session_lease_s=1"]) as c:
         kept = tessel.device_put(np.arange(4, dtype=np.float32))
         kept.block_until_ready()
-        holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        holder = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                textwrap.dedent(f"""
             import sys, time, numpy as np, tessel
             s = tessel.connect({c.address!r})
             x = tessel.device_put(np.ones(1 << 22, np.float32))
             x.block_until_ready()
             print(s.id, flush=True)
             time.sleep(600)
-            """)], stdout=subprocess.PIPE, text=True)
+            """),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             sid = holder.stdout.readline().strip()
             info = {s.session_id: s for s in _sessions(c.address)}
@@ -228,6 +248,7 @@ def test_a_killed_clients_session_expires_and_its_memory_is_freed():
 def test_an_operator_closes_a_session_and_its_client_is_told_why():
     import grpc
     from tessel.v1 import admin_pb2, admin_pb2_grpc
+
     with tessel.local_cluster(workers=1, devices_per_worker=1) as c:
         x = tessel.device_put(np.ones(1024, np.float32))
         x.block_until_ready()
@@ -235,20 +256,21 @@ def test_an_operator_closes_a_session_and_its_client_is_told_why():
         assert len(mine) == 1 and mine[0].arrays == 1 and mine[0].live_bytes == 4096 and mine[0].lease_ms == 60000
         with grpc.insecure_channel(c.address) as ch:
             resp = admin_pb2_grpc.AdminStub(ch).CloseSession(
-                admin_pb2.AdminCloseSessionRequest(session_id=c.session.id, reason="maintenance"), timeout=5)
+                admin_pb2.AdminCloseSessionRequest(session_id=c.session.id, reason="maintenance"), timeout=5
+            )
         assert resp.arrays_freed == 1
         with pytest.raises(tessel.TesselError, match="was closed by an operator \\(Admin.CloseSession\\): maintenance"):
             x.fetch()
         with grpc.insecure_channel(c.address) as ch:
             with pytest.raises(grpc.RpcError) as e:
-                admin_pb2_grpc.AdminStub(ch).CloseSession(admin_pb2.AdminCloseSessionRequest(session_id="s-nope"),
-                                                          timeout=5)
+                admin_pb2_grpc.AdminStub(ch).CloseSession(
+                    admin_pb2.AdminCloseSessionRequest(session_id="s-nope"), timeout=5
+                )
         assert e.value.code() == grpc.StatusCode.NOT_FOUND and "s-nope" in e.value.details()
 
 
 def test_out_of_device_memory_is_an_error_and_the_cluster_keeps_serving():
-    with tessel.local_cluster(workers=1, devices_per_worker=1,
-                              worker_flags=["--device_memory_bytes=1048576"]) as c:
+    with tessel.local_cluster(workers=1, devices_per_worker=1, worker_flags=["--device_memory_bytes=1048576"]) as c:
         f = tessel.jit(lambda x: tnp.concatenate([x, x, x, x]))
         x = tessel.device_put(np.ones(1 << 17, np.float32))  # 512 KiB of the 1 MiB
         with pytest.raises(tessel.OutOfMemoryError, match="device cpu:0 out of memory: allocating 2097152 bytes"):
@@ -274,6 +296,7 @@ def test_a_lost_worker_fails_its_arrays_and_the_rest_keeps_serving():
 
 
 # ---------------------------------------------------------------- clusters and progress
+
 
 def test_local_cluster_stops_its_processes_also_on_an_exception():
     with pytest.raises(RuntimeError, match="boom"):
@@ -343,7 +366,8 @@ def test_local_cluster_daemons_stop_when_the_program_is_killed(tmp_path):
         "import os, signal, tessel\n"
         "c = tessel.local_cluster(workers=2)\n"
         "print(' '.join(str(p.pid) for p in c._procs), flush=True)\n"
-        "os.kill(os.getpid(), signal.SIGKILL)\n")
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60).stdout
     pids = [int(p) for p in out.split()]
     assert len(pids) == 3, out

@@ -2,6 +2,7 @@
 whatever their size, travel once per placement through the chunked put
 stream (counted as host->device bytes), and the user is told at compile.
 Results are checked against numpy."""
+
 import warnings
 
 import numpy as np
@@ -98,17 +99,25 @@ def test_small_constants_stay_in_the_program(session):
 N = 256
 _I32 = np.int32
 LAYOUT_VARIANTS = {
-    "zeros_plus_reshaped_arange": lambda xp, x: x + xp.zeros((N, N), np.float32)
+    "zeros_plus_reshaped_arange": lambda xp, x: x
+    + xp.zeros((N, N), np.float32)
     + xp.arange(N * N, dtype=_I32).reshape(N, N).astype(np.float32),
-    "sliced_zeros": lambda xp, x: xp.zeros((16 * N * N,), np.float32)[:N * N].reshape(N, N) + x,
-    "strided_arange_slice": lambda xp, x: xp.arange(4 * N * N, dtype=_I32)[3::4]
-    .reshape(N, N).astype(np.float32) - x,
+    "sliced_zeros": lambda xp, x: xp.zeros((16 * N * N,), np.float32)[: N * N].reshape(N, N) + x,
+    "strided_arange_slice": lambda xp, x: xp.arange(4 * N * N, dtype=_I32)[3::4].reshape(N, N).astype(np.float32) - x,
     "transposed_arange": lambda xp, x: xp.arange(N * N, dtype=_I32).reshape(N, N).T.astype(np.float32) * x,
     "broadcast_row": lambda xp, x: xp.broadcast_to(xp.arange(N, dtype=np.float32)[None, :], (N, N)) + x,
     "reshape_of_an_inner_iota": lambda xp, x: xp.broadcast_to(xp.arange(N, dtype=_I32)[None, :], (N, N))
-    .reshape(N * N)[::3][: N * (N // 4)].reshape(N // 4, N).astype(np.float32).sum(axis=0) + x[0],
-    "three_d_round_trip": lambda xp, x: xp.arange(N * N, dtype=_I32).reshape(N // 8, 8, N)
-    .transpose(1, 0, 2).reshape(N, N).astype(np.float32) + x,
+    .reshape(N * N)[::3][: N * (N // 4)]
+    .reshape(N // 4, N)
+    .astype(np.float32)
+    .sum(axis=0)
+    + x[0],
+    "three_d_round_trip": lambda xp, x: xp.arange(N * N, dtype=_I32)
+    .reshape(N // 8, 8, N)
+    .transpose(1, 0, 2)
+    .reshape(N, N)
+    .astype(np.float32)
+    + x,
     "mask_of_an_iota": lambda xp, x: xp.where(xp.arange(N * N, dtype=_I32).reshape(N, N) % 3 == 0, x, 0.5),
 }
 

@@ -1,5 +1,6 @@
 """tessel.lax against jax.lax on CPU (jax from PyPI) and numpy loops: loops
 and branches run on the workers as one compiled program."""
+
 import os
 
 import numpy as np
@@ -36,7 +37,9 @@ def test_while_loop_over_a_pytree_with_a_closure(session):
     def fn(L, np_, x):
         def body(c):
             return {"i": c["i"] + 1, "v": np_.tanh(c["v"] * 1.5 + x), "s": c["s"] + c["v"].sum()}
+
         return L.while_loop(lambda c: c["i"] < 7, body, {"i": np.int32(0), "v": x, "s": np.float32(0)})
+
     ours, theirs = both(fn, x)
     assert int(ours["i"]) == 7
     close(ours["v"], theirs["v"], rtol=1e-5)
@@ -51,6 +54,7 @@ def test_zero_trip_loops_return_their_start(session):
         f = L.fori_loop(4, 2, lambda i, v: v * 10, x)
         s, ys = L.scan(lambda c, _: (c + 1, c * 2), x, None, length=0)
         return w, f, s, ys
+
     ours, theirs = both(fn, x)
     close(ours[0][0], 1.0)
     assert int(ours[0][1]) == 3
@@ -66,8 +70,11 @@ def test_nested_loops_match_jax(session):
         def outer(i, acc):
             def inner(j, a):
                 return a * 0.5 + (i * 10 + j).astype(np.float32) + x
+
             return L.fori_loop(0, i + 1, inner, acc)  # a traced trip count: a while loop inside
+
         return L.fori_loop(0, 4, outer, np_.zeros_like(x))
+
     ours, theirs = both(fn, x)
     close(ours, theirs, rtol=1e-6)
 
@@ -77,11 +84,14 @@ def test_scan_with_stacked_outputs_forward_and_reverse(session):
     w = np.random.default_rng(1).standard_normal((3, 3)).astype(np.float32)
 
     for reverse in (False, True):
+
         def fn(L, np_, xs, w):
             def step(h, x):
                 h = np_.tanh(h @ w + x)
                 return h, (h.sum(), h * 2)
+
             return L.scan(step, np_.zeros((3,), np.float32), xs, reverse=reverse)
+
         ours, theirs = both(fn, xs, w)
         close(ours[0], theirs[0], rtol=1e-5, atol=1e-6)
         close(ours[1][0], theirs[1][0], rtol=1e-5, atol=1e-5)
@@ -92,16 +102,20 @@ def test_scan_with_stacked_outputs_forward_and_reverse(session):
 def test_cond_and_switch_pick_branches_of_different_costs(session):
     x = np.arange(1, 9, dtype=np.float32).reshape(2, 4)
     for p in (True, False):
+
         def fn(L, np_, x, p):
             cheap = lambda x: x + 1
             dear = lambda x: np_.exp(np_.tanh(x @ x.T)).sum() * x
             return L.cond(p, dear, cheap, x)
+
         ours, theirs = both(fn, x, np.bool_(p))
         close(ours, theirs, rtol=1e-5)
     branches = [lambda a, b: a + b, lambda a, b: a * b, lambda a, b: a - b]
     for k in (-3, 0, 1, 2, 7):  # out of range clamps, as jax's switch does
+
         def fn(L, np_, k, x):
             return L.switch(k, branches, x, np_.float32(2) * x)
+
         ours, theirs = both(fn, np.int32(k), x)
         close(ours, theirs)
 
@@ -123,17 +137,22 @@ def test_elementwise_loops_match_jax_whatever_their_carries_do(session):
     x = np.linspace(-2, 2, 7).astype(np.float32)
 
     def fn(L, np_, x):
-        keep = L.while_loop(lambda c: c[0] < 5, lambda c: (c[0] + 1, c[1], c[2] * 0.5 + c[1]),
-                            (np.int32(0), x, np_.zeros_like(x)))
-        share = L.while_loop(lambda c: c[0] < 4, lambda c: (c[0] + 1, c[1] + c[2], c[1] + c[2]),
-                             (np.int32(0), x, x * 2))
-        fib = L.while_loop(lambda c: c[0] < 20, lambda c: (c[0] + 1, c[2], c[1] + c[2]),
-                           (np.int64(0), np.int64(0), np.int64(1)))
-        mixed = L.fori_loop(0, 9, lambda i, c: (c[0] + 1, np_.where(c[1] > 0, c[1] - i, c[1] * 3)),
-                            (np.int32(0), x.astype(np.float64)))
+        keep = L.while_loop(
+            lambda c: c[0] < 5, lambda c: (c[0] + 1, c[1], c[2] * 0.5 + c[1]), (np.int32(0), x, np_.zeros_like(x))
+        )
+        share = L.while_loop(
+            lambda c: c[0] < 4, lambda c: (c[0] + 1, c[1] + c[2], c[1] + c[2]), (np.int32(0), x, x * 2)
+        )
+        fib = L.while_loop(
+            lambda c: c[0] < 20, lambda c: (c[0] + 1, c[2], c[1] + c[2]), (np.int64(0), np.int64(0), np.int64(1))
+        )
+        mixed = L.fori_loop(
+            0, 9, lambda i, c: (c[0] + 1, np_.where(c[1] > 0, c[1] - i, c[1] * 3)), (np.int32(0), x.astype(np.float64))
+        )
         fwd = L.scan(lambda c, xs: (c * 0.9 + xs, (c - xs, xs > 0)), x[:3], x.reshape(7, 1) * x[:3])
         rev = L.scan(lambda c, xs: (c + xs, c * 2), np.float32(1), x, reverse=True)
         return keep, share, fib, mixed, fwd, rev
+
     ours, theirs = both(fn, x)
     flat_ours, flat_theirs = jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(theirs)
     assert len(flat_ours) == len(flat_theirs) == 16
@@ -156,18 +175,37 @@ def test_elementwise_loops_match_jax_whatever_their_carries_do(session):
 
 
 def _float_step(xp, c):
-    y = (xp.exp(xp.tanh(c) * 0.5) - xp.log1p(xp.abs(c)) + xp.sqrt(xp.abs(c)) * xp.sign(c)
-         + xp.floor(c * 3) / xp.ceil(c + 5) + xp.maximum(c, -0.5) * xp.minimum(c, 0.25)
-         + xp.power(xp.abs(c) + 1, 0.3) + xp.where(c > 0.1, c, -c) + xp.clip(c, -0.75, 0.75)
-         + xp.remainder(c * 7, 0.9) + (c * 1000).astype(np.int32).astype(c.dtype) / 997)
+    y = (
+        xp.exp(xp.tanh(c) * 0.5)
+        - xp.log1p(xp.abs(c))
+        + xp.sqrt(xp.abs(c)) * xp.sign(c)
+        + xp.floor(c * 3) / xp.ceil(c + 5)
+        + xp.maximum(c, -0.5) * xp.minimum(c, 0.25)
+        + xp.power(xp.abs(c) + 1, 0.3)
+        + xp.where(c > 0.1, c, -c)
+        + xp.clip(c, -0.75, 0.75)
+        + xp.remainder(c * 7, 0.9)
+        + (c * 1000).astype(np.int32).astype(c.dtype) / 997
+    )
     return xp.tanh(y)
 
 
 def _int_step(xp, c):
     a = c * 1103515245 + 12345
-    return ((a // 7) ^ (a % 13) ^ xp.maximum(a, -5) ^ xp.minimum(a, 5) ^ xp.abs(a)
-            ^ xp.sign(a) ^ -a ^ xp.power(c % 5, 3) ^ (a & 0x5555) ^ (a | 3) ^ xp.invert(a)
-            ^ (a.astype(np.float32) * 0.001).astype(c.dtype))
+    return (
+        (a // 7)
+        ^ (a % 13)
+        ^ xp.maximum(a, -5)
+        ^ xp.minimum(a, 5)
+        ^ xp.abs(a)
+        ^ xp.sign(a)
+        ^ -a
+        ^ xp.power(c % 5, 3)
+        ^ (a & 0x5555)
+        ^ (a | 3)
+        ^ xp.invert(a)
+        ^ (a.astype(np.float32) * 0.001).astype(c.dtype)
+    )
 
 
 def _u8_step(xp, c):
@@ -180,8 +218,14 @@ def _bool_step(xp, c):
     return xp.logical_xor(xp.logical_not(c), xp.logical_and(c, m) | (m & ~c))
 
 
-_STEPS = [(_float_step, np.float32), (_float_step, np.float64), (_int_step, np.int32), (_int_step, np.int64),
-          (_u8_step, np.uint8), (_bool_step, np.bool_)]
+_STEPS = [
+    (_float_step, np.float32),
+    (_float_step, np.float64),
+    (_int_step, np.int32),
+    (_int_step, np.int64),
+    (_u8_step, np.uint8),
+    (_bool_step, np.bool_),
+]
 
 
 def _run_steps(starts):
@@ -189,9 +233,13 @@ def _run_steps(starts):
     for (step, dt), x in zip(_STEPS, starts):
         out.append(tessel.jit(lambda x, step=step: lax.fori_loop(0, 20, lambda i, c: step(tnp, c), x))(x).fetch())
     # a while over mixed carries and a scan reading slices
-    w = tessel.jit(lambda x: lax.while_loop(lambda c: c[0] < 9, lambda c: (c[0] + 2, _float_step(tnp, c[1]),
-                                                                               c[2] ^ (c[0] * 3)),
-                                            (np.int32(0), x, np.int64(5))))(starts[0])
+    w = tessel.jit(
+        lambda x: lax.while_loop(
+            lambda c: c[0] < 9,
+            lambda c: (c[0] + 2, _float_step(tnp, c[1]), c[2] ^ (c[0] * 3)),
+            (np.int32(0), x, np.int64(5)),
+        )
+    )(starts[0])
     out.extend(v.fetch() for v in w)
     sc = tessel.jit(lambda xs: lax.scan(lambda c, x: (_float_step(tnp, c + x), c * x), xs[0], xs, reverse=True))
     out.extend(v.fetch() for v in sc(starts[1].reshape(1, -1) * np.arange(1, 6).reshape(5, 1)))
@@ -206,16 +254,24 @@ def test_compiled_loops_give_the_interpreters_bits_for_every_op_and_dtype(sessio
     bit for bit the same results, and numpy's (to rounding for floats,
     exactly for integers and booleans)."""
     rng = np.random.default_rng(11)
-    starts = [rng.uniform(-1, 1, 6).astype(np.float32), rng.uniform(-1, 1, 6).astype(np.float64),
-              rng.integers(-10**6, 10**6, 6).astype(np.int32), rng.integers(-10**12, 10**12, 6).astype(np.int64),
-              rng.integers(0, 256, 6).astype(np.uint8), rng.integers(0, 2, 6).astype(np.bool_)]
+    starts = [
+        rng.uniform(-1, 1, 6).astype(np.float32),
+        rng.uniform(-1, 1, 6).astype(np.float64),
+        rng.integers(-(10**6), 10**6, 6).astype(np.int32),
+        rng.integers(-(10**12), 10**12, 6).astype(np.int64),
+        rng.integers(0, 256, 6).astype(np.uint8),
+        rng.integers(0, 2, 6).astype(np.bool_),
+    ]
     native = _run_steps(starts)
-    logs = "".join(open(os.path.join(cluster.log_dir, f)).read() for f in os.listdir(cluster.log_dir)
-                   if f.startswith("worker"))
+    logs = "".join(
+        open(os.path.join(cluster.log_dir, f)).read() for f in os.listdir(cluster.log_dir) if f.startswith("worker")
+    )
     assert "runs as native code" in logs
 
-    for env, why in ((("TESSEL_NATIVE_LOOPS", "0"), "TESSEL_NATIVE_LOOPS=0"),
-                     (("CC", "/nonexistent/cc"), "cannot run the C compiler '/nonexistent/cc'")):
+    for env, why in (
+        (("TESSEL_NATIVE_LOOPS", "0"), "TESSEL_NATIVE_LOOPS=0"),
+        (("CC", "/nonexistent/cc"), "cannot run the C compiler '/nonexistent/cc'"),
+    ):
         old = os.environ.get(env[0])
         os.environ[env[0]] = env[1]
         try:
@@ -232,8 +288,9 @@ def test_compiled_loops_give_the_interpreters_bits_for_every_op_and_dtype(sessio
         assert len(native) == len(interpreted) == 11
         for k, (a, b) in enumerate(zip(native, interpreted)):
             assert a.dtype == b.dtype and a.shape == b.shape, k
-            np.testing.assert_array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8),
-                                          err_msg=f"result {k} ({why})")
+            np.testing.assert_array_equal(
+                a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8), err_msg=f"result {k} ({why})"
+            )
 
     for (step, dt), x, got in zip(_STEPS, starts, native):
         want = x.copy()
@@ -255,6 +312,7 @@ def test_a_loop_moves_no_bytes_until_the_fetch(session):
     @tessel.jit
     def run(x):
         return lax.while_loop(lambda c: c[1].sum() < 1000.0, lambda c: (c[0] + 1, c[1] * 2), (np.int32(0), x))
+
     before = tessel.stats()
     with tessel.transfer_guard("disallow"):
         n, v = run(x)
@@ -299,8 +357,9 @@ def test_sgd_as_fori_loop_matches_host_dispatched_steps_bit_for_bit(session):
 def test_carry_type_errors_name_the_carry(session):
     x = np.zeros(3, np.float32)
     with pytest.raises(TypeError, match=r"result\[1\] is float32\[4\]; expected float32\[3\]"):
-        tessel.jit(lambda x: lax.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, tnp.zeros(4, np.float32)),
-                                            (0, x)))(x)
+        tessel.jit(
+            lambda x: lax.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, tnp.zeros(4, np.float32)), (0, x))
+        )(x)
     with pytest.raises(TypeError, match="boolean scalar"):
         tessel.jit(lambda x: lax.while_loop(lambda c: c, lambda c: c, x))(x)
     with pytest.raises(TypeError, match=r"branch 1"):
@@ -311,8 +370,11 @@ def test_carry_type_errors_name_the_carry(session):
 
 # Collectives between GPUs run on NCCL, which needs one GPU per device; the
 # CUDA suite's workers share their GPUs: these run on CPU devices.
-needs_collectives = pytest.mark.skipif(os.environ.get("TESSEL_DEVICE_KIND", "cpu") != "cpu",
-                                       reason="the CUDA suite's workers share their GPUs, and NCCL needs one GPU per device")
+needs_collectives = pytest.mark.skipif(
+    os.environ.get("TESSEL_DEVICE_KIND", "cpu") != "cpu",
+    reason="the CUDA suite's workers share their GPUs, and NCCL needs one GPU per device",
+)
+
 
 def _data_size():
     """The mesh axis the shard_map tests split over: 4 devices, or 2 where
@@ -324,6 +386,7 @@ def _es_step(theta):
     """Seed 001's evolution-strategies pattern, per device: perturb, score,
     all_gather one scalar per device, stop once the best score is good
     enough (a condition every device computes alike)."""
+
     def cond(c):
         i, best, _ = c
         return (best < 10.0) & (i < 50)
@@ -333,6 +396,7 @@ def _es_step(theta):
         th = th * 1.5 + 0.25
         scores = tessel.all_gather(th.sum().reshape(1), "data")  # one per device, the same on every device
         return i + 1, scores.max(), th
+
     i, best, th = lax.while_loop(cond, body, (np.int32(0), np.float32(-np.inf), theta))
     return th * 1.0 + (i + 0 * best).astype(np.float32)
 
@@ -346,8 +410,9 @@ def test_seed_001_evolution_strategies_loop_runs_in_shard_map_with_no_transfers(
     step = tessel.jit(tessel.shard_map(_es_step, mesh, P("data"), P("data")))
     x = tessel.device_put(theta, tessel.NamedSharding(mesh, P("data")))
     plan = step.lower(x)
-    assert any(c["op"] == "all_gather" and "each time it runs" in c["reason"] for c in plan.collectives), \
-        plan.collectives
+    assert any(
+        c["op"] == "all_gather" and "each time it runs" in c["reason"] for c in plan.collectives
+    ), plan.collectives
     before = tessel.stats()
     with tessel.transfer_guard("disallow"):
         y = step(x)
@@ -370,12 +435,14 @@ def test_a_loop_condition_that_varies_over_an_axis_is_an_error_naming_it(session
 
     def bad(theta):
         return lax.while_loop(lambda th: th.sum() < 10.0, lambda th: th * 2 + 1, theta)
+
     x = tessel.device_put(np.ones(8, np.float32), tessel.NamedSharding(mesh, P("data")))
     with pytest.raises(tessel.InvalidArgumentError, match=r"varies over mesh axis 'data'.*uniform with a collective"):
         tessel.jit(tessel.shard_map(bad, mesh, P("data"), P("data")))(x)
 
     def fixed(theta):  # made uniform with a collective: fine
         return lax.while_loop(lambda th: tessel.psum(th.sum(), "data") < 100.0, lambda th: th * 2 + 1, theta)
+
     y = tessel.jit(tessel.shard_map(fixed, mesh, P("data"), P("data")))(x).fetch()
     ref = np.ones(8, np.float32)
     while ref.sum() < 100:

@@ -29,6 +29,7 @@ from a random seed; TESSEL_DIFF_SEED=<n> and TESSEL_DIFF_PROGRAMS=<n> choose.
 A failure names the seed, the mode, and the shrunk program as source with
 its inputs.
 """
+
 import os
 import random
 import warnings
@@ -59,8 +60,13 @@ PROGRAMS = int(os.environ.get("TESSEL_DIFF_PROGRAMS") or (SOAK_PROGRAMS if SOAK 
 # the plan tests then run as strict xfails.
 PLAN_CHECKS = os.environ.get("TESSEL_DIFF_PLAN_CHECKS", "1") == "1"
 
-HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
-          HealthCheck.function_scoped_fixture, HealthCheck.large_base_example]
+HEALTH = [
+    HealthCheck.too_slow,
+    HealthCheck.data_too_large,
+    HealthCheck.filter_too_much,
+    HealthCheck.function_scoped_fixture,
+    HealthCheck.large_base_example,
+]
 
 
 def _settings(n):
@@ -68,8 +74,10 @@ def _settings(n):
 
 
 def _reproduce(test):
-    return (f"seed {SEED} ({'soak' if SOAK else 'default'} run): TESSEL_DIFF_SEED={SEED} "
-            f"TESSEL_DIFF_PROGRAMS={PROGRAMS} python3 -m pytest client/python/tests/test_differential.py::{test}")
+    return (
+        f"seed {SEED} ({'soak' if SOAK else 'default'} run): TESSEL_DIFF_SEED={SEED} "
+        f"TESSEL_DIFF_PROGRAMS={PROGRAMS} python3 -m pytest client/python/tests/test_differential.py::{test}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -90,13 +98,17 @@ def _quiet():
 
 # ---------------------------------------------------------------- modes
 
+
 @st.composite
 def layouts(draw, program):
     """A mesh, a spec per argument and a spec per output."""
     mesh = draw(st.sampled_from(programs.MESHES))
     outs = [] if program.error else oracle.reference_runs(program, program.arrays)[0]
-    return (mesh, [draw(programs.specs(mesh, a.shape)) for a in program.arrays],
-            [draw(programs.specs(mesh, o.shape)) for o in outs])
+    return (
+        mesh,
+        [draw(programs.specs(mesh, a.shape)) for a in program.arrays],
+        [draw(programs.specs(mesh, o.shape)) for o in outs],
+    )
 
 
 @st.composite
@@ -127,8 +139,10 @@ def modes(program, layout):
     yield "jit", lambda: tessel.jit(f)(*put())
     yield "eager", lambda: f(*put())
     yield "donated", lambda: tessel.jit(f, donate_argnums=tuple(range(len(arrays))))(*put())
-    yield "replicated", lambda: tessel.jit(f, replicated=True)(
-        *[tessel.device_put(a, tessel.ReplicatedSharding()) for a in arrays])
+    yield (
+        "replicated",
+        lambda: tessel.jit(f, replicated=True)(*[tessel.device_put(a, tessel.ReplicatedSharding()) for a in arrays]),
+    )
 
     if DEVICE_KIND != "cpu":
         return  # partitioned programs need NCCL, one GPU per device; the suite's workers share their GPUs
@@ -138,9 +152,11 @@ def modes(program, layout):
         j, args, mesh = _sharded(program, layout, f)
         outs = j(*args)
         for i, (o, s) in enumerate(zip(outs, out_specs)):
-            assert o.sharding == NamedSharding(mesh, s), \
-                f"output {i}: .sharding is {o.sharding}, out_shardings asked for {s}"
+            assert o.sharding == NamedSharding(
+                mesh, s
+            ), f"output {i}: .sharding is {o.sharding}, out_shardings asked for {s}"
         return outs
+
     yield f"sharded {mesh_shape}, in {in_specs}, out {out_specs}", sharded
 
 
@@ -149,11 +165,14 @@ def _smallest_failing_part(program, layout, mode_name):
     mode returning every value, and the first that differs from the oracle
     is kept with what it depends on. None if none differs that way."""
     import dataclasses
+
     names = [n for n, _ in program.steps]
     every = dataclasses.replace(program, outputs=names)
     layout = (layout[0], layout[1], [])  # the shardings the partitioner chooses
+
     def run_in_mode(p):
         return _fetch(next(r for m, r in modes(p, layout) if m.split()[0] == mode_name.split()[0])())
+
     try:
         runs = oracle.reference_runs(every, every.arrays)
         got = run_in_mode(every)
@@ -218,29 +237,36 @@ ELEMENTWISE_EXAMPLES = max(4, PROGRAMS // 100)
 def test_elementwise_ops_match_the_oracle_over_edge_values(session, op):
     """Each elementwise op alone over long vectors of edge values, under jit
     and eagerly (the other modes run an elementwise op the same way)."""
+
     @seed(SEED + 2)
     @_settings(ELEMENTWISE_EXAMPLES)
     @given(programs.elementwise_programs(op))
     def check(program):
         layout = ({"a": 4}, [P() for _ in program.arrays], [])
-        _check_program(program, layout, f"test_elementwise_ops_match_the_oracle_over_edge_values[{op}]",
-                       only=("jit", "eager"))
+        _check_program(
+            program, layout, f"test_elementwise_ops_match_the_oracle_over_edge_values[{op}]", only=("jit", "eager")
+        )
+
     check()
 
 
 # ---------------------------------------------------------------- plans
 
+
 def _collectives(compiled):
     return sorted((c["op"], c["axes"], c["bytes_per_device"]) for c in compiled.collectives)
 
 
-plan_check = pytest.mark.xfail(not PLAN_CHECKS, strict=True,
-                               reason="daemons from before dead values and size-1 axes were left out of plans")
+plan_check = pytest.mark.xfail(
+    not PLAN_CHECKS, strict=True, reason="daemons from before dead values and size-1 axes were left out of plans"
+)
 
 
 @plan_check
-@pytest.mark.skipif(DEVICE_KIND != "cpu", reason="plans are made by the coordinator whatever the device kind; "
-                    "its meshes need 4 devices")
+@pytest.mark.skipif(
+    DEVICE_KIND != "cpu",
+    reason="plans are made by the coordinator whatever the device kind; " "its meshes need 4 devices",
+)
 @seed(SEED + 1)
 @_settings(max(20, PROGRAMS // 3))
 @given(cases())
@@ -254,8 +280,10 @@ def test_plans_hold_no_collective_for_dead_values_or_size1_axes(session, case):
     mesh_shape = layout[0]
     j, args, _ = _sharded(program, layout)
     plan = j.lower(*args)
-    where = f"{_reproduce('test_plans_hold_no_collective_for_dead_values_or_size1_axes')}\nprogram:{program!r}\n" \
-            f"on {mesh_shape}, in {layout[1]}, out {layout[2]}"
+    where = (
+        f"{_reproduce('test_plans_hold_no_collective_for_dead_values_or_size1_axes')}\nprogram:{program!r}\n"
+        f"on {mesh_shape}, in {layout[1]}, out {layout[2]}"
+    )
     for c in plan.collectives:
         # Over a group of one device every collective is the identity. (A
         # collective over ('a', 'b') with b of size 1 is over a: allowed.)
@@ -273,6 +301,7 @@ def test_plans_hold_no_collective_for_dead_values_or_size1_axes(session, case):
 
 
 # ---------------------------------------------------------------- settled by JAX
+
 
 def test_documented_differences_are_what_jax_computes(session):
     """Where the table of documented differences says XLA's semantics, JAX on
@@ -297,8 +326,12 @@ def test_the_harness_finds_a_wrong_result():
     """The oracle is not vacuous: a result one ulp off, a flipped integer or
     a zero of the wrong sign is a mismatch; rounding inside the perturbed
     range is not."""
-    p = programs.Program([("a", np.array([0.5, -1.0], np.float32))], [("v0", "xp.exp(a)"), ("v1", "(a * 2)")],
-                         ["v0", "v1"], {"a": True, "v0": False, "v1": True})
+    p = programs.Program(
+        [("a", np.array([0.5, -1.0], np.float32))],
+        [("v0", "xp.exp(a)"), ("v1", "(a * 2)")],
+        ["v0", "v1"],
+        {"a": True, "v0": False, "v1": True},
+    )
     runs = oracle.reference_runs(p, p.arrays)
     exp_runs, dbl_runs = [r[0] for r in runs], [r[1] for r in runs]
     assert oracle.mismatch(np.exp(p.arrays[0]), exp_runs, exact=False) is None

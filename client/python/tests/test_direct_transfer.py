@@ -3,6 +3,7 @@ to and from the workers holding them, checked against the numpy array put;
 what goes one way directly comes back the other through the coordinator's
 relay, whose block routing is its own code. An unreachable worker is
 reached through the coordinator."""
+
 import numpy as np
 import pytest
 
@@ -21,16 +22,19 @@ def direct(cluster):
     s.close()
 
 
-@pytest.mark.parametrize("shape,dtype,spec,blocks,writes", [
-    ((1000, 37), np.float32, None, 1, 1),
-    ((), np.int64, None, 1, 1),
-    ((0, 5), np.uint8, None, 1, 1),
-    ((8, 6), np.float32, P("data", None), 2, 2),
-    ((8, 6), np.float32, P(None, "model"), 2, 4),
-    ((6, 10), np.int32, P("data", "model"), 4, 4),
-    ((4, 6, 8), np.float64, P(None, "model", "data"), 4, 4),
-    ((512, 2048), np.float32, P("model", "data"), 4, 4),
-])
+@pytest.mark.parametrize(
+    "shape,dtype,spec,blocks,writes",
+    [
+        ((1000, 37), np.float32, None, 1, 1),
+        ((), np.int64, None, 1, 1),
+        ((0, 5), np.uint8, None, 1, 1),
+        ((8, 6), np.float32, P("data", None), 2, 2),
+        ((8, 6), np.float32, P(None, "model"), 2, 4),
+        ((6, 10), np.int32, P("data", "model"), 4, 4),
+        ((4, 6, 8), np.float64, P(None, "model", "data"), 4, 4),
+        ((512, 2048), np.float32, P("model", "data"), 4, 4),
+    ],
+)
 def test_blocks_go_straight_to_and_from_their_workers(direct, shape, dtype, spec, blocks, writes):
     rng = np.random.default_rng(1)
     x = (rng.standard_normal(shape) * 100).astype(dtype)
@@ -48,8 +52,9 @@ def test_blocks_go_straight_to_and_from_their_workers(direct, shape, dtype, spec
     assert direct.last_transfer == tessel.TransferReceipt(True, blocks, "")
     # The coordinator counts what it authorised: a fetch reads each block once.
     assert tessel.stats(direct)["bytes_device_to_host"] - mid["bytes_device_to_host"] == x.nbytes
-    assert mid["bytes_host_to_device"] - before["bytes_host_to_device"] == 2 * direct.info(h).bytes_per_device * \
-        len(direct.info(h).devices)
+    assert mid["bytes_host_to_device"] - before["bytes_host_to_device"] == 2 * direct.info(h).bytes_per_device * len(
+        direct.info(h).devices
+    )
     direct.delete([h, h2])
 
 
@@ -59,8 +64,9 @@ def test_a_directly_put_array_is_what_steps_read(cluster):
         x = np.random.default_rng(2).standard_normal((8, 6)).astype(np.float32)
         a = tessel.device_put(x, 2)
         assert s.last_transfer.direct
-        np.testing.assert_allclose(np.asarray(tessel.jit(lambda v: tessel.numpy.sum(v, axis=1))(a)),
-                                   x.sum(axis=1), rtol=1e-5)
+        np.testing.assert_allclose(
+            np.asarray(tessel.jit(lambda v: tessel.numpy.sum(v, axis=1))(a)), x.sum(axis=1), rtol=1e-5
+        )
     finally:
         s.close()
         tessel._context.set_default_session(cluster.session)
@@ -100,8 +106,9 @@ def test_a_session_that_opts_out_is_relayed(cluster):
 
 
 def test_an_unreachable_worker_is_reached_through_the_coordinator():
-    with tessel.local_cluster(workers=2, worker_flags=["--client_address=127.0.0.1:1"],
-                              client={"direct_min_bytes": 0}) as c:
+    with tessel.local_cluster(
+        workers=2, worker_flags=["--client_address=127.0.0.1:1"], client={"direct_min_bytes": 0}
+    ) as c:
         x = np.random.default_rng(3).standard_normal((300, 7)).astype(np.float32)
         a = tessel.device_put(x, NamedSharding(Mesh({"data": 2}), P("data", None)))
         r = c.session.last_transfer

@@ -1,6 +1,7 @@
 """The jit's fast path: a call whose arguments match the last signature
 skips the cache key and the request message. Its results must be those of
 the full path, and anything it cannot vouch for must go the full way."""
+
 import numpy as np
 import pytest
 
@@ -18,6 +19,7 @@ def full_path_calls(monkeypatch):
     def counted(self, args):
         calls.append(self.fn.__name__)
         return original(self, args)
+
     monkeypatch.setattr(_jit.Jitted, "_compiled", counted)
     return calls
 
@@ -28,6 +30,7 @@ def test_a_step_loop_takes_the_fast_path_and_matches_numpy(session, full_path_ca
 
     def shift(s):
         return s - 0.25
+
     f1 = tessel.jit(scale, donate_argnums=0)
     f2 = tessel.jit(shift, donate_argnums=0)
     x0 = np.linspace(-3, 3, 16, dtype=np.float32)
@@ -124,6 +127,7 @@ def test_each_session_gets_its_own_calls(cluster, session):
 
 def test_handles_and_their_encodings_agree_with_protobuf():
     import random
+
     batch = list(_session._handle_batch(random.Random(7), n=512))
     assert len({h for h, _ in batch}) == 512
     for h, enc in batch:

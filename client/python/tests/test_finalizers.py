@@ -2,6 +2,7 @@
 its thread holds the SDK's locks is queued, not deleted in place; a pipelined
 loop under collection at nearly every allocation keeps its memory figures;
 SIGINT interrupts a pipelined loop and the cluster keeps serving."""
+
 import gc
 import os
 import signal
@@ -106,8 +107,13 @@ _SIGINT_CHILD = textwrap.dedent("""
 
 
 def test_sigint_interrupts_a_pipelined_loop(cluster, session):
-    p = subprocess.Popen([sys.executable, "-c", _SIGINT_CHILD, cluster.address], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    p = subprocess.Popen(
+        [sys.executable, "-c", _SIGINT_CHILD, cluster.address],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
     try:
         assert p.stdout.readline().strip() == "looping", p.stderr.read()
         p.send_signal(signal.SIGINT)

@@ -1,6 +1,7 @@
 """The SDK's modules import one way, from the bottom layer up, and never
 inside a function: a module may import only modules listed before it in
 LAYERS. Checked on the source, without importing it."""
+
 import ast
 import pathlib
 
@@ -10,22 +11,26 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "tessel"
 
 # Bottom to top; each may import only those before it.
 LAYERS = [
-    "errors", "_dtypes", "_context",  # plain values and process state
-    "_trace",                         # the graph builder and traced values
-    "_sharding",                      # meshes, specs, shardings: plain types
-    "_session",                       # the gRPC client
-    "_array",                         # remote arrays
-    "_tree",                          # pytrees
-    "numpy",                          # tessel.numpy
-    "_region",                        # tracing a sub-function into a region
-    "_compiled",                      # tessel.Compiled
-    "_jit",                           # tessel.jit
-    "lax",                            # control flow
-    "_api",                           # devices, device_put, the contracts
-    "_shard_map",                     # shard_map, collectives, custom kernels
-    "_autodiff", "_vmap",             # transformations
-    "nn", "random",                   # libraries over tessel.numpy
-    "_cluster",                       # local clusters
+    "errors",
+    "_dtypes",
+    "_context",  # plain values and process state
+    "_trace",  # the graph builder and traced values
+    "_sharding",  # meshes, specs, shardings: plain types
+    "_session",  # the gRPC client
+    "_array",  # remote arrays
+    "_tree",  # pytrees
+    "numpy",  # tessel.numpy
+    "_region",  # tracing a sub-function into a region
+    "_compiled",  # tessel.Compiled
+    "_jit",  # tessel.jit
+    "lax",  # control flow
+    "_api",  # devices, device_put, the contracts
+    "_shard_map",  # shard_map, collectives, custom kernels
+    "_autodiff",
+    "_vmap",  # transformations
+    "nn",
+    "random",  # libraries over tessel.numpy
+    "_cluster",  # local clusters
     "__init__",
 ]
 
@@ -64,8 +69,10 @@ def test_imports_run_one_way(module):
     for node in ast.walk(tree):
         for name in _tessel_imports(node):
             assert name in LAYERS, f"{module}.py line {node.lineno} imports tessel.{name}, which has no layer"
-            assert LAYERS.index(name) < mine, (f"{module}.py line {node.lineno} imports tessel.{name}, a layer above "
-                                               f"it (LAYERS: {' < '.join(LAYERS)})")
+            assert LAYERS.index(name) < mine, (
+                f"{module}.py line {node.lineno} imports tessel.{name}, a layer above "
+                f"it (LAYERS: {' < '.join(LAYERS)})"
+            )
 
 
 @pytest.mark.parametrize("module", _modules())
@@ -76,12 +83,18 @@ def test_no_import_inside_a_function(module):
             for node in ast.walk(fn):
                 assert not isinstance(node, (ast.Import, ast.ImportFrom)), (
                     f"{module}.py line {node.lineno}: an import inside {getattr(fn, 'name', 'a lambda')}; "
-                    "imports go at the top, in layer order")
+                    "imports go at the top, in layer order"
+                )
 
 
 def test_the_checks_can_fail():
     """The checks see a violation: an import of a higher layer inside a function."""
     tree = ast.parse("def f():\n    from tessel import _jit\n")
-    found = [n for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef) for n in ast.walk(fn)
-             if isinstance(n, ast.ImportFrom)]
+    found = [
+        n
+        for fn in ast.walk(tree)
+        if isinstance(fn, ast.FunctionDef)
+        for n in ast.walk(fn)
+        if isinstance(n, ast.ImportFrom)
+    ]
     assert found and _tessel_imports(found[0]) == ["_jit"]

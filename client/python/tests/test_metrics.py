@@ -2,7 +2,7 @@
 every figure Admin also reports must agree with it (sessions, arrays,
 executions, compiles, device memory), and the step figures must count the
 steps this test ran."""
-import os
+
 import re
 import urllib.request
 
@@ -11,9 +11,8 @@ import pytest
 
 import tessel
 from tessel import _context
-from tessel.v1 import admin_pb2
 
-SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})? (\S+)$')
+SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})? (\S+)$")
 
 
 def scrape(port):
@@ -46,9 +45,11 @@ def metered(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("metrics"))
     previous = _context.default_session_or_none()
     with tessel.LocalCluster(
-            1, 2,
-            coordinator_flags=["--metrics_address=127.0.0.1:0", f"--metrics_port_file={d}/coordinator"],
-            worker_flags=["--metrics_address=127.0.0.1:0", f"--metrics_port_file={d}/worker"]) as c:
+        1,
+        2,
+        coordinator_flags=["--metrics_address=127.0.0.1:0", f"--metrics_port_file={d}/coordinator"],
+        worker_flags=["--metrics_address=127.0.0.1:0", f"--metrics_port_file={d}/worker"],
+    ) as c:
         yield c, read_port(f"{d}/coordinator"), read_port(f"{d}/worker")
     _context.set_default_session(previous)
 
@@ -66,9 +67,12 @@ def test_coordinator_metrics_match_admin(metered):
     before = scrape(cport)
     admin = cluster.session.cluster()
     after = scrape(cport)
-    for name, field in (("tessel_live_arrays", "live_arrays"), ("tessel_executions_total", "executions"),
-                        ("tessel_compiles_total", "compiles"), ("tessel_compile_cache_hits_total",
-                                                                "compile_cache_hits")):
+    for name, field in (
+        ("tessel_live_arrays", "live_arrays"),
+        ("tessel_executions_total", "executions"),
+        ("tessel_compiles_total", "compiles"),
+        ("tessel_compile_cache_hits_total", "compile_cache_hits"),
+    ):
         assert total(before, name) == total(after, name) == getattr(admin, field), name
     assert total(after, "tessel_sessions") == admin.sessions
     assert total(after, "tessel_sessions", tenant="default") == admin.sessions
@@ -90,8 +94,9 @@ def test_worker_metrics_match_its_device_stats(metered):
     samples = scrape(wport)
     memory = {m.device: m for w in admin.workers for m in w.memory}
     for device in (0, 1):
-        assert total(samples, "tessel_worker_device_bytes_in_use", device=str(device)) == \
-            memory[device].bytes_in_use, device
+        assert (
+            total(samples, "tessel_worker_device_bytes_in_use", device=str(device)) == memory[device].bytes_in_use
+        ), device
         assert total(samples, "tessel_worker_device_buffers", device=str(device)) == memory[device].num_buffers
     assert total(samples, "tessel_worker_device_bytes_in_use", device="1") >= 1_000_000
     assert total(samples, "tessel_worker_steps_total") >= 1
@@ -101,8 +106,13 @@ def test_worker_metrics_match_its_device_stats(metered):
 def test_a_taken_metrics_port_stops_the_daemon_at_start(metered, tmp_path):
     import subprocess
     from tessel._cluster import find_binary
+
     _, cport, _ = metered
-    p = subprocess.run([find_binary("tessel-coordinator"), "--port=0", f"--metrics_address=127.0.0.1:{cport}"],
-                       capture_output=True, text=True, timeout=30)
+    p = subprocess.run(
+        [find_binary("tessel-coordinator"), "--port=0", f"--metrics_address=127.0.0.1:{cport}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert p.returncode == 2
     assert f"cannot listen on 127.0.0.1:{cport}" in p.stdout + p.stderr

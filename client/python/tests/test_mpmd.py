@@ -4,6 +4,7 @@ become mesh regions, each compiled for its own devices, with the values
 between them moved worker to worker. Values are checked against numpy; where
 each part ran is checked by the coordinator's per-device step counts and
 the devices' memory."""
+
 import numpy as np
 import pytest
 
@@ -27,8 +28,12 @@ apart = tessel.jit(lambda z: z * 2.0 + 1.0, in_shardings=RB, out_shardings=RB)
 
 def _data():
     rng = np.random.default_rng(0)
-    return (rng.standard_normal((8, 4)).astype(np.float32), rng.standard_normal((4, 6)).astype(np.float32),
-            rng.standard_normal((6, 3)).astype(np.float32), np.arange(1 << 16, dtype=np.float32))
+    return (
+        rng.standard_normal((8, 4)).astype(np.float32),
+        rng.standard_normal((4, 6)).astype(np.float32),
+        rng.standard_normal((6, 3)).astype(np.float32),
+        np.arange(1 << 16, dtype=np.float32),
+    )
 
 
 def _steps_per_device(session):
@@ -152,10 +157,23 @@ def test_values_read_in_another_order_than_they_were_made_meet_their_readers(ses
 
 
 # What an error may say it came from under injected faults (as tests/soak_test.cc).
-FAULT_CAUSES = ("lost in transit", "started over in a new epoch", "did not reach this collective", "no word from",
-                "stalled or went away mid-exchange", "did not arrive within", "Connection closed", "Connection reset",
-                "Broken pipe", "out of step", "broke at an earlier collective", "cannot run its collectives",
-                "connecting to workers", "gave up on this group", "must start over")
+FAULT_CAUSES = (
+    "lost in transit",
+    "started over in a new epoch",
+    "did not reach this collective",
+    "no word from",
+    "stalled or went away mid-exchange",
+    "did not arrive within",
+    "Connection closed",
+    "Connection reset",
+    "Broken pipe",
+    "out of step",
+    "broke at an earlier collective",
+    "cannot run its collectives",
+    "connecting to workers",
+    "gave up on this group",
+    "must start over",
+)
 
 
 def test_a_pipeline_whose_steps_are_lost_or_late_is_right_or_fails_naming_the_cause(cluster):
@@ -183,9 +201,13 @@ def test_a_pipeline_whose_steps_are_lost_or_late_is_right_or_fails_naming_the_ca
     want = [(h @ v) * 2 for h in hs] + [h * (h * 0.5) + 1 for h in hs]
     faults = "drop_step=0.003,delay_step=0.05,max_delay_ms=3,seed=20261127"
     try:
-        with tessel.local_cluster(workers=2, devices_per_worker=2, heartbeat_timeout_ms=20000,
-                                  worker_flags=["--collective_timeout_s=2"],
-                                  coordinator_flags=[f"--inject_faults={faults}"]):
+        with tessel.local_cluster(
+            workers=2,
+            devices_per_worker=2,
+            heartbeat_timeout_ms=20000,
+            worker_flags=["--collective_timeout_s=2"],
+            coordinator_flags=[f"--inject_faults={faults}"],
+        ):
             right, failed = 0, []
             for _ in range(40):
                 try:

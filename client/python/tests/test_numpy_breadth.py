@@ -1,6 +1,7 @@
 """Layout, classification, statistics and tessel.nn, each against an oracle
 nobody here wrote: numpy for tessel.numpy (traced under jit and run eagerly
 on Arrays), jax.nn on CPU for tessel.nn."""
+
 import numpy as np
 import pytest
 
@@ -58,8 +59,13 @@ def test_layout_compositions_match_numpy(session, name, dtype):
 @pytest.mark.parametrize("axes", [2, 1, 0, ([1, 0], [0, 1]), ([2], [0])])
 def test_tensordot_matches_numpy(session, axes):
     a = sample("float64", (3, 4, 5))
-    b = sample("float64", (4, 5, 2)) if axes in (2, 1, 0) else sample("float64", (4, 3, 2)) \
-        if axes == ([1, 0], [0, 1]) else sample("float64", (5, 2))
+    b = (
+        sample("float64", (4, 5, 2))
+        if axes in (2, 1, 0)
+        else sample("float64", (4, 3, 2))
+        if axes == ([1, 0], [0, 1])
+        else sample("float64", (5, 2))
+    )
     if axes == 1:
         b = sample("float64", (5, 2))
     check(lambda m, a, b: m.tensordot(a, b, axes=axes), a, b, rtol=1e-12)
@@ -153,10 +159,20 @@ def test_one_hot_matches_jax_nn(session):
 
 
 TRIG = {
-    "sin": np.sin, "cos": np.cos, "tan": lambda x: np.tan(x * 0.3), "arcsin": lambda x: np.arcsin(x * 0.2),
-    "arccos": lambda x: np.arccos(x * 0.2), "arctan": np.arctan, "sinh": np.sinh, "cosh": np.cosh,
-    "arcsinh": np.arcsinh, "arccosh": lambda x: np.arccosh(x * x + 1), "arctanh": lambda x: np.arctanh(x * 0.2),
-    "expm1": np.expm1, "log2": lambda x: np.log2(x * x + 0.5), "log10": lambda x: np.log10(x * x + 0.5),
+    "sin": np.sin,
+    "cos": np.cos,
+    "tan": lambda x: np.tan(x * 0.3),
+    "arcsin": lambda x: np.arcsin(x * 0.2),
+    "arccos": lambda x: np.arccos(x * 0.2),
+    "arctan": np.arctan,
+    "sinh": np.sinh,
+    "cosh": np.cosh,
+    "arcsinh": np.arcsinh,
+    "arccosh": lambda x: np.arccosh(x * x + 1),
+    "arctanh": lambda x: np.arctanh(x * 0.2),
+    "expm1": np.expm1,
+    "log2": lambda x: np.log2(x * x + 0.5),
+    "log10": lambda x: np.log10(x * x + 0.5),
 }
 
 
@@ -165,14 +181,25 @@ def test_trig_and_hyperbolic_sharded_and_eager_match_numpy(session, name):
     """Each op on an array split over a 2x2 mesh under jit (no collective:
     an elementwise op keeps its operand's split) and eagerly on an Array."""
     from tessel import Mesh, NamedSharding, P
+
     x = np.linspace(-4, 4, 64, dtype=np.float32).reshape(8, 8)
     want = TRIG[name](x.astype(np.float64)).astype(np.float32)
     tfn = {
-        "sin": tnp.sin, "cos": tnp.cos, "tan": lambda v: tnp.tan(v * 0.3), "arcsin": lambda v: tnp.arcsin(v * 0.2),
-        "arccos": lambda v: tnp.arccos(v * 0.2), "arctan": tnp.arctan, "sinh": tnp.sinh, "cosh": tnp.cosh,
-        "arcsinh": tnp.arcsinh, "arccosh": lambda v: tnp.arccosh(v * v + 1),
-        "arctanh": lambda v: tnp.arctanh(v * 0.2), "expm1": tnp.expm1,
-        "log2": lambda v: tnp.log2(v * v + 0.5), "log10": lambda v: tnp.log10(v * v + 0.5)}[name]
+        "sin": tnp.sin,
+        "cos": tnp.cos,
+        "tan": lambda v: tnp.tan(v * 0.3),
+        "arcsin": lambda v: tnp.arcsin(v * 0.2),
+        "arccos": lambda v: tnp.arccos(v * 0.2),
+        "arctan": tnp.arctan,
+        "sinh": tnp.sinh,
+        "cosh": tnp.cosh,
+        "arcsinh": tnp.arcsinh,
+        "arccosh": lambda v: tnp.arccosh(v * v + 1),
+        "arctanh": lambda v: tnp.arctanh(v * 0.2),
+        "expm1": tnp.expm1,
+        "log2": lambda v: tnp.log2(v * v + 0.5),
+        "log10": lambda v: tnp.log10(v * v + 0.5),
+    }[name]
     mesh = Mesh({"data": 2, "model": 2})
     a = tessel.device_put(x, NamedSharding(mesh, P("data", "model")))
     before = tessel.stats()
@@ -195,11 +222,26 @@ def test_split_matches_numpy(session):
 
 
 def test_arange_and_linspace_match_numpy(session):
-    for args, kw in [((5,), {}), ((2, 9, 3), {}), ((5, 1, -1), {}), ((0.5, 3.2, 0.7), {}), ((1, 4, 0.5), {}),
-                     ((3,), {"dtype": np.float32}), ((4, 4), {})]:
+    for args, kw in [
+        ((5,), {}),
+        ((2, 9, 3), {}),
+        ((5, 1, -1), {}),
+        ((0.5, 3.2, 0.7), {}),
+        ((1, 4, 0.5), {}),
+        ((3,), {"dtype": np.float32}),
+        ((4, 4), {}),
+    ]:
         check(lambda m, *_: m.arange(*args, **kw))
-    for args, kw in [((0, 1, 5), {}), ((2.0, 5.0), {}), ((2, 5, 1), {}), ((2, 5, 0), {}), ((-1, 1, 7), {"endpoint": False}),
-                     ((0, 1, 5), {"dtype": np.int32}), ((1, -3, 9), {"dtype": np.float32}), ((3, 3, 4), {})]:
+    for args, kw in [
+        ((0, 1, 5), {}),
+        ((2.0, 5.0), {}),
+        ((2, 5, 1), {}),
+        ((2, 5, 0), {}),
+        ((-1, 1, 7), {"endpoint": False}),
+        ((0, 1, 5), {"dtype": np.int32}),
+        ((1, -3, 9), {"dtype": np.float32}),
+        ((3, 3, 4), {}),
+    ]:
         check(lambda m, *_: m.linspace(*args, **kw), rtol=1e-15)
     got, step = tessel.jit(lambda: tnp.linspace(0, 2, 5, retstep=True))()
     assert step == np.linspace(0, 2, 5, retstep=True)[1]
@@ -211,10 +253,32 @@ def test_rounding_matches_numpy(session, dtype):
     x = sample(dtype, (40,))
     if np.dtype(dtype).kind == "f":
         # ties both ways, signed zeros, the largest values and the non-finite
-        x[:16] = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, -0.4, 0.49999997, -0.0, np.inf, -np.inf, np.nan,
-                  np.finfo(dtype).max, -np.finfo(dtype).max, 2.675, -7.125]
-    for fn in [lambda m, x: m.round(x), lambda m, x: m.rint(x), lambda m, x: m.trunc(x), lambda m, x: m.fix(x),
-               lambda m, x: m.round(x, 2), lambda m, x: m.around(x, -1)]:
+        x[:16] = [
+            0.5,
+            1.5,
+            2.5,
+            -0.5,
+            -1.5,
+            -2.5,
+            -0.4,
+            0.49999997,
+            -0.0,
+            np.inf,
+            -np.inf,
+            np.nan,
+            np.finfo(dtype).max,
+            -np.finfo(dtype).max,
+            2.675,
+            -7.125,
+        ]
+    for fn in [
+        lambda m, x: m.round(x),
+        lambda m, x: m.rint(x),
+        lambda m, x: m.trunc(x),
+        lambda m, x: m.fix(x),
+        lambda m, x: m.round(x, 2),
+        lambda m, x: m.around(x, -1),
+    ]:
         if dtype == "bool" and fn is not None:
             try:
                 fn(np, x)
@@ -256,6 +320,7 @@ def test_nan_reductions_match_numpy(session, dtype):
         x[0, :] = np.nan
         x[2, 1] = x[3, 4] = np.nan
     import warnings
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # numpy warns of the all-NaN row
         for kw in [{}, {"axis": 1}, {"axis": 0, "keepdims": True}]:
@@ -293,6 +358,7 @@ def test_flip_of_a_split_dimension_moves_each_block_to_its_mirror(session):
     own block and one collective_permute swaps mirrored blocks; nothing is
     gathered. The result stays split as its operand was."""
     from tessel import Mesh, NamedSharding, P
+
     mesh = Mesh({"data": 2, "model": 2})
     x = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
     a = tessel.device_put(x, NamedSharding(mesh, P("data", "model")))
@@ -369,6 +435,7 @@ def test_sort_of_a_split_dimension_is_an_all_to_all_and_a_local_sort(session):
     With no other dimension to take the split, the rows are gathered, and
     the plan says why."""
     from tessel import Mesh, NamedSharding, P
+
     mesh = Mesh({"data": 4})
     x = sample("float32", (8, 12))
     a = tessel.device_put(x, NamedSharding(mesh, P(None, "data")))
@@ -438,6 +505,7 @@ def test_at_update_of_a_traced_value_and_its_gradient(session):
 
     def f(m, v):
         return (v.at[1:3, ::2].set(v[0, :3] * 2).at[-1].add(v[0]) ** 2).sum()
+
     got = tessel.jit(tessel.grad(lambda v: f(tnp, v)))(x).fetch()
     want = np.asarray(jax.grad(lambda v: f(jax.numpy, v))(x))
     np.testing.assert_allclose(got, want, rtol=1e-12)
@@ -465,9 +533,15 @@ def test_pad_modes_match_numpy(session, mode, dtype):
 
 def test_take_with_static_indices_matches_numpy(session):
     x = sample("float32", (4, 5, 3))
-    for idx, kw in [([0, 2, 2, 1], {"axis": 1}), ([[3, -1], [0, 0]], {"axis": 0}), ([7, 0, 59, 58, 57], {}),
-                    (np.array([4, 3, 2, 1, 0]), {"axis": 1}), ([9, -7], {"axis": 1, "mode": "wrap"}),
-                    ([9, -7], {"axis": 1, "mode": "clip"}), ([], {"axis": 2})]:
+    for idx, kw in [
+        ([0, 2, 2, 1], {"axis": 1}),
+        ([[3, -1], [0, 0]], {"axis": 0}),
+        ([7, 0, 59, 58, 57], {}),
+        (np.array([4, 3, 2, 1, 0]), {"axis": 1}),
+        ([9, -7], {"axis": 1, "mode": "wrap"}),
+        ([9, -7], {"axis": 1, "mode": "clip"}),
+        ([], {"axis": 2}),
+    ]:
         check(lambda m, x: m.take(x, idx, **kw), x)
     with pytest.raises(IndexError, match="index 5 is out of bounds for axis 1 with size 5"):
         tessel.jit(lambda v: tnp.take(v, [5], axis=1))(x)
@@ -527,8 +601,9 @@ def test_traced_indices_follow_jax(session):
     xi = sample("int32", (5, 6))
     far = np.array([[7, -1], [0, -9]])
     np.testing.assert_array_equal(tessel.jit(lambda v, i: v[i])(x, far).fetch(), np.asarray(jnp.asarray(x)[far]))
-    np.testing.assert_array_equal(tessel.jit(lambda v, i, j: v[i, j])(x, far, far.T).fetch(),
-                                  np.asarray(jnp.asarray(x)[far, far.T]))
+    np.testing.assert_array_equal(
+        tessel.jit(lambda v, i, j: v[i, j])(x, far, far.T).fetch(), np.asarray(jnp.asarray(x)[far, far.T])
+    )
     for a in (x, xi):
         for mode in (None, "fill", "clip", "wrap"):
             got = tessel.jit(lambda v, i: tnp.take(v, i, axis=1, mode=mode))(a, far).fetch()
@@ -545,8 +620,9 @@ def test_traced_indices_follow_jax(session):
             got = tessel.jit(lambda v, i, u: getattr(v.at[i], mode)(u))(a, idx, vals).fetch()
             np.testing.assert_array_equal(got, np.asarray(getattr(jnp.asarray(a).at[idx], mode)(vals)), err_msg=mode)
             got = tessel.jit(lambda v, i: getattr(v.at[i, i % 6], mode)(7))(a, idx).fetch()
-            np.testing.assert_array_equal(got, np.asarray(getattr(jnp.asarray(a).at[idx, idx % 6], mode)(7)),
-                                          err_msg=mode)
+            np.testing.assert_array_equal(
+                got, np.asarray(getattr(jnp.asarray(a).at[idx, idx % 6], mode)(7)), err_msg=mode
+            )
     with pytest.raises(NotImplementedError, match="partial slice"):
         tessel.jit(lambda v: v.at[np.array([0, 4]), :3].set(1.0))(x)
     with pytest.raises(IndexError, match="index arrays must be integers"):
@@ -561,23 +637,29 @@ def test_dynamic_slices_match_jax_lax(session):
     jax = pytest.importorskip("jax")
     jax.config.update("jax_enable_x64", True)
     from tessel import lax
+
     x = sample("float64", (5, 6, 4))
     upd = sample("float64", (2, 6, 3))
     for st in [(1, 2, 0), (4, 5, 3), (-3, 1, -2), (-9, 0, 9)]:
         want = np.asarray(jax.lax.dynamic_slice(x, st, (2, 3, 4)))
         np.testing.assert_array_equal(tessel.jit(lambda v: lax.dynamic_slice(v, st, (2, 3, 4)))(x).fetch(), want)
-        got = tessel.jit(lambda v, i, j: lax.dynamic_slice(v, (i, j, 0), (2, 3, 4)))(x, np.int64(st[0]), np.int32(st[1]))
+        got = tessel.jit(lambda v, i, j: lax.dynamic_slice(v, (i, j, 0), (2, 3, 4)))(
+            x, np.int64(st[0]), np.int32(st[1])
+        )
         np.testing.assert_array_equal(got.fetch(), np.asarray(jax.lax.dynamic_slice(x, (st[0], st[1], 0), (2, 3, 4))))
         want = np.asarray(jax.lax.dynamic_update_slice(x, upd, (st[0], 0, st[2])))
         got = tessel.jit(lambda v, u: lax.dynamic_update_slice(v, u, (st[0], 0, st[2])))(x, upd)
         np.testing.assert_array_equal(got.fetch(), want)
-        got = tessel.jit(lambda v, u, i, k: lax.dynamic_update_slice(v, u, (i, 0, k)))(x, upd, np.int64(st[0]),
-                                                                                          np.int64(st[2]))
+        got = tessel.jit(lambda v, u, i, k: lax.dynamic_update_slice(v, u, (i, 0, k)))(
+            x, upd, np.int64(st[0]), np.int64(st[2])
+        )
         np.testing.assert_array_equal(got.fetch(), want)
 
     def rows(xp, L):
-        return lambda i, acc: L.dynamic_update_index_in_dim(acc, xp.sin(L.dynamic_index_in_dim(acc, i, 0, False)) + i,
-                                                             i, 0)
+        return lambda i, acc: L.dynamic_update_index_in_dim(
+            acc, xp.sin(L.dynamic_index_in_dim(acc, i, 0, False)) + i, i, 0
+        )
+
     got = tessel.jit(lambda v: lax.fori_loop(0, 5, rows(tnp, lax), v))(x).fetch()
     np.testing.assert_allclose(got, np.asarray(jax.lax.fori_loop(0, 5, rows(jax.numpy, jax.lax), x)), rtol=1e-15)
     with pytest.raises(TypeError, match="size 7 of dimension 1 is outside"):
@@ -593,6 +675,7 @@ def test_gather_and_scatter_on_a_mesh_plan_only_what_they_must(session):
     each block where it lives: no collective. The results equal numpy's
     whatever the layout, and the gradient too."""
     from tessel import Mesh, NamedSharding, P
+
     mesh = Mesh({"data": 4})
     x = sample("float32", (16, 6))
     x[3, 1], x[5, 2] = -0.0, np.nan
@@ -610,8 +693,9 @@ def test_gather_and_scatter_on_a_mesh_plan_only_what_they_must(session):
     assert np.signbit(got[0, 1])
     for dtype in ("int32", "bool"):
         xi = sample(dtype, (16, 6))
-        np.testing.assert_array_equal(g(tessel.device_put(xi, NamedSharding(mesh, P("data", None))), idx).fetch(),
-                                      xi[rows])
+        np.testing.assert_array_equal(
+            g(tessel.device_put(xi, NamedSharding(mesh, P("data", None))), idx).fetch(), xi[rows]
+        )
     many = np.arange(40) % 16
     assert [c["op"] for c in g.lower(a, many).collectives] == ["all_gather"], g.lower(a, many).as_text()
     np.testing.assert_array_equal(g(a, many).fetch(), x[many])
@@ -656,8 +740,11 @@ def test_searchsorted_matches_numpy(session):
         check(lambda m, a, v: m.searchsorted(a, v, side=side), a, v, exact_dtype=False)
     ints = np.array([1, 3, 3, 7], np.int32)
     check(lambda m, a: m.searchsorted(a, 3), ints, exact_dtype=False)
-    check(lambda m, a: m.searchsorted(a, [0, 3, 8], side="right", sorter=m.argsort(a)), ints[::-1].copy(),
-          exact_dtype=False)
+    check(
+        lambda m, a: m.searchsorted(a, [0, 3, 8], side="right", sorter=m.argsort(a)),
+        ints[::-1].copy(),
+        exact_dtype=False,
+    )
 
 
 def test_reduction_keywords_match_numpy(session):
@@ -665,6 +752,7 @@ def test_reduction_keywords_match_numpy(session):
     mask = sample("bool", (4, 6))
     mask[0] = False  # a row with nothing selected: its mean is NaN, as numpy's
     import warnings
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         check(lambda m, x, w: m.sum(x, axis=1, where=w), x, mask)
@@ -673,8 +761,7 @@ def test_reduction_keywords_match_numpy(session):
         check(lambda m, x, w: x.sum(0, where=w[0]), x, mask)
     check(lambda m, x: m.mean(x, axis=0, dtype=m.float64), x)
     check(lambda m, x: m.mean(x.astype(m.int32), dtype=m.float32), x)
-    check(lambda m, x: (m.argmax(x, axis=1, keepdims=True), m.argmin(x, keepdims=True), x.argmax(0, keepdims=True)),
-          x)
+    check(lambda m, x: (m.argmax(x, axis=1, keepdims=True), m.argmin(x, keepdims=True), x.argmax(0, keepdims=True)), x)
     check(lambda m, x: m.concatenate([x, x[:2]], axis=None), x)
 
 
@@ -739,9 +826,21 @@ def test_narrow_and_unsigned_integers_match_numpy(session, name, dtype):
         check(INT_OPS[name], x, y)
 
 
-@pytest.mark.parametrize("pair", [("int8", "uint8"), ("int16", "uint16"), ("uint32", "int32"), ("uint64", "int64"),
-                                  ("uint64", "uint8"), ("int8", "float16"), ("int16", "float16"),
-                                  ("uint16", "float32"), ("uint32", "bool"), ("int16", "int8")])
+@pytest.mark.parametrize(
+    "pair",
+    [
+        ("int8", "uint8"),
+        ("int16", "uint16"),
+        ("uint32", "int32"),
+        ("uint64", "int64"),
+        ("uint64", "uint8"),
+        ("int8", "float16"),
+        ("int16", "float16"),
+        ("uint16", "float32"),
+        ("uint32", "bool"),
+        ("int16", "int8"),
+    ],
+)
 def test_mixed_integer_promotion_matches_numpy(session, pair):
     """numpy's table: int8 + uint8 is int16, uint64 + int64 is float64,
     int16 + float16 is float32, and so on."""
@@ -766,8 +865,9 @@ def test_python_ints_out_of_a_narrow_range_raise_as_in_numpy(session):
     with pytest.raises(OverflowError, match="out of bounds for int8"):
         tessel.jit(lambda a: a + 300)(x)
     u = tessel.device_put(np.arange(4, dtype=np.uint64))
-    np.testing.assert_array_equal(tessel.jit(lambda a: a + (2**64 - 1))(u).fetch(),
-                                  np.arange(4, dtype=np.uint64) + np.uint64(2**64 - 1))
+    np.testing.assert_array_equal(
+        tessel.jit(lambda a: a + (2**64 - 1))(u).fetch(), np.arange(4, dtype=np.uint64) + np.uint64(2**64 - 1)
+    )
 
 
 @pytest.mark.parametrize("dtype", ["int8", "uint16", "uint64"])
@@ -775,6 +875,7 @@ def test_new_integer_dtypes_sharded_and_eager_match_numpy(session, dtype):
     """A sum over a split dimension (an all_reduce in the array's dtype
     through Gloo) and an eager op on an Array, against numpy."""
     from tessel import Mesh, NamedSharding, P
+
     x = full_range(dtype, (8, 6))
     mesh = Mesh({"data": 2, "model": 2})
     a = tessel.device_put(x, NamedSharding(mesh, P("data", "model")))
@@ -805,5 +906,16 @@ def test_ufuncs_without_a_bool_loop_take_int8s_on_bools(session):
     is int8 (x // False and x % False: XLA's -1 and x, as documented)."""
     t, u = np.array([True, False, True, False]), np.array([True, True, True, True])
     with np.errstate(all="ignore"):
-        check(lambda m, a, b: (m.power(a, b), m.floor_divide(a, b), m.remainder(a, b), m.square(a),
-                               m.reciprocal(b), m.left_shift(a, b), m.right_shift(a, b)), t, u)
+        check(
+            lambda m, a, b: (
+                m.power(a, b),
+                m.floor_divide(a, b),
+                m.remainder(a, b),
+                m.square(a),
+                m.reciprocal(b),
+                m.left_shift(a, b),
+                m.right_shift(a, b),
+            ),
+            t,
+            u,
+        )

@@ -3,6 +3,7 @@ written over a namespace `m`, traced with m=tessel.numpy and run on the
 cluster, and called with m=numpy on the host as the reference. Results must
 have numpy's shape and dtype and its values (exact for integers and bools,
 within a few ulps for floats)."""
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -99,7 +100,7 @@ def test_floor_divide_and_remainder_follow_the_divisor_sign(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_power(dtype):
-    check(lambda m, x, y: x ** y, sample(dtype, (8,), positive=True), sample(dtype, (8,), low=-2, high=2))
+    check(lambda m, x, y: x**y, sample(dtype, (8,), positive=True), sample(dtype, (8,), low=-2, high=2))
 
 
 @pytest.mark.parametrize("dtype", INTS + ["bool"])
@@ -108,8 +109,14 @@ def test_bitwise(dtype):
     check(lambda m, a, b: (a & b, a | b, a ^ b, ~a), x, y)
 
 
-COMPARE = {"lt": lambda m, x, y: x < y, "le": lambda m, x, y: x <= y, "gt": lambda m, x, y: x > y,
-           "ge": lambda m, x, y: x >= y, "eq": lambda m, x, y: x == y, "ne": lambda m, x, y: m.not_equal(x, y)}
+COMPARE = {
+    "lt": lambda m, x, y: x < y,
+    "le": lambda m, x, y: x <= y,
+    "gt": lambda m, x, y: x > y,
+    "ge": lambda m, x, y: x >= y,
+    "eq": lambda m, x, y: x == y,
+    "ne": lambda m, x, y: m.not_equal(x, y),
+}
 
 
 @pytest.mark.parametrize("dtype", FLOATS + INTS)
@@ -198,8 +205,16 @@ def test_broadcasting(a_shape, b_shape):
     check(lambda m, a, b: (a + b, m.maximum(a, b) * a, m.where(a > b, a, b)), x, y)
 
 
-PAIRS = [("float32", "float64"), ("int32", "float32"), ("int32", "int64"), ("uint8", "int32"),
-         ("uint8", "float16"), ("bool", "int32"), ("float16", "float32"), ("bool", "float64")]
+PAIRS = [
+    ("float32", "float64"),
+    ("int32", "float32"),
+    ("int32", "int64"),
+    ("uint8", "int32"),
+    ("uint8", "float16"),
+    ("bool", "int32"),
+    ("float16", "float32"),
+    ("bool", "float64"),
+]
 
 
 @pytest.mark.parametrize("a,b", PAIRS)
@@ -270,16 +285,35 @@ def test_argreduce(name, axis):
 
 def test_methods_on_traced_values():
     x = sample("float32", (2, 3, 4))
-    check(lambda m, a: (a.sum(axis=0), a.mean(), a.max(axis=(1, 2)), a.T, a.reshape(6, 4),
-                        a.transpose(2, 0, 1), a.argmax(axis=2)), x)
+    check(
+        lambda m, a: (
+            a.sum(axis=0),
+            a.mean(),
+            a.max(axis=(1, 2)),
+            a.T,
+            a.reshape(6, 4),
+            a.transpose(2, 0, 1),
+            a.argmax(axis=2),
+        ),
+        x,
+    )
 
 
 # ---------------------------------------------------------------- layout
 
+
 def test_reshape_transpose_broadcast():
     x = sample("float32", (2, 3, 4))
-    check(lambda m, a: (m.reshape(a, (4, -1)), m.transpose(a, (1, 0, 2)), m.transpose(a),
-                        m.broadcast_to(a[:, :1, :], (2, 3, 4)), m.expand_dims(a, 1)), x)
+    check(
+        lambda m, a: (
+            m.reshape(a, (4, -1)),
+            m.transpose(a, (1, 0, 2)),
+            m.transpose(a),
+            m.broadcast_to(a[:, :1, :], (2, 3, 4)),
+            m.expand_dims(a, 1),
+        ),
+        x,
+    )
 
 
 @pytest.mark.parametrize("axis", [0, 1, -1])
@@ -294,10 +328,18 @@ def test_pad(widths):
     check(lambda m, a: (m.pad(a, widths), m.pad(a, widths, constant_values=7)), x)
 
 
-@pytest.mark.parametrize("index", [
-    (slice(1, 3),), (slice(None), 2), (-1,), (slice(None, None, 2), slice(1, None, 3)),
-    (Ellipsis, 1), (1, Ellipsis, slice(0, 2)), (slice(2, 1),),
-])
+@pytest.mark.parametrize(
+    "index",
+    [
+        (slice(1, 3),),
+        (slice(None), 2),
+        (-1,),
+        (slice(None, None, 2), slice(1, None, 3)),
+        (Ellipsis, 1),
+        (1, Ellipsis, slice(0, 2)),
+        (slice(2, 1),),
+    ],
+)
 def test_static_indexing(index):
     x = sample("float32", (4, 5, 6))
     check(lambda m, a: a[index], x)
@@ -310,33 +352,69 @@ def test_bad_index_is_a_clear_error():
 
 # ---------------------------------------------------------------- dot
 
-@pytest.mark.parametrize("a_shape,b_shape", [((3, 4), (4, 5)), ((4,), (4, 2)), ((3, 4), (4,)), ((4,), (4,)),
-                                             ((2, 3, 4), (4, 5)), ((2, 3, 4), (2, 4, 5)), ((1, 3, 4), (6, 4, 2))])
+
+@pytest.mark.parametrize(
+    "a_shape,b_shape",
+    [
+        ((3, 4), (4, 5)),
+        ((4,), (4, 2)),
+        ((3, 4), (4,)),
+        ((4,), (4,)),
+        ((2, 3, 4), (4, 5)),
+        ((2, 3, 4), (2, 4, 5)),
+        ((1, 3, 4), (6, 4, 2)),
+    ],
+)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_matmul(a_shape, b_shape, dtype):
     check(lambda m, a, b: a @ b, sample(dtype, a_shape), sample(dtype, b_shape), rtol=1e-5)
 
 
 def test_dot():
-    check(lambda m, a, b, c: (m.dot(a, b), m.dot(c, 2.0)), sample("float64", (3, 4)), sample("float64", (4, 2)),
-          sample("float64", (3,)))
+    check(
+        lambda m, a, b, c: (m.dot(a, b), m.dot(c, 2.0)),
+        sample("float64", (3, 4)),
+        sample("float64", (4, 2)),
+        sample("float64", (3,)),
+    )
 
 
-@pytest.mark.parametrize("spec,shapes", [
-    ("ij,jk->ik", [(3, 4), (4, 5)]), ("ij,kj->ik", [(3, 4), (5, 4)]), ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
-    ("ij->ji", [(3, 4)]), ("ij->", [(3, 4)]), ("ij->i", [(3, 4)]), ("i,i->", [(5,), (5,)]),
-    ("i,j->ij", [(3,), (4,)]), ("bij,jk", [(2, 3, 4), (4, 5)]), ("ijk,ik->j", [(2, 3, 4), (2, 4)]),
-    # ellipses, broadcast as numpy does, and three or more operands
-    ("...ij,...jk->...ik", [(2, 3, 4), (2, 4, 5)]), ("...ij,...jk", [(2, 1, 3, 4), (5, 4, 2)]),
-    ("i...->...", [(3, 2, 4)]), ("...i,i", [(2, 3, 4), (4,)]), ("ij...,jk...->ik...", [(3, 4, 2), (4, 5, 2)]),
-    ("ij,jk,kl->il", [(3, 4), (4, 5), (5, 2)]), ("ij,jk,kl", [(30, 4), (4, 50), (50, 2)]),
-    ("i,ij,jk,k->", [(3,), (3, 4), (4, 5), (5,)]), ("bij,bjk,bkl->bli", [(2, 3, 4), (2, 4, 5), (2, 5, 3)]),
-    ("a,b,c->abc", [(2,), (3,), (4,)]), ("...a,...a,...a->...", [(3, 2), (1, 2), (3, 2)]),
-    # a letter repeated in one operand: its diagonal
-    ("ii->i", [(4, 4)]), ("ii", [(4, 4)]), ("bii->bi", [(2, 3, 3)]), ("iji->j", [(3, 5, 3)]),
-    ("iij,jk->ik", [(3, 3, 4), (4, 2)]), ("ii,ij->j", [(3, 3), (3, 2)]), ("iii->i", [(3, 3, 3)]),
-    ("...ii->...i", [(2, 4, 4)]),
-])
+@pytest.mark.parametrize(
+    "spec,shapes",
+    [
+        ("ij,jk->ik", [(3, 4), (4, 5)]),
+        ("ij,kj->ik", [(3, 4), (5, 4)]),
+        ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
+        ("ij->ji", [(3, 4)]),
+        ("ij->", [(3, 4)]),
+        ("ij->i", [(3, 4)]),
+        ("i,i->", [(5,), (5,)]),
+        ("i,j->ij", [(3,), (4,)]),
+        ("bij,jk", [(2, 3, 4), (4, 5)]),
+        ("ijk,ik->j", [(2, 3, 4), (2, 4)]),
+        # ellipses, broadcast as numpy does, and three or more operands
+        ("...ij,...jk->...ik", [(2, 3, 4), (2, 4, 5)]),
+        ("...ij,...jk", [(2, 1, 3, 4), (5, 4, 2)]),
+        ("i...->...", [(3, 2, 4)]),
+        ("...i,i", [(2, 3, 4), (4,)]),
+        ("ij...,jk...->ik...", [(3, 4, 2), (4, 5, 2)]),
+        ("ij,jk,kl->il", [(3, 4), (4, 5), (5, 2)]),
+        ("ij,jk,kl", [(30, 4), (4, 50), (50, 2)]),
+        ("i,ij,jk,k->", [(3,), (3, 4), (4, 5), (5,)]),
+        ("bij,bjk,bkl->bli", [(2, 3, 4), (2, 4, 5), (2, 5, 3)]),
+        ("a,b,c->abc", [(2,), (3,), (4,)]),
+        ("...a,...a,...a->...", [(3, 2), (1, 2), (3, 2)]),
+        # a letter repeated in one operand: its diagonal
+        ("ii->i", [(4, 4)]),
+        ("ii", [(4, 4)]),
+        ("bii->bi", [(2, 3, 3)]),
+        ("iji->j", [(3, 5, 3)]),
+        ("iij,jk->ik", [(3, 3, 4), (4, 2)]),
+        ("ii,ij->j", [(3, 3), (3, 2)]),
+        ("iii->i", [(3, 3, 3)]),
+        ("...ii->...i", [(2, 4, 4)]),
+    ],
+)
 def test_einsum(spec, shapes):
     ops = [sample("float64", s) for s in shapes]
     check(lambda m, *a: m.einsum(spec, *a), *ops, rtol=1e-12)
@@ -357,7 +435,9 @@ def test_einsum_errors_name_the_subscripts():
     x = sample("float64", (3, 4))
     with pytest.raises(ValueError, match="'ij,jk': letter 'j' has sizes 4 and 3"):
         tessel.jit(lambda v: tnp.einsum("ij,jk", v, v))(x)
-    with pytest.raises(ValueError, match="'ii->i': letter 'i' repeated in one operand over dimensions of sizes 3 and 4"):
+    with pytest.raises(
+        ValueError, match="'ii->i': letter 'i' repeated in one operand over dimensions of sizes 3 and 4"
+    ):
         tessel.jit(lambda v: tnp.einsum("ii->i", v))(x)
     with pytest.raises(ValueError, match="output letter 'z'"):
         tessel.jit(lambda v: tnp.einsum("ij->z", v))(x)
@@ -365,10 +445,20 @@ def test_einsum_errors_name_the_subscripts():
 
 # ---------------------------------------------------------------- creation
 
+
 def test_creation_ops_are_generated_on_the_device():
-    check(lambda m, a: (m.zeros((3, 4)), m.ones(5, dtype=m.int32), m.full((2, 2), 7.5), m.zeros_like(a),
-                        m.ones_like(a, dtype=m.float16), m.arange(6), m.full((3,), True)),
-          sample("float32", (2, 3)))
+    check(
+        lambda m, a: (
+            m.zeros((3, 4)),
+            m.ones(5, dtype=m.int32),
+            m.full((2, 2), 7.5),
+            m.zeros_like(a),
+            m.ones_like(a, dtype=m.float16),
+            m.arange(6),
+            m.full((3,), True),
+        ),
+        sample("float32", (2, 3)),
+    )
 
 
 def test_int_division_by_zero_follows_xla():
@@ -379,6 +469,7 @@ def test_int_division_by_zero_follows_xla():
 
 
 # ---------------------------------------------------------------- eager ops on arrays
+
 
 def test_ops_on_arrays_outside_a_trace_run_on_the_devices():
     x = sample("float32", (4, 3))

@@ -1,6 +1,7 @@
 """A placement request is honoured or refused naming both placements, never
 silently ignored (each case below used to run on the argument's mesh with
 no error). JAX raises "incompatible devices" for the same programs."""
+
 import numpy as np
 import pytest
 
@@ -39,6 +40,7 @@ def test_a_constraint_on_another_mesh_is_refused(on_a):
 def test_a_shard_map_on_another_mesh_is_refused(on_a):
     def double(y):
         return y * 2
+
     f = tessel.jit(lambda v: tessel.shard_map(double, B, in_specs=P("x"), out_specs=P("x"))(v))
     _refused(lambda: f(on_a), "shard_map of double", "devices=[2, 3]")
 
@@ -63,8 +65,9 @@ def test_a_bare_spec_with_no_mesh_is_refused(session):
 
 
 def test_the_same_mesh_everywhere_still_runs(on_a):
-    f = tessel.jit(lambda v: tessel.with_sharding_constraint(v * 2, NamedSharding(A, P())),
-                   out_shardings=NamedSharding(A, P("x")))
+    f = tessel.jit(
+        lambda v: tessel.with_sharding_constraint(v * 2, NamedSharding(A, P())), out_shardings=NamedSharding(A, P("x"))
+    )
     np.testing.assert_array_equal(f(on_a).fetch(), np.arange(8, dtype=np.float32) * 2)
 
 
@@ -87,5 +90,6 @@ def test_a_mesh_is_written_as_jax_writes_it_or_refused_clearly():
 def test_a_jax_style_mesh_of_the_clusters_devices_runs(session):
     mesh = Mesh(np.array(tessel.devices()).reshape(2, 2), ("data", "model"))
     x = tessel.device_put(np.arange(16, dtype=np.float32).reshape(4, 4), NamedSharding(mesh, P("data", "model")))
-    np.testing.assert_array_equal(tessel.jit(lambda v: v.sum(axis=0))(x).fetch(),
-                                  np.arange(16, dtype=np.float32).reshape(4, 4).sum(axis=0))
+    np.testing.assert_array_equal(
+        tessel.jit(lambda v: v.sum(axis=0))(x).fetch(), np.arange(16, dtype=np.float32).reshape(4, 4).sum(axis=0)
+    )

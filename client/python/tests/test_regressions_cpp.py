@@ -2,8 +2,8 @@
 SDK: each test failed against daemons built before its fix. A test marked
 xfail(strict=True) waits for its fix; when the fix lands it passes, the
 strict marker turns that into a failure, and the marker comes off."""
+
 import numpy as np
-import pytest
 
 import tessel
 import tessel.numpy as tnp
@@ -47,6 +47,7 @@ def test_no_collective_is_planned_for_a_dead_value(session):
     def f(x):
         unused = x @ x  # noqa: F841
         return x + 1
+
     assert tessel.jit(f).lower(x).collectives == []
 
 

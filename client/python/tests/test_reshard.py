@@ -4,6 +4,7 @@ the numpy array it came from, and exactly the bytes each device lacked must
 move between devices, counted device to device. The bytes each device
 should receive are worked out here from the shardings with numpy masks,
 independently of the coordinator's planner."""
+
 import itertools
 
 import numpy as np
@@ -121,8 +122,7 @@ def test_copies_and_collectives_over_the_same_devices_keep_their_order_pipelined
     # each psum meet in the same group, and nothing is awaited until the end.
     mesh = Mesh({"x": 2}, devices=[0, 2])
     rows, cols = NamedSharding(mesh, P("x")), NamedSharding(mesh, P(None, "x"))
-    psum = tessel.jit(tessel.shard_map(lambda b: tessel.psum(b * 2, "x"), mesh, in_specs=(P("x"),),
-                                       out_specs=P("x")))
+    psum = tessel.jit(tessel.shard_map(lambda b: tessel.psum(b * 2, "x"), mesh, in_specs=(P("x"),), out_specs=P("x")))
     inc = tessel.jit(lambda u: u + 1)
     x = np.random.default_rng(9).integers(-50, 50, (8, 6)).astype(np.float32)
     w = tessel.device_put(x, rows)

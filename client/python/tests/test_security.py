@@ -5,6 +5,7 @@ workers, and each worker's service open only to its coordinator. Real
 daemons on loopback; certificates made with the openssl command; every
 attack is a real gRPC call that must be refused with the stated code, after
 which the cluster still computes what numpy computes."""
+
 import os
 import queue
 import subprocess
@@ -29,8 +30,24 @@ def openssl(*args, cwd):
 
 
 def make_ca(d, name):
-    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
-            "-subj", f"/CN={name}", "-keyout", f"{name}.key", "-out", f"{name}.pem", cwd=d)
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        f"/CN={name}",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.pem",
+        cwd=d,
+    )
     return os.path.join(d, f"{name}.pem")
 
 
@@ -39,10 +56,39 @@ def make_cert(d, ca, name):
     serving and for presenting as a client."""
     with open(os.path.join(d, f"{name}.ext"), "w") as f:
         f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n")
-    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-subj", f"/CN={name}",
-            "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)
-    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key", "-CAcreateserial",
-            "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem", cwd=d)
+    openssl(
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-subj",
+        f"/CN={name}",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.csr",
+        cwd=d,
+    )
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        f"{ca}.pem",
+        "-CAkey",
+        f"{ca}.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        f"{name}.ext",
+        "-out",
+        f"{name}.pem",
+        cwd=d,
+    )
     return os.path.join(d, f"{name}.pem"), os.path.join(d, f"{name}.key")
 
 
@@ -54,14 +100,24 @@ def pki(tmp_path_factory):
     make_ca(d, "rogue-ca")
     rogue_cert, rogue_key = make_cert(d, "rogue-ca", "rogue")
     with open(os.path.join(d, "tokens"), "w") as f:
-        f.write("# token tenant options\n"
-                "alice-token alice memory_quota=1MiB max_sessions=2\n"
-                "bob-token   bob\n"
-                "ops-token   ops admin\n")
+        f.write(
+            "# token tenant options\n"
+            "alice-token alice memory_quota=1MiB max_sessions=2\n"
+            "bob-token   bob\n"
+            "ops-token   ops admin\n"
+        )
     with open(os.path.join(d, "join"), "w") as f:
         f.write("join-3f9c1a7e5b\n")
-    return dict(dir=d, ca=ca, cert=cert, key=key, rogue_cert=rogue_cert, rogue_key=rogue_key,
-                tokens=os.path.join(d, "tokens"), join=os.path.join(d, "join"))
+    return dict(
+        dir=d,
+        ca=ca,
+        cert=cert,
+        key=key,
+        rogue_cert=rogue_cert,
+        rogue_key=rogue_key,
+        tokens=os.path.join(d, "tokens"),
+        join=os.path.join(d, "join"),
+    )
 
 
 def tls_flags(pki):
@@ -72,11 +128,12 @@ def tls_flags(pki):
 def secured(pki):
     previous = _context.default_session_or_none()
     with tessel.LocalCluster(
-            2, 2,
-            coordinator_flags=tls_flags(pki) + [f"--auth_tokens_file={pki['tokens']}",
-                                                f"--join_token_file={pki['join']}"],
-            worker_flags=tls_flags(pki) + [f"--join_token_file={pki['join']}"],
-            client=dict(token="ops-token", tls_ca=pki["ca"])) as c:
+        2,
+        2,
+        coordinator_flags=tls_flags(pki) + [f"--auth_tokens_file={pki['tokens']}", f"--join_token_file={pki['join']}"],
+        worker_flags=tls_flags(pki) + [f"--join_token_file={pki['join']}"],
+        client=dict(token="ops-token", tls_ca=pki["ca"]),
+    ) as c:
         yield c
     _context.set_default_session(previous)
 
@@ -140,12 +197,24 @@ def test_a_tenant_cannot_touch_another_tenants_session(secured, pki):
         for call, req in attacks:
             code, details = code_of(call, req)
             assert code == grpc.StatusCode.PERMISSION_DENIED, (call, details)
-        code, _ = code_of(lambda r, timeout: list(session.Fetch(r, timeout=timeout)),
-                          session_pb2.FetchRequest(session_id=alice.id, handle=a.handle))
+        code, _ = code_of(
+            lambda r, timeout: list(session.Fetch(r, timeout=timeout)),
+            session_pb2.FetchRequest(session_id=alice.id, handle=a.handle),
+        )
         assert code == grpc.StatusCode.PERMISSION_DENIED
         # Pipelined calls naming alice's session are refused one by one.
-        replies = list(session.Dispatch(iter([session_pb2.DispatchBatch(calls=[
-            session_pb2.ExecuteRequest(session_id=alice.id, executable_id="x", wait=True)])]), timeout=10))
+        replies = list(
+            session.Dispatch(
+                iter(
+                    [
+                        session_pb2.DispatchBatch(
+                            calls=[session_pb2.ExecuteRequest(session_id=alice.id, executable_id="x", wait=True)]
+                        )
+                    ]
+                ),
+                timeout=10,
+            )
+        )
         assert replies[0].replies[0].code == grpc.StatusCode.PERMISSION_DENIED.value[0]
         # Alice's array is untouched.
         np.testing.assert_array_equal(a.fetch(), x)
@@ -203,8 +272,12 @@ def live_worker(address, pki):
 def test_only_joined_workers_register_heartbeat_and_meet(secured, pki):
     w = live_worker(secured.address, pki)
     _, _, registry = stubs(secured.address, tls_ca=pki["ca"], token="")
-    code, _ = code_of(registry.RegisterWorker, admin_pb2.RegisterWorkerRequest(
-        address="127.0.0.1:1", num_devices=1, protocol_version=1, worker_secret="x" * 32))
+    code, _ = code_of(
+        registry.RegisterWorker,
+        admin_pb2.RegisterWorkerRequest(
+            address="127.0.0.1:1", num_devices=1, protocol_version=1, worker_secret="x" * 32
+        ),
+    )
     assert code == grpc.StatusCode.UNAUTHENTICATED
     # Even with the join token, nobody else speaks for a registered worker
     # or reads or writes its groups' rendezvous keys.
@@ -212,8 +285,9 @@ def test_only_joined_workers_register_heartbeat_and_meet(secured, pki):
     code, _ = code_of(registry.Heartbeat, admin_pb2.HeartbeatRequest(worker_id=w.worker_id, worker_secret="0" * 32))
     assert code == grpc.StatusCode.PERMISSION_DENIED
     key = "devices:0,1,2,3@1/rank_0"
-    code, _ = code_of(registry.KvSet, admin_pb2.KvSetRequest(key=key, value=b"x", worker_id=w.worker_id,
-                                                             worker_secret="0" * 32))
+    code, _ = code_of(
+        registry.KvSet, admin_pb2.KvSetRequest(key=key, value=b"x", worker_id=w.worker_id, worker_secret="0" * 32)
+    )
     assert code == grpc.StatusCode.PERMISSION_DENIED
     code, _ = code_of(registry.KvGet, admin_pb2.KvGetRequest(key=key, worker_id=w.worker_id))
     assert code == grpc.StatusCode.PERMISSION_DENIED
@@ -222,9 +296,9 @@ def test_only_joined_workers_register_heartbeat_and_meet(secured, pki):
 
 
 def worker_stub(address, pki, cert=None, key=None):
-    creds = grpc.ssl_channel_credentials(open(pki["ca"], "rb").read(),
-                                         open(key, "rb").read() if key else None,
-                                         open(cert, "rb").read() if cert else None)
+    creds = grpc.ssl_channel_credentials(
+        open(pki["ca"], "rb").read(), open(key, "rb").read() if key else None, open(cert, "rb").read() if cert else None
+    )
     return worker_pb2_grpc.WorkerStub(grpc.secure_channel(address, creds))
 
 
@@ -236,8 +310,9 @@ def test_worker_port_refuses_everyone_but_its_coordinator(secured, pki):
         assert code == grpc.StatusCode.UNAVAILABLE
     # With a cluster certificate but not the worker's secret: refused.
     stub = worker_stub(w.address, pki, pki["cert"], pki["key"])
-    code, _ = code_of(lambda r, timeout: list(stub.FetchShard(r, timeout=timeout)),
-                      worker_pb2.FetchShardRequest(device=0, buffer=1))
+    code, _ = code_of(
+        lambda r, timeout: list(stub.FetchShard(r, timeout=timeout)), worker_pb2.FetchShardRequest(device=0, buffer=1)
+    )
     assert code == grpc.StatusCode.UNAUTHENTICATED
     code, _ = code_of(stub.Free, worker_pb2.FreeRequest(device=0, seq=1 << 40, queue_epoch=1))
     assert code == grpc.StatusCode.UNAUTHENTICATED
@@ -251,8 +326,9 @@ def test_plaintext_cluster_worker_port_and_registry_refuse_strangers(cluster):
     admin = admin_pb2_grpc.AdminStub(grpc.insecure_channel(cluster.address))
     w = admin.GetCluster(admin_pb2.GetClusterRequest(), timeout=10).workers[0]
     stub = worker_pb2_grpc.WorkerStub(grpc.insecure_channel(w.address))
-    code, _ = code_of(lambda r, timeout: list(stub.FetchShard(r, timeout=timeout)),
-                      worker_pb2.FetchShardRequest(device=0, buffer=1))
+    code, _ = code_of(
+        lambda r, timeout: list(stub.FetchShard(r, timeout=timeout)), worker_pb2.FetchShardRequest(device=0, buffer=1)
+    )
     assert code == grpc.StatusCode.UNAUTHENTICATED
     code, _ = code_of(stub.Free, worker_pb2.FreeRequest(device=0, seq=1 << 40, queue_epoch=1))
     assert code == grpc.StatusCode.UNAUTHENTICATED
@@ -267,8 +343,7 @@ def test_plaintext_cluster_worker_port_and_registry_refuse_strangers(cluster):
 
 @pytest.mark.parametrize("daemon", ["tessel-coordinator", "tessel-worker"])
 def test_plaintext_off_loopback_needs_insecure(daemon):
-    args = [find_binary(daemon), "--host=0.0.0.0", "--port=0", "--coordinator=127.0.0.1:1",
-            "--register_timeout_s=1"]
+    args = [find_binary(daemon), "--host=0.0.0.0", "--port=0", "--coordinator=127.0.0.1:1", "--register_timeout_s=1"]
     if daemon == "tessel-coordinator":
         args = args[:3]
     p = subprocess.run(args, capture_output=True, text=True, timeout=30)
@@ -277,8 +352,12 @@ def test_plaintext_off_loopback_needs_insecure(daemon):
 
 
 def served_subject(port):
-    out = subprocess.run(f"openssl s_client -connect 127.0.0.1:{port} </dev/null 2>/dev/null | "
-                         "openssl x509 -noout -subject", shell=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        f"openssl s_client -connect 127.0.0.1:{port} </dev/null 2>/dev/null | " "openssl x509 -noout -subject",
+        shell=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return out.strip()
 
 
@@ -289,9 +368,18 @@ def test_certificates_are_reloaded_when_their_files_change(pki, tmp_path):
             dst.write(src.read())
     cert, key = make_cert(d, "ca", "first")
     port = free_port()
-    p = subprocess.Popen([find_binary("tessel-coordinator"), f"--port={port}", f"--tls_cert={cert}",
-                          f"--tls_key={key}", f"--tls_ca={pki['ca']}", "--tls_reload_s=1"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [
+            find_binary("tessel-coordinator"),
+            f"--port={port}",
+            f"--tls_cert={cert}",
+            f"--tls_key={key}",
+            f"--tls_ca={pki['ca']}",
+            "--tls_reload_s=1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 15
         while "CN = first" not in served_subject(port) and time.monotonic() < deadline:
@@ -323,8 +411,11 @@ def test_tokens_file_changes_apply_without_a_restart(tmp_path):
     write("alice-token alice\n")
     port = free_port()
     log = open(tmp_path / "coordinator.log", "w")
-    p = subprocess.Popen([find_binary("tessel-coordinator"), f"--port={port}", f"--auth_tokens_file={tokens}",
-                          "--auth_reload_s=1"], stdout=log, stderr=subprocess.STDOUT)
+    p = subprocess.Popen(
+        [find_binary("tessel-coordinator"), f"--port={port}", f"--auth_tokens_file={tokens}", "--auth_reload_s=1"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     address = f"127.0.0.1:{port}"
 
     def open_code(token):
@@ -351,8 +442,15 @@ def test_tokens_file_changes_apply_without_a_restart(tmp_path):
         replies = alice.Dispatch(iter(batches.get, None))
 
         def dispatch_code():
-            batches.put(session_pb2.DispatchBatch(calls=[session_pb2.ExecuteRequest(
-                session_id=sid, executable_id="no-such-executable", outputs=[7], wait=True)]))
+            batches.put(
+                session_pb2.DispatchBatch(
+                    calls=[
+                        session_pb2.ExecuteRequest(
+                            session_id=sid, executable_id="no-such-executable", outputs=[7], wait=True
+                        )
+                    ]
+                )
+            )
             return next(replies).replies[0].code
 
         assert dispatch_code() == grpc.StatusCode.NOT_FOUND.value[0]  # alice may call; the executable is unknown
@@ -363,8 +461,10 @@ def test_tokens_file_changes_apply_without_a_restart(tmp_path):
         batches.put(None)
         write("carol-token carol max_sessions=many\n")
         deadline = time.monotonic() + 15
-        while "previous tokens stay in force" not in open(tmp_path / "coordinator.log").read() \
-                and time.monotonic() < deadline:
+        while (
+            "previous tokens stay in force" not in open(tmp_path / "coordinator.log").read()
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.2)
         text = open(tmp_path / "coordinator.log").read()
         assert "previous tokens stay in force" in text and "max_sessions" in text, text
@@ -383,12 +483,22 @@ def test_metrics_endpoint_asks_for_basic_auth_and_stays_on_loopback(pki, tmp_pat
     import base64
     import urllib.error
     import urllib.request
+
     auth = tmp_path / "metrics-auth"
     auth.write_text("prometheus:s3cr3t-scrape\n")
     port_file = tmp_path / "metrics.port"
-    p = subprocess.Popen([find_binary("tessel-coordinator"), "--port=0", *tls_flags(pki),
-                          "--metrics_address=127.0.0.1:0", f"--metrics_port_file={port_file}",
-                          f"--metrics_auth_file={auth}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [
+            find_binary("tessel-coordinator"),
+            "--port=0",
+            *tls_flags(pki),
+            "--metrics_address=127.0.0.1:0",
+            f"--metrics_port_file={port_file}",
+            f"--metrics_auth_file={auth}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 15
         while not port_file.exists() and time.monotonic() < deadline:
@@ -411,12 +521,20 @@ def test_metrics_endpoint_asks_for_basic_auth_and_stays_on_loopback(pki, tmp_pat
         p.terminate()
         p.wait(10)
     for flags in ([], tls_flags(pki)):
-        r = subprocess.run([find_binary("tessel-coordinator"), "--port=0", *flags, "--metrics_address=0.0.0.0:0"],
-                           capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            [find_binary("tessel-coordinator"), "--port=0", *flags, "--metrics_address=0.0.0.0:0"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert r.returncode == 2
         assert "--metrics_address=0.0.0.0:0 is not a loopback address" in r.stdout + r.stderr
     bad = tmp_path / "bad-auth"
     bad.write_text("no-colon-here\n")
-    r = subprocess.run([find_binary("tessel-coordinator"), "--port=0", "--metrics_address=127.0.0.1:0",
-                        f"--metrics_auth_file={bad}"], capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [find_binary("tessel-coordinator"), "--port=0", "--metrics_address=127.0.0.1:0", f"--metrics_auth_file={bad}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 2 and "expected USER:PASSWORD" in r.stdout + r.stderr

@@ -6,6 +6,7 @@
 001: constants made inside a step are generated on each device, never
      shipped, and results stay on the devices until fetched.
 """
+
 import numpy as np
 import pytest
 
@@ -114,7 +115,7 @@ def test_a_changed_signature_is_refused_and_explained(session):
 
 def test_a_donation_that_cannot_happen_is_visible_and_strict_makes_it_an_error(session):
     def shrink(state):
-        return state[:N // 2] * 2.0  # no output has the donated parameter's type
+        return state[: N // 2] * 2.0  # no output has the donated parameter's type
 
     f = tessel.jit(shrink, donate_argnums=0)
     x = tessel.device_put(np.ones(N, np.float32))
@@ -157,7 +158,7 @@ def test_seed_001_constants_are_generated_on_each_device_and_results_stay_there(
     @tessel.jit(replicated=True)
     def foo(x):
         z = tnp.zeros((big,), tnp.float32)
-        return z[:x.shape[0]] + x
+        return z[: x.shape[0]] + x
 
     x = tessel.device_put(np.arange(16, dtype=np.float32), tessel.ReplicatedSharding())
     plan = foo.lower(x)

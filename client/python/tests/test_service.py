@@ -3,6 +3,7 @@
 daemon's --help and --version, and the CLI refusing flags it does not know.
 Real processes on loopback; health is asked through `tessel health` (the
 gRPC health service's Check)."""
+
 import contextlib
 import os
 import re
@@ -24,8 +25,11 @@ def free_port():
 
 
 def health(address, service=""):
-    p = subprocess.run([find_binary("tessel"), "health", "--address", address, "--service", service,
-                        "--timeout", "2"], capture_output=True, text=True)
+    p = subprocess.run(
+        [find_binary("tessel"), "health", "--address", address, "--service", service, "--timeout", "2"],
+        capture_output=True,
+        text=True,
+    )
     return p.returncode, (p.stdout + p.stderr).strip()
 
 
@@ -40,8 +44,16 @@ def wait_for(address, service, rc, seconds=15):
 
 def start_coordinator(port, tmp_path, log):
     port_file = tmp_path / f"port-{time.monotonic_ns()}"
-    p = subprocess.Popen([find_binary("tessel-coordinator"), f"--port={port}", f"--port_file={port_file}",
-                          "--heartbeat_timeout_ms=1000"], stdout=log, stderr=subprocess.STDOUT)
+    p = subprocess.Popen(
+        [
+            find_binary("tessel-coordinator"),
+            f"--port={port}",
+            f"--port_file={port_file}",
+            "--heartbeat_timeout_ms=1000",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     for _ in range(100):
         if port_file.exists():
             return p
@@ -58,8 +70,13 @@ def coordinator_and_worker(tmp_path):
     worker_log = tmp_path / "worker.log"
     with open(tmp_path / "coordinator.log", "ab") as clog, open(worker_log, "wb") as wlog:
         procs = [start_coordinator(cport, tmp_path, clog)]
-        procs.append(subprocess.Popen([find_binary("tessel-worker"), f"--coordinator=127.0.0.1:{cport}",
-                                       f"--port={wport}"], stdout=wlog, stderr=subprocess.STDOUT))
+        procs.append(
+            subprocess.Popen(
+                [find_binary("tessel-worker"), f"--coordinator=127.0.0.1:{cport}", f"--port={wport}"],
+                stdout=wlog,
+                stderr=subprocess.STDOUT,
+            )
+        )
 
         def kill_coordinator():
             procs[0].send_signal(signal.SIGKILL)
@@ -69,9 +86,13 @@ def coordinator_and_worker(tmp_path):
             procs[0] = start_coordinator(cport, tmp_path, clog)
 
         try:
-            yield types.SimpleNamespace(coordinator=f"127.0.0.1:{cport}", worker=f"127.0.0.1:{wport}",
-                                        worker_log=worker_log, kill_coordinator=kill_coordinator,
-                                        start_again=start_again)
+            yield types.SimpleNamespace(
+                coordinator=f"127.0.0.1:{cport}",
+                worker=f"127.0.0.1:{wport}",
+                worker_log=worker_log,
+                kill_coordinator=kill_coordinator,
+                start_again=start_again,
+            )
         finally:
             for p in procs:
                 p.send_signal(signal.SIGTERM)
@@ -102,12 +123,34 @@ def test_a_worker_without_its_coordinator_is_not_serving_and_says_so_once(tmp_pa
         assert "answers again" in c.worker_log.read_text()
 
 
-@pytest.mark.parametrize("daemon, own_flags", [
-    ("tessel-coordinator", ["--session_lease_s", "--port_file", "--heartbeat_timeout_ms", "--auth_reload_s",
-                            "--tls_cert", "--metrics_address", "--metrics_auth_file"]),
-    ("tessel-worker", ["--coordinator", "--devices", "--device_memory_bytes", "--tls_cert", "--metrics_address",
-                       "--metrics_auth_file"]),
-])
+@pytest.mark.parametrize(
+    "daemon, own_flags",
+    [
+        (
+            "tessel-coordinator",
+            [
+                "--session_lease_s",
+                "--port_file",
+                "--heartbeat_timeout_ms",
+                "--auth_reload_s",
+                "--tls_cert",
+                "--metrics_address",
+                "--metrics_auth_file",
+            ],
+        ),
+        (
+            "tessel-worker",
+            [
+                "--coordinator",
+                "--devices",
+                "--device_memory_bytes",
+                "--tls_cert",
+                "--metrics_address",
+                "--metrics_auth_file",
+            ],
+        ),
+    ],
+)
 def test_each_daemon_lists_its_own_flags(daemon, own_flags):
     p = subprocess.run([find_binary(daemon), "--help"], capture_output=True, text=True)
     text = p.stdout + p.stderr
@@ -118,13 +161,19 @@ def test_each_daemon_lists_its_own_flags(daemon, own_flags):
     assert v.returncode == 0 and v.stdout.strip() == "Tessel 0.1.0", v.stdout
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["run", "g.textproto", "--devcie", "3"], "tessel run: unknown flag --devcie; 'run' takes --coordinator, "
-                                              "--device, --fetch, --input, --mesh, --out-shard, --replicated, --shard"),
-    (["stats", "--json"], "tessel stats: unknown flag --json; 'stats' takes --coordinator"),
-    (["compile"], "tessel compile: expected one graph file, got 0"),
-    (["health", "extra"], "tessel health: expected no operand, got 1: extra"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["run", "g.textproto", "--devcie", "3"],
+            "tessel run: unknown flag --devcie; 'run' takes --coordinator, "
+            "--device, --fetch, --input, --mesh, --out-shard, --replicated, --shard",
+        ),
+        (["stats", "--json"], "tessel stats: unknown flag --json; 'stats' takes --coordinator"),
+        (["compile"], "tessel compile: expected one graph file, got 0"),
+        (["health", "extra"], "tessel health: expected no operand, got 1: extra"),
+    ],
+)
 def test_the_cli_refuses_what_it_does_not_know(argv, message):
     env = dict(os.environ, TESSEL_COORDINATOR="127.0.0.1:1")
     p = subprocess.run([find_binary("tessel"), *argv], capture_output=True, text=True, env=env)
@@ -160,24 +209,30 @@ def test_a_restarted_coordinator_is_named_and_its_predecessors_arrays_are_freed(
         assert "dropped the old one's 1 arrays (4096 bytes) and 1 programs" in log, log
 
         # The old session's next call says what happened, instead of a bare transport error.
-        with pytest.raises(tessel.WorkerLostError, match=r"the coordinator restarted at \S+Z; session '\S+' was "
-                                                         r"opened under its previous incarnation \w+, and its "
-                                                         r"arrays were lost"):
+        with pytest.raises(
+            tessel.WorkerLostError,
+            match=r"the coordinator restarted at \S+Z; session '\S+' was "
+            r"opened under its previous incarnation \w+, and its "
+            r"arrays were lost",
+        ):
             x.fetch()
         # The new coordinator serves: a new session computes.
         fresh = tessel.connect(c.coordinator)  # the default session from here
         y = tessel.device_put(np.ones(3, np.float32))
         np.testing.assert_array_equal(y.fetch(), np.ones(3, np.float32))
         # The program the old coordinator loaded is loaded again for the new one.
-        np.testing.assert_array_equal(double(tessel.device_put(np.arange(1024, dtype=np.float32))).fetch(),
-                                      np.arange(1024) * 2)
+        np.testing.assert_array_equal(
+            double(tessel.device_put(np.arange(1024, dtype=np.float32))).fetch(), np.arange(1024) * 2
+        )
         fresh.close()
 
 
 def test_status_as_json_is_the_admin_api(cluster):
     import json
-    p = subprocess.run([find_binary("tessel"), "status", "--json", "--coordinator", cluster.address],
-                       capture_output=True, text=True)
+
+    p = subprocess.run(
+        [find_binary("tessel"), "status", "--json", "--coordinator", cluster.address], capture_output=True, text=True
+    )
     assert p.returncode == 0, p.stderr
     status = json.loads(p.stdout)
     workers = status["workers"]
@@ -185,8 +240,9 @@ def test_status_as_json_is_the_admin_api(cluster):
     devices = [d["id"] for w in workers for d in w["devices"]]
     assert sorted(devices) == [0, 1, 2, 3], workers
     # The table's figures, from the same call.
-    table = subprocess.run([find_binary("tessel"), "status", "--coordinator", cluster.address],
-                           capture_output=True, text=True).stdout
+    table = subprocess.run(
+        [find_binary("tessel"), "status", "--coordinator", cluster.address], capture_output=True, text=True
+    ).stdout
     assert f"{len(devices)} live devices" in table
     for w in workers:
         assert w["workerId"] in table and w["address"] in table
@@ -201,6 +257,7 @@ def test_json_logs_with_debug_say_what_ran(tmp_path):
 
     import tessel
     from tessel import _context
+
     previous = _context.default_session_or_none()
     flags = ["--log_format=json", "--log_level=debug"]
     with tessel.LocalCluster(1, 1, log_dir=str(tmp_path), coordinator_flags=flags, worker_flags=flags) as c:
@@ -216,8 +273,9 @@ def test_json_logs_with_debug_say_what_ran(tmp_path):
 
 
 def test_unknown_log_format_is_refused():
-    p = subprocess.run([find_binary("tessel-coordinator"), "--log_format=xml"], capture_output=True, text=True,
-                       timeout=30)
+    p = subprocess.run(
+        [find_binary("tessel-coordinator"), "--log_format=xml"], capture_output=True, text=True, timeout=30
+    )
     assert p.returncode == 2 and "--log_format: expected text or json, got 'xml'" in p.stderr
 
 
@@ -229,17 +287,26 @@ def test_a_restarted_worker_replaces_its_old_self_at_once(tmp_path):
 
     import tessel
     from tessel import _context, errors
+
     previous = _context.default_session_or_none()
-    with tessel.LocalCluster(1, 1, log_dir=str(tmp_path), heartbeat_timeout_ms=60_000,
-                             worker_flags=["--worker_id=node-a"]) as c:
+    with tessel.LocalCluster(
+        1, 1, log_dir=str(tmp_path), heartbeat_timeout_ms=60_000, worker_flags=["--worker_id=node-a"]
+    ) as c:
         _context.set_default_session(c.session)
         old = c.session.cluster().workers[0]
         assert old.name == "node-a" and len(old.incarnation) == 16
         kept = tessel.device_put(np.arange(4, dtype=np.float32))
         c.kill_worker(0)
-        again = subprocess.Popen([find_binary("tessel-worker"), f"--coordinator={c.address}", "--worker_id=node-a",
-                                  f"--parent_pid={os.getpid()}"], stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL)
+        again = subprocess.Popen(
+            [
+                find_binary("tessel-worker"),
+                f"--coordinator={c.address}",
+                "--worker_id=node-a",
+                f"--parent_pid={os.getpid()}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
@@ -269,6 +336,7 @@ def test_admin_cordons_and_drains_a_worker_and_counts_steps_per_device():
     import tessel
     from tessel import _context, errors
     from tessel.v1 import admin_pb2
+
     previous = _context.default_session_or_none()
     with tessel.LocalCluster(2, 1) as c:
         _context.set_default_session(c.session)
@@ -290,8 +358,7 @@ def test_admin_cordons_and_drains_a_worker_and_counts_steps_per_device():
             tessel.device_put(x, 1)
         assert e.value.code == "FAILED_PRECONDITION"
         np.testing.assert_array_equal(held.fetch(), x)  # what it holds stays readable
-        drained = admin.DrainWorker(admin_pb2.DrainWorkerRequest(worker_id=w1.worker_id, timeout_ms=5000),
-                                    timeout=10)
+        drained = admin.DrainWorker(admin_pb2.DrainWorkerRequest(worker_id=w1.worker_id, timeout_ms=5000), timeout=10)
         assert drained.idle and drained.arrays == 1 and drained.bytes == x.nbytes
         assert list(drained.sessions) == [c.session.id]
         admin.CordonWorker(admin_pb2.CordonWorkerRequest(worker_id=w1.worker_id, uncordon=True), timeout=10)
@@ -306,6 +373,7 @@ def test_tessel_top_shows_each_devices_rate_queue_and_memory():
 
     import tessel
     from tessel import _context
+
     previous = _context.default_session_or_none()
     with tessel.LocalCluster(1, 2) as c:
         _context.set_default_session(c.session)
@@ -314,18 +382,26 @@ def test_tessel_top_shows_each_devices_rate_queue_and_memory():
         for _ in range(20):
             a = f(a)
         a.fetch()
-        p = subprocess.run([find_binary("tessel"), "top", "--coordinator", c.address, "--interval", "0.2",
-                            "--iterations", "2"], capture_output=True, text=True, timeout=30)
+        p = subprocess.run(
+            [find_binary("tessel"), "top", "--coordinator", c.address, "--interval", "0.2", "--iterations", "2"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert p.returncode == 0, p.stderr
         lines = p.stdout.splitlines()
         header = [i for i, line in enumerate(lines) if line.startswith("device")]
         assert len(header) == 2  # two looks
-        rows = {int(l.split()[0]): l.split() for l in lines[header[1] + 1:]}
+        rows = {int(l.split()[0]): l.split() for l in lines[header[1] + 1 :]}
         assert set(rows) == {0, 1}
         assert rows[1][2] == "alive" and rows[1][3] == "0.0"  # idle now: no steps between the looks
         assert int(rows[1][5]) == 0  # no errors
-        bad = subprocess.run([find_binary("tessel"), "top", "--coordinator", c.address, "--interval", "0"],
-                             capture_output=True, text=True, timeout=30)
+        bad = subprocess.run(
+            [find_binary("tessel"), "top", "--coordinator", c.address, "--interval", "0"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert bad.returncode != 0 and "--interval: expected a positive number" in bad.stderr
     _context.set_default_session(previous)
 
@@ -339,6 +415,7 @@ def test_a_worker_paused_by_kill_worker_is_stopped_when_the_call_returns(tmp_pat
     # A test that pauses a worker and then runs a step must not find the
     # worker still running that step: the stop has landed when the call returns.
     import tessel
+
     with tessel.LocalCluster(2, 1, log_dir=str(tmp_path), connect=False) as c:
         for _ in range(20):
             c.kill_worker(1, signal.SIGSTOP)

@@ -6,6 +6,7 @@ JEP 17111, and varying-axis tracking decides where a cotangent is summed.
 Oracles: jax.grad of the same computation written without shard_map (the
 global program a shard_map program stands for), and numpy. Plans are read
 for the collectives each backward pass costs, with their reasons."""
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -19,8 +20,10 @@ from tessel import Mesh, NamedSharding, P
 jax.config.update("jax_enable_x64", True)
 
 MESH = Mesh({"data": 2, "model": 2})
-COPY_SOURCE = ('extern "C" __global__ void copy(const __nv_bfloat16* a, __nv_bfloat16* b, long n) '
-               '{ long i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) b[i] = a[i]; }')
+COPY_SOURCE = (
+    'extern "C" __global__ void copy(const __nv_bfloat16* a, __nv_bfloat16* b, long n) '
+    "{ long i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) b[i] = a[i]; }"
+)
 
 
 def all_reduces(plan):
@@ -79,9 +82,14 @@ def test_seed_002_without_a_rule_plans_the_defensive_all_reduce_naming_the_kerne
 
 # ----------------------------------------------- data-parallel MLP training
 
+
 def mlp_params(rng):
-    return [rng.standard_normal((8, 16)) * 0.3, rng.standard_normal(16) * 0.1,
-            rng.standard_normal((16, 4)) * 0.3, rng.standard_normal(4) * 0.1]
+    return [
+        rng.standard_normal((8, 16)) * 0.3,
+        rng.standard_normal(16) * 0.1,
+        rng.standard_normal((16, 4)) * 0.3,
+        rng.standard_normal(4) * 0.1,
+    ]
 
 
 def mlp_loss_global(params, x, y, np_=jnp):
@@ -101,8 +109,9 @@ def test_data_parallel_mlp_backward_has_one_all_reduce_per_gradient(session):
         return tessel.psum(tnp.sum((h @ w2 + b2 - yb) ** 2), "data") / n
 
     def loss(params, x, y):
-        return tessel.shard_map(local_loss, MESH, in_specs=(P(), P(), P(), P(), P("data"), P("data")),
-                                out_specs=P())(*params, x, y)
+        return tessel.shard_map(local_loss, MESH, in_specs=(P(), P(), P(), P(), P("data"), P("data")), out_specs=P())(
+            *params, x, y
+        )
 
     step = tessel.jit(tessel.value_and_grad(loss))
     args = ([put(p, P()) for p in params], put(x, P("data")), put(y, P("data")))
@@ -126,6 +135,7 @@ def test_data_parallel_mlp_backward_has_one_all_reduce_per_gradient(session):
 
 # ----------------------------------- each collective's transpose vs jax.grad
 
+
 def check_grads(f_tessel, f_global, args, specs, out_spec=P()):
     """grad of sum(c * shard_map(f_tessel)(args)) vs jax.grad of the global program."""
     region = tessel.shard_map(f_tessel, MESH, in_specs=tuple(specs), out_specs=out_spec)
@@ -145,8 +155,12 @@ def check_grads(f_tessel, f_global, args, specs, out_spec=P()):
 def test_all_gather_transposes_to_a_slice_of_the_replicated_cotangent(session):
     rng = np.random.default_rng(2)
     x, w = rng.standard_normal((8, 4)), rng.standard_normal((8, 4))
-    plan = check_grads(lambda xb, wr: tessel.all_gather(tnp.tanh(xb), "data") * wr,
-                       lambda x, w: jnp.tanh(x) * w, [x, w], [P("data"), P()])
+    plan = check_grads(
+        lambda xb, wr: tessel.all_gather(tnp.tanh(xb), "data") * wr,
+        lambda x, w: jnp.tanh(x) * w,
+        [x, w],
+        [P("data"), P()],
+    )
     # the cotangent of the gathered value is already the same everywhere:
     # no collective for it; w's cotangent is the same too.
     assert all_reduces(plan) == [] and not [c for c in plan.collectives if c["op"] == "reduce_scatter"], plan.as_text()
@@ -158,9 +172,13 @@ def test_all_gather_of_a_value_used_per_device_transposes_to_one_reduce_scatter(
     # Each data shard multiplies the whole gathered x by its own block of w:
     # the gathered value's cotangent differs per device and is summed and
     # split in one reduce_scatter.
-    plan = check_grads(lambda xb, wb: tessel.all_gather(xb, "data") * wb,
-                       lambda x, w: jnp.concatenate([x * w[:8], x * w[8:]]), [x, w], [P("data"), P("data")],
-                       out_spec=P("data"))
+    plan = check_grads(
+        lambda xb, wb: tessel.all_gather(xb, "data") * wb,
+        lambda x, w: jnp.concatenate([x * w[:8], x * w[8:]]),
+        [x, w],
+        [P("data"), P("data")],
+        out_spec=P("data"),
+    )
     ops = [c["op"] for c in plan.collectives if "reverse mode" in c["reason"]]
     assert ops == ["reduce_scatter"], plan.as_text()
 
@@ -169,8 +187,13 @@ def test_psum_scatter_of_a_replicated_value_counts_its_copies(session):
     rng = np.random.default_rng(4)
     x, w = rng.standard_normal((8, 4)), rng.standard_normal((8, 4))
     # x is the same on both data devices: psum_scatter sums two copies.
-    check_grads(lambda xr, wb: tessel.psum_scatter(xr * xr, "data") * wb,
-                lambda x, w: 2 * x * x * w, [x, w], [P(), P("data")], out_spec=P("data"))
+    check_grads(
+        lambda xr, wb: tessel.psum_scatter(xr * xr, "data") * wb,
+        lambda x, w: 2 * x * x * w,
+        [x, w],
+        [P(), P("data")],
+        out_spec=P("data"),
+    )
 
 
 def test_psum_of_a_replicated_value_counts_its_copies(session):
@@ -180,15 +203,25 @@ def test_psum_of_a_replicated_value_counts_its_copies(session):
 
 def test_ppermute_transposes_to_its_inverse(session):
     x = np.random.default_rng(6).standard_normal((8, 4))
-    check_grads(lambda xb: tessel.ppermute(xb * xb, "data", [(0, 1), (1, 0)]),
-                lambda x: jnp.concatenate([x[4:] ** 2, x[:4] ** 2]), [x], [P("data")], out_spec=P("data"))
+    check_grads(
+        lambda xb: tessel.ppermute(xb * xb, "data", [(0, 1), (1, 0)]),
+        lambda x: jnp.concatenate([x[4:] ** 2, x[:4] ** 2]),
+        [x],
+        [P("data")],
+        out_spec=P("data"),
+    )
 
 
 def test_all_to_all_transposes_to_its_reverse(session):
     x = np.random.default_rng(8).standard_normal((4, 8))
     # Rows split over data, then columns: the same global array.
-    check_grads(lambda xb: tnp.tanh(tessel.all_to_all(xb, "data", 1, 0)),
-                lambda x: jnp.tanh(x), [x], [P("data", None)], out_spec=P(None, "data"))
+    check_grads(
+        lambda xb: tnp.tanh(tessel.all_to_all(xb, "data", 1, 0)),
+        lambda x: jnp.tanh(x),
+        [x],
+        [P("data", None)],
+        out_spec=P(None, "data"),
+    )
 
 
 def test_reverse_mode_through_pmax_is_an_error_saying_why(session):
@@ -199,6 +232,7 @@ def test_reverse_mode_through_pmax_is_an_error_saying_why(session):
 
 
 # ------------------------------------------------------------- forward mode
+
 
 def test_jvp_through_shard_map_with_collectives_matches_jax(session):
     rng = np.random.default_rng(9)
@@ -221,13 +255,15 @@ def test_jvp_through_shard_map_with_collectives_matches_jax(session):
 
     # The result is [2] split over data: data shard k holds its own sum.
     out, tangent = tessel.jit(lambda x, w, tx, tw: tessel.jvp(f, (x, w), (tx, tw)))(
-        put(x, P("data")), put(w, P()), put(tx, P("data")), put(tw, P()))
+        put(x, P("data")), put(w, P()), put(tx, P("data")), put(tw, P())
+    )
     want_out, want_tangent = jax.jvp(f_global, (x, w), (tx, tw))
     np.testing.assert_allclose(out.fetch(), np.asarray(want_out), rtol=1e-10)
     np.testing.assert_allclose(tangent.fetch(), np.asarray(want_tangent), rtol=1e-10)
 
 
 # ------------------------------------------------------ several results
+
 
 def test_a_region_of_several_results_runs_and_differentiates_both_ways(session):
     rng = np.random.default_rng(10)
@@ -279,8 +315,12 @@ STEPS = {
 
 class _Tessel:
     np = tnp
-    psum, ppermute, psum_scatter, all_gather = (staticmethod(tessel.psum), staticmethod(tessel.ppermute),
-                                                staticmethod(tessel.psum_scatter), staticmethod(tessel.all_gather))
+    psum, ppermute, psum_scatter, all_gather = (
+        staticmethod(tessel.psum),
+        staticmethod(tessel.ppermute),
+        staticmethod(tessel.psum_scatter),
+        staticmethod(tessel.all_gather),
+    )
     all_to_all = staticmethod(tessel.all_to_all)
     axis_index = staticmethod(lambda a: tnp.astype(tessel.axis_index(a), tnp.float64))
 
@@ -301,6 +341,7 @@ def random_body(steps, L):
         for s in steps:
             h = STEPS[s](h, w, v, L)
         return L.psum(L.psum(L.np.sum(h * h), "data"), "model")
+
     return body
 
 
@@ -312,7 +353,8 @@ def test_random_region_programs_differentiate_as_jax_shard_map(session, seed):
     specs = (P("data"), P(), P())
     ours = tessel.shard_map(random_body(steps, _Tessel), MESH, in_specs=specs, out_specs=P())
     got = tessel.jit(tessel.value_and_grad(lambda *a: ours(*a), argnums=(0, 1, 2)))(
-        *[put(a, s) for a, s in zip((x, w, v), specs)])
+        *[put(a, s) for a, s in zip((x, w, v), specs)]
+    )
     jmesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "model"))
     JP = jax.sharding.PartitionSpec
     theirs = jax.shard_map(random_body(steps, _Jax), mesh=jmesh, in_specs=(JP("data"), JP(), JP()), out_specs=JP())

@@ -2,7 +2,6 @@
 mesh shape over the 4 devices, random shardings for each op's operands and
 result, compared with the same function run whole on one device and with
 numpy. Collectives run across the two worker processes through Gloo."""
-import itertools
 
 import numpy as np
 import pytest
@@ -55,8 +54,10 @@ OPS = {
     "concatenate": (lambda a, b: tnp.concatenate([a, b], axis=1), [(8, 4), (8, 4)]),
     "pad": (lambda a: tnp.pad(a, ((1, 3), (0, 0))), [(4, 8)]),
     "broadcast": (lambda a, b: tnp.expand_dims(a, 1) + tnp.expand_dims(b, 0), [(4, 8), (4, 8)]),
-    "iota_fill": (lambda a: a + tnp.arange(32, dtype=tnp.float32).reshape(8, 4) + tnp.ones((8, 4), tnp.float32),
-                  [(8, 4)]),
+    "iota_fill": (
+        lambda a: a + tnp.arange(32, dtype=tnp.float32).reshape(8, 4) + tnp.ones((8, 4), tnp.float32),
+        [(8, 4)],
+    ),
     "mlp_layer": (lambda x, w, b: tnp.tanh(x @ w + b), [(8, 4), (4, 8), (8,)]),
 }
 
@@ -78,12 +79,18 @@ def test_partitioned_result_equals_the_whole_one(session, mesh_name, op):
         assert isinstance(got.sharding, NamedSharding)
         if out_spec is not None:
             assert got.sharding.spec == out_spec
-        np.testing.assert_allclose(got.fetch(), whole, rtol=2e-5, atol=2e-5,
-                                   err_msg=f"{op} on {mesh_name}: {specs} -> {out_spec}\n{f.lower(*placed).as_text()}")
+        np.testing.assert_allclose(
+            got.fetch(),
+            whole,
+            rtol=2e-5,
+            atol=2e-5,
+            err_msg=f"{op} on {mesh_name}: {specs} -> {out_spec}\n{f.lower(*placed).as_text()}",
+        )
 
 
-@pytest.mark.parametrize("spec", [P("data", None), P(None, "model"), P(("data", "model")), P("model", "data"),
-                                  P(None, ("model", "data"))])
+@pytest.mark.parametrize(
+    "spec", [P("data", None), P(None, "model"), P(("data", "model")), P("model", "data"), P(None, ("model", "data"))]
+)
 def test_put_sends_each_device_its_block_and_fetch_reassembles(session, spec):
     mesh = mesh_of((2, 2))
     x = np.arange(8 * 12, dtype=np.int32).reshape(8, 12)
@@ -93,8 +100,16 @@ def test_put_sends_each_device_its_block_and_fetch_reassembles(session, spec):
     info = a._info()
     block = NamedSharding(mesh, spec).shard_shape(x.shape)
     assert list(info.device_bytes) == [int(np.prod(block)) * 4] * 4
-    copies = 4 // int(np.prod([NamedSharding(mesh, spec).mesh.shape[ax] for d in spec if d is not None
-                               for ax in ((d,) if isinstance(d, str) else d)]))
+    copies = 4 // int(
+        np.prod(
+            [
+                NamedSharding(mesh, spec).mesh.shape[ax]
+                for d in spec
+                if d is not None
+                for ax in ((d,) if isinstance(d, str) else d)
+            ]
+        )
+    )
     moved = tessel.stats()["bytes_host_to_device"] - before["bytes_host_to_device"]
     assert moved == x.nbytes * copies  # each device got exactly its block
 
@@ -107,6 +122,7 @@ def test_sharded_zeros_allocate_a_quarter_on_each_device_and_move_nothing(sessio
 
     def zeros():
         return tnp.zeros((n,), tnp.float32)
+
     f = tessel.jit(zeros, out_shardings=NamedSharding(mesh, P("x")))
     plan = f.lower()
     assert plan.collectives == [] and "literal" not in plan.as_text(), plan.as_text()
@@ -129,8 +145,8 @@ def test_collectives_in_a_manual_region_match_numpy(session):
     x = np.arange(8 * 8, dtype=np.float32).reshape(8, 8)
 
     def body(b):
-        s = tessel.psum(b, "model")                    # sum of the two column blocks
-        g = tessel.all_gather(s, "data", axis=0)       # whole rows
+        s = tessel.psum(b, "model")  # sum of the two column blocks
+        g = tessel.all_gather(s, "data", axis=0)  # whole rows
         i = tessel.axis_index("model").astype(tnp.float32)
         return g * 0 + tnp.sum(g) + i * 0
 
@@ -146,6 +162,7 @@ def test_collectives_in_a_manual_region_match_numpy(session):
 
     def f2(a):
         return tessel.shard_map(body2, mesh, P("data", "model"), P(None, None))(a)
+
     xs = tessel.device_put(x, NamedSharding(mesh, P("data", "model")))
     out = tessel.jit(f2)(xs).fetch()
     np.testing.assert_array_equal(out, x[:, :4] + x[:, 4:])
@@ -160,13 +177,17 @@ def test_collectives_in_a_manual_region_match_numpy(session):
     np.testing.assert_array_equal(scattered, x[:, :4] + x[:, 4:])
     moved = region(lambda b: tessel.all_to_all(b, "model", split_axis=0, concat_axis=1), P(("data", "model"), None))
     np.testing.assert_array_equal(moved, x)  # the same value, split by rows only
-    index = region(lambda b: b * 0 + (tessel.axis_index("data") * 2 + tessel.axis_index("model")).astype(tnp.float32),
-                   P("data", "model"))
+    index = region(
+        lambda b: b * 0 + (tessel.axis_index("data") * 2 + tessel.axis_index("model")).astype(tnp.float32),
+        P("data", "model"),
+    )
     np.testing.assert_array_equal(index, np.kron(np.arange(4, dtype=np.float32).reshape(2, 2), np.ones((4, 4))))
 
 
-COPY_SOURCE = ('extern "C" __global__ void copy(const float* a, float* b, long n) '
-               '{ long i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) b[i] = a[i]; }')
+COPY_SOURCE = (
+    'extern "C" __global__ void copy(const float* a, float* b, long n) '
+    "{ long i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) b[i] = a[i]; }"
+)
 
 
 def _seed_002(session, bwd_rule, bwd_unreduced, scale):
@@ -220,9 +241,12 @@ def test_bad_shardings_are_clear_errors_and_leave_nothing_behind(session):
     mesh = mesh_of((2, 2))
     x = np.zeros((6, 4), np.float32)
     live = tessel.stats()["live_arrays"]
-    for spec, msg in [(P("rows"), "unknown mesh axis 'rows'"), (P("data", "data"), "'data' is used twice"),
-                      (P(None, None, "model"), "names 3 dimensions but the value has rank 2"),
-                      (P(("data", "model")), "does not split evenly")]:
+    for spec, msg in [
+        (P("rows"), "unknown mesh axis 'rows'"),
+        (P("data", "data"), "'data' is used twice"),
+        (P(None, None, "model"), "names 3 dimensions but the value has rank 2"),
+        (P(("data", "model")), "does not split evenly"),
+    ]:
         with pytest.raises(tessel.InvalidArgumentError, match=msg):
             tessel.device_put(x, NamedSharding(mesh, spec))
     with pytest.raises(tessel.InvalidArgumentError, match="device 4 does not exist; the cluster has 4 devices"):
@@ -234,7 +258,9 @@ def test_bad_shardings_are_clear_errors_and_leave_nothing_behind(session):
 
     xs = tessel.device_put(np.zeros((8, 4), np.float32), NamedSharding(mesh, P("data")))
     f = tessel.jit(lambda a: a + 1, in_shardings=NamedSharding(mesh, P(None, "model")))
-    with pytest.raises(tessel.InvalidArgumentError, match="laid out P\\('data', None\\).*takes it P\\(None, 'model'\\)"):
+    with pytest.raises(
+        tessel.InvalidArgumentError, match="laid out P\\('data', None\\).*takes it P\\(None, 'model'\\)"
+    ):
         f(xs).fetch()  # calls are pipelined: the error travels on the result
     # The daemons keep serving.
     np.testing.assert_array_equal(tessel.jit(lambda a: a * 2)(xs).fetch(), np.zeros((8, 4), np.float32))

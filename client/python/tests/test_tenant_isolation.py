@@ -5,6 +5,7 @@ compile cache what alice compiled, to evict alice's executables, to read
 alice's activity from his statistics, and to leave buffers on a device that
 no array owns. Each attack must be refused or harmless; after each test,
 every buffer the workers hold belongs to a live array (Admin.Reconcile)."""
+
 import contextlib
 import os
 import re
@@ -26,10 +27,12 @@ from conftest import assert_every_buffer_owned
 from test_security import pki, tls_flags  # noqa: F401  (pki is a fixture)
 
 MiB = 1 << 20
-TOKENS = ("alice-token alice compile_cache_quota=4MiB\n"
-          "bob-token   bob   compile_cache_quota=4MiB\n"
-          "carol-token carol\n"
-          "ops-token   ops   admin\n")
+TOKENS = (
+    "alice-token alice compile_cache_quota=4MiB\n"
+    "bob-token   bob   compile_cache_quota=4MiB\n"
+    "carol-token carol\n"
+    "ops-token   ops   admin\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -39,12 +42,19 @@ def tenants(pki, tmp_path_factory):  # noqa: F811
     tokens.write_text(TOKENS)
     previous = _context.default_session_or_none()
     with tessel.LocalCluster(
-            2, 2,
-            coordinator_flags=tls_flags(pki) + [f"--auth_tokens_file={tokens}", f"--join_token_file={pki['join']}",
-                                                "--auth_reload_s=1", "--session_lease_s=3",
-                                                "--reconcile_interval_s=0"],
-            worker_flags=tls_flags(pki) + [f"--join_token_file={pki['join']}"],
-            client=dict(token="ops-token", tls_ca=pki["ca"])) as c:
+        2,
+        2,
+        coordinator_flags=tls_flags(pki)
+        + [
+            f"--auth_tokens_file={tokens}",
+            f"--join_token_file={pki['join']}",
+            "--auth_reload_s=1",
+            "--session_lease_s=3",
+            "--reconcile_interval_s=0",
+        ],
+        worker_flags=tls_flags(pki) + [f"--join_token_file={pki['join']}"],
+        client=dict(token="ops-token", tls_ca=pki["ca"]),
+    ) as c:
         c.tokens_file = tokens
         yield c
     _context.set_default_session(previous)
@@ -60,6 +70,7 @@ def connect(tenants, pki):  # noqa: F811
         s = tessel.connect(tenants.address, token=token, tls_ca=pki["ca"], make_default=False)
         opened.append(s)
         return s
+
     yield open_session
     for s in opened:
         s.close()
@@ -78,8 +89,12 @@ def as_session(s):
 
 def raw_execute(s, executable_id, arguments):
     out = s.new_handle()
-    return s._stub.Execute(session_pb2.ExecuteRequest(session_id=s.id, executable_id=executable_id,
-                                                      arguments=arguments, outputs=[out], wait=True), timeout=10)
+    return s._stub.Execute(
+        session_pb2.ExecuteRequest(
+            session_id=s.id, executable_id=executable_id, arguments=arguments, outputs=[out], wait=True
+        ),
+        timeout=10,
+    )
 
 
 def rpc_error(call, *args, **kwargs):
@@ -134,6 +149,7 @@ def big_constant_graph(i, nbytes=MiB):
 
     def flood(x):
         return x + tnp.mean(tnp.asarray(table))
+
     return tessel.jit(flood)
 
 
@@ -210,9 +226,12 @@ def abandoned_direct_put(s, nbytes, device):
     """Takes a PutDirect grant for `nbytes` on `device` and abandons it:
     the stream ends without the client saying it wrote anything. Returns
     the grant's blocks (worker address and ticket)."""
-    header = session_pb2.PutRequest.Header(session_id=s.id, handle=s.new_handle(),
-                                           type=_dtypes.tensor_type((nbytes // 4,), np.float32),
-                                           placement=session_pb2.Placement(device=device))
+    header = session_pb2.PutRequest.Header(
+        session_id=s.id,
+        handle=s.new_handle(),
+        type=_dtypes.tensor_type((nbytes // 4,), np.float32),
+        placement=session_pb2.Placement(device=device),
+    )
     sent = [session_pb2.PutDirectRequest(header=header)]
     call = s._stub.PutDirect(iter(sent), timeout=10)
     plan = next(call)
@@ -227,8 +246,9 @@ def write_by_ticket(block, pki, nbytes):  # noqa: F811
     # A client certificate of the cluster's, as clients that write directly hold.
     ch = make_channel(block.address, token="", tls_ca=pki["ca"], tls_cert=pki["cert"], tls_key=pki["key"])
     try:
-        header = worker_pb2.PutShardRequest.Header(buffer=block.buffer, type=block.type, devices=block.devices,
-                                                  ticket=block.ticket)
+        header = worker_pb2.PutShardRequest.Header(
+            buffer=block.buffer, type=block.type, devices=block.devices, ticket=block.ticket
+        )
         msgs = [worker_pb2.PutShardRequest(header=header), worker_pb2.PutShardRequest(data=b"\0" * min(nbytes, MiB))]
         return worker_pb2_grpc.WorkerStub(ch).PutShard(iter(msgs), timeout=10)
     finally:
@@ -263,15 +283,19 @@ def test_abandoned_tickets_cannot_leave_buffers_without_an_owner(connect, tenant
 def test_revocation_mid_put_frees_the_reservation(connect, tenants, pki):  # noqa: F811
     carol = connect("carol-token")
     blocks = None
-    header = session_pb2.PutRequest.Header(session_id=carol.id, handle=carol.new_handle(),
-                                           type=_dtypes.tensor_type((MiB,), np.float32),
-                                           placement=session_pb2.Placement(device=2))
+    header = session_pb2.PutRequest.Header(
+        session_id=carol.id,
+        handle=carol.new_handle(),
+        type=_dtypes.tensor_type((MiB,), np.float32),
+        placement=session_pb2.Placement(device=2),
+    )
     pending = [session_pb2.PutDirectRequest(header=header)]
 
     def requests():
         yield pending[0]
         while not done:
             time.sleep(0.05)
+
     done = False
     call = carol._stub.PutDirect(requests(), timeout=60)
     blocks = list(next(call).blocks)

@@ -1,6 +1,7 @@
 """tessel.vmap against a loop nobody here wrote the answer for: numpy applied
 to each element and stacked (and jax.vmap on CPU for the composed cases),
 under jit, eagerly, nested, with gradients, and on a sharded mesh."""
+
 import numpy as np
 import pytest
 
@@ -18,8 +19,7 @@ def _session(cluster):
 def loop(fn, args, in_axes, out_axes=0):
     """numpy's fn on each element of the mapped arguments, stacked."""
     size = next(np.shape(a)[ax] for a, ax in zip(args, in_axes) if ax is not None)
-    outs = [fn(np, *[a if ax is None else np.take(a, i, axis=ax) for a, ax in zip(args, in_axes)])
-            for i in range(size)]
+    outs = [fn(np, *[a if ax is None else np.take(a, i, axis=ax) for a, ax in zip(args, in_axes)]) for i in range(size)]
     if isinstance(outs[0], tuple):
         return tuple(np.stack([o[k] for o in outs], axis=oa) for k, oa in enumerate(out_axes))
     return np.stack(outs, axis=out_axes)
@@ -91,6 +91,7 @@ def test_in_axes_and_out_axes_follow_jax():
 
     def f(p):
         return p["x"] * p["w"], tnp.sum(p["w"])
+
     got = tessel.jit(tessel.vmap(f, in_axes=({"x": 1, "w": None},), out_axes=(1, None)))({"x": x.T, "w": w})
     same(got[0], (x * w).T)
     same(got[1], np.sum(w))
@@ -102,7 +103,9 @@ def test_unmapped_results_are_broadcast_and_sizes_must_agree():
     x = sample("float32", (4, 2))
     got = tessel.jit(tessel.vmap(lambda a, b: b * 2, in_axes=(0, None)))(x, np.float32(3))
     same(got, np.full(4, 6, np.float32))
-    with pytest.raises(ValueError, match=r"inconsistent sizes for the mapped axes: argument\[0\] has 4, argument\[1\] has 3"):
+    with pytest.raises(
+        ValueError, match=r"inconsistent sizes for the mapped axes: argument\[0\] has 4, argument\[1\] has 3"
+    ):
         tessel.vmap(lambda a, b: a + b)(x, sample("float32", (3, 2)))
     with pytest.raises(ValueError, match="in_axes 2 for argument\\[0\\] of rank 2"):
         tessel.vmap(lambda a: a, in_axes=2)(x)
@@ -124,16 +127,21 @@ def test_per_example_gradients_match_jax():
 
     def loss(m):
         return lambda w, x: m.sum(m.tanh(x @ w) ** 2)
+
     per_example = tessel.jit(tessel.vmap(tessel.grad(loss(tnp)), in_axes=(None, 0)))(w, xs)
     same(per_example, np.asarray(jax.vmap(jax.grad(loss(jnp)), in_axes=(None, 0))(w, xs)), rtol=1e-10)
     batched = tessel.jit(tessel.grad(lambda w, x: tnp.sum(tessel.vmap(loss(tnp), in_axes=(None, 0))(w, x))))(w, xs)
-    same(batched, np.asarray(jax.grad(lambda w, x: jnp.sum(jax.vmap(loss(jnp), in_axes=(None, 0))(w, x)))(w, xs)),
-         rtol=1e-10)
+    same(
+        batched,
+        np.asarray(jax.grad(lambda w, x: jnp.sum(jax.vmap(loss(jnp), in_axes=(None, 0))(w, x)))(w, xs)),
+        rtol=1e-10,
+    )
 
 
 def test_vmap_over_a_sharded_batch():
     """The batch split over a mesh: each device maps its own elements."""
     from tessel import Mesh, NamedSharding, P
+
     x, w = sample("float32", (8, 4)), sample("float32", (4, 3))
     mesh = Mesh({"data": min(4, len(tessel.devices()))})  # 2 where the CUDA suite's cluster has 2
     xs = tessel.device_put(x, NamedSharding(mesh, P("data")))
@@ -179,9 +187,16 @@ def test_loops_and_conditionals_over_mapped_values_match_a_loop():
     def switch(a, i):
         return lax.switch(i, [lambda u: u + 1, lambda u: u * 2, lambda u: -u], a)
 
-    f = tessel.jit(lambda a, b, i: (tessel.vmap(fori)(a), tessel.vmap(scan)(a), tessel.vmap(while_)(a),
-                                    tessel.vmap(cond_unmapped, in_axes=(0, None))(a, b),
-                                    tessel.vmap(cond_mapped)(a), tessel.vmap(switch)(a, i)))
+    f = tessel.jit(
+        lambda a, b, i: (
+            tessel.vmap(fori)(a),
+            tessel.vmap(scan)(a),
+            tessel.vmap(while_)(a),
+            tessel.vmap(cond_unmapped, in_axes=(0, None))(a, b),
+            tessel.vmap(cond_mapped)(a),
+            tessel.vmap(switch)(a, i),
+        )
+    )
     idx = np.array([0, 2, 1, 7], np.int32)  # out of range: the last branch, as the conditional
     got = f(x, k, idx)
     same(got[0], np.stack([fori_np(r) for r in x]), rtol=1e-12)

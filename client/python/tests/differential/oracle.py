@@ -22,6 +22,7 @@ generator never feeds an inexact float into a discontinuous op (a
 comparison, floor, a cast to int, argmax, ...), where a one-ulp difference
 could flip the answer.
 """
+
 import functools
 import os
 
@@ -29,36 +30,77 @@ import ml_dtypes
 import numpy as np
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-SUPPORTED = tuple(np.dtype(d) for d in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
-                                        np.uint32, np.uint64, np.float16, BF16, np.float32, np.float64))
+SUPPORTED = tuple(
+    np.dtype(d)
+    for d in (
+        np.bool_,
+        np.int8,
+        np.int16,
+        np.int32,
+        np.int64,
+        np.uint8,
+        np.uint16,
+        np.uint32,
+        np.uint64,
+        np.float16,
+        BF16,
+        np.float32,
+        np.float64,
+    )
+)
 
 # Tessel's documented differences from numpy, each implemented below where it
 # applies (search for its key). test_differential.py prints this table with
 # --differential-table, and docs/python.md carries it.
 DOCUMENTED = {
-    "int-div-zero": ("x // 0 and x % 0 on integers are 0 (with a warning)", "-1 and x, whatever the sign of x",
-                     "XLA's integer division (JAX adjusts floor_divide to -2 for x != 0 and gives x % 0 = 0)"),
-    "float-to-int": ("a float cast to an integer type out of its range, or NaN, is undefined (INT_MIN on x86)",
-                     "saturates at the type's bounds; NaN is 0", "XLA's conversion, as JAX on CPU"),
-    "clip-zero": ("the sign of a zero from clip when it ties a zero bound depends on numpy's code path "
-                  "(clip(-0.0, -inf, 0.0) is -0.0 with scalar bounds, 0.0 with array bounds)",
-                  "either sign", "implementation-defined in numpy itself"),
-    "reduce-zero": ("the sign of a zero from max or min over +0.0 and -0.0 depends on the order of comparisons",
-                    "either sign", "implementation-defined in numpy itself"),
-    "max-zero": ("maximum and minimum of +0.0 and -0.0 give the first operand (np.maximum(-0.0, 0.0) is -0.0), "
-                 "also in x.at[i].max and .min",
-                 "either sign", "StableHLO leaves it open; XLA on CPU gives +0.0 from that maximum, as JAX"),
-    "pow-neg-inf": ("(-inf) ** y for a positive non-integer y is NaN (numpy's SIMD power, float32 and float64)",
-                    "+inf", "C99's pow, XLA's and JAX's"),
-    "bf16-sign-zero": ("sign(-0.0) is -0.0 for bfloat16 (ml_dtypes), +0.0 for numpy's floats", "+0.0 for every float",
-                       "numpy's rule for its own floats"),
-    "bf16-contraction": ("matmul of bfloat16 is float32; einsum of bfloat16 is an error",
-                         "bfloat16 (accumulated in float32)", "as JAX"),
-    "bf16-promotion": ("bfloat16 (ml_dtypes) has no promotion with int32/int64/float16, and a Python float "
-                       "makes it float32",
-                       "bfloat16 promotes as float16 does in numpy (with int32/int64: float64); with float16: "
-                       "float32; a Python float keeps it bfloat16",
-                       "numpy has no rule; JAX keeps bfloat16 with any integer"),
+    "int-div-zero": (
+        "x // 0 and x % 0 on integers are 0 (with a warning)",
+        "-1 and x, whatever the sign of x",
+        "XLA's integer division (JAX adjusts floor_divide to -2 for x != 0 and gives x % 0 = 0)",
+    ),
+    "float-to-int": (
+        "a float cast to an integer type out of its range, or NaN, is undefined (INT_MIN on x86)",
+        "saturates at the type's bounds; NaN is 0",
+        "XLA's conversion, as JAX on CPU",
+    ),
+    "clip-zero": (
+        "the sign of a zero from clip when it ties a zero bound depends on numpy's code path "
+        "(clip(-0.0, -inf, 0.0) is -0.0 with scalar bounds, 0.0 with array bounds)",
+        "either sign",
+        "implementation-defined in numpy itself",
+    ),
+    "reduce-zero": (
+        "the sign of a zero from max or min over +0.0 and -0.0 depends on the order of comparisons",
+        "either sign",
+        "implementation-defined in numpy itself",
+    ),
+    "max-zero": (
+        "maximum and minimum of +0.0 and -0.0 give the first operand (np.maximum(-0.0, 0.0) is -0.0), "
+        "also in x.at[i].max and .min",
+        "either sign",
+        "StableHLO leaves it open; XLA on CPU gives +0.0 from that maximum, as JAX",
+    ),
+    "pow-neg-inf": (
+        "(-inf) ** y for a positive non-integer y is NaN (numpy's SIMD power, float32 and float64)",
+        "+inf",
+        "C99's pow, XLA's and JAX's",
+    ),
+    "bf16-sign-zero": (
+        "sign(-0.0) is -0.0 for bfloat16 (ml_dtypes), +0.0 for numpy's floats",
+        "+0.0 for every float",
+        "numpy's rule for its own floats",
+    ),
+    "bf16-contraction": (
+        "matmul of bfloat16 is float32; einsum of bfloat16 is an error",
+        "bfloat16 (accumulated in float32)",
+        "as JAX",
+    ),
+    "bf16-promotion": (
+        "bfloat16 (ml_dtypes) has no promotion with int32/int64/float16, and a Python float " "makes it float32",
+        "bfloat16 promotes as float16 does in numpy (with int32/int64: float64); with float16: "
+        "float32; a Python float keeps it bfloat16",
+        "numpy has no rule; JAX keeps bfloat16 with any integer",
+    ),
 }
 
 
@@ -66,8 +108,10 @@ def _jnp():
     """jax.numpy on CPU with 64-bit types (the oracle for XLA's semantics)."""
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
+
     jax.config.update("jax_enable_x64", True)
     import jax.numpy as jnp
+
     return jnp
 
 
@@ -149,6 +193,7 @@ class Value:
         class Helper:
             def __getitem__(self, idx):
                 return Ref(idx)
+
         return Helper()
 
     def __neg__(self):
@@ -172,15 +217,31 @@ class Value:
 # The operators a tessel.Array has, written out here (not borrowed from the
 # SDK, so that a wrong mapping there shows).
 _BINARY_OPERATORS = {
-    "add": "add", "sub": "subtract", "mul": "multiply", "truediv": "divide", "floordiv": "floor_divide",
-    "mod": "remainder", "pow": "power", "matmul": "matmul", "and": "bitwise_and", "or": "bitwise_or",
-    "xor": "bitwise_xor", "lshift": "left_shift", "rshift": "right_shift",
+    "add": "add",
+    "sub": "subtract",
+    "mul": "multiply",
+    "truediv": "divide",
+    "floordiv": "floor_divide",
+    "mod": "remainder",
+    "pow": "power",
+    "matmul": "matmul",
+    "and": "bitwise_and",
+    "or": "bitwise_or",
+    "xor": "bitwise_xor",
+    "lshift": "left_shift",
+    "rshift": "right_shift",
 }
 for _op, _fn in _BINARY_OPERATORS.items():
     setattr(Value, f"__{_op}__", lambda a, b, fn=_fn: getattr(a.ns, fn)(a, b))
     setattr(Value, f"__r{_op}__", lambda a, b, fn=_fn: getattr(a.ns, fn)(b, a))
-for _op, _fn in {"lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal", "eq": "equal",
-                 "ne": "not_equal"}.items():
+for _op, _fn in {
+    "lt": "less",
+    "le": "less_equal",
+    "gt": "greater",
+    "ge": "greater_equal",
+    "eq": "equal",
+    "ne": "not_equal",
+}.items():
     setattr(Value, f"__{_op}__", lambda a, b, fn=_fn: getattr(a.ns, fn)(a, b))
 
 
@@ -200,8 +261,8 @@ def _finite_abs(x):
 
 
 # Error bounds, in ulps of the result's type, per inexact op.
-ULPS_ELEMENTWISE = 4   # a transcendental function: a few ulps of its result
-ULPS_REDUCTION = 8     # a sum or dot product in any order: ulps of the sum of |terms|
+ULPS_ELEMENTWISE = 4  # a transcendental function: a few ulps of its result
+ULPS_REDUCTION = 8  # a sum or dot product in any order: ulps of the sum of |terms|
 
 
 class OrderDependent(ValueError):
@@ -212,10 +273,12 @@ class OrderDependent(ValueError):
 def _elementwise_op(fn):
     """An op over arrays and scalars: bf16 promotion as Tessel documents it,
     numpy's warnings off."""
+
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):
         with np.errstate(all="ignore"):
             return self._wrap(fn(self, *args, **kwargs))
+
     return wrapper
 
 
@@ -291,17 +354,20 @@ class Oracle:
         def f(self, x1, x2):
             a, b = self._cast_all([x1, x2])
             return ufunc(a, b)
+
         f.__name__ = ufunc.__name__
         return f
 
     add = _binary(np.add)
     subtract = _binary(np.subtract)
     multiply = _binary(np.multiply)
+
     def _extremum2(ufunc):
         @_elementwise_op
         def f(self, x1, x2):
             a, b = self._cast_all([x1, x2])
             return self._tied_zeros(ufunc(a, b), a, b)
+
         f.__name__ = ufunc.__name__
         return f
 
@@ -357,6 +423,7 @@ class Oracle:
                 # DOCUMENTED["int-div-zero"]: x // 0 is -1, x % 0 is x.
                 r = np.where(np.broadcast_to(np.asarray(b) == 0, r.shape), by_zero(np.asarray(a), r), r).astype(r.dtype)
             return r
+
         f.__name__ = ufunc.__name__
         return f
 
@@ -370,11 +437,13 @@ class Oracle:
             if inexact and is_float(r.dtype):
                 r = self._inexact(r, ULPS_ELEMENTWISE * finfo(r.dtype).eps * _finite_abs(r))
             return r
+
         f.__name__ = ufunc.__name__
         return f
 
     negative = _unary(np.negative)
     abs = absolute = _unary(np.abs)
+
     @_elementwise_op
     def sign(self, x):
         x = np.asarray(_raw(x))
@@ -408,12 +477,14 @@ class Oracle:
     def _float_unary(formula):
         """Functions numpy lacks, computed in float64 and rounded once; ints
         go to the smallest float that holds them, as numpy's loops do."""
+
         @_elementwise_op
         def f(self, x):
             x = np.asarray(_raw(x))
             d = x.dtype if is_float(x.dtype) else np.result_type(x.dtype, np.float16)
             r = np.asarray(formula(x.astype(np.float64))).astype(d)
             return self._inexact(r, ULPS_ELEMENTWISE * finfo(d).eps * _finite_abs(r))
+
         return f
 
     sigmoid = logistic = _float_unary(lambda x: 1 / (1 + np.exp(-x)))
@@ -495,6 +566,7 @@ class Oracle:
         @_elementwise_op
         def f(self, a, *args, **kwargs):
             return npfn(_raw(a), *_raw(args), **kwargs)
+
         f.__name__ = npfn.__name__
         return f
 
@@ -507,10 +579,12 @@ class Oracle:
                 # DOCUMENTED["reduce-zero"]: which zero a max or min of
                 # +0.0 and -0.0 gives depends on the order of comparisons;
                 # the alternate runs take the other one.
-                both = np.any((x == 0) & ~np.signbit(x), axis=axis, keepdims=keepdims) & \
-                    np.any((x == 0) & np.signbit(x), axis=axis, keepdims=keepdims)
+                both = np.any((x == 0) & ~np.signbit(x), axis=axis, keepdims=keepdims) & np.any(
+                    (x == 0) & np.signbit(x), axis=axis, keepdims=keepdims
+                )
                 r = np.where((r == 0) & both, -r, r).astype(r.dtype)
             return r
+
         f.__name__ = npfn.__name__
         return f
 
@@ -553,9 +627,12 @@ class Oracle:
         parts = idx if isinstance(idx, tuple) else (idx,)
         if mode != "set" and any(isinstance(i, (list, np.ndarray)) for i in parts):
             # Index arrays may repeat an index: every update applies (ufunc.at).
-            ufunc = {"add": np.logical_or if x.dtype == np.bool_ else np.add,
-                     "multiply": np.logical_and if x.dtype == np.bool_ else np.multiply,
-                     "min": np.minimum, "max": np.maximum}[mode]
+            ufunc = {
+                "add": np.logical_or if x.dtype == np.bool_ else np.add,
+                "multiply": np.logical_and if x.dtype == np.bool_ else np.multiply,
+                "min": np.minimum,
+                "max": np.maximum,
+            }[mode]
             updates = np.broadcast_to(v, old.shape)
             if mode in ("min", "max") and self.alternate and is_float(x.dtype):
                 # DOCUMENTED["max-zero"]: a slot that meets both zeros may end with either.
@@ -635,6 +712,7 @@ class Oracle:
                 self._check_order_free(bound, r.dtype)  # with FMA, inf - inf can be -inf
                 r = self._inexact(r, ULPS_REDUCTION * finfo(r.dtype).eps * bound)
             return r
+
         f.__name__ = npfn.__name__
         return f
 
@@ -653,7 +731,7 @@ class Oracle:
         specs = ins.split(",")
         pre = []
         for k, (s, o) in enumerate(zip(specs, operands)):
-            others = "".join(specs[:k] + specs[k + 1:]) + out
+            others = "".join(specs[:k] + specs[k + 1 :]) + out
             alone = "".join(c for c in s if c not in others)
             if alone:
                 kept = "".join(c for c in s if c not in alone)
@@ -723,15 +801,19 @@ class OracleLax:
     def vmap(self, f, in_axes=0, out_axes=0):
         """jax.vmap as a loop: f on each element of the mapped arguments (an
         int or None per argument), the results stacked along out_axes."""
+
         def mapped(*args):
             axes = in_axes if isinstance(in_axes, (tuple, list)) else (in_axes,) * len(args)
             size = next(self._leaf(x).shape[a] for x, a in zip(args, axes) if a is not None)
             ys = []
             for i in range(size):
-                picked = [x if a is None else self._leaf(x)[(slice(None),) * (a % self._leaf(x).ndim) + (i,)]
-                          for x, a in zip(args, axes)]
+                picked = [
+                    x if a is None else self._leaf(x)[(slice(None),) * (a % self._leaf(x).ndim) + (i,)]
+                    for x, a in zip(args, axes)
+                ]
                 ys.append(f(*picked))
             return self.ns.stack(ys, axis=out_axes)
+
         return mapped
 
     @staticmethod
@@ -757,6 +839,7 @@ class OracleLax:
 
 
 # ---------------------------------------------------------------- runs
+
 
 def perturbations(n_random=3, seed=0):
     """The perturbed runs: every inexact op at +1 and at -1 of its bound, then
@@ -804,15 +887,18 @@ def mismatch(got, runs, exact):
         lo = np.where(nan_any, 0.0, np.nanmin(np.where(np.isnan(stack), np.inf, stack), axis=0))
         hi = np.where(nan_any, 0.0, np.nanmax(np.where(np.isnan(stack), -np.inf, stack), axis=0))
         info = finfo(want.dtype)
-        slack = ULPS_ELEMENTWISE * float(info.eps) * np.maximum(_finite_abs(lo), _finite_abs(hi)) + \
-            ULPS_ELEMENTWISE * float(info.smallest_normal)
+        slack = ULPS_ELEMENTWISE * float(info.eps) * np.maximum(
+            _finite_abs(lo), _finite_abs(hi)
+        ) + ULPS_ELEMENTWISE * float(info.smallest_normal)
         inside = (g >= lo - slack) & (g <= hi + slack)
         inf_pinned = (lo == hi) & np.isinf(lo)
-        ok = np.where(nan_all, np.isnan(g),
-                      np.where(nan_any, True, np.where(inf_pinned, g == lo, inside & ~np.isnan(g))))
+        ok = np.where(
+            nan_all, np.isnan(g), np.where(nan_any, True, np.where(inf_pinned, g == lo, inside & ~np.isnan(g)))
+        )
     if not ok.all():
-        return _describe(~ok, got, want, "within the range of the perturbed runs",
-                         lo.astype(want.dtype), hi.astype(want.dtype))
+        return _describe(
+            ~ok, got, want, "within the range of the perturbed runs", lo.astype(want.dtype), hi.astype(want.dtype)
+        )
     return None
 
 
@@ -824,5 +910,8 @@ def _describe(bad, got, want, how="exactly", lo=None, hi=None):
         if lo is not None:
             s += f" (runs span {lo[ix]!r} .. {hi[ix]!r})"
         parts.append(s)
-    return f"{int(bad.sum())} of {bad.size} elements differ ({how}):\n" + "\n".join(parts) + \
-        f"\n  got      {np.array2string(got, threshold=64)}\n  expected {np.array2string(want, threshold=64)}"
+    return (
+        f"{int(bad.sum())} of {bad.size} elements differ ({how}):\n"
+        + "\n".join(parts)
+        + f"\n  got      {np.array2string(got, threshold=64)}\n  expected {np.array2string(want, threshold=64)}"
+    )

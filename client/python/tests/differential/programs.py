@@ -17,6 +17,7 @@ again, except the errors Tessel must raise the same way (an out-of-range
 Python int in arithmetic, a NaN padded into an int): those end the program
 and every mode must raise them.
 """
+
 import dataclasses
 import math
 import re
@@ -27,16 +28,33 @@ from hypothesis import strategies as st
 from differential import oracle
 from differential.oracle import BF16, Oracle, is_float
 
-INTS = [np.dtype(np.uint8), np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.int8), np.dtype(np.int16),
-        np.dtype(np.uint16), np.dtype(np.uint32), np.dtype(np.uint64)]
+INTS = [
+    np.dtype(np.uint8),
+    np.dtype(np.int32),
+    np.dtype(np.int64),
+    np.dtype(np.int8),
+    np.dtype(np.int16),
+    np.dtype(np.uint16),
+    np.dtype(np.uint32),
+    np.dtype(np.uint64),
+]
 FLOATS = [np.dtype(np.float16), BF16, np.dtype(np.float32), np.dtype(np.float64)]
 BOOL = np.dtype(np.bool_)
 DTYPES = [BOOL] + INTS + FLOATS
 # How often each dtype leads a program: the common ones more.
-DTYPE_WEIGHTS = {BOOL: 1, INTS[0]: 2, INTS[1]: 3, INTS[2]: 2, FLOATS[0]: 1, BF16: 1, FLOATS[2]: 4, FLOATS[3]: 3,
-                 **{d: 1 for d in INTS[3:]}}
+DTYPE_WEIGHTS = {
+    BOOL: 1,
+    INTS[0]: 2,
+    INTS[1]: 3,
+    INTS[2]: 2,
+    FLOATS[0]: 1,
+    BF16: 1,
+    FLOATS[2]: 4,
+    FLOATS[3]: 3,
+    **{d: 1 for d in INTS[3:]},
+}
 
-MAX_SIZE = 256          # elements of any value, so that a program stays cheap
+MAX_SIZE = 256  # elements of any value, so that a program stays cheap
 
 # Programs the harness leaves out until the C++ side is fixed (each has an
 # xfail regression test in test_regressions_cpp.py; flip it with the fix).
@@ -77,11 +95,12 @@ def render_array(a):
 class Program:
     """Straight-line source over `xp`, its inputs, and what the oracle knows
     of each value: whether a float carries rounding error (`exact`)."""
-    inputs: list            # (name, numpy array)
-    steps: list             # (name, expression source)
-    outputs: list           # names
-    exact: dict             # name -> bool
-    error: type = None      # an exception every mode must raise, or None
+
+    inputs: list  # (name, numpy array)
+    steps: list  # (name, expression source)
+    outputs: list  # names
+    exact: dict  # name -> bool
+    error: type = None  # an exception every mode must raise, or None
 
     @property
     def arg_names(self):
@@ -132,6 +151,7 @@ def lax_of(xp):
     if hasattr(xp, "lax"):
         return xp.lax
     from tessel import lax
+
     return lax
 
 
@@ -140,6 +160,7 @@ def vmap_of(xp):
     if hasattr(xp, "lax"):
         return xp.lax.vmap
     from tessel import vmap
+
     return vmap
 
 
@@ -148,6 +169,7 @@ def _mentions(expr, name):
 
 
 # ---------------------------------------------------------------- inputs
+
 
 def edge_values(d):
     d = np.dtype(d)
@@ -159,8 +181,22 @@ def edge_values(d):
         return [0, 1, info.max, info.min, info.max // 3, 7, info.max - 1, info.min + 1] + signed
     info = oracle.finfo(d)
     tiny = float(info.smallest_normal)
-    return [0.0, -0.0, 1.0, -1.5, 0.1, np.nan, np.inf, -np.inf, tiny / 4, tiny, float(info.max),
-            -float(info.max), -tiny / 4, 3.25]
+    return [
+        0.0,
+        -0.0,
+        1.0,
+        -1.5,
+        0.1,
+        np.nan,
+        np.inf,
+        -np.inf,
+        tiny / 4,
+        tiny,
+        float(info.max),
+        -float(info.max),
+        -tiny / 4,
+        3.25,
+    ]
 
 
 @st.composite
@@ -175,8 +211,11 @@ def arrays(draw, d, shape, edge_rates=(0.0, 0.1, 0.3)):
     else:
         # Tenths (inexact in binary: their quotients and remainders round),
         # eighths (exact) and arbitrary floats.
-        plain = st.one_of(st.integers(-40, 40).map(lambda k: k / 10), st.integers(-64, 64).map(lambda k: k / 8),
-                          st.floats(-1e3, 1e3, width=16 if d == np.float16 else 32 if d == BF16 else 64))
+        plain = st.one_of(
+            st.integers(-40, 40).map(lambda k: k / 10),
+            st.integers(-64, 64).map(lambda k: k / 8),
+            st.floats(-1e3, 1e3, width=16 if d == np.float16 else 32 if d == BF16 else 64),
+        )
     edge_rate = draw(st.sampled_from(edge_rates))
     vals = []
     for _ in range(n):
@@ -200,7 +239,7 @@ def shapes(draw):
 def _broadcast_variant(draw, shape):
     """A shape that broadcasts against `shape`: a suffix, with some dims 1."""
     keep = draw(st.integers(0, len(shape)))
-    out = list(shape[len(shape) - keep:])
+    out = list(shape[len(shape) - keep :])
     for i in range(len(out)):
         if draw(st.integers(0, 3)) == 0:
             out[i] = 1
@@ -209,11 +248,12 @@ def _broadcast_variant(draw, shape):
 
 # ---------------------------------------------------------------- steps
 
+
 @dataclasses.dataclass
 class Val:
     name: str
-    value: np.ndarray       # in the plain oracle
-    alt: np.ndarray         # in the alternate oracle (another valid order of terms, the other zero of a tie)
+    value: np.ndarray  # in the plain oracle
+    alt: np.ndarray  # in the alternate oracle (another valid order of terms, the other zero of a tie)
     exact: bool = True
 
     shape = property(lambda self: self.value.shape)
@@ -256,13 +296,14 @@ class Builder:
                 return pred(v)
             except ValueError:
                 return False
+
         return self.pick(fits)
 
     def scalar(self, v, past_rate=1):
         """A Python or numpy scalar (or 0-d array) to meet `v`: in range, or
         past its range or another's (NEP 50); `past_rate` weighs the latter."""
         ints = [0, 1, 2, -1, 3, 7, 100, 255, -7, 2**31 - 1]
-        past = [256, 300, 2**31, 2**32, -2**40, 2**62]  # past some dtype's range
+        past = [256, 300, 2**31, 2**32, -(2**40), 2**62]  # past some dtype's range
         if v.dtype.kind in "iu":
             info = np.iinfo(v.dtype)
             past += [int(info.max) + 1, int(info.min) - 1, int(info.max) + 2**40, int(info.min) - 2**40]
@@ -277,8 +318,11 @@ class Builder:
             return self.draw(st.sampled_from(floats))
         if kind == "bool":
             return self.draw(st.booleans())
-        d = self.draw(st.sampled_from([np.float32, np.float64, np.int32, np.int64, np.uint8, np.float16, np.int8,
-                                       np.uint16, np.uint64]))
+        d = self.draw(
+            st.sampled_from(
+                [np.float32, np.float64, np.int32, np.int64, np.uint8, np.float16, np.int8, np.uint16, np.uint64]
+            )
+        )
         x = self.draw(st.sampled_from([0, 1, 2, 3, 0.5, -1.5] if np.dtype(d).kind == "f" else [0, 1, 2, 5]))
         return np.dtype(d).type(x) if kind == "numpy" else np.array(x, dtype=d)
 
@@ -296,11 +340,13 @@ class Builder:
         raise it too."""
         if discontinuous and any(_inexact_float(v) for v in operands):
             raise _Reject
+
         def run(ns, alt):
             env = {v.name: oracle.Value(ns, v.alt if alt else v.value) for v in self.pool}
             env.update({"xp": ns, "np": np, "ml_dtypes": oracle.ml_dtypes, "lax": ns.lax, "vmap": ns.lax.vmap})
             with np.errstate(all="ignore"):
                 return np.asarray(oracle._raw(eval(expr, env)))  # noqa: S307 - the program is ours
+
         try:
             r = run(self.ns, False)
         except EXPECTED_ERRORS + tuple(raises) as e:
@@ -317,8 +363,11 @@ class Builder:
             alt = run(self.alt_ns, True)
         except Exception:
             raise _Reject
-        agree = bool(np.all((r == alt) & (np.signbit(r) == np.signbit(alt)) | (r != r) & (alt != alt))) \
-            if is_float(r.dtype) else bool(np.array_equal(r, alt))
+        agree = (
+            bool(np.all((r == alt) & (np.signbit(r) == np.signbit(alt)) | (r != r) & (alt != alt)))
+            if is_float(r.dtype)
+            else bool(np.array_equal(r, alt))
+        )
         if not agree and not is_float(r.dtype):
             raise _Reject  # an integer or bool that depends on an order of terms
         exact = agree and not (inexact and is_float(r.dtype)) and not any(_inexact_float(v) for v in operands)
@@ -334,25 +383,52 @@ class Builder:
 UNARY = {
     # name: (inexact, discontinuous, operator form or None); hypothesis draws
     # the first entry of a list most often, so the first is a plain one.
-    "negative": (False, False, "-{}"), "abs": (False, False, "abs({})"), "sign": (False, True, None),
-    "exp": (True, False, None), "log": (True, False, None), "log1p": (True, False, None),
-    "tanh": (True, False, None), "sqrt": (False, False, None), "rsqrt": (True, False, None),
-    "sigmoid": (True, False, None), "floor": (False, True, None), "ceil": (False, True, None),
-    "square": (False, False, None), "logical_not": (False, True, None), "invert": (False, True, "~{}"),
-    "sin": (True, False, None), "cos": (True, False, None), "arctan": (True, False, None),
-    "sinh": (True, False, None), "cosh": (True, False, None), "arcsinh": (True, False, None),
-    "expm1": (True, False, None), "cbrt": (True, False, None), "trunc": (False, True, None), "rint": (False, True, None),
+    "negative": (False, False, "-{}"),
+    "abs": (False, False, "abs({})"),
+    "sign": (False, True, None),
+    "exp": (True, False, None),
+    "log": (True, False, None),
+    "log1p": (True, False, None),
+    "tanh": (True, False, None),
+    "sqrt": (False, False, None),
+    "rsqrt": (True, False, None),
+    "sigmoid": (True, False, None),
+    "floor": (False, True, None),
+    "ceil": (False, True, None),
+    "square": (False, False, None),
+    "logical_not": (False, True, None),
+    "invert": (False, True, "~{}"),
+    "sin": (True, False, None),
+    "cos": (True, False, None),
+    "arctan": (True, False, None),
+    "sinh": (True, False, None),
+    "cosh": (True, False, None),
+    "arcsinh": (True, False, None),
+    "expm1": (True, False, None),
+    "cbrt": (True, False, None),
+    "trunc": (False, True, None),
+    "rint": (False, True, None),
 }
 BINARY = {
-    "add": (False, False, "+"), "subtract": (False, False, "-"), "multiply": (False, False, "*"),
-    "divide": (False, False, "/"), "floor_divide": (False, True, "//"), "remainder": (False, True, "%"),
-    "power": (True, False, "**"), "maximum": (False, False, None), "minimum": (False, False, None),
-    "bitwise_and": (False, True, "&"), "bitwise_or": (False, True, "|"), "bitwise_xor": (False, True, "^"),
-    "logical_and": (False, True, None), "logical_or": (False, True, None), "logical_xor": (False, True, None),
-    "left_shift": (False, True, "<<"), "right_shift": (False, True, ">>"),
+    "add": (False, False, "+"),
+    "subtract": (False, False, "-"),
+    "multiply": (False, False, "*"),
+    "divide": (False, False, "/"),
+    "floor_divide": (False, True, "//"),
+    "remainder": (False, True, "%"),
+    "power": (True, False, "**"),
+    "maximum": (False, False, None),
+    "minimum": (False, False, None),
+    "bitwise_and": (False, True, "&"),
+    "bitwise_or": (False, True, "|"),
+    "bitwise_xor": (False, True, "^"),
+    "logical_and": (False, True, None),
+    "logical_or": (False, True, None),
+    "logical_xor": (False, True, None),
+    "left_shift": (False, True, "<<"),
+    "right_shift": (False, True, ">>"),
 }
-COMPARE = {"less": "<", "less_equal": "<=", "greater": ">", "greater_equal": ">=", "equal": "==",
-           "not_equal": "!="}
+COMPARE = {"less": "<", "less_equal": "<=", "greater": ">", "greater_equal": ">=", "equal": "==", "not_equal": "!="}
 
 
 def _names(table):
@@ -407,7 +483,7 @@ def op_where(b):
 
 def op_clip(b):
     x = b.pick(lambda v: v.dtype != BOOL)
-    bounds = [-1, 0, 2, 5, 100, 300, -2**40, 0.5, -np.inf, np.nan]
+    bounds = [-1, 0, 2, 5, 100, 300, -(2**40), 0.5, -np.inf, np.nan]
     lo = b.draw(st.sampled_from(bounds))
     hi = b.draw(st.sampled_from(bounds))
     vals = []
@@ -447,9 +523,13 @@ def op_reduce(b):
     method = name in ("sum", "prod", "mean", "max", "min", "argmax", "argmin") and b.draw(st.booleans())
     args = ", ".join(kwargs)
     expr = f"{x.name}.{name}({args})" if method else f"xp.{name}({x.name}{', ' if args else ''}{args})"
-    b.add(expr, [x], inexact=name in ("sum", "prod", "mean"),
-          discontinuous=name in ("any", "all", "argmax", "argmin"),
-          raises=(ValueError,) if name in ("max", "min", "argmax", "argmin") else ())  # over no elements
+    b.add(
+        expr,
+        [x],
+        inexact=name in ("sum", "prod", "mean"),
+        discontinuous=name in ("any", "all", "argmax", "argmin"),
+        raises=(ValueError,) if name in ("max", "min", "argmax", "argmin") else (),
+    )  # over no elements
 
 
 def _factor(n):
@@ -465,10 +545,10 @@ def op_reshape(b):
     elif kind == "split" and x.ndim:
         i = b.draw(st.integers(0, x.ndim - 1))
         f = b.draw(st.sampled_from(_factor(x.shape[i]) or [1]))
-        shape = x.shape[:i] + (f, x.shape[i] // f if f else 0) + x.shape[i + 1:]
+        shape = x.shape[:i] + (f, x.shape[i] // f if f else 0) + x.shape[i + 1 :]
     elif kind == "merge" and x.ndim >= 2:
         i = b.draw(st.integers(0, x.ndim - 2))
-        shape = x.shape[:i] + (x.shape[i] * x.shape[i + 1],) + x.shape[i + 2:]
+        shape = x.shape[:i] + (x.shape[i] * x.shape[i + 1],) + x.shape[i + 2 :]
     elif kind == "minus1" and n:
         shape = (b.draw(st.sampled_from(_factor(n))), -1)
     else:
@@ -541,6 +621,7 @@ def op_concatenate(b):
 
     def fits(v):
         return v.ndim == x.ndim and all(a == c for i, (a, c) in enumerate(zip(v.shape, x.shape)) if i != ax)
+
     others = [b.pick(fits) for _ in range(b.draw(st.integers(1, 2)))]
     names = ", ".join(v.name for v in [x] + others)
     b.add(f"xp.concatenate([{names}], axis={axis})", [x] + others)
@@ -561,8 +642,11 @@ def op_pad(b):
         b.add(f"xp.pad({x.name}, {widths!r})", [x])
     else:
         cv = b.draw(st.sampled_from([0, 1, -1, 0.5, 1e30, np.nan, -np.inf, True, 7, 300]))
-        b.add(f"xp.pad({x.name}, {widths!r}, constant_values={render_scalar(cv)})", [x],
-              raises=(ValueError, OverflowError))  # NaN or inf into an int32
+        b.add(
+            f"xp.pad({x.name}, {widths!r}, constant_values={render_scalar(cv)})",
+            [x],
+            raises=(ValueError, OverflowError),
+        )  # NaN or inf into an int32
 
 
 def op_matmul(b):
@@ -581,6 +665,7 @@ def op_matmul(b):
             return True
         except ValueError:
             return False
+
     if not any(fits(v) for v in b.pool):
         if x.ndim == 2:
             kind = b.draw(st.sampled_from(["@", "xp.matmul", "xp.dot"]))
@@ -599,10 +684,10 @@ def op_matmul(b):
 def op_einsum(b):
     x = b.pick(lambda v: 1 <= v.ndim <= 3)
     letters = "ijklmnopq"
-    xs = letters[:x.ndim]
+    xs = letters[: x.ndim]
     sizes = dict(zip(xs, x.shape))
     ops, specs = [x], [xs]
-    fresh = iter(letters[x.ndim:])
+    fresh = iter(letters[x.ndim :])
     for _ in range(b.draw(st.sampled_from([0, 1, 1, 2]))):
         # More operands (three or more contract pairwise, in a greedy
         # order): each shares letters where its dims agree.
@@ -618,7 +703,7 @@ def op_einsum(b):
         ops.append(y)
         specs.append(ys)
     used = sorted(set("".join(specs)))
-    out = b.draw(st.permutations(used))[:b.draw(st.integers(0, len(used)))]
+    out = b.draw(st.permutations(used))[: b.draw(st.integers(0, len(used)))]
     spec = ",".join(specs) + "->" + "".join(out)
     b.add(f"xp.einsum({spec!r}, {', '.join(v.name for v in ops)})", ops, inexact=True)
 
@@ -626,8 +711,11 @@ def op_einsum(b):
 def op_layout_more(b):
     """The layout and classification ops numpy composes: squeeze, ravel,
     swapaxes, moveaxis, tril/triu, outer, isnan/isinf/isfinite."""
-    kind = b.draw(st.sampled_from(["squeeze", "ravel", "swapaxes", "moveaxis", "tril", "triu", "outer",
-                                   "isnan", "isinf", "isfinite"]))
+    kind = b.draw(
+        st.sampled_from(
+            ["squeeze", "ravel", "swapaxes", "moveaxis", "tril", "triu", "outer", "isnan", "isinf", "isfinite"]
+        )
+    )
     if kind == "squeeze":
         x = b.pick(lambda v: 1 in v.shape)
         ones = [i for i, s in enumerate(x.shape) if s == 1]
@@ -644,8 +732,7 @@ def op_layout_more(b):
         b.add(f"xp.swapaxes({x.name}, {i}, {j})", [x])
     elif kind == "moveaxis":
         x = b.pick(lambda v: v.ndim >= 2)
-        b.add(f"xp.moveaxis({x.name}, {b.draw(st.integers(0, x.ndim - 1))}, {b.draw(st.integers(-x.ndim, -1))})",
-              [x])
+        b.add(f"xp.moveaxis({x.name}, {b.draw(st.integers(0, x.ndim - 1))}, {b.draw(st.integers(-x.ndim, -1))})", [x])
     elif kind in ("tril", "triu"):
         x = b.pick(lambda v: v.ndim >= 2)
         b.add(f"xp.{kind}({x.name}, {b.draw(st.integers(-2, 2))})", [x])
@@ -660,9 +747,13 @@ def op_layout_more(b):
 
 # Loop bodies over carry {c} (and {y}, a value of the program; {i}, the
 # iteration): each keeps the carry's shape and dtype.
-LOOP_BODIES = ["({c} * 0.5 + {y}).astype({c}.dtype)", "xp.tanh({c} + {y}).astype({c}.dtype)",
-               "xp.where({c} > {y}, {c} - {y}, {c} * 2).astype({c}.dtype)", "({c} + {y} * {i}).astype({c}.dtype)",
-               "(xp.maximum({c}, {y}) - xp.minimum({c}, {y}) * 2 + xp.abs({c})).astype({c}.dtype)"]
+LOOP_BODIES = [
+    "({c} * 0.5 + {y}).astype({c}.dtype)",
+    "xp.tanh({c} + {y}).astype({c}.dtype)",
+    "xp.where({c} > {y}, {c} - {y}, {c} * 2).astype({c}.dtype)",
+    "({c} + {y} * {i}).astype({c}.dtype)",
+    "(xp.maximum({c}, {y}) - xp.minimum({c}, {y}) * 2 + xp.abs({c})).astype({c}.dtype)",
+]
 
 
 def op_control(b):
@@ -673,13 +764,20 @@ def op_control(b):
     if kind == "scan":
         x = b.pick(lambda v: v.dtype != BOOL and v.ndim >= 1 and 0 < v.shape[0] <= 6 and v.value.size > 0)
         which = b.draw(st.sampled_from([0, 1]))
-        b.add(f"lax.scan(lambda k, r: ((k + r).astype(k.dtype), k * r), xp.zeros_like({x.name}[0]), {x.name})"
-              f"[{which}]", [x], inexact=True)
+        b.add(
+            f"lax.scan(lambda k, r: ((k + r).astype(k.dtype), k * r), xp.zeros_like({x.name}[0]), {x.name})"
+            f"[{which}]",
+            [x],
+            inexact=True,
+        )
         return
     x = b.pick(lambda v: v.dtype != BOOL and 0 < v.value.size)
     if kind == "cond":
-        b.add(f"lax.cond(xp.sum({x.name}) > 0, lambda u: (u + 1).astype(u.dtype), lambda u: u * 2, {x.name})", [x],
-              discontinuous=True)
+        b.add(
+            f"lax.cond(xp.sum({x.name}) > 0, lambda u: (u + 1).astype(u.dtype), lambda u: u * 2, {x.name})",
+            [x],
+            discontinuous=True,
+        )
         return
     y = b.pick(lambda v: v.dtype != BOOL and _fits(v.shape, x.shape))
     template = b.draw(st.sampled_from(LOOP_BODIES))
@@ -693,12 +791,20 @@ def op_control(b):
     discontinuous = "where" in template
     if kind == "fori":
         body = template.format(c="k", y=y.name, i="i")
-        b.add(f"lax.fori_loop(0, {trips}, lambda i, k: {body}, {x.name})", [x, y], inexact=True,
-              discontinuous=discontinuous)
+        b.add(
+            f"lax.fori_loop(0, {trips}, lambda i, k: {body}, {x.name})",
+            [x, y],
+            inexact=True,
+            discontinuous=discontinuous,
+        )
     else:
         body = template.format(c="s[1]", y=y.name, i="s[0]")
-        b.add(f"lax.while_loop(lambda s: s[0] < {trips}, lambda s: (s[0] + 1, {body}), (np.int32(0), {x.name}))[1]",
-              [x, y], inexact=True, discontinuous=discontinuous)
+        b.add(
+            f"lax.while_loop(lambda s: s[0] < {trips}, lambda s: (s[0] + 1, {body}), (np.int32(0), {x.name}))[1]",
+            [x, y],
+            inexact=True,
+            discontinuous=discontinuous,
+        )
 
 
 def _fits(small, big):
@@ -775,6 +881,7 @@ def op_index(b):
         if distinct:
             return b.draw(st.lists(st.integers(0, s - 1), min_size=min(count, s), max_size=min(count, s), unique=True))
         return [b.draw(st.integers(-s, s - 1)) for _ in range(count)]
+
     if kind in ("fancy", "at"):
         mode = b.draw(st.sampled_from(["set", "add", "max", "min", "multiply"])) if kind == "at" else None
         if mode == "set":
@@ -801,8 +908,11 @@ def op_index(b):
         b.add(f"{x.name}.at[{', '.join(parts)}].{mode}({src})", [x], discontinuous=mode in ("max", "min"))
     elif kind == "mask":
         lead = b.draw(st.integers(1, x.ndim))
-        mask = np.array(b.draw(st.lists(st.booleans(), min_size=int(np.prod(x.shape[:lead])),
-                                        max_size=int(np.prod(x.shape[:lead]))))).reshape(x.shape[:lead])
+        mask = np.array(
+            b.draw(
+                st.lists(st.booleans(), min_size=int(np.prod(x.shape[:lead])), max_size=int(np.prod(x.shape[:lead])))
+            )
+        ).reshape(x.shape[:lead])
         b.add(f"{x.name}[np.array({mask.tolist()!r})]", [x])
     elif kind == "take":
         axis = b.draw(st.integers(0, x.ndim - 1))
@@ -833,14 +943,17 @@ def op_window(b):
         sizes = tuple(b.draw(st.integers(0, s)) for s in x.shape)
         b.add(f"lax.dynamic_slice({x.name}, {start_text}, {sizes!r})", [x] + deps, discontinuous=bool(deps))
         return
-    fits = [v for v in b.pool if v.dtype == x.dtype and v.ndim == x.ndim and all(a <= c for a, c in zip(v.shape, x.shape))]
+    fits = [
+        v for v in b.pool if v.dtype == x.dtype and v.ndim == x.ndim and all(a <= c for a, c in zip(v.shape, x.shape))
+    ]
     if fits and b.draw(st.booleans()):
         u = b.draw(st.sampled_from(fits))
         b.add(f"lax.dynamic_update_slice({x.name}, {u.name}, {start_text})", [x, u] + deps, discontinuous=bool(deps))
     else:
         part = ", ".join(f":{b.draw(st.integers(0, s))}" for s in x.shape)
-        b.add(f"lax.dynamic_update_slice({x.name}, {x.name}[{part}], {start_text})", [x] + deps,
-              discontinuous=bool(deps))
+        b.add(
+            f"lax.dynamic_update_slice({x.name}, {x.name}[{part}], {start_text})", [x] + deps, discontinuous=bool(deps)
+        )
 
 
 def op_sequence(b):
@@ -859,11 +972,23 @@ def op_sequence(b):
 
 
 # Bodies of a mapped function of one element {u} and an unmapped value {w}.
-VMAP_BODIES = ["{u} * 2 + {w}", "xp.tanh({u}) - {w}", "xp.sum({u} * {w}, axis=-1)", "xp.max({u}, axis=0) + {w}",
-               "xp.sort({u}, axis=-1)", "xp.flip({u}, -1)[::2]", "xp.cumsum({u}, axis=-1)", "{u}.T @ {w}",
-               "xp.concatenate([{u}, {u} * {w}], axis=0)", "xp.pad({u}, 1)", "xp.argmax({u}, axis=-1)",
-               "xp.where({u} > {w}, {u}, {w})", "xp.take({u}, xp.argsort({u}, axis=-1), axis=-1)",
-               "{u}.reshape(-1)[1:]", "xp.einsum('...i,...i->...', {u}, {u})"]
+VMAP_BODIES = [
+    "{u} * 2 + {w}",
+    "xp.tanh({u}) - {w}",
+    "xp.sum({u} * {w}, axis=-1)",
+    "xp.max({u}, axis=0) + {w}",
+    "xp.sort({u}, axis=-1)",
+    "xp.flip({u}, -1)[::2]",
+    "xp.cumsum({u}, axis=-1)",
+    "{u}.T @ {w}",
+    "xp.concatenate([{u}, {u} * {w}], axis=0)",
+    "xp.pad({u}, 1)",
+    "xp.argmax({u}, axis=-1)",
+    "xp.where({u} > {w}, {u}, {w})",
+    "xp.take({u}, xp.argsort({u}, axis=-1), axis=-1)",
+    "{u}.reshape(-1)[1:]",
+    "xp.einsum('...i,...i->...', {u}, {u})",
+]
 
 
 def op_vmap(b):
@@ -880,16 +1005,41 @@ def op_vmap(b):
     y = b.draw(st.sampled_from(mapped)) if mapped and b.draw(st.booleans()) else b.pick()
     y_axis = 0 if y.ndim >= 1 and y.shape[0] == size and b.draw(st.booleans()) else None
     out_axes = b.draw(st.sampled_from([0, -1]))
-    b.add(f"vmap(lambda u, w: {body.format(u='u', w='w')}, in_axes=({axis}, {y_axis}), out_axes={out_axes})"
-          f"({x.name}, {y.name})", [x, y], inexact=True, discontinuous="sort" in body or "arg" in body or
-          "where" in body)
+    b.add(
+        f"vmap(lambda u, w: {body.format(u='u', w='w')}, in_axes=({axis}, {y_axis}), out_axes={out_axes})"
+        f"({x.name}, {y.name})",
+        [x, y],
+        inexact=True,
+        discontinuous="sort" in body or "arg" in body or "where" in body,
+    )
 
 
-OPS = [(op_binary, 14), (op_unary, 10), (op_compare, 7), (op_where, 4), (op_clip, 3), (op_astype, 5),
-       (op_reduce, 8), (op_reshape, 4), (op_transpose, 3), (op_broadcast, 3), (op_slice, 4),
-       (op_concatenate, 2), (op_stack, 2), (op_pad, 2), (op_matmul, 3), (op_einsum, 3), (op_create, 2),
-       (op_layout_more, 3), (op_control, 2), (op_sequence, 3), (op_at, 2), (op_index, 3), (op_window, 2),
-       (op_vmap, 2)]
+OPS = [
+    (op_binary, 14),
+    (op_unary, 10),
+    (op_compare, 7),
+    (op_where, 4),
+    (op_clip, 3),
+    (op_astype, 5),
+    (op_reduce, 8),
+    (op_reshape, 4),
+    (op_transpose, 3),
+    (op_broadcast, 3),
+    (op_slice, 4),
+    (op_concatenate, 2),
+    (op_stack, 2),
+    (op_pad, 2),
+    (op_matmul, 3),
+    (op_einsum, 3),
+    (op_create, 2),
+    (op_layout_more, 3),
+    (op_control, 2),
+    (op_sequence, 3),
+    (op_at, 2),
+    (op_index, 3),
+    (op_window, 2),
+    (op_vmap, 2),
+]
 _OP_TABLE = [f for f, w in OPS for _ in range(w)]
 
 
@@ -925,9 +1075,14 @@ def programs(draw, min_ops=5, max_ops=30):
     return Program(inputs, b.steps, outputs, exact, b.error)
 
 
-ELEMENTWISE = {**{n: (op_unary, n) for n in UNARY}, **{n: (op_binary, n) for n in BINARY},
-               **{n: (op_compare, n) for n in COMPARE}, "where": (op_where, None), "clip": (op_clip, None),
-               "astype": (op_astype, None)}
+ELEMENTWISE = {
+    **{n: (op_unary, n) for n in UNARY},
+    **{n: (op_binary, n) for n in BINARY},
+    **{n: (op_compare, n) for n in COMPARE},
+    "where": (op_where, None),
+    "clip": (op_clip, None),
+    "astype": (op_astype, None),
+}
 
 
 @st.composite
@@ -944,6 +1099,7 @@ def elementwise_programs(draw, name):
             extra = draw(arrays(d, (16 - len(pool),), edge_rates=(0.0,)))
             with np.errstate(all="ignore"):
                 return np.concatenate([np.array(pool, np.float64 if d == BF16 else d).astype(d), extra])
+
         va, vb = values(d1), values(d2)
         inputs = [("a", np.repeat(va, len(vb))), ("b", np.tile(vb, len(va)))]
     else:
@@ -973,6 +1129,7 @@ def specs(draw, mesh, shape):
     """A random valid PartitionSpec for `shape` on `mesh`: each mesh axis at
     most once, on a dimension its size divides (with the axes before it)."""
     from tessel import P
+
     dims = [[] for _ in shape]
     for axis in draw(st.permutations(list(mesh))):
         if not shape or draw(st.integers(0, 2)) == 0:
@@ -982,4 +1139,3 @@ def specs(draw, mesh, shape):
         if shape[d] % size == 0:
             dims[d].append(axis)
     return P(*[None if not d else d[0] if len(d) == 1 else tuple(d) for d in dims])
-
