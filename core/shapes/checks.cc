@@ -8,9 +8,6 @@
 
 namespace tessel::shapes {
 
-using absl::InvalidArgumentError;
-using absl::StrCat;
-
 std::string Dims(const std::vector<int64_t>& d) { return StrCat("[", absl::StrJoin(d, ","), "]"); }
 
 TensorType Make(v1::DType dt, const std::vector<int64_t>& dims) {

@@ -1,15 +1,9 @@
 // Elementwise ops: same-typed operands (select's predicate and clamp's
 // bounds may be scalars).
-#include "absl/strings/str_cat.h"
-#include "core/dtype.h"
 #include "core/shapes/shape_rules.h"
-#include "core/status.h"
 
 namespace tessel::shapes {
 namespace {
-
-using absl::InvalidArgumentError;
-using absl::StrCat;
 
 Admits UnaryAdmits(v1::Op op) {
   switch (op) {

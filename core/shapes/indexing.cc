@@ -1,17 +1,10 @@
 // gather and scatter along one axis.
 #include <algorithm>
 
-#include "absl/strings/str_cat.h"
-#include "core/dtype.h"
-#include "core/shape_inference.h"
 #include "core/shapes/shape_rules.h"
-#include "core/status.h"
 
 namespace tessel::shapes {
 namespace {
-
-using absl::InvalidArgumentError;
-using absl::StrCat;
 
 absl::StatusOr<TensorType> GatherOrScatter(const v1::Node& n, Operands ops) {
   const bool gather = n.op() == v1::GATHER;

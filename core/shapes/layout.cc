@@ -2,17 +2,10 @@
 // slice, reverse, concatenate, pad).
 #include <algorithm>
 
-#include "absl/strings/str_cat.h"
-#include "core/dtype.h"
-#include "core/shape_inference.h"
 #include "core/shapes/shape_rules.h"
-#include "core/status.h"
 
 namespace tessel::shapes {
 namespace {
-
-using absl::InvalidArgumentError;
-using absl::StrCat;
 
 absl::StatusOr<TensorType> Parameter(const v1::Node& n, Operands ops) {
   TESSEL_RETURN_IF_ERROR(CheckArity(ops.size(), 0));

@@ -9,11 +9,19 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "core/dtype.h"
+#include "core/shape_inference.h"
+#include "core/status.h"
 #include "tessel/v1/ir.pb.h"
 
 namespace tessel::shapes {
+
+// What every shape rule uses.
+using absl::InvalidArgumentError;
+using absl::StrCat;
 
 using v1::TensorType;
 using Operands = absl::Span<const TensorType* const>;
