@@ -28,6 +28,14 @@
 // connections close so the peers fail at once too. The next steps use a
 // group of a new epoch (a new key).
 //
+// The parts live in worker/collectives/, one job each: reduce.h (the
+// element-wise reductions), call.h and agreement.h (what a call is, and the
+// header exchange every backend judges alike; NCCL's too), rendezvous.h
+// (the in-memory meeting of local ranks), layout.h (a group's ranks as this
+// worker sees them), gloo_endpoint.h (the TCP device and the store),
+// exchange.h (the data moved between workers), group.h (one group: all of
+// the above) and registry.cc (the groups by key, with their epochs).
+//
 // Ownership and threads: the registry owns its communicators; a
 // Communicator* stays valid as long as the registry. Get may be called from
 // any thread. A Communicator's collectives are called by its local ranks,

@@ -14,6 +14,7 @@
 #include "core/dtype.h"
 #include "core/status.h"
 #include "gloo/rendezvous/store.h"
+#include "worker/collectives/agreement.h"
 
 namespace tessel::cuda {
 
@@ -21,41 +22,19 @@ using absl::StrCat;
 
 namespace {
 
-constexpr int kHeaderWords = 8;  // kind, count, dtype, op, pairs digest, uuid (2 words), ordinal
+// What each rank tells the others before anything is queued: the call
+// (collectives/agreement.h) and which GPU it is, so two ranks on one GPU
+// are refused before NCCL would hang on them.
+struct NcclHeader {
+  worker::CallHeader call;
+  char uuid[16];
+  int64_t ordinal;
+};
+static_assert(sizeof(NcclHeader) % sizeof(int64_t) == 0, "NcclHeader travels as s64 words");
+constexpr int64_t kHeaderWords = sizeof(NcclHeader) / sizeof(int64_t);
 
-const char* KindName(NcclCall::Kind k) {
-  switch (k) {
-    case NcclCall::Kind::kAllReduce: return "all_reduce";
-    case NcclCall::Kind::kAllGather: return "all_gather";
-    case NcclCall::Kind::kReduceScatter: return "reduce_scatter";
-    case NcclCall::Kind::kAllToAll: return "all_to_all";
-    case NcclCall::Kind::kPermute: return "collective_permute";
-  }
-  return "?";
-}
-
-bool Reduces(NcclCall::Kind k) {
-  return k == NcclCall::Kind::kAllReduce || k == NcclCall::Kind::kReduceScatter;
-}
-
-// How a header reads in an error: "all_reduce (sum) of 1024 f32".
-std::string Describe(const int64_t* h) {
-  const auto kind = NcclCall::Kind(h[0]);
-  return StrCat(
-      KindName(kind),
-      Reduces(kind) ? StrCat(" (", worker::ReduceOpName(worker::ReduceOp(h[3])), ")") : "", " of ",
-      h[1], " ", DTypeName(v1::DType(h[2])),
-      kind == NcclCall::Kind::kPermute ? StrCat(", pairs #", h[4]) : "");
-}
-
-uint64_t PairsDigest(const std::vector<std::pair<int, int>>& pairs) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the pairs
-  for (const auto& [s, t] : pairs) {
-    for (int v : {s, t}) {
-      h = (h ^ uint64_t(uint32_t(v))) * 1099511628211ull;
-    }
-  }
-  return h;
+worker::CollectiveCall CallOf(const NcclCall& call) {
+  return worker::CollectiveCall{call.kind, call.count, call.dtype, call.op, &call.pairs};
 }
 
 ncclRedOp_t NcclOp(worker::ReduceOp op, v1::DType dt) {
@@ -235,50 +214,43 @@ absl::StatusOr<NcclGroups::Check> NcclGroups::Run(const worker::ResolvedGroup& g
                                                   gloo::rendezvous::Store* store) {
   State& s = *state_;
   const NcclApi& api = s.options.api;
-  const std::string what = StrCat("NCCL ", KindName(call.kind), " (", id.ToString(), ") on rank ",
-                                  g.rank, " of ", g.size, " in group ", g.spec.key);
+  const std::string what = StrCat("NCCL ", worker::KindName(call.kind), " (", id.ToString(),
+                                  ") on rank ", g.rank, " of ", g.size, " in group ", g.spec.key);
   if (g.size < 1 || (g.comm == nullptr) != (g.size == 1)) {
     return absl::InternalError(StrCat(what, ": a group of several needs its host communicator"));
   }
-  const bool reduces = Reduces(call.kind);
+  if (call.kind == NcclCall::Kind::kAbandoned)
+    return absl::InvalidArgumentError(StrCat(what, ": not a collective to queue"));
+  const bool reduces = worker::Reduces(call.kind);
   TESSEL_ASSIGN_OR_RETURN(auto type, NcclType(call.dtype, reduces, call.count));
   // 1. Identity and agreement, through the host communicator.
-  int64_t header[kHeaderWords] = {int64_t(call.kind),
-                                  call.count,
-                                  int64_t(call.dtype),
-                                  int64_t(call.op),
-                                  int64_t(PairsDigest(call.pairs)),
-                                  0,
-                                  0,
-                                  dev.ordinal};
-  std::memcpy(&header[5], dev.uuid.data(), 16);
-  std::vector<int64_t> all(size_t(kHeaderWords) * g.size);
+  NcclHeader mine{};
+  mine.call = worker::MakeHeader(id, CallOf(call), absl::OkStatus());
+  static_assert(sizeof(mine.uuid) == sizeof(dev.uuid));
+  std::memcpy(mine.uuid, dev.uuid.data(), sizeof(mine.uuid));
+  mine.ordinal = dev.ordinal;
+  std::vector<NcclHeader> all(g.size);
   if (g.comm == nullptr) {
-    std::copy(header, header + kHeaderWords, all.begin());
+    all[0] = mine;
   } else {
     TESSEL_RETURN_IF_ERROR(
-        Annotate(g.comm->AllGather(g.rank, id, header, all.data(), kHeaderWords, v1::S64),
+        Annotate(g.comm->AllGather(g.rank, id, &mine, all.data(), kHeaderWords, v1::S64),
                  StrCat(what, ": agreeing on the call: ")));
   }
   const auto device_of = [&](int r) {
     return r < int(g.spec.rank_devices.size()) ? StrCat("device ", g.spec.rank_devices[r])
                                                : StrCat("rank ", r);
   };
-  for (int r = 1; r < g.size; ++r) {
-    const int64_t* h = &all[size_t(r) * kHeaderWords];
-    if (!std::equal(h, h + 5, all.begin())) {
-      return absl::InvalidArgumentError(StrCat(
-          what, ": the ranks disagree on the call: ", device_of(0), " calls ", Describe(all.data()),
-          ", ", device_of(r), " calls ", Describe(h), "; nothing was queued"));
-    }
-  }
+  std::vector<worker::CallHeader> calls;
+  for (const NcclHeader& h : all) calls.push_back(h.call);
+  if (absl::Status s = worker::JudgeHeaders(id, calls, what, device_of); !s.ok())
+    return absl::Status(s.code(), StrCat(s.message(), "; nothing was queued"));
   for (int r = 0; r < g.size; ++r) {
     for (int q = r + 1; q < g.size; ++q) {
-      if (std::memcmp(&all[size_t(r) * kHeaderWords + 5], &all[size_t(q) * kHeaderWords + 5], 16) ==
-          0) {
+      if (std::memcmp(all[r].uuid, all[q].uuid, sizeof(all[r].uuid)) == 0) {
         return absl::FailedPreconditionError(
             StrCat(what, ": ", device_of(r), " and ", device_of(q),
-                   " are the same GPU (CUDA ordinal ", all[size_t(r) * kHeaderWords + 7],
+                   " are the same GPU (CUDA ordinal ", all[r].ordinal,
                    " of their workers); NCCL needs one GPU per rank: give each worker "
                    "its own GPUs"));
       }
@@ -413,6 +385,7 @@ absl::StatusOr<NcclGroups::Check> NcclGroups::Run(const worker::ResolvedGroup& g
         check(api.group_end(), "ncclGroupEnd");
         break;
       }
+      case NcclCall::Kind::kAbandoned: break;  // refused above
     }
   }
   if (queued.ok())

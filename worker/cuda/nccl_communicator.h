@@ -54,6 +54,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "worker/collective_group.h"
+#include "worker/collectives/call.h"
 #include "worker/communicator.h"
 
 namespace gloo::rendezvous {
@@ -103,7 +104,7 @@ struct NcclDevice {
 // One collective call. Pointers are device addresses; `count` as in
 // worker/communicator.h (elements per rank-block).
 struct NcclCall {
-  enum class Kind { kAllReduce = 1, kAllGather, kReduceScatter, kAllToAll, kPermute };
+  using Kind = worker::CollectiveKind;  // all but kAbandoned
   Kind kind = Kind::kAllReduce;
   const void* in = nullptr;
   void* out = nullptr;

@@ -303,7 +303,7 @@ TEST_F(NcclGroupsTest, RanksThatDisagreeQueueNothingAndBothSayWhy) {
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
     EXPECT_NE(r.status().message().find(
-                  "device 0 calls all_reduce (sum) of 4 f32, device 1 calls all_gather of 4 f32"),
+                  "device 0 calls all_reduce(f32[4], sum), device 1 calls all_gather(f32[4])"),
               std::string::npos)
         << r.status();
   }
