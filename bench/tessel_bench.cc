@@ -50,9 +50,12 @@
 //
 // The baselines' gRPC server runs in a child process (this binary with
 // --serve-baseline), as the daemons do.
+//
+// Each benchmark is an entry of kEntries: the rows it reports and the
+// function that measures them (bench_support.h has what they share).
 #include <cblas.h>
 #include <grpcpp/grpcpp.h>
-#include <spawn.h>
+#include <signal.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -60,7 +63,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <random>
 #include <thread>
@@ -69,6 +71,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "bench/bench_support.h"
 #include "bench/psum_programs.h"
 #include "core/process_tuning.h"
 #include "core/security.h"
@@ -78,8 +81,6 @@
 #include "tessel/session.h"
 #include "tessel/v1/worker.grpc.pb.h"
 
-extern char** environ;
-
 namespace {
 
 using tessel::ArrayType;
@@ -87,531 +88,261 @@ using tessel::DType;
 using tessel::GraphBuilder;
 using tessel::HostArray;
 using tessel::Value;
+using tessel::bench::BarePairsPerSecond;
+using tessel::bench::Bench;
+using tessel::bench::BenchTls;
+using tessel::bench::Check;
+using tessel::bench::ExecSeconds;
+using tessel::bench::GlooOnce;
+using tessel::bench::kFetchBytes;
+using tessel::bench::LoadStepsPerSecond;
+using tessel::bench::MakeTestPki;
+using tessel::bench::Median;
+using tessel::bench::Row;
+using tessel::bench::ServeBaseline;
+using tessel::bench::StartBaseline;
+using tessel::bench::TimeAlternating;
+using tessel::bench::TimeIt;
+using tessel::bench::TimePerCall;
 
-constexpr int64_t kFetchBytes = int64_t{256} << 20;
-
-// The baseline server: the cheapest unary handler and a stream of
-// preallocated bytes, on the same message types Tessel uses.
-class BaselineService final : public tessel::v1::Worker::Service {
- public:
-  BaselineService() : bytes_(kFetchBytes, 'x'), sink_(kFetchBytes, 'y') {}
-  grpc::Status GetVersion(grpc::ServerContext*, const tessel::v1::GetVersionRequest*,
-                          tessel::v1::GetVersionResponse* r) override {
-    r->set_version(1);
-    return grpc::Status::OK;
-  }
-  grpc::Status FetchShard(grpc::ServerContext*, const tessel::v1::FetchShardRequest* req,
-                          grpc::ServerWriter<tessel::v1::FetchShardResponse>* w) override {
-    tessel::v1::FetchShardResponse msg;
-    const int64_t chunk = 1 << 20;
-    for (int64_t off = 0; off < kFetchBytes; off += chunk) {
-      msg.mutable_data()->assign(bytes_.data() + off, chunk);
-      if (!w->Write(msg)) break;
-    }
-    return grpc::Status::OK;
-  }
-  // Takes a stream of bytes into place, as a worker does a put's.
-  grpc::Status PutShard(grpc::ServerContext*, grpc::ServerReader<tessel::v1::PutShardRequest>* r,
-                        tessel::v1::PutShardResponse*) override {
-    tessel::v1::PutShardRequest msg;
-    size_t off = 0;
-    while (r->Read(&msg)) {
-      const std::string& d = msg.data();
-      const size_t n = std::min(d.size(), sink_.size() - off);
-      std::memcpy(sink_.data() + off, d.data(), n);
-      off += n;
-    }
-    return grpc::Status::OK;
-  }
-
- private:
-  std::string bytes_;
-  std::string sink_;
-};
-
-// The bench's throwaway certificates under `pki` (MakeTestPki): the same
-// files the secured cluster's daemons use.
-tessel::TlsFiles BenchTls(const std::string& pki) {
-  return {pki + "/d.pem", pki + "/d.key", pki + "/ca.pem"};
-}
-
-// Serves BaselineService until SIGTERM; over mutual TLS, as a worker's port
-// is, when `pki` names the bench's certificates. The process raises glibc's
-// mmap/trim thresholds as every Tessel daemon does, so the fetch row's
-// baseline is a tuned stream, not one paying a page fault per 4 KiB.
-int ServeBaseline(const std::string& port_file, const std::string& pki) {
-  tessel::BlockTerminationSignals();
-  tessel::TuneAllocatorForStreaming();  // a tuned stream, as the daemons' own
-  BaselineService service;
-  grpc::ServerBuilder b;
-  int port = 0;
-  b.AddListeningPort("127.0.0.1:0",
-                     pki.empty() ? grpc::InsecureServerCredentials()
-                                 : tessel::ServerCredentials(BenchTls(pki), true),
-                     &port);
-  b.RegisterService(&service);
-  auto server = b.BuildAndStart();
-  std::ofstream(port_file + ".tmp") << port << "\n";
-  std::rename((port_file + ".tmp").c_str(), port_file.c_str());
-  tessel::WaitForTerminationSignal();
-  server->Shutdown();
-  return 0;
-}
-
-// Starts this binary as a baseline server (TLS with `pki`); its port, or 0
-// after saying why not.
-int StartBaseline(const std::string& port_file, const std::string& pki, pid_t* pid) {
-  std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  std::string arg = "--serve-baseline=" + port_file, tls_arg = "--baseline-tls=" + pki;
-  char* child_argv[] = {self.data(), arg.data(), pki.empty() ? nullptr : tls_arg.data(), nullptr};
-  if (posix_spawn(pid, self.c_str(), nullptr, nullptr, child_argv, environ) != 0) {
-    std::fprintf(stderr, "tessel-bench: cannot start the baseline server\n");
-    return 0;
-  }
-  int port = 0;
-  for (int i = 0; i < 1000 && port == 0; ++i) {
-    std::ifstream in(port_file);
-    if (!(in >> port)) port = 0;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  if (port == 0) std::fprintf(stderr, "tessel-bench: the baseline server did not start\n");
-  return port;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-template <typename F>
-double TimeIt(int reps, F&& f) {  // median seconds per call
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    absl::Time s = absl::Now();
-    f();
-    t.push_back(absl::ToDoubleSeconds(absl::Now() - s));
-  }
-  return Median(t);
-}
-
-// Median seconds per call of `f` and of `g`, called in turn, so the
-// machine's slow spells fall on both.
-template <typename F, typename G>
-std::pair<double, double> TimeAlternating(int reps, F&& f, G&& g) {
-  std::vector<double> tf, tg;
-  for (int i = 0; i < reps; ++i) {
-    absl::Time s = absl::Now();
-    f();
-    tf.push_back(absl::ToDoubleSeconds(absl::Now() - s));
-    s = absl::Now();
-    g();
-    tg.push_back(absl::ToDoubleSeconds(absl::Now() - s));
-  }
-  return {Median(tf), Median(tg)};
-}
-
-template <typename F>
-double TimePerCall(int reps, F&& f) {  // mean seconds over a tight loop
-  absl::Time s = absl::Now();
-  for (int i = 0; i < reps; ++i) f();
-  return absl::ToDoubleSeconds(absl::Now() - s) / reps;
-}
-
-struct Row {
-  std::string name, unit;
-  double value, baseline, goal;
-  bool higher_is_better;
-  std::string note;
-  double ratio() const { return value / baseline; }
-  bool met() const { return higher_is_better ? ratio() >= goal : ratio() <= goal; }
-};
-
-void Check(const absl::Status& s) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "tessel-bench: %s\n", s.ToString().c_str());
-    std::exit(1);
-  }
-}
-template <typename T>
-T Check(absl::StatusOr<T> v) {
-  Check(v.status());
-  return std::move(*v);
-}
-
-// Seconds per Execute(wait) of a 1-element add, over `steps` calls; the
-// outputs are freed in batches, outside the count.
-double ExecSeconds(tessel::Session& session, int steps) {
-  GraphBuilder g("add1");
-  auto x = g.Parameter({DType::kF32, {1}}, "x");
-  auto exe = Check(session.Compile(Check(g.Build({g.Add(x, x)}))));
-  auto xa = Check(session.Put(HostArray::From<float>({1}, {1.f})));
-  std::vector<tessel::Array> garbage;
-  auto step = [&] {
-    auto outs = Check(session.Execute(exe, {xa}, {tessel::Placement::Device(0), true}));
-    garbage.insert(garbage.end(), outs.begin(), outs.end());
-    if (garbage.size() >= 500) {
-      Check(session.Delete(garbage));
-      garbage.clear();
-    }
+// 1. Execute round trip vs two bare unary round trips.
+void ExecRoundtrip(Bench& b) {
+  tessel::Session* session = b.session.get();
+  tessel::v1::Worker::Stub* bstub = b.baseline.get();
+  auto bare = [&] {
+    grpc::ClientContext ctx;
+    tessel::v1::GetVersionResponse r;
+    Check(absl::Status(bstub->GetVersion(&ctx, tessel::v1::GetVersionRequest(), &r).ok()
+                           ? absl::OkStatus()
+                           : absl::UnavailableError("baseline unary failed")));
   };
-  for (int i = 0; i < 100; ++i) step();
-  const double t = TimePerCall(steps, step);
-  Check(session.Delete(garbage));
-  Check(session.Delete({xa}));
-  return t;
-}
-
-// Steps per second of `clients` sessions, each on its own thread running
-// `steps` Execute(wait) calls, all at once.
-double LoadStepsPerSecond(const std::string& address, const tessel::ConnectOptions& connect,
-                          int clients, int steps) {
-  std::vector<std::unique_ptr<tessel::Session>> sessions;
-  for (int i = 0; i < clients; ++i)
-    sessions.push_back(Check(tessel::Session::Connect(address, connect)));
-  std::vector<std::thread> threads;
-  const absl::Time start = absl::Now();
-  for (auto& s : sessions) threads.emplace_back([&s, steps] { ExecSeconds(*s, steps); });
-  for (auto& t : threads) t.join();
-  return double(clients) * steps / absl::ToDoubleSeconds(absl::Now() - start);
-}
-
-// Pairs of bare unary calls per second (the two hops of a step, with no work
-// between) of `clients` threads, each with its own channel, `pairs` each,
-// all at once, to the baseline server at `port`.
-double BarePairsPerSecond(int port, const std::shared_ptr<grpc::ChannelCredentials>& creds,
-                          int clients, int pairs) {
-  std::vector<std::unique_ptr<tessel::v1::Worker::Stub>> stubs;
-  for (int i = 0; i < clients; ++i) {
-    stubs.push_back(
-        tessel::v1::Worker::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), creds)));
-  }
-  auto run = [&stubs](int i, int n) {
-    for (int k = 0; k < 2 * n; ++k) {
-      grpc::ClientContext ctx;
-      tessel::v1::GetVersionResponse r;
-      if (!stubs[i]->GetVersion(&ctx, tessel::v1::GetVersionRequest(), &r).ok())
-        Check(absl::UnavailableError("bare"));
-    }
-  };
-  for (int i = 0; i < clients; ++i) run(i, 50);  // connected and warm
-  std::vector<std::thread> threads;
-  const absl::Time start = absl::Now();
-  for (int i = 0; i < clients; ++i) threads.emplace_back(run, i, pairs);
-  for (auto& t : threads) t.join();
-  return double(clients) * pairs / absl::ToDoubleSeconds(absl::Now() - start);
-}
-
-// A throwaway CA, one certificate for 127.0.0.1 signed by it (the openssl
-// command), a client token and a join token, under `d`. False when openssl
-// fails.
-bool MakeTestPki(const std::string& d) {
-  std::filesystem::create_directories(d);
-  std::ofstream(d + "/ext")
-      << "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n";
-  std::ofstream(d + "/tokens") << "bench-token bench admin\n";
-  std::ofstream(d + "/join") << "bench-join-token\n";
-  auto run = [&](const std::string& cmd) {
-    return std::system(("cd " + d + " && openssl " + cmd + " >/dev/null 2>&1").c_str()) == 0;
-  };
-  const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
-  return run("req -x509 " + ec + " -days 1 -subj /CN=tessel-bench-ca -keyout ca.key -out ca.pem") &&
-         run("req " + ec + " -subj /CN=tessel-bench -keyout d.key -out d.csr") &&
-         run("x509 -req -in d.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -extfile ext "
-             "-out d.pem");
-}
-
-}  // namespace
-
-int main(int argc, char** argv) {
-  bool json = false;
-  std::string only;  // run the benchmarks whose name contains this
-  std::string serve_baseline, baseline_tls;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a.rfind("--only=", 0) == 0) only = a.substr(7);
-    if (a.rfind("--serve-baseline=", 0) == 0) serve_baseline = a.substr(17);
-    if (a.rfind("--baseline-tls=", 0) == 0) baseline_tls = a.substr(15);
-    if (a == "--json") json = true;
-    if (a == "--help" || a == "-h") {
-      std::printf(
-          "tessel-bench [--json] [--only=SUBSTR]: runs Tessel beside its baselines on a local "
-          "cluster and\n"
-          "prints ratios. --only runs the benchmarks whose name contains SUBSTR.\n");
-      return 0;
-    }
-  }
-  if (!serve_baseline.empty()) return ServeBaseline(serve_baseline, baseline_tls);
-  tessel::TuneAllocatorForStreaming();
-  tessel::SkipMutexCycleDetection();
-
-  // Baseline server process.
-  char tmpl[] = "/tmp/tessel-bench-XXXXXX";
-  const std::string dir = mkdtemp(tmpl);
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  pid_t baseline_pid;
-  const int bport = StartBaseline(dir + "/baseline.port", "", &baseline_pid);
-  if (bport == 0) return 1;
-  grpc::ChannelArguments cargs;
-  cargs.SetMaxReceiveMessageSize(64 << 20);
-  auto bstub = tessel::v1::Worker::NewStub(grpc::CreateCustomChannel(
-      absl::StrCat("127.0.0.1:", bport), grpc::InsecureChannelCredentials(), cargs));
-
-  tessel::LocalCluster::Options opts;
-  opts.workers = 2;
-  opts.devices_per_worker = 1;
-  auto cluster = Check(tessel::LocalCluster::Start(opts));
-  auto session = Check(tessel::Session::Connect(cluster->address()));
-  std::vector<Row> rows;
-  auto want = [&](const char* name) {
-    return only.empty() || std::string(name).find(only) != std::string::npos;
-  };
-
-  // 1. Execute round trip vs two bare unary round trips.
-  if (want("exec_roundtrip")) {
-    auto bare = [&] {
-      grpc::ClientContext ctx;
-      tessel::v1::GetVersionResponse r;
-      Check(absl::Status(bstub->GetVersion(&ctx, tessel::v1::GetVersionRequest(), &r).ok()
-                             ? absl::OkStatus()
-                             : absl::UnavailableError("baseline unary failed")));
-    };
-    for (int i = 0; i < 200; ++i) bare();
-    double t_exec = ExecSeconds(*session, 2000);
-    double t_bare = 2 * TimePerCall(2000, bare);
-    rows.push_back({"exec_roundtrip", "us", t_exec * 1e6, t_bare * 1e6, 1.5, false,
+  for (int i = 0; i < 200; ++i) bare();
+  double t_exec = ExecSeconds(*session, 2000);
+  double t_bare = 2 * TimePerCall(2000, bare);
+  b.rows.push_back({"exec_roundtrip", "us", t_exec * 1e6, t_bare * 1e6, 1.5, false,
                     "Execute(wait) of a 1-element add vs 2x bare gRPC unary round trip"});
-  }
+}
 
-  // 2. Fetch 256 MiB vs a bare server stream.
-  if (want("fetch_256mib")) {
-    HostArray big(ArrayType{DType::kF32, {kFetchBytes / 4}});
-    std::memset(big.mutable_data(), 1, big.size_bytes());
-    auto arr = Check(session->Put(big));
-    big = HostArray();
-    (void)Check(session->Fetch(arr));
-    auto [t_fetch, t_bare] = TimeAlternating(
-        7, [&] { (void)Check(session->Fetch(arr)); },
-        [&] {
-          grpc::ClientContext ctx;
-          tessel::v1::FetchShardRequest req;
-          auto reader = bstub->FetchShard(&ctx, req);
-          tessel::v1::FetchShardResponse msg;
-          HostArray out(ArrayType{DType::kU8, {kFetchBytes}});
-          int64_t off = 0;
-          while (reader->Read(&msg)) {
-            std::memcpy(out.mutable_data() + off, msg.data().data(), msg.data().size());
-            off += msg.data().size();
-          }
-          (void)reader->Finish();
-        });
-    Check(session->Delete({arr}));
-    rows.push_back({"fetch_256mib", "GB/s", kFetchBytes / t_fetch / 1e9, kFetchBytes / t_bare / 1e9,
+// 2. Fetch 256 MiB vs a bare server stream.
+void Fetch256(Bench& b) {
+  tessel::Session* session = b.session.get();
+  tessel::v1::Worker::Stub* bstub = b.baseline.get();
+  HostArray big(ArrayType{DType::kF32, {kFetchBytes / 4}});
+  std::memset(big.mutable_data(), 1, big.size_bytes());
+  auto arr = Check(session->Put(big));
+  big = HostArray();
+  (void)Check(session->Fetch(arr));
+  auto [t_fetch, t_bare] = TimeAlternating(
+      7, [&] { (void)Check(session->Fetch(arr)); },
+      [&] {
+        grpc::ClientContext ctx;
+        tessel::v1::FetchShardRequest req;
+        auto reader = bstub->FetchShard(&ctx, req);
+        tessel::v1::FetchShardResponse msg;
+        HostArray out(ArrayType{DType::kU8, {kFetchBytes}});
+        int64_t off = 0;
+        while (reader->Read(&msg)) {
+          std::memcpy(out.mutable_data() + off, msg.data().data(), msg.data().size());
+          off += msg.data().size();
+        }
+        (void)reader->Finish();
+      });
+  Check(session->Delete({arr}));
+  b.rows.push_back({"fetch_256mib", "GB/s", kFetchBytes / t_fetch / 1e9, kFetchBytes / t_bare / 1e9,
                     0.9, true,
                     "Fetch, read from the worker directly, vs bare gRPC stream, 1 MiB messages"});
-  }
+}
 
-  // 2b. Put 256 MiB vs a bare client stream.
-  if (want("put_256mib")) {
-    HostArray big(ArrayType{DType::kF32, {kFetchBytes / 4}});
-    std::memset(big.mutable_data(), 1, big.size_bytes());
-    Check(session->Delete({Check(session->Put(big))}));
-    auto [t_put, t_bare] = TimeAlternating(
-        7, [&] { Check(session->Delete({Check(session->Put(big))})); },
-        [&] {
-          grpc::ClientContext ctx;
-          tessel::v1::PutShardResponse resp;
-          auto writer = bstub->PutShard(&ctx, &resp);
-          tessel::v1::PutShardRequest msg;
-          const int64_t chunk = 1 << 20;
-          for (int64_t off = 0; off < kFetchBytes; off += chunk) {
-            msg.set_data(big.data() + off, chunk);
-            if (!writer->Write(msg)) break;
-          }
-          writer->WritesDone();
-          (void)writer->Finish();
-        });
-    rows.push_back(
-        {"put_256mib", "GB/s", kFetchBytes / t_put / 1e9, kFetchBytes / t_bare / 1e9, 0.9, true,
-         "Put, written to the worker directly, vs bare gRPC client stream, 1 MiB messages"});
-  }
-
-  // 3. Fused 4-op chain over 2^26 f32 vs a copy loop.
-  if (want("fused_chain")) {
-    const int64_t n = int64_t{1} << 26;
-    GraphBuilder g("chain4");
-    auto x = g.Parameter({DType::kF32, {n}}, "x");
-    auto c = [&](double v) { return g.Broadcast(g.Scalar(DType::kF32, v), {n}); };
-    auto y = g.Mul(g.Max(g.Add(g.Mul(x, c(1.5)), c(-0.25)), c(0.0)), c(0.5));
-    auto exe = Check(session->Compile(Check(g.Build({y}))));
-    HostArray hx(ArrayType{DType::kF32, {n}});
-    for (int64_t i = 0; i < n; ++i) hx.as_mutable<float>()[i] = float(i % 1000) * 1e-3f;
-    auto xa = Check(session->Put(hx));
-    auto run = [&] {
-      auto outs = Check(session->Execute(exe, {xa}, {tessel::Placement::Device(0), true}));
-      Check(session->Delete(outs));
-    };
-    run();
-    double t_chain = TimeIt(10, run);
-    std::vector<float> src(hx.as<float>().begin(), hx.as<float>().end()), dst(n);
-    auto copy = [&] {
-      const float* s = src.data();
-      float* d = dst.data();
-      for (int64_t i = 0; i < n; ++i) d[i] = s[i];
-      asm volatile("" : : "r"(d) : "memory");
-    };
-    copy();
-    double t_copy = TimeIt(10, copy);
-    const double bytes = 2.0 * n * 4;
-    Check(session->Delete({xa}));
-    rows.push_back({"fused_chain", "GB/s", bytes / t_chain / 1e9, bytes / t_copy / 1e9, 0.8, true,
-                    "mul-add-max-mul over 2^26 f32 (incl. Execute round trip) vs plain copy loop"});
-  }
-
-  // 4. dot 2048^3 vs sgemm.
-  if (want("dot_2048")) {
-    const int64_t m = 2048;
-    GraphBuilder g("dot2048");
-    auto a = g.Parameter({DType::kF32, {m, m}}, "a");
-    auto b = g.Parameter({DType::kF32, {m, m}}, "b");
-    auto exe = Check(session->Compile(Check(g.Build({g.MatMul(a, b)}))));
-    HostArray ha(ArrayType{DType::kF32, {m, m}}), hb(ArrayType{DType::kF32, {m, m}});
-    for (int64_t i = 0; i < m * m; ++i) {
-      ha.as_mutable<float>()[i] = float(i % 17) * 0.01f;
-      hb.as_mutable<float>()[i] = float(i % 13) * 0.02f;
-    }
-    auto aa = Check(session->Put(ha));
-    auto ba = Check(session->Put(hb));
-    auto run = [&] {
-      auto outs = Check(session->Execute(exe, {aa, ba}, {tessel::Placement::Device(0), true}));
-      Check(session->Delete(outs));
-    };
-    run();
-    double t_dot = TimeIt(5, run);
-    std::vector<float> c(m * m);
-    auto direct = [&] {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m, 1.f, ha.as<float>().data(), m,
-                  hb.as<float>().data(), m, 0.f, c.data(), m);
-    };
-    direct();
-    double t_blas = TimeIt(5, direct);
-    const double flops = 2.0 * m * m * m;
-    const char* core = std::getenv("OPENBLAS_CORETYPE");
-    rows.push_back(
-        {"dot_2048", "GFLOP/s", flops / t_dot / 1e9, flops / t_blas / 1e9, 0.9, true,
-         absl::StrCat("vs cblas_sgemm in-process, OPENBLAS_CORETYPE=", core ? core : "(unset)")});
-  }
-
-  // 5. The seed loop (state = f1(state); state = f2(state), state donated,
-  //    every transfer disallowed) with a tiny state on both workers,
-  //    pipelined: steps per second vs bare unary round trips per second.
-  // 6. The same loop with a 256 MiB state on one device: its peak memory vs
-  //    one state.
-  if (want("seed_loop_steps") || want("seed_loop_2w") || want("loop_peak_256mib")) {
-    auto step = [&](const std::string& name, int64_t n, bool second) {
-      GraphBuilder g(name);
-      auto s = g.Parameter({DType::kF32, {n}}, "state");
-      auto c = g.Parameter({DType::kS32, {}}, "count");
-      auto one = g.Broadcast(g.Scalar(DType::kF32, 1.0), {n});
-      auto out = second ? g.Add(g.Tanh(s), one)
-                        : g.Add(g.Mul(s, g.Broadcast(g.Scalar(DType::kF32, 0.5), {n})), one);
-      auto count = second ? g.Add(c, g.Scalar(DType::kS32, 1)) : c;
-      return Check(session->Compile(Check(g.Build({out, count})),
-                                    {.donate = {0, 1}, .strict_donation = true}));
-    };
-    auto loop = [&](int64_t n, tessel::Placement where, int pairs) {
-      auto f1 = step("f1", n, false), f2 = step("f2", n, true);
-      HostArray init(ArrayType{DType::kF32, {n}});
-      std::memset(init.mutable_data(), 0, init.size_bytes());
-      std::vector<tessel::Array> state{
-          Check(session->Put(init, where)),
-          Check(session->Put(HostArray::From<int32_t>({}, {0}), where))};
-      Check(session->Await(state));
-      tessel::SessionOptions guarded;
-      guarded.transfer_guard = tessel::TransferGuard::All(tessel::TransferLevel::kDisallow);
-      guarded.forbid_compiles = true;
-      Check(session->SetOptions(guarded));
-      const tessel::ExecuteOptions opts{.placement = where};
-      auto run = [&](int k) {
-        for (int i = 0; i < k; ++i) {
-          auto a = Check(session->Execute(f1, state, opts));
-          state = Check(session->Execute(f2, a, opts));
+// 2b. Put 256 MiB vs a bare client stream.
+void Put256(Bench& b) {
+  tessel::Session* session = b.session.get();
+  tessel::v1::Worker::Stub* bstub = b.baseline.get();
+  HostArray big(ArrayType{DType::kF32, {kFetchBytes / 4}});
+  std::memset(big.mutable_data(), 1, big.size_bytes());
+  Check(session->Delete({Check(session->Put(big))}));
+  auto [t_put, t_bare] = TimeAlternating(
+      7, [&] { Check(session->Delete({Check(session->Put(big))})); },
+      [&] {
+        grpc::ClientContext ctx;
+        tessel::v1::PutShardResponse resp;
+        auto writer = bstub->PutShard(&ctx, &resp);
+        tessel::v1::PutShardRequest msg;
+        const int64_t chunk = 1 << 20;
+        for (int64_t off = 0; off < kFetchBytes; off += chunk) {
+          msg.set_data(big.data() + off, chunk);
+          if (!writer->Write(msg)) break;
         }
-        Check(session->Await(state));
-      };
-      run(pairs / 10 + 1);  // warm: programs loaded, buffers cached
-      // The median of 5 rounds: one round is a few tens of milliseconds,
-      // where this machine's scheduling noise is +-30%.
-      std::vector<double> rounds;
-      for (int round = 0; round < 5; ++round) {
-        const absl::Time start = absl::Now();
-        run(pairs);
-        rounds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+        writer->WritesDone();
+        (void)writer->Finish();
+      });
+  b.rows.push_back(
+      {"put_256mib", "GB/s", kFetchBytes / t_put / 1e9, kFetchBytes / t_bare / 1e9, 0.9, true,
+       "Put, written to the worker directly, vs bare gRPC client stream, 1 MiB messages"});
+}
+
+// 3. Fused 4-op chain over 2^26 f32 vs a copy loop.
+void FusedChain(Bench& b) {
+  tessel::Session* session = b.session.get();
+  const int64_t n = int64_t{1} << 26;
+  GraphBuilder g("chain4");
+  auto x = g.Parameter({DType::kF32, {n}}, "x");
+  auto c = [&](double v) { return g.Broadcast(g.Scalar(DType::kF32, v), {n}); };
+  auto y = g.Mul(g.Max(g.Add(g.Mul(x, c(1.5)), c(-0.25)), c(0.0)), c(0.5));
+  auto exe = Check(session->Compile(Check(g.Build({y}))));
+  HostArray hx(ArrayType{DType::kF32, {n}});
+  for (int64_t i = 0; i < n; ++i) hx.as_mutable<float>()[i] = float(i % 1000) * 1e-3f;
+  auto xa = Check(session->Put(hx));
+  auto run = [&] {
+    auto outs = Check(session->Execute(exe, {xa}, {tessel::Placement::Device(0), true}));
+    Check(session->Delete(outs));
+  };
+  run();
+  double t_chain = TimeIt(10, run);
+  std::vector<float> src(hx.as<float>().begin(), hx.as<float>().end()), dst(n);
+  auto copy = [&] {
+    const float* s = src.data();
+    float* d = dst.data();
+    for (int64_t i = 0; i < n; ++i) d[i] = s[i];
+    asm volatile("" : : "r"(d) : "memory");
+  };
+  copy();
+  double t_copy = TimeIt(10, copy);
+  const double bytes = 2.0 * n * 4;
+  Check(session->Delete({xa}));
+  b.rows.push_back({"fused_chain", "GB/s", bytes / t_chain / 1e9, bytes / t_copy / 1e9, 0.8, true,
+                    "mul-add-max-mul over 2^26 f32 (incl. Execute round trip) vs plain copy loop"});
+}
+
+// 4. dot 2048^3 vs sgemm.
+void Dot2048(Bench& b) {
+  tessel::Session* session = b.session.get();
+  const int64_t m = 2048;
+  GraphBuilder g("dot2048");
+  auto a = g.Parameter({DType::kF32, {m, m}}, "a");
+  auto rhs = g.Parameter({DType::kF32, {m, m}}, "b");
+  auto exe = Check(session->Compile(Check(g.Build({g.MatMul(a, rhs)}))));
+  HostArray ha(ArrayType{DType::kF32, {m, m}}), hb(ArrayType{DType::kF32, {m, m}});
+  for (int64_t i = 0; i < m * m; ++i) {
+    ha.as_mutable<float>()[i] = float(i % 17) * 0.01f;
+    hb.as_mutable<float>()[i] = float(i % 13) * 0.02f;
+  }
+  auto aa = Check(session->Put(ha));
+  auto ba = Check(session->Put(hb));
+  auto run = [&] {
+    auto outs = Check(session->Execute(exe, {aa, ba}, {tessel::Placement::Device(0), true}));
+    Check(session->Delete(outs));
+  };
+  run();
+  double t_dot = TimeIt(5, run);
+  std::vector<float> c(m * m);
+  auto direct = [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m, 1.f, ha.as<float>().data(), m,
+                hb.as<float>().data(), m, 0.f, c.data(), m);
+  };
+  direct();
+  double t_blas = TimeIt(5, direct);
+  const double flops = 2.0 * m * m * m;
+  const char* core = std::getenv("OPENBLAS_CORETYPE");
+  b.rows.push_back(
+      {"dot_2048", "GFLOP/s", flops / t_dot / 1e9, flops / t_blas / 1e9, 0.9, true,
+       absl::StrCat("vs cblas_sgemm in-process, OPENBLAS_CORETYPE=", core ? core : "(unset)")});
+}
+
+// 5. The seed loop (state = f1(state); state = f2(state), state donated,
+//    every transfer disallowed) with a tiny state on both workers,
+//    pipelined: steps per second vs bare unary round trips per second.
+// 6. The same loop with a 256 MiB state on one device: its peak memory vs
+//    one state.
+void SeedLoop(Bench& b) {
+  tessel::Session* session = b.session.get();
+  tessel::v1::Worker::Stub* bstub = b.baseline.get();
+  auto want = [&](const char* name) { return b.want(name); };
+  auto step = [&](const std::string& name, int64_t n, bool second) {
+    GraphBuilder g(name);
+    auto s = g.Parameter({DType::kF32, {n}}, "state");
+    auto c = g.Parameter({DType::kS32, {}}, "count");
+    auto one = g.Broadcast(g.Scalar(DType::kF32, 1.0), {n});
+    auto out = second ? g.Add(g.Tanh(s), one)
+                      : g.Add(g.Mul(s, g.Broadcast(g.Scalar(DType::kF32, 0.5), {n})), one);
+    auto count = second ? g.Add(c, g.Scalar(DType::kS32, 1)) : c;
+    return Check(session->Compile(Check(g.Build({out, count})),
+                                  {.donate = {0, 1}, .strict_donation = true}));
+  };
+  auto loop = [&](int64_t n, tessel::Placement where, int pairs) {
+    auto f1 = step("f1", n, false), f2 = step("f2", n, true);
+    HostArray init(ArrayType{DType::kF32, {n}});
+    std::memset(init.mutable_data(), 0, init.size_bytes());
+    std::vector<tessel::Array> state{Check(session->Put(init, where)),
+                                     Check(session->Put(HostArray::From<int32_t>({}, {0}), where))};
+    Check(session->Await(state));
+    tessel::SessionOptions guarded;
+    guarded.transfer_guard = tessel::TransferGuard::All(tessel::TransferLevel::kDisallow);
+    guarded.forbid_compiles = true;
+    Check(session->SetOptions(guarded));
+    const tessel::ExecuteOptions opts{.placement = where};
+    auto run = [&](int k) {
+      for (int i = 0; i < k; ++i) {
+        auto a = Check(session->Execute(f1, state, opts));
+        state = Check(session->Execute(f2, a, opts));
       }
-      const double seconds = Median(rounds);
-      Check(session->Delete(state));
-      Check(session->SetOptions({}));
-      return seconds;
+      Check(session->Await(state));
     };
-    auto bare = [&] {
-      grpc::ClientContext ctx;
-      tessel::v1::GetVersionResponse r;
-      if (!bstub->GetVersion(&ctx, tessel::v1::GetVersionRequest(), &r).ok())
-        Check(absl::UnavailableError("bare"));
-    };
-    const int pairs = 10000;
-    if (want("seed_loop_steps") || want("seed_loop_2w")) {
-      const double t_one = loop(16, tessel::Placement::Device(0), pairs);
-      const double t_both = loop(16, tessel::Placement::Replicated(), pairs);
-      const double t_unary = TimePerCall(2000, bare);
-      rows.push_back({"seed_loop_steps", "steps/s", 2.0 * pairs / t_one, 1.0 / t_unary, 1.0, true,
+    run(pairs / 10 + 1);  // warm: programs loaded, buffers cached
+    // The median of 5 rounds: one round is a few tens of milliseconds,
+    // where this machine's scheduling noise is +-30%.
+    std::vector<double> rounds;
+    for (int round = 0; round < 5; ++round) {
+      const absl::Time start = absl::Now();
+      run(pairs);
+      rounds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+    }
+    const double seconds = Median(rounds);
+    Check(session->Delete(state));
+    Check(session->SetOptions({}));
+    return seconds;
+  };
+  auto bare = [&] {
+    grpc::ClientContext ctx;
+    tessel::v1::GetVersionResponse r;
+    if (!bstub->GetVersion(&ctx, tessel::v1::GetVersionRequest(), &r).ok())
+      Check(absl::UnavailableError("bare"));
+  };
+  const int pairs = 10000;
+  if (want("seed_loop_steps") || want("seed_loop_2w")) {
+    const double t_one = loop(16, tessel::Placement::Device(0), pairs);
+    const double t_both = loop(16, tessel::Placement::Replicated(), pairs);
+    const double t_unary = TimePerCall(2000, bare);
+    b.rows.push_back({"seed_loop_steps", "steps/s", 2.0 * pairs / t_one, 1.0 / t_unary, 1.0, true,
                       "f1/f2 donated, guard disallow, 16-float state, one device, pipelined, vs "
                       "unary calls/s"});
-      rows.push_back({"seed_loop_2w", "steps/s", 2.0 * pairs / t_both, 1.0 / t_unary, 1.0, true,
+    b.rows.push_back({"seed_loop_2w", "steps/s", 2.0 * pairs / t_both, 1.0 / t_unary, 1.0, true,
                       "the same loop replicated on both workers (each step runs on 2 devices)"});
-    }
-
-    if (want("loop_peak_256mib")) {
-      const int64_t n = int64_t{1} << 26;  // 256 MiB
-      const int device = 1;  // untouched by the benchmarks above: its peak is this loop's
-      (void)loop(n, tessel::Placement::Device(device), 10);
-      int64_t peak = 0;
-      for (const auto& d : Check(session->Stats()).devices) {
-        if (d.device == device) peak = d.peak_bytes_in_use;
-      }
-      rows.push_back({"loop_peak_256mib", "MiB", peak / 1048576.0, n * 4 / 1048576.0, 1.1, false,
-                      "peak device memory during the 256 MiB donated loop vs one state"});
-    }
   }
 
-  // 7. all_reduce through Tessel vs Gloo called directly.
-  const tessel::Mesh pair({{"x", 2}});
-  const tessel::Sharding split = tessel::Sharding::Split({"x"});
+  if (want("loop_peak_256mib")) {
+    const int64_t n = int64_t{1} << 26;  // 256 MiB
+    const int device = 1;  // untouched by the benchmarks above: its peak is this loop's
+    (void)loop(n, tessel::Placement::Device(device), 10);
+    int64_t peak = 0;
+    for (const auto& d : Check(session->Stats()).devices) {
+      if (d.device == device) peak = d.peak_bytes_in_use;
+    }
+    b.rows.push_back({"loop_peak_256mib", "MiB", peak / 1048576.0, n * 4 / 1048576.0, 1.1, false,
+                      "peak device memory during the 256 MiB donated loop vs one state"});
+  }
+}
+
+// 7. all_reduce through Tessel vs Gloo called directly.
+void AllReduce(Bench& b) {
+  tessel::Session* session = b.session.get();
   std::vector<int64_t> reduce_sizes;
   for (int64_t mib : {1, 16, 256}) {
-    if (want(absl::StrCat("all_reduce_", mib, "mib").c_str())) reduce_sizes.push_back(mib << 20);
+    if (b.want(absl::StrCat("all_reduce_", mib, "mib"))) reduce_sizes.push_back(mib << 20);
   }
   // This machine's loopback bandwidth swings between runs (2x at 1 MiB), so
   // the two alternate: rounds of K back-to-back Gloo allreduces (a fresh
   // tessel-gloo-bench pair, median per call) and K pipelined Tessel steps
   // (mean per step); each side's figure is its median round.
-  auto gloo_once = [&](int64_t bytes, int iters, bool sendrecv = false) {
-    const std::string cmd = std::filesystem::path(self).parent_path().string() +
-                            "/tessel-gloo-bench --iters=" + std::to_string(iters) +
-                            (sendrecv ? " --sendrecv " : " ") + std::to_string(bytes);
-    const std::string format =
-        sendrecv ? "gloo_sendrecv bytes=%lld seconds=%lf" : "gloo_allreduce bytes=%lld seconds=%lf";
-    FILE* f = popen(cmd.c_str(), "r");
-    char line[256];
-    double secs = 0;
-    while (f != nullptr && std::fgets(line, sizeof line, f)) {
-      long long b = 0;
-      double t = 0;
-      if (std::sscanf(line, format.c_str(), &b, &t) == 2 && b == bytes) secs = t;
-    }
-    if (f == nullptr || pclose(f) != 0 || secs <= 0)
-      Check(absl::InternalError(absl::StrCat("failed: ", cmd)));
-    return secs;
-  };
   for (int64_t bytes : reduce_sizes) {
     const tessel::bench::PsumPrograms psum = Check(tessel::bench::CompilePsum(*session, bytes / 4));
     const tessel::Executable& exe = psum.step;
@@ -624,347 +355,439 @@ int main(int argc, char** argv) {
     run(2);  // warm: programs loaded, the group connected
     std::vector<double> t_tessel, t_gloo;
     for (int round = 0; round < 5; ++round) {
-      t_gloo.push_back(gloo_once(bytes, k));
+      t_gloo.push_back(GlooOnce(b, bytes, k));
       const absl::Time start = absl::Now();
       run(k);
       t_tessel.push_back(absl::ToDoubleSeconds(absl::Now() - start) / k);
     }
     Check(session->Delete(state));
     // Two ranks: the ring's bus bandwidth equals bytes / time.
-    rows.push_back(
+    b.rows.push_back(
         {absl::StrCat("all_reduce_", bytes >> 20, "mib"), "GB/s", bytes / Median(t_tessel) / 1e9,
          bytes / Median(t_gloo) / 1e9, 0.9, true,
          "psum over 2 workers, donated, pipelined, vs gloo::allreduce ring by 2 processes"});
   }
+}
 
-  // 7b. reshard: device 0 to device 1, worker to worker, vs Gloo send/recv.
-  if (want("reshard_256mib")) {
-    const int64_t bytes = int64_t{256} << 20;
-    HostArray host(ArrayType{DType::kF32, {bytes / 4}});
-    for (float& v : host.as_mutable<float>()) v = 1.f;
-    tessel::Array src = Check(session->Put(host, tessel::Placement::Device(0)));
-    auto once = [&] {
-      tessel::Array copy = Check(session->Reshard(src, tessel::Placement::Device(1)));
-      Check(session->Await({copy}));
-      Check(session->Delete({copy}));
-    };
-    once();  // warm: the pair's group connected, buffers cached
-    const int k = 3;
-    std::vector<double> t_tessel, t_gloo;
-    for (int round = 0; round < 5; ++round) {
-      t_gloo.push_back(gloo_once(bytes, k, true));
-      const absl::Time start = absl::Now();
-      for (int i = 0; i < k; ++i) once();
-      t_tessel.push_back(absl::ToDoubleSeconds(absl::Now() - start) / k);
-    }
-    Check(session->Delete({src}));
-    rows.push_back(
-        {"reshard_256mib", "GB/s", bytes / Median(t_tessel) / 1e9, bytes / Median(t_gloo) / 1e9,
-         0.8, true,
-         "device_put device 0 -> device 1 (2 workers), awaited, vs Gloo send/recv by 2 processes"});
+// 7b. reshard: device 0 to device 1, worker to worker, vs Gloo send/recv.
+void Reshard(Bench& b) {
+  tessel::Session* session = b.session.get();
+  const int64_t bytes = int64_t{256} << 20;
+  HostArray host(ArrayType{DType::kF32, {bytes / 4}});
+  for (float& v : host.as_mutable<float>()) v = 1.f;
+  tessel::Array src = Check(session->Put(host, tessel::Placement::Device(0)));
+  auto once = [&] {
+    tessel::Array copy = Check(session->Reshard(src, tessel::Placement::Device(1)));
+    Check(session->Await({copy}));
+    Check(session->Delete({copy}));
+  };
+  once();  // warm: the pair's group connected, buffers cached
+  const int k = 3;
+  std::vector<double> t_tessel, t_gloo;
+  for (int round = 0; round < 5; ++round) {
+    t_gloo.push_back(GlooOnce(b, bytes, k, true));
+    const absl::Time start = absl::Now();
+    for (int i = 0; i < k; ++i) once();
+    t_tessel.push_back(absl::ToDoubleSeconds(absl::Now() - start) / k);
   }
+  Check(session->Delete({src}));
+  b.rows.push_back(
+      {"reshard_256mib", "GB/s", bytes / Median(t_tessel) / 1e9, bytes / Median(t_gloo) / 1e9, 0.8,
+       true,
+       "device_put device 0 -> device 1 (2 workers), awaited, vs Gloo send/recv by 2 processes"});
+}
 
-  // 8. Sharded elementwise + sum over 2^26 f32: 2 workers vs 1.
-  if (want("sharded_sum")) {
-    const int64_t n = int64_t{1} << 26;
-    GraphBuilder g("tanh_sum");
-    auto x = g.Parameter({DType::kF32, {n}}, "x");
-    auto y = g.Add(g.Mul(g.Tanh(x), g.Broadcast(g.Scalar(DType::kF32, 2.0), {n})),
-                   g.Broadcast(g.Scalar(DType::kF32, 1.0), {n}));
-    auto graph = Check(g.Build({g.Reduce(y, tessel::ReduceKind::kSum, {0})}));
-    auto one = Check(session->Compile(graph));
-    auto two = Check(session->Compile(graph, {.mesh = pair, .parameter_shardings = {split}}));
-    HostArray hx(ArrayType{DType::kF32, {n}});
-    for (int64_t i = 0; i < n; ++i) hx.as_mutable<float>()[i] = float(i % 1000) * 1e-3f - 0.5f;
-    auto on_one = Check(session->Put(hx, tessel::Placement::Device(0)));
-    auto on_two = Check(session->Put(hx, tessel::Placement::Sharded(pair, split)));
-    hx = HostArray();
-    auto time = [&](const tessel::Executable& exe, const tessel::Array& arg) {
-      auto run = [&] {
-        auto outs = Check(session->Execute(exe, {arg}, {.wait = true}));
-        Check(session->Delete(outs));
-      };
-      run();
-      return TimeIt(7, run);
+// 8. Sharded elementwise + sum over 2^26 f32: 2 workers vs 1.
+void ShardedSum(Bench& b) {
+  tessel::Session* session = b.session.get();
+  const tessel::Mesh pair({{"x", 2}});
+  const tessel::Sharding split = tessel::Sharding::Split({"x"});
+  const int64_t n = int64_t{1} << 26;
+  GraphBuilder g("tanh_sum");
+  auto x = g.Parameter({DType::kF32, {n}}, "x");
+  auto y = g.Add(g.Mul(g.Tanh(x), g.Broadcast(g.Scalar(DType::kF32, 2.0), {n})),
+                 g.Broadcast(g.Scalar(DType::kF32, 1.0), {n}));
+  auto graph = Check(g.Build({g.Reduce(y, tessel::ReduceKind::kSum, {0})}));
+  auto one = Check(session->Compile(graph));
+  auto two = Check(session->Compile(graph, {.mesh = pair, .parameter_shardings = {split}}));
+  HostArray hx(ArrayType{DType::kF32, {n}});
+  for (int64_t i = 0; i < n; ++i) hx.as_mutable<float>()[i] = float(i % 1000) * 1e-3f - 0.5f;
+  auto on_one = Check(session->Put(hx, tessel::Placement::Device(0)));
+  auto on_two = Check(session->Put(hx, tessel::Placement::Sharded(pair, split)));
+  hx = HostArray();
+  auto time = [&](const tessel::Executable& exe, const tessel::Array& arg) {
+    auto run = [&] {
+      auto outs = Check(session->Execute(exe, {arg}, {.wait = true}));
+      Check(session->Delete(outs));
     };
-    const double t_one = time(one, on_one), t_two = time(two, on_two);
-    Check(session->Delete({on_one, on_two}));
-    rows.push_back({"sharded_sum", "GB/s", n * 4 / t_two / 1e9, n * 4 / t_one / 1e9, 1.0, true,
+    run();
+    return TimeIt(7, run);
+  };
+  const double t_one = time(one, on_one), t_two = time(two, on_two);
+  Check(session->Delete({on_one, on_two}));
+  b.rows.push_back({"sharded_sum", "GB/s", n * 4 / t_two / 1e9, n * 4 / t_one / 1e9, 1.0, true,
                     "tanh*2+1 summed over 2^26 f32 split over 2 workers vs whole on 1 (one "
                     "all_reduce of 4 B)"});
-  }
+}
 
-  // while_tiny: a 10,000-iteration loop with a 1-element body run on the
-  // device, per iteration, vs the same step dispatched from here (donated,
-  // pipelined, waited for at the end).
-  if (want("while_tiny")) {
-    const int kIters = 10000;
-    GraphBuilder g("while_tiny");
-    auto x = g.Parameter({DType::kF32, {1}}, "x");
-    auto out = g.While(
-        {g.Scalar(DType::kS32, 0), x},
-        [&](GraphBuilder& f, const std::vector<Value>& c) {
-          return std::vector<Value>{
-              f.Compare(c[0], f.Scalar(DType::kS32, kIters), tessel::Comparison::kLt)};
-        },
-        [](GraphBuilder& f, const std::vector<Value>& c) {
-          auto v = f.Add(f.Mul(c[1], f.Broadcast(f.Scalar(DType::kF32, 0.5), {1})),
-                         f.Broadcast(f.Scalar(DType::kF32, 1), {1}));
-          return std::vector<Value>{f.Add(c[0], f.Scalar(DType::kS32, 1)), v};
-        });
-    auto loop = Check(session->Compile(Check(g.Build({out[1]}))));
-    GraphBuilder h("step_tiny");
-    auto y = h.Parameter({DType::kF32, {1}}, "y");
-    auto step = Check(session->Compile(
-        Check(h.Build({h.Add(h.Mul(y, h.Broadcast(h.Scalar(DType::kF32, 0.5), {1})),
-                             h.Broadcast(h.Scalar(DType::kF32, 1), {1}))})),
-        {.donate = {0}, .strict_donation = true}));
-    auto x0 = Check(session->Put(HostArray::From<float>({1}, {0.f}), tessel::Placement::Device(0)));
-    const tessel::ExecuteOptions on0{.placement = tessel::Placement::Device(0)};
-    auto device_loop = [&] {
-      auto r = Check(session->Execute(loop, {x0}, on0));
-      Check(session->Await(r));
-      Check(session->Delete(r));
-    };
-    auto host_loop = [&](int n) {
-      std::vector<tessel::Array> v{
-          Check(session->Put(HostArray::From<float>({1}, {0.f}), tessel::Placement::Device(0)))};
-      for (int i = 0; i < n; ++i) v = Check(session->Execute(step, v, on0));
-      Check(session->Await(v));
-      Check(session->Delete(v));
-    };
+// while_tiny: a 10,000-iteration loop with a 1-element body run on the
+// device, per iteration, vs the same step dispatched from here (donated,
+// pipelined, waited for at the end).
+void WhileTiny(Bench& b) {
+  tessel::Session* session = b.session.get();
+  const int kIters = 10000;
+  GraphBuilder g("while_tiny");
+  auto x = g.Parameter({DType::kF32, {1}}, "x");
+  auto out = g.While(
+      {g.Scalar(DType::kS32, 0), x},
+      [&](GraphBuilder& f, const std::vector<Value>& c) {
+        return std::vector<Value>{
+            f.Compare(c[0], f.Scalar(DType::kS32, kIters), tessel::Comparison::kLt)};
+      },
+      [](GraphBuilder& f, const std::vector<Value>& c) {
+        auto v = f.Add(f.Mul(c[1], f.Broadcast(f.Scalar(DType::kF32, 0.5), {1})),
+                       f.Broadcast(f.Scalar(DType::kF32, 1), {1}));
+        return std::vector<Value>{f.Add(c[0], f.Scalar(DType::kS32, 1)), v};
+      });
+  auto loop = Check(session->Compile(Check(g.Build({out[1]}))));
+  GraphBuilder h("step_tiny");
+  auto y = h.Parameter({DType::kF32, {1}}, "y");
+  auto step = Check(
+      session->Compile(Check(h.Build({h.Add(h.Mul(y, h.Broadcast(h.Scalar(DType::kF32, 0.5), {1})),
+                                            h.Broadcast(h.Scalar(DType::kF32, 1), {1}))})),
+                       {.donate = {0}, .strict_donation = true}));
+  auto x0 = Check(session->Put(HostArray::From<float>({1}, {0.f}), tessel::Placement::Device(0)));
+  const tessel::ExecuteOptions on0{.placement = tessel::Placement::Device(0)};
+  auto device_loop = [&] {
+    auto r = Check(session->Execute(loop, {x0}, on0));
+    Check(session->Await(r));
+    Check(session->Delete(r));
+  };
+  auto host_loop = [&](int n) {
+    std::vector<tessel::Array> v{
+        Check(session->Put(HostArray::From<float>({1}, {0.f}), tessel::Placement::Device(0)))};
+    for (int i = 0; i < n; ++i) v = Check(session->Execute(step, v, on0));
+    Check(session->Await(v));
+    Check(session->Delete(v));
+  };
+  device_loop();
+  host_loop(100);
+  std::vector<double> t_dev, t_host;
+  for (int round = 0; round < 5; ++round) {
+    absl::Time t = absl::Now();
     device_loop();
-    host_loop(100);
-    std::vector<double> t_dev, t_host;
-    for (int round = 0; round < 5; ++round) {
-      absl::Time t = absl::Now();
-      device_loop();
-      t_dev.push_back(absl::ToDoubleSeconds(absl::Now() - t) / kIters);
-      t = absl::Now();
-      host_loop(kIters / 5);
-      t_host.push_back(absl::ToDoubleSeconds(absl::Now() - t) / (kIters / 5));
-    }
-    Check(session->Delete({x0}));
-    rows.push_back(
-        {"while_tiny", "us/iter", Median(t_dev) * 1e6, Median(t_host) * 1e6, 0.05, false,
-         "10k-iteration on-device while, 1-element body, vs the step dispatched from the client "
-         "(donated, pipelined); python_bench's py_while_tiny compares jax.lax.while_loop"});
+    t_dev.push_back(absl::ToDoubleSeconds(absl::Now() - t) / kIters);
+    t = absl::Now();
+    host_loop(kIters / 5);
+    t_host.push_back(absl::ToDoubleSeconds(absl::Now() - t) / (kIters / 5));
   }
+  Check(session->Delete({x0}));
+  b.rows.push_back(
+      {"while_tiny", "us/iter", Median(t_dev) * 1e6, Median(t_host) * 1e6, 0.05, false,
+       "10k-iteration on-device while, 1-element body, vs the step dispatched from the client "
+       "(donated, pipelined); python_bench's py_while_tiny compares jax.lax.while_loop"});
+}
 
-  // mlp_grad_step: the autodiff step vs the hand-written one, on device 0.
-  if (want("mlp_grad_step")) {
-    const tessel::mlp::Shape shape{
-        .batch = 2048, .in = 128, .hidden = 256, .out = 8, .learning_rate = 0.01f};
-    const tessel::CompileOptions donate{.donate = {0, 1, 2, 3}, .strict_donation = true};
-    auto by_grad = Check(session->Compile(Check(tessel::mlp::TrainStep(shape)), donate));
-    auto by_hand = Check(session->Compile(Check(tessel::mlp::HandWrittenTrainStep(shape)), donate));
-    std::mt19937 rng(3);
-    std::normal_distribution<float> normal(0.f, 1.f);
-    auto random = [&](std::vector<int64_t> dims, float scale) {
-      HostArray a(tessel::mlp::F32(std::move(dims)));
-      for (float& v : a.as_mutable<float>()) v = normal(rng) * scale;
-      return Check(session->Put(a, tessel::Placement::Device(0)));
+// mlp_grad_step: the autodiff step vs the hand-written one, on device 0.
+void MlpGradStep(Bench& b) {
+  tessel::Session* session = b.session.get();
+  const tessel::mlp::Shape shape{
+      .batch = 2048, .in = 128, .hidden = 256, .out = 8, .learning_rate = 0.01f};
+  const tessel::CompileOptions donate{.donate = {0, 1, 2, 3}, .strict_donation = true};
+  auto by_grad = Check(session->Compile(Check(tessel::mlp::TrainStep(shape)), donate));
+  auto by_hand = Check(session->Compile(Check(tessel::mlp::HandWrittenTrainStep(shape)), donate));
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  auto random = [&](std::vector<int64_t> dims, float scale) {
+    HostArray a(tessel::mlp::F32(std::move(dims)));
+    for (float& v : a.as_mutable<float>()) v = normal(rng) * scale;
+    return Check(session->Put(a, tessel::Placement::Device(0)));
+  };
+  auto x = random({shape.batch, shape.in}, 1.f), y = random({shape.batch, shape.out}, 1.f);
+  const tessel::ExecuteOptions on0{.placement = tessel::Placement::Device(0)};
+  auto steps = [&](const tessel::Executable& exe, int n) {
+    std::vector<tessel::Array> p = {
+        random({shape.in, shape.hidden}, 0.1f), random({shape.hidden}, 0.f),
+        random({shape.hidden, shape.out}, 0.1f), random({shape.out}, 0.f)};
+    const absl::Time start = absl::Now();
+    for (int i = 0; i < n; ++i) {
+      std::vector<tessel::Array> args = p;
+      args.push_back(x);
+      args.push_back(y);
+      auto outs = Check(session->Execute(exe, args, on0));
+      Check(session->Delete({outs[0]}));
+      p.assign(outs.begin() + 1, outs.end());
+    }
+    Check(session->Await(p));
+    const double t = absl::ToDoubleSeconds(absl::Now() - start) / n;
+    Check(session->Delete(p));
+    return t;
+  };
+  steps(by_grad, 3);
+  steps(by_hand, 3);
+  std::vector<double> t_grad, t_hand;
+  for (int round = 0; round < 7; ++round) {  // interleaved: the machine's noise hits both
+    t_grad.push_back(steps(by_grad, 20));
+    t_hand.push_back(steps(by_hand, 20));
+  }
+  Check(session->Delete({x, y}));
+  b.rows.push_back(
+      {"mlp_grad_step", "ms/step", Median(t_grad) * 1e3, Median(t_hand) * 1e3, 1.1, false,
+       "SGD step of a 2048x128->256->8 MLP, gradients from ValueAndGrad vs written by hand"});
+}
+
+// 11. Fan-out: one replicated 1-element step over N single-device
+// workers, Execute(wait) p50 and pipelined steps/s, N = 2, 16, 64 (each
+// cluster started for the row; 64 workers share this machine's cores).
+void Fanout(Bench& b) {
+  const tessel::LocalCluster::Options& opts = b.options;
+  std::vector<std::pair<int, std::pair<double, double>>> curve;  // workers -> (p50 s, steps/s)
+  for (int workers : {2, 16, 64}) {
+    tessel::LocalCluster::Options fopts = opts;
+    fopts.workers = workers;
+    fopts.heartbeat_timeout_ms = 10000;  // 64 workers starting at once on 2 cores
+    auto fc = Check(tessel::LocalCluster::Start(fopts));
+    auto fs = Check(tessel::Session::Connect(fc->address()));
+    GraphBuilder g("add1");
+    auto x = g.Parameter({DType::kF32, {1}}, "x");
+    auto exe = Check(fs->Compile(Check(g.Build({g.Add(x, x)}))));
+    const tessel::ExecuteOptions everywhere{.placement = tessel::Placement::Replicated()};
+    auto xa = Check(fs->Put(HostArray::From<float>({1}, {1.f}), tessel::Placement::Replicated()));
+    std::vector<tessel::Array> garbage;
+    auto keep = [&](std::vector<tessel::Array> outs) {
+      garbage.insert(garbage.end(), outs.begin(), outs.end());
+      if (garbage.size() >= 256) {
+        Check(fs->Delete(garbage));
+        garbage.clear();
+      }
     };
-    auto x = random({shape.batch, shape.in}, 1.f), y = random({shape.batch, shape.out}, 1.f);
-    const tessel::ExecuteOptions on0{.placement = tessel::Placement::Device(0)};
-    auto steps = [&](const tessel::Executable& exe, int n) {
-      std::vector<tessel::Array> p = {
-          random({shape.in, shape.hidden}, 0.1f), random({shape.hidden}, 0.f),
-          random({shape.hidden, shape.out}, 0.1f), random({shape.out}, 0.f)};
+    const tessel::ExecuteOptions wait{.placement = tessel::Placement::Replicated(), .wait = true};
+    for (int i = 0; i < 50; ++i) keep(Check(fs->Execute(exe, {xa}, wait)));  // loaded everywhere
+    std::vector<double> calls;
+    for (int i = 0; i < 400; ++i) {
       const absl::Time start = absl::Now();
-      for (int i = 0; i < n; ++i) {
-        std::vector<tessel::Array> args = p;
-        args.push_back(x);
-        args.push_back(y);
-        auto outs = Check(session->Execute(exe, args, on0));
-        Check(session->Delete({outs[0]}));
-        p.assign(outs.begin() + 1, outs.end());
-      }
-      Check(session->Await(p));
-      const double t = absl::ToDoubleSeconds(absl::Now() - start) / n;
-      Check(session->Delete(p));
-      return t;
-    };
-    steps(by_grad, 3);
-    steps(by_hand, 3);
-    std::vector<double> t_grad, t_hand;
-    for (int round = 0; round < 7; ++round) {  // interleaved: the machine's noise hits both
-      t_grad.push_back(steps(by_grad, 20));
-      t_hand.push_back(steps(by_hand, 20));
+      keep(Check(fs->Execute(exe, {xa}, wait)));
+      calls.push_back(absl::ToDoubleSeconds(absl::Now() - start));
     }
-    Check(session->Delete({x, y}));
-    rows.push_back(
-        {"mlp_grad_step", "ms/step", Median(t_grad) * 1e3, Median(t_hand) * 1e3, 1.1, false,
-         "SGD step of a 2048x128->256->8 MLP, gradients from ValueAndGrad vs written by hand"});
+    const int k = 1000;
+    const absl::Time start = absl::Now();
+    std::vector<tessel::Array> last;
+    for (int i = 0; i < k; ++i) {
+      last = Check(fs->Execute(exe, {xa}, everywhere));
+      keep(last);
+    }
+    Check(fs->Await(last));
+    const double rate = k / absl::ToDoubleSeconds(absl::Now() - start);
+    Check(fs->Delete(garbage));
+    curve.push_back({workers, {Median(calls), rate}});
+    std::fprintf(stderr, "fanout: %d workers: Execute(wait) p50 %.0f us, pipelined %.0f steps/s\n",
+                 workers, Median(calls) * 1e6, rate);
   }
-
-  // 11. Fan-out: one replicated 1-element step over N single-device
-  // workers, Execute(wait) p50 and pipelined steps/s, N = 2, 16, 64 (each
-  // cluster started for the row; 64 workers share this machine's cores).
-  if (want("fanout")) {
-    std::vector<std::pair<int, std::pair<double, double>>> curve;  // workers -> (p50 s, steps/s)
-    for (int workers : {2, 16, 64}) {
-      tessel::LocalCluster::Options fopts = opts;
-      fopts.workers = workers;
-      fopts.heartbeat_timeout_ms = 10000;  // 64 workers starting at once on 2 cores
-      auto fc = Check(tessel::LocalCluster::Start(fopts));
-      auto fs = Check(tessel::Session::Connect(fc->address()));
-      GraphBuilder g("add1");
-      auto x = g.Parameter({DType::kF32, {1}}, "x");
-      auto exe = Check(fs->Compile(Check(g.Build({g.Add(x, x)}))));
-      const tessel::ExecuteOptions everywhere{.placement = tessel::Placement::Replicated()};
-      auto xa = Check(fs->Put(HostArray::From<float>({1}, {1.f}), tessel::Placement::Replicated()));
-      std::vector<tessel::Array> garbage;
-      auto keep = [&](std::vector<tessel::Array> outs) {
-        garbage.insert(garbage.end(), outs.begin(), outs.end());
-        if (garbage.size() >= 256) {
-          Check(fs->Delete(garbage));
-          garbage.clear();
-        }
-      };
-      const tessel::ExecuteOptions wait{.placement = tessel::Placement::Replicated(), .wait = true};
-      for (int i = 0; i < 50; ++i) keep(Check(fs->Execute(exe, {xa}, wait)));  // loaded everywhere
-      std::vector<double> calls;
-      for (int i = 0; i < 400; ++i) {
-        const absl::Time start = absl::Now();
-        keep(Check(fs->Execute(exe, {xa}, wait)));
-        calls.push_back(absl::ToDoubleSeconds(absl::Now() - start));
-      }
-      const int k = 1000;
-      const absl::Time start = absl::Now();
-      std::vector<tessel::Array> last;
-      for (int i = 0; i < k; ++i) {
-        last = Check(fs->Execute(exe, {xa}, everywhere));
-        keep(last);
-      }
-      Check(fs->Await(last));
-      const double rate = k / absl::ToDoubleSeconds(absl::Now() - start);
-      Check(fs->Delete(garbage));
-      curve.push_back({workers, {Median(calls), rate}});
-      std::fprintf(stderr,
-                   "fanout: %d workers: Execute(wait) p50 %.0f us, pipelined %.0f steps/s\n",
-                   workers, Median(calls) * 1e6, rate);
-    }
-    const double p50_2 = curve[0].second.first;
-    for (size_t i = 1; i < curve.size(); ++i) {
-      rows.push_back(
-          {absl::StrCat("fanout_", curve[i].first, "w"), "us", curve[i].second.first * 1e6,
-           p50_2 * 1e6, 5.0, false,
-           absl::StrCat("replicated 1-element step over ", curve[i].first,
-                        " single-device workers, Execute(wait) p50, vs 2 workers; pipelined ",
-                        int(curve[i].second.second),
-                        " steps/s (2 workers: ", int(curve[0].second.second), ")")});
-    }
+  const double p50_2 = curve[0].second.first;
+  for (size_t i = 1; i < curve.size(); ++i) {
+    b.rows.push_back(
+        {absl::StrCat("fanout_", curve[i].first, "w"), "us", curve[i].second.first * 1e6,
+         p50_2 * 1e6, 5.0, false,
+         absl::StrCat("replicated 1-element step over ", curve[i].first,
+                      " single-device workers, Execute(wait) p50, vs 2 workers; pipelined ",
+                      int(curve[i].second.second),
+                      " steps/s (2 workers: ", int(curve[0].second.second), ")")});
   }
+}
 
-  // 10. A secured cluster beside the plaintext one.
-  if (want("exec_roundtrip_tls") || want("fetch_256mib_tls") || want("load_8x2000_tls") ||
-      want("grpc_load_tls")) {
-    const std::string pki = dir + "/pki";
-    if (!MakeTestPki(pki)) {
-      std::fprintf(
-          stderr,
-          "tessel-bench: the openssl command could not make test certificates; TLS rows skipped\n");
-    } else {
-      const std::vector<std::string> tls = {
-          "--tls_cert=" + pki + "/d.pem", "--tls_key=" + pki + "/d.key",
-          "--tls_ca=" + pki + "/ca.pem", "--join_token_file=" + pki + "/join"};
-      tessel::LocalCluster::Options sopts = opts;
-      sopts.coordinator_flags = tls;
-      sopts.coordinator_flags.push_back("--auth_tokens_file=" + pki + "/tokens");
-      sopts.worker_flags = tls;
-      sopts.token = "bench-token";
-      sopts.tls_ca_file = pki + "/ca.pem";
-      auto secured = Check(tessel::LocalCluster::Start(sopts));
-      tessel::ConnectOptions sconnect;
-      sconnect.token = "bench-token";
-      sconnect.tls_ca_file = pki + "/ca.pem";
-      // The workers' port takes only certified clients: direct fetches
-      // present the client's certificate.
-      sconnect.tls_cert_file = pki + "/d.pem";
-      sconnect.tls_key_file = pki + "/d.key";
-      auto ssession = Check(tessel::Session::Connect(secured->address(), sconnect));
-      if (want("exec_roundtrip_tls")) {
-        const double t_plain = ExecSeconds(*session, 2000), t_tls = ExecSeconds(*ssession, 2000);
-        rows.push_back({"exec_roundtrip_tls", "us", t_tls * 1e6, t_plain * 1e6, 1.1, false,
+// 10. A secured cluster beside the plaintext one.
+void Secured(Bench& b) {
+  tessel::Session* session = b.session.get();
+  tessel::LocalCluster* cluster = b.cluster.get();
+  const int bport = b.baseline_port;
+  const std::string& dir = b.dir;
+  const tessel::LocalCluster::Options& opts = b.options;
+  auto want = [&](const char* name) { return b.want(name); };
+  const std::string pki = dir + "/pki";
+  if (!MakeTestPki(pki)) {
+    std::fprintf(
+        stderr,
+        "tessel-bench: the openssl command could not make test certificates; TLS rows skipped\n");
+  } else {
+    const std::vector<std::string> tls = {
+        "--tls_cert=" + pki + "/d.pem", "--tls_key=" + pki + "/d.key",
+        "--tls_ca=" + pki + "/ca.pem", "--join_token_file=" + pki + "/join"};
+    tessel::LocalCluster::Options sopts = opts;
+    sopts.coordinator_flags = tls;
+    sopts.coordinator_flags.push_back("--auth_tokens_file=" + pki + "/tokens");
+    sopts.worker_flags = tls;
+    sopts.token = "bench-token";
+    sopts.tls_ca_file = pki + "/ca.pem";
+    auto secured = Check(tessel::LocalCluster::Start(sopts));
+    tessel::ConnectOptions sconnect;
+    sconnect.token = "bench-token";
+    sconnect.tls_ca_file = pki + "/ca.pem";
+    // The workers' port takes only certified clients: direct fetches
+    // present the client's certificate.
+    sconnect.tls_cert_file = pki + "/d.pem";
+    sconnect.tls_key_file = pki + "/d.key";
+    auto ssession = Check(tessel::Session::Connect(secured->address(), sconnect));
+    if (want("exec_roundtrip_tls")) {
+      const double t_plain = ExecSeconds(*session, 2000), t_tls = ExecSeconds(*ssession, 2000);
+      b.rows.push_back({"exec_roundtrip_tls", "us", t_tls * 1e6, t_plain * 1e6, 1.1, false,
                         "Execute(wait) of a 1-element add: TLS + token vs plaintext"});
-      }
-      if (want("fetch_256mib_tls")) {
-        HostArray big(ArrayType{DType::kF32, {kFetchBytes / 4}});
-        std::memset(big.mutable_data(), 1, big.size_bytes());
-        auto plain = Check(session->Put(big));
-        auto sec = Check(ssession->Put(big));
-        big = HostArray();
-        const double t_plain = TimeIt(3, [&] { (void)Check(session->Fetch(plain)); });
-        const double t_tls = TimeIt(3, [&] { (void)Check(ssession->Fetch(sec)); });
-        Check(session->Delete({plain}));
-        Check(ssession->Delete({sec}));
-        rows.push_back({"fetch_256mib_tls", "GB/s", kFetchBytes / t_tls / 1e9,
+    }
+    if (want("fetch_256mib_tls")) {
+      HostArray big(ArrayType{DType::kF32, {kFetchBytes / 4}});
+      std::memset(big.mutable_data(), 1, big.size_bytes());
+      auto plain = Check(session->Put(big));
+      auto sec = Check(ssession->Put(big));
+      big = HostArray();
+      const double t_plain = TimeIt(3, [&] { (void)Check(session->Fetch(plain)); });
+      const double t_tls = TimeIt(3, [&] { (void)Check(ssession->Fetch(sec)); });
+      Check(session->Delete({plain}));
+      Check(ssession->Delete({sec}));
+      b.rows.push_back({"fetch_256mib_tls", "GB/s", kFetchBytes / t_tls / 1e9,
                         kFetchBytes / t_plain / 1e9, 0.5, true,
                         "Fetch of 256 MiB from the workers: TLS vs plaintext"});
+    }
+    if (want("load_8x2000_tls")) {
+      // Alternating rounds, the median of each side: the machine's noise
+      // falls on both.
+      std::vector<double> plain_runs, sec_runs;
+      for (int round = 0; round < 3; ++round) {
+        plain_runs.push_back(
+            LoadStepsPerSecond(cluster->address(), tessel::ConnectOptions(), 8, 2000));
+        sec_runs.push_back(LoadStepsPerSecond(secured->address(), sconnect, 8, 2000));
       }
-      if (want("load_8x2000_tls")) {
-        // Alternating rounds, the median of each side: the machine's noise
-        // falls on both.
+      const double plain = Median(plain_runs), sec = Median(sec_runs);
+      b.rows.push_back({"load_8x2000_tls", "steps/s", sec, plain, 0.9, true,
+                        "8 clients x 2,000 Execute(wait) steps: TLS + token vs plaintext"});
+    }
+    if (want("grpc_load_tls")) {
+      // The transport's own ratio under the same load: what TLS costs gRPC
+      // here before Tessel does anything.
+      pid_t tls_pid;
+      const int tls_port = StartBaseline(dir + "/baseline-tls.port", pki, &tls_pid);
+      if (tls_port != 0) {
+        tessel::TlsFiles client_tls = BenchTls(pki);
+        const auto plain_creds = grpc::InsecureChannelCredentials();
+        const auto tls_creds = tessel::ChannelCredentials(client_tls);
         std::vector<double> plain_runs, sec_runs;
         for (int round = 0; round < 3; ++round) {
-          plain_runs.push_back(
-              LoadStepsPerSecond(cluster->address(), tessel::ConnectOptions(), 8, 2000));
-          sec_runs.push_back(LoadStepsPerSecond(secured->address(), sconnect, 8, 2000));
+          plain_runs.push_back(BarePairsPerSecond(bport, plain_creds, 8, 2000));
+          sec_runs.push_back(BarePairsPerSecond(tls_port, tls_creds, 8, 2000));
         }
-        const double plain = Median(plain_runs), sec = Median(sec_runs);
-        rows.push_back({"load_8x2000_tls", "steps/s", sec, plain, 0.9, true,
-                        "8 clients x 2,000 Execute(wait) steps: TLS + token vs plaintext"});
-      }
-      if (want("grpc_load_tls")) {
-        // The transport's own ratio under the same load: what TLS costs gRPC
-        // here before Tessel does anything.
-        pid_t tls_pid;
-        const int tls_port = StartBaseline(dir + "/baseline-tls.port", pki, &tls_pid);
-        if (tls_port != 0) {
-          tessel::TlsFiles client_tls = BenchTls(pki);
-          const auto plain_creds = grpc::InsecureChannelCredentials();
-          const auto tls_creds = tessel::ChannelCredentials(client_tls);
-          std::vector<double> plain_runs, sec_runs;
-          for (int round = 0; round < 3; ++round) {
-            plain_runs.push_back(BarePairsPerSecond(bport, plain_creds, 8, 2000));
-            sec_runs.push_back(BarePairsPerSecond(tls_port, tls_creds, 8, 2000));
-          }
-          kill(tls_pid, SIGTERM);
-          waitpid(tls_pid, nullptr, 0);
-          rows.push_back(
-              {"grpc_load_tls", "pairs/s", Median(sec_runs), Median(plain_runs), 0.9, true,
-               "8 threads x 2,000 pairs of bare gRPC unary calls: mutual TLS vs plaintext"});
-        }
+        kill(tls_pid, SIGTERM);
+        waitpid(tls_pid, nullptr, 0);
+        b.rows.push_back(
+            {"grpc_load_tls", "pairs/s", Median(sec_runs), Median(plain_runs), 0.9, true,
+             "8 threads x 2,000 pairs of bare gRPC unary calls: mutual TLS vs plaintext"});
       }
     }
   }
+}
 
-  cluster.reset();
-  kill(baseline_pid, SIGTERM);
-  waitpid(baseline_pid, nullptr, 0);
-  std::filesystem::remove_all(dir);
+// The entries: the rows each reports, and the function that measures them.
+// An entry runs when any of its rows is asked for.
+struct Entry {
+  std::vector<std::string> rows;
+  void (*run)(Bench&);
+};
 
+const Entry kEntries[] = {
+    {{"exec_roundtrip"}, ExecRoundtrip},
+    {{"fetch_256mib"}, Fetch256},
+    {{"put_256mib"}, Put256},
+    {{"fused_chain"}, FusedChain},
+    {{"dot_2048"}, Dot2048},
+    {{"seed_loop_steps", "seed_loop_2w", "loop_peak_256mib"}, SeedLoop},
+    {{"all_reduce_1mib", "all_reduce_16mib", "all_reduce_256mib"}, AllReduce},
+    {{"reshard_256mib"}, Reshard},
+    {{"sharded_sum"}, ShardedSum},
+    {{"while_tiny"}, WhileTiny},
+    {{"mlp_grad_step"}, MlpGradStep},
+    {{"fanout_16w", "fanout_64w"}, Fanout},
+    {{"exec_roundtrip_tls", "fetch_256mib_tls", "load_8x2000_tls", "grpc_load_tls"}, Secured},
+};
+
+void Print(const std::vector<Row>& rows, bool json) {
   if (json) {
     std::printf("{");
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       std::printf(
           "%s\n  \"%s\": {\"value\": %.4g, \"baseline\": %.4g, \"ratio\": %.3f, \"goal\": "
-          "\"%s%.2f\", "
-          "\"unit\": \"%s\", \"met\": %s}",
+          "\"%s%.2f\", \"unit\": \"%s\", \"met\": %s}",
           i ? "," : "", r.name.c_str(), r.value, r.baseline, r.ratio(),
           r.higher_is_better ? ">=" : "<=", r.goal, r.unit.c_str(), r.met() ? "true" : "false");
     }
     std::printf("\n}\n");
-  } else {
-    std::printf("%-16s %12s %12s %-8s %7s %8s  %s\n", "benchmark", "tessel", "baseline", "unit",
-                "ratio", "goal", "what");
-    for (const Row& r : rows) {
-      std::printf("%-16s %12.2f %12.2f %-8s %7.2f %3s%4.2f%s  %s\n", r.name.c_str(), r.value,
-                  r.baseline, r.unit.c_str(), r.ratio(), r.higher_is_better ? ">=" : "<=", r.goal,
-                  r.met() ? " " : "!", r.note.c_str());
+    return;
+  }
+  std::printf("%-16s %12s %12s %-8s %7s %8s  %s\n", "benchmark", "tessel", "baseline", "unit",
+              "ratio", "goal", "what");
+  for (const Row& r : rows) {
+    std::printf("%-16s %12.2f %12.2f %-8s %7.2f %3s%4.2f%s  %s\n", r.name.c_str(), r.value,
+                r.baseline, r.unit.c_str(), r.ratio(), r.higher_is_better ? ">=" : "<=", r.goal,
+                r.met() ? " " : "!", r.note.c_str());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool json = false, list = false;
+  std::string only;  // run the benchmarks whose name contains this
+  std::string serve_baseline, baseline_tls;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--only=", 0) == 0) only = a.substr(7);
+    if (a.rfind("--serve-baseline=", 0) == 0) serve_baseline = a.substr(17);
+    if (a.rfind("--baseline-tls=", 0) == 0) baseline_tls = a.substr(15);
+    if (a == "--json") json = true;
+    if (a == "--list") list = true;
+    if (a == "--help" || a == "-h") {
+      std::printf(
+          "tessel-bench [--json] [--only=SUBSTR] [--list]: runs Tessel beside its baselines on a "
+          "local cluster\nand prints ratios. --only runs the benchmarks whose name contains "
+          "SUBSTR; --list names them.\n");
+      return 0;
     }
   }
+  if (list) {
+    for (const Entry& e : kEntries) {
+      for (const std::string& row : e.rows) std::printf("%s\n", row.c_str());
+    }
+    return 0;
+  }
+  if (!serve_baseline.empty()) return ServeBaseline(serve_baseline, baseline_tls);
+  tessel::TuneAllocatorForStreaming();
+  tessel::SkipMutexCycleDetection();
+
+  Bench b;
+  char tmpl[] = "/tmp/tessel-bench-XXXXXX";
+  b.dir = mkdtemp(tmpl);
+  b.self = std::filesystem::read_symlink("/proc/self/exe").string();
+  pid_t baseline_pid;
+  b.baseline_port = StartBaseline(b.dir + "/baseline.port", "", &baseline_pid);
+  if (b.baseline_port == 0) return 1;
+  grpc::ChannelArguments cargs;
+  cargs.SetMaxReceiveMessageSize(64 << 20);
+  b.baseline = tessel::v1::Worker::NewStub(grpc::CreateCustomChannel(
+      absl::StrCat("127.0.0.1:", b.baseline_port), grpc::InsecureChannelCredentials(), cargs));
+  b.options.workers = 2;
+  b.options.devices_per_worker = 1;
+  b.cluster = Check(tessel::LocalCluster::Start(b.options));
+  b.session = Check(tessel::Session::Connect(b.cluster->address()));
+  b.want = [&](const std::string& name) {
+    return only.empty() || name.find(only) != std::string::npos;
+  };
+
+  for (const Entry& e : kEntries) {
+    if (std::any_of(e.rows.begin(), e.rows.end(), b.want)) e.run(b);
+  }
+
+  b.session.reset();
+  b.cluster.reset();
+  kill(baseline_pid, SIGTERM);
+  waitpid(baseline_pid, nullptr, 0);
+  std::filesystem::remove_all(b.dir);
+  Print(b.rows, json);
   return 0;
 }

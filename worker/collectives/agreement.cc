@@ -61,15 +61,16 @@ absl::Status JudgeHeaders(const CollectiveId& id, absl::Span<const CallHeader> h
   }
   for (const CallHeader& h : headers) {
     if (h.code != 0) {
-      const size_t len = std::clamp<size_t>(size_t(std::max(h.message_len, 0)), 0, sizeof(h.message));
+      const size_t len =
+          std::clamp<size_t>(size_t(std::max(h.message_len, 0)), 0, sizeof(h.message));
       return absl::AbortedError(std::string(h.message, len));
     }
   }
   for (size_t i = 1; i < headers.size(); ++i) {
     if (!SameArguments(headers[0], headers[i])) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": the ranks disagree on the call: ", name(0), " calls ", DescribeHeader(headers[0]),
-          ", ", name(int(i)), " calls ", DescribeHeader(headers[i])));
+          what, ": the ranks disagree on the call: ", name(0), " calls ",
+          DescribeHeader(headers[0]), ", ", name(int(i)), " calls ", DescribeHeader(headers[i])));
     }
   }
   return absl::OkStatus();

@@ -30,12 +30,14 @@ TEST(CallAgreement, TheSameCallEverywhereRuns) {
 }
 
 TEST(CallAgreement, DifferentArgumentsFailNamingTheFirstParticipantAndTheOneThatDiffers) {
-  const CallHeader a = MakeHeader(
-      kId, CollectiveCall{CollectiveKind::kAllReduce, 4, v1::F32, ReduceOp::kSum}, absl::OkStatus());
+  const CallHeader a =
+      MakeHeader(kId, CollectiveCall{CollectiveKind::kAllReduce, 4, v1::F32, ReduceOp::kSum},
+                 absl::OkStatus());
   const CallHeader b =
       MakeHeader(kId, CollectiveCall{CollectiveKind::kAllGather, 4, v1::F32}, absl::OkStatus());
-  const CallHeader max = MakeHeader(
-      kId, CollectiveCall{CollectiveKind::kAllReduce, 4, v1::F32, ReduceOp::kMax}, absl::OkStatus());
+  const CallHeader max =
+      MakeHeader(kId, CollectiveCall{CollectiveKind::kAllReduce, 4, v1::F32, ReduceOp::kMax},
+                 absl::OkStatus());
   const absl::Status s = Judge({a, a, b});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(),
@@ -59,9 +61,9 @@ TEST(CallAgreement, PermutesWithOtherPairsDisagree) {
   EXPECT_FALSE(SameCall(c1, c2));
   EXPECT_TRUE(SameCall(c1, c1));
   EXPECT_NE(PairsDigest(c1), PairsDigest(c2));
-  EXPECT_EQ(Judge({MakeHeader(kId, c1, absl::OkStatus()), MakeHeader(kId, c2, absl::OkStatus())})
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      Judge({MakeHeader(kId, c1, absl::OkStatus()), MakeHeader(kId, c2, absl::OkStatus())}).code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CallAgreement, AParticipantThatCannotTakePartFailsTheCallWithItsReason) {
@@ -75,8 +77,7 @@ TEST(CallAgreement, AParticipantThatCannotTakePartFailsTheCallWithItsReason) {
   EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
   EXPECT_EQ(s.message(), "device 3 did not reach this collective: out of memory");
   // A long reason is cut to the header's room, never overrun.
-  const CallHeader long_reason =
-      MakeHeader(kId, c, absl::AbortedError(std::string(1000, 'x')));
+  const CallHeader long_reason = MakeHeader(kId, c, absl::AbortedError(std::string(1000, 'x')));
   EXPECT_EQ(Judge({long_reason}).message(), std::string(sizeof(CallHeader::message), 'x'));
 }
 

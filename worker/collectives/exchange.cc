@@ -67,9 +67,9 @@ void GlooExchange::ClosingOutboundOnFailure(F&& f) {
 absl::Status GlooExchange::Connect(const CollectiveCall& c) {
   if (gloo_ != nullptr) return absl::OkStatus();
   if (endpoint_ == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(l_.Describe(c), ": the group spans workers [",
-                     absl::StrJoin(l_.workers, ", "), "] but this worker has no rendezvous store"));
+    return absl::FailedPreconditionError(absl::StrCat(l_.Describe(c), ": the group spans workers [",
+                                                      absl::StrJoin(l_.workers, ", "),
+                                                      "] but this worker has no rendezvous store"));
   }
   // A worker that gave up on this group (its epoch) said so in the store:
   // connecting now would wait out the timeout for a peer that has left.
@@ -315,9 +315,8 @@ absl::Status GlooExchange::AllGather(const CollectiveCall& c, char* dst) {
   const uint32_t tag = next_tag_++;
   return CatchGloo(l_.Describe(c), [&] {
     gloo::AllgathervOptions opts(gloo_);
-    WithElementType(DTypeSize(c.dtype), [&](auto t) {
-      opts.setOutput(reinterpret_cast<decltype(t)*>(dst), elements);
-    });
+    WithElementType(DTypeSize(c.dtype),
+                    [&](auto t) { opts.setOutput(reinterpret_cast<decltype(t)*>(dst), elements); });
     opts.setTag(tag);
     opts.setTimeout(GlooTimeout());
     gloo::allgatherv(opts);

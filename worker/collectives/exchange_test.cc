@@ -79,8 +79,8 @@ TEST(GlooExchange, AllGatherAndPermuteMoveEachWorkersBlock) {
     const CollectiveCall permute{CollectiveKind::kPermute, 2, v1::F32, ReduceOp::kSum, &pairs};
     std::vector<float> in = {float(w), float(10 * w)}, out(2, -1);
     const int to = (w + 1) % 3, from = (w + 2) % 3;
-    ASSERT_TRUE(x.Permute(permute, {{size_t(w), to, in.data()}}, {{size_t(from), from, out.data()}})
-                    .ok());
+    ASSERT_TRUE(
+        x.Permute(permute, {{size_t(w), to, in.data()}}, {{size_t(from), from, out.data()}}).ok());
     EXPECT_EQ(out, (std::vector<float>{float(from), float(10 * from)}));
   });
 }

@@ -5,8 +5,8 @@
 
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/store.h>
-#include <gloo/transport/tcp/attr.h>
 #include <gloo/transport/device.h>
+#include <gloo/transport/tcp/attr.h>
 
 #include <chrono>
 #include <exception>
@@ -27,8 +27,7 @@ namespace tessel::worker {
 // are DEADLINE_EXCEEDED; IO errors and peers gone (`gloo_error`: a
 // gloo::Exception) are UNAVAILABLE; anything else is INTERNAL. The message
 // is "<context>: <what>".
-absl::Status FromGlooException(const std::exception& e, bool gloo_error,
-                               absl::string_view context);
+absl::Status FromGlooException(const std::exception& e, bool gloo_error, absl::string_view context);
 
 // Runs `f`, which calls Gloo, and returns what it threw as a status.
 template <typename F>

@@ -53,7 +53,8 @@ TEST(GlooPlumbing, AJoiningWaitNeverOutlastsItsOwnTimeout) {
   WatchfulStore store(inner, "g/abandoned", std::chrono::milliseconds(300));
   const absl::Time start = absl::Now();
   // The caller asks for a minute; the join's timeout wins.
-  const absl::Status s = CatchGloo("join", [&] { store.wait({"g/never"}, std::chrono::minutes(1)); });
+  const absl::Status s =
+      CatchGloo("join", [&] { store.wait({"g/never"}, std::chrono::minutes(1)); });
   EXPECT_FALSE(s.ok());
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }

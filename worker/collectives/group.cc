@@ -67,12 +67,11 @@ absl::Status GroupCommunicator::AllToAll(int rank, const CollectiveId& id, const
   return Collective(rank, id, Slot{{CollectiveKind::kAllToAll, count, dtype}, in, out});
 }
 
-absl::Status GroupCommunicator::Permute(int rank, const CollectiveId& id, const void* in,
-                                        void* out, int64_t count, v1::DType dtype,
+absl::Status GroupCommunicator::Permute(int rank, const CollectiveId& id, const void* in, void* out,
+                                        int64_t count, v1::DType dtype,
                                         const std::vector<std::pair<int, int>>& pairs) {
   return Collective(
-      rank, id,
-      Slot{{CollectiveKind::kPermute, count, dtype, ReduceOp::kSum, &pairs}, in, out});
+      rank, id, Slot{{CollectiveKind::kPermute, count, dtype, ReduceOp::kSum, &pairs}, in, out});
 }
 
 absl::Status GroupCommunicator::Abandon(int rank, const CollectiveId& id,
@@ -86,9 +85,9 @@ absl::Status GroupCommunicator::Validate(int rank, const CollectiveCall& call, c
                                          void* out) const {
   const std::string what = l_.Describe(call);
   if (rank < 0 || rank >= l_.size() || l_.local_index[rank] < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": rank ", rank, " is not held by worker '", l_.workers[l_.self_worker],
-        "' (local ranks: [", absl::StrJoin(l_.local_ranks, ", "), "])"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": rank ", rank, " is not held by worker '", l_.workers[l_.self_worker],
+                     "' (local ranks: [", absl::StrJoin(l_.local_ranks, ", "), "])"));
   }
   if (call.kind == CollectiveKind::kAbandoned) return absl::OkStatus();
   const int esize = DTypeSize(call.dtype);
@@ -119,8 +118,8 @@ absl::Status GroupCommunicator::Validate(int rank, const CollectiveCall& call, c
     std::vector<bool> targeted(l_.size());
     for (const auto& [s, t] : *call.pairs) {
       if (s < 0 || s >= l_.size() || t < 0 || t >= l_.size()) {
-        return absl::InvalidArgumentError(absl::StrCat(what, ": pair (", s, ", ", t,
-                                                       ") is outside ranks 0..", l_.size() - 1));
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": pair (", s, ", ", t, ") is outside ranks 0..", l_.size() - 1));
       }
       if (targeted[t]) {
         return absl::InvalidArgumentError(absl::StrCat(what, ": rank ", t, " is targeted twice"));
@@ -139,9 +138,9 @@ absl::Status GroupCommunicator::Collective(int rank, const CollectiveId& id, Slo
   {
     absl::MutexLock lock(&mu_);
     if (!broken_.ok()) {
-      return Broken(absl::Status(
-          broken_.code(), absl::StrCat(what, "group '", l_.key, "' broke at an earlier collective (",
-                                       broken_.message(), ")")));
+      return Broken(absl::Status(broken_.code(), absl::StrCat(what, "group '", l_.key,
+                                                              "' broke at an earlier collective (",
+                                                              broken_.message(), ")")));
     }
   }
   const CollectiveCall call = slot.call;
@@ -161,8 +160,7 @@ absl::Status GroupCommunicator::Collective(int rank, const CollectiveId& id, Slo
   auto timed_out = [&](const std::vector<int>& missing_local, const Slot& arrived) {
     std::vector<int> missing;
     for (int i : missing_local) missing.push_back(l_.local_ranks[i]);
-    const CollectiveCall& c =
-        arrived.call.kind != CollectiveKind::kAbandoned ? arrived.call : call;
+    const CollectiveCall& c = arrived.call.kind != CollectiveKind::kAbandoned ? arrived.call : call;
     absl::Status s = absl::DeadlineExceededError(
         absl::StrCat(what, l_.Describe(c), ": ", l_.RankNames(missing), " did not arrive within ",
                      absl::FormatDuration(timeout_)));
@@ -193,9 +191,9 @@ absl::Status GroupCommunicator::LocalFailure(Slots slots) const {
   const CollectiveCall c = RoundCall(slots);
   for (int i = 0; i < int(slots.size()); ++i) {
     if (!slots[i].abandoned.ok()) {
-      return absl::AbortedError(absl::StrCat(l_.RankName(l_.local_ranks[i]),
-                                             " did not reach this collective: its step failed: ",
-                                             slots[i].abandoned.ToString()));
+      return absl::AbortedError(absl::StrCat(
+          l_.RankName(l_.local_ranks[i]),
+          " did not reach this collective: its step failed: ", slots[i].abandoned.ToString()));
     }
   }
   for (int i = 0; i < int(slots.size()); ++i) {
@@ -237,8 +235,7 @@ absl::Status GroupCommunicator::AgreeAndRun(const CollectiveId& id, Slots slots,
   GlooExchange::Headers x;
   TESSEL_RETURN_IF_ERROR(exchange_.PostHeaders(MakeHeader(id, c, local_failure), c, x));
   auto judge = [&] {
-    return JudgeHeaders(id, x.all, l_.Describe(c),
-                        [&](int w) { return l_.WorkerDevices(w); });
+    return JudgeHeaders(id, x.all, l_.Describe(c), [&](int w) { return l_.WorkerDevices(w); });
   };
   if (Overlaps(c, local_failure)) {
     // An all_reduce this worker can take part in moves its data while the
@@ -253,8 +250,9 @@ absl::Status GroupCommunicator::AgreeAndRun(const CollectiveId& id, Slots slots,
       // code says so). Headers that disagree say why it failed.
       absl::Status verdict = heard.ok() ? judge() : absl::OkStatus();
       if (verdict.ok()) return data;
-      return absl::Status(data.code(), absl::StrCat(verdict.message(),
-                                                    "; the data exchange failed: ", data.message()));
+      return absl::Status(
+          data.code(),
+          absl::StrCat(verdict.message(), "; the data exchange failed: ", data.message()));
     }
     TESSEL_RETURN_IF_ERROR(heard);
     return judge();
@@ -322,8 +320,8 @@ absl::Status GroupCommunicator::RunAllReduce(Slots slots, const CollectiveCall& 
 // buffer, else scratch is, and each local rank reorders from it.
 absl::Status GroupCommunicator::RunAllGather(Slots slots, const CollectiveCall& c) {
   const size_t block = size_t(c.count) * DTypeSize(c.dtype);
-  char* dst = l_.worker_major ? static_cast<char*>(slots[0].out)
-                              : exchange_.Scratch(0, block * l_.size());
+  char* dst =
+      l_.worker_major ? static_cast<char*>(slots[0].out) : exchange_.Scratch(0, block * l_.size());
   for (int i = 0; i < l_.num_local(); ++i) {
     char* to = dst + size_t(l_.grouped_pos[l_.local_ranks[i]]) * block;
     if (to != slots[i].in) std::memcpy(to, slots[i].in, block);

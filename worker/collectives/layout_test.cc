@@ -25,8 +25,9 @@ TEST(GroupLayout, InterleavedWorkersListBlocksWorkerByWorker) {
   EXPECT_EQ(l->RankName(2), "device 12");
   EXPECT_EQ(l->WorkerDevices(0), "worker 'a' (device 10, device 12)");
   std::vector<std::pair<int, int>> pairs = {{0, 1}, {1, 0}};
-  EXPECT_EQ(l->Describe(CollectiveCall{CollectiveKind::kPermute, 8, v1::S32, ReduceOp::kSum, &pairs}),
-            "group 'g' collective_permute(s32[8], 2 pairs)");
+  EXPECT_EQ(
+      l->Describe(CollectiveCall{CollectiveKind::kPermute, 8, v1::S32, ReduceOp::kSum, &pairs}),
+      "group 'g' collective_permute(s32[8], 2 pairs)");
 }
 
 TEST(GroupLayout, ContiguousWorkersAreWorkerMajorAndRanksWithoutDevicesAreNamedAsRanks) {
@@ -43,8 +44,9 @@ TEST(GroupLayout, ContiguousWorkersAreWorkerMajorAndRanksWithoutDevicesAreNamedA
 TEST(GroupLayout, AWorkerWithoutRanksAnEmptyKeyAndNoRanksAreRefused) {
   auto none = MakeLayout(GroupSpec{"g", {"a", "b"}}, "c");
   EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(none.status().message().find("worker 'c' holds none of its ranks (rank workers: [a, b])"),
-            std::string::npos)
+  EXPECT_NE(
+      none.status().message().find("worker 'c' holds none of its ranks (rank workers: [a, b])"),
+      std::string::npos)
       << none.status();
   EXPECT_EQ(MakeLayout(GroupSpec{"", {"a"}}, "a").status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -59,7 +61,7 @@ TEST(EpochKeys, DevicesIncarnationAndEpochAreReadAndOtherKeysAreNotEpochKeys) {
   EXPECT_EQ(k.incarnation, "ab12");
   EXPECT_EQ(k.epoch, 7);
   EXPECT_FALSE(ParseEpochKey("across").valid);
-  EXPECT_FALSE(ParseEpochKey("a.b@c").valid);      // the dot comes before the '@'
+  EXPECT_FALSE(ParseEpochKey("a.b@c").valid);        // the dot comes before the '@'
   EXPECT_FALSE(ParseEpochKey("d@inc.seven").valid);  // not a number
 }
 

@@ -118,5 +118,4 @@ ReduceFn GetReduceFn(v1::DType dtype, ReduceOp op) {
   }
 }
 
-
 }  // namespace tessel::worker

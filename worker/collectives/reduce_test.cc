@@ -40,8 +40,8 @@ void ExpectIntegers(v1::DType dtype) {
     std::vector<T> out(a.size());
     f(out.data(), a.data(), b.data(), a.size());
     for (size_t i = 0; i < a.size(); ++i)
-      EXPECT_EQ(out[i], Naive(op, a[i], b[i])) << DTypeName(dtype) << " " << ReduceOpName(op) << " "
-                                               << i;
+      EXPECT_EQ(out[i], Naive(op, a[i], b[i]))
+          << DTypeName(dtype) << " " << ReduceOpName(op) << " " << i;
     // In place: out aliases a.
     std::vector<T> acc = a;
     f(acc.data(), acc.data(), b.data(), a.size());

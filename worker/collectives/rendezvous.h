@@ -136,9 +136,7 @@ class LocalRendezvous {
       if (auto found = meetings_.find(key); found != meetings_.end() && found->second == meeting)
         meetings_.erase(found);
     } else if (m.running) {
-      auto all_left = [&m]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return m.departed == m.arrived;
-      };
+      auto all_left = [&m]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return m.departed == m.arrived; };
       mu_.Await(absl::Condition(&all_left));
     }
   }
