@@ -109,7 +109,6 @@ int StartBaseline(const std::string& port_file, const std::string& pki, pid_t* p
   return port;
 }
 
-
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -196,7 +195,6 @@ bool MakeTestPki(const std::string& d) {
          run("x509 -req -in d.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -extfile ext "
              "-out d.pem");
 }
-
 
 double GlooOnce(const Bench& b, int64_t bytes, int iters, bool sendrecv) {
   const std::string cmd = std::filesystem::path(b.self).parent_path().string() +

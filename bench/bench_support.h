@@ -3,6 +3,7 @@
 // each entry reports, and the state of one run (Bench).
 #pragma once
 
+#include <errno.h>  // program_invocation_short_name
 #include <sys/types.h>
 
 #include <cstdint>
@@ -53,7 +54,7 @@ struct Bench {
 // Exits the process, saying why, on an error: a benchmark has no way on.
 inline void Check(const absl::Status& s) {
   if (!s.ok()) {
-    std::fprintf(stderr, "tessel-bench: %s\n", s.ToString().c_str());
+    std::fprintf(stderr, "%s: %s\n", program_invocation_short_name, s.ToString().c_str());
     std::exit(1);
   }
 }

@@ -36,6 +36,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "bench/bench_support.h"
 #include "bench/psum_programs.h"
 #include "core/process_tuning.h"
 #include "tessel/graph.h"
@@ -48,6 +49,7 @@ using tessel::ArrayType;
 using tessel::DType;
 using tessel::GraphBuilder;
 using tessel::HostArray;
+using tessel::bench::Check;
 
 struct Row {
   std::string name, unit;
@@ -57,17 +59,6 @@ struct Row {
   bool met() const { return ratio() >= goal; }
 };
 
-void Check(const absl::Status& s) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "tessel-gpu-bench: %s\n", s.ToString().c_str());
-    std::exit(1);
-  }
-}
-template <typename T>
-T Check(absl::StatusOr<T> v) {
-  Check(v.status());
-  return std::move(*v);
-}
 void Cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
     std::fprintf(stderr, "tessel-gpu-bench: %s: %s\n", what, cudaGetErrorString(e));
