@@ -23,7 +23,7 @@ CallHeader MakeHeader(const CollectiveId& id, const CollectiveCall& call,
   h.code = int32_t(failure.code());
   const absl::string_view m = failure.message().substr(0, sizeof(h.message));
   h.message_len = int32_t(m.size());
-  std::memcpy(h.message, m.data(), m.size());
+  if (!m.empty()) std::memcpy(h.message, m.data(), m.size());  // an OK status's is null
   return h;
 }
 
