@@ -580,15 +580,30 @@ absl::StatusOr<std::shared_ptr<const CachedExecutable>> Coordinator::CompileEvic
 
 // ---------------------------------------------------------------- execute
 
+// One device's step of an accepted execution, with its worker.
+struct Coordinator::ExecuteLaunch {
+  PlannedStep step;
+  std::shared_ptr<WorkerClient> client;  // null: its worker died since the plan was made
+  bool needs_load = false;
+  uint64_t load_generation = 0;
+};
+
+// An execution the arrays took (CommitExecuteLocked): what is sent for it.
+struct Coordinator::AcceptedExecution {
+  int64_t execution_id = 0;
+  int64_t epoch = 0;  // the collective epoch its steps run under
+  v1::ExecuteResponse response;
+  std::vector<DeviceRoute> routes;
+  std::vector<ExecuteLaunch> launches;
+  std::vector<PendingFree> early_frees;  // donated copies on devices the step does not run on
+  std::vector<PlannedMove> moves;
+  // Partitioned: the program with its workers' addresses, for the loads.
+  std::shared_ptr<v1::Program> loaded_program;
+};
+
 absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteRequest& req) {
-  struct Launch {
-    PlannedStep step;
-    std::shared_ptr<WorkerClient> client;
-    bool needs_load = false;
-    uint64_t load_generation = 0;
-  };
-  // Whoever's it is: the session's tenant is checked below, under the lock
-  // that reads the session anyway (the common path takes it once).
+  // Whoever's it is: the session's tenant is checked when planning, under
+  // the lock that reads the session anyway (the common path takes it once).
   std::shared_ptr<const CachedExecutable> exe = cache_.FindAnyTenant(req.executable_id());
   if (exe == nullptr) {
     std::string tenant;
@@ -600,145 +615,160 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
     if (auto mpmd = FindMpmd(tenant, req.executable_id())) return ExecuteMpmd(req, *mpmd);
     TESSEL_ASSIGN_OR_RETURN(exe, CompileEvicted(req.session_id(), tenant, req.executable_id()));
   }
-  const scheduler::CompiledProgram& c = exe->compiled;
-  const std::string& exe_name = exe->graph.name();
-  std::vector<Launch> launches;
-  std::vector<PendingFree> early_frees;  // donated copies on devices the step does not run on
-  std::vector<PlannedMove> moves;
-  std::vector<DeviceRoute> routes;
-  std::vector<uint64_t> outputs(req.outputs().begin(), req.outputs().end());
-  std::shared_ptr<v1::Program>
-      loaded_program;  // partitioned: the program with its workers' addresses
-  int64_t execution_id = 0;
-  int64_t epoch = 0;
-  v1::ExecuteResponse resp;
+  AcceptedExecution run;
   {
     // Checking the arguments, retiring the donated ones, registering the
     // outputs and numbering the steps are one change to the arrays.
     absl::MutexLock l(&arrays_.mu());
-    TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
-    SessionRecord& session = arrays_.SessionLocked(req.session_id());
-    if (exe->tenant != session.tenant)
-      return NeverCompiled(req.executable_id());  // another tenant's
-    routes = workers_.Routes();
-    ExecuteInput in;
-    in.request = &req;
-    in.executable = exe.get();
-    if (!c.partitioned()) {
-      TESSEL_ASSIGN_OR_RETURN(in.placement, ResolvePlacement(routes, req.placement()));
-    }
-    if (req.arguments_size() == int(c.parameter_types.size())) {
-      for (int i = 0; i < req.arguments_size(); ++i) {
-        auto a = arrays_.OwnedLocked(req.session_id(), req.arguments(i));
-        if (!a.ok()) {
-          return Annotate(a.status(),
-                          StrCat("argument ", i, " '", c.program.parameters(i).name(), "': "));
-        }
-        in.arguments.push_back(*a);
-      }
-    }  // else PlanExecute names the arity mismatch
-    in.routes = &routes;
-    in.strict_donation = req.strict_donation() || session.options.strict_donation();
-    in.handle_in_use = [&](uint64_t h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu()) {
-      return arrays_.ContainsLocked(h);
-    };
-    in.fresh_handle = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu()) {
-      return FreshHandleLocked();
-    };
-    TESSEL_ASSIGN_OR_RETURN(ExecutePlan plan, PlanExecute(in));
-    for (const PlannedMove& m : plan.moves) {
-      TESSEL_RETURN_IF_ERROR(GuardTransferLocked(req.session_id(), req.transfer_guard(),
-                                                 Direction::kDeviceToDevice, true, m.what,
-                                                 ByteSizeUnchecked(m.type)));
-    }
-    TESSEL_RETURN_IF_ERROR(arrays_.CheckQuotaLocked(req.session_id(),
-                                                    plan.output_bytes - plan.donated_bytes,
-                                                    StrCat("execution of '", exe_name, "'")));
-
-    // Accepted: from here on nothing fails.
-    execution_id = ++next_execution_;
-    epoch = collective_epoch_.load();
-    resp.set_execution_id(execution_id);
-    ++session.executions;
-    for (const scheduler::AliasDecision& d : plan.aliases) {
-      v1::DonationReceipt* r = resp.add_donations();
-      r->set_argument(d.parameter);
-      r->set_handle(req.arguments(d.parameter));
-      r->set_reused(d.output >= 0);
-      r->set_output(d.output);
-      if (d.output >= 0) r->set_output_handle(req.outputs(d.output));
-      r->set_reason(d.reason);
-    }
-    // Donated arrays are gone from now on; copies on devices the step does
-    // not run on are freed in order after what reads them there.
-    const absl::Time now = absl::Now();
-    absl::flat_hash_map<int, v1::FreeRequest> donated_elsewhere;
-    for (int i : plan.donated) {
-      const uint64_t h = req.arguments(i);
-      for (int d : arrays_.FindLocked(h)->devices) {
-        if (std::find(plan.devices.begin(), plan.devices.end(), d) == plan.devices.end()) {
-          donated_elsewhere[d].add_buffers(h);
-        }
-      }
-      session.donations += plan.devices.size();
-      arrays_.RetireLocked(h, v1::DONATED, execution_id, exe_name, now);
-    }
-    if (!donated_elsewhere.empty())
-      early_frees = workers_.SequenceFrees(std::move(donated_elsewhere));
-    for (int i = 0; i < req.outputs_size(); ++i) {
-      plan.outputs[i].producer = execution_id;
-      arrays_.AddLocked(req.session_id(), req.outputs(i), std::move(plan.outputs[i]));
-    }
-    // Every device's step (and the free of its moved copies) is numbered at
-    // once: no other step interleaves with this one on any of its devices.
-    std::vector<int> counts;
-    for (const PlannedStep& st : plan.steps) counts.push_back(st.free_after ? 2 : 1);
-    std::vector<QueueSlot> slots = workers_.Reserve(plan.devices, counts, &req.executable_id());
-    for (size_t pos = 0; pos < plan.steps.size(); ++pos) {
-      PlannedStep& st = plan.steps[pos];
-      QueueSlot& slot = slots[pos];
-      Launch launch;
-      launch.client = std::move(slot.client);  // null: its worker died since the plan was made
-      launch.needs_load = slot.needs_load;
-      launch.load_generation = slot.load_generation;
-      if (c.partitioned() && launch.needs_load && !loaded_program) {
-        // Workers find their peers for collectives by address.
-        loaded_program = std::make_shared<v1::Program>(c.program);
-        for (int md : c.mesh.devices()) loaded_program->add_device_workers(routes[md].address);
-      }
-      st.run.set_device(slot.local_index);
-      st.run.set_seq(slot.first_seq);
-      st.run.set_queue_epoch(slot.queue_epoch);
-      st.run.set_execution_id(execution_id);
-      if (c.partitioned()) st.run.set_collective_epoch(CollectiveEpoch(epoch));
-      if (st.free_after) {
-        st.free_after->set_device(slot.local_index);
-        st.free_after->set_seq(slot.first_seq + 1);
-        st.free_after->set_queue_epoch(slot.queue_epoch);
-      }
-      launch.step = std::move(st);
-      launches.push_back(std::move(launch));
-    }
-    moves = std::move(plan.moves);
+    run.routes = workers_.Routes();
+    TESSEL_ASSIGN_OR_RETURN(ExecutePlan plan, PlanExecuteLocked(req, *exe, run.routes));
+    CommitExecuteLocked(req, *exe, std::move(plan), run);
   }
-  SendFrees(std::move(early_frees));
+  LaunchExecute(req, *exe, run);
+  if (req.wait())
+    TESSEL_RETURN_IF_ERROR(
+        AwaitAll(req.session_id(), req.outputs(), StrCat("execution ", run.execution_id)));
+  return std::move(run.response);
+}
+
+absl::StatusOr<ExecutePlan> Coordinator::PlanExecuteLocked(const v1::ExecuteRequest& req,
+                                                           const CachedExecutable& exe,
+                                                           const std::vector<DeviceRoute>& routes) {
+  const scheduler::CompiledProgram& c = exe.compiled;
+  TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
+  const SessionRecord& session = arrays_.SessionLocked(req.session_id());
+  if (exe.tenant != session.tenant) return NeverCompiled(req.executable_id());  // another tenant's
+  ExecuteInput in;
+  in.request = &req;
+  in.executable = &exe;
+  if (!c.partitioned()) {
+    TESSEL_ASSIGN_OR_RETURN(in.placement, ResolvePlacement(routes, req.placement()));
+  }
+  if (req.arguments_size() == int(c.parameter_types.size())) {
+    for (int i = 0; i < req.arguments_size(); ++i) {
+      auto a = arrays_.OwnedLocked(req.session_id(), req.arguments(i));
+      if (!a.ok()) {
+        return Annotate(a.status(),
+                        StrCat("argument ", i, " '", c.program.parameters(i).name(), "': "));
+      }
+      in.arguments.push_back(*a);
+    }
+  }  // else PlanExecute names the arity mismatch
+  in.routes = &routes;
+  in.strict_donation = req.strict_donation() || session.options.strict_donation();
+  in.handle_in_use = [&](uint64_t h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu()) {
+    return arrays_.ContainsLocked(h);
+  };
+  in.fresh_handle = [&]()
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu()) { return FreshHandleLocked(); };
+  TESSEL_ASSIGN_OR_RETURN(ExecutePlan plan, PlanExecute(in));
+  for (const PlannedMove& m : plan.moves) {
+    TESSEL_RETURN_IF_ERROR(GuardTransferLocked(req.session_id(), req.transfer_guard(),
+                                               Direction::kDeviceToDevice, true, m.what,
+                                               ByteSizeUnchecked(m.type)));
+  }
+  TESSEL_RETURN_IF_ERROR(arrays_.CheckQuotaLocked(req.session_id(),
+                                                  plan.output_bytes - plan.donated_bytes,
+                                                  StrCat("execution of '", exe.graph.name(), "'")));
+  return plan;
+}
+
+void Coordinator::CommitExecuteLocked(const v1::ExecuteRequest& req, const CachedExecutable& exe,
+                                      ExecutePlan plan, AcceptedExecution& run) {
+  // Accepted: from here on nothing fails.
+  const scheduler::CompiledProgram& c = exe.compiled;
+  const std::string& exe_name = exe.graph.name();
+  SessionRecord& session = arrays_.SessionLocked(req.session_id());
+  run.execution_id = ++next_execution_;
+  run.epoch = collective_epoch_.load();
+  run.response.set_execution_id(run.execution_id);
+  ++session.executions;
+  for (const scheduler::AliasDecision& d : plan.aliases) {
+    v1::DonationReceipt* r = run.response.add_donations();
+    r->set_argument(d.parameter);
+    r->set_handle(req.arguments(d.parameter));
+    r->set_reused(d.output >= 0);
+    r->set_output(d.output);
+    if (d.output >= 0) r->set_output_handle(req.outputs(d.output));
+    r->set_reason(d.reason);
+  }
+  // Donated arrays are gone from now on; copies on devices the step does
+  // not run on are freed in order after what reads them there.
+  const absl::Time now = absl::Now();
+  absl::flat_hash_map<int, v1::FreeRequest> donated_elsewhere;
+  for (int i : plan.donated) {
+    const uint64_t h = req.arguments(i);
+    for (int d : arrays_.FindLocked(h)->devices) {
+      if (std::find(plan.devices.begin(), plan.devices.end(), d) == plan.devices.end()) {
+        donated_elsewhere[d].add_buffers(h);
+      }
+    }
+    session.donations += plan.devices.size();
+    arrays_.RetireLocked(h, v1::DONATED, run.execution_id, exe_name, now);
+  }
+  if (!donated_elsewhere.empty())
+    run.early_frees = workers_.SequenceFrees(std::move(donated_elsewhere));
+  for (int i = 0; i < req.outputs_size(); ++i) {
+    plan.outputs[i].producer = run.execution_id;
+    arrays_.AddLocked(req.session_id(), req.outputs(i), std::move(plan.outputs[i]));
+  }
+  // Every device's step (and the free of its moved copies) is numbered at
+  // once: no other step interleaves with this one on any of its devices.
+  std::vector<int> counts;
+  for (const PlannedStep& st : plan.steps) counts.push_back(st.free_after ? 2 : 1);
+  std::vector<QueueSlot> slots = workers_.Reserve(plan.devices, counts, &req.executable_id());
+  for (size_t pos = 0; pos < plan.steps.size(); ++pos) {
+    PlannedStep& st = plan.steps[pos];
+    QueueSlot& slot = slots[pos];
+    ExecuteLaunch launch;
+    launch.client = std::move(slot.client);
+    launch.needs_load = slot.needs_load;
+    launch.load_generation = slot.load_generation;
+    if (c.partitioned() && launch.needs_load && !run.loaded_program) {
+      // Workers find their peers for collectives by address.
+      run.loaded_program = std::make_shared<v1::Program>(c.program);
+      for (int md : c.mesh.devices())
+        run.loaded_program->add_device_workers(run.routes[md].address);
+    }
+    st.run.set_device(slot.local_index);
+    st.run.set_seq(slot.first_seq);
+    st.run.set_queue_epoch(slot.queue_epoch);
+    st.run.set_execution_id(run.execution_id);
+    if (c.partitioned()) st.run.set_collective_epoch(CollectiveEpoch(run.epoch));
+    if (st.free_after) {
+      st.free_after->set_device(slot.local_index);
+      st.free_after->set_seq(slot.first_seq + 1);
+      st.free_after->set_queue_epoch(slot.queue_epoch);
+    }
+    launch.step = std::move(st);
+    run.launches.push_back(std::move(launch));
+  }
+  run.moves = std::move(plan.moves);
+}
+
+void Coordinator::LaunchExecute(const v1::ExecuteRequest& req, const CachedExecutable& exe,
+                                AcceptedExecution& run) {
+  const int64_t execution_id = run.execution_id, epoch = run.epoch;
+  const std::vector<uint64_t> outputs(req.outputs().begin(), req.outputs().end());
+  SendFrees(std::move(run.early_frees));
   // Implicit moves (the guard allowed them) land before the step is sent;
   // the step reads the moved copies, freed right after it on their device.
-  for (const PlannedMove& m : moves) {
-    absl::Status s = RunMove(req.session_id(), m, routes[m.from_device], routes[m.to_device]);
+  for (const PlannedMove& m : run.moves) {
+    absl::Status s =
+        RunMove(req.session_id(), m, run.routes[m.from_device], run.routes[m.to_device]);
     if (!s.ok()) log_->warn("execution {}: {}", execution_id, s.ToString());
   }
   if (log_->should_log(spdlog::level::debug)) {
     std::vector<int> on;
-    for (const Launch& l : launches) on.push_back(l.step.device);
+    for (const ExecuteLaunch& l : run.launches) on.push_back(l.step.device);
     log_->debug(
         "session {}: execution {} of '{}' ({}) on devices [{}], {} arguments, {} outputs, {} moves",
-        req.session_id(), execution_id, exe_name, req.executable_id(), absl::StrJoin(on, ","),
-        req.arguments_size(), outputs.size(), moves.size());
+        req.session_id(), execution_id, exe.graph.name(), req.executable_id(),
+        absl::StrJoin(on, ","), req.arguments_size(), outputs.size(), run.moves.size());
   }
   // The step still runs when an argument failed upstream: it consumes the
   // donated buffers and marks its outputs with the error on the workers.
-  for (Launch& launch : launches) {
+  for (ExecuteLaunch& launch : run.launches) {
     const int device = launch.step.device;
     if (launch.client == nullptr) {
       OnStepDone(req.session_id(), outputs, epoch,
@@ -749,8 +779,8 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
     absl::Status load;
     if (launch.needs_load) {
       HeldSteps::Release();  // what this thread holds need not wait for the load
-      load = launch.client->LoadProgram(loaded_program ? *loaded_program : c.program,
-                                        launch.load_generation);
+      load = launch.client->LoadProgram(
+          run.loaded_program ? *run.loaded_program : exe.compiled.program, launch.load_generation);
       if (!load.ok()) {
         // The sequence number must still be consumed: the step is sent and
         // fails on the worker, and its outputs carry the load's error rather
@@ -779,10 +809,6 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
       });
     }
   }
-  if (req.wait())
-    TESSEL_RETURN_IF_ERROR(
-        AwaitAll(req.session_id(), req.outputs(), StrCat("execution ", execution_id)));
-  return resp;
 }
 
 uint64_t Coordinator::FreshHandleLocked() const {

@@ -278,6 +278,22 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu());
   void SendSequenced(const ReshardSteps& steps, std::vector<SequencedStep> sequenced)
       ABSL_LOCKS_EXCLUDED(arrays_.mu());
+  // Execute's three phases. Planning checks the session, the arguments, the
+  // transfer guard and the quota, and changes nothing; committing (which
+  // cannot fail) numbers the execution, retires the donated arrays,
+  // registers the outputs and numbers each device's step; launching sends
+  // the frees, the moves and the steps, outside the lock.
+  struct ExecuteLaunch;
+  struct AcceptedExecution;
+  absl::StatusOr<ExecutePlan> PlanExecuteLocked(const v1::ExecuteRequest& req,
+                                                const CachedExecutable& exe,
+                                                const std::vector<DeviceRoute>& routes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu());
+  void CommitExecuteLocked(const v1::ExecuteRequest& req, const CachedExecutable& exe,
+                           ExecutePlan plan, AcceptedExecution& run)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu());
+  void LaunchExecute(const v1::ExecuteRequest& req, const CachedExecutable& exe,
+                     AcceptedExecution& run) ABSL_LOCKS_EXCLUDED(arrays_.mu());
   // A handle no array holds, for arrays the coordinator makes itself (moved
   // arguments, an MPMD program's intermediates).
   uint64_t FreshHandleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu());

@@ -97,10 +97,13 @@ _SIGINT_CHILD = textwrap.dedent("""
 
     s = step(tessel.device_put(np.zeros(1 << 16, np.float32)))
     s.fetch()
-    print("looping", flush=True)
-    try:
+    try:  # "looping" is said inside the loop: the signal can only land in it
+        steps = 0
         while True:
             s = step(s)
+            steps += 1
+            if steps == 10:
+                print("looping", flush=True)
     except KeyboardInterrupt:
         print("interrupted", flush=True)
 """)
