@@ -706,6 +706,23 @@ const Entry kEntries[] = {
     {{"exec_roundtrip_tls", "fetch_256mib_tls", "load_8x2000_tls", "grpc_load_tls"}, Secured},
 };
 
+// `s` as the inside of a JSON string: quotes, backslashes and control
+// characters escaped, UTF-8 as it is.
+std::string JsonString(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      out += absl::StrFormat("\\u%04x", ch);
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
 void Print(const std::vector<Row>& rows, bool json) {
   if (json) {
     std::printf("{");
@@ -713,9 +730,10 @@ void Print(const std::vector<Row>& rows, bool json) {
       const Row& r = rows[i];
       std::printf(
           "%s\n  \"%s\": {\"value\": %.4g, \"baseline\": %.4g, \"ratio\": %.3f, \"goal\": "
-          "\"%s%.2f\", \"unit\": \"%s\", \"met\": %s}",
+          "\"%s%.2f\", \"unit\": \"%s\", \"met\": %s, \"note\": \"%s\"}",
           i ? "," : "", r.name.c_str(), r.value, r.baseline, r.ratio(),
-          r.higher_is_better ? ">=" : "<=", r.goal, r.unit.c_str(), r.met() ? "true" : "false");
+          r.higher_is_better ? ">=" : "<=", r.goal, r.unit.c_str(), r.met() ? "true" : "false",
+          JsonString(r.note).c_str());
     }
     std::printf("\n}\n");
     return;
