@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Sets up, builds, and runs every test: the format check, unit tests,
-# integration tests on a real local cluster, the op conformance suite against
-# numpy; then the clang thread-safety build and the ASan + UBSan run of the
-# concurrency suites.
+# Sets up, builds, checks formatting, and runs the test tiers (the README's
+# table): the fast tier (ctest: unit, integration, conformance, differential,
+# docs, a short soak), then checked concurrency (the clang thread-safety
+# build and the ASan + UBSan run of the concurrency suites). With
+# TESSEL_SOAK=1 the soak tier's long runs replace the short ones. Arguments
+# go to ctest (and skip the concurrency tier): scripts/test.sh -R Collectives.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh

@@ -3,7 +3,8 @@
 // (the coordinator's --inject_faults), steps reach the workers out of
 // order, and workers pause, some past the collective timeout. Every step
 // must end with the right value or with an error naming its cause; a wrong
-// value marked ready fails the test. TESSEL_SOAK=N runs N steps (default 1000);
+// value marked ready fails the test. 1,000 steps; TESSEL_SOAK=1 (the soak tier)
+// runs 20,000 and TESSEL_SOAK_STEPS=N runs N;
 // TESSEL_SOAK_FAULTS replaces the coordinator's fault plan (less its seed).
 #include <gtest/gtest.h>
 
@@ -55,8 +56,11 @@ std::string CauseOf(const absl::Status& s) {
 }
 
 TEST(Soak, PipelinedShardedStepsWithFaultsAreRightOrFailNamingTheCause) {
+  // 1,000 steps in the fast tier; the soak tier (TESSEL_SOAK=1) runs 20,000.
   int steps = 1000;
-  if (const char* n = std::getenv("TESSEL_SOAK"); n != nullptr && std::atoi(n) > 0)
+  if (const char* soak = std::getenv("TESSEL_SOAK"); soak != nullptr && std::string(soak) == "1")
+    steps = 20000;
+  if (const char* n = std::getenv("TESSEL_SOAK_STEPS"); n != nullptr && std::atoi(n) > 0)
     steps = std::atoi(n);
   const uint64_t seed = 20261123;
   LocalCluster::Options o;
