@@ -5,6 +5,12 @@
 // requests into worker requests; SessionService, AdminService and
 // RegistryService are thin gRPC shells over it.
 //
+// Its files, one job each: coordinator.cc (workers, devices, stats, the
+// cluster's view), coordinator_sessions.cc (sessions and their arrays, the
+// transfer guard), coordinator_execute.cc (compile, and Execute as plan,
+// commit, launch), coordinator_transfers.cc (put, fetch, reshard) and
+// coordinator_mpmd.cc (MPMD programs).
+//
 // Thread-safety: every public method may be called from any thread. Each
 // part has its own lock; the lock order is written below. No lock is held
 // across a call to a worker, a callback or a client's destruction.
