@@ -548,40 +548,42 @@ static absl::Status LowerFunctions(const TypedGraph& client, CompiledProgram& c,
   return absl::OkStatus();
 }
 
-absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOptions& given) {
-  TESSEL_ASSIGN_OR_RETURN(TypedGraph client, ValidateGraph(graph));
-  CompileOptions options = given;
-  if (options.mesh.axis_names_size() > 0) {
-    TESSEL_ASSIGN_OR_RETURN(options.mesh, NormalizeMesh(options.mesh));
-  }
+namespace {
+
+// `graph` checked again after a rewrite; an error is the rewrite's (`what`).
+absl::Status Recheck(TypedGraph& client, v1::Graph graph, absl::string_view what) {
+  auto typed = ValidateGraph(std::move(graph));
+  if (!typed.ok())
+    return Annotate(typed.status(),
+                    absl::StrCat("internal: the graph ", what, " does not check: "));
+  client = std::move(*typed);
+  return absl::OkStatus();
+}
+
+// The client's graph with its gradients expanded, its dead nodes dropped
+// and layout ops pushed into generated constants, checked after each.
+absl::Status Simplify(TypedGraph& client, const CompileOptions& options) {
   if (HasAutodiff(client.graph)) {
     TESSEL_ASSIGN_OR_RETURN(v1::Graph expanded, ExpandAutodiff(client, options.mesh));
-    auto typed = ValidateGraph(std::move(expanded));
-    if (!typed.ok())
-      return Annotate(typed.status(),
-                      "internal: the graph with its gradients expanded does not check: ");
-    client = std::move(*typed);
+    TESSEL_RETURN_IF_ERROR(Recheck(client, std::move(expanded), "with its gradients expanded"));
   }
   if (DropDeadNodes(client.graph)) {
-    auto pruned = ValidateGraph(std::move(client.graph));
-    if (!pruned.ok())
-      return Annotate(pruned.status(),
-                      "internal: the graph without its dead nodes does not check: ");
-    client = std::move(*pruned);
+    TESSEL_RETURN_IF_ERROR(Recheck(client, std::move(client.graph), "without its dead nodes"));
   }
   // Constants cut or moved by layout ops stay generated: no device makes
   // the whole of one to keep a block of it.
   if (PushLayoutsIntoGenerated(client.graph)) {
     DropDeadNodes(client.graph);
-    auto pushed = ValidateGraph(std::move(client.graph));
-    if (!pushed.ok()) {
-      return Annotate(
-          pushed.status(),
-          "internal: the graph with layouts pushed into its constants does not check: ");
-    }
-    client = std::move(*pushed);
+    TESSEL_RETURN_IF_ERROR(
+        Recheck(client, std::move(client.graph), "with layouts pushed into its constants"));
   }
-  CompiledProgram c;
+  return absl::OkStatus();
+}
+
+// The per-device graph: partitioned over the mesh, or lowered whole; then
+// cleaned up, its functions lowered, and checked as a partitioned graph.
+absl::StatusOr<TypedGraph> Lower(const TypedGraph& client, const CompileOptions& options,
+                                 CompiledProgram& c) {
   v1::Graph lowered;
   if (options.mesh.axis_names_size() > 0) {
     TESSEL_ASSIGN_OR_RETURN(
@@ -610,33 +612,28 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOpt
                     {.manual_mesh = c.partitioned() ? &c.mesh : nullptr, .partitioned = true});
   if (!validated.ok())
     return Annotate(validated.status(), "internal: the partitioned graph does not check: ");
-  TypedGraph g = std::move(*validated);
-  {
-    absl::flat_hash_set<int> seen;
-    for (int d : options.donated_parameters) {
-      if (d < 0 || d >= int(g.parameters.size())) {
-        return absl::InvalidArgumentError(absl::StrCat("donated parameter ", d,
-                                                       " does not exist: the graph has ",
-                                                       g.parameters.size(), " parameters"));
-      }
-      if (!seen.insert(d).second) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("parameter ", d, " is declared donated twice"));
-      }
+  return std::move(*validated);
+}
+
+absl::Status CheckDonatedParameters(const std::vector<int>& donated, size_t parameters) {
+  absl::flat_hash_set<int> seen;
+  for (int d : donated) {
+    if (d < 0 || d >= int(parameters)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "donated parameter ", d, " does not exist: the graph has ", parameters, " parameters"));
+    }
+    if (!seen.insert(d).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter ", d, " is declared donated twice"));
     }
   }
-  c.fingerprint = ExecutableKey(graph, options);
-  v1::Program& p = c.program;
-  p.set_executable_id(c.fingerprint);
-  if (c.partitioned()) *p.mutable_mesh() = c.mesh;
-  for (int pos : g.parameters) c.parameter_types.push_back(g.graph.nodes(pos).type());
-  for (int pos : g.outputs) c.output_types.push_back(g.graph.nodes(pos).type());
-  c.estimated_peak_bytes = BuildPlan(g, p);
-  // A function's values live while it runs: counted on top (an upper bound).
-  TESSEL_RETURN_IF_ERROR(CompileFunctions(
-      g.graph, {.manual_mesh = c.partitioned() ? &c.mesh : nullptr, .partitioned = true}, p,
-      c.estimated_peak_bytes));
+  return absl::OkStatus();
+}
 
+// The diagnostics every program gets: large literals shipped with it, and
+// its size.
+void NoteProgram(const v1::Graph& graph, CompiledProgram& c) {
+  const v1::Program& p = c.program;
   int fusions = 0;
   for (const v1::Instruction& ins : p.instructions()) {
     fusions += ins.has_fusion();
@@ -654,6 +651,13 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOpt
   c.diagnostics.push_back(absl::StrCat(
       "note: ", graph.nodes_size(), " nodes -> ", p.instructions_size(), " instructions (", fusions,
       " fusions); estimated peak ", c.estimated_peak_bytes, " bytes per device"));
+}
+
+// The plan's text: the mesh, each parameter's and output's sharding and
+// blocks, and every collective with its reason (partitioned programs),
+// then the program.
+void WritePlanText(CompiledProgram& c) {
+  const v1::Program& p = c.program;
   c.plan_text.clear();
   if (c.partitioned()) {
     absl::StrAppend(&c.plan_text, "mesh ", MeshString(c.mesh),
@@ -683,7 +687,12 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOpt
                                          " bytes received per device)"));
   }
   absl::StrAppend(&c.plan_text, PrintProgram(p));
+}
 
+// Which donated buffer each output can take, said in the plan and, for a
+// donation no output takes, in a warning.
+void PlanDonations(const CompileOptions& options, CompiledProgram& c) {
+  const v1::Program& p = c.program;
   c.alias_candidates = FindAliasCandidates(p);
   c.donated_parameters = options.donated_parameters;
   c.declared_aliases = AssignAliases(p, c.alias_candidates, options.donated_parameters);
@@ -698,6 +707,34 @@ absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOpt
     c.diagnostics.push_back(absl::StrCat("warning: donated parameter ", d.parameter, " '", name,
                                          "' cannot give its buffer to any output: ", d.reason));
   }
+}
+
+}  // namespace
+
+absl::StatusOr<CompiledProgram> Compile(const v1::Graph& graph, const CompileOptions& given) {
+  TESSEL_ASSIGN_OR_RETURN(TypedGraph client, ValidateGraph(graph));
+  CompileOptions options = given;
+  if (options.mesh.axis_names_size() > 0) {
+    TESSEL_ASSIGN_OR_RETURN(options.mesh, NormalizeMesh(options.mesh));
+  }
+  TESSEL_RETURN_IF_ERROR(Simplify(client, options));
+  CompiledProgram c;
+  TESSEL_ASSIGN_OR_RETURN(TypedGraph g, Lower(client, options, c));
+  TESSEL_RETURN_IF_ERROR(CheckDonatedParameters(options.donated_parameters, g.parameters.size()));
+  c.fingerprint = ExecutableKey(graph, options);
+  v1::Program& p = c.program;
+  p.set_executable_id(c.fingerprint);
+  if (c.partitioned()) *p.mutable_mesh() = c.mesh;
+  for (int pos : g.parameters) c.parameter_types.push_back(g.graph.nodes(pos).type());
+  for (int pos : g.outputs) c.output_types.push_back(g.graph.nodes(pos).type());
+  c.estimated_peak_bytes = BuildPlan(g, p);
+  // A function's values live while it runs: counted on top (an upper bound).
+  TESSEL_RETURN_IF_ERROR(CompileFunctions(
+      g.graph, {.manual_mesh = c.partitioned() ? &c.mesh : nullptr, .partitioned = true}, p,
+      c.estimated_peak_bytes));
+  NoteProgram(graph, c);
+  WritePlanText(c);
+  PlanDonations(options, c);
   if (options.strict_donation) TESSEL_RETURN_IF_ERROR(CheckStrictDonation(c));
   return c;
 }

@@ -53,59 +53,114 @@ std::string LoopCarryInPlace(const v1::Program& p, const v1::Node& n, int j, con
 
 }  // namespace
 
-AliasCandidates FindAliasCandidates(const v1::Program& p) {
-  // The buffer each value lives in: reshapes share their operand's.
+namespace {
+
+// Where each value of a program lives and who writes it: reshapes share
+// their operand's buffer; each instruction reads some buffers (a fusion's
+// last reading node for each).
+struct Buffers {
   absl::flat_hash_map<std::string, std::string> root;
   absl::flat_hash_map<std::string, Writer> writer;
-  absl::flat_hash_map<std::string, const v1::TensorType*> type_of;
-  for (const v1::Node& prm : p.parameters()) {
-    root[prm.name()] = prm.name();
-    writer[prm.name()] = Writer{};
-    type_of[prm.name()] = &prm.type();
-  }
-  auto root_of = [&](const std::string& v) {
+  std::vector<absl::flat_hash_map<std::string, int>> reads;  // by instruction
+
+  std::string RootOf(const std::string& v) const {
     auto it = root.find(v);
     return it == root.end() ? v : it->second;
-  };
-  // For each instruction: the buffers it reads, and for fusions the last
-  // fusion node reading each buffer.
-  std::vector<absl::flat_hash_map<std::string, int>> reads(p.instructions_size());
+  }
+};
+
+Buffers TraceBuffers(const v1::Program& p) {
+  Buffers b;
+  for (const v1::Node& prm : p.parameters()) {
+    b.root[prm.name()] = prm.name();
+    b.writer[prm.name()] = Writer{};
+  }
+  b.reads.resize(p.instructions_size());
   for (int k = 0; k < p.instructions_size(); ++k) {
     const v1::Instruction& ins = p.instructions(k);
     if (ins.has_node()) {
       const v1::Node& n = ins.node();
-      for (const std::string& o : n.operands()) reads[k][root_of(o)] = 0;
+      for (const std::string& o : n.operands()) b.reads[k][b.RootOf(o)] = 0;
       if (ins.results_size() > 0) {  // control flow
         for (int j = 0; j < ins.results_size(); ++j) {
-          root[ins.results(j)] = ins.results(j);
-          writer[ins.results(j)] = Writer{k, j, false};
-          type_of[ins.results(j)] = &n.results(j);
+          b.root[ins.results(j)] = ins.results(j);
+          b.writer[ins.results(j)] = Writer{k, j, false};
         }
         continue;
       }
-      root[n.name()] = n.op() == v1::RESHAPE ? root_of(n.operands(0)) : n.name();
-      writer[n.name()] = Writer{k, 0, n.op() == v1::CONSTANT && n.constant().has_literal()};
-      type_of[n.name()] = &n.type();
+      b.root[n.name()] = n.op() == v1::RESHAPE ? b.RootOf(n.operands(0)) : n.name();
+      b.writer[n.name()] = Writer{k, 0, n.op() == v1::CONSTANT && n.constant().has_literal()};
     } else {
       const v1::Fusion& f = ins.fusion();
       absl::flat_hash_map<std::string, std::string> input_root;
-      for (const std::string& i : f.inputs()) input_root[i] = root_of(i);
+      for (const std::string& i : f.inputs()) input_root[i] = b.RootOf(i);
       for (int j = 0; j < f.nodes_size(); ++j) {
         const v1::Node& n = f.nodes(j);
         for (const std::string& o : n.operands()) {
           auto it = input_root.find(o);
-          if (it != input_root.end()) reads[k][it->second] = j;  // nodes in order: the last wins
+          if (it != input_root.end()) b.reads[k][it->second] = j;  // nodes in order: the last wins
         }
-        root[n.name()] = n.name();
-        writer[n.name()] = Writer{k, j, false};
-        type_of[n.name()] = &n.type();
+        b.root[n.name()] = n.name();
+        b.writer[n.name()] = Writer{k, j, false};
       }
     }
   }
+  return b;
+}
+
+// Empty when the instruction that writes buffer `buf` (output `out_desc`)
+// may write it into parameter `prm`'s buffer, else why not.
+std::string WhyNotWrittenInto(const v1::Program& p, const Buffers& b, const std::string& buf,
+                              const std::string& prm, const std::string& out_desc) {
+  const Writer& w = b.writer.at(buf);
+  if (w.instruction < 0) return absl::StrCat(out_desc, " is parameter '", buf, "' passed through");
+  if (w.literal) return absl::StrCat(out_desc, " is a literal constant");
+  for (int k = w.instruction + 1; k < p.instructions_size(); ++k) {
+    if (b.reads[k].contains(prm)) {
+      return absl::StrCat(out_desc, " is written by ", Describe(p, w.instruction), " while '", prm,
+                          "' is still read by ", Describe(p, k));
+    }
+  }
+  auto r = b.reads[w.instruction].find(prm);
+  if (r == b.reads[w.instruction].end()) return "";
+  const v1::Instruction& ins = p.instructions(w.instruction);
+  if (ins.results_size() > 0) {
+    // A loop updates carry j in place when its body writes parameter j
+    // into result j and nothing else of the loop reads the buffer.
+    const std::string why_loop = LoopCarryInPlace(
+        p, ins.node(), w.fusion_node, prm, [&](const std::string& v) { return b.RootOf(v); });
+    if (why_loop.empty()) return "";
+    return absl::StrCat(out_desc, " is computed by ", Describe(p, w.instruction), ": ", why_loop);
+  }
+  // An all_reduce reads each element before it writes it, so it runs in
+  // place (the worker skips its copy in -> out then).
+  const bool elementwise =
+      ins.has_fusion() || IsElementwise(ins.node().op()) || ins.node().op() == v1::ALL_REDUCE;
+  // A scalar constant a fusion returns is written once, before the
+  // fusion's loop reads anything (on every backend): into a buffer the
+  // loop reads, it would overwrite what the loop has yet to read.
+  if (ins.has_fusion()) {
+    const v1::Node& wn = ins.fusion().nodes(w.fusion_node);
+    if (wn.op() == v1::CONSTANT && !wn.constant().has_iota() && wn.type().dims_size() == 0) {
+      return absl::StrCat(out_desc, " is a constant that ", Describe(p, w.instruction),
+                          " writes before it reads '", prm, "'");
+    }
+  }
+  if (!elementwise || r->second > w.fusion_node) {
+    return absl::StrCat(out_desc, " is computed by ", Describe(p, w.instruction), ", which reads '",
+                        prm, "' ", elementwise ? "after writing it" : "other than elementwise");
+  }
+  return "";
+}
+
+}  // namespace
+
+AliasCandidates FindAliasCandidates(const v1::Program& p) {
+  const Buffers b = TraceBuffers(p);
   AliasCandidates c;
   c.outputs.resize(p.parameters_size());
   c.why_not.resize(p.parameters_size());
-  for (const std::string& o : p.outputs()) c.buffer_of_output.push_back(root_of(o));
+  for (const std::string& o : p.outputs()) c.buffer_of_output.push_back(b.RootOf(o));
   for (int pi = 0; pi < p.parameters_size(); ++pi) {
     const v1::Node& prm = p.parameters(pi);
     std::vector<std::string> why;
@@ -121,75 +176,22 @@ AliasCandidates FindAliasCandidates(const v1::Program& p) {
       ++same_type;
       const std::string& buf = c.buffer_of_output[oi];
       const std::string out_desc = absl::StrCat("output ", oi, " '", p.outputs(oi), "'");
+      std::string why_not;
       if (buf == prm.name()) {
-        c.outputs[pi].push_back(oi);  // the parameter itself, passed through
-        continue;
+        // the parameter itself, passed through
+      } else if (returned_as >= 0) {
+        why_not = absl::StrCat(out_desc, " cannot be written into '", prm.name(), "': output ",
+                               returned_as, " '", p.outputs(returned_as), "' returns '", prm.name(),
+                               "'", p.outputs(returned_as) == prm.name() ? "" : " (a view of it)",
+                               " unchanged");
+      } else {
+        why_not = WhyNotWrittenInto(p, b, buf, prm.name(), out_desc);
       }
-      if (returned_as >= 0) {
-        why.push_back(absl::StrCat(
-            out_desc, " cannot be written into '", prm.name(), "': output ", returned_as, " '",
-            p.outputs(returned_as), "' returns '", prm.name(), "'",
-            p.outputs(returned_as) == prm.name() ? "" : " (a view of it)", " unchanged"));
-        continue;
+      if (why_not.empty()) {
+        c.outputs[pi].push_back(oi);
+      } else {
+        why.push_back(std::move(why_not));
       }
-      const Writer& w = writer.at(buf);
-      if (w.instruction < 0) {
-        why.push_back(absl::StrCat(out_desc, " is parameter '", buf, "' passed through"));
-        continue;
-      }
-      if (w.literal) {
-        why.push_back(absl::StrCat(out_desc, " is a literal constant"));
-        continue;
-      }
-      int later_reader = -1;
-      for (int k = w.instruction + 1; k < p.instructions_size() && later_reader < 0; ++k) {
-        if (reads[k].contains(prm.name())) later_reader = k;
-      }
-      if (later_reader >= 0) {
-        why.push_back(absl::StrCat(out_desc, " is written by ", Describe(p, w.instruction),
-                                   " while '", prm.name(), "' is still read by ",
-                                   Describe(p, later_reader)));
-        continue;
-      }
-      auto r = reads[w.instruction].find(prm.name());
-      if (r != reads[w.instruction].end()) {
-        const v1::Instruction& ins = p.instructions(w.instruction);
-        if (ins.results_size() > 0) {
-          // A loop updates carry j in place when its body writes parameter
-          // j into result j and nothing else of the loop reads the buffer.
-          const std::string why_loop =
-              LoopCarryInPlace(p, ins.node(), w.fusion_node, prm.name(), root_of);
-          if (!why_loop.empty()) {
-            why.push_back(absl::StrCat(out_desc, " is computed by ", Describe(p, w.instruction),
-                                       ": ", why_loop));
-            continue;
-          }
-          c.outputs[pi].push_back(oi);
-          continue;
-        }
-        // An all_reduce reads each element before it writes it, so it runs in
-        // place (the worker skips its copy in -> out then).
-        const bool elementwise =
-            ins.has_fusion() || IsElementwise(ins.node().op()) || ins.node().op() == v1::ALL_REDUCE;
-        // A scalar constant a fusion returns is written once, before the
-        // fusion's loop reads anything (on every backend): into a buffer
-        // the loop reads, it would overwrite what the loop has yet to read.
-        if (ins.has_fusion()) {
-          const v1::Node& wn = ins.fusion().nodes(w.fusion_node);
-          if (wn.op() == v1::CONSTANT && !wn.constant().has_iota() && wn.type().dims_size() == 0) {
-            why.push_back(absl::StrCat(out_desc, " is a constant that ", Describe(p, w.instruction),
-                                       " writes before it reads '", prm.name(), "'"));
-            continue;
-          }
-        }
-        if (!elementwise || r->second > w.fusion_node) {
-          why.push_back(absl::StrCat(out_desc, " is computed by ", Describe(p, w.instruction),
-                                     ", which reads '", prm.name(), "' ",
-                                     elementwise ? "after writing it" : "other than elementwise"));
-          continue;
-        }
-      }
-      c.outputs[pi].push_back(oi);
     }
     if (same_type == 0) {
       std::vector<std::string> types;

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/dtype.h"
@@ -500,108 +501,110 @@ absl::StatusOr<TypedGraph> ValidateGraph(const v1::Graph& graph, const ValidateO
   return ValidateGraph(v1::Graph(graph), options);
 }
 
-absl::StatusOr<TypedGraph> ValidateGraph(v1::Graph&& graph, const ValidateOptions& options) {
-  TypedGraph tg;
-  tg.graph = std::move(graph);
-  std::optional<FunctionTable> own_table;
-  FunctionTable* table = options.functions;
-  if (table == nullptr) table = &own_table.emplace(tg.graph);
-  if (tg.graph.nodes_size() == 0) return InvalidArgumentError("graph has no nodes");
-  if (tg.graph.outputs_size() == 0) return InvalidArgumentError("graph has no outputs");
-  std::vector<const v1::Node*> params;
-  for (int pos = 0; pos < tg.graph.nodes_size(); ++pos) {
-    v1::Node& n = *tg.graph.mutable_nodes(pos);
-    auto label = [&n, pos] { return NodeLabel(n, pos); };  // made only for an error
-    if (n.name().empty()) return InvalidArgumentError(StrCat(label(), "has no name"));
-    if (!v1::Op_IsValid(n.op()) || n.op() == v1::OP_INVALID) {
-      return InvalidArgumentError(StrCat(
-          label(), "unknown op: expected one of the tessel.v1.Op values, got ", int(n.op())));
-    }
-    if (!tg.index_of.emplace(n.name(), pos).second) {
+namespace {
+
+// The types of node `n`'s operands (at `pos`), each defined before it; a
+// tuple_element reads a node of several results, and only it does.
+absl::StatusOr<std::vector<const v1::TensorType*>> OperandTypes(const TypedGraph& tg,
+                                                                const v1::Node& n, int pos) {
+  auto label = [&n, pos] { return NodeLabel(n, pos); };  // made only for an error
+  std::vector<const v1::TensorType*> operand_types;
+  for (int i = 0; i < n.operands_size(); ++i) {
+    auto it = tg.index_of.find(n.operands(i));
+    if (it == tg.index_of.end() || it->second == pos) {
       return InvalidArgumentError(
-          StrCat(label(), "name already used by node #", tg.index_of[n.name()]));
+          StrCat(label(), "operand ", i, " '", n.operands(i), "' is not defined before this node ",
+                 "(nodes must be in topological order; a cycle or a dangling reference)"));
     }
-    std::vector<const v1::TensorType*> operand_types;
-    for (int i = 0; i < n.operands_size(); ++i) {
-      auto it = tg.index_of.find(n.operands(i));
-      if (it == tg.index_of.end() || it->second == pos) {
-        return InvalidArgumentError(StrCat(
-            label(), "operand ", i, " '", n.operands(i), "' is not defined before this node ",
-            "(nodes must be in topological order; a cycle or a dangling reference)"));
-      }
-      const v1::Node& def = tg.graph.nodes(it->second);
-      if (IsMultiResult(def) != (n.op() == v1::TUPLE_ELEMENT)) {
-        return InvalidArgumentError(
-            n.op() == v1::TUPLE_ELEMENT
-                ? StrCat(label(), "operand '", def.name(), "' (", OpName(def.op()),
-                         ") has a single result; ",
-                         "tuple_element reads the results of while, conditional, scan, vjp, jvp, "
-                         "custom_vjp, custom_jvp, vmap and regions with out_specs")
-                : StrCat(label(), "operand ", i, " '", def.name(), "' (", OpName(def.op()),
-                         ") has ", def.results_size(), " results; read one with tuple_element"));
-      }
-      operand_types.push_back(&def.type());
-    }
-    absl::StatusOr<v1::TensorType> type;
-    if (IsMultiResult(n)) {
-      auto results = n.op() == v1::MANUAL_REGION ? InferRegionResults(n, operand_types)
-                     : n.op() == v1::VJP         ? InferVjp(n, operand_types, *table, options)
-                     : n.op() == v1::JVP         ? InferJvp(n, operand_types, *table, options)
-                     : n.op() == v1::VMAP        ? InferVmap(n, operand_types, *table, options)
-                     : n.op() == v1::CUSTOM_VJP  ? InferCustomVjp(n, operand_types, *table, options)
-                     : n.op() == v1::CUSTOM_JVP
-                         ? InferCustomJvp(n, operand_types, *table, options)
-                         : InferControlFlow(n, operand_types, *table, options);
-      if (!results.ok()) return Annotate(results.status(), label());
-      if (n.results_size() > 0) {
-        const std::vector<v1::TensorType> declared(n.results().begin(), n.results().end());
-        auto given = CheckTypes("results", StrCat(OpName(n.op()), " '", n.name(), "'"), declared,
-                                *results, "the inferred results");
-        if (!given.ok()) return Annotate(given, StrCat(label(), "declared results: "));
-      }
-      n.clear_results();
-      for (const v1::TensorType& t : *results) *n.add_results() = t;
-      n.clear_type();
-      continue;
-    }
-    if (n.results_size() > 0) {
+    const v1::Node& def = tg.graph.nodes(it->second);
+    if (IsMultiResult(def) != (n.op() == v1::TUPLE_ELEMENT)) {
       return InvalidArgumentError(
-          StrCat(label(),
-                 "only while, conditional, scan, vjp, jvp, custom_vjp, custom_jvp, vmap and "
-                 "regions with out_specs have several results"));
+          n.op() == v1::TUPLE_ELEMENT
+              ? StrCat(label(), "operand '", def.name(), "' (", OpName(def.op()),
+                       ") has a single result; ",
+                       "tuple_element reads the results of while, conditional, scan, vjp, jvp, "
+                       "custom_vjp, custom_jvp, vmap and regions with out_specs")
+              : StrCat(label(), "operand ", i, " '", def.name(), "' (", OpName(def.op()), ") has ",
+                       def.results_size(), " results; read one with tuple_element"));
     }
-    if (n.op() == v1::TUPLE_ELEMENT) {
-      const v1::Node& def = tg.graph.nodes(tg.index_of.at(n.operands(0)));
-      const int k = n.has_tuple_element() ? n.tuple_element().index() : -1;
-      if (n.operands_size() != 1 || k < 0 || k >= def.results_size()) {
-        return InvalidArgumentError(StrCat(label(), "reads result ", k, " of '", def.name(),
-                                           "', which has ", def.results_size(), " results"));
-      }
-      type = def.results(k);
-    } else if (n.op() == v1::SHARD_SLICE) {
-      type =
-          options.manual_mesh != nullptr
-              ? InferCollectiveType(n, operand_types, *options.manual_mesh)
-              : InvalidArgumentError(
-                    "shard_slice takes a device's block: it is emitted by the partitioner, and by "
-                    "reverse mode inside manual regions");
-    } else if (IsCollective(n.op())) {
-      type = options.manual_mesh == nullptr
-                 ? InvalidArgumentError(
-                       StrCat("collective outside a manual region: ", OpName(n.op()),
-                              " is explicit only inside a manual region (shard_map); elsewhere "
-                              "the partitioner inserts the collectives a sharding needs"))
-                 : InferCollectiveType(n, operand_types, *options.manual_mesh);
-    } else if (n.op() == v1::SHARDING_CONSTRAINT || n.op() == v1::MANUAL_REGION ||
-               n.op() == v1::CUSTOM_KERNEL) {
-      type = InferStructured(n, operand_types);
-    } else {
-      type = InferType(n, operand_types);
-    }
-    if (!type.ok()) return Annotate(type.status(), label());
-    *n.mutable_type() = *type;
-    if (n.op() == v1::PARAMETER) params.push_back(&n);
+    operand_types.push_back(&def.type());
   }
+  return operand_types;
+}
+
+// Infers the results of a node of several results into `n.results`,
+// checking any it declares.
+absl::Status TypeResults(v1::Node& n, absl::FunctionRef<std::string()> label,
+                         const std::vector<const v1::TensorType*>& operand_types,
+                         FunctionTable& table, const ValidateOptions& options) {
+  auto results = n.op() == v1::MANUAL_REGION ? InferRegionResults(n, operand_types)
+                 : n.op() == v1::VJP         ? InferVjp(n, operand_types, table, options)
+                 : n.op() == v1::JVP         ? InferJvp(n, operand_types, table, options)
+                 : n.op() == v1::VMAP        ? InferVmap(n, operand_types, table, options)
+                 : n.op() == v1::CUSTOM_VJP  ? InferCustomVjp(n, operand_types, table, options)
+                 : n.op() == v1::CUSTOM_JVP  ? InferCustomJvp(n, operand_types, table, options)
+                                             : InferControlFlow(n, operand_types, table, options);
+  if (!results.ok()) return Annotate(results.status(), label());
+  if (n.results_size() > 0) {
+    const std::vector<v1::TensorType> declared(n.results().begin(), n.results().end());
+    auto given = CheckTypes("results", StrCat(OpName(n.op()), " '", n.name(), "'"), declared,
+                            *results, "the inferred results");
+    if (!given.ok()) return Annotate(given, StrCat(label(), "declared results: "));
+  }
+  n.clear_results();
+  for (const v1::TensorType& t : *results) *n.add_results() = t;
+  n.clear_type();
+  return absl::OkStatus();
+}
+
+// The type of a node of one result.
+absl::StatusOr<v1::TensorType> TypeOf(const TypedGraph& tg, const v1::Node& n,
+                                      absl::FunctionRef<std::string()> label,
+                                      const std::vector<const v1::TensorType*>& operand_types,
+                                      const ValidateOptions& options) {
+  if (n.results_size() > 0) {
+    return InvalidArgumentError(
+        StrCat(label(),
+               "only while, conditional, scan, vjp, jvp, custom_vjp, custom_jvp, vmap and "
+               "regions with out_specs have several results"));
+  }
+  if (n.op() == v1::TUPLE_ELEMENT) {
+    const v1::Node& def = tg.graph.nodes(tg.index_of.at(n.operands(0)));
+    const int k = n.has_tuple_element() ? n.tuple_element().index() : -1;
+    if (n.operands_size() != 1 || k < 0 || k >= def.results_size()) {
+      return InvalidArgumentError(StrCat(label(), "reads result ", k, " of '", def.name(),
+                                         "', which has ", def.results_size(), " results"));
+    }
+    return def.results(k);
+  }
+  absl::StatusOr<v1::TensorType> type;
+  if (n.op() == v1::SHARD_SLICE) {
+    type = options.manual_mesh != nullptr
+               ? InferCollectiveType(n, operand_types, *options.manual_mesh)
+               : InvalidArgumentError(
+                     "shard_slice takes a device's block: it is emitted by the partitioner, and "
+                     "by reverse mode inside manual regions");
+  } else if (IsCollective(n.op())) {
+    type = options.manual_mesh == nullptr
+               ? InvalidArgumentError(
+                     StrCat("collective outside a manual region: ", OpName(n.op()),
+                            " is explicit only inside a manual region (shard_map); elsewhere "
+                            "the partitioner inserts the collectives a sharding needs"))
+               : InferCollectiveType(n, operand_types, *options.manual_mesh);
+  } else if (n.op() == v1::SHARDING_CONSTRAINT || n.op() == v1::MANUAL_REGION ||
+             n.op() == v1::CUSTOM_KERNEL) {
+    type = InferStructured(n, operand_types);
+  } else {
+    type = InferType(n, operand_types);
+  }
+  if (!type.ok()) return Annotate(type.status(), label());
+  return type;
+}
+
+// tg.parameters from the parameters' indices (0..n-1, each once) and
+// tg.outputs from the graph's output names (each of one result).
+absl::Status NumberParametersAndOutputs(TypedGraph& tg,
+                                        const std::vector<const v1::Node*>& params) {
   tg.parameters.assign(params.size(), -1);
   for (const v1::Node* p : params) {
     int idx = p->parameter().index();
@@ -630,6 +633,42 @@ absl::StatusOr<TypedGraph> ValidateGraph(v1::Graph&& graph, const ValidateOption
     }
     tg.outputs.push_back(it->second);
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TypedGraph> ValidateGraph(v1::Graph&& graph, const ValidateOptions& options) {
+  TypedGraph tg;
+  tg.graph = std::move(graph);
+  std::optional<FunctionTable> own_table;
+  FunctionTable* table = options.functions;
+  if (table == nullptr) table = &own_table.emplace(tg.graph);
+  if (tg.graph.nodes_size() == 0) return InvalidArgumentError("graph has no nodes");
+  if (tg.graph.outputs_size() == 0) return InvalidArgumentError("graph has no outputs");
+  std::vector<const v1::Node*> params;
+  for (int pos = 0; pos < tg.graph.nodes_size(); ++pos) {
+    v1::Node& n = *tg.graph.mutable_nodes(pos);
+    auto label = [&n, pos] { return NodeLabel(n, pos); };  // made only for an error
+    if (n.name().empty()) return InvalidArgumentError(StrCat(label(), "has no name"));
+    if (!v1::Op_IsValid(n.op()) || n.op() == v1::OP_INVALID) {
+      return InvalidArgumentError(StrCat(
+          label(), "unknown op: expected one of the tessel.v1.Op values, got ", int(n.op())));
+    }
+    if (!tg.index_of.emplace(n.name(), pos).second) {
+      return InvalidArgumentError(
+          StrCat(label(), "name already used by node #", tg.index_of[n.name()]));
+    }
+    TESSEL_ASSIGN_OR_RETURN(std::vector<const v1::TensorType*> operand_types,
+                            OperandTypes(tg, n, pos));
+    if (IsMultiResult(n)) {
+      TESSEL_RETURN_IF_ERROR(TypeResults(n, label, operand_types, *table, options));
+      continue;
+    }
+    TESSEL_ASSIGN_OR_RETURN(*n.mutable_type(), TypeOf(tg, n, label, operand_types, options));
+    if (n.op() == v1::PARAMETER) params.push_back(&n);
+  }
+  TESSEL_RETURN_IF_ERROR(NumberParametersAndOutputs(tg, params));
   return tg;
 }
 
