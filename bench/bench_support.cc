@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/process_tuning.h"
 #include "core/security.h"
 #include "tessel/graph.h"
@@ -213,6 +214,51 @@ double GlooOnce(const Bench& b, int64_t bytes, int iters, bool sendrecv) {
   if (f == nullptr || pclose(f) != 0 || secs <= 0)
     Check(absl::InternalError(absl::StrCat("failed: ", cmd)));
   return secs;
+}
+
+// `s` as the inside of a JSON string: quotes, backslashes and control
+// characters escaped, UTF-8 as it is.
+namespace {
+
+std::string JsonString(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      out += absl::StrFormat("\\u%04x", ch);
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void Print(const std::vector<Row>& rows, bool json) {
+  if (json) {
+    std::printf("{");
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      std::printf(
+          "%s\n  \"%s\": {\"value\": %.4g, \"baseline\": %.4g, \"ratio\": %.3f, \"goal\": "
+          "\"%s%.2f\", \"unit\": \"%s\", \"met\": %s, \"note\": \"%s\"}",
+          i ? "," : "", r.name.c_str(), r.value, r.baseline, r.ratio(),
+          r.higher_is_better ? ">=" : "<=", r.goal, r.unit.c_str(), r.met() ? "true" : "false",
+          JsonString(r.note).c_str());
+    }
+    std::printf("\n}\n");
+    return;
+  }
+  std::printf("%-16s %12s %12s %-8s %7s %8s  %s\n", "benchmark", "tessel", "baseline", "unit",
+              "ratio", "goal", "what");
+  for (const Row& r : rows) {
+    std::printf("%-16s %12.2f %12.2f %-8s %7.2f %3s%4.2f%s  %s\n", r.name.c_str(), r.value,
+                r.baseline, r.unit.c_str(), r.ratio(), r.higher_is_better ? ">=" : "<=", r.goal,
+                r.met() ? " " : "!", r.note.c_str());
+  }
 }
 
 }  // namespace tessel::bench

@@ -134,4 +134,8 @@ bool MakeTestPki(const std::string& d);
 // median call).
 double GlooOnce(const Bench& b, int64_t bytes, int iters, bool sendrecv = false);
 
+// The rows as a table, or as JSON (name -> value, baseline, ratio, goal,
+// unit, met, note).
+void Print(const std::vector<Row>& rows, bool json);
+
 }  // namespace tessel::bench

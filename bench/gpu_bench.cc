@@ -123,6 +123,213 @@ uint16_t Bf16(float f) {  // round to nearest even
   return uint16_t((u + 0x7fff + ((u >> 16) & 1)) >> 16);
 }
 
+// mul-add-max-mul over 2^28 f32 in place vs cudaMemcpyAsync D2D.
+Row Elementwise(tessel::Session* session, cudaStream_t stream) {
+  const int64_t n = int64_t{1} << 28;
+  const int steps = 50;
+  ArrayType t{DType::kF32, {n}};
+  GraphBuilder init("init");
+  auto x0 = init.Mul(init.Convert(init.Iota(ArrayType{DType::kS32, {n}}, 0), DType::kF32),
+                     init.Broadcast(init.Scalar(DType::kF32, 1e-9), {n}));
+  auto make = Check(session->Compile(Check(init.Build({x0}))));
+  GraphBuilder g("chain4");
+  auto x = g.Parameter(t, "x");
+  auto c = [&](double v) { return g.Broadcast(g.Scalar(DType::kF32, v), {n}); };
+  auto y = g.Mul(g.Max(g.Add(g.Mul(x, c(1.5)), c(-0.25)), c(0.0)), c(0.5));
+  auto exe = Check(session->Compile(Check(g.Build({y})), {.donate = {0}, .strict_donation = true}));
+  Sync sync(*session, t);
+  auto xa = Check(session->Execute(make, {}));
+  xa = Check(session->Execute(exe, xa));  // warm-up: load and compile
+  sync(xa[0]);
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < steps; ++i) xa = Check(session->Execute(exe, xa));
+  sync(xa[0]);
+  const double t_tessel = absl::ToDoubleSeconds(absl::Now() - start) / steps;
+  Check(session->Delete(xa));
+
+  void *src, *dst;
+  Cuda(cudaMalloc(&src, n * 4), "cudaMalloc");
+  Cuda(cudaMalloc(&dst, n * 4), "cudaMalloc");
+  const double t_copy = EventTime(stream, steps, [&] {
+    Cuda(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
+  });
+  cudaFree(src);
+  cudaFree(dst);
+  const double bytes = 2.0 * n * 4;
+  return Row{"elementwise_1gib",
+             "GB/s",
+             bytes / t_tessel / 1e9,
+             bytes / t_copy / 1e9,
+             0.8,
+             "mul-add-max-mul over 2^28 f32 in place, 50 steps pipelined, vs cudaMemcpyAsync D2D"};
+}
+
+// A bf16 8192^3 product vs cublasLtMatmul called directly.
+Row DotBf16(tessel::Session* session, cudaStream_t stream) {
+  const int64_t m = 8192;
+  const int steps = 50;
+  std::vector<uint16_t> ha(m * m), hb(m * m);
+  for (int64_t i = 0; i < m * m; ++i) {
+    ha[i] = Bf16(std::sin(float(i % 9973) * 0.37f));
+    hb[i] = Bf16(std::cos(float(i % 7919) * 0.11f));
+  }
+  ArrayType t{DType::kBF16, {m, m}};
+  auto bytes_of = [](const std::vector<uint16_t>& v) {
+    return std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(v.data()),
+                                reinterpret_cast<const uint8_t*>(v.data()) + v.size() * 2);
+  };
+  auto aa = Check(session->Put(HostArray(t, bytes_of(ha))));
+  auto ba = Check(session->Put(HostArray(t, bytes_of(hb))));
+  GraphBuilder g("dot_bf16");
+  auto a = g.Parameter(t, "a");
+  auto b = g.Parameter(t, "b");
+  auto exe = Check(session->Compile(Check(g.Build({g.MatMul(a, b)}))));
+  Sync sync(*session, t);
+  auto warm = Check(session->Execute(exe, {aa, ba}));
+  sync(warm[0]);
+  Check(session->Delete(warm));
+  const absl::Time start = absl::Now();
+  std::vector<tessel::Array> last;
+  for (int i = 0; i < steps; ++i) {
+    if (!last.empty()) Check(session->Delete(last));
+    last = Check(session->Execute(exe, {aa, ba}));
+  }
+  sync(last[0]);
+  const double t_tessel = absl::ToDoubleSeconds(absl::Now() - start) / steps;
+  Check(session->Delete(last));
+  Check(session->Delete({aa, ba}));
+
+  // cuBLASLt directly: row-major C = A B is column-major C^T = B^T A^T.
+  void *da, *db, *dc, *ws;
+  const size_t bytes = size_t(m) * m * 2, ws_bytes = size_t{32} << 20;
+  Cuda(cudaMalloc(&da, bytes), "cudaMalloc");
+  Cuda(cudaMalloc(&db, bytes), "cudaMalloc");
+  Cuda(cudaMalloc(&dc, bytes), "cudaMalloc");
+  Cuda(cudaMalloc(&ws, ws_bytes), "cudaMalloc");
+  Cuda(cudaMemcpy(da, ha.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  Cuda(cudaMemcpy(db, hb.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  cublasLtHandle_t lt;
+  Lt(cublasLtCreate(&lt), "cublasLtCreate");
+  cublasLtMatmulDesc_t desc;
+  Lt(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  cublasLtMatrixLayout_t la, lb, lc;
+  Lt(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, m, m, m), "layout");
+  Lt(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, m, m, m), "layout");
+  Lt(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, m, m, m), "layout");
+  cublasLtMatmulPreference_t pref;
+  Lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  Lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                          sizeof(ws_bytes)),
+     "preference");
+  cublasLtMatmulHeuristicResult_t heuristic;
+  int found = 0;
+  Lt(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 1, &heuristic, &found),
+     "heuristic");
+  if (found == 0) Check(absl::InternalError("cuBLASLt has no algorithm for a bf16 8192^3 product"));
+  const float alpha = 1, beta = 0;
+  const double t_lt = EventTime(stream, steps, [&] {
+    Lt(cublasLtMatmul(lt, desc, &alpha, db, lb, da, la, &beta, dc, lc, dc, lc, &heuristic.algo, ws,
+                      ws_bytes, stream),
+       "cublasLtMatmul");
+  });
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatmulDescDestroy(desc);
+  cublasLtDestroy(lt);
+  for (void* p : {da, db, dc, ws}) cudaFree(p);
+  const double flops = 2.0 * m * m * m;
+  return Row{"dot_bf16_8192",
+             "TFLOP/s",
+             flops / t_tessel / 1e12,
+             flops / t_lt / 1e12,
+             0.95,
+             "bf16 8192^3, f32 accumulation, 50 steps pipelined, vs cublasLtMatmul directly"};
+}
+
+// psum over GPUs 0 and 1 vs ncclAllReduce called directly.
+Row AllReduce(tessel::Session* session) {
+  const int64_t bytes = int64_t{256} << 20, n = bytes / 4;  // per device
+  const int steps = 8;
+  const tessel::bench::PsumPrograms psum = Check(tessel::bench::CompilePsum(*session, n));
+  const tessel::Executable& exe = psum.step;
+  std::vector<tessel::Array> state = Check(session->Execute(psum.init, {}));
+  auto run = [&](int k) {
+    for (int i = 0; i < k; ++i) state = Check(session->Execute(exe, state));
+    Check(session->Await(state));
+  };
+  run(2);  // warm: programs loaded, the communicators joined
+  absl::Time start = absl::Now();
+  run(steps);
+  const double t_tessel = absl::ToDoubleSeconds(absl::Now() - start) / steps;
+  Check(session->Delete(state));
+  // NCCL directly: both GPUs from this process, one grouped call per step.
+  ncclComm_t comms[2];
+  int devs[2] = {0, 1};
+  Nccl(ncclCommInitAll(comms, 2, devs), "ncclCommInitAll");
+  void* buf[2];
+  cudaStream_t streams[2];
+  for (int d = 0; d < 2; ++d) {
+    Cuda(cudaSetDevice(d), "cudaSetDevice");
+    Cuda(cudaMalloc(&buf[d], bytes), "cudaMalloc");
+    Cuda(cudaMemset(buf[d], 0, bytes), "cudaMemset");
+    Cuda(cudaStreamCreateWithFlags(&streams[d], cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+  auto nccl_steps = [&](int k) {
+    for (int i = 0; i < k; ++i) {
+      Nccl(ncclGroupStart(), "ncclGroupStart");
+      for (int d = 0; d < 2; ++d) {
+        Nccl(ncclAllReduce(buf[d], buf[d], n, ncclFloat32, ncclSum, comms[d], streams[d]),
+             "ncclAllReduce");
+      }
+      Nccl(ncclGroupEnd(), "ncclGroupEnd");
+    }
+    for (int d = 0; d < 2; ++d) Cuda(cudaStreamSynchronize(streams[d]), "cudaStreamSynchronize");
+  };
+  nccl_steps(2);
+  start = absl::Now();
+  nccl_steps(steps);
+  const double t_nccl = absl::ToDoubleSeconds(absl::Now() - start) / steps;
+  for (int d = 0; d < 2; ++d) {
+    cudaSetDevice(d);
+    cudaFree(buf[d]);
+    cudaStreamDestroy(streams[d]);
+    ncclCommDestroy(comms[d]);
+  }
+  // Two ranks: the ring's bus bandwidth equals bytes / time.
+  return Row{"all_reduce_256mib",
+             "GB/s",
+             bytes / t_tessel / 1e9,
+             bytes / t_nccl / 1e9,
+             0.9,
+             "psum over GPUs 0 and 1, donated, 8 steps pipelined, vs ncclAllReduce directly"};
+}
+
+void Print(const std::vector<Row>& rows, bool json) {
+  if (json) {
+    std::printf("{");
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      std::printf(
+          "%s\n  \"%s\": {\"value\": %.4g, \"baseline\": %.4g, \"ratio\": %.3f, \"goal\": "
+          "\">=%.2f\", "
+          "\"unit\": \"%s\", \"met\": %s}",
+          i ? "," : "", r.name.c_str(), r.value, r.baseline, r.ratio(), r.goal, r.unit.c_str(),
+          r.met() ? "true" : "false");
+    }
+    std::printf("\n}\n");
+  } else {
+    std::printf("%-18s %12s %12s %-8s %7s %8s  %s\n", "benchmark", "tessel", "baseline", "unit",
+                "ratio", "goal", "what");
+    for (const Row& r : rows) {
+      std::printf("%-18s %12.2f %12.2f %-8s %7.2f >=%4.2f%s  %s\n", r.name.c_str(), r.value,
+                  r.baseline, r.unit.c_str(), r.ratio(), r.goal, r.met() ? " " : "!",
+                  r.note.c_str());
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -161,207 +368,17 @@ int main(int argc, char** argv) {
   cudaStream_t stream;
   Cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
 
-  if (want("elementwise_1gib")) {
-    const int64_t n = int64_t{1} << 28;
-    const int steps = 50;
-    ArrayType t{DType::kF32, {n}};
-    GraphBuilder init("init");
-    auto x0 = init.Mul(init.Convert(init.Iota(ArrayType{DType::kS32, {n}}, 0), DType::kF32),
-                       init.Broadcast(init.Scalar(DType::kF32, 1e-9), {n}));
-    auto make = Check(session->Compile(Check(init.Build({x0}))));
-    GraphBuilder g("chain4");
-    auto x = g.Parameter(t, "x");
-    auto c = [&](double v) { return g.Broadcast(g.Scalar(DType::kF32, v), {n}); };
-    auto y = g.Mul(g.Max(g.Add(g.Mul(x, c(1.5)), c(-0.25)), c(0.0)), c(0.5));
-    auto exe =
-        Check(session->Compile(Check(g.Build({y})), {.donate = {0}, .strict_donation = true}));
-    Sync sync(*session, t);
-    auto xa = Check(session->Execute(make, {}));
-    xa = Check(session->Execute(exe, xa));  // warm-up: load and compile
-    sync(xa[0]);
-    const absl::Time start = absl::Now();
-    for (int i = 0; i < steps; ++i) xa = Check(session->Execute(exe, xa));
-    sync(xa[0]);
-    const double t_tessel = absl::ToDoubleSeconds(absl::Now() - start) / steps;
-    Check(session->Delete(xa));
-
-    void *src, *dst;
-    Cuda(cudaMalloc(&src, n * 4), "cudaMalloc");
-    Cuda(cudaMalloc(&dst, n * 4), "cudaMalloc");
-    const double t_copy = EventTime(stream, steps, [&] {
-      Cuda(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
-    });
-    cudaFree(src);
-    cudaFree(dst);
-    const double bytes = 2.0 * n * 4;
-    rows.push_back(
-        {"elementwise_1gib", "GB/s", bytes / t_tessel / 1e9, bytes / t_copy / 1e9, 0.8,
-         "mul-add-max-mul over 2^28 f32 in place, 50 steps pipelined, vs cudaMemcpyAsync D2D"});
-  }
-
-  if (want("dot_bf16_8192")) {
-    const int64_t m = 8192;
-    const int steps = 50;
-    std::vector<uint16_t> ha(m * m), hb(m * m);
-    for (int64_t i = 0; i < m * m; ++i) {
-      ha[i] = Bf16(std::sin(float(i % 9973) * 0.37f));
-      hb[i] = Bf16(std::cos(float(i % 7919) * 0.11f));
-    }
-    ArrayType t{DType::kBF16, {m, m}};
-    auto bytes_of = [](const std::vector<uint16_t>& v) {
-      return std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(v.data()),
-                                  reinterpret_cast<const uint8_t*>(v.data()) + v.size() * 2);
-    };
-    auto aa = Check(session->Put(HostArray(t, bytes_of(ha))));
-    auto ba = Check(session->Put(HostArray(t, bytes_of(hb))));
-    GraphBuilder g("dot_bf16");
-    auto a = g.Parameter(t, "a");
-    auto b = g.Parameter(t, "b");
-    auto exe = Check(session->Compile(Check(g.Build({g.MatMul(a, b)}))));
-    Sync sync(*session, t);
-    auto warm = Check(session->Execute(exe, {aa, ba}));
-    sync(warm[0]);
-    Check(session->Delete(warm));
-    const absl::Time start = absl::Now();
-    std::vector<tessel::Array> last;
-    for (int i = 0; i < steps; ++i) {
-      if (!last.empty()) Check(session->Delete(last));
-      last = Check(session->Execute(exe, {aa, ba}));
-    }
-    sync(last[0]);
-    const double t_tessel = absl::ToDoubleSeconds(absl::Now() - start) / steps;
-    Check(session->Delete(last));
-    Check(session->Delete({aa, ba}));
-
-    // cuBLASLt directly: row-major C = A B is column-major C^T = B^T A^T.
-    void *da, *db, *dc, *ws;
-    const size_t bytes = size_t(m) * m * 2, ws_bytes = size_t{32} << 20;
-    Cuda(cudaMalloc(&da, bytes), "cudaMalloc");
-    Cuda(cudaMalloc(&db, bytes), "cudaMalloc");
-    Cuda(cudaMalloc(&dc, bytes), "cudaMalloc");
-    Cuda(cudaMalloc(&ws, ws_bytes), "cudaMalloc");
-    Cuda(cudaMemcpy(da, ha.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
-    Cuda(cudaMemcpy(db, hb.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
-    cublasLtHandle_t lt;
-    Lt(cublasLtCreate(&lt), "cublasLtCreate");
-    cublasLtMatmulDesc_t desc;
-    Lt(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-    cublasLtMatrixLayout_t la, lb, lc;
-    Lt(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, m, m, m), "layout");
-    Lt(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, m, m, m), "layout");
-    Lt(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, m, m, m), "layout");
-    cublasLtMatmulPreference_t pref;
-    Lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
-    Lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                            &ws_bytes, sizeof(ws_bytes)),
-       "preference");
-    cublasLtMatmulHeuristicResult_t heuristic;
-    int found = 0;
-    Lt(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 1, &heuristic, &found),
-       "heuristic");
-    if (found == 0) {
-      std::fprintf(stderr,
-                   "tessel-gpu-bench: cuBLASLt has no algorithm for a bf16 8192^3 product\n");
-      return 1;
-    }
-    const float alpha = 1, beta = 0;
-    const double t_lt = EventTime(stream, steps, [&] {
-      Lt(cublasLtMatmul(lt, desc, &alpha, db, lb, da, la, &beta, dc, lc, dc, lc, &heuristic.algo,
-                        ws, ws_bytes, stream),
-         "cublasLtMatmul");
-    });
-    cublasLtMatmulPreferenceDestroy(pref);
-    cublasLtMatrixLayoutDestroy(la);
-    cublasLtMatrixLayoutDestroy(lb);
-    cublasLtMatrixLayoutDestroy(lc);
-    cublasLtMatmulDescDestroy(desc);
-    cublasLtDestroy(lt);
-    for (void* p : {da, db, dc, ws}) cudaFree(p);
-    const double flops = 2.0 * m * m * m;
-    rows.push_back(
-        {"dot_bf16_8192", "TFLOP/s", flops / t_tessel / 1e12, flops / t_lt / 1e12, 0.95,
-         "bf16 8192^3, f32 accumulation, 50 steps pipelined, vs cublasLtMatmul directly"});
-  }
+  if (want("elementwise_1gib")) rows.push_back(Elementwise(session.get(), stream));
+  if (want("dot_bf16_8192")) rows.push_back(DotBf16(session.get(), stream));
   cudaStreamDestroy(stream);
 
   if (want("all_reduce_256mib") && gpus < 2) {
     std::fprintf(stderr, "tessel-gpu-bench: all_reduce_256mib needs 2 GPUs; this machine has %d\n",
                  gpus);
   } else if (want("all_reduce_256mib")) {
-    const int64_t bytes = int64_t{256} << 20, n = bytes / 4;  // per device
-    const int steps = 8;
-    const tessel::bench::PsumPrograms psum = Check(tessel::bench::CompilePsum(*session, n));
-    const tessel::Executable& exe = psum.step;
-    std::vector<tessel::Array> state = Check(session->Execute(psum.init, {}));
-    auto run = [&](int k) {
-      for (int i = 0; i < k; ++i) state = Check(session->Execute(exe, state));
-      Check(session->Await(state));
-    };
-    run(2);  // warm: programs loaded, the communicators joined
-    absl::Time start = absl::Now();
-    run(steps);
-    const double t_tessel = absl::ToDoubleSeconds(absl::Now() - start) / steps;
-    Check(session->Delete(state));
-    // NCCL directly: both GPUs from this process, one grouped call per step.
-    ncclComm_t comms[2];
-    int devs[2] = {0, 1};
-    Nccl(ncclCommInitAll(comms, 2, devs), "ncclCommInitAll");
-    void* buf[2];
-    cudaStream_t streams[2];
-    for (int d = 0; d < 2; ++d) {
-      Cuda(cudaSetDevice(d), "cudaSetDevice");
-      Cuda(cudaMalloc(&buf[d], bytes), "cudaMalloc");
-      Cuda(cudaMemset(buf[d], 0, bytes), "cudaMemset");
-      Cuda(cudaStreamCreateWithFlags(&streams[d], cudaStreamNonBlocking), "cudaStreamCreate");
-    }
-    auto nccl_steps = [&](int k) {
-      for (int i = 0; i < k; ++i) {
-        Nccl(ncclGroupStart(), "ncclGroupStart");
-        for (int d = 0; d < 2; ++d) {
-          Nccl(ncclAllReduce(buf[d], buf[d], n, ncclFloat32, ncclSum, comms[d], streams[d]),
-               "ncclAllReduce");
-        }
-        Nccl(ncclGroupEnd(), "ncclGroupEnd");
-      }
-      for (int d = 0; d < 2; ++d) Cuda(cudaStreamSynchronize(streams[d]), "cudaStreamSynchronize");
-    };
-    nccl_steps(2);
-    start = absl::Now();
-    nccl_steps(steps);
-    const double t_nccl = absl::ToDoubleSeconds(absl::Now() - start) / steps;
-    for (int d = 0; d < 2; ++d) {
-      cudaSetDevice(d);
-      cudaFree(buf[d]);
-      cudaStreamDestroy(streams[d]);
-      ncclCommDestroy(comms[d]);
-    }
-    // Two ranks: the ring's bus bandwidth equals bytes / time.
-    rows.push_back(
-        {"all_reduce_256mib", "GB/s", bytes / t_tessel / 1e9, bytes / t_nccl / 1e9, 0.9,
-         "psum over GPUs 0 and 1, donated, 8 steps pipelined, vs ncclAllReduce directly"});
+    rows.push_back(AllReduce(session.get()));
   }
   cluster.reset();
-
-  if (json) {
-    std::printf("{");
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const Row& r = rows[i];
-      std::printf(
-          "%s\n  \"%s\": {\"value\": %.4g, \"baseline\": %.4g, \"ratio\": %.3f, \"goal\": "
-          "\">=%.2f\", "
-          "\"unit\": \"%s\", \"met\": %s}",
-          i ? "," : "", r.name.c_str(), r.value, r.baseline, r.ratio(), r.goal, r.unit.c_str(),
-          r.met() ? "true" : "false");
-    }
-    std::printf("\n}\n");
-  } else {
-    std::printf("%-18s %12s %12s %-8s %7s %8s  %s\n", "benchmark", "tessel", "baseline", "unit",
-                "ratio", "goal", "what");
-    for (const Row& r : rows) {
-      std::printf("%-18s %12.2f %12.2f %-8s %7.2f >=%4.2f%s  %s\n", r.name.c_str(), r.value,
-                  r.baseline, r.unit.c_str(), r.ratio(), r.goal, r.met() ? " " : "!",
-                  r.note.c_str());
-    }
-  }
+  Print(rows, json);
   return 0;
 }

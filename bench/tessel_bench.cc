@@ -98,6 +98,7 @@ using tessel::bench::kFetchBytes;
 using tessel::bench::LoadStepsPerSecond;
 using tessel::bench::MakeTestPki;
 using tessel::bench::Median;
+using tessel::bench::Print;
 using tessel::bench::Row;
 using tessel::bench::ServeBaseline;
 using tessel::bench::StartBaseline;
@@ -705,47 +706,6 @@ const Entry kEntries[] = {
     {{"fanout_16w", "fanout_64w"}, Fanout},
     {{"exec_roundtrip_tls", "fetch_256mib_tls", "load_8x2000_tls", "grpc_load_tls"}, Secured},
 };
-
-// `s` as the inside of a JSON string: quotes, backslashes and control
-// characters escaped, UTF-8 as it is.
-std::string JsonString(const std::string& s) {
-  std::string out;
-  for (char ch : s) {
-    if (ch == '"' || ch == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (static_cast<unsigned char>(ch) < 0x20) {
-      out += absl::StrFormat("\\u%04x", ch);
-    } else {
-      out += ch;
-    }
-  }
-  return out;
-}
-
-void Print(const std::vector<Row>& rows, bool json) {
-  if (json) {
-    std::printf("{");
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const Row& r = rows[i];
-      std::printf(
-          "%s\n  \"%s\": {\"value\": %.4g, \"baseline\": %.4g, \"ratio\": %.3f, \"goal\": "
-          "\"%s%.2f\", \"unit\": \"%s\", \"met\": %s, \"note\": \"%s\"}",
-          i ? "," : "", r.name.c_str(), r.value, r.baseline, r.ratio(),
-          r.higher_is_better ? ">=" : "<=", r.goal, r.unit.c_str(), r.met() ? "true" : "false",
-          JsonString(r.note).c_str());
-    }
-    std::printf("\n}\n");
-    return;
-  }
-  std::printf("%-16s %12s %12s %-8s %7s %8s  %s\n", "benchmark", "tessel", "baseline", "unit",
-              "ratio", "goal", "what");
-  for (const Row& r : rows) {
-    std::printf("%-16s %12.2f %12.2f %-8s %7.2f %3s%4.2f%s  %s\n", r.name.c_str(), r.value,
-                r.baseline, r.unit.c_str(), r.ratio(), r.higher_is_better ? ">=" : "<=", r.goal,
-                r.met() ? " " : "!", r.note.c_str());
-  }
-}
 
 }  // namespace
 

@@ -148,6 +148,76 @@ void PrintPlan(const tessel::Executable& exe, const std::vector<std::string>& pa
   }
 }
 
+// The runs' losses side by side and their steps/s; returns the largest
+// relative difference from the first run's loss.
+float PrintLosses(const std::vector<Run>& runs) {
+  std::printf("%6s", "step");
+  for (const Run& r : runs) std::printf(" %16s", r.name.c_str());
+  std::printf("\n");
+  float worst = 0;
+  for (size_t i = 0; i < runs[0].losses.size(); ++i) {
+    std::printf("%6d", i == 0 ? 1 : int(i) * kReportEvery);
+    for (const Run& r : runs) {
+      std::printf(" %16.6f", r.losses[i]);
+      worst = std::max(worst, std::abs(r.losses[i] - runs[0].losses[i]) / runs[0].losses[i]);
+    }
+    std::printf("\n");
+  }
+  std::printf("%6s", "steps/s");
+  for (const Run& r : runs) std::printf(" %16.0f", kSteps / r.seconds);
+  std::printf("\nlargest relative difference from the one-device loss: %.2e\n", worst);
+  return worst;
+}
+
+// Held-out evaluation on the other worker's device.
+absl::Status EvaluateHeldOut(tessel::Session& s, const std::vector<tessel::Array>& params,
+                             std::mt19937& rng) {
+  tessel::Session* session = &s;
+  TESSEL_DEMO_ASSIGN(tessel::Graph eval_graph, tessel::mlp::EvalLoss(kShape));
+  TESSEL_DEMO_ASSIGN(tessel::Executable eval, session->Compile(eval_graph));
+  HostArray tx, ty;
+  MakeData(rng, tx, ty);
+  const tessel::Placement dev1 = tessel::Placement::Device(1);
+  std::vector<tessel::Array> eval_args;
+  for (const tessel::Array& p : params) {
+    TESSEL_DEMO_ASSIGN(HostArray h, session->Fetch(p));
+    TESSEL_DEMO_ASSIGN(tessel::Array a, session->Put(h, dev1));
+    eval_args.push_back(a);
+  }
+  TESSEL_DEMO_ASSIGN(tessel::Array ex, session->Put(tx, dev1));
+  TESSEL_DEMO_ASSIGN(tessel::Array ey, session->Put(ty, dev1));
+  eval_args.push_back(ex);
+  eval_args.push_back(ey);
+  TESSEL_DEMO_ASSIGN(std::vector<tessel::Array> eouts, session->Execute(eval, eval_args, {dev1}));
+  TESSEL_DEMO_ASSIGN(HostArray el, session->Fetch(eouts[0]));
+  std::printf("held-out loss on device 1: %.5f (predicting the mean: %.4f)\n", el.as<float>()[0],
+              Variance(ty));
+  return absl::OkStatus();
+}
+
+// What the cluster and the session did, and each device's memory.
+absl::Status PrintStats(tessel::Session& s) {
+  tessel::Session* session = &s;
+  TESSEL_DEMO_ASSIGN(tessel::SessionStats st, session->Stats());
+  TESSEL_DEMO_ASSIGN(tessel::ClusterStatus cs, session->Cluster(true));
+  std::printf(
+      "\ncluster: %zu workers, %d devices; %lld compiles (%lld cache hits), %lld executions\n",
+      cs.workers.size(), cs.num_devices(), (long long)cs.compiles, (long long)cs.compile_cache_hits,
+      (long long)cs.executions);
+  std::printf(
+      "session: %lld live arrays (%lld bytes), %lld bytes host->device, %lld bytes device->host\n",
+      (long long)st.live_arrays, (long long)st.live_bytes, (long long)st.bytes_host_to_device,
+      (long long)st.bytes_device_to_host);
+  for (const auto& w : cs.workers) {
+    for (const auto& m : w.memory) {
+      std::printf("  %s device %d: %lld bytes in use, peak %lld, %lld buffers\n", w.id.c_str(),
+                  m.device, (long long)m.bytes_in_use, (long long)m.peak_bytes_in_use,
+                  (long long)m.num_buffers);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Main() {
   tessel::LocalCluster::Options options;
   options.workers = 2;
@@ -212,64 +282,15 @@ absl::Status Main() {
     TESSEL_DEMO_ASSIGN(Run r, Train(*session, *exe, name, start, hx, hy));
     runs.push_back(std::move(r));
   }
-  std::printf("%6s", "step");
-  for (const Run& r : runs) std::printf(" %16s", r.name.c_str());
-  std::printf("\n");
-  float worst = 0;
-  for (size_t i = 0; i < runs[0].losses.size(); ++i) {
-    std::printf("%6d", i == 0 ? 1 : int(i) * kReportEvery);
-    for (const Run& r : runs) {
-      std::printf(" %16.6f", r.losses[i]);
-      worst = std::max(worst, std::abs(r.losses[i] - runs[0].losses[i]) / runs[0].losses[i]);
-    }
-    std::printf("\n");
-  }
-  std::printf("%6s", "steps/s");
-  for (const Run& r : runs) std::printf(" %16.0f", kSteps / r.seconds);
-  std::printf("\nlargest relative difference from the one-device loss: %.2e\n", worst);
+  const float worst = PrintLosses(runs);
   const float loss = runs[0].losses.back();
   std::vector<tessel::Array> params = runs[0].params;
   for (size_t i = 1; i < runs.size(); ++i)
     TESSEL_DEMO_RETURN_IF_ERROR(session->Delete(runs[i].params));
 
-  // Held-out evaluation on the other worker's device.
-  TESSEL_DEMO_ASSIGN(tessel::Graph eval_graph, tessel::mlp::EvalLoss(kShape));
-  TESSEL_DEMO_ASSIGN(tessel::Executable eval, session->Compile(eval_graph));
-  HostArray tx, ty;
-  MakeData(rng, tx, ty);
-  const tessel::Placement dev1 = tessel::Placement::Device(1);
-  std::vector<tessel::Array> eval_args;
-  for (const tessel::Array& p : params) {
-    TESSEL_DEMO_ASSIGN(HostArray h, session->Fetch(p));
-    TESSEL_DEMO_ASSIGN(tessel::Array a, session->Put(h, dev1));
-    eval_args.push_back(a);
-  }
-  TESSEL_DEMO_ASSIGN(tessel::Array ex, session->Put(tx, dev1));
-  TESSEL_DEMO_ASSIGN(tessel::Array ey, session->Put(ty, dev1));
-  eval_args.push_back(ex);
-  eval_args.push_back(ey);
-  TESSEL_DEMO_ASSIGN(std::vector<tessel::Array> eouts, session->Execute(eval, eval_args, {dev1}));
-  TESSEL_DEMO_ASSIGN(HostArray el, session->Fetch(eouts[0]));
-  std::printf("held-out loss on device 1: %.5f (predicting the mean: %.4f)\n", el.as<float>()[0],
-              Variance(ty));
+  TESSEL_DEMO_RETURN_IF_ERROR(EvaluateHeldOut(*session, params, rng));
 
-  TESSEL_DEMO_ASSIGN(tessel::SessionStats st, session->Stats());
-  TESSEL_DEMO_ASSIGN(tessel::ClusterStatus cs, session->Cluster(true));
-  std::printf(
-      "\ncluster: %zu workers, %d devices; %lld compiles (%lld cache hits), %lld executions\n",
-      cs.workers.size(), cs.num_devices(), (long long)cs.compiles, (long long)cs.compile_cache_hits,
-      (long long)cs.executions);
-  std::printf(
-      "session: %lld live arrays (%lld bytes), %lld bytes host->device, %lld bytes device->host\n",
-      (long long)st.live_arrays, (long long)st.live_bytes, (long long)st.bytes_host_to_device,
-      (long long)st.bytes_device_to_host);
-  for (const auto& w : cs.workers) {
-    for (const auto& m : w.memory) {
-      std::printf("  %s device %d: %lld bytes in use, peak %lld, %lld buffers\n", w.id.c_str(),
-                  m.device, (long long)m.bytes_in_use, (long long)m.peak_bytes_in_use,
-                  (long long)m.num_buffers);
-    }
-  }
+  TESSEL_DEMO_RETURN_IF_ERROR(PrintStats(*session));
   if (!(loss < 0.5f * Variance(hy))) {
     return absl::InternalError(absl::StrFormat("training did not converge: loss %.4f", loss));
   }

@@ -12,6 +12,7 @@
 #include "core/process_tuning.h"
 #include "core/reflection_v1.h"
 #include "core/security.h"
+#include "core/status.h"
 #include "server/coordinator.h"
 #include "server/fault_injection.h"
 #include "server/kv_store.h"
@@ -138,6 +139,83 @@ void AddCoordinatorMetrics(tessel::server::Coordinator* c, tessel::MetricsEndpoi
   });
 }
 
+// The coordinator's options from its flags (limits, cache, leases, tenants,
+// how it reaches workers, faults to inject); INVALID_ARGUMENT naming a flag
+// out of range or a tokens file that does not read. Warns of what a
+// non-loopback host leaves open.
+absl::StatusOr<tessel::server::Coordinator::Options> OptionsFromFlags(
+    const tessel::DaemonSecurity& security, const tessel::server::TenantLimits& defaults,
+    const std::shared_ptr<spdlog::logger>& log) {
+  const std::string host = absl::GetFlag(FLAGS_host);
+  const tessel::TlsFiles& tls = security.tls;
+  const std::string& join_token = security.join_token;
+  tessel::server::Coordinator::Options options;
+  options.logger = log;
+  if (defaults.memory_quota_bytes < 0 || defaults.max_sessions < 0 ||
+      defaults.compile_cache_bytes < 0) {
+    return absl::InvalidArgumentError(
+        "--tenant_memory_quota_mb, --max_sessions_per_tenant and --tenant_compile_cache_mb: "
+        "expected >= 0");
+  }
+  options.tenants = tessel::server::Tenants(defaults);
+  if (absl::GetFlag(FLAGS_compile_cache_mb) < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--compile_cache_mb: expected >= 1, got ",
+                                                   absl::GetFlag(FLAGS_compile_cache_mb)));
+  }
+  options.compile_cache_bytes = absl::GetFlag(FLAGS_compile_cache_mb) << 20;
+  options.direct_transfers = absl::GetFlag(FLAGS_direct_transfers);
+  if (absl::GetFlag(FLAGS_auth_reload_s) < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--auth_reload_s: expected >= 0, got ", absl::GetFlag(FLAGS_auth_reload_s)));
+  }
+  if (const std::string f = absl::GetFlag(FLAGS_auth_tokens_file); !f.empty()) {
+    TESSEL_ASSIGN_OR_RETURN(options.tenants, tessel::server::Tenants::FromFile(f, defaults));
+    log->info("clients authenticate: {} tenants in {}", options.tenants.num_tenants(), f);
+  }
+  if (!tessel::IsLoopbackHost(host)) {
+    if (!tls.enabled())
+      log->warn("--insecure: serving plaintext on {}; anyone on the network can read and change it",
+                host);
+    if (join_token.empty())
+      log->warn("no --join_token_file: anyone who reaches {} can register a worker", host);
+    if (!options.tenants.authenticating()) {
+      log->warn("no --auth_tokens_file: anyone who reaches {} can open sessions and call Admin",
+                host);
+    }
+  }
+  auto worker_creds = tessel::ChannelCredentials(tls);
+  const std::string worker_name = absl::GetFlag(FLAGS_tls_worker_name);
+  options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
+  options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  if (absl::GetFlag(FLAGS_session_lease_s) < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--session_lease_s: expected >= 0, got ",
+                                                   absl::GetFlag(FLAGS_session_lease_s)));
+  }
+  options.session_lease = absl::Seconds(absl::GetFlag(FLAGS_session_lease_s));
+  if (absl::GetFlag(FLAGS_reconcile_interval_s) < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--reconcile_interval_s: expected >= 0, got ",
+                                                   absl::GetFlag(FLAGS_reconcile_interval_s)));
+  }
+  options.reconcile_interval = absl::Seconds(absl::GetFlag(FLAGS_reconcile_interval_s));
+  if (const std::string spec = absl::GetFlag(FLAGS_inject_faults); !spec.empty()) {
+    auto plan = tessel::server::FaultPlan::Parse(spec);
+    if (!plan.ok()) return tessel::Annotate(plan.status(), "--inject_faults: ");
+    log->warn("injecting faults on the way to every worker: {}", spec);
+    options.connect = [plan = *plan, worker_creds, worker_name](const std::string& address,
+                                                                const std::string& secret) {
+      return tessel::server::WithFaults(
+          tessel::server::NewGrpcWorkerClient(address, secret, worker_creds, worker_name), plan,
+          address);
+    };
+  } else {
+    options.connect = [worker_creds, worker_name](const std::string& address,
+                                                  const std::string& secret) {
+      return tessel::server::NewGrpcWorkerClient(address, secret, worker_creds, worker_name);
+    };
+  }
+  return options;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -171,83 +249,15 @@ int main(int argc, char** argv) {
   }
   const tessel::TlsFiles& tls = security->tls;
   const std::string& join_token = security->join_token;
-  tessel::server::Coordinator::Options options;
-  options.logger = log;
   const tessel::server::TenantLimits defaults{absl::GetFlag(FLAGS_tenant_memory_quota_mb) << 20,
                                               absl::GetFlag(FLAGS_max_sessions_per_tenant),
                                               absl::GetFlag(FLAGS_tenant_compile_cache_mb) << 20};
-  if (defaults.memory_quota_bytes < 0 || defaults.max_sessions < 0 ||
-      defaults.compile_cache_bytes < 0) {
-    log->error(
-        "--tenant_memory_quota_mb, --max_sessions_per_tenant and --tenant_compile_cache_mb: "
-        "expected >= 0");
+  auto options_or = OptionsFromFlags(*security, defaults, log);
+  if (!options_or.ok()) {
+    log->error("{}", std::string(options_or.status().message()));
     return 2;
   }
-  options.tenants = tessel::server::Tenants(defaults);
-  if (absl::GetFlag(FLAGS_compile_cache_mb) < 1) {
-    log->error("--compile_cache_mb: expected >= 1, got {}", absl::GetFlag(FLAGS_compile_cache_mb));
-    return 2;
-  }
-  options.compile_cache_bytes = absl::GetFlag(FLAGS_compile_cache_mb) << 20;
-  options.direct_transfers = absl::GetFlag(FLAGS_direct_transfers);
-  if (absl::GetFlag(FLAGS_auth_reload_s) < 0) {
-    log->error("--auth_reload_s: expected >= 0, got {}", absl::GetFlag(FLAGS_auth_reload_s));
-    return 2;
-  }
-  if (const std::string f = absl::GetFlag(FLAGS_auth_tokens_file); !f.empty()) {
-    auto t = tessel::server::Tenants::FromFile(f, defaults);
-    if (!t.ok()) {
-      log->error("{}", std::string(t.status().message()));
-      return 2;
-    }
-    options.tenants = std::move(*t);
-    log->info("clients authenticate: {} tenants in {}", options.tenants.num_tenants(), f);
-  }
-  if (!tessel::IsLoopbackHost(host)) {
-    if (!tls.enabled())
-      log->warn("--insecure: serving plaintext on {}; anyone on the network can read and change it",
-                host);
-    if (join_token.empty())
-      log->warn("no --join_token_file: anyone who reaches {} can register a worker", host);
-    if (!options.tenants.authenticating()) {
-      log->warn("no --auth_tokens_file: anyone who reaches {} can open sessions and call Admin",
-                host);
-    }
-  }
-  auto worker_creds = tessel::ChannelCredentials(tls);
-  const std::string worker_name = absl::GetFlag(FLAGS_tls_worker_name);
-  options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
-  options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
-  if (absl::GetFlag(FLAGS_session_lease_s) < 0) {
-    log->error("--session_lease_s: expected >= 0, got {}", absl::GetFlag(FLAGS_session_lease_s));
-    return 2;
-  }
-  options.session_lease = absl::Seconds(absl::GetFlag(FLAGS_session_lease_s));
-  if (absl::GetFlag(FLAGS_reconcile_interval_s) < 0) {
-    log->error("--reconcile_interval_s: expected >= 0, got {}",
-               absl::GetFlag(FLAGS_reconcile_interval_s));
-    return 2;
-  }
-  options.reconcile_interval = absl::Seconds(absl::GetFlag(FLAGS_reconcile_interval_s));
-  if (const std::string spec = absl::GetFlag(FLAGS_inject_faults); !spec.empty()) {
-    auto plan = tessel::server::FaultPlan::Parse(spec);
-    if (!plan.ok()) {
-      log->error("--inject_faults: {}", plan.status().ToString());
-      return 2;
-    }
-    log->warn("injecting faults on the way to every worker: {}", spec);
-    options.connect = [plan = *plan, worker_creds, worker_name](const std::string& address,
-                                                                const std::string& secret) {
-      return tessel::server::WithFaults(
-          tessel::server::NewGrpcWorkerClient(address, secret, worker_creds, worker_name), plan,
-          address);
-    };
-  } else {
-    options.connect = [worker_creds, worker_name](const std::string& address,
-                                                  const std::string& secret) {
-      return tessel::server::NewGrpcWorkerClient(address, secret, worker_creds, worker_name);
-    };
-  }
+  tessel::server::Coordinator::Options options = std::move(*options_or);
   auto metrics_or = tessel::MetricsEndpointFromFlags("tessel-coordinator", *security);
   if (!metrics_or.ok()) {
     log->error("{}", std::string(metrics_or.status().message()));

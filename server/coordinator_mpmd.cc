@@ -17,14 +17,18 @@ namespace tessel::server {
 using absl::StrCat;
 using absl::StrFormat;
 
-struct Coordinator::MpmdProgram {
+// Where an MPMD program's values are: as each part's executable takes and
+// gives them, and where each parameter is first read.
+struct MpmdLayouts {
+  std::vector<std::vector<v1::Placement>> part_inputs, part_outputs;
+  std::vector<std::vector<v1::TensorType>> part_output_types;
+  std::vector<v1::Placement> parameter_placements;
+};
+
+struct Coordinator::MpmdProgram : MpmdLayouts {
   std::string name;
   MpmdSplit split;
   std::vector<std::string> part_ids;
-  std::vector<std::vector<v1::Placement>> part_inputs,
-      part_outputs;  // as each part's executable takes and gives them
-  std::vector<std::vector<v1::TensorType>> part_output_types;
-  std::vector<v1::Placement> parameter_placements;  // where each parameter is first read
 };
 
 namespace {
@@ -61,6 +65,42 @@ uint64_t Fingerprint(absl::string_view s) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
   return h;
+}
+
+// The moves every execution of the program makes, into `resp` and `plan`.
+absl::Status PlanMpmdTransfers(const std::string& what, const MpmdSplit& split,
+                               const MpmdLayouts& layouts, v1::CompileResponse& resp,
+                               std::string& plan) {
+  absl::StrAppend(&plan, "transfers (worker to worker, before the reader runs):\n");
+  int transfers = 0;
+  for (size_t q = 0; q < split.parts.size(); ++q) {
+    for (size_t j = 0; j < split.parts[q].inputs.size(); ++j) {
+      const MpmdRef r = split.parts[q].inputs[j];
+      const v1::Placement& have = r.part < 0 ? layouts.parameter_placements[r.index]
+                                             : layouts.part_outputs[r.part][r.index];
+      const v1::Placement& want = layouts.part_inputs[q][j];
+      if (SamePlacement(have, want)) continue;
+      const v1::TensorType& type =
+          r.part < 0 ? split.parameter_types[r.index] : layouts.part_output_types[r.part][r.index];
+      auto moves = PlanReshard(RecordOf(type, have), RecordOf(type, want),
+                               [](int) { return std::string(); });
+      if (!moves.ok())
+        return Annotate(moves.status(), StrCat(what, ": '", split.parts[q].input_names[j], "': "));
+      v1::MpmdTransfer* t = resp.add_transfers();
+      t->set_value(split.parts[q].input_names[j]);
+      t->set_bytes(moves->bytes_moved);
+      t->set_reason(StrCat(r.part < 0 ? StrCat("parameter '", split.parameter_names[r.index], "'")
+                                      : StrCat("result ", r.index, " of part ", r.part, " '",
+                                               split.parts[r.part].name, "'"),
+                           ", made as ", Where(have), ", is read by part ", q, " '",
+                           split.parts[q].name, "' as ", Where(want)));
+      absl::StrAppend(&plan, "  %", t->value(), ": ", TypeString(type), ", ", t->bytes(),
+                      " bytes cross devices: ", t->reason(), "\n");
+      ++transfers;
+    }
+  }
+  if (transfers == 0) absl::StrAppend(&plan, "  none\n");
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -147,36 +187,7 @@ absl::StatusOr<v1::CompileResponse> Coordinator::CompileMpmd(const v1::CompileRe
           what, ": parameter ", i, " '", split.parameter_names[i], "' is read by no mesh region"));
     }
   }
-  // The moves every execution makes.
-  absl::StrAppend(&plan, "transfers (worker to worker, before the reader runs):\n");
-  int transfers = 0;
-  for (size_t q = 0; q < split.parts.size(); ++q) {
-    for (size_t j = 0; j < split.parts[q].inputs.size(); ++j) {
-      const MpmdRef r = split.parts[q].inputs[j];
-      const v1::Placement& have = r.part < 0 ? program->parameter_placements[r.index]
-                                             : program->part_outputs[r.part][r.index];
-      const v1::Placement& want = program->part_inputs[q][j];
-      if (SamePlacement(have, want)) continue;
-      const v1::TensorType& type =
-          r.part < 0 ? split.parameter_types[r.index] : program->part_output_types[r.part][r.index];
-      auto moves = PlanReshard(RecordOf(type, have), RecordOf(type, want),
-                               [](int) { return std::string(); });
-      if (!moves.ok())
-        return Annotate(moves.status(), StrCat(what, ": '", split.parts[q].input_names[j], "': "));
-      v1::MpmdTransfer* t = resp.add_transfers();
-      t->set_value(split.parts[q].input_names[j]);
-      t->set_bytes(moves->bytes_moved);
-      t->set_reason(StrCat(r.part < 0 ? StrCat("parameter '", split.parameter_names[r.index], "'")
-                                      : StrCat("result ", r.index, " of part ", r.part, " '",
-                                               split.parts[r.part].name, "'"),
-                           ", made as ", Where(have), ", is read by part ", q, " '",
-                           split.parts[q].name, "' as ", Where(want)));
-      absl::StrAppend(&plan, "  %", t->value(), ": ", TypeString(type), ", ", t->bytes(),
-                      " bytes cross devices: ", t->reason(), "\n");
-      ++transfers;
-    }
-  }
-  if (transfers == 0) absl::StrAppend(&plan, "  none\n");
+  TESSEL_RETURN_IF_ERROR(PlanMpmdTransfers(what, split, *program, resp, plan));
   for (size_t i = 0; i < split.parameter_types.size(); ++i) {
     *resp.add_parameter_types() = split.parameter_types[i];
     *resp.add_parameter_placements() = program->parameter_placements[i];

@@ -180,7 +180,6 @@ absl::Status Coordinator::GuardTransferLocked(const std::string& session,
   return absl::OkStatus();
 }
 
-
 uint64_t Coordinator::FreshHandleLocked() const {
   uint64_t h = 0;
   while (h == 0 || arrays_.ContainsLocked(h)) h = RandomU64();

@@ -21,6 +21,7 @@
 #include "core/process_tuning.h"
 #include "core/reflection_v1.h"
 #include "core/security.h"
+#include "core/status.h"
 #include "core/version.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -271,6 +272,171 @@ std::string MissingKernelInstructions() {
   return missing;
 }
 
+// What the heartbeat thread works with.
+struct Beat {
+  tessel::v1::Registry::Stub& registry;
+  const Identity& me;
+  const std::vector<std::string>& kinds;
+  const std::string& coordinator;
+  tessel::worker::WorkerRuntime& runtime;
+  tessel::worker::KvStoreClient& store;
+  grpc::HealthCheckServiceInterface& health;
+  spdlog::logger& log;
+  const std::atomic<bool>& stop;
+};
+
+// Heartbeats until `stop`, registering again when the coordinator no
+// longer knows this worker (a restarted coordinator: the old one's arrays
+// and programs are dropped). Without a coordinator the worker can run
+// nothing new: tessel.v1.Worker reports NOT_SERVING from the first failed
+// heartbeat until the coordinator answers again. The loss and the recovery
+// are logged once each, with a reminder every 30 s in between (each
+// failure at debug level).
+void Heartbeats(const Beat& b, const Registration& registration) {
+  Registration r = registration;
+  std::optional<absl::Time> lost_since;
+  absl::Time reminded;
+  auto lost = [&](const std::string& why) {
+    const absl::Time now = absl::Now();
+    if (!lost_since) {
+      lost_since = reminded = now;
+      b.health.SetServingStatus("tessel.v1.Worker", false);
+      b.log.warn("lost the coordinator at {}: {}; NOT_SERVING until it answers", b.coordinator,
+                 why);
+    } else if (now - reminded >= absl::Seconds(30)) {
+      reminded = now;
+      b.log.warn("still no coordinator at {} after {:.0f} s: {}", b.coordinator,
+                 absl::ToDoubleSeconds(now - *lost_since), why);
+    } else {
+      b.log.debug("heartbeat to {} failed: {}", b.coordinator, why);
+    }
+  };
+  auto found = [&] {
+    if (!lost_since) return;
+    b.log.info("the coordinator at {} answers again after {:.1f} s; SERVING", b.coordinator,
+               absl::ToDoubleSeconds(absl::Now() - *lost_since));
+    lost_since.reset();
+    b.health.SetServingStatus("tessel.v1.Worker", true);
+  };
+  while (!b.stop) {
+    absl::SleepFor(absl::Milliseconds(r.heartbeat_ms));
+    if (b.stop) break;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(std::max<int64_t>(1000, r.heartbeat_ms)));
+    tessel::v1::HeartbeatRequest req;
+    req.set_worker_id(r.worker_id);
+    req.set_worker_secret(b.me.secret);
+    tessel::v1::HeartbeatResponse resp;
+    grpc::Status s = b.registry.Heartbeat(&ctx, req, &resp);
+    if (s.ok() && !resp.known()) {
+      b.log.warn("coordinator does not know worker {}; registering again", r.worker_id);
+      auto again = Register(b.registry, b.me, b.kinds, absl::Seconds(5));
+      if (again.ok()) {
+        if (again->coordinator_incarnation != r.coordinator_incarnation) {
+          auto [arrays, bytes] = b.runtime.ForgetAllArrays();
+          const int64_t programs = b.runtime.ForgetPrograms();
+          b.log.warn(
+              "the coordinator restarted (incarnation {} -> {}): dropped the old one's {} arrays "
+              "({} bytes) "
+              "and {} programs",
+              r.coordinator_incarnation, again->coordinator_incarnation, arrays, bytes, programs);
+        }
+        r = *again;
+        b.store.SetWorkerId(r.worker_id);
+        b.runtime.StartQueueEpoch(r.queue_epoch);
+        b.log.info("registered again as {}", r.worker_id);
+        found();
+      } else {
+        lost(std::string(again.status().message()));
+      }
+    } else if (s.ok()) {
+      found();
+    } else {
+      lost(s.error_message());
+    }
+  }
+}
+
+// The worker's gRPC server on `host` (--port), with `services`; only the
+// cluster's daemons (certificates signed by the CA) may connect. Null, or
+// *port 0, when it could not listen.
+std::unique_ptr<grpc::Server> Serve(const std::string& host, const tessel::TlsFiles& tls,
+                                    std::initializer_list<grpc::Service*> services, int* port) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)),
+                           tessel::ServerCredentials(tls, /*require_client_cert=*/true), port);
+  for (grpc::Service* s : services) builder.RegisterService(s);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetMaxSendMessageSize(64 << 20);
+  return builder.BuildAndStart();
+}
+
+// Whether this worker can start: its CPU has the kernels' instructions,
+// its parent (--parent_pid) lives, --coordinator and --devices are given
+// and in range. 0, or the exit code after saying why not.
+int CheckStart(spdlog::logger& log) {
+  if (const std::string missing = MissingKernelInstructions(); !missing.empty()) {
+    log.error(
+        "this tessel-worker's CPU kernels were built for {} and this CPU lacks {}: rebuild with "
+        "-DTESSEL_ISA=x86-64-v2 (or -DTESSEL_NATIVE=ON on this machine)",
+        TESSEL_KERNEL_ISA, missing);
+    return 2;
+  }
+  if (const int parent = absl::GetFlag(FLAGS_parent_pid);
+      parent > 0 && !tessel::StopWithParent(parent)) {
+    log.error("--parent_pid={}: that process has already exited", parent);
+    return 1;
+  }
+  if (absl::GetFlag(FLAGS_coordinator).empty()) {
+    log.error("--coordinator is required");
+    return 2;
+  }
+  if (const int n = absl::GetFlag(FLAGS_devices); n < 1 || n > 256) {
+    log.error("--devices: expected 1..256, got {}", n);
+    return 2;
+  }
+  return 0;
+}
+
+// The worker's devices (--device_kind, --devices; their kinds into
+// `kinds`) and the runtime over them.
+absl::StatusOr<std::unique_ptr<tessel::worker::WorkerRuntime>> MakeRuntime(
+    const std::shared_ptr<spdlog::logger>& log, std::vector<std::string>* kinds) {
+  tessel::worker::WorkerRuntime::Options options;
+  TESSEL_ASSIGN_OR_RETURN(options.devices, MakeDevices(absl::GetFlag(FLAGS_device_kind),
+                                                       absl::GetFlag(FLAGS_devices), *log));
+  for (const auto& d : options.devices) kinds->push_back(d->kind());
+  options.logger = log;
+  return tessel::worker::WorkerRuntime::Create(std::move(options));
+}
+
+// The worker's step metrics on `metrics` (null: none served).
+std::unique_ptr<tessel::StepMetrics> WorkerMetrics(tessel::MetricsEndpoint* metrics,
+                                                   tessel::worker::WorkerRuntime* runtime,
+                                                   spdlog::logger& log) {
+  if (metrics == nullptr) return nullptr;
+  auto step_metrics = std::make_unique<tessel::StepMetrics>(
+      metrics->registry(), "tessel_worker", "from its arrival on the worker to its answer");
+  AddWorkerMetrics(runtime, *metrics);
+  log.info("metrics on port {} (/metrics)", metrics->port());
+  return step_metrics;
+}
+
+// Who this worker is to the coordinator: its address and secret, its name
+// (--worker_id, else "<hostname>:<port>"), a fresh incarnation, and the
+// address clients reach it at (--client_address).
+Identity MakeIdentity(const std::string& address, const std::string& secret, int port) {
+  Identity me{address, secret, absl::GetFlag(FLAGS_worker_id), tessel::RandomSecret().substr(0, 16),
+              absl::GetFlag(FLAGS_client_address)};
+  if (me.name.empty()) {
+    char hostname[256] = {};
+    gethostname(hostname, sizeof hostname - 1);
+    me.name = absl::StrCat(hostname, ":", port);
+  }
+  return me;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -293,41 +459,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::shared_ptr<spdlog::logger> log = *made;
-  if (const std::string missing = MissingKernelInstructions(); !missing.empty()) {
-    log->error(
-        "this tessel-worker's CPU kernels were built for {} and this CPU lacks {}: rebuild with "
-        "-DTESSEL_ISA=x86-64-v2 (or -DTESSEL_NATIVE=ON on this machine)",
-        TESSEL_KERNEL_ISA, missing);
-    return 2;
-  }
-  if (const int parent = absl::GetFlag(FLAGS_parent_pid);
-      parent > 0 && !tessel::StopWithParent(parent)) {
-    log->error("--parent_pid={}: that process has already exited", parent);
-    return 1;
-  }
+  if (const int code = CheckStart(*log); code != 0) return code;
   const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
-  const int num_devices = absl::GetFlag(FLAGS_devices);
-  if (coordinator.empty()) {
-    log->error("--coordinator is required");
-    return 2;
-  }
-  if (num_devices < 1 || num_devices > 256) {
-    log->error("--devices: expected 1..256, got {}", num_devices);
-    return 2;
-  }
-  tessel::worker::WorkerRuntime::Options options;
-  {
-    auto devices = MakeDevices(absl::GetFlag(FLAGS_device_kind), num_devices, *log);
-    if (!devices.ok()) {
-      log->error("{}", devices.status().ToString());
-      return 1;
-    }
-    options.devices = std::move(*devices);
-  }
   std::vector<std::string> kinds;
-  for (const auto& d : options.devices) kinds.push_back(d->kind());
-  options.logger = log;
-  auto runtime = tessel::worker::WorkerRuntime::Create(std::move(options));
+  auto runtime = MakeRuntime(log, &kinds);
   if (!runtime.ok()) {
     log->error("{}", runtime.status().ToString());
     return 1;
@@ -353,27 +488,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::unique_ptr<tessel::MetricsEndpoint> metrics = std::move(*metrics_or);
-  std::unique_ptr<tessel::StepMetrics> step_metrics;
-  if (metrics != nullptr) {
-    step_metrics = std::make_unique<tessel::StepMetrics>(
-        metrics->registry(), "tessel_worker", "from its arrival on the worker to its answer");
-    AddWorkerMetrics(runtime->get(), *metrics);
-    log->info("metrics on port {} (/metrics)", metrics->port());
-  }
+  std::unique_ptr<tessel::StepMetrics> step_metrics =
+      WorkerMetrics(metrics.get(), runtime->get(), *log);
   tessel::worker::WorkerService service(runtime->get(), secret, step_metrics.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   tessel::ReflectionV1Service reflection_v1({"tessel.v1.Worker"});
-  grpc::ServerBuilder builder;
   int port = 0;
-  // Only the cluster's daemons (certificates signed by the CA) may connect.
-  builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)),
-                           tessel::ServerCredentials(tls, /*require_client_cert=*/true), &port);
-  builder.RegisterService(&service);
-  builder.RegisterService(&reflection_v1);
-  builder.SetMaxReceiveMessageSize(64 << 20);
-  builder.SetMaxSendMessageSize(64 << 20);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = Serve(host, tls, {&service, &reflection_v1}, &port);
   if (!server || port == 0) {
     log->error("could not listen on {}:{}", host, absl::GetFlag(FLAGS_port));
     return 1;
@@ -384,28 +506,24 @@ int main(int argc, char** argv) {
   auto channel = tessel::CreateChannelWithToken(coordinator, tessel::ChannelCredentials(tls),
                                                 grpc::ChannelArguments(), join_token);
   std::shared_ptr<tessel::v1::Registry::Stub> registry = tessel::v1::Registry::NewStub(channel);
-  std::shared_ptr<tessel::worker::KvStoreClient> store;
-  {
-    // Collectives: groups meet through the coordinator's key-value store.
-    const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_collective_timeout_s));
-    store = std::make_shared<tessel::worker::KvStoreClient>(
-        registry,
-        tessel::worker::KvStoreClient::Options{.timeout = timeout, .worker_secret = secret});
-    auto collectives = tessel::worker::NewCommunicatorRegistry(
-        {.self = address, .store = store, .hostname = host, .timeout = timeout, .logger = log});
-    if (!collectives.ok()) {
-      log->error("{}", collectives.status().ToString());
-      return 1;
-    }
+  // Collectives: groups meet through the coordinator's key-value store.
+  const absl::Duration collective_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_collective_timeout_s));
+  auto store = std::make_shared<tessel::worker::KvStoreClient>(
+      registry, tessel::worker::KvStoreClient::Options{.timeout = collective_timeout,
+                                                       .worker_secret = secret});
+  if (auto collectives = tessel::worker::NewCommunicatorRegistry({.self = address,
+                                                                  .store = store,
+                                                                  .hostname = host,
+                                                                  .timeout = collective_timeout,
+                                                                  .logger = log});
+      collectives.ok()) {
     (*runtime)->SetCollectives(std::move(*collectives));
+  } else {
+    log->error("{}", collectives.status().ToString());
+    return 1;
   }
-  Identity me{address, secret, absl::GetFlag(FLAGS_worker_id), tessel::RandomSecret().substr(0, 16),
-              absl::GetFlag(FLAGS_client_address)};
-  if (me.name.empty()) {
-    char hostname[256] = {};
-    gethostname(hostname, sizeof hostname - 1);
-    me.name = absl::StrCat(hostname, ":", port);
-  }
+  const Identity me = MakeIdentity(address, secret, port);
   log->info("worker {} (incarnation {})", me.name, me.incarnation);
   auto reg = Register(*registry, me, kinds, absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s)));
   if (!reg.ok()) {
@@ -422,76 +540,11 @@ int main(int argc, char** argv) {
       absl::StrCat("serving ", address, ", registered with ", coordinator, " as ", reg->worker_id));
   (*runtime)->StartQueueEpoch(reg->queue_epoch);
 
-  // Without a coordinator the worker can run nothing new: tessel.v1.Worker
-  // reports NOT_SERVING from the first failed heartbeat until the coordinator
-  // answers again. The loss and the recovery are logged once each, with a
-  // reminder every 30 s in between (each failure at debug level).
-  auto* health = server->GetHealthCheckService();
   std::atomic<bool> stop{false};
-  std::thread heartbeat([&] {
-    Registration r = *reg;
-    std::optional<absl::Time> lost_since;
-    absl::Time reminded;
-    auto lost = [&](const std::string& why) {
-      const absl::Time now = absl::Now();
-      if (!lost_since) {
-        lost_since = reminded = now;
-        health->SetServingStatus("tessel.v1.Worker", false);
-        log->warn("lost the coordinator at {}: {}; NOT_SERVING until it answers", coordinator, why);
-      } else if (now - reminded >= absl::Seconds(30)) {
-        reminded = now;
-        log->warn("still no coordinator at {} after {:.0f} s: {}", coordinator,
-                  absl::ToDoubleSeconds(now - *lost_since), why);
-      } else {
-        log->debug("heartbeat to {} failed: {}", coordinator, why);
-      }
-    };
-    auto found = [&] {
-      if (!lost_since) return;
-      log->info("the coordinator at {} answers again after {:.1f} s; SERVING", coordinator,
-                absl::ToDoubleSeconds(absl::Now() - *lost_since));
-      lost_since.reset();
-      health->SetServingStatus("tessel.v1.Worker", true);
-    };
-    while (!stop) {
-      absl::SleepFor(absl::Milliseconds(r.heartbeat_ms));
-      if (stop) break;
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::milliseconds(std::max<int64_t>(1000, r.heartbeat_ms)));
-      tessel::v1::HeartbeatRequest req;
-      req.set_worker_id(r.worker_id);
-      req.set_worker_secret(secret);
-      tessel::v1::HeartbeatResponse resp;
-      grpc::Status s = registry->Heartbeat(&ctx, req, &resp);
-      if (s.ok() && !resp.known()) {
-        log->warn("coordinator does not know worker {}; registering again", r.worker_id);
-        auto again = Register(*registry, me, kinds, absl::Seconds(5));
-        if (again.ok()) {
-          if (again->coordinator_incarnation != r.coordinator_incarnation) {
-            auto [arrays, bytes] = (*runtime)->ForgetAllArrays();
-            const int64_t programs = (*runtime)->ForgetPrograms();
-            log->warn(
-                "the coordinator restarted (incarnation {} -> {}): dropped the old one's {} arrays "
-                "({} bytes) "
-                "and {} programs",
-                r.coordinator_incarnation, again->coordinator_incarnation, arrays, bytes, programs);
-          }
-          r = *again;
-          store->SetWorkerId(r.worker_id);
-          (*runtime)->StartQueueEpoch(r.queue_epoch);
-          log->info("registered again as {}", r.worker_id);
-          found();
-        } else {
-          lost(std::string(again.status().message()));
-        }
-      } else if (s.ok()) {
-        found();
-      } else {
-        lost(s.error_message());
-      }
-    }
-  });
+  const Beat beat{
+      *registry, me,  kinds, coordinator, **runtime, *store, *server->GetHealthCheckService(),
+      *log,      stop};
+  std::thread heartbeat([&] { Heartbeats(beat, *reg); });
 
   int sig = tessel::WaitForTerminationSignal();
   tessel::NotifyStopping();

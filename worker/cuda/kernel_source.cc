@@ -575,6 +575,55 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddLayout(
   return Add(Kernel(decls, StrCat(elements), body), elements);
 }
 
+namespace {
+
+// The identity of reduce `n`'s kind in accumulator type `acc`: 0 and 1,
+// and -inf/+inf (floats) or the type's range (integers) for max and min.
+absl::StatusOr<std::string> ReduceIdentity(const v1::Node& n, v1::DType dt,
+                                           const std::string& acc) {
+  const v1::ReduceKind kind = n.reduce().kind();
+  switch (kind) {
+    case v1::SUM: return StrCat("(", acc, ")0");
+    case v1::PROD: return StrCat("(", acc, ")1");
+    case v1::REDUCE_MAX:
+    case v1::REDUCE_MIN: {
+      const bool mx = kind == v1::REDUCE_MAX;
+      if (dt == v1::F64) return mx ? "-u2d(0x7ff0000000000000ull)" : "u2d(0x7ff0000000000000ull)";
+      if (IsFloat(dt)) return mx ? "-u2f(0x7f800000u)" : "u2f(0x7f800000u)";
+      return mx ? IntRange(dt).first : IntRange(dt).second;
+    }
+    default:
+      return absl::InvalidArgumentError(
+          StrCat("cuda codegen: reduce '", n.name(), "' has no kind"));
+  }
+}
+
+// Chunks per output of each pass of a reduce of `outs` outputs over
+// `extent` elements each, the last pass's 1. Pairwise (float sums): each
+// thread of the first pass sums a run of at most 128 in 8 interleaved
+// lanes, and the passes after halve the partials, so the rounding error
+// grows as O(log n) ulps whatever the number of outputs. Otherwise: enough
+// threads to fill a GPU, at least 32 elements per thread; later passes
+// fold up to 256 chunks each.
+std::vector<int64_t> ReduceChunks(bool pairwise, int64_t outs, int64_t extent) {
+  constexpr int64_t kThreads = int64_t{1} << 18;
+  constexpr int64_t kRun = 128;
+  std::vector<int64_t> chunks = {1};
+  if (pairwise) {
+    if (outs > 0 && extent > kRun) chunks[0] = (extent + kRun - 1) / kRun;
+    while (chunks.back() > 1) chunks.push_back((chunks.back() + 1) / 2);
+  } else {
+    if (outs > 0 && outs < kThreads / 4 && extent > 32) {
+      chunks[0] = std::max<int64_t>(1, std::min((kThreads + outs - 1) / outs, (extent + 31) / 32));
+    }
+    while (chunks.back() > 1) chunks.push_back((chunks.back() + 255) / 256);
+  }
+  if (chunks.size() > 1) chunks.back() = 1;
+  return chunks;
+}
+
+}  // namespace
+
 absl::StatusOr<ReducePlan> ModuleSource::AddReduce(const v1::Node& n, const v1::TensorType& in) {
   const v1::DType dt = in.dtype();
   const v1::ReduceKind kind = n.reduce().kind();
@@ -601,25 +650,7 @@ absl::StatusOr<ReducePlan> ModuleSource::AddReduce(const v1::Node& n, const v1::
   // 64-bit unsigned (modular, so truncating at the end equals wrapping).
   const bool int_arith = IsInteger(dt) && (kind == v1::SUM || kind == v1::PROD);
   const std::string acc = int_arith ? "u64" : Compute(dt);
-  std::string ident;
-  switch (kind) {
-    case v1::SUM: ident = StrCat("(", acc, ")0"); break;
-    case v1::PROD: ident = StrCat("(", acc, ")1"); break;
-    case v1::REDUCE_MAX:
-    case v1::REDUCE_MIN: {
-      const bool mx = kind == v1::REDUCE_MAX;
-      if (dt == v1::F64)
-        ident = mx ? "-u2d(0x7ff0000000000000ull)" : "u2d(0x7ff0000000000000ull)";
-      else if (IsFloat(dt))
-        ident = mx ? "-u2f(0x7f800000u)" : "u2f(0x7f800000u)";
-      else
-        ident = mx ? IntRange(dt).first : IntRange(dt).second;
-      break;
-    }
-    default:
-      return absl::InvalidArgumentError(
-          StrCat("cuda codegen: reduce '", n.name(), "' has no kind"));
-  }
+  TESSEL_ASSIGN_OR_RETURN(const std::string ident, ReduceIdentity(n, dt, acc));
   auto combine = [&](const std::string& x) {
     switch (kind) {
       case v1::SUM: return StrCat("acc + (", acc, ")(", x, ")");
@@ -628,26 +659,9 @@ absl::StatusOr<ReducePlan> ModuleSource::AddReduce(const v1::Node& n, const v1::
       default: return StrCat("minp(acc, (", acc, ")(", x, "))");
     }
   };
-  // Chunks per output of the first pass: enough threads to fill a GPU, at
-  // least 32 elements per thread; later passes fold up to 256 chunks each.
-  constexpr int64_t kThreads = int64_t{1} << 18;
-  // Float sums are pairwise, as numpy's and the CPU backend's: each thread
-  // of the first pass sums a run of at most 128 in 8 interleaved lanes, and
-  // the passes after halve the partials, so the rounding error grows as
-  // O(log n) ulps whatever the number of outputs.
+  // Float sums are pairwise, as numpy's and the CPU backend's (ReduceChunks).
   const bool pairwise = kind == v1::SUM && IsFloat(dt);
-  constexpr int64_t kRun = 128;
-  std::vector<int64_t> chunks = {1};
-  if (pairwise) {
-    if (outs > 0 && extent > kRun) chunks[0] = (extent + kRun - 1) / kRun;
-    while (chunks.back() > 1) chunks.push_back((chunks.back() + 1) / 2);
-  } else {
-    if (outs > 0 && outs < kThreads / 4 && extent > 32) {
-      chunks[0] = std::max<int64_t>(1, std::min((kThreads + outs - 1) / outs, (extent + 31) / 32));
-    }
-    while (chunks.back() > 1) chunks.push_back((chunks.back() + 255) / 256);
-  }
-  if (chunks.size() > 1) chunks.back() = 1;
+  const std::vector<int64_t> chunks = ReduceChunks(pairwise, outs, extent);
 
   ReducePlan plan;
   plan.accumulator_bytes = int_arith ? 8 : (dt == v1::F64 ? 8 : IsFloat(dt) ? 4 : DTypeSize(dt));
