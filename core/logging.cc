@@ -1,10 +1,14 @@
 #include "core/logging.h"
 
 #include <chrono>
+#include <cstdio>
 #include <ctime>
 
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/process_tuning.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -78,6 +82,29 @@ absl::StatusOr<std::shared_ptr<spdlog::logger>> MakeDaemonLogger(const std::stri
   log->set_level(lvl);
   if (format == "json") log->set_formatter(NewJsonFormatter());
   return log;
+}
+
+std::shared_ptr<spdlog::logger> StartDaemon(int argc, char** argv, const DaemonStart& d,
+                                            int* exit_code) {
+  BlockTerminationSignals();
+  TuneAllocatorForStreaming();
+  SkipMutexCycleDetection();
+  absl::SetProgramUsageMessage(d.usage);
+  SetDaemonFlagsUsage(d.main_file);
+  absl::ParseCommandLine(argc, argv);
+  auto made = MakeDaemonLogger(d.name, absl::GetFlag(*d.log_level), absl::GetFlag(*d.log_format));
+  if (!made.ok()) {
+    std::fprintf(stderr, "tessel-%s: %s\n", d.name.c_str(),
+                 std::string(made.status().message()).c_str());
+    *exit_code = 2;
+    return nullptr;
+  }
+  if (const int parent = absl::GetFlag(*d.parent_pid); parent > 0 && !StopWithParent(parent)) {
+    (*made)->error("--parent_pid={}: that process has already exited", parent);
+    *exit_code = 1;
+    return nullptr;
+  }
+  return *made;
 }
 
 }  // namespace tessel

@@ -145,16 +145,9 @@ class Jvp : public ops::ForwardMode {
   // their tangents (zeros where none flows).
   absl::Status TangentCustom(const v1::Node& n) {
     const int m = n.results_size();
-    v1::Node call;
-    call.set_op(v1::CONDITIONAL);
-    call.add_operands(e_.Zeros([] {
-      v1::TensorType t;
-      t.set_dtype(v1::S32);
-      return t;
-    }()));
+    v1::Node call = BranchCall(e_, n.custom_jvp().jvp());
     for (const std::string& o : n.operands()) call.add_operands(fwd_.at(o));
     for (int k = 0; k < n.operands_size(); ++k) call.add_operands(TZ(n, k));
-    call.mutable_control()->add_branches(n.custom_jvp().jvp());
     for (int r = 0; r < 2; ++r) {
       for (const v1::TensorType& t : n.results()) *call.add_results() = t;
     }

@@ -49,7 +49,8 @@ struct RegionContext {
       return;
     }
     if (IsMultiResult(n)) {
-      for (size_t k = 0; k < r->size(); ++k) vary[absl::StrCat(n.name(), "#", k)] = std::move((*r)[k]);
+      for (size_t k = 0; k < r->size(); ++k)
+        vary[absl::StrCat(n.name(), "#", k)] = std::move((*r)[k]);
     } else {
       vary[n.name()] = std::move(r->at(0));
     }
@@ -85,6 +86,19 @@ inline v1::TensorType Stacked(const v1::TensorType& t, int64_t length) {
   std::rotate(s.mutable_dims()->begin(), s.mutable_dims()->end() - 1, s.mutable_dims()->end());
   s.set_dims(0, length);
   return s;
+}
+
+// A call of `function` as the one branch of a conditional on a constant 0,
+// as the rules of custom_vjp and custom_jvp run: add its arguments and
+// result types.
+inline v1::Node BranchCall(Emitter& e, const std::string& function) {
+  v1::Node call;
+  call.set_op(v1::CONDITIONAL);
+  v1::TensorType index;
+  index.set_dtype(v1::S32);
+  call.add_operands(e.Zeros(index));
+  call.mutable_control()->add_branches(function);
+  return call;
 }
 
 // Appends `n` to `g`; its name.

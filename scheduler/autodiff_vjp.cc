@@ -532,7 +532,8 @@ class Vjp : public ops::ReverseMode {
       ct_c.push_back(AddNode(bb, ParameterNode(StrCat("ct_c", k), index++, carry_t[k])));
     for (int k = 0; k < nc; ++k)
       cs.push_back(AddNode(bb, ParameterNode(StrCat("c", k), index++, carry_t[k])));
-    for (int j = 0; j < nx; ++j) xs.push_back(AddNode(bb, ParameterNode(StrCat("x", j), index++, x_t[j])));
+    for (int j = 0; j < nx; ++j)
+      xs.push_back(AddNode(bb, ParameterNode(StrCat("x", j), index++, x_t[j])));
     for (int m = 0; m < ny; ++m)
       cty.push_back(AddNode(bb, ParameterNode(StrCat("ct_y", m), index++, y_t[m])));
     v1::Node v;
@@ -634,20 +635,13 @@ class Vjp : public ops::ReverseMode {
     const std::string fwd = fwd_.at(n.name());
     TESSEL_ASSIGN_OR_RETURN(std::vector<v1::TensorType> fwd_results, ResultsOf(c.fwd()));
     const int m = n.results_size();
-    v1::Node call;
-    call.set_op(v1::CONDITIONAL);
-    call.add_operands(e_.Zeros([] {
-      v1::TensorType t;
-      t.set_dtype(v1::S32);
-      return t;
-    }()));
+    v1::Node call = BranchCall(e_, c.bwd());
     for (size_t r = m; r < fwd_results.size(); ++r)
       call.add_operands(e_.Element(fwd, int(r), fwd_results[r]));
     for (int k = 0; k < m; ++k) {
       const std::string& ct = k < int(result_cts.size()) ? result_cts[k] : std::string();
       call.add_operands(ct.empty() ? e_.Zeros(n.results(k)) : ct);
     }
-    call.mutable_control()->add_branches(c.bwd());
     for (int i = 0; i < n.operands_size(); ++i) *call.add_results() = TypeOf(n.operands(i));
     const std::string b = e_.Multi(std::move(call), StrCat(fwd, ".backward"));
     for (int i = 0; i < n.operands_size(); ++i) {

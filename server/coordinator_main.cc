@@ -219,27 +219,20 @@ absl::StatusOr<tessel::server::Coordinator::Options> OptionsFromFlags(
 }  // namespace
 
 int main(int argc, char** argv) {
-  tessel::BlockTerminationSignals();
-  tessel::TuneAllocatorForStreaming();
-  tessel::SkipMutexCycleDetection();
-  absl::SetProgramUsageMessage(
-      "tessel-coordinator [--host=H] [--port=P]\n"
-      "Serves tessel.v1.Session (clients), tessel.v1.Registry (workers) and tessel.v1.Admin\n"
-      "(operators), plus grpc.health.v1.Health and server reflection.");
-  tessel::SetDaemonFlagsUsage("coordinator_main");
-  absl::ParseCommandLine(argc, argv);
-  auto made = tessel::MakeDaemonLogger("coordinator", absl::GetFlag(FLAGS_log_level),
-                                       absl::GetFlag(FLAGS_log_format));
-  if (!made.ok()) {
-    std::fprintf(stderr, "tessel-coordinator: %s\n", std::string(made.status().message()).c_str());
-    return 2;
-  }
-  std::shared_ptr<spdlog::logger> log = *made;
-  if (const int parent = absl::GetFlag(FLAGS_parent_pid);
-      parent > 0 && !tessel::StopWithParent(parent)) {
-    log->error("--parent_pid={}: that process has already exited", parent);
-    return 1;
-  }
+  int exit_code = 0;
+  const std::shared_ptr<spdlog::logger> log = tessel::StartDaemon(
+      argc, argv,
+      {.name = "coordinator",
+       .usage =
+           "tessel-coordinator [--host=H] [--port=P]\n"
+           "Serves tessel.v1.Session (clients), tessel.v1.Registry (workers) and tessel.v1.Admin\n"
+           "(operators), plus grpc.health.v1.Health and server reflection.",
+       .main_file = "coordinator_main",
+       .log_level = &FLAGS_log_level,
+       .log_format = &FLAGS_log_format,
+       .parent_pid = &FLAGS_parent_pid},
+      &exit_code);
+  if (log == nullptr) return exit_code;
 
   const std::string host = absl::GetFlag(FLAGS_host);
   auto security = tessel::DaemonSecurityFromFlags("tessel-coordinator", host);

@@ -373,8 +373,7 @@ std::unique_ptr<grpc::Server> Serve(const std::string& host, const tessel::TlsFi
 }
 
 // Whether this worker can start: its CPU has the kernels' instructions,
-// its parent (--parent_pid) lives, --coordinator and --devices are given
-// and in range. 0, or the exit code after saying why not.
+// --coordinator and --devices are given and in range. 0, or the exit code after saying why not.
 int CheckStart(spdlog::logger& log) {
   if (const std::string missing = MissingKernelInstructions(); !missing.empty()) {
     log.error(
@@ -382,11 +381,6 @@ int CheckStart(spdlog::logger& log) {
         "-DTESSEL_ISA=x86-64-v2 (or -DTESSEL_NATIVE=ON on this machine)",
         TESSEL_KERNEL_ISA, missing);
     return 2;
-  }
-  if (const int parent = absl::GetFlag(FLAGS_parent_pid);
-      parent > 0 && !tessel::StopWithParent(parent)) {
-    log.error("--parent_pid={}: that process has already exited", parent);
-    return 1;
   }
   if (absl::GetFlag(FLAGS_coordinator).empty()) {
     log.error("--coordinator is required");
@@ -440,25 +434,24 @@ Identity MakeIdentity(const std::string& address, const std::string& secret, int
 }  // namespace
 
 int main(int argc, char** argv) {
-  tessel::BlockTerminationSignals();
-  tessel::TuneAllocatorForStreaming();
-  tessel::SkipMutexCycleDetection();
-  absl::SetProgramUsageMessage(
-      "tessel-worker --coordinator=HOST:PORT [--devices=N] [--device_kind=cpu|cuda|both] "
-      "[--port=P]\n"
-      "Serves tessel.v1.Worker: owns N CPU devices and/or the machine's GPUs, runs the programs "
-      "the coordinator sends,\n"
-      "registers with the coordinator and heartbeats. Also serves grpc.health.v1.Health and "
-      "reflection.");
-  tessel::SetDaemonFlagsUsage("worker_main");
-  absl::ParseCommandLine(argc, argv);
-  auto made = tessel::MakeDaemonLogger("worker", absl::GetFlag(FLAGS_log_level),
-                                       absl::GetFlag(FLAGS_log_format));
-  if (!made.ok()) {
-    std::fprintf(stderr, "tessel-worker: %s\n", std::string(made.status().message()).c_str());
-    return 2;
-  }
-  std::shared_ptr<spdlog::logger> log = *made;
+  int exit_code = 0;
+  const std::shared_ptr<spdlog::logger> log = tessel::StartDaemon(
+      argc, argv,
+      {.name = "worker",
+       .usage =
+           "tessel-worker --coordinator=HOST:PORT [--devices=N] [--device_kind=cpu|cuda|both] "
+           "[--port=P]\n"
+           "Serves tessel.v1.Worker: owns N CPU devices and/or the machine's GPUs, runs the "
+           "programs "
+           "the coordinator sends,\n"
+           "registers with the coordinator and heartbeats. Also serves grpc.health.v1.Health and "
+           "reflection.",
+       .main_file = "worker_main",
+       .log_level = &FLAGS_log_level,
+       .log_format = &FLAGS_log_format,
+       .parent_pid = &FLAGS_parent_pid},
+      &exit_code);
+  if (log == nullptr) return exit_code;
   if (const int code = CheckStart(*log); code != 0) return code;
   const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
   std::vector<std::string> kinds;
