@@ -48,15 +48,16 @@ bool SameArguments(const CallHeader& a, const CallHeader& b) {
 }  // namespace
 
 absl::Status JudgeHeaders(const CollectiveId& id, absl::Span<const CallHeader> headers,
-                          absl::string_view what, absl::FunctionRef<std::string(int)> name) {
+                          absl::FunctionRef<std::string()> what,
+                          absl::FunctionRef<std::string(int)> name) {
   for (size_t i = 0; i < headers.size(); ++i) {
     const CallHeader& h = headers[i];
     if (h.magic != kCallHeaderMagic || h.execution != id.execution || h.op != id.op ||
         h.scope != id.scope) {
       return absl::FailedPreconditionError(absl::StrCat(
-          what, ": workers out of step: ", name(int(i)), " is at execution ", h.execution, ", op ",
-          h.op, h.scope == 0 ? "" : absl::StrCat(", scope ", h.scope), "; this device is at ",
-          id.ToString(), "; the group must start over"));
+          what(), ": workers out of step: ", name(int(i)), " is at execution ", h.execution,
+          ", op ", h.op, h.scope == 0 ? "" : absl::StrCat(", scope ", h.scope),
+          "; this device is at ", id.ToString(), "; the group must start over"));
     }
   }
   for (const CallHeader& h : headers) {
@@ -69,7 +70,7 @@ absl::Status JudgeHeaders(const CollectiveId& id, absl::Span<const CallHeader> h
   for (size_t i = 1; i < headers.size(); ++i) {
     if (!SameArguments(headers[0], headers[i])) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": the ranks disagree on the call: ", name(0), " calls ",
+          what(), ": the ranks disagree on the call: ", name(0), " calls ",
           DescribeHeader(headers[0]), ", ", name(int(i)), " calls ", DescribeHeader(headers[i])));
     }
   }

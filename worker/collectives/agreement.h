@@ -55,8 +55,10 @@ std::string DescribeHeader(const CallHeader& h);
 // - INVALID_ARGUMENT "the ranks disagree on the call" naming participant 0
 //   and the first that differs from it;
 // - OK otherwise.
-// `name(i)` names participant i in errors; `what` prefixes them.
+// `name(i)` names participant i in errors; `what()` prefixes them (both
+// are made only for an error: this runs once per collective).
 absl::Status JudgeHeaders(const CollectiveId& id, absl::Span<const CallHeader> headers,
-                          absl::string_view what, absl::FunctionRef<std::string(int)> name);
+                          absl::FunctionRef<std::string()> what,
+                          absl::FunctionRef<std::string(int)> name);
 
 }  // namespace tessel::worker

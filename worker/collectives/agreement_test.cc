@@ -18,7 +18,8 @@ std::string Name(int i) { return absl::StrCat("worker ", i); }
 
 // Every participant judges the same headers: one verdict for all.
 absl::Status Judge(const std::vector<CallHeader>& headers) {
-  return JudgeHeaders(kId, headers, "group 'g'", Name);
+  return JudgeHeaders(
+      kId, headers, [] { return std::string("group 'g'"); }, Name);
 }
 
 TEST(CallAgreement, TheSameCallEverywhereRuns) {

@@ -83,18 +83,18 @@ absl::Status GroupCommunicator::Abandon(int rank, const CollectiveId& id,
 
 absl::Status GroupCommunicator::Validate(int rank, const CollectiveCall& call, const void* in,
                                          void* out) const {
-  const std::string what = l_.Describe(call);
+  auto what = [&] { return l_.Describe(call); };  // made only for an error
   if (rank < 0 || rank >= l_.size() || l_.local_index[rank] < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": rank ", rank, " is not held by worker '", l_.workers[l_.self_worker],
-                     "' (local ranks: [", absl::StrJoin(l_.local_ranks, ", "), "])"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        what(), ": rank ", rank, " is not held by worker '", l_.workers[l_.self_worker],
+        "' (local ranks: [", absl::StrJoin(l_.local_ranks, ", "), "])"));
   }
   if (call.kind == CollectiveKind::kAbandoned) return absl::OkStatus();
   const int esize = DTypeSize(call.dtype);
-  if (esize == 0) return absl::InvalidArgumentError(absl::StrCat(what, ": invalid dtype"));
-  if (call.count < 0) return absl::InvalidArgumentError(absl::StrCat(what, ": negative count"));
+  if (esize == 0) return absl::InvalidArgumentError(absl::StrCat(what(), ": invalid dtype"));
+  if (call.count < 0) return absl::InvalidArgumentError(absl::StrCat(what(), ": negative count"));
   if (call.count > INT64_MAX / esize / l_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": byte size overflows"));
+    return absl::InvalidArgumentError(absl::StrCat(what(), ": byte size overflows"));
   }
   // A permute reads `in` only on sources and writes `out` only on targets.
   bool reads = true, writes = true;
@@ -106,23 +106,23 @@ absl::Status GroupCommunicator::Validate(int rank, const CollectiveCall& call, c
     }
   }
   if (call.count > 0 && ((reads && in == nullptr) || (writes && out == nullptr))) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": null buffer on rank ", rank));
+    return absl::InvalidArgumentError(absl::StrCat(what(), ": null buffer on rank ", rank));
   }
   if (Reduces(call.kind) && GetReduceFn(call.dtype, call.op) == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": no such reduction"));
+    return absl::InvalidArgumentError(absl::StrCat(what(), ": no such reduction"));
   }
   if (call.kind == CollectiveKind::kPermute) {
     if (call.pairs->size() > GlooExchange::kMaxPermutePairs) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": too many pairs"));
+      return absl::InvalidArgumentError(absl::StrCat(what(), ": too many pairs"));
     }
     std::vector<bool> targeted(l_.size());
     for (const auto& [s, t] : *call.pairs) {
       if (s < 0 || s >= l_.size() || t < 0 || t >= l_.size()) {
         return absl::InvalidArgumentError(
-            absl::StrCat(what, ": pair (", s, ", ", t, ") is outside ranks 0..", l_.size() - 1));
+            absl::StrCat(what(), ": pair (", s, ", ", t, ") is outside ranks 0..", l_.size() - 1));
       }
       if (targeted[t]) {
-        return absl::InvalidArgumentError(absl::StrCat(what, ": rank ", t, " is targeted twice"));
+        return absl::InvalidArgumentError(absl::StrCat(what(), ": rank ", t, " is targeted twice"));
       }
       targeted[t] = true;
     }
@@ -134,11 +134,11 @@ absl::Status GroupCommunicator::Validate(int rank, const CollectiveCall& call, c
 absl::Status GroupCommunicator::Collective(int rank, const CollectiveId& id, Slot slot) {
   TESSEL_RETURN_IF_ERROR(Validate(rank, slot.call, slot.in, slot.out));
   const int li = l_.local_index[rank];
-  const std::string what = absl::StrCat(id.ToString(), ": ");
+  auto what = [&] { return absl::StrCat(id.ToString(), ": "); };  // made only for an error
   {
     absl::MutexLock lock(&mu_);
     if (!broken_.ok()) {
-      return Broken(absl::Status(broken_.code(), absl::StrCat(what, "group '", l_.key,
+      return Broken(absl::Status(broken_.code(), absl::StrCat(what(), "group '", l_.key,
                                                               "' broke at an earlier collective (",
                                                               broken_.message(), ")")));
     }
@@ -148,7 +148,7 @@ absl::Status GroupCommunicator::Collective(int rank, const CollectiveId& id, Slo
   auto run = [&](Slots slots) {
     absl::Status s = RunRound(id, slots);
     if (!s.ok()) {
-      s = Annotate(s, what);
+      s = Annotate(s, what());
       if (s.GetPayload(kGroupBrokenPayload).has_value()) {
         absl::MutexLock lock(&mu_);
         broken_ = s;
@@ -162,14 +162,14 @@ absl::Status GroupCommunicator::Collective(int rank, const CollectiveId& id, Slo
     for (int i : missing_local) missing.push_back(l_.local_ranks[i]);
     const CollectiveCall& c = arrived.call.kind != CollectiveKind::kAbandoned ? arrived.call : call;
     absl::Status s = absl::DeadlineExceededError(
-        absl::StrCat(what, l_.Describe(c), ": ", l_.RankNames(missing), " did not arrive within ",
+        absl::StrCat(what(), l_.Describe(c), ": ", l_.RankNames(missing), " did not arrive within ",
                      absl::FormatDuration(timeout_)));
     log_->error("{}", s.ToString());
     return s;
   };
   auto twice = [&] {
     return absl::FailedPreconditionError(
-        absl::StrCat(what, l_.Describe(call), ": ", l_.RankName(rank), " arrived twice"));
+        absl::StrCat(what(), l_.Describe(call), ": ", l_.RankName(rank), " arrived twice"));
   };
   auto part = [&](Slots slots) {
     if (takes_part) CopyOut(slots, RoundCall(slots), li);
@@ -235,7 +235,8 @@ absl::Status GroupCommunicator::AgreeAndRun(const CollectiveId& id, Slots slots,
   GlooExchange::Headers x;
   TESSEL_RETURN_IF_ERROR(exchange_.PostHeaders(MakeHeader(id, c, local_failure), c, x));
   auto judge = [&] {
-    return JudgeHeaders(id, x.all, l_.Describe(c), [&](int w) { return l_.WorkerDevices(w); });
+    return JudgeHeaders(
+        id, x.all, [&] { return l_.Describe(c); }, [&](int w) { return l_.WorkerDevices(w); });
   };
   if (Overlaps(c, local_failure)) {
     // An all_reduce this worker can take part in moves its data while the

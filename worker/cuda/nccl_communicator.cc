@@ -243,7 +243,9 @@ absl::StatusOr<NcclGroups::Check> NcclGroups::Run(const worker::ResolvedGroup& g
   };
   std::vector<worker::CallHeader> calls;
   for (const NcclHeader& h : all) calls.push_back(h.call);
-  if (absl::Status s = worker::JudgeHeaders(id, calls, what, device_of); !s.ok())
+  if (absl::Status s = worker::JudgeHeaders(
+          id, calls, [&] { return what; }, device_of);
+      !s.ok())
     return absl::Status(s.code(), StrCat(s.message(), "; nothing was queued"));
   for (int r = 0; r < g.size; ++r) {
     for (int q = r + 1; q < g.size; ++q) {
