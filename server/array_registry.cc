@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/dtype.h"
+#include "core/status.h"
 #include "server/worker_client.h"
 
 namespace tessel::server {
@@ -71,13 +72,21 @@ absl::Status ArrayRegistry::CheckSessionLocked(const std::string& id) const {
   return absl::OkStatus();
 }
 
-std::vector<std::string> ArrayRegistry::IdleSessionsLocked(absl::Time now,
-                                                           absl::Duration lease) const {
+std::vector<std::string> ArrayRegistry::IdleSessions(absl::Time now, absl::Duration lease) const {
+  absl::MutexLock l(&mu_);
   std::vector<std::string> idle;
   for (const auto& [id, s] : sessions_) {
     if (now - s.last_seen >= lease) idle.push_back(id);
   }
   return idle;
+}
+
+absl::Status ArrayRegistry::SetSessionOptions(const std::string& id,
+                                              const v1::SessionOptions& options) {
+  absl::MutexLock l(&mu_);
+  TESSEL_RETURN_IF_ERROR(CheckSessionLocked(id));
+  sessions_.at(id).options = options;
+  return absl::OkStatus();
 }
 
 SessionRecord& ArrayRegistry::SessionLocked(const std::string& id) { return sessions_.at(id); }
@@ -116,6 +125,24 @@ int64_t ArrayRegistry::num_sessions() const {
 int64_t ArrayRegistry::num_arrays() const {
   absl::MutexLock l(&mu_);
   return arrays_.size();
+}
+
+absl::StatusOr<ArrayRegistry::SessionView> ArrayRegistry::ViewSession(const std::string& id) const {
+  absl::MutexLock l(&mu_);
+  TESSEL_RETURN_IF_ERROR(CheckSessionLocked(id));
+  const SessionRecord& s = sessions_.at(id);
+  return SessionView{.tenant = s.tenant, .options = s.options};
+}
+
+void ArrayRegistry::CountCompile(const std::string& session, CompileEvent event) {
+  absl::MutexLock l(&mu_);
+  SessionRecord* s = FindSessionLocked(session);
+  if (s == nullptr) return;
+  switch (event) {
+    case CompileEvent::kCacheHit: ++s->cache_hits; break;
+    case CompileEvent::kCacheMiss: ++s->cache_misses; break;
+    case CompileEvent::kCompiled: ++s->compiles; break;
+  }
 }
 
 const Tombstone* ArrayRegistry::FindTombstoneLocked(const std::string& session,
@@ -207,6 +234,41 @@ void ArrayRegistry::RetireLocked(uint64_t handle, v1::ArrayState state, int64_t 
   arrays_.erase(it);
 }
 
+absl::flat_hash_map<int, v1::FreeRequest> ArrayRegistry::CommitExecutionLocked(
+    const std::string& session, ExecutionChanges changes) {
+  SessionRecord& s = sessions_.at(session);
+  ++s.executions;
+  const absl::Time now = absl::Now();
+  absl::flat_hash_map<int, v1::FreeRequest> elsewhere;
+  for (uint64_t h : changes.donated) {
+    for (int d : arrays_.at(h).devices) {
+      if (std::find(changes.devices.begin(), changes.devices.end(), d) == changes.devices.end())
+        elsewhere[d].add_buffers(h);
+    }
+    s.donations += changes.devices.size();
+    RetireLocked(h, v1::DONATED, changes.execution, changes.executable, now);
+  }
+  for (auto& [handle, record] : changes.outputs) {
+    record.producer = changes.execution;
+    AddLocked(session, handle, std::move(record));
+  }
+  return elsewhere;
+}
+
+void ArrayRegistry::AddFailed(const std::string& session, const std::vector<uint64_t>& handles,
+                              const absl::Status& error, absl::string_view producer) {
+  absl::MutexLock l(&mu_);
+  if (FindSessionLocked(session) == nullptr) return;
+  for (uint64_t h : handles) {
+    if (h == 0 || arrays_.contains(h)) continue;
+    ArrayRecord a;
+    a.state = v1::ERROR;
+    a.error = error;
+    a.producer_name = std::string(producer);
+    AddLocked(session, h, std::move(a));
+  }
+}
+
 absl::flat_hash_map<int, v1::FreeRequest> ArrayRegistry::RetireDeletedLocked(
     const std::vector<uint64_t>& handles) {
   absl::flat_hash_map<int, v1::FreeRequest> frees;
@@ -236,6 +298,12 @@ absl::flat_hash_map<int, ArrayRegistry::DeviceUse> ArrayRegistry::TenantUseLocke
     }
   }
   return use;
+}
+
+absl::flat_hash_map<int, ArrayRegistry::DeviceUse> ArrayRegistry::TenantUse(
+    const std::string& tenant) const {
+  absl::MutexLock l(&mu_);
+  return TenantUseLocked(tenant);
 }
 
 bool ArrayRegistry::OwnsBufferLocked(uint64_t handle, int device) const {
@@ -372,6 +440,11 @@ bool ArrayRegistry::NotPendingLocked(const std::vector<uint64_t>& handles) const
     if (it != arrays_.end() && it->second.state == v1::PENDING) return false;
   }
   return true;
+}
+
+bool ArrayRegistry::AwaitNotPending(const std::vector<uint64_t>& handles, absl::Duration timeout) {
+  absl::MutexLock l(&mu_);
+  return AwaitNotPendingLocked(handles, timeout);
 }
 
 bool ArrayRegistry::AwaitNotPendingLocked(const std::vector<uint64_t>& handles,

@@ -3,15 +3,20 @@
 // (tombstones: donated to which execution, or deleted, and when); quotas and
 // the per-session counters.
 //
-// Thread-safety: its own lock. Simple queries lock it themselves; compound
-// changes (an Execute that checks its arguments, retires the donated ones
-// and registers its outputs as one step) hold `mu()` and call the *Locked
-// methods. Lock order: this lock first, then WorkerRegistry's (sequence
-// numbers are handed out under it); CompileCache's is never taken under it.
-// No RPC, callback or client destruction happens under it.
+// Thread-safety: its own lock, private. Simple reads and changes lock it
+// themselves. A compound one (an Execute that checks its arguments, retires
+// the donated ones and registers its outputs as one step) is a Transaction:
+// the lock is held while one is alive, and the *Locked methods need one
+// (checked statically: `lock()` names the lock for annotations, and cannot
+// take or release it). Lock order: this lock first, then WorkerRegistry's
+// (sequence numbers are handed out under it); CompileCache's is never taken
+// under it. No RPC, callback or client destruction happens in a Transaction.
 #pragma once
 
+#include <deque>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -103,7 +108,21 @@ class ArrayRegistry {
  public:
   static constexpr size_t kMaxTombstones = kMaxTombstonesPerSession;
 
-  absl::Mutex& mu() const ABSL_LOCK_RETURNED(mu_) { return mu_; }
+  // The registry's lock held for one compound read or change.
+  class ABSL_SCOPED_LOCKABLE Transaction {
+   public:
+    explicit Transaction(const ArrayRegistry& r) ABSL_EXCLUSIVE_LOCK_FUNCTION(r.mu_)
+        : lock_(&r.mu_) {}
+    ~Transaction() ABSL_UNLOCK_FUNCTION() {}
+    Transaction(const Transaction&) = delete;
+    Transaction& operator=(const Transaction&) = delete;
+
+   private:
+    absl::MutexLock lock_;
+  };
+  // The lock, for thread-safety annotations only: a const Mutex cannot be
+  // taken or released.
+  const absl::Mutex& lock() const ABSL_LOCK_RETURNED(mu_) { return mu_; }
 
   // `incarnation`: the coordinator's (hex), which its session ids end in
   // (".<incarnation>"); `started`: when it started. A session id of another
@@ -136,8 +155,9 @@ class ArrayRegistry {
   void EraseSessionLocked(const std::string& id, const std::string& why = "")
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sessions no call has named for `lease` or longer at `now`.
-  std::vector<std::string> IdleSessionsLocked(absl::Time now, absl::Duration lease) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<std::string> IdleSessions(absl::Time now, absl::Duration lease) const;
+  // NOT_FOUND when the session is gone.
+  absl::Status SetSessionOptions(const std::string& id, const v1::SessionOptions& options);
   // Every open session, for Admin.ListSessions.
   template <typename F>
   void ForEachSessionLocked(F f) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -145,6 +165,17 @@ class ArrayRegistry {
   }
   int64_t num_sessions() const;
   int64_t num_arrays() const;
+
+  // What a call needs of its session (CheckSessionLocked's errors, and its
+  // lease renewed), read as one.
+  struct SessionView {
+    std::string tenant;
+    v1::SessionOptions options;
+  };
+  absl::StatusOr<SessionView> ViewSession(const std::string& id) const;
+  // The session's compile counters; nothing when it is gone.
+  enum class CompileEvent { kCacheHit, kCacheMiss, kCompiled };
+  void CountCompile(const std::string& session, CompileEvent event);
 
   // The array, if `session` owns it. A retired one answers what became of
   // it: FAILED_PRECONDITION naming the execution it was donated to, or
@@ -164,6 +195,25 @@ class ArrayRegistry {
   void RetireLocked(uint64_t handle, v1::ArrayState state, int64_t execution,
                     absl::string_view executable, absl::Time when)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An accepted execution's changes to the arrays, made as one: the session
+  // counts it; its donated arguments are retired, their tombstones naming
+  // it; its outputs are registered. Returns, by device, the donated buffers
+  // on devices the execution does not run on (to free after what reads them
+  // there).
+  struct ExecutionChanges {
+    int64_t execution = 0;
+    absl::string_view executable;
+    std::vector<int> devices;  // where its steps run
+    std::vector<uint64_t> donated;
+    std::vector<std::pair<uint64_t, ArrayRecord>> outputs;
+  };
+  absl::flat_hash_map<int, v1::FreeRequest> CommitExecutionLocked(const std::string& session,
+                                                                  ExecutionChanges changes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Registers `handles` not yet known as ERROR with `error` (the outputs of
+  // a call that was rejected); nothing when the session is gone.
+  void AddFailed(const std::string& session, const std::vector<uint64_t>& handles,
+                 const absl::Status& error, absl::string_view producer);
   // Retires `handles` as deleted; returns, by device, the buffers to free there.
   absl::flat_hash_map<int, v1::FreeRequest> RetireDeletedLocked(
       const std::vector<uint64_t>& handles) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -185,6 +235,7 @@ class ArrayRegistry {
   };
   absl::flat_hash_map<int, DeviceUse> TenantUseLocked(const std::string& tenant) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::flat_hash_map<int, DeviceUse> TenantUse(const std::string& tenant) const;
   // Whether a live array (a pending put's included) has `handle` on global device `device`.
   bool OwnsBufferLocked(uint64_t handle, int device) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every session's transfers since the coordinator started.
@@ -205,6 +256,8 @@ class ArrayRegistry {
 
   bool NotPendingLocked(const std::vector<uint64_t>& handles) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Blocks until none of `handles` is pending, or `timeout`.
+  bool AwaitNotPending(const std::vector<uint64_t>& handles, absl::Duration timeout);
   // Blocks (releasing the lock) until none of `handles` is pending, or `timeout`.
   bool AwaitNotPendingLocked(const std::vector<uint64_t>& handles, absl::Duration timeout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

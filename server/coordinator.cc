@@ -225,24 +225,12 @@ void Coordinator::MonitorLoop() {
       next_reconcile = absl::Now() + options_.reconcile_interval;
     }
     if (options_.session_lease > absl::ZeroDuration()) {
-      std::vector<std::string> idle;
-      {
-        absl::MutexLock a(&arrays_.mu());
-        idle = arrays_.IdleSessionsLocked(absl::Now(), options_.session_lease);
-      }
-      for (const std::string& id : idle) {
-        // A call may have renewed it since: EndSession checks again only
-        // that it exists, so look at the clock once more under the lock.
-        bool still_idle = false;
-        {
-          absl::MutexLock a(&arrays_.mu());
-          const SessionRecord* s = arrays_.FindSessionLocked(id);
-          still_idle = s != nullptr && absl::Now() - s->last_seen >= options_.session_lease;
-        }
-        if (!still_idle) continue;
+      for (const std::string& id : arrays_.IdleSessions(absl::Now(), options_.session_lease)) {
         (void)EndSession(
-            id, StrCat("expired: no call or keep-alive from its client for ",
-                       absl::FormatDuration(options_.session_lease), " (the session lease)"));
+            id,
+            StrCat("expired: no call or keep-alive from its client for ",
+                   absl::FormatDuration(options_.session_lease), " (the session lease)"),
+            options_.session_lease);
       }
     }
     mu_.Lock();
@@ -275,7 +263,7 @@ absl::StatusOr<v1::StatsResponse> Coordinator::Stats(const v1::StatsRequest& req
   v1::StatsResponse resp;
   std::vector<StatsTarget> live;
   {
-    absl::MutexLock l(&arrays_.mu());
+    ArrayRegistry::Transaction l(arrays_);
     TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
     const SessionRecord& s = arrays_.SessionLocked(req.session_id());
     resp.set_live_arrays(s.arrays.size());
@@ -367,10 +355,10 @@ absl::StatusOr<v1::ListDevicesResponse> Coordinator::ListDevices(
   }
   std::sort(resp.mutable_devices()->begin(), resp.mutable_devices()->end(),
             [](const v1::DeviceInfo& a, const v1::DeviceInfo& b) { return a.id() < b.id(); });
-  absl::MutexLock l(&arrays_.mu());
-  TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
-  const std::string& tenant = arrays_.SessionLocked(req.session_id()).tenant;
-  AddTenantUse(workers_.Routes(), arrays_.TenantUseLocked(tenant),
+  TESSEL_ASSIGN_OR_RETURN(const ArrayRegistry::SessionView session,
+                          arrays_.ViewSession(req.session_id()));
+  const std::string& tenant = session.tenant;
+  AddTenantUse(workers_.Routes(), arrays_.TenantUse(tenant),
                tenants()->LimitsOf(tenant).memory_quota_bytes, resp.mutable_usage());
   return resp;
 }
@@ -381,7 +369,7 @@ v1::ReconcileResponse Coordinator::Reconcile() {
   {
     // Under the arrays' lock: each worker answers once it has run every
     // step and free numbered so far.
-    absl::MutexLock l(&arrays_.mu());
+    ArrayRegistry::Transaction l(arrays_);
     live = workers_.LiveStatsTargets();
   }
   std::vector<std::tuple<int, uint64_t, int64_t>> held;  // global device, handle, bytes
@@ -399,7 +387,7 @@ v1::ReconcileResponse Coordinator::Reconcile() {
   {
     // Ownership now, not when the workers were asked: an array made since
     // is owned, and a free numbered here runs after every step sent before.
-    absl::MutexLock l(&arrays_.mu());
+    ArrayRegistry::Transaction l(arrays_);
     absl::flat_hash_map<int, v1::FreeRequest> orphans;
     absl::flat_hash_set<std::pair<int, uint64_t>> unowned;
     for (const auto& [device, handle, bytes] : held) {

@@ -179,7 +179,7 @@ class Coordinator {
   // Every buffer the live workers hold (once each has run the frees sent
   // before asking), checked against the live arrays here: the unowned, and
   // a sequenced free of those already unowned at the previous call.
-  v1::ReconcileResponse Reconcile() ABSL_LOCKS_EXCLUDED(arrays_.mu(), reconcile_mu_);
+  v1::ReconcileResponse Reconcile() ABSL_LOCKS_EXCLUDED(arrays_.lock(), reconcile_mu_);
 
  private:
   class PutSinkImpl;
@@ -220,16 +220,20 @@ class Coordinator {
   // logs or fails as the level says. Counting is separate (CountTransfer).
   absl::Status GuardTransferLocked(const std::string& session, const v1::TransferGuard& call,
                                    Direction dir, bool implicit, absl::string_view what,
-                                   int64_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu());
+                                   int64_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.lock());
   // Retires `handles` and returns their frees, numbered on their devices
   // after every step already sent there; SendFrees sends them.
   [[nodiscard]] std::vector<PendingFree> FreeArraysLocked(const std::vector<uint64_t>& handles)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu());
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.lock());
   void SendFrees(std::vector<PendingFree> frees);
   // Ends session `id`: frees its arrays (sent to the workers) and forgets
   // it; later calls naming it are told `why` (empty: closed by its client).
-  // Returns the number of arrays freed.
-  absl::StatusOr<int64_t> EndSession(const std::string& id, const std::string& why);
+  // Returns the number of arrays freed. A positive `idle_for` ends it only
+  // if no call has named it for that long (an expiring lease), else frees
+  // nothing.
+  absl::StatusOr<int64_t> EndSession(const std::string& id, const std::string& why,
+                                     absl::Duration idle_for = absl::ZeroDuration());
   // MPMD programs (server/mpmd.h): each region compiled as an executable of
   // its own; an execution runs each region's step after moving the values it
   // reads (Reshard), then frees what passed between them.
@@ -247,7 +251,7 @@ class Coordinator {
   int64_t TenantCacheBytes(const std::string& tenant) const;
   // The workers drop the programs of executables the cache evicted, after
   // the steps already sent (WorkerRegistry::SequenceUnloads).
-  void UnloadEvicted(const std::vector<std::string>& evicted) ABSL_LOCKS_EXCLUDED(arrays_.mu());
+  void UnloadEvicted(const std::vector<std::string>& evicted) ABSL_LOCKS_EXCLUDED(arrays_.lock());
   // `tenant`'s executable `id`, compiled again for `session` from the
   // source the cache kept when it evicted it (a compile: counted, and
   // refused under forbid_compiles); NOT_FOUND when there is none, alike
@@ -255,7 +259,7 @@ class Coordinator {
   absl::StatusOr<std::shared_ptr<const CachedExecutable>> CompileEvicted(const std::string& session,
                                                                          const std::string& tenant,
                                                                          const std::string& id)
-      ABSL_LOCKS_EXCLUDED(arrays_.mu());
+      ABSL_LOCKS_EXCLUDED(arrays_.lock());
   // A reshard's steps, each for its global device, before they are
   // sequenced there and sent.
   struct ReshardSteps {
@@ -274,16 +278,16 @@ class Coordinator {
   // caller must send them, on failure too (the target is pending until then).
   absl::StatusOr<v1::ReshardResponse> Reshard(const v1::ReshardRequest& req,
                                               ReshardSteps* deferred);
-  void SendReshardSteps(ReshardSteps steps) ABSL_LOCKS_EXCLUDED(arrays_.mu());
+  void SendReshardSteps(ReshardSteps steps) ABSL_LOCKS_EXCLUDED(arrays_.lock());
   struct SequencedStep {
     std::shared_ptr<WorkerClient> client;  // null: the device's worker is dead
     v1::RunRequest run;
     int device = 0;
   };
   std::vector<SequencedStep> SequenceStepsLocked(ReshardSteps& steps)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu());
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.lock());
   void SendSequenced(const ReshardSteps& steps, std::vector<SequencedStep> sequenced)
-      ABSL_LOCKS_EXCLUDED(arrays_.mu());
+      ABSL_LOCKS_EXCLUDED(arrays_.lock());
   // Execute's three phases. Planning checks the session, the arguments, the
   // transfer guard and the quota, and changes nothing; committing (which
   // cannot fail) numbers the execution, retires the donated arrays,
@@ -294,30 +298,30 @@ class Coordinator {
   absl::StatusOr<ExecutePlan> PlanExecuteLocked(const v1::ExecuteRequest& req,
                                                 const CachedExecutable& exe,
                                                 const std::vector<DeviceRoute>& routes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu());
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.lock());
   void CommitExecuteLocked(const v1::ExecuteRequest& req, const CachedExecutable& exe,
                            ExecutePlan plan, AcceptedExecution& run)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu());
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.lock());
   void LaunchExecute(const v1::ExecuteRequest& req, const CachedExecutable& exe,
-                     AcceptedExecution& run) ABSL_LOCKS_EXCLUDED(arrays_.mu());
+                     AcceptedExecution& run) ABSL_LOCKS_EXCLUDED(arrays_.lock());
   // A handle no array holds, for arrays the coordinator makes itself (moved
   // arguments, an MPMD program's intermediates).
-  uint64_t FreshHandleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu());
+  uint64_t FreshHandleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.lock());
   // Waits for `handles` of `session`; the first one's error, prefixed "`what` failed: ".
   absl::Status AwaitAll(const std::string& session, absl::Span<const uint64_t> handles,
-                        absl::string_view what) ABSL_LOCKS_EXCLUDED(arrays_.mu());
+                        absl::string_view what) ABSL_LOCKS_EXCLUDED(arrays_.lock());
   // The record of a new array of `type` on `placement` (devices, and mesh,
   // sharding and block type when sharded; PENDING), or why it cannot go there.
   absl::StatusOr<ArrayRecord> PlaceRecordLocked(const v1::TensorType& type,
                                                 const v1::Placement& placement,
                                                 absl::string_view what) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu());
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.lock());
   // Waits for the source to be ready, then relays it into the temporary handle.
   absl::Status RunMove(const std::string& session, const PlannedMove& m, const DeviceRoute& from,
-                       const DeviceRoute& to) ABSL_LOCKS_EXCLUDED(arrays_.mu());
+                       const DeviceRoute& to) ABSL_LOCKS_EXCLUDED(arrays_.lock());
   // `epoch`: the collective epoch the step ran under.
   void OnStepDone(const std::string& session, const std::vector<uint64_t>& outputs, int64_t epoch,
-                  absl::StatusOr<v1::RunResponse> result) ABSL_LOCKS_EXCLUDED(arrays_.mu());
+                  absl::StatusOr<v1::RunResponse> result) ABSL_LOCKS_EXCLUDED(arrays_.lock());
   // "<incarnation hex>.<epoch>": collective groups of another coordinator or
   // of an epoch before a broken group are never reused.
   std::string CollectiveEpoch(int64_t epoch) const;

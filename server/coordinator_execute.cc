@@ -41,16 +41,11 @@ absl::StatusOr<v1::CompileResponse> Coordinator::Compile(const v1::CompileReques
         StrCat("graph '", req.graph().name(), "': shardings need a mesh"));
   }
   v1::CompileResponse resp;
-  bool strict = req.strict_donation();
-  bool forbid = false;
-  {
-    absl::MutexLock l(&arrays_.mu());
-    TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
-    const SessionRecord& s = arrays_.SessionLocked(req.session_id());
-    strict |= s.options.strict_donation();
-    forbid = s.options.forbid_compiles();
-    options.owner = s.tenant;
-  }
+  TESSEL_ASSIGN_OR_RETURN(const ArrayRegistry::SessionView session,
+                          arrays_.ViewSession(req.session_id()));
+  const bool strict = req.strict_donation() || session.options.strict_donation();
+  const bool forbid = session.options.forbid_compiles();
+  options.owner = session.tenant;
   const std::string key = scheduler::ExecutableKey(req.graph(), options);
   const std::string& tenant = options.owner;
   std::shared_ptr<const CachedExecutable> entry = cache_.Lookup(tenant, key);
@@ -61,11 +56,8 @@ absl::StatusOr<v1::CompileResponse> Coordinator::Compile(const v1::CompileReques
   } else {
     resp.set_cache_miss_reason(cache_.ExplainMiss(tenant, req.graph(), donated));
   }
-  {
-    absl::MutexLock l(&arrays_.mu());
-    if (SessionRecord* s = arrays_.FindSessionLocked(req.session_id()))
-      ++(entry ? s->cache_hits : s->cache_misses);
-  }
+  arrays_.CountCompile(req.session_id(), entry ? ArrayRegistry::CompileEvent::kCacheHit
+                                               : ArrayRegistry::CompileEvent::kCacheMiss);
   if (entry == nullptr && forbid) {
     return absl::FailedPreconditionError(
         StrCat("session ", req.session_id(), " forbids new compiles, and graph '",
@@ -83,10 +75,7 @@ absl::StatusOr<v1::CompileResponse> Coordinator::Compile(const v1::CompileReques
     entry = cache_.Insert(tenant, std::move(*c), req.graph(), options, TenantCacheBytes(tenant),
                           &evicted);
     UnloadEvicted(evicted);
-    {
-      absl::MutexLock l(&arrays_.mu());
-      if (SessionRecord* s = arrays_.FindSessionLocked(req.session_id())) ++s->compiles;
-    }
+    arrays_.CountCompile(req.session_id(), ArrayRegistry::CompileEvent::kCompiled);
     log_->info("session {}: compiled '{}' as {} ({})", req.session_id(), req.graph().name(), key,
                resp.cache_miss_reason());
   } else if (strict) {
@@ -159,17 +148,13 @@ absl::StatusOr<std::shared_ptr<const CachedExecutable>> Coordinator::CompileEvic
     return NeverCompiled(id);
   }
   const std::string what = StrCat("executable '", id, "' of graph '", source->graph.name(), "'");
-  {
-    absl::MutexLock l(&arrays_.mu());
-    TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(session));
-    SessionRecord& s = arrays_.SessionLocked(session);
-    ++s.cache_misses;
-    if (s.options.forbid_compiles()) {
-      return absl::FailedPreconditionError(
-          StrCat("session ", session, " forbids new compiles, and ", what,
-                 " was evicted from the compile cache (least "
-                 "recently used, over its bound): running it compiles it again"));
-    }
+  TESSEL_ASSIGN_OR_RETURN(const ArrayRegistry::SessionView view, arrays_.ViewSession(session));
+  arrays_.CountCompile(session, ArrayRegistry::CompileEvent::kCacheMiss);
+  if (view.options.forbid_compiles()) {
+    return absl::FailedPreconditionError(
+        StrCat("session ", session, " forbids new compiles, and ", what,
+               " was evicted from the compile cache (least "
+               "recently used, over its bound): running it compiles it again"));
   }
   auto c = scheduler::Compile(source->graph, source->options);
   if (!c.ok()) return Annotate(c.status(), StrCat(what, ", compiled again after its eviction: "));
@@ -178,10 +163,7 @@ absl::StatusOr<std::shared_ptr<const CachedExecutable>> Coordinator::CompileEvic
       cache_.Insert(tenant, std::move(*c), std::move(source->graph), std::move(source->options),
                     TenantCacheBytes(tenant), &evicted);
   UnloadEvicted(evicted);
-  {
-    absl::MutexLock l(&arrays_.mu());
-    if (SessionRecord* s = arrays_.FindSessionLocked(session)) ++s->compiles;
-  }
+  arrays_.CountCompile(session, ArrayRegistry::CompileEvent::kCompiled);
   log_->info("session {}: compiled {} again: it was evicted from the compile cache", session, what);
   return exe;
 }
@@ -214,12 +196,9 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
   // the lock that reads the session anyway (the common path takes it once).
   std::shared_ptr<const CachedExecutable> exe = cache_.FindAnyTenant(req.executable_id());
   if (exe == nullptr) {
-    std::string tenant;
-    {
-      absl::MutexLock l(&arrays_.mu());
-      TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
-      tenant = arrays_.SessionLocked(req.session_id()).tenant;
-    }
+    TESSEL_ASSIGN_OR_RETURN(const ArrayRegistry::SessionView session,
+                            arrays_.ViewSession(req.session_id()));
+    const std::string& tenant = session.tenant;
     if (auto mpmd = FindMpmd(tenant, req.executable_id())) return ExecuteMpmd(req, *mpmd);
     TESSEL_ASSIGN_OR_RETURN(exe, CompileEvicted(req.session_id(), tenant, req.executable_id()));
   }
@@ -227,7 +206,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
   {
     // Checking the arguments, retiring the donated ones, registering the
     // outputs and numbering the steps are one change to the arrays.
-    absl::MutexLock l(&arrays_.mu());
+    ArrayRegistry::Transaction t(arrays_);
     run.routes = workers_.Routes();
     TESSEL_ASSIGN_OR_RETURN(ExecutePlan plan, PlanExecuteLocked(req, *exe, run.routes));
     CommitExecuteLocked(req, *exe, std::move(plan), run);
@@ -264,11 +243,12 @@ absl::StatusOr<ExecutePlan> Coordinator::PlanExecuteLocked(const v1::ExecuteRequ
   }  // else PlanExecute names the arity mismatch
   in.routes = &routes;
   in.strict_donation = req.strict_donation() || session.options.strict_donation();
-  in.handle_in_use = [&](uint64_t h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu()) {
+  in.handle_in_use = [&](uint64_t h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.lock()) {
     return arrays_.ContainsLocked(h);
   };
-  in.fresh_handle = [&]()
-                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.mu()) { return FreshHandleLocked(); };
+  in.fresh_handle = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(arrays_.lock()) {
+    return FreshHandleLocked();
+  };
   TESSEL_ASSIGN_OR_RETURN(ExecutePlan plan, PlanExecute(in));
   for (const PlannedMove& m : plan.moves) {
     TESSEL_RETURN_IF_ERROR(GuardTransferLocked(req.session_id(), req.transfer_guard(),
@@ -286,11 +266,9 @@ void Coordinator::CommitExecuteLocked(const v1::ExecuteRequest& req, const Cache
   // Accepted: from here on nothing fails.
   const scheduler::CompiledProgram& c = exe.compiled;
   const std::string& exe_name = exe.graph.name();
-  SessionRecord& session = arrays_.SessionLocked(req.session_id());
   run.execution_id = ++next_execution_;
   run.epoch = collective_epoch_.load();
   run.response.set_execution_id(run.execution_id);
-  ++session.executions;
   for (const scheduler::AliasDecision& d : plan.aliases) {
     v1::DonationReceipt* r = run.response.add_donations();
     r->set_argument(d.parameter);
@@ -302,24 +280,15 @@ void Coordinator::CommitExecuteLocked(const v1::ExecuteRequest& req, const Cache
   }
   // Donated arrays are gone from now on; copies on devices the step does
   // not run on are freed in order after what reads them there.
-  const absl::Time now = absl::Now();
-  absl::flat_hash_map<int, v1::FreeRequest> donated_elsewhere;
-  for (int i : plan.donated) {
-    const uint64_t h = req.arguments(i);
-    for (int d : arrays_.FindLocked(h)->devices) {
-      if (std::find(plan.devices.begin(), plan.devices.end(), d) == plan.devices.end()) {
-        donated_elsewhere[d].add_buffers(h);
-      }
-    }
-    session.donations += plan.devices.size();
-    arrays_.RetireLocked(h, v1::DONATED, run.execution_id, exe_name, now);
-  }
+  ArrayRegistry::ExecutionChanges changes{
+      .execution = run.execution_id, .executable = exe_name, .devices = plan.devices};
+  for (int i : plan.donated) changes.donated.push_back(req.arguments(i));
+  for (int i = 0; i < req.outputs_size(); ++i)
+    changes.outputs.emplace_back(req.outputs(i), std::move(plan.outputs[i]));
+  absl::flat_hash_map<int, v1::FreeRequest> donated_elsewhere =
+      arrays_.CommitExecutionLocked(req.session_id(), std::move(changes));
   if (!donated_elsewhere.empty())
     run.early_frees = workers_.SequenceFrees(std::move(donated_elsewhere));
-  for (int i = 0; i < req.outputs_size(); ++i) {
-    plan.outputs[i].producer = run.execution_id;
-    arrays_.AddLocked(req.session_id(), req.outputs(i), std::move(plan.outputs[i]));
-  }
   // Every device's step (and the free of its moved copies) is numbered at
   // once: no other step interleaves with this one on any of its devices.
   std::vector<int> counts;
@@ -421,10 +390,7 @@ void Coordinator::LaunchExecute(const v1::ExecuteRequest& req, const CachedExecu
 
 absl::Status Coordinator::RunMove(const std::string& session, const PlannedMove& m,
                                   const DeviceRoute& from, const DeviceRoute& to) {
-  {
-    absl::MutexLock l(&arrays_.mu());
-    arrays_.AwaitNotPendingLocked({m.handle}, absl::InfiniteDuration());
-  }
+  arrays_.AwaitNotPending({m.handle}, absl::InfiniteDuration());
   absl::Status s;
   int64_t moved = 0;
   if (from.client == nullptr || to.client == nullptr) {
@@ -457,16 +423,9 @@ absl::Status Coordinator::RunMove(const std::string& session, const PlannedMove&
 }
 
 void Coordinator::MarkRejectedOutputs(const v1::ExecuteRequest& req, const absl::Status& error) {
-  absl::MutexLock l(&arrays_.mu());
-  if (arrays_.FindSessionLocked(req.session_id()) == nullptr) return;
-  for (uint64_t h : req.outputs()) {
-    if (h == 0 || arrays_.ContainsLocked(h)) continue;
-    ArrayRecord a;
-    a.state = v1::ERROR;
-    a.error = Annotate(error, "the execution that was to make this array was rejected: ");
-    a.producer_name = "rejected execution";
-    arrays_.AddLocked(req.session_id(), h, std::move(a));
-  }
+  arrays_.AddFailed(req.session_id(), {req.outputs().begin(), req.outputs().end()},
+                    Annotate(error, "the execution that was to make this array was rejected: "),
+                    "rejected execution");
 }
 
 void Coordinator::OnStepDone(const std::string& session, const std::vector<uint64_t>& outputs,

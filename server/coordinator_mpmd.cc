@@ -207,7 +207,7 @@ absl::StatusOr<v1::CompileResponse> Coordinator::CompileMpmd(const v1::CompileRe
   program->split = std::move(split);
   std::string tenant;
   {
-    absl::MutexLock a(&arrays_.mu());
+    ArrayRegistry::Transaction a(arrays_);
     if (const SessionRecord* sr = arrays_.FindSessionLocked(req.session_id())) tenant = sr->tenant;
   }
   {
@@ -240,7 +240,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::ExecuteMpmd(const v1::ExecuteRe
   // Where each argument lies now.
   std::vector<v1::Placement> args(req.arguments_size());
   {
-    absl::MutexLock l(&arrays_.mu());
+    ArrayRegistry::Transaction l(arrays_);
     TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
     for (int i = 0; i < req.arguments_size(); ++i) {
       TESSEL_ASSIGN_OR_RETURN(const ArrayRecord* a,
@@ -255,7 +255,7 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::ExecuteMpmd(const v1::ExecuteRe
     }
   }
   auto fresh = [&]() {
-    absl::MutexLock l(&arrays_.mu());
+    ArrayRegistry::Transaction l(arrays_);
     return FreshHandleLocked();
   };
   std::vector<uint64_t> temps;

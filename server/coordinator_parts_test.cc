@@ -256,7 +256,7 @@ TEST(ArrayRegistry, RetiredArraysSayWhatBecameOfThem) {
   ArrayRegistry reg;
   ASSERT_TRUE(reg.OpenSession("s1", "test", {}).ok());
   ASSERT_TRUE(reg.OpenSession("s2", "test", {}).ok());
-  absl::MutexLock l(&reg.mu());
+  ArrayRegistry::Transaction l(reg);
   reg.AddLocked("s1", 0x10, Array({0}, 1));
   reg.AddLocked("s1", 0x11, Array({0}, 1));
   EXPECT_EQ(reg.SessionLocked("s1").live_bytes, 32);
@@ -277,10 +277,67 @@ TEST(ArrayRegistry, RetiredArraysSayWhatBecameOfThem) {
   EXPECT_THAT(reg.CheckSessionLocked("s3").message(), HasSubstr("session 's3' does not exist"));
 }
 
+TEST(ArrayRegistry, AnExecutionIsCommittedAsOneChange) {
+  ArrayRegistry reg;
+  ASSERT_TRUE(reg.OpenSession("s", "test", {}).ok());
+  ArrayRegistry::Transaction l(reg);
+  reg.AddLocked("s", 0x10, Array({0, 1}, 0));  // donated; a copy on device 1, where nothing runs
+  reg.AddLocked("s", 0x11, Array({0}, 0));     // read, kept
+  ArrayRegistry::ExecutionChanges changes{.execution = 7, .executable = "step", .devices = {0}};
+  changes.donated = {0x10};
+  changes.outputs.emplace_back(0x20, Array({0}, 1));
+  auto elsewhere = reg.CommitExecutionLocked("s", std::move(changes));
+  ASSERT_EQ(elsewhere.size(), 1u);
+  ASSERT_TRUE(elsewhere.contains(1));
+  EXPECT_EQ(elsewhere[1].buffers(0), 0x10u);
+  const SessionRecord& s = reg.SessionLocked("s");
+  EXPECT_EQ(s.executions, 1);
+  EXPECT_EQ(s.donations, 1);
+  EXPECT_EQ(s.arrays.size(), 2u);  // 0x11 and the output
+  EXPECT_EQ(s.live_bytes, 32);
+  EXPECT_EQ(reg.FindLocked(0x20)->producer, 7);
+  EXPECT_EQ(reg.FindLocked(0x20)->session, "s");
+  EXPECT_THAT(reg.OwnedLocked("s", 0x10).status().message(),
+              HasSubstr("array 0x10 was donated to execution 7 ('step')"));
+}
+
+TEST(ArrayRegistry, ARejectedCallsOutputsCarryItsErrorAndKnownHandlesStay) {
+  ArrayRegistry reg;
+  ASSERT_TRUE(reg.OpenSession("s", "test", {}).ok());
+  {
+    ArrayRegistry::Transaction l(reg);
+    reg.AddLocked("s", 0x10, Array({0}, 0));
+  }
+  reg.AddFailed("s", {0, 0x10, 0x11}, absl::InvalidArgumentError("bad argument"), "rejected");
+  reg.AddFailed("gone", {0x12}, absl::InvalidArgumentError("bad argument"), "rejected");
+  ArrayRegistry::Transaction l(reg);
+  EXPECT_EQ(reg.FindLocked(0x10)->state, v1::PENDING);  // not overwritten
+  ASSERT_NE(reg.FindLocked(0x11), nullptr);
+  EXPECT_EQ(reg.FindLocked(0x11)->state, v1::ERROR);
+  EXPECT_EQ(reg.FindLocked(0x11)->error.message(), "bad argument");
+  EXPECT_EQ(reg.FindLocked(0x12), nullptr);
+  EXPECT_FALSE(reg.ContainsLocked(0));
+}
+
+TEST(ArrayRegistry, ASessionViewRenewsTheLeaseAndNamesAMissingSession) {
+  ArrayRegistry reg;
+  v1::SessionOptions options;
+  options.set_forbid_compiles(true);
+  ASSERT_TRUE(reg.OpenSession("s", "test", options, "team-a").ok());
+  const absl::Time later = absl::Now() + absl::Hours(1);
+  EXPECT_EQ(reg.IdleSessions(later, absl::Minutes(30)), std::vector<std::string>{"s"});
+  auto view = reg.ViewSession("s");
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->tenant, "team-a");
+  EXPECT_TRUE(view->options.forbid_compiles());
+  EXPECT_THAT(reg.ViewSession("t").status().message(), HasSubstr("session 't' does not exist"));
+  EXPECT_TRUE(reg.IdleSessions(absl::Now(), absl::Minutes(30)).empty());
+}
+
 TEST(ArrayRegistry, TombstonesAreBounded) {
   ArrayRegistry reg;
   ASSERT_TRUE(reg.OpenSession("s", "test", {}).ok());
-  absl::MutexLock l(&reg.mu());
+  ArrayRegistry::Transaction l(reg);
   const uint64_t n = ArrayRegistry::kMaxTombstones + 10;
   for (uint64_t h = 1; h <= n; ++h) {
     reg.AddLocked("s", h, Array({0}, 0));
@@ -326,7 +383,7 @@ TEST(ArrayRegistry, QuotaNamesTheSessionAndWhatItHolds) {
   v1::SessionOptions o;
   o.set_memory_quota_bytes(40);
   ASSERT_TRUE(reg.OpenSession("s", "test", o).ok());
-  absl::MutexLock l(&reg.mu());
+  ArrayRegistry::Transaction l(reg);
   reg.AddLocked("s", 1, Array({0}, 0));
   EXPECT_TRUE(reg.CheckQuotaLocked("s", 24, "x").ok());
   absl::Status s = reg.CheckQuotaLocked("s", 25, "execution of 'f'");
@@ -341,20 +398,20 @@ TEST(ArrayRegistry, AnArrayIsReadyWhenEveryDeviceReportedAndAFailureSticks) {
   ArrayRegistry reg;
   ASSERT_TRUE(reg.OpenSession("s", "test", {}).ok());
   {
-    absl::MutexLock l(&reg.mu());
+    ArrayRegistry::Transaction l(reg);
     reg.AddLocked("s", 1, Array({0, 1}, 2));
     reg.AddLocked("s", 2, Array({0, 1}, 2));
   }
   reg.StepDone("s", {1}, absl::OkStatus(), 0);
   {
-    absl::MutexLock l(&reg.mu());
+    ArrayRegistry::Transaction l(reg);
     EXPECT_EQ(reg.FindLocked(1)->state, v1::PENDING);
   }
   reg.StepDone("s", {1}, absl::OkStatus(), 1);
   auto failed = reg.StepDone("s", {2}, absl::InternalError("device 1 ran out of memory"), 0);
   EXPECT_EQ(failed, std::vector<uint64_t>{2});
   reg.StepDone("s", {2}, absl::OkStatus(), 0);  // the other device's success does not undo it
-  absl::MutexLock l(&reg.mu());
+  ArrayRegistry::Transaction l(reg);
   EXPECT_EQ(reg.FindLocked(1)->state, v1::READY);
   EXPECT_EQ(reg.FindLocked(2)->state, v1::ERROR);
   EXPECT_THAT(reg.FindLocked(2)->error.message(), HasSubstr("out of memory"));
@@ -365,7 +422,7 @@ TEST(ArrayRegistry, AwaitWakesWhenAnotherThreadFinishesTheStep) {
   ArrayRegistry reg;
   ASSERT_TRUE(reg.OpenSession("s", "test", {}).ok());
   {
-    absl::MutexLock l(&reg.mu());
+    ArrayRegistry::Transaction l(reg);
     reg.AddLocked("s", 1, Array({0}, 1));
     EXPECT_FALSE(reg.AwaitNotPendingLocked({1}, absl::Milliseconds(20)));
   }
@@ -374,7 +431,7 @@ TEST(ArrayRegistry, AwaitWakesWhenAnotherThreadFinishesTheStep) {
     reg.StepDone("s", {1}, absl::OkStatus(), 0);
   });
   {
-    absl::MutexLock l(&reg.mu());
+    ArrayRegistry::Transaction l(reg);
     EXPECT_TRUE(reg.AwaitNotPendingLocked({1}, absl::Seconds(30)));
     EXPECT_EQ(reg.FindLocked(1)->state, v1::READY);
   }
@@ -385,7 +442,7 @@ TEST(ArrayRegistry, ArraysOnADeadWorkerAreLostNotFailedOnesAgain) {
   ArrayRegistry reg;
   ASSERT_TRUE(reg.OpenSession("s", "test", {}).ok());
   {
-    absl::MutexLock l(&reg.mu());
+    ArrayRegistry::Transaction l(reg);
     reg.AddLocked("s", 1, Array({0, 1}, 2));
     reg.AddLocked("s", 2, Array({2}, 1));
     ArrayRecord failed = Array({1}, 0);
@@ -396,7 +453,7 @@ TEST(ArrayRegistry, ArraysOnADeadWorkerAreLostNotFailedOnesAgain) {
   EXPECT_EQ(
       reg.LoseOn({1}, absl::UnavailableError("was on worker w0 (a:1), which stopped heartbeating")),
       1);
-  absl::MutexLock l(&reg.mu());
+  ArrayRegistry::Transaction l(reg);
   EXPECT_EQ(reg.FindLocked(1)->state, v1::LOST);
   EXPECT_EQ(reg.FindLocked(1)->error.message(),
             "array 0x1 was on worker w0 (a:1), which stopped heartbeating");

@@ -63,31 +63,33 @@ absl::StatusOr<v1::OpenSessionResponse> Coordinator::OpenSession(const v1::OpenS
 }
 
 absl::Status Coordinator::CheckTenant(const std::string& session, const std::string& tenant) const {
-  absl::MutexLock l(&arrays_.mu());
-  TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(session));
-  const SessionRecord* s = arrays_.FindSessionLocked(session);
-  if (s->tenant != tenant) {
+  TESSEL_ASSIGN_OR_RETURN(const ArrayRegistry::SessionView s, arrays_.ViewSession(session));
+  if (s.tenant != tenant) {
     return absl::PermissionDeniedError(StrCat("session ", session, " belongs to another tenant"));
   }
   return absl::OkStatus();
 }
 
 absl::Status Coordinator::SetSessionOptions(const v1::SetSessionOptionsRequest& req) {
-  absl::MutexLock l(&arrays_.mu());
-  TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
+  TESSEL_RETURN_IF_ERROR(arrays_.ViewSession(req.session_id()).status());
   if (req.options().memory_quota_bytes() < 0) {
     return absl::InvalidArgumentError(
         StrCat("memory_quota_bytes: expected >= 0, got ", req.options().memory_quota_bytes()));
   }
-  arrays_.SessionLocked(req.session_id()).options = req.options();
-  return absl::OkStatus();
+  return arrays_.SetSessionOptions(req.session_id(), req.options());
 }
 
-absl::StatusOr<int64_t> Coordinator::EndSession(const std::string& id, const std::string& why) {
+absl::StatusOr<int64_t> Coordinator::EndSession(const std::string& id, const std::string& why,
+                                                absl::Duration idle_for) {
   std::vector<PendingFree> frees;
   int64_t freed = 0;
   {
-    absl::MutexLock l(&arrays_.mu());
+    ArrayRegistry::Transaction l(arrays_);
+    if (idle_for > absl::ZeroDuration()) {
+      // A call may have renewed the lease since the session was found idle.
+      const SessionRecord* s = arrays_.FindSessionLocked(id);
+      if (s == nullptr || absl::Now() - s->last_seen < idle_for) return 0;
+    }
     TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(id));
     SessionRecord& s = arrays_.SessionLocked(id);
     std::vector<uint64_t> handles(s.arrays.begin(), s.arrays.end());
@@ -111,8 +113,7 @@ absl::StatusOr<v1::CloseSessionResponse> Coordinator::CloseSession(
 }
 
 absl::StatusOr<v1::KeepAliveResponse> Coordinator::KeepAlive(const v1::KeepAliveRequest& req) {
-  absl::MutexLock l(&arrays_.mu());
-  TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));  // renews the lease
+  TESSEL_RETURN_IF_ERROR(arrays_.ViewSession(req.session_id()).status());  // renews the lease
   v1::KeepAliveResponse resp;
   resp.set_lease_ms(absl::ToInt64Milliseconds(options_.session_lease));
   return resp;
@@ -122,7 +123,7 @@ v1::ListSessionsResponse Coordinator::ListSessions() {
   v1::ListSessionsResponse resp;
   const absl::Time now = absl::Now();
   const int64_t lease_ms = absl::ToInt64Milliseconds(options_.session_lease);
-  absl::MutexLock l(&arrays_.mu());
+  ArrayRegistry::Transaction l(arrays_);
   arrays_.ForEachSessionLocked([&](const std::string& id, const SessionRecord& s) {
     v1::SessionInfo* info = resp.add_sessions();
     info->set_session_id(id);
@@ -203,7 +204,7 @@ absl::Status Coordinator::AwaitAll(const std::string& session, absl::Span<const 
 
 absl::StatusOr<v1::AwaitResponse> Coordinator::Await(const v1::AwaitRequest& req) {
   std::vector<uint64_t> handles(req.handles().begin(), req.handles().end());
-  absl::MutexLock l(&arrays_.mu());
+  ArrayRegistry::Transaction l(arrays_);
   TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
   for (uint64_t h : handles)
     TESSEL_RETURN_IF_ERROR(arrays_.OwnedLocked(req.session_id(), h).status());
@@ -247,7 +248,7 @@ void Coordinator::SendFrees(std::vector<PendingFree> frees) {
 absl::Status Coordinator::Delete(const v1::DeleteRequest& req) {
   std::vector<PendingFree> frees;
   {
-    absl::MutexLock l(&arrays_.mu());
+    ArrayRegistry::Transaction l(arrays_);
     TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
     for (uint64_t h : req.handles())
       TESSEL_RETURN_IF_ERROR(arrays_.OwnedLocked(req.session_id(), h).status());
@@ -258,7 +259,7 @@ absl::Status Coordinator::Delete(const v1::DeleteRequest& req) {
 }
 
 absl::StatusOr<v1::ArrayInfoResponse> Coordinator::ArrayInfo(const v1::ArrayInfoRequest& req) {
-  absl::MutexLock l(&arrays_.mu());
+  ArrayRegistry::Transaction l(arrays_);
   TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
   v1::ArrayInfoResponse resp;
   auto a_or = arrays_.OwnedLocked(req.session_id(), req.handle());

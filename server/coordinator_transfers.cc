@@ -160,7 +160,7 @@ absl::StatusOr<v1::ReshardResponse> Coordinator::Reshard(const v1::ReshardReques
   ReshardSteps now{.session = req.session_id(), .what = what, .output = req.output()};
   std::vector<SequencedStep> sends;
   {
-    absl::MutexLock l(&arrays_.mu());
+    ArrayRegistry::Transaction l(arrays_);
     TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
     TESSEL_ASSIGN_OR_RETURN(const ArrayRecord* src,
                             arrays_.OwnedLocked(req.session_id(), req.handle()));
@@ -247,7 +247,7 @@ void Coordinator::SendReshardSteps(ReshardSteps steps) {
   if (steps.steps.empty()) return;
   std::vector<SequencedStep> sends;
   {
-    absl::MutexLock l(&arrays_.mu());
+    ArrayRegistry::Transaction l(arrays_);
     sends = SequenceStepsLocked(steps);
   }
   SendSequenced(steps, std::move(sends));
@@ -296,7 +296,7 @@ absl::StatusOr<Coordinator::PutPlan> Coordinator::PlanPut(const v1::PutRequest::
                 h.type().ShortDebugString(), h.placement().ShortDebugString());
   }
   PutPlan plan;
-  absl::MutexLock l(&arrays_.mu());
+  ArrayRegistry::Transaction l(arrays_);
   TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(h.session_id()));
   if (h.handle() == 0)
     return absl::InvalidArgumentError("put: handle 0 is reserved; handles must be nonzero");
@@ -356,7 +356,7 @@ absl::StatusOr<Coordinator::PutPlan> Coordinator::PlanPut(const v1::PutRequest::
 void Coordinator::AbandonPut(uint64_t handle) {
   std::vector<PendingFree> frees;
   {
-    absl::MutexLock l(&arrays_.mu());
+    ArrayRegistry::Transaction l(arrays_);
     frees = FreeArraysLocked({handle});
   }
   SendFrees(std::move(frees));
@@ -617,7 +617,7 @@ absl::StatusOr<std::unique_ptr<Coordinator::FetchSource>> Coordinator::BeginFetc
   v1::TensorType type;
   int64_t block_bytes = 0;
   {
-    absl::MutexLock l(&arrays_.mu());
+    ArrayRegistry::Transaction l(arrays_);
     TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
     {
       TESSEL_ASSIGN_OR_RETURN(ArrayRecord * a, arrays_.OwnedLocked(req.session_id(), req.handle()));
