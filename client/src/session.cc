@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/src/convert_internal.h"
 #include "client/src/direct_transfer_internal.h"
+#include "client/src/dispatcher_internal.h"
 #include "client/src/graph_internal.h"
 #include "core/rpc_status.h"
 #include "core/security.h"
@@ -68,114 +69,6 @@ DonationReceipt FromProto(const v1::DonationReceipt& r) {
 }
 
 }  // namespace
-
-// The pipelined Execute stream: one per session, opened on first use. Calls
-// queue in order; a writer thread sends whatever has queued as one batch, so
-// a host loop that outpaces the wire coalesces its calls. Replies come back
-// in order on a reader thread. Unary calls that name handles first wait until
-// every call queued has been answered, so they never overtake the Execute
-// that makes their arrays.
-class Dispatcher {
- public:
-  explicit Dispatcher(v1::Session::Stub* stub) {
-    stream_ = stub->Dispatch(&ctx_);
-    writer_ = std::thread([this] { WriteLoop(); });
-    reader_ = std::thread([this] { ReadLoop(); });
-  }
-
-  ~Dispatcher() {
-    {
-      absl::MutexLock l(&mu_);
-      closing_ = true;
-    }
-    writer_.join();
-    reader_.join();
-  }
-
-  // Queues `req`; returns its sequence number. With `want_reply`, the reply
-  // is kept for Reply().
-  absl::StatusOr<int64_t> Send(v1::ExecuteRequest req, bool want_reply) {
-    absl::MutexLock l(&mu_);
-    if (!broken_.ok()) return broken_;
-    const int64_t seq = sent_++;
-    if (want_reply) wanted_[seq];
-    *queue_.add_calls() = std::move(req);
-    return seq;
-  }
-
-  absl::StatusOr<v1::DispatchReply> Reply(int64_t seq) {
-    absl::MutexLock l(&mu_);
-    auto answered = [this, seq]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return acked_ > seq || done_reading_;
-    };
-    mu_.Await(absl::Condition(&answered));
-    auto it = wanted_.find(seq);
-    if (acked_ <= seq || it == wanted_.end())
-      return broken_.ok() ? absl::UnavailableError("no reply") : broken_;
-    v1::DispatchReply r = std::move(it->second);
-    wanted_.erase(it);
-    return r;
-  }
-
-  // Waits until every call queued has been answered.
-  absl::Status Flush() {
-    absl::MutexLock l(&mu_);
-    auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return acked_ == sent_ || done_reading_;
-    };
-    mu_.Await(absl::Condition(&drained));
-    return acked_ == sent_ ? absl::OkStatus() : broken_;
-  }
-
- private:
-  void WriteLoop() {
-    v1::DispatchBatch batch;
-    while (true) {
-      {
-        absl::MutexLock l(&mu_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return queue_.calls_size() > 0 || closing_ || done_reading_;
-        };
-        mu_.Await(absl::Condition(&ready));
-        if (queue_.calls_size() == 0) break;  // closing, or the stream ended
-        batch.Clear();
-        batch.Swap(&queue_);
-      }
-      if (!stream_->Write(batch)) break;  // the reader records why
-    }
-    stream_->WritesDone();
-  }
-
-  void ReadLoop() {
-    v1::DispatchReplies replies;
-    while (stream_->Read(&replies)) {
-      absl::MutexLock l(&mu_);
-      for (v1::DispatchReply& r : *replies.mutable_replies()) {
-        auto it = wanted_.find(acked_);
-        if (it != wanted_.end()) it->second = std::move(r);
-        ++acked_;
-      }
-    }
-    grpc::Status s = stream_->Finish();
-    absl::MutexLock l(&mu_);
-    broken_ = s.ok() ? absl::UnavailableError("the execute stream to the coordinator closed")
-                     : FromGrpc(s);
-    done_reading_ = true;
-  }
-
-  grpc::ClientContext ctx_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::DispatchBatch, v1::DispatchReplies>> stream_;
-  absl::Mutex mu_;
-  v1::DispatchBatch queue_ ABSL_GUARDED_BY(mu_);
-  int64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t acked_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<int64_t, v1::DispatchReply> wanted_ ABSL_GUARDED_BY(mu_);
-  absl::Status broken_ ABSL_GUARDED_BY(mu_);
-  bool done_reading_ ABSL_GUARDED_BY(mu_) = false;
-  bool closing_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread writer_;
-  std::thread reader_;
-};
 
 class Session::Impl {
  public:

@@ -25,7 +25,7 @@ import numpy as np
 
 import tessel
 from tessel import Mesh, P
-from tessel._session import make_channel
+from tessel._channel import make_channel
 from tessel.v1 import admin_pb2, admin_pb2_grpc
 
 coordinator, host0, host1, cut, restore = sys.argv[1:6]

@@ -33,6 +33,7 @@ from tessel import errors, numpy
 from tessel import lax  # control flow on the device
 from tessel import nn  # after numpy, which it composes
 from tessel import random  # counter-based random numbers, as jax.random
+from tessel import tree_util  # pytrees, as jax.tree_util
 from tessel._autodiff import custom_jvp, custom_vjp, grad, jvp, value_and_grad, vjp
 from tessel._api import (
     assert_no_memory_growth,
@@ -123,6 +124,7 @@ __all__ = [
     "session_options",
     "stats",
     "transfer_guard",
+    "tree_util",
     "tune_allocator",
     "value_and_grad",
     "vjp",

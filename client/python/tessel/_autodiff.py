@@ -10,6 +10,7 @@ import numpy as np
 
 from tessel import _region
 from tessel import numpy as tnp
+from tessel._array import Array
 from tessel._jit import jit
 from tessel._trace import Tracer, current_builder
 from tessel._tree import flatten, unflatten
@@ -47,18 +48,30 @@ def _emit_vjp(parent, fun, leaves, paths, structure, cotangent_of, wrt):
     return results[: len(out)], out_structure, results[len(out) :]
 
 
-def _positions(args, argnums):
-    """Leaves of `args`, their paths, the structure, and per argnum the leaf
-    indices it covers."""
+def _positions(args, positions):
+    """Leaves of the arguments at `positions`, their paths, the structure of
+    their tuple, and per position the leaf indices it covers."""
     leaves, paths, spans = [], [], []
     structures = []
-    for k, a in enumerate(args):
-        ls, ps, st = flatten(a, f"[{k}]")
+    for k in positions:
+        ls, ps, st = flatten(args[k], f"[{k}]")
         spans.append(range(len(leaves), len(leaves) + len(ls)))
         leaves += ls
         paths += ps
         structures.append(st)
     return leaves, paths, ("tuple", tuple(structures)), spans
+
+
+def _passes_through(x):
+    return all(not isinstance(leaf, (Array, Tracer, np.ndarray, np.generic)) for leaf in flatten(x)[0])
+
+
+def _hashable(x):
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return True
 
 
 def value_and_grad(fun, argnums=0, has_aux=False):
@@ -69,15 +82,20 @@ def value_and_grad(fun, argnums=0, has_aux=False):
     nums = (argnums,) if single else tuple(argnums)
 
     def wrapped(*args):
-        leaves, paths, structure, spans = _positions(args, nums)
-        if current_builder() is None and not any(isinstance(x, Tracer) for x in leaves):
-            return jit(wrapped)(*args)
+        # Arguments not differentiated whose leaves are plain Python values
+        # (a layer count, a flag) pass through as they are, as in JAX: they
+        # are not traced, so the function may branch or shape on them.
+        fixed = {k: a for k, a in enumerate(args) if k not in nums and _passes_through(a)}
+        if current_builder() is None and not any(isinstance(x, Tracer) for x in flatten(args)[0]):
+            return jit(wrapped, static_argnums=tuple(k for k in fixed if _hashable(args[k])))(*args)
         for k in nums:
             if k >= len(args):
                 raise TypeError(
                     f"value_and_grad of {getattr(fun, '__name__', 'f')}: argnums {k} but " f"{len(args)} arguments"
                 )
-        wrt = [i for k in nums for i in spans[k]]
+        dyn = [k for k in range(len(args)) if k not in fixed]
+        leaves, paths, structure, spans = _positions(args, dyn)
+        wrt = [i for k in nums for i in spans[dyn.index(k)]]
         for i in wrt:
             x = leaves[i]
             dtype = x.dtype if hasattr(x, "dtype") else np.result_type(x)
@@ -98,7 +116,10 @@ def value_and_grad(fun, argnums=0, has_aux=False):
             return [tnp.ones((), value.dtype)] + [tnp.zeros(x.shape, x.dtype) for x in out[1:]]
 
         def call(*rebuilt):
-            out = fun(*rebuilt)
+            full = list(args)
+            for k, a in zip(dyn, rebuilt):
+                full[k] = a
+            out = fun(*full)
             if has_aux:
                 if not isinstance(out, (tuple, list)) or len(out) != 2:
                     raise TypeError("value_and_grad with has_aux: the function must return (value, aux)")
@@ -112,7 +133,8 @@ def value_and_grad(fun, argnums=0, has_aux=False):
         per_arg = []
         it = iter(grads)
         for k in nums:
-            per_arg.append(unflatten(structure[1][k], [next(it) for _ in spans[k]]))
+            j = dyn.index(k)
+            per_arg.append(unflatten(structure[1][j], [next(it) for _ in spans[j]]))
         g = per_arg[0] if single else tuple(per_arg)
         return value, g
 
@@ -164,8 +186,8 @@ def jvp(fun, primals, tangents):
     """jax.jvp: (fun(*primals), the directional derivative of fun at primals
     along tangents), forward mode; differentiates through while_loop too."""
     primals, tangents = tuple(primals), tuple(tangents)
-    leaves, paths, structure, _ = _positions(primals, ())
-    t_leaves, _, t_structure, _ = _positions(tangents, ())
+    leaves, paths, structure, _ = _positions(primals, range(len(primals)))
+    t_leaves, _, t_structure, _ = _positions(tangents, range(len(tangents)))
     if t_structure != structure:
         raise TypeError(f"jvp: tangents have structure {t_structure}; primals {structure}")
     if current_builder() is None and not any(isinstance(x, Tracer) for x in leaves + t_leaves):
@@ -215,7 +237,7 @@ class custom_vjp:
             # fwd or bwd calling the function itself (as jax.custom_vjp
             # allows): there it is the plain function.
             return self.fun(*args)
-        leaves, paths, structure, _ = _positions(args, ())
+        leaves, paths, structure, _ = _positions(args, range(len(args)))
         if current_builder() is None and not any(isinstance(x, Tracer) for x in leaves):
             return jit(self)(*args)
         parent = current_builder()
@@ -307,7 +329,7 @@ class custom_jvp:
             raise TypeError(f"custom_jvp {self.__name__}: call defjvp(rule) first")
         if self._in_rule:
             return self.fun(*args)
-        leaves, paths, structure, _ = _positions(args, ())
+        leaves, paths, structure, _ = _positions(args, range(len(args)))
         if current_builder() is None and not any(isinstance(x, Tracer) for x in leaves):
             return jit(self)(*args)
         parent = current_builder()

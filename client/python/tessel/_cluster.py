@@ -27,7 +27,8 @@ import weakref
 import grpc
 
 from tessel import _context, errors
-from tessel._session import Session, make_channel
+from tessel._channel import make_channel
+from tessel._session import Session
 from tessel.v1 import admin_pb2, admin_pb2_grpc
 
 

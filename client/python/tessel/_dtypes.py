@@ -57,3 +57,22 @@ def tensor_type(shape, dtype):
 
 def type_string(shape, dtype):
     return f"{np.dtype(dtype).name}[{','.join(str(d) for d in shape)}]"
+
+
+def _dtype_of(x):
+    if isinstance(x, (type, str, np.dtype)):
+        return np.dtype(x)
+    return np.dtype(getattr(x, "dtype", x))
+
+
+def finfo(dtype):
+    """numpy.finfo of a float dtype (or of an array's), bfloat16 included."""
+    d = _dtype_of(dtype)
+    if BFLOAT16 is not None and d == BFLOAT16:
+        return ml_dtypes.finfo(d)
+    return np.finfo(d)
+
+
+def iinfo(int_type):
+    """numpy.iinfo of an integer dtype (or of an array's)."""
+    return np.iinfo(_dtype_of(int_type))

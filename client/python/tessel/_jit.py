@@ -12,7 +12,8 @@ from tessel import _region
 from tessel import numpy as tnp
 from tessel._array import Array
 from tessel._compiled import Compiled
-from tessel._session import guard_proto, varint
+from tessel._dispatcher import varint
+from tessel._session import guard_proto
 from tessel._sharding import NamedSharding, P, to_placement
 from tessel._trace import current_builder, placement_requests, Builder, Tracer
 from tessel._tree import LEAF, flatten, structure_of, unflatten

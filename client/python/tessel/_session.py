@@ -18,6 +18,8 @@ import grpc
 import numpy as np
 
 from tessel import _dtypes, errors
+from tessel._channel import make_channel
+from tessel._dispatcher import Dispatcher, handle_batch, keep_alive
 from tessel.v1 import admin_pb2, admin_pb2_grpc, common_pb2, session_pb2, session_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 PROTOCOL_VERSION = 1
@@ -71,218 +73,6 @@ def _rpc(fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except grpc.RpcError as e:
         raise errors.from_rpc_error(e) from None
-
-
-def varint(v):
-    """Protobuf's base-128 encoding of a non-negative int."""
-    out = bytearray()
-    while v > 0x7F:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
-
-
-def _handle_batch(rng, n=4096):
-    """n fresh handles and their varint encodings, as an iterator of
-    (handle, bytes). A handle is 62 random bits with bit 62 set: nonzero,
-    and always 9 bytes on the wire, so a whole batch encodes at once."""
-    v = np.frombuffer(rng.randbytes(8 * n), np.uint64) & np.uint64((1 << 62) - 1) | np.uint64(1 << 62)
-    enc = np.empty((n, 9), np.uint8)
-    for i in range(8):
-        enc[:, i] = (v >> np.uint64(7 * i)) & np.uint64(0x7F) | np.uint64(0x80)
-    enc[:, 8] = v >> np.uint64(56)
-    flat = enc.tobytes()
-    return zip(v.tolist(), [flat[i : i + 9] for i in range(0, 9 * n, 9)])
-
-
-class _Dispatcher:
-    """The Dispatch stream: ExecuteRequests queue as serialized bytes, each
-    framed as a DispatchBatch entry, and the stream's request iterator hands
-    gRPC everything queued as one batch. Replies are read in order; only the
-    ones a caller asked for are kept."""
-
-    def __init__(self, channel):
-        self._cv = threading.Condition(threading.Lock())
-        self._queue = []
-        self._sender_waiting = False  # the request iterator sleeps: a call queued must wake it
-        self._sent = 0
-        self._acked = 0
-        self._wanted = {}
-        self._closing = False
-        self._error = None
-        self._done = False
-        # The batch goes out as the bytes queued: no message is built per call.
-        dispatch = channel.stream_stream(
-            "/tessel.v1.Session/Dispatch",
-            request_serializer=None,
-            response_deserializer=session_pb2.DispatchReplies.FromString,
-        )
-        self._call = dispatch(self._requests())
-        self._reader = threading.Thread(target=self._read, name="tessel-dispatch", daemon=True)
-        self._reader.start()
-
-    def _requests(self):
-        while True:
-            with self._cv:
-                self._sender_waiting = True
-                self._cv.wait_for(lambda: self._queue or self._closing or self._done)
-                self._sender_waiting = False
-                if not self._queue:
-                    return
-                batch = b"".join(self._queue)
-                self._queue = []
-            yield batch
-
-    def _read(self):
-        try:
-            for replies in self._call:
-                rs = replies.replies
-                with self._cv:
-                    base = self._acked
-                    self._acked = end = base + len(rs)
-                    for seq in [s for s in self._wanted if base <= s < end]:
-                        self._wanted[seq] = rs[seq - base]
-                    self._cv.notify_all()
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.CANCELLED or not self._closing:
-                self._error = errors.from_rpc_error(e)
-        finally:
-            with self._cv:
-                self._done = True
-                if self._error is None and not self._closing:
-                    self._error = errors.WorkerLostError("the execute stream to the coordinator closed", "UNAVAILABLE")
-                self._cv.notify_all()
-
-    def send(self, request, want_reply, forget=None):
-        """Queues one call (an ExecuteRequest, or its serialized bytes) and
-        returns its sequence number; `forget`: an earlier call's number
-        whose reply is no longer wanted."""
-        if not isinstance(request, bytes):
-            request = request.SerializeToString()
-        framed = b"\x0a" + (bytes((len(request),)) if len(request) < 0x80 else varint(len(request))) + request
-        with self._cv:
-            if self._error is not None:
-                raise self._error
-            if forget is not None:
-                self._wanted.pop(forget, None)  # in flight or answered: its reply is dropped
-            seq = self._sent
-            self._sent += 1
-            if want_reply:
-                self._wanted[seq] = None
-            self._queue.append(framed)
-            if self._sender_waiting:
-                self._cv.notify_all()
-            return seq
-
-    def reply(self, seq):
-        with self._cv:
-            self._cv.wait_for(lambda: self._acked > seq or self._done)
-            if self._acked <= seq:
-                raise self._error
-            return self._wanted.pop(seq)
-
-    def forget(self, seq):
-        with self._cv:
-            self._wanted.pop(seq, None)
-
-    def flush(self):
-        with self._cv:
-            self._cv.wait_for(lambda: self._acked == self._sent or self._done)
-            if self._acked != self._sent:
-                raise self._error
-
-    def close(self):
-        with self._cv:
-            self._closing = True
-            self._cv.notify_all()
-        self._reader.join(timeout=10)
-
-
-def _keep_alive(stub, session_id, every, stop):
-    every = max(every, 0.02)
-    while not stop.wait(every):
-        try:
-            stub.KeepAlive(session_pb2.KeepAliveRequest(session_id=session_id), timeout=max(every, 1.0))
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.NOT_FOUND:
-                return  # the session ended; its calls say why
-        except ValueError:
-            return  # the channel was closed
-
-
-class _CallDetails(
-    collections.namedtuple(
-        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
-    ),
-    grpc.ClientCallDetails,
-):
-    pass
-
-
-class _Bearer(
-    grpc.UnaryUnaryClientInterceptor,
-    grpc.UnaryStreamClientInterceptor,
-    grpc.StreamUnaryClientInterceptor,
-    grpc.StreamStreamClientInterceptor,
-):
-    """Adds `authorization: Bearer <token>` to every call of a channel (a
-    plaintext loopback channel refuses call credentials, so not those)."""
-
-    def __init__(self, token):
-        self._entry = ("authorization", "Bearer " + token)
-
-    def _details(self, d):
-        return _CallDetails(
-            d.method,
-            d.timeout,
-            list(d.metadata or ()) + [self._entry],
-            d.credentials,
-            getattr(d, "wait_for_ready", None),
-            getattr(d, "compression", None),
-        )
-
-    def intercept_unary_unary(self, continuation, details, request):
-        return continuation(self._details(details), request)
-
-    intercept_unary_stream = intercept_unary_unary
-
-    def intercept_stream_unary(self, continuation, details, requests):
-        return continuation(self._details(details), requests)
-
-    intercept_stream_stream = intercept_stream_unary
-
-
-def _read(path, what):
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as e:
-        raise ValueError(f"{what}={path!r}: cannot read the file: {e.strerror}") from None
-
-
-def make_channel(address, *, token=None, tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None, options=()):
-    """A gRPC channel to a Tessel daemon: TLS when a CA file is given (or
-    $TESSEL_TLS_CA), verifying the server against it and presenting
-    `tls_cert`/`tls_key` when given; every call carries `token` (or
-    $TESSEL_TOKEN) as bearer metadata."""
-    token = token if token is not None else os.environ.get("TESSEL_TOKEN")
-    tls_ca = tls_ca if tls_ca is not None else os.environ.get("TESSEL_TLS_CA")
-    options = list(options)
-    if tls_ca:
-        if (tls_cert is None) != (tls_key is None):
-            raise ValueError("tls_cert and tls_key go together")
-        creds = grpc.ssl_channel_credentials(
-            root_certificates=_read(tls_ca, "tls_ca"),
-            private_key=_read(tls_key, "tls_key") if tls_key else None,
-            certificate_chain=_read(tls_cert, "tls_cert") if tls_cert else None,
-        )
-        if tls_server_name:
-            options.append(("grpc.ssl_target_name_override", tls_server_name))
-        channel = grpc.secure_channel(address, creds, options=options)
-    else:
-        channel = grpc.insecure_channel(address, options=options)
-    return grpc.intercept_channel(channel, _Bearer(token)) if token else channel
 
 
 def _drain(call):
@@ -458,7 +248,7 @@ class Session:
         self._stop_keepalive = threading.Event()
         if opened.lease_ms > 0:
             threading.Thread(
-                target=_keep_alive,
+                target=keep_alive,
                 args=(self._stub, self.id, opened.lease_ms / 3000, self._stop_keepalive),
                 name="tessel-keepalive",
                 daemon=True,
@@ -487,7 +277,7 @@ class Session:
             return next(self._handles)
         except StopIteration:
             with self._lock:
-                self._handles = _handle_batch(self._rng)
+                self._handles = handle_batch(self._rng)
             return next(self._handles)
 
     def dispatcher(self):
@@ -496,7 +286,7 @@ class Session:
             return d
         with self._lock:
             if self._dispatcher is None:
-                self._dispatcher = _Dispatcher(self._channel)
+                self._dispatcher = Dispatcher(self._channel)
             return self._dispatcher
 
     def flush(self):

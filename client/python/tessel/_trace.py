@@ -292,3 +292,45 @@ def install_operators(cls, tnp):
     cls.prod = lambda a, axis=None, keepdims=False: tnp.prod(a, axis, keepdims=keepdims)
     cls.argmax = lambda a, axis=None, keepdims=False: tnp.argmax(a, axis, keepdims=keepdims)
     cls.argmin = lambda a, axis=None, keepdims=False: tnp.argmin(a, axis, keepdims=keepdims)
+    # The rest of jax.Array's array methods (those whose result shape does
+    # not depend on the values).
+    cls.all = lambda a, axis=None, keepdims=False: tnp.all(a, axis, keepdims=keepdims)
+    cls.any = lambda a, axis=None, keepdims=False: tnp.any(a, axis, keepdims=keepdims)
+    cls.argsort = lambda a, axis=-1, kind=None, order=None, *, stable=True, descending=False: tnp.argsort(
+        a, axis, stable=stable, descending=descending
+    )
+    cls.sort = lambda a, axis=-1, kind=None, order=None, *, stable=True, descending=False: tnp.sort(
+        a, axis, stable=stable, descending=descending
+    )
+    cls.searchsorted = lambda a, v, side="left", sorter=None: tnp.searchsorted(a, v, side=side, sorter=sorter)
+    cls.cumsum = lambda a, axis=None, dtype=None: tnp.cumsum(a, axis, dtype=dtype)
+    cls.cumprod = lambda a, axis=None, dtype=None: tnp.cumprod(a, axis, dtype=dtype)
+    cls.var = lambda a, axis=None, dtype=None, ddof=0, keepdims=False: tnp.var(
+        a, axis, dtype=dtype, ddof=ddof, keepdims=keepdims
+    )
+    cls.std = lambda a, axis=None, dtype=None, ddof=0, keepdims=False: tnp.std(
+        a, axis, dtype=dtype, ddof=ddof, keepdims=keepdims
+    )
+    cls.ptp = lambda a, axis=None, keepdims=False: tnp.subtract(
+        tnp.max(a, axis, keepdims=keepdims), tnp.min(a, axis, keepdims=keepdims)
+    )
+    cls.ravel = lambda a, order="C": tnp.ravel(a)
+    cls.flatten = lambda a, order="C": tnp.ravel(a)
+    cls.squeeze = lambda a, axis=None: tnp.squeeze(a, axis)
+    cls.swapaxes = lambda a, axis1, axis2: tnp.swapaxes(a, axis1, axis2)
+    cls.repeat = lambda a, repeats, axis=None: tnp.repeat(a, repeats, axis)
+    cls.take = lambda a, indices, axis=None, mode=None, fill_value=None: tnp.take(
+        a, indices, axis, mode=mode, fill_value=fill_value
+    )
+    cls.diagonal = lambda a, offset=0, axis1=0, axis2=1: tnp.diagonal(a, offset, axis1, axis2)
+    cls.trace = lambda a, offset=0, axis1=0, axis2=1, dtype=None: tnp.trace(a, offset, axis1, axis2, dtype)
+    cls.dot = lambda a, b, *, precision=None, preferred_element_type=None: tnp.dot(
+        a, b, preferred_element_type=preferred_element_type
+    )
+    cls.round = lambda a, decimals=0: tnp.round(a, decimals)
+    cls.conj = cls.conjugate = lambda a: a  # real dtypes only
+    cls.imag = property(lambda a: tnp.zeros_like(a))
+    cls.real = property(lambda a: a)
+    cls.mT = property(lambda a: tnp.swapaxes(a, -1, -2))
+    cls.itemsize = property(lambda a: a.dtype.itemsize)
+    cls.nbytes = property(lambda a: a.size * a.dtype.itemsize)

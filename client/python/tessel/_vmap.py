@@ -13,19 +13,10 @@ import numpy as np
 from tessel import _region
 from tessel._jit import jit
 from tessel._trace import Tracer, current_builder
-from tessel._tree import flatten, unflatten
+from tessel._tree import children_of, describe, flatten, num_leaves, unflatten
 from tessel.v1 import ir_pb2
 
 __all__ = ["vmap"]
-
-
-def _count(s):
-    kind = s[0]
-    if kind == "leaf":
-        return 1
-    if kind == "none":
-        return 0
-    return sum(_count(c) for c in (s[2] if kind == "dict" else s[1]))
 
 
 def _prefix(axes, s, what):
@@ -34,28 +25,21 @@ def _prefix(axes, s, what):
     structure down to where it gives an int or None (a pytree prefix, as
     jax.vmap's in_axes and out_axes)."""
     if axes is None or isinstance(axes, (int, np.integer)):
-        return [None if axes is None else int(axes)] * _count(s)
-    kind = s[0]
-    if kind in ("tuple", "list") and isinstance(axes, (tuple, list)) and len(axes) == len(s[1]):
-        return [a for ax, c in zip(axes, s[1]) for a in _prefix(ax, c, what)]
-    if kind == "dict" and isinstance(axes, dict) and sorted(axes) == list(s[1]):
-        return [a for k, c in zip(s[1], s[2]) for a in _prefix(axes[k], c, what)]
+        return [None if axes is None else int(axes)] * num_leaves(s)
+    kind, children = s[0], children_of(s)
+    sub = None
+    if kind in ("tuple", "list", "namedtuple") and isinstance(axes, (tuple, list)) and len(axes) == len(children):
+        sub = list(axes)
+    elif kind in ("dict", "odict") and isinstance(axes, dict) and sorted(axes) == sorted(s[1]):
+        sub = [axes[k] for k in s[1]]
+    elif kind == "node" and type(axes) is s[1]:
+        sub = flatten(axes, is_leaf=lambda x: x is not axes)[0]
+    if sub is not None:
+        return [a for ax, c in zip(sub, children) for a in _prefix(ax, c, what)]
     raise ValueError(
-        f"vmap {what}={axes!r} does not match the structure it maps ({_describe(s)}): expected an "
+        f"vmap {what}={axes!r} does not match the structure it maps ({describe(s)}): expected an "
         "int, None, or a tuple, list or dict of those with the same structure"
     )
-
-
-def _describe(s):
-    kind = s[0]
-    if kind == "leaf":
-        return "array"
-    if kind == "none":
-        return "None"
-    if kind == "dict":
-        return "{" + ", ".join(f"{k!r}: {_describe(c)}" for k, c in zip(s[1], s[2])) + "}"
-    inner = ", ".join(_describe(c) for c in s[1])
-    return f"({inner}{',' if len(s[1]) == 1 else ''})" if kind == "tuple" else f"[{inner}]"
 
 
 def vmap(fun, in_axes=0, out_axes=0, axis_size=None):

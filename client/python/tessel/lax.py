@@ -15,6 +15,8 @@ jax does (the IR's conditional runs the last branch for an index out of
 range, as XLA does); `cond`'s predicate is a boolean scalar.
 """
 
+import builtins
+
 import numpy as np
 
 from tessel import _region
@@ -22,26 +24,162 @@ from tessel import numpy as tnp
 from tessel._jit import jit
 from tessel._trace import Tracer, current_builder
 from tessel._tree import flatten, unflatten
+from tessel.numpy._core import _elementwise, _op
+from tessel.numpy._dot import dot_general
+from tessel.numpy._elementwise import _unary
 from tessel.v1 import ir_pb2
 
+# jax.lax's element-wise names, so that programs read as they do in JAX
+# (`reduce_window(x, -inf, lax.max, ...)`). They take tessel.numpy's type
+# promotion; lax.div and lax.rem round toward zero, as C and XLA do, where
+# numpy's floor_divide and remainder floor.
+add, sub, mul, neg, max, min = tnp.add, tnp.subtract, tnp.multiply, tnp.negative, tnp.maximum, tnp.minimum
+abs, sign, floor, ceil, square = tnp.abs, tnp.sign, tnp.floor, tnp.ceil, tnp.square
+exp, exp2, expm1, log, log1p = tnp.exp, tnp.exp2, tnp.expm1, tnp.log, tnp.log1p
+sqrt, rsqrt, cbrt, pow, integer_pow = tnp.sqrt, tnp.rsqrt, tnp.cbrt, tnp.power, tnp.power
+sin, cos, tan, asin, acos, atan, atan2 = tnp.sin, tnp.cos, tnp.tan, tnp.arcsin, tnp.arccos, tnp.arctan, tnp.arctan2
+sinh, cosh, tanh, asinh, acosh, atanh, logistic = (
+    tnp.sinh,
+    tnp.cosh,
+    tnp.tanh,
+    tnp.arcsinh,
+    tnp.arccosh,
+    tnp.arctanh,
+    tnp.sigmoid,
+)
+is_finite, reciprocal = tnp.isfinite, tnp.reciprocal
+eq, ne, lt, le, gt, ge = tnp.equal, tnp.not_equal, tnp.less, tnp.less_equal, tnp.greater, tnp.greater_equal
+bitwise_and, bitwise_or, bitwise_xor, bitwise_not = tnp.bitwise_and, tnp.bitwise_or, tnp.bitwise_xor, tnp.invert
+and_, or_, xor, not_ = tnp.bitwise_and, tnp.bitwise_or, tnp.bitwise_xor, tnp.invert
+shift_left, shift_right_arithmetic = tnp.left_shift, tnp.right_shift
+erf = tnp._erf  # the error function
+dot = tnp.dot
+
+
+@_op
+def div(x, y):
+    """jax.lax.div: integer division rounds toward zero; x / 0 is -1 for
+    integers, as in XLA."""
+    return _elementwise(ir_pb2.DIV, [x, y])
+
+
+@_op
+def rem(x, y):
+    """jax.lax.rem: the remainder of a division rounding toward zero (the
+    sign of x), as C's % and fmod."""
+    return _elementwise(ir_pb2.REM, [x, y])
+
+
+_round_afz = _unary(ir_pb2.ROUND, identity_on_ints=True)
+
+
+class RoundingMethod:
+    AWAY_FROM_ZERO = 0
+    TO_NEAREST_EVEN = 1
+
+
+def round(x, rounding_method=RoundingMethod.AWAY_FROM_ZERO):
+    """jax.lax.round: halves away from zero (the default) or to even."""
+    if rounding_method == RoundingMethod.TO_NEAREST_EVEN:
+        return tnp.rint(x)
+    if rounding_method != RoundingMethod.AWAY_FROM_ZERO:
+        raise ValueError(
+            f"round: rounding_method must be AWAY_FROM_ZERO (0) or TO_NEAREST_EVEN (1), got {rounding_method!r}"
+        )
+    return _round_afz(x)
+
+
+def select(pred, on_true, on_false):
+    """jax.lax.select: on_true where pred, else on_false (same shapes)."""
+    return tnp.where(pred, on_true, on_false)
+
+
+def clamp(min, x, max):
+    """jax.lax.clamp: x limited to [min, max]."""
+    return tnp.clip(x, min, max)
+
+
+def convert_element_type(operand, new_dtype):
+    return tnp.astype(operand, new_dtype)
+
+
 __all__ = [
+    "RoundingMethod",
+    "abs",
+    "acos",
+    "add",
+    "and_",
+    "asin",
+    "asinh",
+    "atan",
+    "atan2",
+    "atanh",
+    "acosh",
+    "bitwise_and",
+    "bitwise_not",
+    "bitwise_or",
+    "bitwise_xor",
+    "cbrt",
+    "ceil",
+    "clamp",
     "cond",
+    "convert_element_type",
+    "cos",
+    "cosh",
+    "div",
+    "dot",
+    "dot_general",
     "dynamic_index_in_dim",
     "dynamic_slice",
     "dynamic_slice_in_dim",
     "dynamic_update_index_in_dim",
     "dynamic_update_slice",
     "dynamic_update_slice_in_dim",
+    "eq",
     "erf",
+    "exp",
+    "exp2",
+    "expm1",
+    "floor",
     "fori_loop",
+    "ge",
+    "gt",
+    "integer_pow",
+    "is_finite",
+    "le",
+    "log",
+    "log1p",
+    "logistic",
+    "lt",
+    "max",
+    "min",
+    "mul",
+    "ne",
+    "neg",
+    "not_",
+    "or_",
+    "pow",
+    "reciprocal",
+    "rem",
+    "round",
+    "rsqrt",
     "scan",
+    "select",
+    "shift_left",
+    "shift_right_arithmetic",
+    "sign",
+    "sin",
+    "sinh",
+    "sqrt",
+    "square",
+    "sub",
     "switch",
+    "tan",
+    "tanh",
     "top_k",
     "while_loop",
+    "xor",
 ]
-
-erf = tnp._erf  # jax.lax.erf: the error function, elementwise, on the device
-cbrt = tnp.cbrt  # jax.lax.cbrt
 
 
 def top_k(operand, k):
@@ -221,7 +359,7 @@ def fori_loop(lower, upper, body_fun, init_val):
             i, val = carry
             return (i + 1, body_fun(i, val)), None
 
-        (_, val), _ = scan(step, (np.int32(lower), init_val), None, length=max(0, upper - lower))
+        (_, val), _ = scan(step, (np.int32(lower), init_val), None, length=builtins.max(0, upper - lower))
         return val
 
     def body(carry):
@@ -289,7 +427,7 @@ def switch(index, branches, *operands):
     if not branches:
         raise ValueError("switch: no branches")
     if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
-        return branches[min(max(int(index), 0), len(branches) - 1)](*operands)
+        return branches[builtins.min(builtins.max(int(index), 0), len(branches) - 1)](*operands)
     leaves = flatten(tuple(operands))[0]
     if not _region.in_trace(leaves + [index]):
         structure = flatten(tuple(operands))[2]

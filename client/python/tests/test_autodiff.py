@@ -568,3 +568,20 @@ def test_custom_rules_hold_inside_a_gradient_of_a_gradient(session):
     np.testing.assert_allclose(
         float(tessel.jit(gg(tessel, ours_f))(0.4).fetch()), float(gg(jax, theirs_f)(0.4)), rtol=1e-10
     )
+
+
+def test_a_python_argument_not_differentiated_passes_through(cluster):
+    """As in JAX: an int that shapes the computation and a flag that picks
+    a branch reach the function as Python values, called eagerly or under jit."""
+
+    def f(np_, x, n, square):
+        y = np_.reshape(x, (n, -1))
+        return np_.sum(y[0] ** 2) if square else np_.sum(np_.sin(y))
+
+    x = rand(6)
+    for n, square in ((2, True), (3, False)):
+        theirs = jax.grad(lambda x, n, s: f(jnp, x, n, s))(x, n, square)
+        ours = tessel.grad(lambda x, n, s: f(tnp, x, n, s))(x, n, square)
+        np.testing.assert_allclose(ours.fetch(), np.asarray(theirs), rtol=1e-12)
+        jitted = tessel.jit(lambda x: tessel.grad(lambda x, n, s: f(tnp, x, n, s))(x, n, square))(x)
+        np.testing.assert_allclose(jitted.fetch(), np.asarray(theirs), rtol=1e-12)

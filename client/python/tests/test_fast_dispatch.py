@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tessel
-from tessel import _jit, _session
+from tessel import _dispatcher, _jit
 from tessel.v1 import session_pb2
 
 
@@ -128,13 +128,13 @@ def test_each_session_gets_its_own_calls(cluster, session):
 def test_handles_and_their_encodings_agree_with_protobuf():
     import random
 
-    batch = list(_session._handle_batch(random.Random(7), n=512))
+    batch = list(_dispatcher.handle_batch(random.Random(7), n=512))
     assert len({h for h, _ in batch}) == 512
     for h, enc in batch:
         assert 0 < h < 1 << 63
         # protobuf's own encoding of the handle as ExecuteRequest.outputs (packed: tag, length, varint)
         wire = session_pb2.ExecuteRequest(outputs=[h]).SerializeToString()
         assert wire == b"\x22" + bytes((len(enc),)) + enc
-        assert _session.varint(h) == enc
+        assert _dispatcher.varint(h) == enc
     for v in (0, 1, 127, 128, 300, (1 << 64) - 1):
-        assert session_pb2.ExecuteRequest(arguments=[v]).SerializeToString()[2:] == _session.varint(v)
+        assert session_pb2.ExecuteRequest(arguments=[v]).SerializeToString()[2:] == _dispatcher.varint(v)

@@ -18,7 +18,7 @@ import pytest
 import tessel
 from tessel import Mesh, NamedSharding, P, _context, errors
 from tessel._cluster import find_binary
-from tessel._session import make_channel
+from tessel._channel import make_channel
 from tessel.v1 import admin_pb2, admin_pb2_grpc, common_pb2, session_pb2, session_pb2_grpc, worker_pb2
 from tessel.v1 import worker_pb2_grpc
 

@@ -20,7 +20,7 @@ import tessel
 import tessel.numpy as tnp
 from tessel import _context, _dtypes, errors
 from tessel._cluster import find_binary
-from tessel._session import make_channel
+from tessel._channel import make_channel
 from tessel.v1 import session_pb2, worker_pb2, worker_pb2_grpc
 
 from conftest import assert_every_buffer_owned

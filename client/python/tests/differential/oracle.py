@@ -470,6 +470,7 @@ class Oracle:
     cosh = _unary(np.cosh, inexact=True)
     arcsinh = _unary(np.arcsinh, inexact=True)
     expm1 = _unary(np.expm1, inexact=True)
+    exp2 = _unary(np.exp2, inexact=True)
     cbrt = _unary(np.cbrt, inexact=True)
     trunc = _unary(np.trunc)
     rint = _unary(np.rint)

@@ -405,6 +405,7 @@ UNARY = {
     "cosh": (True, False, None),
     "arcsinh": (True, False, None),
     "expm1": (True, False, None),
+    "exp2": (True, False, None),
     "cbrt": (True, False, None),
     "trunc": (False, True, None),
     "rint": (False, True, None),

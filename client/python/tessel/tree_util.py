@@ -1,0 +1,155 @@
+"""tessel.tree_util: jax.tree_util's names over Tessel's pytrees.
+
+Tuples, lists, dicts (keys sorted), OrderedDicts, NamedTuples and None are
+containers, as are the types registered here; every container comes back as
+its own type from tessel.jit, grad, vmap and the control flow of tessel.lax.
+"""
+
+import functools
+
+from tessel._tree import (
+    _NODES,
+    children_of,
+    describe,
+    flatten,
+    num_leaves,
+    register_dataclass,
+    register_pytree_node,
+    register_pytree_node_class,
+    unflatten,
+)
+
+__all__ = [
+    "PyTreeDef",
+    "register_dataclass",
+    "register_pytree_node",
+    "register_pytree_node_class",
+    "tree_all",
+    "tree_flatten",
+    "tree_leaves",
+    "tree_map",
+    "tree_reduce",
+    "tree_structure",
+    "tree_unflatten",
+]
+
+
+class PyTreeDef:
+    """A tree's structure without its leaves; equal structures compare and
+    hash equal."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self, key):
+        self._key = key
+
+    @property
+    def num_leaves(self):
+        return num_leaves(self._key)
+
+    @property
+    def num_nodes(self):
+        def count(k):
+            return 1 + sum(count(c) for c in children_of(k))
+
+        return count(self._key)
+
+    def children(self):
+        return [PyTreeDef(c) for c in children_of(self._key)]
+
+    def unflatten(self, leaves):
+        leaves = list(leaves)
+        if len(leaves) != self.num_leaves:
+            raise ValueError(f"tree_unflatten: the structure has {self.num_leaves} leaves; {len(leaves)} given")
+        return unflatten(self._key, leaves)
+
+    def __eq__(self, other):
+        return isinstance(other, PyTreeDef) and self._key == other._key
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def __repr__(self):
+        return f"PyTreeDef({describe(self._key)})"
+
+
+def tree_flatten(tree, is_leaf=None):
+    leaves, _, key = flatten(tree, is_leaf=is_leaf)
+    return leaves, PyTreeDef(key)
+
+
+def tree_unflatten(treedef, leaves):
+    return treedef.unflatten(leaves)
+
+
+def tree_leaves(tree, is_leaf=None):
+    return flatten(tree, is_leaf=is_leaf)[0]
+
+
+def tree_structure(tree, is_leaf=None):
+    return PyTreeDef(flatten(tree, is_leaf=is_leaf)[2])
+
+
+def tree_map(f, tree, *rest, is_leaf=None):
+    """f applied leaf by leaf; `rest` are trees with `tree`'s structure, or
+    with it as a prefix: each of `tree`'s leaves is matched to a whole
+    subtree of theirs."""
+    leaves, treedef = tree_flatten(tree, is_leaf)
+    others = [_subtrees_at_leaves(treedef._key, r) for r in rest]
+    return treedef.unflatten(f(*xs) for xs in zip(leaves, *others))
+
+
+def _subtrees_at_leaves(key, other):
+    out = []
+
+    def walk(k, o):
+        kind = k[0]
+        if kind == "leaf":
+            out.append(o)
+            return
+        if kind == "none":
+            if o is not None:
+                raise ValueError(f"tree_map: expected None, got {type(o).__name__}")
+            return
+        expected = children_of(k)
+        got = _child_values(o, k)
+        if len(got) != len(expected):
+            raise ValueError(
+                f"tree_map: a {type(o).__name__} of {len(got)} children where the first tree has {len(expected)}"
+            )
+        for c, oc in zip(expected, got):
+            walk(c, oc)
+
+    walk(key, other)
+    return out
+
+
+def _child_values(x, key):
+    """The children of `x`, a container of `key`'s kind."""
+    kind = key[0]
+    if kind in ("dict", "odict"):
+        if not isinstance(x, dict) or sorted(x) != sorted(key[1]):
+            raise ValueError(f"tree_map: expected a dict with keys {list(key[1])}, got {_name(x)}")
+        return [x[k] for k in key[1]]
+    if kind in ("namedtuple", "node"):
+        if type(x) is not key[1]:
+            raise ValueError(f"tree_map: expected a {key[1].__name__}, got {_name(x)}")
+        return list(x) if kind == "namedtuple" else list(_NODES[type(x)][0](x)[0])
+    if type(x).__name__ != kind:
+        raise ValueError(f"tree_map: expected a {kind}, got {_name(x)}")
+    return list(x)
+
+
+def _name(x):
+    return type(x).__name__ if not isinstance(x, dict) else f"dict with keys {sorted(x)}"
+
+
+def tree_reduce(function, tree, initializer=None, is_leaf=None):
+    leaves = tree_leaves(tree, is_leaf)
+    if initializer is None:
+        return functools.reduce(function, leaves)
+    return functools.reduce(function, leaves, initializer)
+
+
+def tree_all(tree, is_leaf=None):
+    return all(tree_leaves(tree, is_leaf))
