@@ -19,19 +19,6 @@
 #include "scheduler/varying.h"
 
 namespace tessel::scheduler {
-namespace {
-
-using absl::InvalidArgumentError;
-using absl::StrCat;
-using ops::Axes;
-
-using ops::AxesText;
-using ops::Complete;
-using ops::DimAxes;
-using ops::PartialAxes;
-using ops::SetDimAxes;
-
-}  // namespace
 
 PlannedCollective PlanCollective(const v1::Mesh& mesh, const std::string& value, v1::Op op,
                                  const std::vector<std::string>& axes,
@@ -370,19 +357,19 @@ absl::StatusOr<v1::Graph> LowerUnpartitioned(const TypedGraph& g) {
                          const absl::flat_hash_map<std::string, std::string>& bind,
                          bool top) -> absl::Status {
     for (const v1::Node& n : graph.nodes()) {
-      const std::string name = StrCat(prefix, n.name());
+      const std::string name = absl::StrCat(prefix, n.name());
       if (n.op() == v1::PARAMETER && !top) {
         rename[name] = bind.at(n.name());
         continue;
       }
       if (n.op() == v1::MANUAL_REGION) {
-        return InvalidArgumentError(
-            StrCat("node '", name,
-                   "' (manual_region): a manual region needs a mesh; compile "
-                   "with one"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("node '", name,
+                         "' (manual_region): a manual region needs a mesh; compile "
+                         "with one"));
       }
       if (n.op() == v1::SHARDING_CONSTRAINT) {
-        rename[name] = rename.at(StrCat(prefix, n.operands(0)));
+        rename[name] = rename.at(absl::StrCat(prefix, n.operands(0)));
         continue;
       }
       if (n.op() == v1::CUSTOM_KERNEL) {
@@ -390,16 +377,16 @@ absl::StatusOr<v1::Graph> LowerUnpartitioned(const TypedGraph& g) {
         absl::flat_hash_map<std::string, std::string> inner;
         for (size_t i = 0; i < d.parameters.size(); ++i) {
           const v1::Node& p = d.graph.nodes(d.parameters[i]);
-          inner[p.name()] = rename.at(StrCat(prefix, n.operands(p.parameter().index())));
+          inner[p.name()] = rename.at(absl::StrCat(prefix, n.operands(p.parameter().index())));
         }
-        TESSEL_RETURN_IF_ERROR(inline_graph(d.graph, StrCat(name, "/"), inner, false));
-        rename[name] = rename.at(StrCat(name, "/", d.graph.outputs(0)));
+        TESSEL_RETURN_IF_ERROR(inline_graph(d.graph, absl::StrCat(name, "/"), inner, false));
+        rename[name] = rename.at(absl::StrCat(name, "/", d.graph.outputs(0)));
         continue;
       }
       v1::Node c = n;
       c.set_name(name);
       c.clear_operands();
-      for (const std::string& o : n.operands()) c.add_operands(rename.at(StrCat(prefix, o)));
+      for (const std::string& o : n.operands()) c.add_operands(rename.at(absl::StrCat(prefix, o)));
       rename[name] = name;
       *out.add_nodes() = std::move(c);
     }
