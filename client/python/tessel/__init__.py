@@ -35,6 +35,7 @@ from tessel import nn  # after numpy, which it composes
 from tessel import random  # counter-based random numbers, as jax.random
 from tessel import tree_util  # pytrees, as jax.tree_util
 from tessel._autodiff import custom_jvp, custom_vjp, grad, jvp, value_and_grad, vjp
+from tessel._remat import checkpoint, checkpoint_name, checkpoint_policies, remat
 from tessel._api import (
     assert_no_memory_growth,
     compile,
@@ -111,6 +112,9 @@ __all__ = [
     "errors",
     "forbid_compiles",
     "jit",
+    "checkpoint",
+    "checkpoint_name",
+    "checkpoint_policies",
     "custom_jvp",
     "custom_vjp",
     "grad",
@@ -121,6 +125,7 @@ __all__ = [
     "nn",
     "numpy",
     "random",
+    "remat",
     "session_options",
     "stats",
     "transfer_guard",

@@ -56,3 +56,22 @@ def transfer_guard(level=None, *, host_to_device=None, device_to_host=None, devi
         yield
     finally:
         _local.guard = old
+
+
+def remat_hook():
+    """The innermost checkpointed function being traced on this thread (its
+    recorder, tessel._remat), or None."""
+    stack = getattr(_local, "remat", None)
+    return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def remat_scope(hook):
+    stack = getattr(_local, "remat", None)
+    if stack is None:
+        stack = _local.remat = []
+    stack.append(hook)
+    try:
+        yield
+    finally:
+        stack.pop()

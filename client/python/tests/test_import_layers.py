@@ -38,6 +38,7 @@ LAYERS = [
     "_api",  # devices, device_put, the contracts
     "_shard_map",  # shard_map, collectives, custom kernels
     "_autodiff",
+    "_remat",  # checkpoint, over custom_vjp
     "_vmap",  # transformations
     "nn",
     "random",  # libraries over tessel.numpy

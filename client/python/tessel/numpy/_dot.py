@@ -7,7 +7,7 @@ import operator as _operator
 
 import numpy as _np
 
-from tessel import _dtypes
+from tessel import _context, _dtypes
 from tessel.v1 import ir_pb2
 from tessel.numpy._core import _b, _broadcast, _convert, _op, _result_dtype, _tracer
 from tessel.numpy._elementwise import multiply, not_equal
@@ -40,7 +40,11 @@ def _dot_general(lhs, rhs, lb, rb, lc, rc):
         g.lhs_batch.extend(lb), g.rhs_batch.extend(rb)
         g.lhs_contracting.extend(lc), g.rhs_contracting.extend(rc)
 
-    return _b().node(ir_pb2.DOT_GENERAL, [l, r], shape, d, set_attrs=attrs)
+    out = _b().node(ir_pb2.DOT_GENERAL, [l, r], shape, d, set_attrs=attrs)
+    hook = _context.remat_hook()  # a checkpointed function saving or replaying its dots
+    if hook is None:
+        return out
+    return hook("dot", out, batch=bool(lb), operands=(l, r), dims=(lb, rb, lc, rc))
 
 
 def _preferred(operands, preferred_element_type):
