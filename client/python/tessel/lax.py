@@ -21,6 +21,13 @@ import numpy as np
 
 from tessel import _region
 from tessel import numpy as tnp
+from tessel._convolution import (
+    conv,
+    conv_general_dilated,
+    conv_with_general_padding,
+    padtype_to_pads,
+    reduce_window,
+)
 from tessel._jit import jit
 from tessel._trace import Tracer, current_builder
 from tessel._tree import flatten, unflatten
@@ -123,6 +130,9 @@ __all__ = [
     "ceil",
     "clamp",
     "cond",
+    "conv",
+    "conv_general_dilated",
+    "conv_with_general_padding",
     "convert_element_type",
     "cos",
     "cosh",
@@ -158,8 +168,10 @@ __all__ = [
     "neg",
     "not_",
     "or_",
+    "padtype_to_pads",
     "pow",
     "reciprocal",
+    "reduce_window",
     "rem",
     "round",
     "rsqrt",

@@ -7,6 +7,7 @@ import math
 import numpy as _np
 
 from tessel import numpy as tnp
+from tessel._convolution import reduce_window
 
 
 def relu(x):
@@ -60,3 +61,38 @@ def logsumexp(a, axis=None, keepdims=False):
     total = tnp.sum(tnp.exp(tnp.subtract(a, peak)), axis=axis, keepdims=True)
     out = tnp.add(tnp.log(total), peak)
     return out if keepdims else tnp.squeeze(out, axis=axis) if axis is not None else tnp.reshape(out, ())
+
+
+def _pool(inputs, init, reduce_fn, window_shape, strides, padding):
+    """flax.linen.pool: `inputs` (batch..., window dims, features); the
+    window covers the dimensions between the leading and the last."""
+    x = tnp.asarray(inputs) if not hasattr(inputs, "shape") else inputs
+    strides = tuple(strides) if strides is not None else (1,) * len(window_shape)
+    lead = x.ndim - len(window_shape) - 1
+    if lead < 0:
+        raise ValueError(
+            f"pool: inputs of shape {tuple(x.shape)} need a window dimension per entry of window_shape "
+            f"{tuple(window_shape)} and a features dimension after them"
+        )
+    dims = (1,) * lead + tuple(window_shape) + (1,)
+    steps = (1,) * lead + strides + (1,)
+    if not isinstance(padding, str):
+        padding = ((0, 0),) * lead + tuple(tuple(p) for p in padding) + ((0, 0),)
+    return reduce_window(x, init, reduce_fn, dims, steps, padding)
+
+
+def max_pool(inputs, window_shape, strides=None, padding="VALID"):
+    """flax.linen.max_pool: the maximum over each window (NHWC-style:
+    batch first, features last)."""
+    return _pool(inputs, -_np.inf, tnp.maximum, window_shape, strides, padding)
+
+
+def avg_pool(inputs, window_shape, strides=None, padding="VALID", count_include_pad=True):
+    """flax.linen.avg_pool: the mean over each window; with
+    count_include_pad=False, padded positions do not count."""
+    y = _pool(inputs, 0.0, tnp.add, window_shape, strides, padding)
+    if count_include_pad:
+        return y / math.prod(window_shape)
+    ones = tnp.ones(tuple(inputs.shape[-len(window_shape) - 1 : -1]) + (1,), y.dtype)
+    counts = _pool(ones[None], 0.0, tnp.add, window_shape, strides, padding)
+    return y / counts.reshape(counts.shape[1:])

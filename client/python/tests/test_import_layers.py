@@ -31,6 +31,7 @@ LAYERS = [
     "numpy._dot",
     "numpy._sorting",
     "numpy",  # tessel.numpy, naming them
+    "_convolution",  # convolutions and windows, composed of tessel.numpy's ops
     "_region",  # tracing a sub-function into a region
     "_compiled",  # tessel.Compiled
     "_jit",  # tessel.jit

@@ -1,0 +1,244 @@
+"""Convolutions and pooling windows against JAX on CPU (jax from PyPI):
+lax.conv_general_dilated over layouts, strides, paddings, dilations and
+groups; lax.reduce_window; tessel.nn's max_pool and avg_pool; their
+gradients and vmap; and a small CNN's training step."""
+
+import numpy as np
+import pytest
+
+import tessel
+import tessel.nn as tnn
+import tessel.numpy as tnp
+from tessel import lax
+
+jax = pytest.importorskip("jax")
+jax.config.update("jax_platforms", "cpu")
+jax.config.update("jax_enable_x64", True)
+jnp, jlax = jax.numpy, jax.lax
+
+RNG = np.random.default_rng(17)
+
+
+def rand(*shape):
+    return RNG.normal(size=shape)
+
+
+CONVS = {
+    # name: (lhs shape, rhs shape, keyword arguments)
+    "nchw_valid": ((2, 3, 7, 6), (4, 3, 3, 2), dict(window_strides=(1, 1), padding="VALID")),
+    "nhwc_same_stride2": (
+        (2, 8, 7, 3),
+        (3, 3, 3, 5),
+        dict(window_strides=(2, 2), padding="SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")),
+    ),
+    "explicit_padding_rhs_dilation": (
+        (1, 2, 9, 8),
+        (3, 2, 3, 3),
+        dict(window_strides=(1, 2), padding=((1, 2), (0, 1)), rhs_dilation=(2, 1)),
+    ),
+    "transposed_lhs_dilation": (
+        (2, 3, 5, 4),
+        (2, 3, 3, 3),
+        dict(window_strides=(1, 1), padding=((2, 2), (1, 2)), lhs_dilation=(2, 2)),
+    ),
+    "negative_padding": ((1, 2, 8, 8), (2, 2, 2, 2), dict(window_strides=(1, 1), padding=((-1, 0), (1, -2)))),
+    "depthwise": (
+        (2, 6, 6, 4),
+        (3, 3, 1, 4),
+        dict(window_strides=(1, 1), padding="SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=4),
+    ),
+    "grouped": ((2, 4, 5, 5), (6, 2, 2, 2), dict(window_strides=(1, 1), padding="VALID", feature_group_count=2)),
+    "batch_grouped": ((4, 3, 5, 5), (6, 3, 2, 2), dict(window_strides=(1, 1), padding="VALID", batch_group_count=2)),
+    "1d_nwc": (
+        (3, 10, 2),
+        (3, 2, 4),
+        dict(window_strides=(2,), padding="SAME", dimension_numbers=("NWC", "WIO", "NWC")),
+    ),
+    "3d_ndhwc": (
+        (1, 5, 4, 6, 2),
+        (2, 2, 3, 2, 3),
+        dict(window_strides=(1, 2, 1), padding="VALID", dimension_numbers=("NDHWC", "DHWIO", "NDHWC")),
+    ),
+    "output_layout_differs": (
+        (2, 3, 6, 5),
+        (2, 2, 3, 4),
+        dict(window_strides=(1, 1), padding="SAME", dimension_numbers=("NCHW", "HWIO", "NHWC")),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CONVS))
+def test_conv_general_dilated_matches_jax(cluster, case):
+    ls, rs, kw = CONVS[case]
+    x, k = rand(*ls), rand(*rs)
+    ours = tessel.jit(lambda x, k: lax.conv_general_dilated(x, k, **kw))(x, k).fetch()
+    theirs = np.asarray(jlax.conv_general_dilated(x, k, **kw))
+    assert ours.shape == theirs.shape
+    np.testing.assert_allclose(ours, theirs, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", ["nhwc_same_stride2", "transposed_lhs_dilation", "depthwise", "batch_grouped"])
+def test_conv_gradients_match_jax(cluster, case):
+    ls, rs, kw = CONVS[case]
+    x, k = rand(*ls), rand(*rs)
+
+    def loss(conv, x, k):
+        y = conv(x, k, **kw)
+        return (y * y).sum() / y.size + (y.sum() ** 2) * 1e-3
+
+    ours = tessel.jit(tessel.grad(lambda x, k: loss(lax.conv_general_dilated, x, k), argnums=(0, 1)))(x, k)
+    theirs = jax.grad(lambda x, k: loss(jlax.conv_general_dilated, x, k), argnums=(0, 1))(x, k)
+    for o, t in zip(ours, theirs):
+        np.testing.assert_allclose(o.fetch(), np.asarray(t), rtol=1e-9, atol=1e-12)
+
+
+def test_vmap_of_a_convolution_matches_jax(cluster):
+    ls, rs, kw = CONVS["nhwc_same_stride2"]
+    xs, k = rand(3, *ls), rand(*rs)
+    ours = tessel.jit(tessel.vmap(lambda x: lax.conv_general_dilated(x, k, **kw)))(xs).fetch()
+    theirs = np.asarray(jax.vmap(lambda x: jlax.conv_general_dilated(x, k, **kw))(xs))
+    np.testing.assert_allclose(ours, theirs, rtol=1e-10, atol=1e-12)
+
+
+def test_preferred_element_type_of_a_convolution(cluster):
+    x, k = rand(1, 2, 5, 5).astype(np.float32), rand(3, 2, 2, 2).astype(np.float32)
+    ours = tessel.jit(lambda x, k: lax.conv(x, k, (1, 1), "VALID", preferred_element_type=np.float64))(x, k).fetch()
+    theirs = np.asarray(jlax.conv(x, k, (1, 1), "VALID", preferred_element_type=np.float64))
+    assert ours.dtype == theirs.dtype == np.float64
+    np.testing.assert_allclose(ours, theirs, rtol=1e-12)
+
+
+def test_convolution_errors_name_the_mismatch(cluster):
+    x, k = rand(1, 3, 5, 5), rand(2, 4, 3, 3)
+    with pytest.raises(ValueError, match="lhs has 3 input features; rhs's 4 input features"):
+        tessel.jit(lambda x, k: lax.conv(x, k, (1, 1), "VALID"))(x, k)
+    with pytest.raises(ValueError, match="window_strides needs 2 positive entries"):
+        tessel.jit(lambda x, k: lax.conv(x, k, (1,), "VALID"))(x, rand(2, 3, 3, 3))
+    with pytest.raises(ValueError, match="need the same rank"):
+        tessel.jit(lambda x, k: lax.conv(x, k, (1, 1), "VALID"))(x, rand(2, 3, 3))
+
+
+WINDOWS = {
+    "max_2x2_stride2": ("max", -np.inf, (1, 2, 2, 1), (1, 2, 2, 1), "VALID", None, None),
+    "max_3x3_same": ("max", -np.inf, (1, 3, 3, 1), (1, 1, 1, 1), "SAME", None, None),
+    "add_padded_strided": ("add", 0.0, (1, 3, 2, 1), (1, 2, 1, 1), ((0, 0), (1, 1), (0, 2), (0, 0)), None, None),
+    "min_window_dilation": ("min", np.inf, (1, 2, 2, 1), (1, 1, 1, 1), "VALID", None, (1, 2, 3, 1)),
+    "add_base_dilation": ("add", 0.0, (1, 2, 2, 1), (1, 1, 1, 1), "VALID", (1, 2, 1, 1), None),
+    "max_init_above_identity": ("max", 0.25, (1, 2, 2, 1), (1, 1, 1, 1), "VALID", None, None),
+}
+
+
+@pytest.mark.parametrize("case", list(WINDOWS))
+def test_reduce_window_matches_jax(cluster, case):
+    kind, init, dims, strides, padding, base, wdil = WINDOWS[case]
+    x = rand(2, 7, 6, 3)
+    ours_fn = {"max": lax.max, "min": lax.min, "add": lax.add}[kind]
+    theirs_fn = {"max": jlax.max, "min": jlax.min, "add": jlax.add}[kind]
+    ours = tessel.jit(lambda x: lax.reduce_window(x, init, ours_fn, dims, strides, padding, base, wdil))(x).fetch()
+    theirs = np.asarray(jlax.reduce_window(x, init, theirs_fn, dims, strides, padding, base, wdil))
+    assert ours.shape == theirs.shape
+    np.testing.assert_allclose(ours, theirs, rtol=1e-12)
+
+
+@pytest.mark.parametrize("case", ["max_2x2_stride2", "max_3x3_same", "add_padded_strided"])
+def test_reduce_window_gradients_match_jax(cluster, case):
+    kind, init, dims, strides, padding, base, wdil = WINDOWS[case]
+    x = rand(2, 7, 6, 3)  # random: no ties inside a window
+    ours_fn = {"max": lax.max, "add": lax.add}[kind]
+    theirs_fn = {"max": jlax.max, "add": jlax.add}[kind]
+    w = rand(*np.asarray(jlax.reduce_window(x, init, theirs_fn, dims, strides, padding)).shape)
+    ours = tessel.jit(tessel.grad(lambda x: (lax.reduce_window(x, init, ours_fn, dims, strides, padding) * w).sum()))(x)
+    theirs = jax.grad(lambda x: (jlax.reduce_window(x, init, theirs_fn, dims, strides, padding) * w).sum())(x)
+    np.testing.assert_allclose(ours.fetch(), np.asarray(theirs), rtol=1e-12)
+
+
+def _flax_pool(x, init, fn, window, strides, padding):
+    """flax.linen.pooling.pool, written against jax.lax."""
+    dims = (1,) + window + (1,)
+    steps = (1,) + (strides or (1,) * len(window)) + (1,)
+    if not isinstance(padding, str):
+        padding = ((0, 0),) + tuple(padding) + ((0, 0),)
+    return jlax.reduce_window(x, init, fn, dims, steps, padding)
+
+
+def test_max_pool_and_avg_pool_match_flax_formulas(cluster):
+    x = rand(2, 9, 8, 4)
+    for window, strides, padding in (
+        ((2, 2), (2, 2), "VALID"),
+        ((3, 3), (1, 1), "SAME"),
+        ((3, 2), (2, 1), ((1, 1), (0, 1))),
+    ):
+        ours = tessel.jit(lambda x: tnn.max_pool(x, window, strides, padding))(x).fetch()
+        theirs = np.asarray(_flax_pool(x, -jnp.inf, jlax.max, window, strides, padding))
+        np.testing.assert_allclose(ours, theirs, rtol=1e-12)
+        ours = tessel.jit(lambda x: tnn.avg_pool(x, window, strides, padding))(x).fetch()
+        theirs = np.asarray(_flax_pool(x, 0.0, jlax.add, window, strides, padding)) / np.prod(window)
+        np.testing.assert_allclose(ours, theirs, rtol=1e-12)
+        ours = tessel.jit(lambda x: tnn.avg_pool(x, window, strides, padding, count_include_pad=False))(x).fetch()
+        counts = _flax_pool(jnp.ones((1,) + x.shape[1:3] + (1,)), 0.0, jlax.add, window, strides, padding)
+        theirs = np.asarray(_flax_pool(x, 0.0, jlax.add, window, strides, padding) / counts)
+        np.testing.assert_allclose(ours, theirs, rtol=1e-12)
+
+
+def test_a_small_cnn_trains_as_in_jax(cluster):
+    """conv 3x3 -> relu -> max_pool 2x2 -> conv 3x3 stride 2 -> relu ->
+    mean over space -> dense: three SGD steps, parameters and losses
+    against JAX's."""
+    x, labels = rand(8, 12, 12, 3), RNG.integers(0, 5, 8)
+    params = {
+        "k1": rand(3, 3, 3, 8) * 0.3,
+        "k2": rand(3, 3, 8, 16) * 0.2,
+        "w": rand(16, 5) * 0.3,
+        "b": np.zeros(5),
+    }
+    dn = ("NHWC", "HWIO", "NHWC")
+
+    def make(L, N, pool, log_softmax):
+        def loss(p, x, labels):
+            h = N.maximum(L.conv_general_dilated(x, p["k1"], (1, 1), "SAME", dimension_numbers=dn), 0)
+            h = pool(h)
+            h = N.maximum(L.conv_general_dilated(h, p["k2"], (2, 2), "SAME", dimension_numbers=dn), 0)
+            logits = h.mean(axis=(1, 2)) @ p["w"] + p["b"]
+            return -N.take_along_axis(log_softmax(logits), labels[:, None], axis=1).mean()
+
+        return loss
+
+    ours_loss = make(lax, tnp, lambda h: tnn.max_pool(h, (2, 2), (2, 2)), tnn.log_softmax)
+    theirs_loss = make(
+        jlax, jnp, lambda h: _flax_pool(h, -jnp.inf, jlax.max, (2, 2), (2, 2), "VALID"), jax.nn.log_softmax
+    )
+
+    @tessel.jit
+    def ours_step(p, x, labels):
+        value, g = tessel.value_and_grad(ours_loss)(p, x, labels)
+        return value, {k: p[k] - 0.1 * g[k] for k in p}
+
+    @jax.jit
+    def theirs_step(p, x, labels):
+        value, g = jax.value_and_grad(theirs_loss)(p, x, labels)
+        return value, {k: p[k] - 0.1 * g[k] for k in p}
+
+    ours_p, theirs_p = dict(params), dict(params)
+    for _ in range(3):
+        ours_v, ours_p = ours_step(ours_p, x, labels)
+        theirs_v, theirs_p = theirs_step(theirs_p, x, labels)
+        np.testing.assert_allclose(ours_v.fetch(), np.asarray(theirs_v), rtol=1e-10)
+    for k in params:
+        np.testing.assert_allclose(ours_p[k].fetch(), np.asarray(theirs_p[k]), rtol=1e-9, atol=1e-12)
+
+
+def test_a_batch_split_convolution_needs_no_communication(cluster):
+    """Split over the batch, each device convolves its own images: the plan
+    holds no collective, and the values are JAX's."""
+    mesh = tessel.Mesh({"data": 2})
+    ls, rs, kw = CONVS["nhwc_same_stride2"]
+    x, k = rand(4, *ls[1:]), rand(*rs)
+    f = tessel.jit(lambda x, k: lax.conv_general_dilated(x, k, **kw))
+    args = (
+        tessel.device_put(x, tessel.NamedSharding(mesh, tessel.P("data"))),
+        tessel.device_put(k, tessel.NamedSharding(mesh, tessel.P())),
+    )
+    out = f(*args)
+    np.testing.assert_allclose(out.fetch(), np.asarray(jlax.conv_general_dilated(x, k, **kw)), rtol=1e-10)
+    assert f.lower(*args).collectives == []
+    assert out.sharding.spec[0] == "data"
