@@ -44,6 +44,8 @@ LAYERS = [
     "nn",
     "random",  # libraries over tessel.numpy
     "_cluster",  # local clusters
+    "_stablehlo",  # StableHLO read through jaxlib's MLIR bindings
+    "jax",  # tessel.jax: JAX programs on the cluster (needs jax)
     "__init__",
 ]
 

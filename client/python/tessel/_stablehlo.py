@@ -1,0 +1,408 @@
+"""StableHLO to Tessel: a module that jax lowers, read through jaxlib's own
+MLIR Python bindings and emitted op by op through tessel.numpy and
+tessel.lax inside a Tessel trace. What those ops already do (type rules,
+gradients are not needed here, partitioning, kernels) is what the module
+gets; an op with no counterpart yet is an error naming it and where it
+stands in the module."""
+
+import numpy as np
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
+
+from tessel import _convolution
+from tessel import lax as tlax
+from tessel import numpy as tnp
+from tessel.errors import InvalidArgumentError
+from tessel.numpy._dot import _dot_general
+
+_DTYPES = {
+    "f16": np.float16,
+    "f32": np.float32,
+    "f64": np.float64,
+    "i1": np.bool_,
+    "i8": np.int8,
+    "i16": np.int16,
+    "i32": np.int32,
+    "i64": np.int64,
+    "ui8": np.uint8,
+    "ui16": np.uint16,
+    "ui32": np.uint32,
+    "ui64": np.uint64,
+}
+
+
+def dtype_of(mlir_type):
+    t = ir.RankedTensorType(mlir_type)
+    name = str(t.element_type)
+    if name == "bf16":
+        return np.dtype(tnp.bfloat16)
+    if name not in _DTYPES:
+        raise NotImplementedError(f"element type {name} has no Tessel dtype")
+    return np.dtype(_DTYPES[name])
+
+
+def shape_of(mlir_type):
+    return tuple(ir.RankedTensorType(mlir_type).shape)
+
+
+def _ints(attr):
+    return [int(v) for v in ir.DenseI64ArrayAttr(attr)]
+
+
+def _opt_ints(attrs, name, n):
+    return _ints(attrs[name]) if name in attrs else [1] * n
+
+
+def _pads(attrs, n):
+    if "padding" not in attrs:
+        return [(0, 0)] * n
+    flat = [int(v) for v in np.asarray(ir.DenseIntElementsAttr(attrs["padding"])).ravel()]
+    return [(flat[2 * i], flat[2 * i + 1]) for i in range(n)]
+
+
+def _scalar(attr):
+    for kind in (ir.FloatAttr, ir.IntegerAttr, ir.BoolAttr):
+        try:
+            return kind(attr).value
+        except (ValueError, TypeError):
+            continue
+    raise NotImplementedError(f"a constant element {attr}")
+
+
+def _constant(op):
+    a = ir.DenseElementsAttr(op.attributes["value"])
+    shape, dtype = shape_of(op.result.type), dtype_of(op.result.type)
+    if a.is_splat:
+        v = a.get_splat_value()
+        value = _scalar(v)
+        return np.full(shape, value, dtype)
+    if dtype == np.bool_:
+        return np.array([bool(_scalar(a[i])) for i in range(len(a))], np.bool_).reshape(shape)
+    return np.asarray(a).astype(dtype).reshape(shape)
+
+
+def _broadcast_in_dim(x, dims, shape):
+    ns = np if isinstance(x, (np.ndarray, np.generic)) else tnp  # a constant stays one, on the host
+    x = ns.asarray(x) if not hasattr(x, "ndim") else x
+    order = sorted(range(len(dims)), key=lambda i: dims[i])
+    if order != list(range(len(dims))):
+        x = ns.transpose(x, order)
+        dims = [dims[i] for i in order]
+    full = [1] * len(shape)
+    for i, d in enumerate(dims):
+        full[d] = x.shape[i]
+    return ns.broadcast_to(ns.reshape(x, tuple(full)), tuple(shape))
+
+
+_UNARY = {
+    "stablehlo.negate": tnp.negative,
+    "stablehlo.abs": tnp.abs,
+    "stablehlo.exponential": tnp.exp,
+    "stablehlo.exponential_minus_one": tnp.expm1,
+    "stablehlo.log": tnp.log,
+    "stablehlo.log_plus_one": tnp.log1p,
+    "stablehlo.tanh": tnp.tanh,
+    "stablehlo.logistic": tnp.sigmoid,
+    "stablehlo.sqrt": tnp.sqrt,
+    "stablehlo.rsqrt": tnp.rsqrt,
+    "stablehlo.cbrt": tnp.cbrt,
+    "stablehlo.floor": tnp.floor,
+    "stablehlo.ceil": tnp.ceil,
+    "stablehlo.round_nearest_afz": tlax.round,
+    "stablehlo.round_nearest_even": tnp.rint,
+    "stablehlo.sign": tnp.sign,
+    "stablehlo.not": tnp.invert,
+    "stablehlo.sine": tnp.sin,
+    "stablehlo.cosine": tnp.cos,
+    "stablehlo.tan": tnp.tan,
+    "stablehlo.is_finite": tnp.isfinite,
+    "chlo.erf": tlax.erf,
+    "chlo.asinh": tnp.arcsinh,
+    "chlo.acosh": tnp.arccosh,
+    "chlo.atanh": tnp.arctanh,
+    "chlo.sinh": tnp.sinh,
+    "chlo.cosh": tnp.cosh,
+    "chlo.asin": tnp.arcsin,
+    "chlo.acos": tnp.arccos,
+    "chlo.atan": tnp.arctan,
+    "chlo.square": tnp.square,
+    "chlo.tan": tnp.tan,
+    "stablehlo.optimization_barrier": lambda x: x,
+}
+_BINARY = {
+    "stablehlo.add": tnp.add,
+    "stablehlo.subtract": tnp.subtract,
+    "stablehlo.multiply": tnp.multiply,
+    "stablehlo.divide": tlax.div,
+    "stablehlo.remainder": tlax.rem,
+    "stablehlo.maximum": tnp.maximum,
+    "stablehlo.minimum": tnp.minimum,
+    "stablehlo.power": tnp.power,
+    "stablehlo.atan2": tnp.arctan2,
+    "stablehlo.and": tnp.bitwise_and,
+    "stablehlo.or": tnp.bitwise_or,
+    "stablehlo.xor": tnp.bitwise_xor,
+    "stablehlo.shift_left": tnp.left_shift,
+    "stablehlo.shift_right_arithmetic": tnp.right_shift,
+}
+_COMPARE = {"EQ": tnp.equal, "NE": tnp.not_equal, "LT": tnp.less, "LE": tnp.less_equal, "GT": tnp.greater}
+_COMPARE["GE"] = tnp.greater_equal
+_REDUCERS = {
+    "stablehlo.add": "add",
+    "stablehlo.maximum": "max",
+    "stablehlo.minimum": "min",
+    "stablehlo.multiply": "mul",
+    "stablehlo.and": "and",
+    "stablehlo.or": "or",
+}
+
+
+class Interpreter:
+    """Emits a module's functions into the current Tessel trace."""
+
+    def __init__(self, module):
+        self.functions = {}
+        for op in module.body.operations:
+            if op.operation.name == "func.func":
+                self.functions[ir.StringAttr(op.attributes["sym_name"]).value] = op
+
+    def signature(self, name):
+        """The parameter types of function @name."""
+        fn = self.functions[name]
+        return list(ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value).inputs)
+
+    def call(self, name, args):
+        fn = self.functions.get(name)
+        if fn is None:
+            raise InvalidArgumentError(f"StableHLO module: function @{name} is called but not defined")
+        return self.region(fn.regions[0], args, f"@{name}", {})
+
+    def region(self, region, args, where, outer):
+        """The region's results; it may read values of `outer` (StableHLO's
+        regions capture what is defined above them)."""
+        block = region.blocks[0]
+        env = dict(outer)
+        for arg, value in zip(block.arguments, args):
+            env[arg] = value
+        for i, op in enumerate(block.operations):
+            name = op.operation.name
+            if name in ("func.return", "stablehlo.return"):
+                return [self.value(env, v) for v in op.operands]
+            try:
+                results = self.op(op, name, [self.value(env, v) for v in op.operands], env)
+            except InvalidArgumentError:
+                raise
+            except (NotImplementedError, ValueError, TypeError) as e:
+                raise InvalidArgumentError(f"StableHLO {name} (op {i} of {where}): {e}") from None
+            for r, v in zip(op.results, results):
+                env[r] = v
+        raise InvalidArgumentError(f"StableHLO {where}: a block without a return")
+
+    @staticmethod
+    def value(env, v):
+        return env[v]
+
+    def op(self, op, name, args, env):
+        a = op.attributes
+        out_types = [r.type for r in op.results]
+        if name in _BINARY:
+            return [_BINARY[name](*args)]
+        if name in _UNARY:
+            return [_UNARY[name](*args)]
+        if name == "stablehlo.constant":
+            return [_constant(op)]
+        if name == "stablehlo.compare":
+            direction = stablehlo.ComparisonDirectionAttr(a["comparison_direction"]).value
+            return [_COMPARE[direction](*args)]
+        if name == "stablehlo.select":
+            return [tnp.where(*args)]
+        if name == "stablehlo.clamp":
+            return [tnp.clip(args[1], args[0], args[2])]
+        if name == "stablehlo.convert":
+            return [tnp.astype(args[0], dtype_of(out_types[0]))]
+        if name == "stablehlo.bitcast_convert" and dtype_of(out_types[0]) == np.dtype(tnp.asarray(args[0]).dtype):
+            return [args[0]]
+        if name == "stablehlo.broadcast_in_dim":
+            return [_broadcast_in_dim(args[0], _ints(a["broadcast_dimensions"]), shape_of(out_types[0]))]
+        if name in ("stablehlo.reshape", "stablehlo.dynamic_reshape"):
+            return [tnp.reshape(args[0], shape_of(out_types[0]))]
+        if name == "stablehlo.transpose":
+            return [tnp.transpose(args[0], _ints(a["permutation"]))]
+        if name == "stablehlo.reverse":
+            return [tnp.flip(args[0], tuple(_ints(a["dimensions"])))]
+        if name == "stablehlo.slice":
+            start, limit, strides = _ints(a["start_indices"]), _ints(a["limit_indices"]), _ints(a["strides"])
+            return [tnp.asarray(args[0])[tuple(slice(s, e, k) for s, e, k in zip(start, limit, strides))]]
+        if name == "stablehlo.concatenate":
+            return [tnp.concatenate(args, axis=ir.IntegerAttr(a["dimension"]).value)]
+        if name == "stablehlo.pad":
+            x = tnp.asarray(args[0])
+            low, high, interior = (
+                _ints(a["edge_padding_low"]),
+                _ints(a["edge_padding_high"]),
+                _ints(a["interior_padding"]),
+            )
+            return [_convolution._pad(x, args[1], low, high, interior)]
+        if name == "stablehlo.iota":
+            shape, dim = shape_of(out_types[0]), ir.IntegerAttr(a["iota_dimension"]).value
+            line = tnp.arange(shape[dim], dtype=dtype_of(out_types[0]))
+            return [_broadcast_in_dim(line, [dim], shape)]
+        if name == "stablehlo.dot_general":
+            d = stablehlo.DotDimensionNumbers(a["dot_dimension_numbers"])
+            out = _dot_general(
+                args[0],
+                args[1],
+                list(d.lhs_batching_dimensions),
+                list(d.rhs_batching_dimensions),
+                list(d.lhs_contracting_dimensions),
+                list(d.rhs_contracting_dimensions),
+            )
+            return [tnp.astype(out, dtype_of(out_types[0]))]
+        if name == "stablehlo.reduce":
+            return self.reduce(op, args)
+        if name == "stablehlo.convolution":
+            return [self.convolution(op, args)]
+        if name == "stablehlo.reduce_window":
+            return self.reduce_window(op, args)
+        if name == "stablehlo.while":
+            return self.while_(op, args, env)
+        if name == "stablehlo.case":
+            return self.case(op, args, env)
+        if name == "func.call":
+            return self.call(ir.FlatSymbolRefAttr(a["callee"]).value, args)
+        if name == "stablehlo.dynamic_slice":
+            return [tlax.dynamic_slice(args[0], args[1:], _ints(a["slice_sizes"]))]
+        if name == "stablehlo.dynamic_update_slice":
+            return [tlax.dynamic_update_slice(args[0], args[1], args[2:])]
+        if name == "stablehlo.custom_call":
+            target = ir.StringAttr(a["call_target_name"]).value
+            if target in ("Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape") and len(args) == 1:
+                return [args[0]]  # layout hints: Tessel's partitioner plans the layouts
+            raise NotImplementedError(f"custom_call @{target} has no Tessel counterpart")
+        if name == "sdy.sharding_constraint":
+            return [args[0]]
+        raise NotImplementedError(f"the op {name} has no Tessel counterpart yet")
+
+    def _body_reducer(self, region, what):
+        ops = [o for o in region.blocks[0].operations]
+        if len(ops) == 2 and ops[0].operation.name in _REDUCERS and ops[1].operation.name == "stablehlo.return":
+            return _REDUCERS[ops[0].operation.name]
+        raise NotImplementedError(
+            f"{what} with a body other than one add, maximum, minimum, multiply, and or or: "
+            + ", ".join(o.operation.name for o in ops)
+        )
+
+    def reduce(self, op, args):
+        n = len(op.results)
+        if n == 2:
+            return self.arg_reduce(op, args)
+        if n != 1:
+            raise NotImplementedError(f"a variadic reduce ({n} results)")
+        kind = self._body_reducer(op.regions[0], "reduce")
+        x, init = args
+        dims = tuple(_ints(op.attributes["dimensions"]))
+        out = {
+            "add": tnp.sum,
+            "max": tnp.max,
+            "min": tnp.min,
+            "mul": tnp.prod,
+            "and": tnp.all,
+            "or": tnp.any,
+        }[kind](x, axis=dims)
+        out = tnp.astype(out, dtype_of(op.results[0].type))
+        combine = {
+            "add": tnp.add,
+            "max": tnp.maximum,
+            "min": tnp.minimum,
+            "mul": tnp.multiply,
+            "and": tnp.logical_and,
+            "or": tnp.logical_or,
+        }[kind]
+        return [combine(out, init)]
+
+    def arg_reduce(self, op, args):
+        """jnp.argmax and argmin: a reduce of (values, iota) whose body
+        compares the values (GT for argmax, LT for argmin)."""
+        body = [o.operation.name for o in op.regions[0].blocks[0].operations]
+        directions = {
+            stablehlo.ComparisonDirectionAttr(o.attributes["comparison_direction"]).value
+            for o in op.regions[0].blocks[0].operations
+            if o.operation.name == "stablehlo.compare"
+        }
+        dims = _ints(op.attributes["dimensions"])
+        producer = op.operands[1].owner
+        is_iota = getattr(producer, "name", "") == "stablehlo.iota"
+        kind = "max" if "GT" in directions else "min" if "LT" in directions else None
+        if kind is None or len(dims) != 1 or not is_iota:
+            raise NotImplementedError(
+                "a variadic reduce other than argmax or argmin over one dimension (body: " + ", ".join(body) + ")"
+            )
+        x = args[0]
+        index = (tnp.argmax if kind == "max" else tnp.argmin)(x, axis=dims[0])
+        value = (tnp.max if kind == "max" else tnp.min)(x, axis=dims[0])
+        return [value, tnp.astype(index, dtype_of(op.results[1].type))]
+
+    def convolution(self, op, args):
+        a = op.attributes
+        d = stablehlo.ConvDimensionNumbers(a["dimension_numbers"])
+        specs = (
+            (d.input_batch_dimension, d.input_feature_dimension, *d.input_spatial_dimensions),
+            (d.kernel_output_feature_dimension, d.kernel_input_feature_dimension, *d.kernel_spatial_dimensions),
+            (d.output_batch_dimension, d.output_feature_dimension, *d.output_spatial_dimensions),
+        )
+        ns = len(d.input_spatial_dimensions)
+        out = _convolution.conv_general_dilated(
+            args[0],
+            args[1],
+            _opt_ints(a, "window_strides", ns),
+            _pads(a, ns),
+            _opt_ints(a, "lhs_dilation", ns),
+            _opt_ints(a, "rhs_dilation", ns),
+            dimension_numbers=specs,
+            feature_group_count=ir.IntegerAttr(a["feature_group_count"]).value,
+            batch_group_count=ir.IntegerAttr(a["batch_group_count"]).value,
+        )
+        return tnp.astype(out, dtype_of(op.results[0].type))
+
+    def reduce_window(self, op, args):
+        if len(op.results) != 1:
+            raise NotImplementedError(f"a variadic reduce_window ({len(op.results)} results)")
+        kind = self._body_reducer(op.regions[0], "reduce_window")
+        if kind not in ("add", "max", "min", "mul"):
+            raise NotImplementedError(f"reduce_window with {kind}")
+        a = op.attributes
+        x, init = args
+        nd = len(shape_of(op.operands[0].type))
+        init_value = init if not hasattr(init, "shape") else np.asarray(init) if isinstance(init, np.ndarray) else None
+        if init_value is None:
+            raise NotImplementedError("reduce_window with an init value computed on the device")
+        fn = {"add": tnp.add, "max": tnp.maximum, "min": tnp.minimum, "mul": tnp.multiply}[kind]
+        out = _convolution.reduce_window(
+            x,
+            init_value,
+            fn,
+            _ints(a["window_dimensions"]),
+            _opt_ints(a, "window_strides", nd),
+            _pads(a, nd),
+            _opt_ints(a, "base_dilations", nd),
+            _opt_ints(a, "window_dilations", nd),
+        )
+        return [out]
+
+    def while_(self, op, args, env):
+        cond_region, body_region = op.regions[0], op.regions[1]
+
+        def cond(carry):
+            return self.region(cond_region, list(carry), "a while's condition", env)[0]
+
+        def body(carry):
+            return tuple(self.region(body_region, list(carry), "a while's body", env))
+
+        return list(tlax.while_loop(cond, body, tuple(args)))
+
+    def case(self, op, args, env):
+        branches = [(lambda r=r: tuple(self.region(r, [], "a case branch", env))) for r in op.regions]
+        return list(tlax.switch(args[0], branches))
+
+
+__all__ = ["Interpreter", "dtype_of", "shape_of"]

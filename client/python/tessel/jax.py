@@ -1,0 +1,118 @@
+"""tessel.jax: JAX programs on a Tessel cluster, unchanged.
+
+    step = tessel.jax.jit(train_step, donate_argnums=0)   # train_step written with jax
+    state, loss = step(state, batch)                       # tessel.Arrays in, tessel.Arrays out
+
+JAX lowers the function on abstract values (ShapeDtypeStructs of the
+arguments: JAX allocates nothing), and the StableHLO module it gives is read
+through jaxlib's MLIR bindings and emitted into a Tessel trace
+(tessel._stablehlo). The coordinator then compiles and partitions it as any
+Tessel program, so every contract holds: receipts for donations, the
+transfer guard, forbid_compiles, memory assertions. Arguments and results
+are any pytree jax.tree_util accepts; results come back in the function's
+own structure. Each new signature (shapes, dtypes, structure, static
+values) lowers once; later calls reuse the compiled program.
+"""
+
+import jax
+import numpy as np
+
+from tessel import _stablehlo
+from tessel import numpy as tnp
+from tessel._jit import jit as _tessel_jit
+
+__all__ = ["jit"]
+
+
+def _abstract(x):
+    """A leaf as JAX lowers it: a ShapeDtypeStruct of its shape and dtype;
+    a Python scalar stays weakly typed, as JAX keeps it."""
+    if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
+        return jax.ShapeDtypeStruct((), jax.numpy.asarray(x).dtype, weak_type=True)
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return jax.ShapeDtypeStruct(tuple(x.shape), np.dtype(x.dtype))
+    a = np.asarray(x)
+    return jax.ShapeDtypeStruct(a.shape, a.dtype)
+
+
+def _key(x):
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return ("a", x.shape, str(x.dtype), bool(getattr(x, "weak_type", False)))
+    return ("s", repr(x))
+
+
+class Jitted:
+    """A JAX function compiled for the cluster, per signature."""
+
+    def __init__(self, fun, static_argnums, static_argnames, donate_argnums):
+        self._fun = fun
+        self._static = set(static_argnums)
+        self._jax = jax.jit(fun, static_argnums=static_argnums, static_argnames=static_argnames, keep_unused=True)
+        self._static_names = set(static_argnames)
+        self._donate = set(donate_argnums)
+        self._programs = {}
+        self.__name__ = getattr(fun, "__name__", "jax_function")
+
+    def _split(self, args, kwargs):
+        dyn = tuple(a for i, a in enumerate(args) if i not in self._static)
+        dyn_kw = {k: v for k, v in kwargs.items() if k not in self._static_names}
+        return dyn, dyn_kw
+
+    def _program(self, args, kwargs):
+        abstract_args = tuple(
+            a if i in self._static else jax.tree_util.tree_map(_abstract, a) for i, a in enumerate(args)
+        )
+        abstract_kwargs = {
+            k: v if k in self._static_names else jax.tree_util.tree_map(_abstract, v) for k, v in kwargs.items()
+        }
+        flat, tree = jax.tree_util.tree_flatten((abstract_args, abstract_kwargs))
+        key = (tree, tuple(_key(x) for x in flat))
+        program = self._programs.get(key)
+        if program is None:
+            lowered = self._jax.lower(*abstract_args, **abstract_kwargs)
+            module = lowered.compiler_ir("stablehlo")
+            interpreter = _stablehlo.Interpreter(module)
+            wants = [_stablehlo.dtype_of(t) for t in interpreter.signature("main")]
+
+            def run(*leaves):
+                # JAX may have canonicalized a dtype (float64 to float32 without x64).
+                leaves = [tnp.astype(x, w) if np.dtype(x.dtype) != w else x for x, w in zip(leaves, wants)]
+                return tuple(interpreter.call("main", leaves))
+
+            run.__name__ = self.__name__
+            donated = self._donated_leaves(args, kwargs)
+            program = (_tessel_jit(run, donate_argnums=donated), lowered.out_tree, len(wants))
+            self._programs[key] = program
+        return program
+
+    def _donated_leaves(self, args, kwargs):
+        if not self._donate:
+            return ()
+        out, k = [], 0
+        for i, a in enumerate(args):
+            if i in self._static:
+                continue
+            n = len(jax.tree_util.tree_leaves(a))
+            if i in self._donate:
+                out.extend(range(k, k + n))
+            k += n
+        return tuple(out)
+
+    def __call__(self, *args, **kwargs):
+        run, out_tree, n = self._program(args, kwargs)
+        dyn, dyn_kw = self._split(args, kwargs)
+        leaves = jax.tree_util.tree_leaves((dyn, dyn_kw))
+        if len(leaves) != n:
+            raise TypeError(f"tessel.jax.jit of {self.__name__}: {len(leaves)} argument leaves for {n} parameters")
+        leaves = [np.asarray(x) if isinstance(x, (bool, int, float)) else x for x in leaves]
+        outs = run(*leaves)
+        return jax.tree_util.tree_unflatten(out_tree, list(outs))
+
+
+def jit(fun, *, static_argnums=(), static_argnames=(), donate_argnums=()):
+    """jax.jit's front, Tessel's back: `fun` is written against jax,
+    jax.numpy, jax.nn and jax.lax; it runs on the cluster."""
+    static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+    names = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
+    donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
+    return Jitted(fun, static, names, donate)

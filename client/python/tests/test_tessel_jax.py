@@ -1,0 +1,131 @@
+"""tessel.jax: functions written against jax run on the cluster unchanged,
+their StableHLO read through jaxlib's MLIR bindings; each result against
+the same function under jax.jit on CPU."""
+
+import typing
+
+import numpy as np
+import pytest
+
+import tessel
+
+jax = pytest.importorskip("jax")
+jax.config.update("jax_platforms", "cpu")
+jax.config.update("jax_enable_x64", True)
+jnp = jax.numpy
+tjax = pytest.importorskip("tessel.jax")
+
+RNG = np.random.default_rng(23)
+
+
+def check(fun, *args, rtol=1e-12, **jit_kwargs):
+    ours = tjax.jit(fun, **jit_kwargs)(*args)
+    theirs = jax.jit(fun, **jit_kwargs)(*args)
+    ours_leaves, ours_tree = jax.tree_util.tree_flatten(ours)
+    theirs_leaves, theirs_tree = jax.tree_util.tree_flatten(theirs)
+    assert ours_tree == theirs_tree
+    for o, t in zip(ours_leaves, theirs_leaves):
+        assert isinstance(o, tessel.Array)
+        o = o.fetch()
+        assert o.dtype == np.asarray(t).dtype and o.shape == np.asarray(t).shape
+        np.testing.assert_allclose(o, np.asarray(t), rtol=rtol, atol=1e-12)
+    return ours
+
+
+def test_jax_numpy_and_nn_functions(cluster):
+    x, w = RNG.normal(size=(4, 3)), RNG.normal(size=(3, 5))
+
+    def f(x, w):
+        y = jnp.tanh(x @ w + 1.0)
+        return {
+            "softmax": jax.nn.softmax(y, axis=-1),
+            "gelu": jax.nn.gelu(y),
+            "logsumexp": jax.nn.logsumexp(y, axis=0),
+            "max": jnp.max(y),
+            "stats": (y.mean(axis=1), y.var(), jnp.argmax(y, axis=1)),
+            "where": jnp.where(y > 0, y, 0.1 * y),
+            "slices": (y[1:3, ::2], y.T, jnp.concatenate([y, y], axis=0), jnp.pad(y, ((1, 0), (0, 2)))),
+            "ints": (jnp.arange(5) * 3 // 2, jnp.arange(6).reshape(2, 3) % 4, (y > 0).astype(jnp.int32).sum()),
+        }
+
+    check(f, x, w)
+
+
+class State(typing.NamedTuple):
+    w: object
+    b: object
+    step: object
+
+
+def test_a_training_step_with_value_and_grad_donation_and_a_named_tuple(cluster):
+    x, t = RNG.normal(size=(16, 4)), RNG.normal(size=(16, 2))
+    state = State(RNG.normal(size=(4, 2)), np.zeros(2), np.int32(0))
+
+    def loss(w, b, x, t):
+        return jnp.mean((jnp.tanh(x @ w + b) - t) ** 2)
+
+    def step(state, x, t):
+        value, (gw, gb) = jax.value_and_grad(loss, argnums=(0, 1))(state.w, state.b, x, t)
+        return State(state.w - 0.1 * gw, state.b - 0.1 * gb, state.step + 1), value
+
+    ours = check(step, state, x, t)
+    assert type(ours[0]) is State
+    # donated: the state's arrays go into the next step's
+    run = tjax.jit(step, donate_argnums=0)
+    s = State(*[tessel.device_put(np.asarray(v)) for v in state])
+    for _ in range(3):
+        s, value = run(s, x, t)
+    theirs = state
+    for _ in range(3):
+        theirs, j_value = jax.jit(step)(theirs, x, t)
+    np.testing.assert_allclose(s.w.fetch(), np.asarray(theirs.w), rtol=1e-12)
+    assert int(s.step.fetch()) == 3
+
+
+def test_loops_and_conditionals(cluster):
+    x = RNG.normal(size=(5,))
+
+    def f(x, n):
+        def body(i, c):
+            return c * 0.9 + jnp.sin(c) * i
+
+        y = jax.lax.fori_loop(0, n, body, x)
+        z, ys = jax.lax.scan(lambda c, v: (c + v, c * v), 0.0, y)
+        w = jax.lax.while_loop(lambda c: c[0] < 10, lambda c: (c[0] + 1, c[1] * 1.01), (0, z))
+        k = jax.lax.cond(z > 0, lambda: y * 2, lambda: y - 1)
+        return y, ys, w, k, jax.lax.switch(2, [lambda v: v, lambda v: -v, lambda v: v * v], y)
+
+    check(f, x, 4, static_argnums=1)
+    check(f, -x, 7, static_argnums=1)
+
+
+def test_a_convolution_and_a_pooling_window(cluster):
+    x, k = RNG.normal(size=(2, 8, 8, 3)), RNG.normal(size=(3, 3, 3, 4))
+
+    def f(x, k):
+        y = jax.lax.conv_general_dilated(x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return jax.lax.reduce_window(y, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+
+    check(f, x, k)
+
+
+def test_an_op_without_a_counterpart_is_an_error_naming_it(cluster):
+    with pytest.raises(
+        tessel.InvalidArgumentError, match=r"stablehlo.popcnt \(op 0 of @main\): .* no Tessel counterpart"
+    ):
+        tjax.jit(jax.lax.population_count)(np.arange(8, dtype=np.int32))
+    with pytest.raises(tessel.InvalidArgumentError, match="element type complex<f64> has no Tessel dtype"):
+        tjax.jit(lambda x: jnp.fft.fft(x).real)(np.ones(8))
+
+
+def test_a_signature_lowers_once_and_the_contracts_hold(cluster):
+    """The second call of a signature lowers and compiles nothing
+    (forbid_compiles passes); a host value inside is a counted transfer."""
+    step = tjax.jit(lambda w, x: jnp.tanh(x @ w).sum(axis=0))
+    w, x = tessel.device_put(RNG.normal(size=(3, 2))), tessel.device_put(RNG.normal(size=(4, 3)))
+    first = step(w, x).fetch()
+    with tessel.forbid_compiles():
+        again = step(w, x).fetch()
+    np.testing.assert_array_equal(first, again)
+    with tessel.transfer_guard("disallow"):
+        step(w, x)  # device arrays in, a device array out: no transfer
