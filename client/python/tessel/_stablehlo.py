@@ -157,6 +157,110 @@ _REDUCERS = {
 }
 
 
+def _points(x, indices, index_vector_dim, index_map, batching, index_batching, what):
+    """The operand as (positions, rest...) and, per index, the linear
+    position of its point: the dims of `index_map` are indexed point-wise by
+    the index vector, the dims of `batching` by the indices' own batch
+    dims `index_batching`; both are flattened into one leading dim. An
+    index out of range in any dim gives a position past the end."""
+    idx = tnp.asarray(indices)
+    if index_vector_dim == idx.ndim:
+        idx = tnp.expand_dims(idx, -1)
+    idx = tnp.moveaxis(idx, index_vector_dim, -1)  # batch..., vector
+    batch_shape = idx.shape[:-1]
+    point_dims = list(batching) + list(index_map)
+    rest = [d for d in range(x.ndim) if d not in point_dims]
+    xs = tnp.transpose(x, point_dims + rest)
+    sizes = [x.shape[d] for d in point_dims]
+    total = int(np.prod(sizes, dtype=np.int64))
+    xs = tnp.reshape(xs, (total,) + tuple(x.shape[d] for d in rest))
+    coords = []
+    for j, bd in enumerate(index_batching):
+        # the batch dims of idx lost index_vector_dim; count positions among them
+        pos = bd if bd < index_vector_dim else bd - 1
+        coords.append(_broadcast_in_dim(tnp.arange(batch_shape[pos], dtype=np.int64), [pos], batch_shape))
+    for k in range(len(index_map)):
+        coords.append(tnp.astype(idx[..., k], np.int64))
+    lin = None
+    valid = None
+    stride = 1
+    for c, n in reversed(list(zip(coords, sizes))):
+        term = c * stride if stride != 1 else c
+        lin = term if lin is None else lin + term
+        ok = (c >= 0) & (c < n)
+        valid = ok if valid is None else valid & ok
+        stride *= n
+    if lin is None:
+        raise NotImplementedError(f"{what} that indexes no dimension")
+    return xs, lin, valid, total, rest, batch_shape
+
+
+def _gather(op, x, indices):
+    d = stablehlo.GatherDimensionNumbers(op.attributes["dimension_numbers"])
+    sizes = _ints(op.attributes["slice_sizes"])
+    x = tnp.asarray(x)
+    index_map, batching = list(d.start_index_map), list(d.operand_batching_dims)
+    collapsed, offset_dims = set(d.collapsed_slice_dims), list(d.offset_dims)
+    for dim in range(x.ndim):
+        if dim in index_map and (sizes[dim] != 1 or dim not in collapsed):
+            raise NotImplementedError(f"a gather of slices (size {sizes[dim]} along indexed dimension {dim})")
+    # dims neither indexed nor batched are sliced from 0 (a start index of
+    # 0 clamps there): a static crop
+    crop = tuple(slice(None) if dim in index_map or dim in batching else slice(0, sizes[dim]) for dim in range(x.ndim))
+    x = x[crop]
+    idx = tnp.asarray(indices)
+    if index_map:
+        # gather clamps each start index into range
+        lim = np.array([x.shape[dim] - 1 for dim in index_map])
+        vdim = d.index_vector_dim
+        shape = [1] * idx.ndim
+        if vdim < idx.ndim:
+            shape[vdim] = len(index_map)
+        idx = tnp.clip(idx, 0, lim.reshape(shape) if vdim < idx.ndim else int(lim[0]))
+    xs, lin, _, _, rest, batch_shape = _points(
+        x, idx, d.index_vector_dim, index_map, batching, list(d.start_indices_batching_dims), "gather"
+    )
+    out = tnp.take(xs, lin, axis=0, mode="clip")  # batch..., rest...
+    nb = len(batch_shape)
+    order = [None] * (nb + len(rest))
+    for j, od in enumerate(offset_dims):
+        order[od] = nb + j
+    it = iter(range(nb))
+    order = [next(it) if o is None else o for o in order]
+    return tnp.transpose(out, order)
+
+
+def _scatter(op, x, indices, updates, mode):
+    d = stablehlo.ScatterDimensionNumbers(op.attributes["scatter_dimension_numbers"])
+    x = tnp.asarray(x)
+    index_map, batching = list(d.scattered_dims_to_operand_dims), list(d.input_batching_dims)
+    inserted, window = set(d.inserted_window_dims), list(d.update_window_dims)
+    rest_dims = [dim for dim in range(x.ndim) if dim not in index_map and dim not in batching]
+    for dim in index_map:
+        if dim not in inserted:
+            raise NotImplementedError(f"a scatter of windows along indexed dimension {dim}")
+    xs, lin, valid, total, _, _ = _points(
+        x, indices, d.index_vector_dim, index_map, batching, list(d.scatter_indices_batching_dims), "scatter"
+    )
+    u = tnp.asarray(updates)
+    # updates: window dims at `window`, the indices' batch dims elsewhere, in order
+    scatter_dims = [k for k in range(u.ndim) if k not in window]
+    u = tnp.transpose(u, scatter_dims + window)  # batch..., window...
+    for k, dim in enumerate(rest_dims):
+        if u.shape[len(scatter_dims) + k] != x.shape[dim]:
+            raise NotImplementedError(
+                f"a scatter whose update window covers {u.shape[len(scatter_dims) + k]} of dimension {dim}'s "
+                f"{x.shape[dim]}"
+            )
+    lin = tnp.where(valid, lin, total)  # out of range in any dimension: dropped, as XLA
+    ref = xs.at[lin]
+    out = getattr(ref, mode)(u)
+    out = tnp.reshape(out, tuple(x.shape[dim] for dim in batching + index_map + rest_dims))
+    perm = batching + index_map + rest_dims
+    inverse = [perm.index(dim) for dim in range(x.ndim)]
+    return tnp.transpose(out, inverse)
+
+
 class Interpreter:
     """Emits a module's functions into the current Tessel trace."""
 
@@ -260,6 +364,10 @@ class Interpreter:
             return [tnp.astype(out, dtype_of(out_types[0]))]
         if name == "stablehlo.reduce":
             return self.reduce(op, args)
+        if name == "stablehlo.gather":
+            return [_gather(op, *args)]
+        if name == "stablehlo.scatter":
+            return [self.scatter(op, args)]
         if name == "stablehlo.convolution":
             return [self.convolution(op, args)]
         if name == "stablehlo.reduce_window":
@@ -341,6 +449,20 @@ class Interpreter:
         index = (tnp.argmax if kind == "max" else tnp.argmin)(x, axis=dims[0])
         value = (tnp.max if kind == "max" else tnp.min)(x, axis=dims[0])
         return [value, tnp.astype(index, dtype_of(op.results[1].type))]
+
+    def scatter(self, op, args):
+        if len(op.results) != 1:
+            raise NotImplementedError(f"a variadic scatter ({len(op.results)} results)")
+        ops = list(op.regions[0].blocks[0].operations)
+        block = op.regions[0].blocks[0]
+        if len(ops) == 1 and ops[0].operation.name == "stablehlo.return" and ops[0].operands[0] == block.arguments[1]:
+            mode = "set"
+        else:
+            kind = self._body_reducer(op.regions[0], "scatter")
+            mode = {"add": "add", "max": "max", "min": "min", "mul": "multiply"}.get(kind)
+            if mode is None:
+                raise NotImplementedError(f"scatter combining with {kind}")
+        return _scatter(op, args[0], args[1], args[2], mode)
 
     def convolution(self, op, args):
         a = op.attributes

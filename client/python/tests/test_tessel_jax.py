@@ -129,3 +129,40 @@ def test_a_signature_lowers_once_and_the_contracts_hold(cluster):
     np.testing.assert_array_equal(first, again)
     with tessel.transfer_guard("disallow"):
         step(w, x)  # device arrays in, a device array out: no transfer
+
+
+def test_gathers_and_scatters_as_jax_indexing_lowers_them(cluster):
+    """Indexing with arrays, take_along_axis (a gather with batching
+    dimensions), an embedding lookup, and .at[] updates with repeated and
+    out-of-range indices (a gather clamps them, a scatter drops them)."""
+    x = RNG.normal(size=(5, 4))
+    table = RNG.normal(size=(10, 3))
+    idx = np.array([4, 0, 4, 9, -7], np.int32)  # repeated, and out of range both ways
+    labels = np.array([3, 0, 1, 1, 2], np.int32)
+    ids = np.array([[1, 2], [9, 0]], np.int32)
+
+    def f(x, table, idx, labels, ids):
+        logp = jax.nn.log_softmax(x, axis=-1)
+        return {
+            "rows": x[idx[:3]],
+            "clamped": jnp.take(x, idx, axis=0, mode="clip"),
+            "xent": -jnp.take_along_axis(logp, labels[:, None], axis=1).mean(),
+            "embed": table[ids],
+            "add": x.at[idx].add(1.0),
+            "set": x.at[idx[:2]].set(-1.0),
+            "max": x.at[:, labels[:3]].max(0.5),
+            "cols": x[:, labels],
+        }
+
+    check(f, x, table, idx, labels, ids)
+
+
+def test_the_gradient_of_a_cross_entropy_runs_through_gather_and_scatter(cluster):
+    x, w = RNG.normal(size=(6, 4)), RNG.normal(size=(4, 5))
+    labels = np.array([0, 4, 2, 2, 1, 3], np.int32)
+
+    def loss(w, x, labels):
+        logp = jax.nn.log_softmax(x @ w, axis=-1)
+        return -jnp.take_along_axis(logp, labels[:, None], axis=1).mean()
+
+    check(jax.grad(loss), w, x, labels)
