@@ -72,6 +72,8 @@ class Jvp : public ops::ForwardMode {
       }
       if (n.op() == v1::WHILE || n.op() == v1::SCAN) {
         TESSEL_RETURN_IF_ERROR(TangentLoop(n));
+      } else if (n.op() == v1::CONDITIONAL) {
+        TESSEL_RETURN_IF_ERROR(TangentCond(n));
       } else if (n.op() == v1::CUSTOM_JVP) {
         TESSEL_RETURN_IF_ERROR(TangentCustom(n));
       } else if (n.op() == v1::MANUAL_REGION && IsMultiResult(n)) {
@@ -335,6 +337,77 @@ class Jvp : public ops::ForwardMode {
     for (int k : fc) rt[k] = e_.Element(l, r++, n.results(k));
     r += ny;
     for (int m : fy) rt[nc + m] = e_.Element(l, r++, n.results(nc + m));
+    return absl::OkStatus();
+  }
+
+  // A conditional's tangent: the same conditional over (operands, their
+  // tangents), each branch the JVP of the original branch. Its results are
+  // the primal results again, then the tangents of the float ones.
+  absl::Status TangentCond(const v1::Node& n) {
+    const int no = n.operands_size() - 1, nr = n.results_size();
+    std::vector<int> fo, fr;  // float operands (of the branches) and results
+    for (int k = 0; k < no; ++k) {
+      if (IsFloat(TypeOf(n.operands(k + 1)).dtype())) fo.push_back(k);
+    }
+    for (int m = 0; m < nr; ++m) {
+      if (IsFloat(n.results(m).dtype())) fr.push_back(m);
+    }
+    v1::Node cond = n;
+    cond.clear_operands();
+    cond.clear_results();
+    cond.mutable_control()->clear_branches();
+    cond.add_operands(fwd_.at(n.operands(0)));
+    for (int k = 0; k < no; ++k) cond.add_operands(fwd_.at(n.operands(k + 1)));
+    for (int k : fo) cond.add_operands(TZ(n, k + 1));
+    for (const std::string& branch : n.control().branches()) {
+      // branch'(ops, tangents) -> (results, float results' tangents)
+      v1::Graph g;
+      g.set_name(StrCat(branch, ".tangent"));
+      int index = 0;
+      auto param = [&](const std::string& name, const v1::TensorType& t) {
+        v1::Node p;
+        p.set_name(name);
+        p.set_op(v1::PARAMETER);
+        p.mutable_parameter()->set_index(index++);
+        *p.mutable_type() = t;
+        *g.add_nodes() = p;
+        return name;
+      };
+      v1::Node v;
+      v.set_name("jvp");
+      v.set_op(v1::JVP);
+      v.mutable_grad()->set_function(branch);
+      for (int k = 0; k < no; ++k) v.add_operands(param(StrCat("o", k), TypeOf(n.operands(k + 1))));
+      for (int k : fo) {
+        v.add_operands(param(StrCat("t", k), TypeOf(n.operands(k + 1))));
+        v.mutable_grad()->add_wrt(k);
+      }
+      for (int r = 0; r < 2; ++r) {
+        for (int m = 0; m < nr; ++m) *v.add_results() = n.results(m);
+      }
+      *g.add_nodes() = v;
+      auto element = [&](int k, const v1::TensorType& t) {
+        v1::Node te;
+        te.set_name(StrCat("r", k));
+        te.set_op(v1::TUPLE_ELEMENT);
+        te.add_operands("jvp");
+        te.mutable_tuple_element()->set_index(k);
+        *te.mutable_type() = t;
+        *g.add_nodes() = te;
+        g.add_outputs(te.name());
+      };
+      for (int m = 0; m < nr; ++m) element(m, n.results(m));
+      for (int m : fr) element(nr + m, n.results(m));
+      cond.mutable_control()->add_branches(AddFunction(std::move(g)));
+    }
+    for (int m = 0; m < nr; ++m) *cond.add_results() = n.results(m);
+    for (int m : fr) *cond.add_results() = n.results(m);
+    const std::string c = e_.Multi(std::move(cond), StrCat(fwd_.at(n.name()), ".tangent"));
+    std::vector<std::string>& rt = result_tan_[n.name()];
+    rt.assign(nr, "");
+    int r = nr;
+    for (int m : fr) rt[m] = e_.Element(c, r++, n.results(m));
+    if (!IsMultiResult(n) && !rt[0].empty()) tan_[n.name()] = rt[0];  // read without a tuple element
     return absl::OkStatus();
   }
 

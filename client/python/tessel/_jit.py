@@ -319,7 +319,8 @@ class Jitted:
     def _region(self, args):
         """Called on traced values inside another jitted function: this
         function becomes a mesh region of the caller's MPMD program, run on
-        the devices of the mesh its in_shardings/out_shardings name."""
+        the devices of the mesh its in_shardings/out_shardings name; with no
+        mesh named, it is inlined into the caller."""
         name = getattr(self.fn, "__name__", "f")
         leaves, paths, structures = [], [], []
         self._leaf_args = []
@@ -340,10 +341,9 @@ class Jitted:
         ]
         mesh = self._one_mesh(wants)
         if mesh is None:
-            raise ValueError(
-                f"jit of {name} inside a traced function: name the devices it runs on with mesh= or "
-                "with in_shardings/out_shardings on a NamedSharding (a sub-mesh), or call it unjitted"
-            )
+            # A jit that names no devices is inlined into its caller, as JAX
+            # inlines a nested jit: it runs where the caller runs.
+            return self.fn(*args)
         given = self._in_shardings
         specs = []
         for arg in self._leaf_args:

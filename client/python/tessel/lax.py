@@ -369,7 +369,10 @@ def fori_loop(lower, upper, body_fun, init_val):
 
         def step(carry, _):
             i, val = carry
-            return (i + 1, body_fun(i, val)), None
+            # As JAX's: an index from Python bounds is weakly typed, so
+            # `x * i` keeps a float32 x float32.
+            weak_i = Tracer(i._builder, i._name, i.shape, i.dtype, weak=True) if isinstance(i, Tracer) else i
+            return (i + 1, body_fun(weak_i, val)), None
 
         (_, val), _ = scan(step, (np.int32(lower), init_val), None, length=builtins.max(0, upper - lower))
         return val

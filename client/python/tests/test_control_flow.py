@@ -488,3 +488,14 @@ def test_loops_on_split_arrays_keep_their_carries_split(session):
         want.append(y_)
     np.testing.assert_array_equal(carry.fetch(), c)
     np.testing.assert_array_equal(ys.fetch(), np.stack(want))
+
+
+def test_a_fori_loop_index_is_weakly_typed_as_in_jax(session):
+    """x * i keeps float32 for a float32 carry (the index from Python
+    bounds is a weak int32), as jax.lax.fori_loop's."""
+    jax = pytest.importorskip("jax")
+    x = np.linspace(0.5, 2, 3).astype(np.float32)
+    ours = tessel.jit(lambda x: lax.fori_loop(0, 4, lambda i, c: c * i + 1, x))(x).fetch()
+    theirs = np.asarray(jax.jit(lambda x: jax.lax.fori_loop(0, 4, lambda i, c: c * i + 1, x))(x))
+    assert ours.dtype == theirs.dtype == np.float32
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6)

@@ -19,6 +19,11 @@ def arange(start, stop=None, step=None, dtype=None):
         raise ZeroDivisionError("arange: step of zero")
     n = builtins.max(int(_np.ceil((stop - start) / step)), 0)
     d = _np.dtype(dtype) if dtype is not None else _np.result_type(start, stop, step)
+    if d == _np.bool_:
+        # numpy: [start, start + step] as bools; no fill rule beyond two elements
+        if n > 2:
+            raise ValueError(f"arange: {n} elements of dtype bool (numpy fills at most 2: [start, start + step])")
+        return astype(arange(start, stop, step), d)
     if d.kind == "i":
         d = _np.dtype(int64) if dtype is None else d
     if start == 0 and step == 1:

@@ -2,6 +2,8 @@
 checks, rounding and shifts.
 """
 
+import builtins
+
 import numpy as _np
 
 from tessel import _dtypes
@@ -336,6 +338,10 @@ def where(condition, x, y):
 @_op
 def clip(a, a_min=None, a_max=None):
     t = _tracer(a)
+    if t.dtype == _np.bool_ and builtins.all(x is None or _np.result_type(x) == _np.bool_ for x in (a_min, a_max)):
+        # bools stay bools, as numpy's: at least a_min (an or), at most a_max (an and)
+        out = t if a_min is None else logical_or(t, a_min)
+        return out if a_max is None else logical_and(out, a_max)
     if t.dtype.kind in "iu":
         # As numpy: a Python int bound past the array's range on its own side
         # clips nothing; one past the other side is an OverflowError (NEP 50).

@@ -483,6 +483,14 @@ def op_where(b):
 
 
 def op_clip(b):
+    if b.draw(st.integers(0, 4)) == 0:
+        # bools clipped by bools stay bools (an or with the lower bound, an and with the upper)
+        x = b.pick(lambda v: v.dtype == BOOL)
+        lo, hi = b.draw(st.sampled_from([None, False, True])), b.draw(st.sampled_from([None, False, True]))
+        if lo is None and hi is None:
+            hi = True
+        b.add(f"xp.clip({x.name}, {lo!r}, {hi!r})", [x])
+        return
     x = b.pick(lambda v: v.dtype != BOOL)
     bounds = [-1, 0, 2, 5, 100, 300, -(2**40), 0.5, -np.inf, np.nan]
     lo = b.draw(st.sampled_from(bounds))
@@ -834,6 +842,8 @@ def op_create(b):
     elif kind == "arange_shaped":  # an iota reshaped: later layout ops are pushed into it (scheduler/generated.h)
         d = b.draw(st.sampled_from(["int32", "float32"]))
         b.add(f"xp.arange({x.value.size}, dtype=xp.{d}).reshape({x.shape!r})", [])
+    elif b.draw(st.integers(0, 3)) == 0:  # numpy fills at most two bools: [start, start + step]
+        b.add(f"xp.arange({b.draw(st.integers(1, 2))}, dtype=xp.bool_)", [])
     else:
         b.add(f"xp.arange({b.draw(st.integers(1 if SIZE0_ARANGE_CRASHES_WORKER else 0, 8))})", [])
 
