@@ -30,10 +30,10 @@ VENV=${TESSEL_VENV:-$PWD/.venv}
 PY=$VENV/bin/python
 [ -x "$PY" ] || python3 -m venv "$VENV"
 RUFF=0.8.4
-if ! "$PY" -c "import numpy, grpc, google.protobuf, pytest, ml_dtypes, hypothesis, jax, flax, optax, kubernetes_validate, scikit_build_core" >/dev/null 2>&1 ||
+if ! "$PY" -c "import numpy, grpc, google.protobuf, pytest, ml_dtypes, hypothesis, jax, flax, optax, flatbuffers, kubernetes_validate, scikit_build_core" >/dev/null 2>&1 ||
    [ "$("$VENV/bin/ruff" --version 2>/dev/null)" != "ruff $RUFF" ]; then
-  echo "setup: installing numpy grpcio protobuf ml_dtypes pytest hypothesis jax flax optax kubernetes-validate scikit-build-core ruff into $VENV"
-  "$PY" -m pip install -q --disable-pip-version-check numpy grpcio protobuf ml_dtypes pytest hypothesis jax flax optax \
+  echo "setup: installing numpy grpcio protobuf ml_dtypes pytest hypothesis jax flax optax flatbuffers kubernetes-validate scikit-build-core ruff into $VENV"
+  "$PY" -m pip install -q --disable-pip-version-check numpy grpcio protobuf ml_dtypes pytest hypothesis jax flax optax flatbuffers \
     kubernetes-validate scikit-build-core "ruff==$RUFF"
 fi
 # The SDK from this tree, importable in that environment (its stubs are

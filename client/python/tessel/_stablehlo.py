@@ -264,7 +264,9 @@ def _scatter(op, x, indices, updates, mode):
 class Interpreter:
     """Emits a module's functions into the current Tessel trace."""
 
-    def __init__(self, module):
+    def __init__(self, module, context=None):
+        # Both kept alive: the operations below belong to the module.
+        self.module, self.context = module, context
         self.functions = {}
         for op in module.body.operations:
             if op.operation.name == "func.func":

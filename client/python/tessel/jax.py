@@ -14,14 +14,20 @@ own structure. Each new signature (shapes, dtypes, structure, static
 values) lowers once; later calls reuse the compiled program.
 """
 
+import contextlib
+import os
+
 import jax
 import numpy as np
+from jax import export as jax_export
+from jax._src.interpreters import mlir as jax_mlir
+from jaxlib.mlir import ir
 
 from tessel import _stablehlo
 from tessel import numpy as tnp
 from tessel._jit import jit as _tessel_jit
 
-__all__ = ["jit"]
+__all__ = ["jit", "load"]
 
 
 def _abstract(x):
@@ -39,6 +45,22 @@ def _key(x):
     if isinstance(x, jax.ShapeDtypeStruct):
         return ("a", x.shape, str(x.dtype), bool(getattr(x, "weak_type", False)))
     return ("s", repr(x))
+
+
+def _program(module, name, donated, context=None):
+    """A Tessel jit running StableHLO `module`'s @main over its flat
+    parameters, and their number."""
+    interpreter = _stablehlo.Interpreter(module, context)
+    wants = [_stablehlo.dtype_of(t) for t in interpreter.signature("main")]
+
+    def run(*leaves):
+        # JAX may have canonicalized a dtype (float64 to float32 without x64).
+        leaves = [tnp.astype(x, w) if np.dtype(x.dtype) != w else x for x, w in zip(leaves, wants)]
+        with context if context is not None else contextlib.nullcontext():
+            return tuple(interpreter.call("main", leaves))
+
+    run.__name__ = name
+    return _tessel_jit(run, donate_argnums=donated), len(wants)
 
 
 class Jitted:
@@ -70,18 +92,8 @@ class Jitted:
         program = self._programs.get(key)
         if program is None:
             lowered = self._jax.lower(*abstract_args, **abstract_kwargs)
-            module = lowered.compiler_ir("stablehlo")
-            interpreter = _stablehlo.Interpreter(module)
-            wants = [_stablehlo.dtype_of(t) for t in interpreter.signature("main")]
-
-            def run(*leaves):
-                # JAX may have canonicalized a dtype (float64 to float32 without x64).
-                leaves = [tnp.astype(x, w) if np.dtype(x.dtype) != w else x for x, w in zip(leaves, wants)]
-                return tuple(interpreter.call("main", leaves))
-
-            run.__name__ = self.__name__
-            donated = self._donated_leaves(args, kwargs)
-            program = (_tessel_jit(run, donate_argnums=donated), lowered.out_tree, len(wants))
+            run, n = _program(lowered.compiler_ir("stablehlo"), self.__name__, self._donated_leaves(args, kwargs))
+            program = (run, lowered.out_tree, n)
             self._programs[key] = program
         return program
 
@@ -116,3 +128,54 @@ def jit(fun, *, static_argnums=(), static_argnames=(), donate_argnums=()):
     names = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
     donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
     return Jitted(fun, static, names, donate)
+
+
+class Loaded:
+    """A jax.export.Exported program, run on the cluster."""
+
+    def __init__(self, exported, donate_argnums=()):
+        self.exported = exported
+        self.__name__ = exported.fun_name
+        context = jax_mlir.make_ir_context()
+        with context:
+            module = ir.Module.parse(exported.mlir_module())
+        donated = []
+        k = 0
+        for i, a in enumerate(exported.in_tree.children()[0].children() if exported.in_tree.children() else []):
+            n = a.num_leaves
+            if i in set(donate_argnums):
+                donated.extend(range(k, k + n))
+            k += n
+        self._run, self._n = _program(module, self.__name__, tuple(donated), context)
+
+    def __call__(self, *args, **kwargs):
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+        e = self.exported
+        if tree != e.in_tree:
+            raise TypeError(
+                f"{self.__name__} (exported): arguments of structure {tree}; it was exported for {e.in_tree}"
+            )
+        for i, (x, aval) in enumerate(zip(leaves, e.in_avals)):
+            shape = tuple(getattr(x, "shape", np.shape(x)))
+            dtype = np.dtype(getattr(x, "dtype", np.asarray(x).dtype))
+            if shape != tuple(aval.shape) or dtype != np.dtype(aval.dtype):
+                raise TypeError(
+                    f"{self.__name__} (exported): argument leaf {i} is {dtype.name}{list(shape)}; "
+                    f"it was exported for {np.dtype(aval.dtype).name}{list(aval.shape)}"
+                )
+        leaves = [np.asarray(x) if isinstance(x, (bool, int, float)) else x for x in leaves]
+        return jax.tree_util.tree_unflatten(e.out_tree, list(self._run(*leaves)))
+
+
+def load(exported, *, donate_argnums=()):
+    """tessel.jax.load: a program exported with jax.export (an Exported,
+    its serialized bytes, or a file of them) as a callable on the cluster:
+    its Python source is not needed. Arguments must have the shapes and
+    dtypes it was exported for."""
+    if isinstance(exported, (str, os.PathLike)):
+        with open(exported, "rb") as f:
+            exported = f.read()
+    if isinstance(exported, (bytes, bytearray)):
+        exported = jax_export.deserialize(bytearray(exported))
+    donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
+    return Loaded(exported, donate)
