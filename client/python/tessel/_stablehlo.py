@@ -94,6 +94,68 @@ def _broadcast_in_dim(x, dims, shape):
     return ns.broadcast_to(ns.reshape(x, tuple(full)), tuple(shape))
 
 
+# Giles' single-precision approximation of erfinv ("Approximating the
+# erfinv function", GPU Computing Gems, 2011), as XLA evaluates it for f32:
+# a polynomial in w = -log(1 - x^2), one for w < 5 and one beyond.
+_ERFINV_CENTRAL = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087,
+                   -0.00125372503, -0.00417768164, 0.246640727, 1.50140941)  # fmt: skip
+_ERFINV_TAIL = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773,
+                -0.0076224613, 0.00943887047, 1.00167406, 2.83297682)  # fmt: skip
+
+
+def _erf_inv(x):
+    x = tnp.asarray(x)
+    w = -tnp.log((1 - x) * (1 + x))
+    central, tail = w - 2.5, tnp.sqrt(w) - 3
+    p_c, p_t = _ERFINV_CENTRAL[0], _ERFINV_TAIL[0]
+    for a, b in zip(_ERFINV_CENTRAL[1:], _ERFINV_TAIL[1:]):
+        p_c, p_t = a + p_c * central, b + p_t * tail
+    y = tnp.where(w < 5, p_c, p_t) * x
+    if np.dtype(x.dtype) == np.float64:
+        # two Newton steps on erf(y) = x bring it to double precision
+        for _ in range(2):
+            y = y - (tlax.erf(y) - x) / (2 / np.sqrt(np.pi) * tnp.exp(-y * y))
+    return tnp.where(tnp.abs(x) == 1, x * np.inf, y)
+
+
+def _shift_right_logical(x, n):
+    """The bits of x moved right, zeros in: numpy's >> on the unsigned
+    type of the same width."""
+    x = tnp.asarray(x)
+    d = np.dtype(x.dtype)
+    if d.kind == "u":
+        return tnp.right_shift(x, n)
+    u = np.dtype(f"u{d.itemsize}")
+    return tnp.astype(tnp.right_shift(tnp.astype(x, u), tnp.astype(n, u)), d)
+
+
+def _bitcast(x, to):
+    """bitcast_convert from an unsigned integer to the float of its width,
+    decoded arithmetically (sign, exponent, mantissa): what jax.random's
+    uniform does with its bits."""
+    x = tnp.asarray(x)
+    d, to = np.dtype(x.dtype), np.dtype(to)
+    if d == to:
+        return x
+    layout = {
+        (np.dtype(np.uint32), np.dtype(np.float32)): (8, 23, 127),
+        (np.dtype(np.uint64), np.dtype(np.float64)): (11, 52, 1023),
+    }
+    if (d, to) not in layout:
+        raise NotImplementedError(f"bitcast_convert from {d.name} to {to.name}")
+    ebits, mbits, bias = layout[(d, to)]
+    sign = tnp.astype(_shift_right_logical(x, ebits + mbits), np.float64)
+    exponent = tnp.astype(tnp.bitwise_and(_shift_right_logical(x, mbits), (1 << ebits) - 1), np.int64)
+    mantissa = tnp.astype(tnp.bitwise_and(x, (1 << mbits) - 1), np.float64)
+    frac = mantissa * 2.0**-mbits
+    normal = (1 + frac) * tnp.exp2(tnp.astype(exponent - bias, np.float64))
+    subnormal = frac * 2.0 ** (1 - bias)
+    special = tnp.where(mantissa == 0, np.inf, np.nan)
+    top = (1 << ebits) - 1
+    magnitude = tnp.where(exponent == 0, subnormal, tnp.where(exponent == top, special, normal))
+    return tnp.astype(tnp.where(sign == 1, -magnitude, magnitude), to)
+
+
 _UNARY = {
     "stablehlo.negate": tnp.negative,
     "stablehlo.abs": tnp.abs,
@@ -126,6 +188,7 @@ _UNARY = {
     "chlo.acos": tnp.arccos,
     "chlo.atan": tnp.arctan,
     "chlo.square": tnp.square,
+    "chlo.erf_inv": _erf_inv,
     "chlo.tan": tnp.tan,
     "stablehlo.optimization_barrier": lambda x: x,
 }
@@ -144,6 +207,7 @@ _BINARY = {
     "stablehlo.xor": tnp.bitwise_xor,
     "stablehlo.shift_left": tnp.left_shift,
     "stablehlo.shift_right_arithmetic": tnp.right_shift,
+    "stablehlo.shift_right_logical": _shift_right_logical,
 }
 _COMPARE = {"EQ": tnp.equal, "NE": tnp.not_equal, "LT": tnp.less, "LE": tnp.less_equal, "GT": tnp.greater}
 _COMPARE["GE"] = tnp.greater_equal
@@ -326,8 +390,8 @@ class Interpreter:
             return [tnp.clip(args[1], args[0], args[2])]
         if name == "stablehlo.convert":
             return [tnp.astype(args[0], dtype_of(out_types[0]))]
-        if name == "stablehlo.bitcast_convert" and dtype_of(out_types[0]) == np.dtype(tnp.asarray(args[0]).dtype):
-            return [args[0]]
+        if name == "stablehlo.bitcast_convert":
+            return [_bitcast(args[0], dtype_of(out_types[0]))]
         if name == "stablehlo.broadcast_in_dim":
             return [_broadcast_in_dim(args[0], _ints(a["broadcast_dimensions"]), shape_of(out_types[0]))]
         if name in ("stablehlo.reshape", "stablehlo.dynamic_reshape"):

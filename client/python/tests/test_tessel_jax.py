@@ -234,3 +234,28 @@ def test_an_exported_program_runs_from_its_file_without_its_source(cluster, tmp_
         np.testing.assert_allclose(ours[k].fetch(), np.asarray(theirs[k]), rtol=1e-12)
     with pytest.raises(TypeError, match=r"argument leaf 1 is float64\[8, 3\]; it was exported for float64\[8, 4\]"):
         run(w, np.ones((8, 3)))
+
+
+def test_jax_random_inside_the_function_draws_jaxs_numbers(cluster):
+    """Threefry's unsigned shifts, the bits of a uniform decoded as a float
+    (bitcast_convert), and erf_inv for normals (Giles' polynomial, as XLA
+    evaluates it for float32; refined by Newton steps for float64): the
+    same draws as JAX's from the same key."""
+
+    def f(key):
+        k1, k2, k3 = jax.random.split(key, 3)
+        return {
+            "normal64": jax.random.normal(k1, (6,)),
+            "normal32": jax.random.normal(k1, (6,), dtype=jnp.float32),
+            "uniform": jax.random.uniform(k2, (2, 3), minval=-1.0, maxval=3.0),
+            "bernoulli": jax.random.bernoulli(k3, 0.3, (8,)),
+            "randint": jax.random.randint(k3, (5,), 0, 10),
+            "dropout": jnp.where(jax.random.bernoulli(k2, 0.9, (4,)), jnp.arange(4.0) / 0.9, 0.0),
+        }
+
+    key = np.asarray(jax.random.PRNGKey(7))
+    ours = tjax.jit(f)(key)
+    theirs = jax.jit(f)(key)
+    for name in theirs:
+        rtol = 2e-6 if np.asarray(theirs[name]).dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(ours[name].fetch(), np.asarray(theirs[name]), rtol=rtol, err_msg=name)
