@@ -26,6 +26,7 @@ from jaxlib.mlir import ir
 from tessel import _stablehlo
 from tessel import numpy as tnp
 from tessel._jit import jit as _tessel_jit
+from tessel._sharding import NamedSharding, P
 
 __all__ = ["jit", "load"]
 
@@ -47,7 +48,23 @@ def _key(x):
     return ("s", repr(x))
 
 
-def _program(module, name, donated, context=None):
+def _per_leaf(prefix, tree, what):
+    """A sharding per leaf of `tree` from `prefix`: one sharding (or None)
+    for everything, or a pytree prefix of `tree` with shardings (or None,
+    "as the argument is") at its leaves, as JAX takes them."""
+    if prefix is None or isinstance(prefix, (NamedSharding, P)):
+        return [prefix] * len(jax.tree_util.tree_leaves(tree))
+    is_sharding = lambda s: s is None or isinstance(s, (NamedSharding, P))  # noqa: E731
+    try:
+        groups = jax.tree_util.tree_map(
+            lambda s, sub: [s] * len(jax.tree_util.tree_leaves(sub)), prefix, tree, is_leaf=is_sharding
+        )
+    except ValueError as e:
+        raise ValueError(f"{what} does not match the structure it shards: {e}") from None
+    return [s for group in jax.tree_util.tree_leaves(groups, is_leaf=lambda g: isinstance(g, list)) for s in group]
+
+
+def _program(module, name, donated, context=None, in_shardings=None, out_shardings=None):
     """A Tessel jit running StableHLO `module`'s @main over its flat
     parameters, and their number."""
     interpreter = _stablehlo.Interpreter(module, context)
@@ -60,14 +77,15 @@ def _program(module, name, donated, context=None):
             return tuple(interpreter.call("main", leaves))
 
     run.__name__ = name
-    return _tessel_jit(run, donate_argnums=donated), len(wants)
+    return _tessel_jit(run, donate_argnums=donated, in_shardings=in_shardings, out_shardings=out_shardings), len(wants)
 
 
 class Jitted:
     """A JAX function compiled for the cluster, per signature."""
 
-    def __init__(self, fun, static_argnums, static_argnames, donate_argnums):
+    def __init__(self, fun, static_argnums, static_argnames, donate_argnums, in_shardings=None, out_shardings=None):
         self._fun = fun
+        self._in_shardings, self._out_shardings = in_shardings, out_shardings
         self._static = set(static_argnums)
         self._jax = jax.jit(fun, static_argnums=static_argnums, static_argnames=static_argnames, keep_unused=True)
         self._static_names = set(static_argnames)
@@ -92,7 +110,23 @@ class Jitted:
         program = self._programs.get(key)
         if program is None:
             lowered = self._jax.lower(*abstract_args, **abstract_kwargs)
-            run, n = _program(lowered.compiler_ir("stablehlo"), self.__name__, self._donated_leaves(args, kwargs))
+            dyn = tuple(a for i, a in enumerate(args) if i not in self._static)
+            ins = None
+            if self._in_shardings is not None:
+                ins = _per_leaf(self._in_shardings, dyn, f"tessel.jax.jit of {self.__name__}: in_shardings")
+                dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_names}
+                ins += [None] * len(jax.tree_util.tree_leaves(dyn_kwargs))  # keyword arguments: as they are
+            outs = None
+            if self._out_shardings is not None:
+                skeleton = jax.tree_util.tree_unflatten(lowered.out_tree, [0] * lowered.out_tree.num_leaves)
+                outs = _per_leaf(self._out_shardings, skeleton, f"tessel.jax.jit of {self.__name__}: out_shardings")
+            run, n = _program(
+                lowered.compiler_ir("stablehlo"),
+                self.__name__,
+                self._donated_leaves(args, kwargs),
+                in_shardings=ins,
+                out_shardings=outs,
+            )
             program = (run, lowered.out_tree, n)
             self._programs[key] = program
         return program
@@ -121,13 +155,17 @@ class Jitted:
         return jax.tree_util.tree_unflatten(out_tree, list(outs))
 
 
-def jit(fun, *, static_argnums=(), static_argnames=(), donate_argnums=()):
+def jit(fun, *, in_shardings=None, out_shardings=None, static_argnums=(), static_argnames=(), donate_argnums=()):
     """jax.jit's front, Tessel's back: `fun` is written against jax,
-    jax.numpy, jax.nn and jax.lax; it runs on the cluster."""
+    jax.numpy, jax.nn and jax.lax; it runs on the cluster. `in_shardings`
+    and `out_shardings` are Tessel NamedShardings (or None: an argument's
+    own layout, propagation's choice for a result), one for everything or a
+    pytree prefix of the arguments or results, as JAX takes them; Tessel's
+    partitioner plans the rest."""
     static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
     names = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
     donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
-    return Jitted(fun, static, names, donate)
+    return Jitted(fun, static, names, donate, in_shardings, out_shardings)
 
 
 class Loaded:

@@ -259,3 +259,27 @@ def test_jax_random_inside_the_function_draws_jaxs_numbers(cluster):
     for name in theirs:
         rtol = 2e-6 if np.asarray(theirs[name]).dtype == np.float32 else 1e-12
         np.testing.assert_allclose(ours[name].fetch(), np.asarray(theirs[name]), rtol=rtol, err_msg=name)
+
+
+def test_in_and_out_shardings_as_pytree_prefixes(cluster):
+    """A dict of parameters sharded leaf by leaf (the JAX idiom for model
+    parallelism), a batch sharded by rows, and the output laid out as
+    asked: Tessel's partitioner plans the program around them."""
+    mesh = tessel.Mesh({"data": 2})
+    P, S = tessel.P, tessel.NamedSharding
+    params = {"w": RNG.normal(size=(4, 6)), "b": RNG.normal(size=(6,))}
+    x = RNG.normal(size=(8, 4))
+
+    def f(params, x):
+        return jnp.tanh(x @ params["w"] + params["b"])
+
+    run = tjax.jit(
+        f,
+        in_shardings=({"w": S(mesh, P(None, "data")), "b": S(mesh, P("data"))}, S(mesh, P("data"))),
+        out_shardings=S(mesh, P("data", None)),
+    )
+    out = run(params, x)
+    np.testing.assert_allclose(out.fetch(), np.asarray(jax.jit(f)(params, x)), rtol=1e-12)
+    assert out.sharding.spec == P("data", None)
+    with pytest.raises(ValueError, match="in_shardings does not match the structure it shards"):
+        tjax.jit(f, in_shardings=({"w": None, "c": None}, None))(params, x)
