@@ -175,27 +175,37 @@ def mlp(session):
     ]
     ours = tessel.jit(lambda *a: mlp_step(tnp, *a), donate_argnums=(0, 1))
     theirs = jax.jit(lambda *a: mlp_step(jnp, *a), donate_argnums=(0, 1))
+    return race("py_mlp_step", ours, theirs, arrays[:2], arrays[2:], MLP_STEPS, rounds=3, rtol=1e-4)
+
+
+def race(name, ours, theirs, carry, consts, steps, rounds, rtol):
+    """Steps/s of `ours` (a tessel.jit) and `theirs` (a jax.jit) of the same
+    step, f(*carry, *consts) -> (*carry, loss), each from the same host
+    values; alternated rounds (drift hits both alike), the best of each.
+    Their final losses must agree within `rtol`."""
+    import jax
+
     cpu = jax.devices("cpu")[0]
 
     def run(f, put, sync):
-        w1, w2, x, t = (put(a) for a in arrays)
-        w1, w2, loss = f(w1, w2, x, t)  # compile and warm up
+        c, k = [put(a) for a in carry], [put(a) for a in consts]
+        *c, loss = f(*c, *k)  # compile and warm up
         sync(loss)
         start = time.perf_counter()
-        for _ in range(MLP_STEPS):
-            w1, w2, loss = f(w1, w2, x, t)
+        for _ in range(steps):
+            *c, loss = f(*c, *k)
         last = sync(loss)
         return time.perf_counter() - start, last
 
     t_ours = t_jax = float("inf")
-    for _ in range(3):  # alternated, so drift hits both alike
-        dt, loss_ours = run(ours, tessel.device_put, lambda v: float(v.fetch()))
+    for _ in range(rounds):
+        dt, loss_ours = run(ours, lambda a: jax.tree_util.tree_map(tessel.device_put, a), lambda v: float(v.fetch()))
         t_ours = min(t_ours, dt)
         dt, loss_jax = run(theirs, lambda a: jax.device_put(a, cpu), lambda v: float(v))
         t_jax = min(t_jax, dt)
-    if abs(loss_ours - loss_jax) > 1e-4 * max(1.0, abs(loss_jax)):
-        raise AssertionError(f"py_mlp_step: Tessel's loss after {MLP_STEPS} steps is {loss_ours}, JAX's {loss_jax}")
-    return MLP_STEPS / t_ours, MLP_STEPS / t_jax
+    if abs(loss_ours - loss_jax) > rtol * max(1.0, abs(loss_jax)):
+        raise AssertionError(f"{name}: Tessel's loss after {steps} steps is {loss_ours}, JAX's {loss_jax}")
+    return steps / t_ours, steps / t_jax
 
 
 def mlp_loss(xp, w1, w2, x, t):
@@ -441,27 +451,7 @@ def resnet_block():
         donate_argnums=0,
     )
     theirs = jax.jit(step(jax.value_and_grad, lambda p, x: resnet_loss(jax.lax, jnp, jax_pool, p, x)), donate_argnums=0)
-    cpu = jax.devices("cpu")[0]
-
-    def run(f, put, sync):
-        p, xs = {k: put(v) for k, v in params.items()}, put(x)
-        p, loss = f(p, xs)  # compile and warm up
-        sync(loss)
-        start = time.perf_counter()
-        for _ in range(RESNET_STEPS):
-            p, loss = f(p, xs)
-        last = sync(loss)
-        return time.perf_counter() - start, last
-
-    t_ours = t_jax = float("inf")
-    for _ in range(2):
-        dt, loss_ours = run(ours, tessel.device_put, lambda v: float(v.fetch()))
-        t_ours = min(t_ours, dt)
-        dt, loss_jax = run(theirs, lambda a: jax.device_put(a, cpu), lambda v: float(v))
-        t_jax = min(t_jax, dt)
-    if abs(loss_ours - loss_jax) > 1e-3 * max(1.0, abs(loss_jax)):
-        raise AssertionError(f"py_resnet_block: Tessel's loss is {loss_ours}, JAX's {loss_jax}")
-    return RESNET_STEPS / t_ours, RESNET_STEPS / t_jax
+    return race("py_resnet_block", ours, theirs, [params], [x], RESNET_STEPS, rounds=2, rtol=1e-3)
 
 
 def remat_peak(checkpoint, width=256, depth=4, batch=2048):

@@ -250,13 +250,7 @@ class Jvp : public ops::ForwardMode {
     std::vector<std::string> cs, tcs, xs, txs;
     int index = 0;
     auto param = [&](const std::string& name, const v1::TensorType& t) {
-      v1::Node p;
-      p.set_name(name);
-      p.set_op(v1::PARAMETER);
-      p.mutable_parameter()->set_index(index++);
-      *p.mutable_type() = t;
-      *bb.add_nodes() = p;
-      return name;
+      return AddNode(bb, ParameterNode(name, index++, t));
     };
     for (int k = 0; k < nc; ++k) cs.push_back(param(StrCat("c", k), TypeOf(n.operands(k))));
     for (int k : fc) tcs.push_back(param(StrCat("tc", k), TypeOf(n.operands(k))));
@@ -281,16 +275,7 @@ class Jvp : public ops::ForwardMode {
       for (const v1::TensorType& t : body_results) *v.add_results() = t;
     }
     *bb.add_nodes() = v;
-    auto element = [&](int k, const v1::TensorType& t) {
-      v1::Node te;
-      te.set_name(StrCat("r", k));
-      te.set_op(v1::TUPLE_ELEMENT);
-      te.add_operands("jvp");
-      te.mutable_tuple_element()->set_index(k);
-      *te.mutable_type() = t;
-      *bb.add_nodes() = te;
-      bb.add_outputs(te.name());
-    };
+    auto element = [&](int k, const v1::TensorType& t) { AddOutput(bb, "jvp", k, t); };
     std::vector<int> fy;
     for (int m = 0; m < ny; ++m) {
       if (IsFloat(n.results(nc + m).dtype())) fy.push_back(m);
@@ -363,41 +348,25 @@ class Jvp : public ops::ForwardMode {
       // branch'(ops, tangents) -> (results, float results' tangents)
       v1::Graph g;
       g.set_name(StrCat(branch, ".tangent"));
-      int index = 0;
-      auto param = [&](const std::string& name, const v1::TensorType& t) {
-        v1::Node p;
-        p.set_name(name);
-        p.set_op(v1::PARAMETER);
-        p.mutable_parameter()->set_index(index++);
-        *p.mutable_type() = t;
-        *g.add_nodes() = p;
-        return name;
-      };
       v1::Node v;
       v.set_name("jvp");
       v.set_op(v1::JVP);
       v.mutable_grad()->set_function(branch);
-      for (int k = 0; k < no; ++k) v.add_operands(param(StrCat("o", k), TypeOf(n.operands(k + 1))));
+      int index = 0;
+      for (int k = 0; k < no; ++k)
+        v.add_operands(
+            AddNode(g, ParameterNode(StrCat("o", k), index++, TypeOf(n.operands(k + 1)))));
       for (int k : fo) {
-        v.add_operands(param(StrCat("t", k), TypeOf(n.operands(k + 1))));
+        v.add_operands(
+            AddNode(g, ParameterNode(StrCat("t", k), index++, TypeOf(n.operands(k + 1)))));
         v.mutable_grad()->add_wrt(k);
       }
       for (int r = 0; r < 2; ++r) {
         for (int m = 0; m < nr; ++m) *v.add_results() = n.results(m);
       }
       *g.add_nodes() = v;
-      auto element = [&](int k, const v1::TensorType& t) {
-        v1::Node te;
-        te.set_name(StrCat("r", k));
-        te.set_op(v1::TUPLE_ELEMENT);
-        te.add_operands("jvp");
-        te.mutable_tuple_element()->set_index(k);
-        *te.mutable_type() = t;
-        *g.add_nodes() = te;
-        g.add_outputs(te.name());
-      };
-      for (int m = 0; m < nr; ++m) element(m, n.results(m));
-      for (int m : fr) element(nr + m, n.results(m));
+      for (int m = 0; m < nr; ++m) AddOutput(g, "jvp", m, n.results(m));
+      for (int m : fr) AddOutput(g, "jvp", nr + m, n.results(m));
       cond.mutable_control()->add_branches(AddFunction(std::move(g)));
     }
     for (int m = 0; m < nr; ++m) *cond.add_results() = n.results(m);
@@ -407,8 +376,15 @@ class Jvp : public ops::ForwardMode {
     rt.assign(nr, "");
     int r = nr;
     for (int m : fr) rt[m] = e_.Element(c, r++, n.results(m));
-    if (!IsMultiResult(n) && !rt[0].empty()) tan_[n.name()] = rt[0];  // read without a tuple element
+    if (!IsMultiResult(n) && !rt[0].empty())
+      tan_[n.name()] = rt[0];  // read without a tuple element
     return absl::OkStatus();
+  }
+
+  // Appends to `g`, and to its outputs, result `k` (of type `t`) of its
+  // multi-result node `of`.
+  static void AddOutput(v1::Graph& g, const std::string& of, int k, const v1::TensorType& t) {
+    g.add_outputs(AddNode(g, TupleElementNode(StrCat("r", k), of, k, t)));
   }
 
   std::string AddFunction(v1::Graph g) {

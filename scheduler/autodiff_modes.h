@@ -79,6 +79,18 @@ inline v1::Node ParameterNode(const std::string& name, int index, const v1::Tens
   return p;
 }
 
+// Result `index` (of type `t`) of the multi-result node `of`, named `name`.
+inline v1::Node TupleElementNode(const std::string& name, const std::string& of, int index,
+                                 const v1::TensorType& t) {
+  v1::Node te;
+  te.set_name(name);
+  te.set_op(v1::TUPLE_ELEMENT);
+  te.add_operands(of);
+  te.mutable_tuple_element()->set_index(index);
+  *te.mutable_type() = t;
+  return te;
+}
+
 // `t` with a leading dimension of `length`: what a scan stacks.
 inline v1::TensorType Stacked(const v1::TensorType& t, int64_t length) {
   v1::TensorType s = t;

@@ -562,13 +562,7 @@ class Vjp : public ops::ReverseMode {
     for (int k = 0; k < nc + nx; ++k) {
       const v1::TensorType& t = k < nc ? carry_t[k] : x_t[k - nc];
       if (position[k] >= 0) {
-        v1::Node te;
-        te.set_name(StrCat("d", k));
-        te.set_op(v1::TUPLE_ELEMENT);
-        te.add_operands("vjp");
-        te.mutable_tuple_element()->set_index(position[k]);
-        *te.mutable_type() = t;
-        bb.add_outputs(AddNode(bb, te));
+        bb.add_outputs(AddNode(bb, TupleElementNode(StrCat("d", k), "vjp", position[k], t)));
       } else if (k < nc) {
         bb.add_outputs(ct_c[k]);  // not differentiable: its zero cotangent passes through
       } else {
