@@ -17,14 +17,13 @@ Both hold only the result and one slice at a time, never an im2col copy.
 import builtins
 import itertools
 import math
-import operator
 
 import numpy as np
 
 from tessel import numpy as tnp
-from tessel.numpy._core import _b, _operand, _tracer
+from tessel.numpy._core import _operand, _tracer
 from tessel.numpy._dot import _dot_general, _preferred
-from tessel.v1 import ir_pb2
+from tessel.numpy._layout import _pad_general
 
 __all__ = ["conv", "conv_general_dilated", "conv_with_general_padding", "padtype_to_pads", "reduce_window"]
 
@@ -51,26 +50,6 @@ def _pairs(padding, n, what):
     if len(pads) != n or any(len(p) != 2 for p in pads):
         raise ValueError(f"{what}: padding needs {n} (low, high) pairs, got {padding!r}")
     return pads
-
-
-def _pad(x, value, low, high, interior):
-    """StableHLO's pad: `low`/`high` may be negative (then it crops)."""
-    if not any(low) and not any(high) and not any(interior):
-        return x
-    grow = [builtins.max(v, 0) for v in low], [builtins.max(v, 0) for v in high]
-    shape = tuple(
-        (0 if n == 0 else n + (n - 1) * i) + lo + hi for n, lo, hi, i in zip(x.shape, grow[0], grow[1], interior)
-    )
-
-    def attrs(node):
-        node.pad.low.extend(grow[0])
-        node.pad.high.extend(grow[1])
-        node.pad.interior.extend(int(i) for i in interior)
-
-    out = _b().node(ir_pb2.PAD, [x, _operand(value, x.dtype, ())], shape, x.dtype, set_attrs=attrs)
-    if builtins.min(list(low) + list(high)) < 0:
-        out = out[tuple(slice(-lo if lo < 0 else 0, n + hi if hi < 0 else n) for lo, hi, n in zip(low, high, shape))]
-    return out
 
 
 def _window_slice(x, lead, offsets, strides, out_shape):
@@ -178,7 +157,9 @@ def conv_general_dilated(
         pads = _pairs(padding, ns, "conv_general_dilated")
     (x, k), finish = _preferred((x, k), preferred_element_type)
     zero = 0.0 if np.dtype(x.dtype).kind in "fV" else 0
-    x = _pad(x, zero, [0, 0] + [p[0] for p in pads], [0, 0] + [p[1] for p in pads], [0, 0] + [d - 1 for d in lhs_dil])
+    x = _pad_general(
+        x, zero, [0, 0] + [p[0] for p in pads], [0, 0] + [p[1] for p in pads], [0, 0] + [d - 1 for d in lhs_dil]
+    )
     out_sp = _out_shape(x.shape[2:], window, strides, rhs_dil)
     # Grouped: lhs (groups, N', C') and rhs (groups, O', I) with the groups a
     # batch dimension of each dot; out features ordered group-major.
@@ -237,26 +218,16 @@ def conv_with_general_padding(
 
 # ---------------------------------------------------------------- windows
 
-_REDUCERS = [
-    ((tnp.maximum, operator.gt), "max"),
-    ((tnp.minimum, operator.lt), "min"),
-    ((tnp.add, operator.add), "add"),
-    ((tnp.multiply, operator.mul), "mul"),
-]
+# The reductions a window takes: the tessel.numpy op, and the names a
+# foreign callable (jax.lax.max, operator.add) goes by.
+COMBINE = {"max": tnp.maximum, "min": tnp.minimum, "add": tnp.add, "mul": tnp.multiply}
+_NAMES = {"max": ("max", "maximum", "gt"), "min": ("min", "minimum", "lt"), "add": ("add",), "mul": ("mul", "multiply")}
 
 
 def _reducer(computation):
-    for fns, kind in _REDUCERS:
-        if computation in fns:
-            return kind
     name = getattr(computation, "__name__", "")
-    for kind, names in (
-        ("max", ("max", "maximum")),
-        ("min", ("min", "minimum")),
-        ("add", ("add",)),
-        ("mul", ("mul", "multiply")),
-    ):
-        if name in names:
+    for kind, fn in COMBINE.items():
+        if computation is fn or name in _NAMES[kind]:
             return kind
     raise NotImplementedError(
         f"reduce_window: computation {computation!r}: supported are lax.max, lax.min, lax.add and lax.mul "
@@ -295,9 +266,9 @@ def reduce_window(
     init = np.asarray(init_value).item() if not hasattr(init_value, "shape") or init_value.shape == () else None
     if init is None:
         raise ValueError("reduce_window: init_value must be a scalar")
-    x = _pad(x, init, [p[0] for p in pads], [p[1] for p in pads], [d - 1 for d in base])
+    x = _pad_general(x, init, [p[0] for p in pads], [p[1] for p in pads], [d - 1 for d in base])
     out_shape = _out_shape(x.shape, window, strides, wdil)
-    combine = {"max": tnp.maximum, "min": tnp.minimum, "add": tnp.add, "mul": tnp.multiply}[kind]
+    combine = COMBINE[kind]
     acc = None
     for pos in itertools.product(*[range(w) for w in window]):
         s = _window_slice(x, 0, [p * d for p, d in zip(pos, wdil)], strides, out_shape)

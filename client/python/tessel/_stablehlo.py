@@ -14,6 +14,7 @@ from tessel import lax as tlax
 from tessel import numpy as tnp
 from tessel.errors import InvalidArgumentError
 from tessel.numpy._dot import _dot_general
+from tessel.numpy._layout import _pad_general
 
 _DTYPES = {
     "f16": np.float16,
@@ -325,6 +326,17 @@ def _scatter(op, x, indices, updates, mode):
     return tnp.transpose(out, inverse)
 
 
+# A reduce body's op: the reduction over dimensions, and how the init value joins it.
+_REDUCTIONS = {
+    "add": (tnp.sum, tnp.add),
+    "max": (tnp.max, tnp.maximum),
+    "min": (tnp.min, tnp.minimum),
+    "mul": (tnp.prod, tnp.multiply),
+    "and": (tnp.all, tnp.logical_and),
+    "or": (tnp.any, tnp.logical_or),
+}
+
+
 class Interpreter:
     """Emits a module's functions into the current Tessel trace."""
 
@@ -412,7 +424,7 @@ class Interpreter:
                 _ints(a["edge_padding_high"]),
                 _ints(a["interior_padding"]),
             )
-            return [_convolution._pad(x, args[1], low, high, interior)]
+            return [_pad_general(x, args[1], low, high, interior)]
         if name == "stablehlo.iota":
             shape, dim = shape_of(out_types[0]), ir.IntegerAttr(a["iota_dimension"]).value
             line = tnp.arange(shape[dim], dtype=dtype_of(out_types[0]))
@@ -475,23 +487,8 @@ class Interpreter:
         kind = self._body_reducer(op.regions[0], "reduce")
         x, init = args
         dims = tuple(_ints(op.attributes["dimensions"]))
-        out = {
-            "add": tnp.sum,
-            "max": tnp.max,
-            "min": tnp.min,
-            "mul": tnp.prod,
-            "and": tnp.all,
-            "or": tnp.any,
-        }[kind](x, axis=dims)
-        out = tnp.astype(out, dtype_of(op.results[0].type))
-        combine = {
-            "add": tnp.add,
-            "max": tnp.maximum,
-            "min": tnp.minimum,
-            "mul": tnp.multiply,
-            "and": tnp.logical_and,
-            "or": tnp.logical_or,
-        }[kind]
+        reduce, combine = _REDUCTIONS[kind]
+        out = tnp.astype(reduce(x, axis=dims), dtype_of(op.results[0].type))
         return [combine(out, init)]
 
     def arg_reduce(self, op, args):
@@ -561,14 +558,12 @@ class Interpreter:
         a = op.attributes
         x, init = args
         nd = len(shape_of(op.operands[0].type))
-        init_value = init if not hasattr(init, "shape") else np.asarray(init) if isinstance(init, np.ndarray) else None
-        if init_value is None:
+        if not isinstance(init, np.ndarray):  # a constant of the module stays one on the host
             raise NotImplementedError("reduce_window with an init value computed on the device")
-        fn = {"add": tnp.add, "max": tnp.maximum, "min": tnp.minimum, "mul": tnp.multiply}[kind]
         out = _convolution.reduce_window(
             x,
-            init_value,
-            fn,
+            init,
+            _convolution.COMBINE[kind],
             _ints(a["window_dimensions"]),
             _opt_ints(a, "window_strides", nd),
             _pads(a, nd),

@@ -167,14 +167,31 @@ def pad(array, pad_width, mode="constant", constant_values=0, **kwargs):
         held = _np.zeros((1,), t.dtype)
         held[0:1] = _np.array(constant_values).ravel()[0]
         constant_values = held[0].item() if _dtypes.is_float(t.dtype) else int(held[0])
-    value = _operand(constant_values, t.dtype, ())
-    shape = tuple(int(s + lo + hi) for s, (lo, hi) in zip(t.shape, widths))
+    return _pad_general(t, constant_values, widths[:, 0], widths[:, 1], [0] * t.ndim)
 
-    def attrs(n):
-        n.pad.low.extend(int(w) for w in widths[:, 0])
-        n.pad.high.extend(int(w) for w in widths[:, 1])
 
-    return _b().node(ir_pb2.PAD, [t, value], shape, t.dtype, set_attrs=attrs)
+def _pad_general(x, value, low, high, interior):
+    """StableHLO's pad, the one place the IR's PAD is emitted: `interior`
+    values between neighbours (a dilation), `low`/`high` at the ends; a
+    negative one crops."""
+    low, high, interior = [int(v) for v in low], [int(v) for v in high], [int(v) for v in interior]
+    if not any(low) and not any(high) and not any(interior):
+        return x
+    grow = [builtins.max(v, 0) for v in low], [builtins.max(v, 0) for v in high]
+    shape = tuple(
+        (0 if n == 0 else n + (n - 1) * i) + lo + hi for n, lo, hi, i in zip(x.shape, grow[0], grow[1], interior)
+    )
+
+    def attrs(node):
+        node.pad.low.extend(grow[0])
+        node.pad.high.extend(grow[1])
+        if any(interior):
+            node.pad.interior.extend(interior)
+
+    out = _b().node(ir_pb2.PAD, [x, _operand(value, x.dtype, ())], shape, x.dtype, set_attrs=attrs)
+    if builtins.min(low + high) < 0:
+        out = out[tuple(slice(-lo if lo < 0 else 0, n + hi if hi < 0 else n) for lo, hi, n in zip(low, high, shape))]
+    return out
 
 
 # ---------------------------------------------------------------- more layout, as numpy composes it
