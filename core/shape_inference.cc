@@ -19,6 +19,7 @@ absl::flat_hash_map<int, shapes::ShapeRule> BuildShapeTable() {
   shapes::LayoutShapes(rows);
   shapes::ReduceShapes(rows);
   shapes::DotShapes(rows);
+  shapes::ConvolutionShapes(rows);
   shapes::IndexingShapes(rows);
   return {rows.begin(), rows.end()};
 }

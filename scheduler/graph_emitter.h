@@ -246,6 +246,13 @@ class Emitter {
     return Emit(std::move(n), base_);
   }
 
+  std::string Convolution(const std::string& a, const std::string& b,
+                          const v1::ConvolutionAttrs& attrs) {
+    v1::Node n = Op(v1::CONVOLUTION, {a, b});
+    *n.mutable_convolution() = attrs;
+    return Emit(std::move(n), base_);
+  }
+
   void set_base(std::string b) { base_ = std::move(b); }
   void Fail(absl::Status s) {
     if (status_.ok()) status_ = std::move(s);

@@ -34,6 +34,7 @@ void ElementwiseShapes(ShapeRows& rows);
 void LayoutShapes(ShapeRows& rows);
 void ReduceShapes(ShapeRows& rows);
 void DotShapes(ShapeRows& rows);
+void ConvolutionShapes(ShapeRows& rows);
 void IndexingShapes(ShapeRows& rows);
 
 // ---- shared checks; each error names the thing, the expected and the actual

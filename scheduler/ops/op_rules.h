@@ -5,8 +5,8 @@
 // regions, control flow, custom rules and tuple elements.
 //
 // Adding an op: its shape rule (core/shape_inference.cc), a row in the
-// family file here (elementwise, layout, reduce, dot, indexing,
-// collectives), and its kernels. A field left null means the driver has no
+// family file here (elementwise, layout, reduce, dot, convolution,
+// indexing, collectives), and its kernels. A field left null means the driver has no
 // rule for the op and says so in its error.
 #pragma once
 
@@ -184,6 +184,7 @@ void ElementwiseRows(Rows& rows);
 void LayoutRows(Rows& rows);
 void ReduceRows(Rows& rows);
 void DotRows(Rows& rows);
+void ConvolutionRows(Rows& rows);
 void IndexingRows(Rows& rows);
 void CollectiveRows(Rows& rows);
 

@@ -47,6 +47,7 @@ absl::flat_hash_map<int, OpRules> Build() {
   LayoutRows(rows);
   ReduceRows(rows);
   DotRows(rows);
+  ConvolutionRows(rows);
   IndexingRows(rows);
   CollectiveRows(rows);
   absl::flat_hash_map<int, OpRules> table;

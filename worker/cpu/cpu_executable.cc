@@ -11,6 +11,7 @@
 #include "core/shape_inference.h"
 #include "core/status.h"
 #include "spdlog/spdlog.h"
+#include "worker/cpu/convolution.h"
 #include "worker/cpu/dot.h"
 #include "worker/cpu/elementwise.h"
 #include "worker/cpu/gather.h"
@@ -139,6 +140,9 @@ absl::Status CpuExecutable::Execute(int i, std::vector<BufferPtr>& values,
     case v1::PAD: Pad(arg_type(0), arg(0), arg(1), n.pad(), t, out); break;
     case v1::DOT_GENERAL:
       DotGeneral(arg_type(0), arg(0), arg_type(1), arg(1), n.dot_general(), t, out);
+      break;
+    case v1::CONVOLUTION:
+      Convolution(arg_type(0), arg(0), arg_type(1), arg(1), n.convolution(), t, out);
       break;
     case v1::REDUCE: Reduce(arg_type(0), arg(0), n.reduce(), t, out); break;
     case v1::ARGMAX:

@@ -1,17 +1,11 @@
 """Convolutions and pooling windows, with jax.lax's signatures.
 
-conv_general_dilated and reduce_window are composed of ops the IR already
-has, so their gradients, vmap and partitioning are those ops' rules:
-
-- a convolution pads its input (lhs dilation is the pad's interior), then
-  adds up, over the kernel's positions, one dot_general per position: a
-  strided slice of the input against that position's kernel slice,
-  contracting the input features (grouped as feature_group_count and
-  batch_group_count say);
-- a window reduction pads with the reduction's identity (base dilation is
-  the pad's interior), then reduces the window's strided slices pairwise.
-
-Both hold only the result and one slice at a time, never an im2col copy.
+conv_general_dilated is the IR's CONVOLUTION (StableHLO's convolution):
+oneDNN runs it on the CPU, and its gradients are convolutions too.
+reduce_window is composed of ops the IR already has, so its gradients,
+vmap and partitioning are those ops' rules: it pads with the reduction's
+identity (base dilation is the pad's interior), then reduces the window's
+strided slices pairwise, holding only the result and one slice at a time.
 """
 
 import builtins
@@ -21,8 +15,9 @@ import math
 import numpy as np
 
 from tessel import numpy as tnp
-from tessel.numpy._core import _operand, _tracer
-from tessel.numpy._dot import _dot_general, _preferred
+from tessel.numpy._core import _b, _convert, _operand, _result_dtype, _tracer
+from tessel.numpy._dot import _preferred
+from tessel.v1 import ir_pb2
 from tessel.numpy._layout import _pad_general
 
 __all__ = ["conv", "conv_general_dilated", "conv_with_general_padding", "padtype_to_pads", "reduce_window"]
@@ -123,16 +118,14 @@ def conv_general_dilated(
     nd = x.ndim
     ns = nd - 2
     lhs_spec, rhs_spec, out_spec = _conv_specs(dimension_numbers, nd)
-    x = tnp.transpose(x, lhs_spec)  # N, C, spatial...
-    k = tnp.transpose(k, rhs_spec)  # O, I, spatial...
     strides = tuple(int(s) for s in window_strides)
     lhs_dil = tuple(int(d) for d in (lhs_dilation or (1,) * ns))
     rhs_dil = tuple(int(d) for d in (rhs_dilation or (1,) * ns))
     for name, v in (("window_strides", strides), ("lhs_dilation", lhs_dil), ("rhs_dilation", rhs_dil)):
         if len(v) != ns or builtins.min(v, default=1) < 1:
             raise ValueError(f"conv_general_dilated: {name} needs {ns} positive entries, got {v}")
-    n, c = x.shape[:2]
-    o, i = k.shape[:2]
+    n, c = x.shape[lhs_spec[0]], x.shape[lhs_spec[1]]
+    o, i = k.shape[rhs_spec[0]], k.shape[rhs_spec[1]]
     g, b = int(feature_group_count), int(batch_group_count)
     if g < 1 or b < 1 or (g > 1 and b > 1):
         raise ValueError(
@@ -148,50 +141,41 @@ def conv_general_dilated(
             f"conv_general_dilated: rhs's {o} output features must divide by feature_group_count {g} and "
             f"batch_group_count {b}, and lhs's batch {n} by batch_group_count {b}"
         )
-    window = k.shape[2:]
-    dilated_in = [0 if m == 0 else (m - 1) * d + 1 for m, d in zip(x.shape[2:], lhs_dil)]
+    window = [k.shape[d] for d in rhs_spec[2:]]
+    dilated_in = [0 if m == 0 else (m - 1) * d + 1 for m, d in zip((x.shape[d] for d in lhs_spec[2:]), lhs_dil)]
     dilated_window = [(w - 1) * d + 1 for w, d in zip(window, rhs_dil)]
     if isinstance(padding, str):
         pads = padtype_to_pads(dilated_in, dilated_window, strides, padding)
     else:
         pads = _pairs(padding, ns, "conv_general_dilated")
+    if x.dtype != k.dtype and preferred_element_type is None:
+        common = _result_dtype(x, k)
+        x, k = _convert(x, common), _convert(k, common)
     (x, k), finish = _preferred((x, k), preferred_element_type)
-    zero = 0.0 if np.dtype(x.dtype).kind in "fV" else 0
-    x = _pad_general(
-        x, zero, [0, 0] + [p[0] for p in pads], [0, 0] + [p[1] for p in pads], [0, 0] + [d - 1 for d in lhs_dil]
-    )
-    out_sp = _out_shape(x.shape[2:], window, strides, rhs_dil)
-    # Grouped: lhs (groups, N', C') and rhs (groups, O', I) with the groups a
-    # batch dimension of each dot; out features ordered group-major.
-    if g > 1:
-        x = tnp.reshape(x, (n, g, c // g) + x.shape[2:])
-        x = tnp.moveaxis(x, 1, 0)  # G, N, Cg, spatial
-        k = tnp.reshape(k, (g, o // g, i) + tuple(window))
-    elif b > 1:
-        x = tnp.reshape(x, (b, n // b, c) + x.shape[2:])  # B, N', C, spatial
-        k = tnp.reshape(k, (b, o // b, i) + tuple(window))
-    else:
-        x = tnp.expand_dims(x, 0)
-        k = tnp.expand_dims(k, 0)
-    acc = None
-    for pos in itertools.product(*[range(w) for w in window]):
-        patch = _window_slice(x, 3, [p * d for p, d in zip(pos, rhs_dil)], strides, out_sp)  # G, N, C, out...
-        kern = k[(slice(None), slice(None), slice(None)) + pos]  # G, O, I
-        # batch G; contract C with I -> G, N, out..., O
-        term = _dot_general(patch, kern, [0], [0], [2], [2])
-        acc = term if acc is None else tnp.add(acc, term)
-    if acc is None:  # an empty window: a zero-sized kernel
-        raise ValueError(f"conv_general_dilated: the kernel's spatial dimensions {tuple(window)} hold nothing")
-    # acc: G, N', out..., O'  ->  N, out..., O
-    perm = [1] + list(range(2, 2 + ns)) + [0, 2 + ns]
-    acc = tnp.transpose(acc, perm)  # N', out..., G, O'
-    acc = tnp.reshape(acc, (acc.shape[0],) + tuple(out_sp) + (o,))
-    # N, out..., C  ->  the out layout
-    nc_first = tnp.moveaxis(acc, -1, 1)  # N, C, out...
-    inverse = [0] * nd
-    for pos, dim in enumerate(out_spec):
-        inverse[dim] = pos
-    return finish(tnp.transpose(nc_first, inverse))
+    padded = [m + lo + hi for m, (lo, hi) in zip(dilated_in, pads)]
+    out_shape = [0] * nd
+    out_shape[out_spec[0]] = n // b
+    out_shape[out_spec[1]] = o
+    for d, m in zip(out_spec[2:], _out_shape(padded, window, strides, rhs_dil)):
+        out_shape[d] = m
+
+    def attrs(node):
+        a = node.convolution
+        a.input_batch_dimension, a.input_feature_dimension = lhs_spec[:2]
+        a.kernel_output_feature_dimension, a.kernel_input_feature_dimension = rhs_spec[:2]
+        a.output_batch_dimension, a.output_feature_dimension = out_spec[:2]
+        a.input_spatial_dimensions.extend(lhs_spec[2:])
+        a.kernel_spatial_dimensions.extend(rhs_spec[2:])
+        a.output_spatial_dimensions.extend(out_spec[2:])
+        a.window_strides.extend(strides)
+        a.padding_low.extend(p[0] for p in pads)
+        a.padding_high.extend(p[1] for p in pads)
+        a.lhs_dilation.extend(lhs_dil)
+        a.rhs_dilation.extend(rhs_dil)
+        a.feature_group_count = g
+        a.batch_group_count = b
+
+    return finish(_b().node(ir_pb2.CONVOLUTION, [x, k], out_shape, x.dtype, set_attrs=attrs))
 
 
 def conv(lhs, rhs, window_strides, padding, precision=None, preferred_element_type=None):

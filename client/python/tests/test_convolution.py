@@ -77,6 +77,45 @@ def test_conv_general_dilated_matches_jax(cluster, case):
     np.testing.assert_allclose(ours, theirs, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("case", list(CONVS))
+def test_float32_convolutions_and_their_gradients_match_jax(cluster, case):
+    """float32 runs on oneDNN (with input dilation and negative padding
+    materialized, batch groups one call each); the gradients are
+    convolutions of their own."""
+    ls, rs, kw = CONVS[case]
+    x, k = rand(*ls).astype(np.float32), rand(*rs).astype(np.float32)
+
+    def loss(conv, x, k):
+        y = conv(x, k, **kw)
+        return (y * y).sum() / y.size
+
+    ours = tessel.jit(lambda x, k: lax.conv_general_dilated(x, k, **kw))(x, k).fetch()
+    theirs = np.asarray(jlax.conv_general_dilated(x, k, **kw))
+    assert ours.dtype == np.float32
+    np.testing.assert_allclose(ours, theirs, rtol=2e-5, atol=2e-5)
+    ours_g = tessel.jit(tessel.grad(lambda x, k: loss(lax.conv_general_dilated, x, k), argnums=(0, 1)))(x, k)
+    theirs_g = jax.grad(lambda x, k: loss(jlax.conv_general_dilated, x, k), argnums=(0, 1))(x, k)
+    for o, t in zip(ours_g, theirs_g):
+        np.testing.assert_allclose(o.fetch(), np.asarray(t), rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, "bfloat16", np.int32])
+def test_narrow_and_integer_convolutions_match_jax(cluster, dtype):
+    """Other dtypes take the direct loop: halves accumulate in float32 as
+    XLA's do, integers wrap."""
+    ls, rs, kw = CONVS["nhwc_same_stride2"]
+    dt = jnp.dtype(dtype)
+    if np.issubdtype(dt, np.integer):
+        x, k = RNG.integers(-5, 6, ls).astype(dt), RNG.integers(-5, 6, rs).astype(dt)
+    else:
+        x, k = np.asarray(jnp.asarray(rand(*ls), dt)), np.asarray(jnp.asarray(rand(*rs), dt))
+    ours = tessel.jit(lambda x, k: lax.conv_general_dilated(x, k, **kw))(x, k).fetch()
+    theirs = np.asarray(jlax.conv_general_dilated(x, k, **kw))
+    assert ours.dtype == theirs.dtype
+    tol = 0 if np.issubdtype(dt, np.integer) else 2e-2
+    np.testing.assert_allclose(ours.astype(np.float64), theirs.astype(np.float64), rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("case", ["nhwc_same_stride2", "transposed_lhs_dilation", "depthwise", "batch_grouped"])
 def test_conv_gradients_match_jax(cluster, case):
     ls, rs, kw = CONVS[case]
@@ -98,6 +137,19 @@ def test_vmap_of_a_convolution_matches_jax(cluster):
     ours = tessel.jit(tessel.vmap(lambda x: lax.conv_general_dilated(x, k, **kw)))(xs).fetch()
     theirs = np.asarray(jax.vmap(lambda x: jlax.conv_general_dilated(x, k, **kw))(xs))
     np.testing.assert_allclose(ours, theirs, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("batched", ["kernel", "both"])
+def test_vmap_over_kernels_matches_jax(cluster, batched):
+    """A batched kernel joins the output features; both batched, the batch
+    becomes feature groups (JAX's rule)."""
+    ls, rs, kw = CONVS["grouped"] if batched == "both" else CONVS["nchw_valid"]
+    ks = rand(3, *rs)
+    x = rand(3, *ls) if batched == "both" else rand(*ls)
+    in_axes = (0, 0) if batched == "both" else (None, 0)
+    ours = tessel.jit(tessel.vmap(lambda x, k: lax.conv_general_dilated(x, k, **kw), in_axes=in_axes))(x, ks)
+    theirs = jax.vmap(lambda x, k: jlax.conv_general_dilated(x, k, **kw), in_axes=in_axes)(x, ks)
+    np.testing.assert_allclose(ours.fetch(), np.asarray(theirs), rtol=1e-10, atol=1e-12)
 
 
 def test_preferred_element_type_of_a_convolution(cluster):
@@ -242,3 +294,32 @@ def test_a_batch_split_convolution_needs_no_communication(cluster):
     np.testing.assert_allclose(out.fetch(), np.asarray(jlax.conv_general_dilated(x, k, **kw)), rtol=1e-10)
     assert f.lower(*args).collectives == []
     assert out.sharding.spec[0] == "data"
+
+
+def test_feature_split_convolutions_plan_as_a_matmul_would(cluster):
+    """Output features split over the mesh need no communication; input
+    features split on both operands leave a partial sum, completed by one
+    all_reduce."""
+    mesh = tessel.Mesh({"model": 2})
+    ls, rs, kw = CONVS["nhwc_same_stride2"]
+    x, k = rand(*ls[:3], 4), rand(*rs[:2], 4, 6)
+    ref = np.asarray(jlax.conv_general_dilated(x, k, **kw))
+    f = tessel.jit(lambda x, k: lax.conv_general_dilated(x, k, **kw))
+    out_split = (
+        tessel.device_put(x, tessel.NamedSharding(mesh, tessel.P())),
+        tessel.device_put(k, tessel.NamedSharding(mesh, tessel.P(None, None, None, "model"))),
+    )
+    out = f(*out_split)
+    np.testing.assert_allclose(out.fetch(), ref, rtol=1e-10)
+    assert f.lower(*out_split).collectives == []
+    assert out.sharding.spec[3] == "model"
+    in_split = (
+        tessel.device_put(x, tessel.NamedSharding(mesh, tessel.P(None, None, None, "model"))),
+        tessel.device_put(k, tessel.NamedSharding(mesh, tessel.P(None, None, "model"))),
+    )
+    g = tessel.jit(
+        lambda x, k: lax.conv_general_dilated(x, k, **kw), out_shardings=tessel.NamedSharding(mesh, tessel.P())
+    )
+    np.testing.assert_allclose(g(*in_split).fetch(), ref, rtol=1e-10)
+    kinds = [c["op"] for c in g.lower(*in_split).collectives]
+    assert kinds == ["all_reduce"], kinds
