@@ -56,6 +56,49 @@ TEST(ShapeInference, DotGeneralBatchAndContracting) {
   EXPECT_NE(bad.status().message().find("3 vs 7"), absl::string_view::npos) << bad.status();
 }
 
+TEST(ShapeInference, ConvolutionFollowsStableHlo) {
+  // NHWC x HWIO -> NHWC, stride 2 with padding 1/1 over 7: (7 + 2 - 3) / 2 + 1 = 4;
+  // input dilation 2 and kernel dilation 2 over 5 with a 2-wide window: 9 - 3 + 1 = 7.
+  auto l = MakeType(v1::F32, {2, 7, 5, 6});
+  auto r = MakeType(v1::F32, {3, 2, 3, 8});
+  v1::Node n = Op(v1::CONVOLUTION);
+  auto* c = n.mutable_convolution();
+  c->set_input_batch_dimension(0);
+  c->set_input_feature_dimension(3);
+  c->set_kernel_input_feature_dimension(2);
+  c->set_kernel_output_feature_dimension(3);
+  c->set_output_batch_dimension(0);
+  c->set_output_feature_dimension(3);
+  for (int64_t d : {1, 2}) {
+    c->add_input_spatial_dimensions(d);
+    c->add_output_spatial_dimensions(d);
+    c->add_kernel_spatial_dimensions(d - 1);
+  }
+  for (int64_t v : {2, 1}) c->add_window_strides(v);
+  for (int64_t v : {1, 0}) c->add_padding_low(v);
+  for (int64_t v : {1, 0}) c->add_padding_high(v);
+  for (int64_t v : {1, 2}) c->add_lhs_dilation(v);
+  for (int64_t v : {1, 2}) c->add_rhs_dilation(v);
+  c->set_feature_group_count(2);
+  auto t = InferType(n, {&l, &r});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(TypeString(*t), "f32[2,4,7,8]");
+  // Groups must divide the features: 6 / 4 is not rhs's 3.
+  c->set_feature_group_count(4);
+  auto bad = InferType(n, {&l, &r});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("feature_group_count (4)"), absl::string_view::npos)
+      << bad.status();
+  c->set_feature_group_count(2);
+  c->add_window_strides(1);
+  bad = InferType(n, {&l, &r});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("window_strides must have one entry per spatial "
+                                        "dimension (2): got 3"),
+            absl::string_view::npos)
+      << bad.status();
+}
+
 TEST(ShapeInference, ReduceSliceTransposePad) {
   auto x = MakeType(v1::F64, {4, 6});
   v1::Node r = Op(v1::REDUCE);

@@ -1115,6 +1115,105 @@ def dot_cases(rng):
             yield c
 
 
+# --- convolution ----------------------------------------------------------
+
+CONVS = [  # tag, lhs shape, rhs shape, (lhs, rhs, out) specs, window, groups (feature, batch)
+    ("nchw", (2, 3, 5, 4), (4, 3, 3, 2), ((0, 1, 2, 3),) * 3, dict(), (1, 1)),
+    (
+        "nhwc_strided_padded",
+        (2, 6, 5, 3),
+        (3, 2, 3, 4),
+        ((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2)),
+        dict(window_strides=[2, 1], padding_low=[1, 0], padding_high=[1, 1]),
+        (1, 1),
+    ),
+    (
+        "dilated_negative_pad",
+        (1, 2, 6, 6),
+        (2, 2, 2, 2),
+        ((0, 1, 2, 3),) * 3,
+        dict(padding_low=[-1, 2], padding_high=[0, 1], lhs_dilation=[2, 1], rhs_dilation=[1, 2]),
+        (1, 1),
+    ),
+    ("grouped", (2, 4, 4, 4), (6, 2, 2, 2), ((0, 1, 2, 3),) * 3, dict(), (2, 1)),
+    ("batch_grouped", (4, 3, 4, 4), (6, 3, 2, 2), ((0, 1, 2, 3), (0, 1, 2, 3), (1, 0, 3, 2)), dict(), (1, 2)),
+    ("1d", (3, 9, 2), (3, 2, 4), ((0, 2, 1), (2, 1, 0), (0, 2, 1)), dict(window_strides=[2]), (1, 1)),
+]
+
+
+def conv_reference(a, b, specs, window, groups):
+    """StableHLO's convolution in numpy: lhs dilated and padded, then one
+    einsum per window position, per group; exact in int64 and float64."""
+    (ls, rs, os_), (g, bg) = specs, groups
+    x, k = np.transpose(a, ls), np.transpose(b, rs)  # N C S..., O I S...
+    ns = x.ndim - 2
+    st = window.get("window_strides", [1] * ns)
+    lo, hi = window.get("padding_low", [0] * ns), window.get("padding_high", [0] * ns)
+    ld, rd = window.get("lhs_dilation", [1] * ns), window.get("rhs_dilation", [1] * ns)
+    dil = np.zeros(x.shape[:2] + tuple((m - 1) * d + 1 for m, d in zip(x.shape[2:], ld)), x.dtype)
+    dil[(slice(None),) * 2 + tuple(slice(None, None, d) for d in ld)] = x
+    pad = np.zeros(
+        dil.shape[:2] + tuple(m + max(l_, 0) + max(h, 0) for m, l_, h in zip(dil.shape[2:], lo, hi)), x.dtype
+    )
+    pad[(slice(None),) * 2 + tuple(slice(max(l_, 0), max(l_, 0) + m) for l_, m in zip(lo, dil.shape[2:]))] = dil
+    pad = pad[(slice(None),) * 2 + tuple(slice(max(-l_, 0), m - max(-h, 0)) for l_, h, m in zip(lo, hi, pad.shape[2:]))]
+    win = k.shape[2:]
+    out_sp = [(m - ((w - 1) * d + 1)) // s + 1 for m, w, d, s in zip(pad.shape[2:], win, rd, st)]
+    n, o = x.shape[0] // bg, k.shape[0]
+    out = np.zeros((n, o) + tuple(out_sp), x.dtype)
+    for pos in np.ndindex(*win):
+        sl = tuple(slice(p * d, p * d + (m - 1) * s + 1, s) for p, d, s, m in zip(pos, rd, st, out_sp))
+        patch = pad[(slice(None),) * 2 + sl]
+        kern = k[(slice(None),) * 2 + pos]  # O I
+        for j in range(g * bg):
+            ob = slice(j * o // (g * bg), (j + 1) * o // (g * bg))
+            nb = slice(j * n, (j + 1) * n) if bg > 1 else slice(None)
+            cb = slice(j * k.shape[1], (j + 1) * k.shape[1]) if g > 1 else slice(None)
+            out[:, ob] += np.einsum("nc...,oc->no...", patch[nb, cb], kern[ob])
+    return np.transpose(out, np.argsort(os_))
+
+
+def conv_attrs(specs, window, groups):
+    (ls, rs, os_), (g, bg) = specs, groups
+    parts = [
+        "input_batch_dimension: %d input_feature_dimension: %d" % ls[:2],
+        "kernel_output_feature_dimension: %d kernel_input_feature_dimension: %d" % rs[:2],
+        "output_batch_dimension: %d output_feature_dimension: %d" % os_[:2],
+    ]
+    for field, spec in (("input", ls), ("kernel", rs), ("output", os_)):
+        parts += ["%s_spatial_dimensions: %d" % (field, d) for d in spec[2:]]
+    for field, vals in window.items():
+        parts += ["%s: %d" % (field, v) for v in vals]
+    parts.append("feature_group_count: %d batch_group_count: %d" % (g, bg))
+    return "convolution { %s }" % " ".join(parts)
+
+
+def conv_cases(rng):
+    for tag, ls, rs, specs, window, groups in CONVS:
+        for dt in NUMERIC:
+            c = Case("CONVOLUTION.%s/%s" % (tag, dt), "CONVOLUTION", dt)
+            if dt in INTS:
+                lo, hi = (0, 20) if dt in UNSIGNED else (-30, 30)
+                a, b = rand_int(rng, dt, ls, lo, hi), rand_int(rng, dt, rs, lo, hi)
+                want = wrap(dt, conv_reference(i64(a), i64(b), specs, window, groups))
+                rt = at = 0.0
+            else:
+                a, b = rand_float(rng, dt, ls, -2, 2), rand_float(rng, dt, rs, -2, 2)
+                want = rf(dt, conv_reference(f64(a), f64(b), specs, window, groups))
+                rt, at = tol(TOL_ACCUM, dt)
+                at = at * conv_reference(np.abs(f64(a)), np.abs(f64(b)), specs, window, groups)
+            c.out(
+                "CONVOLUTION",
+                [c.param(dt, a), c.param(dt, b)],
+                conv_attrs(specs, window, groups),
+                dt=dt,
+                want=want,
+                rtol=rt,
+                atol=at,
+            )
+            yield c
+
+
 # --- reduce, argmax, argmin -------------------------------------------------
 
 REDUCE_DIMS = [(0,), (1,), (2,), (0, 2), (2, 0), (0, 1, 2)]
@@ -1532,6 +1631,7 @@ def all_cases(rng):
         convert_cases,
         layout_cases,
         dot_cases,
+        conv_cases,
         reduce_cases,
         arg_cases,
         constant_cases,

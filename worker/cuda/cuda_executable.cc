@@ -137,6 +137,12 @@ absl::Status CudaExecutable::Prepare() {
         prep.kernels.push_back(l);
         break;
       }
+      case v1::CONVOLUTION: {
+        TESSEL_ASSIGN_OR_RETURN(KernelLaunch l,
+                                module.AddConvolution(n, in.arg_types[0], in.arg_types[1]));
+        prep.kernels.push_back(l);
+        break;
+      }
       case v1::ARGMAX:
       case v1::ARGMIN: {
         TESSEL_ASSIGN_OR_RETURN(KernelLaunch l, module.AddArgReduce(n, in.arg_types[0]));
@@ -548,7 +554,7 @@ absl::Status CudaExecutable::Execute(int i, std::vector<BufferPtr>& values,
       TESSEL_RETURN_IF_ERROR(Launch(prep.kernels[0], p));
       break;
     }
-    default:  // layout ops, arg reductions, gather, scatter
+    default:  // layout ops, arg reductions, gather, scatter, convolution
       TESSEL_RETURN_IF_ERROR(Launch(prep.kernels[0], params));
   }
   return store();

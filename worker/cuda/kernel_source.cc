@@ -791,6 +791,62 @@ KernelLaunch ModuleSource::AddGemm(v1::DType dt, int64_t batch, int64_t m, int64
   return Add(Kernel(decls, StrCat(elements), body), elements);
 }
 
+absl::StatusOr<KernelLaunch> ModuleSource::AddConvolution(const v1::Node& n,
+                                                          const v1::TensorType& lt,
+                                                          const v1::TensorType& rt) {
+  const v1::ConvolutionAttrs a = ConvolutionWithDefaults(n.convolution());
+  const v1::TensorType& ot = n.type();
+  const v1::DType dt = lt.dtype();
+  const std::string st = Storage(dt), acc = IsFloat(dt) ? Compute(dt) : "u64";
+  const std::vector<int64_t> ls = Strides(lt.dims()), rs = Strides(rt.dims()),
+                             os = Strides(ot.dims());
+  const int s = a.input_spatial_dimensions_size();
+  auto coord = [&](int64_t d) { return StrCat("i / ", os[d], " % ", ot.dims(d)); };
+  const int64_t out_features = ot.dims(a.output_feature_dimension());
+  const int64_t in_features = rt.dims(a.kernel_input_feature_dimension());
+  int64_t window = 1;
+  for (int j = 0; j < s; ++j) window *= rt.dims(a.kernel_spatial_dimensions(j));
+  std::string body = absl::StrFormat(
+      "    const i64 o = %s;\n"
+      "    const i64 n = o / %d * %d + %s;\n"
+      "    const i64 c0 = o / %d * %d;\n"
+      "    %s acc = 0;\n"
+      "    for (i64 w = 0; w < %d; ++w) {\n"
+      "      i64 l = n * %d + c0 * %d, r = o * %d, t = w;\n",
+      coord(a.output_feature_dimension()), out_features / a.batch_group_count(),
+      ot.dims(a.output_batch_dimension()), coord(a.output_batch_dimension()),
+      out_features / a.feature_group_count(), in_features, acc, window,
+      ls[a.input_batch_dimension()], ls[a.input_feature_dimension()],
+      rs[a.kernel_output_feature_dimension()]);
+  // The window's position, its last spatial dimension fastest.
+  for (int j = s - 1; j >= 0; --j) {
+    const int64_t k = rt.dims(a.kernel_spatial_dimensions(j));
+    absl::StrAppend(
+        &body,
+        absl::StrFormat("      { const i64 k = t %% %d; t /= %d;\n"
+                        "        const i64 p = (%s) * %d - %d + k * %d;\n"
+                        "        if (p < 0 || p %% %d != 0 || p / %d >= %d) continue;\n"
+                        "        l += p / %d * %d; r += k * %d; }\n",
+                        k, k, coord(a.output_spatial_dimensions(j)), a.window_strides(j),
+                        a.padding_low(j), a.rhs_dilation(j), a.lhs_dilation(j), a.lhs_dilation(j),
+                        lt.dims(a.input_spatial_dimensions(j)), a.lhs_dilation(j),
+                        ls[a.input_spatial_dimensions(j)], rs[a.kernel_spatial_dimensions(j)]));
+  }
+  absl::StrAppend(
+      &body,
+      absl::StrFormat("      for (i64 c = 0; c < %d; ++c) acc += (%s)%s * (%s)%s;\n"
+                      "    }\n"
+                      "    out[i] = %s;\n",
+                      in_features, acc,
+                      Load(dt, StrCat("x[l + c * ", ls[a.input_feature_dimension()], "]")), acc,
+                      Load(dt, StrCat("y[r + c * ", rs[a.kernel_input_feature_dimension()], "]")),
+                      Store(dt, StrCat("(", Compute(dt), ")acc"))));
+  const std::string decls =
+      PtrDecl(st, "x", 0, true) + PtrDecl(st, "y", 1, true) + PtrDecl(st, "out", 2, false);
+  const int64_t elements = NumElementsUnchecked(ot);
+  return Add(Kernel(decls, StrCat(elements), body), elements);
+}
+
 KernelLaunch ModuleSource::AddScalarS32() {
   return Add(Kernel(PtrDecl("i32", "out", 0, false), "1", "    out[i] = (i32)a.s[0];\n"), 1);
 }

@@ -90,6 +90,12 @@ class ModuleSource {
   // of indices per element.
   absl::StatusOr<KernelLaunch> AddScatter(const v1::Node& node, const v1::TensorType& operand,
                                           const v1::TensorType& indices);
+  // CONVOLUTION: p[0] lhs, p[1] rhs, p[2] the result. One thread per
+  // result element walks its window and input features in the CPU's
+  // direct loop's order (f16/bf16 accumulate in float, integers wrap); a
+  // direct convolution, not cuDNN's.
+  absl::StatusOr<KernelLaunch> AddConvolution(const v1::Node& node, const v1::TensorType& lhs,
+                                              const v1::TensorType& rhs);
   // SHARD_SLICE: p[0] operand, p[1] this device's block; s[0] the block index.
   absl::StatusOr<KernelLaunch> AddShardSlice(const v1::Node& node,
                                              const v1::TensorType& operand_type, int64_t blocks);

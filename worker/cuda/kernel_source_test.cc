@@ -18,6 +18,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/dtype.h"
+#include "core/shape_inference.h"
+#include "worker/cpu/convolution.h"
 #include "worker/cpu/dot.h"
 #include "worker/cpu/elementwise.h"
 #include "worker/cpu/fused_loop.h"
@@ -696,6 +698,111 @@ TEST(KernelSource, GatherAndScatterMatchTheCpuBackend) {
           ++expected;
         }
       }
+    }
+  }
+  EXPECT_EQ(batch.Check(), expected);
+}
+
+TEST(KernelSource, ConvolutionsMatchTheCpuDirectLoop) {
+  // NHWC/HWIO with strides, SAME-like padding, a negative pad, input and
+  // kernel dilation; NCHW with feature groups; batch groups; 1-D and 3-D.
+  struct Case {
+    std::vector<int64_t> lhs, rhs;
+    std::vector<int64_t> lhs_spec, rhs_spec, out_spec;  // (batch|out, feature|in, spatial...)
+    std::vector<int64_t> strides, lo, hi, lhs_dil, rhs_dil;
+    int64_t groups = 1, batch_groups = 1;
+  };
+  const std::vector<Case> cases = {
+      {{2, 7, 6, 3},
+       {3, 2, 3, 4},
+       {0, 3, 1, 2},
+       {3, 2, 0, 1},
+       {0, 3, 1, 2},
+       {2, 1},
+       {1, -1},
+       {1, 2},
+       {1, 2},
+       {2, 1}},
+      {{2, 4, 5, 5},
+       {6, 2, 2, 3},
+       {0, 1, 2, 3},
+       {0, 1, 2, 3},
+       {0, 1, 2, 3},
+       {1, 1},
+       {0, 1},
+       {0, 1},
+       {1, 1},
+       {1, 1},
+       2},
+      {{4, 3, 5, 5},
+       {6, 3, 2, 2},
+       {0, 1, 2, 3},
+       {0, 1, 2, 3},
+       {1, 0, 3, 2},
+       {1, 2},
+       {0, 0},
+       {1, 0},
+       {1, 1},
+       {1, 1},
+       1,
+       2},
+      {{3, 10, 2}, {3, 2, 4}, {0, 2, 1}, {2, 1, 0}, {0, 2, 1}, {2}, {1}, {1}, {1}, {1}},
+      {{1, 5, 4, 6, 2},
+       {2, 2, 3, 2, 3},
+       {0, 4, 1, 2, 3},
+       {4, 3, 0, 1, 2},
+       {0, 4, 1, 2, 3},
+       {1, 2, 1},
+       {0, 1, 0},
+       {0, 0, 1},
+       {1, 1, 2},
+       {1, 1, 1}},
+  };
+  KernelBatch batch;
+  int expected = 0;
+  for (const Case& c : cases) {
+    for (v1::DType dt : {v1::F32, v1::F64, v1::BF16, v1::F16, v1::S32, v1::U8, v1::S64}) {
+      v1::TensorType lt, rt;
+      lt.set_dtype(dt);
+      rt.set_dtype(dt);
+      for (int64_t d : c.lhs) lt.add_dims(d);
+      for (int64_t d : c.rhs) rt.add_dims(d);
+      v1::Node n = MakeNode("c", v1::CONVOLUTION, {}, {"x", "k"});
+      v1::ConvolutionAttrs& a = *n.mutable_convolution();
+      a.set_input_batch_dimension(c.lhs_spec[0]);
+      a.set_input_feature_dimension(c.lhs_spec[1]);
+      a.set_kernel_output_feature_dimension(c.rhs_spec[0]);
+      a.set_kernel_input_feature_dimension(c.rhs_spec[1]);
+      a.set_output_batch_dimension(c.out_spec[0]);
+      a.set_output_feature_dimension(c.out_spec[1]);
+      for (size_t i = 2; i < c.lhs_spec.size(); ++i) {
+        a.add_input_spatial_dimensions(c.lhs_spec[i]);
+        a.add_kernel_spatial_dimensions(c.rhs_spec[i]);
+        a.add_output_spatial_dimensions(c.out_spec[i]);
+      }
+      for (size_t i = 0; i < c.strides.size(); ++i) {
+        a.add_window_strides(c.strides[i]);
+        a.add_padding_low(c.lo[i]);
+        a.add_padding_high(c.hi[i]);
+        a.add_lhs_dilation(c.lhs_dil[i]);
+        a.add_rhs_dilation(c.rhs_dil[i]);
+      }
+      a.set_feature_group_count(c.groups);
+      a.set_batch_group_count(c.batch_groups);
+      auto t = InferType(n, {&lt, &rt});
+      ASSERT_TRUE(t.ok()) << t.status();
+      *n.mutable_type() = *t;
+      auto l = batch.module().AddConvolution(n, lt, rt);
+      ASSERT_TRUE(l.ok()) << l.status();
+      const v1::ConvolutionAttrs attrs = a;
+      const v1::TensorType ot = *t;
+      batch.Add(
+          *l, {lt, rt}, ot,
+          [=](auto ins, void* out) {
+            cpu::ConvolutionDirect(lt, ins[0], rt, ins[1], attrs, ot, out);
+          },
+          absl::StrCat("convolution ", expected / 7, " ", DTypeName(dt)));
+      ++expected;
     }
   }
   EXPECT_EQ(batch.Check(), expected);
