@@ -120,6 +120,12 @@ ScalarClass ClassOf(v1::DType dt) {
   }
 }
 
+std::string MathFunction(v1::DType dt, absl::string_view name) {
+  if (dt == v1::F64) return std::string(name);
+  if (name == "exp" || name == "log" || name == "tanh") return absl::StrCat("tm_", name, "f");
+  return absl::StrCat(name, "f");
+}
+
 absl::Span<const ScalarRule> ScalarRules() { return kRules; }
 
 absl::StatusOr<std::string> ScalarExpr(v1::Op op, v1::DType dt, absl::Span<const std::string> args,

@@ -50,6 +50,12 @@ struct ScalarRule {
   int arity;
   const char* pattern;
 };
+// The C function a generated kernel calls for libm's `name` on values
+// computed as `dt` (F32 or F64): "expf", "log", or, for exp, log and tanh
+// in float, vector_math.inc's "tm_expf", "tm_logf", "tm_tanhf", which every
+// backend shares.
+std::string MathFunction(v1::DType dt, absl::string_view name);
+
 // Every row, in table order.
 absl::Span<const ScalarRule> ScalarRules();
 

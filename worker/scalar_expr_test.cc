@@ -57,8 +57,7 @@ const Type& TypeOf(v1::DType dt) {
 const ScalarDialect kDialect{
     .compute_type = [](v1::DType dt) { return std::string(TypeOf(dt).c); },
     .unsigned_type = [](v1::DType dt) { return std::string(TypeOf(dt).u); },
-    .math = [](v1::DType dt,
-               absl::string_view name) { return absl::StrCat(name, dt == v1::F32 ? "f" : ""); },
+    .math = [](v1::DType dt, absl::string_view name) { return MathFunction(dt, name); },
     .helper = [](v1::DType dt,
                  absl::string_view name) { return absl::StrCat(name, "_", TypeOf(dt).suffix); },
 };

@@ -5,9 +5,28 @@
 #include <utility>
 
 #include "worker/cpu/traits.h"
+#include "worker/vector_math.h"
 
 namespace tessel::cpu {
 namespace {
+
+// exp, log and tanh: in float (f32, f16, bf16) the vectorizing ones every
+// backend shares (worker/vector_math.inc); libm's in double.
+template <typename C>
+C Exp(C x) {
+  if constexpr (std::is_same_v<C, float>) return worker::tm_expf(x);
+  return std::exp(x);
+}
+template <typename C>
+C Log(C x) {
+  if constexpr (std::is_same_v<C, float>) return worker::tm_logf(x);
+  return std::log(x);
+}
+template <typename C>
+C Tanh(C x) {
+  if constexpr (std::is_same_v<C, float>) return worker::tm_tanhf(x);
+  return std::tanh(x);
+}
 
 template <v1::DType D, typename F>
 void Map1(const void* in, void* out, int64_t n, F f) {
@@ -36,12 +55,11 @@ template <v1::DType D>
     switch (op) {
       case v1::NEG: return Map1<D>(in, out, n, [](C x) { return -x; });
       case v1::ABS: return Map1<D>(in, out, n, [](C x) { return std::abs(x); });
-      case v1::EXP: return Map1<D>(in, out, n, [](C x) { return std::exp(x); });
-      case v1::LOG: return Map1<D>(in, out, n, [](C x) { return std::log(x); });
+      case v1::EXP: return Map1<D>(in, out, n, [](C x) { return Exp(x); });
+      case v1::LOG: return Map1<D>(in, out, n, [](C x) { return Log(x); });
       case v1::LOG1P: return Map1<D>(in, out, n, [](C x) { return std::log1p(x); });
-      case v1::TANH: return Map1<D>(in, out, n, [](C x) { return std::tanh(x); });
-      case v1::LOGISTIC:
-        return Map1<D>(in, out, n, [](C x) { return C(1) / (C(1) + std::exp(-x)); });
+      case v1::TANH: return Map1<D>(in, out, n, [](C x) { return Tanh(x); });
+      case v1::LOGISTIC: return Map1<D>(in, out, n, [](C x) { return C(1) / (C(1) + Exp(-x)); });
       case v1::SQRT: return Map1<D>(in, out, n, [](C x) { return std::sqrt(x); });
       case v1::RSQRT: return Map1<D>(in, out, n, [](C x) { return C(1) / std::sqrt(x); });
       case v1::FLOOR: return Map1<D>(in, out, n, [](C x) { return std::floor(x); });

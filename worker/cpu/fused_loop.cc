@@ -85,6 +85,34 @@ absl::StatusOr<FusedLoop> FusedLoop::Build(const v1::Fusion& fusion,
   f.fusion_ = fusion;
   absl::flat_hash_map<std::string, int> slot_of;
   f.elements_ = FusionElements(f.fusion_);
+  // A transcendental costs about what eight cheap ops do (a polynomial and
+  // its range reduction): enough of them split a smaller loop over threads.
+  for (const v1::Node& n : f.fusion_.nodes()) {
+    switch (n.op()) {
+      case v1::EXP:
+      case v1::EXPM1:
+      case v1::LOG:
+      case v1::LOG1P:
+      case v1::TANH:
+      case v1::LOGISTIC:
+      case v1::ERF:
+      case v1::SIN:
+      case v1::COS:
+      case v1::TAN:
+      case v1::POW:
+      case v1::ATAN2:
+      case v1::ATAN:
+      case v1::ASIN:
+      case v1::ACOS:
+      case v1::SINH:
+      case v1::COSH:
+      case v1::ASINH:
+      case v1::ACOSH:
+      case v1::ATANH:
+      case v1::CBRT: f.cost_ += 8; break;
+      default: break;
+    }
+  }
   for (int i = 0; i < f.fusion_.inputs_size(); ++i) {
     const v1::TensorType& t = input_types[i];
     int slot = f.slots_.size();
@@ -219,8 +247,9 @@ void FusedLoop::Run(absl::Span<const void* const> inputs, absl::Span<void* const
     std::memcpy(outputs[out_index], const_blocks_[slots_[slot].index].data(), slots_[slot].esize);
   }
   const int64_t blocks = (elements_ + kBlock - 1) / kBlock;
-  const int n =
-      elements_ >= kParallelElements ? int(std::min<int64_t>(std::max(threads, 1), blocks)) : 1;
+  const int n = elements_ * cost_ >= kParallelElements
+                    ? int(std::min<int64_t>(std::max(threads, 1), blocks))
+                    : 1;
   if (n <= 1) return RunBlocks(inputs, outputs, splats, 0, blocks);
   std::vector<std::thread> helpers;
   for (int t = 1; t < n; ++t) {

@@ -38,7 +38,8 @@ class FusedLoop {
 
   // `inputs` follow fusion.inputs(); `outputs` follow fusion.outputs() and
   // must hold the output types' bytes.
-  // Loops of at least kParallelElements split their blocks over up to
+  // Loops of at least kParallelElements (each transcendental op counting
+  // its elements nine times over) split their blocks over up to
   // `threads` threads (each block is independent, so in-place outputs stay
   // safe: an element is read and written by the same thread).
   void Run(absl::Span<const void* const> inputs, absl::Span<void* const> outputs,
@@ -87,6 +88,7 @@ class FusedLoop {
 
   v1::Fusion fusion_;  // owns the nodes the steps point into
   int64_t elements_ = 0;
+  int64_t cost_ = 1;  // per element: 1, and 8 per transcendental op
   std::vector<Slot> slots_;
   std::vector<Step> steps_;
   std::vector<v1::TensorType> output_types_;

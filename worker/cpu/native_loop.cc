@@ -25,6 +25,7 @@
 #include "worker/cpu/elementwise.h"
 #include "worker/cpu/fused_loop.h"
 #include "worker/scalar_expr.h"
+#include "worker/vector_math_source.h"
 
 extern char** environ;
 
@@ -58,7 +59,15 @@ IPOW(_s64, int64_t, uint64_t, 1) IPOW(_u8, uint8_t, uint8_t, 0) IPOW(_u16, uint1
 IPOW(_u32, uint32_t, uint32_t, 0) IPOW(_u64, uint64_t, uint64_t, 0)
 )";
 
-const char* NativeLoop::Prelude() { return kPrelude; }
+const char* NativeLoop::Prelude() {
+  static const std::string* const prelude = new std::string(absl::StrCat(
+      kPrelude,
+      "static inline uint32_t tm_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }\n"
+      "static inline float tm_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }\n"
+      "#define TM static inline\n",
+      worker::kVectorMathSource, "#undef TM\n"));
+  return prelude->c_str();
+}
 
 namespace {
 
@@ -144,8 +153,7 @@ std::string Convert(v1::DType from, v1::DType to, const std::string& x) {
 const worker::ScalarDialect kDialect{
     .compute_type = [](v1::DType dt) { return std::string(CType(dt) ? CType(dt) : ""); },
     .unsigned_type = [](v1::DType dt) { return std::string(UType(dt) ? UType(dt) : ""); },
-    .math = [](v1::DType dt,
-               absl::string_view name) { return absl::StrCat(name, dt == v1::F32 ? "f" : ""); },
+    .math = [](v1::DType dt, absl::string_view name) { return worker::MathFunction(dt, name); },
     .helper = [](v1::DType dt, absl::string_view name) { return absl::StrCat(name, Suffix(dt)); },
 };
 
@@ -304,7 +312,7 @@ std::optional<std::string> NativeLoop::Source(const SlotProgram& program, int in
   const int body = scan ? in.calls[0] : in.calls[1];
   const SlotProgram::Function& bf = program.functions()[body];
   int64_t local_bytes = 0;
-  std::string src = kPrelude;
+  std::string src = Prelude();
   absl::StrAppend(&src, "void tessel_loop(const void* const* in, void* const* out) {\n");
   std::vector<int64_t> carry_bytes;
   for (int k = 0; k < carries; ++k) {

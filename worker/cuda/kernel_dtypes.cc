@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/dtype.h"
+#include "worker/scalar_expr.h"
 
 namespace tessel::cuda {
 
@@ -82,7 +83,7 @@ std::string Round(v1::DType dt, const std::string& e) {
 
 // A float math function for the compute type: expf for float, exp for double.
 std::string Fn(v1::DType dt, const std::string& name) {
-  return dt == v1::F64 ? name : StrCat(name, "f");
+  return worker::MathFunction(dt == v1::F64 ? v1::F64 : v1::F32, name);
 }
 
 // The lowest and highest value of an integer dtype, as literals.

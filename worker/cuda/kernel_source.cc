@@ -19,6 +19,7 @@
 #include "worker/cpu/elementwise.h"
 #include "worker/cpu/fused_loop.h"
 #include "worker/scalar_expr.h"
+#include "worker/vector_math_source.h"
 
 namespace tessel::cuda {
 namespace {
@@ -203,7 +204,9 @@ std::string PtrDecl(const std::string& type, const std::string& name, int index,
 }  // namespace
 
 const std::string& KernelPrelude() {
-  static const std::string* prelude = new std::string(kPrelude);
+  static const std::string* prelude =
+      new std::string(StrCat(kPrelude, "#define TM TD\n#define tm_bits f2u\n#define tm_float u2f\n",
+                             worker::kVectorMathSource, "#undef TM\n"));
   return *prelude;
 }
 
