@@ -49,8 +49,9 @@ py_resnet_block  one SGD step of a ResNet-style block (two 3x3
                residual, a 2x2 max pool; forward and backward), f32, batch
                32, 56x56, 64 channels, under tessel.jit against jax.jit.
                Goal >= 0.9x.
-py_tanh_2mib, py_gelu_2mib  calls/s of tanh (and of jax.nn.gelu, tanh
-               approximation) over f32[512,1024], an activation's size,
+py_tanh_2mib, py_gelu_2mib, py_sum_rows_2mib, py_sum_cols_2mib  calls/s
+               of tanh, jax.nn.gelu (tanh approximation), sum(axis=-1) and
+               sum(axis=0) over f32[512,1024], an activation's size,
                pipelined, under tessel.jit against jax.jit on the same CPU;
                best of 3 alternated rounds. Goal >= 1x (XLA's speed).
 py_remat_peak  the device's peak memory over one gradient step of a 4-layer
@@ -458,15 +459,15 @@ def resnet_block():
     return race("py_resnet_block", ours, theirs, [params], [x], RESNET_STEPS, rounds=2, rtol=1e-3)
 
 
-def activation(ours_fn, theirs_fn, steps=300, rounds=3):
-    """Calls/s of one elementwise activation over f32[512,1024], Tessel's
-    and JAX's, pipelined; the values must agree."""
+def activation(ours_fn, theirs_fn, steps=300, rounds=3, tol=2e-6):
+    """Calls/s of one op over an activation, f32[512,1024], Tessel's and
+    JAX's, pipelined; the values must agree."""
     import jax
 
     x = np.random.default_rng(3).standard_normal((512, 1024)).astype(np.float32)
     ours, theirs = tessel.jit(ours_fn), jax.jit(theirs_fn)
     tx, jx = tessel.device_put(x), jax.device_put(x, jax.devices("cpu")[0])
-    np.testing.assert_allclose(ours(tx).fetch(), np.asarray(theirs(jx)), rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(ours(tx).fetch(), np.asarray(theirs(jx)), rtol=tol, atol=tol)
 
     def run(f, arg, sync):
         start = time.perf_counter()
@@ -536,7 +537,7 @@ def main():
         with tessel.local_cluster(workers=1, devices_per_worker=1):
             ours, base = resnet_block()
             rows.append(("py_resnet_block", "steps/s", ours, base, ">= 0.9x", ours / base >= 0.9))
-    if not only or only in "py_tanh_2mib py_gelu_2mib":
+    if not only or only in "py_tanh_2mib py_gelu_2mib py_sum_rows_2mib py_sum_cols_2mib":
         import jax
 
         import tessel.nn as tnn
@@ -546,6 +547,10 @@ def main():
             rows.append(("py_tanh_2mib", "calls/s", ours, base, ">= 1x", ours / base >= 1))
             ours, base = activation(tnn.gelu, jax.nn.gelu)
             rows.append(("py_gelu_2mib", "calls/s", ours, base, ">= 1x", ours / base >= 1))
+            ours, base = activation(lambda x: x.sum(axis=-1), lambda x: x.sum(axis=-1), tol=1e-4)
+            rows.append(("py_sum_rows_2mib", "calls/s", ours, base, ">= 1x", ours / base >= 1))
+            ours, base = activation(lambda x: x.sum(axis=0), lambda x: x.sum(axis=0), tol=1e-4)
+            rows.append(("py_sum_cols_2mib", "calls/s", ours, base, ">= 1x", ours / base >= 1))
     if not only or only in "py_remat_peak":
         ours, base = remat_peak(tessel.checkpoint), remat_peak(lambda f: f)
         rows.append(("py_remat_peak", "MiB", ours, base, "<= 0.6x", ours / base <= 0.6))

@@ -1,6 +1,8 @@
 #include "worker/cpu/reduce.h"
 
 #include <algorithm>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "core/dtype.h"
@@ -51,6 +53,27 @@ inline A Combine(v1::ReduceKind k, A acc, C x) {
   }
 }
 
+// dst[j] = dst[j] (k) src[j] over a row, the reduction's kind fixed
+// outside the loop so that the loop vectorizes.
+template <typename T, typename C, typename A>
+void CombineRow(v1::ReduceKind k, A* dst, const typename T::S* src, int64_t n) {
+  switch (k) {
+    case v1::SUM:
+      for (int64_t j = 0; j < n; ++j) dst[j] = Combine<C, A>(v1::SUM, dst[j], T::Load(src[j]));
+      break;
+    case v1::PROD:
+      for (int64_t j = 0; j < n; ++j) dst[j] = Combine<C, A>(v1::PROD, dst[j], T::Load(src[j]));
+      break;
+    case v1::REDUCE_MAX:
+      for (int64_t j = 0; j < n; ++j)
+        dst[j] = Combine<C, A>(v1::REDUCE_MAX, dst[j], T::Load(src[j]));
+      break;
+    default:
+      for (int64_t j = 0; j < n; ++j)
+        dst[j] = Combine<C, A>(v1::REDUCE_MIN, dst[j], T::Load(src[j]));
+  }
+}
+
 // Pairwise (cascade) summation of a contiguous run, as numpy sums: the
 // rounding error grows as O(log n) ulps instead of O(n). Runs of up to 128
 // are summed with 8 interleaved accumulators (which also vectorize).
@@ -62,6 +85,22 @@ A PairwiseSum(const typename T::S* src, int64_t n) {
     return r;
   }
   if (n <= 128) {
+    if constexpr (std::is_same_v<typename T::S, float> && std::is_same_v<A, float>) {
+      // The same eight lanes in one vector register, for compilers that
+      // would not keep the array below in one.
+      typedef float V8 __attribute__((vector_size(32)));
+      V8 v;
+      std::memcpy(&v, src, sizeof(V8));
+      int64_t i = 8;
+      for (; i + 8 <= n; i += 8) {
+        V8 x;
+        std::memcpy(&x, src + i, sizeof(V8));
+        v += x;
+      }
+      A res = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+      for (; i < n; ++i) res += src[i];
+      return res;
+    }
     A r[8];
     for (int j = 0; j < 8; ++j) r[j] = A(T::Load(src[j]));
     int64_t i = 8;
@@ -119,8 +158,7 @@ void ReduceTyped(const v1::TensorType& in_type, const void* in_v, const v1::Redu
           acc[obase] = r;
         }
       } else {
-        A* dst = acc.data() + obase;
-        for (int64_t j = 0; j < inner; ++j) dst[j] = Combine<C, A>(k, dst[j], T::Load(src[j]));
+        CombineRow<T, C, A>(k, acc.data() + obase, src, inner);
       }
       for (int d = rank - 2; d >= 0; --d) {
         if (++idx[d] < in_type.dims(d)) {
