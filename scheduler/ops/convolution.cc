@@ -213,16 +213,6 @@ absl::Status VjpConvolution(ReverseMode& m, const v1::Node& n, const std::string
   return absl::OkStatus();
 }
 
-// Linear in each operand.
-absl::StatusOr<std::string> JvpConvolution(ForwardMode& m, const v1::Node& n) {
-  const std::string ta = m.Tangent(n, 0), tb = m.Tangent(n, 1);
-  const std::string l = ta.empty() ? "" : m.Same(n, {ta, m.Operand(n, 1)});
-  const std::string r = tb.empty() ? "" : m.Same(n, {m.Operand(n, 0), tb});
-  if (l.empty()) return r;
-  if (r.empty()) return l;
-  return m.e().Binary(v1::ADD, l, r);
-}
-
 // As JAX batches it: the batch joins lhs's batch (lhs batched), rhs's
 // output features (rhs batched), or becomes more feature groups (both).
 absl::StatusOr<std::string> BatchConvolution(Batching& b, const v1::Node& n) {
@@ -266,7 +256,7 @@ absl::StatusOr<std::string> BatchConvolution(Batching& b, const v1::Node& n) {
 void ConvolutionRows(Rows& rows) {
   rows.emplace_back(v1::CONVOLUTION, OpRules{.layout = LayoutConvolution,
                                              .vjp = VjpConvolution,
-                                             .jvp = JvpConvolution,
+                                             .jvp = BilinearTangent,
                                              .batch = BatchConvolution});
 }
 

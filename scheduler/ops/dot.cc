@@ -148,15 +148,6 @@ absl::Status VjpDot(ReverseMode& m, const v1::Node& n, const std::string& ct) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> JvpDot(ForwardMode& m, const v1::Node& n) {
-  const std::string ta = m.Tangent(n, 0), tb = m.Tangent(n, 1);
-  const std::string l = ta.empty() ? "" : m.Same(n, {ta, m.Operand(n, 1)});
-  const std::string r = tb.empty() ? "" : m.Same(n, {m.Operand(n, 0), tb});
-  if (l.empty()) return r;
-  if (r.empty()) return l;
-  return m.e().Binary(v1::ADD, l, r);
-}
-
 // With the batch of either operand or both: both batched, the batch is one
 // more batch dimension (the first of the result); one batched, it is a
 // free dimension of that operand, moved first.
@@ -187,8 +178,9 @@ absl::StatusOr<std::string> BatchDot(Batching& b, const v1::Node& n) {
 }  // namespace
 
 void DotRows(Rows& rows) {
-  rows.emplace_back(v1::DOT_GENERAL,
-                    OpRules{.layout = LayoutDot, .vjp = VjpDot, .jvp = JvpDot, .batch = BatchDot});
+  rows.emplace_back(
+      v1::DOT_GENERAL,
+      OpRules{.layout = LayoutDot, .vjp = VjpDot, .jvp = BilinearTangent, .batch = BatchDot});
 }
 
 }  // namespace tessel::scheduler::ops

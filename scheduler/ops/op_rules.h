@@ -194,5 +194,8 @@ absl::Status NoCotangent(ReverseMode&, const v1::Node&, const std::string&);
 absl::StatusOr<std::string> NoTangent(ForwardMode&, const v1::Node&);
 // The node over its operands' tangents (a linear op of one operand).
 absl::StatusOr<std::string> SameOfTangent(ForwardMode&, const v1::Node&);
+// The node over (tangent of lhs, rhs) plus the node over (lhs, tangent of
+// rhs): a product linear in each operand (dot, convolution).
+absl::StatusOr<std::string> BilinearTangent(ForwardMode&, const v1::Node&);
 
 }  // namespace tessel::scheduler::ops

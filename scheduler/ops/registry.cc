@@ -39,6 +39,15 @@ absl::StatusOr<std::string> SameOfTangent(ForwardMode& m, const v1::Node& n) {
   return m.Same(n, {m.Tangent(n, 0)});
 }
 
+absl::StatusOr<std::string> BilinearTangent(ForwardMode& m, const v1::Node& n) {
+  const std::string ta = m.Tangent(n, 0), tb = m.Tangent(n, 1);
+  const std::string l = ta.empty() ? "" : m.Same(n, {ta, m.Operand(n, 1)});
+  const std::string r = tb.empty() ? "" : m.Same(n, {m.Operand(n, 0), tb});
+  if (l.empty()) return r;
+  if (r.empty()) return l;
+  return m.e().Binary(v1::ADD, l, r);
+}
+
 namespace {
 
 absl::flat_hash_map<int, OpRules> Build() {

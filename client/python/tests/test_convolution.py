@@ -323,3 +323,15 @@ def test_feature_split_convolutions_plan_as_a_matmul_would(cluster):
     np.testing.assert_allclose(g(*in_split).fetch(), ref, rtol=1e-10)
     kinds = [c["op"] for c in g.lower(*in_split).collectives]
     assert kinds == ["all_reduce"], kinds
+
+
+def test_jvp_of_a_convolution_matches_jax(cluster):
+    """Forward mode: a convolution is linear in each operand."""
+    ls, rs, kw = CONVS["grouped"]
+    x, k, dx, dk = rand(*ls), rand(*rs), rand(*ls), rand(*rs)
+    ours = tessel.jit(lambda *a: tessel.jvp(lambda x, k: lax.conv_general_dilated(x, k, **kw), a[:2], a[2:]))(
+        x, k, dx, dk
+    )
+    theirs = jax.jvp(lambda x, k: jlax.conv_general_dilated(x, k, **kw), (x, k), (dx, dk))
+    for o, t in zip(ours, theirs):
+        np.testing.assert_allclose(o.fetch(), np.asarray(t), rtol=1e-10, atol=1e-12)
