@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -25,6 +26,13 @@ absl::Status ValidateType(const v1::TensorType& t);
 // dilations 1 and padding 0 per spatial dimension where a list is empty,
 // group counts 1 where 0.
 v1::ConvolutionAttrs ConvolutionWithDefaults(const v1::ConvolutionAttrs& a);
+// A convolution's dimension numbers as JAX writes them: lhs and the output
+// as (batch, feature, spatial...), rhs as (output feature, input feature,
+// spatial...).
+struct ConvolutionSpecs {
+  std::vector<int64_t> lhs, rhs, out;
+};
+ConvolutionSpecs ConvolutionSpecsOf(const v1::ConvolutionAttrs& a);
 // The extent of `n` elements with `dilation - 1` holes between neighbours.
 int64_t DilatedExtent(int64_t n, int64_t dilation);
 // A convolution's output extent along spatial dimension `i` of `a` (with

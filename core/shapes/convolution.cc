@@ -21,6 +21,19 @@ v1::ConvolutionAttrs ConvolutionWithDefaults(const v1::ConvolutionAttrs& a) {
   return c;
 }
 
+ConvolutionSpecs ConvolutionSpecsOf(const v1::ConvolutionAttrs& a) {
+  ConvolutionSpecs s;
+  s.lhs = {a.input_batch_dimension(), a.input_feature_dimension()};
+  s.rhs = {a.kernel_output_feature_dimension(), a.kernel_input_feature_dimension()};
+  s.out = {a.output_batch_dimension(), a.output_feature_dimension()};
+  for (int i = 0; i < a.input_spatial_dimensions_size(); ++i) {
+    s.lhs.push_back(a.input_spatial_dimensions(i));
+    s.rhs.push_back(a.kernel_spatial_dimensions(i));
+    s.out.push_back(a.output_spatial_dimensions(i));
+  }
+  return s;
+}
+
 int64_t DilatedExtent(int64_t n, int64_t dilation) { return n == 0 ? 0 : (n - 1) * dilation + 1; }
 
 int64_t ConvolutionOutputExtent(const v1::ConvolutionAttrs& a, int i, int64_t in, int64_t window) {

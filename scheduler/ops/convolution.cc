@@ -11,25 +11,7 @@ namespace {
 
 using Dims = std::vector<int64_t>;
 
-// A convolution's dimension numbers as JAX writes them: lhs (batch,
-// feature, spatial...), rhs (output feature, input feature, spatial...),
-// output (batch, feature, spatial...).
-struct Specs {
-  Dims lhs, rhs, out;
-};
-
-Specs SpecsOf(const v1::ConvolutionAttrs& a) {
-  Specs s;
-  s.lhs = {a.input_batch_dimension(), a.input_feature_dimension()};
-  s.rhs = {a.kernel_output_feature_dimension(), a.kernel_input_feature_dimension()};
-  s.out = {a.output_batch_dimension(), a.output_feature_dimension()};
-  for (int i = 0; i < a.input_spatial_dimensions_size(); ++i) {
-    s.lhs.push_back(a.input_spatial_dimensions(i));
-    s.rhs.push_back(a.kernel_spatial_dimensions(i));
-    s.out.push_back(a.output_spatial_dimensions(i));
-  }
-  return s;
-}
+using Specs = ConvolutionSpecs;
 
 void SetSpecs(v1::ConvolutionAttrs& a, const Specs& s) {
   a.set_input_batch_dimension(s.lhs[0]);
@@ -83,7 +65,7 @@ std::string AxisOutOf(Emitter& e, int64_t src, int64_t size, const std::string& 
 // axes). Spatial dimensions are gathered: a halo exchange is not planned.
 void LayoutConvolution(const LayoutQuery& q, Layout& layout) {
   const v1::ConvolutionAttrs a = ConvolutionWithDefaults(q.node.convolution());
-  const Specs s = SpecsOf(a);
+  const Specs s = ConvolutionSpecsOf(a);
   v1::Sharding l = q.current[0], r = q.current[1];
   if (IsPartial(l)) l = Complete(l);
   if (IsPartial(r)) r = Complete(r);
@@ -205,7 +187,7 @@ absl::Status VjpConvolution(ReverseMode& m, const v1::Node& n, const std::string
   const v1::TensorType& lt = m.OperandType(n, 0);
   const v1::TensorType& rt = m.OperandType(n, 1);
   if (!IsFloat(lt.dtype()) || NumElementsUnchecked(n.type()) == 0) return absl::OkStatus();
-  const Specs s = SpecsOf(a);
+  const Specs s = ConvolutionSpecsOf(a);
   const Extents x = ExtentsOf(s, lt, rt, n.type());
   Emitter& e = m.e();
   if (m.Active(n, 0)) m.Into(n, 0, TransposeLhs(e, a, s, x, ct, m.Operand(n, 1)));
@@ -217,7 +199,7 @@ absl::Status VjpConvolution(ReverseMode& m, const v1::Node& n, const std::string
 // output features (rhs batched), or becomes more feature groups (both).
 absl::StatusOr<std::string> BatchConvolution(Batching& b, const v1::Node& n) {
   const v1::ConvolutionAttrs a = ConvolutionWithDefaults(n.convolution());
-  const Specs s = SpecsOf(a);
+  const Specs s = ConvolutionSpecsOf(a);
   const bool lb = b.IsBatched(n.operands(0)), rb = b.IsBatched(n.operands(1));
   const int64_t size = b.size();
   const int64_t g = a.feature_group_count(), bg = a.batch_group_count();

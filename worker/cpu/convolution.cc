@@ -25,22 +25,6 @@ int64_t Product(const Dims& d) {
   return n;
 }
 
-// The three dimension orders of a convolution: (batch, feature, spatial...)
-// of lhs and the output, (output feature, input feature, spatial...) of rhs.
-struct Orders {
-  Dims lhs, rhs, out;
-  explicit Orders(const v1::ConvolutionAttrs& a) {
-    lhs = {a.input_batch_dimension(), a.input_feature_dimension()};
-    rhs = {a.kernel_output_feature_dimension(), a.kernel_input_feature_dimension()};
-    out = {a.output_batch_dimension(), a.output_feature_dimension()};
-    for (int i = 0; i < a.input_spatial_dimensions_size(); ++i) {
-      lhs.push_back(a.input_spatial_dimensions(i));
-      rhs.push_back(a.kernel_spatial_dimensions(i));
-      out.push_back(a.output_spatial_dimensions(i));
-    }
-  }
-};
-
 template <v1::DType D>
 void Direct(const v1::TensorType& lt, const void* lhs_v, const v1::TensorType& rt,
             const void* rhs_v, const v1::ConvolutionAttrs& a, const v1::TensorType& ot,
@@ -51,7 +35,7 @@ void Direct(const v1::TensorType& lt, const void* lhs_v, const v1::TensorType& r
   const auto* lhs = static_cast<const typename T::S*>(lhs_v);
   const auto* rhs = static_cast<const typename T::S*>(rhs_v);
   auto* out = static_cast<typename T::S*>(out_v);
-  const Orders ord(a);
+  const ConvolutionSpecs ord = ConvolutionSpecsOf(a);
   const int s = a.input_spatial_dimensions_size();
   const Dims ls = RowMajorStrides(lt.dims()), rs = RowMajorStrides(rt.dims());
   Dims od(ord.out.size()), lext(s), kext(s);
@@ -267,7 +251,7 @@ void ConvolutionF32(const v1::TensorType& lt, const void* lhs, const v1::TensorT
                     const void* rhs, const v1::ConvolutionAttrs& a, const v1::TensorType& ot,
                     void* out) {
   omp_set_num_threads(KernelThreads());
-  const Orders ord(a);
+  const ConvolutionSpecs ord = ConvolutionSpecsOf(a);
   const int s = a.input_spatial_dimensions_size();
   View src = ViewOf(lt, lhs, ord.lhs);
   const View wei = ViewOf(rt, rhs, ord.rhs);
