@@ -54,6 +54,11 @@ py_tanh_2mib, py_gelu_2mib, py_sum_rows_2mib, py_sum_cols_2mib  calls/s
                sum(axis=0) over f32[512,1024], an activation's size,
                pipelined, under tessel.jit against jax.jit on the same CPU;
                best of 3 alternated rounds. Goal >= 1x (XLA's speed).
+py_cho_solve_2048  calls/s of a Cholesky factorization and the two
+               triangular solves after it (f64[2048,2048], 16 right-hand
+               sides, the solution fetched) under tessel.jit, against
+               SciPy's cho_factor/cho_solve (LAPACK's potrf and potrs called
+               directly). Goal >= 0.9x.
 py_remat_peak  the device's peak memory over one gradient step of a 4-layer
                MLP (batch 2048, width 256, f64) with every layer under
                tessel.checkpoint, against the same step without it. Goal
@@ -483,6 +488,42 @@ def activation(ours_fn, theirs_fn, steps=300, rounds=3, tol=2e-6):
     return steps / t_ours, steps / t_jax
 
 
+def cho_solve(n=2048, k=16, rounds=3, calls=5):
+    """Calls/s of a Cholesky factorization plus the two triangular solves
+    (f64[n,n], k right-hand sides, the solution fetched) vs SciPy's
+    cho_factor/cho_solve, LAPACK's potrf and potrs called directly."""
+    import scipy.linalg
+
+    rng = np.random.default_rng(5)
+    m = rng.normal(size=(n, n))
+    a = m @ m.T + n * np.eye(n)
+    b = rng.normal(size=(n, k))
+
+    @tessel.jit
+    def ours(a, b):
+        lower = tessel.lax.linalg.cholesky(a, symmetrize_input=False)
+        y = tessel.lax.linalg.triangular_solve(lower, b, left_side=True, lower=True)
+        return tessel.lax.linalg.triangular_solve(lower, y, left_side=True, lower=True, transpose_a=True)
+
+    da, db = tessel.device_put(a), tessel.device_put(b)
+    want = scipy.linalg.cho_solve(scipy.linalg.cho_factor(a, lower=True), b)
+    np.testing.assert_allclose(ours(da, db).fetch(), want, rtol=1e-9)
+
+    def rate(call):
+        def run():
+            start = time.perf_counter()
+            for _ in range(calls):
+                call()
+            return calls / (time.perf_counter() - start)
+
+        return max(run() for _ in range(rounds))
+
+    return (
+        rate(lambda: ours(da, db).fetch()),
+        rate(lambda: scipy.linalg.cho_solve(scipy.linalg.cho_factor(a, lower=True), b)),
+    )
+
+
 def remat_peak(checkpoint, width=256, depth=4, batch=2048):
     """The device's peak bytes over one gradient step of a 4-layer tanh-sin
     MLP (activations 4 MiB, weights 512 KiB), in a cluster of its own."""
@@ -551,6 +592,10 @@ def main():
             rows.append(("py_sum_rows_2mib", "calls/s", ours, base, ">= 1x", ours / base >= 1))
             ours, base = activation(lambda x: x.sum(axis=0), lambda x: x.sum(axis=0), tol=1e-4)
             rows.append(("py_sum_cols_2mib", "calls/s", ours, base, ">= 1x", ours / base >= 1))
+    if not only or only in "py_cho_solve_2048":
+        with tessel.local_cluster(workers=1, devices_per_worker=1):
+            ours, base = cho_solve()
+            rows.append(("py_cho_solve_2048", "calls/s", ours, base, ">= 0.9x", ours / base >= 0.9))
     if not only or only in "py_remat_peak":
         ours, base = remat_peak(tessel.checkpoint), remat_peak(lambda f: f)
         rows.append(("py_remat_peak", "MiB", ours, base, "<= 0.6x", ours / base <= 0.6))

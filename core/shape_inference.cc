@@ -20,6 +20,7 @@ absl::flat_hash_map<int, shapes::ShapeRule> BuildShapeTable() {
   shapes::ReduceShapes(rows);
   shapes::DotShapes(rows);
   shapes::ConvolutionShapes(rows);
+  shapes::LinalgShapes(rows);
   shapes::IndexingShapes(rows);
   return {rows.begin(), rows.end()};
 }

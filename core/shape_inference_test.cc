@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "core/dtype.h"
 
 namespace tessel {
@@ -96,6 +98,48 @@ TEST(ShapeInference, ConvolutionFollowsStableHlo) {
   EXPECT_NE(bad.status().message().find("window_strides must have one entry per spatial "
                                         "dimension (2): got 3"),
             absl::string_view::npos)
+      << bad.status();
+}
+
+TEST(ShapeInference, LinalgPacksItsResultsAndNamesBadOperands) {
+  auto a = MakeType(v1::F64, {3, 4, 4});
+  auto check = [&](v1::Op op, const v1::TensorType& x, const std::string& want) {
+    auto t = InferType(Op(op), {&x});
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ(TypeString(*t), want);
+  };
+  check(v1::CHOLESKY, a, "f64[3,4,4]");
+  check(v1::LU, a, "f64[3,6,4]");    // factors, pivots, permutation
+  check(v1::EIGH, a, "f64[3,5,4]");  // eigenvectors, eigenvalues
+  auto rect = MakeType(v1::F32, {4, 5});
+  auto bad = InferType(Op(v1::CHOLESKY), {&rect});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("expected a square matrix [..., n, n], got f32[4,5]"),
+            absl::string_view::npos)
+      << bad.status();
+  auto ints = MakeType(v1::S32, {4, 4});
+  bad = InferType(Op(v1::LU), {&ints});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("expected f32 or f64, got s32[4,4]"),
+            absl::string_view::npos)
+      << bad.status();
+
+  v1::Node solve = Op(v1::TRIANGULAR_SOLVE);
+  solve.mutable_linalg()->set_left_side(true);
+  auto b = MakeType(v1::F64, {3, 4, 2});
+  auto t = InferType(solve, {&a, &b});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(TypeString(*t), "f64[3,4,2]");
+  solve.mutable_linalg()->set_left_side(false);  // x a = b needs b's 4 columns
+  bad = InferType(solve, {&a, &b});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("must have 4 columns"), absl::string_view::npos)
+      << bad.status();
+  auto other_batch = MakeType(v1::F64, {2, 4, 2});
+  solve.mutable_linalg()->set_left_side(true);
+  bad = InferType(solve, {&a, &other_batch});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("same batch dimensions"), absl::string_view::npos)
       << bad.status();
 }
 

@@ -64,16 +64,19 @@ def python_descriptions():
     """Each python_bench row's description, from the module's docstring."""
     text = (ROOT / "bench" / "python_bench.py").read_text()
     doc = text.split('"""')[1]
-    out, name = {}, None
+    out, names = {}, []
     for line in doc.splitlines():
-        m = re.match(r"(py_\w+)\s+(.*)", line)
+        # "py_a  text", or "py_a, py_b  text" for rows that share it.
+        m = re.match(r"(py_\w+(?:,\s*py_\w+)*)\s+(.*)", line)
         if m:
-            name = m.group(1)
-            out[name] = m.group(2).strip()
-        elif name and line.strip():
-            out[name] += " " + line.strip()
+            names = re.split(r",\s*", m.group(1))
+            for name in names:
+                out[name] = m.group(2).strip()
+        elif names and line.strip():
+            for name in names:
+                out[name] += " " + line.strip()
         else:
-            name = None
+            names = []
     goal = r"\s*Goal\s*[<>]=\s*[0-9./]+\s*x?(\s*\([^)]*\))?\.?"
     return {k: re.sub(goal, "", v).strip() for k, v in out.items()}
 

@@ -35,6 +35,7 @@ void LayoutShapes(ShapeRows& rows);
 void ReduceShapes(ShapeRows& rows);
 void DotShapes(ShapeRows& rows);
 void ConvolutionShapes(ShapeRows& rows);
+void LinalgShapes(ShapeRows& rows);
 void IndexingShapes(ShapeRows& rows);
 
 // ---- shared checks; each error names the thing, the expected and the actual

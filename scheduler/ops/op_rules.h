@@ -5,7 +5,7 @@
 // regions, control flow, custom rules and tuple elements.
 //
 // Adding an op: its shape rule (core/shape_inference.cc), a row in the
-// family file here (elementwise, layout, reduce, dot, convolution,
+// family file here (elementwise, layout, reduce, dot, convolution, linalg,
 // indexing, collectives), and its kernels. A field left null means the driver has no
 // rule for the op and says so in its error.
 #pragma once
@@ -185,6 +185,7 @@ void LayoutRows(Rows& rows);
 void ReduceRows(Rows& rows);
 void DotRows(Rows& rows);
 void ConvolutionRows(Rows& rows);
+void LinalgRows(Rows& rows);
 void IndexingRows(Rows& rows);
 void CollectiveRows(Rows& rows);
 

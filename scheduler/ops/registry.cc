@@ -57,6 +57,7 @@ absl::flat_hash_map<int, OpRules> Build() {
   ReduceRows(rows);
   DotRows(rows);
   ConvolutionRows(rows);
+  LinalgRows(rows);
   IndexingRows(rows);
   CollectiveRows(rows);
   absl::flat_hash_map<int, OpRules> table;

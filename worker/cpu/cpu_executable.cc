@@ -16,6 +16,7 @@
 #include "worker/cpu/elementwise.h"
 #include "worker/cpu/gather.h"
 #include "worker/cpu/layout.h"
+#include "worker/cpu/linalg.h"
 #include "worker/cpu/reduce.h"
 #include "worker/cpu/sort.h"
 #include "worker/cpu/spmd_ops.h"
@@ -144,6 +145,12 @@ absl::Status CpuExecutable::Execute(int i, std::vector<BufferPtr>& values,
     case v1::CONVOLUTION:
       Convolution(arg_type(0), arg(0), arg_type(1), arg(1), n.convolution(), t, out);
       break;
+    case v1::CHOLESKY: Cholesky(arg_type(0), arg(0), n.linalg().lower(), out); break;
+    case v1::TRIANGULAR_SOLVE:
+      TriangularSolve(arg_type(0), arg(0), arg_type(1), arg(1), n.linalg(), out);
+      break;
+    case v1::LU: Lu(arg_type(0), arg(0), out); break;
+    case v1::EIGH: Eigh(arg_type(0), arg(0), n.linalg().lower(), out); break;
     case v1::REDUCE: Reduce(arg_type(0), arg(0), n.reduce(), t, out); break;
     case v1::ARGMAX:
     case v1::ARGMIN:

@@ -144,3 +144,6 @@ __all__ = [
     "TransferGuardError",
     "WorkerLostError",
 ]
+
+# tessel.numpy.linalg, an attribute of tessel.numpy once tessel is imported.
+from tessel.numpy import linalg as _numpy_linalg  # noqa: E402, F401

@@ -19,6 +19,7 @@ import builtins
 
 import numpy as np
 
+from tessel import _lax_linalg as linalg  # tessel.lax.linalg
 from tessel import _region
 from tessel import numpy as tnp
 from tessel._convolution import (
@@ -157,6 +158,7 @@ __all__ = [
     "integer_pow",
     "is_finite",
     "le",
+    "linalg",
     "log",
     "log1p",
     "logistic",

@@ -32,6 +32,8 @@ LAYERS = [
     "numpy._sorting",
     "numpy",  # tessel.numpy, naming them
     "_convolution",  # convolutions and windows, composed of tessel.numpy's ops
+    "_lax_linalg",  # tessel.lax.linalg: the factorizations
+    "numpy.linalg",  # tessel.numpy.linalg, over them
     "_region",  # tracing a sub-function into a region
     "_compiled",  # tessel.Compiled
     "_jit",  # tessel.jit
