@@ -9,7 +9,9 @@ broadcasting and Python and numpy scalars (NEP 50, out-of-range ints
 included), the unary functions, where, clip, astype, reductions over axes
 with keepdims, reshape, transpose, broadcast_to, expand_dims, slicing
 (negative steps too), flip, roll, cumsum, sort, argsort, concatenate,
-stack, pad, matmul, dot, einsum and the constructors, over
+stack, pad, matmul, dot, einsum, numpy.linalg (det, slogdet, inv, solve,
+cholesky, eigvalsh and norms of well-conditioned matrices) and the
+constructors, over
 bool, uint8, int32, int64, float16, bfloat16, float32 and float64, rank 0 to
 3 with size-0 and size-1 dimensions and edge values (NaN, +-inf, -0.0,
 subnormals, the largest floats, integer extremes). A program returns its
@@ -320,6 +322,24 @@ def test_documented_differences_are_what_jax_computes(session):
     got = tessel.jit(lambda a, b: (tnp.maximum(a, b), tnp.max(a)))(tessel.device_put(a), tessel.device_put(b))
     np.testing.assert_array_equal(np.isnan(got[0].fetch()), np.isnan(np.asarray(jnp.maximum(a, b))))
     assert np.isnan(got[1].fetch()) and np.isnan(np.asarray(jnp.max(a)))
+
+
+def test_the_harness_bounds_linalg_by_the_condition_number():
+    """A determinant and a solve of a well-conditioned matrix: LAPACK's
+    rounding is inside the oracle's range, an error of 0.1% is not."""
+    m = np.array([[2.0, 0.5], [0.5, 3.0]], np.float32)
+    b = np.array([[1.0], [-2.0]], np.float32)
+    p = programs.Program(
+        [("a", m), ("b", b)],
+        [("v0", "xp.linalg.det(a)"), ("v1", "xp.linalg.solve(a, b)")],
+        ["v0", "v1"],
+        {"a": True, "b": True, "v0": False, "v1": False},
+    )
+    runs = oracle.reference_runs(p, p.arrays)
+    for k, want in enumerate((np.linalg.det(m), np.linalg.solve(m, b))):
+        outs = [r[k] for r in runs]
+        assert oracle.mismatch(want, outs, exact=False) is None
+        assert oracle.mismatch((want * np.float32(1.001)).astype(np.float32), outs, exact=False)
 
 
 def test_the_harness_finds_a_wrong_result():

@@ -936,6 +936,38 @@ def op_index(b):
         b.add(f"xp.take_along_axis({x.name}, np.array({idx.tolist()!r}), axis={axis})", [x])
 
 
+def op_linalg(b):
+    """numpy.linalg on a well-conditioned matrix built from a float value x
+    [..., r, c]: M = tanh(x xᵀ) + r I (NaN and infinities of x xᵀ as 0) is
+    symmetric with eigenvalues in [1, 2r - 1], so its condition number is
+    below 2r (the oracle's bound). Right-hand sides and norms take
+    tanh(x), bounded too."""
+    x = b.pick(
+        lambda v: v.ndim >= 2 and v.dtype in (np.dtype(np.float32), np.dtype(np.float64)) and 1 <= v.shape[-2] <= 8
+    )
+    r, dt = x.shape[-2], dtype_name(x.dtype)
+    gram = f"({x.name} @ xp.swapaxes({x.name}, -1, -2))"
+    m = f"(xp.tanh(xp.where(xp.isfinite({gram}), {gram}, 0)) + {r} * xp.eye({r}, dtype=xp.{dt}))"
+    bounded = f"xp.tanh(xp.where(xp.isfinite({x.name}), {x.name}, 0))"
+    kind = b.draw(st.sampled_from(["det", "logdet", "sign", "inv", "solve", "cholesky", "eigvalsh", "norm"]))
+    if kind == "det":
+        expr = f"xp.linalg.det({m})"
+    elif kind in ("logdet", "sign"):
+        expr = f"xp.linalg.slogdet({m})[{1 if kind == 'logdet' else 0}]"
+    elif kind == "solve":
+        expr = f"xp.linalg.solve({m}, {bounded})"
+    elif kind == "norm":
+        ord_, axis = b.draw(
+            st.sampled_from([(None, None), ("'fro'", (-2, -1)), (1, (-2, -1)), ("xp.inf", (-2, -1)), (1, -1), (2, -1)])
+        )
+        if ord_ == "xp.inf":
+            ord_ = "np.inf"
+        expr = f"xp.linalg.norm({bounded}, ord={ord_}, axis={axis})"
+    else:
+        expr = f"xp.linalg.{kind}({m})"
+    b.add(expr, [x], inexact=True)
+
+
 def op_window(b):
     """jax.lax.dynamic_slice and dynamic_update_slice: starts static
     (negative or past the end: clamped) or traced (an argmax), the update
@@ -1049,6 +1081,7 @@ OPS = [
     (op_at, 2),
     (op_index, 3),
     (op_window, 2),
+    (op_linalg, 2),
     (op_vmap, 2),
 ]
 _OP_TABLE = [f for f, w in OPS for _ in range(w)]
