@@ -111,6 +111,11 @@ TEST(ShapeInference, LinalgPacksItsResultsAndNamesBadOperands) {
   check(v1::CHOLESKY, a, "f64[3,4,4]");
   check(v1::LU, a, "f64[3,6,4]");    // factors, pivots, permutation
   check(v1::EIGH, a, "f64[3,5,4]");  // eigenvectors, eigenvalues
+  auto tall = MakeType(v1::F32, {6, 4}), wide = MakeType(v1::F32, {4, 6});
+  check(v1::QR, tall, "f32[10,4]");   // Q [6, 4] (padded), R [4, 4]
+  check(v1::QR, wide, "f32[8,6]");    // Q [4, 4] (padded), R [4, 6]
+  check(v1::SVD, tall, "f32[11,4]");  // U [6, 4], s, Vt [4, 4]
+  check(v1::SVD, wide, "f32[9,6]");   // U [4, 4] (padded), s, Vt [4, 6]
   auto rect = MakeType(v1::F32, {4, 5});
   auto bad = InferType(Op(v1::CHOLESKY), {&rect});
   ASSERT_FALSE(bad.ok());

@@ -1,5 +1,7 @@
-// Linear algebra (CHOLESKY, TRIANGULAR_SOLVE, LU, EIGH): a matrix in the
+// Linear algebra (CHOLESKY, TRIANGULAR_SOLVE, LU, EIGH, QR, SVD): a matrix in the
 // last two dimensions, any leading ones a batch.
+#include <algorithm>
+
 #include "core/shapes/shape_rules.h"
 
 namespace tessel {
@@ -45,6 +47,21 @@ absl::StatusOr<TensorType> Cholesky(const v1::Node& n, Operands ops) { return Sq
 absl::StatusOr<TensorType> Lu(const v1::Node& n, Operands ops) { return Square(n, ops, 2); }
 absl::StatusOr<TensorType> Eigh(const v1::Node& n, Operands ops) { return Square(n, ops, 1); }
 
+// a [..., m, n] with `extra` + min(m, n) more rows: QR's and SVD's packing.
+absl::StatusOr<TensorType> Rectangular(const v1::Node& n, Operands ops, int64_t extra) {
+  TESSEL_RETURN_IF_ERROR(CheckArity(ops.size(), 1));
+  const TensorType& a = *ops[0];
+  TESSEL_RETURN_IF_ERROR(CheckMatrix(n, "operand", a));
+  const int r = a.dims_size();
+  TensorType t = a;
+  t.set_dims(r - 2, a.dims(r - 2) + extra + std::min(a.dims(r - 2), a.dims(r - 1)));
+  TESSEL_RETURN_IF_ERROR(ValidateType(t));
+  return t;
+}
+
+absl::StatusOr<TensorType> Qr(const v1::Node& n, Operands ops) { return Rectangular(n, ops, 0); }
+absl::StatusOr<TensorType> Svd(const v1::Node& n, Operands ops) { return Rectangular(n, ops, 1); }
+
 absl::StatusOr<TensorType> TriangularSolve(const v1::Node& n, Operands ops) {
   TESSEL_RETURN_IF_ERROR(CheckArity(ops.size(), 2));
   const TensorType &a = *ops[0], &b = *ops[1];
@@ -79,6 +96,8 @@ void LinalgShapes(ShapeRows& rows) {
   rows.emplace_back(v1::TRIANGULAR_SOLVE, TriangularSolve);
   rows.emplace_back(v1::LU, Lu);
   rows.emplace_back(v1::EIGH, Eigh);
+  rows.emplace_back(v1::QR, Qr);
+  rows.emplace_back(v1::SVD, Svd);
 }
 
 }  // namespace shapes

@@ -1,7 +1,10 @@
-// linalg (CHOLESKY, TRIANGULAR_SOLVE, LU, EIGH): the batch stays split,
-// the matrix is gathered; derivatives as JAX's (cholesky's, lu's and
-// eigh's transposed from their tangents; triangular_solve's in each
-// operand).
+// linalg (CHOLESKY, TRIANGULAR_SOLVE, LU, EIGH, QR, SVD): the batch stays
+// split, the matrix is gathered; derivatives as JAX's (the
+// factorizations' transposed from their tangents; triangular_solve's in
+// each operand).
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
 #include "core/dtype.h"
 #include "core/sharding.h"
 #include "scheduler/ops/op_rules.h"
@@ -328,6 +331,188 @@ absl::Status VjpEigh(ReverseMode& m, const v1::Node& n, const std::string& ct) {
   return absl::OkStatus();
 }
 
+// ---------------------------------------------------------------- qr, svd
+
+// Columns [from, to) of the last dimension.
+std::string ColsOf(Emitter& e, const std::string& x, int64_t from, int64_t to) {
+  const v1::TensorType t = e.type(x);
+  const int r = t.dims_size();
+  Dims start(r, 0), limit(t.dims().begin(), t.dims().end()), strides(r, 1);
+  start[r - 1] = from;
+  limit[r - 1] = to;
+  return e.Slice(x, start, limit, strides);
+}
+
+// x with zero columns after it, to `cols` columns.
+std::string PadCols(Emitter& e, const std::string& x, int64_t cols) {
+  const v1::TensorType t = e.type(x);
+  const int r = t.dims_size();
+  if (t.dims(r - 1) == cols) return x;
+  Dims low(r, 0), high(r, 0), interior(r, 0);
+  high[r - 1] = cols - t.dims(r - 1);
+  v1::TensorType scalar;
+  scalar.set_dtype(t.dtype());
+  return e.Pad(x, e.Fill(scalar, 0), low, high, interior);
+}
+
+// The last dimension of x ([..., k]) scaled by s ([..., k]) along `d`.
+std::string ScaleAlong(Emitter& e, const std::string& x, const std::string& s, int d) {
+  const v1::TensorType t = e.type(x);
+  const Dims shape(t.dims().begin(), t.dims().end());
+  return e.Binary(v1::MUL, x, e.Broadcast(s, shape, Along(t.dims_size(), d)));
+}
+
+// JAX's rule (m >= n): B = dA R⁻¹, C = Qᵀ B, Ω = tril(C, -1) - tril(C, -1)ᵀ;
+// dQ = Q (Ω - C) + B, dR = (C - Ω) R.
+absl::StatusOr<std::string> JvpQr(ForwardMode& m, const v1::Node& n) {
+  const std::string t = m.Tangent(n, 0);
+  if (t.empty()) return std::string();
+  Emitter& e = m.e();
+  const v1::TensorType a = m.OperandType(n, 0);
+  const int r = a.dims_size();
+  const int64_t rows = a.dims(r - 2), cols = a.dims(r - 1);
+  if (rows < cols) {
+    return absl::UnimplementedError(
+        absl::StrCat(m.Where(), ": the derivative of a QR factorization of a wide matrix (", rows,
+                     "x", cols, ", fewer rows than columns) is not defined here, as in JAX"));
+  }
+  const std::string packed = m.Result(n);
+  const std::string q = ColsOf(e, RowsOf(e, packed, 0, rows), 0, cols);
+  const std::string rr = RowsOf(e, packed, rows, rows + cols);
+  const std::string b = Solve(e, rr, t, false, false, false);
+  const std::string c = MatMul(e, q, true, b, false);
+  const std::string low = Triangle(e, c, true, 0);
+  const std::string omega = e.Binary(v1::SUB, low, Mt(e, low));
+  const std::string dq =
+      e.Binary(v1::ADD, MatMul(e, q, false, e.Binary(v1::SUB, omega, c), false), b);
+  const std::string dr = MatMul(e, e.Binary(v1::SUB, c, omega), false, rr, false);
+  return ConcatRows(e, dq, dr);
+}
+
+// Its transpose: Ω̄ = Qᵀ Q̄ - R̄ Rᵀ; C̄ = -Qᵀ Q̄ + R̄ Rᵀ + tril(Ω̄ - Ω̄ᵀ, -1);
+// B̄ = Q̄ + Q C̄; dA = B̄ R⁻ᵀ.
+absl::Status VjpQr(ReverseMode& m, const v1::Node& n, const std::string& ct) {
+  if (!m.Active(n, 0)) return absl::OkStatus();
+  Emitter& e = m.e();
+  const v1::TensorType a = m.OperandType(n, 0);
+  const int r = a.dims_size();
+  const int64_t rows = a.dims(r - 2), cols = a.dims(r - 1);
+  if (rows < cols) {
+    return absl::UnimplementedError(
+        absl::StrCat(m.Where(), ": the derivative of a QR factorization of a wide matrix (", rows,
+                     "x", cols, ", fewer rows than columns) is not defined here, as in JAX"));
+  }
+  const std::string packed = m.Result(n);
+  const std::string q = ColsOf(e, RowsOf(e, packed, 0, rows), 0, cols);
+  const std::string rr = RowsOf(e, packed, rows, rows + cols);
+  const std::string qbar = ColsOf(e, RowsOf(e, ct, 0, rows), 0, cols);
+  const std::string rbar = RowsOf(e, ct, rows, rows + cols);
+  const std::string qtq = MatMul(e, q, true, qbar, false);
+  const std::string rrt = MatMul(e, rbar, false, rr, true);
+  const std::string obar = e.Binary(v1::SUB, qtq, rrt);
+  const std::string cbar = e.Binary(v1::ADD, e.Binary(v1::SUB, rrt, qtq),
+                                    Triangle(e, e.Binary(v1::SUB, obar, Mt(e, obar)), true, 0));
+  const std::string bbar = e.Binary(v1::ADD, qbar, MatMul(e, q, false, cbar, false));
+  m.Into(n, 0, Solve(e, rr, bbar, false, false, true));
+  return absl::OkStatus();
+}
+
+struct SvdParts {
+  std::string u, s, v;  // [..., m, k], [..., k], [..., n, k]
+  std::string f;        // F[i][j] = 1 / (s_j² - s_i²), 0 where s_i = s_j
+  std::string s_inv;    // 1 / s, 0 where s = 0
+  int64_t rows, cols, k;
+};
+
+SvdParts SvdOf(Emitter& e, const v1::TensorType& a, const std::string& packed) {
+  SvdParts p;
+  const int r = a.dims_size();
+  p.rows = a.dims(r - 2);
+  p.cols = a.dims(r - 1);
+  p.k = std::min(p.rows, p.cols);
+  p.u = ColsOf(e, RowsOf(e, packed, 0, p.rows), 0, p.k);
+  p.s = Flat(e, ColsOf(e, RowsOf(e, packed, p.rows, p.rows + 1), 0, p.k));
+  p.v = Mt(e, RowsOf(e, packed, p.rows + 1, p.rows + 1 + p.k));
+  v1::TensorType sq = e.type(p.u);
+  sq.set_dims(r - 2, p.k);
+  const Dims shape(sq.dims().begin(), sq.dims().end());
+  const std::string s2 = e.Binary(v1::MUL, p.s, p.s);
+  const std::string sj = e.Broadcast(s2, shape, Along(r, r - 1));
+  const std::string si = e.Broadcast(s2, shape, Along(r, r - 2));
+  p.f = e.Select(e.Compare(v1::EQ, sj, si), e.Fill(sq, 0),
+                 e.Binary(v1::DIV, e.Fill(sq, 1), e.Binary(v1::SUB, sj, si)));
+  const v1::TensorType st = e.type(p.s);
+  const std::string zero = e.Fill(st, 0);
+  p.s_inv = e.Select(e.Compare(v1::EQ, p.s, zero), zero, e.Binary(v1::DIV, e.Fill(st, 1), p.s));
+  return p;
+}
+
+// x (I - Y Yᵀ)-projected: x - Y (Yᵀ x).
+std::string Project(Emitter& e, const std::string& y, const std::string& x) {
+  return e.Binary(v1::SUB, x, MatMul(e, y, false, MatMul(e, y, true, x, false), false));
+}
+
+// JAX's rule for real matrices: dS = Uᵀ dA V, ds = diag(dS);
+// dU = U (F ∘ (dS S + S dSᵀ)) [+ (I - U Uᵀ) dA V S⁻¹ when m > n];
+// dV = V (F ∘ (S dS + dSᵀ S)) [+ (I - V Vᵀ) dAᵀ U S⁻¹ when n > m].
+absl::StatusOr<std::string> JvpSvd(ForwardMode& m, const v1::Node& n) {
+  const std::string t = m.Tangent(n, 0);
+  if (t.empty()) return std::string();
+  Emitter& e = m.e();
+  const v1::TensorType a = m.OperandType(n, 0);
+  const int r = a.dims_size();
+  const SvdParts p = SvdOf(e, a, m.Result(n));
+  const std::string ds = MatMul(e, MatMul(e, p.u, true, t, false), false, p.v, false);
+  const std::string dss = ScaleAlong(e, ds, p.s, r - 1);  // dS S
+  const std::string sds = ScaleAlong(e, ds, p.s, r - 2);  // S dS
+  std::string du =
+      MatMul(e, p.u, false, e.Binary(v1::MUL, p.f, e.Binary(v1::ADD, dss, Mt(e, dss))), false);
+  std::string dv =
+      MatMul(e, p.v, false, e.Binary(v1::MUL, p.f, e.Binary(v1::ADD, sds, Mt(e, sds))), false);
+  if (p.rows > p.cols) {
+    du = e.Binary(v1::ADD, du,
+                  ScaleAlong(e, Project(e, p.u, MatMul(e, t, false, p.v, false)), p.s_inv, r - 1));
+  }
+  if (p.cols > p.rows) {
+    dv = e.Binary(v1::ADD, dv,
+                  ScaleAlong(e, Project(e, p.v, MatMul(e, t, true, p.u, false)), p.s_inv, r - 1));
+  }
+  return ConcatRows(e, ConcatRows(e, PadCols(e, du, p.cols), PadCols(e, Diagonal(e, ds), p.cols)),
+                    Mt(e, dv));
+}
+
+// Its transpose: Y = F ∘ (Uᵀ Ū), W = F ∘ (Vᵀ V̄);
+// dA = U (diag(s̄) + (Y + Yᵀ) S + S (W + Wᵀ)) Vᵀ
+//      [+ (I - U Uᵀ) Ū S⁻¹ Vᵀ when m > n] [+ U S⁻¹ V̄ᵀ (I - V Vᵀ) when n > m].
+absl::Status VjpSvd(ReverseMode& m, const v1::Node& n, const std::string& ct) {
+  if (!m.Active(n, 0)) return absl::OkStatus();
+  Emitter& e = m.e();
+  const v1::TensorType a = m.OperandType(n, 0);
+  const int r = a.dims_size();
+  const SvdParts p = SvdOf(e, a, m.Result(n));
+  const std::string ubar = ColsOf(e, RowsOf(e, ct, 0, p.rows), 0, p.k);
+  const std::string sbar = Flat(e, ColsOf(e, RowsOf(e, ct, p.rows, p.rows + 1), 0, p.k));
+  const std::string vbar = Mt(e, RowsOf(e, ct, p.rows + 1, p.rows + 1 + p.k));
+  const std::string y = e.Binary(v1::MUL, p.f, MatMul(e, p.u, true, ubar, false));
+  const std::string w = e.Binary(v1::MUL, p.f, MatMul(e, p.v, true, vbar, false));
+  const v1::TensorType sq = e.type(y);
+  const Dims shape(sq.dims().begin(), sq.dims().end());
+  std::string mid = e.Binary(v1::MUL, Eye(e, sq), e.Broadcast(sbar, shape, Along(r, r - 1)));
+  mid = e.Binary(v1::ADD, mid, ScaleAlong(e, e.Binary(v1::ADD, y, Mt(e, y)), p.s, r - 1));
+  mid = e.Binary(v1::ADD, mid, ScaleAlong(e, e.Binary(v1::ADD, w, Mt(e, w)), p.s, r - 2));
+  std::string da = MatMul(e, MatMul(e, p.u, false, mid, false), false, p.v, true);
+  if (p.rows > p.cols) {
+    const std::string g = Project(e, p.u, ScaleAlong(e, ubar, p.s_inv, r - 1));
+    da = e.Binary(v1::ADD, da, MatMul(e, g, false, p.v, true));
+  }
+  if (p.cols > p.rows) {
+    const std::string g = Project(e, p.v, ScaleAlong(e, vbar, p.s_inv, r - 1));
+    da = e.Binary(v1::ADD, da, MatMul(e, p.u, false, g, true));
+  }
+  m.Into(n, 0, da);
+  return absl::OkStatus();
+}
+
 // ---------------------------------------------------------------- batching
 
 // Every operand batch-first: the batch is one more leading dimension.
@@ -353,6 +538,10 @@ void LinalgRows(Rows& rows) {
   rows.emplace_back(
       v1::EIGH,
       OpRules{.layout = LayoutLinalg, .vjp = VjpEigh, .jvp = JvpEigh, .batch = BatchLinalg});
+  rows.emplace_back(
+      v1::QR, OpRules{.layout = LayoutLinalg, .vjp = VjpQr, .jvp = JvpQr, .batch = BatchLinalg});
+  rows.emplace_back(
+      v1::SVD, OpRules{.layout = LayoutLinalg, .vjp = VjpSvd, .jvp = JvpSvd, .batch = BatchLinalg});
 }
 
 }  // namespace tessel::scheduler::ops

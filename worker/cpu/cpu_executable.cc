@@ -151,6 +151,8 @@ absl::Status CpuExecutable::Execute(int i, std::vector<BufferPtr>& values,
       break;
     case v1::LU: Lu(arg_type(0), arg(0), out); break;
     case v1::EIGH: Eigh(arg_type(0), arg(0), n.linalg().lower(), out); break;
+    case v1::QR: Qr(arg_type(0), arg(0), out); break;
+    case v1::SVD: Svd(arg_type(0), arg(0), out); break;
     case v1::REDUCE: Reduce(arg_type(0), arg(0), n.reduce(), t, out); break;
     case v1::ARGMAX:
     case v1::ARGMIN:

@@ -37,6 +37,25 @@ lapack_int Syevd(char uplo, lapack_int n, float* a, float* w) {
 lapack_int Syevd(char uplo, lapack_int n, double* a, double* w) {
   return LAPACKE_dsyevd(LAPACK_COL_MAJOR, 'V', uplo, n, a, n, w);
 }
+lapack_int Geqrf(lapack_int m, lapack_int n, float* a, float* tau) {
+  return LAPACKE_sgeqrf(LAPACK_ROW_MAJOR, m, n, a, n, tau);
+}
+lapack_int Geqrf(lapack_int m, lapack_int n, double* a, double* tau) {
+  return LAPACKE_dgeqrf(LAPACK_ROW_MAJOR, m, n, a, n, tau);
+}
+lapack_int Orgqr(lapack_int m, lapack_int k, lapack_int lda, float* a, const float* tau) {
+  return LAPACKE_sorgqr(LAPACK_ROW_MAJOR, m, k, k, a, lda, tau);
+}
+lapack_int Orgqr(lapack_int m, lapack_int k, lapack_int lda, double* a, const double* tau) {
+  return LAPACKE_dorgqr(LAPACK_ROW_MAJOR, m, k, k, a, lda, tau);
+}
+// Column-major: a is (m x n), u (m x k, ld m), vt (k x n, ld k).
+lapack_int Gesdd(lapack_int m, lapack_int n, float* a, float* s, float* u, float* vt) {
+  return LAPACKE_sgesdd(LAPACK_COL_MAJOR, 'S', m, n, a, m, s, u, m, vt, std::min(m, n));
+}
+lapack_int Gesdd(lapack_int m, lapack_int n, double* a, double* s, double* u, double* vt) {
+  return LAPACKE_dgesdd(LAPACK_COL_MAJOR, 'S', m, n, a, m, s, u, m, vt, std::min(m, n));
+}
 void Trsm(CBLAS_SIDE side, CBLAS_UPLO uplo, CBLAS_TRANSPOSE trans, CBLAS_DIAG diag, int m, int n,
           const float* a, int lda, float* b) {
   cblas_strsm(CblasRowMajor, side, uplo, trans, diag, m, n, 1.0f, a, lda, b, n);
@@ -126,7 +145,67 @@ void EighT(const v1::TensorType& at, const T* a, bool lower, T* out) {
   }
 }
 
+template <typename T>
+void QrT(const v1::TensorType& at, const T* a, T* out) {
+  const int64_t m = Rows(at), n = Cols(at), k = std::min(m, n), batch = BatchOf(at);
+  std::vector<T> v(m * n), tau(k);
+  for (int64_t b = 0; b < batch; ++b) {
+    T* o = out + b * (m + k) * n;
+    std::fill(o, o + (m + k) * n, T(0));
+    if (k == 0) continue;
+    std::copy(a + b * m * n, a + (b + 1) * m * n, v.begin());
+    Geqrf(lapack_int(m), lapack_int(n), v.data(), tau.data());
+    for (int64_t i = 0; i < k; ++i) {  // R: the upper triangle of the first k rows
+      for (int64_t j = i; j < n; ++j) o[(m + i) * n + j] = v[i * n + j];
+    }
+    Orgqr(lapack_int(m), lapack_int(k), lapack_int(n), v.data(), tau.data());
+    for (int64_t i = 0; i < m; ++i) {  // Q: the first k columns
+      std::copy(v.begin() + i * n, v.begin() + i * n + k, o + i * n);
+    }
+  }
+}
+
+template <typename T>
+void SvdT(const v1::TensorType& at, const T* a, T* out) {
+  const int64_t m = Rows(at), n = Cols(at), k = std::min(m, n), batch = BatchOf(at);
+  // The row-major a is aᵀ to column-major LAPACK: aᵀ = U' S V'ᵀ gives
+  // a = V' S U'ᵀ, and LAPACK's U' (n x k) and V'ᵀ (k x m), read back
+  // row-major, are a's Vᵀ (k x n) and U (m x k) as they lie.
+  std::vector<T> v(m * n), s(k), vt(k * n), u(m * k);
+  for (int64_t b = 0; b < batch; ++b) {
+    T* o = out + b * (m + 1 + k) * n;
+    std::fill(o, o + (m + 1 + k) * n, T(0));
+    if (k == 0) continue;
+    std::copy(a + b * m * n, a + (b + 1) * m * n, v.begin());
+    if (Gesdd(lapack_int(n), lapack_int(m), v.data(), s.data(), vt.data(), u.data()) != 0) {
+      std::fill(o, o + (m + 1 + k) * n, std::numeric_limits<T>::quiet_NaN());
+      continue;
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      std::copy(u.begin() + i * k, u.begin() + (i + 1) * k, o + i * n);
+    }
+    std::copy(s.begin(), s.end(), o + m * n);
+    std::copy(vt.begin(), vt.end(), o + (m + 1) * n);
+  }
+}
+
 }  // namespace
+
+void Qr(const v1::TensorType& a_type, const void* a, void* out) {
+  if (a_type.dtype() == v1::F64) {
+    QrT(a_type, static_cast<const double*>(a), static_cast<double*>(out));
+  } else {
+    QrT(a_type, static_cast<const float*>(a), static_cast<float*>(out));
+  }
+}
+
+void Svd(const v1::TensorType& a_type, const void* a, void* out) {
+  if (a_type.dtype() == v1::F64) {
+    SvdT(a_type, static_cast<const double*>(a), static_cast<double*>(out));
+  } else {
+    SvdT(a_type, static_cast<const float*>(a), static_cast<float*>(out));
+  }
+}
 
 void Cholesky(const v1::TensorType& type, const void* a, bool lower, void* out) {
   if (type.dtype() == v1::F64) {

@@ -19,4 +19,10 @@ void Lu(const v1::TensorType& a_type, const void* a, void* out);
 // it does not converge.
 void Eigh(const v1::TensorType& a_type, const void* a, bool lower, void* out);
 
+// QR: geqrf and orgqr (the reduced factors), packed as the IR describes.
+void Qr(const v1::TensorType& a_type, const void* a, void* out);
+// SVD: gesdd (the reduced factors), packed as the IR describes; NaN where
+// it does not converge.
+void Svd(const v1::TensorType& a_type, const void* a, void* out);
+
 }  // namespace tessel::cpu

@@ -1,7 +1,7 @@
 """tessel.lax.linalg: jax.lax.linalg's factorizations, each one IR op.
 
-`cholesky`, `triangular_solve`, `lu` and `eigh` are the IR's CHOLESKY,
-TRIANGULAR_SOLVE, LU and EIGH: LAPACK runs them on the CPU, one call per
+`cholesky`, `triangular_solve`, `lu`, `eigh`, `qr` and `svd` are the IR's
+CHOLESKY, TRIANGULAR_SOLVE, LU, EIGH, QR and SVD: LAPACK runs them on the CPU, one call per
 matrix of the batch (the leading dimensions). f32 and f64. Their
 derivatives are the ops' own rules, as JAX's. A batch split over devices stays split; the matrix dimensions
 are gathered first, and the plan says so.
@@ -12,7 +12,7 @@ import numpy as np
 from tessel.numpy._core import _b, _op, _tracer
 from tessel.v1 import ir_pb2
 
-__all__ = ["cholesky", "eigh", "lu", "triangular_solve"]
+__all__ = ["cholesky", "eigh", "lu", "qr", "svd", "triangular_solve"]
 
 
 def _matrix(x, what, square=True):
@@ -111,3 +111,52 @@ def eigh(x, *, lower=True, symmetrize_input=True, sort_eigenvalues=True):
     n = x.shape[-1]
     packed = _node(ir_pb2.EIGH, [x], x.shape[:-2] + (n + 1, n), x.dtype, lower=lower)
     return packed[..., :n, :], packed[..., n, :]
+
+
+def _reduced_only(what, x, full_matrices):
+    m, n = x.shape[-2:]
+    # The complete factors are the reduced ones where k = min(m, n) fills
+    # them: QR's when m <= n, the SVD's when m == n.
+    complete_differs = m > n if what == "qr" else m != n
+    if full_matrices and complete_differs:
+        raise NotImplementedError(
+            f"{what}: full_matrices=True of a {m}x{n} matrix (the complete factors) is not supported; "
+            "pass full_matrices=False for the reduced ones"
+        )
+
+
+@_op
+def qr(x, *, pivoting=False, full_matrices=True):
+    """jax.lax.linalg.qr: (q, r) with x = q r, q [..., m, k] with orthonormal
+    columns and r [..., k, n] upper triangular, k = min(m, n) (LAPACK's
+    geqrf and orgqr). The complete factors of a tall x are not built.
+    Differentiable where m >= n, as JAX's."""
+    if pivoting:
+        raise NotImplementedError("qr: pivoting=True is not supported")
+    x = _matrix(x, "qr", square=False)
+    _reduced_only("qr", x, full_matrices)
+    m, n = x.shape[-2:]
+    k = min(m, n)
+    packed = _node(ir_pb2.QR, [x], x.shape[:-2] + (m + k, n), x.dtype)
+    return packed[..., :m, :k], packed[..., m:, :]
+
+
+@_op
+def svd(x, *, full_matrices=True, compute_uv=True, subset_by_index=None):
+    """jax.lax.linalg.svd: (u, s, vh) with x = u diag(s) vh, s descending
+    (LAPACK's gesdd), or s alone without `compute_uv`. The complete factors
+    of a non-square x are not built. Gradients follow JAX's rule, except
+    that equal or zero singular values contribute nothing where JAX's gives
+    inf or NaN."""
+    if subset_by_index is not None:
+        raise NotImplementedError("svd: subset_by_index is not supported")
+    x = _matrix(x, "svd", square=False)
+    if compute_uv:
+        _reduced_only("svd", x, full_matrices)
+    m, n = x.shape[-2:]
+    k = min(m, n)
+    packed = _node(ir_pb2.SVD, [x], x.shape[:-2] + (m + 1 + k, n), x.dtype)
+    s = packed[..., m, :k]
+    if not compute_uv:
+        return s
+    return packed[..., :m, :k], s, packed[..., m + 1 :, :]

@@ -10,7 +10,8 @@ included), the unary functions, where, clip, astype, reductions over axes
 with keepdims, reshape, transpose, broadcast_to, expand_dims, slicing
 (negative steps too), flip, roll, cumsum, sort, argsort, concatenate,
 stack, pad, matmul, dot, einsum, numpy.linalg (det, slogdet, inv, solve,
-cholesky, eigvalsh and norms of well-conditioned matrices) and the
+cholesky, eigvalsh and norms, singular values included, of well-conditioned
+matrices) and the
 constructors, over
 bool, uint8, int32, int64, float16, bfloat16, float32 and float64, rank 0 to
 3 with size-0 and size-1 dimensions and edge values (NaN, +-inf, -0.0,

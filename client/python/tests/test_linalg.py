@@ -233,3 +233,69 @@ def test_bad_input_names_the_operand_and_shapes(cluster):
         tnp.linalg.inv(np.eye(3, dtype=np.float16))
     with pytest.raises(ValueError, match=r"b needs 3 rows"):
         tnp.linalg.solve(np.eye(3), np.ones(4))
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (4, 4), (2, 6, 4)])
+def test_qr_and_svd_match_jax(cluster, shape):
+    x = RNG.normal(size=shape)
+    m, n = shape[-2:]
+    q, r = tnp.linalg.qr(x)
+    jq, jr = jnp.linalg.qr(x)
+    np.testing.assert_allclose(q.fetch(), np.asarray(jq), atol=1e-10)
+    np.testing.assert_allclose(r.fetch(), np.asarray(jr), atol=1e-10)
+    u, s, vh = tnp.linalg.svd(x, full_matrices=False)
+    ns = np.linalg.svd(x, compute_uv=False)
+    np.testing.assert_allclose(s.fetch(), ns, rtol=1e-12)
+    np.testing.assert_allclose(tnp.linalg.svdvals(x).fetch(), ns, rtol=1e-12)
+    uu, vv = u.fetch(), vh.fetch()
+    np.testing.assert_allclose((uu * s.fetch()[..., None, :]) @ vv, x, atol=1e-12)
+    k = min(m, n)
+    eye = np.broadcast_to(np.eye(k), shape[:-2] + (k, k))
+    np.testing.assert_allclose(np.swapaxes(uu, -1, -2) @ uu, eye, atol=1e-12)
+    np.testing.assert_allclose(vv @ np.swapaxes(vv, -1, -2), eye, atol=1e-12)
+    # Gradients against JAX's, through functions of the factors that do not
+    # depend on the singular vectors' signs.
+    c = RNG.normal(size=k)
+    w = RNG.normal(size=shape)
+
+    def f_svd(lib, a):
+        u, s, vh = lib.linalg.svd(a, full_matrices=False)
+        return lib.sum(lib.sin((u * (s * c)[..., None, :]) @ vh) * w) + lib.sum(s**2 * c)
+
+    def f_qr(lib, a):
+        q, r = lib.linalg.qr(a)
+        return lib.sum(lib.sin(q @ r) * w) + lib.sum(lib.abs(r) * 0.5) + lib.sum((q * q) @ c[: q.shape[-1]])
+
+    fns = [f_svd] + ([f_qr] if m >= n else [])
+    for f in fns:
+        got = tessel.jit(tessel.grad(lambda a: f(tnp, a)))(x).fetch()
+        want = np.asarray(jax.grad(lambda a: f(jnp, a))(x))
+        np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-10, err_msg=f.__name__)
+
+
+def test_svd_forward_mode_and_vmap_match_jax(cluster):
+    x, dx = RNG.normal(size=(5, 3)), RNG.normal(size=(5, 3))
+    got = tessel.jit(lambda a, t: tessel.jvp(tnp.linalg.svdvals, (a,), (t,)))(x, dx)
+    want = jax.jvp(lambda a: jnp.linalg.svd(a, compute_uv=False), (x,), (dx,))
+    for g, h in zip(got, want):
+        np.testing.assert_allclose(g.fetch(), np.asarray(h), rtol=1e-10)
+    xs = RNG.normal(size=(3, 4, 6))
+    got = tessel.jit(tessel.vmap(tnp.linalg.svdvals))(xs).fetch()
+    np.testing.assert_allclose(got, np.linalg.svd(xs, compute_uv=False), rtol=1e-12)
+
+
+def test_complete_factors_of_non_square_matrices_are_refused_by_name(cluster):
+    with pytest.raises(NotImplementedError, match=r"full_matrices=True of a 5x3 matrix"):
+        tnp.linalg.svd(np.ones((5, 3)))
+    with pytest.raises(NotImplementedError, match=r"full_matrices=True of a 5x3 matrix"):
+        tnp.linalg.qr(np.ones((5, 3)), mode="complete")
+    with pytest.raises(Exception, match=r"wide matrix \(3x5"):
+        tessel.jit(tessel.grad(lambda a: tnp.sum(tnp.linalg.qr(a)[1])))(np.ones((3, 5)))
+
+
+def test_norms_of_empty_matrices_are_numpys(cluster):
+    for shape in ((1, 0), (0, 3), (2, 0, 4)):
+        x = np.zeros(shape)
+        for ord in (None, "fro", 1, np.inf, 2, "nuc"):
+            got = tnp.linalg.norm(x, ord=ord, axis=(-2, -1)).fetch()
+            np.testing.assert_array_equal(got, np.linalg.norm(x, ord=ord, axis=(-2, -1)))

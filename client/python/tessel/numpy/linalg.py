@@ -16,12 +16,23 @@ from tessel import _lax_linalg as lax_linalg
 from tessel import numpy as tnp
 from tessel.numpy._core import _op, _tracer
 
-__all__ = ["cholesky", "det", "eigh", "eigvalsh", "inv", "norm", "slogdet", "solve"]
+__all__ = ["cholesky", "det", "eigh", "eigvalsh", "inv", "norm", "qr", "slogdet", "solve", "svd", "svdvals"]
 
 
 class EighResult(NamedTuple):
     eigenvalues: object
     eigenvectors: object
+
+
+class QRResult(NamedTuple):
+    Q: object
+    R: object
+
+
+class SVDResult(NamedTuple):
+    U: object
+    S: object
+    Vh: object
 
 
 class SlogdetResult(NamedTuple):
@@ -132,19 +143,40 @@ def slogdet(a):
     return SlogdetResult(sign * tnp.prod(tnp.sign(diag), axis=-1), tnp.sum(tnp.log(tnp.abs(diag)), axis=-1))
 
 
-def _singular_values(x):
-    """The singular values of the matrices in the last two dimensions, as
-    the square roots of xᵀx's eigenvalues (ascending)."""
-    gram = x.mT @ x if x.shape[-1] <= x.shape[-2] else x @ x.mT
-    return tnp.sqrt(tnp.maximum(eigvalsh(gram), 0))
+@_op
+def qr(a, mode="reduced"):
+    """numpy.linalg.qr: mode 'reduced' (Q [..., m, k], R [..., k, n]), 'r'
+    (R alone), or 'complete' where m <= n (the same factors)."""
+    a = _float(a, "qr", square=False)
+    if mode not in ("reduced", "r", "complete"):
+        raise ValueError(f"linalg.qr: mode must be 'reduced', 'r' or 'complete', got {mode!r}")
+    q, r = lax_linalg.qr(a, full_matrices=mode == "complete")
+    return r if mode == "r" else QRResult(q, r)
+
+
+@_op
+def svd(a, full_matrices=True, compute_uv=True, hermitian=False):
+    """numpy.linalg.svd: (U, S, Vh), S descending; or S alone without
+    `compute_uv`. Only the reduced factors of a non-square a
+    (full_matrices=False)."""
+    del hermitian  # the general factorization serves both
+    a = _float(a, "svd", square=False)
+    if not compute_uv:
+        return lax_linalg.svd(a, compute_uv=False)
+    return SVDResult(*lax_linalg.svd(a, full_matrices=full_matrices))
+
+
+@_op
+def svdvals(x):
+    """numpy.linalg.svdvals: the singular values, descending."""
+    return lax_linalg.svd(_float(x, "svdvals", square=False), compute_uv=False)
 
 
 @_op
 def norm(x, ord=None, axis=None, keepdims=False):
     """numpy.linalg.norm: vector norms (any ord) over one axis, matrix norms
-    ('fro', 'nuc', ±1, ±2, ±inf) over two. The 2-norms and the nuclear norm
-    come from xᵀx's eigenvalues, so singular values far below the largest
-    lose precision."""
+    ('fro', 'nuc', ±1, ±2, ±inf) over two (the 2-norms and the nuclear norm
+    from the singular values)."""
     x = _tracer(x)
     if x.dtype not in (np.float32, np.float64):
         x = x.astype(np.float64)
@@ -178,6 +210,15 @@ def norm(x, ord=None, axis=None, keepdims=False):
     r, c = axes
     if ord in (None, "fro", "f"):
         return tnp.sqrt(tnp.sum(x * x, axis=axes, keepdims=keepdims))
+    if x.shape[r] == 0 or x.shape[c] == 0:
+        if ord in (1, np.inf, 2, "nuc"):  # numpy's: an empty matrix's norm is 0
+            shape = (
+                tuple(1 if a in axes else d for a, d in enumerate(x.shape))
+                if keepdims
+                else tuple(d for a, d in enumerate(x.shape) if a not in axes)
+            )
+            return tnp.zeros(shape, x.dtype)
+        raise ValueError(f"linalg.norm: ord={ord!r} of an empty matrix {list(x.shape)} has no value")
     ab = tnp.abs(x)
     if ord in (1, -1, np.inf, -np.inf):
         summed_over, then = (r, c) if ord in (1, -1) else (c, r)
@@ -186,8 +227,8 @@ def norm(x, ord=None, axis=None, keepdims=False):
         out = pick(sums, axis=then, keepdims=True)
     elif ord in (2, -2, "nuc"):
         moved = tnp.moveaxis(x, (r, c), (-2, -1))
-        s = _singular_values(moved)
-        out = s[..., -1] if ord == 2 else s[..., 0] if ord == -2 else tnp.sum(s, axis=-1)
+        s = svdvals(moved)
+        out = s[..., 0] if ord == 2 else s[..., -1] if ord == -2 else tnp.sum(s, axis=-1)
         out = tnp.expand_dims(tnp.expand_dims(out, builtins.min(r, c)), builtins.max(r, c))
     else:
         raise ValueError(f"linalg.norm: ord {ord!r} is not a matrix norm ('fro', 'nuc', 1, -1, 2, -2, inf, -inf)")

@@ -958,7 +958,18 @@ def op_linalg(b):
         expr = f"xp.linalg.solve({m}, {bounded})"
     elif kind == "norm":
         ord_, axis = b.draw(
-            st.sampled_from([(None, None), ("'fro'", (-2, -1)), (1, (-2, -1)), ("xp.inf", (-2, -1)), (1, -1), (2, -1)])
+            st.sampled_from(
+                [
+                    (None, None),
+                    ("'fro'", (-2, -1)),
+                    (1, (-2, -1)),
+                    ("xp.inf", (-2, -1)),
+                    (2, (-2, -1)),
+                    ("'nuc'", (-2, -1)),
+                    (1, -1),
+                    (2, -1),
+                ]
+            )
         )
         if ord_ == "xp.inf":
             ord_ = "np.inf"
