@@ -5,11 +5,14 @@ gradients are not needed here, partitioning, kernels) is what the module
 gets; an op with no counterpart yet is an error naming it and where it
 stands in the module."""
 
+import re
+
 import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
 from tessel import _convolution
+from tessel import _lax_linalg as linalg
 from tessel import lax as tlax
 from tessel import numpy as tnp
 from tessel.errors import InvalidArgumentError
@@ -30,6 +33,46 @@ _DTYPES = {
     "ui32": np.uint32,
     "ui64": np.uint64,
 }
+
+
+def _defining(v):
+    """The operation that defines `v`, or None for a block argument."""
+    owner = v.owner
+    return None if isinstance(owner, ir.Block) else owner.operation
+
+
+def _constant_value(v):
+    """The value of `v` if a stablehlo.constant defines it, else None."""
+    op = _defining(v)
+    return np.asarray(_constant(op)) if op is not None and op.name == "stablehlo.constant" else None
+
+
+def _canonical_key(v, key):
+    """`v` is the comparator's argument `key`, or it through JAX's float
+    canonicalization: select(x == 0, 0, x) and select(x != x, NaN, x)."""
+    while v != key:
+        select = _defining(v)
+        if select is None or select.name != "stablehlo.select":
+            return False
+        pred, fill, rest = select.operands
+        cond, value = _defining(pred), _constant_value(fill)
+        if cond is None or cond.name != "stablehlo.compare" or value is None:
+            return False
+        direction = stablehlo.ComparisonDirectionAttr(cond.attributes["comparison_direction"]).value
+        # The condition reads the key or the value on its way (equivalent here).
+        x, y = cond.operands
+        same = x in (rest, key)
+        zero_of_y = _constant_value(y)
+        zero = direction == "EQ" and same and value == 0 and zero_of_y is not None and zero_of_y == 0
+        nan = direction == "NE" and same and y == x and np.isnan(value)
+        if not (zero or nan):
+            return False
+        v = rest
+    return True
+
+
+# JAX's CPU lowering of jax.lax.linalg: lapack_<s|d|c|z><routine>_ffi.
+_LAPACK = re.compile(r"lapack_([sdcz])(potrf|trsm|getrf|syevd|gesdd|geqrf|orgqr)_ffi")
 
 
 def dtype_of(mlir_type):
@@ -343,6 +386,7 @@ class Interpreter:
     def __init__(self, module, context=None):
         # Both kept alive: the operations below belong to the module.
         self.module, self.context = module, context
+        self._householder = {}  # geqrf's stand-in result -> (it, Q), for orgqr
         self.functions = {}
         for op in module.body.operations:
             if op.operation.name == "func.func":
@@ -450,6 +494,8 @@ class Interpreter:
             return [self.convolution(op, args)]
         if name == "stablehlo.reduce_window":
             return self.reduce_window(op, args)
+        if name == "stablehlo.sort":
+            return self.sort(op, args)
         if name == "stablehlo.while":
             return self.while_(op, args, env)
         if name == "stablehlo.case":
@@ -464,10 +510,108 @@ class Interpreter:
             target = ir.StringAttr(a["call_target_name"]).value
             if target in ("Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape") and len(args) == 1:
                 return [args[0]]  # layout hints: Tessel's partitioner plans the layouts
+            m = _LAPACK.fullmatch(target)
+            if m:
+                return self.lapack(m.group(1), m.group(2), a, args, out_types)
             raise NotImplementedError(f"custom_call @{target} has no Tessel counterpart")
         if name == "sdy.sharding_constraint":
             return [args[0]]
         raise NotImplementedError(f"the op {name} has no Tessel counterpart yet")
+
+    def sort(self, op, args):
+        """A stable sort whose comparator compares operand 0's pair (LT:
+        ascending, GT: descending), each key at most canonicalized as
+        jax.numpy's float sorts do (-0.0 as 0.0, every NaN as one NaN, which
+        sorts last): the order tnp.argsort gives. Every operand moves by it."""
+        block = op.regions[0].blocks[0]
+        ops = list(block.operations)
+        keys = list(block.arguments)[:2]
+        final = _defining(ops[-1].operands[0]) if ops[-1].operation.name == "stablehlo.return" else None
+        if (
+            final is None
+            or final.name != "stablehlo.compare"
+            or not all(_canonical_key(v, k) for v, k in zip(final.operands, keys))
+        ):
+            raise NotImplementedError("a sort comparator other than a compare of operand 0's pair")
+        direction = stablehlo.ComparisonDirectionAttr(final.attributes["comparison_direction"]).value
+        if direction not in ("LT", "GT"):
+            raise NotImplementedError(f"a sort comparator comparing with {direction}")
+        axis = ir.IntegerAttr(op.attributes["dimension"]).value
+        order = tnp.argsort(args[0], axis=axis, stable=True, descending=direction == "GT")
+        return [tnp.take_along_axis(tnp.asarray(x), order, axis=axis) for x in args]
+
+    def lapack(self, kind, routine, a, args, out_types):
+        """JAX's CPU lowering of jax.lax.linalg: LAPACK calls (column-major
+        layouts, which describe the same logical matrices), each as the IR's
+        factorization. The `info` results are 0, or 1 where a Cholesky
+        factorization failed (its factor is NaN), as LAPACK's."""
+        if kind not in ("s", "d"):
+            raise NotImplementedError(f"LAPACK's {kind}{routine}: complex types have no Tessel dtype")
+        cfg = {}
+        if "mhlo.backend_config" in a:
+            for named in ir.DictAttr(a["mhlo.backend_config"]):
+                cfg[named.name] = chr(ir.IntegerAttr(named.attr).value)
+        x = args[0]
+
+        def info(k, failed=None):
+            zeros = tnp.zeros(shape_of(out_types[k]), np.int32)
+            return zeros if failed is None else tnp.astype(failed, np.int32)
+
+        if routine == "potrf":
+            lower = cfg.get("uplo", "L") == "L"
+            factor = linalg.cholesky(x if lower else x.mT, symmetrize_input=False)
+            return [factor if lower else factor.mT, info(1, tnp.isnan(factor[..., 0, 0]))]
+        if routine == "trsm":
+            side, trans = cfg.get("side", "L"), cfg.get("trans_x", "N")
+            out = linalg.triangular_solve(
+                x,
+                args[1],
+                left_side=side == "L",
+                lower=cfg.get("uplo", "L") == "L",
+                transpose_a=trans in ("T", "C"),
+                unit_diagonal=cfg.get("diag", "N") == "U",
+            )
+            return [out * args[2] if len(args) > 2 else out]
+        if routine == "getrf":
+            if x.shape[-1] != x.shape[-2]:
+                raise NotImplementedError(f"LU of a non-square {list(x.shape)} matrix")
+            factors, pivots, _ = linalg.lu(x)
+            return [factors, pivots + 1, info(2)]  # LAPACK counts pivots from 1
+        if routine == "syevd":
+            v, w = linalg.eigh(x, lower=cfg.get("uplo", "L") == "L", symmetrize_input=False)
+            return [v, w, info(2)]
+        if routine == "gesdd":
+            mode = cfg.get("mode", "S")
+            m, n = x.shape[-2:]
+            if mode == "N":
+                s = linalg.svd(x, compute_uv=False)
+                return (
+                    [tnp.zeros(shape_of(out_types[0]), x.dtype), s]
+                    + [tnp.zeros(shape_of(t), x.dtype) for t in out_types[2:4]]
+                    + [info(4)]
+                )
+            u, s, vh = linalg.svd(x, full_matrices=mode == "A")
+            return [tnp.zeros(shape_of(out_types[0]), x.dtype), s, u, vh, info(4)]
+        if routine == "geqrf":
+            # geqrf's Householder vectors are read only by orgqr: stand R (in
+            # the upper triangle, zeros below) for its first result, and let
+            # orgqr find Q by it.
+            m, n = x.shape[-2:]
+            q, r = linalg.qr(x, full_matrices=False)
+            if r.shape[-2] < m:
+                r = tnp.concatenate([r, tnp.zeros(r.shape[:-2] + (m - r.shape[-2], n), x.dtype)], axis=-2)
+            self._householder[id(r)] = (r, q)
+            return [r, tnp.zeros(shape_of(out_types[1]), x.dtype)]
+        if routine == "orgqr":
+            held = self._householder.get(id(x))
+            if held is None or held[0] is not x:
+                raise NotImplementedError("orgqr of a matrix that no geqrf in this module factored")
+            q = held[1]
+            want = shape_of(out_types[0])
+            if tuple(q.shape) != tuple(want):
+                raise NotImplementedError(f"orgqr's complete Q {list(want)} (the reduced one is {list(q.shape)})")
+            return [q]
+        raise NotImplementedError(f"LAPACK's {kind}{routine} has no Tessel counterpart yet")
 
     def _body_reducer(self, region, what):
         ops = [o for o in region.blocks[0].operations]

@@ -109,11 +109,55 @@ def test_a_convolution_and_a_pooling_window(cluster):
     check(f, x, k)
 
 
+def test_jax_linalg_runs_through_the_lapack_calls_jax_lowers(cluster):
+    """On the CPU jax lowers jnp.linalg to LAPACK calls (custom_calls with
+    column-major layouts); each runs as the IR's factorization. Factors
+    unique only up to sign are compared through what they reconstruct."""
+    a, t = RNG.normal(size=(5, 5)) + 2 * np.eye(5), RNG.normal(size=(6, 4))
+    spd, b = a @ a.T + 5 * np.eye(5), RNG.normal(size=(5, 2))
+
+    def f(a, spd, b, t):
+        w, v = jnp.linalg.eigh(spd)
+        u, s, vh = jnp.linalg.svd(t, full_matrices=False)
+        q, r = jnp.linalg.qr(t)
+        return {
+            "solve": jnp.linalg.solve(a, b),
+            "inv": jnp.linalg.inv(a),
+            "det": (jnp.linalg.det(a), jnp.linalg.slogdet(a)),
+            "cholesky": jnp.linalg.cholesky(spd),
+            "triangular": jax.scipy.linalg.solve_triangular(a, b, lower=True, trans="T"),
+            "eigh": (w, (v * w) @ v.T),
+            "svd": (s, (u * s) @ vh, jnp.linalg.norm(t, 2)),
+            "qr": (jnp.abs(r), q @ r),
+        }
+
+    check(f, a, spd, b, t, rtol=1e-9)
+    # JAX differentiates; the cluster runs the LAPACK calls of the gradient.
+    check(jax.grad(lambda a, spd: jnp.linalg.slogdet(a)[1] + jnp.sum(jnp.linalg.cholesky(spd))), a, spd, rtol=1e-9)
+
+
+def test_sorts_with_a_comparator_on_the_keys(cluster):
+    x = np.array([[3.0, np.nan, -1.0, 3.0, 0.5], [2.0, 2.0, -0.0, 7.0, 1.0]])
+    y = RNG.normal(size=(2, 5))
+
+    def f(x, y):
+        return (
+            jnp.argsort(x, axis=1),
+            jnp.sort(x, axis=0),
+            jnp.argsort(x, axis=1, descending=True),
+            jax.lax.sort_key_val(x, y, dimension=1),
+        )
+
+    check(f, x, y)
+
+
 def test_an_op_without_a_counterpart_is_an_error_naming_it(cluster):
     with pytest.raises(
         tessel.InvalidArgumentError, match=r"stablehlo.popcnt \(op 0 of @main\): .* no Tessel counterpart"
     ):
         tjax.jit(jax.lax.population_count)(np.arange(8, dtype=np.int32))
+    with pytest.raises(tessel.InvalidArgumentError, match="sort comparator other than a compare of operand 0's pair"):
+        tjax.jit(lambda a, b: jax.lax.sort((a, b), num_keys=2))(np.zeros(4), np.arange(4.0))
     with pytest.raises(tessel.InvalidArgumentError, match="element type complex<f64> has no Tessel dtype"):
         tjax.jit(lambda x: jnp.fft.fft(x).real)(np.ones(8))
 
