@@ -20,7 +20,14 @@ from tessel.numpy._dot import _preferred
 from tessel.v1 import ir_pb2
 from tessel.numpy._layout import _pad_general
 
-__all__ = ["conv", "conv_general_dilated", "conv_with_general_padding", "padtype_to_pads", "reduce_window"]
+__all__ = [
+    "conv",
+    "conv_general_dilated",
+    "conv_with_general_padding",
+    "padtype_to_pads",
+    "reduce_window",
+    "select_and_scatter_add",
+]
 
 
 def padtype_to_pads(in_shape, window_shape, window_strides, padding):
@@ -262,6 +269,44 @@ def reduce_window(
     if init != _identity(kind, x.dtype):  # XLA starts each window at init_value
         acc = combine(acc, _operand(init, x.dtype, ()))
     return acc
+
+
+def select_and_scatter_add(source, operand, select, window_dimensions, window_strides, padding):
+    """XLA's select_and_scatter with an add (the gradient of a max or min
+    pool): in each window of `operand` (padded with the lowest value for
+    select "ge"/"gt", the highest for "le"/"lt") the element `select` keeps
+    against every later one (the first maximum for "ge") takes the window's
+    `source` value; the result, operand-shaped, sums what each element
+    took. Composed like reduce_window: per window position a strided slice
+    and a running choice, then each position's share padded back into
+    place."""
+    x, src = _tracer(operand), _tracer(source)
+    compare = {"ge": tnp.greater_equal, "gt": tnp.greater, "le": tnp.less_equal, "lt": tnp.less}[select]
+    nd = x.ndim
+    window = tuple(int(w) for w in window_dimensions)
+    strides = tuple(int(v) for v in window_strides)
+    pads = _pairs(padding, nd, "select_and_scatter_add")
+    fill = _identity("max" if select in ("ge", "gt") else "min", x.dtype)
+    padded = _pad_general(x, fill, [p[0] for p in pads], [p[1] for p in pads], [0] * nd)
+    out_shape = _out_shape(padded.shape, window, strides, (1,) * nd)
+    if tuple(out_shape) != tuple(src.shape):
+        raise ValueError(f"select_and_scatter_add: source has shape {src.shape}, the windows {tuple(out_shape)}")
+    positions = list(itertools.product(*[range(w) for w in window]))
+    best = choice = None
+    for k, pos in enumerate(positions):
+        s = _window_slice(padded, 0, pos, strides, out_shape)
+        if best is None:
+            best, choice = s, tnp.zeros(tuple(out_shape), np.int32)
+            continue
+        keep = compare(best, s)
+        best, choice = tnp.where(keep, best, s), tnp.where(keep, choice, k)
+    out = tnp.zeros(padded.shape, src.dtype)
+    for k, pos in enumerate(positions):
+        share = tnp.where(choice == k, src, tnp.zeros((), src.dtype))
+        high = [n - o - (m - 1) * st - 1 for n, o, m, st in zip(padded.shape, pos, out_shape, strides)]
+        out = out + _pad_general(share, 0, list(pos), high, [st - 1 for st in strides])
+    crop = tuple(slice(lo, n - hi) for (lo, hi), n in zip(pads, padded.shape))
+    return out[crop]
 
 
 def _identity(kind, dtype):

@@ -496,6 +496,8 @@ class Interpreter:
             return self.reduce_window(op, args)
         if name == "stablehlo.sort":
             return self.sort(op, args)
+        if name == "stablehlo.select_and_scatter":
+            return [self.select_and_scatter(op, args)]
         if name == "stablehlo.while":
             return self.while_(op, args, env)
         if name == "stablehlo.case":
@@ -715,6 +717,31 @@ class Interpreter:
             _opt_ints(a, "window_dilations", nd),
         )
         return [out]
+
+    def select_and_scatter(self, op, args):
+        """A max or min pool's gradient: select one compare of its two
+        arguments, scatter one add."""
+        ops = list(op.regions[0].blocks[0].operations)
+        if len(ops) != 2 or ops[0].operation.name != "stablehlo.compare":
+            raise NotImplementedError("select_and_scatter whose select is not one compare")
+        direction = stablehlo.ComparisonDirectionAttr(ops[0].attributes["comparison_direction"]).value
+        if (
+            direction not in ("GE", "GT", "LE", "LT")
+            or self._body_reducer(op.regions[1], "select_and_scatter") != "add"
+        ):
+            raise NotImplementedError(f"select_and_scatter with a {direction} select or a scatter other than add")
+        a = op.attributes
+        x, source, init = args
+        nd = len(shape_of(op.operands[0].type))
+        out = _convolution.select_and_scatter_add(
+            source,
+            x,
+            direction.lower(),
+            _ints(a["window_dimensions"]),
+            _opt_ints(a, "window_strides", nd),
+            _pads(a, nd),
+        )
+        return out + init
 
     def while_(self, op, args, env):
         cond_region, body_region = op.regions[0], op.regions[1]

@@ -151,6 +151,24 @@ def test_sorts_with_a_comparator_on_the_keys(cluster):
     check(f, x, y)
 
 
+def test_max_pool_gradients_run_through_select_and_scatter(cluster):
+    """JAX's gradient of a max (or min) pool is select_and_scatter; ties go
+    to the window's first maximum, as XLA's."""
+    import flax.linen as fnn
+
+    x = RNG.normal(size=(2, 7, 6, 3))
+    ties = np.round(RNG.normal(size=(2, 7, 6, 3)))  # many equal maxima
+    w = RNG.normal(size=(2, 4, 3, 3))
+
+    def loss(x):
+        same = fnn.max_pool(x, (3, 2), strides=(2, 2), padding="SAME")
+        valid = -fnn.max_pool(-x, (2, 2), strides=(1, 2))  # a min pool
+        return jnp.sum(same * w) + jnp.sum(valid**2)
+
+    for arg in (x, ties):
+        check(jax.grad(loss), arg)
+
+
 def test_an_op_without_a_counterpart_is_an_error_naming_it(cluster):
     with pytest.raises(
         tessel.InvalidArgumentError, match=r"stablehlo.popcnt \(op 0 of @main\): .* no Tessel counterpart"
