@@ -316,8 +316,14 @@ void Convolution(const v1::TensorType& lt, const void* lhs, const v1::TensorType
   if (NumElementsUnchecked(ot) == 0) return;
   const bool empty_window = NumElementsUnchecked(lt) == 0 || NumElementsUnchecked(rt) == 0;
   if (lt.dtype() == v1::F32 && s >= 1 && s <= 3 && !empty_window) {
-    ConvolutionF32(lt, lhs, rt, rhs, a, ot, out);
-    return;
+    // oneDNN reports a failure (a configuration it refuses, memory it
+    // cannot get for a reorder) by throwing; the direct loop, which writes
+    // every output element, answers instead.
+    try {
+      ConvolutionF32(lt, lhs, rt, rhs, a, ot, out);
+      return;
+    } catch (const dnnl::error&) {
+    }
   }
   TESSEL_DISPATCH(lt.dtype(), D, Direct<D>(lt, lhs, rt, rhs, a, ot, out));
 }
