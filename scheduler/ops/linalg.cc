@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/dtype.h"
 #include "core/sharding.h"
+#include "core/status.h"
 #include "scheduler/ops/op_rules.h"
 
 namespace tessel::scheduler::ops {
@@ -362,30 +363,39 @@ std::string ScaleAlong(Emitter& e, const std::string& x, const std::string& s, i
   return e.Binary(v1::MUL, x, e.Broadcast(s, shape, Along(t.dims_size(), d)));
 }
 
+// Q [..., m, n] and R [..., n, n] of a packed QR result (or of its
+// cotangent), where a derivative is defined: m >= n, as in JAX.
+struct QrParts {
+  std::string q, r;
+};
+
+absl::StatusOr<QrParts> QrOf(Emitter& e, const v1::TensorType& a, const std::string& packed,
+                             const std::string& where) {
+  const int rank = a.dims_size();
+  const int64_t rows = a.dims(rank - 2), cols = a.dims(rank - 1);
+  if (rows < cols) {
+    return absl::UnimplementedError(
+        absl::StrCat(where, ": the derivative of a QR factorization of a wide matrix (", rows, "x",
+                     cols, ", fewer rows than columns) is not defined here, as in JAX"));
+  }
+  return QrParts{ColsOf(e, RowsOf(e, packed, 0, rows), 0, cols),
+                 RowsOf(e, packed, rows, rows + cols)};
+}
+
 // JAX's rule (m >= n): B = dA R⁻¹, C = Qᵀ B, Ω = tril(C, -1) - tril(C, -1)ᵀ;
 // dQ = Q (Ω - C) + B, dR = (C - Ω) R.
 absl::StatusOr<std::string> JvpQr(ForwardMode& m, const v1::Node& n) {
   const std::string t = m.Tangent(n, 0);
   if (t.empty()) return std::string();
   Emitter& e = m.e();
-  const v1::TensorType a = m.OperandType(n, 0);
-  const int r = a.dims_size();
-  const int64_t rows = a.dims(r - 2), cols = a.dims(r - 1);
-  if (rows < cols) {
-    return absl::UnimplementedError(
-        absl::StrCat(m.Where(), ": the derivative of a QR factorization of a wide matrix (", rows,
-                     "x", cols, ", fewer rows than columns) is not defined here, as in JAX"));
-  }
-  const std::string packed = m.Result(n);
-  const std::string q = ColsOf(e, RowsOf(e, packed, 0, rows), 0, cols);
-  const std::string rr = RowsOf(e, packed, rows, rows + cols);
-  const std::string b = Solve(e, rr, t, false, false, false);
-  const std::string c = MatMul(e, q, true, b, false);
+  TESSEL_ASSIGN_OR_RETURN(const QrParts f, QrOf(e, m.OperandType(n, 0), m.Result(n), m.Where()));
+  const std::string b = Solve(e, f.r, t, false, false, false);
+  const std::string c = MatMul(e, f.q, true, b, false);
   const std::string low = Triangle(e, c, true, 0);
   const std::string omega = e.Binary(v1::SUB, low, Mt(e, low));
   const std::string dq =
-      e.Binary(v1::ADD, MatMul(e, q, false, e.Binary(v1::SUB, omega, c), false), b);
-  const std::string dr = MatMul(e, e.Binary(v1::SUB, c, omega), false, rr, false);
+      e.Binary(v1::ADD, MatMul(e, f.q, false, e.Binary(v1::SUB, omega, c), false), b);
+  const std::string dr = MatMul(e, e.Binary(v1::SUB, c, omega), false, f.r, false);
   return ConcatRows(e, dq, dr);
 }
 
@@ -395,25 +405,15 @@ absl::Status VjpQr(ReverseMode& m, const v1::Node& n, const std::string& ct) {
   if (!m.Active(n, 0)) return absl::OkStatus();
   Emitter& e = m.e();
   const v1::TensorType a = m.OperandType(n, 0);
-  const int r = a.dims_size();
-  const int64_t rows = a.dims(r - 2), cols = a.dims(r - 1);
-  if (rows < cols) {
-    return absl::UnimplementedError(
-        absl::StrCat(m.Where(), ": the derivative of a QR factorization of a wide matrix (", rows,
-                     "x", cols, ", fewer rows than columns) is not defined here, as in JAX"));
-  }
-  const std::string packed = m.Result(n);
-  const std::string q = ColsOf(e, RowsOf(e, packed, 0, rows), 0, cols);
-  const std::string rr = RowsOf(e, packed, rows, rows + cols);
-  const std::string qbar = ColsOf(e, RowsOf(e, ct, 0, rows), 0, cols);
-  const std::string rbar = RowsOf(e, ct, rows, rows + cols);
-  const std::string qtq = MatMul(e, q, true, qbar, false);
-  const std::string rrt = MatMul(e, rbar, false, rr, true);
+  TESSEL_ASSIGN_OR_RETURN(const QrParts f, QrOf(e, a, m.Result(n), m.Where()));
+  TESSEL_ASSIGN_OR_RETURN(const QrParts bar, QrOf(e, a, ct, m.Where()));
+  const std::string qtq = MatMul(e, f.q, true, bar.q, false);
+  const std::string rrt = MatMul(e, bar.r, false, f.r, true);
   const std::string obar = e.Binary(v1::SUB, qtq, rrt);
   const std::string cbar = e.Binary(v1::ADD, e.Binary(v1::SUB, rrt, qtq),
                                     Triangle(e, e.Binary(v1::SUB, obar, Mt(e, obar)), true, 0));
-  const std::string bbar = e.Binary(v1::ADD, qbar, MatMul(e, q, false, cbar, false));
-  m.Into(n, 0, Solve(e, rr, bbar, false, false, true));
+  const std::string bbar = e.Binary(v1::ADD, bar.q, MatMul(e, f.q, false, cbar, false));
+  m.Into(n, 0, Solve(e, f.r, bbar, false, false, true));
   return absl::OkStatus();
 }
 
