@@ -97,14 +97,16 @@ def lu(x):
 
 
 @_op
-def eigh(x, *, lower=True, symmetrize_input=True, sort_eigenvalues=True):
+def eigh(x, *, lower=True, symmetrize_input=True, sort_eigenvalues=True, subset_by_index=None, implementation=None):
     """jax.lax.linalg.eigh: (v, w) with x = v diag(w) vᵀ, the eigenvalues w
     ascending and the eigenvectors the columns of v. With
     `symmetrize_input` x is first (x + xᵀ) / 2; without, only its `lower`
     (or upper) triangle is read. Gradients follow JAX's rule, except that a
     repeated eigenvalue contributes nothing to the eigenvectors' gradient
     where JAX's gives inf or NaN."""
-    del sort_eigenvalues  # LAPACK's order is ascending
+    del sort_eigenvalues, implementation  # LAPACK's syevd, ascending
+    if subset_by_index is not None:
+        raise NotImplementedError("eigh: subset_by_index is not supported")
     x = _matrix(x, "eigh")
     if symmetrize_input:
         x = _symmetrize(x)
@@ -126,11 +128,12 @@ def _reduced_only(what, x, full_matrices):
 
 
 @_op
-def qr(x, *, pivoting=False, full_matrices=True):
+def qr(x, *, pivoting=False, full_matrices=True, use_magma=None):
     """jax.lax.linalg.qr: (q, r) with x = q r, q [..., m, k] with orthonormal
     columns and r [..., k, n] upper triangular, k = min(m, n) (LAPACK's
     geqrf and orgqr). The complete factors of a tall x are not built.
     Differentiable where m >= n, as JAX's."""
+    del use_magma  # a GPU library's choice
     if pivoting:
         raise NotImplementedError("qr: pivoting=True is not supported")
     x = _matrix(x, "qr", square=False)
@@ -142,12 +145,13 @@ def qr(x, *, pivoting=False, full_matrices=True):
 
 
 @_op
-def svd(x, *, full_matrices=True, compute_uv=True, subset_by_index=None):
+def svd(x, *, full_matrices=True, compute_uv=True, subset_by_index=None, algorithm=None):
     """jax.lax.linalg.svd: (u, s, vh) with x = u diag(s) vh, s descending
     (LAPACK's gesdd), or s alone without `compute_uv`. The complete factors
     of a non-square x are not built. Gradients follow JAX's rule, except
     that equal or zero singular values contribute nothing where JAX's gives
     inf or NaN."""
+    del algorithm  # LAPACK's gesdd
     if subset_by_index is not None:
         raise NotImplementedError("svd: subset_by_index is not supported")
     x = _matrix(x, "svd", square=False)

@@ -299,3 +299,17 @@ def test_norms_of_empty_matrices_are_numpys(cluster):
         for ord in (None, "fro", 1, np.inf, 2, "nuc"):
             got = tnp.linalg.norm(x, ord=ord, axis=(-2, -1)).fetch()
             np.testing.assert_array_equal(got, np.linalg.norm(x, ord=ord, axis=(-2, -1)))
+
+
+def test_signatures_are_jaxs():
+    """Parameter names, kinds and defaults as jax.numpy.linalg's and
+    jax.lax.linalg's (annotations aside)."""
+    import inspect
+
+    def params(f):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(f).parameters.values()]
+
+    for name in ("cholesky", "solve", "inv", "det", "slogdet", "eigh", "eigvalsh", "qr", "svd", "norm"):
+        assert params(getattr(tnp.linalg, name)) == params(getattr(jnp.linalg, name)), name
+    for name in ("cholesky", "triangular_solve", "lu", "eigh", "qr", "svd"):
+        assert params(getattr(lax.linalg, name)) == params(getattr(jax.lax.linalg, name)), name

@@ -70,9 +70,9 @@ def eigh(a, UPLO=None, symmetrize_input=True):
 
 
 @_op
-def eigvalsh(a, UPLO="L"):
+def eigvalsh(a, UPLO="L", *, symmetrize_input=True):
     """numpy.linalg.eigvalsh: the eigenvalues of a symmetric a, ascending."""
-    return eigh(a, UPLO).eigenvalues
+    return eigh(a, UPLO, symmetrize_input=symmetrize_input).eigenvalues
 
 
 def _lu_solve(factors, permutation, b):
@@ -137,8 +137,11 @@ def det(a):
 
 
 @_op
-def slogdet(a):
-    """numpy.linalg.slogdet: (sign, log |det a|)."""
+def slogdet(a, *, method=None):
+    """numpy.linalg.slogdet: (sign, log |det a|), through LU (jax.numpy's
+    `method` "lu"; "qr" is not offered)."""
+    if method not in (None, "lu"):
+        raise NotImplementedError(f"linalg.slogdet: method {method!r} (only 'lu')")
     diag, sign = _lu_parts(_float(a, "slogdet"))
     return SlogdetResult(sign * tnp.prod(tnp.sign(diag), axis=-1), tnp.sum(tnp.log(tnp.abs(diag)), axis=-1))
 
@@ -155,11 +158,13 @@ def qr(a, mode="reduced"):
 
 
 @_op
-def svd(a, full_matrices=True, compute_uv=True, hermitian=False):
+def svd(a, full_matrices=True, compute_uv=True, hermitian=False, subset_by_index=None):
     """numpy.linalg.svd: (U, S, Vh), S descending; or S alone without
     `compute_uv`. Only the reduced factors of a non-square a
     (full_matrices=False)."""
     del hermitian  # the general factorization serves both
+    if subset_by_index is not None:
+        raise NotImplementedError("linalg.svd: subset_by_index is not supported")
     a = _float(a, "svd", square=False)
     if not compute_uv:
         return lax_linalg.svd(a, compute_uv=False)
