@@ -162,17 +162,6 @@ def _erf_inv(x):
     return tnp.where(tnp.abs(x) == 1, x * np.inf, y)
 
 
-def _shift_right_logical(x, n):
-    """The bits of x moved right, zeros in: numpy's >> on the unsigned
-    type of the same width."""
-    x = tnp.asarray(x)
-    d = np.dtype(x.dtype)
-    if d.kind == "u":
-        return tnp.right_shift(x, n)
-    u = np.dtype(f"u{d.itemsize}")
-    return tnp.astype(tnp.right_shift(tnp.astype(x, u), tnp.astype(n, u)), d)
-
-
 def _bitcast(x, to):
     """bitcast_convert from an unsigned integer to the float of its width,
     decoded arithmetically (sign, exponent, mantissa): what jax.random's
@@ -188,8 +177,8 @@ def _bitcast(x, to):
     if (d, to) not in layout:
         raise NotImplementedError(f"bitcast_convert from {d.name} to {to.name}")
     ebits, mbits, bias = layout[(d, to)]
-    sign = tnp.astype(_shift_right_logical(x, ebits + mbits), np.float64)
-    exponent = tnp.astype(tnp.bitwise_and(_shift_right_logical(x, mbits), (1 << ebits) - 1), np.int64)
+    sign = tnp.astype(tlax.shift_right_logical(x, ebits + mbits), np.float64)
+    exponent = tnp.astype(tnp.bitwise_and(tlax.shift_right_logical(x, mbits), (1 << ebits) - 1), np.int64)
     mantissa = tnp.astype(tnp.bitwise_and(x, (1 << mbits) - 1), np.float64)
     frac = mantissa * 2.0**-mbits
     normal = (1 + frac) * tnp.exp2(tnp.astype(exponent - bias, np.float64))
@@ -201,6 +190,8 @@ def _bitcast(x, to):
 
 
 _UNARY = {
+    "stablehlo.popcnt": tlax.population_count,
+    "stablehlo.count_leading_zeros": tlax.clz,
     "stablehlo.negate": tnp.negative,
     "stablehlo.abs": tnp.abs,
     "stablehlo.exponential": tnp.exp,
@@ -251,7 +242,7 @@ _BINARY = {
     "stablehlo.xor": tnp.bitwise_xor,
     "stablehlo.shift_left": tnp.left_shift,
     "stablehlo.shift_right_arithmetic": tnp.right_shift,
-    "stablehlo.shift_right_logical": _shift_right_logical,
+    "stablehlo.shift_right_logical": tlax.shift_right_logical,
 }
 _COMPARE = {"EQ": tnp.equal, "NE": tnp.not_equal, "LT": tnp.less, "LE": tnp.less_equal, "GT": tnp.greater}
 _COMPARE["GE"] = tnp.greater_equal

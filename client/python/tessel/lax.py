@@ -64,6 +64,60 @@ erf = tnp._erf  # the error function
 dot = tnp.dot
 
 
+def _unsigned(x, what):
+    """x as the unsigned type of its width (the same bits), and that width."""
+    x = tnp.asarray(x)
+    d = np.dtype(x.dtype)
+    if d.kind not in "iu":
+        raise TypeError(f"{what}: expected an integer array, got {d}")
+    return tnp.astype(x, np.dtype(f"u{d.itemsize}")), 8 * d.itemsize, d
+
+
+def _popcount(u, bits):
+    """Set bits of each unsigned element, SWAR: pairs, nibbles, bytes, then
+    the bytes summed by one multiply."""
+    t = np.dtype(u.dtype)
+
+    def c(v):
+        return np.array(v, t)
+
+    def pattern(byte):
+        return c(int(byte * (bits // 8), 16))
+
+    u = tnp.subtract(u, tnp.bitwise_and(tnp.right_shift(u, c(1)), pattern("55")))
+    u = tnp.add(tnp.bitwise_and(u, pattern("33")), tnp.bitwise_and(tnp.right_shift(u, c(2)), pattern("33")))
+    u = tnp.bitwise_and(tnp.add(u, tnp.right_shift(u, c(4))), pattern("0f"))
+    if bits > 8:
+        u = tnp.right_shift(tnp.multiply(u, pattern("01")), c(bits - 8))
+    return u
+
+
+@_op
+def shift_right_logical(x, y):
+    """jax.lax.shift_right_logical: x's bits moved right with zeros in; 0
+    for a count past the width (or below 0), as XLA's."""
+    u, _, d = _unsigned(x, "shift_right_logical")
+    return tnp.astype(tnp.right_shift(u, tnp.astype(y, u.dtype)), d)
+
+
+@_op
+def population_count(x):
+    """jax.lax.population_count: the number of set bits of each element."""
+    u, bits, d = _unsigned(x, "population_count")
+    return tnp.astype(_popcount(u, bits), d)
+
+
+@_op
+def clz(x):
+    """jax.lax.clz: the number of leading zero bits of each element."""
+    u, bits, d = _unsigned(x, "clz")
+    shift = 1
+    while shift < bits:  # every bit below the highest set one set too
+        u = tnp.bitwise_or(u, tnp.right_shift(u, np.array(shift, u.dtype)))
+        shift *= 2
+    return tnp.astype(tnp.subtract(np.array(bits, u.dtype), _popcount(u, bits)), d)
+
+
 @_op
 def div(x, y):
     """jax.lax.div: integer division rounds toward zero; x / 0 is -1 for
@@ -130,6 +184,7 @@ __all__ = [
     "cbrt",
     "ceil",
     "clamp",
+    "clz",
     "cond",
     "conv",
     "conv_general_dilated",
@@ -171,6 +226,7 @@ __all__ = [
     "not_",
     "or_",
     "padtype_to_pads",
+    "population_count",
     "pow",
     "reciprocal",
     "reduce_window",
@@ -181,6 +237,7 @@ __all__ = [
     "select",
     "shift_left",
     "shift_right_arithmetic",
+    "shift_right_logical",
     "sign",
     "sin",
     "sinh",

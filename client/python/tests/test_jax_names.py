@@ -161,3 +161,27 @@ def test_array_properties_match_jax(cluster):
     np.testing.assert_array_equal(a.real.fetch(), x)
     np.testing.assert_array_equal(a.imag.fetch(), np.zeros_like(x))
     assert tessel.jit(lambda t: t.squeeze().mT)(x[:1]).fetch().shape == np.asarray(j[:1].squeeze().mT).shape
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64])
+def test_bit_counts_and_logical_shifts_match_jax(cluster, dtype):
+    info = np.iinfo(dtype)
+    x = np.concatenate(
+        [
+            np.array([0, 1, info.max, info.min, info.max // 3, 1 << (info.bits - 2)], dtype=dtype),
+            RNG.integers(info.min, info.max, size=20, dtype=dtype, endpoint=True),
+        ]
+    )
+    counts = np.array([0, 1, 3, info.bits - 1, info.bits, info.bits + 3] * 4 + [2, 5], dtype=dtype)
+    both(lambda L, N, x: L.population_count(x), x, rtol=0)
+    both(lambda L, N, x: L.clz(x), x, rtol=0)
+    both(lambda L, N, x, n: L.shift_right_logical(x, n), x, counts, rtol=0)
+
+
+def test_bit_counts_in_tessel_jax(cluster):
+    tjax = pytest.importorskip("tessel.jax")
+    x = RNG.integers(-(2**31), 2**31 - 1, size=16, dtype=np.int32)
+    ours = tjax.jit(lambda x: (jlax.population_count(x), jlax.clz(x)))(x)
+    theirs = jax.jit(lambda x: (jlax.population_count(x), jlax.clz(x)))(x)
+    for o, t in zip(ours, theirs):
+        np.testing.assert_array_equal(o.fetch(), np.asarray(t))
