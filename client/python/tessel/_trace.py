@@ -314,6 +314,7 @@ def install_operators(cls, tnp):
     cls.ptp = lambda a, axis=None, keepdims=False: tnp.subtract(
         tnp.max(a, axis, keepdims=keepdims), tnp.min(a, axis, keepdims=keepdims)
     )
+    cls.copy = lambda a, order="C": tnp.copy(a)
     cls.ravel = lambda a, order="C": tnp.ravel(a)
     cls.flatten = lambda a, order="C": tnp.ravel(a)
     cls.squeeze = lambda a, axis=None: tnp.squeeze(a, axis)

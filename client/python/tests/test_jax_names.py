@@ -185,3 +185,13 @@ def test_bit_counts_in_tessel_jax(cluster):
     theirs = jax.jit(lambda x: (jlax.population_count(x), jlax.clz(x)))(x)
     for o, t in zip(ours, theirs):
         np.testing.assert_array_equal(o.fetch(), np.asarray(t))
+
+
+def test_copy_is_a_new_array_that_outlives_a_donation(cluster):
+    a = tessel.device_put(np.arange(4.0))
+    for c in (a.copy(), tnp.copy(a)):
+        assert isinstance(c, tessel.Array) and c is not a
+    kept = a.copy()
+    tessel.jit(lambda x: x * 2, donate_argnums=0)(a)
+    np.testing.assert_array_equal(kept.fetch(), np.arange(4.0))
+    both(lambda L, N, x: (x.copy() + N.copy(x)) * 2, np.arange(3.0))

@@ -126,6 +126,7 @@ from tessel.numpy._creation import (
     arange as arange,
     array as array,
     asarray as asarray,
+    copy as copy,
     linspace as linspace,
 )
 from tessel.numpy._layout import (

@@ -73,3 +73,11 @@ def asarray(a, dtype=None):
 
 
 array = asarray
+
+
+@_op
+def copy(a, order="K"):
+    """numpy.copy: a new array of a's values. Arrays are values here, so
+    inside a trace it is `a` itself; outside, a new tessel.Array that
+    outlives a's donation."""
+    return _tracer(a)
