@@ -115,12 +115,11 @@ def eigh(x, *, lower=True, symmetrize_input=True, sort_eigenvalues=True, subset_
     return packed[..., :n, :], packed[..., n, :]
 
 
-def _reduced_only(what, x, full_matrices):
+def _refuse_complete(what, x, complete_differs):
+    """Complete factors are built only where they are the reduced ones
+    (k = min(m, n) fills them)."""
     m, n = x.shape[-2:]
-    # The complete factors are the reduced ones where k = min(m, n) fills
-    # them: QR's when m <= n, the SVD's when m == n.
-    complete_differs = m > n if what == "qr" else m != n
-    if full_matrices and complete_differs:
+    if complete_differs:
         raise NotImplementedError(
             f"{what}: full_matrices=True of a {m}x{n} matrix (the complete factors) is not supported; "
             "pass full_matrices=False for the reduced ones"
@@ -137,8 +136,8 @@ def qr(x, *, pivoting=False, full_matrices=True, use_magma=None):
     if pivoting:
         raise NotImplementedError("qr: pivoting=True is not supported")
     x = _matrix(x, "qr", square=False)
-    _reduced_only("qr", x, full_matrices)
     m, n = x.shape[-2:]
+    _refuse_complete("qr", x, full_matrices and m > n)
     k = min(m, n)
     packed = _node(ir_pb2.QR, [x], x.shape[:-2] + (m + k, n), x.dtype)
     return packed[..., :m, :k], packed[..., m:, :]
@@ -155,9 +154,8 @@ def svd(x, *, full_matrices=True, compute_uv=True, subset_by_index=None, algorit
     if subset_by_index is not None:
         raise NotImplementedError("svd: subset_by_index is not supported")
     x = _matrix(x, "svd", square=False)
-    if compute_uv:
-        _reduced_only("svd", x, full_matrices)
     m, n = x.shape[-2:]
+    _refuse_complete("svd", x, compute_uv and full_matrices and m != n)
     k = min(m, n)
     packed = _node(ir_pb2.SVD, [x], x.shape[:-2] + (m + 1 + k, n), x.dtype)
     s = packed[..., m, :k]

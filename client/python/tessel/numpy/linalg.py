@@ -217,12 +217,7 @@ def norm(x, ord=None, axis=None, keepdims=False):
         return tnp.sqrt(tnp.sum(x * x, axis=axes, keepdims=keepdims))
     if x.shape[r] == 0 or x.shape[c] == 0:
         if ord in (1, np.inf, 2, "nuc"):  # numpy's: an empty matrix's norm is 0
-            shape = (
-                tuple(1 if a in axes else d for a, d in enumerate(x.shape))
-                if keepdims
-                else tuple(d for a, d in enumerate(x.shape) if a not in axes)
-            )
-            return tnp.zeros(shape, x.dtype)
+            return tnp.sum(x, axis=axes, keepdims=keepdims)
         raise ValueError(f"linalg.norm: ord={ord!r} of an empty matrix {list(x.shape)} has no value")
     ab = tnp.abs(x)
     if ord in (1, -1, np.inf, -np.inf):
