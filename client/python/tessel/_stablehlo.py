@@ -9,12 +9,15 @@ import re
 
 import numpy as np
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import stablehlo
+from jaxlib.mlir.dialects import sdy, stablehlo
 
 from tessel import _convolution
+from tessel import _gather_scatter
 from tessel import _lax_linalg as linalg
 from tessel import lax as tlax
 from tessel import numpy as tnp
+from tessel._shard_map import with_sharding_constraint
+from tessel._sharding import Mesh, NamedSharding, P
 from tessel.errors import InvalidArgumentError
 from tessel.numpy._dot import _dot_general
 from tessel.numpy._layout import _pad_general
@@ -256,110 +259,6 @@ _REDUCERS = {
 }
 
 
-def _points(x, indices, index_vector_dim, index_map, batching, index_batching, what):
-    """The operand as (positions, rest...) and, per index, the linear
-    position of its point: the dims of `index_map` are indexed point-wise by
-    the index vector, the dims of `batching` by the indices' own batch
-    dims `index_batching`; both are flattened into one leading dim. An
-    index out of range in any dim gives a position past the end."""
-    idx = tnp.asarray(indices)
-    if index_vector_dim == idx.ndim:
-        idx = tnp.expand_dims(idx, -1)
-    idx = tnp.moveaxis(idx, index_vector_dim, -1)  # batch..., vector
-    batch_shape = idx.shape[:-1]
-    point_dims = list(batching) + list(index_map)
-    rest = [d for d in range(x.ndim) if d not in point_dims]
-    xs = tnp.transpose(x, point_dims + rest)
-    sizes = [x.shape[d] for d in point_dims]
-    total = int(np.prod(sizes, dtype=np.int64))
-    xs = tnp.reshape(xs, (total,) + tuple(x.shape[d] for d in rest))
-    coords = []
-    for j, bd in enumerate(index_batching):
-        # the batch dims of idx lost index_vector_dim; count positions among them
-        pos = bd if bd < index_vector_dim else bd - 1
-        coords.append(_broadcast_in_dim(tnp.arange(batch_shape[pos], dtype=np.int64), [pos], batch_shape))
-    for k in range(len(index_map)):
-        coords.append(tnp.astype(idx[..., k], np.int64))
-    lin = None
-    valid = None
-    stride = 1
-    for c, n in reversed(list(zip(coords, sizes))):
-        term = c * stride if stride != 1 else c
-        lin = term if lin is None else lin + term
-        ok = (c >= 0) & (c < n)
-        valid = ok if valid is None else valid & ok
-        stride *= n
-    if lin is None:
-        raise NotImplementedError(f"{what} that indexes no dimension")
-    return xs, lin, valid, total, rest, batch_shape
-
-
-def _gather(op, x, indices):
-    d = stablehlo.GatherDimensionNumbers(op.attributes["dimension_numbers"])
-    sizes = _ints(op.attributes["slice_sizes"])
-    x = tnp.asarray(x)
-    index_map, batching = list(d.start_index_map), list(d.operand_batching_dims)
-    collapsed, offset_dims = set(d.collapsed_slice_dims), list(d.offset_dims)
-    for dim in range(x.ndim):
-        if dim in index_map and (sizes[dim] != 1 or dim not in collapsed):
-            raise NotImplementedError(f"a gather of slices (size {sizes[dim]} along indexed dimension {dim})")
-    # dims neither indexed nor batched are sliced from 0 (a start index of
-    # 0 clamps there): a static crop
-    crop = tuple(slice(None) if dim in index_map or dim in batching else slice(0, sizes[dim]) for dim in range(x.ndim))
-    x = x[crop]
-    idx = tnp.asarray(indices)
-    if index_map:
-        # gather clamps each start index into range
-        lim = np.array([x.shape[dim] - 1 for dim in index_map])
-        vdim = d.index_vector_dim
-        shape = [1] * idx.ndim
-        if vdim < idx.ndim:
-            shape[vdim] = len(index_map)
-        idx = tnp.clip(idx, 0, lim.reshape(shape) if vdim < idx.ndim else int(lim[0]))
-    xs, lin, _, _, rest, batch_shape = _points(
-        x, idx, d.index_vector_dim, index_map, batching, list(d.start_indices_batching_dims), "gather"
-    )
-    out = tnp.take(xs, lin, axis=0, mode="clip")  # batch..., rest...
-    nb = len(batch_shape)
-    order = [None] * (nb + len(rest))
-    for j, od in enumerate(offset_dims):
-        order[od] = nb + j
-    it = iter(range(nb))
-    order = [next(it) if o is None else o for o in order]
-    return tnp.transpose(out, order)
-
-
-def _scatter(op, x, indices, updates, mode):
-    d = stablehlo.ScatterDimensionNumbers(op.attributes["scatter_dimension_numbers"])
-    x = tnp.asarray(x)
-    index_map, batching = list(d.scattered_dims_to_operand_dims), list(d.input_batching_dims)
-    inserted, window = set(d.inserted_window_dims), list(d.update_window_dims)
-    rest_dims = [dim for dim in range(x.ndim) if dim not in index_map and dim not in batching]
-    for dim in index_map:
-        if dim not in inserted:
-            raise NotImplementedError(f"a scatter of windows along indexed dimension {dim}")
-    xs, lin, valid, total, _, _ = _points(
-        x, indices, d.index_vector_dim, index_map, batching, list(d.scatter_indices_batching_dims), "scatter"
-    )
-    u = tnp.asarray(updates)
-    # updates: window dims at `window`, the indices' batch dims elsewhere, in order
-    scatter_dims = [k for k in range(u.ndim) if k not in window]
-    u = tnp.transpose(u, scatter_dims + window)  # batch..., window...
-    for k, dim in enumerate(rest_dims):
-        if u.shape[len(scatter_dims) + k] != x.shape[dim]:
-            raise NotImplementedError(
-                f"a scatter whose update window covers {u.shape[len(scatter_dims) + k]} of dimension {dim}'s "
-                f"{x.shape[dim]}"
-            )
-    lin = tnp.where(valid, lin, total)  # out of range in any dimension: dropped, as XLA
-    ref = xs.at[lin]
-    out = getattr(ref, mode)(u)
-    out = tnp.reshape(out, tuple(x.shape[dim] for dim in batching + index_map + rest_dims))
-    perm = batching + index_map + rest_dims
-    inverse = [perm.index(dim) for dim in range(x.ndim)]
-    return tnp.transpose(out, inverse)
-
-
 # A reduce body's op: the reduction over dimensions, and how the init value joins it.
 _REDUCTIONS = {
     "add": (tnp.sum, tnp.add),
@@ -382,6 +281,40 @@ class Interpreter:
         for op in module.body.operations:
             if op.operation.name == "func.func":
                 self.functions[ir.StringAttr(op.attributes["sym_name"]).value] = op
+
+    def mesh(self, ref):
+        """The Tessel mesh of the module's `sdy.mesh` @ref: the same axis
+        names and sizes, JAX's device i as the cluster's device i."""
+        for op in self.module.body.operations:
+            if op.operation.name == "sdy.mesh" and ir.StringAttr(op.attributes["sym_name"]).value == ref:
+                mesh = sdy.MeshAttr(op.attributes["mesh"])
+                axes = [sdy.MeshAxisAttr(x) for x in mesh.axes]
+                ids = list(mesh.device_ids) or None
+                return Mesh([(x.name, x.size) for x in axes], devices=ids)
+        raise ValueError(f"a sharding names the mesh @{ref}, which the module does not define")
+
+    def named_sharding(self, attr):
+        """A Shardy sharding (#sdy.sharding<@mesh, [{"data"}, {}]>) as a
+        Tessel NamedSharding: one entry per dimension, None where no axis
+        splits it, a tuple where several do (in order)."""
+        t = sdy.TensorShardingAttr(attr)
+        ref = t.mesh_or_ref
+        if not isinstance(ref, ir.FlatSymbolRefAttr):
+            raise ValueError(f"a sharding over an inline mesh ({ref}); Tessel maps meshes the module names")
+        spec = []
+        for d in t.dimension_shardings:
+            names = []
+            for axis in sdy.DimensionShardingAttr(d).axes:
+                axis = sdy.AxisRefAttr(axis)
+                if axis.sub_axis_info is not None:
+                    raise ValueError(
+                        f"a sharding over part of mesh axis {axis.name!r} ({attr}), which Tessel's meshes do not split"
+                    )
+                names.append(axis.name)
+            spec.append(None if not names else names[0] if len(names) == 1 else tuple(names))
+        while spec and spec[-1] is None:
+            spec.pop()
+        return NamedSharding(self.mesh(ref.value), P(*spec))
 
     def signature(self, name):
         """The parameter types of function @name."""
@@ -478,7 +411,8 @@ class Interpreter:
         if name == "stablehlo.reduce":
             return self.reduce(op, args)
         if name == "stablehlo.gather":
-            return [_gather(op, *args)]
+            dn = stablehlo.GatherDimensionNumbers(op.attributes["dimension_numbers"])
+            return [_gather_scatter.gather(dn, _ints(a["slice_sizes"]), *args)]
         if name == "stablehlo.scatter":
             return [self.scatter(op, args)]
         if name == "stablehlo.convolution":
@@ -508,7 +442,7 @@ class Interpreter:
                 return self.lapack(m.group(1), m.group(2), a, args, out_types)
             raise NotImplementedError(f"custom_call @{target} has no Tessel counterpart")
         if name == "sdy.sharding_constraint":
-            return [args[0]]
+            return [with_sharding_constraint(args[0], self.named_sharding(a["sharding"]))]
         raise NotImplementedError(f"the op {name} has no Tessel counterpart yet")
 
     def sort(self, op, args):
@@ -662,7 +596,8 @@ class Interpreter:
             mode = {"add": "add", "max": "max", "min": "min", "mul": "multiply"}.get(kind)
             if mode is None:
                 raise NotImplementedError(f"scatter combining with {kind}")
-        return _scatter(op, args[0], args[1], args[2], mode)
+        dn = stablehlo.ScatterDimensionNumbers(op.attributes["scatter_dimension_numbers"])
+        return _gather_scatter.scatter(dn, args[0], args[1], args[2], mode)
 
     def convolution(self, op, args):
         a = op.attributes

@@ -26,7 +26,7 @@ from jaxlib.mlir import ir
 from tessel import _stablehlo
 from tessel import numpy as tnp
 from tessel._jit import jit as _tessel_jit
-from tessel._sharding import NamedSharding, P
+from tessel._sharding import Mesh, NamedSharding, P
 
 __all__ = ["jit", "load"]
 
@@ -62,6 +62,52 @@ def _per_leaf(prefix, tree, what):
     except ValueError as e:
         raise ValueError(f"{what} does not match the structure it shards: {e}") from None
     return [s for group in jax.tree_util.tree_leaves(groups, is_leaf=lambda g: isinstance(g, list)) for s in group]
+
+
+def _from_jax(s):
+    """A sharding given in JAX's terms as Tessel's: a jax NamedSharding over
+    a mesh of JAX's devices becomes a NamedSharding over the Tessel mesh of
+    the same axis names and sizes (JAX's device i as the cluster's device
+    i); a jax PartitionSpec becomes a P. Tessel's own pass through."""
+    if isinstance(s, jax.sharding.PartitionSpec):
+        return P(*s)
+    if isinstance(s, jax.sharding.NamedSharding):
+        mesh = s.mesh
+        devices = getattr(mesh, "devices", None)
+        ids = [int(d.id) for d in np.asarray(devices).reshape(-1)] if devices is not None else None
+        return NamedSharding(Mesh(list(zip(mesh.axis_names, mesh.axis_sizes)), devices=ids), P(*s.spec))
+    return s
+
+
+def _shardings_from_jax(tree):
+    if tree is None:
+        return None
+    is_sharding = lambda s: isinstance(  # noqa: E731
+        s, (NamedSharding, P, jax.sharding.NamedSharding, jax.sharding.PartitionSpec)
+    )
+    return jax.tree_util.tree_map(_from_jax, tree, is_leaf=is_sharding)
+
+
+def _mesh_of(leaves, shardings):
+    """The Tessel mesh the call runs on, from its arguments' or its
+    in_shardings' NamedShardings (the first found), or None."""
+    for x in list(leaves) + list(shardings or ()):
+        s = x if isinstance(x, NamedSharding) else getattr(x, "sharding", None)
+        if isinstance(s, NamedSharding):
+            return s.mesh
+    return None
+
+
+def _abstract_mesh(mesh):
+    """A JAX AbstractMesh of a Tessel mesh's names and sizes: lowering under
+    it, a bare PartitionSpec (with_sharding_constraint(x, P("data"))) names
+    the mesh the arguments live on, as under jax.set_mesh."""
+    if mesh is None:
+        return contextlib.nullcontext()
+    auto = (jax.sharding.AxisType.Auto,) * len(mesh.axis_names)
+    return jax.sharding.use_abstract_mesh(
+        jax.sharding.AbstractMesh(tuple(mesh.axis_sizes), tuple(mesh.axis_names), axis_types=auto)
+    )
 
 
 def _program(module, name, donated, context=None, in_shardings=None, out_shardings=None):
@@ -106,16 +152,18 @@ class Jitted:
             k: v if k in self._static_names else jax.tree_util.tree_map(_abstract, v) for k, v in kwargs.items()
         }
         flat, tree = jax.tree_util.tree_flatten((abstract_args, abstract_kwargs))
-        key = (tree, tuple(_key(x) for x in flat))
+        dyn = tuple(a for i, a in enumerate(args) if i not in self._static)
+        ins = None
+        if self._in_shardings is not None:
+            ins = _per_leaf(self._in_shardings, dyn, f"tessel.jax.jit of {self.__name__}: in_shardings")
+            dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_names}
+            ins += [None] * len(jax.tree_util.tree_leaves(dyn_kwargs))  # keyword arguments: as they are
+        mesh = _mesh_of(jax.tree_util.tree_leaves((dyn, kwargs)), ins)
+        key = (tree, tuple(_key(x) for x in flat), mesh and (mesh.axis_names, mesh.axis_sizes))
         program = self._programs.get(key)
         if program is None:
-            lowered = self._jax.lower(*abstract_args, **abstract_kwargs)
-            dyn = tuple(a for i, a in enumerate(args) if i not in self._static)
-            ins = None
-            if self._in_shardings is not None:
-                ins = _per_leaf(self._in_shardings, dyn, f"tessel.jax.jit of {self.__name__}: in_shardings")
-                dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_names}
-                ins += [None] * len(jax.tree_util.tree_leaves(dyn_kwargs))  # keyword arguments: as they are
+            with _abstract_mesh(mesh):
+                lowered = self._jax.lower(*abstract_args, **abstract_kwargs)
             outs = None
             if self._out_shardings is not None:
                 skeleton = jax.tree_util.tree_unflatten(lowered.out_tree, [0] * lowered.out_tree.num_leaves)
@@ -158,14 +206,18 @@ class Jitted:
 def jit(fun, *, in_shardings=None, out_shardings=None, static_argnums=(), static_argnames=(), donate_argnums=()):
     """jax.jit's front, Tessel's back: `fun` is written against jax,
     jax.numpy, jax.nn and jax.lax; it runs on the cluster. `in_shardings`
-    and `out_shardings` are Tessel NamedShardings (or None: an argument's
-    own layout, propagation's choice for a result), one for everything or a
-    pytree prefix of the arguments or results, as JAX takes them; Tessel's
-    partitioner plans the rest."""
+    and `out_shardings` are NamedShardings, Tessel's or JAX's (or None: an
+    argument's own layout, propagation's choice for a result), one for
+    everything or a pytree prefix of the arguments or results, as JAX takes
+    them; Tessel's partitioner plans the rest. A JAX mesh maps onto the
+    Tessel mesh of the same axis names and sizes, JAX's device i as the
+    cluster's device i; with_sharding_constraint inside `fun`, with a JAX
+    NamedSharding or a bare PartitionSpec (the arguments' mesh), constrains
+    Tessel's plan."""
     static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
     names = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
     donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
-    return Jitted(fun, static, names, donate, in_shardings, out_shardings)
+    return Jitted(fun, static, names, donate, _shardings_from_jax(in_shardings), _shardings_from_jax(out_shardings))
 
 
 class Loaded:

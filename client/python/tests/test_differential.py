@@ -26,6 +26,11 @@ out_shardings checked against each result's .sharding. Plans of sharded
 programs must hold no collective over a mesh axis of size 1, and none that
 only dead values need (test_plans_*; see PLAN_CHECKS).
 
+Through tessel.jax: the same programs written against jax.numpy (with
+jax.lax and jax.vmap) run through tessel.jax.jit, which reads what jax.jit
+lowers them to, and must equal JAX's own run of them on CPU (a program JAX
+refuses, where numpy's semantics are not JAX's, is skipped).
+
 Seeded: the default run draws DEFAULT_PROGRAMS programs from seed
 DEFAULT_SEED (a few minutes on 2 cores). TESSEL_SOAK=1 draws SOAK_PROGRAMS
 from a random seed; TESSEL_DIFF_SEED=<n> and TESSEL_DIFF_PROGRAMS=<n> choose.
@@ -33,6 +38,7 @@ A failure names the seed, the mode, and the shrunk program as source with
 its inputs.
 """
 
+import dataclasses
 import os
 import random
 import warnings
@@ -251,6 +257,89 @@ def test_elementwise_ops_match_the_oracle_over_edge_values(session, op):
         )
 
     check()
+
+
+# ---------------------------------------------------------------- through tessel.jax
+
+JAX_EXAMPLES = max(10, PROGRAMS // 4)
+
+
+def _jax_function(program):
+    import jax
+
+    oracle._jnp()  # JAX with 64-bit types, as numpy has them
+    return program.function(jax.numpy, lax=jax.lax, vmap=jax.vmap)
+
+
+def _flush_subnormals(a):
+    if not oracle.is_float(a.dtype):
+        return a
+    tiny = float(oracle.finfo(a.dtype).smallest_normal)
+    wide = a.astype(np.float64)
+    return np.where((wide != 0) & (np.abs(wide) < tiny), np.copysign(0.0, wide), wide).astype(a.dtype)
+
+
+def _around(want, spread, exact, comparable):
+    """JAX's value `want`, then runs around it that span the rounding an
+    inexact output may carry: the oracle's perturbed runs moved to JAX's
+    value (where they are comparable), and 2**-16 of the output's largest
+    magnitude either side. The second covers what the oracle's runs cannot
+    see: JAX computes in float32 where numpy promotes to float64 (tanh of
+    an int32), so a last-bit difference of a float32 step reaches a float64
+    output."""
+    if exact:
+        return [want]
+    w = want.astype(np.float64)
+    moved = [want]
+    if comparable:
+        base = spread[0].astype(np.float64)
+        for r in spread[1:]:
+            delta = r.astype(np.float64) - base
+            moved.append((w + np.where(np.isfinite(delta), delta, 0.0)).astype(want.dtype))
+    finite = np.abs(w[np.isfinite(w)])
+    scale = float(finite.max()) if finite.size else 0.0
+    tol = max(2.0**-16, 4 * float(oracle.finfo(want.dtype).eps)) * (np.where(np.isfinite(w), np.abs(w), 0.0) + scale)
+    moved += [(w - tol).astype(want.dtype), (w + tol).astype(want.dtype)]
+    return moved
+
+
+@seed(SEED + 3)
+@_settings(JAX_EXAMPLES)
+@given(programs.programs())
+def test_programs_written_with_jax_run_unchanged_through_tessel_jax(session, program):
+    """The same program written against jax.numpy (with jax.lax and
+    jax.vmap) runs through tessel.jax.jit, which reads what jax.jit lowers
+    it to: each output equals JAX's own run of it on CPU, bit for bit where
+    the oracle holds the value exact, and within the spread of the oracle's
+    perturbed runs around JAX's value where it carries rounding."""
+    import jax
+    import tessel.jax as tjax
+
+    if program.error is not None:
+        return
+    # JAX on CPU treats subnormals as zero (XLA sets the CPU's FTZ and DAZ
+    # modes), Tessel keeps them as numpy does: inputs go in flushed, and a
+    # subnormal that a step makes is settled by the numpy oracle below.
+    program = dataclasses.replace(program, inputs=[(n, _flush_subnormals(a)) for n, a in program.inputs])
+    f = _jax_function(program)
+    try:
+        want = [np.asarray(o) for o in jax.jit(f)(*program.arrays)]
+    except Exception:
+        return  # a program JAX itself refuses (numpy's semantics JAX lacks): nothing to compare
+    header = f"{_reproduce('test_programs_written_with_jax_run_unchanged_through_tessel_jax')}\nprogram:{program!r}"
+    try:
+        got = _fetch(tjax.jit(f)(*[tessel.device_put(a) for a in program.arrays]))
+    except Exception as e:
+        raise AssertionError(f"{header}\ntessel.jax: raised {type(e).__name__}: {e}") from e
+    runs = oracle.reference_runs(program, program.arrays)
+    for i, (g, w) in enumerate(zip(got, want)):
+        exact = program.exact[program.outputs[i]]
+        spread = [r[i] for r in runs]
+        comparable = all(r.shape == w.shape and r.dtype == w.dtype for r in spread)
+        why = oracle.mismatch(np.asarray(g), _around(w, spread, exact, comparable), exact)
+        if why and comparable and oracle.mismatch(np.asarray(g), spread, exact) is None:
+            continue  # JAX on CPU flushes subnormals to zero; Tessel keeps them, as numpy does
+        assert why is None, f"{header}\noutput {i} ({program.outputs[i]}) against JAX: {why}"
 
 
 # ---------------------------------------------------------------- plans

@@ -219,6 +219,30 @@ def test_gathers_and_scatters_as_jax_indexing_lowers_them(cluster):
     check(f, x, table, idx, labels, ids)
 
 
+def test_gathers_and_scatters_of_windows(cluster):
+    """Dimension numbers beyond points: windows along indexed dims (slice
+    updates, dynamic slices under vmap, LU's row swaps), windows at the
+    origin of dims nothing indexes, a window that does not fit (a gather
+    clamps its start, a scatter drops it whole), and a scatter that
+    indexes no dimension at all."""
+    x = RNG.normal(size=(5, 6, 7))
+    starts = np.array([0, 1, 4, 5, -2], np.int64)
+
+    def f(x, starts):
+        return {
+            "slice_set": x.at[1:4].set(1.0),
+            "slice_add": x.at[1:3, 2:5].add(x[:2, :3]),
+            "strided_mul": x.at[2:, ::2].multiply(2.0),
+            "vmap_slice": jax.vmap(lambda r, k: jax.lax.dynamic_slice(r, (k, 0), (2, 3)))(x, starts),
+            "vmap_update": jax.vmap(lambda r, k: jax.lax.dynamic_update_slice(r, jnp.ones((2, 3)), (k, 1)))(x, starts),
+            "mixed": x.at[jnp.array([0, 4, 2]), 1:3, jnp.array([1, 1, 6])].max(0.5),
+            "whole": x[:1, 0, 0].at[0:1].set(x[1, 1, :1]),
+            "slogdet": jnp.linalg.slogdet(x[:, :5, :5])[1],
+        }
+
+    check(f, x, starts, rtol=1e-10)
+
+
 def test_the_gradient_of_a_cross_entropy_runs_through_gather_and_scatter(cluster):
     x, w = RNG.normal(size=(6, 4)), RNG.normal(size=(4, 5))
     labels = np.array([0, 4, 2, 2, 1, 3], np.int32)
@@ -345,3 +369,42 @@ def test_in_and_out_shardings_as_pytree_prefixes(cluster):
     assert out.sharding.spec == P("data", None)
     with pytest.raises(ValueError, match="in_shardings does not match the structure it shards"):
         tjax.jit(f, in_shardings=({"w": None, "c": None}, None))(params, x)
+
+
+def test_jax_meshes_and_sharding_constraints_map_onto_the_tessel_mesh(cluster):
+    """A training step written for a JAX 2x2 mesh (data x model), with
+    JAX's NamedSharding and PartitionSpec: in_shardings in JAX's terms, a
+    with_sharding_constraint on JAX's mesh and one with a bare
+    PartitionSpec. On the cluster they name the Tessel mesh of the same
+    axes: the loss and gradients equal JAX's run on four host devices, and
+    the constrained activations come back laid out as constrained."""
+    JS, JP = jax.sharding.NamedSharding, jax.sharding.PartitionSpec
+    jmesh = jax.make_mesh((2, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    params = {"w1": RNG.normal(size=(4, 8)), "w2": RNG.normal(size=(8, 3))}
+    x, y = RNG.normal(size=(8, 4)), RNG.normal(size=(8, 3))
+
+    def step(params, x, y):
+        def loss(params):
+            h = jax.lax.with_sharding_constraint(jnp.tanh(x @ params["w1"]), JS(jmesh, JP("data", "model")))
+            out = jax.lax.with_sharding_constraint(h @ params["w2"], JP("data"))
+            return jnp.mean((out - y) ** 2), h
+
+        (value, h), grads = jax.value_and_grad(loss, has_aux=True)(params)
+        return value, grads, h
+
+    shardings = ({"w1": JS(jmesh, JP(None, "model")), "w2": JS(jmesh, JP("model"))}, JS(jmesh, JP("data")), None)
+    with jax.set_mesh(jmesh):  # the bare PartitionSpec's mesh, for JAX's own run
+        theirs = jax.jit(step, in_shardings=shardings)(params, x, y)
+    tmesh = tessel.Mesh({"data": 2, "model": 2})
+    ours = tjax.jit(step, in_shardings=shardings)(
+        params, x, tessel.device_put(y, tessel.NamedSharding(tmesh, tessel.P()))
+    )
+    for o, t in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(theirs)):
+        np.testing.assert_allclose(o.fetch(), np.asarray(t), rtol=1e-12, atol=1e-12)
+    assert ours[2].sharding == tessel.NamedSharding(tmesh, tessel.P("data", "model"))
+    # A constraint on a JAX mesh of other axes than the arguments' is an error naming both.
+    other = jax.make_mesh((4,), ("batch",), axis_types=(jax.sharding.AxisType.Auto,))
+    with pytest.raises(ValueError, match="incompatible placements.*batch"):
+        tjax.jit(lambda x: jax.lax.with_sharding_constraint(x * 2, JS(other, JP("batch"))))(
+            tessel.device_put(x, tessel.NamedSharding(tmesh, tessel.P("data")))
+        )

@@ -370,6 +370,8 @@ def _start_index(start, n, size, what, d):
         if st.shape != () or st.dtype.kind not in "iu":
             raise TypeError(f"{what}: start index {d} must be an integer scalar, got {st!r}")
         return clip(_wrap_negative(st, n), 0, hi)
+    if isinstance(start, _np.ndarray) and start.shape == () and start.dtype.kind in "iu":
+        start = start[()]  # a 0-d integer array, as jax.lax takes it
     if not isinstance(start, (int, _np.integer)) or isinstance(start, (bool, _np.bool_)):
         raise TypeError(f"{what}: start index {d} must be an integer scalar, got {start!r}")
     start = int(start)

@@ -118,9 +118,12 @@ class Program:
         lines.append(f"    return ({', '.join(outputs)},)")
         return "\n".join(lines)
 
-    def function(self, xp, steps=None, outputs=None):
-        """The program as a Python function over namespace `xp`."""
-        env = {"np": np, "ml_dtypes": oracle.ml_dtypes, "xp": xp, "lax": lax_of(xp), "vmap": vmap_of(xp)}
+    def function(self, xp, steps=None, outputs=None, lax=None, vmap=None):
+        """The program as a Python function over namespace `xp` (with the
+        control flow and vmap that go with it: `lax` and `vmap` name them
+        where xp is not ours, as for jax.numpy)."""
+        env = {"np": np, "ml_dtypes": oracle.ml_dtypes, "xp": xp}
+        env.update(lax=lax or lax_of(xp), vmap=vmap or vmap_of(xp))
         exec(self.source(steps, outputs), env)  # noqa: S102 - the program is ours
         return env["program"]
 
