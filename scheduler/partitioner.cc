@@ -227,7 +227,8 @@ absl::Status Partitioner::ProcessGraph(const v1::Graph& graph, const std::string
   for (const v1::Node& n : graph.nodes()) {
     const std::string name = StrCat(prefix, n.name());
     if (n.op() == v1::PARAMETER && !top) {
-      values_[name] = values_.at(bind.at(n.name()));
+      Value bound = values_.at(bind.at(n.name()));  // a copy: inserting `name` may rehash
+      values_[name] = std::move(bound);
       continue;
     }
     TESSEL_RETURN_IF_ERROR(Annotate(ProcessNode(n, prefix, name, top),
@@ -280,7 +281,8 @@ absl::Status Partitioner::ProcessNode(const v1::Node& n, const std::string& pref
       decompositions_.push_back(std::make_unique<v1::Graph>(std::move(d.graph)));
       const v1::Graph& body = *decompositions_.back();
       TESSEL_RETURN_IF_ERROR(ProcessGraph(body, StrCat(name, "/"), inner, false));
-      values_[name] = values_.at(StrCat(name, "/", body.outputs(0)));
+      Value result = values_.at(StrCat(name, "/", body.outputs(0)));  // a copy, as above
+      values_[name] = std::move(result);
       return absl::OkStatus();
     }
     case v1::MANUAL_REGION: return ProcessRegion(n, prefix, name);
@@ -291,7 +293,8 @@ absl::Status Partitioner::ProcessNode(const v1::Node& n, const std::string& pref
       const int k = n.tuple_element().index();
       if (auto region = values_.find(StrCat(prefix, n.operands(0), "#", k));
           region != values_.end()) {
-        values_[name] = region->second;  // a result of a manual region
+        Value result = region->second;  // a result of a manual region (copied, as above)
+        values_[name] = std::move(result);
         return absl::OkStatus();
       }
       v.s = control_results_.at(StrCat(prefix, n.operands(0)))[k];

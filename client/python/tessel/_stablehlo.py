@@ -12,7 +12,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy, stablehlo
 
 from tessel import _convolution
-from tessel import _gather_scatter
+from tessel import _gather_scatter, _stablehlo_manual
 from tessel import _lax_linalg as linalg
 from tessel import lax as tlax
 from tessel import numpy as tnp
@@ -277,6 +277,7 @@ class Interpreter:
         # Both kept alive: the operations below belong to the module.
         self.module, self.context = module, context
         self._householder = {}  # geqrf's stand-in result -> (it, Q), for orgqr
+        self.manual = []  # the manual computations (jax.shard_map) being read, innermost last
         self.functions = {}
         for op in module.body.operations:
             if op.operation.name == "func.func":
@@ -336,7 +337,7 @@ class Interpreter:
             env[arg] = value
         for i, op in enumerate(block.operations):
             name = op.operation.name
-            if name in ("func.return", "stablehlo.return"):
+            if name in ("func.return", "stablehlo.return", "sdy.return"):
                 return [self.value(env, v) for v in op.operands]
             try:
                 results = self.op(op, name, [self.value(env, v) for v in op.operands], env)
@@ -441,6 +442,12 @@ class Interpreter:
             if m:
                 return self.lapack(m.group(1), m.group(2), a, args, out_types)
             raise NotImplementedError(f"custom_call @{target} has no Tessel counterpart")
+        if name == "sdy.manual_computation":
+            return _stablehlo_manual.manual_computation(self, op, args, env, name)
+        if self.manual:
+            results = _stablehlo_manual.collective(self, self.manual[-1], name, op, args)
+            if results is not None:
+                return results
         if name == "sdy.sharding_constraint":
             return [with_sharding_constraint(args[0], self.named_sharding(a["sharding"]))]
         raise NotImplementedError(f"the op {name} has no Tessel counterpart yet")

@@ -306,3 +306,27 @@ def test_host_arguments_live_until_the_call_that_reads_them_has_run(session):
     big = np.arange(1 << 24, dtype=np.float32)
     for _ in range(2):
         np.testing.assert_array_equal(f(big, big).fetch(), big * 2 + big)
+
+
+def test_a_manual_regions_result_beside_other_outputs_keeps_its_value(session):
+    """The partitioner copied a manual region's result into its map of
+    values while inserting into that map: a rehash left the copy reading
+    freed memory, and the plan named an output ''. Each program here failed
+    so before its fix."""
+    mesh = tessel.Mesh({"data": 2, "model": 2})
+    x = np.arange(32, dtype=np.float32).reshape(8, 4)
+    y = np.linspace(-1, 1, 32, dtype=np.float32).reshape(8, 4)
+
+    def region(v):
+        return tessel.shard_map(lambda a: [tessel.psum(a, "data")], mesh, [P("data", "model")], [P(None, "model")])(v)[
+            0
+        ]
+
+    want = x[:4] + x[4:]
+    for f, expect in (
+        (lambda x, y: (region(x), tnp.sum(y)), (want, y.sum())),
+        (lambda x, y: (tnp.sum(x), region(x)), (x.sum(), want)),
+    ):
+        outs = tessel.jit(f)(x, y)
+        for got, ref in zip(outs, expect):
+            np.testing.assert_allclose(got.fetch(), ref, rtol=1e-6, atol=1e-5)

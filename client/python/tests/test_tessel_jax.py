@@ -408,3 +408,42 @@ def test_jax_meshes_and_sharding_constraints_map_onto_the_tessel_mesh(cluster):
         tjax.jit(lambda x: jax.lax.with_sharding_constraint(x * 2, JS(other, JP("batch"))))(
             tessel.device_put(x, tessel.NamedSharding(tmesh, tessel.P("data")))
         )
+
+
+def test_shard_map_and_its_collectives_run_as_a_tessel_manual_region(cluster):
+    """jax.shard_map (sdy.manual_computation) becomes a Tessel shard_map on
+    the mesh of the same axes, and its collectives, whose groups StableHLO
+    names by device ids, Tessel's over the axes those groups span: psum,
+    pmax over two axes, all_gather (over one axis, and over two in the
+    order other than the mesh's), ppermute, psum_scatter, all_to_all and
+    axis_index. A gradient through a shard_map (JAX's transposed body) runs
+    too. A shard_map manual over some of the mesh's axes is an error naming
+    them."""
+    JP = jax.sharding.PartitionSpec
+    mesh = jax.make_mesh((2, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+    def body(x, w):
+        s = jax.lax.psum(x @ w, "model")
+        g = jax.lax.all_gather(s, "data", axis=0, tiled=True)
+        g2 = jax.lax.all_gather(s, ("model", "data"), axis=1, tiled=True)
+        p = jax.lax.ppermute(s, "data", [(0, 1), (1, 0)])
+        m = jax.lax.pmax(s, ("data", "model"))
+        rs = jax.lax.psum_scatter(x, "model", scatter_dimension=0, tiled=True)
+        a = jax.lax.all_to_all(x, "data", 0, 1, tiled=True)
+        return s + p + m, g, g2, rs * jax.lax.axis_index("model"), a
+
+    specs = (JP("data"), JP("data"), JP("data", "model"), JP("data", "model"), JP("data", "model"))
+    f = jax.shard_map(body, mesh=mesh, in_specs=(JP("data", "model"), JP("model", None)), out_specs=specs)
+    x, w = RNG.normal(size=(8, 4)), RNG.normal(size=(4, 6))
+    check(f, x, w)
+
+    def loss(w, x):
+        local = lambda x, w: jax.lax.psum(jnp.sum(jnp.tanh(x @ w) ** 2), ("data", "model"))  # noqa: E731
+        return jax.shard_map(local, mesh=mesh, in_specs=(JP("data", "model"), JP("model", None)), out_specs=JP())(x, w)
+
+    check(jax.value_and_grad(loss), w, x, rtol=1e-10)
+    partial = jax.shard_map(
+        lambda x: jax.lax.psum(x, "data"), mesh=mesh, in_specs=JP("data"), out_specs=JP(), axis_names={"data"}
+    )
+    with pytest.raises(tessel.errors.InvalidArgumentError, match=r"manual over \['data'\] of the mesh's axes"):
+        tjax.jit(partial)(x)
