@@ -44,6 +44,13 @@ py_compile_100k  the same for 100,000 nodes (three graphs) against ten
                times py_compile_10k's figure: how far from linear. Goal
                <= 1.25x (what n log n growth would give over ten times the
                nodes).
+py_jax_import_10k  tessel.jax's first call of a new function of 10,000
+               jax.numpy ops (tanh and * chained): JAX's lowering, the
+               conversion of its StableHLO, Tessel's compile and one run;
+               median of 3 functions, in ms, beside JAX's lowering of the
+               same alone (what no importer can save). Goal <= 1000 ms.
+py_jax_first_call_10k  the same first call beside jax.jit's first call
+               (lowering, XLA's compile, one run). No goal: reported.
 py_resnet_block  one SGD step of a ResNet-style block (two 3x3
                convolutions with batch norm written in tessel.numpy, ReLU, a
                residual, a 2x2 max pool; forward and backward), f32, batch
@@ -404,6 +411,42 @@ def compile_time(nodes, graphs):
     return float(np.median(times)) * 1e3
 
 
+def jax_import(nodes, rounds):
+    """Median ms of tessel.jax's first call of a new `nodes`-op function
+    written with jax.numpy (JAX's lowering, the conversion, Tessel's
+    compile and one run), of JAX's lowering of it alone, and of jax.jit's
+    first call (lowering, XLA's compile, one run). Each round's function
+    is new, so no cache on either side helps."""
+    import jax
+
+    import tessel.jax as tjax
+
+    x = np.ones(16, np.float32)
+    xs = tessel.device_put(x)
+    spec = jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+    def make(r):
+        def chain(a, n=nodes // 2 + r):
+            for _ in range(n):
+                a = jax.numpy.tanh(a) * np.float32(1.0001)
+            return a
+
+        return chain
+
+    ours, lowering, first = [], [], []
+    for r in range(rounds):
+        start = time.perf_counter()
+        tjax.jit(make(r))(xs).fetch()
+        ours.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        jax.jit(make(r + rounds)).lower(spec)
+        lowering.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        np.asarray(jax.jit(make(r + 2 * rounds))(x))
+        first.append(time.perf_counter() - start)
+    return tuple(float(np.median(t)) * 1e3 for t in (ours, lowering, first))
+
+
 RESNET_BATCH, RESNET_SIZE, RESNET_CH, RESNET_STEPS = 32, 56, 64, 3
 
 
@@ -570,6 +613,11 @@ def main():
             rows.append(("py_compile_10k", "ms", ten, 100.0, "<= 100 ms", ten <= 100))
             hundred = compile_time(100_000, 3)
             rows.append(("py_compile_100k", "ms", hundred, 10 * ten, "<= 1.25x", hundred <= 1.25 * 10 * ten))
+    if not only or only in "py_jax_import_10k py_jax_first_call_10k":
+        with tessel.local_cluster(workers=1, devices_per_worker=1):
+            ours, lowering, first = jax_import(10_000, 3)
+            rows.append(("py_jax_import_10k", "ms", ours, lowering, "<= 1000 ms", ours <= 1000))
+            rows.append(("py_jax_first_call_10k", "ms", ours, first, "-", None))
     if not only or only in "py_pipeline_step":
         with tessel.local_cluster(workers=2, devices_per_worker=2):
             ours, base = pipeline()
