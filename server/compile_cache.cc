@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/dtype.h"
+#include "core/sharding.h"
 
 namespace tessel::server {
 
@@ -184,8 +185,56 @@ CompileCache::Counts CompileCache::counts(const std::string& tenant) const {
 
 namespace {
 
+// Where the layouts asked for differ from a cached executable's: its mesh,
+// a parameter's sharding, an output's (where one was asked for).
+void LayoutDifferences(const v1::Graph& graph,
+                       const absl::flat_hash_map<int, const v1::Node*>& params,
+                       const scheduler::CompileOptions& options,
+                       const scheduler::CompiledProgram& c, std::vector<std::string>& diffs) {
+  auto with_devices = [](v1::Mesh m) {  // no devices listed: 0..n-1
+    if (m.devices_size() == 0 && m.axis_names_size() > 0) {
+      int64_t n = 1;
+      for (int64_t size : m.axis_sizes()) n *= size;
+      for (int64_t d = 0; d < n; ++d) m.add_devices(static_cast<int32_t>(d));
+    }
+    return m.SerializeAsString();
+  };
+  if (with_devices(options.mesh) != with_devices(c.mesh)) {
+    auto mesh = [](const v1::Mesh& m) {
+      return m.axis_names_size() > 0 ? StrCat("mesh ", MeshString(m)) : std::string("no mesh");
+    };
+    diffs.push_back(StrCat(mesh(options.mesh), " here, ", mesh(c.mesh), " in the cached one"));
+    return;
+  }
+  for (size_t i = 0; i < options.parameter_shardings.size() && i < c.parameter_shardings.size();
+       ++i) {
+    auto p = params.find(static_cast<int>(i));
+    if (p == params.end()) continue;
+    const v1::Sharding want =
+        NormalizeSharding(options.parameter_shardings[i], p->second->type().dims_size());
+    if (!SameSharding(want, c.parameter_shardings[i])) {
+      diffs.push_back(StrCat("parameter ", i, " '", p->second->name(), "': laid out ",
+                             ShardingString(want), " here, ",
+                             ShardingString(c.parameter_shardings[i]), " in the cached one"));
+    }
+  }
+  for (int i = 0;
+       i < graph.outputs_size() && i < static_cast<int>(options.output_shardings.size()) &&
+       i < static_cast<int>(c.output_shardings.size());
+       ++i) {
+    const v1::Sharding& asked = options.output_shardings[i];
+    if (asked.unspecified()) continue;
+    const v1::Sharding want = NormalizeSharding(asked, c.output_shardings[i].dims_size());
+    if (!SameSharding(want, c.output_shardings[i])) {
+      diffs.push_back(StrCat("output ", i, ": laid out ", ShardingString(want), " here, ",
+                             ShardingString(c.output_shardings[i]), " in the cached one"));
+    }
+  }
+}
+
 // The differences between `graph` and one cached executable, most telling first.
 std::vector<std::string> Differences(const v1::Graph& graph, const std::vector<int>& donated,
+                                     const scheduler::CompileOptions* options,
                                      const CachedExecutable& e) {
   std::vector<std::string> diffs;
   absl::flat_hash_map<int, const v1::Node*> mine, theirs;
@@ -210,6 +259,7 @@ std::vector<std::string> Differences(const v1::Graph& graph, const std::vector<i
                              ")"));
     }
   }
+  if (options != nullptr) LayoutDifferences(graph, mine, *options, e.compiled, diffs);
   if (theirs.size() > mine.size()) {
     diffs.push_back(StrCat(theirs.size() - mine.size(), " fewer parameters than the cached one"));
   }
@@ -243,7 +293,8 @@ std::vector<std::string> Differences(const v1::Graph& graph, const std::vector<i
 }  // namespace
 
 std::string CompileCache::ExplainMiss(const std::string& tenant, const v1::Graph& graph,
-                                      const std::vector<int>& donated) const {
+                                      const std::vector<int>& donated,
+                                      const scheduler::CompileOptions* options) const {
   // The candidates are taken under the lock, most recently used first, and
   // compared outside it: a graph of many nodes against many executables of
   // its name holds up no Execute's lookup.
@@ -269,7 +320,7 @@ std::string CompileCache::ExplainMiss(const std::string& tenant, const v1::Graph
   std::vector<std::string> best;
   for (size_t i = 0; i < compared; ++i) {
     const CachedExecutable* e = same_name[i].get();
-    std::vector<std::string> diffs = Differences(graph, donated, *e);
+    std::vector<std::string> diffs = Differences(graph, donated, options, *e);
     // Fewest differences wins; ties go to the earlier fingerprint, so the
     // explanation does not depend on the order of use.
     if (nearest == nullptr || diffs.size() < best.size() ||

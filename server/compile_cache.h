@@ -86,8 +86,11 @@ class CompileCache {
   // type, donation, the first differing node, the number of outputs.
   // Compares the kMissCandidates most recently used of that name.
   static constexpr size_t kMissCandidates = 16;
+  // With `options`, layouts count too: the mesh, the parameters' and the
+  // outputs' shardings asked for against each candidate's.
   std::string ExplainMiss(const std::string& tenant, const v1::Graph& graph,
-                          const std::vector<int>& donated) const;
+                          const std::vector<int>& donated,
+                          const scheduler::CompileOptions* options = nullptr) const;
 
   Counts counts() const;
   Counts counts(const std::string& tenant) const;

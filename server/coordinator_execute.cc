@@ -54,7 +54,7 @@ absl::StatusOr<v1::CompileResponse> Coordinator::Compile(const v1::CompileReques
     log_->debug("session {}: compile of '{}' hit the cache ({})", req.session_id(),
                 req.graph().name(), key);
   } else {
-    resp.set_cache_miss_reason(cache_.ExplainMiss(tenant, req.graph(), donated));
+    resp.set_cache_miss_reason(cache_.ExplainMiss(tenant, req.graph(), donated, &options));
   }
   arrays_.CountCompile(req.session_id(), entry ? ArrayRegistry::CompileEvent::kCacheHit
                                                : ArrayRegistry::CompileEvent::kCacheMiss);

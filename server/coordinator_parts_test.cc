@@ -502,6 +502,40 @@ TEST(CompileCache, CountsHitsAndExplainsMisses) {
   EXPECT_THAT(cache.ExplainMiss("a", op, {}), HasSubstr("node 2 'z' (sub) differs"));
 }
 
+// A miss for the same graph laid out otherwise names the layout that
+// differs: a parameter's sharding, an output's, or the mesh.
+TEST(CompileCache, ExplainsAMissByTheLayoutsAskedFor) {
+  CompileCache cache;
+  const v1::Graph g = Parse(kAdd);
+  scheduler::CompileOptions options;
+  options.mesh.add_axis_names("data");
+  options.mesh.add_axis_sizes(2);
+  v1::Sharding split, whole;
+  split.add_dims()->add_axes("data");
+  whole.add_dims();
+  options.parameter_shardings = {split, whole};
+  auto c = scheduler::Compile(g, options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  c->fingerprint = "k1";
+  cache.Insert("a", *c, g);
+  EXPECT_THAT(cache.ExplainMiss("a", g, {}, &options),
+              HasSubstr("they differ only in attributes outside nodes and parameters"));
+  scheduler::CompileOptions swapped = options;
+  swapped.parameter_shardings = {whole, split};
+  const std::string why = cache.ExplainMiss("a", g, {}, &swapped);
+  EXPECT_THAT(why,
+              HasSubstr("parameter 0 'x': laid out P(None,) here, P('data',) in the cached one"));
+  EXPECT_THAT(why,
+              HasSubstr("parameter 1 'y': laid out P('data',) here, P(None,) in the cached one"));
+  scheduler::CompileOptions out = options;
+  out.output_shardings = {whole};
+  EXPECT_THAT(cache.ExplainMiss("a", g, {}, &out), HasSubstr("output 0: laid out P(None,) here"));
+  scheduler::CompileOptions other = options;
+  other.mesh.set_axis_sizes(0, 4);
+  EXPECT_THAT(cache.ExplainMiss("a", g, {}, &other),
+              HasSubstr("mesh {data: 4} here, mesh {data: 2} over devices 0,1 in the cached one"));
+}
+
 // Tenants see only their own entries: another tenant's id is not found,
 // and a miss is never explained against another tenant's graph.
 TEST(CompileCache, EachTenantSeesOnlyItsOwnEntries) {

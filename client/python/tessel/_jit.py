@@ -219,7 +219,7 @@ class Jitted:
                 best = diffs
         if best is None:
             return "the structure of the arguments (pytree) changed"
-        return "; ".join(best) or "no difference found"
+        return "; ".join(best) or "the same argument shapes, dtypes, donations and statics"
 
     def _trace(self, args, leaves, paths, donated_leaves):
         builder = Builder(self.fn.__name__)

@@ -192,15 +192,32 @@ class Jitted:
             k += n
         return tuple(out)
 
-    def __call__(self, *args, **kwargs):
+    def _leaves(self, args, kwargs):
         run, out_tree, n = self._program(args, kwargs)
         dyn, dyn_kw = self._split(args, kwargs)
         leaves = jax.tree_util.tree_leaves((dyn, dyn_kw))
         if len(leaves) != n:
             raise TypeError(f"tessel.jax.jit of {self.__name__}: {len(leaves)} argument leaves for {n} parameters")
         leaves = [np.asarray(x) if isinstance(x, (bool, int, float)) else x for x in leaves]
+        return run, out_tree, leaves
+
+    def __call__(self, *args, **kwargs):
+        run, out_tree, leaves = self._leaves(args, kwargs)
+        self._last = run
         outs = run(*leaves)
         return jax.tree_util.tree_unflatten(out_tree, list(outs))
+
+    def lower(self, *args, **kwargs):
+        """The plan for these arguments, as tessel.jit's lower gives it
+        (tessel.Compiled: .as_text(), .collectives with their reasons)."""
+        run, _, leaves = self._leaves(args, kwargs)
+        return run.lower(*leaves)
+
+    def donation_receipts(self):
+        """For the last call: per donated argument leaf, whether its buffer
+        was reused and for which output, as tessel.jit's."""
+        last = getattr(self, "_last", None)
+        return [] if last is None else last.donation_receipts()
 
 
 def jit(fun, *, in_shardings=None, out_shardings=None, static_argnums=(), static_argnames=(), donate_argnums=()):
