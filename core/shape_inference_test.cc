@@ -252,6 +252,28 @@ TEST(ShapeInference, GatherAndScatterPutTheIndicesInPlaceOfTheAxis) {
   EXPECT_FALSE(InferType(s, {&pred, &idx, &pupd}).ok());  // pred has no sum
   s.mutable_scatter()->set_combine(v1::REDUCE_MAX);
   EXPECT_TRUE(InferType(s, {&pred, &idx, &pupd}).ok());
+
+  // batch_dims: the leading dims the operand and the indices share.
+  v1::Node b = Op(v1::GATHER);
+  b.mutable_gather()->set_axis(1);
+  b.mutable_gather()->set_batch_dims(1);
+  auto bidx = MakeType(v1::S32, {4, 7});
+  EXPECT_EQ(TypeString(*InferType(b, {&x, &bidx})), "f32[4,7,2]");
+  auto mismatched = InferType(b, {&x, &idx});  // indices [3,5]: their dim 0 is not the operand's 4
+  ASSERT_FALSE(mismatched.ok());
+  EXPECT_NE(mismatched.status().message().find("gather batch dimension 0"), absl::string_view::npos)
+      << mismatched.status();
+  b.mutable_gather()->set_batch_dims(2);  // past the axis
+  auto past = InferType(b, {&x, &bidx});
+  ASSERT_FALSE(past.ok());
+  EXPECT_NE(past.status().message().find("gather batch_dims: expected 0 to 1"),
+            absl::string_view::npos)
+      << past.status();
+  v1::Node bs = Op(v1::SCATTER);
+  bs.mutable_scatter()->set_axis(1);
+  bs.mutable_scatter()->set_batch_dims(1);
+  auto bupd = MakeType(v1::F32, {4, 7, 2});
+  EXPECT_EQ(TypeString(*InferType(bs, {&x, &bidx, &bupd})), "f32[4,6,2]");
 }
 
 TEST(ShapeInference, RejectsNegativeAndOverflowingDims) {

@@ -136,16 +136,19 @@ class Emitter {
     n.mutable_constant()->mutable_fill()->set_i(v);
     return Emit(std::move(n), base_);
   }
-  std::string Gather(const std::string& x, const std::string& indices, int64_t axis) {
+  std::string Gather(const std::string& x, const std::string& indices, int64_t axis,
+                     int64_t batch_dims = 0) {
     v1::Node n = Op(v1::GATHER, {x, indices});
     n.mutable_gather()->set_axis(axis);
+    n.mutable_gather()->set_batch_dims(batch_dims);
     return Emit(std::move(n), base_);
   }
   std::string Scatter(const std::string& x, const std::string& indices, const std::string& updates,
-                      int64_t axis, v1::ReduceKind combine) {
+                      int64_t axis, v1::ReduceKind combine, int64_t batch_dims = 0) {
     v1::Node n = Op(v1::SCATTER, {x, indices, updates});
     n.mutable_scatter()->set_axis(axis);
     n.mutable_scatter()->set_combine(combine);
+    n.mutable_scatter()->set_batch_dims(batch_dims);
     return Emit(std::move(n), base_);
   }
   // Result k of multi-result node `v`, of type `t`.

@@ -12,8 +12,22 @@ absl::StatusOr<TensorType> GatherOrScatter(const v1::Node& n, Operands ops) {
   TESSEL_RETURN_IF_ERROR(gather ? CheckAttrs(n, v1::Node::kGather, "gather")
                                 : CheckAttrs(n, v1::Node::kScatter, "scatter"));
   const int64_t axis = gather ? n.gather().axis() : n.scatter().axis();
+  const int64_t batch = gather ? n.gather().batch_dims() : n.scatter().batch_dims();
   const std::string what = gather ? "gather" : "scatter";
   TESSEL_RETURN_IF_ERROR(CheckDimIndex(StrCat(what, " axis"), axis, ops[0]->dims_size()));
+  if (batch < 0 || batch > axis || batch > ops[1]->dims_size()) {
+    return InvalidArgumentError(StrCat(what, " batch_dims: expected 0 to ",
+                                       std::min<int64_t>(axis, ops[1]->dims_size()),
+                                       " (at most the axis, ", axis, ", and the indices' rank, ",
+                                       ops[1]->dims_size(), "), got ", batch));
+  }
+  for (int d = 0; d < batch; ++d) {
+    if (ops[0]->dims(d) != ops[1]->dims(d)) {
+      return InvalidArgumentError(StrCat(what, " batch dimension ", d, ": the operand ",
+                                         TypeString(*ops[0]), " and the indices ",
+                                         TypeString(*ops[1]), " must agree on it"));
+    }
+  }
   TESSEL_RETURN_IF_ERROR(CheckDType(StrCat(what, " indices"), Admits::kFloatOrInt, *ops[1]));
   if (IsFloat(ops[1]->dtype())) {
     return InvalidArgumentError(StrCat(
@@ -22,7 +36,7 @@ absl::StatusOr<TensorType> GatherOrScatter(const v1::Node& n, Operands ops) {
   }
   // Picked slices: operand[:axis] + indices + operand[axis+1:].
   std::vector<int64_t> picked(ops[0]->dims().begin(), ops[0]->dims().begin() + axis);
-  picked.insert(picked.end(), ops[1]->dims().begin(), ops[1]->dims().end());
+  picked.insert(picked.end(), ops[1]->dims().begin() + batch, ops[1]->dims().end());
   picked.insert(picked.end(), ops[0]->dims().begin() + axis + 1, ops[0]->dims().end());
   if (gather && ops[0]->dims(axis) == 0 && NumElementsUnchecked(*ops[1]) > 0) {
     return InvalidArgumentError(StrCat("gather along axis ", axis, " of ", TypeString(*ops[0]),

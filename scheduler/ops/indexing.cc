@@ -15,6 +15,23 @@ namespace {
 
 using absl::StrCat;
 
+// Batch dims (batch_dims) pair the operand's with the indices': where the
+// operand's is whole and the indices' split (over axes the operand does not
+// use), the operand takes that split, which a replicated operand gives
+// without moving a byte.
+void TakeBatchSplits(v1::Sharding& x, const v1::Sharding& indices, int64_t nb) {
+  for (int d = 0; d < nb; ++d) {
+    const Axes want = DimAxes(indices, d);
+    if (!DimAxes(x, d).empty() || want.empty()) continue;
+    bool free = true;
+    for (const auto& dim : x.dims()) {
+      for (const std::string& a : dim.axes())
+        free &= std::find(want.begin(), want.end(), a) == want.end();
+    }
+    if (free) SetDimAxes(x, d, want);
+  }
+}
+
 // A split indexed dimension: where the result is smaller than the gathered
 // operand would be, each device reads the slices it holds and puts the
 // lowest value elsewhere, so the result is a partial max over the split
@@ -22,10 +39,16 @@ using absl::StrCat;
 // the dimension is gathered. The operand's other splits and the indices'
 // splits carry to the result, unless a mesh axis would then split two
 // dimensions.
+//
+// Batch dimensions (batch_dims) pair the operand's with the indices': each
+// keeps the operand's split, which the indices take too, so a batch split
+// alike on both needs no collective.
 void LayoutGather(const LayoutQuery& q, Layout& l) {
-  const int64_t ax = q.node.gather().axis();
+  const int64_t ax = q.node.gather().axis(), nb = q.node.gather().batch_dims();
   const v1::TensorType &xt = *q.types[0], &it = *q.types[1];
   v1::Sharding x = Complete(q.current[0]), ix = Complete(q.current[1]);
+  TakeBatchSplits(x, ix, nb);
+  for (int d = 0; d < nb; ++d) SetDimAxes(ix, d, DimAxes(x, d));
   const Axes split = DimAxes(x, ax);
   if (AxesSize(q.mesh, split) > 1 &&
       NumElementsUnchecked(q.node.type()) < NumElementsUnchecked(xt)) {
@@ -35,7 +58,7 @@ void LayoutGather(const LayoutQuery& q, Layout& l) {
   }
   absl::flat_hash_set<std::string> used;
   for (const auto& d : x.dims()) used.insert(d.axes().begin(), d.axes().end());
-  for (int d = 0; d < ix.dims_size(); ++d) {
+  for (int d = int(nb); d < ix.dims_size(); ++d) {
     for (const std::string& a : DimAxes(ix, d)) {
       if (used.contains(a)) {
         SetDimAxes(ix, d, {});
@@ -45,12 +68,12 @@ void LayoutGather(const LayoutQuery& q, Layout& l) {
   }
   l.want[0] = x;
   l.want[1] = ix;
-  const int ir = it.dims_size();
+  const int ir = it.dims_size() - int(nb);  // the indices' dims in the result
   for (int d = 0; d < xt.dims_size(); ++d) {
     if (d < ax) SetDimAxes(l.result, d, DimAxes(x, d));
     if (d > ax) SetDimAxes(l.result, d - 1 + ir, DimAxes(x, d));
   }
-  for (int d = 0; d < ir; ++d) SetDimAxes(l.result, int(ax) + d, DimAxes(ix, d));
+  for (int d = 0; d < ir; ++d) SetDimAxes(l.result, int(ax) + d, DimAxes(ix, int(nb) + d));
   for (const std::string& a : l.indexed_split) l.result.add_partial(a);
   if (!l.indexed_split.empty()) l.result.set_partial_kind(v1::REDUCE_MAX);
 }
@@ -94,13 +117,14 @@ absl::StatusOr<std::string> LowerGather(LocalGraph& g, const Lowering& w, v1::No
   TESSEL_ASSIGN_OR_RETURN(std::string lt,
                           g.EmitOp(v1::COMPARE, {bi, size}, name + ".mine", compare(v1::LT)));
   TESSEL_ASSIGN_OR_RETURN(std::string mine, g.EmitOp(v1::AND, {ge, lt}, name + ".mine"));
-  TESSEL_ASSIGN_OR_RETURN(mine,
-                          g.EmitOp(v1::BROADCAST_IN_DIM, {mine}, name + ".mine", [&](v1::Node& b) {
-                            *b.mutable_broadcast_in_dim()->mutable_dims() = gt.dims();
-                            for (int d = 0; d < bt.dims_size(); ++d) {
-                              b.mutable_broadcast_in_dim()->add_broadcast_dimensions(indexed + d);
-                            }
-                          }));
+  TESSEL_ASSIGN_OR_RETURN(
+      mine, g.EmitOp(v1::BROADCAST_IN_DIM, {mine}, name + ".mine", [&](v1::Node& b) {
+        *b.mutable_broadcast_in_dim()->mutable_dims() = gt.dims();
+        const int64_t nb = w.node.gather().batch_dims();
+        for (int d = 0; d < bt.dims_size(); ++d) {
+          b.mutable_broadcast_in_dim()->add_broadcast_dimensions(d < nb ? d : indexed + d - nb);
+        }
+      }));
   const auto [low_f, low_i] = LowestValue(gt.dtype());
   TESSEL_ASSIGN_OR_RETURN(std::string low, g.EmitFill(gt, low_f, low_i, name + ".lowest"));
   return g.EmitOp(v1::SELECT, {mine, out, low}, name + ".held");
@@ -112,11 +136,13 @@ absl::StatusOr<std::string> LowerGather(LocalGraph& g, const Lowering& w, v1::No
 // and the updates' matching block. No collective but those that make the
 // indices whole.
 void LayoutScatter(const LayoutQuery& q, Layout& l) {
-  const int64_t ax = q.node.scatter().axis();
+  const int64_t ax = q.node.scatter().axis(), nb = q.node.scatter().batch_dims();
   v1::Sharding x = Complete(q.current[0]);
-  const int ir = q.types[1]->dims_size();
+  TakeBatchSplits(x, Complete(q.current[1]), nb);
+  const int ir = q.types[1]->dims_size() - int(nb);  // the indices' dims in the updates
   l.want[0] = x;
-  l.want[1] = Replicated(ir);
+  l.want[1] = Replicated(q.types[1]->dims_size());
+  for (int d = 0; d < nb; ++d) SetDimAxes(l.want[1], d, DimAxes(x, d));  // batch: as the operand
   l.want[2] = Replicated(q.types[2]->dims_size());
   for (int d = 0; d < q.types[0]->dims_size(); ++d) {
     if (d < ax) SetDimAxes(l.want[2], d, DimAxes(x, d));
@@ -150,7 +176,7 @@ absl::Status VjpGather(ReverseMode& m, const v1::Node& n, const std::string& ct)
   const std::string idx = e.Emit(e.Op(v1::CLAMP, {e.FillInt(scalar, 0), m.Operand(n, 1),
                                                   e.FillInt(scalar, xt.dims(axis) - 1)}),
                                  "clamp");
-  m.Into(n, 0, e.Scatter(e.Zeros(xt), idx, ct, axis, v1::SUM));
+  m.Into(n, 0, e.Scatter(e.Zeros(xt), idx, ct, axis, v1::SUM, n.gather().batch_dims()));
   return absl::OkStatus();
 }
 
@@ -167,6 +193,12 @@ absl::Status VjpScatter(ReverseMode& m, const v1::Node& n, const std::string& ct
   }
   const std::string i = m.Operand(n, 1);
   const int64_t axis = n.scatter().axis(), count = NumElementsUnchecked(it);
+  const int64_t nb = n.scatter().batch_dims();
+  if (nb > 0 && k == v1::REDUCE_INVALID) {
+    return absl::UnimplementedError(StrCat(m.Where(), ": scatter '", n.name(),
+                                           "' replaces with batch_dims ", nb,
+                                           ", which has no reverse-mode rule yet (SUM has one)"));
+  }
   // An update reaches the result when its index is in range and, when
   // updates replace, no later update at that index overwrote it.
   std::string kept = e.Binary(v1::AND, e.Compare(v1::GE, i, e.FillInt(it, 0)),
@@ -186,8 +218,8 @@ absl::Status VjpScatter(ReverseMode& m, const v1::Node& n, const std::string& ct
     kept = e.Binary(v1::AND, kept, e.Reshape(won, Dims(it)));
   }
   std::vector<int64_t> at(it.dims_size());
-  std::iota(at.begin(), at.end(), axis);
-  m.Into(n, 2, e.Select(e.Broadcast(kept, Dims(ut), at), e.Gather(ct, i, axis), e.Zeros(ut)));
+  for (int d = 0; d < it.dims_size(); ++d) at[d] = d < nb ? d : axis + d - nb;
+  m.Into(n, 2, e.Select(e.Broadcast(kept, Dims(ut), at), e.Gather(ct, i, axis, nb), e.Zeros(ut)));
   return absl::OkStatus();
 }
 
@@ -257,9 +289,15 @@ std::string FlatOperand(Batching& b, const std::string& x, int64_t axis,
 }
 
 absl::StatusOr<std::string> BatchGather(Batching& b, const v1::Node& n) {
-  const int64_t axis = n.gather().axis();
+  const int64_t axis = n.gather().axis(), nb = n.gather().batch_dims();
   const bool xb = b.IsBatched(n.operands(0)), ib = b.IsBatched(n.operands(1));
   const std::string x = b.Value(n.operands(0)), i = b.Value(n.operands(1));
+  if (nb > 0) {  // the batch is one more batch dimension of both
+    return b.Emit(n, {b.Batched(n.operands(0)), b.Batched(n.operands(1))}, [&](v1::Node& c) {
+      c.mutable_gather()->set_axis(axis + 1);
+      c.mutable_gather()->set_batch_dims(nb + 1);
+    });
+  }
   if (!ib) {  // the batch is one more leading dimension of the operand
     return b.Emit(n, {x, i}, [&](v1::Node& c) { c.mutable_gather()->set_axis(axis + 1); });
   }
@@ -283,7 +321,14 @@ absl::StatusOr<std::string> BatchGather(Batching& b, const v1::Node& n) {
 }
 
 absl::StatusOr<std::string> BatchScatter(Batching& b, const v1::Node& n) {
-  const int64_t axis = n.scatter().axis();
+  const int64_t axis = n.scatter().axis(), nb = n.scatter().batch_dims();
+  if (nb > 0) {  // the batch is one more batch dimension of all three
+    return b.Emit(n, {b.Batched(n.operands(0)), b.Batched(n.operands(1)), b.Batched(n.operands(2))},
+                  [&](v1::Node& c) {
+                    c.mutable_scatter()->set_axis(axis + 1);
+                    c.mutable_scatter()->set_batch_dims(nb + 1);
+                  });
+  }
   if (!b.IsBatched(n.operands(1))) {  // the batch leads the operand and the updates alike
     return b.Emit(n, {b.Batched(n.operands(0)), b.Value(n.operands(1)), b.Batched(n.operands(2))},
                   [&](v1::Node& c) { c.mutable_scatter()->set_axis(axis + 1); });

@@ -132,9 +132,7 @@ absl::Status CpuExecutable::Execute(int i, std::vector<BufferPtr>& values,
     case v1::SORT:
       Sort(arg_type(0), arg(0), t, arg(n.sort().result_operand()), n.sort(), out);
       break;
-    case v1::GATHER:
-      Gather(arg_type(0), arg(0), arg_type(1), arg(1), n.gather().axis(), out);
-      break;
+    case v1::GATHER: Gather(arg_type(0), arg(0), arg_type(1), arg(1), n.gather(), out); break;
     case v1::SCATTER:
       Scatter(arg_type(0), arg(0), arg_type(1), arg(1), arg(2), n.scatter(), out);
       break;

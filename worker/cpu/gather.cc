@@ -26,17 +26,20 @@ int64_t IndexAt(v1::DType dt, const void* indices, int64_t j) {
   }
 }
 
-// The operand as [outer, extent, inner] around `axis`, inner in elements.
+// The operand as [batch, outer, extent, inner] around `axis` (inner in
+// elements), the indices as [batch, count].
 struct Around {
-  int64_t outer = 1, extent = 0, inner = 1, count = 1;  // count: number of indices
+  int64_t batch = 1, outer = 1, extent = 0, inner = 1, count = 1;
 };
 
-Around AroundAxis(const v1::TensorType& t, const v1::TensorType& indices_type, int64_t axis) {
+Around AroundAxis(const v1::TensorType& t, const v1::TensorType& indices_type, int64_t axis,
+                  int64_t batch_dims) {
   Around a;
-  for (int d = 0; d < axis; ++d) a.outer *= t.dims(d);
+  for (int d = 0; d < batch_dims; ++d) a.batch *= t.dims(d);
+  for (int d = int(batch_dims); d < axis; ++d) a.outer *= t.dims(d);
   for (int d = int(axis) + 1; d < t.dims_size(); ++d) a.inner *= t.dims(d);
   a.extent = t.dims(int(axis));
-  for (int64_t d : indices_type.dims()) a.count *= d;
+  for (int d = int(batch_dims); d < indices_type.dims_size(); ++d) a.count *= indices_type.dims(d);
   return a;
 }
 
@@ -74,18 +77,22 @@ void Combine(v1::ReduceKind k, const void* src, void* dst, int64_t n) {
 }  // namespace
 
 void Gather(const v1::TensorType& operand_type, const void* operand,
-            const v1::TensorType& indices_type, const void* indices, int64_t axis, void* out) {
-  const Around a = AroundAxis(operand_type, indices_type, axis);
+            const v1::TensorType& indices_type, const void* indices, const v1::GatherAttrs& attrs,
+            void* out) {
+  const Around a = AroundAxis(operand_type, indices_type, attrs.axis(), attrs.batch_dims());
   const int64_t row = a.inner * DTypeSize(operand_type.dtype());
   const char* src = static_cast<const char*>(operand);
   char* dst = static_cast<char*>(out);
   if (a.extent == 0 || row == 0)
     return;  // no slices to pick (validation: then no indices either, or empty rows)
-  for (int64_t o = 0; o < a.outer; ++o) {
-    for (int64_t j = 0; j < a.count; ++j) {
-      int64_t i = IndexAt(indices_type.dtype(), indices, j);
-      i = i < 0 ? 0 : i >= a.extent ? a.extent - 1 : i;
-      std::memcpy(dst + (o * a.count + j) * row, src + (o * a.extent + i) * row, row);
+  for (int64_t b = 0; b < a.batch; ++b) {
+    for (int64_t o = 0; o < a.outer; ++o) {
+      const int64_t slab = b * a.outer + o;
+      for (int64_t j = 0; j < a.count; ++j) {
+        int64_t i = IndexAt(indices_type.dtype(), indices, b * a.count + j);
+        i = i < 0 ? 0 : i >= a.extent ? a.extent - 1 : i;
+        std::memcpy(dst + (slab * a.count + j) * row, src + (slab * a.extent + i) * row, row);
+      }
     }
   }
 }
@@ -93,21 +100,24 @@ void Gather(const v1::TensorType& operand_type, const void* operand,
 void Scatter(const v1::TensorType& operand_type, const void* operand,
              const v1::TensorType& indices_type, const void* indices, const void* updates,
              const v1::ScatterAttrs& attrs, void* out) {
-  const Around a = AroundAxis(operand_type, indices_type, attrs.axis());
+  const Around a = AroundAxis(operand_type, indices_type, attrs.axis(), attrs.batch_dims());
   const int64_t esize = DTypeSize(operand_type.dtype()), row = a.inner * esize;
-  if (out != operand) std::memcpy(out, operand, a.outer * a.extent * row);
+  if (out != operand) std::memcpy(out, operand, a.batch * a.outer * a.extent * row);
   const char* upd = static_cast<const char*>(updates);
   char* dst = static_cast<char*>(out);
-  for (int64_t o = 0; o < a.outer; ++o) {
-    for (int64_t j = 0; j < a.count; ++j) {
-      const int64_t i = IndexAt(indices_type.dtype(), indices, j);
-      if (i < 0 || i >= a.extent) continue;
-      const char* u = upd + (o * a.count + j) * row;
-      char* d = dst + (o * a.extent + i) * row;
-      if (attrs.combine() == v1::REDUCE_INVALID) {
-        std::memcpy(d, u, row);
-      } else {
-        TESSEL_DISPATCH(operand_type.dtype(), D, Combine<D>(attrs.combine(), u, d, a.inner));
+  for (int64_t b = 0; b < a.batch; ++b) {
+    for (int64_t o = 0; o < a.outer; ++o) {
+      const int64_t slab = b * a.outer + o;
+      for (int64_t j = 0; j < a.count; ++j) {
+        const int64_t i = IndexAt(indices_type.dtype(), indices, b * a.count + j);
+        if (i < 0 || i >= a.extent) continue;
+        const char* u = upd + (slab * a.count + j) * row;
+        char* d = dst + (slab * a.extent + i) * row;
+        if (attrs.combine() == v1::REDUCE_INVALID) {
+          std::memcpy(d, u, row);
+        } else {
+          TESSEL_DISPATCH(operand_type.dtype(), D, Combine<D>(attrs.combine(), u, d, a.inner));
+        }
       }
     }
   }

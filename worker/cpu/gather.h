@@ -6,9 +6,11 @@
 
 namespace tessel::cpu {
 
-// `out` = operand's slices along `axis` at `indices` (clamped into range).
+// `out` = operand's slices along `axis` at `indices` (clamped into range),
+// each batch element's from its own operand (GatherAttrs.batch_dims).
 void Gather(const v1::TensorType& operand_type, const void* operand,
-            const v1::TensorType& indices_type, const void* indices, int64_t axis, void* out);
+            const v1::TensorType& indices_type, const void* indices, const v1::GatherAttrs& attrs,
+            void* out);
 
 // `out` (operand's type) = operand with `updates` combined in at `indices`
 // along a.axis(); updates at indices out of range are dropped. Repeated

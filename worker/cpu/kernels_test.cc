@@ -1,11 +1,13 @@
 // CPU kernels against naive loops written independently here.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 
 #include "core/dtype.h"
 #include "worker/cpu/dot.h"
 #include "worker/cpu/fused_loop.h"
+#include "worker/cpu/gather.h"
 #include "worker/cpu/layout.h"
 #include "worker/cpu/reduce.h"
 
@@ -69,6 +71,46 @@ TEST(Dot, BatchedIntegerDotWraps) {
       }
     }
   }
+}
+
+// Operand [B=2, M=3, N=4, R=2], indices [B=2, K=5] along axis 2 with one
+// batch dim: each batch element picks from its own slab; out-of-range
+// indices clamp (gather) or drop (scatter).
+TEST(GatherScatter, BatchDimsPickFromEachElementsOwnOperand) {
+  const int64_t B = 2, M = 3, N = 4, R = 2, K = 5;
+  std::vector<float> x = Random(B * M * N * R, 3);
+  const std::vector<int32_t> idx = {0, 3, -1, 9, 2, 1, 1, 3, 0, 2};
+  const v1::TensorType xt = MakeType(v1::F32, {B, M, N, R}), it = MakeType(v1::S32, {B, K});
+  v1::GatherAttrs g;
+  g.set_axis(2);
+  g.set_batch_dims(1);
+  std::vector<float> out(B * M * K * R);
+  Gather(xt, x.data(), it, idx.data(), g, out.data());
+  auto at = [&](int64_t b, int64_t m, int64_t n, int64_t r) {
+    return ((b * M + m) * N + n) * R + r;
+  };
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t r = 0; r < R; ++r) {
+          const int64_t i = std::clamp<int64_t>(idx[b * K + k], 0, N - 1);
+          ASSERT_EQ(out[((b * M + m) * K + k) * R + r], x[at(b, m, i, r)]) << b << m << k << r;
+        }
+  v1::ScatterAttrs s;
+  s.set_axis(2);
+  s.set_batch_dims(1);
+  s.set_combine(v1::SUM);
+  std::vector<float> upd = Random(B * M * K * R, 4), got(x.size());
+  Scatter(xt, x.data(), it, idx.data(), upd.data(), s, got.data());
+  std::vector<float> want = x;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t r = 0; r < R; ++r) {
+          const int64_t i = idx[b * K + k];
+          if (i >= 0 && i < N) want[at(b, m, i, r)] += upd[((b * M + m) * K + k) * R + r];
+        }
+  for (size_t e = 0; e < want.size(); ++e) ASSERT_FLOAT_EQ(got[e], want[e]) << e;
 }
 
 TEST(Layout, TransposeAndPadMatchNaiveIndexing) {

@@ -669,14 +669,18 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddSort(const v1::Node& n, const v1::
 
 namespace {
 
-// [outer, extent, inner] around `axis` of `t`, and the number of indices.
+// [outer, extent, inner] around `axis` of `t` (outer counting the batch
+// dims too: `per_batch` of it per batch element), and the number of indices
+// per batch element.
 struct AroundAxis {
-  int64_t outer = 1, extent = 0, inner = 1, count = 1;
-  AroundAxis(const v1::TensorType& t, const v1::TensorType& indices, int64_t axis) {
+  int64_t outer = 1, per_batch = 1, extent = 0, inner = 1, count = 1;
+  AroundAxis(const v1::TensorType& t, const v1::TensorType& indices, int64_t axis,
+             int64_t batch_dims = 0) {
     for (int d = 0; d < axis; ++d) outer *= t.dims(d);
+    for (int d = int(batch_dims); d < axis; ++d) per_batch *= t.dims(d);
     for (int d = int(axis) + 1; d < t.dims_size(); ++d) inner *= t.dims(d);
     extent = t.dims(int(axis));
-    for (int64_t d : indices.dims()) count *= d;
+    for (int d = int(batch_dims); d < indices.dims_size(); ++d) count *= indices.dims(d);
   }
 };
 
@@ -685,17 +689,18 @@ struct AroundAxis {
 absl::StatusOr<KernelLaunch> ModuleSource::AddGather(const v1::Node& n,
                                                      const v1::TensorType& operand,
                                                      const v1::TensorType& indices) {
-  const AroundAxis a(operand, indices, n.gather().axis());
+  const AroundAxis a(operand, indices, n.gather().axis(), n.gather().batch_dims());
   const std::string e = Bits(DTypeSize(operand.dtype()));
   std::string decls = PtrDecl(e, "in", 0, true) +
                       PtrDecl(Storage(indices.dtype()), "idx", 1, true) +
                       PtrDecl(e, "out", 2, false);
+  // Each batch element (o / per_batch) reads its own indices.
   std::string body = absl::StrFormat(
-      "    const i64 e = i %% %d, j = i / %d %% %d, o = i / %d / %d;\n"
+      "    const i64 e = i %% %d, o = i / %d / %d, j = i / %d %% %d + o / %d * %d;\n"
       "    i64 k = %s;\n"
       "    k = k < 0 ? 0 : k >= %d ? %d : k;\n"
       "    out[i] = in[(o * %d + k) * %d + e];\n",
-      a.inner, a.inner, a.count, a.inner, a.count,
+      a.inner, a.inner, a.count, a.inner, a.count, a.per_batch, a.count,
       // a u64 index past int64 is out of range all the same
       indices.dtype() == v1::U64
           ? "idx[j] > 0x7fffffffffffffffull ? 0x7fffffffffffffffll : (i64)idx[j]"
@@ -708,6 +713,11 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddGather(const v1::Node& n,
 absl::StatusOr<KernelLaunch> ModuleSource::AddScatter(const v1::Node& n,
                                                       const v1::TensorType& operand,
                                                       const v1::TensorType& indices) {
+  if (n.scatter().batch_dims() > 0) {
+    return absl::UnimplementedError(StrCat("scatter '", n.name(), "' with batch_dims ",
+                                           n.scatter().batch_dims(),
+                                           " has no CUDA kernel yet (the CPU device runs it)"));
+  }
   const AroundAxis a(operand, indices, n.scatter().axis());
   const v1::DType dt = operand.dtype();
   const v1::ReduceKind k = n.scatter().combine();

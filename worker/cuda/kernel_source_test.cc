@@ -676,7 +676,7 @@ TEST(KernelSource, GatherAndScatterMatchTheCpuBackend) {
           ASSERT_TRUE(l.ok()) << l.status();
           batch.Add(
               *l, {x, idx}, picked,
-              [=](auto ins, void* out) { cpu::Gather(x, ins[0], idx, ins[1], axis, out); },
+              [=](auto ins, void* out) { cpu::Gather(x, ins[0], idx, ins[1], n.gather(), out); },
               "gather " + what);
           ++expected;
         }

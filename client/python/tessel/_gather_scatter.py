@@ -18,6 +18,7 @@ the implementation)."""
 import numpy as np
 
 from tessel import numpy as tnp
+from tessel.numpy import _indexing
 
 
 def _broadcast_in_dim(x, dims, shape):
@@ -87,10 +88,57 @@ def _positions(x, indices, index_vector_dim, index_map, batching, index_batching
     return xs, lin, valid, total, kept, batch_shape
 
 
+def _batched_form(x, indices, index_vector_dim, index_map, batching, index_batching, one_point):
+    """Whether a gather or scatter is one GATHER/SCATTER with batch dims:
+    the batching dims lead the operand and the indices alike, one dim is
+    indexed by one index per point, and `one_point` holds for that dim.
+    Returns (axis, number of batch dims, the indices without their vector
+    dim), or None."""
+    nb = len(batching)
+    if not nb or list(batching) != list(range(nb)) or list(index_batching) != list(range(nb)):
+        return None
+    if len(index_map) != 1 or index_map[0] < nb or not one_point(index_map[0]):
+        return None
+    idx = tnp.asarray(indices)
+    if index_vector_dim == idx.ndim - 1 and idx.shape[-1] == 1:
+        idx = tnp.reshape(idx, tuple(idx.shape[:-1]))
+    elif index_vector_dim != idx.ndim:
+        return None
+    if idx.ndim < nb:
+        return None
+    return index_map[0], nb, idx
+
+
+def _reorder(dims, want):
+    """The permutation that takes dims labelled `dims` to the order `want`."""
+    return [dims.index(w) for w in want]
+
+
 def gather(dimension_numbers, slice_sizes, x, indices):
     """stablehlo.gather: `dimension_numbers` is a GatherDimensionNumbers."""
     d, sizes = dimension_numbers, list(slice_sizes)
     x = tnp.asarray(x)
+    form = _batched_form(
+        x,
+        indices,
+        d.index_vector_dim,
+        list(d.start_index_map),
+        list(d.operand_batching_dims),
+        list(d.start_indices_batching_dims),
+        lambda dim: sizes[dim] == 1 and dim in set(d.collapsed_slice_dims),
+    )
+    whole = form is not None and all(sizes[k] == x.shape[k] for k in range(x.ndim) if k >= form[1] and k != form[0])
+    if whole:  # one GATHER with batch dims: a batch split stays split
+        axis, nb, idx = form
+        out = _indexing._gather(x, tnp.astype(idx, np.int64) if idx.dtype.kind == "u" else idx, axis, nb)
+        # ours: batch, operand[nb:axis], idx[nb:], operand[axis+1:]; StableHLO's:
+        # the indices' dims (batch first) where no offset dim is, the operand's others at offset_dims
+        ours = [("i", k) for k in range(nb)] + [("o", k) for k in range(nb, axis)]
+        ours += [("i", k) for k in range(nb, idx.ndim)] + [("o", k) for k in range(axis + 1, x.ndim)]
+        offsets = iter([("o", k) for k in range(nb, x.ndim) if k != axis])
+        points = iter([("i", k) for k in range(idx.ndim)])
+        want = [next(offsets) if p in set(d.offset_dims) else next(points) for p in range(out.ndim)]
+        return tnp.transpose(out, _reorder(ours, want))
     index_map, batching = list(d.start_index_map), list(d.operand_batching_dims)
     collapsed = set(d.collapsed_slice_dims)
     # dims neither indexed nor batched start at 0 (a start of 0 clamps
@@ -126,6 +174,27 @@ def scatter(dimension_numbers, x, indices, updates, mode):
     x, u = tnp.asarray(x), tnp.asarray(updates)
     index_map, batching = list(d.scattered_dims_to_operand_dims), list(d.input_batching_dims)
     inserted, window_dims = set(d.inserted_window_dims), list(d.update_window_dims)
+    form = _batched_form(
+        x,
+        indices,
+        d.index_vector_dim,
+        index_map,
+        batching,
+        list(d.scatter_indices_batching_dims),
+        inserted.__contains__,
+    )
+    if form is not None:
+        axis, nb, idx = form
+        # the updates' window dims: the operand's others, whole
+        others = [k for k in range(nb, x.ndim) if k != axis]
+        if len(window_dims) == len(others) and all(u.shape[w] == x.shape[k] for w, k in zip(window_dims, others)):
+            points = [k for k in range(u.ndim) if k not in window_dims]  # the indices' dims, batch first
+            at = dict(zip(others, window_dims))
+            # SCATTER's updates: batch, operand[nb:axis], idx[nb:], operand[axis+1:]
+            order = points[:nb] + [at[k] for k in range(nb, axis)] + points[nb:]
+            order += [at[k] for k in range(axis + 1, x.ndim)]
+            i = tnp.astype(idx, np.int64) if idx.dtype.kind == "u" else idx
+            return _indexing._scatter(x, i, tnp.transpose(u, order), axis, mode, nb)
     # the operand's dims with a window axis in the updates, in order
     windowed = [dim for dim in range(x.ndim) if dim not in batching and dim not in inserted]
     size = {dim: u.shape[window_dims[j]] for j, dim in enumerate(windowed)}

@@ -276,3 +276,29 @@ def test_fetching_an_unreduced_result_is_refused(session):
         s.fetch()
     g = tessel.jit(lambda x: x * 1, out_shardings=NamedSharding(mesh, P()))
     np.testing.assert_array_equal(g(s).fetch(), np.full(4, 8, np.float32))
+
+
+def test_take_along_axis_over_a_split_batch_moves_nothing(session):
+    """take_along_axis is one gather whose batch dimensions are the
+    others: with the rows split over data, each device picks from its own
+    rows, forward and backward, and the loss's sum is the only collective
+    (it used to all_gather the indices and reduce the picks)."""
+    mesh = Mesh({"data": 4})
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((8, 16, 6)).astype(np.float32)
+    i = rng.integers(0, 16, size=(8, 3, 6))
+    xs, ids = (tessel.device_put(a, NamedSharding(mesh, P("data"))) for a in (x, i))
+
+    def loss(x, i):
+        return tnp.sum(tnp.take_along_axis(x, i, axis=1) ** 2)
+
+    step = tessel.jit(tessel.value_and_grad(loss))
+    plan = step.lower(xs, ids)
+    assert [(c["op"], c["axes"]) for c in plan.collectives] == [("all_reduce", ("data",))], plan.as_text()
+    value, grad = step(xs, ids)
+    picked = np.take_along_axis(x, i, axis=1)
+    want = np.zeros_like(x)
+    np.add.at(want, (np.arange(8)[:, None, None], i, np.arange(6)[None, None, :]), 2 * picked)
+    np.testing.assert_allclose(value.fetch(), (picked.astype(np.float64) ** 2).sum(), rtol=1e-5)
+    np.testing.assert_allclose(grad.fetch(), want, rtol=1e-6)
+    assert grad.sharding.spec == P("data", None, None)

@@ -66,30 +66,34 @@ def take(a, indices, axis=None, mode=None, fill_value=None):
 # ---------------------------------------------------------------- gather and scatter
 
 
-def _gather(t, idx, axis):
+def _gather(t, idx, axis, batch_dims=0):
     """GATHER: t's slices along `axis` at the integer tracer `idx` (indices
-    out of range clamp): dimensions t[:axis] + idx + t[axis+1:]."""
+    out of range clamp): dimensions t[:axis] + idx[batch_dims:] +
+    t[axis+1:]. The first `batch_dims` dimensions of t and idx pair up:
+    each batch element gathers from its own part of t."""
 
     def attrs(n):
         n.gather.axis = axis
+        n.gather.batch_dims = batch_dims
 
-    return _b().node(
-        ir_pb2.GATHER, [t, idx], t.shape[:axis] + idx.shape + t.shape[axis + 1 :], t.dtype, set_attrs=attrs
-    )
+    shape = t.shape[:axis] + idx.shape[batch_dims:] + t.shape[axis + 1 :]
+    return _b().node(ir_pb2.GATHER, [t, idx], shape, t.dtype, set_attrs=attrs)
 
 
 _COMBINE = {"set": None, "add": ir_pb2.SUM, "multiply": ir_pb2.PROD, "min": ir_pb2.REDUCE_MIN, "max": ir_pb2.REDUCE_MAX}
 
 
-def _scatter(t, idx, updates, axis, mode):
+def _scatter(t, idx, updates, axis, mode, batch_dims=0):
     """SCATTER: t with `updates` put in at `idx` along `axis`, replacing
-    (mode "set") or combined; updates at indices out of range are dropped."""
+    (mode "set") or combined; updates at indices out of range are dropped.
+    `batch_dims` as _gather's."""
     combine = _COMBINE[mode]
     if t.dtype == _np.bool_:  # add is or, multiply is and, as numpy's bool arithmetic
         combine = {ir_pb2.SUM: ir_pb2.REDUCE_MAX, ir_pb2.PROD: ir_pb2.REDUCE_MIN}.get(combine, combine)
 
     def attrs(n):
         n.scatter.axis = axis
+        n.scatter.batch_dims = batch_dims
         if combine is not None:
             n.scatter.combine = combine
 
@@ -290,7 +294,35 @@ def take_along_axis(arr, indices, axis, mode=None, fill_value=None):
             shape = [1] * t.ndim
             shape[d] = t.shape[d]
             parts.append(_np.arange(t.shape[d]).reshape(shape))
-    return _take_mode(t, parts, ax, mode, fill_value, "take_along_axis")
+    return _take_mode(t, parts, ax, mode, fill_value, "take_along_axis", lambda i: _take_along(t, i, ax))
+
+
+def _take_along(t, i, ax):
+    """t's elements at indices `i` along `ax`, the other dimensions paired
+    with t's (broadcast together): one GATHER whose batch dims are those
+    others, so an array split along them gathers where it lies."""
+    n = t.shape[ax]
+    if _is_traced(i):
+        i = _wrap_negative(_tracer(i), n)
+    else:
+        i = _np.asarray(i)
+        bad = (i >= n) | (i < -n) if i.dtype.kind != "u" else i >= n
+        if bad.any():
+            raise IndexError(f"index {int(i[bad].flat[0])} is out of bounds for axis {ax} with size {n}")
+        i = _np.where(i < 0, i + n, i) if i.dtype.kind != "u" else i
+    others = _np.broadcast_shapes(
+        tuple(s for d, s in enumerate(t.shape) if d != ax), tuple(s for d, s in enumerate(i.shape) if d != ax)
+    )
+    last = list(range(ax)) + list(range(ax + 1, len(others) + 1)) + [ax]  # ax moved last
+    tb = transpose(broadcast_to(t, others[:ax] + (n,) + others[ax:]), last)
+    ishape = others[:ax] + (i.shape[ax],) + others[ax:]
+    if isinstance(i, _np.ndarray):
+        ib = _tracer(_np.ascontiguousarray(_np.transpose(_np.broadcast_to(i, ishape), last)))
+    else:
+        ib = transpose(broadcast_to(i, ishape), last)
+    nb = len(others)
+    back = list(range(ax)) + [nb] + list(range(ax, nb))
+    return transpose(_gather(tb, ib, nb, nb), back)
 
 
 def _fill_value_for(d, fill_value):
@@ -303,7 +335,7 @@ def _fill_value_for(d, fill_value):
     return int(_np.iinfo(d).max if d.kind == "u" else _np.iinfo(d).min)
 
 
-def _take_mode(t, parts, ax, mode, fill_value, what):
+def _take_mode(t, parts, ax, mode, fill_value, what, getitem=None):
     """Advanced indexing of t by `parts`, where parts[ax] holds the user's
     indices, with take's modes: "raise" (numpy's default for indices known
     when tracing), "fill" (JAX's default, and the default for traced
@@ -327,13 +359,14 @@ def _take_mode(t, parts, ax, mode, fill_value, what):
     elif mode not in ("fill", "raise", "promise_in_bounds"):
         raise ValueError(f"{what}: mode {mode!r}: expected 'raise', 'fill', 'clip' or 'wrap'")
     parts = list(parts)
+    # `getitem`: t indexed by parts with these indices at ax, when the caller has its own way
+    index = getitem or (lambda i: _advanced_getitem(t, parts[:ax] + [i] + parts[ax + 1 :]))
     if mode != "fill":
-        parts[ax] = i
-        return _advanced_getitem(t, parts)
+        return index(i)
     i = _tracer(i)
     inside = logical_and(greater_equal(i, -n), less(i, n)) if i.dtype.kind != "u" else less(i, n)
     parts[ax] = where(inside, i, 0)
-    got = _advanced_getitem(t, parts)
+    got = index(parts[ax])
     dims = [d for d, p in enumerate(parts) if _is_array_index(p)]
     shape = tuple(
         _np.broadcast_shapes(
