@@ -17,6 +17,7 @@
 #include "core/sharding.h"
 #include "core/status.h"
 #include "scheduler/autodiff.h"
+#include "scheduler/combine_collectives.h"
 #include "scheduler/fusion.h"
 #include "scheduler/generated.h"
 #include "scheduler/program_walk.h"
@@ -601,6 +602,7 @@ absl::StatusOr<TypedGraph> Lower(const TypedGraph& client, const CompileOptions&
   EliminateCommonSubexpressions(lowered);
   if (FoldTransposesIntoDots(lowered)) DropDeadNodes(lowered);
   DedupeTupleElements(lowered);
+  if (c.partitioned()) CombineAllReduces(lowered, c.collectives, c.mesh);
   if (client.graph.functions_size() > 0) {
     TESSEL_RETURN_IF_ERROR(LowerFunctions(client, c, lowered));
   }

@@ -302,3 +302,35 @@ def test_take_along_axis_over_a_split_batch_moves_nothing(session):
     np.testing.assert_allclose(value.fetch(), (picked.astype(np.float64) ** 2).sum(), rtol=1e-5)
     np.testing.assert_allclose(grad.fetch(), want, rtol=1e-6)
     assert grad.sharding.spec == P("data", None, None)
+
+
+def test_a_data_parallel_gradient_crosses_the_mesh_in_one_all_reduce(session):
+    """Each parameter's gradient of a data-parallel step is a partial sum
+    over data; the plan combines them (and the loss's) into one all_reduce
+    of their operands concatenated, sliced back apart after. The gradients
+    equal numpy's."""
+    mesh = Mesh({"data": 4})
+    rng = np.random.default_rng(5)
+    x, y = rng.standard_normal((16, 8)), rng.standard_normal((16, 1))
+    w1, b1, w2, b2 = rng.standard_normal((8, 32)) / 3, np.zeros(32), rng.standard_normal((32, 1)) / 6, np.zeros(1)
+
+    def loss(params, x, y):
+        w1, b1, w2, b2 = params
+        h = tnp.tanh(x @ w1 + b1)
+        return tnp.mean((h @ w2 + b2 - y) ** 2)
+
+    step = tessel.jit(tessel.value_and_grad(loss))
+    params = tuple(tessel.device_put(p, NamedSharding(mesh, P())) for p in (w1, b1, w2, b2))
+    data = [tessel.device_put(a, NamedSharding(mesh, P("data"))) for a in (x, y)]
+    plan = step.lower(params, *data)
+    reduces = [c for c in plan.collectives if c["op"] == "all_reduce"]
+    assert len(reduces) == 1 and "one all_reduce for 5 values" in reduces[0]["reason"], plan.as_text()
+    value, grads = step(params, *data)
+    h = np.tanh(x @ w1 + b1)
+    err = h @ w2 + b2 - y
+    d_out = 2 * err / len(x)
+    dh = (d_out @ w2.T) * (1 - h * h)
+    want = (x.T @ dh, dh.sum(0), h.T @ d_out, d_out.sum(0))
+    np.testing.assert_allclose(value.fetch(), np.mean(err**2), rtol=1e-10)
+    for g, w in zip(grads, want):
+        np.testing.assert_allclose(g.fetch(), w, rtol=1e-9, atol=1e-12)
