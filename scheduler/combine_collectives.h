@@ -7,8 +7,8 @@
 
 #include <vector>
 
-#include "tessel/v1/ir.pb.h"
 #include "scheduler/partitioner.h"
+#include "tessel/v1/ir.pb.h"
 
 namespace tessel::scheduler {
 

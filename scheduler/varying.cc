@@ -217,13 +217,24 @@ absl::StatusOr<std::vector<Varying>> VaryingAnalysis::OfControlFlow(const v1::No
   if (n.op() == v1::WHILE) {
     TESSEL_ASSIGN_OR_RETURN(std::vector<Varying> pred, OfFunction(c.cond(), carry, label));
     if (!pred[0].why.empty()) {
+      // Each device may run its own number of iterations (as JAX's
+      // shard_map does) unless an iteration meets the others in a
+      // collective; the carry then varies with the trip count.
       const auto& [axis, why] = *pred[0].why.begin();
-      return InvalidArgumentError(StrCat(label, ": ", what, ": its condition '", c.cond(),
-                                         "' varies over mesh axis '", axis, "' (", why,
-                                         "): every device of the mesh must stop at the same "
-                                         "iteration. Make the predicate uniform with a ",
-                                         "collective over '", axis,
-                                         "' (psum, pmax or all_gather) before comparing"));
+      for (const std::string& f : {c.body(), c.cond()}) {
+        if (!CallsCollectives(f)) continue;
+        return InvalidArgumentError(
+            StrCat(label, ": ", what, ": its condition '", c.cond(), "' varies over mesh axis '",
+                   axis, "' (", why, "), and '", f,
+                   "' runs a collective: every device of a group must stop at the same iteration. "
+                   "Make the predicate uniform with a collective over '",
+                   axis, "' (psum, pmax or all_gather) before comparing"));
+      }
+      for (Varying& v : carry) {
+        for (const auto& [a, w] : pred[0].why) {
+          v.why.emplace(a, StrCat("the trip count of ", what, " varies over it"));
+        }
+      }
     }
   }
   carry.insert(carry.end(), ys.begin(), ys.end());

@@ -362,3 +362,30 @@ def test_random_region_programs_differentiate_as_jax_shard_map(session, seed):
     np.testing.assert_allclose(float(got[0].fetch()), float(want[0]), rtol=1e-10, err_msg=str(steps))
     for k, (g, t) in enumerate(zip(got[1], want[1])):
         np.testing.assert_allclose(g.fetch(), np.asarray(t), rtol=1e-9, atol=1e-12, err_msg=f"{steps} argument {k}")
+
+
+def test_a_while_loop_in_shard_map_runs_each_shard_to_its_own_trip_count(session):
+    """A while_loop whose condition reads the local block stops on each
+    device at its own iteration, as in JAX's shard_map, when no iteration
+    meets another device in a collective; with a psum in the body it is an
+    error naming the axis and the body."""
+    x = np.array([1.0, 2, 5, 9, 0.5, 0.25, 3, 7])
+
+    def local(u):
+        return tessel.lax.while_loop(lambda c: tnp.sum(c) < 20, lambda c: c * 2, u)
+
+    got = tessel.jit(lambda v: tessel.shard_map(local, MESH, P("data"), P("data"))(v))(put(x, P("data")))
+    jmesh = jax.make_mesh((MESH.shape["data"],), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    JP = jax.sharding.PartitionSpec
+
+    def jax_local(u):
+        return jax.lax.while_loop(lambda c: jnp.sum(c) < 20, lambda c: c * 2, u)
+
+    want = jax.jit(jax.shard_map(jax_local, mesh=jmesh, in_specs=JP("data"), out_specs=JP("data")))(x)
+    np.testing.assert_array_equal(got.fetch(), np.asarray(want))
+
+    def meets(u):
+        return tessel.lax.while_loop(lambda c: tnp.sum(c) < 20, lambda c: c * 2 + tessel.psum(c, "data"), u)
+
+    with pytest.raises(tessel.errors.InvalidArgumentError, match="varies over mesh axis 'data'.*runs a collective"):
+        tessel.jit(lambda v: tessel.shard_map(meets, MESH, P("data"), P("data"))(v))(put(x, P("data")))
