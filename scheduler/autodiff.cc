@@ -140,6 +140,36 @@ static bool HasDerivative(const v1::Graph& g, const FunctionTable& table,
 
 // `g`'s own VJP nodes expanded (not those of its functions). A derivative of
 // a function that itself takes one waits for a later round.
+// A function that runs a collective (itself or through what it calls) runs
+// inside a manual region, the only place collectives may be: it is checked
+// over the mesh, as the region's body is.
+static bool RunsCollectives(const v1::Graph& f,
+                            const google::protobuf::RepeatedPtrField<v1::Graph>& functions,
+                            absl::flat_hash_set<std::string>& seen) {
+  for (const v1::Node& n : f.nodes()) {
+    if (IsCollective(n.op())) return true;
+    std::vector<std::string> called = CalledFunctions(n);
+    if (n.op() == v1::VJP || n.op() == v1::JVP || n.op() == v1::VMAP) {
+      called.push_back(n.op() == v1::VMAP ? n.batch().function() : n.grad().function());
+    }
+    for (const std::string& c : called) {
+      if (!seen.insert(c).second) continue;
+      for (const v1::Graph& g : functions) {
+        if (g.name() == c && RunsCollectives(g, functions, seen)) return true;
+      }
+    }
+  }
+  return false;
+}
+
+static absl::StatusOr<TypedGraph> ValidateFunction(const v1::Graph& with_functions,
+                                                   const v1::Mesh& mesh) {
+  absl::flat_hash_set<std::string> seen;
+  const bool manual = mesh.axis_names_size() > 0 &&
+                      RunsCollectives(with_functions, with_functions.functions(), seen);
+  return ValidateGraph(with_functions, {.manual_mesh = manual ? &mesh : nullptr});
+}
+
 static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g, const v1::Mesh& mesh) {
   v1::Graph out;
   out.set_name(g.graph.name());
@@ -181,7 +211,7 @@ static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g, const v1::Mesh
       }
       v1::Graph with_functions = *fg;
       *with_functions.mutable_functions() = g.graph.functions();
-      TESSEL_ASSIGN_OR_RETURN(TypedGraph f, ValidateGraph(with_functions));
+      TESSEL_ASSIGN_OR_RETURN(TypedGraph f, ValidateFunction(with_functions, mesh));
       std::vector<std::string> args;
       for (const std::string& o : n.operands()) args.push_back(renamed(o));
       Emitter e(out, used);
@@ -202,7 +232,7 @@ static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g, const v1::Mesh
       }
       v1::Graph with_functions = *fg;
       *with_functions.mutable_functions() = g.graph.functions();
-      TESSEL_ASSIGN_OR_RETURN(TypedGraph f, ValidateGraph(with_functions));
+      TESSEL_ASSIGN_OR_RETURN(TypedGraph f, ValidateFunction(with_functions, mesh));
       const int np = int(f.parameters.size());
       std::vector<std::string> args, tangents;
       for (int i = 0; i < n.operands_size(); ++i)
@@ -227,7 +257,7 @@ static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g, const v1::Mesh
           StrCat("vjp '", n.name(), "': function '", n.grad().function(), "' is not defined"));
     v1::Graph with_functions = *fg;
     *with_functions.mutable_functions() = g.graph.functions();
-    TESSEL_ASSIGN_OR_RETURN(TypedGraph f, ValidateGraph(with_functions));
+    TESSEL_ASSIGN_OR_RETURN(TypedGraph f, ValidateFunction(with_functions, mesh));
     const int np = int(f.parameters.size());
     std::vector<std::string> args, cts;
     for (int i = 0; i < n.operands_size(); ++i)
@@ -257,7 +287,7 @@ static absl::StatusOr<v1::Graph> ExpandRound(const TypedGraph& g, const v1::Mesh
     if (!HasDerivativeNodes(f)) continue;
     v1::Graph with_functions = f;
     *with_functions.mutable_functions() = g.graph.functions();
-    auto typed = ValidateGraph(with_functions);
+    auto typed = ValidateFunction(with_functions, mesh);
     if (!typed.ok()) return Annotate(typed.status(), StrCat("function '", f.name(), "': "));
     auto expanded = ExpandNodes(*typed, mesh);
     if (!expanded.ok()) return Annotate(expanded.status(), StrCat("function '", f.name(), "': "));
