@@ -429,12 +429,26 @@ def test_seed_001_evolution_strategies_loop_runs_in_shard_map_with_no_transfers(
 
 
 @needs_collectives
-def test_a_loop_condition_that_varies_over_an_axis_is_an_error_naming_it(session):
+def test_a_loop_condition_that_varies_over_an_axis_runs_per_shard_unless_an_iteration_communicates(session):
     mesh = tessel.Mesh({"data": _data_size()})
     P = tessel.P
+    start = np.arange(8, dtype=np.float32) / 4
 
-    def bad(theta):
+    def per_shard(theta):  # each device stops at its own iteration
         return lax.while_loop(lambda th: th.sum() < 10.0, lambda th: th * 2 + 1, theta)
+
+    got = tessel.jit(tessel.shard_map(per_shard, mesh, P("data"), P("data")))(
+        tessel.device_put(start, tessel.NamedSharding(mesh, P("data")))
+    ).fetch()
+    blocks = []
+    for block in np.split(start, _data_size()):
+        while block.sum() < 10.0:
+            block = block * 2 + 1
+        blocks.append(block)
+    np.testing.assert_array_equal(got, np.concatenate(blocks))
+
+    def bad(theta):  # an iteration meets the other devices in a psum
+        return lax.while_loop(lambda th: th.sum() < 10.0, lambda th: th * 2 + tessel.psum(th, "data"), theta)
 
     x = tessel.device_put(np.ones(8, np.float32), tessel.NamedSharding(mesh, P("data")))
     with pytest.raises(tessel.InvalidArgumentError, match=r"varies over mesh axis 'data'.*uniform with a collective"):
