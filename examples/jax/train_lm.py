@@ -18,7 +18,6 @@ on four host devices.
 """
 
 import os
-import pathlib
 import sys
 
 # JAX's own run, the reference, needs four host devices (set before jax loads).
@@ -152,8 +151,4 @@ def main():
 
 
 if __name__ == "__main__":
-    if not os.environ.get("TESSEL_BIN_DIR"):
-        build = pathlib.Path(__file__).resolve().parents[2] / "build" / "bin"
-        if (build / "tessel-worker").exists():
-            os.environ["TESSEL_BIN_DIR"] = str(build)
     main()

@@ -13,8 +13,6 @@ the result is checked against the same training run in numpy.
     .venv/bin/python examples/python/mlp.py      (after scripts/setup.sh)
 """
 
-import os
-import pathlib
 import sys
 import time
 
@@ -135,8 +133,4 @@ def main():
 
 
 if __name__ == "__main__":
-    if not os.environ.get("TESSEL_BIN_DIR"):
-        build = pathlib.Path(__file__).resolve().parents[2] / "build" / "bin"
-        if (build / "tessel-worker").exists():
-            os.environ["TESSEL_BIN_DIR"] = str(build)
     main()

@@ -21,8 +21,6 @@ the same training on the whole batch in numpy.
     .venv/bin/python examples/python/pipeline.py      (after scripts/setup.sh)
 """
 
-import os
-import pathlib
 import sys
 import time
 
@@ -190,8 +188,4 @@ def main():
 
 
 if __name__ == "__main__":
-    if not os.environ.get("TESSEL_BIN_DIR"):
-        build = pathlib.Path(__file__).resolve().parents[2] / "build" / "bin"
-        if (build / "tessel-worker").exists():
-            os.environ["TESSEL_BIN_DIR"] = str(build)
     main()

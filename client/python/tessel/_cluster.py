@@ -15,6 +15,7 @@ handlers would run there and abort the child.
 
 import atexit
 import os
+import pathlib
 import shutil
 import signal
 import subprocess
@@ -79,8 +80,10 @@ _connect = connect
 
 
 def find_binary(name, bin_dir=None):
-    """`name` in `bin_dir`, else in $TESSEL_BIN_DIR, else beside this Python
-    (where the wheel installs the daemons), else on $PATH."""
+    """`name` in `bin_dir`, else in $TESSEL_BIN_DIR, else in the build of the
+    source tree this SDK is imported from (build/bin, after
+    scripts/setup.sh), else beside this Python (where the wheel installs the
+    daemons), else on $PATH."""
     for d in (bin_dir, os.environ.get("TESSEL_BIN_DIR")):
         if d:
             path = os.path.join(d, name)
@@ -90,7 +93,8 @@ def find_binary(name, bin_dir=None):
                 f"cannot execute {path!r}: build Tessel (scripts/setup.sh) or point "
                 "TESSEL_BIN_DIR at the folder holding its binaries"
             )
-    for d in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):
+    tree = pathlib.Path(__file__).resolve().parents[3] / "build" / "bin"
+    for d in (str(tree), sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):
         path = os.path.join(d, name)
         if os.path.isfile(path) and os.access(path, os.X_OK):
             return path

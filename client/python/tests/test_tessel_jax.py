@@ -32,6 +32,21 @@ def check(fun, *args, rtol=1e-12, **jit_kwargs):
     return ours
 
 
+def classifier_step(model, tx, optax):
+    """A Flax classifier's training step with Optax optimizer `tx`: integer
+    labels, softmax cross-entropy; (params, opt, x, y) -> (params, opt, loss)."""
+
+    def step(params, opt, x, y):
+        def loss(p):
+            return optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x), y).mean()
+
+        value, g = jax.value_and_grad(loss)(params)
+        updates, opt = tx.update(g, opt, params)
+        return optax.apply_updates(params, updates), opt, value
+
+    return step
+
+
 def test_jax_numpy_and_nn_functions(cluster):
     x, w = RNG.normal(size=(4, 3)), RNG.normal(size=(3, 5))
 
@@ -273,13 +288,7 @@ def test_a_flax_model_trained_with_optax_runs_unchanged(cluster):
     params = model.init(jax.random.PRNGKey(0), x)
     opt = tx.init(params)
 
-    def step(params, opt, x, y):
-        def loss(p):
-            return optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x), y).mean()
-
-        value, g = jax.value_and_grad(loss)(params)
-        updates, opt = tx.update(g, opt, params)
-        return optax.apply_updates(params, updates), opt, value
+    step = classifier_step(model, tx, optax)
 
     ours, theirs = (params, opt), (params, opt)
     run = tjax.jit(step, donate_argnums=(0, 1))
@@ -484,13 +493,7 @@ def test_a_flax_model_trains_on_a_2x2_mesh_given_in_jaxs_own_shardings(cluster):
     param_shardings = jax.tree_util.tree_map_with_path(layout, params)
     shardings = (param_shardings, None, JS(mesh, JP("data")), JS(mesh, JP("data")))
 
-    def step(params, opt, x, y):
-        def loss(p):
-            return optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x), y).mean()
-
-        value, g = jax.value_and_grad(loss)(params)
-        updates, opt = tx.update(g, opt, params)
-        return optax.apply_updates(params, updates), opt, value
+    step = classifier_step(model, tx, optax)
 
     run = tjax.jit(step, in_shardings=shardings, out_shardings=(param_shardings, None, None), donate_argnums=(0, 1))
     theirs_run = jax.jit(step, in_shardings=shardings, out_shardings=(param_shardings, None, None))
