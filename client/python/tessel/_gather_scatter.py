@@ -130,7 +130,7 @@ def gather(dimension_numbers, slice_sizes, x, indices):
     whole = form is not None and all(sizes[k] == x.shape[k] for k in range(x.ndim) if k >= form[1] and k != form[0])
     if whole:  # one GATHER with batch dims: a batch split stays split
         axis, nb, idx = form
-        out = _indexing._gather(x, tnp.astype(idx, np.int64) if idx.dtype.kind == "u" else idx, axis, nb)
+        out = _indexing._gather(x, idx, axis, nb)  # any integer indices, as the op takes them
         # ours: batch, operand[nb:axis], idx[nb:], operand[axis+1:]; StableHLO's:
         # the indices' dims (batch first) where no offset dim is, the operand's others at offset_dims
         ours = [("i", k) for k in range(nb)] + [("o", k) for k in range(nb, axis)]
@@ -193,8 +193,7 @@ def scatter(dimension_numbers, x, indices, updates, mode):
             # SCATTER's updates: batch, operand[nb:axis], idx[nb:], operand[axis+1:]
             order = points[:nb] + [at[k] for k in range(nb, axis)] + points[nb:]
             order += [at[k] for k in range(axis + 1, x.ndim)]
-            i = tnp.astype(idx, np.int64) if idx.dtype.kind == "u" else idx
-            return _indexing._scatter(x, i, tnp.transpose(u, order), axis, mode, nb)
+            return _indexing._scatter(x, idx, tnp.transpose(u, order), axis, mode, nb)
     # the operand's dims with a window axis in the updates, in order
     windowed = [dim for dim in range(x.ndim) if dim not in batching and dim not in inserted]
     size = {dim: u.shape[window_dims[j]] for j, dim in enumerate(windowed)}
