@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(cmake g++ make pkg-config protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev
           libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
-          libopenblas-dev libdnnl-dev liblapacke-dev libsystemd-dev systemd python3 python3-venv clang-16 iproute2 binutils
+          libopenblas-dev libdnnl-dev liblapacke-dev libisal-dev libsystemd-dev systemd python3 python3-venv clang-16 iproute2 binutils
           debootstrap prometheus-cpp-dev libssl-dev libjemalloc-dev clang-format-14)
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -23,17 +23,18 @@ fi
 # installs into it, PEP 668). numpy, grpcio and protobuf for the SDK;
 # scikit-build-core builds its wheel; pytest runs the suites; hypothesis and jax
 # (on CPU) are test oracles for the differential harness; flax and optax are
-# the models and optimizers tessel.jax is tried on; kubernetes-validate
+# the models and optimizers tessel.jax is tried on; zarr and tensorstore
+# read Tessel's checkpoints in the tests; kubernetes-validate
 # checks the deploy manifests; ruff (pinned: its format is the check's) lints
 # and formats the Python.
 VENV=${TESSEL_VENV:-$PWD/.venv}
 PY=$VENV/bin/python
 [ -x "$PY" ] || python3 -m venv "$VENV"
 RUFF=0.8.4
-if ! "$PY" -c "import numpy, grpc, google.protobuf, pytest, ml_dtypes, hypothesis, jax, flax, optax, flatbuffers, kubernetes_validate, scikit_build_core" >/dev/null 2>&1 ||
+if ! "$PY" -c "import numpy, grpc, google.protobuf, pytest, ml_dtypes, hypothesis, jax, flax, optax, zarr, tensorstore, flatbuffers, kubernetes_validate, scikit_build_core" >/dev/null 2>&1 ||
    [ "$("$VENV/bin/ruff" --version 2>/dev/null)" != "ruff $RUFF" ]; then
-  echo "setup: installing numpy grpcio protobuf ml_dtypes pytest hypothesis jax flax optax flatbuffers kubernetes-validate scikit-build-core ruff into $VENV"
-  "$PY" -m pip install -q --disable-pip-version-check numpy grpcio protobuf ml_dtypes pytest hypothesis jax flax optax flatbuffers \
+  echo "setup: installing numpy grpcio protobuf ml_dtypes pytest hypothesis jax flax optax zarr tensorstore flatbuffers kubernetes-validate scikit-build-core ruff into $VENV"
+  "$PY" -m pip install -q --disable-pip-version-check numpy grpcio protobuf ml_dtypes pytest hypothesis jax flax optax zarr tensorstore flatbuffers \
     kubernetes-validate scikit-build-core "ruff==$RUFF"
 fi
 # The SDK from this tree, importable in that environment (its stubs are

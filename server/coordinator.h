@@ -8,8 +8,8 @@
 // Its files, one job each: coordinator.cc (workers, devices, stats, the
 // cluster's view), coordinator_sessions.cc (sessions and their arrays, the
 // transfer guard), coordinator_execute.cc (compile, and Execute as plan,
-// commit, launch), coordinator_transfers.cc (put, fetch, reshard) and
-// coordinator_mpmd.cc (MPMD programs).
+// commit, launch), coordinator_transfers.cc (put, fetch, reshard),
+// coordinator_mpmd.cc (MPMD programs) and coordinator_checkpoints.cc.
 //
 // Thread-safety: every public method may be called from any thread. Each
 // part has its own lock; the lock order is written below. No lock is held
@@ -30,6 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "google/protobuf/struct.pb.h"
 #include "scheduler/compiler.h"
 #include "server/array_registry.h"
 #include "server/block_layout.h"
@@ -128,6 +129,23 @@ class Coordinator {
   absl::StatusOr<v1::StatsResponse> Stats(const v1::StatsRequest& req, bool tenant_view = false);
   // The live devices, and the session's tenant's arrays on each.
   absl::StatusOr<v1::ListDevicesResponse> ListDevices(const v1::ListDevicesRequest& req);
+
+  // Checkpoints (coordinator_checkpoints.cc; docs/checkpoints.md).
+  // SaveCheckpoint snapshots the arrays (each distinct block written by a
+  // worker holding it) and returns; CommitCheckpoint waits for the writes
+  // and makes the checkpoint appear, or removes it.
+  absl::StatusOr<v1::SaveCheckpointResponse> SaveCheckpoint(const v1::SaveCheckpointRequest& req);
+  absl::StatusOr<v1::CommitCheckpointResponse> CommitCheckpoint(
+      const v1::CommitCheckpointRequest& req);
+  absl::StatusOr<v1::ReadCheckpointResponse> ReadCheckpoint(const v1::ReadCheckpointRequest& req);
+  // New arrays, each device reading its block from the chunks it overlaps.
+  absl::StatusOr<v1::RestoreCheckpointResponse> RestoreCheckpoint(
+      const v1::RestoreCheckpointRequest& req);
+  absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(
+      const v1::ListCheckpointsRequest& req);
+  absl::Status RemoveCheckpoint(const v1::RemoveCheckpointRequest& req);
+  // A CheckpointManager's hold on its directory (HoldCheckpointsRequest).
+  absl::Status HoldCheckpoints(const v1::HoldCheckpointsRequest& req);
 
   // A Put in progress: data arrives in order, Finish makes the array READY.
   // Destroying an unfinished PutSink abandons the put and frees its buffers.
@@ -329,15 +347,42 @@ class Coordinator {
   // over in a new queue epoch, so the worker never waits on a gap.
   void RestartQueues(const std::string& worker_id);
 
+  // The worker through which a checkpoint's files are read and written.
+  struct CheckpointFiles {
+    std::shared_ptr<WorkerClient> client;
+    std::string address;
+  };
+  absl::StatusOr<CheckpointFiles> CheckpointFilesWorker(absl::string_view what) const;
+  absl::StatusOr<v1::CheckpointFilesResponse> CallCheckpointFiles(
+      const CheckpointFiles& w, const v1::CheckpointFilesRequest& req) const;
+  // The committed checkpoint's manifest, once it is checked to be the
+  // session's tenant's and not still being written.
+  absl::StatusOr<google::protobuf::Struct> ReadManifest(const std::string& session,
+                                                        const std::string& path)
+      ABSL_LOCKS_EXCLUDED(arrays_.lock(), checkpoints_mu_);
+  // Sequences `steps` (global device, request) and waits for them all; the first error.
+  absl::Status RunCheckpointSteps(std::vector<std::pair<int, v1::RunRequest>> steps,
+                                  absl::string_view what) ABSL_LOCKS_EXCLUDED(arrays_.lock());
+  struct SavingCheckpoint {
+    std::string session, path, temp;
+    std::vector<std::string> writers;  // addresses; set once snapshotted
+    std::string files_worker;
+  };
+  mutable absl::Mutex checkpoints_mu_;  // after arrays_'s; nothing is called under it
+  absl::flat_hash_map<std::string, SavingCheckpoint> saving_ ABSL_GUARDED_BY(checkpoints_mu_);
+  // Directory -> the session whose CheckpointManager holds it.
+  absl::flat_hash_map<std::string, std::string> held_ ABSL_GUARDED_BY(checkpoints_mu_);
+  std::atomic<uint64_t> next_checkpoint_{0};
+
   mutable absl::Mutex mpmd_mu_;  // a leaf
   absl::flat_hash_map<std::string, std::shared_ptr<const MpmdProgram>> mpmd_
       ABSL_GUARDED_BY(mpmd_mu_);
   std::deque<std::string> mpmd_order_
       ABSL_GUARDED_BY(mpmd_mu_);  // oldest first; kMaxMpmdPrograms at most
   static constexpr size_t kMaxMpmdPrograms = 256;
-  // Lock order: arrays_'s lock, then workers_'s; cache_'s, tenants_mu_,
-  // reconcile_mu_ and mu_ are leaves. None is held across an RPC, a callback or a client's
-  // destruction.
+  // Lock order: arrays_'s lock, then workers_'s, or then checkpoints_mu_;
+  // cache_'s, tenants_mu_, reconcile_mu_ and mu_ are leaves. None is held across an RPC, a callback
+  // or a client's destruction.
   const Options options_;
   const std::shared_ptr<spdlog::logger> log_;
   // Random per start (16 hex digits): collective groups, worker ids and

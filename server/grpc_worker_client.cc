@@ -312,6 +312,20 @@ class GrpcWorkerClient final : public WorkerClient {
     return Annotated(stub_->OpenWrites(&ctx, request, &resp));
   }
 
+  absl::StatusOr<v1::CheckpointFilesResponse> CheckpointFiles(
+      const v1::CheckpointFilesRequest& request) override {
+    grpc::ClientContext ctx;
+    // A finish waits for the worker's writes of the checkpoint.
+    const bool waits = request.action() == v1::CheckpointFilesRequest::FINISH ||
+                       request.action() == v1::CheckpointFilesRequest::ABANDON;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     (waits ? std::chrono::seconds(3600) : std::chrono::seconds(60)));
+    v1::CheckpointFilesResponse resp;
+    auto s = Annotated(stub_->CheckpointFiles(&ctx, request, &resp));
+    if (!s.ok()) return s;
+    return resp;
+  }
+
   void SetStepsLostCallback(std::function<void()> on_lost) override {
     absl::MutexLock l(&mu_);
     on_lost_ = std::move(on_lost);

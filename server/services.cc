@@ -292,6 +292,48 @@ grpc::Status SessionService::ListDevices(grpc::ServerContext* ctx,
   if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
   return Reply(c_->ListDevices(*req), resp);
 }
+grpc::Status SessionService::SaveCheckpoint(grpc::ServerContext* ctx,
+                                            const v1::SaveCheckpointRequest* req,
+                                            v1::SaveCheckpointResponse* resp) {
+  if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
+  return Reply(c_->SaveCheckpoint(*req), resp);
+}
+grpc::Status SessionService::CommitCheckpoint(grpc::ServerContext* ctx,
+                                              const v1::CommitCheckpointRequest* req,
+                                              v1::CommitCheckpointResponse* resp) {
+  if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
+  return Reply(c_->CommitCheckpoint(*req), resp);
+}
+grpc::Status SessionService::ReadCheckpoint(grpc::ServerContext* ctx,
+                                            const v1::ReadCheckpointRequest* req,
+                                            v1::ReadCheckpointResponse* resp) {
+  if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
+  return Reply(c_->ReadCheckpoint(*req), resp);
+}
+grpc::Status SessionService::RestoreCheckpoint(grpc::ServerContext* ctx,
+                                               const v1::RestoreCheckpointRequest* req,
+                                               v1::RestoreCheckpointResponse* resp) {
+  if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
+  return Reply(c_->RestoreCheckpoint(*req), resp);
+}
+grpc::Status SessionService::ListCheckpoints(grpc::ServerContext* ctx,
+                                             const v1::ListCheckpointsRequest* req,
+                                             v1::ListCheckpointsResponse* resp) {
+  if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
+  return Reply(c_->ListCheckpoints(*req), resp);
+}
+grpc::Status SessionService::RemoveCheckpoint(grpc::ServerContext* ctx,
+                                              const v1::RemoveCheckpointRequest* req,
+                                              v1::RemoveCheckpointResponse* resp) {
+  if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
+  return ToGrpc(c_->RemoveCheckpoint(*req));
+}
+grpc::Status SessionService::HoldCheckpoints(grpc::ServerContext* ctx,
+                                             const v1::HoldCheckpointsRequest* req,
+                                             v1::HoldCheckpointsResponse* resp) {
+  if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
+  return ToGrpc(c_->HoldCheckpoints(*req));
+}
 
 grpc::Status AdminService::GetVersion(grpc::ServerContext*, const v1::GetVersionRequest* req,
                                       v1::GetVersionResponse* resp) {

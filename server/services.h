@@ -53,6 +53,20 @@ class SessionService final : public v1::Session::Service {
   grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest*, v1::StatsResponse*) override;
   grpc::Status ListDevices(grpc::ServerContext*, const v1::ListDevicesRequest*,
                            v1::ListDevicesResponse*) override;
+  grpc::Status SaveCheckpoint(grpc::ServerContext*, const v1::SaveCheckpointRequest*,
+                              v1::SaveCheckpointResponse*) override;
+  grpc::Status CommitCheckpoint(grpc::ServerContext*, const v1::CommitCheckpointRequest*,
+                                v1::CommitCheckpointResponse*) override;
+  grpc::Status ReadCheckpoint(grpc::ServerContext*, const v1::ReadCheckpointRequest*,
+                              v1::ReadCheckpointResponse*) override;
+  grpc::Status RestoreCheckpoint(grpc::ServerContext*, const v1::RestoreCheckpointRequest*,
+                                 v1::RestoreCheckpointResponse*) override;
+  grpc::Status ListCheckpoints(grpc::ServerContext*, const v1::ListCheckpointsRequest*,
+                               v1::ListCheckpointsResponse*) override;
+  grpc::Status RemoveCheckpoint(grpc::ServerContext*, const v1::RemoveCheckpointRequest*,
+                                v1::RemoveCheckpointResponse*) override;
+  grpc::Status HoldCheckpoints(grpc::ServerContext*, const v1::HoldCheckpointsRequest*,
+                               v1::HoldCheckpointsResponse*) override;
 
  private:
   // UNAUTHENTICATED without a known token; PERMISSION_DENIED when `session`

@@ -54,6 +54,13 @@ class WorkerClient {
   // client's bytes.
   virtual absl::Status OpenWrites(const v1::OpenWritesRequest& request) { return absl::OkStatus(); }
 
+  // A checkpoint's files on the worker's path (CheckpointFilesRequest).
+  // Default: UNIMPLEMENTED, for fakes that hold no files.
+  virtual absl::StatusOr<v1::CheckpointFilesResponse> CheckpointFiles(
+      const v1::CheckpointFilesRequest& request) {
+    return absl::UnimplementedError("this worker client has no checkpoint files");
+  }
+
   // Fails every call in flight, and every later one (the worker was
   // declared dead).
   virtual void CancelAll() = 0;

@@ -80,6 +80,12 @@ ABSL_FLAG(std::string, worker_id, "",
           "This worker's persistent identity, kept across restarts (default: the host name and the "
           "port). A "
           "worker that registers again under it with a new incarnation replaces the old at once.");
+ABSL_FLAG(std::string, checkpoint_root, "/",
+          "Checkpoints may be saved and restored only under this directory (absolute): the shared "
+          "volume every worker mounts at the same path. Default: anywhere this process may write.");
+ABSL_FLAG(int64_t, checkpoint_staging_mb, 1024,
+          "Bytes a checkpoint save may hold for writing, per worker, in MiB: a save's step waits "
+          "for room beyond it (a larger chunk is written alone).");
 ABSL_FLAG(
     int, parent_pid, 0,
     "If set, stop (as on SIGTERM) when this parent process exits; for clients that start daemons.");
@@ -402,6 +408,17 @@ absl::StatusOr<std::unique_ptr<tessel::worker::WorkerRuntime>> MakeRuntime(
                                                        absl::GetFlag(FLAGS_devices), *log));
   for (const auto& d : options.devices) kinds->push_back(d->kind());
   options.logger = log;
+  options.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+  if (options.checkpoint_root.empty() || options.checkpoint_root.front() != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--checkpoint_root: expected an absolute directory, got '", options.checkpoint_root, "'"));
+  }
+  const int64_t staging_mb = absl::GetFlag(FLAGS_checkpoint_staging_mb);
+  if (staging_mb < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--checkpoint_staging_mb: expected at least 1, got ", staging_mb));
+  }
+  options.checkpoint_staging_bytes = staging_mb << 20;
   return tessel::worker::WorkerRuntime::Create(std::move(options));
 }
 

@@ -26,6 +26,10 @@ WorkerRuntime::WorkerRuntime(Options options)
     : devices_(std::move(options.devices)),
       log_(std::move(options.logger)),
       collectives_(std::move(options.collectives)) {
+  checkpoints_ = std::make_unique<CheckpointIO>(
+      CheckpointIO::Options{.root = std::move(options.checkpoint_root),
+                            .staging_bytes = options.checkpoint_staging_bytes,
+                            .logger = log_});
   for (auto& d : devices_) {
     completions_.push_back(d->asynchronous()
                                ? std::make_unique<CompletionQueue>(d->name() + " completions")
@@ -46,6 +50,7 @@ WorkerRuntime::~WorkerRuntime() {
   }
   lanes.clear();  // each finishes its sends (or their peers' timeout) first
   retired.clear();
+  checkpoints_.reset();  // writes out what it holds
 }
 
 namespace {
@@ -184,6 +189,7 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunStep(
     const v1::RunRequest& r, int* last_collective, const std::shared_ptr<Verdict>& verdict,
     std::vector<std::shared_ptr<const Verdict>>& inputs) {
   if (r.has_transfer()) return RunTransferStep(r, last_collective, verdict, inputs);
+  if (r.has_checkpoint()) return RunCheckpointStep(r, verdict);
   std::shared_ptr<Executable> exe_held;  // held while the step runs: an unload may drop the program
   std::shared_ptr<const v1::Program> proto_held;
   Executable* exe = nullptr;
@@ -344,6 +350,41 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunTransferStep(
         store_.Insert(r.device(), r.outputs(0),
                       StoredArray{std::move(target), r.transfer().target_block(), {}, verdict}));
   }
+  ++steps_run_;
+  return v1::RunResponse();
+}
+
+absl::StatusOr<v1::RunResponse> WorkerRuntime::RunCheckpointStep(
+    const v1::RunRequest& r, const std::shared_ptr<Verdict>& verdict) {
+  const v1::CheckpointChunk& c = r.checkpoint();
+  Device& device = *devices_[r.device()];
+  if (!c.restore()) {
+    if (r.arguments_size() != 1 || r.outputs_size() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "execution ", r.execution_id(), ": a checkpoint save takes one array and makes none"));
+    }
+    const std::string what = absl::StrCat("checkpoint save of array ", c.array_dir());
+    auto a = store_.Get(r.device(), r.arguments(0));
+    if (!a.ok()) return Annotate(a.status(), absl::StrCat(what, ": "));
+    if (!a->error.ok()) return DependentError(a->error, what);
+    if (a->verdict != nullptr) {
+      // The snapshot reads the bytes now: the step that made them must be done.
+      TESSEL_RETURN_IF_ERROR(a->verdict->Wait());
+    }
+    TESSEL_RETURN_IF_ERROR(checkpoints_->WriteChunk(c, device, std::move(a->buffer)));
+    ++steps_run_;
+    return v1::RunResponse();
+  }
+  if (r.arguments_size() != 0 || r.outputs_size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "execution ", r.execution_id(), ": a checkpoint restore makes one array and takes none"));
+  }
+  v1::TensorType block;
+  block.set_dtype(c.global().dtype());
+  for (int64_t n : c.block().sizes()) block.add_dims(n);
+  TESSEL_ASSIGN_OR_RETURN(BufferPtr out, checkpoints_->ReadBlock(c, device, block));
+  TESSEL_RETURN_IF_ERROR(
+      store_.Insert(r.device(), r.outputs(0), StoredArray{std::move(out), block, {}, verdict}));
   ++steps_run_;
   return v1::RunResponse();
 }

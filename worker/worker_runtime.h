@@ -22,6 +22,7 @@
 #include "spdlog/logger.h"
 #include "tessel/v1/worker.pb.h"
 #include "worker/buffer_store.h"
+#include "worker/checkpoint_io.h"
 #include "worker/communicator.h"
 #include "worker/device.h"
 #include "worker/step_queue.h"
@@ -36,6 +37,10 @@ class WorkerRuntime {
     // Groups for the programs' collectives. Default: none (a program with a
     // collective then fails to run, saying so).
     std::shared_ptr<CommunicatorRegistry> collectives;
+    // Checkpoints (CheckpointIO): the directory every path must lie under,
+    // and the bound on the bytes held for writing.
+    std::string checkpoint_root = "/";
+    int64_t checkpoint_staging_bytes = int64_t{1} << 30;
   };
   static absl::StatusOr<std::unique_ptr<WorkerRuntime>> Create(Options options);
   ~WorkerRuntime();
@@ -100,6 +105,12 @@ class WorkerRuntime {
   // address only once it serves); replaces Options::collectives.
   void SetCollectives(std::shared_ptr<CommunicatorRegistry> collectives);
 
+  // A checkpoint's files (CheckpointFilesRequest).
+  absl::StatusOr<v1::CheckpointFilesResponse> CheckpointFiles(const v1::CheckpointFilesRequest& r) {
+    return checkpoints_->Files(r);
+  }
+  const CheckpointIO& checkpoints() const { return *checkpoints_; }
+
  private:
   explicit WorkerRuntime(Options options);
   absl::Status CheckDevice(int device) const;
@@ -113,6 +124,10 @@ class WorkerRuntime {
   absl::StatusOr<v1::RunResponse> RunTransferStep(
       const v1::RunRequest& request, int* last_round, const std::shared_ptr<Verdict>& verdict,
       std::vector<std::shared_ptr<const Verdict>>& inputs);
+  // A checkpoint's part on this device (request.checkpoint): a chunk saved
+  // from arguments[0], or outputs[0] restored.
+  absl::StatusOr<v1::RunResponse> RunCheckpointStep(const v1::RunRequest& request,
+                                                    const std::shared_ptr<Verdict>& verdict);
   // After a failed step: lets the peers of every collective it did not reach know.
   void AbandonRest(const v1::RunRequest& request, int last_collective, const absl::Status& cause);
   // Queues `task` on the lane of a detached send (IsDetachedSend): one per
@@ -148,6 +163,8 @@ class WorkerRuntime {
   absl::flat_hash_map<std::string, std::unique_ptr<CompletionQueue>> send_lanes_
       ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<CompletionQueue>> retired_lanes_ ABSL_GUARDED_BY(mu_);
+  // Holds buffers while it writes them: joined after the step queues, before the devices.
+  std::unique_ptr<CheckpointIO> checkpoints_;
   std::vector<std::unique_ptr<StepQueue>> queues_;  // last: joined first
 };
 

@@ -278,4 +278,14 @@ grpc::Status WorkerService::OpenWrites(grpc::ServerContext* ctx, const v1::OpenW
   return ToGrpc(runtime_->OpenWrites(*req));
 }
 
+grpc::Status WorkerService::CheckpointFiles(grpc::ServerContext* ctx,
+                                            const v1::CheckpointFilesRequest* req,
+                                            v1::CheckpointFilesResponse* resp) {
+  if (grpc::Status a = CheckCaller(*ctx); !a.ok()) return a;
+  auto r = runtime_->CheckpointFiles(*req);
+  if (!r.ok()) return ToGrpc(r.status());
+  *resp = std::move(*r);
+  return grpc::Status::OK;
+}
+
 }  // namespace tessel::worker

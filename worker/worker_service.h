@@ -41,6 +41,8 @@ class WorkerService final
                         v1::WorkerStatsResponse*) override;
   grpc::Status OpenWrites(grpc::ServerContext*, const v1::OpenWritesRequest*,
                           v1::OpenWritesResponse*) override;
+  grpc::Status CheckpointFiles(grpc::ServerContext*, const v1::CheckpointFilesRequest*,
+                               v1::CheckpointFilesResponse*) override;
 
   // How long a put's receipt (PutShardResponse.receipt) stays good: the
   // client hands it over once every block of the array is written.

@@ -34,6 +34,7 @@ from tessel import lax  # control flow on the device
 from tessel import nn  # after numpy, which it composes
 from tessel import random  # counter-based random numbers, as jax.random
 from tessel import tree_util  # pytrees, as jax.tree_util
+from tessel import checkpoints  # saved and restored by the workers (zarr)
 from tessel._autodiff import custom_jvp, custom_vjp, grad, jvp, value_and_grad, vjp
 from tessel._remat import checkpoint, checkpoint_name, checkpoint_policies, remat
 from tessel._api import (
@@ -130,6 +131,7 @@ __all__ = [
     "stats",
     "transfer_guard",
     "tree_util",
+    "checkpoints",
     "tune_allocator",
     "value_and_grad",
     "vjp",

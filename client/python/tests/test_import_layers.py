@@ -50,6 +50,7 @@ LAYERS = [
     "_stablehlo_manual",  # jax.shard_map's manual computations and their collectives
     "_stablehlo",  # StableHLO read through jaxlib's MLIR bindings
     "jax",  # tessel.jax: JAX programs on the cluster (needs jax)
+    "checkpoints",  # tessel.checkpoints: saved and restored by the workers
     "__init__",
 ]
 

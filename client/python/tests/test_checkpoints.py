@@ -1,0 +1,260 @@
+"""tessel.checkpoints against readers nobody here wrote: zarr-python and
+TensorStore open what the workers wrote and must find the arrays' values
+(each verifying every chunk's CRC32C); restore onto other meshes must give
+numpy's values back; every bad input is a clear error naming the path."""
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import tensorstore
+import zarr
+
+import tessel
+from tessel import Mesh, NamedSharding, P
+from tessel import checkpoints as ckpt
+from tessel._cluster import find_binary
+
+RNG = np.random.default_rng(5)
+
+
+def state_on(mesh):
+    """A 2x2-sharded matrix, a row-split vector, a replicated bias and a scalar, as numpy and on the devices."""
+    host = {
+        "w": RNG.standard_normal((8, 12)).astype(np.float32),
+        "v": np.arange(10, dtype=np.int32) * 3 - 7,
+        "opt": {"b": RNG.standard_normal(5), "count": np.int64(41)},
+    }
+    dev = {
+        "w": tessel.device_put(host["w"], NamedSharding(mesh, P("x", "y"))),
+        "v": tessel.device_put(host["v"], NamedSharding(mesh, P("x"))),
+        "opt": {
+            "b": tessel.device_put(host["opt"]["b"], NamedSharding(mesh, P())),
+            "count": tessel.device_put(host["opt"]["count"]),
+        },
+    }
+    return host, dev
+
+
+@pytest.fixture
+def mesh(cluster):
+    return Mesh([("x", 2), ("y", 2)])
+
+
+def files_under(path):
+    return sorted(str(p.relative_to(path)) for p in pathlib.Path(path).rglob("*") if p.is_file())
+
+
+def test_workers_write_zarr_that_zarr_and_tensorstore_read(cluster, mesh, tmp_path):
+    host, dev = state_on(mesh)
+    path = tmp_path / "step_1"
+    pending = ckpt.save(path, dev, step=1)
+    assert pending.wait() == str(path)
+    # Each distinct block once: 4 of w, 2 of v (replicated over y), 1 of the
+    # replicated b, 1 of the scalar.
+    assert pending.chunks == 8
+    assert pending.bytes_written == host["w"].nbytes + host["v"].nbytes + host["opt"]["b"].nbytes + 8
+    assert len(pending.workers) == 2  # both workers wrote
+    files = files_under(path)
+    assert "tessel.commit" in files and "tessel.json" in files and "w/c/1/1" in files
+    assert not any("tessel-tmp" in str(p) for p in tmp_path.iterdir())
+    group = zarr.open_group(str(path), mode="r")
+    np.testing.assert_array_equal(group["w"][:], host["w"])
+    np.testing.assert_array_equal(group["v"][:], host["v"])
+    np.testing.assert_array_equal(group["opt.b"][:], host["opt"]["b"])
+    assert group["opt.count"][()] == host["opt"]["count"]
+    for name, want in (("w", host["w"]), ("opt.b", host["opt"]["b"])):
+        store = tensorstore.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path / name)}}).result()
+        np.testing.assert_array_equal(store.read().result(), want)
+    manifest = json.loads((path / "tessel.json").read_text())
+    assert manifest["metadata"]["step"] == 1
+    assert manifest["arrays"]["w"]["chunk_shape"] == [4, 6]
+
+
+@pytest.mark.parametrize(
+    "target_mesh,spec",
+    [(None, None), ([("a", 4)], P(None, "a")), ([("a", 4)], P("a")), ([("x", 2), ("y", 2)], P("y", "x"))],
+    ids=["one_device", "1x4", "4x1", "2x2_transposed"],
+)
+def test_restore_onto_any_mesh_gives_the_same_values(cluster, mesh, tmp_path, target_mesh, spec):
+    host, dev = state_on(mesh)
+    ckpt.save(tmp_path / "c", dev, wait=True)
+    sharding = tessel.SingleDeviceSharding(0) if target_mesh is None else NamedSharding(Mesh(target_mesh), spec)
+    target = {
+        "w": tessel.device_put(np.zeros((8, 12), np.float32), sharding),
+        "v": np.zeros(10, np.int32),
+        "opt": {"b": np.zeros(5), "count": np.int64(0)},
+    }
+    got = ckpt.restore(tmp_path / "c", target=target)
+    assert got["w"]._placement == target["w"]._placement
+    np.testing.assert_array_equal(np.asarray(got["w"]), host["w"])
+    np.testing.assert_array_equal(np.asarray(got["v"]), host["v"])
+    np.testing.assert_array_equal(np.asarray(got["opt"]["b"]), host["opt"]["b"])
+    assert int(got["opt"]["count"]) == 41
+
+
+def test_restore_without_target_keeps_the_saved_layout_and_tree(cluster, mesh, tmp_path):
+    host, dev = state_on(mesh)
+    dev["layers"] = [tessel.device_put(np.float32(i)) for i in range(3)]
+    ckpt.save(tmp_path / "c", dev, wait=True, metadata={"note": "hello"})
+    got = ckpt.restore(tmp_path / "c")
+    assert got["w"]._placement == dev["w"]._placement
+    np.testing.assert_array_equal(np.asarray(got["w"]), host["w"])
+    assert [float(x) for x in got["layers"]] == [0.0, 1.0, 2.0]
+    assert ckpt.read_manifest(tmp_path / "c")["metadata"]["user"] == {"note": "hello"}
+
+
+def test_save_returns_at_the_snapshot_and_a_donating_step_may_follow(cluster, mesh, tmp_path):
+    x0 = RNG.standard_normal((256, 256)).astype(np.float32)
+    x = tessel.device_put(x0, NamedSharding(mesh, P("x")))
+    step = tessel.jit(lambda a: a * 2.0 + 1.0, donate_argnums=0)
+    pending = ckpt.save(tmp_path / "c", {"x": x})
+    for _ in range(3):
+        x = step(x)  # overwrites the state the save snapshotted, at once
+    pending.wait()
+    np.testing.assert_allclose(np.asarray(x), ((x0 * 2 + 1) * 2 + 1) * 2 + 1, rtol=1e-6)
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "c" / "x"), mode="r")[:], x0)
+
+
+def test_corrupt_torn_missing_and_uncommitted_checkpoints_are_errors_naming_the_file(cluster, mesh, tmp_path):
+    host, dev = state_on(mesh)
+    ckpt.save(tmp_path / "c", dev, wait=True)
+    chunk = tmp_path / "c" / "w" / "c" / "0" / "1"
+    data = bytearray(chunk.read_bytes())
+    data[5] ^= 0x40
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(tessel.TesselError, match=r"array w: chunk .*w/c/0/1 is corrupt"):
+        np.asarray(ckpt.restore(tmp_path / "c")["w"])
+    with pytest.raises(Exception, match="(?i)checksum|crc"):  # zarr's own check agrees
+        zarr.open_array(str(tmp_path / "c" / "w"), mode="r")[:]
+    chunk.write_bytes(bytes(data[:-9]))
+    with pytest.raises(tessel.TesselError, match="torn"):
+        np.asarray(ckpt.restore(tmp_path / "c")["w"])
+    chunk.unlink()
+    with pytest.raises(tessel.TesselError, match=r"w/c/0/1"):
+        np.asarray(ckpt.restore(tmp_path / "c")["w"])
+    (tmp_path / "c" / "tessel.commit").unlink()
+    with pytest.raises(tessel.TesselError, match="not complete: it has no commit marker"):
+        ckpt.restore(tmp_path / "c")
+    # The daemons keep serving.
+    np.testing.assert_array_equal(np.asarray(dev["w"]), host["w"])
+
+
+def test_bad_input_is_a_clear_error_naming_the_path(cluster, mesh, tmp_path):
+    host, dev = state_on(mesh)
+    ckpt.save(tmp_path / "c", dev, wait=True)
+    with pytest.raises(tessel.TesselError, match=r"checkpoint .*/c already exists"):
+        ckpt.save(tmp_path / "c", dev)
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(tessel.TesselError, match=r"cannot make checkpoint directory .*/file/c"):
+        ckpt.save(blocker / "c", dev)
+    with pytest.raises(ValueError, match=r"another structure than the target: the target's \['extra'\] are not in it"):
+        ckpt.restore(tmp_path / "c", target={**host, "extra": np.zeros(2)})
+    with pytest.raises(ValueError, match=r"it holds \['v'\], which the target has not"):
+        ckpt.restore(tmp_path / "c", target={k: x for k, x in host.items() if k != "v"})
+    bad = {**host, "w": np.zeros((8, 12), np.float64)}
+    with pytest.raises(ValueError, match=r"array w was saved as float32\[8, 12\]; the target is float64\[8, 12\]"):
+        ckpt.restore(tmp_path / "c", target=bad)
+    bad = {**host, "v": np.zeros(11, np.int32)}
+    with pytest.raises(ValueError, match=r"array v was saved as int32\[10\]; the target is int32\[11\]"):
+        ckpt.restore(tmp_path / "c", target=bad)
+    with pytest.raises(tessel.TesselError, match=r"checkpoint .*/nothing does not exist"):
+        ckpt.restore(tmp_path / "nothing")
+    # Nothing saved was lost.
+    np.testing.assert_array_equal(np.asarray(ckpt.restore(tmp_path / "c", target=host)["w"]), host["w"])
+
+
+def test_a_checkpoint_still_being_written_is_not_restored(cluster, mesh, tmp_path):
+    big = tessel.device_put(np.ones((1024, 1024), np.float32), NamedSharding(mesh, P("x")))
+    s = tessel._context.session()
+    resp = s._stub.SaveCheckpoint(
+        tessel.v1.session_pb2.SaveCheckpointRequest(
+            session_id=s.id,
+            path=str(tmp_path / "c"),
+            arrays=[tessel.v1.session_pb2.CheckpointArray(name="a", handle=big.handle)],
+        )
+    )
+    try:
+        assert not (tmp_path / "c").exists()
+        temp = [p for p in tmp_path.iterdir() if "tessel-tmp" in p.name]
+        assert len(temp) == 1 and not (temp[0] / "tessel.commit").exists()
+        with pytest.raises(tessel.TesselError, match="still being written"):
+            ckpt.restore(tmp_path / "c")
+        with pytest.raises(tessel.TesselError, match="not complete"):
+            ckpt.restore(temp[0])
+    finally:
+        s._stub.CommitCheckpoint(
+            tessel.v1.session_pb2.CommitCheckpointRequest(session_id=s.id, checkpoint=resp.checkpoint, abandon=True)
+        )
+    assert list(tmp_path.iterdir()) == []  # an abandoned save leaves nothing
+
+
+def test_checkpoint_manager_keeps_the_latest_and_the_periodic_steps(cluster, mesh, tmp_path):
+    x = tessel.device_put(np.zeros(16, np.float32), NamedSharding(mesh, P("x")))
+    step = tessel.jit(lambda a: a + 1.0)
+    with ckpt.CheckpointManager(tmp_path, max_to_keep=2, keep_period=4, save_interval_steps=1) as m:
+        other = tessel.connect(cluster.address, make_default=False)
+        with pytest.raises(tessel.TesselError, match="already has a CheckpointManager"):
+            ckpt.CheckpointManager(tmp_path, session=other)
+        other.close()
+        for i in range(7):
+            assert m.save(i, {"x": x})
+            x = step(x)
+        assert not m.save(6, {"x": x})  # already saved
+        m.wait_until_finished()
+        assert m.all_steps() == [0, 4, 5, 6]
+        assert m.latest_step() == 6
+        got = m.restore(target={"x": x})
+        np.testing.assert_array_equal(np.asarray(got["x"]), np.full(16, 6.0, np.float32))
+        np.testing.assert_array_equal(np.asarray(m.restore(4)["x"]), np.full(16, 4.0, np.float32))
+    # Released: a new manager may take the directory.
+    with ckpt.CheckpointManager(tmp_path) as again:
+        assert again.latest_step() == 6
+
+
+def test_workers_that_do_not_share_the_path_are_an_error_naming_the_worker(tmp_path):
+    """A second worker in a mount namespace of its own, with a private
+    tmpfs over the checkpoint directory: it cannot see what the first made."""
+    shared = tmp_path / "volume"
+    shared.mkdir()
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) for a private mount namespace")
+    with tessel.local_cluster(workers=1, devices_per_worker=1) as c:
+        worker = subprocess.Popen(
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                f'mount -t tmpfs tmpfs "{shared}" && exec "{find_binary("tessel-worker")}" "$@"',
+                "worker",
+                f"--coordinator={c.address}",
+                f"--parent_pid={os.getpid()}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 20
+            while len(tessel.devices()) < 2:
+                assert worker.poll() is None, "the namespaced worker exited"
+                assert time.monotonic() < deadline, "the namespaced worker never registered"
+                time.sleep(0.1)
+            x = tessel.device_put(np.ones(4, np.float32), tessel.ReplicatedSharding())
+            with pytest.raises(
+                tessel.TesselError,
+                match=r"worker 127\.0\.0\.1:\d+: does not see the checkpoint directory .*volume/c\.tessel-tmp",
+            ):
+                ckpt.save(shared / "c", {"x": x})
+            assert list(shared.iterdir()) == []  # the failed save removed its directory
+        finally:
+            worker.terminate()
+            worker.wait(timeout=10)

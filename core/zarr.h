@@ -1,0 +1,38 @@
+// The zarr v3 format of Tessel's checkpoints (docs/checkpoints.md): names,
+// metadata and paths, shared by the workers that write and read them, the
+// coordinator that plans them and the CLI that lists them. Pure.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "tessel/v1/ir.pb.h"
+
+namespace tessel {
+
+// Zarr v3's name of a dtype ("float32", "bool", "bfloat16", ...).
+absl::string_view ZarrDType(v1::DType t);
+// A chunk's file under its array's directory: "c/0/1"; "c" for a 0-d array.
+std::string ChunkKey(absl::Span<const int64_t> chunk_index);
+// The zarr.json of an array of `global`'s type in chunks of `chunk_shape`.
+std::string ZarrArrayJson(const v1::TensorType& global, absl::Span<const int64_t> chunk_shape);
+// INVALID_ARGUMENT naming `path` unless it is absolute, has no "." or ".."
+// component, and lies under `root`.
+absl::Status CheckCheckpointPath(absl::string_view root, absl::string_view path);
+
+// INVALID_ARGUMENT unless `name` can name an array's directory in a
+// checkpoint: letters, digits, '_', '-' and '.', not first, and none of the
+// names below.
+absl::Status CheckArrayName(absl::string_view name);
+
+// The names a checkpoint's directory holds besides its arrays.
+inline constexpr char kCommitMarker[] = "tessel.commit";
+inline constexpr char kManifest[] = "tessel.json";
+inline constexpr char kProbe[] = ".tessel-probe";
+
+// The dtype of zarr's name; INVALID_ARGUMENT for a name Tessel has no dtype of.
+absl::StatusOr<v1::DType> FromZarrDType(absl::string_view name);
+
+}  // namespace tessel
