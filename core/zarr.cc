@@ -1,5 +1,7 @@
 #include "core/zarr.h"
 
+#include <isa-l/crc.h>
+
 #include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -84,6 +86,19 @@ absl::Status CheckArrayName(absl::string_view name) {
                "and not a name the checkpoint itself uses"));
   }
   return absl::OkStatus();
+}
+
+uint32_t Crc32c(const void* data, int64_t n, uint32_t crc) {
+  // ISA-L's iSCSI CRC is CRC32C without the final inversion.
+  uint32_t state = ~crc;
+  auto* p = static_cast<unsigned char*>(const_cast<void*>(data));
+  while (n > 0) {
+    const int step = int(std::min<int64_t>(n, int64_t{1} << 30));
+    state = crc32_iscsi(p, step, state);
+    p += step;
+    n -= step;
+  }
+  return ~state;
 }
 
 absl::StatusOr<v1::DType> FromZarrDType(absl::string_view name) {

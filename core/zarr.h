@@ -16,6 +16,9 @@ namespace tessel {
 absl::string_view ZarrDType(v1::DType t);
 // A chunk's file under its array's directory: "c/0/1"; "c" for a 0-d array.
 std::string ChunkKey(absl::Span<const int64_t> chunk_index);
+// CRC32C (Castagnoli), as zarr's crc32c codec computes it (ISA-L); `crc`
+// continues an earlier call's result over the bytes that follow.
+uint32_t Crc32c(const void* data, int64_t n, uint32_t crc = 0);
 // The zarr.json of an array of `global`'s type in chunks of `chunk_shape`.
 std::string ZarrArrayJson(const v1::TensorType& global, absl::Span<const int64_t> chunk_shape);
 // INVALID_ARGUMENT naming `path` unless it is absolute, has no "." or ".."

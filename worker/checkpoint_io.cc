@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
-#include <isa-l/crc.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -185,19 +184,6 @@ absl::Status CheckZarrJson(const std::string& path, const v1::TensorType& global
 }
 
 }  // namespace
-
-uint32_t Crc32c(const void* data, int64_t n, uint32_t crc) {
-  // ISA-L's iSCSI CRC is CRC32C without the final inversion.
-  uint32_t state = ~crc;
-  auto* p = static_cast<unsigned char*>(const_cast<void*>(data));
-  while (n > 0) {
-    const int step = int(std::min<int64_t>(n, int64_t{1} << 30));
-    state = crc32_iscsi(p, step, state);
-    p += step;
-    n -= step;
-  }
-  return ~state;
-}
 
 void CopyBox(const char* src, absl::Span<const int64_t> from_dims, absl::Span<const int64_t> from,
              char* dst, absl::Span<const int64_t> to_dims, absl::Span<const int64_t> to,

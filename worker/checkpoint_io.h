@@ -39,9 +39,6 @@
 
 namespace tessel::worker {
 
-// CRC32C (Castagnoli), as zarr's crc32c codec computes it (ISA-L); `crc`
-// continues an earlier call's result over the bytes that follow.
-uint32_t Crc32c(const void* data, int64_t n, uint32_t crc = 0);
 // Copies the box of `sizes` at `from` in a row-major array of `from_dims`
 // to the box at `to` in one of `to_dims` (elements of `esize` bytes).
 void CopyBox(const char* src, absl::Span<const int64_t> from_dims, absl::Span<const int64_t> from,

@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "client/cli/checkpoint_command.h"
 #include "core/process_tuning.h"
 #include "core/security.h"
 #include "core/status.h"
@@ -64,6 +65,13 @@ Partitioning flags:
       A live view of each device: steps per second, queue depth, errors,
       mean step latency, memory in use and peak; refreshed every S seconds
       (default 1), N times (default: until interrupted).
+  tessel checkpoint ls DIRECTORY
+  tessel checkpoint inspect PATH [--verify]
+      A checkpoint directory read where it lies (no cluster needed): ls lists
+      the checkpoints under DIRECTORY (committed or not, step, arrays, bytes);
+      inspect lists a checkpoint's arrays, their chunks and placements, and
+      with --verify reads every chunk and checks its CRC32C (exit 1 if one is
+      missing, torn or corrupt).
   tessel health [--address HOST:PORT] [--service NAME] [--timeout S]
                 [--tls-ca CA.pem [--tls-cert C.pem --tls-key K.pem] [--tls-server-name NAME]]
       Ask a daemon (coordinator or worker; default: the coordinator) its
@@ -93,7 +101,7 @@ struct Args {
   }
 };
 
-const std::set<std::string> kBoolFlags = {"verbose", "replicated", "help", "json"};
+const std::set<std::string> kBoolFlags = {"verbose", "replicated", "help", "json", "verify"};
 
 Args Parse(int argc, char** argv) {
   Args a;
@@ -140,6 +148,7 @@ const std::map<std::string, CommandSpec> kCommands = {
      {{"address", "service", "timeout", "coordinator", "tls-ca", "tls-cert", "tls-key",
        "tls-server-name"}}},
     {"top", {{"coordinator", "interval", "iterations", "token", "tls-ca"}}},
+    {"checkpoint", {{"verify"}, 2}},
 };
 
 // Empty when `a` fits its command; else what is wrong, naming the flag.
@@ -152,8 +161,10 @@ std::string CheckArgs(const Args& a, const CommandSpec& spec) {
                         known.empty() ? "no flags" : absl::StrJoin(known, ", "));
   }
   if (a.positional.size() != spec.operands) {
-    return absl::StrCat("expected ", spec.operands == 0 ? "no operand" : "one graph file", ", got ",
-                        a.positional.size(),
+    const std::string want = spec.operands == 0   ? "no operand"
+                             : spec.operands == 1 ? "one graph file"
+                                                  : "a subcommand and a path";
+    return absl::StrCat("expected ", want, ", got ", a.positional.size(),
                         a.positional.empty() ? "" : ": " + absl::StrJoin(a.positional, " "));
   }
   return "";
@@ -596,6 +607,9 @@ int main(int argc, char** argv) {
   if (a.command == "stats") return Stats(a);
   if (a.command == "health") return Health(a);
   if (a.command == "top") return Top(a);
+  if (a.command == "checkpoint") {
+    return tessel::cli::CheckpointCommand(a.positional, a.Get("verify") == "true");
+  }
   std::cerr << "tessel: unknown command '" << a.command << "'\n\n" << kUsage;
   return 2;
 }

@@ -6,6 +6,7 @@ numpy's values back; every bad input is a clear error naming the path."""
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import time
@@ -218,7 +219,7 @@ def test_checkpoint_manager_keeps_the_latest_and_the_periodic_steps(cluster, mes
         assert again.latest_step() == 6
 
 
-def test_workers_that_do_not_share_the_path_are_an_error_naming_the_worker(tmp_path):
+def test_workers_that_do_not_share_the_path_are_an_error_naming_the_worker(cluster, tmp_path):
     """A second worker in a mount namespace of its own, with a private
     tmpfs over the checkpoint directory: it cannot see what the first made."""
     shared = tmp_path / "volume"
@@ -258,3 +259,24 @@ def test_workers_that_do_not_share_the_path_are_an_error_naming_the_worker(tmp_p
         finally:
             worker.terminate()
             worker.wait(timeout=10)
+    tessel._context.set_default_session(cluster.session)
+
+
+def test_cli_lists_and_verifies_checkpoints(cluster, mesh, tmp_path):
+    host, dev = state_on(mesh)
+    ckpt.save(tmp_path / "7", dev, step=7, wait=True)
+    cli = find_binary("tessel")
+    ls = subprocess.run([cli, "checkpoint", "ls", str(tmp_path)], capture_output=True, text=True)
+    assert ls.returncode == 0, ls.stderr
+    assert re.search(r"^7\s+committed\s+7\s+4\s", ls.stdout, re.M), ls.stdout
+    ok = subprocess.run([cli, "checkpoint", "inspect", str(tmp_path / "7"), "--verify"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert re.search(r"^w\s+float32\s+\[8,12\]\s+\[4,6\]\s+4\s", ok.stdout, re.M), ok.stdout
+    chunk = tmp_path / "7" / "v" / "c" / "1"
+    data = bytearray(chunk.read_bytes())
+    data[0] ^= 1
+    chunk.write_bytes(bytes(data))
+    bad = subprocess.run(
+        [cli, "checkpoint", "inspect", str(tmp_path / "7"), "--verify"], capture_output=True, text=True
+    )
+    assert bad.returncode == 1 and "v/c/1 is corrupt" in bad.stdout, bad.stdout
