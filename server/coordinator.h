@@ -367,6 +367,7 @@ class Coordinator {
     std::string session, path, temp;
     std::vector<std::string> writers;  // addresses; set once snapshotted
     std::string files_worker;
+    v1::CheckpointFilesRequest metadata;  // the zarr.json files and the manifest
   };
   mutable absl::Mutex checkpoints_mu_;  // after arrays_'s; nothing is called under it
   absl::flat_hash_map<std::string, SavingCheckpoint> saving_ ABSL_GUARDED_BY(checkpoints_mu_);

@@ -343,10 +343,6 @@ absl::StatusOr<v1::SaveCheckpointResponse> Coordinator::SaveCheckpoint(
       StrCat("{\n  \"format\": \"tessel.checkpoint\",\n  \"version\": 1,\n",
              "  \"tenant\": ", Quote(tenant), ",\n  \"arrays\": {\n", arrays_json,
              "\n  },\n  \"metadata\": ", req.metadata().empty() ? "{}" : req.metadata(), "\n}\n"));
-  if (auto w = CallCheckpointFiles(*files, meta); !w.ok()) {
-    abandon();
-    return Annotate(w.status(), StrCat(what, ": "));
-  }
   resp.set_chunks(steps.size());
   if (absl::Status s = RunCheckpointSteps(std::move(steps), what); !s.ok()) {
     abandon();
@@ -357,6 +353,7 @@ absl::StatusOr<v1::SaveCheckpointResponse> Coordinator::SaveCheckpoint(
     SavingCheckpoint& s = saving_[id];
     s.writers.assign(writers.begin(), writers.end());
     s.files_worker = files->address;
+    s.metadata = std::move(meta);  // written at the commit, off the save's path
   }
   resp.set_checkpoint(id);
   for (const std::string& w : writers) resp.add_workers(w);
@@ -405,6 +402,12 @@ absl::StatusOr<v1::CommitCheckpointResponse> Coordinator::CommitCheckpoint(
   auto files = clients.find(s.files_worker);
   if (failed.ok() && files == clients.end()) {
     failed = absl::UnavailableError(StrCat(what, ": worker ", s.files_worker, " died"));
+  }
+  if (failed.ok() && !req.abandon()) {
+    if (auto r = CallCheckpointFiles(CheckpointFiles{files->second, s.files_worker}, s.metadata);
+        !r.ok()) {
+      failed = Annotate(r.status(), StrCat(what, ": "));
+    }
   }
   if (failed.ok() && !req.abandon()) {
     CheckpointFilesRequest commit;

@@ -111,7 +111,9 @@ def test_restore_without_target_keeps_the_saved_layout_and_tree(cluster, mesh, t
 
 
 def test_save_returns_at_the_snapshot_and_a_donating_step_may_follow(cluster, mesh, tmp_path):
-    x0 = RNG.standard_normal((256, 256)).astype(np.float32)
+    # Chunks over 1 MiB, not a multiple of 4 KiB: the bulk goes with
+    # O_DIRECT where the filesystem takes it, the tail buffered.
+    x0 = RNG.standard_normal((1030, 520)).astype(np.float32)
     x = tessel.device_put(x0, NamedSharding(mesh, P("x")))
     step = tessel.jit(lambda a: a * 2.0 + 1.0, donate_argnums=0)
     pending = ckpt.save(tmp_path / "c", {"x": x})
@@ -120,6 +122,7 @@ def test_save_returns_at_the_snapshot_and_a_donating_step_may_follow(cluster, me
     pending.wait()
     np.testing.assert_allclose(np.asarray(x), ((x0 * 2 + 1) * 2 + 1) * 2 + 1, rtol=1e-6)
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "c" / "x"), mode="r")[:], x0)
+    np.testing.assert_array_equal(np.asarray(ckpt.restore(tmp_path / "c")["x"]), x0)
 
 
 def test_corrupt_torn_missing_and_uncommitted_checkpoints_are_errors_naming_the_file(cluster, mesh, tmp_path):
