@@ -4,9 +4,10 @@ from the benchmarks' own output:
 
   build/bin/tessel-bench --json > bench/results/tessel_bench.json
   .venv/bin/python bench/python_bench.py --json > bench/results/python_bench.json
+  .venv/bin/python bench/checkpoint_bench.py --json > bench/results/checkpoint_bench.json
   .venv/bin/python scripts/performance_page.py [--check]
 
-scripts/performance.sh runs all three. The page is this script's: edit the
+scripts/performance.sh runs them all. The page is this script's: edit the
 script (or the benchmarks' descriptions), not the page. --check compares the
 page's table with the results and fails if they differ (no plot needed):
 tests/docs_performance_test runs it, so figures never drift from their
@@ -30,7 +31,7 @@ INTRO = """\
 
 Every figure is Tessel beside its baseline, measured in the same run on the
 same machine, and judged as a ratio against its goal (machines are noisy;
-ratios taken in one run are what compare). Two programs measure them:
+ratios taken in one run are what compare). Three programs measure them:
 
 - `build/bin/tessel-bench` (C++; `--json`, `--only=SUBSTR`, `--list`):
   starts a local cluster of 2 workers and runs each entry of its table
@@ -39,8 +40,12 @@ ratios taken in one run are what compare). Two programs measure them:
   shape, OpenBLAS and Gloo called directly, a plain copy loop.
 - `.venv/bin/python bench/python_bench.py` (`--json`, `--only=NAME`): the
   Python SDK beside grpcio and beside `jax.jit` on the same CPU.
+- `.venv/bin/python bench/checkpoint_bench.py` (`--json`, `--only=NAME`):
+  checkpoints saved and restored by the workers beside `dd` writing and
+  reading the same bytes on the same filesystem, and a training loop's
+  step time while it saves.
 
-`scripts/performance.sh` runs both and writes this page from their output
+`scripts/performance.sh` runs them and writes this page from their output
 (`bench/results/`). What each row measures, and how (rounds, alternation,
 medians), is in the header of its benchmark's source; the commit that
 changed a figure says why it moved.
@@ -60,14 +65,14 @@ METHOD = """\
 """
 
 
-def python_descriptions():
-    """Each python_bench row's description, from the module's docstring."""
-    text = (ROOT / "bench" / "python_bench.py").read_text()
+def python_descriptions(module="python_bench.py", prefix="py_"):
+    """Each row's description, from the benchmark module's docstring."""
+    text = (ROOT / "bench" / module).read_text()
     doc = text.split('"""')[1]
     out, names = {}, []
     for line in doc.splitlines():
         # "py_a  text", or "py_a, py_b  text" for rows that share it.
-        m = re.match(r"(py_\w+(?:,\s*py_\w+)*)\s+(.*)", line)
+        m = re.match(rf"({prefix}\w+(?:,\s*{prefix}\w+)*)\s+(.*)", line)
         if m:
             names = re.split(r",\s*", m.group(1))
             for name in names:
@@ -100,14 +105,16 @@ def rows():
                     r.get("note", ""),
                 )
             )
-    pb = RESULTS / "python_bench.json"
-    if pb.exists():
-        what = python_descriptions()
+    for source, prefix in (("python_bench", "py_"), ("checkpoint_bench", "ckpt_")):
+        pb = RESULTS / f"{source}.json"
+        if not pb.exists():
+            continue
+        what = python_descriptions(f"{source}.py", prefix)
         for r in json.loads(pb.read_text()):
             goal = r["goal"] if r["goal"] != "-" else "—"
             out.append(
                 (
-                    "python_bench",
+                    source,
                     r["name"],
                     r["unit"],
                     r["tessel"],

@@ -106,14 +106,66 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   v1::RegisterWorkerResponse resp =
       workers_.Register(req, std::move(client), options_.heartbeat_interval, RandomNonzero());
   resp.set_coordinator_incarnation(incarnation_);
-  absl::MutexLock l(id_mu.get());
-  *id = resp.worker_id();
+  {
+    absl::MutexLock l(id_mu.get());
+    *id = resp.worker_id();
+  }
+  v1::ClusterEvent e;
+  e.set_kind(v1::ClusterEvent::WORKER_JOINED);
+  e.set_worker_id(resp.worker_id());
+  e.set_address(req.address());
+  for (const DeviceRoute& r : workers_.Routes()) {
+    if (r.worker_id == resp.worker_id()) e.add_devices(r.device);
+  }
+  e.set_message(StrFormat("worker %s (%s) joined with %d devices", resp.worker_id(), req.address(),
+                          req.num_devices()));
+  AddEvent(std::move(e));
   return resp;
 }
 
-absl::StatusOr<bool> Coordinator::Heartbeat(const std::string& worker_id,
-                                            const std::string& secret) {
-  return workers_.Heartbeat(worker_id, secret, absl::Now());
+absl::StatusOr<bool> Coordinator::Heartbeat(const std::string& worker_id, const std::string& secret,
+                                            bool draining, absl::Duration drain) {
+  TESSEL_ASSIGN_OR_RETURN(bool known, workers_.Heartbeat(worker_id, secret, absl::Now()));
+  if (!known || !draining) return known;
+  {
+    absl::MutexLock l(&events_mu_);
+    if (!draining_.insert(worker_id).second) return known;
+  }
+  auto devices = workers_.SetCordoned(worker_id, true);
+  v1::ClusterEvent e;
+  e.set_kind(v1::ClusterEvent::WORKER_DRAINING);
+  e.set_worker_id(worker_id);
+  if (devices.ok()) e.mutable_devices()->Add(devices->begin(), devices->end());
+  e.set_deadline_unix_ms(absl::ToUnixMillis(absl::Now() + drain));
+  e.set_message(
+      StrFormat("worker %s was told to stop; it serves %.0f s more (cordoned: no new "
+                "arrays or steps there)",
+                worker_id, absl::ToDoubleSeconds(drain)));
+  log_->warn("{}", e.message());
+  AddEvent(std::move(e));
+  return known;
+}
+
+void Coordinator::AddEvent(v1::ClusterEvent event) {
+  event.set_unix_ms(absl::ToUnixMillis(absl::Now()));
+  absl::MutexLock l(&events_mu_);
+  event.set_seq(++next_event_);
+  events_.push_back(std::move(event));
+  while (events_.size() > kMaxEvents) events_.pop_front();
+}
+
+absl::StatusOr<v1::ClusterEventsResponse> Coordinator::ClusterEvents(
+    const v1::ClusterEventsRequest& req) {
+  {
+    ArrayRegistry::Transaction l(arrays_);
+    TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));
+  }
+  v1::ClusterEventsResponse resp;
+  absl::MutexLock l(&events_mu_);
+  for (const v1::ClusterEvent& e : events_) {
+    if (e.seq() > req.after()) *resp.add_events() = e;
+  }
+  return resp;
 }
 
 absl::Status Coordinator::CheckKvCaller(const std::string& worker_id, const std::string& secret,
@@ -149,6 +201,17 @@ void Coordinator::LoseWorker(const WorkerRegistry::Expired& w, const std::string
       w.devices,
       absl::UnavailableError(StrFormat("was on worker %s (%s), which %s", w.id, w.address, why)));
   log_->warn("worker {} ({}) {}; marked dead, {} arrays lost", w.id, w.address, why, lost);
+  v1::ClusterEvent e;
+  e.set_kind(v1::ClusterEvent::WORKER_LOST);
+  e.set_worker_id(w.id);
+  e.set_address(w.address);
+  e.mutable_devices()->Add(w.devices.begin(), w.devices.end());
+  e.set_message(StrFormat("worker %s (%s) %s; %d arrays lost", w.id, w.address, why, lost));
+  {
+    absl::MutexLock l(&events_mu_);
+    draining_.erase(w.id);
+  }
+  AddEvent(std::move(e));
   // Cancelling fails the calls in flight, whose callbacks take the registries' locks.
   if (w.client != nullptr) w.client->CancelAll();
 }

@@ -85,7 +85,13 @@ class Coordinator {
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(const v1::RegisterWorkerRequest& req);
   // False for an unknown or dead worker; PERMISSION_DENIED when
   // `secret` is not the one the worker registered with.
-  absl::StatusOr<bool> Heartbeat(const std::string& worker_id, const std::string& secret);
+  // `draining`: the worker was told to stop and serves `drain` more: it is
+  // cordoned, and a WORKER_DRAINING event tells the clients.
+  absl::StatusOr<bool> Heartbeat(const std::string& worker_id, const std::string& secret,
+                                 bool draining = false,
+                                 absl::Duration drain = absl::ZeroDuration());
+  // The cluster's events after `after` (ClusterEventsRequest).
+  absl::StatusOr<v1::ClusterEventsResponse> ClusterEvents(const v1::ClusterEventsRequest& req);
   // OK when `worker_id` is a live worker registered with `secret` and holds
   // one of the devices of the group `key` belongs to
   // ("devices:<global ids>@<epoch>/..."); PERMISSION_DENIED otherwise.
@@ -374,6 +380,14 @@ class Coordinator {
   // Directory -> the session whose CheckpointManager holds it.
   absl::flat_hash_map<std::string, std::string> held_ ABSL_GUARDED_BY(checkpoints_mu_);
   std::atomic<uint64_t> next_checkpoint_{0};
+
+  // Appends an event (its seq and time filled in), the oldest dropped past kMaxEvents.
+  void AddEvent(v1::ClusterEvent event) ABSL_LOCKS_EXCLUDED(events_mu_);
+  static constexpr size_t kMaxEvents = 1024;
+  mutable absl::Mutex events_mu_;  // a leaf
+  std::deque<v1::ClusterEvent> events_ ABSL_GUARDED_BY(events_mu_);
+  uint64_t next_event_ ABSL_GUARDED_BY(events_mu_) = 0;
+  absl::flat_hash_set<std::string> draining_ ABSL_GUARDED_BY(events_mu_);  // worker ids
 
   mutable absl::Mutex mpmd_mu_;  // a leaf
   absl::flat_hash_map<std::string, std::shared_ptr<const MpmdProgram>> mpmd_

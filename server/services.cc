@@ -334,6 +334,12 @@ grpc::Status SessionService::HoldCheckpoints(grpc::ServerContext* ctx,
   if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
   return ToGrpc(c_->HoldCheckpoints(*req));
 }
+grpc::Status SessionService::ClusterEvents(grpc::ServerContext* ctx,
+                                           const v1::ClusterEventsRequest* req,
+                                           v1::ClusterEventsResponse* resp) {
+  if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
+  return Reply(c_->ClusterEvents(*req), resp);
+}
 
 grpc::Status AdminService::GetVersion(grpc::ServerContext*, const v1::GetVersionRequest* req,
                                       v1::GetVersionResponse* resp) {
@@ -385,7 +391,8 @@ grpc::Status RegistryService::RegisterWorker(grpc::ServerContext* ctx,
 grpc::Status RegistryService::Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
                                         v1::HeartbeatResponse* resp) {
   if (grpc::Status a = CheckJoinToken(ctx); !a.ok()) return a;
-  auto known = c_->Heartbeat(req->worker_id(), req->worker_secret());
+  auto known = c_->Heartbeat(req->worker_id(), req->worker_secret(), req->draining(),
+                             absl::Milliseconds(req->drain_ms()));
   if (!known.ok()) return ToGrpc(known.status());
   resp->set_known(*known);
   return grpc::Status::OK;

@@ -86,6 +86,10 @@ ABSL_FLAG(std::string, checkpoint_root, "/",
 ABSL_FLAG(int64_t, checkpoint_staging_mb, 1024,
           "Bytes a checkpoint save may hold for writing, per worker, in MiB: a save's step waits "
           "for room beyond it (a larger chunk is written alone).");
+ABSL_FLAG(int, drain_s, 0,
+          "On SIGTERM, serve this many seconds more while the coordinator marks the worker "
+          "draining (cordoned; clients see it in their cluster events and may save a "
+          "checkpoint), or until it holds no array; then stop. 0: stop at once.");
 ABSL_FLAG(
     int, parent_pid, 0,
     "If set, stop (as on SIGTERM) when this parent process exits; for clients that start daemons.");
@@ -289,6 +293,8 @@ struct Beat {
   grpc::HealthCheckServiceInterface& health;
   spdlog::logger& log;
   const std::atomic<bool>& stop;
+  // Set on SIGTERM with --drain_s: each heartbeat says so.
+  const std::atomic<int64_t>& drain_ms;
 };
 
 // Heartbeats until `stop`, registering again when the coordinator no
@@ -333,6 +339,10 @@ void Heartbeats(const Beat& b, const Registration& registration) {
     tessel::v1::HeartbeatRequest req;
     req.set_worker_id(r.worker_id);
     req.set_worker_secret(b.me.secret);
+    if (const int64_t drain = b.drain_ms.load(); drain > 0) {
+      req.set_draining(true);
+      req.set_drain_ms(drain);
+    }
     tessel::v1::HeartbeatResponse resp;
     grpc::Status s = b.registry.Heartbeat(&ctx, req, &resp);
     if (s.ok() && !resp.known()) {
@@ -551,12 +561,28 @@ int main(int argc, char** argv) {
   (*runtime)->StartQueueEpoch(reg->queue_epoch);
 
   std::atomic<bool> stop{false};
+  std::atomic<int64_t> drain_ms{0};
   const Beat beat{
-      *registry, me,  kinds, coordinator, **runtime, *store, *server->GetHealthCheckService(),
-      *log,      stop};
+      *registry, me,   kinds,   coordinator, **runtime, *store, *server->GetHealthCheckService(),
+      *log,      stop, drain_ms};
   std::thread heartbeat([&] { Heartbeats(beat, *reg); });
 
   int sig = tessel::WaitForTerminationSignal();
+  if (const int drain_s = absl::GetFlag(FLAGS_drain_s); drain_s > 0) {
+    // Still serving: the steps in flight finish, and clients told by the
+    // coordinator may save what the devices hold before it goes.
+    const absl::Time deadline = absl::Now() + absl::Seconds(drain_s);
+    drain_ms = int64_t{drain_s} * 1000;
+    log->warn("signal {}: draining; serving {} s more or until no array is held here", sig,
+              drain_s);
+    while (absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(200));
+      if ((*runtime)->Stats({}, absl::ZeroDuration(), /*with_buffers=*/true).buffers_size() == 0) {
+        log->info("no array is held here any more; stopping");
+        break;
+      }
+    }
+  }
   tessel::NotifyStopping();
   server->GetHealthCheckService()->Shutdown();  // every status NOT_SERVING while draining
   log->info("signal {}: shutting down", sig);

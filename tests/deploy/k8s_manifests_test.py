@@ -107,9 +107,19 @@ def check(docs, what):
 
 
 def main():
-    base = load(K8S / "base" / "coordinator.yaml") + load(K8S / "base" / "worker.yaml")
     kustomization = yaml.safe_load((K8S / "base" / "kustomization.yaml").read_text())
-    assert sorted(kustomization["resources"]) == ["coordinator.yaml", "worker.yaml"]
+    assert sorted(kustomization["resources"]) == ["checkpoints.yaml", "coordinator.yaml", "worker.yaml"]
+    base = [d for r in kustomization["resources"] for d in load(K8S / "base" / r)]
+    # Every worker mounts the shared checkpoint volume where --checkpoint_root says.
+    claims = {d["metadata"]["name"] for d in base if d["kind"] == "PersistentVolumeClaim"}
+    pod = [d for d in base if d["kind"] == "StatefulSet"][0]["spec"]["template"]["spec"]
+    volume = [v for v in pod["volumes"] if "persistentVolumeClaim" in v][0]
+    assert volume["persistentVolumeClaim"]["claimName"] in claims
+    mount = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"]][0]
+    assert f"--checkpoint_root={mount['mountPath']}" in pod["containers"][0]["command"][-1]
+    assert "ReadWriteMany" in [d for d in base if d["kind"] == "PersistentVolumeClaim"][0]["spec"]["accessModes"]
+    drain = int(pod["containers"][0]["command"][-1].split("--drain_s=")[1].split()[0])
+    assert drain < pod["terminationGracePeriodSeconds"], "the drain must end within the grace period"
     validate(base, "base")
     check(base, "base")
     gpu_k = yaml.safe_load((K8S / "overlays" / "gpu" / "kustomization.yaml").read_text())

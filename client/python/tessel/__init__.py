@@ -39,11 +39,13 @@ from tessel._autodiff import custom_jvp, custom_vjp, grad, jvp, value_and_grad, 
 from tessel._remat import checkpoint, checkpoint_name, checkpoint_policies, remat
 from tessel._api import (
     assert_no_memory_growth,
+    cluster_events,
     compile,
     device_put,
     devices,
     forbid_compiles,
     memory_stats,
+    on_cluster_event,
     session_options,
     stats,
 )
@@ -112,6 +114,8 @@ __all__ = [
     "devices",
     "errors",
     "forbid_compiles",
+    "cluster_events",
+    "on_cluster_event",
     "jit",
     "checkpoint",
     "checkpoint_name",

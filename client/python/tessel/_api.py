@@ -3,6 +3,7 @@ contracts as Python: memory stats, no memory growth, no new compiles."""
 
 import contextlib
 import gc
+import threading
 
 import numpy as np
 
@@ -11,6 +12,7 @@ from tessel._array import Array, progress_bar
 from tessel._compiled import type_text
 from tessel._jit import Jitted
 from tessel._sharding import Device, NamedSharding, to_placement
+from tessel._session import _rpc
 from tessel.v1 import session_pb2
 
 # ---------------------------------------------------------------- placements
@@ -204,3 +206,60 @@ def forbid_compiles(session=None):
     """Inside the block a cache miss is a RecompileError saying what changed,
     never a silent compile."""
     return session_options(session, forbid_compiles=True)
+
+
+_EVENT_KINDS = {
+    session_pb2.ClusterEvent.WORKER_JOINED: "worker_joined",
+    session_pb2.ClusterEvent.WORKER_DRAINING: "worker_draining",
+    session_pb2.ClusterEvent.WORKER_LOST: "worker_lost",
+}
+
+
+def cluster_events(session=None):
+    """What happened to the cluster's workers since this session last asked
+    (the first call: every event the coordinator keeps, its last 1,024), in
+    order. Each a dict: seq, kind ("worker_joined", "worker_draining" —
+    told to stop, it serves until `deadline` — or "worker_lost": its arrays
+    are gone), worker, address, devices (global ids), time and deadline
+    (Unix seconds), message. A training loop polls it (or registers
+    on_cluster_event) to save a checkpoint before a draining worker stops."""
+    s = session or _context.session()
+    after = getattr(s, "_events_seen", 0)
+    r = _rpc(s._stub.ClusterEvents, session_pb2.ClusterEventsRequest(session_id=s.id, after=after))
+    out = []
+    for e in r.events:
+        out.append(
+            {
+                "seq": e.seq,
+                "kind": _EVENT_KINDS.get(e.kind, "unknown"),
+                "worker": e.worker_id,
+                "address": e.address,
+                "devices": list(e.devices),
+                "time": e.unix_ms / 1e3,
+                "deadline": e.deadline_unix_ms / 1e3 if e.deadline_unix_ms else None,
+                "message": e.message,
+            }
+        )
+        s._events_seen = max(getattr(s, "_events_seen", 0), e.seq)
+    return out
+
+
+def on_cluster_event(callback, interval=0.5, session=None):
+    """Calls `callback(event)` (a cluster_events dict) on a thread of its own
+    for each event from now on, polling every `interval` seconds. Returns a
+    function that stops it."""
+    s = session or _context.session()
+    cluster_events(s)  # what happened before: not news
+    stop = threading.Event()
+
+    def poll():
+        while not stop.wait(interval) and not s.closed:
+            try:
+                events = cluster_events(s)
+            except errors.TesselError:
+                continue
+            for e in events:
+                callback(e)
+
+    threading.Thread(target=poll, name="tessel-cluster-events", daemon=True).start()
+    return stop.set

@@ -33,7 +33,8 @@ from tessel import _context, _tree
 from tessel._array import Array
 from tessel import _dtypes
 from tessel._session import _rpc
-from tessel._sharding import NamedSharding, to_placement
+from tessel._api import device_put
+from tessel._sharding import Mesh, NamedSharding, P, to_placement
 from tessel.v1 import session_pb2
 
 __all__ = ["CheckpointManager", "PendingSave", "restore", "save", "read_manifest"]
@@ -194,8 +195,6 @@ def save(path, tree, step=None, wait=False, metadata=None, session=None, _then=N
     arrays = []
     for name, k, x in zip(names, keys, leaves):
         if not isinstance(x, Array):
-            from tessel._api import device_put
-
             x = device_put(np.asarray(x))
         if x._deleted is not None:
             raise ValueError(f"checkpoint {path}: leaf {name} was {x._deleted}")
@@ -258,12 +257,13 @@ def _target_placement(x):
     if sharding is None:
         return session_pb2.Placement(device=0)
     jax = _jax()
-    if jax is not None and not isinstance(sharding, NamedSharding):
-        from tessel.jax import _from_jax
-
-        sharding = _from_jax(sharding)
-        if isinstance(sharding, jax.sharding.SingleDeviceSharding):
-            return session_pb2.Placement(device=0)
+    if jax is not None and isinstance(sharding, jax.sharding.NamedSharding):
+        # JAX's device i is the cluster's device i (as tessel.jax maps them).
+        mesh = sharding.mesh
+        ids = [int(d.id) for d in np.asarray(mesh.devices).reshape(-1)]
+        sharding = NamedSharding(Mesh(list(zip(mesh.axis_names, mesh.axis_sizes)), devices=ids), P(*sharding.spec))
+    elif jax is not None and isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        return session_pb2.Placement(device=int(next(iter(sharding.device_set)).id))
     return to_placement(sharding)
 
 

@@ -8,6 +8,7 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import time
 
@@ -283,3 +284,34 @@ def test_cli_lists_and_verifies_checkpoints(cluster, mesh, tmp_path):
         [cli, "checkpoint", "inspect", str(tmp_path / "7"), "--verify"], capture_output=True, text=True
     )
     assert bad.returncode == 1 and "v/c/1 is corrupt" in bad.stdout, bad.stdout
+
+
+def test_a_draining_worker_is_announced_and_a_checkpoint_saved_in_its_grace_period(cluster, tmp_path):
+    """SIGTERM to a worker with --drain_s: it keeps serving, cordoned; the
+    clients see worker_draining, save what it holds, and see worker_lost
+    once it has stopped."""
+    with tessel.local_cluster(workers=2, devices_per_worker=1, worker_flags=["--drain_s=20"]) as c:
+        x0 = np.arange(12, dtype=np.float32)
+        x = tessel.device_put(x0, NamedSharding(Mesh([("d", 2)]), P("d")))
+        seen = []
+        stop = tessel.on_cluster_event(seen.append, interval=0.05)
+        c.kill_worker(1, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while not any(e["kind"] == "worker_draining" for e in seen):
+            assert time.monotonic() < deadline, f"no draining event: {seen}"
+            time.sleep(0.05)
+        draining = next(e for e in seen if e["kind"] == "worker_draining")
+        assert draining["devices"] == [1] and draining["deadline"] > time.time() + 5
+        ckpt.save(tmp_path / "before_stop", {"x": x}, wait=True)  # the draining worker writes its half
+        x.delete()  # nothing held there any more: it stops before its grace period ends
+        deadline = time.monotonic() + 15
+        while not any(e["kind"] == "worker_lost" for e in seen):
+            assert time.monotonic() < deadline, f"no lost event: {seen}"
+            time.sleep(0.1)
+        stop()
+        assert [d.id for d in tessel.devices()] == [0]
+        back = ckpt.restore(tmp_path / "before_stop", target={"x": np.zeros(12, np.float32)})
+        np.testing.assert_array_equal(np.asarray(back["x"]), x0)
+        kinds = [e["kind"] for e in tessel.cluster_events()]
+        assert "worker_draining" not in kinds  # each event once per session
+    tessel._context.set_default_session(cluster.session)
