@@ -188,6 +188,13 @@ absl::StatusOr<v1::SaveCheckpointResponse> Coordinator::SaveCheckpoint(
       return absl::InvalidArgumentError(StrCat(what, ": array name '", a.name(), "' repeats"));
     }
   }
+  for (const auto& [name, contents] : req.files()) {
+    TESSEL_RETURN_IF_ERROR(CheckArrayName(absl::StrCat("f", name)));  // plain characters
+    if (names.contains(name) || contents.size() > (1 << 20)) {
+      return absl::InvalidArgumentError(
+          StrCat(what, ": file '", name, "' is an array's name or over 1 MiB"));
+    }
+  }
   if (!req.metadata().empty()) {
     google::protobuf::Struct check;
     if (!google::protobuf::util::JsonStringToMessage(req.metadata(), &check).ok()) {
@@ -336,6 +343,11 @@ absl::StatusOr<v1::SaveCheckpointResponse> Coordinator::SaveCheckpoint(
   if (!planned.ok()) {
     abandon();
     return planned;
+  }
+  for (const auto& [name, contents] : req.files()) {
+    auto* f = meta.add_files();
+    f->set_name(name);
+    f->set_contents(contents);
   }
   auto* manifest = meta.add_files();
   manifest->set_name(kManifest);

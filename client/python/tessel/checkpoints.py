@@ -141,6 +141,29 @@ def _absolute(path):
     return os.path.abspath(os.fspath(path))
 
 
+def _orbax_metadata(arrays):
+    """Orbax's _METADATA for these leaves (each a numpy array to Orbax), so
+    that orbax.checkpoint restores the checkpoint too; None where a leaf's
+    directory is not the name Orbax gives it (its keys joined by '.')."""
+    tree = {}
+    for name, keys, _ in arrays:
+        if not keys or name != ".".join(str(k) for k in keys):
+            return None
+        tree[repr(tuple(str(k) for k in keys))] = {
+            "key_metadata": [{"key": str(k), "key_type": 1 if isinstance(k, int) else 2} for k in keys],
+            "value_metadata": {"value_type": "np.ndarray", "skip_deserialize": False},
+        }
+    return json.dumps(
+        {
+            "tree_metadata": tree,
+            "use_ocdbt": False,
+            "use_zarr3": True,
+            "store_array_data_equal_to_fill_value": True,
+            "custom_metadata": None,
+        }
+    )
+
+
 class PendingSave:
     """A save snapshotted on the devices, its bytes being written. wait()
     returns the checkpoint's path once it is committed, or raises why not."""
@@ -212,6 +235,9 @@ def save(path, tree, step=None, wait=False, metadata=None, session=None, _then=N
         arrays=[session_pb2.CheckpointArray(name=n, handle=x.handle) for n, _, x in arrays],
         metadata=json.dumps(meta),
     )
+    orbax = _orbax_metadata(arrays)
+    if orbax is not None:
+        req.files["_METADATA"] = orbax
     resp = _rpc(s._stub.SaveCheckpoint, req)
     pending = PendingSave(s, resp.checkpoint, path, resp, then=_then)
     if wait:

@@ -13,6 +13,7 @@ import subprocess
 import time
 
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 import tensorstore
 import zarr
@@ -73,6 +74,10 @@ def test_workers_write_zarr_that_zarr_and_tensorstore_read(cluster, mesh, tmp_pa
     for name, want in (("w", host["w"]), ("opt.b", host["opt"]["b"])):
         store = tensorstore.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path / name)}}).result()
         np.testing.assert_array_equal(store.read().result(), want)
+    # Orbax restores it too (its _METADATA beside ours), as numpy arrays.
+    theirs = ocp.StandardCheckpointer().restore(str(path))
+    np.testing.assert_array_equal(theirs["w"], host["w"])
+    np.testing.assert_array_equal(theirs["opt"]["b"], host["opt"]["b"])
     manifest = json.loads((path / "tessel.json").read_text())
     assert manifest["metadata"]["step"] == 1
     assert manifest["arrays"]["w"]["chunk_shape"] == [4, 6]
