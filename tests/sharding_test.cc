@@ -3,10 +3,15 @@
 // naive loops; plans are checked by counting their collectives.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "tessel/graph.h"
 #include "tessel/local_cluster.h"
 #include "tessel/session.h"
@@ -576,6 +581,49 @@ TEST_F(ShardingTest, CliCompilesAndRunsPartitioned) {
       tessel + " compile " + graph + " --mesh data=2,model=2 --shard x=\"P('data', 'modl')\"", &rc);
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("unknown mesh axis 'modl'"), std::string::npos) << out;
+}
+
+TEST_F(ShardingTest, CheckpointWrittenByTheWorkersRestoresOntoAnotherPlacement) {
+  const Mesh mesh({{"data", 2}, {"model", 2}});
+  HostArray hx = Random({8, 6}, 31);
+  auto x = session_->Put(hx, Placement::Sharded(mesh, Sharding::Split({"data", "model"})));
+  ASSERT_TRUE(x.ok()) << x.status();
+  const std::string dir =
+      absl::StrCat(std::filesystem::temp_directory_path().string(), "/tessel_cpp_ckpt_", getpid());
+  std::filesystem::remove_all(dir);
+  auto save = session_->SaveCheckpoint(dir + "/1", {{"x", *x}}, R"({"step": 1})");
+  ASSERT_TRUE(save.ok()) << save.status();
+  EXPECT_EQ(save->chunks, 4);
+  EXPECT_EQ(save->bytes, 8 * 6 * 4);
+  ASSERT_TRUE(session_->CommitCheckpoint(*save).ok());
+  // Chunk (1, 0) is rows 4..7, columns 0..2 of the array, little-endian,
+  // then 4 bytes of CRC32C.
+  std::ifstream in(dir + "/1/x/c/1/0", std::ios::binary);
+  std::vector<float> chunk(12);
+  in.read(reinterpret_cast<char*>(chunk.data()), 48);
+  ASSERT_TRUE(in);
+  EXPECT_EQ(std::filesystem::file_size(dir + "/1/x/c/1/0"), 52u);
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 3; ++j) EXPECT_EQ(chunk[i * 3 + j], hx.as<float>()[(4 + i) * 6 + j]);
+  // Onto one device of the other worker, and onto a row split over two.
+  const Mesh rows({{"x", 2}}, {2, 1});
+  for (const Placement& p :
+       {Placement::Device(3), Placement::Sharded(rows, Sharding::Split({"x", ""}))}) {
+    auto back = session_->RestoreCheckpoint(dir + "/1", {{"x", hx.type(), p}});
+    ASSERT_TRUE(back.ok()) << back.status();
+    auto got = session_->Fetch((*back)[0]);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->bytes(), hx.bytes());
+    ASSERT_TRUE(session_->Delete(*back).ok());
+  }
+  auto wrong = session_->RestoreCheckpoint(
+      dir + "/1", {{"x", ArrayType{DType::kF32, {8, 7}}, Placement::Device(0)}});
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.status().message().find("saved as float32[8,6]; the target is float32[8,7]"),
+            std::string::npos)
+      << wrong.status();
+  ASSERT_TRUE(session_->Delete({*x}).ok());
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -1,9 +1,11 @@
 // Conversions between the SDK's public types and the protobuf messages.
 #pragma once
 
+#include "tessel/session.h"
 #include "tessel/sharding.h"
 #include "tessel/types.h"
 #include "tessel/v1/ir.pb.h"
+#include "tessel/v1/session.pb.h"
 
 namespace tessel {
 
@@ -65,6 +67,19 @@ inline Sharding FromProto(const v1::Sharding& p) {
   s.partial_kind = FromProto(p.partial_kind());
   s.unspecified = p.unspecified();
   return s;
+}
+
+inline v1::Placement ToProto(const Placement& p) {
+  v1::Placement out;
+  if (p.sharded) {
+    *out.mutable_sharded()->mutable_mesh() = ToProto(p.sharded->mesh);
+    *out.mutable_sharded()->mutable_sharding() = ToProto(p.sharded->spec);
+  } else if (p.replicated) {
+    out.set_replicated(true);
+  } else {
+    out.set_device(p.device);
+  }
+  return out;
 }
 
 }  // namespace tessel

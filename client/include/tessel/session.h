@@ -121,6 +121,20 @@ class Executable {
   int64_t estimated_bytes_ = 0;
 };
 
+// A checkpoint save whose snapshots are taken (Session::SaveCheckpoint).
+struct PendingCheckpoint {
+  std::string checkpoint;  // the coordinator's id of the save
+  std::string path;
+  int64_t bytes = 0;  // each distinct block once
+  int chunks = 0;
+};
+// One array to restore: its name in the checkpoint, its type and placement.
+struct CheckpointTarget {
+  std::string name;
+  ArrayType type;
+  Placement placement;
+};
+
 // A handle to an array that lives on the devices.
 class Array {
  public:
@@ -324,6 +338,22 @@ class Session {
                                 const TransferOptions& transfer = {},
                                 ReshardReceipt* receipt = nullptr);
   absl::StatusOr<ArrayInfo> Info(const Array& array);
+
+  // Checkpoints (docs/checkpoints.md): `arrays`, each under its name (a
+  // directory of the checkpoint), saved by the workers that hold them as the
+  // checkpoint `path` (absolute, on a volume every worker shares; it must
+  // not exist). Returns once every device has snapshotted its blocks: the
+  // arrays may be donated at once. CommitCheckpoint waits for the writes
+  // and makes the checkpoint appear under its path.
+  absl::StatusOr<PendingCheckpoint> SaveCheckpoint(
+      const std::string& path, const std::vector<std::pair<std::string, Array>>& arrays,
+      const std::string& metadata_json = "");
+  absl::Status CommitCheckpoint(const PendingCheckpoint& save);
+  // The named arrays of checkpoint `path`, each of its target's type and on
+  // its placement (any mesh): each device reads the chunks its block
+  // overlaps and checks their CRC32C.
+  absl::StatusOr<std::vector<Array>> RestoreCheckpoint(const std::string& path,
+                                                       const std::vector<CheckpointTarget>& arrays);
   absl::StatusOr<SessionStats> Stats(bool with_arrays = false);
   // Admin.GetCluster: PERMISSION_DENIED for a token without admin rights,
   // which has Devices() instead.
