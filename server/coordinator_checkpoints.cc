@@ -203,7 +203,9 @@ absl::StatusOr<v1::SaveCheckpointResponse> Coordinator::SaveCheckpoint(
   }
   const uint64_t n = ++next_checkpoint_;
   const std::string id = StrFormat("%s-%d", incarnation_, n);
-  const std::string temp = StrFormat("%s.tessel-tmp-%d", path, n);
+  // Unique across coordinators too: a restarted one never reuses a
+  // directory a save cut short by the old one left behind.
+  const std::string temp = StrFormat("%s.tessel-tmp-%s-%d", path, incarnation_, n);
   std::string tenant;
   {
     ArrayRegistry::Transaction l(arrays_);

@@ -11,9 +11,12 @@ data of step i depends only on i, so the losses equal an uninterrupted
 run's: jax.jit's, on the host, is the reference.
 
     .venv/bin/python examples/jax/resilient_training.py [--kill-worker-at=STEP]
+                                                        [--restart-coordinator-at=STEP]
 
 With --kill-worker-at, the second worker is killed (SIGKILL) just before
-that step.
+that step; with --restart-coordinator-at, the coordinator is (and a new one
+started on its port, which the workers join again): the loop connects
+again and goes on from the latest checkpoint the same way.
 """
 
 import os
@@ -86,14 +89,28 @@ def reference_losses(params, opt):
     return out
 
 
+def flag(name):
+    return next((int(a.split("=")[1]) for a in sys.argv[1:] if a.startswith(f"--{name}=")), None)
+
+
+def session_alive():
+    try:
+        tessel.devices()
+        return True
+    except tessel.TesselError:
+        return False
+
+
 def main():
-    kill_at = next((int(a.split("=")[1]) for a in sys.argv[1:] if a.startswith("--kill-worker-at=")), None)
+    kill_at, restart_at = flag("kill-worker-at"), flag("restart-coordinator-at")
     params = MODEL.init(jax.random.PRNGKey(0), batch(0)[:, :-1])
     opt = OPTIMIZER.init(params)
     theirs = reference_losses(params, opt)
     losses, resumed = [None] * STEPS, []
     with tessel.local_cluster(workers=2, devices_per_worker=2, heartbeat_timeout_ms=1000) as cluster:
-        manager = checkpoints.CheckpointManager(tempfile.mkdtemp(prefix="resilient-"), save_interval_steps=SAVE_EVERY)
+        directory = tempfile.mkdtemp(prefix="resilient-")
+        manager = checkpoints.CheckpointManager(directory, save_interval_steps=SAVE_EVERY)
+        done = set()
         state, i = (params, opt), 0
         while i < STEPS:
             mesh = data_mesh()
@@ -117,9 +134,14 @@ def main():
                 print(f"resumed from step {i} on {mesh.devices.size} devices")
             try:
                 while i < STEPS:
-                    if i == kill_at and not resumed:
+                    if i == kill_at and "kill" not in done:
+                        done.add("kill")
                         print(f"step {i}: killing worker 1 (SIGKILL)")
                         cluster.kill_worker(1)
+                    if i == restart_at and "restart" not in done:
+                        done.add("restart")
+                        print(f"step {i}: restarting the coordinator (SIGKILL, then a new one)")
+                        cluster.restart_coordinator()
                     p, o, value = step(*state, tessel.device_put(batch(i), batch_sharding))
                     state = (p, o)
                     losses[i] = float(value.fetch())
@@ -131,9 +153,14 @@ def main():
                     manager.wait_until_finished()  # a save cut short: the one before stays the latest
                 except tessel.TesselError as lost:
                     print(f"  the save in flight failed too: {str(lost)[:120]}")
-                deadline = time.monotonic() + 30
-                while len(tessel.devices()) == mesh.devices.size and time.monotonic() < deadline:
-                    time.sleep(0.2)  # the coordinator marks the worker dead
+                if session_alive():
+                    deadline = time.monotonic() + 30
+                    while len(tessel.devices()) == mesh.devices.size and time.monotonic() < deadline:
+                        time.sleep(0.2)  # the coordinator marks the worker dead
+                else:  # a new coordinator: a new session, and a manager of it
+                    print("  the coordinator is a new one: connecting again")
+                    tessel.connect(cluster.address)
+                    manager = checkpoints.CheckpointManager(directory, save_interval_steps=SAVE_EVERY)
                 state = None
         manager.wait_until_finished()
         print(f"checkpoints kept: steps {manager.all_steps()}")
@@ -142,8 +169,8 @@ def main():
     print(
         f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; against an uninterrupted jax.jit run: largest relative difference {worst:.1e}"
     )
-    if kill_at is not None and not resumed:
-        sys.exit("resilient_training: the worker was killed but the run never resumed")
+    if len(resumed) != (kill_at is not None) + (restart_at is not None):
+        sys.exit(f"resilient_training: resumed {len(resumed)} times; expected one per fault")
     if worst > 1e-4:
         sys.exit(f"resilient_training: losses differ from the uninterrupted run's by {worst:.1e}")
 

@@ -177,10 +177,10 @@ class LocalCluster:
         port_file = os.path.join(self.log_dir, "coordinator.port")
         if os.path.exists(port_file):
             os.remove(port_file)
+        self._coordinator_args = [coordinator, f"--heartbeat_timeout_ms={heartbeat_timeout_ms}"] + coordinator_flags
         c = self._spawn(
             coordinator,
-            ["--port=0", f"--port_file={port_file}", f"--heartbeat_timeout_ms={heartbeat_timeout_ms}"]
-            + coordinator_flags,
+            ["--port=0", f"--port_file={port_file}"] + self._coordinator_args[1:],
             "coordinator",
         )
         port = _wait_for(lambda: _read_port(port_file), 15, c, "tessel-coordinator", self.log_dir)
@@ -195,6 +195,37 @@ class LocalCluster:
                 )
                 self.worker_pids.append(w.pid)
                 _wait_for(lambda: _alive_workers(admin) == i + 1 or None, 30, w, f"tessel-worker {i}", self.log_dir)
+        finally:
+            channel.close()
+
+    def restart_coordinator(self):
+        """Kills the coordinator (SIGKILL) and starts a new one on the same
+        port; returns once every worker still running has registered with it.
+        Its sessions, arrays and programs are gone: clients connect again
+        (the workers drop what the old one placed)."""
+        old = self._procs[0]
+        old.send_signal(signal.SIGKILL)
+        old.wait()
+        port = self.address.rsplit(":", 1)[1]
+        port_file = os.path.join(self.log_dir, "coordinator.port")
+        if os.path.exists(port_file):
+            os.remove(port_file)
+        c = self._spawn(
+            self._coordinator_args[0],
+            [f"--port={port}", f"--port_file={port_file}"] + self._coordinator_args[1:],
+            "coordinator",
+        )
+        self._procs.remove(c)
+        self._procs[0] = c
+        _wait_for(lambda: _read_port(port_file), 15, c, "tessel-coordinator", self.log_dir)
+        running = sum(1 for p in self._procs[1:] if p.poll() is None)
+        security = ("token", "tls_ca", "tls_cert", "tls_key", "tls_server_name")
+        channel = make_channel(self.address, **{k: v for k, v in self.client.items() if k in security})
+        try:
+            admin = admin_pb2_grpc.AdminStub(channel)
+            _wait_for(
+                lambda: _alive_workers(admin) >= running or None, 30, c, "the workers' registration", self.log_dir
+            )
         finally:
             channel.close()
 
