@@ -117,6 +117,8 @@ class Coordinator {
   absl::StatusOr<v1::KeepAliveResponse> KeepAlive(const v1::KeepAliveRequest& req);
   absl::Status SetSessionOptions(const v1::SetSessionOptionsRequest& req);
   absl::StatusOr<v1::CompileResponse> Compile(const v1::CompileRequest& req);
+  // A cached executable's per-device program as a Graphviz digraph.
+  absl::StatusOr<v1::PlanDotResponse> PlanDot(const v1::PlanDotRequest& req);
   absl::StatusOr<v1::ExecuteResponse> Execute(const v1::ExecuteRequest& req);
   // After a pipelined Execute was rejected: its free output handles take the
   // error, so that it surfaces where the client waits on or fetches them.

@@ -1,5 +1,6 @@
 // Compile and Execute: the compile cache's misses and evictions, and an
 // execution planned, committed and launched; its steps' results.
+#include "scheduler/plan_dot.h"
 #include "server/coordinator.h"
 #include "server/mpmd.h"
 
@@ -24,6 +25,21 @@ using absl::StrCat;
 using absl::StrFormat;
 
 // ---------------------------------------------------------------- compile
+
+absl::StatusOr<v1::PlanDotResponse> Coordinator::PlanDot(const v1::PlanDotRequest& req) {
+  TESSEL_ASSIGN_OR_RETURN(const ArrayRegistry::SessionView session,
+                          arrays_.ViewSession(req.session_id()));
+  std::shared_ptr<const CachedExecutable> entry =
+      cache_.Lookup(session.tenant, req.executable_id());
+  if (entry == nullptr) {
+    return absl::NotFoundError(StrCat("executable ", req.executable_id(),
+                                      " is not in this tenant's compile cache (never compiled, "
+                                      "evicted, or an MPMD program, which has no single plan)"));
+  }
+  v1::PlanDotResponse resp;
+  resp.set_dot(scheduler::PlanDot(entry->compiled));
+  return resp;
+}
 
 absl::StatusOr<v1::CompileResponse> Coordinator::Compile(const v1::CompileRequest& req) {
   if (IsMpmd(req.graph())) return CompileMpmd(req);

@@ -334,6 +334,11 @@ grpc::Status SessionService::HoldCheckpoints(grpc::ServerContext* ctx,
   if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
   return ToGrpc(c_->HoldCheckpoints(*req));
 }
+grpc::Status SessionService::PlanDot(grpc::ServerContext* ctx, const v1::PlanDotRequest* req,
+                                     v1::PlanDotResponse* resp) {
+  if (grpc::Status a = Authorize(ctx, req->session_id()); !a.ok()) return a;
+  return Reply(c_->PlanDot(*req), resp);
+}
 grpc::Status SessionService::ClusterEvents(grpc::ServerContext* ctx,
                                            const v1::ClusterEventsRequest* req,
                                            v1::ClusterEventsResponse* resp) {

@@ -65,6 +65,8 @@ class SessionService final : public v1::Session::Service {
                                v1::ListCheckpointsResponse*) override;
   grpc::Status RemoveCheckpoint(grpc::ServerContext*, const v1::RemoveCheckpointRequest*,
                                 v1::RemoveCheckpointResponse*) override;
+  grpc::Status PlanDot(grpc::ServerContext*, const v1::PlanDotRequest*,
+                       v1::PlanDotResponse*) override;
   grpc::Status ClusterEvents(grpc::ServerContext*, const v1::ClusterEventsRequest*,
                              v1::ClusterEventsResponse*) override;
   grpc::Status HoldCheckpoints(grpc::ServerContext*, const v1::HoldCheckpointsRequest*,

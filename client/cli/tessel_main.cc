@@ -47,10 +47,13 @@ Usage:
       outputs named with --fetch come back to the host (the rest are freed).
       With --mesh, each input is put as blocks over the mesh's devices.
   tessel compile GRAPH.textproto [--mesh AXES [--shard NAME=SPEC ...] [--out-shard NAME=SPEC ...]]
-                 [--coordinator HOST:PORT]
+                 [--dot | --svg OUT.svg] [--coordinator HOST:PORT]
       Compile a graph and print the plan and the diagnostics. With --mesh the
       graph is partitioned: the plan is the per-device program, and every
       collective it needs is listed with its bytes and the reason for it.
+      --dot prints the per-device program as a Graphviz digraph instead
+      (fusions as boxes, collectives in colour with their bytes and reasons,
+      donated parameters marked); --svg OUT.svg draws it with Graphviz's dot.
 
 Partitioning flags:
   --mesh data=2,model=2          mesh axes over the cluster's devices 0..n-1
@@ -101,7 +104,7 @@ struct Args {
   }
 };
 
-const std::set<std::string> kBoolFlags = {"verbose", "replicated", "help", "json", "verify"};
+const std::set<std::string> kBoolFlags = {"verbose", "replicated", "help", "json", "verify", "dot"};
 
 Args Parse(int argc, char** argv) {
   Args a;
@@ -143,7 +146,8 @@ const std::map<std::string, CommandSpec> kCommands = {
      {{"input", "fetch", "device", "replicated", "mesh", "shard", "out-shard", "coordinator",
        "token", "tls-ca"},
       1}},
-    {"compile", {{"mesh", "shard", "out-shard", "coordinator", "token", "tls-ca"}, 1}},
+    {"compile",
+     {{"mesh", "shard", "out-shard", "coordinator", "token", "tls-ca", "dot", "svg"}, 1}},
     {"health",
      {{"address", "service", "timeout", "coordinator", "tls-ca", "tls-cert", "tls-key",
        "tls-server-name"}}},
@@ -385,6 +389,26 @@ int Compile(const Args& a) {
   if (!s.ok()) return Fail(s.status());
   auto exe = (*s)->Compile(*g, *options);
   if (!exe.ok()) return Fail(exe.status());
+  if (a.Get("dot") == "true" || !a.Get("svg").empty()) {
+    auto dot = (*s)->PlanDot(*exe);
+    if (!dot.ok()) return Fail(dot.status());
+    if (a.Get("svg").empty()) {
+      std::cout << *dot;
+      return 0;
+    }
+    // Graphviz draws it: `dot -Tsvg -o FILE`, the DOT text on its stdin.
+    const std::string command = absl::StrCat("dot -Tsvg -o '", a.Get("svg"), "'");
+    FILE* pipe = popen(command.c_str(), "w");
+    if (pipe == nullptr)
+      return Fail(absl::UnavailableError("compile --svg: cannot run Graphviz's dot"));
+    fwrite(dot->data(), 1, dot->size(), pipe);
+    if (const int rc = pclose(pipe); rc != 0) {
+      return Fail(absl::UnavailableError(absl::StrCat("compile --svg: Graphviz's dot failed (exit ",
+                                                      rc, "); is it installed (graphviz)?")));
+    }
+    std::cout << "wrote " << a.Get("svg") << "\n";
+    return 0;
+  }
   std::cout << exe->plan();
   for (const std::string& d : exe->diagnostics()) std::cout << d << "\n";
   std::cout << "executable " << exe->id()

@@ -1,5 +1,6 @@
-// Session's checkpoints (docs/checkpoints.md): the coordinator plans them,
-// the workers write and read the bytes; this client names the arrays.
+// Session's checkpoints (docs/checkpoints.md; the coordinator plans them,
+// the workers write and read the bytes, this client names the arrays) and
+// its plan diagrams (PlanDot).
 #include "absl/strings/str_cat.h"
 #include "client/src/convert_internal.h"
 #include "client/src/session_impl_internal.h"
@@ -55,6 +56,16 @@ absl::StatusOr<std::vector<Array>> Session::RestoreCheckpoint(
   v1::RestoreCheckpointResponse resp;
   TESSEL_RETURN_IF_ERROR(FromGrpc(impl_->session->RestoreCheckpoint(&ctx, req, &resp)));
   return out;
+}
+
+absl::StatusOr<std::string> Session::PlanDot(const Executable& exe) {
+  v1::PlanDotRequest req;
+  req.set_session_id(impl_->id);
+  req.set_executable_id(exe.id());
+  grpc::ClientContext ctx;
+  v1::PlanDotResponse resp;
+  TESSEL_RETURN_IF_ERROR(FromGrpc(impl_->session->PlanDot(&ctx, req, &resp)));
+  return resp.dot();
 }
 
 }  // namespace tessel

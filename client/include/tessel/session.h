@@ -338,6 +338,8 @@ class Session {
                                 const TransferOptions& transfer = {},
                                 ReshardReceipt* receipt = nullptr);
   absl::StatusOr<ArrayInfo> Info(const Array& array);
+  // The executable's per-device program as a Graphviz digraph (DOT text).
+  absl::StatusOr<std::string> PlanDot(const Executable& exe);
 
   // Checkpoints (docs/checkpoints.md): `arrays`, each under its name (a
   // directory of the checkpoint), saved by the workers that hold them as the

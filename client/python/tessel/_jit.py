@@ -253,7 +253,7 @@ class Jitted:
     def lower(self, *args, **kwargs):
         """Compiles for these arguments (values, or anything with .shape and
         .dtype) and returns the plan: tessel.Compiled."""
-        return Compiled(self._compiled(self._bind(args, kwargs))[0][0])
+        return Compiled(self._compiled(self._bind(args, kwargs))[0][0], _context.session())
 
     def _compiled(self, args):
         key, leaves, paths, donated_leaves = self._key(args)

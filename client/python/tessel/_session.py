@@ -326,6 +326,11 @@ class Session:
             req.output_shardings.extend(out_shardings)
         return _rpc(self._stub.Compile, req)
 
+    def plan_dot(self, executable_id):
+        """A compiled executable's per-device program as DOT text."""
+        req = session_pb2.PlanDotRequest(session_id=self.id, executable_id=executable_id)
+        return _rpc(self._stub.PlanDot, req).dot
+
     def _collect_before_alloc(self):
         """Before a call that makes arrays: a full batch of dropped arrays
         goes first. Arrays Python dropped count against a quota until

@@ -3,6 +3,8 @@ every figure Admin also reports must agree with it (sessions, arrays,
 executions, compiles, device memory), and the step figures must count the
 steps this test ran."""
 
+import json
+import pathlib
 import re
 import urllib.request
 
@@ -116,3 +118,27 @@ def test_a_taken_metrics_port_stops_the_daemon_at_start(metered, tmp_path):
     )
     assert p.returncode == 2
     assert f"cannot listen on 127.0.0.1:{cport}" in p.stdout + p.stderr
+
+
+def test_the_grafana_dashboard_queries_only_metrics_the_daemons_export(metered):
+    """deploy/grafana/tessel.json: every metric a panel's query names is one
+    the coordinator or a worker exports (a histogram by its _bucket, _sum or
+    _count series)."""
+    cluster, cport, wport = metered
+    _context.set_default_session(cluster.session)
+    f = tessel.jit(lambda v: v + 1)
+    f(tessel.device_put(np.ones(4, np.float32))).fetch()  # a step, so the histograms have series
+    exported = {name for name, _ in scrape(cport)} | {name for name, _ in scrape(wport)}
+    dashboard = json.loads((pathlib.Path(__file__).resolve().parents[3] / "deploy/grafana/tessel.json").read_text())
+    queried = set()
+    for panel in dashboard["panels"]:
+        assert panel["targets"], panel["title"]
+        for t in panel["targets"]:
+            queried |= set(re.findall(r"\btessel_[a-z_]+", t["expr"]))
+    assert queried, "the dashboard queries nothing"
+    missing = sorted(q for q in queried if q not in exported)
+    assert not missing, f"the dashboard queries metrics no daemon exports: {missing}"
+    # And every metric the daemons export has a panel.
+    bare = {re.sub(r"_(bucket|sum|count)$", "", n) for n in exported if n.startswith("tessel_")}
+    shown = {re.sub(r"_(bucket|sum|count)$", "", q) for q in queried}
+    assert not sorted(bare - shown), f"exported but on no panel: {sorted(bare - shown)}"
