@@ -6,6 +6,7 @@
 #include "absl/strings/str_replace.h"
 #include "core/dtype.h"
 #include "core/sharding.h"
+#include "scheduler/validator.h"
 
 namespace tessel::scheduler {
 
@@ -18,16 +19,8 @@ std::string Esc(absl::string_view s) {
   return absl::StrReplaceAll(s, {{"\\", "\\\\"}, {"\"", "\\\""}, {"\n", "\\n"}});
 }
 
-bool IsCollective(v1::Op op) {
-  switch (op) {
-    case v1::ALL_REDUCE:
-    case v1::ALL_GATHER:
-    case v1::REDUCE_SCATTER:
-    case v1::ALL_TO_ALL:
-    case v1::COLLECTIVE_PERMUTE: return true;
-    default: return false;
-  }
-}
+// An op that moves data between devices (axis_index only reads its position).
+bool Communicates(v1::Op op) { return IsCollective(op) && op != v1::AXIS_INDEX; }
 
 std::string Bytes(int64_t b) {
   if (b >= (1 << 20)) return StrCat(b >> 20, " MiB");
@@ -90,7 +83,7 @@ void Draw(const v1::Program& p, const CompiledProgram* c, const std::string& pre
     std::string label = StrCat(OpName(n.op()), "\\n%", Esc(n.name()));
     if (n.has_type()) absl::StrAppend(&label, ": ", TypeString(n.type()));
     std::string style = "shape=ellipse";
-    if (IsCollective(n.op())) {
+    if (Communicates(n.op())) {
       const int64_t bytes = n.has_type() ? ByteSizeUnchecked(n.type()) : 0;
       absl::StrAppend(&label, "\\nover ", Esc(absl::StrJoin(n.collective().axes(), ",")));
       auto pc = planned.find(n.name());
