@@ -22,7 +22,6 @@ ckpt_step_during_save  ms per step of an MLP SGD loop (f32, 2048 -> 8192 ->
   .venv/bin/python bench/checkpoint_bench.py [--json] [--only=NAME]      (after scripts/setup.sh)
 """
 
-import json
 import os
 import pathlib
 import shutil
@@ -38,6 +37,7 @@ import tessel
 import tessel.numpy as tnp
 from tessel import Mesh, NamedSharding, P
 from tessel import checkpoints as ckpt
+from report import report
 
 GIB = 1 << 30
 
@@ -189,20 +189,7 @@ def main():
             rows.append(("ckpt_step_during_save", "ms", ours, base, "<= 1.15x", ours / base <= 1.15))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    if "--json" in sys.argv:
-        print(
-            json.dumps(
-                [
-                    {"name": n, "unit": u, "tessel": o, "baseline": b, "ratio": o / b, "goal": g, "met": m}
-                    for n, u, o, b, g, m in rows
-                ],
-                indent=1,
-            )
-        )
-        return
-    print(f"{'benchmark':<22} {'tessel':>10} {'baseline':>10} {'unit':<6} {'ratio':>7}  goal")
-    for n, u, o, b, g, m in rows:
-        print(f"{n:<22} {o:>10,.2f} {b:>10,.2f} {u:<6} {o / b:>6.2f}x  {g} {'met' if m else 'MISSED'}")
+    report(rows)
 
 
 if __name__ == "__main__":

@@ -74,7 +74,6 @@ py_remat_peak  the device's peak memory over one gradient step of a 4-layer
   .venv/bin/python bench/python_bench.py [--json] [--only=NAME]      (after scripts/setup.sh)
 """
 
-import json
 import os
 import pathlib
 import sys
@@ -85,6 +84,7 @@ import numpy as np
 
 import tessel
 import tessel.numpy as tnp
+from report import report
 
 tessel.tune_allocator()  # as the daemons do: the streams below measure gRPC, not page faults
 from tessel.v1 import common_pb2, session_pb2, worker_pb2, worker_pb2_grpc  # noqa: E402 (after tune_allocator)
@@ -647,22 +647,7 @@ def main():
     if not only or only in "py_remat_peak":
         ours, base = remat_peak(tessel.checkpoint), remat_peak(lambda f: f)
         rows.append(("py_remat_peak", "MiB", ours, base, "<= 0.6x", ours / base <= 0.6))
-    if "--json" in sys.argv:
-        print(
-            json.dumps(
-                [
-                    {"name": n, "unit": u, "tessel": o, "baseline": b, "ratio": o / b, "goal": g, "met": m}
-                    for n, u, o, b, g, m in rows
-                ],
-                indent=1,
-            )
-        )
-        return
-    print(f"{'benchmark':<16} {'tessel':>12} {'baseline':>12} {'unit':<8} {'ratio':>7}  goal")
-    for n, u, o, b, g, m in rows:
-        print(
-            f"{n:<16} {o:>12,.2f} {b:>12,.2f} {u:<8} {o / b:>6.2f}x  {g} {'' if m is None else 'met' if m else 'MISSED'}"
-        )
+    report(rows)
 
 
 if __name__ == "__main__":

@@ -101,6 +101,24 @@ uint32_t Crc32c(const void* data, int64_t n, uint32_t crc) {
   return ~state;
 }
 
+uint32_t StoredCrc32c(const void* trailer) {
+  const auto* le = static_cast<const unsigned char*>(trailer);
+  return uint32_t(le[0]) | uint32_t(le[1]) << 8 | uint32_t(le[2]) << 16 | uint32_t(le[3]) << 24;
+}
+
+std::vector<int64_t> JsonInts(const google::protobuf::Struct& s, const std::string& key) {
+  std::vector<int64_t> out;
+  auto it = s.fields().find(key);
+  if (it == s.fields().end()) return out;
+  for (const auto& v : it->second.list_value().values()) out.push_back(int64_t(v.number_value()));
+  return out;
+}
+
+std::string JsonText(const google::protobuf::Struct& s, const std::string& key) {
+  auto it = s.fields().find(key);
+  return it == s.fields().end() ? "" : it->second.string_value();
+}
+
 absl::StatusOr<v1::DType> FromZarrDType(absl::string_view name) {
   for (v1::DType t : {v1::F32, v1::F64, v1::F16, v1::BF16, v1::S8, v1::S16, v1::S32, v1::S64,
                       v1::U8, v1::U16, v1::U32, v1::U64, v1::PRED}) {

@@ -5,9 +5,11 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "google/protobuf/struct.pb.h"
 #include "tessel/v1/ir.pb.h"
 
 namespace tessel {
@@ -19,6 +21,12 @@ std::string ChunkKey(absl::Span<const int64_t> chunk_index);
 // CRC32C (Castagnoli), as zarr's crc32c codec computes it (ISA-L); `crc`
 // continues an earlier call's result over the bytes that follow.
 uint32_t Crc32c(const void* data, int64_t n, uint32_t crc = 0);
+// The CRC32C a chunk file stores after its bytes (4 bytes, little-endian).
+uint32_t StoredCrc32c(const void* trailer);
+// A parsed JSON object's (zarr.json, tessel.json) field `key`: a list of
+// integers, a string; empty when absent.
+std::vector<int64_t> JsonInts(const google::protobuf::Struct& s, const std::string& key);
+std::string JsonText(const google::protobuf::Struct& s, const std::string& key);
 // The zarr.json of an array of `global`'s type in chunks of `chunk_shape`.
 std::string ZarrArrayJson(const v1::TensorType& global, absl::Span<const int64_t> chunk_shape);
 // INVALID_ARGUMENT naming `path` unless it is absolute, has no "." or ".."

@@ -63,19 +63,6 @@ const google::protobuf::Struct* ManifestArray(const google::protobuf::Struct& ma
   return it == f.end() ? nullptr : &it->second.struct_value();
 }
 
-std::vector<int64_t> Ints(const google::protobuf::Struct& s, const std::string& key) {
-  std::vector<int64_t> out;
-  auto it = s.fields().find(key);
-  if (it == s.fields().end()) return out;
-  for (const auto& v : it->second.list_value().values()) out.push_back(int64_t(v.number_value()));
-  return out;
-}
-
-std::string Text(const google::protobuf::Struct& s, const std::string& key) {
-  auto it = s.fields().find(key);
-  return it == s.fields().end() ? "" : it->second.string_value();
-}
-
 }  // namespace
 
 absl::StatusOr<Coordinator::CheckpointFiles> Coordinator::CheckpointFilesWorker(
@@ -122,11 +109,11 @@ absl::StatusOr<google::protobuf::Struct> Coordinator::ReadManifest(const std::st
       !google::protobuf::util::JsonStringToMessage(files.files(0).contents(), &manifest).ok()) {
     return absl::DataLossError(StrCat("checkpoint ", path, ": ", kManifest, " is not valid JSON"));
   }
-  if (Text(manifest, "format") != "tessel.checkpoint") {
+  if (JsonText(manifest, "format") != "tessel.checkpoint") {
     return absl::InvalidArgumentError(
         StrCat(path, "/", kManifest, " is not a Tessel checkpoint's manifest"));
   }
-  if (const std::string owner = Text(manifest, "tenant"); owner != tenant) {
+  if (const std::string owner = JsonText(manifest, "tenant"); owner != tenant) {
     return absl::PermissionDeniedError(
         StrCat("checkpoint ", path, " belongs to another tenant than this session's"));
   }
@@ -483,9 +470,9 @@ absl::StatusOr<v1::RestoreCheckpointResponse> Coordinator::RestoreCheckpoint(
       const google::protobuf::Struct* saved = ManifestArray(manifest, ca.name());
       if (saved == nullptr)
         return absl::NotFoundError(StrCat(of, ": the checkpoint has no such array"));
-      const std::vector<int64_t> shape = Ints(*saved, "shape");
-      const std::vector<int64_t> chunk = Ints(*saved, "chunk_shape");
-      const std::string dtype = Text(*saved, "dtype");
+      const std::vector<int64_t> shape = JsonInts(*saved, "shape");
+      const std::vector<int64_t> chunk = JsonInts(*saved, "chunk_shape");
+      const std::string dtype = JsonText(*saved, "dtype");
       if (dtype != ZarrDType(ca.type().dtype()) ||
           shape != std::vector<int64_t>(ca.type().dims().begin(), ca.type().dims().end())) {
         return absl::InvalidArgumentError(

@@ -455,8 +455,7 @@ absl::StatusOr<BufferPtr> CheckpointIO::ReadBlock(const v1::CheckpointChunk& c, 
     TESSEL_RETURN_IF_ERROR(ReadAll(fd.get(), dst + direct, chunk_bytes - direct, direct, file));
     unsigned char le[4];
     TESSEL_RETURN_IF_ERROR(ReadAll(fd.get(), reinterpret_cast<char*>(le), 4, chunk_bytes, file));
-    const uint32_t stored =
-        uint32_t(le[0]) | uint32_t(le[1]) << 8 | uint32_t(le[2]) << 16 | uint32_t(le[3]) << 24;
+    const uint32_t stored = StoredCrc32c(le);
     if (const uint32_t crc = Crc32c(dst, chunk_bytes); crc != stored) {
       return absl::DataLossError(StrCat("array ", c.array_dir(), ": chunk ", file,
                                         " is corrupt: its CRC32C is ", absl::Hex(crc),

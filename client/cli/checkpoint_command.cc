@@ -42,14 +42,6 @@ const Value* Field(const Struct& s, const std::string& key) {
   return it == s.fields().end() ? nullptr : &it->second;
 }
 
-std::vector<int64_t> Ints(const Struct& s, const std::string& key) {
-  std::vector<int64_t> out;
-  if (const Value* v = Field(s, key)) {
-    for (const Value& x : v->list_value().values()) out.push_back(int64_t(x.number_value()));
-  }
-  return out;
-}
-
 std::string Step(const Struct& manifest) {
   const Value* meta = Field(manifest, "metadata");
   const Value* step = meta != nullptr ? Field(meta->struct_value(), "step") : nullptr;
@@ -63,7 +55,7 @@ int64_t Bytes(const Struct& array) {
   auto t = FromZarrDType(dtype != nullptr ? dtype->string_value() : "");
   if (!t.ok()) return 0;
   int64_t n = DTypeSize(*t);
-  for (int64_t d : Ints(array, "shape")) n *= d;
+  for (int64_t d : JsonInts(array, "shape")) n *= d;
   return n;
 }
 
@@ -79,7 +71,8 @@ std::string Size(int64_t bytes) {
 std::vector<std::string> CheckChunks(const fs::path& dir, const Struct& array, bool verify,
                                      int64_t* chunks) {
   std::vector<std::string> problems;
-  const std::vector<int64_t> shape = Ints(array, "shape"), chunk = Ints(array, "chunk_shape");
+  const std::vector<int64_t> shape = JsonInts(array, "shape"),
+                             chunk = JsonInts(array, "chunk_shape");
   const Value* dtype = Field(array, "dtype");
   auto t = FromZarrDType(dtype != nullptr ? dtype->string_value() : "");
   if (!t.ok() || shape.size() != chunk.size()) return {"its dtype or chunk shape is unreadable"};
@@ -107,10 +100,7 @@ std::vector<std::string> CheckChunks(const fs::path& dir, const Struct& array, b
       data.resize(size);
       std::ifstream in(file, std::ios::binary);
       in.read(data.data(), size);
-      const auto* le = reinterpret_cast<const unsigned char*>(data.data() + chunk_bytes);
-      const uint32_t stored =
-          uint32_t(le[0]) | uint32_t(le[1]) << 8 | uint32_t(le[2]) << 16 | uint32_t(le[3]) << 24;
-      if (!in || Crc32c(data.data(), chunk_bytes) != stored) {
+      if (!in || Crc32c(data.data(), chunk_bytes) != StoredCrc32c(data.data() + chunk_bytes)) {
         problems.push_back(absl::StrCat(file.string(), " is corrupt: its CRC32C does not match"));
       }
     }
@@ -190,8 +180,8 @@ int Inspect(const fs::path& path, bool verify) {
       const Value* dtype = Field(array, "dtype");
       std::cout << absl::StrFormat(
           "%-36s %-9s %-18s %-14s %8d %12s  %s\n", name, dtype ? dtype->string_value() : "?",
-          absl::StrCat("[", absl::StrJoin(Ints(array, "shape"), ","), "]"),
-          absl::StrCat("[", absl::StrJoin(Ints(array, "chunk_shape"), ","), "]"), chunks,
+          absl::StrCat("[", absl::StrJoin(JsonInts(array, "shape"), ","), "]"),
+          absl::StrCat("[", absl::StrJoin(JsonInts(array, "chunk_shape"), ","), "]"), chunks,
           Size(Bytes(array)), placement);
       for (const std::string& b : bad) std::cout << "  ! " << b << "\n";
       problems += bad.size();

@@ -78,10 +78,6 @@ def _jax_components(path):
     return out
 
 
-def _is_leaf(x):
-    return isinstance(x, Array) or hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, (dict, list))
-
-
 def _flatten(tree):
     """(leaves, the keys of each, unflatten): JAX's pytrees when JAX is
     loaded (Flax, Optax and Equinox states are those), else Tessel's."""
