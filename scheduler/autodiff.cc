@@ -162,8 +162,7 @@ static bool RunsCollectives(const v1::Graph& f,
   return false;
 }
 
-static absl::StatusOr<TypedGraph> ValidateFunction(const v1::Graph& with_functions,
-                                                   const v1::Mesh& mesh) {
+absl::StatusOr<TypedGraph> ValidateFunction(const v1::Graph& with_functions, const v1::Mesh& mesh) {
   absl::flat_hash_set<std::string> seen;
   const bool manual = mesh.axis_names_size() > 0 &&
                       RunsCollectives(with_functions, with_functions.functions(), seen);

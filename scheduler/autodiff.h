@@ -32,4 +32,9 @@ absl::StatusOr<v1::Graph> ExpandAutodiff(const TypedGraph& g, const v1::Mesh& me
 // mapped function, or a map of a derivative, expands the inner one first.
 bool HasAutodiff(const v1::Graph& g);
 
+// `with_functions` (a function, the top-level graph's functions beside it)
+// validated; over `mesh`'s axes where it runs a collective, itself or
+// through what it calls, as a manual region's body does.
+absl::StatusOr<TypedGraph> ValidateFunction(const v1::Graph& with_functions, const v1::Mesh& mesh);
+
 }  // namespace tessel::scheduler

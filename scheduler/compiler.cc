@@ -17,6 +17,7 @@
 #include "core/sharding.h"
 #include "core/status.h"
 #include "scheduler/autodiff.h"
+#include "scheduler/bodies.h"
 #include "scheduler/combine_collectives.h"
 #include "scheduler/fusion.h"
 #include "scheduler/generated.h"
@@ -561,9 +562,14 @@ absl::Status Recheck(TypedGraph& client, v1::Graph graph, absl::string_view what
   return absl::OkStatus();
 }
 
-// The client's graph with its gradients expanded, its dead nodes dropped
-// and layout ops pushed into generated constants, checked after each.
+// The client's graph with its bodies lowered, its gradients expanded, its
+// dead nodes dropped and layout ops pushed into generated constants,
+// checked after each.
 absl::Status Simplify(TypedGraph& client, const CompileOptions& options) {
+  if (HasBodies(client.graph)) {
+    TESSEL_ASSIGN_OR_RETURN(v1::Graph lowered, LowerBodies(client, options.mesh));
+    TESSEL_RETURN_IF_ERROR(Recheck(client, std::move(lowered), "with its bodies lowered"));
+  }
   if (HasAutodiff(client.graph)) {
     TESSEL_ASSIGN_OR_RETURN(v1::Graph expanded, ExpandAutodiff(client, options.mesh));
     TESSEL_RETURN_IF_ERROR(Recheck(client, std::move(expanded), "with its gradients expanded"));

@@ -11,6 +11,7 @@
 #include "core/shape_inference.h"
 #include "core/sharding.h"
 #include "core/status.h"
+#include "scheduler/bodies.h"
 
 namespace tessel::scheduler {
 
@@ -96,26 +97,6 @@ std::string TypesString(absl::Span<const v1::TensorType> ts) {
   std::vector<std::string> parts;
   for (const v1::TensorType& t : ts) parts.push_back(TypeString(t));
   return StrCat("(", absl::StrJoin(parts, ", "), ")");
-}
-
-// Checks that `fn`'s list `got` (its parameters or results) is `want`,
-// naming the function, the position and both types.
-absl::Status CheckTypes(const std::string& what, const std::string& fn,
-                        absl::Span<const v1::TensorType> got, absl::Span<const v1::TensorType> want,
-                        const std::string& want_what) {
-  if (got.size() != want.size()) {
-    return InvalidArgumentError(StrCat("function '", fn, "' has ", got.size(), " ", what, " ",
-                                       TypesString(got), "; expected ", want.size(), " (",
-                                       want_what, ") ", TypesString(want)));
-  }
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!SameType(got[i], want[i])) {
-      return InvalidArgumentError(StrCat("function '", fn, "' ", what.substr(0, what.size() - 1),
-                                         " ", i, " is ", TypeString(got[i]), "; expected ",
-                                         TypeString(want[i]), " (", want_what, " ", i, ")"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 // A manual region of several results: one per body output, their global
@@ -433,6 +414,24 @@ absl::StatusOr<std::vector<v1::TensorType>> InferCustomJvp(
 
 }  // namespace
 
+absl::Status CheckTypes(const std::string& what, const std::string& fn,
+                        absl::Span<const v1::TensorType> got, absl::Span<const v1::TensorType> want,
+                        const std::string& want_what) {
+  if (got.size() != want.size()) {
+    return InvalidArgumentError(StrCat("function '", fn, "' has ", got.size(), " ", what, " ",
+                                       TypesString(got), "; expected ", want.size(), " (",
+                                       want_what, ") ", TypesString(want)));
+  }
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!SameType(got[i], want[i])) {
+      return InvalidArgumentError(StrCat("function '", fn, "' ", what.substr(0, what.size() - 1),
+                                         " ", i, " is ", TypeString(got[i]), "; expected ",
+                                         TypeString(want[i]), " (", want_what, " ", i, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 v1::TensorType WithBatch(v1::TensorType t, int64_t axis, int64_t size) {
   t.mutable_dims()->Add(0);
   for (int d = t.dims_size() - 1; d > axis; --d) t.set_dims(d, t.dims(d - 1));
@@ -443,7 +442,8 @@ v1::TensorType WithBatch(v1::TensorType t, int64_t axis, int64_t size) {
 bool IsControlFlow(v1::Op op) { return op == v1::WHILE || op == v1::CONDITIONAL || op == v1::SCAN; }
 bool IsMultiResult(v1::Op op) {
   return IsControlFlow(op) || op == v1::VJP || op == v1::JVP || op == v1::CUSTOM_VJP ||
-         op == v1::CUSTOM_JVP || op == v1::VMAP;
+         op == v1::CUSTOM_JVP || op == v1::VMAP || op == v1::REDUCE_WITH_BODY ||
+         op == v1::SORT_WITH_COMPARATOR;
 }
 bool IsMultiResult(const v1::Node& n) {
   return IsMultiResult(n.op()) ||
@@ -523,7 +523,8 @@ absl::StatusOr<std::vector<const v1::TensorType*>> OperandTypes(const TypedGraph
               ? StrCat(label(), "operand '", def.name(), "' (", OpName(def.op()),
                        ") has a single result; ",
                        "tuple_element reads the results of while, conditional, scan, vjp, jvp, "
-                       "custom_vjp, custom_jvp, vmap and regions with out_specs")
+                       "custom_vjp, custom_jvp, vmap, reduce_with_body, sort_with_comparator and "
+                       "regions with out_specs")
               : StrCat(label(), "operand ", i, " '", def.name(), "' (", OpName(def.op()), ") has ",
                        def.results_size(), " results; read one with tuple_element"));
     }
@@ -543,7 +544,9 @@ absl::Status TypeResults(v1::Node& n, absl::FunctionRef<std::string()> label,
                  : n.op() == v1::VMAP        ? InferVmap(n, operand_types, table, options)
                  : n.op() == v1::CUSTOM_VJP  ? InferCustomVjp(n, operand_types, table, options)
                  : n.op() == v1::CUSTOM_JVP  ? InferCustomJvp(n, operand_types, table, options)
-                                             : InferControlFlow(n, operand_types, table, options);
+                 : n.op() == v1::REDUCE_WITH_BODY || n.op() == v1::SORT_WITH_COMPARATOR
+                     ? InferBodyResults(n, operand_types, table, options)
+                     : InferControlFlow(n, operand_types, table, options);
   if (!results.ok()) return Annotate(results.status(), label());
   if (n.results_size() > 0) {
     const std::vector<v1::TensorType> declared(n.results().begin(), n.results().end());
@@ -565,8 +568,9 @@ absl::StatusOr<v1::TensorType> TypeOf(const TypedGraph& tg, const v1::Node& n,
   if (n.results_size() > 0) {
     return InvalidArgumentError(
         StrCat(label(),
-               "only while, conditional, scan, vjp, jvp, custom_vjp, custom_jvp, vmap and "
-               "regions with out_specs have several results"));
+               "only while, conditional, scan, vjp, jvp, custom_vjp, custom_jvp, vmap, "
+               "reduce_with_body, sort_with_comparator and regions with out_specs have "
+               "several results"));
   }
   if (n.op() == v1::TUPLE_ELEMENT) {
     const v1::Node& def = tg.graph.nodes(tg.index_of.at(n.operands(0)));

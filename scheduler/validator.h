@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/node_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "tessel/v1/ir.pb.h"
 
 namespace tessel::scheduler {
@@ -53,13 +54,20 @@ struct FunctionTable {
   std::vector<std::string> active;  // being validated (recursion is an error)
 };
 
+// OK where `fn`'s list `got` (its parameters or results, as `what` says) is
+// `want`; else an error naming the function, the position and both types.
+absl::Status CheckTypes(const std::string& what, const std::string& fn,
+                        absl::Span<const v1::TensorType> got, absl::Span<const v1::TensorType> want,
+                        const std::string& want_what);
+
 // `t` with a dimension of `size` inserted at `axis` (a VMAP's batch).
 v1::TensorType WithBatch(v1::TensorType t, int64_t axis, int64_t size);
 
 // True for WHILE, CONDITIONAL and SCAN.
 bool IsControlFlow(v1::Op op);
 // True for the ops of several results (read with TUPLE_ELEMENT): control
-// flow and VJP.
+// flow, the transforms (VJP, JVP, CUSTOM_VJP, CUSTOM_JVP, VMAP) and the ops
+// with a body (REDUCE_WITH_BODY, SORT_WITH_COMPARATOR).
 bool IsMultiResult(v1::Op op);
 // IsMultiResult(n.op()), or a manual region with `out_specs`.
 bool IsMultiResult(const v1::Node& n);

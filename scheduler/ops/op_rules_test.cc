@@ -16,9 +16,11 @@ namespace {
 // Structural: handled by the drivers (parameters, regions, control flow,
 // custom rules, transforms, partitioner-only collectives).
 const absl::flat_hash_set<int> kStructural = {
-    v1::PARAMETER, v1::MANUAL_REGION, v1::CUSTOM_KERNEL, v1::MESH_REGION,   v1::SHARD_SLICE,
-    v1::WHILE,     v1::CONDITIONAL,   v1::SCAN,          v1::TUPLE_ELEMENT, v1::VJP,
-    v1::JVP,       v1::CUSTOM_VJP,    v1::CUSTOM_JVP,    v1::VMAP};
+    v1::PARAMETER, v1::MANUAL_REGION, v1::CUSTOM_KERNEL, v1::MESH_REGION, v1::SHARD_SLICE,
+    v1::WHILE, v1::CONDITIONAL, v1::SCAN, v1::TUPLE_ELEMENT, v1::VJP, v1::JVP, v1::CUSTOM_VJP,
+    v1::CUSTOM_JVP, v1::VMAP,
+    // Lowered into elementwise nodes before the drivers run (scheduler/bodies.h).
+    v1::REDUCE_WITH_BODY, v1::SORT_WITH_COMPARATOR};
 
 TEST(OpRules, EveryOpHasARowOrIsStructural) {
   const auto* d = v1::Op_descriptor();

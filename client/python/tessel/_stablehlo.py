@@ -16,6 +16,7 @@ from tessel import _gather_scatter, _stablehlo_manual
 from tessel import _lax_linalg as linalg
 from tessel import lax as tlax
 from tessel import numpy as tnp
+from tessel._bodies import sort_by
 from tessel._shard_map import with_sharding_constraint
 from tessel._sharding import Mesh, NamedSharding, P
 from tessel.errors import InvalidArgumentError
@@ -410,7 +411,7 @@ class Interpreter:
             )
             return [tnp.astype(out, dtype_of(out_types[0]))]
         if name == "stablehlo.reduce":
-            return self.reduce(op, args)
+            return self.reduce(op, args, env)
         if name == "stablehlo.gather":
             dn = stablehlo.GatherDimensionNumbers(op.attributes["dimension_numbers"])
             return [_gather_scatter.gather(dn, _ints(a["slice_sizes"]), *args)]
@@ -421,7 +422,7 @@ class Interpreter:
         if name == "stablehlo.reduce_window":
             return self.reduce_window(op, args)
         if name == "stablehlo.sort":
-            return self.sort(op, args)
+            return self.sort(op, args, env)
         if name == "stablehlo.select_and_scatter":
             return [self.select_and_scatter(op, args)]
         if name == "stablehlo.while":
@@ -452,27 +453,29 @@ class Interpreter:
             return [with_sharding_constraint(args[0], self.named_sharding(a["sharding"]))]
         raise NotImplementedError(f"the op {name} has no Tessel counterpart yet")
 
-    def sort(self, op, args):
-        """A stable sort whose comparator compares operand 0's pair (LT:
-        ascending, GT: descending), each key at most canonicalized as
-        jax.numpy's float sorts do (-0.0 as 0.0, every NaN as one NaN, which
-        sorts last): the order tnp.argsort gives. Every operand moves by it."""
+    def sort(self, op, args, env):
+        """A comparator of operand 0's pair (LT: ascending, GT: descending),
+        each key at most canonicalized as jax.numpy's float sorts do (-0.0
+        as 0.0, every NaN as one NaN, which sorts last), is the IR's SORT:
+        the order tnp.argsort gives, every operand moved by it. Any other
+        comparator is applied by SORT_WITH_COMPARATOR."""
         block = op.regions[0].blocks[0]
         ops = list(block.operations)
         keys = list(block.arguments)[:2]
-        final = _defining(ops[-1].operands[0]) if ops[-1].operation.name == "stablehlo.return" else None
-        if (
-            final is None
-            or final.name != "stablehlo.compare"
-            or not all(_canonical_key(v, k) for v, k in zip(final.operands, keys))
-        ):
-            raise NotImplementedError("a sort comparator other than a compare of operand 0's pair")
-        direction = stablehlo.ComparisonDirectionAttr(final.attributes["comparison_direction"]).value
-        if direction not in ("LT", "GT"):
-            raise NotImplementedError(f"a sort comparator comparing with {direction}")
         axis = ir.IntegerAttr(op.attributes["dimension"]).value
-        order = tnp.argsort(args[0], axis=axis, stable=True, descending=direction == "GT")
-        return [tnp.take_along_axis(tnp.asarray(x), order, axis=axis) for x in args]
+        final = _defining(ops[-1].operands[0]) if ops[-1].operation.name == "stablehlo.return" else None
+        direction = None
+        if (
+            final is not None
+            and final.name == "stablehlo.compare"
+            and all(_canonical_key(v, k) for v, k in zip(final.operands, keys))
+        ):
+            direction = stablehlo.ComparisonDirectionAttr(final.attributes["comparison_direction"]).value
+        if direction in ("LT", "GT"):
+            order = tnp.argsort(args[0], axis=axis, stable=True, descending=direction == "GT")
+            return [tnp.take_along_axis(tnp.asarray(x), order, axis=axis) for x in args]
+        region = op.regions[0]
+        return sort_by(args, axis, lambda *ab: self.region(region, list(ab), "a sort's comparator", env)[0])
 
     def lapack(self, kind, routine, a, args, out_types):
         """JAX's CPU lowering of jax.lax.linalg: LAPACK calls (column-major
@@ -556,23 +559,40 @@ class Interpreter:
             + ", ".join(o.operation.name for o in ops)
         )
 
-    def reduce(self, op, args):
+    def reduce(self, op, args, env):
+        """A body of one add, maximum, minimum, multiply, and or or is the
+        IR's REDUCE; argmax's and argmin's (values, iota) pair with their
+        comparators is ARGMAX or ARGMIN; any other body is applied by
+        REDUCE_WITH_BODY."""
         n = len(op.results)
-        if n == 2:
-            return self.arg_reduce(op, args)
-        if n != 1:
-            raise NotImplementedError(f"a variadic reduce ({n} results)")
-        kind = self._body_reducer(op.regions[0], "reduce")
-        x, init = args
         dims = tuple(_ints(op.attributes["dimensions"]))
-        reduce, combine = _REDUCTIONS[kind]
-        out = tnp.astype(reduce(x, axis=dims), dtype_of(op.results[0].type))
-        return [combine(out, init)]
+        kind = None
+        if n == 1:
+            try:
+                kind = self._body_reducer(op.regions[0], "reduce")
+            except NotImplementedError:
+                kind = None
+        if kind is not None:
+            x, init = args
+            reduce, combine = _REDUCTIONS[kind]
+            out = tnp.astype(reduce(x, axis=dims), dtype_of(op.results[0].type))
+            return [combine(out, init)]
+        if n == 2:
+            out = self.arg_reduce(op, args)
+            if out is not None:
+                return out
+        region = op.regions[0]
+
+        def body(acc, x):
+            return tuple(self.region(region, list(acc) + list(x), "a reduce's body", env))
+
+        out = tlax.reduce(tuple(args[:n]), tuple(args[n:]), body, dims)
+        return [tnp.astype(o, dtype_of(r.type)) for o, r in zip(out, op.results)]
 
     def arg_reduce(self, op, args):
         """jnp.argmax and argmin: a reduce of (values, iota) whose body
-        compares the values (GT for argmax, LT for argmin)."""
-        body = [o.operation.name for o in op.regions[0].blocks[0].operations]
+        compares the values (GT for argmax, LT for argmin); None for any
+        other pair."""
         directions = {
             stablehlo.ComparisonDirectionAttr(o.attributes["comparison_direction"]).value
             for o in op.regions[0].blocks[0].operations
@@ -583,9 +603,7 @@ class Interpreter:
         is_iota = getattr(producer, "name", "") == "stablehlo.iota"
         kind = "max" if "GT" in directions else "min" if "LT" in directions else None
         if kind is None or len(dims) != 1 or not is_iota:
-            raise NotImplementedError(
-                "a variadic reduce other than argmax or argmin over one dimension (body: " + ", ".join(body) + ")"
-            )
+            return None
         x = args[0]
         index = (tnp.argmax if kind == "max" else tnp.argmin)(x, axis=dims[0])
         value = (tnp.max if kind == "max" else tnp.min)(x, axis=dims[0])

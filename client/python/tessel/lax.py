@@ -20,6 +20,7 @@ import builtins
 import numpy as np
 
 from tessel import _lax_linalg as linalg  # tessel.lax.linalg
+from tessel._bodies import reduce, sort, sort_key_val
 from tessel import _region
 from tessel import numpy as tnp
 from tessel._convolution import (
@@ -174,6 +175,8 @@ __all__ = [
     "asin",
     "asinh",
     "atan",
+    "argmax",
+    "argmin",
     "atan2",
     "atanh",
     "acosh",
@@ -229,6 +232,7 @@ __all__ = [
     "population_count",
     "pow",
     "reciprocal",
+    "reduce",
     "reduce_window",
     "rem",
     "round",
@@ -241,6 +245,8 @@ __all__ = [
     "sign",
     "sin",
     "sinh",
+    "sort",
+    "sort_key_val",
     "sqrt",
     "square",
     "sub",
@@ -251,6 +257,18 @@ __all__ = [
     "while_loop",
     "xor",
 ]
+
+
+def argmax(operand, axis, index_dtype):
+    """jax.lax.argmax: the first position of the largest element along
+    `axis` (a NaN counts as the largest), as `index_dtype`."""
+    return tnp.astype(tnp.argmax(operand, axis=axis), index_dtype)
+
+
+def argmin(operand, axis, index_dtype):
+    """jax.lax.argmin: the first position of the smallest element along
+    `axis` (a NaN counts as the smallest), as `index_dtype`."""
+    return tnp.astype(tnp.argmin(operand, axis=axis), index_dtype)
 
 
 def top_k(operand, k):

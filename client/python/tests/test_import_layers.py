@@ -37,6 +37,7 @@ LAYERS = [
     "_region",  # tracing a sub-function into a region
     "_compiled",  # tessel.Compiled
     "_jit",  # tessel.jit
+    "_bodies",  # lax.reduce and lax.sort: functions applied by the op
     "lax",  # control flow
     "_api",  # devices, device_put, the contracts
     "_shard_map",  # shard_map, collectives, custom kernels

@@ -866,6 +866,33 @@ class OracleLax:
     def cond(self, pred, true_fun, false_fun, *operands):
         return (true_fun if bool(np.asarray(_raw(pred))) else false_fun)(*operands)
 
+    def reduce(self, operands, init_values, computation, dimensions):
+        """jax.lax.reduce as a left fold over the reduced positions, each
+        step through the oracle (the programs' bodies are exact)."""
+        single = not isinstance(operands, (tuple, list))
+        raws = [np.asarray(_raw(self._leaf(o))) for o in ([operands] if single else operands)]
+        inits = [np.asarray(_raw(v)) for v in ([init_values] if single else init_values)]
+        dims = [d % raws[0].ndim for d in dimensions]
+        last = list(range(raws[0].ndim - len(dims), raws[0].ndim))
+        moved = [np.moveaxis(r, dims, last) for r in raws]
+        kept = moved[0].shape[: raws[0].ndim - len(dims)]
+        flat = [m.reshape(kept + (-1,)) for m in moved]
+        acc = [Value(self.ns, np.full(kept, v, dtype=r.dtype)) for v, r in zip(inits, raws)]
+        for i in range(flat[0].shape[-1]):
+            xs = [Value(self.ns, f[..., i].copy()) for f in flat]
+            out = computation(acc[0], xs[0]) if single else computation(tuple(acc), tuple(xs))
+            acc = [out] if single else list(out)
+        return acc[0] if single else tuple(acc)
+
+    def sort(self, operand, dimension=-1, is_stable=True, num_keys=1):
+        """jax.lax.sort by numpy's stable lexsort: the first key primary,
+        NaN last, -0.0 equal to 0.0."""
+        raws = [np.asarray(_raw(self._leaf(o))) for o in operand]
+        keys = [np.moveaxis(r, dimension, -1) for r in raws[:num_keys]]
+        order = np.lexsort(keys[::-1], axis=-1)
+        out = [np.moveaxis(np.take_along_axis(np.moveaxis(r, dimension, -1), order, -1), -1, dimension) for r in raws]
+        return tuple(Value(self.ns, o) for o in out)
+
     def vmap(self, f, in_axes=0, out_axes=0):
         """jax.vmap as a loop: f on each element of the mapped arguments (an
         int or None per argument), the results stacked along out_axes."""

@@ -1028,6 +1028,32 @@ def op_sequence(b):
         b.add(f"xp.{kind}({x.name}, {axis!r})", [x], discontinuous=True)
 
 
+SORTABLE = INTS + [np.dtype(np.float32), np.dtype(np.float64)]
+
+
+def op_bodies(b):
+    """jax.lax.reduce with a body of its own (REDUCE_WITH_BODY): a sum and
+    a max over a pair of integer operands (exact, so any order agrees), and
+    jax.lax.sort by two keys (SORT_WITH_COMPARATOR), NaN, ties and -0.0
+    included."""
+    if b.draw(st.booleans()):
+        x = b.pick(lambda v: v.dtype in INTS and v.ndim >= 1)
+        axis = b.draw(st.sampled_from(list(range(x.ndim))))
+        k = b.draw(st.sampled_from([0, 1]))
+        lo = f"{x.name}.dtype.type(np.iinfo({x.name}.dtype).min)"
+        b.add(
+            f"lax.reduce(({x.name}, {x.name} // 2), ({x.name}.dtype.type(0), {lo}), "
+            f"lambda p, q: (p[0] + q[0], xp.maximum(p[1], q[1])), ({axis},))[{k}]",
+            [x],
+        )
+        return
+    x = b.pick(lambda v: v.dtype in SORTABLE and v.ndim >= 1)
+    y = b.pick(lambda v: v.dtype in SORTABLE and v.shape == x.shape)
+    axis = b.draw(st.sampled_from(list(range(-x.ndim, x.ndim))))
+    k = b.draw(st.sampled_from([0, 1]))
+    b.add(f"lax.sort(({x.name}, {y.name}), dimension={axis}, num_keys=2)[{k}]", [x, y], discontinuous=True)
+
+
 # Bodies of a mapped function of one element {u} and an unmapped value {w}.
 VMAP_BODIES = [
     "{u} * 2 + {w}",
@@ -1097,6 +1123,7 @@ OPS = [
     (op_window, 2),
     (op_linalg, 2),
     (op_vmap, 2),
+    (op_bodies, 2),
 ]
 _OP_TABLE = [f for f, w in OPS for _ in range(w)]
 
