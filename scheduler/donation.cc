@@ -62,6 +62,17 @@ struct Buffers {
   absl::flat_hash_map<std::string, std::string> root;
   absl::flat_hash_map<std::string, Writer> writer;
   std::vector<absl::flat_hash_map<std::string, int>> reads;  // by instruction
+  // A loop's carry result may be its operand's buffer (a loop that runs no
+  // iteration, or writes the carry in place): the root it may share.
+  absl::flat_hash_map<std::string, std::string> carried;
+  // By instruction: a root read through such a result, with the result's
+  // root and the reading node.
+  std::vector<absl::flat_hash_map<std::string, std::pair<std::string, int>>> carried_reads;
+
+  void Read(int k, const std::string& r, int node) {
+    reads[k][r] = node;
+    if (auto it = carried.find(r); it != carried.end()) carried_reads[k][it->second] = {r, node};
+  }
 
   std::string RootOf(const std::string& v) const {
     auto it = root.find(v);
@@ -76,15 +87,24 @@ Buffers TraceBuffers(const v1::Program& p) {
     b.writer[prm.name()] = Writer{};
   }
   b.reads.resize(p.instructions_size());
+  b.carried_reads.resize(p.instructions_size());
   for (int k = 0; k < p.instructions_size(); ++k) {
     const v1::Instruction& ins = p.instructions(k);
     if (ins.has_node()) {
       const v1::Node& n = ins.node();
-      for (const std::string& o : n.operands()) b.reads[k][b.RootOf(o)] = 0;
+      for (const std::string& o : n.operands()) b.Read(k, b.RootOf(o), 0);
       if (ins.results_size() > 0) {  // control flow
+        const int carries = n.op() == v1::WHILE  ? n.operands_size()
+                            : n.op() == v1::SCAN ? n.control().num_carry()
+                                                 : 0;
         for (int j = 0; j < ins.results_size(); ++j) {
           b.root[ins.results(j)] = ins.results(j);
           b.writer[ins.results(j)] = Writer{k, j, false};
+          if (j < carries) {
+            const std::string from = b.RootOf(n.operands(j));
+            auto it = b.carried.find(from);
+            b.carried[ins.results(j)] = it == b.carried.end() ? from : it->second;
+          }
         }
         continue;
       }
@@ -98,7 +118,7 @@ Buffers TraceBuffers(const v1::Program& p) {
         const v1::Node& n = f.nodes(j);
         for (const std::string& o : n.operands()) {
           auto it = input_root.find(o);
-          if (it != input_root.end()) b.reads[k][it->second] = j;  // nodes in order: the last wins
+          if (it != input_root.end()) b.Read(k, it->second, j);  // nodes in order: the last wins
         }
         b.root[n.name()] = n.name();
         b.writer[n.name()] = Writer{k, j, false};
@@ -115,14 +135,30 @@ std::string WhyNotWrittenInto(const v1::Program& p, const Buffers& b, const std:
   const Writer& w = b.writer.at(buf);
   if (w.instruction < 0) return absl::StrCat(out_desc, " is parameter '", buf, "' passed through");
   if (w.literal) return absl::StrCat(out_desc, " is a literal constant");
+  // A read through a loop's carry result that may share prm's buffer is a
+  // read of prm, unless that result is the buffer written (the loop's own).
+  auto through = [&](int k) -> const std::pair<std::string, int>* {
+    auto it = b.carried_reads[k].find(prm);
+    return it == b.carried_reads[k].end() || it->second.first == buf ? nullptr : &it->second;
+  };
   for (int k = w.instruction + 1; k < p.instructions_size(); ++k) {
     if (b.reads[k].contains(prm)) {
       return absl::StrCat(out_desc, " is written by ", Describe(p, w.instruction), " while '", prm,
                           "' is still read by ", Describe(p, k));
     }
+    if (const auto* t = through(k)) {
+      return absl::StrCat(out_desc, " is written by ", Describe(p, w.instruction), " while '",
+                          t->first, "', a loop's carry that may be '", prm,
+                          "''s buffer, is read by ", Describe(p, k));
+    }
   }
-  auto r = b.reads[w.instruction].find(prm);
-  if (r == b.reads[w.instruction].end()) return "";
+  int read_at = -1;
+  if (auto r = b.reads[w.instruction].find(prm); r != b.reads[w.instruction].end()) {
+    read_at = r->second;
+  } else if (const auto* t = through(w.instruction)) {
+    read_at = t->second;
+  }
+  if (read_at < 0) return "";
   const v1::Instruction& ins = p.instructions(w.instruction);
   if (ins.results_size() > 0) {
     // A loop updates carry j in place when its body writes parameter j
@@ -146,7 +182,7 @@ std::string WhyNotWrittenInto(const v1::Program& p, const Buffers& b, const std:
                           " writes before it reads '", prm, "'");
     }
   }
-  if (!elementwise || r->second > w.fusion_node) {
+  if (!elementwise || read_at > w.fusion_node) {
     return absl::StrCat(out_desc, " is computed by ", Describe(p, w.instruction), ", which reads '",
                         prm, "' ", elementwise ? "after writing it" : "other than elementwise");
   }

@@ -183,3 +183,32 @@ def test_bad_bodies_are_clear_errors_and_the_cluster_keeps_serving(cluster):
     with pytest.raises(ValueError, match="out of range"):
         tessel.jit(lambda x: lax.reduce(x, 0.0, lambda a, b: a * b, (2,)))(x)
     np.testing.assert_allclose(tessel.jit(lambda x: x * 2)(x).fetch(), x * 2)
+
+
+def test_bodies_inside_a_loop_and_a_shard_map(cluster):
+    """A node with a body inside a loop's function and inside a manual
+    region's body is lowered there too."""
+    x = RNG.integers(0, 4, size=(4, 6)).astype(np.int32)
+    y = RNG.normal(size=(4, 6))
+
+    def step(np_mod, lax_mod):
+        def body(i, c):
+            k, v = lax_mod.sort((c[0], c[1]), dimension=1, num_keys=2)
+            return (k[:, ::-1], v[:, ::-1] + 1.0)
+
+        return lambda k, v: lax_mod.fori_loop(0, 3, body, (k, v))
+
+    got = tessel.jit(step(tnp, lax))(x, y)
+    want = step(jnp, jlax)(x, y)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.fetch(), np.asarray(w))
+    mesh = tessel.Mesh({"data": 2})
+    idx = np.broadcast_to(np.arange(6, dtype=np.int32), x.shape)
+
+    def per_block(v, i):
+        return lax.reduce((v, i), (-np.inf, np.int32(0)), argmax_body(tnp), (1,))[1]
+
+    f = tessel.jit(
+        tessel.shard_map(per_block, mesh=mesh, in_specs=(tessel.P("data"), tessel.P("data")), out_specs=tessel.P("data"))
+    )
+    np.testing.assert_array_equal(f(y, idx).fetch(), np.argmax(y, axis=1))

@@ -330,3 +330,20 @@ def test_a_manual_regions_result_beside_other_outputs_keeps_its_value(session):
         outs = tessel.jit(f)(x, y)
         for got, ref in zip(outs, expect):
             np.testing.assert_allclose(got.fetch(), ref, rtol=1e-6, atol=1e-5)
+
+
+def test_a_donated_parameter_is_not_written_by_an_op_reading_it_through_a_loop(cluster):
+    """A loop's carry result may be its operand's buffer (here a loop of no
+    iterations): a reverse of it took the donated parameter's buffer as its
+    output and read what it had just written (both ends of the result came
+    out as the last element)."""
+    a = np.zeros((4, 4, 4), np.uint64)
+    a[3, 3, 3] = 18446744073709551614
+    for trips in (0, 2):
+
+        def f(a):
+            k = tessel.lax.fori_loop(0, trips, lambda i, k: k + np.uint64(1), a)
+            return tnp.flip(k, None)
+
+        g = tessel.jit(f, donate_argnums=0)
+        np.testing.assert_array_equal(g(tessel.device_put(a)).fetch(), np.flip(a + np.uint64(trips)))
