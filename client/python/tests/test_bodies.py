@@ -209,6 +209,8 @@ def test_bodies_inside_a_loop_and_a_shard_map(cluster):
         return lax.reduce((v, i), (-np.inf, np.int32(0)), argmax_body(tnp), (1,))[1]
 
     f = tessel.jit(
-        tessel.shard_map(per_block, mesh=mesh, in_specs=(tessel.P("data"), tessel.P("data")), out_specs=tessel.P("data"))
+        tessel.shard_map(
+            per_block, mesh=mesh, in_specs=(tessel.P("data"), tessel.P("data")), out_specs=tessel.P("data")
+        )
     )
     np.testing.assert_array_equal(f(y, idx).fetch(), np.argmax(y, axis=1))
