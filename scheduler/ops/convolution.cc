@@ -60,9 +60,36 @@ std::string AxisOutOf(Emitter& e, int64_t src, int64_t size, const std::string& 
   return e.Reshape(x, shape);
 }
 
-// The batch split on lhs's batch dimension, the output features on rhs's,
+// The spatial dimension of lhs (by position, 0 for the first) whose split
+// a convolution keeps, each device reading its neighbours' edges (a halo);
+// -1 where none. A split stays where the window moves by 1 over an
+// undilated input and the padding each side fits in a block: the
+// convolution of one block, widened by the halos in place of the padding,
+// is then the block's share. Either the window is rhs's own (rhs's
+// dimension whole) and the output is as long as the input, so the result
+// keeps the split; or rhs's dimension is split alike and as long (a weight
+// gradient), so each device's share is a partial sum.
+int HaloDimension(const LayoutQuery& q, const v1::ConvolutionAttrs& a, const Specs& s,
+                  const v1::Sharding& l, const v1::Sharding& r) {
+  for (size_t i = 0; i + 2 < s.lhs.size(); ++i) {
+    const Axes axes = q.generated[0] ? Axes{} : DimAxes(l, s.lhs[i + 2]);
+    if (axes.empty() || a.window_strides(i) != 1 || a.lhs_dilation(i) != 1) continue;
+    const int64_t n = q.types[0]->dims(s.lhs[i + 2]), k = AxesSize(q.mesh, axes);
+    const int64_t block = n / k, lo = a.padding_low(i), hi = a.padding_high(i);
+    if (n % k != 0 || lo < 0 || hi < 0 || lo > block || hi > block) continue;
+    const Axes kernel = q.generated[1] ? Axes{} : DimAxes(r, s.rhs[i + 2]);
+    const int64_t window = q.types[1]->dims(s.rhs[i + 2]);
+    const bool own = kernel.empty() && DilatedExtent(window, a.rhs_dilation(i)) == lo + hi + 1;
+    const bool split_alike = kernel == axes && window == n && a.rhs_dilation(i) == 1;
+    if (own || split_alike) return int(i);
+  }
+  return -1;
+}
+
+// The batch split on lhs's batch dimension, a spatial split kept where a
+// halo exchange serves it (HaloDimension), the output features on rhs's,
 // the input features alike on both (the result a partial sum over their
-// axes). Spatial dimensions are gathered: a halo exchange is not planned.
+// axes). Other spatial splits are gathered.
 void LayoutConvolution(const LayoutQuery& q, Layout& layout) {
   const v1::ConvolutionAttrs a = ConvolutionWithDefaults(q.node.convolution());
   const Specs s = ConvolutionSpecsOf(a);
@@ -92,6 +119,20 @@ void LayoutConvolution(const LayoutQuery& q, Layout& layout) {
       SetDimAxes(layout.result, s.out[0], b);
     }
   }
+  if (const int i = HaloDimension(q, a, s, l, r); i >= 0) {
+    const Axes h = DimAxes(l, s.lhs[i + 2]);
+    if (free_of(h)) {
+      used.insert(h.begin(), h.end());
+      SetDimAxes(layout.want[0], s.lhs[i + 2], h);
+      if (DimAxes(r, s.rhs[i + 2]).empty()) {
+        SetDimAxes(layout.result, s.out[i + 2], h);
+      } else {
+        SetDimAxes(layout.want[1], s.rhs[i + 2], h);
+        for (const std::string& x : h) layout.result.add_partial(x);
+        layout.result.set_partial_kind(v1::SUM);
+      }
+    }
+  }
   if (!ungrouped) return;
   const Axes o = axes(1, r, s.rhs[0]);
   if (free_of(o)) {
@@ -107,6 +148,72 @@ void LayoutConvolution(const LayoutQuery& q, Layout& layout) {
     for (const std::string& x : c) layout.result.add_partial(x);
     layout.result.set_partial_kind(v1::SUM);
   }
+}
+
+// A kept spatial split: each device's block of lhs widened by the rows of
+// its neighbours' blocks the window reaches (collective_permutes along the
+// split; the blocks at the ends get zeros, which are the padding), then
+// convolved with no padding along that dimension.
+absl::StatusOr<std::string> LowerConvolution(LocalGraph& g, const Lowering& w, v1::Node local) {
+  const v1::ConvolutionAttrs a = ConvolutionWithDefaults(w.node.convolution());
+  const Specs s = ConvolutionSpecsOf(a);
+  int i = -1;
+  for (size_t j = 0; j + 2 < s.lhs.size() && i < 0; ++j) {
+    if (!DimAxes(w.layout.want[0], s.lhs[j + 2]).empty()) i = int(j);
+  }
+  if (i < 0) return g.Emit(std::move(local));
+  const int64_t d = s.lhs[i + 2];
+  const Axes axes = DimAxes(w.layout.want[0], d);
+  const int64_t k = AxesSize(g.mesh(), axes);
+  const std::string x = local.operands(0);
+  const v1::TensorType xt = g.LocalTypeOf(x);  // a copy: Emit rehashes
+  const int64_t block = xt.dims(d);
+  auto rows = [&](int64_t from, int64_t to) {
+    return g.EmitOp(v1::SLICE, {x}, w.name + ".edge", [&](v1::Node& n) {
+      for (int e = 0; e < xt.dims_size(); ++e) {
+        n.mutable_slice()->add_start(e == d ? from : 0);
+        n.mutable_slice()->add_limit(e == d ? to : xt.dims(e));
+        n.mutable_slice()->add_strides(1);
+      }
+    });
+  };
+  auto halo = [&](int64_t from, int64_t to, int step,
+                  const char* side) -> absl::StatusOr<std::string> {
+    TESSEL_ASSIGN_OR_RETURN(std::string edge, rows(from, to));
+    std::vector<int64_t> pairs;
+    for (int64_t j = 0; j < k; ++j) {
+      if (j + step < 0 || j + step >= k) continue;
+      pairs.push_back(j);
+      pairs.push_back(j + step);
+    }
+    return g.EmitCollective(
+        v1::COLLECTIVE_PERMUTE, edge, w.name + ".halo", axes, 0, 0, v1::REDUCE_INVALID,
+        absl::StrCat("convolution '", w.node.name(), "': dimension ", d, " of lhs split over ",
+                     AxesText(axes), " reads ", to - from, " of the ", side,
+                     " neighbour's positions (a halo exchange)"),
+        pairs);
+  };
+  std::vector<std::string> parts;
+  if (a.padding_low(i) > 0) {
+    TESSEL_ASSIGN_OR_RETURN(std::string low, halo(block - a.padding_low(i), block, 1, "lower"));
+    parts.push_back(low);
+  }
+  parts.push_back(x);
+  if (a.padding_high(i) > 0) {
+    TESSEL_ASSIGN_OR_RETURN(std::string high, halo(0, a.padding_high(i), -1, "upper"));
+    parts.push_back(high);
+  }
+  std::string widened = x;
+  if (parts.size() > 1) {
+    TESSEL_ASSIGN_OR_RETURN(
+        widened, g.EmitOp(v1::CONCATENATE, parts, w.name + ".widened",
+                          [&](v1::Node& n) { n.mutable_concatenate()->set_dimension(d); }));
+  }
+  *local.mutable_convolution() = a;
+  local.mutable_convolution()->set_padding_low(i, 0);
+  local.mutable_convolution()->set_padding_high(i, 0);
+  local.set_operands(0, widened);
+  return g.Emit(std::move(local));
 }
 
 // Per spatial dimension: the input, window and output extents.
@@ -237,6 +344,7 @@ absl::StatusOr<std::string> BatchConvolution(Batching& b, const v1::Node& n) {
 
 void ConvolutionRows(Rows& rows) {
   rows.emplace_back(v1::CONVOLUTION, OpRules{.layout = LayoutConvolution,
+                                             .lower = LowerConvolution,
                                              .vjp = VjpConvolution,
                                              .jvp = BilinearTangent,
                                              .batch = BatchConvolution});

@@ -335,3 +335,40 @@ def test_jvp_of_a_convolution_matches_jax(cluster):
     theirs = jax.jvp(lambda x, k: jlax.conv_general_dilated(x, k, **kw), (x, k), (dx, dk))
     for o, t in zip(ours, theirs):
         np.testing.assert_allclose(o.fetch(), np.asarray(t), rtol=1e-10, atol=1e-12)
+
+
+def test_a_spatial_split_exchanges_halos_instead_of_gathering(cluster):
+    """Images split along their height over the mesh: a stride-1 SAME
+    convolution reads its neighbours' edge rows by collective_permute and
+    keeps the split; its weight gradient is a partial sum of the blocks'
+    (one all_reduce); neither gathers the images. Values are JAX's; a
+    stride-2 convolution, which the exchange does not serve, gathers."""
+    mesh = tessel.Mesh({"data": 2})
+    kw = dict(window_strides=(1, 1), padding="SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    x, k, w = rand(2, 8, 6, 3), rand(3, 3, 3, 4), rand(2, 8, 6, 4)
+    args = (
+        tessel.device_put(x, tessel.NamedSharding(mesh, tessel.P(None, "data"))),
+        tessel.device_put(k, tessel.NamedSharding(mesh, tessel.P())),
+    )
+    f = tessel.jit(lambda x, k: lax.conv_general_dilated(x, k, **kw))
+    out = f(*args)
+    np.testing.assert_allclose(out.fetch(), np.asarray(jlax.conv_general_dilated(x, k, **kw)), rtol=1e-10)
+    assert out.sharding.spec[1] == "data"
+    kinds = [c["op"] for c in f.lower(*args).collectives]
+    assert kinds == ["collective_permute", "collective_permute"], kinds
+    assert all("halo exchange" in c["reason"] for c in f.lower(*args).collectives)
+
+    def loss(np_mod, conv):
+        return lambda x, k: np_mod.sum(np_mod.tanh(conv(x, k, **kw)) * w)
+
+    g = tessel.jit(tessel.grad(loss(tnp, lax.conv_general_dilated), (0, 1)))
+    ours = g(*args)
+    theirs = jax.grad(loss(jnp, jlax.conv_general_dilated), (0, 1))(x, k)
+    for o, t in zip(ours, theirs):
+        np.testing.assert_allclose(o.fetch(), np.asarray(t), rtol=1e-9, atol=1e-11)
+    kinds = [c["op"] for c in g.lower(*args).collectives]
+    assert "all_gather" not in kinds and kinds.count("all_reduce") == 1, kinds
+    s2 = dict(kw, window_strides=(2, 1))
+    h = tessel.jit(lambda x, k: lax.conv_general_dilated(x, k, **s2))
+    np.testing.assert_allclose(h(*args).fetch(), np.asarray(jlax.conv_general_dilated(x, k, **s2)), rtol=1e-10)
+    assert "all_gather" in [c["op"] for c in h.lower(*args).collectives]

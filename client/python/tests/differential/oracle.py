@@ -845,9 +845,12 @@ class OracleLax:
         return x if isinstance(x, Value) else Value(self.ns, np.asarray(x))
 
     def fori_loop(self, lower, upper, body, init):
+        """The index is a Python int, weakly typed as JAX's (and Tessel's)
+        int32 index is: `x * i` keeps x's dtype (a numpy int32 would make a
+        uint64 carry float64)."""
         val = init
         for i in range(lower, upper):
-            val = body(Value(self.ns, np.int32(i)), val)
+            val = body(i, val)
         return val
 
     def while_loop(self, cond, body, init):
