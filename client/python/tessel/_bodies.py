@@ -55,6 +55,18 @@ def _axes(dims, rank, what):
     return out
 
 
+def _same_shape(xs, what):
+    """`xs` as arrays, every one of the first's shape."""
+    xs = [tnp.asarray(x) for x in xs]
+    for k, x in enumerate(xs):
+        if tuple(x.shape) != tuple(xs[0].shape):
+            raise ValueError(
+                f"{what}: operand {k} is {_region.describe(x.shape, x.dtype)}; expected the shape of operand 0, "
+                f"{_region.describe(xs[0].shape, xs[0].dtype)}"
+            )
+    return xs
+
+
 def _trace_body(parent, kind, fn, specs, build_args, what):
     """`fn` traced on scalars of `specs` into a function of `parent`'s
     graph; refuses a function that reads traced values from outside it."""
@@ -86,14 +98,8 @@ def reduce(operands, init_values, computation, dimensions):
         return jit(
             lambda *ls: reduce(unflatten(structure, ls[:n]), unflatten(structure, ls[n:]), computation, dimensions)
         )(*xs, *inits)
-    xs = [tnp.asarray(x) for x in xs]
+    xs = _same_shape(xs, "lax.reduce")
     shape = tuple(xs[0].shape)
-    for k, x in enumerate(xs):
-        if tuple(x.shape) != shape:
-            raise ValueError(
-                f"lax.reduce: operand {k} is {_region.describe(x.shape, x.dtype)}; expected the shape of "
-                f"operand 0, {_region.describe(shape, xs[0].dtype)}"
-            )
     dims = _axes(dimensions, len(shape), "lax.reduce")
     cast = []
     for k, (x, v) in enumerate(zip(xs, inits)):
@@ -148,14 +154,8 @@ def sort_by(operands, dimension, less):
     StableHLO's sort with its comparator; a list of results."""
     if not _region.in_trace(list(operands)):
         return list(jit(lambda *xs: tuple(sort_by(xs, dimension, less)))(*operands))
-    xs = [tnp.asarray(x) for x in operands]
+    xs = _same_shape(operands, "sort")
     shape = tuple(xs[0].shape)
-    for k, x in enumerate(xs):
-        if tuple(x.shape) != shape:
-            raise ValueError(
-                f"sort: operand {k} is {_region.describe(x.shape, x.dtype)}; expected the shape of operand 0, "
-                f"{_region.describe(shape, xs[0].dtype)}"
-            )
     if not shape:
         raise ValueError("sort: operands of rank 0 have no dimension to sort")
     (dim,) = _axes([dimension], len(shape), "sort")
@@ -220,16 +220,10 @@ def sort(operand, dimension=-1, is_stable=True, num_keys=1):
     if not _region.in_trace(ops):
         out = jit(lambda *xs: tuple(sort(list(xs), dimension, True, num_keys)))(*ops)
         return out[0] if single else tuple(out)
-    xs = [tnp.asarray(x) for x in ops]
+    xs = _same_shape(ops, "lax.sort")
     if not xs[0].shape:
         raise ValueError("lax.sort: operands of rank 0 have no dimension to sort")
     (dim,) = _axes([dimension], len(xs[0].shape), "lax.sort")
-    for k, x in enumerate(xs):
-        if tuple(x.shape) != tuple(xs[0].shape):
-            raise ValueError(
-                f"lax.sort: operand {k} is {_region.describe(x.shape, x.dtype)}; expected the shape of operand 0, "
-                f"{_region.describe(xs[0].shape, xs[0].dtype)}"
-            )
     if num_keys == 1:
         out = [_sort_node(xs[0], None if k == 0 else x, dim, False) for k, x in enumerate(xs)]
     else:
