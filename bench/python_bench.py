@@ -61,6 +61,13 @@ py_tanh_2mib, py_gelu_2mib, py_sum_rows_2mib, py_sum_cols_2mib  calls/s
                sum(axis=0) over f32[512,1024], an activation's size,
                pipelined, under tessel.jit against jax.jit on the same CPU;
                best of 3 alternated rounds. Goal >= 1x (XLA's speed).
+py_sort_keys_2mib, py_reduce_body_2mib  calls/s of lax.sort by two keys
+               (int32 keys floor(2x), the f32 values moved) and of
+               lax.reduce with an argmax body over (x, its positions), both
+               along the last axis of f32[512,1024], pipelined, under
+               tessel.jit against jax.jit; best of 3 alternated rounds. No
+               goal: reported (SORT_WITH_COMPARATOR and REDUCE_WITH_BODY
+               run as the elementwise steps they lower to).
 py_cho_solve_2048  calls/s of a Cholesky factorization and the two
                triangular solves after it (f64[2048,2048], 16 right-hand
                sides, the solution fetched) under tessel.jit, against
@@ -531,6 +538,29 @@ def activation(ours_fn, theirs_fn, steps=300, rounds=3, tol=2e-6):
     return steps / t_ours, steps / t_jax
 
 
+def _body_apis():
+    """tessel's and JAX's numpy and lax, side by side."""
+    import jax
+
+    return [(tnp, tessel.lax), (jax.numpy, jax.lax)]
+
+
+def sort_by_two_keys(np_mod, lax):
+    return lambda x: lax.sort((np_mod.floor(x * 2).astype(np.int32), x), dimension=1, num_keys=2)[1]
+
+
+def argmax_by_body(np_mod, lax):
+    def body(p, q):
+        take = p[0] >= q[0]
+        return np_mod.where(take, p[0], q[0]), np_mod.where(take, p[1], q[1])
+
+    def f(x):
+        i = np_mod.broadcast_to(np_mod.arange(x.shape[1], dtype=np.int32), x.shape)
+        return lax.reduce((x, i), (np.float32(-np.inf), np.int32(0)), body, (1,))[1]
+
+    return f
+
+
 def cho_solve(n=2048, k=16, rounds=3, calls=5):
     """Calls/s of a Cholesky factorization plus the two triangular solves
     (f64[n,n], k right-hand sides, the solution fetched) vs SciPy's
@@ -640,6 +670,13 @@ def main():
             rows.append(("py_sum_rows_2mib", "calls/s", ours, base, ">= 1x", ours / base >= 1))
             ours, base = activation(lambda x: x.sum(axis=0), lambda x: x.sum(axis=0), tol=1e-4)
             rows.append(("py_sum_cols_2mib", "calls/s", ours, base, ">= 1x", ours / base >= 1))
+    if not only or only in "py_sort_keys_2mib py_reduce_body_2mib":
+        apis = _body_apis()
+        with tessel.local_cluster(workers=1, devices_per_worker=1):
+            ours, base = activation(*[sort_by_two_keys(m, lax) for m, lax in apis], steps=5, tol=0)
+            rows.append(("py_sort_keys_2mib", "calls/s", ours, base, "-", None))
+            ours, base = activation(*[argmax_by_body(m, lax) for m, lax in apis], steps=100, tol=0)
+            rows.append(("py_reduce_body_2mib", "calls/s", ours, base, "-", None))
     if not only or only in "py_cho_solve_2048":
         with tessel.local_cluster(workers=1, devices_per_worker=1):
             ours, base = cho_solve()

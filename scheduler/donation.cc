@@ -30,9 +30,9 @@ std::string Describe(const v1::Program& p, int k) {
 
 // Empty when result `j` of the loop `n` may be written into the buffer of
 // parameter `prm` (its carry j), else why not.
-template <typename RootOf>
+template <typename RootOf, typename Shares>
 std::string LoopCarryInPlace(const v1::Program& p, const v1::Node& n, int j, const std::string& prm,
-                             const RootOf& root_of) {
+                             const RootOf& root_of, const Shares& shares) {
   const int carries = n.op() == v1::WHILE  ? n.operands_size()
                       : n.op() == v1::SCAN ? n.control().num_carry()
                                            : 0;
@@ -40,7 +40,7 @@ std::string LoopCarryInPlace(const v1::Program& p, const v1::Node& n, int j, con
   if (root_of(n.operands(j)) != prm)
     return absl::StrCat("its carry ", j, " starts from another value");
   for (int i = 0; i < n.operands_size(); ++i) {
-    if (i != j && root_of(n.operands(i)) == prm)
+    if (i != j && shares(n.operands(i)))
       return absl::StrCat("operand ", i, " reads '", prm, "' too");
   }
   for (const v1::Program& f : p.functions()) {
@@ -65,13 +65,21 @@ struct Buffers {
   // A loop's carry result may be its operand's buffer (a loop that runs no
   // iteration, or writes the carry in place): the root it may share.
   absl::flat_hash_map<std::string, std::string> carried;
-  // By instruction: a root read through such a result, with the result's
-  // root and the reading node.
-  std::vector<absl::flat_hash_map<std::string, std::pair<std::string, int>>> carried_reads;
+  // By instruction: for each root read through such results, each result
+  // and its last reading node.
+  std::vector<absl::flat_hash_map<std::string, absl::flat_hash_map<std::string, int>>>
+      carried_reads;
 
   void Read(int k, const std::string& r, int node) {
     reads[k][r] = node;
-    if (auto it = carried.find(r); it != carried.end()) carried_reads[k][it->second] = {r, node};
+    if (auto it = carried.find(r); it != carried.end()) carried_reads[k][it->second][r] = node;
+  }
+  // Whether value `v` is, or may share, the buffer `prm`.
+  bool Shares(const std::string& v, const std::string& prm) const {
+    const std::string r = RootOf(v);
+    if (r == prm) return true;
+    auto it = carried.find(r);
+    return it != carried.end() && it->second == prm;
   }
 
   std::string RootOf(const std::string& v) const {
@@ -136,27 +144,31 @@ std::string WhyNotWrittenInto(const v1::Program& p, const Buffers& b, const std:
   if (w.instruction < 0) return absl::StrCat(out_desc, " is parameter '", buf, "' passed through");
   if (w.literal) return absl::StrCat(out_desc, " is a literal constant");
   // A read through a loop's carry result that may share prm's buffer is a
-  // read of prm, unless that result is the buffer written (the loop's own).
-  auto through = [&](int k) -> const std::pair<std::string, int>* {
+  // read of prm, unless that result is the buffer written (the loop's own):
+  // the last such read of instruction k, and the result read ({-1, ""}: none).
+  auto through = [&](int k) {
+    std::pair<int, std::string> last = {-1, ""};
     auto it = b.carried_reads[k].find(prm);
-    return it == b.carried_reads[k].end() || it->second.first == buf ? nullptr : &it->second;
+    if (it == b.carried_reads[k].end()) return last;
+    for (const auto& [result, node] : it->second) {
+      if (result != buf && node > last.first) last = {node, result};
+    }
+    return last;
   };
   for (int k = w.instruction + 1; k < p.instructions_size(); ++k) {
     if (b.reads[k].contains(prm)) {
       return absl::StrCat(out_desc, " is written by ", Describe(p, w.instruction), " while '", prm,
                           "' is still read by ", Describe(p, k));
     }
-    if (const auto* t = through(k)) {
+    if (const auto [node, result] = through(k); node >= 0) {
       return absl::StrCat(out_desc, " is written by ", Describe(p, w.instruction), " while '",
-                          t->first, "', a loop's carry that may be '", prm,
-                          "''s buffer, is read by ", Describe(p, k));
+                          result, "', a loop's carry that may be '", prm, "''s buffer, is read by ",
+                          Describe(p, k));
     }
   }
-  int read_at = -1;
+  int read_at = through(w.instruction).first;
   if (auto r = b.reads[w.instruction].find(prm); r != b.reads[w.instruction].end()) {
-    read_at = r->second;
-  } else if (const auto* t = through(w.instruction)) {
-    read_at = t->second;
+    read_at = std::max(read_at, r->second);
   }
   if (read_at < 0) return "";
   const v1::Instruction& ins = p.instructions(w.instruction);
@@ -164,7 +176,8 @@ std::string WhyNotWrittenInto(const v1::Program& p, const Buffers& b, const std:
     // A loop updates carry j in place when its body writes parameter j
     // into result j and nothing else of the loop reads the buffer.
     const std::string why_loop = LoopCarryInPlace(
-        p, ins.node(), w.fusion_node, prm, [&](const std::string& v) { return b.RootOf(v); });
+        p, ins.node(), w.fusion_node, prm, [&](const std::string& v) { return b.RootOf(v); },
+        [&](const std::string& v) { return b.Shares(v, prm); });
     if (why_loop.empty()) return "";
     return absl::StrCat(out_desc, " is computed by ", Describe(p, w.instruction), ": ", why_loop);
   }

@@ -11,7 +11,7 @@ traced values. Outside a trace each call runs as a one-off jitted function.
 
 import numpy as np
 
-from tessel import _region
+from tessel import _dtypes, _region
 from tessel import numpy as tnp
 from tessel._jit import jit
 from tessel._trace import current_builder
@@ -24,8 +24,8 @@ from tessel.v1 import ir_pb2
 _MONOIDS = [
     (tnp.add, tnp.sum, lambda v, d: v == 0),
     (tnp.multiply, tnp.prod, lambda v, d: v == 1),
-    (tnp.maximum, tnp.max, lambda v, d: v == (-np.inf if d.kind == "f" else _bounds(d)[0])),
-    (tnp.minimum, tnp.min, lambda v, d: v == (np.inf if d.kind == "f" else _bounds(d)[1])),
+    (tnp.maximum, tnp.max, lambda v, d: v == (-np.inf if _dtypes.is_float(d) else _bounds(d)[0])),
+    (tnp.minimum, tnp.min, lambda v, d: v == (np.inf if _dtypes.is_float(d) else _bounds(d)[1])),
 ]
 
 
@@ -111,7 +111,9 @@ def reduce(operands, init_values, computation, dimensions):
                 f"{_region.describe((), x.dtype)}, operand {k}'s dtype"
             )
         cast.append(tnp.astype(tnp.asarray(v), x.dtype))
-    if len(xs) == 1:
+    # The plain reductions refuse an empty extent (numpy's max does); the
+    # body's lowering gives the init values there, as JAX.
+    if len(xs) == 1 and all(shape[d] > 0 for d in dims):
         value = _concrete(inits[0])
         for fn, reduction, identity in _MONOIDS:
             if computation is fn and value is not None and identity(value, xs[0].dtype):
@@ -133,6 +135,12 @@ def reduce(operands, init_values, computation, dimensions):
             f"lax.reduce: the computation returned a result of structure {out_structure}; the operands are "
             f"{structure}"
         )
+    for x, p, (_, dtype, _) in zip(out, out_paths, specs[:n]):
+        if tuple(x.shape) != () or (x.dtype != dtype and not x.weak):
+            raise TypeError(
+                f"lax.reduce: the computation's result{p} is {_region.describe(x.shape, x.dtype)}; expected "
+                f"{_region.describe((), dtype)}, a scalar of its operand's dtype"
+            )
     out = _region.match(b, out, out_paths, specs[:n], "lax.reduce computation")
     _region.finish(b, out)
 
@@ -190,7 +198,7 @@ def _key_less(num_keys, dtypes):
         p = None
         for k in reversed(range(num_keys)):
             a, b = ab[2 * k], ab[2 * k + 1]
-            floats = np.dtype(dtypes[k]).kind == "f"
+            floats = _dtypes.is_float(dtypes[k])
             lt = _float_less(a, b) if floats else tnp.less(a, b)
             if p is None:
                 p = lt

@@ -51,6 +51,25 @@ def _constant_value(v):
     return np.asarray(_constant(op)) if op is not None and op.name == "stablehlo.constant" else None
 
 
+def _arg_combiner(direction):
+    """JAX's argmax (GT) or argmin (LT) reduce body over (a value, a index,
+    b value, b index), one (op, direction, operands) per op: pick a where its
+    value compares `direction` with b's or is NaN; on equal values, the
+    smaller index."""
+    return [
+        ("compare", direction, ("a0", "a2")),
+        ("compare", "NE", ("a0", "a0")),
+        ("or", None, ("r0", "r1")),
+        ("compare", "EQ", ("a0", "a2")),
+        ("compare", "LT", ("a1", "a3")),
+        ("and", None, ("r3", "r4")),
+        ("or", None, ("r2", "r5")),
+        ("select", None, ("r2", "a0", "a2")),
+        ("select", None, ("r6", "a1", "a3")),
+        ("return", None, ("r7", "r8")),
+    ]
+
+
 def _canonical_key(v, key):
     """`v` is the comparator's argument `key`, or it through JAX's float
     canonicalization: select(x == 0, 0, x) and select(x != x, NaN, x)."""
@@ -590,19 +609,34 @@ class Interpreter:
         return [tnp.astype(o, dtype_of(r.type)) for o, r in zip(out, op.results)]
 
     def arg_reduce(self, op, args):
-        """jnp.argmax and argmin: a reduce of (values, iota) whose body
-        compares the values (GT for argmax, LT for argmin); None for any
-        other pair."""
-        directions = {
-            stablehlo.ComparisonDirectionAttr(o.attributes["comparison_direction"]).value
-            for o in op.regions[0].blocks[0].operations
-            if o.operation.name == "stablehlo.compare"
-        }
+        """jnp.argmax and argmin: a reduce of (values, iota) over one
+        dimension whose body is exactly JAX's combiner (_ARG_COMBINER: the
+        first pair where its values compare GT, for argmax, or LT, or are
+        NaN; on equal values the smaller index). None for any other body,
+        which REDUCE_WITH_BODY applies as it is."""
+        block = op.regions[0].blocks[0]
         dims = _ints(op.attributes["dimensions"])
         producer = op.operands[1].owner
-        is_iota = getattr(producer, "name", "") == "stablehlo.iota"
-        kind = "max" if "GT" in directions else "min" if "LT" in directions else None
-        if kind is None or len(dims) != 1 or not is_iota:
+        if len(dims) != 1 or getattr(producer, "name", "") != "stablehlo.iota":
+            return None
+        if ir.IntegerAttr(producer.attributes["iota_dimension"]).value != dims[0]:
+            return None
+        named = [(v, f"a{k}") for k, v in enumerate(block.arguments)]
+        body = []
+        for k, o in enumerate(block.operations):
+            ids = []
+            for v in o.operands:
+                found = [n for w, n in named if w == v]
+                if not found:
+                    return None
+                ids.append(found[0])
+            direction = None
+            if o.operation.name == "stablehlo.compare":
+                direction = stablehlo.ComparisonDirectionAttr(o.attributes["comparison_direction"]).value
+            body.append((o.operation.name.removeprefix("stablehlo."), direction, tuple(ids)))
+            named += [(r, f"r{k}") for r in o.results]
+        kind = {"GT": "max", "LT": "min"}.get(body[0][1] if body else None)
+        if kind is None or body != _arg_combiner(body[0][1]):
             return None
         x = args[0]
         index = (tnp.argmax if kind == "max" else tnp.argmin)(x, axis=dims[0])

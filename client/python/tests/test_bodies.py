@@ -214,3 +214,40 @@ def test_bodies_inside_a_loop_and_a_shard_map(cluster):
         )
     )
     np.testing.assert_array_equal(f(y, idx).fetch(), np.argmax(y, axis=1))
+
+
+def test_jax_argmax_is_the_ir_argmax_and_other_pair_bodies_run_as_written(cluster):
+    """tessel.jax reads JAX's argmax combiner as the IR's argmax; a body of
+    the same ops that breaks ties toward the larger index is applied as
+    written (REDUCE_WITH_BODY), not taken for an argmax."""
+    tjax = pytest.importorskip("tessel.jax")
+    x = RNG.integers(0, 3, size=(5, 7)).astype(np.float32)
+    f = tjax.jit(lambda x: jnp.argmax(x, axis=1))
+    np.testing.assert_array_equal(f(x).fetch(), np.argmax(x, axis=1))
+    assert "argmax" in f.lower(x).as_text()
+
+    def last_min(x):
+        i = jlax.broadcasted_iota(np.int32, x.shape, 1)
+
+        def body(a, b):
+            take = (a[0] < b[0]) | ((a[0] == b[0]) & (a[1] > b[1]))
+            return jnp.where(take, a[0], b[0]), jnp.where(take, a[1], b[1])
+
+        return jlax.reduce((x, i), (np.float32(np.inf), np.int32(0)), body, (1,))[1]
+
+    np.testing.assert_array_equal(tjax.jit(last_min)(x).fetch(), np.asarray(jax.jit(last_min)(x)))
+
+
+def test_empty_extents_and_bfloat16_keys(cluster):
+    """lax.max with -inf over an empty extent gives the init value, as in
+    JAX; bfloat16 keys sort NaN last."""
+    empty = np.zeros((2, 0), np.float32)
+    got = tessel.jit(lambda x: lax.reduce(x, -np.inf, lax.max, (1,)))(empty).fetch()
+    np.testing.assert_array_equal(got, np.asarray(jlax.reduce(empty, -np.inf, jlax.max, (1,))))
+    bf16 = jnp.bfloat16
+    k = np.array([[2.0, np.nan, 1.0, 2.0, -1.0]], dtype=bf16)
+    v = np.arange(5, dtype=np.int32).reshape(1, 5)
+    got = tessel.jit(lambda k, v: lax.sort((k, v), dimension=1, num_keys=2))(k, v)
+    want = jlax.sort((k, v), dimension=1, num_keys=2)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g.fetch(), np.float32), np.asarray(w, np.float32))

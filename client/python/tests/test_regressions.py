@@ -347,3 +347,16 @@ def test_a_donated_parameter_is_not_written_by_an_op_reading_it_through_a_loop(c
 
         g = tessel.jit(f, donate_argnums=0)
         np.testing.assert_array_equal(g(tessel.device_put(a)).fetch(), np.flip(a + np.uint64(trips)))
+    # An output written into the parameter by a fusion that also reads the
+    # loop's result (which is the parameter's buffer) after writing.
+    b = np.arange(6, dtype=np.float32)
+    for first in (True, False):
+
+        def g(a):
+            k = tessel.lax.fori_loop(0, 0, lambda i, k: k * 3, a)
+            return (a + 1, k * 2) if first else (k * 2, a + 1)
+
+        outs = tessel.jit(g, donate_argnums=0)(tessel.device_put(b))
+        want = (b + 1, b * 2) if first else (b * 2, b + 1)
+        for o, w in zip(outs, want):
+            np.testing.assert_array_equal(o.fetch(), w)
