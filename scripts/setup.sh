@@ -22,8 +22,8 @@ fi
 # Python: a virtual environment, .venv (Debian's own Python refuses pip
 # installs into it, PEP 668). numpy, grpcio and protobuf for the SDK;
 # scikit-build-core builds its wheel; pytest runs the suites; hypothesis and jax
-# (on CPU) are test oracles for the differential harness; flax and optax are
-# the models and optimizers tessel.jax is tried on; zarr, tensorstore and
+# (on CPU) are test oracles for the differential harness; flax, equinox and
+# optax are the models and optimizers tessel.jax is tried on; zarr, tensorstore and
 # orbax-checkpoint read Tessel's checkpoints in the tests; kubernetes-validate
 # checks the deploy manifests; ruff (pinned: its format is the check's) lints
 # and formats the Python.
@@ -31,10 +31,10 @@ VENV=${TESSEL_VENV:-$PWD/.venv}
 PY=$VENV/bin/python
 [ -x "$PY" ] || python3 -m venv "$VENV"
 RUFF=0.8.4
-if ! "$PY" -c "import numpy, grpc, google.protobuf, pytest, ml_dtypes, hypothesis, jax, flax, optax, zarr, tensorstore, orbax.checkpoint, flatbuffers, kubernetes_validate, scikit_build_core" >/dev/null 2>&1 ||
+if ! "$PY" -c "import numpy, grpc, google.protobuf, pytest, ml_dtypes, hypothesis, jax, flax, equinox, optax, zarr, tensorstore, orbax.checkpoint, flatbuffers, kubernetes_validate, scikit_build_core" >/dev/null 2>&1 ||
    [ "$("$VENV/bin/ruff" --version 2>/dev/null)" != "ruff $RUFF" ]; then
-  echo "setup: installing numpy grpcio protobuf ml_dtypes pytest hypothesis jax flax optax zarr tensorstore orbax-checkpoint flatbuffers kubernetes-validate scikit-build-core ruff into $VENV"
-  "$PY" -m pip install -q --disable-pip-version-check numpy grpcio protobuf ml_dtypes pytest hypothesis jax flax optax zarr tensorstore orbax-checkpoint flatbuffers \
+  echo "setup: installing numpy grpcio protobuf ml_dtypes pytest hypothesis jax flax equinox optax zarr tensorstore orbax-checkpoint flatbuffers kubernetes-validate scikit-build-core ruff into $VENV"
+  "$PY" -m pip install -q --disable-pip-version-check numpy grpcio protobuf ml_dtypes pytest hypothesis jax flax equinox optax zarr tensorstore orbax-checkpoint flatbuffers \
     kubernetes-validate scikit-build-core "ruff==$RUFF"
 fi
 # The SDK from this tree, importable in that environment (its stubs are

@@ -15,6 +15,8 @@ values) lowers once; later calls reuse the compiled program.
 """
 
 import contextlib
+import functools
+import inspect
 import os
 
 import jax
@@ -24,11 +26,12 @@ from jax._src.interpreters import mlir as jax_mlir
 from jaxlib.mlir import ir
 
 from tessel import _stablehlo
+from tessel._array import Array
 from tessel import numpy as tnp
 from tessel._jit import jit as _tessel_jit
 from tessel._sharding import Mesh, NamedSharding, P
 
-__all__ = ["jit", "load"]
+__all__ = ["filter_jit", "jit", "load"]
 
 
 def _abstract(x):
@@ -129,13 +132,22 @@ def _program(module, name, donated, context=None, in_shardings=None, out_shardin
 class Jitted:
     """A JAX function compiled for the cluster, per signature."""
 
-    def __init__(self, fun, static_argnums, static_argnames, donate_argnums, in_shardings=None, out_shardings=None):
+    def __init__(
+        self,
+        fun,
+        static_argnums,
+        static_argnames,
+        donate_argnums,
+        donate_argnames=(),
+        in_shardings=None,
+        out_shardings=None,
+    ):
         self._fun = fun
         self._in_shardings, self._out_shardings = in_shardings, out_shardings
         self._static = set(static_argnums)
         self._jax = jax.jit(fun, static_argnums=static_argnums, static_argnames=static_argnames, keep_unused=True)
         self._static_names = set(static_argnames)
-        self._donate = set(donate_argnums)
+        self._donate, self._donate_names = _donated_arguments(fun, donate_argnums, donate_argnames)
         self._programs = {}
         self.__name__ = getattr(fun, "__name__", "jax_function")
 
@@ -180,14 +192,17 @@ class Jitted:
         return program
 
     def _donated_leaves(self, args, kwargs):
-        if not self._donate:
+        """The flat parameters of the donated arguments: positional ones by
+        number, keyword ones by name (their leaves follow the positional
+        ones', in the keys' order, as tree_util flattens a dict)."""
+        if not self._donate and not self._donate_names:
             return ()
         out, k = [], 0
-        for i, a in enumerate(args):
-            if i in self._static:
-                continue
+        named = [(i, a) for i, a in enumerate(args) if i not in self._static]
+        named += [(name, kwargs[name]) for name in sorted(kwargs) if name not in self._static_names]
+        for which, a in named:
             n = len(jax.tree_util.tree_leaves(a))
-            if i in self._donate:
+            if which in self._donate or which in self._donate_names:
                 out.extend(range(k, k + n))
             k += n
         return tuple(out)
@@ -220,7 +235,37 @@ class Jitted:
         return [] if last is None else last.donation_receipts()
 
 
-def jit(fun, *, in_shardings=None, out_shardings=None, static_argnums=(), static_argnames=(), donate_argnums=()):
+def _donated_arguments(fun, donate_argnums, donate_argnames):
+    """The donated arguments' numbers and names, each completed from the
+    other through `fun`'s signature, as jax.jit resolves them: a parameter
+    donated by name is donated when passed by position, and the reverse."""
+    numbers = {donate_argnums} if isinstance(donate_argnums, int) else set(donate_argnums)
+    names = {donate_argnames} if isinstance(donate_argnames, str) else set(donate_argnames)
+    try:
+        parameters = list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):
+        return numbers, names
+    positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    known = {p.name for p in parameters if p.kind != p.VAR_POSITIONAL}
+    for name in names:
+        if name not in known and not any(p.kind == p.VAR_KEYWORD for p in parameters):
+            raise ValueError(f"tessel.jax.jit: donate_argnames names {name!r}, which is not a parameter of {fun}")
+        if name in positional:
+            numbers.add(positional.index(name))
+    names |= {positional[i] for i in numbers if i < len(positional)}
+    return numbers, names
+
+
+def jit(
+    fun,
+    *,
+    in_shardings=None,
+    out_shardings=None,
+    static_argnums=(),
+    static_argnames=(),
+    donate_argnums=(),
+    donate_argnames=(),
+):
     """jax.jit's front, Tessel's back: `fun` is written against jax,
     jax.numpy, jax.nn and jax.lax; it runs on the cluster. `in_shardings`
     and `out_shardings` are NamedShardings, Tessel's or JAX's (or None: an
@@ -230,11 +275,94 @@ def jit(fun, *, in_shardings=None, out_shardings=None, static_argnums=(), static
     Tessel mesh of the same axis names and sizes, JAX's device i as the
     cluster's device i; with_sharding_constraint inside `fun`, with a JAX
     NamedSharding or a bare PartitionSpec (the arguments' mesh), constrains
-    Tessel's plan."""
+    Tessel's plan. `donate_argnums` and `donate_argnames` donate whole
+    arguments (every leaf), by position or by name, as jax.jit's."""
     static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
     names = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
-    donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
-    return Jitted(fun, static, names, donate, _shardings_from_jax(in_shardings), _shardings_from_jax(out_shardings))
+    return Jitted(
+        fun,
+        static,
+        names,
+        donate_argnums,
+        donate_argnames,
+        _shardings_from_jax(in_shardings),
+        _shardings_from_jax(out_shardings),
+    )
+
+
+def _is_array(x):
+    """What Equinox traces: JAX and numpy arrays (and numpy scalars), and
+    Tessel's arrays; everything else is held static."""
+    return isinstance(x, (np.ndarray, np.generic, jax.Array, Array))
+
+
+class _Static:
+    """The static part of a filter_jit call: the pytree structure and its
+    non-array leaves (None where an array goes), hashable as jax.jit's
+    static arguments must be."""
+
+    def __init__(self, treedef, leaves):
+        self.treedef, self.leaves = treedef, tuple(leaves)
+
+    def __hash__(self):
+        return hash((self.treedef, self.leaves))
+
+    def __eq__(self, other):
+        return isinstance(other, _Static) and (self.treedef, self.leaves) == (other.treedef, other.leaves)
+
+    def fill(self, arrays):
+        arrays = iter(arrays)
+        return jax.tree_util.tree_unflatten(self.treedef, [next(arrays) if s is None else s for s in self.leaves])
+
+
+def _partition(tree):
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return [x for x in leaves if _is_array(x)], _Static(treedef, [None if _is_array(x) else x for x in leaves])
+
+
+_FILTER_DONATE = {"none": (), "warn": (0, 1), "all": (0, 1), "all-except-first": (1,), "warn-except-first": (1,)}
+
+
+def filter_jit(fun, *, donate="none"):
+    """equinox.filter_jit's front, Tessel's back: every array leaf of the
+    arguments (JAX's, numpy's or Tessel's) is traced and every other leaf
+    (a Python number, a function, an eqx.Module's static field) is held
+    static, so an Equinox model is passed and returned whole. Results keep
+    their non-array leaves too. `donate` is Equinox's: "all",
+    "all-except-first" (the first argument's arrays are kept), or "none";
+    the "warn" forms donate as their plain ones."""
+    if donate not in _FILTER_DONATE:
+        raise ValueError(f"tessel.jax.filter_jit: donate={donate!r}; expected one of {sorted(_FILTER_DONATE)}")
+    results = {}  # (static part, argument types) -> the static part of the results
+
+    def inner(first, rest, static):
+        args, kwargs = static.fill(list(first) + list(rest))
+        out = fun(*args, **kwargs)
+        arrays, out_static = _partition(out)
+        # by shapes: JAX may have canonicalized a dtype (float64 to float32)
+        results[(static, tuple(tuple(x.shape) for x in list(first) + list(rest)))] = out_static
+        return arrays
+
+    inner.__name__ = getattr(fun, "__name__", "jax_function")
+    jitted = jit(inner, static_argnums=2, donate_argnums=_FILTER_DONATE[donate])
+
+    @functools.wraps(fun)
+    def call(*args, **kwargs):
+        first, rest, static = _filter_arguments(args, kwargs)
+        outs = jitted(first, rest, static)
+        return results[(static, tuple(tuple(x.shape) for x in first + rest))].fill(outs)
+
+    call.donation_receipts = jitted.donation_receipts
+    call.lower = lambda *args, **kwargs: jitted.lower(*_filter_arguments(args, kwargs))
+    return call
+
+
+def _filter_arguments(args, kwargs):
+    """filter_jit's three arguments: the first argument's arrays, the other
+    arrays, and the static rest."""
+    arrays, static = _partition((args, kwargs))
+    n_first = len(_partition(args[0])[0]) if args else 0
+    return arrays[:n_first], arrays[n_first:], static
 
 
 class Loaded:
@@ -246,14 +374,18 @@ class Loaded:
         context = jax_mlir.make_ir_context()
         with context:
             module = ir.Module.parse(exported.mlir_module())
-        donated = []
+            donors = _exported_donors(module)
+        # The leaves @main takes: JAX drops the arguments the function never
+        # reads from the module (module_kept_var_idx names the rest).
+        self._kept = list(exported.module_kept_var_idx)
+        donated = {leaf for leaf, donor in zip(self._kept, donors) if donor}
         k = 0
         for i, a in enumerate(exported.in_tree.children()[0].children() if exported.in_tree.children() else []):
-            n = a.num_leaves
             if i in set(donate_argnums):
-                donated.extend(range(k, k + n))
-            k += n
-        self._run, self._n = _program(module, self.__name__, tuple(donated), context)
+                donated |= set(range(k, k + a.num_leaves))
+            k += a.num_leaves
+        params = tuple(j for j, leaf in enumerate(self._kept) if leaf in donated)
+        self._run, self._n = _program(module, self.__name__, params, context)
 
     def __call__(self, *args, **kwargs):
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
@@ -271,14 +403,36 @@ class Loaded:
                     f"it was exported for {np.dtype(aval.dtype).name}{list(aval.shape)}"
                 )
         leaves = [np.asarray(x) if isinstance(x, (bool, int, float)) else x for x in leaves]
-        return jax.tree_util.tree_unflatten(e.out_tree, list(self._run(*leaves)))
+        return jax.tree_util.tree_unflatten(e.out_tree, list(self._run(*(leaves[i] for i in self._kept))))
+
+    def donation_receipts(self):
+        """For the last call: per donated parameter, whether its buffer was
+        reused and for which output, as tessel.jit's."""
+        return self._run.donation_receipts()
+
+
+def _exported_donors(module):
+    """Per parameter of @main: whether JAX exported it donated (an argument
+    of jax.jit's donate_argnums marked tf.aliasing_output, or
+    jax.buffer_donor where no output has its type)."""
+    for op in module.body.operations:
+        if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == "main":
+            if "arg_attrs" not in op.attributes:
+                return []
+            return [
+                any(k in ir.DictAttr(d) for k in ("tf.aliasing_output", "jax.buffer_donor"))
+                for d in op.attributes["arg_attrs"]
+            ]
+    return []
 
 
 def load(exported, *, donate_argnums=()):
     """tessel.jax.load: a program exported with jax.export (an Exported,
     its serialized bytes, or a file of them) as a callable on the cluster:
     its Python source is not needed. Arguments must have the shapes and
-    dtypes it was exported for."""
+    dtypes it was exported for. The arguments it was exported donating
+    (jax.jit's donate_argnums) are donated, and `donate_argnums` adds
+    others."""
     if isinstance(exported, (str, os.PathLike)):
         with open(exported, "rb") as f:
             exported = f.read()

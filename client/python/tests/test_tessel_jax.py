@@ -329,6 +329,68 @@ def test_an_exported_program_runs_from_its_file_without_its_source(cluster, tmp_
         run(w, np.ones((8, 3)))
 
 
+def test_an_exported_program_donates_what_it_was_exported_donating(cluster):
+    """An Exported of a jax.jit with donate_argnums keeps the donation
+    (tf.aliasing_output on @main's parameter): loaded, that argument's
+    buffer is reused and the array is gone; an argument the function never
+    reads (dropped from the module by JAX) is skipped, not shifted onto
+    the next parameter."""
+    pytest.importorskip("flatbuffers")
+    from jax import export
+
+    def step(state, unused, x):
+        return state + x, jnp.sum(x)
+
+    avals = [jax.ShapeDtypeStruct((4,), jnp.float64)] * 3
+    exported = export.export(jax.jit(step, donate_argnums=0))(*avals)
+    assert list(exported.module_kept_var_idx) == [0, 2]
+    run = tjax.load(exported.serialize())
+    s, x = tessel.device_put(np.arange(4.0)), np.full(4, 2.0)
+    new, total = run(s, np.zeros(4), x)
+    np.testing.assert_array_equal(new.fetch(), np.arange(4.0) + 2)
+    assert float(total.fetch()) == 8.0
+    receipts = run.donation_receipts()
+    assert [r["reused"] for r in receipts] == [True] and receipts[0]["output"] == 0, receipts
+    assert s.is_deleted()
+    # Exported without donation: nothing is donated unless asked for.
+    plain = tjax.load(export.export(jax.jit(step))(*avals).serialize())
+    s = tessel.device_put(np.arange(4.0))
+    plain(s, np.zeros(4), x)
+    assert not s.is_deleted() and plain.donation_receipts() == []
+    asked = tjax.load(export.export(jax.jit(step))(*avals).serialize(), donate_argnums=0)
+    asked(s, np.zeros(4), x)
+    assert s.is_deleted()
+
+
+def test_donate_argnames_donates_by_name_however_the_argument_is_passed(cluster):
+    """jax.jit's donate_argnames: the named argument is donated whether it
+    is passed by keyword or by position (and donate_argnums by keyword),
+    each leaf of it; a name that is no parameter is an error naming it."""
+
+    def step(params, x):
+        return jax.tree_util.tree_map(lambda p: p - 0.5 * x, params)
+
+    def fresh():
+        return {"a": tessel.device_put(np.ones(3)), "b": tessel.device_put(np.full(3, 2.0))}
+
+    for jitted, call in [
+        (tjax.jit(step, donate_argnames="params"), lambda f, p: f(params=p, x=np.ones(3))),
+        (tjax.jit(step, donate_argnames="params"), lambda f, p: f(p, np.ones(3))),
+        (tjax.jit(step, donate_argnums=0), lambda f, p: f(params=p, x=np.ones(3))),
+    ]:
+        p = fresh()
+        out = call(jitted, p)
+        np.testing.assert_array_equal(out["a"].fetch(), np.full(3, 0.5))
+        np.testing.assert_array_equal(out["b"].fetch(), np.full(3, 1.5))
+        assert p["a"].is_deleted() and p["b"].is_deleted()
+        assert all(r["reused"] for r in jitted.donation_receipts())
+    p = fresh()
+    tjax.jit(step, donate_argnames="x")(p, np.ones(3))
+    assert not p["a"].is_deleted()
+    with pytest.raises(ValueError, match="donate_argnames names 'state', which is not a parameter"):
+        tjax.jit(step, donate_argnames="state")
+
+
 def test_jax_random_inside_the_function_draws_jaxs_numbers(cluster):
     """Threefry's unsigned shifts, the bits of a uniform decoded as a float
     (bitcast_convert), and erf_inv for normals (Giles' polynomial, as XLA
