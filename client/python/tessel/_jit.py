@@ -17,6 +17,7 @@ from tessel._session import guard_proto
 from tessel._sharding import NamedSharding, P, to_placement
 from tessel._trace import current_builder, placement_requests, Builder, Tracer
 from tessel._tree import LEAF, flatten, structure_of, unflatten
+from tessel.tree_util import prefix_per_leaf
 from tessel.v1 import ir_pb2, session_pb2
 
 _DTYPE_NAMES = {}  # np.dtype -> its name (numpy computes the name on every read)
@@ -37,6 +38,16 @@ def _leaf_signature(x):
         return (tuple(int(d) for d in x.shape), np.dtype(x.dtype).name, False)
     a = np.asarray(x)
     return (a.shape, a.dtype.name, False)
+
+
+def _is_spec(s):
+    """A leaf of in_shardings or out_shardings: a sharding, a spec, or None."""
+    return s is None or isinstance(s, (NamedSharding, P))
+
+
+def _meshes(what, shardings):
+    """(what, mesh) for each NamedSharding in a pytree of shardings."""
+    return [(what, s.mesh) for s in flatten(shardings, is_leaf=_is_spec)[0] if isinstance(s, NamedSharding)]
 
 
 def _describe(sig):
@@ -106,6 +117,7 @@ class Jitted:
             leaves += ls
             paths += ps
             structures.append((i, st))
+        self._arg_structure = ("tuple", tuple(st for _, st in structures))
         sig = tuple(_leaf_signature(x) for x in leaves)
         layouts = tuple(
             x.sharding if isinstance(x, Array) and x._placement.WhichOneof("kind") == "sharded" else None
@@ -117,14 +129,8 @@ class Jitted:
     def _layout(self, leaves):
         """The mesh and each parameter's spec, when this call is partitioned:
         from in_shardings/out_shardings, else from sharded array arguments."""
-        given = self._in_shardings
-
-        def as_list(v):
-            return list(v) if isinstance(v, (list, tuple)) and not isinstance(v, P) else [v]
-
         wants = [("mesh=", self._mesh)] if self._mesh is not None else []
-        wants += [("in_shardings", s.mesh) for s in as_list(given) if isinstance(s, NamedSharding)]
-        wants += [("out_shardings", s.mesh) for s in as_list(self._out_shardings) if isinstance(s, NamedSharding)]
+        wants += _meshes("in_shardings", self._in_shardings) + _meshes("out_shardings", self._out_shardings)
         wants += [
             (
                 f"argument {arg} '{self._params[arg] if arg < len(self._params) else f'arg{arg}'}' "
@@ -139,15 +145,18 @@ class Jitted:
         if mesh is None:
             return None, None
         specs = []
-        for x, arg in zip(leaves, self._leaf_args):
-            s = given
-            if isinstance(given, (list, tuple)) and not isinstance(given, P):
-                s = given[arg] if arg < len(given) else None
+        for x, s in zip(leaves, self._in_per_leaf()):
             if s is None and isinstance(x, Array) and x._placement.WhichOneof("kind") == "sharded":
                 s = x.sharding
             spec = s.spec if isinstance(s, NamedSharding) else s if isinstance(s, P) else P()
             specs.append(spec)
         return mesh, specs
+
+    def _in_per_leaf(self):
+        """in_shardings, one per argument leaf: a sharding for everything, or
+        a pytree prefix of the (non-static) arguments, as JAX takes it."""
+        name = getattr(self.fn, "__name__", "f")
+        return prefix_per_leaf(self._in_shardings, self._arg_structure, _is_spec, f"jit of {name}: in_shardings")
 
     def _one_mesh(self, wants):
         """The one mesh every placement request names, or None when none
@@ -184,16 +193,16 @@ class Jitted:
             )
         return first[1]
 
-    def _out_specs(self, n):
+    def _out_specs(self, structure):
+        """out_shardings, one spec per output leaf of `structure`: a
+        sharding for everything, or a pytree prefix of the results (one
+        result in a 1-tuple too)."""
         outs = self._out_shardings
-        if isinstance(outs, (list, tuple)) and not isinstance(outs, P):
-            if len(outs) != n:
-                raise ValueError(f"{self.fn.__name__}: {n} outputs, {len(outs)} out_shardings")
-            items = outs
-        else:
-            items = [outs] * n
+        if structure is LEAF and isinstance(outs, (list, tuple)) and not isinstance(outs, P) and len(outs) == 1:
+            outs = outs[0]
+        name = getattr(self.fn, "__name__", "f")
         specs = []
-        for s in items:
+        for s in prefix_per_leaf(outs, structure, _is_spec, f"jit of {name}: out_shardings"):
             if s is None:
                 specs.append(ir_pb2.Sharding(unspecified=True))
             else:
@@ -280,7 +289,7 @@ class Jitted:
                         donated,
                         mesh=mesh.proto(),
                         in_shardings=[s.proto() for s in specs],
-                        out_shardings=self._out_specs(len(out_tracers)),
+                        out_shardings=self._out_specs(structure),
                     )
             except errors.RecompileError as e:
                 raise errors.RecompileError(f"{self.fn.__name__}: {why}. {e}", e.code) from None
@@ -290,7 +299,7 @@ class Jitted:
             if exe.HasField("mesh"):
                 # An output reports the sharding out_shardings asked for, as
                 # written (as jax's do); else the one the coordinator chose.
-                asked = self._out_specs(len(out_tracers))
+                asked = self._out_specs(structure)
                 placements = [
                     session_pb2.Placement(
                         sharded=session_pb2.MeshSharding(mesh=exe.mesh, sharding=s if a.unspecified else a)
@@ -332,23 +341,17 @@ class Jitted:
             paths += ps
             structures.append(st)
             self._leaf_args += [i] * len(ls)
+        self._arg_structure = ("tuple", tuple(structures))
         wants = [("mesh=", self._mesh)] if self._mesh is not None else []
-        wants += [
-            (w, s.mesh)
-            for w, v in (("in_shardings", self._in_shardings), ("out_shardings", self._out_shardings))
-            for s in (list(v) if isinstance(v, (list, tuple)) and not isinstance(v, P) else [v])
-            if isinstance(s, NamedSharding)
-        ]
+        wants += _meshes("in_shardings", self._in_shardings) + _meshes("out_shardings", self._out_shardings)
         mesh = self._one_mesh(wants)
         if mesh is None:
             # A jit that names no devices is inlined into its caller, as JAX
             # inlines a nested jit: it runs where the caller runs.
             return self.fn(*args)
-        given = self._in_shardings
-        specs = []
-        for arg in self._leaf_args:
-            s = given[arg] if isinstance(given, (list, tuple)) and not isinstance(given, P) else given
-            specs.append(s.spec if isinstance(s, NamedSharding) else s if isinstance(s, P) else P())
+        specs = [
+            s.spec if isinstance(s, NamedSharding) else s if isinstance(s, P) else P() for s in self._in_per_leaf()
+        ]
         outer = current_builder()
         operands = [x if isinstance(x, Tracer) else tnp.asarray_in_trace(x) for x in leaves]
         body = Builder(name, root=outer)
@@ -368,7 +371,7 @@ class Jitted:
                 raise ValueError(
                     f"jit of {name}: incompatible placements: it runs on {mesh!r}, but {what} inside " f"it is on {m!r}"
                 )
-        out_specs = self._out_specs(len(outs))
+        out_specs = self._out_specs(out_structure)
 
         def attrs(n):
             r = n.mesh_region
@@ -605,10 +608,12 @@ def jit(
     scalars: an implicit host->device transfer). Results are tessel.Arrays.
 
     Partitioned over a mesh when an argument is a sharded Array or the
-    shardings name a NamedSharding: `in_shardings` (one for all, or one per
-    argument; default: each sharded argument's own layout, else replicated)
-    and `out_shardings` (one for all, or one per output; default: what
-    propagation gives, completed). `mesh` runs it on that mesh (arguments
+    shardings name a NamedSharding: `in_shardings` (one for all, or a
+    pytree prefix of the non-static arguments, as JAX's: a dict of one per
+    parameter leaf, None for an argument's own layout; default: each sharded
+    argument's own layout, else replicated) and `out_shardings` (one for
+    all, or a pytree prefix of the results; default: what propagation
+    gives, completed). A prefix that does not fit is an error naming where. `mesh` runs it on that mesh (arguments
     with no sharding given are replicated over it).
 
     Called inside another jitted function, a function placed on a mesh

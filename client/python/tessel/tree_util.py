@@ -124,20 +124,50 @@ def _subtrees_at_leaves(key, other):
     return out
 
 
-def _child_values(x, key):
-    """The children of `x`, a container of `key`'s kind."""
+def _child_values(x, key, what="tree_map", sequences=False):
+    """The children of `x`, a container of `key`'s kind (with `sequences`,
+    a list and a tuple stand for each other)."""
     kind = key[0]
     if kind in ("dict", "odict"):
         if not isinstance(x, dict) or sorted(x) != sorted(key[1]):
-            raise ValueError(f"tree_map: expected a dict with keys {list(key[1])}, got {_name(x)}")
+            raise ValueError(f"{what}: expected a dict with keys {list(key[1])}, got {_name(x)}")
         return [x[k] for k in key[1]]
     if kind in ("namedtuple", "node"):
         if type(x) is not key[1]:
-            raise ValueError(f"tree_map: expected a {key[1].__name__}, got {_name(x)}")
+            raise ValueError(f"{what}: expected a {key[1].__name__}, got {_name(x)}")
         return list(x) if kind == "namedtuple" else list(_NODES[type(x)][0](x)[0])
+    if sequences and kind in ("tuple", "list") and type(x) in (tuple, list):
+        return list(x)
     if type(x).__name__ != kind:
-        raise ValueError(f"tree_map: expected a {kind}, got {_name(x)}")
+        raise ValueError(f"{what}: expected a {kind}, got {_name(x)}")
     return list(x)
+
+
+def prefix_per_leaf(prefix, key, is_leaf, what, path=""):
+    """One value of tree `prefix` per leaf of structure `key`: where
+    `prefix` holds a leaf (is_leaf), it stands for every leaf of the
+    subtree it matches, as JAX reads in_shardings against the arguments.
+    A list and a tuple stand for each other. A structure that does not fit
+    is a ValueError naming its path and both sides."""
+    if is_leaf(prefix):
+        return [prefix] * num_leaves(key)
+    where = path or "the top"
+    if key[0] == "leaf":
+        raise ValueError(f"{what}: at {where} the tree has one leaf, but got a {_name(prefix)}")
+    expected = children_of(key)
+    values = _child_values(prefix, key, f"{what}: at {where}", sequences=True)
+    if len(values) != len(expected):
+        raise ValueError(
+            f"{what}: at {where} a {_name(prefix)} of {len(values)} entries for {len(expected)} children "
+            f"({describe(key)})"
+        )
+    if key[0] in ("dict", "odict"):
+        names = [f"[{k!r}]" for k in key[1]]
+    elif key[0] == "namedtuple":
+        names = [f".{n}" for n in key[1]._fields]
+    else:
+        names = [f"[{i}]" for i in range(len(expected))]
+    return [v for c, x, n in zip(expected, values, names) for v in prefix_per_leaf(x, c, is_leaf, what, path + n)]
 
 
 def _name(x):

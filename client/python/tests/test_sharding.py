@@ -334,3 +334,44 @@ def test_a_data_parallel_gradient_crosses_the_mesh_in_one_all_reduce(session):
     np.testing.assert_allclose(value.fetch(), np.mean(err**2), rtol=1e-10)
     for g, w in zip(grads, want):
         np.testing.assert_allclose(g.fetch(), w, rtol=1e-9, atol=1e-12)
+
+
+def test_in_and_out_shardings_are_pytree_prefixes_as_jax_takes_them(session):
+    """One NamedSharding per parameter leaf (the JAX idiom for model
+    parallelism), None for "as the argument is", and out_shardings as a
+    dict over a dict result: each honoured, and the result equals numpy's.
+    A prefix that does not fit, such as a flat per-leaf list, is an error
+    naming where it stops fitting."""
+    mesh = Mesh([("data", 2), ("model", 2)])
+    rng = np.random.default_rng(3)
+    params = {"w": rng.normal(size=(4, 8)).astype(np.float32), "b": rng.normal(size=8).astype(np.float32)}
+    x = rng.normal(size=(6, 4)).astype(np.float32)
+
+    def layer(p, x):
+        return {"y": tnp.tanh(x @ p["w"] + p["b"]), "norm": (p["w"] * p["w"]).sum()}
+
+    by_leaf = {"w": NamedSharding(mesh, P(None, "model")), "b": NamedSharding(mesh, P("model"))}
+    f = tessel.jit(
+        layer,
+        in_shardings=(by_leaf, NamedSharding(mesh, P("data"))),
+        out_shardings={"y": NamedSharding(mesh, P("data", "model")), "norm": None},
+    )
+    out = f(params, x)
+    np.testing.assert_allclose(out["y"].fetch(), np.tanh(x @ params["w"] + params["b"]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["norm"].fetch(), (params["w"] ** 2).sum(), rtol=1e-5)
+    assert out["y"].sharding.spec == P("data", "model")
+    # The parameters went in laid out as asked, leaf by leaf (b, w, x).
+    placed = [P.from_proto(s) for s in f.lower(params, x)._r.parameter_shardings]
+    assert placed == [P("model"), P(None, "model"), P("data", None)], placed
+    w = tessel.device_put(params["w"], NamedSharding(mesh, P(None, "model")))
+    out = f({"w": w, "b": params["b"]}, x)  # already laid out as asked: accepted as it is
+    np.testing.assert_allclose(out["y"].fetch(), np.tanh(x @ params["w"] + params["b"]), rtol=1e-5, atol=1e-6)
+    # Leaves the prefix leaves out (None) keep their own layout.
+    g = tessel.jit(layer, in_shardings=({"w": None, "b": None}, NamedSharding(mesh, P("data"))))
+    np.testing.assert_allclose(g(params, x)["y"].fetch(), np.tanh(x @ params["w"] + params["b"]), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"in_shardings: at the top a tuple of 3 entries for 2 children"):
+        tessel.jit(layer, in_shardings=(by_leaf["b"], by_leaf["w"], NamedSharding(mesh, P("data"))))(params, x)
+    with pytest.raises(ValueError, match=r"in_shardings: at \[0\]: expected a dict with keys \['b', 'w'\], got list"):
+        tessel.jit(layer, in_shardings=([by_leaf["b"], by_leaf["w"]], None))(params, x)
+    with pytest.raises(ValueError, match=r"out_shardings: at \['y'\] the tree has one leaf, but got a tuple"):
+        tessel.jit(layer, out_shardings={"y": (by_leaf["w"], by_leaf["w"]), "norm": None})(params, x)
