@@ -111,26 +111,28 @@ def _children(items, leaves, paths, path, is_leaf, names):
 
 
 def unflatten(structure, leaves):
-    it = iter(leaves)
+    return _build(structure, iter(leaves))
 
-    def build(s):
-        kind = s[0]
-        if kind == "leaf":
-            return next(it)
-        if kind == "none":
-            return None
-        if kind == "dict":
-            return {k: build(c) for k, c in zip(s[1], s[2])}
-        if kind == "odict":
-            return collections.OrderedDict((k, build(c)) for k, c in zip(s[1], s[2]))
-        if kind == "namedtuple":
-            return s[1](*[build(c) for c in s[2]])
-        if kind == "node":
-            return _NODES[s[1]][1](s[2], [build(c) for c in s[3]])
-        items = [build(c) for c in s[1]]
-        return tuple(items) if kind == "tuple" else items
 
-    return build(structure)
+def _build(s, it):
+    # A module-level function, not a closure over itself: a recursive
+    # closure is a reference cycle holding `it`, which would keep every
+    # leaf (a call's output arrays) alive until the cyclic collector runs.
+    kind = s[0]
+    if kind == "leaf":
+        return next(it)
+    if kind == "none":
+        return None
+    if kind == "dict":
+        return {k: _build(c, it) for k, c in zip(s[1], s[2])}
+    if kind == "odict":
+        return collections.OrderedDict((k, _build(c, it)) for k, c in zip(s[1], s[2]))
+    if kind == "namedtuple":
+        return s[1](*[_build(c, it) for c in s[2]])
+    if kind == "node":
+        return _NODES[s[1]][1](s[2], [_build(c, it) for c in s[3]])
+    items = [_build(c, it) for c in s[1]]
+    return tuple(items) if kind == "tuple" else items
 
 
 def num_leaves(structure):

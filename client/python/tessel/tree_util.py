@@ -99,28 +99,27 @@ def tree_map(f, tree, *rest, is_leaf=None):
     return treedef.unflatten(f(*xs) for xs in zip(leaves, *others))
 
 
-def _subtrees_at_leaves(key, other):
-    out = []
-
-    def walk(k, o):
-        kind = k[0]
-        if kind == "leaf":
-            out.append(o)
-            return
-        if kind == "none":
-            if o is not None:
-                raise ValueError(f"tree_map: expected None, got {type(o).__name__}")
-            return
-        expected = children_of(k)
-        got = _child_values(o, k)
-        if len(got) != len(expected):
-            raise ValueError(
-                f"tree_map: a {type(o).__name__} of {len(got)} children where the first tree has {len(expected)}"
-            )
-        for c, oc in zip(expected, got):
-            walk(c, oc)
-
-    walk(key, other)
+def _subtrees_at_leaves(key, other, out=None):
+    # Recursion through the module, not a closure over itself: a recursive
+    # closure is a reference cycle, which would hold `out` (the user's
+    # arrays) until the cyclic collector runs.
+    out = [] if out is None else out
+    kind = key[0]
+    if kind == "leaf":
+        out.append(other)
+        return out
+    if kind == "none":
+        if other is not None:
+            raise ValueError(f"tree_map: expected None, got {type(other).__name__}")
+        return out
+    expected = children_of(key)
+    got = _child_values(other, key)
+    if len(got) != len(expected):
+        raise ValueError(
+            f"tree_map: a {type(other).__name__} of {len(got)} children where the first tree has {len(expected)}"
+        )
+    for c, oc in zip(expected, got):
+        _subtrees_at_leaves(c, oc, out)
     return out
 
 

@@ -1,6 +1,7 @@
 """Remote arrays, jit (pytrees, caching, static arguments, plans), memory
 stats, errors as exception classes, and the progress bar."""
 
+import gc
 import io
 import pathlib
 import re
@@ -73,6 +74,33 @@ def test_arrays_dropped_by_python_are_freed(session):
             y = f(x)
             del y
     assert tessel.memory_stats()["live_arrays"] == 1
+
+
+def test_the_garbage_of_a_loop_never_holds_more_than_one_batch_per_device():
+    """A loop of 1 MiB states, not donated, drops one state per step:
+    deleted in batches of at most 64 MiB (README), so the device's peak
+    rises by one batch and the step's own states, not by the loop's 400
+    MiB. Nothing waits for Python's cyclic collector (off here): a step's
+    outputs rebuilt into its result's structure are freed when dropped."""
+    gc.collect()
+    gc.disable()
+    try:
+        with tessel.local_cluster(workers=1, devices_per_worker=1):
+            f = tessel.jit(lambda s: {"s": s * 0.5 + 1.0, "total": s.sum()})
+            out = f(f(tessel.device_put(np.zeros(1 << 18, np.float32)))["s"])
+            out["s"].block_until_ready()
+            before = tessel.memory_stats()["devices"][0]["peak_bytes_in_use"]
+            for _ in range(400):
+                out = f(out["s"])
+            out["s"].block_until_ready()
+            tessel._context.session().collect(force=True)
+            stats = tessel.memory_stats()
+            growth = stats["devices"][0]["peak_bytes_in_use"] - before
+            assert 32 << 20 <= growth <= (64 << 20) + (2 << 20), f"peak grew by {growth / 2**20:.1f} MiB"
+            assert stats["live_arrays"] == 2, stats  # the last step's two outputs
+            np.testing.assert_allclose(out["s"].fetch()[0], 2.0 * (1 - 0.5**402), rtol=1e-6)
+    finally:
+        gc.enable()
 
 
 def test_memory_stats(session):
