@@ -53,7 +53,7 @@ from tessel._array import Array, install as _install_array_ops
 from tessel._cluster import LocalCluster, connect, local_cluster
 from tessel._compiled import Compiled
 from tessel._context import transfer_guard
-from tessel._jit import jit
+from tessel._jit import DonationWarning, jit
 from tessel._session import TransferReceipt, tune_allocator
 from tessel._vmap import vmap
 from tessel._shard_map import (
@@ -141,6 +141,7 @@ __all__ = [
     "vjp",
     "vmap",
     "DonatedArrayError",
+    "DonationWarning",
     "FailedPreconditionError",
     "InvalidArgumentError",
     "NotFoundError",

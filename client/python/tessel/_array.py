@@ -40,6 +40,10 @@ class Array:
 
     __array_priority__ = 1000
     _henc = None  # the handle's varint encoding, once a request built as bytes has needed it
+    # After a call of a jit that takes it: None, or (jit, leaf, path, output)
+    # when it was not donated but could have been (an output of its type);
+    # dropped before any other use, it is reported (Session.drop).
+    _could_donate = None
 
     def __init__(self, session, handle, shape, dtype, placement):
         self._session = session
@@ -99,11 +103,13 @@ class Array:
 
     def fetch(self):
         """Explicit device->host transfer: the values as a numpy array."""
+        self._could_donate = None
         return self._session.fetch(
             self.handle, implicit=False, guard=_context.guard(), progress=progress_bar(f"fetch {self.handle:#x}")
         )
 
     def _implicit_fetch(self):
+        self._could_donate = None
         return self._session.fetch(self.handle, implicit=True, guard=_context.guard())
 
     def __array__(self, dtype=None, copy=None):
@@ -146,7 +152,7 @@ class Array:
     def __del__(self):
         try:
             if self._deleted is None and not self._session.closed:
-                self._session.drop(self.handle, self.nbytes)
+                self._session.drop(self.handle, self.nbytes, self._could_donate)
         except Exception:
             pass
 

@@ -50,6 +50,15 @@ def _meshes(what, shardings):
     return [(what, s.mesh) for s in flatten(shardings, is_leaf=_is_spec)[0] if isinstance(s, NamedSharding)]
 
 
+# A forgotten donation of less is not worth a warning (strict donation
+# refuses any): the buffer a call could have reused.
+_FORGOTTEN_DONATION_BYTES = 1 << 20
+
+
+class DonationWarning(UserWarning):
+    """An argument dropped right after a call it could have been donated to."""
+
+
 def _describe(sig):
     shape, dtype, weak = sig
     return _dtypes.type_string(shape, dtype) + (" (weak)" if weak else "")
@@ -96,6 +105,9 @@ class Jitted:
         self._last_seq = None
         self._fast = None  # _FastCall: the last signature called with arrays only
         self.compiles = 0
+        self._eager = False  # a one-op jit of an eager call: nothing to donate
+        self._last_could = []  # the last call's (could-donate, handle) of arguments not donated
+        self._warned = set()  # argument leaves a forgotten donation was reported for
 
     def _bind(self, args, kwargs):
         if kwargs:
@@ -321,9 +333,48 @@ class Jitted:
                 [(t.shape, t.dtype, p) for t, p in zip(out_tracers, placements)],
                 in_placements,
                 _Hoisted(hoisted, exe),
+                self._could_donate(exe, leaves, paths, donated_leaves, out_tracers),
             )
             cache[key] = entry
         return entry, leaves, donated_leaves
+
+    def _could_donate(self, exe, leaves, paths, donated_leaves, out_tracers):
+        """Per argument leaf: None, or (this jit, leaf, path, output) where the
+        leaf is not donated but an output no donation takes has its type
+        (and layout): if the caller drops the argument after the call
+        (Array.__del__), its buffer could have been that output's."""
+        if self._eager:
+            return (None,) * len(leaves)
+        taken = {a.output for a in exe.aliases}
+        params, outs = list(exe.parameter_shardings), list(exe.output_shardings)
+        could = []
+        for i, (x, path, donated) in enumerate(zip(leaves, paths, donated_leaves)):
+            c = None
+            if not donated:
+                for j, o in enumerate(out_tracers):
+                    same = tuple(o.shape) == tuple(np.shape(x)) and np.dtype(o.dtype) == np.dtype(_leaf_signature(x)[1])
+                    if same and j not in taken and (not params or params[i] == outs[j]):
+                        c = (self, i, path, j)
+                        taken.add(j)
+                        break
+            could.append(c)
+        return tuple(could)
+
+    def forgotten_donation(self, leaf, path, output, nbytes, strict):
+        """An argument leaf dropped after its last use, a call of this jit,
+        that could have been donated into `output`: a warning (once per
+        leaf, from 1 MiB), or under strict donation an error."""
+        name = getattr(self.fn, "__name__", "f")
+        what = (
+            f"jit of {name}: argument {leaf} '{path}' ({nbytes / (1 << 20):.1f} MiB) was dropped after the call, "
+            f"not donated; it could have been donated into output {output} (same type), saving a buffer per call: "
+            "donate it (donate_argnums= or donate_argnames=)"
+        )
+        if strict:
+            raise errors.FailedPreconditionError(f"strict donation: {what}", "FAILED_PRECONDITION")
+        if nbytes >= _FORGOTTEN_DONATION_BYTES and leaf not in self._warned:
+            self._warned.add(leaf)
+            warnings.warn(what, DonationWarning, stacklevel=4)
 
     def _region(self, args):
         """Called on traced values inside another jitted function: this
@@ -397,7 +448,7 @@ class Jitted:
         args = self._bind(args, kwargs)
         if current_builder() is not None and any(isinstance(x, Tracer) for x in flatten(args)[0]):
             return self._region(args)
-        (exe, structure, out_types, in_placements, hoisted), leaves, donated_leaves = self._compiled(args)
+        (exe, structure, out_types, in_placements, hoisted, could), leaves, donated_leaves = self._compiled(args)
         session = _context.session()
         guard = _context.guard()
         placement = self._placement or next((x._placement for x in leaves if isinstance(x, Array)), _DEFAULT_PLACEMENT)
@@ -407,9 +458,11 @@ class Jitted:
         donated_arrays = []
         implicit = []  # (handle, bytes) put for host arguments: dropped once the call is queued
         stale = False  # an argument this process knows was donated or deleted
+        self._last_could = [(c, x.handle) for c, x in zip(could, leaves) if c is not None and isinstance(x, Array)]
         for i, (x, donate) in enumerate(zip(leaves, donated_leaves)):
             if isinstance(x, Array):
                 stale = stale or x._deleted is not None
+                x._could_donate = could[i]
                 req.arguments.append(x.handle)
                 if donate:
                     donated_arrays.append(x)
@@ -437,20 +490,35 @@ class Jitted:
         for a in donated_arrays:
             a._mark_donated()
         if not kwargs and not implicit and not hoisted.arrays and in_placements is None:
-            self._fast = _FastCall.build(self, args, session, exe, structure, out_types, placement)
+            self._fast = _FastCall.build(self, args, session, exe, structure, out_types, placement, could)
         return unflatten(structure, outs)
 
     def donation_receipts(self):
         """For the last call: per donated argument, whether its buffer was
-        reused and for which output (waits for the coordinator's reply)."""
+        reused and for which output (waits for the coordinator's reply);
+        then each argument not donated that an output of its type could have
+        reused ("donated": False, with why)."""
         if self._last_seq is None:
             return []
         resp = _context.session().reply(self._last_seq)
         self._last_seq = None
-        return [
-            {"argument": r.argument, "handle": r.handle, "reused": r.reused, "output": r.output, "reason": r.reason}
+        receipts = [
+            {
+                "argument": r.argument,
+                "handle": r.handle,
+                "reused": r.reused,
+                "output": r.output,
+                "reason": r.reason,
+                "donated": True,
+            }
             for r in resp.donations
         ]
+        for (_, leaf, path, output), handle in self._last_could:
+            why = f"not donated: output {output} has the type of '{path}', so donating it would reuse its buffer"
+            receipts.append(
+                {"argument": leaf, "handle": handle, "reused": False, "output": output, "reason": why, "donated": False}
+            )
+        return receipts
 
 
 _DEFAULT_PLACEMENT = session_pb2.Placement(device=0)
@@ -479,10 +547,12 @@ class _FastCall:
         "donated",
         "flat",
         "single",
+        "could",
+        "any_could",
     )
 
     @staticmethod
-    def build(jit, args, session, exe, structure, out_types, placement):
+    def build(jit, args, session, exe, structure, out_types, placement, could):
         if jit._static:
             return None
         leaves, structures, donated = [], [], []
@@ -509,6 +579,8 @@ class _FastCall:
         f.structure = structure
         f.single = structure == LEAF
         f.donated = tuple(donated)
+        f.could = could
+        f.any_could = any(c is not None for c in could)
         return f
 
     def __call__(self, jit, args):
@@ -527,7 +599,7 @@ class _FastCall:
             if tuple(structure_of(a, leaves) for a in args) != self.structures:
                 return None
         encoded = []
-        for a, (shape, dtype), p in zip(leaves, self.sig, self.placements):
+        for a, (shape, dtype), p, could in zip(leaves, self.sig, self.placements, self.could):
             if (
                 type(a) is not Array
                 or a._deleted is not None
@@ -540,6 +612,7 @@ class _FastCall:
             if e is None:
                 e = a._henc = varint(a.handle)
             encoded.append(e)
+            a._could_donate = could
         outs, out_encoded = [], []
         for shape, dtype, placement in self.outs:
             h, e = session.take_handle()
@@ -548,6 +621,7 @@ class _FastCall:
         a, o = b"".join(encoded), b"".join(out_encoded)
         request = b"".join((self.template, b"\x1a", varint(len(a)), a, b"\x22", varint(len(o)), o))
         jit._last_seq = session.execute(request, want_reply=True, forget=jit._last_seq)
+        jit._last_could = [(c, x.handle) for c, x in zip(self.could, leaves) if c is not None] if self.any_could else ()
         for k in self.donated:
             leaves[k]._deleted = "donated"
         return outs[0] if self.single else unflatten(self.structure, outs)
@@ -702,6 +776,7 @@ def eager_call(fn, args, kwargs):
 
         op.__name__ = fn.__name__
         j = _eager[key] = Jitted(op)
+        j._eager = True
     return j(*arrays)
 
 

@@ -263,6 +263,7 @@ class Session:
         # collect() moves them to _garbage, under _collect_lock, and deletes
         # them in batches.
         self._dropped = collections.deque()
+        self._forgotten = collections.deque()  # (could_donate, bytes) of dropped arrays: Session.drop
         self._collect_lock = threading.Lock()
         self._garbage = []  # handles taken from _dropped, not yet deleted
         self._garbage_bytes = 0  # what those handles hold on the devices
@@ -630,11 +631,15 @@ class Session:
         self.flush()
         _rpc(self._stub.Delete, session_pb2.DeleteRequest(session_id=self.id, handles=handles))
 
-    def drop(self, handle, nbytes=0):
+    def drop(self, handle, nbytes=0, could_donate=None):
         """From a finalizer: delete later, in a batch. Takes no lock and
         never blocks (deque.append is atomic): a finalizer may run on a
-        thread that holds any of the SDK's locks."""
+        thread that holds any of the SDK's locks. `could_donate`: the call
+        it was last passed to could have taken it donated (reported by the
+        next collect, on the caller's thread)."""
         self._dropped.append((handle, nbytes))
+        if could_donate is not None:
+            self._forgotten.append((could_donate, nbytes))
 
     # A batch goes at 256 handles or 64 MiB, whichever comes first: the bytes
     # bound keeps a loop of large outputs inside the devices' block cache
@@ -643,6 +648,9 @@ class Session:
     _GARBAGE_BYTES = 64 << 20
 
     def collect(self, force=False):
+        while self._forgotten:
+            (jit, leaf, path, output), nbytes = self._forgotten.popleft()
+            jit.forgotten_donation(leaf, path, output, nbytes, self.options.strict_donation)
         with self._collect_lock:
             dropped = self._dropped
             while dropped:

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -87,11 +88,12 @@ def test_the_garbage_of_a_loop_never_holds_more_than_one_batch_per_device():
     try:
         with tessel.local_cluster(workers=1, devices_per_worker=1):
             f = tessel.jit(lambda s: {"s": s * 0.5 + 1.0, "total": s.sum()})
-            out = f(f(tessel.device_put(np.zeros(1 << 18, np.float32)))["s"])
-            out["s"].block_until_ready()
-            before = tessel.memory_stats()["devices"][0]["peak_bytes_in_use"]
-            for _ in range(400):
-                out = f(out["s"])
+            with pytest.warns(tessel.DonationWarning, match=r"argument 0 's' \(1.0 MiB\) was dropped after the call"):
+                out = f(f(tessel.device_put(np.zeros(1 << 18, np.float32)))["s"])
+                out["s"].block_until_ready()
+                before = tessel.memory_stats()["devices"][0]["peak_bytes_in_use"]
+                for _ in range(400):
+                    out = f(out["s"])
             out["s"].block_until_ready()
             tessel._context.session().collect(force=True)
             stats = tessel.memory_stats()
@@ -101,6 +103,55 @@ def test_the_garbage_of_a_loop_never_holds_more_than_one_batch_per_device():
             np.testing.assert_allclose(out["s"].fetch()[0], 2.0 * (1 - 0.5**402), rtol=1e-6)
     finally:
         gc.enable()
+
+
+def test_a_forgotten_donation_is_a_warning_a_receipt_and_under_strict_donation_an_error(session):
+    """A loop whose state is not donated (say a refactor moved
+    donate_argnums) drops each old state right after the call: a
+    DonationWarning names the argument, its size and the output it could
+    have been donated into, once; the receipts list it, not donated, with
+    why; strict donation refuses it. An argument used after the call
+    (fetched), a donated one, a small one and eager ops say nothing."""
+    step = tessel.jit(lambda state, x: (state * 0.5 + x, (state * x).sum()))
+    state = tessel.device_put(np.zeros(1 << 18, np.float32))
+    with pytest.warns(tessel.DonationWarning) as caught:
+        for _ in range(4):
+            state, loss = step(state, np.float32(1.0))
+        session_collect = tessel._context.session().collect
+        session_collect(force=True)
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    assert re.search(
+        r"jit of <lambda>: argument 0 'state' \(1.0 MiB\) was dropped after the call, not donated; "
+        r"it could have been donated into output 0",
+        str(caught[0].message),
+    )
+    receipts = step.donation_receipts()
+    assert [(r["argument"], r["donated"], r["reused"], r["output"]) for r in receipts] == [(0, False, False, 0)]
+    assert "not donated: output 0 has the type of 'state'" in receipts[0]["reason"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tessel.DonationWarning)
+        kept = step(state, np.float32(1.0))  # used after the call: nothing to say
+        state.fetch()
+        del state
+        donated = tessel.jit(lambda state, x: (state * 0.5 + x, (state * x).sum()), donate_argnums=0)
+        state = tessel.device_put(np.zeros(1 << 18, np.float32))
+        for _ in range(3):
+            state, loss = donated(state, np.float32(1.0))
+        assert [r["donated"] for r in donated.donation_receipts()] == [True]
+        small = tessel.jit(lambda s: s + 1)
+        s = tessel.device_put(np.zeros(4, np.float32))
+        for _ in range(3):
+            s = small(s)
+        y = tessel.device_put(np.zeros(1 << 18, np.float32))
+        for _ in range(3):
+            y = y + 1.0  # eager: no donation to offer
+        session_collect(force=True)
+    del kept
+    with tessel.session_options(strict_donation=True):
+        with pytest.raises(tessel.FailedPreconditionError, match=r"strict donation: jit of <lambda>: argument 0 's'"):
+            for _ in range(3):
+                s = small(s)
+            session_collect(force=True)
 
 
 def test_memory_stats(session):
