@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Builds the concurrency-heavy suites with a sanitizer and runs them:
-#   scripts/sanitize.sh address   # ASan + UBSan (build-address/)
+# Builds the tree with a sanitizer and runs the concurrency-heavy suites:
+#   scripts/sanitize.sh address   # clang 16: ASan + UBSan and the lock analysis (build-address/)
 #   scripts/sanitize.sh thread    # TSan (build-thread/); needs an Abseil built with TSan
+# The address build is clang's, so it also checks every ABSL_GUARDED_BY and
+# ABSL_EXCLUSIVE_LOCKS_REQUIRED (-Werror=thread-safety, CMakeLists.txt): one
+# build of the whole tree serves both checks (scripts/thread_safety.sh is the
+# lock analysis alone). -O1 with line tables is what ASan's reports need.
 # TSan cannot see the locks of an uninstrumented absl::Mutex (Debian's
 # libabsl is one), so with it every guarded access reads as a race. Point
 # CMAKE_PREFIX_PATH at an Abseil built with -fsanitize=thread and set
@@ -11,7 +15,7 @@
 # real coordinator and workers (direct transfers among them, whose client
 # streams every block on a thread of its own), which then run sanitized too. A sanitizer
 # report fails the test that triggered it (the daemons abort on the first).
-# Expects scripts/setup.sh to have installed the dependencies.
+# Expects scripts/setup.sh to have installed the dependencies (clang-16 among them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kind=${1:-address}
@@ -22,10 +26,10 @@ if [ "$kind" = thread ] && [ "${TESSEL_TSAN_ABSEIL:-}" != 1 ]; then
   exit 2
 fi
 dir=build-$kind
-cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSEL_SANITIZE="$kind" -DTESSEL_CUDA=OFF -DTESSEL_NATIVE=OFF >/dev/null
-targets=(worker_test scheduler_test server_test core_test tessel tessel-coordinator tessel-worker identity_test cluster_test control_flow_test
-         direct_transfer_test)
-cmake --build "$dir" -j "${TESSEL_BUILD_JOBS:-$(nproc)}" --target "${targets[@]}"
+CXX=clang++-16 CC=clang-16 cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -gline-tables-only" \
+  -DTESSEL_SANITIZE="$kind" -DTESSEL_CUDA=OFF -DTESSEL_NATIVE=OFF >/dev/null
+cmake --build "$dir" -j "${TESSEL_BUILD_JOBS:-$(nproc)}"
+[ "$kind" = address ] && scripts/thread_safety.sh --cuda "$dir"
 # Leaks of process-lifetime singletons (gRPC, protobuf) are not what this run looks for.
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
