@@ -77,7 +77,7 @@ def test_arrays_dropped_by_python_are_freed(session):
     assert tessel.memory_stats()["live_arrays"] == 1
 
 
-def test_the_garbage_of_a_loop_never_holds_more_than_one_batch_per_device():
+def test_the_garbage_of_a_loop_never_holds_more_than_one_batch_per_device(session):  # restores the default session
     """A loop of 1 MiB states, not donated, drops one state per step:
     deleted in batches of at most 64 MiB (README), so the device's peak
     rises by one batch and the step's own states, not by the loop's 400

@@ -18,6 +18,12 @@ tjax = pytest.importorskip("tessel.jax")
 RNG = np.random.default_rng(31)
 
 
+def floats(*shape):
+    """Inputs in the dtype Equinox's parameters take (float64 where another
+    suite has turned on jax_enable_x64)."""
+    return RNG.normal(size=shape).astype(jnp.asarray(0.0).dtype)
+
+
 class CNN(eqx.Module):
     """A convolution, a layer norm, a max pool and an MLP with GELU."""
 
@@ -48,7 +54,7 @@ def assert_trees_close(ours, theirs, rtol, atol):
             assert o is t or o == t
 
 
-def test_a_cnn_partitioned_into_arrays_and_static_trains_with_adam(cluster):
+def test_a_cnn_partitioned_into_arrays_and_static_trains_with_adam(session):
     """eqx.partition / eqx.combine around tessel.jax.jit: the parameters
     and Adam's state donated; three steps match jax.jit's."""
     params, static = eqx.partition(CNN(jax.random.PRNGKey(0)), eqx.is_array)
@@ -63,7 +69,7 @@ def test_a_cnn_partitioned_into_arrays_and_static_trains_with_adam(cluster):
         updates, opt = tx.update(g, opt, params)
         return eqx.apply_updates(params, updates), opt, value
 
-    x = RNG.normal(size=(8, 1, 8, 8)).astype(np.float32)
+    x = floats(8, 1, 8, 8)
     y = RNG.integers(0, 3, 8).astype(np.int32)
     run = tjax.jit(step, donate_argnums=(0, 1))
     ours = theirs = (params, tx.init(params))
@@ -75,7 +81,7 @@ def test_a_cnn_partitioned_into_arrays_and_static_trains_with_adam(cluster):
     assert_trees_close(ours[0], theirs[0], rtol=2e-4, atol=2e-5)
 
 
-def test_filter_jit_takes_and_returns_whole_modules(cluster):
+def test_filter_jit_takes_and_returns_whole_modules(session):
     """tessel.jax.filter_jit as equinox.filter_jit: the model goes in whole
     (its activation function a static leaf), comes back an MLP with the
     same function, its arrays on the cluster; donate="all" reuses every
@@ -88,8 +94,7 @@ def test_filter_jit_takes_and_returns_whole_modules(cluster):
         updates, opt = tx.update(g, opt, eqx.filter(model, eqx.is_array))
         return eqx.apply_updates(model, updates), opt, value
 
-    x = RNG.normal(size=(8, 4)).astype(np.float32)
-    y = RNG.normal(size=(8, 2)).astype(np.float32)
+    x, y = floats(8, 4), floats(8, 2)
     ours_step, theirs_step = tjax.filter_jit(step, donate="all"), eqx.filter_jit(step)
     opt = tx.init(eqx.filter(model, eqx.is_array))
     ours, theirs = (model, opt), (model, opt)
@@ -107,7 +112,7 @@ def test_filter_jit_takes_and_returns_whole_modules(cluster):
     assert_trees_close(ours[0], theirs[0], rtol=1e-5, atol=1e-6)
 
 
-def test_filter_jit_holds_python_values_static_and_donates_all_but_the_first(cluster):
+def test_filter_jit_holds_python_values_static_and_donates_all_but_the_first(session):
     """A Python number is static (a new value traces anew, as Equinox's);
     "all-except-first" keeps the first argument's arrays; an unknown
     donate mode is an error naming it."""
