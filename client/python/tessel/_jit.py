@@ -45,6 +45,11 @@ def _is_spec(s):
     return s is None or isinstance(s, (NamedSharding, P))
 
 
+def _spec_of(s):
+    """The spec of a leaf of in_shardings: replicated (P()) for None."""
+    return s.spec if isinstance(s, NamedSharding) else s if isinstance(s, P) else P()
+
+
 def _meshes(what, shardings):
     """(what, mesh) for each NamedSharding in a pytree of shardings."""
     return [(what, s.mesh) for s in flatten(shardings, is_leaf=_is_spec)[0] if isinstance(s, NamedSharding)]
@@ -160,8 +165,7 @@ class Jitted:
         for x, s in zip(leaves, self._in_per_leaf()):
             if s is None and isinstance(x, Array) and x._placement.WhichOneof("kind") == "sharded":
                 s = x.sharding
-            spec = s.spec if isinstance(s, NamedSharding) else s if isinstance(s, P) else P()
-            specs.append(spec)
+            specs.append(_spec_of(s))
         return mesh, specs
 
     def _in_per_leaf(self):
@@ -400,9 +404,7 @@ class Jitted:
             # A jit that names no devices is inlined into its caller, as JAX
             # inlines a nested jit: it runs where the caller runs.
             return self.fn(*args)
-        specs = [
-            s.spec if isinstance(s, NamedSharding) else s if isinstance(s, P) else P() for s in self._in_per_leaf()
-        ]
+        specs = [_spec_of(s) for s in self._in_per_leaf()]
         outer = current_builder()
         operands = [x if isinstance(x, Tracer) else tnp.asarray_in_trace(x) for x in leaves]
         body = Builder(name, root=outer)
