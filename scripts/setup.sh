@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(cmake g++ make pkg-config protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev
           libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
           libopenblas-dev libdnnl-dev liblapacke-dev libisal-dev graphviz libsystemd-dev systemd python3 python3-venv clang-16 iproute2 binutils
-          debootstrap prometheus-cpp-dev libssl-dev libjemalloc-dev clang-format-14)
+          debootstrap prometheus-cpp-dev libssl-dev libjemalloc-dev clang-format-14 ccache)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -1,7 +1,8 @@
 """The wheel as a new user meets it.
 
-  python_wheel_test.py build BUILD_DIR   `pip wheel .` of this tree into BUILD_DIR/wheelhouse
-                                         (incremental: scikit-build-core keeps build/wheel)
+  python_wheel_test.py build BUILD_DIR   `pip wheel .` of this tree into BUILD_DIR/wheelhouse, at
+                                         BUILD_DIR's build type (incremental: scikit-build-core
+                                         keeps BUILD_DIR-wheel, and ccache shares BUILD_DIR's objects)
   python_wheel_test.py fresh BUILD_DIR   a new virtual environment, `pip install` of that wheel
                                          and nothing else (its dependencies at their newest), then
                                          the README's Python example
@@ -49,10 +50,38 @@ def the_wheel(build):
     return wheels[0]
 
 
+def build_type(build):
+    """BUILD_DIR's CMAKE_BUILD_TYPE, from its CMakeCache.txt."""
+    cache = (build / "CMakeCache.txt").read_text()
+    found = re.search(r"^CMAKE_BUILD_TYPE:STRING=(.*)$", cache, re.M)
+    return found.group(1) if found and found.group(1) else "Release"
+
+
 def build_wheel(build):
+    """The wheel, built by scikit-build-core at BUILD_DIR's build type in a
+    folder beside it at the same depth (BUILD_DIR-wheel), so ccache
+    (CMakeLists.txt) serves it the objects BUILD_DIR compiled; only what
+    the wheel's settings change (TESSEL_CUDA=OFF, no tests) compiles anew."""
     house = build / "wheelhouse"
     shutil.rmtree(house, ignore_errors=True)
-    run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w", house, ROOT])
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-build-isolation",
+            "--no-deps",
+            "-q",
+            "-C",
+            f"build-dir={build.parent / (build.name + '-wheel')}",
+            "-C",
+            f"cmake.build-type={build_type(build)}",
+            "-w",
+            house,
+            ROOT,
+        ]
+    )
     wheel = the_wheel(build)
     import zipfile
 
