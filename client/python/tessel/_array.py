@@ -159,3 +159,15 @@ class Array:
 
 def install(tnp):
     install_operators(Array, tnp)
+    # The Array API's device members: the sharding (a device's, for an
+    # array on one), and a copy placed elsewhere (tessel.device_put).
+    Array.device = property(lambda a: a.sharding)
+
+    def to_device(a, device, /, *, stream=None):
+        from tessel._api import device_put
+
+        if stream is not None:
+            raise ValueError(f"to_device: stream={stream!r}: Tessel has no user-visible streams; pass None")
+        return device_put(a, device)
+
+    Array.to_device = to_device

@@ -333,5 +333,6 @@ def install_operators(cls, tnp):
     cls.imag = property(lambda a: tnp.zeros_like(a))
     cls.real = property(lambda a: a)
     cls.mT = property(lambda a: tnp.swapaxes(a, -1, -2))
+    cls.__array_namespace__ = lambda a, *, api_version=None: tnp
     cls.itemsize = property(lambda a: a.dtype.itemsize)
     cls.nbytes = property(lambda a: a.size * a.dtype.itemsize)

@@ -5,8 +5,8 @@ tessel.Arrays (or numpy arrays) outside a trace, they run at once on the
 devices, compiled like a one-op jit.
 
 The ops live in one module per kind (_elementwise, _reductions, _layout,
-_indexing, _dot, _sorting, _creation) over _core's helpers; this package
-names them.
+_indexing, _dot, _sorting, _creation, and _array_api for the Array API
+standard's own names) over _core's helpers; this package names them.
 """
 
 from tessel._dtypes import finfo as finfo
@@ -202,6 +202,56 @@ from tessel.numpy._sorting import (
     sort as sort,
     _sort_node as _sort_node,
 )
+
+from tessel.numpy._array_api import (
+    __array_api_version__ as __array_api_version__,
+    __array_namespace_info__ as __array_namespace_info__,
+    argwhere as argwhere,
+    bitwise_invert as bitwise_invert,
+    broadcast_arrays as broadcast_arrays,
+    can_cast as can_cast,
+    concat as concat,
+    conj as conj,
+    conjugate as conjugate,
+    count_nonzero as count_nonzero,
+    diff as diff,
+    e as e,
+    empty as empty,
+    empty_like as empty_like,
+    full_like as full_like,
+    hypot as hypot,
+    imag as imag,
+    inf as inf,
+    isdtype as isdtype,
+    matrix_transpose as matrix_transpose,
+    meshgrid as meshgrid,
+    nan as nan,
+    newaxis as newaxis,
+    nonzero as nonzero,
+    permute_dims as permute_dims,
+    pi as pi,
+    placed as _placed,
+    positive as positive,
+    pow as pow,
+    real as real,
+    result_type as result_type,
+    unique_all as unique_all,
+    unique_counts as unique_counts,
+    unique_inverse as unique_inverse,
+    unique_values as unique_values,
+    unstack as unstack,
+    vecdot as vecdot,
+)
+
+# The Array API's creation functions take device= (a device or a sharding).
+zeros, ones, full, empty = _placed(zeros), _placed(ones), _placed(full), _placed(empty)
+zeros_like, ones_like, empty_like, full_like = (
+    _placed(zeros_like),
+    _placed(ones_like),
+    _placed(empty_like),
+    _placed(full_like),
+)
+arange, linspace, eye, asarray = _placed(arange), _placed(linspace), _placed(eye), _placed(asarray)
 
 # Index arguments: numpy arrays in them are indices known when tracing (and
 # boolean masks), also for an eager call, which keeps them static.

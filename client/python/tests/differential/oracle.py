@@ -414,6 +414,12 @@ class Oracle:
             k = 1 + np.minimum(_finite_abs(np.asarray(b, np.float64) * np.log(_finite_abs(a))), 1e3)
         return self._inexact(r, ULPS_ELEMENTWISE * finfo(np.asarray(r).dtype).eps * _finite_abs(r) * k)
 
+    @_elementwise_op
+    def hypot(self, x1, x2):
+        a, b = self._cast_all([x1, x2])
+        r = np.asarray(np.hypot(a, b))
+        return self._inexact(r, ULPS_ELEMENTWISE * finfo(r.dtype).eps * _finite_abs(r))
+
     def _integer_division(ufunc, by_zero):
         @_elementwise_op
         def f(self, x1, x2):
@@ -699,6 +705,39 @@ class Oracle:
     @_elementwise_op
     def pad(self, array, pad_width, constant_values=0):
         return np.pad(_raw(array), pad_width, constant_values=constant_values)
+
+    @_elementwise_op
+    def diff(self, a, n=1, axis=-1):
+        return np.diff(_raw(a), n=n, axis=axis)
+
+    @_elementwise_op
+    def permute_dims(self, a, axes):
+        return np.permute_dims(_raw(a), axes)
+
+    @_elementwise_op
+    def matrix_transpose(self, a):
+        return np.matrix_transpose(_raw(a))
+
+    def unstack(self, a, axis=0):
+        return tuple(self._wrap(p) for p in np.unstack(np.asarray(_raw(a)), axis=axis))
+
+    @_elementwise_op
+    def count_nonzero(self, a, axis=None, keepdims=False):
+        return np.asarray(np.count_nonzero(_raw(a), axis=axis, keepdims=keepdims))
+
+    @_elementwise_op
+    def concat(self, arrays, axis=0):
+        return np.concat(self._cast_all(list(arrays)), axis=axis)
+
+    @_elementwise_op
+    def vecdot(self, x1, x2, axis=-1):
+        a, b = self._cast_all([x1, x2])
+        r = np.asarray(np.vecdot(a, b, axis=axis))
+        if is_float(r.dtype):
+            bound = np.asarray(np.vecdot(_finite_abs(a), _finite_abs(b), axis=axis))
+            self._check_order_free(bound, r.dtype)
+            r = self._inexact(r, ULPS_REDUCTION * finfo(r.dtype).eps * bound)
+        return r
 
     # ------------------------------------------------------------ dot
 

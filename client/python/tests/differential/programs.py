@@ -1031,6 +1031,49 @@ def op_sequence(b):
 SORTABLE = INTS + [np.dtype(np.float32), np.dtype(np.float64)]
 
 
+def op_array_api(b):
+    """The Array API standard's own names: diff, vecdot, hypot,
+    count_nonzero, concat (flattening too), permute_dims,
+    matrix_transpose and unstack."""
+    kind = b.draw(
+        st.sampled_from(
+            ["diff", "vecdot", "hypot", "count_nonzero", "concat", "permute_dims", "matrix_transpose", "unstack"]
+        )
+    )
+    if kind == "diff":
+        x = b.pick(lambda v: v.ndim >= 1)
+        n, axis = b.draw(st.integers(0, 2)), b.draw(st.integers(-x.ndim, x.ndim - 1))
+        b.add(f"xp.diff({x.name}, n={n}, axis={axis})", [x])
+    elif kind == "vecdot":
+        x = b.pick(lambda v: v.ndim >= 1)
+        y = b.pick_broadcastable(x, lambda v: v.ndim >= 1 and v.shape[-1] == x.shape[-1])
+        b.add(f"xp.vecdot({x.name}, {y.name})", [x, y], inexact=True)
+    elif kind == "hypot":
+        x = b.pick()
+        text, deps, _ = b.operand(x, past_rate=0)
+        b.add(f"xp.hypot({x.name}, {text})", [x] + deps, inexact=True)
+    elif kind == "count_nonzero":
+        x = b.pick(lambda v: v.ndim >= 1)
+        axis = b.draw(st.sampled_from([None] + list(range(-x.ndim, x.ndim))))
+        b.add(f"xp.count_nonzero({x.name}, axis={axis!r}, keepdims={b.draw(st.booleans())})", [x])
+    elif kind == "concat":
+        x = b.pick()
+        y = b.pick(lambda v: v.dtype == x.dtype)
+        b.add(f"xp.concat([{x.name}, {y.name}], axis=None)", [x, y])
+    elif kind == "permute_dims":
+        x = b.pick(lambda v: v.ndim >= 2)
+        perm = b.draw(st.permutations(list(range(x.ndim))))
+        b.add(f"xp.permute_dims({x.name}, {tuple(perm)!r})", [x])
+    elif kind == "matrix_transpose":
+        x = b.pick(lambda v: v.ndim >= 2)
+        b.add(f"xp.matrix_transpose({x.name})", [x])
+    else:
+        x = b.pick(lambda v: v.ndim >= 1 and v.shape[0] >= 1)
+        axis = b.draw(st.integers(-x.ndim, x.ndim - 1))
+        k = b.draw(st.integers(0, x.shape[axis] - 1)) if x.shape[axis] else 0
+        b.add(f"xp.unstack({x.name}, axis={axis})[{k}]", [x])
+
+
 def op_bodies(b):
     """jax.lax.reduce with a body of its own (REDUCE_WITH_BODY): a sum and
     a max over a pair of integer operands (exact, so any order agrees), and
@@ -1124,6 +1167,7 @@ OPS = [
     (op_linalg, 2),
     (op_vmap, 2),
     (op_bodies, 2),
+    (op_array_api, 3),
 ]
 _OP_TABLE = [f for f, w in OPS for _ in range(w)]
 
