@@ -127,6 +127,11 @@ class Array:
     def __int__(self):
         return int(self._scalar("int()"))
 
+    def __index__(self):
+        if self.dtype.kind not in "iu":
+            raise TypeError(f"__index__ of a {self.dtype.name} array: only integer arrays are indices")
+        return int(self._scalar("__index__()"))
+
     def __bool__(self):
         return bool(self._scalar("bool()"))
 

@@ -185,3 +185,34 @@ def test_namespace_members_and_device(session):
         return v.mT
 
     np.testing.assert_array_equal(traced(X).fetch(), X.T)
+
+
+SIGNATURES = {
+    "std_correction": (lambda m, x: m.std(x, axis=0, correction=1), X),
+    "var_correction": (lambda m, x: m.var(x, correction=2), X),
+    "cumulative_sum_initial": (lambda m, x: m.cumulative_sum(x, axis=1, include_initial=True), I),
+    "cumulative_prod_initial": (lambda m, x: m.cumulative_prod(x[0, 0], include_initial=True), I),
+    "cumulative_sum_1d": (lambda m, x: m.cumulative_sum(x[1]), X),
+    "clip_min_max": (lambda m, x: m.clip(x, min=-1, max=2), X),
+    "clip_max_only": (lambda m, x: m.clip(x, max=0.5), X),
+    "reshape_shape": (lambda m, x: m.reshape(x, shape=(4, 3)), X),
+    "astype_copy": (lambda m, x: m.astype(x, m.int16, copy=False), I),
+    "asarray_copy": (lambda m, x: m.asarray(x, copy=True) + 1, I),
+    "zeros_default": (lambda m, x: m.zeros((2, 3)) + m.zeros(2, dtype=None)[:, None], X),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SIGNATURES))
+def test_array_api_signatures_match_numpy(session, name):
+    fn, x = SIGNATURES[name]
+    check(fn, x)
+
+
+def test_array_api_signature_errors_name_the_argument(session):
+    with pytest.raises(ValueError, match="cumulative_sum: axis is required for an array of 3 dimensions"):
+        tnp.cumulative_sum(tessel.device_put(I))
+    with pytest.raises(NotImplementedError, match="order='F'"):
+        tnp.reshape(tessel.device_put(X), (4, 3), order="F")
+    assert [10, 20, 30][tessel.device_put(np.int32(2))] == 30  # __index__
+    with pytest.raises(TypeError, match="__index__ of a float32 array"):
+        [1, 2][tessel.device_put(np.float32(1))]

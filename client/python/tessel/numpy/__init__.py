@@ -252,6 +252,7 @@ zeros_like, ones_like, empty_like, full_like = (
     _placed(full_like),
 )
 arange, linspace, eye, asarray = _placed(arange), _placed(linspace), _placed(eye), _placed(asarray)
+astype = _placed(astype)
 
 # Index arguments: numpy arrays in them are indices known when tracing (and
 # boolean masks), also for an eager call, which keeps them static.

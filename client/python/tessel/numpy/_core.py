@@ -189,13 +189,13 @@ def _is_traced(i):
 
 
 @_op
-def zeros(shape, dtype=float64):
-    return full(shape, 0, dtype)
+def zeros(shape, dtype=None):
+    return full(shape, 0, float64 if dtype is None else dtype)
 
 
 @_op
-def ones(shape, dtype=float64):
-    return full(shape, 1, dtype)
+def ones(shape, dtype=None):
+    return full(shape, 1, float64 if dtype is None else dtype)
 
 
 @_op

@@ -67,7 +67,9 @@ def linspace(start, stop, num=50, endpoint=True, retstep=False, dtype=None, axis
 
 
 @_op
-def asarray(a, dtype=None):
+def asarray(a, dtype=None, *, copy=None):
+    """`a` as an array of `dtype`. `copy` (the Array API's) changes
+    nothing: arrays are values, a copy is not observable."""
     t = _tracer(a)
     return t if dtype is None or _np.dtype(dtype) == t.dtype else astype(t, dtype)
 

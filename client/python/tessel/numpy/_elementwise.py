@@ -336,7 +336,13 @@ def where(condition, x, y):
 
 
 @_op
-def clip(a, a_min=None, a_max=None):
+def clip(a, a_min=None, a_max=None, *, min=None, max=None):
+    """numpy.clip; `min` and `max` are the Array API's (and numpy 2.1's)
+    names for the bounds."""
+    if min is not None:
+        a_min = min
+    if max is not None:
+        a_max = max
     t = _tracer(a)
     if t.dtype == _np.bool_ and builtins.all(x is None or _np.result_type(x) == _np.bool_ for x in (a_min, a_max)):
         # bools stay bools, as numpy's: at least a_min (an or), at most a_max (an and)
@@ -362,7 +368,9 @@ def clip(a, a_min=None, a_max=None):
 
 
 @_op
-def astype(x, dtype):
+def astype(x, dtype, copy=True):
+    """x converted to `dtype`. `copy` (the Array API's) changes nothing:
+    arrays are values, so no caller can tell a copy from the original."""
     return _convert(_tracer(x), dtype)
 
 

@@ -28,7 +28,14 @@ from tessel.numpy._elementwise import add, astype, equal, greater_equal, multipl
 
 
 @_op
-def reshape(a, newshape):
+def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
+    """numpy.reshape (row-major); `shape` is the Array API's name, and
+    numpy's older `newshape` still works."""
+    if order != "C":
+        raise NotImplementedError(f"reshape: order={order!r}; only row-major ('C') is supported")
+    newshape = shape if newshape is None else newshape
+    if newshape is None:
+        raise TypeError("reshape: missing the new shape")
     t = _tracer(a)
     newshape = (newshape,) if isinstance(newshape, int) else tuple(int(s) for s in newshape)
     if newshape.count(-1) > 1:

@@ -182,9 +182,12 @@ def argmin(a, axis=None, keepdims=False):
 
 
 @_op
-def var(a, axis=None, dtype=None, ddof=0, keepdims=False):
+def var(a, axis=None, dtype=None, ddof=0, keepdims=False, *, correction=None):
     """numpy's var: the mean of squared deviations from the mean (in float64
-    for integer input), divided by N - ddof."""
+    for integer input), divided by N - ddof (`correction`, the Array API's
+    name for it)."""
+    if correction is not None:
+        ddof = correction
     t = _tracer(a)
     d = _np.dtype(dtype) if dtype is not None else (t.dtype if _dtypes.is_float(t.dtype) else _np.dtype(float64))
     x = astype(t, d)
@@ -195,8 +198,8 @@ def var(a, axis=None, dtype=None, ddof=0, keepdims=False):
 
 
 @_op
-def std(a, axis=None, dtype=None, ddof=0, keepdims=False):
-    return sqrt(var(a, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims))
+def std(a, axis=None, dtype=None, ddof=0, keepdims=False, *, correction=None):
+    return sqrt(var(a, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims, correction=correction))
 
 
 # ---------------------------------------------------------------- NaN-ignoring reductions
@@ -286,4 +289,27 @@ def cumprod(a, axis=None, dtype=None):
     return _cumulative(multiply, 1, t, axis, _sum_dtype(t, dtype), "cumprod")
 
 
-cumulative_sum, cumulative_prod = cumsum, cumprod
+def _cumulative_api(scan, identity, name):
+    """The Array API's cumulative_sum / cumulative_prod (numpy 2.1's):
+    `axis` required past one dimension; `include_initial` puts the
+    identity first, so the result is one longer along the axis."""
+
+    @_op
+    def f(x, axis=None, dtype=None, include_initial=False):
+        t = _tracer(x)
+        if axis is None and t.ndim > 1:
+            raise ValueError(f"{name}: axis is required for an array of {t.ndim} dimensions")
+        r = scan(t, 0 if axis is None else axis, dtype)
+        if not include_initial:
+            return r
+        ax = 0 if axis is None else _axis_list(axis, r.ndim, name)[0]
+        widths = [(0, 0)] * r.ndim
+        widths[ax] = (1, 0)
+        return pad(r, widths, constant_values=identity)
+
+    f.__name__ = f.__wrapped__.__name__ = name
+    return f
+
+
+cumulative_sum = _cumulative_api(cumsum, 0, "cumulative_sum")
+cumulative_prod = _cumulative_api(cumprod, 1, "cumulative_prod")
