@@ -110,10 +110,12 @@ static const std::string& TransformedFunction(const v1::Node& n) {
   return n.op() == v1::VMAP ? n.batch().function() : n.grad().function();
 }
 
-// Whether `g`'s own nodes take a derivative or map a function.
+// Whether `g`'s own nodes (its manual regions' bodies among them) take a
+// derivative or map a function.
 static bool HasDerivativeNodes(const v1::Graph& g) {
   for (const v1::Node& n : g.nodes()) {
     if (IsTransform(n)) return true;
+    if (n.op() == v1::MANUAL_REGION && HasDerivativeNodes(n.manual_region().body())) return true;
   }
   return false;
 }
@@ -125,6 +127,8 @@ static bool HasDerivative(const v1::Graph& g, const FunctionTable& table,
                           absl::flat_hash_set<std::string>& seen) {
   for (const v1::Node& n : g.nodes()) {
     if (IsTransform(n)) return true;
+    if (n.op() == v1::MANUAL_REGION && HasDerivative(n.manual_region().body(), table, seen))
+      return true;
     std::vector<std::string> called = CalledFunctions(n);
     if (n.op() == v1::CUSTOM_VJP)
       called = {n.custom_vjp().function(), n.custom_vjp().fwd(), n.custom_vjp().bwd()};
@@ -169,10 +173,51 @@ absl::StatusOr<TypedGraph> ValidateFunction(const v1::Graph& with_functions, con
   return ValidateGraph(with_functions, {.manual_mesh = manual ? &mesh : nullptr});
 }
 
-static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g, const v1::Mesh& mesh) {
+static absl::StatusOr<v1::Graph> ExpandNodes(
+    const TypedGraph& g, const v1::Mesh& mesh, RegionContext* region = nullptr,
+    google::protobuf::RepeatedPtrField<v1::Graph>* functions = nullptr);
+
+// Manual region `n`'s body with its own VJP nodes expanded (a gradient
+// taken on each device's blocks, as JAX's grad inside shard_map): its
+// parameters vary over the axes their in_specs split, each node's varying
+// axes are tracked as it is copied, and the gradient's collectives
+// transpose as a region's backward pass's do. The new functions (a loop's
+// backward body) go to `functions`.
+static absl::StatusOr<v1::Graph> ExpandRegionBody(
+    const v1::Node& n, google::protobuf::RepeatedPtrField<v1::Graph>* functions,
+    const v1::Mesh& mesh) {
+  const std::string label = StrCat("manual region '", n.name(), "'");
+  v1::Graph body = n.manual_region().body();
+  *body.mutable_functions() = *functions;
+  auto typed = ValidateGraph(body, {.manual_mesh = &mesh});
+  if (!typed.ok()) return Annotate(typed.status(), StrCat(label, ": "));
+  RegionContext ctx(mesh, *functions, label);
+  for (size_t i = 0; i < typed->parameters.size(); ++i) {
+    const v1::Node& p = typed->graph.nodes(typed->parameters[i]);
+    const int index = p.parameter().index();
+    ctx.vary[p.name()] = SpecVarying(
+        n.manual_region().in_specs(index),
+        StrCat("operand ", index, " '", n.operands(index), "' of the region is split over it"));
+  }
+  // New functions go straight to `functions`, where the analysis finds them.
+  auto expanded = ExpandNodes(*typed, mesh, &ctx, functions);
+  if (!expanded.ok()) return Annotate(expanded.status(), StrCat(label, ": "));
+  TESSEL_RETURN_IF_ERROR(ctx.status);
+  return *std::move(expanded);
+}
+
+// `g`'s nodes with their transforms expanded. The new functions go to
+// `functions` where given (a region's body: the enclosing graph's), else
+// to the result's, after g's own.
+static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g, const v1::Mesh& mesh,
+                                             RegionContext* region,
+                                             google::protobuf::RepeatedPtrField<v1::Graph>* functions) {
   v1::Graph out;
   out.set_name(g.graph.name());
-  *out.mutable_functions() = g.graph.functions();
+  if (functions == nullptr) {
+    *out.mutable_functions() = g.graph.functions();
+    functions = out.mutable_functions();
+  }
   absl::flat_hash_set<std::string> used;
   for (const v1::Node& n : g.graph.nodes()) used.insert(n.name());
   absl::flat_hash_map<std::string, std::string> rename;
@@ -215,7 +260,8 @@ static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g, const v1::Mesh
       for (const std::string& o : n.operands()) args.push_back(renamed(o));
       Emitter e(out, used);
       for (const v1::Node& m : out.nodes()) e.Declare(m.name(), m.type());
-      auto results = EmitBatched(e, n, f, args, out.mutable_functions());
+      if (region != nullptr) e.on_emit = [region](const v1::Node& x) { region->Track(x); };
+      auto results = EmitBatched(e, n, f, args, functions);
       if (!results.ok())
         return Annotate(results.status(), StrCat("node '", n.name(), "' (vmap): "));
       vjp_results[n.name()] = std::move(*results);
@@ -238,14 +284,24 @@ static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g, const v1::Mesh
         (i < np ? args : tangents).push_back(renamed(n.operands(i)));
       Emitter e(out, used);
       for (const v1::Node& m : out.nodes()) e.Declare(m.name(), m.type());
-      auto results = ExpandJvp(e, n, f, args, tangents, out.mutable_functions(), mesh);
+      if (region != nullptr) e.on_emit = [region](const v1::Node& x) { region->Track(x); };
+      auto results = ExpandJvp(e, n, f, args, tangents, functions, mesh);
       if (!results.ok()) return Annotate(results.status(), StrCat("node '", n.name(), "' (jvp): "));
       vjp_results[n.name()] = std::move(*results);
+      continue;
+    }
+    if (n.op() == v1::MANUAL_REGION && HasDerivativeNodes(n.manual_region().body())) {
+      v1::Node c = n;
+      for (std::string& o : *c.mutable_operands()) o = renamed(o);
+      TESSEL_ASSIGN_OR_RETURN(*c.mutable_manual_region()->mutable_body(),
+                              ExpandRegionBody(n, functions, mesh));
+      *out.add_nodes() = std::move(c);
       continue;
     }
     if (n.op() != v1::VJP) {
       v1::Node c = n;
       for (std::string& o : *c.mutable_operands()) o = renamed(o);
+      if (region != nullptr) region->Track(c);
       *out.add_nodes() = std::move(c);
       continue;
     }
@@ -265,7 +321,8 @@ static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g, const v1::Mesh
     v1::Graph backward;
     Emitter eb(backward, used);
     for (const v1::Node& m : out.nodes()) eb.Declare(m.name(), m.type());
-    auto expanded = ExpandVjp(eb, n, f, args, cts, out.mutable_functions(), mesh);
+    if (region != nullptr) eb.on_emit = [region](const v1::Node& x) { region->Track(x); };
+    auto expanded = ExpandVjp(eb, n, f, args, cts, functions, mesh, region);
     if (!expanded.ok()) return Annotate(expanded.status(), StrCat("node '", n.name(), "' (vjp): "));
     for (v1::Node& m : expanded->forward) *out.add_nodes() = std::move(m);
     for (v1::Node& m : *backward.mutable_nodes()) *out.add_nodes() = std::move(m);

@@ -123,7 +123,9 @@ inline std::string AddNode(v1::Graph& g, v1::Node n) {
 // Reverse mode over `f` for VJP node `node`: its forward nodes (to emit
 // first) and the names of its results (F's results, then the cotangents of
 // `wrt`); the backward pass is emitted into `e`. New functions (a loop's
-// backward body) go to `functions`.
+// backward body) go to `functions`. `region`: set where the VJP node is in
+// a manual region's body (a per-device gradient), with the varying axes of
+// its operands; its collectives then transpose as shard_map's do.
 struct VjpExpansion {
   std::vector<v1::Node> forward;
   std::vector<std::string> results;
@@ -132,7 +134,7 @@ absl::StatusOr<VjpExpansion> ExpandVjp(Emitter& e, const v1::Node& node, const T
                                        std::vector<std::string> args,
                                        std::vector<std::string> cotangents,
                                        google::protobuf::RepeatedPtrField<v1::Graph>* functions,
-                                       const v1::Mesh& mesh);
+                                       const v1::Mesh& mesh, RegionContext* region = nullptr);
 
 // Forward mode over `f` for JVP node `node`, emitted into `e`: the names
 // of its results (F's results, then their tangents).

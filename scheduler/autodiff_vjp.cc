@@ -100,11 +100,10 @@ class Vjp : public ops::ReverseMode {
         }
         continue;
       }
-      auto it = ct_.find(n.name());
-      if (it == ct_.end() || n.op() == v1::PARAMETER) continue;
-      // A copy (the map grows under Transpose); an all_gather's transpose
-      // sums its cotangent itself (a reduce_scatter where it can).
-      const std::string ct = n.op() == v1::ALL_GATHER ? it->second : Settle(n.name(), it->second);
+      if (!ct_.contains(n.name()) || n.op() == v1::PARAMETER) continue;
+      // An all_gather's transpose sums its cotangent itself (a
+      // reduce_scatter where it can).
+      const std::string ct = Total(n.name(), /*settle=*/n.op() != v1::ALL_GATHER);
       TESSEL_RETURN_IF_ERROR(Transpose(n, ct));
       TESSEL_RETURN_IF_ERROR(e_.status());
       if (region_ != nullptr) TESSEL_RETURN_IF_ERROR(region_->status);
@@ -113,9 +112,7 @@ class Vjp : public ops::ReverseMode {
     for (const std::string& o : f_.graph.outputs()) results.push_back(fwd_.at(o));
     for (int p : node_.grad().wrt()) {
       const v1::Node& prm = f_.graph.nodes(f_.parameters[p]);
-      auto it = ct_.find(prm.name());
-      results.push_back(it != ct_.end() ? Settle(prm.name(), it->second)
-                                        : e_.Fill(prm.type(), 0.0));
+      results.push_back(ct_.contains(prm.name()) ? Total(prm.name()) : e_.Fill(prm.type(), 0.0));
     }
     TESSEL_RETURN_IF_ERROR(e_.status());
     if (region_ != nullptr) TESSEL_RETURN_IF_ERROR(region_->status);
@@ -131,10 +128,34 @@ class Vjp : public ops::ReverseMode {
     return f_.graph.nodes(f_.index_of.at(f_name)).type();
   }
   // Adds `ct` to the cotangent of F's value `v` (floats only).
+  // In a region's body the contributions are summed apart by the mesh
+  // axes they vary over beyond `v`: each such part is summed over those
+  // axes once (Settle), so that a contribution already the same on every
+  // device of an axis (a loop carry passed through, a replicated use) is
+  // not counted once per device. JAX sums at each implicit broadcast (its
+  // pvary), which comes to the same.
   void Accumulate(const std::string& v, const std::string& ct) {
     if (ct.empty() || !active_.contains(v) || !IsFloat(TypeOf(v).dtype())) return;
-    auto [it, fresh] = ct_.emplace(v, ct);
-    if (!fresh) it->second = e_.Binary(v1::ADD, it->second, ct);
+    const std::string key = region_ != nullptr ? absl::StrJoin(Excess(v, ct), ",") : "";
+    std::vector<std::pair<std::string, std::string>>& parts = ct_[v];
+    for (auto& [k, sum] : parts) {
+      if (k == key) {
+        sum = e_.Binary(v1::ADD, sum, ct);
+        return;
+      }
+    }
+    parts.emplace_back(key, ct);
+  }
+
+  // The cotangent of F's value `v`: its parts, each summed over the axes
+  // it varies over beyond v's (unless not `settle`), added.
+  std::string Total(const std::string& v, bool settle = true) {
+    std::string total;
+    for (const auto& [key, sum] : std::vector(ct_.at(v))) {  // a copy: Settle emits
+      const std::string part = settle ? Settle(v, sum) : sum;
+      total = total.empty() ? part : e_.Binary(v1::ADD, total, part);
+    }
+    return total;
   }
 
   // F's value `v` for the backward pass: a generated constant (fill, iota)
@@ -558,10 +579,25 @@ class Vjp : public ops::ReverseMode {
       if (position[k] >= 0) results.push_back(k < nc ? carry_t[k] : x_t[k - nc]);
     }
     for (const v1::TensorType& t : results) *v.add_results() = t;
-    *bb.add_nodes() = v;
+    // In a region's body: the carries (and their cotangents, as JAX types
+    // a cotangent like its primal) vary as the loop's fixpoint says, each
+    // scanned slice as its stack, each ys cotangent as its ys.
+    std::vector<std::string> inlined;
+    if (region_ != nullptr) {
+      std::vector<Varying> vary;
+      for (int k = 0; k < nc; ++k) vary.push_back(ResultVarying(n, k));
+      for (int j = 0; j < nx; ++j) vary.push_back(region_->Of(fwd_.at(n.operands(nc + j))));
+      for (int k = 0; k < nc; ++k) vary.push_back(ResultVarying(n, k));
+      for (int m = 0; m < ny; ++m) vary.push_back(ResultVarying(n, nc + m));
+      TESSEL_ASSIGN_OR_RETURN(inlined, InlineVjp(bb, v, vary));
+    } else {
+      *bb.add_nodes() = v;
+    }
     for (int k = 0; k < nc + nx; ++k) {
       const v1::TensorType& t = k < nc ? carry_t[k] : x_t[k - nc];
-      if (position[k] >= 0) {
+      if (position[k] >= 0 && !inlined.empty()) {
+        bb.add_outputs(inlined[position[k]]);
+      } else if (position[k] >= 0) {
         bb.add_outputs(AddNode(bb, TupleElementNode(StrCat("d", k), "vjp", position[k], t)));
       } else if (k < nc) {
         bb.add_outputs(ct_c[k]);  // not differentiable: its zero cotangent passes through
@@ -689,6 +725,54 @@ class Vjp : public ops::ReverseMode {
     return absl::OkStatus();
   }
 
+  // What result `k` of F's node `n` (a scan or a conditional) varies over
+  // in the region: its forward copy's, as the region's analysis tracked it.
+  Varying ResultVarying(const v1::Node& n, int k) const {
+    const std::string& fwd = fwd_.at(n.name());
+    return region_->Of(IsMultiResult(n) ? StrCat(fwd, "#", k) : fwd);
+  }
+
+  // In a region's body, the VJP `v` of a loop body or a branch, over
+  // `bb`'s parameters (its operands), is expanded into `bb` at once, with
+  // `vary` (one per operand: the varying axes of the value the parameter
+  // stands for), so that its collectives transpose as the region's own do.
+  // (Outside a region it waits for the next round as a VJP node, where no
+  // variance is needed.) The names of v's results in `bb`.
+  absl::StatusOr<std::vector<std::string>> InlineVjp(v1::Graph& bb, const v1::Node& v,
+                                                     const std::vector<Varying>& vary) {
+    v1::Graph fn = Function(v.grad().function());
+    *fn.mutable_functions() = *functions_;
+    auto typed = ValidateGraph(fn, {.manual_mesh = &mesh_});
+    if (!typed.ok())
+      return Annotate(typed.status(), StrCat(Where(), ": body '", v.grad().function(), "': "));
+    const int np = int(typed->parameters.size());
+    RegionContext ctx(mesh_, *functions_, region_->label);
+    absl::flat_hash_set<std::string> used;
+    absl::flat_hash_map<std::string, v1::TensorType> types;
+    for (const v1::Node& x : bb.nodes()) {
+      used.insert(x.name());
+      types[x.name()] = x.type();
+    }
+    for (const v1::Graph& g : *functions_) used.insert(g.name());
+    v1::Graph backward;
+    Emitter e(backward, used);
+    e.on_emit = [&ctx](const v1::Node& x) { ctx.Track(x); };
+    std::vector<std::string> args, cts;
+    for (int i = 0; i < v.operands_size(); ++i) {
+      const std::string& o = v.operands(i);
+      e.Declare(o, types.at(o));
+      ctx.vary[o] = vary[i];
+      (i < np ? args : cts).push_back(o);
+    }
+    Vjp inner(e, v, *typed, args, cts, functions_, mesh_, &ctx);
+    auto results = inner.Run();
+    TESSEL_RETURN_IF_ERROR(e.status());
+    if (!results.ok()) return results.status();
+    for (v1::Node& x : inner.forward()) *bb.add_nodes() = std::move(x);
+    for (v1::Node& x : *backward.mutable_nodes()) *bb.add_nodes() = std::move(x);
+    return *results;
+  }
+
   // A conditional's backward pass is a conditional on the same index over
   // the VJPs of its branches.
   absl::Status TransposeConditional(const v1::Node& n, const std::vector<std::string>& result_cts) {
@@ -722,8 +806,20 @@ class Vjp : public ops::ReverseMode {
         *v.add_results() = TypeOf(n.operands(1 + i));
         position[i] = r++;
       }
-      *bb.add_nodes() = v;
+      std::vector<std::string> inlined;
+      if (region_ != nullptr) {
+        std::vector<Varying> vary;
+        for (int i = 0; i < no; ++i) vary.push_back(region_->Of(fwd_.at(n.operands(1 + i))));
+        for (int k = 0; k < nr; ++k) vary.push_back(ResultVarying(n, k));
+        TESSEL_ASSIGN_OR_RETURN(inlined, InlineVjp(bb, v, vary));
+      } else {
+        *bb.add_nodes() = v;
+      }
       for (int i = 0; i < no; ++i) {
+        if (position[i] >= 0 && !inlined.empty()) {
+          bb.add_outputs(inlined[position[i]]);
+          continue;
+        }
         v1::Node o;
         o.set_name(StrCat("d", i));
         *o.mutable_type() = TypeOf(n.operands(1 + i));
@@ -753,7 +849,9 @@ class Vjp : public ops::ReverseMode {
   const TypedGraph& f_;
   std::vector<std::string> args_, cts_;
   absl::flat_hash_map<std::string, std::string> fwd_;  // F's value -> its name in the output
-  absl::flat_hash_map<std::string, std::string> ct_;   // F's value -> its cotangent's name
+  // F's value -> its cotangent's parts: (the axes they vary over beyond
+  // the value's, joined; the name of their sum).
+  absl::flat_hash_map<std::string, std::vector<std::pair<std::string, std::string>>> ct_;
   absl::flat_hash_set<std::string> active_;  // F's values that depend on a parameter in wrt
   absl::flat_hash_map<std::string, std::string>
       regenerated_;  // F's generated constants, made again
@@ -771,8 +869,8 @@ absl::StatusOr<VjpExpansion> ExpandVjp(Emitter& e, const v1::Node& node, const T
                                        std::vector<std::string> args,
                                        std::vector<std::string> cotangents,
                                        google::protobuf::RepeatedPtrField<v1::Graph>* functions,
-                                       const v1::Mesh& mesh) {
-  Vjp vjp(e, node, f, std::move(args), std::move(cotangents), functions, mesh);
+                                       const v1::Mesh& mesh, RegionContext* region) {
+  Vjp vjp(e, node, f, std::move(args), std::move(cotangents), functions, mesh, region);
   VjpExpansion out;
   TESSEL_ASSIGN_OR_RETURN(out.results, vjp.Run());
   out.forward = std::move(vjp.forward());

@@ -141,8 +141,27 @@ def _group_size(x, axis_name):
     return int(np.prod([mesh.shape[a] for a in _axes(axis_name)]))
 
 
+def axis_size(axis_name):
+    """jax.lax.axis_size: how many devices the named mesh axes (one or a
+    tuple) hold, inside shard_map."""
+    b = current_builder()
+    mesh = getattr(b, "_mesh", None) if b is not None else None
+    if mesh is None:
+        raise TypeError("axis_size works inside shard_map")
+    return int(np.prod([mesh.shape[a] for a in _axes(axis_name)]))
+
+
 def psum(x, axis_name):
+    if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
+        return x * axis_size(axis_name)  # jax's psum(1, axis): the axis size, known when tracing
     return _collective(ir_pb2.ALL_REDUCE, x, axis_name, x.shape, kind=ir_pb2.SUM)
+
+
+def pmean(x, axis_name):
+    """jax.lax.pmean: the group's mean (psum over the axis size)."""
+    from tessel import numpy as tnp
+
+    return tnp.divide(psum(x, axis_name), axis_size(axis_name))
 
 
 def pmax(x, axis_name):

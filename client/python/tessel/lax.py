@@ -31,6 +31,18 @@ from tessel._convolution import (
     reduce_window,
 )
 from tessel._jit import jit
+from tessel._shard_map import (  # jax.lax's collectives, inside shard_map
+    all_gather,
+    all_to_all,
+    axis_index,
+    axis_size,
+    pmax,
+    pmean,
+    pmin,
+    ppermute,
+    psum,
+    psum_scatter,
+)
 from tessel._trace import Tracer, current_builder
 from tessel._tree import flatten, unflatten
 from tessel.numpy._core import _elementwise, _op
@@ -167,19 +179,22 @@ def convert_element_type(operand, new_dtype):
 
 
 __all__ = [
-    "RoundingMethod",
     "abs",
     "acos",
+    "acosh",
     "add",
+    "all_gather",
+    "all_to_all",
     "and_",
+    "argmax",
+    "argmin",
     "asin",
     "asinh",
     "atan",
-    "argmax",
-    "argmin",
     "atan2",
     "atanh",
-    "acosh",
+    "axis_index",
+    "axis_size",
     "bitwise_and",
     "bitwise_not",
     "bitwise_or",
@@ -229,13 +244,20 @@ __all__ = [
     "not_",
     "or_",
     "padtype_to_pads",
+    "pmax",
+    "pmean",
+    "pmin",
     "population_count",
     "pow",
+    "ppermute",
+    "psum",
+    "psum_scatter",
     "reciprocal",
     "reduce",
     "reduce_window",
     "rem",
     "round",
+    "RoundingMethod",
     "rsqrt",
     "scan",
     "select",
