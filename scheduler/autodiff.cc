@@ -209,9 +209,9 @@ static absl::StatusOr<v1::Graph> ExpandRegionBody(
 // `g`'s nodes with their transforms expanded. The new functions go to
 // `functions` where given (a region's body: the enclosing graph's), else
 // to the result's, after g's own.
-static absl::StatusOr<v1::Graph> ExpandNodes(const TypedGraph& g, const v1::Mesh& mesh,
-                                             RegionContext* region,
-                                             google::protobuf::RepeatedPtrField<v1::Graph>* functions) {
+static absl::StatusOr<v1::Graph> ExpandNodes(
+    const TypedGraph& g, const v1::Mesh& mesh, RegionContext* region,
+    google::protobuf::RepeatedPtrField<v1::Graph>* functions) {
   v1::Graph out;
   out.set_name(g.graph.name());
   if (functions == nullptr) {
