@@ -29,6 +29,29 @@ TEST(ShapeInference, BinaryRequiresSameType) {
             absl::string_view::npos);
 }
 
+TEST(ShapeInference, ABitcastKeepsTheShapeAndTheWidth) {
+  auto a = MakeType(v1::F32, {2, 3});
+  v1::Node n = Op(v1::CONVERT);
+  n.mutable_convert()->set_dtype(v1::S32);
+  n.mutable_convert()->set_bitcast(true);
+  auto t = InferType(n, {&a});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(TypeString(*t), "s32[2,3]");
+  n.mutable_convert()->set_dtype(v1::S16);
+  auto narrow = InferType(n, {&a});
+  ASSERT_FALSE(narrow.ok());
+  EXPECT_NE(
+      narrow.status().message().find(
+          "bitcast_convert: f32 (4 bytes) to s16 (2 bytes): expected dtypes of the same width"),
+      absl::string_view::npos)
+      << narrow.status();
+  auto p = MakeType(v1::PRED, {4});
+  n.mutable_convert()->set_dtype(v1::U8);
+  auto pred = InferType(n, {&p});
+  ASSERT_FALSE(pred.ok());
+  EXPECT_NE(pred.status().message().find("pred has no bits"), absl::string_view::npos);
+}
+
 TEST(ShapeInference, ArityAndDtypeRules) {
   auto a = MakeType(v1::S32, {4});
   EXPECT_FALSE(InferType(Op(v1::ADD), {&a}).ok());

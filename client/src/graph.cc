@@ -190,6 +190,13 @@ Value GraphBuilder::Convert(Value x, DType to) {
   return impl_->Add(std::move(n), {x});
 }
 
+Value GraphBuilder::BitcastConvert(Value x, DType to) {
+  v1::Node n = NodeOf(v1::CONVERT);
+  n.mutable_convert()->set_dtype(ToProto(to));
+  n.mutable_convert()->set_bitcast(true);
+  return impl_->Add(std::move(n), {x});
+}
+
 Value GraphBuilder::BroadcastInDim(Value x, std::vector<int64_t> dims, std::vector<int64_t> bd) {
   v1::Node n = NodeOf(v1::BROADCAST_IN_DIM);
   Assign(n.mutable_broadcast_in_dim()->mutable_dims(), dims);

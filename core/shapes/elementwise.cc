@@ -93,6 +93,17 @@ absl::StatusOr<TensorType> Convert(const v1::Node& n, Operands ops) {
   TESSEL_RETURN_IF_ERROR(CheckAttrs(n, v1::Node::kConvert, "convert"));
   if (DTypeSize(n.convert().dtype()) == 0)
     return InvalidArgumentError("convert: expected a target dtype");
+  if (n.convert().bitcast() && (n.convert().dtype() == v1::PRED || ops[0]->dtype() == v1::PRED)) {
+    return InvalidArgumentError(StrCat("bitcast_convert: ", DTypeName(ops[0]->dtype()), " to ",
+                                       DTypeName(n.convert().dtype()),
+                                       ": pred has no bits to read as another dtype"));
+  }
+  if (n.convert().bitcast() && DTypeSize(n.convert().dtype()) != DTypeSize(ops[0]->dtype())) {
+    return InvalidArgumentError(
+        StrCat("bitcast_convert: ", DTypeName(ops[0]->dtype()), " (", DTypeSize(ops[0]->dtype()),
+               " bytes) to ", DTypeName(n.convert().dtype()), " (", DTypeSize(n.convert().dtype()),
+               " bytes): expected dtypes of the same width"));
+  }
   TensorType t = *ops[0];
   t.set_dtype(n.convert().dtype());
   return t;

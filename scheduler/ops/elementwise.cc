@@ -253,14 +253,15 @@ absl::StatusOr<std::string> JvpClamp(ForwardMode& m, const v1::Node& n) {
   return r;
 }
 
+// A bitcast's derivative is zero (JAX's): no cotangent, no tangent.
 absl::Status VjpConvert(ReverseMode& m, const v1::Node& n, const std::string& ct) {
   const v1::DType from = m.OperandType(n, 0).dtype();
-  if (IsFloat(from)) m.Into(n, 0, m.e().Convert(ct, from));
+  if (IsFloat(from) && !n.convert().bitcast()) m.Into(n, 0, m.e().Convert(ct, from));
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> JvpConvert(ForwardMode& m, const v1::Node& n) {
-  if (!IsFloat(m.OperandType(n, 0).dtype())) return std::string();
+  if (!IsFloat(m.OperandType(n, 0).dtype()) || n.convert().bitcast()) return std::string();
   return m.Same(n, {m.Tangent(n, 0)});
 }
 

@@ -644,6 +644,25 @@ def convert_ref(x, src, dst):
     return rf(dst, f64(x))
 
 
+def bitcast_cases(rng):
+    """CONVERT with bitcast: the bits read as another dtype of the width,
+    against numpy's view; every bit pattern (integers of the full range,
+    so floats with NaN payloads, infinities and subnormals), and back."""
+    width = {d: np.dtype(NP[d]).itemsize for d in ALL if d not in ("pred", "bf16")}
+    for src in width:
+        for dst in width:
+            if src == dst or width[src] != width[dst]:
+                continue
+            c = Case("CONVERT.bitcast/%s->%s" % (src, dst), "CONVERT", src)
+            bits = rand_int(rng, "u%d" % (8 * width[src]), (3, 4)).view(NP[src])
+            p = c.param(src, bits)
+            want = bits.view(NP[dst])
+            if dst in FLOATS:  # the checker reads floats by value: NaN for NaN whatever its bits
+                want = want.copy()
+            c.out("CONVERT", [p], "convert { dtype: %s bitcast: true }" % PROTO[dst], dt=dst, want=want)
+            yield c
+
+
 def convert_cases(rng):
     for src in ALL:
         for dst in ALL:
@@ -1629,6 +1648,7 @@ def all_cases(rng):
         compare_cases,
         select_clamp_cases,
         convert_cases,
+        bitcast_cases,
         layout_cases,
         dot_cases,
         conv_cases,

@@ -50,18 +50,20 @@ def the_wheel(build):
     return wheels[0]
 
 
-def build_type(build):
-    """BUILD_DIR's CMAKE_BUILD_TYPE, from its CMakeCache.txt."""
+def cached(build, name, default):
+    """A setting of BUILD_DIR's CMakeCache.txt (CMAKE_BUILD_TYPE, CMAKE_GENERATOR)."""
     cache = (build / "CMakeCache.txt").read_text()
-    found = re.search(r"^CMAKE_BUILD_TYPE:STRING=(.*)$", cache, re.M)
-    return found.group(1) if found and found.group(1) else "Release"
+    found = re.search(rf"^{name}:[A-Z]+=(.*)$", cache, re.M)
+    return found.group(1) if found and found.group(1) else default
 
 
 def build_wheel(build):
-    """The wheel, built by scikit-build-core at BUILD_DIR's build type in a
-    folder beside it at the same depth (BUILD_DIR-wheel), so ccache
-    (CMakeLists.txt) serves it the objects BUILD_DIR compiled; only what
-    the wheel's settings change (TESSEL_CUDA=OFF, no tests) compiles anew."""
+    """The wheel, built by scikit-build-core at BUILD_DIR's build type, with
+    its generator (Make's compile in each target's folder, Ninja's at the
+    top: the paths ccache hashes differ between them), in a folder beside
+    it at the same depth (BUILD_DIR-wheel), so ccache (CMakeLists.txt)
+    serves it the objects BUILD_DIR compiled; only what the wheel's
+    settings change (TESSEL_CUDA=OFF, no tests) compiles anew."""
     house = build / "wheelhouse"
     shutil.rmtree(house, ignore_errors=True)
     run(
@@ -76,11 +78,16 @@ def build_wheel(build):
             "-C",
             f"build-dir={build.parent / (build.name + '-wheel')}",
             "-C",
-            f"cmake.build-type={build_type(build)}",
+            f"cmake.build-type={cached(build, 'CMAKE_BUILD_TYPE', 'Release')}",
             "-w",
             house,
             ROOT,
-        ]
+        ],
+        env=dict(
+            os.environ,
+            CMAKE_GENERATOR=cached(build, "CMAKE_GENERATOR", "Unix Makefiles"),
+            CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 1),
+        ),
     )
     wheel = the_wheel(build)
     import zipfile

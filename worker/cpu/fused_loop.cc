@@ -336,7 +336,13 @@ void FusedLoop::RunStep(const Step& st, void* const* ptr, int64_t start, int64_t
         break;
       case v1::SELECT: SelectKernel(dt, arg(0), arg(1), arg(2), out, len); break;
       case v1::CLAMP: ClampKernel(dt, arg(0), arg(1), arg(2), out, len); break;
-      case v1::CONVERT: ConvertKernel(slots_[st.args[0]].dtype, dt, arg(0), out, len); break;
+      case v1::CONVERT:
+        if (n.convert().bitcast()) {
+          std::memcpy(out, arg(0), len * DTypeSize(dt));  // the same bits, as wide (validated)
+        } else {
+          ConvertKernel(slots_[st.args[0]].dtype, dt, arg(0), out, len);
+        }
+        break;
       default:
         if (st.args.size() == 1) {
           UnaryKernel(n.op(), dt, arg(0), out, len);

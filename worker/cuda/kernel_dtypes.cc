@@ -122,6 +122,28 @@ std::string Convert(v1::DType from, v1::DType to, const std::string& e) {
   return StrCat("(", Compute(to), ")(", e, ")");
 }
 
+// A compute value of `from` with its storage bits read as `to` (as wide:
+// validated), through the unsigned integer of that width.
+std::string Bitcast(v1::DType from, v1::DType to, const std::string& e) {
+  const std::string bits = Bits(int(DTypeSize(to)));
+  std::string b;
+  switch (from) {
+    case v1::F32: b = StrCat("f2u(", e, ")"); break;
+    case v1::F64: b = StrCat("d2u(", e, ")"); break;
+    case v1::F16:
+    case v1::BF16: b = StrCat("bits_", HalfName(from), "(", e, ")"); break;
+    default: b = StrCat("(", Bits(int(DTypeSize(from))), ")(", e, ")"); break;
+  }
+  switch (to) {
+    case v1::F32: return StrCat("u2f(", b, ")");
+    case v1::F64: return StrCat("u2d(", b, ")");
+    case v1::F16:
+    case v1::BF16: return Load(to, StrCat("(u16)(", b, ")"));
+    default:
+      return StrCat("(", Compute(to), ")(", bits, ")(", b, ")");  // pred: refused by its shape rule
+  }
+}
+
 // One element of storage bytes as a compute-typed literal.
 std::string Literal(v1::DType dt, const void* bytes) {
   uint64_t v = 0;

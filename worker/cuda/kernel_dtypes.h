@@ -39,6 +39,9 @@ std::pair<std::string, std::string> IntRange(v1::DType dt);
 // A compute value of `from` as a compute value of `to`, rounding as the CPU backend does.
 std::string Convert(v1::DType from, v1::DType to, const std::string& e);
 
+// A compute value of `from` with its storage bits read as `to`, as wide.
+std::string Bitcast(v1::DType from, v1::DType to, const std::string& e);
+
 // One element of storage bytes as a compute-typed literal.
 std::string Literal(v1::DType dt, const void* bytes);
 

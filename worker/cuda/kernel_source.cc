@@ -42,6 +42,7 @@ typedef short i16;
 TD u32 f2u(float f) { return __float_as_uint(f); }
 TD float u2f(u32 u) { return __uint_as_float(u); }
 TD double u2d(u64 u) { return __longlong_as_double((i64)u); }
+TD u64 d2u(double d) { return (u64)__double_as_longlong(d); }
 TD i64 tid() { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }
 TD i64 nthreads() { return (i64)blockDim.x * gridDim.x; }
 #else
@@ -52,6 +53,7 @@ TD i64 nthreads() { return (i64)blockDim.x * gridDim.x; }
 TD u32 f2u(float f) { u32 u; memcpy(&u, &f, 4); return u; }
 TD float u2f(u32 u) { float f; memcpy(&f, &u, 4); return f; }
 TD double u2d(u64 u) { double d; memcpy(&d, &u, 8); return d; }
+TD u64 d2u(double d) { u64 u; memcpy(&u, &d, 8); return u; }
 TD i64 tid() { return 0; }
 TD i64 nthreads() { return 1; }
 #endif
@@ -100,6 +102,14 @@ TD u16 st_f16(float f) {
   }
   u32 r = a + 0xfffu + ((a >> 13) & 1u);
   return (u16)(sign | ((r - 0x38000000u) >> 13));
+}
+// The storage bits of an f16 or bf16 compute value (one that came from
+// storage, so exact), NaN payloads kept, for bitcasts.
+TD u16 bits_bf16(float f) { return (u16)(f2u(f) >> 16); }
+TD u16 bits_f16(float f) {
+  u32 u = f2u(f), a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return (u16)(((u >> 16) & 0x8000u) | 0x7c00u | ((a >> 13) & 0x3ffu));
+  return st_f16(f);
 }
 // Round to odd first, so that the later rounding to f16/bf16 is one rounding of the exact value.
 TD float odd_f(double d) {
@@ -306,7 +316,10 @@ absl::StatusOr<KernelLaunch> ModuleSource::AddFusion(
         break;
       }
       case v1::SELECT: expr = StrCat(args[0], " ? ", args[1], " : ", args[2]); break;
-      case v1::CONVERT: expr = Convert(dtype[n.operands(0)], dt, args[0]); break;
+      case v1::CONVERT:
+        expr = n.convert().bitcast() ? Bitcast(dtype[n.operands(0)], dt, args[0])
+                                     : Convert(dtype[n.operands(0)], dt, args[0]);
+        break;
       default: {
         if (!IsElementwise(n.op())) {
           return absl::InternalError(

@@ -256,6 +256,11 @@ TEST(KernelSource, EveryElementwiseOpMatchesTheCpuBackendBitForBit) {
       v1::Node c = MakeNode("y", v1::CONVERT, MakeType(to, {n}), {"a"});
       c.mutable_convert()->set_dtype(to);
       batch.Add(OneNode(c, 1), {t}, absl::StrCat("convert ", DTypeName(dt), "->", DTypeName(to)));
+      if (DTypeSize(to) == DTypeSize(dt) && to != v1::PRED && dt != v1::PRED) {
+        // the same bits read as another dtype of the width
+        c.mutable_convert()->set_bitcast(true);
+        batch.Add(OneNode(c, 1), {t}, absl::StrCat("bitcast ", DTypeName(dt), "->", DTypeName(to)));
+      }
     }
   }
   EXPECT_GT(batch.Check(), 500);

@@ -129,6 +129,8 @@ class GraphBuilder {
   Value Select(Value pred, Value on_true, Value on_false);
   Value Clamp(Value min, Value x, Value max);
   Value Convert(Value x, DType to);
+  // x's bits read as `to`, which must be as wide (jax.lax.bitcast_convert_type).
+  Value BitcastConvert(Value x, DType to);
   Value BroadcastInDim(Value x, std::vector<int64_t> dims,
                        std::vector<int64_t> broadcast_dimensions);
   // Broadcasts a scalar (or one-element value) to `dims`.

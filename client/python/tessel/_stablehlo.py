@@ -186,30 +186,9 @@ def _erf_inv(x):
 
 
 def _bitcast(x, to):
-    """bitcast_convert from an unsigned integer to the float of its width,
-    decoded arithmetically (sign, exponent, mantissa): what jax.random's
-    uniform does with its bits."""
-    x = tnp.asarray(x)
-    d, to = np.dtype(x.dtype), np.dtype(to)
-    if d == to:
-        return x
-    layout = {
-        (np.dtype(np.uint32), np.dtype(np.float32)): (8, 23, 127),
-        (np.dtype(np.uint64), np.dtype(np.float64)): (11, 52, 1023),
-    }
-    if (d, to) not in layout:
-        raise NotImplementedError(f"bitcast_convert from {d.name} to {to.name}")
-    ebits, mbits, bias = layout[(d, to)]
-    sign = tnp.astype(tlax.shift_right_logical(x, ebits + mbits), np.float64)
-    exponent = tnp.astype(tnp.bitwise_and(tlax.shift_right_logical(x, mbits), (1 << ebits) - 1), np.int64)
-    mantissa = tnp.astype(tnp.bitwise_and(x, (1 << mbits) - 1), np.float64)
-    frac = mantissa * 2.0**-mbits
-    normal = (1 + frac) * tnp.exp2(tnp.astype(exponent - bias, np.float64))
-    subnormal = frac * 2.0 ** (1 - bias)
-    special = tnp.where(mantissa == 0, np.inf, np.nan)
-    top = (1 << ebits) - 1
-    magnitude = tnp.where(exponent == 0, subnormal, tnp.where(exponent == top, special, normal))
-    return tnp.astype(tnp.where(sign == 1, -magnitude, magnitude), to)
+    """stablehlo.bitcast_convert: CONVERT with `bitcast` (the shapes of
+    different widths as jax.lax.bitcast_convert_type's)."""
+    return tlax.bitcast_convert_type(x, to)
 
 
 _UNARY = {
@@ -266,6 +245,7 @@ _BINARY = {
     "stablehlo.shift_left": tnp.left_shift,
     "stablehlo.shift_right_arithmetic": tnp.right_shift,
     "stablehlo.shift_right_logical": tlax.shift_right_logical,
+    "chlo.next_after": lambda x, y: tnp._nextafter(x, y, "c"),
 }
 _COMPARE = {"EQ": tnp.equal, "NE": tnp.not_equal, "LT": tnp.less, "LE": tnp.less_equal, "GT": tnp.greater}
 _COMPARE["GE"] = tnp.greater_equal
@@ -393,6 +373,8 @@ class Interpreter:
             return [tnp.astype(args[0], dtype_of(out_types[0]))]
         if name == "stablehlo.bitcast_convert":
             return [_bitcast(args[0], dtype_of(out_types[0]))]
+        if name == "stablehlo.reduce_precision":
+            return [tlax.reduce_precision(args[0], int(a["exponent_bits"]), int(a["mantissa_bits"]))]
         if name == "stablehlo.broadcast_in_dim":
             return [_broadcast_in_dim(args[0], _ints(a["broadcast_dimensions"]), shape_of(out_types[0]))]
         if name in ("stablehlo.reshape", "stablehlo.dynamic_reshape"):

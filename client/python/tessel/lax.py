@@ -106,6 +106,89 @@ def _popcount(u, bits):
 
 
 @_op
+def bitcast_convert_type(operand, new_dtype):
+    """jax.lax.bitcast_convert_type: the operand's bits read as `new_dtype`.
+    As wide: the same shape. Narrower: a last dimension of width ratio
+    (little-endian, as numpy's view on this machine and XLA's). Wider: the
+    last dimension, of that ratio, is taken away."""
+    from tessel.numpy._core import _bitcast, _tracer
+
+    t = _tracer(operand)
+    src, d = np.dtype(t.dtype), np.dtype(new_dtype)
+    if np.bool_ in (src, d):
+        raise TypeError(f"bitcast_convert_type: {src.name} to {d.name}: bool has no bits to read as another dtype")
+    if src == d:
+        return t
+    ws, wd = src.itemsize, d.itemsize
+    if ws == wd:
+        return _bitcast(t, d)
+    us, ud = np.dtype(f"u{ws}"), np.dtype(f"u{wd}")
+    u = _bitcast(t, us)
+    if wd < ws:
+        parts = [
+            tnp.astype(tnp.bitwise_and(tnp.floor_divide(u, us.type(1 << (8 * wd * k))), us.type((1 << 8 * wd) - 1)), ud)
+            for k in range(ws // wd)
+        ]
+        return _bitcast(tnp.stack(parts, axis=-1), d)
+    ratio = wd // ws
+    if not t.shape or t.shape[-1] != ratio:
+        raise ValueError(
+            f"bitcast_convert_type: {src.name}{list(t.shape)} to {d.name}: a wider dtype takes a last "
+            f"dimension of {ratio} (its width over the operand's), got {list(t.shape)}"
+        )
+    acc = None
+    for k in range(ratio):
+        part = tnp.multiply(tnp.astype(u[..., k], ud), ud.type(1 << (8 * ws * k)))
+        acc = part if acc is None else tnp.bitwise_or(acc, part)
+    return _bitcast(acc, d)
+
+
+# Exponent and mantissa bits of each float dtype.
+_FLOAT_FORMAT = {"float16": (5, 10), "bfloat16": (8, 7), "float32": (8, 23), "float64": (11, 52)}
+
+
+@_op
+def reduce_precision(operand, exponent_bits, mantissa_bits):
+    """jax.lax.reduce_precision: each float rounded to the nearest (ties to
+    even) of `mantissa_bits` bits, then to ±inf past the largest exponent
+    of `exponent_bits` bits and to ±0 at or below the smallest (no
+    subnormals); NaN stays NaN. XLA's algorithm, on the bits."""
+    from tessel.numpy._core import _bitcast, _tracer
+
+    t = _tracer(operand)
+    d = np.dtype(t.dtype)
+    if d.name not in _FLOAT_FORMAT:
+        raise TypeError(f"reduce_precision: expected a floating-point operand, got {d.name}")
+    src_e, src_m = _FLOAT_FORMAT[d.name]
+    exponent_bits, mantissa_bits = int(exponent_bits), int(mantissa_bits)
+    if exponent_bits < 1 or mantissa_bits < 0:
+        raise ValueError(
+            f"reduce_precision: exponent_bits {exponent_bits} (at least 1) and mantissa_bits {mantissa_bits} (at least 0)"
+        )
+    u = np.dtype(f"u{d.itemsize}")
+    c = u.type
+    x = _bitcast(t, u)
+    if mantissa_bits < src_m:
+        drop = src_m - mantissa_bits
+        last = 1 << drop  # the lowest mantissa bit kept
+        odd = tnp.bitwise_and(tnp.floor_divide(x, c(last)), c(1))  # ties go to the even one
+        x = tnp.add(x, tnp.add(odd, c((last >> 1) - 1)))
+        x = tnp.bitwise_and(x, c(((1 << 8 * d.itemsize) - 1) ^ (last - 1)))
+    if exponent_bits < src_e:
+        bias, reduced_bias = (1 << (src_e - 1)) - 1, (1 << (exponent_bits - 1)) - 1
+        exp_mask = ((1 << src_e) - 1) << src_m
+        exponent = tnp.bitwise_and(x, c(exp_mask))
+        signed_zero = tnp.bitwise_and(x, c(1 << (8 * d.itemsize - 1)))
+        signed_inf = tnp.bitwise_or(signed_zero, c(exp_mask))
+        x = tnp.where(
+            exponent > c((bias + reduced_bias) << src_m),
+            signed_inf,
+            tnp.where(exponent <= c((bias - reduced_bias) << src_m), signed_zero, x),
+        )
+    return tnp.where(tnp.isnan(t), t, _bitcast(x, d))
+
+
+@_op
 def shift_right_logical(x, y):
     """jax.lax.shift_right_logical: x's bits moved right with zeros in; 0
     for a count past the width (or below 0), as XLA's."""
@@ -195,6 +278,7 @@ __all__ = [
     "atanh",
     "axis_index",
     "axis_size",
+    "bitcast_convert_type",
     "bitwise_and",
     "bitwise_not",
     "bitwise_or",
@@ -254,6 +338,7 @@ __all__ = [
     "psum_scatter",
     "reciprocal",
     "reduce",
+    "reduce_precision",
     "reduce_window",
     "rem",
     "round",

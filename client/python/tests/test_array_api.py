@@ -4,6 +4,7 @@
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -154,7 +155,7 @@ def test_dtype_queries_match_numpy():
 
 def test_namespace_members_and_device(session):
     x = tessel.device_put(X)
-    assert x.__array_namespace__() is tnp and tnp.__array_api_version__ == "2023.12"
+    assert x.__array_namespace__() is tnp and tnp.__array_api_version__ == "2024.12"
     assert (tnp.e, tnp.pi, tnp.inf, tnp.newaxis) == (np.e, np.pi, np.inf, None) and np.isnan(tnp.nan)
     info = tnp.__array_namespace_info__()
     assert info.default_dtypes()["indexing"] == np.int64 and "bfloat16" in info.dtypes()
@@ -216,3 +217,88 @@ def test_array_api_signature_errors_name_the_argument(session):
     assert [10, 20, 30][tessel.device_put(np.int32(2))] == 30  # __index__
     with pytest.raises(TypeError, match="__index__ of a float32 array"):
         [1, 2][tessel.device_put(np.float32(1))]
+
+
+def _edges(dtype):
+    """Values at a float dtype's edges: signed zeros and NaNs, infinities,
+    subnormals, the largest and the smallest normal, and some ordinary ones."""
+    d = np.dtype(dtype)
+    info = ml_dtypes.finfo(d)
+    tiny, big = float(info.tiny), float(info.max)
+    sub = float(info.smallest_subnormal)
+    v = [0.0, -0.0, np.inf, -np.inf, np.nan, sub, -sub, tiny, -tiny, big, -big, 1.0, -1.5, 3.25, 1e-3]
+    out = np.array(v, np.float64).astype(d)
+    neg_nan = np.copysign(np.array(np.nan, np.float64), -1.0).astype(d)
+    return np.concatenate([out, [neg_nan]])
+
+
+FLOATS = ["float16", "float32", "float64"]
+
+
+@pytest.mark.parametrize("dtype", FLOATS + ["bfloat16"])
+def test_bitcasts_read_the_bits_as_numpy_view_does(session, dtype):
+    """jax.lax.bitcast_convert_type (CONVERT with bitcast) against numpy's
+    view: to the unsigned and signed integers of the width and back, to a
+    narrower dtype (a new last dimension) and from it (taking it away)."""
+    d = np.dtype(tnp.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    x = _edges(d)
+    w = d.itemsize
+    for to in (f"u{w}", f"i{w}"):
+        got = tessel.jit(lambda v: tessel.lax.bitcast_convert_type(v, to))(x).fetch()
+        np.testing.assert_array_equal(got, x.view(to))
+        back = tessel.jit(lambda v: tessel.lax.bitcast_convert_type(v, d))(x.view(to)).fetch()
+        np.testing.assert_array_equal(back.view(to), x.view(to))  # every bit, NaN payloads included
+    if w > 1:
+        got = tessel.jit(lambda v: tessel.lax.bitcast_convert_type(v, np.uint8))(x).fetch()
+        np.testing.assert_array_equal(got, x.view(np.uint8).reshape(x.shape + (w,)))
+        wide = tessel.jit(lambda v: tessel.lax.bitcast_convert_type(v, d))(x.view(np.uint8).reshape(-1, w)).fetch()
+        np.testing.assert_array_equal(wide.view(f"u{w}"), x.view(f"u{w}"))
+    # jax.lax's own answer, on the float32 bits
+    if d == np.float32:
+        want = np.asarray(jax.lax.bitcast_convert_type(jnp.asarray(x), jnp.uint8))
+        np.testing.assert_array_equal(tessel.lax.bitcast_convert_type(tessel.device_put(x), np.uint8).fetch(), want)
+
+
+def test_bitcast_errors_name_both_dtypes_and_its_derivative_is_zero(session):
+    with pytest.raises(ValueError, match=r"a wider dtype takes a last dimension of 4.*got \[3\]"):
+        tessel.lax.bitcast_convert_type(tessel.device_put(np.zeros(3, np.uint8)), np.float32)
+    with pytest.raises(TypeError, match="bool has no bits"):
+        tessel.lax.bitcast_convert_type(tessel.device_put(np.zeros(3, bool)), np.uint8)
+    x = np.array([1.5, -2.0, 3.0], np.float32)
+    # d/dx sum(x * bitcast(bitcast(x, i32), f32)): JAX's zero for the bitcast path, so 1 * x.
+    g = tessel.jit(
+        tessel.grad(
+            lambda v: tnp.sum(
+                v * tessel.lax.bitcast_convert_type(tessel.lax.bitcast_convert_type(v, np.int32), v.dtype)
+            )
+        )
+    )(x).fetch()
+    want = jax.grad(
+        lambda v: jnp.sum(v * jax.lax.bitcast_convert_type(jax.lax.bitcast_convert_type(v, jnp.int32), v.dtype))
+    )(x)
+    np.testing.assert_array_equal(g, np.asarray(want))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_signbit_copysign_and_nextafter_match_numpy_at_the_edges(session, dtype):
+    """Every pair of edge values (signed zeros and NaNs, infinities,
+    subnormals, the extremes): numpy's answer, bit for bit."""
+    x = _edges(dtype)
+    a, b = np.repeat(x, len(x)), np.tile(x, len(x))
+    u = f"u{np.dtype(dtype).itemsize}"
+    got = tessel.jit(lambda p, q: (tnp.signbit(p), tnp.copysign(p, q), tnp.nextafter(p, q)))(a, b)
+    np.testing.assert_array_equal(got[0].fetch(), np.signbit(a))
+    np.testing.assert_array_equal(got[1].fetch().view(u), np.copysign(a, b).view(u))
+    want = np.nextafter(a, b)
+    have = got[2].fetch()
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(have), nan)
+    np.testing.assert_array_equal(have[~nan].view(u), want[~nan].view(u))
+
+
+def test_signbit_copysign_nextafter_of_integers_and_bools_match_numpy(session):
+    i = np.array([-3, 0, 2, 7], np.int32)
+    u8 = np.array([0, 1, 200, 255], np.uint8)
+    check(lambda m, v: (m.signbit(v), m.copysign(v, -v), m.nextafter(v, v + 1)), i)
+    check(lambda m, v: (m.signbit(v), m.copysign(v, 1), m.nextafter(v, 0)), u8)
+    check(lambda m, v: m.signbit(v), np.array([True, False]))

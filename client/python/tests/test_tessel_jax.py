@@ -4,6 +4,7 @@ the same function under jax.jit on CPU."""
 
 import typing
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -184,11 +185,51 @@ def test_max_pool_gradients_run_through_select_and_scatter(cluster):
         check(jax.grad(loss), arg)
 
 
+def _float_edges(d):
+    info = ml_dtypes.finfo(d)
+    v = [0.0, -0.0, np.inf, -np.inf, np.nan, float(info.smallest_subnormal), float(info.tiny), float(info.max)]
+    v += [-float(info.max), 1.0, -1.5, 65504.0, 65520.0, 3.0e38, 1e-8, 6.1e-5, 1 + 2.0**-8, 1 + 3 * 2.0**-9]
+    return np.concatenate([np.array(v).astype(d), RNG.normal(size=64).astype(d) * d.type(100)])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_bits_reading_ops_run_through_bitcasts_as_jax_computes_them(cluster, dtype):
+    """jnp.signbit, copysign and nextafter, jax.lax.bitcast_convert_type
+    and reduce_precision (to bf16's, f16's and a smaller format), as JAX
+    lowers them (bitcast_convert, shifts, reduce_precision), bit for bit
+    against jax.jit."""
+    d = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    x = _float_edges(d)
+    y = np.roll(x, 3)
+    u = f"u{d.itemsize}"
+
+    def f(x, y):
+        out = {
+            "signbit": jnp.signbit(x),
+            "copysign": jnp.copysign(x, y),
+            "nextafter": jnp.nextafter(x, y),
+            "bits": jax.lax.bitcast_convert_type(x, jnp.dtype(u)),
+            "bytes": jax.lax.bitcast_convert_type(x, jnp.uint8),
+            "rp_small": jax.lax.reduce_precision(x, 3, 2),
+        }
+        if d.itemsize >= 4:
+            out["rp_bf16"] = jax.lax.reduce_precision(x, 8, 7)
+            out["rp_f16"] = jax.lax.reduce_precision(x, 5, 10)
+        return out
+
+    ours = tjax.jit(f)(x, y)
+    theirs = jax.jit(f)(x, y)
+    for k in theirs:
+        o, t = ours[k].fetch(), np.asarray(theirs[k])
+        assert o.dtype == t.dtype and o.shape == t.shape, k
+        if o.dtype == d:
+            nan = np.isnan(t.astype(np.float64))
+            np.testing.assert_array_equal(np.isnan(o.astype(np.float64)), nan, err_msg=k)
+            o, t = o[~nan].view(u), t[~nan].view(u)
+        np.testing.assert_array_equal(o, t, err_msg=k)
+
+
 def test_an_op_without_a_counterpart_is_an_error_naming_it(cluster):
-    with pytest.raises(
-        tessel.InvalidArgumentError, match=r"stablehlo.reduce_precision \(op 0 of @main\): .* no Tessel counterpart"
-    ):
-        tjax.jit(lambda x: jax.lax.reduce_precision(x, 5, 10))(np.arange(8.0))
     with pytest.raises(tessel.InvalidArgumentError, match="element type complex<f64> has no Tessel dtype"):
         tjax.jit(lambda x: jnp.fft.fft(x).real)(np.ones(8))
 

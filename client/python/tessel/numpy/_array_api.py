@@ -1,4 +1,4 @@
-"""The Array API standard's names (2023.12) where numpy's differ or are
+"""The Array API standard's names (2024.12) where numpy's differ or are
 missing elsewhere here: creation (empty, full_like, meshgrid), layout
 (concat, permute_dims, unstack, broadcast_arrays, matrix_transpose),
 vecdot and diff, the data-dependent searches (nonzero, count_nonzero,
@@ -21,6 +21,7 @@ from tessel import _dtypes
 from tessel._trace import current_builder
 from tessel.numpy._core import (
     _b,
+    _bitcast,
     _op,
     _result_dtype,
     _tracer,
@@ -30,14 +31,19 @@ from tessel.numpy._core import (
     zeros,
     zeros_like,
 )
+from tessel.numpy._elementwise import equal as _equal
 from tessel.numpy._elementwise import (
     abs,
     add,
     astype,
+    bitwise_and,
+    bitwise_or,
     divide,
     equal,
     invert,
     isinf,
+    isnan,
+    less,
     logical_and,
     logical_not,
     logical_or,
@@ -64,7 +70,7 @@ from tessel.numpy._layout import (
 from tessel.numpy._reductions import any, cumsum, sum
 from tessel.numpy._sorting import argsort
 
-__array_api_version__ = "2023.12"
+__array_api_version__ = "2024.12"
 e, pi, inf, nan, newaxis = _np.e, _np.pi, _np.inf, _np.nan, None
 
 
@@ -253,6 +259,61 @@ def hypot(x1, x2):
     ratio = divide(lo, safe)
     r = multiply(hi, sqrt(add(multiply(ratio, ratio), d.type(1))))
     return where(logical_or(isinf(a), isinf(b)), d.type(_np.inf), r)
+
+
+def _float_operands(*xs):
+    """The operands in their float result dtype (integers: the smallest
+    float holding them, as numpy's loops), with the unsigned integer of its
+    width and its sign bit."""
+    d = _result_dtype(*xs)
+    if not _dtypes.is_float(d):
+        d = _np.result_type(d, _np.float16)
+    u = _np.dtype(f"u{d.itemsize}")
+    return d, u, u.type(1 << (8 * d.itemsize - 1)), [astype(_tracer(x), d) for x in xs]
+
+
+@_op
+def signbit(x):
+    """numpy.signbit: whether the sign bit is set (-0.0 and -nan included)."""
+    t = _tracer(x)
+    if not _dtypes.is_float(t.dtype):
+        return t < 0 if t.dtype.kind == "i" else full(t.shape, False, _np.bool_)
+    return _bitcast(t, _np.dtype(f"i{t.dtype.itemsize}")) < 0
+
+
+@_op
+def copysign(x1, x2):
+    """numpy.copysign: x1's magnitude with x2's sign bit (NaNs too)."""
+    d, u, sign, (a, b) = _float_operands(x1, x2)
+    shape = _np.broadcast_shapes(a.shape, b.shape)
+    ua, ub = _bitcast(broadcast_to(a, shape), u), _bitcast(broadcast_to(b, shape), u)
+    return _bitcast(bitwise_or(bitwise_and(ua, u.type(int(sign) - 1)), bitwise_and(ub, sign)), d)
+
+
+def nextafter(x1, x2):
+    """numpy.nextafter: the next float after x1 toward x2 (NaN where either
+    is; from zero, the smallest subnormal of x2's sign). Where they are
+    equal, x2, as C's; numpy's float16 loop gives x1 there (0.0 toward
+    -0.0 stays 0.0), and so does this."""
+    return _nextafter(x1, x2, "numpy")
+
+
+@_op
+def _nextafter(x1, x2, equal="c"):
+    """nextafter; `equal`: "c" gives x2 where they are equal (C's, XLA's
+    chlo.next_after), "numpy" numpy's (x1 for float16)."""
+    d, u, sign, (a, b) = _float_operands(x1, x2)
+    shape = _np.broadcast_shapes(a.shape, b.shape)
+    a, b = broadcast_to(a, shape), broadcast_to(b, shape)
+    ua = _bitcast(a, u)
+    # Away from zero (toward x2 past x1's magnitude) the bits grow by one, else shrink.
+    away = logical_and(not_equal(a, d.type(0)), _equal(less(a, b), less(d.type(0), a)))
+    step = where(away, add(ua, u.type(1)), subtract(ua, u.type(1)))
+    tiny = where(signbit(b), u.type(int(sign) | 1), u.type(1))
+    out = _bitcast(where(_equal(a, d.type(0)), tiny, step), d)
+    same = a if equal == "numpy" and d == _np.float16 else b
+    out = where(_equal(a, b), same, out)
+    return where(logical_or(isnan(a), isnan(b)), d.type(_np.nan), out)
 
 
 @_op

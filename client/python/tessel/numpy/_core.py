@@ -114,6 +114,21 @@ def _convert(t, d):
     return _b().node(ir_pb2.CONVERT, [t], t.shape, d, set_attrs=attrs)
 
 
+def _bitcast(t, d):
+    """CONVERT with `bitcast`: t's bits read as dtype `d`, as wide."""
+    d = _np.dtype(d)
+    if t.dtype == d:
+        return t
+    if d.itemsize != t.dtype.itemsize:
+        raise TypeError(f"bitcast of {t.dtype.name} ({t.dtype.itemsize} bytes) to {d.name} ({d.itemsize} bytes)")
+
+    def attrs(n):
+        n.convert.dtype = _dtypes.to_proto(d)
+        n.convert.bitcast = True
+
+    return _b().node(ir_pb2.CONVERT, [t], t.shape, d, set_attrs=attrs)
+
+
 def _broadcast(t, shape):
     shape = tuple(shape)
     if t.shape == shape:

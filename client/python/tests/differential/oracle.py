@@ -414,6 +414,9 @@ class Oracle:
             k = 1 + np.minimum(_finite_abs(np.asarray(b, np.float64) * np.log(_finite_abs(a))), 1e3)
         return self._inexact(r, ULPS_ELEMENTWISE * finfo(np.asarray(r).dtype).eps * _finite_abs(r) * k)
 
+    copysign = _binary(np.copysign)
+    nextafter = _binary(np.nextafter)
+
     @_elementwise_op
     def hypot(self, x1, x2):
         a, b = self._cast_all([x1, x2])
@@ -480,6 +483,7 @@ class Oracle:
     cbrt = _unary(np.cbrt, inexact=True)
     trunc = _unary(np.trunc)
     rint = _unary(np.rint)
+    signbit = _unary(np.signbit)
 
     def _float_unary(formula):
         """Functions numpy lacks, computed in float64 and rounded once; ints

@@ -1034,10 +1034,13 @@ SORTABLE = INTS + [np.dtype(np.float32), np.dtype(np.float64)]
 def op_array_api(b):
     """The Array API standard's own names: diff, vecdot, hypot,
     count_nonzero, concat (flattening too), permute_dims,
-    matrix_transpose and unstack."""
+    matrix_transpose and unstack; signbit, copysign and nextafter (bitcasts
+    underneath) over values without NaN, whose sign bit depends on how each
+    side made it (numpy's 0/0 is -nan)."""
     kind = b.draw(
         st.sampled_from(
             ["diff", "vecdot", "hypot", "count_nonzero", "concat", "permute_dims", "matrix_transpose", "unstack"]
+            + ["signbit", "copysign", "nextafter"]
         )
     )
     if kind == "diff":
@@ -1052,6 +1055,14 @@ def op_array_api(b):
         x = b.pick()
         text, deps, _ = b.operand(x, past_rate=0)
         b.add(f"xp.hypot({x.name}, {text})", [x] + deps, inexact=True)
+    elif kind in ("signbit", "copysign", "nextafter"):
+        no_nan = lambda v: not (is_float(v.dtype) and np.isnan(v.value.astype(np.float64)).any())  # noqa: E731
+        x = b.pick(no_nan)
+        if kind == "signbit":
+            b.add(f"xp.signbit({x.name})", [x], discontinuous=True)
+        else:
+            y = b.pick_broadcastable(x, no_nan)
+            b.add(f"xp.{kind}({x.name}, {y.name})", [x, y], discontinuous=True)
     elif kind == "count_nonzero":
         x = b.pick(lambda v: v.ndim >= 1)
         axis = b.draw(st.sampled_from([None] + list(range(-x.ndim, x.ndim))))
