@@ -59,7 +59,7 @@ def cached(build, name, default):
 
 def build_wheel(build):
     """The wheel, built by scikit-build-core at BUILD_DIR's build type, with
-    its generator (Make's compile in each target's folder, Ninja's at the
+    its compiler and its generator (Make's compile in each target's folder, Ninja's at the
     top: the paths ccache hashes differ between them), in a folder beside
     it at the same depth (BUILD_DIR-wheel), so ccache (CMakeLists.txt)
     serves it the objects BUILD_DIR compiled; only what the wheel's
@@ -86,6 +86,8 @@ def build_wheel(build):
         env=dict(
             os.environ,
             CMAKE_GENERATOR=cached(build, "CMAKE_GENERATOR", "Unix Makefiles"),
+            # the same compiler by the same name: ccache hashes the name it is called by
+            CXX=cached(build, "CMAKE_CXX_COMPILER", "c++"),
             CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 1),
         ),
     )
