@@ -50,6 +50,7 @@ from tessel._api import (
     stats,
 )
 from tessel._array import Array, install as _install_array_ops
+from tessel.numpy._array_api import install as _install_array_api
 from tessel._cluster import LocalCluster, connect, local_cluster
 from tessel._compiled import Compiled
 from tessel._context import transfer_guard
@@ -82,7 +83,8 @@ from tessel.errors import (
     WorkerLostError,
 )
 
-_install_array_ops(numpy)
+_install_array_ops(numpy, device_put)
+_install_array_api(device_put=device_put, devices=devices, with_sharding_constraint=with_sharding_constraint)
 
 __version__ = "0.1.0"
 __all__ = [

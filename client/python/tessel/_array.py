@@ -162,15 +162,15 @@ class Array:
             pass
 
 
-def install(tnp):
+def install(tnp, device_put):
+    """Array's operators (tessel.numpy's) and the Array API's device members
+    (tessel.device_put): both from layers above this one."""
     install_operators(Array, tnp)
     # The Array API's device members: the sharding (a device's, for an
     # array on one), and a copy placed elsewhere (tessel.device_put).
     Array.device = property(lambda a: a.sharding)
 
     def to_device(a, device, /, *, stream=None):
-        from tessel._api import device_put
-
         if stream is not None:
             raise ValueError(f"to_device: stream={stream!r}: Tessel has no user-visible streams; pass None")
         return device_put(a, device)

@@ -159,8 +159,6 @@ def psum(x, axis_name):
 
 def pmean(x, axis_name):
     """jax.lax.pmean: the group's mean (psum over the axis size)."""
-    from tessel import numpy as tnp
-
     return tnp.divide(psum(x, axis_name), axis_size(axis_name))
 
 

@@ -45,7 +45,7 @@ from tessel._shard_map import (  # jax.lax's collectives, inside shard_map
 )
 from tessel._trace import Tracer, current_builder
 from tessel._tree import flatten, unflatten
-from tessel.numpy._core import _elementwise, _op
+from tessel.numpy._core import _bitcast, _elementwise, _op, _tracer
 from tessel.numpy._dot import dot_general
 from tessel.numpy._elementwise import _unary
 from tessel.v1 import ir_pb2
@@ -111,8 +111,6 @@ def bitcast_convert_type(operand, new_dtype):
     As wide: the same shape. Narrower: a last dimension of width ratio
     (little-endian, as numpy's view on this machine and XLA's). Wider: the
     last dimension, of that ratio, is taken away."""
-    from tessel.numpy._core import _bitcast, _tracer
-
     t = _tracer(operand)
     src, d = np.dtype(t.dtype), np.dtype(new_dtype)
     if np.bool_ in (src, d):
@@ -153,8 +151,6 @@ def reduce_precision(operand, exponent_bits, mantissa_bits):
     even) of `mantissa_bits` bits, then to ±inf past the largest exponent
     of `exponent_bits` bits and to ±0 at or below the smallest (no
     subnormals); NaN stays NaN. XLA's algorithm, on the bits."""
-    from tessel.numpy._core import _bitcast, _tracer
-
     t = _tracer(operand)
     d = np.dtype(t.dtype)
     if d.name not in _FLOAT_FORMAT:

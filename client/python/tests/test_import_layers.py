@@ -30,6 +30,7 @@ LAYERS = [
     "numpy._indexing",
     "numpy._dot",
     "numpy._sorting",
+    "numpy._array_api",  # the Array API standard's names, over those above
     "numpy",  # tessel.numpy, naming them
     "_convolution",  # convolutions and windows, composed of tessel.numpy's ops
     "_lax_linalg",  # tessel.lax.linalg: the factorizations
@@ -38,9 +39,9 @@ LAYERS = [
     "_compiled",  # tessel.Compiled
     "_jit",  # tessel.jit
     "_bodies",  # lax.reduce and lax.sort: functions applied by the op
-    "lax",  # control flow
-    "_api",  # devices, device_put, the contracts
     "_shard_map",  # shard_map, collectives, custom kernels
+    "lax",  # control flow, and jax.lax's collectives from _shard_map
+    "_api",  # devices, device_put, the contracts
     "_autodiff",
     "_remat",  # checkpoint, over custom_vjp
     "_vmap",  # transformations

@@ -18,7 +18,7 @@ import functools
 import numpy as _np
 
 from tessel import _dtypes
-from tessel._trace import current_builder
+from tessel._trace import Tracer, current_builder
 from tessel.numpy._core import (
     _b,
     _bitcast,
@@ -64,6 +64,7 @@ from tessel.numpy._layout import (
     moveaxis,
     ravel,
     reshape,
+    stack,
     swapaxes,
     transpose,
 )
@@ -72,6 +73,14 @@ from tessel.numpy._sorting import argsort
 
 __array_api_version__ = "2024.12"
 e, pi, inf, nan, newaxis = _np.e, _np.pi, _np.inf, _np.nan, None
+
+# Placement lives in layers above this one (tessel.device_put, devices,
+# with_sharding_constraint); tessel/__init__.py hands them in through install.
+_placement = {}
+
+
+def install(*, device_put, devices, with_sharding_constraint):
+    _placement.update(device_put=device_put, devices=devices, with_sharding_constraint=with_sharding_constraint)
 
 
 # ---------------------------------------------------------------- creation
@@ -89,12 +98,8 @@ def placed(fn):
         if device is None:
             return out
         if current_builder() is not None:
-            from tessel._shard_map import with_sharding_constraint
-
-            return with_sharding_constraint(out, device)
-        from tessel._api import device_put
-
-        return device_put(out, device)
+            return _placement["with_sharding_constraint"](out, device)
+        return _placement["device_put"](out, device)
 
     return wrapper
 
@@ -392,8 +397,6 @@ def nonzero(a, *, size=None, fill_value=None):
 
 def argwhere(a, *, size=None, fill_value=None):
     """numpy.argwhere: the nonzero elements' indices, one row each."""
-    from tessel.numpy._layout import stack
-
     parts = nonzero(a, size=size, fill_value=fill_value)
     return stack(parts, axis=-1) if parts else zeros((0, 0), int64)
 
@@ -483,8 +486,6 @@ def _dtype_of(x):
 def result_type(*arrays_and_dtypes):
     """numpy.result_type over arrays (Tracers, Arrays, numpy), dtypes and
     Python scalars (weak, NEP 50), bfloat16 included."""
-    from tessel._trace import Tracer
-
     parts = []
     for x in arrays_and_dtypes:
         if isinstance(x, Tracer) or isinstance(x, (bool, int, float)) and not isinstance(x, _np.generic):
@@ -542,14 +543,10 @@ class _Info:
         return {"boolean indexing": False, "data-dependent shapes": False, "max dimensions": None}
 
     def default_device(self):
-        from tessel import _api
-
-        return _api.devices()[0]
+        return _placement["devices"]()[0]
 
     def devices(self):
-        from tessel import _api
-
-        return _api.devices()
+        return _placement["devices"]()
 
     def default_dtypes(self, *, device=None):
         return {

@@ -773,10 +773,11 @@ class Oracle:
 
     def einsum(self, subscripts, *operands):
         """numpy's einsum; in the alternate runs, letters only one operand has
-        are summed out first, another valid order (with infinities the two
-        orders can give inf and NaN)."""
+        are summed out first, another valid order, for any number of operands
+        (with infinities the two orders can give inf and NaN: 0 * inf * inf
+        summed at once is NaN, the sums taken first are 0 + 1 and inf)."""
         spec = subscripts.replace(" ", "")
-        if not self.alternate or "->" not in spec or len(operands) != 2:
+        if not self.alternate or "->" not in spec or len(operands) < 2:
             return self._einsum(subscripts, *operands)
         ins, out = spec.split("->")
         specs = ins.split(",")
