@@ -13,7 +13,9 @@
 //                   loop over the same bytes, in GB/s. Goal >= 0.8x.
 //   dot_2048        f32 2048^3 dot_general vs OpenBLAS sgemm called
 //                   directly, in GFLOP/s. Goal >= 0.9x.
-//   seed_loop_*, loop_peak_256mib  the seed loop, donated and guarded.
+//   seed_loop_*, loop_peak_256mib  the seed loop, donated and guarded;
+//                   seed_loop_traced: the loop while tessel.profiler's trace
+//                   records vs untraced. Goal >= 0.95x.
 //   all_reduce_{1,16,256}mib  psum of an f32 block per device in a manual
 //                   region over {x: 2}, one device on each of 2 worker
 //                   processes, donated, steps pipelined as a training loop
@@ -79,6 +81,7 @@
 #include "tessel/graph.h"
 #include "tessel/local_cluster.h"
 #include "tessel/session.h"
+#include "tessel/v1/admin.grpc.pb.h"
 #include "tessel/v1/worker.grpc.pb.h"
 
 namespace {
@@ -318,6 +321,35 @@ void SeedLoop(Bench& b) {
                       "unary calls/s"});
     b.rows.push_back({"seed_loop_2w", "steps/s", 2.0 * pairs / t_both, 1.0 / t_unary, 1.0, true,
                       "the same loop replicated on both workers (each step runs on 2 devices)"});
+  }
+
+  if (want("seed_loop_traced")) {
+    // The one-device loop while a trace records on every process (each
+    // step's span, kernels and memory counter on the worker, each dispatch
+    // on the coordinator) vs the same loop untraced, alternated.
+    auto admin = tessel::v1::Admin::NewStub(
+        grpc::CreateChannel(b.cluster->address(), grpc::InsecureChannelCredentials()));
+    std::vector<double> off, on;
+    for (int round = 0; round < 3; ++round) {
+      off.push_back(loop(16, tessel::Placement::Device(0), pairs));
+      grpc::ClientContext start_ctx;
+      tessel::v1::StartTraceRequest start;
+      start.set_duration_ms(600'000);
+      tessel::v1::StartTraceResponse started;
+      if (!admin->StartTrace(&start_ctx, start, &started).ok())
+        Check(absl::UnavailableError("StartTrace"));
+      on.push_back(loop(16, tessel::Placement::Device(0), pairs));
+      grpc::ClientContext stop_ctx;
+      auto reader = admin->StopTrace(&stop_ctx, tessel::v1::StopTraceRequest());
+      tessel::v1::TraceChunk chunk;
+      while (reader->Read(&chunk)) {
+      }
+      if (!reader->Finish().ok()) Check(absl::UnavailableError("StopTrace"));
+    }
+    b.rows.push_back({"seed_loop_traced", "steps/s", 2.0 * pairs / Median(on),
+                      2.0 * pairs / Median(off), 0.95, true,
+                      "the one-device seed loop while a trace records on every process vs the "
+                      "same loop untraced, alternated"});
   }
 
   if (want("loop_peak_256mib")) {
@@ -697,7 +729,7 @@ const Entry kEntries[] = {
     {{"put_256mib"}, Put256},
     {{"fused_chain"}, FusedChain},
     {{"dot_2048"}, Dot2048},
-    {{"seed_loop_steps", "seed_loop_2w", "loop_peak_256mib"}, SeedLoop},
+    {{"seed_loop_steps", "seed_loop_2w", "seed_loop_traced", "loop_peak_256mib"}, SeedLoop},
     {{"all_reduce_1mib", "all_reduce_16mib", "all_reduce_256mib"}, AllReduce},
     {{"reshard_256mib"}, Reshard},
     {{"sharded_sum"}, ShardedSum},

@@ -206,6 +206,13 @@ class Coordinator {
   // before asking), checked against the live arrays here: the unowned, and
   // a sequenced free of those already unowned at the previous call.
   v1::ReconcileResponse Reconcile() ABSL_LOCKS_EXCLUDED(arrays_.lock(), reconcile_mu_);
+  // The profiler: starts every live worker's recorder and this process's
+  // (each stops by itself after the duration); one trace at a time.
+  absl::StatusOr<v1::StartTraceResponse> StartTrace(const v1::StartTraceRequest& req)
+      ABSL_LOCKS_EXCLUDED(trace_mu_);
+  // Stops them and answers the trace, as Chrome/Perfetto trace-event JSON
+  // on this process's clock.
+  absl::StatusOr<std::string> StopTrace() ABSL_LOCKS_EXCLUDED(trace_mu_);
 
  private:
   class PutSinkImpl;
@@ -420,6 +427,11 @@ class Coordinator {
   absl::Mutex reconcile_mu_;  // a leaf
   absl::flat_hash_set<std::pair<int, uint64_t>> unowned_ ABSL_GUARDED_BY(reconcile_mu_);
   std::atomic<int64_t> unowned_freed_{0};
+  // The trace being recorded (StartTrace), if any: until when, and the
+  // workers asked to record it.
+  absl::Mutex trace_mu_;  // held across the workers' Trace calls: one trace at a time
+  std::optional<absl::Time> trace_until_ ABSL_GUARDED_BY(trace_mu_);
+  std::vector<StatsTarget> traced_ ABSL_GUARDED_BY(trace_mu_);
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread monitor_;

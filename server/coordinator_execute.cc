@@ -17,6 +17,7 @@
 #include "core/dtype.h"
 #include "core/sharding.h"
 #include "core/status.h"
+#include "core/trace.h"
 #include "server/ids.h"
 
 namespace tessel::server {
@@ -57,6 +58,8 @@ absl::StatusOr<v1::CompileResponse> Coordinator::Compile(const v1::CompileReques
         StrCat("graph '", req.graph().name(), "': shardings need a mesh"));
   }
   v1::CompileResponse resp;
+  trace::Span span("compile", "compile", "compile");
+  if (span.active()) span.Detail(StrCat("'", req.graph().name(), "'"));
   TESSEL_ASSIGN_OR_RETURN(const ArrayRegistry::SessionView session,
                           arrays_.ViewSession(req.session_id()));
   const bool strict = req.strict_donation() || session.options.strict_donation();
@@ -81,7 +84,10 @@ absl::StatusOr<v1::CompileResponse> Coordinator::Compile(const v1::CompileReques
   }
   if (entry == nullptr) {
     options.strict_donation = strict;
+    std::optional<trace::Span> planning;
+    planning.emplace("compile", "partition, fuse and schedule", "compile");
     auto c = scheduler::Compile(req.graph(), options);
+    planning.reset();
     if (!c.ok()) {
       log_->info("session {}: compile of '{}' failed: {}", req.session_id(), req.graph().name(),
                  c.status().ToString());
@@ -99,6 +105,8 @@ absl::StatusOr<v1::CompileResponse> Coordinator::Compile(const v1::CompileReques
   }
   const scheduler::CompiledProgram* compiled = &entry->compiled;
   resp.set_executable_id(compiled->fingerprint);
+  span.Text("executable", compiled->fingerprint);
+  span.Text("cache", resp.cache_hit() ? "hit" : "miss");
   for (const auto& t : compiled->global_parameter_types) *resp.add_parameter_types() = t;
   for (const auto& t : compiled->global_output_types) *resp.add_output_types() = t;
   if (compiled->partitioned()) {
@@ -219,15 +227,21 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
     TESSEL_ASSIGN_OR_RETURN(exe, CompileEvicted(req.session_id(), tenant, req.executable_id()));
   }
   AcceptedExecution run;
+  trace::Span span("dispatch", "dispatch", "dispatch");
   {
     // Checking the arguments, retiring the donated ones, registering the
     // outputs and numbering the steps are one change to the arrays.
+    trace::Span planning("dispatch", "plan the steps", "dispatch");
     ArrayRegistry::Transaction t(arrays_);
     run.routes = workers_.Routes();
     TESSEL_ASSIGN_OR_RETURN(ExecutePlan plan, PlanExecuteLocked(req, *exe, run.routes));
     CommitExecuteLocked(req, *exe, std::move(plan), run);
   }
-  LaunchExecute(req, *exe, run);
+  span.Arg("execution", run.execution_id);
+  {
+    trace::Span launching("dispatch", "send the steps", "dispatch");
+    LaunchExecute(req, *exe, run);
+  }
   if (req.wait())
     TESSEL_RETURN_IF_ERROR(
         AwaitAll(req.session_id(), req.outputs(), StrCat("execution ", run.execution_id)));

@@ -65,6 +65,9 @@ class FaultInjectingWorkerClient final : public WorkerClient {
   absl::Status OpenWrites(const v1::OpenWritesRequest& request) override {
     return inner_->OpenWrites(request);
   }
+  absl::StatusOr<v1::TraceResponse> Trace(const v1::TraceRequest& request) override {
+    return inner_->Trace(request);
+  }
   void CancelAll() override { inner_->CancelAll(); }
 
   void SetStepsLostCallback(std::function<void()> on_lost) override {

@@ -326,6 +326,15 @@ class GrpcWorkerClient final : public WorkerClient {
     return resp;
   }
 
+  absl::StatusOr<v1::TraceResponse> Trace(const v1::TraceRequest& request) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::TraceResponse resp;
+    auto s = Annotated(stub_->Trace(&ctx, request, &resp));
+    if (!s.ok()) return s;
+    return resp;
+  }
+
   void SetStepsLostCallback(std::function<void()> on_lost) override {
     absl::MutexLock l(&mu_);
     on_lost_ = std::move(on_lost);

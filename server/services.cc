@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "core/rpc_status.h"
 #include "core/security.h"
+#include "core/trace.h"
 #include "core/version.h"
 
 namespace tessel::server {
@@ -387,11 +388,35 @@ grpc::Status AdminService::Reconcile(grpc::ServerContext* ctx, const v1::Reconci
   return grpc::Status::OK;
 }
 
+grpc::Status AdminService::StartTrace(grpc::ServerContext* ctx, const v1::StartTraceRequest* req,
+                                      v1::StartTraceResponse* resp) {
+  if (grpc::Status a = Authorize(ctx); !a.ok()) return a;
+  return Reply(c_->StartTrace(*req), resp);
+}
+grpc::Status AdminService::StopTrace(grpc::ServerContext* ctx, const v1::StopTraceRequest*,
+                                     grpc::ServerWriter<v1::TraceChunk>* writer) {
+  if (grpc::Status a = Authorize(ctx); !a.ok()) return a;
+  auto json = c_->StopTrace();
+  if (!json.ok()) return ToGrpc(json.status());
+  constexpr size_t kChunk = 1 << 20;
+  v1::TraceChunk chunk;
+  chunk.set_coordinator_unix_ns(trace::NowNs());
+  for (size_t off = 0; off < json->size(); off += kChunk) {
+    chunk.set_json(json->substr(off, kChunk));
+    if (!writer->Write(chunk))
+      return grpc::Status(grpc::StatusCode::CANCELLED, "StopTrace: the client went away");
+    chunk.clear_coordinator_unix_ns();
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status RegistryService::RegisterWorker(grpc::ServerContext* ctx,
                                              const v1::RegisterWorkerRequest* req,
                                              v1::RegisterWorkerResponse* resp) {
   if (grpc::Status a = CheckJoinToken(ctx); !a.ok()) return a;
-  return Reply(c_->RegisterWorker(*req), resp);
+  grpc::Status s = Reply(c_->RegisterWorker(*req), resp);
+  resp->set_coordinator_unix_ns(trace::NowNs());
+  return s;
 }
 grpc::Status RegistryService::Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
                                         v1::HeartbeatResponse* resp) {
@@ -400,6 +425,7 @@ grpc::Status RegistryService::Heartbeat(grpc::ServerContext* ctx, const v1::Hear
                              absl::Milliseconds(req->drain_ms()));
   if (!known.ok()) return ToGrpc(known.status());
   resp->set_known(*known);
+  resp->set_coordinator_unix_ns(trace::NowNs());
   return grpc::Status::OK;
 }
 grpc::Status RegistryService::KvSet(grpc::ServerContext* ctx, const v1::KvSetRequest* req,

@@ -100,6 +100,10 @@ class AdminService final : public v1::Admin::Service {
                            v1::DrainWorkerResponse*) override;
   grpc::Status Reconcile(grpc::ServerContext*, const v1::ReconcileRequest*,
                          v1::ReconcileResponse*) override;
+  grpc::Status StartTrace(grpc::ServerContext*, const v1::StartTraceRequest*,
+                          v1::StartTraceResponse*) override;
+  grpc::Status StopTrace(grpc::ServerContext*, const v1::StopTraceRequest*,
+                         grpc::ServerWriter<v1::TraceChunk>*) override;
 
  private:
   grpc::Status Authorize(const grpc::ServerContext* ctx) const;

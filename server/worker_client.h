@@ -61,6 +61,12 @@ class WorkerClient {
     return absl::UnimplementedError("this worker client has no checkpoint files");
   }
 
+  // Starts or stops the worker's profiler recorder (TraceRequest).
+  // Default: UNIMPLEMENTED, for fakes that record nothing.
+  virtual absl::StatusOr<v1::TraceResponse> Trace(const v1::TraceRequest& request) {
+    return absl::UnimplementedError("this worker client records no trace");
+  }
+
   // Fails every call in flight, and every later one (the worker was
   // declared dead).
   virtual void CancelAll() = 0;

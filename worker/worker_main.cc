@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <map>
 #include <optional>
@@ -22,6 +23,7 @@
 #include "core/reflection_v1.h"
 #include "core/security.h"
 #include "core/status.h"
+#include "core/trace.h"
 #include "core/version.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -187,6 +189,38 @@ struct Identity {
   std::string address, secret, name, incarnation, client_address;
 };
 
+// The coordinator's clock against this process's, from the heartbeats'
+// round trips: the coordinator answered somewhere within each, so the
+// offset is known within half the round trip. The beat with the shortest
+// round trip among the last 32 gives the estimate the profiler uses; the
+// registration's is the first.
+class ClockEstimate {
+ public:
+  void Beat(int64_t sent_ns, int64_t coordinator_ns) {
+    const int64_t back_ns = tessel::trace::NowNs();
+    const int64_t half = std::max<int64_t>(0, back_ns - sent_ns) / 2;
+    samples_[next_++ % samples_.size()] = {coordinator_ns - (sent_ns + half), half};
+    const Sample* best = nullptr;
+    for (const Sample& x : samples_) {
+      if (x.error_ns >= 0 && (best == nullptr || x.error_ns < best->error_ns)) best = &x;
+    }
+    tessel::trace::Recorder::Get().SetClockOffset(best->offset_ns, best->error_ns);
+  }
+
+ private:
+  struct Sample {
+    int64_t offset_ns = 0;
+    int64_t error_ns = -1;  // -1: none yet
+  };
+  std::array<Sample, 32> samples_;
+  size_t next_ = 0;
+};
+// The worker's: fed by its registrations and heartbeats (one thread at a time).
+ClockEstimate& Clock() {
+  static ClockEstimate* c = new ClockEstimate();
+  return *c;
+}
+
 absl::StatusOr<Registration> Register(tessel::v1::Registry::Stub& stub, const Identity& me,
                                       const std::vector<std::string>& kinds,
                                       absl::Duration timeout) {
@@ -206,8 +240,10 @@ absl::StatusOr<Registration> Register(tessel::v1::Registry::Stub& stub, const Id
     req.set_protocol_version(tessel::kProtocolVersionMax);
     req.set_worker_secret(me.secret);
     tessel::v1::RegisterWorkerResponse resp;
+    const int64_t sent_ns = tessel::trace::NowNs();
     last = stub.RegisterWorker(&ctx, req, &resp);
     if (last.ok()) {
+      if (resp.coordinator_unix_ns() != 0) Clock().Beat(sent_ns, resp.coordinator_unix_ns());
       return Registration{resp.worker_id(), std::max<int64_t>(50, resp.heartbeat_interval_ms()),
                           resp.queue_epoch(), resp.coordinator_incarnation()};
     }
@@ -344,7 +380,10 @@ void Heartbeats(const Beat& b, const Registration& registration) {
       req.set_drain_ms(drain);
     }
     tessel::v1::HeartbeatResponse resp;
+    const int64_t sent_ns = tessel::trace::NowNs();
     grpc::Status s = b.registry.Heartbeat(&ctx, req, &resp);
+    if (s.ok() && resp.coordinator_unix_ns() != 0)
+      Clock().Beat(sent_ns, resp.coordinator_unix_ns());
     if (s.ok() && !resp.known()) {
       b.log.warn("coordinator does not know worker {}; registering again", r.worker_id);
       auto again = Register(b.registry, b.me, b.kinds, absl::Seconds(5));

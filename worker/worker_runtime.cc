@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "core/dtype.h"
 #include "core/status.h"
+#include "core/trace.h"
 #include "worker/collective_group.h"
 #include "worker/transfer.h"
 
@@ -54,6 +55,14 @@ WorkerRuntime::~WorkerRuntime() {
 }
 
 namespace {
+
+// A step's name in a trace: "run" (its program's id follows), or what else it runs.
+const char* StepName(const v1::RunRequest& r) {
+  if (r.has_transfer()) return "reshard";
+  if (r.has_checkpoint())
+    return r.checkpoint().restore() ? "checkpoint restore" : "checkpoint save";
+  return "run";
+}
 
 // "<incarnation>.<epoch>" of a collective epoch; epoch -1 when it is not one.
 std::pair<std::string, int64_t> SplitEpoch(absl::string_view e) {
@@ -408,8 +417,17 @@ void WorkerRuntime::Run(v1::RunRequest request_in, RunDone done) {
       (void)store_.Insert(request.device(), h, StoredArray{nullptr, {}, s});
     }
   };
-  auto work = [this, shared, done, fail] {
+  const int64_t queued_ns = trace::Enabled() ? trace::NowNs() : 0;
+  auto work = [this, shared, done, fail, queued_ns] {
     const v1::RunRequest& request = *shared;
+    trace::SetThreadDevice(request.device());
+    trace::Span span("step", StepName(request));
+    if (span.active()) {
+      span.Detail(request.executable_id());
+      span.Arg("execution", request.execution_id());
+      span.Arg("seq", int64_t(request.seq()));
+      if (queued_ns > 0) span.Arg("queued_us", (trace::NowNs() - queued_ns) / 1000);
+    }
     int last_collective = -1;
     const bool timed =
         log_->should_log(spdlog::level::debug);  // a clock read per step only when logged
@@ -426,6 +444,11 @@ void WorkerRuntime::Run(v1::RunRequest request_in, RunDone done) {
                   absl::ToInt64Microseconds(absl::Now() - start), result.ok() ? "" : ", failed");
     }
     if (!result.ok()) fail(result.status(), last_collective);
+    if (span.active()) {
+      if (!result.ok()) span.Text("error", result.status().message());
+      trace::Counter("memory in use (bytes)", request.device(),
+                     double(devices_[request.device()]->memory_stats().bytes_in_use));
+    }
     if (completions == nullptr) return done(std::move(result));
     // The step's kernels may still be running: it is reported once they
     // have finished, and fails if they did, or if a step whose outputs it

@@ -1,10 +1,12 @@
 #include "worker/worker_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "core/dtype.h"
 #include "core/rpc_status.h"
 #include "core/security.h"
+#include "core/trace.h"
 #include "core/version.h"
 
 namespace tessel::worker {
@@ -218,6 +220,14 @@ grpc::Status WorkerService::PutShard(grpc::ServerContext* ctx,
   // A client's write is answered with a receipt the coordinator checks
   // before the array is ready (the header goes as the data comes).
   const std::string receipt_for = msg.header().ticket().empty() ? "" : WrittenGrant(msg.header());
+  trace::Span span("transfer", "put", "transfers");
+  if (span.active()) {
+    span.Text("devices", absl::StrJoin(msg.header().devices(), ","));
+    span.Arg("buffer", int64_t(msg.header().buffer()));
+    span.Text("path",
+              receipt_for.empty() ? "relayed by the coordinator" : "direct from the client");
+  }
+  int64_t bytes = 0;
   auto writer = runtime_->BeginPut(msg.header(), /*granted=*/!receipt_for.empty());
   if (!writer.ok()) return ToGrpc(writer.status());
   while (reader->Read(&msg)) {
@@ -225,8 +235,10 @@ grpc::Status WorkerService::PutShard(grpc::ServerContext* ctx,
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "PutShard: a second header in one stream");
     }
+    bytes += int64_t(msg.data().size());
     if (auto s = (*writer)->Write(msg.data()); !s.ok()) return ToGrpc(s);
   }
+  span.Arg("bytes", bytes);
   if (absl::Status s = (*writer)->Finish(); !s.ok()) return ToGrpc(s);
   if (!receipt_for.empty())
     resp->set_receipt(SignTicket(secret_, receipt_for, absl::Now() + kReceiptLifetime));
@@ -250,6 +262,14 @@ grpc::Status WorkerService::FetchShard(grpc::ServerContext* ctx, const v1::Fetch
       req->chunk_bytes() > 0 ? std::min<int64_t>(req->chunk_bytes(), 16 << 20) : (1 << 20);
   const int64_t total = ByteSizeUnchecked(a->type);
   Device& dev = runtime_->device(req->device());
+  trace::Span span("transfer", "fetch", "transfers");
+  if (span.active()) {
+    span.Arg("device", req->device());
+    span.Arg("buffer", int64_t(req->buffer()));
+    span.Arg("bytes", total);
+    span.Text("path",
+              req->ticket().empty() ? "relayed by the coordinator" : "direct to the client");
+  }
   v1::FetchShardResponse msg;
   for (int64_t off = 0; off < total; off += chunk) {
     if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "fetch cancelled");
@@ -285,6 +305,23 @@ grpc::Status WorkerService::CheckpointFiles(grpc::ServerContext* ctx,
   auto r = runtime_->CheckpointFiles(*req);
   if (!r.ok()) return ToGrpc(r.status());
   *resp = std::move(*r);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Trace(grpc::ServerContext* ctx, const v1::TraceRequest* req,
+                                  v1::TraceResponse* resp) {
+  if (grpc::Status a = CheckCaller(*ctx); !a.ok()) return a;
+  trace::Recorder& r = trace::Recorder::Get();
+  if (req->start()) {
+    if (req->capacity() <= 0 || req->duration_ms() <= 0) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("Trace: capacity and duration_ms must be positive; got ",
+                                       req->capacity(), " and ", req->duration_ms()));
+    }
+    r.Start(req->capacity(), absl::Now() + absl::Milliseconds(req->duration_ms()));
+    return grpc::Status::OK;
+  }
+  r.Stop(resp->mutable_events());
   return grpc::Status::OK;
 }
 

@@ -43,6 +43,7 @@ class WorkerService final
                           v1::OpenWritesResponse*) override;
   grpc::Status CheckpointFiles(grpc::ServerContext*, const v1::CheckpointFilesRequest*,
                                v1::CheckpointFilesResponse*) override;
+  grpc::Status Trace(grpc::ServerContext*, const v1::TraceRequest*, v1::TraceResponse*) override;
 
   // How long a put's receipt (PutShardResponse.receipt) stays good: the
   // client hands it over once every block of the array is written.

@@ -1,15 +1,18 @@
 // tessel: the command-line client. See `tessel --help`.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <set>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -68,6 +71,14 @@ Partitioning flags:
       A live view of each device: steps per second, queue depth, errors,
       mean step latency, memory in use and peak; refreshed every S seconds
       (default 1), N times (default: until interrupted).
+  tessel profile [--duration 10s] [--out trace.json.gz] [--max-events N] [--coordinator HOST:PORT]
+      Record a trace of the whole cluster for the duration (1 ms .. 10 min)
+      and write it as Chrome/Perfetto trace-event JSON (gzipped when OUT ends
+      in .gz): each device's steps, kernels and collectives (waiting for peers
+      vs moving data), transfers, memory in use, and the coordinator's
+      compiles and dispatches, on the coordinator's clock (each worker's
+      offset and its error bound in otherData). Open it in ui.perfetto.dev or
+      chrome://tracing. Needs an admin token on a secured cluster.
   tessel checkpoint ls DIRECTORY
   tessel checkpoint inspect PATH [--verify]
       A checkpoint directory read where it lies (no cluster needed): ls lists
@@ -153,6 +164,7 @@ const std::map<std::string, CommandSpec> kCommands = {
        "tls-server-name"}}},
     {"top", {{"coordinator", "interval", "iterations", "token", "tls-ca"}}},
     {"checkpoint", {{"verify"}, 2}},
+    {"profile", {{"coordinator", "duration", "out", "max-events", "token", "tls-ca"}}},
 };
 
 // Empty when `a` fits its command; else what is wrong, naming the flag.
@@ -206,6 +218,23 @@ std::shared_ptr<grpc::Channel> Channel(const Args& a, const std::string& address
     args.SetSslTargetNameOverride(name);
   return tessel::CreateChannelWithToken(address, tessel::ChannelCredentials(tls), args,
                                         flag_or_env("token", "TESSEL_TOKEN"));
+}
+
+// Writes `data` to `path`, gzipped when the path ends in .gz.
+absl::Status WriteMaybeGzipped(const std::string& path, const std::string& data) {
+  if (absl::EndsWith(path, ".gz")) {
+    gzFile f = gzopen(path.c_str(), "wb");
+    if (f == nullptr) return absl::NotFoundError(absl::StrCat("cannot write ", path));
+    const bool ok = gzwrite(f, data.data(), unsigned(data.size())) == int(data.size());
+    if (gzclose(f) != Z_OK || !ok)
+      return absl::DataLossError(absl::StrCat("writing ", path, " failed"));
+    return absl::OkStatus();
+  }
+  std::ofstream f(path, std::ios::binary);
+  f.write(data.data(), std::streamsize(data.size()));
+  f.close();
+  if (!f) return absl::DataLossError(absl::StrCat("writing ", path, " failed"));
+  return absl::OkStatus();
 }
 
 std::string Bytes(int64_t b) {
@@ -606,6 +635,59 @@ int Health(const Args& a) {
   return response.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
 }
 
+// `tessel profile`: Admin.StartTrace, the duration, Admin.StopTrace, the file.
+int Profile(const Args& a) {
+  absl::Duration duration;
+  const std::string d = a.Get("duration", "10s");
+  double seconds = 0;
+  if (absl::SimpleAtod(d, &seconds)) {
+    duration = absl::Seconds(seconds);
+  } else if (!absl::ParseDuration(d, &duration)) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--duration: expected a duration such as 10s, 500ms or 2m, got '", d, "'")));
+  }
+  int64_t max_events = 0;
+  if (!absl::SimpleAtoi(a.Get("max-events", "0"), &max_events)) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--max-events: expected an integer, got '", a.Get("max-events"), "'")));
+  }
+  const std::string out = a.Get("out", "trace.json.gz");
+  auto addr = tessel::ResolveCoordinatorAddress(a.Get("coordinator"));
+  if (!addr.ok()) return Fail(addr.status());
+  auto admin = tessel::v1::Admin::NewStub(Channel(a, *addr));
+  auto failed = [&](const char* call, const grpc::Status& st) {
+    return Fail(
+        absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                     absl::StrCat("coordinator ", *addr, ": ", call, ": ", st.error_message())));
+  };
+  tessel::v1::StartTraceRequest start;
+  start.set_duration_ms(absl::ToInt64Milliseconds(duration));
+  start.set_max_events_per_process(max_events);
+  tessel::v1::StartTraceResponse started;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    if (grpc::Status st = admin->StartTrace(&ctx, start, &started); !st.ok())
+      return failed("StartTrace", st);
+  }
+  std::cerr << "tessel profile: tracing the coordinator and " << started.workers_size()
+            << " workers for " << absl::FormatDuration(duration) << "\n";
+  absl::SleepFor(duration);
+  std::string json;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    auto reader = admin->StopTrace(&ctx, tessel::v1::StopTraceRequest());
+    tessel::v1::TraceChunk chunk;
+    while (reader->Read(&chunk)) json += chunk.json();
+    if (grpc::Status st = reader->Finish(); !st.ok()) return failed("StopTrace", st);
+  }
+  if (absl::Status w = WriteMaybeGzipped(out, json); !w.ok()) return Fail(w);
+  std::cout << "wrote " << out << " (" << Bytes(int64_t(json.size()))
+            << " of trace-event JSON); open it in https://ui.perfetto.dev or chrome://tracing\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -631,6 +713,7 @@ int main(int argc, char** argv) {
   if (a.command == "stats") return Stats(a);
   if (a.command == "health") return Health(a);
   if (a.command == "top") return Top(a);
+  if (a.command == "profile") return Profile(a);
   if (a.command == "checkpoint") {
     return tessel::cli::CheckpointCommand(a.positional, a.Get("verify") == "true");
   }

@@ -1,12 +1,15 @@
 #include "worker/collectives/group.h"
 
+#include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/dtype.h"
 #include "core/status.h"
+#include "core/trace.h"
 #include "worker/collectives/agreement.h"
 #include "worker/collectives/reduce.h"
 
@@ -145,6 +148,17 @@ absl::Status GroupCommunicator::Collective(int rank, const CollectiveId& id, Slo
   }
   const CollectiveCall call = slot.call;
   const bool takes_part = slot.abandoned.ok();
+  trace::Span span("collective", KindName(call.kind));
+  if (span.active()) {
+    span.Text("id", id.ToString());
+    span.Text("group", l_.key);
+    span.Text("epoch", l_.key.substr(std::min(l_.key.size(), l_.key.rfind('@') + 1)));
+    span.Arg("rank", rank);
+    span.Text("peers", l_.rank_devices.empty() ? absl::StrCat(l_.size(), " ranks")
+                                               : absl::StrJoin(l_.rank_devices, ","));
+    span.Arg("bytes", call.count * int64_t(DTypeSize(call.dtype)));
+    span.Text("call", DescribeCall(call));
+  }
   auto run = [&](Slots slots) {
     absl::Status s = RunRound(id, slots);
     if (!s.ok()) {
@@ -231,6 +245,11 @@ absl::Status GroupCommunicator::RunRound(const CollectiveId& id, Slots slots) {
 absl::Status GroupCommunicator::AgreeAndRun(const CollectiveId& id, Slots slots,
                                             const CollectiveCall& c,
                                             const absl::Status& local_failure) {
+  // The trace shows the header exchange as the wait for the peers (the
+  // headers are small: their time is the peers' arrival) and the data's as
+  // moving it; an overlapped all_reduce does both at once.
+  std::optional<trace::Span> waiting;
+  waiting.emplace("collective", "wait for peers");
   TESSEL_RETURN_IF_ERROR(exchange_.Connect(c));
   GlooExchange::Headers x;
   TESSEL_RETURN_IF_ERROR(exchange_.PostHeaders(MakeHeader(id, c, local_failure), c, x));
@@ -244,8 +263,13 @@ absl::Status GroupCommunicator::AgreeAndRun(const CollectiveId& id, Slots slots,
     // fails the round, and what moved into this step's own output buffers
     // is never read. A worker that cannot take part joins with a dummy
     // block (below), so no peer waits out a timeout.
-    absl::Status data = RunData(slots, c);
-    absl::Status heard = exchange_.AwaitHeaders(c, x);
+    waiting.reset();
+    absl::Status data, heard;
+    {
+      trace::Span moving("collective", "all_reduce beside the header exchange");
+      data = RunData(slots, c);
+      heard = exchange_.AwaitHeaders(c, x);
+    }
     if (!data.ok()) {
       // A Gloo operation failed part way: the group breaks (the data's
       // code says so). Headers that disagree say why it failed.
@@ -259,6 +283,7 @@ absl::Status GroupCommunicator::AgreeAndRun(const CollectiveId& id, Slots slots,
     return judge();
   }
   TESSEL_RETURN_IF_ERROR(exchange_.AwaitHeaders(c, x));
+  waiting.reset();
   if (const CallHeader* peer = FirstOverlapping(x.all, l_.self_worker)) {
     // A peer went ahead with an all_reduce; this worker's ranks cannot take
     // part (one abandoned the round, or they called something else). Join
@@ -280,6 +305,7 @@ absl::Status GroupCommunicator::AgreeAndRun(const CollectiveId& id, Slots slots,
 
 absl::Status GroupCommunicator::RunData(Slots slots, const CollectiveCall& c) {
   if (c.count == 0) return absl::OkStatus();
+  trace::Span moving("collective", "move data");
   absl::Status s = absl::InternalError("unknown collective");
   switch (c.kind) {
     case CollectiveKind::kAllReduce: s = RunAllReduce(slots, c); break;

@@ -10,6 +10,7 @@
 #include "core/dtype.h"
 #include "core/shape_inference.h"
 #include "core/status.h"
+#include "core/trace.h"
 #include "spdlog/spdlog.h"
 #include "worker/cpu/convolution.h"
 #include "worker/cpu/dot.h"
@@ -24,6 +25,23 @@
 namespace tessel::cpu {
 
 using worker::BufferPtr;
+
+namespace {
+
+// An instruction's name in a trace: "fusion of 3 (add, exp, mul)" or "dot_general d".
+std::string KernelName(const worker::SlotProgram::Instr& in) {
+  if (in.fusion != nullptr) {
+    std::string ops;
+    for (int k = 0; k < in.fusion->nodes_size() && k < 4; ++k) {
+      absl::StrAppend(&ops, k > 0 ? ", " : "", OpName(in.fusion->nodes(k).op()));
+    }
+    if (in.fusion->nodes_size() > 4) ops += ", ...";
+    return absl::StrCat("fusion of ", in.fusion->nodes_size(), " (", ops, ")");
+  }
+  return absl::StrCat(OpName(in.node->op()), " ", in.node->name());
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<worker::Executable>> CpuExecutable::Load(const v1::Program& program,
                                                                         worker::Device* device) {
@@ -41,6 +59,7 @@ absl::StatusOr<std::unique_ptr<worker::Executable>> CpuExecutable::Load(const v1
     }
     exe->prepared_.push_back(std::move(prep));
   }
+  exe->kernel_names_.assign(exe->slots_.instrs().size(), 0);
   std::vector<const FusedLoop*> fusions;
   for (const Prepared& p : exe->prepared_) fusions.push_back(p.fusion ? &*p.fusion : nullptr);
   for (size_t i = 0; i < exe->prepared_.size(); ++i) {
@@ -183,6 +202,13 @@ absl::StatusOr<std::vector<BufferPtr>> CpuExecutable::Run(absl::Span<const Buffe
   return slots_.Run(args, into, *device_,
                     [&](int i, std::vector<BufferPtr>& values, const std::vector<BufferPtr>& preset,
                         uint64_t scope) {
+                      trace::Span span("kernel", "");
+                      if (span.active()) {
+                        // Named once per instruction, at its first traced run.
+                        trace::Name& name = kernel_names_[i];
+                        if (name == 0) name = trace::Intern(KernelName(slots_.instrs()[i]));
+                        span.Detail(name);
+                      }
                       if (scope == ctx.scope) return Execute(i, values, preset, ctx);
                       if (!inner) inner.emplace(ctx);
                       inner->scope = scope;

@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "core/trace.h"
 #include "worker/cpu/device_loop.h"
 #include "worker/cpu/fused_loop.h"
 #include "worker/cpu/native_loop.h"
@@ -42,6 +43,8 @@ class CpuExecutable final : public worker::Executable {
   worker::SlotProgram slots_;
   worker::Device* device_ = nullptr;
   std::vector<Prepared> prepared_;
+  std::vector<trace::Name>
+      kernel_names_;  // per instruction, interned when first traced (0: not yet)
 };
 
 }  // namespace tessel::cpu

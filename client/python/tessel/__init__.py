@@ -35,6 +35,7 @@ from tessel import nn  # after numpy, which it composes
 from tessel import random  # counter-based random numbers, as jax.random
 from tessel import tree_util  # pytrees, as jax.tree_util
 from tessel import checkpoints  # saved and restored by the workers (zarr)
+from tessel import profiler  # timelines of the cluster (Perfetto)
 from tessel._autodiff import custom_jvp, custom_vjp, grad, jvp, value_and_grad, vjp
 from tessel._remat import checkpoint, checkpoint_name, checkpoint_policies, remat
 from tessel._api import (
@@ -138,6 +139,7 @@ __all__ = [
     "transfer_guard",
     "tree_util",
     "checkpoints",
+    "profiler",
     "tune_allocator",
     "value_and_grad",
     "vjp",

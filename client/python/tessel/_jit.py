@@ -7,7 +7,7 @@ import weakref
 
 import numpy as np
 
-from tessel import _context, _dtypes, errors
+from tessel import _context, _dtypes, _profile, errors
 from tessel import _region
 from tessel import numpy as tnp
 from tessel._array import Array
@@ -247,6 +247,7 @@ class Jitted:
         return "; ".join(best) or "the same argument shapes, dtypes, donations and statics"
 
     def _trace(self, args, leaves, paths, donated_leaves):
+        t0 = _profile.begin()
         builder = Builder(self.fn.__name__)
         builder.hoist, builder.hoist_base = [], len(leaves)
         with builder, placement_requests() as requests:
@@ -273,6 +274,7 @@ class Jitted:
         self._requests = requests
         # Snapshots: a constant is what it was when traced, as in the program.
         hoisted = [np.array(a, copy=True) for a, _ in builder.hoist]
+        _profile.end(t0, f"trace {self.fn.__name__}", "trace", "trace", nodes=len(builder.graph.nodes))
         return builder.graph, out_structure, out_tracers, hoisted
 
     def lower(self, *args, **kwargs):

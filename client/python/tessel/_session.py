@@ -17,7 +17,7 @@ import time
 import grpc
 import numpy as np
 
-from tessel import _dtypes, errors
+from tessel import _dtypes, _profile, errors
 from tessel._channel import make_channel
 from tessel._dispatcher import Dispatcher, handle_batch, keep_alive
 from tessel.v1 import admin_pb2, admin_pb2_grpc, common_pb2, session_pb2, session_pb2_grpc, worker_pb2, worker_pb2_grpc
@@ -325,7 +325,17 @@ class Session:
             req.mesh.CopyFrom(mesh)
             req.parameter_shardings.extend(in_shardings)
             req.output_shardings.extend(out_shardings)
-        return _rpc(self._stub.Compile, req)
+        t0 = _profile.begin()
+        resp = _rpc(self._stub.Compile, req)
+        _profile.end(
+            t0,
+            f"compile '{graph.name}'",
+            "compile",
+            "compile",
+            executable=resp.executable_id,
+            cache="hit" if resp.cache_hit else "miss",
+        )
+        return resp
 
     def plan_dot(self, executable_id):
         """A compiled executable's per-device program as DOT text."""
@@ -428,11 +438,14 @@ class Session:
         `want_reply` the reply (donation receipts) is also kept for reply().
         `request`: an ExecuteRequest, or one serialized that names this
         session and does not wait."""
+        t0 = _profile.begin()
         self._collect_before_alloc()
         if not isinstance(request, bytes):
             request.session_id = self.id
             request.wait = False
-        return self.dispatcher().send(request, want_reply, forget)
+        seq = self.dispatcher().send(request, want_reply, forget)
+        _profile.end(t0, "dispatch", "dispatch", "dispatch")
+        return seq
 
     def reply(self, seq):
         r = self.dispatcher().reply(seq)

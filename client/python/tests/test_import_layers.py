@@ -14,6 +14,7 @@ LAYERS = [
     "errors",
     "_dtypes",
     "_context",  # plain values and process state
+    "_profile",  # the client's events of a trace
     "_trace",  # the graph builder and traced values
     "_sharding",  # meshes, specs, shardings: plain types
     "_channel",  # gRPC channels: TLS and the bearer token
@@ -53,6 +54,7 @@ LAYERS = [
     "_stablehlo",  # StableHLO read through jaxlib's MLIR bindings
     "jax",  # tessel.jax: JAX programs on the cluster (needs jax)
     "checkpoints",  # tessel.checkpoints: saved and restored by the workers
+    "profiler",  # tessel.profiler: traces of the cluster
     "__init__",
 ]
 
