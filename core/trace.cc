@@ -101,20 +101,22 @@ Recorder& Recorder::Get() {
   return *r;
 }
 
+bool Recorder::enabled() const { return Enabled(); }
+
 void Recorder::Start(int64_t capacity, absl::Time until) {
   absl::MutexLock l(&mu_);
   ring_.assign(size_t(std::max<int64_t>(1, capacity)), Event());
   head_ = size_ = 0;
   dropped_ = 0;
   until_ns_ = until == absl::InfiniteFuture() ? INT64_MAX : absl::ToUnixNanos(until);
-  enabled_.store(true, std::memory_order_relaxed);
+  internal::enabled.store(true, std::memory_order_relaxed);
 }
 
 void Recorder::Stop(v1::TraceEvents* out) {
   std::vector<Event> events;
   {
     absl::MutexLock l(&mu_);
-    enabled_.store(false, std::memory_order_relaxed);
+    internal::enabled.store(false, std::memory_order_relaxed);
     until_ns_ = INT64_MAX;
     events.reserve(size_);
     for (size_t i = 0; i < size_; ++i) events.push_back(ring_[(head_ + i) % ring_.size()]);
@@ -149,10 +151,10 @@ void Recorder::Stop(v1::TraceEvents* out) {
 
 void Recorder::Record(const Event& event) {
   absl::MutexLock l(&mu_);
-  if (!enabled_.load(std::memory_order_relaxed)) return;
+  if (!internal::enabled.load(std::memory_order_relaxed)) return;
   if (event.start_ns >= until_ns_) {
     // The duration ran out: events from then on are not kept.
-    enabled_.store(false, std::memory_order_relaxed);
+    internal::enabled.store(false, std::memory_order_relaxed);
     return;
   }
   if (size_ == ring_.size()) {
@@ -174,32 +176,31 @@ void Recorder::SetClockOffset(int64_t offset_ns, int64_t error_ns) {
 void SetThreadDevice(int local_device) { thread_device = local_device; }
 int ThreadDevice() { return thread_device; }
 
-Span::Span(const char* category, const char* name, const char* track) : active_(Enabled()) {
-  if (!active_) return;
-  e_.category = category;
-  e_.name = name;
-  e_.device = thread_device;
-  e_.track = track != nullptr || thread_device >= 0 ? track : "host";
-  e_.thread = ThreadId();
-  e_.start_ns = NowNs();
+void Span::Begin(const char* category, const char* name, const char* track) {
+  Event& e = e_.emplace();
+  e.category = category;
+  e.name = name;
+  e.device = thread_device;
+  e.track = track != nullptr || thread_device >= 0 ? track : "host";
+  e.thread = ThreadId();
+  e.start_ns = NowNs();
 }
 
-Span::~Span() {
-  if (!active_) return;
-  e_.duration_ns = std::max<int64_t>(0, NowNs() - e_.start_ns);
-  Recorder::Get().Record(e_);
+void Span::End() {
+  e_->duration_ns = std::max<int64_t>(0, NowNs() - e_->start_ns);
+  Recorder::Get().Record(*e_);
 }
 
 void Span::Arg(const char* key, int64_t value) {
-  if (!active_ || e_.num_args == Event::kMaxArgs) return;
-  e_.arg_keys[e_.num_args] = key;
-  e_.arg_values[e_.num_args++] = value;
+  if (!e_ || e_->num_args == Event::kMaxArgs) return;
+  e_->arg_keys[e_->num_args] = key;
+  e_->arg_values[e_->num_args++] = value;
 }
 
 void Span::Text(const char* key, absl::string_view value) {
-  if (!active_ || e_.num_texts == Event::kMaxTexts) return;
-  e_.text_keys[e_.num_texts] = key;
-  e_.text_values[e_.num_texts++] = Intern(value);
+  if (!e_ || e_->num_texts == Event::kMaxTexts) return;
+  e_->text_keys[e_->num_texts] = key;
+  e_->text_values[e_->num_texts++] = Intern(value);
 }
 
 void Counter(const char* name, int local_device, double value) {

@@ -14,6 +14,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,7 +62,7 @@ class Recorder {
   // The process's recorder.
   static Recorder& Get();
 
-  bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
+  bool enabled() const;
   // Starts a trace: drops what was held, keeps at most `capacity` events.
   // Tracing stops by itself at `until` (a client that went away leaves no
   // tracing on).
@@ -79,7 +80,6 @@ class Recorder {
   void SetClockOffset(int64_t offset_ns, int64_t error_ns);
 
  private:
-  std::atomic<bool> enabled_{false};
   absl::Mutex mu_;
   std::vector<Event> ring_ ABSL_GUARDED_BY(mu_);  // capacity slots, from `head_`
   size_t head_ ABSL_GUARDED_BY(mu_) = 0;
@@ -90,7 +90,12 @@ class Recorder {
   int64_t offset_error_ns_ ABSL_GUARDED_BY(mu_) = -1;  // -1: no estimate (the coordinator itself)
 };
 
-inline bool Enabled() { return Recorder::Get().enabled(); }
+// Whether this process records (Recorder::enabled): one relaxed load,
+// inlined where it is asked.
+namespace internal {
+inline constinit std::atomic<bool> enabled{false};  // Recorder's; constant-initialized
+}  // namespace internal
+inline bool Enabled() { return internal::enabled.load(std::memory_order_relaxed); }
 
 // The local device whose queue runs on this thread (-1: none): spans that
 // name no track land on its track.
@@ -103,22 +108,29 @@ int ThreadDevice();
 // do nothing; build what they take under active().
 class Span {
  public:
-  Span(const char* category, const char* name, const char* track = nullptr);
-  ~Span();
+  Span(const char* category, const char* name, const char* track = nullptr) {
+    if (Enabled()) Begin(category, name, track);
+  }
+  ~Span() {
+    if (e_.has_value()) End();
+  }
   Span(const Span&) = delete;
   Span& operator=(const Span&) = delete;
-  bool active() const { return active_; }
-  void Detail(Name detail) { e_.detail = detail; }
+  bool active() const { return e_.has_value(); }
+  void Detail(Name detail) {
+    if (e_) e_->detail = detail;
+  }
   void Detail(absl::string_view detail) {
-    if (active_) e_.detail = Intern(detail);
+    if (e_) e_->detail = Intern(detail);
   }
   // Up to Event::kMaxArgs numbers and kMaxTexts texts; `key` is static.
   void Arg(const char* key, int64_t value);
   void Text(const char* key, absl::string_view value);
 
  private:
-  bool active_;
-  Event e_;
+  void Begin(const char* category, const char* name, const char* track);
+  void End();
+  std::optional<Event> e_;  // engaged while recording
 };
 
 // A counter's value now on `local_device`'s track (when tracing is on).
