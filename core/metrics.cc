@@ -1,5 +1,8 @@
 #include "core/metrics.h"
 
+#include <CivetServer.h>
+#include <civetweb.h>
+
 #include <exception>
 
 #include "absl/strings/str_cat.h"
@@ -31,13 +34,71 @@ class MetricsEndpoint::Collectors final : public prometheus::Collectable {
   std::vector<Collector> collectors_ ABSL_GUARDED_BY(mu_);
 };
 
+namespace {
+
+// The process's page handler (SetPageHandler): civetweb's request callback
+// carries no pointer of ours.
+absl::Mutex page_mu(absl::kConstInit);
+MetricsEndpoint::PageHandler* page_handler ABSL_GUARDED_BY(page_mu) = nullptr;
+
+// civetweb's begin_request: a page the handler takes is answered here
+// (returning its status); 0 leaves the request to the endpoint.
+int BeginRequest(mg_connection* conn) {
+  MetricsEndpoint::PageHandler handler;
+  {
+    absl::MutexLock l(&page_mu);
+    if (page_handler == nullptr) return 0;
+    handler = *page_handler;
+  }
+  const mg_request_info* info = mg_get_request_info(conn);
+  HttpRequest req;
+  req.method = info->request_method ? info->request_method : "";
+  req.path = info->local_uri ? info->local_uri : "";
+  if (req.path == "/metrics") return 0;
+  req.query = info->query_string ? info->query_string : "";
+  if (const char* a = mg_get_header(conn, "Authorization"); a != nullptr) req.authorization = a;
+  constexpr long long kMaxBody = 1 << 20;
+  if (info->content_length > kMaxBody) return 0;
+  if (info->content_length > 0) {
+    req.body.resize(size_t(info->content_length));
+    const int n = mg_read(conn, req.body.data(), req.body.size());
+    req.body.resize(n > 0 ? size_t(n) : 0);
+  }
+  std::optional<HttpResponse> resp = handler(req);
+  if (!resp.has_value()) return 0;
+  std::string head = absl::StrCat(
+      "HTTP/1.1 ", resp->status, " ", mg_get_response_code_text(conn, resp->status),
+      "\r\nContent-Type: ", resp->content_type, "\r\nContent-Length: ", resp->body.size(),
+      "\r\nCache-Control: no-store\r\nConnection: close\r\n");
+  for (const auto& [k, v] : resp->headers) absl::StrAppend(&head, k, ": ", v, "\r\n");
+  head += "\r\n";
+  mg_write(conn, head.data(), head.size());
+  if (req.method != "HEAD") mg_write(conn, resp->body.data(), resp->body.size());
+  return resp->status;
+}
+
+}  // namespace
+
+void MetricsEndpoint::SetPageHandler(PageHandler handler) {
+  absl::MutexLock l(&page_mu);
+  delete page_handler;
+  page_handler = handler ? new PageHandler(std::move(handler)) : nullptr;
+}
+
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const std::string& address,
                                                                         const BasicAuth& auth) {
   std::unique_ptr<MetricsEndpoint> m(new MetricsEndpoint());
   m->registry_ = std::make_shared<prometheus::Registry>();
   m->collectors_ = std::make_shared<Collectors>();
   try {
-    m->exposer_ = std::make_unique<prometheus::Exposer>(address, 2);
+    // Four threads: a page may hold one for seconds (the dashboard's
+    // profile of the next N seconds) while scrapes go on.
+    static const CivetCallbacks* callbacks = [] {
+      auto* cb = new CivetCallbacks();
+      cb->begin_request = &BeginRequest;
+      return cb;
+    }();
+    m->exposer_ = std::make_unique<prometheus::Exposer>(address, 4, callbacks);
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("metrics endpoint: cannot listen on ", address, ": ", e.what()));

@@ -26,6 +26,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,9 +37,28 @@
 
 namespace tessel {
 
+// An HTTP request on the metrics port that is not a scrape (a daemon's
+// pages: the coordinator's /dashboard), and its answer.
+struct HttpRequest {
+  std::string method;         // "GET", "POST"
+  std::string path;           // "/dashboard/data"
+  std::string query;          // after '?', undecoded
+  std::string authorization;  // the Authorization header, as sent
+  std::string body;
+};
+struct HttpResponse {
+  int status = 200;
+  std::string content_type = "text/plain; charset=utf-8";
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;  // more headers
+};
+
 class MetricsEndpoint {
  public:
   using Collector = std::function<std::vector<prometheus::MetricFamily>()>;
+  // Answers the requests whose path it takes (nullopt: not its own; the
+  // scrape endpoint answers /metrics). Called on the endpoint's threads.
+  using PageHandler = std::function<std::optional<HttpResponse>(const HttpRequest&)>;
 
   struct BasicAuth {
     std::string user, password;  // both empty: no authentication
@@ -54,6 +74,10 @@ class MetricsEndpoint {
   prometheus::Registry& registry() { return *registry_; }
   // Figures computed at each scrape.
   void AddCollector(Collector collect);
+  // Serves pages beside /metrics (one handler per process: the endpoint's
+  // server calls it before its own handlers). Without a handler, or for a
+  // path it declines, the endpoint answers as before.
+  void SetPageHandler(PageHandler handler);
 
  private:
   class Collectors;

@@ -515,6 +515,9 @@ v1::GetClusterResponse Coordinator::GetCluster(const v1::GetClusterRequest& req)
     for (int i = 0; i < resp.workers_size(); ++i) {
       v1::WorkerInfo* info = resp.mutable_workers(i);
       if (info->worker_id() != t.worker_id) continue;
+      info->set_collectives(st->collectives());
+      info->set_collective_wait_ns(st->collective_wait_ns());
+      info->set_collective_data_ns(st->collective_data_ns());
       for (const v1::DeviceMemoryStats& m : st->devices()) {
         v1::DeviceMemoryStats* out = info->add_memory();
         *out = m;

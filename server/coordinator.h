@@ -213,6 +213,15 @@ class Coordinator {
   // Stops them and answers the trace, as Chrome/Perfetto trace-event JSON
   // on this process's clock.
   absl::StatusOr<std::string> StopTrace() ABSL_LOCKS_EXCLUDED(trace_mu_);
+  // The last steps that failed on a worker (at most kRecentErrors), oldest first.
+  struct StepError {
+    absl::Time when;
+    int device = -1;
+    int64_t execution = 0;
+    std::string session, message;
+  };
+  static constexpr size_t kRecentErrors = 50;
+  std::vector<StepError> RecentErrors() const ABSL_LOCKS_EXCLUDED(errors_mu_);
 
  private:
   class PutSinkImpl;
@@ -427,6 +436,8 @@ class Coordinator {
   absl::Mutex reconcile_mu_;  // a leaf
   absl::flat_hash_set<std::pair<int, uint64_t>> unowned_ ABSL_GUARDED_BY(reconcile_mu_);
   std::atomic<int64_t> unowned_freed_{0};
+  mutable absl::Mutex errors_mu_;  // a leaf
+  std::deque<StepError> recent_errors_ ABSL_GUARDED_BY(errors_mu_);
   // The trace being recorded (StartTrace), if any: until when, and the
   // workers asked to record it.
   absl::Mutex trace_mu_;  // held across the workers' Trace calls: one trace at a time

@@ -406,8 +406,13 @@ void Coordinator::LaunchExecute(const v1::ExecuteRequest& req, const CachedExecu
       StepAnswered(device, latency, r.ok());
       if (options_.on_step_done) options_.on_step_done(device, latency, r.ok());
       // Workers speak of their local devices; users know the global ids.
-      if (!r.ok())
+      if (!r.ok()) {
         r = Annotate(r.status(), StrCat("execution ", execution_id, " on device ", device, ": "));
+        absl::MutexLock l(&errors_mu_);
+        if (recent_errors_.size() == kRecentErrors) recent_errors_.pop_front();
+        recent_errors_.push_back({absl::Now(), device, execution_id, session,
+                                  std::string(BoundedMessage(r.status().message()))});
+      }
       OnStepDone(session, outputs, epoch, std::move(r));
     });
     if (launch.step.free_after) {

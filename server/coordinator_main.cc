@@ -14,6 +14,7 @@
 #include "core/security.h"
 #include "core/status.h"
 #include "server/coordinator.h"
+#include "server/dashboard.h"
 #include "server/fault_injection.h"
 #include "server/kv_store.h"
 #include "server/services.h"
@@ -270,9 +271,14 @@ int main(int argc, char** argv) {
     log->error("{}", coordinator.status().ToString());
     return 1;
   }
+  std::unique_ptr<tessel::server::Dashboard> dashboard;
   if (metrics != nullptr) {
     AddCoordinatorMetrics(coordinator->get(), *metrics);
-    log->info("metrics on port {} (/metrics)", metrics->port());
+    dashboard =
+        std::make_unique<tessel::server::Dashboard>(coordinator->get(), &metrics->registry());
+    metrics->SetPageHandler(
+        [d = dashboard.get()](const tessel::HttpRequest& r) { return d->Handle(r); });
+    log->info("metrics on port {} (/metrics; the dashboard at /dashboard)", metrics->port());
   }
   std::unique_ptr<tessel::server::TokensFileWatcher> tokens_watcher;
   if (const std::string f = absl::GetFlag(FLAGS_auth_tokens_file);
@@ -327,5 +333,9 @@ int main(int argc, char** argv) {
   tessel::NotifyStopping();
   server->GetHealthCheckService()->Shutdown();  // every status NOT_SERVING while draining
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  // The endpoint's threads read the coordinator (scrapes, the dashboard):
+  // they stop before it goes.
+  if (metrics != nullptr) metrics->SetPageHandler(nullptr);
+  metrics.reset();
   return 0;
 }

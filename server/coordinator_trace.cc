@@ -93,4 +93,9 @@ absl::StatusOr<std::string> Coordinator::StopTrace() {
   return trace::WriteChromeTrace(processes);
 }
 
+std::vector<Coordinator::StepError> Coordinator::RecentErrors() const {
+  absl::MutexLock l(&errors_mu_);
+  return {recent_errors_.begin(), recent_errors_.end()};
+}
+
 }  // namespace tessel::server

@@ -12,6 +12,7 @@
 #include "core/status.h"
 #include "core/trace.h"
 #include "worker/collective_group.h"
+#include "worker/collectives/group.h"
 #include "worker/transfer.h"
 
 namespace tessel::worker {
@@ -680,6 +681,10 @@ v1::WorkerStatsResponse WorkerRuntime::Stats(absl::Span<const uint64_t> sequence
     s->set_largest_free_block(m.largest_free_block);
   }
   r.set_steps_run(steps_run_);
+  const CollectiveTimes& times = ProcessCollectiveTimes();
+  r.set_collectives(times.rounds.load(std::memory_order_relaxed));
+  r.set_collective_wait_ns(times.wait_ns.load(std::memory_order_relaxed));
+  r.set_collective_data_ns(times.data_ns.load(std::memory_order_relaxed));
   if (with_buffers) {
     for (const BufferStore::Held& h : store_.List()) {
       v1::StoredBuffer* b = r.add_buffers();

@@ -41,6 +41,11 @@ const CallHeader* FirstOverlapping(const std::vector<CallHeader>& headers, int s
 
 }  // namespace
 
+CollectiveTimes& ProcessCollectiveTimes() {
+  static CollectiveTimes* t = new CollectiveTimes();
+  return *t;
+}
+
 GroupCommunicator::GroupCommunicator(GroupLayout layout, std::shared_ptr<const GlooEndpoint> gloo,
                                      absl::Duration timeout, std::shared_ptr<spdlog::logger> log)
     : l_(std::move(layout)),
@@ -250,6 +255,15 @@ absl::Status GroupCommunicator::AgreeAndRun(const CollectiveId& id, Slots slots,
   // moving it; an overlapped all_reduce does both at once.
   std::optional<trace::Span> waiting;
   waiting.emplace("collective", "wait for peers");
+  CollectiveTimes& times = ProcessCollectiveTimes();
+  times.rounds.fetch_add(1, std::memory_order_relaxed);
+  const int64_t began = trace::NowNs();
+  // The time waiting, until the data moves (at once for an overlapped all_reduce).
+  auto waited = [&, counted = false]() mutable {
+    if (counted) return;
+    counted = true;
+    times.wait_ns.fetch_add(trace::NowNs() - began, std::memory_order_relaxed);
+  };
   TESSEL_RETURN_IF_ERROR(exchange_.Connect(c));
   GlooExchange::Headers x;
   TESSEL_RETURN_IF_ERROR(exchange_.PostHeaders(MakeHeader(id, c, local_failure), c, x));
@@ -264,6 +278,7 @@ absl::Status GroupCommunicator::AgreeAndRun(const CollectiveId& id, Slots slots,
     // is never read. A worker that cannot take part joins with a dummy
     // block (below), so no peer waits out a timeout.
     waiting.reset();
+    waited();
     absl::Status data, heard;
     {
       trace::Span moving("collective", "all_reduce beside the header exchange");
@@ -284,6 +299,7 @@ absl::Status GroupCommunicator::AgreeAndRun(const CollectiveId& id, Slots slots,
   }
   TESSEL_RETURN_IF_ERROR(exchange_.AwaitHeaders(c, x));
   waiting.reset();
+  waited();
   if (const CallHeader* peer = FirstOverlapping(x.all, l_.self_worker)) {
     // A peer went ahead with an all_reduce; this worker's ranks cannot take
     // part (one abandoned the round, or they called something else). Join
@@ -306,6 +322,16 @@ absl::Status GroupCommunicator::AgreeAndRun(const CollectiveId& id, Slots slots,
 absl::Status GroupCommunicator::RunData(Slots slots, const CollectiveCall& c) {
   if (c.count == 0) return absl::OkStatus();
   trace::Span moving("collective", "move data");
+  const int64_t began = l_.num_workers() > 1 ? trace::NowNs() : 0;
+  struct Count {
+    int64_t began;
+    ~Count() {
+      if (began != 0) {
+        ProcessCollectiveTimes().data_ns.fetch_add(trace::NowNs() - began,
+                                                   std::memory_order_relaxed);
+      }
+    }
+  } count{began};
   absl::Status s = absl::InternalError("unknown collective");
   switch (c.kind) {
     case CollectiveKind::kAllReduce: s = RunAllReduce(slots, c); break;

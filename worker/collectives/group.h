@@ -10,6 +10,8 @@
 // local rank, and a rank is in one call at a time).
 #pragma once
 
+#include <atomic>
+
 #include <memory>
 #include <string>
 #include <utility>
@@ -28,6 +30,13 @@
 #include "worker/communicator.h"
 
 namespace tessel::worker {
+
+// The process's collective rounds across workers (Gloo groups), and their
+// time: waiting for the peers (the header exchange) and moving data.
+struct CollectiveTimes {
+  std::atomic<int64_t> rounds{0}, wait_ns{0}, data_ns{0};
+};
+CollectiveTimes& ProcessCollectiveTimes();
 
 class GroupCommunicator final : public Communicator {
  public:

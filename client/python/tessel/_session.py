@@ -700,7 +700,11 @@ class Session:
 
     def reconcile(self):
         """Admin.Reconcile: every buffer the workers hold, checked against the
-        coordinator's arrays (an admin token's call)."""
+        coordinator's arrays (an admin token's call). This session's queued
+        calls reach the coordinator first: a call still in the stream would
+        otherwise retire a donated array the reconciliation then finds on its
+        worker, its step not yet sent."""
+        self.flush()
         return _rpc(self._admin.Reconcile, admin_pb2.ReconcileRequest())
 
     def cluster(self, with_memory=False):
