@@ -772,10 +772,13 @@ class Oracle:
     _einsum = _contraction(np.einsum)
 
     def einsum(self, subscripts, *operands):
-        """numpy's einsum; in the alternate runs, letters only one operand has
-        are summed out first, another valid order, for any number of operands
-        (with infinities the two orders can give inf and NaN: 0 * inf * inf
-        summed at once is NaN, the sums taken first are 0 + 1 and inf)."""
+        """numpy's einsum; in the alternate runs, another valid order, the one
+        a contraction path takes (JAX's, and Tessel's dot_generals): letters
+        only one operand has are summed out first, then the operands are
+        contracted pairwise from the left, each letter summed out as soon as
+        nothing later needs it. With infinities the orders can differ, inf
+        against NaN: 0 * 0 * inf summed at once is NaN, (0 * 0 + 1 * 1) * inf
+        is inf."""
         spec = subscripts.replace(" ", "")
         if not self.alternate or "->" not in spec or len(operands) < 2:
             return self._einsum(subscripts, *operands)
@@ -790,7 +793,13 @@ class Oracle:
                 o = self._einsum(f"{s}->{kept}", o)
                 s = kept
             pre.append((s, o))
-        return self._einsum(",".join(s for s, _ in pre) + "->" + out, *[o for _, o in pre])
+        s0, o0 = pre[0]
+        for k in range(1, len(pre)):
+            s1, o1 = pre[k]
+            later = "".join(s for s, _ in pre[k + 1 :]) + out
+            keep = "".join(dict.fromkeys(c for c in s0 + s1 if c in later))
+            o0, s0 = self._einsum(f"{s0},{s1}->{keep}", o0, o1), keep
+        return self._einsum(f"{s0}->{out}", o0)
 
     # ------------------------------------------------------------ creation
 
