@@ -1,5 +1,6 @@
 #include "core/logging.h"
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -34,6 +35,25 @@ void AppendEscaped(spdlog::memory_buf_t& out, spdlog::string_view_t s) {
   }
 }
 
+// The execution a message speaks of ("execution 12 on device 0 failed"),
+// or -1: a JSON line carries it as a field, so one step can be followed
+// through the coordinator's and the workers' logs.
+int64_t ExecutionOf(spdlog::string_view_t s) {
+  constexpr std::string_view kWord = "execution ";
+  const std::string_view text(s.data(), s.size());
+  for (size_t at = text.find(kWord); at != std::string_view::npos; at = text.find(kWord, at + 1)) {
+    if (at > 0 && (std::isalnum(static_cast<unsigned char>(text[at - 1])) || text[at - 1] == '_'))
+      continue;
+    size_t i = at + kWord.size();
+    int64_t n = 0;
+    const size_t first = i;
+    while (i < text.size() && i - first < 18 && std::isdigit(static_cast<unsigned char>(text[i])))
+      n = n * 10 + (text[i++] - '0');
+    if (i > first) return n;
+  }
+  return -1;
+}
+
 class JsonFormatter final : public spdlog::formatter {
  public:
   void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
@@ -55,6 +75,11 @@ class JsonFormatter final : public spdlog::formatter {
     const std::string thread = absl::StrCat("\",\"thread\":", msg.thread_id, ",\"message\":\"");
     dest.append(std::string_view(thread));
     AppendEscaped(dest, msg.payload);
+    if (const int64_t execution = ExecutionOf(msg.payload); execution >= 0) {
+      const std::string field = absl::StrCat("\",\"execution\":", execution, "}\n");
+      dest.append(std::string_view(field));
+      return;
+    }
     dest.append(std::string_view("\"}\n"));
   }
   std::unique_ptr<spdlog::formatter> clone() const override {

@@ -250,7 +250,8 @@ def test_status_as_json_is_the_admin_api(cluster):
 
 def test_json_logs_with_debug_say_what_ran(tmp_path):
     """--log_format=json writes one JSON object per line; --log_level=debug
-    adds each execution (coordinator) and each step (worker)."""
+    adds each execution (coordinator) and each step (worker). A line that
+    speaks of an execution carries its id as a field, the same on both."""
     import json
 
     import numpy as np
@@ -267,8 +268,13 @@ def test_json_logs_with_debug_say_what_ran(tmp_path):
     _context.set_default_session(previous)
     for name, wanted in (("coordinator", "execution 1 of"), ("worker0", "step 0 (execution 1")):
         records = [json.loads(line) for line in (tmp_path / f"{name}.log").read_text().splitlines()]
-        assert all(set(r) == {"time", "level", "logger", "thread", "message"} for r in records), records[:3]
+        fields = {"time", "level", "logger", "thread", "message"}
+        assert all(set(r) - {"execution"} == fields for r in records), records[:3]
         assert any(r["level"] == "debug" and wanted in r["message"] for r in records), (name, records)
+        for r in records:
+            m = re.search(r"(?<![\w])execution (\d+)", r["message"])
+            assert r.get("execution") == (int(m.group(1)) if m else None), r
+        assert any(r.get("execution") == 1 for r in records), (name, records)
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", records[0]["time"])
 
 
