@@ -428,6 +428,15 @@ absl::Status Coordinator::RunMove(const std::string& session, const PlannedMove&
   arrays_.AwaitNotPending({m.handle}, absl::InfiniteDuration());
   absl::Status s;
   int64_t moved = 0;
+  trace::Span span("transfer", "move", "transfers");
+  span.Arg("from_device", m.from_device);
+  span.Arg("to_device", m.to_device);
+  span.Text("path", "relayed by the coordinator");
+  struct Moved {  // the bytes, whichever way the move ends
+    trace::Span& span;
+    const int64_t& bytes;
+    ~Moved() { span.Arg("bytes", bytes); }
+  } report{span, moved};
   if (from.client == nullptr || to.client == nullptr) {
     s = absl::UnavailableError("a worker is gone");
   } else {

@@ -301,3 +301,22 @@ def test_a_worker_records_only_for_its_coordinator(cluster):
         with pytest.raises(grpc.RpcError) as e:
             stub.Trace(request, timeout=10)
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_an_argument_moved_between_workers_is_a_transfer_with_its_bytes(session, tmp_path):
+    a = tessel.device_put(np.arange(4.0), tessel.devices()[0])
+    b = tessel.device_put(np.ones(4), tessel.devices()[2])  # on the other worker
+    with tessel.profiler.trace(str(tmp_path / "move.json")):
+        got = tessel.jit(lambda x, y: x + y)(a, b).fetch()
+    np.testing.assert_array_equal(got, np.arange(4.0) + 1)
+    doc = load(tmp_path / "move.json")
+    procs, tracks = names(doc)
+    moves = [e for e in spans(doc) if e["cat"] == "transfer" and e["name"] == "move"]
+    assert len(moves) == 1 and procs[moves[0]["pid"]] == "coordinator", moves
+    assert moves[0]["args"]["bytes"] == "32" and {moves[0]["args"]["from_device"], moves[0]["args"]["to_device"]} == {
+        "0",
+        "2",
+    }
+    # The move's put lands on the worker of the device it goes to.
+    puts = [e for e in spans(doc) if e["cat"] == "transfer" and e["name"] == "put" and e["args"]["bytes"] == "32"]
+    assert puts and all(tracks[(e["pid"], e["tid"])] == "transfers" for e in puts)
