@@ -231,17 +231,13 @@ absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteReques
   {
     // Checking the arguments, retiring the donated ones, registering the
     // outputs and numbering the steps are one change to the arrays.
-    trace::Span planning("dispatch", "plan the steps", "dispatch");
     ArrayRegistry::Transaction t(arrays_);
     run.routes = workers_.Routes();
     TESSEL_ASSIGN_OR_RETURN(ExecutePlan plan, PlanExecuteLocked(req, *exe, run.routes));
     CommitExecuteLocked(req, *exe, std::move(plan), run);
   }
   span.Arg("execution", run.execution_id);
-  {
-    trace::Span launching("dispatch", "send the steps", "dispatch");
-    LaunchExecute(req, *exe, run);
-  }
+  LaunchExecute(req, *exe, run);
   if (req.wait())
     TESSEL_RETURN_IF_ERROR(
         AwaitAll(req.session_id(), req.outputs(), StrCat("execution ", run.execution_id)));
