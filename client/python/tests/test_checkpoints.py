@@ -180,6 +180,32 @@ def test_bad_input_is_a_clear_error_naming_the_path(cluster, mesh, tmp_path):
     np.testing.assert_array_equal(np.asarray(ckpt.restore(tmp_path / "c", target=host)["w"]), host["w"])
 
 
+def test_a_target_of_jax_shape_dtype_structs_places_each_array_as_its_sharding_says(cluster, mesh, tmp_path):
+    """JAX's way of naming a restore's layout: ShapeDtypeStructs, with a
+    jax.sharding.NamedSharding (JAX's device i is the cluster's device i),
+    a SingleDeviceSharding, or none (device 0)."""
+    import jax
+
+    host, dev = state_on(mesh)
+    ckpt.save(tmp_path / "c", dev, wait=True)
+    jmesh = jax.sharding.Mesh(np.array(jax.devices("cpu")[:4]).reshape(1, 4), ("a", "b"))
+    target = {
+        "w": jax.ShapeDtypeStruct((8, 12), np.float32, sharding=jax.sharding.NamedSharding(jmesh, jax.P(None, "b"))),
+        "v": jax.ShapeDtypeStruct((10,), np.int32, sharding=jax.sharding.SingleDeviceSharding(jax.devices("cpu")[3])),
+        "opt": {"b": jax.ShapeDtypeStruct((5,), np.float64), "count": jax.ShapeDtypeStruct((), np.int64)},
+    }
+    got = ckpt.restore(tmp_path / "c", target=target)
+    np.testing.assert_array_equal(got["w"].fetch(), host["w"])
+    np.testing.assert_array_equal(got["v"].fetch(), host["v"])
+    np.testing.assert_array_equal(got["opt"]["b"].fetch(), host["opt"]["b"])
+    assert int(got["opt"]["count"].fetch()) == 41
+    assert got["w"].sharding.spec == P(None, "b") and dict(got["w"].sharding.mesh.shape) == {"a": 1, "b": 4}
+    assert sorted(got["v"].devices()) == [3]
+    assert sorted(got["opt"]["b"].devices()) == [0]
+    with pytest.raises(ValueError, match=r"array w was saved as float32\[8, 12\]; the target is float32\[12, 8\]"):
+        ckpt.restore(tmp_path / "c", target={**target, "w": jax.ShapeDtypeStruct((12, 8), np.float32)})
+
+
 def test_a_checkpoint_still_being_written_is_not_restored(cluster, mesh, tmp_path):
     big = tessel.device_put(np.ones((1024, 1024), np.float32), NamedSharding(mesh, P("x")))
     s = tessel._context.session()
@@ -226,6 +252,56 @@ def test_checkpoint_manager_keeps_the_latest_and_the_periodic_steps(cluster, mes
     # Released: a new manager may take the directory.
     with ckpt.CheckpointManager(tmp_path) as again:
         assert again.latest_step() == 6
+
+
+def test_a_path_a_worker_cannot_write_is_an_error_naming_the_worker_and_why(cluster, tmp_path):
+    """A second worker sees the volume read-only (a read-only bind mount in a
+    mount namespace of its own): its block's save fails naming the worker,
+    the directory and the system's reason; the failed checkpoint leaves
+    nothing, and one saved before is still whole."""
+    shared = tmp_path / "volume"
+    shared.mkdir()
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) for a private mount namespace")
+    with tessel.local_cluster(workers=1, devices_per_worker=1) as c:
+        worker = subprocess.Popen(
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                f'mount --bind "{shared}" "{shared}" && mount -o remount,bind,ro "{shared}" && '
+                f'exec "{find_binary("tessel-worker")}" "$@"',
+                "worker",
+                f"--coordinator={c.address}",
+                f"--parent_pid={os.getpid()}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 20
+            while len(tessel.devices()) < 2:
+                assert worker.poll() is None, "the namespaced worker exited"
+                assert time.monotonic() < deadline, "the namespaced worker never registered"
+                time.sleep(0.1)
+            before = np.arange(6, dtype=np.float32)
+            ckpt.save(shared / "before", {"x": tessel.device_put(before, tessel.devices()[0])}, wait=True)
+            y = tessel.device_put(np.ones(4, np.float32), tessel.devices()[1])  # on the read-only worker
+            with pytest.raises(
+                tessel.TesselError,
+                match=r"save of checkpoint .*volume/after: worker 127\.0\.0\.1:\d+: cannot make the directory of "
+                r".*volume/after\.tessel-tmp-[0-9a-f]+-\d+/y/c/0: Read-only file system",
+            ):
+                ckpt.save(shared / "after", {"y": y}, wait=True)
+            assert sorted(p.name for p in shared.iterdir()) == ["before"]
+            np.testing.assert_array_equal(np.asarray(ckpt.restore(shared / "before")["x"]), before)
+        finally:
+            worker.terminate()
+            worker.wait(timeout=10)
+    tessel._context.set_default_session(cluster.session)
 
 
 def test_workers_that_do_not_share_the_path_are_an_error_naming_the_worker(cluster, tmp_path):
