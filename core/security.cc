@@ -158,7 +158,10 @@ std::string BearerToken(const grpc::ServerContextBase& ctx) {
   const auto& md = ctx.client_metadata();
   auto it = md.find("authorization");
   if (it == md.end()) return "";
-  absl::string_view v(it->second.data(), it->second.size());
+  return BearerTokenOf(absl::string_view(it->second.data(), it->second.size()));
+}
+
+std::string BearerTokenOf(absl::string_view v) {
   if (!absl::StartsWithIgnoreCase(v, "bearer ")) return "";
   return std::string(absl::StripAsciiWhitespace(v.substr(7)));
 }

@@ -80,6 +80,8 @@ std::shared_ptr<grpc::Channel> CreateChannelWithToken(
 
 // The bearer token the caller presented, or empty.
 std::string BearerToken(const grpc::ServerContextBase& ctx);
+// The token of an authorization value "Bearer <token>" (any case); "" if it is not one.
+std::string BearerTokenOf(absl::string_view authorization);
 
 // The first line of a secret file, surrounding space trimmed.
 // INVALID_ARGUMENT naming `flag` when unreadable or empty.

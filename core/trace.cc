@@ -21,7 +21,11 @@ uint64_t ThreadId() {
   return id;
 }
 
-// JSON string escaping (RFC 8259): quotes, backslashes and control bytes.
+// Microseconds (trace-event JSON's unit) with nanosecond digits.
+std::string Micros(int64_t ns) { return absl::StrFormat("%.3f", double(ns) / 1e3); }
+
+}  // namespace
+
 void AppendJsonString(std::string& out, absl::string_view s) {
   out.push_back('"');
   for (unsigned char c : s) {
@@ -41,11 +45,6 @@ void AppendJsonString(std::string& out, absl::string_view s) {
   }
   out.push_back('"');
 }
-
-// Microseconds (trace-event JSON's unit) with nanosecond digits.
-std::string Micros(int64_t ns) { return absl::StrFormat("%.3f", double(ns) / 1e3); }
-
-}  // namespace
 
 int64_t NowNs() { return absl::GetCurrentTimeNanos(); }
 
@@ -100,8 +99,6 @@ Recorder& Recorder::Get() {
   static Recorder* r = new Recorder();  // never destroyed: threads may record at exit
   return *r;
 }
-
-bool Recorder::enabled() const { return Enabled(); }
 
 void Recorder::Start(int64_t capacity, absl::Time until) {
   absl::MutexLock l(&mu_);
@@ -174,7 +171,6 @@ void Recorder::SetClockOffset(int64_t offset_ns, int64_t error_ns) {
 }
 
 void SetThreadDevice(int local_device) { thread_device = local_device; }
-int ThreadDevice() { return thread_device; }
 
 void Span::Begin(const char* category, const char* name, const char* track) {
   Event& e = e_.emplace();

@@ -62,7 +62,6 @@ class Recorder {
   // The process's recorder.
   static Recorder& Get();
 
-  bool enabled() const;
   // Starts a trace: drops what was held, keeps at most `capacity` events.
   // Tracing stops by itself at `until` (a client that went away leaves no
   // tracing on).
@@ -90,7 +89,7 @@ class Recorder {
   int64_t offset_error_ns_ ABSL_GUARDED_BY(mu_) = -1;  // -1: no estimate (the coordinator itself)
 };
 
-// Whether this process records (Recorder::enabled): one relaxed load,
+// Whether this process records: one relaxed load,
 // inlined where it is asked.
 namespace internal {
 inline constinit std::atomic<bool> enabled{false};  // Recorder's; constant-initialized
@@ -100,7 +99,6 @@ inline bool Enabled() { return internal::enabled.load(std::memory_order_relaxed)
 // The local device whose queue runs on this thread (-1: none): spans that
 // name no track land on its track.
 void SetThreadDevice(int local_device);
-int ThreadDevice();
 
 // A span from construction to destruction, recorded if tracing was on at
 // construction. `track` names a non-device track ("dispatch", "transfers");
@@ -144,5 +142,7 @@ struct ProcessEvents {
   std::vector<int> global_device;  // by local index: the device's cluster-wide id
 };
 std::string WriteChromeTrace(const std::vector<ProcessEvents>& processes);
+// `s` as a JSON string (RFC 8259), quotes included, appended to `out`.
+void AppendJsonString(std::string& out, absl::string_view s);
 
 }  // namespace tessel::trace

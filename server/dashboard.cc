@@ -12,6 +12,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "core/security.h"
+#include "core/trace.h"
 #include "google/protobuf/util/json_util.h"
 #include "server/dashboard_page.h"  // kDashboardPage: server/dashboard.html, embedded
 
@@ -34,20 +36,10 @@ std::string Json(const google::protobuf::Message& m) {
   return out;
 }
 
-// A JSON string (RFC 8259).
 std::string Quote(absl::string_view s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out.push_back('\\');
-      out.push_back(char(c));
-    } else if (c < 0x20) {
-      absl::StrAppend(&out, "\\u00", absl::Hex(c, absl::kZeroPad2));
-    } else {
-      out.push_back(char(c));
-    }
-  }
-  return out + "\"";
+  std::string out;
+  trace::AppendJsonString(out, s);
+  return out;
 }
 
 std::string Number(double x) { return std::isfinite(x) ? absl::StrCat(x) : "null"; }
@@ -55,7 +47,7 @@ std::string Number(double x) { return std::isfinite(x) ? absl::StrCat(x) : "null
 // The token an Authorization header carries: Bearer's, or basic auth's password.
 std::string TokenOf(absl::string_view authorization) {
   absl::string_view a = absl::StripAsciiWhitespace(authorization);
-  if (absl::ConsumePrefix(&a, "Bearer ")) return std::string(absl::StripAsciiWhitespace(a));
+  if (std::string bearer = BearerTokenOf(a); !bearer.empty()) return bearer;
   if (absl::ConsumePrefix(&a, "Basic ")) {
     std::string decoded;
     if (!absl::Base64Unescape(absl::StripAsciiWhitespace(a), &decoded)) return "";

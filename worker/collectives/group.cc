@@ -258,10 +258,9 @@ absl::Status GroupCommunicator::AgreeAndRun(const CollectiveId& id, Slots slots,
   CollectiveTimes& times = ProcessCollectiveTimes();
   times.rounds.fetch_add(1, std::memory_order_relaxed);
   const int64_t began = trace::NowNs();
-  // The time waiting, until the data moves (at once for an overlapped all_reduce).
-  auto waited = [&, counted = false]() mutable {
-    if (counted) return;
-    counted = true;
+  // The wait ends where the data moves (at once for an overlapped all_reduce).
+  auto done_waiting = [&] {
+    waiting.reset();
     times.wait_ns.fetch_add(trace::NowNs() - began, std::memory_order_relaxed);
   };
   TESSEL_RETURN_IF_ERROR(exchange_.Connect(c));
@@ -277,8 +276,7 @@ absl::Status GroupCommunicator::AgreeAndRun(const CollectiveId& id, Slots slots,
     // fails the round, and what moved into this step's own output buffers
     // is never read. A worker that cannot take part joins with a dummy
     // block (below), so no peer waits out a timeout.
-    waiting.reset();
-    waited();
+    done_waiting();
     absl::Status data, heard;
     {
       trace::Span moving("collective", "all_reduce beside the header exchange");
@@ -298,8 +296,7 @@ absl::Status GroupCommunicator::AgreeAndRun(const CollectiveId& id, Slots slots,
     return judge();
   }
   TESSEL_RETURN_IF_ERROR(exchange_.AwaitHeaders(c, x));
-  waiting.reset();
-  waited();
+  done_waiting();
   if (const CallHeader* peer = FirstOverlapping(x.all, l_.self_worker)) {
     // A peer went ahead with an all_reduce; this worker's ranks cannot take
     // part (one abandoned the round, or they called something else). Join

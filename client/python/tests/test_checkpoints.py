@@ -3,6 +3,7 @@ TensorStore open what the workers wrote and must find the arrays' values
 (each verifying every chunk's CRC32C); restore onto other meshes must give
 numpy's values back; every bad input is a clear error naming the path."""
 
+import contextlib
 import json
 import os
 import pathlib
@@ -254,6 +255,41 @@ def test_checkpoint_manager_keeps_the_latest_and_the_periodic_steps(cluster, mes
         assert again.latest_step() == 6
 
 
+@contextlib.contextmanager
+def worker_in_its_own_mount_namespace(cluster, mounts):
+    """A second worker of `cluster`, started after the shell commands
+    `mounts` in a private mount namespace (root and unshare(1); else the
+    test is skipped), registered when the block starts, stopped when it ends."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) for a private mount namespace")
+    worker = subprocess.Popen(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            f'{mounts} && exec "{find_binary("tessel-worker")}" "$@"',
+            "worker",
+            f"--coordinator={cluster.address}",
+            f"--parent_pid={os.getpid()}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while len(tessel.devices()) < 2:
+            assert worker.poll() is None, "the namespaced worker exited"
+            assert time.monotonic() < deadline, "the namespaced worker never registered"
+            time.sleep(0.1)
+        yield
+    finally:
+        worker.terminate()
+        worker.wait(timeout=10)
+
+
 def test_a_path_a_worker_cannot_write_is_an_error_naming_the_worker_and_why(cluster, tmp_path):
     """A second worker sees the volume read-only (a read-only bind mount in a
     mount namespace of its own): its block's save fails naming the worker,
@@ -261,46 +297,19 @@ def test_a_path_a_worker_cannot_write_is_an_error_naming_the_worker_and_why(clus
     nothing, and one saved before is still whole."""
     shared = tmp_path / "volume"
     shared.mkdir()
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("needs root and unshare(1) for a private mount namespace")
-    with tessel.local_cluster(workers=1, devices_per_worker=1) as c:
-        worker = subprocess.Popen(
-            [
-                "unshare",
-                "--mount",
-                "--propagation",
-                "private",
-                "sh",
-                "-c",
-                f'mount --bind "{shared}" "{shared}" && mount -o remount,bind,ro "{shared}" && '
-                f'exec "{find_binary("tessel-worker")}" "$@"',
-                "worker",
-                f"--coordinator={c.address}",
-                f"--parent_pid={os.getpid()}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            deadline = time.monotonic() + 20
-            while len(tessel.devices()) < 2:
-                assert worker.poll() is None, "the namespaced worker exited"
-                assert time.monotonic() < deadline, "the namespaced worker never registered"
-                time.sleep(0.1)
-            before = np.arange(6, dtype=np.float32)
-            ckpt.save(shared / "before", {"x": tessel.device_put(before, tessel.devices()[0])}, wait=True)
-            y = tessel.device_put(np.ones(4, np.float32), tessel.devices()[1])  # on the read-only worker
-            with pytest.raises(
-                tessel.TesselError,
-                match=r"save of checkpoint .*volume/after: worker 127\.0\.0\.1:\d+: cannot make the directory of "
-                r".*volume/after\.tessel-tmp-[0-9a-f]+-\d+/y/c/0: Read-only file system",
-            ):
-                ckpt.save(shared / "after", {"y": y}, wait=True)
-            assert sorted(p.name for p in shared.iterdir()) == ["before"]
-            np.testing.assert_array_equal(np.asarray(ckpt.restore(shared / "before")["x"]), before)
-        finally:
-            worker.terminate()
-            worker.wait(timeout=10)
+    read_only = f'mount --bind "{shared}" "{shared}" && mount -o remount,bind,ro "{shared}"'
+    with tessel.local_cluster(workers=1, devices_per_worker=1) as c, worker_in_its_own_mount_namespace(c, read_only):
+        before = np.arange(6, dtype=np.float32)
+        ckpt.save(shared / "before", {"x": tessel.device_put(before, tessel.devices()[0])}, wait=True)
+        y = tessel.device_put(np.ones(4, np.float32), tessel.devices()[1])  # on the read-only worker
+        with pytest.raises(
+            tessel.TesselError,
+            match=r"save of checkpoint .*volume/after: worker 127\.0\.0\.1:\d+: cannot make the directory of "
+            r".*volume/after\.tessel-tmp-[0-9a-f]+-\d+/y/c/0: Read-only file system",
+        ):
+            ckpt.save(shared / "after", {"y": y}, wait=True)
+        assert sorted(p.name for p in shared.iterdir()) == ["before"]
+        np.testing.assert_array_equal(np.asarray(ckpt.restore(shared / "before")["x"]), before)
     tessel._context.set_default_session(cluster.session)
 
 
@@ -309,41 +318,15 @@ def test_workers_that_do_not_share_the_path_are_an_error_naming_the_worker(clust
     tmpfs over the checkpoint directory: it cannot see what the first made."""
     shared = tmp_path / "volume"
     shared.mkdir()
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("needs root and unshare(1) for a private mount namespace")
-    with tessel.local_cluster(workers=1, devices_per_worker=1) as c:
-        worker = subprocess.Popen(
-            [
-                "unshare",
-                "--mount",
-                "--propagation",
-                "private",
-                "sh",
-                "-c",
-                f'mount -t tmpfs tmpfs "{shared}" && exec "{find_binary("tessel-worker")}" "$@"',
-                "worker",
-                f"--coordinator={c.address}",
-                f"--parent_pid={os.getpid()}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            deadline = time.monotonic() + 20
-            while len(tessel.devices()) < 2:
-                assert worker.poll() is None, "the namespaced worker exited"
-                assert time.monotonic() < deadline, "the namespaced worker never registered"
-                time.sleep(0.1)
-            x = tessel.device_put(np.ones(4, np.float32), tessel.ReplicatedSharding())
-            with pytest.raises(
-                tessel.TesselError,
-                match=r"worker 127\.0\.0\.1:\d+: does not see the checkpoint directory .*volume/c\.tessel-tmp",
-            ):
-                ckpt.save(shared / "c", {"x": x})
-            assert list(shared.iterdir()) == []  # the failed save removed its directory
-        finally:
-            worker.terminate()
-            worker.wait(timeout=10)
+    private = f'mount -t tmpfs tmpfs "{shared}"'
+    with tessel.local_cluster(workers=1, devices_per_worker=1) as c, worker_in_its_own_mount_namespace(c, private):
+        x = tessel.device_put(np.ones(4, np.float32), tessel.ReplicatedSharding())
+        with pytest.raises(
+            tessel.TesselError,
+            match=r"worker 127\.0\.0\.1:\d+: does not see the checkpoint directory .*volume/c\.tessel-tmp",
+        ):
+            ckpt.save(shared / "c", {"x": x})
+        assert list(shared.iterdir()) == []  # the failed save removed its directory
     tessel._context.set_default_session(cluster.session)
 
 

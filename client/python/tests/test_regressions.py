@@ -361,3 +361,17 @@ def test_a_donated_parameter_is_not_written_by_an_op_reading_it_through_a_loop(c
         want = (b + 1, b * 2) if first else (b * 2, b + 1)
         for o, w in zip(outs, want):
             np.testing.assert_array_equal(o.fetch(), w)
+
+
+def test_a_reconciliation_right_after_a_donating_call_finds_every_buffer_owned(session):
+    """Session.reconcile sends the session's queued calls first: a donating
+    call still in the stream would retire its argument on the coordinator
+    while the reconciliation found that buffer on its worker, unowned."""
+    f = tessel.jit(lambda s, x: s + x, donate_argnums=0)
+    x = tessel.device_put(np.ones(4))
+    for i in range(30):
+        s = tessel.device_put(np.arange(4.0))
+        out = f(s, x)
+        unowned = [(u.device, hex(u.handle)) for u in session.reconcile().unowned]
+        assert not unowned, (i, unowned)
+        np.testing.assert_array_equal(out.fetch(), np.arange(4.0) + 1)
