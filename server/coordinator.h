@@ -125,6 +125,11 @@ class Coordinator {
   void MarkRejectedOutputs(const v1::ExecuteRequest& req, const absl::Status& error);
   absl::StatusOr<v1::AwaitResponse> Await(const v1::AwaitRequest& req);
   absl::Status Delete(const v1::DeleteRequest& req);
+  // An ExecuteRequest's `release`: the session's handles among them are
+  // deleted, the rest passed over (a dropped array's call may have been
+  // refused, or its handle deleted already).
+  void Release(const std::string& session,
+               const google::protobuf::RepeatedField<uint64_t>& handles);
   // A copy of an array on another placement, its blocks moved worker to
   // worker as one sequenced step on each device involved (PlanReshard).
   absl::StatusOr<v1::ReshardResponse> Reshard(const v1::ReshardRequest& req) {

@@ -216,6 +216,7 @@ struct Coordinator::AcceptedExecution {
 };
 
 absl::StatusOr<v1::ExecuteResponse> Coordinator::Execute(const v1::ExecuteRequest& req) {
+  if (req.release_size() > 0) Release(req.session_id(), req.release());
   // Whoever's it is: the session's tenant is checked when planning, under
   // the lock that reads the session anyway (the common path takes it once).
   std::shared_ptr<const CachedExecutable> exe = cache_.FindAnyTenant(req.executable_id());

@@ -1126,6 +1126,47 @@ TEST_F(CoordinatorTest, AFreeIsNumberedAfterTheStepThatMakesItsArray) {
   EXPECT_EQ(r->state(), v1::DELETED);
 }
 
+TEST_F(CoordinatorTest, ACallsReleaseDeletesTheSessionsOwnArraysBeforeItsStep) {
+  Start(1, 1);
+  const std::string exe = CompileIota(false);
+  ASSERT_TRUE(Execute(exe, 0x10).ok());
+  // Another session's array, in the same tenant: a release naming it is
+  // passed over, as are a handle nobody has and one already deleted.
+  v1::OpenSessionRequest open;
+  open.set_client("other");
+  const std::string other = c_->OpenSession(open)->session_id();
+  v1::ExecuteRequest theirs;
+  theirs.set_session_id(other);
+  theirs.set_executable_id(exe);
+  theirs.add_outputs(0x20);
+  ASSERT_TRUE(c_->Execute(theirs).ok());
+  v1::ExecuteRequest req;
+  req.set_session_id(session_);
+  req.set_executable_id(exe);
+  req.add_outputs(0x11);
+  for (uint64_t h : {uint64_t{0x10}, uint64_t{0x20}, uint64_t{0x99}, uint64_t{0x10}})
+    req.add_release(h);
+  ASSERT_TRUE(c_->Execute(req).ok());
+  EXPECT_EQ(State(0x10), v1::DELETED);
+  EXPECT_NE(State(0x11), v1::DELETED);
+  v1::ArrayInfoRequest info;
+  info.set_session_id(other);
+  info.set_handle(0x20);
+  auto kept = c_->ArrayInfo(info);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_NE(kept->state(), v1::DELETED);
+  // On the device: the first run, the other session's, then 0x10's free
+  // (once), then the releasing call's own step.
+  auto msgs = fake(0).messages();
+  ASSERT_EQ(msgs.size(), 4u);
+  EXPECT_TRUE(msgs[0].run && msgs[1].run);
+  EXPECT_FALSE(msgs[2].run);
+  ASSERT_EQ(msgs[2].free_request.buffers_size(), 1);
+  EXPECT_EQ(msgs[2].free_request.buffers(0), 0x10u);
+  EXPECT_TRUE(msgs[3].run);
+  EXPECT_LT(msgs[2].seq(), msgs[3].seq());
+}
+
 TEST_F(CoordinatorTest, NoWorkerCallIsMadeUnderALock) {
   Start(1, 2);
   // Every Run, Free and load asks the coordinator for its stats and cluster

@@ -258,6 +258,22 @@ absl::Status Coordinator::Delete(const v1::DeleteRequest& req) {
   return absl::OkStatus();
 }
 
+void Coordinator::Release(const std::string& session,
+                          const google::protobuf::RepeatedField<uint64_t>& handles) {
+  std::vector<PendingFree> frees;
+  {
+    ArrayRegistry::Transaction l(arrays_);
+    if (!arrays_.CheckSessionLocked(session).ok()) return;
+    std::vector<uint64_t> owned;
+    owned.reserve(handles.size());
+    for (uint64_t h : handles) {
+      if (arrays_.OwnedLocked(session, h).ok()) owned.push_back(h);
+    }
+    frees = FreeArraysLocked(owned);
+  }
+  SendFrees(std::move(frees));
+}
+
 absl::StatusOr<v1::ArrayInfoResponse> Coordinator::ArrayInfo(const v1::ArrayInfoRequest& req) {
   ArrayRegistry::Transaction l(arrays_);
   TESSEL_RETURN_IF_ERROR(arrays_.CheckSessionLocked(req.session_id()));

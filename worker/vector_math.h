@@ -13,7 +13,13 @@ namespace vector_math_internal {
 inline uint32_t tm_bits(float f) { return std::bit_cast<uint32_t>(f); }
 inline float tm_float(uint32_t u) { return std::bit_cast<float>(u); }
 #define TM inline
+#ifdef TESSEL_FMA
+#define TM_FMA(a, b, c) std::fma(a, b, c)
+#else
+#define TM_FMA(a, b, c) ((a) * (b) + (c))
+#endif
 #include "worker/vector_math.inc"
+#undef TM_FMA
 #undef TM
 }  // namespace vector_math_internal
 

@@ -66,7 +66,8 @@ namespace {
 // answered, so no completion outlives the reactor.
 class StepsReactor final : public grpc::ServerBidiReactor<v1::StepBatch, v1::StepResults> {
  public:
-  StepsReactor(WorkerRuntime* runtime, StepMetrics* steps) : runtime_(runtime), steps_(steps) {
+  StepsReactor(WorkerRuntime* runtime, StepMetrics* steps, CompletionQueue* writes)
+      : runtime_(runtime), steps_(steps), writes_(writes) {
     StartRead(&batch_);
   }
 
@@ -147,7 +148,12 @@ class StepsReactor final : public grpc::ServerBidiReactor<v1::StepBatch, v1::Ste
  private:
   // The write starts outside the lock: gRPC may run OnWriteDone on its own
   // thread before StartWrite returns, and that would wait for the lock.
+  // While other steps are still to answer, the write starts on the
+  // service's writer thread and this (step) thread goes back to its queue;
+  // the last one's starts here, at once. The reactor stays until the
+  // write is done (no Finish while write_busy_), so the closure may use it.
   void Complete(v1::StepResult res) {
+    bool more_to_come;
     {
       absl::MutexLock l(&mu_);
       if (broken_) {
@@ -159,8 +165,13 @@ class StepsReactor final : public grpc::ServerBidiReactor<v1::StepBatch, v1::Ste
       if (write_busy_) return;  // goes with the next write, from OnWriteDone
       write_busy_ = true;
       writing_.Swap(&pending_);
+      more_to_come = in_flight_ > writing_.results_size();
     }
-    StartWrite(&writing_);
+    if (more_to_come) {
+      writes_->Push([this] { StartWrite(&writing_); });
+    } else {
+      StartWrite(&writing_);
+    }
   }
 
   void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -172,6 +183,7 @@ class StepsReactor final : public grpc::ServerBidiReactor<v1::StepBatch, v1::Ste
 
   WorkerRuntime* const runtime_;
   StepMetrics* const steps_;
+  CompletionQueue* const writes_;
   v1::StepBatch batch_;  // only touched by the read chain
   absl::Mutex mu_;
   v1::StepResults pending_ ABSL_GUARDED_BY(mu_);
@@ -197,7 +209,7 @@ class RefusedSteps final : public grpc::ServerBidiReactor<v1::StepBatch, v1::Ste
 grpc::ServerBidiReactor<v1::StepBatch, v1::StepResults>* WorkerService::Steps(
     grpc::CallbackServerContext* ctx) {
   if (grpc::Status a = CheckCaller(*ctx); !a.ok()) return new RefusedSteps(a);
-  return new StepsReactor(runtime_, steps_);
+  return new StepsReactor(runtime_, steps_, &writes_);
 }
 
 grpc::Status WorkerService::PutShard(grpc::ServerContext* ctx,

@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "core/metrics.h"
 #include "tessel/v1/worker.grpc.pb.h"
+#include "worker/step_queue.h"
 #include "worker/worker_runtime.h"
 
 namespace tessel::worker {
@@ -54,6 +55,10 @@ class WorkerService final
   WorkerRuntime* const runtime_;
   const std::string secret_;
   StepMetrics* const steps_;
+  // Starts the Steps streams' writes while more steps are queued, so that
+  // a device's step thread goes on to its next step rather than spending
+  // the send (on loopback, the receiver's TCP work too) itself.
+  CompletionQueue writes_{"step-writes"};
 };
 
 }  // namespace tessel::worker

@@ -53,6 +53,13 @@ absl::StatusOr<std::unique_ptr<worker::Executable>> CpuExecutable::Load(const v1
     if (in.fusion != nullptr) {
       TESSEL_ASSIGN_OR_RETURN(FusedLoop loop, FusedLoop::Build(*in.fusion, in.arg_types));
       prep.fusion.emplace(std::move(loop));
+      // Large enough that registers beat the interpreter's passes over a
+      // block per node; streamed outputs stay with the interpreter's
+      // non-temporal stores.
+      if (prep.fusion->elements() >= kCompiledFusionElements && !prep.fusion->streams()) {
+        std::string why;
+        prep.compiled = NativeFusion::Start(*in.fusion, in.arg_types, &why);
+      }
     } else if (in.node->op() == v1::CONSTANT && in.node->constant().has_literal()) {
       TESSEL_ASSIGN_OR_RETURN(prep.literal, device->Allocate(ByteSizeUnchecked(in.node->type())));
       MaterializeLiteral(*in.node, prep.literal->opaque());
@@ -103,7 +110,11 @@ absl::Status CpuExecutable::Execute(int i, std::vector<BufferPtr>& values,
       outs.push_back(b->opaque());
       values[in.results[k]] = std::move(b);
     }
-    prep.fusion->Run(ins, outs, KernelThreads());
+    if (NativeFusion::Fn fn = prep.compiled ? prep.compiled->fn() : nullptr) {
+      prep.fusion->RunRanges(fn, ins, outs, KernelThreads());
+    } else {
+      prep.fusion->Run(ins, outs, KernelThreads());
+    }
     return absl::OkStatus();
   }
   const v1::Node& n = *in.node;

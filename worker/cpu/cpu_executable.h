@@ -22,6 +22,8 @@ class CpuExecutable final : public worker::Executable {
  public:
   static absl::StatusOr<std::unique_ptr<worker::Executable>> Load(const v1::Program& program,
                                                                   worker::Device* device);
+  // Fusions of at least this many elements are also compiled (NativeFusion).
+  static constexpr int64_t kCompiledFusionElements = int64_t{1} << 15;
   absl::StatusOr<std::vector<worker::BufferPtr>> Run(absl::Span<const worker::BufferPtr> args,
                                                      absl::Span<const worker::BufferPtr> into,
                                                      const worker::StepContext& ctx) override;
@@ -31,6 +33,8 @@ class CpuExecutable final : public worker::Executable {
   // Per instruction of slots_: its built fusion, or its materialized literal.
   struct Prepared {
     std::optional<FusedLoop> fusion;
+    // The fusion compiled (native_loop.h), once its background compile is done.
+    std::shared_ptr<NativeFusion> compiled;
     worker::BufferPtr literal;
     // A loop of fusions, run whole: compiled (native_loop.h), else bound (device_loop.h).
     std::optional<NativeLoop> native;

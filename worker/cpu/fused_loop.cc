@@ -1,7 +1,6 @@
 #include "worker/cpu/fused_loop.h"
 
 #include <algorithm>
-#include <thread>
 
 #include <cstdint>
 #include <cstring>
@@ -16,6 +15,7 @@
 #include "core/dtype.h"
 #include "core/shape_inference.h"
 #include "worker/cpu/elementwise.h"
+#include "worker/cpu/parallel.h"
 
 namespace tessel::cpu {
 namespace {
@@ -247,17 +247,34 @@ void FusedLoop::Run(absl::Span<const void* const> inputs, absl::Span<void* const
     std::memcpy(outputs[out_index], const_blocks_[slots_[slot].index].data(), slots_[slot].esize);
   }
   const int64_t blocks = (elements_ + kBlock - 1) / kBlock;
-  const int n = elements_ * cost_ >= kParallelElements
-                    ? int(std::min<int64_t>(std::max(threads, 1), blocks))
-                    : 1;
+  const int n = ThreadsFor(threads);
   if (n <= 1) return RunBlocks(inputs, outputs, splats, 0, blocks);
-  std::vector<std::thread> helpers;
-  for (int t = 1; t < n; ++t) {
-    helpers.emplace_back(
-        [&, t] { RunBlocks(inputs, outputs, splats, blocks * t / n, blocks * (t + 1) / n); });
-  }
-  RunBlocks(inputs, outputs, splats, 0, blocks / n);
-  for (std::thread& h : helpers) h.join();
+  // Four pieces a thread: the caller goes on claiming them while a helper
+  // is still waking up.
+  const int pieces = int(std::min<int64_t>(blocks, 4 * n));
+  ParallelFor(pieces, n, [&](int t) {
+    RunBlocks(inputs, outputs, splats, blocks * t / pieces, blocks * (t + 1) / pieces);
+  });
+}
+
+int FusedLoop::ThreadsFor(int threads) const {
+  const int64_t blocks = (elements_ + kBlock - 1) / kBlock;
+  return elements_ * cost_ >= kParallelElements
+             ? int(std::min<int64_t>(std::max(threads, 1), blocks))
+             : 1;
+}
+
+void FusedLoop::RunRanges(RangeFn fn, absl::Span<const void* const> inputs,
+                          absl::Span<void* const> outputs, int threads) const {
+  const int n = ThreadsFor(threads);
+  const int64_t blocks = (elements_ + kBlock - 1) / kBlock;
+  if (n <= 1) return fn(inputs.data(), outputs.data(), 0, elements_);
+  const int pieces = int(std::min<int64_t>(blocks, 4 * n));
+  ParallelFor(pieces, n, [&](int t) {
+    const int64_t begin = std::min(elements_, blocks * t / pieces * kBlock);
+    const int64_t end = std::min(elements_, blocks * (t + 1) / pieces * kBlock);
+    fn(inputs.data(), outputs.data(), begin, end);
+  });
 }
 
 void FusedLoop::RunBlocks(absl::Span<const void* const> inputs, absl::Span<void* const> outputs,

@@ -45,6 +45,16 @@ class FusedLoop {
   void Run(absl::Span<const void* const> inputs, absl::Span<void* const> outputs,
            int threads = 1) const;
   static constexpr int64_t kParallelElements = int64_t{1} << 20;
+
+  // The same loop as a compiled function of element ranges (NativeFusion's):
+  // split over threads as Run splits its blocks.
+  using RangeFn = void (*)(const void* const* in, void* const* out, int64_t begin, int64_t end);
+  void RunRanges(RangeFn fn, absl::Span<const void* const> inputs, absl::Span<void* const> outputs,
+                 int threads) const;
+  // Whether Run streams its outputs (kStreamBytes): a compiled loop would not.
+  bool streams() const { return stream_; }
+  // The threads a run over `threads` uses: 1 below kParallelElements.
+  int ThreadsFor(int threads) const;
   // Outputs of at least this many bytes are written with non-temporal
   // stores: each block is made in a thread's scratch, then streamed out,
   // so an output too big to stay in cache costs its write and no read.

@@ -2,13 +2,20 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
 #include <random>
+#include <thread>
+#include <vector>
 
 #include "core/dtype.h"
 #include "worker/cpu/dot.h"
 #include "worker/cpu/fused_loop.h"
 #include "worker/cpu/gather.h"
 #include "worker/cpu/layout.h"
+#include "worker/cpu/native_loop.h"
+#include "worker/cpu/parallel.h"
 #include "worker/cpu/reduce.h"
 
 namespace tessel::cpu {
@@ -253,6 +260,82 @@ void CheckChain(int64_t n, int threads, int64_t offset = 0) {
   ASSERT_EQ(m_buf[n + offset], -7.0f);
 }
 
+// A compiled fusion (NativeFusion) gives the interpreter's bits: exp, log,
+// tanh and logistic, a division, max with NaN, a comparison and a select,
+// conversions to int and back, an iota and a one-element constant output;
+// over threads (ranges that end inside a block), and in place (an output
+// written over the input it reads, as a donated buffer is).
+TEST(NativeFusion, GivesTheInterpretersBitsOverThreadsAndInPlace) {
+  const int64_t n = FusedLoop::kBlock * 3 + 17;
+  v1::Fusion f;
+  f.add_inputs("x");
+  f.add_inputs("w");
+  auto node = [&](const char* name, v1::Op op, std::vector<std::string> operands) {
+    return AddNode(f, n, name, op, std::move(operands));
+  };
+  node("e", v1::EXP, {"x"});
+  node("a", v1::ABS, {"x"});
+  node("l", v1::LOG, {"a"});
+  node("t", v1::TANH, {"l"});
+  node("s", v1::LOGISTIC, {"w"});
+  node("q", v1::DIV, {"e", "w"});
+  node("mx", v1::MAX, {"q", "t"});
+  v1::Node* lt = node("lt", v1::COMPARE, {"x", "w"});
+  lt->mutable_compare()->set_direction(v1::LT);
+  *lt->mutable_type() = MakeType(v1::PRED, {n});
+  node("sel", v1::SELECT, {"lt", "mx", "s"});
+  v1::Node* toi = node("toi", v1::CONVERT, {"q"});
+  toi->mutable_convert()->set_dtype(v1::S32);
+  *toi->mutable_type() = MakeType(v1::S32, {n});
+  v1::Node* tof = node("tof", v1::CONVERT, {"toi"});
+  tof->mutable_convert()->set_dtype(v1::F32);
+  v1::Node* io = node("i", v1::CONSTANT, {});
+  io->mutable_constant()->mutable_iota()->set_dimension(0);
+  node("y", v1::ADD, {"sel", "i"});
+  node("z", v1::SUB, {"tof", "y"});
+  v1::Node* c = f.add_nodes();
+  c->set_name("c");
+  c->set_op(v1::CONSTANT);
+  c->mutable_constant()->mutable_fill()->set_f(0.25);
+  *c->mutable_type() = MakeType(v1::F32, {});
+  f.add_outputs("z");
+  f.add_outputs("c");
+  f.add_outputs("lt");
+  const std::vector<v1::TensorType> types = {MakeType(v1::F32, {n}), MakeType(v1::F32, {n})};
+  auto loop = FusedLoop::Build(f, types);
+  ASSERT_TRUE(loop.ok()) << loop.status();
+  std::string why;
+  auto native = NativeFusion::Start(f, types, &why);
+  ASSERT_NE(native, nullptr) << why;
+  ASSERT_TRUE(native->AwaitReady(absl::Seconds(60))) << "the fusion did not compile";
+  std::vector<float> x = Random(n, 7), w = Random(n, 8);
+  for (int64_t i = 0; i < n; i += 97) x[i] = std::nanf("");  // NaN through every op
+  for (int64_t i = 5; i < n; i += 89) w[i] = 0.0f;           // division by zero
+  auto run = [&](bool compiled, int threads, std::vector<float>& z, float& c,
+                 std::vector<uint8_t>& lt, const std::vector<float>& xin) {
+    std::vector<const void*> ins = {xin.data(), w.data()};
+    std::vector<void*> outs = {z.data(), &c, lt.data()};
+    if (compiled) {
+      loop->RunRanges(native->fn(), ins, outs, threads);
+    } else {
+      loop->Run(ins, outs, threads);
+    }
+  };
+  std::vector<float> z0(n), z1(n);
+  std::vector<uint8_t> lt0(n), lt1(n);
+  float c0 = 0, c1 = 0;
+  run(false, 1, z0, c0, lt0, x);
+  for (int threads : {1, 3}) {
+    run(true, threads, z1, c1, lt1, x);
+    EXPECT_EQ(std::memcmp(z0.data(), z1.data(), n * 4), 0) << threads << " threads";
+    EXPECT_EQ(lt0, lt1);
+    EXPECT_EQ(c1, 0.25f);
+  }
+  std::vector<float> inplace = x;
+  run(true, 3, inplace, c1, lt1, inplace);
+  EXPECT_EQ(std::memcmp(z0.data(), inplace.data(), n * 4), 0);
+}
+
 TEST(FusedLoop, ChainAcrossManyBlocksEqualsStepByStep) {
   CheckChain(FusedLoop::kBlock * 3 + 17, 1);
 }
@@ -268,6 +351,32 @@ TEST(FusedLoop, LargeLoopsSplitOverThreadsEqualStepByStep) {
 
 // Outputs past kStreamBytes are staged per block and streamed out with
 // non-temporal stores: aligned and unaligned targets, one thread and two.
+TEST(ParallelFor, EveryPieceRunsOnceWhileOtherCallersShareThePool) {
+  // Four callers (as four devices' step threads would) each run 300 calls
+  // of 1..8 pieces over 1..3 threads at once; every piece runs exactly once,
+  // and each call returns only after all of its pieces have.
+  constexpr int kCallers = 4, kCalls = 300;
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> callers;
+  for (int c = 0; c < kCallers; ++c) {
+    callers.emplace_back([&, c] {
+      for (int call = 0; call < kCalls; ++call) {
+        const int n = 1 + (call + c) % 8;
+        std::vector<std::atomic<int>> runs(n);
+        tessel::cpu::ParallelFor(n, 1 + call % 3, [&](int i) { runs[i].fetch_add(1); });
+        for (int i = 0; i < n; ++i) {
+          if (runs[i].load() != 1) wrong.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  int none = 0;
+  tessel::cpu::ParallelFor(0, 2, [&](int) { ++none; });
+  EXPECT_EQ(none, 0);
+}
+
 TEST(FusedLoop, StreamedOutputsEqualStepByStep) {
   const int64_t n = FusedLoop::kStreamBytes / 4 + FusedLoop::kBlock * 2 + 5;
   CheckChain(n, 1);

@@ -18,13 +18,17 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "core/dtype.h"
 #include "core/shape_inference.h"
 #include "core/status.h"
+#include "spdlog/spdlog.h"
 #include "worker/cpu/elementwise.h"
 #include "worker/cpu/fused_loop.h"
 #include "worker/scalar_expr.h"
+#include "worker/step_queue.h"
 #include "worker/vector_math_source.h"
 
 extern char** environ;
@@ -65,7 +69,7 @@ const char* NativeLoop::Prelude() {
       "static inline uint32_t tm_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }\n"
       "static inline float tm_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }\n"
       "#define TM static inline\n",
-      worker::kVectorMathSource, "#undef TM\n"));
+      worker::kVectorMathFma, worker::kVectorMathSource, "#undef TM_FMA\n#undef TM\n"));
   return prelude->c_str();
 }
 
@@ -184,6 +188,112 @@ std::string Expr(const v1::Node& n, const std::vector<std::string>& a,
   return e.ok() ? *e : "";
 }
 
+// Emits fusion `fu`'s element loop over [begin, end): input k is read from
+// the array `inputs[k]` (of arg_types[k]), output k written to the array
+// `outputs[k]`. `once` gets what is written once (one-element constant
+// outputs, even by a loop of no elements), `loop` the loop. Returns "" or
+// why the fusion does not qualify.
+std::string EmitFusion(const v1::Fusion& fu, const std::vector<v1::TensorType>& arg_types,
+                       const std::vector<std::string>& inputs,
+                       const std::vector<std::string>& outputs, int64_t elements,
+                       const std::string& begin, const std::string& end, std::string& once,
+                       std::string& loop) {
+  absl::flat_hash_map<std::string, std::string>
+      value;  // fusion-local name -> C expression of this element
+  absl::flat_hash_map<std::string, v1::DType> vdt;
+  std::string body;
+  for (int k = 0; k < fu.inputs_size(); ++k) {
+    const v1::TensorType& t = arg_types[k];
+    if (CType(t.dtype()) == nullptr) return absl::StrCat("dtype ", DTypeName(t.dtype()));
+    const std::string v = absl::StrCat("x", k);
+    const std::string idx = NumElementsUnchecked(t) == elements ? "i" : "0";
+    std::string load = absl::StrCat(inputs[k], "[", idx, "]");
+    if (t.dtype() == v1::PRED) load = absl::StrCat("(", load, " != 0)");
+    absl::StrAppend(&body, "      const ", t.dtype() == v1::PRED ? "int" : CType(t.dtype()), " ", v,
+                    " = ", load, ";\n");
+    value[fu.inputs(k)] = v;
+    vdt[fu.inputs(k)] = t.dtype();
+  }
+  absl::flat_hash_map<std::string, int> output_index;
+  for (int k = 0; k < fu.outputs_size(); ++k) output_index[fu.outputs(k)] = k;
+  int counter = 0;
+  for (const v1::Node& n : fu.nodes()) {
+    const v1::DType dt = n.type().dtype();
+    if (CType(dt) == nullptr) return absl::StrCat("dtype ", DTypeName(dt));
+    std::string expr;
+    bool constant = false;
+    if (n.op() == v1::CONSTANT) {
+      const int64_t ne = NumElementsUnchecked(n.type());
+      if (n.constant().has_iota()) {
+        const auto& dims = n.type().dims();
+        const int64_t d = n.constant().iota().dimension();
+        int64_t inner = 1;
+        for (int k = d + 1; k < dims.size(); ++k) inner *= dims[k];
+        if (dims[d] <= 0 || inner <= 0) return "an empty iota";
+        expr = Convert(v1::S64, dt,
+                       absl::StrCat("(((int64_t)", ne == elements ? "i" : "0", " / ", inner, ") % ",
+                                    dims[d], ")"));
+      } else {
+        if (n.constant().has_literal() && ne != 1) return "a literal array";
+        char one[8] = {};
+        if (n.constant().has_fill()) {
+          FillKernel(dt, n.constant().fill(), one, 1);
+        } else {
+          MaterializeLiteral(n, one);
+        }
+        expr = Literal(dt, one);
+        if (dt == v1::PRED) expr = absl::StrCat("(", expr, " != 0)");
+        constant = ne == 1;
+      }
+    } else {
+      std::vector<std::string> a;
+      std::vector<v1::DType> adt;
+      for (const std::string& o : n.operands()) {
+        auto it = value.find(o);
+        if (it == value.end())
+          return absl::StrCat("fusion node '", n.name(), "' reads '", o, "' before it is defined");
+        a.push_back(it->second);
+        adt.push_back(vdt[o]);
+      }
+      if (n.op() != v1::BROADCAST_IN_DIM && !IsElementwise(n.op()))
+        return absl::StrCat("op ", OpName(n.op()));
+      expr = Expr(n, a, adt);
+      if (expr.empty()) return absl::StrCat("op ", OpName(n.op()), " on ", DTypeName(dt));
+    }
+    const std::string v = absl::StrCat("v", counter++);
+    const char* ct = dt == v1::PRED ? "int" : CType(dt);
+    absl::StrAppend(&body, "      const ", ct, " ", v, " = ", expr, ";\n");
+    value[n.name()] = v;
+    vdt[n.name()] = dt;
+    auto oi = output_index.find(n.name());
+    if (oi != output_index.end()) {
+      const std::string& arr = outputs[oi->second];
+      const int64_t ne = NumElementsUnchecked(n.type());
+      const std::string store = dt == v1::PRED ? absl::StrCat("(uint8_t)", v) : v;
+      if (constant) {
+        absl::StrAppend(&once, "    { const ", ct, " ", v, " = ", expr, "; ", arr, "[0] = ", store,
+                        "; }\n");
+      } else if (ne == elements) {
+        absl::StrAppend(&body, "      ", arr, "[i] = ", store, ";\n");
+      } else {
+        absl::StrAppend(&body, "      if (i == 0) ", arr, "[0] = ", store, ";\n");
+      }
+    }
+  }
+  absl::StrAppend(&loop, "    for (int64_t i = ", begin, "; i < ", end, "; ++i) {\n", body,
+                  "    }\n");
+  return "";
+}
+
+// The type of fusion `fu`'s output k, the node that makes it; nullptr for
+// an input passed through, which the generated loops do not write.
+const v1::TensorType* FusionOutputType(const v1::Fusion& fu, int k) {
+  for (const v1::Node& n : fu.nodes()) {
+    if (n.name() == fu.outputs(k)) return &n.type();
+  }
+  return nullptr;
+}
+
 // Emits one function's instructions (fusions and reshapes) into `out`.
 // `name[slot]` starts with the parameters' arrays; each fusion result
 // becomes a local array s<slot>. Returns "" or why the function does not
@@ -204,97 +314,28 @@ std::string EmitFunction(const SlotProgram& program, int f, const std::string& p
     const v1::Fusion& fu = *in.fusion;
     const int64_t elements = FusionElements(fu);
     if (elements > FusedLoop::kBlock) return "a value over one block";
-    absl::flat_hash_map<std::string, std::string>
-        value;  // fusion-local name -> C expression of this element
-    absl::flat_hash_map<std::string, v1::DType> vdt;
-    std::string body, once;
-    for (int k = 0; k < fu.inputs_size(); ++k) {
-      const v1::TensorType& t = in.arg_types[k];
-      if (CType(t.dtype()) == nullptr) return absl::StrCat("dtype ", DTypeName(t.dtype()));
-      const std::string v = absl::StrCat("x", k);
-      const std::string idx = NumElementsUnchecked(t) == elements ? "i" : "0";
-      std::string load = absl::StrCat(name[in.args[k]], "[", idx, "]");
-      if (t.dtype() == v1::PRED) load = absl::StrCat("(", load, " != 0)");
-      absl::StrAppend(&body, "      const ", t.dtype() == v1::PRED ? "int" : CType(t.dtype()), " ",
-                      v, " = ", load, ";\n");
-      value[fu.inputs(k)] = v;
-      vdt[fu.inputs(k)] = t.dtype();
+    std::vector<std::string> inputs, outputs;
+    for (int k = 0; k < fu.inputs_size(); ++k) inputs.push_back(name[in.args[k]]);
+    std::string decls;
+    for (int k = 0; k < fu.outputs_size(); ++k) {
+      const v1::TensorType* t = FusionOutputType(fu, k);
+      if (t == nullptr) return "an input passed through as an output";
+      if (CType(t->dtype()) == nullptr) return absl::StrCat("dtype ", DTypeName(t->dtype()));
+      const int slot = in.results[k];
+      const std::string arr = absl::StrCat(prefix, "s", slot);
+      name[slot] = arr;
+      dtype[slot] = t->dtype();
+      const int64_t ne = NumElementsUnchecked(*t);
+      local_bytes += ne * DTypeSize(t->dtype());
+      absl::StrAppend(&decls, "    ", CType(t->dtype()), " ", arr, "[", std::max<int64_t>(ne, 1),
+                      "];\n");
+      outputs.push_back(arr);
     }
-    absl::flat_hash_map<std::string, int> output_slot;
-    for (int k = 0; k < fu.outputs_size(); ++k) output_slot[fu.outputs(k)] = in.results[k];
-    int counter = 0;
-    for (const v1::Node& n : fu.nodes()) {
-      const v1::DType dt = n.type().dtype();
-      if (CType(dt) == nullptr) return absl::StrCat("dtype ", DTypeName(dt));
-      std::string expr;
-      bool constant = false;
-      if (n.op() == v1::CONSTANT) {
-        const int64_t ne = NumElementsUnchecked(n.type());
-        if (n.constant().has_iota()) {
-          const auto& dims = n.type().dims();
-          const int64_t d = n.constant().iota().dimension();
-          int64_t inner = 1;
-          for (int k = d + 1; k < dims.size(); ++k) inner *= dims[k];
-          if (dims[d] <= 0 || inner <= 0) return "an empty iota";
-          expr = Convert(v1::S64, dt,
-                         absl::StrCat("(((int64_t)", ne == elements ? "i" : "0", " / ", inner,
-                                      ") % ", dims[d], ")"));
-        } else {
-          if (n.constant().has_literal() && ne != 1) return "a literal array";
-          char one[8] = {};
-          if (n.constant().has_fill()) {
-            FillKernel(dt, n.constant().fill(), one, 1);
-          } else {
-            MaterializeLiteral(n, one);
-          }
-          expr = Literal(dt, one);
-          if (dt == v1::PRED) expr = absl::StrCat("(", expr, " != 0)");
-          constant = ne == 1;
-        }
-      } else {
-        std::vector<std::string> a;
-        std::vector<v1::DType> adt;
-        for (const std::string& o : n.operands()) {
-          auto it = value.find(o);
-          if (it == value.end())
-            return absl::StrCat("fusion node '", n.name(), "' reads '", o,
-                                "' before it is defined");
-          a.push_back(it->second);
-          adt.push_back(vdt[o]);
-        }
-        if (n.op() != v1::BROADCAST_IN_DIM && !IsElementwise(n.op()))
-          return absl::StrCat("op ", OpName(n.op()));
-        expr = Expr(n, a, adt);
-        if (expr.empty()) return absl::StrCat("op ", OpName(n.op()), " on ", DTypeName(dt));
-      }
-      const std::string v = absl::StrCat("v", counter++);
-      const char* ct = dt == v1::PRED ? "int" : CType(dt);
-      absl::StrAppend(&body, "      const ", ct, " ", v, " = ", expr, ";\n");
-      value[n.name()] = v;
-      vdt[n.name()] = dt;
-      auto os = output_slot.find(n.name());
-      if (os != output_slot.end()) {
-        const int slot = os->second;
-        const std::string arr = absl::StrCat(prefix, "s", slot);
-        name[slot] = arr;
-        dtype[slot] = dt;
-        const int64_t ne = NumElementsUnchecked(n.type());
-        local_bytes += ne * DTypeSize(dt);
-        absl::StrAppend(&out, "    ", CType(dt), " ", arr, "[", std::max<int64_t>(ne, 1), "];\n");
-        const std::string store = dt == v1::PRED ? absl::StrCat("(uint8_t)", v) : v;
-        if (constant) {
-          // A one-element constant output is written even by a loop of no elements.
-          absl::StrAppend(&once, "    { const ", ct, " ", v, " = ", expr, "; ", arr,
-                          "[0] = ", store, "; }\n");
-        } else if (ne == elements) {
-          absl::StrAppend(&body, "      ", arr, "[i] = ", store, ";\n");
-        } else {
-          absl::StrAppend(&body, "      if (i == 0) ", arr, "[0] = ", store, ";\n");
-        }
-      }
-    }
-    absl::StrAppend(&out, once, "    for (int64_t i = 0; i < ", elements, "; ++i) {\n", body,
-                    "    }\n");
+    std::string once, loop;
+    std::string err = EmitFusion(fu, in.arg_types, inputs, outputs, elements, "0",
+                                 absl::StrCat(elements), once, loop);
+    if (!err.empty()) return err;
+    absl::StrAppend(&out, decls, once, loop);
   }
   return "";
 }
@@ -410,7 +451,7 @@ std::optional<std::string> NativeLoop::Source(const SlotProgram& program, int in
 
 struct NativeLoop::Library {
   void* handle = nullptr;
-  NativeLoop::Fn fn = nullptr;
+  void* fn = nullptr;  // the generated function
   ~Library() {
     if (handle != nullptr) dlclose(handle);
   }
@@ -427,8 +468,10 @@ class LoopCompiler {
     return *compiler;
   }
   // Compiles `source` into a shared object and loads it (or returns the
-  // library an identical source already loaded).
-  absl::StatusOr<std::shared_ptr<NativeLoop::Library>> Compile(const std::string& source)
+  // library an identical source already loaded); `symbol` names its
+  // function, `flags` go to the compiler beside the loops' own.
+  absl::StatusOr<std::shared_ptr<NativeLoop::Library>> Compile(
+      const std::string& source, const char* symbol, const std::vector<std::string>& flags = {})
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -438,8 +481,9 @@ class LoopCompiler {
 };
 
 absl::StatusOr<std::shared_ptr<NativeLoop::Library>> LoopCompiler::Compile(
-    const std::string& source) {
-  const size_t key = std::hash<std::string>()(source);
+    const std::string& source, const char* symbol, const std::vector<std::string>& flags) {
+  const size_t key =
+      std::hash<std::string>()(absl::StrCat(source, "\n", absl::StrJoin(flags, " ")));
   absl::MutexLock lock(&mu_);
   if (auto it = cache_.find(key); it != cache_.end()) {
     if (auto lib = it->second.lock()) return lib;
@@ -462,6 +506,10 @@ absl::StatusOr<std::shared_ptr<NativeLoop::Library>> LoopCompiler::Compile(
   std::string cc = env_cc != nullptr && *env_cc != '\0' ? env_cc : "cc";
   std::vector<std::string> args = {
       cc, "-O2", "-std=c11", "-ffp-contract=off", "-fPIC", "-shared", "-o", so_file, c_file, "-lm"};
+#ifdef TESSEL_FMA
+  args.insert(args.begin() + 1, "-mfma");  // TM_FMA's fmaf as one instruction, as in the kernels
+#endif
+  args.insert(args.end(), flags.begin(), flags.end());  // after -O2: the last -O counts
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -494,8 +542,9 @@ absl::StatusOr<std::shared_ptr<NativeLoop::Library>> LoopCompiler::Compile(
   std::remove(so_file.c_str());  // mapped: the file is no longer needed
   if (lib->handle == nullptr)
     return absl::InternalError(absl::StrCat("dlopen of a generated loop: ", dlerror()));
-  lib->fn = reinterpret_cast<NativeLoop::Fn>(dlsym(lib->handle, "tessel_loop"));
-  if (lib->fn == nullptr) return absl::InternalError("a generated loop has no tessel_loop");
+  lib->fn = dlsym(lib->handle, symbol);
+  if (lib->fn == nullptr)
+    return absl::InternalError(absl::StrCat("a generated loop has no ", symbol));
   for (auto it = cache_.begin(); it != cache_.end();) {  // forget unloaded libraries
     if (it->second.expired()) {
       cache_.erase(it++);
@@ -518,14 +567,15 @@ std::optional<NativeLoop> NativeLoop::Build(const SlotProgram& program, int inst
   }
   std::optional<std::string> source = Source(program, instr, why);
   if (!source) return std::nullopt;
-  absl::StatusOr<std::shared_ptr<Library>> lib = LoopCompiler::Get().Compile(*source);
+  absl::StatusOr<std::shared_ptr<Library>> lib =
+      LoopCompiler::Get().Compile(*source, "tessel_loop");
   if (!lib.ok()) {
     *why = std::string(lib.status().message());
     return std::nullopt;
   }
   NativeLoop loop;
   loop.library_ = *std::move(lib);
-  loop.fn_ = loop.library_->fn;
+  loop.fn_ = reinterpret_cast<Fn>(loop.library_->fn);
   loop.instr_ = &program.instrs()[instr];
   const v1::Node& n = *loop.instr_->node;
   loop.carries_ = n.op() == v1::SCAN ? n.control().num_carry() : int(loop.instr_->args.size());
@@ -560,6 +610,95 @@ absl::Status NativeLoop::Run(std::vector<BufferPtr>& values, const std::vector<B
   fn_(ins.data(), outs.data());
   for (size_t k = 0; k < results.size(); ++k) values[in.results[k]] = std::move(results[k]);
   return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- fusions
+
+std::optional<std::string> NativeFusion::Source(const v1::Fusion& fusion,
+                                                const std::vector<v1::TensorType>& input_types,
+                                                std::string* why) {
+  const int64_t elements = FusionElements(fusion);
+  std::string src = NativeLoop::Prelude();
+  absl::StrAppend(&src,
+                  "void tessel_fusion(const void* const* in, void* const* out, int64_t begin, "
+                  "int64_t end) {\n");
+  std::vector<std::string> inputs, outputs;
+  for (int k = 0; k < fusion.inputs_size(); ++k) {
+    const char* t = CType(input_types[k].dtype());
+    if (t == nullptr) {
+      *why = absl::StrCat("input ", k, " is ", DTypeName(input_types[k].dtype()));
+      return std::nullopt;
+    }
+    absl::StrAppend(&src, "  const ", t, "* in", k, " = (const ", t, "*)in[", k, "];\n");
+    inputs.push_back(absl::StrCat("in", k));
+  }
+  for (int k = 0; k < fusion.outputs_size(); ++k) {
+    const v1::TensorType* t = FusionOutputType(fusion, k);
+    if (t == nullptr || CType(t->dtype()) == nullptr) {
+      *why = t == nullptr ? "an input passed through as an output"
+                          : absl::StrCat("output ", k, " is ", DTypeName(t->dtype()));
+      return std::nullopt;
+    }
+    const char* ct = CType(t->dtype());
+    absl::StrAppend(&src, "  ", ct, "* out", k, " = (", ct, "*)out[", k, "];\n");
+    outputs.push_back(absl::StrCat("out", k));
+  }
+  std::string once, loop;
+  std::string err =
+      EmitFusion(fusion, input_types, inputs, outputs, elements, "begin", "end", once, loop);
+  if (!err.empty()) {
+    *why = err;
+    return std::nullopt;
+  }
+  absl::StrAppend(&src, "  if (begin == 0) {\n", once, "  }\n", loop, "}\n");
+  return src;
+}
+
+namespace {
+
+// Compiles fusions one at a time, off the step threads.
+worker::CompletionQueue& FusionCompiles() {
+  static auto* q = new worker::CompletionQueue("tessel-jit");
+  return *q;
+}
+
+}  // namespace
+
+std::shared_ptr<NativeFusion> NativeFusion::Start(const v1::Fusion& fusion,
+                                                  const std::vector<v1::TensorType>& input_types,
+                                                  std::string* why) {
+  const char* off = std::getenv("TESSEL_NATIVE_LOOPS");
+  if (off != nullptr && std::string(off) == "0") {
+    *why = "TESSEL_NATIVE_LOOPS=0";
+    return nullptr;
+  }
+  std::optional<std::string> source = Source(fusion, input_types, why);
+  if (!source) return nullptr;
+  auto native = std::shared_ptr<NativeFusion>(new NativeFusion());
+  FusionCompiles().Push([native, source = *std::move(source)] {
+    // For this machine's own ISA, as XLA compiles its loops: the bits are
+    // the interpreter's whatever the vector width (no contraction; TM_FMA
+    // rounds once either way).
+    auto lib = LoopCompiler::Get().Compile(source, "tessel_fusion", {"-O3", "-march=native"});
+    if (!lib.ok()) {
+      if (auto log = spdlog::get("worker")) {
+        log->warn("a fusion stays interpreted: {}", std::string(lib.status().message()));
+      }
+      return;
+    }
+    native->library_ = *std::move(lib);
+    native->fn_.store(reinterpret_cast<Fn>(native->library_->fn), std::memory_order_release);
+  });
+  return native;
+}
+
+bool NativeFusion::AwaitReady(absl::Duration timeout) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (fn() == nullptr) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
 }
 
 }  // namespace tessel::cpu

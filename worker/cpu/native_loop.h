@@ -22,12 +22,15 @@
 // Built once per loaded program; Run may be called from any thread.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "tessel/v1/program.pb.h"
 #include "worker/device.h"
 #include "worker/slot_program.h"
 
@@ -64,6 +67,42 @@ class NativeLoop {
   Fn fn_ = nullptr;
   const worker::SlotProgram::Instr* instr_ = nullptr;
   int carries_ = 0;
+};
+
+// NativeFusion: a top-level fusion over many elements compiled to one loop
+// (its nodes' values in registers, vectorized for this machine's ISA) by
+// the same generator and compiler, as XLA's CPU backend compiles its
+// loop fusions. The compile runs in the background, one at a time: the
+// interpreted FusedLoop runs the fusion until fn() is set, so a program's
+// first steps never wait for a compiler. The generated arithmetic is the
+// interpreter's, so both give the same bits (native_fusion tests).
+class NativeFusion {
+ public:
+  // Elements [begin, end) of the fusion: `in` follow its inputs, `out` its
+  // outputs (as FusedLoop::Run's). One-element constant outputs are
+  // written by the call whose begin is 0. Disjoint ranges may run at once.
+  using Fn = void (*)(const void* const* in, void* const* out, int64_t begin, int64_t end);
+
+  // The C source of the fusion's loop, or nullopt with `why` set when it
+  // does not qualify (a dtype or op the generator does not handle).
+  static std::optional<std::string> Source(const v1::Fusion& fusion,
+                                           const std::vector<v1::TensorType>& input_types,
+                                           std::string* why);
+  // Queues the compile; nullptr with `why` set when the fusion does not
+  // qualify or TESSEL_NATIVE_LOOPS=0. A failed compile leaves fn() null.
+  static std::shared_ptr<NativeFusion> Start(const v1::Fusion& fusion,
+                                             const std::vector<v1::TensorType>& input_types,
+                                             std::string* why);
+
+  // The compiled loop once ready; nullptr before.
+  Fn fn() const { return fn_.load(std::memory_order_acquire); }
+  // Waits up to `timeout` for fn() (for tests).
+  bool AwaitReady(absl::Duration timeout) const;
+
+ private:
+  NativeFusion() = default;
+  std::shared_ptr<NativeLoop::Library> library_;  // set before fn_
+  std::atomic<Fn> fn_{nullptr};
 };
 
 }  // namespace tessel::cpu

@@ -214,9 +214,9 @@ std::string PtrDecl(const std::string& type, const std::string& name, int index,
 }  // namespace
 
 const std::string& KernelPrelude() {
-  static const std::string* prelude =
-      new std::string(StrCat(kPrelude, "#define TM TD\n#define tm_bits f2u\n#define tm_float u2f\n",
-                             worker::kVectorMathSource, "#undef TM\n"));
+  static const std::string* prelude = new std::string(
+      StrCat(kPrelude, "#define TM TD\n#define tm_bits f2u\n#define tm_float u2f\n",
+             worker::kVectorMathFma, worker::kVectorMathSource, "#undef TM_FMA\n#undef TM\n"));
   return *prelude;
 }
 

@@ -20,6 +20,10 @@ def varint(v):
     return bytes(out)
 
 
+# ExecuteRequest.release (field 11), length-delimited: packed varints.
+_RELEASE_TAG = bytes(((11 << 3) | 2,))
+
+
 def handle_batch(rng, n=4096):
     """n fresh handles and their varint encodings, as an iterator of
     (handle, bytes). A handle is 62 random bits with bit 62 set: nonzero,
@@ -91,12 +95,18 @@ class Dispatcher:
                     self._error = errors.WorkerLostError("the execute stream to the coordinator closed", "UNAVAILABLE")
                 self._cv.notify_all()
 
-    def send(self, request, want_reply, forget=None):
+    def send(self, request, want_reply, forget=None, release=()):
         """Queues one call (an ExecuteRequest, or its serialized bytes) and
         returns its sequence number; `forget`: an earlier call's number
-        whose reply is no longer wanted."""
+        whose reply is no longer wanted; `release`: handles the session
+        dropped, deleted before the call (ExecuteRequest.release)."""
         if not isinstance(request, bytes):
             request = request.SerializeToString()
+        if release:
+            # Serialized messages merge when concatenated: the packed field
+            # appended extends the call's `release`.
+            packed = b"".join(map(varint, release))
+            request += _RELEASE_TAG + varint(len(packed)) + packed
         framed = b"\x0a" + (bytes((len(request),)) if len(request) < 0x80 else varint(len(request))) + request
         with self._cv:
             if self._error is not None:

@@ -439,11 +439,11 @@ class Session:
         `request`: an ExecuteRequest, or one serialized that names this
         session and does not wait."""
         t0 = _profile.begin()
-        self._collect_before_alloc()
+        release = self._take_dropped() if self._dropped or self._garbage or self._forgotten else ()
         if not isinstance(request, bytes):
             request.session_id = self.id
             request.wait = False
-        seq = self.dispatcher().send(request, want_reply, forget)
+        seq = self.dispatcher().send(request, want_reply, forget, release)
         _profile.end(t0, "dispatch", "dispatch", "dispatch")
         return seq
 
@@ -660,10 +660,29 @@ class Session:
     _GARBAGE_HANDLES = 256
     _GARBAGE_BYTES = 64 << 20
 
-    def collect(self, force=False):
+    def _report_forgotten(self):
         while self._forgotten:
             (jit, leaf, path, output), nbytes = self._forgotten.popleft()
             jit.forgotten_donation(leaf, path, output, nbytes, self.options.strict_donation)
+
+    def _take_dropped(self):
+        """Every handle dropped and not yet deleted, for the next call's
+        `release`: the coordinator deletes them before planning it, so a
+        loop's dead outputs go back to the device's cache at once, with
+        neither a round trip nor a drained pipeline."""
+        if self._forgotten:
+            self._report_forgotten()
+        if not (self._dropped or self._garbage):
+            return ()
+        with self._collect_lock:
+            handles, self._garbage, self._garbage_bytes = self._garbage, [], 0
+            dropped = self._dropped
+            while dropped:
+                handles.append(dropped.popleft()[0])
+        return handles
+
+    def collect(self, force=False):
+        self._report_forgotten()
         with self._collect_lock:
             dropped = self._dropped
             while dropped:

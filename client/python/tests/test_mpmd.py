@@ -216,7 +216,7 @@ def test_a_pipeline_whose_steps_are_lost_or_late_is_right_or_fails_naming_the_ca
                     failed.append(str(e))
                     continue
                 for g, r in zip(got, want):
-                    np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
+                    np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)  # f32 sums of 32 products up to 26
                 right += 1
             assert failed, "no injected fault reached a step: the test tested nothing"
             assert right >= 20, f"{right} of 40 steps right; failures: {failed[:3]}"

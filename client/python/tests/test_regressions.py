@@ -375,3 +375,28 @@ def test_a_reconciliation_right_after_a_donating_call_finds_every_buffer_owned(s
         unowned = [(u.device, hex(u.handle)) for u in session.reconcile().unowned]
         assert not unowned, (i, unowned)
         np.testing.assert_array_equal(out.fetch(), np.arange(4.0) + 1)
+
+
+def test_a_loops_dropped_outputs_are_freed_by_its_next_calls(session):
+    """A loop's dead outputs used to wait for a batch of 256 handles or 64
+    MiB, deleted by a unary call that first drained the pipeline; a loop
+    of 2 MiB outputs then cycled through 64 MiB of device memory, never
+    warm in cache. Each call now carries the handles dropped before it
+    (ExecuteRequest.release): the device holds the input, the last result
+    and at most the one before it, however long the loop."""
+
+    def buffers():
+        return sum(m.num_buffers for w in session.cluster(with_memory=True).workers for m in w.memory)
+
+    double = tessel.jit(lambda x: x * 2)
+    x = tessel.device_put(np.arange(1 << 14, dtype=np.float32))
+    double(x).fetch()
+    gc.collect()
+    before = buffers()
+    for _ in range(60):
+        r = double(x)
+    np.testing.assert_array_equal(r.fetch(), np.arange(1 << 14, dtype=np.float32) * 2)
+    assert buffers() - before <= 2
+    del r
+    session.collect(force=True)
+    assert buffers() <= before
