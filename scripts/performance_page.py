@@ -31,13 +31,17 @@ INTRO = """\
 
 Every figure is Tessel beside its baseline, measured in the same run on the
 same machine, and judged as a ratio against its goal (machines are noisy;
-ratios taken in one run are what compare). Three programs measure them:
+ratios taken in one run are what compare). Four programs measure them:
 
 - `build/bin/tessel-bench` (C++; `--json`, `--only=SUBSTR`, `--list`):
   starts a local cluster of 2 workers and runs each entry of its table
   (`kEntries` in `bench/tessel_bench.cc`) beside a baseline that is not
   Tessel: bare gRPC calls and streams to a server process of the same
   shape, OpenBLAS and Gloo called directly, a plain copy loop.
+- `build/bin/tessel-scale-bench` (C++; `--json`, `--only=SUBSTR`): the
+  coordinator's own parts driving 64, 256 and 1,024 simulated workers
+  that answer at once (`bench/coordinator_scale_bench.cc`), each row at
+  1,024 beside the same at 64: growth, not a rival, is the baseline.
 - `.venv/bin/python bench/python_bench.py` (`--json`, `--only=NAME`): the
   Python SDK beside grpcio and beside `jax.jit` on the same CPU.
 - `.venv/bin/python bench/checkpoint_bench.py` (`--json`, `--only=NAME`):
@@ -89,18 +93,20 @@ def python_descriptions(module="python_bench.py", prefix="py_"):
 def rows():
     """(source, name, unit, tessel, baseline, ratio, goal, met, what) for every result."""
     out = []
-    tb = RESULTS / "tessel_bench.json"
-    if tb.exists():
+    for source, file in (("tessel-bench", "tessel_bench.json"), ("tessel-scale-bench", "scale_bench.json")):
+        tb = RESULTS / file
+        if not tb.exists():
+            continue
         for name, r in json.loads(tb.read_text()).items():
             out.append(
                 (
-                    "tessel-bench",
+                    source,
                     name,
                     r["unit"],
                     r["value"],
                     r["baseline"],
                     r["ratio"],
-                    r["goal"],
+                    r["goal"] if r["goal"] != "-" else "—",
                     r["met"],
                     r.get("note", ""),
                 )
@@ -137,11 +143,11 @@ def number(x):
 
 
 def goal_text(goal):
-    m = re.match(r"\s*(>=|<=)\s*([0-9.]+)\s*(x|ms)?\s*$", goal)
+    m = re.match(r"\s*(>=|<=)\s*([0-9.]+)\s*(x|ms|us)?\s*$", goal)
     if not m:
         return goal
     sign = "≥" if m.group(1) == ">=" else "≤"
-    unit = " ms" if m.group(3) == "ms" else "×"
+    unit = {"ms": " ms", "us": " µs"}.get(m.group(3), "×")
     return f"{sign} {float(m.group(2)):g}{unit}"
 
 
@@ -177,11 +183,11 @@ def page(results):
 
 def goal_parts(goal):
     """(higher_is_better, target ratio) of a goal, or None for a row without one."""
-    m = re.match(r"\s*(>=|<=)\s*([0-9.]+)\s*(x|ms)?\s*$", str(goal))
+    m = re.match(r"\s*(>=|<=)\s*([0-9.]+)\s*(x|ms|us)?\s*$", str(goal))
     if not m:
         return None
-    # An absolute goal in ms ("<= 100 ms") is stated against a baseline of that figure.
-    target = 1.0 if m.group(3) == "ms" else float(m.group(2))
+    # An absolute goal ("<= 100 ms") is stated against a baseline of that figure.
+    target = 1.0 if m.group(3) in ("ms", "us") else float(m.group(2))
     return m.group(1) == ">=", target
 
 
