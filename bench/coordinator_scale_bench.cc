@@ -14,6 +14,7 @@
 //                              at 1,024 workers, vs the same at 64. Goal:
 //                              linear growth (ratio <= 1.25) and <= 2 us.
 //   sim_sharded_step_1024w     the same for a step sharded over 1,024.
+//   sim_allreduce_step_1024w   the same for a psum over every device.
 //   sim_memory_per_worker      KiB of resident memory per worker added
 //                              from 256 to 1,024, vs from 64 to 256.
 //   sim_compile_allreduce_1024d ms to compile, partition and plan a psum
@@ -36,8 +37,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
-#include "google/protobuf/text_format.h"
 #include "core/version.h"
+#include "google/protobuf/text_format.h"
 #include "server/coordinator.h"
 #include "server/worker_client.h"
 #include "spdlog/sinks/null_sink.h"
@@ -120,7 +121,8 @@ void AddWorkers(Cluster& cl, int from, int to) {
 
 Cluster Start(int n) {
   Coordinator::Options o;
-  o.logger = std::make_shared<spdlog::logger>("sim", std::make_shared<spdlog::sinks::null_sink_mt>());
+  o.logger =
+      std::make_shared<spdlog::logger>("sim", std::make_shared<spdlog::sinks::null_sink_mt>());
   o.heartbeat_interval = absl::Seconds(60);
   o.heartbeat_timeout = absl::Seconds(3600);
   o.connect = [](const std::string&, const std::string&) -> std::shared_ptr<WorkerClient> {
@@ -187,17 +189,19 @@ uint64_t Execute(Cluster& cl, const std::string& exe, std::vector<uint64_t> args
 // Coordinator CPU per worker per step, in us: `steps` steps of `exe`, each
 // output released by the call two steps later (as the SDKs release what
 // their programs drop).
-double StepCpuPerWorker(Cluster& cl, const std::string& exe, bool replicated, int n, int steps) {
-  uint64_t& handle = cl.next_handle;
+double StepCpuPerWorker(Cluster& cl, const std::string& exe, bool replicated, int n, int steps,
+                        const std::vector<uint64_t>& args = {}) {
+  std::vector<uint64_t> made;  // this loop's outputs
   auto run = [&](int count) {
     for (int s = 0; s < count; ++s) {
       v1::ExecuteRequest req;
       req.set_session_id(cl.session);
       req.set_executable_id(exe);
-      req.add_outputs(handle);
-      if (handle > 2) req.add_release(handle - 2);  // another program's passes over
+      for (uint64_t a : args) req.add_arguments(a);
+      made.push_back(cl.next_handle++);
+      req.add_outputs(made.back());
+      if (made.size() > 2) req.add_release(made[made.size() - 3]);
       if (replicated) req.mutable_placement()->set_replicated(true);
-      ++handle;
       auto r = cl.c->Execute(req);
       if (!r.ok()) {
         std::fprintf(stderr, "tessel-scale-bench: execute: %s\n", r.status().ToString().c_str());
@@ -244,7 +248,7 @@ int main(int argc, char** argv) {
     if (std::strncmp(argv[i], "--only=", 7) == 0) only = argv[i] + 7;
   }
   const int sizes[] = {64, 256, 1024};
-  std::map<int, double> replicated, sharded, compile_ms;
+  std::map<int, double> replicated, sharded, allreduce, compile_ms;
   // Memory: one coordinator grown from 64 to 256 to 1,024 workers; each
   // figure is the growth per worker added (the first 64 pay the process's
   // one-time allocations).
@@ -273,23 +277,39 @@ int main(int argc, char** argv) {
     const uint64_t x = Execute(cl, split, {});
     const v1::Graph psum = AllReduceGraph(n);
     const absl::Time t0 = absl::Now();
-    Execute(cl, Compile(cl, psum, &mesh, true), {x});
+    const std::string psum_exe = Compile(cl, psum, &mesh, true);
+    Execute(cl, psum_exe, {x});
     compile_ms[n] = absl::ToDoubleMilliseconds(absl::Now() - t0);
+    allreduce[n] = StepCpuPerWorker(cl, psum_exe, false, n, steps, {x});
     std::fprintf(stderr,
-                 "%5d workers: replicated %.2f us, sharded %.2f us of CPU per worker per step; "
-                 "psum compiled and first run in %.1f ms\n",
-                 n, replicated[n], sharded[n], compile_ms[n]);
+                 "%5d workers: replicated %.2f us, sharded %.2f us, psum %.2f us of CPU per worker "
+                 "per step; psum compiled and first run in %.1f ms\n",
+                 n, replicated[n], sharded[n], allreduce[n], compile_ms[n]);
   }
   std::fprintf(stderr, "memory per worker added: %.1f KiB (64 to 256), %.1f KiB (256 to 1,024)\n",
                kib_64_256, kib_256_1024);
   std::vector<Row> rows = {
-      {"sim_replicated_step_1024w", "us", "<=1.25", "coordinator CPU per worker per replicated step, 1,024 simulated workers vs 64 (linear: within 1.25x; and at most 2 us)",
-       replicated[1024], replicated[64], replicated[1024] <= 2 && replicated[1024] <= 1.25 * replicated[64]},
-      {"sim_sharded_step_1024w", "us", "<=1.25", "coordinator CPU per worker per step sharded over 1,024 simulated workers vs 64 (linear: within 1.25x; and at most 2 us)",
+      {"sim_replicated_step_1024w", "us", "<=1.25",
+       "coordinator CPU per worker per replicated step, 1,024 simulated workers vs 64 (linear: "
+       "within 1.25x; and at most 2 us)",
+       replicated[1024], replicated[64],
+       replicated[1024] <= 2 && replicated[1024] <= 1.25 * replicated[64]},
+      {"sim_sharded_step_1024w", "us", "<=1.25",
+       "coordinator CPU per worker per step sharded over 1,024 simulated workers vs 64 (linear: "
+       "within 1.25x; and at most 2 us)",
        sharded[1024], sharded[64], sharded[1024] <= 2 && sharded[1024] <= 1.25 * sharded[64]},
-      {"sim_memory_per_worker", "KiB", "-", "coordinator resident memory per worker registered, from 256 to 1,024 workers vs from 64 to 256",
+      {"sim_allreduce_step_1024w", "us", "<=1.25",
+       "coordinator CPU per worker per step of a psum over all 1,024 simulated devices vs 64 "
+       "(linear: within 1.25x; and at most 2 us)",
+       allreduce[1024], allreduce[64],
+       allreduce[1024] <= 2 && allreduce[1024] <= 1.25 * allreduce[64]},
+      {"sim_memory_per_worker", "KiB", "-",
+       "coordinator resident memory per worker registered, from 256 to 1,024 workers vs from 64 to "
+       "256",
        kib_256_1024, kib_64_256, true},
-      {"sim_compile_allreduce_1024d", "ms", "<=1000ms", "compile, partition and plan of a psum over a 1,024-device mesh and its first run (loaded on every worker)",
+      {"sim_compile_allreduce_1024d", "ms", "<=1000ms",
+       "compile, partition and plan of a psum over a 1,024-device mesh and its first run (loaded "
+       "on every worker)",
        compile_ms[1024], 1000, compile_ms[1024] <= 1000},
   };
   if (json) std::printf("{\n");
@@ -298,10 +318,11 @@ int main(int argc, char** argv) {
     if (!only.empty() && r.name.find(only) == std::string::npos) continue;
     const double ratio = r.baseline > 0 ? r.value / r.baseline : 0;
     if (json) {
-      std::printf("%s  \"%s\": {\"value\": %.4g, \"baseline\": %.4g, \"ratio\": %.3f, \"goal\": \"%s\", "
-                  "\"unit\": \"%s\", \"met\": %s, \"note\": \"%s\"}",
-                  first ? "" : ",\n", r.name.c_str(), r.value, r.baseline, ratio, r.goal.c_str(),
-                  r.unit.c_str(), r.met ? "true" : "false", r.note.c_str());
+      std::printf(
+          "%s  \"%s\": {\"value\": %.4g, \"baseline\": %.4g, \"ratio\": %.3f, \"goal\": \"%s\", "
+          "\"unit\": \"%s\", \"met\": %s, \"note\": \"%s\"}",
+          first ? "" : ",\n", r.name.c_str(), r.value, r.baseline, ratio, r.goal.c_str(),
+          r.unit.c_str(), r.met ? "true" : "false", r.note.c_str());
     } else {
       std::printf("%-28s %12.3f %12.3f %-4s %7.2f  %s %s\n", r.name.c_str(), r.value, r.baseline,
                   r.unit.c_str(), ratio, r.goal.c_str(), r.met ? "" : "MISSED");
