@@ -41,6 +41,42 @@ TEST(Compiler, FusesElementwiseChainIntoOneInstruction) {
   EXPECT_EQ(c->output_types[0].dims_size(), 0);
 }
 
+// A fill or an iota read by later instructions is never written out whole:
+// each fusion that reads it makes its own, and a reader that is not a
+// fusion (the reduce) gets it once, written just before it.
+TEST(Compiler, FillsAndIotasAreMadeWhereTheyAreReadNotWrittenOut) {
+  auto c = Compile(Parse(R"pb(
+    name: "generators"
+    nodes { name: "x" op: PARAMETER parameter { index: 0 } type { dtype: F32 dims: 64 } }
+    nodes { name: "half" op: CONSTANT constant { fill { f: 0.5 } } type { dtype: F32 dims: 64 } }
+    nodes { name: "i" op: CONSTANT constant { iota { dimension: 0 } } type { dtype: F32 dims: 64 } }
+    nodes { name: "a" op: MUL operands: [ "x", "half" ] }
+    nodes { name: "b" op: ADD operands: [ "a", "i" ] }
+    nodes { name: "s" op: REDUCE operands: "b" reduce { kind: SUM dims: 0 } }
+    nodes { name: "sb" op: BROADCAST_IN_DIM operands: "s" broadcast_in_dim { dims: 64 } }
+    nodes { name: "c" op: MUL operands: [ "sb", "half" ] }
+    nodes { name: "d" op: ADD operands: [ "c", "i" ] }
+    nodes { name: "r" op: REDUCE operands: "half" reduce { kind: SUM dims: 0 } }
+    nodes { name: "e" op: ADD operands: [ "d", "b" ] }
+    outputs: [ "e", "r" ]
+  )pb"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  int fusions = 0, standalone_half = 0;
+  for (const v1::Instruction& ins : c->program.instructions()) {
+    if (ins.has_fusion()) {
+      ++fusions;
+      for (const std::string& o : ins.fusion().outputs()) {
+        EXPECT_NE(o, "half") << "a fill written out";
+        EXPECT_NE(o, "i") << "an iota written out";
+      }
+    } else if (ins.node().name() == "half") {
+      ++standalone_half;
+    }
+  }
+  EXPECT_GE(fusions, 2);
+  EXPECT_EQ(standalone_half, 1);  // for the reduce r, once
+}
+
 // dot(transpose(a), b) reads a in place, with a's dimension numbers, where
 // that keeps the product's layout; a transpose something else reads stays.
 TEST(Compiler, TransposedDotOperandsAreReadInPlace) {

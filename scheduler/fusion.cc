@@ -20,6 +20,15 @@ bool IsScalarConstant(const v1::Node& n) {
   return n.op() == v1::CONSTANT && n.type().dims_size() == 0 && !n.constant().has_iota();
 }
 
+// A fill or an unsplit iota over more than one element: generated where it
+// is read, it costs nothing to make again, so a fusion never writes it out
+// whole for another to read (a fusion that reads it makes its own).
+bool IsGenerator(const v1::Node& n) {
+  return n.op() == v1::CONSTANT && n.type().dims_size() > 0 &&
+         (n.constant().has_fill() ||
+          (n.constant().has_iota() && n.constant().iota().sharded_axes_size() == 0));
+}
+
 }  // namespace
 
 bool FusibleInto(const v1::Node& n, const TypedGraph& g,
@@ -50,6 +59,17 @@ std::vector<v1::Instruction> PlanFusions(const TypedGraph& g) {
 
   std::vector<v1::Instruction> out;
   std::vector<int> run;  // node positions of the open fusion
+  // Generators a fusion made and did not write out: a later fusion makes
+  // its own copy; any other reader gets one written once, before it.
+  absl::flat_hash_set<int> regenerated, written;
+  auto write_generators = [&](const v1::Node& n) {
+    for (const std::string& o : n.operands()) {
+      const int q = g.index_of.at(o);
+      if (regenerated.contains(q) && written.insert(q).second) {
+        *out.emplace_back().mutable_node() = graph.nodes(q);
+      }
+    }
+  };
   auto close_run = [&] {
     if (run.empty()) return;
     // A lone scalar constant is not worth a fusion; emit it as a node.
@@ -60,20 +80,35 @@ std::vector<v1::Instruction> PlanFusions(const TypedGraph& g) {
       run.clear();
       return;
     }
-    v1::Fusion* f = out.emplace_back().mutable_fusion();
+    v1::Fusion f;
     absl::flat_hash_set<int> in_run(run.begin(), run.end());
+    // An earlier fusion's generator this one reads: made here again, first.
+    for (int p : run) {
+      for (const std::string& o : graph.nodes(p).operands()) {
+        const int q = g.index_of.at(o);
+        if (regenerated.contains(q) && !written.contains(q) && in_run.insert(q).second) {
+          *f.add_nodes() = graph.nodes(q);
+        }
+      }
+    }
     absl::flat_hash_set<std::string> inputs;
     for (int p : run) {
       const v1::Node& n = graph.nodes(p);
-      *f->add_nodes() = n;
+      *f.add_nodes() = n;
       for (const std::string& o : n.operands()) {
-        if (!in_run.contains(g.index_of.at(o)) && inputs.insert(o).second) f->add_inputs(o);
+        if (!in_run.contains(g.index_of.at(o)) && inputs.insert(o).second) f.add_inputs(o);
       }
-      bool read_outside = is_output.contains(p);
+      bool read_outside = false;
       for (int r : readers[p]) read_outside |= !in_run.contains(r);
-      if (read_outside) f->add_outputs(n.name());
+      if (!is_output.contains(p) && read_outside && IsGenerator(n)) {
+        regenerated.insert(p);
+      } else if (is_output.contains(p) || read_outside) {
+        f.add_outputs(n.name());
+      }
     }
     run.clear();
+    // Nothing read outside (only generators, made again where read): no fusion.
+    if (f.outputs_size() > 0) *out.emplace_back().mutable_fusion() = std::move(f);
   };
 
   const google::protobuf::RepeatedField<int64_t>* run_dims = nullptr;
@@ -104,6 +139,7 @@ std::vector<v1::Instruction> PlanFusions(const TypedGraph& g) {
       }
       close_run();
       run_dims = nullptr;
+      write_generators(n);
       *out.emplace_back().mutable_node() = n;
       continue;
     }

@@ -140,9 +140,9 @@ def _constant(op):
     a = ir.DenseElementsAttr(op.attributes["value"])
     shape, dtype = shape_of(op.result.type), dtype_of(op.result.type)
     if a.is_splat:
-        v = a.get_splat_value()
-        value = _scalar(v)
-        return np.full(shape, value, dtype)
+        # A broadcast view: the trace ships one value, filled on the device
+        # (tessel._trace.compact_constant), never the whole array.
+        return np.broadcast_to(np.asarray(_scalar(a.get_splat_value()), dtype), shape)
     if dtype == np.bool_:
         return np.array([bool(_scalar(a[i])) for i in range(len(a))], np.bool_).reshape(shape)
     return np.asarray(a).astype(dtype).reshape(shape)

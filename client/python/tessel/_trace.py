@@ -18,6 +18,29 @@ _state = threading.local()
 # Captured constants larger than this (the compiler's large-literal bound)
 # become hidden arguments of a jitted function instead of literals.
 HOIST_BYTES = 1 << 20
+# A constant over this many bytes is shipped in its smallest form: one value
+# filled on the device, or the block it is broadcast from (compact_constant).
+COMPACT_BYTES = 4096
+
+
+def compact_constant(array):
+    """The smaller array `array` is a broadcast of (each dim it repeats
+    kept at size 1), or None when it repeats nothing. A dim repeats when
+    its stride is 0 (a numpy broadcast view, as np.broadcast_to and the JAX
+    importer's splats make); an array with no such dim repeats everywhere
+    when every element has the first one's bits (-0.0 beside 0.0 does not,
+    and a NaN, which a fill would not keep bit for bit, goes as a block of
+    one)."""
+    if array.size <= 1:
+        return None
+    if any(st == 0 and n > 1 for st, n in zip(array.strides, array.shape)):
+        return array[tuple(slice(0, 1) if st == 0 else slice(None) for st, n in zip(array.strides, array.shape))]
+    if array.dtype.kind not in "biuf" or array.dtype.itemsize not in (1, 2, 4, 8):
+        return None
+    bits = np.ascontiguousarray(array).reshape(-1).view(f"u{array.dtype.itemsize}")
+    if (bits == bits[0]).all():
+        return array.reshape(-1)[:1].reshape((1,) * array.ndim)
+    return None
 
 
 def current_builder():
@@ -129,6 +152,18 @@ class Builder:
         return self.node(ir_pb2.CONSTANT, [], shape, dtype, False, attrs, with_type=True)
 
     def literal(self, array):
+        array = np.asarray(array)
+        if array.nbytes > COMPACT_BYTES and (small := compact_constant(array)) is not None:
+            # Never whole: the value or the block, broadcast on the device.
+            if small.size == 1 and (array.dtype.kind in "biu" or array.dtype.kind == "f" and not np.isnan(small).any()):
+                return self.fill(small.reshape(()).item(), array.shape, array.dtype)  # -0.0 keeps its sign
+            shape = tuple(map(int, array.shape))
+
+            def attrs(n):
+                n.broadcast_in_dim.dims.extend(shape)
+                n.broadcast_in_dim.broadcast_dimensions.extend(range(len(shape)))
+
+            return self.node(ir_pb2.BROADCAST_IN_DIM, [self.literal(small)], shape, array.dtype, set_attrs=attrs)
         array = np.asarray(array, order="C")  # keeps 0-d values 0-d (ascontiguousarray makes them 1-d)
         _dtypes.to_proto(array.dtype)
         root = self.root

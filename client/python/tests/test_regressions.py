@@ -400,3 +400,49 @@ def test_a_loops_dropped_outputs_are_freed_by_its_next_calls(session):
     del r
     session.collect(force=True)
     assert buffers() <= before
+
+
+def test_large_constants_go_as_their_smallest_form_never_whole(session):
+    """A function closing over a large constant that repeats (a fill, a
+    numpy broadcast of a row, JAX's splat constants) used to ship it whole
+    as a hidden argument, and a fusion wrote each such fill out in full for
+    the next one to read: a GPT step's GELU wrote five 2 MiB fills per
+    layer. It now goes as one value filled on the device, or as the block
+    it repeats; only a constant that varies is a hidden argument."""
+    x = np.arange(1 << 20, dtype=np.float32).reshape(1024, 1024)
+    repeats = {
+        "fill": np.full(x.shape, -0.0, np.float32),
+        "splat view": np.broadcast_to(np.float32(0.5), x.shape),
+        "row": np.broadcast_to(np.arange(1024, dtype=np.float32), x.shape),
+        "nan": np.full(x.shape, np.nan, np.float32),
+    }
+    tx = tessel.device_put(x)
+    for name, c in repeats.items():
+        f = tessel.jit(lambda x, c=c: x * 2 + c)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a hidden argument warns
+            got = f(tx).fetch()
+        np.testing.assert_array_equal(got, x * 2 + c, err_msg=name)
+        assert "constant0" not in f.lower(tx).as_text(), name
+    varied = np.random.default_rng(0).standard_normal(x.shape).astype(np.float32)
+    f = tessel.jit(lambda x: x + varied)
+    with pytest.warns(UserWarning, match="too large to ship"):
+        np.testing.assert_array_equal(f(tx).fetch(), x + varied)
+    # -0.0 keeps its sign through the fill.
+    neg = tessel.jit(lambda x: x * 0 + repeats["fill"])(tessel.device_put(-np.ones(x.shape, np.float32))).fetch()
+    assert np.signbit(neg).all()
+
+
+def test_a_jax_splat_constant_is_imported_as_a_fill(session):
+    """JAX lowers jnp.full and its broadcast scalars to splat constants
+    (dense<0.5> : tensor<1024x1024xf32>); the importer used to make each a
+    whole numpy array, shipped as a hidden argument."""
+    jnp = pytest.importorskip("jax.numpy")
+    import tessel.jax
+
+    x = np.arange(1 << 20, dtype=np.float32).reshape(1024, 1024)
+    f = tessel.jax.jit(lambda x: x * jnp.full((1024, 1024), 0.5, jnp.float32) + jnp.ones((1024, 1024), jnp.float32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = f(tessel.device_put(x)).fetch()
+    np.testing.assert_array_equal(got, x * 0.5 + 1)

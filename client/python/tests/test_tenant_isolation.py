@@ -145,7 +145,8 @@ def test_the_compile_cache_says_nothing_of_another_tenants_graphs(connect):
 
 
 def big_constant_graph(i, nbytes=MiB):
-    table = np.full(nbytes // 4, float(i), np.float32)  # a literal, shipped in the program
+    # A literal shipped in the program: one that varies (a fill would go as one value).
+    table = np.arange(nbytes // 4, dtype=np.float32) + float(i)
 
     def flood(x):
         return x + tnp.mean(tnp.asarray(table))
