@@ -288,21 +288,22 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr, "memory per worker added: %.1f KiB (64 to 256), %.1f KiB (256 to 1,024)\n",
                kib_64_256, kib_256_1024);
+  // A per-step CPU row: at 1,024 workers beside 64; linear (within 1.25x) and at most 2 us.
+  auto linear = [](const char* name, const char* what, std::map<int, double>& us) {
+    return Row{
+        name,
+        "us",
+        "<=1.25",
+        absl::StrCat("coordinator CPU per worker per ", what,
+                     ", 1,024 simulated workers vs 64 (linear: within 1.25x; and at most 2 us)"),
+        us[1024],
+        us[64],
+        us[1024] <= 2 && us[1024] <= 1.25 * us[64]};
+  };
   std::vector<Row> rows = {
-      {"sim_replicated_step_1024w", "us", "<=1.25",
-       "coordinator CPU per worker per replicated step, 1,024 simulated workers vs 64 (linear: "
-       "within 1.25x; and at most 2 us)",
-       replicated[1024], replicated[64],
-       replicated[1024] <= 2 && replicated[1024] <= 1.25 * replicated[64]},
-      {"sim_sharded_step_1024w", "us", "<=1.25",
-       "coordinator CPU per worker per step sharded over 1,024 simulated workers vs 64 (linear: "
-       "within 1.25x; and at most 2 us)",
-       sharded[1024], sharded[64], sharded[1024] <= 2 && sharded[1024] <= 1.25 * sharded[64]},
-      {"sim_allreduce_step_1024w", "us", "<=1.25",
-       "coordinator CPU per worker per step of a psum over all 1,024 simulated devices vs 64 "
-       "(linear: within 1.25x; and at most 2 us)",
-       allreduce[1024], allreduce[64],
-       allreduce[1024] <= 2 && allreduce[1024] <= 1.25 * allreduce[64]},
+      linear("sim_replicated_step_1024w", "replicated step", replicated),
+      linear("sim_sharded_step_1024w", "step sharded over all of them", sharded),
+      linear("sim_allreduce_step_1024w", "step of a psum over all of them", allreduce),
       {"sim_memory_per_worker", "KiB", "-",
        "coordinator resident memory per worker registered, from 256 to 1,024 workers vs from 64 to "
        "256",
