@@ -1,5 +1,6 @@
 #include "scheduler/compiler.h"
 
+#include <gmock/gmock.h>
 #include <google/protobuf/text_format.h>
 #include <gtest/gtest.h>
 
@@ -75,6 +76,38 @@ TEST(Compiler, FillsAndIotasAreMadeWhereTheyAreReadNotWrittenOut) {
   }
   EXPECT_GE(fusions, 2);
   EXPECT_EQ(standalone_half, 1);  // for the reduce r, once
+}
+
+// A cheap node a later fusion reads is made again there when that reads no
+// more than reading it would (b = a * a, a being written out anyway); one
+// whose making reads two arrays (a = x + y) or is not cheap (tanh) is
+// written out.
+TEST(Compiler, ACheapValueIsMadeAgainWhereReadingItWouldCostAsMuch) {
+  auto c = Compile(Parse(R"pb(
+    name: "remade"
+    nodes { name: "x" op: PARAMETER parameter { index: 0 } type { dtype: F32 dims: 64 } }
+    nodes { name: "y" op: PARAMETER parameter { index: 1 } type { dtype: F32 dims: 64 } }
+    nodes { name: "a" op: ADD operands: [ "x", "y" ] }
+    nodes { name: "b" op: MUL operands: [ "a", "a" ] }
+    nodes { name: "t" op: TANH operands: "b" }
+    nodes { name: "s" op: REDUCE operands: "t" reduce { kind: SUM dims: 0 } }
+    nodes { name: "sb" op: BROADCAST_IN_DIM operands: "s" broadcast_in_dim { dims: 64 } }
+    nodes { name: "d" op: MUL operands: [ "sb", "b" ] }
+    nodes { name: "e" op: ADD operands: [ "d", "t" ] }
+    nodes { name: "f" op: ADD operands: [ "e", "a" ] }
+    outputs: "f"
+  )pb"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::vector<const v1::Fusion*> fusions;
+  for (const v1::Instruction& ins : c->program.instructions()) {
+    if (ins.has_fusion()) fusions.push_back(&ins.fusion());
+  }
+  ASSERT_EQ(fusions.size(), 2u);
+  std::vector<std::string> first(fusions[0]->outputs().begin(), fusions[0]->outputs().end());
+  EXPECT_THAT(first, ::testing::UnorderedElementsAre("a", "t"));
+  std::vector<std::string> second_inputs(fusions[1]->inputs().begin(), fusions[1]->inputs().end());
+  EXPECT_THAT(second_inputs, ::testing::UnorderedElementsAre("s", "a", "t"));
+  EXPECT_EQ(fusions[1]->nodes(0).name(), "b");  // made again, first
 }
 
 // dot(transpose(a), b) reads a in place, with a's dimension numbers, where
