@@ -1,5 +1,6 @@
 """tessel.Array: a handle to an array that lives on the devices."""
 
+import _thread
 import math
 import sys
 
@@ -154,10 +155,26 @@ class Array:
     def _mark_donated(self):
         self._deleted = "donated"
 
+    def _drop(self, again=False):
+        if self._deleted is None and not self._session.closed:
+            self._session.drop(self.handle, self.nbytes, self._could_donate, again=again)
+
     def __del__(self):
         try:
-            if self._deleted is None and not self._session.closed:
-                self._session.drop(self.handle, self.nbytes, self._could_donate)
+            self._drop()
+        except KeyboardInterrupt:
+            # A SIGINT whose handler ran inside this finalizer: Python prints
+            # an exception raised here and forgets it, and the loop the
+            # signal was meant to stop would go on. Finish the drop, then
+            # deliver the signal again from another thread, so that it lands
+            # once this finalizer has returned (raised here in the call's
+            # own frame, it would be forgotten again). A bare thread: it
+            # takes none of threading's locks.
+            try:
+                self._drop(again=True)
+                _thread.start_new_thread(_thread.interrupt_main, ())
+            except Exception:
+                pass
         except Exception:
             pass
 

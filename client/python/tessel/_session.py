@@ -257,13 +257,13 @@ class Session:
         self._handles = iter(())
         self._lock = threading.Lock()
         self._dispatcher = None
-        # Arrays dropped by finalizers: (handle, bytes) appended to a deque,
+        # Arrays dropped by finalizers: (handle, bytes, could_donate) appended to a deque,
         # which takes no lock a thread could already hold (the cyclic
         # collector runs finalizers at any allocation, inside SDK calls too).
         # collect() moves them to _garbage, under _collect_lock, and deletes
         # them in batches.
         self._dropped = collections.deque()
-        self._forgotten = collections.deque()  # (could_donate, bytes) of dropped arrays: Session.drop
+        self._forgotten = collections.deque()  # (could_donate, bytes) of dropped arrays, to report
         self._collect_lock = threading.Lock()
         self._garbage = []  # handles taken from _dropped, not yet deleted
         self._garbage_bytes = 0  # what those handles hold on the devices
@@ -644,21 +644,34 @@ class Session:
         self.flush()
         _rpc(self._stub.Delete, session_pb2.DeleteRequest(session_id=self.id, handles=handles))
 
-    def drop(self, handle, nbytes=0, could_donate=None):
+    def drop(self, handle, nbytes=0, could_donate=None, again=False):
         """From a finalizer: delete later, in a batch. Takes no lock and
         never blocks (deque.append is atomic): a finalizer may run on a
         thread that holds any of the SDK's locks. `could_donate`: the call
         it was last passed to could have taken it donated (reported by the
-        next collect, on the caller's thread)."""
-        self._dropped.append((handle, nbytes))
-        if could_donate is not None:
-            self._forgotten.append((could_donate, nbytes))
+        next collect, on the caller's thread). `again`: a drop interrupted
+        by a signal, which may or may not have been queued already."""
+        dropped = self._dropped
+        if again and dropped and dropped[-1][0] == handle:
+            return
+        dropped.append((handle, nbytes, could_donate))  # one append: a signal lands before it or after
 
     # A batch goes at 256 handles or 64 MiB, whichever comes first: the bytes
     # bound keeps a loop of large outputs inside the devices' block cache
     # rather than mapping fresh pages for hundreds of dead arrays.
     _GARBAGE_HANDLES = 256
     _GARBAGE_BYTES = 64 << 20
+
+    def _drain_dropped(self):
+        """Moves every dropped handle to the garbage batch and every
+        forgotten donation to its report. Under `_collect_lock`."""
+        dropped = self._dropped
+        while dropped:
+            handle, nbytes, could_donate = dropped.popleft()
+            self._garbage.append(handle)
+            self._garbage_bytes += nbytes
+            if could_donate is not None:
+                self._forgotten.append((could_donate, nbytes))
 
     def _report_forgotten(self):
         while self._forgotten:
@@ -669,26 +682,20 @@ class Session:
         """Every handle dropped and not yet deleted, for the next call's
         `release`: the coordinator deletes them before planning it, so a
         loop's dead outputs go back to the device's cache at once, with
-        neither a round trip nor a drained pipeline."""
-        if self._forgotten:
-            self._report_forgotten()
-        if not (self._dropped or self._garbage):
-            return ()
+        neither a round trip nor a drained pipeline. A forgotten donation
+        is reported first; when that raises, the handles wait in the batch."""
+        with self._collect_lock:
+            self._drain_dropped()
+        self._report_forgotten()
         with self._collect_lock:
             handles, self._garbage, self._garbage_bytes = self._garbage, [], 0
-            dropped = self._dropped
-            while dropped:
-                handles.append(dropped.popleft()[0])
         return handles
 
     def collect(self, force=False):
+        with self._collect_lock:
+            self._drain_dropped()
         self._report_forgotten()
         with self._collect_lock:
-            dropped = self._dropped
-            while dropped:
-                handle, nbytes = dropped.popleft()
-                self._garbage.append(handle)
-                self._garbage_bytes += nbytes
             if not self._garbage or (
                 len(self._garbage) < self._GARBAGE_HANDLES and self._garbage_bytes < self._GARBAGE_BYTES and not force
             ):

@@ -1,7 +1,8 @@
 """Finalizers never block: an Array freed by the cyclic garbage collector while
 its thread holds the SDK's locks is queued, not deleted in place; a pipelined
 loop under collection at nearly every allocation keeps its memory figures;
-SIGINT interrupts a pipelined loop and the cluster keeps serving."""
+SIGINT interrupts a pipelined loop, even when its handler runs inside a
+finalizer, and the cluster keeps serving."""
 
 import gc
 import os
@@ -10,8 +11,10 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import numpy as np
+import pytest
 
 import tessel
 import tessel.numpy as tnp
@@ -129,3 +132,37 @@ def test_sigint_interrupts_a_pipelined_loop(cluster, session):
     # The cluster keeps serving.
     a = tessel.device_put(np.arange(4, dtype=np.float32))
     np.testing.assert_array_equal(a.fetch(), np.arange(4, dtype=np.float32))
+
+
+@pytest.mark.parametrize("queued", [False, True], ids=["before-the-drop", "after-the-drop"])
+def test_a_signal_whose_handler_ran_in_a_finalizer_is_delivered_again(session, queued):
+    # Python prints an exception raised in a finalizer and forgets it: a
+    # KeyboardInterrupt that surfaced in Array.__del__ would leave the loop
+    # it was meant to stop running. Here the handler's exception is made to
+    # surface in the drop, before or after it queued the handle.
+    a = tessel.device_put(np.arange(8, dtype=np.float32))
+    handle = a.handle
+    real = session.drop
+    calls = []
+
+    def interrupted(*args, **kwargs):
+        calls.append(kwargs.get("again", False))
+        if len(calls) == 1:
+            if queued:
+                real(*args, **kwargs)
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    session.drop = interrupted
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            del a
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:  # the signal lands again here, once the finalizer is done
+                pass
+    finally:
+        del session.drop
+    assert calls == [False, True]
+    assert [d[0] for d in session._dropped].count(handle) == 1
+    session.collect(force=True)
+    assert not session._dropped
