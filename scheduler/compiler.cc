@@ -250,7 +250,7 @@ std::string ExecutableKey(const v1::Graph& graph, const CompileOptions& options)
   if (options.mesh.axis_names_size() > 0) {
     absl::StrAppend(&key, " mesh ", MeshString(options.mesh), " in");
     for (const v1::Sharding& s : options.parameter_shardings)
-      absl::StrAppend(&key, " ", ShardingString(s));
+      absl::StrAppend(&key, " ", s.unspecified() ? "auto" : ShardingString(s));
     absl::StrAppend(&key, " out");
     for (const v1::Sharding& s : options.output_shardings) {
       absl::StrAppend(&key, " ", s.unspecified() ? "auto" : ShardingString(s));

@@ -52,8 +52,13 @@ absl::StatusOr<PartitionedGraph> Partitioner::Run() {
                                        o_.output_shardings.size(), " output shardings given"));
   }
   out_.parameter_shardings.resize(np);
+  deferred_.assign(np, false);
   for (int i = 0; i < np; ++i) {
     const v1::Node& p = g_.graph.nodes(g_.parameters[i]);
+    if (!o_.parameter_shardings.empty() && o_.parameter_shardings[i].unspecified()) {
+      deferred_[i] = true;  // laid out as its first reader wants it
+      continue;
+    }
     const v1::Sharding s = o_.parameter_shardings.empty()
                                ? Replicated(p.type().dims_size())
                                : NormalizeSharding(o_.parameter_shardings[i], p.type().dims_size());
@@ -78,6 +83,11 @@ absl::StatusOr<PartitionedGraph> Partitioner::Run() {
                             Reshard(name, want, StrCat(label, " wants ", ShardingString(want))));
     out_.local.add_outputs(local);
     out_.output_shardings.push_back(want);
+  }
+  for (int i = 0; i < np; ++i) {  // a deferred parameter nothing reads: replicated
+    if (!deferred_[i] || resolved_.contains(i)) continue;
+    const v1::Node& p = g_.graph.nodes(g_.parameters[i]);
+    TESSEL_RETURN_IF_ERROR(ResolveParameter(p.name(), Replicated(p.type().dims_size())).status());
   }
   return std::move(out_);
 }
@@ -188,6 +198,7 @@ absl::StatusOr<std::string> Partitioner::Reshard(const std::string& name, const 
 absl::StatusOr<std::string> Partitioner::Regenerate(const std::string& name, v1::Sharding want) {
   Value& v = values_.at(name);
   want.clear_partial();
+  if (v.node->op() == v1::PARAMETER) return ResolveParameter(name, want);
   const std::string key = StrCat(name, "|", ShardingString(want));
   if (auto it = reshard_cache_.find(key); it != reshard_cache_.end()) return it->second;
   const v1::Node& src = *v.node;
@@ -197,10 +208,10 @@ absl::StatusOr<std::string> Partitioner::Regenerate(const std::string& name, v1:
   const v1::TensorType local = LocalType(v.global, want, mesh_);
   if (src.op() == v1::CONSTANT) {
     *n.mutable_type() = local;
-    if (src.constant().has_iota()) {
-      const int64_t d = src.constant().iota().dimension();
-      for (const std::string& a : want.dims(d).axes())
-        n.mutable_constant()->mutable_iota()->add_sharded_axes(a);
+    if (src.constant().has_iota() && !DimAxes(want, src.constant().iota().dimension()).empty()) {
+      TESSEL_ASSIGN_OR_RETURN(std::string out, SplitIota(n, v.global, want));
+      reshard_cache_[key] = out;
+      return out;
     }
   } else {
     for (const std::string& o : src.operands()) {
@@ -219,6 +230,65 @@ absl::StatusOr<std::string> Partitioner::Regenerate(const std::string& name, v1:
   TESSEL_ASSIGN_OR_RETURN(std::string out, Emit(std::move(n)));
   reshard_cache_[key] = out;
   return out;
+}
+
+absl::StatusOr<std::string> Partitioner::ResolveParameter(const std::string& name,
+                                                          const v1::Sharding& want) {
+  const v1::Node& n = *values_.at(name).node;
+  const int index = n.parameter().index();
+  if (auto it = resolved_.find(index); it != resolved_.end()) {
+    return Reshard(it->second, want,
+                   StrCat("parameter ", index, " '", n.name(), "', laid out for its first reader"));
+  }
+  Value r;
+  r.global = n.type();
+  r.node = &n;
+  r.s = want;
+  v1::Node p = n;
+  *p.mutable_type() = LocalType(n.type(), want, mesh_);
+  p.set_name(Fresh(n.name()));
+  TESSEL_ASSIGN_OR_RETURN(r.local, Emit(std::move(p)));
+  out_.parameter_shardings[index] = want;
+  resolved_[index] = n.name();  // a top-level parameter: its value's name is its own
+  values_[n.name()] = std::move(r);
+  return values_.at(n.name()).local;
+}
+
+// A block of an iota whose dimension is split: the block's own iota plus
+// the block's offset (this device's index along the split's axes times the
+// block's extent), counted in an integer type that holds every index and
+// converted once, as the whole iota's values would be. Every piece but the
+// index is generated, so the fusion that reads the block makes it in place.
+absl::StatusOr<std::string> Partitioner::SplitIota(v1::Node n, const v1::TensorType& global,
+                                                   const v1::Sharding& want) {
+  const int64_t d = n.constant().iota().dimension();
+  const v1::TensorType local = n.type();
+  const std::string base = n.name();
+  v1::TensorType counted = local;
+  counted.set_dtype(global.dims(d) <= (int64_t{1} << 31) ? v1::S32 : v1::S64);
+  *n.mutable_type() = counted;
+  TESSEL_ASSIGN_OR_RETURN(std::string within, Emit(std::move(n)));
+  v1::Node ai;
+  ai.set_name(Fresh(base + ".axis_index"));
+  ai.set_op(v1::AXIS_INDEX);
+  ai.mutable_type()->set_dtype(v1::S32);
+  for (const std::string& a : DimAxes(want, d)) ai.mutable_collective()->add_axes(a);
+  TESSEL_ASSIGN_OR_RETURN(std::string at, Emit(std::move(ai)));
+  TESSEL_ASSIGN_OR_RETURN(at, EmitOp(v1::BROADCAST_IN_DIM, {at}, base + ".block", [&](v1::Node& b) {
+                            *b.mutable_broadcast_in_dim()->mutable_dims() = local.dims();
+                          }));
+  if (counted.dtype() != v1::S32) {
+    TESSEL_ASSIGN_OR_RETURN(at, EmitOp(v1::CONVERT, {at}, base + ".block", [&](v1::Node& c) {
+                              c.mutable_convert()->set_dtype(counted.dtype());
+                            }));
+  }
+  TESSEL_ASSIGN_OR_RETURN(std::string extent,
+                          EmitFill(counted, 0, local.dims(d), base + ".block_extent"));
+  TESSEL_ASSIGN_OR_RETURN(std::string offset, EmitOp(v1::MUL, {at, extent}, base + ".offset"));
+  TESSEL_ASSIGN_OR_RETURN(std::string out, EmitOp(v1::ADD, {within, offset}, base + ".split"));
+  if (local.dtype() == counted.dtype()) return out;
+  return EmitOp(v1::CONVERT, {out}, base,
+                [&](v1::Node& c) { c.mutable_convert()->set_dtype(local.dtype()); });
 }
 
 absl::Status Partitioner::ProcessGraph(const v1::Graph& graph, const std::string& prefix,
@@ -245,6 +315,11 @@ absl::Status Partitioner::ProcessNode(const v1::Node& n, const std::string& pref
   v.prefix = prefix;
   const int rank = n.type().dims_size();
   if (n.op() == v1::PARAMETER) {
+    if (deferred_[n.parameter().index()]) {  // made where it is first read
+      v.generated = true;
+      values_[name] = v;
+      return absl::OkStatus();
+    }
     v1::Node p = n;
     v.s = out_.parameter_shardings[n.parameter().index()];
     *p.mutable_type() = LocalType(n.type(), v.s, mesh_);

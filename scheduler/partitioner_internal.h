@@ -199,6 +199,12 @@ class Partitioner : public ops::LocalGraph {
 
   // A generated value produced directly in the layout `want`.
   absl::StatusOr<std::string> Regenerate(const std::string& name, v1::Sharding want);
+  // A parameter whose layout its first reader chooses (given unspecified):
+  // it takes `want` there; any later reader gets a reshard of it.
+  absl::StatusOr<std::string> ResolveParameter(const std::string& name, const v1::Sharding& want);
+  // The block of iota `n` (named, typed per device) whose dimension `want` splits.
+  absl::StatusOr<std::string> SplitIota(v1::Node n, const v1::TensorType& global,
+                                        const v1::Sharding& want);
 
   bool IsGeneratedNode(const v1::Node& n, const std::string& prefix) const {
     if (n.op() == v1::CONSTANT) return n.constant().has_fill() || n.constant().has_iota();
@@ -267,6 +273,8 @@ class Partitioner : public ops::LocalGraph {
   FunctionTable functions_;  // the graph's, for control flow in manual regions
   VaryingAnalysis analysis_;
   PartitionedGraph out_;
+  std::vector<bool> deferred_;                      // per parameter: given unspecified
+  absl::flat_hash_map<int, std::string> resolved_;  // deferred parameter -> its value's name
   absl::flat_hash_map<std::string, Value> values_;
   absl::flat_hash_map<std::string, std::vector<v1::Sharding>>
       control_results_;  // a control node's results' layouts

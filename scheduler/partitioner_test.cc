@@ -159,8 +159,13 @@ TEST(Partitioner, GeneratedConstantsAreMadePerBlock) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->collectives.empty()) << c->plan_text;
   EXPECT_EQ(TypeString(c->program.output_types(0)), "f32[125000000]");
-  EXPECT_EQ(c->estimated_peak_bytes, 125000000 * 4 + 2 * 4);
-  EXPECT_THAT(c->plan_text, HasSubstr("iota dim=0 split over x"));
+  // The fill's and the iota's blocks, and the device's index along x: the
+  // iota's block is its own iota plus that index times the block's extent,
+  // made in one loop.
+  EXPECT_EQ(c->estimated_peak_bytes, 125000000 * 4 + 2 * 4 + 4);
+  EXPECT_THAT(c->plan_text, HasSubstr("axis_index() {axes=x} : s32[]"));
+  EXPECT_THAT(c->plan_text, HasSubstr("constant() {iota dim=0} : s32[2]"));
+  EXPECT_THAT(c->plan_text, HasSubstr("constant() {fill=2} : s32[2]"));
 }
 
 // Seed 001's variants: constants made whole and then cut or reshaped. Each
@@ -188,12 +193,13 @@ TEST(Partitioner, ConstantsCutOrReshapedByLayoutOpsAreStillMadePerBlock) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->collectives.empty()) << c->plan_text;
   const int64_t block = int64_t{4096} * 4096 * 4 / 4;  // 16 MiB of x per device
-  // Every value is at most a block: the parameters' and outputs' (4), and
-  // x + zeros and the two iotas of the reshaped arange. A split iota runs
-  // as its own instruction (its block offset is not a fused loop's), so
-  // each holds an s32 block while the sum is made. Before: a 64 MiB iota
-  // and its convert, and the 256 MiB fill, on every device.
-  EXPECT_LE(c->estimated_peak_bytes, 7 * block) << c->plan_text;
+  // The parameters' and the outputs' blocks (4) and nothing more but the
+  // devices' indices: the iotas of the reshaped arange, split, are made
+  // inside the fusions that read them (each block's own iota plus its
+  // offset). Before: three more blocks (x + zeros, and the two split iotas
+  // made on their own); before that, a 64 MiB iota and its convert, and the
+  // 256 MiB fill, on every device.
+  EXPECT_LE(c->estimated_peak_bytes, 4 * block + 64) << c->plan_text;
   EXPECT_THAT(c->plan_text, Not(HasSubstr("s32[16777216]"))) << c->plan_text;
   EXPECT_THAT(c->plan_text, Not(HasSubstr("f32[67108864]"))) << c->plan_text;
 }
@@ -347,6 +353,35 @@ TEST(Partitioner, Seed002KernelVaryingOverModelYieldsExactlyOneAllReduceWithItsR
   EXPECT_EQ(grad.axes, std::vector<std::string>{"model"});
   EXPECT_THAT(grad.reason, HasSubstr("output 1 'bwd'"));
   EXPECT_THAT(grad.reason, HasSubstr("partial result over model"));
+}
+
+// A parameter given no sharding (a client's hidden constant) takes the
+// layout of its first reader, and one nothing reads is replicated.
+TEST(Partitioner, AnUnspecifiedParameterTakesItsFirstReadersLayout) {
+  auto g = Parse<v1::Graph>(R"pb(
+    name: "hidden"
+    nodes { name: "x" op: PARAMETER parameter { index: 0 } type { dtype: F32 dims: [8, 4] } }
+    nodes { name: "c" op: PARAMETER parameter { index: 1 } type { dtype: F32 dims: [8, 4] } }
+    nodes { name: "u" op: PARAMETER parameter { index: 2 } type { dtype: F32 dims: [8, 4] } }
+    nodes { name: "two" op: CONSTANT constant { fill { f: 2 } } type { dtype: F32 dims: [8, 4] } }
+    nodes { name: "c2" op: MUL operands: ["c", "two"] }
+    nodes { name: "y" op: MUL operands: ["x", "c2"] }
+    nodes { name: "t" op: TRANSPOSE operands: "c" transpose { permutation: [1, 0] } }
+    outputs: ["y", "t"]
+  )pb");
+  auto c = Compile(g, Options({P({{"data"}, {"model"}}), Unspecified(), Unspecified()},
+                              {Unspecified(), P({{}, {}})}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->parameter_shardings.size(), 3u);
+  // c is read first through c * 2, which takes x's layout for the product.
+  EXPECT_EQ(ShardingString(c->parameter_shardings[1]), "P('data', 'model')") << c->plan_text;
+  EXPECT_EQ(ShardingString(c->parameter_shardings[2]), "P(None, None)") << c->plan_text;
+  EXPECT_EQ(TypeString(c->parameter_types[1]), "f32[4,2]");
+  // A later reader sees c as any parameter laid out so: the transpose
+  // keeps its blocks, and only the whole output asked of it gathers them.
+  EXPECT_EQ(Count(*c, v1::ALL_GATHER), 2) << c->plan_text;
+  for (const PlannedCollective& pc : c->collectives)
+    EXPECT_THAT(pc.reason, HasSubstr("output 1 't' wants P(None, None)"));
 }
 
 }  // namespace

@@ -209,7 +209,7 @@ void LayoutDifferences(const v1::Graph& graph,
   for (size_t i = 0; i < options.parameter_shardings.size() && i < c.parameter_shardings.size();
        ++i) {
     auto p = params.find(static_cast<int>(i));
-    if (p == params.end()) continue;
+    if (p == params.end() || options.parameter_shardings[i].unspecified()) continue;
     const v1::Sharding want =
         NormalizeSharding(options.parameter_shardings[i], p->second->type().dims_size());
     if (!SameSharding(want, c.parameter_shardings[i])) {

@@ -296,17 +296,18 @@ class Jitted:
             mesh, specs = (None, None) if mpmd else self._layout(leaves)
             if hoisted:
                 _warn_hoisted(self.fn.__name__, hoisted)
-                if specs is not None:
-                    specs = specs + [P()] * len(hoisted)  # replicated over the mesh
             try:
                 if mesh is None:
                     exe = session.compile(graph, donated)
                 else:
+                    # A hidden constant is laid out as its first reader wants it:
+                    # put in blocks where that reader is split.
+                    unspecified = ir_pb2.Sharding(unspecified=True)
                     exe = session.compile(
                         graph,
                         donated,
                         mesh=mesh.proto(),
-                        in_shardings=[s.proto() for s in specs],
+                        in_shardings=[s.proto() for s in specs] + [unspecified] * len(hoisted),
                         out_shardings=self._out_specs(structure),
                     )
             except errors.RecompileError as e:
@@ -643,28 +644,29 @@ def _warn_hoisted(name, arrays):
 
 class _Hoisted:
     """A compiled function's large captured constants: put where its steps
-    run, once per placement (a mesh-partitioned program: replicated over its
-    mesh), and passed after the declared arguments."""
+    run, once per placement (a mesh-partitioned program: each in the layout
+    the partitioner chose for it, its first reader's), and passed after the
+    declared arguments."""
 
     def __init__(self, arrays, exe):
         self.arrays = arrays
-        self._mesh_placement = None
+        self._mesh_placements = None
         if arrays and exe.HasField("mesh"):
-            self._mesh_placement = session_pb2.Placement(
-                sharded=session_pb2.MeshSharding(
-                    mesh=exe.mesh, sharding=exe.parameter_shardings[len(exe.parameter_shardings) - len(arrays)]
-                )
-            )
+            first = len(exe.parameter_shardings) - len(arrays)
+            self._mesh_placements = [
+                session_pb2.Placement(sharded=session_pb2.MeshSharding(mesh=exe.mesh, sharding=s))
+                for s in exe.parameter_shardings[first:]
+            ]
         self._put = {}  # serialized placement -> [Array]
 
     def handles(self, session, placement):
         if not self.arrays:
             return []
-        placement = self._mesh_placement or placement
-        key = placement.SerializeToString(deterministic=True)
+        placements = self._mesh_placements or [placement] * len(self.arrays)
+        key = placements[0].SerializeToString(deterministic=True)
         if key not in self._put:
             self._put[key] = [
-                Array(session, session.put(a, placement), a.shape, a.dtype, placement) for a in self.arrays
+                Array(session, session.put(a, p), a.shape, a.dtype, p) for a, p in zip(self.arrays, placements)
             ]
         return [x.handle for x in self._put[key]]
 
