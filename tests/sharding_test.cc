@@ -8,10 +8,12 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "tessel/checkpoint_manager.h"
 #include "tessel/graph.h"
 #include "tessel/local_cluster.h"
 #include "tessel/session.h"
@@ -623,6 +625,67 @@ TEST_F(ShardingTest, CheckpointWrittenByTheWorkersRestoresOntoAnotherPlacement) 
             std::string::npos)
       << wrong.status();
   ASSERT_TRUE(session_->Delete({*x}).ok());
+  std::filesystem::remove_all(dir);
+}
+
+// Orbax's manager semantics, in C++: every second step saved, the two
+// latest kept and every fourth; the latest restored by default, any step by
+// number; another session's manager on the directory refused while the
+// first lives.
+TEST_F(ShardingTest, CheckpointManagerSavesKeepsAndRestoresSteps) {
+  const std::string dir =
+      absl::StrCat(std::filesystem::temp_directory_path().string(), "/tessel_cpp_mgr_", getpid());
+  std::filesystem::remove_all(dir);
+  const Placement split = Placement::Sharded(mesh_, Sharding::Split({"data", "model"}));
+  std::vector<HostArray> states;
+  {
+    auto manager = CheckpointManager::Open(
+        *session_, dir, {.max_to_keep = 2, .save_interval_steps = 2, .keep_period = 4});
+    ASSERT_TRUE(manager.ok()) << manager.status();
+    auto other = Session::Connect(cluster_->address());
+    ASSERT_TRUE(other.ok()) << other.status();
+    auto second = CheckpointManager::Open(**other, dir);
+    EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition) << second.status();
+    for (int step = 0; step <= 8; ++step) {
+      states.push_back(Random({8, 6}, 100 + step));
+      auto x = session_->Put(states.back(), split);
+      ASSERT_TRUE(x.ok()) << x.status();
+      auto saved = (*manager)->Save(step, {{"x", *x}});
+      ASSERT_TRUE(saved.ok()) << saved.status();
+      EXPECT_EQ(*saved, step % 2 == 0) << step;
+      ASSERT_TRUE(session_->Delete({*x}).ok());  // the snapshot is taken: the array may go
+    }
+    ASSERT_TRUE((*manager)->WaitUntilFinished().ok());
+    auto steps = (*manager)->AllSteps();
+    ASSERT_TRUE(steps.ok()) << steps.status();
+    EXPECT_EQ(*steps, (std::vector<int64_t>{0, 4, 6, 8}));  // 2 pruned; 0 and 4 kept by the period
+    auto again = (*manager)->Save(8, {});
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_FALSE(*again);  // saved already
+    const Placement one = Placement::Device(3);
+    for (std::optional<int64_t> step : {std::optional<int64_t>{}, std::optional<int64_t>{4}}) {
+      auto back = (*manager)->Restore(step, {{"x", states[0].type(), one}});
+      ASSERT_TRUE(back.ok()) << back.status();
+      auto got = session_->Fetch((*back)[0]);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(got->bytes(), states[step.value_or(8)].bytes());
+      ASSERT_TRUE(session_->Delete(*back).ok());
+    }
+    // The manifest is the Python SDK's: its step and its leaves by name.
+    std::ifstream in(dir + "/8/tessel.json");
+    const std::string manifest((std::istreambuf_iterator<char>(in)),
+                               std::istreambuf_iterator<char>());
+    EXPECT_NE(manifest.find("\"step\": 8"), std::string::npos) << manifest;
+    EXPECT_NE(manifest.find("\"keys\": [\"x\"]"), std::string::npos) << manifest;
+  }
+  // Released with the first: another manager opens and sees the same steps.
+  auto reopened = CheckpointManager::Open(*session_, dir);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  auto latest = (*reopened)->LatestStep();
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, 8);
+  auto relative = CheckpointManager::Open(*session_, "ckpts");
+  EXPECT_EQ(relative.status().code(), absl::StatusCode::kInvalidArgument);
   std::filesystem::remove_all(dir);
 }
 

@@ -58,6 +58,35 @@ absl::StatusOr<std::vector<Array>> Session::RestoreCheckpoint(
   return out;
 }
 
+absl::StatusOr<std::vector<std::string>> Session::ListCheckpoints(const std::string& directory) {
+  v1::ListCheckpointsRequest req;
+  req.set_session_id(impl_->id);
+  req.set_directory(directory);
+  grpc::ClientContext ctx;
+  v1::ListCheckpointsResponse resp;
+  TESSEL_RETURN_IF_ERROR(FromGrpc(impl_->session->ListCheckpoints(&ctx, req, &resp)));
+  return std::vector<std::string>(resp.committed().begin(), resp.committed().end());
+}
+
+absl::Status Session::RemoveCheckpoint(const std::string& path) {
+  v1::RemoveCheckpointRequest req;
+  req.set_session_id(impl_->id);
+  req.set_path(path);
+  grpc::ClientContext ctx;
+  v1::RemoveCheckpointResponse resp;
+  return FromGrpc(impl_->session->RemoveCheckpoint(&ctx, req, &resp));
+}
+
+absl::Status Session::HoldCheckpoints(const std::string& directory, bool release) {
+  v1::HoldCheckpointsRequest req;
+  req.set_session_id(impl_->id);
+  req.set_directory(directory);
+  req.set_release(release);
+  grpc::ClientContext ctx;
+  v1::HoldCheckpointsResponse resp;
+  return FromGrpc(impl_->session->HoldCheckpoints(&ctx, req, &resp));
+}
+
 absl::StatusOr<std::string> Session::PlanDot(const Executable& exe) {
   v1::PlanDotRequest req;
   req.set_session_id(impl_->id);

@@ -356,6 +356,13 @@ class Session {
   // overlaps and checks their CRC32C.
   absl::StatusOr<std::vector<Array>> RestoreCheckpoint(const std::string& path,
                                                        const std::vector<CheckpointTarget>& arrays);
+  // The entries of checkpoint directory `directory` that hold a commit
+  // marker (checkpoints complete), by name.
+  absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& directory);
+  absl::Status RemoveCheckpoint(const std::string& path);
+  // A CheckpointManager's hold on `directory` while this session lives (a
+  // second is refused), or its release.
+  absl::Status HoldCheckpoints(const std::string& directory, bool release = false);
   absl::StatusOr<SessionStats> Stats(bool with_arrays = false);
   // Admin.GetCluster: PERMISSION_DENIED for a token without admin rights,
   // which has Devices() instead.
