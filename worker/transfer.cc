@@ -75,6 +75,25 @@ GroupSpec TransferGroup(const v1::RunRequest& r) {
   return spec;
 }
 
+TransferBytes BytesOf(const v1::Transfer& t) {
+  TransferBytes b;
+  const int64_t esize = DTypeSize(t.source_block().dtype());
+  for (const v1::TransferPiece& p : t.pieces()) {
+    int64_t n = esize;
+    for (int64_t s : p.from().sizes()) n *= s;
+    if (p.round() < 0) {
+      b.copied += n;
+    } else if (p.source() == t.rank() && p.target() != t.rank()) {
+      b.sent += n;
+    } else if (p.target() == t.rank() && p.source() != t.rank()) {
+      b.received += n;
+    } else if (p.source() == t.rank()) {
+      b.copied += n;
+    }
+  }
+  return b;
+}
+
 bool IsDetachedSend(const v1::RunRequest& r) {
   const v1::Transfer& t = r.transfer();
   return r.has_transfer() && t.one_way() && t.rank() >= 0 && t.rounds() > 0 &&

@@ -42,6 +42,13 @@ GroupSpec TransferGroup(const v1::RunRequest& request);
 // behind its step (WorkerRuntime's send lanes), the step done at once.
 bool IsDetachedSend(const v1::RunRequest& request);
 
+// This device's bytes in transfer `t`: sent to other ranks, received from
+// them, and copied between its own blocks.
+struct TransferBytes {
+  int64_t sent = 0, received = 0, copied = 0;
+};
+TransferBytes BytesOf(const v1::Transfer& t);
+
 // INVALID_ARGUMENT or UNIMPLEMENTED naming the execution unless this
 // device's part of the plan is well formed for `source` (RunTransfer checks
 // it first; nothing has moved when it fails).

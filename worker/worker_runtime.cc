@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "core/dtype.h"
 #include "core/status.h"
 #include "core/trace.h"
@@ -63,6 +64,34 @@ const char* StepName(const v1::RunRequest& r) {
   if (r.has_checkpoint())
     return r.checkpoint().restore() ? "checkpoint restore" : "checkpoint save";
   return "run";
+}
+
+// This device's part of a transfer (a reshard, an MPMD region's move, a
+// detached send) as a span of the `transfers` track: what it moved, and
+// with which devices. Left empty while tracing is off.
+void BeginTransferSpan(std::optional<trace::Span>& span, const v1::RunRequest& r) {
+  if (!trace::Enabled()) return;
+  const TransferBytes b = BytesOf(r.transfer());
+  const char* name = b.sent > 0 && b.received > 0 ? "exchange"
+                     : b.sent > 0                 ? "send"
+                     : b.received > 0             ? "receive"
+                                                  : "copy";
+  span.emplace("transfer", name, "transfers");
+  if (!span->active()) return;
+  const v1::Transfer& t = r.transfer();
+  span->Detail(
+      t.rank() >= 0 && t.rank() < t.rank_devices_size()
+          ? absl::StrCat("device ", t.rank_devices(t.rank()))  // cluster-wide, as the peers
+          : absl::StrCat("local device ", r.device()));
+  span->Arg("execution", r.execution_id());
+  span->Arg("bytes sent", b.sent);
+  span->Arg("bytes received", b.received);
+  span->Arg("bytes copied", b.copied);
+  std::vector<int> peers;
+  for (int i = 0; i < t.rank_devices_size(); ++i) {
+    if (i != t.rank()) peers.push_back(t.rank_devices(i));
+  }
+  span->Text("peers", absl::StrJoin(peers, ","));
 }
 
 // "<incarnation>.<epoch>" of a collective epoch; epoch -1 when it is not one.
@@ -342,6 +371,8 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunTransferStep(
     QueueSend(
         r, [this, r, &device, source = std::move(source), collectives = std::move(collectives)] {
           int last = -1;
+          std::optional<trace::Span> span;
+          BeginTransferSpan(span, r);
           absl::StatusOr<BufferPtr> sent = RunTransfer(r, device, source, collectives.get(), &last);
           if (sent.ok()) return;
           log_->warn("execution {} on device {}: its sends failed: {}", r.execution_id(),
@@ -352,8 +383,11 @@ absl::StatusOr<v1::RunResponse> WorkerRuntime::RunTransferStep(
     ++steps_run_;
     return v1::RunResponse();
   }
+  std::optional<trace::Span> span;
+  BeginTransferSpan(span, r);
   TESSEL_ASSIGN_OR_RETURN(BufferPtr target, RunTransfer(r, *devices_[r.device()], source,
                                                         collectives.get(), last_round));
+  span.reset();
   source.reset();
   if (r.outputs_size() == 1) {
     TESSEL_RETURN_IF_ERROR(

@@ -38,8 +38,8 @@ absl::StatusOr<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(
         absl::StrCat("checkpoint directory '", directory, "': expected an absolute path"));
   }
   if (options.save_interval_steps < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("save_interval_steps ", options.save_interval_steps,
-                                             ": expected at least 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("save_interval_steps ", options.save_interval_steps, ": expected at least 1"));
   }
   if (options.max_to_keep && *options.max_to_keep < 1) {
     return absl::InvalidArgumentError(
@@ -59,14 +59,17 @@ CheckpointManager::~CheckpointManager() {
   (void)session_.HoldCheckpoints(directory_, /*release=*/true);
 }
 
-std::string CheckpointManager::Path(int64_t step) const { return absl::StrCat(directory_, "/", step); }
+std::string CheckpointManager::Path(int64_t step) const {
+  return absl::StrCat(directory_, "/", step);
+}
 
 absl::StatusOr<std::vector<int64_t>> CheckpointManager::AllSteps() {
   TESSEL_ASSIGN_OR_RETURN(std::vector<std::string> names, session_.ListCheckpoints(directory_));
   std::vector<int64_t> steps;
   for (const std::string& n : names) {
     int64_t step = 0;
-    if (!n.empty() && std::all_of(n.begin(), n.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+    if (!n.empty() &&
+        std::all_of(n.begin(), n.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
         absl::SimpleAtoi(n, &step)) {
       steps.push_back(step);
     }
@@ -88,19 +91,20 @@ absl::StatusOr<bool> CheckpointManager::ShouldSave(int64_t step) {
 }
 
 absl::StatusOr<bool> CheckpointManager::Save(
-    int64_t step, const std::vector<std::pair<std::string, Array>>& arrays, bool wait,
-    bool force) {
-  TESSEL_RETURN_IF_ERROR(WaitUntilFinished());  // the one before, which AllSteps counts once committed
+    int64_t step, const std::vector<std::pair<std::string, Array>>& arrays, bool wait, bool force) {
+  TESSEL_RETURN_IF_ERROR(
+      WaitUntilFinished());  // the one before, which AllSteps counts once committed
   if (!force) {
     TESSEL_ASSIGN_OR_RETURN(bool due, ShouldSave(step));
     if (!due) return false;
   }
   std::vector<std::string> leaves;
   for (const auto& [name, array] : arrays) {
-    leaves.push_back(absl::StrCat("{\"name\": ", Quoted(name), ", \"keys\": [", Quoted(name), "]}"));
+    leaves.push_back(
+        absl::StrCat("{\"name\": ", Quoted(name), ", \"keys\": [", Quoted(name), "]}"));
   }
-  const std::string manifest =
-      absl::StrCat("{\"step\": ", step, ", \"leaves\": [", absl::StrJoin(leaves, ", "), "], \"user\": {}}");
+  const std::string manifest = absl::StrCat("{\"step\": ", step, ", \"leaves\": [",
+                                            absl::StrJoin(leaves, ", "), "], \"user\": {}}");
   TESSEL_ASSIGN_OR_RETURN(PendingCheckpoint save,
                           session_.SaveCheckpoint(Path(step), arrays, manifest));
   pending_ = std::async(std::launch::async, [this, save] {

@@ -18,6 +18,7 @@ import pytest
 
 import tessel
 import tessel.numpy as tnp
+from conftest import DEVICE_KIND
 from tessel import Mesh, NamedSharding, P, errors
 from tessel._cluster import find_binary
 from tessel.v1 import admin_pb2, trace_pb2, worker_pb2_grpc
@@ -320,3 +321,41 @@ def test_an_argument_moved_between_workers_is_a_transfer_with_its_bytes(session,
     # The move's put lands on the worker of the device it goes to.
     puts = [e for e in spans(doc) if e["cat"] == "transfer" and e["name"] == "put" and e["args"]["bytes"] == "32"]
     assert puts and all(tracks[(e["pid"], e["tid"])] == "transfers" for e in puts)
+
+
+@pytest.mark.skipif(DEVICE_KIND != "cpu", reason="values cross sub-meshes by resharding, host-memory only")
+def test_an_mpmd_programs_move_is_a_send_and_a_receive_on_the_workers_transfers(session, tmp_path):
+    """h crosses from the region on devices 0,1 (the first worker) to the
+    one on devices 2,3 (the second): each sender's block is a `send` on its
+    worker's transfers track, each receiver's a `receive`, with its bytes
+    and peers; every byte of the plan's move is sent once and received
+    once."""
+    a_mesh, b_mesh = tessel.Mesh({"d": 2}, devices=[0, 1]), tessel.Mesh({"d": 2}, devices=[2, 3])
+    ra, rb = tessel.NamedSharding(a_mesh, tessel.P("d")), tessel.NamedSharding(b_mesh, tessel.P("d"))
+    wa, wb = tessel.NamedSharding(a_mesh, tessel.P()), tessel.NamedSharding(b_mesh, tessel.P())
+    stage0 = tessel.jit(lambda x, w: tnp.tanh(x @ w), in_shardings=(ra, wa), out_shardings=ra)
+    stage1 = tessel.jit(lambda h, v: (h @ v).sum(axis=1), in_shardings=(rb, wb), out_shardings=rb)
+    step = tessel.jit(lambda x, w, v: stage1(stage0(x, w), v))
+    rng = np.random.default_rng(0)
+    x, w, v = (rng.standard_normal(s).astype(np.float32) for s in ((8, 4), (4, 6), (6, 3)))
+    plan = step.lower(x, w, v)
+    assert [t["bytes"] for t in plan.transfers] == [8 * 6 * 4], plan.transfers
+    step(x, w, v).fetch()  # compiled, and its arguments placed, before the trace
+    with tessel.profiler.trace(str(tmp_path / "mpmd.json")):
+        got = step(x, w, v).fetch()
+    np.testing.assert_allclose(got, (np.tanh(x @ w) @ v).sum(axis=1), rtol=1e-5)
+    doc = load(tmp_path / "mpmd.json")
+    check_schema(doc)
+    assert_nested(doc)
+    procs, tracks = names(doc)
+    moved = [e for e in spans(doc) if e["cat"] == "transfer" and e["name"].split()[0] in ("send", "receive")]
+    assert all(
+        tracks[(e["pid"], e["tid"])].startswith("transfers") and procs[e["pid"]].startswith("worker") for e in moved
+    ), [(procs[e["pid"]], tracks[(e["pid"], e["tid"])]) for e in moved]
+    sends = sorted((e["name"].split()[-1], e["args"]["peers"]) for e in moved if e["name"].startswith("send"))
+    receives = sorted((e["name"].split()[-1], e["args"]["peers"]) for e in moved if e["name"].startswith("receive"))
+    assert [d for d, _ in sends] == ["0", "1"] and [d for d, _ in receives] == ["2", "3"], (sends, receives)
+    assert all({"2", "3"} <= set(p.split(",")) for _, p in sends), sends
+    assert all({"0", "1"} <= set(p.split(",")) for _, p in receives), receives
+    assert sum(int(e["args"]["bytes sent"]) for e in moved) == 8 * 6 * 4
+    assert sum(int(e["args"]["bytes received"]) for e in moved) == 8 * 6 * 4
