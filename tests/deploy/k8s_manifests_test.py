@@ -80,10 +80,9 @@ def check(docs, what):
             sc = c["securityContext"]
             assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"], name
             assert sc["capabilities"]["drop"] == ["ALL"], name
-            assert (
-                c["resources"]["requests"]["memory"] == c["resources"]["limits"]["memory"]
-                or c["resources"]["limits"]["memory"]
-            ), name
+            assert c["resources"]["limits"]["memory"], name
+            if c["name"] not in ("coordinator", "worker"):
+                continue  # a sidecar: hardened as the daemons are, above
             # Secured: TLS and tokens from mounted Secrets, probed over TLS.
             command = " ".join(c["command"])
             for flag in ("--tls_cert=", "--tls_key=", "--tls_ca=", "--join_token_file="):
@@ -131,7 +130,59 @@ def main():
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert "--device_kind=cuda" in worker["command"][-1]
     assert worker["securityContext"]["readOnlyRootFilesystem"]  # kept from the base
-    print(f"deploy/k8s: base and gpu overlay valid for Kubernetes {VERSION}; checks passed")
+    check_metrics_overlay(base)
+    print(f"deploy/k8s: base, gpu and metrics overlays valid for Kubernetes {VERSION}; checks passed")
+
+
+def check_metrics_overlay(base):
+    """The metrics overlay: each daemon serves its metrics on loopback only,
+    a sidecar proxies them over mutual TLS, and a ServiceMonitor scrapes
+    each daemon's Service by a port that reaches that sidecar."""
+    root = K8S / "overlays" / "metrics"
+    k = yaml.safe_load((root / "kustomization.yaml").read_text())
+    patches = [d for p in k["patches"] for d in load(root / p["path"])]
+    added = [d for r in k["resources"] if not r.startswith("..") for d in load(root / r)]
+    docs = overlay(base, patches) + added
+    monitors = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    core = [d for d in docs if d["kind"] != "ServiceMonitor"]  # a CRD: checked below, by hand
+    validate(core, "metrics overlay")
+    check(core, "metrics overlay")
+    services = [d for d in docs if d["kind"] == "Service"]
+    workloads = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
+    assert {m["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] for m in monitors} == {
+        "coordinator",
+        "worker",
+    }
+    for m in monitors:
+        assert m["apiVersion"] == "monitoring.coreos.com/v1"
+        labels = m["spec"]["selector"]["matchLabels"]
+        svc = [s for s in services if all(s["metadata"]["labels"].get(a) == b for a, b in labels.items())]
+        assert len(svc) == 1, m["metadata"]["name"]
+        (w,) = [w for w in workloads if w["spec"]["selector"]["matchLabels"] == svc[0]["spec"]["selector"]]
+        pod = w["spec"]["template"]["spec"]
+        for e in m["spec"]["endpoints"]:
+            assert e["scheme"] == "https" and e["path"] == "/metrics"
+            tls = e["tlsConfig"]
+            assert {tls["ca"]["secret"]["key"], tls["cert"]["secret"]["key"], tls["keySecret"]["key"]} == {
+                "ca.crt",
+                "tls.crt",
+                "tls.key",
+            }
+            assert tls["serverName"] == w["metadata"]["name"]  # the name the daemon's certificate carries
+            (port,) = [p for p in svc[0]["spec"]["ports"] if p["name"] == e["port"]]
+            (proxy,) = [
+                c for c in pod["containers"] if any(p["name"] == port["targetPort"] for p in c.get("ports", []))
+            ]
+            args = " ".join(proxy["args"])
+            assert "--cacert=" in args and "--allow-cn=prometheus" in args, args
+            daemon = [c for c in pod["containers"] if c["name"] == w["metadata"]["name"].split("-")[-1]][0]
+            target = args.split("--target=")[1].split()[0]
+            assert target.startswith("127.0.0.1:"), target
+            assert f"--metrics_address={target}" in " ".join(daemon["command"]), daemon["command"]
+    # The policy opens the workers' metrics port only, to Prometheus' namespace.
+    (policy,) = [d for d in added if d["kind"] == "NetworkPolicy"]
+    assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "worker"
+    assert [p["port"] for r in policy["spec"]["ingress"] for p in r["ports"]] == [9443]
 
 
 if __name__ == "__main__":
