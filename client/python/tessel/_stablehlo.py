@@ -432,6 +432,31 @@ class Interpreter:
             return self.case(op, args, env)
         if name == "func.call":
             return self.call(ir.FlatSymbolRefAttr(a["callee"]).value, args)
+        if name == "stablehlo.composite":  # its decomposition: Tessel has no kernel by the composite's name
+            return self.call(ir.FlatSymbolRefAttr(a["decomposition"]).value, args)
+        if name == "stablehlo.if":
+            branches = [(lambda r=r: tuple(self.region(r, [], "an if branch", env))) for r in op.regions]
+            return list(tlax.cond(args[0], *branches))
+        if name == "stablehlo.broadcast":  # the legacy form: broadcast_sizes go first
+            shape = shape_of(out_types[0])
+            return [_broadcast_in_dim(args[0], list(range(len(shape) - len(args[0].shape), len(shape))), shape)]
+        if name == "stablehlo.dot":  # the legacy form: vectors and matrices, contracting lhs's last dim
+            return [tnp.astype(tnp.dot(args[0], args[1]), dtype_of(out_types[0]))]
+        if name == "stablehlo.cholesky":  # as lowered for platforms without LAPACK calls
+            return [self.cholesky(args[0], ir.BoolAttr(a["lower"]).value if "lower" in a else False)]
+        if name == "stablehlo.triangular_solve":
+            transpose = stablehlo.TransposeAttr(a["transpose_a"]).value
+            return [
+                linalg.triangular_solve(
+                    args[0],
+                    args[1],
+                    left_side=ir.BoolAttr(a["left_side"]).value,
+                    lower=ir.BoolAttr(a["lower"]).value,
+                    unit_diagonal=ir.BoolAttr(a["unit_diagonal"]).value,
+                    transpose_a=transpose != "NO_TRANSPOSE",
+                    conjugate_a=transpose == "ADJOINT",
+                )
+            ]
         if name == "stablehlo.dynamic_slice":
             return [tlax.dynamic_slice(args[0], args[1:], _ints(a["slice_sizes"]))]
         if name == "stablehlo.dynamic_update_slice":
@@ -720,6 +745,17 @@ class Interpreter:
             return tuple(self.region(body_region, list(carry), "a while's body", env))
 
         return list(tlax.while_loop(cond, body, tuple(args)))
+
+    @staticmethod
+    def cholesky(x, lower):
+        """stablehlo.cholesky: the factor of the triangle `lower` names, read
+        from that triangle alone (the other's values are StableHLO's to
+        choose: here the factor's zeros). The upper factor U (x = Uᵀ U) is
+        the lower factor of xᵀ, transposed."""
+        if lower:
+            return linalg.cholesky(x, symmetrize_input=False)
+        t = tnp.swapaxes(x, -1, -2)
+        return tnp.swapaxes(linalg.cholesky(t, symmetrize_input=False), -1, -2)
 
     def case(self, op, args, env):
         branches = [(lambda r=r: tuple(self.region(r, [], "a case branch", env))) for r in op.regions]
