@@ -199,6 +199,32 @@ void Span::Text(const char* key, absl::string_view value) {
   e_->text_values[e_->num_texts++] = Intern(value);
 }
 
+// A counter's value in JSON: exact for whole numbers (byte counts beyond
+// six digits, which %g would round), 17 digits otherwise; 0 for NaN or inf.
+static std::string CounterValue(double v) {
+  if (!std::isfinite(v)) return "0";
+  if (v == std::floor(v) && std::fabs(v) < 9.0e15) return absl::StrCat(static_cast<int64_t>(v));
+  return absl::StrFormat("%.17g", v);
+}
+
+void Instant(const char* category, const char* name, int local_device,
+             std::initializer_list<std::pair<const char*, int64_t>> args) {
+  if (!Enabled()) return;
+  Event e;
+  e.kind = v1::TraceEvent::INSTANT;
+  e.category = category;
+  e.name = name;
+  e.device = local_device;
+  e.thread = ThreadId();
+  e.start_ns = NowNs();
+  for (const auto& [key, value] : args) {
+    if (e.num_args == Event::kMaxArgs) break;
+    e.arg_keys[e.num_args] = key;
+    e.arg_values[e.num_args++] = value;
+  }
+  Recorder::Get().Record(e);
+}
+
 void Counter(const char* name, int local_device, double value) {
   if (!Enabled()) return;
   Event e;
@@ -295,7 +321,7 @@ std::string WriteChromeTrace(const std::vector<ProcessEvents>& processes) {
           // one per device.
           absl::StrAppend(&out, ",\"ph\":\"C\",\"args\":{\"",
                           e.device() >= 0 ? absl::StrCat("device ", tid - 1) : e.track(),
-                          "\":", std::isfinite(e.value()) ? e.value() : 0.0, "}}");
+                          "\":", CounterValue(e.value()), "}}");
           continue;
         case v1::TraceEvent::INSTANT: out += ",\"ph\":\"i\",\"s\":\"t\""; break;
         default: absl::StrAppend(&out, ",\"ph\":\"X\",\"dur\":", Micros(e.duration_ns()));

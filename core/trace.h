@@ -14,6 +14,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <utility>
@@ -133,6 +134,10 @@ class Span {
 
 // A counter's value now on `local_device`'s track (when tracing is on).
 void Counter(const char* name, int local_device, double value);
+// An instant event now on `local_device`'s track, with up to
+// Event::kMaxArgs numbers (static keys), when tracing is on.
+void Instant(const char* category, const char* name, int local_device,
+             std::initializer_list<std::pair<const char*, int64_t>> args);
 
 // A trace's events from each process, as one Chrome trace-event JSON
 // document on the coordinator's clock.

@@ -1,5 +1,7 @@
 #include "worker/caching_allocator.h"
 
+#include "core/trace.h"
+
 #include <sys/mman.h>
 
 #include <cstdlib>
@@ -62,7 +64,8 @@ absl::StatusOr<void*> CachingAllocator::Allocate(int64_t bytes) {
   }
   void* p = nullptr;
   auto it = cache_.find(size);
-  if (it != cache_.end() && !it->second.empty()) {
+  const bool from_cache = it != cache_.end() && !it->second.empty();
+  if (from_cache) {
     p = it->second.back();
     it->second.pop_back();
     cached_ -= size;
@@ -86,7 +89,15 @@ absl::StatusOr<void*> CachingAllocator::Allocate(int64_t bytes) {
   in_use_ += size;
   peak_ = std::max(peak_, in_use_);
   ++buffers_;
+  Trace("alloc", size, from_cache);
   return p;
+}
+
+void CachingAllocator::Trace(const char* what, int64_t size, bool cached) const {
+  if (options_.trace_device < 0 || !trace::Enabled()) return;
+  trace::Instant("memory", what, options_.trace_device,
+                 {{"bytes", size}, {"cached", cached ? 1 : 0}, {"in use", in_use_}});
+  trace::Counter("memory in use (bytes)", options_.trace_device, double(in_use_));
 }
 
 void CachingAllocator::Free(void* p, int64_t bytes) {
@@ -94,12 +105,14 @@ void CachingAllocator::Free(void* p, int64_t bytes) {
   absl::MutexLock l(&mu_);
   in_use_ -= size;
   --buffers_;
-  if (cached_ + size <= options_.max_cached_bytes) {
+  const bool keep = cached_ + size <= options_.max_cached_bytes;
+  if (keep) {
     cache_[size].push_back(p);
     cached_ += size;
   } else {
     source_->Unmap(p, size);
   }
+  Trace("free", size, keep);
 }
 
 MemoryStats CachingAllocator::stats() const {

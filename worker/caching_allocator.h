@@ -5,6 +5,9 @@
 // source is out of memory, the cache is returned to it and the request tried
 // once more before it fails.
 //
+// While the profiler records, each allocation and free is an instant event
+// on the device's track and moves its "memory in use (bytes)" counter.
+//
 // Thread-safe.
 #pragma once
 
@@ -43,6 +46,10 @@ class CachingAllocator {
     std::string device_name;                      // for error messages
     int64_t limit_bytes = 0;                      // Default: 0, no limit
     int64_t max_cached_bytes = int64_t{4} << 30;  // Default: 4 GiB kept for reuse
+    // The device's index within its worker, the track of its events in a
+    // trace (each allocation and free, and the bytes in use after it);
+    // -1: none recorded.
+    int trace_device = -1;
   };
   CachingAllocator(Options options, std::unique_ptr<MemorySource> source)
       : options_(std::move(options)), source_(std::move(source)) {}
@@ -60,6 +67,9 @@ class CachingAllocator {
   static int64_t RoundUp(int64_t bytes);
 
  private:
+  // An allocation's or a free's event (`cached`: taken from, or kept in,
+  // the cache), while the profiler records.
+  void Trace(const char* what, int64_t size, bool cached) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const Options options_;
   const std::unique_ptr<MemorySource> source_;
   mutable absl::Mutex mu_;

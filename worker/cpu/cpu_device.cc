@@ -12,7 +12,9 @@ CpuDevice::CpuDevice(Options options)
     : options_(options),
       allocator_(std::make_shared<worker::CachingAllocator>(
           worker::CachingAllocator::Options{absl::StrCat("cpu:", options.local_index),
-                                            options.memory_limit_bytes},
+                                            options.memory_limit_bytes,
+                                            /*max_cached_bytes=*/int64_t{4} << 30,
+                                            /*trace_device=*/options.local_index},
           std::make_unique<worker::HostMemory>())) {}
 
 absl::StatusOr<worker::BufferPtr> CpuDevice::Allocate(int64_t bytes) {

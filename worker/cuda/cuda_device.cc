@@ -81,7 +81,8 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const Options& op
     limit = int64_t(free) / 10 * 9;
   }
   d->allocator_ = std::make_shared<worker::CachingAllocator>(
-      worker::CachingAllocator::Options{name, limit, /*max_cached_bytes=*/limit},
+      worker::CachingAllocator::Options{name, limit, /*max_cached_bytes=*/limit,
+                                        /*trace_device=*/options.local_index},
       std::make_unique<CudaMemory>(options.ordinal));
   d->compiler_ =
       std::make_unique<KernelCompiler>(KernelCompiler::Options{d->arch_, options.kernel_cache_dir});

@@ -359,3 +359,31 @@ def test_an_mpmd_programs_move_is_a_send_and_a_receive_on_the_workers_transfers(
     assert all({"0", "1"} <= set(p.split(",")) for _, p in receives), receives
     assert sum(int(e["args"]["bytes sent"]) for e in moved) == 8 * 6 * 4
     assert sum(int(e["args"]["bytes received"]) for e in moved) == 8 * 6 * 4
+
+
+def test_each_allocation_and_free_is_an_event_that_moves_the_memory_counter(session, tmp_path):
+    """A 4 MiB put is an `alloc` of 4 MiB on its device's track and its
+    delete a `free` of as much; the device's memory counter steps up and
+    down by exactly that at each, and every event says the bytes in use
+    after it, as the counter does."""
+    device = tessel.devices()[1]
+    with tessel.profiler.trace(str(tmp_path / "memory.json")):
+        a = tessel.device_put(np.zeros(1 << 20, np.float32), device)
+        a.block_until_ready()
+        a.delete()
+        tessel.stats()  # after the delete: the free has run when this answers
+    doc = load(tmp_path / "memory.json")
+    check_schema(doc)
+    _, tracks = names(doc)
+    events = [e for e in doc["traceEvents"] if e.get("cat") == "memory" and e["ph"] in ("i", "C")]
+    mine = [e for e in events if tracks.get((e["pid"], e["tid"]), "").startswith(f"device {device.id}")]
+    big = [e for e in mine if e["ph"] == "i" and e["args"]["bytes"] == str(4 << 20)]
+    assert [e["name"] for e in big] == ["alloc", "free"], big
+    alloc, free = big
+    assert int(alloc["args"]["in use"]) - int(free["args"]["in use"]) == 4 << 20
+    assert alloc["ts"] <= free["ts"]
+    # The device's counter, right after each event, agrees to the byte.
+    counter = [e for e in events if e["ph"] == "C" and (e["pid"], e["tid"]) == (alloc["pid"], alloc["tid"])]
+    for e in big:
+        after = min((c for c in counter if c["ts"] >= e["ts"]), key=lambda c: c["ts"])
+        assert after["args"] == {f"device {device.id}": int(e["args"]["in use"])}, (e, after)
