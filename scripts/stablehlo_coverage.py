@@ -27,7 +27,7 @@ WHY = {
     "dynamic": "dynamic shapes: Tessel's programs are shaped at compile",
     "quantized": "quantized types",
     "legacy": "a legacy or front-end-only form that JAX does not emit",
-    "rng": "XLA's own generators, bit for bit (JAX's default threefry lowers to ordinary ops, which import)",
+    "rng": "XLA's stateful generator (jax.lax.rng_uniform), whose numbers are each backend's own",
     "spmd": "a replica or async form that JAX's SPMD lowering does not emit",
 }
 CLASS = {
@@ -52,7 +52,6 @@ CLASS = {
     "stablehlo.uniform_quantize": "quantized",
     "stablehlo.uniform_dequantize": "quantized",
     "stablehlo.rng": "rng",
-    "stablehlo.rng_bit_generator": "rng",
     "stablehlo.replica_id": "spmd",
     "stablehlo.collective_broadcast": "spmd",
     "stablehlo.cross-replica-sum": "spmd",

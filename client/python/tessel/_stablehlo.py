@@ -12,7 +12,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy, stablehlo
 
 from tessel import _convolution
-from tessel import _gather_scatter, _stablehlo_manual
+from tessel import _gather_scatter, _rng_bits, _stablehlo_manual
 from tessel import _lax_linalg as linalg
 from tessel import lax as tlax
 from tessel import numpy as tnp
@@ -432,6 +432,9 @@ class Interpreter:
             return self.case(op, args, env)
         if name == "func.call":
             return self.call(ir.FlatSymbolRefAttr(a["callee"]).value, args)
+        if name == "stablehlo.rng_bit_generator":
+            algorithm = stablehlo.RngAlgorithmAttr(a["rng_algorithm"]).value
+            return list(_rng_bits.rng_bit_generator(args[0], algorithm, shape_of(out_types[1]), dtype_of(out_types[1])))
         if name == "stablehlo.composite":  # its decomposition: Tessel has no kernel by the composite's name
             return self.call(ir.FlatSymbolRefAttr(a["decomposition"]).value, args)
         if name == "stablehlo.if":
