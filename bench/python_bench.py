@@ -27,6 +27,10 @@ py_while_tiny  a tessel.lax.while_loop with a 1-element body, run on the
 py_while_call  the whole 10,000-iteration call of the same loop, dispatch
                and wait included, beside JAX's: what the fixed cost is. No
                goal here (the dispatch figures are tessel-bench's).
+py_exec_roundtrip  a synchronous call from Python, f(x).block_until_ready()
+               on a 1-element add, in us, vs the C++ SDK's Execute(wait) of
+               the same add (tessel-bench exec_roundtrip, run between this
+               side's rounds); medians of 5 alternated rounds. Goal <= 1.25x.
 
 py_pipeline_step  one GPipe step of examples/python/pipeline.py's
                two-stage MLP, one jitted MPMD program (2048x256 -> 512 | ->
@@ -88,8 +92,11 @@ py_remat_peak  the device's peak memory over one gradient step of a 4-layer
   .venv/bin/python bench/python_bench.py [--json] [--only=NAME]      (after scripts/setup.sh)
 """
 
+import json
 import os
 import pathlib
+import statistics
+import subprocess
 import sys
 import time
 
@@ -174,6 +181,37 @@ def fetch(session):
         t_bare = min(t_bare, bare())
         t_ours = min(t_ours, ours())
     return FETCH_BYTES / t_ours / 1e9, FETCH_BYTES / t_bare / 1e9
+
+
+def exec_roundtrip(calls=1000, rounds=5):
+    """A synchronous call from Python, f(x).block_until_ready() on a
+    1-element add, in us; beside the C++ SDK's Execute(wait) of the same add
+    (tessel-bench's exec_roundtrip, its own local cluster, run between this
+    side's rounds)."""
+    f = tessel.jit(lambda x: x + 1.0)
+    x = tessel.device_put(np.ones(1, np.float32))
+    for _ in range(200):
+        f(x).block_until_ready()
+
+    def ours():
+        t = time.perf_counter()
+        for _ in range(calls):
+            f(x).block_until_ready()
+        return (time.perf_counter() - t) / calls * 1e6
+
+    def cpp():
+        bench = pathlib.Path(os.environ["TESSEL_BIN_DIR"]) / "tessel-bench"
+        out = subprocess.run(
+            [str(bench), "--only=exec_roundtrip", "--json"], capture_output=True, text=True, check=True
+        ).stdout
+        return json.loads(out)["exec_roundtrip"]["value"]
+
+    t_ours, t_cpp = [], []
+    for _ in range(rounds):
+        t_ours.append(ours())
+        t_cpp.append(cpp())
+    assert float(f(x).fetch()[0]) == 2.0
+    return statistics.median(t_ours), statistics.median(t_cpp)
 
 
 MLP_BATCH, MLP_IN, MLP_HIDDEN, MLP_OUT = 512, 512, 1024, 1
@@ -694,6 +732,10 @@ def main():
             ours, base, call_ours, call_base = while_tiny(c.session)
             rows.append(("py_while_tiny", "us/iter", ours, base, "<= 2x", ours / base <= 2))
             rows.append(("py_while_call", "us", call_ours, call_base, "-", None))
+    if not only or only in "py_exec_roundtrip":
+        with tessel.local_cluster(workers=1, devices_per_worker=1):
+            ours, base = exec_roundtrip()
+            rows.append(("py_exec_roundtrip", "us", ours, base, "<= 1.25x", ours / base <= 1.25))
     if not only or only in "py_compile_10k py_compile_100k":
         with tessel.local_cluster(workers=1, devices_per_worker=1):
             ten = compile_time(10_000, 10)

@@ -190,6 +190,18 @@ grpc::Status SessionService::Dispatch(
           denied = FromGrpc(Authorize(ctx, req.session_id()));
           if (denied.ok()) authorized = req.session_id();
         }
+        if (req.executable_id().empty() && req.await_outputs()) {
+          // An Await of `outputs` in stream order: after every call before
+          // it, with no flush and no second round trip.
+          v1::DispatchReply* reply = replies.add_replies();
+          if (denied.ok()) {
+            awaited.push_back(replies.replies_size() - 1);
+          } else {
+            reply->set_code(static_cast<int>(denied.code()));
+            reply->set_error(BoundedMessage(denied.message()));
+          }
+          continue;
+        }
         auto r = denied.ok() ? c_->Execute(req) : absl::StatusOr<v1::ExecuteResponse>(denied);
         v1::DispatchReply* reply = replies.add_replies();
         if (r.ok()) {

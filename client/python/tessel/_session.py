@@ -454,8 +454,17 @@ class Session:
         return r.response
 
     def await_(self, handles, raise_errors=True):
-        self.flush()
-        resp = _rpc(self._stub.Await, session_pb2.AwaitRequest(session_id=self.id, handles=handles))
+        d = self._dispatcher
+        if d is None:  # nothing queued: a plain Await
+            resp = _rpc(self._stub.Await, session_pb2.AwaitRequest(session_id=self.id, handles=handles))
+        else:
+            # On the stream, after the calls queued before it: one round
+            # trip, where a flush and an Await would take two.
+            req = session_pb2.ExecuteRequest(session_id=self.id, outputs=handles, await_outputs=True, wait=True)
+            r = d.reply(d.send(req, want_reply=True))
+            if r.code:
+                raise errors.from_status_int(r.code, r.error)
+            resp = r.outputs
         for h, err, code in zip(handles, resp.errors, resp.codes):
             if err and raise_errors:
                 raise errors.from_status_int(code, f"array {h:#x}: {err}")
