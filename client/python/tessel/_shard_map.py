@@ -50,7 +50,9 @@ def shard_map(f, mesh, in_specs, out_specs):
         name = getattr(f, "__name__", "f")
         if len(specs) != len(args):
             raise ValueError(f"shard_map of {name}: {len(args)} arguments, {len(specs)} in_specs")
-        outer = _builder(args[0], "shard_map")
+        if current_builder() is not None:  # numpy values and scalars join the trace, as in jax's shard_map
+            args = tuple(a if isinstance(a, Tracer) else tnp.asarray_in_trace(a) for a in args)
+        outer = _builder(args[0] if args else None, "shard_map")
         request_placement(f"shard_map of {name}", mesh)
         body = Builder(getattr(f, "__name__", "body"), root=outer)
         body._mesh = mesh
@@ -58,7 +60,7 @@ def shard_map(f, mesh, in_specs, out_specs):
             params = []
             for i, (a, spec) in enumerate(zip(args, specs)):
                 shape = NamedSharding(mesh, spec).shard_shape(a.shape)
-                params.append(body.parameter(i, shape, a.dtype, f"x{i}"))
+                params.append(body.parameter(i, shape, a.dtype, f"x{i}", a.weak))  # a Python scalar stays weak
             leaves, _, structure = flatten(f(*params))
             leaves = [x if isinstance(x, Tracer) else tnp.asarray_in_trace(x) for x in leaves]
             body.graph.outputs.extend(x._name for x in leaves)

@@ -446,3 +446,25 @@ def test_a_jax_splat_constant_is_imported_as_a_fill(session):
         warnings.simplefilter("error")
         got = f(tessel.device_put(x)).fetch()
     np.testing.assert_array_equal(got, x * 0.5 + 1)
+
+
+def test_a_numpy_operand_of_shard_map_joins_the_trace_in_the_regions_layout(session):
+    """shard_map(f)(v, a_numpy_array) raised AttributeError ('numpy.ndarray'
+    object has no attribute '_builder'); jax's shard_map takes numpy
+    operands. A large one becomes a hidden constant, put in the blocks the
+    region's in_spec asks for: each device its own."""
+    n = len(tessel.devices())
+    mesh = tessel.Mesh({"data": 2, "model": n // 2} if n % 2 == 0 else {"data": n})
+    spec = P(*mesh.axis_names)
+    c = np.random.default_rng(3).standard_normal((512, 1024)).astype(np.float32)  # 2 MiB
+    x = np.random.default_rng(4).standard_normal(c.shape).astype(np.float32)
+    xs = tessel.device_put(x, NamedSharding(mesh, spec))
+    region = tessel.shard_map(lambda a, b, k: a * b + k, mesh, in_specs=(spec, spec, P()), out_specs=spec)
+    f = tessel.jit(lambda v: region(v, c, 2.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the hidden argument's
+        before = tessel.stats()["bytes_host_to_device"]
+        got = f(xs).fetch()
+        moved = tessel.stats()["bytes_host_to_device"] - before
+    np.testing.assert_array_equal(got, x * c + np.float32(2.0))
+    assert moved == c.nbytes, moved
