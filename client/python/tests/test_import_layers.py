@@ -50,6 +50,7 @@ LAYERS = [
     "random",  # libraries over tessel.numpy
     "_cluster",  # local clusters
     "_gather_scatter",  # StableHLO's gather and scatter, composed of tessel.numpy's ops
+    "_rng_bits",  # StableHLO's rng_bit_generator, XLA's bits in tessel.numpy's ops
     "_stablehlo_manual",  # jax.shard_map's manual computations and their collectives
     "_stablehlo",  # StableHLO read through jaxlib's MLIR bindings
     "jax",  # tessel.jax: JAX programs on the cluster (needs jax)
