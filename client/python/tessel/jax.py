@@ -34,11 +34,27 @@ from tessel._sharding import Mesh, NamedSharding, P
 __all__ = ["filter_jit", "jit", "load"]
 
 
+def _is_key(x):
+    """A typed PRNG key array (jax.random.key): JAX's module takes its key
+    data (uint32, the impl's words last) in its place."""
+    return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _is_key_type(t):
+    return jax.dtypes.issubdtype(t.dtype, jax.dtypes.prng_key)
+
+
 def _abstract(x):
     """A leaf as JAX lowers it: a ShapeDtypeStruct of its shape and dtype;
-    a Python scalar stays weakly typed, as JAX keeps it."""
+    a Python scalar stays weakly typed, as JAX keeps it; a typed PRNG key
+    keeps its key type."""
     if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
         return jax.ShapeDtypeStruct((), jax.numpy.asarray(x).dtype, weak_type=True)
+    if _is_key(x):
+        return jax.ShapeDtypeStruct(tuple(x.shape), x.dtype)
+    key = getattr(x, "_jax_key", None)  # a key a tessel.jax function returned, held as its key data
+    if key is not None:
+        return key
     if hasattr(x, "shape") and hasattr(x, "dtype"):
         return jax.ShapeDtypeStruct(tuple(x.shape), np.dtype(x.dtype))
     a = np.asarray(x)
@@ -187,7 +203,10 @@ class Jitted:
                 in_shardings=ins,
                 out_shardings=outs,
             )
-            program = (run, lowered.out_tree, n)
+            # The results that are typed keys: they come back as their key
+            # data, marked so that a later call takes them as those keys.
+            keys = [t if _is_key_type(t) else None for t in jax.tree_util.tree_leaves(lowered.out_info)]
+            program = (run, lowered.out_tree, n, keys)
             self._programs[key] = program
         return program
 
@@ -208,24 +227,34 @@ class Jitted:
         return tuple(out)
 
     def _leaves(self, args, kwargs):
-        run, out_tree, n = self._program(args, kwargs)
+        run, out_tree, n, keys = self._program(args, kwargs)
         dyn, dyn_kw = self._split(args, kwargs)
         leaves = jax.tree_util.tree_leaves((dyn, dyn_kw))
         if len(leaves) != n:
             raise TypeError(f"tessel.jax.jit of {self.__name__}: {len(leaves)} argument leaves for {n} parameters")
-        leaves = [np.asarray(x) if isinstance(x, (bool, int, float)) else x for x in leaves]
-        return run, out_tree, leaves
+        leaves = [
+            np.asarray(jax.random.key_data(x))
+            if _is_key(x)
+            else np.asarray(x)
+            if isinstance(x, (bool, int, float))
+            else x
+            for x in leaves
+        ]
+        return run, out_tree, leaves, keys
 
     def __call__(self, *args, **kwargs):
-        run, out_tree, leaves = self._leaves(args, kwargs)
+        run, out_tree, leaves, keys = self._leaves(args, kwargs)
         self._last = run
-        outs = run(*leaves)
-        return jax.tree_util.tree_unflatten(out_tree, list(outs))
+        outs = list(run(*leaves))
+        for out, key in zip(outs, keys):
+            if key is not None:
+                out._jax_key = key
+        return jax.tree_util.tree_unflatten(out_tree, outs)
 
     def lower(self, *args, **kwargs):
         """The plan for these arguments, as tessel.jit's lower gives it
         (tessel.Compiled: .as_text(), .collectives with their reasons)."""
-        run, _, leaves = self._leaves(args, kwargs)
+        run, _, leaves, _ = self._leaves(args, kwargs)
         return run.lower(*leaves)
 
     def donation_receipts(self):

@@ -764,3 +764,25 @@ def test_jax_random_over_rbg_keys_draws_jaxs_numbers(cluster, impl):
     np.testing.assert_array_equal(ints.fetch(), np.asarray(j_ints))
     # erf_inv of the same uniforms, within a few ulps of XLA's polynomial.
     np.testing.assert_allclose(normal.fetch(), np.asarray(j_normal), rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])
+def test_typed_prng_keys_pass_as_arguments(cluster, impl):
+    """A jax.random.key argument goes in as its key data (what JAX's module
+    takes in its place); a key the function returns comes back as its key
+    data, a uint32 tessel.Array that the next call takes as that key type
+    again. Three steps of a loop that splits its key, against jax.jit's
+    with typed keys throughout."""
+
+    def step(key, x):
+        key, sub = jax.random.split(key)
+        return key, x + jax.random.uniform(sub, x.shape, dtype=jnp.float32)
+
+    x = np.zeros(5, np.float32)
+    ours, theirs = (jax.random.key(3, impl=impl), x), (jax.random.key(3, impl=impl), x)
+    run = tjax.jit(step)
+    for _ in range(3):
+        ours = run(*ours)
+        theirs = jax.jit(step)(*theirs)
+    np.testing.assert_array_equal(ours[1].fetch(), np.asarray(theirs[1]))
+    np.testing.assert_array_equal(ours[0].fetch(), np.asarray(jax.random.key_data(theirs[0])))
