@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "core/json.h"
 
 namespace tessel::trace {
 namespace {
@@ -25,26 +26,6 @@ uint64_t ThreadId() {
 std::string Micros(int64_t ns) { return absl::StrFormat("%.3f", double(ns) / 1e3); }
 
 }  // namespace
-
-void AppendJsonString(std::string& out, absl::string_view s) {
-  out.push_back('"');
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      default:
-        if (c < 0x20) {
-          absl::StrAppendFormat(&out, "\\u%04x", c);
-        } else {
-          out.push_back(char(c));
-        }
-    }
-  }
-  out.push_back('"');
-}
 
 int64_t NowNs() { return absl::GetCurrentTimeNanos(); }
 

@@ -147,7 +147,5 @@ struct ProcessEvents {
   std::vector<int> global_device;  // by local index: the device's cluster-wide id
 };
 std::string WriteChromeTrace(const std::vector<ProcessEvents>& processes);
-// `s` as a JSON string (RFC 8259), quotes included, appended to `out`.
-void AppendJsonString(std::string& out, absl::string_view s);
 
 }  // namespace tessel::trace

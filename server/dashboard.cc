@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "core/json.h"
 #include "core/security.h"
 #include "core/trace.h"
 #include "google/protobuf/util/json_util.h"
@@ -36,11 +37,7 @@ std::string Json(const google::protobuf::Message& m) {
   return out;
 }
 
-std::string Quote(absl::string_view s) {
-  std::string out;
-  trace::AppendJsonString(out, s);
-  return out;
-}
+std::string Quote(absl::string_view s) { return JsonString(s); }
 
 std::string Number(double x) { return std::isfinite(x) ? absl::StrCat(x) : "null"; }
 

@@ -1,12 +1,11 @@
 #include "worker/caching_allocator.h"
 
-#include "core/trace.h"
-
 #include <sys/mman.h>
 
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "core/trace.h"
 
 namespace tessel::worker {
 namespace {

@@ -7,29 +7,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/json.h"
 #include "core/status.h"
 
 namespace tessel {
-
-namespace {
-
-// A JSON string literal of `s`.
-std::string Quoted(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      absl::StrAppend(&out, "\\u00", absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(
     Session& session, std::string directory, CheckpointManagerOptions options) {
@@ -101,7 +82,7 @@ absl::StatusOr<bool> CheckpointManager::Save(
   std::vector<std::string> leaves;
   for (const auto& [name, array] : arrays) {
     leaves.push_back(
-        absl::StrCat("{\"name\": ", Quoted(name), ", \"keys\": [", Quoted(name), "]}"));
+        absl::StrCat("{\"name\": ", JsonString(name), ", \"keys\": [", JsonString(name), "]}"));
   }
   const std::string manifest = absl::StrCat("{\"step\": ", step, ", \"leaves\": [",
                                             absl::StrJoin(leaves, ", "), "], \"user\": {}}");
